@@ -1,0 +1,47 @@
+"""fleetrun: run a queue of coding-agent tasks unattended, the way pytest runs tests."""
+
+from __future__ import annotations
+
+__version__ = "0.1.0"
+
+from .exceptions import ExitCode, UsageError, UsageErrors
+from .hookimpl import hookimpl
+from .hookspec import hookspec
+from .reports import AgentResult, Candidate, Handoff, Placement, Verdict, VerifyHandle, Wait, Workspace
+from .states import State
+from .taskspec import KeyDecl, TaskSpec, VerifySpec
+
+
+def main(args: list[str] | None = None, plugins: list[object] | None = None) -> int:
+    """Run fleetrun in-process, as ``pytest.main`` does: a fresh plugin manager each call.
+
+    :param args: the command line, without the program name (default ``sys.argv[1:]``).
+    :param plugins: plugin objects or module names to register besides the usual ones.
+    :return: the exit code.
+    """
+    from .main import main as _main
+
+    return _main(args, plugins)
+
+
+__all__ = [
+    "AgentResult",
+    "Candidate",
+    "ExitCode",
+    "Handoff",
+    "KeyDecl",
+    "Placement",
+    "State",
+    "TaskSpec",
+    "UsageError",
+    "UsageErrors",
+    "Verdict",
+    "VerifyHandle",
+    "VerifySpec",
+    "Wait",
+    "Workspace",
+    "__version__",
+    "hookimpl",
+    "hookspec",
+    "main",
+]

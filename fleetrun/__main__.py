@@ -1,0 +1,3 @@
+from .main import console_main
+
+console_main()

@@ -1,0 +1,544 @@
+"""Collection: tasks files -> validated :class:`TaskSpec` items, with file:line errors.
+
+The TOML collector here is the default ``fleetrun_collect_file``; it reports every
+problem in a file at once, each as ``ERROR: file:LINE: task 'NAME': key: message``.
+"""
+
+from __future__ import annotations
+
+import difflib
+import os
+import re
+import sys
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, Iterable, Optional
+
+from .exceptions import UsageError, UsageErrors
+from .taskspec import (
+    DEFAULT_MAX_RETRIES,
+    DEFAULT_STALL_TIMEOUT_MIN,
+    DEFAULT_TIMEOUT_MIN,
+    DEFAULT_VERIFY_TIMEOUT_S,
+    PERMISSION_MODES,
+    KeyDecl,
+    TaskSpec,
+    VerifySpec,
+    ref_problem,
+)
+
+if sys.version_info >= (3, 11):
+    import tomllib
+else:  # pragma: no cover - exercised on older Pythons only
+    import tomli as tomllib
+
+NUM = (int, float)
+
+
+def _nonneg(v: Any) -> Optional[str]:
+    return "must not be negative" if v < 0 else None
+
+
+def _positive(v: Any) -> Optional[str]:
+    return "must be greater than 0" if v <= 0 else None
+
+
+def _str_list(v: Any) -> Optional[str]:
+    if not all(isinstance(x, str) for x in v):
+        return "must be a list of strings"
+    return None
+
+
+def _nonempty(v: Any) -> Optional[str]:
+    return "must not be empty" if not v.strip() else None
+
+
+def _name_check(v: str) -> Optional[str]:
+    if not v.strip():
+        return "must not be empty"
+    if v.startswith("-"):
+        return f"{v!r} starts with '-'"
+    if any(ord(c) < 32 or ord(c) == 127 for c in v):
+        return "must not contain control characters"
+    if len(v) > 100:
+        return "is longer than 100 characters"
+    return None
+
+
+def _perm_check(v: str) -> Optional[str]:
+    if v not in PERMISSION_MODES:
+        return f"{v!r} is not one of {', '.join(PERMISSION_MODES)}"
+    return None
+
+
+def _ref_check(v: str) -> Optional[str]:
+    return ref_problem(v)
+
+
+#: The keys of a ``[[task]]`` table that fleetrun itself knows.
+BUILTIN_TASK_KEYS: tuple[KeyDecl, ...] = (
+    KeyDecl("name", (str,), doc="unique name of the task", check=_name_check),
+    KeyDecl("prompt", (str,), doc="what the agent is asked to do", check=_nonempty),
+    KeyDecl("cwd", (str,), doc="working directory, relative to the tasks file"),
+    KeyDecl("git_ref", (str,), doc="run in a new worktree made from this ref", check=_ref_check),
+    KeyDecl("branch", (str,), doc="branch name for the worktree", check=_ref_check),
+    KeyDecl("depends_on", (list,), doc="names of tasks that must be DONE first", check=_str_list),
+    KeyDecl("max_retries", (int,), doc="retries after a failed verifier", check=_nonneg),
+    KeyDecl("timeout_min", NUM, doc="minutes an attempt may run", check=_positive),
+    KeyDecl("model", (str,), doc="agent model"),
+    KeyDecl("permission_mode", (str,), doc="Claude Code permission mode", check=_perm_check),
+    KeyDecl("allowed_tools", (list,), doc="Claude Code allow rules", check=_str_list),
+    KeyDecl("budget_usd", NUM, doc="cap on the task's total cost", check=_nonneg),
+    KeyDecl("stall_timeout_min", NUM, doc="minutes without output", check=_positive),
+    KeyDecl("agent", (str,), doc="agent backend name", check=_nonempty),
+    KeyDecl("role", (str,), doc="mailbox role", check=_nonempty),
+    KeyDecl("paths", (list,), doc="what the task is about, relative to cwd", check=_str_list),
+    KeyDecl("requires", (list,), doc="tags or tools the machine must have", check=_str_list),
+    KeyDecl("peer", (str,), doc="pin to this machine", check=_nonempty),
+)
+
+BUILTIN_VERIFY_KINDS: tuple[KeyDecl, ...] = (
+    KeyDecl("run", (str,), where="verify_kind", doc="shell command; exit code is the verdict", check=_nonempty),
+    KeyDecl("brain", (str,), where="verify_kind", doc="question for the local model", check=_nonempty),
+    KeyDecl("agent", (str,), where="verify_kind", doc="prompt for a read-only reviewer", check=_nonempty),
+)
+
+BUILTIN_VERIFY_KEYS: tuple[KeyDecl, ...] = (
+    KeyDecl("model", (str,), where="verify", doc="model for brain/agent verifiers"),
+    KeyDecl("budget_usd", NUM, where="verify", doc="cost cap of an agent verifier", check=_nonneg),
+    KeyDecl("timeout_s", NUM, where="verify", doc="seconds before the verifier fails", check=_positive),
+)
+
+#: Top-level tables a tasks file may hold besides ``[[task]]``; their contents are
+#: settings merged over ``config.toml`` (checked by the plugins that read them).
+TOP_LEVEL_TABLES = ("agents", "brain")
+
+_TYPE_NAMES = {str: "a string", int: "an integer", float: "a number", list: "a list", bool: "true or false", dict: "a table"}
+
+
+def _type_name(types: tuple[type, ...]) -> str:
+    if types == NUM:
+        return "a number"
+    return " or ".join(_TYPE_NAMES.get(t, t.__name__) for t in types)
+
+
+def _type_ok(value: Any, types: tuple[type, ...]) -> bool:
+    if isinstance(value, bool) and bool not in types:
+        return False
+    return isinstance(value, types)
+
+
+# ---------------------------------------------------------------------------------
+# Line numbers: tomllib gives none, so a light scan of the source maps each table
+# and key to the line it was written on.
+
+_HEADER_AOT = re.compile(r"^\s*\[\[\s*([A-Za-z0-9_.\-\"' ]+?)\s*\]\]")
+_HEADER_TAB = re.compile(r"^\s*\[\s*([A-Za-z0-9_.\-\"' ]+?)\s*\]")
+_KEY = re.compile(r"""^\s*("[^"]*"|'[^']*'|[A-Za-z0-9_\-]+)(\s*\.\s*("[^"]*"|'[^']*'|[A-Za-z0-9_\-]+))*\s*=""")
+
+
+@dataclass
+class LineMap:
+    """Where things were written in a TOML file."""
+
+    lines: dict[tuple[Any, ...], int] = field(default_factory=dict)
+
+    def get(self, *where: Any, default: int = 1) -> int:
+        """The line of the most specific location known, falling back outward."""
+        for n in range(len(where), 0, -1):
+            hit = self.lines.get(tuple(where[:n]))
+            if hit:
+                return hit
+        return default
+
+
+def map_lines(text: str) -> LineMap:
+    m = LineMap()
+    task = -1
+    verify = -1
+    ctx: tuple[Any, ...] = ("top",)
+    in_ml: Optional[str] = None
+    for lineno, line in enumerate(text.splitlines(), 1):
+        if in_ml:
+            if in_ml in line:
+                in_ml = None
+            continue
+        hit = _HEADER_AOT.match(line)
+        if hit:
+            name = hit.group(1).replace(" ", "")
+            if name == "task":
+                task += 1
+                verify = -1
+                ctx = ("task", task)
+            elif name == "task.verify":
+                verify += 1
+                ctx = ("task", task, "verify", verify)
+            else:
+                ctx = ("table", name)
+            m.lines.setdefault(ctx, lineno)
+            continue
+        hit = _HEADER_TAB.match(line)
+        if hit and not _KEY.match(line):
+            name = hit.group(1).replace(" ", "")
+            if name.startswith("task.") and task >= 0 and not name.startswith("task.verify"):
+                ctx = ("task", task, "table", name[5:])
+            else:
+                ctx = ("table", name)
+            top = name.split(".")[0]
+            m.lines.setdefault(("top", top), lineno)
+            m.lines.setdefault(ctx, lineno)
+            continue
+        hit = _KEY.match(line)
+        if hit:
+            key = hit.group(1).strip("\"'")
+            m.lines.setdefault((*ctx, key), lineno)
+            rest = line[hit.end():]
+            for quote in ('"""', "'''"):
+                if rest.count(quote) % 2 == 1:
+                    in_ml = quote
+    return m
+
+
+# ---------------------------------------------------------------------------------
+
+
+@dataclass
+class TaskFile:
+    """What a collector made of one file."""
+
+    path: str
+    tasks: list[TaskSpec]
+    settings: dict[str, Any] = field(default_factory=dict)
+    text: str = ""
+
+
+@dataclass
+class KeyTable:
+    task: dict[str, KeyDecl]
+    verify: dict[str, KeyDecl]
+    verify_kinds: dict[str, KeyDecl]
+
+    @classmethod
+    def build(cls, extra: Iterable[Iterable[KeyDecl]] = ()) -> KeyTable:
+        table = cls(
+            task={k.key: k for k in BUILTIN_TASK_KEYS},
+            verify={k.key: k for k in BUILTIN_VERIFY_KEYS},
+            verify_kinds={k.key: k for k in BUILTIN_VERIFY_KINDS},
+        )
+        for decls in extra:
+            for d in decls or ():
+                target = {"task": table.task, "verify": table.verify, "verify_kind": table.verify_kinds}.get(d.where)
+                if target is None:
+                    raise ValueError(f"KeyDecl {d.key!r}: where must be task, verify or verify_kind")
+                target.setdefault(d.key, d)
+        return table
+
+
+def _suggest(key: str, known: Iterable[str]) -> str:
+    close = difflib.get_close_matches(key, list(known), n=1, cutoff=0.6)
+    return f" (did you mean '{close[0]}'?)" if close else ""
+
+
+class _Errors:
+    def __init__(self, display: str) -> None:
+        self.display = display
+        self.items: list[UsageError] = []
+
+    def add(self, line: int, key: Optional[str], message: str) -> None:
+        self.items.append(UsageError(message, file=self.display, line=line, key=key))
+
+
+def display_path(path: Path, invocation_dir: Optional[Path] = None) -> str:
+    base = invocation_dir or Path.cwd()
+    try:
+        return os.path.relpath(path, base) if not os.path.relpath(path, base).startswith("..") else str(path)
+    except ValueError:  # another drive on Windows
+        return str(path)
+
+
+def parse_toml_file(path: Path, display: str) -> tuple[dict[str, Any], str]:
+    try:
+        text = path.read_text(encoding="utf-8")
+    except FileNotFoundError:
+        raise UsageError("file not found", file=display) from None
+    except UnicodeDecodeError as e:
+        raise UsageError(f"not UTF-8 text ({e.reason})", file=display) from None
+    except OSError as e:
+        raise UsageError(f"cannot read: {e.strerror}", file=display) from None
+    try:
+        return tomllib.loads(text), text
+    except tomllib.TOMLDecodeError as e:
+        msg = str(e)
+        hit = re.search(r"\(at line (\d+), column \d+\)", msg)
+        line = int(hit.group(1)) if hit else None
+        if hit:
+            msg = msg[: hit.start()].strip()
+        lineno = getattr(e, "lineno", None) or line
+        msg = getattr(e, "msg", None) or msg
+        raise UsageError(f"invalid TOML: {msg}", file=display, line=lineno) from None
+
+
+def collect_toml(path: Path, keys: KeyTable, display: str) -> TaskFile:
+    """Parse and validate one TOML tasks file; raise :class:`UsageErrors` with every problem."""
+    data, text = parse_toml_file(path, display)
+    lines = map_lines(text)
+    errs = _Errors(display)
+    base = path.parent
+
+    for top in data:
+        if top != "task" and top not in TOP_LEVEL_TABLES:
+            errs.add(lines.get("top", top), top, f"unknown key{_suggest(top, ('task', *TOP_LEVEL_TABLES))}")
+        elif top in TOP_LEVEL_TABLES and not isinstance(data[top], dict):
+            errs.add(lines.get("top", top), top, "must be a table")
+
+    raw_tasks = data.get("task", [])
+    if not isinstance(raw_tasks, list) or not all(isinstance(t, dict) for t in raw_tasks):
+        errs.add(lines.get("top", "task"), "task", "must be an array of tables, written [[task]]")
+        raw_tasks = []
+
+    specs: list[TaskSpec] = []
+    for i, raw in enumerate(raw_tasks):
+        spec = _collect_task(i, raw, keys, lines, errs, base)
+        if spec is not None:
+            spec.source = str(path)
+            specs.append(spec)
+
+    if errs.items:
+        raise UsageErrors(errs.items)
+    settings = {k: data[k] for k in TOP_LEVEL_TABLES if k in data}
+    return TaskFile(path=str(path), tasks=specs, settings=settings, text=text)
+
+
+def _check_value(
+    decl: KeyDecl, value: Any, line: int, label: str, errs: _Errors
+) -> bool:
+    if not _type_ok(value, decl.types):
+        errs.add(line, label, f"must be {_type_name(decl.types)}, not {_describe(value)}")
+        return False
+    if decl.check is not None:
+        problem = decl.check(value)
+        if problem:
+            errs.add(line, label, problem)
+            return False
+    return True
+
+
+def _describe(value: Any) -> str:
+    if isinstance(value, bool):
+        return "true/false"
+    if isinstance(value, str):
+        return "a string"
+    if isinstance(value, (int, float)):
+        return f"the number {value}"
+    if isinstance(value, list):
+        return "a list"
+    if isinstance(value, dict):
+        return "a table"
+    return type(value).__name__
+
+
+def _collect_task(
+    i: int, raw: dict[str, Any], keys: KeyTable, lines: LineMap, errs: _Errors, base: Path
+) -> Optional[TaskSpec]:
+    head = lines.get("task", i)
+    name = raw.get("name")
+    who = f"task '{name}'" if isinstance(name, str) and name else f"task #{i + 1}"
+    n_before = len(errs.items)
+
+    for required in ("name", "prompt"):
+        if required not in raw:
+            errs.add(head, f"{who}: {required}", "missing (every [[task]] needs name and prompt)")
+
+    good: dict[str, Any] = {}
+    extra: dict[str, Any] = {}
+    for key, value in raw.items():
+        line = lines.get("task", i, key, default=head)
+        if key == "verify":
+            continue
+        decl = keys.task.get(key)
+        if decl is None:
+            if isinstance(value, dict):
+                line = lines.get("task", i, "table", key, default=line)
+            errs.add(line, f"{who}: {key}", f"unknown key{_suggest(key, [*keys.task, 'verify'])}")
+            continue
+        if _check_value(decl, value, line, f"{who}: {key}", errs):
+            if any(d is decl for d in BUILTIN_TASK_KEYS):
+                good[key] = value
+            else:
+                extra[key] = value
+
+    # cwd: relative to the tasks file, and it must exist.
+    cwd_raw = good.get("cwd", ".")
+    cwd = (base / cwd_raw).resolve() if "cwd" not in raw or isinstance(raw.get("cwd"), str) else base
+    if "cwd" in good and not cwd.is_dir():
+        errs.add(lines.get("task", i, "cwd", default=head), f"{who}: cwd",
+                 f"{cwd_raw!r} does not exist (it is relative to the tasks file)" if not cwd.exists()
+                 else f"{cwd_raw!r} is not a directory")
+
+    for p in good.get("paths", []):
+        line = lines.get("task", i, "paths", default=head)
+        if os.path.isabs(p) or p.startswith("~"):
+            errs.add(line, f"{who}: paths", f"{p!r} is absolute; paths are relative to cwd")
+        elif os.path.normpath(p).split(os.sep)[0] == "..":
+            errs.add(line, f"{who}: paths", f"{p!r} escapes cwd")
+
+    deps = good.get("depends_on", [])
+    if isinstance(name, str) and name in deps:
+        errs.add(lines.get("task", i, "depends_on", default=head), f"{who}: depends_on",
+                 f"the task depends on itself ('{name}')")
+    if len(set(deps)) != len(deps):
+        errs.add(lines.get("task", i, "depends_on", default=head), f"{who}: depends_on", "names a task twice")
+
+    verifies: list[VerifySpec] = []
+    raw_verify = raw.get("verify", [])
+    if not isinstance(raw_verify, list) or not all(isinstance(v, dict) for v in raw_verify):
+        errs.add(lines.get("task", i, "verify", default=head), f"{who}: verify",
+                 "must be an array of tables, written [[task.verify]]")
+        raw_verify = []
+    for j, rv in enumerate(raw_verify):
+        v = _collect_verify(i, j, rv, keys, lines, errs, who, head)
+        if v is not None:
+            verifies.append(v)
+
+    if len(errs.items) != n_before:
+        return None
+    return TaskSpec(
+        name=good["name"],
+        prompt=good["prompt"],
+        cwd=str(cwd),
+        line=head,
+        git_ref=good.get("git_ref"),
+        branch=good.get("branch"),
+        depends_on=list(deps),
+        max_retries=good.get("max_retries", DEFAULT_MAX_RETRIES),
+        timeout_min=float(good.get("timeout_min", DEFAULT_TIMEOUT_MIN)),
+        model=good.get("model"),
+        permission_mode=good.get("permission_mode"),
+        allowed_tools=good.get("allowed_tools"),
+        budget_usd=float(good["budget_usd"]) if "budget_usd" in good else None,
+        stall_timeout_min=float(good.get("stall_timeout_min", DEFAULT_STALL_TIMEOUT_MIN)),
+        agent=good.get("agent", "claude"),
+        role=good.get("role"),
+        paths=list(good.get("paths", [])),
+        requires=list(good.get("requires", [])),
+        peer=good.get("peer"),
+        verify=verifies,
+        extra=extra,
+    )
+
+
+def _collect_verify(
+    i: int, j: int, rv: dict[str, Any], keys: KeyTable, lines: LineMap, errs: _Errors, who: str, head: int
+) -> Optional[VerifySpec]:
+    vline = lines.get("task", i, "verify", j, default=head)
+    label = f"{who}: verify #{j + 1}"
+    n_before = len(errs.items)
+    kinds = [k for k in rv if k in keys.verify_kinds]
+    if len(kinds) != 1:
+        names = " / ".join(keys.verify_kinds)
+        if not kinds:
+            errs.add(vline, label, f"needs exactly one of {names}, found none")
+        else:
+            errs.add(vline, label, f"needs exactly one of {names}, found {len(kinds)}: {', '.join(kinds)}")
+    good: dict[str, Any] = {}
+    extra: dict[str, Any] = {}
+    for key, value in rv.items():
+        line = lines.get("task", i, "verify", j, key, default=vline)
+        decl = keys.verify_kinds.get(key) or keys.verify.get(key)
+        if decl is None:
+            errs.add(line, f"{label}: {key}", f"unknown key{_suggest(key, [*keys.verify_kinds, *keys.verify])}")
+            continue
+        if _check_value(decl, value, line, f"{label}: {key}", errs):
+            if key in keys.verify_kinds or any(d is decl for d in BUILTIN_VERIFY_KEYS):
+                good[key] = value
+            else:
+                extra[key] = value
+    if len(errs.items) != n_before or len(kinds) != 1:
+        return None
+    kind = kinds[0]
+    return VerifySpec(
+        kind=kind,
+        text=good[kind],
+        model=good.get("model"),
+        budget_usd=float(good["budget_usd"]) if "budget_usd" in good else None,
+        timeout_s=float(good.get("timeout_s", DEFAULT_VERIFY_TIMEOUT_S)),
+        extra=extra,
+        line=vline,
+    )
+
+
+# ---------------------------------------------------------------------------------
+# Checks across every collected file.
+
+
+def check_graph(files: list[TaskFile], invocation_dir: Optional[Path] = None) -> list[UsageError]:
+    """Duplicate names, dangling and cyclic ``depends_on`` across all collected tasks."""
+    errors: list[UsageError] = []
+    by_name: dict[str, TaskSpec] = {}
+    maps: dict[str, LineMap] = {}
+
+    def where(spec: TaskSpec, key: str) -> tuple[str, int]:
+        lm = maps.get(spec.source)
+        if lm is None:
+            tf = next((f for f in files if f.path == spec.source), None)
+            lm = maps[spec.source] = map_lines(tf.text if tf else "")
+        line = lm.get("task", _file_index(spec, lm), key, default=spec.line or 1)
+        return display_path(Path(spec.source), invocation_dir), line
+
+    for f in files:
+        for spec in f.tasks:
+            if spec.name in by_name:
+                first = by_name[spec.name]
+                file, line = where(spec, "name")
+                ffile, fline = where(first, "name")
+                errors.append(UsageError(f"duplicate task name (first defined at {ffile}:{fline})",
+                                         file=file, line=line, key=f"task '{spec.name}': name"))
+            else:
+                by_name[spec.name] = spec
+
+    for spec in by_name.values():
+        for dep in spec.depends_on:
+            if dep not in by_name:
+                file, line = where(spec, "depends_on")
+                errors.append(UsageError(f"'{dep}' is not a task{_suggest(dep, by_name)}",
+                                         file=file, line=line, key=f"task '{spec.name}': depends_on"))
+
+    # cycles: iterative DFS in file order, each cycle reported once
+    color: dict[str, int] = {}
+    reported: set[frozenset[str]] = set()
+    for start in by_name:
+        if color.get(start):
+            continue
+        stack: list[tuple[str, int]] = [(start, 0)]
+        path: list[str] = []
+        while stack:
+            node, k = stack.pop()
+            if k == 0:
+                color[node] = 1
+                path.append(node)
+            deps = [d for d in by_name[node].depends_on if d in by_name and d != node]
+            if k < len(deps):
+                stack.append((node, k + 1))
+                nxt = deps[k]
+                if color.get(nxt) == 1:
+                    cyc = path[path.index(nxt):] + [nxt]
+                    key = frozenset(cyc)
+                    if key not in reported:
+                        reported.add(key)
+                        spec = by_name[cyc[0]]
+                        file, line = where(spec, "depends_on")
+                        errors.append(UsageError(f"dependency cycle: {' -> '.join(cyc)}",
+                                                 file=file, line=line, key=f"task '{spec.name}': depends_on"))
+                elif not color.get(nxt):
+                    stack.append((nxt, 0))
+            else:
+                color[node] = 2
+                path.pop()
+    return errors
+
+
+def _file_index(spec: TaskSpec, lm: LineMap) -> int:
+    for (kind, *rest), line in lm.lines.items():
+        if kind == "task" and len(rest) == 1 and line == spec.line:
+            return rest[0]
+    return -1

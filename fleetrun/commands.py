@@ -1,0 +1,301 @@
+"""The CLI verbs. Each ``cmd_VERB(config, out, err)`` returns an exit code."""
+
+from __future__ import annotations
+
+import json
+import time
+from pathlib import Path
+from typing import Any, Optional, TextIO
+
+from . import ops
+from .exceptions import ExitCode, UsageError
+from .ledger import Ledger, Task
+from .states import State
+
+
+def open_ledger(config: Any) -> Ledger:
+    led = config.stash.get("ledger")
+    if led is None:
+        led = config.stash["ledger"] = Ledger(config.home / "state.db")
+    return led
+
+
+def notifier(config: Any) -> ops.Notify:
+    def notify(task: Task, src: State, dst: State, cause: str, attempt: Optional[int]) -> None:
+        config.hook.fleetrun_transition(task=task, from_state=src.value, to_state=dst.value,
+                                        cause=cause, attempt=attempt, config=config)
+    return notify
+
+
+def collect_items(config: Any) -> list[Any]:
+    from .main import collect
+
+    files = collect(config)
+    items = [t for f in files for t in f.tasks]
+    config.hook.fleetrun_collection_modifyitems(config=config, items=items)
+    config.stash["files"] = files
+    return items
+
+
+def ago(t: Optional[float], now: Optional[float] = None) -> str:
+    if not t:
+        return "-"
+    s = max(0, int((now or time.time()) - t))
+    if s < 60:
+        return f"{s}s"
+    if s < 3600:
+        return f"{s // 60}m"
+    if s < 86400:
+        return f"{s // 3600}h{(s % 3600) // 60:02d}m"
+    return f"{s // 86400}d"
+
+
+# ---------------------------------------------------------------------------------
+
+
+def cmd_validate(config: Any, out: TextIO, err: TextIO) -> int:
+    items = collect_items(config)
+    from .collect import display_path
+
+    for f in config.stash["files"]:
+        n = len([t for t in f.tasks if t in items])
+        print(f"{display_path(Path(f.path), config.invocation_dir)}: {n} task{'s' if n != 1 else ''}, valid", file=out)
+    for line in config.stash.get("warnings", []):
+        print(f"warning: {line}", file=err)
+    return ExitCode.OK if items else ExitCode.NO_TASKS_COLLECTED
+
+
+def queue_items(config: Any, items: list[Any], out: TextIO) -> list[Task]:
+    from .main import source_hash
+
+    led = open_ledger(config)
+    src = ",".join(config.option.files)
+    digest = "|".join(source_hash(f) for f in config.option.files) + "|k=" + (config.getoption("keyword") or "")
+    tasks = led.add_tasks(items, source=src, source_hash=digest)
+    notify = notifier(config)
+    for t in tasks:
+        config.hook.fleetrun_transition(task=t, from_state="", to_state=t.state.value, cause="queued",
+                                        attempt=None, config=config)
+    del notify
+    return tasks
+
+
+def cmd_queue(config: Any, out: TextIO, err: TextIO) -> int:
+    items = collect_items(config)
+    if not items:
+        print("no tasks collected", file=out)
+        return ExitCode.NO_TASKS_COLLECTED
+    tasks = queue_items(config, items, out)
+    for t in tasks:
+        print(f"queued {t.id}  {t.name}  [{t.state}]", file=out)
+    return ExitCode.OK
+
+
+def cmd_run(config: Any, out: TextIO, err: TextIO) -> int:
+    from .loop import run_session
+
+    items = collect_items(config)
+    if config.getoption("collect_only"):
+        for t in items:
+            deps = f"  (after {', '.join(t.depends_on)})" if t.depends_on else ""
+            print(f"<Task {t.name}>{deps}", file=out)
+        print(f"\n{len(items)} task{'s' if len(items) != 1 else ''} collected", file=out)
+        return ExitCode.OK if items else ExitCode.NO_TASKS_COLLECTED
+    if not items:
+        print("no tasks collected", file=out)
+        return ExitCode.NO_TASKS_COLLECTED
+    return run_session(config, items, out, err)
+
+
+def cmd_work(config: Any, out: TextIO, err: TextIO) -> int:
+    from .loop import run_session
+
+    return run_session(config, None, out, err)
+
+
+# ---------------------------------------------------------------------------------
+
+
+def _where(t: Task) -> str:
+    return t.host or "-"
+
+
+def cmd_status(config: Any, out: TextIO, err: TextIO) -> int:
+    led = open_ledger(config)
+    states = None
+    if config.option.state:
+        try:
+            states = {State(config.option.state.upper())}
+        except ValueError:
+            raise UsageError(f"{config.option.state!r} is not a state; one of "
+                             f"{', '.join(s.value for s in State)}", key="--state") from None
+    tasks = led.tasks(states)
+    if config.option.json:
+        print(json.dumps([t.to_json() for t in tasks], indent=2), file=out)
+        return ExitCode.OK
+    if config.option.graph:
+        _print_graph(led, tasks, out)
+        return ExitCode.OK
+    _print_supervisor_line(config, led, out)
+    if not tasks:
+        print("no tasks in the ledger" + (f" in state {config.option.state}" if states else ""), file=out)
+        return ExitCode.OK
+    now = time.time()
+    wname = max(4, *(len(t.name) for t in tasks))
+    wid = max(2, *(len(t.id) for t in tasks))
+    print(f"{'NAME':<{wname}}  {'STATE':<11}  {'ATT':>3}  {'WHERE':<10}  {'AGE':>5}  {'COST':>7}  {'ID':<{wid}}  REASON", file=out)
+    for t in tasks:
+        cost = f"${t.cost_usd:.2f}" if t.cost_usd else "-"
+        print(f"{t.name:<{wname}}  {t.state.value:<11}  {t.attempts:>3}  {_where(t):<10}  {ago(t.created, now):>5}  "
+              f"{cost:>7}  {t.id:<{wid}}  {t.reason}", file=out)
+    return ExitCode.OK
+
+
+def _print_supervisor_line(config: Any, led: Ledger, out: TextIO) -> None:
+    if led.get_meta("drain") == "1":
+        print("this machine is draining (fleetrun undrain to start work again)", file=out)
+    try:
+        from .liveness import describe
+
+        line = describe(config.home)
+    except ImportError:  # pragma: no cover
+        line = None
+    if line:
+        print(line, file=out)
+
+
+def why(t: Task, by_id: dict[str, Task], waits: dict[str, str]) -> str:
+    """Why a task is not running, in a few words."""
+    if t.state is State.PENDING:
+        blocking = [by_id[d] for d in t.deps if d in by_id and by_id[d].state is not State.DONE]
+        if blocking:
+            return "waiting for " + ", ".join(f"{d.name} ({d.state})" for d in blocking)
+        return "dependencies done; waiting for the loop"
+    if t.state in (State.READY, State.RETRYING, State.RESUMING):
+        return waits.get(t.id) or ("waiting for a place" if t.state is State.READY else t.reason)
+    if t.state in (State.NEEDS_HUMAN, State.CANCELLED):
+        return t.reason
+    return ""
+
+
+def _print_graph(led: Ledger, tasks: list[Task], out: TextIO) -> None:
+    by_id = {t.id: t for t in led.tasks()}
+    shown = {t.id for t in tasks}
+    waits = json.loads(led.get_meta("waits") or "{}")
+    children: dict[str, list[Task]] = {}
+    for t in tasks:
+        for d in t.deps:
+            children.setdefault(d, []).append(t)
+    roots = [t for t in tasks if not any(d in shown for d in t.deps)]
+    seen: set[str] = set()
+
+    def show(t: Task, depth: int) -> None:
+        reason = why(t, by_id, waits)
+        again = t.id in seen
+        extra = f"  {reason}" if reason and not again else ""
+        print(f"{'  ' * depth}{t.name} [{t.state}] {t.id}{' (see above)' if again else ''}{extra}", file=out)
+        if again:
+            return
+        seen.add(t.id)
+        for c in children.get(t.id, []):
+            show(c, depth + 1)
+
+    if not tasks:
+        print("no tasks in the ledger", file=out)
+    for r in roots:
+        show(r, 0)
+
+
+def cmd_logs(config: Any, out: TextIO, err: TextIO) -> int:
+    led = open_ledger(config)
+    task = ops.resolve(led, config.option.task)
+    rows = led.transitions(task.id)
+    verdicts = led.verdicts(task.id)
+    attempts = {a.id: a for a in led.attempts(task.id)}
+    if config.option.json:
+        print(json.dumps({
+            "task": task.to_json(),
+            "transitions": [r.__dict__ for r in rows],
+            "verdicts": [v.__dict__ for v in verdicts],
+            "attempts": [a.__dict__ for a in attempts.values()],
+        }, indent=2, default=str), file=out)
+        return ExitCode.OK
+    print(f"{task.name} {task.id} [{task.state}]  cost ${task.cost_usd:.2f}", file=out)
+    events: list[tuple[float, int, str]] = []
+    for r in rows:
+        where = f" attempt {r.attempt}" if r.attempt else ""
+        host = f" on {r.host}" if r.host else ""
+        src = r.from_state or ""
+        events.append((r.time, 0, f"{src:>11} -> {r.to_state:<11} {r.cause}{where}{host}"))
+    for v in verdicts:
+        att = attempts.get(v.attempt_id)
+        num = att.number if att else "?"
+        head = f"{'PASS' if v.passed else 'FAIL'} verifier {v.idx + 1} ({v.kind}: {v.label}) attempt {num}"
+        if v.reason:
+            head += f": {v.reason}"
+        if v.cost_usd:
+            head += f" (${v.cost_usd:.2f})"
+        body = "".join(f"\n    | {line}" for line in v.output.rstrip().splitlines()[-40:])
+        events.append((v.time, 1, head + body))
+    for a in attempts.values():
+        if a.ended:
+            text = f"attempt {a.number} ({a.kind}) ended: {a.outcome or '-'}"
+            if a.cost_usd:
+                text += f", ${a.cost_usd:.2f}"
+            if a.dir:
+                text += f", log {Path(a.dir) / 'log'}"
+            events.append((a.ended, 0, text))
+    for t, text in led.notes(task.id):
+        events.append((t, 2, f"note: {text}"))
+    for t, _, text in sorted(events, key=lambda e: (e[0], e[1])):
+        stamp = time.strftime("%Y-%m-%d %H:%M:%S", time.localtime(t))
+        print(f"{stamp}  {text}", file=out)
+    return ExitCode.OK
+
+
+def cmd_cancel(config: Any, out: TextIO, err: TextIO) -> int:
+    led = open_ledger(config)
+    task = ops.resolve(led, config.option.task)
+    active = led.latest_attempt(task.id) if task.state in (State.ASSIGNED, State.RUNNING, State.VERIFYING) else None
+    changed, moved = ops.cancel(led, task, notifier(config))
+    if not changed:
+        print(f"{task.name} {task.id} was already CANCELLED", file=out)
+        return ExitCode.OK
+    if active is not None:
+        from .hosts import stop_attempt
+
+        stop_attempt(config, active)
+    print(f"cancelled {task.name} {task.id}", file=out)
+    for t in moved:
+        print(f"  {t.name} {t.id} -> {t.state} ({t.reason})", file=out)
+    return ExitCode.OK
+
+
+def cmd_retry(config: Any, out: TextIO, err: TextIO) -> int:
+    led = open_ledger(config)
+    task = ops.resolve(led, config.option.task)
+    moved = ops.retry(led, task, notifier(config))
+    for t in moved:
+        print(f"{t.name} {t.id} -> {t.state}", file=out)
+    return ExitCode.OK
+
+
+def cmd_approve(config: Any, out: TextIO, err: TextIO) -> int:
+    led = open_ledger(config)
+    task = ops.resolve(led, config.option.task)
+    moved = ops.approve(led, task, notifier(config))
+    for t in moved:
+        print(f"{t.name} {t.id} -> {t.state}", file=out)
+    return ExitCode.OK
+
+
+def cmd_drain(config: Any, out: TextIO, err: TextIO) -> int:
+    open_ledger(config).set_meta("drain", "1")
+    print("draining: this machine starts nothing new (running attempts finish); fleetrun undrain to undo", file=out)
+    return ExitCode.OK
+
+
+def cmd_undrain(config: Any, out: TextIO, err: TextIO) -> int:
+    open_ledger(config).set_meta("drain", None)
+    print("undrained: this machine starts work again", file=out)
+    return ExitCode.OK

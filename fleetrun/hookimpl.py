@@ -1,0 +1,7 @@
+"""The marker for hook implementations: ``@fleetrun.hookimpl``."""
+
+from __future__ import annotations
+
+import pluggy
+
+hookimpl = pluggy.HookimplMarker("fleetrun")

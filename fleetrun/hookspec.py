@@ -1,0 +1,248 @@
+"""Every hook of fleetrun, grouped by stage.
+
+Hook argument names are API forever: pluggy matches implementations by name, so an
+argument may be added but never renamed. Every hook here may be implemented in a
+``fleetconf.py``, in a ``-p`` module, or in an installed plugin (entry-point group
+``fleetrun``), unless its docstring says otherwise. Built-in plugins implement their
+hooks with ``trylast=True``, so your implementation runs first without ordering flags;
+use ``tryfirst=True`` to be sure.
+
+Hooks are always called on the supervisor's main thread. A hook that starts
+something long (``fleetrun_spawn``, ``fleetrun_verify``) returns a handle at once and
+the loop polls it.
+"""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING, Any, Optional, Union
+
+import pluggy
+
+if TYPE_CHECKING:
+    from .config import Config, Parser
+    from .ledger import Attempt, Task
+    from .main import Session
+    from .pluginmanager import FleetPluginManager
+    from .reports import AgentResult, Candidate, Handoff, Placement, Verdict, VerifyHandle, Wait, Workspace
+    from .taskspec import KeyDecl, TaskSpec, VerifySpec
+    from .collect import TaskFile
+
+hookspec = pluggy.HookspecMarker("fleetrun")
+
+
+# ---------------------------------------------------------------------------------
+# Configuration and session
+
+
+@hookspec(historic=True)
+def fleetrun_addhooks(pluginmanager: FleetPluginManager) -> None:
+    """Add hook specifications of a plugin (``pluginmanager.add_hookspecs(module)``).
+
+    Called once per plugin as it is registered. Plugin-specific hooks live with
+    their plugin, like pytest-xdist's ``newhooks.py``.
+    """
+
+
+@hookspec
+def fleetrun_addoption(parser: Parser, pluginmanager: FleetPluginManager) -> None:
+    """Add command-line options with ``parser.addoption(...)`` or a group.
+
+    Called once, before the command line is parsed. Only plugins known at start-up
+    (built-ins, ``-p``, entry points, ``FLEETRUN_PLUGINS``) can add options; a
+    ``fleetconf.py`` is loaded after parsing and cannot.
+    """
+
+
+@hookspec(historic=True)
+def fleetrun_configure(config: Config) -> None:
+    """The command line is parsed and every plugin is loaded.
+
+    Stateful plugins build their object here and register it under a well-known
+    name (``config.pluginmanager.register(obj, "name")``). Historic: a plugin
+    registered later still gets the call.
+    """
+
+
+@hookspec
+def fleetrun_unconfigure(config: Config) -> None:
+    """The run is over; undo what ``fleetrun_configure`` did."""
+
+
+@hookspec
+def fleetrun_sessionstart(session: Session) -> None:
+    """The ledger is open and the loop (or a CLI verb that reads tasks) starts."""
+
+
+@hookspec
+def fleetrun_sessionfinish(session: Session, exitstatus: int) -> None:
+    """The loop has stopped; ``exitstatus`` is the exit code about to be returned."""
+
+
+@hookspec
+def fleetrun_report_header(config: Config) -> list[str]:
+    """Lines to print below the header line of a run. Results are concatenated."""
+    raise NotImplementedError
+
+
+@hookspec
+def fleetrun_terminal_summary(config: Config, exitstatus: int, counts: dict[str, int]) -> None:
+    """Add to the end of a run's output (``config.get_plugin("terminal").write_line``)."""
+
+
+# ---------------------------------------------------------------------------------
+# Collection
+
+
+@hookspec(firstresult=True)
+def fleetrun_collect_file(file_path: str, config: Config, keys: Any) -> Optional[TaskFile]:
+    """Collect the tasks of one file. Stops at the first non-None result.
+
+    :param file_path: absolute path of a file named on the command line.
+    :param keys: the :class:`~fleetrun.collect.KeyTable` of every key any plugin
+        declared; use it to reject unknown keys.
+    :return: a :class:`~fleetrun.collect.TaskFile`, or None if the file is not
+        yours. Raise :class:`~fleetrun.UsageError` (or ``UsageErrors``) for problems.
+        The built-in collector takes ``.toml`` files.
+    """
+
+
+@hookspec
+def fleetrun_task_keys(config: Config) -> list[KeyDecl]:
+    """Declare extra keys a tasks file may use (``[[task]]``, ``[[task.verify]]``, or a
+    new verifier kind). Anything no plugin declared stays an error.
+
+    Values of declared keys appear in ``TaskSpec.extra`` / ``VerifySpec.extra``.
+    """
+    raise NotImplementedError
+
+
+@hookspec
+def fleetrun_collection_modifyitems(config: Config, items: list[TaskSpec]) -> None:
+    """Filter or reorder the collected tasks in place (``-k`` is done here).
+
+    Raise :class:`~fleetrun.UsageError` to reject the collection.
+    """
+
+
+# ---------------------------------------------------------------------------------
+# Per task: place, prepare, prompt, spawn, verify, hand off, clean up
+
+
+@hookspec
+def fleetrun_candidates(config: Config) -> list[Candidate]:
+    """Return the places attempts can run, with fresh headroom. Results are concatenated.
+
+    Called on every pass of the loop that has a task to place. The ``placement``
+    plugin returns this machine; the ``relay`` plugin returns its peers.
+    """
+    raise NotImplementedError
+
+
+@hookspec(firstresult=True)
+def fleetrun_place(
+    task: Task, candidates: list[Candidate], policy: Any, config: Config
+) -> Optional[Union[Placement, Wait]]:
+    """Decide where the next attempt of ``task`` runs. Stops at the first non-None result.
+
+    :return: a :class:`~fleetrun.Placement` (the loop writes a lease to the ledger
+        before anything starts) or a :class:`~fleetrun.Wait` whose reason is shown.
+    """
+
+
+@hookspec(firstresult=True)
+def fleetrun_prepare_workspace(task: Task, attempt: Attempt, config: Config) -> Optional[Workspace]:
+    """Make (or find again, on a retry or resume) the directory the attempt runs in.
+
+    Stops at the first non-None result. The ``worktree`` plugin makes a git worktree
+    for a task with ``git_ref``; otherwise the task's ``cwd`` is used as is.
+    Must be idempotent: it is called again after a crash.
+    """
+
+
+@hookspec(firstresult=True)
+def fleetrun_build_prompt(task: Task, attempt: Attempt, config: Config, context: dict[str, Any]) -> Optional[str]:
+    """Return the prompt for this attempt. Stops at the first non-None result.
+
+    ``context`` holds ``handoffs`` (list of :class:`~fleetrun.Handoff` of the
+    dependencies), ``failures`` (verdicts of the previous attempt, on a retry) and
+    ``kind`` (``fresh``, ``retry`` or ``resume``). Wrap it (``hookwrapper``/
+    ``wrapper=True``) to decorate the prompt others build.
+    """
+
+
+@hookspec(firstresult=True)
+def fleetrun_spawn(
+    task: Task, attempt: Attempt, workspace: Workspace, prompt: str, config: Config
+) -> Optional[dict[str, Any]]:
+    """Describe how to start the agent for this attempt. Stops at the first non-None result.
+
+    :return: a dict with ``argv`` (list of str, never run through a shell),
+        optionally ``env`` (extra variables), ``stdin`` (``"prompt"`` to feed the
+        prompt file on standard input) and ``parser`` (the plugin name whose
+        ``fleetrun_agent_result`` reads the output). The loop starts it under a
+        shepherd on the attempt's host and returns at once.
+    """
+
+
+@hookspec(firstresult=True)
+def fleetrun_agent_result(task: Task, attempt: Attempt, log_path: str, exit_code: Optional[int], config: Config) -> Optional[AgentResult]:
+    """Read an ended attempt's output and say whether the session completed.
+
+    Stops at the first non-None result. An agent's exit code is not to be trusted:
+    the ``claude`` plugin needs a ``result`` event without ``is_error``.
+    """
+
+
+@hookspec(firstresult=True)
+def fleetrun_collect_work(task: Task, attempt: Attempt, workspace: Workspace, config: Config) -> Optional[str]:
+    """An attempt's session ended well; gather its work before the verifiers run.
+
+    Stops at the first non-None result. The ``worktree`` plugin commits what the
+    agent left uncommitted on the task's branch and returns the new commit.
+    """
+
+
+@hookspec(firstresult=True)
+def fleetrun_verify(
+    task: Task, verifier: VerifySpec, workspace: Workspace, attempt: Attempt, config: Config
+) -> Optional[Union[Verdict, VerifyHandle]]:
+    """Run one verifier. Stops at the first non-None result: return None for a
+    ``verifier.kind`` that is not yours.
+
+    :return: a :class:`~fleetrun.Verdict`, or a handle whose ``poll()`` returns one
+        when ready (for anything that takes time). A verifier must be safe to run
+        again: after a crash it is.
+    """
+
+
+@hookspec(firstresult=True)
+def fleetrun_handoff(task: Task, attempt: Attempt, config: Config) -> Optional[Handoff]:
+    """Build what a DONE task hands to its dependents. Stops at the first non-None."""
+
+
+@hookspec
+def fleetrun_cleanup_workspace(task: Task, config: Config) -> None:
+    """A task reached a terminal state; remove what is no longer needed (a clean
+    worktree after DONE; its branch stays)."""
+
+
+# ---------------------------------------------------------------------------------
+# Reporting
+
+
+@hookspec
+def fleetrun_transition(
+    task: Task, from_state: str, to_state: str, cause: str, attempt: Optional[int], config: Config
+) -> None:
+    """A task changed state (already committed to the ledger). Terminal output,
+    the event log and reporters listen here. Called for every transition."""
+
+
+@hookspec
+def fleetrun_task_waiting(task: Task, reason: str, config: Config) -> None:
+    """A task cannot be placed, and ``reason`` is new (not called on every pass)."""
+
+
+@hookspec
+def fleetrun_verdict(task: Task, verdict: Verdict, attempt: Attempt, config: Config) -> None:
+    """A verifier reached a verdict (already recorded in the ledger)."""

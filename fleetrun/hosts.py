@@ -1,0 +1,133 @@
+"""Hosts: where an attempt runs. ``LocalHost`` is this machine.
+
+A host offers the same verbs whatever it is — start a shepherd, read its status and
+log, stop it — so placement, retry and adoption never ask which one they hold.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import sys
+from pathlib import Path
+from typing import Any, Optional
+
+from .ledger import ensure_private_dir
+from .shepherd import CANCEL, LOG, SPEC, STATUS, proc_token, read_json, write_json
+
+SHEPHERD_PATH = str(Path(__file__).with_name("shepherd.py"))
+
+
+class LocalHost:
+    """This machine. Attempt folders live in ``$FLEETRUN_HOME/attempts/<attempt-id>``."""
+
+    name = "local"
+
+    def __init__(self, home: Path) -> None:
+        self.home = home
+        self._children: dict[str, subprocess.Popen[bytes]] = {}
+
+    def attempt_dir(self, attempt_id: str) -> Path:
+        return self.home / "attempts" / attempt_id
+
+    def start(self, attempt_id: str, spec: dict[str, Any], prompt: Optional[str] = None) -> dict[str, Any]:
+        """Start a shepherd for an attempt; return its pid and identity token.
+
+        The attempt folder gets ``spec.json`` (and ``prompt``) first, so a shepherd
+        never starts without knowing what to run.
+        """
+        adir = ensure_private_dir(self.attempt_dir(attempt_id))
+        spec = dict(spec, attempt_id=attempt_id)
+        if prompt is not None:
+            ppath = adir / "prompt"
+            fd = os.open(ppath, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
+            with os.fdopen(fd, "w", encoding="utf-8") as f:
+                f.write(prompt)
+            if spec.get("stdin") == "prompt":
+                spec["stdin_file"] = str(ppath)
+        write_json(str(adir / SPEC), spec)
+        out = os.open(adir / "shepherd.out", os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o600)
+        try:
+            proc = subprocess.Popen(
+                [sys.executable, "-I", "-S", SHEPHERD_PATH, str(adir)],
+                stdin=subprocess.DEVNULL, stdout=out, stderr=out, start_new_session=True, close_fds=True,
+            )
+        finally:
+            os.close(out)
+        self._children[attempt_id] = proc
+        return {"pid": proc.pid, "token": proc_token(proc.pid), "dir": str(adir)}
+
+    def reap(self) -> None:
+        """Collect exited shepherd children (they are detached, but ours until we exit)."""
+        for aid, proc in list(self._children.items()):
+            if proc.poll() is not None:
+                del self._children[aid]
+
+    def status(self, attempt_id: str, pid: Optional[int], token: Optional[str]) -> dict[str, Any]:
+        """The shepherd's status file, with ``state`` ``died`` if the shepherd is gone
+        without having written an end (a reused pid does not count as alive)."""
+        self.reap()
+        adir = self.attempt_dir(attempt_id)
+        st = read_json(str(adir / STATUS)) or {}
+        if st.get("state") == "ended":
+            return st
+        alive = shepherd_alive(pid or st.get("shepherd_pid"), token or st.get("shepherd_token"))
+        if alive:
+            return st or {"state": "starting"}
+        # gone; read once more in case it ended between the two reads
+        st = read_json(str(adir / STATUS)) or st
+        if st.get("state") == "ended":
+            return st
+        return dict(st, state="died")
+
+    def log_path(self, attempt_id: str) -> Path:
+        return self.attempt_dir(attempt_id) / LOG
+
+    def stop(self, attempt_id: str, pid: Optional[int], token: Optional[str]) -> bool:
+        """Ask the shepherd to end the agent's process tree. Safe to repeat."""
+        adir = self.attempt_dir(attempt_id)
+        if adir.exists():
+            fd = os.open(adir / CANCEL, os.O_WRONLY | os.O_CREAT, 0o600)
+            os.close(fd)
+        st = read_json(str(adir / STATUS)) or {}
+        pid = pid or st.get("shepherd_pid")
+        token = token or st.get("shepherd_token")
+        if pid and shepherd_alive(pid, token):
+            try:
+                os.kill(pid, signal.SIGTERM)
+                return True
+            except ProcessLookupError:
+                return False
+        return False
+
+
+def shepherd_alive(pid: Optional[int], token: Optional[str]) -> bool:
+    if not pid:
+        return False
+    now = proc_token(int(pid))
+    if now is None:
+        return False
+    return token is None or now == token
+
+
+def stop_attempt(config: Any, attempt: Any) -> bool:
+    """Stop an attempt wherever it runs (used by ``fleetrun cancel``)."""
+    host = get_host(config, attempt.host)
+    return bool(host.stop(attempt.id, attempt.shepherd_pid, attempt.shepherd_token))
+
+
+def get_host(config: Any, name: Optional[str]) -> Any:
+    hosts = config.stash.setdefault("hosts", {})
+    if name in (None, "local"):
+        if "local" not in hosts:
+            hosts["local"] = LocalHost(config.home)
+        return hosts["local"]
+    if name in hosts:
+        return hosts[name]
+    raise KeyError(f"unknown host {name!r}")
+
+
+def dump(obj: Any) -> str:
+    return json.dumps(obj, default=str)

@@ -1,0 +1,612 @@
+"""The ledger: one SQLite database that is the single source of truth.
+
+Every state change is one transaction: a compare-and-set on the task's state plus an
+append-only transition row. After a crash, everything is re-derived from here.
+
+Durability: WAL with ``synchronous=FULL``. In WAL mode NORMAL survives a process
+crash but can lose the last commits on power loss; a lost "attempt started" row is
+exactly what could make a task run twice after a reboot, and a transition costs
+well under a millisecond either way next to an agent session of minutes
+(``bench/ledger.py`` measures both). So FULL.
+
+This module imports nothing of the loop, the plugins or the CLI.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import secrets
+import sqlite3
+import time
+from collections.abc import Iterator
+from contextlib import contextmanager
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, Optional
+
+from .exceptions import StateConflict, UsageError
+from .states import State, allowed, is_valid_cause
+from .taskspec import TaskSpec
+
+SCHEMA_VERSION = 1
+
+_SCHEMA = """
+CREATE TABLE IF NOT EXISTS tasks (
+    id          TEXT PRIMARY KEY,
+    name        TEXT NOT NULL,
+    state       TEXT NOT NULL,
+    spec        TEXT NOT NULL,
+    source      TEXT NOT NULL DEFAULT '',
+    queue_id    TEXT NOT NULL DEFAULT '',
+    seq         INTEGER NOT NULL DEFAULT 0,
+    created     REAL NOT NULL,
+    updated     REAL NOT NULL,
+    host        TEXT,
+    worktree    TEXT,
+    branch      TEXT,
+    cost_usd    REAL NOT NULL DEFAULT 0,
+    attempts    INTEGER NOT NULL DEFAULT 0,
+    retries     INTEGER NOT NULL DEFAULT 0,
+    resumes     INTEGER NOT NULL DEFAULT 0,
+    no_start    INTEGER NOT NULL DEFAULT 0,
+    reason      TEXT NOT NULL DEFAULT '',
+    handoff     TEXT
+);
+CREATE INDEX IF NOT EXISTS tasks_name ON tasks(name, created);
+CREATE INDEX IF NOT EXISTS tasks_state ON tasks(state);
+CREATE TABLE IF NOT EXISTS deps (
+    task_id TEXT NOT NULL REFERENCES tasks(id),
+    dep_id  TEXT NOT NULL REFERENCES tasks(id),
+    PRIMARY KEY (task_id, dep_id)
+);
+CREATE INDEX IF NOT EXISTS deps_dep ON deps(dep_id);
+CREATE TABLE IF NOT EXISTS queues (
+    id          TEXT PRIMARY KEY,
+    source      TEXT NOT NULL,
+    source_hash TEXT NOT NULL,
+    created     REAL NOT NULL
+);
+CREATE TABLE IF NOT EXISTS attempts (
+    id          TEXT PRIMARY KEY,
+    task_id     TEXT NOT NULL REFERENCES tasks(id),
+    number      INTEGER NOT NULL,
+    kind        TEXT NOT NULL,
+    host        TEXT NOT NULL,
+    state       TEXT NOT NULL,
+    dir         TEXT,
+    workspace   TEXT,
+    created     REAL NOT NULL,
+    started     REAL,
+    ended       REAL,
+    exit_code   INTEGER,
+    outcome     TEXT,
+    session_id  TEXT,
+    cost_usd    REAL NOT NULL DEFAULT 0,
+    result_text TEXT,
+    shepherd_pid   INTEGER,
+    shepherd_token TEXT,
+    info        TEXT,
+    UNIQUE (task_id, number)
+);
+CREATE INDEX IF NOT EXISTS attempts_state ON attempts(state);
+CREATE TABLE IF NOT EXISTS verdicts (
+    id          INTEGER PRIMARY KEY AUTOINCREMENT,
+    task_id     TEXT NOT NULL REFERENCES tasks(id),
+    attempt_id  TEXT NOT NULL REFERENCES attempts(id),
+    idx         INTEGER NOT NULL,
+    kind        TEXT NOT NULL,
+    label       TEXT NOT NULL,
+    passed      INTEGER NOT NULL,
+    reason      TEXT NOT NULL,
+    output      TEXT NOT NULL,
+    cost_usd    REAL NOT NULL DEFAULT 0,
+    duration_s  REAL NOT NULL DEFAULT 0,
+    host        TEXT NOT NULL DEFAULT 'local',
+    time        REAL NOT NULL,
+    UNIQUE (attempt_id, idx)
+);
+CREATE TABLE IF NOT EXISTS transitions (
+    id          INTEGER PRIMARY KEY AUTOINCREMENT,
+    task_id     TEXT NOT NULL REFERENCES tasks(id),
+    from_state  TEXT,
+    to_state    TEXT NOT NULL,
+    cause       TEXT NOT NULL,
+    time        REAL NOT NULL,
+    attempt     INTEGER,
+    host        TEXT
+);
+CREATE INDEX IF NOT EXISTS transitions_task ON transitions(task_id, id);
+CREATE TABLE IF NOT EXISTS notes (
+    id      INTEGER PRIMARY KEY AUTOINCREMENT,
+    task_id TEXT NOT NULL REFERENCES tasks(id),
+    time    REAL NOT NULL,
+    text    TEXT NOT NULL
+);
+CREATE TABLE IF NOT EXISTS meta (
+    key   TEXT PRIMARY KEY,
+    value TEXT NOT NULL
+);
+"""
+
+
+@dataclass
+class Task:
+    """A task as the ledger knows it: its spec plus where it stands."""
+
+    id: str
+    name: str
+    state: State
+    spec: TaskSpec
+    source: str
+    queue_id: str
+    created: float
+    updated: float
+    host: Optional[str] = None
+    worktree: Optional[str] = None
+    branch: Optional[str] = None
+    cost_usd: float = 0.0
+    attempts: int = 0
+    retries: int = 0
+    resumes: int = 0
+    no_start: int = 0
+    reason: str = ""
+    handoff: Optional[dict[str, Any]] = None
+    deps: list[str] = field(default_factory=list)
+
+    def to_json(self) -> dict[str, Any]:
+        return {
+            "id": self.id,
+            "name": self.name,
+            "state": self.state.value,
+            "attempts": self.attempts,
+            "retries": self.retries,
+            "resumes": self.resumes,
+            "host": self.host,
+            "worktree": self.worktree,
+            "branch": self.branch,
+            "cost_usd": round(self.cost_usd, 6),
+            "reason": self.reason,
+            "depends_on": list(self.spec.depends_on),
+            "source": self.source,
+            "created": self.created,
+            "updated": self.updated,
+        }
+
+
+@dataclass
+class Attempt:
+    """One run of an agent for a task (fresh, retry or resume)."""
+
+    id: str
+    task_id: str
+    number: int
+    kind: str
+    host: str
+    state: str  # leased / starting / running / ended / verified / abandoned
+    created: float
+    dir: Optional[str] = None
+    workspace: Optional[dict[str, Any]] = None
+    started: Optional[float] = None
+    ended: Optional[float] = None
+    exit_code: Optional[int] = None
+    outcome: Optional[str] = None
+    session_id: Optional[str] = None
+    cost_usd: float = 0.0
+    result_text: Optional[str] = None
+    shepherd_pid: Optional[int] = None
+    shepherd_token: Optional[str] = None
+    info: dict[str, Any] = field(default_factory=dict)
+
+
+@dataclass
+class TransitionRow:
+    id: int
+    task_id: str
+    from_state: Optional[str]
+    to_state: str
+    cause: str
+    time: float
+    attempt: Optional[int]
+    host: Optional[str]
+
+
+@dataclass
+class VerdictRow:
+    task_id: str
+    attempt_id: str
+    idx: int
+    kind: str
+    label: str
+    passed: bool
+    reason: str
+    output: str
+    cost_usd: float
+    duration_s: float
+    host: str
+    time: float
+
+
+def new_token() -> str:
+    """A short id unique across processes: milliseconds (base 36) plus 24 random bits."""
+    ms = int(time.time() * 1000)
+    digits = ""
+    alphabet = "0123456789abcdefghijklmnopqrstuvwxyz"
+    while ms:
+        ms, r = divmod(ms, 36)
+        digits = alphabet[r] + digits
+    return digits + secrets.token_hex(3)
+
+
+def ensure_private_dir(path: Path) -> Path:
+    """Create ``path`` (and parents) with mode 0700; tighten it if it exists."""
+    path.mkdir(parents=True, exist_ok=True, mode=0o700)
+    try:
+        if path.stat().st_mode & 0o077:
+            os.chmod(path, 0o700)
+    except OSError:
+        pass
+    return path
+
+
+class Ledger:
+    """The SQLite ledger at ``path``. One connection per instance; not thread-safe."""
+
+    def __init__(self, path: Path | str, timeout_s: float = 30.0) -> None:
+        self.path = Path(path)
+        ensure_private_dir(self.path.parent)
+        if not self.path.exists():
+            fd = os.open(self.path, os.O_CREAT | os.O_WRONLY, 0o600)
+            os.close(fd)
+        self.conn = sqlite3.connect(str(self.path), timeout=timeout_s, isolation_level=None)
+        self.conn.row_factory = sqlite3.Row
+        self.conn.execute(f"PRAGMA busy_timeout={int(timeout_s * 1000)}")
+        self.conn.execute("PRAGMA journal_mode=WAL")
+        self.conn.execute("PRAGMA synchronous=FULL")
+        self.conn.execute("PRAGMA foreign_keys=ON")
+        self._migrate()
+
+    def close(self) -> None:
+        self.conn.close()
+
+    def __enter__(self) -> Ledger:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+    def _migrate(self) -> None:
+        version = self.conn.execute("PRAGMA user_version").fetchone()[0]
+        if version > SCHEMA_VERSION:
+            raise UsageError(
+                f"the ledger has schema version {version}, newer than this fleetrun "
+                f"understands ({SCHEMA_VERSION}); upgrade fleetrun, or use another "
+                "FLEETRUN_HOME",
+                file=str(self.path),
+            )
+        if version < SCHEMA_VERSION:
+            with self.tx() as cur:
+                for stmt in _SCHEMA.split(";"):
+                    if stmt.strip():
+                        cur.execute(stmt)
+                cur.execute(f"PRAGMA user_version={SCHEMA_VERSION}")
+
+    @contextmanager
+    def tx(self) -> Iterator[sqlite3.Cursor]:
+        """One write transaction (BEGIN IMMEDIATE: writers queue on the busy timeout)."""
+        cur = self.conn.cursor()
+        cur.execute("BEGIN IMMEDIATE")
+        try:
+            yield cur
+        except BaseException:
+            cur.execute("ROLLBACK")
+            raise
+        else:
+            cur.execute("COMMIT")
+
+    # -- tasks ------------------------------------------------------------------------
+
+    def add_tasks(self, specs: list[TaskSpec], source: str = "", source_hash: str = "") -> list[Task]:
+        """Queue ``specs`` as one batch; ``depends_on`` names resolve within the batch."""
+        now = time.time()
+        queue_id = new_token()
+        ids = {s.name: f"task_{queue_id}_{i}" for i, s in enumerate(specs)}
+        with self.tx() as cur:
+            cur.execute(
+                "INSERT INTO queues (id, source, source_hash, created) VALUES (?,?,?,?)",
+                (queue_id, source, source_hash, now),
+            )
+            for i, spec in enumerate(specs):
+                state = State.PENDING if spec.depends_on else State.READY
+                cur.execute(
+                    "INSERT INTO tasks (id, name, state, spec, source, queue_id, seq, created, updated, reason)"
+                    " VALUES (?,?,?,?,?,?,?,?,?,?)",
+                    (ids[spec.name], spec.name, state.value, json.dumps(spec.to_json()),
+                     spec.source or source, queue_id, i, now, now, "queued"),
+                )
+                self._log(cur, ids[spec.name], None, state, "queued", now)
+            for spec in specs:
+                for dep in spec.depends_on:
+                    if dep not in ids:
+                        raise ValueError(f"task {spec.name!r} depends on {dep!r}, not in this batch")
+                    cur.execute("INSERT INTO deps (task_id, dep_id) VALUES (?,?)", (ids[spec.name], ids[dep]))
+        return [t for t in (self.get(ids[s.name]) for s in specs) if t is not None]
+
+    def find_queue(self, source_hash: str) -> Optional[str]:
+        """The newest queue made from a file with this content hash that still has
+        tasks not DONE, or None."""
+        row = self.conn.execute(
+            "SELECT q.id FROM queues q WHERE q.source_hash=? AND EXISTS ("
+            " SELECT 1 FROM tasks t WHERE t.queue_id=q.id) ORDER BY q.created DESC LIMIT 1",
+            (source_hash,),
+        ).fetchone()
+        return row[0] if row else None
+
+    def _row_to_task(self, row: sqlite3.Row, deps: Optional[list[str]] = None) -> Task:
+        return Task(
+            id=row["id"],
+            name=row["name"],
+            state=State(row["state"]),
+            spec=TaskSpec.from_json(json.loads(row["spec"])),
+            source=row["source"],
+            queue_id=row["queue_id"],
+            created=row["created"],
+            updated=row["updated"],
+            host=row["host"],
+            worktree=row["worktree"],
+            branch=row["branch"],
+            cost_usd=row["cost_usd"],
+            attempts=row["attempts"],
+            retries=row["retries"],
+            resumes=row["resumes"],
+            no_start=row["no_start"],
+            reason=row["reason"],
+            handoff=json.loads(row["handoff"]) if row["handoff"] else None,
+            deps=deps if deps is not None else self.deps(row["id"]),
+        )
+
+    def get(self, task_id: str) -> Optional[Task]:
+        row = self.conn.execute("SELECT * FROM tasks WHERE id=?", (task_id,)).fetchone()
+        return self._row_to_task(row) if row else None
+
+    def find(self, ref: str) -> Optional[Task]:
+        """A task by id, or the newest task with that name."""
+        task = self.get(ref)
+        if task is not None:
+            return task
+        row = self.conn.execute(
+            "SELECT * FROM tasks WHERE name=? ORDER BY created DESC, seq DESC LIMIT 1", (ref,)
+        ).fetchone()
+        return self._row_to_task(row) if row else None
+
+    def tasks(self, states: Optional[set[State]] = None, queue_id: Optional[str] = None) -> list[Task]:
+        sql = "SELECT * FROM tasks"
+        where: list[str] = []
+        args: list[Any] = []
+        if states:
+            where.append(f"state IN ({','.join('?' * len(states))})")
+            args.extend(s.value for s in states)
+        if queue_id:
+            where.append("queue_id=?")
+            args.append(queue_id)
+        if where:
+            sql += " WHERE " + " AND ".join(where)
+        sql += " ORDER BY created, seq"
+        rows = self.conn.execute(sql, args).fetchall()
+        alldeps: dict[str, list[str]] = {}
+        for tid, did in self.conn.execute("SELECT task_id, dep_id FROM deps"):
+            alldeps.setdefault(tid, []).append(did)
+        return [self._row_to_task(r, alldeps.get(r["id"], [])) for r in rows]
+
+    def deps(self, task_id: str) -> list[str]:
+        return [r[0] for r in self.conn.execute("SELECT dep_id FROM deps WHERE task_id=?", (task_id,))]
+
+    def dependents(self, task_id: str) -> list[str]:
+        return [r[0] for r in self.conn.execute("SELECT task_id FROM deps WHERE dep_id=?", (task_id,))]
+
+    def update_task(self, task_id: str, **fields: Any) -> None:
+        """Set bookkeeping columns (not ``state``: that goes through :meth:`transition`)."""
+        if "state" in fields:
+            raise ValueError("state changes go through transition()")
+        with self.tx() as cur:
+            self._set(cur, "tasks", task_id, fields)
+
+    @staticmethod
+    def _set(cur: sqlite3.Cursor, table: str, row_id: str, fields: dict[str, Any]) -> None:
+        if not fields:
+            return
+        cols = []
+        vals = []
+        for k, v in fields.items():
+            if not k.isidentifier():
+                raise ValueError(k)
+            cols.append(f"{k}=?")
+            vals.append(json.dumps(v) if isinstance(v, (dict, list)) else v)
+        cur.execute(f"UPDATE {table} SET {', '.join(cols)} WHERE id=?", (*vals, row_id))
+
+    # -- transitions --------------------------------------------------------------------
+
+    def transition(
+        self,
+        task_id: str,
+        expected: State | set[State],
+        to: State,
+        cause: str,
+        attempt: Optional[int] = None,
+        host: Optional[str] = None,
+        cur: Optional[sqlite3.Cursor] = None,
+        **fields: Any,
+    ) -> State:
+        """Compare-and-set the task's state and log the transition, in one transaction.
+
+        :param expected: the state (or states) the caller believes the task is in.
+        :param fields: other task columns to set in the same transaction.
+        :return: the state the task was in.
+        :raises StateConflict: if the task is in another state (nothing is written).
+        :raises ValueError: if the state machine does not allow the transition.
+        """
+        if cur is None:
+            with self.tx() as c:
+                return self.transition(task_id, expected, to, cause, attempt, host, cur=c, **fields)
+        if not is_valid_cause(cause):
+            raise ValueError(f"cause must be snake_case: {cause!r}")
+        exp = {expected} if isinstance(expected, State) else set(expected)
+        row = cur.execute("SELECT state FROM tasks WHERE id=?", (task_id,)).fetchone()
+        if row is None:
+            raise KeyError(task_id)
+        current = State(row[0])
+        if current not in exp:
+            raise StateConflict(task_id, "/".join(sorted(s.value for s in exp)), current)
+        if not allowed(current, to):
+            raise ValueError(f"task {task_id}: {current} -> {to} is not allowed")
+        now = time.time()
+        sets = {"state": to.value, "updated": now, "reason": cause, **fields}
+        cols = ", ".join(f"{k}=?" for k in sets)
+        vals = [json.dumps(v) if isinstance(v, (dict, list)) else v for v in sets.values()]
+        n = cur.execute(
+            f"UPDATE tasks SET {cols} WHERE id=? AND state=?", (*vals, task_id, current.value)
+        ).rowcount
+        if n != 1:  # pragma: no cover - BEGIN IMMEDIATE makes this unreachable
+            raise StateConflict(task_id, current, "changed")
+        self._log(cur, task_id, current, to, cause, now, attempt, host)
+        return current
+
+    @staticmethod
+    def _log(
+        cur: sqlite3.Cursor, task_id: str, src: Optional[State], dst: State, cause: str,
+        now: float, attempt: Optional[int] = None, host: Optional[str] = None,
+    ) -> None:
+        cur.execute(
+            "INSERT INTO transitions (task_id, from_state, to_state, cause, time, attempt, host)"
+            " VALUES (?,?,?,?,?,?,?)",
+            (task_id, src.value if src else None, dst.value, cause, now, attempt, host),
+        )
+
+    def transitions(self, task_id: Optional[str] = None) -> list[TransitionRow]:
+        sql = "SELECT * FROM transitions" + (" WHERE task_id=?" if task_id else "") + " ORDER BY id"
+        rows = self.conn.execute(sql, (task_id,) if task_id else ()).fetchall()
+        return [TransitionRow(**dict(r)) for r in rows]
+
+    # -- attempts ----------------------------------------------------------------------
+
+    def lease(
+        self, task_id: str, expected: State | set[State], host: str, kind: str, cause: str = "placed"
+    ) -> Attempt:
+        """Place a task: create its next attempt and move it to ASSIGNED, atomically."""
+        now = time.time()
+        with self.tx() as cur:
+            n = cur.execute("SELECT COALESCE(MAX(number), 0) FROM attempts WHERE task_id=?", (task_id,)).fetchone()[0] + 1
+            attempt_id = f"{task_id}_a{n}"
+            self.transition(task_id, expected, State.ASSIGNED, cause, n, host, cur, attempts=n)
+            cur.execute("UPDATE tasks SET host=? WHERE id=?", (host, task_id))
+            cur.execute(
+                "INSERT INTO attempts (id, task_id, number, kind, host, state, created) VALUES (?,?,?,?,?,?,?)",
+                (attempt_id, task_id, n, kind, host, "leased", now),
+            )
+        att = self.attempt(attempt_id)
+        assert att is not None
+        return att
+
+    def _row_to_attempt(self, row: sqlite3.Row) -> Attempt:
+        d = dict(row)
+        d["workspace"] = json.loads(d["workspace"]) if d["workspace"] else None
+        d["info"] = json.loads(d["info"]) if d["info"] else {}
+        return Attempt(**d)
+
+    def attempt(self, attempt_id: str) -> Optional[Attempt]:
+        row = self.conn.execute("SELECT * FROM attempts WHERE id=?", (attempt_id,)).fetchone()
+        return self._row_to_attempt(row) if row else None
+
+    def attempts(self, task_id: Optional[str] = None, states: Optional[set[str]] = None,
+                 host: Optional[str] = None) -> list[Attempt]:
+        sql = "SELECT * FROM attempts"
+        where: list[str] = []
+        args: list[Any] = []
+        if host:
+            where.append("host=?")
+            args.append(host)
+        if task_id:
+            where.append("task_id=?")
+            args.append(task_id)
+        if states:
+            where.append(f"state IN ({','.join('?' * len(states))})")
+            args.extend(states)
+        if where:
+            sql += " WHERE " + " AND ".join(where)
+        sql += " ORDER BY created, number"
+        return [self._row_to_attempt(r) for r in self.conn.execute(sql, args)]
+
+    def latest_attempt(self, task_id: str) -> Optional[Attempt]:
+        row = self.conn.execute(
+            "SELECT * FROM attempts WHERE task_id=? ORDER BY number DESC LIMIT 1", (task_id,)
+        ).fetchone()
+        return self._row_to_attempt(row) if row else None
+
+    def update_attempt(self, attempt_id: str, cur: Optional[sqlite3.Cursor] = None, **fields: Any) -> None:
+        if cur is not None:
+            self._set(cur, "attempts", attempt_id, fields)
+            return
+        with self.tx() as c:
+            self._set(c, "attempts", attempt_id, fields)
+
+    # -- verdicts ----------------------------------------------------------------------
+
+    def add_verdict(
+        self, task_id: str, attempt_id: str, idx: int, v: Any, cur: Optional[sqlite3.Cursor] = None
+    ) -> bool:
+        """Record verifier ``idx`` of an attempt; a second record of it is ignored.
+
+        :return: True if this call recorded it.
+        """
+        if cur is None:
+            with self.tx() as c:
+                return self.add_verdict(task_id, attempt_id, idx, v, cur=c)
+        n = cur.execute(
+            "INSERT OR IGNORE INTO verdicts (task_id, attempt_id, idx, kind, label, passed, reason,"
+            " output, cost_usd, duration_s, host, time) VALUES (?,?,?,?,?,?,?,?,?,?,?,?)",
+            (task_id, attempt_id, idx, v.kind, v.label, int(v.passed), v.reason, v.output,
+             v.cost_usd, v.duration_s, v.host, time.time()),
+        ).rowcount
+        if n and v.cost_usd:
+            cur.execute("UPDATE tasks SET cost_usd = cost_usd + ? WHERE id=?", (v.cost_usd, task_id))
+        return bool(n)
+
+    def verdicts(self, task_id: Optional[str] = None, attempt_id: Optional[str] = None) -> list[VerdictRow]:
+        sql = "SELECT * FROM verdicts"
+        if attempt_id:
+            rows = self.conn.execute(sql + " WHERE attempt_id=? ORDER BY idx", (attempt_id,))
+        elif task_id:
+            rows = self.conn.execute(sql + " WHERE task_id=? ORDER BY id", (task_id,))
+        else:
+            rows = self.conn.execute(sql + " ORDER BY id")
+        out = []
+        for r in rows:
+            d = dict(r)
+            d.pop("id")
+            d["passed"] = bool(d["passed"])
+            out.append(VerdictRow(**d))
+        return out
+
+    # -- notes -------------------------------------------------------------------------
+
+    def add_note(self, task_id: str, text: str) -> None:
+        """Something the log should say about a task that is not a state change."""
+        with self.tx() as cur:
+            cur.execute("INSERT INTO notes (task_id, time, text) VALUES (?,?,?)", (task_id, time.time(), text))
+
+    def notes(self, task_id: str) -> list[tuple[float, str]]:
+        return [(r[0], r[1]) for r in self.conn.execute(
+            "SELECT time, text FROM notes WHERE task_id=? ORDER BY id", (task_id,))]
+
+    # -- meta --------------------------------------------------------------------------
+
+    def get_meta(self, key: str, default: Optional[str] = None) -> Optional[str]:
+        row = self.conn.execute("SELECT value FROM meta WHERE key=?", (key,)).fetchone()
+        return row[0] if row else default
+
+    def set_meta(self, key: str, value: Optional[str]) -> None:
+        with self.tx() as cur:
+            if value is None:
+                cur.execute("DELETE FROM meta WHERE key=?", (key,))
+            else:
+                cur.execute("INSERT OR REPLACE INTO meta (key, value) VALUES (?,?)", (key, value))

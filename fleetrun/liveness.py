@@ -1,0 +1,90 @@
+"""The work loop's liveness file and lock: who runs the loop, and is it alive?"""
+
+from __future__ import annotations
+
+import fcntl
+import json
+import os
+import time
+from pathlib import Path
+from typing import Any, Optional
+
+from .shepherd import proc_token, read_json, write_json
+
+LIVENESS = "supervisor.json"
+LOCK = "work.lock"
+STUCK_AFTER_S = 60.0
+
+
+class WorkLock:
+    """One ``work`` loop per home: an exclusive flock held while the loop runs."""
+
+    def __init__(self, home: Path) -> None:
+        self.path = home / LOCK
+        self.fd: Optional[int] = None
+
+    def acquire(self) -> Optional[dict[str, Any]]:
+        """Take the lock. :return: None on success, else what the holder wrote."""
+        self.path.parent.mkdir(parents=True, exist_ok=True, mode=0o700)
+        fd = os.open(self.path, os.O_RDWR | os.O_CREAT, 0o600)
+        try:
+            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except BlockingIOError:
+            try:
+                holder = json.loads(os.pread(fd, 4096, 0).decode() or "{}")
+            except ValueError:
+                holder = {}
+            os.close(fd)
+            return holder or {"pid": "?"}
+        os.ftruncate(fd, 0)
+        os.pwrite(fd, json.dumps({"pid": os.getpid(), "started": time.time()}).encode(), 0)
+        self.fd = fd
+        return None
+
+    def release(self) -> None:
+        if self.fd is not None:
+            fcntl.flock(self.fd, fcntl.LOCK_UN)
+            os.close(self.fd)
+            self.fd = None
+
+
+class Liveness:
+    def __init__(self, home: Path) -> None:
+        self.path = home / LIVENESS
+        self.started = time.time()
+        self.last = 0.0
+
+    def beat(self, force: bool = False, **extra: Any) -> None:
+        now = time.time()
+        if not force and now - self.last < 1.0:
+            return
+        self.last = now
+        try:
+            write_json(str(self.path), {"pid": os.getpid(), "token": proc_token(os.getpid()),
+                                        "started": self.started, "beat": now, **extra})
+        except OSError:
+            pass  # disk full: status will show the loop as stuck, which is the truth
+
+    def clear(self) -> None:
+        try:
+            data = read_json(str(self.path)) or {}
+            if data.get("pid") == os.getpid():
+                self.path.unlink()
+        except OSError:
+            pass
+
+
+def describe(home: Path, now: Optional[float] = None) -> str:
+    """``supervisor: running (pid 123, last beat 2s ago)``, ``not running`` or ``stuck``."""
+    data = read_json(str(home / LIVENESS))
+    if not data:
+        return "supervisor: not running"
+    pid = data.get("pid")
+    token = proc_token(int(pid)) if pid else None
+    if token is None or (data.get("token") and token != data.get("token")):
+        return "supervisor: not running"
+    age = (now or time.time()) - float(data.get("beat") or 0)
+    if age > STUCK_AFTER_S:
+        mins = int(age // 60)
+        return f"supervisor: stuck (pid {pid}, last beat {mins} min ago)"
+    return f"supervisor: running (pid {pid}, last beat {int(age)}s ago)"

@@ -1,0 +1,584 @@
+"""The work loop: observe (ledger, shepherds, verifiers) -> decide -> call hooks.
+
+Event-driven: it sleeps in ``select`` on a datagram socket the shepherds send to
+when an agent ends, and on the verifiers' process handles; a task is verified as
+soon as its agent exits, and a dependent starts as soon as its dependency is DONE.
+A one-second timeout is the safety net (and the liveness heartbeat).
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import select
+import socket
+import time
+from dataclasses import asdict, dataclass
+from typing import Any, Optional, TextIO
+
+from . import ops
+from .exceptions import ExitCode, StateConflict, UsageError
+from .gitutil import GitError
+from .hosts import get_host
+from .ledger import Attempt, Ledger, Task
+from .liveness import Liveness, WorkLock
+from .placement import Backoff, backoff_delay
+from .policy import PolicyWatcher
+from .reports import Handoff, Placement, Verdict, Wait, Workspace
+from .states import ACTIVE, PLACEABLE, TERMINAL, State
+
+RESUME_CAP = 3
+NEVER_STARTED_CAP = 10
+SOCK = "loop.sock"
+
+
+@dataclass
+class Verifying:
+    attempt: Attempt
+    workspace: Workspace
+    idx: int
+    handle: Any = None
+
+
+def wake_loop(home: Any) -> None:
+    """Tell a running loop to look at the ledger now (``fleetrun queue`` does)."""
+    try:
+        s = socket.socket(socket.AF_UNIX, socket.SOCK_DGRAM)
+        try:
+            s.sendto(b"wake", str(home / SOCK))
+        finally:
+            s.close()
+    except OSError:
+        pass
+
+
+class Loop:
+    def __init__(self, config: Any, ledger: Ledger, session: Any, queue_id: Optional[str], until_idle: bool) -> None:
+        self.config = config
+        self.led = ledger
+        self.session = session
+        self.queue_id = queue_id
+        self.until_idle = until_idle
+        self.hook = config.hook
+        self.host = get_host(config, "local")
+        self.policy = PolicyWatcher(config.home / "policy.toml")
+        self.verifying: dict[str, Verifying] = {}
+        self.waits: dict[str, str] = {}
+        self.wait_until: dict[str, float] = {}
+        self.stopping: Optional[str] = None
+        self.exitfirst = bool(config.getoption("exitfirst"))
+        self.liveness = Liveness(config.home)
+        self.sock: Optional[socket.socket] = None
+        self.placed_last_pass = False
+        self.config.stash.setdefault("backoff", {})
+
+    # -- plumbing ----------------------------------------------------------------------
+
+    def notify(self, task: Task, src: State, dst: State, cause: str, attempt: Optional[int]) -> None:
+        self.hook.fleetrun_transition(task=task, from_state=src.value, to_state=dst.value, cause=cause,
+                                      attempt=attempt, config=self.config)
+        if self.exitfirst and dst is State.NEEDS_HUMAN and self.in_scope(task):
+            self.stopping = self.stopping or f"stopping after the first NEEDS_HUMAN ({task.name}) (-x)"
+
+    def move(self, task: Task, to: State, cause: str, attempt: Optional[int] = None, **fields: Any) -> Optional[Task]:
+        return ops.move(self.led, task, to, cause, self.notify, attempt=attempt, **fields)
+
+    def in_scope(self, task: Task) -> bool:
+        return self.queue_id is None or task.queue_id == self.queue_id
+
+    def scope_tasks(self) -> list[Task]:
+        return self.led.tasks(queue_id=self.queue_id)
+
+    def _open_socket(self) -> None:
+        path = self.config.home / SOCK
+        try:
+            path.unlink()
+        except FileNotFoundError:
+            pass
+        s = socket.socket(socket.AF_UNIX, socket.SOCK_DGRAM)
+        s.bind(str(path))
+        os.chmod(path, 0o600)
+        s.setblocking(False)
+        self.sock = s
+
+    def _close_socket(self) -> None:
+        if self.sock is not None:
+            self.sock.close()
+            self.sock = None
+            try:
+                (self.config.home / SOCK).unlink()
+            except FileNotFoundError:
+                pass
+
+    # -- the loop ----------------------------------------------------------------------
+
+    def run(self) -> int:
+        self.config.stash["policy"] = self.policy.load_strict()
+        self._open_socket()
+        try:
+            self.adopt()
+            while True:
+                self.liveness.beat(running=len(self.active_attempts()))
+                self.step()
+                if self.finished():
+                    break
+                self.wait()
+        except KeyboardInterrupt:
+            for v in self.verifying.values():
+                if v.handle is not None and hasattr(v.handle, "cancel"):
+                    v.handle.cancel()
+            n = len(self.active_attempts())
+            self.session.final_notes.append(
+                f"interrupted: started nothing new; {n} attempt(s) left running, "
+                "`fleetrun work` adopts them" if n else "interrupted: nothing was running")
+            self.session.interrupted = True
+        finally:
+            self._close_socket()
+            self.liveness.clear()
+        return self.exit_code()
+
+    def step(self) -> None:
+        msg = self.policy.refresh()
+        if msg:
+            self.config.err.write(msg + "\n")
+        self.config.stash["policy"] = self.policy.policy
+        ops.promote(self.led, self.notify)
+        self.poll_attempts()
+        self.poll_verifiers()
+        ops.promote(self.led, self.notify)
+        self.placed_last_pass = False
+        if not self.stopping:
+            self.place_all()
+
+    def wait(self) -> None:
+        timeout = 1.0
+        now = time.time()
+        fds: list[Any] = [self.sock]
+        for v in self.verifying.values():
+            h = v.handle
+            if h is not None and hasattr(h, "fileno") and h.fileno() >= 0:
+                fds.append(h)
+            if h is not None and hasattr(h, "next_deadline"):
+                timeout = min(timeout, max(0.0, h.next_deadline() - time.monotonic()))
+        for until in self.wait_until.values():
+            timeout = min(timeout, max(0.0, until - now))
+        ready, _, _ = select.select(fds, [], [], max(timeout, 0.005))
+        if self.sock in ready:
+            try:
+                while self.sock.recv(1024):  # type: ignore[union-attr]
+                    pass
+            except (BlockingIOError, OSError):
+                pass
+
+    def active_attempts(self) -> list[Attempt]:
+        return self.led.attempts(states={"leased", "starting", "running"})
+
+    def finished(self) -> bool:
+        tasks = self.scope_tasks()
+        active = [t for t in tasks if t.state in ACTIVE]
+        if active:
+            return False
+        if self.stopping:
+            return True
+        live = [t for t in tasks if not t.state.terminal]
+        if not live:
+            return not (self.queue_id is None and not self.until_idle)
+        if self.queue_id is None and not self.until_idle:
+            return False
+        if self.placed_last_pass or self.wait_until:
+            return False
+        # nothing runs and nothing could be placed: idle
+        self.session.final_notes.extend(
+            f"still waiting: {t.name} [{t.state}] {self.waits.get(t.id) or t.reason}" for t in live)
+        return True
+
+    def exit_code(self) -> int:
+        tasks = self.scope_tasks()
+        counts: dict[str, int] = {}
+        for t in tasks:
+            counts[t.state.value] = counts.get(t.state.value, 0) + 1
+        order = ["DONE", "NEEDS_HUMAN", "CANCELLED", "RUNNING", "VERIFYING", "READY", "PENDING",
+                 "RETRYING", "RESUMING", "ASSIGNED"]
+        self.session.counts = {s: counts[s] for s in order if counts.get(s)}
+        self.session.cost_usd = sum(t.cost_usd for t in tasks)
+        if getattr(self.session, "interrupted", False):
+            return ExitCode.INTERRUPTED
+        if tasks and all(t.state is State.DONE for t in tasks):
+            return ExitCode.OK
+        if not tasks:
+            return ExitCode.OK
+        return ExitCode.TASKS_FAILED
+
+    # -- adoption ----------------------------------------------------------------------
+
+    def adopt(self) -> None:
+        """Pick up what the ledger says is in flight (after a restart or a crash)."""
+        adopted = 0
+        for att in self.active_attempts():
+            task = self.led.get(att.task_id)
+            if task is None:
+                continue
+            if att.state == "leased" or (att.state == "starting" and not att.shepherd_pid):
+                st = self.host.status(att.id, None, None) if att.host == "local" else {}
+                if st.get("shepherd_pid") and st.get("state") in ("starting", "running", "ended"):
+                    self.led.update_attempt(att.id, state="running", shepherd_pid=st["shepherd_pid"],
+                                            shepherd_token=st.get("shepherd_token"), started=st.get("started"))
+                    if task.state is State.ASSIGNED:
+                        self.move(task, State.RUNNING, "adopted", attempt=att.number)
+                    adopted += 1
+                    continue
+                self.led.update_attempt(att.id, state="abandoned", outcome="never_started", ended=time.time())
+                back = {"fresh": State.READY, "retry": State.RETRYING, "resume": State.RESUMING}[att.kind]
+                if task.state is State.ASSIGNED:
+                    self.move(task, back, "lease_expired:never started", attempt=att.number)
+                continue
+            if task.state is State.ASSIGNED:
+                self.move(task, State.RUNNING, "adopted", attempt=att.number)
+            adopted += 1
+        for task in self.led.tasks({State.VERIFYING}):
+            if not self.in_scope(task) and self.queue_id is not None:
+                continue
+            att = self.led.latest_attempt(task.id)
+            if att is None or att.workspace is None:
+                continue
+            done = len(self.led.verdicts(attempt_id=att.id))
+            self.verifying[task.id] = Verifying(att, Workspace(**att.workspace), done)
+            self.start_verifier(task.id)
+        if adopted:
+            self.config.out.write(f"adopted {adopted} running attempt(s)\n")
+
+    # -- attempts ----------------------------------------------------------------------
+
+    def poll_attempts(self) -> None:
+        for att in self.led.attempts(states={"starting", "running"}):
+            host = get_host(self.config, att.host)
+            st = host.status(att.id, att.shepherd_pid, att.shepherd_token)
+            if st.get("state") in ("ended", "died"):
+                self.finish_attempt(att, st)
+
+    def finish_attempt(self, att: Attempt, st: dict[str, Any]) -> None:
+        task = self.led.get(att.task_id)
+        assert task is not None
+        host = get_host(self.config, att.host)
+        exit_code = st.get("exit_code")
+        reason = st.get("reason") if st.get("state") == "ended" else "died"
+        res = self.hook.fleetrun_agent_result(task=task, attempt=att, log_path=str(host.log_path(att.id)),
+                                              exit_code=exit_code, config=self.config)
+        cost = res.cost_usd if res is not None else 0.0
+        outcome = "ok" if (res is not None and res.ok and reason == "exited") else (
+            reason if reason != "exited" else (res.reason if res is not None else "unknown"))
+        with self.led.tx() as cur:
+            self.led.update_attempt(att.id, cur=cur, state="ended", ended=st.get("ended") or time.time(),
+                                    exit_code=exit_code, outcome=outcome,
+                                    session_id=(res.session_id if res else None) or att.session_id,
+                                    cost_usd=cost, result_text=res.result_text if res else None,
+                                    info={**att.info, "denials": res.permission_denials if res else [],
+                                          "error": st.get("error")})
+            cur.execute("UPDATE tasks SET cost_usd = cost_usd + ? WHERE id=?", (cost, task.id))
+        task = self.led.get(task.id)
+        assert task is not None
+        att = self.led.attempt(att.id)  # type: ignore[assignment]
+        if task.state is not State.RUNNING:
+            return  # cancelled meanwhile: the attempt is over, nothing else to do
+        self.clear_backoff(task, att.host)
+        if reason == "start_failed":
+            self.not_started(task, att, f"start_failed:{st.get('error') or 'the agent did not start'}",
+                             from_running=True)
+            return
+        if outcome != "ok":
+            word = {"timeout": "timeout", "stalled": "stalled", "cancelled": "session_died",
+                    "stopped": "session_died", "died": "session_died"}.get(reason or "", "session_died")
+            detail = None if word in ("timeout", "stalled") else (outcome if outcome != reason else reason)
+            cause = f"{word}:{detail}" if detail else word
+            self.resume_or_give_up(task, att, cause)
+            return
+        self.led.update_task(task.id, no_start=0)
+        moved = self.move(task, State.VERIFYING, "exited", attempt=att.number)
+        if moved is None:
+            return
+        ws = Workspace(**att.workspace) if att.workspace else Workspace(path=task.spec.cwd)
+        try:
+            self.hook.fleetrun_collect_work(task=moved, attempt=att, workspace=ws, config=self.config)
+        except GitError as e:
+            self.led.add_note(task.id, f"could not commit the attempt's work: {e}")
+        self.verifying[task.id] = Verifying(att, ws, 0)
+        self.start_verifier(task.id)
+
+    def resume_or_give_up(self, task: Task, att: Attempt, cause: str) -> None:
+        if task.resumes >= RESUME_CAP:
+            now = self.move(task, State.NEEDS_HUMAN, f"resume_cap:{cause}", attempt=att.number)
+            if now is not None:
+                self.finish_terminal(now)
+            return
+        self.move(task, State.RESUMING, cause, attempt=att.number, resumes=task.resumes + 1)
+
+    def not_started(self, task: Task, att: Attempt, cause: str, from_running: bool = False) -> None:
+        """An attempt that never started: back off from that machine; a retry is not used."""
+        count = task.no_start + 1
+        bo = self.config.stash["backoff"].setdefault(task.id, {})
+        prev = bo.get(att.host)
+        n = (prev.count if prev else 0) + 1
+        bo[att.host] = Backoff(n, time.time() + backoff_delay(n), cause.split(":", 1)[0])
+        if count >= NEVER_STARTED_CAP:
+            now = self.move(task, State.NEEDS_HUMAN,
+                            f"never_started:{count} attempts in a row didn't start; the last was {cause} on {att.host}",
+                            attempt=att.number, no_start=count)
+            if now is not None:
+                self.finish_terminal(now)
+            return
+        back = {"fresh": State.READY, "retry": State.RETRYING, "resume": State.RESUMING}[att.kind]
+        if from_running:
+            back = State.RESUMING if back is State.READY else back
+            if back is State.RETRYING:
+                back = State.RESUMING
+        self.move(task, back, cause, attempt=att.number, no_start=count)
+
+    def clear_backoff(self, task: Task, host: str) -> None:
+        self.config.stash["backoff"].get(task.id, {}).pop(host, None)
+
+    # -- verifiers ---------------------------------------------------------------------
+
+    def start_verifier(self, task_id: str) -> None:
+        v = self.verifying[task_id]
+        task = self.led.get(task_id)
+        if task is None or task.state is not State.VERIFYING:
+            self.verifying.pop(task_id, None)
+            return
+        while v.idx < len(task.spec.verify):
+            spec = task.spec.verify[v.idx]
+            try:
+                res = self.hook.fleetrun_verify(task=task, verifier=spec, workspace=v.workspace,
+                                                attempt=v.attempt, config=self.config)
+            except Exception as e:  # a verifier that cannot reach a verdict fails
+                res = Verdict(False, spec.kind, spec.label, reason=f"verifier error: {type(e).__name__}: {e}")
+            if res is None:
+                res = Verdict(False, spec.kind, spec.label, reason=f"no plugin runs {spec.kind!r} verifiers")
+            if isinstance(res, Verdict):
+                if not self.record_verdict(task, v, res):
+                    return
+                task = self.led.get(task_id)  # type: ignore[assignment]
+                continue
+            v.handle = res
+            return
+        self.all_passed(task, v)
+
+    def poll_verifiers(self) -> None:
+        for task_id, v in list(self.verifying.items()):
+            if v.handle is None:
+                continue
+            verdict = v.handle.poll()
+            if verdict is None:
+                continue
+            v.handle = None
+            task = self.led.get(task_id)
+            if task is None or task.state is not State.VERIFYING:
+                self.verifying.pop(task_id, None)
+                continue
+            if self.record_verdict(task, v, verdict):
+                self.start_verifier(task_id)
+
+    def record_verdict(self, task: Task, v: Verifying, verdict: Verdict) -> bool:
+        """Record one verdict. :return: True to go on with the next verifier."""
+        self.led.add_verdict(task.id, v.attempt.id, v.idx, verdict)
+        self.hook.fleetrun_verdict(task=task, verdict=verdict, attempt=v.attempt, config=self.config)
+        task = self.led.get(task.id)  # type: ignore[assignment]
+        if verdict.passed:
+            v.idx += 1
+            return True
+        self.verifying.pop(task.id, None)
+        self.led.update_attempt(v.attempt.id, state="verified")
+        label = verdict.label.replace("\n", " ")
+        if task.retries < task.spec.max_retries:
+            self.move(task, State.RETRYING, f"verify_fail:{label}", attempt=v.attempt.number,
+                      retries=task.retries + 1)
+        else:
+            now = self.move(task, State.NEEDS_HUMAN, f"retries_exhausted:{label}", attempt=v.attempt.number)
+            if now is not None:
+                self.finish_terminal(now)
+        return False
+
+    def all_passed(self, task: Task, v: Verifying) -> None:
+        self.verifying.pop(task.id, None)
+        self.led.update_attempt(v.attempt.id, state="verified")
+        handoff = self.hook.fleetrun_handoff(task=task, attempt=v.attempt, config=self.config)
+        fields: dict[str, Any] = {}
+        if handoff is not None:
+            fields["handoff"] = asdict(handoff)
+        now = self.move(task, State.DONE, "verify_pass" if task.spec.verify else "exited",
+                        attempt=v.attempt.number, **fields)
+        if now is not None:
+            self.finish_terminal(now)
+
+    def finish_terminal(self, task: Task) -> None:
+        if task.state in (State.NEEDS_HUMAN, State.CANCELLED):
+            ops.cascade(self.led, task, self.notify)
+        try:
+            self.hook.fleetrun_cleanup_workspace(task=task, config=self.config)
+        except (GitError, OSError) as e:
+            self.led.add_note(task.id, f"cleanup failed: {e}")
+
+    # -- placement ---------------------------------------------------------------------
+
+    def place_all(self) -> None:
+        tasks = [t for t in self.led.tasks(set(PLACEABLE)) if self.in_scope(t) or self.queue_id is None]
+        self.wait_until = {k: u for k, u in self.wait_until.items() if u > time.time()}
+        if not tasks:
+            return
+        candidates = [c for cs in self.hook.fleetrun_candidates(config=self.config) for c in (cs or [])]
+        policy = self.policy.policy
+        for task in tasks:
+            if self.stopping:
+                return
+            decision = self.hook.fleetrun_place(task=task, candidates=candidates, policy=policy, config=self.config)
+            if decision is None:
+                decision = Wait("no plugin places tasks")
+            if isinstance(decision, Wait):
+                if self.waits.get(task.id) != decision.reason:
+                    self.waits[task.id] = decision.reason
+                    self.hook.fleetrun_task_waiting(task=task, reason=decision.reason, config=self.config)
+                    self.led.set_meta("waits", json.dumps(self.waits))
+                if decision.until:
+                    self.wait_until[task.id] = decision.until
+                continue
+            assert isinstance(decision, Placement)
+            if self.waits.pop(task.id, None) is not None:
+                self.led.set_meta("waits", json.dumps(self.waits))
+            self.wait_until.pop(task.id, None)
+            if self.start(task, decision.host):
+                self.placed_last_pass = True
+                for c in candidates:
+                    if c.name == decision.host:
+                        c.running += 1
+                        if c.free_mem_mb is not None:
+                            c.free_mem_mb -= c.mem_per_task_mb
+
+    def start(self, task: Task, hostname: str) -> bool:
+        kind = {State.READY: "fresh", State.RETRYING: "retry", State.RESUMING: "resume"}[task.state]
+        prev = self.led.latest_attempt(task.id)
+        try:
+            att = self.led.lease(task.id, task.state, hostname, kind)
+        except StateConflict:
+            return False
+        task = self.led.get(task.id)  # type: ignore[assignment]
+        host = get_host(self.config, hostname)
+        try:
+            ws = self.hook.fleetrun_prepare_workspace(task=task, attempt=att, config=self.config)
+            if ws is None:
+                raise UsageError("no plugin prepared a workspace")
+        except Exception as e:
+            self.led.update_attempt(att.id, state="abandoned", outcome="start_failed", ended=time.time())
+            self.not_started(task, att, f"start_failed:{type(e).__name__ if not str(e) else e}")
+            return False
+        self.led.update_attempt(att.id, workspace=asdict(ws), dir=str(host.attempt_dir(att.id)))
+        self.led.update_task(task.id, worktree=ws.root or (ws.path if ws.is_worktree else None), branch=ws.branch)
+        task = self.led.get(task.id)  # type: ignore[assignment]
+        att = self.led.attempt(att.id)  # type: ignore[assignment]
+        context = self.prompt_context(task, kind, prev)
+        left = None
+        if task.spec.budget_usd is not None:
+            left = max(0.0, task.spec.budget_usd - task.cost_usd)
+            att.info["budget_left_usd"] = left
+        if prev is not None and prev.session_id:
+            att.info["resume_session"] = prev.session_id
+        prompt = self.hook.fleetrun_build_prompt(task=task, attempt=att, config=self.config, context=context)
+        try:
+            spawn = self.hook.fleetrun_spawn(task=task, attempt=att, workspace=ws, prompt=prompt or task.spec.prompt,
+                                             config=self.config)
+        except UsageError as e:
+            spawn = None
+            err = e.message
+        else:
+            err = f"no plugin spawns agent {task.spec.agent!r}"
+        if spawn is None:
+            self.led.update_attempt(att.id, state="abandoned", outcome="start_failed", ended=time.time())
+            self.not_started(task, att, f"start_failed:{err}")
+            return False
+        env = {
+            "FLEETRUN_TASK_ID": task.id,
+            "FLEETRUN_TASK_NAME": task.name,
+            "FLEETRUN_ATTEMPT": str(att.number),
+            "FLEETRUN_WORKTREE": ws.path,
+            **(spawn.get("env") or {}),
+        }
+        spec = {
+            "argv": spawn["argv"],
+            "cwd": ws.path,
+            "env": env,
+            "stdin": spawn.get("stdin"),
+            "timeout_s": task.spec.timeout_min * 60.0,
+            "stall_s": task.spec.stall_timeout_min * 60.0,
+            "notify": str(self.config.home / SOCK),
+        }
+        self.led.update_attempt(att.id, state="starting", session_id=spawn.get("session_id"),
+                                info={**att.info, "argv": spawn["argv"]})
+        info = host.start(att.id, spec, prompt or task.spec.prompt)
+        with self.led.tx() as cur:
+            self.led.update_attempt(att.id, cur=cur, state="running", started=time.time(),
+                                    shepherd_pid=info["pid"], shepherd_token=info["token"], dir=info["dir"])
+        self.move(task, State.RUNNING, "started", attempt=att.number)
+        return True
+
+    def prompt_context(self, task: Task, kind: str, prev: Optional[Attempt]) -> dict[str, Any]:
+        handoffs = []
+        for dep_id in task.deps:
+            dep = self.led.get(dep_id)
+            if dep is not None and dep.handoff:
+                handoffs.append(Handoff(**dep.handoff))
+        failures = []
+        if prev is not None and kind in ("retry", "resume"):
+            # the failures of the newest attempt that reached a verdict
+            for a in reversed([a for a in self.led.attempts(task.id) if a.number <= prev.number]):
+                vs = [v for v in self.led.verdicts(attempt_id=a.id) if not v.passed]
+                if vs:
+                    failures = vs
+                    break
+                if kind == "retry":
+                    break
+        return {"kind": kind, "handoffs": handoffs, "failures": failures,
+                "resume_reason": task.reason if kind == "resume" else None}
+
+
+# ---------------------------------------------------------------------------------
+
+
+def run_session(config: Any, items: Optional[list[Any]], out: TextIO, err: TextIO) -> int:
+    """``fleetrun [FILE...]`` (items given) or ``fleetrun work`` (items None)."""
+    from .commands import open_ledger, queue_items
+    from .main import Session, source_hash
+
+    led = open_ledger(config)
+    lock = WorkLock(config.home)
+    holder = lock.acquire()
+    if holder is not None:
+        raise UsageError(
+            f"another work loop runs on {config.home} (pid {holder.get('pid')}); it picks up "
+            "tasks queued with `fleetrun queue FILE`", key="work")
+    try:
+        session = Session(config, led)
+        queue_id = None
+        notes = config.stash.setdefault("session_notes", [])
+        if items is not None:
+            session.items = items
+            digest = "|".join(source_hash(f) for f in config.option.files) + "|k=" + (config.getoption("keyword") or "")
+            queue_id = None if config.getoption("new_queue") else led.find_queue(digest)
+            if queue_id is not None:
+                states: dict[str, int] = {}
+                for t in led.tasks(queue_id=queue_id):
+                    states[t.state.value] = states.get(t.state.value, 0) + 1
+                summary = ", ".join(f"{n} {s.lower()}" for s, n in states.items())
+                notes.append(f"resuming queue {queue_id} from an unchanged file ({summary}); "
+                             "--new-queue queues it again")
+            for name in config.stash.get("selected_as_dependency", []):
+                notes.append(f"also selected, as a dependency: {name}")
+        config.hook.fleetrun_sessionstart(session=session)
+        if items is not None and queue_id is None:
+            queue_id = queue_items(config, items, out)[0].queue_id
+        loop = Loop(config, led, session, queue_id, until_idle=bool(config.getoption("until_idle")))
+        code = loop.run()
+        if loop.stopping:
+            session.final_notes.append(loop.stopping)
+        session.exitstatus = code
+        config.hook.fleetrun_sessionfinish(session=session, exitstatus=code)
+        return code
+    finally:
+        lock.release()

@@ -1,0 +1,294 @@
+"""The command line: argument parsing, plugin loading, verbs and exit codes."""
+
+from __future__ import annotations
+
+import argparse
+import hashlib
+import os
+import sys
+import time
+import traceback
+from pathlib import Path
+from typing import Any, Callable, Optional, TextIO
+
+from . import __version__
+from .exceptions import ExitCode, UsageError, UsageErrors
+
+VERBS: dict[str, str] = {
+    "run": "collect, queue and work the tasks files until nothing is left (the default)",
+    "validate": "check tasks files: typos, dangling or cyclic depends_on",
+    "queue": "validate and queue tasks files; runs nothing",
+    "work": "run the queued tasks (keeps running unless --until-idle)",
+    "status": "one line per task (--graph: the depends_on tree and why anything waits)",
+    "logs": "every transition and verdict of a task",
+    "cancel": "cancel a task; its dependents need a human",
+    "retry": "send a NEEDS_HUMAN or CANCELLED task back to the queue",
+    "approve": "accept a NEEDS_HUMAN task as DONE",
+    "drain": "start nothing new on this machine",
+    "undrain": "start work again after drain",
+}
+
+#: Options that take a value, so the verb scan can skip their values.
+_VALUE_OPTS = {"-p", "-k", "--home", "--state", "--max-tasks"}
+
+
+class Session:
+    """One invocation's working set: the config, the ledger, and what was collected."""
+
+    def __init__(self, config: Any, ledger: Any = None) -> None:
+        self.config = config
+        self.ledger = ledger
+        self.items: list[Any] = []
+        self.files: list[Any] = []
+        self.exitstatus: int = 0
+        self.started = time.time()
+        self.shouldstop: Optional[str] = None
+        self.final_notes: list[str] = []
+        self.counts: dict[str, int] = {}
+        self.cost_usd = 0.0
+        self.interrupted = False
+
+
+def console_main() -> None:
+    """The ``fleetrun`` console script."""
+    code = main()
+    try:
+        sys.stdout.flush()
+    except BrokenPipeError:  # pragma: no cover
+        os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
+    raise SystemExit(code)
+
+
+def _split_verb(args: list[str]) -> tuple[str, list[str]]:
+    i = 0
+    while i < len(args):
+        a = args[i]
+        if a == "--":
+            break
+        if a.startswith("-"):
+            if a in _VALUE_OPTS:
+                i += 1
+            i += 1
+            continue
+        if a in VERBS:
+            return a, args[:i] + args[i + 1:]
+        break
+    return "run", args
+
+
+def _prescan(args: list[str], opt: str) -> list[str]:
+    out = []
+    for i, a in enumerate(args):
+        if a == opt and i + 1 < len(args):
+            out.append(args[i + 1])
+        elif a.startswith(opt) and len(opt) == 2 and len(a) > 2 and not a.startswith("--"):
+            out.append(a[2:])
+        elif a.startswith(opt + "="):
+            out.append(a.split("=", 1)[1])
+    return out
+
+
+def main(args: Optional[list[str]] = None, plugins: Optional[list[Any]] = None,
+         stdout: Optional[TextIO] = None, stderr: Optional[TextIO] = None) -> int:
+    """Run one fleetrun command; return its exit code. Never raises for user errors."""
+    out = stdout or sys.stdout
+    err = stderr or sys.stderr
+    args = list(sys.argv[1:] if args is None else args)
+    config = None
+    try:
+        config = _configure(args, plugins, out, err)
+        if isinstance(config, int):
+            return config
+        return int(_dispatch(config, out, err))
+    except UsageError as e:
+        print(e.format(), file=err)
+        return ExitCode.USAGE_ERROR
+    except KeyboardInterrupt:
+        print("interrupted", file=err)
+        return ExitCode.INTERRUPTED
+    except SystemExit as e:  # argparse
+        code = e.code if isinstance(e.code, int) else ExitCode.USAGE_ERROR
+        return ExitCode.USAGE_ERROR if code == 2 else code
+    except Exception:
+        return _internal_error(config, err)
+    finally:
+        if config is not None and not isinstance(config, int):
+            try:
+                config.hook.fleetrun_unconfigure(config=config)
+            except Exception:  # pragma: no cover
+                pass
+            led = config.stash.pop("ledger", None)
+            if led is not None:
+                led.close()
+
+
+def _internal_error(config: Any, err: TextIO) -> int:
+    from .config import default_home
+
+    home = config.home if config is not None and not isinstance(config, int) else default_home()
+    text = traceback.format_exc()
+    log = home / "internal-error.log"
+    try:
+        home.mkdir(parents=True, exist_ok=True, mode=0o700)
+        fd = os.open(log, os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o600)
+        with os.fdopen(fd, "a") as f:
+            f.write(f"--- {time.strftime('%Y-%m-%d %H:%M:%S')} fleetrun {__version__}\n{text}\n")
+        where = f"the traceback is in {log}"
+    except OSError:
+        where = "the traceback follows:\n" + text
+    last = text.strip().splitlines()[-1] if text.strip() else "unknown"
+    print(f"INTERNAL ERROR: {last}\n{where}", file=err)
+    return ExitCode.INTERNAL_ERROR
+
+
+def _build_parser(verb: str, pluginparser: Any) -> argparse.ArgumentParser:
+    common = argparse.ArgumentParser(add_help=False)
+    g = common.add_argument_group("general")
+    g.add_argument("-p", dest="plugins", action="append", default=[], metavar="NAME",
+                   help="load a plugin module or entry point; -p no:NAME blocks one")
+    g.add_argument("--home", metavar="DIR", help="state folder (default $FLEETRUN_HOME or ~/.fleetrun)")
+    g.add_argument("-v", "--verbose", action="count", default=0, help="more output")
+    g.add_argument("-q", "--quiet", action="count", default=0, help="less output")
+    g.add_argument("--version", action="store_true", help="print the version and the plugins loaded")
+
+    if verb == "run":
+        verbs = "\n".join(f"  {name:<9} {text}" for name, text in VERBS.items())
+        p = argparse.ArgumentParser(
+            prog="fleetrun", parents=[common], formatter_class=argparse.RawDescriptionHelpFormatter,
+            usage="fleetrun [options] [FILE ...]\n       fleetrun VERB [options] ...",
+            description="Run a queue of coding-agent tasks unattended, the way pytest runs tests.",
+            epilog=f"verbs:\n{verbs}\n\n'fleetrun VERB --help' describes a verb. Exit codes: 0 all DONE, "
+                   "1 some NEEDS_HUMAN or CANCELLED, 2 interrupted, 3 internal error, 4 usage error, "
+                   "5 no tasks collected.",
+        )
+    else:
+        p = argparse.ArgumentParser(prog=f"fleetrun {verb}", parents=[common], description=VERBS[verb])
+
+    if verb in ("run", "validate", "queue"):
+        p.add_argument("files", nargs="*", metavar="FILE", help="tasks files (default: tasks.toml)")
+        p.add_argument("-k", dest="keyword", metavar="EXPR", help="only tasks whose name matches EXPR")
+    if verb in ("run", "work"):
+        p.add_argument("-x", "--exitfirst", action="store_true",
+                       help="start no new task after the first NEEDS_HUMAN")
+        p.add_argument("--max-tasks", type=int, metavar="N", help="override [local] max_tasks")
+    if verb == "run":
+        p.add_argument("--collect-only", "--co", action="store_true", help="list the tasks; run nothing")
+        p.add_argument("--new-queue", action="store_true",
+                       help="queue the file anew even if an unchanged copy is still in the ledger")
+    if verb == "work":
+        p.add_argument("--until-idle", action="store_true", help="exit when nothing is left to do")
+    if verb == "status":
+        p.add_argument("--state", metavar="S", help="only tasks in this state")
+        p.add_argument("--json", action="store_true", help="print JSON")
+        p.add_argument("--graph", action="store_true", help="the depends_on tree, and why anything waits")
+    if verb in ("logs", "cancel", "retry", "approve"):
+        p.add_argument("task", metavar="TASK", help="a task id, or a name (the newest task with it)")
+    if verb == "logs":
+        p.add_argument("--json", action="store_true", help="print JSON")
+    if verb in ("run", "work"):
+        pluginparser.apply(p)
+    return p
+
+
+def _configure(args: list[str], plugins: Optional[list[Any]], out: TextIO, err: TextIO) -> Any:
+    from .config import Config, Parser, default_home
+    from .pluginmanager import FleetPluginManager
+
+    verb, rest = _split_verb(args)
+    pm = FleetPluginManager()
+    pargs = _prescan(rest, "-p")
+    for a in pargs:
+        if a.startswith("no:"):
+            pm.consider_pluginarg(a)
+    for name in filter(None, (os.environ.get("FLEETRUN_PLUGINS") or "").split(",")):
+        pm.consider_pluginarg(name.strip())
+    pm.consider_builtins()
+    pm.consider_entry_points()
+    for a in pargs:
+        if not a.startswith("no:"):
+            pm.consider_pluginarg(a)
+    for plugin in plugins or ():
+        if isinstance(plugin, str):
+            pm.consider_pluginarg(plugin)
+        else:
+            pm.register(plugin)
+
+    pluginparser = Parser()
+    pm.hook.fleetrun_addoption(parser=pluginparser, pluginmanager=pm)
+    parser = _build_parser(verb, pluginparser)
+    ns = parser.parse_args(rest)
+    ns.verb = verb
+    if ns.version:
+        names = [n for n, p in pm.list_name_plugin() if p is not None and not n.startswith("<")]
+        print(f"fleetrun {__version__}", file=out)
+        print(f"plugins: {', '.join(_short(n) for n in names)}", file=out)
+        return ExitCode.OK
+
+    home = Path(ns.home).expanduser().resolve() if ns.home else default_home()
+    config = Config(pm, ns, home)
+    config.out = out
+    config.err = err
+    if verb in ("run", "validate", "queue"):
+        files = [Path(f) for f in (ns.files or ["tasks.toml"])]
+        ns.files = [str(f.resolve()) for f in files]
+        pm.load_fleetconfs([Path(f) for f in ns.files if Path(f).exists()])
+    pm.check_hooks()
+    config.hook.fleetrun_configure.call_historic(kwargs={"config": config})
+    return config
+
+
+def _short(name: str) -> str:
+    for prefix in ("fleetrun.plugins.",):
+        if name.startswith(prefix):
+            return name[len(prefix):]
+    if os.sep in name and name.endswith("fleetconf.py"):
+        return "fleetconf:" + name
+    return name
+
+
+def _dispatch(config: Any, out: TextIO, err: TextIO) -> int:
+    from . import commands
+
+    verb = config.option.verb
+    handler: Callable[..., int] = getattr(commands, f"cmd_{verb}")
+    return handler(config, out, err)
+
+
+def source_hash(path: str) -> str:
+    data = Path(path).read_bytes()
+    return hashlib.sha256(path.encode() + b"\0" + data).hexdigest()
+
+
+def collect(config: Any) -> list[Any]:
+    """Collect every file named on the command line; raise all usage errors at once."""
+    from .collect import KeyTable, check_graph
+
+    keys = KeyTable.build(config.hook.fleetrun_task_keys(config=config))
+    files = []
+    errors: list[UsageError] = []
+    for f in config.option.files:
+        try:
+            tf = config.hook.fleetrun_collect_file(file_path=f, config=config, keys=keys)
+        except UsageErrors as e:
+            errors.extend(e.errors)
+            continue
+        except UsageError as e:
+            errors.append(e)
+            continue
+        if tf is None:
+            from .collect import display_path
+
+            errors.append(UsageError("no collector takes this kind of file (tasks files are .toml)",
+                                     file=display_path(Path(f), config.invocation_dir)))
+            continue
+        files.append(tf)
+    if not errors:
+        errors.extend(check_graph(files, config.invocation_dir))
+    if errors:
+        raise UsageErrors(errors) if len(errors) > 1 else errors[0]
+    for tf in files:
+        for key, table in tf.settings.items():
+            config.file_settings.setdefault(key, {})
+            if isinstance(table, dict):
+                config.file_settings[key].update(table)
+    return files

@@ -1,0 +1,146 @@
+"""Operator actions and the state changes that follow from others (cascades).
+
+Each function takes the ledger and a ``notify(task, from_state, to_state, cause,
+attempt)`` callback that reports a committed transition (the CLI and the loop pass
+one that calls ``fleetrun_transition``).
+"""
+
+from __future__ import annotations
+
+from typing import Callable, Optional
+
+from .exceptions import StateConflict, UsageError
+from .ledger import Ledger, Task
+from .states import TERMINAL, State
+
+Notify = Callable[[Task, State, State, str, Optional[int]], None]
+
+
+def _noop(*args: object) -> None:
+    pass
+
+
+def move(ledger: Ledger, task: Task, to: State, cause: str, notify: Notify = _noop,
+         attempt: Optional[int] = None, **fields: object) -> Optional[Task]:
+    """Compare-and-set ``task`` from the state it was read in to ``to``; report it.
+
+    :return: the task as it is now, or None if another process moved it first.
+    """
+    try:
+        prev = ledger.transition(task.id, task.state, to, cause, attempt=attempt, host=task.host, **fields)
+    except StateConflict:
+        return None
+    now = ledger.get(task.id)
+    assert now is not None
+    notify(now, prev, to, cause, attempt)
+    return now
+
+
+def cascade(ledger: Ledger, task: Task, notify: Notify = _noop) -> list[Task]:
+    """Move the dependents of a CANCELLED or NEEDS_HUMAN task to NEEDS_HUMAN, down the chain."""
+    moved: list[Task] = []
+    word = "dependency_cancelled" if task.state is State.CANCELLED else "dependency_needs_human"
+    for dep_id in ledger.dependents(task.id):
+        dep = ledger.get(dep_id)
+        if dep is None or dep.state in TERMINAL:
+            continue
+        if dep.state in (State.ASSIGNED, State.RUNNING, State.VERIFYING):
+            continue  # already running: it finishes on its own merits
+        now = move(ledger, dep, State.NEEDS_HUMAN, f"{word}:{task.name}", notify)
+        if now is not None:
+            moved.append(now)
+            moved.extend(cascade(ledger, now, notify))
+    return moved
+
+
+def promote(ledger: Ledger, notify: Notify = _noop, tasks: Optional[list[Task]] = None) -> list[Task]:
+    """PENDING tasks whose dependencies are all DONE become READY; those with a
+    dependency that needs a human or was cancelled go to NEEDS_HUMAN."""
+    tasks = tasks if tasks is not None else ledger.tasks({State.PENDING})
+    states = {t.id: t for t in ledger.tasks()}
+    moved: list[Task] = []
+    for t in tasks:
+        if t.state is not State.PENDING:
+            continue
+        deps = [states[d] for d in t.deps if d in states]
+        blocked = next((d for d in deps if d.state in (State.CANCELLED, State.NEEDS_HUMAN)), None)
+        if blocked is not None:
+            now = move(ledger, t, State.NEEDS_HUMAN, f"{_dep_word(blocked)}:{blocked.name}", notify)
+            if now is not None:
+                moved.append(now)
+                moved.extend(cascade(ledger, now, notify))
+        elif all(d.state is State.DONE for d in deps):
+            now = move(ledger, t, State.READY, "dependencies_done", notify)
+            if now is not None:
+                moved.append(now)
+    return moved
+
+
+def _dep_word(dep: Task) -> str:
+    return "dependency_cancelled" if dep.state is State.CANCELLED else "dependency_needs_human"
+
+
+def resolve(ledger: Ledger, ref: str) -> Task:
+    task = ledger.find(ref)
+    if task is None:
+        raise UsageError(f"no task with id or name {ref!r} (fleetrun status lists them)", key="TASK")
+    return task
+
+
+def cancel(ledger: Ledger, task: Task, notify: Notify = _noop) -> tuple[bool, list[Task]]:
+    """Cancel a task (idempotent). :return: (whether it changed, dependents moved)."""
+    for _ in range(5):
+        if task.state is State.CANCELLED:
+            return False, []
+        if task.state is State.DONE:
+            raise UsageError(f"task {task.name} ({task.id}) is DONE; there is nothing to cancel", key="TASK")
+        now = move(ledger, task, State.CANCELLED, "operator_cancel", notify)
+        if now is not None:
+            return True, cascade(ledger, now, notify)
+        fresh = ledger.get(task.id)
+        assert fresh is not None
+        task = fresh
+    raise UsageError(f"task {task.id} keeps changing state; try again", key="TASK")
+
+
+def _revive_dependents(ledger: Ledger, task: Task, notify: Notify) -> list[Task]:
+    """Dependents parked as NEEDS_HUMAN because of ``task`` go back to PENDING."""
+    moved: list[Task] = []
+    for dep_id in ledger.dependents(task.id):
+        dep = ledger.get(dep_id)
+        if dep is None or dep.state is not State.NEEDS_HUMAN:
+            continue
+        if not dep.reason.startswith(("dependency_cancelled:", "dependency_needs_human:")):
+            continue
+        if dep.reason.split(":", 1)[1] != task.name:
+            continue
+        now = move(ledger, dep, State.PENDING, f"operator_retry:{task.name}", notify)
+        if now is not None:
+            moved.append(now)
+            moved.extend(_revive_dependents(ledger, now, notify))
+    return moved
+
+
+def retry(ledger: Ledger, task: Task, notify: Notify = _noop) -> list[Task]:
+    """Send a NEEDS_HUMAN or CANCELLED task back to the queue, with fresh retry counts."""
+    if task.state not in (State.NEEDS_HUMAN, State.CANCELLED):
+        raise UsageError(f"task {task.name} ({task.id}) is {task.state}; only NEEDS_HUMAN or "
+                         "CANCELLED tasks can be retried", key="TASK")
+    deps_done = all((d := ledger.get(x)) is not None and d.state is State.DONE for x in task.deps)
+    to = State.READY if deps_done else State.PENDING
+    now = move(ledger, task, to, "operator_retry", notify, retries=0, resumes=0, no_start=0)
+    if now is None:
+        raise UsageError(f"task {task.id} changed state meanwhile; try again", key="TASK")
+    return [now, *_revive_dependents(ledger, now, notify)]
+
+
+def approve(ledger: Ledger, task: Task, notify: Notify = _noop) -> list[Task]:
+    """Accept a NEEDS_HUMAN task as DONE; dependents it held back are released."""
+    if task.state is not State.NEEDS_HUMAN:
+        raise UsageError(f"task {task.name} ({task.id}) is {task.state}; only NEEDS_HUMAN tasks "
+                         "can be approved", key="TASK")
+    now = move(ledger, task, State.DONE, "operator_approve", notify)
+    if now is None:
+        raise UsageError(f"task {task.id} changed state meanwhile; try again", key="TASK")
+    revived = _revive_dependents(ledger, now, notify)
+    return [now, *revived, *promote(ledger, notify, revived)]

@@ -1,0 +1,208 @@
+"""The plugin manager: built-ins by name, ``-p``, entry points, ``fleetconf.py``.
+
+A fresh manager is made for every :func:`fleetrun.main` call; nothing here is global.
+"""
+
+from __future__ import annotations
+
+import importlib
+import importlib.util
+import inspect
+import os
+import sys
+from pathlib import Path
+from types import ModuleType
+from typing import Any, Iterable, Optional
+
+import pluggy
+
+from .exceptions import UsageError
+
+PROJECT = "fleetrun"
+ENTRY_POINT_GROUP = "fleetrun"
+
+#: Built-in plugins, by the short name ``-p no:NAME`` uses, in registration order.
+BUILTIN_PLUGINS: dict[str, str] = {
+    "collect": "fleetrun.collect_plugin",
+    "worktree": "fleetrun.plugins.worktree",
+    "claude": "fleetrun.plugins.claude",
+    "command_agent": "fleetrun.plugins.command_agent",
+    "placement": "fleetrun.plugins.placement",
+    "prompt": "fleetrun.plugins.prompt",
+    "verify_run": "fleetrun.plugins.verify_run",
+    "terminal": "fleetrun.plugins.terminal",
+    "events": "fleetrun.plugins.events",
+}
+
+#: Blocking these with ``-p no:NAME`` is a usage error: nothing works without them.
+ESSENTIAL_PLUGINS = frozenset({"collect"})
+
+FLEETCONF = "fleetconf.py"
+
+
+class FleetPluginManager(pluggy.PluginManager):
+    """pluggy's manager, taking ``fleetrun_*`` functions as hooks even unmarked
+    (as pytest does in ``conftest.py``), so a misspelt hook name is caught."""
+
+    def __init__(self) -> None:
+        super().__init__(PROJECT)
+        # the package exports the marker as ``fleetrun.hookspec``, shadowing the module name
+        self.add_hookspecs(importlib.import_module("fleetrun.hookspec"))
+        self._fleetconfs: list[Path] = []
+
+    def parse_hookimpl_opts(self, plugin: Any, name: str) -> Optional[pluggy.HookimplOpts]:
+        opts = super().parse_hookimpl_opts(plugin, name)
+        if opts is None and name.startswith("fleetrun_"):
+            method = getattr(plugin, name, None)
+            if inspect.isroutine(method):
+                return {"wrapper": False, "hookwrapper": False, "optionalhook": False,
+                        "tryfirst": False, "trylast": False, "specname": None}  # type: ignore[typeddict-item]
+        return opts
+
+    def register(self, plugin: Any, name: Optional[str] = None) -> Optional[str]:
+        try:
+            ret = super().register(plugin, name)
+        except pluggy.PluginValidationError as e:
+            raise UsageError(f"invalid hook implementation: {e}", file=_plugin_file(plugin)) from None
+        if ret is not None:
+            self.hook.fleetrun_addhooks.call_historic(kwargs={"pluginmanager": self})
+        return ret
+
+    def import_plugin(self, modname: str, name: Optional[str] = None) -> Optional[ModuleType]:
+        name = name or modname
+        if self.is_blocked(name) or self.get_plugin(name) is not None:
+            return None
+        try:
+            __import__(modname)
+        except ImportError as e:
+            raise UsageError(f"cannot import plugin {modname!r}: {e}", key="-p") from None
+        mod = sys.modules[modname]
+        self.register(mod, name)
+        return mod
+
+    def check_hooks(self) -> None:
+        """Every ``fleetrun_*`` implementation must name a declared hook."""
+        for hook_name in dir(self.hook):
+            if not hook_name.startswith("fleetrun_"):
+                continue
+            caller = getattr(self.hook, hook_name)
+            if caller.spec is not None:
+                continue
+            for impl in caller.get_hookimpls():
+                if impl.opts.get("optionalhook"):
+                    continue
+                known = [n for n in dir(self.hook) if n.startswith("fleetrun_") and getattr(self.hook, n).spec]
+                import difflib
+
+                close = difflib.get_close_matches(hook_name, known, n=1)
+                hint = f" (did you mean {close[0]}?)" if close else ""
+                raise UsageError(
+                    f"unknown hook {hook_name}{hint}",
+                    file=_plugin_file(impl.plugin) or impl.plugin_name,
+                )
+
+    def consider_builtins(self, blocked: Iterable[str] = ()) -> None:
+        for name, modname in BUILTIN_PLUGINS.items():
+            if name in blocked:
+                continue
+            self.import_plugin(modname, name)
+
+    def consider_entry_points(self) -> None:
+        for ep in _entry_points():
+            if self.is_blocked(ep.name) or self.get_plugin(ep.name) is not None:
+                continue
+            try:
+                plugin = ep.load()
+            except Exception as e:
+                raise UsageError(f"cannot load plugin {ep.name!r} ({ep.value}): {e}") from None
+            self.register(plugin, ep.name)
+
+    def consider_pluginarg(self, arg: str) -> None:
+        """``-p NAME`` loads a module or entry point; ``-p no:NAME`` blocks one."""
+        if arg.startswith("no:"):
+            name = arg[3:]
+            if name in ESSENTIAL_PLUGINS:
+                raise UsageError(f"plugin {name!r} cannot be disabled: fleetrun needs it", key="-p")
+            self.set_blocked(name)
+            if name in BUILTIN_PLUGINS:
+                self.set_blocked(BUILTIN_PLUGINS[name])
+            return
+        if name_is_ep := next((ep for ep in _entry_points() if ep.name == arg), None):
+            if not self.is_blocked(arg) and self.get_plugin(arg) is None:
+                self.register(name_is_ep.load(), arg)
+            return
+        modname = BUILTIN_PLUGINS.get(arg, arg)
+        self.import_plugin(modname, arg if arg in BUILTIN_PLUGINS else modname)
+
+    def load_fleetconfs(self, task_files: Iterable[Path]) -> list[Path]:
+        """Import every ``fleetconf.py`` from the repository root (or the tasks file's
+        folder outside a repository) down to each tasks file's folder, outermost first."""
+        for path in fleetconf_paths(task_files):
+            if path in self._fleetconfs:
+                continue
+            self._fleetconfs.append(path)
+            mod = _import_fleetconf(path)
+            self.register(mod, str(path))
+        return list(self._fleetconfs)
+
+
+def _plugin_file(plugin: Any) -> Optional[str]:
+    f = getattr(plugin, "__file__", None)
+    return str(f) if f else None
+
+
+def _entry_points() -> list[Any]:
+    if os.environ.get("FLEETRUN_DISABLE_PLUGIN_AUTOLOAD"):
+        return []
+    from importlib import metadata
+
+    eps = metadata.entry_points()
+    if hasattr(eps, "select"):
+        return list(eps.select(group=ENTRY_POINT_GROUP))
+    return list(eps.get(ENTRY_POINT_GROUP, []))  # pragma: no cover - Python 3.9
+
+
+def repo_root(start: Path) -> Optional[Path]:
+    for d in (start, *start.parents):
+        if (d / ".git").exists():
+            return d
+    return None
+
+
+def fleetconf_paths(task_files: Iterable[Path]) -> list[Path]:
+    out: list[Path] = []
+    for f in task_files:
+        folder = f.resolve().parent
+        root = repo_root(folder) or folder
+        chain = [folder, *folder.parents]
+        chain = chain[: chain.index(root) + 1] if root in chain else [folder]
+        for d in reversed(chain):
+            p = d / FLEETCONF
+            if p.is_file() and p not in out:
+                out.append(p)
+    return out
+
+
+def _import_fleetconf(path: Path) -> ModuleType:
+    import hashlib
+
+    modname = "fleetconf_" + hashlib.sha1(str(path).encode()).hexdigest()[:12]
+    spec = importlib.util.spec_from_file_location(modname, path)
+    assert spec is not None and spec.loader is not None
+    mod = importlib.util.module_from_spec(spec)
+    sys.modules[modname] = mod
+    try:
+        spec.loader.exec_module(mod)
+    except SyntaxError as e:
+        sys.modules.pop(modname, None)
+        raise UsageError(f"syntax error in fleetconf.py: {e.msg}", file=str(path), line=e.lineno) from None
+    except Exception as e:
+        sys.modules.pop(modname, None)
+        tb = e.__traceback__
+        line = None
+        while tb is not None:
+            if tb.tb_frame.f_code.co_filename == str(path):
+                line = tb.tb_lineno
+            tb = tb.tb_next
+        raise UsageError(f"cannot import fleetconf.py: {type(e).__name__}: {e}", file=str(path), line=line) from None
+    return mod

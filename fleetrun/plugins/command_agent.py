@@ -1,0 +1,109 @@
+"""Built-in ``command_agent`` plugin: any agent CLI, by a command template.
+
+Declared in a tasks file or ``$FLEETRUN_HOME/config.toml``::
+
+    [agents.codex]
+    command = ["codex", "exec", "{prompt}"]
+
+and picked with ``agent = "codex"``. Placeholders (``{prompt}``, ``{prompt_file}``,
+``{workdir}``, ``{model}``, ``{attempt}``, ``{tasks_dir}`` — the tasks file's
+folder — and ``{python}`` — the interpreter running fleetrun) are substituted inside argv items; the
+command never goes through a shell, so a prompt is one argument whatever it holds.
+``stdin = true`` feeds the prompt on standard input too. Such an agent reports no
+cost and no session: its exit code is the only signal of success.
+"""
+
+from __future__ import annotations
+
+import os
+import sys
+from typing import Any, Optional
+
+from ..exceptions import UsageError
+from ..hookimpl import hookimpl
+from ..reports import AgentResult
+
+PLACEHOLDERS = ("{prompt}", "{prompt_file}", "{workdir}", "{model}", "{attempt}", "{tasks_dir}", "{python}")
+_KEYS = {"command", "stdin", "env"}
+
+
+def agents(config: Any) -> dict[str, Any]:
+    return config.settings.get("agents", {}) or {}
+
+
+def agent_def(config: Any, name: str) -> Optional[dict[str, Any]]:
+    defn = agents(config).get(name)
+    if defn is None:
+        return None
+    where = f"agents.{name}"
+    if not isinstance(defn, dict):
+        raise UsageError("must be a table with command = [...]", key=where)
+    unknown = set(defn) - _KEYS
+    if unknown:
+        raise UsageError(f"unknown key {sorted(unknown)[0]!r} (known: command, stdin, env)", key=where)
+    cmd = defn.get("command")
+    if not isinstance(cmd, list) or not cmd or not all(isinstance(x, str) for x in cmd):
+        raise UsageError("command must be a non-empty list of strings", key=f"{where}.command")
+    return defn
+
+
+@hookimpl(trylast=True)
+def fleetrun_collection_modifyitems(config: Any, items: list[Any]) -> None:
+    """An ``agent =`` that names no agent is an error before anything runs."""
+    for t in items:
+        if t.agent == "claude":
+            continue
+        if agent_def(config, t.agent) is None:
+            known = ", ".join(["claude", *agents(config)])
+            raise UsageError(f"{t.agent!r} is not an agent (known: {known}); declare it as [agents.{t.agent}]",
+                             file=t.source, line=t.line, key=f"task '{t.name}': agent")
+
+
+def render(command: list[str], values: dict[str, str]) -> list[str]:
+    out = []
+    for item in command:
+        for ph in PLACEHOLDERS:
+            if ph in item:
+                item = item.replace(ph, values.get(ph[1:-1], ""))
+        out.append(item)
+    return out
+
+
+@hookimpl(trylast=True)
+def fleetrun_spawn(task: Any, attempt: Any, workspace: Any, prompt: str, config: Any) -> Optional[dict[str, Any]]:
+    defn = agent_def(config, task.spec.agent) if task.spec.agent != "claude" else None
+    if defn is None:
+        return None
+    values = {
+        "prompt": prompt,
+        "prompt_file": str(config.home / "attempts" / attempt.id / "prompt"),
+        "workdir": workspace.path,
+        "model": task.spec.model or "",
+        "attempt": str(attempt.number),
+        "tasks_dir": os.path.dirname(task.spec.source or task.source or "."),
+        "python": sys.executable,
+    }
+    spawn: dict[str, Any] = {"argv": render(defn["command"], values), "parser": "command_agent"}
+    if defn.get("stdin"):
+        spawn["stdin"] = "prompt"
+    if isinstance(defn.get("env"), dict):
+        spawn["env"] = {str(k): str(v) for k, v in defn["env"].items()}
+    return spawn
+
+
+@hookimpl(trylast=True)
+def fleetrun_agent_result(task: Any, attempt: Any, log_path: str, exit_code: Optional[int], config: Any) -> Optional[AgentResult]:
+    if task.spec.agent == "claude":
+        return None
+    try:
+        with open(log_path, encoding="utf-8", errors="replace") as f:
+            f.seek(0, 2)
+            size = f.tell()
+            f.seek(max(0, size - 8192))
+            tail = f.read()
+    except OSError:
+        tail = ""
+    lines = [ln for ln in tail.splitlines() if ln.strip()]
+    summary = "\n".join(lines[-20:])[-2000:]
+    ok = exit_code == 0
+    return AgentResult(ok=ok, reason="" if ok else f"exit:{exit_code}", exit_code=exit_code, result_text=summary)

@@ -1,0 +1,141 @@
+"""Built-in ``terminal`` plugin: what a run prints.
+
+A header line, ``collected N tasks``, one line per transition as it happens, a
+``waiting:`` line when a task's reason to wait changes, and a summary line:
+``=== 2 done, 1 needs_human in 3m12s, $0.68 ===``. Colour (colorama) only when the
+output is a terminal and ``NO_COLOR`` is not set. ``-q`` prints less, ``-v`` more.
+"""
+
+from __future__ import annotations
+
+import os
+import time
+from typing import Any, Optional, TextIO
+
+from .. import __version__
+from ..hookimpl import hookimpl
+
+COLORS = {
+    "DONE": "GREEN",
+    "NEEDS_HUMAN": "RED",
+    "CANCELLED": "RED",
+    "RETRYING": "YELLOW",
+    "RESUMING": "YELLOW",
+    "RUNNING": "CYAN",
+    "VERIFYING": "BLUE",
+}
+
+
+def fmt_duration(s: float) -> str:
+    s = int(round(s))
+    if s < 60:
+        return f"{s}s"
+    if s < 3600:
+        return f"{s // 60}m{s % 60:02d}s"
+    return f"{s // 3600}h{(s % 3600) // 60:02d}m"
+
+
+class TerminalReporter:
+    def __init__(self, config: Any, out: TextIO) -> None:
+        self.config = config
+        self.out = out
+        self.verbosity = config.verbosity
+        isatty = hasattr(out, "isatty") and out.isatty()
+        self.color = isatty and not os.environ.get("NO_COLOR")
+        self._fore: Any = None
+        if self.color:
+            import colorama
+
+            self._fore = colorama.Fore
+            self._reset = colorama.Style.RESET_ALL
+
+    def paint(self, text: str, state: str) -> str:
+        color = COLORS.get(state)
+        if not self.color or not color:
+            return text
+        return f"{getattr(self._fore, color)}{text}{self._reset}"
+
+    def write_line(self, line: str = "", state: Optional[str] = None) -> None:
+        if state:
+            line = self.paint(line, state)
+        try:
+            self.out.write(line + "\n")
+            self.out.flush()
+        except (BrokenPipeError, ValueError):
+            pass
+
+    # -- hooks -------------------------------------------------------------------------
+
+    @hookimpl(trylast=True)
+    def fleetrun_sessionstart(self, session: Any) -> None:
+        if self.verbosity < 0:
+            return
+        config = self.config
+        names = [n for n, p in config.pluginmanager.list_name_plugin() if p is not None and not n.startswith("<")]
+        short = [n.rsplit(".", 1)[-1] if n.startswith("fleetrun.") else ("fleetconf" if n.endswith("fleetconf.py") else n)
+                 for n in names]
+        self.write_line(f"fleetrun {__version__} -- home {config.home} -- plugins: {', '.join(short)}")
+        for lines in config.hook.fleetrun_report_header(config=config):
+            for line in lines or ():
+                self.write_line(line)
+        if session.items:
+            n = len(session.items)
+            self.write_line(f"collected {n} task{'s' if n != 1 else ''}")
+        for note in config.stash.get("session_notes", []):
+            self.write_line(note)
+
+    @hookimpl(trylast=True)
+    def fleetrun_transition(self, task: Any, from_state: str, to_state: str, cause: str, attempt: Any, config: Any) -> None:
+        if self.verbosity < 0 and to_state not in ("DONE", "NEEDS_HUMAN", "CANCELLED"):
+            return
+        if not from_state and self.verbosity < 1:
+            return  # "queued" lines only with -v
+        stamp = time.strftime("%H:%M:%S")
+        att = f" (attempt {attempt})" if attempt else ""
+        where = f" on {task.host}" if to_state in ("ASSIGNED", "RUNNING") and task.host else ""
+        self.write_line(f"{stamp} {task.name} {to_state}{att}{where}  {cause}", to_state)
+
+    @hookimpl(trylast=True)
+    def fleetrun_task_waiting(self, task: Any, reason: str, config: Any) -> None:
+        if self.verbosity >= 0:
+            self.write_line(f"waiting: {task.id} ({task.name}): {reason}")
+
+    @hookimpl(trylast=True)
+    def fleetrun_verdict(self, task: Any, verdict: Any, attempt: Any, config: Any) -> None:
+        if self.verbosity < 0:
+            return
+        word = "PASS" if verdict.passed else "FAIL"
+        cost = f" ${verdict.cost_usd:.2f}" if verdict.cost_usd else ""
+        self.write_line(f"         {task.name} verify {verdict.kind} `{verdict.label}`: {word} ({verdict.reason}){cost}",
+                        "DONE" if verdict.passed else "RETRYING")
+        if not verdict.passed and self.verbosity > 0 and verdict.output:
+            for line in verdict.output.rstrip().splitlines()[-20:]:
+                self.write_line(f"           | {line}")
+
+    @hookimpl(trylast=True)
+    def fleetrun_sessionfinish(self, session: Any, exitstatus: int) -> None:
+        counts: dict[str, int] = session.counts if hasattr(session, "counts") else {}
+        self.config.hook.fleetrun_terminal_summary(config=self.config, exitstatus=exitstatus, counts=counts)
+        parts = [f"{n} {state.lower()}" for state, n in counts.items() if n]
+        cost = getattr(session, "cost_usd", 0.0)
+        text = f"=== {', '.join(parts) or 'no tasks'} in {fmt_duration(time.time() - session.started)}"
+        if cost:
+            text += f", ${cost:.2f}"
+        text += " ==="
+        state = "DONE" if exitstatus == 0 else "NEEDS_HUMAN"
+        for line in session.final_notes if hasattr(session, "final_notes") else ():
+            self.write_line(line)
+        self.write_line(text, state)
+
+
+@hookimpl(trylast=True)
+def fleetrun_configure(config: Any) -> None:
+    if config.option.verb in ("run", "work"):
+        config.pluginmanager.register(TerminalReporter(config, config.out), "terminalreporter")
+
+
+@hookimpl(trylast=True)
+def fleetrun_unconfigure(config: Any) -> None:
+    rep = config.pluginmanager.get_plugin("terminalreporter")
+    if rep is not None:
+        config.pluginmanager.unregister(rep)

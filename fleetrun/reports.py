@@ -1,0 +1,127 @@
+"""The small data objects that hooks pass and return."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Any, Optional, Protocol, runtime_checkable
+
+
+@dataclass
+class Verdict:
+    """What one verifier concluded. A verifier that cannot reach a verdict fails.
+
+    :ivar passed: True only for an explicit pass.
+    :ivar reason: one line saying why (``exit code 1``, ``timed out after 900s``).
+    :ivar output: what the verifier printed or answered (the last 64 KiB); it goes
+        into the retry prompt.
+    """
+
+    passed: bool
+    kind: str
+    label: str
+    reason: str = ""
+    output: str = ""
+    cost_usd: float = 0.0
+    duration_s: float = 0.0
+    host: str = "local"
+
+
+@runtime_checkable
+class VerifyHandle(Protocol):
+    """A verifier still running. ``poll()`` returns None until the Verdict is ready."""
+
+    def poll(self) -> Optional[Verdict]: ...
+
+    def cancel(self) -> None: ...
+
+
+@dataclass
+class Candidate:
+    """A place an attempt can run, with its measured headroom.
+
+    A measurement that is None is unknown, and an unknown is never plenty.
+    """
+
+    name: str
+    kind: str = "local"  # "local" or "peer"
+    free_mem_mb: Optional[float] = None
+    load_per_core: Optional[float] = None
+    free_disk_mb: Optional[float] = None
+    running: int = 0
+    max_tasks: int = 4
+    drain: bool = False
+    fresh: bool = True
+    status: str = "live"  # live / stale / never
+    tags: frozenset[str] = frozenset()
+    tools: dict[str, Optional[str]] = field(default_factory=dict)  # name -> version
+    auth: frozenset[str] = frozenset()
+    mem_per_task_mb: float = 1024.0
+    min_free_mem_mb: Optional[float] = None
+    max_load_per_core: Optional[float] = None
+    min_free_disk_mb: Optional[float] = None
+    why_not: Optional[str] = None  # a reason it can take nothing (refused, unreachable...)
+    info: dict[str, Any] = field(default_factory=dict)
+
+
+@dataclass
+class Placement:
+    """``fleetrun_place`` chose ``host`` for the next attempt."""
+
+    host: str
+    reason: str = ""
+
+
+@dataclass
+class Wait:
+    """``fleetrun_place`` found no place; ``reason`` is shown to the operator."""
+
+    reason: str
+    until: Optional[float] = None  # a wall-clock time worth waking up at
+
+
+@dataclass
+class Workspace:
+    """Where an attempt runs: a worktree on its own branch, or the task's cwd."""
+
+    path: str
+    branch: Optional[str] = None
+    repo: Optional[str] = None
+    base_ref: Optional[str] = None
+    is_worktree: bool = False
+    root: Optional[str] = None  # the worktree's top folder (``path`` may be below it)
+
+
+@dataclass
+class Handoff:
+    """What a DONE task hands to the tasks that depend on it."""
+
+    task_name: str
+    branch: Optional[str]
+    summary: str
+    host: str = "local"
+    fetch_hint: str = ""
+
+    def render(self) -> str:
+        where = f" on branch {self.branch}" if self.branch else ""
+        text = f"- {self.task_name} is DONE{where}."
+        if self.fetch_hint:
+            text += f" {self.fetch_hint}"
+        if self.summary:
+            text += "\n  Its summary: " + self.summary.replace("\n", "\n  ")
+        return text
+
+
+@dataclass
+class AgentResult:
+    """What an agent session reported when it ended (read from its output)."""
+
+    ok: bool
+    reason: str = ""  # "" / no_result / is_error / timeout / stalled / killed / exit:N
+    exit_code: Optional[int] = None
+    session_id: Optional[str] = None
+    cost_usd: float = 0.0
+    result_text: str = ""
+    num_turns: Optional[int] = None
+    permission_denials: list[Any] = field(default_factory=list)
+    usage_limit: bool = False
+    usage_reset_at: Optional[float] = None

@@ -1,0 +1,265 @@
+"""The shepherd: a small detached monitor for one attempt (like conmon for containers).
+
+Run as ``python -I -S shepherd.py ATTEMPT_DIR`` (the file itself, not the package, so it
+starts in a few milliseconds and imports only the standard library). It reads
+``spec.json`` from the attempt folder, starts the agent with its output on a pty,
+copies the output to ``log``, enforces the timeout and the stall watchdog, watches
+for a ``cancel`` file or SIGTERM, and records everything in ``status.json``
+(written atomically: temp file + rename). It outlives the supervisor; the supervisor
+only reads these files and signals it.
+
+Why a pty for output but a file for input: agents line-buffer on a terminal, so
+output arrives as it is made; but a pty's canonical mode cuts input lines at 4096
+bytes, so a long prompt goes in from a file, never through the terminal.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import select
+import signal
+import sys
+import time
+
+STATUS = "status.json"
+SPEC = "spec.json"
+LOG = "log"
+CANCEL = "cancel"
+GRACE_S = 5.0
+
+
+def proc_token(pid: int) -> str | None:
+    """An identity for a process that a reused pid does not share (its start time)."""
+    try:
+        with open(f"/proc/{pid}/stat", "rb") as f:
+            data = f.read()
+    except OSError:
+        if sys.platform.startswith("linux"):
+            return None
+        try:
+            import psutil
+
+            return f"psutil:{psutil.Process(pid).create_time():.3f}"
+        except Exception:
+            return None
+    fields = data[data.rindex(b")") + 2:].split()
+    if fields[0] in (b"Z", b"X"):  # a zombie has ended
+        return None
+    return "linux:" + fields[19].decode()
+
+
+def write_json(path: str, data: dict) -> None:
+    tmp = f"{path}.{os.getpid()}.tmp"
+    fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
+    with os.fdopen(fd, "w") as f:
+        json.dump(data, f)
+        f.flush()
+        os.fsync(f.fileno())
+    os.replace(tmp, path)
+
+
+def read_json(path: str) -> dict | None:
+    try:
+        with open(path) as f:
+            return json.load(f)
+    except (OSError, ValueError):
+        return None
+
+
+class Shepherd:
+    def __init__(self, adir: str) -> None:
+        self.dir = adir
+        spec = read_json(os.path.join(adir, SPEC))
+        if spec is None:
+            raise SystemExit(f"shepherd: no readable {SPEC} in {adir}")
+        self.spec = spec
+        self.status: dict = {
+            "state": "starting",
+            "attempt": spec.get("attempt_id"),
+            "shepherd_pid": os.getpid(),
+            "shepherd_token": proc_token(os.getpid()),
+            "started": time.time(),
+        }
+        self.reason: str | None = None
+        self.stop_requested: str | None = None
+
+    def save(self) -> None:
+        write_json(os.path.join(self.dir, STATUS), self.status)
+
+    def notify(self) -> None:
+        sock_path = self.spec.get("notify")
+        if not sock_path:
+            return
+        import socket
+
+        try:
+            s = socket.socket(socket.AF_UNIX, socket.SOCK_DGRAM)
+            try:
+                s.sendto(str(self.spec.get("attempt_id", "")).encode(), sock_path)
+            finally:
+                s.close()
+        except OSError:
+            pass  # the supervisor is not listening; it reads status.json when it comes back
+
+    def run(self) -> int:
+        import pty
+        import subprocess
+        import termios
+
+        self.save()
+        rfd, wfd = os.pipe()
+        os.set_blocking(wfd, False)
+        signal.set_wakeup_fd(wfd)
+
+        def on_term(signum: int, frame: object) -> None:
+            self.stop_requested = self.stop_requested or "stopped"
+
+        signal.signal(signal.SIGTERM, on_term)
+        signal.signal(signal.SIGINT, signal.SIG_IGN)
+        signal.signal(signal.SIGHUP, signal.SIG_IGN)
+
+        master, slave = pty.openpty()
+        attrs = termios.tcgetattr(slave)
+        attrs[1] &= ~termios.OPOST  # keep '\n' as is in the log (no '\r\n')
+        attrs[3] &= ~(termios.ECHO | termios.ICANON)
+        termios.tcsetattr(slave, termios.TCSANOW, attrs)
+
+        env = dict(os.environ)
+        env.update({k: str(v) for k, v in (self.spec.get("env") or {}).items()})
+        stdin_path = self.spec.get("stdin_file")
+        log_fd = os.open(os.path.join(self.dir, LOG), os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o600)
+        try:
+            stdin = open(stdin_path, "rb") if stdin_path else subprocess.DEVNULL
+            try:
+                proc = subprocess.Popen(
+                    self.spec["argv"], cwd=self.spec.get("cwd") or None, env=env,
+                    stdin=stdin, stdout=slave, stderr=slave, start_new_session=True, close_fds=True,
+                )
+            finally:
+                if stdin_path:
+                    stdin.close()  # type: ignore[union-attr]
+        except OSError as e:
+            os.close(slave)
+            os.close(master)
+            msg = f"cannot start {self.spec['argv'][0]}: {e.strerror or e}"
+            os.write(log_fd, (msg + "\n").encode())
+            os.close(log_fd)
+            self.status.update(state="ended", reason="start_failed", error=msg, exit_code=None,
+                               ended=time.time(), agent_pid=None)
+            self.save()
+            self.notify()
+            return 0
+        os.close(slave)
+        now = time.time()
+        self.status.update(state="running", agent_pid=proc.pid, agent_token=proc_token(proc.pid),
+                           agent_started=now)
+        self.save()
+
+        timeout_s = self.spec.get("timeout_s")
+        stall_s = self.spec.get("stall_s")
+        deadline = now + timeout_s if timeout_s else None
+        last_output = now
+        last_beat = 0.0
+        kill_at: float | None = None
+        cancel_path = os.path.join(self.dir, CANCEL)
+        master_open = True
+        while True:
+            now = time.time()
+            if self.reason is None:
+                if self.stop_requested:
+                    self.reason = self.stop_requested
+                elif os.path.exists(cancel_path):
+                    self.reason = "cancelled"
+                elif deadline and now >= deadline:
+                    self.reason = "timeout"
+                elif stall_s and now - last_output >= stall_s:
+                    self.reason = "stalled"
+                if self.reason:
+                    self._signal_group(proc.pid, signal.SIGTERM)
+                    kill_at = now + GRACE_S
+            if kill_at and now >= kill_at:
+                self._signal_group(proc.pid, signal.SIGKILL)
+                kill_at = now + 1.0
+            if now - last_beat >= 5.0:  # proof of life for `fleetrun status`
+                self.status["beat"] = now
+                self.save()
+                last_beat = now
+            fds = [rfd] + ([master] if master_open else [])
+            waits = [1.0]
+            if deadline and not self.reason:
+                waits.append(deadline - now)
+            if stall_s and not self.reason:
+                waits.append(last_output + stall_s - now)
+            if kill_at:
+                waits.append(kill_at - now)
+            try:
+                ready, _, _ = select.select(fds, [], [], max(0.01, min(waits)))
+            except InterruptedError:  # pragma: no cover
+                ready = []
+            if rfd in ready:
+                try:
+                    os.read(rfd, 512)
+                except OSError:
+                    pass
+            if master_open and master in ready:
+                try:
+                    data = os.read(master, 65536)
+                except OSError:  # EIO: every writer closed its end
+                    data = b""
+                if data:
+                    os.write(log_fd, data)
+                    last_output = time.time()
+                else:
+                    master_open = False
+            code = proc.poll()
+            if code is not None and (not master_open or not self._drain(master, log_fd)):
+                break
+        if master_open:
+            os.close(master)
+        # nothing of the agent's process group may outlive it
+        self._signal_group(proc.pid, signal.SIGKILL)
+        os.close(log_fd)
+        self.status.update(
+            state="ended",
+            exit_code=code if code >= 0 else None,
+            signal=-code if code < 0 else None,
+            reason=self.reason or "exited",
+            ended=time.time(),
+        )
+        self.save()
+        self.notify()
+        return 0
+
+    @staticmethod
+    def _drain(master: int, log_fd: int) -> bool:
+        """Copy what is left on the pty; False when nothing more will come."""
+        r, _, _ = select.select([master], [], [], 0.05)
+        if not r:
+            return False
+        try:
+            data = os.read(master, 65536)
+        except OSError:
+            return False
+        if data:
+            os.write(log_fd, data)
+            return True
+        return False
+
+    @staticmethod
+    def _signal_group(pid: int, sig: int) -> None:
+        try:
+            os.killpg(pid, sig)
+        except (ProcessLookupError, PermissionError):
+            pass
+
+
+def main(argv: list[str]) -> int:
+    if len(argv) != 1:
+        print("usage: shepherd.py ATTEMPT_DIR", file=sys.stderr)
+        return 2
+    return Shepherd(argv[0]).run()
+
+
+if __name__ == "__main__":
+    raise SystemExit(main(sys.argv[1:]))

@@ -1,0 +1,109 @@
+"""Task states, the transitions allowed between them, and the cause vocabulary.
+
+Pure data: nothing here touches the ledger or a process.
+"""
+
+from __future__ import annotations
+
+import enum
+import re
+
+
+class State(str, enum.Enum):
+    PENDING = "PENDING"  # waiting for dependencies
+    READY = "READY"  # waiting for a place
+    ASSIGNED = "ASSIGNED"  # placed; the attempt is starting
+    RUNNING = "RUNNING"
+    VERIFYING = "VERIFYING"
+    RETRYING = "RETRYING"  # a verifier failed; the next attempt gets the failure
+    RESUMING = "RESUMING"  # the session died; the next attempt assesses first
+    DONE = "DONE"
+    NEEDS_HUMAN = "NEEDS_HUMAN"
+    CANCELLED = "CANCELLED"
+
+    def __str__(self) -> str:
+        return self.value
+
+    @property
+    def terminal(self) -> bool:
+        return self in TERMINAL
+
+
+TERMINAL = frozenset({State.DONE, State.NEEDS_HUMAN, State.CANCELLED})
+#: States in which an attempt may be alive.
+ACTIVE = frozenset({State.ASSIGNED, State.RUNNING, State.VERIFYING})
+#: States waiting for a place (the next attempt).
+PLACEABLE = frozenset({State.READY, State.RETRYING, State.RESUMING})
+
+S = State
+ALLOWED: dict[State, frozenset[State]] = {
+    S.PENDING: frozenset({S.READY, S.NEEDS_HUMAN, S.CANCELLED}),
+    S.READY: frozenset({S.ASSIGNED, S.PENDING, S.NEEDS_HUMAN, S.CANCELLED}),
+    S.ASSIGNED: frozenset({S.RUNNING, S.READY, S.RETRYING, S.RESUMING, S.NEEDS_HUMAN, S.CANCELLED}),
+    S.RUNNING: frozenset({S.VERIFYING, S.RESUMING, S.NEEDS_HUMAN, S.CANCELLED}),
+    S.VERIFYING: frozenset({S.DONE, S.RETRYING, S.RESUMING, S.NEEDS_HUMAN, S.CANCELLED}),
+    S.RETRYING: frozenset({S.ASSIGNED, S.NEEDS_HUMAN, S.CANCELLED}),
+    S.RESUMING: frozenset({S.ASSIGNED, S.NEEDS_HUMAN, S.CANCELLED}),
+    S.DONE: frozenset(),
+    S.NEEDS_HUMAN: frozenset({S.READY, S.PENDING, S.DONE, S.CANCELLED}),
+    S.CANCELLED: frozenset({S.READY, S.PENDING}),
+}
+
+
+def allowed(src: State, dst: State) -> bool:
+    """Whether the state machine allows ``src -> dst``."""
+    return dst in ALLOWED[src]
+
+
+# The cause vocabulary: snake_case words, optionally followed by ``:detail``.
+CAUSES = frozenset(
+    {
+        "queued",
+        "dependencies_done",
+        "placed",
+        "started",
+        "exited",
+        "verify_pass",
+        "verify_fail",
+        "session_died",
+        "timeout",
+        "stalled",
+        "usage_limit",
+        "peer_refused",
+        "start_failed",
+        "never_started",
+        "retries_exhausted",
+        "resume_cap",
+        "budget_exhausted",
+        "dependency_cancelled",
+        "dependency_needs_human",
+        "operator_cancel",
+        "operator_retry",
+        "operator_approve",
+        "mailbox_claimed_no_completion",
+        "assigned_via_mailbox",
+        "adopted",
+        "lease_expired",
+    }
+)
+
+_CAUSE_RE = re.compile(r"^[a-z][a-z0-9_]*(:.*)?$", re.DOTALL)
+
+
+def cause(word: str, detail: str | None = None) -> str:
+    """Build a cause string, ``word`` or ``word:detail``.
+
+    :raises ValueError: if ``word`` is not snake_case.
+    """
+    if not _CAUSE_RE.match(word) or ":" in word:
+        raise ValueError(f"cause must be snake_case: {word!r}")
+    return f"{word}:{detail}" if detail else word
+
+
+def cause_word(text: str) -> str:
+    """The snake_case word of a cause, without its detail."""
+    return text.split(":", 1)[0]
+
+
+def is_valid_cause(text: str) -> bool:
+    return bool(_CAUSE_RE.match(text))

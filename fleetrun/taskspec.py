@@ -1,0 +1,122 @@
+"""Task and verifier specifications, as collected from a tasks file.
+
+These are plain data: the collector builds them, the ledger stores them as JSON,
+plugins read them.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import re
+from dataclasses import dataclass, field
+from typing import Any, Callable, Optional
+
+#: Claude Code's permission modes (``claude --help``, 2.1).
+PERMISSION_MODES = ("acceptEdits", "auto", "bypassPermissions", "default", "dontAsk", "plan")
+
+DEFAULT_MAX_RETRIES = 2
+DEFAULT_TIMEOUT_MIN = 60.0
+DEFAULT_STALL_TIMEOUT_MIN = 20.0
+DEFAULT_VERIFY_TIMEOUT_S = 15 * 60.0
+
+
+@dataclass
+class VerifySpec:
+    """One ``[[task.verify]]`` table.
+
+    :ivar kind: ``run``, ``brain``, ``agent`` or a kind a plugin declared.
+    :ivar text: the command, question or review prompt.
+    """
+
+    kind: str
+    text: str
+    model: Optional[str] = None
+    budget_usd: Optional[float] = None
+    timeout_s: float = DEFAULT_VERIFY_TIMEOUT_S
+    extra: dict[str, Any] = field(default_factory=dict)
+    line: int = 0
+
+    @property
+    def label(self) -> str:
+        """A short human name: ``cargo test`` for ``run = "cargo test --all"``."""
+        text = " ".join(self.text.split())
+        return text if len(text) <= 60 else text[:57] + "..."
+
+
+@dataclass
+class TaskSpec:
+    """One ``[[task]]`` table, validated. Paths are absolute."""
+
+    name: str
+    prompt: str
+    cwd: str
+    source: str = ""
+    line: int = 0
+    git_ref: Optional[str] = None
+    branch: Optional[str] = None
+    depends_on: list[str] = field(default_factory=list)
+    max_retries: int = DEFAULT_MAX_RETRIES
+    timeout_min: float = DEFAULT_TIMEOUT_MIN
+    model: Optional[str] = None
+    permission_mode: Optional[str] = None
+    allowed_tools: Optional[list[str]] = None
+    budget_usd: Optional[float] = None
+    stall_timeout_min: float = DEFAULT_STALL_TIMEOUT_MIN
+    agent: str = "claude"
+    role: Optional[str] = None
+    paths: list[str] = field(default_factory=list)
+    requires: list[str] = field(default_factory=list)
+    peer: Optional[str] = None
+    verify: list[VerifySpec] = field(default_factory=list)
+    extra: dict[str, Any] = field(default_factory=dict)
+
+    def to_json(self) -> dict[str, Any]:
+        return dataclasses.asdict(self)
+
+    @classmethod
+    def from_json(cls, data: dict[str, Any]) -> TaskSpec:
+        data = dict(data)
+        verify = [VerifySpec(**v) for v in data.pop("verify", [])]
+        known = {f.name for f in dataclasses.fields(cls)}
+        return cls(verify=verify, **{k: v for k, v in data.items() if k in known})
+
+
+@dataclass(frozen=True)
+class KeyDecl:
+    """A key a tasks file may use, declared by a plugin through ``fleetrun_task_keys``.
+
+    :ivar where: ``task`` (a ``[[task]]`` key), ``verify`` (a ``[[task.verify]]``
+        key) or ``verify_kind`` (a new verifier kind, like ``run``).
+    :ivar types: the Python types the value may have (after TOML parsing).
+    :ivar check: optional extra check; returns an error message or None.
+    """
+
+    key: str
+    types: tuple[type, ...]
+    where: str = "task"
+    doc: str = ""
+    check: Optional[Callable[[Any], Optional[str]]] = None
+
+
+_REF_BAD = re.compile(r"(^[-/.])|(\.\.)|([\x00-\x20~^:?*\[\\\x7f])|(@\{)|(/$)|(\.lock$)|(\.$)|(//)|(/\.)")
+
+
+def ref_problem(ref: str) -> Optional[str]:
+    """Why ``ref`` is not a safe git ref name (git-check-ref-format rules), or None."""
+    if not ref:
+        return "must not be empty"
+    if ref.startswith("-"):
+        return f"{ref!r} starts with '-' (it would be read as an option)"
+    if ref == "@" or _REF_BAD.search(ref):
+        return f"{ref!r} is not a valid git ref name"
+    return None
+
+
+_SAFE = re.compile(r"[^A-Za-z0-9._-]+")
+
+
+def safe_slug(name: str, limit: int = 48) -> str:
+    """A file- and ref-safe form of a task name: ``fix it/now`` -> ``fix-it-now``."""
+    slug = _SAFE.sub("-", name).strip("-.")
+    slug = re.sub(r"\.{2,}", ".", slug)
+    return (slug[:limit].rstrip("-.") or "task")
