@@ -203,6 +203,18 @@ def map_lines(text: str) -> LineMap:
 
 
 @dataclass
+class GraphNode:
+    """A task's name and dependencies, kept even when the task has other errors, so
+    duplicate, dangling and cyclic names are reported in the same run."""
+
+    name: str
+    depends_on: list[str]
+    file: str
+    name_line: int
+    deps_line: int
+
+
+@dataclass
 class TaskFile:
     """What a collector made of one file."""
 
@@ -210,6 +222,7 @@ class TaskFile:
     tasks: list[TaskSpec]
     settings: dict[str, Any] = field(default_factory=dict)
     text: str = ""
+    graph: list[GraphNode] = field(default_factory=list)
 
 
 @dataclass
@@ -275,6 +288,8 @@ def parse_toml_file(path: Path, display: str) -> tuple[dict[str, Any], str]:
             msg = msg[: hit.start()].strip()
         lineno = getattr(e, "lineno", None) or line
         msg = getattr(e, "msg", None) or msg
+        if lineno is None and "end of document" in str(e):
+            lineno = max(1, len(text.splitlines()))
         raise UsageError(f"invalid TOML: {msg}", file=display, line=lineno) from None
 
 
@@ -297,16 +312,27 @@ def collect_toml(path: Path, keys: KeyTable, display: str) -> TaskFile:
         raw_tasks = []
 
     specs: list[TaskSpec] = []
+    graph: list[GraphNode] = []
     for i, raw in enumerate(raw_tasks):
         spec = _collect_task(i, raw, keys, lines, errs, base)
         if spec is not None:
             spec.source = str(path)
             specs.append(spec)
+        name = raw.get("name")
+        if isinstance(name, str) and name:
+            deps = raw.get("depends_on")
+            deps = [d for d in deps if isinstance(d, str)] if isinstance(deps, list) else []
+            head = lines.get("task", i)
+            graph.append(GraphNode(name, deps, display, lines.get("task", i, "name", default=head),
+                                   lines.get("task", i, "depends_on", default=head)))
 
-    if errs.items:
-        raise UsageErrors(errs.items)
     settings = {k: data[k] for k in TOP_LEVEL_TABLES if k in data}
-    return TaskFile(path=str(path), tasks=specs, settings=settings, text=text)
+    tf = TaskFile(path=str(path), tasks=specs, settings=settings, text=text, graph=graph)
+    if errs.items:
+        e = UsageErrors(errs.items)
+        e.partial = tf  # type: ignore[attr-defined]
+        raise e
+    return tf
 
 
 def _check_value(
@@ -472,36 +498,23 @@ def _collect_verify(
 
 
 def check_graph(files: list[TaskFile], invocation_dir: Optional[Path] = None) -> list[UsageError]:
-    """Duplicate names, dangling and cyclic ``depends_on`` across all collected tasks."""
+    """Duplicate names, dangling and cyclic ``depends_on`` across all collected files."""
     errors: list[UsageError] = []
-    by_name: dict[str, TaskSpec] = {}
-    maps: dict[str, LineMap] = {}
-
-    def where(spec: TaskSpec, key: str) -> tuple[str, int]:
-        lm = maps.get(spec.source)
-        if lm is None:
-            tf = next((f for f in files if f.path == spec.source), None)
-            lm = maps[spec.source] = map_lines(tf.text if tf else "")
-        line = lm.get("task", _file_index(spec, lm), key, default=spec.line or 1)
-        return display_path(Path(spec.source), invocation_dir), line
-
+    by_name: dict[str, GraphNode] = {}
     for f in files:
-        for spec in f.tasks:
-            if spec.name in by_name:
-                first = by_name[spec.name]
-                file, line = where(spec, "name")
-                ffile, fline = where(first, "name")
-                errors.append(UsageError(f"duplicate task name (first defined at {ffile}:{fline})",
-                                         file=file, line=line, key=f"task '{spec.name}': name"))
+        for node in f.graph:
+            if node.name in by_name:
+                first = by_name[node.name]
+                errors.append(UsageError(f"duplicate task name (first defined at {first.file}:{first.name_line})",
+                                         file=node.file, line=node.name_line, key=f"task '{node.name}': name"))
             else:
-                by_name[spec.name] = spec
+                by_name[node.name] = node
 
-    for spec in by_name.values():
-        for dep in spec.depends_on:
+    for node in by_name.values():
+        for dep in node.depends_on:
             if dep not in by_name:
-                file, line = where(spec, "depends_on")
                 errors.append(UsageError(f"'{dep}' is not a task{_suggest(dep, by_name)}",
-                                         file=file, line=line, key=f"task '{spec.name}': depends_on"))
+                                         file=node.file, line=node.deps_line, key=f"task '{node.name}': depends_on"))
 
     # cycles: iterative DFS in file order, each cycle reported once
     color: dict[str, int] = {}
@@ -512,33 +525,25 @@ def check_graph(files: list[TaskFile], invocation_dir: Optional[Path] = None) ->
         stack: list[tuple[str, int]] = [(start, 0)]
         path: list[str] = []
         while stack:
-            node, k = stack.pop()
+            name, k = stack.pop()
             if k == 0:
-                color[node] = 1
-                path.append(node)
-            deps = [d for d in by_name[node].depends_on if d in by_name and d != node]
+                color[name] = 1
+                path.append(name)
+            deps = [d for d in by_name[name].depends_on if d in by_name and d != name]
             if k < len(deps):
-                stack.append((node, k + 1))
+                stack.append((name, k + 1))
                 nxt = deps[k]
                 if color.get(nxt) == 1:
                     cyc = path[path.index(nxt):] + [nxt]
                     key = frozenset(cyc)
                     if key not in reported:
                         reported.add(key)
-                        spec = by_name[cyc[0]]
-                        file, line = where(spec, "depends_on")
-                        errors.append(UsageError(f"dependency cycle: {' -> '.join(cyc)}",
-                                                 file=file, line=line, key=f"task '{spec.name}': depends_on"))
+                        node = by_name[cyc[0]]
+                        errors.append(UsageError(f"dependency cycle: {' -> '.join(cyc)}", file=node.file,
+                                                 line=node.deps_line, key=f"task '{node.name}': depends_on"))
                 elif not color.get(nxt):
                     stack.append((nxt, 0))
             else:
-                color[node] = 2
+                color[name] = 2
                 path.pop()
     return errors
-
-
-def _file_index(spec: TaskSpec, lm: LineMap) -> int:
-    for (kind, *rest), line in lm.lines.items():
-        if kind == "task" and len(rest) == 1 and line == spec.line:
-            return rest[0]
-    return -1

@@ -88,6 +88,9 @@ def cmd_queue(config: Any, out: TextIO, err: TextIO) -> int:
     tasks = queue_items(config, items, out)
     for t in tasks:
         print(f"queued {t.id}  {t.name}  [{t.state}]", file=out)
+    from .loop import wake_loop
+
+    wake_loop(config.home)
     return ExitCode.OK
 
 

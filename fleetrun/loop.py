@@ -40,12 +40,24 @@ class Verifying:
     handle: Any = None
 
 
+def sock_path(home: Any) -> str:
+    """The loop's wake-up socket; a unix socket path must stay under ~100 bytes."""
+    path = str(home / SOCK)
+    if len(path.encode()) < 100:
+        return path
+    import hashlib
+    import tempfile
+
+    digest = hashlib.sha1(str(home).encode()).hexdigest()[:16]
+    return os.path.join(tempfile.gettempdir(), f"fleetrun-{os.getuid()}-{digest}.sock")
+
+
 def wake_loop(home: Any) -> None:
     """Tell a running loop to look at the ledger now (``fleetrun queue`` does)."""
     try:
         s = socket.socket(socket.AF_UNIX, socket.SOCK_DGRAM)
         try:
-            s.sendto(b"wake", str(home / SOCK))
+            s.sendto(b"wake", sock_path(home))
         finally:
             s.close()
     except OSError:
@@ -90,13 +102,13 @@ class Loop:
         return self.led.tasks(queue_id=self.queue_id)
 
     def _open_socket(self) -> None:
-        path = self.config.home / SOCK
+        path = sock_path(self.config.home)
         try:
-            path.unlink()
+            os.unlink(path)
         except FileNotFoundError:
             pass
         s = socket.socket(socket.AF_UNIX, socket.SOCK_DGRAM)
-        s.bind(str(path))
+        s.bind(path)
         os.chmod(path, 0o600)
         s.setblocking(False)
         self.sock = s
@@ -106,7 +118,7 @@ class Loop:
             self.sock.close()
             self.sock = None
             try:
-                (self.config.home / SOCK).unlink()
+                os.unlink(sock_path(self.config.home))
             except FileNotFoundError:
                 pass
 
@@ -507,7 +519,7 @@ class Loop:
             "stdin": spawn.get("stdin"),
             "timeout_s": task.spec.timeout_min * 60.0,
             "stall_s": task.spec.stall_timeout_min * 60.0,
-            "notify": str(self.config.home / SOCK),
+            "notify": sock_path(self.config.home),
         }
         self.led.update_attempt(att.id, state="starting", session_id=spawn.get("session_id"),
                                 info={**att.info, "argv": spawn["argv"]})

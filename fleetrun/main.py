@@ -265,12 +265,16 @@ def collect(config: Any) -> list[Any]:
 
     keys = KeyTable.build(config.hook.fleetrun_task_keys(config=config))
     files = []
+    graph_only: list[Any] = []
     errors: list[UsageError] = []
     for f in config.option.files:
         try:
             tf = config.hook.fleetrun_collect_file(file_path=f, config=config, keys=keys)
         except UsageErrors as e:
             errors.extend(e.errors)
+            partial = getattr(e, "partial", None)
+            if partial is not None:
+                graph_only.append(partial)
             continue
         except UsageError as e:
             errors.append(e)
@@ -282,9 +286,10 @@ def collect(config: Any) -> list[Any]:
                                      file=display_path(Path(f), config.invocation_dir)))
             continue
         files.append(tf)
-    if not errors:
-        errors.extend(check_graph(files, config.invocation_dir))
+    errors.extend(check_graph(files + graph_only, config.invocation_dir))
     if errors:
+        order = {f: i for i, f in enumerate(config.option.files)}
+        errors.sort(key=lambda e: (order.get(str(Path(e.file or "").resolve()), 0), e.line or 0))
         raise UsageErrors(errors) if len(errors) > 1 else errors[0]
     for tf in files:
         for key, table in tf.settings.items():
