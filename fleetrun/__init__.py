@@ -7,7 +7,16 @@ __version__ = "0.1.0"
 from .exceptions import ExitCode, UsageError, UsageErrors
 from .hookimpl import hookimpl
 from .hookspec import hookspec
-from .reports import AgentResult, Candidate, Handoff, Placement, Verdict, VerifyHandle, Wait, Workspace
+from .reports import (
+    AgentResult,
+    Candidate,
+    Handoff,
+    Placement,
+    Verdict,
+    VerifyHandle,
+    Wait,
+    Workspace,
+)
 from .states import State
 from .taskspec import KeyDecl, TaskSpec, VerifySpec
 

@@ -14,9 +14,9 @@ if TYPE_CHECKING:
     from .pluginmanager import FleetPluginManager
 
 if sys.version_info >= (3, 11):
-    import tomllib
+    pass
 else:  # pragma: no cover
-    import tomli as tomllib
+    pass
 
 #: Top-level tables ``config.toml`` may have; each is read by the plugin named.
 CONFIG_TABLES = {

@@ -150,8 +150,8 @@ class Fleeter:
                input: Optional[str] = None) -> RunResult:
         """Run ``python -m fleetrun`` as a subprocess."""
         start = time.time()
-        proc = subprocess.run([sys.executable, "-m", "fleetrun", *args], stdout=subprocess.PIPE,
-                              stderr=subprocess.PIPE, env=dict(os.environ, **(env or {})), timeout=timeout,
+        proc = subprocess.run([sys.executable, "-m", "fleetrun", *args], capture_output=True,
+                              env=dict(os.environ, **(env or {})), timeout=timeout,
                               input=input.encode() if input is not None else None,
                               stdin=None if input is not None else subprocess.DEVNULL)
         return RunResult(proc.returncode, proc.stdout.decode(errors="replace"),

@@ -19,13 +19,22 @@ from typing import TYPE_CHECKING, Any, Optional, Union
 import pluggy
 
 if TYPE_CHECKING:
+    from .collect import TaskFile
     from .config import Config, Parser
     from .ledger import Attempt, Task
     from .main import Session
     from .pluginmanager import FleetPluginManager
-    from .reports import AgentResult, Candidate, Handoff, Placement, Verdict, VerifyHandle, Wait, Workspace
+    from .reports import (
+        AgentResult,
+        Candidate,
+        Handoff,
+        Placement,
+        Verdict,
+        VerifyHandle,
+        Wait,
+        Workspace,
+    )
     from .taskspec import KeyDecl, TaskSpec, VerifySpec
-    from .collect import TaskFile
 
 hookspec = pluggy.HookspecMarker("fleetrun")
 

@@ -25,7 +25,7 @@ from .liveness import Liveness, WorkLock
 from .placement import Backoff, backoff_delay
 from .policy import PolicyWatcher
 from .reports import Handoff, Placement, Verdict, Wait, Workspace
-from .states import ACTIVE, PLACEABLE, TERMINAL, State
+from .states import ACTIVE, PLACEABLE, State
 
 RESUME_CAP = 3
 NEVER_STARTED_CAP = 10
@@ -94,6 +94,16 @@ class Loop:
 
     def move(self, task: Task, to: State, cause: str, attempt: Optional[int] = None, **fields: Any) -> Optional[Task]:
         return ops.move(self.led, task, to, cause, self.notify, attempt=attempt, **fields)
+
+    def get(self, task_id: str) -> Task:
+        task = self.led.get(task_id)
+        assert task is not None, task_id
+        return task
+
+    def get_attempt(self, attempt_id: str) -> Attempt:
+        att = self.led.attempt(attempt_id)
+        assert att is not None, attempt_id
+        return att
 
     def in_scope(self, task: Task) -> bool:
         return self.queue_id is None or task.queue_id == self.queue_id
@@ -250,11 +260,11 @@ class Loop:
         for task in self.led.tasks({State.VERIFYING}):
             if not self.in_scope(task) and self.queue_id is not None:
                 continue
-            att = self.led.latest_attempt(task.id)
-            if att is None or att.workspace is None:
+            last = self.led.latest_attempt(task.id)
+            if last is None or last.workspace is None:
                 continue
-            done = len(self.led.verdicts(attempt_id=att.id))
-            self.verifying[task.id] = Verifying(att, Workspace(**att.workspace), done)
+            done = len(self.led.verdicts(attempt_id=last.id))
+            self.verifying[task.id] = Verifying(last, Workspace(**last.workspace), done)
             self.start_verifier(task.id)
         if adopted:
             self.config.out.write(f"adopted {adopted} running attempt(s)\n")
@@ -287,9 +297,8 @@ class Loop:
                                     info={**att.info, "denials": res.permission_denials if res else [],
                                           "error": st.get("error")})
             cur.execute("UPDATE tasks SET cost_usd = cost_usd + ? WHERE id=?", (cost, task.id))
-        task = self.led.get(task.id)
-        assert task is not None
-        att = self.led.attempt(att.id)  # type: ignore[assignment]
+        task = self.get(task.id)
+        att = self.get_attempt(att.id)
         if task.state is not State.RUNNING:
             return  # cancelled meanwhile: the attempt is over, nothing else to do
         self.clear_backoff(task, att.host)
@@ -352,10 +361,11 @@ class Loop:
 
     def start_verifier(self, task_id: str) -> None:
         v = self.verifying[task_id]
-        task = self.led.get(task_id)
-        if task is None or task.state is not State.VERIFYING:
+        found = self.led.get(task_id)
+        if found is None or found.state is not State.VERIFYING:
             self.verifying.pop(task_id, None)
             return
+        task = found
         while v.idx < len(task.spec.verify):
             spec = task.spec.verify[v.idx]
             try:
@@ -368,7 +378,7 @@ class Loop:
             if isinstance(res, Verdict):
                 if not self.record_verdict(task, v, res):
                     return
-                task = self.led.get(task_id)  # type: ignore[assignment]
+                task = self.get(task_id)
                 continue
             v.handle = res
             return
@@ -393,7 +403,7 @@ class Loop:
         """Record one verdict. :return: True to go on with the next verifier."""
         self.led.add_verdict(task.id, v.attempt.id, v.idx, verdict)
         self.hook.fleetrun_verdict(task=task, verdict=verdict, attempt=v.attempt, config=self.config)
-        task = self.led.get(task.id)  # type: ignore[assignment]
+        task = self.get(task.id)
         if verdict.passed:
             v.idx += 1
             return True
@@ -471,7 +481,7 @@ class Loop:
             att = self.led.lease(task.id, task.state, hostname, kind)
         except StateConflict:
             return False
-        task = self.led.get(task.id)  # type: ignore[assignment]
+        task = self.get(task.id)
         host = get_host(self.config, hostname)
         try:
             ws = self.hook.fleetrun_prepare_workspace(task=task, attempt=att, config=self.config)
@@ -483,8 +493,8 @@ class Loop:
             return False
         self.led.update_attempt(att.id, workspace=asdict(ws), dir=str(host.attempt_dir(att.id)))
         self.led.update_task(task.id, worktree=ws.root or (ws.path if ws.is_worktree else None), branch=ws.branch)
-        task = self.led.get(task.id)  # type: ignore[assignment]
-        att = self.led.attempt(att.id)  # type: ignore[assignment]
+        task = self.get(task.id)
+        att = self.get_attempt(att.id)
         context = self.prompt_context(task, kind, prev)
         left = None
         if task.spec.budget_usd is not None:

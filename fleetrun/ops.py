@@ -7,7 +7,7 @@ one that calls ``fleetrun_transition``).
 
 from __future__ import annotations
 
-from typing import Callable, Optional
+from typing import Any, Callable, Optional
 
 from .exceptions import StateConflict, UsageError
 from .ledger import Ledger, Task
@@ -21,7 +21,7 @@ def _noop(*args: object) -> None:
 
 
 def move(ledger: Ledger, task: Task, to: State, cause: str, notify: Notify = _noop,
-         attempt: Optional[int] = None, **fields: object) -> Optional[Task]:
+         attempt: Optional[int] = None, **fields: Any) -> Optional[Task]:
     """Compare-and-set ``task`` from the state it was read in to ``to``; report it.
 
     :return: the task as it is now, or None if another process moved it first.

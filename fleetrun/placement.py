@@ -50,7 +50,7 @@ def requirement_met(req: str, c: Candidate) -> bool:
         return name in c.auth
     if ge:
         have = c.tools.get(name)
-        return bool(have) and _version_tuple(have) >= _version_tuple(version)
+        return have is not None and _version_tuple(have) >= _version_tuple(version)
     return name in c.tags or name in c.tools
 
 

@@ -56,7 +56,7 @@ class FleetPluginManager(pluggy.PluginManager):
             method = getattr(plugin, name, None)
             if inspect.isroutine(method):
                 return {"wrapper": False, "hookwrapper": False, "optionalhook": False,
-                        "tryfirst": False, "trylast": False, "specname": None}  # type: ignore[typeddict-item]
+                        "tryfirst": False, "trylast": False, "specname": None}
         return opts
 
     def register(self, plugin: Any, name: Optional[str] = None) -> Optional[str]:

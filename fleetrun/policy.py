@@ -60,7 +60,8 @@ def _type_ok(v: Any, types: tuple[type, ...]) -> bool:
 
 
 def _tname(types: tuple[type, ...]) -> str:
-    return {(bool,): "true or false", (int,): "a whole number", (dict,): "a table"}.get(types, "a number")
+    names: dict[tuple[type, ...], str] = {(bool,): "true or false", (int,): "a whole number", (dict,): "a table"}
+    return names.get(types, "a number")
 
 
 def load_policy(path: Path) -> Policy:

@@ -130,7 +130,7 @@ class Shepherd:
         stdin_path = self.spec.get("stdin_file")
         log_fd = os.open(os.path.join(self.dir, LOG), os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o600)
         try:
-            stdin = open(stdin_path, "rb") if stdin_path else subprocess.DEVNULL
+            stdin = open(stdin_path, "rb") if stdin_path else subprocess.DEVNULL  # noqa: SIM115
             try:
                 proc = subprocess.Popen(
                     self.spec["argv"], cwd=self.spec.get("cwd") or None, env=env,
