@@ -9,7 +9,6 @@ from __future__ import annotations
 import json
 import os
 import signal
-import subprocess
 import sys
 from pathlib import Path
 from typing import Any, Optional
@@ -27,7 +26,7 @@ class LocalHost:
 
     def __init__(self, home: Path) -> None:
         self.home = home
-        self._children: dict[str, subprocess.Popen[bytes]] = {}
+        self._children: dict[str, int] = {}
 
     def attempt_dir(self, attempt_id: str) -> Path:
         return self.home / "attempts" / attempt_id
@@ -48,21 +47,29 @@ class LocalHost:
             if spec.get("stdin") == "prompt":
                 spec["stdin_file"] = str(ppath)
         write_json(str(adir / SPEC), spec)
-        out = os.open(adir / "shepherd.out", os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o600)
-        try:
-            proc = subprocess.Popen(
-                [sys.executable, "-I", "-S", SHEPHERD_PATH, str(adir)],
-                stdin=subprocess.DEVNULL, stdout=out, stderr=out, start_new_session=True, close_fds=True,
-            )
-        finally:
-            os.close(out)
-        self._children[attempt_id] = proc
-        return {"pid": proc.pid, "token": proc_token(proc.pid), "dir": str(adir)}
+        # posix_spawn in a new session, not Popen: the shepherd is meant to outlive us,
+        # and a Popen object would complain when collected with its child still running.
+        out = str(adir / "shepherd.out")
+        pid = os.posix_spawn(
+            sys.executable, [sys.executable, "-I", "-S", SHEPHERD_PATH, str(adir)], dict(os.environ),
+            file_actions=[
+                (os.POSIX_SPAWN_OPEN, 0, os.devnull, os.O_RDONLY, 0),
+                (os.POSIX_SPAWN_OPEN, 1, out, os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o600),
+                (os.POSIX_SPAWN_DUP2, 1, 2),
+            ],
+            setsid=True,
+        )
+        self._children[attempt_id] = pid
+        return {"pid": pid, "token": proc_token(pid), "dir": str(adir)}
 
     def reap(self) -> None:
         """Collect exited shepherd children (they are detached, but ours until we exit)."""
-        for aid, proc in list(self._children.items()):
-            if proc.poll() is not None:
+        for aid, pid in list(self._children.items()):
+            try:
+                done, _ = os.waitpid(pid, os.WNOHANG)
+            except ChildProcessError:
+                done = pid
+            if done:
                 del self._children[aid]
 
     def status(self, attempt_id: str, pid: Optional[int], token: Optional[str]) -> dict[str, Any]:

@@ -29,7 +29,7 @@ from .exceptions import StateConflict, UsageError
 from .states import State, allowed, is_valid_cause
 from .taskspec import TaskSpec
 
-SCHEMA_VERSION = 1
+SCHEMA_VERSION = 2
 
 _SCHEMA = """
 CREATE TABLE IF NOT EXISTS tasks (
@@ -259,12 +259,33 @@ class Ledger:
             fd = os.open(self.path, os.O_CREAT | os.O_WRONLY, 0o600)
             os.close(fd)
         self.conn = sqlite3.connect(str(self.path), timeout=timeout_s, isolation_level=None)
-        self.conn.row_factory = sqlite3.Row
-        self.conn.execute(f"PRAGMA busy_timeout={int(timeout_s * 1000)}")
-        self.conn.execute("PRAGMA journal_mode=WAL")
-        self.conn.execute("PRAGMA synchronous=FULL")
-        self.conn.execute("PRAGMA foreign_keys=ON")
-        self._migrate()
+        try:
+            self.conn.row_factory = sqlite3.Row
+            self.conn.execute(f"PRAGMA busy_timeout={int(timeout_s * 1000)}")
+            self._enable_wal(timeout_s)
+            self.conn.execute("PRAGMA synchronous=FULL")
+            self.conn.execute("PRAGMA foreign_keys=ON")
+            self._migrate()
+        except BaseException:
+            self.conn.close()
+            raise
+
+    def _enable_wal(self, timeout_s: float) -> None:
+        # Switching to WAL needs an exclusive lock and SQLite answers "locked" at once
+        # (without the busy timeout) while another process writes: retry until the timeout.
+        deadline = time.monotonic() + timeout_s
+        delay = 0.005
+        while True:
+            try:
+                mode = self.conn.execute("PRAGMA journal_mode=WAL").fetchone()[0]
+                break
+            except sqlite3.OperationalError as e:
+                if ("locked" not in str(e) and "busy" not in str(e)) or time.monotonic() >= deadline:
+                    raise
+                time.sleep(delay)
+                delay = min(delay * 2, 0.1)
+        if str(mode).lower() != "wal":
+            raise UsageError(f"the ledger cannot use WAL mode here (journal_mode={mode})", file=str(self.path))
 
     def close(self) -> None:
         self.conn.close()
@@ -286,6 +307,8 @@ class Ledger:
             )
         if version < SCHEMA_VERSION:
             with self.tx() as cur:
+                if cur.execute("PRAGMA user_version").fetchone()[0] >= SCHEMA_VERSION:
+                    return  # another process migrated it meanwhile
                 for stmt in _SCHEMA.split(";"):
                     if stmt.strip():
                         cur.execute(stmt)
@@ -298,11 +321,11 @@ class Ledger:
         cur.execute("BEGIN IMMEDIATE")
         try:
             yield cur
-        except BaseException:
-            cur.execute("ROLLBACK")
-            raise
-        else:
             cur.execute("COMMIT")
+        except BaseException:
+            if self.conn.in_transaction:
+                self.conn.execute("ROLLBACK")
+            raise
 
     # -- tasks ------------------------------------------------------------------------
 
@@ -333,8 +356,9 @@ class Ledger:
         return [t for t in (self.get(ids[s.name]) for s in specs) if t is not None]
 
     def find_queue(self, source_hash: str) -> Optional[str]:
-        """The newest queue made from a file with this content hash that still has
-        tasks not DONE, or None."""
+        """The newest queue made from files with this content hash whose tasks are
+        still in the ledger (DONE or not), or None: running the same unchanged file
+        again resumes that queue instead of doing DONE work twice."""
         row = self.conn.execute(
             "SELECT q.id FROM queues q WHERE q.source_hash=? AND EXISTS ("
             " SELECT 1 FROM tasks t WHERE t.queue_id=q.id) ORDER BY q.created DESC LIMIT 1",
@@ -450,6 +474,9 @@ class Ledger:
                 return self.transition(task_id, expected, to, cause, attempt, host, cur=c, **fields)
         if not is_valid_cause(cause):
             raise ValueError(f"cause must be snake_case: {cause!r}")
+        bad = {"state", "updated", "reason", "id"} & set(fields)
+        if bad:
+            raise ValueError(f"transition() sets {', '.join(sorted(bad))} itself")
         exp = {expected} if isinstance(expected, State) else set(expected)
         row = cur.execute("SELECT state FROM tasks WHERE id=?", (task_id,)).fetchone()
         if row is None:

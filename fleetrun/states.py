@@ -95,7 +95,7 @@ def cause(word: str, detail: str | None = None) -> str:
 
     :raises ValueError: if ``word`` is not snake_case.
     """
-    if not _CAUSE_RE.match(word) or ":" in word:
+    if not _CAUSE_RE.fullmatch(word) or ":" in word:
         raise ValueError(f"cause must be snake_case: {word!r}")
     return f"{word}:{detail}" if detail else word
 
@@ -106,4 +106,4 @@ def cause_word(text: str) -> str:
 
 
 def is_valid_cause(text: str) -> bool:
-    return bool(_CAUSE_RE.match(text))
+    return bool(_CAUSE_RE.fullmatch(text))

@@ -121,8 +121,6 @@ def test_newer_schema_is_refused(db: Path) -> None:
     assert count(db, "PRAGMA user_version") == SCHEMA_VERSION + 1
 
 
-@pytest.mark.xfail(strict=True, reason="BUG: Ledger.__init__ leaks its connection when "
-                   "_migrate() raises (ResourceWarning 'unclosed database' on Python >= 3.13)")
 def test_refused_open_closes_its_connection(db: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     Ledger(db).close()
     conn = raw(db)
@@ -172,10 +170,6 @@ def test_existing_folder_is_tightened(tmp_path: Path) -> None:
     assert stat.S_IMODE(home.stat().st_mode) == 0o700
 
 
-@pytest.mark.xfail(strict=True, raises=sqlite3.OperationalError,
-                   reason="BUG: PRAGMA journal_mode=WAL on a database that is not WAL yet "
-                   "returns 'database is locked' at once, without the busy timeout, when "
-                   "another connection holds the write lock (two first opens racing)")
 def test_first_open_waits_for_a_concurrent_writer(db: Path) -> None:
     """Two processes opening a fresh ledger at once: the second must wait, not fail."""
     db.parent.mkdir(mode=0o700)
@@ -278,14 +272,15 @@ def test_find_queue_ignores_unknown_hash(led: Ledger) -> None:
     assert led.find_queue("h2") is None
 
 
-@pytest.mark.xfail(strict=True, reason="BUG: find_queue() returns a queue whose tasks are all "
-                   "DONE; its docstring says 'that still has tasks not DONE'")
-def test_find_queue_skips_finished_queues(led: Ledger) -> None:
+def test_find_queue_keeps_finished_queues(led: Ledger) -> None:
+    """Running an unchanged file again must not redo DONE work: a finished queue is found."""
     (a, b) = led.add_tasks([spec("a"), spec("b")], source_hash="h1")
     to_done(led, a.id)
-    assert led.find_queue("h1") == a.queue_id  # b is not DONE yet
+    assert led.find_queue("h1") == a.queue_id
     to_done(led, b.id)
-    assert led.find_queue("h1") is None
+    assert led.find_queue("h1") == a.queue_id
+    (c,) = led.add_tasks([spec("a")], source_hash="h1")
+    assert led.find_queue("h1") == c.queue_id  # the newest wins
 
 
 # -- compare-and-set --------------------------------------------------------------------
@@ -537,6 +532,23 @@ def test_add_verdict_in_a_callers_transaction(led: Ledger) -> None:
         led.transition(t.id, State.VERIFYING, State.DONE, "verify_pass", cur=cur)
     got = led.get(t.id)
     assert got is not None and got.state == State.DONE and got.cost_usd == pytest.approx(0.1)
+
+
+# -- notes ----------------------------------------------------------------------------
+
+
+def test_notes(db: Path, led: Ledger) -> None:
+    (a, b) = led.add_tasks([spec("a"), spec("b")])
+    led.add_note(a.id, "first")
+    led.add_note(b.id, "other")
+    led.add_note(a.id, "second")
+    assert [text for _, text in led.notes(a.id)] == ["first", "second"]
+    assert [text for _, text in led.notes(b.id)] == ["other"]
+    times = [t for t, _ in led.notes(a.id)]
+    assert times == sorted(times)
+    with pytest.raises(sqlite3.IntegrityError):  # foreign keys are on
+        led.add_note("task_nope_0", "x")
+    assert count(db, "SELECT COUNT(*) FROM notes") == 3
 
 
 # -- meta ---------------------------------------------------------------------------------

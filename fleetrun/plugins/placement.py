@@ -10,14 +10,16 @@ from typing import Any, Optional, Union
 from ..hookimpl import hookimpl
 from ..placement import decide
 from ..reports import Candidate, Placement, Wait
-from ..states import State
+from ..states import ACTIVE, State
 
 
 def local_running(config: Any) -> int:
+    """Tasks that hold a slot here: placed, running, or being verified (a verifier such
+    as a test suite takes the machine as much as the agent did)."""
     led = config.stash.get("ledger")
     if led is None:
         return 0
-    return len(led.attempts(states={"leased", "starting", "running"}, host="local"))
+    return sum(1 for t in led.tasks(set(ACTIVE)) if t.host in (None, "local"))
 
 
 def measure_local(path: str) -> dict[str, Optional[float]]:

@@ -1,0 +1,724 @@
+"""Tests for tests/fakes/claude, the stand-in for the Claude Code CLI.
+
+Every test runs the fake as a real subprocess in a tmp dir; the ones that commit run it
+in a real git repository.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import uuid
+from pathlib import Path
+
+import pytest
+
+FAKE = Path(__file__).parent / "fakes" / "claude"
+SJ = ["-p", "--output-format", "stream-json", "--verbose"]
+
+
+def _git(repo: Path, *args: str) -> str:
+    proc = subprocess.run(["git", *args], cwd=repo, check=True, capture_output=True)
+    return proc.stdout.decode()
+
+
+@pytest.fixture
+def work(tmp_path: Path) -> Path:
+    """A plain working directory, for tests that never touch git."""
+    path = tmp_path / "repo"
+    path.mkdir()
+    return path
+
+
+@pytest.fixture
+def repo(work: Path) -> Path:
+    """A real git repository with one commit."""
+    path = work
+    _git(path, "init", "-q")
+    _git(path, "config", "user.email", "fake@example.invalid")
+    _git(path, "config", "user.name", "Fake")
+    _git(path, "config", "commit.gpgsign", "false")
+    _git(path, "commit", "-q", "--allow-empty", "-m", "init")
+    return path
+
+
+@pytest.fixture
+def env(tmp_path: Path) -> dict[str, str]:
+    clean = {k: v for k, v in os.environ.items() if not k.startswith(("FLEETRUN_", "FAKE_CLAUDE_"))}
+    # Resolve `#!/usr/bin/env python3` to this interpreter, not to a slow shim (pyenv).
+    bindir = os.path.dirname(sys.executable)
+    if os.access(os.path.join(bindir, "python3"), os.X_OK):
+        clean["PATH"] = bindir + os.pathsep + clean.get("PATH", os.defpath)
+    clean["FAKE_CLAUDE_LOG"] = str(tmp_path / "calls.jsonl")
+    clean["FAKE_CLAUDE_STATE"] = str(tmp_path / "state")
+    return clean
+
+
+def scenario(tmp_path: Path, env: dict[str, str], data: dict) -> None:
+    path = tmp_path / "scenario.json"
+    path.write_text(json.dumps(data))
+    env["FAKE_CLAUDE_SCENARIO"] = str(path)
+
+
+def run(args, cwd, env, stdin: str = "", timeout: float = 10) -> subprocess.CompletedProcess:
+    return subprocess.run(
+        [str(FAKE), *args],
+        cwd=cwd,
+        env=env,
+        input=stdin.encode(),
+        capture_output=True,
+        timeout=timeout,
+    )
+
+
+def events(proc: subprocess.CompletedProcess) -> list[dict]:
+    return [json.loads(line) for line in proc.stdout.decode().splitlines() if line.strip()]
+
+
+def result_of(proc: subprocess.CompletedProcess) -> dict:
+    found = [e for e in events(proc) if e["type"] == "result"]
+    assert len(found) == 1, proc.stdout
+    return found[0]
+
+
+def tool_results(evs: list[dict]) -> list[dict]:
+    return [
+        block
+        for e in evs
+        if e["type"] == "user"
+        for block in e["message"]["content"]
+        if block["type"] == "tool_result"
+    ]
+
+
+def calls(env: dict[str, str]) -> list[dict]:
+    path = Path(env["FAKE_CLAUDE_LOG"])
+    if not path.exists():
+        return []
+    return [json.loads(line) for line in path.read_text().splitlines()]
+
+
+def commits(repo: Path) -> int:
+    return int(_git(repo, "rev-list", "--count", "HEAD").strip())
+
+
+# --------------------------------------------------------------------------- the CLI contract
+
+
+def test_is_an_executable_python_script():
+    assert os.access(FAKE, os.X_OK)
+    assert FAKE.read_text().startswith("#!/usr/bin/env python3\n")
+    assert "fleetrun" not in [
+        line.split()[1] for line in FAKE.read_text().splitlines() if line.startswith("import ")
+    ]
+
+
+def test_version_and_help(work, env):
+    proc = run(["--version"], work, env)
+    assert (proc.returncode, proc.stdout.decode()) == (0, "2.1.0 (Claude Code)\n")
+    assert run(["-v"], work, env).stdout == proc.stdout
+    help_ = run(["--help"], work, env)
+    assert help_.returncode == 0
+    assert "--permission-mode <mode>" in help_.stdout.decode()
+
+
+@pytest.mark.parametrize(
+    "args, message",
+    [
+        (["-p", "--xyz", "hi"], "error: unknown option '--xyz'"),
+        (["-p", "--xyz=1", "hi"], "error: unknown option '--xyz=1'"),
+        (
+            ["-p", "--session-id", "not-a-uuid", "hi"],
+            "Error: Invalid session ID. Must be a valid UUID.",
+        ),
+        (
+            ["-p", "--output-format", "stream-json", "hi"],
+            "Error: When using --print, --output-format=stream-json requires --verbose",
+        ),
+        (
+            ["-p", "--permission-mode", "yolo", "hi"],
+            "error: option '--permission-mode <mode>' argument 'yolo' is invalid. Allowed choices "
+            "are acceptEdits, auto, bypassPermissions, default, dontAsk, plan.",
+        ),
+        (["-p", "--output-format", "xml", "hi"], "argument 'xml' is invalid"),
+        (["-p", "--model"], "error: option '--model <model>' argument missing"),
+        (["-p", "--max-budget-usd", "lots", "hi"], "'--max-budget-usd <amount>' argument 'lots'"),
+        (["-p", "one", "two"], "error: too many arguments"),
+        (["-p", "--resume"], "--resume requires a valid session ID"),
+        (["-p", "--model", "opus", "--fallback-model", "opus", "hi"], "Fallback model"),
+        (["-p", "--settings", "/nonexistent/settings.json", "hi"], "not found"),
+    ],
+)
+def test_strict_option_errors_exit_1(work, env, args, message):
+    proc = run(args, work, env)
+    assert proc.returncode == 1
+    assert message in proc.stderr.decode()
+    assert proc.stdout == b""
+    [call] = calls(env)
+    assert call["error"] and call["n"] is None
+
+
+def test_no_prompt_is_an_error(work, env):
+    proc = run(["-p"], work, env)
+    assert proc.returncode == 1
+    assert (
+        "Input must be provided either through stdin or as a prompt argument"
+        in proc.stderr.decode()
+    )
+
+
+def test_variadic_allowed_tools_swallow_the_prompt_like_commander(work, env):
+    # `--allowedTools Read "fix it"` makes "fix it" a tool rule, as the real CLI does.
+    proc = run(["-p", "--allowedTools", "Read", "fix it"], work, env)
+    assert proc.returncode == 1
+    assert "Input must be provided" in proc.stderr.decode()
+    ok = run(["-p", "--allowedTools", "Read", "--", "fix it"], work, env)
+    assert (ok.returncode, ok.stdout) == (0, b"ok\n")
+
+
+def test_equals_form_and_interactive_mode(work, env):
+    sid = str(uuid.uuid4())
+    proc = run(
+        ["-p", "--output-format=json", f"--session-id={sid}", "--model=opus", "hi"], work, env
+    )
+    assert proc.returncode == 0
+    result = json.loads(proc.stdout)
+    assert (result["session_id"], result["result"]) == (sid, "ok")
+    assert list(result["modelUsage"]) == ["opus"]
+    assert run(["hi"], work, env).returncode == 1  # no -p: no TUI in the fake
+
+
+def test_prompt_from_argument_and_stdin_is_logged(work, env):
+    env["FLEETRUN_TASK_NAME"] = "t1"
+    env["FLEETRUN_ATTEMPT"] = "2"
+    assert run(["-p", "from argv"], work, env).returncode == 0
+    assert run(["-p", "--output-format", "text"], work, env, stdin="from\nstdin\n").returncode == 0
+    first, second = calls(env)
+    assert first["argv"] == ["-p", "from argv"]
+    assert first["prompt"] == "from argv"
+    assert second["prompt"] == "from\nstdin\n"
+    assert first["cwd"] == str(work)
+    assert first["env"] == {"FLEETRUN_TASK_NAME": "t1", "FLEETRUN_ATTEMPT": "2"}
+    assert first["key"] == "default"
+    assert (first["n"], second["n"]) == (1, 2)
+    assert first["pid"] != second["pid"]
+    assert uuid.UUID(first["session_id"])
+
+
+def test_without_scenario_replies_ok(work, env):
+    proc = run(["-p", "--output-format", "json", "hi"], work, env)
+    result = json.loads(proc.stdout)
+    assert (proc.returncode, result["result"], result["total_cost_usd"]) == (0, "ok", 0.01)
+    assert result["is_error"] is False and result["subtype"] == "success"
+
+
+# --------------------------------------------------------------------------- stream-json
+
+
+def test_stream_json_shapes_and_order(tmp_path, repo, env):
+    scenario(
+        tmp_path,
+        env,
+        {
+            "default": [
+                {
+                    "actions": [["print", "working"], ["write", "a.txt", "A\n"], ["read", "a.txt"]],
+                    "result": "all done",
+                    "cost": 0.25,
+                }
+            ]
+        },
+    )
+    sid = str(uuid.uuid4())
+    proc = run(
+        [*SJ, "--session-id", sid, "--permission-mode", "acceptEdits", "--model", "sonnet", "go"],
+        repo,
+        env,
+    )
+    assert proc.returncode == 0, proc.stderr
+    evs = events(proc)
+    assert [e["type"] for e in evs] == [
+        "system",
+        "assistant",
+        "assistant",
+        "user",
+        "assistant",
+        "user",
+        "assistant",
+        "result",
+    ]
+    init = evs[0]
+    assert init["subtype"] == "init"
+    assert (init["cwd"], init["session_id"], init["model"]) == (str(repo), sid, "sonnet")
+    assert init["permissionMode"] == "acceptEdits"
+    assert {"Read", "Write", "Edit", "Bash"} <= set(init["tools"])
+    assert all(e["session_id"] == sid for e in evs)
+    assert evs[1]["message"]["content"] == [{"type": "text", "text": "working"}]
+    use = evs[2]["message"]["content"][0]
+    assert use["type"] == "tool_use" and use["name"] == "Write"
+    assert use["input"] == {"file_path": str(repo / "a.txt"), "content": "A\n"}
+    res = evs[3]["message"]["content"][0]
+    assert res["tool_use_id"] == use["id"] and res["is_error"] is False
+    assert "1\u2192A" in evs[5]["message"]["content"][0]["content"]
+    assert evs[6]["message"]["content"] == [{"type": "text", "text": "all done"}]
+    result = evs[-1]
+    assert result["subtype"] == "success" and result["is_error"] is False
+    assert (result["result"], result["total_cost_usd"], result["num_turns"]) == (
+        "all done",
+        0.25,
+        4,
+    )
+    assert result["permission_denials"] == []
+    for field in ("duration_ms", "duration_api_ms", "usage"):
+        assert field in result
+    assert (repo / "a.txt").read_text() == "A\n"
+
+
+def test_json_and_text_formats_print_only_the_result(tmp_path, work, env):
+    scenario(tmp_path, env, {"default": [{"actions": [["print", "chatter"]], "result": "final"}]})
+    js = run(["-p", "--output-format", "json", "go"], work, env)
+    assert len(js.stdout.splitlines()) == 1
+    assert json.loads(js.stdout)["result"] == "final"
+    text = run(["-p", "go"], work, env)
+    assert text.stdout == b"final\n"
+
+
+# --------------------------------------------------------------------------- scenarios
+
+
+def test_steps_follow_invocations_per_task(tmp_path, work, env):
+    scenario(
+        tmp_path,
+        env,
+        {
+            "t1": [{"result": "one"}, {"result": "two"}],
+            "default": [{"result": "d"}],
+        },
+    )
+
+    def reply(task):
+        e = dict(env)
+        if task:
+            e["FLEETRUN_TASK_NAME"] = task
+        return run(["-p", "go"], work, e).stdout.decode().strip()
+
+    assert [reply("t1"), reply("t1"), reply("t1")] == ["one", "two", "two"]
+    assert [reply(None), reply("other"), reply(None)] == ["d", "d", "d"]
+    assert [c["key"] for c in calls(env)] == ["t1"] * 3 + ["default"] * 3
+    assert [c["n"] for c in calls(env)] == [1, 2, 3, 1, 2, 3]
+
+
+def test_counter_is_safe_under_concurrency(tmp_path, work, env):
+    scenario(tmp_path, env, {"default": [{"result": "x"}]})
+    procs = [
+        subprocess.Popen(
+            [str(FAKE), "-p", "go"],
+            cwd=work,
+            env=env,
+            stdout=subprocess.DEVNULL,
+            stderr=subprocess.DEVNULL,
+        )
+        for _ in range(6)
+    ]
+    for p in procs:
+        assert p.wait(timeout=10) == 0
+    assert sorted(c["n"] for c in calls(env)) == [1, 2, 3, 4, 5, 6]
+
+
+def test_is_error_mode(tmp_path, work, env):
+    scenario(tmp_path, env, {"default": [{"mode": "is_error", "result": "it broke"}]})
+    proc = run([*SJ, "go"], work, env)
+    result = result_of(proc)
+    assert proc.returncode == 1
+    assert (result["subtype"], result["is_error"]) == ("error_during_execution", True)
+    assert result["errors"] == ["it broke"]
+
+
+def test_exit_code_mode_and_exit_override(tmp_path, work, env):
+    scenario(tmp_path, env, {"default": [{"mode": "exit_code", "exit": 3}, {"exit": 7}]})
+    first = run([*SJ, "go"], work, env)
+    assert first.returncode == 3 and result_of(first)["is_error"] is False
+    assert run([*SJ, "go"], work, env).returncode == 7
+
+
+def test_no_result_exits_0_without_result_event(tmp_path, work, env):
+    scenario(tmp_path, env, {"default": [{"mode": "no_result", "actions": [["print", "hm"]]}]})
+    proc = run([*SJ, "go"], work, env)
+    assert proc.returncode == 0
+    assert [e["type"] for e in events(proc)] == ["system", "assistant"]
+    assert run(["-p", "--output-format", "json", "go"], work, env).stdout == b""
+
+
+def test_die_is_killed_by_sigkill_and_logged(tmp_path, repo, env):
+    scenario(tmp_path, env, {"default": [{"mode": "die", "actions": [["write", "w.txt", "x"]]}]})
+    proc = run([*SJ, "--dangerously-skip-permissions", "go"], repo, env)
+    assert proc.returncode == -signal.SIGKILL
+    assert "result" not in [e["type"] for e in events(proc)]
+    assert (repo / "w.txt").exists()
+    assert calls(env)[0]["n"] == 1
+
+
+def test_hang_prints_nothing_more(tmp_path, work, env):
+    scenario(tmp_path, env, {"default": [{"mode": "hang", "actions": [["print", "before"]]}]})
+    proc = subprocess.Popen(
+        [str(FAKE), *SJ, "go"], cwd=work, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE
+    )
+    try:
+        with pytest.raises(subprocess.TimeoutExpired):
+            proc.communicate(timeout=0.6)
+    finally:
+        proc.kill()
+        out, _ = proc.communicate()
+    lines = [json.loads(line) for line in out.decode().splitlines()]
+    assert [e["type"] for e in lines] == ["system", "assistant"]
+
+
+def test_stall_delays_the_result(tmp_path, work, env):
+    scenario(tmp_path, env, {"default": [{"stall": 0.3}]})
+    proc = run([*SJ, "go"], work, env)
+    assert result_of(proc)["duration_ms"] >= 300
+
+
+def test_usage_limit_shape(tmp_path, work, env):
+    reset = 1_900_000_000
+    scenario(
+        tmp_path,
+        env,
+        {
+            "default": [
+                {"mode": "usage_limit", "reset_at": reset},
+                {"mode": "usage_limit", "reset_at": reset, "limit_style": "legacy"},
+            ]
+        },
+    )
+    env["TZ"] = "UTC"
+    proc = run([*SJ, "go"], work, env)
+    assert proc.returncode == 1
+    evs = events(proc)
+    [limit] = [e for e in evs if e["type"] == "rate_limit_event"]
+    assert limit["rate_limit_info"]["status"] == "rejected"
+    assert limit["rate_limit_info"]["resetsAt"] == reset
+    result = result_of(proc)
+    assert (result["subtype"], result["is_error"], result["api_error_status"]) == (
+        "success",
+        True,
+        429,
+    )
+    # 1_900_000_000 is 2030-03-17 17:46:40 UTC
+    assert result["result"] == "You've hit your session limit \u00b7 resets Mar 17, 5:46pm (UTC)"
+    legacy = run(["-p", "--output-format", "json", "go"], work, env)
+    assert legacy.returncode == 1
+    assert json.loads(legacy.stdout)["result"] == f"Claude AI usage limit reached|{reset}"
+
+
+def test_rate_limit_shape(tmp_path, work, env):
+    scenario(tmp_path, env, {"default": [{"mode": "rate_limit"}]})
+    proc = run([*SJ, "go"], work, env)
+    result = result_of(proc)
+    assert proc.returncode == 1
+    assert (result["is_error"], result["api_error_status"]) == (True, 529)
+    assert "529" in result["result"] and "resets" not in result["result"]
+    assert "rate_limit_event" not in [e["type"] for e in events(proc)]
+
+
+def test_overspend_stops_at_the_budget(tmp_path, work, env):
+    scenario(tmp_path, env, {"default": [{"mode": "overspend"}]})
+    proc = run([*SJ, "--max-budget-usd", "1", "go"], work, env)
+    result = result_of(proc)
+    assert proc.returncode == 1
+    assert (result["subtype"], result["is_error"]) == ("error_max_budget_usd", True)
+    assert result["total_cost_usd"] == 1.5
+    assert result["errors"] == ["Reached maximum budget ($1)"]
+    # Without a budget there is nothing to exceed.
+    assert result_of(run([*SJ, "go"], work, env))["subtype"] == "success"
+
+
+def test_any_cost_over_the_budget_trips_the_breaker(tmp_path, work, env):
+    scenario(tmp_path, env, {"default": [{"cost": 0.75}]})
+    assert result_of(run([*SJ, "--max-budget-usd", "0.5", "go"], work, env))["subtype"] == (
+        "error_max_budget_usd"
+    )
+    assert result_of(run([*SJ, "--max-budget-usd", "2", "go"], work, env))["subtype"] == "success"
+
+
+def test_max_turns(tmp_path, work, env):
+    acts = [["write", f"f{i}.txt", "x"] for i in range(3)]
+    scenario(tmp_path, env, {"default": [{"actions": acts}]})
+    proc = run([*SJ, "--max-turns", "2", "--permission-mode", "acceptEdits", "go"], work, env)
+    result = result_of(proc)
+    assert proc.returncode == 1
+    assert (result["subtype"], result["is_error"]) == ("error_max_turns", True)
+    assert [p.name for p in sorted(work.glob("f*.txt"))] == ["f0.txt", "f1.txt"]
+
+
+def test_bad_scenario_is_a_loud_test_error(tmp_path, work, env):
+    scenario(tmp_path, env, {"default": [{"mode": "explode"}]})
+    proc = run(["-p", "go"], work, env)
+    assert proc.returncode == 70
+    assert "unknown mode" in proc.stderr.decode()
+
+
+# --------------------------------------------------------------------------- permissions
+
+
+def denials(proc) -> list[dict]:
+    return result_of(proc)["permission_denials"]
+
+
+@pytest.fixture
+def writes_a(tmp_path, env):
+    scenario(tmp_path, env, {"default": [{"actions": [["write", "a.txt", "A"]]}]})
+
+
+@pytest.mark.parametrize(
+    "flags",
+    [
+        ["--permission-mode", "acceptEdits"],
+        ["--permission-mode", "bypassPermissions"],
+        ["--dangerously-skip-permissions"],
+        ["--allowedTools", "Write"],
+        ["--allowedTools", "Edit"],
+        ["--permission-mode", "auto"],
+    ],
+)
+def test_write_allowed(work, env, writes_a, flags):
+    proc = run([*SJ, *flags, "--", "go"], work, env)
+    assert (work / "a.txt").read_text() == "A"
+    assert denials(proc) == []
+
+
+@pytest.mark.parametrize(
+    "flags, message",
+    [
+        ([], "Claude requested permissions to write to {path}, but you haven't granted it yet."),
+        (["--permission-mode", "plan", "--allowedTools", "Write"], "Claude requested permissions"),
+        (["--permission-mode", "dontAsk"], "running in don't ask mode"),
+        (
+            ["--permission-mode", "acceptEdits", "--disallowedTools", "Write(a.txt)"],
+            "Permission to use Write has been denied.",
+        ),
+    ],
+)
+def test_write_denied(work, env, writes_a, flags, message):
+    proc = run([*SJ, *flags, "--", "go"], work, env)
+    assert proc.returncode == 0
+    assert not (work / "a.txt").exists()
+    [denial] = denials(proc)
+    assert denial["tool_name"] == "Write"
+    assert denial["tool_input"]["file_path"] == str(work / "a.txt")
+    [res] = tool_results(events(proc))
+    assert res["is_error"] is True and res["tool_use_id"] == denial["tool_use_id"]
+    assert message.format(path=work / "a.txt") in res["content"]
+
+
+def test_accept_edits_stays_inside_the_working_directories(tmp_path, work, env):
+    outside = tmp_path / "outside.txt"
+    scenario(tmp_path, env, {"default": [{"actions": [["write", str(outside), "x"]]}]})
+    proc = run([*SJ, "--permission-mode", "acceptEdits", "go"], work, env)
+    assert not outside.exists() and len(denials(proc)) == 1
+    run(
+        [*SJ, "--permission-mode", "acceptEdits", "--add-dir", str(tmp_path), "--", "go"], work, env
+    )
+    assert outside.exists()
+
+
+@pytest.fixture
+def commits_b(tmp_path, env):
+    scenario(
+        tmp_path, env, {"default": [{"actions": [["write", "b.txt", "B"], ["commit", "add b"]]}]}
+    )
+
+
+@pytest.mark.parametrize(
+    "flags",
+    [
+        ["--dangerously-skip-permissions"],
+        [
+            "--permission-mode",
+            "acceptEdits",
+            "--allowedTools",
+            "Bash(git add:*)",
+            "Bash(git commit:*)",
+        ],
+        [
+            "--permission-mode",
+            "acceptEdits",
+            "--allowedTools",
+            "Bash(git add:*),Bash(git commit:*)",
+        ],
+        ["--permission-mode", "acceptEdits", "--allowedTools", "Bash"],
+        ["--allowedTools", "Write Bash(git *)"],
+    ],
+)
+def test_commit_allowed(repo, env, commits_b, flags):
+    proc = run([*SJ, *flags, "--", "go"], repo, env)
+    assert denials(proc) == []
+    assert commits(repo) == 2
+    assert _git(repo, "log", "-1", "--format=%s").strip() == "add b"
+
+
+@pytest.mark.parametrize(
+    "flags, message",
+    [
+        (
+            ["--permission-mode", "acceptEdits"],
+            "Claude requested permissions to use Bash, but you haven't granted it yet.",
+        ),
+        (
+            ["--permission-mode", "acceptEdits", "--allowedTools", "Bash(git commit:*)"],
+            "The following parts require approval: git add -A",
+        ),
+        (
+            ["--permission-mode", "acceptEdits", "--allowedTools", "Bash(git add:*)"],
+            "The following parts require approval: git commit",
+        ),
+        (
+            ["--permission-mode", "acceptEdits", "--allowedTools", "Bash(git commit)"],
+            "haven't granted it yet",
+        ),
+        (
+            ["--dangerously-skip-permissions", "--disallowedTools", "Bash(git commit:*)"],
+            "Permission to use Bash with command git add -A && git commit",
+        ),
+        (
+            [
+                "--permission-mode",
+                "bypassPermissions",
+                "--allowedTools",
+                "Bash",
+                "--disallowedTools",
+                "Bash",
+            ],
+            "No such tool available: Bash",
+        ),
+    ],
+)
+def test_commit_denied(repo, env, commits_b, flags, message):
+    proc = run([*SJ, *flags, "--", "go"], repo, env)
+    [denial] = denials(proc)
+    assert denial["tool_name"] == "Bash"
+    assert denial["tool_input"]["command"].startswith("git add -A && git commit")
+    assert message in tool_results(events(proc))[-1]["content"]
+    assert commits(repo) == 1
+    assert _git(repo, "diff", "--cached", "--name-only") == ""  # `git add` did not run either
+
+
+def test_bash_runs_only_when_permitted(tmp_path, repo, env):
+    scenario(
+        tmp_path, env, {"default": [{"actions": [["bash", "echo hi > out.txt && echo said"]]}]}
+    )
+    proc = run([*SJ, "go"], repo, env)
+    assert not (repo / "out.txt").exists() and len(denials(proc)) == 1
+    proc = run([*SJ, "--allowedTools", "Bash(echo:*)", "--", "go"], repo, env)
+    assert (repo / "out.txt").read_text() == "hi\n"
+    assert tool_results(events(proc))[0]["content"] == "said"
+
+
+def test_failing_bash_command_is_an_error_result(tmp_path, repo, env):
+    scenario(tmp_path, env, {"default": [{"actions": [["bash", "echo oops; exit 4"]]}]})
+    proc = run([*SJ, "--dangerously-skip-permissions", "go"], repo, env)
+    [res] = tool_results(events(proc))
+    assert res["is_error"] is True and res["content"] == "Exit code 4\noops"
+    assert denials(proc) == []
+
+
+def test_disallowed_beats_allowed_and_modes(work, env, writes_a):
+    proc = run(
+        [
+            *SJ,
+            "--allowedTools",
+            "Write",
+            "--disallowedTools",
+            "Write",
+            "--permission-mode",
+            "bypassPermissions",
+            "--",
+            "go",
+        ],
+        work,
+        env,
+    )
+    assert "Write" not in events(proc)[0]["tools"]
+    assert not (work / "a.txt").exists()
+    assert [d["tool_name"] for d in denials(proc)] == ["Write"]
+
+
+def test_tools_restricts_what_exists(tmp_path, work, env):
+    (work / "r.txt").write_text("R\n")
+    scenario(
+        tmp_path, env, {"default": [{"actions": [["read", "r.txt"], ["write", "a.txt", "A"]]}]}
+    )
+    proc = run(
+        [*SJ, "--tools", "Read,Grep", "--dangerously-skip-permissions", "--", "go"], work, env
+    )
+    evs = events(proc)
+    assert evs[0]["tools"] == ["Read", "Grep"]
+    read, write = tool_results(evs)
+    assert read["is_error"] is False and "R" in read["content"]
+    assert write["is_error"] is True and "No such tool available: Write" in write["content"]
+    assert not (work / "a.txt").exists()
+    assert [d["tool_name"] for d in denials(proc)] == ["Write"]
+    assert events(run([*SJ, "--tools", "", "--", "go"], work, env))[0]["tools"] == []
+
+
+def test_read_never_needs_permission(tmp_path, work, env):
+    (work / "r.txt").write_text("R\n")
+    scenario(tmp_path, env, {"default": [{"actions": [["read", "r.txt"]]}]})
+    for mode in ("default", "plan", "dontAsk"):
+        proc = run([*SJ, "--permission-mode", mode, "go"], work, env)
+        assert denials(proc) == [] and tool_results(events(proc))[0]["is_error"] is False
+
+
+def test_settings_permissions_count_as_rules(tmp_path, work, env, writes_a):
+    settings = json.dumps({"permissions": {"allow": ["Write"]}})
+    proc = run([*SJ, "--settings", settings, "go"], work, env)
+    assert denials(proc) == [] and (work / "a.txt").exists()
+
+
+# --------------------------------------------------------------------------- sessions
+
+
+def test_resume_and_session_ids(work, env):
+    sid = str(uuid.uuid4())
+    assert run([*SJ, "--session-id", sid, "one"], work, env).returncode == 0
+    again = run([*SJ, "--session-id", sid, "two"], work, env)
+    assert again.returncode == 1 and f"Session ID {sid} is already in use" in again.stderr.decode()
+    resumed = run([*SJ, "--resume", sid, "three"], work, env)
+    assert result_of(resumed)["session_id"] == sid
+    assert calls(env)[-1]["prompt"] == "three"
+    assert result_of(run([*SJ, "--continue", "four"], work, env))["session_id"] == sid
+    unknown = run([*SJ, "-r", str(uuid.uuid4()), "five"], work, env)
+    assert (
+        unknown.returncode == 1
+        and "No conversation found with session ID" in unknown.stderr.decode()
+    )
+    both = run([*SJ, "--resume", sid, "--session-id", str(uuid.uuid4()), "six"], work, env)
+    assert both.returncode == 1 and "--fork-session" in both.stderr.decode()
+    forked_id = str(uuid.uuid4())
+    forked = run(
+        [*SJ, "--resume", sid, "--fork-session", "--session-id", forked_id, "seven"], work, env
+    )
+    assert result_of(forked)["session_id"] == forked_id
+
+
+def test_resume_swallows_a_following_prompt_like_commander(work, env):
+    # `-r` takes an optional value: `claude -p -r "fix it"` asks for session "fix it".
+    proc = run(["-p", "-r", "fix it"], work, env, stdin="the prompt")
+    assert proc.returncode == 1
+    assert "No conversation found with session ID: fix it" in proc.stderr.decode()
+
+
+def test_stream_json_input(work, env):
+    line = {
+        "type": "user",
+        "message": {"role": "user", "content": [{"type": "text", "text": "hi"}]},
+    }
+    args = ["-p", "--input-format", "stream-json", "--output-format", "stream-json", "--verbose"]
+    proc = run(args, work, env, stdin=json.dumps(line) + "\n")
+    assert result_of(proc)["result"] == "ok"
+    assert calls(env)[-1]["prompt"] == "hi"
+    bad = run(["-p", "--input-format", "stream-json"], work, env, stdin=json.dumps(line))
+    assert bad.returncode == 1 and "requires output-format=stream-json" in bad.stderr.decode()
