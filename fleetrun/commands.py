@@ -247,6 +247,10 @@ def cmd_logs(config: Any, out: TextIO, err: TextIO) -> int:
                 text += f", ${a.cost_usd:.2f}"
             if a.dir:
                 text += f", log {Path(a.dir) / 'log'}"
+            for d in (a.info or {}).get("denials") or []:
+                if isinstance(d, dict):
+                    tool_input = json.dumps(d.get("tool_input", {}))[:120]
+                    text += f"\n    permission denied: {d.get('tool_name')} {tool_input}"
             events.append((a.ended, 0, text))
     for t, text in led.notes(task.id):
         events.append((t, 2, f"note: {text}"))
@@ -302,3 +306,21 @@ def cmd_undrain(config: Any, out: TextIO, err: TextIO) -> int:
     open_ledger(config).set_meta("drain", None)
     print("undrained: this machine starts work again", file=out)
     return ExitCode.OK
+
+
+def cmd_relay(config: Any, out: TextIO, err: TextIO) -> int:
+    from .relaycli import main as relay_main
+
+    return relay_main(config, list(config.option.rest or []), out, err)
+
+
+def cmd_host(config: Any, out: TextIO, err: TextIO) -> int:
+    from .hostcli import main as host_main
+
+    return host_main(config, list(config.option.rest or []), out, err)
+
+
+def cmd_gc(config: Any, out: TextIO, err: TextIO) -> int:
+    from .gc import main as gc_main
+
+    return gc_main(config, out, err)

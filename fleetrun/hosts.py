@@ -19,6 +19,11 @@ from .shepherd import CANCEL, LOG, SPEC, STATUS, proc_token, read_json, write_js
 SHEPHERD_PATH = str(Path(__file__).with_name("shepherd.py"))
 
 
+class StartRefused(Exception):
+    """A host would not start an attempt (a peer at its max_tasks, say); the message
+    is the host's own reason. A refusal does not use up a retry."""
+
+
 class LocalHost:
     """This machine. Attempt folders live in ``$FLEETRUN_HOME/attempts/<attempt-id>``."""
 

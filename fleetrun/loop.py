@@ -8,15 +8,17 @@ A one-second timeout is the safety net (and the liveness heartbeat).
 
 from __future__ import annotations
 
+import errno
 import json
 import os
 import select
 import socket
+import sqlite3
 import time
 from dataclasses import asdict, dataclass
 from typing import Any, Optional, TextIO
 
-from . import ops
+from . import crash, ops
 from .exceptions import ExitCode, StateConflict, UsageError
 from .gitutil import GitError
 from .hosts import get_host
@@ -28,6 +30,8 @@ from .reports import Handoff, Placement, Verdict, Wait, Workspace
 from .states import ACTIVE, PLACEABLE, State
 
 RESUME_CAP = 3
+USAGE_BACKOFF_S = 60.0  # 1, 2, 4 ... minutes after a usage limit that gave no reset time
+USAGE_BACKOFF_MAX_S = 30 * 60.0
 NEVER_STARTED_CAP = 10
 SOCK = "loop.sock"
 
@@ -38,6 +42,15 @@ class Verifying:
     workspace: Workspace
     idx: int
     handle: Any = None
+
+
+def is_space_error(e: BaseException) -> bool:
+    """Disk full, quota, or a read-only home: a condition to wait out, not a crash."""
+    if isinstance(e, OSError) and e.errno in (errno.ENOSPC, errno.EROFS, errno.EDQUOT):
+        return True
+    text = str(e).lower()
+    return isinstance(e, sqlite3.OperationalError) and any(
+        w in text for w in ("disk is full", "readonly database", "read-only", "disk i/o error"))
 
 
 def sock_path(home: Any) -> str:
@@ -82,6 +95,8 @@ class Loop:
         self.liveness = Liveness(config.home)
         self.sock: Optional[socket.socket] = None
         self.placed_last_pass = False
+        self.io_error: Optional[str] = None
+        self.readopt = False
         self.config.stash.setdefault("backoff", {})
 
     # -- plumbing ----------------------------------------------------------------------
@@ -93,7 +108,10 @@ class Loop:
             self.stopping = self.stopping or f"stopping after the first NEEDS_HUMAN ({task.name}) (-x)"
 
     def move(self, task: Task, to: State, cause: str, attempt: Optional[int] = None, **fields: Any) -> Optional[Task]:
-        return ops.move(self.led, task, to, cause, self.notify, attempt=attempt, **fields)
+        crash.point(f"before_transition:{to.value}")
+        now = ops.move(self.led, task, to, cause, self.notify, attempt=attempt, **fields)
+        crash.point(f"after_transition:{to.value}")
+        return now
 
     def get(self, task_id: str) -> Task:
         task = self.led.get(task_id)
@@ -140,8 +158,30 @@ class Loop:
         try:
             self.adopt()
             while True:
-                self.liveness.beat(running=len(self.active_attempts()))
-                self.step()
+                try:
+                    if self.readopt:
+                        self.readopt = False
+                        self.adopt()
+                    self.liveness.beat(running=len(self.active_attempts()))
+                    self.step()
+                    if self.io_error is not None:
+                        self.config.err.write("fleetrun: the home is writable again; starting work again\n")
+                        self.io_error = None
+                except (sqlite3.OperationalError, OSError) as e:
+                    if not is_space_error(e):
+                        raise
+                    if self.io_error is None:
+                        self.config.err.write(
+                            f"fleetrun: cannot write to {self.config.home} ({e}); starting nothing new "
+                            "until it clears. Running attempts go on; nothing is lost.\n")
+                    self.io_error = str(e)
+                    for v in self.verifying.values():  # their verdicts are rerun once we can record them
+                        if v.handle is not None and hasattr(v.handle, "cancel"):
+                            v.handle.cancel()
+                    self.verifying.clear()
+                    self.readopt = True
+                    time.sleep(1.0)
+                    continue
                 if self.finished():
                     break
                 self.wait()
@@ -169,7 +209,7 @@ class Loop:
         self.poll_verifiers()
         ops.promote(self.led, self.notify)
         self.placed_last_pass = False
-        if not self.stopping:
+        if not self.stopping and self.io_error is None:
             self.place_all()
 
     def wait(self) -> None:
@@ -241,8 +281,8 @@ class Loop:
             if task is None:
                 continue
             if att.state == "leased" or (att.state == "starting" and not att.shepherd_pid):
-                st = self.host.status(att.id, None, None) if att.host == "local" else {}
-                if st.get("shepherd_pid") and st.get("state") in ("starting", "running", "ended"):
+                st = self.starting_status(att) if att.state == "starting" else {}
+                if st.get("shepherd_pid"):  # it did start: watch it (a dead one is resumed)
                     self.led.update_attempt(att.id, state="running", shepherd_pid=st["shepherd_pid"],
                                             shepherd_token=st.get("shepherd_token"), started=st.get("started"))
                     if task.state is State.ASSIGNED:
@@ -268,6 +308,19 @@ class Loop:
             self.start_verifier(task.id)
         if adopted:
             self.config.out.write(f"adopted {adopted} running attempt(s)\n")
+
+    def starting_status(self, att: Attempt) -> dict[str, Any]:
+        """The status of an attempt whose shepherd may have been started just before a
+        crash: give a freshly spawned shepherd a moment to write its first status."""
+        host = get_host(self.config, att.host)
+        deadline = time.time() + 2.0
+        while True:
+            st = host.status(att.id, None, None)
+            if st.get("shepherd_pid") or time.time() >= deadline:
+                return st
+            if att.host != "local" or not (host.attempt_dir(att.id) / "spec.json").exists():
+                return st
+            time.sleep(0.05)
 
     # -- attempts ----------------------------------------------------------------------
 
@@ -305,6 +358,16 @@ class Loop:
         if reason == "start_failed":
             self.not_started(task, att, f"start_failed:{st.get('error') or 'the agent did not start'}",
                              from_running=True)
+            return
+        if res is not None and res.usage_limit:
+            self.pause_host(att.host, res.usage_reset_at)
+            self.move(task, State.RESUMING, f"usage_limit:{self.pause_text(att.host)}", attempt=att.number)
+            return
+        if res is not None and res.reason == "budget":
+            now = self.move(task, State.NEEDS_HUMAN, "budget_exhausted:the agent reached its --max-budget-usd",
+                            attempt=att.number)
+            if now is not None:
+                self.finish_terminal(now)
             return
         if outcome != "ok":
             word = {"timeout": "timeout", "stalled": "stalled", "cancelled": "session_died",
@@ -354,6 +417,20 @@ class Loop:
                 back = State.RESUMING
         self.move(task, back, cause, attempt=att.number, no_start=count)
 
+    def pause_host(self, host: str, until: Optional[float]) -> None:
+        """A usage or rate limit: start nothing on ``host`` until the reset time it gave,
+        or back off 1, 2, 4 ... 30 minutes when it gave none."""
+        pauses = self.config.stash.setdefault("usage_pause", {})
+        prev = pauses.get(host)
+        count = (prev[1] + 1) if prev and prev[0] > time.time() - 3600 else 1
+        if until is None or until <= time.time():
+            until = time.time() + min(USAGE_BACKOFF_MAX_S, USAGE_BACKOFF_S * 2 ** (count - 1))
+        pauses[host] = (until, count)
+
+    def pause_text(self, host: str) -> str:
+        until = self.config.stash.get("usage_pause", {}).get(host, (0, 0))[0]
+        return f"usage limit, resumes at {time.strftime('%H:%M', time.localtime(until))}"
+
     def clear_backoff(self, task: Task, host: str) -> None:
         self.config.stash["backoff"].get(task.id, {}).pop(host, None)
 
@@ -381,12 +458,19 @@ class Loop:
                 task = self.get(task_id)
                 continue
             v.handle = res
+            crash.point("mid_verifier")
             return
         self.all_passed(task, v)
 
     def poll_verifiers(self) -> None:
         for task_id, v in list(self.verifying.items()):
             if v.handle is None:
+                continue
+            current = self.led.get(task_id)
+            if current is None or current.state is not State.VERIFYING:  # cancelled meanwhile
+                if hasattr(v.handle, "cancel"):
+                    v.handle.cancel()
+                self.verifying.pop(task_id, None)
                 continue
             verdict = v.handle.poll()
             if verdict is None:
@@ -402,6 +486,7 @@ class Loop:
     def record_verdict(self, task: Task, v: Verifying, verdict: Verdict) -> bool:
         """Record one verdict. :return: True to go on with the next verifier."""
         self.led.add_verdict(task.id, v.attempt.id, v.idx, verdict)
+        crash.point("after_verdict")
         self.hook.fleetrun_verdict(task=task, verdict=verdict, attempt=v.attempt, config=self.config)
         task = self.get(task.id)
         if verdict.passed:
@@ -447,10 +532,22 @@ class Loop:
         if not tasks:
             return
         candidates = [c for cs in self.hook.fleetrun_candidates(config=self.config) for c in (cs or [])]
+        pauses = self.config.stash.get("usage_pause", {})
+        for c in candidates:
+            until = pauses.get(c.name, (0, 0))[0]
+            if until > time.time() and not c.why_not:
+                c.why_not = f"is paused: {self.pause_text(c.name)}"
+                self.wait_until[f"pause:{c.name}"] = until
         policy = self.policy.policy
         for task in tasks:
             if self.stopping:
                 return
+            if task.spec.budget_usd is not None and task.cost_usd >= task.spec.budget_usd:
+                now = self.move(task, State.NEEDS_HUMAN,
+                                f"budget_exhausted:spent ${task.cost_usd:.2f} of ${task.spec.budget_usd:.2f}")
+                if now is not None:
+                    self.finish_terminal(now)
+                continue
             decision = self.hook.fleetrun_place(task=task, candidates=candidates, policy=policy, config=self.config)
             if decision is None:
                 decision = Wait("no plugin places tasks")
@@ -481,6 +578,7 @@ class Loop:
             att = self.led.lease(task.id, task.state, hostname, kind)
         except StateConflict:
             return False
+        crash.point("after_lease")
         task = self.get(task.id)
         host = get_host(self.config, hostname)
         try:
@@ -491,6 +589,7 @@ class Loop:
             self.led.update_attempt(att.id, state="abandoned", outcome="start_failed", ended=time.time())
             self.not_started(task, att, f"start_failed:{type(e).__name__ if not str(e) else e}")
             return False
+        crash.point("after_worktree")
         self.led.update_attempt(att.id, workspace=asdict(ws), dir=str(host.attempt_dir(att.id)))
         self.led.update_task(task.id, worktree=ws.root or (ws.path if ws.is_worktree else None), branch=ws.branch)
         task = self.get(task.id)
@@ -533,7 +632,14 @@ class Loop:
         }
         self.led.update_attempt(att.id, state="starting", session_id=spawn.get("session_id"),
                                 info={**att.info, "argv": spawn["argv"]})
-        info = host.start(att.id, spec, prompt or task.spec.prompt)
+        try:
+            info = host.start(att.id, spec, prompt or task.spec.prompt)
+        except Exception as e:  # a peer refused, or could not be reached
+            self.led.update_attempt(att.id, state="abandoned", outcome="start_failed", ended=time.time())
+            word = "peer_refused" if type(e).__name__ == "StartRefused" else "start_failed"
+            self.not_started(self.get(task.id), att, f"{word}:{e}")
+            return False
+        crash.point("after_shepherd_start")
         with self.led.tx() as cur:
             self.led.update_attempt(att.id, cur=cur, state="running", started=time.time(),
                                     shepherd_pid=info["pid"], shepherd_token=info["token"], dir=info["dir"])

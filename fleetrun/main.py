@@ -26,10 +26,15 @@ VERBS: dict[str, str] = {
     "approve": "accept a NEEDS_HUMAN task as DONE",
     "drain": "start nothing new on this machine",
     "undrain": "start work again after drain",
+    "gc": "list (and with --yes remove) worktrees and attempt folders no task owns",
+    "relay": "peers over SSH: relay add NAME user@host, relay peers, relay remove NAME",
+    "host": "the peer side of the relay: fleetrun host VERB --json (run by a supervisor over SSH)",
 }
 
 #: Options that take a value, so the verb scan can skip their values.
 _VALUE_OPTS = {"-p", "-k", "--home", "--state", "--max-tasks"}
+#: Verbs whose own sub-verbs and options follow them (parsed by their module).
+_NESTED = {"relay", "host"}
 
 
 class Session:
@@ -185,6 +190,12 @@ def _build_parser(verb: str, pluginparser: Any) -> argparse.ArgumentParser:
         p.add_argument("task", metavar="TASK", help="a task id, or a name (the newest task with it)")
     if verb == "logs":
         p.add_argument("--json", action="store_true", help="print JSON")
+    if verb == "gc":
+        p.add_argument("--yes", action="store_true", help="remove what is listed")
+        p.add_argument("--force", action="store_true",
+                       help="also remove dirty worktrees and branches with commits found nowhere else")
+    if verb in ("relay", "host"):
+        p.add_argument("rest", nargs=argparse.REMAINDER, help=f"see 'fleetrun {verb} help'")
     if verb in ("run", "work"):
         pluginparser.apply(p)
     return p

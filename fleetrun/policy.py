@@ -1,10 +1,15 @@
-"""policy.toml: limits per machine. Re-read on every pass of the loop."""
+"""policy.toml: limits per machine. Re-read on every pass of the loop.
+
+``$FLEETRUN_HOME/policy.toml``; without it, this machine runs four tasks at a time.
+Every key is listed in ``docs/policy.md``. A misspelt or unknown key, a wrong type or
+a negative number is a :class:`~fleetrun.UsageError` naming the file, line and key.
+"""
 
 from __future__ import annotations
 
 import difflib
-import os
-from dataclasses import dataclass, field
+import math
+from dataclasses import dataclass, field, fields
 from pathlib import Path
 from typing import Any, Optional
 
@@ -13,6 +18,8 @@ from .exceptions import UsageError, UsageErrors
 
 @dataclass
 class LocalPolicy:
+    """``[local]``: this machine. A floor left unset (None) is not checked."""
+
     max_tasks: int = 4
     min_free_mem_mb: Optional[float] = None
     max_load_per_core: Optional[float] = None
@@ -23,6 +30,13 @@ class LocalPolicy:
 
 @dataclass
 class PeerPolicy:
+    """``[peers]`` (defaults for every peer) and ``[peers.NAME]`` (one peer).
+
+    A peer also enforces its own ``[local]`` limits and refuses work past them; these
+    are the supervisor's limits for it, on top. ``mem_per_task_mb`` None: the peer's
+    own estimate.
+    """
+
     max_tasks: int = 2
     min_free_mem_mb: Optional[float] = None
     max_load_per_core: Optional[float] = None
@@ -33,6 +47,8 @@ class PeerPolicy:
 
 @dataclass
 class Policy:
+    """The whole of ``policy.toml``."""
+
     stale_after_secs: float = 90.0
     auto_route: bool = False
     local: LocalPolicy = field(default_factory=LocalPolicy)
@@ -40,12 +56,15 @@ class Policy:
     peer: dict[str, PeerPolicy] = field(default_factory=dict)
 
     def for_peer(self, name: str) -> PeerPolicy:
+        """``[peers.NAME]`` if there is one, else the ``[peers]`` defaults."""
         return self.peer.get(name, self.peers)
 
 
 _NUM = (int, float)
-_TOP = {"stale_after_secs": _NUM, "auto_route": (bool,), "local": (dict,), "peers": (dict,)}
-_MACHINE = {
+_TOP: dict[str, tuple[type, ...]] = {
+    "stale_after_secs": _NUM, "auto_route": (bool,), "local": (dict,), "peers": (dict,),
+}
+_MACHINE: dict[str, tuple[type, ...]] = {
     "max_tasks": (int,),
     "min_free_mem_mb": _NUM,
     "max_load_per_core": _NUM,
@@ -60,14 +79,36 @@ def _type_ok(v: Any, types: tuple[type, ...]) -> bool:
 
 
 def _tname(types: tuple[type, ...]) -> str:
-    names: dict[tuple[type, ...], str] = {(bool,): "true or false", (int,): "a whole number", (dict,): "a table"}
+    names: dict[tuple[type, ...], str] = {
+        (bool,): "true or false", (int,): "a whole number", (dict,): "a table",
+    }
     return names.get(types, "a number")
+
+
+def _unknown(key: str, known: list[str]) -> str:
+    close = difflib.get_close_matches(key, known, n=1)
+    if close:
+        return f"unknown key (did you mean '{close[0]}'?)"
+    return "unknown key (known: " + ", ".join(known) + ")"
+
+
+def _value_error(v: Any, types: tuple[type, ...], positive: bool = False) -> Optional[str]:
+    if not _type_ok(v, types):
+        return f"must be {_tname(types)}"
+    if isinstance(v, float) and not math.isfinite(v):
+        return "must be a finite number"
+    if positive and not isinstance(v, bool) and v <= 0:
+        return "must be greater than 0"
+    if not isinstance(v, bool) and isinstance(v, _NUM) and v < 0:
+        return "must not be negative"
+    return None
 
 
 def load_policy(path: Path) -> Policy:
     """Read and check ``policy.toml``; without the file, the defaults.
 
-    :raises UsageErrors: every problem, each naming the file, line and key.
+    :raises UsageError: a problem, naming the file, line and key
+        (:class:`~fleetrun.exceptions.UsageErrors` when there are several).
     """
     if not path.exists():
         return Policy()
@@ -81,49 +122,43 @@ def load_policy(path: Path) -> Policy:
     def err(line: int, key: str, msg: str) -> None:
         errors.append(UsageError(msg, file=disp, line=line, key=key))
 
-    def check_machine(table: dict[str, Any], where: tuple[Any, ...], label: str, target: Any,
-                      allow_subtables: bool = False) -> None:
+    def check_machine(table: dict[str, Any], where: tuple[str, ...], prefix: str, target: Any,
+                      subtables: bool = False) -> None:
         for k, v in table.items():
             line = lines.get(*where, k)
-            if isinstance(v, dict) and allow_subtables:
-                continue
+            if subtables and isinstance(v, dict):
+                continue  # [peers.NAME], checked by the caller
             types = _MACHINE.get(k)
             if types is None:
-                close = difflib.get_close_matches(k, list(_MACHINE), n=1)
-                err(line, f"{label}{k}", "unknown key" + (f" (did you mean '{close[0]}'?)" if close else ""))
+                err(line, f"{prefix}{k}", _unknown(k, list(_MACHINE)))
                 continue
-            if not _type_ok(v, types):
-                err(line, f"{label}{k}", f"must be {_tname(types)}")
+            problem = _value_error(v, types)
+            if problem:
+                err(line, f"{prefix}{k}", problem)
                 continue
-            if not isinstance(v, bool) and v < 0:
-                err(line, f"{label}{k}", "must not be negative")
-                continue
-            setattr(target, k, v)
+            setattr(target, k, float(v) if types is _NUM else v)
 
     pol = Policy()
     for k, v in data.items():
         line = lines.get("top", k)
         if k not in _TOP:
-            close = difflib.get_close_matches(k, list(_TOP), n=1)
-            err(line, k, "unknown key" + (f" (did you mean '{close[0]}'?)" if close else ""))
+            err(line, k, _unknown(k, list(_TOP)))
             continue
-        if not _type_ok(v, _TOP[k]):
-            err(line, k, f"must be {_tname(_TOP[k])}")
+        problem = _value_error(v, _TOP[k], positive=(k == "stale_after_secs"))
+        if problem:
+            err(line, k, problem)
             continue
         if k == "stale_after_secs":
-            if v <= 0:
-                err(line, k, "must be greater than 0")
-            else:
-                pol.stale_after_secs = float(v)
+            pol.stale_after_secs = float(v)
         elif k == "auto_route":
             pol.auto_route = v
         elif k == "local":
             check_machine(v, ("table", "local"), "local.", pol.local)
         elif k == "peers":
-            check_machine(v, ("table", "peers"), "peers.", pol.peers, allow_subtables=True)
+            check_machine(v, ("table", "peers"), "peers.", pol.peers, subtables=True)
             for name, sub in v.items():
                 if isinstance(sub, dict):
-                    pp = PeerPolicy(**{f: getattr(pol.peers, f) for f in _MACHINE})
+                    pp = PeerPolicy(**{f.name: getattr(pol.peers, f.name) for f in fields(PeerPolicy)})
                     check_machine(sub, ("table", f"peers.{name}"), f"peers.{name}.", pp)
                     pol.peer[name] = pp
     if errors:
@@ -132,37 +167,56 @@ def load_policy(path: Path) -> Policy:
 
 
 class PolicyWatcher:
-    """Re-reads policy.toml when it changes; a broken file keeps the last good one."""
+    """Re-reads policy.toml when it changes; a broken file keeps the last good one.
+
+    The loop calls :meth:`load_strict` once before it starts (a broken policy stops
+    it) and :meth:`refresh` on every pass, printing what it returns.
+    """
 
     def __init__(self, path: Path) -> None:
         self.path = path
-        self._stamp: Optional[tuple[float, int]] = None
+        self._seen: Optional[bytes] = None
         self.policy = Policy()
         self.error: Optional[str] = None
 
-    def _stat(self) -> Optional[tuple[float, int]]:
+    def _read(self) -> Optional[bytes]:
+        # The content, not the mtime: two edits within one mtime tick stay distinct,
+        # and the file is small.
         try:
-            st = os.stat(self.path)
+            return self.path.read_bytes()
         except FileNotFoundError:
             return None
-        return (st.st_mtime, st.st_size)
+        except OSError as e:
+            return f"\0unreadable: {e}".encode()
 
     def load_strict(self) -> Policy:
-        """First load: a broken policy is an error (``fleetrun work`` will not start)."""
-        self._stamp = self._stat()
+        """First load: a broken policy is an error (``fleetrun work`` will not start).
+
+        :raises UsageError: what is wrong, with file and line.
+        """
+        self._seen = self._read()
         self.policy = load_policy(self.path)
+        self.error = None
         return self.policy
 
     def refresh(self) -> Optional[str]:
-        """Reload if changed. :return: a message to show once when the file broke."""
-        stamp = self._stat()
-        if stamp == self._stamp:
+        """Reload if the file changed.
+
+        :return: a message to show once: the file broke (the last good policy is
+            kept), or it is good again after having been broken; else None.
+        """
+        seen = self._read()
+        if seen == self._seen:
             return None
-        self._stamp = stamp
+        self._seen = seen
         try:
-            self.policy = load_policy(self.path)
+            pol = load_policy(self.path)
         except UsageError as e:
             self.error = e.format()
-            return f"policy.toml is broken; keeping the last good policy:\n{self.error}"
-        self.error = None
+            return (f"{self.path} changed and is broken; keeping the last good policy until it "
+                    f"is fixed:\n{self.error}")
+        self.policy = pol
+        if self.error is not None:
+            self.error = None
+            return f"{self.path} is good again; using it"
         return None

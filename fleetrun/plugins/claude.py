@@ -16,6 +16,7 @@ from __future__ import annotations
 import json
 import re
 import shutil
+import time
 import uuid
 from typing import Any, Optional
 
@@ -57,7 +58,15 @@ def fleetrun_spawn(task: Any, attempt: Any, workspace: Any, prompt: str, config:
         return None
     session_id = str(uuid.uuid4())
     spec = task.spec
+    prev = attempt.info.get("resume_session") if attempt.info else None
+    resume = bool(prev) and attempt.kind == "resume" and bool(config.setting("claude", "resume_session", False))
     argv = base_argv(config, session_id, spec.model)
+    if resume:
+        # --resume continues the previous conversation (found only in the same folder:
+        # retries and resumes reuse the worktree); a new --session-id would need --fork-session
+        i = argv.index("--session-id")
+        argv[i:i + 2] = ["--resume", prev]
+        session_id = prev
     mode = spec.permission_mode or config.setting("claude", "permission_mode", DEFAULT_PERMISSION_MODE)
     argv += ["--permission-mode", mode]
     tools = spec.allowed_tools if spec.allowed_tools is not None else list(
@@ -69,22 +78,49 @@ def fleetrun_spawn(task: Any, attempt: Any, workspace: Any, prompt: str, config:
         budget = spec.budget_usd
     if budget is not None:
         argv += ["--max-budget-usd", f"{budget:.4f}"]
-    prev = attempt.info.get("resume_session") if attempt.info else None
-    if prev and config.setting("claude", "resume_session", False):
-        argv += ["--resume", prev]
     return {"argv": argv, "stdin": "prompt", "parser": "claude", "session_id": session_id}
 
 
-# Claude Code's usage-limit messages: "Claude AI usage limit reached|1735689600" and
-# "5-hour limit reached ∙ resets 2pm".
+# Claude Code's usage-limit messages: "Claude AI usage limit reached|1735689600" (older),
+# "You've hit your session limit · resets 5:46pm (UTC)" and "5-hour limit reached ∙ resets
+# 2pm"; a stream-json "rate_limit_event" with status "rejected" carries "resetsAt".
 _LIMIT_EPOCH = re.compile(r"usage limit reached\|(\d{9,11})", re.I)
-_LIMIT_TEXT = re.compile(r"(usage limit|limit reached|rate limit|rate_limit|overloaded)", re.I)
+_LIMIT_TEXT = re.compile(r"(usage limit|limit reached|hit your .{0,20}limit|rate limit|rate_limit|overloaded)", re.I)
+_RESETS = re.compile(r"resets\s+(?:([A-Z][a-z]{2})\s+(\d{1,2}),\s+)?(\d{1,2})(?::(\d{2}))?\s*(am|pm)", re.I)
+
+
+def parse_reset(text: str, now: Optional[float] = None) -> Optional[float]:
+    """The reset time a usage-limit message gives, as an epoch, or None."""
+    m = _LIMIT_EPOCH.search(text)
+    if m:
+        return float(m.group(1))
+    m = _RESETS.search(text)
+    if not m:
+        return None
+    import datetime
+
+    month, day, hour, minute, ampm = m.groups()
+    h = int(hour) % 12 + (12 if ampm.lower() == "pm" else 0)
+    base = datetime.datetime.fromtimestamp(now or time.time())
+    when = base.replace(hour=h, minute=int(minute or 0), second=0, microsecond=0)
+    if month and day:
+        try:
+            mon = datetime.datetime.strptime(month, "%b").month
+            when = when.replace(month=mon, day=int(day))
+        except ValueError:
+            return None
+        if when < base - datetime.timedelta(days=1):
+            when = when.replace(year=when.year + 1)
+    elif when <= base:
+        when += datetime.timedelta(days=1)
+    return when.timestamp()
 
 
 def parse_stream(text: str) -> dict[str, Any]:
     """Read stream-json lines; tolerate noise (a line that is not JSON is skipped)."""
     session_id = None
     result: Optional[dict[str, Any]] = None
+    reset_at: Optional[float] = None
     for line in text.splitlines():
         line = line.strip()
         if not line.startswith("{"):
@@ -99,7 +135,11 @@ def parse_stream(text: str) -> dict[str, Any]:
             session_id = ev["session_id"]
         if ev.get("type") == "result":
             result = ev
-    return {"session_id": session_id, "result": result}
+        elif ev.get("type") == "rate_limit_event":
+            info = ev.get("rate_limit_info") or {}
+            if info.get("status") == "rejected" and isinstance(info.get("resetsAt"), (int, float)):
+                reset_at = float(info["resetsAt"])
+    return {"session_id": session_id, "result": result, "reset_at": reset_at}
 
 
 def result_from_log(text: str, exit_code: Optional[int]) -> AgentResult:
@@ -122,13 +162,13 @@ def result_from_log(text: str, exit_code: Optional[int]) -> AgentResult:
     if out.ok is False and not out.reason:
         out.reason = f"exit:{exit_code}"
     status = res.get("api_error_status")
-    body = out.result_text
+    body = out.result_text or " ".join(str(x) for x in res.get("errors") or [])
+    if not out.result_text:
+        out.result_text = body
     if res.get("is_error") and (status in (429, 529) or _LIMIT_TEXT.search(body)):
         out.usage_limit = True
         out.reason = "usage_limit"
-        m = _LIMIT_EPOCH.search(body)
-        if m:
-            out.usage_reset_at = float(m.group(1))
+        out.usage_reset_at = parsed["reset_at"] or parse_reset(body)
     if res.get("subtype") == "error_max_budget_usd":
         out.reason = "budget"
     return out

@@ -1,0 +1,33 @@
+"""Crash points, for testing that a crash anywhere loses nothing.
+
+``FLEETRUN_CRASH_AT=<point>[@N][,<point>[@N]...]`` makes the supervisor ``os._exit(86)``
+the Nth time (default the first) it reaches a named point. Read once, at import;
+with the variable unset, :func:`point` is a dictionary lookup and nothing else.
+
+Points (the loop names them): ``before_transition:<STATE>``,
+``after_transition:<STATE>``, ``after_lease``, ``after_worktree``,
+``after_shepherd_start``, ``mid_verifier``, ``after_verdict``.
+"""
+
+from __future__ import annotations
+
+import os
+
+CRASH_EXIT = 86
+
+_POINTS: dict[str, int] = {}
+for _item in filter(None, (os.environ.get("FLEETRUN_CRASH_AT") or "").split(",")):
+    _name, _, _n = _item.strip().partition("@")
+    _POINTS[_name] = int(_n) if _n.isdigit() else 1
+_HITS: dict[str, int] = {}
+
+
+def point(name: str) -> None:
+    """Die here if the test asked for it."""
+    if not _POINTS:
+        return
+    for key in (name, name.split(":", 1)[0] + ":*"):
+        if key in _POINTS:
+            _HITS[key] = _HITS.get(key, 0) + 1
+            if _HITS[key] == _POINTS[key]:
+                os._exit(CRASH_EXIT)

@@ -1,0 +1,146 @@
+"""What a reviewer (the ``brain`` and ``agent`` verifiers) is shown, and how its answer is read.
+
+- :func:`task_diff`: a task's changes, ``git diff <git_ref>...HEAD`` plus what is not
+  committed yet, trimmed to a size with a note saying so;
+- :func:`review_prompt`: the prompt both reviewers get (task, diff, question, and the
+  answer format);
+- :func:`parse_reply`: the strict verdict rule. PASS only when the first word of the
+  reply is exactly ``PASS``; anything else fails, with the reply's first line as the
+  reason when it starts with ``FAIL``.
+"""
+
+from __future__ import annotations
+
+import re
+from dataclasses import dataclass
+from typing import Optional
+
+from .gitutil import GitError, git
+
+DEFAULT_MAX_DIFF_BYTES = 60000
+#: The last line of every review prompt.
+ANSWER_FORMAT = (
+    "Answer with a first line of exactly `PASS` or `FAIL: reason` (the word PASS or FAIL in "
+    "capitals, nothing before it, no markdown), then explain briefly."
+)
+NO_VERDICT = "no verdict: reply did not start with PASS"
+
+_THINK = re.compile(r"\A\s*<think>.*?</think>", re.S)
+_FAIL = re.compile(r"FAIL\b:?\s*(.*)")
+
+
+@dataclass
+class TaskDiff:
+    """A task's changes, ready to show a reviewer.
+
+    :ivar text: the diff, cut to the limit (without the note).
+    :ivar stat: ``git diff --stat`` of the same changes.
+    :ivar size: the whole diff's size in bytes.
+    :ivar shown: how many of those bytes ``text`` holds.
+    :ivar untracked: files neither committed nor added (named, not shown).
+    :ivar error: why no diff could be made (not a git repository...), or "".
+    """
+
+    text: str = ""
+    stat: str = ""
+    size: int = 0
+    shown: int = 0
+    untracked: tuple[str, ...] = ()
+    error: str = ""
+    base: Optional[str] = None
+
+    @property
+    def trimmed(self) -> bool:
+        return self.shown < self.size
+
+    @property
+    def note(self) -> str:
+        """``[diff trimmed: showed N of M bytes]`` when trimmed, else ""."""
+        return f"[diff trimmed: showed {self.shown} of {self.size} bytes]" if self.trimmed else ""
+
+    def render(self) -> str:
+        """The diff as a prompt shows it: stat, fenced diff, trim note, untracked files."""
+        if self.error:
+            return f"(no diff: {self.error})"
+        if not self.size and not self.untracked:
+            return "(no changes)"
+        parts = []
+        if self.stat.strip():
+            parts.append(self.stat.rstrip())
+        if self.size:
+            parts.append("```diff\n" + self.text.rstrip("\n") + "\n```")
+        if self.note:
+            parts.append(self.note)
+        if self.untracked:
+            parts.append("Untracked files (not shown): " + ", ".join(self.untracked))
+        return "\n\n".join(parts)
+
+
+def cut_utf8(data: bytes, limit: int) -> bytes:
+    """The first ``limit`` bytes of ``data``, not splitting a UTF-8 character."""
+    if len(data) <= limit:
+        return data
+    end = max(0, limit)
+    while end > 0 and (data[end] & 0xC0) == 0x80:
+        end -= 1
+    return data[:end]
+
+
+def task_diff(path: str, git_ref: Optional[str], max_bytes: int = DEFAULT_MAX_DIFF_BYTES) -> TaskDiff:
+    """The changes in the git checkout at ``path``: ``git diff <git_ref>...HEAD`` (what
+    was committed since the branch left ``git_ref``) followed by ``git diff HEAD`` (what
+    is not committed yet). Without ``git_ref``, only the uncommitted changes.
+
+    Never raises for git problems: :attr:`TaskDiff.error` says what went wrong.
+    """
+    opts = ["--no-color", "--no-ext-diff", "--no-textconv"]
+    try:
+        committed = git(path, "diff", *opts, f"{git_ref}...HEAD", "--") if git_ref else ""
+        stat = git(path, "diff", "--stat", "--no-color", f"{git_ref}...HEAD", "--") if git_ref else ""
+        pending = git(path, "diff", *opts, "HEAD", "--")
+        pending_stat = git(path, "diff", "--stat", "--no-color", "HEAD", "--")
+        untracked = git(path, "ls-files", "--others", "--exclude-standard", "-z").split("\0")
+    except GitError as e:
+        return TaskDiff(error=str(e), base=git_ref)
+    except (OSError, ValueError) as e:
+        return TaskDiff(error=f"cannot run git: {e}", base=git_ref)
+    if pending.strip():
+        committed += ("\n" if committed and not committed.endswith("\n") else "") + pending
+        stat = (stat.rstrip() + "\nnot committed yet:\n" + pending_stat).strip() + "\n"
+    data = committed.encode("utf-8", "replace")
+    shown = cut_utf8(data, max_bytes)
+    return TaskDiff(text=shown.decode("utf-8", "replace"), stat=stat, size=len(data), shown=len(shown),
+                    untracked=tuple(u for u in untracked if u), base=git_ref)
+
+
+def review_prompt(task_prompt: str, diff: TaskDiff, question: str, intro: str) -> str:
+    """The prompt a reviewer gets: ``intro``, the task, the diff, the question, the format."""
+    what = f"git diff {diff.base}...HEAD, plus changes not committed yet" if diff.base else "changes not committed yet"
+    return (
+        f"{intro.strip()}\n\n"
+        f"## The task the agent was given\n{task_prompt.strip()}\n\n"
+        f"## What the agent changed ({what})\n{diff.render()}\n\n"
+        f"## The question\n{question.strip()}\n\n"
+        f"## How to answer\n{ANSWER_FORMAT}\n"
+    )
+
+
+def parse_reply(reply: str) -> tuple[bool, str]:
+    """Read a reviewer's reply strictly. :return: (passed, reason).
+
+    PASS only when the first word, after leading whitespace (and a leading
+    ``<think>...</think>`` block, which reasoning models emit before their answer), is
+    exactly ``PASS``: ``PASS.``, ``Pass`` and ``**PASS**`` fail. A first line starting
+    with ``FAIL`` gives the reason after it; anything else is ``no verdict``.
+    """
+    text = _THINK.sub("", reply or "", count=1).lstrip()
+    if not text:
+        return False, "empty reply"
+    first_word = text.split(None, 1)[0]
+    first_line = text.splitlines()[0].strip()
+    if first_word == "PASS":
+        return True, first_line
+    m = _FAIL.match(first_line)
+    if m:
+        return False, m.group(1).strip() or "FAIL (no reason given)"
+    return False, NO_VERDICT

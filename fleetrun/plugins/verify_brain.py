@@ -1,0 +1,395 @@
+"""Built-in ``verify_brain`` plugin: ``brain = "question"`` verifiers.
+
+Asks a model served over HTTP (Ollama by default, or any OpenAI-compatible server)
+about a task's work. Configured by the ``[brain]`` table of ``config.toml`` or of a
+tasks file (the tasks file's keys win)::
+
+    [brain]
+    url = "http://127.0.0.1:11434"   # default
+    model = "qwen2.5-coder:14b"      # required; a verifier's model = overrides it
+    api = "ollama"                   # or "openai"
+    ollama_endpoint = "generate"     # or "chat" (api = "ollama" only)
+    api_key_env = "OPENAI_API_KEY"   # api = "openai": the variable holding a bearer key
+    timeout_s = 120                  # the verifier's own timeout_s wins if smaller
+    max_diff_bytes = 60000           # the diff is cut to this, with a note
+
+The model is shown the task prompt, the task's diff and the question, and told to
+answer with a first line of exactly ``PASS`` or ``FAIL: reason``
+(:func:`fleetrun.diffutil.parse_reply` is the strict rule). An empty reply, an HTTP
+error, malformed JSON, a timeout or a refused connection is a FAIL with that reason.
+The reply is the verdict's output, so it reaches the retry prompt.
+
+The request runs in a daemon thread inside the handle, so the hook returns at once;
+the thread touches no hook and no ledger, only git (to read the diff) and the socket.
+"""
+
+from __future__ import annotations
+
+import http.client
+import json
+import os
+import socket
+import threading
+import time
+import urllib.error
+import urllib.request
+from pathlib import Path
+from typing import Any, Callable, Optional
+
+from ..diffutil import DEFAULT_MAX_DIFF_BYTES, parse_reply, review_prompt, task_diff
+from ..exceptions import UsageError, UsageErrors
+from ..hookimpl import hookimpl
+from ..reports import Verdict
+
+DEFAULT_URL = "http://127.0.0.1:11434"
+DEFAULT_TIMEOUT_S = 120.0
+KEEP_BYTES = 64 * 1024
+INTRO = ("You are reviewing the work a coding agent did on one task. You are shown the task, "
+         "the changes the agent made, and a question about them.")
+
+
+def _str(v: Any) -> Optional[str]:
+    return None if isinstance(v, str) and v.strip() else "must be a non-empty string"
+
+
+def _positive(v: Any) -> Optional[str]:
+    if isinstance(v, bool) or not isinstance(v, (int, float)) or not v > 0:
+        return "must be a positive number"
+    return None
+
+
+def _positive_int(v: Any) -> Optional[str]:
+    if isinstance(v, bool) or not isinstance(v, int) or v <= 0:
+        return "must be a positive whole number of bytes"
+    return None
+
+
+def _choice(*choices: str) -> Callable[[Any], Optional[str]]:
+    def check(v: Any) -> Optional[str]:
+        return None if v in choices else f"must be one of {', '.join(repr(c) for c in choices)}"
+    return check
+
+
+def _url(v: Any) -> Optional[str]:
+    if not isinstance(v, str) or not v.startswith(("http://", "https://")):
+        return "must be an http:// or https:// URL"
+    return None
+
+
+#: The keys of ``[brain]`` and their checks.
+KEYS: dict[str, Callable[[Any], Optional[str]]] = {
+    "url": _url,
+    "model": _str,
+    "api": _choice("ollama", "openai"),
+    "ollama_endpoint": _choice("generate", "chat"),
+    "api_key_env": _str,
+    "timeout_s": _positive,
+    "max_diff_bytes": _positive_int,
+}
+
+
+def problems(table: Any) -> list[tuple[str, str]]:
+    """(key, what is wrong) for every bad key of a ``[brain]`` table."""
+    if not isinstance(table, dict):
+        return [("brain", "must be a table")]
+    import difflib
+
+    out = []
+    for key, value in table.items():
+        check = KEYS.get(key)
+        if check is None:
+            close = difflib.get_close_matches(key, list(KEYS), n=1)
+            hint = f" (did you mean '{close[0]}'?)" if close else f" (known: {', '.join(KEYS)})"
+            out.append((key, f"unknown key{hint}"))
+            continue
+        msg = check(value)
+        if msg:
+            out.append((key, msg))
+    return out
+
+
+def _errors(table: Any, sources: list[Path], invocation_dir: Path) -> list[UsageError]:
+    """UsageErrors for ``table``'s problems, located in the first of ``sources`` that
+    sets the key (``[brain]`` of a tasks file or of config.toml)."""
+    from ..collect import display_path, map_lines
+
+    found: dict[str, tuple[str, int]] = {}
+    for src in sources:
+        try:
+            text = src.read_text(encoding="utf-8")
+        except (OSError, UnicodeDecodeError):
+            text = ""
+        lines = map_lines(text)
+        for key in (table if isinstance(table, dict) else {}):
+            if ("table", "brain", key) in lines.lines and key not in found:
+                found[key] = (display_path(src, invocation_dir), lines.lines[("table", "brain", key)])
+    errs = []
+    for key, msg in problems(table):
+        where = found.get(key)
+        errs.append(UsageError(msg, file=where[0] if where else None, line=where[1] if where else None,
+                               key=f"brain: {key}" if key != "brain" else "brain"))
+    return errs
+
+
+def _raise(errs: list[UsageError]) -> None:
+    if len(errs) == 1:
+        raise errs[0]
+    if errs:
+        raise UsageErrors(errs)
+
+
+@hookimpl(trylast=True)
+def fleetrun_configure(config: Any) -> None:
+    """A bad ``[brain]`` in config.toml stops ``run``, ``work``, ``queue`` and ``validate``
+    before anything starts (other verbs, like ``status``, still work)."""
+    if config.getoption("verb") not in ("run", "work", "queue", "validate"):
+        return
+    table = config.setting("brain", None, None)
+    if table is None:
+        return
+    _raise(_errors(table, [config.home / "config.toml"], config.invocation_dir))
+
+
+@hookimpl(trylast=True)
+def fleetrun_collection_modifyitems(config: Any, items: list[Any]) -> None:
+    """The same check once the tasks files' own ``[brain]`` tables are merged in; and a
+    warning when a ``brain`` verifier has no model anywhere."""
+    table = config.setting("brain", None, None)
+    if table is not None:
+        sources = [Path(f) for f in (config.getoption("files") or [])] + [config.home / "config.toml"]
+        _raise(_errors(table, sources, config.invocation_dir))
+    model = (table or {}).get("model") if isinstance(table, dict) else None
+    for t in items:
+        for v in t.verify:
+            if v.kind == "brain" and not (v.model or model):
+                config.stash.setdefault("warnings", []).append(
+                    f"task '{t.name}': verify #{t.verify.index(v) + 1}: a brain verifier needs a model: "
+                    "set [brain] model (config.toml or the tasks file) or model = on the verifier; "
+                    "without one it fails")
+
+
+# ---------------------------------------------------------------------------------
+
+
+def request_for(settings: dict[str, Any], model: str, prompt: str) -> tuple[str, dict[str, Any], dict[str, str]]:
+    """(url, JSON body, headers) of the request for the configured API."""
+    base = str(settings.get("url") or DEFAULT_URL).rstrip("/")
+    api = settings.get("api", "ollama")
+    headers = {"Content-Type": "application/json", "Accept": "application/json"}
+    messages = [{"role": "user", "content": prompt}]
+    if api == "openai":
+        url = base + ("/chat/completions" if base.endswith("/v1") else "/v1/chat/completions")
+        env = settings.get("api_key_env")
+        if env:
+            key = os.environ.get(env)
+            if not key:
+                raise BrainError(f"api_key_env names {env}, which is not set")
+            headers["Authorization"] = f"Bearer {key}"
+        return url, {"model": model, "messages": messages, "stream": False}, headers
+    if settings.get("ollama_endpoint", "generate") == "chat":
+        return base + "/api/chat", {"model": model, "messages": messages, "stream": False}, headers
+    return base + "/api/generate", {"model": model, "prompt": prompt, "stream": False}, headers
+
+
+def reply_text(api: str, endpoint: str, data: Any) -> str:
+    """The model's answer in a decoded response body; BrainError if it has none."""
+    try:
+        if api == "openai":
+            text = data["choices"][0]["message"]["content"]
+        elif endpoint == "chat":
+            text = data["message"]["content"]
+        else:
+            text = data["response"]
+    except (KeyError, IndexError, TypeError):
+        raise BrainError("brain reply has no answer in it: " + json.dumps(data)[:200]) from None
+    if text is None:
+        return ""
+    if not isinstance(text, str):
+        raise BrainError("brain reply has no text answer: " + json.dumps(data)[:200])
+    return text
+
+
+class BrainError(Exception):
+    """The brain could not be asked, or did not answer; the message is the FAIL reason."""
+
+
+def _http_error_detail(e: urllib.error.HTTPError) -> str:
+    try:
+        body = e.read(4096).decode("utf-8", "replace")
+    except Exception:
+        body = ""
+    detail = body.strip()
+    try:
+        data = json.loads(body)
+        err = data.get("error") if isinstance(data, dict) else None
+        if isinstance(err, dict):
+            err = err.get("message")
+        if isinstance(err, str) and err:
+            detail = err
+    except ValueError:
+        pass
+    detail = " ".join(detail.split())[:300]
+    return detail or str(e.reason or "")
+
+
+def ask(settings: dict[str, Any], model: str, prompt: str, timeout: float,
+        said_timeout: Optional[float] = None) -> str:
+    """POST the prompt; return the model's reply text. Raises BrainError.
+
+    :param timeout: seconds left for the request.
+    :param said_timeout: the timeout to name in a timed-out message (the configured one).
+    """
+    said = f"brain timed out after {(said_timeout or timeout):g}s"
+    url, body, headers = request_for(settings, model, prompt)
+    base = str(settings.get("url") or DEFAULT_URL).rstrip("/")
+    req = urllib.request.Request(url, data=json.dumps(body).encode(), headers=headers, method="POST")
+    try:
+        with urllib.request.urlopen(req, timeout=timeout) as resp:
+            raw = resp.read()
+    except urllib.error.HTTPError as e:
+        raise BrainError(f"brain returned HTTP {e.code}: {_http_error_detail(e)}") from None
+    except urllib.error.URLError as e:
+        reason = e.reason
+        if isinstance(reason, (socket.timeout, TimeoutError)):
+            raise BrainError(said) from None
+        if isinstance(reason, ConnectionRefusedError):
+            raise BrainError(f"brain unreachable at {base}: connection refused") from None
+        text = getattr(reason, "strerror", None) or str(reason)
+        raise BrainError(f"brain unreachable at {base}: {text}") from None
+    except (socket.timeout, TimeoutError):
+        raise BrainError(said) from None
+    except ConnectionError as e:
+        raise BrainError(f"brain unreachable at {base}: {e.strerror or e}") from None
+    except OSError as e:
+        raise BrainError(f"brain request failed: {e}") from None
+    except http.client.HTTPException as e:
+        raise BrainError(f"brain sent a broken HTTP reply: {type(e).__name__}: {e}") from None
+    try:
+        data = json.loads(raw.decode("utf-8"))
+    except (UnicodeDecodeError, ValueError):
+        snippet = raw[:200].decode("utf-8", "replace")
+        raise BrainError(f"brain returned malformed JSON: {snippet!r}") from None
+    return reply_text(settings.get("api", "ollama"), settings.get("ollama_endpoint", "generate"), data)
+
+
+class BrainHandle:
+    """A brain verifier in flight: the request runs in a daemon thread; ``poll()`` gives
+    the Verdict once it is done (or the deadline passed). ``fileno()`` turns readable
+    when the thread ends, so the loop wakes at once."""
+
+    def __init__(self, verifier: Any, settings: dict[str, Any], task_prompt: str, workspace: Any,
+                 prompt_path: Optional[Path]) -> None:
+        self.verifier = verifier
+        self.settings = settings
+        self.task_prompt = task_prompt
+        self.workspace = workspace
+        self.prompt_path = prompt_path
+        self.started = time.monotonic()
+        self.timeout = min(float(settings.get("timeout_s", DEFAULT_TIMEOUT_S)), float(verifier.timeout_s))
+        self.deadline = self.started + self.timeout
+        self.verdict: Optional[Verdict] = None
+        self._result: Optional[Verdict] = None
+        self._lock = threading.Lock()
+        self._rfd, self._wfd = os.pipe()
+        self._closed = False
+        self._thread = threading.Thread(target=self._run, name=f"brain:{verifier.label}", daemon=True)
+        self._thread.start()
+
+    # the thread ---------------------------------------------------------------------
+
+    def _run(self) -> None:
+        try:
+            verdict = self._ask()
+        except Exception as e:  # anything that stops a verdict is a FAIL, never a crash
+            verdict = self._make(False, f"brain verifier error: {type(e).__name__}: {e}")
+        with self._lock:
+            self._result = verdict
+            if not self._closed:
+                try:
+                    os.write(self._wfd, b"x")
+                except OSError:
+                    pass
+
+    def _ask(self) -> Verdict:
+        model = self.verifier.model or self.settings.get("model")
+        if not model:
+            return self._make(False, "no model for the brain: set [brain] model in config.toml "
+                                     "(or the tasks file), or model = on the verifier")
+        bad = problems(self.settings)
+        if bad:
+            key, msg = bad[0]
+            return self._make(False, f"[brain] {key}: {msg}")
+        limit = int(self.settings.get("max_diff_bytes", DEFAULT_MAX_DIFF_BYTES))
+        diff = task_diff(self.workspace.path, getattr(self.workspace, "base_ref", None), limit)
+        prompt = review_prompt(self.task_prompt, diff, self.verifier.text, INTRO)
+        if self.prompt_path is not None:
+            try:
+                fd = os.open(self.prompt_path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
+                with os.fdopen(fd, "w", encoding="utf-8") as f:
+                    f.write(prompt)
+            except OSError:
+                pass
+        left = max(0.05, self.deadline - time.monotonic())
+        try:
+            reply = ask(self.settings, model, prompt, left, said_timeout=self.timeout)
+        except BrainError as e:
+            return self._make(False, str(e), output=str(e))
+        passed, reason = parse_reply(reply)
+        return self._make(passed, reason, output=reply)
+
+    # the main thread ----------------------------------------------------------------
+
+    def _make(self, passed: bool, reason: str, output: str = "") -> Verdict:
+        if len(output.encode("utf-8", "replace")) > KEEP_BYTES:
+            output = output.encode("utf-8", "replace")[:KEEP_BYTES].decode("utf-8", "ignore")
+        return Verdict(passed=passed, kind="brain", label=self.verifier.label, reason=reason, output=output,
+                       duration_s=time.monotonic() - self.started)
+
+    def fileno(self) -> int:
+        return -1 if self._closed else self._rfd
+
+    def next_deadline(self) -> float:
+        return self.deadline
+
+    def _close(self) -> None:
+        with self._lock:
+            if not self._closed:
+                self._closed = True
+                os.close(self._rfd)
+                os.close(self._wfd)
+
+    def poll(self) -> Optional[Verdict]:
+        if self.verdict is not None:
+            return self.verdict
+        with self._lock:
+            result = self._result
+        if result is None:
+            if time.monotonic() < self.deadline:
+                return None
+            # the thread's socket timeout is per read: a server that trickles outlasts it
+            result = self._make(False, f"brain timed out after {self.timeout:g}s",
+                                output=f"brain timed out after {self.timeout:g}s")
+        self.verdict = result
+        self._close()
+        return result
+
+    def cancel(self) -> None:
+        """Stop waiting; the daemon thread ends by its own timeout and is ignored."""
+        self._close()
+
+
+@hookimpl(trylast=True)
+def fleetrun_verify(task: Any, verifier: Any, workspace: Any, attempt: Any, config: Any) -> Optional[BrainHandle]:
+    if verifier.kind != "brain":
+        return None
+    settings = config.setting("brain", None, None) or {}
+    if not isinstance(settings, dict):
+        settings = {"brain": settings}
+    idx = next((i for i, v in enumerate(task.spec.verify) if v is verifier), 0)
+    adir = config.home / "attempts" / attempt.id
+    try:
+        adir.mkdir(parents=True, exist_ok=True, mode=0o700)
+        prompt_path: Optional[Path] = adir / f"brain-{idx + 1}.prompt"
+    except OSError:
+        prompt_path = None
+    return BrainHandle(verifier, dict(settings), task.spec.prompt, workspace, prompt_path)
