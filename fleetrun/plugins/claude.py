@@ -59,9 +59,9 @@ def fleetrun_spawn(task: Any, attempt: Any, workspace: Any, prompt: str, config:
     session_id = str(uuid.uuid4())
     spec = task.spec
     prev = attempt.info.get("resume_session") if attempt.info else None
-    resume = bool(prev) and attempt.kind == "resume" and bool(config.setting("claude", "resume_session", False))
+    resume = prev is not None and attempt.kind == "resume" and bool(config.setting("claude", "resume_session", False))
     argv = base_argv(config, session_id, spec.model)
-    if resume:
+    if resume and prev:
         # --resume continues the previous conversation (found only in the same folder:
         # retries and resumes reuse the worktree); a new --session-id would need --fork-session
         i = argv.index("--session-id")
