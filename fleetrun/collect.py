@@ -36,11 +36,11 @@ NUM = (int, float)
 
 
 def _nonneg(v: Any) -> Optional[str]:
-    return "must not be negative" if v < 0 else None
+    return None if v >= 0 else "must not be negative"  # nan fails too
 
 
 def _positive(v: Any) -> Optional[str]:
-    return "must be greater than 0" if v <= 0 else None
+    return None if v > 0 else "must be greater than 0"
 
 
 def _str_list(v: Any) -> Optional[str]:
@@ -394,12 +394,20 @@ def _collect_task(
                 extra[key] = value
 
     # cwd: relative to the tasks file, and it must exist.
-    cwd_raw = good.get("cwd", ".")
-    cwd = (base / cwd_raw).resolve() if "cwd" not in raw or isinstance(raw.get("cwd"), str) else base
-    if "cwd" in good and not cwd.is_dir():
-        errs.add(lines.get("task", i, "cwd", default=head), f"{who}: cwd",
-                 f"{cwd_raw!r} does not exist (it is relative to the tasks file)" if not cwd.exists()
-                 else f"{cwd_raw!r} is not a directory")
+    cwd = base
+    if "cwd" in good:
+        cwd_raw = good["cwd"]
+        line = lines.get("task", i, "cwd", default=head)
+        try:
+            cwd = (base / cwd_raw).resolve()
+            if not cwd.is_dir():
+                errs.add(line, f"{who}: cwd",
+                         f"{cwd_raw!r} does not exist (it is relative to the tasks file)" if not cwd.exists()
+                         else f"{cwd_raw!r} is not a directory")
+        except (OSError, ValueError, RuntimeError) as e:
+            errs.add(line, f"{who}: cwd", f"{cwd_raw!r} is not a usable path ({getattr(e, 'strerror', None) or e})")
+    else:
+        cwd = base.resolve()
 
     for p in good.get("paths", []):
         line = lines.get("task", i, "paths", default=head)
@@ -450,6 +458,7 @@ def _collect_task(
         peer=good.get("peer"),
         verify=verifies,
         extra=extra,
+        key_lines={k: lines.get("task", i, k, default=head) for k in raw if k != "verify"},
     )
 
 

@@ -59,7 +59,11 @@ def cmd_validate(config: Any, out: TextIO, err: TextIO) -> int:
 
     for f in config.stash["files"]:
         n = len([t for t in f.tasks if t in items])
-        print(f"{display_path(Path(f.path), config.invocation_dir)}: {n} task{'s' if n != 1 else ''}, valid", file=out)
+        shown = display_path(Path(f.path), config.invocation_dir)
+        if n:
+            print(f"{shown}: {n} task{'s' if n != 1 else ''}, valid", file=out)
+        else:
+            print(f"{shown}: no tasks collected", file=out)
     for line in config.stash.get("warnings", []):
         print(f"warning: {line}", file=err)
     return ExitCode.OK if items else ExitCode.NO_TASKS_COLLECTED

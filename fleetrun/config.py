@@ -21,7 +21,8 @@ else:  # pragma: no cover
 #: Top-level tables ``config.toml`` may have; each is read by the plugin named.
 CONFIG_TABLES = {
     "agents": "command_agent: [agents.NAME] command = [...]",
-    "brain": "verify_brain: url, model, api, timeout_s",
+    "brain": "verify_brain: url, model, api (ollama/openai), ollama_endpoint (generate/chat), "
+             "api_key_env, timeout_s, max_diff_bytes",
     "relay": "relay: tags = [...]",
     "claude": "claude: executable, allowed_tools, permission_mode, resume_session",
     "worktree": "worktree: commit_message",

@@ -18,6 +18,8 @@ from typing import Optional
 from .gitutil import GitError, git
 
 DEFAULT_MAX_DIFF_BYTES = 60000
+#: New files not yet added are shown as diffs up to this many; the rest are named.
+MAX_UNTRACKED_SHOWN = 200
 #: The last line of every review prompt.
 ANSWER_FORMAT = (
     "Answer with a first line of exactly `PASS` or `FAIL: reason` (the word PASS or FAIL in "
@@ -37,7 +39,7 @@ class TaskDiff:
     :ivar stat: ``git diff --stat`` of the same changes.
     :ivar size: the whole diff's size in bytes.
     :ivar shown: how many of those bytes ``text`` holds.
-    :ivar untracked: files neither committed nor added (named, not shown).
+    :ivar untracked: new files past ``MAX_UNTRACKED_SHOWN`` (named, not shown).
     :ivar error: why no diff could be made (not a git repository...), or "".
     """
 
@@ -88,8 +90,9 @@ def cut_utf8(data: bytes, limit: int) -> bytes:
 
 def task_diff(path: str, git_ref: Optional[str], max_bytes: int = DEFAULT_MAX_DIFF_BYTES) -> TaskDiff:
     """The changes in the git checkout at ``path``: ``git diff <git_ref>...HEAD`` (what
-    was committed since the branch left ``git_ref``) followed by ``git diff HEAD`` (what
-    is not committed yet). Without ``git_ref``, only the uncommitted changes.
+    was committed since the branch left ``git_ref``) followed by ``git diff HEAD`` and
+    new files not added yet (what is not committed yet). Without ``git_ref``, only the
+    uncommitted changes.
 
     Never raises for git problems: :attr:`TaskDiff.error` says what went wrong.
     """
@@ -104,13 +107,18 @@ def task_diff(path: str, git_ref: Optional[str], max_bytes: int = DEFAULT_MAX_DI
         return TaskDiff(error=str(e), base=git_ref)
     except (OSError, ValueError) as e:
         return TaskDiff(error=f"cannot run git: {e}", base=git_ref)
+    new_files = [u for u in untracked if u]
+    for rel in new_files[:MAX_UNTRACKED_SHOWN]:
+        # exit code 1 means "differs": not an error here
+        pending += git(path, "diff", *opts, "--no-index", "--", "/dev/null", rel, check=False)
+        pending_stat += f" {rel} (new, not added)\n"
     if pending.strip():
         committed += ("\n" if committed and not committed.endswith("\n") else "") + pending
         stat = (stat.rstrip() + "\nnot committed yet:\n" + pending_stat).strip() + "\n"
     data = committed.encode("utf-8", "replace")
     shown = cut_utf8(data, max_bytes)
     return TaskDiff(text=shown.decode("utf-8", "replace"), stat=stat, size=len(data), shown=len(shown),
-                    untracked=tuple(u for u in untracked if u), base=git_ref)
+                    untracked=tuple(new_files[MAX_UNTRACKED_SHOWN:]), base=git_ref)
 
 
 def review_prompt(task_prompt: str, diff: TaskDiff, question: str, intro: str) -> str:

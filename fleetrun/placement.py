@@ -1,21 +1,28 @@
 """Placement as a pure function: filter the candidates, score the rest.
 
-``decide(task, candidates, backoff, now)`` -> :class:`Placement` or :class:`Wait`.
-No I/O: the loop measures, this decides, the loop writes the lease.
+``decide(requires, candidates, backoff, now, pin=...)`` -> :class:`Placement` or
+:class:`Wait`. No I/O and no clock: the loop measures, this decides, the loop writes
+the lease. The rules are documented in ``docs/policy.md``.
 """
 
 from __future__ import annotations
 
 import re
+from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
-from typing import Iterable, Optional, Union
+from typing import Optional, Union
 
 from .reports import Candidate, Placement, Wait
 
 
 @dataclass
 class Backoff:
-    """Refusals in a row of one task by one machine, and when it may be tried again."""
+    """Refusals in a row of one task by one machine, and when it may be tried again.
+
+    :ivar count: attempts in a row this machine didn't start.
+    :ivar until: wall-clock time before which it is not tried for this task.
+    :ivar cause: why the last one didn't start (``peer_refused``, ``start_failed``).
+    """
 
     count: int
     until: float
@@ -30,31 +37,63 @@ def backoff_delay(count: int) -> float:
     """5 s after one refusal in a row, then 10, 20, 40, 80, 160, at most 5 minutes."""
     if count <= 0:
         return 0.0
-    return min(BACKOFF_MAX_S, BACKOFF_BASE_S * 2 ** (count - 1))
+    if count > 32:  # 2**n would only overflow past the cap anyway
+        return BACKOFF_MAX_S
+    return float(min(BACKOFF_MAX_S, BACKOFF_BASE_S * 2 ** (count - 1)))
 
 
-_REQ = re.compile(r"^([A-Za-z0-9_.+-]+?)(?:(>=)([0-9][0-9A-Za-z.]*)|(:auth))?$")
+# A tag or tool name, then optionally ``>=VERSION`` or ``:auth``.
+_REQ = re.compile(r"^([A-Za-z0-9_][A-Za-z0-9_.+-]*?)(?:\s*(>=)\s*([0-9][0-9A-Za-z.+-]*)|(:auth))?$")
 
 
-def _version_tuple(v: str) -> tuple[int, ...]:
+@dataclass(frozen=True)
+class Requirement:
+    """One entry of ``requires``: ``name``, ``name>=version`` or ``name:auth``."""
+
+    name: str
+    min_version: Optional[str] = None
+    auth: bool = False
+
+    @property
+    def bare(self) -> bool:
+        """A bare word: met by a tag or by a tool of that name."""
+        return self.min_version is None and not self.auth
+
+
+def parse_requirement(req: str) -> Optional[Requirement]:
+    """Parse one ``requires`` entry; None if it fits none of the forms (never met)."""
+    m = _REQ.match(req.strip())
+    if not m:
+        return None
+    name, ge, version, auth = m.groups()
+    return Requirement(name, version if ge else None, bool(auth))
+
+
+def version_tuple(v: str) -> tuple[int, ...]:
+    """``"22.3.0"`` -> ``(22, 3, 0)``: the numbers in a version, for comparing."""
     return tuple(int(x) for x in re.findall(r"\d+", v)[:4])
 
 
 def requirement_met(req: str, c: Candidate) -> bool:
-    """A tag, a tool, ``tool>=version`` or ``tool:auth``; anything else is never met."""
-    m = _REQ.match(req.strip())
-    if not m:
+    """Whether ``c`` meets one ``requires`` entry.
+
+    A tag or a tool (bare word), ``tool>=version`` (the probed version, compared
+    number by number), ``tool:auth`` (the tool has a credential). A tool present with
+    no known version does not meet ``>=``; anything else is never met.
+    """
+    r = parse_requirement(req)
+    if r is None:
         return False
-    name, ge, version, auth = m.groups()
-    if auth:
-        return name in c.auth
-    if ge:
-        have = c.tools.get(name)
-        return have is not None and _version_tuple(have) >= _version_tuple(version)
-    return name in c.tags or name in c.tools
+    if r.auth:
+        return r.name in c.auth
+    if r.min_version is not None:
+        have = c.tools.get(r.name)
+        return have is not None and version_tuple(have) >= version_tuple(r.min_version)
+    return r.name in c.tags or r.name in c.tools
 
 
 def label(c: Candidate) -> str:
+    """How a reason names a candidate: ``this machine`` or the peer's name."""
     return "this machine" if c.kind == "local" else c.name
 
 
@@ -62,9 +101,19 @@ def _mb(x: float) -> str:
     return f"{int(x)} MB"
 
 
+def _secs(s: float) -> str:
+    return f"{s:.0f}s" if s >= 1 else f"{s:.2g}s"
+
+
 def why_not(c: Candidate, requires: Iterable[str], est_mem_mb: float,
             backoff: Optional[Backoff], now: float) -> Optional[str]:
-    """Why ``c`` cannot take the task now, or None if it can."""
+    """Why ``c`` cannot take the task now, or None if it can.
+
+    The first reason found, in the order the filter checks: reachable, fresh, not
+    draining, not backing off, a free slot, the floors (an unknown measurement fails
+    a floor that is set), the requirements. The wording depends only on state that
+    changes rarely, so the loop can print a reason when it changes.
+    """
     who = label(c)
     if c.why_not:
         return f"{who} {c.why_not}"
@@ -76,10 +125,9 @@ def why_not(c: Candidate, requires: Iterable[str], est_mem_mb: float,
         return f"{who} is draining"
     if backoff is not None and backoff.until > now:
         return (f"{who} didn't start the last {backoff.count} attempt(s) ({backoff.cause}); "
-                f"backing off {int(round(backoff.until - now))}s")
+                f"backing off {_secs(backoff_delay(backoff.count))}")
     if c.running >= c.max_tasks:
-        is_are = "is" if c.kind == "local" else "is"
-        return f"{who} {is_are} running {c.running} of {c.max_tasks} tasks"
+        return f"{who} is running {c.running} of {c.max_tasks} tasks"
     if c.min_free_mem_mb is not None:
         if c.free_mem_mb is None:
             return f"{who} has not reported its free memory"
@@ -105,38 +153,48 @@ def why_not(c: Candidate, requires: Iterable[str], est_mem_mb: float,
 def decide(
     requires: Iterable[str],
     candidates: list[Candidate],
-    backoff: Optional[dict[str, Backoff]] = None,
+    backoff: Optional[Mapping[str, Backoff]] = None,
     now: float = 0.0,
     pin: Optional[str] = None,
-    est_mem_mb: Optional[dict[str, float]] = None,
+    est_mem_mb: Optional[Mapping[str, float]] = None,
 ) -> Union[Placement, Wait]:
-    """Filter, then score: the most free memory after placing; ties to the fewest running.
+    """Filter, then score: the most free memory after placing; ties to the fewest
+    running, then to the earlier candidate.
 
+    :param requires: the task's ``requires``.
+    :param candidates: where an attempt could run, with their headroom and limits.
+    :param backoff: this task's backoff, per candidate name.
+    :param now: the wall-clock time to compare backoff against.
     :param pin: the only candidate allowed (``peer =``, or a retry's machine).
     :param est_mem_mb: the memory a task is expected to take, per candidate name
         (default: that candidate's ``mem_per_task_mb``).
+    :return: a :class:`Placement`, or a :class:`Wait` whose reason names every
+        candidate that was considered and why it could not take the task, joined
+        with ``; ``; ``until`` is the earliest end of a backoff, if any.
     """
     requires = list(requires)
     backoff = backoff or {}
-    reasons: list[str] = []
-    fit: list[tuple[float, int, int, Candidate]] = []
+    est_mem_mb = est_mem_mb or {}
     pool = candidates
     if pin is not None:
         pool = [c for c in candidates if c.name == pin]
         if not pool:
             return Wait(f"pinned to {pin}, which is not a known machine")
-    for i, c in enumerate(pool):
-        est = (est_mem_mb or {}).get(c.name, c.mem_per_task_mb)
+    reasons: list[str] = []
+    best: Optional[Candidate] = None
+    best_key: tuple[float, int] = (0.0, 0)
+    for c in pool:
+        est = est_mem_mb.get(c.name, c.mem_per_task_mb)
         why = why_not(c, requires, est, backoff.get(c.name), now)
         if why:
             reasons.append(why)
             continue
         after = (c.free_mem_mb - est) if c.free_mem_mb is not None else float("-inf")
-        fit.append((-after, c.running, i, c))
-    if not fit:
-        until = min((b.until for n, b in backoff.items() if b.until > now and any(c.name == n for c in pool)),
-                    default=None)
+        key = (-after, c.running)
+        if best is None or key < best_key:
+            best, best_key = c, key
+    if best is None:
+        names = {c.name for c in pool}
+        until = min((b.until for n, b in backoff.items() if b.until > now and n in names), default=None)
         return Wait("; ".join(reasons) or "no machine can take tasks", until=until)
-    fit.sort(key=lambda t: (t[0], t[1], t[2]))
-    best = fit[0][3]
-    return Placement(best.name, reason=f"placed on {best.name}")
+    return Placement(best.name, reason=f"placed on {label(best)}")

@@ -30,6 +30,8 @@ BUILTIN_PLUGINS: dict[str, str] = {
     "placement": "fleetrun.plugins.placement",
     "prompt": "fleetrun.plugins.prompt",
     "verify_run": "fleetrun.plugins.verify_run",
+    "verify_brain": "fleetrun.plugins.verify_brain",
+    "verify_agent": "fleetrun.plugins.verify_agent",
     "terminal": "fleetrun.plugins.terminal",
     "events": "fleetrun.plugins.events",
 }

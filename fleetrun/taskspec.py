@@ -69,6 +69,7 @@ class TaskSpec:
     peer: Optional[str] = None
     verify: list[VerifySpec] = field(default_factory=list)
     extra: dict[str, Any] = field(default_factory=dict)
+    key_lines: dict[str, int] = field(default_factory=dict)  # where each key was written
 
     def to_json(self) -> dict[str, Any]:
         return dataclasses.asdict(self)
@@ -98,7 +99,7 @@ class KeyDecl:
     check: Optional[Callable[[Any], Optional[str]]] = None
 
 
-_REF_BAD = re.compile(r"(^[-/.])|(\.\.)|([\x00-\x20~^:?*\[\\\x7f])|(@\{)|(/$)|(\.lock$)|(\.$)|(//)|(/\.)")
+_REF_BAD = re.compile(r"(^[-/.])|(\.\.)|([\x00-\x20~^:?*\[\\\x7f])|(@\{)|(/$)|(\.lock(/|$))|(\.$)|(//)|(/\.)")
 
 
 def ref_problem(ref: str) -> Optional[str]:

@@ -50,13 +50,28 @@ def agent_def(config: Any, name: str) -> Optional[dict[str, Any]]:
 @hookimpl(trylast=True)
 def fleetrun_collection_modifyitems(config: Any, items: list[Any]) -> None:
     """An ``agent =`` that names no agent is an error before anything runs."""
+    import difflib
+    from pathlib import Path
+
+    from ..collect import display_path
+    from ..exceptions import UsageErrors
+
+    errors = []
     for t in items:
         if t.agent == "claude":
             continue
         if agent_def(config, t.agent) is None:
-            known = ", ".join(["claude", *agents(config)])
-            raise UsageError(f"{t.agent!r} is not an agent (known: {known}); declare it as [agents.{t.agent}]",
-                             file=t.source, line=t.line, key=f"task '{t.name}': agent")
+            names = ["claude", *agents(config)]
+            close = difflib.get_close_matches(t.agent, names, n=1)
+            hint = f" (did you mean '{close[0]}'?)" if close else f" (known: {', '.join(names)})"
+            errors.append(UsageError(
+                f"{t.agent!r} is not an agent{hint}; declare it as [agents.{t.agent}]",
+                file=display_path(Path(t.source), config.invocation_dir), line=t.key_lines.get("agent", t.line),
+                key=f"task '{t.name}': agent"))
+    if len(errors) == 1:
+        raise errors[0]
+    if errors:
+        raise UsageErrors(errors)
 
 
 def render(command: list[str], values: dict[str, str]) -> list[str]:

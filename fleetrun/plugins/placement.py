@@ -1,16 +1,32 @@
-"""Built-in ``placement`` plugin: this machine as a candidate, and the default place hook."""
+"""Built-in ``placement`` plugin: this machine as a candidate, and the default place hook.
+
+This machine's headroom is measured with psutil on every pass that has a task to
+place: free memory, load per core, free disk where worktrees live, tasks holding a
+slot, and the memory the running attempts' agents take (see :class:`MemorySampler`).
+Tools are probed (:mod:`fleetrun.probe`) only when a task waiting for a place has
+``requires``. The decision itself is :func:`fleetrun.placement.decide`, a pure function.
+"""
 
 from __future__ import annotations
 
 import os
 import socket
 import time
-from typing import Any, Optional, Union
+from collections import OrderedDict
+from pathlib import Path
+from typing import Any, Callable, Optional, Union
 
 from ..hookimpl import hookimpl
-from ..placement import decide
+from ..placement import decide, parse_requirement
+from ..probe import Prober, tool_names
 from ..reports import Candidate, Placement, Wait
-from ..states import ACTIVE, State
+from ..states import ACTIVE, PLACEABLE, State
+
+#: An attempt's memory counts toward the estimate once its agent has run this long
+#: (an agent that just started has not loaded much yet).
+SETTLE_S = 10.0
+#: How many attempts' peaks the estimate is the mean of (the most recent ones).
+KEEP_PEAKS = 50
 
 
 def local_running(config: Any) -> int:
@@ -22,7 +38,15 @@ def local_running(config: Any) -> int:
     return sum(1 for t in led.tasks(set(ACTIVE)) if t.host in (None, "local"))
 
 
+def _existing(path: Path) -> Path:
+    while not path.exists() and path.parent != path:
+        path = path.parent
+    return path
+
+
 def measure_local(path: str) -> dict[str, Optional[float]]:
+    """Free memory (MB), load per core (1-minute) and free disk (MB) at ``path``;
+    None for what could not be measured."""
     import psutil
 
     out: dict[str, Optional[float]] = {}
@@ -35,10 +59,108 @@ def measure_local(path: str) -> dict[str, Optional[float]]:
     except (OSError, AttributeError):
         out["load_per_core"] = None
     try:
-        out["free_disk_mb"] = psutil.disk_usage(path).free / 2**20
+        out["free_disk_mb"] = psutil.disk_usage(str(_existing(Path(path)))).free / 2**20
     except Exception:
         out["free_disk_mb"] = None
     return out
+
+
+def tree_rss_mb(pid: int, token: Optional[str] = None) -> Optional[float]:
+    """The resident memory of ``pid`` and all its descendants, in MB; None if it is
+    gone, not ours to read, or (``token`` given) a reused pid."""
+    import psutil
+
+    from ..shepherd import proc_token
+
+    if token is not None and proc_token(pid) != token:
+        return None
+    try:
+        root = psutil.Process(pid)
+        procs = [root, *root.children(recursive=True)]
+    except (psutil.Error, OSError):
+        return None
+    total = 0
+    for p in procs:
+        try:
+            total += p.memory_info().rss
+        except (psutil.Error, OSError):
+            continue  # a child that ended meanwhile
+    return total / 2**20
+
+
+class MemorySampler:
+    """The memory the running attempts here take, sampled on every placing pass.
+
+    Each running attempt's agent process tree (its pid from the shepherd's
+    ``status.json``) is measured; an attempt's figure is the highest seen. Once some
+    attempt has run :data:`SETTLE_S`, the mean of those figures over the last
+    :data:`KEEP_PEAKS` attempts is the estimate for a new task, replacing
+    ``mem_per_task_mb``.
+    """
+
+    def __init__(self, measure: Callable[[int, Optional[str]], Optional[float]] = tree_rss_mb) -> None:
+        self.measure = measure
+        self.peaks: OrderedDict[str, float] = OrderedDict()
+
+    def sample(self, attempts: list[tuple[str, dict[str, Any]]], now: float) -> None:
+        """:param attempts: (attempt id, its status.json) of the running attempts."""
+        for aid, st in attempts:
+            pid = st.get("agent_pid")
+            started = st.get("agent_started")
+            if not pid or st.get("state") != "running" or not isinstance(started, (int, float)):
+                continue
+            if now - started < SETTLE_S and aid not in self.peaks:
+                continue
+            mb = self.measure(int(pid), st.get("agent_token"))
+            if mb is None:
+                continue
+            self.peaks[aid] = max(mb, self.peaks.get(aid, 0.0))
+            self.peaks.move_to_end(aid)
+        while len(self.peaks) > KEEP_PEAKS:
+            self.peaks.popitem(last=False)
+
+    def estimate(self) -> Optional[float]:
+        """The mean measured memory per task (MB), or None before any is known."""
+        if not self.peaks:
+            return None
+        return sum(self.peaks.values()) / len(self.peaks)
+
+
+def running_statuses(config: Any) -> list[tuple[str, dict[str, Any]]]:
+    """(attempt id, status.json) of the attempts running on this machine."""
+    from ..shepherd import STATUS, read_json
+
+    led = config.stash.get("ledger")
+    if led is None:
+        return []
+    out = []
+    for att in led.attempts(states={"running"}, host="local"):
+        st = read_json(str(config.home / "attempts" / att.id / STATUS))
+        if st:
+            out.append((att.id, st))
+    return out
+
+
+def configured_tools(config: Any) -> dict[str, str]:
+    """Tool name -> executable: the probed tools plus ``[relay] tools``; ``claude`` is
+    the executable ``[claude] executable`` names."""
+    extra = config.setting("relay", "tools", []) or []
+    names = tool_names(x for x in extra if isinstance(x, str)) if isinstance(extra, list) else tool_names()
+    exe = {n: n for n in names}
+    claude = config.setting("claude", "executable")
+    if isinstance(claude, str) and claude:
+        exe["claude"] = claude
+    return exe
+
+
+def configured_tags(config: Any) -> list[str]:
+    tags = config.setting("relay", "tags", []) or []
+    return [t for t in tags if isinstance(t, str)] if isinstance(tags, list) else []
+
+
+def _wants_tools(config: Any) -> bool:
+    led = config.stash.get("ledger")
+    return led is not None and any(t.spec.requires for t in led.tasks(set(PLACEABLE)))
 
 
 @hookimpl(trylast=True)
@@ -47,29 +169,101 @@ def fleetrun_candidates(config: Any) -> list[Candidate]:
     local = policy.local if policy is not None else None
     led = config.stash.get("ledger")
     drain = bool(local and local.drain) or (led is not None and led.get_meta("drain") == "1")
-    max_tasks = config.getoption("max_tasks") or (local.max_tasks if local else 4)
+    opt = config.getoption("max_tasks")
+    max_tasks = opt if opt is not None else (local.max_tasks if local else 4)
     m = measure_local(str(config.home))
-    tags = config.setting("relay", "tags", []) or []
+
+    sampler: MemorySampler = config.stash.setdefault("placement_memory", MemorySampler())
+    sampler.sample(running_statuses(config), time.time())
+    measured = sampler.estimate()
+    per_task = float(local.mem_per_task_mb) if local else 1024.0
+
+    tools: dict[str, Optional[str]] = {}
+    auth: frozenset[str] = frozenset()
+    if _wants_tools(config):
+        prober: Prober = config.stash.setdefault("placement_prober", Prober())
+        probe = prober.get(configured_tools(config))
+        tools, auth = dict(probe.tools), probe.auth
     return [Candidate(
         name="local", kind="local",
         free_mem_mb=m["free_mem_mb"], load_per_core=m["load_per_core"], free_disk_mb=m["free_disk_mb"],
         running=local_running(config), max_tasks=int(max_tasks), drain=drain,
-        tags=frozenset(tags),
-        tools=config.stash.get("local_tools", {}),
-        auth=frozenset(config.stash.get("local_auth", ())),
-        mem_per_task_mb=float(local.mem_per_task_mb) if local else 1024.0,
+        tags=frozenset(configured_tags(config)), tools=tools, auth=auth,
+        mem_per_task_mb=measured if measured is not None else per_task,
         min_free_mem_mb=local.min_free_mem_mb if local else None,
         max_load_per_core=local.max_load_per_core if local else None,
         min_free_disk_mb=local.min_free_disk_mb if local else None,
+        info={"mem_estimate": "measured" if measured is not None else "mem_per_task_mb"},
     )]
+
+
+def stays_local(spec: Any) -> Optional[str]:
+    """Why a task must run on the supervising machine, or None: a role (the mailbox
+    is local), or a ``brain``/``agent`` verifier (those run locally)."""
+    if spec.role:
+        return "a role"
+    kinds = sorted({v.kind for v in spec.verify if v.kind in ("brain", "agent")})
+    if kinds:
+        return f"a {kinds[0]} verifier"
+    return None
 
 
 @hookimpl(trylast=True)
 def fleetrun_place(task: Any, candidates: list[Candidate], policy: Any, config: Any) -> Union[Placement, Wait]:
     pin = task.spec.peer
-    if pin is not None and pin in (socket.gethostname(), "localhost"):
+    if pin is not None and pin in ("local", "localhost", socket.gethostname()):
+        pin = "local"
+    why_local = stays_local(task.spec)
+    if why_local is not None:
+        if pin is not None and pin != "local":
+            return Wait(f"a task with {why_local} runs on this machine, but it is pinned to {pin}")
         pin = "local"
     if task.state in (State.RETRYING, State.RESUMING) and task.host:
         pin = task.host  # same machine, same worktree
     backoff = config.stash.get("backoff", {}).get(task.id, {})
     return decide(task.spec.requires, candidates, backoff, time.time(), pin=pin)
+
+
+# -- fleetrun validate -----------------------------------------------------------------
+
+
+def _requires_line(source: str, head: int, cache: dict[str, Any]) -> int:
+    """The line of a task's ``requires =`` (else its ``[[task]]`` line)."""
+    from ..collect import map_lines
+
+    if source not in cache:
+        try:
+            cache[source] = map_lines(Path(source).read_text(encoding="utf-8"))
+        except (OSError, UnicodeDecodeError):
+            cache[source] = None
+    lines = cache[source]
+    if lines is None:
+        return head
+    for where, line in lines.lines.items():
+        if len(where) == 2 and where[0] == "task" and line == head:
+            return int(lines.lines.get((*where, "requires"), head))
+    return head
+
+
+@hookimpl(trylast=True)
+def fleetrun_collection_modifyitems(config: Any, items: list[Any]) -> None:
+    """Warn about a ``requires`` entry no machine can meet: a bare name that is neither
+    a tag of this machine nor a probed tool (nothing is probed here)."""
+    tags = set(configured_tags(config))
+    tools = list(configured_tools(config))
+    warnings = config.stash.setdefault("warnings", [])
+    cache: dict[str, Any] = {}
+    from ..collect import display_path
+
+    for t in items:
+        for req in t.requires:
+            r = parse_requirement(req)
+            if r is None or not r.bare or r.name in tags or r.name in tools:
+                continue
+            where = display_path(Path(t.source), config.invocation_dir) if t.source else "?"
+            line = _requires_line(t.source, t.line, cache) if t.source else t.line
+            probed = ", ".join(tools)
+            warnings.append(
+                f"{where}:{line}: task '{t.name}': requires: `{req}` is neither a tag of this machine "
+                f"([relay] tags in config.toml) nor a probed tool ({probed}); it is never met")
+

@@ -1,0 +1,217 @@
+"""Built-in ``verify_agent`` plugin: ``agent = "review prompt"`` verifiers.
+
+Runs a headless, read-only Claude Code reviewer in the attempt's workspace::
+
+    claude -p --output-format stream-json --verbose --session-id <uuid>
+           --permission-mode plan --tools Read,Grep,Glob
+           --disallowedTools Bash Edit Write MultiEdit NotebookEdit ...
+           --strict-mcp-config [--model M] [--max-budget-usd B]
+
+``plan`` is the permission mode Claude Code documents as read-only ("reads only";
+edits are never approved); ``--tools`` leaves only the tools that read and search,
+so a write or a shell command has no tool to run with; the deny rules and
+``--strict-mcp-config`` (no MCP servers) close what is left. The prompt (the review
+prompt, the task, ``git diff --stat`` and the diff) goes on standard input: the
+variadic ``--tools`` / ``--disallowedTools`` options would swallow a prompt argument.
+
+The reviewer's stream-json goes to ``attempts/<id>/review-<n>.jsonl``. Its ``result``
+event is read with the same strict rule as the brain's reply
+(:func:`fleetrun.diffutil.parse_reply`); no result, ``is_error`` or a timeout is a
+FAIL. The reviewer's ``total_cost_usd`` is the verdict's cost, which the ledger adds
+to the task's cost. The reviewer's environment has ``FLEETRUN_VERIFIER=agent``.
+"""
+
+from __future__ import annotations
+
+import os
+import signal
+import subprocess
+import time
+import uuid
+from pathlib import Path
+from typing import Any, Optional
+
+from ..diffutil import parse_reply, review_prompt, task_diff
+from ..hookimpl import hookimpl
+from ..reports import Verdict
+
+# A sibling plugin's pure functions (no hooks called): the claude executable setting
+# and the stream-json reader are one contract, kept in one place.
+from .claude import executable, parse_stream
+
+KEEP_BYTES = 64 * 1024
+MAX_DIFF_BYTES = 60000
+PERMISSION_MODE = "plan"
+#: The only built-in tools the reviewer has.
+TOOLS = "Read,Grep,Glob"
+#: Denied even if a setting or a future default brought them back.
+DENIED_TOOLS = ("Bash", "Edit", "Write", "MultiEdit", "NotebookEdit", "WebFetch", "WebSearch", "Task",
+                "KillShell", "SlashCommand", "Skill")
+INTRO = ("You are a read-only code reviewer. Another coding agent worked on the task below in this "
+         "working directory; review its work. You can read and search files (Read, Grep, Glob); you "
+         "cannot edit files or run commands, and you must not try.")
+
+
+def reviewer_argv(config: Any, verifier: Any, session_id: str) -> list[str]:
+    """The reviewer's command line (the prompt goes on standard input)."""
+    argv = [executable(config), "-p", "--output-format", "stream-json", "--verbose", "--session-id", session_id,
+            "--permission-mode", PERMISSION_MODE, "--tools", TOOLS, "--strict-mcp-config"]
+    if verifier.model:
+        argv += ["--model", verifier.model]
+    if verifier.budget_usd is not None:
+        argv += ["--max-budget-usd", f"{verifier.budget_usd:.4f}"]
+    # last: a variadic option swallows the words after it
+    argv += ["--disallowedTools", *DENIED_TOOLS]
+    return argv
+
+
+def reviewer_prompt(task: Any, verifier: Any, workspace: Any) -> str:
+    diff = task_diff(workspace.path, getattr(workspace, "base_ref", None), MAX_DIFF_BYTES)
+    return review_prompt(task.spec.prompt, diff, verifier.text, INTRO)
+
+
+def _tail(path: Path, limit: int = KEEP_BYTES) -> str:
+    try:
+        with open(path, "rb") as f:
+            f.seek(0, 2)
+            size = f.tell()
+            f.seek(max(0, size - limit))
+            data = f.read()
+    except OSError:
+        return ""
+    return data.decode("utf-8", "ignore")
+
+
+def verdict_from_stream(text: str, exit_code: Optional[int]) -> tuple[bool, str, str, float]:
+    """Read a reviewer's stream-json. :return: (passed, reason, output, cost_usd)."""
+    res = parse_stream(text)["result"]
+    if res is None:
+        where = f"exit code {exit_code}" if exit_code is not None and exit_code >= 0 else (
+            f"killed by signal {-exit_code}" if exit_code is not None else "still running")
+        return False, f"no verdict: the reviewer ended without a result ({where})", "", 0.0
+    cost = float(res.get("total_cost_usd") or 0.0)
+    reply = str(res.get("result") or "")
+    if res.get("is_error"):
+        sub = res.get("subtype") or "error"
+        errors = res.get("errors") or []
+        detail = "; ".join(str(e) for e in errors) if errors else reply
+        reason = f"the reviewer ended with an error ({sub})" + (f": {detail}" if detail else "")
+        return False, reason.splitlines()[0][:300], reply or detail, cost
+    passed, reason = parse_reply(reply)
+    return passed, reason, reply, cost
+
+
+class AgentHandle:
+    """A running reviewer; ``poll()`` gives the Verdict once it has ended."""
+
+    def __init__(self, verifier: Any, argv: list[str], cwd: str, env: dict[str, str], prompt_path: Path,
+                 out_path: Path, host: str = "local") -> None:
+        self.verifier = verifier
+        self.argv = argv
+        self.out_path = out_path
+        self.host = host
+        self.started = time.monotonic()
+        self.deadline = self.started + float(verifier.timeout_s)
+        self.verdict: Optional[Verdict] = None
+        self._pidfd: Optional[int] = None
+        self.proc: Optional[subprocess.Popen[bytes]] = None
+        fd = os.open(out_path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
+        try:
+            with open(prompt_path, "rb") as stdin:
+                self.proc = subprocess.Popen(argv, cwd=cwd, env=env, stdin=stdin, stdout=fd, stderr=fd,
+                                             start_new_session=True, close_fds=True)
+        except OSError as e:
+            self.verdict = self._make(False, f"cannot start the reviewer: {e.strerror or e}")
+        finally:
+            os.close(fd)
+        if self.proc is not None and hasattr(os, "pidfd_open"):
+            try:
+                self._pidfd = os.pidfd_open(self.proc.pid)
+            except OSError:
+                self._pidfd = None
+
+    def fileno(self) -> int:
+        """Readable when the reviewer has ended (Linux pidfd), for the loop's select."""
+        return self._pidfd if self._pidfd is not None else -1
+
+    def next_deadline(self) -> float:
+        return self.deadline
+
+    def _make(self, passed: bool, reason: str, output: str = "", cost: float = 0.0) -> Verdict:
+        return Verdict(passed=passed, kind="agent", label=self.verifier.label, reason=reason,
+                       output=output[-KEEP_BYTES:], cost_usd=cost, duration_s=time.monotonic() - self.started,
+                       host=self.host)
+
+    def _close(self) -> None:
+        if self._pidfd is not None:
+            os.close(self._pidfd)
+            self._pidfd = None
+
+    def _read(self) -> str:
+        try:
+            return self.out_path.read_text(encoding="utf-8", errors="replace")
+        except OSError:
+            return ""
+
+    def poll(self) -> Optional[Verdict]:
+        if self.verdict is not None or self.proc is None:
+            self._close()
+            return self.verdict
+        code = self.proc.poll()
+        if code is None:
+            if time.monotonic() < self.deadline:
+                return None
+            self._kill()
+            _, _, _, cost = verdict_from_stream(self._read(), None)
+            self.verdict = self._make(False, f"reviewer timed out after {self.verifier.timeout_s:g}s",
+                                      output=_tail(self.out_path), cost=cost)
+        else:
+            passed, reason, output, cost = verdict_from_stream(self._read(), code)
+            self.verdict = self._make(passed, reason, output=output or _tail(self.out_path), cost=cost)
+        self._close()
+        return self.verdict
+
+    def _kill(self) -> None:
+        assert self.proc is not None
+        for sig in (signal.SIGTERM, signal.SIGKILL):
+            try:
+                os.killpg(self.proc.pid, sig)
+            except ProcessLookupError:
+                break
+            try:
+                self.proc.wait(timeout=2)
+                break
+            except subprocess.TimeoutExpired:
+                continue
+        try:
+            os.killpg(self.proc.pid, signal.SIGKILL)  # leftovers of the group
+        except ProcessLookupError:
+            pass
+
+    def cancel(self) -> None:
+        if self.proc is not None and self.proc.poll() is None:
+            self._kill()
+        self._close()
+
+
+def reviewer_env(task: Any, attempt: Any, workspace: Any) -> dict[str, str]:
+    env = dict(os.environ)
+    env.update(FLEETRUN_TASK_ID=task.id, FLEETRUN_TASK_NAME=task.name, FLEETRUN_ATTEMPT=str(attempt.number),
+               FLEETRUN_WORKTREE=workspace.path, FLEETRUN_VERIFIER="agent")
+    return env
+
+
+@hookimpl(trylast=True)
+def fleetrun_verify(task: Any, verifier: Any, workspace: Any, attempt: Any, config: Any) -> Optional[AgentHandle]:
+    if verifier.kind != "agent":
+        return None
+    adir = config.home / "attempts" / attempt.id
+    adir.mkdir(parents=True, exist_ok=True, mode=0o700)
+    n = next((i for i, v in enumerate(task.spec.verify) if v is verifier), 0) + 1
+    prompt_path = adir / f"review-{n}.prompt"
+    fd = os.open(prompt_path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
+    with os.fdopen(fd, "w", encoding="utf-8") as f:
+        f.write(reviewer_prompt(task, verifier, workspace))
+    argv = reviewer_argv(config, verifier, str(uuid.uuid4()))
+    return AgentHandle(verifier, argv, workspace.path, reviewer_env(task, attempt, workspace), prompt_path,
+                       adir / f"review-{n}.jsonl")

@@ -1,0 +1,67 @@
+"""The `run` verifier: exit code is the verdict; output kept; timeouts and failures to start."""
+
+from __future__ import annotations
+
+import os
+import time
+
+from fleetrun.plugins.verify_run import KEEP_BYTES, RunHandle, tail_text
+from fleetrun.taskspec import VerifySpec
+
+
+def wait(handle: RunHandle, limit: float = 60.0):
+    deadline = time.monotonic() + limit
+    while time.monotonic() < deadline:
+        v = handle.poll()
+        if v is not None:
+            return v
+        time.sleep(0.02)
+    raise AssertionError("verifier did not finish")
+
+
+def test_pass_and_fail(tmp_path):
+    ok = wait(RunHandle(VerifySpec("run", "echo hi"), str(tmp_path), tmp_path / "o1", dict(os.environ)))
+    assert ok.passed and ok.reason == "exit code 0" and ok.output == "hi\n"
+    bad = wait(RunHandle(VerifySpec("run", "echo oops >&2; exit 3"), str(tmp_path), tmp_path / "o2", dict(os.environ)))
+    assert not bad.passed and bad.reason == "exit code 3" and "oops" in bad.output
+
+
+def test_large_output_never_deadlocks_and_keeps_the_tail(tmp_path):
+    # 5 MB of multi-byte characters, then a last line
+    cmd = "python3 -c \"import sys; sys.stdout.write('é' * 2500000 + '\\nTHE END\\n')\""
+    v = wait(RunHandle(VerifySpec("run", cmd), str(tmp_path), tmp_path / "o", dict(os.environ)))
+    assert v.passed
+    assert v.output.endswith("THE END\n")
+    assert len(v.output.encode()) <= KEEP_BYTES
+    assert "\ufffd" not in v.output  # cut on a character boundary
+
+
+def test_tail_text_cuts_on_a_character_boundary(tmp_path):
+    p = tmp_path / "f"
+    p.write_bytes(("x" + "€" * 40).encode())  # 3-byte characters
+    for limit in range(1, 30):
+        text = tail_text(p, limit)
+        assert "\ufffd" not in text
+        assert len(text.encode()) <= limit
+
+
+def test_timeout_is_a_fail_and_kills_the_group(tmp_path):
+    v = wait(RunHandle(VerifySpec("run", "sleep 30 & sleep 30", timeout_s=0.5), str(tmp_path), tmp_path / "o",
+                       dict(os.environ)))
+    assert not v.passed and v.reason == "timed out after 0.5s"
+
+
+def test_cannot_start_is_a_fail(tmp_path):
+    v = wait(RunHandle(VerifySpec("run", "true"), str(tmp_path / "missing"), tmp_path / "o", dict(os.environ)))
+    assert not v.passed and v.reason.startswith("cannot start:")
+
+
+def test_pidfd_is_readable_when_done(tmp_path):
+    import select
+
+    h = RunHandle(VerifySpec("run", "sleep 0.2"), str(tmp_path), tmp_path / "o", dict(os.environ))
+    if h.fileno() < 0:
+        return  # no pidfd on this kernel: the loop falls back to its 1 s tick
+    r, _, _ = select.select([h], [], [], 10)
+    assert r == [h]
+    assert wait(h).passed
