@@ -6,7 +6,6 @@ key: message``), exit code 4, and that no traceback leaked out.
 
 from __future__ import annotations
 
-import sys
 import textwrap
 from typing import Any
 
