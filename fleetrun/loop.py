@@ -579,7 +579,9 @@ class Loop:
         except StateConflict:
             return False
         crash.point("after_lease")
+        prev_state = task.state
         task = self.get(task.id)
+        self.notify(task, prev_state, State.ASSIGNED, "placed", att.number)
         host = get_host(self.config, hostname)
         try:
             ws = self.hook.fleetrun_prepare_workspace(task=task, attempt=att, config=self.config)

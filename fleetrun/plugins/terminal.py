@@ -88,8 +88,8 @@ class TerminalReporter:
     def fleetrun_transition(self, task: Any, from_state: str, to_state: str, cause: str, attempt: Any, config: Any) -> None:
         if self.verbosity < 0 and to_state not in ("DONE", "NEEDS_HUMAN", "CANCELLED"):
             return
-        if not from_state and self.verbosity < 1:
-            return  # "queued" lines only with -v
+        if (not from_state or to_state == "ASSIGNED") and self.verbosity < 1:
+            return  # "queued" and "placed" lines only with -v: RUNNING follows at once
         stamp = time.strftime("%H:%M:%S")
         att = f" (attempt {attempt})" if attempt else ""
         where = f" on {task.host}" if to_state in ("ASSIGNED", "RUNNING") and task.host else ""
