@@ -28,7 +28,7 @@ def main(args: list[str] | None = None, plugins: list[object] | None = None) -> 
     :param plugins: plugin objects or module names to register besides the usual ones.
     :return: the exit code.
     """
-    from .main import main as _main
+    from .cli import main as _main
 
     return _main(args, plugins)
 

@@ -1,3 +1,3 @@
-from .main import console_main
+from .cli import console_main
 
 console_main()

@@ -28,7 +28,7 @@ def notifier(config: Any) -> ops.Notify:
 
 
 def collect_items(config: Any) -> list[Any]:
-    from .main import collect
+    from .cli import collect
 
     files = collect(config)
     items = [t for f in files for t in f.tasks]
@@ -70,12 +70,12 @@ def cmd_validate(config: Any, out: TextIO, err: TextIO) -> int:
 
 
 def queue_items(config: Any, items: list[Any], out: TextIO) -> list[Task]:
-    from .main import source_hash
+    from .cli import source_hash
 
     led = open_ledger(config)
     src = ",".join(config.option.files)
     digest = "|".join(source_hash(f) for f in config.option.files) + "|k=" + (config.getoption("keyword") or "")
-    tasks = led.add_tasks(items, source=src, source_hash=digest)
+    tasks = led.add_tasks(items, source=src, source_hash=digest, settings=config.file_settings)
     notify = notifier(config)
     for t in tasks:
         config.hook.fleetrun_transition(task=t, from_state="", to_state=t.state.value, cause="queued",

@@ -23,7 +23,7 @@ CONFIG_TABLES = {
     "agents": "command_agent: [agents.NAME] command = [...]",
     "brain": "verify_brain: url, model, api (ollama/openai), ollama_endpoint (generate/chat), "
              "api_key_env, timeout_s, max_diff_bytes",
-    "relay": "relay: tags = [...]",
+    "relay": "relay: tags = [...], heartbeat_secs",
     "claude": "claude: executable, allowed_tools, permission_mode, resume_session",
     "worktree": "worktree: commit_message",
     "fleetrun": "general settings",

@@ -139,7 +139,7 @@ class Fleeter:
 
     def run(self, *args: str, plugins: Optional[list[Any]] = None) -> RunResult:
         """Run fleetrun in this process (a fresh plugin manager, as always)."""
-        from fleetrun.main import main
+        from fleetrun.cli import main
 
         out, err = io.StringIO(), io.StringIO()
         start = time.time()

@@ -19,10 +19,10 @@ from typing import TYPE_CHECKING, Any, Optional, Union
 import pluggy
 
 if TYPE_CHECKING:
+    from .cli import Session
     from .collect import TaskFile
     from .config import Config, Parser
     from .ledger import Attempt, Task
-    from .main import Session
     from .pluginmanager import FleetPluginManager
     from .reports import (
         AgentResult,
@@ -95,7 +95,7 @@ def fleetrun_report_header(config: Config) -> list[str]:
 
 @hookspec
 def fleetrun_terminal_summary(config: Config, exitstatus: int, counts: dict[str, int]) -> None:
-    """Add to the end of a run's output (``config.get_plugin("terminal").write_line``)."""
+    """Add to the end of a run's output (``config.get_plugin("terminalreporter").write_line``)."""
 
 
 # ---------------------------------------------------------------------------------

@@ -29,7 +29,7 @@ from .exceptions import StateConflict, UsageError
 from .states import State, allowed, is_valid_cause
 from .taskspec import TaskSpec
 
-SCHEMA_VERSION = 2
+SCHEMA_VERSION = 3
 
 _SCHEMA = """
 CREATE TABLE IF NOT EXISTS tasks (
@@ -65,7 +65,8 @@ CREATE TABLE IF NOT EXISTS queues (
     id          TEXT PRIMARY KEY,
     source      TEXT NOT NULL,
     source_hash TEXT NOT NULL,
-    created     REAL NOT NULL
+    created     REAL NOT NULL,
+    settings    TEXT
 );
 CREATE TABLE IF NOT EXISTS attempts (
     id          TEXT PRIMARY KEY,
@@ -312,6 +313,9 @@ class Ledger:
                 for stmt in _SCHEMA.split(";"):
                     if stmt.strip():
                         cur.execute(stmt)
+                cols = {r[1] for r in cur.execute("PRAGMA table_info(queues)")}
+                if "settings" not in cols:  # version 2 -> 3
+                    cur.execute("ALTER TABLE queues ADD COLUMN settings TEXT")
                 cur.execute(f"PRAGMA user_version={SCHEMA_VERSION}")
 
     @contextmanager
@@ -329,15 +333,20 @@ class Ledger:
 
     # -- tasks ------------------------------------------------------------------------
 
-    def add_tasks(self, specs: list[TaskSpec], source: str = "", source_hash: str = "") -> list[Task]:
-        """Queue ``specs`` as one batch; ``depends_on`` names resolve within the batch."""
+    def add_tasks(self, specs: list[TaskSpec], source: str = "", source_hash: str = "",
+                  settings: Optional[dict[str, Any]] = None) -> list[Task]:
+        """Queue ``specs`` as one batch; ``depends_on`` names resolve within the batch.
+
+        :param settings: the tasks files' own tables (``[agents.X]``, ``[brain]``), kept
+            with the queue so a later ``fleetrun work`` knows them.
+        """
         now = time.time()
         queue_id = new_token()
         ids = {s.name: f"task_{queue_id}_{i}" for i, s in enumerate(specs)}
         with self.tx() as cur:
             cur.execute(
-                "INSERT INTO queues (id, source, source_hash, created) VALUES (?,?,?,?)",
-                (queue_id, source, source_hash, now),
+                "INSERT INTO queues (id, source, source_hash, created, settings) VALUES (?,?,?,?,?)",
+                (queue_id, source, source_hash, now, json.dumps(settings or {})),
             )
             for i, spec in enumerate(specs):
                 state = State.PENDING if spec.depends_on else State.READY
@@ -365,6 +374,14 @@ class Ledger:
             (source_hash,),
         ).fetchone()
         return row[0] if row else None
+
+    def live_queues(self) -> list[tuple[str, list[str], dict[str, Any]]]:
+        """(queue id, source files, settings) of every queue with unfinished tasks, oldest first."""
+        rows = self.conn.execute(
+            "SELECT q.id, q.source, q.settings FROM queues q WHERE EXISTS (SELECT 1 FROM tasks t"
+            " WHERE t.queue_id=q.id AND t.state NOT IN ('DONE','NEEDS_HUMAN','CANCELLED')) ORDER BY q.created"
+        ).fetchall()
+        return [(r[0], [x for x in r[1].split(",") if x], json.loads(r[2] or "{}")) for r in rows]
 
     def _row_to_task(self, row: sqlite3.Row, deps: Optional[list[str]] = None) -> Task:
         return Task(

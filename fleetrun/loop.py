@@ -673,8 +673,8 @@ class Loop:
 
 def run_session(config: Any, items: Optional[list[Any]], out: TextIO, err: TextIO) -> int:
     """``fleetrun [FILE...]`` (items given) or ``fleetrun work`` (items None)."""
+    from .cli import Session, source_hash
     from .commands import open_ledger, queue_items
-    from .main import Session, source_hash
 
     led = open_ledger(config)
     lock = WorkLock(config.home)

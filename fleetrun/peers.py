@@ -35,7 +35,7 @@ REQUIRED_FEATURES = ("supervised-tasks-1",)
 MIN_PEER_VERSION = "0.1.0"
 DEFAULT_COMMAND = ("fleetrun",)
 _NAME = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.-]{0,62}$")
-_PEER_KEYS = {"address": str, "key": str, "command": list, "added": (int, float)}
+_PEER_KEYS: dict[str, Any] = {"address": str, "key": str, "command": list, "added": (int, float)}
 
 
 # ---------------------------------------------------------------------------------
@@ -253,6 +253,32 @@ def forget_state(home: Path, name: str) -> None:
         state = load_state(home)
         if state.pop(name, None) is not None:
             _write_private(home / STATE_FILE, json.dumps(state, indent=1, sort_keys=True))
+
+
+def add_pending_stop(home: Path, name: str, attempt_id: str, pid: Optional[int], token: Optional[str],
+                     error: str) -> None:
+    """Remember to stop an attempt on a peer that could not be asked to (the link was
+    down when ``fleetrun cancel`` ran); the next heartbeat that reaches it does it."""
+    with _state_lock(home):
+        state = load_state(home)
+        entry = dict(state.get(name) or {})
+        stops = dict(entry.get("pending_stops") or {})
+        stops[attempt_id] = {"pid": pid, "token": token, "since": time.time(), "error": error}
+        entry["pending_stops"] = stops
+        state[name] = entry
+        _write_private(home / STATE_FILE, json.dumps(state, indent=1, sort_keys=True))
+
+
+def clear_pending_stop(home: Path, name: str, attempt_id: str) -> None:
+    with _state_lock(home):
+        state = load_state(home)
+        entry = dict(state.get(name) or {})
+        stops = dict(entry.get("pending_stops") or {})
+        if stops.pop(attempt_id, None) is None:
+            return
+        entry["pending_stops"] = stops
+        state[name] = entry
+        _write_private(home / STATE_FILE, json.dumps(state, indent=1, sort_keys=True))
 
 
 def status_of(entry: Optional[dict[str, Any]], stale_after_secs: float, now: Optional[float] = None) -> str:

@@ -150,6 +150,17 @@ def why_not(c: Candidate, requires: Iterable[str], est_mem_mb: float,
     return None
 
 
+# The figures in a reason that are measurements (free memory, the estimate, load,
+# free disk): they move on every pass without the reason having changed.
+_MEASURED = re.compile(r"(has )\d+( MB free; a task needs )\d+( MB)|(loaded )[0-9.]+(/core)|(has )\d+( MB of disk free)")
+
+
+def reason_shape(reason: str) -> str:
+    """``reason`` with its measured figures blanked: two reasons with one shape say
+    the same thing, so the second need not be shown again."""
+    return _MEASURED.sub(lambda m: "#".join(g for g in m.groups() if g is not None), reason)
+
+
 def decide(
     requires: Iterable[str],
     candidates: list[Candidate],

@@ -30,6 +30,7 @@ BUILTIN_PLUGINS: dict[str, str] = {
     "placement": "fleetrun.plugins.placement",
     "prompt": "fleetrun.plugins.prompt",
     "verify_run": "fleetrun.plugins.verify_run",
+    "relay": "fleetrun.plugins.relay",
     "verify_brain": "fleetrun.plugins.verify_brain",
     "verify_agent": "fleetrun.plugins.verify_agent",
     "terminal": "fleetrun.plugins.terminal",
@@ -51,6 +52,8 @@ class FleetPluginManager(pluggy.PluginManager):
         # the package exports the marker as ``fleetrun.hookspec``, shadowing the module name
         self.add_hookspecs(importlib.import_module("fleetrun.hookspec"))
         self._fleetconfs: list[Path] = []
+        # historic: every plugin registered from now on gets it once, as in pytest
+        self.hook.fleetrun_addhooks.call_historic(kwargs={"pluginmanager": self})
 
     def parse_hookimpl_opts(self, plugin: Any, name: str) -> Optional[pluggy.HookimplOpts]:
         opts = super().parse_hookimpl_opts(plugin, name)
@@ -65,9 +68,8 @@ class FleetPluginManager(pluggy.PluginManager):
         try:
             ret = super().register(plugin, name)
         except pluggy.PluginValidationError as e:
-            raise UsageError(f"invalid hook implementation: {e}", file=_plugin_file(plugin)) from None
-        if ret is not None:
-            self.hook.fleetrun_addhooks.call_historic(kwargs={"pluginmanager": self})
+            msg = " ".join(str(e).split())
+            raise UsageError(f"invalid hook implementation: {msg}", file=_plugin_file(plugin)) from None
         return ret
 
     def import_plugin(self, modname: str, name: Optional[str] = None) -> Optional[ModuleType]:
@@ -129,7 +131,7 @@ class FleetPluginManager(pluggy.PluginManager):
             if name in BUILTIN_PLUGINS:
                 self.set_blocked(BUILTIN_PLUGINS[name])
             return
-        if name_is_ep := next((ep for ep in _entry_points() if ep.name == arg), None):
+        if name_is_ep := next((ep for ep in _entry_points(autoload=False) if ep.name == arg), None):
             if not self.is_blocked(arg) and self.get_plugin(arg) is None:
                 self.register(name_is_ep.load(), arg)
             return
@@ -153,8 +155,10 @@ def _plugin_file(plugin: Any) -> Optional[str]:
     return str(f) if f else None
 
 
-def _entry_points() -> list[Any]:
-    if os.environ.get("FLEETRUN_DISABLE_PLUGIN_AUTOLOAD"):
+def _entry_points(autoload: bool = True) -> list[Any]:
+    """Installed plugins; with ``autoload`` the FLEETRUN_DISABLE_PLUGIN_AUTOLOAD switch
+    applies (``-p NAME`` still finds an entry point by name, as in pytest)."""
+    if autoload and os.environ.get("FLEETRUN_DISABLE_PLUGIN_AUTOLOAD"):
         return []
     from importlib import metadata
 
@@ -193,6 +197,8 @@ def _import_fleetconf(path: Path) -> ModuleType:
     assert spec is not None and spec.loader is not None
     mod = importlib.util.module_from_spec(spec)
     sys.modules[modname] = mod
+    if str(path.parent) not in sys.path:  # like conftest.py: import its neighbours
+        sys.path.insert(0, str(path.parent))
     try:
         spec.loader.exec_module(mod)
     except SyntaxError as e:

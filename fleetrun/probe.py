@@ -17,6 +17,7 @@ import json
 import os
 import re
 import shutil
+import signal
 import subprocess
 import time
 from collections.abc import Iterable, Mapping
@@ -76,7 +77,10 @@ def probe_versions(tools: Mapping[str, str], timeout: float = PROBE_TIMEOUT_S) -
         try:
             out, _ = proc.communicate(timeout=max(0.01, deadline - time.monotonic()))
         except subprocess.TimeoutExpired:
-            proc.kill()
+            try:  # the whole group: a child holding the pipe would keep us waiting
+                os.killpg(proc.pid, signal.SIGKILL)
+            except OSError:
+                proc.kill()
             proc.communicate()
             continue
         if proc.returncode == 0:
@@ -144,12 +148,12 @@ class Prober:
         self.timeout = timeout
         self.clock = clock
         self._last: Optional[ToolProbe] = None
-        self._key: Optional[tuple[tuple[str, str], ...]] = None
+        self._key: Optional[tuple[object, ...]] = None
         self.runs = 0
 
     def get(self, tools: Mapping[str, str]) -> ToolProbe:
         """The cached probe of ``tools`` (name -> executable), probing when stale."""
-        key = tuple(sorted(tools.items()))
+        key = (*sorted(tools.items()), os.environ.get("PATH", ""))
         now = self.clock()
         if self._last is not None and self._key == key and now - self._last.at < self.ttl:
             return self._last

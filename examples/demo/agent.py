@@ -5,7 +5,8 @@ import os
 import subprocess
 import sys
 
-prompt = open(sys.argv[1], encoding="utf-8").read()
+with open(sys.argv[1], encoding="utf-8") as f:
+    prompt = f.read()
 task = os.environ.get("FLEETRUN_TASK_NAME", "")
 
 

@@ -17,7 +17,7 @@ from pathlib import Path
 from typing import Any, Callable, Optional, Union
 
 from ..hookimpl import hookimpl
-from ..placement import decide, parse_requirement
+from ..placement import decide, parse_requirement, reason_shape
 from ..probe import Prober, tool_names
 from ..reports import Candidate, Placement, Wait
 from ..states import ACTIVE, PLACEABLE, State
@@ -221,7 +221,22 @@ def fleetrun_place(task: Any, candidates: list[Candidate], policy: Any, config: 
     if task.state in (State.RETRYING, State.RESUMING) and task.host:
         pin = task.host  # same machine, same worktree
     backoff = config.stash.get("backoff", {}).get(task.id, {})
-    return decide(task.spec.requires, candidates, backoff, time.time(), pin=pin)
+    decision = decide(task.spec.requires, candidates, backoff, time.time(), pin=pin)
+    return steady(config.stash.setdefault("placement_reasons", {}), task.id, decision)
+
+
+def steady(seen: dict[str, str], task_id: str, decision: Union[Placement, Wait]) -> Union[Placement, Wait]:
+    """Keep a waiting task's reason word for word while only its measured figures
+    move (free memory changes on every pass), so the loop, which shows a reason
+    when it changes, shows it once. The figures are those of when it began."""
+    if isinstance(decision, Placement):
+        seen.pop(task_id, None)
+        return decision
+    prev = seen.get(task_id)
+    if prev is not None and reason_shape(prev) == reason_shape(decision.reason):
+        return Wait(prev, until=decision.until)
+    seen[task_id] = decision.reason
+    return decision
 
 
 # -- fleetrun validate -----------------------------------------------------------------

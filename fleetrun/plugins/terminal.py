@@ -75,7 +75,7 @@ class TerminalReporter:
         short = [n.rsplit(".", 1)[-1] if n.startswith("fleetrun.") else ("fleetconf" if n.endswith("fleetconf.py") else n)
                  for n in names]
         self.write_line(f"fleetrun {__version__} -- home {config.home} -- plugins: {', '.join(short)}")
-        for lines in config.hook.fleetrun_report_header(config=config):
+        for lines in reversed(config.hook.fleetrun_report_header(config=config)):  # outermost first
             for line in lines or ():
                 self.write_line(line)
         if session.items:

@@ -18,7 +18,10 @@ The reviewer's stream-json goes to ``attempts/<id>/review-<n>.jsonl``. Its ``res
 event is read with the same strict rule as the brain's reply
 (:func:`fleetrun.diffutil.parse_reply`); no result, ``is_error`` or a timeout is a
 FAIL. The reviewer's ``total_cost_usd`` is the verdict's cost, which the ledger adds
-to the task's cost. The reviewer's environment has ``FLEETRUN_VERIFIER=agent``.
+to the task's cost. ``--max-budget-usd`` is the verifier's ``budget_usd``, capped by
+what is left of the task's ``budget_usd``; with nothing left the reviewer does not start
+(a FAIL, and the next attempt stops at ``budget_exhausted``). The reviewer's
+environment has ``FLEETRUN_VERIFIER=agent``.
 """
 
 from __future__ import annotations
@@ -29,7 +32,7 @@ import subprocess
 import time
 import uuid
 from pathlib import Path
-from typing import Any, Optional
+from typing import Any, Optional, Union
 
 from ..diffutil import parse_reply, review_prompt, task_diff
 from ..hookimpl import hookimpl
@@ -41,6 +44,8 @@ from .claude import executable, parse_stream
 
 KEEP_BYTES = 64 * 1024
 MAX_DIFF_BYTES = 60000
+#: Below this, Claude Code's --max-budget-usd would be 0.0000 (it wants a positive number).
+MIN_BUDGET_USD = 0.0001
 PERMISSION_MODE = "plan"
 #: The only built-in tools the reviewer has.
 TOOLS = "Read,Grep,Glob"
@@ -52,14 +57,24 @@ INTRO = ("You are a read-only code reviewer. Another coding agent worked on the 
          "cannot edit files or run commands, and you must not try.")
 
 
-def reviewer_argv(config: Any, verifier: Any, session_id: str) -> list[str]:
+def review_budget(task: Any, verifier: Any) -> Optional[float]:
+    """The reviewer's spending cap: its own ``budget_usd``, and no more than what is left
+    of the task's ``budget_usd`` (which covers attempts and verifiers alike)."""
+    caps = [verifier.budget_usd]
+    if task.spec.budget_usd is not None:
+        caps.append(max(0.0, task.spec.budget_usd - task.cost_usd))
+    known = [c for c in caps if c is not None]
+    return min(known) if known else None
+
+
+def reviewer_argv(config: Any, verifier: Any, session_id: str, budget: Optional[float] = None) -> list[str]:
     """The reviewer's command line (the prompt goes on standard input)."""
     argv = [executable(config), "-p", "--output-format", "stream-json", "--verbose", "--session-id", session_id,
             "--permission-mode", PERMISSION_MODE, "--tools", TOOLS, "--strict-mcp-config"]
     if verifier.model:
         argv += ["--model", verifier.model]
-    if verifier.budget_usd is not None:
-        argv += ["--max-budget-usd", f"{verifier.budget_usd:.4f}"]
+    if budget is not None:
+        argv += ["--max-budget-usd", f"{budget:.4f}"]
     # last: a variadic option swallows the words after it
     argv += ["--disallowedTools", *DENIED_TOOLS]
     return argv
@@ -202,9 +217,21 @@ def reviewer_env(task: Any, attempt: Any, workspace: Any) -> dict[str, str]:
 
 
 @hookimpl(trylast=True)
-def fleetrun_verify(task: Any, verifier: Any, workspace: Any, attempt: Any, config: Any) -> Optional[AgentHandle]:
+def fleetrun_verify(task: Any, verifier: Any, workspace: Any, attempt: Any,
+                    config: Any) -> Optional[Union[AgentHandle, Verdict]]:
     if verifier.kind != "agent":
         return None
+    host = getattr(attempt, "host", None) or "local"
+    if host != "local":
+        # the workspace is on the peer; a plugin that can reach it there may take this first
+        return Verdict(passed=False, kind="agent", label=verifier.label, host=host,
+                       reason=f"an agent verifier runs on this machine; the task's workspace is on {host}")
+    budget = review_budget(task, verifier)
+    if budget is not None and budget < MIN_BUDGET_USD:
+        # never silently spend more: the next attempt stops at budget_exhausted
+        spent = f"${task.cost_usd:.2f} of ${task.spec.budget_usd:.2f}" if task.spec.budget_usd is not None else ""
+        why = f"the task's budget is spent ({spent})" if spent else "the verifier's budget_usd is 0"
+        return Verdict(passed=False, kind="agent", label=verifier.label, reason=f"no review: {why}")
     adir = config.home / "attempts" / attempt.id
     adir.mkdir(parents=True, exist_ok=True, mode=0o700)
     n = next((i for i, v in enumerate(task.spec.verify) if v is verifier), 0) + 1
@@ -212,6 +239,6 @@ def fleetrun_verify(task: Any, verifier: Any, workspace: Any, attempt: Any, conf
     fd = os.open(prompt_path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
     with os.fdopen(fd, "w", encoding="utf-8") as f:
         f.write(reviewer_prompt(task, verifier, workspace))
-    argv = reviewer_argv(config, verifier, str(uuid.uuid4()))
+    argv = reviewer_argv(config, verifier, str(uuid.uuid4()), budget)
     return AgentHandle(verifier, argv, workspace.path, reviewer_env(task, attempt, workspace), prompt_path,
                        adir / f"review-{n}.jsonl")

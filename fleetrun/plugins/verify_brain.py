@@ -25,21 +25,22 @@ the thread touches no hook and no ledger, only git (to read the diff) and the so
 
 from __future__ import annotations
 
-import http.client
 import json
 import os
 import socket
 import threading
 import time
-import urllib.error
-import urllib.request
 from pathlib import Path
-from typing import Any, Callable, Optional
+from typing import TYPE_CHECKING, Any, Callable, Optional, Union
 
 from ..diffutil import DEFAULT_MAX_DIFF_BYTES, parse_reply, review_prompt, task_diff
 from ..exceptions import UsageError, UsageErrors
 from ..hookimpl import hookimpl
 from ..reports import Verdict
+
+if TYPE_CHECKING:
+    import urllib.error
+    import urllib.request
 
 DEFAULT_URL = "http://127.0.0.1:11434"
 DEFAULT_TIMEOUT_S = 120.0
@@ -160,10 +161,10 @@ def fleetrun_collection_modifyitems(config: Any, items: list[Any]) -> None:
         _raise(_errors(table, sources, config.invocation_dir))
     model = (table or {}).get("model") if isinstance(table, dict) else None
     for t in items:
-        for v in t.verify:
+        for i, v in enumerate(t.verify):
             if v.kind == "brain" and not (v.model or model):
                 config.stash.setdefault("warnings", []).append(
-                    f"task '{t.name}': verify #{t.verify.index(v) + 1}: a brain verifier needs a model: "
+                    f"task '{t.name}': verify #{i + 1}: a brain verifier needs a model: "
                     "set [brain] model (config.toml or the tasks file) or model = on the verifier; "
                     "without one it fails")
 
@@ -232,6 +233,18 @@ def _http_error_detail(e: urllib.error.HTTPError) -> str:
     return detail or str(e.reason or "")
 
 
+def _opener(url: str) -> urllib.request.OpenerDirector:
+    """urllib's opener; a model on this machine is never reached through an HTTP proxy
+    (``http_proxy`` set for the outside world would otherwise catch 127.0.0.1 too)."""
+    import urllib.parse
+    import urllib.request
+
+    host = urllib.parse.urlsplit(url).hostname or ""
+    if host in ("localhost", "::1") or host.startswith("127."):
+        return urllib.request.build_opener(urllib.request.ProxyHandler({}))
+    return urllib.request.build_opener()
+
+
 def ask(settings: dict[str, Any], model: str, prompt: str, timeout: float,
         said_timeout: Optional[float] = None) -> str:
     """POST the prompt; return the model's reply text. Raises BrainError.
@@ -239,12 +252,17 @@ def ask(settings: dict[str, Any], model: str, prompt: str, timeout: float,
     :param timeout: seconds left for the request.
     :param said_timeout: the timeout to name in a timed-out message (the configured one).
     """
+    # imported here: `fleetrun status` and friends never need them
+    import http.client
+    import urllib.error
+    import urllib.request
+
     said = f"brain timed out after {(said_timeout or timeout):g}s"
     url, body, headers = request_for(settings, model, prompt)
     base = str(settings.get("url") or DEFAULT_URL).rstrip("/")
     req = urllib.request.Request(url, data=json.dumps(body).encode(), headers=headers, method="POST")
     try:
-        with urllib.request.urlopen(req, timeout=timeout) as resp:
+        with _opener(url).open(req, timeout=timeout) as resp:
             raw = resp.read()
     except urllib.error.HTTPError as e:
         raise BrainError(f"brain returned HTTP {e.code}: {_http_error_detail(e)}") from None
@@ -379,12 +397,18 @@ class BrainHandle:
 
 
 @hookimpl(trylast=True)
-def fleetrun_verify(task: Any, verifier: Any, workspace: Any, attempt: Any, config: Any) -> Optional[BrainHandle]:
+def fleetrun_verify(task: Any, verifier: Any, workspace: Any, attempt: Any,
+                    config: Any) -> Optional[Union[BrainHandle, Verdict]]:
     if verifier.kind != "brain":
         return None
-    settings = config.setting("brain", None, None) or {}
+    host = getattr(attempt, "host", None) or "local"
+    if host != "local":
+        # the workspace is on the peer; a plugin that can reach it there may take this first
+        return Verdict(passed=False, kind="brain", label=verifier.label, host=host,
+                       reason=f"a brain verifier runs on this machine; the task's workspace is on {host}")
+    settings = config.setting("brain", None, None)
     if not isinstance(settings, dict):
-        settings = {"brain": settings}
+        settings = {}
     idx = next((i for i, v in enumerate(task.spec.verify) if v is verifier), 0)
     adir = config.home / "attempts" / attempt.id
     try:

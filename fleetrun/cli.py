@@ -243,6 +243,18 @@ def _configure(args: list[str], plugins: Optional[list[Any]], out: TextIO, err: 
         files = [Path(f) for f in (ns.files or ["tasks.toml"])]
         ns.files = [str(f.resolve()) for f in files]
         pm.load_fleetconfs([Path(f) for f in ns.files if Path(f).exists()])
+    elif verb == "work":
+        # the queued tasks' own fleetconf.py files and [agents]/[brain] tables
+        from .ledger import Ledger
+
+        led = config.stash["ledger"] = Ledger(home / "state.db")
+        sources: list[Path] = []
+        for _qid, files_, settings in led.live_queues():
+            sources.extend(Path(f) for f in files_ if Path(f).exists())
+            for key, table in settings.items():
+                if isinstance(table, dict):
+                    config.file_settings.setdefault(key, {}).update(table)
+        pm.load_fleetconfs(sources)
     pm.check_hooks()
     config.hook.fleetrun_configure.call_historic(kwargs={"config": config})
     return config

@@ -1,0 +1,603 @@
+"""``fleetrun host VERB --json``: the peer side of the relay.
+
+A supervisor runs these over SSH; each prints one JSON object on stdout and exits 0,
+or prints ``{"error": ...}`` and exits non-zero. A ``start`` the peer will not do
+prints ``{"refused": reason}`` and exits 75. Verbs that take a task, an attempt or a
+spec read it as JSON on stdin.
+
+The peer keeps its own state in its own ``$FLEETRUN_HOME``: attempt folders (the
+same shepherd as a local attempt), worktrees, and ``hosted.json``, the attempts it
+started for supervisors, read and written under ``host.lock``. Its own ``[local]
+max_tasks`` is enforced under that lock.
+
+Test hook: with ``FLEETRUN_FAKE_HEADROOM=/path/file.json`` set, ``probe`` reports the
+numbers in that file (``free_mem_mb``, ``load_per_core``, ``free_disk_mb``) instead
+of measuring them, so tests can give peers on one kernel different headroom.
+"""
+
+from __future__ import annotations
+
+import argparse
+import base64
+import dataclasses
+import fcntl
+import json
+import os
+import platform
+import signal
+import socket
+import subprocess
+import sys
+import time
+from collections.abc import Iterator
+from contextlib import contextmanager
+from pathlib import Path
+from typing import Any, Optional, TextIO
+
+REFUSED_EXIT = 75
+HOSTED = "hosted.json"
+LOCK = "host.lock"
+TOOLS_CACHE = "probe-tools.json"
+TOOLS_TTL_S = 300.0
+LOG_CHUNK = 1 << 20
+KEEP_BYTES = 64 * 1024
+
+
+class HostError(Exception):
+    """A verb failed; the message goes back to the supervisor."""
+
+
+class Refused(Exception):
+    """``start`` will not start this attempt; the message says why."""
+
+
+# ---------------------------------------------------------------------------------
+
+
+def main(config: Any, rest: list[str], out: TextIO, err: TextIO) -> int:
+    rest = [a for a in rest if a != "--json"]  # every reply is JSON
+    parser = _parser()
+    try:
+        ns = parser.parse_args(rest)
+    except SystemExit as e:
+        if e.code == 0:  # --help
+            return 0
+        _reply(out, {"error": f"usage: fleetrun host {{{','.join(VERBS)}}} --json ..."})
+        return 4
+    if not ns.verb:
+        parser.print_help(out)
+        return 4
+    try:
+        reply = VERBS[ns.verb](config, ns)
+        code = 0
+    except Refused as e:
+        reply, code = {"refused": str(e)}, REFUSED_EXIT
+    except HostError as e:
+        reply, code = {"error": str(e)}, 1
+        if isinstance(e, _Unknown):
+            reply["unknown"] = True
+    except Exception as e:  # an internal error still answers in JSON
+        import traceback
+
+        reply = {"error": f"internal error on the peer: {type(e).__name__}: {e}",
+                 "traceback": traceback.format_exc()[-4000:]}
+        code = 3
+    _reply(out, reply)
+    return code
+
+
+def _reply(out: TextIO, obj: dict[str, Any]) -> None:
+    out.write(json.dumps(obj, default=str) + "\n")
+    out.flush()
+
+
+def _parser() -> argparse.ArgumentParser:
+    p = argparse.ArgumentParser(prog="fleetrun host", description="the peer side of the relay (JSON replies)")
+    sub = p.add_subparsers(dest="verb")
+    sub.add_parser("probe", help="headroom, tools, tags, version and features")
+    sub.add_parser("prepare", help="make the task's worktree (task and attempt JSON on stdin)")
+    sub.add_parser("start", help="start a shepherd (spec JSON on stdin); refuses past [local] max_tasks")
+    for verb in ("status", "stop", "log"):
+        s = sub.add_parser(verb)
+        s.add_argument("--attempt", required=True)
+        if verb != "log":
+            s.add_argument("--pid", type=int)
+            s.add_argument("--token")
+        s.add_argument("--offset" if verb == "log" else "--log-offset", dest="offset", type=int, default=None)
+    sub.add_parser("collect", help="commit what the attempt left uncommitted (JSON on stdin)")
+    sub.add_parser("cleanup", help="remove the task's worktree if clean (JSON on stdin)")
+    sub.add_parser("verify-start", help="start a run verifier in the worktree (JSON on stdin)")
+    for verb in ("verify-status", "verify-stop"):
+        s = sub.add_parser(verb)
+        s.add_argument("--attempt", required=True)
+        s.add_argument("--idx", type=int, required=True)
+    return p
+
+
+def _payload() -> dict[str, Any]:
+    data = sys.stdin.buffer.read() if sys.stdin is not None else b""
+    try:
+        obj = json.loads(data or b"{}")
+    except ValueError as e:
+        raise HostError(f"stdin is not JSON: {e}") from None
+    if not isinstance(obj, dict):
+        raise HostError("stdin must hold a JSON object")
+    return obj
+
+
+def _known(cls: Any, data: dict[str, Any]) -> dict[str, Any]:
+    names = {f.name for f in dataclasses.fields(cls)}
+    return {k: v for k, v in data.items() if k in names}
+
+
+def _task(data: dict[str, Any]) -> Any:
+    from .ledger import Task
+    from .states import State
+    from .taskspec import TaskSpec
+
+    d = _known(Task, data)
+    d["state"] = State(d["state"])
+    d["spec"] = TaskSpec.from_json(d["spec"])
+    d["host"] = "local"  # here, it is
+    return Task(**d)
+
+
+def _attempt(data: dict[str, Any]) -> Any:
+    from .ledger import Attempt
+
+    d = _known(Attempt, data)
+    d["host"] = "local"
+    return Attempt(**d)
+
+
+def _workspace(data: dict[str, Any]) -> Any:
+    from .reports import Workspace
+
+    return Workspace(**_known(Workspace, data))
+
+
+@contextmanager
+def _host_lock(home: Path) -> Iterator[None]:
+    from .ledger import ensure_private_dir
+
+    ensure_private_dir(home)
+    fd = os.open(home / LOCK, os.O_WRONLY | os.O_CREAT, 0o600)
+    try:
+        fcntl.flock(fd, fcntl.LOCK_EX)
+        yield
+    finally:
+        fcntl.flock(fd, fcntl.LOCK_UN)
+        os.close(fd)
+
+
+def _local_host(config: Any) -> Any:
+    from .hosts import LocalHost
+
+    return LocalHost(config.home)
+
+
+# ---------------------------------------------------------------------------------
+# probe
+
+
+def _policy(config: Any) -> tuple[Any, Optional[str]]:
+    from .exceptions import UsageError
+    from .policy import Policy, load_policy
+
+    try:
+        return load_policy(config.home / "policy.toml"), None
+    except UsageError as e:
+        return Policy(), e.format()
+
+
+def _drained(config: Any, policy: Any) -> bool:
+    if policy.local.drain:
+        return True
+    db = config.home / "state.db"
+    if not db.exists():
+        return False
+    import sqlite3
+
+    try:
+        conn = sqlite3.connect(f"file:{db}?mode=ro", uri=True, timeout=2)
+        try:
+            row = conn.execute("SELECT value FROM meta WHERE key='drain'").fetchone()
+        finally:
+            conn.close()
+    except sqlite3.Error:
+        return False
+    return bool(row and row[0] == "1")
+
+
+def _hosted(config: Any) -> dict[str, dict[str, Any]]:
+    """Attempts started here for supervisors and still alive (call under the lock)."""
+    from .shepherd import read_json, write_json
+
+    path = config.home / HOSTED
+    reg = read_json(str(path)) or {}
+    host = _local_host(config)
+    alive = {}
+    for aid, entry in reg.items():
+        st = host.status(aid, entry.get("pid"), entry.get("token"))
+        if st.get("state") not in ("ended", "died"):
+            alive[aid] = entry
+    if alive != reg:
+        write_json(str(path), alive)
+    return alive
+
+
+def _own_loop_running(config: Any) -> int:
+    """Tasks this machine's own ``fleetrun work`` runs, if one runs."""
+    from .shepherd import proc_token, read_json
+
+    data = read_json(str(config.home / "supervisor.json")) or {}
+    pid = data.get("pid")
+    if not pid or proc_token(int(pid)) is None or (data.get("token") and proc_token(int(pid)) != data.get("token")):
+        return 0
+    return int(data.get("running") or 0)
+
+
+def _headroom(config: Any) -> dict[str, Optional[float]]:
+    fake = os.environ.get("FLEETRUN_FAKE_HEADROOM")
+    if fake:  # a test hook: peers on one kernel all measure the same
+        with open(fake, encoding="utf-8") as f:
+            data = json.load(f)
+        return {k: data.get(k) for k in ("free_mem_mb", "load_per_core", "free_disk_mb")}
+    plugin = config.get_plugin("placement")
+    measure = getattr(plugin, "measure_local", None)
+    if measure is not None:
+        return dict(measure(str(config.home)))
+    import psutil
+
+    return {"free_mem_mb": psutil.virtual_memory().available / 2**20,
+            "load_per_core": os.getloadavg()[0] / (os.cpu_count() or 1),
+            "free_disk_mb": psutil.disk_usage(str(config.home)).free / 2**20}
+
+
+def _tools(config: Any) -> tuple[dict[str, Optional[str]], list[str]]:
+    """``TOOL --version`` of each probed tool (:mod:`fleetrun.probe`), and which have a
+    credential; cached in the home for a few minutes (each probe starts processes)."""
+    from .probe import AUTH_CHECKS, probe_versions, tool_names
+    from .shepherd import read_json, write_json
+
+    extra = config.setting("relay", "tools", []) or []
+    names = tool_names(x for x in extra if isinstance(x, str)) if isinstance(extra, list) else tool_names()
+    exes = {n: n for n in names}
+    claude = config.setting("claude", "executable")
+    if isinstance(claude, str) and claude:
+        exes["claude"] = claude
+    key = json.dumps([exes, os.environ.get("PATH", "")], sort_keys=True)
+    cache_path = config.home / TOOLS_CACHE
+    cache = read_json(str(cache_path)) or {}
+    if cache.get("key") == key and time.time() - float(cache.get("time") or 0) < TOOLS_TTL_S:
+        return dict(cache.get("tools") or {}), list(cache.get("auth") or [])
+    tools = probe_versions(exes)
+    home = Path(os.path.expanduser("~"))
+    auth = sorted(n for n, check in AUTH_CHECKS.items() if n in tools and check(os.environ, home))
+    from .ledger import ensure_private_dir
+
+    ensure_private_dir(config.home)
+    write_json(str(cache_path), {"key": key, "time": time.time(), "tools": tools, "auth": auth})
+    return tools, auth
+
+
+def cmd_probe(config: Any, ns: argparse.Namespace) -> dict[str, Any]:
+    from . import __version__
+    from .peers import FEATURES
+
+    policy, policy_error = _policy(config)
+    with _host_lock(config.home):
+        hosted = _hosted(config)
+    reply: dict[str, Any] = {
+        "fleetrun": __version__,
+        "features": list(FEATURES),
+        "hostname": socket.gethostname(),
+        "os": platform.system().lower(),
+        "arch": platform.machine(),
+        "python": platform.python_version(),
+        "home": str(config.home),
+        "time": time.time(),
+        "running": len(hosted) + _own_loop_running(config),
+        "max_tasks": policy.local.max_tasks,
+        "drain": _drained(config, policy),
+        "tags": list(config.setting("relay", "tags", []) or []),
+        "mem_per_task_mb": policy.local.mem_per_task_mb,
+    }
+    reply["tools"], reply["auth"] = _tools(config)
+    reply.update(_headroom(config))
+    if policy_error:
+        reply["policy_error"] = policy_error
+    return reply
+
+
+# ---------------------------------------------------------------------------------
+# attempts
+
+
+def cmd_prepare(config: Any, ns: argparse.Namespace) -> dict[str, Any]:
+    p = _payload()
+    task, att = _task(p["task"]), _attempt(p["attempt"])
+    if not os.path.isdir(task.spec.cwd):
+        raise HostError("working directory does not exist on this host")
+    try:
+        ws = config.hook.fleetrun_prepare_workspace(task=task, attempt=att, config=config)
+    except Exception as e:
+        raise HostError(str(e) or type(e).__name__) from None
+    if ws is None:
+        raise HostError("no plugin prepared a workspace on the peer")
+    return {"workspace": dataclasses.asdict(ws)}
+
+
+def cmd_start(config: Any, ns: argparse.Namespace) -> dict[str, Any]:
+    p = _payload()
+    attempt_id, task_id, spec = str(p["attempt_id"]), str(p["task_id"]), dict(p["spec"])
+    if "/" in attempt_id or attempt_id.startswith("."):
+        raise HostError(f"bad attempt id {attempt_id!r}")
+    from .shepherd import write_json
+
+    host = _local_host(config)
+    with _host_lock(config.home):
+        hosted = _hosted(config)
+        if attempt_id in hosted:  # asked again (a lost reply): the same shepherd
+            e = hosted[attempt_id]
+            return {"pid": e["pid"], "token": e["token"], "dir": str(host.attempt_dir(attempt_id)), "again": True}
+        same = [aid for aid, e in hosted.items() if e.get("task_id") == task_id]
+        if same:
+            raise Refused(f"is still running attempt {same[0]} of this task (a task never runs twice at once)")
+        policy, policy_error = _policy(config)
+        if policy_error:
+            raise Refused(f"has a broken policy.toml: {policy_error}")
+        if _drained(config, policy):
+            raise Refused("is draining")
+        running = len(hosted) + _own_loop_running(config)
+        if running >= policy.local.max_tasks:
+            raise Refused(f"is running {running} of {policy.local.max_tasks} tasks (its own [local] max_tasks)")
+        if spec.get("cwd") and not os.path.isdir(spec["cwd"]):
+            raise HostError("working directory does not exist on this host")
+        info = host.start(attempt_id, spec, p.get("prompt"))
+        hosted[attempt_id] = {"task_id": task_id, "pid": info["pid"], "token": info["token"], "started": time.time()}
+        write_json(str(config.home / HOSTED), hosted)
+    return {"pid": info["pid"], "token": info["token"], "dir": info["dir"]}
+
+
+def _log_chunk(path: Path, offset: int) -> dict[str, Any]:
+    try:
+        size = path.stat().st_size
+    except OSError:
+        return {"log": "", "log_offset": offset, "log_size": 0}
+    data = b""
+    if offset < size:
+        with open(path, "rb") as f:
+            f.seek(offset)
+            data = f.read(LOG_CHUNK)
+    return {"log": base64.b64encode(data).decode(), "log_offset": offset, "log_size": size}
+
+
+def cmd_status(config: Any, ns: argparse.Namespace) -> dict[str, Any]:
+    host = _local_host(config)
+    st = host.status(ns.attempt, ns.pid, ns.token)
+    reply: dict[str, Any] = {"status": st}
+    if ns.offset is not None:  # the log after the status: an ended status means all of it is here
+        reply.update(_log_chunk(host.log_path(ns.attempt), ns.offset))
+    return reply
+
+
+def cmd_log(config: Any, ns: argparse.Namespace) -> dict[str, Any]:
+    return _log_chunk(_local_host(config).log_path(ns.attempt), ns.offset or 0)
+
+
+def cmd_stop(config: Any, ns: argparse.Namespace) -> dict[str, Any]:
+    host = _local_host(config)
+    return {"signalled": host.stop(ns.attempt, ns.pid, ns.token), "status": host.status(ns.attempt, ns.pid, ns.token)}
+
+
+def cmd_collect(config: Any, ns: argparse.Namespace) -> dict[str, Any]:
+    p = _payload()
+    try:
+        commit = config.hook.fleetrun_collect_work(task=_task(p["task"]), attempt=_attempt(p["attempt"]),
+                                                   workspace=_workspace(p["workspace"]), config=config)
+    except Exception as e:
+        raise HostError(str(e) or type(e).__name__) from None
+    return {"commit": commit}
+
+
+def cmd_cleanup(config: Any, ns: argparse.Namespace) -> dict[str, Any]:
+    task = _task(_payload()["task"])
+    try:
+        config.hook.fleetrun_cleanup_workspace(task=task, config=config)
+    except Exception as e:
+        raise HostError(str(e) or type(e).__name__) from None
+    wt = task.worktree
+    return {"worktree": wt, "removed": bool(wt) and not os.path.exists(wt)}
+
+
+# ---------------------------------------------------------------------------------
+# run verifiers, under a detached runner (a verifier may take many minutes; no SSH
+# channel waits for it)
+
+
+def _verify_dir(config: Any, attempt_id: str, idx: int) -> Path:
+    if "/" in attempt_id or attempt_id.startswith("."):
+        raise HostError(f"bad attempt id {attempt_id!r}")
+    return config.home / "attempts" / attempt_id / f"verify-{idx + 1}"
+
+
+def _runner_alive(vdir: Path) -> bool:
+    from .hosts import shepherd_alive
+    from .shepherd import read_json
+
+    r = read_json(str(vdir / "runner.json")) or {}
+    return shepherd_alive(r.get("pid"), r.get("token"))
+
+
+def cmd_verify_start(config: Any, ns: argparse.Namespace) -> dict[str, Any]:
+    from .ledger import ensure_private_dir
+    from .shepherd import proc_token, write_json
+
+    p = _payload()
+    task, att, ws = _task(p["task"]), _attempt(p["attempt"]), _workspace(p["workspace"])
+    v, idx = p["verifier"], int(p["idx"])
+    vdir = _verify_dir(config, att.id, idx)
+    with _host_lock(config.home):
+        if _runner_alive(vdir):
+            return {"state": "running", "again": True}
+        ensure_private_dir(vdir)
+        for name in ("result.json", "out", "child.json"):
+            try:
+                (vdir / name).unlink()
+            except FileNotFoundError:
+                pass
+        env = dict(os.environ)
+        env.update(FLEETRUN_TASK_ID=task.id, FLEETRUN_TASK_NAME=task.name, FLEETRUN_ATTEMPT=str(att.number),
+                   FLEETRUN_WORKTREE=ws.path)
+        write_json(str(vdir / "spec.json"), {"text": v["text"], "cwd": ws.path, "env": env,
+                                             "timeout_s": float(v.get("timeout_s") or 900.0)})
+        pid = os.posix_spawn(
+            sys.executable, [sys.executable, "-m", "fleetrun.hostcli", "verify-runner", str(vdir)], env,
+            file_actions=[
+                (os.POSIX_SPAWN_OPEN, 0, os.devnull, os.O_RDONLY, 0),
+                (os.POSIX_SPAWN_OPEN, 1, str(vdir / "runner.out"), os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o600),
+                (os.POSIX_SPAWN_DUP2, 1, 2),
+            ],
+            setsid=True,
+        )
+        write_json(str(vdir / "runner.json"), {"pid": pid, "token": proc_token(pid), "started": time.time()})
+    return {"state": "running"}
+
+
+def cmd_verify_status(config: Any, ns: argparse.Namespace) -> dict[str, Any]:
+    from .shepherd import read_json
+
+    vdir = _verify_dir(config, ns.attempt, ns.idx)
+    res = read_json(str(vdir / "result.json"))
+    if res is not None:
+        return dict(res, state="ended")
+    if not (vdir / "runner.json").exists():
+        raise _Unknown("no such verifier run here")
+    if _runner_alive(vdir):
+        return {"state": "running"}
+    res = read_json(str(vdir / "result.json"))  # it may have just finished
+    if res is not None:
+        return dict(res, state="ended")
+    return {"state": "ended", "passed": False, "reason": "the verifier's runner died on the peer",
+            "output": _tail(vdir / "out"), "duration_s": 0.0}
+
+
+class _Unknown(HostError):
+    pass
+
+
+def cmd_verify_stop(config: Any, ns: argparse.Namespace) -> dict[str, Any]:
+    from .shepherd import read_json
+
+    vdir = _verify_dir(config, ns.attempt, ns.idx)
+    r = read_json(str(vdir / "runner.json")) or {}
+    if r.get("pid") and _runner_alive(vdir):
+        try:
+            os.kill(int(r["pid"]), signal.SIGTERM)
+            return {"signalled": True}
+        except ProcessLookupError:
+            pass
+    return {"signalled": False}
+
+
+def _tail(path: Path, limit: int = KEEP_BYTES) -> str:
+    try:
+        with open(path, "rb") as f:
+            f.seek(0, 2)
+            size = f.tell()
+            f.seek(max(0, size - limit))
+            data = f.read()
+    except OSError:
+        return ""
+    if size > limit:
+        i = 0
+        while i < len(data) and i < 4 and (data[i] & 0xC0) == 0x80:
+            i += 1
+        data = data[i:]
+    return data.decode("utf-8", "replace")
+
+
+def verify_runner(vdir: Path) -> int:
+    """The detached runner of one ``run`` verifier: the command under ``/bin/sh -c``
+    in the worktree, output to a file, the timeout enforced here (so a dropped link
+    cannot leave it running), the verdict in ``result.json``."""
+    from .shepherd import read_json, write_json
+
+    spec = read_json(str(vdir / "spec.json"))
+    if spec is None:
+        return 2
+    started = time.monotonic()
+    timeout_s = float(spec["timeout_s"])
+    stopped: list[str] = []
+
+    def finish(passed: bool, reason: str) -> int:
+        write_json(str(vdir / "result.json"), {"passed": passed, "reason": reason, "output": _tail(vdir / "out"),
+                                               "duration_s": time.monotonic() - started, "ended": time.time()})
+        return 0
+
+    fd = os.open(vdir / "out", os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
+    try:
+        proc = subprocess.Popen(["/bin/sh", "-c", spec["text"]], cwd=spec["cwd"], env=spec["env"],
+                                stdin=subprocess.DEVNULL, stdout=fd, stderr=fd, start_new_session=True,
+                                close_fds=True)
+    except OSError as e:
+        return finish(False, f"cannot start: {e.strerror or e}")
+    finally:
+        os.close(fd)
+
+    def kill_group() -> None:
+        for sig in (signal.SIGTERM, signal.SIGKILL):
+            try:
+                os.killpg(proc.pid, sig)
+            except ProcessLookupError:
+                return
+            try:
+                proc.wait(timeout=2)
+                return
+            except subprocess.TimeoutExpired:
+                continue
+
+    def on_term(signum: int, frame: object) -> None:
+        stopped.append("stopped")
+        kill_group()
+
+    signal.signal(signal.SIGTERM, on_term)
+    try:
+        code = proc.wait(timeout=timeout_s)
+    except subprocess.TimeoutExpired:
+        kill_group()
+        proc.wait()
+        return finish(False, f"timed out after {timeout_s:g}s")
+    try:
+        os.killpg(proc.pid, signal.SIGKILL)  # leftovers of the group
+    except (ProcessLookupError, PermissionError):
+        pass
+    if stopped:
+        return finish(False, "stopped by the supervisor")
+    if code == 0:
+        return finish(True, "exit code 0")
+    if code < 0:
+        return finish(False, f"killed by signal {-code}")
+    return finish(False, f"exit code {code}")
+
+
+VERBS = {
+    "probe": cmd_probe,
+    "prepare": cmd_prepare,
+    "start": cmd_start,
+    "status": cmd_status,
+    "log": cmd_log,
+    "stop": cmd_stop,
+    "collect": cmd_collect,
+    "cleanup": cmd_cleanup,
+    "verify-start": cmd_verify_start,
+    "verify-status": cmd_verify_status,
+    "verify-stop": cmd_verify_stop,
+}
+
+
+if __name__ == "__main__":
+    if len(sys.argv) == 3 and sys.argv[1] == "verify-runner":
+        raise SystemExit(verify_runner(Path(sys.argv[2])))
+    raise SystemExit("usage: python -m fleetrun.hostcli verify-runner DIR (fleetrun host VERB runs the rest)")

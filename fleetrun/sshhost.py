@@ -1,0 +1,609 @@
+"""``SSHHost``: a peer, reached over SSH, offering the verbs ``LocalHost`` offers.
+
+Every verb runs ``fleetrun host VERB --json`` on the peer over one persistent
+paramiko transport per peer. The transport sits on a socket of our own, because
+paramiko sets neither option that matters here: ``TCP_NODELAY`` (without it a verb
+waits out Nagle and delayed ACK) and ``TCP_USER_TIMEOUT`` (without it a silently
+dead link is noticed only after the kernel's retransmissions give up, minutes
+later). An SSH keepalive every few seconds makes sure there is unacknowledged
+data to time out on.
+
+A peer that cannot be reached is never reported as ``died``: the attempt may still
+be running there, and the task must not run twice. ``status`` says
+``unreachable`` and the loop keeps waiting.
+
+paramiko is imported inside the functions that connect, never at import time.
+"""
+
+from __future__ import annotations
+
+import base64
+import json
+import os
+import select
+import shlex
+import socket
+import threading
+import time
+from pathlib import Path
+from typing import Any, Optional
+
+from .hosts import StartRefused
+from .ledger import ensure_private_dir
+from .peers import (
+    HostKeyRefused,
+    Peer,
+    Target,
+    UnknownHostKey,
+    check_host_key,
+    fingerprint,
+    known_host_name,
+    known_hosts_files,
+    known_keys,
+    record_host_key,
+    resolve,
+)
+from .reports import Verdict
+
+CONNECT_TIMEOUT_S = 8.0
+USER_TIMEOUT_MS = 6000  # unacknowledged data older than this kills the connection
+KEEPALIVE_S = 5  # an SSH ignore packet after this much quiet
+VERB_TIMEOUT_S = 30.0
+STATUS_TIMEOUT_S = 8.0
+RETRY_CONNECT_AFTER_S = 2.0  # after a failed connection, verbs fail fast this long
+REFUSED_EXIT = 75  # EX_TEMPFAIL: ``fleetrun host start`` refused (at its limit...)
+LOG_CHUNK = 1 << 20
+DEFAULT_KEYS = ("id_ed25519", "id_ecdsa", "id_rsa")
+
+
+class PeerUnreachable(Exception):
+    """The peer could not be reached: connection, authentication, host key, or a
+    link that dropped mid-verb.
+
+    :ivar delivered: the request may have reached the peer (the link dropped after
+        it was sent), so the peer may have acted on it.
+    """
+
+    def __init__(self, message: str, delivered: bool = False) -> None:
+        super().__init__(message)
+        self.delivered = delivered
+
+
+class PeerError(Exception):
+    """The peer answered, with an error (its message is the exception's)."""
+
+    def __init__(self, message: str, code: int, reply: Optional[dict[str, Any]] = None) -> None:
+        super().__init__(message)
+        self.code = code
+        self.reply = reply or {}
+
+
+# ---------------------------------------------------------------------------------
+# Connecting
+
+
+def open_socket(hostname: str, port: int, timeout: float = CONNECT_TIMEOUT_S) -> socket.socket:
+    """A connected TCP socket with ``TCP_NODELAY``, ``TCP_USER_TIMEOUT`` and TCP keepalive."""
+    last: Optional[OSError] = None
+    for family, kind, proto, _, addr in socket.getaddrinfo(hostname, port, type=socket.SOCK_STREAM):
+        s = socket.socket(family, kind, proto)
+        try:
+            s.settimeout(timeout)
+            s.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
+            s.setsockopt(socket.SOL_SOCKET, socket.SO_KEEPALIVE, 1)
+            for opt, value in (("TCP_USER_TIMEOUT", USER_TIMEOUT_MS), ("TCP_KEEPIDLE", KEEPALIVE_S),
+                               ("TCP_KEEPINTVL", 1), ("TCP_KEEPCNT", 3)):
+                if hasattr(socket, opt):
+                    s.setsockopt(socket.IPPROTO_TCP, getattr(socket, opt), value)
+            s.connect(addr)
+            return s
+        except OSError as e:
+            s.close()
+            last = e
+    raise last or OSError(f"cannot resolve {hostname}")
+
+
+def accept_hint(peer: Peer, home: Optional[Path] = None) -> str:
+    """The exact command that accepts this peer's new host key."""
+    from .config import default_home
+
+    argv = ["fleetrun"]
+    if home is not None and home != default_home():
+        argv += ["--home", str(home)]
+    argv += ["relay", "add", peer.name, peer.address]
+    if peer.key:
+        argv += ["--key", peer.key]
+    if list(peer.command) != ["fleetrun"]:
+        argv += ["--command", shlex.join(peer.command)]
+    argv.append("--accept-new")
+    return shlex.join(argv)
+
+
+def connect(peer: Peer, home: Path, accept_new: bool = False, timeout: float = CONNECT_TIMEOUT_S,
+            notes: Optional[list[str]] = None) -> Any:
+    """Open, check and authenticate a transport to ``peer``.
+
+    The host key must be on record in ``~/.ssh/known_hosts`` or fleetrun's own
+    ``known_hosts``; with ``accept_new`` an unknown key is recorded in fleetrun's
+    (and said so in ``notes``). A changed key is always refused.
+
+    :raises PeerUnreachable: anything that stops the connection, with the reason.
+    """
+    import paramiko
+
+    target = resolve(peer.address, peer.key)
+    files = known_hosts_files(home)
+    try:
+        sock = open_socket(target.hostname, target.port, timeout)
+    except OSError as e:
+        raise PeerUnreachable(f"cannot connect to {target.hostname}:{target.port}: {e.strerror or e}") from None
+    t = paramiko.Transport(sock)
+    try:
+        t.banner_timeout = timeout
+        t.handshake_timeout = timeout
+        t.auth_timeout = timeout
+        t.set_keepalive(KEEPALIVE_S)
+        # offer first the key types already on record, as ssh does, so a machine with
+        # several host keys shows the one we know
+        known_types = [k.get_name() for k, _ in known_keys(target.key_name, files)]
+        if known_types:
+            opts = t.get_security_options()
+            pref = [k for k in known_types if k in opts.key_types]
+            opts.key_types = tuple(dict.fromkeys(pref + list(opts.key_types)))
+        try:
+            t.start_client(timeout=timeout)
+        except (paramiko.SSHException, OSError, EOFError) as e:
+            raise PeerUnreachable(f"SSH handshake with {target.hostname}:{target.port} failed: {e}") from None
+        key = t.get_remote_server_key()
+        try:
+            where = check_host_key(target.key_name, key, files, accept_hint(peer, home))
+            if notes is not None:
+                notes.append(f"host key of {target.key_name}: {key.get_name()} {fingerprint(key)} "
+                             f"(on record in {where})")
+        except UnknownHostKey:
+            if not accept_new:
+                raise
+            record_host_key(files[-1], target.key_name, key)
+            if notes is not None:
+                notes.append(f"accepted the new host key of {target.key_name}: {key.get_name()} "
+                             f"{fingerprint(key)}, recorded in {files[-1]} (trust on first use)")
+        authenticate(t, target, timeout)
+    except BaseException:
+        t.close()
+        raise
+    return t
+
+
+def authenticate(t: Any, target: Target, timeout: float) -> None:
+    """Public keys only: ssh-agent's first, then ``--key``, ``IdentityFile`` and the
+    default ``~/.ssh/id_*`` files."""
+    import paramiko
+
+    tried: list[str] = []
+    agent = paramiko.Agent()
+    try:
+        for k in agent.get_keys():
+            try:
+                t.auth_publickey(target.user, k)
+                return
+            except paramiko.AuthenticationException:
+                tried.append(f"agent key {k.get_name()}")
+            except (paramiko.SSHException, OSError, EOFError) as e:
+                raise PeerUnreachable(f"authentication with {target.address} failed: {e}") from None
+    finally:
+        agent.close()
+    sshdir = Path(os.path.expanduser("~")) / ".ssh"
+    files = list(dict.fromkeys(target.identity_files + [str(sshdir / n) for n in DEFAULT_KEYS]))
+    for path in files:
+        if not os.path.isfile(path):
+            if path in target.identity_files:
+                tried.append(f"{path} (missing)")
+            continue
+        try:
+            pkey = paramiko.PKey.from_path(path)
+        except paramiko.PasswordRequiredException:
+            tried.append(f"{path} (encrypted: add it to ssh-agent)")
+            continue
+        except (paramiko.SSHException, OSError, ValueError) as e:
+            tried.append(f"{path} (unreadable: {e})")
+            continue
+        try:
+            t.auth_publickey(target.user, pkey)
+            return
+        except paramiko.AuthenticationException:
+            tried.append(path)
+        except (paramiko.SSHException, OSError, EOFError) as e:
+            raise PeerUnreachable(f"authentication with {target.address} failed: {e}") from None
+    raise PeerUnreachable(f"no key was accepted for {target.address} (tried: {', '.join(tried) or 'nothing'}); "
+                          "pass --key, set IdentityFile in ~/.ssh/config, or add the key to ssh-agent")
+
+
+def run_command(t: Any, command: str, stdin: Optional[bytes] = None,
+                timeout: float = VERB_TIMEOUT_S) -> tuple[int, bytes, bytes]:
+    """Run ``command`` on an open transport; every step under ``timeout``.
+
+    ``recv_exit_status`` has no timeout, so this polls the channel instead.
+
+    :raises PeerUnreachable: the link failed (``delivered`` once the command was sent).
+    """
+    import paramiko
+
+    deadline = time.monotonic() + timeout
+    try:
+        ch = t.open_session(timeout=timeout)
+    except (paramiko.SSHException, OSError, EOFError) as e:
+        raise PeerUnreachable(f"cannot open a channel: {e}") from None
+    delivered = False
+    try:
+        ch.settimeout(timeout)
+        ch.exec_command(command)
+        delivered = True
+        if stdin:
+            ch.sendall(stdin)
+        ch.shutdown_write()
+        out: list[bytes] = []
+        err: list[bytes] = []
+        while True:
+            while ch.recv_ready():
+                out.append(ch.recv(65536))
+            while ch.recv_stderr_ready():
+                err.append(ch.recv_stderr(65536))
+            if (ch.exit_status_ready() and not ch.recv_ready() and not ch.recv_stderr_ready()
+                    and (ch.eof_received or ch.closed)):
+                break
+            if ch.closed and not ch.exit_status_ready():
+                raise PeerUnreachable("the channel closed without an exit status", delivered=True)
+            if not t.is_active():
+                raise PeerUnreachable("the connection dropped", delivered=True)
+            left = deadline - time.monotonic()
+            if left <= 0:
+                raise PeerUnreachable(f"no reply within {timeout:g}s", delivered=True)
+            select.select([ch], [], [], min(left, 0.02))
+        return ch.recv_exit_status(), b"".join(out), b"".join(err)
+    except (paramiko.SSHException, OSError, EOFError) as e:
+        raise PeerUnreachable(f"the connection failed: {e}", delivered=delivered) from None
+    finally:
+        ch.close()
+
+
+def parse_reply(data: bytes) -> Optional[dict[str, Any]]:
+    """The JSON object a ``fleetrun host`` verb printed. Tolerates lines before it (a
+    login shell's ``.bashrc`` that prints): the reply is the last line that parses."""
+    text = data.decode("utf-8", "replace").strip()
+    try:
+        obj = json.loads(text)
+        return obj if isinstance(obj, dict) else None
+    except ValueError:
+        pass
+    for line in reversed(text.splitlines()):
+        line = line.strip()
+        if line.startswith("{"):
+            try:
+                obj = json.loads(line)
+            except ValueError:
+                continue
+            if isinstance(obj, dict):
+                return obj
+    return None
+
+
+def remote_command(command: list[str], verb: str, args: list[str]) -> str:
+    return shlex.join([*command, "host", verb, "--json", *args])
+
+
+def task_payload(task: Any) -> dict[str, Any]:
+    """A ledger ``Task`` as JSON, for the peer to rebuild."""
+    from dataclasses import asdict
+
+    d = asdict(task)
+    d["state"] = task.state.value
+    return d
+
+
+# ---------------------------------------------------------------------------------
+# The host
+
+
+class SSHHost:
+    """A peer. The same verbs as :class:`~fleetrun.hosts.LocalHost`, plus ``probe``,
+    ``prepare``, ``collect``, ``cleanup`` and the ``verify_*`` verbs.
+
+    Thread-safe: the relay's heartbeat probes from its own thread while the loop
+    calls the other verbs from the main thread, over the same transport.
+    """
+
+    def __init__(self, peer: Peer, home: Path) -> None:
+        self.peer = peer
+        self.name = peer.name
+        self.home = home
+        self._lock = threading.Lock()
+        self._transport: Any = None
+        self._retry_at = 0.0
+        self.last_error: Optional[str] = None
+        self.connect_s: Optional[float] = None
+        self.passive = False
+
+    # -- the connection ------------------------------------------------------------
+
+    def transport(self, may_connect: bool = True) -> Any:
+        """The open transport, connecting if needed (not sooner than
+        ``RETRY_CONNECT_AFTER_S`` after a failure).
+
+        :param may_connect: whether this call may (re)connect. The verbs the loop
+            polls on every pass (``status``, ``verify_status``) do not while the host
+            is ``passive`` (a heartbeat thread reconnects): while the peer is away
+            they fail at once instead of blocking the loop for a connection timeout.
+        """
+        t = self._transport
+        if t is not None and t.is_active():
+            return t
+        if not may_connect:
+            raise PeerUnreachable(self.last_error or f"not connected to {self.name} (reconnecting)")
+        with self._lock:
+            t = self._transport
+            if t is not None and t.is_active():
+                return t
+            if t is not None:
+                t.close()
+                self._transport = None
+            if time.monotonic() < self._retry_at:
+                raise PeerUnreachable(self.last_error or f"{self.name} could not be reached")
+            start = time.monotonic()
+            try:
+                t = connect(self.peer, self.home)
+            except (PeerUnreachable, HostKeyRefused) as e:
+                self.last_error = str(e)
+                self._retry_at = time.monotonic() + RETRY_CONNECT_AFTER_S
+                raise PeerUnreachable(str(e)) from None
+            self.connect_s = time.monotonic() - start
+            self._transport = t
+            self.last_error = None
+            return t
+
+    def drop(self) -> None:
+        with self._lock:
+            if self._transport is not None:
+                self._transport.close()
+                self._transport = None
+
+    close = drop
+
+    def call(self, verb: str, *args: str, payload: Optional[dict[str, Any]] = None,
+             timeout: float = VERB_TIMEOUT_S, may_connect: bool = True) -> dict[str, Any]:
+        """Run ``fleetrun host VERB --json ARGS`` there; return its JSON reply.
+
+        :raises PeerUnreachable: the peer could not be reached or the link dropped.
+        :raises PeerError: the peer answered with an error (or no fleetrun is there).
+        """
+        t = self.transport(may_connect)
+        data = json.dumps(payload).encode() if payload is not None else None
+        try:
+            code, out, err = run_command(t, remote_command(self.peer.command, verb, list(args)), data, timeout)
+        except PeerUnreachable as e:
+            self.drop()
+            self.last_error = str(e)
+            raise
+        reply = parse_reply(out)
+        if reply is None:
+            detail = (err or out).decode("utf-8", "replace").strip().splitlines()
+            tail = detail[-1] if detail else "no output"
+            cmd = shlex.join(self.peer.command)
+            if code == 127 or "not found" in tail or "No such file" in tail:
+                raise PeerError(f"has no fleetrun: `{cmd}` was not found there ({tail}); install it, or set "
+                                f"command = [...] for this peer in peers.toml", code)
+            raise PeerError(f"`{cmd} host {verb}` gave no JSON reply (exit {code}): {tail}; its fleetrun may "
+                            "be too old to be a peer", code)
+        if code == REFUSED_EXIT and "refused" in reply:
+            raise StartRefused(f"{self.name} {reply['refused']}")
+        if code != 0:
+            raise PeerError(str(reply.get("error") or f"exit {code}"), code, reply)
+        return reply
+
+    # -- LocalHost's verbs ---------------------------------------------------------
+
+    def attempt_dir(self, attempt_id: str) -> Path:
+        """The local mirror of the attempt folder (the log, read as status is polled)."""
+        return self.home / "attempts" / attempt_id
+
+    def log_path(self, attempt_id: str) -> Path:
+        return self.attempt_dir(attempt_id) / "log"
+
+    def start(self, attempt_id: str, spec: dict[str, Any], prompt: Optional[str] = None) -> dict[str, Any]:
+        """Start a shepherd there.
+
+        :raises StartRefused: the peer would not (at its ``max_tasks``, draining, the
+            task already running there...); the message is the peer's reason.
+        :raises PeerUnreachable: the request never reached the peer.
+        """
+        adir = ensure_private_dir(self.attempt_dir(attempt_id))
+        spec = {k: v for k, v in spec.items() if k != "notify"}  # the supervisor's socket is not there
+        task_id = (spec.get("env") or {}).get("FLEETRUN_TASK_ID") or attempt_id.rsplit("_a", 1)[0]
+        if prompt is not None:
+            fd = os.open(adir / "prompt", os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
+            with os.fdopen(fd, "w", encoding="utf-8") as f:
+                f.write(prompt)
+        payload = {"attempt_id": attempt_id, "task_id": task_id, "spec": spec, "prompt": prompt}
+        try:
+            reply = self.call("start", payload=payload)
+        except PeerUnreachable as e:
+            if not e.delivered:
+                raise
+            # The peer may have started it and the reply was lost: say "started, pid
+            # unknown" and let status find out, rather than let the task run twice.
+            reply = {"pid": None, "token": None, "dir": None, "uncertain": str(e)}
+        except PeerError as e:
+            raise StartRefused(f"{self.name} could not start the task: {e}") from None
+        self._write_note(adir, {"peer": self.name, "remote_dir": reply.get("dir"),
+                                "uncertain": reply.get("uncertain")})
+        return {"pid": reply.get("pid"), "token": reply.get("token"), "dir": str(adir),
+                "remote_dir": reply.get("dir")}
+
+    @staticmethod
+    def _write_note(adir: Path, data: dict[str, Any]) -> None:
+        from .shepherd import write_json
+
+        write_json(str(adir / "peer.json"), data)
+
+    def status(self, attempt_id: str, pid: Optional[int], token: Optional[str]) -> dict[str, Any]:
+        """The shepherd's status there, the log mirrored as it goes; ``unreachable``
+        (never ``died``) when the peer cannot be asked."""
+        log = self.log_path(attempt_id)
+        args = ["--attempt", attempt_id, "--log-offset", str(_size(log))]
+        if pid:
+            args += ["--pid", str(pid)]
+        if token:
+            args += ["--token", token]
+        try:
+            reply = self.call("status", *args, timeout=STATUS_TIMEOUT_S, may_connect=not self.passive)
+            self._append_log(log, reply)
+            st = dict(reply.get("status") or {})
+            # the loop reads the log as soon as it sees "ended": have all of it by then
+            while st.get("state") in ("ended", "died") and reply.get("log_size", 0) > _size(log):
+                reply = self.call("log", "--attempt", attempt_id, "--offset", str(_size(log)),
+                                  timeout=STATUS_TIMEOUT_S, may_connect=not self.passive)
+                if not self._append_log(log, reply):
+                    break
+        except (PeerUnreachable, PeerError) as e:
+            return {"state": "unreachable", "error": f"{self.name}: {e}"}
+        return st
+
+    def _append_log(self, log: Path, reply: dict[str, Any]) -> bool:
+        chunk = base64.b64decode(reply.get("log") or "")
+        if not chunk or reply.get("log_offset") != _size(log):
+            return False
+        ensure_private_dir(log.parent)
+        fd = os.open(log, os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o600)
+        try:
+            os.write(fd, chunk)
+        finally:
+            os.close(fd)
+        return True
+
+    def stop(self, attempt_id: str, pid: Optional[int], token: Optional[str]) -> bool:
+        args = ["--attempt", attempt_id]
+        if pid:
+            args += ["--pid", str(pid)]
+        if token:
+            args += ["--token", token]
+        try:
+            return bool(self.call("stop", *args).get("signalled"))
+        except (PeerUnreachable, PeerError) as e:
+            from .peers import add_pending_stop
+
+            add_pending_stop(self.home, self.name, attempt_id, pid, token, str(e))
+            return False
+
+    # -- the peer-only verbs -------------------------------------------------------
+
+    def probe(self, timeout: float = VERB_TIMEOUT_S, may_connect: bool = True) -> dict[str, Any]:
+        return self.call("probe", timeout=timeout, may_connect=may_connect)
+
+    def prepare(self, task: Any, attempt: Any) -> dict[str, Any]:
+        from dataclasses import asdict
+
+        reply = self.call("prepare", payload={"task": task_payload(task), "attempt": asdict(attempt)},
+                          timeout=120)
+        return dict(reply["workspace"])
+
+    def collect(self, task: Any, attempt: Any, workspace: Any) -> Optional[str]:
+        from dataclasses import asdict
+
+        reply = self.call("collect", payload={"task": task_payload(task), "attempt": asdict(attempt),
+                                              "workspace": asdict(workspace)}, timeout=120)
+        return reply.get("commit")
+
+    def cleanup(self, task: Any) -> dict[str, Any]:
+        return self.call("cleanup", payload={"task": task_payload(task)}, timeout=120)
+
+    def verify_start(self, task: Any, attempt: Any, verifier: Any, idx: int, workspace: Any) -> dict[str, Any]:
+        from dataclasses import asdict
+
+        return self.call("verify-start", payload={
+            "task": task_payload(task), "attempt": asdict(attempt), "verifier": asdict(verifier), "idx": idx,
+            "workspace": asdict(workspace)})
+
+    def verify_status(self, attempt_id: str, idx: int) -> dict[str, Any]:
+        return self.call("verify-status", "--attempt", attempt_id, "--idx", str(idx), timeout=STATUS_TIMEOUT_S,
+                         may_connect=not self.passive)
+
+    def verify_stop(self, attempt_id: str, idx: int) -> dict[str, Any]:
+        return self.call("verify-stop", "--attempt", attempt_id, "--idx", str(idx))
+
+
+def _size(path: Path) -> int:
+    try:
+        return path.stat().st_size
+    except OSError:
+        return 0
+
+
+class RemoteRunHandle:
+    """A ``run`` verifier running on a peer; ``poll()`` asks it at most once a second.
+
+    The peer enforces the verifier's timeout itself, so a dropped link cannot leave a
+    verifier running forever; while the peer cannot be asked, ``poll()`` waits.
+    """
+
+    POLL_S = 1.0
+
+    def __init__(self, host: SSHHost, task: Any, attempt: Any, verifier: Any, idx: int, workspace: Any) -> None:
+        self.host = host
+        self.args = (task, attempt, verifier, idx, workspace)
+        self.verifier = verifier
+        self.attempt_id = attempt.id
+        self.idx = idx
+        self.started = False
+        self.next_poll = time.monotonic()
+        self.error: Optional[str] = None
+        self.verdict: Optional[Verdict] = None
+        self._try_start()
+
+    def _try_start(self) -> None:
+        try:
+            self.host.verify_start(*self.args)
+            self.started = True
+        except PeerUnreachable as e:
+            self.error = str(e)
+            self.started = e.delivered  # it may be running: ask before starting another
+        except PeerError as e:
+            self.verdict = Verdict(
+                False, "run", self.verifier.label, reason=f"{self.host.name} could not run it: {e}", host=self.host.name)
+
+    def next_deadline(self) -> float:
+        return self.next_poll
+
+    def poll(self) -> Optional[Verdict]:
+        if self.verdict is not None:
+            return self.verdict
+        now = time.monotonic()
+        if now < self.next_poll:
+            return None
+        self.next_poll = now + self.POLL_S
+        if not self.started:
+            self._try_start()
+            return self.verdict
+        try:
+            r = self.host.verify_status(self.attempt_id, self.idx)
+        except PeerUnreachable as e:
+            self.error = str(e)
+            return None
+        except PeerError as e:
+            if e.reply.get("unknown"):
+                self.started = False  # never got there (or was lost): start it now
+                return None
+            return Verdict(False, "run", self.verifier.label, reason=f"{self.host.name}: {e}", host=self.host.name)
+        if r.get("state") != "ended":
+            return None
+        return Verdict(passed=bool(r.get("passed")), kind="run", label=self.verifier.label,
+                       reason=str(r.get("reason") or ""), output=str(r.get("output") or ""),
+                       duration_s=float(r.get("duration_s") or 0.0), host=self.host.name)
+
+    def cancel(self) -> None:
+        try:
+            self.host.verify_stop(self.attempt_id, self.idx)
+        except (PeerUnreachable, PeerError):
+            pass
+
+
+__all__ = ["PeerError", "PeerUnreachable", "RemoteRunHandle", "SSHHost", "connect", "known_host_name",
+           "open_socket", "run_command"]

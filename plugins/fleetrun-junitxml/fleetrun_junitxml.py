@@ -1,0 +1,206 @@
+"""fleetrun-junitxml: a JUnit XML report of a fleetrun run.
+
+``fleetrun tasks.toml --junitxml report.xml`` writes one ``<testcase>`` per task the
+run moved: ``<failure>`` for NEEDS_HUMAN (its last cause, and the output of the
+verifier that failed last), ``<skipped>`` for CANCELLED, ``<error>`` for a task the
+run left unfinished (interrupted, or still waiting), and ``<properties>`` with the
+task's id, final state, attempts, retries and cost.
+
+The plugin is registered under the entry-point group ``fleetrun`` as ``junitxml``.
+The module only adds the option; when it is given, ``fleetrun_configure`` registers
+a :class:`JunitXmlReporter` under the name ``junitxml-reporter``. The reporter keeps
+books in ``fleetrun_transition``, ``fleetrun_verdict`` and ``fleetrun_task_waiting``,
+and writes the file in ``fleetrun_sessionfinish``, reading each task's final state,
+cost and counters from the ledger then (so a task cancelled from another shell is
+reported as cancelled). Tasks the run did not move (finished in an earlier run) are
+not reported.
+"""
+
+from __future__ import annotations
+
+import os
+import re
+import socket
+import time
+import xml.etree.ElementTree as ET
+from dataclasses import dataclass, field
+from typing import Any, Optional
+
+import fleetrun
+
+__version__ = "0.1.0"
+
+#: The name the reporter object is registered under while a run writes a report.
+REPORTER = "junitxml-reporter"
+
+#: Characters XML 1.0 cannot hold at all (a verifier's colour codes, for one).
+_ILLEGAL = re.compile("[\x00-\x08\x0b\x0c\x0e-\x1f\x7f\ud800-\udfff\ufffe\uffff]")
+
+#: How much of a failing verifier's output goes into ``<failure>``.
+OUTPUT_LIMIT = 8000
+
+
+def xml_text(text: str) -> str:
+    """``text`` with the characters XML cannot hold written as ``\\xNN``."""
+    return _ILLEGAL.sub(lambda m: f"\\x{ord(m.group()):02x}", text)
+
+
+@fleetrun.hookimpl
+def fleetrun_addoption(parser: Any, pluginmanager: Any) -> None:
+    group = parser.getgroup("junitxml", "JUnit XML report (fleetrun-junitxml)")
+    group.addoption("--junitxml", dest="junitxml", metavar="PATH", default=None,
+                    help="write a JUnit XML report of the run to PATH")
+
+
+@fleetrun.hookimpl
+def fleetrun_configure(config: Any) -> None:
+    path = config.getoption("junitxml")
+    if not path or config.pluginmanager.get_plugin(REPORTER) is not None:
+        return
+    path = os.path.join(str(config.invocation_dir), os.path.expanduser(path))
+    config.pluginmanager.register(JunitXmlReporter(os.path.abspath(path), config), REPORTER)
+
+
+@fleetrun.hookimpl
+def fleetrun_unconfigure(config: Any) -> None:
+    reporter = config.pluginmanager.get_plugin(REPORTER)
+    if reporter is not None:
+        config.pluginmanager.unregister(reporter)
+
+
+@dataclass
+class Case:
+    """What the run saw of one task."""
+
+    task: Any  # the newest fleetrun.ledger.Task passed to a hook
+    first_seen: float
+    last_seen: float
+    verdicts: list[tuple[int, Any]] = field(default_factory=list)  # (attempt number, Verdict)
+    waiting: str = ""  # why it could not be placed, the last time it could not
+
+
+class JunitXmlReporter:
+    """Keeps books on the tasks a run moves; writes the report when the run ends."""
+
+    def __init__(self, path: str, config: Any) -> None:
+        self.path = path
+        self.config = config
+        self.cases: dict[str, Case] = {}
+        self.started = time.time()
+
+    def _case(self, task: Any) -> Case:
+        now = time.time()
+        case = self.cases.get(task.id)
+        if case is None:
+            case = self.cases[task.id] = Case(task, now, now)
+        case.task = task
+        case.last_seen = now
+        return case
+
+    @fleetrun.hookimpl
+    def fleetrun_transition(self, task: Any, from_state: str, to_state: str, cause: str,
+                            attempt: Optional[int], config: Any) -> None:
+        self._case(task)
+
+    @fleetrun.hookimpl
+    def fleetrun_verdict(self, task: Any, verdict: Any, attempt: Any, config: Any) -> None:
+        self._case(task).verdicts.append((attempt.number, verdict))
+
+    @fleetrun.hookimpl
+    def fleetrun_task_waiting(self, task: Any, reason: str, config: Any) -> None:
+        self._case(task).waiting = reason
+
+    @fleetrun.hookimpl
+    def fleetrun_sessionfinish(self, session: Any, exitstatus: int) -> None:
+        ledger = getattr(session, "ledger", None)
+        for case in self.cases.values():
+            fresh = ledger.get(case.task.id) if ledger is not None else None
+            if fresh is not None:  # cost and counters as the ledger has them now
+                case.task = fresh
+        self.write(self.build(exitstatus))
+
+    # -- the document ------------------------------------------------------------------
+
+    def build(self, exitstatus: int) -> ET.Element:
+        suite = ET.Element("testsuite", name="fleetrun")
+        props = ET.SubElement(suite, "properties")
+        ET.SubElement(props, "property", name="exitstatus", value=str(int(exitstatus)))
+        ET.SubElement(props, "property", name="fleetrun_version", value=fleetrun.__version__)
+        counts = {"tests": 0, "failures": 0, "errors": 0, "skipped": 0}
+        for case in sorted(self.cases.values(), key=lambda c: (c.first_seen, c.task.name)):
+            counts["tests"] += 1
+            kind = self._testcase(suite, case)
+            if kind:
+                counts[kind] += 1
+        suite.set("tests", str(counts["tests"]))
+        suite.set("failures", str(counts["failures"]))
+        suite.set("errors", str(counts["errors"]))
+        suite.set("skipped", str(counts["skipped"]))
+        suite.set("time", f"{time.time() - self.started:.3f}")
+        suite.set("timestamp", time.strftime("%Y-%m-%dT%H:%M:%S", time.localtime(self.started)))
+        suite.set("hostname", socket.gethostname())
+        root = ET.Element("testsuites", name="fleetrun")
+        for key in ("tests", "failures", "errors", "skipped", "time"):
+            root.set(key, suite.get(key, ""))
+        root.append(suite)
+        return root
+
+    def _classname(self, task: Any) -> str:
+        source = getattr(task.spec, "source", "") or getattr(task, "source", "") or "tasks"
+        try:
+            rel = os.path.relpath(source, str(self.config.invocation_dir))
+        except ValueError:
+            rel = source
+        if rel.startswith(".."):
+            rel = os.path.basename(source)
+        return os.path.splitext(rel)[0].replace(os.sep, ".")
+
+    def _testcase(self, suite: ET.Element, case: Case) -> Optional[str]:
+        task = case.task
+        state = task.state.value if hasattr(task.state, "value") else str(task.state)
+        tc = ET.SubElement(suite, "testcase", classname=self._classname(task), name=xml_text(task.name),
+                           time=f"{case.last_seen - case.first_seen:.3f}")
+        props = ET.SubElement(tc, "properties")
+        for name, value in (("task_id", task.id), ("state", state), ("attempts", task.attempts),
+                            ("retries", task.retries), ("cost_usd", f"{task.cost_usd:.6f}")):
+            ET.SubElement(props, "property", name=name, value=str(value))
+        reason = xml_text(task.reason or "")
+        kind: Optional[str] = None
+        if state == "NEEDS_HUMAN":
+            el = ET.SubElement(tc, "failure", message=reason, type=reason.split(":", 1)[0] or "needs_human")
+            el.text = xml_text(self._failure_text(case))
+            kind = "failures"
+        elif state == "CANCELLED":
+            ET.SubElement(tc, "skipped", message=reason, type="cancelled")
+            kind = "skipped"
+        elif state != "DONE":
+            why = xml_text(case.waiting) if case.waiting else reason
+            ET.SubElement(tc, "error", message=f"not finished: {state}" + (f": {why}" if why else ""),
+                          type="unfinished")
+            kind = "errors"
+        if case.verdicts:
+            out = ET.SubElement(tc, "system-out")
+            out.text = xml_text("".join(
+                f"attempt {n}: verify {v.kind} `{v.label}`: {'PASS' if v.passed else 'FAIL'}"
+                f"{f' ({v.reason})' if v.reason else ''}\n" for n, v in case.verdicts))
+        return kind
+
+    @staticmethod
+    def _failure_text(case: Case) -> str:
+        failed = [(n, v) for n, v in case.verdicts if not v.passed]
+        if not failed:
+            return case.task.reason or "needs a human"
+        n, v = failed[-1]
+        head = f"attempt {n}: verify {v.kind} `{v.label}` failed" + (f": {v.reason}" if v.reason else "")
+        output = (v.output or "").rstrip()
+        if len(output) > OUTPUT_LIMIT:
+            output = "[... earlier output cut ...]\n" + output[-OUTPUT_LIMIT:]
+        return head + ("\n" + output if output else "")
+
+    def write(self, root: ET.Element) -> None:
+        """Write the report atomically (temp file + rename), making its folder."""
+        os.makedirs(os.path.dirname(self.path) or ".", exist_ok=True)
+        ET.indent(root)
+        tmp = f"{self.path}.{os.getpid()}.tmp"
+        ET.ElementTree(root).write(tmp, encoding="utf-8", xml_declaration=True)
+        os.replace(tmp, self.path)
