@@ -37,7 +37,15 @@ class FakeClaude:
         if not self.log_path.exists():
             return []
         calls = [json.loads(line) for line in self.log_path.read_text().splitlines() if line.strip()]
+        calls = [c for c in calls if "FLEETRUN_VERIFIER" not in c.get("env", {})]  # reviewers: review_calls()
         return [c for c in calls if key is None or c.get("env", {}).get("FLEETRUN_TASK_NAME") == key]
+
+    def review_calls(self, key: str | None = None) -> list[dict[str, Any]]:
+        if not self.log_path.exists():
+            return []
+        calls = [json.loads(line) for line in self.log_path.read_text().splitlines() if line.strip()]
+        return [c for c in calls if "FLEETRUN_VERIFIER" in c.get("env", {})
+                and (key is None or c["env"].get("FLEETRUN_TASK_NAME") == key)]
 
 
 @pytest.fixture

@@ -311,6 +311,28 @@ def test_steps_follow_invocations_per_task(tmp_path, work, env):
     assert [c["n"] for c in calls(env)] == [1, 2, 3, 1, 2, 3]
 
 
+def test_a_verifier_gets_the_review_key_when_the_scenario_has_one(tmp_path, work, env):
+    scenario(tmp_path, env, {"t1": [{"result": "one"}, {"result": "two"}],
+                             "t1:review": [{"result": "PASS first review"}, {"result": "FAIL: second"}],
+                             "t2": [{"result": "t2 work"}]})
+
+    def reply(task, verifier=False):
+        e = dict(env, FLEETRUN_TASK_NAME=task)
+        if verifier:
+            e["FLEETRUN_VERIFIER"] = "agent"
+        return run(["-p", "go"], work, e).stdout.decode().strip()
+
+    assert reply("t1") == "one"
+    assert reply("t1", verifier=True) == "PASS first review"
+    assert reply("t1") == "two"  # the reviewer did not use up a step of the task
+    assert reply("t1", verifier=True) == "FAIL: second"
+    # no "t2:review" key: a verifier falls back to the task's own steps and counter
+    assert reply("t2", verifier=True) == "t2 work"
+    assert [(c["key"], c["n"]) for c in calls(env)] == [
+        ("t1", 1), ("t1:review", 1), ("t1", 2), ("t1:review", 2), ("t2", 1)]
+    assert calls(env)[1]["env"]["FLEETRUN_VERIFIER"] == "agent"
+
+
 def test_counter_is_safe_under_concurrency(tmp_path, work, env):
     scenario(tmp_path, env, {"default": [{"result": "x"}]})
     procs = [

@@ -397,13 +397,13 @@ def test_no_tasks_collected(fleeter):
 def test_shepherd_survives_subprocess_tree(fleeter, fake_claude):
     """The agent's process tree is ended with the attempt: nothing is left behind."""
     one_task(fleeter, extra="timeout_min = 0.02")
-    fake_claude.script(t1=[{"mode": "hang", "actions": [["bash", "sleep 300 &"]]},
+    fake_claude.script(t1=[{"mode": "hang", "actions": [["bash", "sleep 313.7 &"]]},
                            {"actions": [["write", "out.txt", "x"]]}])
     fleeter.write_config(f'[claude]\nexecutable = "{fake_claude_path()}"\nallowed_tools = ["Bash"]\n')
     r = fleeter.run("tasks.toml")
     assert r.ret == 0, r.stdout + r.stderr
     ps = subprocess.run(["ps", "-eo", "args"], capture_output=True, text=True).stdout
-    assert "sleep 300" not in ps
+    assert "sleep 313.7" not in ps
 
 
 def fake_claude_path() -> str:
