@@ -187,10 +187,12 @@ def test_timeout_ends_the_attempt_and_resumes_with_assess_prompt(fleeter, fake_c
         os.kill(first["pid"], 0)
 
 
-@pytest.mark.parametrize("mode", ["die", "no_result", "is_error"])
+@pytest.mark.parametrize("mode", ["die", "no_result", "is_error", "exit_code"])
 def test_dead_session_is_resumed(fleeter, fake_claude, mode):
+    """Killed, exit 0 without a result, a result with is_error, a good result with a bad
+    exit code: none of them is a success."""
     one_task(fleeter)
-    fake_claude.script(t1=[{"mode": mode, "actions": [["write", "half.txt", "x"]]},
+    fake_claude.script(t1=[{"mode": mode, "exit": 2, "actions": [["write", "half.txt", "x"]]},
                            {"actions": [["write", "out.txt", "x"]]}])
     r = fleeter.run("tasks.toml")
     assert r.ret == 0, r.stdout + r.stderr
