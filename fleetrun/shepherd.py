@@ -164,6 +164,12 @@ class Shepherd:
         kill_at: float | None = None
         cancel_path = os.path.join(self.dir, CANCEL)
         master_open = True
+        pidfd = -1  # readable when the agent exits, so its end is seen at once
+        if hasattr(os, "pidfd_open"):
+            try:
+                pidfd = os.pidfd_open(proc.pid)
+            except OSError:
+                pidfd = -1
         while True:
             now = time.time()
             if self.reason is None:
@@ -185,8 +191,8 @@ class Shepherd:
                 self.status["beat"] = now
                 self.save()
                 last_beat = now
-            fds = [rfd] + ([master] if master_open else [])
-            waits = [1.0]
+            fds = [rfd] + ([master] if master_open else []) + ([pidfd] if pidfd >= 0 else [])
+            waits = [1.0 if (master_open or pidfd >= 0) else 0.02]
             if deadline and not self.reason:
                 waits.append(deadline - now)
             if stall_s and not self.reason:
@@ -217,6 +223,8 @@ class Shepherd:
                 break
         if master_open:
             os.close(master)
+        if pidfd >= 0:
+            os.close(pidfd)
         # nothing of the agent's process group may outlive it
         self._signal_group(proc.pid, signal.SIGKILL)
         os.close(log_fd)
