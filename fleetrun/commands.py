@@ -151,10 +151,12 @@ def cmd_status(config: Any, out: TextIO, err: TextIO) -> int:
     wname = max(4, *(len(t.name) for t in tasks))
     wid = max(2, *(len(t.id) for t in tasks))
     print(f"{'NAME':<{wname}}  {'STATE':<11}  {'ATT':>3}  {'WHERE':<10}  {'AGE':>5}  {'COST':>7}  {'ID':<{wid}}  REASON", file=out)
+    waits = json.loads(led.get_meta("waits") or "{}")
     for t in tasks:
         cost = f"${t.cost_usd:.2f}" if t.cost_usd else "-"
+        reason = waits.get(t.id, t.reason) if t.state in (State.READY, State.RETRYING, State.RESUMING) else t.reason
         print(f"{t.name:<{wname}}  {t.state.value:<11}  {t.attempts:>3}  {_where(t):<10}  {ago(t.created, now):>5}  "
-              f"{cost:>7}  {t.id:<{wid}}  {t.reason}", file=out)
+              f"{cost:>7}  {t.id:<{wid}}  {reason}", file=out)
     return ExitCode.OK
 
 

@@ -354,11 +354,15 @@ class Loop:
         att = self.get_attempt(att.id)
         if task.state is not State.RUNNING:
             return  # cancelled meanwhile: the attempt is over, nothing else to do
-        self.clear_backoff(task, att.host)
         if reason == "start_failed":
             self.not_started(task, att, f"start_failed:{st.get('error') or 'the agent did not start'}",
                              from_running=True)
             return
+        # it ran: that machine is good for this task again, and the never-started count restarts
+        self.clear_backoff(task, att.host)
+        if task.no_start:
+            self.led.update_task(task.id, no_start=0)
+            task = self.get(task.id)
         if res is not None and res.usage_limit:
             self.pause_host(att.host, res.usage_reset_at)
             self.move(task, State.RESUMING, f"usage_limit:{self.pause_text(att.host)}", attempt=att.number)
@@ -376,7 +380,6 @@ class Loop:
             cause = f"{word}:{detail}" if detail else word
             self.resume_or_give_up(task, att, cause)
             return
-        self.led.update_task(task.id, no_start=0)
         moved = self.move(task, State.VERIFYING, "exited", attempt=att.number)
         if moved is None:
             return
@@ -677,6 +680,7 @@ def run_session(config: Any, items: Optional[list[Any]], out: TextIO, err: TextI
     from .commands import open_ledger, queue_items
 
     led = open_ledger(config)
+    PolicyWatcher(config.home / "policy.toml").load_strict()  # a broken policy: refuse before queueing
     lock = WorkLock(config.home)
     holder = lock.acquire()
     if holder is not None:

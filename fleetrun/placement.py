@@ -7,6 +7,7 @@ the lease. The rules are documented in ``docs/policy.md``.
 
 from __future__ import annotations
 
+import functools
 import re
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
@@ -60,6 +61,7 @@ class Requirement:
         return self.min_version is None and not self.auth
 
 
+@functools.lru_cache(maxsize=4096)
 def parse_requirement(req: str) -> Optional[Requirement]:
     """Parse one ``requires`` entry; None if it fits none of the forms (never met)."""
     m = _REQ.match(req.strip())
@@ -69,6 +71,7 @@ def parse_requirement(req: str) -> Optional[Requirement]:
     return Requirement(name, version if ge else None, bool(auth))
 
 
+@functools.lru_cache(maxsize=4096)
 def version_tuple(v: str) -> tuple[int, ...]:
     """``"22.3.0"`` -> ``(22, 3, 0)``: the numbers in a version, for comparing."""
     return tuple(int(x) for x in re.findall(r"\d+", v)[:4])
@@ -114,39 +117,38 @@ def why_not(c: Candidate, requires: Iterable[str], est_mem_mb: float,
     a floor that is set), the requirements. The wording depends only on state that
     changes rarely, so the loop can print a reason when it changes.
     """
-    who = label(c)
     if c.why_not:
-        return f"{who} {c.why_not}"
+        return f"{label(c)} {c.why_not}"
     if c.status == "never":
-        return f"{who} has never been heard from"
+        return f"{label(c)} has never been heard from"
     if c.status != "live" or not c.fresh:
-        return f"{who} has not been heard from recently"
+        return f"{label(c)} has not been heard from recently"
     if c.drain:
-        return f"{who} is draining"
+        return f"{label(c)} is draining"
     if backoff is not None and backoff.until > now:
-        return (f"{who} didn't start the last {backoff.count} attempt(s) ({backoff.cause}); "
+        return (f"{label(c)} didn't start the last {backoff.count} attempt(s) ({backoff.cause}); "
                 f"backing off {_secs(backoff_delay(backoff.count))}")
     if c.running >= c.max_tasks:
-        return f"{who} is running {c.running} of {c.max_tasks} tasks"
+        return f"{label(c)} is running {c.running} of {c.max_tasks} tasks"
     if c.min_free_mem_mb is not None:
         if c.free_mem_mb is None:
-            return f"{who} has not reported its free memory"
+            return f"{label(c)} has not reported its free memory"
         if c.free_mem_mb - est_mem_mb < c.min_free_mem_mb:
-            return (f"{who} has {_mb(c.free_mem_mb)} free; a task needs {_mb(est_mem_mb)} "
+            return (f"{label(c)} has {_mb(c.free_mem_mb)} free; a task needs {_mb(est_mem_mb)} "
                     f"above the floor of {_mb(c.min_free_mem_mb)}")
     if c.max_load_per_core is not None:
         if c.load_per_core is None:
-            return f"{who} has not reported its load"
+            return f"{label(c)} has not reported its load"
         if c.load_per_core > c.max_load_per_core:
-            return f"{who} is loaded {c.load_per_core:.2f}/core (limit {c.max_load_per_core:g})"
+            return f"{label(c)} is loaded {c.load_per_core:.2f}/core (limit {c.max_load_per_core:g})"
     if c.min_free_disk_mb is not None:
         if c.free_disk_mb is None:
-            return f"{who} has not reported its free disk"
+            return f"{label(c)} has not reported its free disk"
         if c.free_disk_mb < c.min_free_disk_mb:
-            return f"{who} has {_mb(c.free_disk_mb)} of disk free (floor {_mb(c.min_free_disk_mb)})"
-    missing = [r for r in requires if not requirement_met(r, c)]
+            return f"{label(c)} has {_mb(c.free_disk_mb)} of disk free (floor {_mb(c.min_free_disk_mb)})"
+    missing = [r for r in requires if not requirement_met(r, c)] if requires else None
     if missing:
-        return f"{who} lacks " + ", ".join(f"`{r}`" for r in missing)
+        return f"{label(c)} lacks " + ", ".join(f"`{r}`" for r in missing)
     return None
 
 

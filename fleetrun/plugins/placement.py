@@ -221,8 +221,32 @@ def fleetrun_place(task: Any, candidates: list[Candidate], policy: Any, config: 
     if task.state in (State.RETRYING, State.RESUMING) and task.host:
         pin = task.host  # same machine, same worktree
     backoff = config.stash.get("backoff", {}).get(task.id, {})
-    decision = decide(task.spec.requires, candidates, backoff, time.time(), pin=pin)
+    decision = same_pass(config.stash, candidates, task.spec.requires, pin, backoff)
     return steady(config.stash.setdefault("placement_reasons", {}), task.id, decision)
+
+
+def same_pass(stash: dict[str, Any], candidates: list[Candidate], requires: list[str], pin: Optional[str],
+              backoff: dict[str, Any]) -> Union[Placement, Wait]:
+    """:func:`decide`, remembering within one pass what a task of the same shape was told.
+
+    A long queue mostly waits, and tasks with the same ``requires`` and pin get the
+    same answer while the candidates are unchanged: the loop makes a new candidates
+    list every pass and changes it only after a placement, which clears what is
+    remembered. A task with a backoff of its own is always decided afresh.
+    """
+    memo: Optional[tuple[list[Candidate], dict[Any, Wait]]] = stash.get("placement_pass")
+    if memo is None or memo[0] is not candidates:
+        memo = stash["placement_pass"] = (candidates, {})
+    key = (tuple(requires), pin) if not backoff else None
+    hit = memo[1].get(key) if key is not None else None
+    if hit is not None:
+        return Wait(hit.reason, until=hit.until)
+    decision = decide(requires, candidates, backoff, time.time(), pin=pin)
+    if isinstance(decision, Placement):
+        memo[1].clear()
+    elif key is not None:
+        memo[1][key] = decision
+    return decision
 
 
 def steady(seen: dict[str, str], task_id: str, decision: Union[Placement, Wait]) -> Union[Placement, Wait]:
@@ -262,8 +286,9 @@ def _requires_line(source: str, head: int, cache: dict[str, Any]) -> int:
 
 @hookimpl(trylast=True)
 def fleetrun_collection_modifyitems(config: Any, items: list[Any]) -> None:
-    """Warn about a ``requires`` entry no machine can meet: a bare name that is neither
-    a tag of this machine nor a probed tool (nothing is probed here)."""
+    """Warn about a ``requires`` entry that is never met: its name (``node`` in
+    ``node>=22``) is neither a tag of this machine nor a probed tool. Nothing is probed
+    here: whether a probed tool is installed, or new enough, is placement's business."""
     tags = set(configured_tags(config))
     tools = list(configured_tools(config))
     warnings = config.stash.setdefault("warnings", [])
@@ -273,12 +298,13 @@ def fleetrun_collection_modifyitems(config: Any, items: list[Any]) -> None:
     for t in items:
         for req in t.requires:
             r = parse_requirement(req)
-            if r is None or not r.bare or r.name in tags or r.name in tools:
+            if r is None or r.name in tags or r.name in tools:
                 continue
             where = display_path(Path(t.source), config.invocation_dir) if t.source else "?"
             line = _requires_line(t.source, t.line, cache) if t.source else t.line
             probed = ", ".join(tools)
+            what = f"`{req}`" if r.bare else f"`{req}`: `{r.name}`"
             warnings.append(
-                f"{where}:{line}: task '{t.name}': requires: `{req}` is neither a tag of this machine "
+                f"{where}:{line}: task '{t.name}': requires: {what} is neither a tag of this machine "
                 f"([relay] tags in config.toml) nor a probed tool ({probed}); it is never met")
 
