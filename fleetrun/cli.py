@@ -190,6 +190,10 @@ def _build_parser(verb: str, pluginparser: Any) -> argparse.ArgumentParser:
         p.add_argument("task", metavar="TASK", help="a task id, or a name (the newest task with it)")
     if verb == "logs":
         p.add_argument("--json", action="store_true", help="print JSON")
+    if verb == "retry":
+        p.add_argument("--elsewhere", action="store_true",
+                       help="also for a task running on a peer that stopped answering: give up on that "
+                            "machine and place the task again (you vouch the old attempt is gone)")
     if verb == "gc":
         p.add_argument("--yes", action="store_true", help="remove what is listed")
         p.add_argument("--force", action="store_true",

@@ -152,9 +152,16 @@ def cmd_status(config: Any, out: TextIO, err: TextIO) -> int:
     wid = max(2, *(len(t.id) for t in tasks))
     print(f"{'NAME':<{wname}}  {'STATE':<11}  {'ATT':>3}  {'WHERE':<10}  {'AGE':>5}  {'COST':>7}  {'ID':<{wid}}  REASON", file=out)
     waits = json.loads(led.get_meta("waits") or "{}")
+    from .peers import load_state
+
+    peer_state = load_state(config.home)
     for t in tasks:
         cost = f"${t.cost_usd:.2f}" if t.cost_usd else "-"
         reason = waits.get(t.id, t.reason) if t.state in (State.READY, State.RETRYING, State.RESUMING) else t.reason
+        e = peer_state.get(t.host or "") if t.state in (State.ASSIGNED, State.RUNNING, State.VERIFYING) else None
+        if e and e.get("error") and (e.get("error_at") or 0) >= (e.get("last_heard") or 0):
+            reason = (f"{t.host} has not answered for {ago(e.get('last_heard'), now)}; the attempt may still "
+                      "run there, so the task waits (fleetrun cancel to give up)")
         print(f"{t.name:<{wname}}  {t.state.value:<11}  {t.attempts:>3}  {_where(t):<10}  {ago(t.created, now):>5}  "
               f"{cost:>7}  {t.id:<{wid}}  {reason}", file=out)
     return ExitCode.OK
@@ -287,7 +294,10 @@ def cmd_cancel(config: Any, out: TextIO, err: TextIO) -> int:
 def cmd_retry(config: Any, out: TextIO, err: TextIO) -> int:
     led = open_ledger(config)
     task = ops.resolve(led, config.option.task)
-    moved = ops.retry(led, task, notifier(config))
+    if config.getoption("elsewhere"):
+        moved = ops.retry_elsewhere(led, task, notifier(config))
+    else:
+        moved = ops.retry(led, task, notifier(config))
     for t in moved:
         print(f"{t.name} {t.id} -> {t.state}", file=out)
     return ExitCode.OK

@@ -319,6 +319,8 @@ def cmd_prepare(config: Any, ns: argparse.Namespace) -> dict[str, Any]:
     task, att = _task(p["task"]), _attempt(p["attempt"])
     if not os.path.isdir(task.spec.cwd):
         raise HostError("working directory does not exist on this host")
+    with _host_lock(config.home):  # refuse now, before a worktree is made for nothing
+        _check_room(config, _hosted(config), task.id)
     try:
         ws = config.hook.fleetrun_prepare_workspace(task=task, attempt=att, config=config)
     except Exception as e:
@@ -326,6 +328,21 @@ def cmd_prepare(config: Any, ns: argparse.Namespace) -> dict[str, Any]:
     if ws is None:
         raise HostError("no plugin prepared a workspace on the peer")
     return {"workspace": dataclasses.asdict(ws)}
+
+
+def _check_room(config: Any, hosted: dict[str, dict[str, Any]], task_id: str) -> None:
+    """Refuse a task this machine will not start now (call under the lock)."""
+    same = [aid for aid, e in hosted.items() if e.get("task_id") == task_id]
+    if same:
+        raise Refused(f"is still running attempt {same[0]} of this task (a task never runs twice at once)")
+    policy, policy_error = _policy(config)
+    if policy_error:
+        raise Refused(f"has a broken policy.toml: {policy_error}")
+    if _drained(config, policy):
+        raise Refused("is draining")
+    running = len(hosted) + _own_loop_running(config)
+    if running >= policy.local.max_tasks:
+        raise Refused(f"is running {running} of {policy.local.max_tasks} tasks (its own [local] max_tasks)")
 
 
 def cmd_start(config: Any, ns: argparse.Namespace) -> dict[str, Any]:
@@ -341,17 +358,7 @@ def cmd_start(config: Any, ns: argparse.Namespace) -> dict[str, Any]:
         if attempt_id in hosted:  # asked again (a lost reply): the same shepherd
             e = hosted[attempt_id]
             return {"pid": e["pid"], "token": e["token"], "dir": str(host.attempt_dir(attempt_id)), "again": True}
-        same = [aid for aid, e in hosted.items() if e.get("task_id") == task_id]
-        if same:
-            raise Refused(f"is still running attempt {same[0]} of this task (a task never runs twice at once)")
-        policy, policy_error = _policy(config)
-        if policy_error:
-            raise Refused(f"has a broken policy.toml: {policy_error}")
-        if _drained(config, policy):
-            raise Refused("is draining")
-        running = len(hosted) + _own_loop_running(config)
-        if running >= policy.local.max_tasks:
-            raise Refused(f"is running {running} of {policy.local.max_tasks} tasks (its own [local] max_tasks)")
+        _check_room(config, hosted, task_id)
         if spec.get("cwd") and not os.path.isdir(spec["cwd"]):
             raise HostError("working directory does not exist on this host")
         info = host.start(attempt_id, spec, p.get("prompt"))

@@ -282,6 +282,9 @@ class Loop:
                 continue
             if att.state == "leased" or (att.state == "starting" and not att.shepherd_pid):
                 st = self.starting_status(att) if att.state == "starting" else {}
+                if st.get("state") == "unreachable":  # it may be running there: poll_attempts asks again
+                    adopted += 1
+                    continue
                 if st.get("shepherd_pid"):  # it did start: watch it (a dead one is resumed)
                     self.led.update_attempt(att.id, state="running", shepherd_pid=st["shepherd_pid"],
                                             shepherd_token=st.get("shepherd_token"), started=st.get("started"))
@@ -406,6 +409,7 @@ class Loop:
         prev = bo.get(att.host)
         n = (prev.count if prev else 0) + 1
         bo[att.host] = Backoff(n, time.time() + backoff_delay(n), cause.split(":", 1)[0])
+        self.wait_until[task.id] = bo[att.host].until  # not idle: it is placed again after the backoff
         if count >= NEVER_STARTED_CAP:
             now = self.move(task, State.NEEDS_HUMAN,
                             f"never_started:{count} attempts in a row didn't start; the last was {cause} on {att.host}",
@@ -592,7 +596,8 @@ class Loop:
                 raise UsageError("no plugin prepared a workspace")
         except Exception as e:
             self.led.update_attempt(att.id, state="abandoned", outcome="start_failed", ended=time.time())
-            self.not_started(task, att, f"start_failed:{type(e).__name__ if not str(e) else e}")
+            word = "peer_refused" if type(e).__name__ == "StartRefused" else "start_failed"
+            self.not_started(task, att, f"{word}:{type(e).__name__ if not str(e) else e}")
             return False
         crash.point("after_worktree")
         self.led.update_attempt(att.id, workspace=asdict(ws), dir=str(host.attempt_dir(att.id)))

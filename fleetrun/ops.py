@@ -121,6 +121,27 @@ def _revive_dependents(ledger: Ledger, task: Task, notify: Notify) -> list[Task]
     return moved
 
 
+def retry_elsewhere(ledger: Ledger, task: Task, notify: Notify = _noop) -> list[Task]:
+    """Give up on the machine a task is running on (a peer that stopped answering) and
+    let placement choose again. The operator vouches that the old attempt is gone: it
+    could otherwise still be running there."""
+    if task.state in (State.ASSIGNED, State.RUNNING, State.VERIFYING):
+        att = ledger.latest_attempt(task.id)
+        if att is not None and att.state in ("leased", "starting", "running", "ended"):
+            ledger.update_attempt(att.id, state="abandoned", outcome="operator_elsewhere")
+        away = task.host
+        ledger.update_task(task.id, host=None, worktree=None)  # first, so nothing pins it back
+        fresh = ledger.get(task.id)
+        assert fresh is not None
+        now = move(ledger, fresh, State.RESUMING, f"operator_retry:elsewhere, away from {away}", notify)
+        if now is None:
+            raise UsageError(f"task {task.id} changed state meanwhile; try again", key="TASK")
+        return [now]
+    moved = retry(ledger, task, notify)
+    ledger.update_task(task.id, host=None, worktree=None)
+    return moved
+
+
 def retry(ledger: Ledger, task: Task, notify: Notify = _noop) -> list[Task]:
     """Send a NEEDS_HUMAN or CANCELLED task back to the queue, with fresh retry counts."""
     if task.state not in (State.NEEDS_HUMAN, State.CANCELLED):

@@ -200,7 +200,7 @@ def authenticate(t: Any, target: Target, timeout: float) -> None:
                 tried.append(f"{path} (missing)")
             continue
         try:
-            pkey = paramiko.PKey.from_path(path)
+            pkey = _load_key(path)
         except paramiko.PasswordRequiredException:
             tried.append(f"{path} (encrypted: add it to ssh-agent)")
             continue
@@ -216,6 +216,22 @@ def authenticate(t: Any, target: Target, timeout: float) -> None:
             raise PeerUnreachable(f"authentication with {target.address} failed: {e}") from None
     raise PeerUnreachable(f"no key was accepted for {target.address} (tried: {', '.join(tried) or 'nothing'}); "
                           "pass --key, set IdentityFile in ~/.ssh/config, or add the key to ssh-agent")
+
+
+def _load_key(path: str) -> Any:
+    import paramiko
+
+    if hasattr(paramiko.PKey, "from_path"):  # paramiko >= 3.2
+        return paramiko.PKey.from_path(path)
+    last: Exception = paramiko.SSHException(f"{path}: not a private key paramiko reads")
+    for cls in (paramiko.Ed25519Key, paramiko.ECDSAKey, paramiko.RSAKey):
+        try:
+            return cls.from_private_key_file(path)
+        except paramiko.PasswordRequiredException:
+            raise
+        except paramiko.SSHException as e:
+            last = e
+    raise last
 
 
 def run_command(t: Any, command: str, stdin: Optional[bytes] = None,
@@ -538,13 +554,14 @@ def _size(path: Path) -> int:
 
 
 class RemoteRunHandle:
-    """A ``run`` verifier running on a peer; ``poll()`` asks it at most once a second.
+    """A ``run`` verifier running on a peer; ``poll()`` asks it, soon at first, then
+    at most once a second.
 
     The peer enforces the verifier's timeout itself, so a dropped link cannot leave a
     verifier running forever; while the peer cannot be asked, ``poll()`` waits.
     """
 
-    POLL_S = 1.0
+    POLL_S = (0.2, 0.4, 0.7, 1.0)  # soon at first (a quick check), then once a second
 
     def __init__(self, host: SSHHost, task: Any, attempt: Any, verifier: Any, idx: int, workspace: Any) -> None:
         self.host = host
@@ -553,7 +570,8 @@ class RemoteRunHandle:
         self.attempt_id = attempt.id
         self.idx = idx
         self.started = False
-        self.next_poll = time.monotonic()
+        self.polls = 0
+        self.next_poll = time.monotonic() + self.POLL_S[0]
         self.error: Optional[str] = None
         self.verdict: Optional[Verdict] = None
         self._try_start()
@@ -578,7 +596,8 @@ class RemoteRunHandle:
         now = time.monotonic()
         if now < self.next_poll:
             return None
-        self.next_poll = now + self.POLL_S
+        self.polls += 1
+        self.next_poll = now + self.POLL_S[min(self.polls, len(self.POLL_S)) - 1]
         if not self.started:
             self._try_start()
             return self.verdict

@@ -412,3 +412,25 @@ def fake_claude_path() -> str:
     from tests.conftest import FAKE_CLAUDE
 
     return str(FAKE_CLAUDE)
+
+
+def test_retry_elsewhere_frees_a_task_from_its_machine(fleeter):
+    fleeter.write_tasks('''
+        [[task]]
+        name = "a"
+        prompt = "a"
+    ''')
+    fleeter.run("queue", "tasks.toml")
+    led = fleeter.ledger()
+    task = fleeter.task("a")
+    from fleetrun.states import State
+
+    att = led.lease(task.id, State.READY, "mini", "fresh")
+    led.transition(task.id, State.ASSIGNED, State.RUNNING, "started", attempt=1, host="mini")
+    r = fleeter.run("retry", "a")
+    assert r.ret == 4  # a running task needs --elsewhere
+    r = fleeter.run("retry", "--elsewhere", "a")
+    assert r.ret == 0, r.stderr
+    task = fleeter.task("a")
+    assert task.state.value == "RESUMING" and task.host is None
+    assert led.attempt(att.id).state == "abandoned"

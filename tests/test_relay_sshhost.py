@@ -1,0 +1,134 @@
+"""SSHHost against a real sshd: the socket it connects with, timeouts, the log mirror,
+refusals, a peer that goes away (unreachable, never died), run verifiers there."""
+
+from __future__ import annotations
+
+import socket
+import time
+
+import pytest
+
+from fleetrun.hosts import StartRefused
+from fleetrun.peers import load_peers
+from fleetrun.reports import Verdict
+from fleetrun.sshhost import PeerUnreachable, RemoteRunHandle, SSHHost, parse_reply, run_command
+
+pytest_plugins = ["sshd"]
+
+
+@pytest.fixture
+def mini(fleeter, peer_lab):
+    m = peer_lab.machine("mini")
+    r = fleeter.run("relay", "add", "mini", m.address, "--accept-new", "--command", m.command_line())
+    assert r.ret == 0, r.stdout + r.stderr
+    host = SSHHost(load_peers(fleeter.home)["mini"], fleeter.home)
+    m.host = host
+    yield m
+    host.close()
+
+
+def spec(argv, cwd="/"):
+    return {"argv": argv, "cwd": cwd, "env": {"FLEETRUN_TASK_ID": "t1"}, "timeout_s": 60, "stall_s": 60,
+            "notify": "/nonexistent/loop.sock"}
+
+
+def wait_ended(host, attempt, timeout=20.0):
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        st = host.status(attempt, None, None)
+        if st.get("state") in ("ended", "died"):
+            return st
+        time.sleep(0.1)
+    raise AssertionError(f"{attempt} did not end: {st}")
+
+
+def test_the_socket_has_nodelay_user_timeout_and_keepalive(mini):
+    t = mini.host.transport()
+    s = t.sock
+    assert s.getsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY) == 1
+    assert s.getsockopt(socket.SOL_SOCKET, socket.SO_KEEPALIVE) == 1
+    if hasattr(socket, "TCP_USER_TIMEOUT"):
+        assert s.getsockopt(socket.IPPROTO_TCP, socket.TCP_USER_TIMEOUT) == 6000
+    assert t.packetizer._Packetizer__keepalive_interval == 5
+    # one transport for every verb
+    mini.host.probe()
+    mini.host.probe()
+    assert mini.host.transport() is t
+
+
+def test_every_exec_has_a_timeout(mini):
+    t = mini.host.transport()
+    start = time.monotonic()
+    with pytest.raises(PeerUnreachable) as e:
+        run_command(t, "sleep 10", timeout=0.5)
+    assert e.value.delivered
+    assert time.monotonic() - start < 3
+    code, out, err = run_command(t, "echo ok; echo err >&2; exit 3", timeout=10)
+    assert code == 3 and out.endswith(b"ok\n") and err.endswith(b"err\n")
+
+
+def test_reply_parsing_ignores_what_a_login_shell_prints():
+    assert parse_reply(b'{"a": 1}\n') == {"a": 1}
+    assert parse_reply(b'hello from .bashrc\n{"a": 1}\n') == {"a": 1}
+    assert parse_reply(b'{"not": "this"}\nnoise\n{"a": 2}') == {"a": 2}
+    assert parse_reply(b"no json at all") is None
+    assert parse_reply(b"[1, 2]") is None
+
+
+def test_status_mirrors_the_log_and_start_refusals_carry_the_reason(mini):
+    (mini.home / "policy.toml").write_text("[local]\nmax_tasks = 1\n")
+    info = mini.host.start("t1_a1", spec(["sh", "-c", "for i in 1 2 3; do echo line$i; sleep 0.3; done"]), "hi")
+    assert info["pid"] and info["dir"] == str(mini.host.attempt_dir("t1_a1"))
+    assert info["remote_dir"] == str(mini.home / "attempts" / "t1_a1")
+    with pytest.raises(StartRefused) as e:
+        mini.host.start("t2_a1", dict(spec(["true"]), env={"FLEETRUN_TASK_ID": "t2"}))
+    assert str(e.value) == "mini is running 1 of 1 tasks (its own [local] max_tasks)"
+    st = wait_ended(mini.host, "t1_a1")
+    assert st["state"] == "ended" and st["exit_code"] == 0
+    local_log = mini.host.log_path("t1_a1")
+    assert local_log.read_text() == "line1\nline2\nline3\n"
+    assert local_log.read_text() == (mini.home / "attempts" / "t1_a1" / "log").read_text()
+    assert mini.host.attempt_dir("t1_a1").joinpath("prompt").read_text() == "hi"
+
+
+def test_an_unreachable_peer_is_unreachable_never_died(mini):
+    info = mini.host.start("t1_a1", spec(["sleep", "3"]))
+    assert mini.host.status("t1_a1", info["pid"], info["token"])["state"] == "running"
+    mini.sshd.stop()
+    mini.host.drop()
+    st = mini.host.status("t1_a1", info["pid"], info["token"])
+    assert st["state"] == "unreachable" and "mini" in st["error"]
+    time.sleep(2.1)  # past the reconnect pause
+    mini.sshd.start()
+    st = wait_ended(mini.host, "t1_a1")
+    assert st["state"] == "ended" and st["exit_code"] == 0
+    # a stop that cannot reach the peer is remembered, for the heartbeat to deliver
+    mini.sshd.stop()
+    mini.host.drop()
+    assert mini.host.stop("t1_a1", None, None) is False
+    import json
+
+    state = json.loads((mini.host.home / "peers-state.json").read_text())
+    assert "t1_a1" in state["mini"]["pending_stops"]
+
+
+def test_run_verifier_on_the_peer(mini, tmp_path):
+    from fleetrun.ledger import Attempt, Task
+    from fleetrun.reports import Workspace
+    from fleetrun.states import State
+    from fleetrun.taskspec import TaskSpec, VerifySpec
+
+    v = VerifySpec(kind="run", text="echo checked in $PWD; exit 1")
+    task = Task(id="t1", name="t", state=State.VERIFYING, spec=TaskSpec(name="t", prompt="p", cwd=str(tmp_path),
+                                                                        verify=[v]),
+                source="", queue_id="q", created=0, updated=0, host="mini")
+    att = Attempt(id="t1_a1", task_id="t1", number=1, kind="fresh", host="mini", state="ended", created=0)
+    handle = RemoteRunHandle(mini.host, task, att, v, 0, Workspace(path=str(tmp_path)))
+    deadline = time.monotonic() + 20
+    verdict = None
+    while verdict is None and time.monotonic() < deadline:
+        time.sleep(max(0.0, handle.next_deadline() - time.monotonic()))
+        verdict = handle.poll()
+    assert isinstance(verdict, Verdict)
+    assert (verdict.passed, verdict.reason, verdict.host) == (False, "exit code 1", "mini")
+    assert verdict.output == f"checked in {tmp_path}\n"
