@@ -50,11 +50,11 @@ def common_dir(path: str | Path) -> str:
 
 
 @contextmanager
-def repo_lock(lock_dir: Path, repo: str) -> Iterator[None]:
+def repo_lock(lock_dir: Path, repo: str, common: Optional[str] = None) -> Iterator[None]:
     """Hold an exclusive lock for one repository (across processes) while git
     changes its worktrees or branches. Keep it short."""
     lock_dir.mkdir(parents=True, exist_ok=True, mode=0o700)
-    key = hashlib.sha1(common_dir(repo).encode()).hexdigest()[:16]
+    key = hashlib.sha1((common or common_dir(repo)).encode()).hexdigest()[:16]
     fd = os.open(lock_dir / f"git-{key}.lock", os.O_WRONLY | os.O_CREAT, 0o600)
     try:
         fcntl.flock(fd, fcntl.LOCK_EX)

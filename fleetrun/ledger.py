@@ -383,12 +383,19 @@ class Ledger:
         ).fetchall()
         return [(r[0], [x for x in r[1].split(",") if x], json.loads(r[2] or "{}")) for r in rows]
 
+    def _spec(self, text: str) -> TaskSpec:
+        cache = self.__dict__.setdefault('_spec_cache', {})
+        spec = cache.get(text)
+        if spec is None:
+            spec = cache[text] = TaskSpec.from_json(json.loads(text))
+        return spec
+
     def _row_to_task(self, row: sqlite3.Row, deps: Optional[list[str]] = None) -> Task:
         return Task(
             id=row["id"],
             name=row["name"],
             state=State(row["state"]),
-            spec=TaskSpec.from_json(json.loads(row["spec"])),
+            spec=self._spec(row["spec"]),
             source=row["source"],
             queue_id=row["queue_id"],
             created=row["created"],

@@ -57,6 +57,8 @@ def promote(ledger: Ledger, notify: Notify = _noop, tasks: Optional[list[Task]] 
     """PENDING tasks whose dependencies are all DONE become READY; those with a
     dependency that needs a human or was cancelled go to NEEDS_HUMAN."""
     tasks = tasks if tasks is not None else ledger.tasks({State.PENDING})
+    if not any(t.state is State.PENDING for t in tasks):
+        return []
     states = {t.id: t for t in ledger.tasks()}
     moved: list[Task] = []
     for t in tasks:

@@ -49,13 +49,14 @@ def proc_token(pid: int) -> str | None:
     return "linux:" + fields[19].decode()
 
 
-def write_json(path: str, data: dict) -> None:
+def write_json(path: str, data: dict, sync: bool = True) -> None:
     tmp = f"{path}.{os.getpid()}.tmp"
     fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
     with os.fdopen(fd, "w") as f:
         json.dump(data, f)
         f.flush()
-        os.fsync(f.fileno())
+        if sync:
+            os.fsync(f.fileno())
     os.replace(tmp, path)
 
 
@@ -85,7 +86,7 @@ class Shepherd:
         self.stop_requested: str | None = None
 
     def save(self) -> None:
-        write_json(os.path.join(self.dir, STATUS), self.status)
+        write_json(os.path.join(self.dir, STATUS), self.status, sync=self.status.get('state') == 'ended')
 
     def notify(self) -> None:
         sock_path = self.spec.get("notify")
@@ -160,7 +161,7 @@ class Shepherd:
         stall_s = self.spec.get("stall_s")
         deadline = now + timeout_s if timeout_s else None
         last_output = now
-        last_beat = 0.0
+        last_beat = now
         kill_at: float | None = None
         cancel_path = os.path.join(self.dir, CANCEL)
         master_open = True

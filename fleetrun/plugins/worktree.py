@@ -12,7 +12,7 @@ import os
 from pathlib import Path
 from typing import Any, Optional
 
-from ..gitutil import GitError, git, has_identity, is_dirty, repo_lock, repo_toplevel
+from ..gitutil import GitError, common_dir, git, has_identity, is_dirty, repo_lock, repo_toplevel
 from ..hookimpl import hookimpl
 from ..reports import Handoff, Workspace
 from ..states import State
@@ -39,6 +39,14 @@ def _identity_args(path: str) -> list[str]:
     return ["-c", "user.name=fleetrun", "-c", "user.email=fleetrun@localhost"]
 
 
+def _repo_of(config: Any, cwd: str) -> Optional[tuple[str, str]]:
+    cache = config.stash.setdefault("worktree_repos", {})
+    if cwd not in cache:
+        top = repo_toplevel(cwd)
+        cache[cwd] = (top, common_dir(top)) if top else None
+    return cache[cwd]
+
+
 @hookimpl(trylast=True)
 def fleetrun_prepare_workspace(task: Any, attempt: Any, config: Any) -> Optional[Workspace]:
     spec = task.spec
@@ -46,27 +54,30 @@ def fleetrun_prepare_workspace(task: Any, attempt: Any, config: Any) -> Optional
         raise WorkspaceError("working directory does not exist on this host")
     if not spec.git_ref:
         return Workspace(path=spec.cwd)
-    repo = repo_toplevel(spec.cwd)
-    if repo is None:
+    found = _repo_of(config, spec.cwd)
+    if found is None:
         raise WorkspaceError(f"{spec.cwd} is not in a git repository (git_ref needs one)")
+    repo, common = found
     slug, branch = names_for(task)
     root = config.home / "worktrees"
     root.mkdir(parents=True, exist_ok=True, mode=0o700)
     path = root / slug
     sub = os.path.relpath(os.path.realpath(spec.cwd), os.path.realpath(repo))
-    with repo_lock(config.home / "locks", repo):
+    with repo_lock(config.home / "locks", repo, common=common):
         if not (path / ".git").exists():
             if path.exists() and any(path.iterdir()):
                 raise WorkspaceError(f"{path} exists and is not a worktree; remove it or fleetrun gc")
-            exists = bool(git(repo, "branch", "--list", "--", branch).strip())
             try:
-                git(repo, "rev-parse", "--verify", "--quiet", "--end-of-options", f"{spec.git_ref}^{{commit}}")
-            except GitError:
-                raise WorkspaceError(f"git_ref {spec.git_ref!r} is not a commit in {repo}") from None
-            if exists:
-                git(repo, "worktree", "add", "--", str(path), branch)
-            else:
                 git(repo, "worktree", "add", "-b", branch, "--", str(path), spec.git_ref)
+            except GitError:
+                if git(repo, "branch", "--list", "--", branch).strip():
+                    git(repo, "worktree", "add", "--", str(path), branch)
+                else:
+                    try:
+                        git(repo, "rev-parse", "--verify", "--quiet", "--end-of-options", f"{spec.git_ref}^{{commit}}")
+                    except GitError:
+                        raise WorkspaceError(f"git_ref {spec.git_ref!r} is not a commit in {repo}") from None
+                    raise
     wpath = path / sub if sub != "." else path
     return Workspace(path=str(wpath), branch=branch, repo=repo, base_ref=spec.git_ref, is_worktree=True,
                      root=str(path))
@@ -83,7 +94,7 @@ def fleetrun_collect_work(task: Any, attempt: Any, workspace: Workspace, config:
     see exactly what is on the branch."""
     if not workspace.is_worktree:
         return None
-    top = worktree_root(workspace)
+    top = workspace.root or worktree_root(workspace)
     if not is_dirty(top):
         return None
     template = config.setting("worktree", "commit_message", DEFAULT_COMMIT_MESSAGE)
@@ -109,20 +120,21 @@ def fleetrun_cleanup_workspace(task: Any, config: Any) -> None:
     led = config.stash.get("ledger")
     if not (path / ".git").exists():
         return
-    try:
+    att = led.latest_attempt(task.id) if led is not None else None
+    repo = (att.workspace or {}).get("repo") if att is not None else None
+    found = _repo_of(config, repo) if repo else None
+    if found is None:
         top = git(path, "rev-parse", "--show-toplevel").strip()
-        dirty = is_dirty(top)
-    except GitError as e:
-        if led is not None:
-            led.add_note(task.id, f"kept worktree {path}: {e}")
-        return
-    if dirty:
-        if led is not None:
-            led.add_note(task.id, f"kept worktree {top}: it has uncommitted changes")
-        return
-    repo = git(top, "rev-parse", "--git-common-dir").strip()
-    repo_dir = str((Path(top) / repo).resolve().parent)
-    with repo_lock(config.home / "locks", repo_dir):
-        git(repo_dir, "worktree", "remove", "--", top)
+        cd = (Path(top) / git(top, "rev-parse", "--git-common-dir").strip()).resolve()
+        found = (str(cd.parent), str(cd))
+    repo_dir, common = found
+    with repo_lock(config.home / "locks", repo_dir, common=common):
+        try:
+            git(repo_dir, "worktree", "remove", "--", str(path))
+        except GitError as e:
+            why = ("it has uncommitted changes" if "modified or untracked" in e.output else str(e))
+            if led is not None:
+                led.add_note(task.id, f"kept worktree {path}: {why}")
+            return
     if led is not None:
-        led.add_note(task.id, f"removed clean worktree {top}; branch {task.branch} stays")
+        led.add_note(task.id, f"removed clean worktree {path}; branch {task.branch} stays")
