@@ -111,6 +111,12 @@ def main(args: Optional[list[str]] = None, plugins: Optional[list[Any]] = None,
     except KeyboardInterrupt:
         print("interrupted", file=err)
         return ExitCode.INTERRUPTED
+    except BrokenPipeError:  # `fleetrun logs X | head`: the reader has all it wanted
+        try:
+            os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
+        except (OSError, ValueError):
+            pass
+        return ExitCode.OK
     except SystemExit as e:  # argparse
         code = e.code if isinstance(e.code, int) else ExitCode.USAGE_ERROR
         return ExitCode.USAGE_ERROR if code == 2 else code

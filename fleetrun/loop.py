@@ -12,8 +12,10 @@ import errno
 import json
 import os
 import select
+import signal
 import socket
 import sqlite3
+import threading
 import time
 from dataclasses import asdict, dataclass
 from typing import Any, Optional, TextIO
@@ -155,6 +157,12 @@ class Loop:
     def run(self) -> int:
         self.config.stash["policy"] = self.policy.load_strict()
         self._open_socket()
+        old_term = None
+        if threading.current_thread() is threading.main_thread():
+            def on_term(signum: int, frame: Any) -> None:  # a service manager's stop: as Ctrl-C
+                raise KeyboardInterrupt
+
+            old_term = signal.signal(signal.SIGTERM, on_term)
         try:
             self.adopt()
             while True:
@@ -195,6 +203,8 @@ class Loop:
                 "`fleetrun work` adopts them" if n else "interrupted: nothing was running")
             self.session.interrupted = True
         finally:
+            if old_term is not None:
+                signal.signal(signal.SIGTERM, old_term)
             self._close_socket()
             self.liveness.clear()
         return self.exit_code()

@@ -7,6 +7,7 @@ import json
 import os
 import signal
 import subprocess
+import sys
 import time
 from pathlib import Path
 
@@ -434,3 +435,30 @@ def test_retry_elsewhere_frees_a_task_from_its_machine(fleeter):
     task = fleeter.task("a")
     assert task.state.value == "RESUMING" and task.host is None
     assert led.attempt(att.id).state == "abandoned"
+
+
+def test_sigterm_stops_work_like_ctrl_c(fleeter, fake_claude):
+    one_task(fleeter)
+    fake_claude.script(t1=[{"actions": [["sleep", 30]]}])
+    fleeter.run("queue", "tasks.toml")
+    proc = fleeter.popen("work")
+    try:
+        deadline = time.time() + 20
+        while time.time() < deadline and not fake_claude.calls("t1"):
+            time.sleep(0.1)
+    finally:
+        proc.send_signal(signal.SIGTERM)
+        out, err = proc.communicate(timeout=20)
+    assert proc.returncode == 2, err
+    assert b"left running, `fleetrun work` adopts them" in out
+    fleeter.run("cancel", "t1")
+
+
+def test_broken_pipe_is_not_an_internal_error(fleeter):
+    fleeter.write_tasks("\n".join(f'[[task]]\nname = "t{i}"\nprompt = "p"\n' for i in range(1500)))
+    fleeter.run("queue", "tasks.toml")
+    proc = subprocess.Popen(f"{sys.executable} -m fleetrun status | head -1", shell=True,
+                            stdout=subprocess.PIPE, stderr=subprocess.PIPE)
+    out, err = proc.communicate(timeout=60)
+    assert b"INTERNAL ERROR" not in err and b"Traceback" not in err
+    assert not (fleeter.home / "internal-error.log").exists()
