@@ -47,7 +47,7 @@ def review_task(fleeter, verify: str = f'agent = "{REVIEW}"', extra: str = "") -
 
 
 def reviewer_calls(fake_claude) -> list[dict[str, Any]]:
-    return [c for c in fake_claude.calls() if c["env"].get("FLEETRUN_VERIFIER") == "agent"]
+    return fake_claude.review_calls()
 
 
 def agent_calls(fake_claude) -> list[dict[str, Any]]:

@@ -132,3 +132,22 @@ def fleetrun_build_prompt(task, attempt, config, context):
     assert (custom / "made-by-agent.txt").read_text() in ("custom-spawn first", "custom-spawn second")
     assert json.loads((custom / "second.prompt").read_text()) == ["handed off by the hook: summary from the hook"]
     r.fnmatch_lines(["=== 2 done in *, $0.50 ==="])
+
+
+def test_collect_work_hook_runs_before_the_verifiers(fleeter):
+    fleeter.write_tasks(TASKS)
+    fleeter.write_fleetconf('''
+import fleetrun, os
+
+@fleetrun.hookimpl(tryfirst=True)
+def fleetrun_collect_work(task, attempt, workspace, config):
+    # gather the work: here, leave a file the verifier insists on
+    with open(os.path.join(workspace.path, "collected-" + task.name), "w") as f:
+        f.write(str(attempt.number))
+    return "collected"
+''')
+    text = (fleeter.path / "tasks.toml").read_text().replace('run = "true"', 'run = "test -f collected-second"')
+    (fleeter.path / "tasks.toml").write_text(text)
+    r = fleeter.run("tasks.toml")
+    assert r.ret == 0, r.stdout + r.stderr
+    assert (fleeter.path / "collected-first").read_text() == "1"
