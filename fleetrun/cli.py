@@ -99,6 +99,14 @@ def main(args: Optional[list[str]] = None, plugins: Optional[list[Any]] = None,
     out = stdout or sys.stdout
     err = stderr or sys.stderr
     args = list(sys.argv[1:] if args is None else args)
+    if plugins is None and "host" in args[:3]:
+        # `fleetrun host status|log|stop|verify-status|verify-stop|bundle`, which a
+        # supervisor polls over SSH, need only the home: answered with no plugin manager
+        from .hostcli import fast_main
+
+        code = fast_main(args, out, err)
+        if code is not None:
+            return code
     config = None
     try:
         config = _configure(args, plugins, out, err)

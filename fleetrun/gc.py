@@ -13,6 +13,7 @@ from typing import Any, Optional, TextIO
 
 from .exceptions import ExitCode
 from .gitutil import GitError, git, is_dirty, repo_lock
+from .taskspec import safe_slug
 
 
 def _worktree_facts(path: Path) -> tuple[Optional[str], Optional[str], bool, int]:
@@ -38,6 +39,9 @@ def main(config: Any, out: TextIO, err: TextIO) -> int:
 
     led = open_ledger(config)
     owned_wt = {str(Path(t.worktree)) for t in led.tasks() if t.worktree}
+    # a peer task's branch fetched back here for its brain/agent verifiers (relay plugin)
+    owned_wt |= {str(config.home / "worktrees" / f"{safe_slug(t.name)}-{t.id}-fetched")
+                 for t in led.tasks() if t.host not in (None, "local") and not t.state.terminal}
     owned_att = {a.id for a in led.attempts()}
     yes = bool(config.getoption("yes"))
     force = bool(config.getoption("force"))

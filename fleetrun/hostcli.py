@@ -10,6 +10,17 @@ same shepherd as a local attempt), worktrees, and ``hosted.json``, the attempts 
 started for supervisors, read and written under ``host.lock``. Its own ``[local]
 max_tasks`` is enforced under that lock.
 
+``bundle`` is the one verb whose reply is not only JSON: a header line
+(``{"fleetrun_bundle": 1, "tip": ..., "fork": ..., "bundle": true}``) followed by a git
+bundle of the branch (what the supervisor lacks of it), which the supervisor
+unbundles into its own repository (fetch-back).
+
+The verbs the supervisor polls (``status``, ``log``, ``stop``, ``verify-status``,
+``verify-stop``) and ``bundle`` need nothing but the home: :func:`fast_main` answers
+them without loading any plugin or reading any configuration (``fleetrun.cli.main``
+hands them over before it builds a plugin manager). That is why this module imports
+little at the top.
+
 Test hook: with ``FLEETRUN_FAKE_HEADROOM=/path/file.json`` set, ``probe`` reports the
 numbers in that file (``free_mem_mb``, ``load_per_core``, ``free_disk_mb``) instead
 of measuring them, so tests can give peers on one kernel different headroom.
@@ -23,10 +34,8 @@ import dataclasses
 import fcntl
 import json
 import os
-import platform
+import re
 import signal
-import socket
-import subprocess
 import sys
 import time
 from collections.abc import Iterator
@@ -41,6 +50,11 @@ TOOLS_CACHE = "probe-tools.json"
 TOOLS_TTL_S = 300.0
 LOG_CHUNK = 1 << 20
 KEEP_BYTES = 64 * 1024
+#: Verbs that need only the home: answered by :func:`fast_main`, with no plugin loaded.
+FAST_VERBS = frozenset({"status", "log", "stop", "verify-status", "verify-stop", "bundle"})
+BUNDLE_MARK = "fleetrun_bundle"
+MAX_HAVES = 64
+_SHA = re.compile(r"^[0-9a-f]{40}([0-9a-f]{24})?$")
 
 
 class HostError(Exception):
@@ -54,6 +68,43 @@ class Refused(Exception):
 # ---------------------------------------------------------------------------------
 
 
+class HomeOnly:
+    """What the fast verbs need of a config: the home, nothing else."""
+
+    def __init__(self, home: Path) -> None:
+        self.home = home
+
+
+def fast_main(args: list[str], out: TextIO, err: TextIO) -> Optional[int]:
+    """``fleetrun [--home DIR] host VERB ...`` for a verb of :data:`FAST_VERBS`,
+    answered without a plugin manager (no plugin, no ``fleetconf.py``, no
+    ``config.toml``: these verbs read only files in the home). Returns None for
+    anything else (another verb, another option), which the caller runs the usual
+    way; so a fast verb answers exactly as it does through the full CLI.
+    """
+    home: Optional[str] = None
+    i = 0
+    while i < len(args) and args[i] != "host":
+        a = args[i]
+        if a == "--home" and i + 1 < len(args):
+            home = args[i + 1]
+            i += 2
+        elif a.startswith("--home="):
+            home = a.split("=", 1)[1]
+            i += 1
+        else:
+            return None
+    if i + 1 >= len(args) or args[i + 1] not in FAST_VERBS:
+        return None
+    if home:
+        home_path = Path(home).expanduser().resolve()
+    else:
+        from .config import default_home
+
+        home_path = default_home()
+    return main(HomeOnly(home_path), args[i + 1:], out, err)
+
+
 def main(config: Any, rest: list[str], out: TextIO, err: TextIO) -> int:
     rest = [a for a in rest if a != "--json"]  # every reply is JSON
     parser = _parser()
@@ -62,12 +113,14 @@ def main(config: Any, rest: list[str], out: TextIO, err: TextIO) -> int:
     except SystemExit as e:
         if e.code == 0:  # --help
             return 0
-        _reply(out, {"error": f"usage: fleetrun host {{{','.join(VERBS)}}} --json ..."})
+        _reply(out, {"error": f"usage: fleetrun host {{{','.join([*VERBS, 'bundle'])}}} --json ..."})
         return 4
     if not ns.verb:
         parser.print_help(out)
         return 4
     try:
+        if ns.verb == "bundle":  # its reply is a header line and a bundle
+            return cmd_bundle(out)
         reply = VERBS[ns.verb](config, ns)
         code = 0
     except Refused as e:
@@ -107,6 +160,7 @@ def _parser() -> argparse.ArgumentParser:
     sub.add_parser("collect", help="commit what the attempt left uncommitted (JSON on stdin)")
     sub.add_parser("cleanup", help="remove the task's worktree if clean (JSON on stdin)")
     sub.add_parser("verify-start", help="start a run verifier in the worktree (JSON on stdin)")
+    sub.add_parser("bundle", help="a header line, then a git bundle of a branch (JSON on stdin)")
     for verb in ("verify-status", "verify-stop"):
         s = sub.add_parser(verb)
         s.add_argument("--attempt", required=True)
@@ -282,6 +336,9 @@ def _tools(config: Any) -> tuple[dict[str, Optional[str]], list[str]]:
 
 
 def cmd_probe(config: Any, ns: argparse.Namespace) -> dict[str, Any]:
+    import platform
+    import socket
+
     from . import __version__
     from .peers import FEATURES
 
@@ -419,6 +476,75 @@ def cmd_cleanup(config: Any, ns: argparse.Namespace) -> dict[str, Any]:
 
 
 # ---------------------------------------------------------------------------------
+# fetch-back: a branch as a git bundle
+
+
+def _git(repo: str, *args: str, stdin: Optional[str] = None) -> tuple[int, str, str]:
+    import subprocess
+
+    proc = subprocess.run(["git", "-C", repo, *args], input=(stdin or "").encode(), capture_output=True,
+                          env=dict(os.environ, GIT_TERMINAL_PROMPT="0", LC_ALL="C"), timeout=300)
+    return proc.returncode, proc.stdout.decode("utf-8", "replace").strip(), proc.stderr.decode("utf-8", "replace")
+
+
+def bundle_plan(repo: str, branch: str, git_ref: Optional[str], have: list[str]) -> dict[str, Any]:
+    """What ``bundle`` sends: the branch's tip, where it left ``git_ref`` (``fork``: the
+    merge base, an ancestor of the tip, so the supervisor has it once it has the tip),
+    which of the supervisor's commits ``have`` are here too, and whether a bundle is
+    needed at all (not when the tip is one of them or below one of them)."""
+    if not os.path.isdir(repo):
+        raise HostError(f"{repo} does not exist on this host")
+    code, tip, err = _git(repo, "rev-parse", "--verify", "--quiet", "--end-of-options", f"refs/heads/{branch}^{{commit}}")
+    if code != 0 or not _SHA.match(tip):
+        raise HostError(f"there is no branch {branch} in {repo} on this host")
+    fork = None
+    if git_ref:
+        code, out, _ = _git(repo, "merge-base", "--end-of-options", git_ref, tip)
+        fork = out if code == 0 and _SHA.match(out) else None
+    have = [h for h in have if isinstance(h, str) and _SHA.match(h)][:MAX_HAVES]
+    here: list[str] = []
+    if have:
+        _, out, _ = _git(repo, "cat-file", "--batch-check=%(objectname) %(objecttype)",
+                         stdin="".join(f"{h}^{{commit}}\n" for h in have))
+        known = {line.split()[0] for line in out.splitlines() if line.endswith(" commit")}
+        here = [h for h in have if h in known]
+    covered = tip in here or any(_git(repo, "merge-base", "--is-ancestor", tip, h)[0] == 0 for h in here)
+    return {BUNDLE_MARK: 1, "tip": tip, "fork": fork, "have": here, "bundle": not covered}
+
+
+def cmd_bundle(out: TextIO) -> int:
+    """``host bundle``: stdin ``{"repo", "branch", "git_ref", "have": [commits]}``;
+    stdout one header line (:func:`bundle_plan`), then, if it says ``"bundle": true``,
+    ``git bundle create - refs/heads/BRANCH ^HAVE...``: the branch, less what the
+    supervisor has. An error before the header is the usual JSON error; after it, a
+    message on stderr and a non-zero exit."""
+    import subprocess
+
+    p = _payload()
+    repo, branch = str(p.get("repo") or ""), str(p.get("branch") or "")
+    if not repo or not branch or branch.startswith("-"):
+        raise HostError("bundle needs a repo and a branch")
+    plan = bundle_plan(repo, branch, p.get("git_ref") or None, list(p.get("have") or []))
+    try:
+        fd = out.fileno()
+    except (AttributeError, OSError, ValueError):
+        raise HostError("bundle writes to a real stdout") from None
+    out.write(json.dumps(plan) + "\n")
+    out.flush()
+    if not plan["bundle"]:
+        return 0
+    proc = subprocess.run(["git", "-C", repo, "bundle", "create", "-", f"refs/heads/{branch}",
+                           *(f"^{h}" for h in plan["have"])],
+                          stdin=subprocess.DEVNULL, stdout=fd, stderr=subprocess.PIPE,
+                          env=dict(os.environ, GIT_TERMINAL_PROMPT="0", LC_ALL="C"))
+    if proc.returncode != 0:
+        sys.stderr.write(f"git bundle create failed (exit {proc.returncode}): "
+                         f"{proc.stderr.decode('utf-8', 'replace').strip()[-500:]}\n")
+        return 1
+    return 0
+
+
+# ---------------------------------------------------------------------------------
 # run verifiers, under a detached runner (a verifier may take many minutes; no SSH
 # channel waits for it)
 
@@ -529,6 +655,8 @@ def verify_runner(vdir: Path) -> int:
     """The detached runner of one ``run`` verifier: the command under ``/bin/sh -c``
     in the worktree, output to a file, the timeout enforced here (so a dropped link
     cannot leave it running), the verdict in ``result.json``."""
+    import subprocess
+
     from .shepherd import read_json, write_json
 
     spec = read_json(str(vdir / "spec.json"))

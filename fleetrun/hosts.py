@@ -13,7 +13,6 @@ import sys
 from pathlib import Path
 from typing import Any, Optional
 
-from .ledger import ensure_private_dir
 from .shepherd import CANCEL, LOG, SPEC, STATUS, proc_token, read_json, write_json
 
 SHEPHERD_PATH = str(Path(__file__).with_name("shepherd.py"))
@@ -42,6 +41,8 @@ class LocalHost:
         The attempt folder gets ``spec.json`` (and ``prompt``) first, so a shepherd
         never starts without knowing what to run.
         """
+        from .ledger import ensure_private_dir  # here: `host status` on a peer never needs sqlite
+
         adir = ensure_private_dir(self.attempt_dir(attempt_id))
         spec = dict(spec, attempt_id=attempt_id)
         if prompt is not None:

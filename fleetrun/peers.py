@@ -28,6 +28,8 @@ PEERS_FILE = "peers.toml"
 STATE_FILE = "peers-state.json"
 KNOWN_HOSTS = "known_hosts"
 #: What this build of fleetrun can do as a peer; sent in every ``host probe`` reply.
+#: (``host bundle``, which fetch-back needs, is found out by using it: a peer too old
+#: for it answers with a usage error, and fetch-back says to upgrade it.)
 FEATURES = ("supervised-tasks-1",)
 #: What a supervisor needs from a peer before it sends it a task: a peer that
 #: cannot run verifiers where the work is would skip them.

@@ -26,7 +26,7 @@ import socket
 import threading
 import time
 from pathlib import Path
-from typing import Any, Optional
+from typing import Any, Callable, Optional
 
 from .hosts import StartRefused
 from .ledger import ensure_private_dir
@@ -53,6 +53,8 @@ STATUS_TIMEOUT_S = 8.0
 RETRY_CONNECT_AFTER_S = 2.0  # after a failed connection, verbs fail fast this long
 REFUSED_EXIT = 75  # EX_TEMPFAIL: ``fleetrun host start`` refused (at its limit...)
 LOG_CHUNK = 1 << 20
+BUNDLE_TIMEOUT_S = 1800.0  # a whole branch of a large repository, on a slow link
+BUNDLE_IDLE_S = 120.0  # git may think a while before the first byte of a big pack
 DEFAULT_KEYS = ("id_ed25519", "id_ecdsa", "id_rsa")
 
 
@@ -242,9 +244,26 @@ def run_command(t: Any, command: str, stdin: Optional[bytes] = None,
 
     :raises PeerUnreachable: the link failed (``delivered`` once the command was sent).
     """
+    out: list[bytes] = []
+    code, err = stream_command(t, command, stdin, out.append, timeout)
+    return code, b"".join(out), err
+
+
+def stream_command(t: Any, command: str, stdin: Optional[bytes], sink: Callable[[bytes], None],
+                   timeout: float = VERB_TIMEOUT_S, idle_timeout: Optional[float] = None,
+                   max_err: int = 1 << 20) -> tuple[int, bytes]:
+    """Run ``command`` on an open transport, handing its stdout to ``sink`` as it comes
+    (a bundle may be large); return (exit status, stderr, at most ``max_err`` bytes).
+
+    :param timeout: for the whole command.
+    :param idle_timeout: at most this long without a byte from the peer.
+    :raises PeerUnreachable: the link failed, or a timeout passed (``delivered`` once
+        the command was sent).
+    """
     import paramiko
 
-    deadline = time.monotonic() + timeout
+    start = time.monotonic()
+    deadline = start + timeout
     try:
         ch = t.open_session(timeout=timeout)
     except (paramiko.SSHException, OSError, EOFError) as e:
@@ -257,13 +276,19 @@ def run_command(t: Any, command: str, stdin: Optional[bytes] = None,
         if stdin:
             ch.sendall(stdin)
         ch.shutdown_write()
-        out: list[bytes] = []
         err: list[bytes] = []
+        err_size = 0
+        heard = time.monotonic()
         while True:
             while ch.recv_ready():
-                out.append(ch.recv(65536))
+                sink(ch.recv(65536))
+                heard = time.monotonic()
             while ch.recv_stderr_ready():
-                err.append(ch.recv_stderr(65536))
+                chunk = ch.recv_stderr(65536)
+                heard = time.monotonic()
+                if err_size < max_err:
+                    err.append(chunk)
+                    err_size += len(chunk)
             if (ch.exit_status_ready() and not ch.recv_ready() and not ch.recv_stderr_ready()
                     and (ch.eof_received or ch.closed)):
                 break
@@ -271,11 +296,14 @@ def run_command(t: Any, command: str, stdin: Optional[bytes] = None,
                 raise PeerUnreachable("the channel closed without an exit status", delivered=True)
             if not t.is_active():
                 raise PeerUnreachable("the connection dropped", delivered=True)
-            left = deadline - time.monotonic()
+            now = time.monotonic()
+            left = deadline - now
             if left <= 0:
                 raise PeerUnreachable(f"no reply within {timeout:g}s", delivered=True)
+            if idle_timeout is not None and now - heard > idle_timeout:
+                raise PeerUnreachable(f"nothing heard for {idle_timeout:g}s", delivered=True)
             select.select([ch], [], [], min(left, 0.02))
-        return ch.recv_exit_status(), b"".join(out), b"".join(err)
+        return ch.recv_exit_status(), b"".join(err)
     except (paramiko.SSHException, OSError, EOFError) as e:
         raise PeerUnreachable(f"the connection failed: {e}", delivered=delivered) from None
     finally:
@@ -531,6 +559,47 @@ class SSHHost:
     def cleanup(self, task: Any) -> dict[str, Any]:
         return self.call("cleanup", payload={"task": task_payload(task)}, timeout=120)
 
+    def fetch_bundle(self, repo: str, branch: str, git_ref: Optional[str], have: list[str], dest: Path,
+                     timeout: float = BUNDLE_TIMEOUT_S) -> dict[str, Any]:
+        """Have the peer send ``branch`` of its ``repo`` as a git bundle, over the open
+        transport (``fleetrun host bundle``): only what is not below ``have`` (commits
+        this machine has). The bundle goes to ``dest`` (0600), if one was needed.
+
+        :return: the peer's header: ``tip``, ``fork`` (where the branch left
+            ``git_ref``), ``have`` (those of ours it has too), ``bundle`` (whether one
+            came), plus ``bytes`` (its size).
+        :raises PeerUnreachable: the link failed.
+        :raises PeerError: the peer could not (no such branch, an old fleetrun...).
+        """
+        t = self.transport(True)
+        payload = json.dumps({"repo": repo, "branch": branch, "git_ref": git_ref, "have": have}).encode()
+        sink = BundleSink(dest)
+        try:
+            code, err = stream_command(t, remote_command(self.peer.command, "bundle", []), payload, sink.feed,
+                                       timeout, idle_timeout=BUNDLE_IDLE_S)
+        except PeerUnreachable as e:
+            self.drop()
+            self.last_error = str(e)
+            raise
+        finally:
+            sink.close()
+        if sink.header is None:
+            reply = parse_reply(bytes(sink.prefix)) or {}
+            detail = str(reply.get("error") or "").strip()
+            if not detail:
+                lines = (err or bytes(sink.prefix)).decode("utf-8", "replace").strip().splitlines()
+                detail = lines[-1] if lines else f"no reply (exit {code})"
+            if code in (2, 4) or detail.startswith("usage:"):
+                raise PeerError("its fleetrun is too old to send branches back (it has no `fleetrun host "
+                                "bundle`): upgrade fleetrun there", code, reply)
+            raise PeerError(detail, code, reply)
+        if code != 0:
+            tail = err.decode("utf-8", "replace").strip().splitlines()
+            raise PeerError(tail[-1] if tail else f"`host bundle` failed (exit {code})", code)
+        if sink.header.get("bundle") and not sink.size:
+            raise PeerError("the peer sent an empty bundle", code)
+        return dict(sink.header, bytes=sink.size)
+
     def verify_start(self, task: Any, attempt: Any, verifier: Any, idx: int, workspace: Any) -> dict[str, Any]:
         from dataclasses import asdict
 
@@ -544,6 +613,65 @@ class SSHHost:
 
     def verify_stop(self, attempt_id: str, idx: int) -> dict[str, Any]:
         return self.call("verify-stop", "--attempt", attempt_id, "--idx", str(idx))
+
+
+class BundleWriteError(Exception):
+    """The bundle could not be written here (disk full...)."""
+
+
+class BundleSink:
+    """Receives ``host bundle``'s stdout: skips whatever a login shell printed before
+    the header line, keeps the header, writes the bundle after it to ``path``."""
+
+    MARK = b'{"fleetrun_bundle"'
+    MAX_PREFIX = 1 << 20
+
+    def __init__(self, path: Path) -> None:
+        self.path = path
+        self.prefix = bytearray()
+        self.header: Optional[dict[str, Any]] = None
+        self.size = 0
+        self._fd: Optional[int] = None
+
+    def feed(self, data: bytes) -> None:
+        if self.header is not None:
+            self._write(data)
+            return
+        self.prefix += data
+        i = self.prefix.find(self.MARK)
+        j = self.prefix.find(b"\n", i) if i >= 0 else -1
+        if j < 0:
+            if len(self.prefix) > self.MAX_PREFIX:
+                raise PeerError("`host bundle` printed no header", 0)
+            return
+        try:
+            header = json.loads(bytes(self.prefix[i:j]))
+        except ValueError:
+            raise PeerError("`host bundle` printed a broken header", 0) from None
+        if not isinstance(header, dict) or not isinstance(header.get("tip"), str):
+            raise PeerError("`host bundle` printed a broken header", 0)
+        self.header = header
+        rest = bytes(self.prefix[j + 1:])
+        del self.prefix[i:]
+        if rest:
+            self._write(rest)
+
+    def _write(self, data: bytes) -> None:
+        try:
+            if self._fd is None:
+                self._fd = os.open(self.path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
+            view = memoryview(data)
+            while view:
+                n = os.write(self._fd, view)
+                view = view[n:]
+        except OSError as e:  # not the link's fault: not PeerUnreachable
+            raise BundleWriteError(f"cannot write the bundle to {self.path}: {e.strerror or e}") from None
+        self.size += len(data)
+
+    def close(self) -> None:
+        if self._fd is not None:
+            os.close(self._fd)
+            self._fd = None
 
 
 def _size(path: Path) -> int:
@@ -624,5 +752,5 @@ class RemoteRunHandle:
             pass
 
 
-__all__ = ["PeerError", "PeerUnreachable", "RemoteRunHandle", "SSHHost", "connect", "known_host_name",
-           "open_socket", "run_command"]
+__all__ = ["BundleSink", "PeerError", "PeerUnreachable", "RemoteRunHandle", "SSHHost", "connect",
+           "known_host_name", "open_socket", "run_command", "stream_command"]

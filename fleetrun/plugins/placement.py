@@ -199,12 +199,15 @@ def fleetrun_candidates(config: Any) -> list[Candidate]:
 
 def stays_local(spec: Any) -> Optional[str]:
     """Why a task must run on the supervising machine, or None: a role (the mailbox
-    is local), or a ``brain``/``agent`` verifier (those run locally)."""
+    is local); or a ``brain``/``agent`` verifier without a ``git_ref`` (those verifiers
+    run here, on the task's branch fetched back from the peer, and without a
+    ``git_ref`` the work on a peer is on no branch to fetch)."""
     if spec.role:
         return "a role"
-    kinds = sorted({v.kind for v in spec.verify if v.kind in ("brain", "agent")})
-    if kinds:
-        return f"a {kinds[0]} verifier"
+    if not spec.git_ref:
+        kinds = sorted({v.kind for v in spec.verify if v.kind in ("brain", "agent")})
+        if kinds:
+            return f"a{'n' if kinds[0] == 'agent' else ''} {kinds[0]} verifier and no git_ref"
     return None
 
 

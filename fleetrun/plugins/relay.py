@@ -12,12 +12,23 @@ name ``relay-peers``, which implements the hooks:
   that did not answer its last probe, says why it takes nothing.
 - ``fleetrun_place`` (a wrapper): while a peer's first heartbeat is on its way, a
   task that cannot be placed yet is not a reason for the run to call itself idle.
-  (Tasks with a ``role`` or a ``brain``/``agent`` verifier stay on this machine: the
-  ``placement`` plugin pins them there.)
+  (Tasks with a ``role`` stay on this machine: the ``placement`` plugin pins them
+  there.)
 - ``fleetrun_prepare_workspace``, ``fleetrun_collect_work``, ``fleetrun_verify``
   (``run``), ``fleetrun_cleanup_workspace`` for an attempt on a peer run there, over
   SSH (``tryfirst``, so the local ``worktree`` and ``verify_run`` never see it).
-- ``fleetrun_handoff``: names the branch on the peer and how to fetch it.
+- **Fetch-back**: once a peer attempt's work is committed there
+  (``fleetrun_collect_work``), a task with a ``brain``/``agent`` verifier or with
+  dependents has its branch brought into this machine's repository over the same SSH
+  transport (``fleetrun host bundle``: a git bundle of what this repository lacks),
+  under the same branch name (``<branch>-from-<peer>`` if the local one has diverged),
+  and checked out, detached, in ``worktrees/<name>-<id>-fetched``.
+  :meth:`Relay.local_workspace` gives that worktree to the ``verify_brain`` and
+  ``verify_agent`` plugins (they ask for it through ``get_plugin("relay-peers")``),
+  so those verifiers run here on the fetched branch; ``run`` verifiers still run on
+  the peer. The worktree goes when the task ends; the branch stays.
+- ``fleetrun_handoff``: names the branch (the fetched one, if it was fetched, and
+  says so) and how to fetch it from the peer.
 
 Nothing here imports paramiko unless a peer is actually contacted.
 """
@@ -25,12 +36,17 @@ Nothing here imports paramiko unless a peer is actually contacted.
 from __future__ import annotations
 
 import dataclasses
+import os
+import shutil
 import threading
 import time
+from pathlib import Path
 from typing import Any, Optional
 
 from ..exceptions import UsageError
+from ..gitutil import GitError, common_dir, git, is_dirty, repo_lock, repo_toplevel
 from ..hookimpl import hookimpl
+from ..ledger import ensure_private_dir
 from ..peers import (
     Peer,
     clear_pending_stop,
@@ -41,11 +57,24 @@ from ..peers import (
     unusable_reason,
 )
 from ..reports import Candidate, Handoff, Verdict, Wait, Workspace
-from ..sshhost import PeerError, PeerUnreachable, RemoteRunHandle, SSHHost
+from ..shepherd import read_json, write_json
+from ..sshhost import BundleWriteError, PeerError, PeerUnreachable, RemoteRunHandle, SSHHost
 from ..states import ACTIVE, State
+from ..taskspec import safe_slug
 
 HEARTBEAT_S = 5.0
 SUMMARY_LIMIT = 2000
+#: Verifier kinds that run on this machine, on the branch fetched back from the peer.
+LOCAL_KINDS = ("brain", "agent")
+#: What was fetched for an attempt, in its (local) attempt folder.
+FETCH_RECORD = "fetchback.json"
+FETCHED_SUFFIX = "-fetched"
+UNBUNDLE_TIMEOUT_S = 1800.0
+MAX_NAME_TRIES = 9
+
+
+class FetchError(Exception):
+    """A peer's branch could not be brought to this machine; the message says why."""
 
 
 @hookimpl(trylast=True)
@@ -74,6 +103,111 @@ def fleetrun_unconfigure(config: Any) -> None:
 def fetch_url(peer: Peer, repo: str) -> str:
     """``ssh://user@host:port/path``: what ``git fetch`` needs to reach the peer's repo."""
     return f"ssh://{peer.address}{repo if repo.startswith('/') else '/' + repo}"
+
+
+def fetched_worktree(home: Path, task: Any) -> Path:
+    """Where the branch fetched back from a peer is checked out for the verifiers here."""
+    return home / "worktrees" / f"{safe_slug(task.name)}-{task.id}{FETCHED_SUFFIX}"
+
+
+def local_haves(repo: str, git_ref: Optional[str], branch: str, peer: str) -> list[str]:
+    """Commits this repository has that the peer's branch may build on: ``git_ref``,
+    ``HEAD``, and what an earlier fetch of the branch left (the peer sends only what
+    is not below those it has too)."""
+    out = git(repo, "for-each-ref", "--format=%(objectname)", f"refs/heads/{branch}",
+              f"refs/heads/{branch}-from-{peer}", f"refs/heads/{branch}-from-{peer}-*", check=False)
+    found = out.split()
+    for ref in (git_ref, "HEAD"):
+        if ref:
+            sha = git(repo, "rev-parse", "--verify", "--quiet", "--end-of-options", f"{ref}^{{commit}}",
+                      check=False).strip()
+            if sha:
+                found.append(sha)
+    return [h for h in dict.fromkeys(found) if len(h) in (40, 64)][:32]
+
+
+def _is_ancestor(repo: str, old: str, new: str) -> bool:
+    try:
+        git(repo, "merge-base", "--is-ancestor", old, new)
+        return True
+    except GitError as e:
+        if e.code == 1:
+            return False
+        raise
+
+
+def _checked_out(repo: str) -> dict[str, str]:
+    """Branch ref -> the worktree that has it checked out."""
+    out: dict[str, str] = {}
+    path = ""
+    for line in git(repo, "worktree", "list", "--porcelain").splitlines():
+        if line.startswith("worktree "):
+            path = line[len("worktree "):]
+        elif line.startswith("branch "):
+            out[line[len("branch "):]] = path
+    return out
+
+
+def adopt_branch(repo: str, name: str, tip: str, peer: str) -> tuple[str, str, bool]:
+    """Point a local branch at the fetched ``tip`` (call under ``repo_lock``): ``name``
+    itself when it is new, already there, or behind ``tip`` and not checked out;
+    otherwise it is left alone and ``<name>-from-<peer>`` (then ``-2``, ``-3``...) is
+    used. :return: (the local branch, why it is not ``name`` or "", whether it moved)."""
+    checked = _checked_out(repo)
+    why = ""
+    for n in range(MAX_NAME_TRIES):
+        cand = name if n == 0 else f"{name}-from-{peer}" + (f"-{n}" if n > 1 else "")
+        ref = f"refs/heads/{cand}"
+        cur = git(repo, "rev-parse", "--verify", "--quiet", f"{ref}^{{commit}}", check=False).strip()
+        if not cur:
+            git(repo, "update-ref", "-m", f"fleetrun: fetched from {peer}", ref, tip, "")
+            return cand, why, True
+        if cur == tip:
+            return cand, why, False
+        behind = _is_ancestor(repo, cur, tip)
+        if behind and ref not in checked:
+            git(repo, "update-ref", "-m", f"fleetrun: fetched from {peer}", ref, tip, cur)
+            return cand, why, True
+        if not why:
+            why = (f"this machine's {cand} is checked out in {checked[ref]}" if behind
+                   else f"this machine's {cand} has diverged from {peer}'s")
+    raise FetchError(f"{why}, and so have {name}-from-{peer} and -from-{peer}-2 to -{MAX_NAME_TRIES - 1}")
+
+
+def checkout_fetched(path: Path, repo: str, tip: str) -> None:
+    """A worktree at ``path``, detached at ``tip``, clean (call under ``repo_lock``).
+    Detached, so the branch stays free to check out anywhere else."""
+    if (path / ".git").exists():
+        try:
+            if common_dir(path) == common_dir(repo):
+                head = git(path, "rev-parse", "HEAD").strip()
+                if head != tip or is_dirty(path):
+                    git(path, "checkout", "-q", "--detach", "--force", tip)
+                    git(path, "clean", "-ffdq")
+                return
+        except GitError:
+            pass
+        git(repo, "worktree", "remove", "--force", "--", str(path), check=False)
+    if path.exists():
+        shutil.rmtree(path)
+    path.parent.mkdir(parents=True, exist_ok=True, mode=0o700)
+    git(repo, "worktree", "add", "--force", "--detach", "--", str(path), tip)
+
+
+def fetch_note(rec: dict[str, Any]) -> str:
+    """The ledger note of a fetch-back."""
+    tip = rec["commit"][:12]
+    if not rec["moved"] and not rec["bytes"]:
+        text = (f"branch {rec['peer_branch']} of {rec['peer']} (commit {tip}) was already in {rec['repo']} "
+                f"as {rec['branch']}; nothing to fetch")
+    else:
+        size = f"{rec['bytes'] / 1024:.1f} KiB" if rec["bytes"] else "its commits were already here"
+        text = (f"fetched branch {rec['peer_branch']} from {rec['peer']} into {rec['repo']}"
+                + (f" as {rec['branch']}" if rec["branch"] != rec["peer_branch"] else "")
+                + f": commit {tip} ({size}, {rec['seconds']:.2f}s)")
+    if rec["renamed"]:
+        text += f"; not as {rec['peer_branch']}: {rec['renamed']}, which is left as it is"
+    return text
 
 
 def probe_error(e: Exception) -> str:
@@ -241,16 +375,131 @@ class Relay:
         if host is None:
             return None
         try:
-            return host.collect(task, attempt, workspace) or ""
+            commit = host.collect(task, attempt, workspace) or ""
         except (PeerUnreachable, PeerError) as e:
             self._note(task.id, f"could not commit the attempt's work on {host.name}: {e}")
             return ""  # not None: the local worktree plugin must not try it here
+        if task.spec.git_ref and self.wants_fetch(task):
+            try:
+                self.fetch_back(task, attempt, workspace)
+            except FetchError as e:
+                self._note(task.id, f"could not fetch branch {getattr(workspace, 'branch', None) or task.branch} "
+                                    f"from {host.name}: {e}")
+        return commit
+
+    # -- fetch-back ------------------------------------------------------------------
+
+    def wants_fetch(self, task: Any) -> bool:
+        """A task whose branch comes back here: one with a ``brain``/``agent`` verifier
+        (they run here) or with dependents (they may run here)."""
+        if any(v.kind in LOCAL_KINDS for v in task.spec.verify):
+            return True
+        led = self.config.stash.get("ledger")
+        return led is not None and bool(led.dependents(task.id))
+
+    def fetched(self, attempt_id: str) -> Optional[dict[str, Any]]:
+        """What was fetched back for an attempt, if anything."""
+        return read_json(str(self.config.home / "attempts" / attempt_id / FETCH_RECORD))
+
+    def fetch_back(self, task: Any, attempt: Any, workspace: Any) -> dict[str, Any]:
+        """Bring the attempt's branch from its peer into the local repository that holds
+        the task's ``cwd``, and check it out (detached) in the fetched worktree.
+
+        Over the peer's open transport: the peer sends a git bundle of the branch less
+        what this repository has (``host bundle``), which is unbundled here. The local
+        branch is the peer's name unless that one has diverged (:func:`adopt_branch`).
+        The result is recorded in the attempt folder (:data:`FETCH_RECORD`) and in a
+        ledger note.
+
+        :raises FetchError: with the reason.
+        """
+        host = self.hosts.get(attempt.host)
+        if host is None:
+            raise FetchError(f"{attempt.host} is not a peer of this run")
+        peer_branch = getattr(workspace, "branch", None) or task.branch
+        if not peer_branch or not task.spec.git_ref:
+            raise FetchError(f"the task has no git_ref, so its work on {host.name} is not on a branch")
+        repo = repo_toplevel(task.spec.cwd)
+        if repo is None:
+            raise FetchError(f"{task.spec.cwd} is not in a git repository on this machine")
+        adir = ensure_private_dir(self.config.home / "attempts" / attempt.id)
+        bundle = adir / "fetch.bundle"
+        started = time.monotonic()
+        try:
+            have = local_haves(repo, task.spec.git_ref, peer_branch, host.name)
+            head = host.fetch_bundle(getattr(workspace, "repo", None) or repo, peer_branch, task.spec.git_ref,
+                                     have, bundle)
+            if head.get("bundle"):
+                git(repo, "bundle", "unbundle", str(bundle), timeout=UNBUNDLE_TIMEOUT_S)
+        except PeerUnreachable as e:
+            raise FetchError(f"{host.name} could not be reached: {e}") from None
+        except (PeerError, BundleWriteError, GitError) as e:
+            raise FetchError(str(e)) from None
+        finally:
+            try:
+                bundle.unlink()
+            except FileNotFoundError:
+                pass
+        tip = str(head["tip"])
+        if not git(repo, "cat-file", "-t", f"{tip}^{{commit}}", check=False).strip() == "commit":
+            raise FetchError(f"commit {tip[:12]} of {peer_branch} did not arrive from {host.name}")
+        path = fetched_worktree(self.config.home, task)
+        sub = os.path.relpath(os.path.realpath(task.spec.cwd), os.path.realpath(repo))
+        try:
+            with repo_lock(self.config.home / "locks", repo):
+                branch, renamed, moved = adopt_branch(repo, peer_branch, tip, host.name)
+                checkout_fetched(path, repo, tip)
+        except GitError as e:
+            raise FetchError(str(e)) from None
+        fork = head.get("fork")
+        rec = {"peer": host.name, "peer_branch": peer_branch, "branch": branch, "commit": tip,
+               "base": fork if isinstance(fork, str) and fork else None, "repo": repo, "worktree": str(path),
+               "path": str(path / sub) if sub != "." else str(path), "bytes": int(head.get("bytes") or 0),
+               "seconds": round(time.monotonic() - started, 3), "renamed": renamed, "moved": moved,
+               "time": time.time()}
+        write_json(str(adir / FETCH_RECORD), rec)
+        self._note(task.id, fetch_note(rec))
+        return rec
+
+    def local_workspace(self, task: Any, attempt: Any, workspace: Any) -> Workspace:
+        """For an attempt on a peer: a workspace on this machine holding its branch (the
+        fetched worktree), fetching it first if that has not happened (a supervisor that
+        restarted mid-verification). What ``brain`` and ``agent`` verifiers run in.
+
+        :raises FetchError: the branch cannot be brought here.
+        """
+        rec = self.fetched(attempt.id)
+        if rec is None:
+            rec = self.fetch_back(task, attempt, workspace)
+        else:  # still there, at that commit (gc may have removed it)
+            try:
+                with repo_lock(self.config.home / "locks", rec["repo"]):
+                    checkout_fetched(Path(rec["worktree"]), rec["repo"], rec["commit"])
+            except GitError as e:
+                raise FetchError(f"cannot check out the fetched branch {rec['branch']}: {e}") from None
+        return Workspace(path=rec["path"], branch=rec["branch"], repo=rec["repo"],
+                         base_ref=rec.get("base") or task.spec.git_ref, is_worktree=True, root=rec["worktree"])
+
+    def _remove_fetched(self, task: Any) -> None:
+        path = fetched_worktree(self.config.home, task)
+        if not path.exists():
+            return
+        try:
+            repo = str(Path(common_dir(path)).parent)
+            with repo_lock(self.config.home / "locks", repo):
+                git(repo, "worktree", "remove", "--force", "--", str(path))
+        except (GitError, OSError) as e:
+            self._note(task.id, f"could not remove the fetched worktree {path}: {e}")
+            return
+        self._note(task.id, f"removed the fetched worktree {path}")
 
     @hookimpl(tryfirst=True)
     def fleetrun_verify(self, task: Any, verifier: Any, workspace: Any, attempt: Any, config: Any) -> Any:
         host = self.hosts.get(attempt.host)
         if host is None:
             return None
+        if verifier.kind in LOCAL_KINDS:
+            return None  # run here, on the fetched branch: verify_brain / verify_agent ask local_workspace()
         if verifier.kind != "run":
             return Verdict(False, verifier.kind, verifier.label, host=host.name,
                            reason=f"{verifier.kind} verifiers run only on the supervising machine, and this "
@@ -267,15 +516,36 @@ class Relay:
         if len(summary) > SUMMARY_LIMIT:
             summary = summary[:SUMMARY_LIMIT] + " [...]"
         repo = ((attempt.workspace or {}).get("repo") if attempt is not None else None) or None
-        hint = ""
-        if task.branch and repo:
-            hint = f"The branch is on {peer.name}; fetch it with `git fetch {fetch_url(peer, repo)} {task.branch}`."
+        rec = self.fetched(attempt.id) if attempt is not None else None
+        if rec is None and attempt is not None and task.branch and self.wants_fetch(task):
+            try:  # the fetch after the attempt failed, or a restart skipped it: once more
+                rec = self.fetch_back(task, attempt, Workspace(**attempt.workspace) if attempt.workspace
+                                      else Workspace(path=task.spec.cwd, branch=task.branch))
+            except FetchError as e:
+                self._note(task.id, f"could not fetch branch {task.branch} from {peer.name}: {e}")
+        remote = f"`git fetch {fetch_url(peer, repo)} {task.branch}`" if task.branch and repo else ""
+        if rec is not None:
+            name = rec["branch"]
+            hint = (f"It ran on {peer.name}, and its branch was fetched from {peer.name} into this machine's "
+                    f"repository {rec['repo']}" + (f" as {name}" if name != rec["peer_branch"] else "")
+                    + f" (commit {rec['commit'][:12]}).")
+            if name != rec["peer_branch"]:
+                hint += f" On {peer.name} the branch is {rec['peer_branch']}"
+                hint += f" ({rec['renamed']}, which is left as it is)." if rec["renamed"] else "."
+            if remote:
+                hint += f" To fetch it from {peer.name} again: {remote}."
+            return Handoff(task_name=task.name, branch=name, summary=summary, host=peer.name, fetch_hint=hint)
+        hint = f"The branch is on {peer.name}; fetch it with {remote}." if remote else ""
         return Handoff(task_name=task.name, branch=task.branch, summary=summary, host=peer.name, fetch_hint=hint)
 
     @hookimpl
     def fleetrun_cleanup_workspace(self, task: Any, config: Any) -> None:
         host = self.hosts.get(task.host or "")
-        if host is None or task.state is not State.DONE or not task.worktree:
+        if host is None:
+            return
+        if task.state.terminal:
+            self._remove_fetched(task)  # the branch stays
+        if task.state is not State.DONE or not task.worktree:
             return
         try:
             r = host.cleanup(task)

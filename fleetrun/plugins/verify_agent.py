@@ -36,7 +36,7 @@ from typing import Any, Optional, Union
 
 from ..diffutil import parse_reply, review_prompt, task_diff
 from ..hookimpl import hookimpl
-from ..reports import Verdict
+from ..reports import Verdict, Workspace
 
 # A sibling plugin's pure functions (no hooks called): the claude executable setting
 # and the stream-json reader are one contract, kept in one place.
@@ -216,6 +216,23 @@ def reviewer_env(task: Any, attempt: Any, workspace: Any) -> dict[str, str]:
     return env
 
 
+def fetched_workspace(config: Any, task: Any, attempt: Any, workspace: Any, kind: str) -> Union[Workspace, str]:
+    """For an attempt that ran on a peer: a workspace on this machine holding its branch,
+    fetched back from the peer by the ``relay`` plugin (its ``local_workspace``); or,
+    as a string, why there is none."""
+    host = attempt.host
+    what = f"{'an' if kind == 'agent' else 'a'} {kind} verifier runs on this machine"
+    relay = config.pluginmanager.get_plugin("relay-peers") if config is not None else None
+    fetch = getattr(relay, "local_workspace", None)
+    if fetch is None:
+        return f"{what}; the task's workspace is on {host}"
+    try:
+        local = fetch(task, attempt, workspace)
+    except Exception as e:  # anything that stops a verdict is a FAIL
+        return f"{what}, and the task's branch could not be fetched from {host}: {e}"
+    return local if isinstance(local, Workspace) else f"{what}; the task's workspace is on {host}"
+
+
 @hookimpl(trylast=True)
 def fleetrun_verify(task: Any, verifier: Any, workspace: Any, attempt: Any,
                     config: Any) -> Optional[Union[AgentHandle, Verdict]]:
@@ -223,9 +240,11 @@ def fleetrun_verify(task: Any, verifier: Any, workspace: Any, attempt: Any,
         return None
     host = getattr(attempt, "host", None) or "local"
     if host != "local":
-        # the workspace is on the peer; a plugin that can reach it there may take this first
-        return Verdict(passed=False, kind="agent", label=verifier.label, host=host,
-                       reason=f"an agent verifier runs on this machine; the task's workspace is on {host}")
+        # the attempt ran on a peer: run here, on its branch fetched back from there
+        local = fetched_workspace(config, task, attempt, workspace, "agent")
+        if isinstance(local, str):
+            return Verdict(passed=False, kind="agent", label=verifier.label, host=host, reason=local)
+        workspace = local
     budget = review_budget(task, verifier)
     if budget is not None and budget < MIN_BUDGET_USD:
         # never silently spend more: the next attempt stops at budget_exhausted

@@ -1,6 +1,6 @@
 """Placement across peers over real SSH: the roomier peer wins, a peer at its own
 max_tasks refuses and the task goes elsewhere or waits with the peer's reason, tasks
-that must stay local stay local."""
+that must stay local (a role) stay local."""
 
 from __future__ import annotations
 
@@ -85,9 +85,10 @@ def test_a_refused_task_waits_with_the_peers_reason(fleeter, fake_claude, peer_l
     assert fleeter.task("t2").host == "only"
 
 
-def test_tasks_with_a_role_or_a_brain_verifier_stay_on_this_machine(fleeter, fake_claude, peer_lab):
+def test_tasks_with_a_role_stay_on_this_machine(fleeter, fake_claude, peer_lab):
+    # (a brain or agent verifier no longer keeps a task here: test_peers_fetchback.py)
     peers(fleeter, peer_lab, mini=9000)
-    tasks(fleeter, "reviewed", extra='[[task.verify]]\n        brain = "Is it good?"')
+    tasks(fleeter, "reviewed", extra='role = "backend"')
     r = fleeter.run("tasks.toml")
     assert r.ret == 1
     r.fnmatch_lines(["still waiting: reviewed [[]READY[]] this machine is draining"])
