@@ -24,12 +24,13 @@ def _worktree_facts(path: Path) -> tuple[Optional[str], Optional[str], bool, int
         repo = str((Path(top) / common).resolve().parent)
         branch = git(top, "rev-parse", "--abbrev-ref", "HEAD").strip()
         dirty = is_dirty(top)
-        unique = 0
-        if branch and branch != "HEAD":
-            out = git(top, "rev-list", "--count", branch, "--not", f"--exclude=refs/heads/{branch}",
-                      "--branches", "--tags")
-            unique = int(out.strip() or 0)
-        return repo, branch, dirty, unique
+        # commits reachable from HEAD and from no other branch or tag (a detached HEAD's
+        # commits are on no branch at all). --exclude patterns for --branches have no
+        # refs/heads/ prefix.
+        other = [f"--exclude={branch}"] if branch and branch != "HEAD" else []
+        out = git(top, "rev-list", "--count", "HEAD", "--not", *other, "--branches", "--tags")
+        unique = int(out.strip() or 0)
+        return repo, (branch if branch != "HEAD" else None), dirty, unique
     except (GitError, ValueError, OSError):
         return None, None, False, 0
 
@@ -54,10 +55,13 @@ def main(config: Any, out: TextIO, err: TextIO) -> int:
         found += 1
         repo, branch, dirty, unique = _worktree_facts(path)
         why = []
+        if repo is None:
+            why.append("not a git worktree fleetrun can read")
         if dirty:
             why.append("uncommitted changes")
         if unique:
-            why.append(f"{unique} commit(s) on {branch} found on no other branch")
+            where = f"on {branch}" if branch else "on a detached HEAD"
+            why.append(f"{unique} commit(s) {where} found on no other branch")
         facts = ", ".join(why) or "clean"
         if not yes:
             print(f"orphan worktree {path} ({facts})", file=out)

@@ -1,0 +1,164 @@
+"""`fleetrun gc`: worktrees and attempt folders no task owns are listed, and with
+--yes removed; a dirty one, or one holding commits found on no other branch, is kept
+unless --force; what a task owns is never touched; branches always stay."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+
+
+@pytest.fixture
+def setup(fleeter, fake_claude):
+    """A real run leaves an owned worktree (DONE but dirty, so kept) and owned attempt
+    folders; then orphans are made by hand next to them."""
+    repo = fleeter.make_repo()
+    fleeter.write_tasks('''
+        [[task]]
+        name = "owned"
+        cwd = "repo"
+        prompt = "p"
+        git_ref = "main"
+          [[task.verify]]
+          run = "touch build.out"
+    ''')
+    fake_claude.script(owned=[{"actions": [["write", "out.txt", "x"]]}])
+    r = fleeter.run("tasks.toml")
+    assert r.ret == 0, r.stdout + r.stderr
+    task = fleeter.task("owned")
+    owned_wt = Path(task.worktree)
+    assert owned_wt.exists()  # dirty after DONE: kept
+    owned_atts = sorted((fleeter.home / "attempts").iterdir())
+    assert owned_atts
+
+    wroot = fleeter.home / "worktrees"
+
+    def worktree(name: str, *args: str) -> Path:
+        path = wroot / name
+        fleeter.git(repo, "worktree", "add", "-q", *args, str(path), "main")
+        return path
+
+    clean = worktree("orphan-clean", "-b", "orphan-clean")
+    dirty = worktree("orphan-dirty", "-b", "orphan-dirty")
+    (dirty / "wip.txt").write_text("work in progress")
+    unique = worktree("orphan-unique", "-b", "orphan-unique")
+    (unique / "new.txt").write_text("committed work")
+    fleeter.git(unique, "add", "new.txt")
+    fleeter.git(unique, "commit", "-q", "-m", "only here")
+    orphan_att = fleeter.home / "attempts" / "task_gone_0_a1"
+    orphan_att.mkdir()
+    (orphan_att / "log").write_text("old log\n")
+    return {"repo": repo, "owned_wt": owned_wt, "owned_atts": owned_atts, "clean": clean, "dirty": dirty,
+            "unique": unique, "orphan_att": orphan_att, "wroot": wroot}
+
+
+def branches(fleeter, repo: Path) -> set[str]:
+    return set(fleeter.git(repo, "for-each-ref", "--format=%(refname:short)", "refs/heads").split())
+
+
+def registered_worktrees(fleeter, repo: Path) -> set[str]:
+    out = fleeter.git(repo, "worktree", "list", "--porcelain")
+    return {line.split(" ", 1)[1] for line in out.splitlines() if line.startswith("worktree ")}
+
+
+def test_gc_lists_and_removes_nothing(fleeter, setup):
+    s = setup
+    r = fleeter.run("gc")
+    assert r.ret == 0, r.stdout + r.stderr
+    r.fnmatch_lines([
+        f"orphan worktree {s['clean']} (clean)",
+        f"orphan worktree {s['dirty']} (uncommitted changes)",
+        f"orphan worktree {s['unique']} (*",
+        f"orphan attempt folder {s['orphan_att']}",
+        "4 orphan(s); `fleetrun gc --yes` removes them",
+    ])
+    r.no_fnmatch_line(f"*{s['owned_wt']}*")
+    for p in s["owned_atts"]:
+        r.no_fnmatch_line(f"*{p}*")
+    for key in ("clean", "dirty", "unique", "orphan_att", "owned_wt"):
+        assert s[key].exists(), key
+
+
+def test_gc_yes_removes_clean_orphans_and_keeps_dirty_and_unique(fleeter, setup):
+    s = setup
+    before = branches(fleeter, s["repo"])
+    r = fleeter.run("gc", "--yes")
+    assert r.ret == 0, r.stdout + r.stderr
+    r.fnmatch_lines([
+        f"removed worktree {s['clean']} (branch orphan-clean stays)",
+        f"kept {s['dirty']}: uncommitted changes (--force removes the worktree; the branch stays)",
+        f"removed attempt folder {s['orphan_att']}",
+    ])
+    assert not s["clean"].exists() and not s["orphan_att"].exists()
+    assert str(s["clean"]) not in registered_worktrees(fleeter, s["repo"])  # pruned, not just deleted
+    assert (s["dirty"] / "wip.txt").read_text() == "work in progress"
+    # what a task owns is never touched
+    assert s["owned_wt"].exists() and (s["owned_wt"] / "build.out").exists()
+    assert all(p.exists() for p in s["owned_atts"])
+    assert branches(fleeter, s["repo"]) == before  # branches stay
+    # a second pass finds what it kept
+    fleeter.run("gc").fnmatch_lines(["orphan worktree *orphan-dirty* (uncommitted changes)"])
+
+
+
+def test_gc_keeps_a_worktree_whose_branch_has_unique_commits(fleeter, setup):
+    s = setup
+    fleeter.run("gc").fnmatch_lines([
+        f"orphan worktree {s['unique']} (1 commit(s) on orphan-unique found on no other branch)"])
+    r = fleeter.run("gc", "--yes")
+    r.fnmatch_lines([f"kept {s['unique']}: 1 commit(s) on orphan-unique found on no other branch (--force*"])
+    assert (s["unique"] / "new.txt").exists()
+
+
+def test_gc_force_removes_them_all_and_the_branches_stay(fleeter, setup):
+    s = setup
+    before = branches(fleeter, s["repo"])
+    r = fleeter.run("gc", "--yes", "--force")
+    assert r.ret == 0, r.stdout + r.stderr
+    r.fnmatch_lines([f"removed worktree {s['dirty']} (branch orphan-dirty stays)",
+                     f"removed worktree {s['unique']} (branch orphan-unique stays)"])
+    assert not s["clean"].exists() and not s["dirty"].exists() and not s["unique"].exists()
+    assert branches(fleeter, s["repo"]) == before
+    # the unique commit is still on its branch
+    assert fleeter.git(s["repo"], "log", "-1", "--format=%s", "orphan-unique").strip() == "only here"
+    assert s["owned_wt"].exists() and all(p.exists() for p in s["owned_atts"])
+    assert fleeter.run("gc").outlines == [
+        "nothing to collect: every worktree and attempt folder belongs to a task"]
+
+
+def test_gc_with_nothing_to_collect(fleeter, fake_claude):
+    fleeter.make_repo()
+    fleeter.write_tasks('''
+        [[task]]
+        name = "t"
+        cwd = "repo"
+        prompt = "p"
+        git_ref = "main"
+    ''')
+    fake_claude.script(t=[{"actions": [["write", "out.txt", "x"]]}])
+    assert fleeter.run("tasks.toml").ret == 0
+    r = fleeter.run("gc", "--yes")
+    assert r.outlines == ["nothing to collect: every worktree and attempt folder belongs to a task"]
+    assert fleeter.run("gc").ret == 0
+
+
+def test_gc_keeps_a_detached_worktree_with_commits_on_no_branch(fleeter, setup):
+    s = setup
+    path = s["wroot"] / "orphan-detached"
+    fleeter.git(s["repo"], "worktree", "add", "-q", "--detach", str(path), "main")
+    (path / "lost.txt").write_text("would be lost")
+    fleeter.git(path, "add", "lost.txt")
+    fleeter.git(path, "commit", "-q", "-m", "on no branch")
+    r = fleeter.run("gc", "--yes")
+    assert path.exists(), r.stdout
+    r.fnmatch_lines([f"kept {path}: *commit*"])
+
+
+def test_gc_keeps_a_folder_git_cannot_read(fleeter, setup):
+    s = setup
+    path = s["wroot"] / "not-a-worktree"
+    path.mkdir()
+    (path / "notes.txt").write_text("mine")
+    r = fleeter.run("gc", "--yes")
+    assert (path / "notes.txt").exists(), r.stdout
