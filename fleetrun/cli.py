@@ -5,6 +5,7 @@ from __future__ import annotations
 import argparse
 import hashlib
 import os
+import sqlite3
 import sys
 import time
 import traceback
@@ -125,6 +126,17 @@ def main(args: Optional[list[str]] = None, plugins: Optional[list[Any]] = None,
         except (OSError, ValueError):
             pass
         return ExitCode.OK
+    except (OSError, sqlite3.OperationalError) as e:
+        from .loop import is_space_error
+
+        if not is_space_error(e):
+            return _internal_error(config, err)
+        from .config import default_home
+
+        home = config.home if config is not None and not isinstance(config, int) else default_home()
+        print(f"ERROR: cannot write to {home}: {e} (is the disk full or read-only?). Nothing was "
+              "started; run again when there is room.", file=err)
+        return ExitCode.INTERNAL_ERROR
     except SystemExit as e:  # argparse
         code = e.code if isinstance(e.code, int) else ExitCode.USAGE_ERROR
         return ExitCode.USAGE_ERROR if code == 2 else code

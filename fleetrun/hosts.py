@@ -13,7 +13,7 @@ import sys
 from pathlib import Path
 from typing import Any, Optional
 
-from .shepherd import CANCEL, LOG, SPEC, STATUS, proc_token, read_json, write_json
+from .shepherd import CANCEL, LOG, SPEC, START_LOCK, STATUS, proc_token, read_json, write_json
 
 SHEPHERD_PATH = str(Path(__file__).with_name("shepherd.py"))
 
@@ -93,7 +93,31 @@ class LocalHost:
         st = read_json(str(adir / STATUS)) or st
         if st.get("state") == "ended":
             return st
+        # The shepherd died (SIGKILL, OOM killer...) but its agent, in a session of its
+        # own, may run on: end it, or the resumed attempt would run beside it.
+        kill_group(st.get("agent_pid"), st.get("agent_token"))
         return dict(st, state="died")
+
+    def give_up(self, attempt_id: str) -> dict[str, Any]:
+        """Decide, under the shepherd's start lock, that an attempt never started: leave
+        a cancel file so a shepherd that starts late runs nothing. :return: the status
+        (with a ``shepherd_pid`` if it did start after all: then it is adopted)."""
+        import fcntl
+
+        adir = self.attempt_dir(attempt_id)
+        if not adir.exists():
+            return {}
+        fd = os.open(adir / START_LOCK, os.O_RDWR | os.O_CREAT, 0o600)
+        try:
+            fcntl.flock(fd, fcntl.LOCK_EX)
+            st = read_json(str(adir / STATUS)) or {}
+            if st.get("state") in ("running", "ended"):
+                return st
+            cfd = os.open(adir / CANCEL, os.O_WRONLY | os.O_CREAT, 0o600)
+            os.close(cfd)
+            return st
+        finally:
+            os.close(fd)
 
     def log_path(self, attempt_id: str) -> Path:
         return self.attempt_dir(attempt_id) / LOG
@@ -114,6 +138,48 @@ class LocalHost:
             except ProcessLookupError:
                 return False
         return False
+
+
+def kill_group(pid: Optional[int], token: Optional[str]) -> bool:
+    """SIGKILL the process group led by ``pid`` if that process is still the one we
+    started (same start-time token)."""
+    if not pid or not token or proc_token(int(pid)) != token:
+        return False
+    try:
+        os.killpg(int(pid), signal.SIGKILL)
+        return True
+    except (ProcessLookupError, PermissionError):
+        return False
+
+
+CHILDREN = "children"
+
+
+def record_child(adir: Path, name: str, pid: int) -> None:
+    """Remember a process group the supervisor started for an attempt (a verifier), so a
+    restarted supervisor can end it before running the step again."""
+    d = adir / CHILDREN
+    d.mkdir(parents=True, exist_ok=True, mode=0o700)
+    write_json(str(d / f"{name}.json"), {"pid": pid, "token": proc_token(pid)}, sync=False)
+
+
+def forget_child(adir: Path, name: str) -> None:
+    try:
+        (adir / CHILDREN / f"{name}.json").unlink()
+    except FileNotFoundError:
+        pass
+
+
+def kill_recorded_children(adir: Path) -> int:
+    """End every recorded process group of an attempt that still runs; :return: how many."""
+    n = 0
+    d = adir / CHILDREN
+    for f in sorted(d.glob("*.json")) if d.is_dir() else []:
+        info = read_json(str(f)) or {}
+        if kill_group(info.get("pid"), info.get("token")):
+            n += 1
+        f.unlink(missing_ok=True)
+    return n
 
 
 def shepherd_alive(pid: Optional[int], token: Optional[str]) -> bool:

@@ -54,16 +54,18 @@ class Liveness:
         self.started = time.time()
         self.last = 0.0
 
-    def beat(self, force: bool = False, **extra: Any) -> None:
+    def beat(self, force: bool = False, strict: bool = False, **extra: Any) -> None:
         now = time.time()
         if not force and now - self.last < 1.0:
             return
         self.last = now
         try:
             write_json(str(self.path), {"pid": os.getpid(), "token": proc_token(os.getpid()),
-                                        "started": self.started, "beat": now, **extra})
+                                        "started": self.started, "beat": now, **extra}, sync=False)
         except OSError:
-            pass  # disk full: status will show the loop as stuck, which is the truth
+            if strict:
+                raise
+            # disk full: status will show the loop as stuck, which is the truth
 
     def clear(self) -> None:
         try:

@@ -23,7 +23,7 @@ from typing import Any, Optional, TextIO
 from . import crash, ops
 from .exceptions import ExitCode, StateConflict, UsageError
 from .gitutil import GitError
-from .hosts import get_host
+from .hosts import get_host, kill_recorded_children
 from .ledger import Attempt, Ledger, Task
 from .liveness import Liveness, WorkLock
 from .placement import Backoff, backoff_delay
@@ -110,10 +110,7 @@ class Loop:
             self.stopping = self.stopping or f"stopping after the first NEEDS_HUMAN ({task.name}) (-x)"
 
     def move(self, task: Task, to: State, cause: str, attempt: Optional[int] = None, **fields: Any) -> Optional[Task]:
-        crash.point(f"before_transition:{to.value}")
-        now = ops.move(self.led, task, to, cause, self.notify, attempt=attempt, **fields)
-        crash.point(f"after_transition:{to.value}")
-        return now
+        return ops.move(self.led, task, to, cause, self.notify, attempt=attempt, **fields)
 
     def get(self, task_id: str) -> Task:
         task = self.led.get(task_id)
@@ -164,17 +161,20 @@ class Loop:
 
             old_term = signal.signal(signal.SIGTERM, on_term)
         try:
-            self.adopt()
+            self.readopt = True  # the first pass adopts what the ledger says is in flight
             while True:
                 try:
+                    if self.io_error is not None:
+                        # writable again? only a real write says so
+                        self.led.set_meta("write_probe", str(time.time()))
+                        self.liveness.beat(force=True, strict=True)
+                        self.config.err.write("fleetrun: the home is writable again; starting work again\n")
+                        self.io_error = None
                     if self.readopt:
                         self.readopt = False
                         self.adopt()
                     self.liveness.beat(running=len(self.active_attempts()))
                     self.step()
-                    if self.io_error is not None:
-                        self.config.err.write("fleetrun: the home is writable again; starting work again\n")
-                        self.io_error = None
                 except (sqlite3.OperationalError, OSError) as e:
                     if not is_space_error(e):
                         raise
@@ -246,6 +246,8 @@ class Loop:
         return self.led.attempts(states={"leased", "starting", "running"})
 
     def finished(self) -> bool:
+        if self.io_error is not None:
+            return False  # wait for the disk, then finish the work
         tasks = self.scope_tasks()
         active = [t for t in tasks if t.state in ACTIVE]
         if active:
@@ -290,17 +292,22 @@ class Loop:
             task = self.led.get(att.task_id)
             if task is None:
                 continue
+            host = get_host(self.config, att.host)
             if att.state == "leased" or (att.state == "starting" and not att.shepherd_pid):
                 st = self.starting_status(att) if att.state == "starting" else {}
                 if st.get("state") == "unreachable":  # it may be running there: poll_attempts asks again
                     adopted += 1
                     continue
+                if not st.get("shepherd_pid") and hasattr(host, "give_up"):
+                    # decide under the shepherd's start lock: a late shepherd then runs nothing
+                    st = host.give_up(att.id) or st
                 if st.get("shepherd_pid"):  # it did start: watch it (a dead one is resumed)
                     self.led.update_attempt(att.id, state="running", shepherd_pid=st["shepherd_pid"],
                                             shepherd_token=st.get("shepherd_token"), started=st.get("started"))
                     if task.state is State.ASSIGNED:
                         self.move(task, State.RUNNING, "adopted", attempt=att.number)
-                    adopted += 1
+                    if st.get("state") in ("starting", "running"):
+                        adopted += 1
                     continue
                 self.led.update_attempt(att.id, state="abandoned", outcome="never_started", ended=time.time())
                 back = {"fresh": State.READY, "retry": State.RETRYING, "resume": State.RESUMING}[att.kind]
@@ -309,16 +316,40 @@ class Loop:
                 continue
             if task.state is State.ASSIGNED:
                 self.move(task, State.RUNNING, "adopted", attempt=att.number)
-            adopted += 1
+            st = host.status(att.id, att.shepherd_pid, att.shepherd_token)
+            if st.get("state") in ("starting", "running", "unreachable"):
+                adopted += 1  # a dead or finished one is handled by poll_attempts, not announced
+        for task in self.led.tasks({State.RUNNING}):
+            # the attempt's end was recorded, the transition after it was not (a crash
+            # between the two): decide again from the status file, without recording twice
+            last = self.led.latest_attempt(task.id)
+            if last is not None and last.state == "ended":
+                host = get_host(self.config, last.host)
+                self.finish_attempt(last, host.status(last.id, last.shepherd_pid, last.shepherd_token),
+                                    record=False)
         for task in self.led.tasks({State.VERIFYING}):
             if not self.in_scope(task) and self.queue_id is not None:
+                continue
+            if task.id in self.verifying:
                 continue
             last = self.led.latest_attempt(task.id)
             if last is None or last.workspace is None:
                 continue
-            done = len(self.led.verdicts(attempt_id=last.id))
-            self.verifying[task.id] = Verifying(last, Workspace(**last.workspace), done)
+            if last.host in (None, "local"):
+                # a verifier the crashed supervisor left running is ended before it runs again
+                kill_recorded_children(get_host(self.config, last.host).attempt_dir(last.id))
+            verdicts = self.led.verdicts(attempt_id=last.id)
+            v = Verifying(last, Workspace(**last.workspace), len(verdicts))
+            failed = next((x for x in verdicts if not x.passed), None)
+            if failed is not None:  # its failure was recorded, the transition after it was not
+                self.verdict_failed(task, v, failed.label)
+                continue
+            self.verifying[task.id] = v
             self.start_verifier(task.id)
+        for task in self.led.tasks({State.DONE}):
+            # DONE, but the crash came before its workspace was cleaned up
+            if task.worktree and task.host in (None, "local") and os.path.exists(os.path.join(task.worktree, ".git")):
+                self.finish_terminal(task)
         if adopted:
             self.config.out.write(f"adopted {adopted} running attempt(s)\n")
 
@@ -344,7 +375,9 @@ class Loop:
             if st.get("state") in ("ended", "died"):
                 self.finish_attempt(att, st)
 
-    def finish_attempt(self, att: Attempt, st: dict[str, Any]) -> None:
+    def finish_attempt(self, att: Attempt, st: dict[str, Any], record: bool = True) -> None:
+        """An attempt ended: record it (``record``; False when adopt() finds it recorded
+        but not acted on), then move its task on."""
         task = self.led.get(att.task_id)
         assert task is not None
         host = get_host(self.config, att.host)
@@ -355,14 +388,15 @@ class Loop:
         cost = res.cost_usd if res is not None else 0.0
         outcome = "ok" if (res is not None and res.ok and reason == "exited") else (
             reason if reason != "exited" else (res.reason if res is not None else "unknown"))
-        with self.led.tx() as cur:
-            self.led.update_attempt(att.id, cur=cur, state="ended", ended=st.get("ended") or time.time(),
-                                    exit_code=exit_code, outcome=outcome,
-                                    session_id=(res.session_id if res else None) or att.session_id,
-                                    cost_usd=cost, result_text=res.result_text if res else None,
-                                    info={**att.info, "denials": res.permission_denials if res else [],
-                                          "error": st.get("error")})
-            cur.execute("UPDATE tasks SET cost_usd = cost_usd + ? WHERE id=?", (cost, task.id))
+        if record:
+            with self.led.tx() as cur:
+                self.led.update_attempt(att.id, cur=cur, state="ended", ended=st.get("ended") or time.time(),
+                                        exit_code=exit_code, outcome=outcome,
+                                        session_id=(res.session_id if res else None) or att.session_id,
+                                        cost_usd=cost, result_text=res.result_text if res else None,
+                                        info={**att.info, "denials": res.permission_denials if res else [],
+                                              "error": st.get("error")})
+                cur.execute("UPDATE tasks SET cost_usd = cost_usd + ? WHERE id=?", (cost, task.id))
         task = self.get(task.id)
         att = self.get_attempt(att.id)
         if task.state is not State.RUNNING:
@@ -393,14 +427,14 @@ class Loop:
             cause = f"{word}:{detail}" if detail else word
             self.resume_or_give_up(task, att, cause)
             return
+        ws = Workspace(**att.workspace) if att.workspace else Workspace(path=task.spec.cwd)
+        try:  # before VERIFYING: after a crash between the two it is simply done again
+            self.hook.fleetrun_collect_work(task=task, attempt=att, workspace=ws, config=self.config)
+        except GitError as e:
+            self.led.add_note(task.id, f"could not commit the attempt's work: {e}")
         moved = self.move(task, State.VERIFYING, "exited", attempt=att.number)
         if moved is None:
             return
-        ws = Workspace(**att.workspace) if att.workspace else Workspace(path=task.spec.cwd)
-        try:
-            self.hook.fleetrun_collect_work(task=moved, attempt=att, workspace=ws, config=self.config)
-        except GitError as e:
-            self.led.add_note(task.id, f"could not commit the attempt's work: {e}")
         self.verifying[task.id] = Verifying(att, ws, 0)
         self.start_verifier(task.id)
 
@@ -509,9 +543,14 @@ class Loop:
         if verdict.passed:
             v.idx += 1
             return True
+        self.verdict_failed(task, v, verdict.label)
+        return False
+
+    def verdict_failed(self, task: Task, v: Verifying, label: str) -> None:
+        """A verifier failed (just now, or before a crash): retry, or ask a human."""
         self.verifying.pop(task.id, None)
         self.led.update_attempt(v.attempt.id, state="verified")
-        label = verdict.label.replace("\n", " ")
+        label = label.replace("\n", " ")
         if task.retries < task.spec.max_retries:
             self.move(task, State.RETRYING, f"verify_fail:{label}", attempt=v.attempt.number,
                       retries=task.retries + 1)
@@ -519,7 +558,6 @@ class Loop:
             now = self.move(task, State.NEEDS_HUMAN, f"retries_exhausted:{label}", attempt=v.attempt.number)
             if now is not None:
                 self.finish_terminal(now)
-        return False
 
     def all_passed(self, task: Task, v: Verifying) -> None:
         self.verifying.pop(task.id, None)
@@ -556,9 +594,17 @@ class Loop:
                 c.why_not = f"is paused: {self.pause_text(c.name)}"
                 self.wait_until[f"pause:{c.name}"] = until
         policy = self.policy.policy
+        busy = {a.task_id: a for a in self.active_attempts()}
         for task in tasks:
             if self.stopping:
                 return
+            if task.id in busy:  # the previous attempt is still ending (a cancel's grace period)
+                reason = f"attempt {busy[task.id].number} is still ending"
+                if self.waits.get(task.id) != reason:
+                    self.waits[task.id] = reason
+                    self.hook.fleetrun_task_waiting(task=task, reason=reason, config=self.config)
+                self.wait_until[task.id] = time.time() + 1.0
+                continue
             if task.spec.budget_usd is not None and task.cost_usd >= task.spec.budget_usd:
                 now = self.move(task, State.NEEDS_HUMAN,
                                 f"budget_exhausted:spent ${task.cost_usd:.2f} of ${task.spec.budget_usd:.2f}")
@@ -591,6 +637,7 @@ class Loop:
     def start(self, task: Task, hostname: str) -> bool:
         kind = {State.READY: "fresh", State.RETRYING: "retry", State.RESUMING: "resume"}[task.state]
         prev = self.led.latest_attempt(task.id)
+        crash.point("before_transition:ASSIGNED")
         try:
             att = self.led.lease(task.id, task.state, hostname, kind)
         except StateConflict:
@@ -599,6 +646,7 @@ class Loop:
         prev_state = task.state
         task = self.get(task.id)
         self.notify(task, prev_state, State.ASSIGNED, "placed", att.number)
+        crash.point("after_transition:ASSIGNED")
         host = get_host(self.config, hostname)
         try:
             ws = self.hook.fleetrun_prepare_workspace(task=task, attempt=att, config=self.config)
@@ -663,7 +711,8 @@ class Loop:
         with self.led.tx() as cur:
             self.led.update_attempt(att.id, cur=cur, state="running", started=time.time(),
                                     shepherd_pid=info["pid"], shepherd_token=info["token"], dir=info["dir"])
-        self.move(task, State.RUNNING, "started", attempt=att.number)
+        if self.move(task, State.RUNNING, "started", attempt=att.number) is None:
+            host.stop(att.id, info["pid"], info["token"])  # cancelled while it was starting
         return True
 
     def prompt_context(self, task: Task, kind: str, prev: Optional[Attempt]) -> dict[str, Any]:

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 from typing import Any, Callable, Optional
 
+from . import crash
 from .exceptions import StateConflict, UsageError
 from .ledger import Ledger, Task
 from .states import TERMINAL, State
@@ -26,6 +27,7 @@ def move(ledger: Ledger, task: Task, to: State, cause: str, notify: Notify = _no
 
     :return: the task as it is now, or None if another process moved it first.
     """
+    crash.point(f"before_transition:{to.value}")
     try:
         prev = ledger.transition(task.id, task.state, to, cause, attempt=attempt, host=task.host, **fields)
     except StateConflict:
@@ -33,6 +35,7 @@ def move(ledger: Ledger, task: Task, to: State, cause: str, notify: Notify = _no
     now = ledger.get(task.id)
     assert now is not None
     notify(now, prev, to, cause, attempt)
+    crash.point(f"after_transition:{to.value}")
     return now
 
 

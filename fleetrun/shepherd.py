@@ -26,6 +26,7 @@ STATUS = "status.json"
 SPEC = "spec.json"
 LOG = "log"
 CANCEL = "cancel"
+START_LOCK = "start.lock"
 GRACE_S = 5.0
 
 
@@ -84,9 +85,28 @@ class Shepherd:
         }
         self.reason: str | None = None
         self.stop_requested: str | None = None
+        self.unsaved = False
 
-    def save(self) -> None:
-        write_json(os.path.join(self.dir, STATUS), self.status, sync=self.status.get('state') == 'ended')
+    def save(self) -> bool:
+        """Write status.json (fsynced only when it records the end); on a full or read-only
+        disk keep going and try again later: the supervisor waits while we are alive."""
+        try:
+            write_json(os.path.join(self.dir, STATUS), self.status, sync=self.status.get("state") == "ended")
+            self.unsaved = False
+            return True
+        except OSError:
+            self.unsaved = True
+            try:
+                os.unlink(os.path.join(self.dir, f"{STATUS}.{os.getpid()}.tmp"))
+            except OSError:
+                pass
+            return False
+
+    def log(self, log_fd: int, data: bytes) -> None:
+        try:
+            os.write(log_fd, data)
+        except OSError:  # disk full: the output is lost, the attempt is not
+            self.status["log_dropped"] = self.status.get("log_dropped", 0) + len(data)
 
     def notify(self) -> None:
         sock_path = self.spec.get("notify")
@@ -108,7 +128,8 @@ class Shepherd:
         import subprocess
         import termios
 
-        self.save()
+        if not self.save():  # what cannot be recorded must not start
+            return 1
         rfd, wfd = os.pipe()
         os.set_blocking(wfd, False)
         signal.set_wakeup_fd(wfd)
@@ -120,6 +141,21 @@ class Shepherd:
         signal.signal(signal.SIGINT, signal.SIG_IGN)
         signal.signal(signal.SIGHUP, signal.SIG_IGN)
 
+        # The start handshake: a supervisor that gives this attempt up (it saw no status
+        # in time) takes this lock and leaves a cancel file; we check it under the lock,
+        # so either the agent starts and status says so, or it never starts.
+        import fcntl
+
+        lock_fd = os.open(os.path.join(self.dir, START_LOCK), os.O_RDWR | os.O_CREAT, 0o600)
+        fcntl.flock(lock_fd, fcntl.LOCK_EX)
+        if os.path.exists(os.path.join(self.dir, CANCEL)):
+            self.status.update(state="ended", reason="cancelled", exit_code=None, ended=time.time(),
+                               agent_pid=None, error="given up before it started")
+            while not self.save():
+                time.sleep(1.0)
+            os.close(lock_fd)
+            self.notify()
+            return 0
         master, slave = pty.openpty()
         attrs = termios.tcgetattr(slave)
         attrs[1] &= ~termios.OPOST  # keep '\n' as is in the log (no '\r\n')
@@ -144,11 +180,13 @@ class Shepherd:
             os.close(slave)
             os.close(master)
             msg = f"cannot start {self.spec['argv'][0]}: {e.strerror or e}"
-            os.write(log_fd, (msg + "\n").encode())
+            self.log(log_fd, (msg + "\n").encode())
             os.close(log_fd)
             self.status.update(state="ended", reason="start_failed", error=msg, exit_code=None,
                                ended=time.time(), agent_pid=None)
-            self.save()
+            while not self.save():
+                time.sleep(1.0)
+            os.close(lock_fd)
             self.notify()
             return 0
         os.close(slave)
@@ -156,6 +194,7 @@ class Shepherd:
         self.status.update(state="running", agent_pid=proc.pid, agent_token=proc_token(proc.pid),
                            agent_started=now)
         self.save()
+        os.close(lock_fd)  # releases the start lock
 
         timeout_s = self.spec.get("timeout_s")
         stall_s = self.spec.get("stall_s")
@@ -188,8 +227,8 @@ class Shepherd:
             if kill_at and now >= kill_at:
                 self._signal_group(proc.pid, signal.SIGKILL)
                 kill_at = now + 1.0
-            if now - last_beat >= 5.0:  # proof of life for `fleetrun status`
-                self.status["beat"] = now
+            if now - last_beat >= 5.0 or (self.unsaved and now - last_beat >= 1.0):
+                self.status["beat"] = now  # proof of life for `fleetrun status`
                 self.save()
                 last_beat = now
             fds = [rfd] + ([master] if master_open else []) + ([pidfd] if pidfd >= 0 else [])
@@ -215,7 +254,7 @@ class Shepherd:
                 except OSError:  # EIO: every writer closed its end
                     data = b""
                 if data:
-                    os.write(log_fd, data)
+                    self.log(log_fd, data)
                     last_output = time.time()
                 else:
                     master_open = False
@@ -236,7 +275,8 @@ class Shepherd:
             reason=self.reason or "exited",
             ended=time.time(),
         )
-        self.save()
+        while not self.save():  # the end must be recorded: wait for space
+            time.sleep(1.0)
         self.notify()
         return 0
 
@@ -251,7 +291,10 @@ class Shepherd:
         except OSError:
             return False
         if data:
-            os.write(log_fd, data)
+            try:
+                os.write(log_fd, data)
+            except OSError:
+                pass
             return True
         return False
 

@@ -17,6 +17,7 @@ from pathlib import Path
 from typing import Any, Optional
 
 from ..hookimpl import hookimpl
+from ..hosts import forget_child, record_child
 from ..reports import Verdict
 
 KEEP_BYTES = 64 * 1024
@@ -62,6 +63,9 @@ class RunHandle:
             self.verdict = self._make(False, f"cannot start: {e.strerror or e}")
         finally:
             os.close(fd)
+        if self.proc is not None:
+            # a restarted supervisor ends it before running the verifier again
+            record_child(out_path.parent, out_path.stem, self.proc.pid)
         if self.proc is not None and hasattr(os, "pidfd_open"):
             try:
                 self._pidfd = os.pidfd_open(self.proc.pid)
@@ -78,6 +82,8 @@ class RunHandle:
                        host=self.host)
 
     def _close(self) -> None:
+        if self.proc is not None and self.proc.returncode is not None:
+            forget_child(self.out_path.parent, self.out_path.stem)
         if self._pidfd is not None:
             os.close(self._pidfd)
             self._pidfd = None

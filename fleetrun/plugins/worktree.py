@@ -133,8 +133,9 @@ def fleetrun_cleanup_workspace(task: Any, config: Any) -> None:
             git(repo_dir, "worktree", "remove", "--", str(path))
         except GitError as e:
             why = ("it has uncommitted changes" if "modified or untracked" in e.output else str(e))
-            if led is not None:
-                led.add_note(task.id, f"kept worktree {path}: {why}")
+            note = f"kept worktree {path}: {why}"
+            if led is not None and note not in (text for _, text in led.notes(task.id)):
+                led.add_note(task.id, note)
             return
     if led is not None:
         led.add_note(task.id, f"removed clean worktree {path}; branch {task.branch} stays")
