@@ -13,9 +13,10 @@ from __future__ import annotations
 
 import re
 from dataclasses import dataclass
-from typing import Optional
+from typing import Any, Optional, Union
 
 from .gitutil import GitError, git
+from .reports import Workspace
 
 DEFAULT_MAX_DIFF_BYTES = 60000
 #: New files not yet added are shown as diffs up to this many; the rest are named.
@@ -152,3 +153,20 @@ def parse_reply(reply: str) -> tuple[bool, str]:
     if m:
         return False, m.group(1).strip() or "FAIL (no reason given)"
     return False, NO_VERDICT
+
+
+def fetched_workspace(config: Any, task: Any, attempt: Any, workspace: Any, kind: str) -> Union[Workspace, str]:
+    """For an attempt that ran on a peer: a workspace on this machine holding its branch,
+    fetched back from the peer by the ``relay`` plugin (its ``local_workspace``); or,
+    as a string, why there is none."""
+    host = attempt.host
+    what = f"{'an' if kind == 'agent' else 'a'} {kind} verifier runs on this machine"
+    relay = config.pluginmanager.get_plugin("relay-peers") if config is not None else None
+    fetch = getattr(relay, "local_workspace", None)
+    if fetch is None:
+        return f"{what}; the task's workspace is on {host}"
+    try:
+        local = fetch(task, attempt, workspace)
+    except Exception as e:  # anything that stops a verdict is a FAIL
+        return f"{what}, and the task's branch could not be fetched from {host}: {e}"
+    return local if isinstance(local, Workspace) else f"{what}; the task's workspace is on {host}"

@@ -43,13 +43,14 @@ from contextlib import contextmanager
 from pathlib import Path
 from typing import Any, Optional, TextIO
 
+from .procutil import tail_text
+
 REFUSED_EXIT = 75
 HOSTED = "hosted.json"
 LOCK = "host.lock"
 TOOLS_CACHE = "probe-tools.json"
 TOOLS_TTL_S = 300.0
 LOG_CHUNK = 1 << 20
-KEEP_BYTES = 64 * 1024
 #: Verbs that need only the home: answered by :func:`fast_main`, with no plugin loaded.
 FAST_VERBS = frozenset({"status", "log", "stop", "verify-status", "verify-stop", "bundle"})
 BUNDLE_MARK = "fleetrun_bundle"
@@ -613,7 +614,7 @@ def cmd_verify_status(config: Any, ns: argparse.Namespace) -> dict[str, Any]:
     if res is not None:
         return dict(res, state="ended")
     return {"state": "ended", "passed": False, "reason": "the verifier's runner died on the peer",
-            "output": _tail(vdir / "out"), "duration_s": 0.0}
+            "output": tail_text(vdir / "out"), "duration_s": 0.0}
 
 
 class _Unknown(HostError):
@@ -634,23 +635,6 @@ def cmd_verify_stop(config: Any, ns: argparse.Namespace) -> dict[str, Any]:
     return {"signalled": False}
 
 
-def _tail(path: Path, limit: int = KEEP_BYTES) -> str:
-    try:
-        with open(path, "rb") as f:
-            f.seek(0, 2)
-            size = f.tell()
-            f.seek(max(0, size - limit))
-            data = f.read()
-    except OSError:
-        return ""
-    if size > limit:
-        i = 0
-        while i < len(data) and i < 4 and (data[i] & 0xC0) == 0x80:
-            i += 1
-        data = data[i:]
-    return data.decode("utf-8", "replace")
-
-
 def verify_runner(vdir: Path) -> int:
     """The detached runner of one ``run`` verifier: the command under ``/bin/sh -c``
     in the worktree, output to a file, the timeout enforced here (so a dropped link
@@ -667,7 +651,7 @@ def verify_runner(vdir: Path) -> int:
     stopped: list[str] = []
 
     def finish(passed: bool, reason: str) -> int:
-        write_json(str(vdir / "result.json"), {"passed": passed, "reason": reason, "output": _tail(vdir / "out"),
+        write_json(str(vdir / "result.json"), {"passed": passed, "reason": reason, "output": tail_text(vdir / "out"),
                                                "duration_s": time.monotonic() - started, "ended": time.time()})
         return 0
 

@@ -5,7 +5,8 @@ from __future__ import annotations
 import os
 import time
 
-from fleetrun.plugins.verify_run import KEEP_BYTES, RunHandle, tail_text
+from fleetrun.plugins.verify_run import RunHandle
+from fleetrun.procutil import KEEP_BYTES, tail_text
 from fleetrun.taskspec import VerifySpec
 
 

@@ -27,16 +27,16 @@ environment has ``FLEETRUN_VERIFIER=agent``.
 from __future__ import annotations
 
 import os
-import signal
 import subprocess
 import time
 import uuid
 from pathlib import Path
 from typing import Any, Optional, Union
 
-from ..diffutil import parse_reply, review_prompt, task_diff
+from ..diffutil import fetched_workspace, parse_reply, review_prompt, task_diff
 from ..hookimpl import hookimpl
-from ..reports import Verdict, Workspace
+from ..procutil import end_group, tail_text
+from ..reports import Verdict
 
 # A sibling plugin's pure functions (no hooks called): the claude executable setting
 # and the stream-json reader are one contract, kept in one place.
@@ -83,18 +83,6 @@ def reviewer_argv(config: Any, verifier: Any, session_id: str, budget: Optional[
 def reviewer_prompt(task: Any, verifier: Any, workspace: Any) -> str:
     diff = task_diff(workspace.path, getattr(workspace, "base_ref", None), MAX_DIFF_BYTES)
     return review_prompt(task.spec.prompt, diff, verifier.text, INTRO)
-
-
-def _tail(path: Path, limit: int = KEEP_BYTES) -> str:
-    try:
-        with open(path, "rb") as f:
-            f.seek(0, 2)
-            size = f.tell()
-            f.seek(max(0, size - limit))
-            data = f.read()
-    except OSError:
-        return ""
-    return data.decode("utf-8", "ignore")
 
 
 def verdict_from_stream(text: str, exit_code: Optional[int]) -> tuple[bool, str, str, float]:
@@ -179,29 +167,16 @@ class AgentHandle:
             self._kill()
             _, _, _, cost = verdict_from_stream(self._read(), None)
             self.verdict = self._make(False, f"reviewer timed out after {self.verifier.timeout_s:g}s",
-                                      output=_tail(self.out_path), cost=cost)
+                                      output=tail_text(self.out_path), cost=cost)
         else:
             passed, reason, output, cost = verdict_from_stream(self._read(), code)
-            self.verdict = self._make(passed, reason, output=output or _tail(self.out_path), cost=cost)
+            self.verdict = self._make(passed, reason, output=output or tail_text(self.out_path), cost=cost)
         self._close()
         return self.verdict
 
     def _kill(self) -> None:
         assert self.proc is not None
-        for sig in (signal.SIGTERM, signal.SIGKILL):
-            try:
-                os.killpg(self.proc.pid, sig)
-            except ProcessLookupError:
-                break
-            try:
-                self.proc.wait(timeout=2)
-                break
-            except subprocess.TimeoutExpired:
-                continue
-        try:
-            os.killpg(self.proc.pid, signal.SIGKILL)  # leftovers of the group
-        except ProcessLookupError:
-            pass
+        end_group(self.proc)
 
     def cancel(self) -> None:
         if self.proc is not None and self.proc.poll() is None:
@@ -214,23 +189,6 @@ def reviewer_env(task: Any, attempt: Any, workspace: Any) -> dict[str, str]:
     env.update(FLEETRUN_TASK_ID=task.id, FLEETRUN_TASK_NAME=task.name, FLEETRUN_ATTEMPT=str(attempt.number),
                FLEETRUN_WORKTREE=workspace.path, FLEETRUN_VERIFIER="agent")
     return env
-
-
-def fetched_workspace(config: Any, task: Any, attempt: Any, workspace: Any, kind: str) -> Union[Workspace, str]:
-    """For an attempt that ran on a peer: a workspace on this machine holding its branch,
-    fetched back from the peer by the ``relay`` plugin (its ``local_workspace``); or,
-    as a string, why there is none."""
-    host = attempt.host
-    what = f"{'an' if kind == 'agent' else 'a'} {kind} verifier runs on this machine"
-    relay = config.pluginmanager.get_plugin("relay-peers") if config is not None else None
-    fetch = getattr(relay, "local_workspace", None)
-    if fetch is None:
-        return f"{what}; the task's workspace is on {host}"
-    try:
-        local = fetch(task, attempt, workspace)
-    except Exception as e:  # anything that stops a verdict is a FAIL
-        return f"{what}, and the task's branch could not be fetched from {host}: {e}"
-    return local if isinstance(local, Workspace) else f"{what}; the task's workspace is on {host}"
 
 
 @hookimpl(trylast=True)

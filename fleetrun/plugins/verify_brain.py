@@ -33,10 +33,16 @@ import time
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Callable, Optional, Union
 
-from ..diffutil import DEFAULT_MAX_DIFF_BYTES, parse_reply, review_prompt, task_diff
+from ..diffutil import (
+    DEFAULT_MAX_DIFF_BYTES,
+    fetched_workspace,
+    parse_reply,
+    review_prompt,
+    task_diff,
+)
 from ..exceptions import UsageError, UsageErrors
 from ..hookimpl import hookimpl
-from ..reports import Verdict, Workspace
+from ..reports import Verdict
 
 if TYPE_CHECKING:
     import urllib.error
@@ -394,23 +400,6 @@ class BrainHandle:
     def cancel(self) -> None:
         """Stop waiting; the daemon thread ends by its own timeout and is ignored."""
         self._close()
-
-
-def fetched_workspace(config: Any, task: Any, attempt: Any, workspace: Any, kind: str) -> Union[Workspace, str]:
-    """For an attempt that ran on a peer: a workspace on this machine holding its branch,
-    fetched back from the peer by the ``relay`` plugin (its ``local_workspace``); or,
-    as a string, why there is none."""
-    host = attempt.host
-    what = f"{'an' if kind == 'agent' else 'a'} {kind} verifier runs on this machine"
-    relay = config.pluginmanager.get_plugin("relay-peers") if config is not None else None
-    fetch = getattr(relay, "local_workspace", None)
-    if fetch is None:
-        return f"{what}; the task's workspace is on {host}"
-    try:
-        local = fetch(task, attempt, workspace)
-    except Exception as e:  # anything that stops a verdict is a FAIL
-        return f"{what}, and the task's branch could not be fetched from {host}: {e}"
-    return local if isinstance(local, Workspace) else f"{what}; the task's workspace is on {host}"
 
 
 @hookimpl(trylast=True)

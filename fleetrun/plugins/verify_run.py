@@ -10,7 +10,6 @@ or a command that cannot start is a FAIL with that reason.
 from __future__ import annotations
 
 import os
-import signal
 import subprocess
 import time
 from pathlib import Path
@@ -18,27 +17,8 @@ from typing import Any, Optional
 
 from ..hookimpl import hookimpl
 from ..hosts import forget_child, record_child
+from ..procutil import end_group, tail_text
 from ..reports import Verdict
-
-KEEP_BYTES = 64 * 1024
-
-
-def tail_text(path: Path, limit: int = KEEP_BYTES) -> str:
-    """The last ``limit`` bytes of a file, cut on a UTF-8 character boundary."""
-    try:
-        with open(path, "rb") as f:
-            f.seek(0, 2)
-            size = f.tell()
-            f.seek(max(0, size - limit))
-            data = f.read()
-    except OSError:
-        return ""
-    if size > limit:
-        i = 0
-        while i < len(data) and i < 4 and (data[i] & 0xC0) == 0x80:
-            i += 1
-        data = data[i:]
-    return data.decode("utf-8", "replace")
 
 
 class RunHandle:
@@ -112,20 +92,7 @@ class RunHandle:
 
     def _kill(self) -> None:
         assert self.proc is not None
-        for sig in (signal.SIGTERM, signal.SIGKILL):
-            try:
-                os.killpg(self.proc.pid, sig)
-            except ProcessLookupError:
-                break
-            try:
-                self.proc.wait(timeout=2)
-                break
-            except subprocess.TimeoutExpired:
-                continue
-        try:
-            os.killpg(self.proc.pid, signal.SIGKILL)  # leftovers of the group
-        except ProcessLookupError:
-            pass
+        end_group(self.proc)
 
     def cancel(self) -> None:
         if self.proc is not None and self.proc.poll() is None:
