@@ -452,12 +452,15 @@ class Ledger:
     def dependents(self, task_id: str) -> list[str]:
         return [r[0] for r in self.conn.execute("SELECT task_id FROM deps WHERE dep_id=?", (task_id,))]
 
-    def update_task(self, task_id: str, **fields: Any) -> None:
+    def update_task(self, task_id: str, cur: Optional[sqlite3.Cursor] = None, **fields: Any) -> None:
         """Set bookkeeping columns (not ``state``: that goes through :meth:`transition`)."""
         if "state" in fields:
             raise ValueError("state changes go through transition()")
-        with self.tx() as cur:
+        if cur is not None:
             self._set(cur, "tasks", task_id, fields)
+            return
+        with self.tx() as c:
+            self._set(c, "tasks", task_id, fields)
 
     @staticmethod
     def _set(cur: sqlite3.Cursor, table: str, row_id: str, fields: dict[str, Any]) -> None:

@@ -99,6 +99,7 @@ class Loop:
         self.placed_last_pass = False
         self.io_error: Optional[str] = None
         self.readopt = False
+        self.waits_dirty = False
         self.config.stash.setdefault("backoff", {})
 
     # -- plumbing ----------------------------------------------------------------------
@@ -582,6 +583,14 @@ class Loop:
     # -- placement ---------------------------------------------------------------------
 
     def place_all(self) -> None:
+        try:
+            self._place_all()
+        finally:
+            if self.waits_dirty:  # what `fleetrun status` shows; written once a pass
+                self.led.set_meta("waits", json.dumps(self.waits))
+                self.waits_dirty = False
+
+    def _place_all(self) -> None:
         tasks = [t for t in self.led.tasks(set(PLACEABLE)) if self.in_scope(t) or self.queue_id is None]
         self.wait_until = {k: u for k, u in self.wait_until.items() if u > time.time()}
         if not tasks:
@@ -618,13 +627,13 @@ class Loop:
                 if self.waits.get(task.id) != decision.reason:
                     self.waits[task.id] = decision.reason
                     self.hook.fleetrun_task_waiting(task=task, reason=decision.reason, config=self.config)
-                    self.led.set_meta("waits", json.dumps(self.waits))
+                    self.waits_dirty = True
                 if decision.until:
                     self.wait_until[task.id] = decision.until
                 continue
             assert isinstance(decision, Placement)
             if self.waits.pop(task.id, None) is not None:
-                self.led.set_meta("waits", json.dumps(self.waits))
+                self.waits_dirty = True
             self.wait_until.pop(task.id, None)
             if self.start(task, decision.host):
                 self.placed_last_pass = True
@@ -658,8 +667,10 @@ class Loop:
             self.not_started(task, att, f"{word}:{type(e).__name__ if not str(e) else e}")
             return False
         crash.point("after_worktree")
-        self.led.update_attempt(att.id, workspace=asdict(ws), dir=str(host.attempt_dir(att.id)))
-        self.led.update_task(task.id, worktree=ws.root or (ws.path if ws.is_worktree else None), branch=ws.branch)
+        with self.led.tx() as cur:
+            self.led.update_attempt(att.id, cur=cur, workspace=asdict(ws), dir=str(host.attempt_dir(att.id)))
+            self.led.update_task(task.id, cur=cur, worktree=ws.root or (ws.path if ws.is_worktree else None),
+                                 branch=ws.branch)
         task = self.get(task.id)
         att = self.get_attempt(att.id)
         context = self.prompt_context(task, kind, prev)
