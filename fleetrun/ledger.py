@@ -240,8 +240,15 @@ def new_token() -> str:
 
 
 def ensure_private_dir(path: Path) -> Path:
-    """Create ``path`` (and parents) with mode 0700; tighten it if it exists."""
-    path.mkdir(parents=True, exist_ok=True, mode=0o700)
+    """Create ``path`` (and any missing parents, each 0700); tighten it if it exists."""
+    missing = []
+    p = path
+    while not p.exists() and p != p.parent:
+        missing.append(p)
+        p = p.parent
+    for d in reversed(missing):
+        d.mkdir(mode=0o700, exist_ok=True)
+        os.chmod(d, 0o700)  # mkdir's mode is masked by the umask
     try:
         if path.stat().st_mode & 0o077:
             os.chmod(path, 0o700)

@@ -462,3 +462,25 @@ def test_broken_pipe_is_not_an_internal_error(fleeter):
     out, err = proc.communicate(timeout=60)
     assert b"INTERNAL ERROR" not in err and b"Traceback" not in err
     assert not (fleeter.home / "internal-error.log").exists()
+
+
+def test_state_files_are_private(fleeter, fake_claude):
+    """Everything fleetrun writes under its home is 0600 (files) or 0700 (folders);
+    the worktrees' own contents are git checkouts and keep git's modes."""
+    one_task(fleeter, verify='run = "false"', extra="max_retries = 0")
+    fake_claude.script(t1=[{"actions": [["write", "out.txt", "x"]]}])
+    fleeter.run("tasks.toml")
+    fleeter.run("status")
+    loose = []
+    for path in [fleeter.home, *fleeter.home.rglob("*")]:
+        rel = path.relative_to(fleeter.home).parts
+        if len(rel) >= 2 and rel[0] == "worktrees":
+            continue  # a git checkout, inside the private worktrees folder
+        if rel in (("config.toml",), ("policy.toml",)):
+            continue  # written by the user (here, the test)
+        if path.is_symlink() or path.is_socket():
+            continue
+        mode = path.stat().st_mode & 0o777
+        if mode != (0o700 if path.is_dir() else 0o600):
+            loose.append(f"{oct(mode)} {path}")
+    assert loose == [], "\n".join(loose)
