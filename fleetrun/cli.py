@@ -127,7 +127,7 @@ def main(args: Optional[list[str]] = None, plugins: Optional[list[Any]] = None,
             pass
         return ExitCode.OK
     except (OSError, sqlite3.OperationalError) as e:
-        from .loop import is_space_error
+        from .session import is_space_error
 
         if not is_space_error(e):
             return _internal_error(config, err)

@@ -92,14 +92,14 @@ def cmd_queue(config: Any, out: TextIO, err: TextIO) -> int:
     tasks = queue_items(config, items, out)
     for t in tasks:
         print(f"queued {t.id}  {t.name}  [{t.state}]", file=out)
-    from .loop import wake_loop
+    from .session import wake_loop
 
     wake_loop(config.home)
     return ExitCode.OK
 
 
 def cmd_run(config: Any, out: TextIO, err: TextIO) -> int:
-    from .loop import run_session
+    from .session import run_session
 
     items = collect_items(config)
     if config.getoption("collect_only"):
@@ -115,7 +115,7 @@ def cmd_run(config: Any, out: TextIO, err: TextIO) -> int:
 
 
 def cmd_work(config: Any, out: TextIO, err: TextIO) -> int:
-    from .loop import run_session
+    from .session import run_session
 
     return run_session(config, None, out, err)
 
