@@ -16,7 +16,7 @@ from dataclasses import dataclass
 from typing import Any, Optional, Union
 
 from .gitutil import GitError, git
-from .reports import Workspace
+from .reports import Verdict, Workspace
 
 DEFAULT_MAX_DIFF_BYTES = 60000
 #: New files not yet added are shown as diffs up to this many; the rest are named.
@@ -170,3 +170,16 @@ def fetched_workspace(config: Any, task: Any, attempt: Any, workspace: Any, kind
     except Exception as e:  # anything that stops a verdict is a FAIL
         return f"{what}, and the task's branch could not be fetched from {host}: {e}"
     return local if isinstance(local, Workspace) else f"{what}; the task's workspace is on {host}"
+
+
+def local_workspace(config: Any, task: Any, attempt: Any, workspace: Any, verifier: Any) -> Union[Workspace, Verdict]:
+    """The workspace a verifier that runs on this machine (brain, agent) reads: the
+    attempt's own, or, for an attempt that ran on a peer, its branch fetched back
+    from there; a FAIL verdict saying why when there is none."""
+    host = getattr(attempt, "host", None) or "local"
+    if host == "local":
+        return workspace
+    local = fetched_workspace(config, task, attempt, workspace, verifier.kind)
+    if isinstance(local, str):
+        return Verdict(passed=False, kind=verifier.kind, label=verifier.label, host=host, reason=local)
+    return local

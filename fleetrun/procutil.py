@@ -5,7 +5,11 @@ from __future__ import annotations
 import os
 import signal
 import subprocess
+import time
 from pathlib import Path
+from typing import Any, Optional
+
+from .reports import Verdict
 
 KEEP_BYTES = 64 * 1024
 
@@ -45,3 +49,101 @@ def end_group(proc: subprocess.Popen[bytes], grace_s: float = 2.0) -> None:
         os.killpg(proc.pid, signal.SIGKILL)  # leftovers of the group
     except ProcessLookupError:
         pass
+
+
+def task_env(task: Any, attempt: Any, workspace_path: str, **extra: str) -> dict[str, str]:
+    """What an agent or a verifier runs with: fleetrun's environment plus
+    ``FLEETRUN_TASK_ID``, ``FLEETRUN_TASK_NAME``, ``FLEETRUN_ATTEMPT``, ``FLEETRUN_WORKTREE``."""
+    env = dict(os.environ)
+    env.update(FLEETRUN_TASK_ID=task.id, FLEETRUN_TASK_NAME=task.name, FLEETRUN_ATTEMPT=str(attempt.number),
+               FLEETRUN_WORKTREE=workspace_path, **extra)
+    return env
+
+
+class ProcessHandle:
+    """A verifier running as a child process group, for the loop to poll.
+
+    The child's output goes to ``out_path`` (never a pipe: no deadlock on large
+    output); its process group is recorded in the attempt folder, so a restarted
+    supervisor ends it before running the step again; ``fileno()`` is a pidfd the
+    loop can select on. Subclasses say what the end means: :meth:`ended`,
+    :meth:`timed_out`, :meth:`cannot_start`.
+    """
+
+    def __init__(self, verifier: Any, argv: list[str], cwd: str, env: dict[str, str], out_path: Path,
+                 stdin_path: Optional[Path] = None, host: str = "local") -> None:
+        from .hosts import record_child
+
+        self.verifier = verifier
+        self.out_path = out_path
+        self.host = host
+        self.started = time.monotonic()
+        self.deadline = self.started + float(verifier.timeout_s)
+        self.verdict: Optional[Verdict] = None
+        self._pidfd: Optional[int] = None
+        self.proc: Optional[subprocess.Popen[bytes]] = None
+        fd = os.open(out_path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
+        try:
+            with open(stdin_path, "rb") if stdin_path else open(os.devnull, "rb") as stdin:
+                self.proc = subprocess.Popen(argv, cwd=cwd, env=env, stdin=stdin, stdout=fd, stderr=fd,
+                                             start_new_session=True, close_fds=True)
+        except OSError as e:
+            self.verdict = self.cannot_start(str(e.strerror or e))
+        finally:
+            os.close(fd)
+        if self.proc is not None:
+            record_child(out_path.parent, out_path.stem, self.proc.pid)
+            if hasattr(os, "pidfd_open"):
+                try:
+                    self._pidfd = os.pidfd_open(self.proc.pid)
+                except OSError:
+                    self._pidfd = None
+
+    # -- what subclasses decide --------------------------------------------------------
+
+    def cannot_start(self, error: str) -> Verdict:
+        raise NotImplementedError
+
+    def timed_out(self) -> Verdict:
+        raise NotImplementedError
+
+    def ended(self, code: int) -> Verdict:
+        raise NotImplementedError
+
+    # -- the handle the loop polls -----------------------------------------------------
+
+    def fileno(self) -> int:
+        """Readable when the child has ended (Linux pidfd), for the loop's select."""
+        return self._pidfd if self._pidfd is not None else -1
+
+    def next_deadline(self) -> float:
+        return self.deadline
+
+    def poll(self) -> Optional[Verdict]:
+        if self.verdict is not None or self.proc is None:
+            self._close()
+            return self.verdict
+        code = self.proc.poll()
+        if code is None:
+            if time.monotonic() < self.deadline:
+                return None
+            end_group(self.proc)
+            self.verdict = self.timed_out()
+        else:
+            self.verdict = self.ended(code)
+        self._close()
+        return self.verdict
+
+    def cancel(self) -> None:
+        if self.proc is not None and self.proc.poll() is None:
+            end_group(self.proc)
+        self._close()
+
+    def _close(self) -> None:
+        from .hosts import forget_child
+
+        if self.proc is not None and self.proc.returncode is not None:
+            forget_child(self.out_path.parent, self.out_path.stem)
+        if self._pidfd is not None:
+            os.close(self._pidfd)
+            self._pidfd = None

@@ -27,22 +27,20 @@ environment has ``FLEETRUN_VERIFIER=agent``.
 from __future__ import annotations
 
 import os
-import subprocess
 import time
 import uuid
 from pathlib import Path
 from typing import Any, Optional, Union
 
-from ..diffutil import fetched_workspace, parse_reply, review_prompt, task_diff
+from ..diffutil import local_workspace, parse_reply, review_prompt, task_diff
 from ..hookimpl import hookimpl
-from ..procutil import end_group, tail_text
+from ..procutil import KEEP_BYTES, ProcessHandle, tail_text, task_env
 from ..reports import Verdict
 
 # A sibling plugin's pure functions (no hooks called): the claude executable setting
 # and the stream-json reader are one contract, kept in one place.
 from .claude import executable, parse_stream
 
-KEEP_BYTES = 64 * 1024
 MAX_DIFF_BYTES = 60000
 #: Below this, Claude Code's --max-budget-usd would be 0.0000 (it wants a positive number).
 MIN_BUDGET_USD = 0.0001
@@ -104,51 +102,18 @@ def verdict_from_stream(text: str, exit_code: Optional[int]) -> tuple[bool, str,
     return passed, reason, reply, cost
 
 
-class AgentHandle:
+class AgentHandle(ProcessHandle):
     """A running reviewer; ``poll()`` gives the Verdict once it has ended."""
 
     def __init__(self, verifier: Any, argv: list[str], cwd: str, env: dict[str, str], prompt_path: Path,
                  out_path: Path, host: str = "local") -> None:
-        self.verifier = verifier
         self.argv = argv
-        self.out_path = out_path
-        self.host = host
-        self.started = time.monotonic()
-        self.deadline = self.started + float(verifier.timeout_s)
-        self.verdict: Optional[Verdict] = None
-        self._pidfd: Optional[int] = None
-        self.proc: Optional[subprocess.Popen[bytes]] = None
-        fd = os.open(out_path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
-        try:
-            with open(prompt_path, "rb") as stdin:
-                self.proc = subprocess.Popen(argv, cwd=cwd, env=env, stdin=stdin, stdout=fd, stderr=fd,
-                                             start_new_session=True, close_fds=True)
-        except OSError as e:
-            self.verdict = self._make(False, f"cannot start the reviewer: {e.strerror or e}")
-        finally:
-            os.close(fd)
-        if self.proc is not None and hasattr(os, "pidfd_open"):
-            try:
-                self._pidfd = os.pidfd_open(self.proc.pid)
-            except OSError:
-                self._pidfd = None
-
-    def fileno(self) -> int:
-        """Readable when the reviewer has ended (Linux pidfd), for the loop's select."""
-        return self._pidfd if self._pidfd is not None else -1
-
-    def next_deadline(self) -> float:
-        return self.deadline
+        super().__init__(verifier, argv, cwd, env, out_path, stdin_path=prompt_path, host=host)
 
     def _make(self, passed: bool, reason: str, output: str = "", cost: float = 0.0) -> Verdict:
         return Verdict(passed=passed, kind="agent", label=self.verifier.label, reason=reason,
                        output=output[-KEEP_BYTES:], cost_usd=cost, duration_s=time.monotonic() - self.started,
                        host=self.host)
-
-    def _close(self) -> None:
-        if self._pidfd is not None:
-            os.close(self._pidfd)
-            self._pidfd = None
 
     def _read(self) -> str:
         try:
@@ -156,39 +121,21 @@ class AgentHandle:
         except OSError:
             return ""
 
-    def poll(self) -> Optional[Verdict]:
-        if self.verdict is not None or self.proc is None:
-            self._close()
-            return self.verdict
-        code = self.proc.poll()
-        if code is None:
-            if time.monotonic() < self.deadline:
-                return None
-            self._kill()
-            _, _, _, cost = verdict_from_stream(self._read(), None)
-            self.verdict = self._make(False, f"reviewer timed out after {self.verifier.timeout_s:g}s",
-                                      output=tail_text(self.out_path), cost=cost)
-        else:
-            passed, reason, output, cost = verdict_from_stream(self._read(), code)
-            self.verdict = self._make(passed, reason, output=output or tail_text(self.out_path), cost=cost)
-        self._close()
-        return self.verdict
+    def cannot_start(self, error: str) -> Verdict:
+        return self._make(False, f"cannot start the reviewer: {error}")
 
-    def _kill(self) -> None:
-        assert self.proc is not None
-        end_group(self.proc)
+    def timed_out(self) -> Verdict:
+        _, _, _, cost = verdict_from_stream(self._read(), None)
+        return self._make(False, f"reviewer timed out after {self.verifier.timeout_s:g}s",
+                          output=tail_text(self.out_path), cost=cost)
 
-    def cancel(self) -> None:
-        if self.proc is not None and self.proc.poll() is None:
-            self._kill()
-        self._close()
+    def ended(self, code: int) -> Verdict:
+        passed, reason, output, cost = verdict_from_stream(self._read(), code)
+        return self._make(passed, reason, output=output or tail_text(self.out_path), cost=cost)
 
 
 def reviewer_env(task: Any, attempt: Any, workspace: Any) -> dict[str, str]:
-    env = dict(os.environ)
-    env.update(FLEETRUN_TASK_ID=task.id, FLEETRUN_TASK_NAME=task.name, FLEETRUN_ATTEMPT=str(attempt.number),
-               FLEETRUN_WORKTREE=workspace.path, FLEETRUN_VERIFIER="agent")
-    return env
+    return task_env(task, attempt, workspace.path, FLEETRUN_VERIFIER="agent")
 
 
 @hookimpl(trylast=True)
@@ -196,13 +143,10 @@ def fleetrun_verify(task: Any, verifier: Any, workspace: Any, attempt: Any,
                     config: Any) -> Optional[Union[AgentHandle, Verdict]]:
     if verifier.kind != "agent":
         return None
-    host = getattr(attempt, "host", None) or "local"
-    if host != "local":
-        # the attempt ran on a peer: run here, on its branch fetched back from there
-        local = fetched_workspace(config, task, attempt, workspace, "agent")
-        if isinstance(local, str):
-            return Verdict(passed=False, kind="agent", label=verifier.label, host=host, reason=local)
-        workspace = local
+    local = local_workspace(config, task, attempt, workspace, verifier)
+    if isinstance(local, Verdict):
+        return local
+    workspace = local
     budget = review_budget(task, verifier)
     if budget is not None and budget < MIN_BUDGET_USD:
         # never silently spend more: the next attempt stops at budget_exhausted

@@ -35,7 +35,7 @@ from typing import TYPE_CHECKING, Any, Callable, Optional, Union
 
 from ..diffutil import (
     DEFAULT_MAX_DIFF_BYTES,
-    fetched_workspace,
+    local_workspace,
     parse_reply,
     review_prompt,
     task_diff,
@@ -407,13 +407,10 @@ def fleetrun_verify(task: Any, verifier: Any, workspace: Any, attempt: Any,
                     config: Any) -> Optional[Union[BrainHandle, Verdict]]:
     if verifier.kind != "brain":
         return None
-    host = getattr(attempt, "host", None) or "local"
-    if host != "local":
-        # the attempt ran on a peer: run here, on its branch fetched back from there
-        local = fetched_workspace(config, task, attempt, workspace, "brain")
-        if isinstance(local, str):
-            return Verdict(passed=False, kind="brain", label=verifier.label, host=host, reason=local)
-        workspace = local
+    local = local_workspace(config, task, attempt, workspace, verifier)
+    if isinstance(local, Verdict):
+        return local
+    workspace = local
     settings = config.setting("brain", None, None)
     if not isinstance(settings, dict):
         settings = {}
