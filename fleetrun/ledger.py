@@ -449,8 +449,12 @@ class Ledger:
         sql += " ORDER BY created, seq"
         rows = self.conn.execute(sql, args).fetchall()
         alldeps: dict[str, list[str]] = {}
-        for tid, did in self.conn.execute("SELECT task_id, dep_id FROM deps"):
-            alldeps.setdefault(tid, []).append(did)
+        if rows:  # the dependencies of these tasks only: this runs on every pass of the loop
+            dep_sql = "SELECT task_id, dep_id FROM deps"
+            if where:
+                dep_sql += " WHERE task_id IN (SELECT id FROM tasks WHERE " + " AND ".join(where) + ")"
+            for tid, did in self.conn.execute(dep_sql, args):
+                alldeps.setdefault(tid, []).append(did)
         return [self._row_to_task(r, alldeps.get(r["id"], [])) for r in rows]
 
     def deps(self, task_id: str) -> list[str]:
