@@ -9,9 +9,11 @@ from __future__ import annotations
 import fcntl
 import hashlib
 import os
+import stat
 import subprocess
 from collections.abc import Iterator
 from contextlib import contextmanager
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Optional
 
@@ -70,3 +72,101 @@ def is_dirty(path: str | Path) -> bool:
 
 def has_identity(path: str | Path) -> bool:
     return bool(git(path, "config", "user.email", check=False).strip())
+
+
+class WorktreeTampered(Exception):
+    """A worktree fleetrun made no longer belongs to the repository it was made in
+    (its ``.git`` file was rewritten, replaced or removed). Nothing is run in it."""
+
+
+@dataclass(frozen=True)
+class Pinned:
+    """A linked worktree pinned to the repository fleetrun made it in.
+
+    :ivar root: the worktree's top folder.
+    :ivar gitdir: its administrative folder, ``<common>/worktrees/<name>``.
+    :ivar common: the repository's common git folder.
+    """
+
+    root: str
+    gitdir: str
+    common: str
+
+
+def pin_worktree(root: str | Path, common: str | Path) -> Pinned:
+    """Find the administrative folder of the worktree at ``root`` from the trusted side:
+    the repository's ``<common>/worktrees/*/gitdir`` files (the worktree's own ``.git``
+    file is what an agent can rewrite, so it is only checked, never followed).
+
+    :raises WorktreeTampered: when no worktree of that repository is at ``root``, or
+        its ``.git`` file does not point back at it.
+    """
+    real_root = os.path.realpath(root)
+    common_real = os.path.realpath(common)
+    admin_root = Path(common_real) / "worktrees"
+    want = os.path.join(real_root, ".git")
+    found: Optional[str] = None
+    try:
+        entries = sorted(admin_root.iterdir())
+    except OSError:
+        entries = []
+    for entry in entries:
+        try:
+            target = (entry / "gitdir").read_text(encoding="utf-8", errors="replace").strip()
+        except OSError:
+            continue
+        if os.path.realpath(target) == want:
+            found = str(entry)
+            break
+    if found is None:
+        raise WorktreeTampered(f"{real_root} is not a worktree of {common_real}")
+    pinned = Pinned(root=real_root, gitdir=found, common=common_real)
+    check_pinned(pinned)
+    return pinned
+
+
+def check_pinned(p: Pinned) -> None:
+    """Check that the worktree's ``.git`` is still the plain file git wrote, naming the
+    administrative folder fleetrun found for it.
+
+    :raises WorktreeTampered: with what is wrong.
+    """
+    dotgit = os.path.join(p.root, ".git")
+    try:
+        st = os.lstat(dotgit)
+    except FileNotFoundError:
+        raise WorktreeTampered(f"{dotgit} is missing") from None
+    except OSError as e:
+        raise WorktreeTampered(f"{dotgit} cannot be read: {e.strerror}") from None
+    if not stat.S_ISREG(st.st_mode):
+        kind = "a symlink" if stat.S_ISLNK(st.st_mode) else "not a regular file"
+        raise WorktreeTampered(f"{dotgit} is {kind} (it was replaced)")
+    if st.st_size > 4096:
+        raise WorktreeTampered(f"{dotgit} was rewritten")
+    with open(dotgit, "rb") as f:
+        text = f.read(4097).decode("utf-8", "replace").strip()
+    if not text.startswith("gitdir:"):
+        raise WorktreeTampered(f"{dotgit} was rewritten")
+    target = text[len("gitdir:"):].strip()
+    if not os.path.isabs(target):
+        target = os.path.join(p.root, target)
+    if os.path.realpath(target) != os.path.realpath(p.gitdir):
+        raise WorktreeTampered(f"{dotgit} was rewritten to point at {target}")
+    try:
+        back = (Path(p.gitdir) / "commondir").read_text(encoding="utf-8", errors="replace").strip()
+    except OSError:
+        raise WorktreeTampered(f"{p.gitdir} has no commondir file") from None
+    back_path = back if os.path.isabs(back) else os.path.join(p.gitdir, back)
+    if os.path.realpath(back_path) != os.path.realpath(p.common):
+        raise WorktreeTampered(f"{p.gitdir} no longer belongs to {p.common}")
+
+
+def wt_git(p: Pinned, *args: str, check: bool = True, timeout: float = 120) -> str:
+    """Run git for a pinned worktree: ``--git-dir`` and ``--work-tree`` are given, so
+    nothing the worktree holds can send the command to another repository. The pin is
+    checked first.
+
+    :raises WorktreeTampered: when the pin no longer holds.
+    """
+    check_pinned(p)
+    return git(p.root, f"--git-dir={p.gitdir}", f"--work-tree={p.root}", *args, check=check, timeout=timeout)

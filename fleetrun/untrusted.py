@@ -1,0 +1,142 @@
+"""The one strict parsing layer for what fleetrun does not trust.
+
+An agent's stream-json, a shepherd's status file, a peer's replies and its cached
+probe, a brain's replies: each is read through the checks here, which either return a
+value of the promised type and range or raise :class:`Malformed` with a reason. The
+callers turn a :class:`Malformed` into a reasoned outcome (a died session, a FAIL
+verdict, an unreachable peer); it never reaches the loop as an exception.
+
+``docs/security.md`` lists what is trusted and what is not.
+"""
+
+from __future__ import annotations
+
+import math
+import time
+from typing import Any, Optional, TypeVar
+
+T = TypeVar("T")
+
+#: A cost above this is not a real session's cost (it guards sums and the ledger).
+MAX_COST_USD = 1e6
+#: A reset time further ahead than this is not believed (``|99999999999`` would pause a
+#: machine until the year 5138).
+MAX_RESET_HORIZON_S = 7 * 24 * 3600.0
+MAX_TEXT = 1 << 20
+
+
+class Malformed(ValueError):
+    """An untrusted value does not have the type or range it must have."""
+
+
+def obj(value: Any, what: str) -> dict[str, Any]:
+    """A JSON object (a dict with string keys)."""
+    if not isinstance(value, dict) or not all(isinstance(k, str) for k in value):
+        raise Malformed(f"{what}: expected an object, got {_kind(value)}")
+    return value
+
+
+def opt_obj(data: dict[str, Any], key: str, what: str) -> Optional[dict[str, Any]]:
+    v = data.get(key)
+    return None if v is None else obj(v, f"{what}.{key}")
+
+
+def number(value: Any, what: str, lo: float = -math.inf, hi: float = math.inf) -> float:
+    """A finite int or float (not a bool, not a string) within [lo, hi]."""
+    if isinstance(value, bool) or not isinstance(value, (int, float)):
+        raise Malformed(f"{what}: expected a number, got {_kind(value)}")
+    f = float(value)
+    if not math.isfinite(f):
+        raise Malformed(f"{what}: {value!r} is not a finite number")
+    if not lo <= f <= hi:
+        raise Malformed(f"{what}: {value!r} is out of range [{lo:g}, {hi:g}]")
+    return f
+
+
+def opt_number(data: dict[str, Any], key: str, what: str, lo: float = -math.inf, hi: float = math.inf,
+               default: Optional[float] = None) -> Optional[float]:
+    v = data.get(key)
+    return default if v is None else number(v, f"{what}.{key}", lo, hi)
+
+
+def integer(value: Any, what: str, lo: int = -(1 << 62), hi: int = 1 << 62) -> int:
+    """An int (not a bool, not a float, not a string) within [lo, hi]."""
+    if isinstance(value, bool) or not isinstance(value, int):
+        raise Malformed(f"{what}: expected an integer, got {_kind(value)}")
+    if not lo <= value <= hi:
+        raise Malformed(f"{what}: {value!r} is out of range [{lo}, {hi}]")
+    return value
+
+
+def opt_integer(data: dict[str, Any], key: str, what: str, lo: int = -(1 << 62), hi: int = 1 << 62,
+                default: Optional[int] = None) -> Optional[int]:
+    v = data.get(key)
+    return default if v is None else integer(v, f"{what}.{key}", lo, hi)
+
+
+def cost(value: Any, what: str) -> float:
+    """A cost in USD: finite, >= 0, below :data:`MAX_COST_USD`. None counts as 0."""
+    if value is None:
+        return 0.0
+    return number(value, what, 0.0, MAX_COST_USD)
+
+
+def boolean(value: Any, what: str) -> bool:
+    """Exactly ``true`` or ``false`` (``"no"`` is not a boolean, and ``bool("no")`` is True)."""
+    if not isinstance(value, bool):
+        raise Malformed(f"{what}: expected true or false, got {_kind(value)}")
+    return value
+
+
+def opt_boolean(data: dict[str, Any], key: str, what: str, default: bool = False) -> bool:
+    v = data.get(key)
+    return default if v is None else boolean(v, f"{what}.{key}")
+
+
+def text(value: Any, what: str, limit: int = MAX_TEXT) -> str:
+    """A string, cut to ``limit`` characters."""
+    if not isinstance(value, str):
+        raise Malformed(f"{what}: expected a string, got {_kind(value)}")
+    return value if len(value) <= limit else value[:limit]
+
+
+def opt_text(data: dict[str, Any], key: str, what: str, limit: int = MAX_TEXT,
+             default: Optional[str] = None) -> Optional[str]:
+    v = data.get(key)
+    return default if v is None else text(v, f"{what}.{key}", limit)
+
+
+def str_list(value: Any, what: str, limit: int = 10_000) -> list[str]:
+    if not isinstance(value, list) or not all(isinstance(x, str) for x in value):
+        raise Malformed(f"{what}: expected a list of strings, got {_kind(value)}")
+    return value[:limit]
+
+
+def one_of(value: Any, what: str, allowed: tuple[str, ...]) -> str:
+    if not isinstance(value, str) or value not in allowed:
+        raise Malformed(f"{what}: expected one of {', '.join(allowed)}, got {_short(value)}")
+    return value
+
+
+def reset_time(value: Any, what: str, now: Optional[float] = None) -> float:
+    """An epoch time (seconds; milliseconds are taken as such) no further ahead than
+    :data:`MAX_RESET_HORIZON_S` and not absurdly far behind."""
+    f = number(value, what)
+    if f > 1e11:  # milliseconds
+        f /= 1000.0
+    now = time.time() if now is None else now
+    if not now - 86400.0 <= f <= now + MAX_RESET_HORIZON_S:
+        raise Malformed(f"{what}: {_short(value)} is not a reset time within the next 7 days")
+    return f
+
+
+def _kind(value: Any) -> str:
+    if value is None:
+        return "null"
+    return {bool: "a boolean", int: "an integer", float: "a number", str: f"the string {_short(value)}",
+            list: "a list", dict: "an object"}.get(type(value), type(value).__name__)
+
+
+def _short(value: Any) -> str:
+    r = repr(value)
+    return r if len(r) <= 60 else r[:57] + "..."
