@@ -137,22 +137,32 @@ def review_prompt(task_prompt: str, diff: TaskDiff, question: str, intro: str) -
 def parse_reply(reply: str) -> tuple[bool, str]:
     """Read a reviewer's reply strictly. :return: (passed, reason).
 
-    PASS only when the first word, after leading whitespace (and a leading
-    ``<think>...</think>`` block, which reasoning models emit before their answer), is
-    exactly ``PASS``: ``PASS.``, ``Pass`` and ``**PASS**`` fail. A first line starting
-    with ``FAIL`` gives the reason after it; anything else is ``no verdict``.
+    The verdict is the first word, after leading whitespace (and a leading
+    ``<think>...</think>`` block, which reasoning models emit before their answer),
+    read the same way for both answers: without markdown emphasis around it (``**PASS**``,
+    ``_FAIL_``, `` `PASS` ``) and without punctuation after it (``PASS.``, ``PASS:``,
+    ``FAIL -``). PASS only when that word is exactly ``PASS`` (``Pass``, ``PASSED`` and
+    ``I think this is a PASS`` fail); ``FAIL`` gives the reason after it on its line;
+    anything else is ``no verdict``.
     """
     text = _THINK.sub("", reply or "", count=1).lstrip()
     if not text:
         return False, "empty reply"
-    first_word = text.split(None, 1)[0]
     first_line = text.splitlines()[0].strip()
-    if first_word == "PASS":
+    m = _VERDICT.match(first_line)
+    if m and m.group(1) == "PASS":
         return True, first_line
-    m = _FAIL.match(first_line)
+    if m:
+        return False, (m.group(2) or "").lstrip("-\u2013\u2014: ").strip() or "FAIL (no reason given)"
+    m = _FAIL.match(first_line)  # FAIL glued to its reason ("FAIL:no space") is still a FAIL
     if m:
         return False, m.group(1).strip() or "FAIL (no reason given)"
     return False, NO_VERDICT
+
+
+#: The first word of a reply: PASS or FAIL, emphasis around it and punctuation after it
+#: allowed, then the end of the line or a space; group 2 is the rest of the line.
+_VERDICT = re.compile(r"[*_`]*(PASS|FAIL)[*_`]*[.:!,;\-\u2013\u2014]*[*_`]*(?:\s+(.*)|$)")
 
 
 def fetched_workspace(config: Any, task: Any, attempt: Any, workspace: Any, kind: str) -> Union[Workspace, str]:

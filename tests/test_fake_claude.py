@@ -54,6 +54,8 @@ def env(tmp_path: Path) -> dict[str, str]:
         clean["PATH"] = bindir + os.pathsep + clean.get("PATH", os.defpath)
     clean["FAKE_CLAUDE_LOG"] = str(tmp_path / "calls.jsonl")
     clean["FAKE_CLAUDE_STATE"] = str(tmp_path / "state")
+    # the user's own ~/.claude/settings.json (and its hooks) stays out of these tests
+    clean["CLAUDE_CONFIG_DIR"] = str(tmp_path / "claude-config")
     return clean
 
 
@@ -150,6 +152,15 @@ def test_version_and_help(work, env):
         (["-p", "--resume"], "--resume requires a valid session ID"),
         (["-p", "--model", "opus", "--fallback-model", "opus", "hi"], "Fallback model"),
         (["-p", "--settings", "/nonexistent/settings.json", "hi"], "not found"),
+        (
+            ["-p", "--setting-sources", "user,repo", "hi"],
+            "Error processing --setting-sources: Invalid setting source: repo. "
+            "Valid options are: user, project, local",
+        ),
+        (["-p", "--setting-sources"], "error: option '--setting-sources <sources>' argument missing"),
+        (["-p", "--json-schema", "{not json", "hi"], "Invalid JSON provided to --json-schema"),
+        (["-p", "--json-schema", "[1]", "hi"], "--json-schema must be a JSON object"),
+        (["-p", "--strict-mcp-config", "--mcp-config", "{}", "--", "hi"], "Invalid MCP configuration"),
     ],
 )
 def test_strict_option_errors_exit_1(work, env, args, message):
@@ -744,3 +755,197 @@ def test_stream_json_input(work, env):
     assert calls(env)[-1]["prompt"] == "hi"
     bad = run(["-p", "--input-format", "stream-json"], work, env, stdin=json.dumps(line))
     assert bad.returncode == 1 and "requires output-format=stream-json" in bad.stderr.decode()
+
+
+# --------------------------------------------------------------------------- settings, hooks, models
+
+
+def hook_settings(marker_dir: Path, events_: tuple[str, ...] = ("SessionStart", "Stop"),
+                  tag: str = "project") -> str:
+    """Settings whose hooks append "<event> <tag>" and their stdin to files in marker_dir."""
+    hooks = {}
+    for ev in events_:
+        cmd = f"cat > {marker_dir}/{ev}-{tag}.json; echo {ev} {tag} >> {marker_dir}/ran"
+        hooks[ev] = [{"matcher": "", "hooks": [{"type": "command", "command": cmd}]}]
+    return json.dumps({"hooks": hooks})
+
+
+def ran(marker_dir: Path) -> list[str]:
+    path = marker_dir / "ran"
+    return path.read_text().splitlines() if path.exists() else []
+
+
+@pytest.fixture
+def hooked(tmp_path, work, env):
+    """A working directory whose project, local and user settings all have hooks."""
+    marks = tmp_path / "marks"
+    marks.mkdir()
+    (work / ".claude").mkdir()
+    (work / ".claude" / "settings.json").write_text(hook_settings(marks, tag="project"))
+    (work / ".claude" / "settings.local.json").write_text(hook_settings(marks, tag="local"))
+    user = Path(env["CLAUDE_CONFIG_DIR"])
+    user.mkdir()
+    (user / "settings.json").write_text(hook_settings(marks, tag="user"))
+    return marks
+
+
+def test_hooks_of_every_source_run_by_default(tmp_path, work, env, hooked):
+    sid = str(uuid.uuid4())
+    proc = run([*SJ, "--session-id", sid, "go"], work, env)
+    assert proc.returncode == 0 and result_of(proc)["result"] == "ok"
+    assert ran(hooked) == ["SessionStart user", "SessionStart project", "SessionStart local",
+                           "Stop user", "Stop project", "Stop local"]
+    start = json.loads((hooked / "SessionStart-project.json").read_text())
+    assert start["session_id"] == sid and start["cwd"] == str(work)
+    assert start["hook_event_name"] == "SessionStart" and start["source"] == "startup"
+    assert start["transcript_path"].endswith(sid + ".jsonl")
+    stop = json.loads((hooked / "Stop-local.json").read_text())
+    assert (stop["hook_event_name"], stop["stop_hook_active"], stop["last_assistant_message"]) == ("Stop", False, "ok")
+    (call,) = calls(env)
+    assert call["setting_sources"] == ["user", "project", "local"]
+    assert [h["event"] for h in call["hooks"]] == ["SessionStart"] * 3
+
+
+@pytest.mark.parametrize("sources, expect", [
+    ("user", ["user"]),
+    ("project", ["project"]),
+    ("user,local", ["user", "local"]),
+    ("", []),
+])
+def test_setting_sources_choose_whose_hooks_run(work, env, hooked, sources, expect):
+    proc = run([*SJ, "--setting-sources", sources, "go"], work, env)
+    assert proc.returncode == 0
+    assert ran(hooked) == [f"SessionStart {t}" for t in expect] + [f"Stop {t}" for t in expect]
+
+
+def test_project_settings_permissions_count_unless_the_source_is_off(work, env, writes_a):
+    (work / ".claude").mkdir()
+    (work / ".claude" / "settings.json").write_text(json.dumps({"permissions": {"allow": ["Write"]}}))
+    off = run([*SJ, "--setting-sources", "user", "go"], work, env)
+    assert [d["tool_name"] for d in denials(off)] == ["Write"] and not (work / "a.txt").exists()
+    on = run([*SJ, "go"], work, env)
+    assert denials(on) == [] and (work / "a.txt").exists()
+
+
+def test_hooks_are_captured_at_start_up(tmp_path, work, env):
+    """A settings file the session writes does not add hooks to that session."""
+    marks = tmp_path / "marks"
+    marks.mkdir()
+    scenario(tmp_path, env, {"default": [{"actions": [["write", ".claude/settings.json", hook_settings(marks)]]}]})
+    assert run([*SJ, "--permission-mode", "acceptEdits", "go"], work, env).returncode == 0
+    assert (work / ".claude" / "settings.json").exists() and ran(marks) == []
+    assert run([*SJ, "again"], work, env).returncode == 0
+    assert ran(marks) == ["SessionStart project", "Stop project"]
+
+
+def test_a_broken_settings_file_is_skipped(work, env):
+    (work / ".claude").mkdir()
+    (work / ".claude" / "settings.json").write_text("{not json")
+    proc = run([*SJ, "go"], work, env)
+    assert proc.returncode == 0 and "Settings error" in proc.stderr.decode()
+
+
+def test_resume_runs_session_start_with_source_resume(tmp_path, work, env, hooked):
+    sid = str(uuid.uuid4())
+    run([*SJ, "--setting-sources", "project", "--session-id", sid, "one"], work, env)
+    run([*SJ, "--setting-sources", "project", "--resume", sid, "two"], work, env)
+    assert json.loads((hooked / "SessionStart-project.json").read_text())["source"] == "resume"
+
+
+def test_session_start_matcher(tmp_path, work, env):
+    marks = tmp_path / "marks"
+    marks.mkdir()
+    hook = {"type": "command", "command": f"echo $CLAUDE_PROJECT_DIR >> {marks}/ran"}
+    (work / ".claude").mkdir()
+    (work / ".claude" / "settings.json").write_text(json.dumps({"hooks": {"SessionStart": [
+        {"matcher": "resume", "hooks": [hook]}, {"matcher": "startup|clear", "hooks": [hook]}]}}))
+    run([*SJ, "go"], work, env)
+    assert ran(marks) == [str(work)]  # identical commands run once
+
+
+def test_a_stop_hook_that_blocks_continues_the_session(tmp_path, work, env):
+    """{"decision": "block", "reason": R} makes the session go on with R as the next
+    instruction (the key's next step); the hook is told stop_hook_active the second time."""
+    marks = tmp_path / "marks"
+    marks.mkdir()
+    script = tmp_path / "stop-hook.py"
+    script.write_text(
+        "import json, sys\n"
+        "data = json.load(sys.stdin)\n"
+        f"open({str(marks / 'ran')!r}, 'a').write(json.dumps(data) + '\\n')\n"
+        "if not data['stop_hook_active']:\n"
+        "    print(json.dumps({'decision': 'block', 'reason': 'Now write b.txt.'}))\n")
+    (work / ".claude").mkdir()
+    (work / ".claude" / "settings.json").write_text(json.dumps({"hooks": {"Stop": [{"hooks": [
+        {"type": "command", "command": f"{sys.executable} {script}"}]}]}}))
+    scenario(tmp_path, env, {"default": [
+        {"actions": [["write", "a.txt", "A"]], "result": "wrote a", "cost": 0.01},
+        {"actions": [["write", "b.txt", "B"]], "result": "wrote b", "cost": 0.02}]})
+    proc = run([*SJ, "--permission-mode", "acceptEdits", "go"], work, env)
+    assert proc.returncode == 0
+    res = result_of(proc)
+    assert res["result"] == "wrote b" and res["total_cost_usd"] == pytest.approx(0.03)
+    assert (work / "a.txt").exists() and (work / "b.txt").exists()
+    seen = [json.loads(line) for line in (marks / "ran").read_text().splitlines()]
+    assert [(d["stop_hook_active"], d["last_assistant_message"]) for d in seen] == [
+        (False, "wrote a"), (True, "wrote b")]
+    first, cont = calls(env)
+    assert cont["continuation"] == 1 and cont["prompt"] == "Now write b.txt."
+    assert cont["session_id"] == first["session_id"] and (first["n"], cont["n"]) == (1, 2)
+
+
+def test_a_stop_hook_exiting_2_blocks_with_its_stderr(tmp_path, work, env):
+    (work / ".claude").mkdir()
+    flag = tmp_path / "once"
+    cmd = f"test -e {flag} && exit 0; touch {flag}; echo 'check again' >&2; exit 2"
+    (work / ".claude" / "settings.json").write_text(json.dumps({"hooks": {"Stop": [{"hooks": [
+        {"type": "command", "command": cmd}]}]}}))
+    scenario(tmp_path, env, {"default": [{"result": "one"}, {"result": "two"}]})
+    proc = run([*SJ, "go"], work, env)
+    assert result_of(proc)["result"] == "two"
+    assert calls(env)[-1]["prompt"] == "check again"
+
+
+@pytest.mark.parametrize("mode, model, effective", [
+    ("plan", "haiku", "claude-sonnet-4-5-20250929"),
+    ("plan", "claude-haiku-4-5", "claude-haiku-4-5"),
+    ("dontAsk", "haiku", "haiku"),
+    ("default", "haiku", "haiku"),
+    ("plan", None, "claude-sonnet-4-5-20250929"),
+])
+def test_plan_mode_ignores_a_model_alias(work, env, mode, model, effective):
+    args = [*SJ, "--permission-mode", mode] + (["--model", model] if model else []) + ["go"]
+    proc = run(args, work, env)
+    evs = events(proc)
+    assert evs[0]["model"] == effective and list(result_of(proc)["modelUsage"]) == [effective]
+    assert calls(env)[-1]["model"] == effective
+
+
+SCHEMA = json.dumps({"type": "object", "properties": {"verdict": {"type": "string", "enum": ["PASS", "FAIL"]},
+                                                      "reason": {"type": "string"}},
+                     "required": ["verdict", "reason"], "additionalProperties": False})
+
+
+def test_json_schema_gives_structured_output(tmp_path, work, env):
+    scenario(tmp_path, env, {"default": [{"structured": {"verdict": "PASS", "reason": "fine"}, "result": "done"}]})
+    proc = run([*SJ, "--json-schema", SCHEMA, "go"], work, env)
+    res = result_of(proc)
+    assert proc.returncode == 0 and res["structured_output"] == {"verdict": "PASS", "reason": "fine"}
+    uses = [b for e in events(proc) if e["type"] == "assistant" for b in e["message"]["content"]
+            if b["type"] == "tool_use"]
+    assert [u["name"] for u in uses] == ["StructuredOutput"]
+    # without --json-schema there is no structured_output, whatever the step says
+    assert "structured_output" not in result_of(run([*SJ, "go"], work, env))
+
+
+def test_json_schema_refuses_output_that_does_not_fit(tmp_path, work, env):
+    scenario(tmp_path, env, {"default": [{"structured": {"verdict": "MAYBE", "reason": "?"}}]})
+    proc = run([*SJ, "--json-schema", SCHEMA, "go"], work, env)
+    res = result_of(proc)
+    assert proc.returncode == 1 and res["is_error"] and res["subtype"] == "error_max_structured_output_retries"
+    assert "structured_output" not in res
+
+
+def test_empty_mcp_config_with_strict_is_accepted(work, env):
+    proc = run([*SJ, "--strict-mcp-config", "--mcp-config", '{"mcpServers":{}}', "--", "go"], work, env)
+    assert proc.returncode == 0 and result_of(proc)["result"] == "ok"

@@ -69,14 +69,18 @@ def test_reviewer_argv_is_read_only_and_leaves_the_prompt_to_stdin():
     config = SimpleNamespace(setting=lambda table, key, default=None: "/bin/claude-x")
     sid = str(uuid.uuid4())
     plain = reviewer_argv(config, VerifySpec("agent", REVIEW), sid)
-    assert plain[:8] == ["/bin/claude-x", "-p", "--output-format", "stream-json", "--verbose", "--session-id",
-                         sid, "--permission-mode"]
-    assert opt(plain, "--permission-mode") == "plan"
+    assert plain[:7] == ["/bin/claude-x", "-p", "--output-format", "stream-json", "--verbose", "--session-id", sid]
+    assert opt(plain, "--permission-mode") == "dontAsk"  # not plan: it ignores a model alias
     assert opt(plain, "--tools") == "Read,Grep,Glob"
-    assert "--strict-mcp-config" in plain
+    # nothing from the branch under review configures the CLI
+    assert opt(plain, "--setting-sources") == "user"
+    assert "--strict-mcp-config" in plain and json.loads(opt(plain, "--mcp-config")) == {"mcpServers": {}}
+    assert "--disable-slash-commands" in plain
+    assert json.loads(opt(plain, "--json-schema"))["required"] == ["verdict", "reason"]
     assert plain[plain.index("--disallowedTools") + 1:] == list(DENIED_TOOLS)  # last: variadic
     assert {"Bash", "Edit", "Write", "NotebookEdit"} <= set(DENIED_TOOLS)
     assert "--allowedTools" not in plain and "--model" not in plain and "--max-budget-usd" not in plain
+    assert "--settings" not in plain and "--add-dir" not in plain
     assert REVIEW not in plain
     full = reviewer_argv(config, VerifySpec("agent", REVIEW, model="claude-haiku-4-5"), sid, budget=0.25)
     assert opt(full, "--model") == "claude-haiku-4-5"
@@ -107,7 +111,17 @@ def _stream(result: dict[str, Any] | None) -> str:
     ({"is_error": False, "result": "PASS\nfine", "total_cost_usd": 0.03}, 0, (True, "PASS", "PASS\nfine", 0.03)),
     ({"is_error": False, "result": "FAIL: no greeting\nsee hello.txt", "total_cost_usd": 0.02}, 0,
      (False, "no greeting", "FAIL: no greeting\nsee hello.txt", 0.02)),
-    ({"is_error": False, "result": "**PASS**", "total_cost_usd": 0.01}, 0, (False, NO_VERDICT, "**PASS**", 0.01)),
+    ({"is_error": False, "result": "**PASS**", "total_cost_usd": 0.01}, 0, (True, "**PASS**", "**PASS**", 0.01)),
+    ({"is_error": False, "result": "PASS: the change is fine", "total_cost_usd": 0.01}, 0,
+     (True, "PASS: the change is fine", "PASS: the change is fine", 0.01)),
+    ({"is_error": False, "result": "Looks right", "total_cost_usd": 0.01}, 0, (False, NO_VERDICT, "Looks right", 0.01)),
+    # the structured verdict (--json-schema) wins over the text
+    ({"is_error": False, "result": "PASS", "structured_output": {"verdict": "FAIL", "reason": "no greeting\nmore"},
+      "total_cost_usd": 0.01}, 0, (False, "no greeting", "PASS", 0.01)),
+    ({"is_error": False, "result": "", "structured_output": {"verdict": "PASS", "reason": "fine"},
+      "total_cost_usd": 0.01}, 0, (True, "PASS: fine", '{"verdict": "PASS", "reason": "fine"}', 0.01)),
+    ({"is_error": False, "result": "FAIL: x", "structured_output": {"verdict": "PASS", "reason": ""},
+      "total_cost_usd": 0}, 0, (True, "PASS", "FAIL: x", 0.0)),
     ({"is_error": True, "subtype": "error_max_budget_usd", "errors": ["Reached maximum budget ($0.1)"],
       "total_cost_usd": 0.6}, 1,
      (False, "the reviewer ended with an error (error_max_budget_usd): Reached maximum budget ($0.1)",
@@ -117,6 +131,22 @@ def _stream(result: dict[str, Any] | None) -> str:
 ])
 def test_verdict_from_stream(result, code, expect):
     assert verdict_from_stream(_stream(result), code) == expect
+
+
+@pytest.mark.parametrize("result, reason", [
+    ({"result": "PASS", "total_cost_usd": "abc"}, "no verdict: malformed result event: result.total_cost_usd:"),
+    ({"result": "PASS", "total_cost_usd": -1}, "no verdict: malformed result event: result.total_cost_usd:"),
+    ({"result": "PASS", "is_error": "no"}, "no verdict: malformed result event: result.is_error:"),
+    ({"result": ["PASS"]}, "no verdict: malformed result event: result.result:"),
+    ({"result": "PASS", "structured_output": {"verdict": "pass"}}, "no verdict: malformed result event: "
+                                                                   "structured_output.verdict:"),
+    ({"result": "PASS", "structured_output": "PASS"}, "no verdict: malformed result event: structured_output:"),
+    ({"result": "PASS", "structured_output": {"verdict": "PASS", "reason": 5}},
+     "no verdict: malformed result event: structured_output.reason:"),
+])
+def test_a_malformed_result_is_a_fail_not_an_exception(result, reason):
+    passed, why, _, _ = verdict_from_stream(_stream(result), 0)
+    assert not passed and why.startswith(reason)
 
 
 # --------------------------------------------------------------------------- the handle
@@ -236,7 +266,7 @@ def test_cli_pass_is_done_and_the_review_cost_is_added(fleeter, fake_claude):
     assert argv[:4] == ["-p", "--output-format", "stream-json", "--verbose"]
     assert str(uuid.UUID(opt(argv, "--session-id"))) == opt(argv, "--session-id")
     assert opt(argv, "--session-id") != opt(agent["argv"], "--session-id")
-    assert opt(argv, "--permission-mode") == "plan"
+    assert opt(argv, "--permission-mode") == "dontAsk" and opt(argv, "--setting-sources") == "user"
     assert opt(argv, "--tools") == "Read,Grep,Glob"
     assert opt(argv, "--model") == "claude-haiku-4-5" and opt(argv, "--max-budget-usd") == "0.5000"
     assert {"Bash", "Edit", "Write"} <= set(argv[argv.index("--disallowedTools") + 1:])
@@ -302,10 +332,10 @@ def test_cli_reviewer_cannot_write_or_run_commands(fleeter, fake_claude):
     assert not [p for root in (fleeter.home, fleeter.path) for p in root.rglob("pwned*")]
     # refused for lack of a tool, not for lack of a permission
     (call,) = reviewer_calls(fake_claude)
-    assert opt(call["argv"], "--permission-mode") == "plan"
+    assert opt(call["argv"], "--permission-mode") == "dontAsk"
     adir = fleeter.home / "attempts" / fleeter.ledger().attempts(task.id)[0].id
     evs = events(adir / "review-1.jsonl")
-    assert evs[0]["permissionMode"] == "plan" and sorted(evs[0]["tools"]) == ["Glob", "Grep", "Read"]
+    assert evs[0]["permissionMode"] == "dontAsk" and sorted(evs[0]["tools"]) == ["Glob", "Grep", "Read"]
     results = [b for e in evs if e["type"] == "user" for b in e["message"]["content"]]
     assert [b["is_error"] for b in results] == [True, True, True, False]
     for b, tool in zip(results, ["Write", "Bash", "Edit"]):

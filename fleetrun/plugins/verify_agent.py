@@ -3,29 +3,40 @@
 Runs a headless, read-only Claude Code reviewer in the attempt's workspace::
 
     claude -p --output-format stream-json --verbose --session-id <uuid>
-           --permission-mode plan --tools Read,Grep,Glob
+           --setting-sources user --strict-mcp-config --mcp-config '{"mcpServers":{}}'
+           --disable-slash-commands --json-schema <verdict schema>
+           --permission-mode dontAsk --tools Read,Grep,Glob [--model M] [--max-budget-usd B]
            --disallowedTools Bash Edit Write MultiEdit NotebookEdit ...
-           --strict-mcp-config [--model M] [--max-budget-usd B]
 
-``plan`` is the permission mode Claude Code documents as read-only ("reads only";
-edits are never approved); ``--tools`` leaves only the tools that read and search,
-so a write or a shell command has no tool to run with; the deny rules and
-``--strict-mcp-config`` (no MCP servers) close what is left. The prompt (the review
-prompt, the task, ``git diff --stat`` and the diff) goes on standard input: the
-variadic ``--tools`` / ``--disallowedTools`` options would swallow a prompt argument.
+The workspace is the branch under review, written by the agent being reviewed, so
+nothing in it may configure the reviewer's CLI: ``--setting-sources user`` leaves out
+the project and local settings (``.claude/settings.json``, ``.claude/settings.local.json``:
+their hooks would run as the user during the review, their permission rules would
+apply), ``--strict-mcp-config`` with an empty ``--mcp-config`` starts no MCP server
+(``.mcp.json``), ``--disable-slash-commands`` loads no project command or skill. The
+user's own settings stay (they are trusted).
 
-The reviewer's stream-json goes to ``attempts/<id>/review-<n>.jsonl``. Its ``result``
-event is read with the same strict rule as the brain's reply
-(:func:`fleetrun.diffutil.parse_reply`); no result, ``is_error`` or a timeout is a
-FAIL. The reviewer's ``total_cost_usd`` is the verdict's cost, which the ledger adds
-to the task's cost. ``--max-budget-usd`` is the verifier's ``budget_usd``, capped by
-what is left of the task's ``budget_usd``; with nothing left the reviewer does not start
-(a FAIL, and the next attempt stops at ``budget_exhausted``). The reviewer's
-environment has ``FLEETRUN_VERIFIER=agent``.
+``--tools`` leaves only the tools that read and search, so a write or a shell command
+has no tool to run with; the deny rules close what is left, and ``dontAsk`` refuses
+anything that would need a permission. (Not ``plan``: measured with the real CLI, plan
+mode sends a ``--model haiku`` reviewer's requests as the default model.) The prompt
+(the review prompt, the task, ``git diff --stat`` and the diff) goes on standard input:
+the variadic ``--tools`` / ``--disallowedTools`` options would swallow a prompt argument.
+
+The reviewer's stream-json goes to ``attempts/<id>/review-<n>.jsonl``. The verdict is the
+``result`` event's ``structured_output`` (``{"verdict": "PASS"|"FAIL", "reason": ...}``,
+asked for with ``--json-schema``), or, without one, its text read with the same rule as
+the brain's reply (:func:`fleetrun.diffutil.parse_reply`); no result, ``is_error``, a
+malformed result or a timeout is a FAIL. The reviewer's ``total_cost_usd`` is the
+verdict's cost, which the ledger adds to the task's cost. ``--max-budget-usd`` is the
+verifier's ``budget_usd``, capped by what is left of the task's ``budget_usd``; with
+nothing left the reviewer does not start (a FAIL, and the next attempt stops at
+``budget_exhausted``). The reviewer's environment has ``FLEETRUN_VERIFIER=agent``.
 """
 
 from __future__ import annotations
 
+import json
 import os
 import time
 import uuid
@@ -36,6 +47,7 @@ from ..diffutil import local_workspace, parse_reply, review_prompt, task_diff
 from ..hookimpl import hookimpl
 from ..procutil import KEEP_BYTES, ProcessHandle, tail_text, task_env
 from ..reports import Verdict
+from ..untrusted import Malformed, cost, obj, one_of, opt_boolean, opt_text, text
 
 # A sibling plugin's pure functions (no hooks called): the claude executable setting
 # and the stream-json reader are one contract, kept in one place.
@@ -44,7 +56,21 @@ from .claude import executable, parse_stream
 MAX_DIFF_BYTES = 60000
 #: Below this, Claude Code's --max-budget-usd would be 0.0000 (it wants a positive number).
 MIN_BUDGET_USD = 0.0001
-PERMISSION_MODE = "plan"
+#: Refuses whatever would need a permission, and keeps the model it is given (plan
+#: mode does not: measured with the real CLI, it sends an alias like haiku as the default).
+PERMISSION_MODE = "dontAsk"
+#: Only the user's settings: the project's and local ones are on the branch under review.
+SETTING_SOURCES = "user"
+#: No MCP server at all (with --strict-mcp-config: not even the worktree's .mcp.json).
+NO_MCP_SERVERS = json.dumps({"mcpServers": {}}, separators=(",", ":"))
+#: What the reviewer is asked to answer with (--json-schema); the text rule is the fallback.
+VERDICT_SCHEMA = json.dumps({
+    "type": "object",
+    "properties": {"verdict": {"type": "string", "enum": ["PASS", "FAIL"]},
+                   "reason": {"type": "string", "description": "why, in one line"}},
+    "required": ["verdict", "reason"],
+    "additionalProperties": False,
+}, separators=(",", ":"))
 #: The only built-in tools the reviewer has.
 TOOLS = "Read,Grep,Glob"
 #: Denied even if a setting or a future default brought them back.
@@ -68,7 +94,10 @@ def review_budget(task: Any, verifier: Any) -> Optional[float]:
 def reviewer_argv(config: Any, verifier: Any, session_id: str, budget: Optional[float] = None) -> list[str]:
     """The reviewer's command line (the prompt goes on standard input)."""
     argv = [executable(config), "-p", "--output-format", "stream-json", "--verbose", "--session-id", session_id,
-            "--permission-mode", PERMISSION_MODE, "--tools", TOOLS, "--strict-mcp-config"]
+            # nothing from the branch under review configures the CLI
+            "--setting-sources", SETTING_SOURCES, "--strict-mcp-config", "--mcp-config", NO_MCP_SERVERS,
+            "--disable-slash-commands", "--json-schema", VERDICT_SCHEMA,
+            "--permission-mode", PERMISSION_MODE, "--tools", TOOLS]
     if verifier.model:
         argv += ["--model", verifier.model]
     if budget is not None:
@@ -83,23 +112,47 @@ def reviewer_prompt(task: Any, verifier: Any, workspace: Any) -> str:
     return review_prompt(task.spec.prompt, diff, verifier.text, INTRO)
 
 
-def verdict_from_stream(text: str, exit_code: Optional[int]) -> tuple[bool, str, str, float]:
-    """Read a reviewer's stream-json. :return: (passed, reason, output, cost_usd)."""
-    res = parse_stream(text)["result"]
+def structured_verdict(value: Any) -> tuple[bool, str]:
+    """The verdict of a ``structured_output``: ``{"verdict": "PASS"|"FAIL", "reason": ...}``.
+    :raises Malformed: for anything else."""
+    data = obj(value, "structured_output")
+    verdict = one_of(data.get("verdict"), "structured_output.verdict", ("PASS", "FAIL"))
+    reason = (opt_text(data, "reason", "structured_output", limit=2000, default="") or "").strip()
+    line = reason.splitlines()[0][:300] if reason else ""
+    if verdict == "PASS":
+        return True, f"PASS: {line}" if line else "PASS"
+    return False, line or "FAIL (no reason given)"
+
+
+def verdict_from_stream(text_: str, exit_code: Optional[int]) -> tuple[bool, str, str, float]:
+    """Read a reviewer's stream-json. :return: (passed, reason, output, cost_usd).
+
+    Every field of the result event is checked (it is the reviewer's output, untrusted):
+    one that does not fit is a FAIL with its reason, never an exception."""
+    res = parse_stream(text_)["result"]
     if res is None:
         where = f"exit code {exit_code}" if exit_code is not None and exit_code >= 0 else (
             f"killed by signal {-exit_code}" if exit_code is not None else "still running")
         return False, f"no verdict: the reviewer ended without a result ({where})", "", 0.0
-    cost = float(res.get("total_cost_usd") or 0.0)
-    reply = str(res.get("result") or "")
-    if res.get("is_error"):
-        sub = res.get("subtype") or "error"
-        errors = res.get("errors") or []
-        detail = "; ".join(str(e) for e in errors) if errors else reply
-        reason = f"the reviewer ended with an error ({sub})" + (f": {detail}" if detail else "")
-        return False, reason.splitlines()[0][:300], reply or detail, cost
+    try:
+        spent = cost(res.get("total_cost_usd"), "result.total_cost_usd")
+    except Malformed as e:
+        return False, f"no verdict: malformed result event: {e}", "", 0.0
+    try:
+        reply = opt_text(res, "result", "result", default="") or ""
+        if opt_boolean(res, "is_error", "result"):
+            sub = opt_text(res, "subtype", "result", limit=100, default="") or "error"
+            errors = res.get("errors") or []
+            detail = "; ".join(str(e) for e in errors) if isinstance(errors, list) and errors else reply
+            reason = f"the reviewer ended with an error ({sub})" + (f": {detail}" if detail else "")
+            return False, reason.splitlines()[0][:300], reply or detail, spent
+        if res.get("structured_output") is not None:
+            passed, reason = structured_verdict(res["structured_output"])
+            return passed, reason, reply or json.dumps(res["structured_output"]), spent
+    except Malformed as e:
+        return False, f"no verdict: malformed result event: {e}", text(str(res), "result", 2000), spent
     passed, reason = parse_reply(reply)
-    return passed, reason, reply, cost
+    return passed, reason, reply, spent
 
 
 class AgentHandle(ProcessHandle):
