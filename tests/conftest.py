@@ -25,6 +25,9 @@ class FakeClaude:
         monkeypatch.setenv("FAKE_CLAUDE_SCENARIO", str(self.scenario_path))
         monkeypatch.setenv("FAKE_CLAUDE_STATE", str(self.dir))
         monkeypatch.setenv("FAKE_CLAUDE_LOG", str(self.log_path))
+        # the fake reads user settings (and their hooks) like the real CLI: never the developer's own
+        (self.dir / "claude-config").mkdir(exist_ok=True)
+        monkeypatch.setenv("CLAUDE_CONFIG_DIR", str(self.dir / "claude-config"))
         fleeter.write_config(f'[claude]\nexecutable = "{FAKE_CLAUDE}"\n')
 
     def script(self, **steps: list[dict[str, Any]]) -> None:
