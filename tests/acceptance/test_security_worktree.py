@@ -17,6 +17,8 @@ import subprocess
 from pathlib import Path
 from typing import Any
 
+from brainserver import BrainServer
+
 from fleetrun.fleeter import GIT_ENV
 
 
@@ -33,7 +35,10 @@ def git_state(fleeter: Any, repo: Path, skip_prefix: str = "refs/heads/fleetrun/
         "head": fleeter.git(repo, "rev-parse", "HEAD").strip(),
         "symbolic_head": fleeter.git(repo, "symbolic-ref", "-q", "HEAD").strip(),
         "status": fleeter.git(repo, "status", "--porcelain", "--untracked-files=all"),
-        "commits": fleeter.git(repo, "rev-list", "--all", "--count").strip(),
+        # commits reachable from the checkout and its branches and tags (the task's own
+        # branch and worktree left out: the clean case commits there)
+        "commits": fleeter.git(repo, "rev-list", "--count", "--exclude=fleetrun/*", "--branches", "--tags",
+                               "HEAD").strip(),
     }
 
 
@@ -72,7 +77,8 @@ def assert_contained(fleeter: Any, r: Any, repo: Path, before: dict[Path, dict[s
     task = fleeter.task("t1")
     assert task.state.value == "NEEDS_HUMAN", (task.reason, r.stdout + r.stderr)
     assert task.reason.startswith("worktree_tampered:"), task.reason
-    assert why in task.reason, task.reason
+    # the reason says what happened (read without the test's folder names)
+    assert why in task.reason.replace(str(fleeter.path.parent), "<tmp>"), task.reason
     # no retry was used, and no second attempt ran
     assert task.retries == 0
     assert len(fleeter.ledger().attempts(task.id)) == attempts
@@ -93,7 +99,7 @@ def test_git_file_pointing_at_another_repo_commits_nothing(fleeter):
     repo, other = setup(fleeter, f"echo 'gitdir: {other}/.git' > .git; echo evil > EVIL.txt")
     before = {repo: git_state(fleeter, repo), other: git_state(fleeter, other)}
     r = fleeter.run("tasks.toml")
-    assert_contained(fleeter, r, repo, before, "rewritten")
+    assert_contained(fleeter, r, repo, before, ".git was rewritten to point at <tmp>/w/other/.git")
     assert "EVIL.txt" not in fleeter.git(other, "ls-tree", "-r", "--name-only", "main")
     assert (other / "DATA.md").read_text() == "precious\n"
 
@@ -103,7 +109,7 @@ def test_git_file_pointing_at_the_users_repo_commits_nothing(fleeter):
     repo, other = setup(fleeter, f"echo 'gitdir: {repo_path}/.git' > .git; echo evil > EVIL.txt")
     before = {repo: git_state(fleeter, repo), other: git_state(fleeter, other)}
     r = fleeter.run("tasks.toml")
-    assert_contained(fleeter, r, repo, before, "rewritten")
+    assert_contained(fleeter, r, repo, before, ".git was rewritten to point at <tmp>/w/repo/.git")
     assert "EVIL.txt" not in fleeter.git(repo, "ls-tree", "-r", "--name-only", "main")
 
 
@@ -112,7 +118,7 @@ def test_git_replaced_by_a_symlink_commits_nothing(fleeter):
     repo, other = setup(fleeter, f"rm .git && ln -s {other}/.git .git; echo evil > EVIL.txt")
     before = {repo: git_state(fleeter, repo), other: git_state(fleeter, other)}
     r = fleeter.run("tasks.toml")
-    assert_contained(fleeter, r, repo, before, "symlink")
+    assert_contained(fleeter, r, repo, before, ".git is a symlink")
 
 
 def test_git_deleted_commits_nothing(fleeter):
@@ -125,7 +131,7 @@ def test_git_deleted_commits_nothing(fleeter):
     home_refs = fleeter.git(fleeter.home, "for-each-ref", "--format=%(refname) %(objectname)")
     before = {repo: git_state(fleeter, repo), other: git_state(fleeter, other)}
     r = fleeter.run("tasks.toml")
-    assert_contained(fleeter, r, repo, before, "missing")
+    assert_contained(fleeter, r, repo, before, ".git is missing")
     assert fleeter.git(fleeter.home, "for-each-ref", "--format=%(refname) %(objectname)") == home_refs
     assert fleeter.git(fleeter.home, "rev-list", "--all", "--count").strip() == "1"
 
@@ -134,7 +140,7 @@ def test_git_directory_created_commits_nothing(fleeter):
     repo, other = setup(fleeter, "rm .git && git init -q && echo evil > EVIL.txt")
     before = {repo: git_state(fleeter, repo), other: git_state(fleeter, other)}
     r = fleeter.run("tasks.toml")
-    task = assert_contained(fleeter, r, repo, before, "not a regular file")
+    task = assert_contained(fleeter, r, repo, before, ".git is not a regular file")
     assert not has_commit(Path(task.worktree))  # the agent's own repository got nothing
 
 
@@ -147,7 +153,8 @@ def test_tampered_worktree_is_not_reused_by_the_next_attempt(fleeter):
     repo, other = setup(fleeter, script)
     before = {repo: git_state(fleeter, repo), other: git_state(fleeter, other)}
     r = fleeter.run("tasks.toml")
-    task = assert_contained(fleeter, r, repo, before, "rewritten", attempts=2)
+    task = assert_contained(fleeter, r, repo, before, ".git was rewritten to point at <tmp>/w/other",
+                            attempts=2)
     assert task.resumes == 1
     atts = fleeter.ledger().attempts(task.id)
     assert atts[-1].outcome == "worktree_tampered"  # the second never started
@@ -184,3 +191,50 @@ def test_untampered_worktree_from_a_subfolder(fleeter):
     assert r.ret == 0, r.stdout + r.stderr
     task = fleeter.task("t1")
     assert f"{sub}/GOOD.txt" in fleeter.git(repo, "ls-tree", "-r", "--name-only", task.branch).split()
+
+
+def test_cleanup_keeps_a_worktree_tampered_after_its_commit(fleeter):
+    # something the agent left behind rewrites .git after the work was committed (a
+    # verifier stands in for it here): after DONE, cleanup must not run git in it or
+    # remove it, and says why in the task's notes
+    repo, other = setup(fleeter, "echo fine > GOOD.txt")
+    tasks = (fleeter.path / "tasks.toml").read_text().replace(
+        'run = "true"', 'run = "rm .git && ln -s ' + str(other) + '/.git .git"')
+    (fleeter.path / "tasks.toml").write_text(tasks)
+    before = {other: git_state(fleeter, other)}
+    r = fleeter.run("tasks.toml")
+    assert r.ret == 0, r.stdout + r.stderr
+    task = fleeter.task("t1")
+    assert "GOOD.txt" in fleeter.git(repo, "ls-tree", "-r", "--name-only", task.branch).split()
+    assert Path(task.worktree).is_dir() and (Path(task.worktree) / "GOOD.txt").exists()
+    notes = [text for _, text in fleeter.ledger().notes(task.id)]
+    assert any(n.startswith(f"kept worktree {task.worktree}: it was tampered with")
+               and "is a symlink" in n.replace(str(fleeter.path.parent), "<tmp>") for n in notes), notes
+    assert git_state(fleeter, other) == before[other]
+
+
+def test_the_brain_never_reviews_what_a_rewritten_git_points_at(fleeter):
+    # the .git is rewritten after the work was committed (a verifier stands in for a
+    # process the agent left behind): git run there would diff against the other
+    # repository, so the brain must not be asked at all
+    repo, other = setup(fleeter, "echo fine > GOOD.txt")
+    tamper = f"echo 'gitdir: {other}/.git' > .git"
+    tasks = (fleeter.path / "tasks.toml").read_text().replace(
+        'run = "true"', f'run = {json.dumps(tamper)}\n          [[task.verify]]\n          brain = "Is it fine?"')
+    (fleeter.path / "tasks.toml").write_text(tasks)
+    before = {repo: git_state(fleeter, repo), other: git_state(fleeter, other)}
+    with BrainServer() as brain:
+        fleeter.write_config(f'[brain]\nurl = "{brain.url}"\nmodel = "tiny"\n')
+        brain.script("PASS")
+        r = fleeter.run("tasks.toml")
+        prompts = [q.prompt for q in brain.requests]
+    assert prompts == []  # a tampered worktree gets no verdict
+    assert r.ret == 1, r.stdout + r.stderr
+    task = fleeter.task("t1")
+    assert task.state.value == "NEEDS_HUMAN"
+    assert task.reason.startswith("worktree_tampered:"), task.reason
+    verdicts = fleeter.ledger().verdicts(attempt_id=fleeter.ledger().attempts(task.id)[0].id)
+    assert [v.passed for v in verdicts] == [True, False]
+    assert "WorktreeTampered" in verdicts[1].reason and "rewritten" in verdicts[1].reason
+    for path, state in before.items():
+        assert git_state(fleeter, path) == state, path
