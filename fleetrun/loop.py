@@ -418,6 +418,9 @@ class Loop:
         now = self.move(task, State.NEEDS_HUMAN, f"worktree_tampered:{reason or 'its .git was changed'}; {what}",
                         attempt=att.number)
         if now is not None:
+            if now.worktree:  # git refuses to remove it now, even with --force: say how
+                self.led.add_note(task.id, f"kept worktree {now.worktree} as the agent left it; to start over, "
+                                           "remove that folder and run `git worktree prune` in the repository")
             self.finish_terminal(now)
 
     def resume_or_give_up(self, task: Task, att: Attempt, cause: str) -> None:

@@ -89,8 +89,10 @@ def assert_contained(fleeter: Any, r: Any, repo: Path, before: dict[Path, dict[s
     # and the task's own branch got nothing either (it is still at main)
     main = fleeter.git(repo, "rev-parse", "main").strip()
     assert fleeter.git(repo, "rev-parse", task.branch).strip() == main
-    # the worktree is kept for a human to look at
+    # the worktree is kept for a human to look at, who is told how to start over
     assert task.worktree and Path(task.worktree).exists()
+    notes = [text for _, text in fleeter.ledger().notes(task.id)]
+    assert any(n.startswith(f"kept worktree {task.worktree} as the agent left it") for n in notes), notes
     return task
 
 
@@ -171,26 +173,36 @@ def test_untampered_worktree_still_commits_on_its_branch(fleeter):
     assert not Path(task.worktree).exists()  # clean after DONE: removed
 
 
-def test_untampered_worktree_from_a_subfolder(fleeter):
-    sub = "pkg"
-    repo = fleeter.make_repo(files={"README.md": "hello\n", f"{sub}/a.txt": "a\n"})
-    fleeter.write_tasks(f'''
-        [agents.ok]
-        command = ["sh", "-c", "echo fine > GOOD.txt"]
+def test_untampered_worktree_from_a_subfolder_commits_and_shows_the_brain_its_diff(fleeter):
+    # a task whose cwd is a folder of the repository: the pin is the worktree's top,
+    # the commit and the brain's diff cover the whole worktree
+    repo = fleeter.make_repo(files={"README.md": "hello\n", "pkg/a.txt": "a\n"})
+    with BrainServer() as brain:
+        fleeter.write_config(f'[brain]\nurl = "{brain.url}"\nmodel = "tiny"\n')
+        brain.script("PASS")
+        fleeter.write_tasks('''
+            [agents.ok]
+            command = ["sh", "-c", "echo fine > GOOD.txt; echo more > ../TOP.txt"]
 
-        [[task]]
-        name = "t1"
-        cwd = "repo/{sub}"
-        agent = "ok"
-        git_ref = "main"
-        prompt = "p"
-          [[task.verify]]
-          run = "test -f GOOD.txt"
-    ''')
-    r = fleeter.run("tasks.toml")
+            [[task]]
+            name = "t1"
+            cwd = "repo/pkg"
+            agent = "ok"
+            git_ref = "main"
+            prompt = "p"
+              [[task.verify]]
+              run = "test -f GOOD.txt"
+              [[task.verify]]
+              brain = "Is it fine?"
+        ''')
+        r = fleeter.run("tasks.toml")
+        prompts = [q.prompt for q in brain.requests]
     assert r.ret == 0, r.stdout + r.stderr
     task = fleeter.task("t1")
-    assert f"{sub}/GOOD.txt" in fleeter.git(repo, "ls-tree", "-r", "--name-only", task.branch).split()
+    files = fleeter.git(repo, "ls-tree", "-r", "--name-only", task.branch).split()
+    assert "pkg/GOOD.txt" in files and "TOP.txt" in files
+    (prompt,) = prompts
+    assert "pkg/GOOD.txt" in prompt and "+fine" in prompt and "TOP.txt" in prompt
 
 
 def test_cleanup_keeps_a_worktree_tampered_after_its_commit(fleeter):
@@ -238,3 +250,19 @@ def test_the_brain_never_reviews_what_a_rewritten_git_points_at(fleeter):
     assert "WorktreeTampered" in verdicts[1].reason and "rewritten" in verdicts[1].reason
     for path, state in before.items():
         assert git_state(fleeter, path) == state, path
+
+
+def test_head_moved_off_the_task_branch_gets_no_commit(fleeter):
+    # with git itself, the agent moves its worktree onto another branch: fleetrun's own
+    # commit must still go only onto the branch it made for the task
+    repo, other = setup(fleeter, "git checkout -q -b elsewhere && echo evil > EVIL.txt")
+    r = fleeter.run("tasks.toml")
+    assert r.ret == 1, r.stdout + r.stderr
+    task = fleeter.task("t1")
+    assert task.state.value == "NEEDS_HUMAN"
+    assert task.reason.startswith("worktree_tampered:its HEAD is refs/heads/elsewhere, not the task's branch"), \
+        task.reason
+    main = fleeter.git(repo, "rev-parse", "main").strip()
+    assert fleeter.git(repo, "rev-parse", "elsewhere").strip() == main
+    assert fleeter.git(repo, "rev-parse", task.branch).strip() == main
+    assert task.retries == 0 and len(fleeter.ledger().attempts(task.id)) == 1
