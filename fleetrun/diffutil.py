@@ -15,7 +15,7 @@ import re
 from dataclasses import dataclass
 from typing import Any, Optional, Union
 
-from .gitutil import GitError, git
+from .gitutil import GitError, Pinned, common_dir, git, pin_worktree, wt_git
 from .reports import Verdict, Workspace
 
 DEFAULT_MAX_DIFF_BYTES = 60000
@@ -89,21 +89,44 @@ def cut_utf8(data: bytes, limit: int) -> bytes:
     return data[:end]
 
 
-def task_diff(path: str, git_ref: Optional[str], max_bytes: int = DEFAULT_MAX_DIFF_BYTES) -> TaskDiff:
-    """The changes in the git checkout at ``path``: ``git diff <git_ref>...HEAD`` (what
+def task_diff(where: Union[str, Workspace], git_ref: Optional[str],
+              max_bytes: int = DEFAULT_MAX_DIFF_BYTES) -> TaskDiff:
+    """The changes in the git checkout at ``where``: ``git diff <git_ref>...HEAD`` (what
     was committed since the branch left ``git_ref``) followed by ``git diff HEAD`` and
     new files not added yet (what is not committed yet). Without ``git_ref``, only the
     uncommitted changes.
 
+    ``where`` is a path, or a :class:`Workspace`: a worktree fleetrun made (with its
+    ``repo`` and ``root`` recorded) is pinned to that repository (``gitutil.wt_git``), so
+    a ``.git`` the agent rewrote cannot show the reviewer another repository's changes.
+
     Never raises for git problems: :attr:`TaskDiff.error` says what went wrong.
+
+    :raises WorktreeTampered: when the worktree no longer belongs to its repository (a
+        reviewer must not reach a verdict on it).
     """
     opts = ["--no-color", "--no-ext-diff", "--no-textconv"]
+    pin: Optional[Pinned] = None
+    if isinstance(where, str):
+        path = where
+    else:
+        path = where.path
+        if where.is_worktree and where.repo and where.root:
+            try:
+                common = common_dir(where.repo)
+            except (GitError, OSError) as e:
+                return TaskDiff(error=f"cannot find the repository {where.repo}: {e}", base=git_ref)
+            pin = pin_worktree(where.root, common)
+
+    def run(*args: str, check: bool = True) -> str:
+        return wt_git(pin, *args, check=check) if pin is not None else git(path, *args, check=check)
+
     try:
-        committed = git(path, "diff", *opts, f"{git_ref}...HEAD", "--") if git_ref else ""
-        stat = git(path, "diff", "--stat", "--no-color", f"{git_ref}...HEAD", "--") if git_ref else ""
-        pending = git(path, "diff", *opts, "HEAD", "--")
-        pending_stat = git(path, "diff", "--stat", "--no-color", "HEAD", "--")
-        untracked = git(path, "ls-files", "--others", "--exclude-standard", "-z").split("\0")
+        committed = run("diff", *opts, f"{git_ref}...HEAD", "--") if git_ref else ""
+        stat = run("diff", "--stat", "--no-color", f"{git_ref}...HEAD", "--") if git_ref else ""
+        pending = run("diff", *opts, "HEAD", "--")
+        pending_stat = run("diff", "--stat", "--no-color", "HEAD", "--")
+        untracked = run("ls-files", "--others", "--exclude-standard", "-z").split("\0")
     except GitError as e:
         return TaskDiff(error=str(e), base=git_ref)
     except (OSError, ValueError) as e:
@@ -111,7 +134,7 @@ def task_diff(path: str, git_ref: Optional[str], max_bytes: int = DEFAULT_MAX_DI
     new_files = [u for u in untracked if u]
     for rel in new_files[:MAX_UNTRACKED_SHOWN]:
         # exit code 1 means "differs": not an error here
-        pending += git(path, "diff", *opts, "--no-index", "--", "/dev/null", rel, check=False)
+        pending += run("diff", *opts, "--no-index", "--", "/dev/null", rel, check=False)
         pending_stat += f" {rel} (new, not added)\n"
     if pending.strip():
         committed += ("\n" if committed and not committed.endswith("\n") else "") + pending

@@ -21,7 +21,7 @@ from typing import Any, Optional
 
 from . import crash, ops
 from .exceptions import ExitCode, StateConflict, UsageError
-from .gitutil import GitError
+from .gitutil import GitError, WorktreeTampered
 from .hosts import get_host, kill_recorded_children
 from .ledger import Attempt, Ledger, Task
 from .liveness import Liveness
@@ -397,6 +397,9 @@ class Loop:
         ws = Workspace(**att.workspace) if att.workspace else Workspace(path=task.spec.cwd)
         try:  # before VERIFYING: after a crash between the two it is simply done again
             self.hook.fleetrun_collect_work(task=task, attempt=att, workspace=ws, config=self.config)
+        except WorktreeTampered as e:
+            self.worktree_tampered(task, att, e, "nothing was committed")
+            return
         except GitError as e:
             self.led.add_note(task.id, f"could not commit the attempt's work: {e}")
         moved = self.move(task, State.VERIFYING, "exited", attempt=att.number)
@@ -404,6 +407,21 @@ class Loop:
             return
         self.verifying[task.id] = Verifying(att, ws, 0)
         self.start_verifier(task.id)
+
+    def worktree_tampered(self, task: Task, att: Attempt, e: WorktreeTampered, what: str) -> None:
+        """The agent rewrote, replaced or removed its worktree's ``.git``: nothing is
+        committed or run there, and a human looks (a retry would only repeat it)."""
+        self.led.update_attempt(att.id, outcome="worktree_tampered")
+        # the reason quotes what the agent wrote into .git: one line, no control characters
+        reason = "".join(c if c.isprintable() else f"\\x{ord(c):02x}" for c in " ".join(str(e).split()))
+        reason = (reason[:300] + "...") if len(reason) > 300 else reason
+        now = self.move(task, State.NEEDS_HUMAN, f"worktree_tampered:{reason or 'its .git was changed'}; {what}",
+                        attempt=att.number)
+        if now is not None:
+            if now.worktree:  # git refuses to remove it now, even with --force: say how
+                self.led.add_note(task.id, f"kept worktree {now.worktree} as the agent left it; to start over, "
+                                           "remove that folder and run `git worktree prune` in the repository")
+            self.finish_terminal(now)
 
     def resume_or_give_up(self, task: Task, att: Attempt, cause: str) -> None:
         if task.resumes >= RESUME_CAP:
@@ -627,6 +645,10 @@ class Loop:
             ws = self.hook.fleetrun_prepare_workspace(task=task, attempt=att, config=self.config)
             if ws is None:
                 raise UsageError("no plugin prepared a workspace")
+        except WorktreeTampered as e:  # the worktree a previous attempt left was tampered with
+            self.led.update_attempt(att.id, state="abandoned", ended=time.time())
+            self.worktree_tampered(task, att, e, f"attempt {att.number} was not started in it")
+            return False
         except Exception as e:
             self.led.update_attempt(att.id, state="abandoned", outcome="start_failed", ended=time.time())
             word = "peer_refused" if type(e).__name__ == "StartRefused" else "start_failed"

@@ -108,7 +108,7 @@ def reviewer_argv(config: Any, verifier: Any, session_id: str, budget: Optional[
 
 
 def reviewer_prompt(task: Any, verifier: Any, workspace: Any) -> str:
-    diff = task_diff(workspace.path, getattr(workspace, "base_ref", None), MAX_DIFF_BYTES)
+    diff = task_diff(workspace, getattr(workspace, "base_ref", None), MAX_DIFF_BYTES)
     return review_prompt(task.spec.prompt, diff, verifier.text, INTRO)
 
 

@@ -344,7 +344,7 @@ class BrainHandle:
             key, msg = bad[0]
             return self._make(False, f"[brain] {key}: {msg}")
         limit = int(self.settings.get("max_diff_bytes", DEFAULT_MAX_DIFF_BYTES))
-        diff = task_diff(self.workspace.path, getattr(self.workspace, "base_ref", None), limit)
+        diff = task_diff(self.workspace, getattr(self.workspace, "base_ref", None), limit)
         prompt = review_prompt(self.task_prompt, diff, self.verifier.text, INTRO)
         if self.prompt_path is not None:
             try:

@@ -4,6 +4,11 @@ A task with ``git_ref`` runs in ``$FLEETRUN_HOME/worktrees/<name>-<id>`` on bran
 ``fleetrun/<name>-<id>`` (or ``branch =``), made from ``git_ref`` in the repository
 that holds ``cwd``; the user's checkout is never touched. Retries and resumes reuse
 it. After DONE a clean worktree is removed and the branch stays; a dirty one is kept.
+
+The agent owns the worktree's files, its ``.git`` file included, so every git command
+run for a worktree is pinned (``gitutil.wt_git``: ``--git-dir``/``--work-tree``) to the
+administrative folder found from the repository's side; a worktree whose ``.git`` was
+rewritten, replaced or removed raises ``WorktreeTampered`` and nothing runs in it.
 """
 
 from __future__ import annotations
@@ -12,7 +17,18 @@ import os
 from pathlib import Path
 from typing import Any, Optional
 
-from ..gitutil import GitError, common_dir, git, has_identity, is_dirty, repo_lock, repo_toplevel
+from ..gitutil import (
+    GitError,
+    Pinned,
+    WorktreeTampered,
+    check_pinned,
+    common_dir,
+    git,
+    pin_worktree,
+    repo_lock,
+    repo_toplevel,
+    wt_git,
+)
 from ..hookimpl import hookimpl
 from ..reports import Handoff, Workspace
 from ..states import State
@@ -33,8 +49,8 @@ def names_for(task: Any) -> tuple[str, str]:
     return slug, branch
 
 
-def _identity_args(path: str) -> list[str]:
-    if has_identity(path):
+def _identity_args(p: Pinned) -> list[str]:
+    if wt_git(p, "config", "user.email", check=False).strip():
         return []
     return ["-c", "user.name=fleetrun", "-c", "user.email=fleetrun@localhost"]
 
@@ -45,6 +61,104 @@ def _repo_of(config: Any, cwd: str) -> Optional[tuple[str, str]]:
         top = repo_toplevel(cwd)
         cache[cwd] = (top, common_dir(top)) if top else None
     return cache[cwd]
+
+
+def pinned(config: Any, root: str, common: str) -> Pinned:
+    """The worktree at ``root`` pinned to the repository whose git folder is ``common``,
+    checked now. The pin is found from the repository's side (its ``worktrees/*``
+    folders), never from the worktree's ``.git``, which the agent can rewrite; it is
+    cached per worktree for the run, and checked again before every use.
+
+    :raises WorktreeTampered: when ``root`` is not, or no longer, that worktree.
+    """
+    cache: dict[tuple[str, str], Pinned] = config.stash.setdefault("worktree_pins", {})
+    key = (os.path.realpath(root), os.path.realpath(common))
+    p = cache.get(key)
+    if p is not None:
+        try:
+            check_pinned(p)
+            return p
+        except WorktreeTampered as e:
+            # a worktree removed and made again at the same place has a new admin
+            # folder: look again from the repository's side before calling it tampered
+            del cache[key]
+            try:
+                p = pin_worktree(root, common)
+            except WorktreeTampered:
+                raise e from None  # what the known pin found wrong says more
+            cache[key] = p
+            return p
+    p = pin_worktree(root, common)
+    cache[key] = p
+    return p
+
+
+def _forget_pin(config: Any, root: str, common: str) -> None:
+    config.stash.setdefault("worktree_pins", {}).pop((os.path.realpath(root), os.path.realpath(common)), None)
+
+
+def worktree_root(ws: Workspace, common: str) -> str:
+    """The top of the worktree holding ``ws.path`` (a task's cwd may be a subfolder of its
+    repository), found among the repository's worktrees (``<common>/worktrees/*/gitdir``),
+    not by asking git inside the worktree.
+
+    :raises WorktreeTampered: when no worktree of that repository holds it.
+    """
+    if ws.root:
+        return ws.root
+    real = os.path.realpath(ws.path)
+    best = ""
+    try:
+        entries = sorted((Path(common) / "worktrees").iterdir())
+    except OSError:
+        entries = []
+    for entry in entries:
+        try:
+            target = (entry / "gitdir").read_text(encoding="utf-8", errors="replace").strip()
+        except OSError:
+            continue
+        top = os.path.dirname(os.path.realpath(target))
+        if (real == top or real.startswith(top + os.sep)) and len(top) > len(best):
+            best = top
+    if not best:
+        raise WorktreeTampered(f"{ws.path} is in no worktree of {common}")
+    return best
+
+
+def workspace_pin(config: Any, ws: Workspace) -> Pinned:
+    """The pin of a prepared worktree workspace (``ws.repo`` is the repository fleetrun
+    made it in, recorded at prepare).
+
+    :raises WorktreeTampered: when it cannot be pinned.
+    """
+    found = _repo_of(config, ws.repo) if ws.repo else None
+    if found is None:
+        raise WorktreeTampered(f"the repository of the worktree at {ws.path} ({ws.repo}) is not a git repository")
+    _, common = found
+    return pinned(config, worktree_root(ws, common), common)
+
+
+def _reuse(config: Any, task: Any, path: Path, repo: str, common: str) -> Optional[Pinned]:
+    """The worktree a previous attempt left at ``path``, checked before it is reused;
+    None when there is none and one is to be made.
+
+    :raises WorktreeTampered: when fleetrun made it for this task and it no longer pins.
+    :raises WorkspaceError: when something else is there.
+    """
+    if not os.path.lexists(path):
+        return None
+    # the ledger says fleetrun made this worktree for this task: an attempt ran in it
+    ours = bool(task.worktree) and os.path.realpath(task.worktree) == os.path.realpath(path)
+    if not ours and not os.path.lexists(path / ".git"):
+        if path.is_dir() and not any(path.iterdir()):
+            return None
+        raise WorkspaceError(f"{path} exists and is not a worktree; remove it or fleetrun gc")
+    try:
+        return pinned(config, str(path), common)
+    except WorktreeTampered:
+        if ours:
+            raise
+        raise WorkspaceError(f"{path} exists and is not a worktree of {repo}; remove it or fleetrun gc") from None
 
 
 @hookimpl(trylast=True)
@@ -64,9 +178,8 @@ def fleetrun_prepare_workspace(task: Any, attempt: Any, config: Any) -> Optional
     path = root / slug
     sub = os.path.relpath(os.path.realpath(spec.cwd), os.path.realpath(repo))
     with repo_lock(config.home / "locks", repo, common=common):
-        if not (path / ".git").exists():
-            if path.exists() and any(path.iterdir()):
-                raise WorkspaceError(f"{path} exists and is not a worktree; remove it or fleetrun gc")
+        if _reuse(config, task, path, repo, common) is None:
+            _forget_pin(config, str(path), common)
             try:
                 git(repo, "worktree", "add", "-b", branch, "--", str(path), spec.git_ref)
             except GitError:
@@ -78,30 +191,36 @@ def fleetrun_prepare_workspace(task: Any, attempt: Any, config: Any) -> Optional
                     except GitError:
                         raise WorkspaceError(f"git_ref {spec.git_ref!r} is not a commit in {repo}") from None
                     raise
+            pinned(config, str(path), common)
     wpath = path / sub if sub != "." else path
     return Workspace(path=str(wpath), branch=branch, repo=repo, base_ref=spec.git_ref, is_worktree=True,
                      root=str(path))
 
 
-def worktree_root(ws: Workspace) -> str:
-    """The top of the worktree (a task's cwd may be a subfolder of its repository)."""
-    return git(ws.path, "rev-parse", "--show-toplevel").strip()
-
-
 @hookimpl(trylast=True)
 def fleetrun_collect_work(task: Any, attempt: Any, workspace: Workspace, config: Any) -> Optional[str]:
     """Commit what the attempt left uncommitted, so verifiers, handoffs and dependents
-    see exactly what is on the branch."""
+    see exactly what is on the branch. Every git command is pinned to the worktree
+    fleetrun made (the agent may have rewritten its ``.git``), and the commit goes only
+    onto the task's own branch.
+
+    :raises WorktreeTampered: when the worktree no longer pins, or its HEAD left the
+        task's branch; nothing is committed then.
+    """
     if not workspace.is_worktree:
         return None
-    top = workspace.root or worktree_root(workspace)
-    if not is_dirty(top):
+    p = workspace_pin(config, workspace)
+    if not wt_git(p, "status", "--porcelain", "--untracked-files=all").strip():
         return None
+    if workspace.branch:
+        head = wt_git(p, "symbolic-ref", "-q", "HEAD", check=False).strip()
+        if head != f"refs/heads/{workspace.branch}":
+            raise WorktreeTampered(f"its HEAD is {head or 'detached'}, not the task's branch {workspace.branch}")
     template = config.setting("worktree", "commit_message", DEFAULT_COMMIT_MESSAGE)
     message = str(template).replace("{attempt}", str(attempt.number)).replace("{task}", task.name)
-    git(top, "add", "-A")
-    git(top, *_identity_args(top), "commit", "-q", "--no-verify", "-m", message)
-    return git(top, "rev-parse", "HEAD").strip()
+    wt_git(p, "add", "-A")
+    wt_git(p, *_identity_args(p), "commit", "-q", "--no-verify", "-m", message)
+    return wt_git(p, "rev-parse", "HEAD").strip()
 
 
 @hookimpl(trylast=True)
@@ -112,30 +231,41 @@ def fleetrun_handoff(task: Any, attempt: Any, config: Any) -> Optional[Handoff]:
     return Handoff(task_name=task.name, branch=task.branch, summary=summary, host=task.host or "local")
 
 
+def _note_once(led: Any, task_id: str, note: str) -> None:
+    if led is not None and note not in (text for _, text in led.notes(task_id)):
+        led.add_note(task_id, note)
+
+
 @hookimpl(trylast=True)
 def fleetrun_cleanup_workspace(task: Any, config: Any) -> None:
     if task.state is not State.DONE or not task.worktree or task.host not in (None, "local"):
         return
     path = Path(task.worktree)
     led = config.stash.get("ledger")
-    if not (path / ".git").exists():
+    if not os.path.lexists(path):
         return
     att = led.latest_attempt(task.id) if led is not None else None
-    repo = (att.workspace or {}).get("repo") if att is not None else None
+    # the repository is the one recorded at prepare (or the task's cwd, as prepare found
+    # it), never one the worktree's .git names
+    repo = ((att.workspace or {}).get("repo") if att is not None else None) or task.spec.cwd
     found = _repo_of(config, repo) if repo else None
     if found is None:
-        top = git(path, "rev-parse", "--show-toplevel").strip()
-        cd = (Path(top) / git(top, "rev-parse", "--git-common-dir").strip()).resolve()
-        found = (str(cd.parent), str(cd))
+        _note_once(led, task.id, f"kept worktree {path}: its repository {repo} is not a git repository")
+        return
     repo_dir, common = found
     with repo_lock(config.home / "locks", repo_dir, common=common):
+        try:
+            pinned(config, str(path), common)
+        except WorktreeTampered as e:
+            _note_once(led, task.id, f"kept worktree {path}: it was tampered with ({e}); "
+                                     "fleetrun ran no git command in it")
+            return
         try:
             git(repo_dir, "worktree", "remove", "--", str(path))
         except GitError as e:
             why = ("it has uncommitted changes" if "modified or untracked" in e.output else str(e))
-            note = f"kept worktree {path}: {why}"
-            if led is not None and note not in (text for _, text in led.notes(task.id)):
-                led.add_note(task.id, note)
+            _note_once(led, task.id, f"kept worktree {path}: {why}")
             return
+    _forget_pin(config, str(path), common)
     if led is not None:
         led.add_note(task.id, f"removed clean worktree {path}; branch {task.branch} stays")
