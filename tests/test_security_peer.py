@@ -1,0 +1,287 @@
+"""A peer does not trust the ids, paths and pids a supervisor sends it, and keeps no
+secret of its environment in its home (issue 10, items 3, 6 and 8); run as sshd runs
+it: ``fleetrun host VERB --json`` as a subprocess with the request on stdin."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+import time
+from pathlib import Path
+from typing import Any, Optional
+
+import pytest
+
+TID = "task_m0abc123def_0"
+AID = f"{TID}_a1"
+GIT_ID = {"GIT_AUTHOR_NAME": "t", "GIT_AUTHOR_EMAIL": "t@t", "GIT_COMMITTER_NAME": "t",
+          "GIT_COMMITTER_EMAIL": "t@t"}
+
+
+def git(repo: Path, *args: str) -> str:
+    return subprocess.run(["git", "-C", str(repo), *args], check=True, capture_output=True, text=True,
+                          env=dict(os.environ, **GIT_ID)).stdout
+
+
+def make_repo(path: Path, files: Optional[dict[str, str]] = None) -> Path:
+    path.mkdir(parents=True)
+    git(path, "init", "-q")
+    git(path, "symbolic-ref", "HEAD", "refs/heads/main")
+    for rel, text in (files or {"README.md": "hello\n"}).items():
+        (path / rel).write_text(text)
+    git(path, "add", "-A")
+    git(path, "commit", "-q", "-m", "initial")
+    return path
+
+
+class Peer:
+    def __init__(self, home: Path) -> None:
+        self.home = home
+        self.env = {"FLEETRUN_HOME": str(home), "FLEETRUN_DISABLE_PLUGIN_AUTOLOAD": "1"}
+
+    def host(self, *args: str, stdin: Any = None, env: Optional[dict[str, str]] = None) -> tuple[int, dict]:
+        proc = subprocess.run([sys.executable, "-m", "fleetrun", "host", *args, "--json"],
+                              input=json.dumps(stdin).encode() if stdin is not None else b"",
+                              capture_output=True, env=dict(os.environ, **self.env, **(env or {})), timeout=60)
+        lines = proc.stdout.decode().strip().splitlines()
+        assert len(lines) == 1, proc.stdout.decode() + proc.stderr.decode()
+        reply = json.loads(lines[0])
+        assert "traceback" not in reply, reply["traceback"]
+        return proc.returncode, reply
+
+
+@pytest.fixture
+def peer(tmp_path):
+    home = tmp_path / "peerhome"
+    home.mkdir(mode=0o700)
+    yield Peer(home)
+    from sshd import kill_leftovers
+
+    kill_leftovers(home)
+
+
+def task(cwd: Path, tid: str = TID, state: str = "ASSIGNED", git_ref: Optional[str] = "main",
+         branch: Optional[str] = None, **extra: Any) -> dict[str, Any]:
+    spec = {"name": "fix", "prompt": "p", "cwd": str(cwd)}
+    if git_ref:
+        spec["git_ref"] = git_ref
+    if branch:
+        spec["branch"] = branch
+    return {"id": tid, "name": "fix", "state": state, "source": "", "queue_id": "q", "created": 0, "updated": 0,
+            "spec": spec, **extra}
+
+
+def attempt(tid: str = TID, n: int = 1) -> dict[str, Any]:
+    return {"id": f"{tid}_a{n}", "task_id": tid, "number": n, "kind": "fresh", "host": "mini", "state": "leased",
+            "created": 0}
+
+
+def prepare(peer: Peer, repo: Path) -> dict[str, Any]:
+    code, r = peer.host("prepare", stdin={"task": task(repo), "attempt": attempt()})
+    assert code == 0, r
+    return dict(r["workspace"])
+
+
+# -- item 3: ids ------------------------------------------------------------------
+
+
+def test_prepare_refuses_a_task_id_that_leaves_the_home(peer, tmp_path):
+    repo = make_repo(tmp_path / "repo")
+    evil = "../../../../outside/escaped"
+    code, r = peer.host("prepare", stdin={"task": task(repo, tid=evil, branch="escaped"), "attempt": attempt(evil)})
+    assert code == 1 and "bad task id" in r["error"], r
+    assert not (tmp_path / "outside").exists()
+    assert not list(tmp_path.rglob("*escaped*"))
+    assert git(repo, "worktree", "list").count("\n") == 1  # no worktree was added anywhere
+
+
+def test_prepare_refuses_an_attempt_of_another_task(peer, tmp_path):
+    repo = make_repo(tmp_path / "repo")
+    code, r = peer.host("prepare", stdin={"task": task(repo), "attempt": attempt("task_m0abc123def_7")})
+    assert code == 1 and "not an attempt of" in r["error"], r
+
+
+def test_log_and_status_refuse_an_attempt_id_outside_the_home(peer, tmp_path):
+    outside = tmp_path / "outside" / "x"
+    outside.mkdir(parents=True)
+    (outside / "log").write_text("the user's secret file\n")
+    (outside / "status.json").write_text('{"state": "ended", "exit_code": 0}')
+    code, r = peer.host("log", "--attempt", "../../outside/x")
+    assert code == 1 and "bad attempt id" in r["error"], r
+    code, r = peer.host("status", "--attempt", "../../outside/x", "--log-offset", "0")
+    assert code == 1 and "bad attempt id" in r["error"], r
+    code, r = peer.host("stop", "--attempt", "../../outside/x")
+    assert code == 1 and "bad attempt id" in r["error"], r
+    assert not (outside / "cancel").exists()
+
+
+# -- item 3: paths ------------------------------------------------------------------
+
+
+def test_cleanup_removes_no_worktree_this_peer_did_not_prepare(peer, tmp_path):
+    user = make_repo(tmp_path / "user", {"README.md": "hi\n", ".gitignore": ".env\n"})
+    linked = tmp_path / "user-linked"
+    git(user, "worktree", "add", "-q", "-b", "feature", str(linked), "main")
+    (linked / ".env").write_text("API_KEY=the user's\n")
+    request = {"task": task(user, state="DONE", worktree=str(linked))}
+    code, r = peer.host("cleanup", stdin=request)
+    assert code == 1 and "no workspace was prepared on this host" in r["error"], r
+    assert (linked / ".env").read_text() == "API_KEY=the user's\n"
+    # and for a task it did prepare, the request's worktree is not the one it removes
+    ws = prepare(peer, user)
+    code, r = peer.host("cleanup", stdin=request)
+    assert code == 0 and r == {"worktree": ws["root"], "removed": True}, r
+    assert (linked / ".env").exists() and not os.path.exists(ws["root"])
+
+
+def test_collect_commits_only_in_the_worktree_it_prepared(peer, tmp_path):
+    repo = make_repo(tmp_path / "repo")
+    other = make_repo(tmp_path / "other")
+    (other / "README.md").write_text("the user's work in progress\n")
+    before = git(other, "rev-parse", "HEAD")
+    foreign = {"path": str(other), "root": str(other), "repo": str(other), "branch": "main", "is_worktree": True,
+               "base_ref": "main"}
+    request = {"task": task(repo), "attempt": attempt(), "workspace": foreign}
+    code, r = peer.host("collect", stdin=request)
+    assert code == 1 and "no workspace was prepared on this host" in r["error"], r
+    ws = prepare(peer, repo)
+    Path(ws["path"], "work.txt").write_text("the agent's\n")
+    code, r = peer.host("collect", stdin=request)
+    assert code == 0 and r["commit"], r
+    assert git(other, "rev-parse", "HEAD") == before and "M README.md" in git(other, "status", "--short")
+    assert git(Path(ws["path"]), "log", "-1", "--format=%H").strip() == r["commit"]
+
+
+def test_collect_and_cleanup_refuse_a_tampered_worktree(peer, tmp_path):
+    repo = make_repo(tmp_path / "repo")
+    other = make_repo(tmp_path / "other", {"keep.txt": "tracked\n"})
+    before = git(other, "rev-parse", "HEAD")
+    ws = prepare(peer, repo)
+    wt = Path(ws["root"])
+    (wt / ".git").write_text(f"gitdir: {other / '.git'}\n")  # what a hostile agent can do
+    (wt / "EVIL.txt").write_text("evil\n")
+    code, r = peer.host("collect", stdin={"task": task(repo), "attempt": attempt(), "workspace": ws})
+    assert code == 1 and r["error"].startswith("worktree_tampered: "), r
+    assert git(other, "rev-parse", "HEAD") == before and (other / "keep.txt").exists()
+    code, r = peer.host("cleanup", stdin={"task": task(repo, state="DONE")})
+    assert code == 1 and r["error"].startswith("worktree_tampered: "), r
+    assert wt.exists()
+
+
+def test_verify_start_runs_in_the_worktree_it_prepared(peer, tmp_path):
+    repo = make_repo(tmp_path / "repo")
+    ws = prepare(peer, repo)
+    elsewhere = dict(ws, path=str(tmp_path))
+    v = {"kind": "run", "text": "pwd", "timeout_s": 60}
+    code, r = peer.host("verify-start", stdin={"task": task(repo), "attempt": attempt(), "verifier": v,
+                                               "idx": 0, "workspace": elsewhere})
+    assert code == 0, r
+    out = wait_verifier(peer, AID, 0)
+    assert out["output"].strip() == os.path.realpath(ws["path"]) or out["output"].strip() == ws["path"]
+
+
+def test_bundle_sends_only_a_branch_it_prepared(peer, tmp_path):
+    user = make_repo(tmp_path / "user")
+    git(user, "branch", "private")
+    code, r = peer.host("bundle", stdin={"repo": str(user), "branch": "private", "have": []})
+    assert code == 1 and "no task prepared on this host" in r["error"], r
+
+
+# -- item 3: pids -------------------------------------------------------------------
+
+
+def test_stop_signals_no_process_this_peer_did_not_start(peer):
+    victim = subprocess.Popen(["sleep", "60"], start_new_session=True)
+    try:
+        code, r = peer.host("stop", "--attempt", AID, "--pid", str(victim.pid))
+        assert code == 0 and r["signalled"] is False, r
+        time.sleep(0.3)
+        assert victim.poll() is None, "an unrelated process was signalled"
+        code, r = peer.host("stop", "--attempt", AID, "--pid", str(victim.pid), "--token", "forged")
+        assert r["signalled"] is False and victim.poll() is None
+        # its status is not "running" either because some pid is alive
+        code, r = peer.host("status", "--attempt", AID, "--pid", str(victim.pid))
+        assert code == 0 and r["status"]["state"] == "died", r
+    finally:
+        victim.kill()
+        victim.wait()
+
+
+def test_stop_still_stops_its_own_shepherd(peer):
+    spec = {"argv": ["sleep", "30"], "cwd": "/", "env": {}, "timeout_s": 60, "stall_s": 60}
+    code, r = peer.host("start", stdin={"attempt_id": AID, "task_id": TID, "spec": spec, "prompt": "p"})
+    assert code == 0, r
+    code, s = peer.host("stop", "--attempt", AID, "--pid", str(r["pid"]), "--token", r["token"])
+    assert code == 0 and s["signalled"] is True, s
+
+
+def test_start_refuses_bad_ids(peer):
+    spec = {"argv": ["true"], "cwd": "/", "env": {}, "timeout_s": 60, "stall_s": 60}
+    code, r = peer.host("start", stdin={"attempt_id": "../../x", "task_id": TID, "spec": spec})
+    assert code == 1 and "bad attempt id" in r["error"]
+    code, r = peer.host("start", stdin={"attempt_id": "task_zz_1_a1", "task_id": TID, "spec": spec})
+    assert code == 1 and "not an attempt of" in r["error"]
+    assert not (peer.home.parent / "x").exists()
+
+
+# -- item 6: no environment in any file ---------------------------------------------
+
+
+def wait_verifier(peer: Peer, aid: str, idx: int) -> dict[str, Any]:
+    deadline = time.time() + 30
+    while time.time() < deadline:
+        code, r = peer.host("verify-status", "--attempt", aid, "--idx", str(idx))
+        assert code == 0, r
+        if r["state"] == "ended":
+            return r
+        time.sleep(0.1)
+    raise AssertionError("the verifier did not end")
+
+
+def test_a_peer_run_verifier_writes_no_secret_of_its_environment(peer, tmp_path):
+    secret = "sk-ant-peer-secret-4f1e9c"
+    peer.env["ANTHROPIC_API_KEY"] = secret
+    repo = make_repo(tmp_path / "repo")
+    ws = prepare(peer, repo)
+    # the verifier sees it (its length is printed, not the key: the command itself is stored)
+    v = {"kind": "run", "text": 'echo "${#ANTHROPIC_API_KEY}"', "timeout_s": 60}
+    code, r = peer.host("verify-start", stdin={"task": task(repo), "attempt": attempt(), "verifier": v,
+                                               "idx": 0, "workspace": ws})
+    assert code == 0, r
+    out = wait_verifier(peer, AID, 0)
+    assert out["passed"] is True and out["output"] == f"{len(secret)}\n", out
+    spec = json.loads((peer.home / "attempts" / AID / "verify-1" / "spec.json").read_text())
+    assert set(spec["env"]) == {"FLEETRUN_TASK_ID", "FLEETRUN_TASK_NAME", "FLEETRUN_ATTEMPT", "FLEETRUN_WORKTREE"}
+    hits = [str(p) for p in peer.home.rglob("*") if p.is_file() and not p.is_symlink()
+            and secret.encode() in p.read_bytes()]
+    assert hits == []
+
+
+# -- item 8: the peer's own configuration --------------------------------------------
+
+
+def test_probe_with_a_broken_config_toml_is_a_clear_error(peer):
+    (peer.home / "config.toml").write_text("[relay\ntags = 1\n")
+    code, r = peer.host("probe")
+    assert code == 4 and "config.toml:1" in r["error"] and "invalid TOML" in r["error"], r
+    assert "internal error" not in r["error"]
+
+
+def test_probe_refuses_tags_that_are_not_a_list(peer):
+    (peer.home / "config.toml").write_text('[relay]\ntags = "gpu"\n')
+    code, r = peer.host("probe")
+    assert code == 1 and "[relay] tags must be a list of strings" in r["error"], r
+    (peer.home / "config.toml").write_text('[relay]\ntags = ["gpu", 3]\n')
+    code, r = peer.host("probe")
+    assert code == 1 and "[relay] tags must be a list of strings" in r["error"], r
+
+
+def test_a_malformed_request_is_an_error_not_a_traceback(peer, tmp_path):
+    for verb, payload in (("prepare", {}), ("prepare", {"task": "x"}), ("collect", {"task": {"id": TID}}),
+                          ("start", {}), ("cleanup", {"task": [1]}), ("verify-start", {"task": None})):
+        code, r = peer.host(verb, stdin=payload)
+        assert code == 1 and r["error"], (verb, r)
+    code, r = peer.host("log", "--attempt", AID, "--offset", "-5")
+    assert code == 0 and r["log"] == ""
