@@ -56,13 +56,11 @@ from typing import Any, Optional, TextIO
 
 from .exceptions import UsageError
 from .procutil import tail_text
+from .wire import TAMPERED
 
 REFUSED_EXIT = 75
 HOSTED = "hosted.json"
 PREPARED = "prepared.json"
-#: The start of the error a peer answers for a tampered worktree; the supervisor raises
-#: ``gitutil.WorktreeTampered`` for it.
-TAMPERED = "worktree_tampered: "
 LOCK = "host.lock"
 TOOLS_CACHE = "probe-tools.json"
 TOOLS_TTL_S = 300.0

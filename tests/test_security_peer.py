@@ -285,3 +285,268 @@ def test_a_malformed_request_is_an_error_not_a_traceback(peer, tmp_path):
         assert code == 1 and r["error"], (verb, r)
     code, r = peer.host("log", "--attempt", AID, "--offset", "-5")
     assert code == 0 and r["log"] == ""
+
+
+# -- over real SSH: a peer whose fleetrun forges its replies -------------------------
+#
+# The peer's command runs FORGER instead of fleetrun: it runs the real `fleetrun host
+# VERB` and rewrites the reply by the rules in $FORGE_RULES, {verb: {"reply":
+# {"dotted.key": value}, "once": bool}}, read on every call (a test changes them).
+
+pytest_plugins = ["sshd"]
+
+FORGER = r'''
+import json, os, subprocess, sys
+
+def put(obj, dotted, value):
+    keys = dotted.split(".")
+    for k in keys[:-1]:
+        obj = obj.setdefault(k, {})
+    obj[keys[-1]] = value
+
+args = sys.argv[1:]
+verb = args[args.index("host") + 1] if "host" in args else None
+path = os.environ["FORGE_RULES"]
+rules = json.load(open(path)) if os.path.exists(path) else {}
+rule = rules.get(verb)
+if rule and rule.get("once"):
+    del rules[verb]
+    json.dump(rules, open(path, "w"))
+proc = subprocess.run([sys.executable, "-m", "fleetrun", *args], stdin=sys.stdin, stdout=subprocess.PIPE)
+out = proc.stdout
+if rule and "reply" in rule:
+    lines = out.decode().splitlines()
+    reply = json.loads(lines[-1])
+    for dotted, value in rule["reply"].items():
+        put(reply, dotted, value)
+    lines[-1] = json.dumps(reply)
+    out = ("\n".join(lines) + "\n").encode()
+sys.stdout.buffer.write(out)
+sys.stdout.flush()
+sys.exit(proc.returncode)
+'''
+
+
+class Forger:
+    def __init__(self, folder: Path) -> None:
+        self.script = folder / "forge.py"
+        self.script.write_text(FORGER)
+        self.rules = folder / "rules.json"
+        self.rules.write_text("{}")
+
+    def command(self, m: Any) -> list[str]:
+        argv = m.command(FORGE_RULES=str(self.rules))
+        assert argv[-2:] == ["-m", "fleetrun"]
+        return [*argv[:-2], str(self.script)]
+
+    def set(self, **rules: Any) -> None:
+        self.rules.write_text(json.dumps({k.replace("_", "-"): v for k, v in rules.items()}))
+
+
+def add_forged_peer(fleeter: Any, m: Any, forger: Forger) -> Any:
+    import shlex
+
+    from fleetrun.peers import load_peers
+    from fleetrun.sshhost import SSHHost
+
+    m.write("config.toml", (fleeter.home / "config.toml").read_text() if (fleeter.home / "config.toml").exists()
+            else "")
+    r = fleeter.run("relay", "add", m.name, m.address, "--accept-new", "--command",
+                    shlex.join(forger.command(m)))
+    assert r.ret == 0, r.stdout + r.stderr
+    return SSHHost(load_peers(fleeter.home)["mini"], fleeter.home)
+
+
+@pytest.fixture
+def forged(fleeter, peer_lab, tmp_path):
+    m = peer_lab.machine("mini")
+    forger = Forger(tmp_path)
+    host = add_forged_peer(fleeter, m, forger)
+    m.host, m.forger = host, forger
+    yield m
+    host.close()
+
+
+def shepherd_spec(argv: list[str]) -> dict[str, Any]:
+    return {"argv": argv, "cwd": "/", "env": {"FLEETRUN_TASK_ID": TID}, "timeout_s": 60, "stall_s": 60}
+
+
+def wait_state(host: Any, aid: str, states: tuple[str, ...] = ("ended", "died")) -> dict[str, Any]:
+    deadline = time.monotonic() + 20
+    st: dict[str, Any] = {}
+    while time.monotonic() < deadline:
+        st = host.status(aid, None, None)
+        if st.get("state") in states:
+            return st
+        time.sleep(0.1)
+    raise AssertionError(f"{aid}: {st}")
+
+
+def test_a_garbled_status_reply_is_an_unreadable_peer_not_an_exception(forged):
+    host, forger = forged.host, forged.forger
+    info = host.start(AID, shepherd_spec(["sh", "-c", "echo hello; sleep 1"]))
+    assert info["pid"]
+    for garbage in ({"status": "garbage"}, {"log": "%%% not base64 %%%", "log_offset": 0},
+                    {"status.state": "exploded"}, {"log_size": "big"}):
+        forger.set(status={"reply": garbage})
+        st = host.status(AID, info["pid"], info["token"])
+        assert st["state"] == "unreachable" and "malformed status reply" in st["error"], (garbage, st)
+    forger.set()
+    assert wait_state(host, AID)["state"] == "ended"
+    # an ended status with a garbled log size: still not read as anything
+    forger.set(status={"reply": {"log_size": "big"}})
+    st = host.status(AID, info["pid"], info["token"])
+    assert st["state"] == "unreachable" and "log_size" in st["error"], st
+
+
+def test_a_garbled_verifier_status_is_a_fail_verdict(forged, tmp_path):
+    from fleetrun.ledger import Attempt, Task
+    from fleetrun.reports import Workspace
+    from fleetrun.sshhost import RemoteRunHandle
+    from fleetrun.states import State
+    from fleetrun.taskspec import TaskSpec, VerifySpec
+
+    v = VerifySpec(kind="run", text="exit 1")
+    task_ = Task(id=TID, name="fix", state=State.VERIFYING, spec=TaskSpec(name="fix", prompt="p", cwd=str(tmp_path),
+                                                                          verify=[v]),
+                 source="", queue_id="q", created=0, updated=0, host="mini")
+    att = Attempt(id=AID, task_id=TID, number=1, kind="fresh", host="mini", state="ended", created=0)
+    for idx, forged_reply in enumerate(({"passed": "no"}, {"duration_s": "abc"}, {"passed": 1})):
+        forged.forger.set(verify_status={"reply": forged_reply})
+        handle = RemoteRunHandle(forged.host, task_, att, v, idx, Workspace(path=str(tmp_path)))
+        deadline = time.monotonic() + 20
+        verdict = None
+        while verdict is None and time.monotonic() < deadline:
+            time.sleep(max(0.0, handle.next_deadline() - time.monotonic()))
+            verdict = handle.poll()
+        assert verdict is not None and verdict.passed is False, (forged_reply, verdict)
+        assert "malformed verifier status" in verdict.reason, verdict.reason
+
+
+def test_a_garbled_probe_reply_is_a_reason_the_peer_gets_nothing(forged):
+    from fleetrun.sshhost import PeerError
+
+    forged.forger.set(probe={"reply": {"tags": "gpu"}})
+    with pytest.raises(PeerError) as e:
+        forged.host.probe()
+    assert "malformed reply" in str(e.value) and "tags" in str(e.value)
+    forged.forger.set(probe={"reply": {"running": "lots"}})
+    with pytest.raises(PeerError):
+        forged.host.probe()
+
+
+def test_a_peer_collect_that_finds_a_tampered_worktree_raises_worktree_tampered(forged, fleeter, tmp_path):
+    from fleetrun.gitutil import WorktreeTampered
+    from fleetrun.ledger import Attempt, Task
+    from fleetrun.reports import Workspace
+    from fleetrun.states import State
+    from fleetrun.taskspec import TaskSpec
+
+    repo = make_repo(tmp_path / "repo")
+    other = make_repo(tmp_path / "other", {"keep.txt": "tracked\n"})
+    before = git(other, "rev-parse", "HEAD")
+    task_ = Task(id=TID, name="fix", state=State.RUNNING,
+                 spec=TaskSpec(name="fix", prompt="p", cwd=str(repo), git_ref="main"),
+                 source="", queue_id="q", created=0, updated=0, host="mini")
+    att = Attempt(id=AID, task_id=TID, number=1, kind="fresh", host="mini", state="ended", created=0)
+    ws = forged.host.prepare(task_, att)
+    Path(ws["root"], ".git").write_text(f"gitdir: {other / '.git'}\n")
+    Path(ws["root"], "EVIL.txt").write_text("evil\n")
+    with pytest.raises(WorktreeTampered):
+        forged.host.collect(task_, att, Workspace(**ws))
+    assert git(other, "rev-parse", "HEAD") == before
+
+
+def test_a_malformed_cached_probe_is_a_never_heard_peer_with_a_reason(fleeter):
+    from fleetrun.peers import Peer, save_peers
+
+    save_peers(fleeter.home, {"mini": Peer(name="mini", address="nobody@127.0.0.1:1")})
+    (fleeter.home / "peers-state.json").write_text(json.dumps({"mini": {
+        "last_heard": time.time(), "probe": {"fleetrun": "0.1.0", "features": ["supervised-tasks-1"],
+                                             "running": "lots"}}}))
+    r = fleeter.run("relay", "peers", "--cached")
+    assert r.ret == 0, r.stdout + r.stderr
+    assert "never" in r.stdout and "gets no tasks: has a malformed entry in peers-state.json" in r.stdout
+    r = fleeter.run("relay", "peers", "--cached", "--json")
+    (row,) = json.loads(r.stdout)
+    assert row["status"] == "never" and row["gets_tasks"] is False and "running" in row["why_not"]
+
+
+def test_a_peer_with_a_broken_config_says_so_as_the_reason_it_gets_nothing(fleeter, peer_lab):
+    m = peer_lab.machine("mini")
+    m.write("config.toml", "[relay\n")
+    r = fleeter.run("relay", "add", "mini", m.address, "--accept-new", "--command", m.command_line())
+    assert r.ret == 1
+    assert "gets no tasks: mini answered its probe" in r.stderr or "config.toml:1" in r.stderr, r.stderr
+    assert "config.toml:1: invalid TOML" in r.stderr and "internal error" not in r.stderr, r.stderr
+    m.write("config.toml", '[relay]\ntags = "gpu"\n')
+    r = fleeter.run("relay", "peers")
+    assert "[relay] tags must be a list of strings" in r.stdout, r.stdout
+
+
+def private_peer(peer_lab: Any, name: str, repo: Path) -> Any:
+    """A peer on 127.0.0.1 whose ``repo`` path holds a clone of ``repo`` (a private
+    mount namespace: root and unshare), as in tests/acceptance/test_peers_fetchback.py."""
+    import shutil
+
+    from sshd import IS_ROOT, PeerMachine, Sshd
+
+    if not IS_ROOT or not shutil.which("unshare"):
+        pytest.skip("a peer with a repository of its own at the same path needs root and unshare")
+    folder = peer_lab.root / name
+    home = folder / "home"
+    home.mkdir(parents=True, mode=0o700)
+    clone = folder / "repo"
+    subprocess.run(["git", "clone", "-q", str(repo), str(clone)], check=True, capture_output=True)
+    sshd = Sshd(folder / "sshd", [peer_lab.client_pub], binds=[(clone, repo)])
+    sshd.start()
+    m = PeerMachine(name, sshd, home, "127.0.0.1", {})
+    m.clone = clone  # type: ignore[attr-defined]
+    peer_lab.machines.append(m)
+    return m
+
+
+def test_a_forged_prepare_reply_naming_another_branch_writes_no_branch_here(fleeter, fake_claude, peer_lab,
+                                                                            tmp_path):
+    repo = fleeter.make_repo()
+    fleeter.git(repo, "branch", "stable")
+    stable = fleeter.git(repo, "rev-parse", "stable").strip()
+    mini = private_peer(peer_lab, "mini", repo)
+    # the hostile peer has its own "stable", one commit ahead of ours
+    fleeter.git(mini.clone, "checkout", "-q", "-b", "stable")
+    (mini.clone / "EVIL.txt").write_text("evil\n")
+    fleeter.git(mini.clone, "add", "-A")
+    fleeter.git(mini.clone, "commit", "-q", "-m", "the peer's commit")
+    fleeter.git(mini.clone, "checkout", "-q", "main")
+    forger = Forger(tmp_path)
+    forger.set(prepare={"reply": {"workspace.branch": "stable"}, "once": True})
+    add_forged_peer(fleeter, mini, forger).close()
+    fleeter.write_tasks('''
+        [[task]]
+        name = "fix"
+        cwd = "repo"
+        prompt = "Write FIX.txt."
+        git_ref = "main"
+        peer = "mini"
+
+        [[task]]
+        name = "after"
+        cwd = "repo"
+        prompt = "Go on."
+        git_ref = "main"
+        peer = "local"
+        depends_on = ["fix"]
+    ''')
+    fake_claude.script(fix=[{"actions": [["write", "FIX.txt", "fixed\n"], ["commit", "fix it"]]}],
+                       after=[{"actions": [["write", "AFTER.txt", "after\n"], ["commit", "after"]]}])
+    r = fleeter.run("tasks.toml")
+    assert r.ret == 0, r.stdout + r.stderr
+    fix = fleeter.task("fix")
+    # the forged reply was refused: that attempt never started, with the reason
+    causes = [t.cause for t in fleeter.ledger().transitions(fix.id)]
+    assert any(c.startswith("start_failed:mini answered prepare with a workspace that is not the one asked for: "
+                            "branch 'stable', not ") for c in causes), causes
+    # our stable did not move; the task's branch is the one chosen for it, fetched back
+    assert fleeter.git(repo, "rev-parse", "stable").strip() == stable
+    assert fix.branch == f"fleetrun/fix-{fix.id}" and fix.state.value == "DONE"
+    assert fleeter.git(repo, "log", "-1", "--format=%s", fix.branch).strip() == "fix it"
