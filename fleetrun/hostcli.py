@@ -211,8 +211,8 @@ def _payload() -> dict[str, Any]:
     data = sys.stdin.buffer.read() if sys.stdin is not None else b""
     try:
         obj = json.loads(data or b"{}")
-    except ValueError as e:
-        raise HostError(f"stdin is not JSON: {e}") from None
+    except (ValueError, RecursionError) as e:
+        raise HostError(f"stdin is not JSON: {type(e).__name__}: {str(e)[:200]}") from None
     if not isinstance(obj, dict):
         raise HostError("stdin must hold a JSON object")
     return obj

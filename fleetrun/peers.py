@@ -228,7 +228,7 @@ def load_state(home: Path) -> dict[str, dict[str, Any]]:
     try:
         with open(home / STATE_FILE, encoding="utf-8") as f:
             data = json.load(f)
-    except (OSError, ValueError):
+    except (OSError, ValueError, RecursionError):  # unreadable: as if nothing was heard
         return {}
     return data if isinstance(data, dict) else {}
 

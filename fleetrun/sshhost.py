@@ -326,14 +326,14 @@ def parse_reply(data: bytes) -> Optional[dict[str, Any]]:
     try:
         obj = json.loads(text)
         return obj if isinstance(obj, dict) else None
-    except ValueError:
+    except (ValueError, RecursionError):  # deep nesting makes json recurse past the limit
         pass
     for line in reversed(text.splitlines()):
         line = line.strip()
         if line.startswith("{"):
             try:
                 obj = json.loads(line)
-            except ValueError:
+            except (ValueError, RecursionError):
                 continue
             if isinstance(obj, dict):
                 return obj
