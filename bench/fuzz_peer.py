@@ -52,6 +52,17 @@ def targets(tmp: Path) -> dict[str, tuple[st.SearchStrategy[Any], Callable[[Any]
     return out
 
 
+def fuzz(strategy: st.SearchStrategy[Any], run: Callable[[Any], str], counts: Counter[str], examples: int) -> None:
+    """Run one target ``examples`` times, counting how each example ended."""
+
+    @settings(max_examples=examples, deadline=None, database=None, suppress_health_check=list(HealthCheck))
+    @given(strategy)
+    def one(value: Any) -> None:
+        counts[run(value)] += 1
+
+    one()
+
+
 def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--examples", type=int, default=2000, help="examples per target (default 2000)")
@@ -65,16 +76,9 @@ def main() -> int:
             if wanted and not any(w in name for w in wanted):
                 continue
             counts: Counter[str] = Counter()
-
-            @settings(max_examples=ns.examples, deadline=None, database=None,
-                      suppress_health_check=list(HealthCheck))
-            @given(strategy)
-            def fuzz(value: Any) -> None:
-                counts[run(value)] += 1
-
             start = time.monotonic()
             try:
-                fuzz()
+                fuzz(strategy, run, counts, ns.examples)
                 verdict = "ok"
             except Exception as e:  # the property broke: say so, go on with the others
                 failed += 1
