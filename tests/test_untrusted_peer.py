@@ -228,3 +228,30 @@ def test_the_replies_of_the_issue_are_refused():
             PARSERS[verb](reply)
     entry, why = checked_entry({"last_heard": 1.0, "probe": dict(VALID["probe"], running="lots")})
     assert entry == {} and why is not None and "running" in why
+
+
+# -- and the other way: what a supervisor sends a peer -------------------------------
+
+TASK = {"id": "task_m0abc_0", "name": "fix", "state": "ASSIGNED", "source": "", "queue_id": "q", "created": 0,
+        "updated": 0, "spec": {"name": "fix", "prompt": "p", "cwd": "/tmp", "git_ref": "main"}}
+ATTEMPT = {"id": "task_m0abc_0_a1", "task_id": "task_m0abc_0", "number": 1, "kind": "fresh", "host": "mini",
+           "state": "leased", "created": 0}
+VALID["request-task"] = TASK
+VALID["request-attempt"] = ATTEMPT
+
+
+@FUZZ
+@given(st.one_of(damaged("request-task"), json_values), st.one_of(damaged("request-attempt"), json_values))
+def test_a_peer_reads_a_request_into_a_task_and_attempt_or_refuses_it(task, attempt):
+    from fleetrun.hostcli import HostError, _attempt, _task
+
+    try:
+        t = _task(task)
+    except HostError:
+        return
+    assert isinstance(t.id, str) and "/" not in t.id and isinstance(t.spec.cwd, str)
+    try:
+        a = _attempt(attempt, t)
+    except HostError:
+        return
+    assert a.id == f"{t.id}_a{a.number}"
