@@ -550,3 +550,54 @@ def test_a_forged_prepare_reply_naming_another_branch_writes_no_branch_here(flee
     assert fleeter.git(repo, "rev-parse", "stable").strip() == stable
     assert fix.branch == f"fleetrun/fix-{fix.id}" and fix.state.value == "DONE"
     assert fleeter.git(repo, "log", "-1", "--format=%s", fix.branch).strip() == "fix it"
+
+
+def test_a_task_on_a_peer_leaves_no_secret_of_either_environment_in_any_home(fleeter, fake_claude, peer_lab,
+                                                                               tmp_path, monkeypatch):
+    import shlex
+
+    peer_secret, own_secret = "sk-ant-peer-only-7d2a91", "sk-ant-supervisor-only-1c4b55"
+    monkeypatch.setenv("ANTHROPIC_API_KEY", own_secret)
+    m = peer_lab.machine("mini")
+    m.write("config.toml", (fleeter.home / "config.toml").read_text())
+    # the peer's own environment holds its key (read from a file outside every home, so
+    # that no command line, and so no peers.toml, holds it)
+    (tmp_path / "peer-key").write_text(peer_secret)
+    wrapper = tmp_path / "with-key.sh"
+    wrapper.write_text(f'#!/bin/sh\nANTHROPIC_API_KEY="$(cat {tmp_path / "peer-key"})"\nexport ANTHROPIC_API_KEY\n'
+                       'exec "$@"\n')
+    wrapper.chmod(0o755)
+    r = fleeter.run("relay", "add", "mini", m.address, "--accept-new", "--command",
+                    shlex.join([str(wrapper), *m.command()]))
+    assert r.ret == 0, r.stdout + r.stderr
+    fleeter.make_repo()
+    fleeter.write_tasks('''
+        [[task]]
+        name = "fix"
+        cwd = "repo"
+        prompt = "Write FIX.txt."
+        git_ref = "main"
+        peer = "mini"
+
+          [[task.verify]]
+          run = 'test "${#ANTHROPIC_API_KEY}" = 23 && test -f FIX.txt'
+    ''')
+    fake_claude.script(fix=[{"actions": [["write", "FIX.txt", "fixed\n"], ["commit", "fix it"]]}])
+    r = fleeter.run("tasks.toml")
+    assert r.ret == 0, r.stdout + r.stderr
+    fix = fleeter.task("fix")
+    assert fix.state.value == "DONE" and fix.host == "mini"
+    (v,) = fleeter.ledger().verdicts(task_id=fix.id)
+    assert v.passed and v.host == "mini"  # the verifier had the peer's key
+    dump = tmp_path / "ledger-dump.sql"
+    import sqlite3
+
+    with sqlite3.connect(fleeter.home / "state.db") as conn:
+        dump.write_text("\n".join(conn.iterdump()))
+    hits = []
+    for root in (m.home, fleeter.home, dump):
+        for p in [root] if root.is_file() else root.rglob("*"):
+            if p.is_file() and not p.is_symlink():
+                data = p.read_bytes()
+                hits += [f"{p}: {s}" for s in (peer_secret, own_secret) if s.encode() in data]
+    assert hits == []
