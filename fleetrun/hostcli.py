@@ -6,9 +6,20 @@ prints ``{"refused": reason}`` and exits 75. Verbs that take a task, an attempt 
 spec read it as JSON on stdin.
 
 The peer keeps its own state in its own ``$FLEETRUN_HOME``: attempt folders (the
-same shepherd as a local attempt), worktrees, and ``hosted.json``, the attempts it
-started for supervisors, read and written under ``host.lock``. Its own ``[local]
-max_tasks`` is enforced under that lock.
+same shepherd as a local attempt), worktrees, ``hosted.json``, the attempts it
+started for supervisors, and ``prepared.json``, the workspace it made for each task;
+both read and written under ``host.lock``. Its own ``[local] max_tasks`` is enforced
+under that lock.
+
+What a supervisor sends is not trusted (``docs/security.md``): a peer stays inside its
+own home even if the request is wrong. Every task and attempt id is checked against
+the one pattern the ledger makes them by (:func:`fleetrun.untrusted.task_id`,
+:func:`~fleetrun.untrusted.attempt_id`); ``collect``, ``cleanup``, ``verify-start``
+and ``bundle`` act on the workspace this peer recorded for the task at ``prepare``,
+never on a path in the request, and git runs in it pinned to the repository it was
+made in (a rewritten ``.git`` is refused: ``worktree_tampered: ...``); ``stop``
+signals only a shepherd this peer started, identified by the pid and start-time token
+it recorded itself. Refusals are JSON errors, never tracebacks.
 
 ``bundle`` is the one verb whose reply is not only JSON: a header line
 (``{"fleetrun_bundle": 1, "tip": ..., "fork": ..., "bundle": true}``) followed by a git
@@ -43,10 +54,13 @@ from contextlib import contextmanager
 from pathlib import Path
 from typing import Any, Optional, TextIO
 
+from .exceptions import UsageError
 from .procutil import tail_text
+from .wire import TAMPERED
 
 REFUSED_EXIT = 75
 HOSTED = "hosted.json"
+PREPARED = "prepared.json"
 LOCK = "host.lock"
 TOOLS_CACHE = "probe-tools.json"
 TOOLS_TTL_S = 300.0
@@ -64,6 +78,28 @@ class HostError(Exception):
 
 class Refused(Exception):
     """``start`` will not start this attempt; the message says why."""
+
+
+def _check(fn: Any, *args: Any, **kw: Any) -> Any:
+    """An untrusted value through its checker; a :class:`Malformed` is a refusal."""
+    from .untrusted import Malformed
+
+    try:
+        return fn(*args, **kw)
+    except Malformed as e:
+        raise HostError(str(e)) from None
+
+
+def _attempt_id(value: Any, task: Optional[str] = None) -> str:
+    from .untrusted import attempt_id
+
+    return str(_check(attempt_id, value, task=task))
+
+
+def _task_id(value: Any) -> str:
+    from .untrusted import task_id
+
+    return str(_check(task_id, value))
 
 
 # ---------------------------------------------------------------------------------
@@ -121,7 +157,7 @@ def main(config: Any, rest: list[str], out: TextIO, err: TextIO) -> int:
         return 4
     try:
         if ns.verb == "bundle":  # its reply is a header line and a bundle
-            return cmd_bundle(out)
+            return cmd_bundle(config, out)
         reply = VERBS[ns.verb](config, ns)
         code = 0
     except Refused as e:
@@ -130,6 +166,8 @@ def main(config: Any, rest: list[str], out: TextIO, err: TextIO) -> int:
         reply, code = {"error": str(e)}, 1
         if isinstance(e, _Unknown):
             reply["unknown"] = True
+    except UsageError as e:  # the peer's own config.toml or policy.toml: say which line
+        reply, code = {"error": f"this peer's configuration is broken: {e.format()}"}, 4
     except Exception as e:  # an internal error still answers in JSON
         import traceback
 
@@ -173,8 +211,8 @@ def _payload() -> dict[str, Any]:
     data = sys.stdin.buffer.read() if sys.stdin is not None else b""
     try:
         obj = json.loads(data or b"{}")
-    except ValueError as e:
-        raise HostError(f"stdin is not JSON: {e}") from None
+    except (ValueError, RecursionError) as e:
+        raise HostError(f"stdin is not JSON: {type(e).__name__}: {str(e)[:200]}") from None
     if not isinstance(obj, dict):
         raise HostError("stdin must hold a JSON object")
     return obj
@@ -185,30 +223,110 @@ def _known(cls: Any, data: dict[str, Any]) -> dict[str, Any]:
     return {k: v for k, v in data.items() if k in names}
 
 
-def _task(data: dict[str, Any]) -> Any:
+def _task(data: Any) -> Any:
+    """The request's task, its id checked; a request that does not make one is refused."""
     from .ledger import Task
     from .states import State
     from .taskspec import TaskSpec
 
-    d = _known(Task, data)
-    d["state"] = State(d["state"])
-    d["spec"] = TaskSpec.from_json(d["spec"])
-    d["host"] = "local"  # here, it is
-    return Task(**d)
+    if not isinstance(data, dict):
+        raise HostError("the request has no task")
+    _task_id(data.get("id"))
+    try:
+        d = _known(Task, data)
+        d["state"] = State(d["state"])
+        d["spec"] = TaskSpec.from_json(d["spec"])
+        d["host"] = "local"  # here, it is
+        task = Task(**d)
+    except (KeyError, TypeError, ValueError, AttributeError) as e:
+        raise HostError(f"the request's task is not one: {type(e).__name__}: {e}") from None
+    if not isinstance(task.spec.cwd, str) or not isinstance(task.name, str):
+        raise HostError("the request's task is not one")
+    return task
 
 
-def _attempt(data: dict[str, Any]) -> Any:
+def _attempt(data: Any, task: Any) -> Any:
+    """The request's attempt, which must be one of ``task``'s."""
     from .ledger import Attempt
 
-    d = _known(Attempt, data)
-    d["host"] = "local"
-    return Attempt(**d)
+    if not isinstance(data, dict):
+        raise HostError("the request has no attempt")
+    _attempt_id(data.get("id"), task.id)
+    try:
+        d = _known(Attempt, data)
+        d["host"] = "local"
+        att = Attempt(**d)
+    except (TypeError, ValueError) as e:
+        raise HostError(f"the request's attempt is not one: {e}") from None
+    if att.task_id != task.id or not isinstance(att.number, int) or att.id != f"{task.id}_a{att.number}":
+        raise HostError(f"attempt {att.id} is not attempt {att.number} of {task.id}")
+    return att
 
 
-def _workspace(data: dict[str, Any]) -> Any:
+def _workspace(data: Any) -> Any:
     from .reports import Workspace
 
-    return Workspace(**_known(Workspace, data))
+    if not isinstance(data, dict):
+        raise HostError("the request has no workspace")
+    try:
+        return Workspace(**_known(Workspace, data))
+    except TypeError as e:
+        raise HostError(f"the request's workspace is not one: {e}") from None
+
+
+# ---------------------------------------------------------------------------------
+# what this peer prepared: the one source of the paths collect, cleanup, verify-start
+# and bundle act on (a request names a task, never a path)
+
+
+def _prepared_all(home: Path) -> dict[str, dict[str, Any]]:
+    from .shepherd import read_json
+
+    data = read_json(str(home / PREPARED)) or {}
+    return {k: v for k, v in data.items() if isinstance(v, dict)} if isinstance(data, dict) else {}
+
+
+def _record_prepared(home: Path, task_id: str, ws: Any) -> None:
+    """Remember the workspace made for a task (call under the lock). Kept after cleanup:
+    a fetch-back may still ask for the branch."""
+    from .gitutil import common_dir
+    from .shepherd import write_json
+
+    rec = dataclasses.asdict(ws)
+    rec["common"] = common_dir(ws.repo) if ws.is_worktree and ws.repo else None
+    rec["time"] = time.time()
+    reg = _prepared_all(home)
+    reg[task_id] = rec
+    write_json(str(home / PREPARED), reg)
+
+
+def _prepared(home: Path, task_id: str) -> dict[str, Any]:
+    rec = _prepared_all(home).get(task_id)
+    if rec is None:
+        raise HostError(f"no workspace was prepared on this host for task {task_id}")
+    return rec
+
+
+def _pinned(rec: dict[str, Any]) -> Any:
+    """The recorded worktree, pinned to its repository.
+
+    :raises HostError: ``worktree_tampered: ...`` when its ``.git`` no longer leads there.
+    """
+    from .gitutil import WorktreeTampered, pin_worktree
+
+    root, common = rec.get("root") or rec.get("path"), rec.get("common")
+    if not isinstance(root, str) or not isinstance(common, str):
+        raise HostError(f"{TAMPERED}the record of this worktree is incomplete")
+    try:
+        return pin_worktree(root, common)
+    except WorktreeTampered as e:
+        raise HostError(f"{TAMPERED}{e}") from None
+
+
+def _recorded_workspace(rec: dict[str, Any]) -> Any:
+    from .reports import Workspace
+
+    return Workspace(**_known(Workspace, rec))
 
 
 @contextmanager
@@ -336,6 +454,17 @@ def _tools(config: Any) -> tuple[dict[str, Optional[str]], list[str]]:
     return tools, auth
 
 
+def _tags(config: Any) -> list[str]:
+    """``[relay] tags``: a list of strings (``tags = "gpu"`` is not the tags g, p, u)."""
+    tags = config.setting("relay", "tags", [])
+    if tags is None:
+        return []
+    if not isinstance(tags, list) or not all(isinstance(t, str) for t in tags):
+        raise HostError(f"this peer's configuration is broken: {config.home / 'config.toml'}: [relay] tags must "
+                        f'be a list of strings, like tags = ["gpu"], not {json.dumps(tags)[:80]}')
+    return tags
+
+
 def cmd_probe(config: Any, ns: argparse.Namespace) -> dict[str, Any]:
     import platform
     import socket
@@ -358,7 +487,7 @@ def cmd_probe(config: Any, ns: argparse.Namespace) -> dict[str, Any]:
         "running": len(hosted) + _own_loop_running(config),
         "max_tasks": policy.local.max_tasks,
         "drain": _drained(config, policy),
-        "tags": list(config.setting("relay", "tags", []) or []),
+        "tags": _tags(config),
         "mem_per_task_mb": policy.local.mem_per_task_mb,
     }
     reply["tools"], reply["auth"] = _tools(config)
@@ -374,7 +503,8 @@ def cmd_probe(config: Any, ns: argparse.Namespace) -> dict[str, Any]:
 
 def cmd_prepare(config: Any, ns: argparse.Namespace) -> dict[str, Any]:
     p = _payload()
-    task, att = _task(p["task"]), _attempt(p["attempt"])
+    task = _task(p.get("task"))
+    att = _attempt(p.get("attempt"), task)
     if not os.path.isdir(task.spec.cwd):
         raise HostError("working directory does not exist on this host")
     with _host_lock(config.home):  # refuse now, before a worktree is made for nothing
@@ -385,6 +515,8 @@ def cmd_prepare(config: Any, ns: argparse.Namespace) -> dict[str, Any]:
         raise HostError(str(e) or type(e).__name__) from None
     if ws is None:
         raise HostError("no plugin prepared a workspace on the peer")
+    with _host_lock(config.home):
+        _record_prepared(config.home, task.id, ws)
     return {"workspace": dataclasses.asdict(ws)}
 
 
@@ -405,9 +537,15 @@ def _check_room(config: Any, hosted: dict[str, dict[str, Any]], task_id: str) ->
 
 def cmd_start(config: Any, ns: argparse.Namespace) -> dict[str, Any]:
     p = _payload()
-    attempt_id, task_id, spec = str(p["attempt_id"]), str(p["task_id"]), dict(p["spec"])
-    if "/" in attempt_id or attempt_id.startswith("."):
-        raise HostError(f"bad attempt id {attempt_id!r}")
+    task_id = _task_id(p.get("task_id"))
+    attempt_id = _attempt_id(p.get("attempt_id"), task_id)
+    spec = p.get("spec")
+    if not isinstance(spec, dict) or not isinstance(spec.get("argv"), list) or not spec["argv"]:
+        raise HostError("the request has no spec with an argv")
+    rec = _prepared_all(config.home).get(task_id)
+    if rec is not None and rec.get("is_worktree") and spec.get("cwd") != rec.get("path"):
+        raise HostError(f"the attempt would run in {spec.get('cwd')}, not in the worktree prepared here for "
+                        f"{task_id} ({rec.get('path')})")
     from .shepherd import write_json
 
     host = _local_host(config)
@@ -438,42 +576,104 @@ def _log_chunk(path: Path, offset: int) -> dict[str, Any]:
     return {"log": base64.b64encode(data).decode(), "log_offset": offset, "log_size": size}
 
 
+def _shepherd(config: Any, attempt_id: str) -> tuple[Optional[int], Optional[str]]:
+    """The pid and start-time token of the shepherd this peer started for an attempt,
+    from its own records (``hosted.json``, then the shepherd's status file), never from
+    the request: a pid a supervisor sends is at most a hint that must match them."""
+    from .shepherd import STATUS, read_json
+
+    e = (read_json(str(config.home / HOSTED)) or {}).get(attempt_id)
+    if isinstance(e, dict) and isinstance(e.get("pid"), int) and isinstance(e.get("token"), str):
+        return e["pid"], e["token"]
+    st = read_json(str(config.home / "attempts" / attempt_id / STATUS)) or {}
+    pid, token = st.get("shepherd_pid"), st.get("shepherd_token")
+    if isinstance(pid, int) and not isinstance(pid, bool) and pid > 0 and isinstance(token, str):
+        return pid, token
+    return None, None
+
+
+def _status(config: Any, attempt_id: str) -> dict[str, Any]:
+    pid, token = _shepherd(config, attempt_id)
+    # with no token of its own, the status file alone decides (a live pid is not ours)
+    return dict(_local_host(config).status(attempt_id, pid, token or "-"))
+
+
 def cmd_status(config: Any, ns: argparse.Namespace) -> dict[str, Any]:
-    host = _local_host(config)
-    st = host.status(ns.attempt, ns.pid, ns.token)
-    reply: dict[str, Any] = {"status": st}
+    attempt_id = _attempt_id(ns.attempt)
+    reply: dict[str, Any] = {"status": _status(config, attempt_id)}
     if ns.offset is not None:  # the log after the status: an ended status means all of it is here
-        reply.update(_log_chunk(host.log_path(ns.attempt), ns.offset))
+        reply.update(_log_chunk(_local_host(config).log_path(attempt_id), max(0, ns.offset)))
     return reply
 
 
 def cmd_log(config: Any, ns: argparse.Namespace) -> dict[str, Any]:
-    return _log_chunk(_local_host(config).log_path(ns.attempt), ns.offset or 0)
+    return _log_chunk(_local_host(config).log_path(_attempt_id(ns.attempt)), max(0, ns.offset or 0))
 
 
 def cmd_stop(config: Any, ns: argparse.Namespace) -> dict[str, Any]:
-    host = _local_host(config)
-    return {"signalled": host.stop(ns.attempt, ns.pid, ns.token), "status": host.status(ns.attempt, ns.pid, ns.token)}
+    """Stop an attempt's shepherd: a cancel file in its folder (a shepherd that has not
+    started yet then runs nothing) and SIGTERM to the shepherd this peer recorded, only
+    if that process still has the recorded start time."""
+    from .shepherd import CANCEL, proc_token
+
+    attempt_id = _attempt_id(ns.attempt)
+    adir = _local_host(config).attempt_dir(attempt_id)
+    if adir.is_dir() and not adir.is_symlink():
+        os.close(os.open(adir / CANCEL, os.O_WRONLY | os.O_CREAT, 0o600))
+    pid, token = _shepherd(config, attempt_id)
+    signalled = False
+    if pid and token and proc_token(pid) == token and (ns.pid in (None, pid)):
+        try:
+            os.kill(pid, signal.SIGTERM)
+            signalled = True
+        except ProcessLookupError:
+            pass
+    return {"signalled": signalled, "status": _status(config, attempt_id)}
 
 
 def cmd_collect(config: Any, ns: argparse.Namespace) -> dict[str, Any]:
+    """Commit what the attempt left uncommitted, in the worktree this peer prepared for
+    the task (the request's ``workspace`` is not used: it could name any repository)."""
+    from .gitutil import WorktreeTampered, check_pinned
+
     p = _payload()
+    task = _task(p.get("task"))
+    att = _attempt(p.get("attempt"), task)
+    rec = _prepared(config.home, task.id)
+    pinned = _pinned(rec) if rec.get("is_worktree") else None
     try:
-        commit = config.hook.fleetrun_collect_work(task=_task(p["task"]), attempt=_attempt(p["attempt"]),
-                                                   workspace=_workspace(p["workspace"]), config=config)
+        commit = config.hook.fleetrun_collect_work(task=task, attempt=att, workspace=_recorded_workspace(rec),
+                                                   config=config)
+        if pinned is not None:
+            check_pinned(pinned)  # it held all along
+    except WorktreeTampered as e:
+        raise HostError(f"{TAMPERED}{e}") from None
     except Exception as e:
         raise HostError(str(e) or type(e).__name__) from None
     return {"commit": commit}
 
 
 def cmd_cleanup(config: Any, ns: argparse.Namespace) -> dict[str, Any]:
-    task = _task(_payload()["task"])
+    """Remove the worktree this peer prepared for a DONE task, if it is clean (the
+    request's ``worktree`` is not used: it could name anyone's worktree)."""
+    from .gitutil import WorktreeTampered
+
+    task = _task(_payload().get("task"))
+    rec = _prepared(config.home, task.id)
+    if not rec.get("is_worktree"):
+        return {"worktree": None, "removed": False}
+    wt = str(rec.get("root") or rec.get("path"))
+    if not os.path.exists(wt):
+        return {"worktree": wt, "removed": True}
+    _pinned(rec)
+    task.worktree = wt
     try:
         config.hook.fleetrun_cleanup_workspace(task=task, config=config)
+    except WorktreeTampered as e:
+        raise HostError(f"{TAMPERED}{e}") from None
     except Exception as e:
         raise HostError(str(e) or type(e).__name__) from None
-    wt = task.worktree
-    return {"worktree": wt, "removed": bool(wt) and not os.path.exists(wt)}
+    return {"worktree": wt, "removed": not os.path.exists(wt)}
 
 
 # ---------------------------------------------------------------------------------
@@ -513,7 +713,7 @@ def bundle_plan(repo: str, branch: str, git_ref: Optional[str], have: list[str])
     return {BUNDLE_MARK: 1, "tip": tip, "fork": fork, "have": here, "bundle": not covered}
 
 
-def cmd_bundle(out: TextIO) -> int:
+def cmd_bundle(config: Any, out: TextIO) -> int:
     """``host bundle``: stdin ``{"repo", "branch", "git_ref", "have": [commits]}``;
     stdout one header line (:func:`bundle_plan`), then, if it says ``"bundle": true``,
     ``git bundle create - refs/heads/BRANCH ^HAVE...``: the branch, less what the
@@ -522,9 +722,12 @@ def cmd_bundle(out: TextIO) -> int:
     import subprocess
 
     p = _payload()
-    repo, branch = str(p.get("repo") or ""), str(p.get("branch") or "")
-    if not repo or not branch or branch.startswith("-"):
+    repo, branch = p.get("repo"), p.get("branch")
+    if not isinstance(repo, str) or not isinstance(branch, str) or not repo or not branch or branch.startswith("-"):
         raise HostError("bundle needs a repo and a branch")
+    # only a branch of a repository this peer made a worktree in for a task
+    if not any(r.get("repo") == repo and r.get("branch") == branch for r in _prepared_all(config.home).values()):
+        raise HostError(f"no task prepared on this host has branch {branch} in {repo}")
     plan = bundle_plan(repo, branch, p.get("git_ref") or None, list(p.get("have") or []))
     try:
         fd = out.fileno()
@@ -551,8 +754,9 @@ def cmd_bundle(out: TextIO) -> int:
 
 
 def _verify_dir(config: Any, attempt_id: str, idx: int) -> Path:
-    if "/" in attempt_id or attempt_id.startswith("."):
-        raise HostError(f"bad attempt id {attempt_id!r}")
+    _attempt_id(attempt_id)
+    if isinstance(idx, bool) or not isinstance(idx, int) or not 0 <= idx < 10_000:
+        raise HostError(f"bad verifier index {idx!r}")
     return config.home / "attempts" / attempt_id / f"verify-{idx + 1}"
 
 
@@ -561,7 +765,8 @@ def _runner_alive(vdir: Path) -> bool:
     from .shepherd import read_json
 
     r = read_json(str(vdir / "runner.json")) or {}
-    return shepherd_alive(r.get("pid"), r.get("token"))
+    # without its start-time token a pid could be anyone's by now
+    return isinstance(r.get("token"), str) and isinstance(r.get("pid"), int) and shepherd_alive(r["pid"], r["token"])
 
 
 def cmd_verify_start(config: Any, ns: argparse.Namespace) -> dict[str, Any]:
@@ -569,9 +774,23 @@ def cmd_verify_start(config: Any, ns: argparse.Namespace) -> dict[str, Any]:
     from .shepherd import proc_token, write_json
 
     p = _payload()
-    task, att, ws = _task(p["task"]), _attempt(p["attempt"]), _workspace(p["workspace"])
-    v, idx = p["verifier"], int(p["idx"])
-    vdir = _verify_dir(config, att.id, idx)
+    task = _task(p.get("task"))
+    att = _attempt(p.get("attempt"), task)
+    ws = _workspace(p.get("workspace"))
+    v, idx = p.get("verifier"), p.get("idx")
+    if not isinstance(v, dict) or not isinstance(v.get("text"), str):
+        raise HostError("the request has no verifier command")
+    timeout_s = v.get("timeout_s") or 900.0
+    if isinstance(timeout_s, bool) or not isinstance(timeout_s, (int, float)) or not 0 < timeout_s < 1e7:
+        raise HostError(f"bad verifier timeout {timeout_s!r}")
+    vdir = _verify_dir(config, att.id, idx)  # type: ignore[arg-type]
+    rec = _prepared_all(config.home).get(task.id)
+    if rec is not None:  # in the workspace made here, not wherever the request says
+        cwd = str(rec.get("path"))
+    elif ws.is_worktree:
+        raise HostError(f"no workspace was prepared on this host for task {task.id}")
+    else:
+        cwd = ws.path
     with _host_lock(config.home):
         if _runner_alive(vdir):
             return {"state": "running", "again": True}
@@ -581,13 +800,15 @@ def cmd_verify_start(config: Any, ns: argparse.Namespace) -> dict[str, Any]:
                 (vdir / name).unlink()
             except FileNotFoundError:
                 pass
-        env = dict(os.environ)
-        env.update(FLEETRUN_TASK_ID=task.id, FLEETRUN_TASK_NAME=task.name, FLEETRUN_ATTEMPT=str(att.number),
-                   FLEETRUN_WORKTREE=ws.path)
-        write_json(str(vdir / "spec.json"), {"text": v["text"], "cwd": ws.path, "env": env,
-                                             "timeout_s": float(v.get("timeout_s") or 900.0)})
+        # spec.json holds only what fleetrun sets: the peer's own environment (its API
+        # keys...) reaches the verifier through the runner's environment, never a file
+        ours = {"FLEETRUN_TASK_ID": task.id, "FLEETRUN_TASK_NAME": task.name, "FLEETRUN_ATTEMPT": str(att.number),
+                "FLEETRUN_WORKTREE": cwd}
+        write_json(str(vdir / "spec.json"), {"text": v["text"], "cwd": cwd, "env": ours,
+                                             "timeout_s": float(timeout_s)})
         pid = os.posix_spawn(
-            sys.executable, [sys.executable, "-m", "fleetrun.hostcli", "verify-runner", str(vdir)], env,
+            sys.executable, [sys.executable, "-m", "fleetrun.hostcli", "verify-runner", str(vdir)],
+            dict(os.environ, **ours),
             file_actions=[
                 (os.POSIX_SPAWN_OPEN, 0, os.devnull, os.O_RDONLY, 0),
                 (os.POSIX_SPAWN_OPEN, 1, str(vdir / "runner.out"), os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o600),
@@ -657,7 +878,8 @@ def verify_runner(vdir: Path) -> int:
 
     fd = os.open(vdir / "out", os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
     try:
-        proc = subprocess.Popen(["/bin/sh", "-c", spec["text"]], cwd=spec["cwd"], env=spec["env"],
+        proc = subprocess.Popen(["/bin/sh", "-c", spec["text"]], cwd=spec["cwd"],
+                                env=dict(os.environ, **(spec.get("env") or {})),
                                 stdin=subprocess.DEVNULL, stdout=fd, stderr=fd, start_new_session=True,
                                 close_fds=True)
     except OSError as e:

@@ -228,19 +228,32 @@ def load_state(home: Path) -> dict[str, dict[str, Any]]:
     try:
         with open(home / STATE_FILE, encoding="utf-8") as f:
             data = json.load(f)
-    except (OSError, ValueError):
+    except (OSError, ValueError, RecursionError):  # unreadable: as if nothing was heard
         return {}
     return data if isinstance(data, dict) else {}
+
+
+def checked_entry(entry: Any) -> tuple[dict[str, Any], Optional[str]]:
+    """A peer's cached entry read strictly (:func:`fleetrun.wire.parse_peer_entry`):
+    ``(entry, None)``, or ``({}, why)`` when it is malformed; such a peer counts as never
+    heard from, with that reason, until its next probe replaces the entry."""
+    from .wire import Malformed, parse_peer_entry
+
+    try:
+        return parse_peer_entry(entry if entry is not None else {}), None
+    except Malformed as e:
+        return {}, f"has a malformed entry in {STATE_FILE} ({e}); its next probe replaces it"
 
 
 def record_probe(home: Path, name: str, probe: Optional[dict[str, Any]], error: Optional[str] = None,
                  now: Optional[float] = None) -> dict[str, Any]:
     """Record a probe's reply (``probe``) or its failure (``error``); a failure keeps
-    the last reply and its time, so the peer turns stale when it should."""
+    the last reply and its time, so the peer turns stale when it should. A malformed
+    entry on record is dropped, not merged into."""
     now = time.time() if now is None else now
     with _state_lock(home):
         state = load_state(home)
-        entry = dict(state.get(name) or {})
+        entry, _ = checked_entry(state.get(name))
         if probe is not None:
             entry.update(last_heard=now, probe=probe, error=None, error_at=None)
         else:
@@ -263,7 +276,7 @@ def add_pending_stop(home: Path, name: str, attempt_id: str, pid: Optional[int],
     down when ``fleetrun cancel`` ran); the next heartbeat that reaches it does it."""
     with _state_lock(home):
         state = load_state(home)
-        entry = dict(state.get(name) or {})
+        entry, _ = checked_entry(state.get(name))
         stops = dict(entry.get("pending_stops") or {})
         stops[attempt_id] = {"pid": pid, "token": token, "since": time.time(), "error": error}
         entry["pending_stops"] = stops
@@ -274,7 +287,7 @@ def add_pending_stop(home: Path, name: str, attempt_id: str, pid: Optional[int],
 def clear_pending_stop(home: Path, name: str, attempt_id: str) -> None:
     with _state_lock(home):
         state = load_state(home)
-        entry = dict(state.get(name) or {})
+        entry, _ = checked_entry(state.get(name))
         stops = dict(entry.get("pending_stops") or {})
         if stops.pop(attempt_id, None) is None:
             return
@@ -286,7 +299,7 @@ def clear_pending_stop(home: Path, name: str, attempt_id: str) -> None:
 def status_of(entry: Optional[dict[str, Any]], stale_after_secs: float, now: Optional[float] = None) -> str:
     """``live``, ``stale`` (heard from longer ago than ``stale_after_secs``) or ``never``."""
     heard = (entry or {}).get("last_heard")
-    if not heard:
+    if not heard or isinstance(heard, bool) or not isinstance(heard, (int, float)):
         return "never"
     now = time.time() if now is None else now
     return "live" if now - float(heard) <= stale_after_secs else "stale"

@@ -23,6 +23,7 @@ from .peers import (
     HostKeyRefused,
     Peer,
     check_name,
+    checked_entry,
     forget_state,
     load_peers,
     load_state,
@@ -189,10 +190,10 @@ def peer_rows(config: Any, peers: dict[str, Peer], now: float) -> list[dict[str,
     state = load_state(config.home)
     rows = []
     for name in sorted(peers):
-        entry = state.get(name) or {}
+        entry, malformed = checked_entry(state.get(name))  # the cache is read as strictly as a reply
         probe = entry.get("probe")
         status = status_of(entry, policy.stale_after_secs, now)
-        why = unusable_reason(probe) if probe else None
+        why = malformed or (unusable_reason(probe) if probe else None)
         if why is None and entry.get("error") and (entry.get("error_at") or 0) >= (entry.get("last_heard") or 0):
             why = f"did not answer the last probe: {entry['error']}" if probe else entry["error"]
         rows.append({

@@ -12,12 +12,18 @@ A peer that cannot be reached is never reported as ``died``: the attempt may sti
 be running there, and the task must not run twice. ``status`` says
 ``unreachable`` and the loop keeps waiting.
 
+A peer's replies are untrusted: each verb's reply goes through its parser in
+:mod:`fleetrun.wire`. A malformed status is treated like a peer that could not be
+read (``unreachable``, with the reason: wait, never run the task twice), a malformed
+verifier status is a FAIL verdict, anything else a :class:`PeerError` with the
+reason. A ``worktree_tampered: ...`` error reply raises
+:class:`~fleetrun.gitutil.WorktreeTampered`, as a tampered local worktree does.
+
 paramiko is imported inside the functions that connect, never at import time.
 """
 
 from __future__ import annotations
 
-import base64
 import json
 import os
 import select
@@ -28,6 +34,8 @@ import time
 from pathlib import Path
 from typing import Any, Callable, Optional
 
+from . import wire
+from .gitutil import WorktreeTampered
 from .hosts import StartRefused
 from .ledger import ensure_private_dir
 from .peers import (
@@ -44,6 +52,7 @@ from .peers import (
     resolve,
 )
 from .reports import Verdict
+from .untrusted import Malformed
 
 CONNECT_TIMEOUT_S = 8.0
 USER_TIMEOUT_MS = 6000  # unacknowledged data older than this kills the connection
@@ -317,14 +326,14 @@ def parse_reply(data: bytes) -> Optional[dict[str, Any]]:
     try:
         obj = json.loads(text)
         return obj if isinstance(obj, dict) else None
-    except ValueError:
+    except (ValueError, RecursionError):  # deep nesting makes json recurse past the limit
         pass
     for line in reversed(text.splitlines()):
         line = line.strip()
         if line.startswith("{"):
             try:
                 obj = json.loads(line)
-            except ValueError:
+            except (ValueError, RecursionError):
                 continue
             if isinstance(obj, dict):
                 return obj
@@ -437,11 +446,23 @@ class SSHHost:
                                 f"command = [...] for this peer in peers.toml", code)
             raise PeerError(f"`{cmd} host {verb}` gave no JSON reply (exit {code}): {tail}; its fleetrun may "
                             "be too old to be a peer", code)
-        if code == REFUSED_EXIT and "refused" in reply:
-            raise StartRefused(f"{self.name} {reply['refused']}")
+        if code == REFUSED_EXIT and isinstance(reply.get("refused"), str):
+            raise StartRefused(f"{self.name} {reply['refused'][:2000]}")
         if code != 0:
-            raise PeerError(str(reply.get("error") or f"exit {code}"), code, reply)
+            msg, _ = wire.parse_error_reply(reply)
+            raise PeerError(msg if "error" in reply else f"exit {code}", code, reply)
         return reply
+
+    def _malformed(self, verb: str, e: Malformed) -> PeerError:
+        """A reply that does not parse: an error of the peer's, with what is wrong."""
+        return PeerError(f"`host {verb}` gave a malformed reply: {e}", 0)
+
+    @staticmethod
+    def _tampered(e: PeerError) -> None:
+        """The peer refused a worktree whose ``.git`` was rewritten: the same exception
+        as a tampered local worktree, so the loop gives the task to a human."""
+        if str(e).startswith(wire.TAMPERED):
+            raise WorktreeTampered(str(e)[len(wire.TAMPERED):]) from None
 
     # -- LocalHost's verbs ---------------------------------------------------------
 
@@ -468,13 +489,15 @@ class SSHHost:
                 f.write(prompt)
         payload = {"attempt_id": attempt_id, "task_id": task_id, "spec": spec, "prompt": prompt}
         try:
-            reply = self.call("start", payload=payload)
+            reply = wire.parse_start_reply(self.call("start", payload=payload))
         except PeerUnreachable as e:
             if not e.delivered:
                 raise
             # The peer may have started it and the reply was lost: say "started, pid
             # unknown" and let status find out, rather than let the task run twice.
             reply = {"pid": None, "token": None, "dir": None, "uncertain": str(e)}
+        except Malformed as e:  # it answered, so it may have started it: as a lost reply
+            reply = {"pid": None, "token": None, "dir": None, "uncertain": f"a malformed start reply: {e}"}
         except PeerError as e:
             raise StartRefused(f"{self.name} could not start the task: {e}") from None
         self._write_note(adir, {"peer": self.name, "remote_dir": reply.get("dir"),
@@ -498,27 +521,32 @@ class SSHHost:
         if token:
             args += ["--token", token]
         try:
-            reply = self.call("status", *args, timeout=STATUS_TIMEOUT_S, may_connect=not self.passive)
-            self._append_log(log, reply)
-            st = dict(reply.get("status") or {})
+            reply = wire.parse_status_reply(
+                self.call("status", *args, timeout=STATUS_TIMEOUT_S, may_connect=not self.passive))
+            chunk = reply.chunk
+            self._append_log(log, chunk)
+            st = dict(reply.status)
             # the loop reads the log as soon as it sees "ended": have all of it by then
-            while st.get("state") in ("ended", "died") and reply.get("log_size", 0) > _size(log):
-                reply = self.call("log", "--attempt", attempt_id, "--offset", str(_size(log)),
-                                  timeout=STATUS_TIMEOUT_S, may_connect=not self.passive)
-                if not self._append_log(log, reply):
+            while st.get("state") in ("ended", "died") and chunk is not None and chunk.size > _size(log):
+                chunk = wire.parse_log_reply(self.call("log", "--attempt", attempt_id, "--offset", str(_size(log)),
+                                                       timeout=STATUS_TIMEOUT_S, may_connect=not self.passive))
+                if not self._append_log(log, chunk):
                     break
         except (PeerUnreachable, PeerError) as e:
             return {"state": "unreachable", "error": f"{self.name}: {e}"}
+        except Malformed as e:
+            # not "died": the attempt may well run on there; wait, and say why
+            return {"state": "unreachable", "error": f"{self.name}: a malformed status reply: {e}"}
         return st
 
-    def _append_log(self, log: Path, reply: dict[str, Any]) -> bool:
-        chunk = base64.b64decode(reply.get("log") or "")
-        if not chunk or reply.get("log_offset") != _size(log):
+    def _append_log(self, log: Path, chunk: Optional[wire.LogChunk]) -> bool:
+        if chunk is None or not chunk.data or chunk.offset != _size(log):
             return False
+        data = chunk.data
         ensure_private_dir(log.parent)
         fd = os.open(log, os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o600)
         try:
-            os.write(fd, chunk)
+            os.write(fd, data)
         finally:
             os.close(fd)
         return True
@@ -530,8 +558,8 @@ class SSHHost:
         if token:
             args += ["--token", token]
         try:
-            return bool(self.call("stop", *args).get("signalled"))
-        except (PeerUnreachable, PeerError) as e:
+            return wire.parse_stop_reply(self.call("stop", *args))
+        except (PeerUnreachable, PeerError, Malformed) as e:
             from .peers import add_pending_stop
 
             add_pending_stop(self.home, self.name, attempt_id, pid, token, str(e))
@@ -540,24 +568,50 @@ class SSHHost:
     # -- the peer-only verbs -------------------------------------------------------
 
     def probe(self, timeout: float = VERB_TIMEOUT_S, may_connect: bool = True) -> dict[str, Any]:
-        return self.call("probe", timeout=timeout, may_connect=may_connect)
+        """What the peer is and has (checked: :func:`fleetrun.wire.parse_probe_reply`).
+
+        :raises PeerError: also for a malformed reply, saying what is wrong.
+        """
+        try:
+            return wire.parse_probe_reply(self.call("probe", timeout=timeout, may_connect=may_connect))
+        except Malformed as e:
+            raise self._malformed("probe", e) from None
 
     def prepare(self, task: Any, attempt: Any) -> dict[str, Any]:
+        """The workspace the peer made (its fields type-checked; whether it is the one
+        asked for is the relay's to check, which knows the task)."""
         from dataclasses import asdict
 
         reply = self.call("prepare", payload={"task": task_payload(task), "attempt": asdict(attempt)},
                           timeout=120)
-        return dict(reply["workspace"])
+        try:
+            return wire.parse_prepare_reply(reply)
+        except Malformed as e:
+            raise self._malformed("prepare", e) from None
 
     def collect(self, task: Any, attempt: Any, workspace: Any) -> Optional[str]:
+        """Commit the attempt's uncommitted work there; the commit, or None.
+
+        :raises WorktreeTampered: the peer found the worktree's ``.git`` rewritten.
+        """
         from dataclasses import asdict
 
-        reply = self.call("collect", payload={"task": task_payload(task), "attempt": asdict(attempt),
-                                              "workspace": asdict(workspace)}, timeout=120)
-        return reply.get("commit")
+        try:
+            reply = self.call("collect", payload={"task": task_payload(task), "attempt": asdict(attempt),
+                                                  "workspace": asdict(workspace)}, timeout=120)
+        except PeerError as e:
+            self._tampered(e)
+            raise
+        try:
+            return wire.parse_collect_reply(reply)
+        except Malformed as e:
+            raise self._malformed("collect", e) from None
 
     def cleanup(self, task: Any) -> dict[str, Any]:
-        return self.call("cleanup", payload={"task": task_payload(task)}, timeout=120)
+        try:
+            return wire.parse_cleanup_reply(self.call("cleanup", payload={"task": task_payload(task)}, timeout=120))
+        except Malformed as e:
+            raise self._malformed("cleanup", e) from None
 
     def fetch_bundle(self, repo: str, branch: str, git_ref: Optional[str], have: list[str], dest: Path,
                      timeout: float = BUNDLE_TIMEOUT_S) -> dict[str, Any]:
@@ -603,16 +657,25 @@ class SSHHost:
     def verify_start(self, task: Any, attempt: Any, verifier: Any, idx: int, workspace: Any) -> dict[str, Any]:
         from dataclasses import asdict
 
-        return self.call("verify-start", payload={
+        reply = self.call("verify-start", payload={
             "task": task_payload(task), "attempt": asdict(attempt), "verifier": asdict(verifier), "idx": idx,
             "workspace": asdict(workspace)})
+        try:
+            return {"state": wire.parse_verify_start_reply(reply)}
+        except Malformed as e:
+            raise self._malformed("verify-start", e) from None
 
-    def verify_status(self, attempt_id: str, idx: int) -> dict[str, Any]:
-        return self.call("verify-status", "--attempt", attempt_id, "--idx", str(idx), timeout=STATUS_TIMEOUT_S,
-                         may_connect=not self.passive)
+    def verify_status(self, attempt_id: str, idx: int) -> wire.VerifyStatus:
+        """:raises Malformed: a reply that is not a verifier's status (a FAIL, to the caller)."""
+        return wire.parse_verify_status_reply(
+            self.call("verify-status", "--attempt", attempt_id, "--idx", str(idx), timeout=STATUS_TIMEOUT_S,
+                      may_connect=not self.passive))
 
-    def verify_stop(self, attempt_id: str, idx: int) -> dict[str, Any]:
-        return self.call("verify-stop", "--attempt", attempt_id, "--idx", str(idx))
+    def verify_stop(self, attempt_id: str, idx: int) -> bool:
+        try:
+            return wire.parse_verify_stop_reply(self.call("verify-stop", "--attempt", attempt_id, "--idx", str(idx)))
+        except Malformed as e:
+            raise self._malformed("verify-stop", e) from None
 
 
 class BundleWriteError(Exception):
@@ -645,11 +708,9 @@ class BundleSink:
                 raise PeerError("`host bundle` printed no header", 0)
             return
         try:
-            header = json.loads(bytes(self.prefix[i:j]))
-        except ValueError:
-            raise PeerError("`host bundle` printed a broken header", 0) from None
-        if not isinstance(header, dict) or not isinstance(header.get("tip"), str):
-            raise PeerError("`host bundle` printed a broken header", 0)
+            header = wire.parse_bundle_header(json.loads(bytes(self.prefix[i:j])))
+        except (ValueError, RecursionError) as e:  # Malformed is a ValueError
+            raise PeerError(f"`host bundle` printed a broken header: {e}", 0) from None
         self.header = header
         rest = bytes(self.prefix[j + 1:])
         del self.prefix[i:]
@@ -735,15 +796,17 @@ class RemoteRunHandle:
             self.error = str(e)
             return None
         except PeerError as e:
-            if e.reply.get("unknown"):
+            if wire.parse_error_reply(e.reply)[1]:
                 self.started = False  # never got there (or was lost): start it now
                 return None
             return Verdict(False, "run", self.verifier.label, reason=f"{self.host.name}: {e}", host=self.host.name)
-        if r.get("state") != "ended":
+        except Malformed as e:  # a verdict that cannot be read is no pass
+            return Verdict(False, "run", self.verifier.label, host=self.host.name,
+                           reason=f"{self.host.name} gave a malformed verifier status: {e}")
+        if r.state != "ended":
             return None
-        return Verdict(passed=bool(r.get("passed")), kind="run", label=self.verifier.label,
-                       reason=str(r.get("reason") or ""), output=str(r.get("output") or ""),
-                       duration_s=float(r.get("duration_s") or 0.0), host=self.host.name)
+        return Verdict(passed=r.passed, kind="run", label=self.verifier.label, reason=r.reason, output=r.output,
+                       duration_s=r.duration_s, host=self.host.name)
 
     def cancel(self) -> None:
         try:

@@ -140,3 +140,49 @@ def _kind(value: Any) -> str:
 def _short(value: Any) -> str:
     r = repr(value)
     return r if len(r) <= 60 else r[:57] + "..."
+
+
+# ---------------------------------------------------------------------------------
+# Ids a supervisor sends to a peer (``fleetrun host``) and a peer sends back. The
+# ledger makes them (``Ledger.add_tasks``/``Ledger.lease``): a task id is
+# ``task_<queue token>_<index>`` (the queue token is base 36 milliseconds and 6 hex
+# digits), an attempt id ``<task id>_a<number>``. Nothing else is a path component
+# fleetrun builds from an id, so anything else (``..``, ``/``, a NUL) is refused here,
+# in this one place.
+
+import re as _re  # noqa: E402 (kept with the checkers that use it; the ones above stay as they are)
+
+TASK_ID = _re.compile(r"task_[0-9a-z]{1,40}_[0-9]{1,9}")
+ATTEMPT_ID = _re.compile(r"(task_[0-9a-z]{1,40}_[0-9]{1,9})_a([1-9][0-9]{0,8})")
+SHA = _re.compile(r"[0-9a-f]{40}(?:[0-9a-f]{24})?")
+
+
+def task_id(value: Any, what: str = "task id") -> str:
+    """A task id as the ledger makes it (``task_<base36>_<i>``)."""
+    if not isinstance(value, str) or not TASK_ID.fullmatch(value):
+        raise Malformed(f"bad {what} {_short(value)}: expected task_<queue>_<index>")
+    return value
+
+
+def attempt_id(value: Any, what: str = "attempt id", task: Optional[str] = None) -> str:
+    """An attempt id as the ledger makes it (``<task id>_a<n>``); with ``task``, one of
+    that task's attempts."""
+    m = ATTEMPT_ID.fullmatch(value) if isinstance(value, str) else None
+    if m is None:
+        raise Malformed(f"bad {what} {_short(value)}: expected task_<queue>_<index>_a<number>")
+    if task is not None and m.group(1) != task:
+        raise Malformed(f"bad {what} {_short(value)}: not an attempt of {task}")
+    return value
+
+
+def sha(value: Any, what: str) -> str:
+    """A full git object name (40 or 64 lowercase hex digits)."""
+    if not isinstance(value, str) or not SHA.fullmatch(value):
+        raise Malformed(f"{what}: expected a commit id, got {_kind(value)}")
+    return value
+
+
+def opt_str_list(data: dict[str, Any], key: str, what: str, limit: int = 10_000) -> list[str]:
+    """A list of strings, or [] when absent (a string is not a list of its letters)."""
+    v = data.get(key)
+    return [] if v is None else str_list(v, f"{what}.{key}", limit)

@@ -76,49 +76,49 @@ def test_probe_reports_version_features_headroom_and_tools(peer, tmp_path):
 
 
 def test_start_status_log_by_offset(peer):
-    code, r = peer.start("t1_a1", "t1", ["sh", "-c", "echo hello; echo world"])
+    code, r = peer.start("task_t1_1_a1", "task_t1_1", ["sh", "-c", "echo hello; echo world"])
     assert code == 0, r
-    assert r["pid"] and r["token"] and r["dir"] == str(peer.home / "attempts" / "t1_a1")
-    st = peer.wait_ended("t1_a1")
+    assert r["pid"] and r["token"] and r["dir"] == str(peer.home / "attempts" / "task_t1_1_a1")
+    st = peer.wait_ended("task_t1_1_a1")
     assert st["exit_code"] == 0 and st["reason"] == "exited"
-    code, r = peer.host("status", "--attempt", "t1_a1", "--log-offset", "0")
+    code, r = peer.host("status", "--attempt", "task_t1_1_a1", "--log-offset", "0")
     assert base64.b64decode(r["log"]) == b"hello\nworld\n" and r["log_size"] == 12 and r["log_offset"] == 0
-    code, r = peer.host("log", "--attempt", "t1_a1", "--offset", "6")
+    code, r = peer.host("log", "--attempt", "task_t1_1_a1", "--offset", "6")
     assert base64.b64decode(r["log"]) == b"world\n" and r["log_offset"] == 6
-    code, r = peer.host("log", "--attempt", "t1_a1", "--offset", "12")
+    code, r = peer.host("log", "--attempt", "task_t1_1_a1", "--offset", "12")
     assert r["log"] == ""
     # an attempt this peer never heard of has no shepherd: died, never "running"
-    code, r = peer.host("status", "--attempt", "nope_a1")
+    code, r = peer.host("status", "--attempt", "task_nope_1_a1")
     assert code == 0 and r["status"]["state"] == "died"
 
 
 def test_start_refuses_past_max_tasks_and_a_second_attempt_of_a_task(peer):
     (peer.home / "policy.toml").write_text("[local]\nmax_tasks = 1\n")
-    code, r = peer.start("a_a1", "a", ["sleep", "30"])
+    code, r = peer.start("task_a_1_a1", "task_a_1", ["sleep", "30"])
     assert code == 0, r
     # the same attempt again (a reply that got lost): the same shepherd, not a second one
-    code, again = peer.start("a_a1", "a", ["sleep", "30"])
+    code, again = peer.start("task_a_1_a1", "task_a_1", ["sleep", "30"])
     assert code == 0 and again["pid"] == r["pid"] and again["again"]
-    code, r2 = peer.start("a_a2", "a", ["sleep", "30"])
-    assert code == 75 and r2 == {"refused": "is still running attempt a_a1 of this task (a task never runs twice at once)"}
-    code, r3 = peer.start("b_a1", "b", ["sleep", "30"])
+    code, r2 = peer.start("task_a_1_a2", "task_a_1", ["sleep", "30"])
+    assert code == 75 and r2 == {"refused": "is still running attempt task_a_1_a1 of this task (a task never runs twice at once)"}
+    code, r3 = peer.start("task_b_1_a1", "task_b_1", ["sleep", "30"])
     assert code == 75 and r3 == {"refused": "is running 1 of 1 tasks (its own [local] max_tasks)"}
     code, probe = peer.host("probe")
     assert probe["running"] == 1
-    code, s = peer.host("stop", "--attempt", "a_a1")
+    code, s = peer.host("stop", "--attempt", "task_a_1_a1")
     assert code == 0 and s["signalled"]
-    assert peer.wait_ended("a_a1")["reason"] in ("stopped", "cancelled")
-    code, r4 = peer.start("b_a1", "b", ["true"])
+    assert peer.wait_ended("task_a_1_a1")["reason"] in ("stopped", "cancelled")
+    code, r4 = peer.start("task_b_1_a1", "task_b_1", ["true"])
     assert code == 0, r4
     (peer.home / "policy.toml").write_text("[local]\ndrain = true\n")
-    code, r5 = peer.start("c_a1", "c", ["true"])
+    code, r5 = peer.start("task_c_1_a1", "task_c_1", ["true"])
     assert code == 75 and r5 == {"refused": "is draining"}
 
 
 def test_prepare_refuses_a_cwd_missing_here(peer, tmp_path):
-    task = {"id": "t1", "name": "t", "state": "ASSIGNED", "source": "", "queue_id": "q", "created": 0,
+    task = {"id": "task_t1_1", "name": "t", "state": "ASSIGNED", "source": "", "queue_id": "q", "created": 0,
             "updated": 0, "spec": {"name": "t", "prompt": "p", "cwd": str(tmp_path / "not-here"), "git_ref": "main"}}
-    att = {"id": "t1_a1", "task_id": "t1", "number": 1, "kind": "fresh", "host": "mini", "state": "leased",
+    att = {"id": "task_t1_1_a1", "task_id": "task_t1_1", "number": 1, "kind": "fresh", "host": "mini", "state": "leased",
            "created": 0}
     code, r = peer.host("prepare", stdin={"task": task, "attempt": att})
     assert code == 1 and r == {"error": "working directory does not exist on this host"}
@@ -126,9 +126,9 @@ def test_prepare_refuses_a_cwd_missing_here(peer, tmp_path):
 
 def test_run_verifier_detached_with_its_own_timeout(peer, tmp_path):
     ws = {"path": str(tmp_path), "is_worktree": False}
-    task = {"id": "t1", "name": "t", "state": "VERIFYING", "source": "", "queue_id": "q", "created": 0,
+    task = {"id": "task_t1_1", "name": "t", "state": "VERIFYING", "source": "", "queue_id": "q", "created": 0,
             "updated": 0, "spec": {"name": "t", "prompt": "p", "cwd": str(tmp_path)}}
-    att = {"id": "t1_a1", "task_id": "t1", "number": 1, "kind": "fresh", "host": "mini", "state": "ended",
+    att = {"id": "task_t1_1_a1", "task_id": "task_t1_1", "number": 1, "kind": "fresh", "host": "mini", "state": "ended",
            "created": 0}
 
     def verify(idx: int, text: str, timeout_s: float = 60) -> dict:
@@ -138,7 +138,7 @@ def test_run_verifier_detached_with_its_own_timeout(peer, tmp_path):
         assert code == 0 and r["state"] == "running", r
         deadline = time.time() + 20
         while time.time() < deadline:
-            code, r = peer.host("verify-status", "--attempt", "t1_a1", "--idx", str(idx))
+            code, r = peer.host("verify-status", "--attempt", "task_t1_1_a1", "--idx", str(idx))
             assert code == 0, r
             if r["state"] == "ended":
                 return r
@@ -153,23 +153,23 @@ def test_run_verifier_detached_with_its_own_timeout(peer, tmp_path):
     assert r["duration_s"] < 5
     r = verify(2, "true")
     assert r["passed"] and r["reason"] == "exit code 0"
-    code, r = peer.host("verify-status", "--attempt", "t1_a1", "--idx", "7")
+    code, r = peer.host("verify-status", "--attempt", "task_t1_1_a1", "--idx", "7")
     assert code == 1 and r["unknown"]
 
 
 def test_errors_are_json_with_a_nonzero_exit(peer):
     code, r = peer.host("frobnicate")
     assert code == 4 and "usage: fleetrun host" in r["error"]
-    code, r = peer.host("start")  # no payload
-    assert code == 3 and "internal error on the peer" in r["error"]
+    code, r = peer.host("start")  # no payload: a bad request, not an internal error
+    assert code == 1 and "bad task id" in r["error"]
     code, r = peer.host("verify-status", "--attempt", "../x", "--idx", "0")
     assert code == 1 and "bad attempt id" in r["error"]
 
 
 def test_hosted_registry_forgets_ended_attempts(peer):
-    code, r = peer.start("x_a1", "x", ["true"])
+    code, r = peer.start("task_x_1_a1", "task_x_1", ["true"])
     assert code == 0
-    peer.wait_ended("x_a1")
+    peer.wait_ended("task_x_1_a1")
     code, probe = peer.host("probe")
     assert probe["running"] == 0
     assert json.loads(Path(peer.home / "hosted.json").read_text()) == {}

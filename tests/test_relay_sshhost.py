@@ -28,7 +28,7 @@ def mini(fleeter, peer_lab):
 
 
 def spec(argv, cwd="/"):
-    return {"argv": argv, "cwd": cwd, "env": {"FLEETRUN_TASK_ID": "t1"}, "timeout_s": 60, "stall_s": 60,
+    return {"argv": argv, "cwd": cwd, "env": {"FLEETRUN_TASK_ID": "task_t1_1"}, "timeout_s": 60, "stall_s": 60,
             "notify": "/nonexistent/loop.sock"}
 
 
@@ -77,39 +77,39 @@ def test_reply_parsing_ignores_what_a_login_shell_prints():
 
 def test_status_mirrors_the_log_and_start_refusals_carry_the_reason(mini):
     (mini.home / "policy.toml").write_text("[local]\nmax_tasks = 1\n")
-    info = mini.host.start("t1_a1", spec(["sh", "-c", "for i in 1 2 3; do echo line$i; sleep 0.3; done"]), "hi")
-    assert info["pid"] and info["dir"] == str(mini.host.attempt_dir("t1_a1"))
-    assert info["remote_dir"] == str(mini.home / "attempts" / "t1_a1")
+    info = mini.host.start("task_t1_1_a1", spec(["sh", "-c", "for i in 1 2 3; do echo line$i; sleep 0.3; done"]), "hi")
+    assert info["pid"] and info["dir"] == str(mini.host.attempt_dir("task_t1_1_a1"))
+    assert info["remote_dir"] == str(mini.home / "attempts" / "task_t1_1_a1")
     with pytest.raises(StartRefused) as e:
-        mini.host.start("t2_a1", dict(spec(["true"]), env={"FLEETRUN_TASK_ID": "t2"}))
+        mini.host.start("task_t2_1_a1", dict(spec(["true"]), env={"FLEETRUN_TASK_ID": "task_t2_1"}))
     assert str(e.value) == "mini is running 1 of 1 tasks (its own [local] max_tasks)"
-    st = wait_ended(mini.host, "t1_a1")
+    st = wait_ended(mini.host, "task_t1_1_a1")
     assert st["state"] == "ended" and st["exit_code"] == 0
-    local_log = mini.host.log_path("t1_a1")
+    local_log = mini.host.log_path("task_t1_1_a1")
     assert local_log.read_text() == "line1\nline2\nline3\n"
-    assert local_log.read_text() == (mini.home / "attempts" / "t1_a1" / "log").read_text()
-    assert mini.host.attempt_dir("t1_a1").joinpath("prompt").read_text() == "hi"
+    assert local_log.read_text() == (mini.home / "attempts" / "task_t1_1_a1" / "log").read_text()
+    assert mini.host.attempt_dir("task_t1_1_a1").joinpath("prompt").read_text() == "hi"
 
 
 def test_an_unreachable_peer_is_unreachable_never_died(mini):
-    info = mini.host.start("t1_a1", spec(["sleep", "3"]))
-    assert mini.host.status("t1_a1", info["pid"], info["token"])["state"] == "running"
+    info = mini.host.start("task_t1_1_a1", spec(["sleep", "3"]))
+    assert mini.host.status("task_t1_1_a1", info["pid"], info["token"])["state"] == "running"
     mini.sshd.stop()
     mini.host.drop()
-    st = mini.host.status("t1_a1", info["pid"], info["token"])
+    st = mini.host.status("task_t1_1_a1", info["pid"], info["token"])
     assert st["state"] == "unreachable" and "mini" in st["error"]
     time.sleep(2.1)  # past the reconnect pause
     mini.sshd.start()
-    st = wait_ended(mini.host, "t1_a1")
+    st = wait_ended(mini.host, "task_t1_1_a1")
     assert st["state"] == "ended" and st["exit_code"] == 0
     # a stop that cannot reach the peer is remembered, for the heartbeat to deliver
     mini.sshd.stop()
     mini.host.drop()
-    assert mini.host.stop("t1_a1", None, None) is False
+    assert mini.host.stop("task_t1_1_a1", None, None) is False
     import json
 
     state = json.loads((mini.host.home / "peers-state.json").read_text())
-    assert "t1_a1" in state["mini"]["pending_stops"]
+    assert "task_t1_1_a1" in state["mini"]["pending_stops"]
 
 
 def test_run_verifier_on_the_peer(mini, tmp_path):
@@ -119,10 +119,10 @@ def test_run_verifier_on_the_peer(mini, tmp_path):
     from fleetrun.taskspec import TaskSpec, VerifySpec
 
     v = VerifySpec(kind="run", text="echo checked in $PWD; exit 1")
-    task = Task(id="t1", name="t", state=State.VERIFYING, spec=TaskSpec(name="t", prompt="p", cwd=str(tmp_path),
+    task = Task(id="task_t1_1", name="t", state=State.VERIFYING, spec=TaskSpec(name="t", prompt="p", cwd=str(tmp_path),
                                                                         verify=[v]),
                 source="", queue_id="q", created=0, updated=0, host="mini")
-    att = Attempt(id="t1_a1", task_id="t1", number=1, kind="fresh", host="mini", state="ended", created=0)
+    att = Attempt(id="task_t1_1_a1", task_id="task_t1_1", number=1, kind="fresh", host="mini", state="ended", created=0)
     handle = RemoteRunHandle(mini.host, task, att, v, 0, Workspace(path=str(tmp_path)))
     deadline = time.monotonic() + 20
     verdict = None

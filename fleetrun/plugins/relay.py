@@ -17,6 +17,10 @@ name ``relay-peers``, which implements the hooks:
 - ``fleetrun_prepare_workspace``, ``fleetrun_collect_work``, ``fleetrun_verify``
   (``run``), ``fleetrun_cleanup_workspace`` for an attempt on a peer run there, over
   SSH (``tryfirst``, so the local ``worktree`` and ``verify_run`` never see it).
+  A peer's reply is not trusted: the workspace its ``prepare`` names must be the one
+  asked for (:func:`check_workspace`: the branch this supervisor chose for the task,
+  the task's ``git_ref``, a worktree holding the task's ``cwd``), or the attempt does
+  not start; a worktree the peer found tampered with raises ``WorktreeTampered``.
 - **Fetch-back**: once a peer attempt's work is committed there
   (``fleetrun_collect_work``), a task with a ``brain``/``agent`` verifier or with
   dependents has its branch brought into this machine's repository over the same SSH
@@ -35,7 +39,6 @@ Nothing here imports paramiko unless a peer is actually contacted.
 
 from __future__ import annotations
 
-import dataclasses
 import os
 import shutil
 import threading
@@ -49,6 +52,7 @@ from ..hookimpl import hookimpl
 from ..ledger import ensure_private_dir
 from ..peers import (
     Peer,
+    checked_entry,
     clear_pending_stop,
     load_peers,
     load_state,
@@ -75,6 +79,55 @@ MAX_NAME_TRIES = 9
 
 class FetchError(Exception):
     """A peer's branch could not be brought to this machine; the message says why."""
+
+
+class WrongWorkspace(PeerError):
+    """A peer's ``prepare`` named a workspace other than the one asked for."""
+
+    def __init__(self, message: str) -> None:
+        super().__init__(message, 0)
+
+
+def chosen_branch(task: Any) -> str:
+    """The branch this supervisor gives the task: ``branch =``, or
+    ``fleetrun/<name>-<id>`` (as the ``worktree`` plugin names it). The only branch a
+    fetch-back ever writes for the task."""
+    return task.spec.branch or f"fleetrun/{safe_slug(task.name)}-{task.id}"
+
+
+def _inside(path: str, top: str) -> bool:
+    path, top = os.path.normpath(path), os.path.normpath(top)
+    return path == top or path.startswith(top.rstrip("/") + "/")
+
+
+def check_workspace(task: Any, ws: dict[str, Any], peer: str) -> Workspace:
+    """The workspace a peer's ``prepare`` reply names, held to what was asked: for a
+    task with ``git_ref``, a worktree on :func:`chosen_branch` made from ``git_ref``,
+    in a repository that holds the task's ``cwd``, the path inside the worktree and the
+    worktree not the repository itself; for one without, the task's ``cwd`` itself.
+
+    :raises WrongWorkspace: saying what differs.
+    """
+    spec = task.spec
+    bad = f"{peer} answered prepare with a workspace that is not the one asked for:"
+    if not spec.git_ref:
+        if ws.get("is_worktree") or ws.get("path") != spec.cwd or ws.get("branch"):
+            raise WrongWorkspace(f"{bad} {ws.get('path')} (branch {ws.get('branch')}), not the task's cwd {spec.cwd}")
+        return Workspace(path=spec.cwd)
+    want = chosen_branch(task)
+    if ws.get("branch") != want:
+        raise WrongWorkspace(f"{bad} branch {ws.get('branch')!r}, not {want!r}, the branch chosen for this task")
+    if not ws.get("is_worktree") or ws.get("base_ref") != spec.git_ref:
+        raise WrongWorkspace(f"{bad} not a worktree made from git_ref {spec.git_ref!r}")
+    repo, root, path = ws.get("repo"), ws.get("root") or ws.get("path"), ws.get("path")
+    if not (isinstance(repo, str) and isinstance(root, str) and isinstance(path, str)
+            and all(os.path.isabs(p) and ".." not in p.split("/") for p in (repo, root, path))):
+        raise WrongWorkspace(f"{bad} its repo, root and path must be absolute paths")
+    if not (_inside(spec.cwd, repo) or _inside(os.path.realpath(spec.cwd), repo)):
+        raise WrongWorkspace(f"{bad} repository {repo} does not hold the task's cwd {spec.cwd}")
+    if not _inside(path, root) or _inside(root, repo):
+        raise WrongWorkspace(f"{bad} worktree {root} with path {path}")
+    return Workspace(path=path, branch=want, repo=repo, base_ref=spec.git_ref, is_worktree=True, root=root)
 
 
 @hookimpl(trylast=True)
@@ -230,7 +283,7 @@ class Heartbeat(threading.Thread):
         self.host = host
         self.home = home
         self.interval = interval
-        self.entry: dict[str, Any] = dict(load_state(home).get(host.name) or {})
+        self.entry: dict[str, Any] = checked_entry(load_state(home).get(host.name))[0]
         self.first_done = threading.Event()
         self._halt = threading.Event()
 
@@ -251,7 +304,7 @@ class Heartbeat(threading.Thread):
                 self.entry = record_probe(self.home, self.host.name, None, error=probe_error(e))
             return
         self.entry = record_probe(self.home, self.host.name, probe)
-        for attempt_id, s in (self.entry.get("pending_stops") or {}).items():
+        for attempt_id, s in (checked_entry(self.entry)[0].get("pending_stops") or {}).items():
             try:  # `cancel` could not reach it: stop the attempt now
                 args = ["--attempt", attempt_id, *(["--pid", str(s["pid"])] if s.get("pid") else []),
                         *(["--token", s["token"]] if s.get("token") else [])]
@@ -322,11 +375,11 @@ class Relay:
         now = time.time()
         out = []
         for name in self.hosts:
-            entry = self.entry(name)
+            entry, malformed = checked_entry(self.entry(name))  # a cache is read as strictly as a reply
             probe = entry.get("probe") or {}
             pp = policy.for_peer(name)
             status = status_of(entry, policy.stale_after_secs, now)
-            why = unusable_reason(probe) if probe else None
+            why = malformed or (unusable_reason(probe) if probe else None)
             if why is None and entry.get("error") and (entry.get("error_at") or 0) >= (entry.get("last_heard") or 0):
                 why = str(entry["error"])
             reported = int(probe.get("running") or 0) if status == "live" else 0
@@ -367,7 +420,7 @@ class Relay:
             ws = host.prepare(task, attempt)
         except PeerUnreachable as e:
             raise PeerUnreachable(f"{host.name} could not be reached: {e}", e.delivered) from None
-        return Workspace(**{k: v for k, v in ws.items() if k in {f.name for f in dataclasses.fields(Workspace)}})
+        return check_workspace(task, ws, host.name)
 
     @hookimpl(tryfirst=True)
     def fleetrun_collect_work(self, task: Any, attempt: Any, workspace: Any, config: Any) -> Optional[str]:
@@ -416,9 +469,13 @@ class Relay:
         host = self.hosts.get(attempt.host)
         if host is None:
             raise FetchError(f"{attempt.host} is not a peer of this run")
-        peer_branch = getattr(workspace, "branch", None) or task.branch
-        if not peer_branch or not task.spec.git_ref:
+        if not task.spec.git_ref:
             raise FetchError(f"the task has no git_ref, so its work on {host.name} is not on a branch")
+        peer_branch = chosen_branch(task)  # never a name from the peer (or from what it once said)
+        named = getattr(workspace, "branch", None)
+        if named and named != peer_branch:
+            raise FetchError(f"the attempt's workspace names branch {named!r}, not {peer_branch!r}, the branch "
+                             "chosen for this task: nothing is fetched")
         repo = repo_toplevel(task.spec.cwd)
         if repo is None:
             raise FetchError(f"{task.spec.cwd} is not in a git repository on this machine")

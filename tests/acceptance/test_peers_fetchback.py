@@ -275,12 +275,12 @@ def test_host_status_and_friends_answer_without_loading_plugins(tmp_path):
         lines = p.stdout.strip().splitlines()
         return lines[:-1], json.loads(lines[-1])
 
-    out, facts = run("host", "status", "--json", "--attempt", "t_a1")
+    out, facts = run("host", "status", "--json", "--attempt", "task_t_1_a1")
     assert facts == {"ret": 0, "plugins": [], "ledger": False}
     assert json.loads(out[0]) == {"status": {"state": "died"}}
-    out, facts = run("--home", str(tmp_path / "other"), "host", "log", "--json", "--attempt", "t_a1", "--offset", "0")
+    out, facts = run("--home", str(tmp_path / "other"), "host", "log", "--json", "--attempt", "task_t_1_a1", "--offset", "0")
     assert facts["ret"] == 0 and json.loads(out[0])["log_size"] == 0
-    out, facts = run("host", "verify-status", "--json", "--attempt", "t_a1", "--idx", "0")
+    out, facts = run("host", "verify-status", "--json", "--attempt", "task_t_1_a1", "--idx", "0")
     assert facts["ret"] == 1 and json.loads(out[0]) == {"error": "no such verifier run here", "unknown": True}
     for other in (["host", "probe", "--json"], ["-p", "x", "host", "status", "--attempt", "a"], ["status"]):
         assert run(*other)[1]["ret"] is None  # not a fast verb: the full CLI answers it

@@ -1,0 +1,263 @@
+"""The wire between a supervisor and its peers: each reply of ``fleetrun host VERB``,
+and what ``peers-state.json`` caches of them, read strictly.
+
+A peer's reply is untrusted (``docs/security.md``): a ``parse_<verb>_reply`` here
+returns the reply's values with their types and ranges checked, or raises
+:class:`~fleetrun.untrusted.Malformed` with what is wrong. They are pure functions
+(no I/O), so they are fuzzed (``tests/test_untrusted_peer.py``,
+``bench/fuzz_peer.py``). :mod:`fleetrun.sshhost` turns a :class:`Malformed` into the
+outcome that fits the verb: a status it cannot read is an unreachable peer (wait and
+say why: the attempt may still run there, it must not run twice), a verifier status a
+FAIL verdict, a probe a peer that gets no tasks, with the reason.
+"""
+
+from __future__ import annotations
+
+import base64
+import binascii
+import math
+from dataclasses import dataclass
+from typing import Any, Optional
+
+from .untrusted import (
+    Malformed,
+    boolean,
+    integer,
+    obj,
+    one_of,
+    opt_boolean,
+    opt_integer,
+    opt_number,
+    opt_obj,
+    opt_str_list,
+    opt_text,
+    sha,
+    text,
+)
+
+#: How a peer's error reply starts when it refused a worktree whose ``.git`` was
+#: rewritten; the supervisor raises ``gitutil.WorktreeTampered`` for it.
+TAMPERED = "worktree_tampered: "
+#: The states of a shepherd's status (``unreachable`` is the supervisor's own word).
+STATUS_STATES = ("starting", "running", "ended", "died")
+MAX_LOG_CHUNK = 4 << 20  # a peer sends 1 MiB chunks; base64 of that is below this
+MAX_PID = 1 << 32
+MAX_SIZE = 1 << 50
+#: The workspace fields a ``prepare`` reply may carry (those of ``reports.Workspace``).
+WORKSPACE_TEXT = ("path", "branch", "repo", "base_ref", "root")
+
+
+@dataclass(frozen=True)
+class LogChunk:
+    """Bytes of an attempt's log from ``offset``; the log there is ``size`` bytes."""
+
+    data: bytes
+    offset: int
+    size: int
+
+
+@dataclass(frozen=True)
+class StatusReply:
+    status: dict[str, Any]
+    chunk: Optional[LogChunk]
+
+
+@dataclass(frozen=True)
+class VerifyStatus:
+    """A ``run`` verifier on the peer: ``running``, or ``ended`` with its verdict."""
+
+    state: str
+    passed: bool = False
+    reason: str = ""
+    output: str = ""
+    duration_s: float = 0.0
+
+
+def parse_error_reply(reply: Any) -> tuple[str, bool]:
+    """An error reply (``{"error": text, "unknown": bool}``): (its text, whether the
+    peer said it knows no such thing). Never raises: a garbled error is still an error."""
+    if not isinstance(reply, dict):
+        return "an error reply that is not an object", False
+    err = reply.get("error")
+    msg = err[:2000] if isinstance(err, str) and err else "an error without a message"
+    return msg, reply.get("unknown") is True
+
+
+def parse_shepherd_status(value: Any, what: str = "status") -> dict[str, Any]:
+    """A shepherd's status as a peer reports it."""
+    d = obj(value, what)
+    one_of(d.get("state"), f"{what}.state", STATUS_STATES)
+    opt_integer(d, "exit_code", what, -(1 << 16), 1 << 16)
+    for key in ("shepherd_pid", "agent_pid"):
+        opt_integer(d, key, what, 1, MAX_PID)
+    for key in ("reason", "error", "shepherd_token", "agent_token"):
+        opt_text(d, key, what, 4000)
+    for key in ("started", "ended", "agent_started"):
+        opt_number(d, key, what)
+    return d
+
+
+def _chunk(reply: dict[str, Any], what: str) -> Optional[LogChunk]:
+    if "log" not in reply and "log_offset" not in reply and "log_size" not in reply:
+        return None
+    raw = text(reply.get("log", ""), f"{what}.log", MAX_LOG_CHUNK)
+    try:
+        data = base64.b64decode(raw.encode("ascii"), validate=True)
+    except (binascii.Error, UnicodeEncodeError, ValueError):
+        raise Malformed(f"{what}.log: not base64") from None
+    offset = integer(reply.get("log_offset"), f"{what}.log_offset", 0, MAX_SIZE)
+    size = integer(reply.get("log_size"), f"{what}.log_size", 0, MAX_SIZE)
+    return LogChunk(data, offset, size)
+
+
+def parse_status_reply(reply: Any) -> StatusReply:
+    """``host status``: ``{"status": {...}}`` and, when asked with an offset, a log chunk."""
+    d = obj(reply, "status reply")
+    return StatusReply(parse_shepherd_status(d.get("status"), "status reply.status"), _chunk(d, "status reply"))
+
+
+def parse_log_reply(reply: Any) -> LogChunk:
+    """``host log``: a log chunk."""
+    chunk = _chunk(obj(reply, "log reply"), "log reply")
+    if chunk is None:
+        raise Malformed("log reply: no log chunk")
+    return chunk
+
+
+def parse_stop_reply(reply: Any) -> bool:
+    """``host stop``: whether the shepherd was signalled."""
+    d = obj(reply, "stop reply")
+    if d.get("status") is not None:
+        parse_shepherd_status(d["status"], "stop reply.status")
+    return boolean(d.get("signalled"), "stop reply.signalled")
+
+
+def parse_start_reply(reply: Any) -> dict[str, Any]:
+    """``host start``: the shepherd's pid and start-time token, and its folder there."""
+    d = obj(reply, "start reply")
+    return {"pid": integer(d.get("pid"), "start reply.pid", 1, MAX_PID),
+            "token": opt_text(d, "token", "start reply", 200),
+            "dir": opt_text(d, "dir", "start reply", 4096),
+            "again": opt_boolean(d, "again", "start reply")}
+
+
+def parse_prepare_reply(reply: Any) -> dict[str, Any]:
+    """``host prepare``: ``{"workspace": {...}}`` with the fields of a ``Workspace``
+    (what they must be for this task is checked by the relay, which knows the task)."""
+    ws = obj(obj(reply, "prepare reply").get("workspace"), "prepare reply.workspace")
+    out: dict[str, Any] = {}
+    for key in WORKSPACE_TEXT:
+        out[key] = opt_text(ws, key, "prepare reply.workspace", 4096)
+    if not out["path"]:
+        raise Malformed("prepare reply.workspace.path: missing")
+    out["is_worktree"] = opt_boolean(ws, "is_worktree", "prepare reply.workspace")
+    return out
+
+
+def parse_collect_reply(reply: Any) -> Optional[str]:
+    """``host collect``: the commit made of the attempt's uncommitted work, or None."""
+    d = obj(reply, "collect reply")
+    commit = d.get("commit")
+    return None if commit is None else sha(commit, "collect reply.commit")
+
+
+def parse_cleanup_reply(reply: Any) -> dict[str, Any]:
+    """``host cleanup``: which worktree, and whether it was removed."""
+    d = obj(reply, "cleanup reply")
+    return {"worktree": opt_text(d, "worktree", "cleanup reply", 4096),
+            "removed": boolean(d.get("removed"), "cleanup reply.removed")}
+
+
+def parse_verify_start_reply(reply: Any) -> str:
+    """``host verify-start``: ``running`` (also when it already was)."""
+    d = obj(reply, "verify-start reply")
+    opt_boolean(d, "again", "verify-start reply")
+    return one_of(d.get("state"), "verify-start reply.state", ("running",))
+
+
+def parse_verify_status_reply(reply: Any) -> VerifyStatus:
+    """``host verify-status``: ``running``, or ``ended`` with ``passed`` (exactly
+    ``true`` or ``false``), ``reason``, ``output``, ``duration_s``."""
+    d = obj(reply, "verify-status reply")
+    state = one_of(d.get("state"), "verify-status reply.state", ("running", "ended"))
+    if state == "running":
+        return VerifyStatus("running")
+    return VerifyStatus(
+        "ended",
+        passed=boolean(d.get("passed"), "verify-status reply.passed"),
+        reason=opt_text(d, "reason", "verify-status reply", 4000, "") or "",
+        output=opt_text(d, "output", "verify-status reply", 1 << 20, "") or "",
+        duration_s=opt_number(d, "duration_s", "verify-status reply", 0.0, 1e9, 0.0) or 0.0,
+    )
+
+
+def parse_verify_stop_reply(reply: Any) -> bool:
+    return boolean(obj(reply, "verify-stop reply").get("signalled"), "verify-stop reply.signalled")
+
+
+def parse_bundle_header(header: Any) -> dict[str, Any]:
+    """The header line of ``host bundle``: the branch's ``tip``, ``fork`` (where it
+    left ``git_ref``), ``have`` (which of ours it has), ``bundle`` (whether one follows)."""
+    d = obj(header, "bundle header")
+    fork = d.get("fork")
+    have = opt_str_list(d, "have", "bundle header", 64)
+    return {"tip": sha(d.get("tip"), "bundle header.tip"),
+            "fork": None if fork is None else sha(fork, "bundle header.fork"),
+            "have": [sha(h, "bundle header.have") for h in have],
+            "bundle": boolean(d.get("bundle"), "bundle header.bundle")}
+
+
+def _opt_measure(d: dict[str, Any], key: str, what: str) -> Optional[float]:
+    return opt_number(d, key, what, 0.0, math.inf)
+
+
+def parse_probe_reply(reply: Any) -> dict[str, Any]:
+    """``host probe``: what the peer is and has. Every key placement and ``relay
+    peers`` read has its type checked; ``tags`` must be a list of strings (a string
+    is not its letters)."""
+    what = "probe reply"
+    d = obj(reply, what)
+    out: dict[str, Any] = {}
+    for key in ("fleetrun", "hostname", "os", "arch", "python", "home", "policy_error"):
+        v = opt_text(d, key, what, 4000)
+        if v is not None:
+            out[key] = v
+    out["features"] = opt_str_list(d, "features", what, 100)
+    out["tags"] = opt_str_list(d, "tags", what, 1000)
+    out["auth"] = opt_str_list(d, "auth", what, 100)
+    tools = opt_obj(d, "tools", what) or {}
+    out["tools"] = {k[:100]: (None if v is None else text(v, f"{what}.tools.{k}", 200)) for k, v in tools.items()}
+    out["running"] = opt_integer(d, "running", what, 0, 1 << 20, 0)
+    out["max_tasks"] = opt_integer(d, "max_tasks", what, 0, 1 << 20)
+    out["drain"] = opt_boolean(d, "drain", what)
+    out["time"] = opt_number(d, "time", what)
+    out["mem_per_task_mb"] = _opt_measure(d, "mem_per_task_mb", what)
+    for key in ("free_mem_mb", "load_per_core", "free_disk_mb"):
+        out[key] = _opt_measure(d, key, what)
+    return out
+
+
+def parse_peer_entry(entry: Any, what: str = "peer state") -> dict[str, Any]:
+    """One peer's entry of ``peers-state.json``: the last probe it answered (checked
+    as a reply is), when it was heard, the last error, the stops still to deliver."""
+    d = obj(entry, what)
+    out: dict[str, Any] = {
+        "last_heard": opt_number(d, "last_heard", what, 0.0),
+        "error": opt_text(d, "error", what, 4000),
+        "error_at": opt_number(d, "error_at", what, 0.0),
+    }
+    probe = d.get("probe")
+    out["probe"] = None if probe is None else parse_probe_reply(probe)
+    stops: dict[str, Any] = {}
+    for aid, s in (opt_obj(d, "pending_stops", what) or {}).items():
+        s = obj(s, f"{what}.pending_stops.{aid[:60]}")
+        stops[aid] = {"pid": opt_integer(s, "pid", what, 1, MAX_PID), "token": opt_text(s, "token", what, 200),
+                      "since": opt_number(s, "since", what), "error": opt_text(s, "error", what, 4000)}
+    out["pending_stops"] = stops
+    return out
+
+
+__all__ = ["LogChunk", "Malformed", "StatusReply", "VerifyStatus", "parse_bundle_header", "parse_cleanup_reply",
+           "parse_collect_reply", "parse_error_reply", "parse_log_reply", "parse_peer_entry", "parse_prepare_reply",
+           "parse_probe_reply", "parse_shepherd_status", "parse_start_reply", "parse_status_reply",
+           "parse_stop_reply", "parse_verify_start_reply", "parse_verify_status_reply", "parse_verify_stop_reply"]
