@@ -179,13 +179,6 @@ def test_a_brain_run_writes_no_secret_and_keeps_its_home_private(fleeter, fake_c
 # --------------------------------------------------------------------------- a peer
 
 
-class PeerVerifierSpecLeak(Exception):
-    """The known leak of issue 10 item 6: the peer's ``run`` verifier writes the whole
-    environment into ``attempts/<id>/verify-N/spec.json`` (fixed in hostcli.py by the
-    peer helper). Raised only when that file is the *only* place a secret was found, so
-    the xfail below cannot hide any other leak."""
-
-
 def peer_run(fleeter: Any, fake_claude: Any, peer_lab: Any, secret_env: dict[str, str]) -> Any:
     fleeter.make_repo()
     mini = peer_lab.machine("mini")
@@ -229,16 +222,10 @@ def test_a_peer_run_keeps_both_homes_private_and_no_secret_comes_back(fleeter, f
     check_home(fleeter.home, secret_env)
 
 
-@pytest.mark.xfail(strict=True, raises=PeerVerifierSpecLeak, reason="fixed by the peer/brain helper "
-                   "(hostcli.py writes the whole environment into the peer verifier's spec.json)")
 def test_a_peer_run_leaves_no_secret_in_the_peer_home(fleeter, fake_claude, secret_env, peer_lab):
     mini = peer_run(fleeter, fake_claude, peer_lab, secret_env)
     hits = leaks([mini.home], secret_env) + ledger_leaks(mini.home, secret_env)
-    others = [h for h in hits if not (Path(h.split(": ")[0]).name == "spec.json"
-                                      and Path(h.split(": ")[0]).parent.name.startswith("verify-"))]
-    assert others == [], "\n".join(hits)
-    if hits:
-        raise PeerVerifierSpecLeak("\n".join(hits))
+    assert hits == [], "\n".join(hits)
 
 
 def test_the_scan_finds_what_it_looks_for(tmp_path):
