@@ -76,6 +76,10 @@ def queue_items(config: Any, items: list[Any], out: TextIO) -> list[Task]:
     src = ",".join(config.option.files)
     digest = "|".join(source_hash(f) for f in config.option.files) + "|k=" + (config.getoption("keyword") or "")
     tasks = led.add_tasks(items, source=src, source_hash=digest, settings=config.file_settings)
+    by_name = {t.name: t for t in tasks}
+    for reuse in config.stash.get("branch_reuse", []):
+        if reuse.task_name in by_name:  # the user named a branch fleetrun made for this task before
+            led.add_note(by_name[reuse.task_name].id, reuse.note)
     notify = notifier(config)
     for t in tasks:
         config.hook.fleetrun_transition(task=t, from_state="", to_state=t.state.value, cause="queued",

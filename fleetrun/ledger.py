@@ -652,6 +652,27 @@ class Ledger:
             out.append(VerdictRow(**d))
         return out
 
+    def branch_owner(self, name: str, branch: str, repo: str) -> Optional[str]:
+        """The id of the newest task named ``name`` that worked on ``branch`` in the
+        repository at ``repo`` (its attempts' workspaces say where), or None.
+
+        A task's ``branch`` column is only set from the workspace fleetrun prepared for
+        it, and collection refuses a ``branch =`` that exists and is not fleetrun's, so a
+        hit means fleetrun created that branch for a task of this name.
+        """
+        want = os.path.realpath(repo)
+        rows = self.conn.execute(
+            "SELECT id, spec FROM tasks WHERE name=? AND branch=? ORDER BY created DESC, seq DESC", (name, branch)
+        ).fetchall()
+        for row in rows:
+            where = [str((a.workspace or {}).get("repo") or "") for a in self.attempts(row["id"])]
+            where = [w for w in where if w] or [str(self._spec(row["spec"]).cwd)]
+            for w in where:
+                real = os.path.realpath(w)
+                if real == want or real.startswith(want.rstrip(os.sep) + os.sep):
+                    return str(row["id"])
+        return None
+
     # -- notes -------------------------------------------------------------------------
 
     def add_note(self, task_id: str, text: str) -> None:
