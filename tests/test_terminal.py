@@ -117,3 +117,23 @@ def test_no_raw_control_characters_reach_the_terminal(fleeter, fake_claude):
     assert logs.ret == 0 and _leaks(logs.stdout) == [], logs.stdout
     logs.fnmatch_lines(["rtl\\u202eevil task_* ?NEEDS_HUMAN?*", "*FAIL verifier 1 (run: cat out.txt*\\x1b?2J*",
                         "*| agent says \\x1b?2J*"])
+
+
+def test_relay_peers_shows_a_peers_reply_escaped(fleeter):
+    """A peer's probe reply (cached in peers-state.json) with escapes in its tool
+    versions and its last error: `relay peers --cached` prints them escaped."""
+    import json
+    import time
+
+    fleeter.home.mkdir(parents=True, exist_ok=True)
+    (fleeter.home / "peers.toml").write_text('[peers.mini]\naddress = "me@127.0.0.1"\n')
+    now = time.time()
+    probe = {"fleetrun": "0.1.0\x1b]0;owned\x07", "tools": {"git": "2.43\x1b[2J", "claude": "2.1\x9b6n"},
+             "os": "linux", "arch": "x86_64", "free_mem_mb": 1000, "load_per_core": 0.1, "free_disk_mb": 9000,
+             "running": 0, "features": ["stop\x1b[5m"]}
+    (fleeter.home / "peers-state.json").write_text(json.dumps({"mini": {
+        "last_heard": now - 5, "probe": probe, "error": "refused \x1b[2J", "error_at": now}}))
+    r = fleeter.run("relay", "peers", "--cached")
+    assert "Traceback" not in r.stderr, r.stderr
+    assert _leaks(r.stdout) == [] and _leaks(r.stderr) == [], r.stdout
+    r.fnmatch_lines(["*fleetrun 0.1.0\\x1b]0;owned\\x07*git 2.43\\x1b?2J*"])
