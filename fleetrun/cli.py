@@ -164,7 +164,9 @@ def format_usage_error(e: UsageError) -> str:
     from .textutil import safe_text
 
     errors = e.errors if isinstance(e, UsageErrors) else [e]
-    return "\n".join(safe_text(x.format(), keep="\t") for x in errors)
+    # newlines stay: some messages are laid out on lines; what a user or agent wrote
+    # (names, values) is escaped where it is quoted, newlines included
+    return "\n".join(safe_text(x.format(), keep="\t\n") for x in errors)
 
 
 def _is_space(e: BaseException) -> bool:

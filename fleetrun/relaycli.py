@@ -33,7 +33,7 @@ from .peers import (
     status_of,
     unusable_reason,
 )
-from .textutil import safe_text
+from .textutil import LINES, safe_text
 
 RULE = "─" * 74
 PROBE_TIMEOUT_S = 15.0
@@ -114,10 +114,10 @@ def cmd_add(config: Any, ns: argparse.Namespace, out: TextIO, err: TextIO) -> in
     try:
         t = connect(peer, home, accept_new=ns.accept_new, notes=notes)
     except HostKeyRefused as e:
-        print(f"ERROR: relay add {safe_text(name)}: {safe_text(e)}", file=err)
+        print(f"ERROR: relay add {safe_text(name)}: {safe_text(e, keep=LINES)}", file=err)
         return ExitCode.TASKS_FAILED
     except PeerUnreachable as e:
-        print(f"ERROR: relay add {safe_text(name)}: {safe_text(e)}", file=err)
+        print(f"ERROR: relay add {safe_text(name)}: {safe_text(e, keep=LINES)}", file=err)
         return ExitCode.TASKS_FAILED
     connect_ms = (time.monotonic() - start) * 1000
     for note in notes:

@@ -46,6 +46,9 @@ def safe_text(s: object, limit: Optional[int] = None, keep: str = "\t") -> str:
     return out
 
 
+#: ``keep=`` for text whose lines are meant to be lines.
+LINES = "\t\n"
+
 #: How long a task name may be when printed inside another line.
 NAME_LIMIT = 80
 
