@@ -199,7 +199,10 @@ def _internal_error(config: Any, err: TextIO) -> int:
     except OSError:
         where = "the traceback follows:\n" + text
     last = text.strip().splitlines()[-1] if text.strip() else "unknown"
-    print(f"INTERNAL ERROR: {last}\n{where}", file=err)
+    from .textutil import LINES, safe_text
+
+    # an exception's message can quote what an agent or a peer wrote
+    print(safe_text(f"INTERNAL ERROR: {safe_text(last)}\n{where}", keep=LINES), file=err)
     return ExitCode.INTERNAL_ERROR
 
 
