@@ -115,7 +115,7 @@ def main(args: Optional[list[str]] = None, plugins: Optional[list[Any]] = None,
             return config
         return int(_dispatch(config, out, err))
     except UsageError as e:
-        print(e.format(), file=err)
+        print(format_usage_error(e), file=err)
         return ExitCode.USAGE_ERROR
     except KeyboardInterrupt:
         print("interrupted", file=err)
@@ -126,17 +126,22 @@ def main(args: Optional[list[str]] = None, plugins: Optional[list[Any]] = None,
         except (OSError, ValueError):
             pass
         return ExitCode.OK
-    except (OSError, sqlite3.OperationalError) as e:
-        from .session import is_space_error
-
-        if not is_space_error(e):
-            return _internal_error(config, err)
+    except sqlite3.DatabaseError as e:
+        if isinstance(e, sqlite3.OperationalError):
+            if not _is_space(e):
+                return _internal_error(config, err)
+            return _space_error(config, e, err)
+        # a ledger damaged after it was opened (opening checks it: ledger.Ledger)
         from .config import default_home
 
         home = config.home if config is not None and not isinstance(config, int) else default_home()
-        print(f"ERROR: cannot write to {home}: {e} (is the disk full or read-only?). Nothing was "
-              "started; run again when there is room.", file=err)
-        return ExitCode.INTERNAL_ERROR
+        print(format_usage_error(UsageError(
+            f"the ledger is damaged ({e}); move it aside to start a new one", file=str(home / "state.db"))), file=err)
+        return ExitCode.USAGE_ERROR
+    except OSError as e:
+        if not _is_space(e):
+            return _internal_error(config, err)
+        return _space_error(config, e, err)
     except SystemExit as e:  # argparse
         code = e.code if isinstance(e.code, int) else ExitCode.USAGE_ERROR
         return ExitCode.USAGE_ERROR if code == 2 else code
@@ -151,6 +156,32 @@ def main(args: Optional[list[str]] = None, plugins: Optional[list[Any]] = None,
             led = config.stash.pop("ledger", None)
             if led is not None:
                 led.close()
+
+
+def format_usage_error(e: UsageError) -> str:
+    """The ``ERROR: ...`` lines of a usage error, with every control character in them
+    made visible: a name, path or value quoted in one must not drive the terminal."""
+    from .textutil import safe_text
+
+    errors = e.errors if isinstance(e, UsageErrors) else [e]
+    # newlines stay: some messages are laid out on lines; what a user or agent wrote
+    # (names, values) is escaped where it is quoted, newlines included
+    return "\n".join(safe_text(x.format(), keep="\t\n") for x in errors)
+
+
+def _is_space(e: BaseException) -> bool:
+    from .session import is_space_error
+
+    return bool(is_space_error(e))
+
+
+def _space_error(config: Any, e: BaseException, err: TextIO) -> int:
+    from .config import default_home
+
+    home = config.home if config is not None and not isinstance(config, int) else default_home()
+    print(f"ERROR: cannot write to {home}: {e} (is the disk full or read-only?). Nothing was "
+          "started; run again when there is room.", file=err)
+    return ExitCode.INTERNAL_ERROR
 
 
 def _internal_error(config: Any, err: TextIO) -> int:
@@ -168,7 +199,10 @@ def _internal_error(config: Any, err: TextIO) -> int:
     except OSError:
         where = "the traceback follows:\n" + text
     last = text.strip().splitlines()[-1] if text.strip() else "unknown"
-    print(f"INTERNAL ERROR: {last}\n{where}", file=err)
+    from .textutil import LINES, safe_text
+
+    # an exception's message can quote what an agent or a peer wrote
+    print(safe_text(f"INTERNAL ERROR: {safe_text(last)}\n{where}", keep=LINES), file=err)
     return ExitCode.INTERNAL_ERROR
 
 
@@ -269,6 +303,8 @@ def _configure(args: list[str], plugins: Optional[list[Any]], out: TextIO, err: 
     config = Config(pm, ns, home)
     config.out = out
     config.err = err
+    if verb != "host":  # a mistake in config.toml is reported at once, with its line
+        config.settings  # noqa: B018 - loads and checks config.toml
     if verb in ("run", "validate", "queue"):
         files = [Path(f) for f in (ns.files or ["tasks.toml"])]
         ns.files = [str(f.resolve()) for f in files]
@@ -312,9 +348,19 @@ def source_hash(path: str) -> str:
     return hashlib.sha256(path.encode() + b"\0" + data).hexdigest()
 
 
+def _branch_owner(config: Any) -> Optional[Callable[[str, str, str], Optional[str]]]:
+    """Who fleetrun created a branch for, from the ledger; None when there is no
+    ledger yet (then fleetrun created no branch; ``validate`` makes no ledger)."""
+    if not (config.home / "state.db").exists():
+        return None
+    from .commands import open_ledger
+
+    return open_ledger(config).branch_owner
+
+
 def collect(config: Any) -> list[Any]:
     """Collect every file named on the command line; raise all usage errors at once."""
-    from .collect import KeyTable, check_graph
+    from .collect import KeyTable, check_branches, check_graph
 
     keys = KeyTable.build(config.hook.fleetrun_task_keys(config=config))
     files = []
@@ -340,6 +386,9 @@ def collect(config: Any) -> list[Any]:
             continue
         files.append(tf)
     errors.extend(check_graph(files + graph_only, config.invocation_dir))
+    branch_errors, reuse = check_branches(files + graph_only, _branch_owner(config), config.invocation_dir)
+    errors.extend(branch_errors)
+    config.stash["branch_reuse"] = reuse
     if errors:
         order = {f: i for i, f in enumerate(config.option.files)}
         errors.sort(key=lambda e: (order.get(str(Path(e.file or "").resolve()), 0), e.line or 0))

@@ -12,9 +12,10 @@ import re
 import sys
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Iterable, Optional
+from typing import Any, Callable, Iterable, Optional
 
 from .exceptions import UsageError, UsageErrors
+from .gitutil import GitError, git, repo_toplevel
 from .taskspec import (
     DEFAULT_MAX_RETRIES,
     DEFAULT_STALL_TIMEOUT_MIN,
@@ -26,6 +27,7 @@ from .taskspec import (
     VerifySpec,
     ref_problem,
 )
+from .textutil import safe_name
 
 if sys.version_info >= (3, 11):
     import tomllib
@@ -58,7 +60,8 @@ def _name_check(v: str) -> Optional[str]:
         return "must not be empty"
     if v.startswith("-"):
         return f"{v!r} starts with '-'"
-    if any(ord(c) < 32 or ord(c) == 127 for c in v):
+    # C1 too: U+009B is CSI on some terminals, as good as ESC [
+    if any(ord(c) < 32 or 127 <= ord(c) <= 159 for c in v):
         return "must not contain control characters"
     if len(v) > 100:
         return "is longer than 100 characters"
@@ -368,7 +371,7 @@ def _collect_task(
 ) -> Optional[TaskSpec]:
     head = lines.get("task", i)
     name = raw.get("name")
-    who = f"task '{name}'" if isinstance(name, str) and name else f"task #{i + 1}"
+    who = f"task '{safe_name(name)}'" if isinstance(name, str) and name else f"task #{i + 1}"
     n_before = len(errs.items)
 
     for required in ("name", "prompt"):
@@ -415,6 +418,17 @@ def _collect_task(
             errs.add(line, f"{who}: paths", f"{p!r} is absolute; paths are relative to cwd")
         elif os.path.normpath(p).split(os.sep)[0] == "..":
             errs.add(line, f"{who}: paths", f"{p!r} escapes cwd")
+        else:
+            # the text can be inside cwd while a symlink on the way leads out of it
+            # (`root -> /` makes `root/etc/shadow` /etc/shadow): judge where it resolves
+            try:
+                real_cwd = os.path.realpath(cwd)
+                real = os.path.realpath(os.path.join(real_cwd, p))
+            except (OSError, ValueError) as e:
+                errs.add(line, f"{who}: paths", f"{p!r} is not a usable path ({e})")
+                continue
+            if real != real_cwd and not real.startswith(real_cwd.rstrip(os.sep) + os.sep):
+                errs.add(line, f"{who}: paths", f"{p!r} resolves to {real}, outside cwd")
 
     deps = good.get("depends_on", [])
     if isinstance(name, str) and name in deps:
@@ -515,7 +529,8 @@ def check_graph(files: list[TaskFile], invocation_dir: Optional[Path] = None) ->
             if node.name in by_name:
                 first = by_name[node.name]
                 errors.append(UsageError(f"duplicate task name (first defined at {first.file}:{first.name_line})",
-                                         file=node.file, line=node.name_line, key=f"task '{node.name}': name"))
+                                         file=node.file, line=node.name_line,
+                                         key=f"task '{safe_name(node.name)}': name"))
             else:
                 by_name[node.name] = node
 
@@ -556,3 +571,85 @@ def check_graph(files: list[TaskFile], invocation_dir: Optional[Path] = None) ->
                 color[name] = 2
                 path.pop()
     return errors
+
+
+# ---------------------------------------------------------------------------------
+# Branches: fleetrun works only on branches it creates.
+
+#: ``owner(task name, branch, repository) -> id of the task fleetrun created that
+#: branch for``, or None (the ledger answers it).
+BranchOwner = Callable[[str, str, str], Optional[str]]
+
+
+@dataclass
+class BranchReuse:
+    """A task names a branch fleetrun created for an earlier task of the same name."""
+
+    task_name: str
+    branch: str
+    owner_id: str
+
+    @property
+    def note(self) -> str:
+        return f"reusing branch {self.branch} that fleetrun created for task {self.task_name} ({self.owner_id})"
+
+
+def _branch_exists(repo: str, branch: str) -> bool:
+    try:
+        git(repo, "rev-parse", "--verify", "--quiet", "--end-of-options", f"refs/heads/{branch}")
+        return True
+    except GitError:
+        return False
+
+
+def check_branches(
+    files: list[TaskFile], owner: Optional[BranchOwner] = None, invocation_dir: Optional[Path] = None
+) -> tuple[list[UsageError], list[BranchReuse]]:
+    """Every ``branch =`` across all collected files: one task per branch of a
+    repository, and no branch that already exists there unless the ledger shows
+    fleetrun created it for a task of the same name (then it is reused, and said so).
+
+    ``branch = "main"`` would otherwise commit the agent's work straight onto the
+    user's main, and two tasks naming one branch would stack their commits on it.
+    """
+    errors: list[UsageError] = []
+    reuse: list[BranchReuse] = []
+    seen: dict[tuple[str, str], tuple[TaskSpec, str, int]] = {}
+    repos: dict[str, Optional[tuple[str, str]]] = {}
+    for f in files:
+        display = display_path(Path(f.path), invocation_dir)
+        for spec in f.tasks:
+            if not spec.branch:
+                continue
+            line = spec.key_lines.get("branch", spec.line)
+            key = f"task '{safe_name(spec.name)}': branch"
+            if spec.cwd not in repos:
+                top = repo_toplevel(spec.cwd)
+                try:
+                    common = git(top, "rev-parse", "--git-common-dir").strip() if top else ""
+                except GitError:
+                    common = ""
+                repos[spec.cwd] = (top, os.path.realpath(os.path.join(top, common))) if top and common else None
+            found = repos[spec.cwd]
+            if found is None:
+                continue  # not in a repository: the worktree plugin reports that if git_ref needs one
+            top, common = found
+            first = seen.get((common, spec.branch))
+            if first is not None:
+                other, other_file, other_line = first
+                errors.append(UsageError(
+                    f"branch '{safe_name(spec.branch)}' is also named by task '{safe_name(other.name)}' "
+                    f"({other_file}:{other_line}); each task needs a branch of its own",
+                    file=display, line=line, key=key))
+                continue
+            seen[(common, spec.branch)] = (spec, display, line)
+            if not _branch_exists(top, spec.branch):
+                continue
+            owner_id = owner(spec.name, spec.branch, top) if owner is not None else None
+            if owner_id is not None:
+                reuse.append(BranchReuse(spec.name, spec.branch, owner_id))
+                continue
+            errors.append(UsageError(
+                f"branch '{safe_name(spec.branch)}' already exists in {top}; fleetrun only works on branches "
+                "it creates (leave branch out, or name a new one)", file=display, line=line, key=key))
+    return errors, reuse

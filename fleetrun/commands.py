@@ -11,6 +11,7 @@ from . import ops
 from .exceptions import ExitCode, UsageError
 from .ledger import Ledger, Task
 from .states import State
+from .textutil import safe_name, safe_text
 
 
 def open_ledger(config: Any) -> Ledger:
@@ -59,13 +60,13 @@ def cmd_validate(config: Any, out: TextIO, err: TextIO) -> int:
 
     for f in config.stash["files"]:
         n = len([t for t in f.tasks if t in items])
-        shown = display_path(Path(f.path), config.invocation_dir)
+        shown = safe_text(display_path(Path(f.path), config.invocation_dir))
         if n:
             print(f"{shown}: {n} task{'s' if n != 1 else ''}, valid", file=out)
         else:
             print(f"{shown}: no tasks collected", file=out)
     for line in config.stash.get("warnings", []):
-        print(f"warning: {line}", file=err)
+        print(f"warning: {safe_text(line)}", file=err)
     return ExitCode.OK if items else ExitCode.NO_TASKS_COLLECTED
 
 
@@ -76,6 +77,10 @@ def queue_items(config: Any, items: list[Any], out: TextIO) -> list[Task]:
     src = ",".join(config.option.files)
     digest = "|".join(source_hash(f) for f in config.option.files) + "|k=" + (config.getoption("keyword") or "")
     tasks = led.add_tasks(items, source=src, source_hash=digest, settings=config.file_settings)
+    by_name = {t.name: t for t in tasks}
+    for reuse in config.stash.get("branch_reuse", []):
+        if reuse.task_name in by_name:  # the user named a branch fleetrun made for this task before
+            led.add_note(by_name[reuse.task_name].id, reuse.note)
     notify = notifier(config)
     for t in tasks:
         config.hook.fleetrun_transition(task=t, from_state="", to_state=t.state.value, cause="queued",
@@ -91,7 +96,7 @@ def cmd_queue(config: Any, out: TextIO, err: TextIO) -> int:
         return ExitCode.NO_TASKS_COLLECTED
     tasks = queue_items(config, items, out)
     for t in tasks:
-        print(f"queued {t.id}  {t.name}  [{t.state}]", file=out)
+        print(f"queued {t.id}  {safe_name(t.name)}  [{t.state}]", file=out)
     from .session import wake_loop
 
     wake_loop(config.home)
@@ -105,7 +110,7 @@ def cmd_run(config: Any, out: TextIO, err: TextIO) -> int:
     if config.getoption("collect_only"):
         for t in items:
             deps = f"  (after {', '.join(t.depends_on)})" if t.depends_on else ""
-            print(f"<Task {t.name}>{deps}", file=out)
+            print(f"<Task {safe_name(t.name)}>{safe_text(deps)}", file=out)
         print(f"\n{len(items)} task{'s' if len(items) != 1 else ''} collected", file=out)
         return ExitCode.OK if items else ExitCode.NO_TASKS_COLLECTED
     if not items:
@@ -148,7 +153,8 @@ def cmd_status(config: Any, out: TextIO, err: TextIO) -> int:
         print("no tasks in the ledger" + (f" in state {config.option.state}" if states else ""), file=out)
         return ExitCode.OK
     now = time.time()
-    wname = max(4, *(len(t.name) for t in tasks))
+    names = {t.id: safe_name(t.name) for t in tasks}  # what a task's name or reason holds is shown, not sent
+    wname = max(4, *(len(n) for n in names.values()))
     wid = max(2, *(len(t.id) for t in tasks))
     print(f"{'NAME':<{wname}}  {'STATE':<11}  {'ATT':>3}  {'WHERE':<10}  {'AGE':>5}  {'COST':>7}  {'ID':<{wid}}  REASON", file=out)
     waits = json.loads(led.get_meta("waits") or "{}")
@@ -162,8 +168,8 @@ def cmd_status(config: Any, out: TextIO, err: TextIO) -> int:
         if e and e.get("error") and (e.get("error_at") or 0) >= (e.get("last_heard") or 0):
             reason = (f"{t.host} has not answered for {ago(e.get('last_heard'), now)}; the attempt may still "
                       "run there, so the task waits (fleetrun cancel to give up)")
-        print(f"{t.name:<{wname}}  {t.state.value:<11}  {t.attempts:>3}  {_where(t):<10}  {ago(t.created, now):>5}  "
-              f"{cost:>7}  {t.id:<{wid}}  {reason}", file=out)
+        print(f"{names[t.id]:<{wname}}  {t.state.value:<11}  {t.attempts:>3}  {safe_text(_where(t)):<10}  "
+              f"{ago(t.created, now):>5}  {cost:>7}  {t.id:<{wid}}  {safe_text(reason)}", file=out)
     return ExitCode.OK
 
 
@@ -177,7 +183,7 @@ def _print_supervisor_line(config: Any, led: Ledger, out: TextIO) -> None:
     except ImportError:  # pragma: no cover
         line = None
     if line:
-        print(line, file=out)
+        print(safe_text(line), file=out)
 
 
 def why(t: Task, by_id: dict[str, Task], waits: dict[str, str]) -> str:
@@ -185,7 +191,7 @@ def why(t: Task, by_id: dict[str, Task], waits: dict[str, str]) -> str:
     if t.state is State.PENDING:
         blocking = [by_id[d] for d in t.deps if d in by_id and by_id[d].state is not State.DONE]
         if blocking:
-            return "waiting for " + ", ".join(f"{d.name} ({d.state})" for d in blocking)
+            return "waiting for " + ", ".join(f"{safe_name(d.name)} ({d.state})" for d in blocking)
         return "dependencies done; waiting for the loop"
     if t.state in (State.READY, State.RETRYING, State.RESUMING):
         return waits.get(t.id) or ("waiting for a place" if t.state is State.READY else t.reason)
@@ -209,7 +215,8 @@ def _print_graph(led: Ledger, tasks: list[Task], out: TextIO) -> None:
         reason = why(t, by_id, waits)
         again = t.id in seen
         extra = f"  {reason}" if reason and not again else ""
-        print(f"{'  ' * depth}{t.name} [{t.state}] {t.id}{' (see above)' if again else ''}{extra}", file=out)
+        print(f"{'  ' * depth}{safe_name(t.name)} [{t.state}] {t.id}{' (see above)' if again else ''}"
+              f"{safe_text(extra)}", file=out)
         if again:
             return
         seen.add(t.id)
@@ -236,37 +243,38 @@ def cmd_logs(config: Any, out: TextIO, err: TextIO) -> int:
             "attempts": [a.__dict__ for a in attempts.values()],
         }, indent=2, default=str), file=out)
         return ExitCode.OK
-    print(f"{task.name} {task.id} [{task.state}]  cost ${task.cost_usd:.2f}", file=out)
+    print(f"{safe_name(task.name)} {task.id} [{task.state}]  cost ${task.cost_usd:.2f}", file=out)
     events: list[tuple[float, int, str]] = []
     for r in rows:
         where = f" attempt {r.attempt}" if r.attempt else ""
         host = f" on {r.host}" if r.host else ""
         src = r.from_state or ""
-        events.append((r.time, 0, f"{src:>11} -> {r.to_state:<11} {r.cause}{where}{host}"))
+        events.append((r.time, 0, f"{src:>11} -> {r.to_state:<11} {safe_text(r.cause)}{where}{safe_text(host)}"))
     for v in verdicts:
         att = attempts.get(v.attempt_id)
         num = att.number if att else "?"
-        head = f"{'PASS' if v.passed else 'FAIL'} verifier {v.idx + 1} ({v.kind}: {v.label}) attempt {num}"
+        head = (f"{'PASS' if v.passed else 'FAIL'} verifier {v.idx + 1} ({safe_text(v.kind)}: {safe_text(v.label)}) "
+                f"attempt {num}")
         if v.reason:
-            head += f": {v.reason}"
+            head += f": {safe_text(v.reason)}"
         if v.cost_usd:
             head += f" (${v.cost_usd:.2f})"
-        body = "".join(f"\n    | {line}" for line in v.output.rstrip().splitlines()[-40:])
+        body = "".join(f"\n    | {safe_text(line)}" for line in v.output.rstrip().splitlines()[-40:])
         events.append((v.time, 1, head + body))
     for a in attempts.values():
         if a.ended:
-            text = f"attempt {a.number} ({a.kind}) ended: {a.outcome or '-'}"
+            text = f"attempt {a.number} ({a.kind}) ended: {safe_text(a.outcome or '-')}"
             if a.cost_usd:
                 text += f", ${a.cost_usd:.2f}"
             if a.dir:
-                text += f", log {Path(a.dir) / 'log'}"
+                text += f", log {safe_text(Path(a.dir) / 'log')}"
             for d in (a.info or {}).get("denials") or []:
                 if isinstance(d, dict):
                     tool_input = json.dumps(d.get("tool_input", {}))[:120]
-                    text += f"\n    permission denied: {d.get('tool_name')} {tool_input}"
+                    text += f"\n    permission denied: {safe_text(d.get('tool_name'), limit=80)} {safe_text(tool_input)}"
             events.append((a.ended, 0, text))
     for t, text in led.notes(task.id):
-        events.append((t, 2, f"note: {text}"))
+        events.append((t, 2, f"note: {safe_text(text)}"))
     for t, _, text in sorted(events, key=lambda e: (e[0], e[1])):
         stamp = time.strftime("%Y-%m-%d %H:%M:%S", time.localtime(t))
         print(f"{stamp}  {text}", file=out)
@@ -279,15 +287,15 @@ def cmd_cancel(config: Any, out: TextIO, err: TextIO) -> int:
     active = led.latest_attempt(task.id) if task.state in (State.ASSIGNED, State.RUNNING, State.VERIFYING) else None
     changed, moved = ops.cancel(led, task, notifier(config))
     if not changed:
-        print(f"{task.name} {task.id} was already CANCELLED", file=out)
+        print(f"{safe_name(task.name)} {task.id} was already CANCELLED", file=out)
         return ExitCode.OK
     if active is not None:
         from .hosts import stop_attempt
 
         stop_attempt(config, active)
-    print(f"cancelled {task.name} {task.id}", file=out)
+    print(f"cancelled {safe_name(task.name)} {task.id}", file=out)
     for t in moved:
-        print(f"  {t.name} {t.id} -> {t.state} ({t.reason})", file=out)
+        print(f"  {safe_name(t.name)} {t.id} -> {t.state} ({safe_text(t.reason)})", file=out)
     return ExitCode.OK
 
 
@@ -299,7 +307,7 @@ def cmd_retry(config: Any, out: TextIO, err: TextIO) -> int:
     else:
         moved = ops.retry(led, task, notifier(config))
     for t in moved:
-        print(f"{t.name} {t.id} -> {t.state}", file=out)
+        print(f"{safe_name(t.name)} {t.id} -> {t.state}", file=out)
     return ExitCode.OK
 
 
@@ -308,7 +316,7 @@ def cmd_approve(config: Any, out: TextIO, err: TextIO) -> int:
     task = ops.resolve(led, config.option.task)
     moved = ops.approve(led, task, notifier(config))
     for t in moved:
-        print(f"{t.name} {t.id} -> {t.state}", file=out)
+        print(f"{safe_name(t.name)} {t.id} -> {t.state}", file=out)
     return ExitCode.OK
 
 

@@ -131,6 +131,30 @@ class Config:
         return self.home.joinpath(*parts)
 
 
+def _describe(value: Any) -> str:
+    if isinstance(value, bool):
+        return "true/false"
+    if isinstance(value, str):
+        return "a string"
+    if isinstance(value, (int, float)):
+        return f"the number {value}"
+    if isinstance(value, dict):
+        return "a table"
+    if isinstance(value, list):
+        return "a list"
+    return type(value).__name__
+
+
+def _str_list_problem(value: Any) -> Optional[str]:
+    """None for a list of strings; else what the value is instead."""
+    if not isinstance(value, list):
+        return _describe(value)
+    for item in value:
+        if not isinstance(item, str):
+            return f"a list holding {_describe(item)}"
+    return None
+
+
 def load_config_toml(path: Path) -> dict[str, Any]:
     if not path.exists():
         return {}
@@ -148,6 +172,14 @@ def load_config_toml(path: Path) -> dict[str, Any]:
             errors.append(UsageError(f"unknown table{hint}", file=str(path), line=lines.get("top", key), key=key))
         elif not isinstance(value, dict):
             errors.append(UsageError("must be a table", file=str(path), line=lines.get("top", key), key=key))
+    relay = data.get("relay")
+    if isinstance(relay, dict) and "tags" in relay:
+        # a string would be read as its letters (`"gpu"` -> g, p, u) by whatever iterates it
+        problem = _str_list_problem(relay["tags"])
+        if problem:
+            errors.append(UsageError(f"expected a list of strings, got {problem}", file=str(path),
+                                     line=lines.get("table", "relay", "tags", default=lines.get("top", "relay")),
+                                     key="relay.tags"))
     if errors:
         from .exceptions import UsageErrors
 

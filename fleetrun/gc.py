@@ -3,36 +3,141 @@
 Lists them; with ``--yes`` removes them. A dirty worktree, or one whose branch holds
 commits found on no other branch, is kept unless ``--force``. Branches are never
 deleted: the work on them is yours.
+
+What lies in ``worktrees/`` and ``attempts/`` is not trusted to be what fleetrun put
+there: gc never follows a symlink (it removes the link itself), never removes
+anything that does not resolve inside the home, and runs git for a worktree only
+once the repository's side confirms it (:func:`~fleetrun.gitutil.pin_worktree`): a
+folder whose ``.git`` names anything else is "not a git worktree fleetrun can read",
+and ``--force`` removes only that folder, with no git run in whatever it names.
 """
 
 from __future__ import annotations
 
+import os
 import shutil
+import stat
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Optional, TextIO
 
 from .exceptions import ExitCode
-from .gitutil import GitError, git, is_dirty, repo_lock
+from .gitutil import GitError, Pinned, WorktreeTampered, git, pin_worktree, repo_lock, wt_git
 from .taskspec import safe_slug
+from .textutil import safe_text
 
 
-def _worktree_facts(path: Path) -> tuple[Optional[str], Optional[str], bool, int]:
-    """(repo folder, branch, dirty, commits only on this branch) of a worktree."""
+@dataclass
+class Facts:
+    """What gc knows about a folder in ``worktrees/``."""
+
+    pinned: Optional[Pinned] = None
+    branch: Optional[str] = None
+    dirty: bool = False
+    unique: int = 0
+
+
+def _inside(path: str, root: str) -> bool:
+    return path == root or path.startswith(root.rstrip(os.sep) + os.sep)
+
+
+def _pin(path: Path) -> Optional[Pinned]:
+    """The worktree at ``path`` pinned to its repository, or None when its ``.git`` is not
+    a plain file naming a ``<common>/worktrees/<name>`` folder whose repository confirms
+    the worktree (a ``.git`` pointing at a repository itself, or anywhere else, is not
+    followed)."""
+    dotgit = path / ".git"
     try:
-        top = git(path, "rev-parse", "--show-toplevel").strip()
-        common = git(top, "rev-parse", "--git-common-dir").strip()
-        repo = str((Path(top) / common).resolve().parent)
-        branch = git(top, "rev-parse", "--abbrev-ref", "HEAD").strip()
-        dirty = is_dirty(top)
+        st = os.lstat(dotgit)
+        if not stat.S_ISREG(st.st_mode) or st.st_size > 4096:
+            return None
+        text = dotgit.read_text(encoding="utf-8", errors="replace").strip()
+    except OSError:
+        return None
+    if not text.startswith("gitdir:"):
+        return None
+    target = text[len("gitdir:"):].strip()
+    admin = os.path.realpath(target if os.path.isabs(target) else os.path.join(path, target))
+    if os.path.basename(os.path.dirname(admin)) != "worktrees":
+        return None
+    try:
+        back = (Path(admin) / "commondir").read_text(encoding="utf-8", errors="replace").strip()
+    except OSError:
+        return None
+    common = os.path.realpath(back if os.path.isabs(back) else os.path.join(admin, back))
+    if common != os.path.dirname(os.path.dirname(admin)):
+        return None
+    try:
+        return pin_worktree(path, common)
+    except WorktreeTampered:
+        return None
+
+
+def _worktree_facts(path: Path) -> Facts:
+    """Branch, dirty, and commits only on this branch, of a worktree git is run for
+    only once it is pinned."""
+    pinned = _pin(path)
+    if pinned is None:
+        return Facts()
+    try:
+        branch = wt_git(pinned, "rev-parse", "--abbrev-ref", "HEAD").strip()
+        dirty = bool(wt_git(pinned, "status", "--porcelain", "--untracked-files=all").strip())
         # commits reachable from HEAD and from no other branch or tag (a detached HEAD's
         # commits are on no branch at all). --exclude patterns for --branches have no
         # refs/heads/ prefix.
         other = [f"--exclude={branch}"] if branch and branch != "HEAD" else []
-        out = git(top, "rev-list", "--count", "HEAD", "--not", *other, "--branches", "--tags")
+        out = wt_git(pinned, "rev-list", "--count", "HEAD", "--not", *other, "--branches", "--tags")
         unique = int(out.strip() or 0)
-        return repo, (branch if branch != "HEAD" else None), dirty, unique
-    except (GitError, ValueError, OSError):
-        return None, None, False, 0
+    except (GitError, WorktreeTampered, ValueError, OSError):
+        return Facts()
+    return Facts(pinned, branch if branch != "HEAD" else None, dirty, unique)
+
+
+def _remove_entry(path: Path, home_real: str) -> Optional[str]:
+    """Remove a link or a plain file (never what a link points at). Returns what was
+    removed (``link``/``file``), or None if it is neither."""
+    try:
+        st = os.lstat(path)
+    except FileNotFoundError:
+        return None
+    if stat.S_ISDIR(st.st_mode):
+        return None
+    if not _inside(os.path.realpath(path.parent), home_real):
+        return None
+    os.unlink(path)
+    return "link" if stat.S_ISLNK(st.st_mode) else "file"
+
+
+def _rmtree_inside(path: Path, home_real: str) -> bool:
+    """``shutil.rmtree`` for a real folder that resolves inside the home (rmtree itself
+    removes links inside it without following them)."""
+    if os.path.islink(path) or not path.is_dir():
+        return False
+    if not _inside(os.path.realpath(path), home_real) or os.path.realpath(path) == home_real:
+        return False
+    shutil.rmtree(path)
+    return True
+
+
+def _scan_root(root: Path, home_real: str, out: TextIO) -> list[Path]:
+    """The entries of ``worktrees/`` or ``attempts/``; none when that folder is itself
+    a link or resolves outside the home (its entries are not fleetrun's)."""
+    if os.path.islink(root):
+        print(f"{safe_text(root)} is a link to {safe_text(os.path.realpath(root))}: not followed, nothing in it "
+              "was looked at (remove the link by hand if it is not yours)", file=out)
+        return []
+    if not root.is_dir():
+        return []
+    if not _inside(os.path.realpath(root), home_real):  # pragma: no cover - a link is caught above
+        return []
+    return sorted(root.iterdir())
+
+
+def _link_text(path: Path) -> str:
+    try:
+        return os.readlink(path)
+    except OSError:  # pragma: no cover
+        return "?"
 
 
 def main(config: Any, out: TextIO, err: TextIO) -> int:
@@ -46,49 +151,77 @@ def main(config: Any, out: TextIO, err: TextIO) -> int:
     owned_att = {a.id for a in led.attempts()}
     yes = bool(config.getoption("yes"))
     force = bool(config.getoption("force"))
+    home_real = os.path.realpath(config.home)
     found = 0
 
-    wroot = config.home / "worktrees"
-    for path in sorted(wroot.iterdir()) if wroot.is_dir() else []:
+    for path in _scan_root(config.home / "worktrees", home_real, out):
         if str(path) in owned_wt:
             continue
         found += 1
-        repo, branch, dirty, unique = _worktree_facts(path)
+        shown = safe_text(path)
+        if os.path.islink(path) or not path.is_dir():
+            kind = "link" if os.path.islink(path) else "file"
+            if not yes:
+                extra = f" -> {safe_text(_link_text(path))}" if kind == "link" else ""
+                print(f"orphan {kind} {shown}{extra}", file=out)
+                continue
+            done = _remove_entry(path, home_real)
+            if done:
+                tail = " (what it points at is not touched)" if done == "link" else ""
+                print(f"removed {done} {shown}{tail}", file=out)
+            continue
+        facts = _worktree_facts(path)
         why = []
-        if repo is None:
+        if facts.pinned is None:
             why.append("not a git worktree fleetrun can read")
-        if dirty:
+        if facts.dirty:
             why.append("uncommitted changes")
-        if unique:
-            where = f"on {branch}" if branch else "on a detached HEAD"
-            why.append(f"{unique} commit(s) {where} found on no other branch")
-        facts = ", ".join(why) or "clean"
+        if facts.unique:
+            where = f"on {safe_text(facts.branch)}" if facts.branch else "on a detached HEAD"
+            why.append(f"{facts.unique} commit(s) {where} found on no other branch")
+        text = ", ".join(why) or "clean"
         if not yes:
-            print(f"orphan worktree {path} ({facts})", file=out)
+            print(f"orphan worktree {shown} ({text})", file=out)
             continue
         if why and not force:
-            print(f"kept {path}: {facts} (--force removes the worktree; the branch stays)", file=out)
+            print(f"kept {shown}: {text} (--force removes the worktree; the branch stays)", file=out)
             continue
-        if repo is not None:
-            with repo_lock(config.home / "locks", repo):
-                git(repo, "worktree", "remove", "--force", "--", str(path), check=False)
+        if facts.pinned is not None:
+            p = facts.pinned
+            with repo_lock(config.home / "locks", os.path.dirname(p.common), common=p.common):
+                # git runs in the repository the pin confirmed, naming that repository's
+                # git folder, never from inside the worktree
+                git(p.common, "worktree", "remove", "--force", "--", str(path), check=False)
                 if path.exists():
-                    shutil.rmtree(path)
-                git(repo, "worktree", "prune", check=False)
-        else:
-            shutil.rmtree(path)
-        print(f"removed worktree {path}" + (f" (branch {branch} stays)" if branch else ""), file=out)
+                    _rmtree_inside(path, home_real)
+                    git(p.common, "worktree", "prune", check=False)
+            branch = f" (branch {safe_text(facts.branch)} stays)" if facts.branch else ""
+            print(f"removed worktree {shown}{branch}", file=out)
+        elif _rmtree_inside(path, home_real):
+            print(f"removed folder {shown} (no git was run for it)", file=out)
 
-    aroot = config.home / "attempts"
-    for path in sorted(aroot.iterdir()) if aroot.is_dir() else []:
+    for path in _scan_root(config.home / "attempts", home_real, out):
         if path.name in owned_att:
             continue
         found += 1
-        if yes:
-            shutil.rmtree(path)
-            print(f"removed attempt folder {path}", file=out)
-        else:
-            print(f"orphan attempt folder {path}", file=out)
+        shown = safe_text(path)
+        is_dir = not os.path.islink(path) and path.is_dir()
+        if not yes:
+            if is_dir:
+                print(f"orphan attempt folder {shown}", file=out)
+            else:
+                kind = "link" if os.path.islink(path) else "file"
+                extra = f" -> {safe_text(_link_text(path))}" if kind == "link" else ""
+                print(f"orphan {kind} {shown}{extra}", file=out)
+            continue
+        if is_dir:
+            if _rmtree_inside(path, home_real):
+                print(f"removed attempt folder {shown}", file=out)
+            continue
+        done = _remove_entry(path, home_real)
+        if done:
+            tail = " (what it points at is not touched)" if done == "link" else ""
+            print(f"removed {done} {shown}{tail}", file=out)
 
     if not found:
         print("nothing to collect: every worktree and attempt folder belongs to a task", file=out)

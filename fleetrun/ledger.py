@@ -130,6 +130,10 @@ CREATE TABLE IF NOT EXISTS meta (
 );
 """
 
+#: The tables of a ledger (and SQLite's own); a database with others is not one.
+_TABLES = frozenset({"tasks", "deps", "queues", "attempts", "verdicts", "transitions", "notes", "meta",
+                     "sqlite_sequence"})
+
 
 @dataclass
 class Task:
@@ -266,6 +270,8 @@ class Ledger:
         if not self.path.exists():
             fd = os.open(self.path, os.O_CREAT | os.O_WRONLY, 0o600)
             os.close(fd)
+        else:
+            self._check_not_emptied()
         self.conn = sqlite3.connect(str(self.path), timeout=timeout_s, isolation_level=None)
         try:
             self.conn.row_factory = sqlite3.Row
@@ -274,9 +280,47 @@ class Ledger:
             self.conn.execute("PRAGMA synchronous=FULL")
             self.conn.execute("PRAGMA foreign_keys=ON")
             self._migrate()
+        except sqlite3.DatabaseError as e:
+            self.conn.close()
+            if isinstance(e, sqlite3.OperationalError):  # locked, busy, disk full: not the file's fault
+                raise
+            # garbage, or a truncated copy: "file is not a database", "disk image is malformed"
+            raise self._not_a_ledger(str(e)) from None
         except BaseException:
             self.conn.close()
             raise
+
+    def _not_a_ledger(self, why: str) -> UsageError:
+        return UsageError(f"not a fleetrun ledger ({why}); move it aside to start a new one", file=str(self.path))
+
+    def _check_not_emptied(self) -> None:
+        """SQLite takes a 0-byte file for a new database. fleetrun's first open writes
+        the header at once (switching to WAL does), so a 0-byte ledger next to a WAL
+        file, or in a home that holds attempts or worktrees, is one whose tasks were
+        lost: refuse to start afresh over it. A 0-byte file with nothing around it (a
+        first open that stopped before the schema was written) is initialised."""
+        try:
+            if self.path.stat().st_size != 0:
+                return
+        except OSError:
+            return
+        why = None
+        for side in ("-wal", "-journal"):
+            if os.path.exists(str(self.path) + side):
+                why = f"a {self.path.name}{side} file is beside it"
+                break
+        if why is None:
+            home = self.path.parent
+            for sub, what in (("attempts", "attempt folders"), ("worktrees", "worktrees")):
+                try:
+                    if any((home / sub).iterdir()):
+                        why = f"{home / sub} holds {what} of earlier tasks"
+                        break
+                except OSError:
+                    continue
+        if why is not None:
+            raise UsageError(f"the ledger is empty (0 bytes) but {why}, so its tasks were lost; move it "
+                             "aside to start a new one", file=str(self.path))
 
     def _enable_wal(self, timeout_s: float) -> None:
         # Switching to WAL needs an exclusive lock and SQLite answers "locked" at once
@@ -313,6 +357,12 @@ class Ledger:
                 "FLEETRUN_HOME",
                 file=str(self.path),
             )
+        if version == 0:
+            # a database of another program: adding our tables to it would be wrong twice
+            foreign = sorted(r[0] for r in self.conn.execute(
+                "SELECT name FROM sqlite_master WHERE type='table'") if r[0] not in _TABLES)
+            if foreign:
+                raise self._not_a_ledger(f"it holds the tables {', '.join(foreign[:5])}")
         if version < SCHEMA_VERSION:
             with self.tx() as cur:
                 if cur.execute("PRAGMA user_version").fetchone()[0] >= SCHEMA_VERSION:
@@ -651,6 +701,27 @@ class Ledger:
             d["passed"] = bool(d["passed"])
             out.append(VerdictRow(**d))
         return out
+
+    def branch_owner(self, name: str, branch: str, repo: str) -> Optional[str]:
+        """The id of the newest task named ``name`` that worked on ``branch`` in the
+        repository at ``repo`` (its attempts' workspaces say where), or None.
+
+        A task's ``branch`` column is only set from the workspace fleetrun prepared for
+        it, and collection refuses a ``branch =`` that exists and is not fleetrun's, so a
+        hit means fleetrun created that branch for a task of this name.
+        """
+        want = os.path.realpath(repo)
+        rows = self.conn.execute(
+            "SELECT id, spec FROM tasks WHERE name=? AND branch=? ORDER BY created DESC, seq DESC", (name, branch)
+        ).fetchall()
+        for row in rows:
+            where = [str((a.workspace or {}).get("repo") or "") for a in self.attempts(row["id"])]
+            where = [w for w in where if w] or [str(self._spec(row["spec"]).cwd)]
+            for w in where:
+                real = os.path.realpath(w)
+                if real == want or real.startswith(want.rstrip(os.sep) + os.sep):
+                    return str(row["id"])
+        return None
 
     # -- notes -------------------------------------------------------------------------
 

@@ -34,6 +34,7 @@ from .peers import (
     status_of,
     unusable_reason,
 )
+from .textutil import LINES, safe_text
 
 RULE = "─" * 74
 PROBE_TIMEOUT_S = 15.0
@@ -114,15 +115,15 @@ def cmd_add(config: Any, ns: argparse.Namespace, out: TextIO, err: TextIO) -> in
     try:
         t = connect(peer, home, accept_new=ns.accept_new, notes=notes)
     except HostKeyRefused as e:
-        print(f"ERROR: relay add {name}: {e}", file=err)
+        print(f"ERROR: relay add {safe_text(name)}: {safe_text(e, keep=LINES)}", file=err)
         return ExitCode.TASKS_FAILED
     except PeerUnreachable as e:
-        print(f"ERROR: relay add {name}: {e}", file=err)
+        print(f"ERROR: relay add {safe_text(name)}: {safe_text(e, keep=LINES)}", file=err)
         return ExitCode.TASKS_FAILED
     connect_ms = (time.monotonic() - start) * 1000
     for note in notes:
-        print(note, file=out)
-    print(f"connected to {ns.address} in {connect_ms:.0f} ms", file=out)
+        print(safe_text(note), file=out)
+    print(f"connected to {safe_text(ns.address)} in {connect_ms:.0f} ms", file=out)
     host = SSHHost(peer, home)
     host._transport = t
     probe: Optional[dict[str, Any]] = None
@@ -138,13 +139,14 @@ def cmd_add(config: Any, ns: argparse.Namespace, out: TextIO, err: TextIO) -> in
     record_probe(home, name, probe, error=problem)
     verb = "updated" if old else "added"
     if probe is not None:
-        print(f"{name}: {describe_versions(probe)}; features: {', '.join(probe.get('features') or []) or 'none'}",
-              file=out)
+        features = ', '.join(str(f) for f in probe.get('features') or []) or 'none'
+        print(safe_text(f"{name}: {describe_versions(probe)}; features: {features}"), file=out)
         problem = unusable_reason(probe)
     if problem:
-        print(f"{verb} peer {name} ({ns.address}) in {path}, but it gets no tasks: {name} {problem}", file=err)
+        print(safe_text(f"{verb} peer {name} ({ns.address}) in {path}, but it gets no tasks: {name} {problem}"),
+              file=err)
         return ExitCode.TASKS_FAILED
-    print(f"{verb} peer {name} ({ns.address}) in {path}", file=out)
+    print(safe_text(f"{verb} peer {name} ({ns.address}) in {path}"), file=out)
     return ExitCode.OK
 
 
@@ -156,7 +158,7 @@ def cmd_remove(config: Any, ns: argparse.Namespace, out: TextIO, err: TextIO) ->
     del peers[ns.name]
     save_peers(config.home, peers)
     forget_state(config.home, ns.name)
-    print(f"removed peer {ns.name}; known_hosts keeps its host key", file=out)
+    print(f"removed peer {safe_text(ns.name)}; known_hosts keeps its host key", file=out)
     return ExitCode.OK
 
 
@@ -220,17 +222,19 @@ def cmd_peers(config: Any, ns: argparse.Namespace, out: TextIO, err: TextIO) -> 
     if not rows:
         print(f"no peers ({peers_path(config.home)}); add one with fleetrun relay add NAME user@host", file=out)
         return ExitCode.OK
-    width = max(26, *(len(r["name"]) for r in rows))
+    width = max(26, *(len(safe_text(r["name"])) for r in rows))
     print(f"{'PEER':<{width}} {'STATUS':<7} {'LAST HEARD':<17} ADDRESS", file=out)
     print(RULE, file=out)
     for r in rows:
         heard = f"{ago(r['last_heard'], now)} ago" if r["last_heard"] else "never"
-        print(f"{r['name']:<{width}} {r['status']:<7} {heard:<17} {r['address']}", file=out)
+        # a peer's replies are untrusted: what they hold is shown, not sent to the terminal
+        print(f"{safe_text(r['name']):<{width}} {safe_text(r['status']):<7} {heard:<17} {safe_text(r['address'])}",
+              file=out)
         if r["probe"]:
-            print(f"  └ {describe_versions(r['probe'])}", file=out)
-            print(f"  └ {describe_headroom(r['probe'], r['last_heard'], now)}", file=out)
+            print(f"  └ {safe_text(describe_versions(r['probe']))}", file=out)
+            print(f"  └ {safe_text(describe_headroom(r['probe'], r['last_heard'], now))}", file=out)
         if r["why_not"]:
-            print(f"  └ gets no tasks: {r['why_not']}", file=out)
+            print(f"  └ gets no tasks: {safe_text(r['why_not'])}", file=out)
         if r["pending_stops"]:
-            print(f"  └ to stop when it answers: {', '.join(r['pending_stops'])}", file=out)
+            print(f"  └ to stop when it answers: {safe_text(', '.join(map(str, r['pending_stops'])))}", file=out)
     return ExitCode.OK

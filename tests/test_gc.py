@@ -4,6 +4,7 @@ unless --force; what a task owns is never touched; branches always stay."""
 
 from __future__ import annotations
 
+import os
 from pathlib import Path
 
 import pytest
@@ -162,3 +163,94 @@ def test_gc_keeps_a_folder_git_cannot_read(fleeter, setup):
     (path / "notes.txt").write_text("mine")
     r = fleeter.run("gc", "--yes")
     assert (path / "notes.txt").exists(), r.stdout
+
+
+# -- hostile entries (issue 10): links, plain files, a .git that points elsewhere ---------------
+
+
+def _user_worktree(fleeter, repo: Path, name: str) -> Path:
+    """A clean linked worktree of the user's repository, outside the home, with an
+    ignored .env (what `git worktree remove --force` would take with it)."""
+    (repo / ".gitignore").write_text(".env\n")
+    fleeter.git(repo, "add", ".gitignore")
+    fleeter.git(repo, "commit", "-q", "-m", "ignore .env")
+    path = fleeter.path / name
+    fleeter.git(repo, "worktree", "add", "-q", "-b", name, str(path), "main")
+    (path / ".env").write_text("SECRET=1\n")
+    return path
+
+
+def test_gc_does_not_follow_a_link_to_a_users_worktree(fleeter, setup):
+    s = setup
+    theirs = _user_worktree(fleeter, s["repo"], "users-wt")
+    link = s["wroot"] / "evil-link"
+    link.symlink_to(theirs)
+    fleeter.run("gc").fnmatch_lines([f"orphan link {link} -> {theirs}"])
+    r = fleeter.run("gc", "--yes")
+    assert r.ret == 0, r.stdout + r.stderr
+    r.fnmatch_lines([f"removed link {link} (what it points at is not touched)"])
+    assert not os.path.lexists(link)
+    assert (theirs / ".env").read_text() == "SECRET=1\n" and (theirs / "README.md").exists()
+    assert str(theirs) in registered_worktrees(fleeter, s["repo"])
+
+
+@pytest.mark.parametrize("where", ["worktrees", "attempts"])
+@pytest.mark.parametrize("kind", ["file", "link-to-dir", "dangling-link"])
+def test_gc_force_removes_stray_files_and_links_without_crashing(fleeter, setup, where, kind):
+    outside = fleeter.path / "outside"
+    outside.mkdir()
+    (outside / "keep.txt").write_text("mine")
+    entry = fleeter.home / where / f"stray-{kind}"
+    if kind == "file":
+        entry.write_text("stray")
+    elif kind == "link-to-dir":
+        entry.symlink_to(outside)
+    else:
+        entry.symlink_to(fleeter.path / "nowhere")
+    r = fleeter.run("gc", "--yes", "--force")
+    assert r.ret == 0, r.stdout + r.stderr
+    assert "INTERNAL ERROR" not in r.stderr
+    word = "file" if kind == "file" else "link"
+    r.fnmatch_lines([f"removed {word} {entry}*"])
+    assert not os.path.lexists(entry)
+    assert (outside / "keep.txt").read_text() == "mine"
+
+
+def test_gc_does_not_scan_a_linked_worktrees_folder(fleeter, tmp_path):
+    """$FLEETRUN_HOME/worktrees itself a link to a folder of the user's: not followed."""
+    fleeter.home.mkdir(parents=True, exist_ok=True)
+    theirs = tmp_path / "projects"
+    (theirs / "app").mkdir(parents=True)
+    (theirs / "app" / "main.py").write_text("print(1)\n")
+    (fleeter.home / "worktrees").symlink_to(theirs)
+    r = fleeter.run("gc", "--yes", "--force")
+    assert r.ret == 0, r.stdout + r.stderr
+    r.fnmatch_lines([f"*{fleeter.home / 'worktrees'} is a link to {theirs}*not followed*"])
+    assert (theirs / "app" / "main.py").exists()
+
+
+def test_gc_keeps_a_worktree_whose_git_file_points_elsewhere_and_force_runs_no_git_there(fleeter, setup):
+    """A folder in worktrees/ whose .git names the user's repository itself (not one of
+    its worktrees/ entries): unreadable, kept; --force removes only the folder in the
+    home, and runs no git in the user's repository (no prune of its worktree entries)."""
+    s = setup
+    # a worktree of the user's on a drive that is not mounted now: `git worktree prune`
+    # in their repository would forget it
+    away = _user_worktree(fleeter, s["repo"], "on-usb")
+    import shutil
+
+    shutil.rmtree(away)
+    admin_before = sorted(p.name for p in (s["repo"] / ".git" / "worktrees").iterdir())
+    assert "on-usb" in admin_before
+    bad = s["wroot"] / "redirected"
+    bad.mkdir()
+    (bad / ".git").write_text(f"gitdir: {s['repo'] / '.git'}\n")
+    (bad / "file.txt").write_text("x")
+    r = fleeter.run("gc", "--yes")
+    r.fnmatch_lines([f"kept {bad}: not a git worktree fleetrun can read*"])
+    assert (bad / "file.txt").exists()
+    r = fleeter.run("gc", "--yes", "--force")
+    assert r.ret == 0, r.stdout + r.stderr
+    r.fnmatch_lines([f"removed folder {bad}*"])
+    assert not bad.exists()
+    assert "on-usb" in sorted(p.name for p in (s["repo"] / ".git" / "worktrees").iterdir())

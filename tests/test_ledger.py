@@ -181,7 +181,7 @@ def test_first_open_waits_for_a_concurrent_writer(db: Path) -> None:
         # what another process's first open looks like while it converts the file
         conn = raw(db)
         try:
-            conn.execute("CREATE TABLE IF NOT EXISTS other (x)")
+            conn.execute("CREATE TABLE IF NOT EXISTS meta (key TEXT PRIMARY KEY, value TEXT NOT NULL)")
             conn.execute("BEGIN IMMEDIATE")
             holding.set()
             release.wait(5)
@@ -719,3 +719,75 @@ def test_concurrent_add_tasks_lose_nothing(tmp_path: Path) -> None:
                 assert t.deps == [by_name[t.name.rsplit("-", 1)[0] + "-0"].id]
         queued = Counter(r.task_id for r in led.transitions() if r.cause == "queued" and r.from_state is None)
         assert queued == dict.fromkeys(returned, 1)
+
+
+# -- a damaged state.db (issue 10) ---------------------------------------------------------
+
+
+def _cli(home: Path, *args: str) -> subprocess.CompletedProcess[str]:
+    return subprocess.run([sys.executable, "-m", "fleetrun", *args], capture_output=True, text=True,
+                          env=dict(os.environ, FLEETRUN_HOME=str(home)), cwd=str(home.parent), timeout=120)
+
+
+def _filled(db: Path) -> bytes:
+    with Ledger(db) as led:
+        led.add_tasks([spec(f"t{i}") for i in range(30)])
+    return db.read_bytes()
+
+
+@pytest.mark.parametrize("damage", ["garbage", "truncated"])
+def test_a_damaged_ledger_is_a_usage_error(db: Path, damage: str) -> None:
+    data = _filled(db)
+    for side in ("-wal", "-shm"):
+        Path(str(db) + side).unlink(missing_ok=True)
+    db.write_bytes(b"this is not sqlite\n" * 50 if damage == "garbage" else data[: len(data) // 2])
+    before = db.read_bytes()
+    with pytest.raises(UsageError) as e:
+        Ledger(db)
+    assert e.value.file == str(db)
+    assert "move it aside to start a new one" in e.value.message
+    for verb in ("status", "work"):
+        r = _cli(db.parent, verb, *(["--until-idle"] if verb == "work" else []))
+        assert r.returncode == 4, r.stderr
+        assert "INTERNAL ERROR" not in r.stderr and "Traceback" not in r.stderr
+        assert r.stderr.startswith(f"ERROR: {db}: not a fleetrun ledger ("), r.stderr
+        assert r.stderr.rstrip().endswith("; move it aside to start a new one"), r.stderr
+    assert db.read_bytes() == before  # nothing was written over it
+
+
+def test_another_programs_database_is_not_taken_over(db: Path) -> None:
+    db.parent.mkdir(parents=True)
+    conn = raw(db)
+    conn.execute("CREATE TABLE photos (id INTEGER PRIMARY KEY, path TEXT)")
+    conn.close()
+    with pytest.raises(UsageError, match="not a fleetrun ledger"):
+        Ledger(db)
+
+
+@pytest.mark.parametrize("sign", ["-wal", "attempts", "worktrees"])
+def test_an_emptied_ledger_beside_earlier_work_is_a_usage_error(db: Path, sign: str) -> None:
+    """A 0-byte state.db next to a WAL file, or in a home that holds attempts or
+    worktrees, lost its tasks: say so rather than start afresh as if nothing ran."""
+    _filled(db)
+    db.write_bytes(b"")
+    Path(str(db) + "-shm").unlink(missing_ok=True)
+    if sign == "-wal":
+        Path(str(db) + "-wal").write_bytes(b"\0" * 64)
+    else:
+        Path(str(db) + "-wal").unlink(missing_ok=True)
+        (db.parent / sign / "task_x_0_a1").mkdir(parents=True)
+    r = _cli(db.parent, "status")
+    assert r.returncode == 4, r.stdout + r.stderr
+    assert r.stderr.startswith(f"ERROR: {db}: the ledger is empty (0 bytes) but "), r.stderr
+    assert "move it aside to start a new one" in r.stderr
+    assert db.read_bytes() == b""
+
+
+def test_an_empty_ledger_in_a_fresh_home_is_initialised(db: Path) -> None:
+    """A 0-byte state.db with nothing around it (a first open that stopped before the
+    schema was written): made into a ledger, as a missing one is."""
+    db.parent.mkdir(parents=True)
+    db.write_bytes(b"")
+    r = _cli(db.parent, "status")
+    assert (r.returncode, r.stdout.splitlines()[-1]) == (0, "no tasks in the ledger"), r.stderr
+    assert count(db, "PRAGMA user_version") == SCHEMA_VERSION

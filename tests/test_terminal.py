@@ -73,3 +73,67 @@ def test_quiet_and_verbose(fleeter):
     q.no_fnmatch_line("*a RUNNING*")
     v = fleeter.run("tasks.toml", "-v", "--new-queue")
     v.fnmatch_lines(["*a READY*queued", "*a RUNNING*", "*verify run `true`: PASS*"])
+
+
+# -- hostile text (issue 10) ----------------------------------------------------------------
+
+ESCAPES = "\x1b[2J\x1b]0;owned\x07\x9b6n\u202e"
+
+HOSTILE = '''
+[[task]]
+name = "rtl\\u202eevil"
+prompt = "p"
+max_retries = 0
+  [[task.verify]]
+  run = "cat out.txt; exit 1 # \\u001b[2J\\u001b]0;owned\\u0007"
+'''
+
+
+def _leaks(text: str) -> list[str]:
+    """Control characters in ``text`` other than newline: with no colour (not a tty),
+    any of them came from a name, a command, a reason or an agent."""
+    return sorted({repr(c) for c in text if (ord(c) < 32 and c != "\n") or 0x7f <= ord(c) <= 0x9f
+                   or 0x202a <= ord(c) <= 0x202e or 0x2066 <= ord(c) <= 0x2069})
+
+
+def test_no_raw_control_characters_reach_the_terminal(fleeter, fake_claude):
+    """A name with a bidi override, a verifier command with escapes, an agent that
+    writes escapes into the file the verifier prints and into its result text: the run
+    (-v, so verifier output is shown), `status` and `logs` print them all escaped."""
+    fleeter.write_tasks(HOSTILE)
+    fake_claude.script(**{"rtl\u202eevil": [{"actions": [["write", "out.txt", f"agent says {ESCAPES}\n"]],
+                                             "result": f"finished {ESCAPES}"}]})
+    r = fleeter.run("tasks.toml", "-v")
+    assert r.ret == 1, r.stdout + r.stderr
+    assert _leaks(r.stdout) == [] and _leaks(r.stderr) == [], r.stdout
+    r.fnmatch_lines(["*| agent says \\x1b?2J\\x1b]0;owned\\x07\\x9b6n\\u202e",
+                     "*rtl\\u202eevil NEEDS_HUMAN*retries_exhausted:cat out.txt; exit 1 # \\x1b?2J\\x1b]0;owned\\x07"])
+    status = fleeter.run("status")
+    assert status.ret == 0 and _leaks(status.stdout) == [], status.stdout
+    status.fnmatch_lines(["rtl\\u202eevil *NEEDS_HUMAN*retries_exhausted:cat out.txt; exit 1 # \\x1b?2J*"])
+    graph = fleeter.run("status", "--graph")
+    assert _leaks(graph.stdout) == [], graph.stdout
+    logs = fleeter.run("logs", "rtl\u202eevil")
+    assert logs.ret == 0 and _leaks(logs.stdout) == [], logs.stdout
+    logs.fnmatch_lines(["rtl\\u202eevil task_* ?NEEDS_HUMAN?*", "*FAIL verifier 1 (run: cat out.txt*\\x1b?2J*",
+                        "*| agent says \\x1b?2J*"])
+
+
+def test_relay_peers_shows_a_peers_reply_escaped(fleeter):
+    """A peer's probe reply (cached in peers-state.json) with escapes in its tool
+    versions and its last error: `relay peers --cached` prints them escaped."""
+    import json
+    import time
+
+    fleeter.home.mkdir(parents=True, exist_ok=True)
+    (fleeter.home / "peers.toml").write_text('[peers.mini]\naddress = "me@127.0.0.1"\n')
+    now = time.time()
+    probe = {"fleetrun": "0.1.0\x1b]0;owned\x07", "tools": {"git": "2.43\x1b[2J", "claude": "2.1\x9b6n"},
+             "os": "linux", "arch": "x86_64", "free_mem_mb": 1000, "load_per_core": 0.1, "free_disk_mb": 9000,
+             "running": 0, "features": ["stop\x1b[5m"]}
+    (fleeter.home / "peers-state.json").write_text(json.dumps({"mini": {
+        "last_heard": now - 5, "probe": probe, "error": "refused \x1b[2J", "error_at": now}}))
+    r = fleeter.run("relay", "peers", "--cached")
+    assert "Traceback" not in r.stderr, r.stderr
+    assert _leaks(r.stdout) == [] and _leaks(r.stderr) == [], r.stdout
+    r.fnmatch_lines(["*fleetrun 0.1.0\\x1b]0;owned\\x07*git 2.43\\x1b?2J*"])

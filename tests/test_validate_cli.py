@@ -319,6 +319,8 @@ def test_bad_name(fleeter: Any, value: str, message: str) -> None:
     who = "task #1" if value in ('""', "3") else f"task '{value[1:-1]}'"
     if value == '"a\\tb"':
         who = "task 'a\tb'"
+    if "x" * 101 in value:  # a very long name is capped where it is quoted
+        who = "task '" + "x" * 79 + "\u2026'"
     check(fleeter, f'[[task]]\nname = {value}\nprompt = "x"\n', f"ERROR: tasks.toml:2: {who}: name: {message}")
 
 
@@ -979,3 +981,132 @@ def test_docs_example_is_valid(fleeter: Any) -> None:
     fleeter.write("tasks.toml", textwrap.dedent(toml))
     r = fleeter.run("validate", "tasks.toml")
     assert_valid(r, "tasks.toml: 3 tasks, valid")
+
+
+# ---------------------------------------------------------------------------------
+# hostile input (issue 10): escapes, branches that are not fleetrun's, symlinked paths
+
+
+def test_name_with_terminal_escapes_is_shown_escaped(fleeter: Any) -> None:
+    """A name that would clear the screen and set the window title is printed with its
+    control characters made visible: no raw ESC or BEL reaches the terminal."""
+    r = validate(fleeter, '[[task]]\nname = "\\u001b[2J\\u001b]0;owned\\u0007x"\nprompt = "p"\n')
+    assert "\x1b" not in r.stderr and "\x07" not in r.stderr
+    assert_errors(r, "ERROR: tasks.toml:2: task '\\x1b[2J\\x1b]0;owned\\x07x': name: "
+                     "must not contain control characters")
+
+
+def test_name_with_c1_control_is_refused(fleeter: Any) -> None:
+    """A C1 CSI (U+009B) works like ESC [ on some terminals: refused like any control."""
+    r = validate(fleeter, '[[task]]\nname = "a\\u009b2Jb"\nprompt = "p"\n')
+    assert "\x9b" not in r.stderr
+    assert_errors(r, "ERROR: tasks.toml:2: task 'a\\x9b2Jb': name: must not contain control characters")
+
+
+def _branch_repo(fleeter: Any) -> Any:
+    repo = fleeter.make_repo("repo")
+    fleeter.git(repo, "branch", "release")
+    return repo
+
+
+@pytest.mark.parametrize("verb", ["validate", "queue", "run"])
+def test_branch_that_exists_is_an_error(fleeter: Any, fake_claude: Any, verb: str) -> None:
+    """`branch = "main"` with `git_ref = "release"` would commit straight onto main."""
+    repo = _branch_repo(fleeter)
+    fleeter.write_tasks(task("x", cwd='"repo"', git_ref='"release"', branch='"main"'))
+    args = ("tasks.toml",) if verb == "run" else (verb, "tasks.toml")
+    r = fleeter.run(*args)
+    assert_errors(r, f"ERROR: tasks.toml:6: task 'x': branch: branch 'main' already exists in {repo}; fleetrun "
+                     "only works on branches it creates (leave branch out, or name a new one)")
+    if verb != "validate":
+        assert not (fleeter.home / "state.db").exists() or fleeter.states() == {}
+
+
+def test_branch_that_exists_in_a_subfolder_cwd(fleeter: Any) -> None:
+    repo = _branch_repo(fleeter)
+    (repo / "sub").mkdir()
+    check(fleeter, task("x", cwd='"repo/sub"', git_ref='"main"', branch='"release"'),
+          f"ERROR: tasks.toml:6: task 'x': branch: branch 'release' already exists in {repo}; fleetrun "
+          "only works on branches it creates (leave branch out, or name a new one)")
+
+
+def test_two_tasks_naming_one_branch(fleeter: Any) -> None:
+    fleeter.make_repo("repo")
+    check(fleeter, task("a", cwd='"repo"', git_ref='"main"', branch='"feat"')
+          + task("b", cwd='"repo"', git_ref='"main"', branch='"feat"'),
+          "ERROR: tasks.toml:12: task 'b': branch: branch 'feat' is also named by task 'a' (tasks.toml:6); "
+          "each task needs a branch of its own")
+
+
+def test_two_tasks_naming_one_branch_across_files(fleeter: Any) -> None:
+    fleeter.make_repo("repo")
+    fleeter.write_tasks(task("a", cwd='"repo"', git_ref='"main"', branch='"feat"'), name="one.toml")
+    fleeter.write_tasks("# two\n" + task("b", cwd='"repo"', git_ref='"main"', branch='"feat"'), name="two.toml")
+    for verb in ("validate", "queue"):
+        assert_errors(fleeter.run(verb, "one.toml", "two.toml"),
+                      "ERROR: two.toml:7: task 'b': branch: branch 'feat' is also named by task 'a' (one.toml:6); "
+                      "each task needs a branch of its own")
+
+
+def test_one_branch_name_in_two_repositories_is_fine(fleeter: Any) -> None:
+    fleeter.make_repo("r1")
+    fleeter.make_repo("r2")
+    r = validate(fleeter, task("a", cwd='"r1"', git_ref='"main"', branch='"feat"')
+                 + task("b", cwd='"r2"', git_ref='"main"', branch='"feat"'))
+    assert_valid(r, "tasks.toml: 2 tasks, valid")
+
+
+def test_a_branch_fleetrun_created_for_the_same_task_may_be_reused(fleeter: Any, fake_claude: Any) -> None:
+    """End to end: a task with `branch =` runs; a new queue of the same task (changed
+    file) names the branch fleetrun created for it: allowed, and `logs` says so. A task
+    of another name may not take it."""
+    repo = fleeter.make_repo("repo")
+    fake_claude.script(x=[{"actions": [["write", "one.txt", "1"]]}, {"actions": [["write", "two.txt", "2"]]}])
+    fleeter.write_tasks(task("x", cwd='"repo"', git_ref='"main"', branch='"feat"'))
+    r = fleeter.run("tasks.toml")
+    assert r.ret == 0, r.stdout + r.stderr
+    first = fleeter.task("x")
+    assert first.branch == "feat"
+
+    # the branch exists now; the same task name may take it again (a changed file: a new queue)
+    fleeter.write_tasks(task("x", cwd='"repo"', git_ref='"main"', branch='"feat"') + "# again\n")
+    assert_valid(fleeter.run("validate", "tasks.toml"), "tasks.toml: 1 task, valid")
+    r = fleeter.run("tasks.toml")
+    assert r.ret == 0, r.stdout + r.stderr
+    second = fleeter.task("x")
+    assert second.id != first.id
+    logs = fleeter.run("logs", second.id)
+    logs.fnmatch_lines([f"*note: reusing branch feat that fleetrun created for task x ({first.id})"])
+    assert set(fleeter.git(repo, "ls-tree", "--name-only", "feat").split()) >= {"one.txt", "two.txt"}
+
+    # another task may not
+    fleeter.write_tasks(task("y", cwd='"repo"', git_ref='"main"', branch='"feat"'))
+    check(fleeter, task("y", cwd='"repo"', git_ref='"main"', branch='"feat"'),
+          f"ERROR: tasks.toml:6: task 'y': branch: branch 'feat' already exists in {repo}; fleetrun "
+          "only works on branches it creates (leave branch out, or name a new one)")
+
+
+def test_path_through_a_symlink_out_of_cwd(fleeter: Any) -> None:
+    """`paths = ["root/etc/shadow"]` where `root` links to `/`: resolved, not read as text."""
+    import os
+
+    repo = fleeter.make_repo("repo")
+    os.symlink("/", repo / "root")
+    os.symlink("../..", repo / "up")
+    (repo / "src").mkdir()
+    os.symlink("src", repo / "inside")
+    check(fleeter, task("a", cwd='"repo"', paths='["src", "inside/x.py", "root/etc/shadow", "up/x"]'),
+          "ERROR: tasks.toml:5: task 'a': paths: 'root/etc/shadow' resolves to /etc/shadow, outside cwd",
+          f"ERROR: tasks.toml:5: task 'a': paths: 'up/x' resolves to {fleeter.path.parent / 'x'}, outside cwd")
+
+
+def test_relay_tags_must_be_a_list(fleeter: Any) -> None:
+    fleeter.write_config('# relay\n[relay]\nheartbeat_secs = 5\ntags = "gpu"\n')
+    fleeter.write_tasks('[agents.ok]\ncommand = ["true"]\n' + task("a", agent='"ok"'))
+    for args in (("validate", "tasks.toml"), ("tasks.toml",), ("status",)):
+        assert_errors(fleeter.run(*args),
+                      f"ERROR: {fleeter.home / 'config.toml'}:4: relay.tags: expected a list of strings, got a string")
+    fleeter.write_config('[relay]\ntags = ["gpu", 3]\n')
+    assert_errors(fleeter.run("validate", "tasks.toml"),
+                  f"ERROR: {fleeter.home / 'config.toml'}:2: relay.tags: expected a list of strings, got a list "
+                  "holding the number 3")

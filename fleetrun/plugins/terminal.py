@@ -14,6 +14,7 @@ from typing import Any, Optional, TextIO
 
 from .. import __version__
 from ..hookimpl import hookimpl
+from ..textutil import safe_name, safe_text
 
 COLORS = {
     "DONE": "GREEN",
@@ -56,6 +57,9 @@ class TerminalReporter:
         return f"{getattr(self._fore, color)}{text}{self._reset}"
 
     def write_line(self, line: str = "", state: Optional[str] = None) -> None:
+        # names, causes, reasons and agent output are in the line: whatever control
+        # characters they hold are shown, not sent (the colour codes come after)
+        line = safe_text(line, keep="\t\n")
         if state:
             line = self.paint(line, state)
         try:
@@ -93,12 +97,13 @@ class TerminalReporter:
         stamp = time.strftime("%H:%M:%S")
         att = f" (attempt {attempt})" if attempt else ""
         where = f" on {task.host}" if to_state in ("ASSIGNED", "RUNNING") and task.host else ""
-        self.write_line(f"{stamp} {task.name} {to_state}{att}{where}  {cause}", to_state)
+        self.write_line(f"{stamp} {safe_name(task.name)} {to_state}{att}{safe_text(where)}  {safe_text(cause)}",
+                        to_state)
 
     @hookimpl(trylast=True)
     def fleetrun_task_waiting(self, task: Any, reason: str, config: Any) -> None:
         if self.verbosity >= 0:
-            self.write_line(f"waiting: {task.id} ({task.name}): {reason}")
+            self.write_line(f"waiting: {safe_text(task.id)} ({safe_name(task.name)}): {safe_text(reason)}")
 
     @hookimpl(trylast=True)
     def fleetrun_verdict(self, task: Any, verdict: Any, attempt: Any, config: Any) -> None:
@@ -106,11 +111,11 @@ class TerminalReporter:
             return
         word = "PASS" if verdict.passed else "FAIL"
         cost = f" ${verdict.cost_usd:.2f}" if verdict.cost_usd else ""
-        self.write_line(f"         {task.name} verify {verdict.kind} `{verdict.label}`: {word} ({verdict.reason}){cost}",
-                        "DONE" if verdict.passed else "RETRYING")
+        self.write_line(f"         {safe_name(task.name)} verify {safe_text(verdict.kind)} `{safe_text(verdict.label)}`: "
+                        f"{word} ({safe_text(verdict.reason)}){cost}", "DONE" if verdict.passed else "RETRYING")
         if not verdict.passed and self.verbosity > 0 and verdict.output:
             for line in verdict.output.rstrip().splitlines()[-20:]:
-                self.write_line(f"           | {line}")
+                self.write_line(f"           | {safe_text(line)}")
 
     @hookimpl(trylast=True)
     def fleetrun_sessionfinish(self, session: Any, exitstatus: int) -> None:
