@@ -84,6 +84,7 @@ CAUSES = frozenset(
         "assigned_via_mailbox",
         "adopted",
         "lease_expired",
+        "internal_error",
     }
 )
 
