@@ -219,15 +219,17 @@ def reply_text(api: str, endpoint: str, data: Any) -> str:
             key = "content"
         else:
             where, key = untrusted.obj(data, "brain reply"), "response"
-        if key not in where:
-            raise untrusted.Malformed(f"brain reply: no {key!r}")
-        text = where[key]
-        if text is None:
-            return ""
+    except untrusted.Malformed:
+        raise BrainError("brain reply has no answer in it: " + _snippet(data)) from None
+    if key not in where:
+        raise BrainError("brain reply has no answer in it: " + _snippet(data))
+    text = where[key]
+    if text is None:
+        return ""
+    try:
         return untrusted.clean_text(text, f"brain reply: {key}", MAX_REPLY_BYTES)
     except untrusted.Malformed as e:
-        raise BrainError(f"brain reply has no text answer in it ({untrusted.reason_of(e)}): "
-                         f"{_snippet(data)}") from None
+        raise BrainError(f"brain reply has no text answer ({untrusted.reason_of(e)}): {_snippet(data)}") from None
 
 
 def _snippet(data: Any) -> str:
