@@ -164,6 +164,11 @@ def read_status(adir: Path) -> tuple[dict[str, Any], Optional[str]]:
             raw = f.read(MAX_STATUS_BYTES + 1)
     except OSError:
         return {}, None
+    return status_from_bytes(raw)
+
+
+def status_from_bytes(raw: bytes) -> tuple[dict[str, Any], Optional[str]]:
+    """:func:`read_status` on the file's bytes (pure: the fuzzers call it)."""
     if len(raw) > MAX_STATUS_BYTES:
         return {}, f"larger than {MAX_STATUS_BYTES} bytes"
     try:
