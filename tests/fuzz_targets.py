@@ -90,12 +90,14 @@ STREAMS = st.lists(LINES | st.text(max_size=50), max_size=6).map("\n".join)
 
 def check_stream(text: str) -> None:
     try:
-        parsed = claude.parse_stream(text)
+        parsed = claude.read_stream(text)
     except untrusted.Malformed as e:
         assert str(e)
     else:
         res = parsed["result"]
         assert res is None or (math.isfinite(res.cost_usd) and 0 <= res.cost_usd <= untrusted.MAX_COST_USD)
+    compat = claude.parse_stream(text)  # the dict shape verify_agent reads: never raises
+    assert compat["result"] is None or isinstance(compat["result"]["total_cost_usd"], float)
     for code in (0, 1, None):
         out = claude.result_from_log(text, code)
         check_agent_result(out)

@@ -104,6 +104,17 @@ def test_a_malformed_rate_limit_event(info: Any, why: str) -> None:
     assert not out.ok and out.reason.startswith("malformed_output:" + why)
 
 
+@pytest.mark.parametrize("fields", [{"total_cost_usd": "abc"}, {"total_cost_usd": float("nan")},
+                                    {"errors": 5, "is_error": True}, {"result": 7}])
+def test_a_malformed_reviewer_stream_is_a_fail_verdict_with_its_reason(fields: dict[str, Any]) -> None:
+    """verify_agent reads the reviewer's stream-json through claude.parse_stream."""
+    from fleetrun.plugins.verify_agent import verdict_from_stream
+
+    passed, reason, _, cost = verdict_from_stream(result(**fields) + "\n", 0)
+    assert (passed, cost) == (False, 0.0)
+    assert reason.startswith("the reviewer ended with an error (malformed_output): result."), reason
+
+
 def test_a_non_string_session_id_in_any_event() -> None:
     out = claude.result_from_log(json.dumps({"type": "assistant", "session_id": 7}) + "\n" + result() + "\n", 0)
     assert out.reason == "malformed_output:assistant.session_id: expected a string, got an integer"

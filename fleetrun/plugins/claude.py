@@ -219,7 +219,7 @@ def parse_line(line: str) -> Optional[dict[str, Any]]:
     return ev if isinstance(ev, dict) else None
 
 
-def parse_stream(text: str, now: Optional[float] = None) -> dict[str, Any]:
+def read_stream(text: str, now: Optional[float] = None) -> dict[str, Any]:
     """Read stream-json lines; noise (a line that is not a JSON object) is skipped, but
     an event fleetrun reads must have the right shape.
 
@@ -245,11 +245,30 @@ def parse_stream(text: str, now: Optional[float] = None) -> dict[str, Any]:
     return {"session_id": session_id, "result": result, "reset_at": reset_at}
 
 
+def parse_stream(text: str) -> dict[str, Any]:
+    """:func:`read_stream` with the ``result`` as a dict of checked values (the shape
+    ``verify_agent`` reads); output that cannot be read is an error result,
+    ``subtype`` ``malformed_output`` with the reason in ``errors``. Never raises."""
+    try:
+        parsed = read_stream(text)
+    except untrusted.Malformed as e:
+        return {"session_id": None, "reset_at": None,
+                "result": {"type": "result", "is_error": True, "subtype": "malformed_output",
+                           "errors": [untrusted.reason_of(e)], "total_cost_usd": 0.0}}
+    res = parsed["result"]
+    if res is not None:
+        parsed["result"] = {"type": "result", "is_error": res.is_error, "subtype": res.subtype,
+                            "result": res.result, "session_id": res.session_id, "total_cost_usd": res.cost_usd,
+                            "num_turns": res.num_turns, "permission_denials": res.permission_denials,
+                            "api_error_status": res.api_error_status, "errors": res.errors}
+    return parsed
+
+
 def result_from_log(text: str, exit_code: Optional[int]) -> AgentResult:
     """What the session reported. Never raises: output fleetrun cannot read is a session
     that died, ``malformed_output:<why>`` (the loop resumes it, then asks a human)."""
     try:
-        parsed = parse_stream(text)
+        parsed = read_stream(text)
     except untrusted.Malformed as e:
         return AgentResult(ok=False, reason=f"malformed_output:{untrusted.reason_of(e)}", exit_code=exit_code,
                            result_text=_tail(text))
