@@ -14,6 +14,7 @@ from pathlib import Path
 from typing import Any, Optional
 
 from .shepherd import CANCEL, LOG, SPEC, START_LOCK, STATUS, proc_token, read_json, write_json
+from .untrusted import FILE_STATES, Malformed, parse_status, reason_of
 
 SHEPHERD_PATH = str(Path(__file__).with_name("shepherd.py"))
 
@@ -83,16 +84,23 @@ class LocalHost:
         without having written an end (a reused pid does not count as alive)."""
         self.reap()
         adir = self.attempt_dir(attempt_id)
-        st = read_json(str(adir / STATUS)) or {}
+        st, bad = read_status(adir)
         if st.get("state") == "ended":
             return st
         alive = shepherd_alive(pid or st.get("shepherd_pid"), token or st.get("shepherd_token"))
         if alive:
-            return st or {"state": "starting"}
+            # a garbled file while the shepherd lives: it rewrites the file as it goes
+            return st or {"state": "running" if bad else "starting"}
         # gone; read once more in case it ended between the two reads
-        st = read_json(str(adir / STATUS)) or st
+        again, bad = read_status(adir)
+        st = again or st
         if st.get("state") == "ended":
             return st
+        if bad is not None:
+            # the shepherd is gone and what it left cannot be read (the agent may have
+            # written it): a session that died, with the reason, not a crash
+            return {"state": "ended", "reason": "malformed_status", "exit_code": None,
+                    "error": f"malformed status.json: {bad}"}
         # The shepherd died (SIGKILL, OOM killer...) but its agent, in a session of its
         # own, may run on: end it, or the resumed attempt would run beside it.
         kill_group(st.get("agent_pid"), st.get("agent_token"))
@@ -110,7 +118,7 @@ class LocalHost:
         fd = os.open(adir / START_LOCK, os.O_RDWR | os.O_CREAT, 0o600)
         try:
             fcntl.flock(fd, fcntl.LOCK_EX)
-            st = read_json(str(adir / STATUS)) or {}
+            st, _ = read_status(adir)
             if st.get("state") in ("running", "ended"):
                 return st
             cfd = os.open(adir / CANCEL, os.O_WRONLY | os.O_CREAT, 0o600)
@@ -128,7 +136,7 @@ class LocalHost:
         if adir.exists():
             fd = os.open(adir / CANCEL, os.O_WRONLY | os.O_CREAT, 0o600)
             os.close(fd)
-        st = read_json(str(adir / STATUS)) or {}
+        st, _ = read_status(adir)
         pid = pid or st.get("shepherd_pid")
         token = token or st.get("shepherd_token")
         if pid and shepherd_alive(pid, token):
@@ -140,10 +148,46 @@ class LocalHost:
         return False
 
 
+MAX_STATUS_BYTES = 1 << 20  # a shepherd's status is a few hundred bytes
+
+
+def read_status(adir: Path) -> tuple[dict[str, Any], Optional[str]]:
+    """An attempt folder's ``status.json``, checked (:func:`fleetrun.untrusted.parse_status`).
+
+    :return: (the status, None); ({}, None) when there is none yet; ({}, the reason)
+        when it is there but malformed (not JSON, not an object, a field of the wrong
+        type). It lives in the home, but the agent runs as the same user: it is read
+        as untrusted, never with ``int()`` or ``float()`` on what it holds.
+    """
+    try:
+        with open(adir / STATUS, "rb") as f:
+            raw = f.read(MAX_STATUS_BYTES + 1)
+    except OSError:
+        return {}, None
+    return status_from_bytes(raw)
+
+
+def status_from_bytes(raw: bytes) -> tuple[dict[str, Any], Optional[str]]:
+    """:func:`read_status` on the file's bytes (pure: the fuzzers call it)."""
+    if len(raw) > MAX_STATUS_BYTES:
+        return {}, f"larger than {MAX_STATUS_BYTES} bytes"
+    try:
+        data = json.loads(raw.decode("utf-8"))
+    except (ValueError, RecursionError):
+        # a partly written file cannot happen (temp file + rename): garbage it is
+        return {}, "not JSON"
+    try:
+        return parse_status(data, FILE_STATES), None
+    except Malformed as e:
+        return {}, reason_of(e)
+
+
 def kill_group(pid: Optional[int], token: Optional[str]) -> bool:
     """SIGKILL the process group led by ``pid`` if that process is still the one we
     started (same start-time token)."""
-    if not pid or not token or proc_token(int(pid)) != token:
+    if isinstance(pid, bool) or not isinstance(pid, int) or not isinstance(token, str):
+        return False  # a recorded child file that is not ours to believe
+    if not 0 < pid < (1 << 22) or not token or proc_token(pid) != token:
         return False
     try:
         os.killpg(int(pid), signal.SIGKILL)

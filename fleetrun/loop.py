@@ -16,7 +16,11 @@ import socket
 import sqlite3
 import threading
 import time
+import traceback
+from collections.abc import Iterator
+from contextlib import contextmanager
 from dataclasses import asdict, dataclass
+from pathlib import Path
 from typing import Any, Optional
 
 from . import crash, ops
@@ -35,6 +39,23 @@ RESUME_CAP = 3
 USAGE_BACKOFF_S = 60.0  # 1, 2, 4 ... minutes after a usage limit that gave no reset time
 USAGE_BACKOFF_MAX_S = 30 * 60.0
 NEVER_STARTED_CAP = 10
+INTERNAL_ERROR_LOG = "internal-error.log"
+
+
+def log_internal_error(home: Path, text: str) -> Optional[Path]:
+    """Append a traceback to ``$FLEETRUN_HOME/internal-error.log``, in the form the CLI
+    writes for an internal error (exit 3). :return: the log, or None if it cannot be written."""
+    from . import __version__
+
+    log = home / INTERNAL_ERROR_LOG
+    try:
+        home.mkdir(parents=True, exist_ok=True, mode=0o700)
+        fd = os.open(log, os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o600)
+        with os.fdopen(fd, "a") as f:
+            f.write(f"--- {time.strftime('%Y-%m-%d %H:%M:%S')} fleetrun {__version__}\n{text}\n")
+    except OSError:
+        return None
+    return log
 
 
 @dataclass
@@ -78,6 +99,71 @@ class Loop:
 
     def move(self, task: Task, to: State, cause: str, attempt: Optional[int] = None, **fields: Any) -> Optional[Task]:
         return ops.move(self.led, task, to, cause, self.notify, attempt=attempt, **fields)
+
+    # -- isolation ---------------------------------------------------------------------
+
+    @contextmanager
+    def isolated(self, task_id: str) -> Iterator[None]:
+        """Handle one task's event so that a bug (in fleetrun, a plugin or a fleetconf.py
+        hook) stops that task, not the fleet: the exception is logged with its
+        traceback and the task goes to NEEDS_HUMAN ``internal_error:<Type: message>``.
+
+        What is not the task's own goes on up as before: a usage error, Ctrl-C, a full
+        disk or a ledger that cannot be written (the loop or the CLI handle those).
+        """
+        try:
+            yield
+        except (UsageError, sqlite3.OperationalError):
+            raise
+        except OSError as e:
+            if is_space_error(e):
+                raise
+            self.internal_error(task_id, e)
+        except Exception as e:
+            self.internal_error(task_id, e)
+
+    def internal_error(self, task_id: str, exc: Exception) -> None:
+        """Contain an unexpected exception raised while handling ``task_id`` (called in
+        the ``except`` block, so the traceback is the current one)."""
+        text = traceback.format_exc()
+        log = log_internal_error(self.config.home, text)
+        detail = " ".join(f"{type(exc).__name__}: {exc}".split())
+        detail = "".join(c if c.isprintable() else "?" for c in detail)[:200]
+        try:
+            self._contain(task_id, detail)
+        except Exception as again:  # the ledger itself fails: not one task's problem
+            raise exc from again
+        where = f"the traceback is in {log}" if log else "the traceback follows:\n" + text
+        self.config.err.write(f"fleetrun: internal error while handling a task ({detail}); it needs a human; "
+                              f"{where}\n")
+
+    def _contain(self, task_id: str, detail: str) -> None:
+        v = self.verifying.pop(task_id, None)
+        if v is not None and v.handle is not None and hasattr(v.handle, "cancel"):
+            v.handle.cancel()
+        for att in self.led.attempts(task_id):
+            if att.state not in ("leased", "starting", "running"):
+                continue
+            # the task will not be looked after any more: nothing of it may run on
+            if att.state != "leased":
+                try:
+                    get_host(self.config, att.host).stop(att.id, att.shepherd_pid, att.shepherd_token)
+                except Exception as e:
+                    self.led.add_note(task_id, f"could not stop attempt {att.number}: {type(e).__name__}: {e}")
+            self.led.update_attempt(att.id, state="ended" if att.state == "running" else "abandoned",
+                                    outcome="internal_error", ended=time.time())
+        task = self.led.get(task_id)
+        if task is None:
+            return
+        if task.state.terminal:
+            self.led.add_note(task_id, f"internal error after it was {task.state}: {detail}")
+            return
+        now = self.move(task, State.NEEDS_HUMAN, f"internal_error:{detail}", attempt=task.attempts or None)
+        if now is not None:
+            try:
+                self.finish_terminal(now)
+            except Exception as e:  # a cleanup hook that fails too: the task is already set aside
+                self.led.add_note(task_id, f"cleanup failed: {type(e).__name__}: {e}")
 
     def get(self, task_id: str) -> Task:
         task = self.led.get(task_id)
@@ -256,67 +342,71 @@ class Loop:
         """Pick up what the ledger says is in flight (after a restart or a crash)."""
         adopted = 0
         for att in self.active_attempts():
-            task = self.led.get(att.task_id)
-            if task is None:
-                continue
-            host = get_host(self.config, att.host)
-            if att.state == "leased" or (att.state == "starting" and not att.shepherd_pid):
-                st = self.starting_status(att) if att.state == "starting" else {}
-                if st.get("state") == "unreachable":  # it may be running there: poll_attempts asks again
-                    adopted += 1
+            with self.isolated(att.task_id):
+                task = self.led.get(att.task_id)
+                if task is None:
                     continue
-                if not st.get("shepherd_pid") and hasattr(host, "give_up"):
-                    # decide under the shepherd's start lock: a late shepherd then runs nothing
-                    st = host.give_up(att.id) or st
-                if st.get("shepherd_pid"):  # it did start: watch it (a dead one is resumed)
-                    self.led.update_attempt(att.id, state="running", shepherd_pid=st["shepherd_pid"],
-                                            shepherd_token=st.get("shepherd_token"), started=st.get("started"))
-                    if task.state is State.ASSIGNED:
-                        self.move(task, State.RUNNING, "adopted", attempt=att.number)
-                    if st.get("state") in ("starting", "running"):
+                host = get_host(self.config, att.host)
+                if att.state == "leased" or (att.state == "starting" and not att.shepherd_pid):
+                    st = self.starting_status(att) if att.state == "starting" else {}
+                    if st.get("state") == "unreachable":  # it may be running there: poll_attempts asks again
                         adopted += 1
+                        continue
+                    if not st.get("shepherd_pid") and hasattr(host, "give_up"):
+                        # decide under the shepherd's start lock: a late shepherd then runs nothing
+                        st = host.give_up(att.id) or st
+                    if st.get("shepherd_pid"):  # it did start: watch it (a dead one is resumed)
+                        self.led.update_attempt(att.id, state="running", shepherd_pid=st["shepherd_pid"],
+                                                shepherd_token=st.get("shepherd_token"), started=st.get("started"))
+                        if task.state is State.ASSIGNED:
+                            self.move(task, State.RUNNING, "adopted", attempt=att.number)
+                        if st.get("state") in ("starting", "running"):
+                            adopted += 1
+                        continue
+                    self.led.update_attempt(att.id, state="abandoned", outcome="never_started", ended=time.time())
+                    back = {"fresh": State.READY, "retry": State.RETRYING, "resume": State.RESUMING}[att.kind]
+                    if task.state is State.ASSIGNED:
+                        self.move(task, back, "lease_expired:never started", attempt=att.number)
                     continue
-                self.led.update_attempt(att.id, state="abandoned", outcome="never_started", ended=time.time())
-                back = {"fresh": State.READY, "retry": State.RETRYING, "resume": State.RESUMING}[att.kind]
                 if task.state is State.ASSIGNED:
-                    self.move(task, back, "lease_expired:never started", attempt=att.number)
-                continue
-            if task.state is State.ASSIGNED:
-                self.move(task, State.RUNNING, "adopted", attempt=att.number)
-            st = host.status(att.id, att.shepherd_pid, att.shepherd_token)
-            if st.get("state") in ("starting", "running", "unreachable"):
-                adopted += 1  # a dead or finished one is handled by poll_attempts, not announced
+                    self.move(task, State.RUNNING, "adopted", attempt=att.number)
+                st = host.status(att.id, att.shepherd_pid, att.shepherd_token)
+                if st.get("state") in ("starting", "running", "unreachable"):
+                    adopted += 1  # a dead or finished one is handled by poll_attempts, not announced
         for task in self.led.tasks({State.RUNNING}):
-            # the attempt's end was recorded, the transition after it was not (a crash
-            # between the two): decide again from the status file, without recording twice
-            last = self.led.latest_attempt(task.id)
-            if last is not None and last.state == "ended":
-                host = get_host(self.config, last.host)
-                self.finish_attempt(last, host.status(last.id, last.shepherd_pid, last.shepherd_token),
-                                    record=False)
+            with self.isolated(task.id):
+                # the attempt's end was recorded, the transition after it was not (a crash
+                # between the two): decide again from the status file, without recording twice
+                last = self.led.latest_attempt(task.id)
+                if last is not None and last.state == "ended":
+                    host = get_host(self.config, last.host)
+                    self.finish_attempt(last, host.status(last.id, last.shepherd_pid, last.shepherd_token),
+                                        record=False)
         for task in self.led.tasks({State.VERIFYING}):
-            if not self.in_scope(task) and self.queue_id is not None:
-                continue
-            if task.id in self.verifying:
-                continue
-            last = self.led.latest_attempt(task.id)
-            if last is None or last.workspace is None:
-                continue
-            if last.host in (None, "local"):
-                # a verifier the crashed supervisor left running is ended before it runs again
-                kill_recorded_children(get_host(self.config, last.host).attempt_dir(last.id))
-            verdicts = self.led.verdicts(attempt_id=last.id)
-            v = Verifying(last, Workspace(**last.workspace), len(verdicts))
-            failed = next((x for x in verdicts if not x.passed), None)
-            if failed is not None:  # its failure was recorded, the transition after it was not
-                self.verdict_failed(task, v, failed.label)
-                continue
-            self.verifying[task.id] = v
-            self.start_verifier(task.id)
+            with self.isolated(task.id):
+                if not self.in_scope(task) and self.queue_id is not None:
+                    continue
+                if task.id in self.verifying:
+                    continue
+                last = self.led.latest_attempt(task.id)
+                if last is None or last.workspace is None:
+                    continue
+                if last.host in (None, "local"):
+                    # a verifier the crashed supervisor left running is ended before it runs again
+                    kill_recorded_children(get_host(self.config, last.host).attempt_dir(last.id))
+                verdicts = self.led.verdicts(attempt_id=last.id)
+                v = Verifying(last, Workspace(**last.workspace), len(verdicts))
+                failed = next((x for x in verdicts if not x.passed), None)
+                if failed is not None:  # its failure was recorded, the transition after it was not
+                    self.verdict_failed(task, v, failed.label)
+                    continue
+                self.verifying[task.id] = v
+                self.start_verifier(task.id)
         for task in self.led.tasks({State.DONE}):
-            # DONE, but the crash came before its workspace was cleaned up
-            if task.worktree and task.host in (None, "local") and os.path.exists(os.path.join(task.worktree, ".git")):
-                self.finish_terminal(task)
+            with self.isolated(task.id):
+                # DONE, but the crash came before its workspace was cleaned up
+                if task.worktree and task.host in (None, "local") and os.path.exists(os.path.join(task.worktree, ".git")):
+                    self.finish_terminal(task)
         if adopted:
             self.config.out.write(f"adopted {adopted} running attempt(s)\n")
 
@@ -337,10 +427,11 @@ class Loop:
 
     def poll_attempts(self) -> None:
         for att in self.led.attempts(states={"starting", "running"}):
-            host = get_host(self.config, att.host)
-            st = host.status(att.id, att.shepherd_pid, att.shepherd_token)
-            if st.get("state") in ("ended", "died"):
-                self.finish_attempt(att, st)
+            with self.isolated(att.task_id):
+                host = get_host(self.config, att.host)
+                st = host.status(att.id, att.shepherd_pid, att.shepherd_token)
+                if st.get("state") in ("ended", "died"):
+                    self.finish_attempt(att, st)
 
     def finish_attempt(self, att: Attempt, st: dict[str, Any], record: bool = True) -> None:
         """An attempt ended: record it (``record``; False when adopt() finds it recorded
@@ -500,24 +591,25 @@ class Loop:
 
     def poll_verifiers(self) -> None:
         for task_id, v in list(self.verifying.items()):
-            if v.handle is None:
-                continue
-            current = self.led.get(task_id)
-            if current is None or current.state is not State.VERIFYING:  # cancelled meanwhile
-                if hasattr(v.handle, "cancel"):
-                    v.handle.cancel()
-                self.verifying.pop(task_id, None)
-                continue
-            verdict = v.handle.poll()
-            if verdict is None:
-                continue
-            v.handle = None
-            task = self.led.get(task_id)
-            if task is None or task.state is not State.VERIFYING:
-                self.verifying.pop(task_id, None)
-                continue
-            if self.record_verdict(task, v, verdict):
-                self.start_verifier(task_id)
+            with self.isolated(task_id):
+                if v.handle is None:
+                    continue
+                current = self.led.get(task_id)
+                if current is None or current.state is not State.VERIFYING:  # cancelled meanwhile
+                    if hasattr(v.handle, "cancel"):
+                        v.handle.cancel()
+                    self.verifying.pop(task_id, None)
+                    continue
+                verdict = v.handle.poll()
+                if verdict is None:
+                    continue
+                v.handle = None
+                task = self.led.get(task_id)
+                if task is None or task.state is not State.VERIFYING:
+                    self.verifying.pop(task_id, None)
+                    continue
+                if self.record_verdict(task, v, verdict):
+                    self.start_verifier(task_id)
 
     def record_verdict(self, task: Task, v: Verifying, verdict: Verdict) -> bool:
         """Record one verdict. :return: True to go on with the next verifier."""
@@ -589,43 +681,44 @@ class Loop:
         policy = self.policy.policy
         busy = {a.task_id: a for a in self.active_attempts()}
         for task in tasks:
-            if self.stopping:
-                return
-            if task.id in busy:  # the previous attempt is still ending (a cancel's grace period)
-                reason = f"attempt {busy[task.id].number} is still ending"
-                if self.waits.get(task.id) != reason:
-                    self.waits[task.id] = reason
-                    self.hook.fleetrun_task_waiting(task=task, reason=reason, config=self.config)
-                self.wait_until[task.id] = time.time() + 1.0
-                continue
-            if task.spec.budget_usd is not None and task.cost_usd >= task.spec.budget_usd:
-                now = self.move(task, State.NEEDS_HUMAN,
-                                f"budget_exhausted:spent ${task.cost_usd:.2f} of ${task.spec.budget_usd:.2f}")
-                if now is not None:
-                    self.finish_terminal(now)
-                continue
-            decision = self.hook.fleetrun_place(task=task, candidates=candidates, policy=policy, config=self.config)
-            if decision is None:
-                decision = Wait("no plugin places tasks")
-            if isinstance(decision, Wait):
-                if self.waits.get(task.id) != decision.reason:
-                    self.waits[task.id] = decision.reason
-                    self.hook.fleetrun_task_waiting(task=task, reason=decision.reason, config=self.config)
+            with self.isolated(task.id):
+                if self.stopping:
+                    return
+                if task.id in busy:  # the previous attempt is still ending (a cancel's grace period)
+                    reason = f"attempt {busy[task.id].number} is still ending"
+                    if self.waits.get(task.id) != reason:
+                        self.waits[task.id] = reason
+                        self.hook.fleetrun_task_waiting(task=task, reason=reason, config=self.config)
+                    self.wait_until[task.id] = time.time() + 1.0
+                    continue
+                if task.spec.budget_usd is not None and task.cost_usd >= task.spec.budget_usd:
+                    now = self.move(task, State.NEEDS_HUMAN,
+                                    f"budget_exhausted:spent ${task.cost_usd:.2f} of ${task.spec.budget_usd:.2f}")
+                    if now is not None:
+                        self.finish_terminal(now)
+                    continue
+                decision = self.hook.fleetrun_place(task=task, candidates=candidates, policy=policy, config=self.config)
+                if decision is None:
+                    decision = Wait("no plugin places tasks")
+                if isinstance(decision, Wait):
+                    if self.waits.get(task.id) != decision.reason:
+                        self.waits[task.id] = decision.reason
+                        self.hook.fleetrun_task_waiting(task=task, reason=decision.reason, config=self.config)
+                        self.waits_dirty = True
+                    if decision.until:
+                        self.wait_until[task.id] = decision.until
+                    continue
+                assert isinstance(decision, Placement)
+                if self.waits.pop(task.id, None) is not None:
                     self.waits_dirty = True
-                if decision.until:
-                    self.wait_until[task.id] = decision.until
-                continue
-            assert isinstance(decision, Placement)
-            if self.waits.pop(task.id, None) is not None:
-                self.waits_dirty = True
-            self.wait_until.pop(task.id, None)
-            if self.start(task, decision.host):
-                self.placed_last_pass = True
-                for c in candidates:
-                    if c.name == decision.host:
-                        c.running += 1
-                        if c.free_mem_mb is not None:
-                            c.free_mem_mb -= c.mem_per_task_mb
+                self.wait_until.pop(task.id, None)
+                if self.start(task, decision.host):
+                    self.placed_last_pass = True
+                    for c in candidates:
+                        if c.name == decision.host:
+                            c.running += 1
+                            if c.free_mem_mb is not None:
+                                c.free_mem_mb -= c.mem_per_task_mb
 
     def start(self, task: Task, hostname: str) -> bool:
         kind = {State.READY: "fresh", State.RETRYING: "retry", State.RESUMING: "resume"}[task.state]

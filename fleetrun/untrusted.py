@@ -186,3 +186,91 @@ def opt_str_list(data: dict[str, Any], key: str, what: str, limit: int = 10_000)
     """A list of strings, or [] when absent (a string is not a list of its letters)."""
     v = data.get(key)
     return [] if v is None else str_list(v, f"{what}.{key}", limit)
+# --- added for the agent side: text that reaches the ledger and the terminal, the
+# --- shepherd's status file, a short reason
+
+
+def clean_text(value: Any, what: str, limit: int = MAX_TEXT) -> str:
+    """:func:`text`, with lone surrogates (``"\\ud800"`` is valid JSON) replaced: SQLite
+    and a UTF-8 terminal refuse them, so they would turn a reply into a crash."""
+    s = text(value, what, limit)
+    try:
+        s.encode("utf-8")
+    except UnicodeEncodeError:
+        s = s.encode("utf-8", "replace").decode("utf-8")
+    return s
+
+
+def opt_clean_text(data: dict[str, Any], key: str, what: str, limit: int = MAX_TEXT,
+                   default: Optional[str] = None) -> Optional[str]:
+    v = data.get(key)
+    return default if v is None else clean_text(v, f"{what}.{key}", limit)
+
+
+def reason_of(err: BaseException, limit: int = 160) -> str:
+    """One line, at most ``limit`` characters, printable: a Malformed's message as the
+    detail of a cause (``session_died:malformed_output:<this>``)."""
+    msg = " ".join(str(err).split())
+    msg = "".join(c if c.isprintable() else "?" for c in msg)
+    return msg if len(msg) <= limit else msg[:limit - 3] + "..."
+
+
+#: The states a shepherd writes, and the two a host adds (``died``: the shepherd is gone
+#: without an end; ``unreachable``: a peer did not answer).
+STATUS_STATES = ("starting", "running", "ended", "died", "unreachable")
+#: The reasons a shepherd writes for an end (``malformed_status`` is the supervisor's).
+STATUS_REASONS = ("exited", "timeout", "stalled", "cancelled", "stopped", "start_failed", "malformed_status")
+MAX_PID = 1 << 22  # Linux's pid_max ceiling
+_EPOCH_HI = 1e11  # a time stamp past the year 5138 is not one
+
+
+#: The states a shepherd itself writes in ``status.json``.
+FILE_STATES = ("starting", "running", "ended")
+
+
+def parse_status(data: Any, states: tuple[str, ...] = STATUS_STATES) -> dict[str, Any]:
+    """A shepherd's ``status.json`` (``states=FILE_STATES``) or a host's status reply,
+    checked: only the keys fleetrun reads, each of its type and range.
+
+    :raises Malformed: with the reason.
+    """
+    d = obj(data, "status")
+    out: dict[str, Any] = {"state": one_of(d.get("state"), "status.state", states)}
+    for key in ("shepherd_pid", "agent_pid"):
+        v = opt_integer(d, key, "status", 1, MAX_PID)
+        if v is not None:
+            out[key] = v
+    for key in ("shepherd_token", "agent_token", "attempt"):
+        v2 = opt_clean_text(d, key, "status", 200)
+        if v2 is not None:
+            out[key] = v2
+    for key in ("started", "agent_started", "ended", "beat"):
+        v3 = opt_number(d, key, "status", 0.0, _EPOCH_HI)
+        if v3 is not None:
+            out[key] = v3
+    if "exit_code" in d:  # present and null: it ended without an exit code (a signal)
+        out["exit_code"] = opt_integer(d, "exit_code", "status", -255, 255)
+    sig = opt_integer(d, "signal", "status", 0, 255)
+    if sig is not None:
+        out["signal"] = sig
+    reason = opt_clean_text(d, "reason", "status", 500)
+    if reason is not None:
+        one_of(reason.split(":", 1)[0], "status.reason", STATUS_REASONS)
+        out["reason"] = reason
+    err = opt_clean_text(d, "error", "status", 2000)
+    if err is not None:
+        out["error"] = err
+    dropped = opt_integer(d, "log_dropped", "status", 0)
+    if dropped is not None:
+        out["log_dropped"] = dropped
+    return out
+
+
+def opt_list(data: dict[str, Any], key: str, what: str, limit: int = 10_000) -> list[Any]:
+    """A list (its items still to be checked), cut to ``limit`` items; absent or null is []."""
+    v = data.get(key)
+    if v is None:
+        return []
+    if not isinstance(v, list):
+        raise Malformed(f"{what}.{key}: expected a list, got {_kind(v)}")
+    return v[:limit]

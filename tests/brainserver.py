@@ -54,7 +54,15 @@ class Shape:
     data: Any
 
 
-Reply = Union[str, Slow, Status, Malformed, Shape]
+@dataclass
+class Redirect:
+    """Answer with a redirect (3xx) to ``location``, which a brain client must not follow."""
+
+    location: str
+    code: int = 302
+
+
+Reply = Union[str, Slow, Status, Malformed, Shape, Redirect]
 
 
 @dataclass
@@ -159,6 +167,12 @@ class BrainServer:
             return
         if isinstance(reply, Shape):
             h._send(200, reply.data)
+            return
+        if isinstance(reply, Redirect):
+            h.send_response(reply.code)
+            h.send_header("Location", reply.location)
+            h.send_header("Content-Length", "0")
+            h.end_headers()
             return
         model = req.body.get("model") if isinstance(req.body, dict) else None
         if self.models is not None and model not in self.models:

@@ -10,7 +10,7 @@ from types import SimpleNamespace
 from typing import Any
 
 import pytest
-from brainserver import BrainServer, Malformed, Shape, Slow, Status, closed_port
+from brainserver import BrainServer, Malformed, Redirect, Shape, Slow, Status, closed_port
 
 from fleetrun.diffutil import NO_VERDICT, TaskDiff, cut_utf8, parse_reply, review_prompt, task_diff
 from fleetrun.plugins import verify_brain
@@ -445,3 +445,32 @@ def test_a_task_on_a_peer_is_not_asked_about_here():
                                      attempt=SimpleNamespace(host="mini", id="a1"), config=None)
     assert isinstance(v, Verdict) and not v.passed and v.host == "mini"
     assert v.reason == "a brain verifier runs on this machine; the task's workspace is on mini"
+
+
+# --------------------------------------------------------------------------- redirects (issue 10 item 6)
+
+
+@pytest.mark.parametrize("code", [301, 302, 307, 308])
+def test_a_redirect_is_a_fail_and_the_key_goes_nowhere_else(brain_server, repo, monkeypatch, code):
+    """A brain that answers 3xx to another server: the client follows nothing, so the
+    bearer key never reaches that server and its answer is never the verdict."""
+    monkeypatch.setenv("MY_BRAIN_KEY", "sk-secret-value-123")
+    elsewhere = BrainServer()
+    got: list[dict[str, str]] = []
+
+    def do_get(h: Any) -> None:  # urllib turns a 301/302 after a POST into a GET
+        got.append({k.lower(): v for k, v in h.headers.items()})
+        h._send(200, {"choices": [{"index": 0, "message": {"role": "assistant", "content": "PASS"}}]})
+
+    elsewhere.Handler.do_GET = do_get  # type: ignore[method-assign]
+    with elsewhere:
+        elsewhere.script("PASS")
+        target = elsewhere.url + "/v1/chat/completions"
+        brain_server.script(Redirect(target, code))
+        v = wait_verdict(handle(repo, {"url": brain_server.url, "model": "gpt-x", "api": "openai",
+                                       "api_key_env": "MY_BRAIN_KEY"}))
+        assert brain_server.requests[0].headers["authorization"] == "Bearer sk-secret-value-123"
+        assert not [g for g in got if "authorization" in g], "the bearer key went to the other server"
+        assert elsewhere.requests == [] and got == []  # nothing reached it at all
+    assert not v.passed
+    assert v.reason == f"brain redirected to {target} (HTTP {code}); redirects are not followed"

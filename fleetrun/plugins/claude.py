@@ -18,8 +18,10 @@ import re
 import shutil
 import time
 import uuid
+from dataclasses import dataclass, field
 from typing import Any, Optional
 
+from .. import untrusted
 from ..hookimpl import hookimpl
 from ..reports import AgentResult
 
@@ -90,10 +92,14 @@ _RESETS = re.compile(r"resets\s+(?:([A-Z][a-z]{2})\s+(\d{1,2}),\s+)?(\d{1,2})(?:
 
 
 def parse_reset(text: str, now: Optional[float] = None) -> Optional[float]:
-    """The reset time a usage-limit message gives, as an epoch, or None."""
+    """The reset time a usage-limit message gives, as an epoch, or None. A time that is
+    not one (``usage limit reached|99999999999``, the year 5138) or lies further ahead
+    than :data:`fleetrun.untrusted.MAX_RESET_HORIZON_S` is not believed: None, and the
+    loop backs off instead of pausing the machine for ever."""
+    now = time.time() if now is None else now
     m = _LIMIT_EPOCH.search(text)
     if m:
-        return float(m.group(1))
+        return _believed(int(m.group(1)), now)
     m = _RESETS.search(text)
     if not m:
         return None
@@ -101,86 +107,224 @@ def parse_reset(text: str, now: Optional[float] = None) -> Optional[float]:
 
     month, day, hour, minute, ampm = m.groups()
     h = int(hour) % 12 + (12 if ampm.lower() == "pm" else 0)
-    base = datetime.datetime.fromtimestamp(now or time.time())
-    when = base.replace(hour=h, minute=int(minute or 0), second=0, microsecond=0)
-    if month and day:
-        try:
+    try:  # "resets 5:99pm" or "Feb 31": not a time
+        base = datetime.datetime.fromtimestamp(now)
+        when = base.replace(hour=h, minute=int(minute or 0), second=0, microsecond=0)
+        if month and day:
             mon = datetime.datetime.strptime(month, "%b").month
             when = when.replace(month=mon, day=int(day))
-        except ValueError:
-            return None
-        if when < base - datetime.timedelta(days=1):
-            when = when.replace(year=when.year + 1)
-    elif when <= base:
-        when += datetime.timedelta(days=1)
-    return when.timestamp()
+            if when < base - datetime.timedelta(days=1):
+                when = when.replace(year=when.year + 1)
+        elif when <= base:
+            when += datetime.timedelta(days=1)
+    except (ValueError, OverflowError):
+        return None
+    return _believed(when.timestamp(), now)
 
 
-def parse_stream(text: str) -> dict[str, Any]:
-    """Read stream-json lines; tolerate noise (a line that is not JSON is skipped)."""
-    session_id = None
-    result: Optional[dict[str, Any]] = None
+def _believed(value: float, now: float) -> Optional[float]:
+    try:
+        return untrusted.reset_time(value, "reset time", now)
+    except untrusted.Malformed:
+        return None
+
+
+@dataclass
+class ResultEvent:
+    """A stream-json ``result`` event, checked."""
+
+    is_error: bool = False
+    subtype: str = ""
+    result: str = ""
+    session_id: Optional[str] = None
+    cost_usd: float = 0.0
+    num_turns: Optional[int] = None
+    permission_denials: list[dict[str, Any]] = field(default_factory=list)
+    api_error_status: Optional[int] = None
+    errors: list[str] = field(default_factory=list)
+
+
+MAX_DENIALS = 200
+MAX_TOOL_INPUT = 4096  # bytes of a denied tool's input kept (``fleetrun logs`` shows 120)
+MAX_LINE = 16 << 20  # a stream-json line longer than this is not one fleetrun reads
+MAX_LOG_HEAD = 1 << 20  # of a log larger than head + tail, these are read (the session
+MAX_LOG_TAIL = 32 << 20  # id comes first, the result last)
+
+
+def _denial(value: Any, what: str) -> dict[str, Any]:
+    d = untrusted.obj(value, what)
+    out: dict[str, Any] = {}
+    for key in ("tool_name", "tool_use_id"):
+        v = untrusted.opt_clean_text(d, key, what, 200)
+        if v is not None:
+            out[key] = v
+    tool_input = d.get("tool_input")
+    if tool_input is not None:
+        untrusted.obj(tool_input, f"{what}.tool_input")
+        try:
+            dumped = json.dumps(tool_input, ensure_ascii=True)
+        except (ValueError, RecursionError):
+            raise untrusted.Malformed(f"{what}.tool_input: cannot be written back as JSON") from None
+        out["tool_input"] = tool_input if len(dumped) <= MAX_TOOL_INPUT else {"truncated": dumped[:MAX_TOOL_INPUT]}
+    return out
+
+
+def parse_result_event(ev: Any) -> ResultEvent:
+    """A ``result`` event's fields, each of its type and range (a cost is finite and
+    >= 0, ``is_error`` is a boolean, ``permission_denials`` a list of objects...).
+
+    :raises fleetrun.untrusted.Malformed: with the reason.
+    """
+    d = untrusted.obj(ev, "result")
+    denials = untrusted.opt_list(d, "permission_denials", "result", MAX_DENIALS)
+    errors = untrusted.opt_list(d, "errors", "result", 100)
+    return ResultEvent(
+        is_error=untrusted.opt_boolean(d, "is_error", "result"),
+        subtype=untrusted.opt_clean_text(d, "subtype", "result", 100, "") or "",
+        result=untrusted.opt_clean_text(d, "result", "result", default="") or "",
+        session_id=untrusted.opt_clean_text(d, "session_id", "result", 200),
+        cost_usd=untrusted.cost(d.get("total_cost_usd"), "result.total_cost_usd"),
+        num_turns=untrusted.opt_integer(d, "num_turns", "result", 0, 1 << 31),
+        permission_denials=[_denial(x, f"result.permission_denials[{i}]")
+                            for i, x in enumerate(denials)],
+        api_error_status=untrusted.opt_integer(d, "api_error_status", "result", 0, 999),
+        errors=[untrusted.clean_text(x, f"result.errors[{i}]", 4000) for i, x in enumerate(errors)],
+    )
+
+
+def parse_rate_limit_event(ev: Any, now: Optional[float] = None) -> Optional[float]:
+    """The reset time of a ``rate_limit_event`` that rejected the session, or None (not
+    rejected, no time, or a time not believed). :raises Malformed: a wrong type."""
+    d = untrusted.obj(ev, "rate_limit_event")
+    info = untrusted.opt_obj(d, "rate_limit_info", "rate_limit_event")
+    if info is None or untrusted.opt_clean_text(info, "status", "rate_limit_info", 100) != "rejected":
+        return None
+    v = info.get("resetsAt")
+    if v is None:
+        return None
+    at = untrusted.number(v, "rate_limit_info.resetsAt")
+    return _believed(at, time.time() if now is None else now)
+
+
+def parse_line(line: str) -> Optional[dict[str, Any]]:
+    """One stream-json line as an event object, or None for noise (what is not a JSON
+    object: a warning on the terminal, a truncated line, binary). Never raises."""
+    line = line.strip()
+    if not line.startswith("{") or len(line) > MAX_LINE:
+        return None
+    try:
+        ev = json.loads(line)
+    except (ValueError, RecursionError):  # RecursionError: "[[[[..." nested too deep
+        return None
+    return ev if isinstance(ev, dict) else None
+
+
+def read_stream(text: str, now: Optional[float] = None) -> dict[str, Any]:
+    """Read stream-json lines; noise (a line that is not a JSON object) is skipped, but
+    an event fleetrun reads must have the right shape.
+
+    :return: ``session_id``, ``result`` (a :class:`ResultEvent` or None), ``reset_at``.
+    :raises fleetrun.untrusted.Malformed: an event with a field of the wrong type or range.
+    """
+    session_id: Optional[str] = None
+    result: Optional[ResultEvent] = None
     reset_at: Optional[float] = None
     for line in text.splitlines():
-        line = line.strip()
-        if not line.startswith("{"):
+        ev = parse_line(line)
+        if ev is None:
             continue
-        try:
-            ev = json.loads(line)
-        except ValueError:
-            continue
-        if not isinstance(ev, dict):
-            continue
-        if ev.get("session_id"):
-            session_id = ev["session_id"]
-        if ev.get("type") == "result":
-            result = ev
-        elif ev.get("type") == "rate_limit_event":
-            info = ev.get("rate_limit_info") or {}
-            if info.get("status") == "rejected" and isinstance(info.get("resetsAt"), (int, float)):
-                reset_at = float(info["resetsAt"])
+        kind = ev.get("type")
+        what = kind[:40] if isinstance(kind, str) and kind else "event"
+        sid = untrusted.opt_clean_text(ev, "session_id", what, 200)
+        if sid:
+            session_id = sid
+        if kind == "result":
+            result = parse_result_event(ev)
+        elif kind == "rate_limit_event":
+            reset_at = parse_rate_limit_event(ev, now) or reset_at
     return {"session_id": session_id, "result": result, "reset_at": reset_at}
 
 
+def parse_stream(text: str) -> dict[str, Any]:
+    """:func:`read_stream` with the ``result`` as a dict of checked values (the shape
+    ``verify_agent`` reads); output that cannot be read is an error result,
+    ``subtype`` ``malformed_output`` with the reason in ``errors``. Never raises."""
+    try:
+        parsed = read_stream(text)
+    except untrusted.Malformed as e:
+        return {"session_id": None, "reset_at": None,
+                "result": {"type": "result", "is_error": True, "subtype": "malformed_output",
+                           "errors": [untrusted.reason_of(e)], "total_cost_usd": 0.0}}
+    res = parsed["result"]
+    if res is not None:
+        parsed["result"] = {"type": "result", "is_error": res.is_error, "subtype": res.subtype,
+                            "result": res.result, "session_id": res.session_id, "total_cost_usd": res.cost_usd,
+                            "num_turns": res.num_turns, "permission_denials": res.permission_denials,
+                            "api_error_status": res.api_error_status, "errors": res.errors}
+    return parsed
+
+
 def result_from_log(text: str, exit_code: Optional[int]) -> AgentResult:
-    parsed = parse_stream(text)
+    """What the session reported. Never raises: output fleetrun cannot read is a session
+    that died, ``malformed_output:<why>`` (the loop resumes it, then asks a human)."""
+    try:
+        parsed = read_stream(text)
+    except untrusted.Malformed as e:
+        return AgentResult(ok=False, reason=f"malformed_output:{untrusted.reason_of(e)}", exit_code=exit_code,
+                           result_text=_tail(text))
     res = parsed["result"]
     if res is None:
         return AgentResult(ok=False, reason="no_result", exit_code=exit_code, session_id=parsed["session_id"],
-                           result_text=text[-2000:])
-    cost = float(res.get("total_cost_usd") or 0.0)
+                           result_text=_tail(text))
     out = AgentResult(
-        ok=not res.get("is_error") and exit_code in (0, None),
-        reason="" if not res.get("is_error") else "is_error",
+        ok=not res.is_error and exit_code in (0, None),
+        reason="" if not res.is_error else "is_error",
         exit_code=exit_code,
-        session_id=res.get("session_id") or parsed["session_id"],
-        cost_usd=cost,
-        result_text=str(res.get("result") or ""),
-        num_turns=res.get("num_turns"),
-        permission_denials=list(res.get("permission_denials") or []),
+        session_id=res.session_id or parsed["session_id"],
+        cost_usd=res.cost_usd,
+        result_text=res.result,
+        num_turns=res.num_turns,
+        permission_denials=res.permission_denials,
     )
     if out.ok is False and not out.reason:
         out.reason = f"exit:{exit_code}"
-    status = res.get("api_error_status")
-    body = out.result_text or " ".join(str(x) for x in res.get("errors") or [])
+    body = out.result_text or " ".join(res.errors)
     if not out.result_text:
         out.result_text = body
-    if res.get("is_error") and (status in (429, 529) or _LIMIT_TEXT.search(body)):
+    if res.is_error and (res.api_error_status in (429, 529) or _LIMIT_TEXT.search(body)):
         out.usage_limit = True
         out.reason = "usage_limit"
         out.usage_reset_at = parsed["reset_at"] or parse_reset(body)
-    if res.get("subtype") == "error_max_budget_usd":
+    if res.subtype == "error_max_budget_usd":
         out.reason = "budget"
     return out
+
+
+def _tail(text: str) -> str:
+    tail = text[-2000:]
+    return tail.encode("utf-8", "replace").decode("utf-8")
+
+
+def read_log(log_path: str) -> str:
+    """The log's text; of a huge one its head and its tail (a cut line is noise)."""
+    try:
+        with open(log_path, "rb") as f:
+            f.seek(0, 2)
+            size = f.tell()
+            f.seek(0)
+            if size <= MAX_LOG_HEAD + MAX_LOG_TAIL:
+                raw = f.read()
+            else:
+                raw = f.read(MAX_LOG_HEAD) + b"\n"
+                f.seek(size - MAX_LOG_TAIL)
+                raw += f.read()
+    except OSError:
+        return ""
+    return raw.decode("utf-8", "replace")
 
 
 @hookimpl(trylast=True)
 def fleetrun_agent_result(task: Any, attempt: Any, log_path: str, exit_code: Optional[int], config: Any) -> Optional[AgentResult]:
     if task.spec.agent != "claude":
         return None
-    try:
-        with open(log_path, encoding="utf-8", errors="replace") as f:
-            text = f.read()
-    except OSError:
-        text = ""
-    return result_from_log(text, exit_code)
+    return result_from_log(read_log(log_path), exit_code)

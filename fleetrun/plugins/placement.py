@@ -128,14 +128,14 @@ class MemorySampler:
 
 def running_statuses(config: Any) -> list[tuple[str, dict[str, Any]]]:
     """(attempt id, status.json) of the attempts running on this machine."""
-    from ..shepherd import STATUS, read_json
+    from ..hosts import read_status  # checked: the agent can write to its attempt folder
 
     led = config.stash.get("ledger")
     if led is None:
         return []
     out = []
     for att in led.attempts(states={"running"}, host="local"):
-        st = read_json(str(config.home / "attempts" / att.id / STATUS))
+        st, _ = read_status(config.home / "attempts" / att.id)
         if st:
             out.append((att.id, st))
     return out

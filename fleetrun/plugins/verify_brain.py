@@ -33,6 +33,7 @@ import time
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Callable, Optional, Union
 
+from .. import untrusted
 from ..diffutil import (
     DEFAULT_MAX_DIFF_BYTES,
     local_workspace,
@@ -51,6 +52,7 @@ if TYPE_CHECKING:
 DEFAULT_URL = "http://127.0.0.1:11434"
 DEFAULT_TIMEOUT_S = 120.0
 KEEP_BYTES = 64 * 1024
+MAX_REPLY_BYTES = 4 << 20  # a reply larger than this is not read (and not a verdict)
 INTRO = ("You are reviewing the work a coding agent did on one task. You are shown the task, "
          "the changes the agent made, and a question about them.")
 
@@ -199,21 +201,59 @@ def request_for(settings: dict[str, Any], model: str, prompt: str) -> tuple[str,
 
 
 def reply_text(api: str, endpoint: str, data: Any) -> str:
-    """The model's answer in a decoded response body; BrainError if it has none."""
+    """The model's answer in a decoded response body; BrainError if it has none.
+
+    The body is untrusted: each step of the path to the answer must be an object (or
+    the list ``choices``) and the answer a string (null is an empty answer).
+    """
     try:
         if api == "openai":
-            text = data["choices"][0]["message"]["content"]
+            choices = untrusted.obj(data, "brain reply").get("choices")
+            if not isinstance(choices, list) or not choices:
+                raise untrusted.Malformed("brain reply: choices: expected a non-empty list")
+            msg = untrusted.obj(untrusted.obj(choices[0], "brain reply: choices[0]").get("message"),
+                                "brain reply: choices[0].message")
+            key, where = "content", msg
         elif endpoint == "chat":
-            text = data["message"]["content"]
+            where = untrusted.obj(untrusted.obj(data, "brain reply").get("message"), "brain reply: message")
+            key = "content"
         else:
-            text = data["response"]
-    except (KeyError, IndexError, TypeError):
-        raise BrainError("brain reply has no answer in it: " + json.dumps(data)[:200]) from None
+            where, key = untrusted.obj(data, "brain reply"), "response"
+    except untrusted.Malformed:
+        raise BrainError("brain reply has no answer in it: " + _snippet(data)) from None
+    if key not in where:
+        raise BrainError("brain reply has no answer in it: " + _snippet(data))
+    text = where[key]
     if text is None:
         return ""
-    if not isinstance(text, str):
-        raise BrainError("brain reply has no text answer: " + json.dumps(data)[:200])
-    return text
+    try:
+        return untrusted.clean_text(text, f"brain reply: {key}", MAX_REPLY_BYTES)
+    except untrusted.Malformed as e:
+        raise BrainError(f"brain reply has no text answer ({untrusted.reason_of(e)}): {_snippet(data)}") from None
+
+
+def _snippet(data: Any) -> str:
+    try:
+        dumped = json.dumps(data)
+    except (ValueError, RecursionError, TypeError):
+        dumped = repr(type(data))
+    return dumped[:200]
+
+
+def parse_brain_reply(api: str, endpoint: str, raw: bytes) -> str:
+    """A brain's HTTP 200 body -> the answer text. Pure; for each API's shape.
+
+    :raises BrainError: the body is too large, not JSON, or has no text answer (the
+        message is the FAIL reason).
+    """
+    if len(raw) > MAX_REPLY_BYTES:
+        raise BrainError(f"brain reply is larger than {MAX_REPLY_BYTES} bytes")
+    try:
+        data = json.loads(raw.decode("utf-8"))
+    except (UnicodeDecodeError, ValueError, RecursionError):
+        snippet = raw[:200].decode("utf-8", "replace")
+        raise BrainError(f"brain returned malformed JSON: {snippet!r}") from None
+    return reply_text(api, endpoint, data)
 
 
 class BrainError(Exception):
@@ -239,16 +279,31 @@ def _http_error_detail(e: urllib.error.HTTPError) -> str:
     return detail or str(e.reason or "")
 
 
+def _location(e: urllib.error.HTTPError) -> str:
+    loc = e.headers.get("Location") if e.headers is not None else None
+    return untrusted.reason_of(ValueError(loc), 200) if loc else "nowhere"
+
+
 def _opener(url: str) -> urllib.request.OpenerDirector:
     """urllib's opener; a model on this machine is never reached through an HTTP proxy
-    (``http_proxy`` set for the outside world would otherwise catch 127.0.0.1 too)."""
+    (``http_proxy`` set for the outside world would otherwise catch 127.0.0.1 too).
+
+    It follows no redirect: urllib's would carry the ``Authorization`` header to
+    wherever the brain points, and take that server's answer as the verdict. A 3xx
+    reaches :func:`ask` as an HTTPError.
+    """
     import urllib.parse
     import urllib.request
 
+    class NoRedirect(urllib.request.HTTPRedirectHandler):
+        def redirect_request(self, req: Any, fp: Any, code: int, msg: str, headers: Any,
+                             newurl: str) -> None:
+            return None
+
     host = urllib.parse.urlsplit(url).hostname or ""
     if host in ("localhost", "::1") or host.startswith("127."):
-        return urllib.request.build_opener(urllib.request.ProxyHandler({}))
-    return urllib.request.build_opener()
+        return urllib.request.build_opener(urllib.request.ProxyHandler({}), NoRedirect())
+    return urllib.request.build_opener(NoRedirect())
 
 
 def ask(settings: dict[str, Any], model: str, prompt: str, timeout: float,
@@ -269,8 +324,10 @@ def ask(settings: dict[str, Any], model: str, prompt: str, timeout: float,
     req = urllib.request.Request(url, data=json.dumps(body).encode(), headers=headers, method="POST")
     try:
         with _opener(url).open(req, timeout=timeout) as resp:
-            raw = resp.read()
+            raw = resp.read(MAX_REPLY_BYTES + 1)
     except urllib.error.HTTPError as e:
+        if 300 <= e.code < 400:
+            raise BrainError(f"brain redirected to {_location(e)} (HTTP {e.code}); redirects are not followed") from None
         raise BrainError(f"brain returned HTTP {e.code}: {_http_error_detail(e)}") from None
     except urllib.error.URLError as e:
         reason = e.reason
@@ -288,12 +345,7 @@ def ask(settings: dict[str, Any], model: str, prompt: str, timeout: float,
         raise BrainError(f"brain request failed: {e}") from None
     except http.client.HTTPException as e:
         raise BrainError(f"brain sent a broken HTTP reply: {type(e).__name__}: {e}") from None
-    try:
-        data = json.loads(raw.decode("utf-8"))
-    except (UnicodeDecodeError, ValueError):
-        snippet = raw[:200].decode("utf-8", "replace")
-        raise BrainError(f"brain returned malformed JSON: {snippet!r}") from None
-    return reply_text(settings.get("api", "ollama"), settings.get("ollama_endpoint", "generate"), data)
+    return parse_brain_reply(settings.get("api", "ollama"), settings.get("ollama_endpoint", "generate"), raw)
 
 
 class BrainHandle:
