@@ -12,6 +12,7 @@ verdict, an unreachable peer); it never reaches the loop as an exception.
 from __future__ import annotations
 
 import math
+import re as _re
 import time
 from typing import Any, Optional, TypeVar
 
@@ -150,7 +151,6 @@ def _short(value: Any) -> str:
 # fleetrun builds from an id, so anything else (``..``, ``/``, a NUL) is refused here,
 # in this one place.
 
-import re as _re  # noqa: E402 (kept with the checkers that use it; the ones above stay as they are)
 
 TASK_ID = _re.compile(r"task_[0-9a-z]{1,40}_[0-9]{1,9}")
 ATTEMPT_ID = _re.compile(r"(task_[0-9a-z]{1,40}_[0-9]{1,9})_a([1-9][0-9]{0,8})")

@@ -272,10 +272,11 @@ def test_probe_with_a_broken_config_toml_is_a_clear_error(peer):
 def test_probe_refuses_tags_that_are_not_a_list(peer):
     (peer.home / "config.toml").write_text('[relay]\ntags = "gpu"\n')
     code, r = peer.host("probe")
-    assert code == 1 and "[relay] tags must be a list of strings" in r["error"], r
+    assert code == 4 and "config.toml:2: relay.tags: expected a list of strings, got a string" in r["error"], r
     (peer.home / "config.toml").write_text('[relay]\ntags = ["gpu", 3]\n')
     code, r = peer.host("probe")
-    assert code == 1 and "[relay] tags must be a list of strings" in r["error"], r
+    assert code == 4 and "config.toml:2: relay.tags: expected a list of strings, got a list holding the number 3" \
+        in r["error"], r
 
 
 def test_a_malformed_request_is_an_error_not_a_traceback(peer, tmp_path):
@@ -481,7 +482,7 @@ def test_a_peer_with_a_broken_config_says_so_as_the_reason_it_gets_nothing(fleet
     assert "config.toml:1: invalid TOML" in r.stderr and "internal error" not in r.stderr, r.stderr
     m.write("config.toml", '[relay]\ntags = "gpu"\n')
     r = fleeter.run("relay", "peers")
-    assert "[relay] tags must be a list of strings" in r.stdout, r.stdout
+    assert "relay.tags: expected a list of strings, got a string" in r.stdout, r.stdout
 
 
 def private_peer(peer_lab: Any, name: str, repo: Path) -> Any:

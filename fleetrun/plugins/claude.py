@@ -142,6 +142,8 @@ class ResultEvent:
     permission_denials: list[dict[str, Any]] = field(default_factory=list)
     api_error_status: Optional[int] = None
     errors: list[str] = field(default_factory=list)
+    #: ``--json-schema`` output, as the CLI gave it (its reader checks it: ``verify_agent``)
+    structured_output: Any = None
 
 
 MAX_DENIALS = 200
@@ -189,6 +191,7 @@ def parse_result_event(ev: Any) -> ResultEvent:
                             for i, x in enumerate(denials)],
         api_error_status=untrusted.opt_integer(d, "api_error_status", "result", 0, 999),
         errors=[untrusted.clean_text(x, f"result.errors[{i}]", 4000) for i, x in enumerate(errors)],
+        structured_output=d.get("structured_output"),
     )
 
 
@@ -261,6 +264,8 @@ def parse_stream(text: str) -> dict[str, Any]:
                             "result": res.result, "session_id": res.session_id, "total_cost_usd": res.cost_usd,
                             "num_turns": res.num_turns, "permission_denials": res.permission_denials,
                             "api_error_status": res.api_error_status, "errors": res.errors}
+        if res.structured_output is not None:
+            parsed["result"]["structured_output"] = res.structured_output
     return parsed
 
 

@@ -134,6 +134,8 @@ def verdict_from_stream(text_: str, exit_code: Optional[int]) -> tuple[bool, str
         where = f"exit code {exit_code}" if exit_code is not None and exit_code >= 0 else (
             f"killed by signal {-exit_code}" if exit_code is not None else "still running")
         return False, f"no verdict: the reviewer ended without a result ({where})", "", 0.0
+    if res.get("subtype") == "malformed_output":  # parse_stream could not read the result event
+        return False, f"no verdict: malformed result event: {'; '.join(res.get('errors') or [])}", "", 0.0
     try:
         spent = cost(res.get("total_cost_usd"), "result.total_cost_usd")
     except Malformed as e:
