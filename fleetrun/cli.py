@@ -303,8 +303,6 @@ def _configure(args: list[str], plugins: Optional[list[Any]], out: TextIO, err: 
     config = Config(pm, ns, home)
     config.out = out
     config.err = err
-    if verb != "host":  # a mistake in config.toml is reported at once, with its line
-        config.settings  # noqa: B018 - loads and checks config.toml
     if verb in ("run", "validate", "queue"):
         files = [Path(f) for f in (ns.files or ["tasks.toml"])]
         ns.files = [str(f.resolve()) for f in files]
@@ -322,6 +320,12 @@ def _configure(args: list[str], plugins: Optional[list[Any]], out: TextIO, err: 
                     config.file_settings.setdefault(key, {}).update(table)
         pm.load_fleetconfs(sources)
     pm.check_hooks()
+    if verb in ("run", "validate", "queue", "work", "relay"):
+        # a mistake in config.toml stops these before anything starts, with its line;
+        # checked after the fleetconf.py files, whose plugins may declare tables. The
+        # operator's verbs (status, logs, cancel...) still work, and check it only if
+        # they read a setting.
+        config.settings  # noqa: B018 - loads and checks config.toml
     config.hook.fleetrun_configure.call_historic(kwargs={"config": config})
     return config
 

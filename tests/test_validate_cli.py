@@ -360,9 +360,9 @@ def test_empty_prompt(fleeter: Any) -> None:
         ("role", '" "', "must not be empty"),
         ("peer", '""', "must not be empty"),
         ("permission_mode", '"yolo"',
-         "'yolo' is not one of acceptEdits, auto, bypassPermissions, default, dontAsk, plan"),
+         "'yolo' is not one of acceptEdits, auto, bypassPermissions, default, dontAsk, manual, plan"),
         ("permission_mode", '"AcceptEdits"',
-         "'AcceptEdits' is not one of acceptEdits, auto, bypassPermissions, default, dontAsk, plan"),
+         "'AcceptEdits' is not one of acceptEdits, auto, bypassPermissions, default, dontAsk, manual, plan"),
     ],
 )
 def test_bad_value(fleeter: Any, key: str, value: str, message: str) -> None:
@@ -1103,7 +1103,7 @@ def test_path_through_a_symlink_out_of_cwd(fleeter: Any) -> None:
 def test_relay_tags_must_be_a_list(fleeter: Any) -> None:
     fleeter.write_config('# relay\n[relay]\nheartbeat_secs = 5\ntags = "gpu"\n')
     fleeter.write_tasks('[agents.ok]\ncommand = ["true"]\n' + task("a", agent='"ok"'))
-    for args in (("validate", "tasks.toml"), ("tasks.toml",), ("status",)):
+    for args in (("validate", "tasks.toml"), ("tasks.toml",), ("queue", "tasks.toml")):
         assert_errors(fleeter.run(*args),
                       f"ERROR: {fleeter.home / 'config.toml'}:4: relay.tags: expected a list of strings, got a string")
     fleeter.write_config('[relay]\ntags = ["gpu", 3]\n')
