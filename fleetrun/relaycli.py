@@ -56,6 +56,9 @@ def main(config: Any, rest: list[str], out: TextIO, err: TextIO) -> int:
     p.add_argument("--cached", action="store_true", help="do not probe; show what was last heard")
     r = sub.add_parser("remove", help="forget a peer")
     r.add_argument("name", metavar="NAME")
+    if rest[:1] == ["help"]:  # named by `fleetrun relay --help`
+        parser.print_help(out)
+        return ExitCode.OK
     try:
         ns = parser.parse_args(rest)
     except SystemExit as e:

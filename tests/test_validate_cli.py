@@ -1110,3 +1110,67 @@ def test_relay_tags_must_be_a_list(fleeter: Any) -> None:
     assert_errors(fleeter.run("validate", "tasks.toml"),
                   f"ERROR: {fleeter.home / 'config.toml'}:2: relay.tags: expected a list of strings, got a list "
                   "holding the number 3")
+
+
+# ---------------------------------------------------------------------------------
+# the command line itself
+
+
+@pytest.mark.parametrize("value", ["-1", "0"])
+def test_max_tasks_must_be_at_least_one(fleeter: Any, value: str) -> None:
+    fleeter.write_tasks(task("a"))
+    for verb in ((), ("work", "--until-idle")):
+        # argparse writes its errors to the real stderr
+        r = fleeter.runsub(*verb, "--max-tasks", value, *(() if verb else ("tasks.toml",)))
+        assert r.ret == USAGE_ERROR, r
+        assert r.errlines[-1].endswith(f"argument --max-tasks: {value} is not a whole number of at least 1 "
+                                       "(to start nothing, use fleetrun drain)"), r.errlines
+        assert not (fleeter.home / "state.db").exists()
+
+
+def test_misspelt_verb_is_not_taken_for_a_file(fleeter: Any) -> None:
+    r = fleeter.run("stauts")
+    assert (r.ret, r.outlines, r.errlines) == (USAGE_ERROR, [],
+                                                ["ERROR: stauts: not a file or a verb (did you mean status?)"])
+    r = fleeter.run("frobnicate")
+    assert (r.ret, r.errlines) == (USAGE_ERROR, [
+        "ERROR: frobnicate: not a file or a verb (verbs: run, validate, queue, work, status, logs, cancel, retry, "
+        "approve, drain, undrain, gc, relay, host)"])
+    # a real file by that name is a file
+    fleeter.write("stauts", "")
+    r = fleeter.run("validate", "stauts")
+    assert r.errlines == ["ERROR: stauts: no collector takes this kind of file (tasks files are .toml)"]
+
+
+def test_a_directory_means_its_tasks_toml(fleeter: Any) -> None:
+    fleeter.write("sub/tasks.toml", task("a"))
+    fleeter.write("sub/deeper/tasks.toml", task("b"))
+    r = fleeter.run("validate", "sub")
+    assert (r.ret, r.outlines, r.errlines) == (0, ["sub/tasks.toml: 1 task, valid"], [])
+    r = fleeter.run("--co", "sub")
+    assert r.ret == 0 and "a" in r.stdout and "b" not in r.stdout.replace("tasks", ""), r.stdout
+
+
+def test_a_directory_without_tasks_toml_names_what_it_holds(fleeter: Any) -> None:
+    fleeter.write("q/tasks-night.toml", task("a"))
+    fleeter.write("q/more/tasks.toml", task("b"))
+    fleeter.write("q/notes.toml", "")
+    r = fleeter.run("validate", "q")
+    assert (r.ret, r.errlines) == (USAGE_ERROR, [
+        "ERROR: q: no tasks.toml in this folder; name a file: q/more/tasks.toml, q/tasks-night.toml"])
+    (fleeter.path / "empty").mkdir()
+    r = fleeter.run("validate", "empty")
+    assert (r.ret, r.errlines) == (USAGE_ERROR, ["ERROR: empty: no tasks.toml in this folder"])
+
+
+def test_relay_help_is_what_relay_help_names(fleeter: Any) -> None:
+    r = fleeter.runsub("relay", "--help")  # argparse writes --help to the real stdout
+    assert r.ret == 0
+    assert "fleetrun relay help" in r.stdout
+    r = fleeter.run("relay", "help")
+    assert (r.ret, r.errlines) == (0, [])
+    assert r.outlines[0] == "usage: fleetrun relay [-h] {add,peers,remove} ..."
+    assert any(line.split()[:1] == ["add"] for line in r.outlines), r.stdout
+    # and the host verb names only what works
+    r = fleeter.runsub("host", "--help")
+    assert r.ret == 0 and "fleetrun host help" not in r.stdout and "verify-status" in r.stdout
