@@ -224,7 +224,7 @@ def _build_parser(verb: str, pluginparser: Any) -> argparse.ArgumentParser:
             description="Run a queue of coding-agent tasks unattended, the way pytest runs tests.",
             epilog=f"verbs:\n{verbs}\n\n'fleetrun VERB --help' describes a verb. Exit codes: 0 all DONE, "
                    "1 some NEEDS_HUMAN or CANCELLED, 2 interrupted, 3 internal error, 4 usage error, "
-                   "5 no tasks collected.",
+                   "5 no tasks collected, 6 relay add could not pair (docs/cli.md).",
         )
     else:
         p = argparse.ArgumentParser(prog=f"fleetrun {verb}", parents=[common], description=VERBS[verb])

@@ -1174,3 +1174,27 @@ def test_relay_help_is_what_relay_help_names(fleeter: Any) -> None:
     # and the host verb names only what works
     r = fleeter.runsub("host", "--help")
     assert r.ret == 0 and "fleetrun host help" not in r.stdout and "verify-status" in r.stdout
+
+
+def test_sigterm_of_work_is_a_clean_stop(fleeter: Any) -> None:
+    """A service manager stops `fleetrun work` with SIGTERM: that is its normal end, exit 0
+    (systemd counts 0 as a clean stop, and 2 or 143 as a failure)."""
+    import json
+    import signal
+    import time
+
+    proc = fleeter.popen("work")
+    try:
+        live = fleeter.home / "supervisor.json"
+        deadline = time.monotonic() + 60
+        while not (live.exists() and json.loads(live.read_text() or "{}").get("pid") == proc.pid):
+            assert proc.poll() is None and time.monotonic() < deadline, proc.communicate()
+            time.sleep(0.05)
+        proc.send_signal(signal.SIGTERM)
+        out, err = proc.communicate(timeout=60)
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+            proc.communicate()
+    assert proc.returncode == 0, (proc.returncode, out, err)
+    assert b"Traceback" not in err
