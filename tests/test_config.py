@@ -12,7 +12,6 @@ from typing import Any, Optional
 import pytest
 
 import fleetrun
-from fleetrun import ConfigKey
 
 USAGE_ERROR = 4
 TASK = '[agents.ok]\ncommand = ["true"]\n\n[[task]]\nname = "a"\nprompt = "x"\nagent = "ok"\n'
@@ -181,7 +180,9 @@ class Notify:
     """A third-party plugin that reads ``[notify]`` from config.toml."""
 
     @fleetrun.hookimpl
-    def fleetrun_config_keys(self, config: Any) -> list[ConfigKey]:
+    def fleetrun_config_keys(self, config: Any) -> list[Any]:
+        from fleetrun import ConfigKey
+
         return [ConfigKey("notify", "url", (str,), doc="where to post"),
                 ConfigKey("notify", "level", (str,), choices=("all", "failures")),
                 ConfigKey("notify", "retries", (int,), check=_positive)]

@@ -1198,3 +1198,9 @@ def test_sigterm_of_work_is_a_clean_stop(fleeter: Any) -> None:
             proc.communicate()
     assert proc.returncode == 0, (proc.returncode, out, err)
     assert b"Traceback" not in err
+
+
+def test_collect_only_with_nothing_selected_says_no_tasks_collected(fleeter: Any) -> None:
+    fleeter.write_tasks(task("a"))
+    r = fleeter.run("--co", "-k", "nomatch", "tasks.toml")
+    assert (r.ret, r.outlines, r.errlines) == (NO_TASKS, ["no tasks collected"], [])
