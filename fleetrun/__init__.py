@@ -4,6 +4,7 @@ from __future__ import annotations
 
 __version__ = "0.1.0"
 
+from .config import ConfigKey
 from .exceptions import ExitCode, UsageError, UsageErrors
 from .hookimpl import hookimpl
 from .hookspec import hookspec
@@ -36,6 +37,7 @@ def main(args: list[str] | None = None, plugins: list[object] | None = None) -> 
 __all__ = [
     "AgentResult",
     "Candidate",
+    "ConfigKey",
     "ExitCode",
     "Handoff",
     "KeyDecl",

@@ -224,7 +224,7 @@ def _build_parser(verb: str, pluginparser: Any) -> argparse.ArgumentParser:
             description="Run a queue of coding-agent tasks unattended, the way pytest runs tests.",
             epilog=f"verbs:\n{verbs}\n\n'fleetrun VERB --help' describes a verb. Exit codes: 0 all DONE, "
                    "1 some NEEDS_HUMAN or CANCELLED, 2 interrupted, 3 internal error, 4 usage error, "
-                   "5 no tasks collected.",
+                   "5 no tasks collected, 6 relay add could not pair (docs/cli.md).",
         )
     else:
         p = argparse.ArgumentParser(prog=f"fleetrun {verb}", parents=[common], description=VERBS[verb])
@@ -235,7 +235,7 @@ def _build_parser(verb: str, pluginparser: Any) -> argparse.ArgumentParser:
     if verb in ("run", "work"):
         p.add_argument("-x", "--exitfirst", action="store_true",
                        help="start no new task after the first NEEDS_HUMAN")
-        p.add_argument("--max-tasks", type=int, metavar="N", help="override [local] max_tasks")
+        p.add_argument("--max-tasks", type=_max_tasks, metavar="N", help="override [local] max_tasks")
     if verb == "run":
         p.add_argument("--collect-only", "--co", action="store_true", help="list the tasks; run nothing")
         p.add_argument("--new-queue", action="store_true",
@@ -258,11 +258,87 @@ def _build_parser(verb: str, pluginparser: Any) -> argparse.ArgumentParser:
         p.add_argument("--yes", action="store_true", help="remove what is listed")
         p.add_argument("--force", action="store_true",
                        help="also remove dirty worktrees and branches with commits found nowhere else")
-    if verb in ("relay", "host"):
-        p.add_argument("rest", nargs=argparse.REMAINDER, help=f"see 'fleetrun {verb} help'")
+    if verb == "relay":
+        p.add_argument("rest", nargs=argparse.REMAINDER, metavar="add|peers|remove ...",
+                       help="'fleetrun relay help' lists them; 'fleetrun relay add --help' describes one")
+    if verb == "host":
+        p.add_argument("rest", nargs=argparse.REMAINDER, metavar="VERB --json ...",
+                       help="probe, prepare, start, status, log, stop, collect, cleanup, verify-start, "
+                            "verify-status, verify-stop, bundle (docs/peers.md)")
     if verb in ("run", "work"):
         pluginparser.apply(p)
     return p
+
+
+def _max_tasks(text: str) -> int:
+    try:
+        n = int(text)
+    except ValueError:
+        n = 0
+    if n < 1:  # 0 or fewer starts nothing and waits forever: never what was meant
+        raise argparse.ArgumentTypeError(
+            f"{text} is not a whole number of at least 1 (to start nothing, use fleetrun drain)")
+    return n
+
+
+#: The name a folder on the command line stands for, as ``fleetrun`` alone stands for
+#: ``./tasks.toml``.
+TASKS_FILE = "tasks.toml"
+
+
+def _tasks_files_below(folder: Path, depth: int = 2) -> list[Path]:
+    """``tasks*.toml`` files in ``folder`` and its subfolders (not hidden ones), for a hint."""
+    found: list[Path] = []
+    try:
+        entries = sorted(folder.iterdir())
+    except OSError:
+        return found
+    for e in entries:
+        if e.name.startswith("."):
+            continue
+        if e.is_dir() and not e.is_symlink() and depth > 1:
+            found.extend(_tasks_files_below(e, depth - 1))
+        elif e.is_file() and e.name.startswith("tasks") and e.suffix == ".toml":
+            found.append(e)
+    return found
+
+
+def resolve_files(names: list[str], invocation_dir: Path) -> list[str]:
+    """The tasks files the command line names, absolute.
+
+    A folder stands for its ``tasks.toml``, as ``fleetrun`` alone stands for
+    ``./tasks.toml``: a tasks file is a queue that costs time and money, so fleetrun
+    does not run every ``tasks*.toml`` it can find below a folder (examples, vendored
+    repositories), as pytest runs every ``test_*.py``. A word that is no file and
+    looks like a misspelt verb says so, instead of "no collector takes this file".
+
+    :raises UsageError: a folder without ``tasks.toml``, a misspelt verb.
+    """
+    import difflib
+
+    from .collect import display_path
+
+    out: list[str] = []
+    errors: list[UsageError] = []
+    for name in names:
+        path = (invocation_dir / name).resolve()
+        if path.is_dir():
+            if (path / TASKS_FILE).is_file():
+                out.append(str(path / TASKS_FILE))
+                continue
+            found = _tasks_files_below(path)
+            hint = "; name a file: " + ", ".join(display_path(f, invocation_dir) for f in found[:6]) if found else ""
+            errors.append(UsageError(f"no {TASKS_FILE} in this folder{hint}", file=name))
+            continue
+        if not path.exists() and "." not in name and "/" not in name and os.sep not in name:
+            close = difflib.get_close_matches(name, list(VERBS), n=1)
+            hint = f"did you mean {close[0]}?" if close else "verbs: " + ", ".join(VERBS)
+            errors.append(UsageError(f"not a file or a verb ({hint})", file=name))
+            continue
+        out.append(str(path))
+    if errors:
+        raise UsageErrors(errors) if len(errors) > 1 else errors[0]
+    return out
 
 
 def _configure(args: list[str], plugins: Optional[list[Any]], out: TextIO, err: TextIO) -> Any:
@@ -303,11 +379,8 @@ def _configure(args: list[str], plugins: Optional[list[Any]], out: TextIO, err: 
     config = Config(pm, ns, home)
     config.out = out
     config.err = err
-    if verb != "host":  # a mistake in config.toml is reported at once, with its line
-        config.settings  # noqa: B018 - loads and checks config.toml
     if verb in ("run", "validate", "queue"):
-        files = [Path(f) for f in (ns.files or ["tasks.toml"])]
-        ns.files = [str(f.resolve()) for f in files]
+        ns.files = resolve_files(ns.files or [TASKS_FILE], config.invocation_dir)
         pm.load_fleetconfs([Path(f) for f in ns.files if Path(f).exists()])
     elif verb == "work":
         # the queued tasks' own fleetconf.py files and [agents]/[brain] tables
@@ -322,6 +395,12 @@ def _configure(args: list[str], plugins: Optional[list[Any]], out: TextIO, err: 
                     config.file_settings.setdefault(key, {}).update(table)
         pm.load_fleetconfs(sources)
     pm.check_hooks()
+    if verb in ("run", "validate", "queue", "work", "relay"):
+        # a mistake in config.toml stops these before anything starts, with its line;
+        # checked after the fleetconf.py files, whose plugins may declare tables. The
+        # operator's verbs (status, logs, cancel...) still work, and check it only if
+        # they read a setting.
+        config.settings  # noqa: B018 - loads and checks config.toml
     config.hook.fleetrun_configure.call_historic(kwargs={"config": config})
     return config
 

@@ -274,7 +274,8 @@ def display_path(path: Path, invocation_dir: Optional[Path] = None) -> str:
 
 def parse_toml_file(path: Path, display: str) -> tuple[dict[str, Any], str]:
     try:
-        text = path.read_text(encoding="utf-8")
+        # utf-8-sig: a byte-order mark (Notepad writes one) is not TOML, nor a character
+        text = path.read_text(encoding="utf-8-sig")
     except FileNotFoundError:
         raise UsageError("file not found", file=display) from None
     except UnicodeDecodeError as e:

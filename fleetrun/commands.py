@@ -107,12 +107,12 @@ def cmd_run(config: Any, out: TextIO, err: TextIO) -> int:
     from .session import run_session
 
     items = collect_items(config)
-    if config.getoption("collect_only"):
+    if config.getoption("collect_only") and items:
         for t in items:
             deps = f"  (after {', '.join(t.depends_on)})" if t.depends_on else ""
             print(f"<Task {safe_name(t.name)}>{safe_text(deps)}", file=out)
         print(f"\n{len(items)} task{'s' if len(items) != 1 else ''} collected", file=out)
-        return ExitCode.OK if items else ExitCode.NO_TASKS_COLLECTED
+        return ExitCode.OK
     if not items:
         print("no tasks collected", file=out)
         return ExitCode.NO_TASKS_COLLECTED

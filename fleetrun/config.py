@@ -5,29 +5,46 @@ from __future__ import annotations
 import argparse
 import os
 import sys
+from dataclasses import dataclass
 from pathlib import Path
-from typing import TYPE_CHECKING, Any, Optional
+from typing import TYPE_CHECKING, Any, Callable, Iterable, Optional
 
 from .exceptions import UsageError
 
 if TYPE_CHECKING:
     from .pluginmanager import FleetPluginManager
 
-if sys.version_info >= (3, 11):
-    pass
-else:  # pragma: no cover
-    pass
 
-#: Top-level tables ``config.toml`` may have; each is read by the plugin named.
-CONFIG_TABLES = {
-    "agents": "command_agent: [agents.NAME] command = [...]",
-    "brain": "verify_brain: url, model, api (ollama/openai), ollama_endpoint (generate/chat), "
-             "api_key_env, timeout_s, max_diff_bytes",
-    "relay": "relay: tags = [...], heartbeat_secs",
-    "claude": "claude: executable, allowed_tools, permission_mode, resume_session",
-    "worktree": "worktree: commit_message",
-    "fleetrun": "general settings",
-}
+
+@dataclass(frozen=True)
+class ConfigKey:
+    """A key of a ``config.toml`` table, declared through ``fleetrun_config_keys`` by the
+    plugin that reads it. Anything no loaded plugin declared is an error.
+
+    :ivar table: the table: ``"claude"`` for ``[claude]``; ``"agents.*"`` for every
+        ``[agents.NAME]`` (a table of tables, one per name).
+    :ivar key: the key inside it; ``""`` declares the table alone (it may appear, empty).
+    :ivar types: the Python types the value may have after TOML parsing (a boolean is
+        never a number); empty: any, ``check`` looks at it.
+    :ivar items: for a list or a table value, the type every item must have.
+    :ivar choices: the values allowed, when they are a fixed set.
+    :ivar check: an extra check of a value of the right type: a message, or None.
+    :ivar required: the table is incomplete without this key.
+    :ivar doc: what the key means (for documentation and error hints).
+    """
+
+    table: str
+    key: str
+    types: tuple[type, ...] = ()
+    items: Optional[type] = None
+    choices: tuple[Any, ...] = ()
+    check: Optional[Callable[[Any], Optional[str]]] = None
+    required: bool = False
+    doc: str = ""
+
+
+#: What the core itself reads: ``[fleetrun]``, reserved for general settings (none yet).
+CORE_CONFIG_KEYS: tuple[ConfigKey, ...] = (ConfigKey("fleetrun", "", doc="general settings"),)
 
 
 def default_home() -> Path:
@@ -112,7 +129,8 @@ class Config:
     def settings(self) -> dict[str, Any]:
         """``config.toml`` merged under the tasks files' top-level tables."""
         if self._settings is None:
-            self._settings = load_config_toml(self.home / "config.toml")
+            self._settings = load_config_toml(self.home / "config.toml", self.config_keys(),
+                                              skip_unknown_tables=self._blocks_a_plugin())
         merged = {k: dict(v) if isinstance(v, dict) else v for k, v in self._settings.items()}
         for key, table in self.file_settings.items():
             if isinstance(table, dict) and isinstance(merged.get(key), dict):
@@ -120,6 +138,17 @@ class Config:
             else:
                 merged[key] = table
         return merged
+
+    def config_keys(self) -> list[ConfigKey]:
+        """The core's ``config.toml`` keys and every loaded plugin's (``fleetrun_config_keys``)."""
+        decls = list(CORE_CONFIG_KEYS)
+        for result in self.hook.fleetrun_config_keys(config=self):
+            decls.extend(result or ())
+        return decls
+
+    def _blocks_a_plugin(self) -> bool:
+        # pluggy keeps a blocked name mapped to None
+        return any(p is None for _n, p in self.pluginmanager.list_name_plugin())
 
     def setting(self, table: str, key: Optional[str] = None, default: Any = None) -> Any:
         t = self.settings.get(table, {})
@@ -145,43 +174,131 @@ def _describe(value: Any) -> str:
     return type(value).__name__
 
 
-def _str_list_problem(value: Any) -> Optional[str]:
-    """None for a list of strings; else what the value is instead."""
-    if not isinstance(value, list):
-        return _describe(value)
-    for item in value:
-        if not isinstance(item, str):
-            return f"a list holding {_describe(item)}"
+def _type_name(types: tuple[type, ...], items: Optional[type]) -> str:
+    if set(types) == {int, float}:
+        return "a number"
+    names = {str: "a string", bool: "true or false", int: "a whole number", float: "a number",
+             list: "a list", dict: "a table"}
+    item_names = {str: "strings", bool: "true/false values", int: "whole numbers", float: "numbers"}
+    out = []
+    for t in types:
+        name = names.get(t, t.__name__)
+        if items is not None and t in (list, dict):
+            name += f" of {item_names.get(items, items.__name__)}"
+        out.append(name)
+    return " or ".join(out)
+
+
+def _of_type(value: Any, types: tuple[type, ...]) -> bool:
+    # TOML's true is a Python int too: never a number here
+    return isinstance(value, types) and not (isinstance(value, bool) and bool not in types)
+
+
+def _value_problem(decl: ConfigKey, value: Any) -> Optional[str]:
+    """What is wrong with ``value`` for ``decl``, or None."""
+    import math
+
+    if decl.types and not _of_type(value, decl.types):
+        return f"expected {_type_name(decl.types, decl.items)}, got {_describe(value)}"
+    if isinstance(value, float) and not math.isfinite(value):
+        return "must be a finite number"
+    if decl.items is not None and isinstance(value, (list, dict)):
+        for item in (value.values() if isinstance(value, dict) else value):
+            if not _of_type(item, (decl.items,)):
+                kind = "table" if isinstance(value, dict) else "list"
+                return (f"expected {_type_name((type(value),), decl.items)}, "
+                        f"got a {kind} holding {_describe(item)}")
+    if decl.choices and value not in decl.choices:
+        return f"{value!r} is not one of {', '.join(str(c) for c in decl.choices)}"
+    if decl.check is not None:
+        return decl.check(value)
     return None
 
 
-def load_config_toml(path: Path) -> dict[str, Any]:
+def _unknown(what: str, name: str, known: list[str], empty: str = "") -> str:
+    import difflib
+
+    close = difflib.get_close_matches(name, known, n=1)
+    if close:
+        return f"unknown {what} (did you mean '{close[0]}'?)"
+    if not known:
+        return f"unknown {what} ({empty} has no keys yet)"
+    return f"unknown {what} (known: {', '.join(known)})"
+
+
+def check_config(data: dict[str, Any], lines: Any, decls: Iterable[ConfigKey], file: str,
+                 skip_unknown_tables: bool = False) -> list[UsageError]:
+    """Every problem of a parsed ``config.toml`` against the declared keys.
+
+    :param lines: the file's :class:`~fleetrun.collect.LineMap`.
+    :param skip_unknown_tables: a plugin is blocked (``-p no:NAME``): a table nobody
+        declared may be that plugin's, so it is not an error.
+    :return: one :class:`UsageError` per problem, in the order of the file.
+    """
+    tables: dict[str, dict[str, ConfigKey]] = {}
+    for d in decls:
+        keys = tables.setdefault(d.table, {})
+        if d.key:
+            keys[d.key] = d
+    tops = {t.split(".", 1)[0]: t for t in tables}
+    errors: list[UsageError] = []
+
+    def err(line: int, key: str, msg: str) -> None:
+        errors.append(UsageError(msg, file=file, line=line, key=key))
+
+    def check_table(name: str, table: dict[str, Any], decl_name: str) -> None:
+        keys = tables[decl_name]
+        head = lines.get("table", name, default=lines.get("top", name.split(".", 1)[0]))
+        for k, v in table.items():
+            line = lines.get("table", name, k, default=head)
+            decl = keys.get(k)
+            if decl is None:
+                err(line, f"{name}.{k}", _unknown("key", k, sorted(keys), f"[{name}]"))
+                continue
+            problem = _value_problem(decl, v)
+            if problem:
+                err(line, f"{name}.{k}", problem)
+        for k, decl in keys.items():
+            if decl.required and k not in table:
+                err(head, name, f"{k} is missing")
+
+    for top, value in data.items():
+        line = lines.get("top", top)
+        decl_name = tops.get(top)
+        if decl_name is None:
+            if not skip_unknown_tables:
+                err(line, top, _unknown("table", top, sorted(tops)))
+            continue
+        if not isinstance(value, dict):
+            err(line, top, "must be a table")
+            continue
+        if decl_name.endswith(".*"):  # [agents.NAME]: one table per name
+            for sub, table in value.items():
+                if not isinstance(table, dict):
+                    err(lines.get("table", top, sub, default=line), f"{top}.{sub}", "must be a table")
+                else:
+                    check_table(f"{top}.{sub}", table, decl_name)
+        else:
+            check_table(top, value, decl_name)
+    errors.sort(key=lambda e: e.line or 0)
+    return errors
+
+
+def load_config_toml(path: Path, decls: Iterable[ConfigKey] = CORE_CONFIG_KEYS,
+                     skip_unknown_tables: bool = False) -> dict[str, Any]:
+    """Read and check ``config.toml``; without the file, nothing.
+
+    :param decls: every key the loaded plugins declared (``fleetrun_config_keys``).
+    :raises UsageError: every problem at once, each with its file, line and key.
+    """
     if not path.exists():
         return {}
     from .collect import map_lines, parse_toml_file
 
     data, text = parse_toml_file(path, str(path))
-    lines = map_lines(text)
-    import difflib
-
-    errors = []
-    for key, value in data.items():
-        if key not in CONFIG_TABLES:
-            close = difflib.get_close_matches(key, list(CONFIG_TABLES), n=1)
-            hint = f" (did you mean '{close[0]}'?)" if close else ""
-            errors.append(UsageError(f"unknown table{hint}", file=str(path), line=lines.get("top", key), key=key))
-        elif not isinstance(value, dict):
-            errors.append(UsageError("must be a table", file=str(path), line=lines.get("top", key), key=key))
-    relay = data.get("relay")
-    if isinstance(relay, dict) and "tags" in relay:
-        # a string would be read as its letters (`"gpu"` -> g, p, u) by whatever iterates it
-        problem = _str_list_problem(relay["tags"])
-        if problem:
-            errors.append(UsageError(f"expected a list of strings, got {problem}", file=str(path),
-                                     line=lines.get("table", "relay", "tags", default=lines.get("top", "relay")),
-                                     key="relay.tags"))
+    errors = check_config(data, map_lines(text), decls, str(path), skip_unknown_tables)
     if errors:
         from .exceptions import UsageErrors
 
-        raise UsageErrors(errors)
+        raise UsageErrors(errors) if len(errors) > 1 else errors[0]
     return data

@@ -21,7 +21,7 @@ import pluggy
 if TYPE_CHECKING:
     from .cli import Session
     from .collect import TaskFile
-    from .config import Config, Parser
+    from .config import Config, ConfigKey, Parser
     from .ledger import Attempt, Task
     from .pluginmanager import FleetPluginManager
     from .reports import (
@@ -70,6 +70,21 @@ def fleetrun_configure(config: Config) -> None:
     name (``config.pluginmanager.register(obj, "name")``). Historic: a plugin
     registered later still gets the call.
     """
+
+
+@hookspec
+def fleetrun_config_keys(config: Config) -> list[ConfigKey]:
+    """Declare the keys of the ``config.toml`` tables your plugin reads, as a list of
+    :class:`~fleetrun.ConfigKey` (table, key, types, allowed values, a check). Results
+    are concatenated.
+
+    Called once, when ``config.toml`` is first read (every verb but ``host`` reads it as
+    it starts, after the ``fleetconf.py`` files are loaded). A table or key no loaded
+    plugin declared is an error (``ERROR: config.toml:LINE: table.key: unknown key``),
+    as is a value of the wrong type or outside ``choices``; values reach plugins
+    through ``config.setting(table, key)`` unchanged.
+    """
+    raise NotImplementedError
 
 
 @hookspec

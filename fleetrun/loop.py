@@ -210,6 +210,7 @@ class Loop:
         old_term = None
         if threading.current_thread() is threading.main_thread():
             def on_term(signum: int, frame: Any) -> None:  # a service manager's stop: as Ctrl-C
+                self.session.stopped_by_sigterm = True
                 raise KeyboardInterrupt
 
             old_term = signal.signal(signal.SIGTERM, on_term)
@@ -329,6 +330,10 @@ class Loop:
         self.session.counts = {s: counts[s] for s in order if counts.get(s)}
         self.session.cost_usd = sum(t.cost_usd for t in tasks)
         if getattr(self.session, "interrupted", False):
+            if getattr(self.session, "stopped_by_sigterm", False) and self.queue_id is None and not self.until_idle:
+                # `fleetrun work` serves until stopped: a stop is its normal end, and a
+                # service manager counts anything but 0 (or death by the signal) as a failure
+                return ExitCode.OK
             return ExitCode.INTERRUPTED
         if tasks and all(t.state is State.DONE for t in tasks):
             return ExitCode.OK

@@ -37,6 +37,11 @@ from .peers import (
 from .textutil import LINES, safe_text
 
 RULE = "─" * 74
+#: ``relay add`` could not pair: the host key was refused, the peer could not be reached
+#: or logged into, or it answered that it cannot take work (then it is recorded and
+#: ``relay peers`` says why). Not 1 (that is tasks needing a human) nor 4 (the command
+#: line is fine: what needs fixing is on the peer's side, or a trust decision).
+NOT_PAIRED = 6
 PROBE_TIMEOUT_S = 15.0
 
 
@@ -56,6 +61,9 @@ def main(config: Any, rest: list[str], out: TextIO, err: TextIO) -> int:
     p.add_argument("--cached", action="store_true", help="do not probe; show what was last heard")
     r = sub.add_parser("remove", help="forget a peer")
     r.add_argument("name", metavar="NAME")
+    if rest[:1] == ["help"]:  # named by `fleetrun relay --help`
+        parser.print_help(out)
+        return ExitCode.OK
     try:
         ns = parser.parse_args(rest)
     except SystemExit as e:
@@ -116,10 +124,10 @@ def cmd_add(config: Any, ns: argparse.Namespace, out: TextIO, err: TextIO) -> in
         t = connect(peer, home, accept_new=ns.accept_new, notes=notes)
     except HostKeyRefused as e:
         print(f"ERROR: relay add {safe_text(name)}: {safe_text(e, keep=LINES)}", file=err)
-        return ExitCode.TASKS_FAILED
+        return NOT_PAIRED
     except PeerUnreachable as e:
         print(f"ERROR: relay add {safe_text(name)}: {safe_text(e, keep=LINES)}", file=err)
-        return ExitCode.TASKS_FAILED
+        return NOT_PAIRED
     connect_ms = (time.monotonic() - start) * 1000
     for note in notes:
         print(safe_text(note), file=out)
@@ -145,7 +153,7 @@ def cmd_add(config: Any, ns: argparse.Namespace, out: TextIO, err: TextIO) -> in
     if problem:
         print(safe_text(f"{verb} peer {name} ({ns.address}) in {path}, but it gets no tasks: {name} {problem}"),
               file=err)
-        return ExitCode.TASKS_FAILED
+        return NOT_PAIRED
     print(safe_text(f"{verb} peer {name} ({ns.address}) in {path}"), file=out)
     return ExitCode.OK
 

@@ -11,8 +11,9 @@ import re
 from dataclasses import dataclass, field
 from typing import Any, Callable, Optional
 
-#: Claude Code's permission modes (``claude --help``, 2.1).
-PERMISSION_MODES = ("acceptEdits", "auto", "bypassPermissions", "default", "dontAsk", "plan")
+#: Claude Code's permission modes (``claude --help``): 2.1.197 asks with ``default``,
+#: 2.1.332 calls that mode ``manual``; either is accepted and passed on as written.
+PERMISSION_MODES = ("acceptEdits", "auto", "bypassPermissions", "default", "dontAsk", "manual", "plan")
 
 DEFAULT_MAX_RETRIES = 2
 DEFAULT_TIMEOUT_MIN = 60.0

@@ -29,7 +29,7 @@ def test_unknown_host_key_is_refused_with_its_fingerprint(fleeter, peer_lab):
                         text=True, check=True).stdout.split()[1]
     assert fp.startswith("SHA256:")
     r = add(fleeter, m)
-    assert r.ret == 1
+    assert r.ret == 6
     assert f"the host key of [127.0.0.1]:{m.sshd.port} is not known: ssh-ed25519 {fp}" in r.stderr
     # the exact command that accepts it, ready to paste
     hint = r.errlines[-1].strip()
@@ -67,7 +67,7 @@ def test_a_changed_host_key_is_always_refused(fleeter, peer_lab):
     m.sshd.restart(new_host_key=True)
     for extra in ((), ("--accept-new",)):
         r = add(fleeter, m, *extra)
-        assert r.ret == 1
+        assert r.ret == 6
         assert f"@@@ THE HOST KEY OF [127.0.0.1]:{m.sshd.port} HAS CHANGED @@@" in r.stderr
         assert "--accept-new does not change that" in r.stderr
         assert f"ssh-keygen -R '[127.0.0.1]:{m.sshd.port}' -f {fleeter.home}/known_hosts" in r.stderr
@@ -91,7 +91,7 @@ def test_users_known_hosts_counts_hashed_or_not_and_a_change_there_is_refused(fl
     assert known_hosts(fleeter) == ""
     m.sshd.restart(new_host_key=True)
     r = add(fleeter, m, "--accept-new")
-    assert r.ret == 1
+    assert r.ret == 6
     assert "HAS CHANGED" in r.stderr and f"(in {user_kh}:1)" in r.stderr
 
 
@@ -112,7 +112,7 @@ def test_ssh_config_alias_user_port_and_identity_file(fleeter, peer_lab):
     # without the IdentityFile line no key is accepted, and it says what it tried
     (ssh / "config").write_text(f"Host mini-alias\n    HostName 127.0.0.1\n    Port {m.sshd.port}\n")
     r = fleeter.run("relay", "add", "mini", "mini-alias", "--command", m.command_line())
-    assert r.ret == 1
+    assert r.ret == 6
     assert "no key was accepted for" in r.stderr
 
 
@@ -143,7 +143,7 @@ def test_ssh_agent_keys_are_used(fleeter, peer_lab, tmp_path, monkeypatch):
 def test_a_peer_without_fleetrun_gets_nothing_and_says_why(fleeter, peer_lab, fake_claude):
     m = peer_lab.machine("bare")
     r = add(fleeter, m, "--accept-new", command="/nonexistent/fleetrun")
-    assert r.ret == 1
+    assert r.ret == 6
     r.fnmatch_lines(["added peer bare (*) in *peers.toml, but it gets no tasks: bare has no fleetrun: "
                      "`/nonexistent/fleetrun` was not found there (*); install it, or set command = [[]...]*"])
     r = fleeter.run("relay", "peers")
@@ -166,7 +166,7 @@ def test_a_peer_too_old_for_supervised_tasks_gets_nothing(fleeter, peer_lab):
     m = peer_lab.machine("old")
     reply = json.dumps({"fleetrun": "0.1.0", "features": [], "os": "linux", "arch": "x86_64"})
     r = add(fleeter, m, "--accept-new", command=shlex.join(["sh", "-c", f"echo '{reply}'", "old-fleetrun"]))
-    assert r.ret == 1
+    assert r.ret == 6
     assert "gets no tasks: old runs fleetrun 0.1.0 without supervised-tasks-1" in r.stderr
 
 

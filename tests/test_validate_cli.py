@@ -360,9 +360,9 @@ def test_empty_prompt(fleeter: Any) -> None:
         ("role", '" "', "must not be empty"),
         ("peer", '""', "must not be empty"),
         ("permission_mode", '"yolo"',
-         "'yolo' is not one of acceptEdits, auto, bypassPermissions, default, dontAsk, plan"),
+         "'yolo' is not one of acceptEdits, auto, bypassPermissions, default, dontAsk, manual, plan"),
         ("permission_mode", '"AcceptEdits"',
-         "'AcceptEdits' is not one of acceptEdits, auto, bypassPermissions, default, dontAsk, plan"),
+         "'AcceptEdits' is not one of acceptEdits, auto, bypassPermissions, default, dontAsk, manual, plan"),
     ],
 )
 def test_bad_value(fleeter: Any, key: str, value: str, message: str) -> None:
@@ -1103,10 +1103,104 @@ def test_path_through_a_symlink_out_of_cwd(fleeter: Any) -> None:
 def test_relay_tags_must_be_a_list(fleeter: Any) -> None:
     fleeter.write_config('# relay\n[relay]\nheartbeat_secs = 5\ntags = "gpu"\n')
     fleeter.write_tasks('[agents.ok]\ncommand = ["true"]\n' + task("a", agent='"ok"'))
-    for args in (("validate", "tasks.toml"), ("tasks.toml",), ("status",)):
+    for args in (("validate", "tasks.toml"), ("tasks.toml",), ("queue", "tasks.toml")):
         assert_errors(fleeter.run(*args),
                       f"ERROR: {fleeter.home / 'config.toml'}:4: relay.tags: expected a list of strings, got a string")
     fleeter.write_config('[relay]\ntags = ["gpu", 3]\n')
     assert_errors(fleeter.run("validate", "tasks.toml"),
                   f"ERROR: {fleeter.home / 'config.toml'}:2: relay.tags: expected a list of strings, got a list "
                   "holding the number 3")
+
+
+# ---------------------------------------------------------------------------------
+# the command line itself
+
+
+@pytest.mark.parametrize("value", ["-1", "0"])
+def test_max_tasks_must_be_at_least_one(fleeter: Any, value: str) -> None:
+    fleeter.write_tasks(task("a"))
+    for verb in ((), ("work", "--until-idle")):
+        # argparse writes its errors to the real stderr
+        r = fleeter.runsub(*verb, "--max-tasks", value, *(() if verb else ("tasks.toml",)))
+        assert r.ret == USAGE_ERROR, r
+        assert r.errlines[-1].endswith(f"argument --max-tasks: {value} is not a whole number of at least 1 "
+                                       "(to start nothing, use fleetrun drain)"), r.errlines
+        assert not (fleeter.home / "state.db").exists()
+
+
+def test_misspelt_verb_is_not_taken_for_a_file(fleeter: Any) -> None:
+    r = fleeter.run("stauts")
+    assert (r.ret, r.outlines, r.errlines) == (USAGE_ERROR, [],
+                                                ["ERROR: stauts: not a file or a verb (did you mean status?)"])
+    r = fleeter.run("frobnicate")
+    assert (r.ret, r.errlines) == (USAGE_ERROR, [
+        "ERROR: frobnicate: not a file or a verb (verbs: run, validate, queue, work, status, logs, cancel, retry, "
+        "approve, drain, undrain, gc, relay, host)"])
+    # a real file by that name is a file
+    fleeter.write("stauts", "")
+    r = fleeter.run("validate", "stauts")
+    assert r.errlines == ["ERROR: stauts: no collector takes this kind of file (tasks files are .toml)"]
+
+
+def test_a_directory_means_its_tasks_toml(fleeter: Any) -> None:
+    fleeter.write("sub/tasks.toml", task("a"))
+    fleeter.write("sub/deeper/tasks.toml", task("b"))
+    r = fleeter.run("validate", "sub")
+    assert (r.ret, r.outlines, r.errlines) == (0, ["sub/tasks.toml: 1 task, valid"], [])
+    r = fleeter.run("--co", "sub")
+    assert r.ret == 0 and "a" in r.stdout and "b" not in r.stdout.replace("tasks", ""), r.stdout
+
+
+def test_a_directory_without_tasks_toml_names_what_it_holds(fleeter: Any) -> None:
+    fleeter.write("q/tasks-night.toml", task("a"))
+    fleeter.write("q/more/tasks.toml", task("b"))
+    fleeter.write("q/notes.toml", "")
+    r = fleeter.run("validate", "q")
+    assert (r.ret, r.errlines) == (USAGE_ERROR, [
+        "ERROR: q: no tasks.toml in this folder; name a file: q/more/tasks.toml, q/tasks-night.toml"])
+    (fleeter.path / "empty").mkdir()
+    r = fleeter.run("validate", "empty")
+    assert (r.ret, r.errlines) == (USAGE_ERROR, ["ERROR: empty: no tasks.toml in this folder"])
+
+
+def test_relay_help_is_what_relay_help_names(fleeter: Any) -> None:
+    r = fleeter.runsub("relay", "--help")  # argparse writes --help to the real stdout
+    assert r.ret == 0
+    assert "fleetrun relay help" in r.stdout
+    r = fleeter.run("relay", "help")
+    assert (r.ret, r.errlines) == (0, [])
+    assert r.outlines[0] == "usage: fleetrun relay [-h] {add,peers,remove} ..."
+    assert any(line.split()[:1] == ["add"] for line in r.outlines), r.stdout
+    # and the host verb names only what works
+    r = fleeter.runsub("host", "--help")
+    assert r.ret == 0 and "fleetrun host help" not in r.stdout and "verify-status" in r.stdout
+
+
+def test_sigterm_of_work_is_a_clean_stop(fleeter: Any) -> None:
+    """A service manager stops `fleetrun work` with SIGTERM: that is its normal end, exit 0
+    (systemd counts 0 as a clean stop, and 2 or 143 as a failure)."""
+    import json
+    import signal
+    import time
+
+    proc = fleeter.popen("work")
+    try:
+        live = fleeter.home / "supervisor.json"
+        deadline = time.monotonic() + 60
+        while not (live.exists() and json.loads(live.read_text() or "{}").get("pid") == proc.pid):
+            assert proc.poll() is None and time.monotonic() < deadline, proc.communicate()
+            time.sleep(0.05)
+        proc.send_signal(signal.SIGTERM)
+        out, err = proc.communicate(timeout=60)
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+            proc.communicate()
+    assert proc.returncode == 0, (proc.returncode, out, err)
+    assert b"Traceback" not in err
+
+
+def test_collect_only_with_nothing_selected_says_no_tasks_collected(fleeter: Any) -> None:
+    fleeter.write_tasks(task("a"))
+    r = fleeter.run("--co", "-k", "nomatch", "tasks.toml")
+    assert (r.ret, r.outlines, r.errlines) == (NO_TASKS, ["no tasks collected"], [])

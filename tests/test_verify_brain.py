@@ -336,7 +336,7 @@ def test_cli_unknown_brain_key_in_config_toml_stops_work(fleeter):
     fleeter.write_config('[brain]\nmodel = "m"\ntimeout = 5\n')
     r = fleeter.run("work", "--until-idle")
     assert r.ret == 4
-    r.fnmatch_lines(["ERROR: *config.toml:3: brain: timeout: unknown key (did you mean 'timeout_s'?)"])
+    r.fnmatch_lines(["ERROR: *config.toml:3: brain.timeout: unknown key (did you mean 'timeout_s'?)"])
     assert fleeter.run("status").ret == 0  # reading the ledger still works
 
 
@@ -344,7 +344,7 @@ def test_cli_bad_brain_table_in_tasks_file(fleeter):
     brain_task(fleeter, "http://127.0.0.1:1", brain='model = "tiny"\n        api = "claude"')
     r = fleeter.run("validate", "tasks.toml")
     assert r.ret == 4
-    r.fnmatch_lines(["ERROR: tasks.toml:4: brain: api: must be one of 'ollama', 'openai'"])
+    r.fnmatch_lines(["ERROR: tasks.toml:4: brain.api: must be one of 'ollama', 'openai'"])
 
 
 def test_cli_validate_warns_when_a_brain_verifier_has_no_model(fleeter):

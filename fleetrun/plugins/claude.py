@@ -42,6 +42,24 @@ DEFAULT_ALLOWED_TOOLS = (
 )
 
 
+def _nonempty(v: str) -> Optional[str]:
+    return "must not be empty" if not v.strip() else None
+
+
+@hookimpl(trylast=True)
+def fleetrun_config_keys(config: Any) -> list[Any]:
+    """``[claude]`` of config.toml (docs/agents.md)."""
+    from ..config import ConfigKey
+    from ..taskspec import PERMISSION_MODES
+
+    return [
+        ConfigKey("claude", "executable", (str,), check=_nonempty, doc="the program, looked up on PATH"),
+        ConfigKey("claude", "permission_mode", (str,), choices=PERMISSION_MODES, doc="default --permission-mode"),
+        ConfigKey("claude", "allowed_tools", (list,), items=str, doc="default --allowedTools"),
+        ConfigKey("claude", "resume_session", (bool,), doc="--resume an interrupted session"),
+    ]
+
+
 def executable(config: Any) -> str:
     exe = config.setting("claude", "executable", "claude")
     return shutil.which(exe) or exe

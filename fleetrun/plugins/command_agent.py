@@ -27,6 +27,23 @@ PLACEHOLDERS = ("{prompt}", "{prompt_file}", "{workdir}", "{model}", "{attempt}"
 _KEYS = {"command", "stdin", "env"}
 
 
+def _command_check(v: list[Any]) -> Optional[str]:
+    return "must not be empty" if not v else None
+
+
+@hookimpl(trylast=True)
+def fleetrun_config_keys(config: Any) -> list[Any]:
+    """``[agents.NAME]`` of config.toml (a tasks file's own are checked in :func:`agent_def`)."""
+    from ..config import ConfigKey
+
+    return [
+        ConfigKey("agents.*", "command", (list,), items=str, check=_command_check, required=True,
+                  doc="argv of the agent, with placeholders"),
+        ConfigKey("agents.*", "stdin", (bool,), doc="also write the prompt on standard input"),
+        ConfigKey("agents.*", "env", (dict,), items=str, doc="extra environment variables"),
+    ]
+
+
 def agents(config: Any) -> dict[str, Any]:
     return config.settings.get("agents", {}) or {}
 

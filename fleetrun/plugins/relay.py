@@ -73,6 +73,23 @@ LOCAL_KINDS = ("brain", "agent")
 #: What was fetched for an attempt, in its (local) attempt folder.
 FETCH_RECORD = "fetchback.json"
 FETCHED_SUFFIX = "-fetched"
+
+
+def _positive(v: float) -> Optional[str]:
+    return None if v > 0 else "must be greater than 0"
+
+
+@hookimpl(trylast=True)
+def fleetrun_config_keys(config: Any) -> list[Any]:
+    """``[relay]`` of config.toml (docs/peers.md); a peer reads its own."""
+    from ..config import ConfigKey
+
+    return [
+        # a string would be read as its letters (`"gpu"` -> g, p, u) by whatever iterates it
+        ConfigKey("relay", "tags", (list,), items=str, doc="this machine's tags, for requires"),
+        ConfigKey("relay", "tools", (list,), items=str, doc="more tools to probe"),
+        ConfigKey("relay", "heartbeat_secs", (int, float), check=_positive, doc="seconds between heartbeats"),
+    ]
 UNBUNDLE_TIMEOUT_S = 1800.0
 MAX_NAME_TRIES = 9
 

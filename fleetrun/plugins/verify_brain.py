@@ -97,6 +97,14 @@ KEYS: dict[str, Callable[[Any], Optional[str]]] = {
 }
 
 
+@hookimpl(trylast=True)
+def fleetrun_config_keys(config: Any) -> list[Any]:
+    """``[brain]`` of config.toml, with the checks of a tasks file's ``[brain]``."""
+    from ..config import ConfigKey
+
+    return [ConfigKey("brain", key, check=check) for key, check in KEYS.items()]
+
+
 def problems(table: Any) -> list[tuple[str, str]]:
     """(key, what is wrong) for every bad key of a ``[brain]`` table."""
     if not isinstance(table, dict):
@@ -136,7 +144,7 @@ def _errors(table: Any, sources: list[Path], invocation_dir: Path) -> list[Usage
     for key, msg in problems(table):
         where = found.get(key)
         errs.append(UsageError(msg, file=where[0] if where else None, line=where[1] if where else None,
-                               key=f"brain: {key}" if key != "brain" else "brain"))
+                               key=f"brain.{key}" if key != "brain" else "brain"))
     return errs
 
 

@@ -35,6 +35,14 @@ from ..states import State
 from ..taskspec import safe_slug
 
 DEFAULT_COMMIT_MESSAGE = "fleetrun: uncommitted work of attempt {attempt}"
+
+
+@hookimpl(trylast=True)
+def fleetrun_config_keys(config: Any) -> list[Any]:
+    """``[worktree]`` of config.toml."""
+    from ..config import ConfigKey
+
+    return [ConfigKey("worktree", "commit_message", (str,), doc="message of the commit of uncommitted work")]
 SUMMARY_LIMIT = 2000
 
 
