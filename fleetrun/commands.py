@@ -3,7 +3,9 @@
 from __future__ import annotations
 
 import json
+import os
 import time
+from dataclasses import asdict
 from pathlib import Path
 from typing import Any, Optional, TextIO
 
@@ -174,8 +176,13 @@ def cmd_status(config: Any, out: TextIO, err: TextIO) -> int:
 
 
 def _print_supervisor_line(config: Any, led: Ledger, out: TextIO) -> None:
-    if led.get_meta("drain") == "1":
-        print("this machine is draining (fleetrun undrain to start work again)", file=out)
+    from .policy import local_drain_source
+
+    source = local_drain_source(config.home / "policy.toml")
+    if source is not None:  # what undrain cannot clear comes first
+        print(f"this machine is draining ({safe_text(source)})", file=out)
+    elif led.get_meta("drain") == "1":
+        print("this machine is draining (fleetrun drain; fleetrun undrain to start work)", file=out)
     try:
         from .liveness import describe
 
@@ -311,12 +318,37 @@ def cmd_retry(config: Any, out: TextIO, err: TextIO) -> int:
     return ExitCode.OK
 
 
+def _handoff_for_approve(config: Any, led: Ledger, task: Task) -> Optional[dict[str, Any]]:
+    """What an approved task hands to its dependents, made exactly as for a DONE one
+    (``fleetrun_handoff``: its branch, its last session's summary), from the newest
+    attempt that ran."""
+    atts = [a for a in led.attempts(task.id) if a.state in ("ended", "verified")]
+    att = atts[-1] if atts else led.latest_attempt(task.id)
+    handoff = config.hook.fleetrun_handoff(task=task, attempt=att, config=config)
+    return asdict(handoff) if handoff is not None else None
+
+
 def cmd_approve(config: Any, out: TextIO, err: TextIO) -> int:
     led = open_ledger(config)
     task = ops.resolve(led, config.option.task)
+    handoff = None
+    if task.state is State.NEEDS_HUMAN:
+        # recorded before the move to DONE: a loop running meanwhile may start a
+        # dependent the moment it is DONE, and that one must get the handoff
+        handoff = _handoff_for_approve(config, led, task)
+        if handoff is not None:
+            led.update_task(task.id, handoff=handoff)
     moved = ops.approve(led, task, notifier(config))
     for t in moved:
         print(f"{safe_name(t.name)} {t.id} -> {t.state}", file=out)
+    if handoff is not None and handoff.get("branch") and led.dependents(task.id):
+        print(f"  its dependents are told its work is on branch {safe_text(handoff['branch'])}", file=out)
+    from .gitutil import GitError
+
+    try:  # as after DONE: a clean worktree is removed, the branch stays
+        config.hook.fleetrun_cleanup_workspace(task=moved[0], config=config)
+    except (GitError, OSError) as e:
+        led.add_note(task.id, f"cleanup failed: {e}")
     return ExitCode.OK
 
 
@@ -327,7 +359,18 @@ def cmd_drain(config: Any, out: TextIO, err: TextIO) -> int:
 
 
 def cmd_undrain(config: Any, out: TextIO, err: TextIO) -> int:
-    open_ledger(config).set_meta("drain", None)
+    from .policy import local_drain_source
+
+    led = open_ledger(config)
+    was = led.get_meta("drain") == "1"
+    led.set_meta("drain", None)
+    source = local_drain_source(config.home / "policy.toml")
+    if source is not None:  # undrain clears only what `fleetrun drain` set: say what still drains
+        if was:
+            print("undrained what `fleetrun drain` set", file=out)
+        print(f"this machine still drains: {safe_text(source)} sets [local] drain = true; "
+              "remove it to start work", file=err)
+        return ExitCode.TASKS_FAILED
     print("undrained: this machine starts work again", file=out)
     return ExitCode.OK
 
