@@ -316,10 +316,10 @@ def test_gc_says_up_front_what_yes_keeps_and_collects_cancelled_worktrees(fleete
     assert r.ret == 0, r.stdout + r.stderr
     r.fnmatch_lines([
         f"worktree of cancelled task c {task.id}: {wt} (clean)",
-        f"orphan worktree {dirty} (uncommitted changes): --yes keeps it, --force removes it",
         f"orphan worktree {clean} (clean)",
-        "3 to collect: `fleetrun gc --yes` removes 2 and keeps 1 (uncommitted changes or commits on no "
-        "other branch; `fleetrun gc --yes --force` removes those too; branches always stay)",
+        f"orphan worktree {dirty} (uncommitted changes): --yes keeps it, --force removes it",
+        "3 to collect: `fleetrun gc --yes` removes 2 and keeps 1 (uncommitted changes; "
+        "`fleetrun gc --yes --force` removes it too; branches always stay)",
     ])
     r = fleeter.run("gc", "--yes")
     assert r.ret == 0, r.stdout + r.stderr
