@@ -11,8 +11,6 @@ import signal
 import time
 from pathlib import Path
 
-import pytest
-
 from .test_adoption import alive, loops, running_agent, sigkill_group, wait_for  # noqa: F401
 from .test_local_loop import one_task
 
@@ -329,13 +327,13 @@ def test_gc_says_up_front_what_yes_keeps_and_collects_cancelled_worktrees(fleete
     assert "fleetrun/c-x" in fleeter.git(repo, "branch", "--list", "fleetrun/c-x")
 
 
-@pytest.mark.parametrize("state", ["NEEDS_HUMAN"])
-def test_gc_never_takes_a_needs_human_worktree(fleeter, fake_claude, state):
+def test_gc_never_takes_a_needs_human_worktree(fleeter, fake_claude):
+    """Only CANCELLED tasks give up their worktree: a NEEDS_HUMAN one waits for a human."""
     one_task(fleeter, extra="max_retries = 0", verify='run = "false"')
     fake_claude.script(t1=[{}])
     assert fleeter.run("tasks.toml").ret == 1
     task = fleeter.task("t1")
-    assert task.state.value == state
+    assert task.state.value == "NEEDS_HUMAN"
     r = fleeter.run("gc", "--yes", "--force")
     r.no_fnmatch_line(f"*{task.worktree}*")
     assert Path(task.worktree).exists()
