@@ -450,6 +450,10 @@ def cmd_approve(config: Any, out: TextIO, err: TextIO) -> int:
         config.hook.fleetrun_cleanup_workspace(task=moved[0], config=config)
     except (GitError, OSError) as e:
         led.add_note(task.id, f"cleanup failed: {e}")
+    now = led.get(task.id)
+    if now is not None and now.branch and _worktree_now(now) and now.host in (None, "local"):
+        print(f"  kept its worktree {safe_text(now.worktree)}: what is not committed there is not on "
+              f"branch {safe_text(now.branch)} (fleetrun logs {safe_name(now.name)} says why)", file=out)
     return ExitCode.OK
 
 

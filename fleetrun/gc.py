@@ -216,12 +216,14 @@ def main(config: Any, out: TextIO, err: TextIO) -> int:
         if why and not force:
             print(f"kept {shown}: {text} (--force removes the worktree; the branch stays)", file=out)
             continue
-        if task is not None and not _still_cancelled(led, task):
-            print(f"kept {shown}: task {safe_name(task.name)} {task.id} is no longer CANCELLED", file=out)
-            continue
+        retried = f"kept {shown}: task {safe_name(task.name)} {task.id} is no longer CANCELLED" if task else ""
         if facts.pinned is not None:
             p = facts.pinned
             with repo_lock(config.home / "locks", os.path.dirname(p.common), common=p.common):
+                # checked under the lock a new attempt takes to reuse the worktree
+                if task is not None and not _still_cancelled(led, task):
+                    print(retried, file=out)
+                    continue
                 # git runs in the repository the pin confirmed, naming that repository's
                 # git folder, never from inside the worktree
                 git(p.common, "worktree", "remove", "--force", "--", str(path), check=False)
@@ -230,6 +232,9 @@ def main(config: Any, out: TextIO, err: TextIO) -> int:
                     git(p.common, "worktree", "prune", check=False)
             branch = f" (branch {safe_text(facts.branch)} stays)" if facts.branch else ""
             print(f"removed worktree {shown}{branch}", file=out)
+        elif task is not None and not _still_cancelled(led, task):
+            print(retried, file=out)
+            continue
         elif _rmtree_inside(path, home_real):
             print(f"removed folder {shown} (no git was run for it)", file=out)
         if task is not None and not os.path.lexists(path):

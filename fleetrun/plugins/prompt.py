@@ -117,7 +117,7 @@ def resume_cause(cause: Optional[str], prev: Any, task: Any) -> str:
         return f"the machine it was sent to refused it ({detail})"
     if word == "operator_retry":
         return f"the operator sent it to another machine ({detail})"
-    return f"it was interrupted ({cause})" if cause else "it was interrupted"
+    return f"it ended ({cause})" if cause else "fleetrun recorded no reason"
 
 
 # -- verifier output -------------------------------------------------------------------
@@ -256,7 +256,7 @@ def fleetrun_build_prompt(task: Any, attempt: Any, config: Any, context: dict[st
                 "the verifier passes, then commit your changes.")
     if kind == "resume":
         why = resume_cause(context.get("resume_reason"), context.get("previous"), task)
-        text = ("Your previous session on this task ended without finishing: " + why + ". Before doing "
+        text = ("Your previous session on this task was interrupted: " + why + ". Before doing "
                 "anything, assess the working directory: run `git status` and `git log` to see what is "
                 "already done. Do not redo finished work; continue from where it stopped.\n\n## The task\n"
                 + base)

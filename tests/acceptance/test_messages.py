@@ -31,7 +31,7 @@ def test_resume_after_a_session_that_died_says_it_was_killed(fleeter, fake_claud
     assert r.ret == 0, r.stdout + r.stderr
     prompt = second_prompt(fake_claude)
     assert "(placed)" not in prompt
-    assert ("Your previous session on this task ended without finishing: its process died "
+    assert ("Your previous session on this task was interrupted: its process died "
             "(killed by signal 9, SIGKILL)") in prompt, prompt
     assert "assess the working directory" in prompt
 
@@ -43,7 +43,7 @@ def test_resume_after_a_timeout_names_timeout_min(fleeter, fake_claude):
     assert r.ret == 0, r.stdout + r.stderr
     prompt = second_prompt(fake_claude)
     assert "(placed)" not in prompt
-    assert ("Your previous session on this task ended without finishing: it was stopped after running "
+    assert ("Your previous session on this task was interrupted: it was stopped after running "
             "1 second (timeout_min = 0.02)") in prompt, prompt
 
 
@@ -55,7 +55,7 @@ def test_resume_after_a_stall_names_stall_timeout_min(fleeter, fake_claude):
     assert r.ret == 0, r.stdout + r.stderr
     prompt = second_prompt(fake_claude)
     assert "(placed)" not in prompt
-    assert ("Your previous session on this task ended without finishing: it produced no output for "
+    assert ("Your previous session on this task was interrupted: it produced no output for "
             "1 second and was stopped (stall_timeout_min = 0.02)") in prompt, prompt
 
 
@@ -70,7 +70,7 @@ def test_resume_after_a_killed_shepherd_says_so(fleeter, fake_claude, loops):  #
     assert proc.returncode == 0, out.decode() + err.decode()
     prompt = second_prompt(fake_claude)
     assert "(placed)" not in prompt
-    assert ("Your previous session on this task ended without finishing: the fleetrun process that "
+    assert ("Your previous session on this task was interrupted: the fleetrun process that "
             "watched it (its shepherd) was killed, and the session was stopped with it") in prompt, prompt
 
 
@@ -93,7 +93,7 @@ def test_resume_after_the_machine_restarted_says_so(fleeter, fake_claude, loops,
     r = fleeter.run("work", "--until-idle")
     assert r.ret == 0, r.stdout + r.stderr
     prompt = second_prompt(fake_claude)
-    assert ("Your previous session on this task ended without finishing: the machine it ran on (local) "
+    assert ("Your previous session on this task was interrupted: the machine it ran on (local) "
             "was restarted") in prompt, prompt
 
 
