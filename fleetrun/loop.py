@@ -731,7 +731,6 @@ class Loop:
                 if kind == "retry":
                     break
         # why it resumes: the cause of the move to RESUMING, not the task's reason now
-        # (that is ``placed``, from the lease just made)
         # (that is ``placed``, from the lease just made), and the attempt it names; an
         # attempt given up as never started is passed over for the one before it
         resume_reason, previous = None, prev
