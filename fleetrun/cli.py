@@ -246,6 +246,7 @@ def _build_parser(verb: str, pluginparser: Any) -> argparse.ArgumentParser:
         p.add_argument("--state", metavar="S", help="only tasks in this state")
         p.add_argument("--json", action="store_true", help="print JSON")
         p.add_argument("--graph", action="store_true", help="the depends_on tree, and why anything waits")
+        p.add_argument("--wide", action="store_true", help="every cell whole, however wide the terminal")
     if verb in ("logs", "cancel", "retry", "approve"):
         p.add_argument("task", metavar="TASK", help="a task id, or a name (the newest task with it)")
     if verb == "logs":

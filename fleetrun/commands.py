@@ -3,7 +3,9 @@
 from __future__ import annotations
 
 import json
+import os
 import time
+from dataclasses import asdict
 from pathlib import Path
 from typing import Any, Optional, TextIO
 
@@ -132,6 +134,95 @@ def _where(t: Task) -> str:
     return t.host or "-"
 
 
+def _worktree_now(t: Task) -> Optional[str]:
+    """The task's worktree, or None once it was removed (after DONE, or by gc). A
+    peer's worktree is on the peer: kept as recorded."""
+    if t.worktree and t.host in (None, "local") and not os.path.lexists(t.worktree):
+        return None
+    return t.worktree
+
+
+def terminal_width(out: TextIO) -> Optional[int]:
+    """The width to fit: ``$COLUMNS``, else the terminal's; None (no limit) when
+    ``out`` is not a terminal, so a pipe or a file gets every cell whole."""
+    import shutil
+
+    env = os.environ.get("COLUMNS", "")
+    if env.isdigit() and int(env) > 0:
+        return int(env)
+    try:
+        if not out.isatty():
+            return None
+    except (AttributeError, ValueError):
+        return None
+    return shutil.get_terminal_size().columns
+
+
+def _cut(text: str, width: int) -> str:
+    return text if len(text) <= width else (text[:max(0, width - 1)] + "…")
+
+
+#: status columns: header, right-aligned, the narrowest it is cut to (None: never cut,
+#: an id must stay whole to be typed back).
+_COLUMNS = [("NAME", False, 10), ("STATE", False, None), ("ATT", True, None), ("WHERE", False, 5),
+            ("AGE", True, None), ("COST", True, None), ("ID", False, None), ("BRANCH", False, 10),
+            ("REASON", False, 16)]
+#: When a row is too wide: cells are cut in this order, and if that is not enough,
+#: whole columns are left out in this one.
+_CUT_ORDER = ["REASON", "BRANCH", "NAME", "WHERE"]
+_DROP_ORDER = ["AGE", "COST", "ATT", "WHERE"]
+
+
+def _fit_widths(cols: list[int], natural: list[int], width: int) -> Optional[list[int]]:
+    """Widths for ``cols`` within ``width``, cutting the widest cuttable cell a
+    character at a time (so no one column pays for all); None if it cannot fit."""
+    widths = [natural[i] for i in cols]
+    least = [max(_COLUMNS[c][2] or natural[c], len(_COLUMNS[c][0])) for c in cols]
+    rank = {name: n for n, name in enumerate(_CUT_ORDER)}
+    order = [k for k in range(len(cols)) if _COLUMNS[cols[k]][0] in rank]
+    over = sum(widths) + 2 * (len(widths) - 1) - width
+    while over > 0:
+        room = [k for k in order if widths[k] > least[k]]
+        if not room:
+            return None
+        k = max(room, key=lambda k: (widths[k], -rank[_COLUMNS[cols[k]][0]]))
+        widths[k] -= 1
+        over -= 1
+    return widths
+
+
+def fit_table(rows: list[list[str]], width: Optional[int]) -> tuple[list[str], list[str], bool]:
+    """The header and ``rows`` as aligned lines no wider than ``width`` (None: no
+    limit): the widest cells are cut with ``…`` (REASON first, never an ID), then
+    the least needed columns are left out. :return: (lines, columns left out, whether
+    a cell was cut)."""
+    heads = [c[0] for c in _COLUMNS]
+    natural = [max([len(h)] + [len(r[i]) for r in rows]) for i, h in enumerate(heads)]
+    cols = list(range(len(heads)))
+    widths: Optional[list[int]] = natural
+    if width is not None:
+        widths = _fit_widths(cols, natural, width)
+        for name in _DROP_ORDER:
+            if widths is not None:
+                break
+            cols.remove(heads.index(name))
+            widths = _fit_widths(cols, natural, width)
+        if widths is None:  # too narrow for anything: the narrowest there is
+            widths = [max(_COLUMNS[c][2] or natural[c], len(heads[c])) for c in cols]
+    assert widths is not None
+    lines = []
+    was_cut = False
+    for cells in [heads, *rows]:
+        parts = []
+        for k, c in enumerate(cols):
+            cell = _cut(cells[c], widths[k])
+            was_cut = was_cut or cell != cells[c]
+            last = k == len(cols) - 1
+            parts.append(cell if last else (f"{cell:>{widths[k]}}" if _COLUMNS[c][1] else f"{cell:<{widths[k]}}"))
+        lines.append("  ".join(parts).rstrip())
+    return lines, [h for i, h in enumerate(heads) if i not in cols], was_cut
+
+
 def cmd_status(config: Any, out: TextIO, err: TextIO) -> int:
     led = open_ledger(config)
     states = None
@@ -143,7 +234,7 @@ def cmd_status(config: Any, out: TextIO, err: TextIO) -> int:
                              f"{', '.join(s.value for s in State)}", key="--state") from None
     tasks = led.tasks(states)
     if config.option.json:
-        print(json.dumps([t.to_json() for t in tasks], indent=2), file=out)
+        print(json.dumps([dict(t.to_json(), worktree=_worktree_now(t)) for t in tasks], indent=2), file=out)
         return ExitCode.OK
     if config.option.graph:
         _print_graph(led, tasks, out)
@@ -153,14 +244,11 @@ def cmd_status(config: Any, out: TextIO, err: TextIO) -> int:
         print("no tasks in the ledger" + (f" in state {config.option.state}" if states else ""), file=out)
         return ExitCode.OK
     now = time.time()
-    names = {t.id: safe_name(t.name) for t in tasks}  # what a task's name or reason holds is shown, not sent
-    wname = max(4, *(len(n) for n in names.values()))
-    wid = max(2, *(len(t.id) for t in tasks))
-    print(f"{'NAME':<{wname}}  {'STATE':<11}  {'ATT':>3}  {'WHERE':<10}  {'AGE':>5}  {'COST':>7}  {'ID':<{wid}}  REASON", file=out)
     waits = json.loads(led.get_meta("waits") or "{}")
     from .peers import load_state
 
     peer_state = load_state(config.home)
+    rows = []
     for t in tasks:
         cost = f"${t.cost_usd:.2f}" if t.cost_usd else "-"
         reason = waits.get(t.id, t.reason) if t.state in (State.READY, State.RETRYING, State.RESUMING) else t.reason
@@ -168,14 +256,27 @@ def cmd_status(config: Any, out: TextIO, err: TextIO) -> int:
         if e and e.get("error") and (e.get("error_at") or 0) >= (e.get("last_heard") or 0):
             reason = (f"{t.host} has not answered for {ago(e.get('last_heard'), now)}; the attempt may still "
                       "run there, so the task waits (fleetrun cancel to give up)")
-        print(f"{names[t.id]:<{wname}}  {t.state.value:<11}  {t.attempts:>3}  {safe_text(_where(t)):<10}  "
-              f"{ago(t.created, now):>5}  {cost:>7}  {t.id:<{wid}}  {safe_text(reason)}", file=out)
+        # what a task's name or reason holds is shown, not sent
+        rows.append([safe_name(t.name), t.state.value, str(t.attempts), safe_text(_where(t)), ago(t.created, now),
+                     cost, t.id, safe_text(t.branch or "-"), safe_text(reason)])
+    width = None if getattr(config.option, "wide", False) else terminal_width(out)
+    lines, left_out, was_cut = fit_table(rows, width)
+    for line in lines:
+        print(line, file=out)
+    if width is not None and (left_out or was_cut):
+        dropped = f"; {', '.join(left_out)} left out" if left_out else ""
+        print(_cut(f"(cut to fit {width} columns{dropped}; --wide shows all)", width), file=out)
     return ExitCode.OK
 
 
 def _print_supervisor_line(config: Any, led: Ledger, out: TextIO) -> None:
-    if led.get_meta("drain") == "1":
-        print("this machine is draining (fleetrun undrain to start work again)", file=out)
+    from .policy import local_drain_source
+
+    source = local_drain_source(config.home / "policy.toml")
+    if source is not None:  # what undrain cannot clear comes first
+        print(f"this machine is draining ({safe_text(source)})", file=out)
+    elif led.get_meta("drain") == "1":
+        print("this machine is draining (fleetrun drain; fleetrun undrain to start work)", file=out)
     try:
         from .liveness import describe
 
@@ -237,13 +338,20 @@ def cmd_logs(config: Any, out: TextIO, err: TextIO) -> int:
     attempts = {a.id: a for a in led.attempts(task.id)}
     if config.option.json:
         print(json.dumps({
-            "task": task.to_json(),
+            "task": dict(task.to_json(), worktree=_worktree_now(task)),
             "transitions": [r.__dict__ for r in rows],
             "verdicts": [v.__dict__ for v in verdicts],
             "attempts": [a.__dict__ for a in attempts.values()],
         }, indent=2, default=str), file=out)
         return ExitCode.OK
     print(f"{safe_name(task.name)} {task.id} [{task.state}]  cost ${task.cost_usd:.2f}", file=out)
+    # where its work is: what a human looking at a NEEDS_HUMAN task opens first
+    if task.worktree:
+        where = "" if task.host in (None, "local") else f" on {safe_text(task.host)}"
+        shown = safe_text(task.worktree)
+        print(f"worktree: {shown}{where}" if _worktree_now(task) else f"worktree: removed (was {shown})", file=out)
+    if task.branch:
+        print(f"branch: {safe_text(task.branch)}", file=out)
     events: list[tuple[float, int, str]] = []
     for r in rows:
         where = f" attempt {r.attempt}" if r.attempt else ""
@@ -311,12 +419,41 @@ def cmd_retry(config: Any, out: TextIO, err: TextIO) -> int:
     return ExitCode.OK
 
 
+def _handoff_for_approve(config: Any, led: Ledger, task: Task) -> Optional[dict[str, Any]]:
+    """What an approved task hands to its dependents, made exactly as for a DONE one
+    (``fleetrun_handoff``: its branch, its last session's summary), from the newest
+    attempt that ran."""
+    atts = [a for a in led.attempts(task.id) if a.state in ("ended", "verified")]
+    att = atts[-1] if atts else led.latest_attempt(task.id)
+    handoff = config.hook.fleetrun_handoff(task=task, attempt=att, config=config)
+    return asdict(handoff) if handoff is not None else None
+
+
 def cmd_approve(config: Any, out: TextIO, err: TextIO) -> int:
     led = open_ledger(config)
     task = ops.resolve(led, config.option.task)
+    handoff = None
+    if task.state is State.NEEDS_HUMAN:
+        # recorded before the move to DONE: a loop running meanwhile may start a
+        # dependent the moment it is DONE, and that one must get the handoff
+        handoff = _handoff_for_approve(config, led, task)
+        if handoff is not None:
+            led.update_task(task.id, handoff=handoff)
     moved = ops.approve(led, task, notifier(config))
     for t in moved:
         print(f"{safe_name(t.name)} {t.id} -> {t.state}", file=out)
+    if handoff is not None and handoff.get("branch") and led.dependents(task.id):
+        print(f"  its dependents are told its work is on branch {safe_text(handoff['branch'])}", file=out)
+    from .gitutil import GitError
+
+    try:  # as after DONE: a clean worktree is removed, the branch stays
+        config.hook.fleetrun_cleanup_workspace(task=moved[0], config=config)
+    except (GitError, OSError) as e:
+        led.add_note(task.id, f"cleanup failed: {e}")
+    now = led.get(task.id)
+    if now is not None and now.branch and _worktree_now(now) and now.host in (None, "local"):
+        print(f"  kept its worktree {safe_text(now.worktree)}: what is not committed there is not on "
+              f"branch {safe_text(now.branch)} (fleetrun logs {safe_name(now.name)} says why)", file=out)
     return ExitCode.OK
 
 
@@ -327,7 +464,18 @@ def cmd_drain(config: Any, out: TextIO, err: TextIO) -> int:
 
 
 def cmd_undrain(config: Any, out: TextIO, err: TextIO) -> int:
-    open_ledger(config).set_meta("drain", None)
+    from .policy import local_drain_source
+
+    led = open_ledger(config)
+    was = led.get_meta("drain") == "1"
+    led.set_meta("drain", None)
+    source = local_drain_source(config.home / "policy.toml")
+    if source is not None:  # undrain clears only what `fleetrun drain` set: say what still drains
+        if was:
+            print("undrained what `fleetrun drain` set", file=out)
+        print(f"this machine still drains: {safe_text(source)} sets [local] drain = true; "
+              "remove it to start work", file=err)
+        return ExitCode.TASKS_FAILED
     print("undrained: this machine starts work again", file=out)
     return ExitCode.OK
 

@@ -23,8 +23,9 @@ from typing import Any, Optional, TextIO
 
 from .exceptions import ExitCode
 from .gitutil import GitError, Pinned, WorktreeTampered, git, pin_worktree, repo_lock, wt_git
+from .states import State
 from .taskspec import safe_slug
-from .textutil import safe_text
+from .textutil import safe_name, safe_text
 
 
 @dataclass
@@ -140,11 +141,28 @@ def _link_text(path: Path) -> str:
         return "?"
 
 
+def _cancelled_worktrees(led: Any) -> dict[str, Any]:
+    """The worktrees of CANCELLED tasks on this machine, by path: collectable like
+    orphans (a retry makes the worktree again from the branch, which stays). One whose
+    attempt is still ending (a cancel's grace period) is not."""
+    busy = {a.task_id for a in led.attempts(states={"leased", "starting", "running"})}
+    return {str(Path(t.worktree)): t for t in led.tasks({State.CANCELLED})
+            if t.worktree and t.host in (None, "local") and t.id not in busy}
+
+
+def _still_cancelled(led: Any, task: Any) -> bool:
+    """Checked again just before removing: retried meanwhile, its worktree is in use."""
+    now = led.get(task.id)
+    return (now is not None and now.state is State.CANCELLED and now.worktree == task.worktree
+            and not [a for a in led.attempts(task.id) if a.state in ("leased", "starting", "running")])
+
+
 def main(config: Any, out: TextIO, err: TextIO) -> int:
     from .commands import open_ledger
 
     led = open_ledger(config)
-    owned_wt = {str(Path(t.worktree)) for t in led.tasks() if t.worktree}
+    cancelled = _cancelled_worktrees(led)
+    owned_wt = {str(Path(t.worktree)) for t in led.tasks() if t.worktree} - set(cancelled)
     # a peer task's branch fetched back here for its brain/agent verifiers (relay plugin)
     owned_wt |= {str(config.home / "worktrees" / f"{safe_slug(t.name)}-{t.id}-fetched")
                  for t in led.tasks() if t.host not in (None, "local") and not t.state.terminal}
@@ -153,12 +171,18 @@ def main(config: Any, out: TextIO, err: TextIO) -> int:
     force = bool(config.getoption("force"))
     home_real = os.path.realpath(config.home)
     found = 0
+    # what --yes would keep, and why: said before anything is removed
+    n_kept = 0
+    kept_why: set[str] = set()
 
     for path in _scan_root(config.home / "worktrees", home_real, out):
         if str(path) in owned_wt:
             continue
         found += 1
         shown = safe_text(path)
+        task = cancelled.get(str(path))
+        what = (f"worktree of cancelled task {safe_name(task.name)} {task.id}: {shown}" if task is not None
+                else f"orphan worktree {shown}")
         if os.path.islink(path) or not path.is_dir():
             kind = "link" if os.path.islink(path) else "file"
             if not yes:
@@ -181,14 +205,25 @@ def main(config: Any, out: TextIO, err: TextIO) -> int:
             why.append(f"{facts.unique} commit(s) {where} found on no other branch")
         text = ", ".join(why) or "clean"
         if not yes:
-            print(f"orphan worktree {shown} ({text})", file=out)
+            if why and not force:
+                n_kept += 1
+                kept_why.update(w if "found on no other branch" not in w else "commits on no other branch"
+                                for w in why)
+                print(f"{what} ({text}): --yes keeps it, --force removes it", file=out)
+            else:
+                print(f"{what} ({text})", file=out)
             continue
         if why and not force:
             print(f"kept {shown}: {text} (--force removes the worktree; the branch stays)", file=out)
             continue
+        retried = f"kept {shown}: task {safe_name(task.name)} {task.id} is no longer CANCELLED" if task else ""
         if facts.pinned is not None:
             p = facts.pinned
             with repo_lock(config.home / "locks", os.path.dirname(p.common), common=p.common):
+                # checked under the lock a new attempt takes to reuse the worktree
+                if task is not None and not _still_cancelled(led, task):
+                    print(retried, file=out)
+                    continue
                 # git runs in the repository the pin confirmed, naming that repository's
                 # git folder, never from inside the worktree
                 git(p.common, "worktree", "remove", "--force", "--", str(path), check=False)
@@ -197,8 +232,13 @@ def main(config: Any, out: TextIO, err: TextIO) -> int:
                     git(p.common, "worktree", "prune", check=False)
             branch = f" (branch {safe_text(facts.branch)} stays)" if facts.branch else ""
             print(f"removed worktree {shown}{branch}", file=out)
+        elif task is not None and not _still_cancelled(led, task):
+            print(retried, file=out)
+            continue
         elif _rmtree_inside(path, home_real):
             print(f"removed folder {shown} (no git was run for it)", file=out)
+        if task is not None and not os.path.lexists(path):
+            led.update_task(task.id, worktree=None)  # status and a retry see it is gone
 
     for path in _scan_root(config.home / "attempts", home_real, out):
         if path.name in owned_att:
@@ -225,6 +265,12 @@ def main(config: Any, out: TextIO, err: TextIO) -> int:
 
     if not found:
         print("nothing to collect: every worktree and attempt folder belongs to a task", file=out)
+    elif not yes and n_kept:
+        reasons = [r for r in ("uncommitted changes", "commits on no other branch",
+                               "not a git worktree fleetrun can read") if r in kept_why]
+        print(f"{found} to collect: `fleetrun gc --yes` removes {found - n_kept} and keeps {n_kept} "
+              f"({' or '.join(reasons)}; `fleetrun gc --yes --force` removes "
+              f"{'it' if n_kept == 1 else 'those'} too; branches always stay)", file=out)
     elif not yes:
-        print(f"{found} orphan(s); `fleetrun gc --yes` removes them", file=out)
+        print(f"{found} to collect; `fleetrun gc --yes` removes them (branches stay)", file=out)
     return ExitCode.OK

@@ -188,8 +188,10 @@ def fleetrun_build_prompt(task: Task, attempt: Attempt, config: Config, context:
     """Return the prompt for this attempt. Stops at the first non-None result.
 
     ``context`` holds ``handoffs`` (list of :class:`~fleetrun.Handoff` of the
-    dependencies), ``failures`` (verdicts of the previous attempt, on a retry) and
-    ``kind`` (``fresh``, ``retry`` or ``resume``). Wrap it (``hookwrapper``/
+    dependencies), ``failures`` (verdicts of the previous attempt, on a retry),
+    ``kind`` (``fresh``, ``retry`` or ``resume``), ``resume_reason`` (on a resume, the
+    cause of the move to RESUMING) and ``previous`` (the attempt that cause is about,
+    or the latest one). Wrap it (``hookwrapper``/
     ``wrapper=True``) to decorate the prompt others build.
     """
 

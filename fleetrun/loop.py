@@ -458,7 +458,7 @@ class Loop:
                                         session_id=(res.session_id if res else None) or att.session_id,
                                         cost_usd=cost, result_text=res.result_text if res else None,
                                         info={**att.info, "denials": res.permission_denials if res else [],
-                                              "error": st.get("error")})
+                                              "error": st.get("error"), "signal": st.get("signal")})
                 cur.execute("UPDATE tasks SET cost_usd = cost_usd + ? WHERE id=?", (cost, task.id))
         task = self.get(task.id)
         att = self.get_attempt(att.id)
@@ -828,5 +828,16 @@ class Loop:
                     break
                 if kind == "retry":
                     break
+        # why it resumes: the cause of the move to RESUMING, not the task's reason now
+        # (that is ``placed``, from the lease just made), and the attempt it names; an
+        # attempt given up as never started is passed over for the one before it
+        resume_reason, previous = None, prev
+        if kind == "resume":
+            rows = [r for r in self.led.transitions(task.id) if r.to_state == State.RESUMING.value]
+            row = next((r for r in reversed(rows) if not r.cause.startswith("lease_expired")),
+                       rows[-1] if rows else None)
+            if row is not None:
+                resume_reason = row.cause
+                previous = next((a for a in self.led.attempts(task.id) if a.number == row.attempt), prev)
         return {"kind": kind, "handoffs": handoffs, "failures": failures,
-                "resume_reason": task.reason if kind == "resume" else None}
+                "resume_reason": resume_reason, "previous": previous}

@@ -220,3 +220,21 @@ class PolicyWatcher:
             self.error = None
             return f"{self.path} is good again; using it"
         return None
+
+
+def local_drain_source(path: Path) -> Optional[str]:
+    """``PATH:LINE`` of a ``[local] drain = true`` in policy.toml, or None when the file
+    does not drain this machine: what ``undrain`` cannot clear, named where it is said."""
+    try:
+        pol = load_policy(path)
+    except UsageError:  # a broken file says nothing sure; the loop reports it itself
+        return None
+    if not pol.local.drain:
+        return None
+    from .collect import map_lines
+
+    try:
+        line = map_lines(path.read_text(encoding="utf-8")).get("table", "local", "drain")
+    except (OSError, UnicodeDecodeError):
+        return str(path)
+    return f"{path}:{line}"

@@ -69,10 +69,11 @@ def test_gc_lists_and_removes_nothing(fleeter, setup):
     assert r.ret == 0, r.stdout + r.stderr
     r.fnmatch_lines([
         f"orphan worktree {s['clean']} (clean)",
-        f"orphan worktree {s['dirty']} (uncommitted changes)",
-        f"orphan worktree {s['unique']} (*",
+        f"orphan worktree {s['dirty']} (uncommitted changes): --yes keeps it, --force removes it",
+        f"orphan worktree {s['unique']} (*): --yes keeps it, --force removes it",
         f"orphan attempt folder {s['orphan_att']}",
-        "4 orphan(s); `fleetrun gc --yes` removes them",
+        "4 to collect: `fleetrun gc --yes` removes 2 and keeps 2 (uncommitted changes or commits on no other "
+        "branch; `fleetrun gc --yes --force` removes those too; branches always stay)",
     ])
     r.no_fnmatch_line(f"*{s['owned_wt']}*")
     for p in s["owned_atts"]:
@@ -99,14 +100,15 @@ def test_gc_yes_removes_clean_orphans_and_keeps_dirty_and_unique(fleeter, setup)
     assert all(p.exists() for p in s["owned_atts"])
     assert branches(fleeter, s["repo"]) == before  # branches stay
     # a second pass finds what it kept
-    fleeter.run("gc").fnmatch_lines(["orphan worktree *orphan-dirty* (uncommitted changes)"])
+    fleeter.run("gc").fnmatch_lines(["orphan worktree *orphan-dirty* (uncommitted changes): --yes keeps it*"])
 
 
 
 def test_gc_keeps_a_worktree_whose_branch_has_unique_commits(fleeter, setup):
     s = setup
     fleeter.run("gc").fnmatch_lines([
-        f"orphan worktree {s['unique']} (1 commit(s) on orphan-unique found on no other branch)"])
+        f"orphan worktree {s['unique']} (1 commit(s) on orphan-unique found on no other branch): --yes keeps it, "
+        "--force removes it"])
     r = fleeter.run("gc", "--yes")
     r.fnmatch_lines([f"kept {s['unique']}: 1 commit(s) on orphan-unique found on no other branch (--force*"])
     assert (s["unique"] / "new.txt").exists()

@@ -18,6 +18,7 @@ from typing import Any, Callable, Optional, Union
 
 from ..hookimpl import hookimpl
 from ..placement import decide, parse_requirement, reason_shape
+from ..policy import local_drain_source
 from ..probe import Prober, tool_names
 from ..reports import Candidate, Placement, Wait
 from ..states import ACTIVE, PLACEABLE, State
@@ -169,6 +170,10 @@ def fleetrun_candidates(config: Any) -> list[Candidate]:
     local = policy.local if policy is not None else None
     led = config.stash.get("ledger")
     drain = bool(local and local.drain) or (led is not None and led.get_meta("drain") == "1")
+    # a drain `fleetrun undrain` cannot clear says where it is set
+    why_not = None
+    if local is not None and local.drain:
+        why_not = f"is draining ({local_drain_source(config.home / 'policy.toml') or 'policy.toml'})"
     opt = config.getoption("max_tasks")
     max_tasks = opt if opt is not None else (local.max_tasks if local else 4)
     m = measure_local(str(config.home))
@@ -193,7 +198,7 @@ def fleetrun_candidates(config: Any) -> list[Candidate]:
         min_free_mem_mb=local.min_free_mem_mb if local else None,
         max_load_per_core=local.max_load_per_core if local else None,
         min_free_disk_mb=local.min_free_disk_mb if local else None,
-        info={"mem_estimate": "measured" if measured is not None else "mem_per_task_mb"},
+        info={"mem_estimate": "measured" if measured is not None else "mem_per_task_mb"}, why_not=why_not,
     )]
 
 
