@@ -85,6 +85,7 @@ CAUSES = frozenset(
         "adopted",
         "lease_expired",
         "worktree_tampered",
+        "setup_failed",
     }
 )
 
