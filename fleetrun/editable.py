@@ -116,7 +116,7 @@ def _packages_in(folder: str) -> list[str]:
     return [n for n in names if n.isidentifier() and os.path.isfile(os.path.join(folder, n, "__init__.py"))]
 
 
-def editable_installs(sp: str, top: str) -> list[EditableInstall]:
+def editable_installs(sp: str, top: str) -> tuple[EditableInstall, ...]:
     """Editable installs in site-packages ``sp`` whose code is inside checkout ``top``."""
     found: dict[str, EditableInstall] = {}
     for dist in sorted(glob.glob(os.path.join(glob.escape(sp), "*.dist-info"))):
@@ -158,17 +158,22 @@ def editable_installs(sp: str, top: str) -> list[EditableInstall]:
         for name, path in (mapping.items() if isinstance(mapping, dict) else ()):
             if isinstance(name, str) and isinstance(path, str) and _inside(path, top):
                 found.setdefault(name.lower(), EditableInstall(name, os.path.dirname(path)))
-    return list(found.values())
+    return tuple(found.values())
 
 
-def editable_trap(command: str, top: str, cwd: str) -> Optional[Trap]:
+def editable_trap(command: str, top: str, cwd: str,
+                  cache: Optional[dict[tuple[str, str], tuple[EditableInstall, ...]]] = None) -> Optional[Trap]:
     """The first editable install of checkout ``top`` that the interpreter of ``command``
-    would import instead of the worktree's copy, or None."""
+    would import instead of the worktree's copy, or None. ``cache`` (the caller's, for
+    one collection) reads each environment once however many verifiers name it."""
     interpreter = interpreter_of(command)
     if interpreter is None:
         return None
+    cache = {} if cache is None else cache
     for sp in site_packages(interpreter):
-        for inst in editable_installs(sp, top):
+        if (sp, top) not in cache:
+            cache[(sp, top)] = editable_installs(sp, top)
+        for inst in cache[(sp, top)]:
             src = os.path.join(inst.project, "src")
             code = src if os.path.isdir(src) else inst.project
             rel = os.path.relpath(os.path.realpath(code), os.path.realpath(cwd))

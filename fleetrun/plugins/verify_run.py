@@ -76,6 +76,7 @@ def fleetrun_collection_modifyitems(config: Any, items: list[Any]) -> None:
 
     warnings = config.stash.setdefault("warnings", [])
     tops: dict[str, Optional[str]] = {}
+    seen: dict[Any, Any] = {}
     for t in items:
         if not t.git_ref:
             continue  # it works in the checkout itself: an install of it is the right one
@@ -87,7 +88,7 @@ def fleetrun_collection_modifyitems(config: Any, items: list[Any]) -> None:
         for v in t.verify:
             if v.kind != "run":
                 continue
-            trap = editable_trap(v.text, top, t.cwd)
+            trap = editable_trap(v.text, top, t.cwd, seen)
             if trap is None:
                 continue
             where = display_path(Path(t.source), config.invocation_dir) if t.source else "?"

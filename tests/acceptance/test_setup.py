@@ -258,3 +258,31 @@ def test_per_worktree_environment_catches_the_regression_an_editable_install_hid
     assert task.reason.startswith("retries_exhausted:"), task.reason
     (v,) = fleeter.ledger().verdicts(task.id)
     assert "regression: VALUE is 2" in v.output
+
+
+# ---------------------------------------------------------------------------------
+# On a peer: setup runs there, in the peer's worktree, as its run verifiers do
+
+pytest_plugins = ["sshd"]
+
+
+@pytest.mark.slow
+def test_setup_runs_on_the_peer_that_runs_the_attempt(fleeter, fake_claude, peer_lab):
+    east = peer_lab.machine("east")
+    east.write("config.toml", (fleeter.home / "config.toml").read_text())
+    east.fake_headroom(9000)
+    r = fleeter.run("relay", "add", "east", east.address, "--accept-new", "--command", east.command_line())
+    assert r.ret == 0, r.stdout + r.stderr
+    assert fleeter.run("drain").ret == 0  # this machine takes nothing: the task goes to east
+    tasks(fleeter, f"setup = [{json.dumps(log_cmd(fleeter))}, 'echo made > SETUP.txt']",
+          verify='run = "test -f SETUP.txt"')
+    fake_claude.script(t1=[{"actions": [["write", "out.txt", "x"]]}])
+    r = fleeter.run("tasks.toml")
+    assert r.ret == 0, r.stdout + r.stderr
+    task = fleeter.task("t1")
+    assert task.host == "east"
+    (line,) = setup_log(fleeter)
+    assert line.split()[1].startswith(str(east.home / "worktrees"))
+    (att,) = fleeter.ledger().attempts(task.id)
+    assert att.info["setup"] == "passed"
+    assert [s["passed"] for s in att.info["setup_steps"]] == [True, True]
