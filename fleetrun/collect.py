@@ -18,6 +18,7 @@ from .exceptions import UsageError, UsageErrors
 from .gitutil import GitError, git, repo_toplevel
 from .taskspec import (
     DEFAULT_MAX_RETRIES,
+    DEFAULT_SETUP_TIMEOUT_S,
     DEFAULT_STALL_TIMEOUT_MIN,
     DEFAULT_TIMEOUT_MIN,
     DEFAULT_VERIFY_TIMEOUT_S,
@@ -98,6 +99,7 @@ BUILTIN_TASK_KEYS: tuple[KeyDecl, ...] = (
     KeyDecl("paths", (list,), doc="what the task is about, relative to cwd", check=_str_list),
     KeyDecl("requires", (list,), doc="tags or tools the machine must have", check=_str_list),
     KeyDecl("peer", (str,), doc="pin to this machine", check=_nonempty),
+    KeyDecl("setup", (list,), doc="commands run in the workspace before the agent's first attempt"),
 )
 
 BUILTIN_VERIFY_KINDS: tuple[KeyDecl, ...] = (
@@ -115,6 +117,10 @@ BUILTIN_VERIFY_KEYS: tuple[KeyDecl, ...] = (
 #: Top-level tables a tasks file may hold besides ``[[task]]``; their contents are
 #: settings merged over ``config.toml`` (checked by the plugins that read them).
 TOP_LEVEL_TABLES = ("agents", "brain")
+#: Top-level keys that are defaults for every ``[[task]]`` of the file that does not
+#: set its own (written before the first table, as TOML requires).
+TOP_LEVEL_DEFAULTS = ("setup",)
+SETUP_STEP_KEYS = ("run", "timeout_s")
 
 _TYPE_NAMES = {str: "a string", int: "an integer", float: "a number", list: "a list", bool: "true or false", dict: "a table"}
 
@@ -304,9 +310,10 @@ def collect_toml(path: Path, keys: KeyTable, display: str) -> TaskFile:
     errs = _Errors(display)
     base = path.parent
 
+    known_top = ("task", *TOP_LEVEL_TABLES, *TOP_LEVEL_DEFAULTS)
     for top in data:
-        if top != "task" and top not in TOP_LEVEL_TABLES:
-            errs.add(lines.get("top", top), top, f"unknown key{_suggest(top, ('task', *TOP_LEVEL_TABLES))}")
+        if top not in known_top:
+            errs.add(lines.get("top", top), top, f"unknown key{_suggest(top, known_top)}")
         elif top in TOP_LEVEL_TABLES and not isinstance(data[top], dict):
             errs.add(lines.get("top", top), top, "must be a table")
 
@@ -315,10 +322,14 @@ def collect_toml(path: Path, keys: KeyTable, display: str) -> TaskFile:
         errs.add(lines.get("top", "task"), "task", "must be an array of tables, written [[task]]")
         raw_tasks = []
 
+    default_setup: list[VerifySpec] = []
+    if "setup" in data:
+        default_setup = _collect_setup(data["setup"], lines.get("top", "setup"), "setup", errs) or []
+
     specs: list[TaskSpec] = []
     graph: list[GraphNode] = []
     for i, raw in enumerate(raw_tasks):
-        spec = _collect_task(i, raw, keys, lines, errs, base)
+        spec = _collect_task(i, raw, keys, lines, errs, base, default_setup)
         if spec is not None:
             spec.source = str(path)
             specs.append(spec)
@@ -367,8 +378,48 @@ def _describe(value: Any) -> str:
     return type(value).__name__
 
 
+def _collect_setup(value: Any, line: int, label: str, errs: _Errors) -> Optional[list[VerifySpec]]:
+    """A ``setup`` list: each command a string, or a table ``{run = "...", timeout_s = N}``
+    (the keys of a ``run`` verifier). :return: the steps, or None after an error."""
+    if not isinstance(value, list):
+        errs.add(line, label, f"must be a list of commands, not {_describe(value)}")
+        return None
+    n_before = len(errs.items)
+    steps: list[VerifySpec] = []
+    for k, item in enumerate(value, 1):
+        where = f"{label} #{k}"
+        timeout: Any = DEFAULT_SETUP_TIMEOUT_S
+        if isinstance(item, dict):
+            for key in item:
+                if key not in SETUP_STEP_KEYS:
+                    errs.add(line, f"{where}: {key}", f"unknown key{_suggest(key, SETUP_STEP_KEYS)}")
+            if "run" not in item:
+                errs.add(line, where, "needs run = \"command\"")
+                continue
+            if "timeout_s" in item:
+                timeout = item["timeout_s"]
+                if not _type_ok(timeout, NUM):
+                    errs.add(line, f"{where}: timeout_s", f"must be a number, not {_describe(timeout)}")
+                    continue
+                if not timeout > 0:
+                    errs.add(line, f"{where}: timeout_s", "must be greater than 0")
+                    continue
+            item = item["run"]
+            where = f"{where}: run"
+        if not isinstance(item, str):
+            errs.add(line, where, f"must be a command string or a table {{run = ..., timeout_s = ...}}, "
+                                  f"not {_describe(item)}")
+            continue
+        if not item.strip():
+            errs.add(line, where, "must not be empty")
+            continue
+        steps.append(VerifySpec(kind="run", text=item, timeout_s=float(timeout), extra={"setup": k}, line=line))
+    return steps if len(errs.items) == n_before else None
+
+
 def _collect_task(
-    i: int, raw: dict[str, Any], keys: KeyTable, lines: LineMap, errs: _Errors, base: Path
+    i: int, raw: dict[str, Any], keys: KeyTable, lines: LineMap, errs: _Errors, base: Path,
+    default_setup: Optional[list[VerifySpec]] = None,
 ) -> Optional[TaskSpec]:
     head = lines.get("task", i)
     name = raw.get("name")
@@ -438,6 +489,11 @@ def _collect_task(
     if len(set(deps)) != len(deps):
         errs.add(lines.get("task", i, "depends_on", default=head), f"{who}: depends_on", "names a task twice")
 
+    setup = list(default_setup or [])
+    if "setup" in good:  # the task's own list replaces the file's (`setup = []`: none)
+        setup = _collect_setup(good["setup"], lines.get("task", i, "setup", default=head), f"{who}: setup",
+                               errs) or []
+
     verifies: list[VerifySpec] = []
     raw_verify = raw.get("verify", [])
     if not isinstance(raw_verify, list) or not all(isinstance(v, dict) for v in raw_verify):
@@ -472,6 +528,7 @@ def _collect_task(
         requires=list(good.get("requires", [])),
         peer=good.get("peer"),
         verify=verifies,
+        setup=setup,
         extra=extra,
         key_lines={k: lines.get("task", i, k, default=head) for k in raw if k != "verify"},
     )

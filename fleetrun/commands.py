@@ -118,6 +118,8 @@ def cmd_run(config: Any, out: TextIO, err: TextIO) -> int:
     if not items:
         print("no tasks collected", file=out)
         return ExitCode.NO_TASKS_COLLECTED
+    for line in config.stash.get("warnings", []):  # what validate warns about, said before the run
+        print(f"warning: {safe_text(line)}", file=err)
     return run_session(config, items, out, err)
 
 
@@ -370,6 +372,14 @@ def cmd_logs(config: Any, out: TextIO, err: TextIO) -> int:
         body = "".join(f"\n    | {safe_text(line)}" for line in v.output.rstrip().splitlines()[-40:])
         events.append((v.time, 1, head + body))
     for a in attempts.values():
+        for s in (a.info or {}).get("setup_steps") or []:  # the task's setup commands, before its agent
+            if not isinstance(s, dict):
+                continue
+            head = (f"{'PASS' if s.get('passed') else 'FAIL'} setup {s.get('n')} "
+                    f"({safe_text(s.get('command'), limit=60)}) attempt {a.number}: {safe_text(s.get('reason'))}")
+            lines = [] if s.get("passed") else str(s.get("output") or "").rstrip().splitlines()[-40:]
+            events.append((float(s.get("time") or a.created), 1, head + "".join(
+                f"\n    | {safe_text(line)}" for line in lines)))
         if a.ended:
             text = f"attempt {a.number} ({a.kind}) ended: {safe_text(a.outcome or '-')}"
             if a.cost_usd:

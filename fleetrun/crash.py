@@ -6,7 +6,8 @@ with the variable unset, :func:`point` is a dictionary lookup and nothing else.
 
 Points (the loop names them): ``before_transition:<STATE>``,
 ``after_transition:<STATE>``, ``after_lease``, ``after_worktree``,
-``after_shepherd_start``, ``mid_verifier``, ``after_verdict``.
+``after_shepherd_start``, ``mid_verifier``, ``after_verdict``, ``mid_setup``,
+``after_setup``.
 """
 
 from __future__ import annotations

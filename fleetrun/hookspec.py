@@ -235,6 +235,13 @@ def fleetrun_verify(
     """Run one verifier. Stops at the first non-None result: return None for a
     ``verifier.kind`` that is not yours.
 
+    Also called for each of a task's ``setup`` commands, before its agent's first
+    attempt in a workspace: then ``verifier`` is a ``run`` spec whose
+    ``extra["setup"]`` is the command's 1-based number (it is not one of
+    ``task.spec.verify``). A plugin that runs ``run`` commands elsewhere (on a peer,
+    in a sandbox) so runs setup the same way; one that judges ``run`` verifiers
+    differently should leave these to the default (return None).
+
     :return: a :class:`~fleetrun.Verdict`, or a handle whose ``poll()`` returns one
         when ready (for anything that takes time). A verifier must be safe to run
         again: after a crash it is.

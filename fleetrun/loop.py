@@ -33,6 +33,7 @@ from .placement import Backoff, backoff_delay
 from .policy import PolicyWatcher
 from .reports import Handoff, Placement, Verdict, Wait, Workspace
 from .session import is_space_error, sock_path
+from .setupstage import SetupStage
 from .states import ACTIVE, PLACEABLE, State
 
 RESUME_CAP = 3
@@ -77,6 +78,7 @@ class Loop:
         self.host = get_host(config, "local")
         self.policy = PolicyWatcher(config.home / "policy.toml")
         self.verifying: dict[str, Verifying] = {}
+        self.setup = SetupStage(self)  # tasks whose setup commands run before their agent
         self.waits: dict[str, str] = {}
         self.wait_until: dict[str, float] = {}
         self.stopping: Optional[str] = None
@@ -241,6 +243,7 @@ class Loop:
                         if v.handle is not None and hasattr(v.handle, "cancel"):
                             v.handle.cancel()
                     self.verifying.clear()
+                    self.setup.cancel_all()  # run again from the start once adoption abandons them
                     self.readopt = True
                     time.sleep(1.0)
                     continue
@@ -251,6 +254,7 @@ class Loop:
             for v in self.verifying.values():
                 if v.handle is not None and hasattr(v.handle, "cancel"):
                     v.handle.cancel()
+            self.setup.cancel_all()
             n = len(self.active_attempts())
             self.session.final_notes.append(
                 f"interrupted: started nothing new; {n} attempt(s) left running, "
@@ -271,6 +275,7 @@ class Loop:
         ops.promote(self.led, self.notify)
         self.poll_attempts()
         self.poll_verifiers()
+        self.setup.poll()
         ops.promote(self.led, self.notify)
         self.placed_last_pass = False
         if not self.stopping and self.io_error is None:
@@ -285,6 +290,11 @@ class Loop:
             if h is not None and hasattr(h, "fileno") and h.fileno() >= 0:
                 fds.append(h)
             if h is not None and hasattr(h, "next_deadline"):
+                timeout = min(timeout, max(0.0, h.next_deadline() - time.monotonic()))
+        for h in self.setup.handles():
+            if hasattr(h, "fileno") and h.fileno() >= 0:
+                fds.append(h)
+            if hasattr(h, "next_deadline"):
                 timeout = min(timeout, max(0.0, h.next_deadline() - time.monotonic()))
         for until in self.wait_until.values():
             timeout = min(timeout, max(0.0, until - now))
@@ -360,6 +370,8 @@ class Loop:
                     if not st.get("shepherd_pid") and hasattr(host, "give_up"):
                         # decide under the shepherd's start lock: a late shepherd then runs nothing
                         st = host.give_up(att.id) or st
+                    if att.state == "leased" and att.host in (None, "local"):
+                        kill_recorded_children(host.attempt_dir(att.id))  # a setup command the crash left
                     if st.get("shepherd_pid"):  # it did start: watch it (a dead one is resumed)
                         self.led.update_attempt(att.id, state="running", shepherd_pid=st["shepherd_pid"],
                                                 shepherd_token=st.get("shepherd_token"), started=st.get("started"))
@@ -759,6 +771,14 @@ class Loop:
                                  branch=ws.branch)
         task = self.get(task.id)
         att = self.get_attempt(att.id)
+        if self.setup.needed(task, att, ws):
+            self.setup.begin(task, att, ws, kind, prev)  # launch() follows once it has passed
+            return True
+        return self.launch(task, att, ws, kind, prev)
+
+    def launch(self, task: Task, att: Attempt, ws: Workspace, kind: str, prev: Optional[Attempt]) -> bool:
+        """Build the prompt and start the agent in a prepared (and set up) workspace."""
+        host = get_host(self.config, att.host)
         context = self.prompt_context(task, kind, prev)
         left = None
         if task.spec.budget_usd is not None:

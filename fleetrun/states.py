@@ -86,6 +86,7 @@ CAUSES = frozenset(
         "lease_expired",
         "worktree_tampered",
         "internal_error",
+        "setup_failed",
     }
 )
 

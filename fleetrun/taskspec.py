@@ -19,6 +19,11 @@ DEFAULT_MAX_RETRIES = 2
 DEFAULT_TIMEOUT_MIN = 60.0
 DEFAULT_STALL_TIMEOUT_MIN = 20.0
 DEFAULT_VERIFY_TIMEOUT_S = 15 * 60.0
+#: A ``setup`` command may install a whole environment: longer than a verifier.
+DEFAULT_SETUP_TIMEOUT_S = 30 * 60.0
+#: Setup command K (1-based) runs as step ``SETUP_STEP_BASE + K - 1`` of its attempt, so
+#: its output and (on a peer) its runner folder never share a name with verifier K.
+SETUP_STEP_BASE = 9000
 
 
 @dataclass
@@ -69,6 +74,8 @@ class TaskSpec:
     requires: list[str] = field(default_factory=list)
     peer: Optional[str] = None
     verify: list[VerifySpec] = field(default_factory=list)
+    #: ``setup`` commands, as ``run`` steps whose ``extra["setup"]`` is their 1-based number
+    setup: list[VerifySpec] = field(default_factory=list)
     extra: dict[str, Any] = field(default_factory=dict)
     key_lines: dict[str, int] = field(default_factory=dict)  # where each key was written
 
@@ -79,8 +86,19 @@ class TaskSpec:
     def from_json(cls, data: dict[str, Any]) -> TaskSpec:
         data = dict(data)
         verify = [VerifySpec(**v) for v in data.pop("verify", [])]
+        setup = [VerifySpec(**v) for v in data.pop("setup", None) or []]  # older ledgers have none
         known = {f.name for f in dataclasses.fields(cls)}
-        return cls(verify=verify, **{k: v for k, v in data.items() if k in known})
+        return cls(verify=verify, setup=setup, **{k: v for k, v in data.items() if k in known})
+
+
+def step_index(task: Any, verifier: VerifySpec) -> int:
+    """The 0-based step number of ``verifier`` in its attempt: its place among the
+    task's verifiers, or ``SETUP_STEP_BASE + K - 1`` for setup command K."""
+    number = verifier.extra.get("setup") if isinstance(verifier.extra, dict) else None
+    if isinstance(number, int) and not isinstance(number, bool) and number >= 1:
+        return SETUP_STEP_BASE + number - 1
+    verify = task.spec.verify
+    return verify.index(verifier) if verifier in verify else 0
 
 
 @dataclass(frozen=True)

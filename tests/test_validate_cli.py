@@ -1204,3 +1204,139 @@ def test_collect_only_with_nothing_selected_says_no_tasks_collected(fleeter: Any
     fleeter.write_tasks(task("a"))
     r = fleeter.run("--co", "-k", "nomatch", "tasks.toml")
     assert (r.ret, r.outlines, r.errlines) == (NO_TASKS, ["no tasks collected"], [])
+# setup: the keys, and the editable-install trap of run verifiers
+
+
+def test_setup_keys(fleeter: Any) -> None:
+    check(fleeter, 'setup = "make venv"\n' + task("a", setup='["ok", {run = "x", timeot_s = 5}]')
+          + task("b", setup='[{timeout_s = 5}, 3, ""]')
+          + task("c", setup='[{run = "x", timeout_s = 0}]'),
+          "ERROR: tasks.toml:1: setup: must be a list of commands, not a string",
+          "ERROR: tasks.toml:5: task 'a': setup #2: timeot_s: unknown key (did you mean 'timeout_s'?)",
+          "ERROR: tasks.toml:9: task 'b': setup #1: needs run = \"command\"",
+          "ERROR: tasks.toml:9: task 'b': setup #2: must be a command string or a table "
+          "{run = ..., timeout_s = ...}, not the number 3",
+          "ERROR: tasks.toml:9: task 'b': setup #3: must not be empty",
+          "ERROR: tasks.toml:13: task 'c': setup #1: timeout_s: must be greater than 0")
+
+
+def test_setup_valid_forms(fleeter: Any) -> None:
+    fleeter.write_tasks('setup = ["python -m venv .venv"]\n'
+                        + task("a") + task("b", setup='[{run = "uv sync", timeout_s = 600}, "true"]')
+                        + task("c", setup="[]"))
+    assert_valid(fleeter.run("validate", "tasks.toml"), "tasks.toml: 3 tasks, valid")
+    from fleetrun.collect import KeyTable, collect_toml
+
+    tf = collect_toml(fleeter.path / "tasks.toml", KeyTable.build(), "tasks.toml")
+    a, b, c = tf.tasks
+    assert [(s.text, s.timeout_s) for s in a.setup] == [("python -m venv .venv", 1800.0)]
+    assert [(s.text, s.timeout_s, s.extra) for s in b.setup] == [("uv sync", 600.0, {"setup": 1}),
+                                                                  ("true", 1800.0, {"setup": 2})]
+    assert c.setup == []
+
+
+PYPROJECT = """\
+[build-system]
+requires = ["setuptools"]
+build-backend = "setuptools.build_meta"
+
+[project]
+name = "tinypkg"
+version = "0.1"
+"""
+
+
+@pytest.fixture(scope="module")
+def editable_venv(tmp_path_factory: Any) -> tuple[Any, Any]:
+    """A git checkout of a tiny src-layout package, and a real venv with it installed
+    the usual way (``pip install -e``; offline, with this interpreter's setuptools)."""
+    import os
+    import subprocess
+    import sys
+    from pathlib import Path
+
+    import setuptools
+
+    from fleetrun.fleeter import GIT_ENV
+
+    root = tmp_path_factory.mktemp("editable")
+    repo = root / "checkout"
+    (repo / "src" / "tinypkg").mkdir(parents=True)
+    (repo / "src" / "tinypkg" / "__init__.py").write_text("VALUE = 1\n")
+    (repo / "pyproject.toml").write_text(PYPROJECT)
+    env = dict(os.environ, **GIT_ENV)
+    for args in (["init", "-q", "-b", "main"], ["add", "-A"], ["commit", "-q", "-m", "initial"]):
+        subprocess.run(["git", "-C", str(repo), *args], check=True, env=env)
+    venv = root / "venv"
+    subprocess.run([sys.executable, "-m", "venv", "--without-pip", str(venv)], check=True)
+    pip_env = dict(os.environ, PYTHONPATH=str(Path(setuptools.__file__).parent.parent))
+    subprocess.run([sys.executable, "-m", "pip", "--python", str(venv / "bin" / "python"), "install", "-q",
+                    "--no-index", "--no-build-isolation", "--no-deps", "-e", str(repo)],
+                   check=True, env=pip_env, stdout=subprocess.DEVNULL)
+    return repo, venv
+
+
+def test_warns_when_a_verifier_imports_the_checkout_not_the_worktree(fleeter: Any, editable_venv: Any) -> None:
+    repo, venv = editable_venv
+    r = validate(fleeter, f'''[[task]]
+name = "x"
+prompt = "p"
+cwd = "{repo}"
+git_ref = "main"
+
+  [[task.verify]]
+  run = "{venv}/bin/python -m pytest -x -q"
+
+  [[task.verify]]
+  run = "PYTHONPATH=src {venv}/bin/python -m pytest"
+
+  [[task.verify]]
+  run = "{venv}/bin/pytest -q"
+
+  [[task.verify]]
+  run = "python3 -c 1"
+
+[[task]]
+name = "in-checkout"
+prompt = "p"
+cwd = "{repo}"
+
+  [[task.verify]]
+  run = "{venv}/bin/python -m pytest"
+''')
+    assert_valid(r, "tasks.toml: 2 tasks, valid")
+    fix = "add PYTHONPATH=src or a setup step (docs/verifiers.md)"
+    assert r.errlines == [
+        f"warning: tasks.toml:7: task 'x': verify: {venv}/bin/python imports tinypkg from {repo} "
+        f"(an editable install of the main checkout), not from the worktree; {fix}",
+        f"warning: tasks.toml:13: task 'x': verify: {venv}/bin/pytest imports tinypkg from {repo} "
+        f"(an editable install of the main checkout), not from the worktree; {fix}",
+    ]
+
+
+def test_editable_finder_and_pth_are_found_too(fleeter: Any, tmp_path: Any) -> None:
+    """Installs that leave no direct_url.json: a path ``.pth`` (``setup.py develop``) and
+    setuptools' ``__editable__`` finder, as they are written."""
+    repo = fleeter.make_repo(files={"lib/pkg_a/__init__.py": "", "pkg_b/__init__.py": ""})
+    for name, content in {
+        "easy-install.pth": f"# a comment\nimport os\n{repo}/lib\n",
+        "__editable___pkg_b_0_1_finder.py": f"import sys\nMAPPING: dict[str, str] = {{'pkg_b': '{repo}/pkg_b'}}\n",
+    }.items():
+        sp = tmp_path / f"env-{name[:4]}" / "lib" / "python3.11" / "site-packages"
+        sp.mkdir(parents=True)
+        (sp / name).write_text(content)
+        (sp.parent.parent.parent / "bin").mkdir()
+    r = validate(fleeter, f'''[[task]]
+name = "x"
+prompt = "p"
+cwd = "repo"
+git_ref = "main"
+  [[task.verify]]
+  run = "{tmp_path}/env-easy/bin/python -m pytest"
+  [[task.verify]]
+  run = "{tmp_path}/env-__ed/bin/python -m pytest"
+''')
+    assert_valid(r, "tasks.toml: 1 task, valid")
+    assert [line.split(" imports ")[1].split(" (")[0] for line in r.errlines] == [
+        f"pkg_a from {repo}/lib", f"pkg_b from {repo}"]
+    assert r.errlines[0].endswith("add PYTHONPATH=lib or a setup step (docs/verifiers.md)")

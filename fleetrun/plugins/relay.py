@@ -64,7 +64,7 @@ from ..reports import Candidate, Handoff, Verdict, Wait, Workspace
 from ..shepherd import read_json, write_json
 from ..sshhost import BundleWriteError, PeerError, PeerUnreachable, RemoteRunHandle, SSHHost
 from ..states import ACTIVE, State
-from ..taskspec import safe_slug
+from ..taskspec import safe_slug, step_index
 
 HEARTBEAT_S = 5.0
 SUMMARY_LIMIT = 2000
@@ -578,7 +578,7 @@ class Relay:
             return Verdict(False, verifier.kind, verifier.label, host=host.name,
                            reason=f"{verifier.kind} verifiers run only on the supervising machine, and this "
                                   f"attempt ran on {host.name}")
-        idx = task.spec.verify.index(verifier) if verifier in task.spec.verify else 0
+        idx = step_index(task, verifier)  # a setup command gets a step of its own
         return RemoteRunHandle(host, task, attempt, verifier, idx, workspace)
 
     @hookimpl(tryfirst=True)

@@ -4,7 +4,8 @@ The command runs with ``/bin/sh -c`` in the attempt's workspace (it is the user'
 command line; names and prompts never reach it). Its output goes to a file in the
 attempt folder while it runs (so a large output can never fill a pipe and deadlock),
 and the last 64 KiB is kept with the verdict. The exit code is the verdict; a timeout
-or a command that cannot start is a FAIL with that reason.
+or a command that cannot start is a FAIL with that reason. A task's ``setup`` commands
+run through here too (see :mod:`fleetrun.setupstage`).
 """
 
 from __future__ import annotations
@@ -16,6 +17,7 @@ from typing import Any, Optional
 from ..hookimpl import hookimpl
 from ..procutil import ProcessHandle, tail_text, task_env
 from ..reports import Verdict
+from ..taskspec import SETUP_STEP_BASE, step_index
 
 
 class RunHandle(ProcessHandle):
@@ -53,5 +55,44 @@ def fleetrun_verify(task: Any, verifier: Any, workspace: Any, attempt: Any, conf
         return None
     adir = config.home / "attempts" / attempt.id
     adir.mkdir(parents=True, exist_ok=True, mode=0o700)
-    idx = task.spec.verify.index(verifier) if verifier in task.spec.verify else 0
-    return RunHandle(verifier, workspace.path, adir / f"verify-{idx + 1}.out", verifier_env(task, attempt, workspace))
+    idx = step_index(task, verifier)
+    # a setup command (extra["setup"] = K) writes setup-K.out beside the verifiers' outputs
+    name = f"setup-{idx - SETUP_STEP_BASE + 1}.out" if idx >= SETUP_STEP_BASE else f"verify-{idx + 1}.out"
+    return RunHandle(verifier, workspace.path, adir / name, verifier_env(task, attempt, workspace))
+
+
+# ---------------------------------------------------------------------------------
+# The editable-install trap: a `run` verifier whose interpreter imports the project
+# from the user's checkout (``pip install -e .``), so it tests that, not the worktree.
+
+
+@hookimpl(trylast=True)
+def fleetrun_collection_modifyitems(config: Any, items: list[Any]) -> None:
+    """Warn about every ``run`` verifier of a worktree task whose interpreter has an
+    editable install of a package from the task's own repository checkout. Nothing is
+    run: the interpreter's site-packages are read."""
+    from ..collect import display_path
+    from ..editable import checkout_of, editable_trap
+
+    warnings = config.stash.setdefault("warnings", [])
+    tops: dict[str, Optional[str]] = {}
+    seen: dict[Any, Any] = {}
+    for t in items:
+        if not t.git_ref:
+            continue  # it works in the checkout itself: an install of it is the right one
+        if t.cwd not in tops:
+            tops[t.cwd] = checkout_of(t.cwd)
+        top = tops[t.cwd]
+        if top is None:
+            continue
+        for v in t.verify:
+            if v.kind != "run":
+                continue
+            trap = editable_trap(v.text, top, t.cwd, seen)
+            if trap is None:
+                continue
+            where = display_path(Path(t.source), config.invocation_dir) if t.source else "?"
+            warnings.append(
+                f"{where}:{v.line or t.line}: task '{t.name}': verify: {trap.interpreter} imports {trap.package} "
+                f"from {trap.project} (an editable install of the main checkout), not from the worktree; "
+                f"add PYTHONPATH={trap.pythonpath} or a setup step (docs/verifiers.md)")

@@ -1,0 +1,197 @@
+"""The ``setup`` stage: a task's setup commands, run in its workspace before the agent's
+first attempt there, without blocking the loop.
+
+Each command is a ``run`` step handed to ``fleetrun_verify`` (with ``extra["setup"]``
+set), so it runs exactly where and how a ``run`` verifier would: ``/bin/sh -c`` in the
+workspace, on the attempt's machine (a peer through the relay plugin), with the
+``FLEETRUN_*`` environment, its output in a file, its timeout. The loop polls the
+handles as it polls verifiers'.
+
+The task stays ASSIGNED and its attempt ``leased`` while setup runs (the attempt's
+``info["setup"]`` says ``running``); no new state is needed. A command that fails
+sends the task to NEEDS_HUMAN (``setup_failed:CMD: exit code N``) without using a
+retry: the agent cannot fix the user's environment. Once every command has passed,
+``info["setup"]`` is ``passed`` with the workspace it was for, and later attempts in
+that same workspace (retries, resumes, a restarted supervisor) skip it. A crash in the
+middle of setup leaves the attempt ``leased``: adoption abandons it and the next attempt
+runs setup again from the start, so setup commands must be safe to repeat.
+"""
+
+from __future__ import annotations
+
+import os
+import time
+from dataclasses import dataclass, field
+from typing import Any, Optional
+
+from . import crash
+from .ledger import Attempt, Task
+from .reports import Verdict, Workspace
+from .states import State
+
+#: How much of each command's output is kept in the ledger (``fleetrun logs`` shows it);
+#: the whole output stays in the attempt folder.
+KEEP_CHARS = 8000
+
+
+@dataclass
+class SettingUp:
+    attempt: Attempt
+    workspace: Workspace
+    kind: str
+    prev: Optional[Attempt]
+    idx: int = 0
+    handle: Any = None
+    steps: list[dict[str, Any]] = field(default_factory=list)
+
+
+def workspace_identity(att: Attempt, ws: Workspace) -> dict[str, Any]:
+    """What says "the same workspace" to a later attempt: its path, and on this machine
+    the folder's inode too (a worktree removed and made again at the same path is a new
+    one, whose environment must be made again)."""
+    ident: dict[str, Any] = {"path": ws.path}
+    if att.host in (None, "local"):
+        try:
+            st = os.stat(ws.path)
+            ident["inode"] = [st.st_dev, st.st_ino]
+        except OSError:
+            pass
+    return ident
+
+
+class SetupStage:
+    """Runs setup for the loop. ``loop`` gives the ledger, the hooks and the way on:
+    ``launch(...)`` starts the agent, ``move``/``finish_terminal`` end a task."""
+
+    def __init__(self, loop: Any) -> None:
+        self.loop = loop
+        self.running: dict[str, SettingUp] = {}
+
+    # -- deciding --------------------------------------------------------------------
+
+    def needed(self, task: Task, att: Attempt, ws: Workspace) -> bool:
+        steps = task.spec.setup
+        if not steps:
+            return False
+        want = {**workspace_identity(att, ws), "commands": [s.text for s in steps]}
+        for earlier in self.loop.led.attempts(task.id):
+            info = earlier.info or {}
+            if earlier.id != att.id and info.get("setup") == "passed" and info.get("setup_for") == want:
+                return False
+        return True
+
+    # -- running ---------------------------------------------------------------------
+
+    def begin(self, task: Task, att: Attempt, ws: Workspace, kind: str, prev: Optional[Attempt]) -> None:
+        self.running[task.id] = SettingUp(att, ws, kind, prev)
+        self.loop.led.update_attempt(att.id, info={**att.info, "setup": "running"})
+        self.advance(task.id)
+
+    def advance(self, task_id: str) -> None:
+        """Start the next command, or, with none left, the agent."""
+        s = self.running.get(task_id)
+        if s is None:
+            return
+        task = self.loop.led.get(task_id)
+        if task is None or task.state is not State.ASSIGNED:
+            self.drop(task_id, "cancelled")
+            return
+        steps = task.spec.setup
+        while s.idx < len(steps):
+            step = steps[s.idx]
+            try:
+                res = self.loop.hook.fleetrun_verify(task=task, verifier=step, workspace=s.workspace,
+                                                     attempt=s.attempt, config=self.loop.config)
+            except Exception as e:  # a step that cannot be run fails, as a verifier would
+                res = Verdict(False, "run", step.label, reason=f"cannot run: {type(e).__name__}: {e}")
+            if res is None:
+                res = Verdict(False, "run", step.label, reason="no plugin runs `run` commands")
+            if isinstance(res, Verdict):
+                if not self.record(task, s, res):
+                    return
+                continue
+            s.handle = res
+            crash.point("mid_setup")
+            return
+        self.passed(task, s)
+
+    def poll(self) -> None:
+        for task_id, s in list(self.running.items()):
+            if s.handle is None:
+                continue
+            task = self.loop.led.get(task_id)
+            if task is None or task.state is not State.ASSIGNED:  # cancelled meanwhile
+                self.drop(task_id, "cancelled")
+                continue
+            verdict = s.handle.poll()
+            if verdict is None:
+                continue
+            s.handle = None
+            if self.record(task, s, verdict):
+                self.advance(task_id)
+
+    def record(self, task: Task, s: SettingUp, verdict: Verdict) -> bool:
+        """Record one command's end. :return: True to go on with the next."""
+        step = task.spec.setup[s.idx]
+        out = verdict.output or ""
+        entry: dict[str, Any] = {"n": s.idx + 1, "command": step.text, "passed": verdict.passed,
+                                 "reason": verdict.reason, "duration_s": verdict.duration_s,
+                                 "output": out[-KEEP_CHARS:], "time": time.time()}
+        if s.attempt.host in (None, "local"):
+            entry["out"] = str(self.loop.config.home / "attempts" / s.attempt.id / f"setup-{s.idx + 1}.out")
+        s.steps.append(entry)
+        att = self.loop.get_attempt(s.attempt.id)
+        if verdict.passed:
+            self.loop.led.update_attempt(att.id, info={**att.info, "setup_steps": s.steps})
+            s.idx += 1
+            return True
+        self.running.pop(task.id, None)
+        self.loop.led.update_attempt(att.id, state="abandoned", outcome="setup_failed", ended=time.time(),
+                                     info={**att.info, "setup": "failed", "setup_steps": s.steps})
+        reason = " ".join(f"{step.label}: {verdict.reason}".split())
+        now = self.loop.move(task, State.NEEDS_HUMAN, f"setup_failed:{reason}", attempt=att.number)
+        if now is not None:
+            where = f"; its output is in {entry['out']}" if "out" in entry else ""
+            self.loop.led.add_note(task.id, f"setup command {s.idx + 1} failed ({verdict.reason}){where}; "
+                                            "fix the command or the environment, then `fleetrun retry "
+                                            f"{task.name}` (setup runs again from the start)")
+            self.loop.finish_terminal(now)
+        return False
+
+    def passed(self, task: Task, s: SettingUp) -> None:
+        self.running.pop(task.id, None)
+        att = self.loop.get_attempt(s.attempt.id)
+        setup_for = {**workspace_identity(att, s.workspace), "commands": [x.text for x in task.spec.setup]}
+        self.loop.led.update_attempt(att.id, info={**att.info, "setup": "passed", "setup_for": setup_for,
+                                                   "setup_steps": s.steps})
+        crash.point("after_setup")
+        task = self.loop.get(task.id)
+        if task.state is not State.ASSIGNED:
+            self.drop(task.id, "cancelled")
+            return
+        att = self.loop.get_attempt(att.id)
+        self.loop.launch(task, att, s.workspace, s.kind, s.prev)
+
+    def drop(self, task_id: str, outcome: str) -> None:
+        """The task left ASSIGNED while it was set up (cancelled): stop, and end the attempt."""
+        s = self.running.pop(task_id, None)
+        if s is None:
+            return
+        if s.handle is not None and hasattr(s.handle, "cancel"):
+            s.handle.cancel()
+        att = self.loop.led.attempt(s.attempt.id)
+        if att is not None and att.state == "leased":
+            self.loop.led.update_attempt(att.id, state="abandoned", outcome=outcome, ended=time.time())
+
+    # -- for the loop's wait and its interruptions -----------------------------------
+
+    def handles(self) -> list[Any]:
+        return [s.handle for s in self.running.values() if s.handle is not None]
+
+    def cancel_all(self) -> None:
+        """Stop every command (Ctrl-C, a full disk): the attempts stay ``leased``, so the
+        next adoption abandons them and setup runs again from the start."""
+        for s in self.running.values():
+            if s.handle is not None and hasattr(s.handle, "cancel"):
+                s.handle.cancel()
+        self.running.clear()
