@@ -222,6 +222,8 @@ class Loop:
             key = (row.task_id, row.to_state, row.cause)
             if self.own[key] > 0:
                 self.own[key] -= 1
+                if not self.own[key]:
+                    del self.own[key]
                 continue
             task = self.led.get(row.task_id)
             if task is None or not self.in_scope(task):
