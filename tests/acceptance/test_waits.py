@@ -212,6 +212,16 @@ def test_the_loops_own_transitions_are_printed_once(fleeter, fake_claude):
 # -- Ctrl-C says what it interrupted -----------------------------------------------------
 
 
+def test_the_interrupted_line_counts_each_kind() -> None:
+    from fleetrun.loop import Loop
+
+    assert Loop.interrupted_note(0, 0) == "interrupted: nothing was running"
+    assert Loop.interrupted_note(0, 3) == \
+        "interrupted: 3 verifiers were stopped and will run again on the next `fleetrun work`"
+    assert Loop.interrupted_note(2, 0) == \
+        "interrupted: 2 running attempts go on and will be adopted by the next `fleetrun work`"
+
+
 def test_ctrl_c_says_what_it_interrupted_and_what_happens_to_it(fleeter, fake_claude, live):
     fleeter.make_repo()
     fleeter.write_tasks('''
