@@ -602,6 +602,15 @@ class Ledger:
         rows = self.conn.execute(sql, (task_id,) if task_id else ()).fetchall()
         return [TransitionRow(**dict(r)) for r in rows]
 
+    def transitions_after(self, after_id: int) -> list[TransitionRow]:
+        """The transitions logged after row ``after_id``, oldest first, whoever made them
+        (a running loop shows those another shell made: a ``cancel``, a ``retry``)."""
+        rows = self.conn.execute("SELECT * FROM transitions WHERE id > ? ORDER BY id", (after_id,)).fetchall()
+        return [TransitionRow(**dict(r)) for r in rows]
+
+    def last_transition_id(self) -> int:
+        return int(self.conn.execute("SELECT COALESCE(MAX(id), 0) FROM transitions").fetchone()[0])
+
     # -- attempts ----------------------------------------------------------------------
 
     def lease(
@@ -739,6 +748,27 @@ class Ledger:
     def get_meta(self, key: str, default: Optional[str] = None) -> Optional[str]:
         row = self.conn.execute("SELECT value FROM meta WHERE key=?", (key,)).fetchone()
         return row[0] if row else default
+
+    def usage_pauses(self) -> dict[str, tuple[float, int]]:
+        """The usage-limit pauses: host -> (until, limits in a row), kept in the meta
+        table (``usage_pause``) so that a restarted loop starts nothing before the reset
+        time the agent reported. A value that is not what :meth:`set_usage_pauses`
+        writes is no pause (the meta table needs no new schema version)."""
+        try:
+            raw = json.loads(self.get_meta("usage_pause") or "{}")
+        except ValueError:
+            return {}
+        out: dict[str, tuple[float, int]] = {}
+        if isinstance(raw, dict):
+            for host, v in raw.items():
+                if (isinstance(host, str) and isinstance(v, list) and len(v) == 2
+                        and isinstance(v[0], (int, float)) and not isinstance(v[0], bool)
+                        and isinstance(v[1], int) and not isinstance(v[1], bool)):
+                    out[host] = (float(v[0]), v[1])
+        return out
+
+    def set_usage_pauses(self, pauses: dict[str, tuple[float, int]]) -> None:
+        self.set_meta("usage_pause", json.dumps({h: [u, n] for h, (u, n) in pauses.items()}) if pauses else None)
 
     def set_meta(self, key: str, value: Optional[str]) -> None:
         with self.tx() as cur:

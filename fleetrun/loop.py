@@ -17,13 +17,14 @@ import sqlite3
 import threading
 import time
 import traceback
+from collections import Counter
 from collections.abc import Iterator
 from contextlib import contextmanager
 from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any, Optional
 
-from . import crash, ops
+from . import clock, crash, ops
 from .exceptions import ExitCode, StateConflict, UsageError
 from .gitutil import GitError, WorktreeTampered
 from .hosts import get_host, kill_recorded_children
@@ -35,11 +36,13 @@ from .reports import Handoff, Placement, Verdict, Wait, Workspace
 from .session import is_space_error, sock_path
 from .setupstage import SetupStage
 from .states import ACTIVE, PLACEABLE, State
+from .textutil import safe_name, safe_text
 
 RESUME_CAP = 3
 USAGE_BACKOFF_S = 60.0  # 1, 2, 4 ... minutes after a usage limit that gave no reset time
 USAGE_BACKOFF_MAX_S = 30 * 60.0
 NEVER_STARTED_CAP = 10
+REMIND_S = 5 * 60.0  # a task that waits this long is mentioned again, and again after as long
 INTERNAL_ERROR_LOG = "internal-error.log"
 
 
@@ -81,6 +84,17 @@ class Loop:
         self.setup = SetupStage(self)  # tasks whose setup commands run before their agent
         self.waits: dict[str, str] = {}
         self.wait_until: dict[str, float] = {}
+        self.wait_operator: dict[str, str] = {}  # task -> what only a person can change for it
+        self.wait_since: dict[str, float] = {}  # when a task began to wait (fake-clock time)
+        self.remind_after: dict[str, float] = {}  # its next reminder, in seconds of waiting
+        # what this run reports and exits on when it has no queue of its own
+        # (`work`): the tasks not yet terminal at its start, and those it sees move
+        self.run_ids: Optional[set[str]] = (
+            {t.id for t in ledger.tasks() if not t.state.terminal} if queue_id is None else None)
+        # transitions logged so far; those after it that the loop did not make itself
+        # (`own`) were made from another shell and are shown too
+        self.seen_transition = ledger.last_transition_id()
+        self.own: Counter[tuple[str, str, str]] = Counter()
         self.stopping: Optional[str] = None
         self.exitfirst = bool(config.getoption("exitfirst"))
         self.liveness = Liveness(config.home)
@@ -94,6 +108,9 @@ class Loop:
     # -- plumbing ----------------------------------------------------------------------
 
     def notify(self, task: Task, src: State, dst: State, cause: str, attempt: Optional[int]) -> None:
+        self.own[(task.id, dst.value, cause)] += 1
+        if self.run_ids is not None:
+            self.run_ids.add(task.id)
         self.hook.fleetrun_transition(task=task, from_state=src.value, to_state=dst.value, cause=cause,
                                       attempt=attempt, config=self.config)
         if self.exitfirst and dst is State.NEEDS_HUMAN and self.in_scope(task):
@@ -183,6 +200,41 @@ class Loop:
     def scope_tasks(self) -> list[Task]:
         return self.led.tasks(queue_id=self.queue_id)
 
+    def run_tasks(self) -> list[Task]:
+        """What this run reports and exits on: its queue's tasks (``fleetrun FILE``), or
+        (``fleetrun work``) those not terminal at its start and those that moved since."""
+        tasks = self.scope_tasks()
+        if self.run_ids is None:
+            return tasks
+        return [t for t in tasks if t.id in self.run_ids or not t.state.terminal]
+
+    def show_others(self) -> None:
+        """Show the transitions of the tasks in scope that another process made (a
+        ``fleetrun cancel`` or ``retry`` from another shell); the loop's own were shown
+        as it made them."""
+        rows = self.led.transitions_after(self.seen_transition)
+        if not rows:
+            return
+        self.seen_transition = rows[-1].id
+        # the process that made it has written it to the shared event log already
+        events = self.config.pluginmanager.get_plugin("events")
+        hook = (self.config.pluginmanager.subset_hook_caller("fleetrun_transition", remove_plugins=[events])
+                if events is not None else self.hook.fleetrun_transition)
+        for row in rows:
+            key = (row.task_id, row.to_state, row.cause)
+            if self.own[key] > 0:
+                self.own[key] -= 1
+                if not self.own[key]:
+                    del self.own[key]
+                continue
+            task = self.led.get(row.task_id)
+            if task is None or not self.in_scope(task):
+                continue
+            if self.run_ids is not None:
+                self.run_ids.add(task.id)
+            hook(task=task, from_state=row.from_state or "", to_state=row.to_state, cause=row.cause,
+                 attempt=row.attempt, config=self.config)
+
     def _open_socket(self) -> None:
         path = sock_path(self.config.home)
         try:
@@ -208,6 +260,8 @@ class Loop:
 
     def run(self) -> int:
         self.config.stash["policy"] = self.policy.load_strict()
+        # a usage limit reported before a restart still holds until its reset time
+        self.config.stash.setdefault("usage_pause", {}).update(self.led.usage_pauses())
         self._open_socket()
         old_term = None
         if threading.current_thread() is threading.main_thread():
@@ -251,14 +305,14 @@ class Loop:
                     break
                 self.wait()
         except KeyboardInterrupt:
+            stopped = 0
             for v in self.verifying.values():
                 if v.handle is not None and hasattr(v.handle, "cancel"):
                     v.handle.cancel()
-            self.setup.cancel_all()
-            n = len(self.active_attempts())
+                    stopped += 1
+            setups = self.setup.cancel_all()
             self.session.final_notes.append(
-                f"interrupted: started nothing new; {n} attempt(s) left running, "
-                "`fleetrun work` adopts them" if n else "interrupted: nothing was running")
+                self.interrupted_note(len(self.active_attempts()) - setups, stopped, setups))
             self.session.interrupted = True
         finally:
             if old_term is not None:
@@ -267,7 +321,25 @@ class Loop:
             self.liveness.clear()
         return self.exit_code()
 
+    @staticmethod
+    def interrupted_note(running: int, verifiers: int, setups: int = 0) -> str:
+        """What Ctrl-C interrupted and what becomes of it: an agent runs on under its
+        shepherd and is adopted; a verifier is ended with the loop and, its verdict not
+        recorded, runs again from the start (docs/durability.md)."""
+        parts = []
+        if running:
+            parts.append(f"{running} running attempt{' goes' if running == 1 else 's go'} on and will be "
+                         "adopted by the next `fleetrun work`")
+        if verifiers:
+            parts.append(f"{verifiers} verifier{' was' if verifiers == 1 else 's were'} stopped and will "
+                         f"run again {'then' if running else 'on the next `fleetrun work`'}")
+        if setups:
+            parts.append(f"{setups} setup{' was' if setups == 1 else 's were'} stopped and will run again "
+                         "from the start")
+        return "interrupted: " + ("; ".join(parts) if parts else "nothing was running")
+
     def step(self) -> None:
+        self.show_others()
         msg = self.policy.refresh()
         if msg:
             self.config.err.write(msg + "\n")
@@ -283,7 +355,7 @@ class Loop:
 
     def wait(self) -> None:
         timeout = 1.0
-        now = time.time()
+        now = clock.now()
         fds: list[Any] = [self.sock]
         for v in self.verifying.values():
             h = v.handle
@@ -323,15 +395,24 @@ class Loop:
             return not (self.queue_id is None and not self.until_idle)
         if self.queue_id is None and not self.until_idle:
             return False
-        if self.placed_last_pass or self.wait_until:
+        if self.placed_last_pass:
             return False
-        # nothing runs and nothing could be placed: idle
-        self.session.final_notes.extend(
-            f"still waiting: {t.name} [{t.state}] {self.waits.get(t.id) or t.reason}" for t in live)
+        # a task that waits for what can change by itself (memory, load, disk, slots, a
+        # stale peer, a backoff, a pause) or by a live policy edit keeps the run going
+        if any(t.state in PLACEABLE and t.id not in self.wait_operator for t in live):
+            return False
+        # only waits a person must clear (or dependents of those): end, and say why
+        for t in live:
+            if t.id in self.wait_operator:
+                self.session.final_notes.append(f"cannot place: {t.name}: {self.wait_operator[t.id]}")
+            else:
+                self.session.final_notes.append(f"still waiting: {t.name} [{t.state}] {t.reason}")
         return True
 
     def exit_code(self) -> int:
-        tasks = self.scope_tasks()
+        tasks = self.run_tasks()
+        older = len(self.scope_tasks()) - len(tasks)
+        self.session.older_tasks = older  # the summary says they are not counted
         counts: dict[str, int] = {}
         for t in tasks:
             counts[t.state.value] = counts.get(t.state.value, 0) + 1
@@ -345,9 +426,7 @@ class Loop:
                 # service manager counts anything but 0 (or death by the signal) as a failure
                 return ExitCode.OK
             return ExitCode.INTERRUPTED
-        if tasks and all(t.state is State.DONE for t in tasks):
-            return ExitCode.OK
-        if not tasks:
+        if all(t.state is State.DONE for t in tasks):  # none at all: nothing failed either
             return ExitCode.OK
         return ExitCode.TASKS_FAILED
 
@@ -563,13 +642,17 @@ class Loop:
 
     def pause_host(self, host: str, until: Optional[float]) -> None:
         """A usage or rate limit: start nothing on ``host`` until the reset time it gave,
-        or back off 1, 2, 4 ... 30 minutes when it gave none."""
+        or back off 1, 2, 4 ... 30 minutes when it gave none. Kept in the ledger, so a
+        restarted loop waits for the same reset."""
         pauses = self.config.stash.setdefault("usage_pause", {})
+        now = clock.now()
         prev = pauses.get(host)
-        count = (prev[1] + 1) if prev and prev[0] > time.time() - 3600 else 1
-        if until is None or until <= time.time():
-            until = time.time() + min(USAGE_BACKOFF_MAX_S, USAGE_BACKOFF_S * 2 ** (count - 1))
+        count = (prev[1] + 1) if prev and prev[0] > now - 3600 else 1
+        if until is None or until <= now:
+            until = now + min(USAGE_BACKOFF_MAX_S, USAGE_BACKOFF_S * 2 ** (count - 1))
         pauses[host] = (until, count)
+        # one that ended over an hour ago no longer counts toward the next backoff
+        self.led.set_usage_pauses({h: p for h, p in pauses.items() if p[0] > now - 3600})
 
     def pause_text(self, host: str) -> str:
         until = self.config.stash.get("usage_pause", {}).get(host, (0, 0))[0]
@@ -685,14 +768,18 @@ class Loop:
 
     def _place_all(self) -> None:
         tasks = [t for t in self.led.tasks(set(PLACEABLE)) if self.in_scope(t) or self.queue_id is None]
-        self.wait_until = {k: u for k, u in self.wait_until.items() if u > time.time()}
+        at = clock.now()
+        self.wait_until = {k: u for k, u in self.wait_until.items() if u > at}
+        placeable = {t.id for t in tasks}
+        for gone in [k for k in self.wait_since if k not in placeable]:
+            self.forget_wait(gone)
         if not tasks:
             return
         candidates = [c for cs in self.hook.fleetrun_candidates(config=self.config) for c in (cs or [])]
         pauses = self.config.stash.get("usage_pause", {})
         for c in candidates:
             until = pauses.get(c.name, (0, 0))[0]
-            if until > time.time() and not c.why_not:
+            if until > at and not c.why_not:
                 c.why_not = f"is paused: {self.pause_text(c.name)}"
                 self.wait_until[f"pause:{c.name}"] = until
         policy = self.policy.policy
@@ -706,7 +793,8 @@ class Loop:
                     if self.waits.get(task.id) != reason:
                         self.waits[task.id] = reason
                         self.hook.fleetrun_task_waiting(task=task, reason=reason, config=self.config)
-                    self.wait_until[task.id] = time.time() + 1.0
+                    self.wait_operator.pop(task.id, None)
+                    self.wait_until[task.id] = at + 1.0
                     continue
                 if task.spec.budget_usd is not None and task.cost_usd >= task.spec.budget_usd:
                     now = self.move(task, State.NEEDS_HUMAN,
@@ -716,18 +804,24 @@ class Loop:
                     continue
                 decision = self.hook.fleetrun_place(task=task, candidates=candidates, policy=policy, config=self.config)
                 if decision is None:
-                    decision = Wait("no plugin places tasks")
+                    decision = Wait("no plugin places tasks", operator="no plugin places tasks")
                 if isinstance(decision, Wait):
                     if self.waits.get(task.id) != decision.reason:
                         self.waits[task.id] = decision.reason
                         self.hook.fleetrun_task_waiting(task=task, reason=decision.reason, config=self.config)
                         self.waits_dirty = True
+                    if decision.operator:
+                        self.wait_operator[task.id] = decision.operator
+                    else:
+                        self.wait_operator.pop(task.id, None)
                     if decision.until:
                         self.wait_until[task.id] = decision.until
+                    self.remind(task, decision.reason, at)
                     continue
                 assert isinstance(decision, Placement)
                 if self.waits.pop(task.id, None) is not None:
                     self.waits_dirty = True
+                self.forget_wait(task.id)
                 self.wait_until.pop(task.id, None)
                 if self.start(task, decision.host):
                     self.placed_last_pass = True
@@ -736,6 +830,24 @@ class Loop:
                             c.running += 1
                             if c.free_mem_mb is not None:
                                 c.free_mem_mb -= c.mem_per_task_mb
+
+    def remind(self, task: Task, reason: str, now: float) -> None:
+        """Say again, every :data:`REMIND_S` of waiting, that a task still waits and why
+        (its reason is shown when it changes; a wait of hours would be silent)."""
+        since = self.wait_since.setdefault(task.id, now)
+        waited = now - since
+        if waited < self.remind_after.get(task.id, REMIND_S):
+            return
+        self.remind_after[task.id] = (waited // REMIND_S + 1) * REMIND_S
+        if self.config.verbosity >= 0:
+            self.config.out.write(f"still waiting after {int(waited // 60)} min: {safe_name(task.name)} "
+                                  f"[{task.state}] {safe_text(reason)}\n")
+            self.config.out.flush()
+
+    def forget_wait(self, task_id: str) -> None:
+        self.wait_operator.pop(task_id, None)
+        self.wait_since.pop(task_id, None)
+        self.remind_after.pop(task_id, None)
 
     def start(self, task: Task, hostname: str) -> bool:
         kind = {State.READY: "fresh", State.RETRYING: "retry", State.RESUMING: "resume"}[task.state]

@@ -152,6 +152,35 @@ def why_not(c: Candidate, requires: Iterable[str], est_mem_mb: float,
     return None
 
 
+def blocked(c: Candidate, requires: Iterable[str]) -> Optional[str]:
+    """Why ``c`` cannot take the task until a person changes something, or None if
+    what stands in the way may clear by itself (memory, load, disk, slots, a stale
+    peer, a backoff, a pause).
+
+    Checked apart from :func:`why_not` (whose first reason may be one that clears,
+    hiding one that never does): draining, no slots at all (``max_tasks`` 0), a reason
+    of the candidate's own that needs a person, or ``requires`` not met by a candidate
+    whose report is current (a peer not heard from may not have said what it has).
+    """
+    if c.why_not and c.why_not_needs_operator:
+        return f"{label(c)} {c.why_not}"
+    if c.drain:
+        return f"{label(c)} is draining"
+    if c.max_tasks <= 0:
+        return f"{label(c)} is running {c.running} of {c.max_tasks} tasks"
+    if c.status != "live" or not c.fresh or c.why_not:
+        return None
+    missing = [r for r in requires if not requirement_met(r, c)]
+    if missing:
+        return f"{label(c)} lacks " + ", ".join(f"`{r}`" for r in missing)
+    return None
+
+
+def unpaired(pin: str) -> str:
+    """The reason of a task pinned to a machine no candidate is."""
+    return f"pinned to peer '{pin}', which is not paired (fleetrun relay add {pin} USER@HOST)"
+
+
 # The figures in a reason that are measurements (free memory, the estimate, load,
 # free disk): they move on every pass without the reason having changed.
 _MEASURED = re.compile(r"(has )\d+( MB free; a task needs )\d+( MB)|(loaded )[0-9.]+(/core)|(has )\d+( MB of disk free)")
@@ -183,7 +212,9 @@ def decide(
         (default: that candidate's ``mem_per_task_mb``).
     :return: a :class:`Placement`, or a :class:`Wait` whose reason names every
         candidate that was considered and why it could not take the task, joined
-        with ``; ``; ``until`` is the earliest end of a backoff, if any.
+        with ``; ``; ``until`` is the earliest end of a backoff, if any. When every
+        candidate is :func:`blocked` (or there is none), the Wait is ``operator``
+        and that names what only a person can change.
     """
     requires = list(requires)
     backoff = backoff or {}
@@ -192,7 +223,7 @@ def decide(
     if pin is not None:
         pool = [c for c in candidates if c.name == pin]
         if not pool:
-            return Wait(f"pinned to {pin}, which is not a known machine")
+            return Wait(unpaired(pin), operator=unpaired(pin))
     reasons: list[str] = []
     best: Optional[Candidate] = None
     best_key: tuple[float, int] = (0.0, 0)
@@ -209,5 +240,8 @@ def decide(
     if best is None:
         names = {c.name for c in pool}
         until = min((b.until for n, b in backoff.items() if b.until > now and n in names), default=None)
-        return Wait("; ".join(reasons) or "no machine can take tasks", until=until)
+        stuck = [blocked(c, requires) for c in pool]
+        operator = "; ".join(s for s in stuck if s) if all(stuck) else None
+        return Wait("; ".join(reasons) or "no machine can take tasks", until=until,
+                    operator=operator if pool else "no machine can take tasks")
     return Placement(best.name, reason=f"placed on {label(best)}")

@@ -60,6 +60,9 @@ class Candidate:
     max_load_per_core: Optional[float] = None
     min_free_disk_mb: Optional[float] = None
     why_not: Optional[str] = None  # a reason it can take nothing (refused, unreachable...)
+    #: ``why_not`` lasts until a person acts (no fleetrun installed there, one too old);
+    #: else it may clear by itself (unreachable for now, a pause, its own slots full)
+    why_not_needs_operator: bool = False
     info: dict[str, Any] = field(default_factory=dict)
 
 
@@ -73,10 +76,21 @@ class Placement:
 
 @dataclass
 class Wait:
-    """``fleetrun_place`` found no place; ``reason`` is shown to the operator."""
+    """``fleetrun_place`` found no place; ``reason`` is shown to the operator.
+
+    :ivar until: a wall-clock time worth waking up at (the end of a backoff).
+    :ivar operator: set when only a person can clear the wait (a pin to a peer that
+        is not paired, a ``requires`` no machine meets, every machine draining): what
+        they must change, in words (``reason`` may name a figure that moves first).
+        No pass of the loop changes it by itself, so a run (``fleetrun FILE``, ``work
+        --until-idle``) whose only tasks left wait like this ends and prints it. None:
+        the wait may clear by itself or by a live policy edit (free memory, load, disk,
+        slots, a stale peer, a backoff, a usage-limit pause), and the run waits on.
+    """
 
     reason: str
-    until: Optional[float] = None  # a wall-clock time worth waking up at
+    until: Optional[float] = None
+    operator: Optional[str] = None
 
 
 @dataclass

@@ -188,10 +188,14 @@ class SetupStage:
     def handles(self) -> list[Any]:
         return [s.handle for s in self.running.values() if s.handle is not None]
 
-    def cancel_all(self) -> None:
+    def cancel_all(self) -> int:
         """Stop every command (Ctrl-C, a full disk): the attempts stay ``leased``, so the
-        next adoption abandons them and setup runs again from the start."""
+        next adoption abandons them and setup runs again from the start.
+
+        :return: how many attempts were setting up."""
+        n = len(self.running)
         for s in self.running.values():
             if s.handle is not None and hasattr(s.handle, "cancel"):
                 s.handle.cancel()
         self.running.clear()
+        return n

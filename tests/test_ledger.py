@@ -791,3 +791,33 @@ def test_an_empty_ledger_in_a_fresh_home_is_initialised(db: Path) -> None:
     r = _cli(db.parent, "status")
     assert (r.returncode, r.stdout.splitlines()[-1]) == (0, "no tasks in the ledger"), r.stderr
     assert count(db, "PRAGMA user_version") == SCHEMA_VERSION
+
+
+def test_usage_pauses_are_kept_and_read_strictly(db: Path) -> None:
+    """The usage-limit pause outlives the loop (issue 11), in the meta table: no new
+    schema version, so a ledger of an older fleetrun opens as it is."""
+    with Ledger(db) as led:
+        assert led.usage_pauses() == {}
+        led.set_usage_pauses({"local": (1_900_000_000.0, 2), "mini": (1_900_000_100.5, 1)})
+    with Ledger(db) as led:
+        assert led.usage_pauses() == {"local": (1_900_000_000.0, 2), "mini": (1_900_000_100.5, 1)}
+        assert led.conn.execute("PRAGMA user_version").fetchone()[0] == SCHEMA_VERSION
+        for bad in ("not json", "[1, 2]", '{"local": [true, 1]}', '{"local": [1.0]}', '{"local": ["x", 1]}'):
+            led.set_meta("usage_pause", bad)
+            assert led.usage_pauses() == {}, bad
+        led.set_meta("usage_pause", '{"local": [5.0, 1], "bad": [1, "x"]}')
+        assert led.usage_pauses() == {"local": (5.0, 1)}
+        led.set_usage_pauses({})
+        assert led.get_meta("usage_pause") is None
+
+
+def test_transitions_after_a_row(led: Ledger) -> None:
+    """What a running loop reads to show the transitions another shell made."""
+    (t,) = led.add_tasks([spec("a")])
+    start = led.last_transition_id()
+    assert start > 0 and led.transitions_after(start) == []
+    led.transition(t.id, t.state, State.CANCELLED, "operator_cancel")
+    (row,) = led.transitions_after(start)
+    assert (row.task_id, row.to_state, row.cause) == (t.id, "CANCELLED", "operator_cancel")
+    assert led.last_transition_id() == row.id
+    assert led.transitions_after(0) == led.transitions()

@@ -19,6 +19,7 @@ from hypothesis import strategies as st
 from fleetrun.placement import (
     Backoff,
     backoff_delay,
+    blocked,
     decide,
     label,
     parse_requirement,
@@ -92,6 +93,7 @@ def candidates(draw: Any, name: str) -> Candidate:
         max_load_per_core=draw(floor(st.floats(min_value=0, max_value=4, allow_nan=False))),
         min_free_disk_mb=draw(floor(st.floats(min_value=0, max_value=10**5, allow_nan=False))),
         why_not=None if healthy else draw(st.sampled_from([None, "refused the last task: full"])),
+        why_not_needs_operator=not healthy and draw(st.booleans()),
     )
 
 
@@ -174,7 +176,7 @@ def test_decide_over_generated_fleets(fleet: list[Candidate], requires: list[str
         assert ok == []
         assert result.reason
         if pin is not None and not pool:
-            assert result.reason == f"pinned to {pin}, which is not a known machine"
+            assert result.reason == f"pinned to peer '{pin}', which is not paired (fleetrun relay add {pin} USER@HOST)"
         elif not pool:
             assert result.reason == "no machine can take tasks"
         for c in pool:  # every excluded candidate is named, with its own reason
@@ -182,6 +184,16 @@ def test_decide_over_generated_fleets(fleet: list[Candidate], requires: list[str
             assert why_not(c, requires, est(c), backoff.get(c.name), now) in result.reason
         live_backoffs = [b.until for n, b in backoff.items() if b.until > now and any(c.name == n for c in pool)]
         assert result.until == (min(live_backoffs) if live_backoffs else None)
+        # a wait the run may end on: only when no candidate can ever take it without a person
+        stuck = [blocked(c, requires) for c in pool]
+        assert bool(result.operator) == (not pool or all(stuck))
+        if result.operator:
+            assert all(why in result.operator for why in stuck if why is not None)
+        if result.operator and pool:
+            for c in pool:  # each reason a person must clear, from the issue's words
+                assert (c.drain or c.max_tasks <= 0 or (c.why_not is not None and c.why_not_needs_operator)
+                        or (c.status == "live" and c.fresh and c.why_not is None
+                            and not all(REQ_ORACLE[r](c) for r in requires)))
 
 
 @settings(max_examples=200)
@@ -238,6 +250,31 @@ def test_reasons_in_the_seeds_words() -> None:
     w = decide([], [draining, Candidate("mini", kind="peer")], {"mini": Backoff(3, now + 7, "peer_refused")}, now)
     assert w == Wait("this machine is draining; mini didn't start the last 3 attempt(s) (peer_refused); "
                      "backing off 20s", until=now + 7)
+
+
+def test_a_wait_only_a_person_can_clear_is_told_apart() -> None:
+    floor = Candidate("local", free_mem_mb=100.0, min_free_mem_mb=4096.0)
+    assert decide([], [floor]).operator is None  # free memory changes by itself
+    assert decide([], [Candidate("local", running=2, max_tasks=2)]).operator is None  # a slot frees up
+    assert decide([], [Candidate("mini", kind="peer", status="stale", fresh=False)]).operator is None
+    now = 100.0
+    assert decide([], [Candidate("local")], {"local": Backoff(1, now + 5)}, now).operator is None
+    assert decide([], [Candidate("local", why_not="is paused: usage limit")]).operator is None
+    # a requires no machine meets is said even while a floor would also stop it
+    w = decide(["gpu"], [floor])
+    assert w.reason.startswith("this machine has 100 MB free")
+    assert w.operator == "this machine lacks `gpu`"
+    assert decide([], [Candidate("local", drain=True)]).operator == "this machine is draining"
+    assert decide([], [Candidate("local", max_tasks=0)]).operator == "this machine is running 0 of 0 tasks"
+    assert decide([], [Candidate("local", why_not="has no fleetrun", why_not_needs_operator=True)]).operator == \
+        "this machine has no fleetrun"
+    # a peer not heard from may not have told its tags yet: not a reason to give up
+    assert decide(["gpu"], [Candidate("mini", kind="peer", status="never", fresh=False)]).operator is None
+    assert decide([], [Candidate("local", drain=True), Candidate("mini", kind="peer", running=1, max_tasks=1)]
+                  ).operator is None
+    assert decide([], [Candidate("local")], pin="mini").operator == \
+        "pinned to peer 'mini', which is not paired (fleetrun relay add mini USER@HOST)"
+    assert decide([], []).operator == "no machine can take tasks"
 
 
 def test_other_reasons() -> None:
@@ -544,9 +581,10 @@ def test_place_pins_and_local_only_tasks(tmp_path: Path) -> None:
     assert place(FakeTask(role="backend"), [local, roomy]).host == "local"
     assert place(FakeTask(verify=["run", "brain"]), [local, roomy]).host == "local"
     assert place(FakeTask(verify=["agent"]), [local, roomy]).host == "local"
-    assert place(FakeTask(role="backend", peer="mini"), [local, roomy]) == \
-        Wait("a task with a role runs on this machine, but it is pinned to mini")
-    assert place(FakeTask(peer="nowhere"), [local, roomy]) == Wait("pinned to nowhere, which is not a known machine")
+    why = "a task with a role runs on this machine, but it is pinned to mini"
+    assert place(FakeTask(role="backend", peer="mini"), [local, roomy]) == Wait(why, operator=why)
+    unpaired = "pinned to peer 'nowhere', which is not paired (fleetrun relay add nowhere USER@HOST)"
+    assert place(FakeTask(peer="nowhere"), [local, roomy]) == Wait(unpaired, operator=unpaired)
     assert place(FakeTask(state=State.RETRYING, host="local"), [local, roomy]).host == "local"  # same worktree
     cfg.stash["backoff"] = {"task_1": {"mini": Backoff(1, time.time() + 60)}}
     assert place(FakeTask(), [local, roomy]).host == "local"

@@ -158,7 +158,7 @@ def test_a_peer_without_fleetrun_gets_nothing_and_says_why(fleeter, peer_lab, fa
     assert fleeter.run("drain").ret == 0
     r = fleeter.run("tasks.toml")
     assert r.ret == 1
-    r.fnmatch_lines(["still waiting: t [[]READY[]] this machine is draining; bare has no fleetrun: *"])
+    r.fnmatch_lines(["cannot place: t: this machine is draining; bare has no fleetrun: *"])
     assert fake_claude.calls() == []
 
 

@@ -16,6 +16,7 @@ from collections import OrderedDict
 from pathlib import Path
 from typing import Any, Callable, Optional, Union
 
+from .. import clock
 from ..hookimpl import hookimpl
 from ..placement import decide, parse_requirement, reason_shape
 from ..policy import local_drain_source
@@ -224,7 +225,8 @@ def fleetrun_place(task: Any, candidates: list[Candidate], policy: Any, config: 
     why_local = stays_local(task.spec)
     if why_local is not None:
         if pin is not None and pin != "local":
-            return Wait(f"a task with {why_local} runs on this machine, but it is pinned to {pin}")
+            why = f"a task with {why_local} runs on this machine, but it is pinned to {pin}"
+            return Wait(why, operator=why)
         pin = "local"
     if task.state in (State.RETRYING, State.RESUMING) and task.host:
         pin = task.host  # same machine, same worktree
@@ -248,8 +250,8 @@ def same_pass(stash: dict[str, Any], candidates: list[Candidate], requires: list
     key = (tuple(requires), pin) if not backoff else None
     hit = memo[1].get(key) if key is not None else None
     if hit is not None:
-        return Wait(hit.reason, until=hit.until)
-    decision = decide(requires, candidates, backoff, time.time(), pin=pin)
+        return Wait(hit.reason, until=hit.until, operator=hit.operator)
+    decision = decide(requires, candidates, backoff, clock.now(), pin=pin)
     if isinstance(decision, Placement):
         memo[1].clear()
     elif key is not None:
@@ -266,7 +268,7 @@ def steady(seen: dict[str, str], task_id: str, decision: Union[Placement, Wait])
         return decision
     prev = seen.get(task_id)
     if prev is not None and reason_shape(prev) == reason_shape(decision.reason):
-        return Wait(prev, until=decision.until)
+        return Wait(prev, until=decision.until, operator=decision.operator)
     seen[task_id] = decision.reason
     return decision
 

@@ -397,8 +397,10 @@ class Relay:
             pp = policy.for_peer(name)
             status = status_of(entry, policy.stale_after_secs, now)
             why = malformed or (unusable_reason(probe) if probe else None)
+            needs_operator = why is not None and not malformed  # fleetrun there too old: a person upgrades it
             if why is None and entry.get("error") and (entry.get("error_at") or 0) >= (entry.get("last_heard") or 0):
                 why = str(entry["error"])
+                needs_operator = why.startswith("has no fleetrun")  # unreachable may clear; this does not
             reported = int(probe.get("running") or 0) if status == "live" else 0
             own_max = probe.get("max_tasks")
             if why is None and isinstance(own_max, int) and reported >= own_max:
@@ -414,7 +416,7 @@ class Relay:
                 mem_per_task_mb=float(pp.mem_per_task_mb if pp.mem_per_task_mb is not None
                                       else probe.get("mem_per_task_mb") or 1024.0),
                 min_free_mem_mb=pp.min_free_mem_mb, max_load_per_core=pp.max_load_per_core,
-                min_free_disk_mb=pp.min_free_disk_mb, why_not=why,
+                min_free_disk_mb=pp.min_free_disk_mb, why_not=why, why_not_needs_operator=needs_operator,
                 info={"address": self.peers[name].address, "last_heard": entry.get("last_heard")},
             ))
         return out

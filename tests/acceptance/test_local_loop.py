@@ -314,7 +314,7 @@ def test_second_work_loop_is_refused(fleeter, fake_claude):
         proc.send_signal(signal.SIGINT)
         out, err = proc.communicate(timeout=20)
     assert proc.returncode == 2
-    assert b"left running, `fleetrun work` adopts them" in out
+    assert b"interrupted: 1 running attempt goes on and will be adopted by the next `fleetrun work`" in out
     fleeter.run("cancel", "t1")
 
 
@@ -370,7 +370,7 @@ def test_drain_makes_tasks_wait(fleeter, fake_claude):
     assert fleeter.run("status").outlines[0].startswith("this machine is draining")
     r = fleeter.run("tasks.toml")
     assert r.ret == 1
-    r.fnmatch_lines(["waiting: task_* (t1): this machine is draining", "still waiting: t1 [[]READY]*"])
+    r.fnmatch_lines(["waiting: task_* (t1): this machine is draining", "cannot place: t1: this machine is draining"])
     assert fake_claude.calls() == []
     assert fleeter.run("undrain").ret == 0
     assert fleeter.run("tasks.toml").ret == 0
@@ -450,7 +450,7 @@ def test_sigterm_stops_work_like_ctrl_c(fleeter, fake_claude):
         proc.send_signal(signal.SIGTERM)
         out, err = proc.communicate(timeout=20)
     assert proc.returncode == 2, err
-    assert b"left running, `fleetrun work` adopts them" in out
+    assert b"interrupted: 1 running attempt goes on and will be adopted by the next `fleetrun work`" in out
     fleeter.run("cancel", "t1")
 
 

@@ -91,5 +91,5 @@ def test_tasks_with_a_role_stay_on_this_machine(fleeter, fake_claude, peer_lab):
     tasks(fleeter, "reviewed", extra='role = "backend"')
     r = fleeter.run("tasks.toml")
     assert r.ret == 1
-    r.fnmatch_lines(["still waiting: reviewed [[]READY[]] this machine is draining"])
+    r.fnmatch_lines(["cannot place: reviewed: this machine is draining"])
     assert fake_claude.calls() == []
