@@ -623,16 +623,9 @@ def check_branches(
                 continue
             line = spec.key_lines.get("branch", spec.line)
             key = f"task '{safe_name(spec.name)}': branch"
-            if spec.cwd not in repos:
-                top = repo_toplevel(spec.cwd)
-                try:
-                    common = git(top, "rev-parse", "--git-common-dir").strip() if top else ""
-                except GitError:
-                    common = ""
-                repos[spec.cwd] = (top, os.path.realpath(os.path.join(top, common))) if top and common else None
-            found = repos[spec.cwd]
+            found = _repo_of(spec.cwd, repos)
             if found is None:
-                continue  # not in a repository: the worktree plugin reports that if git_ref needs one
+                continue  # not in a repository: check_refs reports that if git_ref needs one
             top, common = found
             first = seen.get((common, spec.branch))
             if first is not None:
@@ -653,3 +646,54 @@ def check_branches(
                 f"branch '{safe_name(spec.branch)}' already exists in {top}; fleetrun only works on branches "
                 "it creates (leave branch out, or name a new one)", file=display, line=line, key=key))
     return errors, reuse
+
+
+# ---------------------------------------------------------------------------------
+# Refs: a git_ref that names nothing, or a cwd in no repository, can never start.
+
+
+def _repo_of(cwd: str, cache: dict[str, Optional[tuple[str, str]]]) -> Optional[tuple[str, str]]:
+    """(top level, real common git folder) of the repository holding ``cwd``, or None."""
+    if cwd not in cache:
+        top = repo_toplevel(cwd)
+        try:
+            common = git(top, "rev-parse", "--git-common-dir").strip() if top else ""
+        except GitError:
+            common = ""
+        cache[cwd] = (top, os.path.realpath(os.path.join(top, common))) if top and common else None
+    return cache[cwd]
+
+
+def check_refs(files: list[TaskFile], invocation_dir: Optional[Path] = None) -> list[UsageError]:
+    """Every ``git_ref =``: the task's ``cwd`` is in a git repository and the ref
+    names a commit there (a branch, a tag or a commit id). One git call per distinct
+    (repository, ref).
+
+    Either mistake would otherwise only show when the attempt starts, as a failed
+    workspace, after the whole queue was collected and the run begun.
+    """
+    errors: list[UsageError] = []
+    repos: dict[str, Optional[tuple[str, str]]] = {}
+    resolved: dict[tuple[str, str], bool] = {}
+    for f in files:
+        display = display_path(Path(f.path), invocation_dir)
+        for spec in f.tasks:
+            if not spec.git_ref:
+                continue
+            line = spec.key_lines.get("git_ref", spec.line)
+            key = f"task '{safe_name(spec.name)}': git_ref"
+            found = _repo_of(spec.cwd, repos)
+            if found is None:
+                errors.append(UsageError(f"{spec.cwd} is not in a git repository", file=display, line=line, key=key))
+                continue
+            top, common = found
+            if (common, spec.git_ref) not in resolved:
+                try:
+                    git(top, "rev-parse", "--verify", "--quiet", "--end-of-options", f"{spec.git_ref}^{{commit}}")
+                    resolved[(common, spec.git_ref)] = True
+                except GitError:
+                    resolved[(common, spec.git_ref)] = False
+            if not resolved[(common, spec.git_ref)]:
+                errors.append(UsageError(f"no branch, tag or commit '{safe_name(spec.git_ref)}' in {top}",
+                                         file=display, line=line, key=key))
+    return errors
