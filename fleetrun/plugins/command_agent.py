@@ -55,7 +55,6 @@ def fleetrun_collection_modifyitems(config: Any, items: list[Any]) -> None:
 
     from ..collect import display_path
     from ..exceptions import UsageErrors
-
     from ..hosts import executable_problem
 
     errors = []
