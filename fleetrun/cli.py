@@ -386,8 +386,9 @@ def collect(config: Any) -> list[Any]:
             continue
         files.append(tf)
     errors.extend(check_graph(files + graph_only, config.invocation_dir))
-    errors.extend(check_refs(files + graph_only, config.invocation_dir))
-    branch_errors, reuse = check_branches(files + graph_only, _branch_owner(config), config.invocation_dir)
+    repos: dict[str, Any] = {}  # one repository lookup per cwd for both checks
+    errors.extend(check_refs(files + graph_only, config.invocation_dir, repos))
+    branch_errors, reuse = check_branches(files + graph_only, _branch_owner(config), config.invocation_dir, repos)
     errors.extend(branch_errors)
     config.stash["branch_reuse"] = reuse
     if errors:

@@ -602,8 +602,14 @@ def _branch_exists(repo: str, branch: str) -> bool:
         return False
 
 
+#: ``cwd -> (top level, real common git folder)`` of its repository, or None: shared by
+#: :func:`check_branches` and :func:`check_refs` for one collection.
+RepoCache = dict[str, Optional[tuple[str, str]]]
+
+
 def check_branches(
-    files: list[TaskFile], owner: Optional[BranchOwner] = None, invocation_dir: Optional[Path] = None
+    files: list[TaskFile], owner: Optional[BranchOwner] = None, invocation_dir: Optional[Path] = None,
+    repos: Optional[RepoCache] = None,
 ) -> tuple[list[UsageError], list[BranchReuse]]:
     """Every ``branch =`` across all collected files: one task per branch of a
     repository, and no branch that already exists there unless the ledger shows
@@ -615,7 +621,7 @@ def check_branches(
     errors: list[UsageError] = []
     reuse: list[BranchReuse] = []
     seen: dict[tuple[str, str], tuple[TaskSpec, str, int]] = {}
-    repos: dict[str, Optional[tuple[str, str]]] = {}
+    repos = {} if repos is None else repos
     for f in files:
         display = display_path(Path(f.path), invocation_dir)
         for spec in f.tasks:
@@ -652,7 +658,7 @@ def check_branches(
 # Refs: a git_ref that names nothing, or a cwd in no repository, can never start.
 
 
-def _repo_of(cwd: str, cache: dict[str, Optional[tuple[str, str]]]) -> Optional[tuple[str, str]]:
+def _repo_of(cwd: str, cache: RepoCache) -> Optional[tuple[str, str]]:
     """(top level, real common git folder) of the repository holding ``cwd``, or None."""
     if cwd not in cache:
         top = repo_toplevel(cwd)
@@ -664,7 +670,8 @@ def _repo_of(cwd: str, cache: dict[str, Optional[tuple[str, str]]]) -> Optional[
     return cache[cwd]
 
 
-def check_refs(files: list[TaskFile], invocation_dir: Optional[Path] = None) -> list[UsageError]:
+def check_refs(files: list[TaskFile], invocation_dir: Optional[Path] = None,
+               repos: Optional[RepoCache] = None) -> list[UsageError]:
     """Every ``git_ref =``: the task's ``cwd`` is in a git repository and the ref
     names a commit there (a branch, a tag or a commit id). One git call per distinct
     (repository, ref).
@@ -673,7 +680,7 @@ def check_refs(files: list[TaskFile], invocation_dir: Optional[Path] = None) -> 
     workspace, after the whole queue was collected and the run begun.
     """
     errors: list[UsageError] = []
-    repos: dict[str, Optional[tuple[str, str]]] = {}
+    repos = {} if repos is None else repos
     resolved: dict[tuple[str, str], bool] = {}
     for f in files:
         display = display_path(Path(f.path), invocation_dir)

@@ -466,7 +466,7 @@ class Loop:
             self.not_started(task, att, f"start_failed:{st.get('error') or 'the agent did not start'}",
                              from_running=True)
             return
-        if res is not None and (res.reason or "").startswith("rejected_arguments:"):
+        if reason == "exited" and res is not None and (res.reason or "").startswith("rejected_arguments:"):
             # the agent refused its command line: the next attempt would get the same one
             self.give_up_at_once(task, att, f"agent_rejected_arguments:{res.reason.split(':', 1)[1]}")
             return
