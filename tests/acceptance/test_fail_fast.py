@@ -192,3 +192,48 @@ def test_transient_workspace_failure_still_backs_off(fleeter: Any, fake_claude: 
     failed = [c for _, _, c in path_between(fleeter, task) if c.startswith("start_failed:")]
     assert len(failed) == 1 and "feat.lock" in failed[0], path_between(fleeter, task)
     assert len(fleeter.ledger().attempts(task.id)) == 2
+
+
+def test_a_peer_reports_a_missing_agent_in_its_status(tmp_path: Path) -> None:
+    """On a peer the supervisor cannot look at PATH: the peer's shepherd says why the
+    exec failed, in the status the supervisor reads over `fleetrun host status`."""
+    import json
+    import subprocess
+    import time
+
+    home = tmp_path / "peerhome"
+    home.mkdir(mode=0o700)
+    env = dict(os.environ, FLEETRUN_HOME=str(home), FLEETRUN_DISABLE_PLUGIN_AUTOLOAD="1")
+
+    def host(*args: str, stdin: Any = None) -> dict[str, Any]:
+        proc = subprocess.run([sys.executable, "-m", "fleetrun", "host", *args, "--json"], capture_output=True,
+                              input=json.dumps(stdin).encode() if stdin is not None else b"", env=env, timeout=60)
+        assert proc.returncode == 0, proc.stdout.decode() + proc.stderr.decode()
+        return json.loads(proc.stdout)
+
+    spec = {"argv": ["fleetrun-test-no-claude", "-p"], "cwd": "/", "env": {}, "timeout_s": 60, "stall_s": 60}
+    host("start", stdin={"attempt_id": "task_t1_1_a1", "task_id": "task_t1_1", "spec": spec, "prompt": "p"})
+    deadline = time.time() + 30
+    while True:
+        st = host("status", "--attempt", "task_t1_1_a1")["status"]
+        if st.get("state") == "ended" or time.time() > deadline:
+            break
+        time.sleep(0.05)
+    assert (st.get("state"), st.get("reason"), st.get("error")) == (
+        "ended", "start_failed:agent_not_found", "fleetrun-test-no-claude is not on PATH")
+
+
+@pytest.mark.parametrize(("log", "code", "expect"), [
+    ("error: unknown option '--yolo'\n", 1, "rejected_arguments:error: unknown option '--yolo'"),
+    ("\x1b[31mError: When using --print, --output-format=stream-json requires --verbose\x1b[0m\n", 1,
+     "rejected_arguments:Error: When using --print, --output-format=stream-json requires --verbose"),
+    # it started (its init event) and then died: a session that died, resumed as before
+    ('{"type":"system","subtype":"init","session_id":"s"}\nerror: something broke\n', 1, "no_result"),
+    ("error: unknown option '--yolo'\n", 0, "no_result"),  # exit 0 is not a refusal
+    ("error: unknown option '--yolo'\n", None, "no_result"),  # killed: not a refusal either
+    ("Segmentation fault\n", 139, "no_result"),
+])
+def test_rejected_arguments_are_told_from_a_session_that_died(log: str, code: Any, expect: str) -> None:
+    from fleetrun.plugins.claude import result_from_log
+
+    assert result_from_log(log, code).reason == expect
