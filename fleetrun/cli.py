@@ -440,7 +440,7 @@ def _branch_owner(config: Any) -> Optional[Callable[[str, str, str], Optional[st
 
 def collect(config: Any) -> list[Any]:
     """Collect every file named on the command line; raise all usage errors at once."""
-    from .collect import KeyTable, check_branches, check_graph
+    from .collect import KeyTable, check_branches, check_graph, check_refs
 
     keys = KeyTable.build(config.hook.fleetrun_task_keys(config=config))
     files = []
@@ -466,7 +466,9 @@ def collect(config: Any) -> list[Any]:
             continue
         files.append(tf)
     errors.extend(check_graph(files + graph_only, config.invocation_dir))
-    branch_errors, reuse = check_branches(files + graph_only, _branch_owner(config), config.invocation_dir)
+    repos: dict[str, Any] = {}  # one repository lookup per cwd for both checks
+    errors.extend(check_refs(files + graph_only, config.invocation_dir, repos))
+    branch_errors, reuse = check_branches(files + graph_only, _branch_owner(config), config.invocation_dir, repos)
     errors.extend(branch_errors)
     config.stash["branch_reuse"] = reuse
     if errors:

@@ -660,8 +660,14 @@ def _branch_exists(repo: str, branch: str) -> bool:
         return False
 
 
+#: ``cwd -> (top level, real common git folder)`` of its repository, or None: shared by
+#: :func:`check_branches` and :func:`check_refs` for one collection.
+RepoCache = dict[str, Optional[tuple[str, str]]]
+
+
 def check_branches(
-    files: list[TaskFile], owner: Optional[BranchOwner] = None, invocation_dir: Optional[Path] = None
+    files: list[TaskFile], owner: Optional[BranchOwner] = None, invocation_dir: Optional[Path] = None,
+    repos: Optional[RepoCache] = None,
 ) -> tuple[list[UsageError], list[BranchReuse]]:
     """Every ``branch =`` across all collected files: one task per branch of a
     repository, and no branch that already exists there unless the ledger shows
@@ -673,7 +679,7 @@ def check_branches(
     errors: list[UsageError] = []
     reuse: list[BranchReuse] = []
     seen: dict[tuple[str, str], tuple[TaskSpec, str, int]] = {}
-    repos: dict[str, Optional[tuple[str, str]]] = {}
+    repos = {} if repos is None else repos
     for f in files:
         display = display_path(Path(f.path), invocation_dir)
         for spec in f.tasks:
@@ -681,16 +687,9 @@ def check_branches(
                 continue
             line = spec.key_lines.get("branch", spec.line)
             key = f"task '{safe_name(spec.name)}': branch"
-            if spec.cwd not in repos:
-                top = repo_toplevel(spec.cwd)
-                try:
-                    common = git(top, "rev-parse", "--git-common-dir").strip() if top else ""
-                except GitError:
-                    common = ""
-                repos[spec.cwd] = (top, os.path.realpath(os.path.join(top, common))) if top and common else None
-            found = repos[spec.cwd]
+            found = _repo_of(spec.cwd, repos)
             if found is None:
-                continue  # not in a repository: the worktree plugin reports that if git_ref needs one
+                continue  # not in a repository: check_refs reports that if git_ref needs one
             top, common = found
             first = seen.get((common, spec.branch))
             if first is not None:
@@ -711,3 +710,55 @@ def check_branches(
                 f"branch '{safe_name(spec.branch)}' already exists in {top}; fleetrun only works on branches "
                 "it creates (leave branch out, or name a new one)", file=display, line=line, key=key))
     return errors, reuse
+
+
+# ---------------------------------------------------------------------------------
+# Refs: a git_ref that names nothing, or a cwd in no repository, can never start.
+
+
+def _repo_of(cwd: str, cache: RepoCache) -> Optional[tuple[str, str]]:
+    """(top level, real common git folder) of the repository holding ``cwd``, or None."""
+    if cwd not in cache:
+        top = repo_toplevel(cwd)
+        try:
+            common = git(top, "rev-parse", "--git-common-dir").strip() if top else ""
+        except GitError:
+            common = ""
+        cache[cwd] = (top, os.path.realpath(os.path.join(top, common))) if top and common else None
+    return cache[cwd]
+
+
+def check_refs(files: list[TaskFile], invocation_dir: Optional[Path] = None,
+               repos: Optional[RepoCache] = None) -> list[UsageError]:
+    """Every ``git_ref =``: the task's ``cwd`` is in a git repository and the ref
+    names a commit there (a branch, a tag or a commit id). One git call per distinct
+    (repository, ref).
+
+    Either mistake would otherwise only show when the attempt starts, as a failed
+    workspace, after the whole queue was collected and the run begun.
+    """
+    errors: list[UsageError] = []
+    repos = {} if repos is None else repos
+    resolved: dict[tuple[str, str], bool] = {}
+    for f in files:
+        display = display_path(Path(f.path), invocation_dir)
+        for spec in f.tasks:
+            if not spec.git_ref:
+                continue
+            line = spec.key_lines.get("git_ref", spec.line)
+            key = f"task '{safe_name(spec.name)}': git_ref"
+            found = _repo_of(spec.cwd, repos)
+            if found is None:
+                errors.append(UsageError(f"{spec.cwd} is not in a git repository", file=display, line=line, key=key))
+                continue
+            top, common = found
+            if (common, spec.git_ref) not in resolved:
+                try:
+                    git(top, "rev-parse", "--verify", "--quiet", "--end-of-options", f"{spec.git_ref}^{{commit}}")
+                    resolved[(common, spec.git_ref)] = True
+                except GitError:
+                    resolved[(common, spec.git_ref)] = False
+            if not resolved[(common, spec.git_ref)]:
+                errors.append(UsageError(f"no branch, tag or commit '{safe_name(spec.git_ref)}' in {top}",
+                                         file=display, line=line, key=key))
+    return errors

@@ -24,6 +24,28 @@ class StartRefused(Exception):
     is the host's own reason. A refusal does not use up a retry."""
 
 
+def executable_problem(exe: str, path: Optional[str] = None) -> Optional[str]:
+    """Why ``exe`` (an agent's ``argv[0]``) cannot be started on this machine, or None.
+
+    A bare name is looked up on ``path`` (default ``$PATH``), an absolute path is
+    checked as it is; a relative path with a folder in it is left to the shepherd
+    (it is relative to the worktree, not to us).
+    """
+    import shutil
+
+    if not exe:
+        return "the agent command is empty"
+    if os.sep not in exe:
+        return None if shutil.which(exe, path=path) else f"{exe} is not on PATH"
+    if not os.path.isabs(exe):
+        return None
+    if not os.path.exists(exe):
+        return f"{exe} does not exist"
+    if os.path.isdir(exe) or not os.access(exe, os.X_OK):
+        return f"{exe} is not executable"
+    return None
+
+
 class LocalHost:
     """This machine. Attempt folders live in ``$FLEETRUN_HOME/attempts/<attempt-id>``."""
 

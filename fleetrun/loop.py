@@ -27,7 +27,7 @@ from typing import Any, Optional
 from . import clock, crash, ops
 from .exceptions import ExitCode, StateConflict, UsageError
 from .gitutil import GitError, WorktreeTampered
-from .hosts import get_host, kill_recorded_children
+from .hosts import executable_problem, get_host, kill_recorded_children
 from .ledger import Attempt, Ledger, Task
 from .liveness import Liveness
 from .placement import Backoff, backoff_delay
@@ -555,9 +555,16 @@ class Loop:
         att = self.get_attempt(att.id)
         if task.state is not State.RUNNING:
             return  # cancelled meanwhile: the attempt is over, nothing else to do
-        if reason == "start_failed":
+        if reason == "start_failed:agent_not_found":
+            self.give_up_at_once(task, att, f"agent_not_found:{st.get('error') or 'the agent cannot be run'}")
+            return
+        if (reason or "").startswith("start_failed"):
             self.not_started(task, att, f"start_failed:{st.get('error') or 'the agent did not start'}",
                              from_running=True)
+            return
+        if reason == "exited" and res is not None and (res.reason or "").startswith("rejected_arguments:"):
+            # the agent refused its command line: the next attempt would get the same one
+            self.give_up_at_once(task, att, f"agent_rejected_arguments:{res.reason.split(':', 1)[1]}")
             return
         # it ran: that machine is good for this task again, and the never-started count restarts
         self.clear_backoff(task, att.host)
@@ -617,6 +624,13 @@ class Loop:
                 self.finish_terminal(now)
             return
         self.move(task, State.RESUMING, cause, attempt=att.number, resumes=task.resumes + 1)
+
+    def give_up_at_once(self, task: Task, att: Attempt, cause: str) -> None:
+        """A start that can never succeed as things are (the agent is not installed, it
+        rejects its arguments, git refuses the workspace): NEEDS_HUMAN now, no backoff."""
+        now = self.move(task, State.NEEDS_HUMAN, cause, attempt=att.number)
+        if now is not None:
+            self.finish_terminal(now)
 
     def not_started(self, task: Task, att: Attempt, cause: str, from_running: bool = False) -> None:
         """An attempt that never started: back off from that machine; a retry is not used."""
@@ -872,6 +886,10 @@ class Loop:
             self.worktree_tampered(task, att, e, f"attempt {att.number} was not started in it")
             return False
         except Exception as e:
+            if getattr(e, "permanent", False):  # a bad ref, a branch checked out elsewhere...
+                self.led.update_attempt(att.id, state="abandoned", outcome="workspace_failed", ended=time.time())
+                self.give_up_at_once(task, att, f"workspace_failed:{' '.join(str(e).split()) or type(e).__name__}")
+                return False
             self.led.update_attempt(att.id, state="abandoned", outcome="start_failed", ended=time.time())
             word = "peer_refused" if type(e).__name__ == "StartRefused" else "start_failed"
             self.not_started(task, att, f"{word}:{type(e).__name__ if not str(e) else e}")
@@ -927,6 +945,14 @@ class Loop:
             "stall_s": task.spec.stall_timeout_min * 60.0,
             "notify": sock_path(self.config.home),
         }
+        # an agent that is not installed here never starts: ask a human now, not after
+        # ten backed-off tries (a peer's shepherd reports the same from its side)
+        missing = executable_problem(spawn["argv"][0], env.get("PATH", os.environ.get("PATH"))) \
+            if hostname == "local" and spawn["argv"] else None
+        if missing:
+            self.led.update_attempt(att.id, state="abandoned", outcome="agent_not_found", ended=time.time())
+            self.give_up_at_once(task, att, f"agent_not_found:{missing}")
+            return False
         self.led.update_attempt(att.id, state="starting", session_id=spawn.get("session_id"),
                                 info={**att.info, "argv": spawn["argv"]})
         try:

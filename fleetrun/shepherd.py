@@ -179,10 +179,10 @@ class Shepherd:
         except OSError as e:
             os.close(slave)
             os.close(master)
-            msg = f"cannot start {self.spec['argv'][0]}: {e.strerror or e}"
+            reason, msg = self.exec_failure(e, env)
             self.log(log_fd, (msg + "\n").encode())
             os.close(log_fd)
-            self.status.update(state="ended", reason="start_failed", error=msg, exit_code=None,
+            self.status.update(state="ended", reason=reason, error=msg, exit_code=None,
                                ended=time.time(), agent_pid=None)
             while not self.save():
                 time.sleep(1.0)
@@ -279,6 +279,38 @@ class Shepherd:
             time.sleep(1.0)
         self.notify()
         return 0
+
+    def exec_failure(self, e: OSError, env: dict) -> tuple[str, str]:
+        """(status reason, message) for an agent that could not be started.
+
+        ``start_failed:agent_not_found`` when the executable is missing or cannot be
+        run (trying again changes nothing: the supervisor asks a human at once);
+        plain ``start_failed`` for what may clear by itself (no memory, too many
+        processes). Only an error of the exec itself counts: subprocess names the
+        executable in ``e.filename`` then (a failed chdir names the cwd).
+        """
+        import errno
+
+        exe = self.spec["argv"][0]
+        why = e.strerror or str(e)
+        if e.filename != exe:
+            return "start_failed", f"cannot start {exe}: {why}"
+        if e.errno in (errno.ENOENT, errno.ENOTDIR):
+            if os.sep not in exe:
+                import shutil
+
+                if not shutil.which(exe, path=env.get("PATH")):
+                    return "start_failed:agent_not_found", f"{exe} is not on PATH"
+            elif not os.path.exists(exe):
+                return "start_failed:agent_not_found", f"{exe} does not exist"
+            # it is there: what is missing is what runs it
+            return ("start_failed:agent_not_found",
+                    f"{exe} cannot be run: {why} (is its #! interpreter installed?)")
+        if e.errno in (errno.EACCES, errno.EPERM, errno.EISDIR):
+            return "start_failed:agent_not_found", f"{exe} is not executable"
+        if e.errno == errno.ENOEXEC:
+            return "start_failed:agent_not_found", f"{exe} is not executable ({why})"
+        return "start_failed", f"cannot start {exe}: {why}"
 
     @staticmethod
     def _drain(master: int, log_fd: int) -> bool:

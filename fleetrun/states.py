@@ -71,6 +71,9 @@ CAUSES = frozenset(
         "usage_limit",
         "peer_refused",
         "start_failed",
+        "agent_not_found",  # the agent's executable is missing or cannot be run: never retried
+        "agent_rejected_arguments",  # the agent CLI refused its command line: never retried
+        "workspace_failed",  # a workspace that cannot be made until someone changes something
         "never_started",
         "retries_exhausted",
         "resume_cap",

@@ -51,6 +51,14 @@ class FakeClaude:
                 and (key is None or c["env"].get("FLEETRUN_TASK_NAME") == key)]
 
 
+@pytest.fixture(autouse=True)
+def claude_on_path(monkeypatch: pytest.MonkeyPatch) -> None:
+    """`claude` is installed, as on a user's machine: the fake, first on PATH. Without
+    it every `validate` here would warn that claude is not on PATH (a test of that
+    warning sets PATH itself)."""
+    monkeypatch.setenv("PATH", f"{FAKES}{os.pathsep}{os.environ.get('PATH', '')}")
+
+
 @pytest.fixture
 def fake_claude(fleeter: Any, monkeypatch: pytest.MonkeyPatch) -> FakeClaude:
     assert os.access(FAKE_CLAUDE, os.X_OK), "tests/fakes/claude must be executable"

@@ -412,7 +412,8 @@ _ERROR_LINE = re.compile(r"ERROR: tasks\.toml:(\d+): ")
 @settings(max_examples=200, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
 @given(ops=st.lists(mutation, min_size=1, max_size=4))
 def test_mangled_tasks_file_never_crashes(fleeter: Any, ops: list[tuple[Any, ...]]) -> None:
-    (fleeter.path / "repo").mkdir(exist_ok=True)
+    if not (fleeter.path / "repo" / ".git").exists():  # its git_ref must name a commit
+        fleeter.make_repo("repo")
     text = BASE
     for op in ops:
         text = mutate(text, op)
@@ -437,7 +438,7 @@ def test_mangled_tasks_file_never_crashes(fleeter: Any, ops: list[tuple[Any, ...
 
 
 def test_base_of_the_fuzz_is_valid(fleeter: Any) -> None:
-    (fleeter.path / "repo").mkdir()
+    fleeter.make_repo("repo")  # its git_ref must name a commit
     (fleeter.path / "tasks.toml").write_text(BASE)
     r = fleeter.run("validate", "tasks.toml")
     assert (r.ret, r.outlines, r.errlines) == (0, ["tasks.toml: 3 tasks, valid"], [])

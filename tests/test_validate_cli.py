@@ -531,7 +531,11 @@ def test_bad_ref(fleeter: Any, key: str, ref: str, message: str) -> None:
 
 @pytest.mark.parametrize("ref", ["main", "feature/x-1", "v1.2.3", "fleet/user_api", "HEAD", "a@b"])
 def test_good_ref(fleeter: Any, ref: str) -> None:
-    r = validate(fleeter, task("a", git_ref=f'"{ref}"', branch=f'"{ref}"'))
+    # a git_ref must name a commit of the repository (here a tag), a branch must not exist yet
+    repo = fleeter.make_repo("repo")
+    if ref not in ("main", "HEAD"):
+        fleeter.git(repo, "tag", ref)
+    r = validate(fleeter, task("a", cwd='"repo"', git_ref=f'"{ref}"') + task("b", branch=f'"{ref}"'))
     assert (r.ret, r.errlines) == (0, [])
 
 
@@ -706,13 +710,16 @@ def test_agents_table_accepted(fleeter: Any) -> None:
         prompt = "x"
         agent = "script"
     """)
-    assert (r.ret, r.outlines, r.errlines) == (0, ["tasks.toml: 2 tasks, valid"], [])
+    # codex is not installed here: a warning (a peer may have it), not an error
+    assert (r.ret, r.outlines, r.errlines) == (0, ["tasks.toml: 2 tasks, valid"], [
+        "warning: tasks.toml:12: task 'a': agent: codex is not on PATH (set [agents.codex] command)"])
 
 
 def test_agent_declared_in_config_toml(fleeter: Any) -> None:
     fleeter.write_config('[agents.aider]\ncommand = ["aider", "--message", "{prompt}"]\n')
     r = validate(fleeter, task("a", agent='"aider"'))
-    assert (r.ret, r.errlines) == (0, [])
+    assert (r.ret, r.errlines) == (0, [
+        "warning: tasks.toml:4: task 'a': agent: aider is not on PATH (set [agents.aider] command)"])
 
 
 def test_unknown_agent(fleeter: Any) -> None:
@@ -1340,3 +1347,83 @@ git_ref = "main"
     assert [line.split(" imports ")[1].split(" (")[0] for line in r.errlines] == [
         f"pkg_a from {repo}/lib", f"pkg_b from {repo}"]
     assert r.errlines[0].endswith("add PYTHONPATH=lib or a setup step (docs/verifiers.md)")
+# what can never start: a git_ref that names nothing, a cwd in no repository, an
+# agent that is not installed here
+
+
+@pytest.mark.parametrize("verb", ["validate", "queue", "run"])
+def test_git_ref_that_names_nothing(fleeter: Any, fake_claude: Any, verb: str,
+                                    monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setattr("fleetrun.loop.NEVER_STARTED_CAP", 2)  # a fleetrun that only fails at run time ends soon
+    monkeypatch.setattr("fleetrun.placement.BACKOFF_BASE_S", 0.01)
+    repo = fleeter.make_repo("repo")
+    fleeter.write_tasks(task("x", cwd='"repo"', git_ref='"nosuchbranch"')
+                        + task("y", cwd='"repo"', git_ref='"nosuchbranch"'))
+    args = ("tasks.toml",) if verb == "run" else (verb, "tasks.toml")
+    assert_errors(fleeter.run(*args),
+                  f"ERROR: tasks.toml:5: task 'x': git_ref: no branch, tag or commit 'nosuchbranch' in {repo}",
+                  f"ERROR: tasks.toml:10: task 'y': git_ref: no branch, tag or commit 'nosuchbranch' in {repo}")
+    if verb != "validate":
+        assert not (fleeter.home / "state.db").exists() or fleeter.states() == {}
+
+
+@pytest.mark.parametrize("verb", ["validate", "queue", "run"])
+def test_git_ref_with_a_cwd_in_no_repository(fleeter: Any, fake_claude: Any, verb: str,
+                                             monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setattr("fleetrun.loop.NEVER_STARTED_CAP", 2)
+    monkeypatch.setattr("fleetrun.placement.BACKOFF_BASE_S", 0.01)
+    (fleeter.path / "plain").mkdir()
+    fleeter.write_tasks(task("x", cwd='"plain"', git_ref='"main"'))
+    args = ("tasks.toml",) if verb == "run" else (verb, "tasks.toml")
+    assert_errors(fleeter.run(*args),
+                  f"ERROR: tasks.toml:5: task 'x': git_ref: {fleeter.path / 'plain'} is not in a git repository")
+
+
+def test_git_ref_resolves_to_a_tag_a_commit_or_a_branch(fleeter: Any) -> None:
+    repo = fleeter.make_repo("repo")
+    fleeter.git(repo, "tag", "v1")
+    sha = fleeter.git(repo, "rev-parse", "HEAD").strip()
+    r = validate(fleeter, task("a", cwd='"repo"', git_ref='"v1"') + task("b", cwd='"repo"', git_ref=f'"{sha}"')
+                 + task("c", cwd='"repo"', git_ref='"main"'))
+    assert_valid(r, "tasks.toml: 3 tasks, valid")
+
+
+def test_git_ref_in_a_subfolder_cwd(fleeter: Any) -> None:
+    repo = fleeter.make_repo("repo")
+    (repo / "sub").mkdir()
+    check(fleeter, task("x", cwd='"repo/sub"', git_ref='"nope"'),
+          f"ERROR: tasks.toml:5: task 'x': git_ref: no branch, tag or commit 'nope' in {repo}")
+
+
+def test_agent_not_on_path_is_a_warning(fleeter: Any) -> None:
+    fleeter.write_config('[claude]\nexecutable = "fleetrun-test-no-claude"\n')
+    r = validate(fleeter, task("x") + task("y", model='"opus"'))
+    assert r.ret == 0
+    assert r.outlines == ["tasks.toml: 2 tasks, valid"]
+    assert r.errlines == [
+        "warning: tasks.toml:1: task 'x': agent: fleetrun-test-no-claude is not on PATH "
+        "(set [claude] executable in config.toml)",
+        "warning: tasks.toml:4: task 'y': agent: fleetrun-test-no-claude is not on PATH "
+        "(set [claude] executable in config.toml)"]
+
+
+def test_agent_not_executable_is_a_warning(fleeter: Any) -> None:
+    exe = fleeter.write("claude", "#!/bin/sh\n")
+    exe.chmod(0o644)
+    fleeter.write_config(f'[claude]\nexecutable = "{exe}"\n')
+    r = validate(fleeter, task("x", agent='"claude"'))
+    assert (r.ret, r.outlines) == (0, ["tasks.toml: 1 task, valid"])
+    assert r.errlines == [f"warning: tasks.toml:4: task 'x': agent: {exe} is not executable "
+                          "(set [claude] executable in config.toml)"]
+
+
+def test_command_agent_not_on_path_is_a_warning(fleeter: Any) -> None:
+    r = validate(fleeter, task("x", agent='"codex"') + '\n[agents.codex]\ncommand = ["fleetrun-test-no-codex", "{prompt}"]\n')
+    assert (r.ret, r.outlines) == (0, ["tasks.toml: 1 task, valid"])
+    assert r.errlines == ["warning: tasks.toml:4: task 'x': agent: fleetrun-test-no-codex is not on PATH "
+                          "(set [agents.codex] command)"]
+
+
+def test_agent_found_gives_no_warning(fleeter: Any, fake_claude: Any) -> None:
+    r = validate(fleeter, task("x") + task("y", agent='"py"') + '\n[agents.py]\ncommand = ["{python}", "-c", "1"]\n')
+    assert (r.ret, r.outlines, r.errlines) == (0, ["tasks.toml: 2 tasks, valid"], [])

@@ -101,6 +101,27 @@ def fleetrun_spawn(task: Any, attempt: Any, workspace: Any, prompt: str, config:
     return {"argv": argv, "stdin": "prompt", "parser": "claude", "session_id": session_id}
 
 
+@hookimpl(trylast=True)
+def fleetrun_collection_modifyitems(config: Any, items: list[Any]) -> None:
+    """Warn about a task whose agent is claude when claude cannot be started here: a
+    warning, not an error, since the task may be placed on a peer that has it."""
+    from pathlib import Path
+
+    from ..collect import display_path
+    from ..hosts import executable_problem
+
+    problem = executable_problem(executable(config))
+    if problem is None:
+        return
+    warnings = config.stash.setdefault("warnings", [])
+    for t in items:
+        if t.agent != "claude":
+            continue
+        where = display_path(Path(t.source), config.invocation_dir) if t.source else "?"
+        warnings.append(f"{where}:{t.key_lines.get('agent', t.line)}: task '{t.name}': agent: {problem} "
+                        f"(set [claude] executable in config.toml)")
+
+
 # Claude Code's usage-limit messages: "Claude AI usage limit reached|1735689600" (older),
 # "You've hit your session limit · resets 5:46pm (UTC)" and "5-hour limit reached ∙ resets
 # 2pm"; a stream-json "rate_limit_event" with status "rejected" carries "resetsAt".
@@ -297,8 +318,9 @@ def result_from_log(text: str, exit_code: Optional[int]) -> AgentResult:
                            result_text=_tail(text))
     res = parsed["result"]
     if res is None:
-        return AgentResult(ok=False, reason="no_result", exit_code=exit_code, session_id=parsed["session_id"],
-                           result_text=_tail(text))
+        rejected = rejected_arguments(text, exit_code)
+        return AgentResult(ok=False, reason=f"rejected_arguments:{rejected}" if rejected else "no_result",
+                           exit_code=exit_code, session_id=parsed["session_id"], result_text=_tail(text))
     out = AgentResult(
         ok=not res.is_error and exit_code in (0, None),
         reason="" if not res.is_error else "is_error",
@@ -321,6 +343,32 @@ def result_from_log(text: str, exit_code: Optional[int]) -> AgentResult:
     if res.subtype == "error_max_budget_usd":
         out.reason = "budget"
     return out
+
+
+_CLI_ERROR = re.compile(r"^error:", re.I)
+_ESCAPES = re.compile(r"\x1b(\[[0-?]*[ -/]*[@-~]|\][^\x07\x1b]*(\x07|\x1b\\)?|.)")
+
+
+def rejected_arguments(text: str, exit_code: Optional[int]) -> Optional[str]:
+    """The CLI's own first ``error:`` line when it refused its command line, or None.
+
+    Claude Code checks its arguments before the session starts (commander.js:
+    ``error: option '--permission-mode <mode>' argument 'yolo' is invalid...``) and
+    exits 1 having written no stream-json event at all; a session that started and
+    then died has written its ``system`` event first. Starting again with the same
+    command line can only fail the same way.
+    """
+    if exit_code in (0, None):
+        return None
+    lines = text.splitlines()
+    if any(parse_line(line) is not None for line in lines):
+        return None
+    for line in lines:
+        line = _ESCAPES.sub("", line).strip()
+        if _CLI_ERROR.match(line):
+            line = "".join(c if c.isprintable() else "?" for c in line)
+            return line if len(line) <= 500 else line[:500] + "..."
+    return None
 
 
 def _tail(text: str) -> str:

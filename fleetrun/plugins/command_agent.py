@@ -72,12 +72,22 @@ def fleetrun_collection_modifyitems(config: Any, items: list[Any]) -> None:
 
     from ..collect import display_path
     from ..exceptions import UsageErrors
+    from ..hosts import executable_problem
 
     errors = []
+    warnings = config.stash.setdefault("warnings", [])
     for t in items:
         if t.agent == "claude":
             continue
-        if agent_def(config, t.agent) is None:
+        defn = agent_def(config, t.agent)
+        exe = defn["command"][0] if defn is not None else ""
+        # not an error: the task may be placed on a peer that has the tool
+        problem = executable_problem(exe) if exe and not any(ph in exe for ph in PLACEHOLDERS) else None
+        if problem:
+            where = display_path(Path(t.source), config.invocation_dir) if t.source else "?"
+            warnings.append(f"{where}:{t.key_lines.get('agent', t.line)}: task '{t.name}': agent: {problem} "
+                            f"(set [agents.{t.agent}] command)")
+        if defn is None:
             names = ["claude", *agents(config)]
             close = difflib.get_close_matches(t.agent, names, n=1)
             hint = f" (did you mean '{close[0]}'?)" if close else f" (known: {', '.join(names)})"

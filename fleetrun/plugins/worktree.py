@@ -47,7 +47,42 @@ SUMMARY_LIMIT = 2000
 
 
 class WorkspaceError(Exception):
-    """The workspace could not be made; the attempt does not start."""
+    """The workspace could not be made; the attempt does not start.
+
+    ``permanent``: trying again cannot help until someone changes something (a ref
+    that names nothing, a cwd in no repository, a branch checked out elsewhere, a
+    folder in the way): the loop asks a human at once (``workspace_failed:...``)
+    instead of backing off. Otherwise (a full disk, a lock another git holds) it
+    backs off and tries again.
+    """
+
+    def __init__(self, message: str, permanent: bool = False) -> None:
+        super().__init__(message)
+        self.permanent = permanent
+
+
+# What git says when a worktree cannot be added and waiting will not change it. What
+# it says of locks ("Unable to create '....lock': File exists"), a full disk or memory
+# may clear by itself, and is not here.
+_PERMANENT_GIT = (
+    "is already checked out at",
+    "is already used by worktree at",
+    "already exists",  # the worktree's folder (a branch that exists is handled before)
+    "not a valid object name",
+    "invalid reference",
+    "is not a commit",
+    "not a git repository",
+)
+
+
+def _git_failure(e: GitError) -> WorkspaceError:
+    """A failed ``git worktree add`` as a WorkspaceError: git's own ``fatal:`` line (on
+    one line), permanent when it names something waiting cannot fix."""
+    lines = [ln.strip() for ln in e.output.splitlines() if ln.strip()]
+    fatal = next((ln for ln in lines if ln.startswith(("fatal:", "error:"))), lines[-1] if lines else str(e))
+    lock = ".lock" in fatal and "File exists" in fatal
+    permanent = not lock and any(p in fatal for p in _PERMANENT_GIT)
+    return WorkspaceError(" ".join(fatal.split()), permanent=permanent)
 
 
 def names_for(task: Any) -> tuple[str, str]:
@@ -160,13 +195,14 @@ def _reuse(config: Any, task: Any, path: Path, repo: str, common: str) -> Option
     if not ours and not os.path.lexists(path / ".git"):
         if path.is_dir() and not any(path.iterdir()):
             return None
-        raise WorkspaceError(f"{path} exists and is not a worktree; remove it or fleetrun gc")
+        raise WorkspaceError(f"{path} exists and is not a worktree; remove it or fleetrun gc", permanent=True)
     try:
         return pinned(config, str(path), common)
     except WorktreeTampered:
         if ours:
             raise
-        raise WorkspaceError(f"{path} exists and is not a worktree of {repo}; remove it or fleetrun gc") from None
+        raise WorkspaceError(f"{path} exists and is not a worktree of {repo}; remove it or fleetrun gc",
+                             permanent=True) from None
 
 
 @hookimpl(trylast=True)
@@ -178,7 +214,7 @@ def fleetrun_prepare_workspace(task: Any, attempt: Any, config: Any) -> Optional
         return Workspace(path=spec.cwd)
     found = _repo_of(config, spec.cwd)
     if found is None:
-        raise WorkspaceError(f"{spec.cwd} is not in a git repository (git_ref needs one)")
+        raise WorkspaceError(f"{spec.cwd} is not in a git repository (git_ref needs one)", permanent=True)
     repo, common = found
     slug, branch = names_for(task)
     root = config.home / "worktrees"
@@ -190,15 +226,19 @@ def fleetrun_prepare_workspace(task: Any, attempt: Any, config: Any) -> Optional
             _forget_pin(config, str(path), common)
             try:
                 git(repo, "worktree", "add", "-b", branch, "--", str(path), spec.git_ref)
-            except GitError:
+            except GitError as first:
                 if git(repo, "branch", "--list", "--", branch).strip():
-                    git(repo, "worktree", "add", "--", str(path), branch)
+                    try:
+                        git(repo, "worktree", "add", "--", str(path), branch)
+                    except GitError as e:  # checked out elsewhere, say
+                        raise _git_failure(e) from None
                 else:
                     try:
                         git(repo, "rev-parse", "--verify", "--quiet", "--end-of-options", f"{spec.git_ref}^{{commit}}")
                     except GitError:
-                        raise WorkspaceError(f"git_ref {spec.git_ref!r} is not a commit in {repo}") from None
-                    raise
+                        raise WorkspaceError(f"git_ref {spec.git_ref!r} is not a commit in {repo}",
+                                             permanent=True) from None
+                    raise _git_failure(first) from None
             pinned(config, str(path), common)
     wpath = path / sub if sub != "." else path
     return Workspace(path=str(wpath), branch=branch, repo=repo, base_ref=spec.git_ref, is_worktree=True,

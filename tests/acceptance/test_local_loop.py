@@ -353,14 +353,14 @@ def test_missing_agent_executable_never_starts(fleeter, monkeypatch):
         cwd = "repo"
         prompt = "p"
     ''')
-    monkeypatch.setattr("fleetrun.loop.NEVER_STARTED_CAP", 2)
     monkeypatch.setattr("fleetrun.placement.BACKOFF_BASE_S", 0.05)
     r = fleeter.run("tasks.toml")
     assert r.ret == 1
     task = fleeter.task("t1")
     assert task.state.value == "NEEDS_HUMAN"
-    assert task.reason.startswith("never_started:2 attempts in a row didn't start; the last was start_failed:")
-    assert "/nonexistent/claude" in task.reason
+    # it can never start: a human is asked at once (tests/acceptance/test_fail_fast.py has the rest)
+    assert task.reason == "agent_not_found:/nonexistent/claude does not exist"
+    assert len(fleeter.ledger().attempts(task.id)) == 1
 
 
 def test_drain_makes_tasks_wait(fleeter, fake_claude):
