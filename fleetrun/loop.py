@@ -948,7 +948,7 @@ class Loop:
         # an agent that is not installed here never starts: ask a human now, not after
         # ten backed-off tries (a peer's shepherd reports the same from its side)
         missing = executable_problem(spawn["argv"][0], env.get("PATH", os.environ.get("PATH"))) \
-            if hostname == "local" and spawn["argv"] else None
+            if att.host in (None, "local") and spawn["argv"] else None
         if missing:
             self.led.update_attempt(att.id, state="abandoned", outcome="agent_not_found", ended=time.time())
             self.give_up_at_once(task, att, f"agent_not_found:{missing}")
