@@ -477,7 +477,7 @@ def test_a_peer_with_a_broken_config_says_so_as_the_reason_it_gets_nothing(fleet
     m = peer_lab.machine("mini")
     m.write("config.toml", "[relay\n")
     r = fleeter.run("relay", "add", "mini", m.address, "--accept-new", "--command", m.command_line())
-    assert r.ret == 1
+    assert r.ret == 6  # added, but not paired for work (docs/cli.md, exit codes)
     assert "gets no tasks: mini answered its probe" in r.stderr or "config.toml:1" in r.stderr, r.stderr
     assert "config.toml:1: invalid TOML" in r.stderr and "internal error" not in r.stderr, r.stderr
     m.write("config.toml", '[relay]\ntags = "gpu"\n')

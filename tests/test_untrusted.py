@@ -112,7 +112,7 @@ def test_a_malformed_reviewer_stream_is_a_fail_verdict_with_its_reason(fields: d
 
     passed, reason, _, cost = verdict_from_stream(result(**fields) + "\n", 0)
     assert (passed, cost) == (False, 0.0)
-    assert reason.startswith("the reviewer ended with an error (malformed_output): result."), reason
+    assert reason.startswith("no verdict: malformed result event: result."), reason
 
 
 def test_a_non_string_session_id_in_any_event() -> None:

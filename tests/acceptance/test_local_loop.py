@@ -449,7 +449,8 @@ def test_sigterm_stops_work_like_ctrl_c(fleeter, fake_claude):
     finally:
         proc.send_signal(signal.SIGTERM)
         out, err = proc.communicate(timeout=20)
-    assert proc.returncode == 2, err
+    # a service manager's stop of `fleetrun work` is its normal end: 0 (docs/cli.md, exit codes)
+    assert proc.returncode == 0, err
     assert b"interrupted: 1 running attempt goes on and will be adopted by the next `fleetrun work`" in out
     fleeter.run("cancel", "t1")
 
