@@ -315,7 +315,8 @@ def classify_api_error(out: AgentResult, res: ResultEvent, parsed: dict[str, Any
 
     - a 429 with a reset time (a ``rate_limit_event``'s ``resetsAt``, or the time in
       "You've hit your session limit · resets 10:18am (UTC)"): ``usage_limit``, the
-      machine pauses until then;
+      machine pauses until then (a usage-limit text with a time not believed: the
+      pause backs off instead);
     - a 429 without one (an API key's rate limit, or no unified headers: "Server is
       temporarily limiting requests (not your usage limit)"): ``rate_limited``, the task
       backs off; nothing says when the limit clears, so nothing is paused until a guess;
@@ -333,7 +334,9 @@ def classify_api_error(out: AgentResult, res: ResultEvent, parsed: dict[str, Any
         return
     if status == 429 or (status is None and synthetic == "rate_limit"):
         reset = parsed["reset_at"] or parse_reset(body)
-        if reset is not None:
+        if reset is not None or (_LIMIT_TEXT.search(body) and "not your usage limit" not in body):
+            # a usage limit, even one whose reset time is not believed (the machine then
+            # pauses 1, 2, 4 ... minutes): every session there would hit it
             out.usage_limit = True
             out.reason = "usage_limit"
             out.usage_reset_at = reset
