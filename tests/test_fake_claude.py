@@ -867,6 +867,7 @@ def test_resume_and_session_ids(work, env):
     resumed = run([*SJ, "--resume", sid, "three"], work, env)
     assert result_of(resumed)["session_id"] == sid
     assert calls(env)[-1]["prompt"] == "three"
+    assert calls(env)[-1]["conversation"] == ["one"]  # a resume sends the earlier conversation
     assert result_of(run([*SJ, "--continue", "four"], work, env))["session_id"] == sid
     gone = str(uuid.uuid4())
     unknown = run([*SJ, "-r", gone, "five"], work, env)
