@@ -762,3 +762,22 @@ def check_refs(files: list[TaskFile], invocation_dir: Optional[Path] = None,
                 errors.append(UsageError(f"no branch, tag or commit '{safe_name(spec.git_ref)}' in {top}",
                                          file=display, line=line, key=key))
     return errors
+
+
+def checkout_warnings(specs: Iterable[TaskSpec], invocation_dir: Optional[Path] = None) -> list[str]:
+    """One warning per task without ``git_ref`` (a role aside) whose ``cwd`` is in a git
+    checkout: its agent works in the user's checkout itself, on whatever branch is
+    checked out there, and commits onto it."""
+    out: list[str] = []
+    tops: dict[str, Optional[str]] = {}
+    for spec in specs:
+        if spec.git_ref or spec.role:
+            continue
+        if spec.cwd not in tops:
+            tops[spec.cwd] = repo_toplevel(spec.cwd)
+        if tops[spec.cwd] is None:
+            continue
+        where = display_path(Path(spec.source), invocation_dir) if spec.source else "?"
+        out.append(f"{where}:{spec.line}: task '{safe_name(spec.name)}': no git_ref: the agent works in your "
+                   f"checkout {tops[spec.cwd]} itself")
+    return out

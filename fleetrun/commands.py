@@ -251,8 +251,11 @@ def cmd_status(config: Any, out: TextIO, err: TextIO) -> int:
 
     peer_state = load_state(config.home)
     rows = []
+    unknown = led.unknown_cost()
     for t in tasks:
         cost = f"${t.cost_usd:.2f}" if t.cost_usd else "-"
+        if t.id in unknown:  # an attempt's cost was never reported: what is known is a floor
+            cost = f"${t.cost_usd:.2f}+" if t.cost_usd else "?"
         reason = waits.get(t.id, t.reason) if t.state in (State.READY, State.RETRYING, State.RESUMING) else t.reason
         e = peer_state.get(t.host or "") if t.state in (State.ASSIGNED, State.RUNNING, State.VERIFYING) else None
         if e and e.get("error") and (e.get("error_at") or 0) >= (e.get("last_heard") or 0):
@@ -346,7 +349,8 @@ def cmd_logs(config: Any, out: TextIO, err: TextIO) -> int:
             "attempts": [a.__dict__ for a in attempts.values()],
         }, indent=2, default=str), file=out)
         return ExitCode.OK
-    print(f"{safe_name(task.name)} {task.id} [{task.state}]  cost ${task.cost_usd:.2f}", file=out)
+    plus = "+" if any(a.cost_usd is None for a in attempts.values()) else ""
+    print(f"{safe_name(task.name)} {task.id} [{task.state}]  cost ${task.cost_usd:.2f}{plus}", file=out)
     # where its work is: what a human looking at a NEEDS_HUMAN task opens first
     if task.worktree:
         where = "" if task.host in (None, "local") else f" on {safe_text(task.host)}"
@@ -382,7 +386,9 @@ def cmd_logs(config: Any, out: TextIO, err: TextIO) -> int:
                 f"\n    | {safe_text(line)}" for line in lines)))
         if a.ended:
             text = f"attempt {a.number} ({a.kind}) ended: {safe_text(a.outcome or '-')}"
-            if a.cost_usd:
+            if a.cost_usd is None:
+                text += ", cost unknown"
+            elif a.cost_usd:
                 text += f", ${a.cost_usd:.2f}"
             if a.dir:
                 text += f", log {safe_text(Path(a.dir) / 'log')}"

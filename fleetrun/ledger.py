@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import secrets
 import sqlite3
 import time
@@ -83,7 +84,7 @@ CREATE TABLE IF NOT EXISTS attempts (
     exit_code   INTEGER,
     outcome     TEXT,
     session_id  TEXT,
-    cost_usd    REAL NOT NULL DEFAULT 0,
+    cost_usd    REAL DEFAULT 0,
     result_text TEXT,
     shepherd_pid   INTEGER,
     shepherd_token TEXT,
@@ -197,7 +198,8 @@ class Attempt:
     exit_code: Optional[int] = None
     outcome: Optional[str] = None
     session_id: Optional[str] = None
-    cost_usd: float = 0.0
+    #: None: unknown (the agent never reported it: killed, died, no result)
+    cost_usd: Optional[float] = 0.0
     result_text: Optional[str] = None
     shepherd_pid: Optional[int] = None
     shepherd_token: Optional[str] = None
@@ -374,6 +376,43 @@ class Ledger:
                 if "settings" not in cols:  # version 2 -> 3
                     cur.execute("ALTER TABLE queues ADD COLUMN settings TEXT")
                 cur.execute(f"PRAGMA user_version={SCHEMA_VERSION}")
+        self._attempt_cost_nullable()
+
+    def _attempt_cost_nullable(self) -> None:
+        """Ledgers made before an attempt's cost could be unknown have
+        ``attempts.cost_usd ... NOT NULL``: rebuild that one table without the constraint.
+
+        Keyed on the constraint itself, not on ``user_version`` (another migration may
+        bump the version at the same time): it runs once, whatever the version says,
+        keeps whatever columns the table has, and is a no-op afterwards (one PRAGMA).
+        """
+        def not_null() -> bool:
+            return any(r[1] == "cost_usd" and r[3] for r in self.conn.execute("PRAGMA table_info(attempts)"))
+
+        if not not_null():
+            return
+        # a table rebuild needs foreign keys off, which cannot change inside a transaction
+        self.conn.execute("PRAGMA foreign_keys=OFF")
+        try:
+            with self.tx() as cur:
+                if not not_null():
+                    return  # another process rebuilt it meanwhile
+                sql = cur.execute("SELECT sql FROM sqlite_master WHERE type='table' AND name='attempts'").fetchone()[0]
+                new = re.sub(r"(\bcost_usd\s+REAL)\s+NOT\s+NULL", r"\1", sql, count=1, flags=re.I)
+                new = re.sub(r"^CREATE TABLE\s+(IF NOT EXISTS\s+)?\"?attempts\"?", "CREATE TABLE attempts_new", new,
+                             count=1, flags=re.I)
+                indexes = [r[0] for r in cur.execute(
+                    "SELECT sql FROM sqlite_master WHERE type='index' AND tbl_name='attempts' AND sql IS NOT NULL")]
+                cur.execute(new)
+                cur.execute("INSERT INTO attempts_new SELECT * FROM attempts")
+                cur.execute("DROP TABLE attempts")
+                cur.execute("ALTER TABLE attempts_new RENAME TO attempts")
+                for index in indexes:
+                    cur.execute(index)
+                if cur.execute("PRAGMA foreign_key_check").fetchone() is not None:
+                    raise sqlite3.IntegrityError("foreign keys broken by the attempts rebuild")
+        finally:
+            self.conn.execute("PRAGMA foreign_keys=ON")
 
     @contextmanager
     def tx(self) -> Iterator[sqlite3.Cursor]:
@@ -659,6 +698,10 @@ class Ledger:
             sql += " WHERE " + " AND ".join(where)
         sql += " ORDER BY created, number"
         return [self._row_to_attempt(r) for r in self.conn.execute(sql, args)]
+
+    def unknown_cost(self) -> set[str]:
+        """The tasks with an ended attempt whose cost is unknown: their cost is a floor."""
+        return {r[0] for r in self.conn.execute("SELECT DISTINCT task_id FROM attempts WHERE cost_usd IS NULL")}
 
     def latest_attempt(self, task_id: str) -> Optional[Attempt]:
         row = self.conn.execute(

@@ -32,7 +32,7 @@ from .ledger import Attempt, Ledger, Task
 from .liveness import Liveness
 from .placement import Backoff, backoff_delay
 from .policy import PolicyWatcher
-from .reports import Handoff, Placement, Verdict, Wait, Workspace
+from .reports import MIN_BUDGET_USD, Handoff, Placement, Verdict, Wait, Workspace
 from .session import is_space_error, sock_path
 from .setupstage import SetupStage
 from .states import ACTIVE, PLACEABLE, State
@@ -420,6 +420,7 @@ class Loop:
                  "RETRYING", "RESUMING", "ASSIGNED"]
         self.session.counts = {s: counts[s] for s in order if counts.get(s)}
         self.session.cost_usd = sum(t.cost_usd for t in tasks)
+        self.session.cost_unknown = bool(self.led.unknown_cost() & {t.id for t in tasks})
         if getattr(self.session, "interrupted", False):
             if getattr(self.session, "stopped_by_sigterm", False) and self.queue_id is None and not self.until_idle:
                 # `fleetrun work` serves until stopped: a stop is its normal end, and a
@@ -539,7 +540,7 @@ class Loop:
         reason = st.get("reason") if st.get("state") == "ended" else "died"
         res = self.hook.fleetrun_agent_result(task=task, attempt=att, log_path=str(host.log_path(att.id)),
                                               exit_code=exit_code, config=self.config)
-        cost = res.cost_usd if res is not None else 0.0
+        cost = res.cost_usd if res is not None else None  # None: unknown, not zero
         outcome = "ok" if (res is not None and res.ok and reason == "exited") else (
             reason if reason != "exited" else (res.reason if res is not None else "unknown"))
         if record:
@@ -550,7 +551,7 @@ class Loop:
                                         cost_usd=cost, result_text=res.result_text if res else None,
                                         info={**att.info, "denials": res.permission_denials if res else [],
                                               "error": st.get("error"), "signal": st.get("signal")})
-                cur.execute("UPDATE tasks SET cost_usd = cost_usd + ? WHERE id=?", (cost, task.id))
+                cur.execute("UPDATE tasks SET cost_usd = cost_usd + ? WHERE id=?", (cost or 0.0, task.id))
         task = self.get(task.id)
         att = self.get_attempt(att.id)
         if task.state is not State.RUNNING:
@@ -567,6 +568,7 @@ class Loop:
             self.give_up_at_once(task, att, f"agent_rejected_arguments:{res.reason.split(':', 1)[1]}")
             return
         # it ran: that machine is good for this task again, and the never-started count restarts
+        limited = self.config.stash["backoff"].get(task.id, {}).get(att.host)
         self.clear_backoff(task, att.host)
         if task.no_start:
             self.led.update_task(task.id, no_start=0)
@@ -574,6 +576,16 @@ class Loop:
         if res is not None and res.usage_limit:
             self.pause_host(att.host, res.usage_reset_at)
             self.move(task, State.RESUMING, f"usage_limit:{self.pause_text(att.host)}", attempt=att.number)
+            return
+        if res is not None and res.reason == "rate_limited":
+            # a 429 that gave no reset time: back off (1, 2, 4 ... 30 min), not a pause of the
+            # machine until a made-up time; no resume is used, as for a usage limit
+            n = (limited.count + 1) if limited is not None and limited.cause == "rate_limited" else 1
+            until = time.time() + min(USAGE_BACKOFF_MAX_S, USAGE_BACKOFF_S * 2 ** (n - 1))
+            self.config.stash["backoff"].setdefault(task.id, {})[att.host] = Backoff(n, until, "rate_limited")
+            self.wait_until[task.id] = until
+            why = " ".join(res.result_text.split())[:200] or "HTTP 429"
+            self.move(task, State.RESUMING, f"rate_limited:{why}", attempt=att.number)
             return
         if res is not None and res.reason == "budget":
             now = self.move(task, State.NEEDS_HUMAN, "budget_exhausted:the agent reached its --max-budget-usd",
@@ -586,6 +598,8 @@ class Loop:
                     "stopped": "session_died", "died": "session_died"}.get(reason or "", "session_died")
             detail = None if word in ("timeout", "stalled") else (outcome if outcome != reason else reason)
             cause = f"{word}:{detail}" if detail else word
+            if res is not None and res.reason.startswith("api_error:") and reason == "exited":
+                cause = res.reason  # a 500 or 529: the API's fault, transient; resumed
             self.resume_or_give_up(task, att, cause)
             return
         ws = Workspace(**att.workspace) if att.workspace else Workspace(path=task.spec.cwd)
@@ -810,7 +824,8 @@ class Loop:
                     self.wait_operator.pop(task.id, None)
                     self.wait_until[task.id] = at + 1.0
                     continue
-                if task.spec.budget_usd is not None and task.cost_usd >= task.spec.budget_usd:
+                # less than the agent can be given (--max-budget-usd 0.0000 is refused) is none
+                if task.spec.budget_usd is not None and task.spec.budget_usd - task.cost_usd < MIN_BUDGET_USD:
                     now = self.move(task, State.NEEDS_HUMAN,
                                     f"budget_exhausted:spent ${task.cost_usd:.2f} of ${task.spec.budget_usd:.2f}")
                     if now is not None:

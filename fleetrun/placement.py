@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import functools
 import re
+import time
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
 from typing import Optional, Union
@@ -125,6 +126,9 @@ def why_not(c: Candidate, requires: Iterable[str], est_mem_mb: float,
         return f"{label(c)} has not been heard from recently"
     if c.drain:
         return f"{label(c)} is draining"
+    if backoff is not None and backoff.until > now and backoff.cause == "rate_limited":
+        return (f"the API rate-limited the last attempt on {label(c)} (HTTP 429, no reset time given); "
+                f"backing off until {time.strftime('%H:%M:%S', time.localtime(backoff.until))}")
     if backoff is not None and backoff.until > now:
         return (f"{label(c)} didn't start the last {backoff.count} attempt(s) ({backoff.cause}); "
                 f"backing off {_secs(backoff_delay(backoff.count))}")

@@ -5,6 +5,11 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Any, Optional, Protocol, runtime_checkable
 
+#: The smallest budget an agent session is given: fleetrun passes ``--max-budget-usd``
+#: with 4 decimals and Claude Code rejects ``0.0000`` (``error: --max-budget-usd must be
+#: a positive number greater than 0``). With less than this left, a task's budget is
+#: exhausted before anything starts (the task agent's and the reviewer's alike).
+MIN_BUDGET_USD = 0.0001
 
 @dataclass
 class Verdict:
@@ -133,7 +138,7 @@ class AgentResult:
     reason: str = ""  # "" / no_result / is_error / timeout / stalled / killed / exit:N
     exit_code: Optional[int] = None
     session_id: Optional[str] = None
-    cost_usd: float = 0.0
+    cost_usd: Optional[float] = 0.0  # None: unknown (the agent never reported it)
     result_text: str = ""
     num_turns: Optional[int] = None
     permission_denials: list[Any] = field(default_factory=list)

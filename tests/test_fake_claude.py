@@ -76,8 +76,14 @@ def run(args, cwd, env, stdin: str = "", timeout: float = 10) -> subprocess.Comp
     )
 
 
+#: What the real CLI writes after its JSON lines when it exits (it resets the terminal).
+TERMINAL_RESET = "\x1b[<u\x1b[?1004l\x1b[?2004l\x1b[?25h"
+
+
 def events(proc: subprocess.CompletedProcess) -> list[dict]:
-    return [json.loads(line) for line in proc.stdout.decode().splitlines() if line.strip()]
+    text = proc.stdout.decode()
+    text = text[: -len(TERMINAL_RESET)] if text.endswith(TERMINAL_RESET) else text
+    return [json.loads(line) for line in text.splitlines() if line.strip()]
 
 
 def result_of(proc: subprocess.CompletedProcess) -> dict:
@@ -120,7 +126,7 @@ def test_is_an_executable_python_script():
 
 def test_version_and_help(work, env):
     proc = run(["--version"], work, env)
-    assert (proc.returncode, proc.stdout.decode()) == (0, "2.1.0 (Claude Code)\n")
+    assert (proc.returncode, proc.stdout.decode()) == (0, "2.1.332 (Claude Code)\n")
     assert run(["-v"], work, env).stdout == proc.stdout
     help_ = run(["--help"], work, env)
     assert help_.returncode == 0
@@ -147,7 +153,9 @@ def test_version_and_help(work, env):
         ),
         (["-p", "--output-format", "xml", "hi"], "argument 'xml' is invalid"),
         (["-p", "--model"], "error: option '--model <model>' argument missing"),
-        (["-p", "--max-budget-usd", "lots", "hi"], "'--max-budget-usd <amount>' argument 'lots'"),
+        (["-p", "--max-budget-usd", "lots", "hi"], "error: --max-budget-usd must be a positive number greater than 0"),
+        (["-p", "--max-budget-usd", "0", "hi"], "error: --max-budget-usd must be a positive number greater than 0"),
+        (["-p", "--max-budget-usd", "0.0000", "hi"], "error: --max-budget-usd must be a positive number greater than 0"),
         (["-p", "one", "two"], "error: too many arguments"),
         (["-p", "--resume"], "--resume requires a valid session ID"),
         (["-p", "--model", "opus", "--fallback-model", "opus", "hi"], "Fallback model"),
@@ -273,7 +281,7 @@ def test_stream_json_shapes_and_order(tmp_path, repo, env):
     assert use["input"] == {"file_path": str(repo / "a.txt"), "content": "A\n"}
     res = evs[3]["message"]["content"][0]
     assert res["tool_use_id"] == use["id"] and res["is_error"] is False
-    assert "1\u2192A" in evs[5]["message"]["content"][0]["content"]
+    assert evs[5]["message"]["content"][0]["content"] == "1\tA"  # measured: no arrow, no padding
     assert evs[6]["message"]["content"] == [{"type": "text", "text": "all done"}]
     result = evs[-1]
     assert result["subtype"] == "success" and result["is_error"] is False
@@ -424,6 +432,7 @@ def test_usage_limit_shape(tmp_path, work, env):
             "default": [
                 {"mode": "usage_limit", "reset_at": reset},
                 {"mode": "usage_limit", "reset_at": reset, "limit_style": "legacy"},
+                {"mode": "usage_limit", "reset_at": reset},
             ]
         },
     )
@@ -434,26 +443,54 @@ def test_usage_limit_shape(tmp_path, work, env):
     [limit] = [e for e in evs if e["type"] == "rate_limit_event"]
     assert limit["rate_limit_info"]["status"] == "rejected"
     assert limit["rate_limit_info"]["resetsAt"] == reset
+    [synthetic] = [e for e in evs if e["type"] == "assistant"]
+    assert (synthetic["message"]["model"], synthetic["error"]) == ("<synthetic>", "rate_limit")
     result = result_of(proc)
-    assert (result["subtype"], result["is_error"], result["api_error_status"]) == (
+    assert (result["subtype"], result["is_error"], result["api_error_status"], result["errors"]) == (
         "success",
         True,
         429,
+        None,
     )
-    # 1_900_000_000 is 2030-03-17 17:46:40 UTC
-    assert result["result"] == "You've hit your session limit \u00b7 resets Mar 17, 5:46pm (UTC)"
+    # 1_900_000_000 is 2030-03-17 17:46:40 UTC; 2.1.332 names the 5-hour limit
+    assert result["result"] == "You've hit your 5-hour limit \u00b7 resets Mar 17, 5:46pm (UTC)"
     legacy = run(["-p", "--output-format", "json", "go"], work, env)
     assert legacy.returncode == 1
     assert json.loads(legacy.stdout)["result"] == f"Claude AI usage limit reached|{reset}"
+    env["FAKE_CLAUDE_VERSION"] = "2.1.197"
+    old = result_of(run([*SJ, "go"], work, env))
+    assert old["result"] == "You've hit your session limit \u00b7 resets Mar 17, 5:46pm (UTC)"
 
 
-def test_rate_limit_shape(tmp_path, work, env):
-    scenario(tmp_path, env, {"default": [{"mode": "rate_limit"}]})
+def test_rate_limit_without_a_reset_time(tmp_path, work, env):
+    scenario(tmp_path, env, {"default": [{"mode": "rate_limit"}, {"mode": "rate_limit", "auth": "oauth"}]})
+    # with an API key: a 429, no rate_limit_event, no reset time
     proc = run([*SJ, "go"], work, env)
     result = result_of(proc)
     assert proc.returncode == 1
-    assert (result["is_error"], result["api_error_status"]) == (True, 529)
-    assert "529" in result["result"] and "resets" not in result["result"]
+    assert (result["subtype"], result["is_error"], result["api_error_status"]) == ("success", True, 429)
+    assert result["result"].startswith("API Error: Request rejected (429) \u00b7 ")
+    assert "rate_limit_event" not in [e["type"] for e in events(proc)]
+    # with a subscription but without the unified headers: an event without resetsAt
+    proc = run([*SJ, "go"], work, env)
+    result = result_of(proc)
+    assert result["result"] == "API Error: Server is temporarily limiting requests (not your usage limit)"
+    [limit] = [e for e in events(proc) if e["type"] == "rate_limit_event"]
+    assert limit["rate_limit_info"]["status"] == "rejected" and "resetsAt" not in limit["rate_limit_info"]
+
+
+@pytest.mark.parametrize("status", [500, 529])
+def test_api_error_shape(tmp_path, work, env, status):
+    scenario(tmp_path, env, {"default": [{"mode": "api_error", "status": status}]})
+    proc = run([*SJ, "go"], work, env)
+    assert proc.returncode == 1
+    [synthetic] = [e for e in events(proc) if e["type"] == "assistant"]
+    assert (synthetic["message"]["model"], synthetic["error"]) == ("<synthetic>", "server_error")
+    result = result_of(proc)
+    assert (result["subtype"], result["is_error"], result["api_error_status"], result["errors"]) == (
+        "success", True, status, None)
+    assert result["result"].startswith(f"API Error: {status} ")
+    assert "This is a server-side issue" in result["result"]
     assert "rate_limit_event" not in [e["type"] for e in events(proc)]
 
 
@@ -475,6 +512,120 @@ def test_any_cost_over_the_budget_trips_the_breaker(tmp_path, work, env):
         "error_max_budget_usd"
     )
     assert result_of(run([*SJ, "--max-budget-usd", "2", "go"], work, env))["subtype"] == "success"
+
+
+@pytest.mark.parametrize("version", ["2.1.197", "2.1.332"])
+def test_the_turn_that_crosses_the_budget_is_paid_and_cut_off(tmp_path, work, env, version):
+    env["FAKE_CLAUDE_VERSION"] = version
+    # three turns of $0.30: the second crosses $0.5, during its Write
+    scenario(tmp_path, env, {"default": [{"cost": 0.9, "actions": [["write", "a.txt", "A"],
+                                                                    ["write", "b.txt", "B"]]}]})
+    proc = run([*SJ, "--dangerously-skip-permissions", "--max-budget-usd", "0.5", "go"], work, env)
+    assert proc.returncode == 1
+    result = result_of(proc)
+    assert (result["subtype"], result["is_error"], result["stop_reason"]) == (
+        "error_max_budget_usd", True, "tool_use")
+    assert result["errors"] == ["Reached maximum budget ($0.5)"]
+    assert result["total_cost_usd"] == pytest.approx(0.6)  # more than the cap
+    assert result.get("terminal_reason") == (None if version == "2.1.197" else "budget_exhausted")
+    assert (work / "a.txt").read_text() == "A"
+    assert not (work / "b.txt").exists()
+    [tmp] = [p.name for p in work.iterdir() if p.name.startswith("b.txt.tmp.")]
+    pid, hexpart = tmp.split(".")[3:]  # FILE.tmp.PID.HEX
+    assert pid.isdigit() and int(hexpart, 16) >= 0
+
+
+def test_version_is_selectable(work, env):
+    env["FAKE_CLAUDE_VERSION"] = "2.1.197"
+    assert run(["--version"], work, env).stdout.decode() == "2.1.197 (Claude Code)\n"
+    init = events(run([*SJ, "go"], work, env))[0]
+    assert init["claude_code_version"] == "2.1.197"
+    env["FAKE_CLAUDE_VERSION"] = "3.0"
+    assert run(["--version"], work, env).returncode == 70  # a test that asks for neither
+
+
+def test_tool_not_enabled_wording_in_2_1_197(tmp_path, work, env):
+    env["FAKE_CLAUDE_VERSION"] = "2.1.197"
+    scenario(tmp_path, env, {"default": [{"actions": [["write", "a.txt", "A"]]}]})
+    proc = run([*SJ, "--tools", "Read", "--dangerously-skip-permissions", "--", "go"], work, env)
+    [res] = tool_results(events(proc))
+    assert res["content"] == ("<tool_use_error>Error: No such tool available: Write. Write exists but is "
+                              "not enabled in this context.</tool_use_error>")
+    assert denials(proc) == []
+
+
+def test_2_1_197_wants_a_file_read_before_it_is_written(tmp_path, work, env):
+    env["FAKE_CLAUDE_VERSION"] = "2.1.197"
+    (work / "old.txt").write_text("old\n")
+    (work / "log.txt").write_text("log\n")
+    scenario(tmp_path, env, {"default": [{"actions": [
+        ["write", "old.txt", "new"], ["append", "log.txt", "more"],
+        ["read", "old.txt"], ["write", "old.txt", "new"], ["write", "fresh.txt", "f"]]}]})
+    proc = run([*SJ, "--dangerously-skip-permissions", "go"], work, env)
+    over, edit, read, again, fresh = tool_results(events(proc))
+    refusal = "<tool_use_error>File has not been read yet. Read it first before writing to it.</tool_use_error>"
+    assert (over["is_error"], over["content"]) == (True, refusal)
+    assert (edit["is_error"], edit["content"]) == (True, refusal)
+    assert read["content"] == "1\told"
+    assert again["is_error"] is False and (work / "old.txt").read_text() == "new"
+    assert (work / "log.txt").read_text() == "log\n"
+    assert fresh["content"] == (f"File created successfully at: {work / 'fresh.txt'} (file state is current "
+                                "in your context \u2014 no need to Read it back)")
+    assert denials(proc) == []
+    # 2.1.332 writes over it
+    env["FAKE_CLAUDE_VERSION"] = "2.1.332"
+    (work / "old.txt").write_text("old\n")
+    scenario(tmp_path, env, {"default": [{"actions": [["write", "old.txt", "new"]]}]})
+    run([*SJ, "--dangerously-skip-permissions", "go"], work, env)
+    assert (work / "old.txt").read_text() == "new"
+
+
+@pytest.mark.parametrize("command", ["touch t.txt", "mkdir -p d/e", "echo x > f.txt"])
+def test_accept_edits_runs_simple_file_commands(tmp_path, work, env, command):
+    scenario(tmp_path, env, {"default": [{"actions": [["bash", command]]}]})
+    proc = run([*SJ, "--permission-mode", "acceptEdits", "go"], work, env)
+    [res] = tool_results(events(proc))
+    assert res["is_error"] is False and denials(proc) == []
+    assert any(work.iterdir())
+    # outside the working directory, or in default mode, it still asks
+    scenario(tmp_path, env, {"default": [{"actions": [["bash", f"touch {tmp_path}/out.txt"]]}]})
+    assert denials(run([*SJ, "--permission-mode", "acceptEdits", "go"], work, env))
+    scenario(tmp_path, env, {"default": [{"actions": [["bash", command]]}]})
+    assert denials(run([*SJ, "go"], work, env))
+
+
+def test_2_1_197_warns_about_deny_rules_that_match_no_tool(work, env):
+    args = [*SJ, "--disallowedTools", "MultiEdit", "SlashCommand", "Bash", "--", "go"]
+    assert run(args, work, env).stderr == b""
+    env["FAKE_CLAUDE_VERSION"] = "2.1.197"
+    err = run(args, work, env).stderr.decode()
+    assert "'MultiEdit'" in err and "'SlashCommand'" in err and "'Bash'" not in err
+
+
+def test_terminal_escapes_follow_the_json_lines(work, env):
+    out = run([*SJ, "go"], work, env).stdout.decode()
+    assert out.endswith("}\n" + TERMINAL_RESET)
+
+
+def test_default_model_is_an_opus_model(work, env):
+    init = events(run([*SJ, "go"], work, env))[0]
+    assert init["model"].startswith("claude-opus-")
+
+
+def test_post_tool_use_hooks_run(tmp_path, work, env):
+    seen = tmp_path / "post.jsonl"
+    (work / ".claude").mkdir()
+    (work / ".claude" / "settings.json").write_text(json.dumps({"hooks": {"PostToolUse": [
+        {"matcher": "Write", "hooks": [{"type": "command", "command": f"cat >> {seen}; echo >> {seen}"}]}]}}))
+    scenario(tmp_path, env, {"default": [{"actions": [["write", "a.txt", "A"], ["read", "a.txt"]]}]})
+    run([*SJ, "--dangerously-skip-permissions", "go"], work, env)
+    [payload] = [json.loads(line) for line in seen.read_text().splitlines() if line.strip()]
+    assert (payload["hook_event_name"], payload["tool_name"]) == ("PostToolUse", "Write")
+    assert payload["tool_input"]["file_path"] == str(work / "a.txt")
+    # the project's source left out: no hook
+    seen.unlink()
+    run([*SJ, "--dangerously-skip-permissions", "--setting-sources", "user", "go"], work, env)
+    assert not seen.exists()
 
 
 def test_max_turns(tmp_path, work, env):
@@ -527,7 +678,7 @@ def test_write_allowed(work, env, writes_a, flags):
     "flags, message",
     [
         ([], "Claude requested permissions to write to {path}, but you haven't granted it yet."),
-        (["--permission-mode", "plan", "--allowedTools", "Write"], "Claude requested permissions"),
+        (["--permission-mode", "plan", "--allowedTools", "Write"], "Cannot write to {path} while in plan mode."),
         (["--permission-mode", "dontAsk"], "running in don't ask mode"),
         (
             ["--permission-mode", "acceptEdits", "--disallowedTools", "Write(a.txt)"],
@@ -616,17 +767,6 @@ def test_commit_allowed(repo, env, commits_b, flags):
             ["--dangerously-skip-permissions", "--disallowedTools", "Bash(git commit:*)"],
             "Permission to use Bash with command git add -A && git commit",
         ),
-        (
-            [
-                "--permission-mode",
-                "bypassPermissions",
-                "--allowedTools",
-                "Bash",
-                "--disallowedTools",
-                "Bash",
-            ],
-            "No such tool available: Bash",
-        ),
     ],
 )
 def test_commit_denied(repo, env, commits_b, flags, message):
@@ -676,7 +816,10 @@ def test_disallowed_beats_allowed_and_modes(work, env, writes_a):
     )
     assert "Write" not in events(proc)[0]["tools"]
     assert not (work / "a.txt").exists()
-    assert [d["tool_name"] for d in denials(proc)] == ["Write"]
+    # a bare deny rule removes the tool: calling it is no permission denial (measured)
+    assert denials(proc) == []
+    [res] = tool_results(events(proc))
+    assert res["is_error"] and "No such tool available: Write" in res["content"]
 
 
 def test_tools_restricts_what_exists(tmp_path, work, env):
@@ -688,12 +831,14 @@ def test_tools_restricts_what_exists(tmp_path, work, env):
         [*SJ, "--tools", "Read,Grep", "--dangerously-skip-permissions", "--", "go"], work, env
     )
     evs = events(proc)
-    assert evs[0]["tools"] == ["Read", "Grep"]
+    assert evs[0]["tools"] == ["Grep", "Read"]  # measured: sorted
     read, write = tool_results(evs)
     assert read["is_error"] is False and "R" in read["content"]
-    assert write["is_error"] is True and "No such tool available: Write" in write["content"]
+    assert write["is_error"] is True and write["content"] == (
+        "<tool_use_error>Error: No such tool available: Write. Write exists but is disabled for "
+        "this session, in subagents as well as here.</tool_use_error>")
     assert not (work / "a.txt").exists()
-    assert [d["tool_name"] for d in denials(proc)] == ["Write"]
+    assert denials(proc) == []  # measured: a tool that is not there is not a denial
     assert events(run([*SJ, "--tools", "", "--", "go"], work, env))[0]["tools"] == []
 
 
@@ -722,12 +867,15 @@ def test_resume_and_session_ids(work, env):
     resumed = run([*SJ, "--resume", sid, "three"], work, env)
     assert result_of(resumed)["session_id"] == sid
     assert calls(env)[-1]["prompt"] == "three"
+    assert calls(env)[-1]["conversation"] == ["one"]  # a resume sends the earlier conversation
     assert result_of(run([*SJ, "--continue", "four"], work, env))["session_id"] == sid
-    unknown = run([*SJ, "-r", str(uuid.uuid4()), "five"], work, env)
-    assert (
-        unknown.returncode == 1
-        and "No conversation found with session ID" in unknown.stderr.decode()
-    )
+    gone = str(uuid.uuid4())
+    unknown = run([*SJ, "-r", gone, "five"], work, env)
+    assert unknown.returncode == 1
+    # measured: a result event, not only a line on stderr
+    res = result_of(unknown)
+    assert (res["subtype"], res["is_error"]) == ("error_during_execution", True)
+    assert res["errors"] == [f"No conversation found with session ID: {gone}"]
     both = run([*SJ, "--resume", sid, "--session-id", str(uuid.uuid4()), "six"], work, env)
     assert both.returncode == 1 and "--fork-session" in both.stderr.decode()
     forked_id = str(uuid.uuid4())
@@ -907,11 +1055,11 @@ def test_a_stop_hook_exiting_2_blocks_with_its_stderr(tmp_path, work, env):
 
 
 @pytest.mark.parametrize("mode, model, effective", [
-    ("plan", "haiku", "claude-sonnet-4-5-20250929"),
+    ("plan", "haiku", "claude-opus-4-5-20251101"),
     ("plan", "claude-haiku-4-5", "claude-haiku-4-5"),
     ("dontAsk", "haiku", "haiku"),
     ("default", "haiku", "haiku"),
-    ("plan", None, "claude-sonnet-4-5-20250929"),
+    ("plan", None, "claude-opus-4-5-20251101"),
 ])
 def test_plan_mode_ignores_a_model_alias(work, env, mode, model, effective):
     args = [*SJ, "--permission-mode", mode] + (["--model", model] if model else []) + ["go"]

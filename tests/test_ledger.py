@@ -821,3 +821,37 @@ def test_transitions_after_a_row(led: Ledger) -> None:
     assert (row.task_id, row.to_state, row.cause) == (t.id, "CANCELLED", "operator_cancel")
     assert led.last_transition_id() == row.id
     assert led.transitions_after(0) == led.transitions()
+
+
+def test_an_attempts_cost_may_be_unknown_in_a_ledger_made_before(db: Path) -> None:
+    """A ledger whose attempts.cost_usd is NOT NULL (every ledger before an unknown cost
+    existed) is rebuilt once, keyed on the constraint and not on the schema version
+    (which another migration may bump); its rows, index and references stay."""
+    from fleetrun import ledger as ledger_mod
+
+    with Ledger(db) as led:
+        (t,) = led.add_tasks([spec("a")])
+        att = led.lease(t.id, State.READY, "local", "fresh")
+    conn = raw(db)
+    old_sql = conn.execute("SELECT sql FROM sqlite_master WHERE name='attempts'").fetchone()[0]
+    assert "cost_usd    REAL DEFAULT 0" in old_sql
+    # make it the old table
+    conn.execute("PRAGMA foreign_keys=OFF")
+    conn.execute("BEGIN")
+    conn.execute(old_sql.replace("CREATE TABLE attempts", "CREATE TABLE attempts_old", 1)
+                 .replace("cost_usd    REAL DEFAULT 0", "cost_usd    REAL NOT NULL DEFAULT 0"))
+    conn.execute("INSERT INTO attempts_old SELECT * FROM attempts")
+    conn.execute("DROP TABLE attempts")
+    conn.execute("ALTER TABLE attempts_old RENAME TO attempts")
+    conn.execute("CREATE INDEX attempts_state ON attempts(state)")
+    conn.execute("COMMIT")
+    conn.close()
+    assert count(db, "SELECT \"notnull\" FROM pragma_table_info('attempts') WHERE name='cost_usd'") == 1
+    for _ in range(2):  # the second open finds nothing to do
+        with Ledger(db) as led:
+            led.update_attempt(att.id, state="ended", cost_usd=None)
+            assert led.attempt(att.id).cost_usd is None
+            assert led.unknown_cost() == {t.id}
+    assert count(db, "SELECT \"notnull\" FROM pragma_table_info('attempts') WHERE name='cost_usd'") == 0
+    assert count(db, "SELECT COUNT(*) FROM sqlite_master WHERE type='index' AND name='attempts_state'") == 1
+    assert count(db, "PRAGMA user_version") == ledger_mod.SCHEMA_VERSION

@@ -474,14 +474,16 @@ def test_cwd_is_relative_to_the_tasks_file(fleeter: Any) -> None:
     fleeter.make_repo("plans/repo")
     fleeter.write_tasks(task("a", cwd='"repo"'), name="plans/tasks.toml")
     r = fleeter.run("validate", "plans/tasks.toml")
-    assert (r.ret, r.outlines, r.errlines) == (0, ["plans/tasks.toml: 1 task, valid"], [])
+    no_ref = [f"warning: plans/tasks.toml:1: task 'a': no git_ref: the agent works in your checkout "
+              f"{fleeter.path / 'plans' / 'repo'} itself"]
+    assert (r.ret, r.outlines, r.errlines) == (0, ["plans/tasks.toml: 1 task, valid"], no_ref)
 
     # from another directory: still the tasks file's folder, not the invocation's
     other = fleeter.path / "elsewhere"
     (other / "repo").mkdir(parents=True)
     fleeter.monkeypatch.chdir(other)
     r = fleeter.run("validate", "../plans/tasks.toml")
-    assert (r.ret, r.errlines) == (0, [])
+    assert (r.ret, [e.split(":", 3)[-1] for e in r.errlines]) == (0, [e.split(":", 3)[-1] for e in no_ref])
     assert r.outlines == [f"{fleeter.path / 'plans' / 'tasks.toml'}: 1 task, valid"]
 
 
@@ -850,7 +852,8 @@ def test_plugin_key_in_a_parent_fleetconf(fleeter: Any) -> None:
     fleeter.write_fleetconf(FLEETCONF, folder="proj")
     fleeter.write_tasks(task("a", priority="1"), name="proj/plans/tasks.toml")
     r = fleeter.run("validate", "proj/plans/tasks.toml")
-    assert (r.ret, r.errlines) == (0, [])
+    assert (r.ret, r.errlines) == (0, [f"warning: proj/plans/tasks.toml:1: task 'a': no git_ref: the agent works "
+                                       f"in your checkout {fleeter.path / 'proj'} itself"])
 
 
 # ---------------------------------------------------------------------------------

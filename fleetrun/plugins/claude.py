@@ -123,10 +123,14 @@ def fleetrun_collection_modifyitems(config: Any, items: list[Any]) -> None:
 
 
 # Claude Code's usage-limit messages: "Claude AI usage limit reached|1735689600" (older),
-# "You've hit your session limit · resets 5:46pm (UTC)" and "5-hour limit reached ∙ resets
-# 2pm"; a stream-json "rate_limit_event" with status "rejected" carries "resetsAt".
+# "You've hit your session limit · resets 5:46pm (UTC)" (2.1.197), "You've hit your 5-hour
+# limit · resets 10:18am (UTC)" (2.1.332); a stream-json "rate_limit_event" with status
+# "rejected" carries "resetsAt" when the API sent its unified rate-limit headers.
 _LIMIT_EPOCH = re.compile(r"usage limit reached\|(\d{9,11})", re.I)
-_LIMIT_TEXT = re.compile(r"(usage limit|limit reached|hit your .{0,20}limit|rate limit|rate_limit|overloaded)", re.I)
+_LIMIT_TEXT = re.compile(r"(usage limit reached|limit reached|hit your .{0,20}limit)", re.I)
+# What terminals are sent: CSI (ESC [ ... final byte) and OSC (ESC ] ... BEL or ESC \).
+# Both measured versions reset the terminal when they exit, after the JSON lines.
+_ESCAPES = re.compile(r"\x1b\[[0-?]*[ -/]*[@-~]|\x1b\][^\x07\x1b]*(?:\x07|\x1b\\)|\x1b[@-_]")
 _RESETS = re.compile(r"resets\s+(?:([A-Z][a-z]{2})\s+(\d{1,2}),\s+)?(\d{1,2})(?::(\d{2}))?\s*(am|pm)", re.I)
 
 
@@ -251,6 +255,8 @@ def parse_rate_limit_event(ev: Any, now: Optional[float] = None) -> Optional[flo
 def parse_line(line: str) -> Optional[dict[str, Any]]:
     """One stream-json line as an event object, or None for noise (what is not a JSON
     object: a warning on the terminal, a truncated line, binary). Never raises."""
+    if "\x1b" in line:  # terminal escape sequences around a JSON line are not part of it
+        line = _ESCAPES.sub("", line)
     line = line.strip()
     if not line.startswith("{") or len(line) > MAX_LINE:
         return None
@@ -265,12 +271,15 @@ def read_stream(text: str, now: Optional[float] = None) -> dict[str, Any]:
     """Read stream-json lines; noise (a line that is not a JSON object) is skipped, but
     an event fleetrun reads must have the right shape.
 
-    :return: ``session_id``, ``result`` (a :class:`ResultEvent` or None), ``reset_at``.
+    :return: ``session_id``, ``result`` (a :class:`ResultEvent` or None), ``reset_at``,
+        ``api_error`` (the ``error`` of the CLI's ``<synthetic>`` assistant message:
+        ``server_error``, ``rate_limit``..., or None).
     :raises fleetrun.untrusted.Malformed: an event with a field of the wrong type or range.
     """
     session_id: Optional[str] = None
     result: Optional[ResultEvent] = None
     reset_at: Optional[float] = None
+    api_error: Optional[str] = None
     for line in text.splitlines():
         ev = parse_line(line)
         if ev is None:
@@ -284,7 +293,9 @@ def read_stream(text: str, now: Optional[float] = None) -> dict[str, Any]:
             result = parse_result_event(ev)
         elif kind == "rate_limit_event":
             reset_at = parse_rate_limit_event(ev, now) or reset_at
-    return {"session_id": session_id, "result": result, "reset_at": reset_at}
+        elif kind == "assistant" and "error" in ev:
+            api_error = untrusted.opt_clean_text(ev, "error", "assistant", 100) or api_error
+    return {"session_id": session_id, "result": result, "reset_at": reset_at, "api_error": api_error}
 
 
 def parse_stream(text: str) -> dict[str, Any]:
@@ -294,7 +305,7 @@ def parse_stream(text: str) -> dict[str, Any]:
     try:
         parsed = read_stream(text)
     except untrusted.Malformed as e:
-        return {"session_id": None, "reset_at": None,
+        return {"session_id": None, "reset_at": None, "api_error": None,
                 "result": {"type": "result", "is_error": True, "subtype": "malformed_output",
                            "errors": [untrusted.reason_of(e)], "total_cost_usd": 0.0}}
     res = parsed["result"]
@@ -315,12 +326,13 @@ def result_from_log(text: str, exit_code: Optional[int]) -> AgentResult:
         parsed = read_stream(text)
     except untrusted.Malformed as e:
         return AgentResult(ok=False, reason=f"malformed_output:{untrusted.reason_of(e)}", exit_code=exit_code,
-                           result_text=_tail(text))
+                           result_text=_tail(text), cost_usd=None)
     res = parsed["result"]
-    if res is None:
+    if res is None:  # killed, died, or cut off: the API may have answered (and billed) part of it
         rejected = rejected_arguments(text, exit_code)
         return AgentResult(ok=False, reason=f"rejected_arguments:{rejected}" if rejected else "no_result",
-                           exit_code=exit_code, session_id=parsed["session_id"], result_text=_tail(text))
+                           exit_code=exit_code, session_id=parsed["session_id"], result_text=_tail(text),
+                           cost_usd=None)
     out = AgentResult(
         ok=not res.is_error and exit_code in (0, None),
         reason="" if not res.is_error else "is_error",
@@ -336,17 +348,14 @@ def result_from_log(text: str, exit_code: Optional[int]) -> AgentResult:
     body = out.result_text or " ".join(res.errors)
     if not out.result_text:
         out.result_text = body
-    if res.is_error and (res.api_error_status in (429, 529) or _LIMIT_TEXT.search(body)):
-        out.usage_limit = True
-        out.reason = "usage_limit"
-        out.usage_reset_at = parsed["reset_at"] or parse_reset(body)
     if res.subtype == "error_max_budget_usd":
         out.reason = "budget"
+    elif res.is_error:
+        classify_api_error(out, res, parsed, body)
     return out
 
 
 _CLI_ERROR = re.compile(r"^error:", re.I)
-_ESCAPES = re.compile(r"\x1b(\[[0-?]*[ -/]*[@-~]|\][^\x07\x1b]*(\x07|\x1b\\)?|.)")
 
 
 def rejected_arguments(text: str, exit_code: Optional[int]) -> Optional[str]:
@@ -369,6 +378,43 @@ def rejected_arguments(text: str, exit_code: Optional[int]) -> Optional[str]:
             line = "".join(c if c.isprintable() else "?" for c in line)
             return line if len(line) <= 500 else line[:500] + "..."
     return None
+
+
+def classify_api_error(out: AgentResult, res: ResultEvent, parsed: dict[str, Any], body: str) -> None:
+    """An API error, as the CLI reports it (a result of subtype ``success`` with
+    ``is_error``, ``api_error_status`` and a ``<synthetic>`` assistant message):
+
+    - a 429 with a reset time (a ``rate_limit_event``'s ``resetsAt``, or the time in
+      "You've hit your session limit · resets 10:18am (UTC)"): ``usage_limit``, the
+      machine pauses until then (a usage-limit text with a time not believed: the
+      pause backs off instead);
+    - a 429 without one (an API key's rate limit, or no unified headers: "Server is
+      temporarily limiting requests (not your usage limit)"): ``rate_limited``, the task
+      backs off; nothing says when the limit clears, so nothing is paused until a guess;
+    - any other status (500, 529 overloaded): ``api_error:N``, transient, resumed.
+
+    Older CLIs gave only the text ("Claude AI usage limit reached|EPOCH").
+    """
+    status = res.api_error_status
+    synthetic = parsed.get("api_error")
+    if status is None and synthetic is None:
+        if _LIMIT_TEXT.search(body) and "not your usage limit" not in body:
+            out.usage_limit = True
+            out.reason = "usage_limit"
+            out.usage_reset_at = parsed["reset_at"] or parse_reset(body)
+        return
+    if status == 429 or (status is None and synthetic == "rate_limit"):
+        reset = parsed["reset_at"] or parse_reset(body)
+        if reset is not None or (_LIMIT_TEXT.search(body) and "not your usage limit" not in body):
+            # a usage limit, even one whose reset time is not believed (the machine then
+            # pauses 1, 2, 4 ... minutes): every session there would hit it
+            out.usage_limit = True
+            out.reason = "usage_limit"
+            out.usage_reset_at = reset
+        else:
+            out.reason = "rate_limited"
+        return
+    out.reason = f"api_error:{status if status is not None else synthetic}"
 
 
 def _tail(text: str) -> str:

@@ -230,9 +230,37 @@ def fleetrun_place(task: Any, candidates: list[Candidate], policy: Any, config: 
         pin = "local"
     if task.state in (State.RETRYING, State.RESUMING) and task.host:
         pin = task.host  # same machine, same worktree
+    shared = checkout_in_use(config, task)
+    if shared is not None:
+        return Wait(f"another task works in {shared} (no git_ref)")
     backoff = config.stash.get("backoff", {}).get(task.id, {})
     decision = same_pass(config.stash, candidates, task.spec.requires, pin, backoff)
     return steady(config.stash.setdefault("placement_reasons", {}), task.id, decision)
+
+
+def checkout_of(cwd: str) -> str:
+    """The checkout holding ``cwd``: the nearest folder with a ``.git`` (no git run: this
+    is asked on every pass), else ``cwd`` itself."""
+    path = Path(os.path.realpath(cwd))
+    for p in (path, *path.parents):
+        if (p / ".git").exists():
+            return str(p)
+    return str(path)
+
+
+def checkout_in_use(config: Any, task: Any) -> Optional[str]:
+    """A task without ``git_ref`` works in the user's checkout: the checkout, if another
+    such task is placed, running or being verified there (two agents in one checkout
+    edit, commit and switch branches under each other)."""
+    led = config.stash.get("ledger")
+    if led is None or task.spec.git_ref or task.spec.role:
+        return None
+    mine = checkout_of(task.spec.cwd)
+    for other in led.tasks(set(ACTIVE)):
+        if other.id != task.id and not other.spec.git_ref and not other.spec.role \
+                and checkout_of(other.spec.cwd) == mine:
+            return mine
+    return None
 
 
 def same_pass(stash: dict[str, Any], candidates: list[Candidate], requires: list[str], pin: Optional[str],
@@ -303,8 +331,9 @@ def fleetrun_collection_modifyitems(config: Any, items: list[Any]) -> None:
     tools = list(configured_tools(config))
     warnings = config.stash.setdefault("warnings", [])
     cache: dict[str, Any] = {}
-    from ..collect import display_path
+    from ..collect import checkout_warnings, display_path
 
+    warnings.extend(checkout_warnings(items, config.invocation_dir))
     for t in items:
         for req in t.requires:
             r = parse_requirement(req)

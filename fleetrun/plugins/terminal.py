@@ -124,7 +124,9 @@ class TerminalReporter:
         parts = [f"{n} {state.lower()}" for state, n in counts.items() if n]
         cost = getattr(session, "cost_usd", 0.0)
         text = f"=== {', '.join(parts) or 'no tasks'} in {fmt_duration(time.time() - session.started)}"
-        if cost:
+        if getattr(session, "cost_unknown", False):  # a session that never reported its cost
+            text += f", ${cost:.2f}+"
+        elif cost:
             text += f", ${cost:.2f}"
         older = getattr(session, "older_tasks", 0)
         if older:  # `fleetrun work` counts what it worked on, not the whole ledger

@@ -46,16 +46,14 @@ from typing import Any, Optional, Union
 from ..diffutil import local_workspace, parse_reply, review_prompt, task_diff
 from ..hookimpl import hookimpl
 from ..procutil import KEEP_BYTES, ProcessHandle, tail_text, task_env
-from ..reports import Verdict
-from ..untrusted import Malformed, cost, obj, one_of, opt_boolean, opt_text, text
 
 # A sibling plugin's pure functions (no hooks called): the claude executable setting
 # and the stream-json reader are one contract, kept in one place.
+from ..reports import MIN_BUDGET_USD, Verdict
+from ..untrusted import Malformed, cost, obj, one_of, opt_boolean, opt_text, text
 from .claude import executable, parse_stream
 
 MAX_DIFF_BYTES = 60000
-#: Below this, Claude Code's --max-budget-usd would be 0.0000 (it wants a positive number).
-MIN_BUDGET_USD = 0.0001
 #: Refuses whatever would need a permission, and keeps the model it is given (plan
 #: mode does not: measured with the real CLI, it sends an alias like haiku as the default).
 PERMISSION_MODE = "dontAsk"
