@@ -319,6 +319,7 @@ timeout_min = 30
 [[task]]
 name = "user-api"
 cwd = "repo"
+git_ref = "main"
 agent = "demo"
 prompt = """
 Add CRUD endpoints

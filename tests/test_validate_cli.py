@@ -1317,6 +1317,8 @@ cwd = "{repo}"
     assert_valid(r, "tasks.toml: 2 tasks, valid")
     fix = "add PYTHONPATH=src or a setup step (docs/verifiers.md)"
     assert r.errlines == [
+        # a task without git_ref works in the checkout itself: that warning, not the editable one
+        f"warning: tasks.toml:19: task 'in-checkout': no git_ref: the agent works in your checkout {repo} itself",
         f"warning: tasks.toml:7: task 'x': verify: {venv}/bin/python imports tinypkg from {repo} "
         f"(an editable install of the main checkout), not from the worktree; {fix}",
         f"warning: tasks.toml:13: task 'x': verify: {venv}/bin/pytest imports tinypkg from {repo} "
