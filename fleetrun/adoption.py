@@ -1,0 +1,117 @@
+"""Adoption: the loop picks up what the ledger says is in flight, after a restart or a
+crash (docs/durability.md).
+
+An attempt whose shepherd runs is watched again; one leased or starting whose shepherd
+never started is abandoned and its task goes back (``lease_expired:never started``); an
+end that was recorded without the transition after it is decided again without being
+recorded twice; a verifier the crash interrupted runs again from the start, or its
+recorded failure is acted on; a DONE task whose workspace was not cleaned up is.
+"""
+
+from __future__ import annotations
+
+import os
+import time
+from typing import Any
+
+from .hosts import get_host, kill_recorded_children
+from .ledger import Attempt
+from .outcomes import back_state
+from .reports import Workspace
+from .states import State
+from .verifying import Verifying
+
+
+class Adoption:
+    """Adopts for the loop. ``loop`` gives the ledger, the hooks and the stages the
+    adopted attempts go on in."""
+
+    def __init__(self, loop: Any) -> None:
+        self.loop = loop
+
+    def adopt(self) -> None:
+        """Pick up what the ledger says is in flight (after a restart or a crash)."""
+        loop = self.loop
+        led = loop.led
+        adopted = 0
+        for att in loop.active_attempts():
+            with loop.isolated(att.task_id):
+                task = led.get(att.task_id)
+                if task is None:
+                    continue
+                host = get_host(loop.config, att.host)
+                if att.state == "leased" or (att.state == "starting" and not att.shepherd_pid):
+                    st = self.starting_status(att) if att.state == "starting" else {}
+                    if st.get("state") == "unreachable":  # it may be running there: poll_attempts asks again
+                        adopted += 1
+                        continue
+                    if not st.get("shepherd_pid") and hasattr(host, "give_up"):
+                        # decide under the shepherd's start lock: a late shepherd then runs nothing
+                        st = host.give_up(att.id) or st
+                    if att.state == "leased" and att.host in (None, "local"):
+                        kill_recorded_children(host.attempt_dir(att.id))  # a setup command the crash left
+                    if st.get("shepherd_pid"):  # it did start: watch it (a dead one is resumed)
+                        led.update_attempt(att.id, state="running", shepherd_pid=st["shepherd_pid"],
+                                           shepherd_token=st.get("shepherd_token"), started=st.get("started"))
+                        if task.state is State.ASSIGNED:
+                            loop.move(task, State.RUNNING, "adopted", attempt=att.number)
+                        if st.get("state") in ("starting", "running"):
+                            adopted += 1
+                        continue
+                    led.update_attempt(att.id, state="abandoned", outcome="never_started", ended=time.time())
+                    if task.state is State.ASSIGNED:
+                        loop.move(task, back_state(att.kind), "lease_expired:never started", attempt=att.number)
+                    continue
+                if task.state is State.ASSIGNED:
+                    loop.move(task, State.RUNNING, "adopted", attempt=att.number)
+                st = host.status(att.id, att.shepherd_pid, att.shepherd_token)
+                if st.get("state") in ("starting", "running", "unreachable"):
+                    adopted += 1  # a dead or finished one is handled by poll_attempts, not announced
+        for task in led.tasks({State.RUNNING}):
+            with loop.isolated(task.id):
+                # the attempt's end was recorded, the transition after it was not (a crash
+                # between the two): decide again from the status file, without recording twice
+                last = led.latest_attempt(task.id)
+                if last is not None and last.state == "ended":
+                    host = get_host(loop.config, last.host)
+                    loop.ending.finish_attempt(last, host.status(last.id, last.shepherd_pid, last.shepherd_token),
+                                               record=False)
+        for task in led.tasks({State.VERIFYING}):
+            with loop.isolated(task.id):
+                if not loop.in_scope(task) and loop.queue_id is not None:
+                    continue
+                if task.id in loop.verify.running:
+                    continue
+                last = led.latest_attempt(task.id)
+                if last is None or last.workspace is None:
+                    continue
+                if last.host in (None, "local"):
+                    # a verifier the crashed supervisor left running is ended before it runs again
+                    kill_recorded_children(get_host(loop.config, last.host).attempt_dir(last.id))
+                verdicts = led.verdicts(attempt_id=last.id)
+                v = Verifying(last, Workspace(**last.workspace), len(verdicts))
+                failed = next((x for x in verdicts if not x.passed), None)
+                if failed is not None:  # its failure was recorded, the transition after it was not
+                    loop.verify.verdict_failed(task, v, failed.label)
+                    continue
+                loop.verify.begin(task.id, v)
+        for task in led.tasks({State.DONE}):
+            with loop.isolated(task.id):
+                # DONE, but the crash came before its workspace was cleaned up
+                if task.worktree and task.host in (None, "local") and os.path.exists(os.path.join(task.worktree, ".git")):
+                    loop.finish_terminal(task)
+        if adopted:
+            loop.config.out.write(f"adopted {adopted} running attempt(s)\n")
+
+    def starting_status(self, att: Attempt) -> dict[str, Any]:
+        """The status of an attempt whose shepherd may have been started just before a
+        crash: give a freshly spawned shepherd a moment to write its first status."""
+        host = get_host(self.loop.config, att.host)
+        deadline = time.time() + 2.0
+        while True:
+            st: dict[str, Any] = host.status(att.id, None, None)
+            if st.get("shepherd_pid") or time.time() >= deadline:
+                return st
+            if att.host != "local" or not (host.attempt_dir(att.id) / "spec.json").exists():
+                return st
+            time.sleep(0.05)

@@ -1,0 +1,125 @@
+"""An attempt's end, applied: the loop polls the attempts that run, records how each
+ended, and carries out what :mod:`fleetrun.outcomes` decides for its task (resume, back
+off, pause the machine, ask a human, or collect the work and verify it).
+"""
+
+from __future__ import annotations
+
+import time
+from typing import Any, Optional
+
+from . import clock
+from .gitutil import GitError, WorktreeTampered
+from .hosts import get_host
+from .ledger import Attempt, Task
+from .outcomes import Ended, Transition, attempt_outcome, decide_end, decide_not_started, end_reason
+from .reports import Workspace
+from .states import State
+from .verifying import Verifying
+
+
+class Ending:
+    """Ends attempts for the loop. ``loop`` gives the ledger, the hooks, the waits (for
+    backoffs and pauses) and the verify stage an attempt that exited goes on to."""
+
+    def __init__(self, loop: Any) -> None:
+        self.loop = loop
+
+    def poll(self) -> None:
+        loop = self.loop
+        for att in loop.led.attempts(states={"starting", "running"}):
+            with loop.isolated(att.task_id):
+                host = get_host(loop.config, att.host)
+                st = host.status(att.id, att.shepherd_pid, att.shepherd_token)
+                if st.get("state") in ("ended", "died"):
+                    self.finish_attempt(att, st)
+
+    def finish_attempt(self, att: Attempt, st: dict[str, Any], record: bool = True) -> None:
+        """An attempt ended: record it (``record``; False when adopt() finds it recorded
+        but not acted on), then move its task on."""
+        loop = self.loop
+        led = loop.led
+        task = led.get(att.task_id)
+        assert task is not None
+        host = get_host(loop.config, att.host)
+        exit_code = st.get("exit_code")
+        res = loop.hook.fleetrun_agent_result(task=task, attempt=att, log_path=str(host.log_path(att.id)),
+                                              exit_code=exit_code, config=loop.config)
+        cost = res.cost_usd if res is not None else None  # None: unknown, not zero
+        if record:
+            with led.tx() as cur:
+                led.update_attempt(att.id, cur=cur, state="ended", ended=st.get("ended") or time.time(),
+                                   exit_code=exit_code, outcome=attempt_outcome(end_reason(st), res),
+                                   session_id=(res.session_id if res else None) or att.session_id,
+                                   cost_usd=cost, result_text=res.result_text if res else None,
+                                   info={**att.info, "denials": res.permission_denials if res else [],
+                                         "error": st.get("error"), "signal": st.get("signal")})
+                cur.execute("UPDATE tasks SET cost_usd = cost_usd + ? WHERE id=?", (cost or 0.0, task.id))
+        task = loop.get(task.id)
+        att = loop.get_attempt(att.id)
+        waits = loop.waits
+        decision = decide_end(Ended(
+            status=st, result=res, task_state=task.state, kind=att.kind, host=att.host, resumes=task.resumes,
+            no_start=task.no_start, backoff=waits.backoff_of(task.id, att.host), pause=waits.pause_of(att.host),
+            now=time.time(), clock_now=clock.now()))
+        if decision is None:
+            return  # cancelled meanwhile: the attempt is over, nothing else to do
+        if decision.ran:  # that machine is good for this task again, and the never-started count restarts
+            waits.clear_backoff(task.id, att.host)
+            if task.no_start:
+                led.update_task(task.id, no_start=0)
+                task = loop.get(task.id)
+        if not decision.verify:
+            self.apply(task, att, decision)
+            return
+        ws = Workspace(**att.workspace) if att.workspace else Workspace(path=task.spec.cwd)
+        try:  # before VERIFYING: after a crash between the two it is simply done again
+            loop.hook.fleetrun_collect_work(task=task, attempt=att, workspace=ws, config=loop.config)
+        except WorktreeTampered as e:
+            self.worktree_tampered(task, att, e, "nothing was committed")
+            return
+        except GitError as e:
+            led.add_note(task.id, f"could not commit the attempt's work: {e}")
+        if self.apply(task, att, decision) is None:
+            return
+        loop.verify.begin(task.id, Verifying(att, ws, 0))
+
+    def apply(self, task: Task, att: Attempt, decision: Transition) -> Optional[Task]:
+        """Carry out a decision for ``task``, whose attempt ``att`` ended or did not start:
+        the pause or backoff first, then the move. :return: the task as moved, or None
+        when it had moved meanwhile."""
+        loop = self.loop
+        if decision.pause is not None:
+            loop.waits.pause_host(att.host, decision.pause)
+        if decision.backoff is not None:
+            loop.waits.back_off(task.id, att.host, decision.backoff)
+        now = loop.move(task, decision.to, decision.cause, attempt=att.number, **decision.fields)
+        if now is not None and decision.terminal:
+            loop.finish_terminal(now)
+        return now
+
+    def worktree_tampered(self, task: Task, att: Attempt, e: WorktreeTampered, what: str) -> None:
+        """The agent rewrote, replaced or removed its worktree's ``.git``: nothing is
+        committed or run there, and a human looks (a retry would only repeat it)."""
+        loop = self.loop
+        loop.led.update_attempt(att.id, outcome="worktree_tampered")
+        # the reason quotes what the agent wrote into .git: one line, no control characters
+        reason = "".join(c if c.isprintable() else f"\\x{ord(c):02x}" for c in " ".join(str(e).split()))
+        reason = (reason[:300] + "...") if len(reason) > 300 else reason
+        now = loop.move(task, State.NEEDS_HUMAN, f"worktree_tampered:{reason or 'its .git was changed'}; {what}",
+                        attempt=att.number)
+        if now is not None:
+            if now.worktree:  # git refuses to remove it now, even with --force: say how
+                loop.led.add_note(task.id, f"kept worktree {now.worktree} as the agent left it; to start over, "
+                                           "remove that folder and run `git worktree prune` in the repository")
+            loop.finish_terminal(now)
+
+    def give_up_at_once(self, task: Task, att: Attempt, cause: str) -> None:
+        """A start that can never succeed as things are (the agent is not installed, it
+        rejects its arguments, git refuses the workspace): NEEDS_HUMAN now, no backoff."""
+        self.apply(task, att, Transition(State.NEEDS_HUMAN, cause))
+
+    def not_started(self, task: Task, att: Attempt, cause: str) -> None:
+        """An attempt that never started: back off from that machine; a retry is not used."""
+        backoff = self.loop.waits.backoff_of(task.id, att.host)
+        self.apply(task, att, decide_not_started(att.kind, task.no_start, backoff, att.host, cause, time.time()))

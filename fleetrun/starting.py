@@ -1,0 +1,228 @@
+"""Placing and starting attempts: each pass the loop asks ``fleetrun_place`` where each
+placeable task goes, leases it there, prepares its workspace (setup runs next, when the
+task has any), builds its prompt and starts its agent under a shepherd.
+
+The crash points (:mod:`fleetrun.crash`) mark the steps a crash may fall between;
+adoption (:mod:`fleetrun.adoption`) picks up after each.
+"""
+
+from __future__ import annotations
+
+import os
+import time
+from dataclasses import asdict
+from typing import Any, Optional
+
+from . import clock, crash
+from .exceptions import StateConflict, UsageError
+from .gitutil import WorktreeTampered
+from .hosts import executable_problem, get_host
+from .ledger import Attempt, Task
+from .reports import MIN_BUDGET_USD, Handoff, Placement, Wait, Workspace
+from .session import sock_path
+from .states import PLACEABLE, State
+
+
+class Starting:
+    """Places and starts attempts for the loop. ``loop`` gives the ledger, the hooks, the
+    waits, the setup stage and the way an attempt that cannot start ends
+    (``loop.ending``)."""
+
+    def __init__(self, loop: Any) -> None:
+        self.loop = loop
+
+    # -- placement ---------------------------------------------------------------------
+
+    def place_all(self) -> None:
+        try:
+            self._place_all()
+        finally:
+            self.loop.waits.save()  # what `fleetrun status` shows; written once a pass
+
+    def _place_all(self) -> None:
+        loop = self.loop
+        waits = loop.waits
+        tasks = [t for t in loop.led.tasks(set(PLACEABLE)) if loop.in_scope(t) or loop.queue_id is None]
+        at = clock.now()
+        waits.prune(at, {t.id for t in tasks})
+        if not tasks:
+            return
+        candidates = [c for cs in loop.hook.fleetrun_candidates(config=loop.config) for c in (cs or [])]
+        waits.mark_paused(candidates, at)
+        policy = loop.policy.policy
+        busy = {a.task_id: a for a in loop.active_attempts()}
+        for task in tasks:
+            with loop.isolated(task.id):
+                if loop.stopping:
+                    return
+                if task.id in busy:  # the previous attempt is still ending (a cancel's grace period)
+                    waits.still_ending(task, busy[task.id].number, at)
+                    continue
+                # less than the agent can be given (--max-budget-usd 0.0000 is refused) is none
+                if task.spec.budget_usd is not None and task.spec.budget_usd - task.cost_usd < MIN_BUDGET_USD:
+                    now = loop.move(task, State.NEEDS_HUMAN,
+                                    f"budget_exhausted:spent ${task.cost_usd:.2f} of ${task.spec.budget_usd:.2f}")
+                    if now is not None:
+                        loop.finish_terminal(now)
+                    continue
+                decision = loop.hook.fleetrun_place(task=task, candidates=candidates, policy=policy, config=loop.config)
+                if decision is None:
+                    decision = Wait("no plugin places tasks", operator="no plugin places tasks")
+                if isinstance(decision, Wait):
+                    waits.wait(task, decision, at)
+                    continue
+                assert isinstance(decision, Placement)
+                waits.placed(task.id)
+                if self.start(task, decision.host):
+                    loop.placed_last_pass = True
+                    for c in candidates:
+                        if c.name == decision.host:
+                            c.running += 1
+                            if c.free_mem_mb is not None:
+                                c.free_mem_mb -= c.mem_per_task_mb
+
+    # -- starting ----------------------------------------------------------------------
+
+    def start(self, task: Task, hostname: str) -> bool:
+        loop = self.loop
+        led = loop.led
+        ending = loop.ending
+        kind = {State.READY: "fresh", State.RETRYING: "retry", State.RESUMING: "resume"}[task.state]
+        prev = led.latest_attempt(task.id)
+        crash.point("before_transition:ASSIGNED")
+        try:
+            att = led.lease(task.id, task.state, hostname, kind)
+        except StateConflict:
+            return False
+        crash.point("after_lease")
+        prev_state = task.state
+        task = loop.get(task.id)
+        loop.notify(task, prev_state, State.ASSIGNED, "placed", att.number)
+        crash.point("after_transition:ASSIGNED")
+        host = get_host(loop.config, hostname)
+        try:
+            ws = loop.hook.fleetrun_prepare_workspace(task=task, attempt=att, config=loop.config)
+            if ws is None:
+                raise UsageError("no plugin prepared a workspace")
+        except WorktreeTampered as e:  # the worktree a previous attempt left was tampered with
+            led.update_attempt(att.id, state="abandoned", ended=time.time())
+            ending.worktree_tampered(task, att, e, f"attempt {att.number} was not started in it")
+            return False
+        except Exception as e:
+            if getattr(e, "permanent", False):  # a bad ref, a branch checked out elsewhere...
+                led.update_attempt(att.id, state="abandoned", outcome="workspace_failed", ended=time.time())
+                ending.give_up_at_once(task, att, f"workspace_failed:{' '.join(str(e).split()) or type(e).__name__}")
+                return False
+            led.update_attempt(att.id, state="abandoned", outcome="start_failed", ended=time.time())
+            word = "peer_refused" if type(e).__name__ == "StartRefused" else "start_failed"
+            ending.not_started(task, att, f"{word}:{type(e).__name__ if not str(e) else e}")
+            return False
+        crash.point("after_worktree")
+        with led.tx() as cur:
+            led.update_attempt(att.id, cur=cur, workspace=asdict(ws), dir=str(host.attempt_dir(att.id)))
+            led.update_task(task.id, cur=cur, worktree=ws.root or (ws.path if ws.is_worktree else None),
+                            branch=ws.branch)
+        task = loop.get(task.id)
+        att = loop.get_attempt(att.id)
+        if loop.setup.needed(task, att, ws):
+            loop.setup.begin(task, att, ws, kind, prev)  # launch() follows once it has passed
+            return True
+        return self.launch(task, att, ws, kind, prev)
+
+    def launch(self, task: Task, att: Attempt, ws: Workspace, kind: str, prev: Optional[Attempt]) -> bool:
+        """Build the prompt and start the agent in a prepared (and set up) workspace."""
+        loop = self.loop
+        led = loop.led
+        ending = loop.ending
+        host = get_host(loop.config, att.host)
+        context = self.prompt_context(task, kind, prev)
+        left = None
+        if task.spec.budget_usd is not None:
+            left = max(0.0, task.spec.budget_usd - task.cost_usd)
+            att.info["budget_left_usd"] = left
+        if prev is not None and prev.session_id:
+            att.info["resume_session"] = prev.session_id
+        prompt = loop.hook.fleetrun_build_prompt(task=task, attempt=att, config=loop.config, context=context)
+        try:
+            spawn = loop.hook.fleetrun_spawn(task=task, attempt=att, workspace=ws, prompt=prompt or task.spec.prompt,
+                                             config=loop.config)
+        except UsageError as e:
+            spawn = None
+            err = e.message
+        else:
+            err = f"no plugin spawns agent {task.spec.agent!r}"
+        if spawn is None:
+            led.update_attempt(att.id, state="abandoned", outcome="start_failed", ended=time.time())
+            ending.not_started(task, att, f"start_failed:{err}")
+            return False
+        env = {
+            "FLEETRUN_TASK_ID": task.id,
+            "FLEETRUN_TASK_NAME": task.name,
+            "FLEETRUN_ATTEMPT": str(att.number),
+            "FLEETRUN_WORKTREE": ws.path,
+            **(spawn.get("env") or {}),
+        }
+        spec = {
+            "argv": spawn["argv"],
+            "cwd": ws.path,
+            "env": env,
+            "stdin": spawn.get("stdin"),
+            "timeout_s": task.spec.timeout_min * 60.0,
+            "stall_s": task.spec.stall_timeout_min * 60.0,
+            "notify": sock_path(loop.config.home),
+        }
+        # an agent that is not installed here never starts: ask a human now, not after
+        # ten backed-off tries (a peer's shepherd reports the same from its side)
+        missing = executable_problem(spawn["argv"][0], env.get("PATH", os.environ.get("PATH"))) \
+            if att.host in (None, "local") and spawn["argv"] else None
+        if missing:
+            led.update_attempt(att.id, state="abandoned", outcome="agent_not_found", ended=time.time())
+            ending.give_up_at_once(task, att, f"agent_not_found:{missing}")
+            return False
+        led.update_attempt(att.id, state="starting", session_id=spawn.get("session_id"),
+                           info={**att.info, "argv": spawn["argv"]})
+        try:
+            info = host.start(att.id, spec, prompt or task.spec.prompt)
+        except Exception as e:  # a peer refused, or could not be reached
+            led.update_attempt(att.id, state="abandoned", outcome="start_failed", ended=time.time())
+            word = "peer_refused" if type(e).__name__ == "StartRefused" else "start_failed"
+            ending.not_started(loop.get(task.id), att, f"{word}:{e}")
+            return False
+        crash.point("after_shepherd_start")
+        with led.tx() as cur:
+            led.update_attempt(att.id, cur=cur, state="running", started=time.time(),
+                               shepherd_pid=info["pid"], shepherd_token=info["token"], dir=info["dir"])
+        if loop.move(task, State.RUNNING, "started", attempt=att.number) is None:
+            host.stop(att.id, info["pid"], info["token"])  # cancelled while it was starting
+        return True
+
+    def prompt_context(self, task: Task, kind: str, prev: Optional[Attempt]) -> dict[str, Any]:
+        led = self.loop.led
+        handoffs = []
+        for dep_id in task.deps:
+            dep = led.get(dep_id)
+            if dep is not None and dep.handoff:
+                handoffs.append(Handoff(**dep.handoff))
+        failures = []
+        if prev is not None and kind in ("retry", "resume"):
+            # the failures of the newest attempt that reached a verdict
+            for a in reversed([a for a in led.attempts(task.id) if a.number <= prev.number]):
+                vs = [v for v in led.verdicts(attempt_id=a.id) if not v.passed]
+                if vs:
+                    failures = vs
+                    break
+                if kind == "retry":
+                    break
+        # why it resumes: the cause of the move to RESUMING, not the task's reason now
+        # (that is ``placed``, from the lease just made), and the attempt it names; an
+        # attempt given up as never started is passed over for the one before it
+        resume_reason, previous = None, prev
+        if kind == "resume":
+            rows = [r for r in led.transitions(task.id) if r.to_state == State.RESUMING.value]
+            row = next((r for r in reversed(rows) if not r.cause.startswith("lease_expired")),
+                       rows[-1] if rows else None)
+            if row is not None:
+                resume_reason = row.cause
+                previous = next((a for a in led.attempts(task.id) if a.number == row.attempt), prev)
+        return {"kind": kind, "handoffs": handoffs, "failures": failures,
+                "resume_reason": resume_reason, "previous": previous}

@@ -1,0 +1,153 @@
+"""The ``verify`` stage: a task's verifiers, one after the other, without blocking the loop.
+
+A verifier answers at once (a :class:`~fleetrun.reports.Verdict`) or with a handle the
+loop polls (and sleeps on, with ``fileno()`` and ``next_deadline()``). Each verdict is
+recorded before the next verifier starts; a crash between a recorded failure and the
+transition after it is finished by adoption (:meth:`VerifyStage.verdict_failed`).
+"""
+
+from __future__ import annotations
+
+from dataclasses import asdict, dataclass
+from typing import Any
+
+from . import crash
+from .ledger import Attempt, Task
+from .reports import Verdict, Workspace
+from .states import State
+
+
+@dataclass
+class Verifying:
+    attempt: Attempt
+    workspace: Workspace
+    idx: int
+    handle: Any = None
+
+
+class VerifyStage:
+    """Runs verifiers for the loop. ``loop`` gives the ledger, the hooks and the way on:
+    ``move``/``finish_terminal`` end a task."""
+
+    def __init__(self, loop: Any) -> None:
+        self.loop = loop
+        self.running: dict[str, Verifying] = {}
+
+    def begin(self, task_id: str, v: Verifying) -> None:
+        self.running[task_id] = v
+        self.start(task_id)
+
+    def start(self, task_id: str) -> None:
+        """Start the task's next verifier, or, with none left, move it to DONE."""
+        loop = self.loop
+        v = self.running[task_id]
+        found = loop.led.get(task_id)
+        if found is None or found.state is not State.VERIFYING:
+            self.running.pop(task_id, None)
+            return
+        task = found
+        while v.idx < len(task.spec.verify):
+            spec = task.spec.verify[v.idx]
+            try:
+                res = loop.hook.fleetrun_verify(task=task, verifier=spec, workspace=v.workspace,
+                                                attempt=v.attempt, config=loop.config)
+            except Exception as e:  # a verifier that cannot reach a verdict fails
+                res = Verdict(False, spec.kind, spec.label, reason=f"verifier error: {type(e).__name__}: {e}")
+            if res is None:
+                res = Verdict(False, spec.kind, spec.label, reason=f"no plugin runs {spec.kind!r} verifiers")
+            if isinstance(res, Verdict):
+                if not self.record_verdict(task, v, res):
+                    return
+                task = loop.get(task_id)
+                continue
+            v.handle = res
+            crash.point("mid_verifier")
+            return
+        self.all_passed(task, v)
+
+    def poll(self) -> None:
+        loop = self.loop
+        for task_id, v in list(self.running.items()):
+            with loop.isolated(task_id):
+                if v.handle is None:
+                    continue
+                current = loop.led.get(task_id)
+                if current is None or current.state is not State.VERIFYING:  # cancelled meanwhile
+                    if hasattr(v.handle, "cancel"):
+                        v.handle.cancel()
+                    self.running.pop(task_id, None)
+                    continue
+                verdict = v.handle.poll()
+                if verdict is None:
+                    continue
+                v.handle = None
+                task = loop.led.get(task_id)
+                if task is None or task.state is not State.VERIFYING:
+                    self.running.pop(task_id, None)
+                    continue
+                if self.record_verdict(task, v, verdict):
+                    self.start(task_id)
+
+    def record_verdict(self, task: Task, v: Verifying, verdict: Verdict) -> bool:
+        """Record one verdict. :return: True to go on with the next verifier."""
+        loop = self.loop
+        loop.led.add_verdict(task.id, v.attempt.id, v.idx, verdict)
+        crash.point("after_verdict")
+        loop.hook.fleetrun_verdict(task=task, verdict=verdict, attempt=v.attempt, config=loop.config)
+        task = loop.get(task.id)
+        if verdict.passed:
+            v.idx += 1
+            return True
+        self.verdict_failed(task, v, verdict.label)
+        return False
+
+    def verdict_failed(self, task: Task, v: Verifying, label: str) -> None:
+        """A verifier failed (just now, or before a crash): retry, or ask a human."""
+        loop = self.loop
+        self.running.pop(task.id, None)
+        loop.led.update_attempt(v.attempt.id, state="verified")
+        label = label.replace("\n", " ")
+        if task.retries < task.spec.max_retries:
+            loop.move(task, State.RETRYING, f"verify_fail:{label}", attempt=v.attempt.number,
+                      retries=task.retries + 1)
+        else:
+            now = loop.move(task, State.NEEDS_HUMAN, f"retries_exhausted:{label}", attempt=v.attempt.number)
+            if now is not None:
+                loop.finish_terminal(now)
+
+    def all_passed(self, task: Task, v: Verifying) -> None:
+        loop = self.loop
+        self.running.pop(task.id, None)
+        loop.led.update_attempt(v.attempt.id, state="verified")
+        handoff = loop.hook.fleetrun_handoff(task=task, attempt=v.attempt, config=loop.config)
+        fields: dict[str, Any] = {}
+        if handoff is not None:
+            fields["handoff"] = asdict(handoff)
+        now = loop.move(task, State.DONE, "verify_pass" if task.spec.verify else "exited",
+                        attempt=v.attempt.number, **fields)
+        if now is not None:
+            loop.finish_terminal(now)
+
+    # -- for the loop's wait, its interruptions and its containment -----------------------
+
+    def handles(self) -> list[Any]:
+        return [v.handle for v in self.running.values() if v.handle is not None]
+
+    def drop(self, task_id: str) -> None:
+        """Stop the task's verifier, if one runs: the task is set aside."""
+        v = self.running.pop(task_id, None)
+        if v is not None and v.handle is not None and hasattr(v.handle, "cancel"):
+            v.handle.cancel()
+
+    def cancel_all(self) -> int:
+        """Stop every verifier (Ctrl-C, a full disk): their verdicts are not recorded, so
+        they run again from the start once the loop can record them.
+
+        :return: how many were stopped."""
+        stopped = 0
+        for v in self.running.values():
+            if v.handle is not None and hasattr(v.handle, "cancel"):
+                v.handle.cancel()
+                stopped += 1
+        self.running.clear()
+        return stopped

@@ -1,0 +1,210 @@
+"""What the loop waits for: tasks that cannot be placed yet and why, the reminders of
+long waits, machines paused by a usage limit, backoffs, the ``select`` between passes,
+and when a run has nothing left to wait for.
+"""
+
+from __future__ import annotations
+
+import json
+import select
+import time
+from typing import Any, Optional
+
+from . import clock
+from .ledger import Task
+from .outcomes import PAUSE_MEMORY_S, pause_text
+from .placement import Backoff
+from .reports import Candidate, Wait
+from .states import ACTIVE, PLACEABLE
+from .textutil import safe_name, safe_text
+
+REMIND_S = 5 * 60.0  # a task that waits this long is mentioned again, and again after as long
+
+
+def interrupted_note(running: int, verifiers: int, setups: int = 0) -> str:
+    """What Ctrl-C interrupted and what becomes of it: an agent runs on under its
+    shepherd and is adopted; a verifier is ended with the loop and, its verdict not
+    recorded, runs again from the start (docs/durability.md)."""
+    parts = []
+    if running:
+        parts.append(f"{running} running attempt{' goes' if running == 1 else 's go'} on and will be "
+                     "adopted by the next `fleetrun work`")
+    if verifiers:
+        parts.append(f"{verifiers} verifier{' was' if verifiers == 1 else 's were'} stopped and will "
+                     f"run again {'then' if running else 'on the next `fleetrun work`'}")
+    if setups:
+        parts.append(f"{setups} setup{' was' if setups == 1 else 's were'} stopped and will run again "
+                     "from the start")
+    return "interrupted: " + ("; ".join(parts) if parts else "nothing was running")
+
+
+class Waits:
+    """The loop's waits. ``loop`` gives the config, the ledger, the hooks and the stages
+    whose handles the loop sleeps on."""
+
+    def __init__(self, loop: Any) -> None:
+        self.loop = loop
+        self.config = loop.config
+        self.waits: dict[str, str] = {}  # task -> why it waits (what `fleetrun status` shows)
+        self.wait_until: dict[str, float] = {}  # task or "pause:HOST" -> when to look again
+        self.wait_operator: dict[str, str] = {}  # task -> what only a person can change for it
+        self.wait_since: dict[str, float] = {}  # when a task began to wait (fake-clock time)
+        self.remind_after: dict[str, float] = {}  # its next reminder, in seconds of waiting
+        self.dirty = False
+
+    # -- tasks that wait ---------------------------------------------------------------
+
+    def prune(self, at: float, placeable: set[str]) -> None:
+        """Forget the wake-ups that are past and the waits of tasks no longer placeable."""
+        self.wait_until = {k: u for k, u in self.wait_until.items() if u > at}
+        for gone in [k for k in self.wait_since if k not in placeable]:
+            self.forget(gone)
+
+    def still_ending(self, task: Task, number: int, at: float) -> None:
+        """The task's previous attempt is still ending (a cancel's grace period)."""
+        reason = f"attempt {number} is still ending"
+        if self.waits.get(task.id) != reason:
+            self.waits[task.id] = reason
+            self.loop.hook.fleetrun_task_waiting(task=task, reason=reason, config=self.config)
+        self.wait_operator.pop(task.id, None)
+        self.wait_until[task.id] = at + 1.0
+
+    def wait(self, task: Task, decision: Wait, at: float) -> None:
+        """``fleetrun_place`` said the task waits: show why when that changes, and remind."""
+        if self.waits.get(task.id) != decision.reason:
+            self.waits[task.id] = decision.reason
+            self.loop.hook.fleetrun_task_waiting(task=task, reason=decision.reason, config=self.config)
+            self.dirty = True
+        if decision.operator:
+            self.wait_operator[task.id] = decision.operator
+        else:
+            self.wait_operator.pop(task.id, None)
+        if decision.until:
+            self.wait_until[task.id] = decision.until
+        self.remind(task, decision.reason, at)
+
+    def placed(self, task_id: str) -> None:
+        if self.waits.pop(task_id, None) is not None:
+            self.dirty = True
+        self.forget(task_id)
+        self.wait_until.pop(task_id, None)
+
+    def remind(self, task: Task, reason: str, now: float) -> None:
+        """Say again, every :data:`REMIND_S` of waiting, that a task still waits and why
+        (its reason is shown when it changes; a wait of hours would be silent)."""
+        since = self.wait_since.setdefault(task.id, now)
+        waited = now - since
+        if waited < self.remind_after.get(task.id, REMIND_S):
+            return
+        self.remind_after[task.id] = (waited // REMIND_S + 1) * REMIND_S
+        if self.config.verbosity >= 0:
+            self.config.out.write(f"still waiting after {int(waited // 60)} min: {safe_name(task.name)} "
+                                  f"[{task.state}] {safe_text(reason)}\n")
+            self.config.out.flush()
+
+    def forget(self, task_id: str) -> None:
+        self.wait_operator.pop(task_id, None)
+        self.wait_since.pop(task_id, None)
+        self.remind_after.pop(task_id, None)
+
+    def save(self) -> None:
+        """Write what `fleetrun status` shows, once a pass and only when it changed."""
+        if self.dirty:
+            self.loop.led.set_meta("waits", json.dumps(self.waits))
+            self.dirty = False
+
+    # -- machines paused, tasks backed off -----------------------------------------------
+
+    def pause_host(self, host: str, pause: tuple[float, int]) -> None:
+        """A usage limit: start nothing on ``host`` until ``pause[0]``. Kept in the
+        ledger, so a restarted loop waits for the same reset."""
+        pauses = self.config.stash.setdefault("usage_pause", {})
+        now = clock.now()
+        pauses[host] = pause
+        # one that ended over an hour ago no longer counts toward the next backoff
+        self.loop.led.set_usage_pauses({h: p for h, p in pauses.items() if p[0] > now - PAUSE_MEMORY_S})
+
+    def pause_of(self, host: str) -> Optional[tuple[float, int]]:
+        pause: Optional[tuple[float, int]] = self.config.stash.get("usage_pause", {}).get(host)
+        return pause
+
+    def pause_text(self, host: str) -> str:
+        return pause_text(self.config.stash.get("usage_pause", {}).get(host, (0, 0))[0])
+
+    def mark_paused(self, candidates: list[Candidate], at: float) -> None:
+        """A paused machine is no candidate until its pause ends; wake up then."""
+        pauses = self.config.stash.get("usage_pause", {})
+        for c in candidates:
+            until = pauses.get(c.name, (0, 0))[0]
+            if until > at and not c.why_not:
+                c.why_not = f"is paused: {self.pause_text(c.name)}"
+                self.wait_until[f"pause:{c.name}"] = until
+
+    def backoff_of(self, task_id: str, host: str) -> Optional[Backoff]:
+        bo: Optional[Backoff] = self.config.stash["backoff"].get(task_id, {}).get(host)
+        return bo
+
+    def clear_backoff(self, task_id: str, host: str) -> None:
+        self.config.stash["backoff"].get(task_id, {}).pop(host, None)
+
+    def back_off(self, task_id: str, host: str, bo: Backoff) -> None:
+        """Try ``task_id`` on ``host`` again only after ``bo.until``; the loop is not idle
+        meanwhile (it places the task again then)."""
+        self.config.stash["backoff"].setdefault(task_id, {})[host] = bo
+        self.wait_until[task_id] = bo.until
+
+    # -- between passes ------------------------------------------------------------------
+
+    def sleep(self) -> None:
+        """Sleep until a shepherd says an agent ended, a verifier or setup command has
+        output or ends, a wait is over, or a second has passed."""
+        loop = self.loop
+        timeout = 1.0
+        now = clock.now()
+        fds: list[Any] = [loop.sock]
+        for h in loop.verify.handles() + loop.setup.handles():
+            if hasattr(h, "fileno") and h.fileno() >= 0:
+                fds.append(h)
+            if hasattr(h, "next_deadline"):
+                timeout = min(timeout, max(0.0, h.next_deadline() - time.monotonic()))
+        for until in self.wait_until.values():
+            timeout = min(timeout, max(0.0, until - now))
+        ready, _, _ = select.select(fds, [], [], max(timeout, 0.005))
+        if loop.sock in ready:
+            try:
+                while loop.sock.recv(1024):
+                    pass
+            except (BlockingIOError, OSError):
+                pass
+
+    def finished(self) -> bool:
+        """Has the run nothing left to do or to wait for? Says why in the session's
+        final notes when only a person can clear what is left."""
+        loop = self.loop
+        if loop.io_error is not None:
+            return False  # wait for the disk, then finish the work
+        tasks = loop.scope_tasks()
+        active = [t for t in tasks if t.state in ACTIVE]
+        if active:
+            return False
+        if loop.stopping:
+            return True
+        live = [t for t in tasks if not t.state.terminal]
+        serving = loop.queue_id is None and not loop.until_idle  # `fleetrun work`: serve until stopped
+        if not live:
+            return not serving
+        if serving:
+            return False
+        if loop.placed_last_pass:
+            return False
+        # a task that waits for what can change by itself (memory, load, disk, slots, a
+        # stale peer, a backoff, a pause) or by a live policy edit keeps the run going
+        if any(t.state in PLACEABLE and t.id not in self.wait_operator for t in live):
+            return False
+        # only waits a person must clear (or dependents of those): end, and say why
+        for t in live:
+            if t.id in self.wait_operator:
+                loop.session.final_notes.append(f"cannot place: {t.name}: {self.wait_operator[t.id]}")
+            else:
+                loop.session.final_notes.append(f"still waiting: {t.name} [{t.state}] {t.reason}")
+        return True
