@@ -345,3 +345,40 @@ def test_a_spawned_child_still_running_is_killed_at_teardown(tmp_path: Path, mon
     child.expect("slow")
     f.close()
     assert not child.isalive()
+
+
+# -- docs/plugins.md ---------------------------------------------------------------------
+
+def _doc_files() -> dict[str, str]:
+    """The ```python blocks of docs/plugins.md's "Testing your plugin" whose first line
+    is ``# PATH``: the worked example's files."""
+    import re
+
+    doc = (Path(__file__).resolve().parents[1] / "docs" / "plugins.md").read_text()
+    section = doc[doc.index("## Testing your plugin"):]
+    section = section[:section.find("\n## ", 1)] if "\n## " in section[1:] else section
+    files = {}
+    for block in re.findall(r"```python\n(.*?)```", section, re.S):
+        first, _, rest = block.partition("\n")
+        if re.fullmatch(r"# [\w/]+\.py", first):
+            files[first[2:]] = rest
+    return files
+
+
+def test_the_worked_example_in_plugins_md_passes(tmp_path: Path) -> None:
+    """Run as a plugin author would: their own folder, their conftest.py enabling
+    fleetrun.fleeter, pytest in a subprocess (no conftest of this repository)."""
+    import subprocess
+
+    files = _doc_files()
+    assert set(files) == {"fleetrun_needs_human.py", "tests/test_needs_human.py"}
+    for rel, text in files.items():
+        (tmp_path / rel).parent.mkdir(parents=True, exist_ok=True)
+        (tmp_path / rel).write_text(text)
+    (tmp_path / "conftest.py").write_text('pytest_plugins = ["fleetrun.fleeter"]\n')
+    (tmp_path / "pytest.ini").write_text("[pytest]\nfilterwarnings = error\n")
+    env = {k: v for k, v in os.environ.items() if not k.startswith(("FLEETRUN_", "FAKE_CLAUDE_"))}
+    proc = subprocess.run([sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", "tests"],
+                          cwd=tmp_path, capture_output=True, text=True, env=env, timeout=300)
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    assert "1 passed" in proc.stdout
