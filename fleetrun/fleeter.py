@@ -17,8 +17,8 @@ printed lines, the hooks called and the outcomes in the ledger::
         fake_claude.script(a=[{"actions": [["write", "a.txt", "a"], ["commit", "a"]]}])
         result = fleeter.inline_run("tasks.toml", plugins=[MyPlugin()])
         result.assert_outcomes(done=1)
-        (call,) = result.hooks.getcalls("fleetrun_transition")[-1:]
-        assert call.to_state == "DONE"
+        last = result.hooks.getcalls("fleetrun_transition")[-1]
+        assert (last.task.name, last.to_state) == ("a", "DONE")
 
 What pytester does for pytest, fleeter does for fleetrun: every in-process run puts
 ``sys.modules`` and ``sys.path`` back as they were (a ``fleetconf.py`` and its
