@@ -1,4 +1,5 @@
-"""Tests for tests/fakes/claude, the stand-in for the Claude Code CLI.
+"""Tests for the fake claude, the stand-in for the Claude Code CLI: fleetrun/testing/fake_claude.py,
+run here through its wrapper tests/fakes/claude.
 
 Every test runs the fake as a real subprocess in a tmp dir; the ones that commit run it
 in a real git repository.

@@ -694,6 +694,7 @@ def myplug(tmp_path_factory: pytest.TempPathFactory) -> Path:
 
 
 def test_entry_point_plugin_is_loaded(fleeter: Any, myplug: Path) -> None:
+    fleeter.enable_plugin_autoload()  # fleeter turns autoload off
     log = fleeter.path.parent / "myplug.log"
     env = {"PYTHONPATH": str(myplug), "MYPLUG_LOG": str(log)}
     fleeter.write_tasks(echo_tasks("a"))
@@ -709,6 +710,7 @@ def test_entry_point_plugin_is_loaded(fleeter: Any, myplug: Path) -> None:
 
 
 def test_entry_point_plugin_blocked_with_p_no(fleeter: Any, myplug: Path) -> None:
+    fleeter.enable_plugin_autoload()  # fleeter turns autoload off
     log = fleeter.path.parent / "myplug.log"
     env = {"PYTHONPATH": str(myplug), "MYPLUG_LOG": str(log)}
     fleeter.write_tasks(echo_tasks("a"))
@@ -742,6 +744,7 @@ def test_p_loads_an_entry_point_by_name_when_autoload_is_disabled(fleeter: Any, 
 
 def test_junitxml_distribution_installs_and_registers(fleeter: Any, tmp_path: Path) -> None:
     """plugins/fleetrun-junitxml installs and registers as a third party's plugin would."""
+    fleeter.enable_plugin_autoload()  # fleeter turns autoload off
     target = tmp_path / "site"
     install(REPO / "plugins" / "fleetrun-junitxml", target)
     env = {"PYTHONPATH": str(target)}

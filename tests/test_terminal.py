@@ -2,12 +2,6 @@
 
 from __future__ import annotations
 
-import os
-import pty
-import select
-import subprocess
-import sys
-
 import pytest
 
 TASKS = '''
@@ -23,36 +17,19 @@ agent = "ok"
 '''
 
 
-def run_on_pty(args: list[str], env: dict[str, str], cwd: str) -> tuple[int, bytes]:
-    master, slave = pty.openpty()
-    proc = subprocess.Popen([sys.executable, "-m", "fleetrun", *args], stdin=slave, stdout=slave,
-                            stderr=slave, env=env, cwd=cwd, close_fds=True)
-    os.close(slave)
-    out = b""
-    while True:
-        r, _, _ = select.select([master], [], [], 60)
-        if not r:
-            break
-        try:
-            data = os.read(master, 65536)
-        except OSError:
-            break
-        if not data:
-            break
-        out += data
-    os.close(master)
-    return proc.wait(timeout=60), out
-
-
 @pytest.mark.parametrize("no_color", [False, True])
-def test_colour_only_on_a_terminal_and_never_with_no_color(fleeter, no_color):
+def test_colour_only_on_a_terminal_and_never_with_no_color(fleeter, monkeypatch, no_color):
+    import pexpect
+
     fleeter.write_tasks(TASKS)
-    env = dict(os.environ)
-    env.pop("NO_COLOR", None)
+    monkeypatch.delenv("NO_COLOR", raising=False)
     if no_color:
-        env["NO_COLOR"] = "1"
-    code, out = run_on_pty(["tasks.toml"], env, str(fleeter.path))
-    assert code == 0, out
+        monkeypatch.setenv("NO_COLOR", "1")
+    child = fleeter.spawn("tasks.toml")
+    child.expect(pexpect.EOF)
+    out = child.before
+    child.close()
+    assert child.exitstatus == 0, out
     assert b"=== 1 done in " in out
     assert (b"\x1b[" in out) is (not no_color)
 

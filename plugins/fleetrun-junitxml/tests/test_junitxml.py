@@ -1,5 +1,7 @@
 """fleetrun-junitxml, tested the way a third party tests a plugin: real runs of small
-queues in a tmp folder, in-process, with the plugin passed explicitly."""
+queues in a tmp folder, in-process, with the plugin passed explicitly (fleeter turns
+entry-point autoload off, so a copy of the plugin installed in the environment is not
+loaded a second time under its entry-point name)."""
 
 from __future__ import annotations
 
@@ -73,13 +75,6 @@ class Costly:
                            reason="" if exit_code == 0 else f"exit:{exit_code}")
 
 
-@pytest.fixture(autouse=True)
-def _no_installed_plugins(monkeypatch: pytest.MonkeyPatch) -> None:
-    # the plugin comes from this checkout; a copy installed in the environment
-    # would be loaded a second time under its entry-point name
-    monkeypatch.setenv("FLEETRUN_DISABLE_PLUGIN_AUTOLOAD", "1")
-
-
 def cases(root: ET.Element) -> dict[str, ET.Element]:
     return {tc.get("name", ""): tc for tc in root.iter("testcase")}
 
@@ -93,8 +88,7 @@ def test_one_testcase_per_task(fleeter: Any) -> None:
     report = fleeter.path / "report.xml"
     result = fleeter.run("tasks.toml", "--junitxml", str(report), plugins=[fleetrun_junitxml, Costly()])
     assert result.ret == 1, result.stdout + result.stderr
-    assert fleeter.states() == {"ok": "DONE", "flaky": "DONE", "bad": "NEEDS_HUMAN", "gone": "CANCELLED",
-                                "stuck": "READY"}
+    result.assert_outcomes(done=2, needs_human=1, cancelled=1, ready=1)
 
     root = ET.parse(report).getroot()
     assert root.tag == "testsuites"
@@ -168,6 +162,7 @@ def test_a_dependent_of_a_failed_task_fails_with_the_cause(fleeter: Any) -> None
     """)
     result = fleeter.run("tasks.toml", "--junitxml", "out/nested/r.xml", plugins=[fleetrun_junitxml])
     assert result.ret == 1
+    result.assert_outcomes(needs_human=2)
     report = fleeter.path / "out" / "nested" / "r.xml"  # relative to where fleetrun ran; folders made
     tcs = cases(ET.parse(report).getroot())
     failure = tcs["top"].find("failure")
@@ -191,6 +186,7 @@ def test_no_option_no_report(fleeter: Any) -> None:
     """)
     result = fleeter.run("tasks.toml", plugins=[fleetrun_junitxml])
     assert result.ret == 0, result.stdout + result.stderr
+    result.assert_outcomes(done=1)
     header = next(line for line in result.outlines if line.startswith("fleetrun "))
     assert "fleetrun_junitxml" in header
     assert fleetrun_junitxml.REPORTER not in header
@@ -233,6 +229,7 @@ def test_reporter_is_unregistered_after_the_run(fleeter: Any) -> None:
 
     result = fleeter.run("tasks.toml", "--junitxml", "r.xml", plugins=[fleetrun_junitxml, Spy()])
     assert result.ret == 0
+    result.assert_outcomes(done=1)
     assert Path(fleeter.path / "r.xml").exists()
     assert seen["pm"].get_plugin(fleetrun_junitxml.REPORTER) is None
 
