@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import argparse
-import hashlib
 import os
 import sqlite3
 import sys
@@ -12,8 +11,8 @@ import traceback
 from pathlib import Path
 from typing import Any, Callable, Optional, TextIO
 
-from . import __version__
 from .exceptions import ExitCode, UsageError, UsageErrors
+from .version import __version__
 
 VERBS: dict[str, str] = {
     "run": "collect, queue and work the tasks files until nothing is left (the default)",
@@ -36,23 +35,6 @@ VERBS: dict[str, str] = {
 _VALUE_OPTS = {"-p", "-k", "--home", "--state", "--max-tasks"}
 #: Verbs whose own sub-verbs and options follow them (parsed by their module).
 _NESTED = {"relay", "host"}
-
-
-class Session:
-    """One invocation's working set: the config, the ledger, and what was collected."""
-
-    def __init__(self, config: Any, ledger: Any = None) -> None:
-        self.config = config
-        self.ledger = ledger
-        self.items: list[Any] = []
-        self.files: list[Any] = []
-        self.exitstatus: int = 0
-        self.started = time.time()
-        self.shouldstop: Optional[str] = None
-        self.final_notes: list[str] = []
-        self.counts: dict[str, int] = {}
-        self.cost_usd = 0.0
-        self.interrupted = False
 
 
 def console_main() -> None:
@@ -170,9 +152,9 @@ def format_usage_error(e: UsageError) -> str:
 
 
 def _is_space(e: BaseException) -> bool:
-    from .session import is_space_error
+    from .exceptions import is_space_error
 
-    return bool(is_space_error(e))
+    return is_space_error(e)
 
 
 def _space_error(config: Any, e: BaseException, err: TextIO) -> int:
@@ -421,63 +403,3 @@ def _dispatch(config: Any, out: TextIO, err: TextIO) -> int:
     verb = config.option.verb
     handler: Callable[..., int] = getattr(commands, f"cmd_{verb}")
     return handler(config, out, err)
-
-
-def source_hash(path: str) -> str:
-    data = Path(path).read_bytes()
-    return hashlib.sha256(path.encode() + b"\0" + data).hexdigest()
-
-
-def _branch_owner(config: Any) -> Optional[Callable[[str, str, str], Optional[str]]]:
-    """Who fleetrun created a branch for, from the ledger; None when there is no
-    ledger yet (then fleetrun created no branch; ``validate`` makes no ledger)."""
-    if not (config.home / "state.db").exists():
-        return None
-    from .commands import open_ledger
-
-    return open_ledger(config).branch_owner
-
-
-def collect(config: Any) -> list[Any]:
-    """Collect every file named on the command line; raise all usage errors at once."""
-    from .collect import KeyTable, check_branches, check_graph, check_refs
-
-    keys = KeyTable.build(config.hook.fleetrun_task_keys(config=config))
-    files = []
-    graph_only: list[Any] = []
-    errors: list[UsageError] = []
-    for f in config.option.files:
-        try:
-            tf = config.hook.fleetrun_collect_file(file_path=f, config=config, keys=keys)
-        except UsageErrors as e:
-            errors.extend(e.errors)
-            partial = getattr(e, "partial", None)
-            if partial is not None:
-                graph_only.append(partial)
-            continue
-        except UsageError as e:
-            errors.append(e)
-            continue
-        if tf is None:
-            from .collect import display_path
-
-            errors.append(UsageError("no collector takes this kind of file (tasks files are .toml)",
-                                     file=display_path(Path(f), config.invocation_dir)))
-            continue
-        files.append(tf)
-    errors.extend(check_graph(files + graph_only, config.invocation_dir))
-    repos: dict[str, Any] = {}  # one repository lookup per cwd for both checks
-    errors.extend(check_refs(files + graph_only, config.invocation_dir, repos))
-    branch_errors, reuse = check_branches(files + graph_only, _branch_owner(config), config.invocation_dir, repos)
-    errors.extend(branch_errors)
-    config.stash["branch_reuse"] = reuse
-    if errors:
-        order = {f: i for i, f in enumerate(config.option.files)}
-        errors.sort(key=lambda e: (order.get(str(Path(e.file or "").resolve()), 0), e.line or 0))
-        raise UsageErrors(errors) if len(errors) > 1 else errors[0]
-    for tf in files:
-        for key, table in tf.settings.items():
-            config.file_settings.setdefault(key, {})
-            if isinstance(table, dict):
-                config.file_settings[key].update(table)
-    return files

@@ -11,16 +11,9 @@ from typing import Any, Optional, TextIO
 
 from . import ops
 from .exceptions import ExitCode, UsageError
-from .ledger import Ledger, Task
+from .ledger import Ledger, Task, open_ledger
 from .states import State
-from .textutil import safe_name, safe_text
-
-
-def open_ledger(config: Any) -> Ledger:
-    led = config.stash.get("ledger")
-    if led is None:
-        led = config.stash["ledger"] = Ledger(config.home / "state.db")
-    return led
+from .textutil import ago, safe_name, safe_text
 
 
 def notifier(config: Any) -> ops.Notify:
@@ -30,33 +23,12 @@ def notifier(config: Any) -> ops.Notify:
     return notify
 
 
-def collect_items(config: Any) -> list[Any]:
-    from .cli import collect
-
-    files = collect(config)
-    items = [t for f in files for t in f.tasks]
-    config.hook.fleetrun_collection_modifyitems(config=config, items=items)
-    config.stash["files"] = files
-    return items
-
-
-def ago(t: Optional[float], now: Optional[float] = None) -> str:
-    if not t:
-        return "-"
-    s = max(0, int((now or time.time()) - t))
-    if s < 60:
-        return f"{s}s"
-    if s < 3600:
-        return f"{s // 60}m"
-    if s < 86400:
-        return f"{s // 3600}h{(s % 3600) // 60:02d}m"
-    return f"{s // 86400}d"
-
-
 # ---------------------------------------------------------------------------------
 
 
 def cmd_validate(config: Any, out: TextIO, err: TextIO) -> int:
+    from .queueing import collect_items
+
     items = collect_items(config)
     from .collect import display_path
 
@@ -72,40 +44,24 @@ def cmd_validate(config: Any, out: TextIO, err: TextIO) -> int:
     return ExitCode.OK if items else ExitCode.NO_TASKS_COLLECTED
 
 
-def queue_items(config: Any, items: list[Any], out: TextIO) -> list[Task]:
-    from .cli import source_hash
-
-    led = open_ledger(config)
-    src = ",".join(config.option.files)
-    digest = "|".join(source_hash(f) for f in config.option.files) + "|k=" + (config.getoption("keyword") or "")
-    tasks = led.add_tasks(items, source=src, source_hash=digest, settings=config.file_settings)
-    by_name = {t.name: t for t in tasks}
-    for reuse in config.stash.get("branch_reuse", []):
-        if reuse.task_name in by_name:  # the user named a branch fleetrun made for this task before
-            led.add_note(by_name[reuse.task_name].id, reuse.note)
-    notify = notifier(config)
-    for t in tasks:
-        config.hook.fleetrun_transition(task=t, from_state="", to_state=t.state.value, cause="queued",
-                                        attempt=None, config=config)
-    del notify
-    return tasks
-
-
 def cmd_queue(config: Any, out: TextIO, err: TextIO) -> int:
+    from .queueing import collect_items, queue_items
+
     items = collect_items(config)
     if not items:
         print("no tasks collected", file=out)
         return ExitCode.NO_TASKS_COLLECTED
-    tasks = queue_items(config, items, out)
+    tasks = queue_items(config, items)
     for t in tasks:
         print(f"queued {t.id}  {safe_name(t.name)}  [{t.state}]", file=out)
-    from .session import wake_loop
+    from .liveness import wake_loop
 
     wake_loop(config.home)
     return ExitCode.OK
 
 
 def cmd_run(config: Any, out: TextIO, err: TextIO) -> int:
+    from .queueing import collect_items
     from .session import run_session
 
     items = collect_items(config)

@@ -19,7 +19,6 @@ from typing import TYPE_CHECKING, Any, Optional, Union
 import pluggy
 
 if TYPE_CHECKING:
-    from .cli import Session
     from .collect import TaskFile
     from .config import Config, ConfigKey, Parser
     from .ledger import Attempt, Task
@@ -34,6 +33,7 @@ if TYPE_CHECKING:
         Wait,
         Workspace,
     )
+    from .session import Session
     from .taskspec import KeyDecl, TaskSpec, VerifySpec
 
 hookspec = pluggy.HookspecMarker("fleetrun")

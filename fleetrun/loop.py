@@ -25,15 +25,14 @@ from pathlib import Path
 from typing import Any, Optional
 
 from . import clock, crash, ops
-from .exceptions import ExitCode, StateConflict, UsageError
+from .exceptions import ExitCode, StateConflict, UsageError, is_space_error
 from .gitutil import GitError, WorktreeTampered
 from .hosts import executable_problem, get_host, kill_recorded_children
 from .ledger import Attempt, Ledger, Task
-from .liveness import Liveness
+from .liveness import Liveness, sock_path
 from .placement import Backoff, backoff_delay
 from .policy import PolicyWatcher
 from .reports import MIN_BUDGET_USD, Handoff, Placement, Verdict, Wait, Workspace
-from .session import is_space_error, sock_path
 from .setupstage import SetupStage
 from .states import ACTIVE, PLACEABLE, State
 from .textutil import safe_name, safe_text
@@ -49,7 +48,7 @@ INTERNAL_ERROR_LOG = "internal-error.log"
 def log_internal_error(home: Path, text: str) -> Optional[Path]:
     """Append a traceback to ``$FLEETRUN_HOME/internal-error.log``, in the form the CLI
     writes for an internal error (exit 3). :return: the log, or None if it cannot be written."""
-    from . import __version__
+    from .version import __version__
 
     log = home / INTERNAL_ERROR_LOG
     try:
