@@ -18,6 +18,7 @@ from .reports import (
 )
 from .states import State
 from .taskspec import KeyDecl, TaskSpec, VerifySpec
+from .verbs import VerbDecl
 from .version import __version__
 
 
@@ -46,6 +47,7 @@ __all__ = [
     "UsageError",
     "UsageErrors",
     "Verdict",
+    "VerbDecl",
     "VerifyHandle",
     "VerifySpec",
     "Wait",

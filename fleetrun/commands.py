@@ -1,19 +1,23 @@
-"""The CLI verbs. Each ``cmd_VERB(config, out, err)`` returns an exit code."""
+"""The core's verbs: ``cmd_VERB(config, out, err)`` returns an exit code, and
+:data:`BUILTIN_VERBS` declares each (its help, its arguments), as a plugin declares
+its own through ``fleetrun_verbs``."""
 
 from __future__ import annotations
 
+import argparse
 import json
 import os
 import time
 from dataclasses import asdict
 from pathlib import Path
-from typing import Any, Optional, TextIO
+from typing import Any, Iterable, Optional, TextIO
 
 from . import ops
 from .exceptions import ExitCode, UsageError
 from .ledger import Ledger, Task, open_ledger
 from .states import State
 from .textutil import ago, safe_name, safe_text
+from .verbs import VerbDecl
 
 
 def notifier(config: Any) -> ops.Notify:
@@ -468,3 +472,106 @@ def cmd_gc(config: Any, out: TextIO, err: TextIO) -> int:
     from .gc import main as gc_main
 
     return gc_main(config, out, err)
+
+
+
+# ---------------------------------------------------------------------------------
+# The declarations: help and arguments of each verb
+
+
+def _max_tasks(text: str) -> int:
+    try:
+        n = int(text)
+    except ValueError:
+        n = 0
+    if n < 1:  # 0 or fewer starts nothing and waits forever: never what was meant
+        raise argparse.ArgumentTypeError(
+            f"{text} is not a whole number of at least 1 (to start nothing, use fleetrun drain)")
+    return n
+
+
+def _loop_arguments(p: argparse.ArgumentParser) -> None:
+    p.add_argument("-x", "--exitfirst", action="store_true",
+                   help="start no new task after the first NEEDS_HUMAN")
+    p.add_argument("--max-tasks", type=_max_tasks, metavar="N", help="override [local] max_tasks")
+
+
+def _run_arguments(p: argparse.ArgumentParser) -> None:
+    _loop_arguments(p)
+    p.add_argument("--collect-only", "--co", action="store_true", help="list the tasks; run nothing")
+    p.add_argument("--new-queue", action="store_true",
+                   help="queue the file anew even if an unchanged copy is still in the ledger")
+
+
+def _work_arguments(p: argparse.ArgumentParser) -> None:
+    _loop_arguments(p)
+    p.add_argument("--until-idle", action="store_true", help="exit when nothing is left to do")
+
+
+def _queued_files(config: Any) -> Iterable[Path]:
+    """``work``: the queued tasks' files (their ``fleetconf.py`` files load), and their
+    ``[agents]``/``[brain]`` tables, as they were when queued."""
+    led = open_ledger(config)
+    sources: list[Path] = []
+    for _qid, files_, settings in led.live_queues():
+        sources.extend(Path(f) for f in files_ if Path(f).exists())
+        for key, table in settings.items():
+            if isinstance(table, dict):
+                config.file_settings.setdefault(key, {}).update(table)
+    return sources
+
+
+def _status_arguments(p: argparse.ArgumentParser) -> None:
+    p.add_argument("--state", metavar="S", help="only tasks in this state")
+    p.add_argument("--json", action="store_true", help="print JSON")
+    p.add_argument("--graph", action="store_true", help="the depends_on tree, and why anything waits")
+    p.add_argument("--wide", action="store_true", help="every cell whole, however wide the terminal")
+
+
+def _task_argument(p: argparse.ArgumentParser) -> None:
+    p.add_argument("task", metavar="TASK", help="a task id, or a name (the newest task with it)")
+
+
+def _logs_arguments(p: argparse.ArgumentParser) -> None:
+    _task_argument(p)
+    p.add_argument("--json", action="store_true", help="print JSON")
+
+
+def _retry_arguments(p: argparse.ArgumentParser) -> None:
+    _task_argument(p)
+    p.add_argument("--elsewhere", action="store_true",
+                   help="also for a task running on a peer that stopped answering: give up on that "
+                        "machine and place the task again (you vouch the old attempt is gone)")
+
+
+def _gc_arguments(p: argparse.ArgumentParser) -> None:
+    p.add_argument("--yes", action="store_true", help="remove what is listed")
+    p.add_argument("--force", action="store_true",
+                   help="also remove dirty worktrees and branches with commits found nowhere else")
+
+
+#: The core's verbs, in the order ``fleetrun --help`` lists them. ``config.toml`` is
+#: checked as the verbs that run or queue work start; the operator's verbs (status,
+#: logs, cancel...) still work with a broken one, and check it only if they read a
+#: setting.
+BUILTIN_VERBS: tuple[VerbDecl, ...] = (
+    VerbDecl("run", "collect, queue and work the tasks files until nothing is left (the default)",
+             cmd_run, _run_arguments, plugin_options=True, takes_tasks_files=True),
+    VerbDecl("validate", "check tasks files: typos, dangling or cyclic depends_on", cmd_validate,
+             takes_tasks_files=True),
+    VerbDecl("queue", "validate and queue tasks files; runs nothing", cmd_queue, takes_tasks_files=True),
+    VerbDecl("work", "run the queued tasks (keeps running unless --until-idle)", cmd_work, _work_arguments,
+             plugin_options=True, tasks_files=_queued_files),
+    VerbDecl("status", "one line per task (--graph: the depends_on tree and why anything waits)", cmd_status,
+             _status_arguments, reads_config=False),
+    VerbDecl("logs", "every transition and verdict of a task", cmd_logs, _logs_arguments, reads_config=False),
+    VerbDecl("cancel", "cancel a task; its dependents need a human", cmd_cancel, _task_argument,
+             reads_config=False),
+    VerbDecl("retry", "send a NEEDS_HUMAN or CANCELLED task back to the queue", cmd_retry, _retry_arguments,
+             reads_config=False),
+    VerbDecl("approve", "accept a NEEDS_HUMAN task as DONE", cmd_approve, _task_argument, reads_config=False),
+    VerbDecl("drain", "start nothing new on this machine", cmd_drain, reads_config=False),
+    VerbDecl("undrain", "start work again after drain", cmd_undrain, reads_config=False),
+    VerbDecl("gc", "list (and with --yes remove) worktrees and attempt folders no task owns", cmd_gc,
+             _gc_arguments, reads_config=False),
+)
