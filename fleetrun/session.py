@@ -10,7 +10,9 @@ from typing import TYPE_CHECKING, Any, Optional, TextIO
 from .exceptions import UsageError
 from .ledger import Ledger, open_ledger
 from .liveness import WorkLock
+from .loop import Loop
 from .policy import PolicyWatcher
+from .queueing import queue_digest, queue_items
 
 if TYPE_CHECKING:
     from .config import Config
@@ -45,9 +47,6 @@ class Session:
 
 def run_session(config: Config, items: Optional[list[TaskSpec]], out: TextIO, err: TextIO) -> int:
     """``fleetrun [FILE...]`` (items given) or ``fleetrun work`` (items None)."""
-    from .loop import Loop
-    from .queueing import queue_digest, queue_items
-
     led = open_ledger(config)
     PolicyWatcher(config.home / "policy.toml").load_strict()  # a broken policy: refuse before queueing
     lock = WorkLock(config.home)
