@@ -11,7 +11,7 @@ import traceback
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Callable, Iterable, Optional, TextIO, Union
 
-from .exceptions import ExitCode, UsageError, UsageErrors
+from .exceptions import ExitCode, UsageError, UsageErrors, is_space_error
 from .version import __version__
 
 if TYPE_CHECKING:
@@ -106,7 +106,7 @@ def main(args: Optional[list[str]] = None, plugins: Optional[list[Any]] = None,
         return ExitCode.OK
     except sqlite3.DatabaseError as e:
         if isinstance(e, sqlite3.OperationalError):
-            if not _is_space(e):
+            if not is_space_error(e):
                 return _internal_error(config, err)
             return _space_error(config, e, err)
         # a ledger damaged after it was opened (opening checks it: ledger.Ledger)
@@ -117,7 +117,7 @@ def main(args: Optional[list[str]] = None, plugins: Optional[list[Any]] = None,
             f"the ledger is damaged ({e}); move it aside to start a new one", file=str(home / "state.db"))), file=err)
         return ExitCode.USAGE_ERROR
     except OSError as e:
-        if not _is_space(e):
+        if not is_space_error(e):
             return _internal_error(config, err)
         return _space_error(config, e, err)
     except SystemExit as e:  # argparse
@@ -145,12 +145,6 @@ def format_usage_error(e: UsageError) -> str:
     # newlines stay: some messages are laid out on lines; what a user or agent wrote
     # (names, values) is escaped where it is quoted, newlines included
     return "\n".join(safe_text(x.format(), keep="\t\n") for x in errors)
-
-
-def _is_space(e: BaseException) -> bool:
-    from .exceptions import is_space_error
-
-    return is_space_error(e)
 
 
 def _space_error(config: Optional[Config], e: BaseException, err: TextIO) -> int:

@@ -119,8 +119,11 @@ def import_graph() -> dict[str, set[str]]:
 
 
 def find_cycles(graph: dict[str, set[str]]) -> list[list[str]]:
-    """Every elementary cycle's strongly connected component, shown as one cycle
-    through it (Tarjan, then a shortest cycle from the component's first module)."""
+    """The cycles of ``graph``, each as ``[a, b, ..., a]`` from its alphabetically first
+    module: the strongly connected components (Tarjan), and in each, for every module
+    and every import it makes inside the component, the shortest way back. That names
+    every import that closes a cycle, without listing all elementary cycles (there can
+    be exponentially many)."""
     index: dict[str, int] = {}
     low: dict[str, int] = {}
     stack: list[str] = []
