@@ -2,8 +2,6 @@
 
 from __future__ import annotations
 
-__version__ = "0.1.0"
-
 from .config import ConfigKey
 from .exceptions import ExitCode, UsageError, UsageErrors
 from .hookimpl import hookimpl
@@ -20,6 +18,8 @@ from .reports import (
 )
 from .states import State
 from .taskspec import KeyDecl, TaskSpec, VerifySpec
+from .verbs import VerbDecl
+from .version import __version__
 
 
 def main(args: list[str] | None = None, plugins: list[object] | None = None) -> int:
@@ -47,6 +47,7 @@ __all__ = [
     "UsageError",
     "UsageErrors",
     "Verdict",
+    "VerbDecl",
     "VerifyHandle",
     "VerifySpec",
     "Wait",

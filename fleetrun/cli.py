@@ -3,56 +3,33 @@
 from __future__ import annotations
 
 import argparse
-import hashlib
 import os
 import sqlite3
 import sys
 import time
 import traceback
 from pathlib import Path
-from typing import Any, Callable, Optional, TextIO
+from typing import TYPE_CHECKING, Any, Callable, Iterable, Optional, TextIO, Union
 
-from . import __version__
-from .exceptions import ExitCode, UsageError, UsageErrors
+from .exceptions import ExitCode, UsageError, UsageErrors, is_space_error
+from .version import __version__
 
-VERBS: dict[str, str] = {
-    "run": "collect, queue and work the tasks files until nothing is left (the default)",
-    "validate": "check tasks files: typos, dangling or cyclic depends_on",
-    "queue": "validate and queue tasks files; runs nothing",
-    "work": "run the queued tasks (keeps running unless --until-idle)",
-    "status": "one line per task (--graph: the depends_on tree and why anything waits)",
-    "logs": "every transition and verdict of a task",
-    "cancel": "cancel a task; its dependents need a human",
-    "retry": "send a NEEDS_HUMAN or CANCELLED task back to the queue",
-    "approve": "accept a NEEDS_HUMAN task as DONE",
-    "drain": "start nothing new on this machine",
-    "undrain": "start work again after drain",
-    "gc": "list (and with --yes remove) worktrees and attempt folders no task owns",
-    "relay": "peers over SSH: relay add NAME user@host, relay peers, relay remove NAME",
-    "host": "the peer side of the relay: fleetrun host VERB --json (run by a supervisor over SSH)",
+if TYPE_CHECKING:
+    from .config import Config, Parser
+    from .pluginmanager import FleetPluginManager
+    from .verbs import VerbDecl
+
+#: The relay's verbs, wired as before (``commands.cmd_relay``/``cmd_host``, their own
+#: sub-verbs parsed by their modules) until the relay plugin declares them through
+#: ``fleetrun_verbs`` (issue 12); a declared verb of the same name replaces these.
+#: Each: its help, and whether ``config.toml`` is checked before it runs.
+_FALLBACK_VERBS: dict[str, tuple[str, bool]] = {
+    "relay": ("peers over SSH: relay add NAME user@host, relay peers, relay remove NAME", True),
+    "host": ("the peer side of the relay: fleetrun host VERB --json (run by a supervisor over SSH)", False),
 }
 
 #: Options that take a value, so the verb scan can skip their values.
 _VALUE_OPTS = {"-p", "-k", "--home", "--state", "--max-tasks"}
-#: Verbs whose own sub-verbs and options follow them (parsed by their module).
-_NESTED = {"relay", "host"}
-
-
-class Session:
-    """One invocation's working set: the config, the ledger, and what was collected."""
-
-    def __init__(self, config: Any, ledger: Any = None) -> None:
-        self.config = config
-        self.ledger = ledger
-        self.items: list[Any] = []
-        self.files: list[Any] = []
-        self.exitstatus: int = 0
-        self.started = time.time()
-        self.shouldstop: Optional[str] = None
-        self.final_notes: list[str] = []
-        self.counts: dict[str, int] = {}
-        self.cost_usd = 0.0
-        self.interrupted = False
 
 
 def console_main() -> None:
@@ -65,7 +42,7 @@ def console_main() -> None:
     raise SystemExit(code)
 
 
-def _split_verb(args: list[str]) -> tuple[str, list[str]]:
+def _split_verb(args: list[str], verbs: Iterable[str]) -> tuple[str, list[str]]:
     i = 0
     while i < len(args):
         a = args[i]
@@ -76,7 +53,7 @@ def _split_verb(args: list[str]) -> tuple[str, list[str]]:
                 i += 1
             i += 1
             continue
-        if a in VERBS:
+        if a in verbs:
             return a, args[:i] + args[i + 1:]
         break
     return "run", args
@@ -108,12 +85,13 @@ def main(args: Optional[list[str]] = None, plugins: Optional[list[Any]] = None,
         code = fast_main(args, out, err)
         if code is not None:
             return code
-    config = None
+    config: Optional[Config] = None
     try:
-        config = _configure(args, plugins, out, err)
-        if isinstance(config, int):
-            return config
-        return int(_dispatch(config, out, err))
+        configured = _configure(args, plugins, out, err)
+        if isinstance(configured, int):
+            return configured
+        config, run = configured
+        return int(run(config, out, err))
     except UsageError as e:
         print(format_usage_error(e), file=err)
         return ExitCode.USAGE_ERROR
@@ -128,18 +106,18 @@ def main(args: Optional[list[str]] = None, plugins: Optional[list[Any]] = None,
         return ExitCode.OK
     except sqlite3.DatabaseError as e:
         if isinstance(e, sqlite3.OperationalError):
-            if not _is_space(e):
+            if not is_space_error(e):
                 return _internal_error(config, err)
             return _space_error(config, e, err)
         # a ledger damaged after it was opened (opening checks it: ledger.Ledger)
         from .config import default_home
 
-        home = config.home if config is not None and not isinstance(config, int) else default_home()
+        home = config.home if config is not None else default_home()
         print(format_usage_error(UsageError(
             f"the ledger is damaged ({e}); move it aside to start a new one", file=str(home / "state.db"))), file=err)
         return ExitCode.USAGE_ERROR
     except OSError as e:
-        if not _is_space(e):
+        if not is_space_error(e):
             return _internal_error(config, err)
         return _space_error(config, e, err)
     except SystemExit as e:  # argparse
@@ -148,7 +126,7 @@ def main(args: Optional[list[str]] = None, plugins: Optional[list[Any]] = None,
     except Exception:
         return _internal_error(config, err)
     finally:
-        if config is not None and not isinstance(config, int):
+        if config is not None:
             try:
                 config.hook.fleetrun_unconfigure(config=config)
             except Exception:  # pragma: no cover
@@ -169,25 +147,19 @@ def format_usage_error(e: UsageError) -> str:
     return "\n".join(safe_text(x.format(), keep="\t\n") for x in errors)
 
 
-def _is_space(e: BaseException) -> bool:
-    from .session import is_space_error
-
-    return bool(is_space_error(e))
-
-
-def _space_error(config: Any, e: BaseException, err: TextIO) -> int:
+def _space_error(config: Optional[Config], e: BaseException, err: TextIO) -> int:
     from .config import default_home
 
-    home = config.home if config is not None and not isinstance(config, int) else default_home()
+    home = config.home if config is not None else default_home()
     print(f"ERROR: cannot write to {home}: {e} (is the disk full or read-only?). Nothing was "
           "started; run again when there is room.", file=err)
     return ExitCode.INTERNAL_ERROR
 
 
-def _internal_error(config: Any, err: TextIO) -> int:
+def _internal_error(config: Optional[Config], err: TextIO) -> int:
     from .config import default_home
 
-    home = config.home if config is not None and not isinstance(config, int) else default_home()
+    home = config.home if config is not None else default_home()
     text = traceback.format_exc()
     log = home / "internal-error.log"
     try:
@@ -206,7 +178,7 @@ def _internal_error(config: Any, err: TextIO) -> int:
     return ExitCode.INTERNAL_ERROR
 
 
-def _build_parser(verb: str, pluginparser: Any) -> argparse.ArgumentParser:
+def _build_parser(verb: str, verbs: dict[str, VerbDecl], pluginparser: Parser) -> argparse.ArgumentParser:
     common = argparse.ArgumentParser(add_help=False)
     g = common.add_argument_group("general")
     g.add_argument("-p", dest="plugins", action="append", default=[], metavar="NAME",
@@ -216,70 +188,53 @@ def _build_parser(verb: str, pluginparser: Any) -> argparse.ArgumentParser:
     g.add_argument("-q", "--quiet", action="count", default=0, help="less output")
     g.add_argument("--version", action="store_true", help="print the version and the plugins loaded")
 
+    decl = verbs.get(verb)
     if verb == "run":
-        verbs = "\n".join(f"  {name:<9} {text}" for name, text in VERBS.items())
+        listing = "\n".join(f"  {name:<9} {_help(name, verbs)}" for name in _all_verbs(verbs))
         p = argparse.ArgumentParser(
             prog="fleetrun", parents=[common], formatter_class=argparse.RawDescriptionHelpFormatter,
             usage="fleetrun [options] [FILE ...]\n       fleetrun VERB [options] ...",
             description="Run a queue of coding-agent tasks unattended, the way pytest runs tests.",
-            epilog=f"verbs:\n{verbs}\n\n'fleetrun VERB --help' describes a verb. Exit codes: 0 all DONE, "
+            epilog=f"verbs:\n{listing}\n\n'fleetrun VERB --help' describes a verb. Exit codes: 0 all DONE, "
                    "1 some NEEDS_HUMAN or CANCELLED, 2 interrupted, 3 internal error, 4 usage error, "
                    "5 no tasks collected, 6 relay add could not pair (docs/cli.md).",
         )
     else:
-        p = argparse.ArgumentParser(prog=f"fleetrun {verb}", parents=[common], description=VERBS[verb])
+        p = argparse.ArgumentParser(prog=f"fleetrun {verb}", parents=[common], description=_help(verb, verbs))
 
-    if verb in ("run", "validate", "queue"):
+    if decl is None:  # the relay's verbs, as before: their modules parse the rest
+        metavar, text = {
+            "relay": ("add|peers|remove ...",
+                      "'fleetrun relay help' lists them; 'fleetrun relay add --help' describes one"),
+            "host": ("VERB --json ...",
+                     "probe, prepare, start, status, log, stop, collect, cleanup, verify-start, "
+                     "verify-status, verify-stop, bundle (docs/peers.md)"),
+        }[verb]
+        p.add_argument("rest", nargs=argparse.REMAINDER, metavar=metavar, help=text)
+        return p
+    if decl.takes_tasks_files:
         p.add_argument("files", nargs="*", metavar="FILE", help="tasks files (default: tasks.toml)")
         p.add_argument("-k", dest="keyword", metavar="EXPR", help="only tasks whose name matches EXPR")
-    if verb in ("run", "work"):
-        p.add_argument("-x", "--exitfirst", action="store_true",
-                       help="start no new task after the first NEEDS_HUMAN")
-        p.add_argument("--max-tasks", type=_max_tasks, metavar="N", help="override [local] max_tasks")
-    if verb == "run":
-        p.add_argument("--collect-only", "--co", action="store_true", help="list the tasks; run nothing")
-        p.add_argument("--new-queue", action="store_true",
-                       help="queue the file anew even if an unchanged copy is still in the ledger")
-    if verb == "work":
-        p.add_argument("--until-idle", action="store_true", help="exit when nothing is left to do")
-    if verb == "status":
-        p.add_argument("--state", metavar="S", help="only tasks in this state")
-        p.add_argument("--json", action="store_true", help="print JSON")
-        p.add_argument("--graph", action="store_true", help="the depends_on tree, and why anything waits")
-        p.add_argument("--wide", action="store_true", help="every cell whole, however wide the terminal")
-    if verb in ("logs", "cancel", "retry", "approve"):
-        p.add_argument("task", metavar="TASK", help="a task id, or a name (the newest task with it)")
-    if verb == "logs":
-        p.add_argument("--json", action="store_true", help="print JSON")
-    if verb == "retry":
-        p.add_argument("--elsewhere", action="store_true",
-                       help="also for a task running on a peer that stopped answering: give up on that "
-                            "machine and place the task again (you vouch the old attempt is gone)")
-    if verb == "gc":
-        p.add_argument("--yes", action="store_true", help="remove what is listed")
-        p.add_argument("--force", action="store_true",
-                       help="also remove dirty worktrees and branches with commits found nowhere else")
-    if verb == "relay":
-        p.add_argument("rest", nargs=argparse.REMAINDER, metavar="add|peers|remove ...",
-                       help="'fleetrun relay help' lists them; 'fleetrun relay add --help' describes one")
-    if verb == "host":
-        p.add_argument("rest", nargs=argparse.REMAINDER, metavar="VERB --json ...",
-                       help="probe, prepare, start, status, log, stop, collect, cleanup, verify-start, "
-                            "verify-status, verify-stop, bundle (docs/peers.md)")
-    if verb in ("run", "work"):
+    if decl.add_arguments is not None:
+        decl.add_arguments(p)
+    if decl.plugin_options:
         pluginparser.apply(p)
     return p
 
 
-def _max_tasks(text: str) -> int:
-    try:
-        n = int(text)
-    except ValueError:
-        n = 0
-    if n < 1:  # 0 or fewer starts nothing and waits forever: never what was meant
-        raise argparse.ArgumentTypeError(
-            f"{text} is not a whole number of at least 1 (to start nothing, use fleetrun drain)")
-    return n
+def _all_verbs(verbs: dict[str, VerbDecl]) -> list[str]:
+    """Every verb: the declared ones, and the relay's fallbacks no plugin declared (listed
+    after the core's, as before)."""
+    from .commands import BUILTIN_VERBS
+
+    core = [d.name for d in BUILTIN_VERBS]
+    fallback = [v for v in _FALLBACK_VERBS if v not in verbs]
+    return [*core, *fallback, *(v for v in verbs if v not in core)]
+
+
+def _help(verb: str, verbs: dict[str, VerbDecl]) -> str:
+    decl = verbs.get(verb)
+    return decl.help if decl is not None else _FALLBACK_VERBS[verb][0]
 
 
 #: The name a folder on the command line stands for, as ``fleetrun`` alone stands for
@@ -304,7 +259,7 @@ def _tasks_files_below(folder: Path, depth: int = 2) -> list[Path]:
     return found
 
 
-def resolve_files(names: list[str], invocation_dir: Path) -> list[str]:
+def resolve_files(names: list[str], invocation_dir: Path, verbs: Iterable[str] = ()) -> list[str]:
     """The tasks files the command line names, absolute.
 
     A folder stands for its ``tasks.toml``, as ``fleetrun`` alone stands for
@@ -313,6 +268,7 @@ def resolve_files(names: list[str], invocation_dir: Path) -> list[str]:
     repositories), as pytest runs every ``test_*.py``. A word that is no file and
     looks like a misspelt verb says so, instead of "no collector takes this file".
 
+    :param verbs: the verbs of this run, for the hint after a misspelt one.
     :raises UsageError: a folder without ``tasks.toml``, a misspelt verb.
     """
     import difflib
@@ -332,8 +288,8 @@ def resolve_files(names: list[str], invocation_dir: Path) -> list[str]:
             errors.append(UsageError(f"no {TASKS_FILE} in this folder{hint}", file=name))
             continue
         if not path.exists() and "." not in name and "/" not in name and os.sep not in name:
-            close = difflib.get_close_matches(name, list(VERBS), n=1)
-            hint = f"did you mean {close[0]}?" if close else "verbs: " + ", ".join(VERBS)
+            close = difflib.get_close_matches(name, list(verbs), n=1)
+            hint = f"did you mean {close[0]}?" if close else "verbs: " + ", ".join(verbs)
             errors.append(UsageError(f"not a file or a verb ({hint})", file=name))
             continue
         out.append(str(path))
@@ -342,13 +298,19 @@ def resolve_files(names: list[str], invocation_dir: Path) -> list[str]:
     return out
 
 
-def _configure(args: list[str], plugins: Optional[list[Any]], out: TextIO, err: TextIO) -> Any:
+def _configure(args: list[str], plugins: Optional[list[Any]], out: TextIO,
+               err: TextIO) -> Union[int, tuple[Config, Callable[[Config, TextIO, TextIO], int]]]:
+    """Load the plugins, parse the command line for its verb and build the run's Config.
+
+    :return: the config and the verb's ``run``, or an exit code (``--version``).
+    """
+    from .commands import BUILTIN_VERBS
     from .config import Config, Parser, default_home
     from .pluginmanager import FleetPluginManager
+    from .verbs import build_registry
 
-    verb, rest = _split_verb(args)
     pm = FleetPluginManager()
-    pargs = _prescan(rest, "-p")
+    pargs = _prescan(args, "-p")
     for a in pargs:
         if a.startswith("no:"):
             pm.consider_pluginarg(a)
@@ -365,45 +327,58 @@ def _configure(args: list[str], plugins: Optional[list[Any]], out: TextIO, err: 
         else:
             pm.register(plugin)
 
+    verbs = build_registry(BUILTIN_VERBS, pm)
+    names = _all_verbs(verbs)
+    verb, rest = _split_verb(args, names)
     pluginparser = Parser()
     pm.hook.fleetrun_addoption(parser=pluginparser, pluginmanager=pm)
-    parser = _build_parser(verb, pluginparser)
+    parser = _build_parser(verb, verbs, pluginparser)
     ns = parser.parse_args(rest)
     ns.verb = verb
     if ns.version:
-        names = [n for n, p in pm.list_name_plugin() if p is not None and not n.startswith("<")]
+        loaded = [n for n, p in pm.list_name_plugin() if p is not None and not n.startswith("<")]
         print(f"fleetrun {__version__}", file=out)
-        print(f"plugins: {', '.join(_short(n) for n in names)}", file=out)
+        print(f"plugins: {', '.join(_short(n) for n in loaded)}", file=out)
         return ExitCode.OK
 
     home = Path(ns.home).expanduser().resolve() if ns.home else default_home()
     config = Config(pm, ns, home)
     config.out = out
     config.err = err
-    if verb in ("run", "validate", "queue"):
-        ns.files = resolve_files(ns.files or [TASKS_FILE], config.invocation_dir)
-        pm.load_fleetconfs([Path(f) for f in ns.files if Path(f).exists()])
-    elif verb == "work":
-        # the queued tasks' own fleetconf.py files and [agents]/[brain] tables
-        from .ledger import Ledger
-
-        led = config.stash["ledger"] = Ledger(home / "state.db")
-        sources: list[Path] = []
-        for _qid, files_, settings in led.live_queues():
-            sources.extend(Path(f) for f in files_ if Path(f).exists())
-            for key, table in settings.items():
-                if isinstance(table, dict):
-                    config.file_settings.setdefault(key, {}).update(table)
-        pm.load_fleetconfs(sources)
+    decl = verbs.get(verb)
+    sources: list[Path] = []
+    if decl is not None and decl.takes_tasks_files:
+        ns.files = resolve_files(ns.files or [TASKS_FILE], config.invocation_dir, names)
+        sources.extend(Path(f) for f in ns.files if Path(f).exists())
+    if decl is not None and decl.tasks_files is not None:
+        sources.extend(decl.tasks_files(config))
+    if sources:
+        _refuse_fleetconf_verbs(pm, pm.load_fleetconfs(sources))
     pm.check_hooks()
-    if verb in ("run", "validate", "queue", "work", "relay"):
+    if decl.reads_config if decl is not None else _FALLBACK_VERBS[verb][1]:
         # a mistake in config.toml stops these before anything starts, with its line;
         # checked after the fleetconf.py files, whose plugins may declare tables. The
         # operator's verbs (status, logs, cancel...) still work, and check it only if
         # they read a setting.
         config.settings  # noqa: B018 - loads and checks config.toml
     config.hook.fleetrun_configure.call_historic(kwargs={"config": config})
-    return config
+    if decl is None:
+        from . import commands
+
+        fallback: Callable[[Config, TextIO, TextIO], int] = getattr(commands, f"cmd_{verb}")
+        return config, fallback
+    return config, decl.run
+
+
+def _refuse_fleetconf_verbs(pm: FleetPluginManager, fleetconfs: list[Path]) -> None:
+    """A ``fleetrun_verbs`` in a ``fleetconf.py`` would be silently ignored: the verbs
+    are known before any tasks file is, and so before its fleetconf.py files."""
+    paths = {str(p) for p in fleetconfs}
+    for impl in pm.hook.fleetrun_verbs.get_hookimpls():
+        if impl.plugin_name in paths:
+            raise UsageError("fleetrun_verbs cannot add a verb from a fleetconf.py (it is loaded after the "
+                             "command line is parsed); put the verb in a plugin module and load it with "
+                             "-p MODULE, or install it as a plugin", file=impl.plugin_name)
 
 
 def _short(name: str) -> str:
@@ -413,71 +388,3 @@ def _short(name: str) -> str:
     if os.sep in name and name.endswith("fleetconf.py"):
         return "fleetconf:" + name
     return name
-
-
-def _dispatch(config: Any, out: TextIO, err: TextIO) -> int:
-    from . import commands
-
-    verb = config.option.verb
-    handler: Callable[..., int] = getattr(commands, f"cmd_{verb}")
-    return handler(config, out, err)
-
-
-def source_hash(path: str) -> str:
-    data = Path(path).read_bytes()
-    return hashlib.sha256(path.encode() + b"\0" + data).hexdigest()
-
-
-def _branch_owner(config: Any) -> Optional[Callable[[str, str, str], Optional[str]]]:
-    """Who fleetrun created a branch for, from the ledger; None when there is no
-    ledger yet (then fleetrun created no branch; ``validate`` makes no ledger)."""
-    if not (config.home / "state.db").exists():
-        return None
-    from .commands import open_ledger
-
-    return open_ledger(config).branch_owner
-
-
-def collect(config: Any) -> list[Any]:
-    """Collect every file named on the command line; raise all usage errors at once."""
-    from .collect import KeyTable, check_branches, check_graph, check_refs
-
-    keys = KeyTable.build(config.hook.fleetrun_task_keys(config=config))
-    files = []
-    graph_only: list[Any] = []
-    errors: list[UsageError] = []
-    for f in config.option.files:
-        try:
-            tf = config.hook.fleetrun_collect_file(file_path=f, config=config, keys=keys)
-        except UsageErrors as e:
-            errors.extend(e.errors)
-            partial = getattr(e, "partial", None)
-            if partial is not None:
-                graph_only.append(partial)
-            continue
-        except UsageError as e:
-            errors.append(e)
-            continue
-        if tf is None:
-            from .collect import display_path
-
-            errors.append(UsageError("no collector takes this kind of file (tasks files are .toml)",
-                                     file=display_path(Path(f), config.invocation_dir)))
-            continue
-        files.append(tf)
-    errors.extend(check_graph(files + graph_only, config.invocation_dir))
-    repos: dict[str, Any] = {}  # one repository lookup per cwd for both checks
-    errors.extend(check_refs(files + graph_only, config.invocation_dir, repos))
-    branch_errors, reuse = check_branches(files + graph_only, _branch_owner(config), config.invocation_dir, repos)
-    errors.extend(branch_errors)
-    config.stash["branch_reuse"] = reuse
-    if errors:
-        order = {f: i for i, f in enumerate(config.option.files)}
-        errors.sort(key=lambda e: (order.get(str(Path(e.file or "").resolve()), 0), e.line or 0))
-        raise UsageErrors(errors) if len(errors) > 1 else errors[0]
-    for tf in files:
-        for key, table in tf.settings.items():
-            config.file_settings.setdefault(key, {})
-            if isinstance(table, dict):
-                config.file_settings[key].update(table)
-    return files

@@ -1,26 +1,24 @@
-"""The CLI verbs. Each ``cmd_VERB(config, out, err)`` returns an exit code."""
+"""The core's verbs: ``cmd_VERB(config, out, err)`` returns an exit code, and
+:data:`BUILTIN_VERBS` declares each (its help, its arguments), as a plugin declares
+its own through ``fleetrun_verbs``."""
 
 from __future__ import annotations
 
+import argparse
 import json
 import os
 import time
 from dataclasses import asdict
 from pathlib import Path
-from typing import Any, Optional, TextIO
+from typing import Any, Iterable, Optional, TextIO
 
 from . import ops
 from .exceptions import ExitCode, UsageError
-from .ledger import Ledger, Task
+from .ledger import Ledger, Task, open_ledger
 from .states import State
-from .textutil import safe_name, safe_text
-
-
-def open_ledger(config: Any) -> Ledger:
-    led = config.stash.get("ledger")
-    if led is None:
-        led = config.stash["ledger"] = Ledger(config.home / "state.db")
-    return led
+from .table import cut, fit_table, terminal_width
+from .textutil import ago, safe_name, safe_text
+from .verbs import VerbDecl
 
 
 def notifier(config: Any) -> ops.Notify:
@@ -30,33 +28,12 @@ def notifier(config: Any) -> ops.Notify:
     return notify
 
 
-def collect_items(config: Any) -> list[Any]:
-    from .cli import collect
-
-    files = collect(config)
-    items = [t for f in files for t in f.tasks]
-    config.hook.fleetrun_collection_modifyitems(config=config, items=items)
-    config.stash["files"] = files
-    return items
-
-
-def ago(t: Optional[float], now: Optional[float] = None) -> str:
-    if not t:
-        return "-"
-    s = max(0, int((now or time.time()) - t))
-    if s < 60:
-        return f"{s}s"
-    if s < 3600:
-        return f"{s // 60}m"
-    if s < 86400:
-        return f"{s // 3600}h{(s % 3600) // 60:02d}m"
-    return f"{s // 86400}d"
-
-
 # ---------------------------------------------------------------------------------
 
 
 def cmd_validate(config: Any, out: TextIO, err: TextIO) -> int:
+    from .queueing import collect_items
+
     items = collect_items(config)
     from .collect import display_path
 
@@ -72,40 +49,24 @@ def cmd_validate(config: Any, out: TextIO, err: TextIO) -> int:
     return ExitCode.OK if items else ExitCode.NO_TASKS_COLLECTED
 
 
-def queue_items(config: Any, items: list[Any], out: TextIO) -> list[Task]:
-    from .cli import source_hash
-
-    led = open_ledger(config)
-    src = ",".join(config.option.files)
-    digest = "|".join(source_hash(f) for f in config.option.files) + "|k=" + (config.getoption("keyword") or "")
-    tasks = led.add_tasks(items, source=src, source_hash=digest, settings=config.file_settings)
-    by_name = {t.name: t for t in tasks}
-    for reuse in config.stash.get("branch_reuse", []):
-        if reuse.task_name in by_name:  # the user named a branch fleetrun made for this task before
-            led.add_note(by_name[reuse.task_name].id, reuse.note)
-    notify = notifier(config)
-    for t in tasks:
-        config.hook.fleetrun_transition(task=t, from_state="", to_state=t.state.value, cause="queued",
-                                        attempt=None, config=config)
-    del notify
-    return tasks
-
-
 def cmd_queue(config: Any, out: TextIO, err: TextIO) -> int:
+    from .queueing import collect_items, queue_items
+
     items = collect_items(config)
     if not items:
         print("no tasks collected", file=out)
         return ExitCode.NO_TASKS_COLLECTED
-    tasks = queue_items(config, items, out)
+    tasks = queue_items(config, items)
     for t in tasks:
         print(f"queued {t.id}  {safe_name(t.name)}  [{t.state}]", file=out)
-    from .session import wake_loop
+    from .liveness import wake_loop
 
     wake_loop(config.home)
     return ExitCode.OK
 
 
 def cmd_run(config: Any, out: TextIO, err: TextIO) -> int:
+    from .queueing import collect_items
     from .session import run_session
 
     items = collect_items(config)
@@ -142,87 +103,6 @@ def _worktree_now(t: Task) -> Optional[str]:
     if t.worktree and t.host in (None, "local") and not os.path.lexists(t.worktree):
         return None
     return t.worktree
-
-
-def terminal_width(out: TextIO) -> Optional[int]:
-    """The width to fit: ``$COLUMNS``, else the terminal's; None (no limit) when
-    ``out`` is not a terminal, so a pipe or a file gets every cell whole."""
-    import shutil
-
-    env = os.environ.get("COLUMNS", "")
-    if env.isdigit() and int(env) > 0:
-        return int(env)
-    try:
-        if not out.isatty():
-            return None
-    except (AttributeError, ValueError):
-        return None
-    return shutil.get_terminal_size().columns
-
-
-def _cut(text: str, width: int) -> str:
-    return text if len(text) <= width else (text[:max(0, width - 1)] + "…")
-
-
-#: status columns: header, right-aligned, the narrowest it is cut to (None: never cut,
-#: an id must stay whole to be typed back).
-_COLUMNS = [("NAME", False, 10), ("STATE", False, None), ("ATT", True, None), ("WHERE", False, 5),
-            ("AGE", True, None), ("COST", True, None), ("ID", False, None), ("BRANCH", False, 10),
-            ("REASON", False, 16)]
-#: When a row is too wide: cells are cut in this order, and if that is not enough,
-#: whole columns are left out in this one.
-_CUT_ORDER = ["REASON", "BRANCH", "NAME", "WHERE"]
-_DROP_ORDER = ["AGE", "COST", "ATT", "WHERE"]
-
-
-def _fit_widths(cols: list[int], natural: list[int], width: int) -> Optional[list[int]]:
-    """Widths for ``cols`` within ``width``, cutting the widest cuttable cell a
-    character at a time (so no one column pays for all); None if it cannot fit."""
-    widths = [natural[i] for i in cols]
-    least = [max(_COLUMNS[c][2] or natural[c], len(_COLUMNS[c][0])) for c in cols]
-    rank = {name: n for n, name in enumerate(_CUT_ORDER)}
-    order = [k for k in range(len(cols)) if _COLUMNS[cols[k]][0] in rank]
-    over = sum(widths) + 2 * (len(widths) - 1) - width
-    while over > 0:
-        room = [k for k in order if widths[k] > least[k]]
-        if not room:
-            return None
-        k = max(room, key=lambda k: (widths[k], -rank[_COLUMNS[cols[k]][0]]))
-        widths[k] -= 1
-        over -= 1
-    return widths
-
-
-def fit_table(rows: list[list[str]], width: Optional[int]) -> tuple[list[str], list[str], bool]:
-    """The header and ``rows`` as aligned lines no wider than ``width`` (None: no
-    limit): the widest cells are cut with ``…`` (REASON first, never an ID), then
-    the least needed columns are left out. :return: (lines, columns left out, whether
-    a cell was cut)."""
-    heads = [c[0] for c in _COLUMNS]
-    natural = [max([len(h)] + [len(r[i]) for r in rows]) for i, h in enumerate(heads)]
-    cols = list(range(len(heads)))
-    widths: Optional[list[int]] = natural
-    if width is not None:
-        widths = _fit_widths(cols, natural, width)
-        for name in _DROP_ORDER:
-            if widths is not None:
-                break
-            cols.remove(heads.index(name))
-            widths = _fit_widths(cols, natural, width)
-        if widths is None:  # too narrow for anything: the narrowest there is
-            widths = [max(_COLUMNS[c][2] or natural[c], len(heads[c])) for c in cols]
-    assert widths is not None
-    lines = []
-    was_cut = False
-    for cells in [heads, *rows]:
-        parts = []
-        for k, c in enumerate(cols):
-            cell = _cut(cells[c], widths[k])
-            was_cut = was_cut or cell != cells[c]
-            last = k == len(cols) - 1
-            parts.append(cell if last else (f"{cell:>{widths[k]}}" if _COLUMNS[c][1] else f"{cell:<{widths[k]}}"))
-        lines.append("  ".join(parts).rstrip())
-    return lines, [h for i, h in enumerate(heads) if i not in cols], was_cut
 
 
 def cmd_status(config: Any, out: TextIO, err: TextIO) -> int:
@@ -270,7 +150,7 @@ def cmd_status(config: Any, out: TextIO, err: TextIO) -> int:
         print(line, file=out)
     if width is not None and (left_out or was_cut):
         dropped = f"; {', '.join(left_out)} left out" if left_out else ""
-        print(_cut(f"(cut to fit {width} columns{dropped}; --wide shows all)", width), file=out)
+        print(cut(f"(cut to fit {width} columns{dropped}; --wide shows all)", width), file=out)
     return ExitCode.OK
 
 
@@ -512,3 +392,106 @@ def cmd_gc(config: Any, out: TextIO, err: TextIO) -> int:
     from .gc import main as gc_main
 
     return gc_main(config, out, err)
+
+
+
+# ---------------------------------------------------------------------------------
+# The declarations: help and arguments of each verb
+
+
+def _max_tasks(text: str) -> int:
+    try:
+        n = int(text)
+    except ValueError:
+        n = 0
+    if n < 1:  # 0 or fewer starts nothing and waits forever: never what was meant
+        raise argparse.ArgumentTypeError(
+            f"{text} is not a whole number of at least 1 (to start nothing, use fleetrun drain)")
+    return n
+
+
+def _loop_arguments(p: argparse.ArgumentParser) -> None:
+    p.add_argument("-x", "--exitfirst", action="store_true",
+                   help="start no new task after the first NEEDS_HUMAN")
+    p.add_argument("--max-tasks", type=_max_tasks, metavar="N", help="override [local] max_tasks")
+
+
+def _run_arguments(p: argparse.ArgumentParser) -> None:
+    _loop_arguments(p)
+    p.add_argument("--collect-only", "--co", action="store_true", help="list the tasks; run nothing")
+    p.add_argument("--new-queue", action="store_true",
+                   help="queue the file anew even if an unchanged copy is still in the ledger")
+
+
+def _work_arguments(p: argparse.ArgumentParser) -> None:
+    _loop_arguments(p)
+    p.add_argument("--until-idle", action="store_true", help="exit when nothing is left to do")
+
+
+def _queued_files(config: Any) -> Iterable[Path]:
+    """``work``: the queued tasks' files (their ``fleetconf.py`` files load), and their
+    ``[agents]``/``[brain]`` tables, as they were when queued."""
+    led = open_ledger(config)
+    sources: list[Path] = []
+    for _qid, files_, settings in led.live_queues():
+        sources.extend(Path(f) for f in files_ if Path(f).exists())
+        for key, table in settings.items():
+            if isinstance(table, dict):
+                config.file_settings.setdefault(key, {}).update(table)
+    return sources
+
+
+def _status_arguments(p: argparse.ArgumentParser) -> None:
+    p.add_argument("--state", metavar="S", help="only tasks in this state")
+    p.add_argument("--json", action="store_true", help="print JSON")
+    p.add_argument("--graph", action="store_true", help="the depends_on tree, and why anything waits")
+    p.add_argument("--wide", action="store_true", help="every cell whole, however wide the terminal")
+
+
+def _task_argument(p: argparse.ArgumentParser) -> None:
+    p.add_argument("task", metavar="TASK", help="a task id, or a name (the newest task with it)")
+
+
+def _logs_arguments(p: argparse.ArgumentParser) -> None:
+    _task_argument(p)
+    p.add_argument("--json", action="store_true", help="print JSON")
+
+
+def _retry_arguments(p: argparse.ArgumentParser) -> None:
+    _task_argument(p)
+    p.add_argument("--elsewhere", action="store_true",
+                   help="also for a task running on a peer that stopped answering: give up on that "
+                        "machine and place the task again (you vouch the old attempt is gone)")
+
+
+def _gc_arguments(p: argparse.ArgumentParser) -> None:
+    p.add_argument("--yes", action="store_true", help="remove what is listed")
+    p.add_argument("--force", action="store_true",
+                   help="also remove dirty worktrees and branches with commits found nowhere else")
+
+
+#: The core's verbs, in the order ``fleetrun --help`` lists them. ``config.toml`` is
+#: checked as the verbs that run or queue work start; the operator's verbs (status,
+#: logs, cancel...) still work with a broken one, and check it only if they read a
+#: setting.
+BUILTIN_VERBS: tuple[VerbDecl, ...] = (
+    VerbDecl("run", "collect, queue and work the tasks files until nothing is left (the default)",
+             cmd_run, _run_arguments, plugin_options=True, takes_tasks_files=True),
+    VerbDecl("validate", "check tasks files: typos, dangling or cyclic depends_on", cmd_validate,
+             takes_tasks_files=True),
+    VerbDecl("queue", "validate and queue tasks files; runs nothing", cmd_queue, takes_tasks_files=True),
+    VerbDecl("work", "run the queued tasks (keeps running unless --until-idle)", cmd_work, _work_arguments,
+             plugin_options=True, tasks_files=_queued_files),
+    VerbDecl("status", "one line per task (--graph: the depends_on tree and why anything waits)", cmd_status,
+             _status_arguments, reads_config=False),
+    VerbDecl("logs", "every transition and verdict of a task", cmd_logs, _logs_arguments, reads_config=False),
+    VerbDecl("cancel", "cancel a task; its dependents need a human", cmd_cancel, _task_argument,
+             reads_config=False),
+    VerbDecl("retry", "send a NEEDS_HUMAN or CANCELLED task back to the queue", cmd_retry, _retry_arguments,
+             reads_config=False),
+    VerbDecl("approve", "accept a NEEDS_HUMAN task as DONE", cmd_approve, _task_argument, reads_config=False),
+    VerbDecl("drain", "start nothing new on this machine", cmd_drain, reads_config=False),
+    VerbDecl("undrain", "start work again after drain", cmd_undrain, reads_config=False),
+    VerbDecl("gc", "list (and with --yes remove) worktrees and attempt folders no task owns", cmd_gc,
+             _gc_arguments, reads_config=False),
+)

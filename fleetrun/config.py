@@ -230,7 +230,7 @@ def check_config(data: dict[str, Any], lines: Any, decls: Iterable[ConfigKey], f
                  skip_unknown_tables: bool = False) -> list[UsageError]:
     """Every problem of a parsed ``config.toml`` against the declared keys.
 
-    :param lines: the file's :class:`~fleetrun.collect.LineMap`.
+    :param lines: the file's :class:`~fleetrun.tomlfile.LineMap`.
     :param skip_unknown_tables: a plugin is blocked (``-p no:NAME``): a table nobody
         declared may be that plugin's, so it is not an error.
     :return: one :class:`UsageError` per problem, in the order of the file.
@@ -293,7 +293,7 @@ def load_config_toml(path: Path, decls: Iterable[ConfigKey] = CORE_CONFIG_KEYS,
     """
     if not path.exists():
         return {}
-    from .collect import map_lines, parse_toml_file
+    from .tomlfile import map_lines, parse_toml_file
 
     data, text = parse_toml_file(path, str(path))
     errors = check_config(data, map_lines(text), decls, str(path), skip_unknown_tables)

@@ -1,4 +1,4 @@
-"""The errors fleetrun reports to users."""
+"""The errors fleetrun reports to users, and which errors it waits out rather than reports."""
 
 from __future__ import annotations
 
@@ -69,3 +69,15 @@ class StateConflict(Exception):
         self.task_id = task_id
         self.expected = expected
         self.actual = actual
+
+
+def is_space_error(e: BaseException) -> bool:
+    """Disk full, quota, or a read-only home: a condition to wait out, not a crash."""
+    import errno
+    import sqlite3
+
+    if isinstance(e, OSError) and e.errno in (errno.ENOSPC, errno.EROFS, errno.EDQUOT):
+        return True
+    text = str(e).lower()
+    return isinstance(e, sqlite3.OperationalError) and any(
+        w in text for w in ("disk is full", "readonly database", "read-only", "disk i/o error"))

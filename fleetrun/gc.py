@@ -158,7 +158,7 @@ def _still_cancelled(led: Any, task: Any) -> bool:
 
 
 def main(config: Any, out: TextIO, err: TextIO) -> int:
-    from .commands import open_ledger
+    from .ledger import open_ledger
 
     led = open_ledger(config)
     cancelled = _cancelled_worktrees(led)

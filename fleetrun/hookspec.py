@@ -19,7 +19,6 @@ from typing import TYPE_CHECKING, Any, Optional, Union
 import pluggy
 
 if TYPE_CHECKING:
-    from .cli import Session
     from .collect import TaskFile
     from .config import Config, ConfigKey, Parser
     from .ledger import Attempt, Task
@@ -34,7 +33,9 @@ if TYPE_CHECKING:
         Wait,
         Workspace,
     )
+    from .session import Session
     from .taskspec import KeyDecl, TaskSpec, VerifySpec
+    from .verbs import VerbDecl
 
 hookspec = pluggy.HookspecMarker("fleetrun")
 
@@ -60,6 +61,23 @@ def fleetrun_addoption(parser: Parser, pluginmanager: FleetPluginManager) -> Non
     (built-ins, ``-p``, entry points, ``FLEETRUN_PLUGINS``) can add options; a
     ``fleetconf.py`` is loaded after parsing and cannot.
     """
+
+
+@hookspec
+def fleetrun_verbs(pluginmanager: FleetPluginManager) -> list[VerbDecl]:
+    """Declare the verbs your plugin adds to the command line (``fleetrun NAME ...``), as
+    a list of :class:`~fleetrun.VerbDecl` (name, help, its arguments, what runs it).
+    Results are concatenated.
+
+    Called once, before the command line is parsed: the verb chooses the parser. The
+    core declares its own verbs (``run``, ``status``...) the same way. Only plugins
+    known at start-up (built-ins, ``-p``, entry points, ``FLEETRUN_PLUGINS``, the
+    ``plugins`` of :func:`fleetrun.main`) can add verbs; a ``fleetconf.py`` is found
+    from the tasks files a verb names, too late, and implementing this hook in one
+    is a usage error. A verb name fleetrun or another plugin already has is a usage
+    error too: a plugin adds verbs, it cannot replace one.
+    """
+    raise NotImplementedError
 
 
 @hookspec(historic=True)

@@ -469,8 +469,8 @@ def cmd_probe(config: Any, ns: argparse.Namespace) -> dict[str, Any]:
     import platform
     import socket
 
-    from . import __version__
     from .peers import FEATURES
+    from .version import __version__
 
     policy, policy_error = _policy(config)
     with _host_lock(config.home):

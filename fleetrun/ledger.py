@@ -819,3 +819,17 @@ class Ledger:
                 cur.execute("DELETE FROM meta WHERE key=?", (key,))
             else:
                 cur.execute("INSERT OR REPLACE INTO meta (key, value) VALUES (?,?)", (key, value))
+
+
+def open_ledger(config: Any) -> Ledger:
+    """The run's ledger, ``state.db`` in ``config.home``: opened on first use and kept in
+    ``config.stash["ledger"]`` (the CLI closes it as the run ends).
+
+    :param config: the run's :class:`~fleetrun.config.Config` (untyped here: the ledger
+        imports nothing above it).
+    """
+    led = config.stash.get("ledger")
+    if led is None:
+        led = config.stash["ledger"] = Ledger(config.home / "state.db")
+    assert isinstance(led, Ledger)
+    return led

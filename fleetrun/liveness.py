@@ -1,10 +1,12 @@
-"""The work loop's liveness file and lock: who runs the loop, and is it alive?"""
+"""The work loop's liveness file, lock and wake-up socket: who runs the loop, is it
+alive, and how another command tells it to look at the ledger now."""
 
 from __future__ import annotations
 
 import fcntl
 import json
 import os
+import socket
 import time
 from pathlib import Path
 from typing import Any, Optional
@@ -13,6 +15,7 @@ from .shepherd import proc_token, read_json, write_json
 
 LIVENESS = "supervisor.json"
 LOCK = "work.lock"
+SOCK = "loop.sock"
 STUCK_AFTER_S = 60.0
 
 
@@ -90,3 +93,27 @@ def describe(home: Path, now: Optional[float] = None) -> str:
         mins = int(age // 60)
         return f"supervisor: stuck (pid {pid}, last beat {mins} min ago)"
     return f"supervisor: running (pid {pid}, last beat {int(age)}s ago)"
+
+
+def sock_path(home: Path) -> str:
+    """The loop's wake-up socket; a unix socket path must stay under ~100 bytes."""
+    path = str(home / SOCK)
+    if len(path.encode()) < 100:
+        return path
+    import hashlib
+    import tempfile
+
+    digest = hashlib.sha1(str(home).encode()).hexdigest()[:16]
+    return os.path.join(tempfile.gettempdir(), f"fleetrun-{os.getuid()}-{digest}.sock")
+
+
+def wake_loop(home: Path) -> None:
+    """Tell a running loop to look at the ledger now (``fleetrun queue`` does)."""
+    try:
+        s = socket.socket(socket.AF_UNIX, socket.SOCK_DGRAM)
+        try:
+            s.sendto(b"wake", sock_path(home))
+        finally:
+            s.close()
+    except OSError:
+        pass

@@ -24,14 +24,13 @@ from typing import Any, Optional
 from . import ops
 from .adoption import Adoption
 from .ending import Ending
-from .exceptions import ExitCode, UsageError
+from .exceptions import ExitCode, UsageError, is_space_error
 from .gitutil import GitError
 from .hosts import get_host
 from .ledger import Attempt, Ledger, Task
-from .liveness import Liveness
+from .liveness import Liveness, sock_path
 from .policy import PolicyWatcher
 from .reports import Workspace
-from .session import is_space_error, sock_path
 from .setupstage import SetupStage
 from .starting import Starting
 from .states import State
@@ -44,7 +43,7 @@ INTERNAL_ERROR_LOG = "internal-error.log"
 def log_internal_error(home: Path, text: str) -> Optional[Path]:
     """Append a traceback to ``$FLEETRUN_HOME/internal-error.log``, in the form the CLI
     writes for an internal error (exit 3). :return: the log, or None if it cannot be written."""
-    from . import __version__
+    from .version import __version__
 
     log = home / INTERNAL_ERROR_LOG
     try:

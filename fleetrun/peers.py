@@ -129,7 +129,7 @@ def load_peers(home: Path) -> dict[str, Peer]:
     path = peers_path(home)
     if not path.exists():
         return {}
-    from .collect import map_lines, parse_toml_file
+    from .tomlfile import map_lines, parse_toml_file
 
     data, text = parse_toml_file(path, str(path))
     lines = map_lines(text)

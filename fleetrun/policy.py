@@ -112,7 +112,7 @@ def load_policy(path: Path) -> Policy:
     """
     if not path.exists():
         return Policy()
-    from .collect import map_lines, parse_toml_file
+    from .tomlfile import map_lines, parse_toml_file
 
     disp = str(path)
     data, text = parse_toml_file(path, disp)
@@ -231,7 +231,7 @@ def local_drain_source(path: Path) -> Optional[str]:
         return None
     if not pol.local.drain:
         return None
-    from .collect import map_lines
+    from .tomlfile import map_lines
 
     try:
         line = map_lines(path.read_text(encoding="utf-8")).get("table", "local", "drain")

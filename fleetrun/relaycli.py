@@ -93,7 +93,7 @@ def _num(v: Any, fmt: str) -> str:
 
 
 def describe_headroom(probe: dict[str, Any], heard: Optional[float], now: float) -> str:
-    from .commands import ago
+    from .textutil import ago
 
     return (f"{_num(probe.get('free_mem_mb'), '.0f')} MB free · load {_num(probe.get('load_per_core'), '.2f')}/core · "
             f"{_num(probe.get('free_disk_mb'), '.0f')} MB disk · {int(probe.get('running') or 0)} running"
@@ -217,7 +217,7 @@ def peer_rows(config: Any, peers: dict[str, Peer], now: float) -> list[dict[str,
 
 
 def cmd_peers(config: Any, ns: argparse.Namespace, out: TextIO, err: TextIO) -> int:
-    from .commands import ago
+    from .textutil import ago
 
     peers = load_peers(config.home)
     if peers and not ns.cached:

@@ -1,60 +1,52 @@
-"""A work session: the loop's wake-up socket, the one-loop-per-home lock, queueing or
-resuming a tasks file's queue, and the session hooks around :class:`fleetrun.loop.Loop`."""
+"""A work session: the :class:`Session` the session hooks get, the one-loop-per-home
+lock, queueing or resuming a tasks file's queue, and :class:`fleetrun.loop.Loop` between
+``fleetrun_sessionstart`` and ``fleetrun_sessionfinish``."""
 
 from __future__ import annotations
 
-import errno
-import os
-import socket
-import sqlite3
-from typing import Any, Optional, TextIO
+import time
+from typing import TYPE_CHECKING, Any, Optional, TextIO
 
 from .exceptions import UsageError
+from .ledger import Ledger, open_ledger
 from .liveness import WorkLock
+from .loop import Loop
 from .policy import PolicyWatcher
+from .queueing import queue_digest, queue_items
 
-SOCK = "loop.sock"
-
-
-def is_space_error(e: BaseException) -> bool:
-    """Disk full, quota, or a read-only home: a condition to wait out, not a crash."""
-    if isinstance(e, OSError) and e.errno in (errno.ENOSPC, errno.EROFS, errno.EDQUOT):
-        return True
-    text = str(e).lower()
-    return isinstance(e, sqlite3.OperationalError) and any(
-        w in text for w in ("disk is full", "readonly database", "read-only", "disk i/o error"))
+if TYPE_CHECKING:
+    from .config import Config
+    from .taskspec import TaskSpec
 
 
-def sock_path(home: Any) -> str:
-    """The loop's wake-up socket; a unix socket path must stay under ~100 bytes."""
-    path = str(home / SOCK)
-    if len(path.encode()) < 100:
-        return path
-    import hashlib
-    import tempfile
+class Session:
+    """One invocation's working set: the config, the ledger, and what was collected.
 
-    digest = hashlib.sha1(str(home).encode()).hexdigest()[:16]
-    return os.path.join(tempfile.gettempdir(), f"fleetrun-{os.getuid()}-{digest}.sock")
+    :ivar config: the run's :class:`~fleetrun.config.Config`.
+    :ivar ledger: the open ledger (None for a verb that needs none).
+    :ivar items: the collected tasks (empty for ``fleetrun work``).
+    :ivar exitstatus: the exit code, once the loop has stopped.
+    :ivar final_notes: lines the terminal prints at the end of the run.
+    """
+
+    def __init__(self, config: Config, ledger: Optional[Ledger] = None) -> None:
+        self.config = config
+        self.ledger = ledger
+        self.items: list[Any] = []
+        self.files: list[Any] = []
+        self.exitstatus: int = 0
+        self.started = time.time()
+        self.shouldstop: Optional[str] = None
+        self.final_notes: list[str] = []
+        self.counts: dict[str, int] = {}
+        self.cost_usd = 0.0
+        self.interrupted = False
+        self.stopped_by_sigterm = False
+        self.older_tasks = 0  # tasks of earlier queues the loop also works, left out of counts
 
 
-def wake_loop(home: Any) -> None:
-    """Tell a running loop to look at the ledger now (``fleetrun queue`` does)."""
-    try:
-        s = socket.socket(socket.AF_UNIX, socket.SOCK_DGRAM)
-        try:
-            s.sendto(b"wake", sock_path(home))
-        finally:
-            s.close()
-    except OSError:
-        pass
-
-
-def run_session(config: Any, items: Optional[list[Any]], out: TextIO, err: TextIO) -> int:
+def run_session(config: Config, items: Optional[list[TaskSpec]], out: TextIO, err: TextIO) -> int:
     """``fleetrun [FILE...]`` (items given) or ``fleetrun work`` (items None)."""
-    from .cli import Session, source_hash
-    from .commands import open_ledger, queue_items
-    from .loop import Loop
-
     led = open_ledger(config)
     PolicyWatcher(config.home / "policy.toml").load_strict()  # a broken policy: refuse before queueing
     lock = WorkLock(config.home)
@@ -69,8 +61,7 @@ def run_session(config: Any, items: Optional[list[Any]], out: TextIO, err: TextI
         notes = config.stash.setdefault("session_notes", [])
         if items is not None:
             session.items = items
-            digest = "|".join(source_hash(f) for f in config.option.files) + "|k=" + (config.getoption("keyword") or "")
-            queue_id = None if config.getoption("new_queue") else led.find_queue(digest)
+            queue_id = None if config.getoption("new_queue") else led.find_queue(queue_digest(config))
             if queue_id is not None:
                 states: dict[str, int] = {}
                 for t in led.tasks(queue_id=queue_id):
@@ -82,7 +73,7 @@ def run_session(config: Any, items: Optional[list[Any]], out: TextIO, err: TextI
                 notes.append(f"also selected, as a dependency: {name}")
         config.hook.fleetrun_sessionstart(session=session)
         if items is not None and queue_id is None:
-            queue_id = queue_items(config, items, out)[0].queue_id
+            queue_id = queue_items(config, items)[0].queue_id
         loop = Loop(config, led, session, queue_id, until_idle=bool(config.getoption("until_idle")))
         code = loop.run()
         if loop.stopping:

@@ -18,8 +18,8 @@ from .exceptions import StateConflict, UsageError
 from .gitutil import WorktreeTampered
 from .hosts import executable_problem, get_host
 from .ledger import Attempt, Task
+from .liveness import sock_path
 from .reports import MIN_BUDGET_USD, Handoff, Placement, Wait, Workspace
-from .session import sock_path
 from .states import PLACEABLE, State
 
 

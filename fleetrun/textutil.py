@@ -10,6 +10,7 @@ characters as visible ``\\x1b``-style escapes instead of sending them.
 from __future__ import annotations
 
 import re
+import time
 from typing import Optional
 
 #: C0 controls, DEL, C1 controls, and the bidirectional overrides and isolates that
@@ -56,3 +57,18 @@ NAME_LIMIT = 80
 def safe_name(s: object) -> str:
     """A task name (or another short label) for one line of output: escaped and capped."""
     return safe_text(s, limit=NAME_LIMIT)
+
+
+def ago(t: Optional[float], now: Optional[float] = None) -> str:
+    """How long ago ``t`` (a ``time.time()``) was, in the fewest characters: ``5s``,
+    ``12m``, ``3h05m``, ``2d``; ``-`` for never."""
+    if not t:
+        return "-"
+    s = max(0, int((now or time.time()) - t))
+    if s < 60:
+        return f"{s}s"
+    if s < 3600:
+        return f"{s // 60}m"
+    if s < 86400:
+        return f"{s // 3600}h{(s % 3600) // 60:02d}m"
+    return f"{s // 86400}d"

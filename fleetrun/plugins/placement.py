@@ -306,7 +306,7 @@ def steady(seen: dict[str, str], task_id: str, decision: Union[Placement, Wait])
 
 def _requires_line(source: str, head: int, cache: dict[str, Any]) -> int:
     """The line of a task's ``requires =`` (else its ``[[task]]`` line)."""
-    from ..collect import map_lines
+    from ..tomlfile import map_lines
 
     if source not in cache:
         try:

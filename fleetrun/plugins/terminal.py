@@ -12,9 +12,9 @@ import os
 import time
 from typing import Any, Optional, TextIO
 
-from .. import __version__
 from ..hookimpl import hookimpl
 from ..textutil import safe_name, safe_text
+from ..version import __version__
 
 COLORS = {
     "DONE": "GREEN",

@@ -128,7 +128,8 @@ def problems(table: Any) -> list[tuple[str, str]]:
 def _errors(table: Any, sources: list[Path], invocation_dir: Path) -> list[UsageError]:
     """UsageErrors for ``table``'s problems, located in the first of ``sources`` that
     sets the key (``[brain]`` of a tasks file or of config.toml)."""
-    from ..collect import display_path, map_lines
+    from ..collect import display_path
+    from ..tomlfile import map_lines
 
     found: dict[str, tuple[str, int]] = {}
     for src in sources:

@@ -1,0 +1,112 @@
+"""From the command line's tasks files to tasks in the ledger: collect every file through
+``fleetrun_collect_file`` (every usage error at once), apply
+``fleetrun_collection_modifyitems``, and queue what was collected.
+
+A queue is known by its digest (each file's path and bytes, and ``-k``): running an
+unchanged file again resumes its queue instead of queueing it twice.
+"""
+
+from __future__ import annotations
+
+import hashlib
+from pathlib import Path
+from typing import TYPE_CHECKING, Any, Callable, Optional
+
+from .collect import KeyTable, TaskFile, check_branches, check_graph, check_refs, display_path
+from .exceptions import UsageError, UsageErrors
+from .ledger import Task, open_ledger
+
+if TYPE_CHECKING:
+    from .config import Config
+    from .taskspec import TaskSpec
+
+
+def source_hash(path: str) -> str:
+    """A tasks file's digest: its absolute path and its bytes."""
+    data = Path(path).read_bytes()
+    return hashlib.sha256(path.encode() + b"\0" + data).hexdigest()
+
+
+def queue_digest(config: Config) -> str:
+    """The digest of the queue the command line makes: every file named, and ``-k``."""
+    return "|".join(source_hash(f) for f in config.option.files) + "|k=" + (config.getoption("keyword") or "")
+
+
+def _branch_owner(config: Config) -> Optional[Callable[[str, str, str], Optional[str]]]:
+    """Who fleetrun created a branch for, from the ledger; None when there is no
+    ledger yet (then fleetrun created no branch; ``validate`` makes no ledger)."""
+    if not (config.home / "state.db").exists():
+        return None
+    return open_ledger(config).branch_owner
+
+
+def collect(config: Config) -> list[TaskFile]:
+    """Collect every file named on the command line; raise all usage errors at once.
+
+    :return: the collected files; their top-level tables are merged into
+        ``config.file_settings``.
+    :raises UsageError: every problem of every file (``UsageErrors`` for several).
+    """
+    keys = KeyTable.build(config.hook.fleetrun_task_keys(config=config))
+    files = []
+    graph_only: list[Any] = []
+    errors: list[UsageError] = []
+    for f in config.option.files:
+        try:
+            tf = config.hook.fleetrun_collect_file(file_path=f, config=config, keys=keys)
+        except UsageErrors as e:
+            errors.extend(e.errors)
+            partial = getattr(e, "partial", None)
+            if partial is not None:
+                graph_only.append(partial)
+            continue
+        except UsageError as e:
+            errors.append(e)
+            continue
+        if tf is None:
+            errors.append(UsageError("no collector takes this kind of file (tasks files are .toml)",
+                                     file=display_path(Path(f), config.invocation_dir)))
+            continue
+        files.append(tf)
+    errors.extend(check_graph(files + graph_only, config.invocation_dir))
+    repos: dict[str, Any] = {}  # one repository lookup per cwd for both checks
+    errors.extend(check_refs(files + graph_only, config.invocation_dir, repos))
+    branch_errors, reuse = check_branches(files + graph_only, _branch_owner(config), config.invocation_dir, repos)
+    errors.extend(branch_errors)
+    config.stash["branch_reuse"] = reuse
+    if errors:
+        order = {f: i for i, f in enumerate(config.option.files)}
+        errors.sort(key=lambda e: (order.get(str(Path(e.file or "").resolve()), 0), e.line or 0))
+        raise UsageErrors(errors) if len(errors) > 1 else errors[0]
+    for tf in files:
+        for key, table in tf.settings.items():
+            config.file_settings.setdefault(key, {})
+            if isinstance(table, dict):
+                config.file_settings[key].update(table)
+    return files
+
+
+def collect_items(config: Config) -> list[TaskSpec]:
+    """The tasks of every file, after ``fleetrun_collection_modifyitems`` (``-k``);
+    the files are kept in ``config.stash["files"]``."""
+    files = collect(config)
+    items = [t for f in files for t in f.tasks]
+    config.hook.fleetrun_collection_modifyitems(config=config, items=items)
+    config.stash["files"] = files
+    return items
+
+
+def queue_items(config: Config, items: list[TaskSpec]) -> list[Task]:
+    """Queue ``items`` as one new queue in the ledger, and report each new task's
+    first state through ``fleetrun_transition`` (cause ``queued``)."""
+    led = open_ledger(config)
+    src = ",".join(config.option.files)
+    tasks = led.add_tasks(items, source=src, source_hash=queue_digest(config), settings=config.file_settings)
+    by_name = {t.name: t for t in tasks}
+    for reuse in config.stash.get("branch_reuse", []):
+        if reuse.task_name in by_name:  # the user named a branch fleetrun made for this task before
+            led.add_note(by_name[reuse.task_name].id, reuse.note)
+    for t in tasks:
+        config.hook.fleetrun_transition(task=t, from_state="", to_state=t.state.value, cause="queued",
+                                        attempt=None, config=config)
+    return tasks

@@ -1,0 +1,90 @@
+"""The status table: rows of cells fitted to the terminal's width, cutting the widest
+cells first (never an id, which must stay whole to be typed back) and then leaving
+out the least needed columns."""
+
+from __future__ import annotations
+
+import os
+from typing import Optional, TextIO
+
+
+def terminal_width(out: TextIO) -> Optional[int]:
+    """The width to fit: ``$COLUMNS``, else the terminal's; None (no limit) when
+    ``out`` is not a terminal, so a pipe or a file gets every cell whole."""
+    import shutil
+
+    env = os.environ.get("COLUMNS", "")
+    if env.isdigit() and int(env) > 0:
+        return int(env)
+    try:
+        if not out.isatty():
+            return None
+    except (AttributeError, ValueError):
+        return None
+    return shutil.get_terminal_size().columns
+
+
+def cut(text: str, width: int) -> str:
+    """``text``, or its first ``width - 1`` characters and ``…`` when it is longer."""
+    return text if len(text) <= width else (text[:max(0, width - 1)] + "…")
+
+
+#: status columns: header, right-aligned, the narrowest it is cut to (None: never cut,
+#: an id must stay whole to be typed back).
+_COLUMNS = [("NAME", False, 10), ("STATE", False, None), ("ATT", True, None), ("WHERE", False, 5),
+            ("AGE", True, None), ("COST", True, None), ("ID", False, None), ("BRANCH", False, 10),
+            ("REASON", False, 16)]
+#: When a row is too wide: cells are cut in this order, and if that is not enough,
+#: whole columns are left out in this one.
+_CUT_ORDER = ["REASON", "BRANCH", "NAME", "WHERE"]
+_DROP_ORDER = ["AGE", "COST", "ATT", "WHERE"]
+
+
+def _fit_widths(cols: list[int], natural: list[int], width: int) -> Optional[list[int]]:
+    """Widths for ``cols`` within ``width``, cutting the widest cuttable cell a
+    character at a time (so no one column pays for all); None if it cannot fit."""
+    widths = [natural[i] for i in cols]
+    least = [max(_COLUMNS[c][2] or natural[c], len(_COLUMNS[c][0])) for c in cols]
+    rank = {name: n for n, name in enumerate(_CUT_ORDER)}
+    order = [k for k in range(len(cols)) if _COLUMNS[cols[k]][0] in rank]
+    over = sum(widths) + 2 * (len(widths) - 1) - width
+    while over > 0:
+        room = [k for k in order if widths[k] > least[k]]
+        if not room:
+            return None
+        k = max(room, key=lambda k: (widths[k], -rank[_COLUMNS[cols[k]][0]]))
+        widths[k] -= 1
+        over -= 1
+    return widths
+
+
+def fit_table(rows: list[list[str]], width: Optional[int]) -> tuple[list[str], list[str], bool]:
+    """The header and ``rows`` as aligned lines no wider than ``width`` (None: no
+    limit): the widest cells are cut with ``…`` (REASON first, never an ID), then
+    the least needed columns are left out. :return: (lines, columns left out, whether
+    a cell was cut)."""
+    heads = [c[0] for c in _COLUMNS]
+    natural = [max([len(h)] + [len(r[i]) for r in rows]) for i, h in enumerate(heads)]
+    cols = list(range(len(heads)))
+    widths: Optional[list[int]] = natural
+    if width is not None:
+        widths = _fit_widths(cols, natural, width)
+        for name in _DROP_ORDER:
+            if widths is not None:
+                break
+            cols.remove(heads.index(name))
+            widths = _fit_widths(cols, natural, width)
+        if widths is None:  # too narrow for anything: the narrowest there is
+            widths = [max(_COLUMNS[c][2] or natural[c], len(heads[c])) for c in cols]
+    assert widths is not None
+    lines = []
+    was_cut = False
+    for cells in [heads, *rows]:
+        parts = []
+        for k, c in enumerate(cols):
+            cell = cut(cells[c], widths[k])
+            was_cut = was_cut or cell != cells[c]
+            last = k == len(cols) - 1
+            parts.append(cell if last else (f"{cell:>{widths[k]}}" if _COLUMNS[c][1] else f"{cell:<{widths[k]}}"))
+        lines.append("  ".join(parts).rstrip())
+    return lines, [h for i, h in enumerate(heads) if i not in cols], was_cut
