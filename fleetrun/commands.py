@@ -247,7 +247,7 @@ def cmd_status(config: Any, out: TextIO, err: TextIO) -> int:
         return ExitCode.OK
     now = time.time()
     waits = json.loads(led.get_meta("waits") or "{}")
-    from .peers import load_state
+    from .plugins.relay.peers import load_state
 
     peer_state = load_state(config.home)
     rows = []
@@ -497,13 +497,13 @@ def cmd_undrain(config: Any, out: TextIO, err: TextIO) -> int:
 
 
 def cmd_relay(config: Any, out: TextIO, err: TextIO) -> int:
-    from .relaycli import main as relay_main
+    from .plugins.relay.cli import main as relay_main
 
     return relay_main(config, list(config.option.rest or []), out, err)
 
 
 def cmd_host(config: Any, out: TextIO, err: TextIO) -> int:
-    from .hostcli import main as host_main
+    from .plugins.relay.peer.verbs import main as host_main
 
     return host_main(config, list(config.option.rest or []), out, err)
 

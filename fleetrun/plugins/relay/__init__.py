@@ -1,9 +1,9 @@
 """Built-in ``relay`` plugin: peers over SSH as places where attempts run.
 
 ``fleetrun_configure`` reads ``peers.toml`` and registers an
-:class:`~fleetrun.sshhost.SSHHost` per peer in ``config.stash["hosts"]`` (so the loop,
+:class:`~fleetrun.plugins.relay.host.SSHHost` per peer in ``config.stash["hosts"]`` (so the loop,
 ``cancel`` and adoption find them by name) and a :class:`Relay` object under the
-name ``relay-peers``, which implements the hooks:
+name ``relay-peers`` (:class:`~.supervisor.Relay`), which implements the hooks:
 
 - ``fleetrun_candidates``: every peer, with the headroom of its last heartbeat (a
   probe every ``[relay] heartbeat_secs``, 5 by default, from one thread per peer),
@@ -27,52 +27,40 @@ name ``relay-peers``, which implements the hooks:
   transport (``fleetrun host bundle``: a git bundle of what this repository lacks),
   under the same branch name (``<branch>-from-<peer>`` if the local one has diverged),
   and checked out, detached, in ``worktrees/<name>-<id>-fetched``.
-  :meth:`Relay.local_workspace` gives that worktree to the ``verify_brain`` and
+  :meth:`~.supervisor.Relay.local_workspace` gives that worktree to the ``verify_brain`` and
   ``verify_agent`` plugins (they ask for it through ``get_plugin("relay-peers")``),
   so those verifiers run here on the fetched branch; ``run`` verifiers still run on
   the peer. The worktree goes when the task ends; the branch stays.
 - ``fleetrun_handoff``: names the branch (the fetched one, if it was fetched, and
   says so) and how to fetch it from the peer.
 
-Nothing here imports paramiko unless a peer is actually contacted.
+Nothing here imports paramiko unless a peer is actually contacted, and this module
+imports nothing of the package at the top: ``fleetrun host status`` (the fast path of
+:mod:`.peer.verbs`, which a supervisor polls over SSH) loads this package's
+``__init__`` before its own module, and must stay fast.
+
+The package, one concern a module (``-p no:relay`` removes all of it):
+
+- :mod:`.supervisor`: the ``relay-peers`` object above, its heartbeats and
+  stage hooks.
+- :mod:`.host`: :class:`~.host.SSHHost` (a peer as a host) and
+  :class:`~.host.RemoteRunHandle` (a ``run`` verifier on a peer).
+- :mod:`.transport`: TCP tuning, connecting, host keys, authentication, one command
+  on a channel.
+- :mod:`.bundle`: fetch-back, the supervisor's side (the bundle stream, the
+  branch and worktree it becomes here).
+- :mod:`.peers`: ``peers.toml``, ``peers-state.json``, ``~/.ssh/config`` and
+  ``known_hosts`` trust.
+- :mod:`.protocol`: the wire both sides import (constants, codecs, strict replies).
+- :mod:`.cli`: ``fleetrun relay add|peers|remove``.
+- :mod:`.peer`: the peer side, ``fleetrun host VERB``.
 """
 
 from __future__ import annotations
 
-import os
-import shutil
-import threading
-import time
-from pathlib import Path
 from typing import Any, Optional
 
-from ..exceptions import UsageError
-from ..gitutil import GitError, common_dir, git, is_dirty, repo_lock, repo_toplevel
-from ..hookimpl import hookimpl
-from ..ledger import ensure_private_dir
-from ..peers import (
-    Peer,
-    checked_entry,
-    clear_pending_stop,
-    load_peers,
-    load_state,
-    record_probe,
-    status_of,
-    unusable_reason,
-)
-from ..reports import Candidate, Handoff, Verdict, Wait, Workspace
-from ..shepherd import read_json, write_json
-from ..sshhost import BundleWriteError, PeerError, PeerUnreachable, RemoteRunHandle, SSHHost
-from ..states import ACTIVE, State
-from ..taskspec import safe_slug, step_index
-
-HEARTBEAT_S = 5.0
-SUMMARY_LIMIT = 2000
-#: Verifier kinds that run on this machine, on the branch fetched back from the peer.
-LOCAL_KINDS = ("brain", "agent")
-#: What was fetched for an attempt, in its (local) attempt folder.
-FETCH_RECORD = "fetchback.json"
-FETCHED_SUFFIX = "-fetched"
+from ...hookimpl import hookimpl
 
 
 def _positive(v: float) -> Optional[str]:
@@ -82,7 +70,7 @@ def _positive(v: float) -> Optional[str]:
 @hookimpl(trylast=True)
 def fleetrun_config_keys(config: Any) -> list[Any]:
     """``[relay]`` of config.toml (docs/peers.md); a peer reads its own."""
-    from ..config import ConfigKey
+    from ...config import ConfigKey
 
     return [
         # a string would be read as its letters (`"gpu"` -> g, p, u) by whatever iterates it
@@ -90,65 +78,14 @@ def fleetrun_config_keys(config: Any) -> list[Any]:
         ConfigKey("relay", "tools", (list,), items=str, doc="more tools to probe"),
         ConfigKey("relay", "heartbeat_secs", (int, float), check=_positive, doc="seconds between heartbeats"),
     ]
-UNBUNDLE_TIMEOUT_S = 1800.0
-MAX_NAME_TRIES = 9
-
-
-class FetchError(Exception):
-    """A peer's branch could not be brought to this machine; the message says why."""
-
-
-class WrongWorkspace(PeerError):
-    """A peer's ``prepare`` named a workspace other than the one asked for."""
-
-    def __init__(self, message: str) -> None:
-        super().__init__(message, 0)
-
-
-def chosen_branch(task: Any) -> str:
-    """The branch this supervisor gives the task: ``branch =``, or
-    ``fleetrun/<name>-<id>`` (as the ``worktree`` plugin names it). The only branch a
-    fetch-back ever writes for the task."""
-    return task.spec.branch or f"fleetrun/{safe_slug(task.name)}-{task.id}"
-
-
-def _inside(path: str, top: str) -> bool:
-    path, top = os.path.normpath(path), os.path.normpath(top)
-    return path == top or path.startswith(top.rstrip("/") + "/")
-
-
-def check_workspace(task: Any, ws: dict[str, Any], peer: str) -> Workspace:
-    """The workspace a peer's ``prepare`` reply names, held to what was asked: for a
-    task with ``git_ref``, a worktree on :func:`chosen_branch` made from ``git_ref``,
-    in a repository that holds the task's ``cwd``, the path inside the worktree and the
-    worktree not the repository itself; for one without, the task's ``cwd`` itself.
-
-    :raises WrongWorkspace: saying what differs.
-    """
-    spec = task.spec
-    bad = f"{peer} answered prepare with a workspace that is not the one asked for:"
-    if not spec.git_ref:
-        if ws.get("is_worktree") or ws.get("path") != spec.cwd or ws.get("branch"):
-            raise WrongWorkspace(f"{bad} {ws.get('path')} (branch {ws.get('branch')}), not the task's cwd {spec.cwd}")
-        return Workspace(path=spec.cwd)
-    want = chosen_branch(task)
-    if ws.get("branch") != want:
-        raise WrongWorkspace(f"{bad} branch {ws.get('branch')!r}, not {want!r}, the branch chosen for this task")
-    if not ws.get("is_worktree") or ws.get("base_ref") != spec.git_ref:
-        raise WrongWorkspace(f"{bad} not a worktree made from git_ref {spec.git_ref!r}")
-    repo, root, path = ws.get("repo"), ws.get("root") or ws.get("path"), ws.get("path")
-    if not (isinstance(repo, str) and isinstance(root, str) and isinstance(path, str)
-            and all(os.path.isabs(p) and ".." not in p.split("/") for p in (repo, root, path))):
-        raise WrongWorkspace(f"{bad} its repo, root and path must be absolute paths")
-    if not (_inside(spec.cwd, repo) or _inside(os.path.realpath(spec.cwd), repo)):
-        raise WrongWorkspace(f"{bad} repository {repo} does not hold the task's cwd {spec.cwd}")
-    if not _inside(path, root) or _inside(root, repo):
-        raise WrongWorkspace(f"{bad} worktree {root} with path {path}")
-    return Workspace(path=path, branch=want, repo=repo, base_ref=spec.git_ref, is_worktree=True, root=root)
 
 
 @hookimpl(trylast=True)
 def fleetrun_configure(config: Any) -> None:
+    from ...exceptions import UsageError
+    from .peers import load_peers
+    from .supervisor import Relay
+
     try:
         peers = load_peers(config.home)
     except UsageError:
@@ -168,467 +105,3 @@ def fleetrun_unconfigure(config: Any) -> None:
     if relay is not None:
         relay.close()
         config.pluginmanager.unregister(relay)
-
-
-def fetch_url(peer: Peer, repo: str) -> str:
-    """``ssh://user@host:port/path``: what ``git fetch`` needs to reach the peer's repo."""
-    return f"ssh://{peer.address}{repo if repo.startswith('/') else '/' + repo}"
-
-
-def fetched_worktree(home: Path, task: Any) -> Path:
-    """Where the branch fetched back from a peer is checked out for the verifiers here."""
-    return home / "worktrees" / f"{safe_slug(task.name)}-{task.id}{FETCHED_SUFFIX}"
-
-
-def local_haves(repo: str, git_ref: Optional[str], branch: str, peer: str) -> list[str]:
-    """Commits this repository has that the peer's branch may build on: ``git_ref``,
-    ``HEAD``, and what an earlier fetch of the branch left (the peer sends only what
-    is not below those it has too)."""
-    out = git(repo, "for-each-ref", "--format=%(objectname)", f"refs/heads/{branch}",
-              f"refs/heads/{branch}-from-{peer}", f"refs/heads/{branch}-from-{peer}-*", check=False)
-    found = out.split()
-    for ref in (git_ref, "HEAD"):
-        if ref:
-            sha = git(repo, "rev-parse", "--verify", "--quiet", "--end-of-options", f"{ref}^{{commit}}",
-                      check=False).strip()
-            if sha:
-                found.append(sha)
-    return [h for h in dict.fromkeys(found) if len(h) in (40, 64)][:32]
-
-
-def _is_ancestor(repo: str, old: str, new: str) -> bool:
-    try:
-        git(repo, "merge-base", "--is-ancestor", old, new)
-        return True
-    except GitError as e:
-        if e.code == 1:
-            return False
-        raise
-
-
-def _checked_out(repo: str) -> dict[str, str]:
-    """Branch ref -> the worktree that has it checked out."""
-    out: dict[str, str] = {}
-    path = ""
-    for line in git(repo, "worktree", "list", "--porcelain").splitlines():
-        if line.startswith("worktree "):
-            path = line[len("worktree "):]
-        elif line.startswith("branch "):
-            out[line[len("branch "):]] = path
-    return out
-
-
-def adopt_branch(repo: str, name: str, tip: str, peer: str) -> tuple[str, str, bool]:
-    """Point a local branch at the fetched ``tip`` (call under ``repo_lock``): ``name``
-    itself when it is new, already there, or behind ``tip`` and not checked out;
-    otherwise it is left alone and ``<name>-from-<peer>`` (then ``-2``, ``-3``...) is
-    used. :return: (the local branch, why it is not ``name`` or "", whether it moved)."""
-    checked = _checked_out(repo)
-    why = ""
-    for n in range(MAX_NAME_TRIES):
-        cand = name if n == 0 else f"{name}-from-{peer}" + (f"-{n}" if n > 1 else "")
-        ref = f"refs/heads/{cand}"
-        cur = git(repo, "rev-parse", "--verify", "--quiet", f"{ref}^{{commit}}", check=False).strip()
-        if not cur:
-            git(repo, "update-ref", "-m", f"fleetrun: fetched from {peer}", ref, tip, "")
-            return cand, why, True
-        if cur == tip:
-            return cand, why, False
-        behind = _is_ancestor(repo, cur, tip)
-        if behind and ref not in checked:
-            git(repo, "update-ref", "-m", f"fleetrun: fetched from {peer}", ref, tip, cur)
-            return cand, why, True
-        if not why:
-            why = (f"this machine's {cand} is checked out in {checked[ref]}" if behind
-                   else f"this machine's {cand} has diverged from {peer}'s")
-    raise FetchError(f"{why}, and so have {name}-from-{peer} and -from-{peer}-2 to -{MAX_NAME_TRIES - 1}")
-
-
-def checkout_fetched(path: Path, repo: str, tip: str) -> None:
-    """A worktree at ``path``, detached at ``tip``, clean (call under ``repo_lock``).
-    Detached, so the branch stays free to check out anywhere else."""
-    if (path / ".git").exists():
-        try:
-            if common_dir(path) == common_dir(repo):
-                head = git(path, "rev-parse", "HEAD").strip()
-                if head != tip or is_dirty(path):
-                    git(path, "checkout", "-q", "--detach", "--force", tip)
-                    git(path, "clean", "-ffdq")
-                return
-        except GitError:
-            pass
-        git(repo, "worktree", "remove", "--force", "--", str(path), check=False)
-    if path.exists():
-        shutil.rmtree(path)
-    path.parent.mkdir(parents=True, exist_ok=True, mode=0o700)
-    git(repo, "worktree", "add", "--force", "--detach", "--", str(path), tip)
-
-
-def fetch_note(rec: dict[str, Any]) -> str:
-    """The ledger note of a fetch-back."""
-    tip = rec["commit"][:12]
-    if not rec["moved"] and not rec["bytes"]:
-        text = (f"branch {rec['peer_branch']} of {rec['peer']} (commit {tip}) was already in {rec['repo']} "
-                f"as {rec['branch']}; nothing to fetch")
-    else:
-        size = f"{rec['bytes'] / 1024:.1f} KiB" if rec["bytes"] else "its commits were already here"
-        text = (f"fetched branch {rec['peer_branch']} from {rec['peer']} into {rec['repo']}"
-                + (f" as {rec['branch']}" if rec["branch"] != rec["peer_branch"] else "")
-                + f": commit {tip} ({size}, {rec['seconds']:.2f}s)")
-    if rec["renamed"]:
-        text += f"; not as {rec['peer_branch']}: {rec['renamed']}, which is left as it is"
-    return text
-
-
-def probe_error(e: Exception) -> str:
-    """A failed probe, phrased to follow the peer's name."""
-    if isinstance(e, PeerUnreachable):
-        return f"could not be reached: {e}"
-    text = str(e)
-    if text.startswith(("has no fleetrun", "gave no JSON")):
-        return text
-    return f"answered its probe with an error: {text}"
-
-
-class Heartbeat(threading.Thread):
-    """Probes one peer every ``interval`` seconds over its open transport and records
-    what it heard (``peers-state.json``). A failed probe keeps the last reply, so the
-    peer turns stale once that reply is older than ``stale_after_secs``."""
-
-    def __init__(self, host: SSHHost, home: Any, interval: float) -> None:
-        super().__init__(name=f"fleetrun-heartbeat-{host.name}", daemon=True)
-        self.host = host
-        self.home = home
-        self.interval = interval
-        self.entry: dict[str, Any] = checked_entry(load_state(home).get(host.name))[0]
-        self.first_done = threading.Event()
-        self._halt = threading.Event()
-
-    def run(self) -> None:
-        while not self._halt.is_set():
-            try:
-                self.beat()
-            except Exception as e:  # a heartbeat never takes the loop down
-                self.entry = dict(self.entry, error=f"heartbeat failed: {type(e).__name__}: {e}", error_at=time.time())
-            self.first_done.set()
-            self._halt.wait(self.interval)
-
-    def beat(self) -> None:
-        try:
-            probe = self.host.probe(timeout=max(5.0, min(15.0, 2 * self.interval)), may_connect=True)
-        except (PeerUnreachable, PeerError) as e:
-            if not self._halt.is_set():
-                self.entry = record_probe(self.home, self.host.name, None, error=probe_error(e))
-            return
-        self.entry = record_probe(self.home, self.host.name, probe)
-        for attempt_id, s in (checked_entry(self.entry)[0].get("pending_stops") or {}).items():
-            try:  # `cancel` could not reach it: stop the attempt now
-                args = ["--attempt", attempt_id, *(["--pid", str(s["pid"])] if s.get("pid") else []),
-                        *(["--token", s["token"]] if s.get("token") else [])]
-                self.host.call("stop", *args, may_connect=True)
-            except (PeerUnreachable, PeerError):
-                return
-            clear_pending_stop(self.home, self.host.name, attempt_id)
-
-    def halt(self) -> None:
-        self._halt.set()
-
-
-class Relay:
-    """The peers of this run and their heartbeats."""
-
-    def __init__(self, config: Any, peers: dict[str, Peer]) -> None:
-        self.config = config
-        self.peers = peers
-        self.hosts = {name: SSHHost(p, config.home) for name, p in peers.items()}
-        self.beats: dict[str, Heartbeat] = {}
-        self.interval = float(config.setting("relay", "heartbeat_secs", HEARTBEAT_S))
-
-    def close(self) -> None:
-        for b in self.beats.values():
-            b.halt()
-        for h in self.hosts.values():
-            h.close()
-        for b in self.beats.values():
-            b.join(timeout=10)
-        for h in self.hosts.values():
-            h.close()  # a probe may have connected again meanwhile
-        self.beats.clear()
-
-    def start_heartbeats(self) -> None:
-        for name, host in self.hosts.items():
-            if name not in self.beats:
-                b = self.beats[name] = Heartbeat(host, self.config.home, self.interval)
-                host.passive = True  # from now on the heartbeat reconnects, not the loop
-                b.start()
-
-    def entry(self, name: str) -> dict[str, Any]:
-        b = self.beats.get(name)
-        if b is not None:
-            return b.entry
-        return load_state(self.config.home).get(name) or {}
-
-    def first_probe_pending(self) -> bool:
-        return any(not b.first_done.is_set() for b in self.beats.values())
-
-    def _note(self, task_id: str, text: str) -> None:
-        led = self.config.stash.get("ledger")
-        if led is not None:
-            led.add_note(task_id, text)
-
-    # -- placement -----------------------------------------------------------------
-
-    @hookimpl(trylast=True)
-    def fleetrun_candidates(self, config: Any) -> list[Candidate]:
-        from ..policy import Policy
-
-        self.start_heartbeats()
-        policy = config.stash.get("policy") or Policy()
-        led = config.stash.get("ledger")
-        active: dict[str, int] = {}
-        if led is not None:
-            for t in led.tasks(set(ACTIVE)):
-                active[t.host or "local"] = active.get(t.host or "local", 0) + 1
-        now = time.time()
-        out = []
-        for name in self.hosts:
-            entry, malformed = checked_entry(self.entry(name))  # a cache is read as strictly as a reply
-            probe = entry.get("probe") or {}
-            pp = policy.for_peer(name)
-            status = status_of(entry, policy.stale_after_secs, now)
-            why = malformed or (unusable_reason(probe) if probe else None)
-            needs_operator = why is not None and not malformed  # fleetrun there too old: a person upgrades it
-            if why is None and entry.get("error") and (entry.get("error_at") or 0) >= (entry.get("last_heard") or 0):
-                why = str(entry["error"])
-                needs_operator = why.startswith("has no fleetrun")  # unreachable may clear; this does not
-            reported = int(probe.get("running") or 0) if status == "live" else 0
-            own_max = probe.get("max_tasks")
-            if why is None and isinstance(own_max, int) and reported >= own_max:
-                why = f"is running {reported} of {own_max} tasks (its own [local] max_tasks)"
-            out.append(Candidate(
-                name=name, kind="peer",
-                free_mem_mb=probe.get("free_mem_mb"), load_per_core=probe.get("load_per_core"),
-                free_disk_mb=probe.get("free_disk_mb"),
-                running=max(active.get(name, 0), reported), max_tasks=int(pp.max_tasks),
-                drain=bool(pp.drain or probe.get("drain")), status=status,
-                tags=frozenset(probe.get("tags") or ()), tools=dict(probe.get("tools") or {}),
-                auth=frozenset(probe.get("auth") or ()),
-                mem_per_task_mb=float(pp.mem_per_task_mb if pp.mem_per_task_mb is not None
-                                      else probe.get("mem_per_task_mb") or 1024.0),
-                min_free_mem_mb=pp.min_free_mem_mb, max_load_per_core=pp.max_load_per_core,
-                min_free_disk_mb=pp.min_free_disk_mb, why_not=why, why_not_needs_operator=needs_operator,
-                info={"address": self.peers[name].address, "last_heard": entry.get("last_heard")},
-            ))
-        return out
-
-    @hookimpl(wrapper=True)
-    def fleetrun_place(self, task: Any, candidates: list[Candidate], policy: Any, config: Any) -> Any:
-        result = yield
-        if isinstance(result, Wait) and result.until is None and self.first_probe_pending():
-            result.until = time.time() + 1.0  # a peer is about to report in: this is not idle yet
-        return result
-
-    # -- an attempt on a peer --------------------------------------------------------
-
-    @hookimpl(tryfirst=True)
-    def fleetrun_prepare_workspace(self, task: Any, attempt: Any, config: Any) -> Optional[Workspace]:
-        host = self.hosts.get(attempt.host)
-        if host is None:
-            return None
-        try:
-            ws = host.prepare(task, attempt)
-        except PeerUnreachable as e:
-            raise PeerUnreachable(f"{host.name} could not be reached: {e}", e.delivered) from None
-        return check_workspace(task, ws, host.name)
-
-    @hookimpl(tryfirst=True)
-    def fleetrun_collect_work(self, task: Any, attempt: Any, workspace: Any, config: Any) -> Optional[str]:
-        host = self.hosts.get(attempt.host)
-        if host is None:
-            return None
-        try:
-            commit = host.collect(task, attempt, workspace) or ""
-        except (PeerUnreachable, PeerError) as e:
-            self._note(task.id, f"could not commit the attempt's work on {host.name}: {e}")
-            return ""  # not None: the local worktree plugin must not try it here
-        if task.spec.git_ref and self.wants_fetch(task):
-            try:
-                self.fetch_back(task, attempt, workspace)
-            except FetchError as e:
-                self._note(task.id, f"could not fetch branch {getattr(workspace, 'branch', None) or task.branch} "
-                                    f"from {host.name}: {e}")
-        return commit
-
-    # -- fetch-back ------------------------------------------------------------------
-
-    def wants_fetch(self, task: Any) -> bool:
-        """A task whose branch comes back here: one with a ``brain``/``agent`` verifier
-        (they run here) or with dependents (they may run here)."""
-        if any(v.kind in LOCAL_KINDS for v in task.spec.verify):
-            return True
-        led = self.config.stash.get("ledger")
-        return led is not None and bool(led.dependents(task.id))
-
-    def fetched(self, attempt_id: str) -> Optional[dict[str, Any]]:
-        """What was fetched back for an attempt, if anything."""
-        return read_json(str(self.config.home / "attempts" / attempt_id / FETCH_RECORD))
-
-    def fetch_back(self, task: Any, attempt: Any, workspace: Any) -> dict[str, Any]:
-        """Bring the attempt's branch from its peer into the local repository that holds
-        the task's ``cwd``, and check it out (detached) in the fetched worktree.
-
-        Over the peer's open transport: the peer sends a git bundle of the branch less
-        what this repository has (``host bundle``), which is unbundled here. The local
-        branch is the peer's name unless that one has diverged (:func:`adopt_branch`).
-        The result is recorded in the attempt folder (:data:`FETCH_RECORD`) and in a
-        ledger note.
-
-        :raises FetchError: with the reason.
-        """
-        host = self.hosts.get(attempt.host)
-        if host is None:
-            raise FetchError(f"{attempt.host} is not a peer of this run")
-        if not task.spec.git_ref:
-            raise FetchError(f"the task has no git_ref, so its work on {host.name} is not on a branch")
-        peer_branch = chosen_branch(task)  # never a name from the peer (or from what it once said)
-        named = getattr(workspace, "branch", None)
-        if named and named != peer_branch:
-            raise FetchError(f"the attempt's workspace names branch {named!r}, not {peer_branch!r}, the branch "
-                             "chosen for this task: nothing is fetched")
-        repo = repo_toplevel(task.spec.cwd)
-        if repo is None:
-            raise FetchError(f"{task.spec.cwd} is not in a git repository on this machine")
-        adir = ensure_private_dir(self.config.home / "attempts" / attempt.id)
-        bundle = adir / "fetch.bundle"
-        started = time.monotonic()
-        try:
-            have = local_haves(repo, task.spec.git_ref, peer_branch, host.name)
-            head = host.fetch_bundle(getattr(workspace, "repo", None) or repo, peer_branch, task.spec.git_ref,
-                                     have, bundle)
-            if head.get("bundle"):
-                git(repo, "bundle", "unbundle", str(bundle), timeout=UNBUNDLE_TIMEOUT_S)
-        except PeerUnreachable as e:
-            raise FetchError(f"{host.name} could not be reached: {e}") from None
-        except (PeerError, BundleWriteError, GitError) as e:
-            raise FetchError(str(e)) from None
-        finally:
-            try:
-                bundle.unlink()
-            except FileNotFoundError:
-                pass
-        tip = str(head["tip"])
-        if not git(repo, "cat-file", "-t", f"{tip}^{{commit}}", check=False).strip() == "commit":
-            raise FetchError(f"commit {tip[:12]} of {peer_branch} did not arrive from {host.name}")
-        path = fetched_worktree(self.config.home, task)
-        sub = os.path.relpath(os.path.realpath(task.spec.cwd), os.path.realpath(repo))
-        try:
-            with repo_lock(self.config.home / "locks", repo):
-                branch, renamed, moved = adopt_branch(repo, peer_branch, tip, host.name)
-                checkout_fetched(path, repo, tip)
-        except GitError as e:
-            raise FetchError(str(e)) from None
-        fork = head.get("fork")
-        rec = {"peer": host.name, "peer_branch": peer_branch, "branch": branch, "commit": tip,
-               "base": fork if isinstance(fork, str) and fork else None, "repo": repo, "worktree": str(path),
-               "path": str(path / sub) if sub != "." else str(path), "bytes": int(head.get("bytes") or 0),
-               "seconds": round(time.monotonic() - started, 3), "renamed": renamed, "moved": moved,
-               "time": time.time()}
-        write_json(str(adir / FETCH_RECORD), rec)
-        self._note(task.id, fetch_note(rec))
-        return rec
-
-    def local_workspace(self, task: Any, attempt: Any, workspace: Any) -> Workspace:
-        """For an attempt on a peer: a workspace on this machine holding its branch (the
-        fetched worktree), fetching it first if that has not happened (a supervisor that
-        restarted mid-verification). What ``brain`` and ``agent`` verifiers run in.
-
-        :raises FetchError: the branch cannot be brought here.
-        """
-        rec = self.fetched(attempt.id)
-        if rec is None:
-            rec = self.fetch_back(task, attempt, workspace)
-        else:  # still there, at that commit (gc may have removed it)
-            try:
-                with repo_lock(self.config.home / "locks", rec["repo"]):
-                    checkout_fetched(Path(rec["worktree"]), rec["repo"], rec["commit"])
-            except GitError as e:
-                raise FetchError(f"cannot check out the fetched branch {rec['branch']}: {e}") from None
-        return Workspace(path=rec["path"], branch=rec["branch"], repo=rec["repo"],
-                         base_ref=rec.get("base") or task.spec.git_ref, is_worktree=True, root=rec["worktree"])
-
-    def _remove_fetched(self, task: Any) -> None:
-        path = fetched_worktree(self.config.home, task)
-        if not path.exists():
-            return
-        try:
-            repo = str(Path(common_dir(path)).parent)
-            with repo_lock(self.config.home / "locks", repo):
-                git(repo, "worktree", "remove", "--force", "--", str(path))
-        except (GitError, OSError) as e:
-            self._note(task.id, f"could not remove the fetched worktree {path}: {e}")
-            return
-        self._note(task.id, f"removed the fetched worktree {path}")
-
-    @hookimpl(tryfirst=True)
-    def fleetrun_verify(self, task: Any, verifier: Any, workspace: Any, attempt: Any, config: Any) -> Any:
-        host = self.hosts.get(attempt.host)
-        if host is None:
-            return None
-        if verifier.kind in LOCAL_KINDS:
-            return None  # run here, on the fetched branch: verify_brain / verify_agent ask local_workspace()
-        if verifier.kind != "run":
-            return Verdict(False, verifier.kind, verifier.label, host=host.name,
-                           reason=f"{verifier.kind} verifiers run only on the supervising machine, and this "
-                                  f"attempt ran on {host.name}")
-        idx = step_index(task, verifier)  # a setup command gets a step of its own
-        return RemoteRunHandle(host, task, attempt, verifier, idx, workspace)
-
-    @hookimpl(tryfirst=True)
-    def fleetrun_handoff(self, task: Any, attempt: Any, config: Any) -> Optional[Handoff]:
-        peer = self.peers.get(task.host or "")
-        if peer is None:
-            return None
-        summary = (attempt.result_text or "").strip() if attempt is not None else ""
-        if len(summary) > SUMMARY_LIMIT:
-            summary = summary[:SUMMARY_LIMIT] + " [...]"
-        repo = ((attempt.workspace or {}).get("repo") if attempt is not None else None) or None
-        rec = self.fetched(attempt.id) if attempt is not None else None
-        if rec is None and attempt is not None and task.branch and self.wants_fetch(task):
-            try:  # the fetch after the attempt failed, or a restart skipped it: once more
-                rec = self.fetch_back(task, attempt, Workspace(**attempt.workspace) if attempt.workspace
-                                      else Workspace(path=task.spec.cwd, branch=task.branch))
-            except FetchError as e:
-                self._note(task.id, f"could not fetch branch {task.branch} from {peer.name}: {e}")
-        remote = f"`git fetch {fetch_url(peer, repo)} {task.branch}`" if task.branch and repo else ""
-        if rec is not None:
-            name = rec["branch"]
-            hint = (f"It ran on {peer.name}, and its branch was fetched from {peer.name} into this machine's "
-                    f"repository {rec['repo']}" + (f" as {name}" if name != rec["peer_branch"] else "")
-                    + f" (commit {rec['commit'][:12]}).")
-            if name != rec["peer_branch"]:
-                hint += f" On {peer.name} the branch is {rec['peer_branch']}"
-                hint += f" ({rec['renamed']}, which is left as it is)." if rec["renamed"] else "."
-            if remote:
-                hint += f" To fetch it from {peer.name} again: {remote}."
-            return Handoff(task_name=task.name, branch=name, summary=summary, host=peer.name, fetch_hint=hint)
-        hint = f"The branch is on {peer.name}; fetch it with {remote}." if remote else ""
-        return Handoff(task_name=task.name, branch=task.branch, summary=summary, host=peer.name, fetch_hint=hint)
-
-    @hookimpl
-    def fleetrun_cleanup_workspace(self, task: Any, config: Any) -> None:
-        host = self.hosts.get(task.host or "")
-        if host is None:
-            return
-        if task.state.terminal:
-            self._remove_fetched(task)  # the branch stays
-        if task.state is not State.DONE or not task.worktree:
-            return
-        try:
-            r = host.cleanup(task)
-        except (PeerUnreachable, PeerError) as e:
-            self._note(task.id, f"could not clean up worktree {task.worktree} on {host.name}: {e}")
-            return
-        if r.get("removed"):
-            self._note(task.id, f"removed clean worktree {task.worktree} on {host.name}; branch {task.branch} stays")
-        else:
-            self._note(task.id, f"kept worktree {task.worktree} on {host.name}")
