@@ -84,7 +84,6 @@ def fleetrun_config_keys(config: Any) -> list[Any]:
 def fleetrun_configure(config: Any) -> None:
     from ...exceptions import UsageError
     from .peers import load_peers
-    from .supervisor import Relay
 
     try:
         peers = load_peers(config.home)
@@ -94,6 +93,8 @@ def fleetrun_configure(config: Any) -> None:
         return  # `status`, `host`... still work with a broken peers.toml
     if not peers:
         return
+    from .supervisor import Relay  # here: without peers, nothing of SSH is loaded
+
     relay = Relay(config, peers)
     config.pluginmanager.register(relay, "relay-peers")
     config.stash.setdefault("hosts", {}).update(relay.hosts)

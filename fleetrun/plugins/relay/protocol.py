@@ -21,7 +21,7 @@ import json
 import math
 import shlex
 from dataclasses import dataclass
-from typing import Any, Optional
+from typing import Any, Optional, TextIO
 
 from ...untrusted import (
     Malformed,
@@ -46,6 +46,8 @@ REFUSED_EXIT = 75
 LOG_CHUNK = 1 << 20
 #: The first key of ``host bundle``'s header line (the bundle follows that line).
 BUNDLE_MARK = "fleetrun_bundle"
+#: The most commits a ``host bundle`` request's ``have`` (and its header's) names.
+MAX_HAVES = 64
 #: What this build of fleetrun can do as a peer; sent in every ``host probe`` reply.
 #: (``host bundle``, which fetch-back needs, is found out by using it: a peer too old
 #: for it answers with a usage error, and fetch-back says to upgrade it.)
@@ -67,6 +69,12 @@ WORKSPACE_TEXT = ("path", "branch", "repo", "base_ref", "root")
 
 # ---------------------------------------------------------------------------------
 # codecs
+
+
+def write_reply(out: TextIO, obj: dict[str, Any]) -> None:
+    """A peer's reply: one JSON object on one line (what :func:`parse_reply` finds)."""
+    out.write(json.dumps(obj, default=str) + "\n")
+    out.flush()
 
 
 def parse_reply(data: bytes) -> Optional[dict[str, Any]]:
@@ -260,7 +268,7 @@ def parse_bundle_header(header: Any) -> dict[str, Any]:
     left ``git_ref``), ``have`` (which of ours it has), ``bundle`` (whether one follows)."""
     d = obj(header, "bundle header")
     fork = d.get("fork")
-    have = opt_str_list(d, "have", "bundle header", 64)
+    have = opt_str_list(d, "have", "bundle header", MAX_HAVES)
     return {"tip": sha(d.get("tip"), "bundle header.tip"),
             "fork": None if fork is None else sha(fork, "bundle header.fork"),
             "have": [sha(h, "bundle header.have") for h in have],

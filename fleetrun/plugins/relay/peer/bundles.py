@@ -12,10 +12,9 @@ import re
 import sys
 from typing import Any, Optional, TextIO
 
-from ..protocol import BUNDLE_MARK
+from ..protocol import BUNDLE_MARK, MAX_HAVES
 from .request import HostError, _payload, _prepared_all
 
-MAX_HAVES = 64
 _SHA = re.compile(r"^[0-9a-f]{40}([0-9a-f]{24})?$")
 
 

@@ -11,7 +11,6 @@ from __future__ import annotations
 
 import argparse
 import base64
-import json
 import os
 import signal
 from pathlib import Path
@@ -19,7 +18,7 @@ from typing import Any, Optional, TextIO
 
 from fleetrun.exceptions import UsageError
 
-from ..protocol import LOG_CHUNK, REFUSED_EXIT, TAMPERED
+from ..protocol import LOG_CHUNK, REFUSED_EXIT, TAMPERED, write_reply
 from .admission import HOSTED, cmd_prepare, cmd_start
 from .bundles import cmd_bundle
 from .probe import cmd_probe
@@ -87,7 +86,7 @@ def main(config: Any, rest: list[str], out: TextIO, err: TextIO) -> int:
     except SystemExit as e:
         if e.code == 0:  # --help
             return 0
-        _reply(out, {"error": f"usage: fleetrun host {{{','.join([*VERBS, 'bundle'])}}} --json ..."})
+        write_reply(out, {"error": f"usage: fleetrun host {{{','.join([*VERBS, 'bundle'])}}} --json ..."})
         return 4
     if not ns.verb:
         parser.print_help(out)
@@ -111,13 +110,8 @@ def main(config: Any, rest: list[str], out: TextIO, err: TextIO) -> int:
         reply = {"error": f"internal error on the peer: {type(e).__name__}: {e}",
                  "traceback": traceback.format_exc()[-4000:]}
         code = 3
-    _reply(out, reply)
+    write_reply(out, reply)
     return code
-
-
-def _reply(out: TextIO, obj: dict[str, Any]) -> None:
-    out.write(json.dumps(obj, default=str) + "\n")
-    out.flush()
 
 
 def _parser() -> argparse.ArgumentParser:
