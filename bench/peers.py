@@ -16,7 +16,7 @@ What is printed:
   authentication), the median of ``--connects``.
 - **per verb over the open transport**: a bare ``true`` (channel + the peer's shell:
   the floor), ``fleetrun host status`` through the full CLI (plugins loaded: forced
-  with ``-v``), through the fast path (``fleetrun.hostcli.fast_main``, which
+  with ``-v``), through the fast path (``fleetrun.plugins.relay.peer.verbs.fast_main``, which
   ``fleetrun.cli.main`` calls before loading any plugin once it has the fast-path
   patch; here a ``python -c`` shim that imports ``fleetrun.cli`` and calls it, the
   same work), and as installed (``python -m fleetrun host status``: fast if this
@@ -58,7 +58,7 @@ GIT_ENV = {
 SH_AGENT = ("echo done > bench.txt && git add bench.txt && "
             "git -c user.name=bench -c user.email=bench@example.invalid commit -q -m bench")
 #: What ``fleetrun.cli.main`` does for a fast verb once it has the fast-path patch.
-FAST_SHIM = ("import sys, fleetrun.cli\nfrom fleetrun.hostcli import fast_main\n"
+FAST_SHIM = ("import sys, fleetrun.cli\nfrom fleetrun.plugins.relay.peer.verbs import fast_main\n"
              "sys.exit(fast_main(sys.argv[1:], sys.stdout, sys.stderr))")
 
 
@@ -139,7 +139,7 @@ class Lab:
         return [*self.env_prefix(), sys.executable, "-m", "fleetrun", *(["-v"] if how == "full" else [])]
 
     def peer(self, how: str = "installed") -> Any:
-        from fleetrun.peers import Peer
+        from fleetrun.plugins.relay.peers import Peer
 
         return Peer(name="bench", address=self.address, key=str(self.key), command=self.command(how))
 
@@ -148,7 +148,7 @@ class Lab:
 
 
 def bench_connect(lab: Lab, home: Path, n: int) -> list[float]:
-    from fleetrun.sshhost import connect
+    from fleetrun.plugins.relay.transport import connect
 
     connect(lab.peer(), home, accept_new=True).close()  # records the host key once
     out = []
@@ -162,7 +162,8 @@ def bench_connect(lab: Lab, home: Path, n: int) -> list[float]:
 
 def bench_verbs(lab: Lab, home: Path, rounds: int) -> list[tuple[str, list[float], list[float]]]:
     """(what, over SSH, as a local process) for each verb."""
-    from fleetrun.sshhost import SSHHost, run_command
+    from fleetrun.plugins.relay.host import SSHHost
+    from fleetrun.plugins.relay.transport import run_command
 
     installed, full, fast = (SSHHost(lab.peer(how), home) for how in ("installed", "full", "fast"))
     t = installed.transport()
@@ -194,7 +195,7 @@ def bench_verbs(lab: Lab, home: Path, rounds: int) -> list[tuple[str, list[float
 
 def bench_fetch(lab: Lab, home: Path, rounds: int) -> list[tuple[str, list[float], int]]:
     """``fetch_bundle`` of a one-commit branch: with its base known here, and with nothing."""
-    from fleetrun.sshhost import SSHHost
+    from fleetrun.plugins.relay.host import SSHHost
 
     repo = make_repo(lab.work / "fetchrepo")
     git(repo, "checkout", "-q", "-b", "fleetrun/bench-1")

@@ -80,7 +80,7 @@ def main(args: Optional[list[str]] = None, plugins: Optional[list[Any]] = None,
     if plugins is None and "host" in args[:3]:
         # `fleetrun host status|log|stop|verify-status|verify-stop|bundle`, which a
         # supervisor polls over SSH, need only the home: answered with no plugin manager
-        from .hostcli import fast_main
+        from .plugins.relay.peer.verbs import fast_main
 
         code = fast_main(args, out, err)
         if code is not None:

@@ -127,9 +127,13 @@ def cmd_status(config: Any, out: TextIO, err: TextIO) -> int:
         return ExitCode.OK
     now = time.time()
     waits = json.loads(led.get_meta("waits") or "{}")
-    from .peers import load_state
+    from .hosts import missing_host_reason
 
-    peer_state = load_state(config.home)
+    peer_state: dict[str, Any] = {}
+    if config.pluginmanager.get_plugin("relay") is not None:  # -p no:relay: nothing of the relay is read
+        from .plugins.relay.peers import load_state
+
+        peer_state = load_state(config.home)
     rows = []
     unknown = led.unknown_cost()
     for t in tasks:
@@ -141,6 +145,10 @@ def cmd_status(config: Any, out: TextIO, err: TextIO) -> int:
         if e and e.get("error") and (e.get("error_at") or 0) >= (e.get("last_heard") or 0):
             reason = (f"{t.host} has not answered for {ago(e.get('last_heard'), now)}; the attempt may still "
                       "run there, so the task waits (fleetrun cancel to give up)")
+        missing = missing_host_reason(config, t.host) if t.state in (State.ASSIGNED, State.RUNNING,
+                                                                      State.VERIFYING) else None
+        if missing:
+            reason = f"{missing}; the attempt may still run there, so the task waits (fleetrun cancel to give up)"
         # what a task's name or reason holds is shown, not sent
         rows.append([safe_name(t.name), t.state.value, str(t.attempts), safe_text(_where(t)), ago(t.created, now),
                      cost, t.id, safe_text(t.branch or "-"), safe_text(reason)])
@@ -293,13 +301,20 @@ def cmd_cancel(config: Any, out: TextIO, err: TextIO) -> int:
     if not changed:
         print(f"{safe_name(task.name)} {task.id} was already CANCELLED", file=out)
         return ExitCode.OK
+    not_stopped = None
     if active is not None:
-        from .hosts import stop_attempt
+        from .hosts import UnknownHost, stop_attempt
 
-        stop_attempt(config, active)
+        try:
+            stop_attempt(config, active)
+        except UnknownHost as e:  # cancelled all the same: the ledger is ours, the peer is not
+            not_stopped = (f"could not stop attempt {active.number} on {safe_text(active.host or '')}: "
+                           f"{safe_text(str(e))}; it may still run there")
     print(f"cancelled {safe_name(task.name)} {task.id}", file=out)
     for t in moved:
         print(f"  {safe_name(t.name)} {t.id} -> {t.state} ({safe_text(t.reason)})", file=out)
+    if not_stopped:
+        print(not_stopped, file=err)
     return ExitCode.OK
 
 
@@ -376,14 +391,22 @@ def cmd_undrain(config: Any, out: TextIO, err: TextIO) -> int:
     return ExitCode.OK
 
 
+def _relay_loaded(config: Any, verb: str) -> None:
+    """``relay`` and ``host`` belong to the relay plugin: blocked, they are not there."""
+    if config.pluginmanager.is_blocked("relay"):
+        raise UsageError("the relay plugin is blocked (-p no:relay)", key=verb)
+
+
 def cmd_relay(config: Any, out: TextIO, err: TextIO) -> int:
-    from .relaycli import main as relay_main
+    _relay_loaded(config, "relay")
+    from .plugins.relay.cli import main as relay_main
 
     return relay_main(config, list(config.option.rest or []), out, err)
 
 
 def cmd_host(config: Any, out: TextIO, err: TextIO) -> int:
-    from .hostcli import main as host_main
+    _relay_loaded(config, "host")
+    from .plugins.relay.peer.verbs import main as host_main
 
     return host_main(config, list(config.option.rest or []), out, err)
 

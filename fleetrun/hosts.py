@@ -258,12 +258,74 @@ def shepherd_alive(pid: Optional[int], token: Optional[str]) -> bool:
 
 
 def stop_attempt(config: Any, attempt: Any) -> bool:
-    """Stop an attempt wherever it runs (used by ``fleetrun cancel``)."""
+    """Stop an attempt wherever it runs (used by ``fleetrun cancel``).
+
+    :raises UnknownHost: no loaded plugin provides the attempt's host, so nothing
+        could be asked to stop it (it may still run there).
+    """
+    reason = missing_host_reason(config, attempt.host)
+    if reason is not None:
+        raise UnknownHost(reason)
     host = get_host(config, attempt.host)
     return bool(host.stop(attempt.id, attempt.shepherd_pid, attempt.shepherd_token))
 
 
+class UnknownHost(KeyError):
+    """A host the ledger names that no loaded plugin provides (a peer, with the relay
+    plugin blocked or the peer gone from ``peers.toml``); the message says which and
+    why. A ``KeyError``, as an unknown host always was."""
+
+    def __str__(self) -> str:
+        return str(self.args[0]) if self.args else "unknown host"
+
+
+def missing_host_reason(config: Any, name: Optional[str]) -> Optional[str]:
+    """Why no loaded plugin provides the host ``name`` (from the ledger), or None when
+    one does (``local`` always is)."""
+    if name in (None, "local"):
+        return None
+    hosts = config.stash.get("hosts") or {}
+    if name in hosts and not isinstance(hosts[name], MissingHost):
+        return None
+    pm = getattr(config, "pluginmanager", None)
+    if pm is not None and pm.get_plugin("relay") is None:
+        why = "the relay plugin is " + ("blocked (-p no:relay)" if pm.is_blocked("relay") else "not loaded")
+    else:
+        why = f"no peer named {name!r} in peers.toml"
+    return f"host {name!r} is not provided by any loaded plugin: {why}"
+
+
+class MissingHost:
+    """Stands in for a host the ledger names that no loaded plugin provides, so that
+    adoption, polling and containment leave what runs there alone instead of failing
+    on a ``KeyError``: its status is ``unreachable`` with the reason (the loop waits,
+    as for a peer that does not answer: the attempt may still run there, and a task
+    never runs twice), it starts nothing and it cannot stop anything."""
+
+    def __init__(self, name: str, home: Path, reason: str) -> None:
+        self.name = name
+        self.home = home
+        self.reason = reason
+
+    def attempt_dir(self, attempt_id: str) -> Path:
+        return self.home / "attempts" / attempt_id
+
+    def log_path(self, attempt_id: str) -> Path:
+        return self.attempt_dir(attempt_id) / LOG
+
+    def start(self, attempt_id: str, spec: dict[str, Any], prompt: Optional[str] = None) -> dict[str, Any]:
+        raise StartRefused(self.reason)
+
+    def status(self, attempt_id: str, pid: Optional[int], token: Optional[str]) -> dict[str, Any]:
+        return {"state": "unreachable", "error": self.reason}
+
+    def stop(self, attempt_id: str, pid: Optional[int], token: Optional[str]) -> bool:
+        raise UnknownHost(self.reason)
+
+
 def get_host(config: Any, name: Optional[str]) -> Any:
+    """The host called ``name`` (None: this machine). A name no loaded plugin provides
+    gets a :class:`MissingHost`, and the reason is said once on stderr."""
     hosts = config.stash.setdefault("hosts", {})
     if name in (None, "local"):
         if "local" not in hosts:
@@ -271,7 +333,12 @@ def get_host(config: Any, name: Optional[str]) -> Any:
         return hosts["local"]
     if name in hosts:
         return hosts[name]
-    raise KeyError(f"unknown host {name!r}")
+    reason = missing_host_reason(config, name) or f"unknown host {name!r}"
+    host = hosts[name] = MissingHost(name, config.home, reason)
+    err = getattr(config, "err", None)
+    if err is not None:
+        err.write(f"fleetrun: {reason}; what runs there is left alone, and its tasks wait\n")
+    return host
 
 
 def dump(obj: Any) -> str:

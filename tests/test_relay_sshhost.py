@@ -9,9 +9,11 @@ import time
 import pytest
 
 from fleetrun.hosts import StartRefused
-from fleetrun.peers import load_peers
+from fleetrun.plugins.relay.host import RemoteRunHandle, SSHHost
+from fleetrun.plugins.relay.peers import load_peers
+from fleetrun.plugins.relay.protocol import parse_reply
+from fleetrun.plugins.relay.transport import PeerUnreachable, run_command
 from fleetrun.reports import Verdict
-from fleetrun.sshhost import PeerUnreachable, RemoteRunHandle, SSHHost, parse_reply, run_command
 
 pytest_plugins = ["sshd"]
 

@@ -347,8 +347,8 @@ class Forger:
 def add_forged_peer(fleeter: Any, m: Any, forger: Forger) -> Any:
     import shlex
 
-    from fleetrun.peers import load_peers
-    from fleetrun.sshhost import SSHHost
+    from fleetrun.plugins.relay.host import SSHHost
+    from fleetrun.plugins.relay.peers import load_peers
 
     m.write("config.toml", (fleeter.home / "config.toml").read_text() if (fleeter.home / "config.toml").exists()
             else "")
@@ -402,8 +402,8 @@ def test_a_garbled_status_reply_is_an_unreadable_peer_not_an_exception(forged):
 
 def test_a_garbled_verifier_status_is_a_fail_verdict(forged, tmp_path):
     from fleetrun.ledger import Attempt, Task
+    from fleetrun.plugins.relay.host import RemoteRunHandle
     from fleetrun.reports import Workspace
-    from fleetrun.sshhost import RemoteRunHandle
     from fleetrun.states import State
     from fleetrun.taskspec import TaskSpec, VerifySpec
 
@@ -425,7 +425,7 @@ def test_a_garbled_verifier_status_is_a_fail_verdict(forged, tmp_path):
 
 
 def test_a_garbled_probe_reply_is_a_reason_the_peer_gets_nothing(forged):
-    from fleetrun.sshhost import PeerError
+    from fleetrun.plugins.relay.transport import PeerError
 
     forged.forger.set(probe={"reply": {"tags": "gpu"}})
     with pytest.raises(PeerError) as e:
@@ -459,7 +459,7 @@ def test_a_peer_collect_that_finds_a_tampered_worktree_raises_worktree_tampered(
 
 
 def test_a_malformed_cached_probe_is_a_never_heard_peer_with_a_reason(fleeter):
-    from fleetrun.peers import Peer, save_peers
+    from fleetrun.plugins.relay.peers import Peer, save_peers
 
     save_peers(fleeter.home, {"mini": Peer(name="mini", address="nobody@127.0.0.1:1")})
     (fleeter.home / "peers-state.json").write_text(json.dumps({"mini": {

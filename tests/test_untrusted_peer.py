@@ -1,5 +1,5 @@
 """Fuzzing the supervisor's reading of peers (issue 10, item 4): each verb's reply
-parser (:mod:`fleetrun.wire`), the raw reply reader, the bundle header, and the
+parser (:mod:`fleetrun.plugins.relay.protocol`), the raw reply reader, the bundle header, and the
 cached peer state either return a value or raise only ``Malformed`` (or, where a
 reply is read off the wire, ``PeerError`` with a reason); never anything else.
 
@@ -19,9 +19,11 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from fleetrun import wire
-from fleetrun.peers import checked_entry
-from fleetrun.sshhost import BundleSink, PeerError, parse_reply
+from fleetrun.plugins.relay import protocol as wire
+from fleetrun.plugins.relay.bundle import BundleSink
+from fleetrun.plugins.relay.peers import checked_entry
+from fleetrun.plugins.relay.protocol import parse_reply
+from fleetrun.plugins.relay.transport import PeerError
 from fleetrun.untrusted import Malformed
 
 # -- what a peer could send ---------------------------------------------------------
@@ -243,7 +245,7 @@ VALID["request-attempt"] = ATTEMPT
 @FUZZ
 @given(st.one_of(damaged("request-task"), json_values), st.one_of(damaged("request-attempt"), json_values))
 def test_a_peer_reads_a_request_into_a_task_and_attempt_or_refuses_it(task, attempt):
-    from fleetrun.hostcli import HostError, _attempt, _task
+    from fleetrun.plugins.relay.peer.request import HostError, _attempt, _task
 
     try:
         t = _task(task)

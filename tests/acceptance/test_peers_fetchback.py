@@ -260,12 +260,15 @@ def test_an_unfetchable_branch_fails_the_verifier_with_the_reason(fleeter, fake_
 
 
 def test_host_status_and_friends_answer_without_loading_plugins(tmp_path):
-    """The fast path of the verbs a supervisor polls: no plugin module is imported."""
+    """The fast path of the verbs a supervisor polls: no plugin module is imported but
+    the peer side itself (and the packages that hold it, and the wire protocol)."""
+    peer_side = ("fleetrun.plugins", "fleetrun.plugins.relay", "fleetrun.plugins.relay.protocol")
     code = (
         "import sys, json\n"
-        "from fleetrun.hostcli import fast_main\n"
+        "from fleetrun.plugins.relay.peer.verbs import fast_main\n"
         "r = fast_main(sys.argv[1:], sys.stdout, sys.stderr)\n"
-        "print(json.dumps({'ret': r, 'plugins': sorted(m for m in sys.modules if m.startswith('fleetrun.plugins.')),"
+        "print(json.dumps({'ret': r, 'plugins': sorted(m for m in sys.modules if m.startswith('fleetrun.plugins.')"
+        f" and m not in {peer_side!r} and not m.startswith('fleetrun.plugins.relay.peer')),"
         " 'ledger': 'fleetrun.pluginmanager' in sys.modules}))\n"
     )
     env = dict(os.environ, FLEETRUN_HOME=str(tmp_path / "home"))

@@ -17,7 +17,8 @@ import threading
 import time
 from typing import Any, Optional, TextIO
 
-from .exceptions import ExitCode, UsageError
+from ...exceptions import ExitCode, UsageError
+from ...textutil import LINES, safe_text
 from .peers import (
     DEFAULT_COMMAND,
     HostKeyRefused,
@@ -34,7 +35,6 @@ from .peers import (
     status_of,
     unusable_reason,
 )
-from .textutil import LINES, safe_text
 
 RULE = "─" * 74
 #: ``relay add`` could not pair: the host key was refused, the peer could not be reached
@@ -93,7 +93,7 @@ def _num(v: Any, fmt: str) -> str:
 
 
 def describe_headroom(probe: dict[str, Any], heard: Optional[float], now: float) -> str:
-    from .textutil import ago
+    from ...textutil import ago
 
     return (f"{_num(probe.get('free_mem_mb'), '.0f')} MB free · load {_num(probe.get('load_per_core'), '.2f')}/core · "
             f"{_num(probe.get('free_disk_mb'), '.0f')} MB disk · {int(probe.get('running') or 0)} running"
@@ -104,7 +104,8 @@ def describe_headroom(probe: dict[str, Any], heard: Optional[float], now: float)
 
 
 def cmd_add(config: Any, ns: argparse.Namespace, out: TextIO, err: TextIO) -> int:
-    from .sshhost import PeerError, PeerUnreachable, SSHHost, connect
+    from .host import SSHHost
+    from .transport import PeerError, PeerUnreachable, connect
 
     home = config.home
     name = check_name(ns.name)
@@ -172,7 +173,8 @@ def cmd_remove(config: Any, ns: argparse.Namespace, out: TextIO, err: TextIO) ->
 
 def probe_all(config: Any, peers: dict[str, Peer]) -> None:
     """Probe every peer at once (one thread each); record what each said."""
-    from .sshhost import PeerError, PeerUnreachable, SSHHost
+    from .host import SSHHost
+    from .transport import PeerError, PeerUnreachable
 
     def one(peer: Peer) -> None:
         host = SSHHost(peer, config.home)
@@ -191,7 +193,7 @@ def probe_all(config: Any, peers: dict[str, Peer]) -> None:
 
 
 def peer_rows(config: Any, peers: dict[str, Peer], now: float) -> list[dict[str, Any]]:
-    from .policy import Policy, load_policy
+    from ...policy import Policy, load_policy
 
     try:
         policy = load_policy(config.home / "policy.toml")
@@ -217,7 +219,7 @@ def peer_rows(config: Any, peers: dict[str, Peer], now: float) -> list[dict[str,
 
 
 def cmd_peers(config: Any, ns: argparse.Namespace, out: TextIO, err: TextIO) -> int:
-    from .textutil import ago
+    from ...textutil import ago
 
     peers = load_peers(config.home)
     if peers and not ns.cached:

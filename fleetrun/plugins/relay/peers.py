@@ -22,18 +22,12 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Optional
 
-from .exceptions import UsageError
+from ...exceptions import UsageError
+from .protocol import REQUIRED_FEATURES
 
 PEERS_FILE = "peers.toml"
 STATE_FILE = "peers-state.json"
 KNOWN_HOSTS = "known_hosts"
-#: What this build of fleetrun can do as a peer; sent in every ``host probe`` reply.
-#: (``host bundle``, which fetch-back needs, is found out by using it: a peer too old
-#: for it answers with a usage error, and fetch-back says to upgrade it.)
-FEATURES = ("supervised-tasks-1",)
-#: What a supervisor needs from a peer before it sends it a task: a peer that
-#: cannot run verifiers where the work is would skip them.
-REQUIRED_FEATURES = ("supervised-tasks-1",)
 MIN_PEER_VERSION = "0.1.0"
 DEFAULT_COMMAND = ("fleetrun",)
 _NAME = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.-]{0,62}$")
@@ -129,7 +123,7 @@ def load_peers(home: Path) -> dict[str, Peer]:
     path = peers_path(home)
     if not path.exists():
         return {}
-    from .tomlfile import map_lines, parse_toml_file
+    from ...tomlfile import map_lines, parse_toml_file
 
     data, text = parse_toml_file(path, str(path))
     lines = map_lines(text)
@@ -177,7 +171,7 @@ def _toml_value(v: Any) -> str:
 
 def save_peers(home: Path, peers: dict[str, Peer]) -> Path:
     """Write ``peers.toml`` (0600, atomically)."""
-    from .ledger import ensure_private_dir
+    from ...ledger import ensure_private_dir
 
     ensure_private_dir(home)
     parts = ["# fleetrun peers: written by `fleetrun relay add`/`remove`; safe to edit.\n"
@@ -211,7 +205,7 @@ def _write_private(path: Path, text: str) -> None:
 
 @contextmanager
 def _state_lock(home: Path) -> Iterator[None]:
-    from .ledger import ensure_private_dir
+    from ...ledger import ensure_private_dir
 
     ensure_private_dir(home)
     fd = os.open(home / (STATE_FILE + ".lock"), os.O_WRONLY | os.O_CREAT, 0o600)
@@ -234,10 +228,10 @@ def load_state(home: Path) -> dict[str, dict[str, Any]]:
 
 
 def checked_entry(entry: Any) -> tuple[dict[str, Any], Optional[str]]:
-    """A peer's cached entry read strictly (:func:`fleetrun.wire.parse_peer_entry`):
+    """A peer's cached entry read strictly (:func:`fleetrun.plugins.relay.protocol.parse_peer_entry`):
     ``(entry, None)``, or ``({}, why)`` when it is malformed; such a peer counts as never
     heard from, with that reason, until its next probe replaces the entry."""
-    from .wire import Malformed, parse_peer_entry
+    from .protocol import Malformed, parse_peer_entry
 
     try:
         return parse_peer_entry(entry if entry is not None else {}), None
@@ -479,7 +473,7 @@ def check_host_key(name: str, key: Any, files: list[Path], accept_hint: str) -> 
 
 def record_host_key(path: Path, name: str, key: Any) -> None:
     """Append ``name keytype base64`` to fleetrun's own known_hosts (0600)."""
-    from .ledger import ensure_private_dir
+    from ...ledger import ensure_private_dir
 
     ensure_private_dir(path.parent)
     fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o600)

@@ -1,11 +1,13 @@
-"""The wire between a supervisor and its peers: each reply of ``fleetrun host VERB``,
+"""The wire between a supervisor and its peers, the one module both sides import: the
+constants of the protocol, the codecs (how a verb is invoked, how a task travels, how
+a reply is found in what a login shell printed), each reply of ``fleetrun host VERB``
 and what ``peers-state.json`` caches of them, read strictly.
 
 A peer's reply is untrusted (``docs/security.md``): a ``parse_<verb>_reply`` here
 returns the reply's values with their types and ranges checked, or raises
 :class:`~fleetrun.untrusted.Malformed` with what is wrong. They are pure functions
 (no I/O), so they are fuzzed (``tests/test_untrusted_peer.py``,
-``bench/fuzz_peer.py``). :mod:`fleetrun.sshhost` turns a :class:`Malformed` into the
+``bench/fuzz_peer.py``). :mod:`fleetrun.plugins.relay.host` turns a :class:`Malformed` into the
 outcome that fits the verb: a status it cannot read is an unreachable peer (wait and
 say why: the attempt may still run there, it must not run twice), a verifier status a
 FAIL verdict, a probe a peer that gets no tasks, with the reason.
@@ -15,11 +17,13 @@ from __future__ import annotations
 
 import base64
 import binascii
+import json
 import math
+import shlex
 from dataclasses import dataclass
-from typing import Any, Optional
+from typing import Any, Optional, TextIO
 
-from .untrusted import (
+from ...untrusted import (
     Malformed,
     boolean,
     integer,
@@ -35,6 +39,22 @@ from .untrusted import (
     text,
 )
 
+#: The exit code of a ``host start`` the peer refused (at its limit, draining...), with
+#: ``{"refused": reason}``: EX_TEMPFAIL, a refusal uses up no retry.
+REFUSED_EXIT = 75
+#: The most log bytes a peer sends in one ``status``/``log`` reply.
+LOG_CHUNK = 1 << 20
+#: The first key of ``host bundle``'s header line (the bundle follows that line).
+BUNDLE_MARK = "fleetrun_bundle"
+#: The most commits a ``host bundle`` request's ``have`` (and its header's) names.
+MAX_HAVES = 64
+#: What this build of fleetrun can do as a peer; sent in every ``host probe`` reply.
+#: (``host bundle``, which fetch-back needs, is found out by using it: a peer too old
+#: for it answers with a usage error, and fetch-back says to upgrade it.)
+FEATURES = ("supervised-tasks-1",)
+#: What a supervisor needs from a peer before it sends it a task: a peer that
+#: cannot run verifiers where the work is would skip them.
+REQUIRED_FEATURES = ("supervised-tasks-1",)
 #: How a peer's error reply starts when it refused a worktree whose ``.git`` was
 #: rewritten; the supervisor raises ``gitutil.WorktreeTampered`` for it.
 TAMPERED = "worktree_tampered: "
@@ -45,6 +65,54 @@ MAX_PID = 1 << 32
 MAX_SIZE = 1 << 50
 #: The workspace fields a ``prepare`` reply may carry (those of ``reports.Workspace``).
 WORKSPACE_TEXT = ("path", "branch", "repo", "base_ref", "root")
+
+
+# ---------------------------------------------------------------------------------
+# codecs
+
+
+def write_reply(out: TextIO, obj: dict[str, Any]) -> None:
+    """A peer's reply: one JSON object on one line (what :func:`parse_reply` finds)."""
+    out.write(json.dumps(obj, default=str) + "\n")
+    out.flush()
+
+
+def parse_reply(data: bytes) -> Optional[dict[str, Any]]:
+    """The JSON object a ``fleetrun host`` verb printed. Tolerates lines before it (a
+    login shell's ``.bashrc`` that prints): the reply is the last line that parses."""
+    text = data.decode("utf-8", "replace").strip()
+    try:
+        obj = json.loads(text)
+        return obj if isinstance(obj, dict) else None
+    except (ValueError, RecursionError):  # deep nesting makes json recurse past the limit
+        pass
+    for line in reversed(text.splitlines()):
+        line = line.strip()
+        if line.startswith("{"):
+            try:
+                obj = json.loads(line)
+            except (ValueError, RecursionError):
+                continue
+            if isinstance(obj, dict):
+                return obj
+    return None
+
+
+def remote_command(command: list[str], verb: str, args: list[str]) -> str:
+    return shlex.join([*command, "host", verb, "--json", *args])
+
+
+def task_payload(task: Any) -> dict[str, Any]:
+    """A ledger ``Task`` as JSON, for the peer to rebuild."""
+    from dataclasses import asdict
+
+    d = asdict(task)
+    d["state"] = task.state.value
+    return d
+
+
+# ---------------------------------------------------------------------------------
+# replies, read strictly
 
 
 @dataclass(frozen=True)
@@ -200,7 +268,7 @@ def parse_bundle_header(header: Any) -> dict[str, Any]:
     left ``git_ref``), ``have`` (which of ours it has), ``bundle`` (whether one follows)."""
     d = obj(header, "bundle header")
     fork = d.get("fork")
-    have = opt_str_list(d, "have", "bundle header", 64)
+    have = opt_str_list(d, "have", "bundle header", MAX_HAVES)
     return {"tip": sha(d.get("tip"), "bundle header.tip"),
             "fork": None if fork is None else sha(fork, "bundle header.fork"),
             "have": [sha(h, "bundle header.have") for h in have],

@@ -1,22 +1,18 @@
 """``SSHHost``: a peer, reached over SSH, offering the verbs ``LocalHost`` offers.
 
 Every verb runs ``fleetrun host VERB --json`` on the peer over one persistent
-paramiko transport per peer. The transport sits on a socket of our own, because
-paramiko sets neither option that matters here: ``TCP_NODELAY`` (without it a verb
-waits out Nagle and delayed ACK) and ``TCP_USER_TIMEOUT`` (without it a silently
-dead link is noticed only after the kernel's retransmissions give up, minutes
-later). An SSH keepalive every few seconds makes sure there is unacknowledged
-data to time out on.
+paramiko transport per peer (:mod:`.transport`: the socket, the host key, the
+authentication, the channel).
 
 A peer that cannot be reached is never reported as ``died``: the attempt may still
 be running there, and the task must not run twice. ``status`` says
 ``unreachable`` and the loop keeps waiting.
 
 A peer's replies are untrusted: each verb's reply goes through its parser in
-:mod:`fleetrun.wire`. A malformed status is treated like a peer that could not be
+:mod:`.protocol`. A malformed status is treated like a peer that could not be
 read (``unreachable``, with the reason: wait, never run the task twice), a malformed
-verifier status is a FAIL verdict, anything else a :class:`PeerError` with the
-reason. A ``worktree_tampered: ...`` error reply raises
+verifier status is a FAIL verdict, anything else a :class:`~.transport.PeerError`
+with the reason. A ``worktree_tampered: ...`` error reply raises
 :class:`~fleetrun.gitutil.WorktreeTampered`, as a tampered local worktree does.
 
 paramiko is imported inside the functions that connect, never at import time.
@@ -26,331 +22,34 @@ from __future__ import annotations
 
 import json
 import os
-import select
 import shlex
-import socket
 import threading
 import time
 from pathlib import Path
-from typing import Any, Callable, Optional
+from typing import Any, Optional
 
-from . import wire
-from .gitutil import WorktreeTampered
-from .hosts import StartRefused
-from .ledger import ensure_private_dir
-from .peers import (
-    HostKeyRefused,
-    Peer,
-    Target,
-    UnknownHostKey,
-    check_host_key,
-    fingerprint,
-    known_host_name,
-    known_hosts_files,
-    known_keys,
-    record_host_key,
-    resolve,
+from ...gitutil import WorktreeTampered
+from ...hosts import StartRefused
+from ...ledger import ensure_private_dir
+from ...reports import Verdict
+from ...untrusted import Malformed
+from . import protocol
+from .bundle import BundleSink
+from .peers import HostKeyRefused, Peer
+from .protocol import REFUSED_EXIT, parse_reply, remote_command, task_payload
+from .transport import (
+    VERB_TIMEOUT_S,
+    PeerError,
+    PeerUnreachable,
+    connect,
+    run_command,
+    stream_command,
 )
-from .reports import Verdict
-from .untrusted import Malformed
 
-CONNECT_TIMEOUT_S = 8.0
-USER_TIMEOUT_MS = 6000  # unacknowledged data older than this kills the connection
-KEEPALIVE_S = 5  # an SSH ignore packet after this much quiet
-VERB_TIMEOUT_S = 30.0
 STATUS_TIMEOUT_S = 8.0
 RETRY_CONNECT_AFTER_S = 2.0  # after a failed connection, verbs fail fast this long
-REFUSED_EXIT = 75  # EX_TEMPFAIL: ``fleetrun host start`` refused (at its limit...)
-LOG_CHUNK = 1 << 20
 BUNDLE_TIMEOUT_S = 1800.0  # a whole branch of a large repository, on a slow link
 BUNDLE_IDLE_S = 120.0  # git may think a while before the first byte of a big pack
-DEFAULT_KEYS = ("id_ed25519", "id_ecdsa", "id_rsa")
-
-
-class PeerUnreachable(Exception):
-    """The peer could not be reached: connection, authentication, host key, or a
-    link that dropped mid-verb.
-
-    :ivar delivered: the request may have reached the peer (the link dropped after
-        it was sent), so the peer may have acted on it.
-    """
-
-    def __init__(self, message: str, delivered: bool = False) -> None:
-        super().__init__(message)
-        self.delivered = delivered
-
-
-class PeerError(Exception):
-    """The peer answered, with an error (its message is the exception's)."""
-
-    def __init__(self, message: str, code: int, reply: Optional[dict[str, Any]] = None) -> None:
-        super().__init__(message)
-        self.code = code
-        self.reply = reply or {}
-
-
-# ---------------------------------------------------------------------------------
-# Connecting
-
-
-def open_socket(hostname: str, port: int, timeout: float = CONNECT_TIMEOUT_S) -> socket.socket:
-    """A connected TCP socket with ``TCP_NODELAY``, ``TCP_USER_TIMEOUT`` and TCP keepalive."""
-    last: Optional[OSError] = None
-    for family, kind, proto, _, addr in socket.getaddrinfo(hostname, port, type=socket.SOCK_STREAM):
-        s = socket.socket(family, kind, proto)
-        try:
-            s.settimeout(timeout)
-            s.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
-            s.setsockopt(socket.SOL_SOCKET, socket.SO_KEEPALIVE, 1)
-            for opt, value in (("TCP_USER_TIMEOUT", USER_TIMEOUT_MS), ("TCP_KEEPIDLE", KEEPALIVE_S),
-                               ("TCP_KEEPINTVL", 1), ("TCP_KEEPCNT", 3)):
-                if hasattr(socket, opt):
-                    s.setsockopt(socket.IPPROTO_TCP, getattr(socket, opt), value)
-            s.connect(addr)
-            return s
-        except OSError as e:
-            s.close()
-            last = e
-    raise last or OSError(f"cannot resolve {hostname}")
-
-
-def accept_hint(peer: Peer, home: Optional[Path] = None) -> str:
-    """The exact command that accepts this peer's new host key."""
-    from .config import default_home
-
-    argv = ["fleetrun"]
-    if home is not None and home != default_home():
-        argv += ["--home", str(home)]
-    argv += ["relay", "add", peer.name, peer.address]
-    if peer.key:
-        argv += ["--key", peer.key]
-    if list(peer.command) != ["fleetrun"]:
-        argv += ["--command", shlex.join(peer.command)]
-    argv.append("--accept-new")
-    return shlex.join(argv)
-
-
-def connect(peer: Peer, home: Path, accept_new: bool = False, timeout: float = CONNECT_TIMEOUT_S,
-            notes: Optional[list[str]] = None) -> Any:
-    """Open, check and authenticate a transport to ``peer``.
-
-    The host key must be on record in ``~/.ssh/known_hosts`` or fleetrun's own
-    ``known_hosts``; with ``accept_new`` an unknown key is recorded in fleetrun's
-    (and said so in ``notes``). A changed key is always refused.
-
-    :raises PeerUnreachable: anything that stops the connection, with the reason.
-    """
-    import paramiko
-
-    target = resolve(peer.address, peer.key)
-    files = known_hosts_files(home)
-    try:
-        sock = open_socket(target.hostname, target.port, timeout)
-    except OSError as e:
-        raise PeerUnreachable(f"cannot connect to {target.hostname}:{target.port}: {e.strerror or e}") from None
-    t = paramiko.Transport(sock)
-    try:
-        t.banner_timeout = timeout
-        t.handshake_timeout = timeout
-        t.auth_timeout = timeout
-        t.set_keepalive(KEEPALIVE_S)
-        # offer first the key types already on record, as ssh does, so a machine with
-        # several host keys shows the one we know
-        known_types = [k.get_name() for k, _ in known_keys(target.key_name, files)]
-        if known_types:
-            opts = t.get_security_options()
-            pref = [k for k in known_types if k in opts.key_types]
-            opts.key_types = tuple(dict.fromkeys(pref + list(opts.key_types)))
-        try:
-            t.start_client(timeout=timeout)
-        except (paramiko.SSHException, OSError, EOFError) as e:
-            raise PeerUnreachable(f"SSH handshake with {target.hostname}:{target.port} failed: {e}") from None
-        key = t.get_remote_server_key()
-        try:
-            where = check_host_key(target.key_name, key, files, accept_hint(peer, home))
-            if notes is not None:
-                notes.append(f"host key of {target.key_name}: {key.get_name()} {fingerprint(key)} "
-                             f"(on record in {where})")
-        except UnknownHostKey:
-            if not accept_new:
-                raise
-            record_host_key(files[-1], target.key_name, key)
-            if notes is not None:
-                notes.append(f"accepted the new host key of {target.key_name}: {key.get_name()} "
-                             f"{fingerprint(key)}, recorded in {files[-1]} (trust on first use)")
-        authenticate(t, target, timeout)
-    except BaseException:
-        t.close()
-        raise
-    return t
-
-
-def authenticate(t: Any, target: Target, timeout: float) -> None:
-    """Public keys only: ssh-agent's first, then ``--key``, ``IdentityFile`` and the
-    default ``~/.ssh/id_*`` files."""
-    import paramiko
-
-    tried: list[str] = []
-    agent = paramiko.Agent()
-    try:
-        for k in agent.get_keys():
-            try:
-                t.auth_publickey(target.user, k)
-                return
-            except paramiko.AuthenticationException:
-                tried.append(f"agent key {k.get_name()}")
-            except (paramiko.SSHException, OSError, EOFError) as e:
-                raise PeerUnreachable(f"authentication with {target.address} failed: {e}") from None
-    finally:
-        agent.close()
-    sshdir = Path(os.path.expanduser("~")) / ".ssh"
-    files = list(dict.fromkeys(target.identity_files + [str(sshdir / n) for n in DEFAULT_KEYS]))
-    for path in files:
-        if not os.path.isfile(path):
-            if path in target.identity_files:
-                tried.append(f"{path} (missing)")
-            continue
-        try:
-            pkey = _load_key(path)
-        except paramiko.PasswordRequiredException:
-            tried.append(f"{path} (encrypted: add it to ssh-agent)")
-            continue
-        except (paramiko.SSHException, OSError, ValueError) as e:
-            tried.append(f"{path} (unreadable: {e})")
-            continue
-        try:
-            t.auth_publickey(target.user, pkey)
-            return
-        except paramiko.AuthenticationException:
-            tried.append(path)
-        except (paramiko.SSHException, OSError, EOFError) as e:
-            raise PeerUnreachable(f"authentication with {target.address} failed: {e}") from None
-    raise PeerUnreachable(f"no key was accepted for {target.address} (tried: {', '.join(tried) or 'nothing'}); "
-                          "pass --key, set IdentityFile in ~/.ssh/config, or add the key to ssh-agent")
-
-
-def _load_key(path: str) -> Any:
-    import paramiko
-
-    if hasattr(paramiko.PKey, "from_path"):  # paramiko >= 3.2
-        return paramiko.PKey.from_path(path)
-    last: Exception = paramiko.SSHException(f"{path}: not a private key paramiko reads")
-    for cls in (paramiko.Ed25519Key, paramiko.ECDSAKey, paramiko.RSAKey):
-        try:
-            return cls.from_private_key_file(path)
-        except paramiko.PasswordRequiredException:
-            raise
-        except paramiko.SSHException as e:
-            last = e
-    raise last
-
-
-def run_command(t: Any, command: str, stdin: Optional[bytes] = None,
-                timeout: float = VERB_TIMEOUT_S) -> tuple[int, bytes, bytes]:
-    """Run ``command`` on an open transport; every step under ``timeout``.
-
-    ``recv_exit_status`` has no timeout, so this polls the channel instead.
-
-    :raises PeerUnreachable: the link failed (``delivered`` once the command was sent).
-    """
-    out: list[bytes] = []
-    code, err = stream_command(t, command, stdin, out.append, timeout)
-    return code, b"".join(out), err
-
-
-def stream_command(t: Any, command: str, stdin: Optional[bytes], sink: Callable[[bytes], None],
-                   timeout: float = VERB_TIMEOUT_S, idle_timeout: Optional[float] = None,
-                   max_err: int = 1 << 20) -> tuple[int, bytes]:
-    """Run ``command`` on an open transport, handing its stdout to ``sink`` as it comes
-    (a bundle may be large); return (exit status, stderr, at most ``max_err`` bytes).
-
-    :param timeout: for the whole command.
-    :param idle_timeout: at most this long without a byte from the peer.
-    :raises PeerUnreachable: the link failed, or a timeout passed (``delivered`` once
-        the command was sent).
-    """
-    import paramiko
-
-    start = time.monotonic()
-    deadline = start + timeout
-    try:
-        ch = t.open_session(timeout=timeout)
-    except (paramiko.SSHException, OSError, EOFError) as e:
-        raise PeerUnreachable(f"cannot open a channel: {e}") from None
-    delivered = False
-    try:
-        ch.settimeout(timeout)
-        ch.exec_command(command)
-        delivered = True
-        if stdin:
-            ch.sendall(stdin)
-        ch.shutdown_write()
-        err: list[bytes] = []
-        err_size = 0
-        heard = time.monotonic()
-        while True:
-            while ch.recv_ready():
-                sink(ch.recv(65536))
-                heard = time.monotonic()
-            while ch.recv_stderr_ready():
-                chunk = ch.recv_stderr(65536)
-                heard = time.monotonic()
-                if err_size < max_err:
-                    err.append(chunk)
-                    err_size += len(chunk)
-            if (ch.exit_status_ready() and not ch.recv_ready() and not ch.recv_stderr_ready()
-                    and (ch.eof_received or ch.closed)):
-                break
-            if ch.closed and not ch.exit_status_ready():
-                raise PeerUnreachable("the channel closed without an exit status", delivered=True)
-            if not t.is_active():
-                raise PeerUnreachable("the connection dropped", delivered=True)
-            now = time.monotonic()
-            left = deadline - now
-            if left <= 0:
-                raise PeerUnreachable(f"no reply within {timeout:g}s", delivered=True)
-            if idle_timeout is not None and now - heard > idle_timeout:
-                raise PeerUnreachable(f"nothing heard for {idle_timeout:g}s", delivered=True)
-            select.select([ch], [], [], min(left, 0.02))
-        return ch.recv_exit_status(), b"".join(err)
-    except (paramiko.SSHException, OSError, EOFError) as e:
-        raise PeerUnreachable(f"the connection failed: {e}", delivered=delivered) from None
-    finally:
-        ch.close()
-
-
-def parse_reply(data: bytes) -> Optional[dict[str, Any]]:
-    """The JSON object a ``fleetrun host`` verb printed. Tolerates lines before it (a
-    login shell's ``.bashrc`` that prints): the reply is the last line that parses."""
-    text = data.decode("utf-8", "replace").strip()
-    try:
-        obj = json.loads(text)
-        return obj if isinstance(obj, dict) else None
-    except (ValueError, RecursionError):  # deep nesting makes json recurse past the limit
-        pass
-    for line in reversed(text.splitlines()):
-        line = line.strip()
-        if line.startswith("{"):
-            try:
-                obj = json.loads(line)
-            except (ValueError, RecursionError):
-                continue
-            if isinstance(obj, dict):
-                return obj
-    return None
-
-
-def remote_command(command: list[str], verb: str, args: list[str]) -> str:
-    return shlex.join([*command, "host", verb, "--json", *args])
-
-
-def task_payload(task: Any) -> dict[str, Any]:
-    """A ledger ``Task`` as JSON, for the peer to rebuild."""
-    from dataclasses import asdict
-
-    d = asdict(task)
-    d["state"] = task.state.value
-    return d
 
 
 # ---------------------------------------------------------------------------------
@@ -449,7 +148,7 @@ class SSHHost:
         if code == REFUSED_EXIT and isinstance(reply.get("refused"), str):
             raise StartRefused(f"{self.name} {reply['refused'][:2000]}")
         if code != 0:
-            msg, _ = wire.parse_error_reply(reply)
+            msg, _ = protocol.parse_error_reply(reply)
             raise PeerError(msg if "error" in reply else f"exit {code}", code, reply)
         return reply
 
@@ -461,8 +160,8 @@ class SSHHost:
     def _tampered(e: PeerError) -> None:
         """The peer refused a worktree whose ``.git`` was rewritten: the same exception
         as a tampered local worktree, so the loop gives the task to a human."""
-        if str(e).startswith(wire.TAMPERED):
-            raise WorktreeTampered(str(e)[len(wire.TAMPERED):]) from None
+        if str(e).startswith(protocol.TAMPERED):
+            raise WorktreeTampered(str(e)[len(protocol.TAMPERED):]) from None
 
     # -- LocalHost's verbs ---------------------------------------------------------
 
@@ -489,7 +188,7 @@ class SSHHost:
                 f.write(prompt)
         payload = {"attempt_id": attempt_id, "task_id": task_id, "spec": spec, "prompt": prompt}
         try:
-            reply = wire.parse_start_reply(self.call("start", payload=payload))
+            reply = protocol.parse_start_reply(self.call("start", payload=payload))
         except PeerUnreachable as e:
             if not e.delivered:
                 raise
@@ -507,7 +206,7 @@ class SSHHost:
 
     @staticmethod
     def _write_note(adir: Path, data: dict[str, Any]) -> None:
-        from .shepherd import write_json
+        from ...shepherd import write_json
 
         write_json(str(adir / "peer.json"), data)
 
@@ -521,14 +220,14 @@ class SSHHost:
         if token:
             args += ["--token", token]
         try:
-            reply = wire.parse_status_reply(
+            reply = protocol.parse_status_reply(
                 self.call("status", *args, timeout=STATUS_TIMEOUT_S, may_connect=not self.passive))
             chunk = reply.chunk
             self._append_log(log, chunk)
             st = dict(reply.status)
             # the loop reads the log as soon as it sees "ended": have all of it by then
             while st.get("state") in ("ended", "died") and chunk is not None and chunk.size > _size(log):
-                chunk = wire.parse_log_reply(self.call("log", "--attempt", attempt_id, "--offset", str(_size(log)),
+                chunk = protocol.parse_log_reply(self.call("log", "--attempt", attempt_id, "--offset", str(_size(log)),
                                                        timeout=STATUS_TIMEOUT_S, may_connect=not self.passive))
                 if not self._append_log(log, chunk):
                     break
@@ -539,7 +238,7 @@ class SSHHost:
             return {"state": "unreachable", "error": f"{self.name}: a malformed status reply: {e}"}
         return st
 
-    def _append_log(self, log: Path, chunk: Optional[wire.LogChunk]) -> bool:
+    def _append_log(self, log: Path, chunk: Optional[protocol.LogChunk]) -> bool:
         if chunk is None or not chunk.data or chunk.offset != _size(log):
             return False
         data = chunk.data
@@ -558,7 +257,7 @@ class SSHHost:
         if token:
             args += ["--token", token]
         try:
-            return wire.parse_stop_reply(self.call("stop", *args))
+            return protocol.parse_stop_reply(self.call("stop", *args))
         except (PeerUnreachable, PeerError, Malformed) as e:
             from .peers import add_pending_stop
 
@@ -568,12 +267,12 @@ class SSHHost:
     # -- the peer-only verbs -------------------------------------------------------
 
     def probe(self, timeout: float = VERB_TIMEOUT_S, may_connect: bool = True) -> dict[str, Any]:
-        """What the peer is and has (checked: :func:`fleetrun.wire.parse_probe_reply`).
+        """What the peer is and has (checked: :func:`fleetrun.plugins.relay.protocol.parse_probe_reply`).
 
         :raises PeerError: also for a malformed reply, saying what is wrong.
         """
         try:
-            return wire.parse_probe_reply(self.call("probe", timeout=timeout, may_connect=may_connect))
+            return protocol.parse_probe_reply(self.call("probe", timeout=timeout, may_connect=may_connect))
         except Malformed as e:
             raise self._malformed("probe", e) from None
 
@@ -585,7 +284,7 @@ class SSHHost:
         reply = self.call("prepare", payload={"task": task_payload(task), "attempt": asdict(attempt)},
                           timeout=120)
         try:
-            return wire.parse_prepare_reply(reply)
+            return protocol.parse_prepare_reply(reply)
         except Malformed as e:
             raise self._malformed("prepare", e) from None
 
@@ -603,13 +302,13 @@ class SSHHost:
             self._tampered(e)
             raise
         try:
-            return wire.parse_collect_reply(reply)
+            return protocol.parse_collect_reply(reply)
         except Malformed as e:
             raise self._malformed("collect", e) from None
 
     def cleanup(self, task: Any) -> dict[str, Any]:
         try:
-            return wire.parse_cleanup_reply(self.call("cleanup", payload={"task": task_payload(task)}, timeout=120))
+            return protocol.parse_cleanup_reply(self.call("cleanup", payload={"task": task_payload(task)}, timeout=120))
         except Malformed as e:
             raise self._malformed("cleanup", e) from None
 
@@ -661,78 +360,21 @@ class SSHHost:
             "task": task_payload(task), "attempt": asdict(attempt), "verifier": asdict(verifier), "idx": idx,
             "workspace": asdict(workspace)})
         try:
-            return {"state": wire.parse_verify_start_reply(reply)}
+            return {"state": protocol.parse_verify_start_reply(reply)}
         except Malformed as e:
             raise self._malformed("verify-start", e) from None
 
-    def verify_status(self, attempt_id: str, idx: int) -> wire.VerifyStatus:
+    def verify_status(self, attempt_id: str, idx: int) -> protocol.VerifyStatus:
         """:raises Malformed: a reply that is not a verifier's status (a FAIL, to the caller)."""
-        return wire.parse_verify_status_reply(
+        return protocol.parse_verify_status_reply(
             self.call("verify-status", "--attempt", attempt_id, "--idx", str(idx), timeout=STATUS_TIMEOUT_S,
                       may_connect=not self.passive))
 
     def verify_stop(self, attempt_id: str, idx: int) -> bool:
         try:
-            return wire.parse_verify_stop_reply(self.call("verify-stop", "--attempt", attempt_id, "--idx", str(idx)))
+            return protocol.parse_verify_stop_reply(self.call("verify-stop", "--attempt", attempt_id, "--idx", str(idx)))
         except Malformed as e:
             raise self._malformed("verify-stop", e) from None
-
-
-class BundleWriteError(Exception):
-    """The bundle could not be written here (disk full...)."""
-
-
-class BundleSink:
-    """Receives ``host bundle``'s stdout: skips whatever a login shell printed before
-    the header line, keeps the header, writes the bundle after it to ``path``."""
-
-    MARK = b'{"fleetrun_bundle"'
-    MAX_PREFIX = 1 << 20
-
-    def __init__(self, path: Path) -> None:
-        self.path = path
-        self.prefix = bytearray()
-        self.header: Optional[dict[str, Any]] = None
-        self.size = 0
-        self._fd: Optional[int] = None
-
-    def feed(self, data: bytes) -> None:
-        if self.header is not None:
-            self._write(data)
-            return
-        self.prefix += data
-        i = self.prefix.find(self.MARK)
-        j = self.prefix.find(b"\n", i) if i >= 0 else -1
-        if j < 0:
-            if len(self.prefix) > self.MAX_PREFIX:
-                raise PeerError("`host bundle` printed no header", 0)
-            return
-        try:
-            header = wire.parse_bundle_header(json.loads(bytes(self.prefix[i:j])))
-        except (ValueError, RecursionError) as e:  # Malformed is a ValueError
-            raise PeerError(f"`host bundle` printed a broken header: {e}", 0) from None
-        self.header = header
-        rest = bytes(self.prefix[j + 1:])
-        del self.prefix[i:]
-        if rest:
-            self._write(rest)
-
-    def _write(self, data: bytes) -> None:
-        try:
-            if self._fd is None:
-                self._fd = os.open(self.path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
-            view = memoryview(data)
-            while view:
-                n = os.write(self._fd, view)
-                view = view[n:]
-        except OSError as e:  # not the link's fault: not PeerUnreachable
-            raise BundleWriteError(f"cannot write the bundle to {self.path}: {e.strerror or e}") from None
-        self.size += len(data)
-
-    def close(self) -> None:
-        if self._fd is not None:
-            os.close(self._fd)
-            self._fd = None
 
 
 def _size(path: Path) -> int:
@@ -796,7 +438,7 @@ class RemoteRunHandle:
             self.error = str(e)
             return None
         except PeerError as e:
-            if wire.parse_error_reply(e.reply)[1]:
+            if protocol.parse_error_reply(e.reply)[1]:
                 self.started = False  # never got there (or was lost): start it now
                 return None
             return Verdict(False, "run", self.verifier.label, reason=f"{self.host.name}: {e}", host=self.host.name)
@@ -815,5 +457,4 @@ class RemoteRunHandle:
             pass
 
 
-__all__ = ["BundleSink", "PeerError", "PeerUnreachable", "RemoteRunHandle", "SSHHost", "connect",
-           "known_host_name", "open_socket", "run_command", "stream_command"]
+__all__ = ["RemoteRunHandle", "SSHHost"]

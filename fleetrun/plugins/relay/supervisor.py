@@ -1,101 +1,51 @@
-"""Built-in ``relay`` plugin: peers over SSH as places where attempts run.
-
-``fleetrun_configure`` reads ``peers.toml`` and registers an
-:class:`~fleetrun.sshhost.SSHHost` per peer in ``config.stash["hosts"]`` (so the loop,
-``cancel`` and adoption find them by name) and a :class:`Relay` object under the
-name ``relay-peers``, which implements the hooks:
-
-- ``fleetrun_candidates``: every peer, with the headroom of its last heartbeat (a
-  probe every ``[relay] heartbeat_secs``, 5 by default, from one thread per peer),
-  ``live``/``stale``/``never`` by policy.toml's ``stale_after_secs``, and the
-  ``[peers]``/``[peers.NAME]`` limits. A peer without a usable fleetrun, or one
-  that did not answer its last probe, says why it takes nothing.
-- ``fleetrun_place`` (a wrapper): while a peer's first heartbeat is on its way, a
-  task that cannot be placed yet is not a reason for the run to call itself idle.
-  (Tasks with a ``role`` stay on this machine: the ``placement`` plugin pins them
-  there.)
-- ``fleetrun_prepare_workspace``, ``fleetrun_collect_work``, ``fleetrun_verify``
-  (``run``), ``fleetrun_cleanup_workspace`` for an attempt on a peer run there, over
-  SSH (``tryfirst``, so the local ``worktree`` and ``verify_run`` never see it).
-  A peer's reply is not trusted: the workspace its ``prepare`` names must be the one
-  asked for (:func:`check_workspace`: the branch this supervisor chose for the task,
-  the task's ``git_ref``, a worktree holding the task's ``cwd``), or the attempt does
-  not start; a worktree the peer found tampered with raises ``WorktreeTampered``.
-- **Fetch-back**: once a peer attempt's work is committed there
-  (``fleetrun_collect_work``), a task with a ``brain``/``agent`` verifier or with
-  dependents has its branch brought into this machine's repository over the same SSH
-  transport (``fleetrun host bundle``: a git bundle of what this repository lacks),
-  under the same branch name (``<branch>-from-<peer>`` if the local one has diverged),
-  and checked out, detached, in ``worktrees/<name>-<id>-fetched``.
-  :meth:`Relay.local_workspace` gives that worktree to the ``verify_brain`` and
-  ``verify_agent`` plugins (they ask for it through ``get_plugin("relay-peers")``),
-  so those verifiers run here on the fetched branch; ``run`` verifiers still run on
-  the peer. The worktree goes when the task ends; the branch stays.
-- ``fleetrun_handoff``: names the branch (the fetched one, if it was fetched, and
-  says so) and how to fetch it from the peer.
-
-Nothing here imports paramiko unless a peer is actually contacted.
+"""The relay's supervisor side: the ``relay-peers`` object registered by
+``fleetrun_configure`` (see the package docstring for the hooks it implements), the
+heartbeat thread of each peer, and the checks a peer's ``prepare`` reply is held to.
 """
 
 from __future__ import annotations
 
 import os
-import shutil
 import threading
 import time
 from pathlib import Path
 from typing import Any, Optional
 
-from ..exceptions import UsageError
-from ..gitutil import GitError, common_dir, git, is_dirty, repo_lock, repo_toplevel
-from ..hookimpl import hookimpl
-from ..ledger import ensure_private_dir
-from ..peers import (
+from ...gitutil import GitError, common_dir, git, repo_lock, repo_toplevel
+from ...hookimpl import hookimpl
+from ...ledger import ensure_private_dir
+from ...reports import Candidate, Handoff, Verdict, Wait, Workspace
+from ...shepherd import read_json, write_json
+from ...states import ACTIVE, State
+from ...taskspec import safe_slug, step_index
+from .bundle import (
+    FETCH_RECORD,
+    UNBUNDLE_TIMEOUT_S,
+    BundleWriteError,
+    FetchError,
+    adopt_branch,
+    checkout_fetched,
+    fetch_note,
+    fetch_url,
+    fetched_worktree,
+    local_haves,
+)
+from .host import RemoteRunHandle, SSHHost
+from .peers import (
     Peer,
     checked_entry,
     clear_pending_stop,
-    load_peers,
     load_state,
     record_probe,
     status_of,
     unusable_reason,
 )
-from ..reports import Candidate, Handoff, Verdict, Wait, Workspace
-from ..shepherd import read_json, write_json
-from ..sshhost import BundleWriteError, PeerError, PeerUnreachable, RemoteRunHandle, SSHHost
-from ..states import ACTIVE, State
-from ..taskspec import safe_slug, step_index
+from .transport import PeerError, PeerUnreachable
 
 HEARTBEAT_S = 5.0
 SUMMARY_LIMIT = 2000
 #: Verifier kinds that run on this machine, on the branch fetched back from the peer.
 LOCAL_KINDS = ("brain", "agent")
-#: What was fetched for an attempt, in its (local) attempt folder.
-FETCH_RECORD = "fetchback.json"
-FETCHED_SUFFIX = "-fetched"
-
-
-def _positive(v: float) -> Optional[str]:
-    return None if v > 0 else "must be greater than 0"
-
-
-@hookimpl(trylast=True)
-def fleetrun_config_keys(config: Any) -> list[Any]:
-    """``[relay]`` of config.toml (docs/peers.md); a peer reads its own."""
-    from ..config import ConfigKey
-
-    return [
-        # a string would be read as its letters (`"gpu"` -> g, p, u) by whatever iterates it
-        ConfigKey("relay", "tags", (list,), items=str, doc="this machine's tags, for requires"),
-        ConfigKey("relay", "tools", (list,), items=str, doc="more tools to probe"),
-        ConfigKey("relay", "heartbeat_secs", (int, float), check=_positive, doc="seconds between heartbeats"),
-    ]
-UNBUNDLE_TIMEOUT_S = 1800.0
-MAX_NAME_TRIES = 9
-
-
-class FetchError(Exception):
-    """A peer's branch could not be brought to this machine; the message says why."""
 
 
 class WrongWorkspace(PeerError):
@@ -145,139 +95,6 @@ def check_workspace(task: Any, ws: dict[str, Any], peer: str) -> Workspace:
     if not _inside(path, root) or _inside(root, repo):
         raise WrongWorkspace(f"{bad} worktree {root} with path {path}")
     return Workspace(path=path, branch=want, repo=repo, base_ref=spec.git_ref, is_worktree=True, root=root)
-
-
-@hookimpl(trylast=True)
-def fleetrun_configure(config: Any) -> None:
-    try:
-        peers = load_peers(config.home)
-    except UsageError:
-        if config.getoption("verb") in ("run", "work", "relay"):
-            raise
-        return  # `status`, `host`... still work with a broken peers.toml
-    if not peers:
-        return
-    relay = Relay(config, peers)
-    config.pluginmanager.register(relay, "relay-peers")
-    config.stash.setdefault("hosts", {}).update(relay.hosts)
-
-
-@hookimpl(trylast=True)
-def fleetrun_unconfigure(config: Any) -> None:
-    relay = config.pluginmanager.get_plugin("relay-peers")
-    if relay is not None:
-        relay.close()
-        config.pluginmanager.unregister(relay)
-
-
-def fetch_url(peer: Peer, repo: str) -> str:
-    """``ssh://user@host:port/path``: what ``git fetch`` needs to reach the peer's repo."""
-    return f"ssh://{peer.address}{repo if repo.startswith('/') else '/' + repo}"
-
-
-def fetched_worktree(home: Path, task: Any) -> Path:
-    """Where the branch fetched back from a peer is checked out for the verifiers here."""
-    return home / "worktrees" / f"{safe_slug(task.name)}-{task.id}{FETCHED_SUFFIX}"
-
-
-def local_haves(repo: str, git_ref: Optional[str], branch: str, peer: str) -> list[str]:
-    """Commits this repository has that the peer's branch may build on: ``git_ref``,
-    ``HEAD``, and what an earlier fetch of the branch left (the peer sends only what
-    is not below those it has too)."""
-    out = git(repo, "for-each-ref", "--format=%(objectname)", f"refs/heads/{branch}",
-              f"refs/heads/{branch}-from-{peer}", f"refs/heads/{branch}-from-{peer}-*", check=False)
-    found = out.split()
-    for ref in (git_ref, "HEAD"):
-        if ref:
-            sha = git(repo, "rev-parse", "--verify", "--quiet", "--end-of-options", f"{ref}^{{commit}}",
-                      check=False).strip()
-            if sha:
-                found.append(sha)
-    return [h for h in dict.fromkeys(found) if len(h) in (40, 64)][:32]
-
-
-def _is_ancestor(repo: str, old: str, new: str) -> bool:
-    try:
-        git(repo, "merge-base", "--is-ancestor", old, new)
-        return True
-    except GitError as e:
-        if e.code == 1:
-            return False
-        raise
-
-
-def _checked_out(repo: str) -> dict[str, str]:
-    """Branch ref -> the worktree that has it checked out."""
-    out: dict[str, str] = {}
-    path = ""
-    for line in git(repo, "worktree", "list", "--porcelain").splitlines():
-        if line.startswith("worktree "):
-            path = line[len("worktree "):]
-        elif line.startswith("branch "):
-            out[line[len("branch "):]] = path
-    return out
-
-
-def adopt_branch(repo: str, name: str, tip: str, peer: str) -> tuple[str, str, bool]:
-    """Point a local branch at the fetched ``tip`` (call under ``repo_lock``): ``name``
-    itself when it is new, already there, or behind ``tip`` and not checked out;
-    otherwise it is left alone and ``<name>-from-<peer>`` (then ``-2``, ``-3``...) is
-    used. :return: (the local branch, why it is not ``name`` or "", whether it moved)."""
-    checked = _checked_out(repo)
-    why = ""
-    for n in range(MAX_NAME_TRIES):
-        cand = name if n == 0 else f"{name}-from-{peer}" + (f"-{n}" if n > 1 else "")
-        ref = f"refs/heads/{cand}"
-        cur = git(repo, "rev-parse", "--verify", "--quiet", f"{ref}^{{commit}}", check=False).strip()
-        if not cur:
-            git(repo, "update-ref", "-m", f"fleetrun: fetched from {peer}", ref, tip, "")
-            return cand, why, True
-        if cur == tip:
-            return cand, why, False
-        behind = _is_ancestor(repo, cur, tip)
-        if behind and ref not in checked:
-            git(repo, "update-ref", "-m", f"fleetrun: fetched from {peer}", ref, tip, cur)
-            return cand, why, True
-        if not why:
-            why = (f"this machine's {cand} is checked out in {checked[ref]}" if behind
-                   else f"this machine's {cand} has diverged from {peer}'s")
-    raise FetchError(f"{why}, and so have {name}-from-{peer} and -from-{peer}-2 to -{MAX_NAME_TRIES - 1}")
-
-
-def checkout_fetched(path: Path, repo: str, tip: str) -> None:
-    """A worktree at ``path``, detached at ``tip``, clean (call under ``repo_lock``).
-    Detached, so the branch stays free to check out anywhere else."""
-    if (path / ".git").exists():
-        try:
-            if common_dir(path) == common_dir(repo):
-                head = git(path, "rev-parse", "HEAD").strip()
-                if head != tip or is_dirty(path):
-                    git(path, "checkout", "-q", "--detach", "--force", tip)
-                    git(path, "clean", "-ffdq")
-                return
-        except GitError:
-            pass
-        git(repo, "worktree", "remove", "--force", "--", str(path), check=False)
-    if path.exists():
-        shutil.rmtree(path)
-    path.parent.mkdir(parents=True, exist_ok=True, mode=0o700)
-    git(repo, "worktree", "add", "--force", "--detach", "--", str(path), tip)
-
-
-def fetch_note(rec: dict[str, Any]) -> str:
-    """The ledger note of a fetch-back."""
-    tip = rec["commit"][:12]
-    if not rec["moved"] and not rec["bytes"]:
-        text = (f"branch {rec['peer_branch']} of {rec['peer']} (commit {tip}) was already in {rec['repo']} "
-                f"as {rec['branch']}; nothing to fetch")
-    else:
-        size = f"{rec['bytes'] / 1024:.1f} KiB" if rec["bytes"] else "its commits were already here"
-        text = (f"fetched branch {rec['peer_branch']} from {rec['peer']} into {rec['repo']}"
-                + (f" as {rec['branch']}" if rec["branch"] != rec["peer_branch"] else "")
-                + f": commit {tip} ({size}, {rec['seconds']:.2f}s)")
-    if rec["renamed"]:
-        text += f"; not as {rec['peer_branch']}: {rec['renamed']}, which is left as it is"
-    return text
 
 
 def probe_error(e: Exception) -> str:
@@ -380,7 +197,7 @@ class Relay:
 
     @hookimpl(trylast=True)
     def fleetrun_candidates(self, config: Any) -> list[Candidate]:
-        from ..policy import Policy
+        from ...policy import Policy
 
         self.start_heartbeats()
         policy = config.stash.get("policy") or Policy()

@@ -1,0 +1,202 @@
+"""``run`` verifiers on the peer, under a detached runner: a verifier may take many
+minutes, and no SSH channel waits for it (``verify-start`` starts the runner,
+``verify-status`` reads its result, ``verify-stop`` ends it).
+
+``python -m fleetrun.plugins.relay.peer.runner verify-runner DIR`` is the runner.
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import signal
+import sys
+import time
+from pathlib import Path
+from typing import Any
+
+from fleetrun.procutil import tail_text
+
+from .admission import _host_lock
+from .request import (
+    HostError,
+    _attempt,
+    _attempt_id,
+    _payload,
+    _prepared_all,
+    _task,
+    _Unknown,
+    _workspace,
+)
+
+
+def _verify_dir(config: Any, attempt_id: str, idx: int) -> Path:
+    _attempt_id(attempt_id)
+    if isinstance(idx, bool) or not isinstance(idx, int) or not 0 <= idx < 10_000:
+        raise HostError(f"bad verifier index {idx!r}")
+    return config.home / "attempts" / attempt_id / f"verify-{idx + 1}"
+
+
+def _runner_alive(vdir: Path) -> bool:
+    from fleetrun.hosts import shepherd_alive
+    from fleetrun.shepherd import read_json
+
+    r = read_json(str(vdir / "runner.json")) or {}
+    # without its start-time token a pid could be anyone's by now
+    return isinstance(r.get("token"), str) and isinstance(r.get("pid"), int) and shepherd_alive(r["pid"], r["token"])
+
+
+def cmd_verify_start(config: Any, ns: argparse.Namespace) -> dict[str, Any]:
+    from fleetrun.ledger import ensure_private_dir
+    from fleetrun.shepherd import proc_token, write_json
+
+    p = _payload()
+    task = _task(p.get("task"))
+    att = _attempt(p.get("attempt"), task)
+    ws = _workspace(p.get("workspace"))
+    v, idx = p.get("verifier"), p.get("idx")
+    if not isinstance(v, dict) or not isinstance(v.get("text"), str):
+        raise HostError("the request has no verifier command")
+    timeout_s = v.get("timeout_s") or 900.0
+    if isinstance(timeout_s, bool) or not isinstance(timeout_s, (int, float)) or not 0 < timeout_s < 1e7:
+        raise HostError(f"bad verifier timeout {timeout_s!r}")
+    vdir = _verify_dir(config, att.id, idx)  # type: ignore[arg-type]
+    rec = _prepared_all(config.home).get(task.id)
+    if rec is not None:  # in the workspace made here, not wherever the request says
+        cwd = str(rec.get("path"))
+    elif ws.is_worktree:
+        raise HostError(f"no workspace was prepared on this host for task {task.id}")
+    else:
+        cwd = ws.path
+    with _host_lock(config.home):
+        if _runner_alive(vdir):
+            return {"state": "running", "again": True}
+        ensure_private_dir(vdir)
+        for name in ("result.json", "out", "child.json"):
+            try:
+                (vdir / name).unlink()
+            except FileNotFoundError:
+                pass
+        # spec.json holds only what fleetrun sets: the peer's own environment (its API
+        # keys...) reaches the verifier through the runner's environment, never a file
+        ours = {"FLEETRUN_TASK_ID": task.id, "FLEETRUN_TASK_NAME": task.name, "FLEETRUN_ATTEMPT": str(att.number),
+                "FLEETRUN_WORKTREE": cwd}
+        write_json(str(vdir / "spec.json"), {"text": v["text"], "cwd": cwd, "env": ours,
+                                             "timeout_s": float(timeout_s)})
+        pid = os.posix_spawn(
+            sys.executable, [sys.executable, "-m", "fleetrun.plugins.relay.peer.runner", "verify-runner", str(vdir)],
+            dict(os.environ, **ours),
+            file_actions=[
+                (os.POSIX_SPAWN_OPEN, 0, os.devnull, os.O_RDONLY, 0),
+                (os.POSIX_SPAWN_OPEN, 1, str(vdir / "runner.out"), os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o600),
+                (os.POSIX_SPAWN_DUP2, 1, 2),
+            ],
+            setsid=True,
+        )
+        write_json(str(vdir / "runner.json"), {"pid": pid, "token": proc_token(pid), "started": time.time()})
+    return {"state": "running"}
+
+
+def cmd_verify_status(config: Any, ns: argparse.Namespace) -> dict[str, Any]:
+    from fleetrun.shepherd import read_json
+
+    vdir = _verify_dir(config, ns.attempt, ns.idx)
+    res = read_json(str(vdir / "result.json"))
+    if res is not None:
+        return dict(res, state="ended")
+    if not (vdir / "runner.json").exists():
+        raise _Unknown("no such verifier run here")
+    if _runner_alive(vdir):
+        return {"state": "running"}
+    res = read_json(str(vdir / "result.json"))  # it may have just finished
+    if res is not None:
+        return dict(res, state="ended")
+    return {"state": "ended", "passed": False, "reason": "the verifier's runner died on the peer",
+            "output": tail_text(vdir / "out"), "duration_s": 0.0}
+
+
+def cmd_verify_stop(config: Any, ns: argparse.Namespace) -> dict[str, Any]:
+    from fleetrun.shepherd import read_json
+
+    vdir = _verify_dir(config, ns.attempt, ns.idx)
+    r = read_json(str(vdir / "runner.json")) or {}
+    if r.get("pid") and _runner_alive(vdir):
+        try:
+            os.kill(int(r["pid"]), signal.SIGTERM)
+            return {"signalled": True}
+        except ProcessLookupError:
+            pass
+    return {"signalled": False}
+
+
+def verify_runner(vdir: Path) -> int:
+    """The detached runner of one ``run`` verifier: the command under ``/bin/sh -c``
+    in the worktree, output to a file, the timeout enforced here (so a dropped link
+    cannot leave it running), the verdict in ``result.json``."""
+    import subprocess
+
+    from fleetrun.shepherd import read_json, write_json
+
+    spec = read_json(str(vdir / "spec.json"))
+    if spec is None:
+        return 2
+    started = time.monotonic()
+    timeout_s = float(spec["timeout_s"])
+    stopped: list[str] = []
+
+    def finish(passed: bool, reason: str) -> int:
+        write_json(str(vdir / "result.json"), {"passed": passed, "reason": reason, "output": tail_text(vdir / "out"),
+                                               "duration_s": time.monotonic() - started, "ended": time.time()})
+        return 0
+
+    fd = os.open(vdir / "out", os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
+    try:
+        proc = subprocess.Popen(["/bin/sh", "-c", spec["text"]], cwd=spec["cwd"],
+                                env=dict(os.environ, **(spec.get("env") or {})),
+                                stdin=subprocess.DEVNULL, stdout=fd, stderr=fd, start_new_session=True,
+                                close_fds=True)
+    except OSError as e:
+        return finish(False, f"cannot start: {e.strerror or e}")
+    finally:
+        os.close(fd)
+
+    def kill_group() -> None:
+        for sig in (signal.SIGTERM, signal.SIGKILL):
+            try:
+                os.killpg(proc.pid, sig)
+            except ProcessLookupError:
+                return
+            try:
+                proc.wait(timeout=2)
+                return
+            except subprocess.TimeoutExpired:
+                continue
+
+    def on_term(signum: int, frame: object) -> None:
+        stopped.append("stopped")
+        kill_group()
+
+    signal.signal(signal.SIGTERM, on_term)
+    try:
+        code = proc.wait(timeout=timeout_s)
+    except subprocess.TimeoutExpired:
+        kill_group()
+        proc.wait()
+        return finish(False, f"timed out after {timeout_s:g}s")
+    try:
+        os.killpg(proc.pid, signal.SIGKILL)  # leftovers of the group
+    except (ProcessLookupError, PermissionError):
+        pass
+    if stopped:
+        return finish(False, "stopped by the supervisor")
+    if code == 0:
+        return finish(True, "exit code 0")
+    if code < 0:
+        return finish(False, f"killed by signal {-code}")
+    return finish(False, f"exit code {code}")
+
+
+if __name__ == "__main__":
+    if len(sys.argv) == 3 and sys.argv[1] == "verify-runner":
+        raise SystemExit(verify_runner(Path(sys.argv[2])))
+    raise SystemExit("usage: python -m fleetrun.plugins.relay.peer.runner verify-runner DIR (fleetrun host VERB runs the rest)")

@@ -1,0 +1,266 @@
+"""``fleetrun host VERB --json``: the verb CLI of the peer side and its dispatch.
+
+The verbs the supervisor polls (``status``, ``log``, ``stop``, ``verify-status``,
+``verify-stop``) and ``bundle`` need nothing but the home: :func:`fast_main` answers
+them without loading any plugin or reading any configuration (``fleetrun.cli.main``
+hands them over before it builds a plugin manager). That is why this module, and
+every module of the peer side, imports little at the top.
+"""
+
+from __future__ import annotations
+
+import argparse
+import base64
+import os
+import signal
+from pathlib import Path
+from typing import Any, Optional, TextIO
+
+from fleetrun.exceptions import UsageError
+
+from ..protocol import LOG_CHUNK, REFUSED_EXIT, TAMPERED, write_reply
+from .admission import HOSTED, cmd_prepare, cmd_start
+from .bundles import cmd_bundle
+from .probe import cmd_probe
+from .request import (
+    HostError,
+    Refused,
+    _attempt,
+    _attempt_id,
+    _local_host,
+    _payload,
+    _pinned,
+    _prepared,
+    _recorded_workspace,
+    _task,
+    _Unknown,
+)
+from .runner import cmd_verify_start, cmd_verify_status, cmd_verify_stop
+
+#: Verbs that need only the home: answered by :func:`fast_main`, with no plugin loaded.
+FAST_VERBS = frozenset({"status", "log", "stop", "verify-status", "verify-stop", "bundle"})
+
+
+class HomeOnly:
+    """What the fast verbs need of a config: the home, nothing else."""
+
+    def __init__(self, home: Path) -> None:
+        self.home = home
+
+
+def fast_main(args: list[str], out: TextIO, err: TextIO) -> Optional[int]:
+    """``fleetrun [--home DIR] host VERB ...`` for a verb of :data:`FAST_VERBS`,
+    answered without a plugin manager (no plugin, no ``fleetconf.py``, no
+    ``config.toml``: these verbs read only files in the home). Returns None for
+    anything else (another verb, another option), which the caller runs the usual
+    way; so a fast verb answers exactly as it does through the full CLI.
+    """
+    home: Optional[str] = None
+    i = 0
+    while i < len(args) and args[i] != "host":
+        a = args[i]
+        if a == "--home" and i + 1 < len(args):
+            home = args[i + 1]
+            i += 2
+        elif a.startswith("--home="):
+            home = a.split("=", 1)[1]
+            i += 1
+        else:
+            return None
+    if i + 1 >= len(args) or args[i + 1] not in FAST_VERBS:
+        return None
+    if home:
+        home_path = Path(home).expanduser().resolve()
+    else:
+        from fleetrun.config import default_home
+
+        home_path = default_home()
+    return main(HomeOnly(home_path), args[i + 1:], out, err)
+
+
+def main(config: Any, rest: list[str], out: TextIO, err: TextIO) -> int:
+    rest = [a for a in rest if a != "--json"]  # every reply is JSON
+    parser = _parser()
+    try:
+        ns = parser.parse_args(rest)
+    except SystemExit as e:
+        if e.code == 0:  # --help
+            return 0
+        write_reply(out, {"error": f"usage: fleetrun host {{{','.join([*VERBS, 'bundle'])}}} --json ..."})
+        return 4
+    if not ns.verb:
+        parser.print_help(out)
+        return 4
+    try:
+        if ns.verb == "bundle":  # its reply is a header line and a bundle
+            return cmd_bundle(config, out)
+        reply = VERBS[ns.verb](config, ns)
+        code = 0
+    except Refused as e:
+        reply, code = {"refused": str(e)}, REFUSED_EXIT
+    except HostError as e:
+        reply, code = {"error": str(e)}, 1
+        if isinstance(e, _Unknown):
+            reply["unknown"] = True
+    except UsageError as e:  # the peer's own config.toml or policy.toml: say which line
+        reply, code = {"error": f"this peer's configuration is broken: {e.format()}"}, 4
+    except Exception as e:  # an internal error still answers in JSON
+        import traceback
+
+        reply = {"error": f"internal error on the peer: {type(e).__name__}: {e}",
+                 "traceback": traceback.format_exc()[-4000:]}
+        code = 3
+    write_reply(out, reply)
+    return code
+
+
+def _parser() -> argparse.ArgumentParser:
+    p = argparse.ArgumentParser(prog="fleetrun host", description="the peer side of the relay (JSON replies)")
+    sub = p.add_subparsers(dest="verb")
+    sub.add_parser("probe", help="headroom, tools, tags, version and features")
+    sub.add_parser("prepare", help="make the task's worktree (task and attempt JSON on stdin)")
+    sub.add_parser("start", help="start a shepherd (spec JSON on stdin); refuses past [local] max_tasks")
+    for verb in ("status", "stop", "log"):
+        s = sub.add_parser(verb)
+        s.add_argument("--attempt", required=True)
+        if verb != "log":
+            s.add_argument("--pid", type=int)
+            s.add_argument("--token")
+        s.add_argument("--offset" if verb == "log" else "--log-offset", dest="offset", type=int, default=None)
+    sub.add_parser("collect", help="commit what the attempt left uncommitted (JSON on stdin)")
+    sub.add_parser("cleanup", help="remove the task's worktree if clean (JSON on stdin)")
+    sub.add_parser("verify-start", help="start a run verifier in the worktree (JSON on stdin)")
+    sub.add_parser("bundle", help="a header line, then a git bundle of a branch (JSON on stdin)")
+    for verb in ("verify-status", "verify-stop"):
+        s = sub.add_parser(verb)
+        s.add_argument("--attempt", required=True)
+        s.add_argument("--idx", type=int, required=True)
+    return p
+
+
+def _log_chunk(path: Path, offset: int) -> dict[str, Any]:
+    try:
+        size = path.stat().st_size
+    except OSError:
+        return {"log": "", "log_offset": offset, "log_size": 0}
+    data = b""
+    if offset < size:
+        with open(path, "rb") as f:
+            f.seek(offset)
+            data = f.read(LOG_CHUNK)
+    return {"log": base64.b64encode(data).decode(), "log_offset": offset, "log_size": size}
+
+
+def _shepherd(config: Any, attempt_id: str) -> tuple[Optional[int], Optional[str]]:
+    """The pid and start-time token of the shepherd this peer started for an attempt,
+    from its own records (``hosted.json``, then the shepherd's status file), never from
+    the request: a pid a supervisor sends is at most a hint that must match them."""
+    from fleetrun.shepherd import STATUS, read_json
+
+    e = (read_json(str(config.home / HOSTED)) or {}).get(attempt_id)
+    if isinstance(e, dict) and isinstance(e.get("pid"), int) and isinstance(e.get("token"), str):
+        return e["pid"], e["token"]
+    st = read_json(str(config.home / "attempts" / attempt_id / STATUS)) or {}
+    pid, token = st.get("shepherd_pid"), st.get("shepherd_token")
+    if isinstance(pid, int) and not isinstance(pid, bool) and pid > 0 and isinstance(token, str):
+        return pid, token
+    return None, None
+
+
+def _status(config: Any, attempt_id: str) -> dict[str, Any]:
+    pid, token = _shepherd(config, attempt_id)
+    # with no token of its own, the status file alone decides (a live pid is not ours)
+    return dict(_local_host(config).status(attempt_id, pid, token or "-"))
+
+
+def cmd_status(config: Any, ns: argparse.Namespace) -> dict[str, Any]:
+    attempt_id = _attempt_id(ns.attempt)
+    reply: dict[str, Any] = {"status": _status(config, attempt_id)}
+    if ns.offset is not None:  # the log after the status: an ended status means all of it is here
+        reply.update(_log_chunk(_local_host(config).log_path(attempt_id), max(0, ns.offset)))
+    return reply
+
+
+def cmd_log(config: Any, ns: argparse.Namespace) -> dict[str, Any]:
+    return _log_chunk(_local_host(config).log_path(_attempt_id(ns.attempt)), max(0, ns.offset or 0))
+
+
+def cmd_stop(config: Any, ns: argparse.Namespace) -> dict[str, Any]:
+    """Stop an attempt's shepherd: a cancel file in its folder (a shepherd that has not
+    started yet then runs nothing) and SIGTERM to the shepherd this peer recorded, only
+    if that process still has the recorded start time."""
+    from fleetrun.shepherd import CANCEL, proc_token
+
+    attempt_id = _attempt_id(ns.attempt)
+    adir = _local_host(config).attempt_dir(attempt_id)
+    if adir.is_dir() and not adir.is_symlink():
+        os.close(os.open(adir / CANCEL, os.O_WRONLY | os.O_CREAT, 0o600))
+    pid, token = _shepherd(config, attempt_id)
+    signalled = False
+    if pid and token and proc_token(pid) == token and (ns.pid in (None, pid)):
+        try:
+            os.kill(pid, signal.SIGTERM)
+            signalled = True
+        except ProcessLookupError:
+            pass
+    return {"signalled": signalled, "status": _status(config, attempt_id)}
+
+
+def cmd_collect(config: Any, ns: argparse.Namespace) -> dict[str, Any]:
+    """Commit what the attempt left uncommitted, in the worktree this peer prepared for
+    the task (the request's ``workspace`` is not used: it could name any repository)."""
+    from fleetrun.gitutil import WorktreeTampered, check_pinned
+
+    p = _payload()
+    task = _task(p.get("task"))
+    att = _attempt(p.get("attempt"), task)
+    rec = _prepared(config.home, task.id)
+    pinned = _pinned(rec) if rec.get("is_worktree") else None
+    try:
+        commit = config.hook.fleetrun_collect_work(task=task, attempt=att, workspace=_recorded_workspace(rec),
+                                                   config=config)
+        if pinned is not None:
+            check_pinned(pinned)  # it held all along
+    except WorktreeTampered as e:
+        raise HostError(f"{TAMPERED}{e}") from None
+    except Exception as e:
+        raise HostError(str(e) or type(e).__name__) from None
+    return {"commit": commit}
+
+
+def cmd_cleanup(config: Any, ns: argparse.Namespace) -> dict[str, Any]:
+    """Remove the worktree this peer prepared for a DONE task, if it is clean (the
+    request's ``worktree`` is not used: it could name anyone's worktree)."""
+    from fleetrun.gitutil import WorktreeTampered
+
+    task = _task(_payload().get("task"))
+    rec = _prepared(config.home, task.id)
+    if not rec.get("is_worktree"):
+        return {"worktree": None, "removed": False}
+    wt = str(rec.get("root") or rec.get("path"))
+    if not os.path.exists(wt):
+        return {"worktree": wt, "removed": True}
+    _pinned(rec)
+    task.worktree = wt
+    try:
+        config.hook.fleetrun_cleanup_workspace(task=task, config=config)
+    except WorktreeTampered as e:
+        raise HostError(f"{TAMPERED}{e}") from None
+    except Exception as e:
+        raise HostError(str(e) or type(e).__name__) from None
+    return {"worktree": wt, "removed": not os.path.exists(wt)}
+
+
+VERBS = {
+    "probe": cmd_probe,
+    "prepare": cmd_prepare,
+    "start": cmd_start,
+    "status": cmd_status,
+    "log": cmd_log,
+    "stop": cmd_stop,
+    "collect": cmd_collect,
+    "cleanup": cmd_cleanup,
+    "verify-start": cmd_verify_start,
+    "verify-status": cmd_verify_status,
+    "verify-stop": cmd_verify_stop,
+}
