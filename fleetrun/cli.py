@@ -19,14 +19,14 @@ if TYPE_CHECKING:
     from .pluginmanager import FleetPluginManager
     from .verbs import VerbDecl
 
-#: The relay's verbs, wired as before (``commands.cmd_relay``/``cmd_host``, their own
-#: sub-verbs parsed by their modules) until the relay plugin declares them through
-#: ``fleetrun_verbs`` (issue 12); a declared verb of the same name replaces these.
-#: Each: its help, and whether ``config.toml`` is checked before it runs.
-_FALLBACK_VERBS: dict[str, tuple[str, bool]] = {
-    "relay": ("peers over SSH: relay add NAME user@host, relay peers, relay remove NAME", True),
-    "host": ("the peer side of the relay: fleetrun host VERB --json (run by a supervisor over SSH)", False),
-}
+#: Verbs of built-in plugins, by plugin: when the plugin is blocked (``-p no:relay``)
+#: its verbs do not exist, and the error says why rather than "not a file or a verb".
+_BLOCKED_PLUGIN_VERBS: dict[str, tuple[str, ...]] = {"relay": ("relay", "host")}
+
+#: ``fleetrun host status|log|stop|verify-status|verify-stop|bundle``, which a supervisor
+#: polls over SSH, need only the home: the relay's peer side answers them before any
+#: plugin manager is built (a module path, as the plugin manager names its built-ins).
+_FAST_PATHS: dict[str, str] = {"host": "fleetrun.plugins.relay.peer.verbs"}
 
 #: Options that take a value, so the verb scan can skip their values.
 _VALUE_OPTS = {"-p", "-k", "--home", "--state", "--max-tasks"}
@@ -77,12 +77,11 @@ def main(args: Optional[list[str]] = None, plugins: Optional[list[Any]] = None,
     out = stdout or sys.stdout
     err = stderr or sys.stderr
     args = list(sys.argv[1:] if args is None else args)
-    if plugins is None and "host" in args[:3]:
-        # `fleetrun host status|log|stop|verify-status|verify-stop|bundle`, which a
-        # supervisor polls over SSH, need only the home: answered with no plugin manager
-        from .plugins.relay.peer.verbs import fast_main
+    fast = next((m for v, m in _FAST_PATHS.items() if v in args[:3]), None) if plugins is None else None
+    if fast is not None:
+        import importlib
 
-        code = fast_main(args, out, err)
+        code = importlib.import_module(fast).fast_main(args, out, err)
         if code is not None:
             return code
     config: Optional[Config] = None
@@ -188,7 +187,7 @@ def _build_parser(verb: str, verbs: dict[str, VerbDecl], pluginparser: Parser) -
     g.add_argument("-q", "--quiet", action="count", default=0, help="less output")
     g.add_argument("--version", action="store_true", help="print the version and the plugins loaded")
 
-    decl = verbs.get(verb)
+    decl = verbs[verb]
     if verb == "run":
         listing = "\n".join(f"  {name:<9} {_help(name, verbs)}" for name in _all_verbs(verbs))
         p = argparse.ArgumentParser(
@@ -202,16 +201,6 @@ def _build_parser(verb: str, verbs: dict[str, VerbDecl], pluginparser: Parser) -
     else:
         p = argparse.ArgumentParser(prog=f"fleetrun {verb}", parents=[common], description=_help(verb, verbs))
 
-    if decl is None:  # the relay's verbs, as before: their modules parse the rest
-        metavar, text = {
-            "relay": ("add|peers|remove ...",
-                      "'fleetrun relay help' lists them; 'fleetrun relay add --help' describes one"),
-            "host": ("VERB --json ...",
-                     "probe, prepare, start, status, log, stop, collect, cleanup, verify-start, "
-                     "verify-status, verify-stop, bundle (docs/peers.md)"),
-        }[verb]
-        p.add_argument("rest", nargs=argparse.REMAINDER, metavar=metavar, help=text)
-        return p
     if decl.takes_tasks_files:
         p.add_argument("files", nargs="*", metavar="FILE", help="tasks files (default: tasks.toml)")
         p.add_argument("-k", dest="keyword", metavar="EXPR", help="only tasks whose name matches EXPR")
@@ -223,18 +212,15 @@ def _build_parser(verb: str, verbs: dict[str, VerbDecl], pluginparser: Parser) -
 
 
 def _all_verbs(verbs: dict[str, VerbDecl]) -> list[str]:
-    """Every verb: the declared ones, and the relay's fallbacks no plugin declared (listed
-    after the core's, as before)."""
+    """Every verb: the core's first, then the plugins' in the order they declared them."""
     from .commands import BUILTIN_VERBS
 
     core = [d.name for d in BUILTIN_VERBS]
-    fallback = [v for v in _FALLBACK_VERBS if v not in verbs]
-    return [*core, *fallback, *(v for v in verbs if v not in core)]
+    return [*core, *(v for v in verbs if v not in core)]
 
 
 def _help(verb: str, verbs: dict[str, VerbDecl]) -> str:
-    decl = verbs.get(verb)
-    return decl.help if decl is not None else _FALLBACK_VERBS[verb][0]
+    return verbs[verb].help
 
 
 #: The name a folder on the command line stands for, as ``fleetrun`` alone stands for
@@ -330,6 +316,11 @@ def _configure(args: list[str], plugins: Optional[list[Any]], out: TextIO,
     verbs = build_registry(BUILTIN_VERBS, pm)
     names = _all_verbs(verbs)
     verb, rest = _split_verb(args, names)
+    if verb == "run":  # a blocked built-in's verb is not there: say why, not "not a file"
+        word, _ = _split_verb(args, [v for vs in _BLOCKED_PLUGIN_VERBS.values() for v in vs])
+        for plugin, its_verbs in _BLOCKED_PLUGIN_VERBS.items():
+            if word in its_verbs and pm.is_blocked(plugin):
+                raise UsageError(f"the {plugin} plugin is blocked (-p no:{plugin})", key=word)
     pluginparser = Parser()
     pm.hook.fleetrun_addoption(parser=pluginparser, pluginmanager=pm)
     parser = _build_parser(verb, verbs, pluginparser)
@@ -345,28 +336,23 @@ def _configure(args: list[str], plugins: Optional[list[Any]], out: TextIO,
     config = Config(pm, ns, home)
     config.out = out
     config.err = err
-    decl = verbs.get(verb)
+    decl = verbs[verb]
     sources: list[Path] = []
-    if decl is not None and decl.takes_tasks_files:
+    if decl.takes_tasks_files:
         ns.files = resolve_files(ns.files or [TASKS_FILE], config.invocation_dir, names)
         sources.extend(Path(f) for f in ns.files if Path(f).exists())
-    if decl is not None and decl.tasks_files is not None:
+    if decl.tasks_files is not None:
         sources.extend(decl.tasks_files(config))
     if sources:
         _refuse_fleetconf_verbs(pm, pm.load_fleetconfs(sources))
     pm.check_hooks()
-    if decl.reads_config if decl is not None else _FALLBACK_VERBS[verb][1]:
+    if decl.reads_config:
         # a mistake in config.toml stops these before anything starts, with its line;
         # checked after the fleetconf.py files, whose plugins may declare tables. The
         # operator's verbs (status, logs, cancel...) still work, and check it only if
         # they read a setting.
         config.settings  # noqa: B018 - loads and checks config.toml
     config.hook.fleetrun_configure.call_historic(kwargs={"config": config})
-    if decl is None:
-        from . import commands
-
-        fallback: Callable[[Config, TextIO, TextIO], int] = getattr(commands, f"cmd_{verb}")
-        return config, fallback
     return config, decl.run
 
 

@@ -391,26 +391,6 @@ def cmd_undrain(config: Any, out: TextIO, err: TextIO) -> int:
     return ExitCode.OK
 
 
-def _relay_loaded(config: Any, verb: str) -> None:
-    """``relay`` and ``host`` belong to the relay plugin: blocked, they are not there."""
-    if config.pluginmanager.is_blocked("relay"):
-        raise UsageError("the relay plugin is blocked (-p no:relay)", key=verb)
-
-
-def cmd_relay(config: Any, out: TextIO, err: TextIO) -> int:
-    _relay_loaded(config, "relay")
-    from .plugins.relay.cli import main as relay_main
-
-    return relay_main(config, list(config.option.rest or []), out, err)
-
-
-def cmd_host(config: Any, out: TextIO, err: TextIO) -> int:
-    _relay_loaded(config, "host")
-    from .plugins.relay.peer.verbs import main as host_main
-
-    return host_main(config, list(config.option.rest or []), out, err)
-
-
 def cmd_gc(config: Any, out: TextIO, err: TextIO) -> int:
     from .gc import main as gc_main
 

@@ -31,12 +31,8 @@ KNOWN_PLUGIN_IMPORTS: set[tuple[str, str]] = {
     # the reviewer agent runs Claude Code and reads its stream-json with the claude
     # plugin's own helpers (issue 12: move them to a core module both import)
     ("fleetrun.plugins.verify_agent", "fleetrun.plugins.claude"),
-    # the relay's verbs are still wired by the core (commands.cmd_relay/cmd_host and the
-    # `host` fast path in cli), and `status` reads the relay's peer state (issue 12: the
-    # relay declares `relay`/`host` through fleetrun_verbs, status asks through a hook)
-    ("fleetrun.cli", "fleetrun.plugins.relay.peer.verbs"),
-    ("fleetrun.commands", "fleetrun.plugins.relay.cli"),
-    ("fleetrun.commands", "fleetrun.plugins.relay.peer.verbs"),
+    # `status` shows why a peer is not answering from the relay's cached peer state
+    # (issue 12: status asks the hosts' plugins through a hook)
     ("fleetrun.commands", "fleetrun.plugins.relay.peers"),
 }
 

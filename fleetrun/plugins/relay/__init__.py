@@ -106,3 +106,44 @@ def fleetrun_unconfigure(config: Any) -> None:
     if relay is not None:
         relay.close()
         config.pluginmanager.unregister(relay)
+
+
+def _rest_arguments(metavar: str, text: str) -> Any:
+    def add(parser: Any) -> None:
+        import argparse
+
+        parser.add_argument("rest", nargs=argparse.REMAINDER, metavar=metavar, help=text)
+
+    return add
+
+
+def _run_relay(config: Any, out: Any, err: Any) -> int:
+    from .cli import main as relay_main
+
+    return relay_main(config, list(config.option.rest or []), out, err)
+
+
+def _run_host(config: Any, out: Any, err: Any) -> int:
+    from .peer.verbs import main as host_main
+
+    return host_main(config, list(config.option.rest or []), out, err)
+
+
+@hookimpl
+def fleetrun_verbs(pluginmanager: Any) -> list[Any]:
+    """``relay`` (pair with peers, see them) and ``host`` (the peer side, run over SSH):
+    their modules parse their own sub-verbs. With ``-p no:relay`` neither exists."""
+    from ...verbs import VerbDecl
+
+    return [
+        VerbDecl(name="relay", help="peers over SSH: relay add NAME user@host, relay peers, relay remove NAME",
+                 run=_run_relay, reads_config=True,
+                 add_arguments=_rest_arguments("add|peers|remove ...", "'fleetrun relay help' lists them; "
+                                               "'fleetrun relay add --help' describes one")),
+        VerbDecl(name="host", help="the peer side of the relay: fleetrun host VERB --json (run by a supervisor "
+                                   "over SSH)",
+                 run=_run_host, reads_config=False,
+                 add_arguments=_rest_arguments("VERB --json ...", "probe, prepare, start, status, log, stop, "
+                                               "collect, cleanup, verify-start, verify-status, verify-stop, "
+                                               "bundle (docs/peers.md)")),
+    ]
