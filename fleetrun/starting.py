@@ -102,8 +102,11 @@ class Starting:
         host = get_host(loop.config, hostname)
         try:
             ws = loop.hook.fleetrun_prepare_workspace(task=task, attempt=att, config=loop.config)
-            if ws is None:
-                raise UsageError("no plugin prepared a workspace")
+            if ws is None:  # -p no:worktree, say: no pass will find a plugin that does
+                led.update_attempt(att.id, state="abandoned", outcome="plugin_missing", ended=time.time())
+                ending.give_up_at_once(task, att, "plugin_missing:no plugin prepared a workspace (is the worktree "
+                                                  "plugin blocked? see -p no:NAME)")
+                return False
         except WorktreeTampered as e:  # the worktree a previous attempt left was tampered with
             led.update_attempt(att.id, state="abandoned", ended=time.time())
             ending.worktree_tampered(task, att, e, f"attempt {att.number} was not started in it")
@@ -150,7 +153,12 @@ class Starting:
             spawn = None
             err = e.message
         else:
-            err = f"no plugin spawns agent {task.spec.agent!r}"
+            if spawn is None:  # -p no:claude, say: no pass will find a plugin that does
+                led.update_attempt(att.id, state="abandoned", outcome="plugin_missing", ended=time.time())
+                ending.give_up_at_once(task, att, f"plugin_missing:no plugin spawns agent {task.spec.agent!r} "
+                                                  "(is its plugin blocked? see -p no:NAME)")
+                return False
+            err = ""
         if spawn is None:
             led.update_attempt(att.id, state="abandoned", outcome="start_failed", ended=time.time())
             ending.not_started(task, att, f"start_failed:{err}")

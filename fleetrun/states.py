@@ -88,6 +88,7 @@ CAUSES = frozenset(
         "adopted",
         "lease_expired",
         "worktree_tampered",
+        "plugin_missing",
         "internal_error",
         "setup_failed",
     }

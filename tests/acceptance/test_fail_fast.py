@@ -237,3 +237,16 @@ def test_rejected_arguments_are_told_from_a_session_that_died(log: str, code: An
     from fleetrun.plugins.claude import result_from_log
 
     assert result_from_log(log, code).reason == expect
+
+
+@pytest.mark.parametrize("blocked, cause", [
+    ("claude", "plugin_missing:no plugin spawns agent 'claude' (is its plugin blocked? see -p no:NAME)"),
+    ("worktree", "plugin_missing:no plugin prepared a workspace (is the worktree plugin blocked? see -p no:NAME)"),
+])
+def test_a_blocked_builtin_plugin_is_needs_human_at_once(fleeter: Any, fake_claude: Any, blocked: str,
+                                                         cause: str) -> None:
+    """`-p no:claude` / `-p no:worktree`: no plugin will ever start the attempt, so
+    waiting cannot help (it used to back off on start_failed ten times)."""
+    one_task(fleeter)
+    r = fleeter.run("-p", f"no:{blocked}", "tasks.toml")
+    assert_needs_human_at_once(fleeter, r, cause)
