@@ -27,8 +27,10 @@ from .test_crash_points import (  # noqa: F401
 from .test_local_loop import fake_claude_path, one_task
 
 
-def wait_for(cond: Callable[[], Any], timeout: float = 20.0, what: str = "it") -> Any:
-    """Poll ``cond`` until it is truthy; fail after ``timeout`` seconds."""
+def wait_for(cond: Callable[[], Any], timeout: float = 60.0, what: str = "it") -> Any:
+    """Poll ``cond`` until it is truthy; fail after ``timeout`` seconds (a bound for a
+    hung run, not a timing: once, on a CI run, a `work` loop took over 20 s to start
+    its first agent; the cause is not known yet, see the closing note of stop 17)."""
     deadline = time.monotonic() + timeout
     while True:
         got = cond()
