@@ -7,6 +7,7 @@ A failure lists every hook that is missing something, so it can be fixed in one 
 
 from __future__ import annotations
 
+import dataclasses
 import importlib
 import importlib.util
 import inspect
@@ -202,3 +203,64 @@ def test_every_hook_appears_in_a_test() -> None:
     missing = [name for name in hookspecs() if not any(word(name).search(t) for t in texts.values())]
     if missing:
         pytest.fail(f"{len(missing)} hook(s) appear in no test under tests/: {', '.join(missing)}", pytrace=False)
+
+
+def doc_section(heading: str) -> str:
+    """The text of docs/plugins.md under ``heading`` (a whole heading line), up to the
+    next heading."""
+    lines = PLUGINS_DOC.read_text().splitlines()
+    assert heading in lines, f"docs/plugins.md has no heading {heading!r}"
+    out = []
+    for line in lines[lines.index(heading) + 1:]:
+        if line.startswith("#"):
+            break
+        out.append(line)
+    return "\n".join(out)
+
+
+def table_fields(section: str) -> list[str]:
+    """The names in the first cell of each row of the section's table, in order
+    (a row may name several: ``| `started`, `ended` | ...``)."""
+    names: list[str] = []
+    for line in section.splitlines():
+        if line.startswith("| `"):
+            names.extend(re.findall(r"`(\w+)(?:\(\))?`", line.split("|")[1]))
+    return names
+
+
+@pytest.mark.parametrize(("heading", "cls"), [
+    ("### `Attempt`", "fleetrun.ledger.Attempt"),
+    ("### `Candidate`", "fleetrun.reports.Candidate"),
+])
+def test_plugin_docs_list_every_field(heading: str, cls: str) -> None:
+    """The field tables of docs/plugins.md are the dataclasses' fields, in order: a
+    field added, renamed or removed in the code shows here."""
+    modname, _, name = cls.rpartition(".")
+    klass = getattr(importlib.import_module(modname), name)
+    assert table_fields(doc_section(heading)) == [f.name for f in dataclasses.fields(klass)]
+
+
+@pytest.mark.parametrize(("heading", "classes"), [
+    ("### The `policy` of `fleetrun_place`",
+     ["fleetrun.policy.Policy", "fleetrun.policy.LocalPolicy", "fleetrun.policy.PeerPolicy"]),
+    ("### `VerifySpec` and the verifier's handle", ["fleetrun.taskspec.VerifySpec"]),
+])
+def test_plugin_docs_name_every_field(heading: str, classes: list[str]) -> None:
+    section = doc_section(heading)
+    missing = []
+    for cls in classes:
+        modname, _, name = cls.rpartition(".")
+        for f in dataclasses.fields(getattr(importlib.import_module(modname), name)):
+            if f"`{f.name}`" not in section:
+                missing.append(f"{name}.{f.name}")
+    assert not missing, f"{heading} in docs/plugins.md does not name {missing}"
+
+
+def test_plugin_docs_give_the_verify_handles_methods() -> None:
+    """The Protocol's methods (``poll``, ``cancel``) and the optional ``fileno`` and
+    ``next_deadline`` the loop sleeps on between passes."""
+    from fleetrun.reports import VerifyHandle
+
+    section = doc_section("### `VerifySpec` and the verifier's handle")
+    protocol = {n for n in vars(VerifyHandle) if not n.startswith("_") and callable(getattr(VerifyHandle, n))}
+    assert set(table_fields(section)) == protocol | {"fileno", "next_deadline"}
