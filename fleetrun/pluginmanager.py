@@ -78,12 +78,16 @@ class FleetPluginManager(pluggy.PluginManager):
         return opts
 
     def register(self, plugin: Any, name: Optional[str] = None) -> Optional[str]:
-        """Register ``plugin``; :return: its name, or None if the name is blocked.
+        """Register ``plugin`` under ``name`` (default: its canonical name).
 
         A plugin already registered is not registered again, under any name: ``-p
         pkg.plugin`` naming the module an entry point (or a built-in) already loaded
         is that plugin, loaded once, as pytest's ``-p`` of a registered plugin does
-        nothing. A name another plugin has is a usage error.
+        nothing.
+
+        :return: the name it is registered under, or None if that name is blocked.
+        :raises UsageError: the name is another plugin's, or an implementation does not
+            fit its hook.
         """
         if plugin is None:  # pluggy ignores it too
             return None
@@ -171,7 +175,12 @@ class FleetPluginManager(pluggy.PluginManager):
 
     def load_fleetconfs(self, task_files: Iterable[Path]) -> list[Path]:
         """Import every ``fleetconf.py`` from the repository root (or the tasks file's
-        folder outside a repository) down to each tasks file's folder, outermost first."""
+        folder outside a repository) down to each tasks file's folder, outermost first.
+
+        :return: every ``fleetconf.py`` loaded so far.
+        :raises UsageError: one does not import, or implements a hook it is too late
+            for (:data:`TOO_LATE_FOR_FLEETCONF`).
+        """
         loaded = []
         for path in fleetconf_paths(task_files):
             if path in self._fleetconfs:
