@@ -16,7 +16,6 @@ from .version import __version__
 
 if TYPE_CHECKING:
     from .config import Config, Parser
-    from .pluginmanager import FleetPluginManager
     from .verbs import VerbDecl
 
 #: Verbs of built-in plugins, by plugin: when the plugin is blocked (``-p no:relay``)
@@ -344,7 +343,7 @@ def _configure(args: list[str], plugins: Optional[list[Any]], out: TextIO,
     if decl.tasks_files is not None:
         sources.extend(decl.tasks_files(config))
     if sources:
-        _refuse_fleetconf_verbs(pm, pm.load_fleetconfs(sources))
+        pm.load_fleetconfs(sources)  # refuses the hooks a fleetconf.py is too late for
     pm.check_hooks()
     if decl.reads_config:
         # a mistake in config.toml stops these before anything starts, with its line;
@@ -354,17 +353,6 @@ def _configure(args: list[str], plugins: Optional[list[Any]], out: TextIO,
         config.settings  # noqa: B018 - loads and checks config.toml
     config.hook.fleetrun_configure.call_historic(kwargs={"config": config})
     return config, decl.run
-
-
-def _refuse_fleetconf_verbs(pm: FleetPluginManager, fleetconfs: list[Path]) -> None:
-    """A ``fleetrun_verbs`` in a ``fleetconf.py`` would be silently ignored: the verbs
-    are known before any tasks file is, and so before its fleetconf.py files."""
-    paths = {str(p) for p in fleetconfs}
-    for impl in pm.hook.fleetrun_verbs.get_hookimpls():
-        if impl.plugin_name in paths:
-            raise UsageError("fleetrun_verbs cannot add a verb from a fleetconf.py (it is loaded after the "
-                             "command line is parsed); put the verb in a plugin module and load it with "
-                             "-p MODULE, or install it as a plugin", file=impl.plugin_name)
 
 
 def _short(name: str) -> str:

@@ -46,20 +46,38 @@ hookspec = pluggy.HookspecMarker("fleetrun")
 
 @hookspec(historic=True)
 def fleetrun_addhooks(pluginmanager: FleetPluginManager) -> None:
-    """Add hook specifications of a plugin (``pluginmanager.add_hookspecs(module)``).
+    """Add the hook specifications of a plugin: ``pluginmanager.add_hookspecs(module)``.
 
-    Called once per plugin as it is registered. Plugin-specific hooks live with
-    their plugin, like pytest-xdist's ``newhooks.py``.
+    Called once for each plugin as it is registered (historic: a plugin registered after
+    the manager was made gets the call too). Plugin-specific hooks live with their plugin,
+    like pytest-xdist's ``newhooks.py``; name them ``fleetrun_<plugin>_<what>``.
+
+    :param pluginmanager: the run's :class:`~fleetrun.pluginmanager.FleetPluginManager`.
+    :return: nothing; return value ignored.
+
+    May be implemented in a ``fleetconf.py``: yes (its hooks are added as it is imported,
+    before the check that every ``fleetrun_*`` implementation names a declared hook).
     """
 
 
 @hookspec
 def fleetrun_addoption(parser: Parser, pluginmanager: FleetPluginManager) -> None:
-    """Add command-line options with ``parser.addoption(...)`` or a group.
+    """Add command-line options with ``parser.addoption(...)`` or
+    ``parser.getgroup(name, description).addoption(...)``.
 
-    Called once, before the command line is parsed. Only plugins known at start-up
-    (built-ins, ``-p``, entry points, ``FLEETRUN_PLUGINS``) can add options; a
-    ``fleetconf.py`` is loaded after parsing and cannot.
+    Called once, before the command line is parsed. The arguments are those of
+    :meth:`argparse.ArgumentParser.add_argument`; read the values with
+    ``config.getoption(dest)``. The options belong to ``fleetrun [run]``, ``fleetrun work``
+    and the verbs declared with ``plugin_options=True``; other verbs do not accept them.
+
+    :param parser: the :class:`~fleetrun.config.Parser` of the plugins' options.
+    :param pluginmanager: the run's :class:`~fleetrun.pluginmanager.FleetPluginManager`.
+    :return: nothing; return value ignored.
+
+    May be implemented in a ``fleetconf.py``: no (a ``fleetconf.py`` is imported after the
+    command line is parsed, so its options would never exist; one there is a usage error).
+    Only plugins known at start-up add options: built-ins, ``FLEETRUN_PLUGINS``, entry
+    points, ``-p``, the ``plugins`` of :func:`fleetrun.main`.
     """
 
 
@@ -67,68 +85,140 @@ def fleetrun_addoption(parser: Parser, pluginmanager: FleetPluginManager) -> Non
 def fleetrun_verbs(pluginmanager: FleetPluginManager) -> list[VerbDecl]:
     """Declare the verbs your plugin adds to the command line (``fleetrun NAME ...``), as
     a list of :class:`~fleetrun.VerbDecl` (name, help, its arguments, what runs it).
-    Results are concatenated.
 
     Called once, before the command line is parsed: the verb chooses the parser. The
-    core declares its own verbs (``run``, ``status``...) the same way. Only plugins
-    known at start-up (built-ins, ``-p``, entry points, ``FLEETRUN_PLUGINS``, the
-    ``plugins`` of :func:`fleetrun.main`) can add verbs; a ``fleetconf.py`` is found
-    from the tasks files a verb names, too late, and implementing this hook in one
-    is a usage error. A verb name fleetrun or another plugin already has is a usage
-    error too: a plugin adds verbs, it cannot replace one.
+    core declares its own verbs (``run``, ``status``...) the same way. A verb name
+    fleetrun or another plugin already has is a usage error: a plugin adds verbs, it
+    cannot replace one.
+
+    :param pluginmanager: the run's :class:`~fleetrun.pluginmanager.FleetPluginManager`.
+    :return: a list of :class:`~fleetrun.VerbDecl`. Results are concatenated.
+
+    May be implemented in a ``fleetconf.py``: no (a ``fleetconf.py`` is found from the
+    tasks files a verb names, too late, and a verb must work outside any project; one
+    there is a usage error). Only plugins known at start-up (built-ins, ``-p``, entry
+    points, ``FLEETRUN_PLUGINS``, the ``plugins`` of :func:`fleetrun.main`) add verbs.
     """
     raise NotImplementedError
 
 
 @hookspec(historic=True)
 def fleetrun_configure(config: Config) -> None:
-    """The command line is parsed and every plugin is loaded.
+    """The command line is parsed and every plugin is loaded, ``fleetconf.py`` files
+    included.
 
-    Stateful plugins build their object here and register it under a well-known
-    name (``config.pluginmanager.register(obj, "name")``). Historic: a plugin
-    registered later still gets the call.
+    Called once for every verb (not for ``--help`` or ``--version``), after
+    ``config.toml`` is checked (by the verbs that read it). Stateful plugins build their object here and register it
+    under a well-known name (``config.pluginmanager.register(obj, "name")``). Historic: a
+    plugin registered later in the run still gets the call.
+
+    :param config: the run's :class:`~fleetrun.config.Config`.
+    :return: nothing; return value ignored.
+
+    May be implemented in a ``fleetconf.py``: yes.
     """
 
 
 @hookspec
 def fleetrun_config_keys(config: Config) -> list[ConfigKey]:
     """Declare the keys of the ``config.toml`` tables your plugin reads, as a list of
-    :class:`~fleetrun.ConfigKey` (table, key, types, allowed values, a check). Results
-    are concatenated.
+    :class:`~fleetrun.ConfigKey` (table, key, types, allowed values, a check).
 
     Called once, when ``config.toml`` is first read (every verb but ``host`` reads it as
     it starts, after the ``fleetconf.py`` files are loaded). A table or key no loaded
     plugin declared is an error (``ERROR: config.toml:LINE: table.key: unknown key``),
     as is a value of the wrong type or outside ``choices``; values reach plugins
     through ``config.setting(table, key)`` unchanged.
+
+    :param config: the run's :class:`~fleetrun.config.Config`.
+    :return: a list of :class:`~fleetrun.ConfigKey`. Results are concatenated.
+
+    May be implemented in a ``fleetconf.py``: yes (it is loaded before ``config.toml`` is
+    read), but ``config.toml`` serves every project: a table only a ``fleetconf.py``
+    declares is unknown, so an error, in runs that do not load it. Declare such tables
+    in a plugin.
     """
     raise NotImplementedError
 
 
 @hookspec
 def fleetrun_unconfigure(config: Config) -> None:
-    """The run is over; undo what ``fleetrun_configure`` did."""
+    """The command is over: undo what ``fleetrun_configure`` did.
+
+    Called once, however the command ended (a usage error, an internal error, an
+    interrupt), if ``fleetrun_configure`` was called.
+
+    :param config: the run's :class:`~fleetrun.config.Config`.
+    :return: nothing; return value ignored.
+
+    May be implemented in a ``fleetconf.py``: yes.
+    """
 
 
 @hookspec
 def fleetrun_sessionstart(session: Session) -> None:
-    """The ledger is open and the loop (or a CLI verb that reads tasks) starts."""
+    """The ledger is open and the work loop is about to start.
+
+    Called once by ``fleetrun [run]`` and ``fleetrun work``, after the tasks are
+    collected and before they are queued (a resumed queue's are in the ledger already).
+
+    :param session: the :class:`~fleetrun.session.Session`: ``config``, ``ledger``,
+        ``items`` (the collected :class:`~fleetrun.TaskSpec` objects; empty for ``work``).
+    :return: nothing; return value ignored.
+
+    May be implemented in a ``fleetconf.py``: yes.
+    """
 
 
 @hookspec
 def fleetrun_sessionfinish(session: Session, exitstatus: int) -> None:
-    """The loop has stopped; ``exitstatus`` is the exit code about to be returned."""
+    """The work loop has stopped.
+
+    Called once by ``fleetrun [run]`` and ``fleetrun work`` when the loop returns (not
+    after an internal error).
+
+    :param session: the :class:`~fleetrun.session.Session`; ``counts`` (state name to
+        number of tasks), ``cost_usd`` and ``final_notes`` (lines the terminal prints
+        before its summary) are filled in.
+    :param exitstatus: the exit code about to be returned (:class:`~fleetrun.ExitCode`).
+    :return: nothing; return value ignored.
+
+    May be implemented in a ``fleetconf.py``: yes.
+    """
 
 
 @hookspec
 def fleetrun_report_header(config: Config) -> list[str]:
-    """Lines to print below the header line of a run. Results are concatenated."""
+    """Lines to print below the header line of a run.
+
+    Called once by the ``terminal`` plugin as the session starts; not with ``-q`` or
+    ``-p no:terminal``. The lists are printed in registration order (the outermost ``fleetconf.py``
+    first).
+
+    :param config: the run's :class:`~fleetrun.config.Config`.
+    :return: a list of lines (str). Results are concatenated.
+
+    May be implemented in a ``fleetconf.py``: yes.
+    """
     raise NotImplementedError
 
 
 @hookspec
 def fleetrun_terminal_summary(config: Config, exitstatus: int, counts: dict[str, int]) -> None:
-    """Add to the end of a run's output (``config.get_plugin("terminalreporter").write_line``)."""
+    """Add to the end of a run's output.
+
+    Called once by the ``terminal`` plugin as the session finishes, before the
+    ``=== 2 done, 1 needs_human in 3m12s ===`` line. Write with
+    ``config.get_plugin("terminalreporter").write_line(text)``.
+
+    :param config: the run's :class:`~fleetrun.config.Config`.
+    :param exitstatus: the exit code about to be returned.
+    :param counts: the number of the run's tasks in each state, by state name
+        (``{"DONE": 2, "NEEDS_HUMAN": 1}``).
+    :return: nothing; return value ignored.
+
+    May be implemented in a ``fleetconf.py``: yes.
+    """
 
 
 # ---------------------------------------------------------------------------------
@@ -137,23 +227,39 @@ def fleetrun_terminal_summary(config: Config, exitstatus: int, counts: dict[str,
 
 @hookspec(firstresult=True)
 def fleetrun_collect_file(file_path: str, config: Config, keys: Any) -> Optional[TaskFile]:
-    """Collect the tasks of one file. Stops at the first non-None result.
+    """Collect the tasks of one file.
+
+    Called for each tasks file of ``fleetrun [run]``, ``validate`` and ``queue``. Raise
+    :class:`~fleetrun.UsageError` (or ``UsageErrors``) with ``file=`` and ``line=`` for
+    problems. The built-in collector takes ``.toml`` files.
 
     :param file_path: absolute path of a file named on the command line.
+    :param config: the run's :class:`~fleetrun.config.Config`.
     :param keys: the :class:`~fleetrun.collect.KeyTable` of every key any plugin
         declared; use it to reject unknown keys.
-    :return: a :class:`~fleetrun.collect.TaskFile`, or None if the file is not
-        yours. Raise :class:`~fleetrun.UsageError` (or ``UsageErrors``) for problems.
-        The built-in collector takes ``.toml`` files.
+    :return: a :class:`~fleetrun.collect.TaskFile`, or None if the file is not yours.
+
+    firstresult: stops at the first non-None result.
+
+    May be implemented in a ``fleetconf.py``: yes (the ``fleetconf.py`` files of a named
+    file are loaded before it is collected, so one can collect a format of its own).
     """
 
 
 @hookspec
 def fleetrun_task_keys(config: Config) -> list[KeyDecl]:
     """Declare extra keys a tasks file may use (``[[task]]``, ``[[task.verify]]``, or a
-    new verifier kind). Anything no plugin declared stays an error.
+    new verifier kind), as :class:`~fleetrun.KeyDecl` objects. Anything no plugin declared
+    stays an error.
 
-    Values of declared keys appear in ``TaskSpec.extra`` / ``VerifySpec.extra``.
+    Called once per collection, before the first file is collected. Values of declared
+    keys appear in ``TaskSpec.extra`` / ``VerifySpec.extra``; a new kind becomes
+    ``VerifySpec.kind``, with its value in ``VerifySpec.text``.
+
+    :param config: the run's :class:`~fleetrun.config.Config`.
+    :return: a list of :class:`~fleetrun.KeyDecl`. Results are concatenated.
+
+    May be implemented in a ``fleetconf.py``: yes.
     """
     raise NotImplementedError
 
@@ -162,7 +268,17 @@ def fleetrun_task_keys(config: Config) -> list[KeyDecl]:
 def fleetrun_collection_modifyitems(config: Config, items: list[TaskSpec]) -> None:
     """Filter or reorder the collected tasks in place (``-k`` is done here).
 
-    Raise :class:`~fleetrun.UsageError` to reject the collection.
+    Called once, after every file is collected and before anything is queued. The
+    built-in ``-k`` selection and the check that each ``agent =`` exists are ``trylast``:
+    yours sees every task first. Raise :class:`~fleetrun.UsageError` to reject the
+    collection.
+
+    :param config: the run's :class:`~fleetrun.config.Config`.
+    :param items: the collected :class:`~fleetrun.TaskSpec` objects; change the list
+        itself (``items[:] = ...``).
+    :return: nothing; return value ignored.
+
+    May be implemented in a ``fleetconf.py``: yes.
     """
 
 
@@ -203,14 +319,26 @@ def fleetrun_prepare_workspace(task: Task, attempt: Attempt, config: Config) -> 
 
 @hookspec(firstresult=True)
 def fleetrun_build_prompt(task: Task, attempt: Attempt, config: Config, context: dict[str, Any]) -> Optional[str]:
-    """Return the prompt for this attempt. Stops at the first non-None result.
+    """Return the prompt for this attempt.
 
-    ``context`` holds ``handoffs`` (list of :class:`~fleetrun.Handoff` of the
-    dependencies), ``failures`` (verdicts of the previous attempt, on a retry),
-    ``kind`` (``fresh``, ``retry`` or ``resume``), ``resume_reason`` (on a resume, the
-    cause of the move to RESUMING) and ``previous`` (the attempt that cause is about,
-    or the latest one). Wrap it (``hookwrapper``/
-    ``wrapper=True``) to decorate the prompt others build.
+    Called once per attempt, after its workspace is prepared (and set up) and before
+    ``fleetrun_spawn``. Wrap it (``wrapper=True`` or ``hookwrapper=True``) to decorate the
+    prompt others build; the ``prompt`` plugin builds the default one.
+
+    :param task: the :class:`~fleetrun.ledger.Task`.
+    :param attempt: the :class:`~fleetrun.ledger.Attempt` about to start.
+    :param config: the run's :class:`~fleetrun.config.Config`.
+    :param context: ``handoffs`` (list of :class:`~fleetrun.Handoff` of the
+        dependencies), ``failures`` (verdicts of the previous attempt, on a retry),
+        ``kind`` (``fresh``, ``retry`` or ``resume``), ``resume_reason`` (on a resume, the
+        cause of the move to RESUMING) and ``previous`` (the attempt that cause is about,
+        or the latest one).
+    :return: the prompt (str), or None to leave it to the next implementation; with
+        none at all, the task's own ``prompt`` is used.
+
+    firstresult: stops at the first non-None result.
+
+    May be implemented in a ``fleetconf.py``: yes.
     """
 
 
@@ -232,8 +360,24 @@ def fleetrun_spawn(
 def fleetrun_agent_result(task: Task, attempt: Attempt, log_path: str, exit_code: Optional[int], config: Config) -> Optional[AgentResult]:
     """Read an ended attempt's output and say whether the session completed.
 
-    Stops at the first non-None result. An agent's exit code is not to be trusted:
-    the ``claude`` plugin needs a ``result`` event without ``is_error``.
+    Called once per attempt whose agent ended (or whose shepherd died), before the
+    attempt is recorded. An agent's exit code is not to be trusted: the ``claude`` plugin
+    needs a ``result`` event without ``is_error``.
+
+    :param task: the :class:`~fleetrun.ledger.Task`.
+    :param attempt: the ended :class:`~fleetrun.ledger.Attempt`.
+    :param log_path: the attempt's output, on this machine (for a peer, the copy
+        fetched as its status is polled).
+    :param exit_code: the agent's exit code, or None when it is unknown (killed, or the
+        shepherd died).
+    :param config: the run's :class:`~fleetrun.config.Config`.
+    :return: an :class:`~fleetrun.AgentResult`, or None if the output is not yours
+        (with none at all, an agent that exited has the outcome ``unknown``, and its
+        cost is unknown).
+
+    firstresult: stops at the first non-None result.
+
+    May be implemented in a ``fleetconf.py``: yes.
     """
 
 
@@ -285,15 +429,52 @@ def fleetrun_cleanup_workspace(task: Task, config: Config) -> None:
 def fleetrun_transition(
     task: Task, from_state: str, to_state: str, cause: str, attempt: Optional[int], config: Config
 ) -> None:
-    """A task changed state (already committed to the ledger). Terminal output,
-    the event log and reporters listen here. Called for every transition."""
+    """A task changed state (already committed to the ledger).
+
+    Called for every transition, in the process that made it: the loop, ``fleetrun
+    queue`` (``from_state`` is ``""`` and ``cause`` ``queued``), ``cancel``, ``retry``,
+    ``approve``. Terminal output, the event log and reporters listen here.
+
+    :param task: the :class:`~fleetrun.ledger.Task`, as it is after the change.
+    :param from_state: the state it left (a :class:`~fleetrun.states.State` value), or
+        ``""`` when it was queued.
+    :param to_state: the state it is in now.
+    :param cause: why, in the ledger's cause vocabulary (``verify_fail:cargo test``).
+    :param attempt: the number of the attempt the change is about (1, 2...), not an
+        :class:`~fleetrun.ledger.Attempt`; None when the change is about no attempt
+        (``queued``, for one).
+    :param config: the run's :class:`~fleetrun.config.Config`.
+    :return: nothing; return value ignored.
+
+    May be implemented in a ``fleetconf.py``: yes.
+    """
 
 
 @hookspec
 def fleetrun_task_waiting(task: Task, reason: str, config: Config) -> None:
-    """A task cannot be placed, and ``reason`` is new (not called on every pass)."""
+    """A task cannot be placed, and ``reason`` is new (not called on every pass).
+
+    :param task: the :class:`~fleetrun.ledger.Task` that waits.
+    :param reason: why, in words (the ``reason`` of the :class:`~fleetrun.Wait`).
+    :param config: the run's :class:`~fleetrun.config.Config`.
+    :return: nothing; return value ignored.
+
+    May be implemented in a ``fleetconf.py``: yes.
+    """
 
 
 @hookspec
 def fleetrun_verdict(task: Task, verdict: Verdict, attempt: Attempt, config: Config) -> None:
-    """A verifier reached a verdict (already recorded in the ledger)."""
+    """A verifier reached a verdict (already recorded in the ledger).
+
+    Called once per verifier of ``task.spec.verify`` that reached a verdict (a failing
+    one when it raised, or no plugin took its kind); not for ``setup`` commands.
+
+    :param task: the :class:`~fleetrun.ledger.Task`.
+    :param verdict: the :class:`~fleetrun.Verdict`.
+    :param attempt: the :class:`~fleetrun.ledger.Attempt` whose work was verified.
+    :param config: the run's :class:`~fleetrun.config.Config`.
+    :return: nothing; return value ignored.
+
+    May be implemented in a ``fleetconf.py``: yes.
+    """

@@ -42,6 +42,19 @@ ESSENTIAL_PLUGINS = frozenset({"collect"})
 
 FLEETCONF = "fleetconf.py"
 
+#: Hooks a ``fleetconf.py`` may not implement, with the error that says so: they are
+#: called before the command line is parsed, and a fleetconf.py is found only from the
+#: tasks files a parsed command line names, so its implementation would never be
+#: called. ``(key, message)`` of the :class:`~fleetrun.UsageError`, by hook.
+TOO_LATE_FOR_FLEETCONF: dict[str, tuple[Optional[str], str]] = {
+    "fleetrun_verbs": (None, "fleetrun_verbs cannot add a verb from a fleetconf.py (it is loaded after the "
+                             "command line is parsed); put the verb in a plugin module and load it with "
+                             "-p MODULE, or install it as a plugin"),
+    "fleetrun_addoption": ("fleetrun_addoption", "a fleetconf.py is loaded after the command line is parsed "
+                                                 "and cannot add options; put it in a plugin (-p MODULE or "
+                                                 "an installed one)"),
+}
+
 
 class FleetPluginManager(pluggy.PluginManager):
     """pluggy's manager, taking ``fleetrun_*`` functions as hooks even unmarked
@@ -65,6 +78,28 @@ class FleetPluginManager(pluggy.PluginManager):
         return opts
 
     def register(self, plugin: Any, name: Optional[str] = None) -> Optional[str]:
+        """Register ``plugin`` under ``name`` (default: its canonical name).
+
+        A plugin already registered is not registered again, under any name: ``-p
+        pkg.plugin`` naming the module an entry point (or a built-in) already loaded
+        is that plugin, loaded once, as pytest's ``-p`` of a registered plugin does
+        nothing.
+
+        :return: the name it is registered under, or None if that name is blocked.
+        :raises UsageError: the name is another plugin's, or an implementation does not
+            fit its hook.
+        """
+        if plugin is None:  # pluggy ignores it too
+            return None
+        if self.is_registered(plugin):
+            return self.get_name(plugin)
+        plugin_name = name or self.get_canonical_name(plugin)
+        taken = self.get_plugin(plugin_name)  # None too for a blocked name: pluggy skips it
+        if taken is not None:
+            # pluggy's ValueError would print its dict of every plugin, as an internal error
+            what = getattr(taken, "__name__", None) or type(taken).__name__
+            raise UsageError(f"plugin name {plugin_name!r} is taken by {what}; register this "
+                             "plugin under another name", file=_plugin_file(plugin))
         try:
             ret = super().register(plugin, name)
         except pluggy.PluginValidationError as e:
@@ -140,14 +175,30 @@ class FleetPluginManager(pluggy.PluginManager):
 
     def load_fleetconfs(self, task_files: Iterable[Path]) -> list[Path]:
         """Import every ``fleetconf.py`` from the repository root (or the tasks file's
-        folder outside a repository) down to each tasks file's folder, outermost first."""
+        folder outside a repository) down to each tasks file's folder, outermost first.
+
+        :return: every ``fleetconf.py`` loaded so far.
+        :raises UsageError: one does not import, or implements a hook it is too late
+            for (:data:`TOO_LATE_FOR_FLEETCONF`).
+        """
+        loaded = []
         for path in fleetconf_paths(task_files):
             if path in self._fleetconfs:
                 continue
             self._fleetconfs.append(path)
             mod = _import_fleetconf(path)
             self.register(mod, str(path))
+            loaded.append(mod)
+        self._refuse_too_late(loaded)
         return list(self._fleetconfs)
+
+    def _refuse_too_late(self, fleetconfs: list[ModuleType]) -> None:
+        """An implementation of a hook in :data:`TOO_LATE_FOR_FLEETCONF` in one of
+        ``fleetconfs`` is an error: it would be silently ignored."""
+        for hook_name, (key, message) in TOO_LATE_FOR_FLEETCONF.items():
+            for impl in getattr(self.hook, hook_name).get_hookimpls():
+                if any(impl.plugin is mod for mod in fleetconfs):
+                    raise UsageError(message, file=impl.plugin_name, key=key)
 
 
 def _plugin_file(plugin: Any) -> Optional[str]:

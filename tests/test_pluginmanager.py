@@ -425,6 +425,45 @@ def test_hookimpl_argument_the_spec_lacks(fleeter: Any) -> None:
     assert "Traceback" not in result.stderr
 
 
+
+@pytest.mark.parametrize("args", [["validate"], ["tasks.toml"], ["work", "--until-idle"]],
+                         ids=["validate", "run", "work"])
+def test_addoption_in_a_fleetconf_is_a_usage_error(fleeter: Any, args: list[str]) -> None:
+    """A fleetconf.py is imported once the command line is parsed: an option it added
+    would never exist, so its fleetrun_addoption is an error (as fleetrun_verbs is),
+    not silently ignored."""
+    fleeter.write_tasks(echo_tasks("a"))
+    if args[0] == "work":  # `work` loads the fleetconf.py files of the queued tasks files
+        assert fleeter.run("queue", "tasks.toml").ret == 0
+    conf = fleeter.write_fleetconf("""
+        def fleetrun_addoption(parser):
+            parser.addoption("--zz")
+    """)
+    result = fleeter.run(*args)
+    assert result.ret == 4, result.stdout + result.stderr
+    assert result.errlines == [
+        f"ERROR: {conf.resolve()}: fleetrun_addoption: a fleetconf.py is loaded after the command line is "
+        "parsed and cannot add options; put it in a plugin (-p MODULE or an installed one)"]
+    assert result.outlines == []
+    if args[0] == "work":
+        assert fleeter.states() == {"a": "READY"}  # nothing ran
+    else:
+        assert not (fleeter.home / "state.db").exists()  # nothing was queued
+
+
+def test_a_plugin_name_taken_by_another_plugin_is_a_usage_error(fleeter: Any) -> None:
+    """Two different plugins under one name: say which name and who has it, not
+    pluggy's dict of every plugin (exit 3)."""
+    mine = types.ModuleType("worktree")  # canonical name: the module's, a built-in's
+    mine.__file__ = str(fleeter.path / "worktree.py")
+    fleeter.write_tasks(echo_tasks("a"))
+    result = fleeter.run("validate", plugins=[mine])
+    assert result.ret == 4, result.stdout + result.stderr
+    assert result.errlines == [
+        f"ERROR: {mine.__file__}: plugin name 'worktree' is taken by fleetrun.plugins.worktree; "
+        "register this plugin under another name"]
+
+
 # ---------------------------------------------------------------------------------
 # -p, -p no:, FLEETRUN_PLUGINS
 
@@ -740,6 +779,45 @@ def test_p_loads_an_entry_point_by_name_when_autoload_is_disabled(fleeter: Any, 
     version = fleeter.runsub("-p", "myplug", "--version", env=env)
     assert version.ret == 0, version.stderr
     assert plugins_of(version) == [*BUILTIN_PLUGINS, "myplug"]
+
+
+
+@pytest.mark.parametrize("how", ["-p", "FLEETRUN_PLUGINS"])
+def test_p_names_the_module_of_an_autoloaded_plugin(fleeter: Any, myplug: Path, how: str) -> None:
+    """``-p myplug_pkg.plugin`` (or FLEETRUN_PLUGINS) names the module the entry point
+    ``myplug`` already loaded: it is one plugin, registered once, as pytest's ``-p``
+    of a registered plugin does nothing."""
+    fleeter.enable_plugin_autoload()  # fleeter turns autoload off
+    log = fleeter.path.parent / "myplug.log"
+    env = {"PYTHONPATH": str(myplug), "MYPLUG_LOG": str(log)}
+    args: list[str] = []
+    if how == "-p":
+        args = ["-p", "myplug_pkg.plugin"]
+    else:
+        env["FLEETRUN_PLUGINS"] = "myplug_pkg.plugin"
+    fleeter.write_tasks(echo_tasks("a"))
+
+    version = fleeter.runsub(*args, "--version", env=env)
+    assert version.ret == 0, version.stdout + version.stderr
+    names = plugins_of(version)
+    assert len(names) == len(BUILTIN_PLUGINS) + 1, names  # one name for the one plugin
+    assert set(BUILTIN_PLUGINS) < set(names)
+
+    result = fleeter.runsub(*args, "tasks.toml", env=env)
+    assert result.ret == 0, result.stdout + result.stderr
+    assert result.outlines.count("myplug: installed and loaded") == 1
+    assert read_log(log) == ["myplug configure run"]
+
+
+def test_p_names_the_module_of_a_builtin(fleeter: Any) -> None:
+    """``-p fleetrun.plugins.worktree`` is the built-in ``worktree``: loaded once, quietly."""
+    fleeter.write_tasks(echo_tasks("a"))
+    version = fleeter.run("-p", "fleetrun.plugins.worktree", "--version")
+    assert version.ret == 0, version.stdout + version.stderr
+    assert plugins_of(version) == list(BUILTIN_PLUGINS)
+    result = fleeter.run("-p", "fleetrun.plugins.worktree", "tasks.toml")
+    assert result.ret == 0, result.stdout + result.stderr
+    assert fleeter.states() == {"a": "DONE"}
 
 
 def test_junitxml_distribution_installs_and_registers(fleeter: Any, tmp_path: Path) -> None:
