@@ -395,8 +395,9 @@ class FakeClaude:
         bindir = self.dir / "bin"
         bindir.mkdir(exist_ok=True)
         self.executable = bindir / "claude"
+        # the package's folder, run by path (its __main__.py): fleetrun need not be importable
         self.executable.write_text(f"#!/bin/sh\nexec {shlex.quote(sys.executable)} "
-                                   f"{shlex.quote(str(Path(fake_claude.__file__)))} \"$@\"\n")
+                                   f"{shlex.quote(str(Path(fake_claude.__file__).parent))} \"$@\"\n")
         self.executable.chmod(0o755)
         monkeypatch.setenv("PATH", f"{bindir}{os.pathsep}{os.environ.get('PATH', '')}")
         monkeypatch.setenv("FAKE_CLAUDE_SCENARIO", str(self.scenario_path))

@@ -3,11 +3,10 @@
 Every state change is one transaction: a compare-and-set on the task's state plus an
 append-only transition row. After a crash, everything is re-derived from here.
 
-Durability: WAL with ``synchronous=FULL``. In WAL mode NORMAL survives a process
-crash but can lose the last commits on power loss; a lost "attempt started" row is
-exactly what could make a task run twice after a reboot, and a transition costs
-well under a millisecond either way next to an agent session of minutes
-(``bench/ledger.py`` measures both). So FULL.
+The ledger is three modules: :mod:`fleetrun.records` (the row types and how a row is
+read), :mod:`fleetrun.ledger_schema` (the file, its pragmas, schema, migrations and
+the write transaction) and this one (:class:`Ledger`: the SQL of every read and
+write). Every name a caller imports from here is re-exported (``__all__``).
 
 This module imports nothing of the loop, the plugins or the CLI.
 """
@@ -16,222 +15,28 @@ from __future__ import annotations
 
 import json
 import os
-import re
 import secrets
 import sqlite3
 import time
-from collections.abc import Iterator
-from contextlib import contextmanager
-from dataclasses import dataclass, field
-from pathlib import Path
 from typing import Any, Optional
 
-from .exceptions import StateConflict, UsageError
+from .exceptions import StateConflict
+from .ledger_schema import SCHEMA_VERSION, LedgerFile, ensure_private_dir
+from .records import Attempt, Task, TransitionRow, VerdictRow
 from .states import State, allowed, is_valid_cause
 from .taskspec import TaskSpec
 
-SCHEMA_VERSION = 3
-
-_SCHEMA = """
-CREATE TABLE IF NOT EXISTS tasks (
-    id          TEXT PRIMARY KEY,
-    name        TEXT NOT NULL,
-    state       TEXT NOT NULL,
-    spec        TEXT NOT NULL,
-    source      TEXT NOT NULL DEFAULT '',
-    queue_id    TEXT NOT NULL DEFAULT '',
-    seq         INTEGER NOT NULL DEFAULT 0,
-    created     REAL NOT NULL,
-    updated     REAL NOT NULL,
-    host        TEXT,
-    worktree    TEXT,
-    branch      TEXT,
-    cost_usd    REAL NOT NULL DEFAULT 0,
-    attempts    INTEGER NOT NULL DEFAULT 0,
-    retries     INTEGER NOT NULL DEFAULT 0,
-    resumes     INTEGER NOT NULL DEFAULT 0,
-    no_start    INTEGER NOT NULL DEFAULT 0,
-    reason      TEXT NOT NULL DEFAULT '',
-    handoff     TEXT
-);
-CREATE INDEX IF NOT EXISTS tasks_name ON tasks(name, created);
-CREATE INDEX IF NOT EXISTS tasks_state ON tasks(state);
-CREATE TABLE IF NOT EXISTS deps (
-    task_id TEXT NOT NULL REFERENCES tasks(id),
-    dep_id  TEXT NOT NULL REFERENCES tasks(id),
-    PRIMARY KEY (task_id, dep_id)
-);
-CREATE INDEX IF NOT EXISTS deps_dep ON deps(dep_id);
-CREATE TABLE IF NOT EXISTS queues (
-    id          TEXT PRIMARY KEY,
-    source      TEXT NOT NULL,
-    source_hash TEXT NOT NULL,
-    created     REAL NOT NULL,
-    settings    TEXT
-);
-CREATE TABLE IF NOT EXISTS attempts (
-    id          TEXT PRIMARY KEY,
-    task_id     TEXT NOT NULL REFERENCES tasks(id),
-    number      INTEGER NOT NULL,
-    kind        TEXT NOT NULL,
-    host        TEXT NOT NULL,
-    state       TEXT NOT NULL,
-    dir         TEXT,
-    workspace   TEXT,
-    created     REAL NOT NULL,
-    started     REAL,
-    ended       REAL,
-    exit_code   INTEGER,
-    outcome     TEXT,
-    session_id  TEXT,
-    cost_usd    REAL DEFAULT 0,
-    result_text TEXT,
-    shepherd_pid   INTEGER,
-    shepherd_token TEXT,
-    info        TEXT,
-    UNIQUE (task_id, number)
-);
-CREATE INDEX IF NOT EXISTS attempts_state ON attempts(state);
-CREATE TABLE IF NOT EXISTS verdicts (
-    id          INTEGER PRIMARY KEY AUTOINCREMENT,
-    task_id     TEXT NOT NULL REFERENCES tasks(id),
-    attempt_id  TEXT NOT NULL REFERENCES attempts(id),
-    idx         INTEGER NOT NULL,
-    kind        TEXT NOT NULL,
-    label       TEXT NOT NULL,
-    passed      INTEGER NOT NULL,
-    reason      TEXT NOT NULL,
-    output      TEXT NOT NULL,
-    cost_usd    REAL NOT NULL DEFAULT 0,
-    duration_s  REAL NOT NULL DEFAULT 0,
-    host        TEXT NOT NULL DEFAULT 'local',
-    time        REAL NOT NULL,
-    UNIQUE (attempt_id, idx)
-);
-CREATE TABLE IF NOT EXISTS transitions (
-    id          INTEGER PRIMARY KEY AUTOINCREMENT,
-    task_id     TEXT NOT NULL REFERENCES tasks(id),
-    from_state  TEXT,
-    to_state    TEXT NOT NULL,
-    cause       TEXT NOT NULL,
-    time        REAL NOT NULL,
-    attempt     INTEGER,
-    host        TEXT
-);
-CREATE INDEX IF NOT EXISTS transitions_task ON transitions(task_id, id);
-CREATE TABLE IF NOT EXISTS notes (
-    id      INTEGER PRIMARY KEY AUTOINCREMENT,
-    task_id TEXT NOT NULL REFERENCES tasks(id),
-    time    REAL NOT NULL,
-    text    TEXT NOT NULL
-);
-CREATE TABLE IF NOT EXISTS meta (
-    key   TEXT PRIMARY KEY,
-    value TEXT NOT NULL
-);
-"""
-
-#: The tables of a ledger (and SQLite's own); a database with others is not one.
-_TABLES = frozenset({"tasks", "deps", "queues", "attempts", "verdicts", "transitions", "notes", "meta",
-                     "sqlite_sequence"})
-
-
-@dataclass
-class Task:
-    """A task as the ledger knows it: its spec plus where it stands."""
-
-    id: str
-    name: str
-    state: State
-    spec: TaskSpec
-    source: str
-    queue_id: str
-    created: float
-    updated: float
-    host: Optional[str] = None
-    worktree: Optional[str] = None
-    branch: Optional[str] = None
-    cost_usd: float = 0.0
-    attempts: int = 0
-    retries: int = 0
-    resumes: int = 0
-    no_start: int = 0
-    reason: str = ""
-    handoff: Optional[dict[str, Any]] = None
-    deps: list[str] = field(default_factory=list)
-
-    def to_json(self) -> dict[str, Any]:
-        return {
-            "id": self.id,
-            "name": self.name,
-            "state": self.state.value,
-            "attempts": self.attempts,
-            "retries": self.retries,
-            "resumes": self.resumes,
-            "host": self.host,
-            "worktree": self.worktree,
-            "branch": self.branch,
-            "cost_usd": round(self.cost_usd, 6),
-            "reason": self.reason,
-            "depends_on": list(self.spec.depends_on),
-            "source": self.source,
-            "created": self.created,
-            "updated": self.updated,
-        }
-
-
-@dataclass
-class Attempt:
-    """One run of an agent for a task (fresh, retry or resume)."""
-
-    id: str
-    task_id: str
-    number: int
-    kind: str
-    host: str
-    state: str  # leased / starting / running / ended / verified / abandoned
-    created: float
-    dir: Optional[str] = None
-    workspace: Optional[dict[str, Any]] = None
-    started: Optional[float] = None
-    ended: Optional[float] = None
-    exit_code: Optional[int] = None
-    outcome: Optional[str] = None
-    session_id: Optional[str] = None
-    #: None: unknown (the agent never reported it: killed, died, no result)
-    cost_usd: Optional[float] = 0.0
-    result_text: Optional[str] = None
-    shepherd_pid: Optional[int] = None
-    shepherd_token: Optional[str] = None
-    info: dict[str, Any] = field(default_factory=dict)
-
-
-@dataclass
-class TransitionRow:
-    id: int
-    task_id: str
-    from_state: Optional[str]
-    to_state: str
-    cause: str
-    time: float
-    attempt: Optional[int]
-    host: Optional[str]
-
-
-@dataclass
-class VerdictRow:
-    task_id: str
-    attempt_id: str
-    idx: int
-    kind: str
-    label: str
-    passed: bool
-    reason: str
-    output: str
-    cost_usd: float
-    duration_s: float
-    host: str
-    time: float
+__all__ = [
+    "SCHEMA_VERSION",
+    "Attempt",
+    "Ledger",
+    "Task",
+    "TransitionRow",
+    "VerdictRow",
+    "ensure_private_dir",
+    "new_token",
+    "open_ledger",
+]
 
 
 def new_token() -> str:
@@ -245,187 +50,9 @@ def new_token() -> str:
     return digits + secrets.token_hex(3)
 
 
-def ensure_private_dir(path: Path) -> Path:
-    """Create ``path`` (and any missing parents, each 0700); tighten it if it exists."""
-    missing = []
-    p = path
-    while not p.exists() and p != p.parent:
-        missing.append(p)
-        p = p.parent
-    for d in reversed(missing):
-        d.mkdir(mode=0o700, exist_ok=True)
-        os.chmod(d, 0o700)  # mkdir's mode is masked by the umask
-    try:
-        if path.stat().st_mode & 0o077:
-            os.chmod(path, 0o700)
-    except OSError:
-        pass
-    return path
-
-
-class Ledger:
-    """The SQLite ledger at ``path``. One connection per instance; not thread-safe."""
-
-    def __init__(self, path: Path | str, timeout_s: float = 30.0) -> None:
-        self.path = Path(path)
-        ensure_private_dir(self.path.parent)
-        if not self.path.exists():
-            fd = os.open(self.path, os.O_CREAT | os.O_WRONLY, 0o600)
-            os.close(fd)
-        else:
-            self._check_not_emptied()
-        self.conn = sqlite3.connect(str(self.path), timeout=timeout_s, isolation_level=None)
-        try:
-            self.conn.row_factory = sqlite3.Row
-            self.conn.execute(f"PRAGMA busy_timeout={int(timeout_s * 1000)}")
-            self._enable_wal(timeout_s)
-            self.conn.execute("PRAGMA synchronous=FULL")
-            self.conn.execute("PRAGMA foreign_keys=ON")
-            self._migrate()
-        except sqlite3.DatabaseError as e:
-            self.conn.close()
-            if isinstance(e, sqlite3.OperationalError):  # locked, busy, disk full: not the file's fault
-                raise
-            # garbage, or a truncated copy: "file is not a database", "disk image is malformed"
-            raise self._not_a_ledger(str(e)) from None
-        except BaseException:
-            self.conn.close()
-            raise
-
-    def _not_a_ledger(self, why: str) -> UsageError:
-        return UsageError(f"not a fleetrun ledger ({why}); move it aside to start a new one", file=str(self.path))
-
-    def _check_not_emptied(self) -> None:
-        """SQLite takes a 0-byte file for a new database. fleetrun's first open writes
-        the header at once (switching to WAL does), so a 0-byte ledger next to a WAL
-        file, or in a home that holds attempts or worktrees, is one whose tasks were
-        lost: refuse to start afresh over it. A 0-byte file with nothing around it (a
-        first open that stopped before the schema was written) is initialised."""
-        try:
-            if self.path.stat().st_size != 0:
-                return
-        except OSError:
-            return
-        why = None
-        for side in ("-wal", "-journal"):
-            if os.path.exists(str(self.path) + side):
-                why = f"a {self.path.name}{side} file is beside it"
-                break
-        if why is None:
-            home = self.path.parent
-            for sub, what in (("attempts", "attempt folders"), ("worktrees", "worktrees")):
-                try:
-                    if any((home / sub).iterdir()):
-                        why = f"{home / sub} holds {what} of earlier tasks"
-                        break
-                except OSError:
-                    continue
-        if why is not None:
-            raise UsageError(f"the ledger is empty (0 bytes) but {why}, so its tasks were lost; move it "
-                             "aside to start a new one", file=str(self.path))
-
-    def _enable_wal(self, timeout_s: float) -> None:
-        # Switching to WAL needs an exclusive lock and SQLite answers "locked" at once
-        # (without the busy timeout) while another process writes: retry until the timeout.
-        deadline = time.monotonic() + timeout_s
-        delay = 0.005
-        while True:
-            try:
-                mode = self.conn.execute("PRAGMA journal_mode=WAL").fetchone()[0]
-                break
-            except sqlite3.OperationalError as e:
-                if ("locked" not in str(e) and "busy" not in str(e)) or time.monotonic() >= deadline:
-                    raise
-                time.sleep(delay)
-                delay = min(delay * 2, 0.1)
-        if str(mode).lower() != "wal":
-            raise UsageError(f"the ledger cannot use WAL mode here (journal_mode={mode})", file=str(self.path))
-
-    def close(self) -> None:
-        self.conn.close()
-
-    def __enter__(self) -> Ledger:
-        return self
-
-    def __exit__(self, *exc: object) -> None:
-        self.close()
-
-    def _migrate(self) -> None:
-        version = self.conn.execute("PRAGMA user_version").fetchone()[0]
-        if version > SCHEMA_VERSION:
-            raise UsageError(
-                f"the ledger has schema version {version}, newer than this fleetrun "
-                f"understands ({SCHEMA_VERSION}); upgrade fleetrun, or use another "
-                "FLEETRUN_HOME",
-                file=str(self.path),
-            )
-        if version == 0:
-            # a database of another program: adding our tables to it would be wrong twice
-            foreign = sorted(r[0] for r in self.conn.execute(
-                "SELECT name FROM sqlite_master WHERE type='table'") if r[0] not in _TABLES)
-            if foreign:
-                raise self._not_a_ledger(f"it holds the tables {', '.join(foreign[:5])}")
-        if version < SCHEMA_VERSION:
-            with self.tx() as cur:
-                if cur.execute("PRAGMA user_version").fetchone()[0] >= SCHEMA_VERSION:
-                    return  # another process migrated it meanwhile
-                for stmt in _SCHEMA.split(";"):
-                    if stmt.strip():
-                        cur.execute(stmt)
-                cols = {r[1] for r in cur.execute("PRAGMA table_info(queues)")}
-                if "settings" not in cols:  # version 2 -> 3
-                    cur.execute("ALTER TABLE queues ADD COLUMN settings TEXT")
-                cur.execute(f"PRAGMA user_version={SCHEMA_VERSION}")
-        self._attempt_cost_nullable()
-
-    def _attempt_cost_nullable(self) -> None:
-        """Ledgers made before an attempt's cost could be unknown have
-        ``attempts.cost_usd ... NOT NULL``: rebuild that one table without the constraint.
-
-        Keyed on the constraint itself, not on ``user_version`` (another migration may
-        bump the version at the same time): it runs once, whatever the version says,
-        keeps whatever columns the table has, and is a no-op afterwards (one PRAGMA).
-        """
-        def not_null() -> bool:
-            return any(r[1] == "cost_usd" and r[3] for r in self.conn.execute("PRAGMA table_info(attempts)"))
-
-        if not not_null():
-            return
-        # a table rebuild needs foreign keys off, which cannot change inside a transaction
-        self.conn.execute("PRAGMA foreign_keys=OFF")
-        try:
-            with self.tx() as cur:
-                if not not_null():
-                    return  # another process rebuilt it meanwhile
-                sql = cur.execute("SELECT sql FROM sqlite_master WHERE type='table' AND name='attempts'").fetchone()[0]
-                new = re.sub(r"(\bcost_usd\s+REAL)\s+NOT\s+NULL", r"\1", sql, count=1, flags=re.I)
-                new = re.sub(r"^CREATE TABLE\s+(IF NOT EXISTS\s+)?\"?attempts\"?", "CREATE TABLE attempts_new", new,
-                             count=1, flags=re.I)
-                indexes = [r[0] for r in cur.execute(
-                    "SELECT sql FROM sqlite_master WHERE type='index' AND tbl_name='attempts' AND sql IS NOT NULL")]
-                cur.execute(new)
-                cur.execute("INSERT INTO attempts_new SELECT * FROM attempts")
-                cur.execute("DROP TABLE attempts")
-                cur.execute("ALTER TABLE attempts_new RENAME TO attempts")
-                for index in indexes:
-                    cur.execute(index)
-                if cur.execute("PRAGMA foreign_key_check").fetchone() is not None:
-                    raise sqlite3.IntegrityError("foreign keys broken by the attempts rebuild")
-        finally:
-            self.conn.execute("PRAGMA foreign_keys=ON")
-
-    @contextmanager
-    def tx(self) -> Iterator[sqlite3.Cursor]:
-        """One write transaction (BEGIN IMMEDIATE: writers queue on the busy timeout)."""
-        cur = self.conn.cursor()
-        cur.execute("BEGIN IMMEDIATE")
-        try:
-            yield cur
-            cur.execute("COMMIT")
-        except BaseException:
-            if self.conn.in_transaction:
-                self.conn.execute("ROLLBACK")
-            raise
+class Ledger(LedgerFile):
+    """The SQLite ledger at ``path`` (opened by :class:`~fleetrun.ledger_schema.LedgerFile`).
+    One connection per instance; not thread-safe."""
 
     # -- tasks ------------------------------------------------------------------------
 
@@ -487,27 +114,7 @@ class Ledger:
         return spec
 
     def _row_to_task(self, row: sqlite3.Row, deps: Optional[list[str]] = None) -> Task:
-        return Task(
-            id=row["id"],
-            name=row["name"],
-            state=State(row["state"]),
-            spec=self._spec(row["spec"]),
-            source=row["source"],
-            queue_id=row["queue_id"],
-            created=row["created"],
-            updated=row["updated"],
-            host=row["host"],
-            worktree=row["worktree"],
-            branch=row["branch"],
-            cost_usd=row["cost_usd"],
-            attempts=row["attempts"],
-            retries=row["retries"],
-            resumes=row["resumes"],
-            no_start=row["no_start"],
-            reason=row["reason"],
-            handoff=json.loads(row["handoff"]) if row["handoff"] else None,
-            deps=deps if deps is not None else self.deps(row["id"]),
-        )
+        return Task.from_row(row, self._spec(row["spec"]), deps if deps is not None else self.deps(row["id"]))
 
     def get(self, task_id: str) -> Optional[Task]:
         row = self.conn.execute("SELECT * FROM tasks WHERE id=?", (task_id,)).fetchone()
@@ -639,13 +246,13 @@ class Ledger:
     def transitions(self, task_id: Optional[str] = None) -> list[TransitionRow]:
         sql = "SELECT * FROM transitions" + (" WHERE task_id=?" if task_id else "") + " ORDER BY id"
         rows = self.conn.execute(sql, (task_id,) if task_id else ()).fetchall()
-        return [TransitionRow(**dict(r)) for r in rows]
+        return [TransitionRow.from_row(r) for r in rows]
 
     def transitions_after(self, after_id: int) -> list[TransitionRow]:
         """The transitions logged after row ``after_id``, oldest first, whoever made them
         (a running loop shows those another shell made: a ``cancel``, a ``retry``)."""
         rows = self.conn.execute("SELECT * FROM transitions WHERE id > ? ORDER BY id", (after_id,)).fetchall()
-        return [TransitionRow(**dict(r)) for r in rows]
+        return [TransitionRow.from_row(r) for r in rows]
 
     def last_transition_id(self) -> int:
         return int(self.conn.execute("SELECT COALESCE(MAX(id), 0) FROM transitions").fetchone()[0])
@@ -671,10 +278,7 @@ class Ledger:
         return att
 
     def _row_to_attempt(self, row: sqlite3.Row) -> Attempt:
-        d = dict(row)
-        d["workspace"] = json.loads(d["workspace"]) if d["workspace"] else None
-        d["info"] = json.loads(d["info"]) if d["info"] else {}
-        return Attempt(**d)
+        return Attempt.from_row(row)
 
     def attempt(self, attempt_id: str) -> Optional[Attempt]:
         row = self.conn.execute("SELECT * FROM attempts WHERE id=?", (attempt_id,)).fetchone()
@@ -746,13 +350,7 @@ class Ledger:
             rows = self.conn.execute(sql + " WHERE task_id=? ORDER BY id", (task_id,))
         else:
             rows = self.conn.execute(sql + " ORDER BY id")
-        out = []
-        for r in rows:
-            d = dict(r)
-            d.pop("id")
-            d["passed"] = bool(d["passed"])
-            out.append(VerdictRow(**d))
-        return out
+        return [VerdictRow.from_row(r) for r in rows]
 
     def branch_owner(self, name: str, branch: str, repo: str) -> Optional[str]:
         """The id of the newest task named ``name`` that worked on ``branch`` in the

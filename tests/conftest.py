@@ -12,7 +12,7 @@ from pathlib import Path
 import pytest
 
 FAKES = Path(__file__).parent / "fakes"
-FAKE_CLAUDE = FAKES / "claude"  # runs fleetrun/testing/fake_claude.py
+FAKE_CLAUDE = FAKES / "claude"  # runs fleetrun/testing/fake_claude/ by path
 
 
 @pytest.fixture(autouse=True)

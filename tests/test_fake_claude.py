@@ -1,4 +1,4 @@
-"""Tests for the fake claude, the stand-in for the Claude Code CLI: fleetrun/testing/fake_claude.py,
+"""Tests for the fake claude, the stand-in for the Claude Code CLI: fleetrun/testing/fake_claude/,
 run here through its wrapper tests/fakes/claude.
 
 Every test runs the fake as a real subprocess in a tmp dir; the ones that commit run it

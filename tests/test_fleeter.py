@@ -293,7 +293,7 @@ def test_fake_claude_is_the_packaged_one_and_first_on_path(fake_claude: FakeClau
 
     assert shutil.which("claude") == str(fake_claude.executable)
     text = fake_claude.executable.read_text()
-    assert packaged.__file__ in text and sys.executable in text
+    assert str(Path(packaged.__file__).parent) in text and sys.executable in text  # the package's folder, run by path
     assert "tests" not in Path(packaged.__file__).relative_to(Path(fleetrun.__file__).parent).parts
 
 

@@ -1,5 +1,5 @@
 """The ``verify_agent`` plugin: a read-only Claude Code reviewer, acted out by the fake
-claude (fleetrun/testing/fake_claude.py), which enforces --permission-mode / --tools /
+claude (fleetrun/testing/fake_claude/), which enforces --permission-mode / --tools /
 --disallowedTools as the real CLI does. Real git, real processes, the real CLI."""
 
 from __future__ import annotations

@@ -1,0 +1,318 @@
+"""The ledger's file: its private folder and mode, the connection's pragmas, the
+schema and its migrations, and the write transaction every change goes through.
+
+Durability: WAL with ``synchronous=FULL``. In WAL mode NORMAL survives a process
+crash but can lose the last commits on power loss; a lost "attempt started" row is
+exactly what could make a task run twice after a reboot, and a transition costs
+well under a millisecond either way next to an agent session of minutes
+(``bench/ledger.py`` measures both). So FULL.
+
+:class:`LedgerFile` is the base of :class:`fleetrun.ledger.Ledger`, which adds the
+rows; this module knows no row type and imports nothing of the loop, the plugins or
+the CLI.
+"""
+
+from __future__ import annotations
+
+import os
+import re
+import sqlite3
+import time
+from collections.abc import Iterator
+from contextlib import contextmanager
+from pathlib import Path
+from typing import TypeVar
+
+from .exceptions import UsageError
+
+SCHEMA_VERSION = 3
+
+_SCHEMA = """
+CREATE TABLE IF NOT EXISTS tasks (
+    id          TEXT PRIMARY KEY,
+    name        TEXT NOT NULL,
+    state       TEXT NOT NULL,
+    spec        TEXT NOT NULL,
+    source      TEXT NOT NULL DEFAULT '',
+    queue_id    TEXT NOT NULL DEFAULT '',
+    seq         INTEGER NOT NULL DEFAULT 0,
+    created     REAL NOT NULL,
+    updated     REAL NOT NULL,
+    host        TEXT,
+    worktree    TEXT,
+    branch      TEXT,
+    cost_usd    REAL NOT NULL DEFAULT 0,
+    attempts    INTEGER NOT NULL DEFAULT 0,
+    retries     INTEGER NOT NULL DEFAULT 0,
+    resumes     INTEGER NOT NULL DEFAULT 0,
+    no_start    INTEGER NOT NULL DEFAULT 0,
+    reason      TEXT NOT NULL DEFAULT '',
+    handoff     TEXT
+);
+CREATE INDEX IF NOT EXISTS tasks_name ON tasks(name, created);
+CREATE INDEX IF NOT EXISTS tasks_state ON tasks(state);
+CREATE TABLE IF NOT EXISTS deps (
+    task_id TEXT NOT NULL REFERENCES tasks(id),
+    dep_id  TEXT NOT NULL REFERENCES tasks(id),
+    PRIMARY KEY (task_id, dep_id)
+);
+CREATE INDEX IF NOT EXISTS deps_dep ON deps(dep_id);
+CREATE TABLE IF NOT EXISTS queues (
+    id          TEXT PRIMARY KEY,
+    source      TEXT NOT NULL,
+    source_hash TEXT NOT NULL,
+    created     REAL NOT NULL,
+    settings    TEXT
+);
+CREATE TABLE IF NOT EXISTS attempts (
+    id          TEXT PRIMARY KEY,
+    task_id     TEXT NOT NULL REFERENCES tasks(id),
+    number      INTEGER NOT NULL,
+    kind        TEXT NOT NULL,
+    host        TEXT NOT NULL,
+    state       TEXT NOT NULL,
+    dir         TEXT,
+    workspace   TEXT,
+    created     REAL NOT NULL,
+    started     REAL,
+    ended       REAL,
+    exit_code   INTEGER,
+    outcome     TEXT,
+    session_id  TEXT,
+    cost_usd    REAL DEFAULT 0,
+    result_text TEXT,
+    shepherd_pid   INTEGER,
+    shepherd_token TEXT,
+    info        TEXT,
+    UNIQUE (task_id, number)
+);
+CREATE INDEX IF NOT EXISTS attempts_state ON attempts(state);
+CREATE TABLE IF NOT EXISTS verdicts (
+    id          INTEGER PRIMARY KEY AUTOINCREMENT,
+    task_id     TEXT NOT NULL REFERENCES tasks(id),
+    attempt_id  TEXT NOT NULL REFERENCES attempts(id),
+    idx         INTEGER NOT NULL,
+    kind        TEXT NOT NULL,
+    label       TEXT NOT NULL,
+    passed      INTEGER NOT NULL,
+    reason      TEXT NOT NULL,
+    output      TEXT NOT NULL,
+    cost_usd    REAL NOT NULL DEFAULT 0,
+    duration_s  REAL NOT NULL DEFAULT 0,
+    host        TEXT NOT NULL DEFAULT 'local',
+    time        REAL NOT NULL,
+    UNIQUE (attempt_id, idx)
+);
+CREATE TABLE IF NOT EXISTS transitions (
+    id          INTEGER PRIMARY KEY AUTOINCREMENT,
+    task_id     TEXT NOT NULL REFERENCES tasks(id),
+    from_state  TEXT,
+    to_state    TEXT NOT NULL,
+    cause       TEXT NOT NULL,
+    time        REAL NOT NULL,
+    attempt     INTEGER,
+    host        TEXT
+);
+CREATE INDEX IF NOT EXISTS transitions_task ON transitions(task_id, id);
+CREATE TABLE IF NOT EXISTS notes (
+    id      INTEGER PRIMARY KEY AUTOINCREMENT,
+    task_id TEXT NOT NULL REFERENCES tasks(id),
+    time    REAL NOT NULL,
+    text    TEXT NOT NULL
+);
+CREATE TABLE IF NOT EXISTS meta (
+    key   TEXT PRIMARY KEY,
+    value TEXT NOT NULL
+);
+"""
+
+#: The tables of a ledger (and SQLite's own); a database with others is not one.
+_TABLES = frozenset({"tasks", "deps", "queues", "attempts", "verdicts", "transitions", "notes", "meta",
+                     "sqlite_sequence"})
+
+
+def ensure_private_dir(path: Path) -> Path:
+    """Create ``path`` (and any missing parents, each 0700); tighten it if it exists."""
+    missing = []
+    p = path
+    while not p.exists() and p != p.parent:
+        missing.append(p)
+        p = p.parent
+    for d in reversed(missing):
+        d.mkdir(mode=0o700, exist_ok=True)
+        os.chmod(d, 0o700)  # mkdir's mode is masked by the umask
+    try:
+        if path.stat().st_mode & 0o077:
+            os.chmod(path, 0o700)
+    except OSError:
+        pass
+    return path
+
+
+_Self = TypeVar("_Self", bound="LedgerFile")
+
+
+class LedgerFile:
+    """The SQLite file at ``path``, opened, checked and migrated. One connection per
+    instance; not thread-safe."""
+
+    def __init__(self, path: Path | str, timeout_s: float = 30.0) -> None:
+        self.path = Path(path)
+        ensure_private_dir(self.path.parent)
+        if not self.path.exists():
+            fd = os.open(self.path, os.O_CREAT | os.O_WRONLY, 0o600)
+            os.close(fd)
+        else:
+            self._check_not_emptied()
+        self.conn = sqlite3.connect(str(self.path), timeout=timeout_s, isolation_level=None)
+        try:
+            self.conn.row_factory = sqlite3.Row
+            self.conn.execute(f"PRAGMA busy_timeout={int(timeout_s * 1000)}")
+            self._enable_wal(timeout_s)
+            self.conn.execute("PRAGMA synchronous=FULL")
+            self.conn.execute("PRAGMA foreign_keys=ON")
+            self._migrate()
+        except sqlite3.DatabaseError as e:
+            self.conn.close()
+            if isinstance(e, sqlite3.OperationalError):  # locked, busy, disk full: not the file's fault
+                raise
+            # garbage, or a truncated copy: "file is not a database", "disk image is malformed"
+            raise self._not_a_ledger(str(e)) from None
+        except BaseException:
+            self.conn.close()
+            raise
+
+    def _not_a_ledger(self, why: str) -> UsageError:
+        return UsageError(f"not a fleetrun ledger ({why}); move it aside to start a new one", file=str(self.path))
+
+    def _check_not_emptied(self) -> None:
+        """SQLite takes a 0-byte file for a new database. fleetrun's first open writes
+        the header at once (switching to WAL does), so a 0-byte ledger next to a WAL
+        file, or in a home that holds attempts or worktrees, is one whose tasks were
+        lost: refuse to start afresh over it. A 0-byte file with nothing around it (a
+        first open that stopped before the schema was written) is initialised."""
+        try:
+            if self.path.stat().st_size != 0:
+                return
+        except OSError:
+            return
+        why = None
+        for side in ("-wal", "-journal"):
+            if os.path.exists(str(self.path) + side):
+                why = f"a {self.path.name}{side} file is beside it"
+                break
+        if why is None:
+            home = self.path.parent
+            for sub, what in (("attempts", "attempt folders"), ("worktrees", "worktrees")):
+                try:
+                    if any((home / sub).iterdir()):
+                        why = f"{home / sub} holds {what} of earlier tasks"
+                        break
+                except OSError:
+                    continue
+        if why is not None:
+            raise UsageError(f"the ledger is empty (0 bytes) but {why}, so its tasks were lost; move it "
+                             "aside to start a new one", file=str(self.path))
+
+    def _enable_wal(self, timeout_s: float) -> None:
+        # Switching to WAL needs an exclusive lock and SQLite answers "locked" at once
+        # (without the busy timeout) while another process writes: retry until the timeout.
+        deadline = time.monotonic() + timeout_s
+        delay = 0.005
+        while True:
+            try:
+                mode = self.conn.execute("PRAGMA journal_mode=WAL").fetchone()[0]
+                break
+            except sqlite3.OperationalError as e:
+                if ("locked" not in str(e) and "busy" not in str(e)) or time.monotonic() >= deadline:
+                    raise
+                time.sleep(delay)
+                delay = min(delay * 2, 0.1)
+        if str(mode).lower() != "wal":
+            raise UsageError(f"the ledger cannot use WAL mode here (journal_mode={mode})", file=str(self.path))
+
+    def close(self) -> None:
+        self.conn.close()
+
+    def __enter__(self: _Self) -> _Self:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+    def _migrate(self) -> None:
+        version = self.conn.execute("PRAGMA user_version").fetchone()[0]
+        if version > SCHEMA_VERSION:
+            raise UsageError(
+                f"the ledger has schema version {version}, newer than this fleetrun "
+                f"understands ({SCHEMA_VERSION}); upgrade fleetrun, or use another "
+                "FLEETRUN_HOME",
+                file=str(self.path),
+            )
+        if version == 0:
+            # a database of another program: adding our tables to it would be wrong twice
+            foreign = sorted(r[0] for r in self.conn.execute(
+                "SELECT name FROM sqlite_master WHERE type='table'") if r[0] not in _TABLES)
+            if foreign:
+                raise self._not_a_ledger(f"it holds the tables {', '.join(foreign[:5])}")
+        if version < SCHEMA_VERSION:
+            with self.tx() as cur:
+                if cur.execute("PRAGMA user_version").fetchone()[0] >= SCHEMA_VERSION:
+                    return  # another process migrated it meanwhile
+                for stmt in _SCHEMA.split(";"):
+                    if stmt.strip():
+                        cur.execute(stmt)
+                cols = {r[1] for r in cur.execute("PRAGMA table_info(queues)")}
+                if "settings" not in cols:  # version 2 -> 3
+                    cur.execute("ALTER TABLE queues ADD COLUMN settings TEXT")
+                cur.execute(f"PRAGMA user_version={SCHEMA_VERSION}")
+        self._attempt_cost_nullable()
+
+    def _attempt_cost_nullable(self) -> None:
+        """Ledgers made before an attempt's cost could be unknown have
+        ``attempts.cost_usd ... NOT NULL``: rebuild that one table without the constraint.
+
+        Keyed on the constraint itself, not on ``user_version`` (another migration may
+        bump the version at the same time): it runs once, whatever the version says,
+        keeps whatever columns the table has, and is a no-op afterwards (one PRAGMA).
+        """
+        def not_null() -> bool:
+            return any(r[1] == "cost_usd" and r[3] for r in self.conn.execute("PRAGMA table_info(attempts)"))
+
+        if not not_null():
+            return
+        # a table rebuild needs foreign keys off, which cannot change inside a transaction
+        self.conn.execute("PRAGMA foreign_keys=OFF")
+        try:
+            with self.tx() as cur:
+                if not not_null():
+                    return  # another process rebuilt it meanwhile
+                sql = cur.execute("SELECT sql FROM sqlite_master WHERE type='table' AND name='attempts'").fetchone()[0]
+                new = re.sub(r"(\bcost_usd\s+REAL)\s+NOT\s+NULL", r"\1", sql, count=1, flags=re.I)
+                new = re.sub(r"^CREATE TABLE\s+(IF NOT EXISTS\s+)?\"?attempts\"?", "CREATE TABLE attempts_new", new,
+                             count=1, flags=re.I)
+                indexes = [r[0] for r in cur.execute(
+                    "SELECT sql FROM sqlite_master WHERE type='index' AND tbl_name='attempts' AND sql IS NOT NULL")]
+                cur.execute(new)
+                cur.execute("INSERT INTO attempts_new SELECT * FROM attempts")
+                cur.execute("DROP TABLE attempts")
+                cur.execute("ALTER TABLE attempts_new RENAME TO attempts")
+                for index in indexes:
+                    cur.execute(index)
+                if cur.execute("PRAGMA foreign_key_check").fetchone() is not None:
+                    raise sqlite3.IntegrityError("foreign keys broken by the attempts rebuild")
+        finally:
+            self.conn.execute("PRAGMA foreign_keys=ON")
+
+    @contextmanager
+    def tx(self) -> Iterator[sqlite3.Cursor]:
+        """One write transaction (BEGIN IMMEDIATE: writers queue on the busy timeout)."""
+        cur = self.conn.cursor()
+        cur.execute("BEGIN IMMEDIATE")
+        try:
+            yield cur
+            cur.execute("COMMIT")
+        except BaseException:
+            if self.conn.in_transaction:
+                self.conn.execute("ROLLBACK")
+            raise

@@ -1,0 +1,172 @@
+"""The ledger's records: a task, an attempt, a transition and a verdict as read back
+from their rows, and how a row becomes one.
+
+Reading a row is all this module does: the SQL lives in :mod:`fleetrun.ledger`,
+which re-exports these names (``from fleetrun.ledger import Task`` keeps working).
+"""
+
+from __future__ import annotations
+
+import json
+from dataclasses import dataclass, field
+from typing import TYPE_CHECKING, Any, Optional
+
+from .states import State
+from .taskspec import TaskSpec
+
+if TYPE_CHECKING:
+    import sqlite3
+
+__all__ = ["Attempt", "Task", "TransitionRow", "VerdictRow"]
+
+
+@dataclass
+class Task:
+    """A task as the ledger knows it: its spec plus where it stands."""
+
+    id: str
+    name: str
+    state: State
+    spec: TaskSpec
+    source: str
+    queue_id: str
+    created: float
+    updated: float
+    host: Optional[str] = None
+    worktree: Optional[str] = None
+    branch: Optional[str] = None
+    cost_usd: float = 0.0
+    attempts: int = 0
+    retries: int = 0
+    resumes: int = 0
+    no_start: int = 0
+    reason: str = ""
+    handoff: Optional[dict[str, Any]] = None
+    deps: list[str] = field(default_factory=list)
+
+    def to_json(self) -> dict[str, Any]:
+        return {
+            "id": self.id,
+            "name": self.name,
+            "state": self.state.value,
+            "attempts": self.attempts,
+            "retries": self.retries,
+            "resumes": self.resumes,
+            "host": self.host,
+            "worktree": self.worktree,
+            "branch": self.branch,
+            "cost_usd": round(self.cost_usd, 6),
+            "reason": self.reason,
+            "depends_on": list(self.spec.depends_on),
+            "source": self.source,
+            "created": self.created,
+            "updated": self.updated,
+        }
+
+    @classmethod
+    def from_row(cls, row: sqlite3.Row, spec: TaskSpec, deps: list[str]) -> Task:
+        """The task of a ``tasks`` row.
+
+        :param spec: the row's ``spec``, parsed (the ledger caches parsed specs).
+        :param deps: the ids of the tasks it depends on (the ``deps`` table).
+        """
+        return cls(
+            id=row["id"],
+            name=row["name"],
+            state=State(row["state"]),
+            spec=spec,
+            source=row["source"],
+            queue_id=row["queue_id"],
+            created=row["created"],
+            updated=row["updated"],
+            host=row["host"],
+            worktree=row["worktree"],
+            branch=row["branch"],
+            cost_usd=row["cost_usd"],
+            attempts=row["attempts"],
+            retries=row["retries"],
+            resumes=row["resumes"],
+            no_start=row["no_start"],
+            reason=row["reason"],
+            handoff=json.loads(row["handoff"]) if row["handoff"] else None,
+            deps=deps,
+        )
+
+
+@dataclass
+class Attempt:
+    """One run of an agent for a task (fresh, retry or resume)."""
+
+    id: str
+    task_id: str
+    number: int
+    kind: str
+    host: str
+    state: str  # leased / starting / running / ended / verified / abandoned
+    created: float
+    dir: Optional[str] = None
+    workspace: Optional[dict[str, Any]] = None
+    started: Optional[float] = None
+    ended: Optional[float] = None
+    exit_code: Optional[int] = None
+    outcome: Optional[str] = None
+    session_id: Optional[str] = None
+    #: None: unknown (the agent never reported it: killed, died, no result)
+    cost_usd: Optional[float] = 0.0
+    result_text: Optional[str] = None
+    shepherd_pid: Optional[int] = None
+    shepherd_token: Optional[str] = None
+    info: dict[str, Any] = field(default_factory=dict)
+
+    @classmethod
+    def from_row(cls, row: sqlite3.Row) -> Attempt:
+        """The attempt of an ``attempts`` row (its JSON columns parsed)."""
+        d = dict(row)
+        d["workspace"] = json.loads(d["workspace"]) if d["workspace"] else None
+        d["info"] = json.loads(d["info"]) if d["info"] else {}
+        return cls(**d)
+
+
+@dataclass
+class TransitionRow:
+    """One row of the append-only log of state changes."""
+
+    id: int
+    task_id: str
+    from_state: Optional[str]
+    to_state: str
+    cause: str
+    time: float
+    attempt: Optional[int]
+    host: Optional[str]
+
+    @classmethod
+    def from_row(cls, row: sqlite3.Row) -> TransitionRow:
+        """The transition of a ``transitions`` row."""
+        return cls(**dict(row))
+
+
+@dataclass
+class VerdictRow:
+    """What one verifier said about one attempt."""
+
+    task_id: str
+    attempt_id: str
+    idx: int
+    kind: str
+    label: str
+    passed: bool
+    reason: str
+    output: str
+    cost_usd: float
+    duration_s: float
+    host: str
+    time: float
+
+    @classmethod
+    def from_row(cls, row: sqlite3.Row) -> VerdictRow:
+        """The verdict of a ``verdicts`` row (without its row id)."""
+        d = dict(row)
+        d.pop("id")
+        d["passed"] = bool(d["passed"])
+        return cls(**d)
