@@ -4,7 +4,9 @@ This machine's headroom is measured with psutil on every pass that has a task to
 place: free memory, load per core, free disk where worktrees live, tasks holding a
 slot, and the memory the running attempts' agents take (see :class:`MemorySampler`).
 Tools are probed (:mod:`fleetrun.probe`) only when a task waiting for a place has
-``requires``. The decision itself is :func:`fleetrun.placement.decide`, a pure function.
+``requires``. The decision itself is :func:`fleetrun.placement.decide`, a pure function;
+:func:`builtin_place` adds the pins and the backoff around it and brings in what the
+``fleetrun_place_filter``/``fleetrun_place_score`` hooks say (:func:`plugin_rules`).
 """
 
 from __future__ import annotations
