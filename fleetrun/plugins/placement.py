@@ -241,7 +241,8 @@ def builtin_place(task: Any, candidates: list[Candidate], config: Any,
         the per-pass memory is kept for that list).
     :param config: the run's config.
     :param extra_filter: a filter of your own, applied after the hooks' filters (see
-        ``decide``'s ``extra_filter``); it is not remembered across calls.
+        ``decide``'s ``extra_filter``). As for the hooks, a wait is remembered for the
+        rest of the pass: the same task asked again in the pass gets the same wait.
     :param extra_score: a score of your own, added to the hooks' scores.
     :return: a :class:`~fleetrun.Placement` or a :class:`~fleetrun.Wait`.
     """
