@@ -307,6 +307,65 @@ def fleetrun_place(
     """
 
 
+@hookspec
+def fleetrun_place_filter(task: Task, candidate: Candidate, config: Config) -> Optional[str]:
+    """Keep ``task`` off ``candidate``, on top of the built-in checks. Results are
+    concatenated (every implementation is called); any non-empty string excludes the
+    candidate for this task.
+
+    Called by the built-in ``fleetrun_place`` (the ``placement`` plugin) inside its
+    decision, only for a candidate that passed every built-in check (reachable, not
+    draining, not backing off from this task, a free slot, the memory/load/disk
+    floors, ``requires``, the pin, a retry's machine): a filter can exclude more, never
+    let in what those exclude. Called at most once per (task, candidate) per pass of
+    the loop: the answer is remembered until the next pass, so a filter that looks at
+    something slow is not asked again for the same pair. Not called when a plugin's
+    own ``fleetrun_place`` returns a result first. A ``fleetconf.py`` may implement it.
+
+    :param task: the task being placed (a :class:`~fleetrun.ledger.Task`: ``name``,
+        ``spec`` with its ``requires``, ``state``, ``host`` of the previous attempt).
+    :param candidate: one place the attempt could run (a :class:`~fleetrun.Candidate`:
+        ``name`` — ``local`` for this machine, else the peer's —, ``kind``, ``tags``,
+        ``tools``, the measured headroom).
+    :param config: the run's config.
+    :return: None (or ``""``) to let the candidate take the task; else why not, as a
+        phrase that follows the candidate's name, the way the built-in reasons read:
+        ``"keeps GPU tasks off"`` is shown as ``this machine keeps GPU tasks off``
+        (``mini keeps GPU tasks off`` for a peer) in the task's wait, in ``fleetrun
+        status`` and in the ``waiting:`` line. With several filters saying no, the
+        first one's reason is shown (yours run before the built-ins'). The loop
+        cannot see a plugin's rule change, so when every candidate is held by such a
+        reason (or one only a person can clear) the wait counts as one only you can
+        clear: a run whose only tasks left wait like that ends (``cannot place:``).
+    """
+
+
+@hookspec
+def fleetrun_place_score(task: Task, candidate: Candidate, config: Config) -> Optional[float]:
+    """Prefer some candidates for ``task``. Results are concatenated and summed, and
+    the sum is added to the built-in score; the highest total wins.
+
+    The built-in score is the candidate's **free memory after placing, in MB** (its
+    free memory minus the memory the task is expected to take), so a score of ``1000``
+    weighs as much as 1000 MB of free memory, and ``1e9`` wins over any difference of
+    memory. Ties go to the candidate running fewer tasks, then to the first listed. A
+    candidate whose free memory is unknown ranks below every candidate whose figure
+    is known, whatever its score; among such candidates the score alone decides.
+
+    Called by the built-in ``fleetrun_place`` only for candidates that passed every
+    built-in check and every ``fleetrun_place_filter``: a score chooses among the
+    candidates that can take the task, it never lets in one that cannot. Called at
+    most once per (task, candidate) per pass of the loop. A ``fleetconf.py`` may
+    implement it.
+
+    :param task: the task being placed (a :class:`~fleetrun.ledger.Task`).
+    :param candidate: one candidate that can take it (a :class:`~fleetrun.Candidate`).
+    :param config: the run's config.
+    :return: a number to add to the built-in score (negative to avoid the candidate),
+        or None for no opinion.
+    """
+
+
 @hookspec(firstresult=True)
 def fleetrun_prepare_workspace(task: Task, attempt: Attempt, config: Config) -> Optional[Workspace]:
     """Make (or find again, on a retry or resume) the directory the attempt runs in.

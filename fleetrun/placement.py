@@ -2,7 +2,9 @@
 
 ``decide(requires, candidates, backoff, now, pin=...)`` -> :class:`Placement` or
 :class:`Wait`. No I/O and no clock: the loop measures, this decides, the loop writes
-the lease. The rules are documented in ``docs/policy.md``.
+the lease. The rules are documented in ``docs/policy.md``. A plugin's own filter and
+score (the ``fleetrun_place_filter``/``fleetrun_place_score`` hooks) come in as
+callables, so they add to the built-in checks instead of replacing them.
 """
 
 from __future__ import annotations
@@ -10,7 +12,7 @@ from __future__ import annotations
 import functools
 import re
 import time
-from collections.abc import Iterable, Mapping
+from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass
 from typing import Optional, Union
 
@@ -196,6 +198,28 @@ def reason_shape(reason: str) -> str:
     return _MEASURED.sub(lambda m: "#".join(g for g in m.groups() if g is not None), reason)
 
 
+#: A plugin's filter for one task: why a candidate may not take it (a phrase that
+#: follows the candidate's name, as in :func:`why_not`), or None/``""`` if it may.
+PlaceFilter = Callable[[Candidate], Optional[str]]
+#: A plugin's score for one task: added to the built-in score (see :func:`score`).
+PlaceScore = Callable[[Candidate], float]
+
+
+def score(c: Candidate, est_mem_mb: float, extra: float = 0.0) -> tuple[int, float, int]:
+    """The rank of a candidate that passed the filter: lower is better.
+
+    The built-in score is the candidate's **free memory after placing, in MB** (free
+    memory minus ``est_mem_mb``); ``extra`` (a plugin's score) is added to it, so a
+    score of 1000 weighs as much as 1000 MB of free memory. Ties go to the candidate
+    running fewer tasks (then, in :func:`decide`, to the earlier one). A candidate
+    whose free memory is unknown ranks below every one whose figure is known, and
+    among such candidates ``extra`` alone decides.
+    """
+    if c.free_mem_mb is None:
+        return (1, -extra, c.running)
+    return (0, -(c.free_mem_mb - est_mem_mb + extra), c.running)
+
+
 def decide(
     requires: Iterable[str],
     candidates: list[Candidate],
@@ -203,9 +227,14 @@ def decide(
     now: float = 0.0,
     pin: Optional[str] = None,
     est_mem_mb: Optional[Mapping[str, float]] = None,
+    extra_filter: Optional[PlaceFilter] = None,
+    extra_score: Optional[PlaceScore] = None,
 ) -> Union[Placement, Wait]:
     """Filter, then score: the most free memory after placing; ties to the fewest
     running, then to the earlier candidate.
+
+    Pure: it reads only its arguments (and calls the two callables), so a plugin's own
+    ``fleetrun_place`` can call it to get the built-in decision and adjust it.
 
     :param requires: the task's ``requires``.
     :param candidates: where an attempt could run, with their headroom and limits.
@@ -214,6 +243,15 @@ def decide(
     :param pin: the only candidate allowed (``peer =``, or a retry's machine).
     :param est_mem_mb: the memory a task is expected to take, per candidate name
         (default: that candidate's ``mem_per_task_mb``).
+    :param extra_filter: called for each candidate that passed every built-in check
+        (so never for one that :func:`why_not` excludes); a non-empty string excludes
+        it, and the reason given for it is ``"<candidate> <string>"`` (``this machine``
+        or the peer's name first, as in :func:`why_not`). Nothing clears such a reason
+        by itself, so it counts as :func:`blocked`: when every candidate is held by one
+        (or by a built-in reason only a person can change), the Wait is ``operator``.
+    :param extra_score: called for each candidate that passed every check, the
+        built-in ones and ``extra_filter``; its result is added to the built-in score
+        (see :func:`score`: free memory after placing, in MB).
     :return: a :class:`Placement`, or a :class:`Wait` whose reason names every
         candidate that was considered and why it could not take the task, joined
         with ``; ``; ``until`` is the earliest end of a backoff, if any. When every
@@ -229,22 +267,27 @@ def decide(
         if not pool:
             return Wait(unpaired(pin), operator=unpaired(pin))
     reasons: list[str] = []
+    filtered: dict[str, str] = {}
     best: Optional[Candidate] = None
-    best_key: tuple[float, int] = (0.0, 0)
+    best_key: tuple[int, float, int] = (0, 0.0, 0)
     for c in pool:
         est = est_mem_mb.get(c.name, c.mem_per_task_mb)
         why = why_not(c, requires, est, backoff.get(c.name), now)
+        if not why and extra_filter is not None:
+            said = extra_filter(c)
+            if said:
+                why = filtered[c.name] = f"{label(c)} {said}"
         if why:
             reasons.append(why)
             continue
-        after = (c.free_mem_mb - est) if c.free_mem_mb is not None else float("-inf")
-        key = (-after, c.running)
+        key = score(c, est, extra_score(c) if extra_score is not None else 0.0)
         if best is None or key < best_key:
             best, best_key = c, key
     if best is None:
         names = {c.name for c in pool}
         until = min((b.until for n, b in backoff.items() if b.until > now and n in names), default=None)
-        stuck = [blocked(c, requires) for c in pool]
+        # a plugin's rule is code no pass changes: only a person (editing it) clears it
+        stuck = [blocked(c, requires) or filtered.get(c.name) for c in pool]
         operator = "; ".join(s for s in stuck if s) if all(stuck) else None
         return Wait("; ".join(reasons) or "no machine can take tasks", until=until,
                     operator=operator if pool else "no machine can take tasks")

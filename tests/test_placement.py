@@ -27,6 +27,7 @@ from fleetrun.placement import (
     requirement_met,
     why_not,
 )
+from fleetrun.pluginmanager import FleetPluginManager
 from fleetrun.plugins import placement as plugin
 from fleetrun.policy import LocalPolicy, Policy
 from fleetrun.probe import Prober, claude_auth, parse_version, probe_versions, tool_names
@@ -513,6 +514,9 @@ class FakeConfig:
         self._settings = settings or {}
         self._max_tasks = max_tasks
         self.invocation_dir = home
+        # the hooks the place plugin calls (fleetrun_place_filter/_score), with no plugin
+        self.pluginmanager = FleetPluginManager()
+        self.hook = self.pluginmanager.hook
 
     def getoption(self, name: str, default: Any = None) -> Any:
         return self._max_tasks if name == "max_tasks" else default
@@ -647,3 +651,160 @@ def test_a_placement_in_the_pass_clears_what_was_remembered() -> None:
     assert isinstance(plugin.same_pass(stash, fleet, [], None, {}), Placement)
     fleet[0].running += 1  # as the loop does
     assert plugin.same_pass(stash, fleet, ["docker"], None, {}).reason == "this machine is running 4 of 4 tasks"  # type: ignore[union-attr]
+
+
+# -- plugin filters and scores (fleetrun_place_filter / fleetrun_place_score) --------------
+
+
+def test_a_score_changes_which_of_two_candidates_is_chosen() -> None:
+    """The built-in score is the free memory after placing, in MB: a plugin's score adds to it."""
+    local = Candidate("local", free_mem_mb=5000, mem_per_task_mb=1000)
+    mini = Candidate("mini", kind="peer", free_mem_mb=6000, mem_per_task_mb=1000)
+    assert decide([], [local, mini]) == Placement("mini", reason="placed on mini")
+    prefer_local = {"local": 1500.0}
+    got = decide([], [local, mini], extra_score=lambda c: prefer_local.get(c.name, 0.0))
+    assert got == Placement("local", reason="placed on this machine")
+    # 1000 MB of preference is exactly the 1000 MB that separates them: the tie goes to fewer running
+    mini.running = 1
+    assert decide([], [local, mini], extra_score=lambda c: 1000.0 if c.name == "local" else 0.0).host == "local"
+    # a candidate whose free memory is unknown still ranks below every known one; among
+    # unknown ones the plugin's score decides
+    a, b = Candidate("a", kind="peer"), Candidate("b", kind="peer")
+    assert decide([], [a, b]).host == "a"
+    assert decide([], [a, b], extra_score=lambda c: 1.0 if c.name == "b" else 0.0).host == "b"
+    assert decide([], [a, local], extra_score=lambda c: 1e9 if c.name == "a" else 0.0).host == "local"
+
+
+def test_a_filter_excludes_with_its_reason_in_the_built_in_shape() -> None:
+    local = Candidate("local", free_mem_mb=9000)
+    mini = Candidate("mini", kind="peer", free_mem_mb=100)
+    keep_off = lambda c: "is kept free of GPU tasks" if c.name == "local" else None  # noqa: E731
+    assert decide([], [local, mini], extra_filter=keep_off).host == "mini"
+    got = decide([], [local], extra_filter=keep_off)
+    assert isinstance(got, Wait)
+    assert got.reason == "this machine is kept free of GPU tasks"
+    # no pass clears a plugin's rule by itself: with every candidate held by one, a person must act
+    assert got.operator == "this machine is kept free of GPU tasks"
+    # an empty string excludes nothing
+    assert decide([], [local], extra_filter=lambda c: "").host == "local"
+    # a floor that may clear comes first, and the wait is not the operator's
+    full = Candidate("local", running=4, max_tasks=4)
+    assert decide([], [full], extra_filter=keep_off) == Wait("this machine is running 4 of 4 tasks")
+
+
+def test_filters_and_scores_keep_every_built_in_check() -> None:
+    """requires, floors, backoff and the pin still hold, however a plugin scores."""
+    seen: list[str] = []
+
+    def score(c: Candidate) -> float:
+        seen.append(c.name)
+        return 1e9 if c.name == "local" else 0.0
+
+    local = Candidate("local", free_mem_mb=9000, min_free_mem_mb=100)
+    mini = Candidate("mini", kind="peer", free_mem_mb=2000, tags=frozenset({"gpu"}))
+    assert decide(["gpu"], [local, mini], extra_score=score).host == "mini"
+    assert decide(["no-such-tool"], [local], extra_score=score) == Wait(
+        "this machine lacks `no-such-tool`", operator="this machine lacks `no-such-tool`")
+    now = time.time()
+    assert decide([], [local, mini], {"local": Backoff(1, now + 60)}, now, extra_score=score).host == "mini"
+    assert decide([], [local, mini], pin="mini", extra_score=score).host == "mini"
+    starved = Candidate("local", free_mem_mb=500, min_free_mem_mb=100, mem_per_task_mb=1024)
+    assert isinstance(decide([], [starved], extra_score=score), Wait)
+    assert seen == ["mini", "mini", "mini"]  # only candidates that passed every check are scored
+
+
+def _place_with(cfg: Any, task: Any, cands: list[Candidate]) -> Any:
+    return plugin.fleetrun_place(task=task, candidates=cands, policy=Policy(), config=cfg)
+
+
+def test_the_place_plugin_calls_the_filter_and_score_hooks(tmp_path: Path) -> None:
+    calls: list[tuple[str, str, str]] = []
+
+    class Prefs:
+        @staticmethod
+        def fleetrun_place_filter(task: Any, candidate: Candidate, config: Any) -> Optional[str]:
+            calls.append(("filter", task.id, candidate.name))
+            return "is kept free of GPU tasks" if "gpu" in task.spec.requires and candidate.kind == "local" else None
+
+        @staticmethod
+        def fleetrun_place_score(task: Any, candidate: Candidate, config: Any) -> Optional[float]:
+            calls.append(("score", task.id, candidate.name))
+            return 5000.0 if candidate.name == "studio" else None
+
+    class Second:
+        @staticmethod
+        def fleetrun_place_score(task: Any, candidate: Candidate, config: Any) -> Optional[float]:
+            return -4000.0 if candidate.name == "studio" else None  # summed with Prefs': +1000 in all
+
+    cfg = FakeConfig(tmp_path)
+    cfg.pluginmanager.register(Prefs(), "prefs")
+    local = Candidate("local", free_mem_mb=9000, tags=frozenset({"gpu"}))
+    studio = Candidate("studio", kind="peer", free_mem_mb=6000)
+    assert _place_with(cfg, FakeTask("t1"), [local, studio]).host == "studio"
+    cfg.pluginmanager.register(Second(), "second")
+    assert _place_with(cfg, FakeTask("t2"), [local, studio]).host == "local"  # 6000 + 1000 < 9000
+    cfg.pluginmanager.unregister(name="second")
+
+    # the filter's reason is the task's wait, in why_not's shape; requires still hold
+    calls.clear()
+    gpu = FakeTask("t3", requires=["gpu"])
+    got = _place_with(cfg, gpu, [local])
+    assert got == Wait("this machine is kept free of GPU tasks", operator="this machine is kept free of GPU tasks")
+    assert _place_with(cfg, FakeTask("t4", requires=["no-such-tool"]), [local, studio]).reason == \
+        "this machine lacks `no-such-tool`; studio lacks `no-such-tool`"
+    # a retry goes back to its machine, whatever the score says
+    from fleetrun.states import State
+
+    assert _place_with(cfg, FakeTask("t5", state=State.RETRYING, host="local"), [local, studio]).host == "local"
+
+
+def test_a_filter_is_called_once_per_task_and_candidate_in_a_pass(tmp_path: Path) -> None:
+    calls: list[tuple[str, str]] = []
+
+    class Count:
+        @staticmethod
+        def fleetrun_place_filter(task: Any, candidate: Candidate, config: Any) -> Optional[str]:
+            calls.append((task.id, candidate.name))
+            return "says no" if task.id == "t1" else None
+
+    cfg = FakeConfig(tmp_path)
+    cfg.pluginmanager.register(Count(), "count")
+    full = Candidate("local", running=3, max_tasks=4)
+    fleet = [full, Candidate("mini", kind="peer", running=2, max_tasks=2)]
+    for _ in range(3):  # the same pass (the same candidates list): asked once
+        assert _place_with(cfg, FakeTask("t1"), fleet).reason == "this machine says no; mini is running 2 of 2 tasks"
+    assert calls == [("t1", "local")]
+    # another task of the same shape is asked about itself: the filter may look at the task
+    assert _place_with(cfg, FakeTask("t2"), fleet).host == "local"
+    assert calls == [("t1", "local"), ("t2", "local")]
+    # a new pass asks again
+    fleet2 = [Candidate("local", running=3, max_tasks=4)]
+    assert _place_with(cfg, FakeTask("t1"), fleet2).reason == "this machine says no"
+    assert calls[-1] == ("t1", "local") and len(calls) == 3
+
+
+def test_builtin_place_takes_a_filter_and_a_score_of_ones_own(tmp_path: Path) -> None:
+    """What a plugin's own fleetrun_place calls to keep every built-in check (docs/plugins.md)."""
+    from fleetrun.states import State
+
+    cfg = FakeConfig(tmp_path)
+    local = Candidate("local", free_mem_mb=9000)
+    studio = Candidate("studio", kind="peer", free_mem_mb=6000)
+    fleet = [local, studio]
+    prefer = lambda c: 1e9 if c.name == "studio" else 0.0  # noqa: E731
+    assert plugin.builtin_place(FakeTask("t1"), fleet, cfg, extra_score=prefer).host == "studio"
+    assert plugin.builtin_place(FakeTask("t2"), fleet, cfg).host == "local"
+    off = lambda c: "is off limits" if c.name == "studio" else None  # noqa: E731
+    assert plugin.builtin_place(FakeTask("t3"), fleet, cfg, extra_filter=off, extra_score=prefer).host == "local"
+    # the built-in checks still hold: requires, a retry's machine
+    got = plugin.builtin_place(FakeTask("t4", requires=["no-such-tool"]), fleet, cfg, extra_score=prefer)
+    assert got.reason == "this machine lacks `no-such-tool`; studio lacks `no-such-tool`"
+    retry = FakeTask("t5", state=State.RETRYING, host="local")
+    assert plugin.builtin_place(retry, fleet, cfg, extra_score=prefer).host == "local"
+    # one task's answer is not another's when a filter may look at the task
+    busy = [Candidate("local", running=3, max_tasks=4)]
+    only_t6 = lambda c: "says no to t6" if seen_task[0] == "t6" else None  # noqa: E731
+    seen_task = ["t6"]
+    assert plugin.builtin_place(FakeTask("t6"), busy, cfg, extra_filter=only_t6).reason == "this machine says no to t6"
+    seen_task[0] = "t7"
+    assert plugin.builtin_place(FakeTask("t7"), busy, cfg, extra_filter=only_t6).host == "local"

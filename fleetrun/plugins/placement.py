@@ -4,7 +4,9 @@ This machine's headroom is measured with psutil on every pass that has a task to
 place: free memory, load per core, free disk where worktrees live, tasks holding a
 slot, and the memory the running attempts' agents take (see :class:`MemorySampler`).
 Tools are probed (:mod:`fleetrun.probe`) only when a task waiting for a place has
-``requires``. The decision itself is :func:`fleetrun.placement.decide`, a pure function.
+``requires``. The decision itself is :func:`fleetrun.placement.decide`, a pure function;
+:func:`builtin_place` adds the pins and the backoff around it and brings in what the
+``fleetrun_place_filter``/``fleetrun_place_score`` hooks say (:func:`plugin_rules`).
 """
 
 from __future__ import annotations
@@ -18,7 +20,7 @@ from typing import Any, Callable, Optional, Union
 
 from .. import clock
 from ..hookimpl import hookimpl
-from ..placement import decide, parse_requirement, reason_shape
+from ..placement import PlaceFilter, PlaceScore, decide, parse_requirement, reason_shape
 from ..policy import local_drain_source
 from ..probe import Prober, tool_names
 from ..reports import Candidate, Placement, Wait
@@ -219,6 +221,31 @@ def stays_local(spec: Any) -> Optional[str]:
 
 @hookimpl(trylast=True)
 def fleetrun_place(task: Any, candidates: list[Candidate], policy: Any, config: Any) -> Union[Placement, Wait]:
+    return builtin_place(task, candidates, config)
+
+
+def builtin_place(task: Any, candidates: list[Candidate], config: Any,
+                  extra_filter: Optional[PlaceFilter] = None,
+                  extra_score: Optional[PlaceScore] = None) -> Union[Placement, Wait]:
+    """The built-in placement decision for ``task``, every check included: the pin
+    (``peer =``; a retry or resume goes back to its machine; a task with a role, or a
+    ``brain``/``agent`` verifier without ``git_ref``, stays here), one task at a time in
+    a checkout without ``git_ref``, this task's backoff, then :func:`~fleetrun.placement.decide`
+    with the ``fleetrun_place_filter``/``fleetrun_place_score`` hooks' results.
+
+    What the default ``fleetrun_place`` returns. A plugin's own ``fleetrun_place`` can
+    call it to get the built-in decision and adjust it.
+
+    :param task: the task to place (a :class:`~fleetrun.ledger.Task`).
+    :param candidates: this pass's candidates (the list ``fleetrun_place`` was given:
+        the per-pass memory is kept for that list).
+    :param config: the run's config.
+    :param extra_filter: a filter of your own, applied after the hooks' filters (see
+        ``decide``'s ``extra_filter``). As for the hooks, a wait is remembered for the
+        rest of the pass: the same task asked again in the pass gets the same wait.
+    :param extra_score: a score of your own, added to the hooks' scores.
+    :return: a :class:`~fleetrun.Placement` or a :class:`~fleetrun.Wait`.
+    """
     pin = task.spec.peer
     if pin is not None and pin in ("local", "localhost", socket.gethostname()):
         pin = "local"
@@ -234,8 +261,70 @@ def fleetrun_place(task: Any, candidates: list[Candidate], policy: Any, config: 
     if shared is not None:
         return Wait(f"another task works in {shared} (no git_ref)")
     backoff = config.stash.get("backoff", {}).get(task.id, {})
-    decision = same_pass(config.stash, candidates, task.spec.requires, pin, backoff)
+    filt, sc = plugin_rules(config, task, candidates, extra_filter, extra_score)
+    decision = same_pass(config.stash, candidates, task.spec.requires, pin, backoff,
+                         task_id=task.id, extra_filter=filt, extra_score=sc)
     return steady(config.stash.setdefault("placement_reasons", {}), task.id, decision)
+
+
+class PassRules:
+    """What the ``fleetrun_place_filter``/``fleetrun_place_score`` hooks said in one
+    pass, per (task, candidate): each is asked at most once per pair and pass (the
+    loop makes a new candidates list every pass; a new list starts afresh)."""
+
+    def __init__(self) -> None:
+        self.candidates: Optional[list[Candidate]] = None
+        self.filters: dict[tuple[str, str], Optional[str]] = {}
+        self.scores: dict[tuple[str, str], float] = {}
+
+    def start(self, candidates: list[Candidate]) -> None:
+        if self.candidates is not candidates:
+            self.candidates = candidates
+            self.filters.clear()
+            self.scores.clear()
+
+
+def _first_reason(results: list[Any]) -> Optional[str]:
+    # the first non-empty string, in hook call order (yours before the built-ins')
+    return next((r for r in results if isinstance(r, str) and r.strip()), None)
+
+
+def plugin_rules(config: Any, task: Any, candidates: list[Candidate],
+                 extra_filter: Optional[PlaceFilter] = None,
+                 extra_score: Optional[PlaceScore] = None) -> tuple[Optional[PlaceFilter], Optional[PlaceScore]]:
+    """The filter and score :func:`~fleetrun.placement.decide` applies for ``task``:
+    the hooks' results (remembered for this pass) and the given extras; None for
+    either when there is nothing to apply, so a fleet without such plugins decides
+    as fast as before."""
+    hook = config.hook
+    has_filter = bool(hook.fleetrun_place_filter.get_hookimpls())
+    has_score = bool(hook.fleetrun_place_score.get_hookimpls())
+    if not (has_filter or has_score or extra_filter or extra_score):
+        return None, None
+    rules: PassRules = config.stash.setdefault("placement_rules", PassRules())
+    rules.start(candidates)
+
+    def filt(c: Candidate) -> Optional[str]:
+        said: Optional[str] = None
+        if has_filter:
+            key = (task.id, c.name)
+            if key not in rules.filters:
+                rules.filters[key] = _first_reason(hook.fleetrun_place_filter(task=task, candidate=c, config=config))
+            said = rules.filters[key]
+        if not said and extra_filter is not None:
+            said = extra_filter(c)
+        return said
+
+    def sc(c: Candidate) -> float:
+        total = 0.0
+        if has_score:
+            key = (task.id, c.name)
+            if key not in rules.scores:
+                rules.scores[key] = float(sum(hook.fleetrun_place_score(task=task, candidate=c, config=config)))
+            total = rules.scores[key]
+        return total + (extra_score(c) if extra_score is not None else 0.0)
+
+    return (filt if has_filter or extra_filter else None), (sc if has_score or extra_score else None)
 
 
 def checkout_of(cwd: str) -> str:
@@ -264,22 +353,29 @@ def checkout_in_use(config: Any, task: Any) -> Optional[str]:
 
 
 def same_pass(stash: dict[str, Any], candidates: list[Candidate], requires: list[str], pin: Optional[str],
-              backoff: dict[str, Any]) -> Union[Placement, Wait]:
+              backoff: dict[str, Any], task_id: Optional[str] = None,
+              extra_filter: Optional[PlaceFilter] = None,
+              extra_score: Optional[PlaceScore] = None) -> Union[Placement, Wait]:
     """:func:`decide`, remembering within one pass what a task of the same shape was told.
 
     A long queue mostly waits, and tasks with the same ``requires`` and pin get the
     same answer while the candidates are unchanged: the loop makes a new candidates
     list every pass and changes it only after a placement, which clears what is
-    remembered. A task with a backoff of its own is always decided afresh.
+    remembered. A task with a backoff of its own is always decided afresh. With a
+    plugin's filter or score, which may look at the task, only the same task
+    (``task_id``) gets the answer again.
     """
     memo: Optional[tuple[list[Candidate], dict[Any, Wait]]] = stash.get("placement_pass")
     if memo is None or memo[0] is not candidates:
         memo = stash["placement_pass"] = (candidates, {})
-    key = (tuple(requires), pin) if not backoff else None
+    key: Optional[tuple[Any, ...]] = (tuple(requires), pin) if not backoff else None
+    if key is not None and (extra_filter is not None or extra_score is not None):
+        key = (*key, task_id) if task_id is not None else None
     hit = memo[1].get(key) if key is not None else None
     if hit is not None:
         return Wait(hit.reason, until=hit.until, operator=hit.operator)
-    decision = decide(requires, candidates, backoff, clock.now(), pin=pin)
+    decision = decide(requires, candidates, backoff, clock.now(), pin=pin,
+                      extra_filter=extra_filter, extra_score=extra_score)
     if isinstance(decision, Placement):
         memo[1].clear()
     elif key is not None:

@@ -237,3 +237,69 @@ def test_measured_memory_replaces_mem_per_task_mb(fleeter: Any, fake_claude: Any
     measured = [mb for _, mb, how in seen if how == "measured"]
     assert measured, seen
     assert all(0 < mb < 4321 for mb in measured)  # the fake agent is a small python process
+
+
+# -- plugin filters and scores: the built-in checks still hold -------------------------------
+
+PREFS = '''
+    import json
+    import fleetrun
+
+    def note(*what):
+        with open({log!r}, "a") as f:
+            f.write(json.dumps(what) + "\\n")
+
+    @fleetrun.hookimpl
+    def fleetrun_place_filter(task, candidate, config):
+        note("filter", task.name, candidate.name)
+        if task.name == "gpu-train" and candidate.name == "local":
+            return "keeps GPU tasks off (fleetconf.py)"
+        return None
+
+    @fleetrun.hookimpl
+    def fleetrun_place_score(task, candidate, config):
+        note("score", task.name, candidate.name)
+        return 1e9  # no score makes up for a requirement that is not met
+'''
+
+
+def test_requires_still_hold_with_a_filter_and_a_score_loaded(fleeter: Any, fake_claude: Any) -> None:
+    """Issue 12: a tagged task with ``requires = ["no-such-tool"]`` waits with the built-in
+    reason even with placement plugins loaded; an untagged one is scored and runs."""
+    log = fleeter.path / "place.ndjson"
+    fleeter.write_fleetconf(PREFS.format(log=str(log)))
+    tasks(fleeter, "plain")
+    fleeter.write_tasks(fleeter.path.joinpath("tasks.toml").read_text() + '''
+[[task]]
+name = "tagged"
+cwd = "repo"
+prompt = "p"
+git_ref = "main"
+requires = ["no-such-tool"]
+''')
+    fake_claude.script(default=[{"actions": [["write", "out.txt", "x"], ["commit", "add out"]]}])
+    r = fleeter.run("tasks.toml")
+    assert r.ret == 1, r.stdout + r.stderr
+    r.fnmatch_lines(["waiting: task_* (tagged): this machine lacks `no-such-tool`"])
+    r.fnmatch_lines(["cannot place: tagged: this machine lacks `no-such-tool`"])
+    assert fleeter.states() == {"plain": "DONE", "tagged": "READY"}
+    assert [c["env"]["FLEETRUN_TASK_NAME"] for c in fake_claude.calls()] == ["plain"]
+    calls = [tuple(json.loads(x)) for x in log.read_text().splitlines()]
+    assert ("filter", "plain", "local") in calls and ("score", "plain", "local") in calls
+    assert not [c for c in calls if c[1] == "tagged"]  # the built-in checks come first
+
+
+def test_a_filters_reason_is_the_tasks_wait(fleeter: Any, fake_claude: Any) -> None:
+    log = fleeter.path / "place.ndjson"
+    fleeter.write_fleetconf(PREFS.format(log=str(log)))
+    tasks(fleeter, "gpu-train", "docs")
+    fake_claude.script(default=[{"actions": [["write", "out.txt", "x"], ["commit", "add out"]]}])
+    r = fleeter.run("tasks.toml")
+    assert r.ret == 1, r.stdout + r.stderr
+    reason = "this machine keeps GPU tasks off (fleetconf.py)"
+    r.fnmatch_lines([f"waiting: task_* (gpu-train): {reason}"])
+    r.fnmatch_lines([f"cannot place: gpu-train: {reason}"])
+    assert fleeter.states() == {"gpu-train": "READY", "docs": "DONE"}
+    assert [c["env"]["FLEETRUN_TASK_NAME"] for c in fake_claude.calls()] == ["docs"]
+    fleeter.run("status", "--graph").fnmatch_lines([f"gpu-train [[]READY] task_*  {reason}"])
+    fleeter.run("status").fnmatch_lines([f"*gpu-train*{reason}*"])
