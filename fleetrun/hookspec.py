@@ -309,9 +309,9 @@ def fleetrun_place(
 
 @hookspec
 def fleetrun_place_filter(task: Task, candidate: Candidate, config: Config) -> Optional[str]:
-    """Keep ``task`` off ``candidate``, on top of the built-in checks. Results are
-    concatenated (every implementation is called); any non-empty string excludes the
-    candidate for this task.
+    """Keep ``task`` off ``candidate``, on top of the built-in checks. Every
+    implementation is called; any non-empty string excludes the candidate for this
+    task. Results are concatenated.
 
     Called by the built-in ``fleetrun_place`` (the ``placement`` plugin) inside its
     decision, only for a candidate that passed every built-in check (reachable, not
@@ -320,7 +320,9 @@ def fleetrun_place_filter(task: Task, candidate: Candidate, config: Config) -> O
     let in what those exclude. Called at most once per (task, candidate) per pass of
     the loop: the answer is remembered until the next pass, so a filter that looks at
     something slow is not asked again for the same pair. Not called when a plugin's
-    own ``fleetrun_place`` returns a result first. A ``fleetconf.py`` may implement it.
+    own ``fleetrun_place`` returns a result first.
+
+    May be implemented in a ``fleetconf.py``: yes.
 
     :param task: the task being placed (a :class:`~fleetrun.ledger.Task`: ``name``,
         ``spec`` with its ``requires``, ``state``, ``host`` of the previous attempt).
@@ -342,8 +344,8 @@ def fleetrun_place_filter(task: Task, candidate: Candidate, config: Config) -> O
 
 @hookspec
 def fleetrun_place_score(task: Task, candidate: Candidate, config: Config) -> Optional[float]:
-    """Prefer some candidates for ``task``. Results are concatenated and summed, and
-    the sum is added to the built-in score; the highest total wins.
+    """Prefer some candidates for ``task``. Results are concatenated. They are summed
+    and the sum is added to the built-in score; the highest total wins.
 
     The built-in score is the candidate's **free memory after placing, in MB** (its
     free memory minus the memory the task is expected to take), so a score of ``1000``
@@ -355,8 +357,9 @@ def fleetrun_place_score(task: Task, candidate: Candidate, config: Config) -> Op
     Called by the built-in ``fleetrun_place`` only for candidates that passed every
     built-in check and every ``fleetrun_place_filter``: a score chooses among the
     candidates that can take the task, it never lets in one that cannot. Called at
-    most once per (task, candidate) per pass of the loop. A ``fleetconf.py`` may
-    implement it.
+    most once per (task, candidate) per pass of the loop.
+
+    May be implemented in a ``fleetconf.py``: yes.
 
     :param task: the task being placed (a :class:`~fleetrun.ledger.Task`).
     :param candidate: one candidate that can take it (a :class:`~fleetrun.Candidate`).
