@@ -10,6 +10,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any, Callable, Iterable, Optional
 
 from .exceptions import UsageError
+from .tomlfile import describe_value
 
 if TYPE_CHECKING:
     from .pluginmanager import FleetPluginManager
@@ -160,20 +161,6 @@ class Config:
         return self.home.joinpath(*parts)
 
 
-def _describe(value: Any) -> str:
-    if isinstance(value, bool):
-        return "true/false"
-    if isinstance(value, str):
-        return "a string"
-    if isinstance(value, (int, float)):
-        return f"the number {value}"
-    if isinstance(value, dict):
-        return "a table"
-    if isinstance(value, list):
-        return "a list"
-    return type(value).__name__
-
-
 def _type_name(types: tuple[type, ...], items: Optional[type]) -> str:
     if set(types) == {int, float}:
         return "a number"
@@ -199,7 +186,7 @@ def _value_problem(decl: ConfigKey, value: Any) -> Optional[str]:
     import math
 
     if decl.types and not _of_type(value, decl.types):
-        return f"expected {_type_name(decl.types, decl.items)}, got {_describe(value)}"
+        return f"expected {_type_name(decl.types, decl.items)}, got {describe_value(value)}"
     if isinstance(value, float) and not math.isfinite(value):
         return "must be a finite number"
     if decl.items is not None and isinstance(value, (list, dict)):
@@ -207,7 +194,7 @@ def _value_problem(decl: ConfigKey, value: Any) -> Optional[str]:
             if not _of_type(item, (decl.items,)):
                 kind = "table" if isinstance(value, dict) else "list"
                 return (f"expected {_type_name((type(value),), decl.items)}, "
-                        f"got a {kind} holding {_describe(item)}")
+                        f"got a {kind} holding {describe_value(item)}")
     if decl.choices and value not in decl.choices:
         return f"{value!r} is not one of {', '.join(str(c) for c in decl.choices)}"
     if decl.check is not None:

@@ -12,9 +12,10 @@ import hashlib
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Callable, Optional
 
-from .collect import KeyTable, TaskFile, check_branches, check_graph, check_refs, display_path
+from .collect import KeyTable, TaskFile, check_graph, display_path
 from .exceptions import UsageError, UsageErrors
 from .ledger import Task, open_ledger
+from .repochecks import check_branches, check_refs
 
 if TYPE_CHECKING:
     from .config import Config
