@@ -10,7 +10,7 @@ import difflib
 import os
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Iterable, Optional
+from typing import Any, Callable, Iterable, Optional
 
 from .exceptions import UsageError, UsageErrors
 
@@ -95,8 +95,12 @@ def display_path(path: Path, invocation_dir: Optional[Path] = None) -> str:
         return str(path)
 
 
-def collect_toml(path: Path, keys: KeyTable, display: str) -> TaskFile:
-    """Parse and validate one TOML tasks file; raise :class:`UsageErrors` with every problem."""
+def collect_toml(path: Path, keys: KeyTable, display: str, defaults: Optional[dict[str, Any]] = None) -> TaskFile:
+    """Parse and validate one TOML tasks file; raise :class:`UsageErrors` with every problem.
+
+    :param defaults: the project file's task defaults (:func:`collect_defaults`), under
+        the file's own top-level defaults.
+    """
     data, text = parse_toml_file(path, display)
     lines = map_lines(text)
     errs = _Errors(display)
@@ -114,7 +118,7 @@ def collect_toml(path: Path, keys: KeyTable, display: str) -> TaskFile:
         errs.add(lines.get("top", "task"), "task", "must be an array of tables, written [[task]]")
         raw_tasks = []
 
-    default_setup: list[VerifySpec] = []
+    default_setup: list[VerifySpec] = list((defaults or {}).get("setup", []))
     if "setup" in data:
         default_setup = _collect_setup(data["setup"], lines.get("top", "setup"), "setup", errs) or []
 
@@ -193,6 +197,32 @@ def _collect_setup(value: Any, line: int, label: str, errs: _Errors) -> Optional
             continue
         steps.append(VerifySpec(kind="run", text=item, timeout_s=float(timeout), extra={"setup": k}, line=line))
     return steps if len(errs.items) == n_before else None
+
+
+def collect_defaults(table: dict[str, Any], line_of: Callable[[str], int], display: str,
+                     label: str) -> dict[str, Any]:
+    """Task defaults from outside a tasks file (the project file's ``[task]``): the keys
+    a tasks file takes at its top level as defaults (:data:`TOP_LEVEL_DEFAULTS`), with
+    the same checks.
+
+    :param line_of: the line a key was written on.
+    :param label: what errors put before a key (``tool.fleetrun.task.``).
+    :return: the checked values, by key, as :func:`collect_toml` takes them.
+    :raises UsageError: every mistake at once.
+    """
+    errs = _Errors(display)
+    out: dict[str, Any] = {}
+    for key, value in table.items():
+        if key not in TOP_LEVEL_DEFAULTS:
+            errs.add(line_of(key), f"{label}{key}",
+                     f"unknown key (a default of every task can be: {', '.join(TOP_LEVEL_DEFAULTS)})")
+            continue
+        steps = _collect_setup(value, line_of(key), f"{label}{key}", errs)  # setup: the only one yet
+        if steps is not None:
+            out[key] = steps
+    if errs.items:
+        raise UsageErrors(errs.items) if len(errs.items) > 1 else errs.items[0]
+    return out
 
 
 def _collect_task(
