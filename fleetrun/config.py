@@ -103,6 +103,8 @@ class Config:
 
     :ivar pluginmanager: the run's :class:`~fleetrun.pluginmanager.FleetPluginManager`.
     :ivar hook: ``pluginmanager.hook``, to call hooks.
+    :ivar project: the project file (:class:`~fleetrun.projconf.ProjectConfig`:
+        ``[tool.fleetrun]`` or ``fleetrun.toml``, docs/configuration.md), or None.
     :ivar option: the parsed command line (an :class:`argparse.Namespace`).
     :ivar home: the state folder (``$FLEETRUN_HOME``, default ``~/.fleetrun``).
     :ivar stash: a dict plugins may keep run-wide state in, under their own keys.
@@ -120,7 +122,6 @@ class Config:
         self.file_settings: dict[str, Any] = {}
         self.out: Any = sys.stdout
         self.err: Any = sys.stderr
-        #: the project file (``[tool.fleetrun]`` / ``fleetrun.toml``) of this run, if any
         self.project: Optional[ProjectConfig] = None
 
     def getoption(self, name: str, default: Any = None) -> Any:
