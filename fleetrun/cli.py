@@ -16,6 +16,7 @@ from .version import __version__
 
 if TYPE_CHECKING:
     from .config import Config, Parser
+    from .projconf import ProjectConfig
     from .verbs import VerbDecl
 
 #: Verbs of built-in plugins, by plugin: when the plugin is blocked (``-p no:relay``)
@@ -26,6 +27,10 @@ _BLOCKED_PLUGIN_VERBS: dict[str, tuple[str, ...]] = {"relay": ("relay", "host")}
 #: polls over SSH, need only the home: the relay's peer side answers them before any
 #: plugin manager is built (a module path, as the plugin manager names its built-ins).
 _FAST_PATHS: dict[str, str] = {"host": "fleetrun.plugins.relay.peer.verbs"}
+
+#: Verbs a supervisor drives on a peer over SSH: they read no project file and no
+#: ``FLEETRUN_ADDOPTS`` (their folder is not the user's checkout).
+_NO_PROJECT_VERBS = ("host",)
 
 #: Options that take a value, so the verb scan can skip their values.
 _VALUE_OPTS = {"-p", "-k", "--home", "--state", "--max-tasks"}
@@ -294,8 +299,9 @@ def _configure(args: list[str], plugins: Optional[list[Any]], out: TextIO,
     from .pluginmanager import FleetPluginManager
     from .verbs import build_registry
 
+    project, addopts = _project_addopts(args)
     pm = FleetPluginManager()
-    pargs = _prescan(args, "-p")
+    pargs = _prescan([w for _src, words in addopts for w in words] + args, "-p")
     for a in pargs:
         if a.startswith("no:"):
             pm.consider_pluginarg(a)
@@ -323,7 +329,7 @@ def _configure(args: list[str], plugins: Optional[list[Any]], out: TextIO,
     pluginparser = Parser()
     pm.hook.fleetrun_addoption(parser=pluginparser, pluginmanager=pm)
     parser = _build_parser(verb, verbs, pluginparser)
-    ns = parser.parse_args(rest)
+    ns = _parse_args(parser, addopts, rest)
     ns.verb = verb
     if ns.version:
         loaded = [n for n, p in pm.list_name_plugin() if p is not None and not n.startswith("<")]
@@ -333,6 +339,7 @@ def _configure(args: list[str], plugins: Optional[list[Any]], out: TextIO,
 
     home = Path(ns.home).expanduser().resolve() if ns.home else default_home()
     config = Config(pm, ns, home)
+    config.project = project
     config.out = out
     config.err = err
     decl = verbs[verb]
@@ -353,6 +360,80 @@ def _configure(args: list[str], plugins: Optional[list[Any]], out: TextIO,
         config.settings  # noqa: B018 - loads and checks config.toml
     config.hook.fleetrun_configure.call_historic(kwargs={"config": config})
     return config, decl.run
+
+
+#: Where a list of addopts came from: the project file, or ``FLEETRUN_ADDOPTS`` (None).
+_AddoptsSource = Optional["ProjectConfig"]
+
+
+def _project_addopts(args: list[str]) -> tuple[Optional[ProjectConfig], list[tuple[_AddoptsSource, list[str]]]]:
+    """The project file of a run started here, and the ``addopts`` to put before the
+    command line: the file's, then ``FLEETRUN_ADDOPTS`` (as pytest's addopts). Read
+    before the plugins load, since addopts may name some (``-p``).
+
+    :raises UsageError: a project file that is no TOML, addopts of the wrong type.
+    """
+    from .config import default_home
+    from .projconf import env_addopts, load_project
+
+    if _split_verb(args, _NO_PROJECT_VERBS)[0] in _NO_PROJECT_VERBS:
+        return None, []
+    homes = _prescan(args, "--home")
+    home = Path(homes[-1]).expanduser().resolve() if homes else default_home()
+    project = load_project(Path.cwd(), home)
+    out: list[tuple[_AddoptsSource, list[str]]] = []
+    if project is not None and "addopts" in project.data:
+        out.append((project, project.addopts()))
+    env = env_addopts()
+    if env:
+        out.append((None, env))
+    return project, out
+
+
+def _try_parse(parser: argparse.ArgumentParser, words: list[str]) -> tuple[Optional[argparse.Namespace], str]:
+    """``words`` parsed, or argparse's error message (``""`` when it would have exited
+    without one, as ``--help`` does) and nothing printed."""
+    import contextlib
+    import io
+
+    errors = io.StringIO()
+    try:
+        with contextlib.redirect_stderr(errors), contextlib.redirect_stdout(io.StringIO()):
+            return parser.parse_args(words), ""
+    except SystemExit as e:
+        if e.code in (0, None):
+            return None, ""
+        return None, errors.getvalue().rsplit(": error: ", 1)[-1].strip()
+
+
+def _parse_args(parser: argparse.ArgumentParser, addopts: list[tuple[_AddoptsSource, list[str]]],
+                rest: list[str]) -> argparse.Namespace:
+    """The command line with ``addopts`` before it. An error that only the addopts
+    make is a usage error naming where they came from, not argparse's usage text.
+
+    :raises UsageError: a bad option in the project file's or the environment's addopts.
+    """
+    words = [w for _src, ws in addopts for w in ws]
+    if not words:
+        return parser.parse_args(rest)
+    ns, problem = _try_parse(parser, words + rest)
+    if ns is not None:
+        return ns
+    if problem and _try_parse(parser, rest)[0] is not None:
+        import shlex
+
+        before: list[str] = []
+        for src, ws in addopts:
+            before += ws
+            problem = _try_parse(parser, before + rest)[1]
+            if problem:
+                problem += f" (addopts go before every command line: fleetrun {shlex.join(ws)} ...)"
+                if src is None:
+                    from .projconf import ENV_ADDOPTS
+
+                    raise UsageError(problem, file=ENV_ADDOPTS)
+                raise src.error("addopts", problem)
+    return parser.parse_args(words + rest)  # the command line's own mistake, or --help
 
 
 def _short(name: str) -> str:

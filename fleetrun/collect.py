@@ -13,100 +13,29 @@ from pathlib import Path
 from typing import Any, Callable, Iterable, Optional
 
 from .exceptions import UsageError, UsageErrors
-from .gitutil import GitError, git, repo_toplevel
+
+# BUILTIN_*: importable from here, as before the key table had its own module
+from .taskkeys import (  # noqa: F401
+    BUILTIN_TASK_KEYS,
+    BUILTIN_VERIFY_KEYS,
+    BUILTIN_VERIFY_KINDS,
+    NUM,
+    KeyTable,
+    type_name,
+    type_ok,
+)
 from .taskspec import (
     DEFAULT_MAX_RETRIES,
     DEFAULT_SETUP_TIMEOUT_S,
     DEFAULT_STALL_TIMEOUT_MIN,
     DEFAULT_TIMEOUT_MIN,
     DEFAULT_VERIFY_TIMEOUT_S,
-    PERMISSION_MODES,
     KeyDecl,
     TaskSpec,
     VerifySpec,
-    ref_problem,
 )
 from .textutil import safe_name
-from .tomlfile import LineMap, map_lines, parse_toml_file
-
-NUM = (int, float)
-
-
-def _nonneg(v: Any) -> Optional[str]:
-    return None if v >= 0 else "must not be negative"  # nan fails too
-
-
-def _positive(v: Any) -> Optional[str]:
-    return None if v > 0 else "must be greater than 0"
-
-
-def _str_list(v: Any) -> Optional[str]:
-    if not all(isinstance(x, str) for x in v):
-        return "must be a list of strings"
-    return None
-
-
-def _nonempty(v: Any) -> Optional[str]:
-    return "must not be empty" if not v.strip() else None
-
-
-def _name_check(v: str) -> Optional[str]:
-    if not v.strip():
-        return "must not be empty"
-    if v.startswith("-"):
-        return f"{v!r} starts with '-'"
-    # C1 too: U+009B is CSI on some terminals, as good as ESC [
-    if any(ord(c) < 32 or 127 <= ord(c) <= 159 for c in v):
-        return "must not contain control characters"
-    if len(v) > 100:
-        return "is longer than 100 characters"
-    return None
-
-
-def _perm_check(v: str) -> Optional[str]:
-    if v not in PERMISSION_MODES:
-        return f"{v!r} is not one of {', '.join(PERMISSION_MODES)}"
-    return None
-
-
-def _ref_check(v: str) -> Optional[str]:
-    return ref_problem(v)
-
-
-#: The keys of a ``[[task]]`` table that fleetrun itself knows.
-BUILTIN_TASK_KEYS: tuple[KeyDecl, ...] = (
-    KeyDecl("name", (str,), doc="unique name of the task", check=_name_check),
-    KeyDecl("prompt", (str,), doc="what the agent is asked to do", check=_nonempty),
-    KeyDecl("cwd", (str,), doc="working directory, relative to the tasks file"),
-    KeyDecl("git_ref", (str,), doc="run in a new worktree made from this ref", check=_ref_check),
-    KeyDecl("branch", (str,), doc="branch name for the worktree", check=_ref_check),
-    KeyDecl("depends_on", (list,), doc="names of tasks that must be DONE first", check=_str_list),
-    KeyDecl("max_retries", (int,), doc="retries after a failed verifier", check=_nonneg),
-    KeyDecl("timeout_min", NUM, doc="minutes an attempt may run", check=_positive),
-    KeyDecl("model", (str,), doc="agent model"),
-    KeyDecl("permission_mode", (str,), doc="Claude Code permission mode", check=_perm_check),
-    KeyDecl("allowed_tools", (list,), doc="Claude Code allow rules", check=_str_list),
-    KeyDecl("budget_usd", NUM, doc="cap on the task's total cost", check=_nonneg),
-    KeyDecl("stall_timeout_min", NUM, doc="minutes without output", check=_positive),
-    KeyDecl("agent", (str,), doc="agent backend name", check=_nonempty),
-    KeyDecl("role", (str,), doc="mailbox role", check=_nonempty),
-    KeyDecl("paths", (list,), doc="what the task is about, relative to cwd", check=_str_list),
-    KeyDecl("requires", (list,), doc="tags or tools the machine must have", check=_str_list),
-    KeyDecl("peer", (str,), doc="pin to this machine", check=_nonempty),
-    KeyDecl("setup", (list,), doc="commands run in the workspace before the agent's first attempt"),
-)
-
-BUILTIN_VERIFY_KINDS: tuple[KeyDecl, ...] = (
-    KeyDecl("run", (str,), where="verify_kind", doc="shell command; exit code is the verdict", check=_nonempty),
-    KeyDecl("brain", (str,), where="verify_kind", doc="question for the local model", check=_nonempty),
-    KeyDecl("agent", (str,), where="verify_kind", doc="prompt for a read-only reviewer", check=_nonempty),
-)
-
-BUILTIN_VERIFY_KEYS: tuple[KeyDecl, ...] = (
-    KeyDecl("model", (str,), where="verify", doc="model for brain/agent verifiers"),
-    KeyDecl("budget_usd", NUM, where="verify", doc="cost cap of an agent verifier", check=_nonneg),
-    KeyDecl("timeout_s", NUM, where="verify", doc="seconds before the verifier fails", check=_positive),
-)
+from .tomlfile import LineMap, describe_value, map_lines, parse_toml_file
 
 #: Top-level tables a tasks file may hold besides ``[[task]]``; their contents are
 #: settings merged over ``config.toml`` (checked by the plugins that read them).
@@ -115,20 +44,6 @@ TOP_LEVEL_TABLES = ("agents", "brain")
 #: set its own (written before the first table, as TOML requires).
 TOP_LEVEL_DEFAULTS = ("setup",)
 SETUP_STEP_KEYS = ("run", "timeout_s")
-
-_TYPE_NAMES = {str: "a string", int: "an integer", float: "a number", list: "a list", bool: "true or false", dict: "a table"}
-
-
-def _type_name(types: tuple[type, ...]) -> str:
-    if types == NUM:
-        return "a number"
-    return " or ".join(_TYPE_NAMES.get(t, t.__name__) for t in types)
-
-
-def _type_ok(value: Any, types: tuple[type, ...]) -> bool:
-    if isinstance(value, bool) and bool not in types:
-        return False
-    return isinstance(value, types)
 
 
 # ---------------------------------------------------------------------------------
@@ -157,27 +72,6 @@ class TaskFile:
     graph: list[GraphNode] = field(default_factory=list)
 
 
-@dataclass
-class KeyTable:
-    task: dict[str, KeyDecl]
-    verify: dict[str, KeyDecl]
-    verify_kinds: dict[str, KeyDecl]
-
-    @classmethod
-    def build(cls, extra: Iterable[Iterable[KeyDecl]] = ()) -> KeyTable:
-        table = cls(
-            task={k.key: k for k in BUILTIN_TASK_KEYS},
-            verify={k.key: k for k in BUILTIN_VERIFY_KEYS},
-            verify_kinds={k.key: k for k in BUILTIN_VERIFY_KINDS},
-        )
-        for decls in extra:
-            for d in decls or ():
-                target = {"task": table.task, "verify": table.verify, "verify_kind": table.verify_kinds}.get(d.where)
-                if target is None:
-                    raise ValueError(f"KeyDecl {d.key!r}: where must be task, verify or verify_kind")
-                target.setdefault(d.key, d)
-        return table
-
 
 def _suggest(key: str, known: Iterable[str]) -> str:
     close = difflib.get_close_matches(key, list(known), n=1, cutoff=0.6)
@@ -201,8 +95,12 @@ def display_path(path: Path, invocation_dir: Optional[Path] = None) -> str:
         return str(path)
 
 
-def collect_toml(path: Path, keys: KeyTable, display: str) -> TaskFile:
-    """Parse and validate one TOML tasks file; raise :class:`UsageErrors` with every problem."""
+def collect_toml(path: Path, keys: KeyTable, display: str, defaults: Optional[dict[str, Any]] = None) -> TaskFile:
+    """Parse and validate one TOML tasks file; raise :class:`UsageErrors` with every problem.
+
+    :param defaults: the project file's task defaults (:func:`collect_defaults`), under
+        the file's own top-level defaults.
+    """
     data, text = parse_toml_file(path, display)
     lines = map_lines(text)
     errs = _Errors(display)
@@ -220,7 +118,7 @@ def collect_toml(path: Path, keys: KeyTable, display: str) -> TaskFile:
         errs.add(lines.get("top", "task"), "task", "must be an array of tables, written [[task]]")
         raw_tasks = []
 
-    default_setup: list[VerifySpec] = []
+    default_setup: list[VerifySpec] = list((defaults or {}).get("setup", []))
     if "setup" in data:
         default_setup = _collect_setup(data["setup"], lines.get("top", "setup"), "setup", errs) or []
 
@@ -251,8 +149,8 @@ def collect_toml(path: Path, keys: KeyTable, display: str) -> TaskFile:
 def _check_value(
     decl: KeyDecl, value: Any, line: int, label: str, errs: _Errors
 ) -> bool:
-    if not _type_ok(value, decl.types):
-        errs.add(line, label, f"must be {_type_name(decl.types)}, not {_describe(value)}")
+    if not type_ok(value, decl.types):
+        errs.add(line, label, f"must be {type_name(decl.types)}, not {describe_value(value)}")
         return False
     if decl.check is not None:
         problem = decl.check(value)
@@ -262,25 +160,11 @@ def _check_value(
     return True
 
 
-def _describe(value: Any) -> str:
-    if isinstance(value, bool):
-        return "true/false"
-    if isinstance(value, str):
-        return "a string"
-    if isinstance(value, (int, float)):
-        return f"the number {value}"
-    if isinstance(value, list):
-        return "a list"
-    if isinstance(value, dict):
-        return "a table"
-    return type(value).__name__
-
-
 def _collect_setup(value: Any, line: int, label: str, errs: _Errors) -> Optional[list[VerifySpec]]:
     """A ``setup`` list: each command a string, or a table ``{run = "...", timeout_s = N}``
     (the keys of a ``run`` verifier). :return: the steps, or None after an error."""
     if not isinstance(value, list):
-        errs.add(line, label, f"must be a list of commands, not {_describe(value)}")
+        errs.add(line, label, f"must be a list of commands, not {describe_value(value)}")
         return None
     n_before = len(errs.items)
     steps: list[VerifySpec] = []
@@ -296,8 +180,8 @@ def _collect_setup(value: Any, line: int, label: str, errs: _Errors) -> Optional
                 continue
             if "timeout_s" in item:
                 timeout = item["timeout_s"]
-                if not _type_ok(timeout, NUM):
-                    errs.add(line, f"{where}: timeout_s", f"must be a number, not {_describe(timeout)}")
+                if not type_ok(timeout, NUM):
+                    errs.add(line, f"{where}: timeout_s", f"must be a number, not {describe_value(timeout)}")
                     continue
                 if not timeout > 0:
                     errs.add(line, f"{where}: timeout_s", "must be greater than 0")
@@ -306,13 +190,39 @@ def _collect_setup(value: Any, line: int, label: str, errs: _Errors) -> Optional
             where = f"{where}: run"
         if not isinstance(item, str):
             errs.add(line, where, f"must be a command string or a table {{run = ..., timeout_s = ...}}, "
-                                  f"not {_describe(item)}")
+                                  f"not {describe_value(item)}")
             continue
         if not item.strip():
             errs.add(line, where, "must not be empty")
             continue
         steps.append(VerifySpec(kind="run", text=item, timeout_s=float(timeout), extra={"setup": k}, line=line))
     return steps if len(errs.items) == n_before else None
+
+
+def collect_defaults(table: dict[str, Any], line_of: Callable[[str], int], display: str,
+                     label: str) -> dict[str, Any]:
+    """Task defaults from outside a tasks file (the project file's ``[task]``): the keys
+    a tasks file takes at its top level as defaults (:data:`TOP_LEVEL_DEFAULTS`), with
+    the same checks.
+
+    :param line_of: the line a key was written on.
+    :param label: what errors put before a key (``tool.fleetrun.task.``).
+    :return: the checked values, by key, as :func:`collect_toml` takes them.
+    :raises UsageError: every mistake at once.
+    """
+    errs = _Errors(display)
+    out: dict[str, Any] = {}
+    for key, value in table.items():
+        if key not in TOP_LEVEL_DEFAULTS:
+            errs.add(line_of(key), f"{label}{key}",
+                     f"unknown key (a default of every task can be: {', '.join(TOP_LEVEL_DEFAULTS)})")
+            continue
+        steps = _collect_setup(value, line_of(key), f"{label}{key}", errs)  # setup: the only one yet
+        if steps is not None:
+            out[key] = steps
+    if errs.items:
+        raise UsageErrors(errs.items) if len(errs.items) > 1 else errs.items[0]
+    return out
 
 
 def _collect_task(
@@ -527,155 +437,3 @@ def check_graph(files: list[TaskFile], invocation_dir: Optional[Path] = None) ->
                 color[name] = 2
                 path.pop()
     return errors
-
-
-# ---------------------------------------------------------------------------------
-# Branches: fleetrun works only on branches it creates.
-
-#: ``owner(task name, branch, repository) -> id of the task fleetrun created that
-#: branch for``, or None (the ledger answers it).
-BranchOwner = Callable[[str, str, str], Optional[str]]
-
-
-@dataclass
-class BranchReuse:
-    """A task names a branch fleetrun created for an earlier task of the same name."""
-
-    task_name: str
-    branch: str
-    owner_id: str
-
-    @property
-    def note(self) -> str:
-        return f"reusing branch {self.branch} that fleetrun created for task {self.task_name} ({self.owner_id})"
-
-
-def _branch_exists(repo: str, branch: str) -> bool:
-    try:
-        git(repo, "rev-parse", "--verify", "--quiet", "--end-of-options", f"refs/heads/{branch}")
-        return True
-    except GitError:
-        return False
-
-
-#: ``cwd -> (top level, real common git folder)`` of its repository, or None: shared by
-#: :func:`check_branches` and :func:`check_refs` for one collection.
-RepoCache = dict[str, Optional[tuple[str, str]]]
-
-
-def check_branches(
-    files: list[TaskFile], owner: Optional[BranchOwner] = None, invocation_dir: Optional[Path] = None,
-    repos: Optional[RepoCache] = None,
-) -> tuple[list[UsageError], list[BranchReuse]]:
-    """Every ``branch =`` across all collected files: one task per branch of a
-    repository, and no branch that already exists there unless the ledger shows
-    fleetrun created it for a task of the same name (then it is reused, and said so).
-
-    ``branch = "main"`` would otherwise commit the agent's work straight onto the
-    user's main, and two tasks naming one branch would stack their commits on it.
-    """
-    errors: list[UsageError] = []
-    reuse: list[BranchReuse] = []
-    seen: dict[tuple[str, str], tuple[TaskSpec, str, int]] = {}
-    repos = {} if repos is None else repos
-    for f in files:
-        display = display_path(Path(f.path), invocation_dir)
-        for spec in f.tasks:
-            if not spec.branch:
-                continue
-            line = spec.key_lines.get("branch", spec.line)
-            key = f"task '{safe_name(spec.name)}': branch"
-            found = _repo_of(spec.cwd, repos)
-            if found is None:
-                continue  # not in a repository: check_refs reports that if git_ref needs one
-            top, common = found
-            first = seen.get((common, spec.branch))
-            if first is not None:
-                other, other_file, other_line = first
-                errors.append(UsageError(
-                    f"branch '{safe_name(spec.branch)}' is also named by task '{safe_name(other.name)}' "
-                    f"({other_file}:{other_line}); each task needs a branch of its own",
-                    file=display, line=line, key=key))
-                continue
-            seen[(common, spec.branch)] = (spec, display, line)
-            if not _branch_exists(top, spec.branch):
-                continue
-            owner_id = owner(spec.name, spec.branch, top) if owner is not None else None
-            if owner_id is not None:
-                reuse.append(BranchReuse(spec.name, spec.branch, owner_id))
-                continue
-            errors.append(UsageError(
-                f"branch '{safe_name(spec.branch)}' already exists in {top}; fleetrun only works on branches "
-                "it creates (leave branch out, or name a new one)", file=display, line=line, key=key))
-    return errors, reuse
-
-
-# ---------------------------------------------------------------------------------
-# Refs: a git_ref that names nothing, or a cwd in no repository, can never start.
-
-
-def _repo_of(cwd: str, cache: RepoCache) -> Optional[tuple[str, str]]:
-    """(top level, real common git folder) of the repository holding ``cwd``, or None."""
-    if cwd not in cache:
-        top = repo_toplevel(cwd)
-        try:
-            common = git(top, "rev-parse", "--git-common-dir").strip() if top else ""
-        except GitError:
-            common = ""
-        cache[cwd] = (top, os.path.realpath(os.path.join(top, common))) if top and common else None
-    return cache[cwd]
-
-
-def check_refs(files: list[TaskFile], invocation_dir: Optional[Path] = None,
-               repos: Optional[RepoCache] = None) -> list[UsageError]:
-    """Every ``git_ref =``: the task's ``cwd`` is in a git repository and the ref
-    names a commit there (a branch, a tag or a commit id). One git call per distinct
-    (repository, ref).
-
-    Either mistake would otherwise only show when the attempt starts, as a failed
-    workspace, after the whole queue was collected and the run begun.
-    """
-    errors: list[UsageError] = []
-    repos = {} if repos is None else repos
-    resolved: dict[tuple[str, str], bool] = {}
-    for f in files:
-        display = display_path(Path(f.path), invocation_dir)
-        for spec in f.tasks:
-            if not spec.git_ref:
-                continue
-            line = spec.key_lines.get("git_ref", spec.line)
-            key = f"task '{safe_name(spec.name)}': git_ref"
-            found = _repo_of(spec.cwd, repos)
-            if found is None:
-                errors.append(UsageError(f"{spec.cwd} is not in a git repository", file=display, line=line, key=key))
-                continue
-            top, common = found
-            if (common, spec.git_ref) not in resolved:
-                try:
-                    git(top, "rev-parse", "--verify", "--quiet", "--end-of-options", f"{spec.git_ref}^{{commit}}")
-                    resolved[(common, spec.git_ref)] = True
-                except GitError:
-                    resolved[(common, spec.git_ref)] = False
-            if not resolved[(common, spec.git_ref)]:
-                errors.append(UsageError(f"no branch, tag or commit '{safe_name(spec.git_ref)}' in {top}",
-                                         file=display, line=line, key=key))
-    return errors
-
-
-def checkout_warnings(specs: Iterable[TaskSpec], invocation_dir: Optional[Path] = None) -> list[str]:
-    """One warning per task without ``git_ref`` (a role aside) whose ``cwd`` is in a git
-    checkout: its agent works in the user's checkout itself, on whatever branch is
-    checked out there, and commits onto it."""
-    out: list[str] = []
-    tops: dict[str, Optional[str]] = {}
-    for spec in specs:
-        if spec.git_ref or spec.role:
-            continue
-        if spec.cwd not in tops:
-            tops[spec.cwd] = repo_toplevel(spec.cwd)
-        if tops[spec.cwd] is None:
-            continue
-        where = display_path(Path(spec.source), invocation_dir) if spec.source else "?"
-        out.append(f"{where}:{spec.line}: task '{safe_name(spec.name)}': no git_ref: the agent works in your "
-                   f"checkout {tops[spec.cwd]} itself")
-    return out

@@ -16,7 +16,8 @@ def fleetrun_collect_file(file_path: str, config: Any, keys: Any) -> Optional[_c
     if path.suffix != ".toml":
         return None
     display = _collect.display_path(path, config.invocation_dir)
-    return _collect.collect_toml(path, keys, display)
+    project = getattr(config, "project", None)
+    return _collect.collect_toml(path, keys, display, project.task_defaults() if project is not None else None)
 
 
 @hookimpl(trylast=True)

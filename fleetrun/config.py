@@ -10,9 +10,11 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any, Callable, Iterable, Optional
 
 from .exceptions import UsageError
+from .tomlfile import describe_value
 
 if TYPE_CHECKING:
     from .pluginmanager import FleetPluginManager
+    from .projconf import ProjectConfig
 
 
 
@@ -31,6 +33,9 @@ class ConfigKey:
     :ivar check: an extra check of a value of the right type: a message, or None.
     :ivar required: the table is incomplete without this key.
     :ivar doc: what the key means (for documentation and error hints).
+    :ivar machine: a setting of this machine (its tags, where a program is installed):
+        it belongs in ``config.toml`` alone, and a project file that sets it is refused.
+        On the table's own declaration (``key=""``) it covers the whole table.
     """
 
     table: str
@@ -41,6 +46,7 @@ class ConfigKey:
     check: Optional[Callable[[Any], Optional[str]]] = None
     required: bool = False
     doc: str = ""
+    machine: bool = False
 
 
 #: What the core itself reads: ``[fleetrun]``, reserved for general settings (none yet).
@@ -97,6 +103,8 @@ class Config:
 
     :ivar pluginmanager: the run's :class:`~fleetrun.pluginmanager.FleetPluginManager`.
     :ivar hook: ``pluginmanager.hook``, to call hooks.
+    :ivar project: the project file (:class:`~fleetrun.projconf.ProjectConfig`:
+        ``[tool.fleetrun]`` or ``fleetrun.toml``, docs/configuration.md), or None.
     :ivar option: the parsed command line (an :class:`argparse.Namespace`).
     :ivar home: the state folder (``$FLEETRUN_HOME``, default ``~/.fleetrun``).
     :ivar stash: a dict plugins may keep run-wide state in, under their own keys.
@@ -114,6 +122,7 @@ class Config:
         self.file_settings: dict[str, Any] = {}
         self.out: Any = sys.stdout
         self.err: Any = sys.stderr
+        self.project: Optional[ProjectConfig] = None
 
     def getoption(self, name: str, default: Any = None) -> Any:
         return getattr(self.option, name, default)
@@ -127,17 +136,15 @@ class Config:
 
     @property
     def settings(self) -> dict[str, Any]:
-        """``config.toml`` merged under the tasks files' top-level tables."""
+        """``config.toml``, under the project file's tables, under the tasks files'
+        top-level tables: key by key, the later wins (the command line's options win
+        over all three where a plugin reads both)."""
         if self._settings is None:
-            self._settings = load_config_toml(self.home / "config.toml", self.config_keys(),
-                                              skip_unknown_tables=self._blocks_a_plugin())
-        merged = {k: dict(v) if isinstance(v, dict) else v for k, v in self._settings.items()}
-        for key, table in self.file_settings.items():
-            if isinstance(table, dict) and isinstance(merged.get(key), dict):
-                merged[key].update(table)
-            else:
-                merged[key] = table
-        return merged
+            decls, skip = self.config_keys(), self._blocks_a_plugin()
+            home = load_config_toml(self.home / "config.toml", decls, skip_unknown_tables=skip)
+            project = self.project.tables(decls, skip) if self.project is not None else {}
+            self._settings = _merged(home, project)
+        return _merged(self._settings, self.file_settings)
 
     def config_keys(self) -> list[ConfigKey]:
         """The core's ``config.toml`` keys and every loaded plugin's (``fleetrun_config_keys``)."""
@@ -160,18 +167,20 @@ class Config:
         return self.home.joinpath(*parts)
 
 
-def _describe(value: Any) -> str:
-    if isinstance(value, bool):
-        return "true/false"
-    if isinstance(value, str):
-        return "a string"
-    if isinstance(value, (int, float)):
-        return f"the number {value}"
-    if isinstance(value, dict):
-        return "a table"
-    if isinstance(value, list):
-        return "a list"
-    return type(value).__name__
+def _merged(under: dict[str, Any], over: dict[str, Any]) -> dict[str, Any]:
+    """``over``'s tables merged into a copy of ``under``'s, key by key (an
+    ``[agents.NAME]`` replaces the one of the same name whole)."""
+    merged = {k: dict(v) if isinstance(v, dict) else v for k, v in under.items()}
+    for key, table in over.items():
+        if isinstance(table, dict) and isinstance(merged.get(key), dict):
+            merged[key].update(table)
+        else:
+            merged[key] = table
+    return merged
+
+
+#: Why a project file may not set a machine-level table or key.
+MACHINE_LEVEL = "is a setting of this machine: it belongs in $FLEETRUN_HOME/config.toml, not in the project file"
 
 
 def _type_name(types: tuple[type, ...], items: Optional[type]) -> str:
@@ -199,7 +208,7 @@ def _value_problem(decl: ConfigKey, value: Any) -> Optional[str]:
     import math
 
     if decl.types and not _of_type(value, decl.types):
-        return f"expected {_type_name(decl.types, decl.items)}, got {_describe(value)}"
+        return f"expected {_type_name(decl.types, decl.items)}, got {describe_value(value)}"
     if isinstance(value, float) and not math.isfinite(value):
         return "must be a finite number"
     if decl.items is not None and isinstance(value, (list, dict)):
@@ -207,7 +216,7 @@ def _value_problem(decl: ConfigKey, value: Any) -> Optional[str]:
             if not _of_type(item, (decl.items,)):
                 kind = "table" if isinstance(value, dict) else "list"
                 return (f"expected {_type_name((type(value),), decl.items)}, "
-                        f"got a {kind} holding {_describe(item)}")
+                        f"got a {kind} holding {describe_value(item)}")
     if decl.choices and value not in decl.choices:
         return f"{value!r} is not one of {', '.join(str(c) for c in decl.choices)}"
     if decl.check is not None:
@@ -227,19 +236,24 @@ def _unknown(what: str, name: str, known: list[str], empty: str = "") -> str:
 
 
 def check_config(data: dict[str, Any], lines: Any, decls: Iterable[ConfigKey], file: str,
-                 skip_unknown_tables: bool = False) -> list[UsageError]:
+                 skip_unknown_tables: bool = False, machine_ok: bool = True) -> list[UsageError]:
     """Every problem of a parsed ``config.toml`` against the declared keys.
 
     :param lines: the file's :class:`~fleetrun.tomlfile.LineMap`.
     :param skip_unknown_tables: a plugin is blocked (``-p no:NAME``): a table nobody
         declared may be that plugin's, so it is not an error.
+    :param machine_ok: False for a project file: a machine-level table or key
+        (:attr:`ConfigKey.machine`) is an error there.
     :return: one :class:`UsageError` per problem, in the order of the file.
     """
     tables: dict[str, dict[str, ConfigKey]] = {}
+    machine_tables: set[str] = set()
     for d in decls:
         keys = tables.setdefault(d.table, {})
         if d.key:
             keys[d.key] = d
+        elif d.machine:
+            machine_tables.add(d.table)
     tops = {t.split(".", 1)[0]: t for t in tables}
     errors: list[UsageError] = []
 
@@ -254,6 +268,9 @@ def check_config(data: dict[str, Any], lines: Any, decls: Iterable[ConfigKey], f
             decl = keys.get(k)
             if decl is None:
                 err(line, f"{name}.{k}", _unknown("key", k, sorted(keys), f"[{name}]"))
+                continue
+            if decl.machine and not machine_ok:
+                err(line, f"{name}.{k}", MACHINE_LEVEL)
                 continue
             problem = _value_problem(decl, v)
             if problem:
@@ -271,6 +288,9 @@ def check_config(data: dict[str, Any], lines: Any, decls: Iterable[ConfigKey], f
             continue
         if not isinstance(value, dict):
             err(line, top, "must be a table")
+            continue
+        if decl_name in machine_tables and not machine_ok:
+            err(line, top, MACHINE_LEVEL)
             continue
         if decl_name.endswith(".*"):  # [agents.NAME]: one table per name
             for sub, table in value.items():

@@ -12,9 +12,10 @@ import hashlib
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Callable, Optional
 
-from .collect import KeyTable, TaskFile, check_branches, check_graph, check_refs, display_path
+from .collect import KeyTable, TaskFile, check_graph, display_path
 from .exceptions import UsageError, UsageErrors
 from .ledger import Task, open_ledger
+from .repochecks import check_branches, check_refs
 
 if TYPE_CHECKING:
     from .config import Config
@@ -28,8 +29,10 @@ def source_hash(path: str) -> str:
 
 
 def queue_digest(config: Config) -> str:
-    """The digest of the queue the command line makes: every file named, and ``-k``."""
-    return "|".join(source_hash(f) for f in config.option.files) + "|k=" + (config.getoption("keyword") or "")
+    """The digest of the queue the command line makes: every file named, ``-k``, and the
+    project file's task defaults (they are part of every task)."""
+    project = config.project.defaults_digest() if config.project is not None else ""
+    return "|".join(source_hash(f) for f in config.option.files) + "|k=" + (config.getoption("keyword") or "") + project
 
 
 def _branch_owner(config: Config) -> Optional[Callable[[str, str, str], Optional[str]]]:
@@ -48,6 +51,8 @@ def collect(config: Config) -> list[TaskFile]:
     :raises UsageError: every problem of every file (``UsageErrors`` for several).
     """
     keys = KeyTable.build(config.hook.fleetrun_task_keys(config=config))
+    if config.project is not None:
+        config.project.task_defaults()  # its mistakes first, once, naming the project file
     files = []
     graph_only: list[Any] = []
     errors: list[UsageError] = []

@@ -92,6 +92,20 @@ def map_lines(text: str) -> LineMap:
     return m
 
 
+def describe_value(value: Any) -> str:
+    """What a parsed TOML value is, for an error: ``a string``, ``the number 3``,
+    ``true/false``, ``a list``, ``a table`` (every file's errors say it alike)."""
+    if isinstance(value, bool):
+        return "true/false"
+    if isinstance(value, str):
+        return "a string"
+    if isinstance(value, (int, float)):
+        return f"the number {value}"
+    if isinstance(value, list):
+        return "a list"
+    if isinstance(value, dict):
+        return "a table"
+    return type(value).__name__
 
 
 def parse_toml_file(path: Path, display: str) -> tuple[dict[str, Any], str]:

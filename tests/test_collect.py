@@ -443,3 +443,31 @@ def test_base_of_the_fuzz_is_valid(fleeter: Any) -> None:
     (fleeter.path / "tasks.toml").write_text(BASE)
     r = fleeter.run("validate", "tasks.toml")
     assert (r.ret, r.outlines, r.errlines) == (0, ["tasks.toml: 3 tasks, valid"], [])
+
+
+def test_project_task_defaults_sit_under_the_files_own(tmp_path: Path) -> None:
+    """``collect_toml(defaults=...)``: the project file's ``[task]`` defaults apply to a
+    file without its own top-level ``setup``; the file's replaces them; a task's its."""
+    from fleetrun.collect import collect_defaults
+
+    defaults = collect_defaults({"setup": ["make deps"]}, lambda key: 7, "pyproject.toml", "tool.fleetrun.task.")
+    plain = tmp_path / "a.toml"
+    plain.write_text('[[task]]\nname = "a"\nprompt = "x"\n\n[[task]]\nname = "b"\nprompt = "x"\nsetup = []\n')
+    own = tmp_path / "b.toml"
+    own.write_text('setup = ["npm ci"]\n\n[[task]]\nname = "c"\nprompt = "x"\n')
+    got = {t.name: [s.text for s in t.setup]
+           for f in (plain, own) for t in collect_toml(f, KeyTable.build(), f.name, defaults).tasks}
+    assert got == {"a": ["make deps"], "b": [], "c": ["npm ci"]}
+    assert defaults["setup"][0].line == 7
+
+
+def test_project_task_defaults_are_checked_with_the_files_errors() -> None:
+    from fleetrun.collect import collect_defaults
+
+    with pytest.raises(UsageErrors) as e:
+        collect_defaults({"setup": [3], "model": "x"}, lambda key: {"setup": 2, "model": 3}[key],
+                         "pyproject.toml", "tool.fleetrun.task.")
+    assert [x.format() for x in e.value.errors] == [
+        "ERROR: pyproject.toml:2: tool.fleetrun.task.setup #1: must be a command string or a table "
+        "{run = ..., timeout_s = ...}, not the number 3",
+        "ERROR: pyproject.toml:3: tool.fleetrun.task.model: unknown key (a default of every task can be: setup)"]

@@ -259,3 +259,19 @@ def test_bom_keeps_line_numbers(fleeter: Any) -> None:
     (fleeter.home / "policy.toml").write_text(BOM + "[local]\nmax_task = 2\n", encoding="utf-8")
     assert errors_of(fleeter, "work", "--until-idle") == [
         f"ERROR: {fleeter.home / 'policy.toml'}:2: local.max_task: unknown key (did you mean 'max_tasks'?)"]
+
+
+def test_machine_level_keys_are_refused_only_where_machine_ok_is_false() -> None:
+    """``ConfigKey(machine=True)``, on a key or on the table's own declaration: fine in
+    config.toml, an error in a project file (``check_config(machine_ok=False)``)."""
+    from fleetrun.config import check_config
+    from fleetrun.tomlfile import map_lines, tomllib
+
+    decls = [fleetrun.ConfigKey("site", "", machine=True), fleetrun.ConfigKey("site", "name", (str,)),
+             fleetrun.ConfigKey("tool", "path", (str,), machine=True), fleetrun.ConfigKey("tool", "mode", (str,))]
+    text = '[site]\nname = "a"\n\n[tool]\npath = "/opt/x"\nmode = "fast"\n'
+    data = tomllib.loads(text)
+    assert check_config(data, map_lines(text), decls, "config.toml") == []
+    got = [e.format() for e in check_config(data, map_lines(text), decls, "fleetrun.toml", machine_ok=False)]
+    why = "is a setting of this machine: it belongs in $FLEETRUN_HOME/config.toml, not in the project file"
+    assert got == [f"ERROR: fleetrun.toml:1: site: {why}", f"ERROR: fleetrun.toml:5: tool.path: {why}"]

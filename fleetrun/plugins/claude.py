@@ -53,7 +53,8 @@ def fleetrun_config_keys(config: Any) -> list[Any]:
     from ..taskspec import PERMISSION_MODES
 
     return [
-        ConfigKey("claude", "executable", (str,), check=_nonempty, doc="the program, looked up on PATH"),
+        ConfigKey("claude", "executable", (str,), check=_nonempty, doc="the program, looked up on PATH",
+                  machine=True),
         ConfigKey("claude", "permission_mode", (str,), choices=PERMISSION_MODES, doc="default --permission-mode"),
         ConfigKey("claude", "allowed_tools", (list,), items=str, doc="default --allowedTools"),
         ConfigKey("claude", "resume_session", (bool,), doc="--resume an interrupted session"),

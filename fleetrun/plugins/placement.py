@@ -427,7 +427,8 @@ def fleetrun_collection_modifyitems(config: Any, items: list[Any]) -> None:
     tools = list(configured_tools(config))
     warnings = config.stash.setdefault("warnings", [])
     cache: dict[str, Any] = {}
-    from ..collect import checkout_warnings, display_path
+    from ..collect import display_path
+    from ..repochecks import checkout_warnings
 
     warnings.extend(checkout_warnings(items, config.invocation_dir))
     for t in items:

@@ -74,6 +74,8 @@ def fleetrun_config_keys(config: Any) -> list[Any]:
 
     return [
         # a string would be read as its letters (`"gpu"` -> g, p, u) by whatever iterates it
+        # this machine's: never in a project file, which every machine's checkout shares
+        ConfigKey("relay", "", machine=True, doc="this machine on the relay"),
         ConfigKey("relay", "tags", (list,), items=str, doc="this machine's tags, for requires"),
         ConfigKey("relay", "tools", (list,), items=str, doc="more tools to probe"),
         ConfigKey("relay", "heartbeat_secs", (int, float), check=_positive, doc="seconds between heartbeats"),

@@ -1,0 +1,133 @@
+"""The keys a tasks file's tables may hold: the built-in declarations of ``[[task]]`` and
+``[[task.verify]]`` keys, their value checks, and :class:`KeyTable`, which adds the keys
+plugins declare through ``fleetrun_task_keys``.
+
+Kept apart from the collector (:mod:`fleetrun.collect`) so every reader of task keys (the
+tasks file, the project file's ``[task]`` defaults) checks them with one table.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any, Iterable, Optional
+
+from .taskspec import PERMISSION_MODES, KeyDecl, ref_problem
+
+NUM = (int, float)
+
+
+def _nonneg(v: Any) -> Optional[str]:
+    return None if v >= 0 else "must not be negative"  # nan fails too
+
+
+def _positive(v: Any) -> Optional[str]:
+    return None if v > 0 else "must be greater than 0"
+
+
+def _str_list(v: Any) -> Optional[str]:
+    if not all(isinstance(x, str) for x in v):
+        return "must be a list of strings"
+    return None
+
+
+def _nonempty(v: Any) -> Optional[str]:
+    return "must not be empty" if not v.strip() else None
+
+
+def _name_check(v: str) -> Optional[str]:
+    if not v.strip():
+        return "must not be empty"
+    if v.startswith("-"):
+        return f"{v!r} starts with '-'"
+    # C1 too: U+009B is CSI on some terminals, as good as ESC [
+    if any(ord(c) < 32 or 127 <= ord(c) <= 159 for c in v):
+        return "must not contain control characters"
+    if len(v) > 100:
+        return "is longer than 100 characters"
+    return None
+
+
+def _perm_check(v: str) -> Optional[str]:
+    if v not in PERMISSION_MODES:
+        return f"{v!r} is not one of {', '.join(PERMISSION_MODES)}"
+    return None
+
+
+def _ref_check(v: str) -> Optional[str]:
+    return ref_problem(v)
+
+
+#: The keys of a ``[[task]]`` table that fleetrun itself knows.
+BUILTIN_TASK_KEYS: tuple[KeyDecl, ...] = (
+    KeyDecl("name", (str,), doc="unique name of the task", check=_name_check),
+    KeyDecl("prompt", (str,), doc="what the agent is asked to do", check=_nonempty),
+    KeyDecl("cwd", (str,), doc="working directory, relative to the tasks file"),
+    KeyDecl("git_ref", (str,), doc="run in a new worktree made from this ref", check=_ref_check),
+    KeyDecl("branch", (str,), doc="branch name for the worktree", check=_ref_check),
+    KeyDecl("depends_on", (list,), doc="names of tasks that must be DONE first", check=_str_list),
+    KeyDecl("max_retries", (int,), doc="retries after a failed verifier", check=_nonneg),
+    KeyDecl("timeout_min", NUM, doc="minutes an attempt may run", check=_positive),
+    KeyDecl("model", (str,), doc="agent model"),
+    KeyDecl("permission_mode", (str,), doc="Claude Code permission mode", check=_perm_check),
+    KeyDecl("allowed_tools", (list,), doc="Claude Code allow rules", check=_str_list),
+    KeyDecl("budget_usd", NUM, doc="cap on the task's total cost", check=_nonneg),
+    KeyDecl("stall_timeout_min", NUM, doc="minutes without output", check=_positive),
+    KeyDecl("agent", (str,), doc="agent backend name", check=_nonempty),
+    KeyDecl("role", (str,), doc="mailbox role", check=_nonempty),
+    KeyDecl("paths", (list,), doc="what the task is about, relative to cwd", check=_str_list),
+    KeyDecl("requires", (list,), doc="tags or tools the machine must have", check=_str_list),
+    KeyDecl("peer", (str,), doc="pin to this machine", check=_nonempty),
+    KeyDecl("setup", (list,), doc="commands run in the workspace before the agent's first attempt"),
+)
+
+BUILTIN_VERIFY_KINDS: tuple[KeyDecl, ...] = (
+    KeyDecl("run", (str,), where="verify_kind", doc="shell command; exit code is the verdict", check=_nonempty),
+    KeyDecl("brain", (str,), where="verify_kind", doc="question for the local model", check=_nonempty),
+    KeyDecl("agent", (str,), where="verify_kind", doc="prompt for a read-only reviewer", check=_nonempty),
+)
+
+BUILTIN_VERIFY_KEYS: tuple[KeyDecl, ...] = (
+    KeyDecl("model", (str,), where="verify", doc="model for brain/agent verifiers"),
+    KeyDecl("budget_usd", NUM, where="verify", doc="cost cap of an agent verifier", check=_nonneg),
+    KeyDecl("timeout_s", NUM, where="verify", doc="seconds before the verifier fails", check=_positive),
+)
+
+#: Top-level tables a tasks file may hold besides ``[[task]]``; their contents are
+
+_TYPE_NAMES = {str: "a string", int: "an integer", float: "a number", list: "a list", bool: "true or false", dict: "a table"}
+
+
+def type_name(types: tuple[type, ...]) -> str:
+    """How errors name ``types``: ``a string``, ``a number``, ``a list or a table``."""
+    if types == NUM:
+        return "a number"
+    return " or ".join(_TYPE_NAMES.get(t, t.__name__) for t in types)
+
+
+def type_ok(value: Any, types: tuple[type, ...]) -> bool:
+    """``value`` is one of ``types``; TOML's true is a Python int, never a number here."""
+    if isinstance(value, bool) and bool not in types:
+        return False
+    return isinstance(value, types)
+
+
+@dataclass
+class KeyTable:
+    task: dict[str, KeyDecl]
+    verify: dict[str, KeyDecl]
+    verify_kinds: dict[str, KeyDecl]
+
+    @classmethod
+    def build(cls, extra: Iterable[Iterable[KeyDecl]] = ()) -> KeyTable:
+        table = cls(
+            task={k.key: k for k in BUILTIN_TASK_KEYS},
+            verify={k.key: k for k in BUILTIN_VERIFY_KEYS},
+            verify_kinds={k.key: k for k in BUILTIN_VERIFY_KINDS},
+        )
+        for decls in extra:
+            for d in decls or ():
+                target = {"task": table.task, "verify": table.verify, "verify_kind": table.verify_kinds}.get(d.where)
+                if target is None:
+                    raise ValueError(f"KeyDecl {d.key!r}: where must be task, verify or verify_kind")
+                target.setdefault(d.key, d)
+        return table
