@@ -146,9 +146,10 @@ def end_group(pid: object, token: Optional[str] = None, grace_s: float = 2.0) ->
 
     A reused pid is told apart by ``token`` (:func:`proc_token` of the leader, taken
     when it was started): when it no longer matches, nothing is signalled. ``token``
-    None means the caller vouches for ``pid``: its own child, not yet reaped (a
-    ``Popen`` it has not waited for), whose group is signalled even if the leader has
-    just ended. This does not reap: call the ``Popen``'s ``poll()`` afterwards.
+    None means the caller vouches for ``pid``: its own child (a ``Popen``), whose
+    group is signalled even if the leader has just ended; once the child is reaped,
+    only leftovers of its group can still answer to its id (a group's id is not
+    reused while a member lives). This does not reap: call ``Popen.poll()`` after.
 
     :param pid: the group's leader; anything but a plausible pid (a value read from
         a file) is refused.
