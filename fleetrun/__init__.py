@@ -6,6 +6,7 @@ from .config import ConfigKey
 from .exceptions import ExitCode, UsageError, UsageErrors
 from .hookimpl import hookimpl
 from .hookspec import hookspec
+from .procutil import ProcessHandle, task_env
 from .reports import (
     AgentResult,
     Candidate,
@@ -42,6 +43,7 @@ __all__ = [
     "Handoff",
     "KeyDecl",
     "Placement",
+    "ProcessHandle",
     "State",
     "TaskSpec",
     "UsageError",
@@ -56,4 +58,5 @@ __all__ = [
     "hookimpl",
     "hookspec",
     "main",
+    "task_env",
 ]

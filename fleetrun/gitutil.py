@@ -6,7 +6,6 @@ repository (``could not lock config file``), so they run under ``repo_lock``.
 
 from __future__ import annotations
 
-import fcntl
 import hashlib
 import os
 import stat
@@ -16,6 +15,8 @@ from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Optional
+
+from .osutil import FileLock
 
 
 class GitError(Exception):
@@ -57,13 +58,8 @@ def repo_lock(lock_dir: Path, repo: str, common: Optional[str] = None) -> Iterat
     changes its worktrees or branches. Keep it short."""
     lock_dir.mkdir(parents=True, exist_ok=True, mode=0o700)
     key = hashlib.sha1((common or common_dir(repo)).encode()).hexdigest()[:16]
-    fd = os.open(lock_dir / f"git-{key}.lock", os.O_WRONLY | os.O_CREAT, 0o600)
-    try:
-        fcntl.flock(fd, fcntl.LOCK_EX)
+    with FileLock(lock_dir / f"git-{key}.lock"):
         yield
-    finally:
-        fcntl.flock(fd, fcntl.LOCK_UN)
-        os.close(fd)
 
 
 def is_dirty(path: str | Path) -> bool:

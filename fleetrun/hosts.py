@@ -13,6 +13,7 @@ import sys
 from pathlib import Path
 from typing import Any, Optional
 
+from .osutil import end_group
 from .shepherd import CANCEL, LOG, SPEC, START_LOCK, STATUS, proc_token, read_json, write_json
 from .untrusted import FILE_STATES, Malformed, parse_status, reason_of
 
@@ -206,16 +207,11 @@ def status_from_bytes(raw: bytes) -> tuple[dict[str, Any], Optional[str]]:
 
 def kill_group(pid: Optional[int], token: Optional[str]) -> bool:
     """SIGKILL the process group led by ``pid`` if that process is still the one we
-    started (same start-time token)."""
-    if isinstance(pid, bool) or not isinstance(pid, int) or not isinstance(token, str):
+    started (same start-time token): :func:`fleetrun.osutil.end_group` with no grace.
+    :return: whether it was signalled."""
+    if not isinstance(token, str):
         return False  # a recorded child file that is not ours to believe
-    if not 0 < pid < (1 << 22) or not token or proc_token(pid) != token:
-        return False
-    try:
-        os.killpg(int(pid), signal.SIGKILL)
-        return True
-    except (ProcessLookupError, PermissionError):
-        return False
+    return end_group(pid, token, grace_s=0)
 
 
 CHILDREN = "children"

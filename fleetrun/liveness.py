@@ -3,7 +3,6 @@ alive, and how another command tells it to look at the ledger now."""
 
 from __future__ import annotations
 
-import fcntl
 import json
 import os
 import socket
@@ -11,6 +10,7 @@ import time
 from pathlib import Path
 from typing import Any, Optional
 
+from .osutil import FileLock
 from .shepherd import proc_token, read_json, write_json
 
 LIVENESS = "supervisor.json"
@@ -20,35 +20,35 @@ STUCK_AFTER_S = 60.0
 
 
 class WorkLock:
-    """One ``work`` loop per home: an exclusive flock held while the loop runs."""
+    """One ``work`` loop per home: an exclusive flock held while the loop runs, never
+    waited for (a second loop is refused, naming the holder the file records)."""
 
     def __init__(self, home: Path) -> None:
         self.path = home / LOCK
-        self.fd: Optional[int] = None
+        self._lock = FileLock(self.path, blocking=False)
+
+    @property
+    def fd(self) -> Optional[int]:
+        return self._lock.fd
 
     def acquire(self) -> Optional[dict[str, Any]]:
         """Take the lock. :return: None on success, else what the holder wrote."""
         self.path.parent.mkdir(parents=True, exist_ok=True, mode=0o700)
-        fd = os.open(self.path, os.O_RDWR | os.O_CREAT, 0o600)
-        try:
-            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
-        except BlockingIOError:
+        if not self._lock.acquire():
             try:
-                holder = json.loads(os.pread(fd, 4096, 0).decode() or "{}")
-            except ValueError:
+                with open(self.path, "rb") as f:
+                    holder = json.loads(f.read(4096).decode() or "{}")
+            except (OSError, ValueError):
                 holder = {}
-            os.close(fd)
             return holder or {"pid": "?"}
+        fd = self._lock.fd
+        assert fd is not None
         os.ftruncate(fd, 0)
         os.pwrite(fd, json.dumps({"pid": os.getpid(), "started": time.time()}).encode(), 0)
-        self.fd = fd
         return None
 
     def release(self) -> None:
-        if self.fd is not None:
-            fcntl.flock(self.fd, fcntl.LOCK_UN)
-            os.close(self.fd)
-            self.fd = None
+        self._lock.release()
 
 
 class Liveness:

@@ -17,13 +17,14 @@ import json
 import os
 import re
 import shutil
-import signal
 import subprocess
 import time
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Callable, Optional
+
+from .osutil import end_group
 
 #: The tools probed on every machine, as the seed page lists them; ``[relay] tools``
 #: in ``config.toml`` adds more.
@@ -77,9 +78,8 @@ def probe_versions(tools: Mapping[str, str], timeout: float = PROBE_TIMEOUT_S) -
         try:
             out, _ = proc.communicate(timeout=max(0.01, deadline - time.monotonic()))
         except subprocess.TimeoutExpired:
-            try:  # the whole group: a child holding the pipe would keep us waiting
-                os.killpg(proc.pid, signal.SIGKILL)
-            except OSError:
+            # the whole group: a child holding the pipe would keep us waiting
+            if not end_group(proc.pid, None, grace_s=0):
                 proc.kill()
             proc.communicate()
             continue

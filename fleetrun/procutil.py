@@ -1,15 +1,24 @@
-"""Small process and output helpers shared by verifiers and the peer side."""
+"""Running processes for an attempt: :func:`task_env` (the environment every agent and
+verifier gets) and :class:`ProcessHandle` (a verifier's process group, for the loop to
+poll), both public (``fleetrun.task_env``, ``fleetrun.ProcessHandle``); output tails.
+
+The operating-system parts (locks, ending a group, detached spawn) are
+:mod:`fleetrun.osutil`."""
 
 from __future__ import annotations
 
 import os
-import signal
 import subprocess
 import time
+from collections.abc import Mapping
 from pathlib import Path
-from typing import Any, Optional
+from typing import TYPE_CHECKING, Any, Optional
 
-from .reports import Verdict
+from .osutil import end_group
+from .reports import Verdict, Workspace
+
+if TYPE_CHECKING:
+    from .ledger import Attempt, Task
 
 KEEP_BYTES = 64 * 1024
 
@@ -32,31 +41,25 @@ def tail_text(path: Path, limit: int = KEEP_BYTES) -> str:
     return data.decode("utf-8", "replace")
 
 
-def end_group(proc: subprocess.Popen[bytes], grace_s: float = 2.0) -> None:
-    """End a child started with ``start_new_session=True`` and its whole process group:
-    SIGTERM, then SIGKILL after ``grace_s``, then SIGKILL for anything left in the group."""
-    for sig in (signal.SIGTERM, signal.SIGKILL):
-        try:
-            os.killpg(proc.pid, sig)
-        except ProcessLookupError:
-            break
-        try:
-            proc.wait(timeout=grace_s)
-            break
-        except subprocess.TimeoutExpired:
-            continue
-    try:
-        os.killpg(proc.pid, signal.SIGKILL)  # leftovers of the group
-    except ProcessLookupError:
-        pass
+def task_env(task: Task, attempt: Attempt, workspace: Workspace | str,
+             base: Optional[Mapping[str, str]] = None, **extra: str) -> dict[str, str]:
+    """The environment an agent or a verifier of an attempt runs with: ``base`` plus
+    ``FLEETRUN_TASK_ID``, ``FLEETRUN_TASK_NAME``, ``FLEETRUN_ATTEMPT`` (its number)
+    and ``FLEETRUN_WORKTREE`` (the workspace's path), then ``extra``.
 
-
-def task_env(task: Any, attempt: Any, workspace_path: str, **extra: str) -> dict[str, str]:
-    """What an agent or a verifier runs with: fleetrun's environment plus
-    ``FLEETRUN_TASK_ID``, ``FLEETRUN_TASK_NAME``, ``FLEETRUN_ATTEMPT``, ``FLEETRUN_WORKTREE``."""
-    env = dict(os.environ)
+    :param task: the task (its ``id`` and ``name``).
+    :param attempt: the attempt (its ``number``).
+    :param workspace: the attempt's workspace, or its path.
+    :param base: what to start from; None (the default) for fleetrun's own environment
+        (``os.environ``), ``{}`` for fleetrun's variables alone (what a spec file
+        records for a process that inherits the rest where it runs).
+    :param extra: more variables, which win (``FLEETRUN_VERIFIER="agent"``).
+    :return: a new dict.
+    """
+    env = dict(os.environ if base is None else base)
     env.update(FLEETRUN_TASK_ID=task.id, FLEETRUN_TASK_NAME=task.name, FLEETRUN_ATTEMPT=str(attempt.number),
-               FLEETRUN_WORKTREE=workspace_path, **extra)
+               FLEETRUN_WORKTREE=workspace if isinstance(workspace, str) else workspace.path)
+    env.update(extra)
     return env
 
 
@@ -127,7 +130,8 @@ class ProcessHandle:
         if code is None:
             if time.monotonic() < self.deadline:
                 return None
-            end_group(self.proc)
+            end_group(self.proc.pid, None)
+            self.proc.poll()  # reap it: the group is gone (or will be, if it hangs in the kernel)
             self.verdict = self.timed_out()
         else:
             self.verdict = self.ended(code)
@@ -136,7 +140,8 @@ class ProcessHandle:
 
     def cancel(self) -> None:
         if self.proc is not None and self.proc.poll() is None:
-            end_group(self.proc)
+            end_group(self.proc.pid, None)
+            self.proc.poll()
         self._close()
 
     def _close(self) -> None:

@@ -30,8 +30,15 @@ START_LOCK = "start.lock"
 GRACE_S = 5.0
 
 
+# Run by path under ``-I -S``, this file cannot import the package, so it keeps its
+# own copies of what fleetrun.osutil holds for everyone else (proc_token, signalling
+# a process group, its start lock): keep them in step (tests/test_osutil.py checks
+# that the two proc_token agree).
+
+
 def proc_token(pid: int) -> str | None:
-    """An identity for a process that a reused pid does not share (its start time)."""
+    """An identity for a process that a reused pid does not share (its start time).
+    A copy of :func:`fleetrun.osutil.proc_token` (see above)."""
     try:
         with open(f"/proc/{pid}/stat", "rb") as f:
             data = f.read()
@@ -332,6 +339,8 @@ class Shepherd:
 
     @staticmethod
     def _signal_group(pid: int, sig: int) -> None:
+        # not fleetrun.osutil.end_group: the run loop above owns the grace, so that the
+        # log keeps being copied while the agent ends
         try:
             os.killpg(pid, sig)
         except (ProcessLookupError, PermissionError):

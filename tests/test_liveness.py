@@ -128,3 +128,38 @@ def test_a_hung_loop_shows_as_stuck(fleeter, loop, monkeypatch):
     finally:
         os.kill(loop.pid, signal.SIGCONT)
     wait_for(lambda: RUNNING.fullmatch(first_line(fleeter)), timeout=10, what="the loop to beat again")
+
+
+LOCK_HOLDER = """
+import sys, pathlib
+from fleetrun.liveness import WorkLock
+lock = WorkLock(pathlib.Path(sys.argv[1]))
+assert lock.acquire() is None
+print("held", flush=True)
+sys.stdin.read()
+"""
+
+
+def test_one_work_lock_per_home_names_its_holder(tmp_path) -> None:
+    """A second loop is refused at once, with the pid the first one wrote; the lock is
+    free again when the holder lets go (or dies)."""
+    home = tmp_path / "home"
+    holder = subprocess.Popen([sys.executable, "-c", LOCK_HOLDER, str(home)], stdin=subprocess.PIPE,
+                              stdout=subprocess.PIPE, text=True)
+    try:
+        assert holder.stdout.readline() == "held\n"
+        assert (home / liveness.LOCK).stat().st_mode & 0o777 == 0o600
+        t0 = time.monotonic()
+        got = liveness.WorkLock(home).acquire()
+        assert time.monotonic() - t0 < 1.0  # not waited for
+        assert got is not None and got["pid"] == holder.pid
+    finally:
+        holder.kill()
+        holder.wait()
+        holder.stdin.close()
+        holder.stdout.close()
+    mine = liveness.WorkLock(home)
+    assert mine.acquire() is None
+    assert json.loads((home / liveness.LOCK).read_text())["pid"] == os.getpid()
+    mine.release()
+    mine.release()

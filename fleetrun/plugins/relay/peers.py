@@ -9,7 +9,6 @@ module on every ``fleetrun`` invocation, and ``fleetrun status`` must stay fast.
 from __future__ import annotations
 
 import base64
-import fcntl
 import getpass
 import hashlib
 import json
@@ -23,6 +22,7 @@ from pathlib import Path
 from typing import Any, Optional
 
 from ...exceptions import UsageError
+from ...osutil import FileLock
 from .protocol import REQUIRED_FEATURES
 
 PEERS_FILE = "peers.toml"
@@ -208,13 +208,8 @@ def _state_lock(home: Path) -> Iterator[None]:
     from ...ledger import ensure_private_dir
 
     ensure_private_dir(home)
-    fd = os.open(home / (STATE_FILE + ".lock"), os.O_WRONLY | os.O_CREAT, 0o600)
-    try:
-        fcntl.flock(fd, fcntl.LOCK_EX)
+    with FileLock(home / (STATE_FILE + ".lock")):
         yield
-    finally:
-        fcntl.flock(fd, fcntl.LOCK_UN)
-        os.close(fd)
 
 
 def load_state(home: Path) -> dict[str, dict[str, Any]]:

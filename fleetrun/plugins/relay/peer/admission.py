@@ -7,7 +7,6 @@ from __future__ import annotations
 
 import argparse
 import dataclasses
-import fcntl
 import os
 import time
 from collections.abc import Iterator
@@ -16,6 +15,7 @@ from pathlib import Path
 from typing import Any, Optional
 
 from fleetrun.exceptions import UsageError
+from fleetrun.osutil import FileLock
 
 from .request import (
     HostError,
@@ -39,13 +39,8 @@ def _host_lock(home: Path) -> Iterator[None]:
     from fleetrun.ledger import ensure_private_dir
 
     ensure_private_dir(home)
-    fd = os.open(home / LOCK, os.O_WRONLY | os.O_CREAT, 0o600)
-    try:
-        fcntl.flock(fd, fcntl.LOCK_EX)
+    with FileLock(home / LOCK):
         yield
-    finally:
-        fcntl.flock(fd, fcntl.LOCK_UN)
-        os.close(fd)
 
 
 def _policy(config: Any) -> tuple[Any, Optional[str]]:

@@ -15,7 +15,8 @@ import time
 from pathlib import Path
 from typing import Any
 
-from fleetrun.procutil import tail_text
+from fleetrun.osutil import end_group, spawn_detached
+from fleetrun.procutil import tail_text, task_env
 
 from .admission import _host_lock
 from .request import (
@@ -79,20 +80,12 @@ def cmd_verify_start(config: Any, ns: argparse.Namespace) -> dict[str, Any]:
                 pass
         # spec.json holds only what fleetrun sets: the peer's own environment (its API
         # keys...) reaches the verifier through the runner's environment, never a file
-        ours = {"FLEETRUN_TASK_ID": task.id, "FLEETRUN_TASK_NAME": task.name, "FLEETRUN_ATTEMPT": str(att.number),
-                "FLEETRUN_WORKTREE": cwd}
+        ours = task_env(task, att, cwd, base={})
         write_json(str(vdir / "spec.json"), {"text": v["text"], "cwd": cwd, "env": ours,
                                              "timeout_s": float(timeout_s)})
-        pid = os.posix_spawn(
-            sys.executable, [sys.executable, "-m", "fleetrun.plugins.relay.peer.runner", "verify-runner", str(vdir)],
-            dict(os.environ, **ours),
-            file_actions=[
-                (os.POSIX_SPAWN_OPEN, 0, os.devnull, os.O_RDONLY, 0),
-                (os.POSIX_SPAWN_OPEN, 1, str(vdir / "runner.out"), os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o600),
-                (os.POSIX_SPAWN_DUP2, 1, 2),
-            ],
-            setsid=True,
-        )
+        pid = spawn_detached(
+            [sys.executable, "-m", "fleetrun.plugins.relay.peer.runner", "verify-runner", str(vdir)],
+            dict(os.environ, **ours), vdir / "runner.out")
         write_json(str(vdir / "runner.json"), {"pid": pid, "token": proc_token(pid), "started": time.time()})
     return {"state": "running"}
 
@@ -161,16 +154,7 @@ def verify_runner(vdir: Path) -> int:
         os.close(fd)
 
     def kill_group() -> None:
-        for sig in (signal.SIGTERM, signal.SIGKILL):
-            try:
-                os.killpg(proc.pid, sig)
-            except ProcessLookupError:
-                return
-            try:
-                proc.wait(timeout=2)
-                return
-            except subprocess.TimeoutExpired:
-                continue
+        end_group(proc.pid, None, grace_s=2.0)  # the wait below reaps it
 
     def on_term(signum: int, frame: object) -> None:
         stopped.append("stopped")
@@ -183,10 +167,7 @@ def verify_runner(vdir: Path) -> int:
         kill_group()
         proc.wait()
         return finish(False, f"timed out after {timeout_s:g}s")
-    try:
-        os.killpg(proc.pid, signal.SIGKILL)  # leftovers of the group
-    except (ProcessLookupError, PermissionError):
-        pass
+    end_group(proc.pid, None, grace_s=0)  # leftovers of the group
     if stopped:
         return finish(False, "stopped by the supervisor")
     if code == 0:

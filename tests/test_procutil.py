@@ -1,0 +1,128 @@
+"""The public helpers a command verifier needs: ``fleetrun.task_env`` and
+``fleetrun.ProcessHandle``, as docs/plugins.md ("Running processes from a plugin") shows."""
+
+from __future__ import annotations
+
+import os
+import select
+import sys
+import time
+from pathlib import Path
+from types import SimpleNamespace
+from typing import Any, Optional
+
+import fleetrun
+from fleetrun import ProcessHandle, Verdict, Workspace, task_env
+from fleetrun.osutil import proc_token
+
+TASK = SimpleNamespace(id="task_1", name="schema")
+ATTEMPT = SimpleNamespace(number=3)
+
+
+def test_they_are_public() -> None:
+    assert {"ProcessHandle", "task_env"} <= set(fleetrun.__all__)
+
+
+def test_task_env_adds_fleetruns_variables_to_its_own_environment() -> None:
+    env = task_env(TASK, ATTEMPT, Workspace(path="/w"), FLEETRUN_VERIFIER="agent")  # type: ignore[arg-type]
+    assert env["PATH"] == os.environ["PATH"]
+    assert {k: env[k] for k in env if k.startswith("FLEETRUN_")}.items() >= {
+        "FLEETRUN_TASK_ID": "task_1", "FLEETRUN_TASK_NAME": "schema", "FLEETRUN_ATTEMPT": "3",
+        "FLEETRUN_WORKTREE": "/w", "FLEETRUN_VERIFIER": "agent"}.items()
+
+
+def test_task_env_alone_for_a_spec_file() -> None:
+    """``base={}``: only fleetrun's variables (a spec file's; the rest is inherited where
+    the process runs). A path does for the workspace."""
+    assert task_env(TASK, ATTEMPT, "/w", base={}) == {  # type: ignore[arg-type]
+        "FLEETRUN_TASK_ID": "task_1", "FLEETRUN_TASK_NAME": "schema", "FLEETRUN_ATTEMPT": "3",
+        "FLEETRUN_WORKTREE": "/w"}
+    assert task_env(TASK, ATTEMPT, "/w", base={"A": "1"}, FLEETRUN_WORKTREE="/x")["FLEETRUN_WORKTREE"] == "/x"  # type: ignore[arg-type]
+
+
+class Handle(ProcessHandle):
+    def cannot_start(self, error: str) -> Verdict:
+        return Verdict(passed=False, kind="run", label="t", reason=f"cannot start: {error}")
+
+    def timed_out(self) -> Verdict:
+        return Verdict(passed=False, kind="run", label="t", reason="timed out")
+
+    def ended(self, code: int) -> Verdict:
+        return Verdict(passed=code == 0, kind="run", label="t", reason=f"exit code {code}")
+
+
+def wait(handle: ProcessHandle, limit: float = 20.0) -> Verdict:
+    end = time.monotonic() + limit
+    while time.monotonic() < end:
+        v: Optional[Verdict] = handle.poll()
+        if v is not None:
+            return v
+        fd = handle.fileno()
+        select.select([fd] if fd >= 0 else [], [], [], max(0.01, min(0.2, handle.next_deadline() - time.monotonic())))
+    raise AssertionError("no verdict")
+
+
+def test_a_process_handle_ends_its_whole_group_on_timeout(tmp_path: Path) -> None:
+    spec = SimpleNamespace(timeout_s=0.5)
+    script = f"sleep 60 & echo $! > {tmp_path / 'child'}; trap '' TERM; sleep 60"
+    h = Handle(spec, ["/bin/sh", "-c", script], str(tmp_path), dict(os.environ), tmp_path / "v1.out")
+    assert (tmp_path / "children" / "v1.json").exists()  # recorded for a restarted loop
+    time.sleep(0.2)
+    child = int((tmp_path / "child").read_text())
+    v = wait(h)
+    assert v.reason == "timed out"
+    assert h.proc is not None and h.proc.returncode is not None  # reaped
+    assert not (tmp_path / "children" / "v1.json").exists()
+    deadline = time.monotonic() + 10
+    while proc_token(child) is not None and time.monotonic() < deadline:
+        time.sleep(0.05)
+    assert proc_token(child) is None
+
+
+def test_a_process_handle_reports_its_exit(tmp_path: Path) -> None:
+    spec = SimpleNamespace(timeout_s=30)
+    h = Handle(spec, [sys.executable, "-c", "print('hi'); raise SystemExit(3)"], str(tmp_path), dict(os.environ),
+               tmp_path / "v1.out")
+    assert wait(h).reason == "exit code 3"
+    assert (tmp_path / "v1.out").read_text() == "hi\n"
+    h2 = Handle(spec, [str(tmp_path / "nothing")], str(tmp_path), dict(os.environ), tmp_path / "v2.out")
+    assert wait(h2).reason.startswith("cannot start: ")
+
+
+def docs_example(name: str) -> str:
+    """The python block of docs/plugins.md that starts with ``# NAME``."""
+    text = (Path(__file__).resolve().parents[1] / "docs" / "plugins.md").read_text()
+    start = text.index(f"```python\n# {name}\n") + len("```python\n")
+    return text[start:text.index("```", start)]
+
+
+def test_the_docs_lint_verifier_runs(fleeter: Any, fake_claude: Any, monkeypatch: Any) -> None:
+    """docs/plugins.md's "Running processes from a plugin" example, as a fleetconf.py."""
+    bin_dir = fleeter.path / "bin"
+    bin_dir.mkdir()
+    ruff = bin_dir / "ruff"
+    ruff.write_text('#!/bin/sh\necho "$FLEETRUN_VERIFIER $FLEETRUN_TASK_NAME $FLEETRUN_ATTEMPT $*"\n'
+                    '[ -f "$FLEETRUN_WORKTREE/ok" ]\n')
+    ruff.chmod(0o755)
+    monkeypatch.setenv("PATH", f"{bin_dir}{os.pathsep}{os.environ['PATH']}")
+    fleeter.make_repo()
+    fleeter.write_fleetconf(docs_example("fleetrun_lint.py"))
+    fleeter.write_tasks("""
+        [[task]]
+        name = "a"
+        cwd = "repo"
+        prompt = "make it lint"
+        max_retries = 1
+
+        [[task.verify]]
+        lint = "src tests"
+    """)
+    fake_claude.script(a=[{"actions": [["write", "x.txt", "x"], ["commit", "x"]]},
+                          {"actions": [["write", "ok", ""], ["commit", "ok"]]}])
+    result = fleeter.inline_run("tasks.toml")
+    result.assert_outcomes(done=1)
+    verdicts = [c.verdict for c in result.hooks.getcalls("fleetrun_verdict")]
+    assert [(v.kind, v.passed, v.reason) for v in verdicts] == [("lint", False, "exit code 1"),
+                                                                  ("lint", True, "exit code 0")]
+    assert verdicts[0].output == "lint a 1 check src tests\n"
+    assert verdicts[1].output == "lint a 2 check src tests\n"
