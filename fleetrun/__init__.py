@@ -6,11 +6,14 @@ from .config import ConfigKey
 from .exceptions import ExitCode, UsageError, UsageErrors
 from .hookimpl import hookimpl
 from .hookspec import hookspec
+from .hostapi import Host, StartRefused
 from .reports import (
     AgentResult,
     Candidate,
     Handoff,
     Placement,
+    SpawnSpec,
+    Started,
     Verdict,
     VerifyHandle,
     Wait,
@@ -40,8 +43,12 @@ __all__ = [
     "ConfigKey",
     "ExitCode",
     "Handoff",
+    "Host",
     "KeyDecl",
     "Placement",
+    "SpawnSpec",
+    "StartRefused",
+    "Started",
     "State",
     "TaskSpec",
     "UsageError",
