@@ -12,6 +12,8 @@ from typing import Any
 
 import pytest
 
+pytest_plugins = ["sshd"]
+
 from fleetrun.states import State
 from fleetrun.taskspec import TaskSpec
 
@@ -190,3 +192,35 @@ def fleetrun_start_attempt(task, attempt, host, spawn, prompt, config):
     assert json.loads((fleeter.path / "started.json").read_text()) == {"host": "local", "local": True,
                                                                         "argv0": "sh"}
     assert fleeter.task("own-way").state is State.DONE
+
+
+@pytest.mark.parametrize("marker", ["(tryfirst=True)", ""])
+def test_a_fleetconf_prepare_hook_wins_over_the_relay_for_a_peer(fleeter: Any, fake_claude: Any, peer_lab: Any,
+                                                                  marker: str, tmp_path: Path) -> None:
+    """The relay's stage hooks are ``trylast`` and answer for their own hosts: a
+    ``fleetconf.py`` ``fleetrun_prepare_workspace``, plain or ``tryfirst``, is asked
+    first for a peer's attempt too, and what it returns is where the attempt runs."""
+    mini = peer_lab.machine("mini")
+    mini.write("config.toml", (fleeter.home / "config.toml").read_text())
+    r = fleeter.run("relay", "add", "mini", mini.address, "--accept-new", "--command", mini.command_line())
+    assert r.ret == 0, r.stdout + r.stderr
+    custom = tmp_path / "custom"
+    custom.mkdir()
+    fleeter.make_repo()
+    fleeter.write_tasks(PINNED.replace('peer = "bay"', 'peer = "mini"').split("  [[task.verify]]")[0])
+    fleeter.write_fleetconf(f'''
+import fleetrun
+
+@fleetrun.hookimpl{marker}
+def fleetrun_prepare_workspace(task, attempt, host, config):
+    assert host.name == "mini" and not host.local
+    return fleetrun.Workspace(path={str(custom)!r})
+''')
+    fake_claude.script(docked=[{"actions": [["write", "out.txt", "hi"]], "cost": 0.01}])
+    r = fleeter.run("tasks.toml")
+    assert r.ret == 0, r.stdout + r.stderr
+    task = fleeter.task("docked")
+    (att,) = fleeter.ledger().attempts(task.id)
+    assert (task.state, att.host, att.workspace["path"]) == (State.DONE, "mini", str(custom))
+    assert (custom / "out.txt").read_text() == "hi"  # the agent ran there, not in a worktree of mini's
+    assert not (mini.home / "worktrees").exists() or not list((mini.home / "worktrees").iterdir())
