@@ -12,10 +12,10 @@ from typing import Any
 
 import pytest
 
-pytest_plugins = ["sshd"]
-
 from fleetrun.states import State
 from fleetrun.taskspec import TaskSpec
+
+pytest_plugins = ["sshd"]
 
 PLUGINS = Path(__file__).resolve().parents[1] / "plugins"
 
