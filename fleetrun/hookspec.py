@@ -328,9 +328,14 @@ def fleetrun_collect_work(task: Task, attempt: Attempt, workspace: Workspace, ho
     when a verifier or a dependent needs it here). May be implemented in a
     ``fleetconf.py``.
 
+    :param task: the task (still RUNNING).
+    :param attempt: the attempt that ended.
     :param workspace: the attempt's :class:`~fleetrun.Workspace`.
     :param host: the :class:`~fleetrun.Host` the attempt ran on.
+    :param config: the run's configuration.
     :return: the commit made, ``""`` for "handled, nothing made", or None.
+        ``WorktreeTampered`` sends the task to a human; a ``GitError`` is noted and
+        the verifiers run all the same.
     """
 
 
@@ -350,7 +355,13 @@ def fleetrun_verify(
     answers ``run`` for a ``host.local`` host, the ``relay`` plugin for its peers.
     May be implemented in a ``fleetconf.py``.
 
+    :param task: the task (VERIFYING, or ASSIGNED for a setup command).
+    :param verifier: the :class:`~fleetrun.VerifySpec` (``kind``, ``text``,
+        ``label``, ``timeout_s``, ``extra``).
+    :param workspace: the attempt's :class:`~fleetrun.Workspace`.
+    :param attempt: the attempt whose work is verified.
     :param host: the :class:`~fleetrun.Host` the attempt ran on.
+    :param config: the run's configuration.
     :return: a :class:`~fleetrun.Verdict`, or a handle whose ``poll()`` returns one
         when ready (for anything that takes time). A verifier must be safe to run
         again: after a crash it is.
@@ -365,8 +376,10 @@ def fleetrun_handoff(task: Task, attempt: Attempt, host: Host, config: Config) -
     session's summary), the ``relay`` plugin for its peers (and how to fetch the
     branch). May be implemented in a ``fleetconf.py``.
 
+    :param task: the task (DONE, or NEEDS_HUMAN being approved).
     :param attempt: the attempt that ran (None if none did, for an approved task).
     :param host: the :class:`~fleetrun.Host` the task ran on.
+    :param config: the run's configuration.
     :return: a :class:`~fleetrun.Handoff`, or None.
     """
 
@@ -380,6 +393,9 @@ def fleetrun_cleanup_workspace(task: Task, host: Host, config: Config) -> None:
 
     :param task: the task, in its terminal state.
     :param host: the :class:`~fleetrun.Host` of ``task.host``.
+    :param config: the run's configuration.
+    :return: nothing (results are ignored). A ``GitError`` or ``OSError`` is noted
+        on the task.
     """
 
 
