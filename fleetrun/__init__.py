@@ -6,12 +6,15 @@ from .config import ConfigKey
 from .exceptions import ExitCode, UsageError, UsageErrors
 from .hookimpl import hookimpl
 from .hookspec import hookspec
+from .hostapi import Host, StartRefused
 from .procutil import ProcessHandle, task_env
 from .reports import (
     AgentResult,
     Candidate,
     Handoff,
     Placement,
+    SpawnSpec,
+    Started,
     Verdict,
     VerifyHandle,
     Wait,
@@ -41,9 +44,13 @@ __all__ = [
     "ConfigKey",
     "ExitCode",
     "Handoff",
+    "Host",
     "KeyDecl",
     "Placement",
     "ProcessHandle",
+    "SpawnSpec",
+    "StartRefused",
+    "Started",
     "State",
     "TaskSpec",
     "UsageError",

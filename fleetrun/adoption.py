@@ -14,7 +14,8 @@ import os
 import time
 from typing import Any
 
-from .hosts import get_host, kill_recorded_children
+from .hostapi import get_host
+from .hosts import kill_recorded_children
 from .ledger import Attempt
 from .outcomes import back_state
 from .reports import Workspace
@@ -45,10 +46,10 @@ class Adoption:
                     if st.get("state") == "unreachable":  # it may be running there: poll_attempts asks again
                         adopted += 1
                         continue
-                    if not st.get("shepherd_pid") and hasattr(host, "give_up"):
+                    if not st.get("shepherd_pid"):
                         # decide under the shepherd's start lock: a late shepherd then runs nothing
                         st = host.give_up(att.id) or st
-                    if att.state == "leased" and att.host in (None, "local"):
+                    if att.state == "leased" and host.local:
                         kill_recorded_children(host.attempt_dir(att.id))  # a setup command the crash left
                     if st.get("shepherd_pid"):  # it did start: watch it (a dead one is resumed)
                         led.update_attempt(att.id, state="running", shepherd_pid=st["shepherd_pid"],
@@ -85,9 +86,10 @@ class Adoption:
                 last = led.latest_attempt(task.id)
                 if last is None or last.workspace is None:
                     continue
-                if last.host in (None, "local"):
+                last_host = get_host(loop.config, last.host)
+                if last_host.local:
                     # a verifier the crashed supervisor left running is ended before it runs again
-                    kill_recorded_children(get_host(loop.config, last.host).attempt_dir(last.id))
+                    kill_recorded_children(last_host.attempt_dir(last.id))
                 verdicts = led.verdicts(attempt_id=last.id)
                 v = Verifying(last, Workspace(**last.workspace), len(verdicts))
                 failed = next((x for x in verdicts if not x.passed), None)
@@ -98,7 +100,8 @@ class Adoption:
         for task in led.tasks({State.DONE}):
             with loop.isolated(task.id):
                 # DONE, but the crash came before its workspace was cleaned up
-                if task.worktree and task.host in (None, "local") and os.path.exists(os.path.join(task.worktree, ".git")):
+                if task.worktree and get_host(loop.config, task.host).local \
+                        and os.path.exists(os.path.join(task.worktree, ".git")):
                     loop.finish_terminal(task)
         if adopted:
             loop.config.out.write(f"adopted {adopted} running attempt(s)\n")
@@ -112,6 +115,6 @@ class Adoption:
             st: dict[str, Any] = host.status(att.id, None, None)
             if st.get("shepherd_pid") or time.time() >= deadline:
                 return st
-            if att.host != "local" or not (host.attempt_dir(att.id) / "spec.json").exists():
+            if not host.local or not (host.attempt_dir(att.id) / "spec.json").exists():
                 return st
             time.sleep(0.05)

@@ -127,7 +127,7 @@ def cmd_status(config: Any, out: TextIO, err: TextIO) -> int:
         return ExitCode.OK
     now = time.time()
     waits = json.loads(led.get_meta("waits") or "{}")
-    from .hosts import missing_host_reason
+    from .hostapi import missing_host_reason
 
     peer_state: dict[str, Any] = {}
     if config.pluginmanager.get_plugin("relay") is not None:  # -p no:relay: nothing of the relay is read
@@ -303,7 +303,7 @@ def cmd_cancel(config: Any, out: TextIO, err: TextIO) -> int:
         return ExitCode.OK
     not_stopped = None
     if active is not None:
-        from .hosts import UnknownHost, stop_attempt
+        from .hostapi import UnknownHost, stop_attempt
 
         try:
             stop_attempt(config, active)
@@ -336,7 +336,9 @@ def _handoff_for_approve(config: Any, led: Ledger, task: Task) -> Optional[dict[
     attempt that ran."""
     atts = [a for a in led.attempts(task.id) if a.state in ("ended", "verified")]
     att = atts[-1] if atts else led.latest_attempt(task.id)
-    handoff = config.hook.fleetrun_handoff(task=task, attempt=att, config=config)
+    from .hostapi import get_host
+
+    handoff = config.hook.fleetrun_handoff(task=task, attempt=att, host=get_host(config, task.host), config=config)
     return asdict(handoff) if handoff is not None else None
 
 
@@ -358,7 +360,9 @@ def cmd_approve(config: Any, out: TextIO, err: TextIO) -> int:
     from .gitutil import GitError
 
     try:  # as after DONE: a clean worktree is removed, the branch stays
-        config.hook.fleetrun_cleanup_workspace(task=moved[0], config=config)
+        from .hostapi import get_host
+
+        config.hook.fleetrun_cleanup_workspace(task=moved[0], host=get_host(config, moved[0].host), config=config)
     except (GitError, OSError) as e:
         led.add_note(task.id, f"cleanup failed: {e}")
     now = led.get(task.id)

@@ -205,13 +205,19 @@ def fetched_workspace(config: Any, task: Any, attempt: Any, workspace: Any, kind
     return local if isinstance(local, Workspace) else f"{what}; the task's workspace is on {host}"
 
 
+def _is_local(config: Any, name: str) -> bool:
+    from .hostapi import get_host
+
+    return bool(get_host(config, name).local)
+
+
 def local_workspace(config: Any, task: Any, attempt: Any, workspace: Any, verifier: Any) -> Union[Workspace, Verdict]:
     """The workspace a verifier that runs on this machine (brain, agent) reads: the
     attempt's own, or, for an attempt that ran on a peer, its branch fetched back
     from there; a FAIL verdict saying why when there is none."""
     host = getattr(attempt, "host", None) or "local"
-    if host == "local":
-        return workspace
+    if host == "local" or (config is not None and _is_local(config, host)):
+        return workspace  # its workspace is a folder here (this machine, or a host like it)
     local = fetched_workspace(config, task, attempt, workspace, verifier.kind)
     if isinstance(local, str):
         return Verdict(passed=False, kind=verifier.kind, label=verifier.label, host=host, reason=local)

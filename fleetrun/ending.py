@@ -10,7 +10,7 @@ from typing import Any, Optional
 
 from . import clock
 from .gitutil import GitError, WorktreeTampered
-from .hosts import get_host
+from .hostapi import get_host
 from .ledger import Attempt, Task
 from .outcomes import Ended, Transition, attempt_outcome, decide_end, decide_not_started, end_reason
 from .reports import Workspace
@@ -74,7 +74,7 @@ class Ending:
             return
         ws = Workspace(**att.workspace) if att.workspace else Workspace(path=task.spec.cwd)
         try:  # before VERIFYING: after a crash between the two it is simply done again
-            loop.hook.fleetrun_collect_work(task=task, attempt=att, workspace=ws, config=loop.config)
+            loop.hook.fleetrun_collect_work(task=task, attempt=att, workspace=ws, host=host, config=loop.config)
         except WorktreeTampered as e:
             self.worktree_tampered(task, att, e, "nothing was committed")
             return

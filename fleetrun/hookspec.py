@@ -21,6 +21,7 @@ import pluggy
 if TYPE_CHECKING:
     from .collect import TaskFile
     from .config import Config, ConfigKey, Parser
+    from .hostapi import Host
     from .ledger import Attempt, Task
     from .pluginmanager import FleetPluginManager
     from .reports import (
@@ -28,6 +29,8 @@ if TYPE_CHECKING:
         Candidate,
         Handoff,
         Placement,
+        SpawnSpec,
+        Started,
         Verdict,
         VerifyHandle,
         Wait,
@@ -287,11 +290,37 @@ def fleetrun_collection_modifyitems(config: Config, items: list[TaskSpec]) -> No
 
 
 @hookspec
-def fleetrun_candidates(config: Config) -> list[Candidate]:
-    """Return the places attempts can run, with fresh headroom. Results are concatenated.
+def fleetrun_hosts(config: Config) -> list[Host]:
+    """Offer the places attempts can run: a list of :class:`~fleetrun.Host`. Results
+    are concatenated; the first host offered under a name wins (a ``tryfirst``
+    implementation's before the built-ins').
 
-    Called on every pass of the loop that has a task to place. The ``placement``
-    plugin returns this machine; the ``relay`` plugin returns its peers.
+    Called when the run first needs a host (after every plugin is configured), and
+    again whenever a name is looked up that the last answer did not have; never on
+    every pass. The ``local`` plugin offers this machine (``local``), the ``relay``
+    plugin one host per paired peer. A host name the ledger holds that no plugin
+    offers makes its task wait, with the reason (``host 'mini' is not provided by any
+    loaded plugin: ...``). May be implemented in a ``fleetconf.py``.
+
+    :param config: the run's configuration.
+    :return: the hosts this plugin offers (a list, possibly empty).
+    """
+    raise NotImplementedError
+
+
+@hookspec
+def fleetrun_candidates(config: Config) -> list[Candidate]:
+    """Return more placement candidates, beyond the hosts' own (each host's
+    :meth:`~fleetrun.Host.candidate`). Results are concatenated.
+
+    Called on every pass of the loop that has a task to place. No built-in plugin
+    implements it any more (hosts give their candidates); a candidate whose name no
+    host has can be chosen by ``fleetrun_place``, and the task then waits with
+    ``host '...' is not provided by any loaded plugin``. May be implemented in a
+    ``fleetconf.py``.
+
+    :param config: the run's configuration.
+    :return: a list of :class:`~fleetrun.Candidate`.
     """
     raise NotImplementedError
 
@@ -370,12 +399,23 @@ def fleetrun_place_score(task: Task, candidate: Candidate, config: Config) -> Op
 
 
 @hookspec(firstresult=True)
-def fleetrun_prepare_workspace(task: Task, attempt: Attempt, config: Config) -> Optional[Workspace]:
+def fleetrun_prepare_workspace(task: Task, attempt: Attempt, host: Host, config: Config) -> Optional[Workspace]:
     """Make (or find again, on a retry or resume) the directory the attempt runs in.
 
-    Stops at the first non-None result. The ``worktree`` plugin makes a git worktree
-    for a task with ``git_ref``; otherwise the task's ``cwd`` is used as is.
-    Must be idempotent: it is called again after a crash.
+    Stops at the first non-None result: return None for a host that is not yours.
+    The ``worktree`` plugin answers for a ``host.local`` host (a git worktree for a
+    task with ``git_ref``, else the task's ``cwd`` as is); the ``relay`` plugin for its
+    peers. Both are ``trylast``, so an implementation in a ``fleetconf.py`` or a
+    plugin runs first, with or without ``tryfirst``. Must be idempotent: it is called
+    again after a crash.
+
+    :param task: the task, leased (ASSIGNED).
+    :param attempt: the attempt just leased (``attempt.host`` is ``host.name``).
+    :param host: the :class:`~fleetrun.Host` the attempt runs on.
+    :param config: the run's configuration.
+    :return: a :class:`~fleetrun.Workspace`, or None. Raise to refuse (an exception
+        with ``permanent = True`` asks a human at once, ``WorktreeTampered`` too;
+        anything else backs off and tries again).
     """
 
 
@@ -407,14 +447,53 @@ def fleetrun_build_prompt(task: Task, attempt: Attempt, config: Config, context:
 @hookspec(firstresult=True)
 def fleetrun_spawn(
     task: Task, attempt: Attempt, workspace: Workspace, prompt: str, config: Config
-) -> Optional[dict[str, Any]]:
+) -> Optional[SpawnSpec]:
     """Describe how to start the agent for this attempt. Stops at the first non-None result.
 
-    :return: a dict with ``argv`` (list of str, never run through a shell),
-        optionally ``env`` (extra variables), ``stdin`` (``"prompt"`` to feed the
-        prompt file on standard input) and ``parser`` (the plugin name whose
-        ``fleetrun_agent_result`` reads the output). The loop starts it under a
-        shepherd on the attempt's host and returns at once.
+    The ``claude`` plugin answers for ``agent = "claude"``, ``command_agent`` for the
+    agents of ``[agents.NAME]``. May be implemented in a ``fleetconf.py``.
+
+    :param task: the task.
+    :param attempt: the attempt (``attempt.info["resume_session"]``,
+        ``attempt.info["budget_left_usd"]`` when they apply).
+    :param workspace: the prepared :class:`~fleetrun.Workspace`.
+    :param prompt: the prompt ``fleetrun_build_prompt`` built.
+    :param config: the run's configuration.
+    :return: a :class:`~fleetrun.SpawnSpec` (``argv``, ``env``, ``stdin``,
+        ``parser``, ``session_id``), or None if the task's agent is not yours. A dict
+        with those keys is accepted too (what this hook returned before SpawnSpec); a
+        dict with another key is an error (``start_failed:...``, naming it). Raise
+        :class:`~fleetrun.UsageError` for an agent that cannot be started as
+        configured. Nothing starts here: ``fleetrun_start_attempt`` does.
+    """
+
+
+@hookspec(firstresult=True)
+def fleetrun_start_attempt(
+    task: Task, attempt: Attempt, host: Host, spawn: SpawnSpec, prompt: str, config: Config
+) -> Optional[Started]:
+    """Start the attempt and return at once. Stops at the first non-None result.
+
+    The built-in default (the ``shepherd`` plugin, ``trylast``) has ``host`` start a
+    shepherd (``host.start``) running ``spawn`` in the workspace
+    (``attempt.workspace``), with the task environment, the timeouts and the loop's
+    wake-up socket. A plugin that runs an attempt its own way (a mailbox delivering it
+    to a role, a cluster scheduler) returns its own :class:`~fleetrun.Started`; the
+    loop then polls ``host.status`` for the attempt as for any other. May be
+    implemented in a ``fleetconf.py``.
+
+    :param task: the task (ASSIGNED).
+    :param attempt: the attempt, ``starting``; ``attempt.workspace`` is the prepared
+        workspace (a dict of :class:`~fleetrun.Workspace`'s fields).
+    :param host: the :class:`~fleetrun.Host` it was placed on.
+    :param spawn: the :class:`~fleetrun.SpawnSpec` ``fleetrun_spawn`` returned.
+    :param prompt: the prompt.
+    :param config: the run's configuration.
+    :return: a :class:`~fleetrun.Started`, or None to leave it to the next
+        implementation (none at all: the task needs a human, ``plugin_missing``).
+        Raise :class:`~fleetrun.StartRefused` when the host will not start it (a retry
+        is not used, the task backs off from that host); any other exception is
+        ``start_failed:<message>`` (backed off too).
     """
 
 
@@ -444,28 +523,51 @@ def fleetrun_agent_result(task: Task, attempt: Attempt, log_path: str, exit_code
 
 
 @hookspec(firstresult=True)
-def fleetrun_collect_work(task: Task, attempt: Attempt, workspace: Workspace, config: Config) -> Optional[str]:
+def fleetrun_collect_work(task: Task, attempt: Attempt, workspace: Workspace, host: Host,
+                          config: Config) -> Optional[str]:
     """An attempt's session ended well; gather its work before the verifiers run.
 
-    Stops at the first non-None result. The ``worktree`` plugin commits what the
-    agent left uncommitted on the task's branch and returns the new commit.
+    Stops at the first non-None result: return None for a host that is not yours.
+    The ``worktree`` plugin answers for a ``host.local`` worktree (it commits what the
+    agent left uncommitted on the task's branch and returns the new commit); the
+    ``relay`` plugin for its peers (it commits there, and fetches the branch back
+    when a verifier or a dependent needs it here). May be implemented in a
+    ``fleetconf.py``.
+
+    :param task: the task (still RUNNING).
+    :param attempt: the attempt that ended.
+    :param workspace: the attempt's :class:`~fleetrun.Workspace`.
+    :param host: the :class:`~fleetrun.Host` the attempt ran on.
+    :param config: the run's configuration.
+    :return: the commit made, ``""`` for "handled, nothing made", or None.
+        ``WorktreeTampered`` sends the task to a human; a ``GitError`` is noted and
+        the verifiers run all the same.
     """
 
 
 @hookspec(firstresult=True)
 def fleetrun_verify(
-    task: Task, verifier: VerifySpec, workspace: Workspace, attempt: Attempt, config: Config
+    task: Task, verifier: VerifySpec, workspace: Workspace, attempt: Attempt, host: Host, config: Config
 ) -> Optional[Union[Verdict, VerifyHandle]]:
     """Run one verifier. Stops at the first non-None result: return None for a
-    ``verifier.kind`` that is not yours.
+    ``verifier.kind`` (or a host) that is not yours.
 
     Also called for each of a task's ``setup`` commands, before its agent's first
     attempt in a workspace: then ``verifier`` is a ``run`` spec whose
     ``extra["setup"]`` is the command's 1-based number (it is not one of
     ``task.spec.verify``). A plugin that runs ``run`` commands elsewhere (on a peer,
     in a sandbox) so runs setup the same way; one that judges ``run`` verifiers
-    differently should leave these to the default (return None).
+    differently should leave these to the default (return None). ``verify_run``
+    answers ``run`` for a ``host.local`` host, the ``relay`` plugin for its peers.
+    May be implemented in a ``fleetconf.py``.
 
+    :param task: the task (VERIFYING, or ASSIGNED for a setup command).
+    :param verifier: the :class:`~fleetrun.VerifySpec` (``kind``, ``text``,
+        ``label``, ``timeout_s``, ``extra``).
+    :param workspace: the attempt's :class:`~fleetrun.Workspace`.
+    :param attempt: the attempt whose work is verified.
+    :param host: the :class:`~fleetrun.Host` the attempt ran on.
+    :param config: the run's configuration.
     :return: a :class:`~fleetrun.Verdict`, or a handle whose ``poll()`` returns one
         when ready (for anything that takes time). A verifier must be safe to run
         again: after a crash it is.
@@ -473,14 +575,34 @@ def fleetrun_verify(
 
 
 @hookspec(firstresult=True)
-def fleetrun_handoff(task: Task, attempt: Attempt, config: Config) -> Optional[Handoff]:
-    """Build what a DONE task hands to its dependents. Stops at the first non-None."""
+def fleetrun_handoff(task: Task, attempt: Attempt, host: Host, config: Config) -> Optional[Handoff]:
+    """Build what a DONE task hands to its dependents. Stops at the first non-None.
+
+    The ``worktree`` plugin answers for a ``host.local`` host (the branch and the last
+    session's summary), the ``relay`` plugin for its peers (and how to fetch the
+    branch). May be implemented in a ``fleetconf.py``.
+
+    :param task: the task (DONE, or NEEDS_HUMAN being approved).
+    :param attempt: the attempt that ran (None if none did, for an approved task).
+    :param host: the :class:`~fleetrun.Host` the task ran on.
+    :param config: the run's configuration.
+    :return: a :class:`~fleetrun.Handoff`, or None.
+    """
 
 
 @hookspec
-def fleetrun_cleanup_workspace(task: Task, config: Config) -> None:
+def fleetrun_cleanup_workspace(task: Task, host: Host, config: Config) -> None:
     """A task reached a terminal state; remove what is no longer needed (a clean
-    worktree after DONE; its branch stays)."""
+    worktree after DONE; its branch stays). Every implementation is called: each
+    acts only for a host of its own (``worktree``: ``host.local``; ``relay``: its
+    peers). May be implemented in a ``fleetconf.py``.
+
+    :param task: the task, in its terminal state.
+    :param host: the :class:`~fleetrun.Host` of ``task.host``.
+    :param config: the run's configuration.
+    :return: nothing (results are ignored). A ``GitError`` or ``OSError`` is noted
+        on the task.
+    """
 
 
 # ---------------------------------------------------------------------------------

@@ -1,7 +1,9 @@
-"""Hosts: where an attempt runs. ``LocalHost`` is this machine.
+"""Hosts: where an attempt runs. ``LocalHost`` is this machine (offered by the built-in
+``local`` plugin through ``fleetrun_hosts``).
 
-A host offers the same verbs whatever it is — start a shepherd, read its status and
-log, stop it — so placement, retry and adoption never ask which one they hold.
+A host offers the same verbs whatever it is (:class:`fleetrun.hostapi.Host`) — start a
+shepherd, read its status and log, stop it — so placement, retry and adoption never ask
+which one they hold. The registry of a run's hosts is :mod:`fleetrun.hostapi`.
 """
 
 from __future__ import annotations
@@ -11,18 +13,24 @@ import os
 import signal
 import sys
 from pathlib import Path
-from typing import Any, Optional
+from typing import TYPE_CHECKING, Any, Callable, Optional
 
-from .osutil import end_group
+from .hostapi import (  # noqa: F401  (their old home: kept importable)
+    MissingHost,
+    StartRefused,
+    UnknownHost,
+    get_host,
+    missing_host_reason,
+    stop_attempt,
+)
+from .osutil import FileLock, end_group, spawn_detached
 from .shepherd import CANCEL, LOG, SPEC, START_LOCK, STATUS, proc_token, read_json, write_json
 from .untrusted import FILE_STATES, Malformed, parse_status, reason_of
 
+if TYPE_CHECKING:
+    from .reports import Candidate, Started
+
 SHEPHERD_PATH = str(Path(__file__).with_name("shepherd.py"))
-
-
-class StartRefused(Exception):
-    """A host would not start an attempt (a peer at its max_tasks, say); the message
-    is the host's own reason. A refusal does not use up a retry."""
 
 
 def executable_problem(exe: str, path: Optional[str] = None) -> Optional[str]:
@@ -48,18 +56,36 @@ def executable_problem(exe: str, path: Optional[str] = None) -> Optional[str]:
 
 
 class LocalHost:
-    """This machine. Attempt folders live in ``$FLEETRUN_HOME/attempts/<attempt-id>``."""
+    """This machine (a :class:`~fleetrun.hostapi.Host`). Attempt folders live in
+    ``<root>/<attempt-id>``, ``$FLEETRUN_HOME/attempts`` by default.
 
-    name = "local"
+    :param home: the fleetrun home.
+    :param name: the host's name (``local``; a plugin may run a second one beside it
+        under another name and root, as the test plugin ``tests/plugins/secondhost.py``
+        does).
+    :param root: the folder of its attempt folders (default ``home/attempts``).
+    :param measure: what :meth:`candidate` returns (the ``local`` plugin passes the
+        ``placement`` plugin's measurement of this machine); None: no candidate.
+    """
 
-    def __init__(self, home: Path) -> None:
+    local = True
+
+    def __init__(self, home: Path, name: str = "local", root: Optional[Path] = None,
+                 measure: Optional[Callable[[Any], Optional[Candidate]]] = None) -> None:
         self.home = home
+        self.name = name
+        self.root = root if root is not None else home / "attempts"
+        self.measure = measure
         self._children: dict[str, int] = {}
 
     def attempt_dir(self, attempt_id: str) -> Path:
-        return self.home / "attempts" / attempt_id
+        return self.root / attempt_id
 
-    def start(self, attempt_id: str, spec: dict[str, Any], prompt: Optional[str] = None) -> dict[str, Any]:
+    def candidate(self, config: Any) -> Optional[Candidate]:
+        """This machine's headroom, as ``measure`` finds it (None without one)."""
+        return self.measure(config) if self.measure is not None else None
+
+    def start(self, attempt_id: str, spec: dict[str, Any], prompt: Optional[str] = None) -> Started:
         """Start a shepherd for an attempt; return its pid and identity token.
 
         The attempt folder gets ``spec.json`` (and ``prompt``) first, so a shepherd
@@ -79,18 +105,12 @@ class LocalHost:
         write_json(str(adir / SPEC), spec)
         # posix_spawn in a new session, not Popen: the shepherd is meant to outlive us,
         # and a Popen object would complain when collected with its child still running.
-        out = str(adir / "shepherd.out")
-        pid = os.posix_spawn(
-            sys.executable, [sys.executable, "-I", "-S", SHEPHERD_PATH, str(adir)], dict(os.environ),
-            file_actions=[
-                (os.POSIX_SPAWN_OPEN, 0, os.devnull, os.O_RDONLY, 0),
-                (os.POSIX_SPAWN_OPEN, 1, out, os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o600),
-                (os.POSIX_SPAWN_DUP2, 1, 2),
-            ],
-            setsid=True,
-        )
+        pid = spawn_detached([sys.executable, "-I", "-S", SHEPHERD_PATH, str(adir)], os.environ,
+                             adir / "shepherd.out")
         self._children[attempt_id] = pid
-        return {"pid": pid, "token": proc_token(pid), "dir": str(adir)}
+        from .reports import Started
+
+        return Started(pid=pid, token=proc_token(pid), dir=str(adir))
 
     def reap(self) -> None:
         """Collect exited shepherd children (they are detached, but ours until we exit)."""
@@ -133,22 +153,16 @@ class LocalHost:
         """Decide, under the shepherd's start lock, that an attempt never started: leave
         a cancel file so a shepherd that starts late runs nothing. :return: the status
         (with a ``shepherd_pid`` if it did start after all: then it is adopted)."""
-        import fcntl
-
         adir = self.attempt_dir(attempt_id)
         if not adir.exists():
             return {}
-        fd = os.open(adir / START_LOCK, os.O_RDWR | os.O_CREAT, 0o600)
-        try:
-            fcntl.flock(fd, fcntl.LOCK_EX)
+        with FileLock(adir / START_LOCK):
             st, _ = read_status(adir)
             if st.get("state") in ("running", "ended"):
                 return st
             cfd = os.open(adir / CANCEL, os.O_WRONLY | os.O_CREAT, 0o600)
             os.close(cfd)
             return st
-        finally:
-            os.close(fd)
 
     def log_path(self, attempt_id: str) -> Path:
         return self.attempt_dir(attempt_id) / LOG
@@ -251,90 +265,6 @@ def shepherd_alive(pid: Optional[int], token: Optional[str]) -> bool:
     if now is None:
         return False
     return token is None or now == token
-
-
-def stop_attempt(config: Any, attempt: Any) -> bool:
-    """Stop an attempt wherever it runs (used by ``fleetrun cancel``).
-
-    :raises UnknownHost: no loaded plugin provides the attempt's host, so nothing
-        could be asked to stop it (it may still run there).
-    """
-    reason = missing_host_reason(config, attempt.host)
-    if reason is not None:
-        raise UnknownHost(reason)
-    host = get_host(config, attempt.host)
-    return bool(host.stop(attempt.id, attempt.shepherd_pid, attempt.shepherd_token))
-
-
-class UnknownHost(KeyError):
-    """A host the ledger names that no loaded plugin provides (a peer, with the relay
-    plugin blocked or the peer gone from ``peers.toml``); the message says which and
-    why. A ``KeyError``, as an unknown host always was."""
-
-    def __str__(self) -> str:
-        return str(self.args[0]) if self.args else "unknown host"
-
-
-def missing_host_reason(config: Any, name: Optional[str]) -> Optional[str]:
-    """Why no loaded plugin provides the host ``name`` (from the ledger), or None when
-    one does (``local`` always is)."""
-    if name in (None, "local"):
-        return None
-    hosts = config.stash.get("hosts") or {}
-    if name in hosts and not isinstance(hosts[name], MissingHost):
-        return None
-    pm = getattr(config, "pluginmanager", None)
-    if pm is not None and pm.get_plugin("relay") is None:
-        why = "the relay plugin is " + ("blocked (-p no:relay)" if pm.is_blocked("relay") else "not loaded")
-    else:
-        why = f"no peer named {name!r} in peers.toml"
-    return f"host {name!r} is not provided by any loaded plugin: {why}"
-
-
-class MissingHost:
-    """Stands in for a host the ledger names that no loaded plugin provides, so that
-    adoption, polling and containment leave what runs there alone instead of failing
-    on a ``KeyError``: its status is ``unreachable`` with the reason (the loop waits,
-    as for a peer that does not answer: the attempt may still run there, and a task
-    never runs twice), it starts nothing and it cannot stop anything."""
-
-    def __init__(self, name: str, home: Path, reason: str) -> None:
-        self.name = name
-        self.home = home
-        self.reason = reason
-
-    def attempt_dir(self, attempt_id: str) -> Path:
-        return self.home / "attempts" / attempt_id
-
-    def log_path(self, attempt_id: str) -> Path:
-        return self.attempt_dir(attempt_id) / LOG
-
-    def start(self, attempt_id: str, spec: dict[str, Any], prompt: Optional[str] = None) -> dict[str, Any]:
-        raise StartRefused(self.reason)
-
-    def status(self, attempt_id: str, pid: Optional[int], token: Optional[str]) -> dict[str, Any]:
-        return {"state": "unreachable", "error": self.reason}
-
-    def stop(self, attempt_id: str, pid: Optional[int], token: Optional[str]) -> bool:
-        raise UnknownHost(self.reason)
-
-
-def get_host(config: Any, name: Optional[str]) -> Any:
-    """The host called ``name`` (None: this machine). A name no loaded plugin provides
-    gets a :class:`MissingHost`, and the reason is said once on stderr."""
-    hosts = config.stash.setdefault("hosts", {})
-    if name in (None, "local"):
-        if "local" not in hosts:
-            hosts["local"] = LocalHost(config.home)
-        return hosts["local"]
-    if name in hosts:
-        return hosts[name]
-    reason = missing_host_reason(config, name) or f"unknown host {name!r}"
-    host = hosts[name] = MissingHost(name, config.home, reason)
-    err = getattr(config, "err", None)
-    if err is not None:
-        err.write(f"fleetrun: {reason}; what runs there is left alone, and its tasks wait\n")
-    return host
 
 
 def dump(obj: Any) -> str:

@@ -26,7 +26,7 @@ from .adoption import Adoption
 from .ending import Ending
 from .exceptions import ExitCode, UsageError, is_space_error
 from .gitutil import GitError
-from .hosts import get_host
+from .hostapi import get_host
 from .ledger import Attempt, Ledger, Task
 from .liveness import Liveness, sock_path
 from .policy import PolicyWatcher
@@ -75,7 +75,6 @@ class Loop:
         self.queue_id = queue_id
         self.until_idle = until_idle
         self.hook = config.hook
-        self.host = get_host(config, "local")
         self.policy = PolicyWatcher(config.home / "policy.toml")
         self.waits = Waits(self)
         self.adoption = Adoption(self)
@@ -351,7 +350,7 @@ class Loop:
         if task.state in (State.NEEDS_HUMAN, State.CANCELLED):
             ops.cascade(self.led, task, self.notify)
         try:
-            self.hook.fleetrun_cleanup_workspace(task=task, config=self.config)
+            self.hook.fleetrun_cleanup_workspace(task=task, host=get_host(self.config, task.host), config=self.config)
         except (GitError, OSError) as e:
             self.led.add_note(task.id, f"cleanup failed: {e}")
 

@@ -27,6 +27,8 @@ BUILTIN_PLUGINS: dict[str, str] = {
     "worktree": "fleetrun.plugins.worktree",
     "claude": "fleetrun.plugins.claude",
     "command_agent": "fleetrun.plugins.command_agent",
+    "shepherd": "fleetrun.plugins.shepherd",
+    "local": "fleetrun.plugins.local",
     "placement": "fleetrun.plugins.placement",
     "prompt": "fleetrun.plugins.prompt",
     "verify_run": "fleetrun.plugins.verify_run",

@@ -144,3 +144,79 @@ class AgentResult:
     permission_denials: list[Any] = field(default_factory=list)
     usage_limit: bool = False
     usage_reset_at: Optional[float] = None
+
+
+@dataclass
+class SpawnSpec:
+    """How to start an agent: what ``fleetrun_spawn`` returns.
+
+    :ivar argv: the command, never run through a shell (``argv[0]`` is looked up on
+        ``PATH``).
+    :ivar env: variables added to the agent's environment (after fleetrun's own
+        ``FLEETRUN_TASK_ID``, ``FLEETRUN_TASK_NAME``, ``FLEETRUN_ATTEMPT``,
+        ``FLEETRUN_WORKTREE``).
+    :ivar stdin: ``"prompt"`` to feed the prompt file on standard input; None for
+        none.
+    :ivar parser: the name of the plugin whose ``fleetrun_agent_result`` reads the
+        output (informational: every plugin's ``fleetrun_agent_result`` is asked).
+    :ivar session_id: the agent's session id, when it is chosen before it starts
+        (recorded with the attempt, so a resume can name it).
+    """
+
+    argv: list[str]
+    env: dict[str, str] = field(default_factory=dict)
+    stdin: Optional[str] = None
+    parser: Optional[str] = None
+    session_id: Optional[str] = None
+
+    @classmethod
+    def coerce(cls, value: Any) -> SpawnSpec:
+        """``value`` as a SpawnSpec: one as it is, or a dict with its field names (what
+        ``fleetrun_spawn`` returned before SpawnSpec existed; still accepted).
+
+        :raises UsageError: a dict with another key, or without ``argv``, or
+            something else altogether; the message names what is wrong.
+        """
+        from .exceptions import UsageError
+
+        if isinstance(value, cls):
+            return value
+        names = ("argv", "env", "stdin", "parser", "session_id")
+        if not isinstance(value, dict):
+            raise UsageError(f"fleetrun_spawn returned a {type(value).__name__}, not a fleetrun.SpawnSpec")
+        unknown = sorted(str(k) for k in value if k not in names)
+        if unknown:
+            raise UsageError(f"fleetrun_spawn returned a dict with unknown key(s) {', '.join(unknown)} "
+                             f"(a fleetrun.SpawnSpec has {', '.join(names)})")
+        if not isinstance(value.get("argv"), list):
+            raise UsageError("fleetrun_spawn returned a dict without an argv list")
+        return cls(argv=list(value["argv"]), env=dict(value.get("env") or {}), stdin=value.get("stdin"),
+                   parser=value.get("parser"), session_id=value.get("session_id"))
+
+
+@dataclass
+class Started:
+    """An attempt that started: what ``fleetrun_start_attempt`` and ``Host.start``
+    return.
+
+    :ivar pid: the shepherd's (or whatever runs the attempt's) process id on its
+        host; None when it may have started but that is not known yet (the host's
+        ``status`` finds out).
+    :ivar token: the process's identity token (its start time), so a reused pid is
+        never taken for it; None if unknown.
+    :ivar dir: the attempt folder on this machine.
+    :ivar info: anything else the host wants said (the relay: the folder on the
+        peer); not read by the loop.
+    """
+
+    pid: Optional[int]
+    token: Optional[str]
+    dir: str
+    info: dict[str, Any] = field(default_factory=dict)
+
+    def __getitem__(self, key: str) -> Any:
+        """``started["pid"]``, as on the dict ``Host.start`` returned before this class
+        (``info``'s keys too)."""
+        if key in ("pid", "token", "dir"):
+            return getattr(self, key)
+        return self.info[key]

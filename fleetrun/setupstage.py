@@ -25,6 +25,7 @@ from dataclasses import dataclass, field
 from typing import Any, Optional
 
 from . import crash
+from .hostapi import Host, get_host
 from .ledger import Attempt, Task
 from .reports import Verdict, Workspace
 from .states import State
@@ -45,12 +46,12 @@ class SettingUp:
     steps: list[dict[str, Any]] = field(default_factory=list)
 
 
-def workspace_identity(att: Attempt, ws: Workspace) -> dict[str, Any]:
+def workspace_identity(att: Attempt, ws: Workspace, host: Host) -> dict[str, Any]:
     """What says "the same workspace" to a later attempt: its path, and on this machine
     the folder's inode too (a worktree removed and made again at the same path is a new
     one, whose environment must be made again)."""
     ident: dict[str, Any] = {"path": ws.path}
-    if att.host in (None, "local"):
+    if host.local:
         try:
             st = os.stat(ws.path)
             ident["inode"] = [st.st_dev, st.st_ino]
@@ -67,13 +68,16 @@ class SetupStage:
         self.loop = loop
         self.running: dict[str, SettingUp] = {}
 
+    def _host(self, s: SettingUp) -> Host:
+        return get_host(self.loop.config, s.attempt.host)
+
     # -- deciding --------------------------------------------------------------------
 
     def needed(self, task: Task, att: Attempt, ws: Workspace) -> bool:
         steps = task.spec.setup
         if not steps:
             return False
-        want = {**workspace_identity(att, ws), "commands": [s.text for s in steps]}
+        want = {**workspace_identity(att, ws, get_host(self.loop.config, att.host)), "commands": [s.text for s in steps]}
         for earlier in self.loop.led.attempts(task.id):
             info = earlier.info or {}
             if earlier.id != att.id and info.get("setup") == "passed" and info.get("setup_for") == want:
@@ -101,7 +105,7 @@ class SetupStage:
             step = steps[s.idx]
             try:
                 res = self.loop.hook.fleetrun_verify(task=task, verifier=step, workspace=s.workspace,
-                                                     attempt=s.attempt, config=self.loop.config)
+                                                     attempt=s.attempt, host=self._host(s), config=self.loop.config)
             except Exception as e:  # a step that cannot be run fails, as a verifier would
                 res = Verdict(False, "run", step.label, reason=f"cannot run: {type(e).__name__}: {e}")
             if res is None:
@@ -137,8 +141,9 @@ class SetupStage:
         entry: dict[str, Any] = {"n": s.idx + 1, "command": step.text, "passed": verdict.passed,
                                  "reason": verdict.reason, "duration_s": verdict.duration_s,
                                  "output": out[-KEEP_CHARS:], "time": time.time()}
-        if s.attempt.host in (None, "local"):
-            entry["out"] = str(self.loop.config.home / "attempts" / s.attempt.id / f"setup-{s.idx + 1}.out")
+        host = self._host(s)
+        if host.local:
+            entry["out"] = str(host.attempt_dir(s.attempt.id) / f"setup-{s.idx + 1}.out")
         s.steps.append(entry)
         att = self.loop.get_attempt(s.attempt.id)
         if verdict.passed:
@@ -161,7 +166,7 @@ class SetupStage:
     def passed(self, task: Task, s: SettingUp) -> None:
         self.running.pop(task.id, None)
         att = self.loop.get_attempt(s.attempt.id)
-        setup_for = {**workspace_identity(att, s.workspace), "commands": [x.text for x in task.spec.setup]}
+        setup_for = {**workspace_identity(att, s.workspace, self._host(s)), "commands": [x.text for x in task.spec.setup]}
         self.loop.led.update_attempt(att.id, info={**att.info, "setup": "passed", "setup_for": setup_for,
                                                    "setup_steps": s.steps})
         crash.point("after_setup")

@@ -16,11 +16,38 @@ from typing import Any, Optional
 from . import clock, crash
 from .exceptions import StateConflict, UsageError
 from .gitutil import WorktreeTampered
-from .hosts import executable_problem, get_host
+from .hostapi import StartRefused, get_host, missing_host_reason, registry
+from .hosts import executable_problem
 from .ledger import Attempt, Task
 from .liveness import sock_path
-from .reports import MIN_BUDGET_USD, Handoff, Placement, Wait, Workspace
+from .procutil import task_env
+from .reports import MIN_BUDGET_USD, Candidate, Handoff, Placement, SpawnSpec, Wait, Workspace
 from .states import PLACEABLE, State
+
+
+def shepherd_spec(task: Task, att: Attempt, spawn: SpawnSpec, config: Any) -> dict[str, Any]:
+    """What a shepherd runs for an attempt (``spec.json``): the agent's argv in its
+    workspace (``att.workspace``, else the task's ``cwd``), the task environment and the
+    agent's own variables, its timeouts, and the loop's wake-up socket."""
+    cwd = str((att.workspace or {}).get("path") or task.spec.cwd)
+    env = {**task_env(task, att, cwd, base={}), **(spawn.env or {})}
+    return {
+        "argv": spawn.argv,
+        "cwd": cwd,
+        "env": env,
+        "stdin": spawn.stdin,
+        "timeout_s": task.spec.timeout_min * 60.0,
+        "stall_s": task.spec.stall_timeout_min * 60.0,
+        "notify": sock_path(config.home),
+    }
+
+
+def candidates_of(config: Any) -> list[Candidate]:
+    """This pass's placement candidates: those of ``fleetrun_candidates`` (plugins that
+    add some), then each host's own (:meth:`~fleetrun.Host.candidate`)."""
+    extra = [c for cs in config.hook.fleetrun_candidates(config=config) for c in (cs or [])]
+    own = [c for c in (h.candidate(config) for h in registry(config).hosts()) if c is not None]
+    return extra + own
 
 
 class Starting:
@@ -47,7 +74,7 @@ class Starting:
         waits.prune(at, {t.id for t in tasks})
         if not tasks:
             return
-        candidates = [c for cs in loop.hook.fleetrun_candidates(config=loop.config) for c in (cs or [])]
+        candidates = candidates_of(loop.config)
         waits.mark_paused(candidates, at)
         policy = loop.policy.policy
         busy = {a.task_id: a for a in loop.active_attempts()}
@@ -72,6 +99,10 @@ class Starting:
                     waits.wait(task, decision, at)
                     continue
                 assert isinstance(decision, Placement)
+                missing = missing_host_reason(loop.config, decision.host)
+                if missing is not None:  # nothing could start it there: wait, lease nothing
+                    waits.wait(task, Wait(missing, operator=missing), at)
+                    continue
                 waits.placed(task.id)
                 if self.start(task, decision.host):
                     loop.placed_last_pass = True
@@ -101,7 +132,7 @@ class Starting:
         crash.point("after_transition:ASSIGNED")
         host = get_host(loop.config, hostname)
         try:
-            ws = loop.hook.fleetrun_prepare_workspace(task=task, attempt=att, config=loop.config)
+            ws = loop.hook.fleetrun_prepare_workspace(task=task, attempt=att, host=host, config=loop.config)
             if ws is None:  # -p no:worktree, say: no pass will find a plugin that does
                 led.update_attempt(att.id, state="abandoned", outcome="plugin_missing", ended=time.time())
                 ending.give_up_at_once(task, att, "plugin_missing:no plugin prepared a workspace (is the worktree "
@@ -117,7 +148,7 @@ class Starting:
                 ending.give_up_at_once(task, att, f"workspace_failed:{' '.join(str(e).split()) or type(e).__name__}")
                 return False
             led.update_attempt(att.id, state="abandoned", outcome="start_failed", ended=time.time())
-            word = "peer_refused" if type(e).__name__ == "StartRefused" else "start_failed"
+            word = "peer_refused" if isinstance(e, StartRefused) else "start_failed"
             ending.not_started(task, att, f"{word}:{type(e).__name__ if not str(e) else e}")
             return False
         crash.point("after_worktree")
@@ -146,14 +177,16 @@ class Starting:
         if prev is not None and prev.session_id:
             att.info["resume_session"] = prev.session_id
         prompt = loop.hook.fleetrun_build_prompt(task=task, attempt=att, config=loop.config, context=context)
+        spawn: Optional[SpawnSpec]
         try:
-            spawn = loop.hook.fleetrun_spawn(task=task, attempt=att, workspace=ws, prompt=prompt or task.spec.prompt,
+            found = loop.hook.fleetrun_spawn(task=task, attempt=att, workspace=ws, prompt=prompt or task.spec.prompt,
                                              config=loop.config)
-        except UsageError as e:
+            spawn = SpawnSpec.coerce(found) if found is not None else None
+        except UsageError as e:  # the agent's configuration, or a plugin's reply
             spawn = None
             err = e.message
         else:
-            if spawn is None:  # -p no:claude, say: no pass will find a plugin that does
+            if found is None:  # -p no:claude, say: no pass will find a plugin that does
                 led.update_attempt(att.id, state="abandoned", outcome="plugin_missing", ended=time.time())
                 ending.give_up_at_once(task, att, f"plugin_missing:no plugin spawns agent {task.spec.agent!r} "
                                                   "(is its plugin blocked? see -p no:NAME)")
@@ -163,45 +196,36 @@ class Starting:
             led.update_attempt(att.id, state="abandoned", outcome="start_failed", ended=time.time())
             ending.not_started(task, att, f"start_failed:{err}")
             return False
-        env = {
-            "FLEETRUN_TASK_ID": task.id,
-            "FLEETRUN_TASK_NAME": task.name,
-            "FLEETRUN_ATTEMPT": str(att.number),
-            "FLEETRUN_WORKTREE": ws.path,
-            **(spawn.get("env") or {}),
-        }
-        spec = {
-            "argv": spawn["argv"],
-            "cwd": ws.path,
-            "env": env,
-            "stdin": spawn.get("stdin"),
-            "timeout_s": task.spec.timeout_min * 60.0,
-            "stall_s": task.spec.stall_timeout_min * 60.0,
-            "notify": sock_path(loop.config.home),
-        }
         # an agent that is not installed here never starts: ask a human now, not after
         # ten backed-off tries (a peer's shepherd reports the same from its side)
-        missing = executable_problem(spawn["argv"][0], env.get("PATH", os.environ.get("PATH"))) \
-            if att.host in (None, "local") and spawn["argv"] else None
+        path = (spawn.env or {}).get("PATH", os.environ.get("PATH"))
+        missing = executable_problem(spawn.argv[0], path) if host.local and spawn.argv else None
         if missing:
             led.update_attempt(att.id, state="abandoned", outcome="agent_not_found", ended=time.time())
             ending.give_up_at_once(task, att, f"agent_not_found:{missing}")
             return False
-        led.update_attempt(att.id, state="starting", session_id=spawn.get("session_id"),
-                           info={**att.info, "argv": spawn["argv"]})
+        led.update_attempt(att.id, state="starting", session_id=spawn.session_id,
+                           info={**att.info, "argv": spawn.argv})
+        att = loop.get_attempt(att.id)
         try:
-            info = host.start(att.id, spec, prompt or task.spec.prompt)
+            info = loop.hook.fleetrun_start_attempt(task=task, attempt=att, host=host, spawn=spawn,
+                                                    prompt=prompt or task.spec.prompt, config=loop.config)
         except Exception as e:  # a peer refused, or could not be reached
             led.update_attempt(att.id, state="abandoned", outcome="start_failed", ended=time.time())
-            word = "peer_refused" if type(e).__name__ == "StartRefused" else "start_failed"
+            word = "peer_refused" if isinstance(e, StartRefused) else "start_failed"
             ending.not_started(loop.get(task.id), att, f"{word}:{e}")
+            return False
+        if info is None:  # -p no:shepherd, say: no pass will find a plugin that does
+            led.update_attempt(att.id, state="abandoned", outcome="plugin_missing", ended=time.time())
+            ending.give_up_at_once(loop.get(task.id), att, "plugin_missing:no plugin started the attempt (is the "
+                                                           "shepherd plugin blocked? see -p no:NAME)")
             return False
         crash.point("after_shepherd_start")
         with led.tx() as cur:
             led.update_attempt(att.id, cur=cur, state="running", started=time.time(),
-                               shepherd_pid=info["pid"], shepherd_token=info["token"], dir=info["dir"])
+                               shepherd_pid=info.pid, shepherd_token=info.token, dir=info.dir)
         if loop.move(task, State.RUNNING, "started", attempt=att.number) is None:
-            host.stop(att.id, info["pid"], info["token"])  # cancelled while it was starting
+            host.stop(att.id, info.pid, info.token)  # cancelled while it was starting
         return True
 
     def prompt_context(self, task: Task, kind: str, prev: Optional[Attempt]) -> dict[str, Any]:

@@ -12,6 +12,7 @@ from dataclasses import asdict, dataclass
 from typing import Any
 
 from . import crash
+from .hostapi import get_host
 from .ledger import Attempt, Task
 from .reports import Verdict, Workspace
 from .states import State
@@ -50,7 +51,8 @@ class VerifyStage:
             spec = task.spec.verify[v.idx]
             try:
                 res = loop.hook.fleetrun_verify(task=task, verifier=spec, workspace=v.workspace,
-                                                attempt=v.attempt, config=loop.config)
+                                                attempt=v.attempt, host=get_host(loop.config, v.attempt.host),
+                                                config=loop.config)
             except Exception as e:  # a verifier that cannot reach a verdict fails
                 res = Verdict(False, spec.kind, spec.label, reason=f"verifier error: {type(e).__name__}: {e}")
             if res is None:
@@ -119,7 +121,8 @@ class VerifyStage:
         loop = self.loop
         self.running.pop(task.id, None)
         loop.led.update_attempt(v.attempt.id, state="verified")
-        handoff = loop.hook.fleetrun_handoff(task=task, attempt=v.attempt, config=loop.config)
+        handoff = loop.hook.fleetrun_handoff(task=task, attempt=v.attempt, host=get_host(loop.config, task.host),
+                                             config=loop.config)
         fields: dict[str, Any] = {}
         if handoff is not None:
             fields["handoff"] = asdict(handoff)

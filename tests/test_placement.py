@@ -530,7 +530,7 @@ def test_this_machine_as_a_candidate(tmp_path: Path) -> None:
     pol = Policy(local=LocalPolicy(max_tasks=3, min_free_mem_mb=100, max_load_per_core=2.0,
                                    min_free_disk_mb=10, mem_per_task_mb=900, drain=False))
     cfg = FakeConfig(tmp_path / "not-yet", {"relay": {"tags": ["docker", 7]}}, pol)
-    (c,) = plugin.fleetrun_candidates(cfg)
+    c = plugin.local_candidate(cfg)
     assert (c.name, c.kind, c.max_tasks, c.running, c.drain) == ("local", "local", 3, 0, False)
     assert c.free_mem_mb and c.free_mem_mb > 0 and c.free_disk_mb and c.free_disk_mb > 0
     assert c.load_per_core is not None and c.load_per_core >= 0
@@ -543,12 +543,12 @@ def test_this_machine_as_a_candidate(tmp_path: Path) -> None:
     sampler = plugin.MemorySampler(measure=lambda pid, token: 333.0)
     sampler.sample([("a1", {"state": "running", "agent_pid": 1, "agent_started": 0})], 100.0)
     cfg.stash["placement_memory"] = sampler
-    (c,) = plugin.fleetrun_candidates(cfg)
+    c = plugin.local_candidate(cfg)
     assert c.mem_per_task_mb == 333.0 and c.info["mem_estimate"] == "measured"
     # --max-tasks wins over policy.toml, even 0
-    (c,) = plugin.fleetrun_candidates(FakeConfig(tmp_path, policy=pol, max_tasks=0))
+    c = plugin.local_candidate(FakeConfig(tmp_path, policy=pol, max_tasks=0))
     assert c.max_tasks == 0
-    (c,) = plugin.fleetrun_candidates(FakeConfig(tmp_path))
+    c = plugin.local_candidate(FakeConfig(tmp_path))
     assert (c.max_tasks, c.mem_per_task_mb, c.min_free_mem_mb) == (4, 1024.0, None)
 
 

@@ -23,7 +23,7 @@ from typing import Any, Optional
 
 from .. import untrusted
 from ..hookimpl import hookimpl
-from ..reports import AgentResult
+from ..reports import AgentResult, SpawnSpec
 
 DEFAULT_PERMISSION_MODE = "acceptEdits"
 DEFAULT_ALLOWED_TOOLS = (
@@ -74,7 +74,7 @@ def base_argv(config: Any, session_id: str, model: Optional[str]) -> list[str]:
 
 
 @hookimpl(trylast=True)
-def fleetrun_spawn(task: Any, attempt: Any, workspace: Any, prompt: str, config: Any) -> Optional[dict[str, Any]]:
+def fleetrun_spawn(task: Any, attempt: Any, workspace: Any, prompt: str, config: Any) -> Optional[SpawnSpec]:
     if task.spec.agent != "claude":
         return None
     session_id = str(uuid.uuid4())
@@ -99,7 +99,7 @@ def fleetrun_spawn(task: Any, attempt: Any, workspace: Any, prompt: str, config:
         budget = spec.budget_usd
     if budget is not None:
         argv += ["--max-budget-usd", f"{budget:.4f}"]
-    return {"argv": argv, "stdin": "prompt", "parser": "claude", "session_id": session_id}
+    return SpawnSpec(argv=argv, stdin="prompt", parser="claude", session_id=session_id)
 
 
 @hookimpl(trylast=True)

@@ -17,11 +17,12 @@ from __future__ import annotations
 
 import os
 import sys
+from pathlib import Path
 from typing import Any, Optional
 
 from ..exceptions import UsageError
 from ..hookimpl import hookimpl
-from ..reports import AgentResult
+from ..reports import AgentResult, SpawnSpec
 
 PLACEHOLDERS = ("{prompt}", "{prompt_file}", "{workdir}", "{model}", "{attempt}", "{tasks_dir}", "{python}")
 _KEYS = {"command", "stdin", "env"}
@@ -112,25 +113,23 @@ def render(command: list[str], values: dict[str, str]) -> list[str]:
 
 
 @hookimpl(trylast=True)
-def fleetrun_spawn(task: Any, attempt: Any, workspace: Any, prompt: str, config: Any) -> Optional[dict[str, Any]]:
+def fleetrun_spawn(task: Any, attempt: Any, workspace: Any, prompt: str, config: Any) -> Optional[SpawnSpec]:
     defn = agent_def(config, task.spec.agent) if task.spec.agent != "claude" else None
     if defn is None:
         return None
     values = {
         "prompt": prompt,
-        "prompt_file": str(config.home / "attempts" / attempt.id / "prompt"),
+        # the attempt folder on its host (recorded when the workspace was prepared)
+        "prompt_file": str(Path(attempt.dir or config.home / "attempts" / attempt.id) / "prompt"),
         "workdir": workspace.path,
         "model": task.spec.model or "",
         "attempt": str(attempt.number),
         "tasks_dir": os.path.dirname(task.spec.source or task.source or "."),
         "python": sys.executable,
     }
-    spawn: dict[str, Any] = {"argv": render(defn["command"], values), "parser": "command_agent"}
-    if defn.get("stdin"):
-        spawn["stdin"] = "prompt"
-    if isinstance(defn.get("env"), dict):
-        spawn["env"] = {str(k): str(v) for k, v in defn["env"].items()}
-    return spawn
+    env = {str(k): str(v) for k, v in defn["env"].items()} if isinstance(defn.get("env"), dict) else {}
+    return SpawnSpec(argv=render(defn["command"], values), env=env, stdin="prompt" if defn.get("stdin") else None,
+                     parser="command_agent")
 
 
 @hookimpl(trylast=True)

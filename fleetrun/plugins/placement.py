@@ -1,4 +1,5 @@
-"""Built-in ``placement`` plugin: this machine as a candidate, and the default place hook.
+"""Built-in ``placement`` plugin: this machine as a candidate (:func:`local_candidate`,
+which the ``local`` plugin's host answers ``candidate()`` with), and the default place hook.
 
 This machine's headroom is measured with psutil on every pass that has a task to
 place: free memory, load per core, free disk where worktrees live, tasks holding a
@@ -167,8 +168,9 @@ def _wants_tools(config: Any) -> bool:
     return led is not None and any(t.spec.requires for t in led.tasks(set(PLACEABLE)))
 
 
-@hookimpl(trylast=True)
-def fleetrun_candidates(config: Any) -> list[Candidate]:
+def local_candidate(config: Any) -> Candidate:
+    """This machine as a placement candidate: what the ``local`` plugin's host answers
+    to ``candidate()`` (measured on every pass that has a task to place)."""
     policy = config.stash.get("policy")
     local = policy.local if policy is not None else None
     led = config.stash.get("ledger")
@@ -192,7 +194,7 @@ def fleetrun_candidates(config: Any) -> list[Candidate]:
         prober: Prober = config.stash.setdefault("placement_prober", Prober())
         probe = prober.get(configured_tools(config))
         tools, auth = dict(probe.tools), probe.auth
-    return [Candidate(
+    return Candidate(
         name="local", kind="local",
         free_mem_mb=m["free_mem_mb"], load_per_core=m["load_per_core"], free_disk_mb=m["free_disk_mb"],
         running=local_running(config), max_tasks=int(max_tasks), drain=drain,
@@ -202,7 +204,7 @@ def fleetrun_candidates(config: Any) -> list[Candidate]:
         max_load_per_core=local.max_load_per_core if local else None,
         min_free_disk_mb=local.min_free_disk_mb if local else None,
         info={"mem_estimate": "measured" if measured is not None else "mem_per_task_mb"}, why_not=why_not,
-    )]
+    )
 
 
 def stays_local(spec: Any) -> Optional[str]:

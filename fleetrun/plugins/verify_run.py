@@ -15,6 +15,7 @@ from pathlib import Path
 from typing import Any, Optional
 
 from ..hookimpl import hookimpl
+from ..hostapi import Host
 from ..procutil import ProcessHandle, tail_text, task_env
 from ..reports import Verdict
 from ..taskspec import SETUP_STEP_BASE, step_index
@@ -50,10 +51,11 @@ def verifier_env(task: Any, attempt: Any, workspace: Any) -> dict[str, str]:
 
 
 @hookimpl(trylast=True)
-def fleetrun_verify(task: Any, verifier: Any, workspace: Any, attempt: Any, config: Any) -> Optional[RunHandle]:
-    if verifier.kind != "run":
-        return None
-    adir = config.home / "attempts" / attempt.id
+def fleetrun_verify(task: Any, verifier: Any, workspace: Any, attempt: Any, host: Host,
+                    config: Any) -> Optional[RunHandle]:
+    if verifier.kind != "run" or not host.local:
+        return None  # a host whose folders are elsewhere runs its own (the relay's on a peer)
+    adir = host.attempt_dir(attempt.id)
     adir.mkdir(parents=True, exist_ok=True, mode=0o700)
     idx = step_index(task, verifier)
     # a setup command (extra["setup"] = K) writes setup-K.out beside the verifiers' outputs

@@ -30,6 +30,7 @@ from ..gitutil import (
     wt_git,
 )
 from ..hookimpl import hookimpl
+from ..hostapi import Host
 from ..reports import Handoff, Workspace
 from ..states import State
 from ..taskspec import safe_slug
@@ -206,7 +207,9 @@ def _reuse(config: Any, task: Any, path: Path, repo: str, common: str) -> Option
 
 
 @hookimpl(trylast=True)
-def fleetrun_prepare_workspace(task: Any, attempt: Any, config: Any) -> Optional[Workspace]:
+def fleetrun_prepare_workspace(task: Any, attempt: Any, host: Host, config: Any) -> Optional[Workspace]:
+    if not host.local:
+        return None  # its folders are not here: the plugin that provides it prepares it
     spec = task.spec
     if not os.path.isdir(spec.cwd):
         raise WorkspaceError("working directory does not exist on this host")
@@ -246,7 +249,7 @@ def fleetrun_prepare_workspace(task: Any, attempt: Any, config: Any) -> Optional
 
 
 @hookimpl(trylast=True)
-def fleetrun_collect_work(task: Any, attempt: Any, workspace: Workspace, config: Any) -> Optional[str]:
+def fleetrun_collect_work(task: Any, attempt: Any, workspace: Workspace, host: Host, config: Any) -> Optional[str]:
     """Commit what the attempt left uncommitted, so verifiers, handoffs and dependents
     see exactly what is on the branch. Every git command is pinned to the worktree
     fleetrun made (the agent may have rewritten its ``.git``), and the commit goes only
@@ -255,7 +258,7 @@ def fleetrun_collect_work(task: Any, attempt: Any, workspace: Workspace, config:
     :raises WorktreeTampered: when the worktree no longer pins, or its HEAD left the
         task's branch; nothing is committed then.
     """
-    if not workspace.is_worktree:
+    if not host.local or not workspace.is_worktree:
         return None
     p = workspace_pin(config, workspace)
     if not wt_git(p, "status", "--porcelain", "--untracked-files=all").strip():
@@ -272,7 +275,9 @@ def fleetrun_collect_work(task: Any, attempt: Any, workspace: Workspace, config:
 
 
 @hookimpl(trylast=True)
-def fleetrun_handoff(task: Any, attempt: Any, config: Any) -> Optional[Handoff]:
+def fleetrun_handoff(task: Any, attempt: Any, host: Host, config: Any) -> Optional[Handoff]:
+    if not host.local:
+        return None
     summary = (attempt.result_text or "").strip() if attempt is not None else ""
     if len(summary) > SUMMARY_LIMIT:
         summary = summary[:SUMMARY_LIMIT] + " [...]"
@@ -285,8 +290,8 @@ def _note_once(led: Any, task_id: str, note: str) -> None:
 
 
 @hookimpl(trylast=True)
-def fleetrun_cleanup_workspace(task: Any, config: Any) -> None:
-    if task.state is not State.DONE or not task.worktree or task.host not in (None, "local"):
+def fleetrun_cleanup_workspace(task: Any, host: Host, config: Any) -> None:
+    if task.state is not State.DONE or not task.worktree or not host.local:
         return
     path = Path(task.worktree)
     led = config.stash.get("ledger")

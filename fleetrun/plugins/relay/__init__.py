@@ -1,12 +1,12 @@
 """Built-in ``relay`` plugin: peers over SSH as places where attempts run.
 
-``fleetrun_configure`` reads ``peers.toml`` and registers an
-:class:`~fleetrun.plugins.relay.host.SSHHost` per peer in ``config.stash["hosts"]`` (so the loop,
-``cancel`` and adoption find them by name) and a :class:`Relay` object under the
-name ``relay-peers`` (:class:`~.supervisor.Relay`), which implements the hooks:
+``fleetrun_configure`` reads ``peers.toml`` and registers a :class:`Relay` object under
+the name ``relay-peers`` (:class:`~.supervisor.Relay`), which implements the hooks:
 
-- ``fleetrun_candidates``: every peer, with the headroom of its last heartbeat (a
-  probe every ``[relay] heartbeat_secs``, 5 by default, from one thread per peer),
+- ``fleetrun_hosts``: an :class:`~fleetrun.plugins.relay.host.SSHHost` per peer (so the
+  loop, ``cancel`` and adoption find them by name). Each is a placement candidate
+  (``SSHHost.candidate``) with the headroom of its last heartbeat (a probe every
+  ``[relay] heartbeat_secs``, 5 by default, from one thread per peer),
   ``live``/``stale``/``never`` by policy.toml's ``stale_after_secs``, and the
   ``[peers]``/``[peers.NAME]`` limits. A peer without a usable fleetrun, or one
   that did not answer its last probe, says why it takes nothing.
@@ -16,7 +16,10 @@ name ``relay-peers`` (:class:`~.supervisor.Relay`), which implements the hooks:
   there.)
 - ``fleetrun_prepare_workspace``, ``fleetrun_collect_work``, ``fleetrun_verify``
   (``run``), ``fleetrun_cleanup_workspace`` for an attempt on a peer run there, over
-  SSH (``tryfirst``, so the local ``worktree`` and ``verify_run`` never see it).
+  SSH. They answer only when the ``host`` they are given is one of its peers, and are
+  ``trylast`` like every built-in (the local ``worktree`` and ``verify_run`` answer
+  only for a ``host.local`` host, which a peer is not), so a ``fleetconf.py``
+  implementation wins for a peer's attempt as for any other.
   A peer's reply is not trusted: the workspace its ``prepare`` names must be the one
   asked for (:func:`check_workspace`: the branch this supervisor chose for the task,
   the task's ``git_ref``, a worktree holding the task's ``cwd``), or the attempt does
@@ -98,8 +101,7 @@ def fleetrun_configure(config: Any) -> None:
     from .supervisor import Relay  # here: without peers, nothing of SSH is loaded
 
     relay = Relay(config, peers)
-    config.pluginmanager.register(relay, "relay-peers")
-    config.stash.setdefault("hosts", {}).update(relay.hosts)
+    config.pluginmanager.register(relay, "relay-peers")  # its fleetrun_hosts offers the peers
 
 
 @hookimpl(trylast=True)

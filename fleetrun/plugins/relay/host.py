@@ -29,9 +29,9 @@ from pathlib import Path
 from typing import Any, Optional
 
 from ...gitutil import WorktreeTampered
-from ...hosts import StartRefused
+from ...hostapi import StartRefused
 from ...ledger import ensure_private_dir
-from ...reports import Verdict
+from ...reports import Candidate, Started, Verdict
 from ...untrusted import Malformed
 from . import protocol
 from .bundle import BundleSink
@@ -64,10 +64,14 @@ class SSHHost:
     calls the other verbs from the main thread, over the same transport.
     """
 
-    def __init__(self, peer: Peer, home: Path) -> None:
+    #: its worktrees are on the peer, not here
+    local = False
+
+    def __init__(self, peer: Peer, home: Path, relay: Any = None) -> None:
         self.peer = peer
         self.name = peer.name
         self.home = home
+        self.relay = relay  # the supervisor's Relay, which knows this peer's heartbeat
         self._lock = threading.Lock()
         self._transport: Any = None
         self._retry_at = 0.0
@@ -172,7 +176,17 @@ class SSHHost:
     def log_path(self, attempt_id: str) -> Path:
         return self.attempt_dir(attempt_id) / "log"
 
-    def start(self, attempt_id: str, spec: dict[str, Any], prompt: Optional[str] = None) -> dict[str, Any]:
+    def candidate(self, config: Any) -> Optional[Candidate]:
+        """This peer as a placement candidate, from its last heartbeat (None for a host
+        made without the relay, as in a test)."""
+        return self.relay.candidate(self.name, config) if self.relay is not None else None
+
+    def give_up(self, attempt_id: str) -> dict[str, Any]:
+        """The peer's shepherd decides for itself (its ``host start`` refuses a second
+        start): nothing to do here."""
+        return {}
+
+    def start(self, attempt_id: str, spec: dict[str, Any], prompt: Optional[str] = None) -> Started:
         """Start a shepherd there.
 
         :raises StartRefused: the peer would not (at its ``max_tasks``, draining, the
@@ -201,8 +215,8 @@ class SSHHost:
             raise StartRefused(f"{self.name} could not start the task: {e}") from None
         self._write_note(adir, {"peer": self.name, "remote_dir": reply.get("dir"),
                                 "uncertain": reply.get("uncertain")})
-        return {"pid": reply.get("pid"), "token": reply.get("token"), "dir": str(adir),
-                "remote_dir": reply.get("dir")}
+        return Started(pid=reply.get("pid"), token=reply.get("token"), dir=str(adir),
+                       info={"remote_dir": reply.get("dir")})
 
     @staticmethod
     def _write_note(adir: Path, data: dict[str, Any]) -> None:

@@ -157,7 +157,7 @@ class Relay:
     def __init__(self, config: Any, peers: dict[str, Peer]) -> None:
         self.config = config
         self.peers = peers
-        self.hosts = {name: SSHHost(p, config.home) for name, p in peers.items()}
+        self.hosts = {name: SSHHost(p, config.home, relay=self) for name, p in peers.items()}
         self.beats: dict[str, Heartbeat] = {}
         self.interval = float(config.setting("relay", "heartbeat_secs", HEARTBEAT_S))
 
@@ -196,47 +196,54 @@ class Relay:
     # -- placement -----------------------------------------------------------------
 
     @hookimpl(trylast=True)
-    def fleetrun_candidates(self, config: Any) -> list[Candidate]:
+    def fleetrun_hosts(self, config: Any) -> list[Any]:
+        """One :class:`~.host.SSHHost` per peer of ``peers.toml``."""
+        return list(self.hosts.values())
+
+    def owns(self, host: Any) -> Optional[SSHHost]:
+        """``host`` if it is one of this relay's peers, else None (the stage hooks
+        answer only for those)."""
+        mine = self.hosts.get(getattr(host, "name", None) or "")
+        return mine if mine is not None and mine is host else None
+
+    def candidate(self, name: str, config: Any) -> Candidate:
+        """The peer ``name`` as a placement candidate, with the headroom of its last
+        heartbeat (``SSHHost.candidate`` asks here); the first call starts the
+        heartbeats."""
         from ...policy import Policy
 
         self.start_heartbeats()
         policy = config.stash.get("policy") or Policy()
         led = config.stash.get("ledger")
-        active: dict[str, int] = {}
-        if led is not None:
-            for t in led.tasks(set(ACTIVE)):
-                active[t.host or "local"] = active.get(t.host or "local", 0) + 1
+        active = sum(1 for t in led.tasks(set(ACTIVE)) if (t.host or "local") == name) if led is not None else 0
         now = time.time()
-        out = []
-        for name in self.hosts:
-            entry, malformed = checked_entry(self.entry(name))  # a cache is read as strictly as a reply
-            probe = entry.get("probe") or {}
-            pp = policy.for_peer(name)
-            status = status_of(entry, policy.stale_after_secs, now)
-            why = malformed or (unusable_reason(probe) if probe else None)
-            needs_operator = why is not None and not malformed  # fleetrun there too old: a person upgrades it
-            if why is None and entry.get("error") and (entry.get("error_at") or 0) >= (entry.get("last_heard") or 0):
-                why = str(entry["error"])
-                needs_operator = why.startswith("has no fleetrun")  # unreachable may clear; this does not
-            reported = int(probe.get("running") or 0) if status == "live" else 0
-            own_max = probe.get("max_tasks")
-            if why is None and isinstance(own_max, int) and reported >= own_max:
-                why = f"is running {reported} of {own_max} tasks (its own [local] max_tasks)"
-            out.append(Candidate(
-                name=name, kind="peer",
-                free_mem_mb=probe.get("free_mem_mb"), load_per_core=probe.get("load_per_core"),
-                free_disk_mb=probe.get("free_disk_mb"),
-                running=max(active.get(name, 0), reported), max_tasks=int(pp.max_tasks),
-                drain=bool(pp.drain or probe.get("drain")), status=status,
-                tags=frozenset(probe.get("tags") or ()), tools=dict(probe.get("tools") or {}),
-                auth=frozenset(probe.get("auth") or ()),
-                mem_per_task_mb=float(pp.mem_per_task_mb if pp.mem_per_task_mb is not None
-                                      else probe.get("mem_per_task_mb") or 1024.0),
-                min_free_mem_mb=pp.min_free_mem_mb, max_load_per_core=pp.max_load_per_core,
-                min_free_disk_mb=pp.min_free_disk_mb, why_not=why, why_not_needs_operator=needs_operator,
-                info={"address": self.peers[name].address, "last_heard": entry.get("last_heard")},
-            ))
-        return out
+        entry, malformed = checked_entry(self.entry(name))  # a cache is read as strictly as a reply
+        probe = entry.get("probe") or {}
+        pp = policy.for_peer(name)
+        status = status_of(entry, policy.stale_after_secs, now)
+        why = malformed or (unusable_reason(probe) if probe else None)
+        needs_operator = why is not None and not malformed  # fleetrun there too old: a person upgrades it
+        if why is None and entry.get("error") and (entry.get("error_at") or 0) >= (entry.get("last_heard") or 0):
+            why = str(entry["error"])
+            needs_operator = why.startswith("has no fleetrun")  # unreachable may clear; this does not
+        reported = int(probe.get("running") or 0) if status == "live" else 0
+        own_max = probe.get("max_tasks")
+        if why is None and isinstance(own_max, int) and reported >= own_max:
+            why = f"is running {reported} of {own_max} tasks (its own [local] max_tasks)"
+        return Candidate(
+            name=name, kind="peer",
+            free_mem_mb=probe.get("free_mem_mb"), load_per_core=probe.get("load_per_core"),
+            free_disk_mb=probe.get("free_disk_mb"),
+            running=max(active, reported), max_tasks=int(pp.max_tasks),
+            drain=bool(pp.drain or probe.get("drain")), status=status,
+            tags=frozenset(probe.get("tags") or ()), tools=dict(probe.get("tools") or {}),
+            auth=frozenset(probe.get("auth") or ()),
+            mem_per_task_mb=float(pp.mem_per_task_mb if pp.mem_per_task_mb is not None
+                                  else probe.get("mem_per_task_mb") or 1024.0),
+            min_free_mem_mb=pp.min_free_mem_mb, max_load_per_core=pp.max_load_per_core,
+            min_free_disk_mb=pp.min_free_disk_mb, why_not=why, why_not_needs_operator=needs_operator,
+            info={"address": self.peers[name].address, "last_heard": entry.get("last_heard")},
+        )
 
     @hookimpl(wrapper=True)
     def fleetrun_place(self, task: Any, candidates: list[Candidate], policy: Any, config: Any) -> Any:
@@ -247,9 +254,9 @@ class Relay:
 
     # -- an attempt on a peer --------------------------------------------------------
 
-    @hookimpl(tryfirst=True)
-    def fleetrun_prepare_workspace(self, task: Any, attempt: Any, config: Any) -> Optional[Workspace]:
-        host = self.hosts.get(attempt.host)
+    @hookimpl(trylast=True)
+    def fleetrun_prepare_workspace(self, task: Any, attempt: Any, host: Any, config: Any) -> Optional[Workspace]:
+        host = self.owns(host)
         if host is None:
             return None
         try:
@@ -258,16 +265,16 @@ class Relay:
             raise PeerUnreachable(f"{host.name} could not be reached: {e}", e.delivered) from None
         return check_workspace(task, ws, host.name)
 
-    @hookimpl(tryfirst=True)
-    def fleetrun_collect_work(self, task: Any, attempt: Any, workspace: Any, config: Any) -> Optional[str]:
-        host = self.hosts.get(attempt.host)
+    @hookimpl(trylast=True)
+    def fleetrun_collect_work(self, task: Any, attempt: Any, workspace: Any, host: Any, config: Any) -> Optional[str]:
+        host = self.owns(host)
         if host is None:
             return None
         try:
             commit = host.collect(task, attempt, workspace) or ""
         except (PeerUnreachable, PeerError) as e:
             self._note(task.id, f"could not commit the attempt's work on {host.name}: {e}")
-            return ""  # not None: the local worktree plugin must not try it here
+            return ""  # not None: handled (the work stays on the peer, committed or not)
         if task.spec.git_ref and self.wants_fetch(task):
             try:
                 self.fetch_back(task, attempt, workspace)
@@ -386,9 +393,9 @@ class Relay:
             return
         self._note(task.id, f"removed the fetched worktree {path}")
 
-    @hookimpl(tryfirst=True)
-    def fleetrun_verify(self, task: Any, verifier: Any, workspace: Any, attempt: Any, config: Any) -> Any:
-        host = self.hosts.get(attempt.host)
+    @hookimpl(trylast=True)
+    def fleetrun_verify(self, task: Any, verifier: Any, workspace: Any, attempt: Any, host: Any, config: Any) -> Any:
+        host = self.owns(host)
         if host is None:
             return None
         if verifier.kind in LOCAL_KINDS:
@@ -400,9 +407,10 @@ class Relay:
         idx = step_index(task, verifier)  # a setup command gets a step of its own
         return RemoteRunHandle(host, task, attempt, verifier, idx, workspace)
 
-    @hookimpl(tryfirst=True)
-    def fleetrun_handoff(self, task: Any, attempt: Any, config: Any) -> Optional[Handoff]:
-        peer = self.peers.get(task.host or "")
+    @hookimpl(trylast=True)
+    def fleetrun_handoff(self, task: Any, attempt: Any, host: Any, config: Any) -> Optional[Handoff]:
+        mine = self.owns(host)
+        peer = self.peers.get(mine.name) if mine is not None else None
         if peer is None:
             return None
         summary = (attempt.result_text or "").strip() if attempt is not None else ""
@@ -431,9 +439,9 @@ class Relay:
         hint = f"The branch is on {peer.name}; fetch it with {remote}." if remote else ""
         return Handoff(task_name=task.name, branch=task.branch, summary=summary, host=peer.name, fetch_hint=hint)
 
-    @hookimpl
-    def fleetrun_cleanup_workspace(self, task: Any, config: Any) -> None:
-        host = self.hosts.get(task.host or "")
+    @hookimpl(trylast=True)
+    def fleetrun_cleanup_workspace(self, task: Any, host: Any, config: Any) -> None:
+        host = self.owns(host)
         if host is None:
             return
         if task.state.terminal:

@@ -123,7 +123,7 @@ def cmd_prepare(config: Any, ns: argparse.Namespace) -> dict[str, Any]:
     with _host_lock(config.home):  # refuse now, before a worktree is made for nothing
         _check_room(config, _hosted(config), task.id)
     try:
-        ws = config.hook.fleetrun_prepare_workspace(task=task, attempt=att, config=config)
+        ws = config.hook.fleetrun_prepare_workspace(task=task, attempt=att, host=_local_host(config), config=config)
     except Exception as e:
         raise HostError(str(e) or type(e).__name__) from None
     if ws is None:
@@ -156,6 +156,6 @@ def cmd_start(config: Any, ns: argparse.Namespace) -> dict[str, Any]:
         if spec.get("cwd") and not os.path.isdir(spec["cwd"]):
             raise HostError("working directory does not exist on this host")
         info = host.start(attempt_id, spec, p.get("prompt"))
-        hosted[attempt_id] = {"task_id": task_id, "pid": info["pid"], "token": info["token"], "started": time.time()}
+        hosted[attempt_id] = {"task_id": task_id, "pid": info.pid, "token": info.token, "started": time.time()}
         write_json(str(config.home / HOSTED), hosted)
-    return {"pid": info["pid"], "token": info["token"], "dir": info["dir"]}
+    return {"pid": info.pid, "token": info.token, "dir": info.dir}

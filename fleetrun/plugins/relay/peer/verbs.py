@@ -218,7 +218,7 @@ def cmd_collect(config: Any, ns: argparse.Namespace) -> dict[str, Any]:
     pinned = _pinned(rec) if rec.get("is_worktree") else None
     try:
         commit = config.hook.fleetrun_collect_work(task=task, attempt=att, workspace=_recorded_workspace(rec),
-                                                   config=config)
+                                                   host=_local_host(config), config=config)
         if pinned is not None:
             check_pinned(pinned)  # it held all along
     except WorktreeTampered as e:
@@ -243,7 +243,7 @@ def cmd_cleanup(config: Any, ns: argparse.Namespace) -> dict[str, Any]:
     _pinned(rec)
     task.worktree = wt
     try:
-        config.hook.fleetrun_cleanup_workspace(task=task, config=config)
+        config.hook.fleetrun_cleanup_workspace(task=task, host=_local_host(config), config=config)
     except WorktreeTampered as e:
         raise HostError(f"{TAMPERED}{e}") from None
     except Exception as e:

@@ -1,0 +1,279 @@
+"""Hosts, the public API: what a place an attempt runs in offers (:class:`Host`), and the
+run's registry of them, filled by the ``fleetrun_hosts`` hook.
+
+A host is the local machine (the built-in ``local`` plugin's
+:class:`~fleetrun.hosts.LocalHost`), a peer over SSH (the ``relay`` plugin's
+``SSHHost``), or whatever a plugin offers. The loop never asks which one it holds: it
+asks ``host.local`` where that matters (a workspace that is a folder on this machine).
+
+This module imports nothing of the loop or the plugins: ``status`` and ``cancel`` use
+the registry too.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import TYPE_CHECKING, Any, Optional, Protocol, runtime_checkable
+
+if TYPE_CHECKING:
+    from .reports import Candidate, Started
+
+
+class StartRefused(Exception):
+    """A host would not start an attempt (a peer at its ``max_tasks``, draining, a
+    host no loaded plugin provides); the message is the host's own reason. Raise it
+    from :meth:`Host.start`: the loop matches it with ``isinstance``, records
+    ``peer_refused:<message>`` and backs off from that host; a refusal does not use up
+    a retry. Any other exception from ``start`` is ``start_failed:<message>``."""
+
+
+@runtime_checkable
+class Host(Protocol):
+    """A place attempts run: what the loop, adoption, ``cancel`` and ``status`` use.
+
+    :class:`~fleetrun.hosts.LocalHost` (this machine) and the relay's ``SSHHost`` (a
+    peer) are the built-in ones; a plugin offers more from ``fleetrun_hosts``. Every
+    method is called on the supervisor's main thread (a host may have threads of its
+    own, as the relay's heartbeats are). Only ``start`` may raise; the others say
+    what they could not do in their return value.
+
+    :ivar name: the name placement, the ledger (``attempt.host``, ``task.host``) and
+        ``peer =`` in a tasks file use; unique among the hosts of a run (the first
+        host offered under a name wins).
+    :ivar local: True when its workspaces are folders on this machine, so the
+        ``worktree`` plugin makes them and the ``run`` verifier runs in them here
+        (``LocalHost`` and a host like it); False for a host whose files are
+        elsewhere (a peer): then the plugin that provides it answers the stage hooks
+        for it (``fleetrun_prepare_workspace``, ``fleetrun_collect_work``,
+        ``fleetrun_verify``, ``fleetrun_cleanup_workspace``, ``fleetrun_handoff``).
+    """
+
+    name: str
+    local: bool
+
+    def attempt_dir(self, attempt_id: str) -> Path:
+        """The attempt's folder on this machine (its prompt, its log as read here, the
+        outputs of its ``run`` verifiers on a local host); it need not exist yet.
+
+        :param attempt_id: the ledger's attempt id (``<task-id>_a<N>``).
+        """
+        ...
+
+    def start(self, attempt_id: str, spec: dict[str, Any], prompt: Optional[str] = None) -> Started:
+        """Start the attempt's shepherd with the shepherd spec ``spec`` (``argv``,
+        ``cwd``, ``env``, ``stdin``, ``timeout_s``, ``stall_s``, ``notify``: see
+        :func:`fleetrun.starting.shepherd_spec`) and return at once.
+
+        :param attempt_id: the attempt to start.
+        :param spec: the shepherd spec.
+        :param prompt: the prompt, written to the attempt folder (and fed on standard
+            input when ``spec["stdin"] == "prompt"``).
+        :return: a :class:`~fleetrun.Started` (the shepherd's pid and identity token,
+            the attempt folder). A pid of None means "it may have started, ask
+            ``status``" (a reply lost on the way back).
+        :raises StartRefused: the host would not start it (a retry is not used).
+        """
+        ...
+
+    def status(self, attempt_id: str, pid: Optional[int], token: Optional[str]) -> dict[str, Any]:
+        """The attempt's status, as the shepherd's status file says it: ``state`` is
+        ``starting``, ``running``, ``ended`` (with ``exit_code``, ``reason``...),
+        ``died`` (the shepherd is gone without an end) or ``unreachable`` (it cannot
+        be asked now, with ``error``: the loop waits, the task never runs twice).
+
+        :param pid: the shepherd's pid from the ledger (None: read it from the folder).
+        :param token: its identity token (a reused pid is not the shepherd).
+        """
+        ...
+
+    def log_path(self, attempt_id: str) -> Path:
+        """The file on this machine holding the agent's output (what
+        ``fleetrun_agent_result`` reads and ``fleetrun logs`` shows)."""
+        ...
+
+    def stop(self, attempt_id: str, pid: Optional[int], token: Optional[str]) -> bool:
+        """Ask the shepherd to end the agent's process tree. Safe to repeat.
+
+        :return: True when a running shepherd was signalled.
+        :raises UnknownHost: only :class:`MissingHost` raises, so ``cancel`` can say
+            what could not be stopped.
+        """
+        ...
+
+    def give_up(self, attempt_id: str) -> dict[str, Any]:
+        """Decide, after a crash, that an attempt leased or starting never started:
+        make sure a shepherd that starts late runs nothing.
+
+        :return: the status as it is now; with a ``shepherd_pid`` when the shepherd
+            did start after all (the loop then adopts it). A host that cannot tell
+            returns ``{}``.
+        """
+        ...
+
+    def candidate(self, config: Any) -> Optional[Candidate]:
+        """This host as a placement candidate, with fresh headroom, tools and limits;
+        called on every pass of the loop that has a task to place (so it must be
+        quick: measure, or read what a background probe last heard).
+
+        :return: a :class:`~fleetrun.Candidate` whose ``name`` is this host's, or None
+            to offer no candidate (the host still answers for its running attempts).
+        """
+        ...
+
+
+class UnknownHost(KeyError):
+    """A host the ledger names that no loaded plugin provides (a peer, with the relay
+    plugin blocked or the peer gone from ``peers.toml``); the message says which and
+    why. A ``KeyError``, as an unknown host always was."""
+
+    def __str__(self) -> str:
+        return str(self.args[0]) if self.args else "unknown host"
+
+
+class MissingHost:
+    """Stands in for a host the ledger names that no loaded plugin provides, so that
+    adoption, polling and containment leave what runs there alone instead of failing
+    on a ``KeyError``: its status is ``unreachable`` with the reason (the loop waits,
+    as for a peer that does not answer: the attempt may still run there, and a task
+    never runs twice), it starts nothing, it cannot stop anything and it is no
+    placement candidate. It satisfies :class:`Host`."""
+
+    local = False
+
+    def __init__(self, name: str, home: Path, reason: str) -> None:
+        self.name = name
+        self.home = home
+        self.reason = reason
+
+    def attempt_dir(self, attempt_id: str) -> Path:
+        return self.home / "attempts" / attempt_id
+
+    def log_path(self, attempt_id: str) -> Path:
+        return self.attempt_dir(attempt_id) / "log"
+
+    def start(self, attempt_id: str, spec: dict[str, Any], prompt: Optional[str] = None) -> Started:
+        raise StartRefused(self.reason)
+
+    def status(self, attempt_id: str, pid: Optional[int], token: Optional[str]) -> dict[str, Any]:
+        return {"state": "unreachable", "error": self.reason}
+
+    def stop(self, attempt_id: str, pid: Optional[int], token: Optional[str]) -> bool:
+        raise UnknownHost(self.reason)
+
+    def give_up(self, attempt_id: str) -> dict[str, Any]:
+        return {}
+
+    def candidate(self, config: Any) -> Optional[Candidate]:
+        return None
+
+
+class _RegistryKey:
+    """The stash key of the run's :class:`HostRegistry` (an object, compared by
+    identity, not a string: nothing else can collide with it)."""
+
+
+#: ``config.stash[HOSTS]``: the run's :class:`HostRegistry`, made on first use.
+HOSTS = _RegistryKey()
+
+
+class HostRegistry:
+    """The hosts of one run, as the ``fleetrun_hosts`` hook offers them.
+
+    The hook is asked once, on first use (every plugin is configured by then), and
+    again whenever a name is looked up that the last answer did not have (a plugin
+    may offer a host late); never on every lookup. A name still not provided gets a
+    :class:`MissingHost`, kept, and the reason is said once on stderr.
+    """
+
+    def __init__(self, config: Any) -> None:
+        self.config = config
+        self._hosts: dict[str, Host] = {}
+        self._missing: dict[str, MissingHost] = {}
+        self._asked: set[str] = set()  # names not offered, asked about once since
+        self.refresh()
+
+    def refresh(self) -> None:
+        """Ask ``fleetrun_hosts`` again. The first host offered under a name wins (a
+        ``tryfirst`` plugin's before the built-ins')."""
+        found: dict[str, Host] = {}
+        for hosts in self.config.hook.fleetrun_hosts(config=self.config):
+            for h in hosts or ():
+                found.setdefault(h.name, h)
+        self._hosts = found
+
+    def hosts(self) -> list[Host]:
+        """The provided hosts, in the order the hook offered them."""
+        return list(self._hosts.values())
+
+    def provided(self, name: str) -> bool:
+        """Whether a loaded plugin provides ``name`` (asking the hook again the first
+        time a name is not in its last answer)."""
+        if name not in self._hosts and name not in self._asked:
+            self._asked.add(name)
+            self.refresh()
+        return name in self._hosts
+
+    def get(self, name: Optional[str]) -> Host:
+        """The host called ``name`` (None: ``local``), or a :class:`MissingHost`."""
+        name = name or "local"
+        if self.provided(name):
+            return self._hosts[name]
+        if name in self._missing:
+            return self._missing[name]
+        reason = missing_host_reason(self.config, name) or f"unknown host {name!r}"
+        host = self._missing[name] = MissingHost(name, self.config.home, reason)
+        err = getattr(self.config, "err", None)
+        if err is not None:
+            err.write(f"fleetrun: {reason}; what runs there is left alone, and its tasks wait\n")
+        return host
+
+
+def registry(config: Any) -> HostRegistry:
+    """The run's :class:`HostRegistry` (made on first use)."""
+    reg: Optional[HostRegistry] = config.stash.get(HOSTS)
+    if reg is None:
+        reg = config.stash[HOSTS] = HostRegistry(config)
+    return reg
+
+
+def get_host(config: Any, name: Optional[str]) -> Host:
+    """The host called ``name`` (None: this machine, ``local``). A name no loaded plugin
+    provides gets a :class:`MissingHost`, and the reason is said once on stderr."""
+    return registry(config).get(name)
+
+
+def missing_host_reason(config: Any, name: Optional[str]) -> Optional[str]:
+    """Why no loaded plugin provides the host ``name`` (from the ledger), or None when
+    one does."""
+    name = name or "local"
+    reg: Optional[HostRegistry] = config.stash.get(HOSTS)
+    if reg is None:
+        reg = registry(config)
+    if reg.provided(name):
+        return None
+    pm = getattr(config, "pluginmanager", None)
+    if name == "local":
+        why = ("the local plugin is " + ("blocked (-p no:local)" if pm is not None and pm.is_blocked("local")
+                                          else "not loaded"))
+    elif pm is not None and pm.get_plugin("relay") is None:
+        why = "the relay plugin is " + ("blocked (-p no:relay)" if pm.is_blocked("relay") else "not loaded")
+    else:
+        why = f"no peer named {name!r} in peers.toml"
+    return f"host {name!r} is not provided by any loaded plugin: {why}"
+
+
+def stop_attempt(config: Any, attempt: Any) -> bool:
+    """Stop an attempt wherever it runs (used by ``fleetrun cancel``).
+
+    :raises UnknownHost: no loaded plugin provides the attempt's host, so nothing
+        could be asked to stop it (it may still run there).
+    """
+    reason = missing_host_reason(config, attempt.host)
+    if reason is not None:
+        raise UnknownHost(reason)
+    host = get_host(config, attempt.host)
+    return bool(host.stop(attempt.id, attempt.shepherd_pid, attempt.shepherd_token))
+
+
+__all__ = ["HOSTS", "Host", "HostRegistry", "MissingHost", "StartRefused", "UnknownHost", "get_host",
+           "missing_host_reason", "registry", "stop_attempt"]

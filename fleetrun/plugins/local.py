@@ -1,0 +1,30 @@
+"""Built-in ``local`` plugin: this machine as a host.
+
+``fleetrun_hosts`` offers :class:`~fleetrun.hosts.LocalHost` under the name ``local``
+(attempt folders in ``$FLEETRUN_HOME/attempts``). Its placement candidate is what the
+``placement`` plugin measures (psutil headroom, ``policy.toml``'s ``[local]``, the
+memory estimate, the tools): with ``-p no:placement`` this machine is still a host (its
+attempts are polled, stopped, adopted) but offers no candidate, as before hosts were a
+hook. A plugin of its own rather than a part of ``placement``: replacing the placement
+policy (``-p no:placement -p mine``) must not take the machine away.
+"""
+
+from __future__ import annotations
+
+from typing import Any, Optional
+
+from ..hookimpl import hookimpl
+from ..hosts import LocalHost
+from ..reports import Candidate
+
+
+def measure(config: Any) -> Optional[Candidate]:
+    """This machine as the ``placement`` plugin measures it, or None without that plugin."""
+    placement = config.pluginmanager.get_plugin("placement")
+    found = getattr(placement, "local_candidate", None) if placement is not None else None
+    return found(config) if found is not None else None
+
+
+@hookimpl(trylast=True)
+def fleetrun_hosts(config: Any) -> list[Any]:
+    return [LocalHost(config.home, measure=measure)]
