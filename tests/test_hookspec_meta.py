@@ -81,10 +81,7 @@ def test_firstresult_hooks_say_so() -> None:
 #: extension hooks), so the docstring rules below would only make them edit the same
 #: lines twice. The coordinator empties this set once those branches are merged; the
 #: rules then hold for every hook.
-PENDING = frozenset({
-    "fleetrun_prepare_workspace", "fleetrun_collect_work", "fleetrun_verify", "fleetrun_handoff",
-    "fleetrun_cleanup_workspace", "fleetrun_spawn", "fleetrun_candidates", "fleetrun_place",
-})
+PENDING: frozenset[str] = frozenset()
 
 FIRSTRESULT_LINE = "firstresult: stops at the first non-None result."
 CONCATENATED = "Results are concatenated."
