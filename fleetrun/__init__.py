@@ -16,6 +16,7 @@ from .reports import (
     Wait,
     Workspace,
 )
+from .stash import Stash, StashKey
 from .states import State
 from .taskspec import KeyDecl, TaskSpec, VerifySpec
 from .verbs import VerbDecl
@@ -42,6 +43,8 @@ __all__ = [
     "Handoff",
     "KeyDecl",
     "Placement",
+    "Stash",
+    "StashKey",
     "State",
     "TaskSpec",
     "UsageError",

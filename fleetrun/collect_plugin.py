@@ -21,6 +21,8 @@ def fleetrun_collect_file(file_path: str, config: Any, keys: Any) -> Optional[_c
 
 @hookimpl(trylast=True)
 def fleetrun_collection_modifyitems(config: Any, items: list[Any]) -> None:
+    from .queueing import DESELECTED_KEY, SELECTED_AS_DEPENDENCY_KEY  # not loaded for `--help`
+
     expr = config.getoption("keyword")
     if not expr:
         return
@@ -35,6 +37,6 @@ def fleetrun_collection_modifyitems(config: Any, items: list[Any]) -> None:
                 chosen.add(dep)
                 added.append(dep)
                 todo.append(dep)
-    config.stash["deselected"] = [t.name for t in items if t.name not in chosen]
-    config.stash["selected_as_dependency"] = added
+    config.stash[DESELECTED_KEY] = [t.name for t in items if t.name not in chosen]
+    config.stash[SELECTED_AS_DEPENDENCY_KEY] = added
     items[:] = [t for t in items if t.name in chosen]

@@ -32,19 +32,19 @@ def notifier(config: Any) -> ops.Notify:
 
 
 def cmd_validate(config: Any, out: TextIO, err: TextIO) -> int:
-    from .queueing import collect_items
+    from .queueing import FILES_KEY, WARNINGS_KEY, collect_items
 
     items = collect_items(config)
     from .collect import display_path
 
-    for f in config.stash["files"]:
+    for f in config.stash[FILES_KEY]:
         n = len([t for t in f.tasks if t in items])
         shown = safe_text(display_path(Path(f.path), config.invocation_dir))
         if n:
             print(f"{shown}: {n} task{'s' if n != 1 else ''}, valid", file=out)
         else:
             print(f"{shown}: no tasks collected", file=out)
-    for line in config.stash.get("warnings", []):
+    for line in config.stash.get(WARNINGS_KEY, []):
         print(f"warning: {safe_text(line)}", file=err)
     return ExitCode.OK if items else ExitCode.NO_TASKS_COLLECTED
 
@@ -66,7 +66,7 @@ def cmd_queue(config: Any, out: TextIO, err: TextIO) -> int:
 
 
 def cmd_run(config: Any, out: TextIO, err: TextIO) -> int:
-    from .queueing import collect_items
+    from .queueing import WARNINGS_KEY, collect_items
     from .session import run_session
 
     items = collect_items(config)
@@ -79,7 +79,7 @@ def cmd_run(config: Any, out: TextIO, err: TextIO) -> int:
     if not items:
         print("no tasks collected", file=out)
         return ExitCode.NO_TASKS_COLLECTED
-    for line in config.stash.get("warnings", []):  # what validate warns about, said before the run
+    for line in config.stash.get(WARNINGS_KEY, []):  # what validate warns about, said before the run
         print(f"warning: {safe_text(line)}", file=err)
     return run_session(config, items, out, err)
 

@@ -109,11 +109,12 @@ def fleetrun_collection_modifyitems(config: Any, items: list[Any]) -> None:
 
     from ..collect import display_path
     from ..hosts import executable_problem
+    from ..queueing import WARNINGS_KEY
 
     problem = executable_problem(executable(config))
     if problem is None:
         return
-    warnings = config.stash.setdefault("warnings", [])
+    warnings = config.stash.setdefault(WARNINGS_KEY, [])
     for t in items:
         if t.agent != "claude":
             continue

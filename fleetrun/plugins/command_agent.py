@@ -73,9 +73,10 @@ def fleetrun_collection_modifyitems(config: Any, items: list[Any]) -> None:
     from ..collect import display_path
     from ..exceptions import UsageErrors
     from ..hosts import executable_problem
+    from ..queueing import WARNINGS_KEY
 
     errors = []
-    warnings = config.stash.setdefault("warnings", [])
+    warnings = config.stash.setdefault(WARNINGS_KEY, [])
     for t in items:
         if t.agent == "claude":
             continue

@@ -85,7 +85,9 @@ class TerminalReporter:
         if session.items:
             n = len(session.items)
             self.write_line(f"collected {n} task{'s' if n != 1 else ''}")
-        for note in config.stash.get("session_notes", []):
+        from ..session import SESSION_NOTES_KEY  # loaded by then: it calls this hook
+
+        for note in config.stash.get(SESSION_NOTES_KEY, []):
             self.write_line(note)
 
     @hookimpl(trylast=True)

@@ -172,6 +172,8 @@ def fleetrun_configure(config: Any) -> None:
 def fleetrun_collection_modifyitems(config: Any, items: list[Any]) -> None:
     """The same check once the tasks files' own ``[brain]`` tables are merged in; and a
     warning when a ``brain`` verifier has no model anywhere."""
+    from ..queueing import WARNINGS_KEY
+
     table = config.setting("brain", None, None)
     if table is not None:
         sources = [Path(f) for f in (config.getoption("files") or [])] + [config.home / "config.toml"]
@@ -180,7 +182,7 @@ def fleetrun_collection_modifyitems(config: Any, items: list[Any]) -> None:
     for t in items:
         for i, v in enumerate(t.verify):
             if v.kind == "brain" and not (v.model or model):
-                config.stash.setdefault("warnings", []).append(
+                config.stash.setdefault(WARNINGS_KEY, []).append(
                     f"task '{t.name}': verify #{i + 1}: a brain verifier needs a model: "
                     "set [brain] model (config.toml or the tasks file) or model = on the verifier; "
                     "without one it fails")

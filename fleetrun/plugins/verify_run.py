@@ -73,8 +73,9 @@ def fleetrun_collection_modifyitems(config: Any, items: list[Any]) -> None:
     run: the interpreter's site-packages are read."""
     from ..collect import display_path
     from ..editable import checkout_of, editable_trap
+    from ..queueing import WARNINGS_KEY
 
-    warnings = config.stash.setdefault("warnings", [])
+    warnings = config.stash.setdefault(WARNINGS_KEY, [])
     tops: dict[str, Optional[str]] = {}
     seen: dict[Any, Any] = {}
     for t in items:

@@ -30,11 +30,19 @@ from ..gitutil import (
     wt_git,
 )
 from ..hookimpl import hookimpl
+from ..ledger import LEDGER_KEY
 from ..reports import Handoff, Workspace
+from ..stash import StashKey
 from ..states import State
 from ..taskspec import safe_slug
 
 DEFAULT_COMMIT_MESSAGE = "fleetrun: uncommitted work of attempt {attempt}"
+
+#: cwd -> (repository top, its git folder), or None outside a repository: found once
+#: per run (a ``git rev-parse`` per task and pass would be slow).
+REPOS_KEY = StashKey[dict[str, Optional[tuple[str, str]]]]()
+#: (worktree root, git folder) -> its pin, checked again before every use.
+PINS_KEY = StashKey[dict[tuple[str, str], Pinned]]()
 
 
 @hookimpl(trylast=True)
@@ -99,7 +107,7 @@ def _identity_args(p: Pinned) -> list[str]:
 
 
 def _repo_of(config: Any, cwd: str) -> Optional[tuple[str, str]]:
-    cache = config.stash.setdefault("worktree_repos", {})
+    cache = config.stash.setdefault(REPOS_KEY, {})
     if cwd not in cache:
         top = repo_toplevel(cwd)
         cache[cwd] = (top, common_dir(top)) if top else None
@@ -114,7 +122,7 @@ def pinned(config: Any, root: str, common: str) -> Pinned:
 
     :raises WorktreeTampered: when ``root`` is not, or no longer, that worktree.
     """
-    cache: dict[tuple[str, str], Pinned] = config.stash.setdefault("worktree_pins", {})
+    cache: dict[tuple[str, str], Pinned] = config.stash.setdefault(PINS_KEY, {})
     key = (os.path.realpath(root), os.path.realpath(common))
     p = cache.get(key)
     if p is not None:
@@ -137,7 +145,7 @@ def pinned(config: Any, root: str, common: str) -> Pinned:
 
 
 def _forget_pin(config: Any, root: str, common: str) -> None:
-    config.stash.setdefault("worktree_pins", {}).pop((os.path.realpath(root), os.path.realpath(common)), None)
+    config.stash.setdefault(PINS_KEY, {}).pop((os.path.realpath(root), os.path.realpath(common)), None)
 
 
 def worktree_root(ws: Workspace, common: str) -> str:
@@ -289,7 +297,7 @@ def fleetrun_cleanup_workspace(task: Any, config: Any) -> None:
     if task.state is not State.DONE or not task.worktree or task.host not in (None, "local"):
         return
     path = Path(task.worktree)
-    led = config.stash.get("ledger")
+    led = config.stash.get(LEDGER_KEY)
     if not os.path.lexists(path):
         return
     att = led.latest_attempt(task.id) if led is not None else None

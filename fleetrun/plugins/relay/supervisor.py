@@ -13,7 +13,7 @@ from typing import Any, Optional
 
 from ...gitutil import GitError, common_dir, git, repo_lock, repo_toplevel
 from ...hookimpl import hookimpl
-from ...ledger import ensure_private_dir
+from ...ledger import LEDGER_KEY, ensure_private_dir
 from ...reports import Candidate, Handoff, Verdict, Wait, Workspace
 from ...shepherd import read_json, write_json
 from ...states import ACTIVE, State
@@ -189,7 +189,7 @@ class Relay:
         return any(not b.first_done.is_set() for b in self.beats.values())
 
     def _note(self, task_id: str, text: str) -> None:
-        led = self.config.stash.get("ledger")
+        led = self.config.stash.get(LEDGER_KEY)
         if led is not None:
             led.add_note(task_id, text)
 
@@ -197,11 +197,11 @@ class Relay:
 
     @hookimpl(trylast=True)
     def fleetrun_candidates(self, config: Any) -> list[Candidate]:
-        from ...policy import Policy
+        from ...policy import POLICY_KEY, Policy
 
         self.start_heartbeats()
-        policy = config.stash.get("policy") or Policy()
-        led = config.stash.get("ledger")
+        policy = config.stash.get(POLICY_KEY) or Policy()
+        led = config.stash.get(LEDGER_KEY)
         active: dict[str, int] = {}
         if led is not None:
             for t in led.tasks(set(ACTIVE)):
@@ -283,7 +283,7 @@ class Relay:
         (they run here) or with dependents (they may run here)."""
         if any(v.kind in LOCAL_KINDS for v in task.spec.verify):
             return True
-        led = self.config.stash.get("ledger")
+        led = self.config.stash.get(LEDGER_KEY)
         return led is not None and bool(led.dependents(task.id))
 
     def fetched(self, attempt_id: str) -> Optional[dict[str, Any]]:
