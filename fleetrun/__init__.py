@@ -8,9 +8,12 @@ from .hookimpl import hookimpl
 from .hookspec import hookspec
 from .reports import (
     AgentResult,
+    Cancellable,
     Candidate,
     Handoff,
+    HasDeadline,
     Placement,
+    Selectable,
     Verdict,
     VerifyHandle,
     Wait,
@@ -37,12 +40,15 @@ def main(args: list[str] | None = None, plugins: list[object] | None = None) -> 
 
 __all__ = [
     "AgentResult",
+    "Cancellable",
     "Candidate",
     "ConfigKey",
     "ExitCode",
     "Handoff",
+    "HasDeadline",
     "KeyDecl",
     "Placement",
+    "Selectable",
     "Stash",
     "StashKey",
     "State",

@@ -14,7 +14,7 @@ from . import clock
 from .ledger import Task
 from .outcomes import PAUSE_MEMORY_S, pause_text
 from .placement import Backoff
-from .reports import Candidate, Wait
+from .reports import Candidate, HasDeadline, Selectable, Wait
 from .stash import StashKey
 from .states import ACTIVE, PLACEABLE
 from .textutil import safe_name, safe_text
@@ -171,9 +171,9 @@ class Waits:
         now = clock.now()
         fds: list[Any] = [loop.sock]
         for h in loop.verify.handles() + loop.setup.handles():
-            if hasattr(h, "fileno") and h.fileno() >= 0:
+            if isinstance(h, Selectable) and h.fileno() >= 0:
                 fds.append(h)
-            if hasattr(h, "next_deadline"):
+            if isinstance(h, HasDeadline):
                 timeout = min(timeout, max(0.0, h.next_deadline() - time.monotonic()))
         for until in self.wait_until.values():
             timeout = min(timeout, max(0.0, until - now))
