@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from .config import ConfigKey
+from .config import Config, ConfigKey
 from .exceptions import ExitCode, UsageError, UsageErrors
 from .hookimpl import hookimpl
 from .hookspec import hookspec
@@ -42,6 +42,7 @@ __all__ = [
     "AgentResult",
     "Cancellable",
     "Candidate",
+    "Config",
     "ConfigKey",
     "ExitCode",
     "Handoff",

@@ -19,7 +19,7 @@ from collections import Counter
 from collections.abc import Iterator
 from contextlib import contextmanager
 from pathlib import Path
-from typing import Any, Optional
+from typing import TYPE_CHECKING, Any, Optional
 
 from . import ops
 from .adoption import Adoption
@@ -36,6 +36,9 @@ from .starting import Starting
 from .states import State
 from .verifying import Verifying, VerifyStage
 from .waiting import BACKOFF_KEY, USAGE_PAUSE_KEY, Waits, interrupted_note
+
+if TYPE_CHECKING:
+    from .config import Config
 
 INTERNAL_ERROR_LOG = "internal-error.log"
 
@@ -68,7 +71,7 @@ class Loop:
     the transitions, the containment of one task's failure and the pass.
     """
 
-    def __init__(self, config: Any, ledger: Ledger, session: Any, queue_id: Optional[str], until_idle: bool) -> None:
+    def __init__(self, config: Config, ledger: Ledger, session: Any, queue_id: Optional[str], until_idle: bool) -> None:
         self.config = config
         self.led = ledger
         self.session = session

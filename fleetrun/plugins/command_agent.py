@@ -17,11 +17,14 @@ from __future__ import annotations
 
 import os
 import sys
-from typing import Any, Optional
+from typing import TYPE_CHECKING, Any, Optional
 
 from ..exceptions import UsageError
 from ..hookimpl import hookimpl
 from ..reports import AgentResult
+
+if TYPE_CHECKING:
+    from ..config import Config
 
 PLACEHOLDERS = ("{prompt}", "{prompt_file}", "{workdir}", "{model}", "{attempt}", "{tasks_dir}", "{python}")
 _KEYS = {"command", "stdin", "env"}
@@ -32,7 +35,7 @@ def _command_check(v: list[Any]) -> Optional[str]:
 
 
 @hookimpl(trylast=True)
-def fleetrun_config_keys(config: Any) -> list[Any]:
+def fleetrun_config_keys(config: Config) -> list[Any]:
     """``[agents.NAME]`` of config.toml (a tasks file's own are checked in :func:`agent_def`)."""
     from ..config import ConfigKey
 
@@ -44,11 +47,11 @@ def fleetrun_config_keys(config: Any) -> list[Any]:
     ]
 
 
-def agents(config: Any) -> dict[str, Any]:
+def agents(config: Config) -> dict[str, Any]:
     return config.settings.get("agents", {}) or {}
 
 
-def agent_def(config: Any, name: str) -> Optional[dict[str, Any]]:
+def agent_def(config: Config, name: str) -> Optional[dict[str, Any]]:
     defn = agents(config).get(name)
     if defn is None:
         return None
@@ -65,7 +68,7 @@ def agent_def(config: Any, name: str) -> Optional[dict[str, Any]]:
 
 
 @hookimpl(trylast=True)
-def fleetrun_collection_modifyitems(config: Any, items: list[Any]) -> None:
+def fleetrun_collection_modifyitems(config: Config, items: list[Any]) -> None:
     """An ``agent =`` that names no agent is an error before anything runs."""
     import difflib
     from pathlib import Path
@@ -135,7 +138,7 @@ def fleetrun_spawn(task: Any, attempt: Any, workspace: Any, prompt: str, config:
 
 
 @hookimpl(trylast=True)
-def fleetrun_agent_result(task: Any, attempt: Any, log_path: str, exit_code: Optional[int], config: Any) -> Optional[AgentResult]:
+def fleetrun_agent_result(task: Any, attempt: Any, log_path: str, exit_code: Optional[int], config: Config) -> Optional[AgentResult]:
     if task.spec.agent == "claude":
         return None
     try:

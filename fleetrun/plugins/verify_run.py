@@ -12,12 +12,15 @@ from __future__ import annotations
 
 import time
 from pathlib import Path
-from typing import Any, Optional
+from typing import TYPE_CHECKING, Any, Optional
 
 from ..hookimpl import hookimpl
 from ..procutil import ProcessHandle, tail_text, task_env
 from ..reports import Verdict
 from ..taskspec import SETUP_STEP_BASE, step_index
+
+if TYPE_CHECKING:
+    from ..config import Config
 
 
 class RunHandle(ProcessHandle):
@@ -67,7 +70,7 @@ def fleetrun_verify(task: Any, verifier: Any, workspace: Any, attempt: Any, conf
 
 
 @hookimpl(trylast=True)
-def fleetrun_collection_modifyitems(config: Any, items: list[Any]) -> None:
+def fleetrun_collection_modifyitems(config: Config, items: list[Any]) -> None:
     """Warn about every ``run`` verifier of a worktree task whose interpreter has an
     editable install of a package from the task's own repository checkout. Nothing is
     run: the interpreter's site-packages are read."""

@@ -15,7 +15,7 @@ from __future__ import annotations
 
 import os
 from pathlib import Path
-from typing import Any, Optional
+from typing import TYPE_CHECKING, Any, Optional
 
 from ..gitutil import (
     GitError,
@@ -36,6 +36,9 @@ from ..stash import StashKey
 from ..states import State
 from ..taskspec import safe_slug
 
+if TYPE_CHECKING:
+    from ..config import Config
+
 DEFAULT_COMMIT_MESSAGE = "fleetrun: uncommitted work of attempt {attempt}"
 
 #: cwd -> (repository top, its git folder), or None outside a repository: found once
@@ -46,7 +49,7 @@ PINS_KEY = StashKey[dict[tuple[str, str], Pinned]]()
 
 
 @hookimpl(trylast=True)
-def fleetrun_config_keys(config: Any) -> list[Any]:
+def fleetrun_config_keys(config: Config) -> list[Any]:
     """``[worktree]`` of config.toml."""
     from ..config import ConfigKey
 
@@ -106,7 +109,7 @@ def _identity_args(p: Pinned) -> list[str]:
     return ["-c", "user.name=fleetrun", "-c", "user.email=fleetrun@localhost"]
 
 
-def _repo_of(config: Any, cwd: str) -> Optional[tuple[str, str]]:
+def _repo_of(config: Config, cwd: str) -> Optional[tuple[str, str]]:
     cache = config.stash.setdefault(REPOS_KEY, {})
     if cwd not in cache:
         top = repo_toplevel(cwd)
@@ -114,7 +117,7 @@ def _repo_of(config: Any, cwd: str) -> Optional[tuple[str, str]]:
     return cache[cwd]
 
 
-def pinned(config: Any, root: str, common: str) -> Pinned:
+def pinned(config: Config, root: str, common: str) -> Pinned:
     """The worktree at ``root`` pinned to the repository whose git folder is ``common``,
     checked now. The pin is found from the repository's side (its ``worktrees/*``
     folders), never from the worktree's ``.git``, which the agent can rewrite; it is
@@ -144,7 +147,7 @@ def pinned(config: Any, root: str, common: str) -> Pinned:
     return p
 
 
-def _forget_pin(config: Any, root: str, common: str) -> None:
+def _forget_pin(config: Config, root: str, common: str) -> None:
     config.stash.setdefault(PINS_KEY, {}).pop((os.path.realpath(root), os.path.realpath(common)), None)
 
 
@@ -176,7 +179,7 @@ def worktree_root(ws: Workspace, common: str) -> str:
     return best
 
 
-def workspace_pin(config: Any, ws: Workspace) -> Pinned:
+def workspace_pin(config: Config, ws: Workspace) -> Pinned:
     """The pin of a prepared worktree workspace (``ws.repo`` is the repository fleetrun
     made it in, recorded at prepare).
 
@@ -189,7 +192,7 @@ def workspace_pin(config: Any, ws: Workspace) -> Pinned:
     return pinned(config, worktree_root(ws, common), common)
 
 
-def _reuse(config: Any, task: Any, path: Path, repo: str, common: str) -> Optional[Pinned]:
+def _reuse(config: Config, task: Any, path: Path, repo: str, common: str) -> Optional[Pinned]:
     """The worktree a previous attempt left at ``path``, checked before it is reused;
     None when there is none and one is to be made.
 

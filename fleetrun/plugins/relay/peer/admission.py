@@ -13,7 +13,7 @@ import time
 from collections.abc import Iterator
 from contextlib import contextmanager
 from pathlib import Path
-from typing import Any, Optional
+from typing import TYPE_CHECKING, Any, Optional
 
 from fleetrun.exceptions import UsageError
 
@@ -29,6 +29,9 @@ from .request import (
     _task,
     _task_id,
 )
+
+if TYPE_CHECKING:
+    from fleetrun.config import Config
 
 HOSTED = "hosted.json"
 LOCK = "host.lock"
@@ -48,7 +51,7 @@ def _host_lock(home: Path) -> Iterator[None]:
         os.close(fd)
 
 
-def _policy(config: Any) -> tuple[Any, Optional[str]]:
+def _policy(config: Config) -> tuple[Any, Optional[str]]:
     from fleetrun.policy import Policy, load_policy
 
     try:
@@ -57,7 +60,7 @@ def _policy(config: Any) -> tuple[Any, Optional[str]]:
         return Policy(), e.format()
 
 
-def _drained(config: Any, policy: Any) -> bool:
+def _drained(config: Config, policy: Any) -> bool:
     if policy.local.drain:
         return True
     db = config.home / "state.db"
@@ -76,7 +79,7 @@ def _drained(config: Any, policy: Any) -> bool:
     return bool(row and row[0] == "1")
 
 
-def _hosted(config: Any) -> dict[str, dict[str, Any]]:
+def _hosted(config: Config) -> dict[str, dict[str, Any]]:
     """Attempts started here for supervisors and still alive (call under the lock)."""
     from fleetrun.shepherd import read_json, write_json
 
@@ -93,7 +96,7 @@ def _hosted(config: Any) -> dict[str, dict[str, Any]]:
     return alive
 
 
-def _own_loop_running(config: Any) -> int:
+def _own_loop_running(config: Config) -> int:
     """Tasks this machine's own ``fleetrun work`` runs, if one runs."""
     from fleetrun.shepherd import proc_token, read_json
 
@@ -104,7 +107,7 @@ def _own_loop_running(config: Any) -> int:
     return int(data.get("running") or 0)
 
 
-def _check_room(config: Any, hosted: dict[str, dict[str, Any]], task_id: str) -> None:
+def _check_room(config: Config, hosted: dict[str, dict[str, Any]], task_id: str) -> None:
     """Refuse a task this machine will not start now (call under the lock)."""
     same = [aid for aid, e in hosted.items() if e.get("task_id") == task_id]
     if same:
@@ -119,7 +122,7 @@ def _check_room(config: Any, hosted: dict[str, dict[str, Any]], task_id: str) ->
         raise Refused(f"is running {running} of {policy.local.max_tasks} tasks (its own [local] max_tasks)")
 
 
-def cmd_prepare(config: Any, ns: argparse.Namespace) -> dict[str, Any]:
+def cmd_prepare(config: Config, ns: argparse.Namespace) -> dict[str, Any]:
     p = _payload()
     task = _task(p.get("task"))
     att = _attempt(p.get("attempt"), task)
@@ -138,7 +141,7 @@ def cmd_prepare(config: Any, ns: argparse.Namespace) -> dict[str, Any]:
     return {"workspace": dataclasses.asdict(ws)}
 
 
-def cmd_start(config: Any, ns: argparse.Namespace) -> dict[str, Any]:
+def cmd_start(config: Config, ns: argparse.Namespace) -> dict[str, Any]:
     p = _payload()
     task_id = _task_id(p.get("task_id"))
     attempt_id = _attempt_id(p.get("attempt_id"), task_id)
