@@ -31,6 +31,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 from fleetrun.placement import Backoff, decide  # noqa: E402
 from fleetrun.plugins.placement import same_pass  # noqa: E402
 from fleetrun.reports import Candidate, Placement  # noqa: E402
+from fleetrun.stash import Stash  # noqa: E402
 
 REQUIRES = [[], [], [], [], [], [], [], [], [], ["docker"], ["node>=22"], ["gpu", "git"], ["claude:auth"]]
 
@@ -115,7 +116,7 @@ def run_full_pass(fleet: list[Candidate], tasks: list[tuple[list[str], str | Non
     for requires, pin, backoff in tasks:
         decide(requires, fleet, backoff, now, pin=pin)
     bare = time.perf_counter() - start
-    stash: dict[str, object] = {}
+    stash = Stash()
     start = time.perf_counter()
     for requires, pin, backoff in tasks:
         same_pass(stash, fleet, requires, pin, backoff)

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from .config import ConfigKey
+from .config import Config, ConfigKey
 from .exceptions import ExitCode, UsageError, UsageErrors
 from .hookimpl import hookimpl
 from .hookspec import hookspec
@@ -10,9 +10,12 @@ from .hostapi import Host, StartRefused
 from .procutil import ProcessHandle, task_env
 from .reports import (
     AgentResult,
+    Cancellable,
     Candidate,
     Handoff,
+    HasDeadline,
     Placement,
+    Selectable,
     SpawnSpec,
     Started,
     Verdict,
@@ -20,6 +23,7 @@ from .reports import (
     Wait,
     Workspace,
 )
+from .stash import Stash, StashKey
 from .states import State
 from .taskspec import KeyDecl, TaskSpec, VerifySpec
 from .verbs import VerbDecl
@@ -40,17 +44,23 @@ def main(args: list[str] | None = None, plugins: list[object] | None = None) -> 
 
 __all__ = [
     "AgentResult",
+    "Cancellable",
     "Candidate",
+    "Config",
     "ConfigKey",
     "ExitCode",
     "Handoff",
+    "HasDeadline",
     "Host",
     "KeyDecl",
     "Placement",
     "ProcessHandle",
+    "Selectable",
     "SpawnSpec",
     "StartRefused",
     "Started",
+    "Stash",
+    "StashKey",
     "State",
     "TaskSpec",
     "UsageError",

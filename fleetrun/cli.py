@@ -134,7 +134,9 @@ def main(args: Optional[list[str]] = None, plugins: Optional[list[Any]] = None,
                 config.hook.fleetrun_unconfigure(config=config)
             except Exception:  # pragma: no cover
                 pass
-            led = config.stash.pop("ledger", None)
+            from .ledger import LEDGER_KEY
+
+            led = config.stash.pop(LEDGER_KEY, None)
             if led is not None:
                 led.close()
 

@@ -3,15 +3,18 @@
 from __future__ import annotations
 
 from pathlib import Path
-from typing import Any, Optional
+from typing import TYPE_CHECKING, Any, Optional
 
 from . import collect as _collect
 from .hookimpl import hookimpl
 from .kwexpr import KeywordExpr
 
+if TYPE_CHECKING:
+    from .config import Config
+
 
 @hookimpl(trylast=True)
-def fleetrun_collect_file(file_path: str, config: Any, keys: Any) -> Optional[_collect.TaskFile]:
+def fleetrun_collect_file(file_path: str, config: Config, keys: Any) -> Optional[_collect.TaskFile]:
     path = Path(file_path)
     if path.suffix != ".toml":
         return None
@@ -21,7 +24,9 @@ def fleetrun_collect_file(file_path: str, config: Any, keys: Any) -> Optional[_c
 
 
 @hookimpl(trylast=True)
-def fleetrun_collection_modifyitems(config: Any, items: list[Any]) -> None:
+def fleetrun_collection_modifyitems(config: Config, items: list[Any]) -> None:
+    from .queueing import DESELECTED_KEY, SELECTED_AS_DEPENDENCY_KEY  # not loaded for `--help`
+
     expr = config.getoption("keyword")
     if not expr:
         return
@@ -36,6 +41,6 @@ def fleetrun_collection_modifyitems(config: Any, items: list[Any]) -> None:
                 chosen.add(dep)
                 added.append(dep)
                 todo.append(dep)
-    config.stash["deselected"] = [t.name for t in items if t.name not in chosen]
-    config.stash["selected_as_dependency"] = added
+    config.stash[DESELECTED_KEY] = [t.name for t in items if t.name not in chosen]
+    config.stash[SELECTED_AS_DEPENDENCY_KEY] = added
     items[:] = [t for t in items if t.name in chosen]

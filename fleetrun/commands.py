@@ -10,7 +10,7 @@ import os
 import time
 from dataclasses import asdict
 from pathlib import Path
-from typing import Any, Iterable, Optional, TextIO
+from typing import TYPE_CHECKING, Any, Iterable, Optional, TextIO
 
 from . import ops
 from .exceptions import ExitCode, UsageError
@@ -20,8 +20,11 @@ from .table import cut, fit_table, terminal_width
 from .textutil import ago, safe_name, safe_text
 from .verbs import VerbDecl
 
+if TYPE_CHECKING:
+    from .config import Config
 
-def notifier(config: Any) -> ops.Notify:
+
+def notifier(config: Config) -> ops.Notify:
     def notify(task: Task, src: State, dst: State, cause: str, attempt: Optional[int]) -> None:
         config.hook.fleetrun_transition(task=task, from_state=src.value, to_state=dst.value,
                                         cause=cause, attempt=attempt, config=config)
@@ -31,25 +34,25 @@ def notifier(config: Any) -> ops.Notify:
 # ---------------------------------------------------------------------------------
 
 
-def cmd_validate(config: Any, out: TextIO, err: TextIO) -> int:
-    from .queueing import collect_items
+def cmd_validate(config: Config, out: TextIO, err: TextIO) -> int:
+    from .queueing import FILES_KEY, WARNINGS_KEY, collect_items
 
     items = collect_items(config)
     from .collect import display_path
 
-    for f in config.stash["files"]:
+    for f in config.stash[FILES_KEY]:
         n = len([t for t in f.tasks if t in items])
         shown = safe_text(display_path(Path(f.path), config.invocation_dir))
         if n:
             print(f"{shown}: {n} task{'s' if n != 1 else ''}, valid", file=out)
         else:
             print(f"{shown}: no tasks collected", file=out)
-    for line in config.stash.get("warnings", []):
+    for line in config.stash.get(WARNINGS_KEY, []):
         print(f"warning: {safe_text(line)}", file=err)
     return ExitCode.OK if items else ExitCode.NO_TASKS_COLLECTED
 
 
-def cmd_queue(config: Any, out: TextIO, err: TextIO) -> int:
+def cmd_queue(config: Config, out: TextIO, err: TextIO) -> int:
     from .queueing import collect_items, queue_items
 
     items = collect_items(config)
@@ -65,8 +68,8 @@ def cmd_queue(config: Any, out: TextIO, err: TextIO) -> int:
     return ExitCode.OK
 
 
-def cmd_run(config: Any, out: TextIO, err: TextIO) -> int:
-    from .queueing import collect_items
+def cmd_run(config: Config, out: TextIO, err: TextIO) -> int:
+    from .queueing import WARNINGS_KEY, collect_items
     from .session import run_session
 
     items = collect_items(config)
@@ -79,12 +82,12 @@ def cmd_run(config: Any, out: TextIO, err: TextIO) -> int:
     if not items:
         print("no tasks collected", file=out)
         return ExitCode.NO_TASKS_COLLECTED
-    for line in config.stash.get("warnings", []):  # what validate warns about, said before the run
+    for line in config.stash.get(WARNINGS_KEY, []):  # what validate warns about, said before the run
         print(f"warning: {safe_text(line)}", file=err)
     return run_session(config, items, out, err)
 
 
-def cmd_work(config: Any, out: TextIO, err: TextIO) -> int:
+def cmd_work(config: Config, out: TextIO, err: TextIO) -> int:
     from .session import run_session
 
     return run_session(config, None, out, err)
@@ -105,7 +108,7 @@ def _worktree_now(t: Task) -> Optional[str]:
     return t.worktree
 
 
-def cmd_status(config: Any, out: TextIO, err: TextIO) -> int:
+def cmd_status(config: Config, out: TextIO, err: TextIO) -> int:
     led = open_ledger(config)
     states = None
     if config.option.state:
@@ -162,7 +165,7 @@ def cmd_status(config: Any, out: TextIO, err: TextIO) -> int:
     return ExitCode.OK
 
 
-def _print_supervisor_line(config: Any, led: Ledger, out: TextIO) -> None:
+def _print_supervisor_line(config: Config, led: Ledger, out: TextIO) -> None:
     from .policy import local_drain_source
 
     source = local_drain_source(config.home / "policy.toml")
@@ -223,7 +226,7 @@ def _print_graph(led: Ledger, tasks: list[Task], out: TextIO) -> None:
         show(r, 0)
 
 
-def cmd_logs(config: Any, out: TextIO, err: TextIO) -> int:
+def cmd_logs(config: Config, out: TextIO, err: TextIO) -> int:
     led = open_ledger(config)
     task = ops.resolve(led, config.option.task)
     rows = led.transitions(task.id)
@@ -293,7 +296,7 @@ def cmd_logs(config: Any, out: TextIO, err: TextIO) -> int:
     return ExitCode.OK
 
 
-def cmd_cancel(config: Any, out: TextIO, err: TextIO) -> int:
+def cmd_cancel(config: Config, out: TextIO, err: TextIO) -> int:
     led = open_ledger(config)
     task = ops.resolve(led, config.option.task)
     active = led.latest_attempt(task.id) if task.state in (State.ASSIGNED, State.RUNNING, State.VERIFYING) else None
@@ -318,7 +321,7 @@ def cmd_cancel(config: Any, out: TextIO, err: TextIO) -> int:
     return ExitCode.OK
 
 
-def cmd_retry(config: Any, out: TextIO, err: TextIO) -> int:
+def cmd_retry(config: Config, out: TextIO, err: TextIO) -> int:
     led = open_ledger(config)
     task = ops.resolve(led, config.option.task)
     if config.getoption("elsewhere"):
@@ -330,7 +333,7 @@ def cmd_retry(config: Any, out: TextIO, err: TextIO) -> int:
     return ExitCode.OK
 
 
-def _handoff_for_approve(config: Any, led: Ledger, task: Task) -> Optional[dict[str, Any]]:
+def _handoff_for_approve(config: Config, led: Ledger, task: Task) -> Optional[dict[str, Any]]:
     """What an approved task hands to its dependents, made exactly as for a DONE one
     (``fleetrun_handoff``: its branch, its last session's summary), from the newest
     attempt that ran."""
@@ -342,7 +345,7 @@ def _handoff_for_approve(config: Any, led: Ledger, task: Task) -> Optional[dict[
     return asdict(handoff) if handoff is not None else None
 
 
-def cmd_approve(config: Any, out: TextIO, err: TextIO) -> int:
+def cmd_approve(config: Config, out: TextIO, err: TextIO) -> int:
     led = open_ledger(config)
     task = ops.resolve(led, config.option.task)
     handoff = None
@@ -372,13 +375,13 @@ def cmd_approve(config: Any, out: TextIO, err: TextIO) -> int:
     return ExitCode.OK
 
 
-def cmd_drain(config: Any, out: TextIO, err: TextIO) -> int:
+def cmd_drain(config: Config, out: TextIO, err: TextIO) -> int:
     open_ledger(config).set_meta("drain", "1")
     print("draining: this machine starts nothing new (running attempts finish); fleetrun undrain to undo", file=out)
     return ExitCode.OK
 
 
-def cmd_undrain(config: Any, out: TextIO, err: TextIO) -> int:
+def cmd_undrain(config: Config, out: TextIO, err: TextIO) -> int:
     from .policy import local_drain_source
 
     led = open_ledger(config)
@@ -395,7 +398,7 @@ def cmd_undrain(config: Any, out: TextIO, err: TextIO) -> int:
     return ExitCode.OK
 
 
-def cmd_gc(config: Any, out: TextIO, err: TextIO) -> int:
+def cmd_gc(config: Config, out: TextIO, err: TextIO) -> int:
     from .gc import main as gc_main
 
     return gc_main(config, out, err)
@@ -435,7 +438,7 @@ def _work_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--until-idle", action="store_true", help="exit when nothing is left to do")
 
 
-def _queued_files(config: Any) -> Iterable[Path]:
+def _queued_files(config: Config) -> Iterable[Path]:
     """``work``: the queued tasks' files (their ``fleetconf.py`` files load), and their
     ``[agents]``/``[brain]`` tables, as they were when queued."""
     led = open_ledger(config)

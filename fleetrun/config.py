@@ -10,6 +10,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any, Callable, Iterable, Optional
 
 from .exceptions import UsageError
+from .stash import Stash
 from .tomlfile import describe_value
 
 if TYPE_CHECKING:
@@ -107,7 +108,8 @@ class Config:
         ``[tool.fleetrun]`` or ``fleetrun.toml``, docs/configuration.md), or None.
     :ivar option: the parsed command line (an :class:`argparse.Namespace`).
     :ivar home: the state folder (``$FLEETRUN_HOME``, default ``~/.fleetrun``).
-    :ivar stash: a dict plugins may keep run-wide state in, under their own keys.
+    :ivar stash: the run-wide state plugins and the loop share, a
+        :class:`~fleetrun.stash.Stash` of typed :class:`~fleetrun.stash.StashKey` keys.
     """
 
     def __init__(self, pluginmanager: FleetPluginManager, option: argparse.Namespace, home: Path,
@@ -117,7 +119,7 @@ class Config:
         self.option = option
         self.home = home
         self.invocation_dir = invocation_dir or Path.cwd()
-        self.stash: dict[str, Any] = {}
+        self.stash = Stash()
         self._settings: Optional[dict[str, Any]] = None
         self.file_settings: dict[str, Any] = {}
         self.out: Any = sys.stdout

@@ -13,10 +13,13 @@ from __future__ import annotations
 
 import re
 from dataclasses import dataclass
-from typing import Any, Optional, Union
+from typing import TYPE_CHECKING, Any, Optional, Union
 
 from .gitutil import GitError, Pinned, common_dir, git, pin_worktree, wt_git
 from .reports import Verdict, Workspace
+
+if TYPE_CHECKING:
+    from .config import Config
 
 DEFAULT_MAX_DIFF_BYTES = 60000
 #: New files not yet added are shown as diffs up to this many; the rest are named.
@@ -188,7 +191,7 @@ def parse_reply(reply: str) -> tuple[bool, str]:
 _VERDICT = re.compile(r"[*_`]*(PASS|FAIL)[*_`]*[.:!,;\-\u2013\u2014]*[*_`]*(?:\s+(.*)|$)")
 
 
-def fetched_workspace(config: Any, task: Any, attempt: Any, workspace: Any, kind: str) -> Union[Workspace, str]:
+def fetched_workspace(config: Config, task: Any, attempt: Any, workspace: Any, kind: str) -> Union[Workspace, str]:
     """For an attempt that ran on a peer: a workspace on this machine holding its branch,
     fetched back from the peer by the ``relay`` plugin (its ``local_workspace``); or,
     as a string, why there is none."""
@@ -211,7 +214,7 @@ def _is_local(config: Any, name: str) -> bool:
     return bool(get_host(config, name).local)
 
 
-def local_workspace(config: Any, task: Any, attempt: Any, workspace: Any, verifier: Any) -> Union[Workspace, Verdict]:
+def local_workspace(config: Config, task: Any, attempt: Any, workspace: Any, verifier: Any) -> Union[Workspace, Verdict]:
     """The workspace a verifier that runs on this machine (brain, agent) reads: the
     attempt's own, or, for an attempt that ran on a peer, its branch fetched back
     from there; a FAIL verdict saying why when there is none."""

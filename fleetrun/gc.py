@@ -19,13 +19,16 @@ import shutil
 import stat
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Optional, TextIO
+from typing import TYPE_CHECKING, Any, Optional, TextIO
 
 from .exceptions import ExitCode
 from .gitutil import GitError, Pinned, WorktreeTampered, git, pin_worktree, repo_lock, wt_git
 from .states import State
 from .taskspec import safe_slug
 from .textutil import safe_name, safe_text
+
+if TYPE_CHECKING:
+    from .config import Config
 
 
 @dataclass
@@ -157,7 +160,7 @@ def _still_cancelled(led: Any, task: Any) -> bool:
             and not [a for a in led.attempts(task.id) if a.state in ("leased", "starting", "running")])
 
 
-def main(config: Any, out: TextIO, err: TextIO) -> int:
+def main(config: Config, out: TextIO, err: TextIO) -> int:
     from .ledger import open_ledger
 
     led = open_ledger(config)

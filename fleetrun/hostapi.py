@@ -15,6 +15,8 @@ from __future__ import annotations
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Optional, Protocol, runtime_checkable
 
+from .stash import StashKey
+
 if TYPE_CHECKING:
     from .reports import Candidate, Started
 
@@ -167,13 +169,8 @@ class MissingHost:
         return None
 
 
-class _RegistryKey:
-    """The stash key of the run's :class:`HostRegistry` (an object, compared by
-    identity, not a string: nothing else can collide with it)."""
-
-
 #: ``config.stash[HOSTS]``: the run's :class:`HostRegistry`, made on first use.
-HOSTS = _RegistryKey()
+HOSTS: StashKey[HostRegistry] = StashKey()
 
 
 class HostRegistry:

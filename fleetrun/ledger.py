@@ -23,6 +23,7 @@ from typing import Any, Optional
 from .exceptions import StateConflict
 from .ledger_schema import SCHEMA_VERSION, LedgerFile, ensure_private_dir
 from .records import Attempt, Task, TransitionRow, VerdictRow
+from .stash import StashKey
 from .states import State, allowed, is_valid_cause
 from .taskspec import TaskSpec
 
@@ -419,15 +420,20 @@ class Ledger(LedgerFile):
                 cur.execute("INSERT OR REPLACE INTO meta (key, value) VALUES (?,?)", (key, value))
 
 
+#: The run's open ledger: one SQLite connection shared by the loop, the verbs and the
+#: plugins of one invocation (the CLI pops and closes it as the run ends).
+LEDGER_KEY = StashKey[Ledger]()
+
+
 def open_ledger(config: Any) -> Ledger:
     """The run's ledger, ``state.db`` in ``config.home``: opened on first use and kept in
-    ``config.stash["ledger"]`` (the CLI closes it as the run ends).
+    ``config.stash[LEDGER_KEY]`` (the CLI closes it as the run ends).
 
     :param config: the run's :class:`~fleetrun.config.Config` (untyped here: the ledger
         imports nothing above it).
     """
-    led = config.stash.get("ledger")
+    led = config.stash.get(LEDGER_KEY)
     if led is None:
-        led = config.stash["ledger"] = Ledger(config.home / "state.db")
+        led = config.stash[LEDGER_KEY] = Ledger(config.home / "state.db")
     assert isinstance(led, Ledger)
     return led

@@ -19,7 +19,7 @@ from collections import Counter
 from collections.abc import Iterator
 from contextlib import contextmanager
 from pathlib import Path
-from typing import Any, Optional
+from typing import TYPE_CHECKING, Any, Optional
 
 from . import ops
 from .adoption import Adoption
@@ -29,13 +29,16 @@ from .gitutil import GitError
 from .hostapi import get_host
 from .ledger import Attempt, Ledger, Task
 from .liveness import Liveness, sock_path
-from .policy import PolicyWatcher
+from .policy import POLICY_KEY, PolicyWatcher
 from .reports import Workspace
 from .setupstage import SetupStage
 from .starting import Starting
 from .states import State
 from .verifying import Verifying, VerifyStage
-from .waiting import Waits, interrupted_note
+from .waiting import BACKOFF_KEY, USAGE_PAUSE_KEY, Waits, interrupted_note
+
+if TYPE_CHECKING:
+    from .config import Config
 
 INTERNAL_ERROR_LOG = "internal-error.log"
 
@@ -68,7 +71,7 @@ class Loop:
     the transitions, the containment of one task's failure and the pass.
     """
 
-    def __init__(self, config: Any, ledger: Ledger, session: Any, queue_id: Optional[str], until_idle: bool) -> None:
+    def __init__(self, config: Config, ledger: Ledger, session: Any, queue_id: Optional[str], until_idle: bool) -> None:
         self.config = config
         self.led = ledger
         self.session = session
@@ -97,7 +100,7 @@ class Loop:
         self.placed_last_pass = False
         self.io_error: Optional[str] = None
         self.readopt = False
-        self.config.stash.setdefault("backoff", {})
+        self.config.stash.setdefault(BACKOFF_KEY, {})
 
     # -- plumbing ----------------------------------------------------------------------
 
@@ -251,9 +254,9 @@ class Loop:
     # -- the loop ----------------------------------------------------------------------
 
     def run(self) -> int:
-        self.config.stash["policy"] = self.policy.load_strict()
+        self.config.stash[POLICY_KEY] = self.policy.load_strict()
         # a usage limit reported before a restart still holds until its reset time
-        self.config.stash.setdefault("usage_pause", {}).update(self.led.usage_pauses())
+        self.config.stash.setdefault(USAGE_PAUSE_KEY, {}).update(self.led.usage_pauses())
         self._open_socket()
         old_term = None
         if threading.current_thread() is threading.main_thread():
@@ -311,7 +314,7 @@ class Loop:
         msg = self.policy.refresh()
         if msg:
             self.config.err.write(msg + "\n")
-        self.config.stash["policy"] = self.policy.policy
+        self.config.stash[POLICY_KEY] = self.policy.policy
         ops.promote(self.led, self.notify)
         self.ending.poll()
         self.verify.poll()

@@ -14,6 +14,7 @@ from pathlib import Path
 from typing import Any, Optional
 
 from .exceptions import UsageError, UsageErrors
+from .stash import StashKey
 
 
 @dataclass
@@ -72,6 +73,11 @@ _MACHINE: dict[str, tuple[type, ...]] = {
     "mem_per_task_mb": _NUM,
     "drain": (bool,),
 }
+
+
+#: The policy the loop last read (it re-reads policy.toml on every pass), for the
+#: plugins that place and admit tasks; unset outside a work loop.
+POLICY_KEY = StashKey[Policy]()
 
 
 def _type_ok(v: Any, types: tuple[type, ...]) -> bool:

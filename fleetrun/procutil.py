@@ -70,7 +70,9 @@ class ProcessHandle:
     output); its process group is recorded in the attempt folder, so a restarted
     supervisor ends it before running the step again; ``fileno()`` is a pidfd the
     loop can select on. Subclasses say what the end means: :meth:`ended`,
-    :meth:`timed_out`, :meth:`cannot_start`.
+    :meth:`timed_out`, :meth:`cannot_start`. It is a
+    :class:`~fleetrun.reports.VerifyHandle` with every optional method (``cancel``,
+    ``fileno``, ``next_deadline``).
     """
 
     def __init__(self, verifier: Any, argv: list[str], cwd: str, env: dict[str, str], out_path: Path,

@@ -15,11 +15,26 @@ from typing import TYPE_CHECKING, Any, Callable, Optional
 from .collect import KeyTable, TaskFile, check_graph, display_path
 from .exceptions import UsageError, UsageErrors
 from .ledger import Task, open_ledger
-from .repochecks import check_branches, check_refs
+from .repochecks import BranchReuse, check_branches, check_refs
+from .stash import StashKey
 
 if TYPE_CHECKING:
     from .config import Config
     from .taskspec import TaskSpec
+
+#: The files collected, for ``validate``'s per-file lines.
+FILES_KEY = StashKey[list[TaskFile]]()
+#: Tasks that name a branch fleetrun made for an earlier task of the same name: queueing
+#: notes it on the new task.
+BRANCH_REUSE_KEY = StashKey[list[BranchReuse]]()
+#: What collection warns about (plugins add to it in ``fleetrun_collection_modifyitems``):
+#: ``validate`` and a run print it before anything starts.
+WARNINGS_KEY = StashKey[list[str]]()
+#: The names of the tasks ``-k`` left out.
+DESELECTED_KEY = StashKey[list[str]]()
+#: The names of the tasks ``-k`` did not match but took along, as dependencies of ones it did:
+#: the session says so.
+SELECTED_AS_DEPENDENCY_KEY = StashKey[list[str]]()
 
 
 def source_hash(path: str) -> str:
@@ -78,7 +93,7 @@ def collect(config: Config) -> list[TaskFile]:
     errors.extend(check_refs(files + graph_only, config.invocation_dir, repos))
     branch_errors, reuse = check_branches(files + graph_only, _branch_owner(config), config.invocation_dir, repos)
     errors.extend(branch_errors)
-    config.stash["branch_reuse"] = reuse
+    config.stash[BRANCH_REUSE_KEY] = reuse
     if errors:
         order = {f: i for i, f in enumerate(config.option.files)}
         errors.sort(key=lambda e: (order.get(str(Path(e.file or "").resolve()), 0), e.line or 0))
@@ -93,11 +108,11 @@ def collect(config: Config) -> list[TaskFile]:
 
 def collect_items(config: Config) -> list[TaskSpec]:
     """The tasks of every file, after ``fleetrun_collection_modifyitems`` (``-k``);
-    the files are kept in ``config.stash["files"]``."""
+    the files are kept in ``config.stash[FILES_KEY]``."""
     files = collect(config)
     items = [t for f in files for t in f.tasks]
     config.hook.fleetrun_collection_modifyitems(config=config, items=items)
-    config.stash["files"] = files
+    config.stash[FILES_KEY] = files
     return items
 
 
@@ -108,7 +123,7 @@ def queue_items(config: Config, items: list[TaskSpec]) -> list[Task]:
     src = ",".join(config.option.files)
     tasks = led.add_tasks(items, source=src, source_hash=queue_digest(config), settings=config.file_settings)
     by_name = {t.name: t for t in tasks}
-    for reuse in config.stash.get("branch_reuse", []):
+    for reuse in config.stash.get(BRANCH_REUSE_KEY, []):
         if reuse.task_name in by_name:  # the user named a branch fleetrun made for this task before
             led.add_note(by_name[reuse.task_name].id, reuse.note)
     for t in tasks:

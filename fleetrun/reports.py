@@ -33,11 +33,58 @@ class Verdict:
 
 @runtime_checkable
 class VerifyHandle(Protocol):
-    """A verifier still running. ``poll()`` returns None until the Verdict is ready."""
+    """A verifier (or a setup command) still running, as ``fleetrun_verify`` returns it
+    instead of a :class:`Verdict`; the loop polls it on every pass, on its main thread.
 
-    def poll(self) -> Optional[Verdict]: ...
+    :meth:`poll` is all a handle must have. Three more methods are optional, each a
+    Protocol of its own, and the loop calls one only where the handle has it (it asks
+    ``isinstance(handle, Cancellable)``; the Protocols are runtime-checkable, so a
+    method of that name, defined on the handle's class, is enough):
 
-    def cancel(self) -> None: ...
+    - ``cancel()`` (:class:`Cancellable`): stop, and let go of what it holds. Called
+      when the task is cancelled or set aside, and on Ctrl-C; without it, the handle is
+      dropped and what it runs goes on to its end.
+    - ``fileno()`` (:class:`Selectable`): a file descriptor that turns readable when
+      :meth:`poll` has news (a pidfd, a pipe), so the loop wakes at once; a negative
+      number means "none now".
+    - ``next_deadline()`` (:class:`HasDeadline`): the :func:`time.monotonic` time by
+      which :meth:`poll` should be called again (a timeout, a poll interval).
+
+    Without ``fileno()`` and ``next_deadline()`` the loop polls the handle once a
+    second. :class:`~fleetrun.procutil.ProcessHandle`, the built-in one for a verifier
+    that runs as a child process, has all three.
+    """
+
+    def poll(self) -> Optional[Verdict]:
+        """:return: None while the verifier runs; then its Verdict (again on every later call)."""
+        ...
+
+
+@runtime_checkable
+class Cancellable(Protocol):
+    """A :class:`VerifyHandle` that can be stopped early (optional)."""
+
+    def cancel(self) -> None:
+        """Stop the verifier and release what it holds; its verdict is never asked for."""
+        ...
+
+
+@runtime_checkable
+class Selectable(Protocol):
+    """A :class:`VerifyHandle` the loop can ``select`` on (optional)."""
+
+    def fileno(self) -> int:
+        """:return: a descriptor readable once :meth:`VerifyHandle.poll` has news, or -1."""
+        ...
+
+
+@runtime_checkable
+class HasDeadline(Protocol):
+    """A :class:`VerifyHandle` that says when to poll it next (optional)."""
+
+    def next_deadline(self) -> float:
+        """:return: the :func:`time.monotonic` time to poll by."""
+        ...
 
 
 @dataclass

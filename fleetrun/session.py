@@ -12,11 +12,16 @@ from .ledger import Ledger, open_ledger
 from .liveness import WorkLock
 from .loop import Loop
 from .policy import PolicyWatcher
-from .queueing import queue_digest, queue_items
+from .queueing import SELECTED_AS_DEPENDENCY_KEY, queue_digest, queue_items
+from .stash import StashKey
 
 if TYPE_CHECKING:
     from .config import Config
     from .taskspec import TaskSpec
+
+#: Lines the terminal prints as the session starts (a queue resumed, a task taken along
+#: as a dependency).
+SESSION_NOTES_KEY = StashKey[list[str]]()
 
 
 class Session:
@@ -58,7 +63,7 @@ def run_session(config: Config, items: Optional[list[TaskSpec]], out: TextIO, er
     try:
         session = Session(config, led)
         queue_id = None
-        notes = config.stash.setdefault("session_notes", [])
+        notes = config.stash.setdefault(SESSION_NOTES_KEY, [])
         if items is not None:
             session.items = items
             queue_id = None if config.getoption("new_queue") else led.find_queue(queue_digest(config))
@@ -69,7 +74,7 @@ def run_session(config: Config, items: Optional[list[TaskSpec]], out: TextIO, er
                 summary = ", ".join(f"{n} {s.lower()}" for s, n in states.items())
                 notes.append(f"resuming queue {queue_id} from an unchanged file ({summary}); "
                              "--new-queue queues it again")
-            for name in config.stash.get("selected_as_dependency", []):
+            for name in config.stash.get(SELECTED_AS_DEPENDENCY_KEY, []):
                 notes.append(f"also selected, as a dependency: {name}")
         config.hook.fleetrun_sessionstart(session=session)
         if items is not None and queue_id is None:

@@ -27,7 +27,7 @@ from typing import Any, Optional
 from . import crash
 from .hostapi import Host, get_host
 from .ledger import Attempt, Task
-from .reports import Verdict, Workspace
+from .reports import Cancellable, Verdict, VerifyHandle, Workspace
 from .states import State
 
 #: How much of each command's output is kept in the ledger (``fleetrun logs`` shows it);
@@ -42,7 +42,7 @@ class SettingUp:
     kind: str
     prev: Optional[Attempt]
     idx: int = 0
-    handle: Any = None
+    handle: Optional[VerifyHandle] = None
     steps: list[dict[str, Any]] = field(default_factory=list)
 
 
@@ -182,7 +182,7 @@ class SetupStage:
         s = self.running.pop(task_id, None)
         if s is None:
             return
-        if s.handle is not None and hasattr(s.handle, "cancel"):
+        if isinstance(s.handle, Cancellable):
             s.handle.cancel()
         att = self.loop.led.attempt(s.attempt.id)
         if att is not None and att.state == "leased":
@@ -190,7 +190,7 @@ class SetupStage:
 
     # -- for the loop's wait and its interruptions -----------------------------------
 
-    def handles(self) -> list[Any]:
+    def handles(self) -> list[VerifyHandle]:
         return [s.handle for s in self.running.values() if s.handle is not None]
 
     def cancel_all(self) -> int:
@@ -200,7 +200,7 @@ class SetupStage:
         :return: how many attempts were setting up."""
         n = len(self.running)
         for s in self.running.values():
-            if s.handle is not None and hasattr(s.handle, "cancel"):
+            if isinstance(s.handle, Cancellable):
                 s.handle.cancel()
         self.running.clear()
         return n

@@ -9,12 +9,12 @@ transition after it is finished by adoption (:meth:`VerifyStage.verdict_failed`)
 from __future__ import annotations
 
 from dataclasses import asdict, dataclass
-from typing import Any
+from typing import Any, Optional
 
 from . import crash
 from .hostapi import get_host
 from .ledger import Attempt, Task
-from .reports import Verdict, Workspace
+from .reports import Cancellable, Verdict, VerifyHandle, Workspace
 from .states import State
 
 
@@ -23,7 +23,7 @@ class Verifying:
     attempt: Attempt
     workspace: Workspace
     idx: int
-    handle: Any = None
+    handle: Optional[VerifyHandle] = None
 
 
 class VerifyStage:
@@ -75,7 +75,7 @@ class VerifyStage:
                     continue
                 current = loop.led.get(task_id)
                 if current is None or current.state is not State.VERIFYING:  # cancelled meanwhile
-                    if hasattr(v.handle, "cancel"):
+                    if isinstance(v.handle, Cancellable):
                         v.handle.cancel()
                     self.running.pop(task_id, None)
                     continue
@@ -133,13 +133,13 @@ class VerifyStage:
 
     # -- for the loop's wait, its interruptions and its containment -----------------------
 
-    def handles(self) -> list[Any]:
+    def handles(self) -> list[VerifyHandle]:
         return [v.handle for v in self.running.values() if v.handle is not None]
 
     def drop(self, task_id: str) -> None:
         """Stop the task's verifier, if one runs: the task is set aside."""
         v = self.running.pop(task_id, None)
-        if v is not None and v.handle is not None and hasattr(v.handle, "cancel"):
+        if v is not None and isinstance(v.handle, Cancellable):
             v.handle.cancel()
 
     def cancel_all(self) -> int:
@@ -149,7 +149,7 @@ class VerifyStage:
         :return: how many were stopped."""
         stopped = 0
         for v in self.running.values():
-            if v.handle is not None and hasattr(v.handle, "cancel"):
+            if isinstance(v.handle, Cancellable):
                 v.handle.cancel()
                 stopped += 1
         self.running.clear()

@@ -14,9 +14,17 @@ from . import clock
 from .ledger import Task
 from .outcomes import PAUSE_MEMORY_S, pause_text
 from .placement import Backoff
-from .reports import Candidate, Wait
+from .reports import Candidate, HasDeadline, Selectable, Wait
+from .stash import StashKey
 from .states import ACTIVE, PLACEABLE
 from .textutil import safe_name, safe_text
+
+#: Tasks backed off after failing to start: task id -> host -> until when (placement
+#: skips that host meanwhile); kept for the run only.
+BACKOFF_KEY = StashKey[dict[str, dict[str, Backoff]]]()
+#: Machines paused by a usage limit: host -> (until, limits in a row), also kept in the
+#: ledger so that a restarted loop waits for the same reset.
+USAGE_PAUSE_KEY = StashKey[dict[str, tuple[float, int]]]()
 
 REMIND_S = 5 * 60.0  # a task that waits this long is mentioned again, and again after as long
 
@@ -118,22 +126,22 @@ class Waits:
     def pause_host(self, host: str, pause: tuple[float, int]) -> None:
         """A usage limit: start nothing on ``host`` until ``pause[0]``. Kept in the
         ledger, so a restarted loop waits for the same reset."""
-        pauses = self.config.stash.setdefault("usage_pause", {})
+        pauses = self.config.stash.setdefault(USAGE_PAUSE_KEY, {})
         now = clock.now()
         pauses[host] = pause
         # one that ended over an hour ago no longer counts toward the next backoff
         self.loop.led.set_usage_pauses({h: p for h, p in pauses.items() if p[0] > now - PAUSE_MEMORY_S})
 
     def pause_of(self, host: str) -> Optional[tuple[float, int]]:
-        pause: Optional[tuple[float, int]] = self.config.stash.get("usage_pause", {}).get(host)
+        pause: Optional[tuple[float, int]] = self.config.stash.get(USAGE_PAUSE_KEY, {}).get(host)
         return pause
 
     def pause_text(self, host: str) -> str:
-        return pause_text(self.config.stash.get("usage_pause", {}).get(host, (0, 0))[0])
+        return pause_text(self.config.stash.get(USAGE_PAUSE_KEY, {}).get(host, (0, 0))[0])
 
     def mark_paused(self, candidates: list[Candidate], at: float) -> None:
         """A paused machine is no candidate until its pause ends; wake up then."""
-        pauses = self.config.stash.get("usage_pause", {})
+        pauses = self.config.stash.get(USAGE_PAUSE_KEY, {})
         for c in candidates:
             until = pauses.get(c.name, (0, 0))[0]
             if until > at and not c.why_not:
@@ -141,16 +149,16 @@ class Waits:
                 self.wait_until[f"pause:{c.name}"] = until
 
     def backoff_of(self, task_id: str, host: str) -> Optional[Backoff]:
-        bo: Optional[Backoff] = self.config.stash["backoff"].get(task_id, {}).get(host)
+        bo: Optional[Backoff] = self.config.stash[BACKOFF_KEY].get(task_id, {}).get(host)
         return bo
 
     def clear_backoff(self, task_id: str, host: str) -> None:
-        self.config.stash["backoff"].get(task_id, {}).pop(host, None)
+        self.config.stash[BACKOFF_KEY].get(task_id, {}).pop(host, None)
 
     def back_off(self, task_id: str, host: str, bo: Backoff) -> None:
         """Try ``task_id`` on ``host`` again only after ``bo.until``; the loop is not idle
         meanwhile (it places the task again then)."""
-        self.config.stash["backoff"].setdefault(task_id, {})[host] = bo
+        self.config.stash[BACKOFF_KEY].setdefault(task_id, {})[host] = bo
         self.wait_until[task_id] = bo.until
 
     # -- between passes ------------------------------------------------------------------
@@ -163,9 +171,9 @@ class Waits:
         now = clock.now()
         fds: list[Any] = [loop.sock]
         for h in loop.verify.handles() + loop.setup.handles():
-            if hasattr(h, "fileno") and h.fileno() >= 0:
+            if isinstance(h, Selectable) and h.fileno() >= 0:
                 fds.append(h)
-            if hasattr(h, "next_deadline"):
+            if isinstance(h, HasDeadline):
                 timeout = min(timeout, max(0.0, h.next_deadline() - time.monotonic()))
         for until in self.wait_until.values():
             timeout = min(timeout, max(0.0, until - now))

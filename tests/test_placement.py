@@ -29,9 +29,11 @@ from fleetrun.placement import (
 )
 from fleetrun.pluginmanager import FleetPluginManager
 from fleetrun.plugins import placement as plugin
-from fleetrun.policy import LocalPolicy, Policy
+from fleetrun.policy import POLICY_KEY, LocalPolicy, Policy
 from fleetrun.probe import Prober, claude_auth, parse_version, probe_versions, tool_names
 from fleetrun.reports import Candidate, Placement, Wait
+from fleetrun.stash import Stash
+from fleetrun.waiting import BACKOFF_KEY
 
 # -- generated fleets ------------------------------------------------------------------------
 
@@ -510,7 +512,9 @@ class FakeConfig:
     def __init__(self, home: Path, settings: Optional[dict[str, Any]] = None, policy: Optional[Policy] = None,
                  max_tasks: Optional[int] = None) -> None:
         self.home = home
-        self.stash: dict[str, Any] = {"policy": policy} if policy else {}
+        self.stash = Stash()
+        if policy:
+            self.stash[POLICY_KEY] = policy
         self._settings = settings or {}
         self._max_tasks = max_tasks
         self.invocation_dir = home
@@ -538,11 +542,11 @@ def test_this_machine_as_a_candidate(tmp_path: Path) -> None:
     assert (c.min_free_mem_mb, c.max_load_per_core, c.min_free_disk_mb) == (100, 2.0, 10)
     assert c.mem_per_task_mb == 900 and c.info["mem_estimate"] == "mem_per_task_mb"
     assert c.tools == {}  # nothing waits with requires: nothing probed
-    assert "placement_prober" not in cfg.stash
+    assert plugin.PROBER_KEY not in cfg.stash
     # once measured, the measured mean replaces mem_per_task_mb
     sampler = plugin.MemorySampler(measure=lambda pid, token: 333.0)
     sampler.sample([("a1", {"state": "running", "agent_pid": 1, "agent_started": 0})], 100.0)
-    cfg.stash["placement_memory"] = sampler
+    cfg.stash[plugin.MEMORY_KEY] = sampler
     c = plugin.local_candidate(cfg)
     assert c.mem_per_task_mb == 333.0 and c.info["mem_estimate"] == "measured"
     # --max-tasks wins over policy.toml, even 0
@@ -590,7 +594,7 @@ def test_place_pins_and_local_only_tasks(tmp_path: Path) -> None:
     unpaired = "pinned to peer 'nowhere', which is not paired (fleetrun relay add nowhere USER@HOST)"
     assert place(FakeTask(peer="nowhere"), [local, roomy]) == Wait(unpaired, operator=unpaired)
     assert place(FakeTask(state=State.RETRYING, host="local"), [local, roomy]).host == "local"  # same worktree
-    cfg.stash["backoff"] = {"task_1": {"mini": Backoff(1, time.time() + 60)}}
+    cfg.stash[BACKOFF_KEY] = {"task_1": {"mini": Backoff(1, time.time() + 60)}}
     assert place(FakeTask(), [local, roomy]).host == "local"
 
 
@@ -618,7 +622,7 @@ def test_a_waiting_reason_holds_still_while_memory_moves(tmp_path: Path) -> None
 def test_one_pass_remembers_nothing_decide_would_not_say(fleet: list[Candidate], queue: list[Any]) -> None:
     """Through the plugin's per-pass memory, a pass places and waits exactly as decide does."""
     direct, memo = copy.deepcopy(fleet), copy.deepcopy(fleet)
-    stash: dict[str, Any] = {}
+    stash = Stash()
     now = time.time()
     for requires, pin, backed_off in queue:
         backoff = {NAMES[1]: Backoff(1, now + 60)} if backed_off else {}
@@ -637,7 +641,7 @@ def test_one_pass_remembers_nothing_decide_would_not_say(fleet: list[Candidate],
 
 
 def test_a_new_pass_forgets(tmp_path: Path) -> None:
-    stash: dict[str, Any] = {}
+    stash = Stash()
     full = [Candidate("local", running=1, max_tasks=1)]
     assert plugin.same_pass(stash, full, [], None, {}) == Wait("this machine is running 1 of 1 tasks")
     assert plugin.same_pass(stash, full, [], None, {}) == Wait("this machine is running 1 of 1 tasks")
@@ -645,7 +649,7 @@ def test_a_new_pass_forgets(tmp_path: Path) -> None:
 
 
 def test_a_placement_in_the_pass_clears_what_was_remembered() -> None:
-    stash: dict[str, Any] = {}
+    stash = Stash()
     fleet = [Candidate("local", running=3, max_tasks=4)]
     assert plugin.same_pass(stash, fleet, ["docker"], None, {}).reason == "this machine lacks `docker`"  # type: ignore[union-attr]
     assert isinstance(plugin.same_pass(stash, fleet, [], None, {}), Placement)

@@ -19,11 +19,14 @@ import shutil
 import time
 import uuid
 from dataclasses import dataclass, field
-from typing import Any, Optional
+from typing import TYPE_CHECKING, Any, Optional
 
 from .. import untrusted
 from ..hookimpl import hookimpl
 from ..reports import AgentResult, SpawnSpec
+
+if TYPE_CHECKING:
+    from ..config import Config
 
 DEFAULT_PERMISSION_MODE = "acceptEdits"
 DEFAULT_ALLOWED_TOOLS = (
@@ -47,7 +50,7 @@ def _nonempty(v: str) -> Optional[str]:
 
 
 @hookimpl(trylast=True)
-def fleetrun_config_keys(config: Any) -> list[Any]:
+def fleetrun_config_keys(config: Config) -> list[Any]:
     """``[claude]`` of config.toml (docs/agents.md)."""
     from ..config import ConfigKey
     from ..taskspec import PERMISSION_MODES
@@ -61,12 +64,12 @@ def fleetrun_config_keys(config: Any) -> list[Any]:
     ]
 
 
-def executable(config: Any) -> str:
+def executable(config: Config) -> str:
     exe = config.setting("claude", "executable", "claude")
     return shutil.which(exe) or exe
 
 
-def base_argv(config: Any, session_id: str, model: Optional[str]) -> list[str]:
+def base_argv(config: Config, session_id: str, model: Optional[str]) -> list[str]:
     argv = [executable(config), "-p", "--output-format", "stream-json", "--verbose", "--session-id", session_id]
     if model:
         argv += ["--model", model]
@@ -103,18 +106,19 @@ def fleetrun_spawn(task: Any, attempt: Any, workspace: Any, prompt: str, config:
 
 
 @hookimpl(trylast=True)
-def fleetrun_collection_modifyitems(config: Any, items: list[Any]) -> None:
+def fleetrun_collection_modifyitems(config: Config, items: list[Any]) -> None:
     """Warn about a task whose agent is claude when claude cannot be started here: a
     warning, not an error, since the task may be placed on a peer that has it."""
     from pathlib import Path
 
     from ..collect import display_path
     from ..hosts import executable_problem
+    from ..queueing import WARNINGS_KEY
 
     problem = executable_problem(executable(config))
     if problem is None:
         return
-    warnings = config.stash.setdefault("warnings", [])
+    warnings = config.stash.setdefault(WARNINGS_KEY, [])
     for t in items:
         if t.agent != "claude":
             continue
@@ -442,7 +446,7 @@ def read_log(log_path: str) -> str:
 
 
 @hookimpl(trylast=True)
-def fleetrun_agent_result(task: Any, attempt: Any, log_path: str, exit_code: Optional[int], config: Any) -> Optional[AgentResult]:
+def fleetrun_agent_result(task: Any, attempt: Any, log_path: str, exit_code: Optional[int], config: Config) -> Optional[AgentResult]:
     if task.spec.agent != "claude":
         return None
     return result_from_log(read_log(log_path), exit_code)

@@ -18,11 +18,14 @@ from __future__ import annotations
 import os
 import sys
 from pathlib import Path
-from typing import Any, Optional
+from typing import TYPE_CHECKING, Any, Optional
 
 from ..exceptions import UsageError
 from ..hookimpl import hookimpl
 from ..reports import AgentResult, SpawnSpec
+
+if TYPE_CHECKING:
+    from ..config import Config
 
 PLACEHOLDERS = ("{prompt}", "{prompt_file}", "{workdir}", "{model}", "{attempt}", "{tasks_dir}", "{python}")
 _KEYS = {"command", "stdin", "env"}
@@ -33,7 +36,7 @@ def _command_check(v: list[Any]) -> Optional[str]:
 
 
 @hookimpl(trylast=True)
-def fleetrun_config_keys(config: Any) -> list[Any]:
+def fleetrun_config_keys(config: Config) -> list[Any]:
     """``[agents.NAME]`` of config.toml (a tasks file's own are checked in :func:`agent_def`)."""
     from ..config import ConfigKey
 
@@ -45,11 +48,11 @@ def fleetrun_config_keys(config: Any) -> list[Any]:
     ]
 
 
-def agents(config: Any) -> dict[str, Any]:
+def agents(config: Config) -> dict[str, Any]:
     return config.settings.get("agents", {}) or {}
 
 
-def agent_def(config: Any, name: str) -> Optional[dict[str, Any]]:
+def agent_def(config: Config, name: str) -> Optional[dict[str, Any]]:
     defn = agents(config).get(name)
     if defn is None:
         return None
@@ -66,7 +69,7 @@ def agent_def(config: Any, name: str) -> Optional[dict[str, Any]]:
 
 
 @hookimpl(trylast=True)
-def fleetrun_collection_modifyitems(config: Any, items: list[Any]) -> None:
+def fleetrun_collection_modifyitems(config: Config, items: list[Any]) -> None:
     """An ``agent =`` that names no agent is an error before anything runs."""
     import difflib
     from pathlib import Path
@@ -74,9 +77,10 @@ def fleetrun_collection_modifyitems(config: Any, items: list[Any]) -> None:
     from ..collect import display_path
     from ..exceptions import UsageErrors
     from ..hosts import executable_problem
+    from ..queueing import WARNINGS_KEY
 
     errors = []
-    warnings = config.stash.setdefault("warnings", [])
+    warnings = config.stash.setdefault(WARNINGS_KEY, [])
     for t in items:
         if t.agent == "claude":
             continue
@@ -133,7 +137,7 @@ def fleetrun_spawn(task: Any, attempt: Any, workspace: Any, prompt: str, config:
 
 
 @hookimpl(trylast=True)
-def fleetrun_agent_result(task: Any, attempt: Any, log_path: str, exit_code: Optional[int], config: Any) -> Optional[AgentResult]:
+def fleetrun_agent_result(task: Any, attempt: Any, log_path: str, exit_code: Optional[int], config: Config) -> Optional[AgentResult]:
     if task.spec.agent == "claude":
         return None
     try:

@@ -10,12 +10,15 @@ from __future__ import annotations
 import json
 import os
 import time
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from ..hookimpl import hookimpl
 
+if TYPE_CHECKING:
+    from ..config import Config
 
-def _write(config: Any, event: dict[str, Any]) -> None:
+
+def _write(config: Config, event: dict[str, Any]) -> None:
     path = config.home / "events.ndjson"
     try:
         config.home.mkdir(parents=True, exist_ok=True, mode=0o700)
@@ -29,20 +32,20 @@ def _write(config: Any, event: dict[str, Any]) -> None:
 
 
 @hookimpl(trylast=True)
-def fleetrun_transition(task: Any, from_state: str, to_state: str, cause: str, attempt: Any, config: Any) -> None:
+def fleetrun_transition(task: Any, from_state: str, to_state: str, cause: str, attempt: Any, config: Config) -> None:
     _write(config, {"event": "transition", "time": time.time(), "task": task.id, "name": task.name,
                     "from": from_state or None, "to": to_state, "cause": cause, "attempt": attempt,
                     "host": task.host})
 
 
 @hookimpl(trylast=True)
-def fleetrun_verdict(task: Any, verdict: Any, attempt: Any, config: Any) -> None:
+def fleetrun_verdict(task: Any, verdict: Any, attempt: Any, config: Config) -> None:
     _write(config, {"event": "verdict", "time": time.time(), "task": task.id, "name": task.name,
                     "attempt": attempt.number, "kind": verdict.kind, "label": verdict.label,
                     "passed": verdict.passed, "reason": verdict.reason, "cost_usd": verdict.cost_usd})
 
 
 @hookimpl(trylast=True)
-def fleetrun_task_waiting(task: Any, reason: str, config: Any) -> None:
+def fleetrun_task_waiting(task: Any, reason: str, config: Config) -> None:
     _write(config, {"event": "waiting", "time": time.time(), "task": task.id, "name": task.name,
                     "reason": reason})

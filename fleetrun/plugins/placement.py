@@ -21,10 +21,12 @@ from typing import Any, Callable, Optional, Union
 
 from .. import clock
 from ..hookimpl import hookimpl
+from ..ledger import LEDGER_KEY
 from ..placement import PlaceFilter, PlaceScore, decide, parse_requirement, reason_shape
-from ..policy import local_drain_source
+from ..policy import POLICY_KEY, local_drain_source
 from ..probe import Prober, tool_names
 from ..reports import Candidate, Placement, Wait
+from ..stash import Stash, StashKey
 from ..states import ACTIVE, PLACEABLE, State
 
 #: An attempt's memory counts toward the estimate once its agent has run this long
@@ -37,7 +39,7 @@ KEEP_PEAKS = 50
 def local_running(config: Any) -> int:
     """Tasks that hold a slot here: placed, running, or being verified (a verifier such
     as a test suite takes the machine as much as the agent did)."""
-    led = config.stash.get("ledger")
+    led = config.stash.get(LEDGER_KEY)
     if led is None:
         return 0
     return sum(1 for t in led.tasks(set(ACTIVE)) if t.host in (None, "local"))
@@ -131,11 +133,23 @@ class MemorySampler:
         return sum(self.peaks.values()) / len(self.peaks)
 
 
+#: The memory per task measured on this machine over the run (placement's estimate).
+MEMORY_KEY = StashKey[MemorySampler]()
+#: The tools probed on this machine, cached for the run (a probe runs ``--version``s).
+PROBER_KEY = StashKey[Prober]()
+#: task id -> the reason it was last told to wait (:func:`steady` keeps it word for word).
+REASONS_KEY = StashKey[dict[str, str]]()
+#: This pass's candidates and the waits decided for them, per task shape (:func:`same_pass`).
+PASS_KEY = StashKey[tuple[list[Candidate], dict[Any, Wait]]]()
+#: what the fleetrun_place_filter/score hooks said this pass (:class:`PassRules`)
+RULES_KEY = StashKey["PassRules"]()
+
+
 def running_statuses(config: Any) -> list[tuple[str, dict[str, Any]]]:
     """(attempt id, status.json) of the attempts running on this machine."""
     from ..hosts import read_status  # checked: the agent can write to its attempt folder
 
-    led = config.stash.get("ledger")
+    led = config.stash.get(LEDGER_KEY)
     if led is None:
         return []
     out = []
@@ -164,16 +178,16 @@ def configured_tags(config: Any) -> list[str]:
 
 
 def _wants_tools(config: Any) -> bool:
-    led = config.stash.get("ledger")
+    led = config.stash.get(LEDGER_KEY)
     return led is not None and any(t.spec.requires for t in led.tasks(set(PLACEABLE)))
 
 
 def local_candidate(config: Any) -> Candidate:
     """This machine as a placement candidate: what the ``local`` plugin's host answers
     to ``candidate()`` (measured on every pass that has a task to place)."""
-    policy = config.stash.get("policy")
+    policy = config.stash.get(POLICY_KEY)
     local = policy.local if policy is not None else None
-    led = config.stash.get("ledger")
+    led = config.stash.get(LEDGER_KEY)
     drain = bool(local and local.drain) or (led is not None and led.get_meta("drain") == "1")
     # a drain `fleetrun undrain` cannot clear says where it is set
     why_not = None
@@ -183,7 +197,7 @@ def local_candidate(config: Any) -> Candidate:
     max_tasks = opt if opt is not None else (local.max_tasks if local else 4)
     m = measure_local(str(config.home))
 
-    sampler: MemorySampler = config.stash.setdefault("placement_memory", MemorySampler())
+    sampler: MemorySampler = config.stash.setdefault(MEMORY_KEY, MemorySampler())
     sampler.sample(running_statuses(config), time.time())
     measured = sampler.estimate()
     per_task = float(local.mem_per_task_mb) if local else 1024.0
@@ -191,7 +205,7 @@ def local_candidate(config: Any) -> Candidate:
     tools: dict[str, Optional[str]] = {}
     auth: frozenset[str] = frozenset()
     if _wants_tools(config):
-        prober: Prober = config.stash.setdefault("placement_prober", Prober())
+        prober: Prober = config.stash.setdefault(PROBER_KEY, Prober())
         probe = prober.get(configured_tools(config))
         tools, auth = dict(probe.tools), probe.auth
     return Candidate(
@@ -262,11 +276,13 @@ def builtin_place(task: Any, candidates: list[Candidate], config: Any,
     shared = checkout_in_use(config, task)
     if shared is not None:
         return Wait(f"another task works in {shared} (no git_ref)")
-    backoff = config.stash.get("backoff", {}).get(task.id, {})
+    from ..waiting import BACKOFF_KEY  # the loop's: not loaded for `--help`
+
+    backoff = config.stash.get(BACKOFF_KEY, {}).get(task.id, {})
     filt, sc = plugin_rules(config, task, candidates, extra_filter, extra_score)
     decision = same_pass(config.stash, candidates, task.spec.requires, pin, backoff,
                          task_id=task.id, extra_filter=filt, extra_score=sc)
-    return steady(config.stash.setdefault("placement_reasons", {}), task.id, decision)
+    return steady(config.stash.setdefault(REASONS_KEY, {}), task.id, decision)
 
 
 class PassRules:
@@ -303,7 +319,7 @@ def plugin_rules(config: Any, task: Any, candidates: list[Candidate],
     has_score = bool(hook.fleetrun_place_score.get_hookimpls())
     if not (has_filter or has_score or extra_filter or extra_score):
         return None, None
-    rules: PassRules = config.stash.setdefault("placement_rules", PassRules())
+    rules: PassRules = config.stash.setdefault(RULES_KEY, PassRules())
     rules.start(candidates)
 
     def filt(c: Candidate) -> Optional[str]:
@@ -343,7 +359,7 @@ def checkout_in_use(config: Any, task: Any) -> Optional[str]:
     """A task without ``git_ref`` works in the user's checkout: the checkout, if another
     such task is placed, running or being verified there (two agents in one checkout
     edit, commit and switch branches under each other)."""
-    led = config.stash.get("ledger")
+    led = config.stash.get(LEDGER_KEY)
     if led is None or task.spec.git_ref or task.spec.role:
         return None
     mine = checkout_of(task.spec.cwd)
@@ -354,7 +370,7 @@ def checkout_in_use(config: Any, task: Any) -> Optional[str]:
     return None
 
 
-def same_pass(stash: dict[str, Any], candidates: list[Candidate], requires: list[str], pin: Optional[str],
+def same_pass(stash: Stash, candidates: list[Candidate], requires: list[str], pin: Optional[str],
               backoff: dict[str, Any], task_id: Optional[str] = None,
               extra_filter: Optional[PlaceFilter] = None,
               extra_score: Optional[PlaceScore] = None) -> Union[Placement, Wait]:
@@ -367,9 +383,9 @@ def same_pass(stash: dict[str, Any], candidates: list[Candidate], requires: list
     plugin's filter or score, which may look at the task, only the same task
     (``task_id``) gets the answer again.
     """
-    memo: Optional[tuple[list[Candidate], dict[Any, Wait]]] = stash.get("placement_pass")
+    memo: Optional[tuple[list[Candidate], dict[Any, Wait]]] = stash.get(PASS_KEY)
     if memo is None or memo[0] is not candidates:
-        memo = stash["placement_pass"] = (candidates, {})
+        memo = stash[PASS_KEY] = (candidates, {})
     key: Optional[tuple[Any, ...]] = (tuple(requires), pin) if not backoff else None
     if key is not None and (extra_filter is not None or extra_score is not None):
         key = (*key, task_id) if task_id is not None else None
@@ -427,10 +443,12 @@ def fleetrun_collection_modifyitems(config: Any, items: list[Any]) -> None:
     here: whether a probed tool is installed, or new enough, is placement's business."""
     tags = set(configured_tags(config))
     tools = list(configured_tools(config))
-    warnings = config.stash.setdefault("warnings", [])
-    cache: dict[str, Any] = {}
     from ..collect import display_path
+    from ..queueing import WARNINGS_KEY
     from ..repochecks import checkout_warnings
+
+    warnings = config.stash.setdefault(WARNINGS_KEY, [])
+    cache: dict[str, Any] = {}
 
     warnings.extend(checkout_warnings(items, config.invocation_dir))
     for t in items:

@@ -17,9 +17,12 @@ from __future__ import annotations
 import os
 import signal
 from pathlib import Path
-from typing import Any, Optional
+from typing import TYPE_CHECKING, Any, Optional
 
 from ..hookimpl import hookimpl
+
+if TYPE_CHECKING:
+    from ..config import Config
 
 #: The most of one verifier's output a prompt holds: the head (where the first
 #: failure's traceback is) and the tail (where the summary is).
@@ -123,7 +126,7 @@ def resume_cause(cause: Optional[str], prev: Any, task: Any) -> str:
 # -- verifier output -------------------------------------------------------------------
 
 
-def _output_file(v: Any, config: Any) -> Optional[Path]:
+def _output_file(v: Any, config: Optional[Config]) -> Optional[Path]:
     """The file a local ``run`` verifier wrote its whole output to, if it is still there
     (the verdict keeps only its last 64 KiB)."""
     if getattr(v, "kind", None) != "run" or getattr(v, "host", "local") not in (None, "local"):
@@ -207,7 +210,7 @@ def trim_output(head_text: str, tail_text: str, total_lines: int) -> tuple[str, 
     return "\n".join(head + [f"… {omitted:,} lines omitted …"] + tail), True
 
 
-def _render_output(v: Any, config: Any, task: Any) -> str:
+def _render_output(v: Any, config: Optional[Config], task: Any) -> str:
     out = v.output or ""
     path = _output_file(v, config)
     read = _read_file(path) if path is not None else None
@@ -229,7 +232,7 @@ def _render_output(v: Any, config: Any, task: Any) -> str:
             f"{where}):\n```\n" + text + "\n```")
 
 
-def _failures(failures: list[Any], config: Any = None, task: Any = None) -> str:
+def _failures(failures: list[Any], config: Optional[Config] = None, task: Any = None) -> str:
     parts = []
     for v in failures:
         head = f"Verifier `{v.label}` ({v.kind}) failed: {v.reason}." if v.reason else f"Verifier `{v.label}` ({v.kind}) failed."
@@ -245,7 +248,7 @@ def _handoffs(handoffs: list[Any]) -> str:
 
 
 @hookimpl(trylast=True)
-def fleetrun_build_prompt(task: Any, attempt: Any, config: Any, context: dict[str, Any]) -> Optional[str]:
+def fleetrun_build_prompt(task: Any, attempt: Any, config: Config, context: dict[str, Any]) -> Optional[str]:
     kind = context.get("kind", "fresh")
     base = task.spec.prompt.rstrip() + _handoffs(context.get("handoffs", []))
     failures = context.get("failures") or []

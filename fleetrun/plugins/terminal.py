@@ -10,11 +10,14 @@ from __future__ import annotations
 
 import os
 import time
-from typing import Any, Optional, TextIO
+from typing import TYPE_CHECKING, Any, Optional, TextIO
 
 from ..hookimpl import hookimpl
 from ..textutil import safe_name, safe_text
 from ..version import __version__
+
+if TYPE_CHECKING:
+    from ..config import Config
 
 COLORS = {
     "DONE": "GREEN",
@@ -37,7 +40,7 @@ def fmt_duration(s: float) -> str:
 
 
 class TerminalReporter:
-    def __init__(self, config: Any, out: TextIO) -> None:
+    def __init__(self, config: Config, out: TextIO) -> None:
         self.config = config
         self.out = out
         self.verbosity = config.verbosity
@@ -85,11 +88,13 @@ class TerminalReporter:
         if session.items:
             n = len(session.items)
             self.write_line(f"collected {n} task{'s' if n != 1 else ''}")
-        for note in config.stash.get("session_notes", []):
+        from ..session import SESSION_NOTES_KEY  # loaded by then: it calls this hook
+
+        for note in config.stash.get(SESSION_NOTES_KEY, []):
             self.write_line(note)
 
     @hookimpl(trylast=True)
-    def fleetrun_transition(self, task: Any, from_state: str, to_state: str, cause: str, attempt: Any, config: Any) -> None:
+    def fleetrun_transition(self, task: Any, from_state: str, to_state: str, cause: str, attempt: Any, config: Config) -> None:
         if self.verbosity < 0 and to_state not in ("DONE", "NEEDS_HUMAN", "CANCELLED"):
             return
         if (not from_state or to_state == "ASSIGNED") and self.verbosity < 1:
@@ -101,12 +106,12 @@ class TerminalReporter:
                         to_state)
 
     @hookimpl(trylast=True)
-    def fleetrun_task_waiting(self, task: Any, reason: str, config: Any) -> None:
+    def fleetrun_task_waiting(self, task: Any, reason: str, config: Config) -> None:
         if self.verbosity >= 0:
             self.write_line(f"waiting: {safe_text(task.id)} ({safe_name(task.name)}): {safe_text(reason)}")
 
     @hookimpl(trylast=True)
-    def fleetrun_verdict(self, task: Any, verdict: Any, attempt: Any, config: Any) -> None:
+    def fleetrun_verdict(self, task: Any, verdict: Any, attempt: Any, config: Config) -> None:
         if self.verbosity < 0:
             return
         word = "PASS" if verdict.passed else "FAIL"
@@ -139,13 +144,13 @@ class TerminalReporter:
 
 
 @hookimpl(trylast=True)
-def fleetrun_configure(config: Any) -> None:
+def fleetrun_configure(config: Config) -> None:
     if config.option.verb in ("run", "work"):
         config.pluginmanager.register(TerminalReporter(config, config.out), "terminalreporter")
 
 
 @hookimpl(trylast=True)
-def fleetrun_unconfigure(config: Any) -> None:
+def fleetrun_unconfigure(config: Config) -> None:
     rep = config.pluginmanager.get_plugin("terminalreporter")
     if rep is not None:
         config.pluginmanager.unregister(rep)

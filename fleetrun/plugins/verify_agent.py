@@ -41,7 +41,7 @@ import os
 import time
 import uuid
 from pathlib import Path
-from typing import Any, Optional, Union
+from typing import TYPE_CHECKING, Any, Optional, Union
 
 from ..diffutil import local_workspace, parse_reply, review_prompt, task_diff
 from ..hookimpl import hookimpl
@@ -52,6 +52,9 @@ from ..procutil import KEEP_BYTES, ProcessHandle, tail_text, task_env
 from ..reports import MIN_BUDGET_USD, Verdict
 from ..untrusted import Malformed, cost, obj, one_of, opt_boolean, opt_text, text
 from .claude import executable, parse_stream
+
+if TYPE_CHECKING:
+    from ..config import Config
 
 MAX_DIFF_BYTES = 60000
 #: Refuses whatever would need a permission, and keeps the model it is given (plan
@@ -89,7 +92,7 @@ def review_budget(task: Any, verifier: Any) -> Optional[float]:
     return min(known) if known else None
 
 
-def reviewer_argv(config: Any, verifier: Any, session_id: str, budget: Optional[float] = None) -> list[str]:
+def reviewer_argv(config: Config, verifier: Any, session_id: str, budget: Optional[float] = None) -> list[str]:
     """The reviewer's command line (the prompt goes on standard input)."""
     argv = [executable(config), "-p", "--output-format", "stream-json", "--verbose", "--session-id", session_id,
             # nothing from the branch under review configures the CLI

@@ -49,6 +49,8 @@ if TYPE_CHECKING:
     import urllib.error
     import urllib.request
 
+    from ..config import Config
+
 DEFAULT_URL = "http://127.0.0.1:11434"
 DEFAULT_TIMEOUT_S = 120.0
 KEEP_BYTES = 64 * 1024
@@ -98,7 +100,7 @@ KEYS: dict[str, Callable[[Any], Optional[str]]] = {
 
 
 @hookimpl(trylast=True)
-def fleetrun_config_keys(config: Any) -> list[Any]:
+def fleetrun_config_keys(config: Config) -> list[Any]:
     """``[brain]`` of config.toml, with the checks of a tasks file's ``[brain]``."""
     from ..config import ConfigKey
 
@@ -157,7 +159,7 @@ def _raise(errs: list[UsageError]) -> None:
 
 
 @hookimpl(trylast=True)
-def fleetrun_configure(config: Any) -> None:
+def fleetrun_configure(config: Config) -> None:
     """A bad ``[brain]`` in config.toml stops ``run``, ``work``, ``queue`` and ``validate``
     before anything starts (other verbs, like ``status``, still work)."""
     if config.getoption("verb") not in ("run", "work", "queue", "validate"):
@@ -169,9 +171,11 @@ def fleetrun_configure(config: Any) -> None:
 
 
 @hookimpl(trylast=True)
-def fleetrun_collection_modifyitems(config: Any, items: list[Any]) -> None:
+def fleetrun_collection_modifyitems(config: Config, items: list[Any]) -> None:
     """The same check once the tasks files' own ``[brain]`` tables are merged in; and a
     warning when a ``brain`` verifier has no model anywhere."""
+    from ..queueing import WARNINGS_KEY
+
     table = config.setting("brain", None, None)
     if table is not None:
         sources = [Path(f) for f in (config.getoption("files") or [])] + [config.home / "config.toml"]
@@ -180,7 +184,7 @@ def fleetrun_collection_modifyitems(config: Any, items: list[Any]) -> None:
     for t in items:
         for i, v in enumerate(t.verify):
             if v.kind == "brain" and not (v.model or model):
-                config.stash.setdefault("warnings", []).append(
+                config.stash.setdefault(WARNINGS_KEY, []).append(
                     f"task '{t.name}': verify #{i + 1}: a brain verifier needs a model: "
                     "set [brain] model (config.toml or the tasks file) or model = on the verifier; "
                     "without one it fails")

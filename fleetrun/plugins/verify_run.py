@@ -12,13 +12,16 @@ from __future__ import annotations
 
 import time
 from pathlib import Path
-from typing import Any, Optional
+from typing import TYPE_CHECKING, Any, Optional
 
 from ..hookimpl import hookimpl
 from ..hostapi import Host
 from ..procutil import ProcessHandle, tail_text, task_env
 from ..reports import Verdict
 from ..taskspec import SETUP_STEP_BASE, step_index
+
+if TYPE_CHECKING:
+    from ..config import Config
 
 
 class RunHandle(ProcessHandle):
@@ -69,14 +72,15 @@ def fleetrun_verify(task: Any, verifier: Any, workspace: Any, attempt: Any, host
 
 
 @hookimpl(trylast=True)
-def fleetrun_collection_modifyitems(config: Any, items: list[Any]) -> None:
+def fleetrun_collection_modifyitems(config: Config, items: list[Any]) -> None:
     """Warn about every ``run`` verifier of a worktree task whose interpreter has an
     editable install of a package from the task's own repository checkout. Nothing is
     run: the interpreter's site-packages are read."""
     from ..collect import display_path
     from ..editable import checkout_of, editable_trap
+    from ..queueing import WARNINGS_KEY
 
-    warnings = config.stash.setdefault("warnings", [])
+    warnings = config.stash.setdefault(WARNINGS_KEY, [])
     tops: dict[str, Optional[str]] = {}
     seen: dict[Any, Any] = {}
     for t in items:

@@ -15,7 +15,7 @@ from __future__ import annotations
 
 import os
 from pathlib import Path
-from typing import Any, Optional
+from typing import TYPE_CHECKING, Any, Optional
 
 from ..gitutil import (
     GitError,
@@ -31,15 +31,26 @@ from ..gitutil import (
 )
 from ..hookimpl import hookimpl
 from ..hostapi import Host
+from ..ledger import LEDGER_KEY
 from ..reports import Handoff, Workspace
+from ..stash import StashKey
 from ..states import State
 from ..taskspec import safe_slug
 
+if TYPE_CHECKING:
+    from ..config import Config
+
 DEFAULT_COMMIT_MESSAGE = "fleetrun: uncommitted work of attempt {attempt}"
+
+#: cwd -> (repository top, its git folder), or None outside a repository: found once
+#: per run (a ``git rev-parse`` per task and pass would be slow).
+REPOS_KEY = StashKey[dict[str, Optional[tuple[str, str]]]]()
+#: (worktree root, git folder) -> its pin, checked again before every use.
+PINS_KEY = StashKey[dict[tuple[str, str], Pinned]]()
 
 
 @hookimpl(trylast=True)
-def fleetrun_config_keys(config: Any) -> list[Any]:
+def fleetrun_config_keys(config: Config) -> list[Any]:
     """``[worktree]`` of config.toml."""
     from ..config import ConfigKey
 
@@ -99,15 +110,15 @@ def _identity_args(p: Pinned) -> list[str]:
     return ["-c", "user.name=fleetrun", "-c", "user.email=fleetrun@localhost"]
 
 
-def _repo_of(config: Any, cwd: str) -> Optional[tuple[str, str]]:
-    cache = config.stash.setdefault("worktree_repos", {})
+def _repo_of(config: Config, cwd: str) -> Optional[tuple[str, str]]:
+    cache = config.stash.setdefault(REPOS_KEY, {})
     if cwd not in cache:
         top = repo_toplevel(cwd)
         cache[cwd] = (top, common_dir(top)) if top else None
     return cache[cwd]
 
 
-def pinned(config: Any, root: str, common: str) -> Pinned:
+def pinned(config: Config, root: str, common: str) -> Pinned:
     """The worktree at ``root`` pinned to the repository whose git folder is ``common``,
     checked now. The pin is found from the repository's side (its ``worktrees/*``
     folders), never from the worktree's ``.git``, which the agent can rewrite; it is
@@ -115,7 +126,7 @@ def pinned(config: Any, root: str, common: str) -> Pinned:
 
     :raises WorktreeTampered: when ``root`` is not, or no longer, that worktree.
     """
-    cache: dict[tuple[str, str], Pinned] = config.stash.setdefault("worktree_pins", {})
+    cache: dict[tuple[str, str], Pinned] = config.stash.setdefault(PINS_KEY, {})
     key = (os.path.realpath(root), os.path.realpath(common))
     p = cache.get(key)
     if p is not None:
@@ -137,8 +148,8 @@ def pinned(config: Any, root: str, common: str) -> Pinned:
     return p
 
 
-def _forget_pin(config: Any, root: str, common: str) -> None:
-    config.stash.setdefault("worktree_pins", {}).pop((os.path.realpath(root), os.path.realpath(common)), None)
+def _forget_pin(config: Config, root: str, common: str) -> None:
+    config.stash.setdefault(PINS_KEY, {}).pop((os.path.realpath(root), os.path.realpath(common)), None)
 
 
 def worktree_root(ws: Workspace, common: str) -> str:
@@ -169,7 +180,7 @@ def worktree_root(ws: Workspace, common: str) -> str:
     return best
 
 
-def workspace_pin(config: Any, ws: Workspace) -> Pinned:
+def workspace_pin(config: Config, ws: Workspace) -> Pinned:
     """The pin of a prepared worktree workspace (``ws.repo`` is the repository fleetrun
     made it in, recorded at prepare).
 
@@ -182,7 +193,7 @@ def workspace_pin(config: Any, ws: Workspace) -> Pinned:
     return pinned(config, worktree_root(ws, common), common)
 
 
-def _reuse(config: Any, task: Any, path: Path, repo: str, common: str) -> Optional[Pinned]:
+def _reuse(config: Config, task: Any, path: Path, repo: str, common: str) -> Optional[Pinned]:
     """The worktree a previous attempt left at ``path``, checked before it is reused;
     None when there is none and one is to be made.
 
@@ -294,7 +305,7 @@ def fleetrun_cleanup_workspace(task: Any, host: Host, config: Any) -> None:
     if task.state is not State.DONE or not task.worktree or not host.local:
         return
     path = Path(task.worktree)
-    led = config.stash.get("ledger")
+    led = config.stash.get(LEDGER_KEY)
     if not os.path.lexists(path):
         return
     att = led.latest_attempt(task.id) if led is not None else None

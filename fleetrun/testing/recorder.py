@@ -6,11 +6,14 @@
 from __future__ import annotations
 
 import sys
-from typing import Any, Callable, Iterable, Mapping, Optional, Sequence, Union
+from typing import TYPE_CHECKING, Any, Callable, Iterable, Mapping, Optional, Sequence, Union
 
 import pluggy
 
 from ..hookimpl import hookimpl
+
+if TYPE_CHECKING:
+    from ..config import Config
 
 
 class RecordedCall:
@@ -101,7 +104,7 @@ class RecorderPlugin:
         self.recorder = recorder
 
     @hookimpl(tryfirst=True)
-    def fleetrun_configure(self, config: Any) -> None:
+    def fleetrun_configure(self, config: Config) -> None:
         self.recorder.attach(config.pluginmanager)
 
 

@@ -53,7 +53,7 @@ def fleetrun_addoption(parser: Any, pluginmanager: Any) -> None:
 
 
 @fleetrun.hookimpl
-def fleetrun_configure(config: Any) -> None:
+def fleetrun_configure(config: fleetrun.Config) -> None:
     path = config.getoption("junitxml")
     if not path or config.pluginmanager.get_plugin(REPORTER) is not None:
         return
@@ -62,7 +62,7 @@ def fleetrun_configure(config: Any) -> None:
 
 
 @fleetrun.hookimpl
-def fleetrun_unconfigure(config: Any) -> None:
+def fleetrun_unconfigure(config: fleetrun.Config) -> None:
     reporter = config.pluginmanager.get_plugin(REPORTER)
     if reporter is not None:
         config.pluginmanager.unregister(reporter)
@@ -82,7 +82,7 @@ class Case:
 class JunitXmlReporter:
     """Keeps books on the tasks a run moves; writes the report when the run ends."""
 
-    def __init__(self, path: str, config: Any) -> None:
+    def __init__(self, path: str, config: fleetrun.Config) -> None:
         self.path = path
         self.config = config
         self.cases: dict[str, Case] = {}
@@ -99,15 +99,15 @@ class JunitXmlReporter:
 
     @fleetrun.hookimpl
     def fleetrun_transition(self, task: Any, from_state: str, to_state: str, cause: str,
-                            attempt: Optional[int], config: Any) -> None:
+                            attempt: Optional[int], config: fleetrun.Config) -> None:
         self._case(task)
 
     @fleetrun.hookimpl
-    def fleetrun_verdict(self, task: Any, verdict: Any, attempt: Any, config: Any) -> None:
+    def fleetrun_verdict(self, task: Any, verdict: Any, attempt: Any, config: fleetrun.Config) -> None:
         self._case(task).verdicts.append((attempt.number, verdict))
 
     @fleetrun.hookimpl
-    def fleetrun_task_waiting(self, task: Any, reason: str, config: Any) -> None:
+    def fleetrun_task_waiting(self, task: Any, reason: str, config: fleetrun.Config) -> None:
         self._case(task).waiting = reason
 
     @fleetrun.hookimpl

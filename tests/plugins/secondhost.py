@@ -13,6 +13,7 @@ from typing import Any, Optional
 
 import fleetrun
 from fleetrun.hosts import LocalHost
+from fleetrun.ledger import LEDGER_KEY
 
 NAME = "bay"
 
@@ -25,7 +26,7 @@ class Bay(LocalHost):
     """This machine again, under another name and attempt root."""
 
     def candidate(self, config: Any) -> Optional[fleetrun.Candidate]:
-        led = config.stash.get("ledger")
+        led = config.stash.get(LEDGER_KEY)
         running = sum(1 for t in led.tasks() if t.host == NAME and t.state.value in
                       ("ASSIGNED", "RUNNING", "VERIFYING")) if led is not None else 0
         return fleetrun.Candidate(name=NAME, kind="peer", status="live", running=running, max_tasks=2,

@@ -61,9 +61,12 @@ The package, one concern a module (``-p no:relay`` removes all of it):
 
 from __future__ import annotations
 
-from typing import Any, Optional
+from typing import TYPE_CHECKING, Any, Optional
 
 from ...hookimpl import hookimpl
+
+if TYPE_CHECKING:
+    from ...config import Config
 
 
 def _positive(v: float) -> Optional[str]:
@@ -71,7 +74,7 @@ def _positive(v: float) -> Optional[str]:
 
 
 @hookimpl(trylast=True)
-def fleetrun_config_keys(config: Any) -> list[Any]:
+def fleetrun_config_keys(config: Config) -> list[Any]:
     """``[relay]`` of config.toml (docs/peers.md); a peer reads its own."""
     from ...config import ConfigKey
 
@@ -86,7 +89,7 @@ def fleetrun_config_keys(config: Any) -> list[Any]:
 
 
 @hookimpl(trylast=True)
-def fleetrun_configure(config: Any) -> None:
+def fleetrun_configure(config: Config) -> None:
     from ...exceptions import UsageError
     from .peers import load_peers
 
@@ -105,7 +108,7 @@ def fleetrun_configure(config: Any) -> None:
 
 
 @hookimpl(trylast=True)
-def fleetrun_unconfigure(config: Any) -> None:
+def fleetrun_unconfigure(config: Config) -> None:
     relay = config.pluginmanager.get_plugin("relay-peers")
     if relay is not None:
         relay.close()
@@ -121,13 +124,13 @@ def _rest_arguments(metavar: str, text: str) -> Any:
     return add
 
 
-def _run_relay(config: Any, out: Any, err: Any) -> int:
+def _run_relay(config: Config, out: Any, err: Any) -> int:
     from .cli import main as relay_main
 
     return relay_main(config, list(config.option.rest or []), out, err)
 
 
-def _run_host(config: Any, out: Any, err: Any) -> int:
+def _run_host(config: Config, out: Any, err: Any) -> int:
     from .peer.verbs import main as host_main
 
     return host_main(config, list(config.option.rest or []), out, err)

@@ -15,7 +15,7 @@ import os
 import shlex
 import threading
 import time
-from typing import Any, Optional, TextIO
+from typing import TYPE_CHECKING, Any, Optional, TextIO
 
 from ...exceptions import ExitCode, UsageError
 from ...textutil import LINES, safe_text
@@ -36,6 +36,9 @@ from .peers import (
     unusable_reason,
 )
 
+if TYPE_CHECKING:
+    from ...config import Config
+
 RULE = "─" * 74
 #: ``relay add`` could not pair: the host key was refused, the peer could not be reached
 #: or logged into, or it answered that it cannot take work (then it is recorded and
@@ -45,7 +48,7 @@ NOT_PAIRED = 6
 PROBE_TIMEOUT_S = 15.0
 
 
-def main(config: Any, rest: list[str], out: TextIO, err: TextIO) -> int:
+def main(config: Config, rest: list[str], out: TextIO, err: TextIO) -> int:
     parser = argparse.ArgumentParser(prog="fleetrun relay", description="peers over SSH")
     sub = parser.add_subparsers(dest="verb", metavar="{add,peers,remove}")
     a = sub.add_parser("add", help="pair with a peer: NAME [user@]host[:port]")
@@ -103,7 +106,7 @@ def describe_headroom(probe: dict[str, Any], heard: Optional[float], now: float)
 # ---------------------------------------------------------------------------------
 
 
-def cmd_add(config: Any, ns: argparse.Namespace, out: TextIO, err: TextIO) -> int:
+def cmd_add(config: Config, ns: argparse.Namespace, out: TextIO, err: TextIO) -> int:
     from .host import SSHHost
     from .transport import PeerError, PeerUnreachable, connect
 
@@ -159,7 +162,7 @@ def cmd_add(config: Any, ns: argparse.Namespace, out: TextIO, err: TextIO) -> in
     return ExitCode.OK
 
 
-def cmd_remove(config: Any, ns: argparse.Namespace, out: TextIO, err: TextIO) -> int:
+def cmd_remove(config: Config, ns: argparse.Namespace, out: TextIO, err: TextIO) -> int:
     peers = load_peers(config.home)
     if ns.name not in peers:
         known = ", ".join(sorted(peers)) or "none"
@@ -171,7 +174,7 @@ def cmd_remove(config: Any, ns: argparse.Namespace, out: TextIO, err: TextIO) ->
     return ExitCode.OK
 
 
-def probe_all(config: Any, peers: dict[str, Peer]) -> None:
+def probe_all(config: Config, peers: dict[str, Peer]) -> None:
     """Probe every peer at once (one thread each); record what each said."""
     from .host import SSHHost
     from .transport import PeerError, PeerUnreachable
@@ -192,7 +195,7 @@ def probe_all(config: Any, peers: dict[str, Peer]) -> None:
         th.join()
 
 
-def peer_rows(config: Any, peers: dict[str, Peer], now: float) -> list[dict[str, Any]]:
+def peer_rows(config: Config, peers: dict[str, Peer], now: float) -> list[dict[str, Any]]:
     from ...policy import Policy, load_policy
 
     try:
@@ -218,7 +221,7 @@ def peer_rows(config: Any, peers: dict[str, Peer], now: float) -> list[dict[str,
     return rows
 
 
-def cmd_peers(config: Any, ns: argparse.Namespace, out: TextIO, err: TextIO) -> int:
+def cmd_peers(config: Config, ns: argparse.Namespace, out: TextIO, err: TextIO) -> int:
     from ...textutil import ago
 
     peers = load_peers(config.home)

@@ -13,7 +13,7 @@ from typing import Any, Optional
 
 from ...gitutil import GitError, common_dir, git, repo_lock, repo_toplevel
 from ...hookimpl import hookimpl
-from ...ledger import ensure_private_dir
+from ...ledger import LEDGER_KEY, ensure_private_dir
 from ...reports import Candidate, Handoff, Verdict, Wait, Workspace
 from ...shepherd import read_json, write_json
 from ...states import ACTIVE, State
@@ -189,7 +189,7 @@ class Relay:
         return any(not b.first_done.is_set() for b in self.beats.values())
 
     def _note(self, task_id: str, text: str) -> None:
-        led = self.config.stash.get("ledger")
+        led = self.config.stash.get(LEDGER_KEY)
         if led is not None:
             led.add_note(task_id, text)
 
@@ -210,11 +210,11 @@ class Relay:
         """The peer ``name`` as a placement candidate, with the headroom of its last
         heartbeat (``SSHHost.candidate`` asks here); the first call starts the
         heartbeats."""
-        from ...policy import Policy
+        from ...policy import POLICY_KEY, Policy
 
         self.start_heartbeats()
-        policy = config.stash.get("policy") or Policy()
-        led = config.stash.get("ledger")
+        policy = config.stash.get(POLICY_KEY) or Policy()
+        led = config.stash.get(LEDGER_KEY)
         active = sum(1 for t in led.tasks(set(ACTIVE)) if (t.host or "local") == name) if led is not None else 0
         now = time.time()
         entry, malformed = checked_entry(self.entry(name))  # a cache is read as strictly as a reply
@@ -290,7 +290,7 @@ class Relay:
         (they run here) or with dependents (they may run here)."""
         if any(v.kind in LOCAL_KINDS for v in task.spec.verify):
             return True
-        led = self.config.stash.get("ledger")
+        led = self.config.stash.get(LEDGER_KEY)
         return led is not None and bool(led.dependents(task.id))
 
     def fetched(self, attempt_id: str) -> Optional[dict[str, Any]]:

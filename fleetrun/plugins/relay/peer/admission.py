@@ -12,7 +12,7 @@ import time
 from collections.abc import Iterator
 from contextlib import contextmanager
 from pathlib import Path
-from typing import Any, Optional
+from typing import TYPE_CHECKING, Any, Optional
 
 from fleetrun.exceptions import UsageError
 from fleetrun.osutil import FileLock
@@ -30,6 +30,9 @@ from .request import (
     _task_id,
 )
 
+if TYPE_CHECKING:
+    from fleetrun.config import Config
+
 HOSTED = "hosted.json"
 LOCK = "host.lock"
 
@@ -43,7 +46,7 @@ def _host_lock(home: Path) -> Iterator[None]:
         yield
 
 
-def _policy(config: Any) -> tuple[Any, Optional[str]]:
+def _policy(config: Config) -> tuple[Any, Optional[str]]:
     from fleetrun.policy import Policy, load_policy
 
     try:
@@ -52,7 +55,7 @@ def _policy(config: Any) -> tuple[Any, Optional[str]]:
         return Policy(), e.format()
 
 
-def _drained(config: Any, policy: Any) -> bool:
+def _drained(config: Config, policy: Any) -> bool:
     if policy.local.drain:
         return True
     db = config.home / "state.db"
@@ -71,7 +74,7 @@ def _drained(config: Any, policy: Any) -> bool:
     return bool(row and row[0] == "1")
 
 
-def _hosted(config: Any) -> dict[str, dict[str, Any]]:
+def _hosted(config: Config) -> dict[str, dict[str, Any]]:
     """Attempts started here for supervisors and still alive (call under the lock)."""
     from fleetrun.shepherd import read_json, write_json
 
@@ -88,7 +91,7 @@ def _hosted(config: Any) -> dict[str, dict[str, Any]]:
     return alive
 
 
-def _own_loop_running(config: Any) -> int:
+def _own_loop_running(config: Config) -> int:
     """Tasks this machine's own ``fleetrun work`` runs, if one runs."""
     from fleetrun.shepherd import proc_token, read_json
 
@@ -99,7 +102,7 @@ def _own_loop_running(config: Any) -> int:
     return int(data.get("running") or 0)
 
 
-def _check_room(config: Any, hosted: dict[str, dict[str, Any]], task_id: str) -> None:
+def _check_room(config: Config, hosted: dict[str, dict[str, Any]], task_id: str) -> None:
     """Refuse a task this machine will not start now (call under the lock)."""
     same = [aid for aid, e in hosted.items() if e.get("task_id") == task_id]
     if same:
@@ -114,7 +117,7 @@ def _check_room(config: Any, hosted: dict[str, dict[str, Any]], task_id: str) ->
         raise Refused(f"is running {running} of {policy.local.max_tasks} tasks (its own [local] max_tasks)")
 
 
-def cmd_prepare(config: Any, ns: argparse.Namespace) -> dict[str, Any]:
+def cmd_prepare(config: Config, ns: argparse.Namespace) -> dict[str, Any]:
     p = _payload()
     task = _task(p.get("task"))
     att = _attempt(p.get("attempt"), task)
@@ -133,7 +136,7 @@ def cmd_prepare(config: Any, ns: argparse.Namespace) -> dict[str, Any]:
     return {"workspace": dataclasses.asdict(ws)}
 
 
-def cmd_start(config: Any, ns: argparse.Namespace) -> dict[str, Any]:
+def cmd_start(config: Config, ns: argparse.Namespace) -> dict[str, Any]:
     p = _payload()
     task_id = _task_id(p.get("task_id"))
     attempt_id = _attempt_id(p.get("attempt_id"), task_id)

@@ -10,10 +10,13 @@ import json
 import os
 import re
 import sys
-from typing import Any, Optional, TextIO
+from typing import TYPE_CHECKING, Any, Optional, TextIO
 
 from ..protocol import BUNDLE_MARK, MAX_HAVES
 from .request import HostError, _payload, _prepared_all
+
+if TYPE_CHECKING:
+    from .request import HasHome
 
 _SHA = re.compile(r"^[0-9a-f]{40}([0-9a-f]{24})?$")
 
@@ -51,7 +54,7 @@ def bundle_plan(repo: str, branch: str, git_ref: Optional[str], have: list[str])
     return {BUNDLE_MARK: 1, "tip": tip, "fork": fork, "have": here, "bundle": not covered}
 
 
-def cmd_bundle(config: Any, out: TextIO) -> int:
+def cmd_bundle(config: HasHome, out: TextIO) -> int:
     """``host bundle``: stdin ``{"repo", "branch", "git_ref", "have": [commits]}``;
     stdout one header line (:func:`bundle_plan`), then, if it says ``"bundle": true``,
     ``git bundle create - refs/heads/BRANCH ^HAVE...``: the branch, less what the

@@ -13,16 +13,19 @@ import json
 import os
 import time
 from pathlib import Path
-from typing import Any, Optional
+from typing import TYPE_CHECKING, Any, Optional
 
 from .admission import _drained, _host_lock, _hosted, _own_loop_running, _policy
 from .request import HostError
+
+if TYPE_CHECKING:
+    from fleetrun.config import Config
 
 TOOLS_CACHE = "probe-tools.json"
 TOOLS_TTL_S = 300.0
 
 
-def _headroom(config: Any) -> dict[str, Optional[float]]:
+def _headroom(config: Config) -> dict[str, Optional[float]]:
     fake = os.environ.get("FLEETRUN_FAKE_HEADROOM")
     if fake:  # a test hook: peers on one kernel all measure the same
         with open(fake, encoding="utf-8") as f:
@@ -39,7 +42,7 @@ def _headroom(config: Any) -> dict[str, Optional[float]]:
             "free_disk_mb": psutil.disk_usage(str(config.home)).free / 2**20}
 
 
-def _tools(config: Any) -> tuple[dict[str, Optional[str]], list[str]]:
+def _tools(config: Config) -> tuple[dict[str, Optional[str]], list[str]]:
     """``TOOL --version`` of each probed tool (:mod:`fleetrun.probe`), and which have a
     credential; cached in the home for a few minutes (each probe starts processes)."""
     from fleetrun.probe import AUTH_CHECKS, probe_versions, tool_names
@@ -66,7 +69,7 @@ def _tools(config: Any) -> tuple[dict[str, Optional[str]], list[str]]:
     return tools, auth
 
 
-def _tags(config: Any) -> list[str]:
+def _tags(config: Config) -> list[str]:
     """``[relay] tags``: a list of strings (``tags = "gpu"`` is not the tags g, p, u)."""
     tags = config.setting("relay", "tags", [])
     if tags is None:
@@ -77,7 +80,7 @@ def _tags(config: Any) -> list[str]:
     return tags
 
 
-def cmd_probe(config: Any, ns: argparse.Namespace) -> dict[str, Any]:
+def cmd_probe(config: Config, ns: argparse.Namespace) -> dict[str, Any]:
     import platform
     import socket
 

@@ -15,11 +15,19 @@ import json
 import sys
 import time
 from pathlib import Path
-from typing import Any, Optional
+from typing import Any, Optional, Protocol
 
 from ..protocol import TAMPERED
 
 PREPARED = "prepared.json"
+
+
+class HasHome(Protocol):
+    """What the fast verbs (``verbs.FAST_VERBS``) read of a config: the home folder
+    alone. They answer without a plugin manager, given a ``verbs.HomeOnly`` rather than
+    a :class:`~fleetrun.config.Config`; a Config has a home too."""
+
+    home: Path
 
 
 class HostError(Exception):
@@ -173,7 +181,7 @@ def _recorded_workspace(rec: dict[str, Any]) -> Any:
     return Workspace(**_known(Workspace, rec))
 
 
-def _local_host(config: Any) -> Any:
+def _local_host(config: HasHome) -> Any:
     from fleetrun.hosts import LocalHost
 
     return LocalHost(config.home)

@@ -13,7 +13,7 @@ import signal
 import sys
 import time
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from fleetrun.osutil import end_group, spawn_detached
 from fleetrun.procutil import tail_text, task_env
@@ -30,8 +30,13 @@ from .request import (
     _workspace,
 )
 
+if TYPE_CHECKING:
+    from fleetrun.config import Config
 
-def _verify_dir(config: Any, attempt_id: str, idx: int) -> Path:
+    from .request import HasHome
+
+
+def _verify_dir(config: HasHome, attempt_id: str, idx: int) -> Path:
     _attempt_id(attempt_id)
     if isinstance(idx, bool) or not isinstance(idx, int) or not 0 <= idx < 10_000:
         raise HostError(f"bad verifier index {idx!r}")
@@ -47,7 +52,7 @@ def _runner_alive(vdir: Path) -> bool:
     return isinstance(r.get("token"), str) and isinstance(r.get("pid"), int) and shepherd_alive(r["pid"], r["token"])
 
 
-def cmd_verify_start(config: Any, ns: argparse.Namespace) -> dict[str, Any]:
+def cmd_verify_start(config: Config, ns: argparse.Namespace) -> dict[str, Any]:
     from fleetrun.ledger import ensure_private_dir
     from fleetrun.shepherd import proc_token, write_json
 
@@ -90,7 +95,7 @@ def cmd_verify_start(config: Any, ns: argparse.Namespace) -> dict[str, Any]:
     return {"state": "running"}
 
 
-def cmd_verify_status(config: Any, ns: argparse.Namespace) -> dict[str, Any]:
+def cmd_verify_status(config: HasHome, ns: argparse.Namespace) -> dict[str, Any]:
     from fleetrun.shepherd import read_json
 
     vdir = _verify_dir(config, ns.attempt, ns.idx)
@@ -108,7 +113,7 @@ def cmd_verify_status(config: Any, ns: argparse.Namespace) -> dict[str, Any]:
             "output": tail_text(vdir / "out"), "duration_s": 0.0}
 
 
-def cmd_verify_stop(config: Any, ns: argparse.Namespace) -> dict[str, Any]:
+def cmd_verify_stop(config: HasHome, ns: argparse.Namespace) -> dict[str, Any]:
     from fleetrun.shepherd import read_json
 
     vdir = _verify_dir(config, ns.attempt, ns.idx)

@@ -14,7 +14,7 @@ import base64
 import os
 import signal
 from pathlib import Path
-from typing import Any, Optional, TextIO
+from typing import TYPE_CHECKING, Any, Callable, Optional, TextIO
 
 from fleetrun.exceptions import UsageError
 
@@ -36,6 +36,11 @@ from .request import (
     _Unknown,
 )
 from .runner import cmd_verify_start, cmd_verify_status, cmd_verify_stop
+
+if TYPE_CHECKING:
+    from fleetrun.config import Config
+
+    from .request import HasHome
 
 #: Verbs that need only the home: answered by :func:`fast_main`, with no plugin loaded.
 FAST_VERBS = frozenset({"status", "log", "stop", "verify-status", "verify-stop", "bundle"})
@@ -78,7 +83,7 @@ def fast_main(args: list[str], out: TextIO, err: TextIO) -> Optional[int]:
     return main(HomeOnly(home_path), args[i + 1:], out, err)
 
 
-def main(config: Any, rest: list[str], out: TextIO, err: TextIO) -> int:
+def main(config: HasHome, rest: list[str], out: TextIO, err: TextIO) -> int:
     rest = [a for a in rest if a != "--json"]  # every reply is JSON
     parser = _parser()
     try:
@@ -151,7 +156,7 @@ def _log_chunk(path: Path, offset: int) -> dict[str, Any]:
     return {"log": base64.b64encode(data).decode(), "log_offset": offset, "log_size": size}
 
 
-def _shepherd(config: Any, attempt_id: str) -> tuple[Optional[int], Optional[str]]:
+def _shepherd(config: HasHome, attempt_id: str) -> tuple[Optional[int], Optional[str]]:
     """The pid and start-time token of the shepherd this peer started for an attempt,
     from its own records (``hosted.json``, then the shepherd's status file), never from
     the request: a pid a supervisor sends is at most a hint that must match them."""
@@ -167,13 +172,13 @@ def _shepherd(config: Any, attempt_id: str) -> tuple[Optional[int], Optional[str
     return None, None
 
 
-def _status(config: Any, attempt_id: str) -> dict[str, Any]:
+def _status(config: HasHome, attempt_id: str) -> dict[str, Any]:
     pid, token = _shepherd(config, attempt_id)
     # with no token of its own, the status file alone decides (a live pid is not ours)
     return dict(_local_host(config).status(attempt_id, pid, token or "-"))
 
 
-def cmd_status(config: Any, ns: argparse.Namespace) -> dict[str, Any]:
+def cmd_status(config: HasHome, ns: argparse.Namespace) -> dict[str, Any]:
     attempt_id = _attempt_id(ns.attempt)
     reply: dict[str, Any] = {"status": _status(config, attempt_id)}
     if ns.offset is not None:  # the log after the status: an ended status means all of it is here
@@ -181,11 +186,11 @@ def cmd_status(config: Any, ns: argparse.Namespace) -> dict[str, Any]:
     return reply
 
 
-def cmd_log(config: Any, ns: argparse.Namespace) -> dict[str, Any]:
+def cmd_log(config: HasHome, ns: argparse.Namespace) -> dict[str, Any]:
     return _log_chunk(_local_host(config).log_path(_attempt_id(ns.attempt)), max(0, ns.offset or 0))
 
 
-def cmd_stop(config: Any, ns: argparse.Namespace) -> dict[str, Any]:
+def cmd_stop(config: HasHome, ns: argparse.Namespace) -> dict[str, Any]:
     """Stop an attempt's shepherd: a cancel file in its folder (a shepherd that has not
     started yet then runs nothing) and SIGTERM to the shepherd this peer recorded, only
     if that process still has the recorded start time."""
@@ -206,7 +211,7 @@ def cmd_stop(config: Any, ns: argparse.Namespace) -> dict[str, Any]:
     return {"signalled": signalled, "status": _status(config, attempt_id)}
 
 
-def cmd_collect(config: Any, ns: argparse.Namespace) -> dict[str, Any]:
+def cmd_collect(config: Config, ns: argparse.Namespace) -> dict[str, Any]:
     """Commit what the attempt left uncommitted, in the worktree this peer prepared for
     the task (the request's ``workspace`` is not used: it could name any repository)."""
     from fleetrun.gitutil import WorktreeTampered, check_pinned
@@ -228,7 +233,7 @@ def cmd_collect(config: Any, ns: argparse.Namespace) -> dict[str, Any]:
     return {"commit": commit}
 
 
-def cmd_cleanup(config: Any, ns: argparse.Namespace) -> dict[str, Any]:
+def cmd_cleanup(config: Config, ns: argparse.Namespace) -> dict[str, Any]:
     """Remove the worktree this peer prepared for a DONE task, if it is clean (the
     request's ``worktree`` is not used: it could name anyone's worktree)."""
     from fleetrun.gitutil import WorktreeTampered
@@ -251,7 +256,9 @@ def cmd_cleanup(config: Any, ns: argparse.Namespace) -> dict[str, Any]:
     return {"worktree": wt, "removed": not os.path.exists(wt)}
 
 
-VERBS = {
+#: Each verb's function. A fast verb (:data:`FAST_VERBS`) may be given a :class:`HomeOnly`
+#: (:func:`fast_main`), any other a :class:`~fleetrun.config.Config`: hence ``Any`` here.
+VERBS: dict[str, Callable[[Any, argparse.Namespace], dict[str, Any]]] = {
     "probe": cmd_probe,
     "prepare": cmd_prepare,
     "start": cmd_start,
