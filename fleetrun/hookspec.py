@@ -24,6 +24,7 @@ if TYPE_CHECKING:
     from .hostapi import Host
     from .ledger import Attempt, Task
     from .pluginmanager import FleetPluginManager
+    from .policy import Policy
     from .reports import (
         AgentResult,
         Candidate,
@@ -291,48 +292,91 @@ def fleetrun_collection_modifyitems(config: Config, items: list[TaskSpec]) -> No
 
 @hookspec
 def fleetrun_hosts(config: Config) -> list[Host]:
-    """Offer the places attempts can run: a list of :class:`~fleetrun.Host`. Results
-    are concatenated; the first host offered under a name wins (a ``tryfirst``
-    implementation's before the built-ins').
+    """Offer the places attempts can run, as a list of :class:`~fleetrun.Host`.
 
-    Called when the run first needs a host (after every plugin is configured), and
-    again whenever a name is looked up that the last answer did not have; never on
-    every pass. The ``local`` plugin offers this machine (``local``), the ``relay``
-    plugin one host per paired peer. A host name the ledger holds that no plugin
-    offers makes its task wait, with the reason (``host 'mini' is not provided by any
-    loaded plugin: ...``). May be implemented in a ``fleetconf.py``.
+    Called the first time a command needs a host (the loop, adoption, ``cancel``,
+    ``approve``...; every plugin is configured by then), and again the first time a
+    name is looked up that the last answer lacked (once per name); never on every
+    pass. The built-ins are ``trylast``: the ``local`` plugin offers this machine
+    (:class:`~fleetrun.hosts.LocalHost`, named ``local``), the ``relay`` plugin one
+    ``SSHHost`` per peer of ``peers.toml``. Offer only your own hosts. The first host
+    offered under a name wins, so a host of yours named ``local`` replaces this
+    machine. A name the ledger holds that no plugin offers gets a stand-in that starts
+    and stops nothing: its tasks wait, with the reason (``host 'mini' is not provided
+    by any loaded plugin: ...``), and ``cancel`` says what it could not stop.
 
-    :param config: the run's configuration.
-    :return: the hosts this plugin offers (a list, possibly empty).
+    :param config: the run's :class:`~fleetrun.config.Config`.
+    :return: the hosts this plugin offers, a list of :class:`~fleetrun.Host` (empty,
+        or None, for none). Results are concatenated. Do not raise: the hosts are the
+        run's, not one task's, and an exception may end the command as an internal
+        error (exit 3).
+
+    May be implemented in a ``fleetconf.py``: yes.
     """
     raise NotImplementedError
 
 
 @hookspec
 def fleetrun_candidates(config: Config) -> list[Candidate]:
-    """Return more placement candidates, beyond the hosts' own (each host's
-    :meth:`~fleetrun.Host.candidate`). Results are concatenated.
+    """Add placement candidates to this pass's, beyond the hosts' own.
 
-    Called on every pass of the loop that has a task to place. No built-in plugin
-    implements it any more (hosts give their candidates); a candidate whose name no
-    host has can be chosen by ``fleetrun_place``, and the task then waits with
-    ``host '...' is not provided by any loaded plugin``. May be implemented in a
-    ``fleetconf.py``.
+    Called once per pass of the loop that has a task to place (not once per task).
+    The pass's candidates are these, then each host's own
+    (:meth:`~fleetrun.Host.candidate`, measured afresh), and every ``fleetrun_place``
+    of the pass gets that one list. No built-in plugin implements it: hosts give their
+    candidates. A candidate is only a place to choose: when the one chosen is named
+    after no host, nothing is leased and the task waits with ``host 'NAME' is not
+    provided by any loaded plugin: ...`` (a wait only a person can clear). Offer a
+    host through ``fleetrun_hosts`` for a place attempts really run.
 
-    :param config: the run's configuration.
-    :return: a list of :class:`~fleetrun.Candidate`.
+    :param config: the run's :class:`~fleetrun.config.Config`.
+    :return: a list of :class:`~fleetrun.Candidate` (empty, or None, for none). Results
+        are concatenated. An exception ends the command as an internal error (exit 3):
+        the candidates are the pass's, not one task's.
+
+    May be implemented in a ``fleetconf.py``: yes.
     """
     raise NotImplementedError
 
 
 @hookspec(firstresult=True)
 def fleetrun_place(
-    task: Task, candidates: list[Candidate], policy: Any, config: Config
+    task: Task, candidates: list[Candidate], policy: Policy, config: Config
 ) -> Optional[Union[Placement, Wait]]:
-    """Decide where the next attempt of ``task`` runs. Stops at the first non-None result.
+    """Decide where the next attempt of ``task`` runs, or why it waits.
 
-    :return: a :class:`~fleetrun.Placement` (the loop writes a lease to the ledger
-        before anything starts) or a :class:`~fleetrun.Wait` whose reason is shown.
+    Called on every pass of the loop for each task that can be placed (READY,
+    RETRYING or RESUMING, its previous attempt over, some of its budget left); a task
+    placed earlier in the pass is already counted in its candidate's ``running`` and
+    free memory. The built-in decision is the ``placement`` plugin's (``trylast``: the
+    pin, a retry's machine, ``requires``, the floors, backoff, then the
+    ``fleetrun_place_filter`` and ``fleetrun_place_score`` hooks); the ``relay``
+    plugin wraps the hook (``wrapper=True``) only to wake the loop up while a peer's
+    first probe is pending. A result of yours replaces the built-in decision and every
+    check in it (docs/plugins.md lists them): to add a rule and keep them, implement
+    the two hooks instead, or call ``fleetrun.plugins.placement.builtin_place``.
+
+    :param task: the :class:`~fleetrun.ledger.Task` to place (``spec`` with its
+        ``requires`` and ``peer``, ``state``, ``host`` of its previous attempt).
+    :param candidates: this pass's :class:`~fleetrun.Candidate` objects (those of
+        ``fleetrun_candidates``, then the hosts' own), one list for every task of the
+        pass.
+    :param policy: the :class:`~fleetrun.policy.Policy` of ``policy.toml`` in force on
+        this pass (its limits are in each candidate's fields already).
+    :param config: the run's :class:`~fleetrun.config.Config`.
+    :return: a :class:`~fleetrun.Placement` naming a candidate (the loop leases the
+        attempt there in the ledger before anything starts), a :class:`~fleetrun.Wait`
+        whose ``reason`` is shown (with ``operator`` when only a person can clear it),
+        or None to leave the task to the next implementation. With none at all the
+        task waits (``no plugin places tasks``, a wait only a person can clear); so it
+        does, unleased, on a ``Placement`` on a host no loaded plugin provides (``host
+        'NAME' is not provided by any loaded plugin: ...``). An exception is the
+        task's internal error: nothing is leased, and it needs a human
+        (``internal_error:<Type: message>``).
+
+    firstresult: stops at the first non-None result.
+
+    May be implemented in a ``fleetconf.py``: yes.
     """
 
 
@@ -400,22 +444,39 @@ def fleetrun_place_score(task: Task, candidate: Candidate, config: Config) -> Op
 
 @hookspec(firstresult=True)
 def fleetrun_prepare_workspace(task: Task, attempt: Attempt, host: Host, config: Config) -> Optional[Workspace]:
-    """Make (or find again, on a retry or resume) the directory the attempt runs in.
+    """Make the directory the attempt runs in on ``host``, or find again the one an
+    earlier attempt of the task made (a retry or a resume works in the same worktree).
 
-    Stops at the first non-None result: return None for a host that is not yours.
-    The ``worktree`` plugin answers for a ``host.local`` host (a git worktree for a
-    task with ``git_ref``, else the task's ``cwd`` as is); the ``relay`` plugin for its
-    peers. Both are ``trylast``, so an implementation in a ``fleetconf.py`` or a
-    plugin runs first, with or without ``tryfirst``. Must be idempotent: it is called
-    again after a crash.
+    Called once per attempt, right after it is leased, before its ``setup`` commands
+    and its prompt. The built-ins are ``trylast``, so yours runs first, with or without
+    ``tryfirst``: the ``worktree`` plugin answers for a ``host.local`` host (for a task
+    with ``git_ref``, a git worktree on the task's own branch, made from ``git_ref`` or
+    reused; else the task's ``cwd`` as it is), the ``relay`` plugin for the peers it
+    provides (the peer prepares it). Each returns None for any other host, and so
+    should yours. It is asked again for the next attempt after a retry, a resume or a
+    crash, so it must be idempotent: find what it made before, never make a second one.
 
-    :param task: the task, leased (ASSIGNED).
-    :param attempt: the attempt just leased (``attempt.host`` is ``host.name``).
-    :param host: the :class:`~fleetrun.Host` the attempt runs on.
-    :param config: the run's configuration.
-    :return: a :class:`~fleetrun.Workspace`, or None. Raise to refuse (an exception
-        with ``permanent = True`` asks a human at once, ``WorktreeTampered`` too;
-        anything else backs off and tries again).
+    :param task: the :class:`~fleetrun.ledger.Task`, just leased (ASSIGNED).
+    :param attempt: the :class:`~fleetrun.ledger.Attempt` just leased (``leased``;
+        ``attempt.host`` is ``host.name``, ``attempt.kind`` is ``fresh``, ``retry`` or
+        ``resume``).
+    :param host: the :class:`~fleetrun.Host` it was placed on.
+    :param config: the run's :class:`~fleetrun.config.Config`.
+    :return: a :class:`~fleetrun.Workspace` (recorded as ``attempt.workspace``; its
+        ``root``, or the ``path`` of a worktree, becomes ``task.worktree``, its
+        ``branch`` ``task.branch``), or None for a host that is not yours. With none at
+        all the task needs a human at once (``plugin_missing:no plugin prepared a
+        workspace ...``). Raise to refuse: an exception with ``permanent = True`` (a
+        bad ``git_ref``, a branch checked out elsewhere) asks a human at once
+        (``workspace_failed:<message>``), as ``WorktreeTampered`` does
+        (``worktree_tampered:...``); any other exception backs the task off from that
+        host without using a retry (``start_failed:<message>``, or
+        ``peer_refused:<message>`` for a :class:`~fleetrun.StartRefused`; after ten
+        attempts in a row that did not start, it needs a human).
+
+    firstresult: stops at the first non-None result.
+
+    May be implemented in a ``fleetconf.py``: yes.
     """
 
 
@@ -448,23 +509,38 @@ def fleetrun_build_prompt(task: Task, attempt: Attempt, config: Config, context:
 def fleetrun_spawn(
     task: Task, attempt: Attempt, workspace: Workspace, prompt: str, config: Config
 ) -> Optional[SpawnSpec]:
-    """Describe how to start the agent for this attempt. Stops at the first non-None result.
+    """Describe how to start the attempt's agent: its command line and environment.
+    Nothing starts here: ``fleetrun_start_attempt`` does.
 
-    The ``claude`` plugin answers for ``agent = "claude"``, ``command_agent`` for the
-    agents of ``[agents.NAME]``. May be implemented in a ``fleetconf.py``.
+    Called once per attempt, after ``fleetrun_build_prompt``, its workspace prepared
+    (and set up). Answer for your own agents (``task.spec.agent``) and return None for
+    the others: the built-ins (``trylast``) answer for theirs, the ``claude`` plugin
+    for ``agent = "claude"``, ``command_agent`` for the agents of ``[agents.NAME]`` (in
+    ``config.toml`` or the tasks file).
 
-    :param task: the task.
-    :param attempt: the attempt (``attempt.info["resume_session"]``,
-        ``attempt.info["budget_left_usd"]`` when they apply).
+    :param task: the :class:`~fleetrun.ledger.Task` (ASSIGNED).
+    :param attempt: the :class:`~fleetrun.ledger.Attempt` about to start;
+        ``attempt.info["resume_session"]`` (the previous attempt's session id, to go
+        on with) and ``attempt.info["budget_left_usd"]`` (what is left of the task's
+        ``budget_usd``) are set when they apply.
     :param workspace: the prepared :class:`~fleetrun.Workspace`.
-    :param prompt: the prompt ``fleetrun_build_prompt`` built.
-    :param config: the run's configuration.
+    :param prompt: the prompt (str) ``fleetrun_build_prompt`` built, or the task's own
+        ``prompt`` when no implementation built one.
+    :param config: the run's :class:`~fleetrun.config.Config`.
     :return: a :class:`~fleetrun.SpawnSpec` (``argv``, ``env``, ``stdin``,
-        ``parser``, ``session_id``), or None if the task's agent is not yours. A dict
+        ``parser``, ``session_id``), or None for an agent that is not yours. A dict
         with those keys is accepted too (what this hook returned before SpawnSpec); a
-        dict with another key is an error (``start_failed:...``, naming it). Raise
-        :class:`~fleetrun.UsageError` for an agent that cannot be started as
-        configured. Nothing starts here: ``fleetrun_start_attempt`` does.
+        dict with another key, or anything else, is ``start_failed:<why>``. With none
+        at all the task needs a human at once (``plugin_missing:no plugin spawns agent
+        ...``), as it does when ``argv[0]`` is not found on a ``host.local`` host
+        (``agent_not_found:...``). Raise :class:`~fleetrun.UsageError` for an agent
+        that cannot be started as configured: ``start_failed:<message>``, backed off
+        like any attempt that did not start (no retry is used). Any other exception
+        is an internal error (``internal_error:<Type: message>``).
+
+    firstresult: stops at the first non-None result.
+
+    May be implemented in a ``fleetconf.py``: yes.
     """
 
 
@@ -472,28 +548,42 @@ def fleetrun_spawn(
 def fleetrun_start_attempt(
     task: Task, attempt: Attempt, host: Host, spawn: SpawnSpec, prompt: str, config: Config
 ) -> Optional[Started]:
-    """Start the attempt and return at once. Stops at the first non-None result.
+    """Start the attempt and return at once; the loop watches it from then on.
 
-    The built-in default (the ``shepherd`` plugin, ``trylast``) has ``host`` start a
-    shepherd (``host.start``) running ``spawn`` in the workspace
-    (``attempt.workspace``), with the task environment, the timeouts and the loop's
-    wake-up socket. A plugin that runs an attempt its own way (a mailbox delivering it
-    to a role, a cluster scheduler) returns its own :class:`~fleetrun.Started`; the
-    loop then polls ``host.status`` for the attempt as for any other. May be
-    implemented in a ``fleetconf.py``.
+    Called once per attempt, after ``fleetrun_spawn``. The built-in default is the
+    ``shepherd`` plugin's (``trylast``): ``host.start`` runs a shepherd for ``spawn`` in
+    the workspace, with the task environment, the timeouts and the loop's wake-up
+    socket (:func:`fleetrun.starting.shepherd_spec`), whatever the host is (a detached
+    process here, ``fleetrun host start`` on a peer). A plugin that runs attempts its
+    own way (a mailbox delivering it to a role, a cluster scheduler) returns its own
+    :class:`~fleetrun.Started` first, and None for the attempts it leaves to the
+    default. The loop then asks ``host.status`` about the attempt as about any other,
+    so such a plugin runs it on a host whose ``status`` knows it (one it offers through
+    ``fleetrun_hosts``).
 
-    :param task: the task (ASSIGNED).
-    :param attempt: the attempt, ``starting``; ``attempt.workspace`` is the prepared
-        workspace (a dict of :class:`~fleetrun.Workspace`'s fields).
+    :param task: the :class:`~fleetrun.ledger.Task` (ASSIGNED).
+    :param attempt: the :class:`~fleetrun.ledger.Attempt`, ``starting``;
+        ``attempt.workspace`` is the prepared workspace (a dict of
+        :class:`~fleetrun.Workspace`'s fields), ``attempt.info["argv"]`` the agent's
+        command line.
     :param host: the :class:`~fleetrun.Host` it was placed on.
     :param spawn: the :class:`~fleetrun.SpawnSpec` ``fleetrun_spawn`` returned.
-    :param prompt: the prompt.
-    :param config: the run's configuration.
-    :return: a :class:`~fleetrun.Started`, or None to leave it to the next
-        implementation (none at all: the task needs a human, ``plugin_missing``).
-        Raise :class:`~fleetrun.StartRefused` when the host will not start it (a retry
-        is not used, the task backs off from that host); any other exception is
-        ``start_failed:<message>`` (backed off too).
+    :param prompt: the prompt (str), as ``fleetrun_spawn`` got it.
+    :param config: the run's :class:`~fleetrun.config.Config`.
+    :return: a :class:`~fleetrun.Started` (``pid``, ``token``, ``dir``; a ``pid`` of
+        None: it may have started, ``host.status`` finds out), recorded with the
+        attempt before the task moves to RUNNING (cancelled meanwhile, it is stopped
+        with ``host.stop``); or None to leave it to the next implementation. With none
+        at all the task needs a human at once (``plugin_missing:no plugin started the
+        attempt ...``). Raise :class:`~fleetrun.StartRefused` when the host will not
+        start it (``peer_refused:<message>``); any other exception is
+        ``start_failed:<message>``. Both back the task off from that host without
+        using a retry (after ten attempts in a row that did not start, it needs a
+        human).
+
+    firstresult: stops at the first non-None result.
+
+    May be implemented in a ``fleetconf.py``: yes.
     """
 
 
@@ -525,23 +615,35 @@ def fleetrun_agent_result(task: Task, attempt: Attempt, log_path: str, exit_code
 @hookspec(firstresult=True)
 def fleetrun_collect_work(task: Task, attempt: Attempt, workspace: Workspace, host: Host,
                           config: Config) -> Optional[str]:
-    """An attempt's session ended well; gather its work before the verifiers run.
+    """An attempt's session ended well: gather its work before the verifiers run, so
+    they, the handoff and the dependents see what the agent did.
 
-    Stops at the first non-None result: return None for a host that is not yours.
-    The ``worktree`` plugin answers for a ``host.local`` worktree (it commits what the
-    agent left uncommitted on the task's branch and returns the new commit); the
-    ``relay`` plugin for its peers (it commits there, and fetches the branch back
-    when a verifier or a dependent needs it here). May be implemented in a
-    ``fleetconf.py``.
+    Called once per attempt whose session ended well, before its task moves to
+    VERIFYING; again after a crash between the two, so it must be safe to repeat. The
+    built-ins are ``trylast``: the ``worktree`` plugin answers for a worktree on a
+    ``host.local`` host (it commits what the agent left uncommitted, onto the task's
+    own branch only), the ``relay`` plugin for its peers (it commits there, and
+    fetches the branch back when a ``brain`` or ``agent`` verifier or a dependent needs
+    it here). Return None for a host that is not yours.
 
-    :param task: the task (still RUNNING).
-    :param attempt: the attempt that ended.
-    :param workspace: the attempt's :class:`~fleetrun.Workspace`.
+    :param task: the :class:`~fleetrun.ledger.Task` (still RUNNING).
+    :param attempt: the :class:`~fleetrun.ledger.Attempt` that ended.
+    :param workspace: the attempt's :class:`~fleetrun.Workspace` (the task's ``cwd``
+        when none was recorded).
     :param host: the :class:`~fleetrun.Host` the attempt ran on.
-    :param config: the run's configuration.
-    :return: the commit made, ``""`` for "handled, nothing made", or None.
-        ``WorktreeTampered`` sends the task to a human; a ``GitError`` is noted and
-        the verifiers run all the same.
+    :param config: the run's :class:`~fleetrun.config.Config`.
+    :return: the commit made (str), ``""`` for "handled, nothing made", or None to
+        leave it to the next implementation (the ``worktree`` plugin returns None when
+        there is nothing to commit, too). The loop does not read the result; it only
+        ends the call (on a peer, ``fleetrun host collect`` sends it back). Raise
+        ``fleetrun.gitutil.WorktreeTampered`` to send the task to a human
+        (``worktree_tampered:...; nothing was committed``); a ``GitError`` is noted on
+        the task and the verifiers run all the same; any other exception is the task's
+        internal error (it needs a human, ``internal_error:<Type: message>``).
+
+    firstresult: stops at the first non-None result.
+
+    May be implemented in a ``fleetconf.py``: yes.
     """
 
 
@@ -549,59 +651,109 @@ def fleetrun_collect_work(task: Task, attempt: Attempt, workspace: Workspace, ho
 def fleetrun_verify(
     task: Task, verifier: VerifySpec, workspace: Workspace, attempt: Attempt, host: Host, config: Config
 ) -> Optional[Union[Verdict, VerifyHandle]]:
-    """Run one verifier. Stops at the first non-None result: return None for a
-    ``verifier.kind`` (or a host) that is not yours.
+    """Run one verifier of an attempt's work, or one of the task's ``setup`` commands.
 
-    Also called for each of a task's ``setup`` commands, before its agent's first
-    attempt in a workspace: then ``verifier`` is a ``run`` spec whose
-    ``extra["setup"]`` is the command's 1-based number (it is not one of
-    ``task.spec.verify``). A plugin that runs ``run`` commands elsewhere (on a peer,
-    in a sandbox) so runs setup the same way; one that judges ``run`` verifiers
-    differently should leave these to the default (return None). ``verify_run``
-    answers ``run`` for a ``host.local`` host, the ``relay`` plugin for its peers.
-    May be implemented in a ``fleetconf.py``.
+    Called for each verifier of ``task.spec.verify`` in order, one at a time: each
+    verdict is recorded (and ``fleetrun_verdict`` called) before the next starts, and
+    the first failure ends the round (a retry, or a human). Also called for each of a
+    task's ``setup`` commands, before its agent's first attempt in a workspace: then
+    ``verifier`` is a ``run`` spec whose ``extra["setup"]`` is the command's 1-based
+    number (it is not one of ``task.spec.verify``), and a failure sends the task to a
+    human (``setup_failed:...``). After a crash, a verifier whose verdict was not
+    recorded runs again from the start: each must be safe to run again.
 
-    :param task: the task (VERIFYING, or ASSIGNED for a setup command).
+    Answer for your own ``verifier.kind`` (and hosts) and return None for the rest.
+    The built-ins are ``trylast``: ``verify_run`` runs ``run`` on a ``host.local``
+    host; the ``relay`` plugin runs ``run`` (setup included) on its peers, and fails
+    there any other kind that nothing answered; ``verify_brain`` and ``verify_agent``
+    judge ``brain`` and ``agent`` on this machine, for any host (a peer's branch is
+    fetched back first). A plugin that runs ``run`` commands elsewhere (a sandbox) so
+    runs setup the same way; one that only judges ``run`` verifiers differently leaves
+    the setup commands to the default (returns None for them).
+
+    :param task: the :class:`~fleetrun.ledger.Task` (VERIFYING, or ASSIGNED for a setup
+        command).
     :param verifier: the :class:`~fleetrun.VerifySpec` (``kind``, ``text``,
         ``label``, ``timeout_s``, ``extra``).
     :param workspace: the attempt's :class:`~fleetrun.Workspace`.
-    :param attempt: the attempt whose work is verified.
-    :param host: the :class:`~fleetrun.Host` the attempt ran on.
-    :param config: the run's configuration.
-    :return: a :class:`~fleetrun.Verdict`, or a handle whose ``poll()`` returns one
-        when ready (for anything that takes time). A verifier must be safe to run
-        again: after a crash it is.
+    :param attempt: the :class:`~fleetrun.ledger.Attempt` whose work is verified (for a
+        setup command, the one about to start).
+    :param host: the :class:`~fleetrun.Host` the attempt ran on (or is to run on).
+    :param config: the run's :class:`~fleetrun.config.Config`.
+    :return: a :class:`~fleetrun.Verdict` (with ``verifier.label`` as its ``label``);
+        for anything that takes time, a :class:`~fleetrun.VerifyHandle` the loop polls
+        on every pass until ``poll()`` returns one (``cancel()`` stops it; ``fileno()``
+        and ``next_deadline()`` let the loop sleep until it has news); or None. With
+        none at all the verifier fails (``no plugin runs 'KIND' verifiers``), as one
+        that raises does (``verifier error: <Type>: <message>``; ``cannot run: ...``
+        for a setup command).
+
+    firstresult: stops at the first non-None result.
+
+    May be implemented in a ``fleetconf.py``: yes.
     """
 
 
 @hookspec(firstresult=True)
-def fleetrun_handoff(task: Task, attempt: Attempt, host: Host, config: Config) -> Optional[Handoff]:
-    """Build what a DONE task hands to its dependents. Stops at the first non-None.
+def fleetrun_handoff(task: Task, attempt: Optional[Attempt], host: Host, config: Config) -> Optional[Handoff]:
+    """Build what a finished task hands to the tasks that depend on it: its branch, a
+    summary, how to get its work.
 
-    The ``worktree`` plugin answers for a ``host.local`` host (the branch and the last
-    session's summary), the ``relay`` plugin for its peers (and how to fetch the
-    branch). May be implemented in a ``fleetconf.py``.
+    Called once when the task's last verifier passed, before it moves to DONE (for a
+    task without verifiers, once its session ended well), and by ``fleetrun approve``
+    for a NEEDS_HUMAN task it moves to DONE. The built-ins are ``trylast``: the
+    ``worktree`` plugin answers for a ``host.local`` host (the task's branch and the
+    last session's final message, cut to 2000 characters), the ``relay`` plugin for its
+    peers (the branch as fetched back here, and how to fetch it from the peer). Return
+    None for a host that is not yours.
 
-    :param task: the task (DONE, or NEEDS_HUMAN being approved).
-    :param attempt: the attempt that ran (None if none did, for an approved task).
-    :param host: the :class:`~fleetrun.Host` the task ran on.
-    :param config: the run's configuration.
-    :return: a :class:`~fleetrun.Handoff`, or None.
+    :param task: the :class:`~fleetrun.ledger.Task` (VERIFYING, every verifier passed;
+        or NEEDS_HUMAN, being approved).
+    :param attempt: the :class:`~fleetrun.ledger.Attempt` whose work is handed on (for
+        ``approve``, the newest that ran), or None when the task has no attempt.
+    :param host: the :class:`~fleetrun.Host` of ``task.host``, where the work is.
+    :param config: the run's :class:`~fleetrun.config.Config`.
+    :return: a :class:`~fleetrun.Handoff`, recorded with the task and given to each
+        dependent's ``fleetrun_build_prompt`` (``context["handoffs"]``), or None (with
+        none at all, the dependents get no handoff from this task). An exception is an
+        internal error: in the loop the task needs a human instead of being DONE
+        (``internal_error:<Type: message>``).
+
+    firstresult: stops at the first non-None result.
+
+    May be implemented in a ``fleetconf.py``: yes.
     """
 
 
 @hookspec
 def fleetrun_cleanup_workspace(task: Task, host: Host, config: Config) -> None:
-    """A task reached a terminal state; remove what is no longer needed (a clean
-    worktree after DONE; its branch stays). Every implementation is called: each
-    acts only for a host of its own (``worktree``: ``host.local``; ``relay``: its
-    peers). May be implemented in a ``fleetconf.py``.
+    """A task reached a terminal state: remove what is no longer needed (a clean
+    worktree after DONE; its branch stays).
 
-    :param task: the task, in its terminal state.
-    :param host: the :class:`~fleetrun.Host` of ``task.host``.
-    :param config: the run's configuration.
-    :return: nothing (results are ignored). A ``GitError`` or ``OSError`` is noted
-        on the task.
+    Called when the work loop moves a task to DONE or NEEDS_HUMAN, when ``fleetrun
+    approve`` moves one to DONE, and when a restarted loop finds the worktree of a
+    DONE task on a ``host.local`` host still there (a crash came before its cleanup),
+    so it must be safe to call again; on a peer, ``fleetrun host cleanup`` calls it for
+    the worktree the peer made, with the peer's own local host. Not called by
+    ``fleetrun cancel``.
+
+    Every implementation is called, so each acts only for a host of its own and
+    returns at once for any other. The built-ins are ``trylast``: the ``worktree``
+    plugin removes a DONE task's worktree on a ``host.local`` host when it is clean
+    (else keeps it, and notes why); the ``relay`` plugin, for its peers, removes the
+    worktree fetched back here in any terminal state and has the peer remove a DONE
+    task's clean worktree there.
+
+    :param task: the :class:`~fleetrun.ledger.Task`, in its terminal state
+        (``task.worktree`` and ``task.branch`` say what it had).
+    :param host: the :class:`~fleetrun.Host` of ``task.host`` (when no loaded plugin
+        provides it, a stand-in that is no plugin's own: no built-in acts).
+    :param config: the run's :class:`~fleetrun.config.Config`.
+    :return: nothing; return value ignored. A ``GitError`` or ``OSError`` is noted on
+        the task (``cleanup failed: ...``); any other exception is an internal error,
+        and the task keeps its state.
+
+    May be implemented in a ``fleetconf.py``: yes.
     """
 
 
