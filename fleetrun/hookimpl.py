@@ -1,7 +1,14 @@
-"""The marker for hook implementations: ``@fleetrun.hookimpl``."""
+"""The two markers of the pluggy project ``fleetrun``: ``@fleetrun.hookimpl`` for
+implementations, ``@fleetrun.hookspec`` for specifications.
+
+In a module that imports nothing of fleetrun, so that every module declaring hooks
+(:mod:`fleetrun.hookspec`, :mod:`fleetrun.hookspec_task`, which the first imports) and
+every plugin can import them without an import cycle.
+"""
 
 from __future__ import annotations
 
 import pluggy
 
 hookimpl = pluggy.HookimplMarker("fleetrun")
+hookspec = pluggy.HookspecMarker("fleetrun")

@@ -8,15 +8,37 @@ hooks with ``trylast=True``, so your implementation runs first without ordering 
 use ``tryfirst=True`` to be sure.
 
 Hooks are always called on the supervisor's main thread. A hook that starts
-something long (``fleetrun_spawn``, ``fleetrun_verify``) returns a handle at once and
-the loop polls it.
+something long (``fleetrun_start_attempt``, ``fleetrun_verify``) returns at once (a
+handle, or what started) and the loop polls it.
+
+This module declares the configuration and session, collection and reporting hooks;
+the per-task hooks (place, prepare, prompt, spawn, start, verify, hand off,
+clean up) are declared in :mod:`fleetrun.hookspec_task` and imported here by name, so
+this module holds every hook: ``pm.add_hookspecs(fleetrun.hookspec)`` adds them all.
+The ``hookspec`` marker itself lives in :mod:`fleetrun.hookimpl` (both modules import
+it from there) and is exported as ``fleetrun.hookspec``.
 """
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING, Any, Optional, Union
+from typing import TYPE_CHECKING, Any, Optional
 
-import pluggy
+from .hookimpl import hookspec
+from .hookspec_task import (
+    fleetrun_agent_result,
+    fleetrun_build_prompt,
+    fleetrun_candidates,
+    fleetrun_cleanup_workspace,
+    fleetrun_collect_work,
+    fleetrun_handoff,
+    fleetrun_place,
+    fleetrun_place_filter,
+    fleetrun_place_score,
+    fleetrun_prepare_workspace,
+    fleetrun_spawn,
+    fleetrun_start_attempt,
+    fleetrun_verify,
+)
 
 if TYPE_CHECKING:
     from .collect import TaskFile
@@ -24,23 +46,10 @@ if TYPE_CHECKING:
     from .hostapi import Host
     from .ledger import Attempt, Task
     from .pluginmanager import FleetPluginManager
-    from .reports import (
-        AgentResult,
-        Candidate,
-        Handoff,
-        Placement,
-        SpawnSpec,
-        Started,
-        Verdict,
-        VerifyHandle,
-        Wait,
-        Workspace,
-    )
+    from .reports import Verdict
     from .session import Session
-    from .taskspec import KeyDecl, TaskSpec, VerifySpec
+    from .taskspec import KeyDecl, TaskSpec
     from .verbs import VerbDecl
-
-hookspec = pluggy.HookspecMarker("fleetrun")
 
 
 # ---------------------------------------------------------------------------------
@@ -286,323 +295,39 @@ def fleetrun_collection_modifyitems(config: Config, items: list[TaskSpec]) -> No
 
 
 # ---------------------------------------------------------------------------------
-# Per task: place, prepare, prompt, spawn, verify, hand off, clean up
+# Hosts
 
 
 @hookspec
 def fleetrun_hosts(config: Config) -> list[Host]:
-    """Offer the places attempts can run: a list of :class:`~fleetrun.Host`. Results
-    are concatenated; the first host offered under a name wins (a ``tryfirst``
-    implementation's before the built-ins').
+    """Offer the places attempts can run, as a list of :class:`~fleetrun.Host`.
 
-    Called when the run first needs a host (after every plugin is configured), and
-    again whenever a name is looked up that the last answer did not have; never on
-    every pass. The ``local`` plugin offers this machine (``local``), the ``relay``
-    plugin one host per paired peer. A host name the ledger holds that no plugin
-    offers makes its task wait, with the reason (``host 'mini' is not provided by any
-    loaded plugin: ...``). May be implemented in a ``fleetconf.py``.
+    Called the first time a command needs a host (the loop, adoption, ``cancel``,
+    ``approve``...; every plugin is configured by then), and again the first time a
+    name is looked up that the last answer lacked (once per name); never on every
+    pass. The built-ins are ``trylast``: the ``local`` plugin offers this machine
+    (:class:`~fleetrun.hosts.LocalHost`, named ``local``), the ``relay`` plugin one
+    ``SSHHost`` per peer of ``peers.toml``. Offer only your own hosts. The first host
+    offered under a name wins, so a host of yours named ``local`` replaces this
+    machine. A name the ledger holds that no plugin offers gets a stand-in that starts
+    and stops nothing: its tasks wait, with the reason (``host 'mini' is not provided
+    by any loaded plugin: ...``), and ``cancel`` says what it could not stop.
 
-    :param config: the run's configuration.
-    :return: the hosts this plugin offers (a list, possibly empty).
+    :param config: the run's :class:`~fleetrun.config.Config`.
+    :return: the hosts this plugin offers, a list of :class:`~fleetrun.Host` (empty,
+        or None, for none). Results are concatenated. Do not raise: the hosts are the
+        run's, not one task's, and an exception may end the command as an internal
+        error (exit 3).
+
+    May be implemented in a ``fleetconf.py``: yes.
     """
     raise NotImplementedError
 
 
-@hookspec
-def fleetrun_candidates(config: Config) -> list[Candidate]:
-    """Return more placement candidates, beyond the hosts' own (each host's
-    :meth:`~fleetrun.Host.candidate`). Results are concatenated.
-
-    Called on every pass of the loop that has a task to place. No built-in plugin
-    implements it any more (hosts give their candidates); a candidate whose name no
-    host has can be chosen by ``fleetrun_place``, and the task then waits with
-    ``host '...' is not provided by any loaded plugin``. May be implemented in a
-    ``fleetconf.py``.
-
-    :param config: the run's configuration.
-    :return: a list of :class:`~fleetrun.Candidate`.
-    """
-    raise NotImplementedError
-
-
-@hookspec(firstresult=True)
-def fleetrun_place(
-    task: Task, candidates: list[Candidate], policy: Any, config: Config
-) -> Optional[Union[Placement, Wait]]:
-    """Decide where the next attempt of ``task`` runs. Stops at the first non-None result.
-
-    :return: a :class:`~fleetrun.Placement` (the loop writes a lease to the ledger
-        before anything starts) or a :class:`~fleetrun.Wait` whose reason is shown.
-    """
-
-
-@hookspec
-def fleetrun_place_filter(task: Task, candidate: Candidate, config: Config) -> Optional[str]:
-    """Keep ``task`` off ``candidate``, on top of the built-in checks. Every
-    implementation is called; any non-empty string excludes the candidate for this
-    task. Results are concatenated.
-
-    Called by the built-in ``fleetrun_place`` (the ``placement`` plugin) inside its
-    decision, only for a candidate that passed every built-in check (reachable, not
-    draining, not backing off from this task, a free slot, the memory/load/disk
-    floors, ``requires``, the pin, a retry's machine): a filter can exclude more, never
-    let in what those exclude. Called at most once per (task, candidate) per pass of
-    the loop: the answer is remembered until the next pass, so a filter that looks at
-    something slow is not asked again for the same pair. Not called when a plugin's
-    own ``fleetrun_place`` returns a result first.
-
-    May be implemented in a ``fleetconf.py``: yes.
-
-    :param task: the task being placed (a :class:`~fleetrun.ledger.Task`: ``name``,
-        ``spec`` with its ``requires``, ``state``, ``host`` of the previous attempt).
-    :param candidate: one place the attempt could run (a :class:`~fleetrun.Candidate`:
-        ``name`` — ``local`` for this machine, else the peer's —, ``kind``, ``tags``,
-        ``tools``, the measured headroom).
-    :param config: the run's config.
-    :return: None (or ``""``) to let the candidate take the task; else why not, as a
-        phrase that follows the candidate's name, the way the built-in reasons read:
-        ``"keeps GPU tasks off"`` is shown as ``this machine keeps GPU tasks off``
-        (``mini keeps GPU tasks off`` for a peer) in the task's wait, in ``fleetrun
-        status`` and in the ``waiting:`` line. With several filters saying no, the
-        first one's reason is shown (yours run before the built-ins'). The loop
-        cannot see a plugin's rule change, so when every candidate is held by such a
-        reason (or one only a person can clear) the wait counts as one only you can
-        clear: a run whose only tasks left wait like that ends (``cannot place:``).
-    """
-
-
-@hookspec
-def fleetrun_place_score(task: Task, candidate: Candidate, config: Config) -> Optional[float]:
-    """Prefer some candidates for ``task``. Results are concatenated. They are summed
-    and the sum is added to the built-in score; the highest total wins.
-
-    The built-in score is the candidate's **free memory after placing, in MB** (its
-    free memory minus the memory the task is expected to take), so a score of ``1000``
-    weighs as much as 1000 MB of free memory, and ``1e9`` wins over any difference of
-    memory. Ties go to the candidate running fewer tasks, then to the first listed. A
-    candidate whose free memory is unknown ranks below every candidate whose figure
-    is known, whatever its score; among such candidates the score alone decides.
-
-    Called by the built-in ``fleetrun_place`` only for candidates that passed every
-    built-in check and every ``fleetrun_place_filter``: a score chooses among the
-    candidates that can take the task, it never lets in one that cannot. Called at
-    most once per (task, candidate) per pass of the loop.
-
-    May be implemented in a ``fleetconf.py``: yes.
-
-    :param task: the task being placed (a :class:`~fleetrun.ledger.Task`).
-    :param candidate: one candidate that can take it (a :class:`~fleetrun.Candidate`).
-    :param config: the run's config.
-    :return: a number to add to the built-in score (negative to avoid the candidate),
-        or None for no opinion.
-    """
-
-
-@hookspec(firstresult=True)
-def fleetrun_prepare_workspace(task: Task, attempt: Attempt, host: Host, config: Config) -> Optional[Workspace]:
-    """Make (or find again, on a retry or resume) the directory the attempt runs in.
-
-    Stops at the first non-None result: return None for a host that is not yours.
-    The ``worktree`` plugin answers for a ``host.local`` host (a git worktree for a
-    task with ``git_ref``, else the task's ``cwd`` as is); the ``relay`` plugin for its
-    peers. Both are ``trylast``, so an implementation in a ``fleetconf.py`` or a
-    plugin runs first, with or without ``tryfirst``. Must be idempotent: it is called
-    again after a crash.
-
-    :param task: the task, leased (ASSIGNED).
-    :param attempt: the attempt just leased (``attempt.host`` is ``host.name``).
-    :param host: the :class:`~fleetrun.Host` the attempt runs on.
-    :param config: the run's configuration.
-    :return: a :class:`~fleetrun.Workspace`, or None. Raise to refuse (an exception
-        with ``permanent = True`` asks a human at once, ``WorktreeTampered`` too;
-        anything else backs off and tries again).
-    """
-
-
-@hookspec(firstresult=True)
-def fleetrun_build_prompt(task: Task, attempt: Attempt, config: Config, context: dict[str, Any]) -> Optional[str]:
-    """Return the prompt for this attempt.
-
-    Called once per attempt, after its workspace is prepared (and set up) and before
-    ``fleetrun_spawn``. Wrap it (``wrapper=True`` or ``hookwrapper=True``) to decorate the
-    prompt others build; the ``prompt`` plugin builds the default one.
-
-    :param task: the :class:`~fleetrun.ledger.Task`.
-    :param attempt: the :class:`~fleetrun.ledger.Attempt` about to start.
-    :param config: the run's :class:`~fleetrun.config.Config`.
-    :param context: ``handoffs`` (list of :class:`~fleetrun.Handoff` of the
-        dependencies), ``failures`` (verdicts of the previous attempt, on a retry),
-        ``kind`` (``fresh``, ``retry`` or ``resume``), ``resume_reason`` (on a resume, the
-        cause of the move to RESUMING) and ``previous`` (the attempt that cause is about,
-        or the latest one).
-    :return: the prompt (str), or None to leave it to the next implementation; with
-        none at all, the task's own ``prompt`` is used.
-
-    firstresult: stops at the first non-None result.
-
-    May be implemented in a ``fleetconf.py``: yes.
-    """
-
-
-@hookspec(firstresult=True)
-def fleetrun_spawn(
-    task: Task, attempt: Attempt, workspace: Workspace, prompt: str, config: Config
-) -> Optional[SpawnSpec]:
-    """Describe how to start the agent for this attempt. Stops at the first non-None result.
-
-    The ``claude`` plugin answers for ``agent = "claude"``, ``command_agent`` for the
-    agents of ``[agents.NAME]``. May be implemented in a ``fleetconf.py``.
-
-    :param task: the task.
-    :param attempt: the attempt (``attempt.info["resume_session"]``,
-        ``attempt.info["budget_left_usd"]`` when they apply).
-    :param workspace: the prepared :class:`~fleetrun.Workspace`.
-    :param prompt: the prompt ``fleetrun_build_prompt`` built.
-    :param config: the run's configuration.
-    :return: a :class:`~fleetrun.SpawnSpec` (``argv``, ``env``, ``stdin``,
-        ``parser``, ``session_id``), or None if the task's agent is not yours. A dict
-        with those keys is accepted too (what this hook returned before SpawnSpec); a
-        dict with another key is an error (``start_failed:...``, naming it). Raise
-        :class:`~fleetrun.UsageError` for an agent that cannot be started as
-        configured. Nothing starts here: ``fleetrun_start_attempt`` does.
-    """
-
-
-@hookspec(firstresult=True)
-def fleetrun_start_attempt(
-    task: Task, attempt: Attempt, host: Host, spawn: SpawnSpec, prompt: str, config: Config
-) -> Optional[Started]:
-    """Start the attempt and return at once. Stops at the first non-None result.
-
-    The built-in default (the ``shepherd`` plugin, ``trylast``) has ``host`` start a
-    shepherd (``host.start``) running ``spawn`` in the workspace
-    (``attempt.workspace``), with the task environment, the timeouts and the loop's
-    wake-up socket. A plugin that runs an attempt its own way (a mailbox delivering it
-    to a role, a cluster scheduler) returns its own :class:`~fleetrun.Started`; the
-    loop then polls ``host.status`` for the attempt as for any other. May be
-    implemented in a ``fleetconf.py``.
-
-    :param task: the task (ASSIGNED).
-    :param attempt: the attempt, ``starting``; ``attempt.workspace`` is the prepared
-        workspace (a dict of :class:`~fleetrun.Workspace`'s fields).
-    :param host: the :class:`~fleetrun.Host` it was placed on.
-    :param spawn: the :class:`~fleetrun.SpawnSpec` ``fleetrun_spawn`` returned.
-    :param prompt: the prompt.
-    :param config: the run's configuration.
-    :return: a :class:`~fleetrun.Started`, or None to leave it to the next
-        implementation (none at all: the task needs a human, ``plugin_missing``).
-        Raise :class:`~fleetrun.StartRefused` when the host will not start it (a retry
-        is not used, the task backs off from that host); any other exception is
-        ``start_failed:<message>`` (backed off too).
-    """
-
-
-@hookspec(firstresult=True)
-def fleetrun_agent_result(task: Task, attempt: Attempt, log_path: str, exit_code: Optional[int], config: Config) -> Optional[AgentResult]:
-    """Read an ended attempt's output and say whether the session completed.
-
-    Called once per attempt whose agent ended (or whose shepherd died), before the
-    attempt is recorded. An agent's exit code is not to be trusted: the ``claude`` plugin
-    needs a ``result`` event without ``is_error``.
-
-    :param task: the :class:`~fleetrun.ledger.Task`.
-    :param attempt: the ended :class:`~fleetrun.ledger.Attempt`.
-    :param log_path: the attempt's output, on this machine (for a peer, the copy
-        fetched as its status is polled).
-    :param exit_code: the agent's exit code, or None when it is unknown (killed, or the
-        shepherd died).
-    :param config: the run's :class:`~fleetrun.config.Config`.
-    :return: an :class:`~fleetrun.AgentResult`, or None if the output is not yours
-        (with none at all, an agent that exited has the outcome ``unknown``, and its
-        cost is unknown).
-
-    firstresult: stops at the first non-None result.
-
-    May be implemented in a ``fleetconf.py``: yes.
-    """
-
-
-@hookspec(firstresult=True)
-def fleetrun_collect_work(task: Task, attempt: Attempt, workspace: Workspace, host: Host,
-                          config: Config) -> Optional[str]:
-    """An attempt's session ended well; gather its work before the verifiers run.
-
-    Stops at the first non-None result: return None for a host that is not yours.
-    The ``worktree`` plugin answers for a ``host.local`` worktree (it commits what the
-    agent left uncommitted on the task's branch and returns the new commit); the
-    ``relay`` plugin for its peers (it commits there, and fetches the branch back
-    when a verifier or a dependent needs it here). May be implemented in a
-    ``fleetconf.py``.
-
-    :param task: the task (still RUNNING).
-    :param attempt: the attempt that ended.
-    :param workspace: the attempt's :class:`~fleetrun.Workspace`.
-    :param host: the :class:`~fleetrun.Host` the attempt ran on.
-    :param config: the run's configuration.
-    :return: the commit made, ``""`` for "handled, nothing made", or None.
-        ``WorktreeTampered`` sends the task to a human; a ``GitError`` is noted and
-        the verifiers run all the same.
-    """
-
-
-@hookspec(firstresult=True)
-def fleetrun_verify(
-    task: Task, verifier: VerifySpec, workspace: Workspace, attempt: Attempt, host: Host, config: Config
-) -> Optional[Union[Verdict, VerifyHandle]]:
-    """Run one verifier. Stops at the first non-None result: return None for a
-    ``verifier.kind`` (or a host) that is not yours.
-
-    Also called for each of a task's ``setup`` commands, before its agent's first
-    attempt in a workspace: then ``verifier`` is a ``run`` spec whose
-    ``extra["setup"]`` is the command's 1-based number (it is not one of
-    ``task.spec.verify``). A plugin that runs ``run`` commands elsewhere (on a peer,
-    in a sandbox) so runs setup the same way; one that judges ``run`` verifiers
-    differently should leave these to the default (return None). ``verify_run``
-    answers ``run`` for a ``host.local`` host, the ``relay`` plugin for its peers.
-    May be implemented in a ``fleetconf.py``.
-
-    :param task: the task (VERIFYING, or ASSIGNED for a setup command).
-    :param verifier: the :class:`~fleetrun.VerifySpec` (``kind``, ``text``,
-        ``label``, ``timeout_s``, ``extra``).
-    :param workspace: the attempt's :class:`~fleetrun.Workspace`.
-    :param attempt: the attempt whose work is verified.
-    :param host: the :class:`~fleetrun.Host` the attempt ran on.
-    :param config: the run's configuration.
-    :return: a :class:`~fleetrun.Verdict`, or a handle whose ``poll()`` returns one
-        when ready (for anything that takes time). A verifier must be safe to run
-        again: after a crash it is.
-    """
-
-
-@hookspec(firstresult=True)
-def fleetrun_handoff(task: Task, attempt: Attempt, host: Host, config: Config) -> Optional[Handoff]:
-    """Build what a DONE task hands to its dependents. Stops at the first non-None.
-
-    The ``worktree`` plugin answers for a ``host.local`` host (the branch and the last
-    session's summary), the ``relay`` plugin for its peers (and how to fetch the
-    branch). May be implemented in a ``fleetconf.py``.
-
-    :param task: the task (DONE, or NEEDS_HUMAN being approved).
-    :param attempt: the attempt that ran (None if none did, for an approved task).
-    :param host: the :class:`~fleetrun.Host` the task ran on.
-    :param config: the run's configuration.
-    :return: a :class:`~fleetrun.Handoff`, or None.
-    """
-
-
-@hookspec
-def fleetrun_cleanup_workspace(task: Task, host: Host, config: Config) -> None:
-    """A task reached a terminal state; remove what is no longer needed (a clean
-    worktree after DONE; its branch stays). Every implementation is called: each
-    acts only for a host of its own (``worktree``: ``host.local``; ``relay``: its
-    peers). May be implemented in a ``fleetconf.py``.
-
-    :param task: the task, in its terminal state.
-    :param host: the :class:`~fleetrun.Host` of ``task.host``.
-    :param config: the run's configuration.
-    :return: nothing (results are ignored). A ``GitError`` or ``OSError`` is noted
-        on the task.
-    """
+# ---------------------------------------------------------------------------------
+# Per task: place, prepare, prompt, spawn, verify, hand off, clean up
+#
+# In fleetrun.hookspec_task (imported above).
 
 
 # ---------------------------------------------------------------------------------
@@ -662,3 +387,40 @@ def fleetrun_verdict(task: Task, verdict: Verdict, attempt: Attempt, config: Con
 
     May be implemented in a ``fleetconf.py``: yes.
     """
+
+
+# the per-task hooks are imported to be this module's own: public, and seen by
+# ``add_hookspecs`` and ``vars(fleetrun.hookspec)`` with the rest
+__all__ = [
+    "fleetrun_addhooks",
+    "fleetrun_addoption",
+    "fleetrun_agent_result",
+    "fleetrun_build_prompt",
+    "fleetrun_candidates",
+    "fleetrun_cleanup_workspace",
+    "fleetrun_collect_file",
+    "fleetrun_collect_work",
+    "fleetrun_collection_modifyitems",
+    "fleetrun_config_keys",
+    "fleetrun_configure",
+    "fleetrun_handoff",
+    "fleetrun_hosts",
+    "fleetrun_place",
+    "fleetrun_place_filter",
+    "fleetrun_place_score",
+    "fleetrun_prepare_workspace",
+    "fleetrun_report_header",
+    "fleetrun_sessionfinish",
+    "fleetrun_sessionstart",
+    "fleetrun_spawn",
+    "fleetrun_start_attempt",
+    "fleetrun_task_keys",
+    "fleetrun_task_waiting",
+    "fleetrun_terminal_summary",
+    "fleetrun_transition",
+    "fleetrun_unconfigure",
+    "fleetrun_verbs",
+    "fleetrun_verdict",
+    "fleetrun_verify",
+    "hookspec",
+]
