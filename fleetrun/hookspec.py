@@ -372,6 +372,28 @@ def fleetrun_task_waiting(task: Task, reason: str, config: Config) -> None:
     """
 
 
+@hookspec(firstresult=True)
+def fleetrun_status_reason(task: Task, config: Config) -> Optional[str]:
+    """Say why ``fleetrun status`` should show a placed, running or verifying task as
+    stuck where it runs (a peer that stopped answering, say), instead of its reason in
+    the ledger. Called by ``status`` for each such task with a ``host``; the ``relay``
+    plugin answers for its peers from its cached peer state.
+
+    ``status`` runs while a loop may run elsewhere and must stay fast: read what is
+    cached (no SSH, no heavy imports).
+
+    :param task: a :class:`~fleetrun.ledger.Task` in ASSIGNED, RUNNING or VERIFYING, with
+        ``task.host`` set.
+    :param config: the :class:`~fleetrun.config.Config` of the ``status`` command.
+    :return: the reason to show, or None to show the task's own.
+
+    firstresult: stops at the first non-None result.
+
+    May be implemented in a ``fleetconf.py``: yes (of the tasks files ``status`` names;
+    it names none, so in practice a plugin).
+    """
+
+
 @hookspec
 def fleetrun_verdict(task: Task, verdict: Verdict, attempt: Attempt, config: Config) -> None:
     """A verifier reached a verdict (already recorded in the ledger).

@@ -256,8 +256,9 @@ def test_plugin_docs_name_every_field(heading: str, classes: list[str]) -> None:
 def test_plugin_docs_give_the_verify_handles_methods() -> None:
     """The Protocol's methods (``poll``, ``cancel``) and the optional ``fileno`` and
     ``next_deadline`` the loop sleeps on between passes."""
-    from fleetrun.reports import VerifyHandle
+    from fleetrun.reports import Cancellable, HasDeadline, Selectable, VerifyHandle
 
     section = doc_section("### `VerifySpec` and the verifier's handle")
-    protocol = {n for n in vars(VerifyHandle) if not n.startswith("_") and callable(getattr(VerifyHandle, n))}
-    assert set(table_fields(section)) == protocol | {"fileno", "next_deadline"}
+    protocol = {n for proto in (VerifyHandle, Cancellable, Selectable, HasDeadline) for n in vars(proto)
+                if not n.startswith("_") and callable(getattr(proto, n))}
+    assert set(table_fields(section)) == protocol

@@ -31,9 +31,6 @@ KNOWN_PLUGIN_IMPORTS: set[tuple[str, str]] = {
     # the reviewer agent runs Claude Code and reads its stream-json with the claude
     # plugin's own helpers (issue 12: move them to a core module both import)
     ("fleetrun.plugins.verify_agent", "fleetrun.plugins.claude"),
-    # `status` shows why a peer is not answering from the relay's cached peer state
-    # (issue 12: status asks the hosts' plugins through a hook)
-    ("fleetrun.commands", "fleetrun.plugins.relay.peers"),
 }
 
 

@@ -224,3 +224,39 @@ def fleetrun_prepare_workspace(task, attempt, host, config):
     assert (task.state, att.host, att.workspace["path"]) == (State.DONE, "mini", str(custom))
     assert (custom / "out.txt").read_text() == "hi"  # the agent ran there, not in a worktree of mini's
     assert not (mini.home / "worktrees").exists() or not list((mini.home / "worktrees").iterdir())
+
+
+def test_status_shows_what_the_hosts_plugin_says_about_its_task(fleeter: Any, secondhost: str) -> None:
+    """``fleetrun_status_reason``: the plugin of the host a task runs on says why it is
+    stuck there; ``status`` shows that instead of the ledger's reason."""
+    task = on_bay(fleeter)
+    r = fleeter.run("-p", secondhost, "status", "--wide")
+    assert r.ret == 0 and "bay is closed" not in r.stdout, r.stdout + r.stderr
+    (fleeter.home / "bay").mkdir(parents=True, exist_ok=True)
+    (fleeter.home / "bay" / "closed").write_text("")
+    r = fleeter.run("-p", secondhost, "status", "--wide")
+    assert r.ret == 0, r.stderr
+    (line,) = [ln for ln in r.stdout.splitlines() if task.id in ln]
+    assert "RUNNING" in line and "bay is closed (secondhost)" in line
+
+
+def test_the_relay_says_a_silent_peer_has_not_answered(tmp_path: Path) -> None:
+    """The relay's ``fleetrun_status_reason`` reads its cached peer state: an error newer
+    than the last answer is a peer that has not answered."""
+    import json
+    from types import SimpleNamespace
+
+    from fleetrun.plugins import relay
+    from fleetrun.plugins.relay.peers import STATE_FILE
+    from fleetrun.stash import Stash
+
+    now = time.time()
+    (tmp_path / STATE_FILE).write_text(json.dumps({
+        "mini": {"last_heard": now - 300, "error": "timed out", "error_at": now - 5},
+        "maxi": {"last_heard": now - 1, "error": "timed out", "error_at": now - 300},
+    }))
+    config = SimpleNamespace(home=tmp_path, stash=Stash())
+    said = relay.fleetrun_status_reason(task=SimpleNamespace(host="mini"), config=config)
+    assert said is not None and said.startswith("mini has not answered for 5m;") and "fleetrun cancel" in said
+    assert relay.fleetrun_status_reason(task=SimpleNamespace(host="maxi"), config=config) is None
+    assert relay.fleetrun_status_reason(task=SimpleNamespace(host="local"), config=config) is None

@@ -36,3 +36,11 @@ class Bay(LocalHost):
 @fleetrun.hookimpl
 def fleetrun_hosts(config: Any) -> list[Any]:
     return [Bay(config.home, name=NAME, root=bay_root(config))]
+
+
+@fleetrun.hookimpl
+def fleetrun_status_reason(task: Any, config: Any) -> Optional[str]:
+    """What ``status`` shows for a task on ``bay`` while ``bay/closed`` exists."""
+    if task.host == NAME and (bay_root(config) / "closed").exists():
+        return "bay is closed (secondhost)"
+    return None

@@ -61,12 +61,18 @@ The package, one concern a module (``-p no:relay`` removes all of it):
 
 from __future__ import annotations
 
+import time
 from typing import TYPE_CHECKING, Any, Optional
 
 from ...hookimpl import hookimpl
+from ...stash import StashKey
 
 if TYPE_CHECKING:
     from ...config import Config
+
+
+#: The peer state file as one ``status`` read it (read once, for every task on a peer).
+_STATUS_STATE = StashKey[dict[str, Any]]()
 
 
 def _positive(v: float) -> Optional[str]:
@@ -154,3 +160,20 @@ def fleetrun_verbs(pluginmanager: Any) -> list[Any]:
                                                "collect, cleanup, verify-start, verify-status, verify-stop, "
                                                "bundle (docs/peers.md)")),
     ]
+
+
+@hookimpl(trylast=True)
+def fleetrun_status_reason(task: Any, config: Config) -> Optional[str]:
+    """A task on a peer that has not answered since its last error: say so (from the
+    cached peer state, read once per ``status``; no SSH)."""
+    from ...textutil import ago
+    from .peers import load_state
+
+    cached = config.stash.get(_STATUS_STATE)
+    if cached is None:
+        cached = config.stash[_STATUS_STATE] = load_state(config.home)
+    e = cached.get(task.host or "")
+    if isinstance(e, dict) and e.get("error") and (e.get("error_at") or 0) >= (e.get("last_heard") or 0):
+        return (f"{task.host} has not answered for {ago(e.get('last_heard'), time.time())}; the attempt may "
+                "still run there, so the task waits (fleetrun cancel to give up)")
+    return None

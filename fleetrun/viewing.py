@@ -1,0 +1,214 @@
+"""The verbs that read the ledger for a person: ``status`` (the table, ``--graph``,
+``--json``) and ``logs`` (a task's transitions, verdicts and notes)."""
+
+from __future__ import annotations
+
+import json
+import os
+import time
+from pathlib import Path
+from typing import TYPE_CHECKING, Optional, TextIO
+
+from . import ops
+from .exceptions import ExitCode, UsageError
+from .ledger import Ledger, Task, open_ledger
+from .states import State
+from .table import cut, fit_table, terminal_width
+from .textutil import ago, safe_name, safe_text
+
+if TYPE_CHECKING:
+    from .config import Config
+
+
+def _where(t: Task) -> str:
+    return t.host or "-"
+
+
+def worktree_now(t: Task) -> Optional[str]:
+    """The task's worktree, or None once it was removed (after DONE, or by gc). A
+    peer's worktree is on the peer: kept as recorded."""
+    if t.worktree and t.host in (None, "local") and not os.path.lexists(t.worktree):
+        return None
+    return t.worktree
+
+
+def cmd_status(config: Config, out: TextIO, err: TextIO) -> int:
+    led = open_ledger(config)
+    states = None
+    if config.option.state:
+        try:
+            states = {State(config.option.state.upper())}
+        except ValueError:
+            raise UsageError(f"{config.option.state!r} is not a state; one of "
+                             f"{', '.join(s.value for s in State)}", key="--state") from None
+    tasks = led.tasks(states)
+    if config.option.json:
+        print(json.dumps([dict(t.to_json(), worktree=worktree_now(t)) for t in tasks], indent=2), file=out)
+        return ExitCode.OK
+    if config.option.graph:
+        _print_graph(led, tasks, out)
+        return ExitCode.OK
+    _print_supervisor_line(config, led, out)
+    if not tasks:
+        print("no tasks in the ledger" + (f" in state {config.option.state}" if states else ""), file=out)
+        return ExitCode.OK
+    now = time.time()
+    waits = json.loads(led.get_meta("waits") or "{}")
+    from .hostapi import missing_host_reason
+
+    rows = []
+    unknown = led.unknown_cost()
+    for t in tasks:
+        cost = f"${t.cost_usd:.2f}" if t.cost_usd else "-"
+        if t.id in unknown:  # an attempt's cost was never reported: what is known is a floor
+            cost = f"${t.cost_usd:.2f}+" if t.cost_usd else "?"
+        reason = waits.get(t.id, t.reason) if t.state in (State.READY, State.RETRYING, State.RESUMING) else t.reason
+        placed = t.state in (State.ASSIGNED, State.RUNNING, State.VERIFYING) and t.host
+        said = config.hook.fleetrun_status_reason(task=t, config=config) if placed else None
+        if said:  # its host's plugin knows better (a peer that stopped answering)
+            reason = said
+        missing = missing_host_reason(config, t.host) if placed else None
+        if missing:
+            reason = f"{missing}; the attempt may still run there, so the task waits (fleetrun cancel to give up)"
+        # what a task's name or reason holds is shown, not sent
+        rows.append([safe_name(t.name), t.state.value, str(t.attempts), safe_text(_where(t)), ago(t.created, now),
+                     cost, t.id, safe_text(t.branch or "-"), safe_text(reason)])
+    width = None if getattr(config.option, "wide", False) else terminal_width(out)
+    lines, left_out, was_cut = fit_table(rows, width)
+    for line in lines:
+        print(line, file=out)
+    if width is not None and (left_out or was_cut):
+        dropped = f"; {', '.join(left_out)} left out" if left_out else ""
+        print(cut(f"(cut to fit {width} columns{dropped}; --wide shows all)", width), file=out)
+    return ExitCode.OK
+
+
+def _print_supervisor_line(config: Config, led: Ledger, out: TextIO) -> None:
+    from .policy import local_drain_source
+
+    source = local_drain_source(config.home / "policy.toml")
+    if source is not None:  # what undrain cannot clear comes first
+        print(f"this machine is draining ({safe_text(source)})", file=out)
+    elif led.get_meta("drain") == "1":
+        print("this machine is draining (fleetrun drain; fleetrun undrain to start work)", file=out)
+    try:
+        from .liveness import describe
+
+        line = describe(config.home)
+    except ImportError:  # pragma: no cover
+        line = None
+    if line:
+        print(safe_text(line), file=out)
+
+
+def why(t: Task, by_id: dict[str, Task], waits: dict[str, str]) -> str:
+    """Why a task is not running, in a few words."""
+    if t.state is State.PENDING:
+        blocking = [by_id[d] for d in t.deps if d in by_id and by_id[d].state is not State.DONE]
+        if blocking:
+            return "waiting for " + ", ".join(f"{safe_name(d.name)} ({d.state})" for d in blocking)
+        return "dependencies done; waiting for the loop"
+    if t.state in (State.READY, State.RETRYING, State.RESUMING):
+        return waits.get(t.id) or ("waiting for a place" if t.state is State.READY else t.reason)
+    if t.state in (State.NEEDS_HUMAN, State.CANCELLED):
+        return t.reason
+    return ""
+
+
+def _print_graph(led: Ledger, tasks: list[Task], out: TextIO) -> None:
+    by_id = {t.id: t for t in led.tasks()}
+    shown = {t.id for t in tasks}
+    waits = json.loads(led.get_meta("waits") or "{}")
+    children: dict[str, list[Task]] = {}
+    for t in tasks:
+        for d in t.deps:
+            children.setdefault(d, []).append(t)
+    roots = [t for t in tasks if not any(d in shown for d in t.deps)]
+    seen: set[str] = set()
+
+    def show(t: Task, depth: int) -> None:
+        reason = why(t, by_id, waits)
+        again = t.id in seen
+        extra = f"  {reason}" if reason and not again else ""
+        print(f"{'  ' * depth}{safe_name(t.name)} [{t.state}] {t.id}{' (see above)' if again else ''}"
+              f"{safe_text(extra)}", file=out)
+        if again:
+            return
+        seen.add(t.id)
+        for c in children.get(t.id, []):
+            show(c, depth + 1)
+
+    if not tasks:
+        print("no tasks in the ledger", file=out)
+    for r in roots:
+        show(r, 0)
+
+
+def cmd_logs(config: Config, out: TextIO, err: TextIO) -> int:
+    led = open_ledger(config)
+    task = ops.resolve(led, config.option.task)
+    rows = led.transitions(task.id)
+    verdicts = led.verdicts(task.id)
+    attempts = {a.id: a for a in led.attempts(task.id)}
+    if config.option.json:
+        print(json.dumps({
+            "task": dict(task.to_json(), worktree=worktree_now(task)),
+            "transitions": [r.__dict__ for r in rows],
+            "verdicts": [v.__dict__ for v in verdicts],
+            "attempts": [a.__dict__ for a in attempts.values()],
+        }, indent=2, default=str), file=out)
+        return ExitCode.OK
+    plus = "+" if any(a.cost_usd is None for a in attempts.values()) else ""
+    print(f"{safe_name(task.name)} {task.id} [{task.state}]  cost ${task.cost_usd:.2f}{plus}", file=out)
+    # where its work is: what a human looking at a NEEDS_HUMAN task opens first
+    if task.worktree:
+        where = "" if task.host in (None, "local") else f" on {safe_text(task.host)}"
+        shown = safe_text(task.worktree)
+        print(f"worktree: {shown}{where}" if worktree_now(task) else f"worktree: removed (was {shown})", file=out)
+    if task.branch:
+        print(f"branch: {safe_text(task.branch)}", file=out)
+    events: list[tuple[float, int, str]] = []
+    for r in rows:
+        where = f" attempt {r.attempt}" if r.attempt else ""
+        host = f" on {r.host}" if r.host else ""
+        src = r.from_state or ""
+        events.append((r.time, 0, f"{src:>11} -> {r.to_state:<11} {safe_text(r.cause)}{where}{safe_text(host)}"))
+    for v in verdicts:
+        att = attempts.get(v.attempt_id)
+        num = att.number if att else "?"
+        head = (f"{'PASS' if v.passed else 'FAIL'} verifier {v.idx + 1} ({safe_text(v.kind)}: {safe_text(v.label)}) "
+                f"attempt {num}")
+        if v.reason:
+            head += f": {safe_text(v.reason)}"
+        if v.cost_usd:
+            head += f" (${v.cost_usd:.2f})"
+        body = "".join(f"\n    | {safe_text(line)}" for line in v.output.rstrip().splitlines()[-40:])
+        events.append((v.time, 1, head + body))
+    for a in attempts.values():
+        for s in (a.info or {}).get("setup_steps") or []:  # the task's setup commands, before its agent
+            if not isinstance(s, dict):
+                continue
+            head = (f"{'PASS' if s.get('passed') else 'FAIL'} setup {s.get('n')} "
+                    f"({safe_text(s.get('command'), limit=60)}) attempt {a.number}: {safe_text(s.get('reason'))}")
+            lines = [] if s.get("passed") else str(s.get("output") or "").rstrip().splitlines()[-40:]
+            events.append((float(s.get("time") or a.created), 1, head + "".join(
+                f"\n    | {safe_text(line)}" for line in lines)))
+        if a.ended:
+            text = f"attempt {a.number} ({a.kind}) ended: {safe_text(a.outcome or '-')}"
+            if a.cost_usd is None:
+                text += ", cost unknown"
+            elif a.cost_usd:
+                text += f", ${a.cost_usd:.2f}"
+            if a.dir:
+                text += f", log {safe_text(Path(a.dir) / 'log')}"
+            for d in (a.info or {}).get("denials") or []:
+                if isinstance(d, dict):
+                    tool_input = json.dumps(d.get("tool_input", {}))[:120]
+                    text += f"\n    permission denied: {safe_text(d.get('tool_name'), limit=80)} {safe_text(tool_input)}"
+            events.append((a.ended, 0, text))
+    for t, text in led.notes(task.id):
+        events.append((t, 2, f"note: {safe_text(text)}"))
+    for t, _, text in sorted(events, key=lambda e: (e[0], e[1])):
+        stamp = time.strftime("%Y-%m-%d %H:%M:%S", time.localtime(t))
+        print(f"{stamp}  {text}", file=out)
+    return ExitCode.OK
