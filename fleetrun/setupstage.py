@@ -123,16 +123,25 @@ class SetupStage:
         for task_id, s in list(self.running.items()):
             if s.handle is None:
                 continue
-            task = self.loop.led.get(task_id)
-            if task is None or task.state is not State.ASSIGNED:  # cancelled meanwhile
-                self.drop(task_id, "cancelled")
-                continue
-            verdict = s.handle.poll()
-            if verdict is None:
-                continue
-            s.handle = None
-            if self.record(task, s, verdict):
-                self.advance(task_id)
+            # one task's bug (a raising fleetrun_spawn as its agent starts) stops that task
+            with self.loop.isolated(task_id):
+                try:
+                    self._poll_one(task_id, s)
+                except Exception:  # not Ctrl-C: cancel_all still has to stop its command
+                    self.running.pop(task_id, None)
+                    raise
+
+    def _poll_one(self, task_id: str, s: SettingUp) -> None:
+        task = self.loop.led.get(task_id)
+        if task is None or task.state is not State.ASSIGNED:  # cancelled meanwhile
+            self.drop(task_id, "cancelled")
+            return
+        verdict = s.handle.poll() if s.handle is not None else None
+        if verdict is None:
+            return
+        s.handle = None
+        if self.record(task, s, verdict):
+            self.advance(task_id)
 
     def record(self, task: Task, s: SettingUp, verdict: Verdict) -> bool:
         """Record one command's end. :return: True to go on with the next."""

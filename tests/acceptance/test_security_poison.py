@@ -156,3 +156,23 @@ def test_an_exception_while_adopting_does_not_crash_loop(fleeter, fake_claude):
     assert task.state.value == "NEEDS_HUMAN"
     assert task.reason == "internal_error:RuntimeError: injected for boom"
     assert "RuntimeError: injected for boom" in (fleeter.home / "internal-error.log").read_text()
+
+
+@pytest.mark.parametrize("hook,extra", [("spawn", ", workspace, prompt"), ("build_prompt", ", context")])
+def test_an_exception_after_setup_is_contained(fleeter, fake_claude, hook, extra):
+    """A task with ``setup`` starts its agent from the setup stage's poll: a hook that
+    raises there stops that task (NEEDS_HUMAN internal_error), not the run, and the
+    task is not left ASSIGNED."""
+    tasks(fleeter, (*HEALTHY, "boom"))
+    text = (fleeter.path / "tasks.toml").read_text()
+    fleeter.write_tasks('setup = ["true"]\n' + text)
+    fleeter.write_fleetconf(RAISING_FLEETCONF.format(hook=hook, extra=extra))
+    fake_claude.script(**{n: [WRITE] for n in (*HEALTHY, "boom")})
+    r = fleeter.run("tasks.toml")
+    assert r.ret == 1, r.stdout + r.stderr
+    assert "INTERNAL ERROR" not in r.stderr
+    states = fleeter.states()
+    assert {n: states[n] for n in HEALTHY} == dict.fromkeys(HEALTHY, "DONE")
+    task = fleeter.task("boom")
+    assert task.state.value == "NEEDS_HUMAN"
+    assert task.reason == "internal_error:RuntimeError: injected for boom"
