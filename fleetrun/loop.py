@@ -146,14 +146,16 @@ class Loop:
         detail = " ".join(f"{type(exc).__name__}: {exc}".split())
         detail = "".join(c if c.isprintable() else "?" for c in detail)[:200]
         try:
-            self._contain(task_id, detail)
+            ended = self._contain(task_id, detail)
         except Exception as again:  # the ledger itself fails: not one task's problem
             raise exc from again
         where = f"the traceback is in {log}" if log else "the traceback follows:\n" + text
-        self.config.err.write(f"fleetrun: internal error while handling a task ({detail}); it needs a human; "
-                              f"{where}\n")
+        what = f"it stays {ended.value} (a note in its logs says so)" if ended else "it needs a human"
+        self.config.err.write(f"fleetrun: internal error while handling a task ({detail}); {what}; {where}\n")
 
-    def _contain(self, task_id: str, detail: str) -> None:
+    def _contain(self, task_id: str, detail: str) -> Optional[State]:
+        """Set the task aside. :return: its state when it had already ended (DONE, say:
+        a cleanup hook raised), which it keeps; None when it now needs a human."""
         self.verify.drop(task_id)
         for att in self.led.attempts(task_id):
             if att.state not in ("leased", "starting", "running"):
@@ -168,16 +170,17 @@ class Loop:
                                     outcome="internal_error", ended=time.time())
         task = self.led.get(task_id)
         if task is None:
-            return
+            return None
         if task.state.terminal:
             self.led.add_note(task_id, f"internal error after it was {task.state}: {detail}")
-            return
+            return task.state
         now = self.move(task, State.NEEDS_HUMAN, f"internal_error:{detail}", attempt=task.attempts or None)
         if now is not None:
             try:
                 self.finish_terminal(now)
             except Exception as e:  # a cleanup hook that fails too: the task is already set aside
                 self.led.add_note(task_id, f"cleanup failed: {type(e).__name__}: {e}")
+        return None
 
     def get(self, task_id: str) -> Task:
         task = self.led.get(task_id)

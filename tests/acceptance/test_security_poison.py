@@ -176,3 +176,20 @@ def test_an_exception_after_setup_is_contained(fleeter, fake_claude, hook, extra
     task = fleeter.task("boom")
     assert task.state.value == "NEEDS_HUMAN"
     assert task.reason == "internal_error:RuntimeError: injected for boom"
+
+
+def test_a_cleanup_hook_that_raises_leaves_done_done_and_says_so(fleeter, fake_claude):
+    tasks(fleeter, ("boom",))
+    fleeter.write_fleetconf('''
+import fleetrun
+
+@fleetrun.hookimpl(tryfirst=True)
+def fleetrun_cleanup_workspace(task, config):
+    raise RuntimeError("injected for " + task.name)
+''')
+    fake_claude.script(boom=[WRITE])
+    r = fleeter.run("tasks.toml")
+    assert "INTERNAL ERROR" not in r.stderr, r.stderr
+    assert fleeter.task("boom").state.value == "DONE"
+    assert "(RuntimeError: injected for boom); it stays DONE" in r.stderr, r.stderr
+    assert "needs a human" not in r.stderr
