@@ -62,9 +62,9 @@ def _refused(check: Callable[[Any], None], value: Any) -> bool:
         if check is ft.check_stream:
             return not ft.claude.result_from_log(value, 0).ok
         if check is ft.check_result_event:
-            ft.claude.parse_result_event(value)
+            ft.claudecli.parse_result_event(value)
         elif check is ft.check_reset:
-            return ft.claude.parse_reset(value) is None
+            return ft.claudecli.parse_reset(value) is None
         elif check is ft.check_status:
             untrusted.parse_status(value)
         elif check is ft.check_status_bytes:

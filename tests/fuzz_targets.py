@@ -16,7 +16,7 @@ from typing import Any, Callable
 
 from hypothesis import strategies as st
 
-from fleetrun import untrusted
+from fleetrun import claudecli, untrusted
 from fleetrun.hosts import status_from_bytes
 from fleetrun.plugins import claude
 from fleetrun.plugins.verify_brain import BrainError, parse_brain_reply
@@ -90,13 +90,13 @@ STREAMS = st.lists(LINES | st.text(max_size=50), max_size=6).map("\n".join)
 
 def check_stream(text: str) -> None:
     try:
-        parsed = claude.read_stream(text)
+        parsed = claudecli.read_stream(text)
     except untrusted.Malformed as e:
         assert str(e)
     else:
         res = parsed["result"]
         assert res is None or (math.isfinite(res.cost_usd) and 0 <= res.cost_usd <= untrusted.MAX_COST_USD)
-    compat = claude.parse_stream(text)  # the dict shape verify_agent reads: never raises
+    compat = claudecli.parse_stream(text)  # the dict shape verify_agent reads: never raises
     assert compat["result"] is None or isinstance(compat["result"]["total_cost_usd"], float)
     for code in (0, 1, None):
         out = claude.result_from_log(text, code)
@@ -119,7 +119,7 @@ def check_agent_result(out: AgentResult) -> None:
 
 def check_result_event(ev: Any) -> None:
     try:
-        res = claude.parse_result_event(ev)
+        res = claudecli.parse_result_event(ev)
     except untrusted.Malformed as e:
         assert str(e)
         return
@@ -139,7 +139,7 @@ RESET_TEXT = (st.builds(lambda n: f"Claude AI usage limit reached|{n}", st.integ
 
 def check_reset(text: str) -> None:
     now = time.time()
-    at = claude.parse_reset(text, now)
+    at = claudecli.parse_reset(text, now)
     assert at is None or now - 86400 <= at <= now + untrusted.MAX_RESET_HORIZON_S
 
 

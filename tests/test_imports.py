@@ -28,9 +28,6 @@ KNOWN_RELAY_CYCLES: set[str] = set()
 #: the core knows plugins only by name and through hooks, and a plugin reaches another
 #: through ``config.pluginmanager.get_plugin(name)``; these are left to be rewritten.
 KNOWN_PLUGIN_IMPORTS: set[tuple[str, str]] = {
-    # the reviewer agent runs Claude Code and reads its stream-json with the claude
-    # plugin's own helpers (issue 12: move them to a core module both import)
-    ("fleetrun.plugins.verify_agent", "fleetrun.plugins.claude"),
 }
 
 

@@ -14,7 +14,7 @@ import pytest
 from fuzz_targets import TARGETS
 from hypothesis import HealthCheck, given, settings
 
-from fleetrun import untrusted
+from fleetrun import claudecli, untrusted
 from fleetrun.hosts import LocalHost, read_status, status_from_bytes
 from fleetrun.plugins import claude
 from fleetrun.plugins.verify_brain import BrainError, parse_brain_reply
@@ -87,7 +87,7 @@ def test_a_healthy_result() -> None:
 ])
 def test_a_malformed_result_is_a_died_session_with_its_reason(fields: dict[str, Any], why: str) -> None:
     with pytest.raises(untrusted.Malformed, match=why):
-        claude.parse_result_event(json.loads(result(**fields)))
+        claudecli.parse_result_event(json.loads(result(**fields)))
     out = claude.result_from_log(result(**fields) + "\n", 0)
     assert not out.ok and out.reason.startswith("malformed_output:result.")
     assert out.cost_usd is None  # unreadable: the cost is unknown, not $0
@@ -107,7 +107,7 @@ def test_a_malformed_rate_limit_event(info: Any, why: str) -> None:
 @pytest.mark.parametrize("fields", [{"total_cost_usd": "abc"}, {"total_cost_usd": float("nan")},
                                     {"errors": 5, "is_error": True}, {"result": 7}])
 def test_a_malformed_reviewer_stream_is_a_fail_verdict_with_its_reason(fields: dict[str, Any]) -> None:
-    """verify_agent reads the reviewer's stream-json through claude.parse_stream."""
+    """verify_agent reads the reviewer's stream-json through claudecli.parse_stream."""
     from fleetrun.plugins.verify_agent import verdict_from_stream
 
     passed, reason, _, cost = verdict_from_stream(result(**fields) + "\n", 0)
@@ -125,7 +125,7 @@ def test_a_non_string_session_id_in_any_event() -> None:
     "[" * 100_000, "{" + '"a":' * 50_000 + "1", "{" * 20_000, "9" * 100_000,
 ])
 def test_noise_lines_are_skipped_never_raised(noise: str) -> None:
-    assert claude.parse_line(noise) is None or isinstance(claude.parse_line(noise), dict)
+    assert claudecli.parse_line(noise) is None or isinstance(claudecli.parse_line(noise), dict)
     out = claude.result_from_log(noise + "\n" + result() + "\n", 0)
     assert out.ok
     out = claude.result_from_log(noise + "\n", 0)
@@ -152,10 +152,10 @@ def test_surrogates_in_the_result_never_reach_sqlite_or_the_terminal() -> None:
 
 
 def test_usage_limit_legacy_epoch_past_the_horizon_is_not_believed() -> None:
-    assert claude.parse_reset("Claude AI usage limit reached|99999999999", NOW) is None
-    assert claude.parse_reset(f"Claude AI usage limit reached|{int(NOW) + 600}", NOW) == NOW + 600
-    assert claude.parse_reset("You've hit your limit · resets 5:99pm (UTC)", NOW) is None  # not a time
-    assert claude.parse_reset("limit reached · resets Feb 31, 2pm", NOW) is None
+    assert claudecli.parse_reset("Claude AI usage limit reached|99999999999", NOW) is None
+    assert claudecli.parse_reset(f"Claude AI usage limit reached|{int(NOW) + 600}", NOW) == NOW + 600
+    assert claudecli.parse_reset("You've hit your limit · resets 5:99pm (UTC)", NOW) is None  # not a time
+    assert claudecli.parse_reset("limit reached · resets Feb 31, 2pm", NOW) is None
 
 
 def test_usage_limit_legacy_through_the_plugin() -> None:

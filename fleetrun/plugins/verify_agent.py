@@ -43,15 +43,15 @@ import uuid
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Optional, Union
 
+from ..claudecli import (  # one reader of Claude Code's output, shared with `claude`
+    executable,
+    parse_stream,
+)
 from ..diffutil import local_workspace, parse_reply, review_prompt, task_diff
 from ..hookimpl import hookimpl
 from ..procutil import KEEP_BYTES, ProcessHandle, tail_text, task_env
-
-# A sibling plugin's pure functions (no hooks called): the claude executable setting
-# and the stream-json reader are one contract, kept in one place.
 from ..reports import MIN_BUDGET_USD, Verdict
 from ..untrusted import Malformed, cost, obj, one_of, opt_boolean, opt_text, text
-from .claude import executable, parse_stream
 
 if TYPE_CHECKING:
     from ..config import Config
