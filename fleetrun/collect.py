@@ -6,7 +6,9 @@ problem in a file at once, each as ``ERROR: file:LINE: task 'NAME': key: message
 
 from __future__ import annotations
 
+import copy
 import difflib
+import json
 import os
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -19,6 +21,8 @@ from .taskkeys import (  # noqa: F401
     BUILTIN_TASK_KEYS,
     BUILTIN_VERIFY_KEYS,
     BUILTIN_VERIFY_KINDS,
+    DEFAULT_TASK_KEYS,
+    NOT_DEFAULT_KEYS,
     NUM,
     KeyTable,
     type_name,
@@ -34,15 +38,16 @@ from .taskspec import (
     TaskSpec,
     VerifySpec,
 )
-from .textutil import safe_name
+from .textutil import safe_name, safe_text
 from .tomlfile import LineMap, describe_value, map_lines, parse_toml_file
 
 #: Top-level tables a tasks file may hold besides ``[[task]]``; their contents are
 #: settings merged over ``config.toml`` (checked by the plugins that read them).
 TOP_LEVEL_TABLES = ("agents", "brain")
 #: Top-level keys that are defaults for every ``[[task]]`` of the file that does not
-#: set its own (written before the first table, as TOML requires).
-TOP_LEVEL_DEFAULTS = ("setup",)
+#: set its own (written before the first table, as TOML requires); plugins' ``[[task]]``
+#: keys may be too (:meth:`KeyTable.default_keys`).
+TOP_LEVEL_DEFAULTS = DEFAULT_TASK_KEYS
 SETUP_STEP_KEYS = ("run", "timeout_s")
 
 
@@ -72,6 +77,25 @@ class TaskFile:
     graph: list[GraphNode] = field(default_factory=list)
 
 
+class TaskDefaults(dict[str, Any]):
+    """Checked defaults of every task, by key, as :func:`collect_toml` takes them (the
+    value as written; ``setup``: its steps).
+
+    :ivar where: the file and line each default was written on.
+    """
+
+    def __init__(self, *args: Any, **kwargs: Any) -> None:
+        super().__init__(*args, **kwargs)
+        self.where: dict[str, tuple[str, int]] = {}
+
+    def under(self, other: Optional[dict[str, Any]]) -> TaskDefaults:
+        """These defaults over ``other`` (the layer below them), key by key."""
+        merged = TaskDefaults(other or {})
+        merged.where.update(getattr(other, "where", {}))
+        merged.update(self)
+        merged.where.update(self.where)
+        return merged
+
 
 def _suggest(key: str, known: Iterable[str]) -> str:
     close = difflib.get_close_matches(key, list(known), n=1, cutoff=0.6)
@@ -99,33 +123,46 @@ def collect_toml(path: Path, keys: KeyTable, display: str, defaults: Optional[di
     """Parse and validate one TOML tasks file; raise :class:`UsageErrors` with every problem.
 
     :param defaults: the project file's task defaults (:func:`collect_defaults`), under
-        the file's own top-level defaults.
+        the file's own top-level defaults, which are under each task's own keys.
     """
     data, text = parse_toml_file(path, display)
     lines = map_lines(text)
     errs = _Errors(display)
     base = path.parent
 
-    known_top = ("task", *TOP_LEVEL_TABLES, *TOP_LEVEL_DEFAULTS)
-    for top in data:
-        if top not in known_top:
-            errs.add(lines.get("top", top), top, f"unknown key{_suggest(top, known_top)}")
-        elif top in TOP_LEVEL_TABLES and not isinstance(data[top], dict):
-            errs.add(lines.get("top", top), top, "must be a table")
+    default_keys = keys.default_keys()
+    tables = ("task", *TOP_LEVEL_TABLES)
+    known_top = (*tables, *default_keys)
+    own = TaskDefaults()
+    for top, value in data.items():
+        line = lines.get("top", top)
+        # a table where a default takes none and a table's name is close: `[agent.codex]`
+        # is a misspelt `[agents.codex]`, not a wrong `agent = "..."`
+        misspelt_table = (isinstance(value, dict) and top in default_keys and dict not in default_keys[top].types
+                          and _suggest(top, TOP_LEVEL_TABLES))
+        if top in TOP_LEVEL_TABLES:
+            if not isinstance(value, dict):
+                errs.add(line, top, "must be a table")
+        elif top == "task":
+            pass
+        elif top in default_keys and not misspelt_table:
+            _take_default(top, value, default_keys[top], (str(path), line), top, errs, own)
+        elif top in NOT_DEFAULT_KEYS:
+            errs.add(line, top, _not_a_default(top))
+        else:
+            errs.add(line, top, f"unknown key{_suggest(top, tables if misspelt_table else known_top)}")
 
     raw_tasks = data.get("task", [])
     if not isinstance(raw_tasks, list) or not all(isinstance(t, dict) for t in raw_tasks):
         errs.add(lines.get("top", "task"), "task", "must be an array of tables, written [[task]]")
         raw_tasks = []
 
-    default_setup: list[VerifySpec] = list((defaults or {}).get("setup", []))
-    if "setup" in data:
-        default_setup = _collect_setup(data["setup"], lines.get("top", "setup"), "setup", errs) or []
+    merged = own.under(defaults)  # the file's own over the project file's, key by key
 
     specs: list[TaskSpec] = []
     graph: list[GraphNode] = []
     for i, raw in enumerate(raw_tasks):
-        spec = _collect_task(i, raw, keys, lines, errs, base, default_setup)
+        spec = _collect_task(i, raw, keys, lines, errs, base, merged)
         if spec is not None:
             spec.source = str(path)
             specs.append(spec)
@@ -199,35 +236,79 @@ def _collect_setup(value: Any, line: int, label: str, errs: _Errors) -> Optional
     return steps if len(errs.items) == n_before else None
 
 
+def _not_a_default(key: str) -> str:
+    return f"cannot be a default of every task ({NOT_DEFAULT_KEYS[key]}); write it in each [[task]]"
+
+
+def _take_default(key: str, value: Any, decl: KeyDecl, where: tuple[str, int], label: str, errs: _Errors,
+                  out: TaskDefaults) -> None:
+    """Check one default as the same key of a ``[[task]]`` is checked; keep it if good."""
+    line = where[1]
+    if key == "setup":
+        steps = _collect_setup(value, line, label, errs)
+        if steps is None:
+            return
+        out[key] = steps
+    elif _check_value(decl, value, line, label, errs):
+        out[key] = value
+    else:
+        return
+    out.where[key] = where
+
+
 def collect_defaults(table: dict[str, Any], line_of: Callable[[str], int], display: str,
-                     label: str) -> dict[str, Any]:
+                     label: str, keys: Optional[KeyTable] = None, path: str = "") -> TaskDefaults:
     """Task defaults from outside a tasks file (the project file's ``[task]``): the keys
-    a tasks file takes at its top level as defaults (:data:`TOP_LEVEL_DEFAULTS`), with
-    the same checks.
+    a tasks file takes at its top level as defaults (:meth:`KeyTable.default_keys`),
+    with the same checks.
 
     :param line_of: the line a key was written on.
     :param label: what errors put before a key (``tool.fleetrun.task.``).
+    :param keys: the run's key table (plugins' ``[[task]]`` keys may be defaults too).
+    :param path: the file, as :attr:`TaskDefaults.where` keeps it (default: ``display``).
     :return: the checked values, by key, as :func:`collect_toml` takes them.
     :raises UsageError: every mistake at once.
     """
     errs = _Errors(display)
-    out: dict[str, Any] = {}
+    default_keys = (keys or KeyTable.build()).default_keys()
+    out = TaskDefaults()
     for key, value in table.items():
-        if key not in TOP_LEVEL_DEFAULTS:
-            errs.add(line_of(key), f"{label}{key}",
-                     f"unknown key (a default of every task can be: {', '.join(TOP_LEVEL_DEFAULTS)})")
-            continue
-        steps = _collect_setup(value, line_of(key), f"{label}{key}", errs)  # setup: the only one yet
-        if steps is not None:
-            out[key] = steps
+        line = line_of(key)
+        if key in default_keys:
+            _take_default(key, value, default_keys[key], (path or display, line), f"{label}{key}", errs, out)
+        elif key in NOT_DEFAULT_KEYS:
+            errs.add(line, f"{label}{key}", _not_a_default(key))
+        else:
+            hint = _suggest(key, default_keys) or f" (a default of every task can be: {', '.join(default_keys)})"
+            errs.add(line, f"{label}{key}", f"unknown key{hint}")
     if errs.items:
         raise UsageErrors(errs.items) if len(errs.items) > 1 else errs.items[0]
     return out
 
 
+def describe_defaults(spec: TaskSpec, invocation_dir: Optional[Path] = None) -> str:
+    """The defaults ``spec`` took, each with where it was written, for ``validate -v``:
+    ``model = "opus" (pyproject.toml:9), max_retries = 1 (tasks.toml:1)``, or
+    ``no defaults``. Built-in keys in :data:`DEFAULT_TASK_KEYS` order, then plugins'."""
+    order = [k for k in DEFAULT_TASK_KEYS if k in spec.defaulted]
+    order += [k for k in spec.defaulted if k not in order]
+    parts = []
+    for key in order:
+        if key == "setup":
+            value: Any = [s.text for s in spec.setup]
+        elif key in spec.extra:
+            value = spec.extra[key]
+        else:
+            value = getattr(spec, key, None)
+        where = display_path(Path(spec.defaulted[key]), invocation_dir)
+        shown = json.dumps(value, ensure_ascii=False, default=str)
+        parts.append(f"{key} = {shown} ({where}:{spec.key_lines.get(key, 0)})")
+    return safe_text(", ".join(parts)) if parts else "no defaults"
+
+
 def _collect_task(
     i: int, raw: dict[str, Any], keys: KeyTable, lines: LineMap, errs: _Errors, base: Path,
-    default_setup: Optional[list[VerifySpec]] = None,
+    defaults: Optional[TaskDefaults] = None,
 ) -> Optional[TaskSpec]:
     head = lines.get("task", i)
     name = raw.get("name")
@@ -255,6 +336,24 @@ def _collect_task(
                 good[key] = value
             else:
                 extra[key] = value
+
+    # defaults: for each key the task does not set itself (a list of its own replaces
+    # the default's whole: no merging, as `setup` always did)
+    defaults = defaults if defaults is not None else TaskDefaults()
+    defaulted: dict[str, str] = {}
+    default_lines: dict[str, int] = {}
+    for key, value in defaults.items():
+        if key in raw:
+            continue
+        defaulted[key], default_lines[key] = defaults.where.get(key, ("", head))
+        if key == "setup":
+            continue  # below
+        decl = keys.task.get(key)
+        value = copy.deepcopy(value)  # each task its own lists
+        if any(d is decl for d in BUILTIN_TASK_KEYS):
+            good[key] = value
+        else:
+            extra[key] = value
 
     # cwd: relative to the tasks file, and it must exist.
     cwd = base
@@ -297,7 +396,7 @@ def _collect_task(
     if len(set(deps)) != len(deps):
         errs.add(lines.get("task", i, "depends_on", default=head), f"{who}: depends_on", "names a task twice")
 
-    setup = list(default_setup or [])
+    setup = list(defaults.get("setup", []))
     if "setup" in good:  # the task's own list replaces the file's (`setup = []`: none)
         setup = _collect_setup(good["setup"], lines.get("task", i, "setup", default=head), f"{who}: setup",
                                errs) or []
@@ -338,7 +437,8 @@ def _collect_task(
         verify=verifies,
         setup=setup,
         extra=extra,
-        key_lines={k: lines.get("task", i, k, default=head) for k in raw if k != "verify"},
+        key_lines={**{k: lines.get("task", i, k, default=head) for k in raw if k != "verify"}, **default_lines},
+        defaulted=defaulted,
     )
 
 

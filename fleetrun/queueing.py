@@ -52,7 +52,7 @@ def collect(config: Config) -> list[TaskFile]:
     """
     keys = KeyTable.build(config.hook.fleetrun_task_keys(config=config))
     if config.project is not None:
-        config.project.task_defaults()  # its mistakes first, once, naming the project file
+        config.project.task_defaults(keys)  # its mistakes first, once, naming the project file
     files = []
     graph_only: list[Any] = []
     errors: list[UsageError] = []

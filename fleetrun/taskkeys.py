@@ -92,7 +92,24 @@ BUILTIN_VERIFY_KEYS: tuple[KeyDecl, ...] = (
     KeyDecl("timeout_s", NUM, where="verify", doc="seconds before the verifier fails", check=_positive),
 )
 
-#: Top-level tables a tasks file may hold besides ``[[task]]``; their contents are
+#: The ``[[task]]`` keys that may also be written once as a default of every task: at a
+#: tasks file's top level and in the project file's ``[task]`` (docs/tasks-toml.md,
+#: "Defaults of every task"). Keys a plugin declares for ``[[task]]`` may be too.
+DEFAULT_TASK_KEYS: tuple[str, ...] = (
+    "agent", "model", "permission_mode", "allowed_tools", "max_retries", "timeout_min",
+    "stall_timeout_min", "budget_usd", "requires", "git_ref", "peer", "setup",
+)
+
+_IDENTITY = "it is a task's identity"
+_RELATIVE = "it is a path relative to the file it is written in"
+#: The other built-in ``[[task]]`` keys, and why each cannot be a default: what names one
+#: task (two tasks with one name, prompt, branch or role would be one task twice), the
+#: graph, and paths, which are relative to the file that holds them.
+NOT_DEFAULT_KEYS: dict[str, str] = {
+    "name": _IDENTITY, "prompt": _IDENTITY, "branch": _IDENTITY, "role": _IDENTITY,
+    "depends_on": "it is the task graph",
+    "cwd": _RELATIVE, "paths": _RELATIVE,
+}
 
 _TYPE_NAMES = {str: "a string", int: "an integer", float: "a number", list: "a list", bool: "true or false", dict: "a table"}
 
@@ -131,3 +148,12 @@ class KeyTable:
                     raise ValueError(f"KeyDecl {d.key!r}: where must be task, verify or verify_kind")
                 target.setdefault(d.key, d)
         return table
+
+    def default_keys(self) -> dict[str, KeyDecl]:
+        """The keys that may be a default of every task: :data:`DEFAULT_TASK_KEYS`, then
+        every ``[[task]]`` key a plugin declared (a plugin's key has no file of its own
+        to be relative to, so nothing keeps it from being one)."""
+        builtin = {d.key for d in BUILTIN_TASK_KEYS}
+        out = {k: self.task[k] for k in DEFAULT_TASK_KEYS}
+        out.update({k: d for k, d in self.task.items() if k not in builtin})
+        return out
