@@ -483,6 +483,18 @@ def test_every_builtin_task_key_is_a_default_or_says_why_not() -> None:
     assert set(NOT_DEFAULT_KEYS) == {"name", "prompt", "depends_on", "branch", "role", "cwd", "paths"}
 
 
+def test_the_docs_list_the_default_keys_of_taskkeys() -> None:
+    """docs/tasks-toml.md and docs/configuration.md name the same keys as the code."""
+    from fleetrun.taskkeys import DEFAULT_TASK_KEYS, NOT_DEFAULT_KEYS
+
+    docs = Path(__file__).resolve().parents[1] / "docs"
+    listed = ", ".join(f"`{k}`" for k in DEFAULT_TASK_KEYS)
+    assert listed in (docs / "tasks-toml.md").read_text()
+    assert listed in (docs / "configuration.md").read_text()
+    refused = (docs / "tasks-toml.md").read_text()
+    assert all(f"`{k}`" in refused for k in NOT_DEFAULT_KEYS)
+
+
 def test_defaults_are_not_shared_between_tasks(tmp_path: Path) -> None:
     p = tmp_path / "t.toml"
     p.write_text('requires = ["gpu"]\nallowed_tools = ["Read"]\n\n[[task]]\nname = "a"\nprompt = "x"\n\n'
