@@ -267,7 +267,8 @@ def collect_defaults(table: dict[str, Any], line_of: Callable[[str], int], displ
     :param keys: the run's key table (plugins' ``[[task]]`` keys may be defaults too).
     :param path: the file, as :attr:`TaskDefaults.where` keeps it (default: ``display``).
     :return: the checked values, by key, as :func:`collect_toml` takes them.
-    :raises UsageError: every mistake at once.
+    :raises UsageError: every mistake at once (``UsageErrors`` for several); its
+        ``partial`` holds the defaults that passed, so the tasks files are still checked.
     """
     errs = _Errors(display)
     default_keys = (keys or KeyTable.build()).default_keys()
@@ -282,7 +283,9 @@ def collect_defaults(table: dict[str, Any], line_of: Callable[[str], int], displ
             hint = _suggest(key, default_keys) or f" (a default of every task can be: {', '.join(default_keys)})"
             errs.add(line, f"{label}{key}", f"unknown key{hint}")
     if errs.items:
-        raise UsageErrors(errs.items) if len(errs.items) > 1 else errs.items[0]
+        e = UsageErrors(errs.items) if len(errs.items) > 1 else errs.items[0]
+        e.partial = out  # type: ignore[attr-defined]
+        raise e
     return out
 
 

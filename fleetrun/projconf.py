@@ -117,16 +117,23 @@ class ProjectConfig:
         :param keys: the run's key table, so plugins' ``[[task]]`` keys may be defaults;
             the first call of a run decides.
         :return: a :class:`~fleetrun.collect.TaskDefaults`.
-        :raises UsageError: every mistake of the table, with its line.
+        :raises UsageError: on the first call, every mistake of the table, with its line;
+            later calls return the defaults that passed (each mistake is reported once,
+            with the tasks files' own).
         """
         if self._defaults is None:
             table = self.data.get("task", {})
+            self._defaults = {}
             if not isinstance(table, dict):
                 raise self.error("task", "must be a table")
             from .collect import collect_defaults
 
-            self._defaults = collect_defaults(table, lambda key: self.lines.get("table", "task", key),
-                                              self.display, f"{self.prefix}task.", keys, str(self.path))
+            try:
+                self._defaults = collect_defaults(table, lambda key: self.lines.get("table", "task", key),
+                                                  self.display, f"{self.prefix}task.", keys, str(self.path))
+            except UsageError as e:
+                self._defaults = getattr(e, "partial", {})
+                raise
         return self._defaults
 
     def defaults_digest(self) -> str:

@@ -448,3 +448,13 @@ def test_the_git_top_level_is_the_root_in_a_linked_worktree(fleeter: Any, repo: 
     fleeter.monkeypatch.chdir(linked / "sub")
     assert collected(fleeter.runsub("--co")) == ["<Task user-api>"]
     assert os.path.isfile(linked / ".git")
+
+
+def test_project_default_mistakes_come_with_the_tasks_files_own(fleeter: Any, repo: Path) -> None:
+    # every error at once: the project file's first, then the tasks file's, in one run
+    write(repo / "sub" / "fleetrun.toml", '[task]\nmax_retries = -1\nmodel = "opus"\n')
+    write(repo / "sub" / "tasks.toml", 'timeout_min = 0\n\n[[task]]\nname = "a"\nprompt = "x"\nretries = 1\n')
+    assert errors_of(fleeter.runsub("validate")) == [
+        "ERROR: fleetrun.toml:2: task.max_retries: must not be negative",
+        "ERROR: tasks.toml:1: timeout_min: must be greater than 0",
+        "ERROR: tasks.toml:6: task 'a': retries: unknown key (did you mean 'max_retries'?)"]
