@@ -458,3 +458,21 @@ def test_project_default_mistakes_come_with_the_tasks_files_own(fleeter: Any, re
         "ERROR: fleetrun.toml:2: task.max_retries: must not be negative",
         "ERROR: tasks.toml:1: timeout_min: must be greater than 0",
         "ERROR: tasks.toml:6: task 'a': retries: unknown key (did you mean 'max_retries'?)"]
+
+
+def test_a_plugin_task_key_as_a_project_default(fleeter: Any, repo: Path) -> None:
+    write(repo / "sub" / "fleetconf.py", """
+        import fleetrun
+
+        def fleetrun_task_keys(config):
+            return [fleetrun.KeyDecl("priority", (int,), check=lambda v: None if 0 <= v <= 9 else "must be 0..9")]
+
+        def fleetrun_collection_modifyitems(config, items):
+            for t in items:
+                print("KEYS", t.name, [t.extra])
+    """)
+    write(repo / "pyproject.toml", '[tool.fleetrun.task]\npriority = 2\n')
+    assert keys_of(fleeter.runsub("--co")) == {name: [{"priority": 2}] for name in ("user-schema", "user-api", "fix-it")}
+    write(repo / "pyproject.toml", '[tool.fleetrun.task]\npriority = 12\n')
+    assert errors_of(fleeter.runsub("validate")) == [
+        f"ERROR: {repo / 'pyproject.toml'}:2: tool.fleetrun.task.priority: must be 0..9"]
