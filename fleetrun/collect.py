@@ -7,16 +7,16 @@ problem in a file at once, each as ``ERROR: file:LINE: task 'NAME': key: message
 from __future__ import annotations
 
 import copy
-import difflib
 import json
 import os
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Callable, Iterable, Optional
+from typing import Any, Optional
 
 from .exceptions import UsageError, UsageErrors
 
-# BUILTIN_*: importable from here, as before the key table had its own module
+# BUILTIN_*, SETUP_STEP_KEYS: importable from here, as before the key table had its own module
+from .taskdefaults import TaskDefaults, collect_defaults, not_a_default, take_default  # noqa: F401
 from .taskkeys import (  # noqa: F401
     BUILTIN_TASK_KEYS,
     BUILTIN_VERIFY_KEYS,
@@ -24,22 +24,25 @@ from .taskkeys import (  # noqa: F401
     DEFAULT_TASK_KEYS,
     NOT_DEFAULT_KEYS,
     NUM,
+    SETUP_STEP_KEYS,
+    KeyErrors,
     KeyTable,
+    check_value,
+    collect_setup,
+    suggest,
     type_name,
     type_ok,
 )
 from .taskspec import (
     DEFAULT_MAX_RETRIES,
-    DEFAULT_SETUP_TIMEOUT_S,
     DEFAULT_STALL_TIMEOUT_MIN,
     DEFAULT_TIMEOUT_MIN,
     DEFAULT_VERIFY_TIMEOUT_S,
-    KeyDecl,
     TaskSpec,
     VerifySpec,
 )
 from .textutil import safe_name, safe_text
-from .tomlfile import LineMap, describe_value, map_lines, parse_toml_file
+from .tomlfile import LineMap, map_lines, parse_toml_file
 
 #: Top-level tables a tasks file may hold besides ``[[task]]``; their contents are
 #: settings merged over ``config.toml`` (checked by the plugins that read them).
@@ -48,7 +51,6 @@ TOP_LEVEL_TABLES = ("agents", "brain")
 #: set its own (written before the first table, as TOML requires); plugins' ``[[task]]``
 #: keys may be too (:meth:`KeyTable.default_keys`).
 TOP_LEVEL_DEFAULTS = DEFAULT_TASK_KEYS
-SETUP_STEP_KEYS = ("run", "timeout_s")
 
 
 # ---------------------------------------------------------------------------------
@@ -77,40 +79,6 @@ class TaskFile:
     graph: list[GraphNode] = field(default_factory=list)
 
 
-class TaskDefaults(dict[str, Any]):
-    """Checked defaults of every task, by key, as :func:`collect_toml` takes them (the
-    value as written; ``setup``: its steps).
-
-    :ivar where: the file and line each default was written on.
-    """
-
-    def __init__(self, *args: Any, **kwargs: Any) -> None:
-        super().__init__(*args, **kwargs)
-        self.where: dict[str, tuple[str, int]] = {}
-
-    def under(self, other: Optional[dict[str, Any]]) -> TaskDefaults:
-        """These defaults over ``other`` (the layer below them), key by key."""
-        merged = TaskDefaults(other or {})
-        merged.where.update(getattr(other, "where", {}))
-        merged.update(self)
-        merged.where.update(self.where)
-        return merged
-
-
-def _suggest(key: str, known: Iterable[str]) -> str:
-    close = difflib.get_close_matches(key, list(known), n=1, cutoff=0.6)
-    return f" (did you mean '{close[0]}'?)" if close else ""
-
-
-class _Errors:
-    def __init__(self, display: str) -> None:
-        self.display = display
-        self.items: list[UsageError] = []
-
-    def add(self, line: int, key: Optional[str], message: str) -> None:
-        self.items.append(UsageError(message, file=self.display, line=line, key=key))
-
-
 def display_path(path: Path, invocation_dir: Optional[Path] = None) -> str:
     base = invocation_dir or Path.cwd()
     try:
@@ -127,7 +95,7 @@ def collect_toml(path: Path, keys: KeyTable, display: str, defaults: Optional[di
     """
     data, text = parse_toml_file(path, display)
     lines = map_lines(text)
-    errs = _Errors(display)
+    errs = KeyErrors(display)
     base = path.parent
 
     default_keys = keys.default_keys()
@@ -139,18 +107,18 @@ def collect_toml(path: Path, keys: KeyTable, display: str, defaults: Optional[di
         # a table where a default takes none and a table's name is close: `[agent.codex]`
         # is a misspelt `[agents.codex]`, not a wrong `agent = "..."`
         misspelt_table = (isinstance(value, dict) and top in default_keys and dict not in default_keys[top].types
-                          and _suggest(top, TOP_LEVEL_TABLES))
+                          and suggest(top, TOP_LEVEL_TABLES))
         if top in TOP_LEVEL_TABLES:
             if not isinstance(value, dict):
                 errs.add(line, top, "must be a table")
         elif top == "task":
             pass
         elif top in default_keys and not misspelt_table:
-            _take_default(top, value, default_keys[top], (str(path), line), top, errs, own)
+            take_default(top, value, default_keys[top], (str(path), line), top, errs, own)
         elif top in NOT_DEFAULT_KEYS:
-            errs.add(line, top, _not_a_default(top))
+            errs.add(line, top, not_a_default(top))
         else:
-            errs.add(line, top, f"unknown key{_suggest(top, tables if misspelt_table else known_top)}")
+            errs.add(line, top, f"unknown key{suggest(top, tables if misspelt_table else known_top)}")
 
     raw_tasks = data.get("task", [])
     if not isinstance(raw_tasks, list) or not all(isinstance(t, dict) for t in raw_tasks):
@@ -183,112 +151,6 @@ def collect_toml(path: Path, keys: KeyTable, display: str, defaults: Optional[di
     return tf
 
 
-def _check_value(
-    decl: KeyDecl, value: Any, line: int, label: str, errs: _Errors
-) -> bool:
-    if not type_ok(value, decl.types):
-        errs.add(line, label, f"must be {type_name(decl.types)}, not {describe_value(value)}")
-        return False
-    if decl.check is not None:
-        problem = decl.check(value)
-        if problem:
-            errs.add(line, label, problem)
-            return False
-    return True
-
-
-def _collect_setup(value: Any, line: int, label: str, errs: _Errors) -> Optional[list[VerifySpec]]:
-    """A ``setup`` list: each command a string, or a table ``{run = "...", timeout_s = N}``
-    (the keys of a ``run`` verifier). :return: the steps, or None after an error."""
-    if not isinstance(value, list):
-        errs.add(line, label, f"must be a list of commands, not {describe_value(value)}")
-        return None
-    n_before = len(errs.items)
-    steps: list[VerifySpec] = []
-    for k, item in enumerate(value, 1):
-        where = f"{label} #{k}"
-        timeout: Any = DEFAULT_SETUP_TIMEOUT_S
-        if isinstance(item, dict):
-            for key in item:
-                if key not in SETUP_STEP_KEYS:
-                    errs.add(line, f"{where}: {key}", f"unknown key{_suggest(key, SETUP_STEP_KEYS)}")
-            if "run" not in item:
-                errs.add(line, where, "needs run = \"command\"")
-                continue
-            if "timeout_s" in item:
-                timeout = item["timeout_s"]
-                if not type_ok(timeout, NUM):
-                    errs.add(line, f"{where}: timeout_s", f"must be a number, not {describe_value(timeout)}")
-                    continue
-                if not timeout > 0:
-                    errs.add(line, f"{where}: timeout_s", "must be greater than 0")
-                    continue
-            item = item["run"]
-            where = f"{where}: run"
-        if not isinstance(item, str):
-            errs.add(line, where, f"must be a command string or a table {{run = ..., timeout_s = ...}}, "
-                                  f"not {describe_value(item)}")
-            continue
-        if not item.strip():
-            errs.add(line, where, "must not be empty")
-            continue
-        steps.append(VerifySpec(kind="run", text=item, timeout_s=float(timeout), extra={"setup": k}, line=line))
-    return steps if len(errs.items) == n_before else None
-
-
-def _not_a_default(key: str) -> str:
-    return f"cannot be a default of every task ({NOT_DEFAULT_KEYS[key]}); write it in each [[task]]"
-
-
-def _take_default(key: str, value: Any, decl: KeyDecl, where: tuple[str, int], label: str, errs: _Errors,
-                  out: TaskDefaults) -> None:
-    """Check one default as the same key of a ``[[task]]`` is checked; keep it if good."""
-    line = where[1]
-    if key == "setup":
-        steps = _collect_setup(value, line, label, errs)
-        if steps is None:
-            return
-        out[key] = steps
-    elif _check_value(decl, value, line, label, errs):
-        out[key] = value
-    else:
-        return
-    out.where[key] = where
-
-
-def collect_defaults(table: dict[str, Any], line_of: Callable[[str], int], display: str,
-                     label: str, keys: Optional[KeyTable] = None, path: str = "") -> TaskDefaults:
-    """Task defaults from outside a tasks file (the project file's ``[task]``): the keys
-    a tasks file takes at its top level as defaults (:meth:`KeyTable.default_keys`),
-    with the same checks.
-
-    :param line_of: the line a key was written on.
-    :param label: what errors put before a key (``tool.fleetrun.task.``).
-    :param keys: the run's key table (plugins' ``[[task]]`` keys may be defaults too).
-    :param path: the file, as :attr:`TaskDefaults.where` keeps it (default: ``display``).
-    :return: the checked values, by key, as :func:`collect_toml` takes them.
-    :raises UsageError: every mistake at once (``UsageErrors`` for several); its
-        ``partial`` holds the defaults that passed, so the tasks files are still checked.
-    """
-    errs = _Errors(display)
-    default_keys = (keys or KeyTable.build()).default_keys()
-    out = TaskDefaults()
-    for key, value in table.items():
-        line = line_of(key)
-        if key in default_keys:
-            _take_default(key, value, default_keys[key], (path or display, line), f"{label}{key}", errs, out)
-        elif key in NOT_DEFAULT_KEYS:
-            errs.add(line, f"{label}{key}", _not_a_default(key))
-        else:
-            hint = _suggest(key, default_keys) or f" (a default of every task can be: {', '.join(default_keys)})"
-            errs.add(line, f"{label}{key}", f"unknown key{hint}")
-    if errs.items:
-        e = UsageErrors(errs.items) if len(errs.items) > 1 else errs.items[0]
-        e.partial = out  # type: ignore[attr-defined]
-        raise e
-    return out
-
-
 def describe_defaults(spec: TaskSpec, invocation_dir: Optional[Path] = None) -> str:
     """The defaults ``spec`` took, each with where it was written, for ``validate -v``:
     ``model = "opus" (pyproject.toml:9), max_retries = 1 (tasks.toml:1)``, or
@@ -310,7 +172,7 @@ def describe_defaults(spec: TaskSpec, invocation_dir: Optional[Path] = None) -> 
 
 
 def _collect_task(
-    i: int, raw: dict[str, Any], keys: KeyTable, lines: LineMap, errs: _Errors, base: Path,
+    i: int, raw: dict[str, Any], keys: KeyTable, lines: LineMap, errs: KeyErrors, base: Path,
     defaults: Optional[TaskDefaults] = None,
 ) -> Optional[TaskSpec]:
     head = lines.get("task", i)
@@ -332,9 +194,9 @@ def _collect_task(
         if decl is None:
             if isinstance(value, dict):
                 line = lines.get("task", i, "table", key, default=line)
-            errs.add(line, f"{who}: {key}", f"unknown key{_suggest(key, [*keys.task, 'verify'])}")
+            errs.add(line, f"{who}: {key}", f"unknown key{suggest(key, [*keys.task, 'verify'])}")
             continue
-        if _check_value(decl, value, line, f"{who}: {key}", errs):
+        if check_value(decl, value, line, f"{who}: {key}", errs):
             if any(d is decl for d in BUILTIN_TASK_KEYS):
                 good[key] = value
             else:
@@ -401,7 +263,7 @@ def _collect_task(
 
     setup = list(defaults.get("setup", []))
     if "setup" in good:  # the task's own list replaces the file's (`setup = []`: none)
-        setup = _collect_setup(good["setup"], lines.get("task", i, "setup", default=head), f"{who}: setup",
+        setup = collect_setup(good["setup"], lines.get("task", i, "setup", default=head), f"{who}: setup",
                                errs) or []
 
     verifies: list[VerifySpec] = []
@@ -446,7 +308,7 @@ def _collect_task(
 
 
 def _collect_verify(
-    i: int, j: int, rv: dict[str, Any], keys: KeyTable, lines: LineMap, errs: _Errors, who: str, head: int
+    i: int, j: int, rv: dict[str, Any], keys: KeyTable, lines: LineMap, errs: KeyErrors, who: str, head: int
 ) -> Optional[VerifySpec]:
     vline = lines.get("task", i, "verify", j, default=head)
     label = f"{who}: verify #{j + 1}"
@@ -464,9 +326,9 @@ def _collect_verify(
         line = lines.get("task", i, "verify", j, key, default=vline)
         decl = keys.verify_kinds.get(key) or keys.verify.get(key)
         if decl is None:
-            errs.add(line, f"{label}: {key}", f"unknown key{_suggest(key, [*keys.verify_kinds, *keys.verify])}")
+            errs.add(line, f"{label}: {key}", f"unknown key{suggest(key, [*keys.verify_kinds, *keys.verify])}")
             continue
-        if _check_value(decl, value, line, f"{label}: {key}", errs):
+        if check_value(decl, value, line, f"{label}: {key}", errs):
             if key in keys.verify_kinds or any(d is decl for d in BUILTIN_VERIFY_KEYS):
                 good[key] = value
             else:
@@ -506,7 +368,7 @@ def check_graph(files: list[TaskFile], invocation_dir: Optional[Path] = None) ->
     for node in by_name.values():
         for dep in node.depends_on:
             if dep not in by_name:
-                errors.append(UsageError(f"'{dep}' is not a task{_suggest(dep, by_name)}",
+                errors.append(UsageError(f"'{dep}' is not a task{suggest(dep, by_name)}",
                                          file=node.file, line=node.deps_line, key=f"task '{node.name}': depends_on"))
 
     # cycles: iterative DFS in file order, each cycle reported once

@@ -116,7 +116,7 @@ class ProjectConfig:
 
         :param keys: the run's key table, so plugins' ``[[task]]`` keys may be defaults;
             the first call of a run decides.
-        :return: a :class:`~fleetrun.collect.TaskDefaults`.
+        :return: a :class:`~fleetrun.taskdefaults.TaskDefaults`.
         :raises UsageError: on the first call, every mistake of the table, with its line;
             later calls return the defaults that passed (each mistake is reported once,
             with the tasks files' own).
@@ -126,7 +126,7 @@ class ProjectConfig:
             self._defaults = {}
             if not isinstance(table, dict):
                 raise self.error("task", "must be a table")
-            from .collect import collect_defaults
+            from .taskdefaults import collect_defaults
 
             try:
                 self._defaults = collect_defaults(table, lambda key: self.lines.get("table", "task", key),
