@@ -400,6 +400,24 @@ def steady(seen: dict[str, str], task_id: str, decision: Union[Placement, Wait])
 # -- fleetrun validate -----------------------------------------------------------------
 
 
+def _requires_line(source: str, head: int, cache: dict[str, Any]) -> int:
+    """The line of a task's ``requires =`` (else its ``[[task]]`` line)."""
+    from ..tomlfile import map_lines
+
+    if source not in cache:
+        try:
+            cache[source] = map_lines(Path(source).read_text(encoding="utf-8"))
+        except (OSError, UnicodeDecodeError):
+            cache[source] = None
+    lines = cache[source]
+    if lines is None:
+        return head
+    for where, line in lines.lines.items():
+        if len(where) == 2 and where[0] == "task" and line == head:
+            return int(lines.lines.get((*where, "requires"), head))
+    return head
+
+
 @hookimpl(trylast=True)
 def fleetrun_collection_modifyitems(config: Any, items: list[Any]) -> None:
     """Warn about a ``requires`` entry that is never met: its name (``node`` in
@@ -408,6 +426,7 @@ def fleetrun_collection_modifyitems(config: Any, items: list[Any]) -> None:
     tags = set(configured_tags(config))
     tools = list(configured_tools(config))
     warnings = config.stash.setdefault("warnings", [])
+    cache: dict[str, Any] = {}
     from ..collect import display_path
     from ..repochecks import checkout_warnings
 
@@ -417,9 +436,11 @@ def fleetrun_collection_modifyitems(config: Any, items: list[Any]) -> None:
             r = parse_requirement(req)
             if r is None or r.name in tags or r.name in tools:
                 continue
-            # where requires was written: the task, or the default it took (the project file)
+            # where requires was written: the task, or the default it took (the project file);
+            # the file is read again only for a collector that kept no key_lines
             where = display_path(Path(t.file_of("requires")), config.invocation_dir) if t.source else "?"
-            line = t.key_lines.get("requires", t.line)
+            line = (t.key_lines["requires"] if "requires" in t.key_lines
+                    else _requires_line(t.source, t.line, cache) if t.source else t.line)
             probed = ", ".join(tools)
             what = f"`{req}`" if r.bare else f"`{req}`: `{r.name}`"
             warnings.append(
