@@ -6,44 +6,51 @@ problem in a file at once, each as ``ERROR: file:LINE: task 'NAME': key: message
 
 from __future__ import annotations
 
-import difflib
+import copy
+import json
 import os
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Callable, Iterable, Optional
+from typing import Any, Optional
 
 from .exceptions import UsageError, UsageErrors
 
-# BUILTIN_*: importable from here, as before the key table had its own module
+# BUILTIN_*, SETUP_STEP_KEYS: importable from here, as before the key table had its own module
+from .taskdefaults import TaskDefaults, collect_defaults, not_a_default, take_default  # noqa: F401
 from .taskkeys import (  # noqa: F401
     BUILTIN_TASK_KEYS,
     BUILTIN_VERIFY_KEYS,
     BUILTIN_VERIFY_KINDS,
+    DEFAULT_TASK_KEYS,
+    NOT_DEFAULT_KEYS,
     NUM,
+    SETUP_STEP_KEYS,
+    KeyErrors,
     KeyTable,
+    check_value,
+    collect_setup,
+    suggest,
     type_name,
     type_ok,
 )
 from .taskspec import (
     DEFAULT_MAX_RETRIES,
-    DEFAULT_SETUP_TIMEOUT_S,
     DEFAULT_STALL_TIMEOUT_MIN,
     DEFAULT_TIMEOUT_MIN,
     DEFAULT_VERIFY_TIMEOUT_S,
-    KeyDecl,
     TaskSpec,
     VerifySpec,
 )
-from .textutil import safe_name
-from .tomlfile import LineMap, describe_value, map_lines, parse_toml_file
+from .textutil import safe_name, safe_text
+from .tomlfile import LineMap, map_lines, parse_toml_file
 
 #: Top-level tables a tasks file may hold besides ``[[task]]``; their contents are
 #: settings merged over ``config.toml`` (checked by the plugins that read them).
 TOP_LEVEL_TABLES = ("agents", "brain")
 #: Top-level keys that are defaults for every ``[[task]]`` of the file that does not
-#: set its own (written before the first table, as TOML requires).
-TOP_LEVEL_DEFAULTS = ("setup",)
-SETUP_STEP_KEYS = ("run", "timeout_s")
+#: set its own (written before the first table, as TOML requires); plugins' ``[[task]]``
+#: keys may be too (:meth:`KeyTable.default_keys`).
+TOP_LEVEL_DEFAULTS = DEFAULT_TASK_KEYS
 
 
 # ---------------------------------------------------------------------------------
@@ -72,21 +79,6 @@ class TaskFile:
     graph: list[GraphNode] = field(default_factory=list)
 
 
-
-def _suggest(key: str, known: Iterable[str]) -> str:
-    close = difflib.get_close_matches(key, list(known), n=1, cutoff=0.6)
-    return f" (did you mean '{close[0]}'?)" if close else ""
-
-
-class _Errors:
-    def __init__(self, display: str) -> None:
-        self.display = display
-        self.items: list[UsageError] = []
-
-    def add(self, line: int, key: Optional[str], message: str) -> None:
-        self.items.append(UsageError(message, file=self.display, line=line, key=key))
-
-
 def display_path(path: Path, invocation_dir: Optional[Path] = None) -> str:
     base = invocation_dir or Path.cwd()
     try:
@@ -99,33 +91,46 @@ def collect_toml(path: Path, keys: KeyTable, display: str, defaults: Optional[di
     """Parse and validate one TOML tasks file; raise :class:`UsageErrors` with every problem.
 
     :param defaults: the project file's task defaults (:func:`collect_defaults`), under
-        the file's own top-level defaults.
+        the file's own top-level defaults, which are under each task's own keys.
     """
     data, text = parse_toml_file(path, display)
     lines = map_lines(text)
-    errs = _Errors(display)
+    errs = KeyErrors(display)
     base = path.parent
 
-    known_top = ("task", *TOP_LEVEL_TABLES, *TOP_LEVEL_DEFAULTS)
-    for top in data:
-        if top not in known_top:
-            errs.add(lines.get("top", top), top, f"unknown key{_suggest(top, known_top)}")
-        elif top in TOP_LEVEL_TABLES and not isinstance(data[top], dict):
-            errs.add(lines.get("top", top), top, "must be a table")
+    default_keys = keys.default_keys()
+    tables = ("task", *TOP_LEVEL_TABLES)
+    known_top = (*tables, *default_keys)
+    own = TaskDefaults()
+    for top, value in data.items():
+        line = lines.get("top", top)
+        # a table where a default takes none and a table's name is close: `[agent.codex]`
+        # is a misspelt `[agents.codex]`, not a wrong `agent = "..."`
+        misspelt_table = (isinstance(value, dict) and top in default_keys and dict not in default_keys[top].types
+                          and suggest(top, TOP_LEVEL_TABLES))
+        if top in TOP_LEVEL_TABLES:
+            if not isinstance(value, dict):
+                errs.add(line, top, "must be a table")
+        elif top == "task":
+            pass
+        elif top in default_keys and not misspelt_table:
+            take_default(top, value, default_keys[top], (str(path), line), top, errs, own)
+        elif top in NOT_DEFAULT_KEYS:
+            errs.add(line, top, not_a_default(top))
+        else:
+            errs.add(line, top, f"unknown key{suggest(top, tables if misspelt_table else known_top)}")
 
     raw_tasks = data.get("task", [])
     if not isinstance(raw_tasks, list) or not all(isinstance(t, dict) for t in raw_tasks):
         errs.add(lines.get("top", "task"), "task", "must be an array of tables, written [[task]]")
         raw_tasks = []
 
-    default_setup: list[VerifySpec] = list((defaults or {}).get("setup", []))
-    if "setup" in data:
-        default_setup = _collect_setup(data["setup"], lines.get("top", "setup"), "setup", errs) or []
+    merged = own.under(defaults)  # the file's own over the project file's, key by key
 
     specs: list[TaskSpec] = []
     graph: list[GraphNode] = []
     for i, raw in enumerate(raw_tasks):
-        spec = _collect_task(i, raw, keys, lines, errs, base, default_setup)
+        spec = _collect_task(i, raw, keys, lines, errs, base, merged)
         if spec is not None:
             spec.source = str(path)
             specs.append(spec)
@@ -146,88 +151,29 @@ def collect_toml(path: Path, keys: KeyTable, display: str, defaults: Optional[di
     return tf
 
 
-def _check_value(
-    decl: KeyDecl, value: Any, line: int, label: str, errs: _Errors
-) -> bool:
-    if not type_ok(value, decl.types):
-        errs.add(line, label, f"must be {type_name(decl.types)}, not {describe_value(value)}")
-        return False
-    if decl.check is not None:
-        problem = decl.check(value)
-        if problem:
-            errs.add(line, label, problem)
-            return False
-    return True
-
-
-def _collect_setup(value: Any, line: int, label: str, errs: _Errors) -> Optional[list[VerifySpec]]:
-    """A ``setup`` list: each command a string, or a table ``{run = "...", timeout_s = N}``
-    (the keys of a ``run`` verifier). :return: the steps, or None after an error."""
-    if not isinstance(value, list):
-        errs.add(line, label, f"must be a list of commands, not {describe_value(value)}")
-        return None
-    n_before = len(errs.items)
-    steps: list[VerifySpec] = []
-    for k, item in enumerate(value, 1):
-        where = f"{label} #{k}"
-        timeout: Any = DEFAULT_SETUP_TIMEOUT_S
-        if isinstance(item, dict):
-            for key in item:
-                if key not in SETUP_STEP_KEYS:
-                    errs.add(line, f"{where}: {key}", f"unknown key{_suggest(key, SETUP_STEP_KEYS)}")
-            if "run" not in item:
-                errs.add(line, where, "needs run = \"command\"")
-                continue
-            if "timeout_s" in item:
-                timeout = item["timeout_s"]
-                if not type_ok(timeout, NUM):
-                    errs.add(line, f"{where}: timeout_s", f"must be a number, not {describe_value(timeout)}")
-                    continue
-                if not timeout > 0:
-                    errs.add(line, f"{where}: timeout_s", "must be greater than 0")
-                    continue
-            item = item["run"]
-            where = f"{where}: run"
-        if not isinstance(item, str):
-            errs.add(line, where, f"must be a command string or a table {{run = ..., timeout_s = ...}}, "
-                                  f"not {describe_value(item)}")
-            continue
-        if not item.strip():
-            errs.add(line, where, "must not be empty")
-            continue
-        steps.append(VerifySpec(kind="run", text=item, timeout_s=float(timeout), extra={"setup": k}, line=line))
-    return steps if len(errs.items) == n_before else None
-
-
-def collect_defaults(table: dict[str, Any], line_of: Callable[[str], int], display: str,
-                     label: str) -> dict[str, Any]:
-    """Task defaults from outside a tasks file (the project file's ``[task]``): the keys
-    a tasks file takes at its top level as defaults (:data:`TOP_LEVEL_DEFAULTS`), with
-    the same checks.
-
-    :param line_of: the line a key was written on.
-    :param label: what errors put before a key (``tool.fleetrun.task.``).
-    :return: the checked values, by key, as :func:`collect_toml` takes them.
-    :raises UsageError: every mistake at once.
-    """
-    errs = _Errors(display)
-    out: dict[str, Any] = {}
-    for key, value in table.items():
-        if key not in TOP_LEVEL_DEFAULTS:
-            errs.add(line_of(key), f"{label}{key}",
-                     f"unknown key (a default of every task can be: {', '.join(TOP_LEVEL_DEFAULTS)})")
-            continue
-        steps = _collect_setup(value, line_of(key), f"{label}{key}", errs)  # setup: the only one yet
-        if steps is not None:
-            out[key] = steps
-    if errs.items:
-        raise UsageErrors(errs.items) if len(errs.items) > 1 else errs.items[0]
-    return out
+def describe_defaults(spec: TaskSpec, invocation_dir: Optional[Path] = None) -> str:
+    """The defaults ``spec`` took, each with where it was written, for ``validate -v``:
+    ``model = "opus" (pyproject.toml:9), max_retries = 1 (tasks.toml:1)``, or
+    ``no defaults``. Built-in keys in :data:`DEFAULT_TASK_KEYS` order, then plugins'."""
+    order = [k for k in DEFAULT_TASK_KEYS if k in spec.defaulted]
+    order += [k for k in spec.defaulted if k not in order]
+    parts = []
+    for key in order:
+        if key == "setup":
+            value: Any = [s.text for s in spec.setup]
+        elif key in spec.extra:
+            value = spec.extra[key]
+        else:
+            value = getattr(spec, key, None)
+        where = display_path(Path(spec.defaulted[key]), invocation_dir)
+        shown = json.dumps(value, ensure_ascii=False, default=str)
+        parts.append(f"{key} = {shown} ({where}:{spec.key_lines.get(key, 0)})")
+    return safe_text(", ".join(parts)) if parts else "no defaults"
 
 
 def _collect_task(
-    i: int, raw: dict[str, Any], keys: KeyTable, lines: LineMap, errs: _Errors, base: Path,
-    default_setup: Optional[list[VerifySpec]] = None,
+    i: int, raw: dict[str, Any], keys: KeyTable, lines: LineMap, errs: KeyErrors, base: Path,
+    defaults: Optional[TaskDefaults] = None,
 ) -> Optional[TaskSpec]:
     head = lines.get("task", i)
     name = raw.get("name")
@@ -248,13 +194,31 @@ def _collect_task(
         if decl is None:
             if isinstance(value, dict):
                 line = lines.get("task", i, "table", key, default=line)
-            errs.add(line, f"{who}: {key}", f"unknown key{_suggest(key, [*keys.task, 'verify'])}")
+            errs.add(line, f"{who}: {key}", f"unknown key{suggest(key, [*keys.task, 'verify'])}")
             continue
-        if _check_value(decl, value, line, f"{who}: {key}", errs):
+        if check_value(decl, value, line, f"{who}: {key}", errs):
             if any(d is decl for d in BUILTIN_TASK_KEYS):
                 good[key] = value
             else:
                 extra[key] = value
+
+    # defaults: for each key the task does not set itself (a list of its own replaces
+    # the default's whole: no merging, as `setup` always did)
+    defaults = defaults if defaults is not None else TaskDefaults()
+    defaulted: dict[str, str] = {}
+    default_lines: dict[str, int] = {}
+    for key, value in defaults.items():
+        if key in raw:
+            continue
+        defaulted[key], default_lines[key] = defaults.where.get(key, ("", head))
+        if key == "setup":
+            continue  # below
+        decl = keys.task.get(key)
+        value = copy.deepcopy(value)  # each task its own lists
+        if any(d is decl for d in BUILTIN_TASK_KEYS):
+            good[key] = value
+        else:
+            extra[key] = value
 
     # cwd: relative to the tasks file, and it must exist.
     cwd = base
@@ -297,9 +261,9 @@ def _collect_task(
     if len(set(deps)) != len(deps):
         errs.add(lines.get("task", i, "depends_on", default=head), f"{who}: depends_on", "names a task twice")
 
-    setup = list(default_setup or [])
+    setup = list(defaults.get("setup", []))
     if "setup" in good:  # the task's own list replaces the file's (`setup = []`: none)
-        setup = _collect_setup(good["setup"], lines.get("task", i, "setup", default=head), f"{who}: setup",
+        setup = collect_setup(good["setup"], lines.get("task", i, "setup", default=head), f"{who}: setup",
                                errs) or []
 
     verifies: list[VerifySpec] = []
@@ -338,12 +302,13 @@ def _collect_task(
         verify=verifies,
         setup=setup,
         extra=extra,
-        key_lines={k: lines.get("task", i, k, default=head) for k in raw if k != "verify"},
+        key_lines={**{k: lines.get("task", i, k, default=head) for k in raw if k != "verify"}, **default_lines},
+        defaulted=defaulted,
     )
 
 
 def _collect_verify(
-    i: int, j: int, rv: dict[str, Any], keys: KeyTable, lines: LineMap, errs: _Errors, who: str, head: int
+    i: int, j: int, rv: dict[str, Any], keys: KeyTable, lines: LineMap, errs: KeyErrors, who: str, head: int
 ) -> Optional[VerifySpec]:
     vline = lines.get("task", i, "verify", j, default=head)
     label = f"{who}: verify #{j + 1}"
@@ -361,9 +326,9 @@ def _collect_verify(
         line = lines.get("task", i, "verify", j, key, default=vline)
         decl = keys.verify_kinds.get(key) or keys.verify.get(key)
         if decl is None:
-            errs.add(line, f"{label}: {key}", f"unknown key{_suggest(key, [*keys.verify_kinds, *keys.verify])}")
+            errs.add(line, f"{label}: {key}", f"unknown key{suggest(key, [*keys.verify_kinds, *keys.verify])}")
             continue
-        if _check_value(decl, value, line, f"{label}: {key}", errs):
+        if check_value(decl, value, line, f"{label}: {key}", errs):
             if key in keys.verify_kinds or any(d is decl for d in BUILTIN_VERIFY_KEYS):
                 good[key] = value
             else:
@@ -403,7 +368,7 @@ def check_graph(files: list[TaskFile], invocation_dir: Optional[Path] = None) ->
     for node in by_name.values():
         for dep in node.depends_on:
             if dep not in by_name:
-                errors.append(UsageError(f"'{dep}' is not a task{_suggest(dep, by_name)}",
+                errors.append(UsageError(f"'{dep}' is not a task{suggest(dep, by_name)}",
                                          file=node.file, line=node.deps_line, key=f"task '{node.name}': depends_on"))
 
     # cycles: iterative DFS in file order, each cycle reported once

@@ -20,7 +20,7 @@ def fleetrun_collect_file(file_path: str, config: Config, keys: Any) -> Optional
         return None
     display = _collect.display_path(path, config.invocation_dir)
     project = getattr(config, "project", None)
-    return _collect.collect_toml(path, keys, display, project.task_defaults() if project is not None else None)
+    return _collect.collect_toml(path, keys, display, project.task_defaults(keys) if project is not None else None)
 
 
 @hookimpl(trylast=True)

@@ -35,13 +35,17 @@ def cmd_validate(config: Config, out: TextIO, err: TextIO) -> int:
     from .queueing import FILES_KEY, WARNINGS_KEY, collect_items
 
     items = collect_items(config)
-    from .collect import display_path
+    from .collect import describe_defaults, display_path
 
     for f in config.stash[FILES_KEY]:
         n = len([t for t in f.tasks if t in items])
         shown = safe_text(display_path(Path(f.path), config.invocation_dir))
         if n:
             print(f"{shown}: {n} task{'s' if n != 1 else ''}, valid", file=out)
+            if config.verbosity > 0:  # where each task's effective settings come from
+                for t in f.tasks:
+                    if t in items:
+                        print(f"  {safe_name(t.name)}: {describe_defaults(t, config.invocation_dir)}", file=out)
         else:
             print(f"{shown}: no tasks collected", file=out)
     for line in config.stash.get(WARNINGS_KEY, []):

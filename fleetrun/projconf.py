@@ -20,11 +20,14 @@ import json
 import os
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Iterable, Optional
+from typing import TYPE_CHECKING, Any, Iterable, Optional
 
 from .config import ConfigKey, check_config
 from .exceptions import UsageError, UsageErrors
 from .tomlfile import LineMap, describe_value, map_lines, parse_toml_file
+
+if TYPE_CHECKING:
+    from .taskkeys import KeyTable
 
 PROJECT_FILE = "fleetrun.toml"
 PYPROJECT = "pyproject.toml"
@@ -108,23 +111,34 @@ class ProjectConfig:
             return list(value)
         raise self.error("addopts", f"must be a string or a list of strings, not {describe_value(value)}")
 
-    def task_defaults(self) -> dict[str, Any]:
+    def task_defaults(self, keys: Optional[KeyTable] = None) -> dict[str, Any]:
         """``[task]``: defaults of every task of every tasks file (checked once, then kept).
 
-        :raises UsageError: every mistake of the table, with its line.
+        :param keys: the run's key table, so plugins' ``[[task]]`` keys may be defaults;
+            the first call of a run decides.
+        :return: a :class:`~fleetrun.taskdefaults.TaskDefaults`.
+        :raises UsageError: on the first call, every mistake of the table, with its line;
+            later calls return the defaults that passed (each mistake is reported once,
+            with the tasks files' own).
         """
         if self._defaults is None:
             table = self.data.get("task", {})
+            self._defaults = {}
             if not isinstance(table, dict):
                 raise self.error("task", "must be a table")
-            from .collect import collect_defaults
+            from .taskdefaults import collect_defaults
 
-            self._defaults = collect_defaults(table, lambda key: self.lines.get("table", "task", key),
-                                              self.display, f"{self.prefix}task.")
+            try:
+                self._defaults = collect_defaults(table, lambda key: self.lines.get("table", "task", key),
+                                                  self.display, f"{self.prefix}task.", keys, str(self.path))
+            except UsageError as e:
+                self._defaults = getattr(e, "partial", {})
+                raise
         return self._defaults
 
     def defaults_digest(self) -> str:
-        """A part of the queue digest: changed defaults make different tasks."""
+        """A part of the queue digest: changed defaults make different tasks (the whole
+        ``[task]`` table, every key of it; a tasks file's own defaults are in its bytes)."""
         if not self.data.get("task"):
             return ""
         text = json.dumps(self.data["task"], sort_keys=True, default=str)

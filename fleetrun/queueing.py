@@ -66,11 +66,17 @@ def collect(config: Config) -> list[TaskFile]:
     :raises UsageError: every problem of every file (``UsageErrors`` for several).
     """
     keys = KeyTable.build(config.hook.fleetrun_task_keys(config=config))
-    if config.project is not None:
-        config.project.task_defaults()  # its mistakes first, once, naming the project file
     files = []
     graph_only: list[Any] = []
     errors: list[UsageError] = []
+    project_errors: list[UsageError] = []  # printed first: the file under every tasks file
+    if config.project is not None:
+        try:
+            config.project.task_defaults(keys)  # its mistakes once, naming the project file
+        except UsageErrors as e:
+            project_errors.extend(e.errors)
+        except UsageError as e:
+            project_errors.append(e)
     for f in config.option.files:
         try:
             tf = config.hook.fleetrun_collect_file(file_path=f, config=config, keys=keys)
@@ -97,6 +103,8 @@ def collect(config: Config) -> list[TaskFile]:
     if errors:
         order = {f: i for i, f in enumerate(config.option.files)}
         errors.sort(key=lambda e: (order.get(str(Path(e.file or "").resolve()), 0), e.line or 0))
+    errors[:0] = project_errors
+    if errors:
         raise UsageErrors(errors) if len(errors) > 1 else errors[0]
     for tf in files:
         for key, table in tf.settings.items():

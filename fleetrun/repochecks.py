@@ -80,10 +80,10 @@ def _tasks_naming(files: list[TaskFile], key: str, invocation_dir: Optional[Path
                   repos: RepoCache) -> Iterator[_Named]:
     """Every task of ``files`` that sets ``key`` (``branch``, ``git_ref``), in file order."""
     for f in files:
-        display = display_path(Path(f.path), invocation_dir)
         for spec in f.tasks:
             value = getattr(spec, key)
-            if value:
+            if value:  # a default's file is where it was written (the project file, say)
+                display = display_path(Path(spec.file_of(key) or f.path), invocation_dir)
                 yield _Named(spec, value, display, spec.key_lines.get(key, spec.line),
                              f"task '{safe_name(spec.name)}': {key}", _repo_of(spec.cwd, repos))
 

@@ -3,15 +3,19 @@
 plugins declare through ``fleetrun_task_keys``.
 
 Kept apart from the collector (:mod:`fleetrun.collect`) so every reader of task keys (the
-tasks file, the project file's ``[task]`` defaults) checks them with one table.
+tasks file, the project file's ``[task]`` defaults) checks them with one table and the
+same value checks (:func:`check_value`, :func:`collect_setup`), into one :class:`KeyErrors`.
 """
 
 from __future__ import annotations
 
+import difflib
 from dataclasses import dataclass
 from typing import Any, Iterable, Optional
 
-from .taskspec import PERMISSION_MODES, KeyDecl, ref_problem
+from .exceptions import UsageError
+from .taskspec import DEFAULT_SETUP_TIMEOUT_S, PERMISSION_MODES, KeyDecl, VerifySpec, ref_problem
+from .tomlfile import describe_value
 
 NUM = (int, float)
 
@@ -92,7 +96,24 @@ BUILTIN_VERIFY_KEYS: tuple[KeyDecl, ...] = (
     KeyDecl("timeout_s", NUM, where="verify", doc="seconds before the verifier fails", check=_positive),
 )
 
-#: Top-level tables a tasks file may hold besides ``[[task]]``; their contents are
+#: The ``[[task]]`` keys that may also be written once as a default of every task: at a
+#: tasks file's top level and in the project file's ``[task]`` (docs/tasks-toml.md,
+#: "Defaults of every task"). Keys a plugin declares for ``[[task]]`` may be too.
+DEFAULT_TASK_KEYS: tuple[str, ...] = (
+    "agent", "model", "permission_mode", "allowed_tools", "max_retries", "timeout_min",
+    "stall_timeout_min", "budget_usd", "requires", "git_ref", "peer", "setup",
+)
+
+_IDENTITY = "it is a task's identity"
+_RELATIVE = "it is a path relative to the file it is written in"
+#: The other built-in ``[[task]]`` keys, and why each cannot be a default: what names one
+#: task (two tasks with one name, prompt, branch or role would be one task twice), the
+#: graph, and paths, which are relative to the file that holds them.
+NOT_DEFAULT_KEYS: dict[str, str] = {
+    "name": _IDENTITY, "prompt": _IDENTITY, "branch": _IDENTITY, "role": _IDENTITY,
+    "depends_on": "it is the task graph",
+    "cwd": _RELATIVE, "paths": _RELATIVE,
+}
 
 _TYPE_NAMES = {str: "a string", int: "an integer", float: "a number", list: "a list", bool: "true or false", dict: "a table"}
 
@@ -131,3 +152,91 @@ class KeyTable:
                     raise ValueError(f"KeyDecl {d.key!r}: where must be task, verify or verify_kind")
                 target.setdefault(d.key, d)
         return table
+
+    def default_keys(self) -> dict[str, KeyDecl]:
+        """The keys that may be a default of every task: :data:`DEFAULT_TASK_KEYS`, then
+        every ``[[task]]`` key a plugin declared (a plugin's key has no file of its own
+        to be relative to, so nothing keeps it from being one)."""
+        builtin = {d.key for d in BUILTIN_TASK_KEYS}
+        out = {k: self.task[k] for k in DEFAULT_TASK_KEYS}
+        out.update({k: d for k, d in self.task.items() if k not in builtin})
+        return out
+
+
+# ---------------------------------------------------------------------------------
+# Value checks: a [[task]] key, a default of every task, a setup list.
+
+#: The keys of a ``setup`` command written as a table.
+SETUP_STEP_KEYS = ("run", "timeout_s")
+
+
+def suggest(key: str, known: Iterable[str]) -> str:
+    """`` (did you mean 'X'?)`` for the closest of ``known``, or ``""``."""
+    close = difflib.get_close_matches(key, list(known), n=1, cutoff=0.6)
+    return f" (did you mean '{close[0]}'?)" if close else ""
+
+
+class KeyErrors:
+    """The mistakes of one file, each a :class:`UsageError` with its line, kept to be
+    raised all at once."""
+
+    def __init__(self, display: str) -> None:
+        self.display = display
+        self.items: list[UsageError] = []
+
+    def add(self, line: int, key: Optional[str], message: str) -> None:
+        self.items.append(UsageError(message, file=self.display, line=line, key=key))
+
+
+def check_value(
+    decl: KeyDecl, value: Any, line: int, label: str, errs: KeyErrors
+) -> bool:
+    """``value`` has ``decl``'s type and passes its check; else the mistake is in ``errs``."""
+    if not type_ok(value, decl.types):
+        errs.add(line, label, f"must be {type_name(decl.types)}, not {describe_value(value)}")
+        return False
+    if decl.check is not None:
+        problem = decl.check(value)
+        if problem:
+            errs.add(line, label, problem)
+            return False
+    return True
+
+
+def collect_setup(value: Any, line: int, label: str, errs: KeyErrors) -> Optional[list[VerifySpec]]:
+    """A ``setup`` list: each command a string, or a table ``{run = "...", timeout_s = N}``
+    (the keys of a ``run`` verifier). :return: the steps, or None after an error."""
+    if not isinstance(value, list):
+        errs.add(line, label, f"must be a list of commands, not {describe_value(value)}")
+        return None
+    n_before = len(errs.items)
+    steps: list[VerifySpec] = []
+    for k, item in enumerate(value, 1):
+        where = f"{label} #{k}"
+        timeout: Any = DEFAULT_SETUP_TIMEOUT_S
+        if isinstance(item, dict):
+            for key in item:
+                if key not in SETUP_STEP_KEYS:
+                    errs.add(line, f"{where}: {key}", f"unknown key{suggest(key, SETUP_STEP_KEYS)}")
+            if "run" not in item:
+                errs.add(line, where, "needs run = \"command\"")
+                continue
+            if "timeout_s" in item:
+                timeout = item["timeout_s"]
+                if not type_ok(timeout, NUM):
+                    errs.add(line, f"{where}: timeout_s", f"must be a number, not {describe_value(timeout)}")
+                    continue
+                if not timeout > 0:
+                    errs.add(line, f"{where}: timeout_s", "must be greater than 0")
+                    continue
+            item = item["run"]
+            where = f"{where}: run"
+        if not isinstance(item, str):
+            errs.add(line, where, f"must be a command string or a table {{run = ..., timeout_s = ...}}, "
+                                  f"not {describe_value(item)}")
+            continue
+        if not item.strip():
+            errs.add(line, where, "must not be empty")
+            continue
+        steps.append(VerifySpec(kind="run", text=item, timeout_s=float(timeout), extra={"setup": k}, line=line))
+    return steps if len(errs.items) == n_before else None

@@ -78,6 +78,14 @@ class TaskSpec:
     setup: list[VerifySpec] = field(default_factory=list)
     extra: dict[str, Any] = field(default_factory=dict)
     key_lines: dict[str, int] = field(default_factory=dict)  # where each key was written
+    #: the keys whose value is a default (the tasks file's top level, the project file's
+    #: ``[task]``), each with the file it was written in; ``key_lines`` has its line there
+    defaulted: dict[str, str] = field(default_factory=dict)
+
+    def file_of(self, key: str) -> str:
+        """The file ``key`` was written in (its line: ``key_lines``): the task's own, or
+        the file of the default it took."""
+        return self.defaulted.get(key, self.source)
 
     def to_json(self) -> dict[str, Any]:
         return dataclasses.asdict(self)

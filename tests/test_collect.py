@@ -465,9 +465,43 @@ def test_project_task_defaults_are_checked_with_the_files_errors() -> None:
     from fleetrun.collect import collect_defaults
 
     with pytest.raises(UsageErrors) as e:
-        collect_defaults({"setup": [3], "model": "x"}, lambda key: {"setup": 2, "model": 3}[key],
+        collect_defaults({"setup": [3], "model": 3}, lambda key: {"setup": 2, "model": 3}[key],
                          "pyproject.toml", "tool.fleetrun.task.")
     assert [x.format() for x in e.value.errors] == [
         "ERROR: pyproject.toml:2: tool.fleetrun.task.setup #1: must be a command string or a table "
         "{run = ..., timeout_s = ...}, not the number 3",
-        "ERROR: pyproject.toml:3: tool.fleetrun.task.model: unknown key (a default of every task can be: setup)"]
+        "ERROR: pyproject.toml:3: tool.fleetrun.task.model: must be a string, not the number 3"]
+
+
+def test_every_builtin_task_key_is_a_default_or_says_why_not() -> None:
+    """One list decides (taskkeys.DEFAULT_TASK_KEYS); every other built-in key has its reason."""
+    from fleetrun.taskkeys import BUILTIN_TASK_KEYS, DEFAULT_TASK_KEYS, NOT_DEFAULT_KEYS
+
+    builtin = [d.key for d in BUILTIN_TASK_KEYS]
+    assert set(DEFAULT_TASK_KEYS) | set(NOT_DEFAULT_KEYS) == set(builtin)
+    assert not set(DEFAULT_TASK_KEYS) & set(NOT_DEFAULT_KEYS)
+    assert set(NOT_DEFAULT_KEYS) == {"name", "prompt", "depends_on", "branch", "role", "cwd", "paths"}
+
+
+def test_the_docs_list_the_default_keys_of_taskkeys() -> None:
+    """docs/tasks-toml.md and docs/configuration.md name the same keys as the code."""
+    from fleetrun.taskkeys import DEFAULT_TASK_KEYS, NOT_DEFAULT_KEYS
+
+    docs = Path(__file__).resolve().parents[1] / "docs"
+    listed = ", ".join(f"`{k}`" for k in DEFAULT_TASK_KEYS)
+    assert listed in (docs / "tasks-toml.md").read_text()
+    assert listed in (docs / "configuration.md").read_text()
+    refused = (docs / "tasks-toml.md").read_text()
+    assert all(f"`{k}`" in refused for k in NOT_DEFAULT_KEYS)
+
+
+def test_defaults_are_not_shared_between_tasks(tmp_path: Path) -> None:
+    p = tmp_path / "t.toml"
+    p.write_text('requires = ["gpu"]\nallowed_tools = ["Read"]\n\n[[task]]\nname = "a"\nprompt = "x"\n\n'
+                 '[[task]]\nname = "b"\nprompt = "x"\n')
+    a, b = collect_toml(p, KeyTable.build(), "t.toml").tasks
+    a.requires.append("cuda")
+    assert b.requires == ["gpu"] and a.allowed_tools is not b.allowed_tools
+    assert (a.file_of("requires"), a.key_lines["requires"], a.defaulted) == (str(p), 1, {
+        "requires": str(p), "allowed_tools": str(p)})
+    assert a.file_of("name") == str(p) and "name" not in a.defaulted

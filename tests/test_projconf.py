@@ -226,7 +226,7 @@ def test_task_default_mistakes(fleeter: Any, repo: Path) -> None:
     where = repo / "pyproject.toml"
     assert errors_of(fleeter.runsub("validate")) == [
         f"ERROR: {where}:2: tool.fleetrun.task.setup: must be a list of commands, not a string",
-        f"ERROR: {where}:3: tool.fleetrun.task.modle: unknown key (a default of every task can be: setup)"]
+        f"ERROR: {where}:3: tool.fleetrun.task.modle: unknown key (did you mean 'model'?)"]
     write(repo / "pyproject.toml", '[tool.fleetrun]\ntask = 3\n')
     assert errors_of(fleeter.runsub("validate")) == [f"ERROR: {where}:2: tool.fleetrun.task: must be a table"]
     write(repo / "pyproject.toml", '[tool.fleetrun.task]\nsetup = ["ok", ""]\n')
@@ -252,6 +252,115 @@ def test_changed_task_defaults_make_a_new_queue(fleeter: Any, repo: Path) -> Non
     first, second, third, fourth = digests()
     assert len({first, second, third}) == 3
     assert fourth == first  # addopts alone make no other tasks
+
+
+
+SHOW_KEYS = """
+def fleetrun_collection_modifyitems(config, items):
+    for t in items:
+        print("KEYS", t.name, [t.model, t.max_retries, t.allowed_tools, t.budget_usd, t.peer])
+"""
+
+
+def keys_of(r: Any) -> dict[str, list[Any]]:
+    assert (r.ret, r.errlines) == (0, []), (r.stdout, r.stderr)
+    out = {}
+    for ln in r.outlines:
+        if ln.startswith("KEYS "):
+            _, name, rest = ln.split(" ", 2)
+            out[name] = eval(rest)  # noqa: S307 - our own print of a list
+    return out
+
+
+def test_every_default_key_in_the_project_file_under_the_tasks_file_and_the_task(fleeter: Any, repo: Path) -> None:
+    # precedence, key by key: the task's own > the tasks file's top level > the project's [task]
+    write(repo / "pyproject.toml", """
+        [tool.fleetrun.task]
+        model = "opus"
+        max_retries = 5
+        allowed_tools = ["Read", "Edit"]
+        budget_usd = 2.5
+    """)
+    write(repo / "sub" / "fleetconf.py", SHOW_KEYS)
+    write(repo / "sub" / "other.toml", 'model = "sonnet"\npeer = "mini"\n\n[[task]]\nname = "o"\nprompt = "x"\n\n'
+                                      '[[task]]\nname = "own"\nprompt = "x"\nmax_retries = 0\nallowed_tools = []\n'
+                                      'model = "haiku"\n')
+    assert keys_of(fleeter.runsub("--co", "tasks.toml", "other.toml")) == {
+        "user-schema": ["opus", 5, ["Read", "Edit"], 2.5, None],
+        "user-api": ["opus", 5, ["Read", "Edit"], 2.5, None],
+        "fix-it": ["opus", 5, ["Read", "Edit"], 2.5, None],
+        "o": ["sonnet", 5, ["Read", "Edit"], 2.5, "mini"],
+        "own": ["haiku", 0, [], 2.5, "mini"]}
+
+
+def test_validate_verbose_names_where_each_default_was_written(fleeter: Any, repo: Path) -> None:
+    write(repo / "sub" / "fleetrun.toml", '[task]\nmodel = "opus"\nmax_retries = 5\n')
+    write(repo / "sub" / "tasks.toml", 'max_retries = 1\n\n[[task]]\nname = "a"\nprompt = "x"\n\n'
+                                      '[[task]]\nname = "b"\nprompt = "x"\nmodel = "haiku"\n')
+    r = fleeter.runsub("validate", "-v")
+    assert (r.ret, r.outlines) == (0, ["tasks.toml: 2 tasks, valid",
+                                       '  a: model = "opus" (fleetrun.toml:2), max_retries = 1 (tasks.toml:1)',
+                                       "  b: max_retries = 1 (tasks.toml:1)"]), (r.stdout, r.stderr)
+
+
+def test_every_default_mistake_of_the_project_file_at_once(fleeter: Any, repo: Path) -> None:
+    write(repo / "pyproject.toml", """
+        [project]
+        name = "proj"
+
+        [tool.fleetrun.task]
+        max_retries = -1
+        model = 3
+        cwd = "src"
+        paths = ["a"]
+        colour = "red"
+    """)
+    where = repo / "pyproject.toml"
+    assert errors_of(fleeter.runsub("validate")) == [
+        f"ERROR: {where}:5: tool.fleetrun.task.max_retries: must not be negative",
+        f"ERROR: {where}:6: tool.fleetrun.task.model: must be a string, not the number 3",
+        f"ERROR: {where}:7: tool.fleetrun.task.cwd: cannot be a default of every task (it is a path relative "
+        "to the file it is written in); write it in each [[task]]",
+        f"ERROR: {where}:8: tool.fleetrun.task.paths: cannot be a default of every task (it is a path relative "
+        "to the file it is written in); write it in each [[task]]",
+        f"ERROR: {where}:9: tool.fleetrun.task.colour: unknown key (a default of every task can be: agent, "
+        "model, permission_mode, allowed_tools, max_retries, timeout_min, stall_timeout_min, budget_usd, "
+        "requires, git_ref, peer, setup)"]
+
+
+def test_a_project_agent_default_that_names_no_agent_points_at_the_project_file(fleeter: Any, repo: Path) -> None:
+    write(repo / "pyproject.toml", '[tool.fleetrun.task]\nagent = "codex"\n')
+    where = repo / "pyproject.toml"
+    assert errors_of(fleeter.runsub("validate")) == [
+        f"ERROR: {where}:2: task '{name}': agent: 'codex' is not an agent (known: claude); "
+        "declare it as [agents.codex]" for name in ("user-schema", "user-api", "fix-it")]
+
+
+def test_a_project_git_ref_default_that_names_nothing_points_at_the_project_file(fleeter: Any,
+                                                                                 repo: Path) -> None:
+    write(repo / "pyproject.toml", '[tool.fleetrun.task]\ngit_ref = "no-such-ref"\n')
+    errs = errors_of(fleeter.runsub("validate"))
+    assert len(errs) == 3
+    assert all(e.startswith(f"ERROR: {repo / 'pyproject.toml'}:2: task '") for e in errs), errs
+
+
+def test_changed_default_of_any_key_makes_a_new_queue(fleeter: Any, repo: Path) -> None:
+    import sqlite3
+
+    def digests() -> list[str]:
+        with sqlite3.connect(fleeter.home / "state.db") as db:
+            return [h for (h,) in db.execute("SELECT source_hash FROM queues ORDER BY created")]
+
+    (repo / "pyproject.toml").write_text("[tool.fleetrun.task]\nmax_retries = 1\n")
+    assert fleeter.run("queue").ret == 0
+    assert fleeter.run("queue").ret == 0  # unchanged: the same queue
+    (repo / "pyproject.toml").write_text("[tool.fleetrun.task]\nmax_retries = 3\n")
+    assert fleeter.run("queue").ret == 0
+    tasks_file = repo / "sub" / "tasks.toml"
+    tasks_file.write_text('model = "opus"\n' + tasks_file.read_text())
+    assert fleeter.run("queue").ret == 0
+    same, again, retries, model = digests()
+    assert same == again and len({same, retries, model}) == 3
 
 
 # -- plugin tables -------------------------------------------------------------------
@@ -339,3 +448,31 @@ def test_the_git_top_level_is_the_root_in_a_linked_worktree(fleeter: Any, repo: 
     fleeter.monkeypatch.chdir(linked / "sub")
     assert collected(fleeter.runsub("--co")) == ["<Task user-api>"]
     assert os.path.isfile(linked / ".git")
+
+
+def test_project_default_mistakes_come_with_the_tasks_files_own(fleeter: Any, repo: Path) -> None:
+    # every error at once: the project file's first, then the tasks file's, in one run
+    write(repo / "sub" / "fleetrun.toml", '[task]\nmax_retries = -1\nmodel = "opus"\n')
+    write(repo / "sub" / "tasks.toml", 'timeout_min = 0\n\n[[task]]\nname = "a"\nprompt = "x"\nretries = 1\n')
+    assert errors_of(fleeter.runsub("validate")) == [
+        "ERROR: fleetrun.toml:2: task.max_retries: must not be negative",
+        "ERROR: tasks.toml:1: timeout_min: must be greater than 0",
+        "ERROR: tasks.toml:6: task 'a': retries: unknown key (did you mean 'max_retries'?)"]
+
+
+def test_a_plugin_task_key_as_a_project_default(fleeter: Any, repo: Path) -> None:
+    write(repo / "sub" / "fleetconf.py", """
+        import fleetrun
+
+        def fleetrun_task_keys(config):
+            return [fleetrun.KeyDecl("priority", (int,), check=lambda v: None if 0 <= v <= 9 else "must be 0..9")]
+
+        def fleetrun_collection_modifyitems(config, items):
+            for t in items:
+                print("KEYS", t.name, [t.extra])
+    """)
+    write(repo / "pyproject.toml", '[tool.fleetrun.task]\npriority = 2\n')
+    assert keys_of(fleeter.runsub("--co")) == {name: [{"priority": 2}] for name in ("user-schema", "user-api", "fix-it")}
+    write(repo / "pyproject.toml", '[tool.fleetrun.task]\npriority = 12\n')
+    assert errors_of(fleeter.runsub("validate")) == [
+        f"ERROR: {repo / 'pyproject.toml'}:2: tool.fleetrun.task.priority: must be 0..9"]

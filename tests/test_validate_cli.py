@@ -268,6 +268,7 @@ def test_unknown_verify_key_next_to_a_kind(fleeter: Any) -> None:
         ("[agent.codex]", "ERROR: tasks.toml:1: agent: unknown key (did you mean 'agents'?)"),
         ("[settings]", "ERROR: tasks.toml:1: settings: unknown key"),
         ("agents = 1", "ERROR: tasks.toml:1: agents: must be a table"),
+        ("[model.x]", "ERROR: tasks.toml:1: model: must be a string, not a table"),
     ],
 )
 def test_unknown_top_level_key(fleeter: Any, line: str, expected: str) -> None:
@@ -1432,3 +1433,79 @@ def test_command_agent_not_on_path_is_a_warning(fleeter: Any) -> None:
 def test_agent_found_gives_no_warning(fleeter: Any, fake_claude: Any) -> None:
     r = validate(fleeter, task("x") + task("y", agent='"py"') + '\n[agents.py]\ncommand = ["{python}", "-c", "1"]\n')
     assert (r.ret, r.outlines, r.errlines) == (0, ["tasks.toml: 2 tasks, valid"], [])
+
+
+# ---------------------------------------------------------------------------------
+# top-level defaults of every task (docs/tasks-toml.md, "Defaults of every task")
+
+
+DEFAULTS = """\
+max_retries = 0
+model = "sonnet"
+allowed_tools = ["Read"]
+requires = ["gpu"]
+timeout_min = 5
+
+"""
+
+
+def test_top_level_defaults_apply_to_every_task_that_sets_none(fleeter: Any) -> None:
+    fleeter.write_tasks(DEFAULTS + task("a") + task("b", model='"opus"', allowed_tools="[]", max_retries="4"))
+    cap = Capture()
+    r = fleeter.run("validate", "tasks.toml", plugins=[cap])
+    # a default's warning names the line of the default
+    never = ("requires: `gpu` is neither a tag of this machine ([relay] tags in config.toml) nor a probed tool "
+             "(claude, git, cargo, python3, node); it is never met")
+    assert (r.ret, r.outlines, r.errlines) == (0, ["tasks.toml: 2 tasks, valid"], [
+        f"warning: tasks.toml:4: task 'a': {never}", f"warning: tasks.toml:4: task 'b': {never}"])
+    a, b = cap.items
+    assert (a.max_retries, a.model, a.allowed_tools, a.requires, a.timeout_min) == (0, "sonnet", ["Read"], ["gpu"], 5.0)
+    # the task's own key wins; its own list replaces the default's (no merging)
+    assert (b.max_retries, b.model, b.allowed_tools, b.requires) == (4, "opus", [], ["gpu"])
+    assert a.requires is not b.requires  # each task its own copy
+    assert (a.key_lines["model"], a.file_of("model")) == (2, a.source)
+
+
+def test_validate_verbose_shows_the_defaults_each_task_takes(fleeter: Any) -> None:
+    fleeter.write_tasks('model = "sonnet"\nsetup = ["make deps"]\n\n' + task("a") + task("b", model='"opus"')
+                        + task("c", model='"opus"', setup="[]"))
+    r = fleeter.run("validate", "-v", "tasks.toml")
+    assert (r.ret, r.errlines) == (0, [])
+    assert r.outlines == ["tasks.toml: 3 tasks, valid",
+                          '  a: model = "sonnet" (tasks.toml:1), setup = ["make deps"] (tasks.toml:2)',
+                          '  b: setup = ["make deps"] (tasks.toml:2)',
+                          "  c: no defaults"]
+    # without -v, as before
+    assert fleeter.run("validate", "tasks.toml").outlines == ["tasks.toml: 3 tasks, valid"]
+
+
+def test_top_level_default_mistakes_all_at_once(fleeter: Any) -> None:
+    check(fleeter, 'max_retries = -1\nmodel = 3\nname = "x"\ndepends_on = []\npermission_mode = "yolo"\n'
+                   'modle = "x"\n\n' + task("a", timeout_min="0"),
+          "ERROR: tasks.toml:1: max_retries: must not be negative",
+          "ERROR: tasks.toml:2: model: must be a string, not the number 3",
+          "ERROR: tasks.toml:3: name: cannot be a default of every task (it is a task's identity); "
+          "write it in each [[task]]",
+          "ERROR: tasks.toml:4: depends_on: cannot be a default of every task (it is the task graph); "
+          "write it in each [[task]]",
+          "ERROR: tasks.toml:5: permission_mode: 'yolo' is not one of acceptEdits, auto, bypassPermissions, "
+          "default, dontAsk, manual, plan",
+          "ERROR: tasks.toml:6: modle: unknown key (did you mean 'model'?)",
+          "ERROR: tasks.toml:11: task 'a': timeout_min: must be greater than 0")
+
+
+def test_top_level_agent_default_unknown_names_its_line(fleeter: Any) -> None:
+    check(fleeter, 'agent = "codex"\n\n' + task("a"),
+          "ERROR: tasks.toml:1: task 'a': agent: 'codex' is not an agent (known: claude); "
+          "declare it as [agents.codex]")
+
+
+def test_plugin_task_key_as_a_default(fleeter: Any) -> None:
+    fleeter.write_fleetconf(FLEETCONF)
+    fleeter.write_tasks("priority = 2\n\n" + task("a") + task("b", priority="7"))
+    cap = Capture()
+    r = fleeter.run("validate", "tasks.toml", plugins=[cap])
+    assert (r.ret, r.errlines) == (0, [])
+    assert [t.extra for t in cap.items] == [{"priority": 2}, {"priority": 7}]
+    check(fleeter, 'priority = "high"\n\n' + task("a"),
+          "ERROR: tasks.toml:1: priority: must be an integer, not a string")

@@ -124,7 +124,7 @@ def fleetrun_collection_modifyitems(config: Config, items: list[Any]) -> None:
     for t in items:
         if t.agent != "claude":
             continue
-        where = display_path(Path(t.source), config.invocation_dir) if t.source else "?"
+        where = display_path(Path(t.file_of("agent")), config.invocation_dir) if t.source else "?"
         warnings.append(f"{where}:{t.key_lines.get('agent', t.line)}: task '{t.name}': agent: {problem} "
                         f"(set [claude] executable in config.toml)")
 

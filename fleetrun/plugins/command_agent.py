@@ -89,7 +89,7 @@ def fleetrun_collection_modifyitems(config: Config, items: list[Any]) -> None:
         # not an error: the task may be placed on a peer that has the tool
         problem = executable_problem(exe) if exe and not any(ph in exe for ph in PLACEHOLDERS) else None
         if problem:
-            where = display_path(Path(t.source), config.invocation_dir) if t.source else "?"
+            where = display_path(Path(t.file_of("agent")), config.invocation_dir) if t.source else "?"
             warnings.append(f"{where}:{t.key_lines.get('agent', t.line)}: task '{t.name}': agent: {problem} "
                             f"(set [agents.{t.agent}] command)")
         if defn is None:
@@ -98,7 +98,8 @@ def fleetrun_collection_modifyitems(config: Config, items: list[Any]) -> None:
             hint = f" (did you mean '{close[0]}'?)" if close else f" (known: {', '.join(names)})"
             errors.append(UsageError(
                 f"{t.agent!r} is not an agent{hint}; declare it as [agents.{t.agent}]",
-                file=display_path(Path(t.source), config.invocation_dir), line=t.key_lines.get("agent", t.line),
+                file=display_path(Path(t.file_of("agent")), config.invocation_dir),
+                line=t.key_lines.get("agent", t.line),
                 key=f"task '{t.name}': agent"))
     if len(errors) == 1:
         raise errors[0]

@@ -456,8 +456,11 @@ def fleetrun_collection_modifyitems(config: Any, items: list[Any]) -> None:
             r = parse_requirement(req)
             if r is None or r.name in tags or r.name in tools:
                 continue
-            where = display_path(Path(t.source), config.invocation_dir) if t.source else "?"
-            line = _requires_line(t.source, t.line, cache) if t.source else t.line
+            # where requires was written: the task, or the default it took (the project file);
+            # the file is read again only for a collector that kept no key_lines
+            where = display_path(Path(t.file_of("requires")), config.invocation_dir) if t.source else "?"
+            line = (t.key_lines["requires"] if "requires" in t.key_lines
+                    else _requires_line(t.source, t.line, cache) if t.source else t.line)
             probed = ", ".join(tools)
             what = f"`{req}`" if r.bare else f"`{req}`: `{r.name}`"
             warnings.append(

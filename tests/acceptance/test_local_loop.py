@@ -485,3 +485,47 @@ def test_state_files_are_private(fleeter, fake_claude):
         if mode != (0o700 if path.is_dir() else 0o600):
             loose.append(f"{oct(mode)} {path}")
     assert loose == [], "\n".join(loose)
+
+
+def test_defaults_of_the_project_and_the_tasks_file_reach_the_agent(fleeter, fake_claude):
+    # the task's own key > the tasks file's top level > the project file's [task]
+    fleeter.make_repo()
+    (fleeter.path / "fleetrun.toml").write_text(
+        '[task]\nmodel = "opus"\nmax_retries = 0\nallowed_tools = ["Read", "Edit"]\ngit_ref = "main"\n')
+    fleeter.write_tasks('''
+        model = "sonnet"
+
+        [[task]]
+        name = "t1"
+        cwd = "repo"
+        prompt = "Write out.txt."
+
+          [[task.verify]]
+          run = "echo nope; exit 3"
+
+        [[task]]
+        name = "t2"
+        cwd = "repo"
+        prompt = "Write out.txt."
+        model = "haiku"
+        allowed_tools = ["Bash(make:*)"]
+
+          [[task.verify]]
+          run = "test -f out.txt"
+    ''')
+    fake_claude.script(t1=[{"actions": [["write", "out.txt", "x"]]}],
+                       t2=[{"actions": [["write", "out.txt", "x"], ["commit", "add out"]]}])
+    r = fleeter.run("tasks.toml")
+    assert r.ret == 1, r.stdout + r.stderr
+    (one,) = fake_claude.calls("t1")  # max_retries = 0 from the project file: no retry
+    assert fleeter.task("t1").reason.startswith("retries_exhausted:")
+    (two,) = fake_claude.calls("t2")
+    assert fleeter.task("t2").state.value == "DONE"
+    assert one["argv"][one["argv"].index("--model") + 1] == "sonnet"
+    assert two["argv"][two["argv"].index("--model") + 1] == "haiku"
+    tools = one["argv"][one["argv"].index("--allowedTools") + 1:]
+    assert tools[:2] == ["Read", "Edit"] and "Bash(git commit:*)" not in one["argv"]
+    # a task's own list replaces the default's: nothing of it is merged in
+    assert "Read" not in two["argv"] and "Bash(make:*)" in two["argv"]
+    # git_ref = "main" from the project file: each task in its own worktree
+    assert one["cwd"] != str(fleeter.path / "repo") and fleeter.task("t2").branch.startswith("fleetrun/t2-")
