@@ -208,7 +208,7 @@ def fetched_workspace(config: Config, task: Any, attempt: Any, workspace: Any, k
     return local if isinstance(local, Workspace) else f"{what}; the task's workspace is on {host}"
 
 
-def _is_local(config: Any, name: str) -> bool:
+def _is_local(config: Config, name: str) -> bool:
     from .hostapi import get_host
 
     return bool(get_host(config, name).local)

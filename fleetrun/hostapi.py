@@ -18,6 +18,7 @@ from typing import TYPE_CHECKING, Any, Optional, Protocol, runtime_checkable
 from .stash import StashKey
 
 if TYPE_CHECKING:
+    from .config import Config
     from .reports import Candidate, Started
 
 
@@ -112,7 +113,7 @@ class Host(Protocol):
         """
         ...
 
-    def candidate(self, config: Any) -> Optional[Candidate]:
+    def candidate(self, config: Config) -> Optional[Candidate]:
         """This host as a placement candidate, with fresh headroom, tools and limits;
         called on every pass of the loop that has a task to place (so it must be
         quick: measure, or read what a background probe last heard).
@@ -165,7 +166,7 @@ class MissingHost:
     def give_up(self, attempt_id: str) -> dict[str, Any]:
         return {}
 
-    def candidate(self, config: Any) -> Optional[Candidate]:
+    def candidate(self, config: Config) -> Optional[Candidate]:
         return None
 
 
@@ -182,7 +183,7 @@ class HostRegistry:
     :class:`MissingHost`, kept, and the reason is said once on stderr.
     """
 
-    def __init__(self, config: Any) -> None:
+    def __init__(self, config: Config) -> None:
         self.config = config
         self._hosts: dict[str, Host] = {}
         self._missing: dict[str, MissingHost] = {}
@@ -225,7 +226,7 @@ class HostRegistry:
         return host
 
 
-def registry(config: Any) -> HostRegistry:
+def registry(config: Config) -> HostRegistry:
     """The run's :class:`HostRegistry` (made on first use)."""
     reg: Optional[HostRegistry] = config.stash.get(HOSTS)
     if reg is None:
@@ -233,13 +234,13 @@ def registry(config: Any) -> HostRegistry:
     return reg
 
 
-def get_host(config: Any, name: Optional[str]) -> Host:
+def get_host(config: Config, name: Optional[str]) -> Host:
     """The host called ``name`` (None: this machine, ``local``). A name no loaded plugin
     provides gets a :class:`MissingHost`, and the reason is said once on stderr."""
     return registry(config).get(name)
 
 
-def missing_host_reason(config: Any, name: Optional[str]) -> Optional[str]:
+def missing_host_reason(config: Config, name: Optional[str]) -> Optional[str]:
     """Why no loaded plugin provides the host ``name`` (from the ledger), or None when
     one does."""
     name = name or "local"
@@ -259,7 +260,7 @@ def missing_host_reason(config: Any, name: Optional[str]) -> Optional[str]:
     return f"host {name!r} is not provided by any loaded plugin: {why}"
 
 
-def stop_attempt(config: Any, attempt: Any) -> bool:
+def stop_attempt(config: Config, attempt: Any) -> bool:
     """Stop an attempt wherever it runs (used by ``fleetrun cancel``).
 
     :raises UnknownHost: no loaded plugin provides the attempt's host, so nothing

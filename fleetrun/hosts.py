@@ -28,6 +28,7 @@ from .shepherd import CANCEL, LOG, SPEC, START_LOCK, STATUS, proc_token, read_js
 from .untrusted import FILE_STATES, Malformed, parse_status, reason_of
 
 if TYPE_CHECKING:
+    from .config import Config
     from .reports import Candidate, Started
 
 SHEPHERD_PATH = str(Path(__file__).with_name("shepherd.py"))
@@ -81,7 +82,7 @@ class LocalHost:
     def attempt_dir(self, attempt_id: str) -> Path:
         return self.root / attempt_id
 
-    def candidate(self, config: Any) -> Optional[Candidate]:
+    def candidate(self, config: Config) -> Optional[Candidate]:
         """This machine's headroom, as ``measure`` finds it (None without one)."""
         return self.measure(config) if self.measure is not None else None
 

@@ -18,7 +18,7 @@ import os
 import secrets
 import sqlite3
 import time
-from typing import Any, Optional
+from typing import TYPE_CHECKING, Any, Optional
 
 from .exceptions import StateConflict
 from .ledger_schema import SCHEMA_VERSION, LedgerFile, ensure_private_dir
@@ -26,6 +26,9 @@ from .records import Attempt, Task, TransitionRow, VerdictRow
 from .stash import StashKey
 from .states import State, allowed, is_valid_cause
 from .taskspec import TaskSpec
+
+if TYPE_CHECKING:
+    from .config import Config
 
 __all__ = [
     "SCHEMA_VERSION",
@@ -425,7 +428,7 @@ class Ledger(LedgerFile):
 LEDGER_KEY = StashKey[Ledger]()
 
 
-def open_ledger(config: Any) -> Ledger:
+def open_ledger(config: Config) -> Ledger:
     """The run's ledger, ``state.db`` in ``config.home``: opened on first use and kept in
     ``config.stash[LEDGER_KEY]`` (the CLI closes it as the run ends).
 

@@ -11,7 +11,7 @@ from __future__ import annotations
 import os
 import time
 from dataclasses import asdict
-from typing import Any, Optional
+from typing import TYPE_CHECKING, Any, Optional
 
 from . import clock, crash
 from .exceptions import StateConflict, UsageError
@@ -24,8 +24,11 @@ from .procutil import task_env
 from .reports import MIN_BUDGET_USD, Candidate, Handoff, Placement, SpawnSpec, Wait, Workspace
 from .states import PLACEABLE, State
 
+if TYPE_CHECKING:
+    from .config import Config
 
-def shepherd_spec(task: Task, att: Attempt, spawn: SpawnSpec, config: Any) -> dict[str, Any]:
+
+def shepherd_spec(task: Task, att: Attempt, spawn: SpawnSpec, config: Config) -> dict[str, Any]:
     """What a shepherd runs for an attempt (``spec.json``): the agent's argv in its
     workspace (``att.workspace``, else the task's ``cwd``), the task environment and the
     agent's own variables, its timeouts, and the loop's wake-up socket."""
@@ -42,7 +45,7 @@ def shepherd_spec(task: Task, att: Attempt, spawn: SpawnSpec, config: Any) -> di
     }
 
 
-def candidates_of(config: Any) -> list[Candidate]:
+def candidates_of(config: Config) -> list[Candidate]:
     """This pass's placement candidates: those of ``fleetrun_candidates`` (plugins that
     add some), then each host's own (:meth:`~fleetrun.Host.candidate`)."""
     extra = [c for cs in config.hook.fleetrun_candidates(config=config) for c in (cs or [])]

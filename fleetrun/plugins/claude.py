@@ -79,7 +79,7 @@ def base_argv(config: Config, session_id: str, model: Optional[str]) -> list[str
 
 
 @hookimpl(trylast=True)
-def fleetrun_spawn(task: Any, attempt: Any, workspace: Any, prompt: str, config: Any) -> Optional[SpawnSpec]:
+def fleetrun_spawn(task: Any, attempt: Any, workspace: Any, prompt: str, config: Config) -> Optional[SpawnSpec]:
     if task.spec.agent != "claude":
         return None
     session_id = str(uuid.uuid4())

@@ -118,7 +118,7 @@ def render(command: list[str], values: dict[str, str]) -> list[str]:
 
 
 @hookimpl(trylast=True)
-def fleetrun_spawn(task: Any, attempt: Any, workspace: Any, prompt: str, config: Any) -> Optional[SpawnSpec]:
+def fleetrun_spawn(task: Any, attempt: Any, workspace: Any, prompt: str, config: Config) -> Optional[SpawnSpec]:
     defn = agent_def(config, task.spec.agent) if task.spec.agent != "claude" else None
     if defn is None:
         return None

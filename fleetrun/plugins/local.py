@@ -11,14 +11,17 @@ policy (``-p no:placement -p mine``) must not take the machine away.
 
 from __future__ import annotations
 
-from typing import Any, Optional
+from typing import TYPE_CHECKING, Any, Optional
 
 from ..hookimpl import hookimpl
 from ..hosts import LocalHost
 from ..reports import Candidate
 
+if TYPE_CHECKING:
+    from ..config import Config
 
-def measure(config: Any) -> Optional[Candidate]:
+
+def measure(config: Config) -> Optional[Candidate]:
     """This machine as the ``placement`` plugin measures it, or None without that plugin."""
     placement = config.pluginmanager.get_plugin("placement")
     found = getattr(placement, "local_candidate", None) if placement is not None else None
@@ -26,5 +29,5 @@ def measure(config: Any) -> Optional[Candidate]:
 
 
 @hookimpl(trylast=True)
-def fleetrun_hosts(config: Any) -> list[Any]:
+def fleetrun_hosts(config: Config) -> list[Any]:
     return [LocalHost(config.home, measure=measure)]

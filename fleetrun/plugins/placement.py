@@ -17,7 +17,7 @@ import socket
 import time
 from collections import OrderedDict
 from pathlib import Path
-from typing import Any, Callable, Optional, Union
+from typing import TYPE_CHECKING, Any, Callable, Optional, Union
 
 from .. import clock
 from ..hookimpl import hookimpl
@@ -29,6 +29,9 @@ from ..reports import Candidate, Placement, Wait
 from ..stash import Stash, StashKey
 from ..states import ACTIVE, PLACEABLE, State
 
+if TYPE_CHECKING:
+    from ..config import Config
+
 #: An attempt's memory counts toward the estimate once its agent has run this long
 #: (an agent that just started has not loaded much yet).
 SETTLE_S = 10.0
@@ -36,7 +39,7 @@ SETTLE_S = 10.0
 KEEP_PEAKS = 50
 
 
-def local_running(config: Any) -> int:
+def local_running(config: Config) -> int:
     """Tasks that hold a slot here: placed, running, or being verified (a verifier such
     as a test suite takes the machine as much as the agent did)."""
     led = config.stash.get(LEDGER_KEY)
@@ -145,7 +148,7 @@ PASS_KEY = StashKey[tuple[list[Candidate], dict[Any, Wait]]]()
 RULES_KEY = StashKey["PassRules"]()
 
 
-def running_statuses(config: Any) -> list[tuple[str, dict[str, Any]]]:
+def running_statuses(config: Config) -> list[tuple[str, dict[str, Any]]]:
     """(attempt id, status.json) of the attempts running on this machine."""
     from ..hosts import read_status  # checked: the agent can write to its attempt folder
 
@@ -160,7 +163,7 @@ def running_statuses(config: Any) -> list[tuple[str, dict[str, Any]]]:
     return out
 
 
-def configured_tools(config: Any) -> dict[str, str]:
+def configured_tools(config: Config) -> dict[str, str]:
     """Tool name -> executable: the probed tools plus ``[relay] tools``; ``claude`` is
     the executable ``[claude] executable`` names."""
     extra = config.setting("relay", "tools", []) or []
@@ -172,17 +175,17 @@ def configured_tools(config: Any) -> dict[str, str]:
     return exe
 
 
-def configured_tags(config: Any) -> list[str]:
+def configured_tags(config: Config) -> list[str]:
     tags = config.setting("relay", "tags", []) or []
     return [t for t in tags if isinstance(t, str)] if isinstance(tags, list) else []
 
 
-def _wants_tools(config: Any) -> bool:
+def _wants_tools(config: Config) -> bool:
     led = config.stash.get(LEDGER_KEY)
     return led is not None and any(t.spec.requires for t in led.tasks(set(PLACEABLE)))
 
 
-def local_candidate(config: Any) -> Candidate:
+def local_candidate(config: Config) -> Candidate:
     """This machine as a placement candidate: what the ``local`` plugin's host answers
     to ``candidate()`` (measured on every pass that has a task to place)."""
     policy = config.stash.get(POLICY_KEY)
@@ -236,11 +239,11 @@ def stays_local(spec: Any) -> Optional[str]:
 
 
 @hookimpl(trylast=True)
-def fleetrun_place(task: Any, candidates: list[Candidate], policy: Any, config: Any) -> Union[Placement, Wait]:
+def fleetrun_place(task: Any, candidates: list[Candidate], policy: Any, config: Config) -> Union[Placement, Wait]:
     return builtin_place(task, candidates, config)
 
 
-def builtin_place(task: Any, candidates: list[Candidate], config: Any,
+def builtin_place(task: Any, candidates: list[Candidate], config: Config,
                   extra_filter: Optional[PlaceFilter] = None,
                   extra_score: Optional[PlaceScore] = None) -> Union[Placement, Wait]:
     """The built-in placement decision for ``task``, every check included: the pin
@@ -307,7 +310,7 @@ def _first_reason(results: list[Any]) -> Optional[str]:
     return next((r for r in results if isinstance(r, str) and r.strip()), None)
 
 
-def plugin_rules(config: Any, task: Any, candidates: list[Candidate],
+def plugin_rules(config: Config, task: Any, candidates: list[Candidate],
                  extra_filter: Optional[PlaceFilter] = None,
                  extra_score: Optional[PlaceScore] = None) -> tuple[Optional[PlaceFilter], Optional[PlaceScore]]:
     """The filter and score :func:`~fleetrun.placement.decide` applies for ``task``:
@@ -355,7 +358,7 @@ def checkout_of(cwd: str) -> str:
     return str(path)
 
 
-def checkout_in_use(config: Any, task: Any) -> Optional[str]:
+def checkout_in_use(config: Config, task: Any) -> Optional[str]:
     """A task without ``git_ref`` works in the user's checkout: the checkout, if another
     such task is placed, running or being verified there (two agents in one checkout
     edit, commit and switch branches under each other)."""
@@ -437,7 +440,7 @@ def _requires_line(source: str, head: int, cache: dict[str, Any]) -> int:
 
 
 @hookimpl(trylast=True)
-def fleetrun_collection_modifyitems(config: Any, items: list[Any]) -> None:
+def fleetrun_collection_modifyitems(config: Config, items: list[Any]) -> None:
     """Warn about a ``requires`` entry that is never met: its name (``node`` in
     ``node>=22``) is neither a tag of this machine nor a probed tool. Nothing is probed
     here: whether a probed tool is installed, or new enough, is placement's business."""

@@ -10,15 +10,18 @@ scheduler) implements the hook and returns a :class:`~fleetrun.Started` first.
 
 from __future__ import annotations
 
-from typing import Any, Optional
+from typing import TYPE_CHECKING, Any, Optional
 
 from ..hookimpl import hookimpl
 from ..reports import SpawnSpec, Started
 
+if TYPE_CHECKING:
+    from ..config import Config
+
 
 @hookimpl(trylast=True)
 def fleetrun_start_attempt(task: Any, attempt: Any, host: Any, spawn: SpawnSpec, prompt: str,
-                           config: Any) -> Optional[Started]:
+                           config: Config) -> Optional[Started]:
     # imported here: loading the plugin stays cheap for `fleetrun --help`
     from ..starting import shepherd_spec
 

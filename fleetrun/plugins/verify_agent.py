@@ -196,7 +196,7 @@ def reviewer_env(task: Any, attempt: Any, workspace: Any) -> dict[str, str]:
 
 @hookimpl(trylast=True)
 def fleetrun_verify(task: Any, verifier: Any, workspace: Any, attempt: Any,
-                    config: Any) -> Optional[Union[AgentHandle, Verdict]]:
+                    config: Config) -> Optional[Union[AgentHandle, Verdict]]:
     if verifier.kind != "agent":
         return None
     local = local_workspace(config, task, attempt, workspace, verifier)

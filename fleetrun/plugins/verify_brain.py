@@ -469,7 +469,7 @@ class BrainHandle:
 
 @hookimpl(trylast=True)
 def fleetrun_verify(task: Any, verifier: Any, workspace: Any, attempt: Any,
-                    config: Any) -> Optional[Union[BrainHandle, Verdict]]:
+                    config: Config) -> Optional[Union[BrainHandle, Verdict]]:
     if verifier.kind != "brain":
         return None
     local = local_workspace(config, task, attempt, workspace, verifier)

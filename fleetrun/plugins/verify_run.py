@@ -55,7 +55,7 @@ def verifier_env(task: Any, attempt: Any, workspace: Any) -> dict[str, str]:
 
 @hookimpl(trylast=True)
 def fleetrun_verify(task: Any, verifier: Any, workspace: Any, attempt: Any, host: Host,
-                    config: Any) -> Optional[RunHandle]:
+                    config: Config) -> Optional[RunHandle]:
     if verifier.kind != "run" or not host.local:
         return None  # a host whose folders are elsewhere runs its own (the relay's on a peer)
     adir = host.attempt_dir(attempt.id)

@@ -218,7 +218,7 @@ def _reuse(config: Config, task: Any, path: Path, repo: str, common: str) -> Opt
 
 
 @hookimpl(trylast=True)
-def fleetrun_prepare_workspace(task: Any, attempt: Any, host: Host, config: Any) -> Optional[Workspace]:
+def fleetrun_prepare_workspace(task: Any, attempt: Any, host: Host, config: Config) -> Optional[Workspace]:
     if not host.local:
         return None  # its folders are not here: the plugin that provides it prepares it
     spec = task.spec
@@ -260,7 +260,7 @@ def fleetrun_prepare_workspace(task: Any, attempt: Any, host: Host, config: Any)
 
 
 @hookimpl(trylast=True)
-def fleetrun_collect_work(task: Any, attempt: Any, workspace: Workspace, host: Host, config: Any) -> Optional[str]:
+def fleetrun_collect_work(task: Any, attempt: Any, workspace: Workspace, host: Host, config: Config) -> Optional[str]:
     """Commit what the attempt left uncommitted, so verifiers, handoffs and dependents
     see exactly what is on the branch. Every git command is pinned to the worktree
     fleetrun made (the agent may have rewritten its ``.git``), and the commit goes only
@@ -286,7 +286,7 @@ def fleetrun_collect_work(task: Any, attempt: Any, workspace: Workspace, host: H
 
 
 @hookimpl(trylast=True)
-def fleetrun_handoff(task: Any, attempt: Any, host: Host, config: Any) -> Optional[Handoff]:
+def fleetrun_handoff(task: Any, attempt: Any, host: Host, config: Config) -> Optional[Handoff]:
     if not host.local:
         return None
     summary = (attempt.result_text or "").strip() if attempt is not None else ""
@@ -301,7 +301,7 @@ def _note_once(led: Any, task_id: str, note: str) -> None:
 
 
 @hookimpl(trylast=True)
-def fleetrun_cleanup_workspace(task: Any, host: Host, config: Any) -> None:
+def fleetrun_cleanup_workspace(task: Any, host: Host, config: Config) -> None:
     if task.state is not State.DONE or not task.worktree or not host.local:
         return
     path = Path(task.worktree)

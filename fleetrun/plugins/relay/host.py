@@ -26,7 +26,7 @@ import shlex
 import threading
 import time
 from pathlib import Path
-from typing import Any, Optional
+from typing import TYPE_CHECKING, Any, Optional
 
 from ...gitutil import WorktreeTampered
 from ...hostapi import StartRefused
@@ -45,6 +45,9 @@ from .transport import (
     run_command,
     stream_command,
 )
+
+if TYPE_CHECKING:
+    from ...config import Config
 
 STATUS_TIMEOUT_S = 8.0
 RETRY_CONNECT_AFTER_S = 2.0  # after a failed connection, verbs fail fast this long
@@ -176,7 +179,7 @@ class SSHHost:
     def log_path(self, attempt_id: str) -> Path:
         return self.attempt_dir(attempt_id) / "log"
 
-    def candidate(self, config: Any) -> Optional[Candidate]:
+    def candidate(self, config: Config) -> Optional[Candidate]:
         """This peer as a placement candidate, from its last heartbeat (None for a host
         made without the relay, as in a test)."""
         return self.relay.candidate(self.name, config) if self.relay is not None else None

@@ -9,7 +9,7 @@ import os
 import threading
 import time
 from pathlib import Path
-from typing import Any, Optional
+from typing import TYPE_CHECKING, Any, Optional
 
 from ...gitutil import GitError, common_dir, git, repo_lock, repo_toplevel
 from ...hookimpl import hookimpl
@@ -41,6 +41,9 @@ from .peers import (
     unusable_reason,
 )
 from .transport import PeerError, PeerUnreachable
+
+if TYPE_CHECKING:
+    from ...config import Config
 
 HEARTBEAT_S = 5.0
 SUMMARY_LIMIT = 2000
@@ -154,7 +157,7 @@ class Heartbeat(threading.Thread):
 class Relay:
     """The peers of this run and their heartbeats."""
 
-    def __init__(self, config: Any, peers: dict[str, Peer]) -> None:
+    def __init__(self, config: Config, peers: dict[str, Peer]) -> None:
         self.config = config
         self.peers = peers
         self.hosts = {name: SSHHost(p, config.home, relay=self) for name, p in peers.items()}
@@ -196,7 +199,7 @@ class Relay:
     # -- placement -----------------------------------------------------------------
 
     @hookimpl(trylast=True)
-    def fleetrun_hosts(self, config: Any) -> list[Any]:
+    def fleetrun_hosts(self, config: Config) -> list[Any]:
         """One :class:`~.host.SSHHost` per peer of ``peers.toml``."""
         return list(self.hosts.values())
 
@@ -206,7 +209,7 @@ class Relay:
         mine = self.hosts.get(getattr(host, "name", None) or "")
         return mine if mine is not None and mine is host else None
 
-    def candidate(self, name: str, config: Any) -> Candidate:
+    def candidate(self, name: str, config: Config) -> Candidate:
         """The peer ``name`` as a placement candidate, with the headroom of its last
         heartbeat (``SSHHost.candidate`` asks here); the first call starts the
         heartbeats."""
@@ -246,7 +249,7 @@ class Relay:
         )
 
     @hookimpl(wrapper=True)
-    def fleetrun_place(self, task: Any, candidates: list[Candidate], policy: Any, config: Any) -> Any:
+    def fleetrun_place(self, task: Any, candidates: list[Candidate], policy: Any, config: Config) -> Any:
         result = yield
         if isinstance(result, Wait) and result.until is None and self.first_probe_pending():
             result.until = time.time() + 1.0  # a peer is about to report in: this is not idle yet
@@ -255,7 +258,7 @@ class Relay:
     # -- an attempt on a peer --------------------------------------------------------
 
     @hookimpl(trylast=True)
-    def fleetrun_prepare_workspace(self, task: Any, attempt: Any, host: Any, config: Any) -> Optional[Workspace]:
+    def fleetrun_prepare_workspace(self, task: Any, attempt: Any, host: Any, config: Config) -> Optional[Workspace]:
         host = self.owns(host)
         if host is None:
             return None
@@ -266,7 +269,7 @@ class Relay:
         return check_workspace(task, ws, host.name)
 
     @hookimpl(trylast=True)
-    def fleetrun_collect_work(self, task: Any, attempt: Any, workspace: Any, host: Any, config: Any) -> Optional[str]:
+    def fleetrun_collect_work(self, task: Any, attempt: Any, workspace: Any, host: Any, config: Config) -> Optional[str]:
         host = self.owns(host)
         if host is None:
             return None
@@ -394,7 +397,7 @@ class Relay:
         self._note(task.id, f"removed the fetched worktree {path}")
 
     @hookimpl(trylast=True)
-    def fleetrun_verify(self, task: Any, verifier: Any, workspace: Any, attempt: Any, host: Any, config: Any) -> Any:
+    def fleetrun_verify(self, task: Any, verifier: Any, workspace: Any, attempt: Any, host: Any, config: Config) -> Any:
         host = self.owns(host)
         if host is None:
             return None
@@ -408,7 +411,7 @@ class Relay:
         return RemoteRunHandle(host, task, attempt, verifier, idx, workspace)
 
     @hookimpl(trylast=True)
-    def fleetrun_handoff(self, task: Any, attempt: Any, host: Any, config: Any) -> Optional[Handoff]:
+    def fleetrun_handoff(self, task: Any, attempt: Any, host: Any, config: Config) -> Optional[Handoff]:
         mine = self.owns(host)
         peer = self.peers.get(mine.name) if mine is not None else None
         if peer is None:
@@ -440,7 +443,7 @@ class Relay:
         return Handoff(task_name=task.name, branch=task.branch, summary=summary, host=peer.name, fetch_hint=hint)
 
     @hookimpl(trylast=True)
-    def fleetrun_cleanup_workspace(self, task: Any, host: Any, config: Any) -> None:
+    def fleetrun_cleanup_workspace(self, task: Any, host: Any, config: Config) -> None:
         host = self.owns(host)
         if host is None:
             return
