@@ -1,20 +1,14 @@
 """fleetrun/plugins/mailbox/hookio.py: Claude Code's hook JSON read strictly, the block
-decision, and the reason that hands a delivered task to a role's session (issue 13).
-
-The module is loaded by path until the mailbox package has its ``__init__``.
-"""
+decision, and the reason that hands a delivered task to a role's session (issue 13)."""
 
 from __future__ import annotations
 
 import ast
-import importlib
-import importlib.util
 import json
 import re
 import subprocess
 import sys
 from pathlib import Path
-from types import ModuleType
 from typing import Any
 
 import pytest
@@ -23,28 +17,9 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 import fleetrun
+from fleetrun.plugins.mailbox import hookio
 
 MAILBOX_DIR = Path(fleetrun.__file__).resolve().parent / "plugins" / "mailbox"
-
-
-def mailbox_module(name: str) -> ModuleType:
-    """``fleetrun.plugins.mailbox.<name>``: imported when the package is there, else
-    loaded from its file (this branch adds only the two modules, not the package)."""
-    full = f"fleetrun.plugins.mailbox.{name}"
-    if full in sys.modules:
-        return sys.modules[full]
-    try:
-        return importlib.import_module(full)
-    except ModuleNotFoundError:
-        spec = importlib.util.spec_from_file_location(full, MAILBOX_DIR / f"{name}.py")
-        assert spec is not None and spec.loader is not None
-        module = importlib.util.module_from_spec(spec)
-        sys.modules[full] = module  # dataclasses look their module up there
-        spec.loader.exec_module(module)
-        return module
-
-
-hookio = mailbox_module("hookio")
 HookInputError = hookio.HookInputError
 
 SID = "4b0c2f5e-8f3a-4d59-9a63-2f6c6e1d8a10"
