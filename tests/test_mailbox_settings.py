@@ -14,10 +14,15 @@ import os
 import stat
 import subprocess
 import sys
+import tempfile
 from pathlib import Path
 from typing import Any
 
 import pytest
+from fuzz_targets import JSON
+from hypothesis import given
+from hypothesis import settings as hsettings
+from hypothesis import strategies as st
 
 from fleetrun import UsageError
 from fleetrun.plugins.mailbox import hookio, settings
@@ -168,6 +173,90 @@ def test_remove_without_a_file_changes_nothing(role: Path) -> None:
     assert not change.changed and not (role / ".claude").exists()
 
 
+# --------------------------------------------------------------------------- any file
+
+OTHER = "/elsewhere/fleetrun"
+HOOK_LINES = st.sampled_from(["notify-send done", "ruff format", STOP, EDIT, f"{OTHER} mailbox stop-hook", ""])
+ENTRY = st.fixed_dictionaries({"type": st.just("command"), "command": HOOK_LINES},
+                              optional={"timeout": st.integers(1, 60)})
+GROUP = st.fixed_dictionaries({"hooks": st.lists(ENTRY, max_size=3)},
+                              optional={"matcher": st.sampled_from(["", "Write", "Write|Edit|MultiEdit", "*"])})
+SETTINGS = st.fixed_dictionaries({}, optional={
+    "model": st.text(max_size=5),
+    "hooks": st.dictionaries(st.sampled_from(["Stop", "PostToolUse", "PreToolUse", "SessionStart"]),
+                             st.lists(GROUP, max_size=3), max_size=3),
+    "permissions": st.fixed_dictionaries({}, optional={
+        "allow": st.lists(st.sampled_from(["Bash(make test)", "Read", *RULES]), max_size=4),
+        "deny": st.lists(st.just("Read(./.env)"), max_size=1)}),
+    "env": st.dictionaries(st.text(max_size=3), st.text(max_size=3), max_size=2),
+})
+
+
+def without_ours(data: dict[str, Any]) -> dict[str, Any]:
+    """``data`` less fleetrun's entries (for CMD: the Stop hook under Stop, the edit hook
+    under PostToolUse, the three rules) and the groups they alone filled, and less the
+    empty hook lists, ``hooks``, ``allow`` and ``permissions`` (which mean nothing):
+    what --remove promises to leave."""
+    out = json.loads(json.dumps(data))
+    hooks = out.get("hooks", {})
+    for event, line in (("Stop", STOP), ("PostToolUse", EDIT)):
+        groups = []
+        for group in hooks.get(event, []):
+            kept = [e for e in group["hooks"] if e["command"] != line]
+            if kept or not group["hooks"]:
+                groups.append({**group, "hooks": kept})
+        if groups:
+            hooks[event] = groups
+        else:
+            hooks.pop(event, None)
+    if not hooks:
+        out.pop("hooks", None)
+    perms = out.get("permissions", {})
+    perms["allow"] = [r for r in perms.get("allow", []) if r not in RULES]
+    if not perms["allow"]:
+        del perms["allow"]
+    if not perms:
+        out.pop("permissions", None)
+    return out
+
+
+@hsettings(max_examples=150, deadline=None)
+@given(SETTINGS)
+def test_install_then_remove_keeps_everything_of_the_users(data: dict[str, Any]) -> None:
+    with tempfile.TemporaryDirectory() as tmp:
+        role = Path(tmp)
+        (role / ".claude").mkdir()
+        local(role).write_text(json.dumps(data))
+        settings.install(role, CMD)
+        installed = read(local(role))
+        for event, line in (("Stop", STOP), ("PostToolUse", EDIT)):
+            assert line in commands(installed, event)
+        assert all(r in installed["permissions"]["allow"] for r in RULES)
+        assert without_ours(installed) == without_ours(data)  # nothing of the user's lost or moved
+        assert not settings.install(role, CMD).changed
+        settings.install(role, CMD, remove=True)
+        left = read(local(role)) if local(role).exists() else {}
+        assert without_ours(left) == left == without_ours(data)
+        assert STOP not in commands(left, "Stop") and EDIT not in commands(left, "PostToolUse")
+
+
+@hsettings(max_examples=150, deadline=None)
+@given(JSON | st.fixed_dictionaries({}, optional={"hooks": JSON, "permissions": JSON}), st.booleans())
+def test_any_json_is_merged_or_refused_and_left_untouched(value: Any, remove: bool) -> None:
+    with tempfile.TemporaryDirectory() as tmp:
+        role = Path(tmp)
+        (role / ".claude").mkdir()
+        text = json.dumps(value)
+        local(role).write_text(text)
+        try:
+            settings.install(role, CMD, remove=remove)
+        except UsageError as e:
+            assert e.file == str(local(role)) and local(role).read_text() == text
+        else:
+            assert isinstance(value, dict)
+        assert [n for n in os.listdir(role / ".claude") if n != "settings.local.json"] == []
+
+
 # --------------------------------------------------------------------------- refused
 
 
@@ -185,6 +274,11 @@ def test_remove_without_a_file_changes_nothing(role: Path) -> None:
     ('{"permissions": {"allow": [1]}}', "permissions.allow is not a list of strings"),
     ('{"a": 1, "a": 2}', "key 'a' appears twice"),
     ('{"a": NaN}', "is not JSON"),
+    ('{"hooks": null}', "hooks is not an object"),
+    ('{"hooks": {"Stop": null}}', "hooks.Stop is not a list"),
+    ('{"hooks": {"Stop": [{"hooks": null}]}}', "hooks.Stop[0].hooks is not a list"),
+    ('{"permissions": null}', "permissions is not an object"),
+    ('{"permissions": {"allow": null}}', "permissions.allow is not a list of strings"),
 ])
 @pytest.mark.parametrize("remove", [False, True])
 def test_a_file_of_the_wrong_shape_is_refused_and_left_untouched(role: Path, text: str, why: str,

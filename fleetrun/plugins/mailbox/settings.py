@@ -309,32 +309,29 @@ def _parse(text: str, path: Path) -> dict[str, Any]:
         raise refuse(why) from None
     if not isinstance(data, dict):
         raise refuse("is not a JSON object")
-    hooks = data.get("hooks")
-    if hooks is not None:
-        if not isinstance(hooks, dict):
-            raise refuse("hooks is not an object")
-        for event in ("Stop", "PostToolUse"):
-            groups = hooks.get(event)
-            if groups is None:
-                continue
-            if not isinstance(groups, list):
-                raise refuse(f"hooks.{event} is not a list")
-            for i, group in enumerate(groups):
-                if not isinstance(group, dict):
-                    raise refuse(f"hooks.{event}[{i}] is not an object")
-                entries = group.get("hooks", [])
-                if not isinstance(entries, list):
-                    raise refuse(f"hooks.{event}[{i}].hooks is not a list")
-                for j, entry in enumerate(entries):
-                    if not isinstance(entry, dict):
-                        raise refuse(f"hooks.{event}[{i}].hooks[{j}] is not an object")
-    perms = data.get("permissions")
-    if perms is not None:
-        if not isinstance(perms, dict):
-            raise refuse("permissions is not an object")
-        allow = perms.get("allow")
-        if allow is not None and not (isinstance(allow, list) and all(isinstance(r, str) for r in allow)):
-            raise refuse("permissions.allow is not a list of strings")
+    # a null is the wrong shape too: merging would have to replace it
+    hooks = data.get("hooks", {})
+    if not isinstance(hooks, dict):
+        raise refuse("hooks is not an object")
+    for event in ("Stop", "PostToolUse"):
+        groups = hooks.get(event, [])
+        if not isinstance(groups, list):
+            raise refuse(f"hooks.{event} is not a list")
+        for i, group in enumerate(groups):
+            if not isinstance(group, dict):
+                raise refuse(f"hooks.{event}[{i}] is not an object")
+            entries = group.get("hooks", [])
+            if not isinstance(entries, list):
+                raise refuse(f"hooks.{event}[{i}].hooks is not a list")
+            for j, entry in enumerate(entries):
+                if not isinstance(entry, dict):
+                    raise refuse(f"hooks.{event}[{i}].hooks[{j}] is not an object")
+    perms = data.get("permissions", {})
+    if not isinstance(perms, dict):
+        raise refuse("permissions is not an object")
+    allow = perms.get("allow", [])
+    if not (isinstance(allow, list) and all(isinstance(r, str) for r in allow)):
+        raise refuse("permissions.allow is not a list of strings")
     return data
 
 
