@@ -332,6 +332,13 @@ def test_the_directory_must_exist_and_is_made_canonical(tmp_path: Path, role: Pa
     assert not settings.install(role, CMD).changed  # one place, one install
 
 
+def test_describe_shows_control_characters_in_a_path(tmp_path: Path) -> None:
+    odd = tmp_path / "role\x1b[2J"
+    odd.mkdir()
+    text = settings.install(odd, CMD).describe()
+    assert "\x1b" not in text and "role\\x1b[2J" in text
+
+
 def test_a_command_with_shell_syntax_is_refused(role: Path) -> None:
     with pytest.raises(UsageError, match="command line"):
         settings.install(role, "fleetrun; rm -rf ~")

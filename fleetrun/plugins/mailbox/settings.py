@@ -31,6 +31,7 @@ from pathlib import Path
 from typing import Any, Optional, Union
 
 from fleetrun.exceptions import UsageError
+from fleetrun.textutil import LINES, safe_text
 
 from .hookio import check_command
 
@@ -70,13 +71,17 @@ class Change:
         return bool(self.added or self.removed)
 
     def describe(self) -> str:
-        """What happened, for the terminal: one line, then one line per item."""
+        """What happened, for the terminal: one line, then one line per item (control
+        characters in a path made visible)."""
         if not self.changed:
             if self.remove:
-                return f"{self.path}: no fleetrun hooks or rules there; nothing to remove"
-            return f"{self.path}: fleetrun's hooks and rules are already installed; nothing changed"
-        verb, items = ("removed from", self.removed) if self.remove else ("added to", self.added)
-        return "\n".join([f"{verb} {self.path}:", *(f"  {item}" for item in items)])
+                text = f"{self.path}: no fleetrun hooks or rules there; nothing to remove"
+            else:
+                text = f"{self.path}: fleetrun's hooks and rules are already installed; nothing changed"
+        else:
+            verb, items = ("removed from", self.removed) if self.remove else ("added to", self.added)
+            text = "\n".join([f"{verb} {self.path}:", *(f"  {item}" for item in items)])
+        return safe_text(text, keep=LINES)
 
 
 def stop_command(command: str) -> str:
