@@ -976,6 +976,48 @@ def test_project_settings_permissions_count_unless_the_source_is_off(work, env, 
     assert denials(on) == [] and (work / "a.txt").exists()
 
 
+REPORT = "mytool mailbox done task_abc --summary wrote"
+
+
+@pytest.mark.parametrize("where, allowed", [
+    ("project", False),  # measured: a Bash rule in .claude/settings.json does not count in -p mode
+    ("local", True),
+    ("user", True),
+    ("flag", True),
+    (None, False),
+])
+def test_a_bash_allow_rule_counts_from_the_local_and_user_settings_only(tmp_path, work, env, where, allowed):
+    """Issue 13, measured with the real CLI: under acceptEdits in -p mode, an allow rule
+    ``Bash(fleetrun mailbox done:*)`` in the project's .claude/settings.json leaves the
+    call refused; the same rule in .claude/settings.local.json, in the user's
+    settings.json or as --allowedTools lets it run."""
+    bindir = tmp_path / "bin"
+    bindir.mkdir()
+    tool = bindir / "mytool"
+    tool.write_text(f"#!/bin/sh\necho \"$@\" >> {tmp_path}/reported\n")
+    tool.chmod(0o755)
+    env["PATH"] = f"{bindir}{os.pathsep}{env['PATH']}"
+    rule = {"permissions": {"allow": ["Bash(mytool mailbox done:*)"]}}
+    flags = []
+    if where == "flag":
+        flags = ["--allowedTools", "Bash(mytool:*)"]
+    elif where == "user":
+        Path(env["CLAUDE_CONFIG_DIR"]).mkdir()
+        (Path(env["CLAUDE_CONFIG_DIR"]) / "settings.json").write_text(json.dumps(rule))
+    elif where is not None:
+        (work / ".claude").mkdir()
+        name = "settings.json" if where == "project" else "settings.local.json"
+        (work / ".claude" / name).write_text(json.dumps(rule))
+    scenario(tmp_path, env, {"default": [{"actions": [["bash", REPORT]]}]})
+    proc = run([*SJ, "--permission-mode", "acceptEdits", *flags, "--", "go"], work, env)
+    assert proc.returncode == 0
+    reported = tmp_path / "reported"
+    if allowed:
+        assert denials(proc) == [] and reported.read_text() == "mailbox done task_abc --summary wrote\n"
+    else:
+        assert [d["tool_input"]["command"] for d in denials(proc)] == [REPORT] and not reported.exists()
+
+
 def test_hooks_are_captured_at_start_up(tmp_path, work, env):
     """A settings file the session writes does not add hooks to that session."""
     marks = tmp_path / "marks"

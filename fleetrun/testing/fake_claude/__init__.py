@@ -33,7 +33,9 @@ Environment:
 Settings and hooks, as the real CLI: the sources of --setting-sources (default
 user,project,local; any other name exits 1) are $CLAUDE_CONFIG_DIR/settings.json,
 <cwd>/.claude/settings.json and <cwd>/.claude/settings.local.json; with --settings they
-give permission rules and command hooks, captured at start-up. SessionStart hooks run
+give permission rules and command hooks, captured at start-up (a Bash allow rule in the
+project's settings.json does not count, as measured in -p mode; in settings.local.json,
+the user's settings.json, --settings or --allowedTools it does). SessionStart hooks run
 before the first event; Stop hooks run when a step ends normally, with session_id,
 transcript_path, cwd, hook_event_name, stop_hook_active and last_assistant_message on
 stdin. A Stop hook printing {"decision": "block", "reason": R} (or exiting 2 with R on

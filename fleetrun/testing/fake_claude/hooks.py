@@ -6,7 +6,7 @@ import json
 import os
 import sys
 
-from .cliargs import load_json_or_file
+from .cliargs import load_json_or_file, parse_rule
 from .common import PERMISSION_MODES, UsageError
 
 SETTING_SOURCES = ("user", "project", "local")
@@ -60,7 +60,8 @@ def load_settings_file(path):
 
 def load_settings(values, sources, cwd):
     """The settings of the enabled sources and ``--settings``, lowest precedence first,
-    and the permissions they give: (settings list, allow rules, deny rules, the last
+    and the permissions they give (a Bash allow rule counts from every source but the
+    project's settings.json, as measured): (settings list, allow rules, deny rules, the last
     valid ``defaultMode`` or None).
 
     :raises UsageError: if ``--settings`` is not a JSON object or a file holding one.
@@ -68,21 +69,30 @@ def load_settings(values, sources, cwd):
     allow, deny = [], []
     settings_mode = None
     # lowest precedence first: user, project, local, then --settings
-    loaded = [d for d in (load_settings_file(p) for p in settings_files(sources, cwd)) if d is not None]
+    named = [(source, load_settings_file(path))
+             for source, path in zip([s for s in SETTING_SOURCES if s in sources], settings_files(sources, cwd))]
     if "settings" in values:
         flag_settings = load_json_or_file(values["settings"], "--settings")
         if not isinstance(flag_settings, dict):
             raise UsageError("Error: Invalid JSON provided to --settings")
-        loaded.append(flag_settings)
-    for settings in loaded:
+        named.append(("flag", flag_settings))
+    named = [(source, d) for source, d in named if d is not None]
+    for source, settings in named:
         perms = settings.get("permissions")
         if not isinstance(perms, dict):
             continue
-        allow += [r for r in perms.get("allow") or [] if isinstance(r, str)]
+        rules = [r for r in perms.get("allow") or [] if isinstance(r, str)]
+        if source == "project":
+            # Measured (issue 13, 2.1.197 and 2.1.332, -p mode): an allow rule
+            # Bash(fleetrun mailbox done:*) in the project's .claude/settings.json left
+            # the call refused, while the same rule in settings.local.json, the user's
+            # settings.json or --allowedTools let it run. Other tools' project rules count.
+            rules = [r for r in rules if parse_rule(r)[0] != "Bash"]
+        allow += rules
         deny += [r for r in perms.get("deny") or [] if isinstance(r, str)]
         if perms.get("defaultMode") in PERMISSION_MODES:  # another value is ignored
             settings_mode = perms["defaultMode"]
-    return loaded, allow, deny, settings_mode
+    return [d for _, d in named], allow, deny, settings_mode
 
 
 def matcher_matches(matcher, value):
