@@ -5,6 +5,11 @@ A task with ``git_ref`` runs in ``$FLEETRUN_HOME/worktrees/<name>-<id>`` on bran
 that holds ``cwd``; the user's checkout is never touched. Retries and resumes reuse
 it. After DONE a clean worktree is removed and the branch stays; a dirty one is kept.
 
+With ``base = "dependencies"`` a new branch gets each dependency's branch merged in, in
+``depends_on`` order (:mod:`fleetrun.depmerge`), before the agent starts; a conflict
+asks a human (``merge_conflict:<files>``, the worktree kept mid-merge) or, with
+``on_conflict = "agent"``, is left for the agent, named in the workspace's ``conflict``.
+
 The agent owns the worktree's files, its ``.git`` file included, so every git command
 run for a worktree is pinned (``gitutil.wt_git``: ``--git-dir``/``--work-tree``) to the
 administrative folder found from the repository's side; a worktree whose ``.git`` was

@@ -7,6 +7,8 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Any
 
+pytest_plugins = ["sshd"]
+
 USAGE_ERROR = 4
 
 
@@ -138,6 +140,9 @@ def test_a_merge_conflict_asks_a_human_and_the_agent_never_starts(fleeter, fake_
     both = fleeter.task("both")
     assert both.state.value == "NEEDS_HUMAN"
     assert both.reason == "merge_conflict:shared.txt"
+    from fleetrun.states import CAUSES, cause_word
+
+    assert cause_word(both.reason) in CAUSES
     assert fake_claude.calls("both") == []
     r.fnmatch_lines(["*both NEEDS_HUMAN*merge_conflict:shared.txt*"])
     # the worktree is kept, mid-merge, where the human can resolve it; status knows where it is
@@ -146,6 +151,13 @@ def test_a_merge_conflict_asks_a_human_and_the_agent_never_starts(fleeter, fake_
     assert (wt / "L.txt").exists()  # the first dependency merged cleanly
     notes = [n for _, n in fleeter.ledger().notes(both.id)]
     assert any("right" in n and "shared.txt" in n and str(wt) in n for n in notes), notes
+
+    # a retry with the merge still stopped asks again, and still starts no agent
+    assert fleeter.run("retry", "both").ret == 0
+    fleeter.run("work", "--until-idle")
+    assert (fleeter.task("both").state.value, fleeter.task("both").reason) == ("NEEDS_HUMAN",
+                                                                                "merge_conflict:shared.txt")
+    assert fake_claude.calls("both") == []
 
     # the human resolves it and commits; a retry reuses the worktree as it is: no second merge
     (wt / "shared.txt").write_text("merged\n")
@@ -297,3 +309,57 @@ def test_a_dependency_branch_that_is_not_here_asks_a_human(fleeter, fake_claude)
     assert api.reason == (f"workspace_failed:the branch {schema.branch} of dependency user-schema is not in {repo}"
                           " (a dependency that ran on a peer has its branch fetched back when it ends)")
     assert fake_claude.calls("user-api") == []
+
+
+def test_a_dependency_that_ran_on_a_peer_is_merged_from_its_fetched_branch(fleeter, fake_claude, peer_lab):
+    """The dependency runs on a peer whose repository is a clone: its branch exists only
+    there until the fetch-back (a task with dependents is fetched back) brings it here,
+    and the dependent, on this machine, starts with it merged in."""
+    from .test_peers_fetchback import add_peer, private_peer
+
+    repo = fleeter.make_repo()
+    mini = private_peer(peer_lab, "mini", repo)
+    add_peer(fleeter, mini)
+    fleeter.write_tasks('''
+        [[task]]
+        name = "api"
+        cwd = "repo"
+        prompt = "Write API.txt."
+        git_ref = "main"
+        peer = "mini"
+
+          [[task.verify]]
+          run = "test -f API.txt"
+
+        [[task]]
+        name = "client"
+        cwd = "repo"
+        prompt = "Use the API."
+        git_ref = "main"
+        depends_on = ["api"]
+        base = "dependencies"
+
+          [[task.verify]]
+          run = "test -f API.txt && test -f CLIENT.txt"
+    ''')
+    fake_claude.script(**{
+        "api": [{"actions": [["write", "API.txt", "GET /things\n"], ["commit", "add api"]]}],
+        "client": [{"actions": [["write", "CLIENT.txt", "uses it\n"], ["commit", "client"]]}],
+    })
+    r = fleeter.run("tasks.toml")
+    assert r.ret == 0, r.stdout + r.stderr
+    api, client = fleeter.task("api"), fleeter.task("client")
+    assert (api.host, client.host) == ("mini", "local")
+    assert {"API.txt", "CLIENT.txt"} <= set(branch_files(fleeter, repo, client.branch))
+    merged = fleeter.git(repo, "log", "--merges", "--format=%s", client.branch).strip()
+    assert merged == f"fleetrun: merge api ({api.branch}) into client"
+
+
+def test_a_task_that_merges_its_dependencies_stays_on_this_machine():
+    from fleetrun.plugins.placement import stays_local
+    from fleetrun.taskspec import TaskSpec
+
+    spec = TaskSpec(name="t", prompt="p", cwd="/", git_ref="main", depends_on=["a"], base="dependencies")
+    assert stays_local(spec) == 'base = "dependencies"'
+    # a default of every task on one without dependencies changes nothing
+    assert stays_local(TaskSpec(name="t", prompt="p", cwd="/", git_ref="main", base="dependencies")) is None
