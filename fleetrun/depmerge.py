@@ -57,7 +57,8 @@ def dependency_branches(led: Any, task: Any, repo: str) -> list[tuple[str, str]]
             raise DependencyError(f"dependency {name} is not in the ledger")
         branch = dependency_branch(dep)
         if not branch or ref_problem(branch):
-            raise DependencyError(f"dependency {name} has no branch to merge (it has no git_ref)")
+            why = "it has no git_ref" if not dep.spec.git_ref else "no attempt of it made one"
+            raise DependencyError(f"dependency {name} has no branch to merge ({why})")
         ref = f"refs/heads/{branch}"
         if not git(repo, "rev-parse", "--verify", "--quiet", f"{ref}^{{commit}}", check=False).strip():
             raise DependencyError(f"the branch {branch} of dependency {name} is not in {repo} (a dependency that "

@@ -261,10 +261,11 @@ def fleetrun_build_prompt(task: Any, attempt: Any, config: Config, context: dict
     conflict = ws.get("conflict") if isinstance(ws, dict) else None
     merged = bool(isinstance(ws, dict) and (ws.get("merged") or conflict))
     base = task.spec.prompt.rstrip() + _handoffs(context.get("handoffs", []), merged)
+    text = _by_kind(kind, base, task, config, context)
     if isinstance(conflict, dict):  # the agent starts on a stopped merge: that comes first
-        return conflict_prompt(conflict, task.spec.git_ref) + "\n\n## The task\n" + _by_kind(kind, base, task,
-                                                                                            config, context)
-    return _by_kind(kind, base, task, config, context)
+        # a resume's text has its own "## The task" after why the session ended
+        return conflict_prompt(conflict, task.spec.git_ref) + ("\n\n" if kind == "resume" else "\n\n## The task\n") + text
+    return text
 
 
 def _by_kind(kind: str, base: str, task: Any, config: Config, context: dict[str, Any]) -> str:
