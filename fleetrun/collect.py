@@ -11,7 +11,7 @@ import json
 import os
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Optional
+from typing import Any, Callable, Optional
 
 from .exceptions import UsageError, UsageErrors
 
@@ -261,6 +261,8 @@ def _collect_task(
     if len(set(deps)) != len(deps):
         errs.add(lines.get("task", i, "depends_on", default=head), f"{who}: depends_on", "names a task twice")
 
+    _check_base(raw, good, deps, lambda key: lines.get("task", i, key, default=head), who, errs)
+
     setup = list(defaults.get("setup", []))
     if "setup" in good:  # the task's own list replaces the file's (`setup = []`: none)
         setup = collect_setup(good["setup"], lines.get("task", i, "setup", default=head), f"{who}: setup",
@@ -301,10 +303,32 @@ def _collect_task(
         peer=good.get("peer"),
         verify=verifies,
         setup=setup,
+        base=good.get("base", "git_ref"),
+        on_conflict=good.get("on_conflict", "human"),
         extra=extra,
         key_lines={**{k: lines.get("task", i, k, default=head) for k in raw if k != "verify"}, **default_lines},
         defaulted=defaulted,
     )
+
+
+def _check_base(raw: dict[str, Any], good: dict[str, Any], deps: list[str], line_of: Callable[[str], int],
+                who: str, errs: KeyErrors) -> None:
+    """``base = "dependencies"`` and ``on_conflict`` where they can apply. Written in the
+    task, each is an error where it cannot; a default of every task is left as it is on
+    a task without dependencies (there is nothing to merge), but not on one without
+    ``git_ref``."""
+    merges = good.get("base") == "dependencies"
+    if merges and not deps:
+        if "base" in raw:
+            errs.add(line_of("base"), f"{who}: base",
+                     '"dependencies" needs depends_on: a task without dependencies has nothing to merge')
+        merges = False
+    if merges and not good.get("git_ref"):
+        line = line_of("base") if "base" in raw else line_of("depends_on")
+        errs.add(line, f"{who}: base", '"dependencies" needs git_ref: the branches are merged into the task\'s worktree')
+    base_bad = "base" in raw and "base" not in good  # already reported
+    if "on_conflict" in good and "on_conflict" in raw and good.get("base") != "dependencies" and not base_bad:
+        errs.add(line_of("on_conflict"), f"{who}: on_conflict", 'applies only with base = "dependencies"')
 
 
 def _collect_verify(

@@ -29,9 +29,13 @@ class GitError(Exception):
 _ENV = {"GIT_TERMINAL_PROMPT": "0", "LC_ALL": "C"}
 
 
-def git(cwd: str | Path, *args: str, check: bool = True, timeout: float = 120) -> str:
-    """Run ``git -C cwd args...`` (argv, never a shell); return stdout."""
-    env = dict(os.environ, **_ENV)
+def git(cwd: str | Path, *args: str, check: bool = True, timeout: float = 120,
+        env: Optional[dict[str, str]] = None) -> str:
+    """Run ``git -C cwd args...`` (argv, never a shell); return stdout.
+
+    :param env: variables set for this command, over the process's own.
+    """
+    env = dict(os.environ, **_ENV, **(env or {}))
     proc = subprocess.run(["git", "-C", str(cwd), *args], stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
                           stdin=subprocess.DEVNULL, env=env, timeout=timeout)
     out = proc.stdout.decode("utf-8", "replace")
@@ -157,7 +161,8 @@ def check_pinned(p: Pinned) -> None:
         raise WorktreeTampered(f"{p.gitdir} no longer belongs to {p.common}")
 
 
-def wt_git(p: Pinned, *args: str, check: bool = True, timeout: float = 120) -> str:
+def wt_git(p: Pinned, *args: str, check: bool = True, timeout: float = 120,
+           env: Optional[dict[str, str]] = None) -> str:
     """Run git for a pinned worktree: ``--git-dir`` and ``--work-tree`` are given, so
     nothing the worktree holds can send the command to another repository. The pin is
     checked first.
@@ -165,4 +170,62 @@ def wt_git(p: Pinned, *args: str, check: bool = True, timeout: float = 120) -> s
     :raises WorktreeTampered: when the pin no longer holds.
     """
     check_pinned(p)
-    return git(p.root, f"--git-dir={p.gitdir}", f"--work-tree={p.root}", *args, check=check, timeout=timeout)
+    return git(p.root, f"--git-dir={p.gitdir}", f"--work-tree={p.root}", *args, check=check, timeout=timeout,
+               env=env)
+
+
+#: The identity of the merges fleetrun makes, whatever the user's or the repository's
+#: settings (which may have none): the variables win over any ``user.*`` setting.
+MERGE_IDENTITY = {"GIT_AUTHOR_NAME": "fleetrun", "GIT_AUTHOR_EMAIL": "fleetrun@localhost",
+                  "GIT_COMMITTER_NAME": "fleetrun", "GIT_COMMITTER_EMAIL": "fleetrun@localhost"}
+#: Settings of every merge fleetrun makes: no hooks (the repository's hooks are not
+#: fleetrun's to run, and a worktree's agent may have written them), no editor, no
+#: signing that would ask for a passphrase, no recorded resolutions replayed.
+MERGE_CONFIG = ("-c", "core.hooksPath=/dev/null", "-c", "commit.gpgSign=false", "-c", "rerere.enabled=false",
+                "-c", "core.editor=true")
+
+
+@dataclass(frozen=True)
+class MergeResult:
+    """What :func:`wt_merge` did.
+
+    :ivar commit: the merge commit, or None when it stopped on a conflict.
+    :ivar conflicts: the files left unmerged (empty when it merged).
+    """
+
+    commit: Optional[str]
+    conflicts: list[str]
+
+
+def unmerged_files(p: Pinned) -> list[str]:
+    """The files a stopped merge left unmerged in the pinned worktree."""
+    out = wt_git(p, "diff", "--name-only", "--diff-filter=U", "-z", check=False)
+    return sorted({f for f in out.split("\0") if f})
+
+
+def merge_in_progress(p: Pinned) -> bool:
+    """A merge stopped on a conflict and was neither concluded nor aborted."""
+    return bool(wt_git(p, "rev-parse", "-q", "--verify", "MERGE_HEAD", check=False).strip())
+
+
+def wt_merge(p: Pinned, ref: str, message: str, timeout: float = 600) -> MergeResult:
+    """Merge ``ref`` into the pinned worktree's branch: ``--no-ff --no-edit``, with
+    fleetrun's identity (:data:`MERGE_IDENTITY`), no hooks (:data:`MERGE_CONFIG`). A
+    conflict leaves the merge stopped, the tree with its markers, for whoever resolves it.
+
+    :param ref: a full ref (``refs/heads/...``) or a commit; never an option.
+    :raises GitError: when git refused for another reason than a conflict (unrelated
+        histories, an untracked file in the way...).
+    :raises WorktreeTampered: when the pin no longer holds.
+    """
+    if ref.startswith("-"):
+        raise ValueError(f"not a ref: {ref!r}")
+    try:
+        wt_git(p, *MERGE_CONFIG, "merge", "--no-ff", "--no-edit", "-q", "-m", message, ref,
+               timeout=timeout, env=MERGE_IDENTITY)
+    except GitError:
+        files = unmerged_files(p) if merge_in_progress(p) else []
+        if not files:
+            raise
+        return MergeResult(None, files)
+    return MergeResult(wt_git(p, "rev-parse", "HEAD").strip(), [])

@@ -170,7 +170,8 @@ def fleetrun_prepare_workspace(task: Task, attempt: Attempt, host: Host, config:
     and its prompt. The built-ins are ``trylast``, so yours runs first, with or without
     ``tryfirst``: the ``worktree`` plugin answers for a ``host.local`` host (for a task
     with ``git_ref``, a git worktree on the task's own branch, made from ``git_ref`` or
-    reused; else the task's ``cwd`` as it is), the ``relay`` plugin for the peers it
+    reused, with ``base = "dependencies"`` its dependencies' branches merged into a new
+    one; else the task's ``cwd`` as it is), the ``relay`` plugin for the peers it
     provides (the peer prepares it). Each returns None for any other host, and so
     should yours. It is asked again for the next attempt after a retry, a resume or a
     crash, so it must be idempotent: find what it made before, never make a second one.
@@ -187,8 +188,10 @@ def fleetrun_prepare_workspace(task: Task, attempt: Attempt, host: Host, config:
         all the task needs a human at once (``plugin_missing:no plugin prepared a
         workspace ...``). Raise to refuse: an exception with ``permanent = True`` (a
         bad ``git_ref``, a branch checked out elsewhere) asks a human at once
-        (``workspace_failed:<message>``), as ``WorktreeTampered`` does
-        (``worktree_tampered:...``); any other exception backs the task off from that
+        (``workspace_failed:<message>``, or its ``cause`` when it has one: the
+        ``worktree`` plugin's ``merge_conflict:<files>``; its ``workspace``, when it
+        has one, is recorded as a returned one is, for the human to find), as
+        ``WorktreeTampered`` does (``worktree_tampered:...``); any other exception backs the task off from that
         host without using a retry (``start_failed:<message>``, or
         ``peer_refused:<message>`` for a :class:`~fleetrun.StartRefused`; after ten
         attempts in a row that did not start, it needs a human).

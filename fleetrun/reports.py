@@ -155,6 +155,13 @@ class Workspace:
     base_ref: Optional[str] = None
     is_worktree: bool = False
     root: Optional[str] = None  # the worktree's top folder (``path`` may be below it)
+    #: ``base = "dependencies"``: the dependencies' branches merged in when the worktree
+    #: was made, in ``depends_on`` order, each ``{"task", "branch", "commit"}``
+    merged: list[dict[str, Any]] = field(default_factory=list)
+    #: the merge that stopped on a conflict (``on_conflict = "agent"``), while it is not
+    #: concluded: ``{"task", "branch", "files", "pending"}`` (``pending``: the
+    #: dependencies after it, not merged yet, each ``{"task", "branch"}``)
+    conflict: Optional[dict[str, Any]] = None
 
 
 @dataclass

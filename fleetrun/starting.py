@@ -148,23 +148,32 @@ class Starting:
         except Exception as e:
             if getattr(e, "permanent", False):  # a bad ref, a branch checked out elsewhere...
                 led.update_attempt(att.id, state="abandoned", outcome="workspace_failed", ended=time.time())
-                ending.give_up_at_once(task, att, f"workspace_failed:{' '.join(str(e).split()) or type(e).__name__}")
+                made = getattr(e, "workspace", None)
+                if isinstance(made, Workspace):  # made, and kept for a human (a merge stopped on a conflict)
+                    self.record_workspace(task, att, made, host)
+                cause = getattr(e, "cause", None) or f"workspace_failed:{' '.join(str(e).split()) or type(e).__name__}"
+                ending.give_up_at_once(loop.get(task.id), att, cause)
                 return False
             led.update_attempt(att.id, state="abandoned", outcome="start_failed", ended=time.time())
             word = "peer_refused" if isinstance(e, StartRefused) else "start_failed"
             ending.not_started(task, att, f"{word}:{type(e).__name__ if not str(e) else e}")
             return False
         crash.point("after_worktree")
-        with led.tx() as cur:
-            led.update_attempt(att.id, cur=cur, workspace=asdict(ws), dir=str(host.attempt_dir(att.id)))
-            led.update_task(task.id, cur=cur, worktree=ws.root or (ws.path if ws.is_worktree else None),
-                            branch=ws.branch)
+        self.record_workspace(task, att, ws, host)
         task = loop.get(task.id)
         att = loop.get_attempt(att.id)
         if loop.setup.needed(task, att, ws):
             loop.setup.begin(task, att, ws, kind, prev)  # launch() follows once it has passed
             return True
         return self.launch(task, att, ws, kind, prev)
+
+    def record_workspace(self, task: Task, att: Attempt, ws: Workspace, host: Any) -> None:
+        """The attempt's workspace, and the task's worktree and branch, in the ledger."""
+        led = self.loop.led
+        with led.tx() as cur:
+            led.update_attempt(att.id, cur=cur, workspace=asdict(ws), dir=str(host.attempt_dir(att.id)))
+            led.update_task(task.id, cur=cur, worktree=ws.root or (ws.path if ws.is_worktree else None),
+                            branch=ws.branch)
 
     def launch(self, task: Task, att: Attempt, ws: Workspace, kind: str, prev: Optional[Attempt]) -> bool:
         """Build the prompt and start the agent in a prepared (and set up) workspace."""

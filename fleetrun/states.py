@@ -74,6 +74,7 @@ CAUSES = frozenset(
         "agent_not_found",  # the agent's executable is missing or cannot be run: never retried
         "agent_rejected_arguments",  # the agent CLI refused its command line: never retried
         "workspace_failed",  # a workspace that cannot be made until someone changes something
+        "merge_conflict",  # base = "dependencies": merging a dependency's branch stopped on a conflict
         "never_started",
         "retries_exhausted",
         "resume_cap",

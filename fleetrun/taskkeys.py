@@ -11,10 +11,18 @@ from __future__ import annotations
 
 import difflib
 from dataclasses import dataclass
-from typing import Any, Iterable, Optional
+from typing import Any, Callable, Iterable, Optional
 
 from .exceptions import UsageError
-from .taskspec import DEFAULT_SETUP_TIMEOUT_S, PERMISSION_MODES, KeyDecl, VerifySpec, ref_problem
+from .taskspec import (
+    BASES,
+    DEFAULT_SETUP_TIMEOUT_S,
+    ON_CONFLICT,
+    PERMISSION_MODES,
+    KeyDecl,
+    VerifySpec,
+    ref_problem,
+)
 from .tomlfile import describe_value
 
 NUM = (int, float)
@@ -61,6 +69,12 @@ def _ref_check(v: str) -> Optional[str]:
     return ref_problem(v)
 
 
+def _one_of(*choices: str) -> Callable[[str], Optional[str]]:
+    def check(v: str) -> Optional[str]:
+        return None if v in choices else f"{v!r} is not one of {', '.join(choices)}"
+    return check
+
+
 #: The keys of a ``[[task]]`` table that fleetrun itself knows.
 BUILTIN_TASK_KEYS: tuple[KeyDecl, ...] = (
     KeyDecl("name", (str,), doc="unique name of the task", check=_name_check),
@@ -82,6 +96,10 @@ BUILTIN_TASK_KEYS: tuple[KeyDecl, ...] = (
     KeyDecl("requires", (list,), doc="tags or tools the machine must have", check=_str_list),
     KeyDecl("peer", (str,), doc="pin to this machine", check=_nonempty),
     KeyDecl("setup", (list,), doc="commands run in the workspace before the agent's first attempt"),
+    KeyDecl("base", (str,), doc="what the worktree starts from: git_ref, or dependencies (their branches merged in)",
+            check=_one_of(*BASES)),
+    KeyDecl("on_conflict", (str,), doc="a conflict merging the dependencies: ask a human, or let the agent resolve it",
+            check=_one_of(*ON_CONFLICT)),
 )
 
 BUILTIN_VERIFY_KINDS: tuple[KeyDecl, ...] = (
@@ -102,6 +120,7 @@ BUILTIN_VERIFY_KEYS: tuple[KeyDecl, ...] = (
 DEFAULT_TASK_KEYS: tuple[str, ...] = (
     "agent", "model", "permission_mode", "allowed_tools", "max_retries", "timeout_min",
     "stall_timeout_min", "budget_usd", "requires", "git_ref", "peer", "setup",
+    "base", "on_conflict",
 )
 
 _IDENTITY = "it is a task's identity"

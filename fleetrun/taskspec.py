@@ -24,6 +24,12 @@ DEFAULT_SETUP_TIMEOUT_S = 30 * 60.0
 #: Setup command K (1-based) runs as step ``SETUP_STEP_BASE + K - 1`` of its attempt, so
 #: its output and (on a peer) its runner folder never share a name with verifier K.
 SETUP_STEP_BASE = 9000
+#: What a task's worktree starts from (``base``): its ``git_ref``, or its ``git_ref``
+#: with each dependency's branch merged in, in ``depends_on`` order.
+BASES = ("git_ref", "dependencies")
+#: What a conflict in that merge does (``on_conflict``): NEEDS_HUMAN, or the agent
+#: starts on the conflicted tree, told so first.
+ON_CONFLICT = ("human", "agent")
 
 
 @dataclass
@@ -76,11 +82,20 @@ class TaskSpec:
     verify: list[VerifySpec] = field(default_factory=list)
     #: ``setup`` commands, as ``run`` steps whose ``extra["setup"]`` is their 1-based number
     setup: list[VerifySpec] = field(default_factory=list)
+    base: str = "git_ref"
+    on_conflict: str = "human"
     extra: dict[str, Any] = field(default_factory=dict)
     key_lines: dict[str, int] = field(default_factory=dict)  # where each key was written
     #: the keys whose value is a default (the tasks file's top level, the project file's
     #: ``[task]``), each with the file it was written in; ``key_lines`` has its line there
     defaulted: dict[str, str] = field(default_factory=dict)
+
+    @property
+    def merges_dependencies(self) -> bool:
+        """The worktree starts with the dependencies' branches merged in: ``base =
+        "dependencies"`` and some to merge (a default of every task leaves one without
+        dependencies as it is)."""
+        return self.base == "dependencies" and bool(self.depends_on)
 
     def file_of(self, key: str) -> str:
         """The file ``key`` was written in (its line: ``key_lines``): the task's own, or

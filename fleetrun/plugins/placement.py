@@ -226,11 +226,14 @@ def local_candidate(config: Config) -> Candidate:
 
 def stays_local(spec: Any) -> Optional[str]:
     """Why a task must run on the supervising machine, or None: a role (the mailbox
-    is local); or a ``brain``/``agent`` verifier without a ``git_ref`` (those verifiers
-    run here, on the task's branch fetched back from the peer, and without a
-    ``git_ref`` the work on a peer is on no branch to fetch)."""
+    is local); ``base = "dependencies"`` (its dependencies' branches are merged here,
+    where they were fetched back to); or a ``brain``/``agent`` verifier without a
+    ``git_ref`` (those verifiers run here, on the task's branch fetched back from the
+    peer, and without a ``git_ref`` the work on a peer is on no branch to fetch)."""
     if spec.role:
         return "a role"
+    if getattr(spec, "merges_dependencies", False):  # the branches it merges are here
+        return 'base = "dependencies"'
     if not spec.git_ref:
         kinds = sorted({v.kind for v in spec.verify if v.kind in ("brain", "agent")})
         if kinds:

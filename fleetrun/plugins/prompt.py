@@ -1,6 +1,7 @@
 """Built-in ``prompt`` plugin: the default prompt of each kind of attempt.
 
-- fresh: the task's prompt, then what its dependencies handed off;
+- fresh: the task's prompt, then what its dependencies handed off (and, with ``base =
+  "dependencies"``, that their branches are merged into the worktree);
 - retry: the same, then which verifier failed and its output, then an
   instruction to fix it;
 - resume: why the previous session ended (its timeout, a stall, the signal that
@@ -10,6 +11,9 @@
 
 A long verifier output is trimmed on line boundaries: its first and last lines, with
 ``… N lines omitted …`` between them, its whole size, and where the whole of it is.
+
+An attempt that starts on a merge of its dependencies stopped on a conflict (``on_conflict
+= "agent"``) is told that first, with the files and the branches not merged yet.
 """
 
 from __future__ import annotations
@@ -19,6 +23,7 @@ import signal
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Optional
 
+from ..depmerge import conflict_prompt
 from ..hookimpl import hookimpl
 
 if TYPE_CHECKING:
@@ -240,17 +245,30 @@ def _failures(failures: list[Any], config: Optional[Config] = None, task: Any = 
     return "\n\n".join(parts)
 
 
-def _handoffs(handoffs: list[Any]) -> str:
+def _handoffs(handoffs: list[Any], merged: bool = False) -> str:
     if not handoffs:
         return ""
-    return ("\n\n## Work this task builds on\nThese tasks are DONE; their work is on their branches:\n"
+    where = ("their work is on their branches, merged into this worktree" if merged
+             else "their work is on their branches")
+    return (f"\n\n## Work this task builds on\nThese tasks are DONE; {where}:\n"
             + "\n".join(h.render() for h in handoffs))
 
 
 @hookimpl(trylast=True)
 def fleetrun_build_prompt(task: Any, attempt: Any, config: Config, context: dict[str, Any]) -> Optional[str]:
     kind = context.get("kind", "fresh")
-    base = task.spec.prompt.rstrip() + _handoffs(context.get("handoffs", []))
+    ws = (getattr(attempt, "workspace", None) or {}) if attempt is not None else {}
+    conflict = ws.get("conflict") if isinstance(ws, dict) else None
+    merged = bool(isinstance(ws, dict) and (ws.get("merged") or conflict))
+    base = task.spec.prompt.rstrip() + _handoffs(context.get("handoffs", []), merged)
+    text = _by_kind(kind, base, task, config, context)
+    if isinstance(conflict, dict):  # the agent starts on a stopped merge: that comes first
+        # a resume's text has its own "## The task" after why the session ended
+        return conflict_prompt(conflict, task.spec.git_ref) + ("\n\n" if kind == "resume" else "\n\n## The task\n") + text
+    return text
+
+
+def _by_kind(kind: str, base: str, task: Any, config: Config, context: dict[str, Any]) -> str:
     failures = context.get("failures") or []
     if kind == "retry":
         return (base + "\n\n## A previous attempt did not pass verification\n"

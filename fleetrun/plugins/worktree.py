@@ -5,6 +5,11 @@ A task with ``git_ref`` runs in ``$FLEETRUN_HOME/worktrees/<name>-<id>`` on bran
 that holds ``cwd``; the user's checkout is never touched. Retries and resumes reuse
 it. After DONE a clean worktree is removed and the branch stays; a dirty one is kept.
 
+With ``base = "dependencies"`` a new branch gets each dependency's branch merged in, in
+``depends_on`` order (:mod:`fleetrun.depmerge`), before the agent starts; a conflict
+asks a human (``merge_conflict:<files>``, the worktree kept mid-merge) or, with
+``on_conflict = "agent"``, is left for the agent, named in the workspace's ``conflict``.
+
 The agent owns the worktree's files, its ``.git`` file included, so every git command
 run for a worktree is pinned (``gitutil.wt_git``: ``--git-dir``/``--work-tree``) to the
 administrative folder found from the repository's side; a worktree whose ``.git`` was
@@ -17,6 +22,14 @@ import os
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Optional
 
+from ..depmerge import (
+    DependencyError,
+    conflict_cause,
+    conflict_note,
+    dependency_branches,
+    merge_dependencies,
+    still_conflicted,
+)
 from ..gitutil import (
     GitError,
     Pinned,
@@ -66,11 +79,18 @@ class WorkspaceError(Exception):
     folder in the way): the loop asks a human at once (``workspace_failed:...``)
     instead of backing off. Otherwise (a full disk, a lock another git holds) it
     backs off and tries again.
+
+    ``cause``: the ledger cause of the move to NEEDS_HUMAN, when it is not
+    ``workspace_failed:...`` (``merge_conflict:...``); ``workspace``: the workspace
+    that was made, when there is one for a human to look at.
     """
 
-    def __init__(self, message: str, permanent: bool = False) -> None:
+    def __init__(self, message: str, permanent: bool = False, cause: Optional[str] = None,
+                 workspace: Optional[Workspace] = None) -> None:
         super().__init__(message)
         self.permanent = permanent
+        self.cause = cause
+        self.workspace = workspace
 
 
 # What git says when a worktree cannot be added and waiting will not change it. What
@@ -235,11 +255,16 @@ def fleetrun_prepare_workspace(task: Any, attempt: Any, host: Host, config: Conf
     root.mkdir(parents=True, exist_ok=True, mode=0o700)
     path = root / slug
     sub = os.path.relpath(os.path.realpath(spec.cwd), os.path.realpath(repo))
+    new_branch = False
     with repo_lock(config.home / "locks", repo, common=common):
+        branches: list[tuple[str, str]] = []
         if _reuse(config, task, path, repo, common) is None:
             _forget_pin(config, str(path), common)
+            if spec.merges_dependencies and not git(repo, "branch", "--list", "--", branch).strip():
+                branches = _dependency_branches(config, task, repo)  # before anything is made
             try:
                 git(repo, "worktree", "add", "-b", branch, "--", str(path), spec.git_ref)
+                new_branch = True
             except GitError as first:
                 if git(repo, "branch", "--list", "--", branch).strip():
                     try:
@@ -253,10 +278,53 @@ def fleetrun_prepare_workspace(task: Any, attempt: Any, host: Host, config: Conf
                         raise WorkspaceError(f"git_ref {spec.git_ref!r} is not a commit in {repo}",
                                              permanent=True) from None
                     raise _git_failure(first) from None
-            pinned(config, str(path), common)
-    wpath = path / sub if sub != "." else path
-    return Workspace(path=str(wpath), branch=branch, repo=repo, base_ref=spec.git_ref, is_worktree=True,
-                     root=str(path))
+        p = pinned(config, str(path), common)
+        wpath = path / sub if sub != "." else path
+        ws = Workspace(path=str(wpath), branch=branch, repo=repo, base_ref=spec.git_ref, is_worktree=True,
+                       root=str(path))
+        if spec.merges_dependencies:
+            _merge_dependencies(config, task, attempt, p, ws, branches if new_branch else None)
+    return ws
+
+
+def _dependency_branches(config: Config, task: Any, repo: str) -> list[tuple[str, str]]:
+    try:
+        return dependency_branches(config.stash[LEDGER_KEY], task, repo)
+    except DependencyError as e:
+        raise WorkspaceError(str(e), permanent=True) from None
+
+
+def _merge_dependencies(config: Config, task: Any, attempt: Any, p: Pinned, ws: Workspace,
+                        branches: Optional[list[tuple[str, str]]]) -> None:
+    """``base = "dependencies"``: a new branch gets ``branches`` merged in
+    (:mod:`fleetrun.depmerge`); a reused worktree (``branches`` None) is taken as it is,
+    with what the attempt that made it merged, and the merge it stopped on if that is
+    still not concluded. Fills ``ws.merged`` and ``ws.conflict``. Call under the
+    repository's lock.
+
+    :raises WorkspaceError: git refused a merge (the new worktree and branch are removed,
+        so the next try merges afresh); or a conflict, when the task does not give it
+        to its agent (``merge_conflict:<files>``; the worktree stays, mid-merge).
+    """
+    led = config.stash[LEDGER_KEY]
+    if branches is not None:
+        try:
+            ws.merged, ws.conflict = merge_dependencies(p, task, branches)
+        except DependencyError as e:
+            repo = ws.repo or ""
+            git(repo, "worktree", "remove", "--force", "--", p.root, check=False)
+            git(repo, "branch", "-D", "--", str(ws.branch), check=False)
+            _forget_pin(config, p.root, p.common)
+            raise WorkspaceError(str(e), permanent=True) from None
+    else:
+        before = next((a.workspace for a in reversed(led.attempts(task.id))
+                       if a.id != attempt.id and a.workspace), None) or {}
+        ws.merged = list(before.get("merged") or [])
+        ws.conflict = still_conflicted(p, before.get("conflict"))
+    if ws.conflict is not None and task.spec.on_conflict != "agent":
+        _note_once(led, task.id, conflict_note(ws.conflict, str(ws.root), task.name))
+        raise WorkspaceError(conflict_cause(ws.conflict), permanent=True, cause=conflict_cause(ws.conflict),
+                             workspace=ws)
 
 
 @hookimpl(trylast=True)

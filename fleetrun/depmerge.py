@@ -1,0 +1,142 @@
+"""``base = "dependencies"``: a task's new worktree gets each dependency's branch merged
+in, in ``depends_on`` order, before its agent starts (the ``worktree`` plugin's prepare
+calls :func:`merge_dependencies`).
+
+The branches are fleetrun's own, from the ledger (the dependency's branch, or the name
+its fetch-back from a peer gave it here), never a name an agent wrote. Each merge is
+``--no-ff --no-edit`` with fleetrun's identity and no hooks (:func:`~fleetrun.gitutil.wt_merge`).
+A conflict stops the merging: what is left is described by a *conflict record*
+(``{"task", "branch", "files", "pending"}``), which the workspace carries
+(:attr:`~fleetrun.reports.Workspace.conflict`) so the prompt can name it, or which asks
+a human (:func:`conflict_cause`).
+"""
+
+from __future__ import annotations
+
+from typing import Any, Optional
+
+from .gitutil import GitError, Pinned, git, merge_in_progress, unmerged_files, wt_merge
+from .taskspec import ref_problem
+from .textutil import safe_text
+
+#: The most files a ``merge_conflict:`` cause names; the note names them all.
+CAUSE_FILES = 10
+
+
+class DependencyError(Exception):
+    """A dependency's branch cannot be merged (it has none, it is not in the repository,
+    git refused the merge): trying again cannot help until someone acts."""
+
+    permanent = True
+
+
+def dependency_branch(dep: Any) -> Optional[str]:
+    """The branch of a DONE dependency, as this machine's repository has it: the one its
+    handoff names when that is its ledger branch or the name a fetch-back from a peer
+    gives a diverged one (``<branch>-from-<peer>``), else its ledger branch."""
+    own = dep.branch
+    if not own:
+        return None
+    handed = (dep.handoff or {}).get("branch")
+    if isinstance(handed, str) and handed != own and handed.startswith(f"{own}-from-") and not ref_problem(handed):
+        return handed
+    return own
+
+
+def dependency_branches(led: Any, task: Any, repo: str) -> list[tuple[str, str]]:
+    """(dependency name, branch) of each of ``task``'s dependencies, in ``depends_on``
+    order, each checked to be a branch of ``repo``.
+
+    :raises DependencyError: a dependency with no branch, or whose branch is not here.
+    """
+    by_name = {d.name: d for d in (led.get(i) for i in task.deps) if d is not None}
+    out: list[tuple[str, str]] = []
+    for name in task.spec.depends_on:
+        dep = by_name.get(name)
+        if dep is None:
+            raise DependencyError(f"dependency {name} is not in the ledger")
+        branch = dependency_branch(dep)
+        if not branch or ref_problem(branch):
+            why = "it has no git_ref" if not dep.spec.git_ref else "no attempt of it made one"
+            raise DependencyError(f"dependency {name} has no branch to merge ({why})")
+        ref = f"refs/heads/{branch}"
+        if not git(repo, "rev-parse", "--verify", "--quiet", f"{ref}^{{commit}}", check=False).strip():
+            raise DependencyError(f"the branch {branch} of dependency {name} is not in {repo} (a dependency that "
+                                  "ran on a peer has its branch fetched back when it ends)")
+        out.append((name, branch))
+    return out
+
+
+def merge_dependencies(p: Pinned, task: Any, branches: list[tuple[str, str]]
+                       ) -> tuple[list[dict[str, Any]], Optional[dict[str, Any]]]:
+    """Merge ``branches`` into the pinned (new) worktree, in order, stopping at the
+    first conflict.
+
+    :return: (the merges made, each ``{"task", "branch", "commit"}``; the conflict
+        record, or None when every branch merged).
+    :raises DependencyError: git refused a merge for another reason than a conflict.
+    """
+    merged: list[dict[str, Any]] = []
+    for k, (name, branch) in enumerate(branches):
+        try:
+            res = wt_merge(p, f"refs/heads/{branch}", f"fleetrun: merge {name} ({branch}) into {task.name}")
+        except GitError as e:
+            lines = [ln.strip() for ln in e.output.splitlines() if ln.strip()]
+            why = next((ln for ln in lines if ln.startswith(("fatal:", "error:"))), lines[-1] if lines else str(e))
+            raise DependencyError(f"merging {name} ({branch}) failed: {' '.join(why.split())}") from None
+        if res.conflicts:
+            pending = [{"task": n, "branch": b} for n, b in branches[k + 1:]]
+            return merged, {"task": name, "branch": branch, "files": res.conflicts, "pending": pending}
+        merged.append({"task": name, "branch": branch, "commit": res.commit})
+    return merged, None
+
+
+def still_conflicted(p: Pinned, record: Optional[dict[str, Any]]) -> Optional[dict[str, Any]]:
+    """A reused worktree: the conflict record of a merge that is still stopped (its files
+    as they are now), or None once it was concluded or aborted.
+
+    :param record: the conflict record of the attempt that left the worktree, if any.
+    """
+    if not merge_in_progress(p):
+        return None
+    rec = dict(record or {"task": None, "branch": None, "pending": []})
+    rec["files"] = unmerged_files(p)
+    return rec
+
+
+def _files(files: list[str], limit: Optional[int] = None) -> str:
+    shown = [safe_text(f, limit=200) for f in files[:limit] if f]
+    more = len(files) - len(shown)
+    return ", ".join(shown) + (f" and {more} more" if more > 0 else "") if shown else "no file left unmerged"
+
+
+def conflict_cause(rec: dict[str, Any]) -> str:
+    """``merge_conflict:schema.sql, api.py``: the cause of the move to NEEDS_HUMAN."""
+    return "merge_conflict:" + _files(list(rec.get("files") or []), CAUSE_FILES)
+
+
+def conflict_note(rec: dict[str, Any], root: str, task_name: str) -> str:
+    """The ledger note that says where the stopped merge is and what to do about it."""
+    which = f"merging {rec['task']} (branch {rec['branch']})" if rec.get("task") else "a merge"
+    text = (f"{which} into the worktree {root} stopped on a conflict in {_files(list(rec.get('files') or []))}; "
+            "the agent was not started")
+    pending = rec.get("pending") or []
+    if pending:
+        text += "; not merged yet: " + ", ".join(f"{d['task']} ({d['branch']})" for d in pending)
+    return text + f". Resolve it there and commit, then `fleetrun retry {task_name}`"
+
+
+def conflict_prompt(rec: dict[str, Any], git_ref: Optional[str]) -> str:
+    """The section an agent started on a conflicted tree reads first."""
+    which = (f"Merging {rec['task']} (branch {rec['branch']})" if rec.get("task")
+             else "A merge of a dependency's branch")
+    text = ("## A merge conflict to resolve first\n"
+            f"This worktree was made from {git_ref or 'its git_ref'} with the branches of the tasks it depends on "
+            f"merged in, in order. {which} stopped on a conflict in: {_files(list(rec.get('files') or []))}. "
+            "Resolve the conflict in those files (the <<<<<<< ======= >>>>>>> markers), `git add` them and "
+            "`git commit` to conclude the merge before you do anything else.")
+    pending = rec.get("pending") or []
+    if pending:
+        text += (" Then merge the branches not merged yet, in this order: "
+                 + ", ".join(f"`git merge --no-ff {d['branch']}` ({d['task']})" for d in pending) + ".")
+    return text
