@@ -47,10 +47,10 @@ def color_wanted(config: Config, out: TextIO) -> bool:
         return True
     if choice == "no":
         return False
-    return _isatty(out) and not os.environ.get("NO_COLOR")
+    return isatty(out) and not os.environ.get("NO_COLOR")
 
 
-def _isatty(out: Any) -> bool:
+def isatty(out: Any) -> bool:
     try:
         return bool(out.isatty())
     except (AttributeError, ValueError):
@@ -262,7 +262,7 @@ class _Above:
         pass
 
     def isatty(self) -> bool:
-        return _isatty(self.real)
+        return isatty(self.real)
 
     def fileno(self) -> int:
         return int(self.real.fileno())
@@ -282,7 +282,7 @@ class LiveView:
         self.region = Region(out)
         self.color = color_wanted(config, out)
         config.out = _Above(self.region, out)
-        if _isatty(config.err):
+        if isatty(config.err):
             config.err = _Above(self.region, config.err)
         self.watcher: Optional[Watcher] = None
         self.ids: set[str] = set()  # `work`: what was live at its start
@@ -354,4 +354,4 @@ class LiveView:
 
 def live_wanted(config: Config, out: TextIO) -> bool:
     """A live view for a run: on a terminal, not with ``-q``, not on a ``dumb`` one."""
-    return _isatty(out) and config.verbosity >= 0 and os.environ.get("TERM") != "dumb"
+    return isatty(out) and config.verbosity >= 0 and os.environ.get("TERM") != "dumb"
