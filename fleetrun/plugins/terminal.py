@@ -14,7 +14,6 @@ import time
 from typing import TYPE_CHECKING, Any, Optional, TextIO
 
 from ..hookimpl import hookimpl
-from ..liveview import LiveView, color_wanted, live_wanted
 from ..textutil import safe_name, safe_text
 from ..version import __version__
 
@@ -46,6 +45,8 @@ class TerminalReporter:
         self.config = config
         self.out = out
         self.verbosity = config.verbosity
+        from ..liveview import color_wanted  # run and work only: off the path of --help and status
+
         self.color = color_wanted(config, out)  # --color, NO_COLOR
         self._fore: Any = None
         if self.color:
@@ -154,6 +155,8 @@ def fleetrun_addoption(parser: Any) -> None:
 @hookimpl(trylast=True)
 def fleetrun_configure(config: Config) -> None:
     if config.option.verb in ("run", "work"):
+        from ..liveview import LiveView, live_wanted
+
         if live_wanted(config, config.out):  # before the reporter: its lines go above the region
             config.pluginmanager.register(LiveView(config, config.out), "liveview")
         config.pluginmanager.register(TerminalReporter(config, config.out), "terminalreporter")
