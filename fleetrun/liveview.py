@@ -293,12 +293,6 @@ class LiveView:
         self.tasks: list[Task] = []
         config.stash.setdefault(TICKERS_KEY, []).append(self)
 
-    @property
-    def out(self) -> TextIO:
-        """The stream lines above the region are written to."""
-        out: TextIO = self.config.out
-        return out
-
     @hookimpl
     def fleetrun_sessionstart(self, session: Any) -> None:
         led = getattr(session, "ledger", None)

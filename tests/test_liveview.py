@@ -213,3 +213,18 @@ def test_what_an_agent_does_from_its_stream(tmp_path: Path) -> None:
     assert lines == ["  Let me look.", "  → Read a.py", "    ← result:", "      1\tprint()",
                      "result: success, $0.42, 3 turns", "  Done."]
     assert act.cost_usd == 0.42
+
+
+@pytest.mark.parametrize("args", [["--help"], ["status"]], ids=" ".join)
+def test_the_live_view_is_off_the_import_path_of_help_and_status(tmp_path: Path, args: list[str]) -> None:
+    import os
+    import subprocess
+    import sys
+
+    env = dict(os.environ, FLEETRUN_HOME=str(tmp_path / "home"), FLEETRUN_DISABLE_PLUGIN_AUTOLOAD="1")
+    proc = subprocess.run([sys.executable, "-X", "importtime", "-m", "fleetrun", *args], env=env,
+                          stdin=subprocess.DEVNULL, capture_output=True, text=True, timeout=120)
+    assert proc.returncode == 0, proc.stderr
+    imported = {ln.rsplit("|", 1)[-1].strip() for ln in proc.stderr.splitlines() if ln.startswith("import time:")}
+    assert "fleetrun.cli" in imported
+    assert not imported & {"fleetrun.liveview", "fleetrun.transcript", "fleetrun.watching"}
