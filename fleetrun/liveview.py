@@ -199,7 +199,8 @@ class Region:
 
     def __init__(self, out: TextIO) -> None:
         self.out = out
-        self.lines: list[str] = []
+        self.lines: list[str] = []  # what is on the screen
+        self.staged: Optional[list[str]] = None  # what the next write draws instead
         self.closed = False
 
     def _clear(self) -> str:
@@ -220,18 +221,27 @@ class Region:
 
     def show(self, lines: list[str]) -> None:
         """Redraw the region as ``lines``, when they differ from what is shown."""
+        self.staged = None
         if self.closed or lines == self.lines:
             return
         clear = self._clear() if self.lines else "\x1b[?25l"  # the cursor hides while it lasts
         self.lines = list(lines)
         self._send(clear + self._draw())
 
+    def stage(self, lines: list[str]) -> None:
+        """Draw ``lines`` with the next line printed above (a transition's line then
+        comes with the rows as they are after it, not as they were), not before."""
+        self.staged = list(lines)
+
     def above(self, text: str) -> None:
         """Print ``text`` (whole lines) above the region."""
         if self.closed:
             self._send(text)
             return
-        self._send(self._clear() + text + self._draw())
+        clear = self._clear()
+        if self.staged is not None:
+            self.lines, self.staged = self.staged, None
+        self._send(clear + text + self._draw())
 
     def close(self) -> None:
         """Erase the region and give the cursor back: nothing of it stays on screen."""
@@ -307,6 +317,15 @@ class LiveView:
                             config: Config) -> None:
         self.queues.add(task.queue_id)
         self.dirty = True
+        if self.watcher is None or self.region.closed:
+            return
+        # the terminal plugin prints this transition's line next (it runs trylast): the
+        # rows it redraws under it are those after the change, without a write of their own
+        self.tasks = [task if t.id == task.id else t for t in self.tasks]
+        if all(t.id != task.id for t in self.tasks):
+            self.tasks.append(task)
+        width = shutil.get_terminal_size((80, 24)).columns
+        self.region.stage(render(self.watcher.rows(self.tasks), counter(self.tasks), width, self.color))
 
     @hookimpl
     def fleetrun_verdict(self, task: Any, verdict: Any, attempt: Any, config: Config) -> None:

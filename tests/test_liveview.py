@@ -170,9 +170,13 @@ def test_region_redraws_in_place_and_leaves_nothing(tmp_path: Path) -> None:
     sent = out.getvalue()
     region.above("a RUNNING (attempt 1)\n")
     region.show(["[0/1 done]", "  a VERIFYING"])
+    region.stage(["[1/1 done]"])  # a transition: its line comes with the rows after it
+    assert out.getvalue().endswith("  a VERIFYING")
+    region.above("a DONE (attempt 1)\n")
+    assert out.getvalue().endswith("a DONE (attempt 1)\n[1/1 done]")
     region.close()
     assert out.getvalue().count("  a RUNNING") == 2  # drawn, then drawn again under the line
-    assert screen_of(out.getvalue().encode()) [:2] == ["a RUNNING (attempt 1)", ""]
+    assert screen_of(out.getvalue().encode())[:3] == ["a RUNNING (attempt 1)", "a DONE (attempt 1)", ""]
     assert sent.startswith("\x1b[?25l")
 
 
