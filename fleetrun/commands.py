@@ -257,6 +257,9 @@ def _status_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--json", action="store_true", help="print JSON")
     p.add_argument("--graph", action="store_true", help="the depends_on tree, and why anything waits")
     p.add_argument("--wide", action="store_true", help="every cell whole, however wide the terminal")
+    p.add_argument("--watch", action="store_true",
+                   help="the live view of the running tasks, read again every second (Ctrl-C ends it)")
+    p.add_argument("--color", choices=("yes", "no", "auto"), default="auto", help="colour: yes, no, or auto")
 
 
 def _task_argument(p: argparse.ArgumentParser) -> None:
@@ -266,6 +269,9 @@ def _task_argument(p: argparse.ArgumentParser) -> None:
 def _logs_arguments(p: argparse.ArgumentParser) -> None:
     _task_argument(p)
     p.add_argument("--json", action="store_true", help="print JSON")
+    p.add_argument("-f", "--follow", action="store_true",
+                   help="follow the transitions, verdicts and the agent's transcript until the task ends")
+    p.add_argument("--raw", action="store_true", help="with -f: the agent's log lines as they are, not rendered")
 
 
 def _retry_arguments(p: argparse.ArgumentParser) -> None:

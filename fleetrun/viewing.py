@@ -1,5 +1,6 @@
 """The verbs that read the ledger for a person: ``status`` (the table, ``--graph``,
-``--json``) and ``logs`` (a task's transitions, verdicts and notes)."""
+``--json``, ``--watch``) and ``logs`` (a task's transitions, verdicts and notes;
+``-f`` follows them; both of those are in :mod:`fleetrun.watching`)."""
 
 from __future__ import annotations
 
@@ -41,6 +42,10 @@ def cmd_status(config: Config, out: TextIO, err: TextIO) -> int:
         except ValueError:
             raise UsageError(f"{config.option.state!r} is not a state; one of "
                              f"{', '.join(s.value for s in State)}", key="--state") from None
+    if getattr(config.option, "watch", False):
+        from .watching import watch_status
+
+        return watch_status(config, led, out)
     tasks = led.tasks(states)
     if config.option.json:
         print(json.dumps([dict(t.to_json(), worktree=worktree_now(t)) for t in tasks], indent=2), file=out)
@@ -147,6 +152,10 @@ def _print_graph(led: Ledger, tasks: list[Task], out: TextIO) -> None:
 def cmd_logs(config: Config, out: TextIO, err: TextIO) -> int:
     led = open_ledger(config)
     task = ops.resolve(led, config.option.task)
+    if getattr(config.option, "follow", False):
+        from .watching import follow_logs
+
+        return follow_logs(config, led, task, out)
     rows = led.transitions(task.id)
     verdicts = led.verdicts(task.id)
     attempts = {a.id: a for a in led.attempts(task.id)}

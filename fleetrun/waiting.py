@@ -8,7 +8,7 @@ from __future__ import annotations
 import json
 import select
 import time
-from typing import Any, Optional
+from typing import Any, Optional, Protocol
 
 from . import clock
 from .ledger import Task
@@ -25,6 +25,19 @@ BACKOFF_KEY = StashKey[dict[str, dict[str, Backoff]]]()
 #: Machines paused by a usage limit: host -> (until, limits in a row), also kept in the
 #: ledger so that a restarted loop waits for the same reset.
 USAGE_PAUSE_KEY = StashKey[dict[str, tuple[float, int]]]()
+
+
+
+class Ticker(Protocol):
+    """What wants a turn in each of the loop's waits, on the loop's thread (the
+    terminal's live view redraws from there, never from a thread of its own)."""
+
+    def tick(self) -> float:
+        """Do what is due now. :return: seconds until the next turn is wanted."""
+
+
+#: The run's tickers, given a turn before each sleep of the loop (in registration order).
+TICKERS_KEY = StashKey[list[Ticker]]()
 
 REMIND_S = 5 * 60.0  # a task that waits this long is mentioned again, and again after as long
 
@@ -168,6 +181,8 @@ class Waits:
         output or ends, a wait is over, or a second has passed."""
         loop = self.loop
         timeout = 1.0
+        for ticker in list(self.config.stash.get(TICKERS_KEY, [])):
+            timeout = min(timeout, max(0.0, ticker.tick()))
         now = clock.now()
         fds: list[Any] = [loop.sock]
         for h in loop.verify.handles() + loop.setup.handles():

@@ -2,13 +2,14 @@
 
 A header line, ``collected N tasks``, one line per transition as it happens, a
 ``waiting:`` line when a task's reason to wait changes, and a summary line:
-``=== 2 done, 1 needs_human in 3m12s, $0.68 ===``. Colour (colorama) only when the
-output is a terminal and ``NO_COLOR`` is not set. ``-q`` prints less, ``-v`` more.
+``=== 2 done, 1 needs_human in 3m12s, $0.68 ===``. Colour (colorama) as ``--color``
+says: by default only when the output is a terminal and ``NO_COLOR`` is not set.
+``-q`` prints less, ``-v`` more. On a terminal, the live view
+(:class:`fleetrun.liveview.LiveView`) keeps the running tasks below the lines.
 """
 
 from __future__ import annotations
 
-import os
 import time
 from typing import TYPE_CHECKING, Any, Optional, TextIO
 
@@ -44,8 +45,9 @@ class TerminalReporter:
         self.config = config
         self.out = out
         self.verbosity = config.verbosity
-        isatty = hasattr(out, "isatty") and out.isatty()
-        self.color = isatty and not os.environ.get("NO_COLOR")
+        from ..liveview import color_wanted  # run and work only: off the path of --help and status
+
+        self.color = color_wanted(config, out)  # --color, NO_COLOR
         self._fore: Any = None
         if self.color:
             import colorama
@@ -144,8 +146,19 @@ class TerminalReporter:
 
 
 @hookimpl(trylast=True)
+def fleetrun_addoption(parser: Any) -> None:
+    parser.getgroup("terminal", "what a run prints").addoption(
+        "--color", choices=("yes", "no", "auto"), default="auto",
+        help="colour the output: yes, no, or auto (on a terminal, unless NO_COLOR is set)")
+
+
+@hookimpl(trylast=True)
 def fleetrun_configure(config: Config) -> None:
     if config.option.verb in ("run", "work"):
+        from ..liveview import LiveView, live_wanted
+
+        if live_wanted(config, config.out):  # before the reporter: its lines go above the region
+            config.pluginmanager.register(LiveView(config, config.out), "liveview")
         config.pluginmanager.register(TerminalReporter(config, config.out), "terminalreporter")
 
 
@@ -154,3 +167,7 @@ def fleetrun_unconfigure(config: Config) -> None:
     rep = config.pluginmanager.get_plugin("terminalreporter")
     if rep is not None:
         config.pluginmanager.unregister(rep)
+    live = config.pluginmanager.get_plugin("liveview")
+    if live is not None:  # a run that ended without its sessionfinish (Ctrl-C in collection)
+        live.stop()
+        config.pluginmanager.unregister(live)
