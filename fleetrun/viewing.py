@@ -186,7 +186,7 @@ def cmd_logs(config: Config, out: TextIO, err: TextIO) -> int:
             print(f"worktree: {shown}", file=out)
     if task.branch:
         print(f"branch: {safe_text(task.branch)}", file=out)
-    if task.state.terminal and task.host in (None, "local") and (worktree_now(task) or task.branch):
+    if task.state.terminal and task.host in (None, "local") and worktree_now(task):
         print("(the task has ended: `fleetrun gc` lists its worktree, `fleetrun gc --branches` its branch)", file=out)
     events: list[tuple[float, int, str]] = []
     for r in rows:
