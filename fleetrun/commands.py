@@ -306,6 +306,6 @@ BUILTIN_VERBS: tuple[VerbDecl, ...] = (
     VerbDecl("approve", "accept a NEEDS_HUMAN task as DONE", cmd_approve, _task_argument, reads_config=False),
     VerbDecl("drain", "start nothing new on this machine", cmd_drain, reads_config=False),
     VerbDecl("undrain", "start work again after drain", cmd_undrain, reads_config=False),
-    VerbDecl("gc", "list (and with --yes remove) worktrees and attempt folders no running task owns", cmd_gc,
+    VerbDecl("gc", "list (and with --yes remove) worktrees and attempt folders of no task or of ended tasks", cmd_gc,
              _gc_arguments, reads_config=False),
 )
