@@ -197,7 +197,7 @@ def _delete(config: Config, led: Ledger, case: Case) -> str:
             led.add_note(t.id, f"gc deleted branch {case.branch} (was {short}; "
                                f"`git branch {case.branch} {short}` brings it back while git keeps the commit)")
     return (f"deleted branch {safe_text(case.branch)} (was {short}; `git branch {safe_text(case.branch)} {short}` "
-            "brings it back)")
+            "brings it back while git keeps the commit)")
 
 
 def run(config: Config, led: Ledger, out: TextIO, yes: bool, force: bool, freed: set[str]) -> None:

@@ -13,7 +13,7 @@ import time
 from dataclasses import asdict
 from typing import TYPE_CHECKING, Any, Optional
 
-from . import clock, crash, summary
+from . import clock, crash
 from .exceptions import StateConflict, UsageError
 from .gitutil import WorktreeTampered
 from .hostapi import StartRefused, get_host, missing_host_reason, registry
@@ -31,13 +31,9 @@ if TYPE_CHECKING:
 def shepherd_spec(task: Task, att: Attempt, spawn: SpawnSpec, config: Config) -> dict[str, Any]:
     """What a shepherd runs for an attempt (``spec.json``): the agent's argv in its
     workspace (``att.workspace``, else the task's ``cwd``), the task environment and the
-    agent's own variables, where it may write its summary (``FLEETRUN_SUMMARY_FILE``, in
-    the attempt folder on its host), its timeouts, and the loop's wake-up socket."""
+    agent's own variables, its timeouts, and the loop's wake-up socket."""
     cwd = str((att.workspace or {}).get("path") or task.spec.cwd)
-    folder = att.dir or str(config.home / "attempts" / att.id)
-    # last: the handoff reads the summary from this one place, whatever an agent's env says
-    env = {**task_env(task, att, cwd, base={}), **(spawn.env or {}),
-           summary.ENV_VAR: str(summary.summary_path(folder))}
+    env = {**task_env(task, att, cwd, base={}), **(spawn.env or {})}
     return {
         "argv": spawn.argv,
         "cwd": cwd,

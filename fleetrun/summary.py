@@ -1,7 +1,8 @@
 """The summary a DONE task hands to the tasks that depend on it.
 
-Every agent is started with ``FLEETRUN_SUMMARY_FILE`` in its environment: a file in
-its attempt folder (``attempts/<attempt-id>/summary``) where it may write, in plain
+Every agent is started (by its shepherd) with ``FLEETRUN_SUMMARY_FILE`` in its
+environment: a file in its attempt folder (``attempts/<attempt-id>/summary``, on the
+machine it runs on) where it may write, in plain
 words, what it did. The handoff uses, first that is not empty: that file; the agent's
 own result text (Claude Code's final ``result``; a command agent has none but the
 file); the subjects of the commits on the task's branch. An agent's raw output is
@@ -21,15 +22,16 @@ from pathlib import Path
 from typing import Optional
 
 from .gitutil import GitError, git
+from .shepherd import SUMMARY, SUMMARY_ENV
 
 #: C0 and C1 controls, DEL, bidi overrides and isolates (the set ``textutil.safe_text``
 #: makes visible): dropped from a summary, which goes into a prompt and onto terminals.
 _CONTROL = re.compile("[\x00-\x1f\x7f-\x9f\u202a-\u202e\u2066-\u2069]")
 
-#: The environment variable naming the file.
-ENV_VAR = "FLEETRUN_SUMMARY_FILE"
-#: The file's name in the attempt folder.
-FILE_NAME = "summary"
+#: The environment variable naming the file, and the file's name in the attempt
+#: folder: the shepherd sets it for the agent, on the machine it runs on.
+ENV_VAR = SUMMARY_ENV
+FILE_NAME = SUMMARY
 #: Characters kept of a summary; a longer one ends with `` [...]``.
 SUMMARY_LIMIT = 2000
 #: Commit subjects listed at most (the newest ones), and the characters kept of each.

@@ -114,7 +114,7 @@ def test_gc_branches_lists_then_deletes_only_fleetruns_branches_of_ended_tasks(f
     r = fleeter.run("gc", "--branches", "--yes", "--force")
     assert r.ret == 0, r.stdout + r.stderr
     r.fnmatch_lines([f"removed worktree {failed.worktree}*"])
-    r.fnmatch_lines([f"deleted branch {merged.branch} (was *; `git branch {merged.branch} *` brings it back)"])
+    r.fnmatch_lines([f"deleted branch {merged.branch} (was *; `git branch {merged.branch} *` brings it back while git keeps the commit)"])
     r.fnmatch_lines([f"deleted branch {failed.branch} (was *"])
     assert branches(fleeter, repo) == before - {merged.branch, failed.branch}
     assert fleeter.task("merged").branch is None and fleeter.task("failed").branch is None
