@@ -81,15 +81,24 @@ def _count(top: str, tip: str, base: str) -> int:
         return -1
 
 
-def _checked_out(top: str) -> dict[str, str]:
-    """branch -> the worktree it is checked out in, for every worktree of the repository."""
-    found: dict[str, str] = {}
-    path = ""
-    for line in git(top, "worktree", "list", "--porcelain", check=False).splitlines():
+def _checked_out(top: str) -> dict[str, tuple[str, str]]:
+    """branch -> (the worktree it is checked out in, that place in words), for every
+    worktree of the repository; the words say when the worktree is gone but still
+    listed (gc never runs ``git worktree prune`` in a user's repository: it forgets
+    every missing worktree, one on an unplugged drive too)."""
+    found: dict[str, tuple[str, str]] = {}
+    path, branch = "", ""
+    for line in [*git(top, "worktree", "list", "--porcelain", check=False).splitlines(), ""]:
         if line.startswith("worktree "):
             path = line[len("worktree "):]
         elif line.startswith("branch refs/heads/"):
-            found[line[len("branch refs/heads/"):]] = path
+            branch = line[len("branch refs/heads/"):]
+            found[branch] = (path, safe_text(path))
+        elif line.startswith("prunable") and branch:
+            found[branch] = (path, f"{safe_text(path)}, a worktree that is gone but still listed "
+                                   f"(`git -C {safe_text(top)} worktree prune` forgets it)")
+        elif not line:
+            path, branch = "", ""
     return found
 
 
@@ -126,7 +135,7 @@ def plan(config: Config, led: Ledger, freed: set[str]) -> tuple[list[Case], list
         case = groups.setdefault(key, Case(t.branch, found[0], found[1]))
         case.tasks.append(t)
     cases: list[Case] = []
-    worktrees: dict[str, dict[str, str]] = {}
+    worktrees: dict[str, dict[str, tuple[str, str]]] = {}
     for case in sorted(groups.values(), key=lambda c: (c.task.created, c.task.id)):
         if any(not t.state.terminal for t in case.tasks):
             continue  # in use: not listed
@@ -157,16 +166,17 @@ def plan(config: Config, led: Ledger, freed: set[str]) -> tuple[list[Case], list
             case.why = "never DONE" + (f", {n} commit(s) not in {safe_text(base)}" if n > 0 else "")
         if case.top not in worktrees:
             worktrees[case.top] = _checked_out(case.top)
-        where = worktrees[case.top].get(case.branch)
-        if where is not None:
+        found = worktrees[case.top].get(case.branch)
+        if found is not None:
+            path, where = found
             own = {os.path.realpath(t.worktree) for t in case.tasks if t.worktree}
-            real = os.path.realpath(where)
-            if real in freed:
+            real = os.path.realpath(path)
+            if real in freed and os.path.lexists(path):  # listing: --yes removes it first
                 case.in_worktree = where
-            elif real in own:
-                case.keep = f"checked out in its worktree {safe_text(where)}"
+            elif real in own and os.path.lexists(path):
+                case.keep = f"checked out in its worktree {where}"
             else:
-                case.keep = f"checked out in {safe_text(where)}"
+                case.keep = f"checked out in {where}"
     return cases, peers
 
 
@@ -183,8 +193,9 @@ def _delete(config: Config, led: Ledger, case: Case) -> str:
                 return f"kept branch {safe_text(case.branch)}: task {safe_name(t.name)} {t.id} is in use again"
             if any(a.state in ("leased", "starting", "running") for a in led.attempts(t.id)):
                 return f"kept branch {safe_text(case.branch)}: an attempt of task {safe_name(t.name)} is ending"
-        if _checked_out(case.top).get(case.branch) is not None:
-            return f"kept branch {safe_text(case.branch)}: checked out in a worktree"
+        found = _checked_out(case.top).get(case.branch)
+        if found is not None:
+            return f"kept branch {safe_text(case.branch)}: checked out in {found[1]}"
         try:
             # compare-and-delete: a branch moved since it was listed stays
             git(case.top, "update-ref", "-d", f"refs/heads/{case.branch}", case.tip)

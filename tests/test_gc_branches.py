@@ -165,3 +165,26 @@ def test_gc_without_branches_says_how_many_it_could_delete(fleeter, fake_claude,
     r = fleeter.run("gc")
     assert r.outlines == ["nothing to collect: every worktree and attempt folder belongs to a task",
                           "1 branch of an ended task can go: `fleetrun gc --branches` lists it"]
+
+
+def test_an_ended_tasks_tampered_worktree_is_kept_and_force_runs_no_git_in_it(fleeter, fake_claude, repo):
+    """The agent rewrote its worktree's .git to name the user's repository itself: gc
+    keeps it; --force removes only the folder, runs no git there, and --branches keeps
+    the branch while the repository still lists the worktree."""
+    t = run_task(fleeter, fake_claude, "evil", [["write", "w.txt", "x"]], verify="false")
+    wt = Path(t.worktree)
+    (wt / ".git").write_text(f"gitdir: {repo / '.git'}\n")
+    (repo / "mine.txt").write_text("the user's uncommitted file")
+    r = fleeter.run("gc", "--yes", "--branches")
+    r.fnmatch_lines([f"kept {wt}: not a git worktree fleetrun can read*"])
+    assert wt.exists()
+    r = fleeter.run("gc", "--yes", "--force", "--branches")
+    assert r.ret == 0, r.stdout + r.stderr
+    r.fnmatch_lines([f"removed folder {wt} (no git was run for it)"])
+    assert not wt.exists()
+    assert (repo / "mine.txt").read_text() == "the user's uncommitted file"
+    assert "mine.txt" in fleeter.git(repo, "status", "--porcelain")
+    assert t.branch in branches(fleeter, repo)
+    # the repository still lists the worktree: gc says how to forget it, and runs no prune
+    r.fnmatch_lines([f"kept branch {t.branch} of needs_human task evil {t.id}: checked out in {wt}, a worktree "
+                     f"that is gone but still listed (`git -C {repo} worktree prune` forgets it)"])
