@@ -188,3 +188,27 @@ def test_an_ended_tasks_tampered_worktree_is_kept_and_force_runs_no_git_in_it(fl
     # the repository still lists the worktree: gc says how to forget it, and runs no prune
     r.fnmatch_lines([f"kept branch {t.branch} of needs_human task evil {t.id}: checked out in {wt}, a worktree "
                      f"that is gone but still listed (`git -C {repo} worktree prune` forgets it)"])
+
+
+def test_gc_branches_never_takes_a_users_branch_the_ledger_names(fleeter, fake_claude, repo):
+    """A task whose recorded branch is not the one fleetrun names for it (a plugin's
+    workspace put it on the user's `feature`): not fleetrun's, never listed."""
+    t = run_task(fleeter, fake_claude, "odd", [], verify="false")
+    fleeter.run("gc", "--yes")
+    fleeter.git(repo, "branch", "feature")
+    with fleeter.ledger().tx() as cur:
+        cur.execute("UPDATE tasks SET branch='feature' WHERE id=?", (t.id,))
+    r = fleeter.run("gc", "--branches", "--yes", "--force")
+    assert r.ret == 0, r.stdout + r.stderr
+    r.no_fnmatch_line("*feature*")
+    assert "feature" in branches(fleeter, repo)
+
+
+def test_gc_branches_says_a_peer_tasks_branch_is_on_the_peer(fleeter, fake_claude, repo):
+    t = run_task(fleeter, fake_claude, "far", [], verify="false")
+    fleeter.run("gc", "--yes")
+    with fleeter.ledger().tx() as cur:  # as if it had run on the peer "mini"
+        cur.execute("UPDATE tasks SET host='mini' WHERE id=?", (t.id,))
+    r = fleeter.run("gc", "--branches", "--yes")
+    r.fnmatch_lines([f"branch {t.branch} of needs_human task far {t.id}: on mini, not touched here"])
+    assert t.branch in branches(fleeter, repo)
