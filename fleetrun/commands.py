@@ -285,6 +285,9 @@ def _gc_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--yes", action="store_true", help="remove what is listed")
     p.add_argument("--force", action="store_true",
                    help="also remove dirty worktrees and branches with commits found nowhere else")
+    p.add_argument("--branches", action="store_true",
+                   help="also list (and with --yes delete) the branches fleetrun created for ended tasks "
+                        "that are merged into their git_ref or were never DONE")
 
 
 #: The core's verbs, in the order ``fleetrun --help`` lists them. ``config.toml`` is
@@ -309,6 +312,6 @@ BUILTIN_VERBS: tuple[VerbDecl, ...] = (
     VerbDecl("approve", "accept a NEEDS_HUMAN task as DONE", cmd_approve, _task_argument, reads_config=False),
     VerbDecl("drain", "start nothing new on this machine", cmd_drain, reads_config=False),
     VerbDecl("undrain", "start work again after drain", cmd_undrain, reads_config=False),
-    VerbDecl("gc", "list (and with --yes remove) worktrees and attempt folders no task owns", cmd_gc,
+    VerbDecl("gc", "list (and with --yes remove) worktrees and attempt folders of no task or of ended tasks", cmd_gc,
              _gc_arguments, reads_config=False),
 )

@@ -1,8 +1,11 @@
-"""``fleetrun gc``: find worktrees and attempt folders that no task in the ledger owns.
+"""``fleetrun gc``: find worktrees and attempt folders that no task in the ledger owns,
+and the worktrees of tasks that have ended (DONE, NEEDS_HUMAN, CANCELLED).
 
 Lists them; with ``--yes`` removes them. A dirty worktree, or one whose branch holds
-commits found on no other branch, is kept unless ``--force``. Branches are never
-deleted: the work on them is yours.
+commits found on no other branch, is kept unless ``--force``. A task that has not
+ended keeps its worktree, and a peer task's worktree is on the peer: said, not
+touched. Branches stay, unless ``--branches`` (:mod:`fleetrun.gc_branches`), which
+deletes only branches fleetrun created for ended tasks.
 
 What lies in ``worktrees/`` and ``attempts/`` is not trusted to be what fleetrun put
 there: gc never follows a symlink (it removes the link itself), never removes
@@ -23,7 +26,7 @@ from typing import TYPE_CHECKING, Any, Optional, TextIO
 
 from .exceptions import ExitCode
 from .gitutil import GitError, Pinned, WorktreeTampered, git, pin_worktree, repo_lock, wt_git
-from .states import State
+from .states import TERMINAL
 from .taskspec import safe_slug
 from .textutil import safe_name, safe_text
 
@@ -144,19 +147,19 @@ def _link_text(path: Path) -> str:
         return "?"
 
 
-def _cancelled_worktrees(led: Any) -> dict[str, Any]:
-    """The worktrees of CANCELLED tasks on this machine, by path: collectable like
-    orphans (a retry makes the worktree again from the branch, which stays). One whose
-    attempt is still ending (a cancel's grace period) is not."""
+def _ended_worktrees(led: Any) -> dict[str, Any]:
+    """The worktrees of ended tasks (DONE, NEEDS_HUMAN, CANCELLED) on this machine, by
+    path: collectable like orphans (a retry makes the worktree again from the branch,
+    which stays). One whose attempt is still ending (a cancel's grace period) is not."""
     busy = {a.task_id for a in led.attempts(states={"leased", "starting", "running"})}
-    return {str(Path(t.worktree)): t for t in led.tasks({State.CANCELLED})
+    return {str(Path(t.worktree)): t for t in led.tasks(set(TERMINAL))
             if t.worktree and t.host in (None, "local") and t.id not in busy}
 
 
-def _still_cancelled(led: Any, task: Any) -> bool:
+def _still_ended(led: Any, task: Any) -> bool:
     """Checked again just before removing: retried meanwhile, its worktree is in use."""
     now = led.get(task.id)
-    return (now is not None and now.state is State.CANCELLED and now.worktree == task.worktree
+    return (now is not None and now.state is task.state and now.worktree == task.worktree
             and not [a for a in led.attempts(task.id) if a.state in ("leased", "starting", "running")])
 
 
@@ -164,28 +167,37 @@ def main(config: Config, out: TextIO, err: TextIO) -> int:
     from .ledger import open_ledger
 
     led = open_ledger(config)
-    cancelled = _cancelled_worktrees(led)
-    owned_wt = {str(Path(t.worktree)) for t in led.tasks() if t.worktree} - set(cancelled)
+    ended = _ended_worktrees(led)
+    owned_wt = {str(Path(t.worktree)) for t in led.tasks() if t.worktree} - set(ended)
     # a peer task's branch fetched back here for its brain/agent verifiers (relay plugin)
     owned_wt |= {str(config.home / "worktrees" / f"{safe_slug(t.name)}-{t.id}-fetched")
                  for t in led.tasks() if t.host not in (None, "local") and not t.state.terminal}
     owned_att = {a.id for a in led.attempts()}
     yes = bool(config.getoption("yes"))
     force = bool(config.getoption("force"))
+    with_branches = bool(config.getoption("branches"))
     home_real = os.path.realpath(config.home)
     found = 0
     # what --yes would keep, and why: said before anything is removed
     n_kept = 0
     kept_why: set[str] = set()
+    # the worktrees this run removes (or, listing, would): a branch checked out only
+    # there can go with --branches
+    freed: set[str] = set()
+
+    for t in led.tasks(set(TERMINAL)):
+        if t.worktree and t.host not in (None, "local"):
+            print(f"worktree of {t.state.value.lower()} task {safe_name(t.name)} {t.id}: {safe_text(t.worktree)} "
+                  f"on {safe_text(t.host)} (on the peer: not touched here)", file=out)
 
     for path in _scan_root(config.home / "worktrees", home_real, out):
         if str(path) in owned_wt:
             continue
         found += 1
         shown = safe_text(path)
-        task = cancelled.get(str(path))
-        what = (f"worktree of cancelled task {safe_name(task.name)} {task.id}: {shown}" if task is not None
-                else f"orphan worktree {shown}")
+        task = ended.get(str(path))
+        what = (f"worktree of {task.state.value.lower()} task {safe_name(task.name)} {task.id}: {shown}"
+                if task is not None else f"orphan worktree {shown}")
         if os.path.islink(path) or not path.is_dir():
             kind = "link" if os.path.islink(path) else "file"
             if not yes:
@@ -214,17 +226,19 @@ def main(config: Config, out: TextIO, err: TextIO) -> int:
                                 for w in why)
                 print(f"{what} ({text}): --yes keeps it, --force removes it", file=out)
             else:
+                freed.add(os.path.realpath(path))
                 print(f"{what} ({text})", file=out)
             continue
         if why and not force:
             print(f"kept {shown}: {text} (--force removes the worktree; the branch stays)", file=out)
             continue
-        retried = f"kept {shown}: task {safe_name(task.name)} {task.id} is no longer CANCELLED" if task else ""
+        retried = (f"kept {shown}: task {safe_name(task.name)} {task.id} is no longer {task.state.value}"
+                   if task else "")
         if facts.pinned is not None:
             p = facts.pinned
             with repo_lock(config.home / "locks", os.path.dirname(p.common), common=p.common):
                 # checked under the lock a new attempt takes to reuse the worktree
-                if task is not None and not _still_cancelled(led, task):
+                if task is not None and not _still_ended(led, task):
                     print(retried, file=out)
                     continue
                 # git runs in the repository the pin confirmed, naming that repository's
@@ -235,13 +249,15 @@ def main(config: Config, out: TextIO, err: TextIO) -> int:
                     git(p.common, "worktree", "prune", check=False)
             branch = f" (branch {safe_text(facts.branch)} stays)" if facts.branch else ""
             print(f"removed worktree {shown}{branch}", file=out)
-        elif task is not None and not _still_cancelled(led, task):
+        elif task is not None and not _still_ended(led, task):
             print(retried, file=out)
             continue
         elif _rmtree_inside(path, home_real):
             print(f"removed folder {shown} (no git was run for it)", file=out)
-        if task is not None and not os.path.lexists(path):
-            led.update_task(task.id, worktree=None)  # status and a retry see it is gone
+        if not os.path.lexists(path):
+            freed.add(os.path.realpath(path))
+            if task is not None:
+                led.update_task(task.id, worktree=None)  # status and a retry see it is gone
 
     for path in _scan_root(config.home / "attempts", home_real, out):
         if path.name in owned_att:
@@ -266,6 +282,7 @@ def main(config: Config, out: TextIO, err: TextIO) -> int:
             tail = " (what it points at is not touched)" if done == "link" else ""
             print(f"removed {done} {shown}{tail}", file=out)
 
+    stay = "branches: below" if with_branches else "branches always stay"
     if not found:
         print("nothing to collect: every worktree and attempt folder belongs to a task", file=out)
     elif not yes and n_kept:
@@ -273,7 +290,17 @@ def main(config: Config, out: TextIO, err: TextIO) -> int:
                                "not a git worktree fleetrun can read") if r in kept_why]
         print(f"{found} to collect: `fleetrun gc --yes` removes {found - n_kept} and keeps {n_kept} "
               f"({' or '.join(reasons)}; `fleetrun gc --yes --force` removes "
-              f"{'it' if n_kept == 1 else 'those'} too; branches always stay)", file=out)
+              f"{'it' if n_kept == 1 else 'those'} too; {stay})", file=out)
     elif not yes:
-        print(f"{found} to collect; `fleetrun gc --yes` removes them (branches stay)", file=out)
+        print(f"{found} to collect; `fleetrun gc --yes` removes them "
+              f"({'branches: below' if with_branches else 'branches stay'})", file=out)
+    from . import gc_branches
+
+    if with_branches:
+        gc_branches.run(config, led, out, yes, force, freed)
+    else:  # said, so that they are found: what --branches would delete
+        n = gc_branches.deletable(gc_branches.plan(config, led, freed)[0])
+        if n:
+            print("1 branch of an ended task can go: `fleetrun gc --branches` lists it" if n == 1 else
+                  f"{n} branches of ended tasks can go: `fleetrun gc --branches` lists them", file=out)
     return ExitCode.OK

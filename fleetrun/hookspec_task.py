@@ -424,8 +424,10 @@ def fleetrun_handoff(task: Task, attempt: Optional[Attempt], host: Host, config:
     Called once when the task's last verifier passed, before it moves to DONE (for a
     task without verifiers, once its session ended well), and by ``fleetrun approve``
     for a NEEDS_HUMAN task it moves to DONE. The built-ins are ``trylast``: the
-    ``worktree`` plugin answers for a ``host.local`` host (the task's branch and the
-    last session's final message, cut to 2000 characters), the ``relay`` plugin for its
+    ``worktree`` plugin answers for a ``host.local`` host (the task's branch and a
+    summary of at most 2000 characters: what the agent wrote to
+    ``$FLEETRUN_SUMMARY_FILE``, else its session's final message, else the subjects of
+    its branch's commits; :mod:`fleetrun.summary`), the ``relay`` plugin for its
     peers (the branch as fetched back here, and how to fetch it from the peer). Return
     None for a host that is not yours.
 

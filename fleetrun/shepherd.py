@@ -25,6 +25,11 @@ import time
 STATUS = "status.json"
 SPEC = "spec.json"
 LOG = "log"
+#: Where the agent may write the summary handed to its dependents: in this folder, on
+#: whichever machine the shepherd runs (fleetrun.summary reads it; the names are kept
+#: here too, so this module imports nothing of fleetrun's).
+SUMMARY = "summary"
+SUMMARY_ENV = "FLEETRUN_SUMMARY_FILE"
 CANCEL = "cancel"
 START_LOCK = "start.lock"
 GRACE_S = 5.0
@@ -171,6 +176,8 @@ class Shepherd:
 
         env = dict(os.environ)
         env.update({k: str(v) for k, v in (self.spec.get("env") or {}).items()})
+        # last: the summary is read from this one place, whatever the spec's env says
+        env[SUMMARY_ENV] = os.path.join(os.path.abspath(self.dir), SUMMARY)
         stdin_path = self.spec.get("stdin_file")
         log_fd = os.open(os.path.join(self.dir, LOG), os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o600)
         try:

@@ -29,15 +29,23 @@ def cut(text: str, width: int) -> str:
     return text if len(text) <= width else (text[:max(0, width - 1)] + "…")
 
 
+def cut_left(text: str, width: int) -> str:
+    """``text``, or ``…`` and its last ``width - 1`` characters when it is longer (a
+    path's end is what tells it apart)."""
+    return text if len(text) <= width else ("…" + text[len(text) - max(0, width - 1):])
+
+
 #: status columns: header, right-aligned, the narrowest it is cut to (None: never cut,
 #: an id must stay whole to be typed back).
 _COLUMNS = [("NAME", False, 10), ("STATE", False, None), ("ATT", True, None), ("WHERE", False, 5),
             ("AGE", True, None), ("COST", True, None), ("ID", False, None), ("BRANCH", False, 10),
-            ("REASON", False, 16)]
+            ("WORKTREE", False, 24), ("REASON", False, 16)]
+#: Columns cut on the left: a worktree's folder name (the task's name and id) is at its end.
+_CUT_LEFT = {"WORKTREE"}
 #: When a row is too wide: cells are cut in this order, and if that is not enough,
 #: whole columns are left out in this one.
-_CUT_ORDER = ["REASON", "BRANCH", "NAME", "WHERE"]
-_DROP_ORDER = ["AGE", "COST", "ATT", "WHERE"]
+_CUT_ORDER = ["REASON", "WORKTREE", "BRANCH", "NAME", "WHERE"]
+_DROP_ORDER = ["AGE", "COST", "ATT", "WORKTREE", "WHERE"]
 
 
 def _fit_widths(cols: list[int], natural: list[int], width: int) -> Optional[list[int]]:
@@ -82,7 +90,7 @@ def fit_table(rows: list[list[str]], width: Optional[int]) -> tuple[list[str], l
     for cells in [heads, *rows]:
         parts = []
         for k, c in enumerate(cols):
-            cell = cut(cells[c], widths[k])
+            cell = (cut_left if heads[c] in _CUT_LEFT else cut)(cells[c], widths[k])
             was_cut = was_cut or cell != cells[c]
             last = k == len(cols) - 1
             parts.append(cell if last else (f"{cell:>{widths[k]}}" if _COLUMNS[c][1] else f"{cell:<{widths[k]}}"))

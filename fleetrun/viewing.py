@@ -33,6 +33,20 @@ def worktree_now(t: Task) -> Optional[str]:
     return t.worktree
 
 
+def worktree_cell(t: Task) -> str:
+    """Where the task's worktree is, for the table: its path (the home as ``~`` when it
+    is under ``$HOME``), ``PATH (on PEER)`` for a peer's, ``-`` for none or removed."""
+    path = worktree_now(t)
+    if not path:
+        return "-"
+    if t.host not in (None, "local"):
+        return f"{safe_text(path)} (on {safe_text(t.host)})"
+    home = os.path.expanduser("~")
+    if home not in ("", "/", "~") and path.startswith(home.rstrip(os.sep) + os.sep):
+        path = "~" + path[len(home.rstrip(os.sep)):]
+    return safe_text(path)
+
+
 def cmd_status(config: Config, out: TextIO, err: TextIO) -> int:
     led = open_ledger(config)
     states = None
@@ -77,7 +91,7 @@ def cmd_status(config: Config, out: TextIO, err: TextIO) -> int:
             reason = f"{missing}; the attempt may still run there, so the task waits (fleetrun cancel to give up)"
         # what a task's name or reason holds is shown, not sent
         rows.append([safe_name(t.name), t.state.value, str(t.attempts), safe_text(_where(t)), ago(t.created, now),
-                     cost, t.id, safe_text(t.branch or "-"), safe_text(reason)])
+                     cost, t.id, safe_text(t.branch or "-"), worktree_cell(t), safe_text(reason)])
     width = None if getattr(config.option, "wide", False) else terminal_width(out)
     lines, left_out, was_cut = fit_table(rows, width)
     for line in lines:
@@ -171,11 +185,18 @@ def cmd_logs(config: Config, out: TextIO, err: TextIO) -> int:
     print(f"{safe_name(task.name)} {task.id} [{task.state}]  cost ${task.cost_usd:.2f}{plus}", file=out)
     # where its work is: what a human looking at a NEEDS_HUMAN task opens first
     if task.worktree:
-        where = "" if task.host in (None, "local") else f" on {safe_text(task.host)}"
         shown = safe_text(task.worktree)
-        print(f"worktree: {shown}{where}" if worktree_now(task) else f"worktree: removed (was {shown})", file=out)
+        if task.host not in (None, "local"):
+            print(f"worktree: {shown} on {safe_text(task.host)} (on the peer; fleetrun gc here does not touch it)",
+                  file=out)
+        elif not worktree_now(task):
+            print(f"worktree: removed (was {shown})", file=out)
+        else:
+            print(f"worktree: {shown}", file=out)
     if task.branch:
         print(f"branch: {safe_text(task.branch)}", file=out)
+    if task.state.terminal and task.host in (None, "local") and worktree_now(task):
+        print("(the task has ended: `fleetrun gc` lists its worktree, `fleetrun gc --branches` its branch)", file=out)
     events: list[tuple[float, int, str]] = []
     for r in rows:
         where = f" attempt {r.attempt}" if r.attempt else ""

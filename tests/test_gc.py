@@ -12,8 +12,9 @@ import pytest
 
 @pytest.fixture
 def setup(fleeter, fake_claude):
-    """A real run leaves an owned worktree (DONE but dirty, so kept) and owned attempt
-    folders; then orphans are made by hand next to them."""
+    """A real run leaves an owned worktree (of a task sent back to the queue, so not
+    ended: its next attempt reuses it) and owned attempt folders; then orphans are made
+    by hand next to them. (gc collects the worktrees of ended tasks: test_gc_branches.py.)"""
     repo = fleeter.make_repo()
     fleeter.write_tasks('''
         [[task]]
@@ -21,15 +22,18 @@ def setup(fleeter, fake_claude):
         cwd = "repo"
         prompt = "p"
         git_ref = "main"
+        max_retries = 0
           [[task.verify]]
-          run = "touch build.out"
+          run = "touch build.out; false"
     ''')
     fake_claude.script(owned=[{"actions": [["write", "out.txt", "x"]]}])
     r = fleeter.run("tasks.toml")
-    assert r.ret == 0, r.stdout + r.stderr
+    assert r.ret == 1, r.stdout + r.stderr
+    assert fleeter.run("retry", "owned").ret == 0
     task = fleeter.task("owned")
+    assert not task.state.terminal
     owned_wt = Path(task.worktree)
-    assert owned_wt.exists()  # dirty after DONE: kept
+    assert owned_wt.exists()
     owned_atts = sorted((fleeter.home / "attempts").iterdir())
     assert owned_atts
 

@@ -10,7 +10,9 @@ and picked with ``agent = "codex"``. Placeholders (``{prompt}``, ``{prompt_file}
 folder — and ``{python}`` — the interpreter running fleetrun) are substituted inside argv items; the
 command never goes through a shell, so a prompt is one argument whatever it holds.
 ``stdin = true`` feeds the prompt on standard input too. Such an agent reports no
-cost and no session: its exit code is the only signal of success.
+cost and no session: its exit code is the only signal of success. Its summary for
+dependent tasks is what it wrote to ``$FLEETRUN_SUMMARY_FILE`` (:mod:`fleetrun.summary`),
+never its output.
 """
 
 from __future__ import annotations
@@ -23,6 +25,7 @@ from typing import TYPE_CHECKING, Any, Optional
 from ..exceptions import UsageError
 from ..hookimpl import hookimpl
 from ..reports import AgentResult, SpawnSpec
+from ..summary import read_summary, summary_path
 
 if TYPE_CHECKING:
     from ..config import Config
@@ -141,15 +144,8 @@ def fleetrun_spawn(task: Any, attempt: Any, workspace: Any, prompt: str, config:
 def fleetrun_agent_result(task: Any, attempt: Any, log_path: str, exit_code: Optional[int], config: Config) -> Optional[AgentResult]:
     if task.spec.agent == "claude":
         return None
-    try:
-        with open(log_path, encoding="utf-8", errors="replace") as f:
-            f.seek(0, 2)
-            size = f.tell()
-            f.seek(max(0, size - 8192))
-            tail = f.read()
-    except OSError:
-        tail = ""
-    lines = [ln for ln in tail.splitlines() if ln.strip()]
-    summary = "\n".join(lines[-20:])[-2000:]
+    # the summary file sits next to the log, in the attempt folder; the output itself
+    # (debug lines, progress) is never a summary
+    text = read_summary(summary_path(os.path.dirname(log_path)))
     ok = exit_code == 0
-    return AgentResult(ok=ok, reason="" if ok else f"exit:{exit_code}", exit_code=exit_code, result_text=summary)
+    return AgentResult(ok=ok, reason="" if ok else f"exit:{exit_code}", exit_code=exit_code, result_text=text)

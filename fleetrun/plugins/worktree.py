@@ -48,6 +48,7 @@ from ..ledger import LEDGER_KEY
 from ..reports import Handoff, Workspace
 from ..stash import StashKey
 from ..states import State
+from ..summary import clean, commit_subjects, first_summary, read_summary, summary_path
 from ..taskspec import safe_slug
 
 if TYPE_CHECKING:
@@ -68,7 +69,6 @@ def fleetrun_config_keys(config: Config) -> list[Any]:
     from ..config import ConfigKey
 
     return [ConfigKey("worktree", "commit_message", (str,), doc="message of the commit of uncommitted work")]
-SUMMARY_LIMIT = 2000
 
 
 class WorkspaceError(Exception):
@@ -355,12 +355,21 @@ def fleetrun_collect_work(task: Any, attempt: Any, workspace: Workspace, host: H
 
 @hookimpl(trylast=True)
 def fleetrun_handoff(task: Any, attempt: Any, host: Host, config: Config) -> Optional[Handoff]:
+    """The summary handed on: the agent's summary file, else its own result text
+    (Claude Code's), else the subjects of the commits on the task's branch and on
+    neither its ``git_ref`` nor its dependencies' branches (:mod:`fleetrun.summary`)."""
     if not host.local:
         return None
-    summary = (attempt.result_text or "").strip() if attempt is not None else ""
-    if len(summary) > SUMMARY_LIMIT:
-        summary = summary[:SUMMARY_LIMIT] + " [...]"
-    return Handoff(task_name=task.name, branch=task.branch, summary=summary, host=task.host or "local")
+    written = read_summary(summary_path(attempt.dir)) if attempt is not None and attempt.dir else ""
+    said = clean(attempt.result_text or "") if attempt is not None else ""
+    text = first_summary(written, said)
+    if not text and task.branch:
+        led = config.stash.get(LEDGER_KEY)
+        ws = (attempt.workspace or {}) if attempt is not None else {}
+        repo = str(ws.get("repo") or task.spec.cwd)
+        deps = [d.branch for d in (led.get(i) for i in task.deps) if d is not None and d.branch] if led else []
+        text = commit_subjects(repo, task.branch, [task.spec.git_ref or "", *deps])
+    return Handoff(task_name=task.name, branch=task.branch, summary=text, host=task.host or "local")
 
 
 def _note_once(led: Any, task_id: str, note: str) -> None:

@@ -327,13 +327,15 @@ def test_gc_says_up_front_what_yes_keeps_and_collects_cancelled_worktrees(fleete
     assert "fleetrun/c-x" in fleeter.git(repo, "branch", "--list", "fleetrun/c-x")
 
 
-def test_gc_never_takes_a_needs_human_worktree(fleeter, fake_claude):
-    """Only CANCELLED tasks give up their worktree: a NEEDS_HUMAN one waits for a human."""
+def test_gc_takes_a_needs_human_worktree_and_says_so(fleeter, fake_claude):
+    """Issue 14 reverses issue 10's rule (only CANCELLED tasks gave up their worktree): a
+    NEEDS_HUMAN task has ended, and gc collects its worktree with the usual checks."""
     one_task(fleeter, extra="max_retries = 0", verify='run = "false"')
     fake_claude.script(t1=[{}])
     assert fleeter.run("tasks.toml").ret == 1
     task = fleeter.task("t1")
     assert task.state.value == "NEEDS_HUMAN"
-    r = fleeter.run("gc", "--yes", "--force")
-    r.no_fnmatch_line(f"*{task.worktree}*")
-    assert Path(task.worktree).exists()
+    fleeter.run("gc").fnmatch_lines([f"worktree of needs_human task t1 {task.id}: {task.worktree} (clean)"])
+    r = fleeter.run("gc", "--yes")
+    r.fnmatch_lines([f"removed worktree {task.worktree} (branch {task.branch} stays)"])
+    assert not Path(task.worktree).exists()
