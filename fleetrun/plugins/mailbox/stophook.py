@@ -1,0 +1,185 @@
+"""``fleetrun mailbox stop-hook``: Claude Code's Stop hook, and its fast path.
+
+Claude Code runs it at the end of every turn of every session whose settings name it,
+with the hook's JSON on stdin. It works out which role the session answers to (the
+session's pid chain, its cwd: :func:`~.liveness.answers_to`); when a message waits for
+that role it claims it and prints ``{"decision": "block", "reason": ...}``: the session
+does not end, and takes the reason (the task's literal id, its prompt, and the exact
+``fleetrun mailbox done``/``fail`` commands to report with; no ``$(...)``, which Claude
+Code refuses to run) as its next instruction. Otherwise it prints nothing.
+
+It never fails the session: any error is logged to ``$FLEETRUN_HOME/mailbox-hook.log``
+and the hook exits 0 having printed nothing. It must be fast: :func:`fast_main` answers
+``fleetrun [--home DIR] mailbox stop-hook`` before any plugin manager is built (cli.py's
+``_FAST_PATHS``), reads the ledger file with a bare SQLite connection, and imports
+psutil only when some message is pending (``bench/stophook.py`` measures it).
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import shlex
+import sys
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any, Optional, TextIO
+
+#: The most of stdin read: the hook's JSON is a few hundred bytes (plus the last message).
+MAX_INPUT = 1 << 20
+LOG = "mailbox-hook.log"
+
+
+@dataclass(frozen=True)
+class StopInput:  # hookio: the coordinator swaps this for hookio.StopInput once merged
+    """What the Stop hook is told (the fields fleetrun reads)."""
+
+    cwd: Optional[str]
+    session_id: Optional[str]
+    stop_hook_active: bool
+
+
+def parse_stop(text: str) -> StopInput:  # hookio: minimal reading until hookio.parse_stop is merged
+    """The Stop hook's JSON, read strictly. :raises ValueError: not what Claude Code sends."""
+    data = json.loads(text)
+    if not isinstance(data, dict):
+        raise ValueError("the hook input is not a JSON object")
+    event = data.get("hook_event_name", "Stop")
+    if event not in ("Stop", "SubagentStop"):
+        raise ValueError(f"not a Stop hook's input ({event!r})")
+    cwd = data.get("cwd")
+    if cwd is not None and (not isinstance(cwd, str) or not os.path.isabs(cwd) or "\0" in cwd):
+        raise ValueError("cwd is not an absolute path")
+    sid = data.get("session_id")
+    active = data.get("stop_hook_active", False)
+    return StopInput(cwd=cwd, session_id=sid if isinstance(sid, str) else None,
+                     stop_hook_active=active is True)
+
+
+def block_decision(reason: str) -> str:  # hookio: hookio.block_decision once merged
+    """The line that keeps a session going with ``reason`` as its next instruction."""
+    return json.dumps({"decision": "block", "reason": reason})
+
+
+def command_prefix(home: Optional[str] = None) -> str:
+    """How this fleetrun is run, for the commands a session is told to run: ``fleetrun``
+    when that is the one on PATH, else its path (or ``python -m fleetrun``), and
+    ``--home DIR`` when the hook was given one."""
+    import shutil
+
+    argv0 = sys.argv[0] if sys.argv and sys.argv[0] else "fleetrun"
+    base = os.path.basename(argv0)
+    if base == "__main__.py":
+        words = [sys.executable, "-m", "fleetrun"]
+    elif base == "fleetrun":
+        found = shutil.which("fleetrun")
+        same = found is not None and os.path.realpath(found) == os.path.realpath(argv0)
+        words = ["fleetrun" if same else os.path.abspath(argv0)]
+    else:
+        words = ["fleetrun"]
+    if home:
+        words += ["--home", home]
+    return shlex.join(words)
+
+
+def reason_text(task_id: str, name: str, role: str, body: str, prefix: str) -> str:
+    """What a session is asked to do: the task and how to report it."""
+    return (f"fleetrun has a task for role {role}: {task_id} ({name}).\n\n{body}\n\n"
+            f"When it is done, report it by running exactly:\n"
+            f"  {prefix} mailbox done {task_id} --summary 'WHAT YOU DID, IN ONE LINE'\n"
+            f"If you cannot do it, run:\n"
+            f"  {prefix} mailbox fail {task_id} --reason 'WHY'\n")
+
+
+def _task_name(conn: Any, task_id: str) -> str:
+    try:
+        row = conn.execute("SELECT name FROM tasks WHERE id=?", (task_id,)).fetchone()
+    except Exception:
+        return task_id
+    return str(row[0]) if row else task_id
+
+
+def run_stop_hook(home: Path, text: str, out: TextIO, prefix: str) -> int:
+    """The hook: claim and print the next message of the session's role, if any. Never raises."""
+    try:
+        hook = parse_stop(text)
+        db = home / "state.db"
+        if not db.is_file():
+            return 0
+        from . import store
+
+        conn = store.connect(str(db), timeout_s=5.0)
+        try:
+            if not store.any_pending(conn):
+                return 0  # the common case: no psutil, one query
+            from ... import clock
+            from .liveness import answers_to, lineage, session_of
+
+            roles = store.roles(conn)
+            me = os.getpid()
+            table = lineage(me, [r.pid for r in roles])
+            session = session_of(table, me)
+            pid = session.pid if session is not None else me
+            cwd = os.path.realpath(hook.cwd) if hook.cwd else (session.cwd if session is not None else os.getcwd())
+            role, _ = answers_to(table, pid, cwd, roles)
+            if role is None:
+                return 0
+            for msg in store.pending(conn, role.name):
+                if store.claim(conn, msg.id, pid if session is not None else None, clock.now()):
+                    reason = reason_text(msg.task_id, _task_name(conn, msg.task_id), role.name, msg.body, prefix)
+                    out.write(block_decision(reason) + "\n")
+                    return 0
+            return 0
+        finally:
+            conn.close()
+    except Exception:
+        _log(home)
+        return 0
+
+
+def _log(home: Path) -> None:
+    import time
+    import traceback
+
+    try:
+        home.mkdir(parents=True, exist_ok=True, mode=0o700)
+        fd = os.open(home / LOG, os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o600)
+        with os.fdopen(fd, "a") as f:
+            f.write(f"--- {time.strftime('%Y-%m-%d %H:%M:%S')} stop-hook\n{traceback.format_exc()}\n")
+    except OSError:
+        pass
+
+
+def read_input(stream: Any) -> str:
+    try:
+        return str(stream.read(MAX_INPUT))
+    except (OSError, ValueError, UnicodeDecodeError):
+        return ""
+
+
+def fast_main(args: list[str], out: TextIO, err: TextIO) -> Optional[int]:
+    """``fleetrun [--home DIR] mailbox stop-hook`` without a plugin manager; None for any
+    other command line (it runs the usual way, and the stop-hook verb there does the same)."""
+    home: Optional[str] = None
+    i = 0
+    while i < len(args) and args[i] != "mailbox":
+        a = args[i]
+        if a == "--home" and i + 1 < len(args):
+            home = args[i + 1]
+            i += 2
+        elif a.startswith("--home="):
+            home = a.split("=", 1)[1]
+            i += 1
+        else:
+            return None
+    if args[i + 1:] != ["stop-hook"]:
+        return None
+    if "no:mailbox" in (os.environ.get("FLEETRUN_PLUGINS") or ""):
+        return None  # blocked: the usual way says so
+    if home:
+        home_path = Path(home).expanduser().resolve()
+    else:
+        from ...config import default_home
+
+        home_path = default_home()
+    return run_stop_hook(home_path, read_input(sys.stdin), out, command_prefix(home))
