@@ -72,13 +72,13 @@ def role_dir(fleeter: Any, rel: str = "proj") -> Path:
     return d
 
 
-def install_stop_hook(folder: Path) -> None:
+def install_stop_hook(folder: Path, command: str = PREFIX) -> None:
     """What ``role install-hooks`` writes: the Stop hook, and the allow rules that let the
     session report back in -p mode (measured: they count in settings.local.json)."""
     (folder / ".claude").mkdir(exist_ok=True)
     (folder / ".claude" / "settings.local.json").write_text(json.dumps({
-        "hooks": {"Stop": [{"hooks": [{"type": "command", "command": f"{PREFIX} mailbox stop-hook"}]}]},
-        "permissions": {"allow": [f"Bash({PREFIX} mailbox done:*)", f"Bash({PREFIX} mailbox fail:*)"]},
+        "hooks": {"Stop": [{"hooks": [{"type": "command", "command": f"{command} mailbox stop-hook"}]}]},
+        "permissions": {"allow": [f"Bash({command} mailbox done:*)", f"Bash({command} mailbox fail:*)"]},
     }))
 
 
@@ -107,7 +107,10 @@ ROLE_TASK = '''
 def test_a_session_ends_its_turn_gets_the_task_from_its_stop_hook_and_reports_it_done(fleeter: Any,
                                                                                      fake_claude: Any) -> None:
     proj = role_dir(fleeter)
-    install_stop_hook(proj)
+    # the hook names its home (a session's environment need not have FLEETRUN_HOME): the
+    # commands it hands the session start with the same words, so the allow rules match
+    command = f"{PREFIX} --home {shlex.quote(str(fleeter.home))}"
+    install_stop_hook(proj, command)
     assert fleeter.runsub("role", "bind", "relay", str(proj)).ret == 0
     fleeter.write_tasks(ROLE_TASK)
     run = fleeter.popen("tasks.toml")
@@ -118,12 +121,13 @@ def test_a_session_ends_its_turn_gets_the_task_from_its_stop_hook_and_reports_it
     fake_claude.script(default=[
         {"actions": [["print", "idle"]], "result": "nothing to do"},
         {"actions": [["write", "peer.rs", "backoff"],
-                     ["bash", f"{PREFIX} mailbox done {task_id} --summary 'reconnects with backoff'"]],
+                     ["bash", f"{command} mailbox done {task_id} --summary 'reconnects with backoff'"]],
          "result": "reported"},
     ])
+    env = {k: v for k, v in os.environ.items() if k != "FLEETRUN_HOME"}
     session = subprocess.run([str(FAKE), "-p", "hello", "--permission-mode", "acceptEdits",
                               "--output-format", "stream-json", "--verbose"],
-                             cwd=str(proj), capture_output=True, timeout=60)
+                             cwd=str(proj), capture_output=True, timeout=60, env=env)
     assert session.returncode == 0, session.stderr.decode()
     code, out = finish(run)
     assert code == 0, out
@@ -139,7 +143,8 @@ def test_a_session_ends_its_turn_gets_the_task_from_its_stop_hook_and_reports_it
     calls = [c for c in fake_claude._log() if c.get("continuation")]
     assert len(calls) == 1
     reason = calls[0]["prompt"]
-    assert f"{PREFIX} mailbox done {task_id} --summary" in reason and "$(" not in reason
+    assert f"{command} mailbox done {task_id} --summary" in reason and "$(" not in reason
+    assert f"{command} mailbox fail {task_id} --reason" in reason
     assert "Reconnect with backoff after a dropped link." in reason
     assert messages(fleeter) == [(task_id, "done")]
     # a second report of the same task is refused
@@ -159,6 +164,34 @@ def test_the_stop_hook_prints_nothing_without_mail_and_never_fails_the_session(f
     r = fleeter.runsub("mailbox", "stop-hook", input="{not json")
     assert (r.ret, r.stdout, r.stderr) == (0, "", "")
     assert "stop-hook" in (fleeter.home / "mailbox-hook.log").read_text()
+
+
+def test_a_session_bound_with_self_answers_by_its_pid_where_two_roles_share_its_folder(fleeter: Any,
+                                                                                        fake_claude: Any) -> None:
+    proj = role_dir(fleeter)
+    install_stop_hook(proj)
+    assert fleeter.runsub("role", "bind", "repo", str(proj)).ret == 0
+    assert fleeter.runsub("role", "bind", "relay", str(proj)).ret == 0
+    fleeter.write_tasks(ROLE_TASK)
+    run = fleeter.popen("tasks.toml")
+    msg = wait_for(lambda: message(fleeter, "reconnect"), why="the delivery")
+    fake_claude.script(default=[
+        # two roles on its folder: it answers to neither until it binds one to itself
+        {"actions": [["bash", f"{PREFIX} role whoami > before.txt; {PREFIX} role bind relay . --self"],
+                     ["bash", f"{PREFIX} role whoami > after.txt"]]},
+        {"actions": [["bash", f"{PREFIX} mailbox done {msg.task_id} --summary bound"]]},
+    ])
+    session = subprocess.Popen([str(FAKE), "-p", "hello", "--permission-mode", "bypassPermissions"], cwd=str(proj),
+                               stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
+    _, err = session.communicate(timeout=60)
+    assert session.returncode == 0, err.decode()
+    assert (proj / "before.txt").read_text().startswith("no role (session ")
+    assert (proj / "after.txt").read_text().startswith(f"relay (session {session.pid}: bound to this session")
+    code, out = finish(run)
+    assert code == 0, out
+    assert fleeter.task("reconnect").handoff["summary"] == "bound"
+    roles = json.loads(fleeter.runsub("role", "list", "--json").stdout)
+    assert [(r["role"], r["pid"], r["live"]) for r in roles] == [("relay", session.pid, False), ("repo", None, False)]
 
 
 # -- routing ----------------------------------------------------------------------------

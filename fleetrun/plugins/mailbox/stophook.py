@@ -62,24 +62,41 @@ def block_decision(reason: str) -> str:  # hookio: hookio.block_decision once me
 
 
 def command_prefix(home: Optional[str] = None) -> str:
-    """How this fleetrun is run, for the commands a session is told to run: ``fleetrun``
-    when that is the one on PATH, else its path (or ``python -m fleetrun``), and
-    ``--home DIR`` when the hook was given one."""
-    import shutil
-
+    """How this fleetrun is run, for the commands a session is told to run: the console
+    script's path, or ``<interpreter> -m fleetrun`` (either names this very install,
+    whatever the session's ``PATH`` holds), and ``--home DIR`` when given one."""
     argv0 = sys.argv[0] if sys.argv and sys.argv[0] else "fleetrun"
     base = os.path.basename(argv0)
     if base == "__main__.py":
         words = [sys.executable, "-m", "fleetrun"]
     elif base == "fleetrun":
-        found = shutil.which("fleetrun")
-        same = found is not None and os.path.realpath(found) == os.path.realpath(argv0)
-        words = ["fleetrun" if same else os.path.abspath(argv0)]
-    else:
+        words = [os.path.abspath(argv0)]
+    else:  # run in-process (a test's fleetrun.main)
         words = ["fleetrun"]
     if home:
         words += ["--home", home]
     return shlex.join(words)
+
+
+HOOK_WORDS = " mailbox stop-hook"
+
+
+def hook_command(default: str) -> str:
+    """The command the session's settings run this hook with, less ``mailbox
+    stop-hook``: Claude Code runs a hook as ``/bin/sh -c COMMAND``, so the parent's
+    command line has it word for word. The report commands start with it, so they match
+    the allow rules installed beside the hook (``Bash(COMMAND mailbox done:*)``).
+    ``default`` when the parent is no such shell."""
+    import psutil
+
+    try:
+        cmd = psutil.Process(os.getppid()).cmdline()
+    except (psutil.Error, OSError):
+        return default
+    if len(cmd) == 3 and os.path.basename(cmd[0]) in ("sh", "bash", "dash", "zsh") and cmd[1] == "-c" \
+            and cmd[2].rstrip().endswith(HOOK_WORDS) and "\n" not in cmd[2]:
+        return cmd[2].rstrip()[: -len(HOOK_WORDS)].strip() or default
+    return default
 
 
 def reason_text(task_id: str, name: str, role: str, body: str, prefix: str) -> str:
@@ -126,7 +143,8 @@ def run_stop_hook(home: Path, text: str, out: TextIO, prefix: str) -> int:
                 return 0
             for msg in store.pending(conn, role.name):
                 if store.claim(conn, msg.id, pid if session is not None else None, clock.now()):
-                    reason = reason_text(msg.task_id, _task_name(conn, msg.task_id), role.name, msg.body, prefix)
+                    reason = reason_text(msg.task_id, _task_name(conn, msg.task_id), role.name, msg.body,
+                                         hook_command(prefix))
                     out.write(block_decision(reason) + "\n")
                     return 0
             return 0
