@@ -8,6 +8,8 @@ start-up), measured in the same run; the medians and the ratios are printed:
 
 - ``no ledger``: a home with no ``state.db`` yet;
 - ``no mail``: roles bound, nothing pending (one query, no psutil);
+- ``mail for another role``: a message waits for a role whose folder does not hold the
+  session's cwd (no psutil either);
 - ``mail``: a message waits for the session's role; it is claimed and the block
   decision printed (psutil walks the hook's parent chain). A fresh message is delivered
   before each run, outside the timing.
@@ -78,6 +80,12 @@ def main() -> None:
             store.bind(conn, "repo", str(role))
             results[label]["no mail"] = statistics.median(once(argv, env, str(role), hook)[0]
                                                           for _ in range(ns.runs))
+            store.bind(conn, "elsewhere", tmp)
+            with store.tx(conn) as cur:
+                store.deliver(cur, "elsewhere", f"task_bench_{label}_x", f"task_bench_{label}_x_a1", "Not yours.",
+                              "role = elsewhere", time.time())
+            results[label]["mail for another role"] = statistics.median(once(argv, env, str(role), hook)[0]
+                                                                        for _ in range(ns.runs))
             times = []
             for i in range(ns.runs):
                 with store.tx(conn) as cur:

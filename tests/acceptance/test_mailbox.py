@@ -194,6 +194,46 @@ def test_a_session_bound_with_self_answers_by_its_pid_where_two_roles_share_its_
     assert [(r["role"], r["pid"], r["live"]) for r in roles] == [("relay", session.pid, False), ("repo", None, False)]
 
 
+#: The CLI's entry point in a fresh interpreter, then what it imported (as tests/test_startup.py).
+PROBE = """
+import json, sys
+from fleetrun.cli import main
+code = main(sys.argv[1:])
+sys.stdout.flush()
+sys.stderr.write("\\nPROBE " + json.dumps({"code": code, "modules": sorted(sys.modules)}) + "\\n")
+"""
+
+
+def hook_imports(fleeter: Any, cwd: Path) -> tuple[str, list[str]]:
+    """What ``mailbox stop-hook`` printed, and the modules it imported."""
+    hook = json.dumps({"session_id": "s", "cwd": str(cwd), "hook_event_name": "Stop", "stop_hook_active": False})
+    proc = subprocess.run([sys.executable, "-c", PROBE, "mailbox", "stop-hook"], input=hook.encode(),
+                          capture_output=True, cwd=str(cwd), timeout=60)
+    lines = [ln for ln in proc.stderr.decode().splitlines() if ln.startswith("PROBE ")]
+    assert proc.returncode == 0 and lines, proc.stderr.decode()
+    got = json.loads(lines[-1][len("PROBE "):])
+    assert got["code"] == 0
+    return proc.stdout.decode(), got["modules"]
+
+
+def test_the_stop_hook_loads_no_plugin_and_no_psutil_unless_mail_may_be_its_own(fleeter: Any) -> None:
+    proj = role_dir(fleeter)
+    other = role_dir(fleeter, "other")
+    assert fleeter.runsub("role", "bind", "relay", str(proj)).ret == 0
+    assert fleeter.runsub("role", "bind", "docs", str(other)).ret == 0
+    conn = store.connect(str(fleeter.home / "state.db"))
+    with store.tx(conn) as cur:
+        store.deliver(cur, "docs", "task_x_0", "task_x_0_a1", "Write the docs.", "role = docs", time.time())
+    out, mods = hook_imports(fleeter, proj)  # mail, but for a role it cannot answer to
+    assert out == ""
+    assert "fleetrun.plugins.mailbox.stophook" in mods  # the check below means something
+    assert not [m for m in mods if m.split(".")[0] == "psutil" or m.startswith("fleetrun.plugins.claude")]
+    out, mods = hook_imports(fleeter, other)  # its own mail: claimed, and psutil walked the chain
+    assert json.loads(out)["decision"] == "block" and "psutil" in mods
+    assert store.message_of_task(conn, "task_x_0").state == "claimed"
+    conn.close()
+
+
 # -- routing ----------------------------------------------------------------------------
 
 

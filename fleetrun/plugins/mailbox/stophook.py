@@ -129,15 +129,20 @@ def run_stop_hook(home: Path, text: str, out: TextIO, prefix: str) -> int:
         try:
             if not store.any_pending(conn):
                 return 0  # the common case: no psutil, one query
-            from ... import clock
-            from .liveness import answers_to, lineage, session_of
+            from .liveness import answers_to, covers, lineage, session_of
 
             roles = store.roles(conn)
+            waiting = {m.role.lower() for m in store.pending(conn)}
+            here = os.path.realpath(hook.cwd or os.getcwd())
+            if not any(r.pid or covers(r.dir, here) for r in roles if r.key in waiting):
+                return 0  # mail, but for no role this session could answer to: still no psutil
+            from ... import clock
+
             me = os.getpid()
             table = lineage(me, [r.pid for r in roles])
             session = session_of(table, me)
             pid = session.pid if session is not None else me
-            cwd = os.path.realpath(hook.cwd) if hook.cwd else (session.cwd if session is not None else os.getcwd())
+            cwd = here if hook.cwd else (session.cwd if session is not None else here)
             role, _ = answers_to(table, pid, cwd, roles)
             if role is None:
                 return 0
