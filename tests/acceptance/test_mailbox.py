@@ -147,6 +147,8 @@ def test_a_session_ends_its_turn_gets_the_task_from_its_stop_hook_and_reports_it
     assert f"{command} mailbox fail {task_id} --reason" in reason
     assert "Reconnect with backoff after a dropped link." in reason
     assert messages(fleeter) == [(task_id, "done")]
+    assert "role relay reported done: reconnects with backoff" in (fleeter.home / "attempts" / att.id / "log").read_text()
+    assert (fleeter.home / "attempts" / att.id / "prompt").read_text().startswith("Reconnect with backoff")
     # a second report of the same task is refused
     late = fleeter.runsub("mailbox", "done", task_id)
     assert late.ret == 4 and "nothing to report" in late.stderr

@@ -247,6 +247,20 @@ def _read(conn: Any, ns: argparse.Namespace, out: TextIO) -> int:
     return ExitCode.OK
 
 
+def _log_report(config: Config, msg: store.Message, verb: str, text: str) -> None:
+    """The attempt's ``log`` (what ``fleetrun logs`` points at): who reported what."""
+    import time
+
+    path = config.home / "attempts" / msg.attempt_id / "log"
+    try:
+        fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o600)
+    except OSError:
+        return  # no attempt folder: nothing to add to
+    with os.fdopen(fd, "a", encoding="utf-8") as f:
+        f.write(f"{time.strftime('%Y-%m-%d %H:%M:%S')} role {msg.role} reported {verb}: "
+                f"{store.clean_text(text, store.REPORT_CAP)}\n")
+
+
 def _report(config: Config, conn: Any, ns: argparse.Namespace, out: TextIO) -> int:
     from ...ledger import open_ledger
     from ...liveness import wake_loop
@@ -266,6 +280,7 @@ def _report(config: Config, conn: Any, ns: argparse.Namespace, out: TextIO) -> i
         moved = store.finish(conn, msg.id, "failed", clock.now(), reason=ns.reason)
     if not moved:
         raise UsageError(f"task {task_id}'s message changed meanwhile; see fleetrun status", key=f"mailbox {ns.verb}")
+    _log_report(config, msg, ns.verb, ns.summary if ns.verb == "done" else ns.reason)
     wake_loop(config.home)
     print(f"reported {task_id} {ns.verb}", file=out)
     return ExitCode.OK
