@@ -328,7 +328,8 @@ def test_unclaimed_past_the_claim_timeout_it_is_withdrawn_and_spawned_but_not_wh
     assert code == 0, out
     msg = message(fleeter, "reconnect")
     assert msg.state == "withdrawn" and msg.reason.startswith("unclaimed: role relay did not claim it in 60s")
-    assert len(fake_claude.calls("reconnect")) == 1
+    calls = fake_claude.calls("reconnect")
+    assert len(calls) == 1 and "it waited in a role's mailbox and no session took it" in calls[0]["prompt"]
     assert [c for c in causes(fleeter, "reconnect") if c.startswith("mailbox_unclaimed:")]
     late = fleeter.runsub("mailbox", "done", msg.task_id)  # the role cannot pick it up later
     assert late.ret == 4 and "withdrawn" in late.stderr
