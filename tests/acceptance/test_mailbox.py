@@ -407,6 +407,34 @@ def test_a_crash_between_delivery_and_claim_delivers_nothing_twice_and_loses_not
 # -- without the plugin ------------------------------------------------------------------
 
 
+def test_a_role_that_can_never_be_bound_is_an_error_and_one_that_is_spawned_a_warning(fleeter: Any) -> None:
+    role_dir(fleeter)
+    fleeter.write_tasks('''
+        [[task]]
+        name = "boss"
+        cwd = "proj"
+        role = "Supervisor"
+        prompt = "Do it."
+
+        [[task]]
+        name = "checked"
+        cwd = "proj"
+        role = "relay"
+        prompt = "Do it."
+          [[task.verify]]
+          run = "true"
+    ''')
+    r = fleeter.run("validate", "tasks.toml")
+    assert r.ret == 4
+    assert r.errlines == ["ERROR: tasks.toml:4: task 'boss': role: 'Supervisor' is reserved (supervisor and "
+                          "operator name fleetrun's own sides)"]
+    fleeter.write_tasks((fleeter.path / "tasks.toml").read_text().replace('"Supervisor"', '"boss"'))
+    r = fleeter.run("validate", "tasks.toml")
+    assert r.ret == 0
+    assert ("warning: tasks.toml:10: task 'checked': role: it has verifiers, so it is spawned, not delivered to "
+            "role relay (a mailbox carries only the prompt)") in r.errlines
+
+
 def test_with_the_mailbox_blocked_a_role_task_is_a_validate_error(fleeter: Any) -> None:
     role_dir(fleeter)
     fleeter.write_tasks(ROLE_TASK)

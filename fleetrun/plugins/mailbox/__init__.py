@@ -93,6 +93,41 @@ def fleetrun_handoff(task: Any, attempt: Any, host: Any, config: Config) -> Opti
                    fetch_hint=f"Done by role {msg.role} in its own session, in {task.spec.cwd}.")
 
 
+@hookimpl
+def fleetrun_collection_modifyitems(config: Config, items: list[Any]) -> None:
+    """A ``role`` that could never be bound (a reserved name, not a role name) is an
+    error at its line; a role task that asks for what a mailbox cannot carry is a
+    warning (it is spawned)."""
+    roles = [t for t in items if t.role]
+    if not roles:
+        return
+    from pathlib import Path
+
+    from ...collect import display_path
+    from ...exceptions import UsageError, UsageErrors
+    from ...queueing import WARNINGS_KEY
+    from ...textutil import safe_name
+    from .delivery import spec_always_spawned
+    from .store import StoreError, check_name
+
+    errors = []
+    for t in roles:
+        where = display_path(Path(t.file_of("role")), config.invocation_dir) if t.source else "?"
+        line = t.key_lines.get("role", t.line)
+        try:
+            check_name(t.role)
+        except StoreError as e:
+            errors.append(UsageError(str(e), file=where, line=line, key=f"task '{safe_name(t.name)}': role"))
+            continue
+        why = spec_always_spawned(t)
+        if why is not None:
+            config.stash.setdefault(WARNINGS_KEY, []).append(
+                f"{where}:{line}: task '{t.name}': role: {why}, so it is spawned, not delivered to role "
+                f"{t.role} (a mailbox carries only the prompt)")
+    if errors:
+        raise UsageErrors(errors) if len(errors) > 1 else errors[0]
+
+
 def _rest_arguments(metavar: str, text: str) -> Any:
     def add(parser: Any) -> None:
         import argparse

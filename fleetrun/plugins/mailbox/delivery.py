@@ -26,11 +26,15 @@ if TYPE_CHECKING:
 
 def always_spawned(task: Any, attempt: Any, host: Any) -> Optional[str]:
     """Why an attempt is never delivered, or None when it may be (pure)."""
-    spec = task.spec
     if attempt.kind != "fresh":
         return f"a {attempt.kind} attempt is always spawned"
     if not getattr(host, "local", False):
         return f"it was placed on {host.name}, another machine"
+    return spec_always_spawned(task.spec)
+
+
+def spec_always_spawned(spec: Any) -> Optional[str]:
+    """Why a task (a :class:`~fleetrun.TaskSpec`) is never delivered, or None (pure)."""
     for key, what in (("git_ref", "a worktree (git_ref)"), ("branch", "a worktree (branch)"),
                       ("model", "a model"), ("permission_mode", "a permission mode")):
         if getattr(spec, key, None):
