@@ -26,10 +26,12 @@ _BLOCKED_PLUGIN_VERBS: dict[str, tuple[str, ...]] = {"relay": ("relay", "host"),
 #: ``fleetrun host status|log|stop|verify-status|verify-stop|bundle``, which a supervisor
 #: polls over SSH, need only the home: the relay's peer side answers them before any
 #: plugin manager is built (a module path, as the plugin manager names its built-ins).
-#: So does ``fleetrun mailbox stop-hook``, Claude Code's Stop hook, run at the end of
-#: every turn of every session in a role's folder.
+#: So do ``fleetrun mailbox stop-hook`` and ``fleetrun role note-edit``, Claude Code's
+#: Stop and PostToolUse hooks, run at every turn and every edit of every session in a
+#: role's folder.
 _FAST_PATHS: dict[str, str] = {"host": "fleetrun.plugins.relay.peer.verbs",
-                               "mailbox": "fleetrun.plugins.mailbox.stophook"}
+                               "mailbox": "fleetrun.plugins.mailbox.stophook",
+                               "role": "fleetrun.plugins.mailbox.noteedit"}
 
 #: Verbs a supervisor drives on a peer over SSH: they read no project file and no
 #: ``FLEETRUN_ADDOPTS`` (their folder is not the user's checkout).

@@ -206,6 +206,22 @@ sys.stderr.write("\\nPROBE " + json.dumps({"code": code, "modules": sorted(sys.m
 """
 
 
+def test_note_edit_credits_the_sessions_role_and_never_fails_the_session(fleeter: Any) -> None:
+    pytest.importorskip("fleetrun.plugins.mailbox.hookio")  # the install-hooks change's module
+    proj = role_dir(fleeter)
+    assert fleeter.runsub("role", "bind", "relay", str(proj)).ret == 0
+    edit = {"session_id": "s", "cwd": str(proj), "hook_event_name": "PostToolUse", "tool_name": "Write",
+            "tool_input": {"file_path": "src/a.py", "content": "x"}, "tool_response": {}}
+    r = fleeter.runsub("role", "note-edit", input=json.dumps(edit))
+    assert (r.ret, r.stdout, r.stderr) == (0, "", "")
+    conn = store.connect(str(fleeter.home / "state.db"))
+    assert store.edits(conn) == {"relay": [str(proj.resolve() / "src" / "a.py")]}
+    conn.close()
+    r = fleeter.runsub("role", "note-edit", input="[1, 2")
+    assert (r.ret, r.stdout, r.stderr) == (0, "", "")
+    assert "note-edit" in (fleeter.home / "mailbox-hook.log").read_text()
+
+
 def hook_imports(fleeter: Any, cwd: Path) -> tuple[str, list[str]]:
     """What ``mailbox stop-hook`` printed, and the modules it imported."""
     hook = json.dumps({"session_id": "s", "cwd": str(cwd), "hook_event_name": "Stop", "stop_hook_active": False})
@@ -234,6 +250,63 @@ def test_the_stop_hook_loads_no_plugin_and_no_psutil_unless_mail_may_be_its_own(
     assert json.loads(out)["decision"] == "block" and "psutil" in mods
     assert store.message_of_task(conn, "task_x_0").state == "claimed"
     conn.close()
+
+
+def test_installed_hooks_credit_edits_and_focus_routes_between_two_roles_on_one_folder(fleeter: Any,
+                                                                                       fake_claude: Any) -> None:
+    settings = pytest.importorskip("fleetrun.plugins.mailbox.settings")  # the install-hooks change's module
+    proj = role_dir(fleeter)
+    role_dir(fleeter, "proj/src/relay")
+    command = settings.default_command(fleeter.home)
+    r = fleeter.runsub("role", "install-hooks", str(proj))
+    assert r.ret == 0 and "settings.local.json" in r.stdout
+    assert command in (proj / ".claude" / "settings.local.json").read_text()
+    other = subprocess.Popen(["sleep", "120"])  # a second live role on the same folder
+    try:
+        assert fleeter.runsub("role", "bind", "repo", str(proj), "--pid", str(other.pid)).ret == 0
+        fleeter.write_tasks('''
+            [[task]]
+            name = "peer"
+            cwd = "proj"
+            paths = ["src/relay/peer.rs"]
+            prompt = "Reconnect."
+        ''')
+        fake_claude.script(default=[
+            {"actions": [["bash", f"{command} role bind relay . --self"],
+                         ["write", "src/relay/a.rs", "a"], ["write", "src/relay/b.rs", "b"],
+                         ["bash", "until test -f go; do sleep 0.1; done"]]},
+            {"actions": [["bash", f"{command} mailbox done TASK --summary focused"]]},
+        ])
+        session = subprocess.Popen([str(FAKE), "-p", "hello", "--permission-mode", "bypassPermissions"],
+                                   cwd=str(proj), stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
+        relay_focus = str((proj / "src" / "relay").resolve())
+
+        def focus_of_relay() -> bool:
+            rows = json.loads(fleeter.runsub("role", "list", "--json").stdout)
+            return any(r["role"] == "relay" and r["focus"] == relay_focus and r["live"] for r in rows)
+
+        wait_for(focus_of_relay, why="the session's edits credited to relay")
+        fleeter.write_policy("auto_route = true\n")
+        run = fleeter.popen("tasks.toml")
+        msg = wait_for(lambda: message(fleeter, "peer"), why="the delivery")
+        assert msg.role == "relay" and msg.why == f"relay owns src/relay/peer.rs (its focus {relay_focus})"
+        # the session's next step reports the task it was given (the id is known only now)
+        fake_claude.script(default=[
+            {"actions": [["bash", f"{command} role bind relay . --self"],
+                         ["write", "src/relay/a.rs", "a"], ["write", "src/relay/b.rs", "b"],
+                         ["bash", "until test -f go; do sleep 0.1; done"]]},
+            {"actions": [["bash", f"{command} mailbox done {msg.task_id} --summary focused"]]},
+        ])
+        (proj / "go").write_text("")
+        _, err = session.communicate(timeout=60)
+        assert session.returncode == 0, err.decode()
+        code, out = finish(run)
+        assert code == 0, out
+        assert fleeter.task("peer").handoff["summary"] == "focused"
+    finally:
+        other.kill()
+        other.wait()
+    assert "note-edit" in (fleeter.runsub("role", "install-hooks", str(proj), "--remove").stdout)
 
 
 # -- routing ----------------------------------------------------------------------------

@@ -158,7 +158,7 @@ def fleetrun_verbs(pluginmanager: Any) -> list[Any]:
 
     return [
         VerbDecl(name="role", help="roles: role bind NAME [DIR] [--pid PID | --self], role list, role unbind NAME, "
-                                   "role owner PATH, role whoami",
+                                   "role owner PATH, role whoami, role install-hooks [DIR], role note-edit",
                  run=_run_role, reads_config=False,
                  add_arguments=_rest_arguments("bind|list|unbind|owner|whoami ...",
                                                "'fleetrun role help' lists them (docs/mailbox.md)")),

@@ -65,7 +65,7 @@ def _me(conn: Any) -> tuple[ProcTable, int, Optional[str], bool]:
 
 def _role_parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(prog="fleetrun role", description="roles: a name bound to a folder and a session")
-    sub = p.add_subparsers(dest="verb", metavar="{bind,list,unbind,owner,whoami}")
+    sub = p.add_subparsers(dest="verb", metavar="{bind,list,unbind,owner,whoami,install-hooks,note-edit}")
     b = sub.add_parser("bind", help="bind NAME to DIR (default: here), optionally to a process")
     b.add_argument("name", metavar="NAME")
     b.add_argument("dir", metavar="DIR", nargs="?")
@@ -80,6 +80,12 @@ def _role_parser() -> argparse.ArgumentParser:
     o = sub.add_parser("owner", help="the live role that owns PATH, or why none does")
     o.add_argument("path", metavar="PATH")
     sub.add_parser("whoami", help="the role this session answers to")
+    h = sub.add_parser("install-hooks", help="add fleetrun's Stop and PostToolUse hooks and report allow rules "
+                                              "to DIR/.claude/settings.local.json")
+    h.add_argument("dir", metavar="DIR", nargs="?", help="the role's folder (default: here)")
+    h.add_argument("--remove", action="store_true", help="take them out again")
+    h.add_argument("--user", action="store_true", help="the user's ~/.claude/settings.json instead")
+    sub.add_parser("note-edit", help="Claude Code's PostToolUse hook: credit an edit to the session's role")
     return p
 
 
@@ -88,6 +94,8 @@ def role_main(config: Config, rest: list[str], out: TextIO, err: TextIO) -> int:
     ns = _parse(parser, rest, out)
     if ns is None:
         return ExitCode.OK
+    if ns.verb in ("install-hooks", "note-edit"):  # neither needs the ledger opened here
+        return role_main_hooks(config, ns, out)
     conn = _conn(config)
     if ns.verb == "bind":
         return _bind(conn, ns, out)
@@ -101,6 +109,27 @@ def role_main(config: Config, rest: list[str], out: TextIO, err: TextIO) -> int:
     if ns.verb == "owner":
         return _owner(conn, ns.path, out)
     return _whoami(conn, out)
+
+
+def role_main_hooks(config: Config, ns: argparse.Namespace, out: TextIO) -> int:
+    if ns.verb == "install-hooks":
+        return _install_hooks(config, ns, out)
+    from .noteedit import NOTE_INPUT_MAX, run_note_edit
+    from .stophook import read_input
+
+    return run_note_edit(config.home, read_input(sys.stdin, NOTE_INPUT_MAX))
+
+
+def _install_hooks(config: Config, ns: argparse.Namespace, out: TextIO) -> int:
+    """``settings.install`` with this fleetrun's command (``settings.default_command``:
+    the console script or ``python -m fleetrun``, and ``--home`` unless the default)."""
+    import importlib
+
+    settings = importlib.import_module(".settings", __package__)  # the install-hooks change's module
+    change = settings.install(ns.dir or os.getcwd(), settings.default_command(config.home), remove=ns.remove,
+                              user=ns.user)
+    print(change.describe(), file=out)
+    return ExitCode.OK
 
 
 def _bind(conn: Any, ns: argparse.Namespace, out: TextIO) -> int:

@@ -156,11 +156,11 @@ def run_stop_hook(home: Path, text: str, out: TextIO, prefix: str) -> int:
         finally:
             conn.close()
     except Exception:
-        _log(home)
+        _log(home, "stop-hook")
         return 0
 
 
-def _log(home: Path) -> None:
+def _log(home: Path, what: str) -> None:
     import time
     import traceback
 
@@ -168,24 +168,25 @@ def _log(home: Path) -> None:
         home.mkdir(parents=True, exist_ok=True, mode=0o700)
         fd = os.open(home / LOG, os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o600)
         with os.fdopen(fd, "a") as f:
-            f.write(f"--- {time.strftime('%Y-%m-%d %H:%M:%S')} stop-hook\n{traceback.format_exc()}\n")
+            f.write(f"--- {time.strftime('%Y-%m-%d %H:%M:%S')} {what}\n{traceback.format_exc()}\n")
     except OSError:
         pass
 
 
-def read_input(stream: Any) -> str:
+def read_input(stream: Any, limit: int = MAX_INPUT) -> str:
     try:
-        return str(stream.read(MAX_INPUT))
+        return str(stream.read(limit))
     except (OSError, ValueError, UnicodeDecodeError):
         return ""
 
 
-def fast_main(args: list[str], out: TextIO, err: TextIO) -> Optional[int]:
-    """``fleetrun [--home DIR] mailbox stop-hook`` without a plugin manager; None for any
-    other command line (it runs the usual way, and the stop-hook verb there does the same)."""
+def fast_args(args: list[str], words: list[str]) -> Optional[tuple[Path, Optional[str]]]:
+    """``[--home DIR] WORDS`` (nothing else on the command line): (the home, the
+    ``--home`` given or None); None for any other command line, which runs the usual
+    way (where the verb does the same)."""
     home: Optional[str] = None
     i = 0
-    while i < len(args) and args[i] != "mailbox":
+    while i < len(args) and args[i] != words[0]:
         a = args[i]
         if a == "--home" and i + 1 < len(args):
             home = args[i + 1]
@@ -195,14 +196,26 @@ def fast_main(args: list[str], out: TextIO, err: TextIO) -> Optional[int]:
             i += 1
         else:
             return None
-    if args[i + 1:] != ["stop-hook"]:
+    if args[i:] != words:
         return None
     if "no:mailbox" in (os.environ.get("FLEETRUN_PLUGINS") or ""):
         return None  # blocked: the usual way says so
     if home:
-        home_path = Path(home).expanduser().resolve()
-    else:
-        from ...config import default_home
+        return Path(home).expanduser().resolve(), home
+    from ...config import default_home
 
-        home_path = default_home()
-    return run_stop_hook(home_path, read_input(sys.stdin), out, command_prefix(home))
+    return default_home(), None
+
+
+def fast_home(args: list[str], words: list[str]) -> Optional[Path]:
+    found = fast_args(args, words)
+    return found[0] if found is not None else None
+
+
+def fast_main(args: list[str], out: TextIO, err: TextIO) -> Optional[int]:
+    """``fleetrun [--home DIR] mailbox stop-hook`` without a plugin manager; None for any
+    other command line."""
+    found = fast_args(args, ["mailbox", "stop-hook"])
+    if found is None:
+        return None
+    return run_stop_hook(found[0], read_input(sys.stdin), out, command_prefix(found[1]))
