@@ -4,7 +4,8 @@ Claude Code runs the Stop hook at the end of every turn of every session in a ro
 folder, so its start-up is on every turn's path. Each case runs ``--runs`` times (default
 20) as Claude Code runs it — ``python -m fleetrun mailbox stop-hook`` with the hook's JSON
 on stdin, from the role's folder — next to ``python -c pass`` (the interpreter's own
-start-up), measured in the same run; the medians and the ratios are printed:
+start-up), measured in the same run, and ``python -c 'import fleetrun.cli'`` (what any
+fleetrun command pays before it does anything); the medians and the ratios are printed:
 
 - ``no ledger``: a home with no ``state.db`` yet;
 - ``no mail``: roles bound, nothing pending (one query, no psutil);
@@ -63,6 +64,10 @@ def main() -> None:
             runners["fleetrun script"] = [str(Path(sys.executable).with_name("fleetrun")), "mailbox", "stop-hook"]
         base = statistics.median(once([sys.executable, "-c", "pass"], env, tmp, b"")[0] for _ in range(ns.runs))
         print(f"python -c pass: {base * 1000:.1f} ms (median of {ns.runs})")
+        floor = statistics.median(once([sys.executable, "-c", "import fleetrun.cli"], env, tmp, b"")[0]
+                                  for _ in range(ns.runs))
+        print(f"python -c 'import fleetrun.cli' (what any fleetrun command pays first): {floor * 1000:.1f} ms, "
+              f"{floor / base:.2f}x python -c pass")
         results: dict[str, dict[str, float]] = {}
         for label, argv in runners.items():
             results[label] = {}
@@ -80,7 +85,9 @@ def main() -> None:
             store.bind(conn, "repo", str(role))
             results[label]["no mail"] = statistics.median(once(argv, env, str(role), hook)[0]
                                                           for _ in range(ns.runs))
-            store.bind(conn, "elsewhere", tmp)
+            elsewhere = Path(tmp) / "other"
+            elsewhere.mkdir(exist_ok=True)
+            store.bind(conn, "elsewhere", str(elsewhere))
             with store.tx(conn) as cur:
                 store.deliver(cur, "elsewhere", f"task_bench_{label}_x", f"task_bench_{label}_x_a1", "Not yours.",
                               "role = elsewhere", time.time())
