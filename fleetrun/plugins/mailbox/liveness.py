@@ -17,7 +17,7 @@ psutil is imported inside the functions: loading the plugin stays cheap.
 from __future__ import annotations
 
 import os
-from collections.abc import Iterable, Mapping, Sequence
+from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, field
 from typing import Any, Optional
 
@@ -188,13 +188,3 @@ def start_time(pid: int) -> Optional[float]:
         return float(psutil.Process(pid).create_time())
     except (psutil.NoSuchProcess, psutil.AccessDenied):
         return None
-
-
-def session_above(pid: int) -> Optional[Proc]:
-    """The Claude Code session ``pid`` runs under (``--self``, whoami, the Stop hook)."""
-    return session_of(lineage(pid), pid)
-
-
-def focus_inputs(roles: Sequence[Role], edits: Mapping[str, list[str]]) -> dict[str, list[str]]:
-    """The edits of each bound role (by key), for :func:`~.owner.focus`."""
-    return {r.key: list(edits.get(r.key, ())) for r in roles}

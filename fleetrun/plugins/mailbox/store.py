@@ -198,11 +198,6 @@ def roles(conn: sqlite3.Connection) -> list[Role]:
     return [_role(r) for r in _rows(conn, "SELECT * FROM mailbox_roles ORDER BY name_key")]
 
 
-def get_role(conn: sqlite3.Connection, name: str) -> Optional[Role]:
-    rows = _rows(conn, "SELECT * FROM mailbox_roles WHERE name_key=?", (name.lower(),))
-    return _role(rows[0]) if rows else None
-
-
 def bind(conn: sqlite3.Connection, name: str, directory: str, pid: Optional[int] = None,
          pid_started: Optional[float] = None) -> Role:
     """Bind (or bind again) ``name`` to ``directory`` and optionally a process; one
