@@ -21,12 +21,17 @@ if TYPE_CHECKING:
 
 #: Verbs of built-in plugins, by plugin: when the plugin is blocked (``-p no:relay``)
 #: its verbs do not exist, and the error says why rather than "not a file or a verb".
-_BLOCKED_PLUGIN_VERBS: dict[str, tuple[str, ...]] = {"relay": ("relay", "host")}
+_BLOCKED_PLUGIN_VERBS: dict[str, tuple[str, ...]] = {"relay": ("relay", "host"), "mailbox": ("role", "mailbox")}
 
 #: ``fleetrun host status|log|stop|verify-status|verify-stop|bundle``, which a supervisor
 #: polls over SSH, need only the home: the relay's peer side answers them before any
 #: plugin manager is built (a module path, as the plugin manager names its built-ins).
-_FAST_PATHS: dict[str, str] = {"host": "fleetrun.plugins.relay.peer.verbs"}
+#: So do ``fleetrun mailbox stop-hook`` and ``fleetrun role note-edit``, Claude Code's
+#: Stop and PostToolUse hooks, run at every turn and every edit of every session in a
+#: role's folder.
+_FAST_PATHS: dict[str, str] = {"host": "fleetrun.plugins.relay.peer.verbs",
+                               "mailbox": "fleetrun.plugins.mailbox.stophook",
+                               "role": "fleetrun.plugins.mailbox.noteedit"}
 
 #: Verbs a supervisor drives on a peer over SSH: they read no project file and no
 #: ``FLEETRUN_ADDOPTS`` (their folder is not the user's checkout).

@@ -281,7 +281,8 @@ def fleetrun_start_attempt(
     :class:`~fleetrun.Started` first, and None for the attempts it leaves to the
     default. The loop then asks ``host.status`` about the attempt as about any other,
     so such a plugin runs it on a host whose ``status`` knows it (one it offers through
-    ``fleetrun_hosts``).
+    ``fleetrun_hosts``), named in the ``Started``'s ``host`` when it is not the placed
+    one (the ``mailbox`` plugin's ``mailbox`` host).
 
     :param task: the :class:`~fleetrun.ledger.Task` (ASSIGNED).
     :param attempt: the :class:`~fleetrun.ledger.Attempt`, ``starting``;
@@ -293,8 +294,10 @@ def fleetrun_start_attempt(
     :param prompt: the prompt (str), as ``fleetrun_spawn`` got it.
     :param config: the run's :class:`~fleetrun.config.Config`.
     :return: a :class:`~fleetrun.Started` (``pid``, ``token``, ``dir``; a ``pid`` of
-        None: it may have started, ``host.status`` finds out), recorded with the
-        attempt before the task moves to RUNNING (cancelled meanwhile, it is stopped
+        None: it may have started, ``host.status`` finds out; ``host``: the host it
+        runs on, recorded on the attempt, while the task's ``host`` stays the placed
+        one; ``cause``: the cause of the move to RUNNING, ``started`` when None),
+        recorded with the attempt before the task moves to RUNNING (cancelled meanwhile, it is stopped
         with ``host.stop``); or None to leave it to the next implementation. With none
         at all the task needs a human at once (``plugin_missing:no plugin started the
         attempt ...``). Raise :class:`~fleetrun.StartRefused` when the host will not

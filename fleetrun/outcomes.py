@@ -38,6 +38,17 @@ BACK_STATE: Mapping[str, State] = {"fresh": State.READY, "retry": State.RETRYING
 BACK_STATE_FROM_RUNNING: Mapping[str, State] = {"fresh": State.RESUMING, "retry": State.RESUMING,
                                                 "resume": State.RESUMING}
 
+#: How an attempt delivered to a role's mailbox (the ``mailbox`` plugin) ended, as the
+#: ``reason`` of its host's status: the role reported a failure (``error`` is its
+#: reason); nobody claimed it in time and no session answered to the role (withdrawn:
+#: the task is spawned next, a resume that uses up no retry and no resume); claimed but
+#: not reported by the task's ``timeout_min``; withdrawn otherwise. (Reported done, it
+#: ends ``exited``, like an agent that exited.)
+MAILBOX_FAILED = "mailbox_failed"
+MAILBOX_UNCLAIMED = "mailbox_unclaimed"
+MAILBOX_CLAIMED_NO_COMPLETION = "mailbox_claimed_no_completion"
+MAILBOX_WITHDRAWN = "mailbox_withdrawn"
+
 #: The cause word of an attempt that ended without a usable result, by the shepherd's reason.
 _FAILURE_WORD = {"timeout": "timeout", "stalled": "stalled", "cancelled": "session_died",
                  "stopped": "session_died", "died": "session_died"}
@@ -170,6 +181,21 @@ def decide_not_started(kind: str, no_start: int, backoff: Optional[Backoff], hos
     return Transition(back_state(kind, from_running), cause, fields={"no_start": count}, backoff=bo)
 
 
+def decide_mailbox_end(reason: Optional[str], error: Optional[str]) -> Optional[Transition]:
+    """The transition of a delivered attempt's end that no agent's end shares (the
+    ``MAILBOX_*`` reasons above), or None for any other reason."""
+    if reason == MAILBOX_FAILED:
+        return Transition(State.NEEDS_HUMAN, f"{MAILBOX_FAILED}:{error or 'the role reported a failure'}", ran=True)
+    if reason == MAILBOX_UNCLAIMED:
+        # the role never saw it: spawn it (not a failed attempt; no retry or resume is used)
+        return Transition(State.RESUMING, f"{MAILBOX_UNCLAIMED}:{error or 'nobody claimed it in time'}")
+    if reason == MAILBOX_CLAIMED_NO_COMPLETION:
+        return Transition(State.NEEDS_HUMAN, MAILBOX_CLAIMED_NO_COMPLETION, ran=True)
+    if reason == MAILBOX_WITHDRAWN:
+        return Transition(State.NEEDS_HUMAN, f"{MAILBOX_WITHDRAWN}:{error or 'the message was withdrawn'}")
+    return None
+
+
 def decide_end(e: Ended) -> Optional[Transition]:
     """The transition of a task whose attempt ended. :return: None when there is nothing
     to do (the task left RUNNING meanwhile, a cancel)."""
@@ -178,6 +204,9 @@ def decide_end(e: Ended) -> Optional[Transition]:
     reason = end_reason(e.status)
     res = e.result
     error = e.status.get("error")
+    mailbox = decide_mailbox_end(reason, error)
+    if mailbox is not None:
+        return mailbox
     if reason == "start_failed:agent_not_found":  # it can never start as things are: no backoff
         return Transition(State.NEEDS_HUMAN, f"agent_not_found:{error or 'the agent cannot be run'}")
     if (reason or "").startswith("start_failed"):

@@ -33,6 +33,7 @@ BUILTIN_PLUGINS: dict[str, str] = {
     "prompt": "fleetrun.plugins.prompt",
     "verify_run": "fleetrun.plugins.verify_run",
     "relay": "fleetrun.plugins.relay",
+    "mailbox": "fleetrun.plugins.mailbox",
     "verify_brain": "fleetrun.plugins.verify_brain",
     "verify_agent": "fleetrun.plugins.verify_agent",
     "terminal": "fleetrun.plugins.terminal",

@@ -52,6 +52,9 @@ class Policy:
 
     stale_after_secs: float = 90.0
     auto_route: bool = False
+    #: seconds a task waits, unclaimed, in the mailbox of a role no session answers to
+    #: before it is withdrawn and spawned (the ``mailbox`` plugin; docs/mailbox.md)
+    claim_timeout_secs: float = 300.0
     local: LocalPolicy = field(default_factory=LocalPolicy)
     peers: PeerPolicy = field(default_factory=PeerPolicy)
     peer: dict[str, PeerPolicy] = field(default_factory=dict)
@@ -63,7 +66,8 @@ class Policy:
 
 _NUM = (int, float)
 _TOP: dict[str, tuple[type, ...]] = {
-    "stale_after_secs": _NUM, "auto_route": (bool,), "local": (dict,), "peers": (dict,),
+    "stale_after_secs": _NUM, "auto_route": (bool,), "claim_timeout_secs": _NUM, "local": (dict,),
+    "peers": (dict,),
 }
 _MACHINE: dict[str, tuple[type, ...]] = {
     "max_tasks": (int,),
@@ -150,7 +154,7 @@ def load_policy(path: Path) -> Policy:
         if k not in _TOP:
             err(line, k, _unknown(k, list(_TOP)))
             continue
-        problem = _value_error(v, _TOP[k], positive=(k == "stale_after_secs"))
+        problem = _value_error(v, _TOP[k], positive=(k in ("stale_after_secs", "claim_timeout_secs")))
         if problem:
             err(line, k, problem)
             continue
@@ -158,6 +162,8 @@ def load_policy(path: Path) -> Policy:
             pol.stale_after_secs = float(v)
         elif k == "auto_route":
             pol.auto_route = v
+        elif k == "claim_timeout_secs":
+            pol.claim_timeout_secs = float(v)
         elif k == "local":
             check_machine(v, ("table", "local"), "local.", pol.local)
         elif k == "peers":

@@ -261,12 +261,21 @@ class Started:
     :ivar dir: the attempt folder on this machine.
     :ivar info: anything else the host wants said (the relay: the folder on the
         peer); not read by the loop.
+    :ivar host: the name of the host the attempt actually runs on, when it is not the
+        one it was placed on (the ``mailbox`` plugin's ``mailbox`` host, for a task it
+        delivered to a role instead of spawning): the loop records it on the attempt,
+        so polling, stopping and adoption ask that host; the task's own ``host`` stays
+        the placed machine (a retry goes back there). None: the placed host.
+    :ivar cause: the cause of the task's move to RUNNING (``started`` when None), as
+        ``assigned_via_mailbox:relay owns src/relay/peer.rs``: who took the attempt and why.
     """
 
     pid: Optional[int]
     token: Optional[str]
     dir: str
     info: dict[str, Any] = field(default_factory=dict)
+    host: Optional[str] = None
+    cause: Optional[str] = None
 
     def __getitem__(self, key: str) -> Any:
         """``started["pid"]``, as on the dict ``Host.start`` returned before this class

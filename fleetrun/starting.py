@@ -233,11 +233,13 @@ class Starting:
                                                            "shepherd plugin blocked? see -p no:NAME)")
             return False
         crash.point("after_shepherd_start")
+        moved = {"host": info.host} if info.host else {}  # it runs elsewhere than placed (a mailbox)
         with led.tx() as cur:
             led.update_attempt(att.id, cur=cur, state="running", started=time.time(),
-                               shepherd_pid=info.pid, shepherd_token=info.token, dir=info.dir)
-        if loop.move(task, State.RUNNING, "started", attempt=att.number) is None:
-            host.stop(att.id, info.pid, info.token)  # cancelled while it was starting
+                               shepherd_pid=info.pid, shepherd_token=info.token, dir=info.dir, **moved)
+        if loop.move(task, State.RUNNING, info.cause or "started", attempt=att.number) is None:
+            # cancelled while it was starting
+            get_host(loop.config, info.host or att.host).stop(att.id, info.pid, info.token)
         return True
 
     def prompt_context(self, task: Task, kind: str, prev: Optional[Attempt]) -> dict[str, Any]:

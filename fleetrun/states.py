@@ -86,6 +86,9 @@ CAUSES = frozenset(
         "operator_approve",
         "mailbox_claimed_no_completion",
         "assigned_via_mailbox",
+        "mailbox_failed",  # the role's session reported it could not do the task
+        "mailbox_unclaimed",  # nobody claimed it in time: withdrawn, and spawned instead
+        "mailbox_withdrawn",
         "adopted",
         "lease_expired",
         "worktree_tampered",

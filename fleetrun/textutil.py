@@ -50,6 +50,16 @@ def safe_text(s: object, limit: Optional[int] = None, keep: str = "\t") -> str:
 #: ``keep=`` for text whose lines are meant to be lines.
 LINES = "\t\n"
 
+
+def strip_control(s: str, keep: str = LINES) -> str:
+    """``s`` without its control characters (those of ``keep`` aside): for text an agent
+    is given to read (a mailbox message), where an escape shown as ``\\x1b`` would only
+    be noise.
+
+    :param keep: control characters kept (tab and newline by default).
+    """
+    return _CONTROL.sub(lambda m: m.group(0) if m.group(0) in keep else "", s)
+
 #: How long a task name may be when printed inside another line.
 NAME_LIMIT = 80
 

@@ -203,3 +203,37 @@ def test_the_constants_are_read_when_deciding(monkeypatch: pytest.MonkeyPatch) -
     monkeypatch.setattr("fleetrun.outcomes.NEVER_STARTED_CAP", 2)
     assert next_pause(None, None, NOW) == (NOW + 1.0, 1)
     assert decide_not_started("fresh", 1, None, "local", "start_failed:x", NOW).to is State.NEEDS_HUMAN
+
+
+# -- attempts delivered to a role's mailbox (the mailbox plugin's host) ---------------
+
+
+def test_a_role_reporting_done_is_verified_like_an_agent_that_exited() -> None:
+    t = decide_end(ended("exited", AgentResult(ok=True, result_text="wrote it"), host="mailbox"))
+    assert t is not None and (t.to, t.cause, t.verify) == (State.VERIFYING, "exited", True)
+
+
+def test_a_role_reporting_failure_needs_a_human_with_its_reason() -> None:
+    t = decide_end(ended(outcomes.MAILBOX_FAILED, AgentResult(ok=False), error="the schema is not mine"))
+    assert t is not None and (t.to, t.cause) == (State.NEEDS_HUMAN, "mailbox_failed:the schema is not mine")
+    t = decide_end(ended(outcomes.MAILBOX_FAILED, None))
+    assert t is not None and t.cause == "mailbox_failed:the role reported a failure"
+
+
+def test_an_unclaimed_message_is_spawned_next_without_using_a_retry_or_resume() -> None:
+    t = decide_end(ended(outcomes.MAILBOX_UNCLAIMED, None, error="role relay did not claim it in 300s",
+                         resumes=RESUME_CAP))
+    assert t is not None and t.to is State.RESUMING  # even with every resume used: it never ran
+    assert t.cause == "mailbox_unclaimed:role relay did not claim it in 300s"
+    assert dict(t.fields) == {} and t.backoff is None and not t.ran
+
+
+def test_claimed_but_never_reported_needs_a_human() -> None:
+    t = decide_end(ended(outcomes.MAILBOX_CLAIMED_NO_COMPLETION, None, error="claimed and reported nothing"))
+    assert t is not None and (t.to, t.cause) == (State.NEEDS_HUMAN, "mailbox_claimed_no_completion")
+
+
+def test_a_withdrawn_message_after_a_cancel_changes_nothing() -> None:
+    assert decide_end(ended(outcomes.MAILBOX_WITHDRAWN, None, task_state=State.CANCELLED)) is None
+    t = decide_end(ended(outcomes.MAILBOX_WITHDRAWN, None, error="gone"))
+    assert t is not None and (t.to, t.cause) == (State.NEEDS_HUMAN, "mailbox_withdrawn:gone")

@@ -80,6 +80,18 @@ def test_a_peer_table_inherits_the_peers_defaults(tmp_path: Path) -> None:
     assert pol.for_peer("other").drain is False
 
 
+def test_claim_timeout_secs_defaults_to_300_and_is_a_positive_number(tmp_path: Path) -> None:
+    assert load_policy(tmp_path / "policy.toml").claim_timeout_secs == 300.0
+    pol = load_policy(write(tmp_path, "auto_route = true\nclaim_timeout_secs = 30\n"))
+    assert pol.claim_timeout_secs == 30.0 and isinstance(pol.claim_timeout_secs, float)
+    path = write(tmp_path, "claim_timeout_secs = 0\n")
+    assert errors_of(path) == [f"ERROR: {path}:1: claim_timeout_secs: must be greater than 0"]
+    path = write(tmp_path, 'claim_timeout_secs = "5m"\n')
+    assert errors_of(path) == [f"ERROR: {path}:1: claim_timeout_secs: must be a number"]
+    path = write(tmp_path, "claim_timeout = 30\n")
+    assert errors_of(path) == [f"ERROR: {path}:1: claim_timeout: unknown key (did you mean 'claim_timeout_secs'?)"]
+
+
 def test_numbers_are_floats_and_max_tasks_an_int(tmp_path: Path) -> None:
     pol = load_policy(write(tmp_path, "[local]\nmax_tasks = 0\nmin_free_mem_mb = 0\nmax_load_per_core = 2\n"))
     assert pol.local.max_tasks == 0 and isinstance(pol.local.max_tasks, int)
@@ -90,7 +102,7 @@ def test_numbers_are_floats_and_max_tasks_an_int(tmp_path: Path) -> None:
     ("stale_after_sec = 90\n", ["1: stale_after_sec: unknown key (did you mean 'stale_after_secs'?)"]),
     ("autoroute = true\n", ["1: autoroute: unknown key (did you mean 'auto_route'?)"]),
     ('colour = "red"\n',
-     ["1: colour: unknown key (known: stale_after_secs, auto_route, local, peers)"]),
+     ["1: colour: unknown key (known: stale_after_secs, auto_route, claim_timeout_secs, local, peers)"]),
     ("# a comment\n[lcoal]\nmax_tasks = 2\n", ["2: lcoal: unknown key (did you mean 'local'?)"]),
     ("[local]\nmax_tasks = 2\nmax_task = 3\n",
      ["3: local.max_task: unknown key (did you mean 'max_tasks'?)"]),

@@ -123,6 +123,8 @@ def resume_cause(cause: Optional[str], prev: Any, task: Any) -> str:
         return f"its agent could not be started ({detail})"
     if word == "peer_refused":
         return f"the machine it was sent to refused it ({detail})"
+    if word == "mailbox_unclaimed":  # delivered to a role (the mailbox plugin), never taken
+        return f"it waited in a role's mailbox and no session took it ({detail}), so it may not have been started"
     if word == "operator_retry":
         return f"the operator sent it to another machine ({detail})"
     return f"it ended ({cause})" if cause else "fleetrun recorded no reason"

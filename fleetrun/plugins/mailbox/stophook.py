@@ -1,0 +1,221 @@
+"""``fleetrun mailbox stop-hook``: Claude Code's Stop hook, and its fast path.
+
+Claude Code runs it at the end of every turn of every session whose settings name it,
+with the hook's JSON on stdin. It works out which role the session answers to (the
+session's pid chain, its cwd: :func:`~.liveness.answers_to`); when a message waits for
+that role it claims it and prints ``{"decision": "block", "reason": ...}``: the session
+does not end, and takes the reason (the task's literal id, its prompt, and the exact
+``fleetrun mailbox done``/``fail`` commands to report with; no ``$(...)``, which Claude
+Code refuses to run) as its next instruction. Otherwise it prints nothing.
+
+It never fails the session: any error is logged to ``$FLEETRUN_HOME/mailbox-hook.log``
+and the hook exits 0 having printed nothing. It must be fast: :func:`fast_main` answers
+``fleetrun [--home DIR] mailbox stop-hook`` before any plugin manager is built (cli.py's
+``_FAST_PATHS``), reads the ledger file with a bare SQLite connection, and imports
+psutil only when some message is pending (``bench/stophook.py`` measures it).
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import shlex
+import sys
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any, Optional, TextIO
+
+#: The most of stdin read: the hook's JSON is a few hundred bytes (plus the last message).
+MAX_INPUT = 1 << 20
+LOG = "mailbox-hook.log"
+
+
+@dataclass(frozen=True)
+class StopInput:  # hookio: the coordinator swaps this for hookio.StopInput once merged
+    """What the Stop hook is told (the fields fleetrun reads)."""
+
+    cwd: Optional[str]
+    session_id: Optional[str]
+    stop_hook_active: bool
+
+
+def parse_stop(text: str) -> StopInput:  # hookio: minimal reading until hookio.parse_stop is merged
+    """The Stop hook's JSON, read strictly. :raises ValueError: not what Claude Code sends."""
+    data = json.loads(text)
+    if not isinstance(data, dict):
+        raise ValueError("the hook input is not a JSON object")
+    event = data.get("hook_event_name", "Stop")
+    if event not in ("Stop", "SubagentStop"):
+        raise ValueError(f"not a Stop hook's input ({event!r})")
+    cwd = data.get("cwd")
+    if cwd is not None and (not isinstance(cwd, str) or not os.path.isabs(cwd) or "\0" in cwd):
+        raise ValueError("cwd is not an absolute path")
+    sid = data.get("session_id")
+    active = data.get("stop_hook_active", False)
+    return StopInput(cwd=cwd, session_id=sid if isinstance(sid, str) else None,
+                     stop_hook_active=active is True)
+
+
+def block_decision(reason: str) -> str:  # hookio: hookio.block_decision once merged
+    """The line that keeps a session going with ``reason`` as its next instruction."""
+    return json.dumps({"decision": "block", "reason": reason})
+
+
+def command_prefix(home: Optional[str] = None) -> str:
+    """How this fleetrun is run, for the commands a session is told to run: the console
+    script's path, or ``<interpreter> -m fleetrun`` (either names this very install,
+    whatever the session's ``PATH`` holds), and ``--home DIR`` when given one."""
+    argv0 = sys.argv[0] if sys.argv and sys.argv[0] else "fleetrun"
+    base = os.path.basename(argv0)
+    if base == "__main__.py":
+        words = [sys.executable, "-m", "fleetrun"]
+    elif base == "fleetrun":
+        words = [os.path.abspath(argv0)]
+    else:  # run in-process (a test's fleetrun.main)
+        words = ["fleetrun"]
+    if home:
+        words += ["--home", home]
+    return shlex.join(words)
+
+
+HOOK_WORDS = " mailbox stop-hook"
+
+
+def hook_command(default: str) -> str:
+    """The command the session's settings run this hook with, less ``mailbox
+    stop-hook``: Claude Code runs a hook as ``/bin/sh -c COMMAND``, so the parent's
+    command line has it word for word. The report commands start with it, so they match
+    the allow rules installed beside the hook (``Bash(COMMAND mailbox done:*)``).
+    ``default`` when the parent is no such shell."""
+    import psutil
+
+    try:
+        cmd = psutil.Process(os.getppid()).cmdline()
+    except (psutil.Error, OSError):
+        return default
+    if len(cmd) == 3 and os.path.basename(cmd[0]) in ("sh", "bash", "dash", "zsh") and cmd[1] == "-c" \
+            and cmd[2].rstrip().endswith(HOOK_WORDS) and "\n" not in cmd[2]:
+        return cmd[2].rstrip()[: -len(HOOK_WORDS)].strip() or default
+    return default
+
+
+def reason_text(task_id: str, name: str, role: str, body: str, prefix: str) -> str:
+    """What a session is asked to do: the task and how to report it."""
+    return (f"fleetrun has a task for role {role}: {task_id} ({name}).\n\n{body}\n\n"
+            f"When it is done, report it by running exactly:\n"
+            f"  {prefix} mailbox done {task_id} --summary 'WHAT YOU DID, IN ONE LINE'\n"
+            f"If you cannot do it, run:\n"
+            f"  {prefix} mailbox fail {task_id} --reason 'WHY'\n")
+
+
+def _task_name(conn: Any, task_id: str) -> str:
+    try:
+        row = conn.execute("SELECT name FROM tasks WHERE id=?", (task_id,)).fetchone()
+    except Exception:
+        return task_id
+    return str(row[0]) if row else task_id
+
+
+def run_stop_hook(home: Path, text: str, out: TextIO, prefix: str) -> int:
+    """The hook: claim and print the next message of the session's role, if any. Never raises."""
+    try:
+        hook = parse_stop(text)
+        db = home / "state.db"
+        if not db.is_file():
+            return 0
+        from . import store
+
+        conn = store.connect(str(db), timeout_s=5.0)
+        try:
+            if not store.any_pending(conn):
+                return 0  # the common case: no psutil, one query
+            from .liveness import answers_to, covers, lineage, session_of
+
+            roles = store.roles(conn)
+            waiting = {m.role.lower() for m in store.pending(conn)}
+            here = os.path.realpath(hook.cwd or os.getcwd())
+            if not any(r.pid or covers(r.dir, here) for r in roles if r.key in waiting):
+                return 0  # mail, but for no role this session could answer to: still no psutil
+            from ... import clock
+
+            me = os.getpid()
+            table = lineage(me, [r.pid for r in roles])
+            session = session_of(table, me)
+            pid = session.pid if session is not None else me
+            cwd = here if hook.cwd else (session.cwd if session is not None else here)
+            role, _ = answers_to(table, pid, cwd, roles)
+            if role is None:
+                return 0
+            for msg in store.pending(conn, role.name):
+                if store.claim(conn, msg.id, pid if session is not None else None, clock.now()):
+                    reason = reason_text(msg.task_id, _task_name(conn, msg.task_id), role.name, msg.body,
+                                         hook_command(prefix))
+                    out.write(block_decision(reason) + "\n")
+                    return 0
+            return 0
+        finally:
+            conn.close()
+    except Exception:
+        _log(home, "stop-hook")
+        return 0
+
+
+def _log(home: Path, what: str) -> None:
+    import time
+    import traceback
+
+    try:
+        home.mkdir(parents=True, exist_ok=True, mode=0o700)
+        fd = os.open(home / LOG, os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o600)
+        with os.fdopen(fd, "a") as f:
+            f.write(f"--- {time.strftime('%Y-%m-%d %H:%M:%S')} {what}\n{traceback.format_exc()}\n")
+    except OSError:
+        pass
+
+
+def read_input(stream: Any, limit: int = MAX_INPUT) -> str:
+    try:
+        return str(stream.read(limit))
+    except (OSError, ValueError, UnicodeDecodeError):
+        return ""
+
+
+def fast_args(args: list[str], words: list[str]) -> Optional[tuple[Path, Optional[str]]]:
+    """``[--home DIR] WORDS`` (nothing else on the command line): (the home, the
+    ``--home`` given or None); None for any other command line, which runs the usual
+    way (where the verb does the same)."""
+    home: Optional[str] = None
+    i = 0
+    while i < len(args) and args[i] != words[0]:
+        a = args[i]
+        if a == "--home" and i + 1 < len(args):
+            home = args[i + 1]
+            i += 2
+        elif a.startswith("--home="):
+            home = a.split("=", 1)[1]
+            i += 1
+        else:
+            return None
+    if args[i:] != words:
+        return None
+    if "no:mailbox" in (os.environ.get("FLEETRUN_PLUGINS") or ""):
+        return None  # blocked: the usual way says so
+    if home:
+        return Path(home).expanduser().resolve(), home
+    from ...config import default_home
+
+    return default_home(), None
+
+
+def fast_home(args: list[str], words: list[str]) -> Optional[Path]:
+    found = fast_args(args, words)
+    return found[0] if found is not None else None
+
+
+def fast_main(args: list[str], out: TextIO, err: TextIO) -> Optional[int]:
+    """``fleetrun [--home DIR] mailbox stop-hook`` without a plugin manager; None for any
+    other command line."""
+    found = fast_args(args, ["mailbox", "stop-hook"])
+    if found is None:
+        return None
+    return run_stop_hook(found[0], read_input(sys.stdin), out, command_prefix(found[1]))
