@@ -254,8 +254,9 @@ def mailbox_main(config: Config, rest: list[str], out: TextIO, err: TextIO) -> i
 
 
 def _read(conn: Any, ns: argparse.Namespace, out: TextIO) -> int:
+    from .hookio import mail_reason
     from .liveness import answers_to
-    from .stophook import _task_name, command_prefix, reason_text
+    from .stophook import _task_name, command_prefix
 
     table, pid, cwd, found = _me(conn)
     name = ns.role
@@ -271,7 +272,7 @@ def _read(conn: Any, ns: argparse.Namespace, out: TextIO) -> int:
     for msg in msgs:
         if not ns.peek and not store.claim(conn, msg.id, pid if found else None, clock.now()):
             continue  # another session claimed it meanwhile
-        text = reason_text(msg.task_id, _task_name(conn, msg.task_id), name, msg.body, command_prefix())
+        text = mail_reason(msg.task_id, _task_name(conn, msg.task_id), msg.body, command_prefix())
         print(safe_text(text, keep=LINES), file=out)
     return ExitCode.OK
 

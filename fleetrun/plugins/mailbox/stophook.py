@@ -17,48 +17,17 @@ psutil only when some message is pending (``bench/stophook.py`` measures it).
 
 from __future__ import annotations
 
-import json
 import os
 import shlex
 import sys
-from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Optional, TextIO
+
+from .hookio import block_decision, mail_reason, parse_stop
 
 #: The most of stdin read: the hook's JSON is a few hundred bytes (plus the last message).
 MAX_INPUT = 1 << 20
 LOG = "mailbox-hook.log"
-
-
-@dataclass(frozen=True)
-class StopInput:  # hookio: the coordinator swaps this for hookio.StopInput once merged
-    """What the Stop hook is told (the fields fleetrun reads)."""
-
-    cwd: Optional[str]
-    session_id: Optional[str]
-    stop_hook_active: bool
-
-
-def parse_stop(text: str) -> StopInput:  # hookio: minimal reading until hookio.parse_stop is merged
-    """The Stop hook's JSON, read strictly. :raises ValueError: not what Claude Code sends."""
-    data = json.loads(text)
-    if not isinstance(data, dict):
-        raise ValueError("the hook input is not a JSON object")
-    event = data.get("hook_event_name", "Stop")
-    if event not in ("Stop", "SubagentStop"):
-        raise ValueError(f"not a Stop hook's input ({event!r})")
-    cwd = data.get("cwd")
-    if cwd is not None and (not isinstance(cwd, str) or not os.path.isabs(cwd) or "\0" in cwd):
-        raise ValueError("cwd is not an absolute path")
-    sid = data.get("session_id")
-    active = data.get("stop_hook_active", False)
-    return StopInput(cwd=cwd, session_id=sid if isinstance(sid, str) else None,
-                     stop_hook_active=active is True)
-
-
-def block_decision(reason: str) -> str:  # hookio: hookio.block_decision once merged
-    """The line that keeps a session going with ``reason`` as its next instruction."""
-    return json.dumps({"decision": "block", "reason": reason})
 
 
 def command_prefix(home: Optional[str] = None) -> str:
@@ -99,15 +68,6 @@ def hook_command(default: str) -> str:
     return default
 
 
-def reason_text(task_id: str, name: str, role: str, body: str, prefix: str) -> str:
-    """What a session is asked to do: the task and how to report it."""
-    return (f"fleetrun has a task for role {role}: {task_id} ({name}).\n\n{body}\n\n"
-            f"When it is done, report it by running exactly:\n"
-            f"  {prefix} mailbox done {task_id} --summary 'WHAT YOU DID, IN ONE LINE'\n"
-            f"If you cannot do it, run:\n"
-            f"  {prefix} mailbox fail {task_id} --reason 'WHY'\n")
-
-
 def _task_name(conn: Any, task_id: str) -> str:
     try:
         row = conn.execute("SELECT name FROM tasks WHERE id=?", (task_id,)).fetchone()
@@ -146,10 +106,11 @@ def run_stop_hook(home: Path, text: str, out: TextIO, prefix: str) -> int:
             role, _ = answers_to(table, pid, cwd, roles)
             if role is None:
                 return 0
+            command = hook_command(prefix)
             for msg in store.pending(conn, role.name):
+                # the reason first: a message is claimed only once the session can be told
+                reason = mail_reason(msg.task_id, _task_name(conn, msg.task_id), msg.body, command)
                 if store.claim(conn, msg.id, pid if session is not None else None, clock.now()):
-                    reason = reason_text(msg.task_id, _task_name(conn, msg.task_id), role.name, msg.body,
-                                         hook_command(prefix))
                     out.write(block_decision(reason) + "\n")
                     return 0
             return 0
