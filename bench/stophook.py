@@ -69,7 +69,7 @@ def main() -> None:
         print(f"python -c 'import fleetrun.cli' (what any fleetrun command pays first): {floor * 1000:.1f} ms, "
               f"{floor / base:.2f}x python -c pass")
         results: dict[str, dict[str, float]] = {}
-        for label, argv in runners.items():
+        for n, (label, argv) in enumerate(runners.items()):
             results[label] = {}
             if home.exists():
                 for f in home.iterdir():
@@ -89,14 +89,14 @@ def main() -> None:
             elsewhere.mkdir(exist_ok=True)
             store.bind(conn, "elsewhere", str(elsewhere))
             with store.tx(conn) as cur:
-                store.deliver(cur, "elsewhere", f"task_bench_{label}_x", f"task_bench_{label}_x_a1", "Not yours.",
+                store.deliver(cur, "elsewhere", f"task_bench{n}_x", f"task_bench{n}_x_a1", "Not yours.",
                               "role = elsewhere", time.time())
             results[label]["mail for another role"] = statistics.median(once(argv, env, str(role), hook)[0]
                                                                         for _ in range(ns.runs))
             times = []
             for i in range(ns.runs):
                 with store.tx(conn) as cur:
-                    store.deliver(cur, "repo", f"task_bench_{label}_{i}", f"task_bench_{label}_{i}_a1",
+                    store.deliver(cur, "repo", f"task_bench{n}_{i}", f"task_bench{n}_{i}_a1",
                                   "Do the thing.", "role = repo", time.time())
                 took, out = once(argv, env, str(role), hook)
                 if b'"decision": "block"' not in out:
