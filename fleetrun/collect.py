@@ -301,6 +301,7 @@ def _collect_task(
         peer=good.get("peer"),
         verify=verifies,
         setup=setup,
+        tags=list(good.get("tags", [])),
         extra=extra,
         key_lines={**{k: lines.get("task", i, k, default=head) for k in raw if k != "verify"}, **default_lines},
         defaulted=defaulted,

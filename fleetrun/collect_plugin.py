@@ -1,9 +1,9 @@
-"""The built-in ``collect`` plugin: the TOML collector and ``-k`` selection."""
+"""The built-in ``collect`` plugin: the TOML collector and ``-k``/``-m`` selection."""
 
 from __future__ import annotations
 
 from pathlib import Path
-from typing import TYPE_CHECKING, Any, Optional
+from typing import TYPE_CHECKING, Any, Callable, Optional
 
 from . import collect as _collect
 from .hookimpl import hookimpl
@@ -27,20 +27,32 @@ def fleetrun_collect_file(file_path: str, config: Config, keys: Any) -> Optional
 def fleetrun_collection_modifyitems(config: Config, items: list[Any]) -> None:
     from .queueing import DESELECTED_KEY, SELECTED_AS_DEPENDENCY_KEY  # not loaded for `--help`
 
-    expr = config.getoption("keyword")
-    if not expr:
+    keyword = config.getoption("keyword")
+    markexpr = config.getoption("markexpr")
+    if not keyword and not markexpr:
         return
-    match = KeywordExpr.compile(expr)
+    by_k = KeywordExpr.compile(keyword) if keyword else None
+    by_m = KeywordExpr.compile(markexpr, key="-m") if markexpr else None
+    chosen, added = take_along(items, lambda t: (by_k is None or by_k(t.name)) and (by_m is None or by_m.tags(t.tags)))
+    config.stash[DESELECTED_KEY] = [t.name for t in items if t.name not in chosen]
+    config.stash[SELECTED_AS_DEPENDENCY_KEY] = added
+    items[:] = [t for t in items if t.name in chosen]
+
+
+def take_along(items: list[Any], match: Callable[[Any], bool]) -> tuple[set[str], list[str]]:
+    """The names of the tasks ``match`` selects, with their dependencies (a selected task
+    takes them along), and those it took along, in the order found.
+
+    :param items: the collected tasks (each with ``name`` and ``depends_on``).
+    """
     by_name = {t.name: t for t in items}
-    chosen = {t.name for t in items if match(t.name)}
+    chosen = {t.name for t in items if match(t)}
     added: list[str] = []
     todo = list(chosen)
-    while todo:  # a selected task takes its dependencies along
+    while todo:
         for dep in by_name[todo.pop()].depends_on:
             if dep not in chosen and dep in by_name:
                 chosen.add(dep)
                 added.append(dep)
                 todo.append(dep)
-    config.stash[DESELECTED_KEY] = [t.name for t in items if t.name not in chosen]
-    config.stash[SELECTED_AS_DEPENDENCY_KEY] = added
-    items[:] = [t for t in items if t.name in chosen]
+    return chosen, added

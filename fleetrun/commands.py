@@ -70,15 +70,20 @@ def cmd_queue(config: Config, out: TextIO, err: TextIO) -> int:
 
 
 def cmd_run(config: Config, out: TextIO, err: TextIO) -> int:
-    from .queueing import WARNINGS_KEY, collect_items
+    from .queueing import DESELECTED_KEY, WARNINGS_KEY, collect_items
     from .session import run_session
 
     items = collect_items(config)
     if config.getoption("collect_only") and items:
         for t in items:
             deps = f"  (after {', '.join(t.depends_on)})" if t.depends_on else ""
-            print(f"<Task {safe_name(t.name)}>{safe_text(deps)}", file=out)
-        print(f"\n{len(items)} task{'s' if len(items) != 1 else ''} collected", file=out)
+            tags = f"  [{', '.join(t.tags)}]" if t.tags else ""
+            print(f"<Task {safe_name(t.name)}>{safe_text(deps + tags)}", file=out)
+        n = len(items)
+        gone = len(config.stash.get(DESELECTED_KEY, []))
+        count = f"{n}/{n + gone} tasks collected ({gone} deselected)" if gone else \
+            f"{n} task{'s' if n != 1 else ''} collected"  # pytest's words
+        print(f"\n{count}", file=out)
         return ExitCode.OK
     if not items:
         print("no tasks collected", file=out)
@@ -101,11 +106,12 @@ def _matcher(config: Config) -> Optional[Callable[[Task], bool]]:
     """``-k`` (over names) and ``-m`` (over tags) of an operator verb, both to match."""
     from .kwexpr import KeywordExpr
 
-    keyword = config.getoption("keyword")
+    keyword, markexpr = config.getoption("keyword"), config.getoption("markexpr")
     k = KeywordExpr.compile(keyword) if keyword else None
-    if k is None:
+    m = KeywordExpr.compile(markexpr, key="-m") if markexpr else None
+    if k is None and m is None:
         return None
-    return lambda t: k(t.name)
+    return lambda t: (k is None or k(t.name)) and (m is None or m.tags(t.spec.tags))
 
 
 def _selectors(config: Config) -> str:
@@ -113,7 +119,7 @@ def _selectors(config: Config) -> str:
     words = []
     if config.getoption("all_tasks"):
         words.append("--all")
-    for opt, dest in (("--state", "state"), ("-k", "keyword")):
+    for opt, dest in (("--state", "state"), ("-k", "keyword"), ("-m", "markexpr")):
         value = config.getoption(dest)
         if value:
             words.append(f"{opt} {value}")
@@ -133,7 +139,7 @@ def _selection(config: Config, led: Ledger, verb: str) -> tuple[list[Task], bool
     everything = bool(config.getoption("all_tasks"))
     match = _matcher(config)
     if not refs and not (everything or state or match):
-        raise UsageError("name a task, or select some with --all, --state or -k", key="TASK")
+        raise UsageError("name a task, or select some with --all, --state, -k or -m", key="TASK")
     tasks = ops.select(led, refs, eligible=ops.ELIGIBLE[verb], everything=everything, state=state, match=match)
     if refs and not (verb == "retry" and config.getoption("elsewhere")):
         for t in tasks:
@@ -353,6 +359,7 @@ def _select_arguments(p: argparse.ArgumentParser) -> None:
                    help="every task the verb applies to (cancel --all: every unfinished task)")
     p.add_argument("--state", metavar="S", help="only tasks in this state (needs_human, cancelled...)")
     p.add_argument("-k", dest="keyword", metavar="EXPR", help="only tasks whose name matches EXPR (as run -k)")
+    p.add_argument("-m", dest="markexpr", metavar="EXPR", help="only tasks whose tags match EXPR (as run -m)")
 
 
 def _retry_arguments(p: argparse.ArgumentParser) -> None:

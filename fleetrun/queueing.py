@@ -30,7 +30,7 @@ BRANCH_REUSE_KEY = StashKey[list[BranchReuse]]()
 #: What collection warns about (plugins add to it in ``fleetrun_collection_modifyitems``):
 #: ``validate`` and a run print it before anything starts.
 WARNINGS_KEY = StashKey[list[str]]()
-#: The names of the tasks ``-k`` left out.
+#: The names of the tasks ``-k`` and ``-m`` left out.
 DESELECTED_KEY = StashKey[list[str]]()
 #: The names of the tasks ``-k`` did not match but took along, as dependencies of ones it did:
 #: the session says so.
@@ -47,7 +47,9 @@ def queue_digest(config: Config) -> str:
     """The digest of the queue the command line makes: every file named, ``-k``, and the
     project file's task defaults (they are part of every task)."""
     project = config.project.defaults_digest() if config.project is not None else ""
-    return "|".join(source_hash(f) for f in config.option.files) + "|k=" + (config.getoption("keyword") or "") + project
+    marks = config.getoption("markexpr")
+    return ("|".join(source_hash(f) for f in config.option.files) + "|k=" + (config.getoption("keyword") or "")
+            + (f"|m={marks}" if marks else "") + project)
 
 
 def _branch_owner(config: Config) -> Optional[Callable[[str, str, str], Optional[str]]]:

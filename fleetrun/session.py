@@ -12,7 +12,7 @@ from .ledger import Ledger, open_ledger
 from .liveness import WorkLock
 from .loop import Loop
 from .policy import PolicyWatcher
-from .queueing import SELECTED_AS_DEPENDENCY_KEY, queue_digest, queue_items
+from .queueing import DESELECTED_KEY, SELECTED_AS_DEPENDENCY_KEY, queue_digest, queue_items
 from .stash import StashKey
 
 if TYPE_CHECKING:
@@ -74,6 +74,11 @@ def run_session(config: Config, items: Optional[list[TaskSpec]], out: TextIO, er
                 summary = ", ".join(f"{n} {s.lower()}" for s, n in states.items())
                 notes.append(f"resuming queue {queue_id} from an unchanged file ({summary}); "
                              "--new-queue queues it again")
+            gone = config.stash.get(DESELECTED_KEY, [])
+            if gone:  # the header says what -k/-m left out, as pytest's "N deselected"
+                how = " ".join(f"{o} {v}" for o, v in (("-k", config.getoption("keyword")),
+                                                       ("-m", config.getoption("markexpr"))) if v)
+                notes.append(f"{len(gone)} deselected ({how})")
             for name in config.stash.get(SELECTED_AS_DEPENDENCY_KEY, []):
                 notes.append(f"also selected, as a dependency: {name}")
         config.hook.fleetrun_sessionstart(session=session)

@@ -84,7 +84,7 @@ def test_retry_without_a_task_or_selector_is_a_usage_error(fleeter):
     fleeter.run("queue", "tasks.toml")
     r = fleeter.run("retry")
     assert r.ret == 4
-    r.fnmatch_lines(["ERROR: TASK: name a task, or select some with --all, --state or -k*"])
+    r.fnmatch_lines(["ERROR: TASK: name a task, or select some with --all, --state, -k or -m*"])
 
 
 def test_bad_state_is_a_usage_error(fleeter):
