@@ -70,11 +70,13 @@ def cmd_queue(config: Config, out: TextIO, err: TextIO) -> int:
 
 
 def cmd_run(config: Config, out: TextIO, err: TextIO) -> int:
-    from .queueing import DESELECTED_KEY, WARNINGS_KEY, collect_items
+    from .queueing import COLLECT_NOTES_KEY, DESELECTED_KEY, WARNINGS_KEY, collect_items
     from .session import run_session
 
     items = collect_items(config)
     if config.getoption("collect_only") and items:
+        for note in config.stash.get(COLLECT_NOTES_KEY, []):
+            print(safe_text(note), file=out)
         for t in items:
             deps = f"  (after {', '.join(t.depends_on)})" if t.depends_on else ""
             tags = f"  [{', '.join(t.tags)}]" if t.tags else ""
@@ -314,7 +316,11 @@ def _run_arguments(p: argparse.ArgumentParser) -> None:
     _loop_arguments(p)
     p.add_argument("--collect-only", "--co", action="store_true", help="list the tasks; run nothing")
     p.add_argument("--new-queue", action="store_true",
-                   help="queue the file anew even if an unchanged copy is still in the ledger")
+                   help="queue every task anew: not the unchanged file's queue, not the DONE tasks of its last run")
+    p.add_argument("--lf", "--last-failed", dest="last_failed", action="store_true",
+                   help="only the tasks that ended NEEDS_HUMAN or CANCELLED in the file's last run (all if none did)")
+    p.add_argument("--ff", "--failed-first", dest="failed_first", action="store_true",
+                   help="all tasks, those that ended NEEDS_HUMAN or CANCELLED in the file's last run first")
 
 
 def _work_arguments(p: argparse.ArgumentParser) -> None:

@@ -1082,7 +1082,8 @@ def test_a_branch_fleetrun_created_for_the_same_task_may_be_reused(fleeter: Any,
     # the branch exists now; the same task name may take it again (a changed file: a new queue)
     fleeter.write_tasks(task("x", cwd='"repo"', git_ref='"main"', branch='"feat"') + "# again\n")
     assert_valid(fleeter.run("validate", "tasks.toml"), "tasks.toml: 1 task, valid")
-    r = fleeter.run("tasks.toml")
+    # a comment alone re-runs nothing (issue 14): --new-queue runs the same task again
+    r = fleeter.run("tasks.toml", "--new-queue")
     assert r.ret == 0, r.stdout + r.stderr
     second = fleeter.task("x")
     assert second.id != first.id
