@@ -128,6 +128,14 @@ def _selectors(config: Config) -> str:
     return " ".join(words)
 
 
+def _eligible(config: Config, verb: str) -> frozenset[State]:
+    """The states ``verb`` acts on: ``retry --elsewhere`` also takes a task that runs
+    (on a peer that stopped answering)."""
+    if verb == "retry" and config.getoption("elsewhere"):
+        return ops.ELIGIBLE[verb] | {State.ASSIGNED, State.RUNNING, State.VERIFYING}
+    return ops.ELIGIBLE[verb]
+
+
 def _selection(config: Config, led: Ledger, verb: str) -> tuple[list[Task], bool]:
     """The tasks ``verb`` acts on, and whether it is a bulk operation (then it ends
     with a count). Named tasks are checked, all of them, before anything changes.
@@ -142,7 +150,7 @@ def _selection(config: Config, led: Ledger, verb: str) -> tuple[list[Task], bool
     match = _matcher(config)
     if not refs and not (everything or state or match):
         raise UsageError("name a task, or select some with --all, --state, -k or -m", key="TASK")
-    tasks = ops.select(led, refs, eligible=ops.ELIGIBLE[verb], everything=everything, state=state, match=match)
+    tasks = ops.select(led, refs, eligible=_eligible(config, verb), everything=everything, state=state, match=match)
     if refs and not (verb == "retry" and config.getoption("elsewhere")):
         for t in tasks:
             why = ops.refusal(verb, t)
@@ -168,7 +176,7 @@ def _bulk(config: Config, verb: str, past: str, out: TextIO,
     done = 0
     for task in tasks:
         fresh = led.get(task.id) or task
-        if bulk and not named and fresh.state not in ops.ELIGIBLE[verb]:
+        if bulk and not named and fresh.state not in _eligible(config, verb):
             continue
         if one(led, fresh):
             done += 1

@@ -83,7 +83,9 @@ class Ledger(LedgerFile):
             for i, spec in enumerate(specs):
                 old = kept.get(spec.name)
                 state = State.DONE if old is not None else State.PENDING if spec.depends_on else State.READY
-                why = f"unchanged:{old.id}" if old is not None else "queued"
+                why = "queued"
+                if old is not None:  # named after the task that did the work, not a copy of it
+                    why = old.reason if old.reason.startswith("unchanged:") else f"unchanged:{old.id}"
                 cur.execute(
                     "INSERT INTO tasks (id, name, state, spec, source, queue_id, seq, created, updated, reason,"
                     " host, branch, handoff) VALUES (?,?,?,?,?,?,?,?,?,?,?,?,?)",
@@ -93,6 +95,11 @@ class Ledger(LedgerFile):
                      json.dumps(old.handoff) if old is not None and old.handoff is not None else None),
                 )
                 self._log(cur, ids[spec.name], None, state, why, now, host=old.host if old else None)
+                if old is not None:
+                    did = why.split(":", 1)[1]
+                    cur.execute("INSERT INTO notes (task_id, time, text) VALUES (?,?,?)", (
+                        ids[spec.name], now, f"unchanged since the file's last run: task {did} did this work "
+                                             f"(fleetrun logs {did}); --new-queue runs it again"))
             for spec in specs:
                 for dep in spec.depends_on:
                     if dep not in ids:

@@ -156,5 +156,6 @@ def kept_note(p: Plan) -> Optional[str]:
     if not p.kept:
         return None
     n = len(p.kept)
-    return (f"{n} unchanged (done earlier): {', '.join(p.kept)}; --new-queue runs "
-            f"{'them' if n != 1 else 'it'} again")
+    names = list(p.kept)
+    shown = ", ".join(names[:5]) + (f" and {n - 5} more" if n > 5 else "")
+    return f"{n} unchanged (done earlier): {shown}; --new-queue runs {'them' if n != 1 else 'it'} again"

@@ -113,3 +113,18 @@ def test_one_name_keeps_its_old_output(fleeter):
     assert r.outlines[-1].startswith("cancelled docs ")
     r = fleeter.run("cancel", "--all", "-k", "docs")
     assert r.ret == 5  # docs is CANCELLED already: nothing to cancel
+
+
+def test_retry_elsewhere_selects_running_tasks_too(fleeter):
+    fleeter.write_tasks(CHAIN)
+    fleeter.run("queue", "tasks.toml")
+    led = fleeter.ledger()
+    from fleetrun.states import State
+
+    task = fleeter.task("docs")
+    led.lease(task.id, State.READY, "mini", "fresh")
+    led.transition(task.id, State.ASSIGNED, State.RUNNING, "started", attempt=1, host="mini")
+    assert fleeter.run("retry", "--state", "running").ret == 5  # a running task needs --elsewhere
+    r = fleeter.run("retry", "--elsewhere", "--state", "running")
+    assert r.ret == 0, r.stderr
+    r.fnmatch_lines(["docs * -> RESUMING", "1 retried"])
