@@ -129,10 +129,13 @@ def _selectors(config: Config) -> str:
 
 
 def _eligible(config: Config, verb: str) -> frozenset[State]:
-    """The states ``verb`` acts on: ``retry --elsewhere`` also takes a task that runs
-    (on a peer that stopped answering)."""
-    if verb == "retry" and config.getoption("elsewhere"):
-        return ops.ELIGIBLE[verb] | {State.ASSIGNED, State.RUNNING, State.VERIFYING}
+    """The states ``verb`` acts on. ``retry --elsewhere --state running`` also takes
+    the tasks that run (on a peer that stopped answering), when ``--state`` names their
+    state: ``--elsewhere --all`` never takes every running task off its machine."""
+    running = {State.ASSIGNED, State.RUNNING, State.VERIFYING}
+    state = config.getoption("state")
+    if verb == "retry" and config.getoption("elsewhere") and state and ops.parse_state(state) in running:
+        return ops.ELIGIBLE[verb] | running
     return ops.ELIGIBLE[verb]
 
 

@@ -125,6 +125,7 @@ def test_retry_elsewhere_selects_running_tasks_too(fleeter):
     led.lease(task.id, State.READY, "mini", "fresh")
     led.transition(task.id, State.ASSIGNED, State.RUNNING, "started", attempt=1, host="mini")
     assert fleeter.run("retry", "--state", "running").ret == 5  # a running task needs --elsewhere
+    assert fleeter.run("retry", "--elsewhere", "--all").ret == 5  # and its state named
     r = fleeter.run("retry", "--elsewhere", "--state", "running")
     assert r.ret == 0, r.stderr
     r.fnmatch_lines(["docs * -> RESUMING", "1 retried"])
