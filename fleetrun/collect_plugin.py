@@ -63,8 +63,7 @@ def _last_failed(config: Config, items: list[Any]) -> None:
         config.stash[DESELECTED_KEY] = [*config.stash.get(DESELECTED_KEY, []), *gone]
         config.stash[SELECTED_AS_DEPENDENCY_KEY] = [*config.stash.get(SELECTED_AS_DEPENDENCY_KEY, []), *added]
         items[:] = [t for t in items if t.name in chosen]
-        shown = f" ({len(gone)} deselected)" if gone else ""
-        notes.append(f"run-last-failure: rerun previous {n} failure{'s' if n != 1 else ''}{shown}")
+        notes.append(f"run-last-failure: rerun previous {n} failure{'s' if n != 1 else ''}")
     else:
         notes.append(f"run-last-failure: {n} failure{'s' if n != 1 else ''} first")
     first = set(failed)

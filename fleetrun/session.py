@@ -108,10 +108,12 @@ def run_session(config: Config, items: Optional[list[TaskSpec]], out: TextIO, er
                 notes.append(f"resuming queue {queue_id} from an unchanged file ({summary}); "
                              "--new-queue queues it again")
             gone = config.stash.get(DESELECTED_KEY, [])
-            if gone:  # the header says what -k/-m left out, as pytest's "N deselected"
-                how = " ".join(f"{o} {v}" for o, v in (("-k", config.getoption("keyword")),
-                                                       ("-m", config.getoption("markexpr"))) if v)
-                notes.append(f"{len(gone)} deselected ({how})")
+            if gone:  # the header says what -k/-m/--lf left out, as pytest's "N deselected"
+                how = [f"{o} {v}" for o, v in (("-k", config.getoption("keyword")),
+                                               ("-m", config.getoption("markexpr"))) if v]
+                if config.getoption("last_failed"):
+                    how.append("--lf")
+                notes.append(f"{len(gone)} deselected ({' '.join(how)})")
             for name in config.stash.get(SELECTED_AS_DEPENDENCY_KEY, []):
                 notes.append(f"also selected, as a dependency: {name}")
             if queue_id is None and not config.getoption("new_queue"):
