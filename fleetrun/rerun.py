@@ -5,9 +5,9 @@ A queue is resumed when the command line's tasks are the same, key for key
 (:func:`files_digest`: comments, blank lines and the order of the tasks do not count).
 
 A task's *definition digest* is a hash of the collected :class:`TaskSpec` fields that
-decide what its work is and how it is judged (:data:`DEFINITION_FIELDS`, verifiers
-and setup without their line numbers, plugin keys, the ``[agents.NAME]`` table of its
-command agent). Its name is its identity; its limits (retries, timeouts, budget),
+decide what its work is and how it is judged: all but :data:`NOT_DEFINITION_FIELDS`
+(verifiers and setup without their lines and limits, plugin keys included), and the
+``[agents.NAME]`` table of its command agent. Its name is its identity; its limits (retries, timeouts, budget),
 where it may run (``requires``, ``peer``), its tags, its place in the file and the
 file's comments are not part of it: changing them does not change what a DONE run
 made.
@@ -35,21 +35,26 @@ from .states import State
 
 if TYPE_CHECKING:
     from .config import Config
-    from .taskspec import TaskSpec, VerifySpec
+    from .taskspec import TaskSpec
 
-#: The :class:`~fleetrun.taskspec.TaskSpec` fields of a task's definition digest.
-DEFINITION_FIELDS = ("prompt", "cwd", "git_ref", "branch", "depends_on", "agent", "model",
-                     "permission_mode", "allowed_tools", "role", "paths", "extra")
-#: The fields of each verifier and setup command that count (not ``line``, not the
-#: limits ``timeout_s``, ``budget_usd``).
-STEP_FIELDS = ("kind", "text", "model", "extra")
+#: The :class:`~fleetrun.taskspec.TaskSpec` fields that are not part of a task's
+#: definition digest: its identity, where it was written, its tags, its limits and
+#: where it may run. Every other field is (a field added later counts until it is
+#: named here: when in doubt, a task runs again rather than being kept).
+NOT_DEFINITION_FIELDS = frozenset({
+    "name", "source", "line", "key_lines", "defaulted", "tags",
+    "max_retries", "timeout_min", "stall_timeout_min", "budget_usd", "requires", "peer",
+})
+#: The fields of each verifier and setup command that do not count: its line and its
+#: limits.
+NOT_STEP_FIELDS = frozenset({"line", "timeout_s", "budget_usd"})
 
 #: States a task of the last run "failed" in, for ``--lf``/``--ff``.
 FAILED = frozenset({State.NEEDS_HUMAN, State.CANCELLED})
 
 
-def _step(v: VerifySpec) -> dict[str, Any]:
-    return {k: getattr(v, k) for k in STEP_FIELDS}
+def _step(v: dict[str, Any]) -> dict[str, Any]:
+    return {k: x for k, x in v.items() if k not in NOT_STEP_FIELDS}
 
 
 def definition_digest(spec: TaskSpec, settings: dict[str, Any]) -> str:
@@ -58,9 +63,9 @@ def definition_digest(spec: TaskSpec, settings: dict[str, Any]) -> str:
     :param settings: the tasks files' own tables (the queue's settings): the
         ``[agents.NAME]`` table of the task's agent is part of its definition.
     """
-    data: dict[str, Any] = {k: getattr(spec, k) for k in DEFINITION_FIELDS}
-    data["verify"] = [_step(v) for v in spec.verify]
-    data["setup"] = [_step(v) for v in spec.setup]
+    data = {k: v for k, v in spec.to_json().items() if k not in NOT_DEFINITION_FIELDS}
+    data["verify"] = [_step(v) for v in data["verify"]]
+    data["setup"] = [_step(v) for v in data["setup"]]
     agents = settings.get("agents")
     data["agent_table"] = agents.get(spec.agent) if isinstance(agents, dict) else None
     text = json.dumps(data, sort_keys=True, default=str, separators=(",", ":"))
@@ -117,9 +122,12 @@ class Plan:
     """What a new queue of a file run again holds.
 
     :ivar kept: by name, the DONE task of the last run each kept task stands for.
+    :ivar unfinished: the last run's tasks that are not terminal yet (an interrupted
+        run): the loop works them as well as the new queue's task of their name.
     """
 
     kept: dict[str, Task] = field(default_factory=dict)
+    unfinished: list[Task] = field(default_factory=list)
 
 
 def plan(config: Config, items: list[TaskSpec]) -> Plan:
@@ -148,7 +156,16 @@ def plan(config: Config, items: list[TaskSpec]) -> Plan:
     for spec in items:
         if keeps(spec.name):
             kept[spec.name] = last[spec.name][0]
-    return Plan(kept)
+    unfinished = [last[s.name][0] for s in items
+                  if s.name in last and last[s.name][0].state not in (State.DONE, *FAILED)]
+    return Plan(kept, unfinished)
+
+
+def unfinished_notes(p: Plan) -> list[str]:
+    """A warning for each task of the last run still unfinished: it runs besides the new
+    queue's (``fleetrun cancel ID`` stops it)."""
+    return [f"warning: {t.name} of the file's last run ({t.id}) is {t.state}, not finished: it runs "
+            f"besides the new one; fleetrun cancel {t.id} stops it" for t in p.unfinished]
 
 
 def kept_note(p: Plan) -> Optional[str]:

@@ -123,6 +123,7 @@ def run_session(config: Config, items: Optional[list[TaskSpec]], out: TextIO, er
                 note = rerun.kept_note(plan)
                 if note:
                     notes.append(note)
+                notes.extend(rerun.unfinished_notes(plan))
         config.hook.fleetrun_sessionstart(session=session)
         if items is not None and queue_id is None:
             queue_id = queue_items(config, items, kept)[0].queue_id

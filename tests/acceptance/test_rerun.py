@@ -223,3 +223,15 @@ def test_failed_first_orders_the_failures_first(fleeter, fake_claude):
     r = fleeter.run("--ff", "--new-queue", "tasks.toml")
     names = [c["env"]["FLEETRUN_TASK_NAME"] for c in fake_claude.calls()][3:]
     assert names == ["c", "a", "b"], r.stdout
+
+
+def test_an_unfinished_task_of_the_last_run_is_named(fleeter, fake_claude):
+    fleeter.make_repo()
+    three(fleeter)
+    assert fleeter.run("queue", "tasks.toml").ret == 0  # queued, never worked: READY
+    old_c = fleeter.task("c")
+    fake_claude.script(default=[{"result": "ok"}])
+    three(fleeter, extra_c="model = \"opus\"")
+    r = fleeter.run("tasks.toml", "-k", "c")
+    r.fnmatch_lines([f"warning: c of the file's last run ({old_c.id}) is READY, not finished: it runs besides "
+                     f"the new one; fleetrun cancel {old_c.id} stops it"])
