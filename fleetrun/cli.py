@@ -38,7 +38,7 @@ _FAST_PATHS: dict[str, str] = {"host": "fleetrun.plugins.relay.peer.verbs",
 _NO_PROJECT_VERBS = ("host",)
 
 #: Options that take a value, so the verb scan can skip their values.
-_VALUE_OPTS = {"-p", "-k", "--home", "--state", "--max-tasks"}
+_VALUE_OPTS = {"-p", "-k", "-m", "--home", "--state", "--max-tasks"}
 
 
 def console_main() -> None:
@@ -215,6 +215,7 @@ def _build_parser(verb: str, verbs: dict[str, VerbDecl], pluginparser: Parser) -
     if decl.takes_tasks_files:
         p.add_argument("files", nargs="*", metavar="FILE", help="tasks files (default: tasks.toml)")
         p.add_argument("-k", dest="keyword", metavar="EXPR", help="only tasks whose name matches EXPR")
+        p.add_argument("-m", dest="markexpr", metavar="EXPR", help="only tasks whose tags match EXPR")
     if decl.add_arguments is not None:
         decl.add_arguments(p)
     if decl.plugin_options:

@@ -305,6 +305,7 @@ def _collect_task(
         setup=setup,
         base=good.get("base", "git_ref"),
         on_conflict=good.get("on_conflict", "human"),
+        tags=list(good.get("tags", [])),
         extra=extra,
         key_lines={**{k: lines.get("task", i, k, default=head) for k in raw if k != "verify"}, **default_lines},
         defaulted=defaulted,

@@ -7,10 +7,10 @@ from __future__ import annotations
 import argparse
 from dataclasses import asdict
 from pathlib import Path
-from typing import TYPE_CHECKING, Any, Iterable, Optional, TextIO
+from typing import TYPE_CHECKING, Any, Callable, Iterable, Optional, TextIO
 
 from . import ops
-from .exceptions import ExitCode
+from .exceptions import ExitCode, UsageError
 from .ledger import Ledger, Task, open_ledger
 from .states import State
 from .textutil import safe_name, safe_text
@@ -70,15 +70,22 @@ def cmd_queue(config: Config, out: TextIO, err: TextIO) -> int:
 
 
 def cmd_run(config: Config, out: TextIO, err: TextIO) -> int:
-    from .queueing import WARNINGS_KEY, collect_items
+    from .queueing import COLLECT_NOTES_KEY, DESELECTED_KEY, WARNINGS_KEY, collect_items
     from .session import run_session
 
     items = collect_items(config)
     if config.getoption("collect_only") and items:
+        for note in config.stash.get(COLLECT_NOTES_KEY, []):
+            print(safe_text(note), file=out)
         for t in items:
             deps = f"  (after {', '.join(t.depends_on)})" if t.depends_on else ""
-            print(f"<Task {safe_name(t.name)}>{safe_text(deps)}", file=out)
-        print(f"\n{len(items)} task{'s' if len(items) != 1 else ''} collected", file=out)
+            tags = f"  [{', '.join(t.tags)}]" if t.tags else ""
+            print(f"<Task {safe_name(t.name)}>{safe_text(deps + tags)}", file=out)
+        n = len(items)
+        gone = len(config.stash.get(DESELECTED_KEY, []))
+        count = f"{n}/{n + gone} tasks collected ({gone} deselected)" if gone else \
+            f"{n} task{'s' if n != 1 else ''} collected"  # pytest's words
+        print(f"\n{count}", file=out)
         return ExitCode.OK
     if not items:
         print("no tasks collected", file=out)
@@ -97,14 +104,100 @@ def cmd_work(config: Config, out: TextIO, err: TextIO) -> int:
 # ---------------------------------------------------------------------------------
 
 
-def cmd_cancel(config: Config, out: TextIO, err: TextIO) -> int:
+def _matcher(config: Config) -> Optional[Callable[[Task], bool]]:
+    """``-k`` (over names) and ``-m`` (over tags) of an operator verb, both to match."""
+    from .kwexpr import KeywordExpr
+
+    keyword, markexpr = config.getoption("keyword"), config.getoption("markexpr")
+    k = KeywordExpr.compile(keyword) if keyword else None
+    m = KeywordExpr.compile(markexpr, key="-m") if markexpr else None
+    if k is None and m is None:
+        return None
+    return lambda t: (k is None or k(t.name)) and (m is None or m.tags(t.spec.tags))
+
+
+def _selectors(config: Config) -> str:
+    """The selectors of the command line, as written: ``--all -k api``."""
+    words = []
+    if config.getoption("all_tasks"):
+        words.append("--all")
+    for opt, dest in (("--state", "state"), ("-k", "keyword"), ("-m", "markexpr")):
+        value = config.getoption(dest)
+        if value:
+            words.append(f"{opt} {value}")
+    return " ".join(words)
+
+
+def _eligible(config: Config, verb: str) -> frozenset[State]:
+    """The states ``verb`` acts on. ``retry --elsewhere --state running`` also takes
+    the tasks that run (on a peer that stopped answering), when ``--state`` names their
+    state: ``--elsewhere --all`` never takes every running task off its machine."""
+    running = {State.ASSIGNED, State.RUNNING, State.VERIFYING}
+    state = config.getoption("state")
+    if verb == "retry" and config.getoption("elsewhere") and state and ops.parse_state(state) in running:
+        return ops.ELIGIBLE[verb] | running
+    return ops.ELIGIBLE[verb]
+
+
+def _selection(config: Config, led: Ledger, verb: str) -> tuple[list[Task], bool]:
+    """The tasks ``verb`` acts on, and whether it is a bulk operation (then it ends
+    with a count). Named tasks are checked, all of them, before anything changes.
+
+    :raises UsageError: no task named and no selector; an unknown name; a named task
+        the verb cannot act on.
+    """
+    refs: list[str] = list(config.option.task or [])
+    state_text = config.getoption("state")
+    state = ops.parse_state(state_text) if state_text else None
+    everything = bool(config.getoption("all_tasks"))
+    match = _matcher(config)
+    if not refs and not (everything or state or match):
+        raise UsageError("name a task, or select some with --all, --state, -k or -m", key="TASK")
+    tasks = ops.select(led, refs, eligible=_eligible(config, verb), everything=everything, state=state, match=match)
+    if refs and not (verb == "retry" and config.getoption("elsewhere")):
+        for t in tasks:
+            why = ops.refusal(verb, t)
+            if why:
+                raise UsageError(why, key="TASK")
+    return tasks, len(refs) != 1 or bool(everything or state or match)
+
+
+def _bulk(config: Config, verb: str, past: str, out: TextIO,
+          one: Callable[[Ledger, Task], bool]) -> int:
+    """Run ``one`` on each selected task; end a bulk operation with a count.
+
+    A selected task another one's operation moved meanwhile (a cancel's cascade, a
+    retry's revived dependents) is looked at again and left alone if the verb no
+    longer applies to it.
+    """
     led = open_ledger(config)
-    task = ops.resolve(led, config.option.task)
+    tasks, bulk = _selection(config, led, verb)
+    if not tasks:
+        print(f"no task to {verb} ({_selectors(config)}): nothing {past}", file=out)
+        return ExitCode.NO_TASKS_COLLECTED
+    named = bool(config.option.task)
+    done = 0
+    for task in tasks:
+        fresh = led.get(task.id) or task
+        if bulk and not named and fresh.state not in _eligible(config, verb):
+            continue
+        if one(led, fresh):
+            done += 1
+    if bulk:
+        print(f"{done} {past}", file=out)
+    return ExitCode.OK
+
+
+def cmd_cancel(config: Config, out: TextIO, err: TextIO) -> int:
+    return _bulk(config, "cancel", "cancelled", out, lambda led, task: _cancel_one(config, led, task, out, err))
+
+
+def _cancel_one(config: Config, led: Ledger, task: Task, out: TextIO, err: TextIO) -> bool:
     active = led.latest_attempt(task.id) if task.state in (State.ASSIGNED, State.RUNNING, State.VERIFYING) else None
     changed, moved = ops.cancel(led, task, notifier(config))
     if not changed:
         print(f"{safe_name(task.name)} {task.id} was already CANCELLED", file=out)
-        return ExitCode.OK
+        return False
     not_stopped = None
     if active is not None:
         from .hostapi import UnknownHost, stop_attempt
@@ -119,19 +212,20 @@ def cmd_cancel(config: Config, out: TextIO, err: TextIO) -> int:
         print(f"  {safe_name(t.name)} {t.id} -> {t.state} ({safe_text(t.reason)})", file=out)
     if not_stopped:
         print(not_stopped, file=err)
-    return ExitCode.OK
+    return True
 
 
 def cmd_retry(config: Config, out: TextIO, err: TextIO) -> int:
-    led = open_ledger(config)
-    task = ops.resolve(led, config.option.task)
-    if config.getoption("elsewhere"):
-        moved = ops.retry_elsewhere(led, task, notifier(config))
-    else:
-        moved = ops.retry(led, task, notifier(config))
-    for t in moved:
-        print(f"{safe_name(t.name)} {t.id} -> {t.state}", file=out)
-    return ExitCode.OK
+    def one(led: Ledger, task: Task) -> bool:
+        if config.getoption("elsewhere"):
+            moved = ops.retry_elsewhere(led, task, notifier(config))
+        else:
+            moved = ops.retry(led, task, notifier(config))
+        for t in moved:
+            print(f"{safe_name(t.name)} {t.id} -> {t.state}", file=out)
+        return True
+
+    return _bulk(config, "retry", "retried", out, one)
 
 
 def _handoff_for_approve(config: Config, led: Ledger, task: Task) -> Optional[dict[str, Any]]:
@@ -147,8 +241,10 @@ def _handoff_for_approve(config: Config, led: Ledger, task: Task) -> Optional[di
 
 
 def cmd_approve(config: Config, out: TextIO, err: TextIO) -> int:
-    led = open_ledger(config)
-    task = ops.resolve(led, config.option.task)
+    return _bulk(config, "approve", "approved", out, lambda led, task: _approve_one(config, led, task, out))
+
+
+def _approve_one(config: Config, led: Ledger, task: Task, out: TextIO) -> bool:
     handoff = None
     if task.state is State.NEEDS_HUMAN:
         # recorded before the move to DONE: a loop running meanwhile may start a
@@ -173,7 +269,7 @@ def cmd_approve(config: Config, out: TextIO, err: TextIO) -> int:
     if now is not None and now.branch and worktree_now(now) and now.host in (None, "local"):
         print(f"  kept its worktree {safe_text(now.worktree)}: what is not committed there is not on "
               f"branch {safe_text(now.branch)} (fleetrun logs {safe_name(now.name)} says why)", file=out)
-    return ExitCode.OK
+    return True
 
 
 def cmd_drain(config: Config, out: TextIO, err: TextIO) -> int:
@@ -231,7 +327,11 @@ def _run_arguments(p: argparse.ArgumentParser) -> None:
     _loop_arguments(p)
     p.add_argument("--collect-only", "--co", action="store_true", help="list the tasks; run nothing")
     p.add_argument("--new-queue", action="store_true",
-                   help="queue the file anew even if an unchanged copy is still in the ledger")
+                   help="queue every task anew: not the unchanged file's queue, not the DONE tasks of its last run")
+    p.add_argument("--lf", "--last-failed", dest="last_failed", action="store_true",
+                   help="only the tasks that ended NEEDS_HUMAN or CANCELLED in the file's last run (all if none did)")
+    p.add_argument("--ff", "--failed-first", dest="failed_first", action="store_true",
+                   help="all tasks, those that ended NEEDS_HUMAN or CANCELLED in the file's last run first")
 
 
 def _work_arguments(p: argparse.ArgumentParser) -> None:
@@ -274,8 +374,19 @@ def _logs_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--raw", action="store_true", help="with -f: the agent's log lines as they are, not rendered")
 
 
+def _select_arguments(p: argparse.ArgumentParser) -> None:
+    """``cancel``, ``retry`` and ``approve``: tasks by name, or chosen by selectors."""
+    p.add_argument("task", metavar="TASK", nargs="*",
+                   help="task ids, or names (each the newest task with it)")
+    p.add_argument("--all", dest="all_tasks", action="store_true",
+                   help="every task the verb applies to (cancel --all: every unfinished task)")
+    p.add_argument("--state", metavar="S", help="only tasks in this state (needs_human, cancelled...)")
+    p.add_argument("-k", dest="keyword", metavar="EXPR", help="only tasks whose name matches EXPR (as run -k)")
+    p.add_argument("-m", dest="markexpr", metavar="EXPR", help="only tasks whose tags match EXPR (as run -m)")
+
+
 def _retry_arguments(p: argparse.ArgumentParser) -> None:
-    _task_argument(p)
+    _select_arguments(p)
     p.add_argument("--elsewhere", action="store_true",
                    help="also for a task running on a peer that stopped answering: give up on that "
                         "machine and place the task again (you vouch the old attempt is gone)")
@@ -305,11 +416,12 @@ BUILTIN_VERBS: tuple[VerbDecl, ...] = (
     VerbDecl("status", "one line per task (--graph: the depends_on tree and why anything waits)", cmd_status,
              _status_arguments, reads_config=False),
     VerbDecl("logs", "every transition and verdict of a task", cmd_logs, _logs_arguments, reads_config=False),
-    VerbDecl("cancel", "cancel a task; its dependents need a human", cmd_cancel, _task_argument,
+    VerbDecl("cancel", "cancel tasks (names, --all, --state, -k); their dependents need a human", cmd_cancel,
+             _select_arguments, reads_config=False),
+    VerbDecl("retry", "send NEEDS_HUMAN or CANCELLED tasks back to the queue (names, --state, -k)", cmd_retry,
+             _retry_arguments, reads_config=False),
+    VerbDecl("approve", "accept NEEDS_HUMAN tasks as DONE (names, --state, -k)", cmd_approve, _select_arguments,
              reads_config=False),
-    VerbDecl("retry", "send a NEEDS_HUMAN or CANCELLED task back to the queue", cmd_retry, _retry_arguments,
-             reads_config=False),
-    VerbDecl("approve", "accept a NEEDS_HUMAN task as DONE", cmd_approve, _task_argument, reads_config=False),
     VerbDecl("drain", "start nothing new on this machine", cmd_drain, reads_config=False),
     VerbDecl("undrain", "start work again after drain", cmd_undrain, reads_config=False),
     VerbDecl("gc", "list (and with --yes remove) worktrees and attempt folders of no task or of ended tasks", cmd_gc,

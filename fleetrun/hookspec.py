@@ -190,7 +190,8 @@ def fleetrun_sessionfinish(session: Session, exitstatus: int) -> None:
     after an internal error).
 
     :param session: the :class:`~fleetrun.session.Session`; ``counts`` (state name to
-        number of tasks), ``cost_usd`` and ``final_notes`` (lines the terminal prints
+        number of tasks; a file run again counts the tasks kept DONE from its last run
+        under ``"unchanged (done earlier)"``, not ``DONE``), ``cost_usd`` and ``final_notes`` (lines the terminal prints
         before its summary) are filled in.
     :param exitstatus: the exit code about to be returned (:class:`~fleetrun.ExitCode`).
     :return: nothing; return value ignored.
@@ -226,7 +227,8 @@ def fleetrun_terminal_summary(config: Config, exitstatus: int, counts: dict[str,
     :param config: the run's :class:`~fleetrun.config.Config`.
     :param exitstatus: the exit code about to be returned.
     :param counts: the number of the run's tasks in each state, by state name
-        (``{"DONE": 2, "NEEDS_HUMAN": 1}``).
+        (``{"DONE": 2, "NEEDS_HUMAN": 1}``); the tasks of a file run again that were kept
+        DONE from its last run are under ``"unchanged (done earlier)"``, not ``DONE``.
     :return: nothing; return value ignored.
 
     May be implemented in a ``fleetconf.py``: yes.

@@ -1,5 +1,7 @@
-"""``-k`` expressions, as in pytest: names matched as case-insensitive substrings,
-combined with ``and``, ``or``, ``not`` and parentheses."""
+"""``-k`` and ``-m`` expressions, as in pytest: words combined with ``and``, ``or``,
+``not`` and parentheses. Under ``-k`` a word matches a task's name as a
+case-insensitive substring; under ``-m`` it must be one of the task's tags, whole
+(pytest's markers)."""
 
 from __future__ import annotations
 
@@ -11,21 +13,39 @@ from .exceptions import UsageError
 _TOKEN = re.compile(r"\s*(\(|\)|[^\s()]+)")
 
 
+#: A compiled expression: given whether the subject has a word, whether it matches.
+_Pred = Callable[[Callable[[str], bool]], bool]
+
+
 class KeywordExpr:
-    def __init__(self, text: str, fn: Callable[[str], bool]) -> None:
+    """A compiled expression; :meth:`__call__` matches a name (``-k``), :meth:`tags`
+    a task's tags (``-m``)."""
+
+    def __init__(self, text: str, fn: _Pred) -> None:
         self.text = text
         self.fn = fn
 
     def __call__(self, name: str) -> bool:
-        return self.fn(name.lower())
+        """Whether ``name`` matches: each word a case-insensitive substring of it."""
+        low = name.lower()
+        return self.fn(lambda word: word.lower() in low)
+
+    def tags(self, tags: list[str]) -> bool:
+        """Whether a task with ``tags`` matches: each word one of them, whole."""
+        have = set(tags)
+        return self.fn(lambda word: word in have)
 
     @classmethod
-    def compile(cls, text: str) -> KeywordExpr:
+    def compile(cls, text: str, key: str = "-k") -> KeywordExpr:
+        """:param key: the option the expression came from, for its errors.
+
+        :raises UsageError: an expression that does not parse.
+        """
         tokens = _TOKEN.findall(text)
         pos = 0
 
         def err(msg: str) -> UsageError:
-            return UsageError(f"bad expression {text!r}: {msg}", key="-k")
+            return UsageError(f"bad expression {text!r}: {msg}", key=key)
 
         def peek() -> str | None:
             return tokens[pos] if pos < len(tokens) else None
@@ -37,7 +57,7 @@ class KeywordExpr:
             pos += 1
             return tokens[pos - 1]
 
-        def expr() -> Callable[[str], bool]:
+        def expr() -> _Pred:
             left = term()
             while peek() == "or":
                 take()
@@ -45,7 +65,7 @@ class KeywordExpr:
                 left = (lambda a, b: lambda n: a(n) or b(n))(left, right)
             return left
 
-        def term() -> Callable[[str], bool]:
+        def term() -> _Pred:
             left = factor()
             while peek() == "and":
                 take()
@@ -53,7 +73,7 @@ class KeywordExpr:
                 left = (lambda a, b: lambda n: a(n) and b(n))(left, right)
             return left
 
-        def factor() -> Callable[[str], bool]:
+        def factor() -> _Pred:
             tok = take()
             if tok == "not":
                 inner = factor()
@@ -65,8 +85,7 @@ class KeywordExpr:
                 return inner
             if tok in (")", "and", "or"):
                 raise err(f"unexpected {tok!r}")
-            word = tok.lower()
-            return lambda n: word in n
+            return lambda has: has(tok)
 
         if not tokens:
             raise err("empty")

@@ -61,12 +61,17 @@ class Ledger(LedgerFile):
     # -- tasks ------------------------------------------------------------------------
 
     def add_tasks(self, specs: list[TaskSpec], source: str = "", source_hash: str = "",
-                  settings: Optional[dict[str, Any]] = None) -> list[Task]:
+                  settings: Optional[dict[str, Any]] = None, kept: Optional[dict[str, Task]] = None) -> list[Task]:
         """Queue ``specs`` as one batch; ``depends_on`` names resolve within the batch.
 
         :param settings: the tasks files' own tables (``[agents.X]``, ``[brain]``), kept
             with the queue so a later ``fleetrun work`` knows them.
+        :param kept: by name, the DONE task of an earlier queue that a spec stands for
+            unchanged (:mod:`fleetrun.rerun`): the spec enters this queue DONE (cause
+            ``unchanged:OLD_ID``) with that task's branch, host and handoff, so its
+            dependents here are handed its work; it costs nothing and has no attempt.
         """
+        kept = kept or {}
         now = time.time()
         queue_id = new_token()
         ids = {s.name: f"task_{queue_id}_{i}" for i, s in enumerate(specs)}
@@ -76,14 +81,25 @@ class Ledger(LedgerFile):
                 (queue_id, source, source_hash, now, json.dumps(settings or {})),
             )
             for i, spec in enumerate(specs):
-                state = State.PENDING if spec.depends_on else State.READY
+                old = kept.get(spec.name)
+                state = State.DONE if old is not None else State.PENDING if spec.depends_on else State.READY
+                why = "queued"
+                if old is not None:  # named after the task that did the work, not a copy of it
+                    why = old.reason if old.reason.startswith("unchanged:") else f"unchanged:{old.id}"
                 cur.execute(
-                    "INSERT INTO tasks (id, name, state, spec, source, queue_id, seq, created, updated, reason)"
-                    " VALUES (?,?,?,?,?,?,?,?,?,?)",
+                    "INSERT INTO tasks (id, name, state, spec, source, queue_id, seq, created, updated, reason,"
+                    " host, branch, handoff) VALUES (?,?,?,?,?,?,?,?,?,?,?,?,?)",
                     (ids[spec.name], spec.name, state.value, json.dumps(spec.to_json()),
-                     spec.source or source, queue_id, i, now, now, "queued"),
+                     spec.source or source, queue_id, i, now, now, why,
+                     old.host if old else None, old.branch if old else None,
+                     json.dumps(old.handoff) if old is not None and old.handoff is not None else None),
                 )
-                self._log(cur, ids[spec.name], None, state, "queued", now)
+                self._log(cur, ids[spec.name], None, state, why, now, host=old.host if old else None)
+                if old is not None:
+                    did = why.split(":", 1)[1]
+                    cur.execute("INSERT INTO notes (task_id, time, text) VALUES (?,?,?)", (
+                        ids[spec.name], now, f"unchanged since the file's last run: task {did} did this work "
+                                             f"(fleetrun logs {did}); --new-queue runs it again"))
             for spec in specs:
                 for dep in spec.depends_on:
                     if dep not in ids:
@@ -101,6 +117,14 @@ class Ledger(LedgerFile):
             (source_hash,),
         ).fetchone()
         return row[0] if row else None
+
+    def tasks_of_source(self, source: str) -> list[tuple[Task, dict[str, Any]]]:
+        """Every task of the queues made from ``source`` (the files of a command line),
+        oldest first, each with its queue's settings (``[agents.X]``...)."""
+        rows = self.conn.execute(
+            "SELECT t.*, q.settings AS queue_settings FROM tasks t JOIN queues q ON q.id=t.queue_id"
+            " WHERE q.source=? ORDER BY t.created, t.seq", (source,)).fetchall()
+        return [(self._row_to_task(r), json.loads(r["queue_settings"] or "{}")) for r in rows]
 
     def live_queues(self) -> list[tuple[str, list[str], dict[str, Any]]]:
         """(queue id, source files, settings) of every queue with unfinished tasks, oldest first."""

@@ -92,13 +92,35 @@ def resolve(ledger: Ledger, ref: str) -> Task:
     return task
 
 
+#: The states each operator verb acts on (``cancel`` of a CANCELLED task says so and
+#: changes nothing; ``retry --elsewhere`` also takes a running task).
+ELIGIBLE: dict[str, frozenset[State]] = {
+    "cancel": frozenset(set(State) - {State.DONE, State.CANCELLED}),
+    "retry": frozenset({State.NEEDS_HUMAN, State.CANCELLED}),
+    "approve": frozenset({State.NEEDS_HUMAN}),
+}
+
+
+def refusal(verb: str, task: Task) -> Optional[str]:
+    """Why ``verb`` cannot act on ``task`` as it is now, or None."""
+    if verb == "cancel" and task.state is State.DONE:
+        return f"task {task.name} ({task.id}) is DONE; there is nothing to cancel"
+    if verb == "retry" and task.state not in ELIGIBLE["retry"]:
+        return (f"task {task.name} ({task.id}) is {task.state}; only NEEDS_HUMAN or "
+                "CANCELLED tasks can be retried")
+    if verb == "approve" and task.state is not State.NEEDS_HUMAN:
+        return f"task {task.name} ({task.id}) is {task.state}; only NEEDS_HUMAN tasks can be approved"
+    return None
+
+
 def cancel(ledger: Ledger, task: Task, notify: Notify = _noop) -> tuple[bool, list[Task]]:
     """Cancel a task (idempotent). :return: (whether it changed, dependents moved)."""
     for _ in range(5):
         if task.state is State.CANCELLED:
             return False, []
-        if task.state is State.DONE:
-            raise UsageError(f"task {task.name} ({task.id}) is DONE; there is nothing to cancel", key="TASK")
+        why = refusal("cancel", task)
+        if why:
+            raise UsageError(why, key="TASK")
         now = move(ledger, task, State.CANCELLED, "operator_cancel", notify)
         if now is not None:
             return True, cascade(ledger, now, notify)
@@ -149,9 +171,9 @@ def retry_elsewhere(ledger: Ledger, task: Task, notify: Notify = _noop) -> list[
 
 def retry(ledger: Ledger, task: Task, notify: Notify = _noop) -> list[Task]:
     """Send a NEEDS_HUMAN or CANCELLED task back to the queue, with fresh retry counts."""
-    if task.state not in (State.NEEDS_HUMAN, State.CANCELLED):
-        raise UsageError(f"task {task.name} ({task.id}) is {task.state}; only NEEDS_HUMAN or "
-                         "CANCELLED tasks can be retried", key="TASK")
+    why = refusal("retry", task)
+    if why:
+        raise UsageError(why, key="TASK")
     deps_done = all((d := ledger.get(x)) is not None and d.state is State.DONE for x in task.deps)
     to = State.READY if deps_done else State.PENDING
     now = move(ledger, task, to, "operator_retry", notify, retries=0, resumes=0, no_start=0)
@@ -162,11 +184,66 @@ def retry(ledger: Ledger, task: Task, notify: Notify = _noop) -> list[Task]:
 
 def approve(ledger: Ledger, task: Task, notify: Notify = _noop) -> list[Task]:
     """Accept a NEEDS_HUMAN task as DONE; dependents it held back are released."""
-    if task.state is not State.NEEDS_HUMAN:
-        raise UsageError(f"task {task.name} ({task.id}) is {task.state}; only NEEDS_HUMAN tasks "
-                         "can be approved", key="TASK")
+    why = refusal("approve", task)
+    if why:
+        raise UsageError(why, key="TASK")
     now = move(ledger, task, State.DONE, "operator_approve", notify)
     if now is None:
         raise UsageError(f"task {task.id} changed state meanwhile; try again", key="TASK")
     revived = _revive_dependents(ledger, now, notify)
     return [now, *revived, *promote(ledger, notify, revived)]
+
+
+# ---------------------------------------------------------------------------------
+# Choosing the tasks of a bulk operation (``cancel --all``, ``retry --state needs_human``)
+
+
+def parse_state(text: str) -> State:
+    """``needs_human`` or ``NEEDS_HUMAN`` as a :class:`State`.
+
+    :raises UsageError: not a state's name.
+    """
+    try:
+        return State(text.upper())
+    except ValueError:
+        raise UsageError(f"{text!r} is not a state; one of {', '.join(s.value.lower() for s in State)}",
+                         key="--state") from None
+
+
+def current_tasks(ledger: Ledger) -> list[Task]:
+    """The task each name stands for (the newest with it, as ``TASK`` resolves a name),
+    in the order they were queued: the tasks a selector of a bulk operation looks at,
+    so an older queue's task of a name run again since is not retried or approved."""
+    newest: dict[str, Task] = {}
+    for t in ledger.tasks():  # oldest first: the last one of a name wins
+        newest[t.name] = t
+    return list(newest.values())
+
+
+def select(ledger: Ledger, refs: list[str], *, eligible: frozenset[State], everything: bool = False,
+           state: Optional[State] = None, match: Optional[Callable[[Task], bool]] = None) -> list[Task]:
+    """The tasks a bulk operation acts on.
+
+    Named tasks (``refs``) are all resolved first, so a typo changes nothing; the
+    selectors (``state``, ``match``: ``-k``/``-m``) narrow them, or, with no names,
+    choose among the ledger's current tasks (:func:`current_tasks`) those in an
+    ``eligible`` state. With ``everything`` (``cancel --all``) every task of the
+    ledger in an eligible state is a candidate, older queues' too: all work stops.
+
+    :return: the tasks, in the order named, else in the order queued. A named task
+        keeps its state (the operation says why it cannot act on it); selected ones
+        are only ever eligible ones.
+    :raises UsageError: an unknown name.
+    """
+    named = [resolve(ledger, ref) for ref in refs]
+    if named:
+        pool = list({t.id: t for t in named}.values())  # a task named twice is acted on once
+    elif everything:
+        pool = [t for t in ledger.tasks() if t.state in eligible]
+    else:
+        pool = [t for t in current_tasks(ledger) if t.state in eligible]
+    if state is not None:
+        pool = [t for t in pool if t.state is state]
+    if match is not None:
+        pool = [t for t in pool if match(t)]
+    return pool

@@ -2,13 +2,14 @@
 ``fleetrun_collect_file`` (every usage error at once), apply
 ``fleetrun_collection_modifyitems``, and queue what was collected.
 
-A queue is known by its digest (each file's path and bytes, and ``-k``): running an
-unchanged file again resumes its queue instead of queueing it twice.
+A queue is known by its digest (each file's path and tasks, ``-k`` and ``-m``): running
+an unchanged file again resumes its queue instead of queueing it twice; a changed one
+makes a queue in which the unchanged DONE tasks of its last run are kept
+(:mod:`fleetrun.rerun`).
 """
 
 from __future__ import annotations
 
-import hashlib
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Callable, Optional
 
@@ -30,24 +31,29 @@ BRANCH_REUSE_KEY = StashKey[list[BranchReuse]]()
 #: What collection warns about (plugins add to it in ``fleetrun_collection_modifyitems``):
 #: ``validate`` and a run print it before anything starts.
 WARNINGS_KEY = StashKey[list[str]]()
-#: The names of the tasks ``-k`` left out.
+#: Lines collection has for the header (``--lf``: how many failures it runs again).
+COLLECT_NOTES_KEY = StashKey[list[str]]()
+#: The names of the tasks ``-k``, ``-m`` and ``--lf`` left out.
 DESELECTED_KEY = StashKey[list[str]]()
 #: The names of the tasks ``-k`` did not match but took along, as dependencies of ones it did:
 #: the session says so.
 SELECTED_AS_DEPENDENCY_KEY = StashKey[list[str]]()
 
 
-def source_hash(path: str) -> str:
-    """A tasks file's digest: its absolute path and its bytes."""
-    data = Path(path).read_bytes()
-    return hashlib.sha256(path.encode() + b"\0" + data).hexdigest()
-
-
 def queue_digest(config: Config) -> str:
-    """The digest of the queue the command line makes: every file named, ``-k``, and the
-    project file's task defaults (they are part of every task)."""
+    """The digest of the queue the command line makes: the files named and what they
+    hold, task by task (:func:`fleetrun.rerun.files_digest`: not their comments or the
+    order of their tasks), ``-k``, ``-m``, and the project file's task defaults (they
+    are part of every task). A ``--lf``/``--ff`` queue holds a choice of the last run's
+    outcomes, so it is never an unchanged file's queue to resume."""
+    from .rerun import files_digest
+
     project = config.project.defaults_digest() if config.project is not None else ""
-    return "|".join(source_hash(f) for f in config.option.files) + "|k=" + (config.getoption("keyword") or "") + project
+    marks = config.getoption("markexpr")
+    specs = [t for f in config.stash.get(FILES_KEY, []) for t in f.tasks]
+    rerun = "|rerun" if config.getoption("last_failed") or config.getoption("failed_first") else ""
+    return ("|".join(config.option.files) + "|tasks=" + files_digest(specs, config.file_settings)
+            + "|k=" + (config.getoption("keyword") or "") + (f"|m={marks}" if marks else "") + project + rerun)
 
 
 def _branch_owner(config: Config) -> Optional[Callable[[str, str, str], Optional[str]]]:
@@ -141,17 +147,23 @@ def collect_items(config: Config) -> list[TaskSpec]:
     return items
 
 
-def queue_items(config: Config, items: list[TaskSpec]) -> list[Task]:
+def queue_items(config: Config, items: list[TaskSpec], kept: Optional[dict[str, Task]] = None) -> list[Task]:
     """Queue ``items`` as one new queue in the ledger, and report each new task's
-    first state through ``fleetrun_transition`` (cause ``queued``)."""
+    first state through ``fleetrun_transition`` (cause ``queued``, or ``unchanged:ID``
+    for one entered DONE).
+
+    :param kept: by name, the DONE tasks of the file's last run that items stand for
+        unchanged (:func:`fleetrun.rerun.plan`).
+    """
     led = open_ledger(config)
     src = ",".join(config.option.files)
-    tasks = led.add_tasks(items, source=src, source_hash=queue_digest(config), settings=config.file_settings)
+    tasks = led.add_tasks(items, source=src, source_hash=queue_digest(config), settings=config.file_settings,
+                          kept=kept)
     by_name = {t.name: t for t in tasks}
     for reuse in config.stash.get(BRANCH_REUSE_KEY, []):
         if reuse.task_name in by_name:  # the user named a branch fleetrun made for this task before
             led.add_note(by_name[reuse.task_name].id, reuse.note)
     for t in tasks:
-        config.hook.fleetrun_transition(task=t, from_state="", to_state=t.state.value, cause="queued",
+        config.hook.fleetrun_transition(task=t, from_state="", to_state=t.state.value, cause=t.reason,
                                         attempt=None, config=config)
     return tasks

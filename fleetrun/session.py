@@ -7,13 +7,21 @@ from __future__ import annotations
 import time
 from typing import TYPE_CHECKING, Any, Optional, TextIO
 
+from . import rerun
 from .exceptions import UsageError
 from .ledger import Ledger, open_ledger
 from .liveness import WorkLock
 from .loop import Loop
 from .policy import PolicyWatcher
-from .queueing import SELECTED_AS_DEPENDENCY_KEY, queue_digest, queue_items
+from .queueing import (
+    COLLECT_NOTES_KEY,
+    DESELECTED_KEY,
+    SELECTED_AS_DEPENDENCY_KEY,
+    queue_digest,
+    queue_items,
+)
 from .stash import StashKey
+from .states import State
 
 if TYPE_CHECKING:
     from .config import Config
@@ -50,6 +58,26 @@ class Session:
         self.older_tasks = 0  # tasks of earlier queues the loop also works, left out of counts
 
 
+#: The summary's word for the tasks of a file run again that were kept DONE from its
+#: last run (``=== 1 done, 2 unchanged (done earlier) in 3s ===``).
+UNCHANGED = "unchanged (done earlier)"
+
+
+def _count_kept(counts: dict[str, int], led: Ledger, queue_id: Optional[str]) -> dict[str, int]:
+    """``counts`` with the tasks kept DONE from the last run counted apart from the DONE
+    ones this run made, right after them."""
+    n = sum(1 for t in led.tasks({State.DONE}, queue_id=queue_id) if t.reason.startswith("unchanged:"))
+    out: dict[str, int] = {}
+    for state, k in counts.items():
+        if state == State.DONE.value:
+            if k - n:
+                out[state] = k - n
+            out[UNCHANGED] = n
+        else:
+            out[state] = k
+    return out
+
+
 def run_session(config: Config, items: Optional[list[TaskSpec]], out: TextIO, err: TextIO) -> int:
     """``fleetrun [FILE...]`` (items given) or ``fleetrun work`` (items None)."""
     led = open_ledger(config)
@@ -64,9 +92,14 @@ def run_session(config: Config, items: Optional[list[TaskSpec]], out: TextIO, er
         session = Session(config, led)
         queue_id = None
         notes = config.stash.setdefault(SESSION_NOTES_KEY, [])
+        kept: dict[str, Any] = {}
         if items is not None:
             session.items = items
-            queue_id = None if config.getoption("new_queue") else led.find_queue(queue_digest(config))
+            collected: list[str] = config.stash.get(COLLECT_NOTES_KEY, [])
+            notes.extend(collected)
+            # a --lf/--ff run chooses from the last run's outcomes: never a queue to resume
+            rerun_choice = config.getoption("last_failed") or config.getoption("failed_first")
+            queue_id = None if config.getoption("new_queue") or rerun_choice else led.find_queue(queue_digest(config))
             if queue_id is not None:
                 states: dict[str, int] = {}
                 for t in led.tasks(queue_id=queue_id):
@@ -74,13 +107,30 @@ def run_session(config: Config, items: Optional[list[TaskSpec]], out: TextIO, er
                 summary = ", ".join(f"{n} {s.lower()}" for s, n in states.items())
                 notes.append(f"resuming queue {queue_id} from an unchanged file ({summary}); "
                              "--new-queue queues it again")
+            gone = config.stash.get(DESELECTED_KEY, [])
+            if gone:  # the header says what -k/-m/--lf left out, as pytest's "N deselected"
+                how = [f"{o} {v}" for o, v in (("-k", config.getoption("keyword")),
+                                               ("-m", config.getoption("markexpr"))) if v]
+                if config.getoption("last_failed"):
+                    how.append("--lf")
+                notes.append(f"{len(gone)} deselected ({' '.join(how)})")
             for name in config.stash.get(SELECTED_AS_DEPENDENCY_KEY, []):
                 notes.append(f"also selected, as a dependency: {name}")
+            if queue_id is None and not config.getoption("new_queue"):
+                # a file run again: its unchanged DONE tasks are kept, not redone
+                plan = rerun.plan(config, items)
+                kept = plan.kept
+                note = rerun.kept_note(plan)
+                if note:
+                    notes.append(note)
+                notes.extend(rerun.unfinished_notes(plan))
         config.hook.fleetrun_sessionstart(session=session)
         if items is not None and queue_id is None:
-            queue_id = queue_items(config, items)[0].queue_id
+            queue_id = queue_items(config, items, kept)[0].queue_id
         loop = Loop(config, led, session, queue_id, until_idle=bool(config.getoption("until_idle")))
         code = loop.run()
+        if kept:
+            session.counts = _count_kept(session.counts, led, queue_id)
         if loop.stopping:
             session.final_notes.append(loop.stopping)
         session.exitstatus = code

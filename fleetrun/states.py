@@ -95,6 +95,7 @@ CAUSES = frozenset(
         "plugin_missing",
         "internal_error",
         "setup_failed",
+        "unchanged",  # queued DONE: the same definition as a DONE task of the file's last run
     }
 )
 

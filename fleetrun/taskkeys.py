@@ -59,6 +59,17 @@ def _name_check(v: str) -> Optional[str]:
     return None
 
 
+def _tags_check(v: Any) -> Optional[str]:
+    # a tag is one word of a -m expression: no spaces or parentheses, not an operator
+    for tag in v:
+        if not isinstance(tag, str):
+            return "must be a list of strings"
+        if not tag or any(c.isspace() or c in "()" for c in tag) or tag in ("and", "or", "not") \
+                or any(ord(c) < 32 or 127 <= ord(c) <= 159 for c in tag):
+            return f"{tag!r} is not a tag (one word: no spaces, parentheses, and/or/not)"
+    return None
+
+
 def _perm_check(v: str) -> Optional[str]:
     if v not in PERMISSION_MODES:
         return f"{v!r} is not one of {', '.join(PERMISSION_MODES)}"
@@ -100,6 +111,7 @@ BUILTIN_TASK_KEYS: tuple[KeyDecl, ...] = (
             check=_one_of(*BASES)),
     KeyDecl("on_conflict", (str,), doc="a conflict merging the dependencies: ask a human, or let the agent resolve it",
             check=_one_of(*ON_CONFLICT)),
+    KeyDecl("tags", (list,), doc="words to select the task by with -m EXPR, as pytest's markers", check=_tags_check),
 )
 
 BUILTIN_VERIFY_KINDS: tuple[KeyDecl, ...] = (
@@ -119,7 +131,7 @@ BUILTIN_VERIFY_KEYS: tuple[KeyDecl, ...] = (
 #: "Defaults of every task"). Keys a plugin declares for ``[[task]]`` may be too.
 DEFAULT_TASK_KEYS: tuple[str, ...] = (
     "agent", "model", "permission_mode", "allowed_tools", "max_retries", "timeout_min",
-    "stall_timeout_min", "budget_usd", "requires", "git_ref", "peer", "setup",
+    "stall_timeout_min", "budget_usd", "requires", "git_ref", "peer", "setup", "tags",
     "base", "on_conflict",
 )
 

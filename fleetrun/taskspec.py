@@ -84,6 +84,8 @@ class TaskSpec:
     setup: list[VerifySpec] = field(default_factory=list)
     base: str = "git_ref"
     on_conflict: str = "human"
+    #: words ``-m EXPR`` selects the task by (pytest's markers); no effect on how it runs
+    tags: list[str] = field(default_factory=list)
     extra: dict[str, Any] = field(default_factory=dict)
     key_lines: dict[str, int] = field(default_factory=dict)  # where each key was written
     #: the keys whose value is a default (the tasks file's top level, the project file's

@@ -94,3 +94,33 @@ def test_errors(expr: str, message: str) -> None:
     assert info.value.key == "-k"
     assert info.value.message == message
     assert info.value.format() == f"ERROR: -k: {message}"
+
+
+# -m: the same grammar over a task's tags, each word a whole tag (pytest's markers)
+TAGS = {"api": ["backend"], "slow-api": ["backend", "slow"], "ui": ["frontend"], "bare": []}
+
+
+def marked(expr: str) -> list[str]:
+    match = KeywordExpr.compile(expr, key="-m")
+    return [n for n, tags in TAGS.items() if match.tags(tags)]
+
+
+@pytest.mark.parametrize(
+    ("expr", "expected"),
+    [
+        ("backend", ["api", "slow-api"]),
+        ("backend and not slow", ["api"]),
+        ("frontend or slow", ["slow-api", "ui"]),
+        ("not backend", ["ui", "bare"]),
+        ("back", []),  # a whole tag, not a substring, as pytest's -m
+        ("(backend or frontend) and not slow", ["api", "ui"]),
+    ],
+)
+def test_tag_expressions(expr, expected):
+    assert marked(expr) == expected
+
+
+def test_tag_expression_errors_name_m():
+    with pytest.raises(UsageError) as e:
+        KeywordExpr.compile("backend and", key="-m")
+    assert e.value.key == "-m"

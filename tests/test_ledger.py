@@ -855,3 +855,27 @@ def test_an_attempts_cost_may_be_unknown_in_a_ledger_made_before(db: Path) -> No
     assert count(db, "SELECT \"notnull\" FROM pragma_table_info('attempts') WHERE name='cost_usd'") == 0
     assert count(db, "SELECT COUNT(*) FROM sqlite_master WHERE type='index' AND name='attempts_state'") == 1
     assert count(db, "PRAGMA user_version") == ledger_mod.SCHEMA_VERSION
+
+
+def test_add_tasks_keeps_a_done_task_of_an_earlier_queue(led: Ledger) -> None:
+    """A task kept from a file's last run enters the new queue DONE, with the branch,
+    host and handoff of the task that did the work (fleetrun.rerun)."""
+    a, b = led.add_tasks([spec("a"), spec("b", "a")], source="f.toml", source_hash="h1")
+    handoff = {"task_name": "a", "branch": "fleetrun/a", "summary": "did a", "host": "local", "fetch_hint": ""}
+    led.update_task(a.id, branch="fleetrun/a", host="local", handoff=handoff)
+    for src, dst in ((State.READY, State.ASSIGNED), (State.ASSIGNED, State.RUNNING),
+                     (State.RUNNING, State.VERIFYING), (State.VERIFYING, State.DONE)):
+        led.transition(a.id, src, dst, "verify_pass")
+    old_a = led.get(a.id)
+    assert old_a is not None
+    new_a, new_b = led.add_tasks([spec("a"), spec("b", "a")], source="f.toml", source_hash="h2",
+                                 kept={"a": old_a})
+    assert (new_a.state, new_a.reason, new_a.branch, new_a.host, new_a.handoff) == (
+        State.DONE, f"unchanged:{a.id}", "fleetrun/a", "local", handoff)
+    assert (new_a.cost_usd, new_a.attempts, new_b.state, new_b.deps) == (0, 0, State.PENDING, [new_a.id])
+    assert [(t.from_state, t.to_state, t.cause) for t in led.transitions(new_a.id)] == [
+        (None, "DONE", f"unchanged:{a.id}")]
+    # kept again from the copy: still named after the task that did the work
+    (third,) = led.add_tasks([spec("a")], source="f.toml", kept={"a": new_a})
+    assert third.reason == f"unchanged:{a.id}"
+    assert [t.name for t, _ in led.tasks_of_source("f.toml")] == ["a", "b", "a", "b", "a"]

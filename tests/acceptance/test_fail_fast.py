@@ -134,7 +134,7 @@ def test_branch_checked_out_elsewhere(fleeter: Any, fake_claude: Any) -> None:
     assert fleeter.run("tasks.toml").ret == 0
     fleeter.git(repo, "checkout", "-q", "feat")
     fleeter.write_tasks(tasks + "# again\n")
-    r = fleeter.run("tasks.toml")
+    r = fleeter.run("tasks.toml", "--new-queue")  # a comment alone re-runs nothing (issue 14)
     assert_needs_human_at_once(
         fleeter, r, f"workspace_failed:fatal: 'feat' is already checked out at '{os.path.realpath(repo)}'")
     assert len(fake_claude.calls("t1")) == 1  # the first run's only
