@@ -2,32 +2,72 @@
 
 from __future__ import annotations
 
-from .config import Config, ConfigKey
-from .exceptions import ExitCode, UsageError, UsageErrors
+from typing import TYPE_CHECKING, Any
+
+# The markers and the version are needed at once (``@fleetrun.hookimpl`` at a plugin's
+# import) and are light; they are imported eagerly because their names are also those
+# of submodules (``fleetrun.hookspec``), which an import of the submodule would rebind.
 from .hookimpl import hookimpl
 from .hookspec import hookspec
-from .hostapi import Host, StartRefused
-from .procutil import ProcessHandle, task_env
-from .reports import (
-    AgentResult,
-    Cancellable,
-    Candidate,
-    Handoff,
-    HasDeadline,
-    Placement,
-    Selectable,
-    SpawnSpec,
-    Started,
-    Verdict,
-    VerifyHandle,
-    Wait,
-    Workspace,
-)
-from .stash import Stash, StashKey
-from .states import State
-from .taskspec import KeyDecl, TaskSpec, VerifySpec
-from .verbs import VerbDecl
 from .version import __version__
+
+if TYPE_CHECKING:
+    from .config import Config, ConfigKey
+    from .exceptions import ExitCode, UsageError, UsageErrors
+    from .hostapi import Host, StartRefused
+    from .procutil import ProcessHandle, task_env
+    from .reports import (
+        AgentResult,
+        Cancellable,
+        Candidate,
+        Handoff,
+        HasDeadline,
+        Placement,
+        Selectable,
+        SpawnSpec,
+        Started,
+        Verdict,
+        VerifyHandle,
+        Wait,
+        Workspace,
+    )
+    from .stash import Stash, StashKey
+    from .states import State
+    from .taskspec import KeyDecl, TaskSpec, VerifySpec
+    from .verbs import VerbDecl
+
+#: The rest of the public API, by the module that defines it: imported on first use
+#: (PEP 562), so ``import fleetrun`` — which every ``fleetrun`` command and a role
+#: session's Stop hook pay first — costs the markers alone.
+_LAZY: dict[str, str] = {
+    "Config": "config", "ConfigKey": "config",
+    "ExitCode": "exceptions", "UsageError": "exceptions", "UsageErrors": "exceptions",
+    "Host": "hostapi", "StartRefused": "hostapi",
+    "ProcessHandle": "procutil", "task_env": "procutil",
+    "AgentResult": "reports", "Cancellable": "reports", "Candidate": "reports", "Handoff": "reports",
+    "HasDeadline": "reports", "Placement": "reports", "Selectable": "reports", "SpawnSpec": "reports",
+    "Started": "reports", "Verdict": "reports", "VerifyHandle": "reports", "Wait": "reports",
+    "Workspace": "reports",
+    "Stash": "stash", "StashKey": "stash",
+    "State": "states",
+    "KeyDecl": "taskspec", "TaskSpec": "taskspec", "VerifySpec": "taskspec",
+    "VerbDecl": "verbs",
+}
+
+
+def __getattr__(name: str) -> Any:
+    module = _LAZY.get(name)
+    if module is None:
+        raise AttributeError(f"module 'fleetrun' has no attribute {name!r}")
+    import importlib
+
+    value = getattr(importlib.import_module(f".{module}", __name__), name)
+    globals()[name] = value  # once imported, a plain attribute
+    return value
+
+
+def __dir__() -> list[str]:
+    return sorted(set(globals()) | set(_LAZY))
 
 
 def main(args: list[str] | None = None, plugins: list[object] | None = None) -> int:

@@ -3,13 +3,13 @@
 from __future__ import annotations
 
 import argparse
-import os
 import sys
 from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Callable, Iterable, Optional
 
 from .exceptions import UsageError
+from .home import default_home  # noqa: F401  (its home before home.py: kept importable)
 from .stash import Stash
 from .tomlfile import describe_value
 
@@ -52,13 +52,6 @@ class ConfigKey:
 
 #: What the core itself reads: ``[fleetrun]``, reserved for general settings (none yet).
 CORE_CONFIG_KEYS: tuple[ConfigKey, ...] = (ConfigKey("fleetrun", "", doc="general settings"),)
-
-
-def default_home() -> Path:
-    env = os.environ.get("FLEETRUN_HOME")
-    if env:
-        return Path(env).expanduser().resolve()
-    return Path.home() / ".fleetrun"
 
 
 class OptionGroup:

@@ -163,7 +163,7 @@ def fast_args(args: list[str], words: list[str]) -> Optional[tuple[Path, Optiona
         return None  # blocked: the usual way says so
     if home:
         return Path(home).expanduser().resolve(), home
-    from ...config import default_home
+    from ...home import default_home
 
     return default_home(), None
 
