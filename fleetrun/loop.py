@@ -372,6 +372,6 @@ class Loop:
         """Start the agent in a prepared (and set up) workspace (the setup stage calls it)."""
         return self.starting.launch(task, att, ws, kind, prev)
 
-    def verdict_failed(self, task: Task, v: Verifying, label: str) -> None:
+    def verdict_failed(self, task: Task, v: Verifying, label: str, output: str = "") -> None:
         """A verifier failed (just now, or before a crash): retry, or ask a human."""
-        self.verify.verdict_failed(task, v, label)
+        self.verify.verdict_failed(task, v, label, output)

@@ -84,7 +84,8 @@ def test_no_raw_control_characters_reach_the_terminal(fleeter, fake_claude):
     assert r.ret == 1, r.stdout + r.stderr
     assert _leaks(r.stdout) == [] and _leaks(r.stderr) == [], r.stdout
     r.fnmatch_lines(["*| agent says \\x1b?2J\\x1b]0;owned\\x07\\x9b6n\\u202e",
-                     "*rtl\\u202eevil NEEDS_HUMAN*retries_exhausted:cat out.txt; exit 1 # \\x1b?2J\\x1b]0;owned\\x07"])
+                     "*rtl\\u202eevil NEEDS_HUMAN*retries_exhausted:cat out.txt; exit 1 # \\x1b?2J\\x1b]0;owned\\x07: "
+                     "agent says *"])
     status = fleeter.run("status")
     assert status.ret == 0 and _leaks(status.stdout) == [], status.stdout
     status.fnmatch_lines(["rtl\\u202eevil *NEEDS_HUMAN*retries_exhausted:cat out.txt; exit 1 # \\x1b?2J*"])
