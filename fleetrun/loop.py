@@ -340,6 +340,7 @@ class Loop:
         order = ["DONE", "NEEDS_HUMAN", "CANCELLED", "RUNNING", "VERIFYING", "READY", "PENDING",
                  "RETRYING", "RESUMING", "ASSIGNED"]
         self.session.counts = {s: counts[s] for s in order if counts.get(s)}
+        self.session.task_ids = [t.id for t in tasks]  # the summary lists what of them needs a human
         self.session.cost_usd = sum(t.cost_usd for t in tasks)
         self.session.cost_unknown = bool(self.led.unknown_cost() & {t.id for t in tasks})
         if getattr(self.session, "interrupted", False):
