@@ -135,13 +135,26 @@ def run_durations(led: Ledger, task_ids: list[str], started: float, now: float) 
     return rows
 
 
-def durations(led: Ledger, task_ids: list[str], started: float, n: int, now: Optional[float] = None) -> list[str]:
-    """The ``--durations N`` section, as pytest's: the N slowest, all of them for 0.
+#: As pytest's ``--durations-min`` default: shorter rows are hidden unless ``-vv``.
+DURATIONS_MIN_S = 0.005
+
+
+def durations(led: Ledger, task_ids: list[str], started: float, n: int, verbosity: int = 0,
+              now: Optional[float] = None) -> list[str]:
+    """The ``--durations N`` section, as pytest's: the N slowest, all of them for 0; rows
+    under :data:`DURATIONS_MIN_S` only with ``-vv``.
 
     :param started: when the run started (:attr:`fleetrun.session.Session.started`).
     """
     rows = run_durations(led, task_ids, started, time.time() if now is None else now)
     if n > 0:
         rows = rows[:n]
+    hidden = 0
+    if verbosity < 2:
+        hidden = sum(1 for d in rows if d.seconds < DURATIONS_MIN_S)
+        rows = [d for d in rows if d.seconds >= DURATIONS_MIN_S]
     head = f"=== slowest {n} durations ===" if n > 0 else "=== slowest durations ==="
-    return [head, *(f"{_fmt(d.seconds):>8}  {d.what:<6}  {d.text}" for d in rows)]
+    lines = [head, *(f"{_fmt(d.seconds):>8}  {d.what:<6}  {d.text}" for d in rows)]
+    if hidden:
+        lines.append(f"({hidden} duration{'s' if hidden != 1 else ''} < {DURATIONS_MIN_S}s hidden; -vv shows them)")
+    return lines

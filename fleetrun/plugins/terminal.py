@@ -155,7 +155,7 @@ class TerminalReporter:
             return
         n = self.config.getoption("durations")
         if n is not None and self.verbosity >= -1:
-            for line in durations(led, task_ids, session.started, n):
+            for line in durations(led, task_ids, session.started, n, self.verbosity):
                 self.write_line(line)
         if self.verbosity >= -1:
             for line, state in short_summary(led, task_ids):
