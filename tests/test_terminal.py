@@ -91,6 +91,9 @@ def test_no_raw_control_characters_reach_the_terminal(fleeter, fake_claude):
     status.fnmatch_lines(["rtl\\u202eevil *NEEDS_HUMAN*retries_exhausted:cat out.txt; exit 1 # \\x1b?2J*"])
     graph = fleeter.run("status", "--graph")
     assert _leaks(graph.stdout) == [], graph.stdout
+    # the summary's command to look names the task by its id: the name cannot be typed as shown
+    task_id = fleeter.task("rtl\u202eevil").id
+    r.fnmatch_lines(["NEEDS_HUMAN rtl\\u202eevil: retries_exhausted:*", f"    look: fleetrun logs {task_id}"])
     logs = fleeter.run("logs", "rtl\u202eevil")
     assert logs.ret == 0 and _leaks(logs.stdout) == [], logs.stdout
     logs.fnmatch_lines(["rtl\\u202eevil task_* ?NEEDS_HUMAN?*", "*FAIL verifier 1 (run: cat out.txt*\\x1b?2J*",

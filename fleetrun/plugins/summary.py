@@ -53,10 +53,12 @@ def failure_tail(output: str, verbosity: int, width: Optional[int]) -> list[str]
 
 
 def _look(led: Ledger, task: Task) -> str:
-    """``fleetrun logs NAME``, or the id where the name now means a newer task."""
+    """``fleetrun logs NAME``, or the id where the name now means a newer task, or
+    where it could not be typed back as shown (it holds control characters)."""
     found = led.find(task.name)
-    ref = task.name if found is not None and found.id == task.id else task.id
-    return f"fleetrun logs {shlex.quote(safe_name(ref))}"
+    typable = safe_name(task.name) == task.name
+    ref = task.name if typable and found is not None and found.id == task.id else task.id
+    return f"fleetrun logs {shlex.quote(ref)}"
 
 
 def _last_failure(verdicts: list[VerdictRow]) -> Optional[VerdictRow]:

@@ -253,3 +253,28 @@ def test_verifier_names_are_checked(fleeter):
     r.fnmatch_lines(["ERROR: tasks.toml:11: task 'a': verify #3: name: must be a string, not *"], stream="err")
     r.fnmatch_lines(["ERROR: tasks.toml:14: task 'a': verify #4: name: must not be empty"], stream="err")
     assert "task 'b'" not in r.stderr  # another task may use the same name
+
+
+def test_the_command_to_look_names_the_id_where_the_name_means_a_newer_task(fleeter):
+    fleeter.write_tasks('''
+        [agents.ok]
+        command = ["{python}", "-c", "print('done')"]
+
+        [[task]]
+        name = "flaky"
+        prompt = "p"
+        agent = "ok"
+        max_retries = 0
+          [[task.verify]]
+          run = "echo 'tests: 1 failed'; exit 1"
+    ''')
+    assert fleeter.run("queue", "tasks.toml").ret == 0
+    assert fleeter.run("queue", "tasks.toml").ret == 0
+    r = fleeter.run("work", "--until-idle")
+    assert r.ret == 1, r.stdout + r.stderr
+    older, newer = (t for t in fleeter.ledger().tasks() if t.name == "flaky")
+    assert older.created <= newer.created
+    r.fnmatch_lines(["=== short task summary info ===",
+                     "NEEDS_HUMAN flaky: *", "*", f"    look: fleetrun logs {older.id}",
+                     "NEEDS_HUMAN flaky: *", "*", "    look: fleetrun logs flaky",
+                     "=== 2 needs_human in * ==="])
