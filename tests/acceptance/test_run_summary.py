@@ -278,3 +278,25 @@ def test_the_command_to_look_names_the_id_where_the_name_means_a_newer_task(flee
                      "NEEDS_HUMAN flaky: *", "*", f"    look: fleetrun logs {older.id}",
                      "NEEDS_HUMAN flaky: *", "*", "    look: fleetrun logs flaky",
                      "=== 2 needs_human in * ==="])
+
+
+def test_the_retry_prompt_names_the_verifier_and_says_what_it_runs(fleeter, fake_claude):
+    fleeter.make_repo()
+    fleeter.write_tasks('''
+        [[task]]
+        name = "t1"
+        cwd = "repo"
+        prompt = "Write out.txt."
+        git_ref = "main"
+        max_retries = 1
+          [[task.verify]]
+          name = "has-out"
+          run = "test -f out.txt || { echo 'out.txt is missing'; exit 1; }"
+    ''')
+    fake_claude.script(t1=[{"actions": []}, {"actions": [["write", "out.txt", "x"], ["commit", "add out"]]}])
+    r = fleeter.run("tasks.toml")
+    assert r.ret == 0, r.stdout + r.stderr
+    second = fake_claude.calls("t1")[1]["prompt"]
+    assert ("Verifier `has-out` (run: `test -f out.txt || { echo 'out.txt is missing'; exit 1; }`) failed: "
+            "exit code 1.") in second, second
+    assert "out.txt is missing" in second
