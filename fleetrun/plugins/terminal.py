@@ -162,9 +162,11 @@ class TerminalReporter:
                 self.write_line(line, state or None)
 
 
-@hookimpl(trylast=True)
-def fleetrun_addoption(parser: Any) -> None:
-    parser.getgroup("terminal", "terminal reporting").addoption(
+# a name of its own (specname): the module's other options come from its
+# fleetrun_addoption, and a second function of that name would hide one of them
+@hookimpl(trylast=True, specname="fleetrun_addoption")
+def addoption_durations(parser: Any) -> None:
+    parser.getgroup("terminal", "what a run prints").addoption(
         "--durations", type=_durations_arg, default=None, metavar="N",
         help="list the N slowest tasks and verifiers at the end of the run (0: all)")
 
