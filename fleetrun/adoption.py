@@ -94,7 +94,7 @@ class Adoption:
                 v = Verifying(last, Workspace(**last.workspace), len(verdicts))
                 failed = next((x for x in verdicts if not x.passed), None)
                 if failed is not None:  # its failure was recorded, the transition after it was not
-                    loop.verify.verdict_failed(task, v, failed.label)
+                    loop.verify.verdict_failed(task, v, failed.label, failed.output)
                     continue
                 loop.verify.begin(task.id, v)
         for task in led.tasks({State.DONE}):

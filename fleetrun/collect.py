@@ -274,10 +274,17 @@ def _collect_task(
         errs.add(lines.get("task", i, "verify", default=head), f"{who}: verify",
                  "must be an array of tables, written [[task.verify]]")
         raw_verify = []
+    named: dict[str, int] = {}
     for j, rv in enumerate(raw_verify):
         v = _collect_verify(i, j, rv, keys, lines, errs, who, head)
         if v is not None:
             verifies.append(v)
+            if v.name is not None and v.name in named:  # a name tells one verifier of the task from the others
+                errs.add(lines.get("task", i, "verify", j, "name", default=head), f"{who}: verify #{j + 1}: name",
+                         f"{v.name!r} is the name of verify #{named[v.name]} too; a task's verifiers need names "
+                         "of their own")
+            elif v.name is not None:
+                named[v.name] = j + 1
 
     if len(errs.items) != n_before:
         return None
@@ -369,6 +376,7 @@ def _collect_verify(
         timeout_s=float(good.get("timeout_s", DEFAULT_VERIFY_TIMEOUT_S)),
         extra=extra,
         line=vline,
+        name=good.get("name"),
     )
 
 

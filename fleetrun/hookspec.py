@@ -220,8 +220,9 @@ def fleetrun_report_header(config: Config) -> list[str]:
 def fleetrun_terminal_summary(config: Config, exitstatus: int, counts: dict[str, int]) -> None:
     """Add to the end of a run's output.
 
-    Called once by the ``terminal`` plugin as the session finishes, before the
-    ``=== 2 done, 1 needs_human in 3m12s ===`` line. Write with
+    Called once by the ``terminal`` plugin as the session finishes, before its own
+    sections (``--durations``, the ``short task summary info`` of what needs a human)
+    and the ``=== 2 done, 1 needs_human in 3m12s ===`` line. Write with
     ``config.get_plugin("terminalreporter").write_line(text)``.
 
     :param config: the run's :class:`~fleetrun.config.Config`.

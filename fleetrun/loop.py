@@ -340,6 +340,7 @@ class Loop:
         order = ["DONE", "NEEDS_HUMAN", "CANCELLED", "RUNNING", "VERIFYING", "READY", "PENDING",
                  "RETRYING", "RESUMING", "ASSIGNED"]
         self.session.counts = {s: counts[s] for s in order if counts.get(s)}
+        self.session.task_ids = [t.id for t in tasks]  # the summary lists what of them needs a human
         self.session.cost_usd = sum(t.cost_usd for t in tasks)
         self.session.cost_unknown = bool(self.led.unknown_cost() & {t.id for t in tasks})
         if getattr(self.session, "interrupted", False):
@@ -372,6 +373,6 @@ class Loop:
         """Start the agent in a prepared (and set up) workspace (the setup stage calls it)."""
         return self.starting.launch(task, att, ws, kind, prev)
 
-    def verdict_failed(self, task: Task, v: Verifying, label: str) -> None:
+    def verdict_failed(self, task: Task, v: Verifying, label: str, output: str = "") -> None:
         """A verifier failed (just now, or before a crash): retry, or ask a human."""
-        self.verify.verdict_failed(task, v, label)
+        self.verify.verdict_failed(task, v, label, output)

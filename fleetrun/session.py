@@ -40,6 +40,8 @@ class Session:
     :ivar items: the collected tasks (empty for ``fleetrun work``).
     :ivar exitstatus: the exit code, once the loop has stopped.
     :ivar final_notes: lines the terminal prints at the end of the run.
+    :ivar task_ids: the tasks the run reports on (those ``counts`` counts), in the order
+        they were queued, once the loop has stopped.
     """
 
     def __init__(self, config: Config, ledger: Optional[Ledger] = None) -> None:
@@ -52,6 +54,7 @@ class Session:
         self.shouldstop: Optional[str] = None
         self.final_notes: list[str] = []
         self.counts: dict[str, int] = {}
+        self.task_ids: list[str] = []
         self.cost_usd = 0.0
         self.interrupted = False
         self.stopped_by_sigterm = False

@@ -120,7 +120,23 @@ BUILTIN_VERIFY_KINDS: tuple[KeyDecl, ...] = (
     KeyDecl("agent", (str,), where="verify_kind", doc="prompt for a read-only reviewer", check=_nonempty),
 )
 
+def _verify_name_check(v: str) -> Optional[str]:
+    if not v.strip():
+        return "must not be empty"
+    if any(ord(c) < 32 or 127 <= ord(c) <= 159 for c in v):
+        return "must not contain control characters"
+    if len(v) > VERIFY_NAME_LIMIT:
+        # it stands for the verifier in every line a label is shown in, causes included
+        return f"is longer than {VERIFY_NAME_LIMIT} characters"
+    return None
+
+
+#: The longest verifier ``name``: as long as a label cut from its command may be.
+VERIFY_NAME_LIMIT = 60
+
 BUILTIN_VERIFY_KEYS: tuple[KeyDecl, ...] = (
+    KeyDecl("name", (str,), where="verify", doc="the verifier's name, unique within its task; shown as its label",
+            check=_verify_name_check),
     KeyDecl("model", (str,), where="verify", doc="model for brain/agent verifiers"),
     KeyDecl("budget_usd", NUM, where="verify", doc="cost cap of an agent verifier", check=_nonneg),
     KeyDecl("timeout_s", NUM, where="verify", doc="seconds before the verifier fails", check=_positive),

@@ -38,6 +38,7 @@ class VerifySpec:
 
     :ivar kind: ``run``, ``brain``, ``agent`` or a kind a plugin declared.
     :ivar text: the command, question or review prompt.
+    :ivar name: the ``name`` key (unique within its task), or None.
     """
 
     kind: str
@@ -47,10 +48,15 @@ class VerifySpec:
     timeout_s: float = DEFAULT_VERIFY_TIMEOUT_S
     extra: dict[str, Any] = field(default_factory=dict)
     line: int = 0
+    name: Optional[str] = None
 
     @property
     def label(self) -> str:
-        """A short human name: ``cargo test`` for ``run = "cargo test --all"``."""
+        """How the verifier is shown (verdict lines, causes, ``logs``, the retry prompt):
+        its ``name`` when it has one, else its text on one line, cut to 60 characters
+        (``cargo test --all`` stays whole; a longer one ends with ``...``)."""
+        if self.name:
+            return self.name
         text = " ".join(self.text.split())
         return text if len(text) <= 60 else text[:57] + "..."
 
@@ -110,8 +116,11 @@ class TaskSpec:
     @classmethod
     def from_json(cls, data: dict[str, Any]) -> TaskSpec:
         data = dict(data)
-        verify = [VerifySpec(**v) for v in data.pop("verify", [])]
-        setup = [VerifySpec(**v) for v in data.pop("setup", None) or []]  # older ledgers have none
+        # keys a newer fleetrun wrote (a peer, a ledger) are left out, as the task's are
+        vkeys = {f.name for f in dataclasses.fields(VerifySpec)}
+        verify = [VerifySpec(**{k: x for k, x in v.items() if k in vkeys}) for v in data.pop("verify", [])]
+        setup = [VerifySpec(**{k: x for k, x in v.items() if k in vkeys})
+                 for v in data.pop("setup", None) or []]  # older ledgers have none
         known = {f.name for f in dataclasses.fields(cls)}
         return cls(verify=verify, setup=setup, **{k: v for k, v in data.items() if k in known})
 

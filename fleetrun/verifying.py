@@ -16,6 +16,7 @@ from .hostapi import get_host
 from .ledger import Attempt, Task
 from .reports import Cancellable, Verdict, VerifyHandle, Workspace
 from .states import State
+from .verdicttext import failed_cause
 
 
 @dataclass
@@ -100,20 +101,25 @@ class VerifyStage:
         if verdict.passed:
             v.idx += 1
             return True
-        self.verdict_failed(task, v, verdict.label)
+        self.verdict_failed(task, v, verdict.label, verdict.output)
         return False
 
-    def verdict_failed(self, task: Task, v: Verifying, label: str) -> None:
-        """A verifier failed (just now, or before a crash): retry, or ask a human."""
+    def verdict_failed(self, task: Task, v: Verifying, label: str, output: str = "") -> None:
+        """A verifier failed (just now, or before a crash): retry, or ask a human.
+
+        :param label: the failed verifier's label.
+        :param output: what it printed: the cause quotes its summary line
+            (:func:`~fleetrun.verdicttext.failed_cause`).
+        """
         loop = self.loop
         self.running.pop(task.id, None)
         loop.led.update_attempt(v.attempt.id, state="verified")
-        label = label.replace("\n", " ")
         if task.retries < task.spec.max_retries:
-            loop.move(task, State.RETRYING, f"verify_fail:{label}", attempt=v.attempt.number,
+            loop.move(task, State.RETRYING, failed_cause("verify_fail", label, output), attempt=v.attempt.number,
                       retries=task.retries + 1)
         else:
-            now = loop.move(task, State.NEEDS_HUMAN, f"retries_exhausted:{label}", attempt=v.attempt.number)
+            now = loop.move(task, State.NEEDS_HUMAN, failed_cause("retries_exhausted", label, output),
+                            attempt=v.attempt.number)
             if now is not None:
                 loop.finish_terminal(now)
 

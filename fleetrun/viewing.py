@@ -212,7 +212,9 @@ def cmd_logs(config: Config, out: TextIO, err: TextIO) -> int:
             head += f": {safe_text(v.reason)}"
         if v.cost_usd:
             head += f" (${v.cost_usd:.2f})"
-        body = "".join(f"\n    | {safe_text(line)}" for line in v.output.rstrip().splitlines()[-40:])
+        # a passing verifier's output (pages of progress dots) only with -v
+        shown = v.output if not v.passed or config.verbosity > 0 else ""
+        body = "".join(f"\n    | {safe_text(line)}" for line in shown.rstrip().splitlines()[-40:])
         events.append((v.time, 1, head + body))
     for a in attempts.values():
         for s in (a.info or {}).get("setup_steps") or []:  # the task's setup commands, before its agent

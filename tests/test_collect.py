@@ -126,6 +126,18 @@ def test_spec_json_roundtrip(tmp_path: Path) -> None:
     assert TaskSpec.from_json(t.to_json()) == t
 
 
+def test_a_verifier_name_round_trips_and_unknown_verifier_keys_are_left_out(tmp_path: Path) -> None:
+    """A verifier's ``name`` is kept in the ledger's JSON; a key a newer fleetrun wrote
+    there (a ledger, a supervisor's request to a peer) is left out, as a task's is."""
+    (t,) = collect(tmp_path, '[[task]]\nname = "a"\nprompt = "p"\n[[task.verify]]\nname = "unit"\n'
+                             'run = "pytest -q"\n').tasks
+    assert t.verify[0].name == "unit" and t.verify[0].label == "unit"
+    data = t.to_json()
+    assert TaskSpec.from_json(data) == t
+    data["verify"][0]["later_key"] = 1
+    assert TaskSpec.from_json(data) == t
+
+
 def test_settings_kept(tmp_path: Path) -> None:
     tf = collect(tmp_path, '[agents.x]\ncommand = ["x"]\n[brain]\nmodel = "m"\n[[task]]\nname = "a"\nprompt = "p"\n')
     assert tf.settings == {"agents": {"x": {"command": ["x"]}}, "brain": {"model": "m"}}

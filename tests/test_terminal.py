@@ -87,12 +87,16 @@ def test_no_raw_control_characters_reach_the_terminal(fleeter, fake_claude):
     assert r.ret == 1, r.stdout + r.stderr
     assert _leaks(r.stdout) == [] and _leaks(r.stderr) == [], r.stdout
     r.fnmatch_lines(["*| agent says \\x1b?2J\\x1b]0;owned\\x07\\x9b6n\\u202e",
-                     "*rtl\\u202eevil NEEDS_HUMAN*retries_exhausted:cat out.txt; exit 1 # \\x1b?2J\\x1b]0;owned\\x07"])
+                     "*rtl\\u202eevil NEEDS_HUMAN*retries_exhausted:cat out.txt; exit 1 # \\x1b?2J\\x1b]0;owned\\x07: "
+                     "agent says *"])
     status = fleeter.run("status")
     assert status.ret == 0 and _leaks(status.stdout) == [], status.stdout
     status.fnmatch_lines(["rtl\\u202eevil *NEEDS_HUMAN*retries_exhausted:cat out.txt; exit 1 # \\x1b?2J*"])
     graph = fleeter.run("status", "--graph")
     assert _leaks(graph.stdout) == [], graph.stdout
+    # the summary's command to look names the task by its id: the name cannot be typed as shown
+    task_id = fleeter.task("rtl\u202eevil").id
+    r.fnmatch_lines(["NEEDS_HUMAN rtl\\u202eevil: retries_exhausted:*", f"    look: fleetrun logs {task_id}"])
     logs = fleeter.run("logs", "rtl\u202eevil")
     assert logs.ret == 0 and _leaks(logs.stdout) == [], logs.stdout
     logs.fnmatch_lines(["rtl\\u202eevil task_* ?NEEDS_HUMAN?*", "*FAIL verifier 1 (run: cat out.txt*\\x1b?2J*",
@@ -117,3 +121,43 @@ def test_relay_peers_shows_a_peers_reply_escaped(fleeter):
     assert "Traceback" not in r.stderr, r.stderr
     assert _leaks(r.stdout) == [] and _leaks(r.stderr) == [], r.stdout
     r.fnmatch_lines(["*fleetrun 0.1.0\\x1b]0;owned\\x07*git 2.43\\x1b?2J*"])
+
+
+# -- the end of a run (issue 14) ------------------------------------------------------------
+
+FAILING = '''
+[agents.ok]
+command = ["{python}", "-c", "print('done')"]
+
+[[task]]
+name = "a"
+prompt = "p"
+agent = "ok"
+max_retries = 0
+  [[task.verify]]
+  name = "unit"
+  run = "echo first; printf '%0150d\\\\n' 7; echo '== 1 failed in 0.01s =='; exit 1"
+'''
+
+
+def test_on_a_terminal_the_failing_lines_fit_its_width_and_the_summary_is_coloured(fleeter, monkeypatch):
+    import re
+
+    import pexpect
+
+    fleeter.write_tasks(FAILING)
+    monkeypatch.delenv("NO_COLOR", raising=False)
+    monkeypatch.delenv("COLUMNS", raising=False)
+    child = fleeter.spawn("tasks.toml", dimensions=(24, 80))
+    child.expect(pexpect.EOF)
+    out = child.before.decode()
+    child.close()
+    assert child.exitstatus == 1, out
+    plain = re.sub(r"\x1b\[[0-9;]*m", "", out).replace("\r", "")
+    lines = plain.splitlines()
+    tail = [line for line in lines if line.startswith("           | ")]
+    assert tail[0] == "           | first", plain
+    assert tail[1].startswith("           | 0000") and tail[1].endswith("…") and len(tail[1]) == 80, tail
+    assert tail[2] == "           | == 1 failed in 0.01s ==", tail
+    assert "=== short task summary info ===" in lines, plain
+    assert "\x1b[31mNEEDS_HUMAN a: retries_exhausted:unit: 1 failed in 0.01s" in out, out

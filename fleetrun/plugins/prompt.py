@@ -242,7 +242,12 @@ def _render_output(v: Any, config: Optional[Config], task: Any) -> str:
 def _failures(failures: list[Any], config: Optional[Config] = None, task: Any = None) -> str:
     parts = []
     for v in failures:
-        head = f"Verifier `{v.label}` ({v.kind}) failed: {v.reason}." if v.reason else f"Verifier `{v.label}` ({v.kind}) failed."
+        kind = v.kind
+        specs = task.spec.verify if task is not None else []
+        spec = specs[v.idx] if isinstance(v.idx, int) and 0 <= v.idx < len(specs) else None
+        if spec is not None and spec.name and spec.kind == "run":  # a name alone does not say what to run
+            kind = f"run: `{' '.join(spec.text.split())}`"
+        head = f"Verifier `{v.label}` ({kind}) failed: {v.reason}." if v.reason else f"Verifier `{v.label}` ({kind}) failed."
         parts.append(head + _render_output(v, config, task))
     return "\n\n".join(parts)
 

@@ -14,8 +14,10 @@ import time
 from typing import TYPE_CHECKING, Any, Optional, TextIO
 
 from ..hookimpl import hookimpl
+from ..table import terminal_width
 from ..textutil import safe_name, safe_text
 from ..version import __version__
+from .summary import durations, failure_tail, short_summary
 
 if TYPE_CHECKING:
     from ..config import Config
@@ -120,14 +122,15 @@ class TerminalReporter:
         cost = f" ${verdict.cost_usd:.2f}" if verdict.cost_usd else ""
         self.write_line(f"         {safe_name(task.name)} verify {safe_text(verdict.kind)} `{safe_text(verdict.label)}`: "
                         f"{word} ({safe_text(verdict.reason)}){cost}", "DONE" if verdict.passed else "RETRYING")
-        if not verdict.passed and self.verbosity > 0 and verdict.output:
-            for line in verdict.output.rstrip().splitlines()[-20:]:
-                self.write_line(f"           | {safe_text(line)}")
+        if not verdict.passed and verdict.output:  # what failed, without -v too (a few lines, cut)
+            for line in failure_tail(verdict.output, self.verbosity, terminal_width(self.out)):
+                self.write_line(line)
 
     @hookimpl(trylast=True)
     def fleetrun_sessionfinish(self, session: Any, exitstatus: int) -> None:
         counts: dict[str, int] = session.counts if hasattr(session, "counts") else {}
         self.config.hook.fleetrun_terminal_summary(config=self.config, exitstatus=exitstatus, counts=counts)
+        self.summary_sections(session)
         parts = [f"{n} {state.lower()}" for state, n in counts.items() if n]
         cost = getattr(session, "cost_usd", 0.0)
         text = f"=== {', '.join(parts) or 'no tasks'} in {fmt_duration(time.time() - session.started)}"
@@ -143,6 +146,43 @@ class TerminalReporter:
         for line in session.final_notes if hasattr(session, "final_notes") else ():
             self.write_line(line)
         self.write_line(text, state)
+
+
+    def summary_sections(self, session: Any) -> None:
+        """``--durations N`` and the ``short task summary info`` of what needs a human,
+        after the plugins' summaries and before the final line, as in pytest."""
+        led = getattr(session, "ledger", None)
+        task_ids: list[str] = getattr(session, "task_ids", [])
+        if led is None:
+            return
+        n = self.config.getoption("durations")
+        if n is not None and self.verbosity >= -1:
+            for line in durations(led, task_ids, session.started, n, self.verbosity):
+                self.write_line(line)
+        if self.verbosity >= -1:
+            for line, state in short_summary(led, task_ids):
+                self.write_line(line, state or None)
+
+
+# a name of its own (specname): the module's other options come from its
+# fleetrun_addoption, and a second function of that name would hide one of them
+@hookimpl(trylast=True, specname="fleetrun_addoption")
+def addoption_durations(parser: Any) -> None:
+    parser.getgroup("terminal", "what a run prints").addoption(
+        "--durations", type=_durations_arg, default=None, metavar="N",
+        help="list the N slowest tasks and verifiers at the end of the run (0: all)")
+
+
+def _durations_arg(text: str) -> int:
+    import argparse
+
+    try:
+        n = int(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"{text!r} is not a whole number") from None
+    if n < 0:
+        raise argparse.ArgumentTypeError(f"{text} is negative; 0 lists all")
+    return n
 
 
 @hookimpl(trylast=True)
