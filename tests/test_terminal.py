@@ -153,7 +153,10 @@ def test_on_a_terminal_the_failing_lines_fit_its_width_and_the_summary_is_colour
     out = child.before.decode()
     child.close()
     assert child.exitstatus == 1, out
-    plain = re.sub(r"\x1b\[[0-9;]*m", "", out).replace("\r", "")
+    # a line printed while the live view is up comes after the view is erased
+    # (ESC[1A ESC[J): what the screen shows of it is what follows the last erase
+    shown = "\n".join(line.split("\x1b[J")[-1] for line in out.split("\n"))
+    plain = re.sub(r"\x1b\[[0-9;?]*[A-Za-z]", "", shown).replace("\r", "")
     lines = plain.splitlines()
     tail = [line for line in lines if line.startswith("           | ")]
     assert tail[0] == "           | first", plain
