@@ -127,6 +127,8 @@ class _Follow:
         by_id = {a.id: a for a in atts}
         for a in sorted(atts, key=lambda a: a.number):
             if a.id not in self.attempts:
+                if a.host in (None, "local") and not a.dir:
+                    continue  # leased, its folder not recorded yet: read it once it is
                 log = Path(a.dir) / "log" if a.dir and a.host in (None, "local") else None
                 if not self.raw:
                     where = f" on {safe_text(a.host)}" if a.host else ""
