@@ -409,7 +409,8 @@ def check_site(fleeter: Any, point: str) -> None:
                                   "the queue's timing changed")
 
 
-@pytest.mark.slow
+# Not marked slow (~3 s each): the crash points are the ledger's promise, so the
+# default run, which CI runs, keeps them.
 @pytest.mark.parametrize("point", points())
 def test_crash_point(fleeter, fake_claude, tmp_path, point):
     expected, calls = write_queue(fleeter, fake_claude)
