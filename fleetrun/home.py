@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import os
 from pathlib import Path
+from typing import Optional
 
 
 def default_home() -> Path:
@@ -17,3 +18,25 @@ def default_home() -> Path:
     if env:
         return Path(env).expanduser().resolve()
     return Path.home() / ".fleetrun"
+
+
+def home_prefix(args: list[str], verb: str) -> Optional[tuple[Optional[str], int]]:
+    """Read a fast path's command line, ``[--home DIR | --home=DIR]... VERB ...``.
+
+    :return: (the last ``--home`` given, or None; the index of ``verb`` in ``args``),
+        or None when anything else comes before ``verb`` (or it is not there): such a
+        command line runs the usual way.
+    """
+    home: Optional[str] = None
+    i = 0
+    while i < len(args) and args[i] != verb:
+        a = args[i]
+        if a == "--home" and i + 1 < len(args):
+            home = args[i + 1]
+            i += 2
+        elif a.startswith("--home="):
+            home = a.split("=", 1)[1]
+            i += 1
+        else:
+            return None
+    return (home, i) if i < len(args) else None

@@ -145,18 +145,12 @@ def fast_args(args: list[str], words: list[str]) -> Optional[tuple[Path, Optiona
     """``[--home DIR] WORDS`` (nothing else on the command line): (the home, the
     ``--home`` given or None); None for any other command line, which runs the usual
     way (where the verb does the same)."""
-    home: Optional[str] = None
-    i = 0
-    while i < len(args) and args[i] != words[0]:
-        a = args[i]
-        if a == "--home" and i + 1 < len(args):
-            home = args[i + 1]
-            i += 2
-        elif a.startswith("--home="):
-            home = a.split("=", 1)[1]
-            i += 1
-        else:
-            return None
+    from ...home import home_prefix
+
+    found = home_prefix(args, words[0])
+    if found is None:
+        return None
+    home, i = found
     if args[i:] != words:
         return None
     if "no:mailbox" in (os.environ.get("FLEETRUN_PLUGINS") or ""):

@@ -60,25 +60,17 @@ def fast_main(args: list[str], out: TextIO, err: TextIO) -> Optional[int]:
     anything else (another verb, another option), which the caller runs the usual
     way; so a fast verb answers exactly as it does through the full CLI.
     """
-    home: Optional[str] = None
-    i = 0
-    while i < len(args) and args[i] != "host":
-        a = args[i]
-        if a == "--home" and i + 1 < len(args):
-            home = args[i + 1]
-            i += 2
-        elif a.startswith("--home="):
-            home = a.split("=", 1)[1]
-            i += 1
-        else:
-            return None
+    from fleetrun.home import default_home, home_prefix
+
+    found = home_prefix(args, "host")
+    if found is None:
+        return None
+    home, i = found
     if i + 1 >= len(args) or args[i + 1] not in FAST_VERBS:
         return None
     if home:
         home_path = Path(home).expanduser().resolve()
     else:
-        from fleetrun.config import default_home
-
         home_path = default_home()
     return main(HomeOnly(home_path), args[i + 1:], out, err)
 
