@@ -1,0 +1,229 @@
+"""What supervising many peers costs: N peers in network namespaces, each its own sshd
+and fleetrun home, heartbeating to one ``fleetrun work`` loop.
+
+For each N in ``--peers`` (default 5, 10, 20) the bench registers the first N peers in a
+fresh supervisor home (``relay add``), starts ``fleetrun work`` and, after a warm-up,
+samples the supervisor's CPU time (its own process: the SSH transports and heartbeat
+threads are in it) over ``--secs`` seconds. The baseline is the same loop with no peer,
+measured in the same run. Then it queues one trivial task per peer (the local machine
+drained, so every task goes to a peer) and reads from the ledger how long each took
+from its attempt's end (the peer's shepherd's clock: the same machine's clock here)
+to the supervisor recording VERIFYING: how soon the supervisor knows.
+
+Needs root, ``ip`` and ``unshare`` (network namespaces), and sshd; skips saying why
+otherwise. Run::
+
+    python bench/fleet.py                      # 5, 10, 20 peers, 60 s each
+    python bench/fleet.py --peers 5,20 --secs 20
+
+Printed: CPU seconds per minute of the loop alone; for each N the CPU per minute, the
+extra per peer per minute, and its growth against N=5 (1.00x = linear in peers, more
+= each peer costs more as the fleet grows); the end-to-VERIFYING latency (median, max).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import shlex
+import shutil
+import signal
+import sqlite3
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+from typing import Any
+
+ROOT = Path(__file__).resolve().parent.parent
+GIT_ENV = {
+    "GIT_AUTHOR_NAME": "bench", "GIT_AUTHOR_EMAIL": "bench@example.invalid",
+    "GIT_COMMITTER_NAME": "bench", "GIT_COMMITTER_EMAIL": "bench@example.invalid",
+    "GIT_TERMINAL_PROMPT": "0",
+}
+SH_AGENT = ("echo done > bench.txt && git add bench.txt && "
+            "git -c user.name=bench -c user.email=bench@example.invalid commit -q -m bench")
+
+
+def git(cwd: Path, *args: str) -> None:
+    subprocess.run(["git", "-C", str(cwd), *args], check=True, env=dict(os.environ, **GIT_ENV),
+                   stdin=subprocess.DEVNULL, capture_output=True)
+
+
+def make_repo(path: Path) -> Path:
+    path.mkdir(parents=True)
+    git(path, "init", "-q")
+    git(path, "symbolic-ref", "HEAD", "refs/heads/main")
+    (path / "README.md").write_text("bench\n")
+    git(path, "add", "README.md")
+    git(path, "commit", "-q", "-m", "initial commit")
+    return path
+
+
+def fleetrun(home: Path, cwd: Path, *args: str, check: bool = True) -> str:
+    env = dict(os.environ, FLEETRUN_HOME=str(home), FLEETRUN_DISABLE_PLUGIN_AUTOLOAD="1", **GIT_ENV)
+    p = subprocess.run([sys.executable, "-m", "fleetrun", *args], env=env, cwd=cwd, stdin=subprocess.DEVNULL,
+                       capture_output=True, text=True, timeout=300)
+    if check and p.returncode != 0:
+        raise SystemExit(f"fleetrun {' '.join(args)} exited {p.returncode}:\n{p.stdout}{p.stderr}")
+    return p.stdout
+
+
+def cpu_of(pid: int) -> float:
+    """User + system CPU seconds of a process, from /proc (no psutil needed)."""
+    fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
+    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+
+
+class Fleet:
+    """N peers, each in a namespace of its own with an sshd on port 22 and a home."""
+
+    def __init__(self, work: Path, n: int) -> None:
+        sys.path.insert(0, str(ROOT / "tests"))
+        from sshd import NetLab, Sshd, keygen  # noqa: PLC0415 - the tests' own helpers
+
+        self.work = work
+        client = work / "client" / ".ssh"
+        client.mkdir(parents=True, mode=0o700)
+        self.key = keygen(client / "id_ed25519", "fleetrun-bench")
+        os.environ["HOME"] = str(work / "client")
+        os.environ.pop("SSH_AUTH_SOCK", None)
+        self.net = NetLab()
+        self.net.setup()
+        self.peers: list[tuple[str, str, Path, Any]] = []
+        self.repo = make_repo(work / "repo")
+        try:
+            for i in range(n):
+                ns, address, _ = self.net.add()
+                folder = work / f"peer{i}"
+                home = folder / "home"
+                home.mkdir(parents=True, mode=0o700)
+                # tests/sshd.py enters the namespace only around its bind mounts; an empty
+                # ~/.bashrc also keeps a slow one (pyenv init...) out of every SSH command
+                (folder / "bashrc").write_text("")
+                rc = Path("/root/.bashrc")
+                binds = [(folder / "bashrc", rc)] if rc.exists() else [(folder, folder)]
+                sshd = Sshd(folder / "sshd", [self.key.with_suffix(".pub").read_text()], listen=address,
+                            port=22, netns=ns, binds=binds)
+                sshd.start()
+                self.peers.append((f"p{i:02d}", address, home, sshd))
+        except BaseException:
+            self.close()
+            raise
+
+    def command(self, home: Path) -> str:
+        env = {"FLEETRUN_HOME": str(home), "FLEETRUN_DISABLE_PLUGIN_AUTOLOAD": "1", **GIT_ENV}
+        return shlex.join(["env", *(f"{k}={v}" for k, v in env.items()), sys.executable, "-m", "fleetrun"])
+
+    def close(self) -> None:
+        for *_, sshd in self.peers:
+            sshd.stop()
+        self.net.teardown()
+
+
+def supervise(fleet: Fleet, n: int, secs: float, warmup: float, tasks: bool) -> tuple[float, list[float]]:
+    """A fresh supervisor home with the first ``n`` peers: CPU seconds per minute of its
+    ``fleetrun work`` loop, and (``tasks``) the end-to-VERIFYING latencies of one task per peer."""
+    sup = fleet.work / f"sup-{n}"
+    home = sup / "home"
+    sup.mkdir()
+    (home).mkdir(mode=0o700)
+    (home / "config.toml").write_text("[relay]\nheartbeat_secs = 5\n")
+    for name, address, phome, _ in fleet.peers[:n]:
+        fleetrun(home, sup, "relay", "add", name, f"root@{address}", "--accept-new", "--key", str(fleet.key),
+                 "--command", fleet.command(phome))
+    env = dict(os.environ, FLEETRUN_HOME=str(home), FLEETRUN_DISABLE_PLUGIN_AUTOLOAD="1", **GIT_ENV)
+    with open(sup / "work.log", "wb") as log:
+        proc = subprocess.Popen([sys.executable, "-m", "fleetrun", "work"], env=env, cwd=sup,
+                                stdin=subprocess.DEVNULL, stdout=log, stderr=subprocess.STDOUT)
+    latencies: list[float] = []
+    try:
+        time.sleep(warmup)
+        if proc.poll() is not None:
+            raise SystemExit(f"fleetrun work exited {proc.returncode}:\n{(sup / 'work.log').read_text()[-3000:]}")
+        c0, t0 = cpu_of(proc.pid), time.monotonic()
+        time.sleep(secs)
+        per_min = (cpu_of(proc.pid) - c0) / (time.monotonic() - t0) * 60
+    finally:
+        proc.send_signal(signal.SIGTERM)
+        try:
+            proc.wait(30)
+        except subprocess.TimeoutExpired:
+            proc.kill()
+    if tasks and n:
+        latencies = run_tasks(fleet, sup, home, n)
+    return per_min, latencies
+
+
+def run_tasks(fleet: Fleet, sup: Path, home: Path, n: int) -> list[float]:
+    lines = ["[agents.bench]", f"command = {json.dumps(['/bin/sh', '-c', SH_AGENT])}", ""]
+    for i in range(n):
+        lines += ["[[task]]", f'name = "t{i:03d}"', f"cwd = {json.dumps(str(fleet.repo))}", 'agent = "bench"',
+                  'prompt = "write bench.txt and commit it"', 'git_ref = "main"', "  [[task.verify]]",
+                  '  run = "true"', ""]
+    (sup / "tasks.toml").write_text("\n".join(lines))
+    fleetrun(home, sup, "drain")
+    out = fleetrun(home, sup, "tasks.toml", check=False)
+    db = sqlite3.connect(home / "state.db")
+    try:
+        done = db.execute("SELECT count(*) FROM tasks WHERE state = 'DONE'").fetchone()[0]
+        if done < n:
+            raise SystemExit(f"only {done} of {n} tasks are DONE:\n{out[-3000:]}")
+        rows = db.execute(
+            "SELECT a.ended, min(t.time) FROM attempts a JOIN transitions t ON t.task_id = a.task_id "
+            "AND t.attempt = a.number AND t.to_state = 'VERIFYING' WHERE a.ended IS NOT NULL "
+            "AND a.host != 'local' GROUP BY a.id").fetchall()
+    finally:
+        db.close()
+    return [verifying - ended for ended, verifying in rows if verifying is not None]
+
+
+def main() -> int:
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--peers", default="5,10,20", help="fleet sizes, comma-separated (default 5,10,20)")
+    ap.add_argument("--secs", type=float, default=60.0, help="seconds of CPU sampling per size (default 60)")
+    ap.add_argument("--warmup", type=float, default=8.0, help="seconds before sampling (connects, first probes)")
+    ap.add_argument("--no-tasks", action="store_true", help="skip the end-to-VERIFYING latency")
+    ap.add_argument("--keep", action="store_true", help="keep the temp folder")
+    a = ap.parse_args()
+    sizes = sorted({int(x) for x in a.peers.split(",") if x.strip()})
+    if os.geteuid() != 0 or not shutil.which("ip") or not shutil.which("unshare"):
+        print("skipped: network namespaces need root, ip (iproute2) and unshare")
+        return 0
+    if not os.path.exists("/usr/sbin/sshd") or not shutil.which("ssh-keygen"):
+        print("skipped: no /usr/sbin/sshd / ssh-keygen here (apt-get install openssh-server)")
+        return 0
+    os.makedirs("/run/sshd", mode=0o755, exist_ok=True)
+    work = Path(tempfile.mkdtemp(prefix="fleetrun-bench-fleet-"))
+    fleet = Fleet(work, max(sizes))
+    try:
+        print(f"{max(sizes)} peers in network namespaces, each its own sshd and home; "
+              f"CPU sampled over {a.secs:.0f} s after {a.warmup:.0f} s of warm-up; heartbeat every 5 s")
+        base, _ = supervise(fleet, 0, a.secs, a.warmup, tasks=False)
+        print(f"\n  the loop alone (no peer)   {base:6.2f} CPU s/min   (the baseline)")
+        first: float | None = None
+        for n in sizes:
+            per_min, lat = supervise(fleet, n, a.secs, a.warmup, tasks=not a.no_tasks)
+            per_peer = (per_min - base) / n
+            first = per_peer if first is None else first
+            growth = per_peer / first if first > 0 else float("nan")
+            print(f"  {n:3d} peers                  {per_min:6.2f} CPU s/min   {per_peer * 1000:7.1f} ms/min per "
+                  f"peer   {per_min / base if base > 0 else float('nan'):5.1f}x the loop alone   "
+                  f"per-peer growth vs N={sizes[0]}: {growth:.2f}x")
+            if lat:
+                print(f"        end of a peer's attempt -> VERIFYING: median {statistics.median(lat) * 1000:.0f} ms, "
+                      f"max {max(lat) * 1000:.0f} ms ({len(lat)} tasks)")
+    finally:
+        fleet.close()
+        if a.keep:
+            print(f"\nkept {work}")
+        else:
+            shutil.rmtree(work, ignore_errors=True)
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
