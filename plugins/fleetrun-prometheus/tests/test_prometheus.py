@@ -162,10 +162,11 @@ def test_scraped_during_and_after_a_run(fleeter: Any) -> None:
     assert value(during, "fleetrun_cost_usd_total") == 0.75  # quick's and flaky's two attempts
     assert (value(during, "fleetrun_loop_pass_duration_seconds_count") or 0) >= 1
     assert value(during, "fleetrun_ledger_up") == 1
-    # headroom, as placement last measured it (flaky's retry was placed with slow running)
+    # headroom, as placement last measured it (how many ran then depends on the
+    # machine's headroom: the three tasks start at once, or one after the other)
     max_tasks = value(during, "fleetrun_host_max_tasks", host="local")
     free_slots = value(during, "fleetrun_host_free_slots", host="local")
-    assert max_tasks is not None and free_slots is not None and 0 <= free_slots < max_tasks
+    assert max_tasks is not None and free_slots is not None and 0 <= free_slots <= max_tasks >= 1
     assert (value(during, "fleetrun_host_free_memory_bytes", host="local") or 0) > 0
     assert (value(during, "fleetrun_host_headroom_timestamp_seconds", host="local") or 0) > 0
 
