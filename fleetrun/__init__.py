@@ -15,6 +15,7 @@ if TYPE_CHECKING:
     from .config import Config, ConfigKey
     from .exceptions import ExitCode, UsageError, UsageErrors
     from .hostapi import Host, StartRefused
+    from .ledgerstats import LedgerCounts, ledger_counts
     from .procutil import ProcessHandle, task_env
     from .reports import (
         AgentResult,
@@ -43,6 +44,7 @@ _LAZY: dict[str, str] = {
     "Config": "config", "ConfigKey": "config",
     "ExitCode": "exceptions", "UsageError": "exceptions", "UsageErrors": "exceptions",
     "Host": "hostapi", "StartRefused": "hostapi",
+    "LedgerCounts": "ledgerstats", "ledger_counts": "ledgerstats",
     "ProcessHandle": "procutil", "task_env": "procutil",
     "AgentResult": "reports", "Cancellable": "reports", "Candidate": "reports", "Handoff": "reports",
     "HasDeadline": "reports", "Placement": "reports", "Selectable": "reports", "SpawnSpec": "reports",
@@ -93,6 +95,7 @@ __all__ = [
     "HasDeadline",
     "Host",
     "KeyDecl",
+    "LedgerCounts",
     "Placement",
     "ProcessHandle",
     "Selectable",
@@ -114,6 +117,7 @@ __all__ = [
     "__version__",
     "hookimpl",
     "hookspec",
+    "ledger_counts",
     "main",
     "task_env",
 ]

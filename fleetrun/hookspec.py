@@ -430,6 +430,7 @@ __all__ = [
     "fleetrun_configure",
     "fleetrun_handoff",
     "fleetrun_hosts",
+    "fleetrun_loop_pass",
     "fleetrun_place",
     "fleetrun_place_filter",
     "fleetrun_place_score",
@@ -449,3 +450,22 @@ __all__ = [
     "fleetrun_verify",
     "hookspec",
 ]
+
+
+@hookspec
+def fleetrun_loop_pass(config: Config, duration_s: float) -> None:
+    """The work loop finished one pass: it looked at the ledger, the attempts and the
+    verifiers, and placed what it could. Called once per pass, at its end, on the main
+    thread, for ``fleetrun [run]`` and ``fleetrun work``; a pass that fails on an
+    unwritable home is not reported. Passes follow each other as fast as there is news
+    (an agent ended, a verifier finished) and at least once a second, so an
+    implementation must be quick: record, do not work (a metrics plugin observes the
+    duration and reads what the pass left).
+
+    :param config: the run's :class:`~fleetrun.config.Config`.
+    :param duration_s: how long the pass took, in seconds (``time.monotonic()``), not
+        counting the wait before it.
+    :return: nothing; return value ignored.
+
+    May be implemented in a ``fleetconf.py``: yes.
+    """

@@ -313,6 +313,7 @@ class Loop:
         return self.exit_code()
 
     def step(self) -> None:
+        began = time.monotonic()
         self.show_others()
         msg = self.policy.refresh()
         if msg:
@@ -326,6 +327,7 @@ class Loop:
         self.placed_last_pass = False
         if not self.stopping and self.io_error is None:
             self.starting.place_all()
+        self.hook.fleetrun_loop_pass(config=self.config, duration_s=time.monotonic() - began)
 
     def active_attempts(self) -> list[Attempt]:
         return self.led.attempts(states={"leased", "starting", "running"})
