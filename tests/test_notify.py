@@ -180,3 +180,26 @@ def test_status_and_help_do_not_import_apprise_when_notify_is_configured(tmp_pat
     assert probe("--help") == {"code": 0, "apprise": False}
     if importlib.util.find_spec("apprise") is not None:  # the probe sees it where it is used
         assert probe("validate", "tasks.toml")["apprise"] is True
+
+
+def test_an_endpoint_that_never_answers_is_given_up_at_the_end() -> None:
+    """The sender's bound, with a real socket that accepts and never answers: the loop's
+    ``send`` returns at once, and ``close`` gives up after its timeout, counting the
+    message as not sent (the thread is a daemon; apprise's own read timeout ends it)."""
+    pytest.importorskip("apprise")
+    import socket
+
+    from fleetrun.plugins.notify.messages import Message
+    from fleetrun.plugins.notify.sender import make_sender
+
+    with socket.socket() as listener:
+        listener.bind(("127.0.0.1", 0))
+        listener.listen(1)
+        port = listener.getsockname()[1]
+        sender = make_sender([f"json://127.0.0.1:{port}/hang?rto=1"])
+        sender.send(Message("t", "b", "info"))
+        assert sender.pending == 1
+        assert sender.close(timeout=0.3) == [] and sender.pending == 1
+        assert sender.thread is not None and sender.thread.daemon
+        sender.thread.join(10)  # apprise's read timeout (1 s here) ends the post
+        assert [o.failures[0][0] for o in sender.done()] == [f"json://127.0.0.1:{port}/hang"]
