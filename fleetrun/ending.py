@@ -91,6 +91,7 @@ class Ending:
         loop = self.loop
         if decision.pause is not None:
             loop.waits.pause_host(att.host, decision.pause)
+            loop.hook.fleetrun_host_paused(host=att.host, until=decision.pause[0], reason=decision.cause, config=loop.config)
         if decision.backoff is not None:
             loop.waits.back_off(task.id, att.host, decision.backoff)
         now = loop.move(task, decision.to, decision.cause, attempt=att.number, **decision.fields)

@@ -429,6 +429,7 @@ __all__ = [
     "fleetrun_config_keys",
     "fleetrun_configure",
     "fleetrun_handoff",
+    "fleetrun_host_paused",
     "fleetrun_hosts",
     "fleetrun_loop_pass",
     "fleetrun_place",
@@ -465,6 +466,34 @@ def fleetrun_loop_pass(config: Config, duration_s: float) -> None:
     :param config: the run's :class:`~fleetrun.config.Config`.
     :param duration_s: how long the pass took, in seconds (``time.monotonic()``), not
         counting the wait before it.
+    :return: nothing; return value ignored.
+
+    May be implemented in a ``fleetconf.py``: yes.
+    """
+
+
+# ---------------------------------------------------------------------------------
+# Reporting: hosts
+
+
+@hookspec
+def fleetrun_host_paused(host: str, until: float, reason: str, config: Config) -> None:
+    """A host is paused: nothing starts on it before ``until``, because an attempt there
+    ended on a usage limit (the agent's subscription or API key is spent until its reset).
+
+    Called by the loop as the pause takes effect (already in force, and kept in the ledger
+    so that a restarted loop waits for the same reset), once per attempt that ended so:
+    several attempts ended by one limit call it once each, with the same or a later
+    ``until``. For observers (the ``notify`` plugin sends it on); the loop decides the
+    pause itself, and a task whose attempt it was moves on through ``fleetrun_transition``
+    (to RESUMING, cause ``usage_limit:...``). An exception raised here is that task's
+    internal error: keep it short and safe.
+
+    :param host: the name of the host (``local``, a peer's name).
+    :param until: when the pause ends, in seconds since the epoch (the loop's clock,
+        :func:`fleetrun.clock.now`).
+    :param reason: the cause of the attempt's end (``usage_limit:usage limit, resumes at 14:05``).
+    :param config: the run's :class:`~fleetrun.config.Config`.
     :return: nothing; return value ignored.
 
     May be implemented in a ``fleetconf.py``: yes.

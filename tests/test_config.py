@@ -176,38 +176,38 @@ def _positive(v: Any) -> Optional[str]:
     return None if v > 0 else "must be greater than 0"
 
 
-class Notify:
-    """A third-party plugin that reads ``[notify]`` from config.toml."""
+class Pager:
+    """A third-party plugin that reads ``[pager]`` from config.toml."""
 
     @fleetrun.hookimpl
     def fleetrun_config_keys(self, config: Any) -> list[Any]:
         from fleetrun import ConfigKey
 
-        return [ConfigKey("notify", "url", (str,), doc="where to post"),
-                ConfigKey("notify", "level", (str,), choices=("all", "failures")),
-                ConfigKey("notify", "retries", (int,), check=_positive)]
+        return [ConfigKey("pager", "url", (str,), doc="where to post"),
+                ConfigKey("pager", "level", (str,), choices=("all", "failures")),
+                ConfigKey("pager", "retries", (int,), check=_positive)]
 
 
 def test_plugin_declared_table_is_checked(fleeter: Any) -> None:
-    fleeter.write_config('[notify]\nurl = "https://x"\nlevle = "all"\nlevel = "some"\nretries = 0\n')
+    fleeter.write_config('[pager]\nurl = "https://x"\nlevle = "all"\nlevel = "some"\nretries = 0\n')
     fleeter.write_tasks(TASK)
     where = fleeter.home / "config.toml"
-    r = fleeter.run("validate", "tasks.toml", plugins=[Notify()])
+    r = fleeter.run("validate", "tasks.toml", plugins=[Pager()])
     assert (r.ret, r.errlines) == (USAGE_ERROR, [
-        f"ERROR: {where}:3: notify.levle: unknown key (did you mean 'level'?)",
-        f"ERROR: {where}:4: notify.level: 'some' is not one of all, failures",
-        f"ERROR: {where}:5: notify.retries: must be greater than 0"])
+        f"ERROR: {where}:3: pager.levle: unknown key (did you mean 'level'?)",
+        f"ERROR: {where}:4: pager.level: 'some' is not one of all, failures",
+        f"ERROR: {where}:5: pager.retries: must be greater than 0"])
 
 
 def test_plugin_declared_table_valid(fleeter: Any) -> None:
-    fleeter.write_config('[notify]\nurl = "https://x"\nlevel = "all"\nretries = 2\n')
+    fleeter.write_config('[pager]\nurl = "https://x"\nlevel = "all"\nretries = 2\n')
     fleeter.write_tasks(TASK)
-    r = fleeter.run("validate", "tasks.toml", plugins=[Notify()])
+    r = fleeter.run("validate", "tasks.toml", plugins=[Pager()])
     assert (r.ret, r.errlines) == (0, [])
-    # without the plugin nobody reads [notify]: a mistake, most likely a missing plugin
+    # without the plugin nobody reads [pager]: a mistake, most likely a missing plugin
     r = fleeter.run("validate", "tasks.toml")
     assert (r.ret, r.errlines) == (USAGE_ERROR, [
-        f"ERROR: {fleeter.home / 'config.toml'}:1: notify: unknown table (known: agents, brain, claude, fleetrun, "
+        f"ERROR: {fleeter.home / 'config.toml'}:1: pager: unknown table (known: agents, brain, claude, fleetrun, notify, "
         "relay, worktree)"])
 
 
@@ -216,12 +216,12 @@ def test_plugin_declared_in_fleetconf(fleeter: Any) -> None:
         from fleetrun import ConfigKey
 
         def fleetrun_config_keys(config):
-            return [ConfigKey("notify", "url", (str,))]
+            return [ConfigKey("pager", "url", (str,))]
     """)
-    fleeter.write_config('[notify]\nurl = 3\n')
+    fleeter.write_config('[pager]\nurl = 3\n')
     fleeter.write_tasks(TASK)
     assert errors_of(fleeter, "validate", "tasks.toml") == [
-        f"ERROR: {fleeter.home / 'config.toml'}:2: notify.url: expected a string, got the number 3"]
+        f"ERROR: {fleeter.home / 'config.toml'}:2: pager.url: expected a string, got the number 3"]
 
 
 def test_blocked_plugins_table_is_not_an_error(fleeter: Any) -> None:
