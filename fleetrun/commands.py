@@ -7,11 +7,12 @@ from __future__ import annotations
 import argparse
 from dataclasses import asdict
 from pathlib import Path
-from typing import TYPE_CHECKING, Any, Callable, Iterable, Optional, TextIO
+from typing import TYPE_CHECKING, Any, Callable, Optional, TextIO
 
 from . import ops
 from .exceptions import ExitCode, UsageError
 from .ledger import Ledger, Task, open_ledger
+from .queueing import queued_files
 from .states import State
 from .textutil import safe_name, safe_text
 from .verbs import VerbDecl
@@ -339,19 +340,6 @@ def _work_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--until-idle", action="store_true", help="exit when nothing is left to do")
 
 
-def _queued_files(config: Config) -> Iterable[Path]:
-    """``work``: the queued tasks' files (their ``fleetconf.py`` files load), and their
-    ``[agents]``/``[brain]`` tables, as they were when queued."""
-    led = open_ledger(config)
-    sources: list[Path] = []
-    for _qid, files_, settings in led.live_queues():
-        sources.extend(Path(f) for f in files_ if Path(f).exists())
-        for key, table in settings.items():
-            if isinstance(table, dict):
-                config.file_settings.setdefault(key, {}).update(table)
-    return sources
-
-
 def _status_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--state", metavar="S", help="only tasks in this state")
     p.add_argument("--json", action="store_true", help="print JSON")
@@ -412,7 +400,7 @@ BUILTIN_VERBS: tuple[VerbDecl, ...] = (
              takes_tasks_files=True),
     VerbDecl("queue", "validate and queue tasks files; runs nothing", cmd_queue, takes_tasks_files=True),
     VerbDecl("work", "run the queued tasks (keeps running unless --until-idle)", cmd_work, _work_arguments,
-             plugin_options=True, tasks_files=_queued_files),
+             plugin_options=True, tasks_files=queued_files),
     VerbDecl("status", "one line per task (--graph: the depends_on tree and why anything waits)", cmd_status,
              _status_arguments, reads_config=False),
     VerbDecl("logs", "every transition and verdict of a task", cmd_logs, _logs_arguments, reads_config=False),

@@ -126,6 +126,11 @@ class Ledger(LedgerFile):
             " WHERE q.source=? ORDER BY t.created, t.seq", (source,)).fetchall()
         return [(self._row_to_task(r), json.loads(r["queue_settings"] or "{}")) for r in rows]
 
+    def queues_mark(self) -> int:
+        """A number that grows when a queue is added (its largest rowid): a loop compares
+        it to see whether anything was queued since it last looked."""
+        return int(self.conn.execute("SELECT coalesce(max(rowid), 0) FROM queues").fetchone()[0])
+
     def live_queues(self) -> list[tuple[str, list[str], dict[str, Any]]]:
         """(queue id, source files, settings) of every queue with unfinished tasks, oldest first."""
         rows = self.conn.execute(

@@ -30,6 +30,7 @@ from .hostapi import get_host
 from .ledger import Attempt, Ledger, Task
 from .liveness import Liveness, sock_path
 from .policy import POLICY_KEY, PolicyWatcher
+from .queueing import load_new_queues
 from .reports import Workspace
 from .setupstage import SetupStage
 from .starting import Starting
@@ -319,6 +320,8 @@ class Loop:
         if msg:
             self.config.err.write(msg + "\n")
         self.config.stash[POLICY_KEY] = self.policy.policy
+        if self.queue_id is None:  # `work`: what was queued meanwhile brings its agents
+            load_new_queues(self.config)
         ops.promote(self.led, self.notify)
         self.ending.poll()
         self.verify.poll()

@@ -33,6 +33,9 @@ BRANCH_REUSE_KEY = StashKey[list[BranchReuse]]()
 WARNINGS_KEY = StashKey[list[str]]()
 #: Lines collection has for the header (``--lf``: how many failures it runs again).
 COLLECT_NOTES_KEY = StashKey[list[str]]()
+#: ``work``: the queues whose ``[agents]``/``[brain]`` tables and ``fleetconf.py`` files
+#: are loaded, and the ledger's queue counter when they were read.
+LOADED_QUEUES_KEY = StashKey[tuple[int, set[str]]]()
 #: The names of the tasks ``-k``, ``-m`` and ``--lf`` left out.
 DESELECTED_KEY = StashKey[list[str]]()
 #: The names of the tasks ``-k`` did not match but took along, as dependencies of ones it did:
@@ -167,3 +170,48 @@ def queue_items(config: Config, items: list[TaskSpec], kept: Optional[dict[str, 
         config.hook.fleetrun_transition(task=t, from_state="", to_state=t.state.value, cause=t.reason,
                                         attempt=None, config=config)
     return tasks
+
+
+def queued_files(config: Config) -> list[Path]:
+    """``work``: the queued tasks' files (their ``fleetconf.py`` files load), and their
+    ``[agents]``/``[brain]`` tables, as they were when queued, merged into
+    ``config.file_settings``; the queues read are remembered for :func:`load_new_queues`."""
+    led = open_ledger(config)
+    mark = led.queues_mark()
+    sources, ids = _merge_queues(config, led.live_queues(), set())
+    config.stash[LOADED_QUEUES_KEY] = (mark, ids)
+    return sources
+
+
+def load_new_queues(config: Config) -> None:
+    """``work``, once a pass: a tasks file queued since the loop started brings its
+    ``[agents]``/``[brain]`` tables and ``fleetconf.py`` files as :func:`queued_files`
+    did for the files queued before (its tasks would otherwise meet "no plugin spawns
+    agent"). Cheap when nothing was queued: one counter is read."""
+    led = open_ledger(config)
+    mark, seen = config.stash.get(LOADED_QUEUES_KEY, (-1, set()))
+    now = led.queues_mark()
+    if now == mark:
+        return
+    new = [q for q in led.live_queues() if q[0] not in seen]
+    sources, ids = _merge_queues(config, new, seen)
+    config.stash[LOADED_QUEUES_KEY] = (now, ids)
+    if sources:
+        try:
+            config.pluginmanager.load_fleetconfs(sources)
+        except UsageError as e:  # the file changed since it was queued: say so, go on
+            warning = e.format().replace("ERROR: ", "WARNING: ", 1)
+            config.err.write(f"{warning} (not loaded; it applies from the next `fleetrun work`)\n")
+
+
+def _merge_queues(config: Config, queues: list[tuple[str, list[str], dict[str, Any]]],
+                  seen: set[str]) -> tuple[list[Path], set[str]]:
+    sources: list[Path] = []
+    ids = set(seen)
+    for qid, files_, settings in queues:
+        ids.add(qid)
+        sources.extend(Path(f) for f in files_ if Path(f).exists())
+        for key, table in settings.items():
+            if isinstance(table, dict):
+                config.file_settings.setdefault(key, {}).update(table)
+    return sources, ids

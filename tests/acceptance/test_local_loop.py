@@ -529,3 +529,56 @@ def test_defaults_of_the_project_and_the_tasks_file_reach_the_agent(fleeter, fak
     assert "Read" not in two["argv"] and "Bash(make:*)" in two["argv"]
     # git_ref = "main" from the project file: each task in its own worktree
     assert one["cwd"] != str(fleeter.path / "repo") and fleeter.task("t2").branch.startswith("fleetrun/t2-")
+
+
+def test_a_file_queued_while_work_runs_brings_its_agents_and_fleetconf(fleeter):
+    """A running `fleetrun work` learns the ``[agents]`` tables and the ``fleetconf.py``
+    of a tasks file queued after it started (it read the queues only as it started: the
+    task went NEEDS_HUMAN with "no plugin spawns agent")."""
+    fleeter.make_repo()
+    fleeter.write_tasks("""
+        [[task]]
+        name = "first"
+        cwd = "repo"
+        agent = "sh"
+        git_ref = "main"
+        prompt = "p"
+
+        [agents.sh]
+        command = ["/bin/sh", "-c", "sleep 30"]
+    """)
+    assert fleeter.run("queue", "tasks.toml").ret == 0
+    proc = fleeter.popen("work")
+    try:
+        deadline = time.time() + 30
+        while time.time() < deadline and fleeter.states().get("first") != "RUNNING":
+            time.sleep(0.1)
+        later = fleeter.path / "later"
+        later.mkdir()
+        (later / "fleetconf.py").write_text(
+            "import fleetrun\n\n@fleetrun.hookimpl\ndef fleetrun_build_prompt(task, attempt, config, context):\n"
+            "    return 'from the fleetconf of the later file'\n")
+        (later / "tasks.toml").write_text(f"""
+[agents.echo]
+command = ["{sys.executable}", "-c", "import sys; open('prompt.txt', 'w').write(sys.argv[1])", "{{prompt}}"]
+
+[[task]]
+name = "second"
+cwd = "../repo"
+agent = "echo"
+git_ref = "main"
+prompt = "p"
+""")
+        assert fleeter.run("queue", "later/tasks.toml").ret == 0
+        deadline = time.time() + 60
+        while time.time() < deadline and fleeter.states().get("second") not in ("DONE", "NEEDS_HUMAN"):
+            time.sleep(0.1)
+        assert fleeter.states()["second"] == "DONE", fleeter.run("logs", "second").stdout
+        branch = fleeter.ledger().find("second").branch
+        shown = subprocess.run(["git", "-C", str(fleeter.path / "repo"), "show", f"{branch}:prompt.txt"],
+                               capture_output=True, text=True, check=True).stdout
+        assert shown == "from the fleetconf of the later file"
+    finally:
+        proc.send_signal(signal.SIGINT)
+        proc.communicate(timeout=20)
+        fleeter.run("cancel", "first")
