@@ -38,6 +38,7 @@ BUILTIN_PLUGINS: dict[str, str] = {
     "verify_agent": "fleetrun.plugins.verify_agent",
     "terminal": "fleetrun.plugins.terminal",
     "events": "fleetrun.plugins.events",
+    "junitxml": "fleetrun.plugins.junitxml",
 }
 
 #: Blocking these with ``-p no:NAME`` is a usage error: nothing works without them.

@@ -16,7 +16,6 @@ import subprocess
 import sys
 import textwrap
 import types
-import xml.etree.ElementTree as ET
 from importlib import metadata
 from pathlib import Path
 from typing import Any, Callable, Optional
@@ -818,27 +817,6 @@ def test_p_names_the_module_of_a_builtin(fleeter: Any) -> None:
     result = fleeter.run("-p", "fleetrun.plugins.worktree", "tasks.toml")
     assert result.ret == 0, result.stdout + result.stderr
     assert fleeter.states() == {"a": "DONE"}
-
-
-def test_junitxml_distribution_installs_and_registers(fleeter: Any, tmp_path: Path) -> None:
-    """plugins/fleetrun-junitxml installs and registers as a third party's plugin would."""
-    fleeter.enable_plugin_autoload()  # fleeter turns autoload off
-    target = tmp_path / "site"
-    install(REPO / "plugins" / "fleetrun-junitxml", target)
-    env = {"PYTHONPATH": str(target)}
-    version = fleeter.runsub("--version", env=env)
-    assert version.ret == 0, version.stderr
-    assert plugins_of(version) == [*BUILTIN_PLUGINS, "junitxml"]
-
-    fleeter.write_tasks(echo_tasks("a"))
-    result = fleeter.runsub("tasks.toml", "--junitxml", "report.xml", env=env)
-    assert result.ret == 0, result.stdout + result.stderr
-    root = ET.parse(fleeter.path / "report.xml").getroot()
-    assert [tc.get("name") for tc in root.iter("testcase")] == ["a"]
-
-    blocked = fleeter.runsub("-p", "no:junitxml", "tasks.toml", "--junitxml", "again.xml", env=env)
-    assert blocked.ret == 4
-    assert "unrecognized arguments: --junitxml" in blocked.stderr
 
 
 # ---------------------------------------------------------------------------------
