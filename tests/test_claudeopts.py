@@ -60,6 +60,11 @@ def test_a_default_of_every_task_and_the_agent_it_is_for(fleeter: Any) -> None:
     """A default is checked where it is written (a path relative to its own file); a
     task's own option on a command agent's task is a mistake, a default is not."""
     fleeter.write("conf/mcp.json", json.dumps({"mcpServers": {}}))
+    fleeter.write("fleetrun.toml", '[task]\nmcp_config = ["conf/mcp.json"]\nsettings = "conf/none.json"\n')
+    fleeter.write_tasks('[[task]]\nname = "t"\nprompt = "p"\n[[task]]\nname = "t2"\nprompt = "p"\n')
+    r = fleeter.run("validate", "tasks.toml")  # relative to the project file; one error for two tasks
+    assert (r.ret, r.errlines) == (4, ["ERROR: fleetrun.toml:3: task 't': settings: 'conf/none.json' does not "
+                                       f"exist (it is relative to {fleeter.path})"])
     fleeter.write("fleetrun.toml", '[task]\nmcp_config = ["conf/mcp.json"]\nmax_turns = -1\n')
     fleeter.write_tasks('''
         fallback_model = "opus"

@@ -148,6 +148,11 @@ def fleetrun_collection_modifyitems(config: Config, items: list[Any]) -> None:
             errors.append(UsageError(f"is a Claude Code option; this task's agent is {t.agent!r}",
                                      file=shown(t.file_of(own[0])), line=t.key_lines.get(own[0], t.line),
                                      key=f"task '{safe_name(t.name)}': {own[0]}"))
+    # a default of every task that is wrong is wrong once, at its own line
+    first: dict[tuple[Any, ...], UsageError] = {}
+    for e in errors:
+        first.setdefault((e.file, e.line, e.message), e)
+    errors = list(first.values())
     if errors:
         raise UsageErrors(errors) if len(errors) > 1 else errors[0]
     problem = executable_problem(executable(config))
