@@ -229,6 +229,10 @@ def decide_end(e: Ended) -> Optional[Transition]:
                           backoff=Backoff(n, until, "rate_limited"))
     if res is not None and res.reason == "budget":
         return Transition(State.NEEDS_HUMAN, "budget_exhausted:the agent reached its --max-budget-usd", ran=True)
+    if res is not None and res.reason == "max_turns":
+        # the task's max_turns: a cap the user set, as budget_usd is; a resumed session
+        # would only take that many turns again
+        return Transition(State.NEEDS_HUMAN, "max_turns:the agent reached its --max-turns", ran=True)
     outcome = attempt_outcome(reason, res)
     if outcome != "ok":
         word = _FAILURE_WORD.get(reason or "", "session_died")

@@ -39,6 +39,7 @@ BUILTIN_PLUGINS: dict[str, str] = {
     "terminal": "fleetrun.plugins.terminal",
     "events": "fleetrun.plugins.events",
     "notify": "fleetrun.plugins.notify",
+    "junitxml": "fleetrun.plugins.junitxml",
 }
 
 #: Blocking these with ``-p no:NAME`` is a usage error: nothing works without them.

@@ -79,6 +79,7 @@ CAUSES = frozenset(
         "retries_exhausted",
         "resume_cap",
         "budget_exhausted",
+        "max_turns",  # a session stopped at the task's --max-turns: never resumed
         "dependency_cancelled",
         "dependency_needs_human",
         "operator_cancel",

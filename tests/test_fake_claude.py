@@ -1140,3 +1140,34 @@ def test_json_schema_refuses_output_that_does_not_fit(tmp_path, work, env):
 def test_empty_mcp_config_with_strict_is_accepted(work, env):
     proc = run([*SJ, "--strict-mcp-config", "--mcp-config", '{"mcpServers":{}}', "--", "go"], work, env)
     assert proc.returncode == 0 and result_of(proc)["result"] == "ok"
+
+
+def test_mcp_servers_the_user_s_unless_strict_and_what_a_session_was_given(tmp_path, work, env):
+    """As the real CLI: each --mcp-config's servers, and the user's (.claude.json, its
+    projects[cwd]) and the approved ones of the project's .mcp.json unless
+    --strict-mcp-config; the init event lists them, the log records them with the other
+    options a test asserts (and the variables FAKE_CLAUDE_LOG_ENV names)."""
+    config_dir = Path(env["CLAUDE_CONFIG_DIR"])
+    config_dir.mkdir()
+    (config_dir / ".claude.json").write_text(json.dumps({
+        "mcpServers": {"user-db": {"command": "true"}},
+        "projects": {str(work): {"mcpServers": {"local-one": {"command": "true"}}}}}))
+    (work / ".mcp.json").write_text(json.dumps({"mcpServers": {"approved": {}, "unapproved": {}}}))
+    (work / ".claude").mkdir()
+    (work / ".claude" / "settings.local.json").write_text(json.dumps({"enabledMcpjsonServers": ["approved"]}))
+    mcp = json.dumps({"mcpServers": {"mine": {"command": "true"}}})
+    env.update(FAKE_CLAUDE_LOG_ENV="MY_VAR,UNSET_VAR", MY_VAR="v")
+    extra = ["--append-system-prompt", "Be brief.", "--fallback-model", "sonnet", "--max-turns", "7"]
+
+    proc = run([*SJ, "--mcp-config", mcp, *extra, "go"], work, env)
+    assert proc.returncode == 0, proc.stderr
+    init = events(proc)[0]
+    assert [s["name"] for s in init["mcp_servers"]] == ["mine", "user-db", "local-one", "approved"]
+    strict = run([*SJ, "--mcp-config", mcp, "--strict-mcp-config", "go"], work, env)
+    assert [s["name"] for s in events(strict)[0]["mcp_servers"]] == ["mine"]
+
+    first, second = calls(env)
+    assert first["mcp_servers"] == ["mine", "user-db", "local-one", "approved"]
+    assert (first["append_system_prompt"], first["fallback_model"], first["max_turns"]) == ("Be brief.", "sonnet", 7)
+    assert first["env_logged"] == {"MY_VAR": "v", "UNSET_VAR": None}
+    assert second["mcp_servers"] == ["mine"] and second["max_turns"] is None

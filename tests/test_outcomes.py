@@ -160,6 +160,11 @@ def test_a_spent_budget_asks_a_human() -> None:
     assert t == Transition(State.NEEDS_HUMAN, "budget_exhausted:the agent reached its --max-budget-usd", ran=True)
 
 
+def test_max_turns_reached_asks_a_human_even_with_resumes_left() -> None:
+    t = decide_end(ended("exited", failed("max_turns"), resumes=0))
+    assert t == Transition(State.NEEDS_HUMAN, "max_turns:the agent reached its --max-turns", ran=True)
+
+
 @pytest.mark.parametrize(("reason", "result", "outcome"), [
     ("exited", OK, "ok"),
     ("exited", failed("is_error"), "is_error"),

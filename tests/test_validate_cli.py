@@ -246,8 +246,8 @@ def test_misspelled_prompt_is_also_missing_prompt(fleeter: Any) -> None:
 
 
 def test_unknown_task_subtable(fleeter: Any) -> None:
-    check(fleeter, task("a") + "\n[task.settings]\nx = 1\n",
-          "ERROR: tasks.toml:5: task 'a': settings: unknown key")
+    check(fleeter, task("a") + "\n[task.misc]\nx = 1\n",
+          "ERROR: tasks.toml:5: task 'a': misc: unknown key")
 
 
 def test_unknown_verify_key(fleeter: Any) -> None:
@@ -266,7 +266,7 @@ def test_unknown_verify_key_next_to_a_kind(fleeter: Any) -> None:
     [
         ("taks = 1", "ERROR: tasks.toml:1: taks: unknown key (did you mean 'task'?)"),
         ("[agent.codex]", "ERROR: tasks.toml:1: agent: unknown key (did you mean 'agents'?)"),
-        ("[settings]", "ERROR: tasks.toml:1: settings: unknown key"),
+        ("[misc]", "ERROR: tasks.toml:1: misc: unknown key"),
         ("agents = 1", "ERROR: tasks.toml:1: agents: must be a table"),
         ("[model.x]", "ERROR: tasks.toml:1: model: must be a string, not a table"),
     ],

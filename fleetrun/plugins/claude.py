@@ -9,6 +9,10 @@ Claude Code in ``-p`` mode denies every tool that needs permission unless the
 permission mode or an allow rule grants it, so task sessions default to
 ``--permission-mode acceptEdits`` plus allow rules for local git commands (never
 ``git push``). A task's ``permission_mode`` and ``allowed_tools`` replace these.
+
+The other Claude Code options of a task or of ``[claude]`` (``max_turns``,
+``mcp_config``, ``env``, ``extra_args``...) are declared, checked and mapped onto the
+CLI's flags by :mod:`fleetrun.claudeopts`.
 """
 
 from __future__ import annotations
@@ -17,7 +21,7 @@ import re
 import uuid
 from typing import TYPE_CHECKING, Any, Optional
 
-from .. import untrusted
+from .. import claudeopts, untrusted
 from ..claudecli import (  # the stream-json reader, shared with verify_agent
     ESCAPES,
     LIMIT_TEXT,
@@ -68,7 +72,14 @@ def fleetrun_config_keys(config: Config) -> list[Any]:
         ConfigKey("claude", "permission_mode", (str,), choices=PERMISSION_MODES, doc="default --permission-mode"),
         ConfigKey("claude", "allowed_tools", (list,), items=str, doc="default --allowedTools"),
         ConfigKey("claude", "resume_session", (bool,), doc="--resume an interrupted session"),
+        *claudeopts.config_keys(),
     ]
+
+
+@hookimpl(trylast=True)
+def fleetrun_task_keys(config: Config) -> list[Any]:
+    """The Claude Code options as ``[[task]]`` keys (docs/agents.md)."""
+    return claudeopts.task_keys()
 
 
 def base_argv(config: Config, session_id: str, model: Optional[str]) -> list[str]:
@@ -104,19 +115,46 @@ def fleetrun_spawn(task: Any, attempt: Any, workspace: Any, prompt: str, config:
         budget = spec.budget_usd
     if budget is not None:
         argv += ["--max-budget-usd", f"{budget:.4f}"]
-    return SpawnSpec(argv=argv, stdin="prompt", parser="claude", session_id=session_id)
+    # read again for every attempt, fresh, retry or resume alike: each gets the same options
+    opts = claudeopts.options_of(spec, config)
+    argv += opts.argv()
+    return SpawnSpec(argv=argv, env=opts.env(), stdin="prompt", parser="claude", session_id=session_id)
 
 
 @hookimpl(trylast=True)
 def fleetrun_collection_modifyitems(config: Config, items: list[Any]) -> None:
-    """Warn about a task whose agent is claude when claude cannot be started here: a
-    warning, not an error, since the task may be placed on a peer that has it."""
+    """Check the Claude Code options' files (:func:`claudeopts.file_problems`), and that a
+    task's own option is on a task Claude Code runs; warn about a task whose agent is
+    claude when claude cannot be started here: a warning, not an error, since the task
+    may be placed on a peer that has it."""
     from pathlib import Path
 
     from ..collect import display_path
+    from ..exceptions import UsageError, UsageErrors
     from ..hosts import executable_problem
     from ..queueing import WARNINGS_KEY
+    from ..textutil import safe_name
 
+    def shown(path: str) -> str:
+        return display_path(Path(path), config.invocation_dir) if path else "?"
+
+    errors = []
+    for t in items:
+        if t.agent == "claude":
+            errors += claudeopts.file_problems(t, config, shown)
+            continue
+        own = [k for k in claudeopts.KEYS if k in t.extra and k not in t.defaulted]
+        if own:  # a default of every task is for the tasks Claude Code runs; a task's own is a mistake
+            errors.append(UsageError(f"is a Claude Code option; this task's agent is {t.agent!r}",
+                                     file=shown(t.file_of(own[0])), line=t.key_lines.get(own[0], t.line),
+                                     key=f"task '{safe_name(t.name)}': {own[0]}"))
+    # a default of every task that is wrong is wrong once, at its own line
+    first: dict[tuple[Any, ...], UsageError] = {}
+    for e in errors:
+        first.setdefault((e.file, e.line, e.message), e)
+    errors = list(first.values())
+    if errors:
+        raise UsageErrors(errors) if len(errors) > 1 else errors[0]
     problem = executable_problem(executable(config))
     if problem is None:
         return
@@ -160,6 +198,8 @@ def result_from_log(text: str, exit_code: Optional[int]) -> AgentResult:
         out.result_text = body
     if res.subtype == "error_max_budget_usd":
         out.reason = "budget"
+    elif res.subtype == "error_max_turns":  # the task's max_turns: a cap, as the budget is
+        out.reason = "max_turns"
     elif res.is_error:
         classify_api_error(out, res, parsed, body)
     return out

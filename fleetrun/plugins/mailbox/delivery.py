@@ -3,7 +3,8 @@ and the delivery itself (``fleetrun_start_attempt`` of the ``mailbox`` plugin).
 
 An attempt is delivered when it is a fresh one, placed on this machine (``host.local``),
 for a task that asks for no worktree (``git_ref``, ``branch``), ``model``,
-``permission_mode``, ``budget_usd`` or verifiers (a mailbox carries only the prompt),
+``permission_mode``, ``budget_usd``, Claude Code options (``max_turns``, ``env``...) or
+verifiers (a mailbox carries only the prompt),
 and either the task names a ``role`` (it goes to that role, live or not: it waits in the
 mailbox), or ``auto_route = true`` in policy.toml and a live role owns its paths
 (:func:`~.owner.owner`). Everything else is left to the default, the shepherd.
@@ -16,6 +17,7 @@ import time
 from typing import TYPE_CHECKING, Any, Optional
 
 from ... import clock, crash
+from ...claudeopts import KEYS as CLAUDE_OPTIONS
 from ...reports import Started
 from . import store
 from .host import MAILBOX_HOST
@@ -41,6 +43,9 @@ def spec_always_spawned(spec: Any) -> Optional[str]:
             return f"it asks for {what}"
     if spec.budget_usd is not None:
         return "it asks for a budget"
+    asked = [k for k in CLAUDE_OPTIONS if k in (spec.extra or {})]
+    if asked:  # a mailbox carries only the prompt to a session that is already running
+        return f"it asks for Claude Code options ({', '.join(asked)})"
     if spec.verify:
         return "it has verifiers"
     return None

@@ -21,10 +21,14 @@ Environment:
                         "setting_sources", the "hooks" that ran at start-up and, on a
                         --resume/--continue, the "conversation" sent again: the earlier
                         prompts of that session, as the real CLI sends the whole
-                        earlier conversation), and one
+                        earlier conversation), the "mcp_servers" it has, its "max_turns",
+                        "fallback_model" and "append_system_prompt", and "env_logged":
+                        the variables FAKE_CLAUDE_LOG_ENV names (comma-separated)), and one
                         more, with "continuation": N, each time a Stop hook keeps the
                         session going (its "prompt" is the hook's reason).
-  CLAUDE_CONFIG_DIR     where the user's settings.json is (default ~/.claude).
+  FAKE_CLAUDE_LOG_ENV   names of variables whose values each log line records.
+  CLAUDE_CONFIG_DIR     where the user's settings.json and .claude.json are (default
+                        ~/.claude and ~/.claude.json).
   FAKE_CLAUDE_VERSION   the Claude Code version to act as: 2.1.332 (default) or 2.1.197
                         (the differences measured between them: tool-error wording, the
                         usage-limit text, read-before-write, deny-rule warnings,
@@ -42,6 +46,10 @@ stdin. A Stop hook printing {"decision": "block", "reason": R} (or exiting 2 wit
 stderr) makes the session go on with R as its next instruction: the key's next step.
 In --permission-mode plan a model alias (--model haiku) is replaced by the default
 model, as measured with the real CLI; a full id (claude-haiku-4-5) is kept.
+MCP servers, as the real CLI gathers them: each --mcp-config's, and unless
+--strict-mcp-config the user's (.claude.json's mcpServers, and its projects[<cwd>]) and
+the approved ones of <cwd>/.mcp.json; listed in the init event, none started.
+--max-turns N ends a step of more than N turns with error_max_turns (is_error, exit 1).
 With --json-schema, a step's "structured" value is checked against the schema and
 given as the result's structured_output (invalid: error_max_structured_output_retries).
 

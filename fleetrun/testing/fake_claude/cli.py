@@ -13,6 +13,7 @@ from .cliargs import (
     check_values,
     help_text,
     json_schema,
+    mcp_servers,
     parse_args,
     parse_rule,
     read_prompt,
@@ -69,12 +70,18 @@ def main(argv):
         sources = parse_setting_sources(values.get("setting_sources"))
         loaded, settings_allow, settings_deny, settings_mode = load_settings(values, sources, cwd)
         check_mcp_configs(values)
+        servers = mcp_servers(values, cwd, loaded)
         schema = json_schema(values)
     except UsageError as exc:
         usage_fail(str(exc))
     allow = split_tool_list(values.get("allowed_tools")) + settings_allow
     deny = split_tool_list(values.get("disallowed_tools")) + settings_deny
     log["setting_sources"] = sources
+    # what a test asserts a session was given, beside its argv
+    log.update(mcp_servers=servers, max_turns=max_turns, fallback_model=values.get("fallback_model"),
+               append_system_prompt=values.get("append_system_prompt"),
+               env_logged={name: os.environ.get(name) for name in
+                           (os.environ.get("FAKE_CLAUDE_LOG_ENV") or "").split(",") if name})
 
     if "tools" in values:
         wanted = split_tool_list(values["tools"])
@@ -163,7 +170,7 @@ def main(argv):
     partial = bool(values.get("include_partial_messages"))
     out.event({
         "type": "system", "subtype": "init", "cwd": cwd, "session_id": session_id,
-        "tools": tools, "mcp_servers": [], "model": model, "permissionMode": mode,
+        "tools": tools, "mcp_servers": [{"name": n, "status": "connected"} for n in servers], "model": model, "permissionMode": mode,
         "slash_commands": [], "apiKeySource": "none", "claude_code_version": VERSION,
         "output_style": "default", "agents": [], "skills": [], "plugins": [],
         "uuid": str(uuid.uuid4()),

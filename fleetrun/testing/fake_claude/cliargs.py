@@ -303,6 +303,45 @@ def check_mcp_configs(values):
             raise UsageError("Error: Invalid MCP configuration: mcpServers: expected an object")
 
 
+def mcp_servers(values, cwd, settings):
+    """The names of the MCP servers the session has, as the real CLI gathers them: those
+    of each ``--mcp-config``; and, unless ``--strict-mcp-config``, the user's (the
+    ``mcpServers`` of ``.claude.json`` in $CLAUDE_CONFIG_DIR, else the home folder, and
+    of its ``projects[<cwd>]``) and the project's ``<cwd>/.mcp.json`` ones the settings
+    approve (``enableAllProjectMcpServers``, ``enabledMcpjsonServers``). The fake starts
+    none of them; the init event lists them as connected."""
+    names = []
+
+    def add(config):
+        servers = config.get("mcpServers") if isinstance(config, dict) else None
+        for name in servers if isinstance(servers, dict) else {}:
+            if name not in names:
+                names.append(name)
+
+    for config in values.get("mcp_config") or []:
+        add(load_json_or_file(config, "--mcp-config"))
+    if values.get("strict_mcp_config"):
+        return names
+
+    def read(path):
+        try:
+            with open(path) as f:
+                return json.load(f)
+        except (OSError, ValueError):
+            return None
+
+    user = read(os.path.join(os.environ.get("CLAUDE_CONFIG_DIR") or os.path.expanduser("~"), ".claude.json"))
+    add(user)
+    if isinstance(user, dict) and isinstance(user.get("projects"), dict):
+        add(user["projects"].get(cwd))
+    project = read(os.path.join(cwd, ".mcp.json"))
+    approve_all = any(s.get("enableAllProjectMcpServers") is True for s in settings)
+    approved = {n for s in settings for n in (s.get("enabledMcpjsonServers") or []) if isinstance(n, str)}
+    if isinstance(project, dict) and isinstance(project.get("mcpServers"), dict):
+        add({"mcpServers": {n: v for n, v in project["mcpServers"].items() if approve_all or n in approved}})
+    return names
+
+
 def json_schema(values):
     """The ``--json-schema`` object, or None without one."""
     schema = None

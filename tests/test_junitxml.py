@@ -1,7 +1,9 @@
-"""fleetrun-junitxml, tested the way a third party tests a plugin: real runs of small
-queues in a tmp folder, in-process, with the plugin passed explicitly (fleeter turns
-entry-point autoload off, so a copy of the plugin installed in the environment is not
-loaded a second time under its entry-point name)."""
+"""The built-in ``junitxml`` plugin: ``--junitxml PATH``, with nothing installed.
+
+Real runs of small queues in a tmp folder; every report a test here produces is
+validated against Jenkins' JUnit schema, ``tests/junit-10.xsd`` (the copy pytest's own
+test suite validates its reports against), with xmlschema, before it is read.
+"""
 
 from __future__ import annotations
 
@@ -9,11 +11,27 @@ import xml.etree.ElementTree as ET
 from pathlib import Path
 from typing import Any, Optional
 
-import fleetrun_junitxml
 import pytest
+import xmlschema
 
 import fleetrun
 from fleetrun import AgentResult
+from fleetrun.plugins import junitxml
+
+SCHEMA_FILE = Path(__file__).parent / "junit-10.xsd"
+
+
+@pytest.fixture(scope="module")
+def schema() -> xmlschema.XMLSchema:
+    return xmlschema.XMLSchema(str(SCHEMA_FILE))
+
+
+def parse_valid(path: Path, schema: xmlschema.XMLSchema) -> ET.Element:
+    """The report's root, once the schema takes it (else the schema's reason)."""
+    errors = [f"{e.path}: {e.reason}" for e in schema.iter_errors(str(path))]
+    assert not errors, f"{path} is not valid against junit-10.xsd: {errors}"
+    return ET.parse(path).getroot()
+
 
 # Five tasks, one per way a task can end up in the report. Command agents stand in
 # for the model; ``gone`` cancels itself through the CLI, as an operator would from
@@ -31,7 +49,7 @@ prompt = "do it"
 cwd = "."
 agent = "echo"
   [[task.verify]]
-  run = "true"
+  run = "true # a bell: \u0007"
 
 [[task]]
 name = "flaky"
@@ -83,33 +101,49 @@ def props(el: ET.Element) -> dict[str, str]:
     return {p.get("name", ""): p.get("value", "") for p in el.findall("properties/property")}
 
 
-def test_one_testcase_per_task(fleeter: Any) -> None:
+def facts(tc: ET.Element) -> dict[str, str]:
+    """The task's facts, the ``name: value`` lines that lead its ``<system-out>``."""
+    lines = (tc.findtext("system-out") or "").splitlines()
+    return dict(line.split(": ", 1) for line in lines[:5])
+
+
+def verdict_lines(tc: ET.Element) -> list[str]:
+    return (tc.findtext("system-out") or "").splitlines()[5:]
+
+
+def test_one_testcase_per_task(fleeter: Any, schema: xmlschema.XMLSchema) -> None:
+    """Passed, failed (NEEDS_HUMAN), skipped (CANCELLED) and unfinished (an error), the
+    suite's properties and a control character in a <system-out>, in one valid report."""
     fleeter.write_tasks(QUEUE)
     report = fleeter.path / "report.xml"
-    result = fleeter.run("tasks.toml", "--junitxml", str(report), plugins=[fleetrun_junitxml, Costly()])
+    result = fleeter.run("tasks.toml", "--junitxml", str(report), plugins=[Costly()])  # nothing else loaded
     assert result.ret == 1, result.stdout + result.stderr
     result.assert_outcomes(done=2, needs_human=1, cancelled=1, ready=1)
 
-    root = ET.parse(report).getroot()
+    root = parse_valid(report, schema)
     assert root.tag == "testsuites"
+    assert {k: root.get(k) for k in ("tests", "failures", "errors")} == {"tests": "5", "failures": "1", "errors": "1"}
     suite = root.find("testsuite")
     assert suite is not None
     assert {k: suite.get(k) for k in ("tests", "failures", "errors", "skipped")} == {
         "tests": "5", "failures": "1", "errors": "1", "skipped": "1"}
-    assert props(suite)["exitstatus"] == "1"
+    assert props(suite) == {"exitstatus": "1", "fleetrun_version": fleetrun.__version__}
     tcs = cases(root)
     assert set(tcs) == {"ok", "flaky", "bad", "gone", "stuck"}
     assert all(tc.get("classname") == "tasks" for tc in tcs.values())
+    assert all(tc.find("properties") is None for tc in tcs.values())  # the schema has none there
 
     ok = tcs["ok"]
-    assert [child.tag for child in ok] == ["properties", "system-out"]  # passed: no failure
-    assert props(ok) == {"task_id": fleeter.task("ok").id, "state": "DONE", "attempts": "1", "retries": "0",
+    assert [child.tag for child in ok] == ["system-out"]  # passed: no failure
+    assert facts(ok) == {"task_id": fleeter.task("ok").id, "state": "DONE", "attempts": "1", "retries": "0",
                          "cost_usd": "0.250000"}
+    # a control character XML cannot hold, escaped (the raw byte would make the file unreadable)
+    assert verdict_lines(ok) == ["attempt 1: verify run `true # a bell: \\x07`: PASS (exit code 0)"]
 
     flaky = tcs["flaky"]
     assert flaky.find("failure") is None
-    assert props(flaky)["attempts"] == "2" and props(flaky)["cost_usd"] == "0.500000"
-    assert (flaky.findtext("system-out") or "").splitlines() == [
+    assert facts(flaky)["attempts"] == "2" and facts(flaky)["cost_usd"] == "0.500000"
+    assert verdict_lines(flaky) == [
         "attempt 1: verify run `test -f m || { touch m; exit 1; }`: FAIL (exit code 1)",
         "attempt 2: verify run `test -f m || { touch m; exit 1; }`: PASS (exit code 0)",
     ]
@@ -124,22 +158,24 @@ def test_one_testcase_per_task(fleeter: Any) -> None:
     assert text.startswith("attempt 2: verify run `printf")
     # the verifier's own output, escaped: colour codes cannot go into XML as they are
     assert "expected <b> & got \\x1b[31mred\\x1b[0m" in text
-    assert props(bad)["attempts"] == "2" and props(bad)["retries"] == "1"
+    assert facts(bad)["state"] == "NEEDS_HUMAN"
+    assert facts(bad)["attempts"] == "2" and facts(bad)["retries"] == "1"
 
     gone = tcs["gone"]
     skipped = gone.find("skipped")
     assert skipped is not None and skipped.get("message") == "operator_cancel"
     assert gone.find("failure") is None
+    assert facts(gone)["state"] == "CANCELLED"
 
     stuck = tcs["stuck"]
     error = stuck.find("error")
     assert error is not None
     assert error.get("type") == "unfinished"
     assert error.get("message") == "not finished: READY: this machine lacks `no-such-tool-on-any-machine`"
-    assert props(stuck)["attempts"] == "0"
+    assert facts(stuck)["attempts"] == "0" and verdict_lines(stuck) == []
 
 
-def test_a_dependent_of_a_failed_task_fails_with_the_cause(fleeter: Any) -> None:
+def test_a_dependent_of_a_failed_task_fails_with_the_cause(fleeter: Any, schema: xmlschema.XMLSchema) -> None:
     fleeter.write_tasks("""
         [agents.echo]
         command = ["{python}", "-c", "print('hi')"]
@@ -160,17 +196,17 @@ def test_a_dependent_of_a_failed_task_fails_with_the_cause(fleeter: Any) -> None
         agent = "echo"
         depends_on = ["base"]
     """)
-    result = fleeter.run("tasks.toml", "--junitxml", "out/nested/r.xml", plugins=[fleetrun_junitxml])
+    result = fleeter.run("tasks.toml", "--junitxml", "out/nested/r.xml")
     assert result.ret == 1
     result.assert_outcomes(needs_human=2)
     report = fleeter.path / "out" / "nested" / "r.xml"  # relative to where fleetrun ran; folders made
-    tcs = cases(ET.parse(report).getroot())
+    tcs = cases(parse_valid(report, schema))
     failure = tcs["top"].find("failure")
     assert failure is not None
     assert failure.get("message") == "dependency_needs_human:base"
     assert failure.text == "dependency_needs_human:base"  # no verifier ran: the cause is all there is
-    assert tcs["top"].find("system-out") is None
-    assert props(tcs["top"])["attempts"] == "0"
+    assert verdict_lines(tcs["top"]) == []
+    assert facts(tcs["top"])["attempts"] == "0"
 
 
 def test_no_option_no_report(fleeter: Any) -> None:
@@ -184,32 +220,47 @@ def test_no_option_no_report(fleeter: Any) -> None:
         cwd = "."
         agent = "echo"
     """)
-    result = fleeter.run("tasks.toml", plugins=[fleetrun_junitxml])
+    result = fleeter.run("tasks.toml")
     assert result.ret == 0, result.stdout + result.stderr
     result.assert_outcomes(done=1)
     header = next(line for line in result.outlines if line.startswith("fleetrun "))
-    assert "fleetrun_junitxml" in header
-    assert fleetrun_junitxml.REPORTER not in header
+    assert "junitxml" in header.split("plugins: ", 1)[1].split(", ")
+    assert junitxml.REPORTER not in header
     assert not list(fleeter.path.rglob("*.xml"))
 
 
-def test_option_is_listed_and_needs_the_plugin(fleeter: Any, capsys: pytest.CaptureFixture[str]) -> None:
+def test_built_in_with_nothing_installed_and_blocked_by_p_no(
+        fleeter: Any, capsys: pytest.CaptureFixture[str], schema: xmlschema.XMLSchema) -> None:
+    """``--junitxml`` through the real CLI, in a fresh interpreter with no plugin
+    installed or named (fleeter turns entry-point autoload off); ``-p no:junitxml``
+    takes the option away with the plugin, as pytest's ``-p no:junitxml`` does."""
     fleeter.write_tasks("""
+        [agents.echo]
+        command = ["{python}", "-c", "print('hi')"]
+
         [[task]]
         name = "ok"
         prompt = "p"
+        cwd = "."
+        agent = "echo"
     """)
-    assert fleeter.run("--help", plugins=[fleetrun_junitxml]).ret == 0
+    result = fleeter.runsub("tasks.toml", "--junitxml", "report.xml")
+    assert result.ret == 0, result.stdout + result.stderr
+    root = parse_valid(fleeter.path / "report.xml", schema)
+    assert [tc.get("name") for tc in root.iter("testcase")] == ["ok"]
+
+    assert fleeter.run("--help").ret == 0
     help_text = capsys.readouterr().out
     assert "--junitxml PATH" in help_text
     assert "write a JUnit XML report of the run to PATH" in help_text
 
-    without = fleeter.run("tasks.toml", "--junitxml", "r.xml")
-    assert without.ret == 4
+    blocked = fleeter.run("-p", "no:junitxml", "tasks.toml", "--junitxml", "again.xml")
+    assert blocked.ret == 4
     assert "unrecognized arguments: --junitxml" in capsys.readouterr().err
+    assert not (fleeter.path / "again.xml").exists()
 
 
-def test_reporter_is_unregistered_after_the_run(fleeter: Any) -> None:
+def test_reporter_is_unregistered_after_the_run(fleeter: Any, schema: xmlschema.XMLSchema) -> None:
     fleeter.write_tasks("""
         [agents.echo]
         command = ["{python}", "-c", "print('hi')"]
@@ -227,11 +278,11 @@ def test_reporter_is_unregistered_after_the_run(fleeter: Any) -> None:
         def fleetrun_configure(self, config: Any) -> None:
             seen["pm"] = config.pluginmanager
 
-    result = fleeter.run("tasks.toml", "--junitxml", "r.xml", plugins=[fleetrun_junitxml, Spy()])
+    result = fleeter.run("tasks.toml", "--junitxml", "r.xml", plugins=[Spy()])
     assert result.ret == 0
     result.assert_outcomes(done=1)
-    assert Path(fleeter.path / "r.xml").exists()
-    assert seen["pm"].get_plugin(fleetrun_junitxml.REPORTER) is None
+    parse_valid(fleeter.path / "r.xml", schema)
+    assert seen["pm"].get_plugin(junitxml.REPORTER) is None
 
 
 @pytest.mark.parametrize(("text", "expected"), [
@@ -241,4 +292,4 @@ def test_reporter_is_unregistered_after_the_run(fleeter: Any) -> None:
     ("nul\x00", "nul\\x00"),
 ])
 def test_xml_text(text: str, expected: str) -> None:
-    assert fleetrun_junitxml.xml_text(text) == expected
+    assert junitxml.xml_text(text) == expected
