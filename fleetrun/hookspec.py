@@ -13,7 +13,9 @@ handle, or what started) and the loop polls it.
 
 This module declares the configuration and session, collection and reporting hooks;
 the per-task hooks (place, prepare, prompt, spawn, start, verify, hand off,
-clean up) are declared in :mod:`fleetrun.hookspec_task` and imported here by name, so
+clean up) are declared in :mod:`fleetrun.hookspec_task`, the reports about attempts
+and hosts (an attempt started or ended, a host's heartbeat) in
+:mod:`fleetrun.hookspec_report`, and both imported here by name, so
 this module holds every hook: ``pm.add_hookspecs(fleetrun.hookspec)`` adds them all.
 The ``hookspec`` marker itself lives in :mod:`fleetrun.hookimpl` (both modules import
 it from there) and is exported as ``fleetrun.hookspec``.
@@ -24,6 +26,11 @@ from __future__ import annotations
 from typing import TYPE_CHECKING, Any, Optional
 
 from .hookimpl import hookspec
+from .hookspec_report import (
+    fleetrun_attempt_ended,
+    fleetrun_attempt_started,
+    fleetrun_host_heartbeat,
+)
 from .hookspec_task import (
     fleetrun_agent_result,
     fleetrun_build_prompt,
@@ -420,6 +427,8 @@ __all__ = [
     "fleetrun_addhooks",
     "fleetrun_addoption",
     "fleetrun_agent_result",
+    "fleetrun_attempt_ended",
+    "fleetrun_attempt_started",
     "fleetrun_build_prompt",
     "fleetrun_candidates",
     "fleetrun_cleanup_workspace",
@@ -429,6 +438,7 @@ __all__ = [
     "fleetrun_config_keys",
     "fleetrun_configure",
     "fleetrun_handoff",
+    "fleetrun_host_heartbeat",
     "fleetrun_hosts",
     "fleetrun_place",
     "fleetrun_place_filter",
@@ -449,3 +459,4 @@ __all__ = [
     "fleetrun_verify",
     "hookspec",
 ]
+

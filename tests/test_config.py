@@ -207,7 +207,7 @@ def test_plugin_declared_table_valid(fleeter: Any) -> None:
     # without the plugin nobody reads [notify]: a mistake, most likely a missing plugin
     r = fleeter.run("validate", "tasks.toml")
     assert (r.ret, r.errlines) == (USAGE_ERROR, [
-        f"ERROR: {fleeter.home / 'config.toml'}:1: notify: unknown table (known: agents, brain, claude, fleetrun, "
+        f"ERROR: {fleeter.home / 'config.toml'}:1: notify: unknown table (known: agents, brain, claude, events, fleetrun, "
         "relay, worktree)"])
 
 
