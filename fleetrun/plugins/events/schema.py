@@ -21,17 +21,26 @@ def load_schema() -> dict[str, Any]:
 
 
 @lru_cache(maxsize=1)
-def _validator() -> Any:
+def _validators() -> tuple[Any, dict[str, Any]]:
+    """The whole schema's validator, and one per type: the envelope and that type's
+    subschema in one object (what the whole schema asks of an event of that type, with
+    no ``if`` to try per type: ~3x faster, and most lines are good)."""
     import jsonschema
 
     schema = load_schema()
     jsonschema.Draft202012Validator.check_schema(schema)
-    return jsonschema.Draft202012Validator(schema)
+    per_type = {}
+    for name, sub in schema["$defs"].items():
+        assert set(sub) <= {"description", "type", "properties", "required"}, f"{name}: merge it by hand"
+        merged = {"type": "object", "required": [*schema["required"], *sub["required"]],
+                  "properties": {**schema["properties"], **sub["properties"]}}
+        per_type[name] = jsonschema.Draft202012Validator(merged)
+    return jsonschema.Draft202012Validator(schema), per_type
 
 
 def check_lines(lines: Iterable[str], where: str = "<events>") -> list[str]:
     """Every problem of the event lines, as ``WHERE:LINE: what is wrong``."""
-    validator = _validator()
+    whole, per_type = _validators()
     problems = []
     for n, line in enumerate(lines, 1):
         try:
@@ -39,7 +48,10 @@ def check_lines(lines: Iterable[str], where: str = "<events>") -> list[str]:
         except ValueError as e:
             problems.append(f"{where}:{n}: not JSON: {e}")
             continue
-        for err in sorted(validator.iter_errors(event), key=lambda e: list(e.absolute_path)):
+        fast = per_type.get(str(event.get("type"))) if isinstance(event, dict) else None
+        if fast is not None and fast.is_valid(event):
+            continue
+        for err in sorted(whole.iter_errors(event), key=lambda e: list(e.absolute_path)):
             path = "/".join(str(p) for p in err.absolute_path) or "(the event)"
             problems.append(f"{where}:{n}: {path}: {err.message}")
     return problems
