@@ -109,6 +109,10 @@ def test_events_file_is_a_copy_besides_the_homes_log(fleeter: Any, fake_claude: 
     assert [json.loads(x) for x in copy] == read_events(fleeter.home)
     assert stat.S_IMODE((fleeter.path / "out" / "ev.ndjson").stat().st_mode) == 0o600
     assert check_lines(copy) == []
+    # with `--events -`, what the run itself says before any event goes to stderr too
+    (fleeter.path / "empty.toml").write_text("# no tasks yet\n")
+    r = fleeter.run("empty.toml", "--events", "-")
+    assert (r.ret, r.stdout, r.errlines) == (5, "", ["no tasks collected"])
 
 
 @pytest.mark.parametrize(("text", "message"), [
