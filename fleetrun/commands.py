@@ -75,6 +75,7 @@ def cmd_run(config: Config, out: TextIO, err: TextIO) -> int:
     from .session import run_session
 
     items = collect_items(config)
+    out = config.out  # where a plugin sent the run's output (`--events -`: standard error)
     if config.getoption("collect_only") and items:
         for note in config.stash.get(COLLECT_NOTES_KEY, []):
             print(safe_text(note), file=out)

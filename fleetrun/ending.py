@@ -57,6 +57,8 @@ class Ending:
                 cur.execute("UPDATE tasks SET cost_usd = cost_usd + ? WHERE id=?", (cost or 0.0, task.id))
         task = loop.get(task.id)
         att = loop.get_attempt(att.id)
+        if record:  # reported once, by the loop that recorded it
+            loop.hook.fleetrun_attempt_ended(task=task, attempt=att, result=res, config=loop.config)
         waits = loop.waits
         decision = decide_end(Ended(
             status=st, result=res, task_state=task.state, kind=att.kind, host=att.host, resumes=task.resumes,

@@ -13,7 +13,9 @@ handle, or what started) and the loop polls it.
 
 This module declares the configuration and session, collection and reporting hooks;
 the per-task hooks (place, prepare, prompt, spawn, start, verify, hand off,
-clean up) are declared in :mod:`fleetrun.hookspec_task` and imported here by name, so
+clean up) are declared in :mod:`fleetrun.hookspec_task`, the reports about attempts
+and hosts (an attempt started or ended, a host's heartbeat) in
+:mod:`fleetrun.hookspec_report`, and both imported here by name, so
 this module holds every hook: ``pm.add_hookspecs(fleetrun.hookspec)`` adds them all.
 The ``hookspec`` marker itself lives in :mod:`fleetrun.hookimpl` (both modules import
 it from there) and is exported as ``fleetrun.hookspec``.
@@ -24,6 +26,13 @@ from __future__ import annotations
 from typing import TYPE_CHECKING, Any, Optional
 
 from .hookimpl import hookspec
+from .hookspec_report import (
+    fleetrun_attempt_ended,
+    fleetrun_attempt_started,
+    fleetrun_host_heartbeat,
+    fleetrun_host_paused,
+    fleetrun_loop_pass,
+)
 from .hookspec_task import (
     fleetrun_agent_result,
     fleetrun_build_prompt,
@@ -420,6 +429,8 @@ __all__ = [
     "fleetrun_addhooks",
     "fleetrun_addoption",
     "fleetrun_agent_result",
+    "fleetrun_attempt_ended",
+    "fleetrun_attempt_started",
     "fleetrun_build_prompt",
     "fleetrun_candidates",
     "fleetrun_cleanup_workspace",
@@ -429,6 +440,7 @@ __all__ = [
     "fleetrun_config_keys",
     "fleetrun_configure",
     "fleetrun_handoff",
+    "fleetrun_host_heartbeat",
     "fleetrun_host_paused",
     "fleetrun_hosts",
     "fleetrun_loop_pass",
@@ -451,50 +463,3 @@ __all__ = [
     "fleetrun_verify",
     "hookspec",
 ]
-
-
-@hookspec
-def fleetrun_loop_pass(config: Config, duration_s: float) -> None:
-    """The work loop finished one pass: it looked at the ledger, the attempts and the
-    verifiers, and placed what it could. Called once per pass, at its end, on the main
-    thread, for ``fleetrun [run]`` and ``fleetrun work``; a pass that fails on an
-    unwritable home is not reported. Passes follow each other as fast as there is news
-    (an agent ended, a verifier finished) and at least once a second, so an
-    implementation must be quick: record, do not work (a metrics plugin observes the
-    duration and reads what the pass left).
-
-    :param config: the run's :class:`~fleetrun.config.Config`.
-    :param duration_s: how long the pass took, in seconds (``time.monotonic()``), not
-        counting the wait before it.
-    :return: nothing; return value ignored.
-
-    May be implemented in a ``fleetconf.py``: yes.
-    """
-
-
-# ---------------------------------------------------------------------------------
-# Reporting: hosts
-
-
-@hookspec
-def fleetrun_host_paused(host: str, until: float, reason: str, config: Config) -> None:
-    """A host is paused: nothing starts on it before ``until``, because an attempt there
-    ended on a usage limit (the agent's subscription or API key is spent until its reset).
-
-    Called by the loop as the pause takes effect (already in force, and kept in the ledger
-    so that a restarted loop waits for the same reset), once per attempt that ended so:
-    several attempts ended by one limit call it once each, with the same or a later
-    ``until``. For observers (the ``notify`` plugin sends it on); the loop decides the
-    pause itself, and a task whose attempt it was moves on through ``fleetrun_transition``
-    (to RESUMING, cause ``usage_limit:...``). An exception raised here is that task's
-    internal error: keep it short and safe.
-
-    :param host: the name of the host (``local``, a peer's name).
-    :param until: when the pause ends, in seconds since the epoch (the loop's clock,
-        :func:`fleetrun.clock.now`).
-    :param reason: the cause of the attempt's end (``usage_limit:usage limit, resumes at 14:05``).
-    :param config: the run's :class:`~fleetrun.config.Config`.
-    :return: nothing; return value ignored.
-
-    May be implemented in a ``fleetconf.py``: yes.
-    """

@@ -7,7 +7,7 @@ from __future__ import annotations
 import time
 from typing import TYPE_CHECKING, Any, Optional, TextIO
 
-from . import rerun
+from . import heartbeats, rerun
 from .exceptions import UsageError
 from .ledger import Ledger, open_ledger
 from .liveness import WorkLock
@@ -130,6 +130,7 @@ def run_session(config: Config, items: Optional[list[TaskSpec]], out: TextIO, er
         config.hook.fleetrun_sessionstart(session=session)
         if items is not None and queue_id is None:
             queue_id = queue_items(config, items, kept)[0].queue_id
+        heartbeats.install(config)  # host threads' heartbeats reach their hook through the loop's waits
         loop = Loop(config, led, session, queue_id, until_idle=bool(config.getoption("until_idle")))
         code = loop.run()
         if kept:

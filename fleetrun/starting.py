@@ -237,9 +237,11 @@ class Starting:
         with led.tx() as cur:
             led.update_attempt(att.id, cur=cur, state="running", started=time.time(),
                                shepherd_pid=info.pid, shepherd_token=info.token, dir=info.dir, **moved)
-        if loop.move(task, State.RUNNING, info.cause or "started", attempt=att.number) is None:
-            # cancelled while it was starting
+        now = loop.move(task, State.RUNNING, info.cause or "started", attempt=att.number)
+        if now is None:  # cancelled while it was starting
             get_host(loop.config, info.host or att.host).stop(att.id, info.pid, info.token)
+        loop.hook.fleetrun_attempt_started(task=now or loop.get(task.id), attempt=loop.get_attempt(att.id),
+                                           host=host, config=loop.config)
         return True
 
     def prompt_context(self, task: Task, kind: str, prev: Optional[Attempt]) -> dict[str, Any]:

@@ -8,8 +8,10 @@ from __future__ import annotations
 
 import os
 from pathlib import Path
+from typing import Any
 
 import pytest
+from eventcheck import event_problems
 
 FAKES = Path(__file__).parent / "fakes"
 FAKE_CLAUDE = FAKES / "claude"  # runs fleetrun/testing/fake_claude/ by path
@@ -21,3 +23,18 @@ def claude_on_path(monkeypatch: pytest.MonkeyPatch) -> None:
     it every `validate` here would warn that claude is not on PATH (a test of that
     warning sets PATH itself)."""
     monkeypatch.setenv("PATH", f"{FAKES}{os.pathsep}{os.environ.get('PATH', '')}")
+
+
+@pytest.fixture(autouse=True)
+def events_follow_the_schema(request: pytest.FixtureRequest) -> Any:
+    """Every event a test's runs wrote (in its tmp_path homes) follows the schema: a
+    line that does not fails the test, naming the file and the line."""
+    # asked for before the test runs, so tmp_path is torn down after this check
+    root = request.getfixturevalue("tmp_path") if "tmp_path" in request.fixturenames else None
+    yield
+    if root is None:
+        return
+    problems = event_problems(root)
+    if problems:
+        pytest.fail("events that do not follow fleetrun/events.schema.json:\n" + "\n".join(problems[:20]),
+                    pytrace=False)

@@ -207,8 +207,8 @@ def test_plugin_declared_table_valid(fleeter: Any) -> None:
     # without the plugin nobody reads [pager]: a mistake, most likely a missing plugin
     r = fleeter.run("validate", "tasks.toml")
     assert (r.ret, r.errlines) == (USAGE_ERROR, [
-        f"ERROR: {fleeter.home / 'config.toml'}:1: pager: unknown table (known: agents, brain, claude, fleetrun, notify, "
-        "relay, worktree)"])
+        f"ERROR: {fleeter.home / 'config.toml'}:1: pager: unknown table (known: agents, brain, claude, events, fleetrun, "
+        "notify, relay, worktree)"])
 
 
 def test_plugin_declared_in_fleetconf(fleeter: Any) -> None:

@@ -18,6 +18,7 @@ from ...reports import Candidate, Handoff, Verdict, Wait, Workspace
 from ...shepherd import read_json, write_json
 from ...states import ACTIVE, State
 from ...taskspec import safe_slug, step_index
+from .beatinfo import post_heartbeat
 from .bundle import (
     FETCH_RECORD,
     UNBUNDLE_TIMEOUT_S,
@@ -126,11 +127,13 @@ class Heartbeat(threading.Thread):
 
     def run(self) -> None:
         while not self._halt.is_set():
+            began = time.monotonic()
             try:
                 self.beat()
             except Exception as e:  # a heartbeat never takes the loop down
                 self.entry = dict(self.entry, error=f"heartbeat failed: {type(e).__name__}: {e}", error_at=time.time())
             self.first_done.set()
+            post_heartbeat(self.host, self.entry, time.monotonic() - began)  # fleetrun_host_heartbeat
             self._halt.wait(self.interval)
 
     def beat(self) -> None:

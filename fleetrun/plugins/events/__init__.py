@@ -1,0 +1,224 @@
+"""Built-in ``events`` plugin: the versioned NDJSON event stream (docs/events.md).
+
+Every line is one JSON object, ``{"v": 1, "type": ..., "at": ..., ...}``, of the types
+the JSON Schema ``fleetrun/events.schema.json`` declares: ``run_start``, ``run_end``,
+``queued``, ``transition``, ``attempt_started``, ``attempt_ended``, ``verdict``,
+``waiting``, ``peer_heartbeat``. Version 1 only ever gains fields and types.
+
+The lines go to ``$FLEETRUN_HOME/events.ndjson`` (rotated by ``[events] max_bytes`` and
+``keep``, :mod:`.log`) and, with ``--events FILE`` or ``--events -``, also to that file
+or to standard output (the terminal's output then goes to standard error).
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import os
+import time
+from datetime import datetime, timezone
+from pathlib import Path
+from typing import TYPE_CHECKING, Any, Optional
+
+from ...config import ConfigKey
+from ...exceptions import UsageError
+from ...hookimpl import hookimpl
+from ...stash import StashKey
+from ...version import __version__
+from .log import DEFAULT_KEEP, DEFAULT_MAX_BYTES, Copy, HomeLog
+
+if TYPE_CHECKING:
+    from ...config import Config
+
+#: The schema version every line carries; fields and types are only ever added to it.
+VERSION = 1
+#: Longer texts (a verifier's reason, a wait's reason) are cut to this many characters.
+TEXT_LIMIT = 500
+
+
+class Sinks:
+    """Where this process's events go: the home's log (made on the first event, once
+    ``config.toml`` is read) and the ``--events`` copy."""
+
+    def __init__(self, config: Config, copy: Optional[Copy]) -> None:
+        self.config = config
+        self.copy = copy
+        self.home: Optional[HomeLog] = None
+
+    def emit(self, type_: str, fields: dict[str, Any]) -> None:
+        event = {"v": VERSION, "type": type_, "at": stamp(time.time()), **fields}
+        line = (json.dumps(event, default=str, allow_nan=False) + "\n").encode()
+        if self.copy is not None:
+            try:
+                self.copy.write(line)
+            except (OSError, ValueError):
+                self.copy = None  # a reader that went away; the home's log goes on
+        try:
+            if self.home is None:
+                home = self.config.home
+                home.mkdir(parents=True, exist_ok=True, mode=0o700)
+                self.home = HomeLog(home / "events.ndjson", *_limits(self.config))
+            self.home.write(line)
+        except OSError:
+            pass  # the event log must never stop the loop; the ledger has the truth
+
+
+SINKS_KEY = StashKey[Sinks]()
+
+
+def stamp(t: float) -> str:
+    """RFC 3339, UTC, milliseconds: ``2026-12-01T16:30:00.123Z``."""
+    return datetime.fromtimestamp(t, timezone.utc).isoformat(timespec="milliseconds").replace("+00:00", "Z")
+
+
+def _limits(config: Config) -> tuple[int, int]:
+    try:
+        return (int(config.setting("events", "max_bytes", DEFAULT_MAX_BYTES)),
+                int(config.setting("events", "keep", DEFAULT_KEEP)))
+    except UsageError:  # config.toml was refused already, where it is read
+        return DEFAULT_MAX_BYTES, DEFAULT_KEEP
+
+
+def _emit(config: Config, type_: str, **fields: Any) -> None:
+    sinks = config.stash.get(SINKS_KEY)
+    if sinks is None:
+        sinks = config.stash[SINKS_KEY] = Sinks(config, None)
+    sinks.emit(type_, fields)
+
+
+def _num(value: Any) -> Optional[float]:
+    """A finite number, or None (JSON has no NaN)."""
+    if isinstance(value, (int, float)) and not isinstance(value, bool) and math.isfinite(value):
+        return float(value)
+    return None
+
+
+def _text(value: Any) -> str:
+    text = str(value or "")
+    return text if len(text) <= TEXT_LIMIT else text[:TEXT_LIMIT - 3] + "..."
+
+
+def _task(task: Any) -> dict[str, Any]:
+    return {"task": task.id, "name": task.name}
+
+
+# -- configuration ---------------------------------------------------------------------
+
+
+def _positive(value: Any) -> Optional[str]:
+    return None if value >= 1 else "must be at least 1"
+
+
+def _not_negative(value: Any) -> Optional[str]:
+    return None if value >= 0 else "must be 0 or more"
+
+
+@hookimpl(trylast=True)
+def fleetrun_config_keys(config: Config) -> list[ConfigKey]:
+    return [
+        # the home's log: a setting of this machine's home, never of a project
+        ConfigKey("events", "", machine=True, doc="the event log of this home"),
+        ConfigKey("events", "max_bytes", (int,), check=_positive,
+                  doc="rotate events.ndjson before it grows past this many bytes"),
+        ConfigKey("events", "keep", (int,), check=_not_negative,
+                  doc="how many rotated files to keep (events.ndjson.1 ...)"),
+    ]
+
+
+@hookimpl(trylast=True)
+def fleetrun_addoption(parser: Any) -> None:
+    parser.getgroup("events", "the event stream").addoption(
+        "--events", metavar="FILE|-", default=None,
+        help="also write this run's events to FILE (appended), or to standard output with '-' "
+             "(the terminal's output then goes to standard error); see docs/events.md")
+
+
+@hookimpl(tryfirst=True)
+def fleetrun_configure(config: Config) -> None:
+    # tryfirst: `--events -` takes standard output before the terminal plugin (or any
+    # other) picks up config.out for its own lines
+    where = config.getoption("events")
+    if not where or config.option.verb not in ("run", "work"):
+        return
+    if where == "-":
+        copy = Copy(stream=config.out)
+        config.out = config.err
+    else:
+        path = Path(config.invocation_dir, os.path.expanduser(where))
+        try:
+            copy = Copy(path=path)
+        except OSError as e:
+            raise UsageError(f"cannot write to {path}: {e.strerror or e}", key="--events") from None
+    config.stash[SINKS_KEY] = Sinks(config, copy)
+
+
+@hookimpl(trylast=True)
+def fleetrun_unconfigure(config: Config) -> None:
+    sinks = config.stash.get(SINKS_KEY)
+    if sinks is not None and sinks.copy is not None:
+        sinks.copy.close()
+
+
+# -- the events ------------------------------------------------------------------------
+
+
+@hookimpl(trylast=True)
+def fleetrun_sessionstart(session: Any) -> None:
+    config = session.config
+    _emit(config, "run_start", pid=os.getpid(), version=__version__, verb=config.option.verb,
+          files=[str(f) for f in (config.getoption("files") or [])], tasks=len(session.items or []),
+          home=str(config.home))
+
+
+@hookimpl(trylast=True)
+def fleetrun_sessionfinish(session: Any, exitstatus: int) -> None:
+    led, ids = session.ledger, session.task_ids
+    first = led.get(ids[0]) if led is not None and ids else None
+    _emit(session.config, "run_end", pid=os.getpid(), version=__version__, exit_status=int(exitstatus),
+          counts={str(k): int(v) for k, v in session.counts.items()}, cost_usd=_num(session.cost_usd),
+          duration_s=round(time.time() - session.started, 3), queue=first.queue_id if first else None)
+
+
+@hookimpl(trylast=True)
+def fleetrun_transition(task: Any, from_state: str, to_state: str, cause: str, attempt: Any, config: Config) -> None:
+    if not from_state:  # entered the ledger: `queued`, so every transition has a `from`
+        _emit(config, "queued", **_task(task), queue=task.queue_id, to=to_state, cause=cause)
+        return
+    _emit(config, "transition", **_task(task), **{"from": from_state}, to=to_state, cause=cause,
+          attempt=attempt, host=task.host)
+
+
+@hookimpl(trylast=True)
+def fleetrun_attempt_started(task: Any, attempt: Any, host: Any, config: Config) -> None:
+    _emit(config, "attempt_started", **_task(task), attempt=attempt.number, attempt_id=attempt.id,
+          kind=attempt.kind, host=attempt.host, pid=attempt.shepherd_pid, session_id=attempt.session_id)
+
+
+@hookimpl(trylast=True)
+def fleetrun_attempt_ended(task: Any, attempt: Any, result: Any, config: Config) -> None:
+    began, ended = _num(attempt.started), _num(attempt.ended)
+    _emit(config, "attempt_ended", **_task(task), attempt=attempt.number, attempt_id=attempt.id,
+          host=attempt.host, exit_code=attempt.exit_code, outcome=attempt.outcome,
+          cost_usd=_num(attempt.cost_usd), session_id=attempt.session_id,
+          duration_s=round(ended - began, 3) if began is not None and ended is not None else None)
+
+
+@hookimpl(trylast=True)
+def fleetrun_verdict(task: Any, verdict: Any, attempt: Any, config: Config) -> None:
+    _emit(config, "verdict", **_task(task), attempt=attempt.number, kind=verdict.kind, label=verdict.label,
+          passed=bool(verdict.passed), duration_s=round(_num(verdict.duration_s) or 0.0, 3),
+          reason=_text(verdict.reason), cost_usd=_num(verdict.cost_usd) or 0.0, host=verdict.host)
+
+
+@hookimpl(trylast=True)
+def fleetrun_task_waiting(task: Any, reason: str, config: Config) -> None:
+    _emit(config, "waiting", **_task(task), reason=_text(reason))
+
+
+@hookimpl(trylast=True)
+def fleetrun_host_heartbeat(host: Any, info: dict[str, Any], config: Config) -> None:
+    _emit(config, "peer_heartbeat", peer=host.name, reachable=bool(info.get("reachable")),
+          running=info.get("running"), max_tasks=info.get("max_tasks"), free_slots=info.get("free_slots"),
+          free_mem_mb=_num(info.get("free_mem_mb")), load_per_core=_num(info.get("load_per_core")),
+          free_disk_mb=_num(info.get("free_disk_mb")), latency_ms=_num(info.get("latency_ms")),
+          error=_text(info["error"]) if info.get("error") else None)

@@ -1,0 +1,222 @@
+"""The ``events`` plugin: the versioned event stream (docs/events.md) through the real
+CLI, its rotation, ``--events -``, its config keys, and the schema check every test's
+events go through (``tests/conftest.py``)."""
+
+from __future__ import annotations
+
+import json
+import multiprocessing
+import re
+import stat
+from pathlib import Path
+from typing import Any
+
+import pytest
+from eventcheck import event_files, event_problems
+
+from fleetrun.plugins.events import stamp
+from fleetrun.plugins.events.log import HomeLog
+from fleetrun.plugins.events.schema import check_lines, load_schema
+
+DOCS = Path(__file__).resolve().parents[1] / "docs" / "events.md"
+TYPES = {"run_start", "run_end", "queued", "transition", "attempt_started", "attempt_ended", "verdict",
+         "waiting"}  # peer_heartbeat: tests/acceptance/test_events_peer.py
+
+
+def read_events(home: Path) -> list[dict[str, Any]]:
+    """The home's events, the rotated files' first (oldest first)."""
+    files = sorted(home.glob("events.ndjson*"), key=lambda p: -int(p.suffix[1:]) if p.suffix[1:].isdigit() else 0)
+    return [json.loads(line) for f in files for line in f.read_text().splitlines()]
+
+
+def test_a_run_streams_every_type_on_stdout_rotates_and_validates(fleeter: Any, fake_claude: Any) -> None:
+    """One run through the real CLI as a subprocess, with ``--events -`` and a small
+    ``[events] max_bytes``: every event type, stdout holds only event lines (the
+    terminal's output is on stderr), the home's log is rotated, 0600, and every line
+    follows the schema."""
+    fleeter.make_repo()
+    fleeter.write_tasks('''
+        [[task]]
+        name = "a"
+        cwd = "repo"
+        prompt = "Write a.txt."
+        git_ref = "main"
+        [[task.verify]]
+        run = "test -f a.txt"
+
+        [[task]]
+        name = "b"
+        cwd = "repo"
+        prompt = "Write b.txt."
+        git_ref = "main"
+    ''')
+    fleeter.write_config("[events]\nmax_bytes = 1800\nkeep = 2\n")
+    # a's first attempt writes nothing: its verifier fails, attempt 2 (a retry) passes
+    fake_claude.script(a=[{"result": "nothing", "cost": 0.01},
+                          {"actions": [["write", "a.txt", "a"], ["commit", "a"]], "cost": 0.02}])
+    r = fleeter.runsub("tasks.toml", "--events", "-", "--max-tasks", "1")
+    assert r.ret == 0, r.stdout + r.stderr
+    streamed = [json.loads(line) for line in r.outlines]  # every stdout line is an event
+    r.fnmatch_lines(["*a DONE (attempt 2)*", "=== 2 done in *"], stream="err")
+    assert {e["type"] for e in streamed} == TYPES
+    assert all(e["v"] == 1 and re.fullmatch(r"\d{4}-\d\d-\d\dT\d\d:\d\d:\d\d\.\d{3}Z", e["at"]) for e in streamed)
+    assert streamed[0]["type"] == "run_start" and streamed[-1]["type"] == "run_end"
+    assert streamed[-1]["exit_status"] == 0 and streamed[-1]["counts"] == {"DONE": 2}
+    a = fleeter.task("a")
+    queued = [e for e in streamed if e["type"] == "queued"]
+    assert [(e["name"], e["to"], e["cause"]) for e in queued] == [("a", "READY", "queued"), ("b", "READY", "queued")]
+    assert queued[0]["task"] == a.id and queued[0]["queue"] == a.queue_id == streamed[-1]["queue"]
+    # every transition says where it came from (entering the ledger is `queued`)
+    moves = [(e["from"], e["to"], e["attempt"]) for e in streamed if e["type"] == "transition" and e["task"] == a.id]
+    assert moves == [("READY", "ASSIGNED", 1), ("ASSIGNED", "RUNNING", 1), ("RUNNING", "VERIFYING", 1),
+                     ("VERIFYING", "RETRYING", 1), ("RETRYING", "ASSIGNED", 2), ("ASSIGNED", "RUNNING", 2),
+                     ("RUNNING", "VERIFYING", 2), ("VERIFYING", "DONE", 2)]
+    started = [e for e in streamed if e["type"] == "attempt_started" and e["task"] == a.id]
+    ended = [e for e in streamed if e["type"] == "attempt_ended" and e["task"] == a.id]
+    assert [(e["attempt"], e["kind"], e["host"]) for e in started] == [(1, "fresh", "local"), (2, "retry", "local")]
+    assert all(isinstance(e["pid"], int) for e in started)
+    assert [(e["attempt"], e["exit_code"], e["cost_usd"]) for e in ended] == [(1, 0, 0.01), (2, 0, 0.02)]
+    assert ended[0]["session_id"] == fleeter.ledger().attempts(a.id)[0].session_id
+    verdicts = [(e["attempt"], e["kind"], e["label"], e["passed"]) for e in streamed if e["type"] == "verdict"]
+    assert verdicts == [(1, "run", "test -f a.txt", False), (2, "run", "test -f a.txt", True)]
+    # b waited for the one slot a held
+    [waiting] = [e for e in streamed if e["type"] == "waiting"]
+    assert waiting["name"] == "b" and waiting["reason"]
+    # the home's log: rotated to events.ndjson.1 and .2, the oldest dropped; what is kept
+    # is the end of what was streamed, line for line
+    names = sorted(p.name for p in fleeter.home.glob("events.ndjson*"))
+    assert names == ["events.ndjson", "events.ndjson.1", "events.ndjson.2"]
+    kept = read_events(fleeter.home)
+    assert kept == streamed[-len(kept):] and len(kept) < len(streamed)
+    assert all(p.stat().st_size <= 1800 for p in fleeter.home.glob("events.ndjson*"))
+    assert all(stat.S_IMODE(p.stat().st_mode) == 0o600 for p in fleeter.home.glob("events.ndjson*"))
+    # what the suite's own check walks sees the subprocess's files, and they pass it
+    assert set(event_files(fleeter.root)) == set(fleeter.home.glob("events.ndjson*"))
+    assert check_lines(r.outlines) == []
+
+
+def test_events_file_is_a_copy_besides_the_homes_log(fleeter: Any, fake_claude: Any) -> None:
+    fleeter.make_repo()
+    fleeter.write_tasks('[[task]]\nname = "a"\ncwd = "repo"\nprompt = "p"\n')
+    r = fleeter.run("tasks.toml", "--events", "out/ev.ndjson")
+    assert r.ret == 4  # its folder does not exist: said before anything starts
+    assert "ERROR: --events: cannot write to" in r.stderr and not (fleeter.home / "events.ndjson").exists()
+    (fleeter.path / "out").mkdir()
+    r = fleeter.run("tasks.toml", "--events", "out/ev.ndjson")
+    assert r.ret == 0, r.stdout + r.stderr
+    assert any("a DONE" in line for line in r.outlines)  # the terminal keeps stdout
+    copy = (fleeter.path / "out" / "ev.ndjson").read_text().splitlines()
+    assert [json.loads(x) for x in copy] == read_events(fleeter.home)
+    assert stat.S_IMODE((fleeter.path / "out" / "ev.ndjson").stat().st_mode) == 0o600
+    assert check_lines(copy) == []
+    # with `--events -`, what the run itself says before any event goes to stderr too
+    (fleeter.path / "empty.toml").write_text("# no tasks yet\n")
+    r = fleeter.run("empty.toml", "--events", "-")
+    assert (r.ret, r.stdout, r.errlines) == (5, "", ["no tasks collected"])
+
+
+@pytest.mark.parametrize(("text", "message"), [
+    ("[events]\nmax_bytes = 0\n", "config.toml:2: events.max_bytes: must be at least 1"),
+    ("[events]\nkeep = -1\n", "config.toml:2: events.keep: must be 0 or more"),
+    ('[events]\nkeep = "3"\n', "config.toml:2: events.keep:"),
+])
+def test_a_bad_events_setting_is_a_usage_error(fleeter: Any, text: str, message: str) -> None:
+    fleeter.make_repo()
+    fleeter.write_tasks('[[task]]\nname = "a"\ncwd = "repo"\nprompt = "p"\n')
+    fleeter.write_config(text)
+    r = fleeter.run("tasks.toml")
+    assert r.ret == 4 and message in r.stderr, r.stderr
+    assert not (fleeter.home / "events.ndjson").exists()
+
+
+def _append(path: str, who: int, n: int) -> None:
+    log = HomeLog(Path(path), max_bytes=3000, keep=1000)
+    for i in range(n):
+        event = {"v": 1, "type": "waiting", "at": stamp(i), "task": f"t{who}", "name": str(i), "reason": "x" * (i % 50)}
+        log.write((json.dumps(event) + "\n").encode())
+
+
+def test_concurrent_writers_rotate_without_losing_or_cutting_a_line(tmp_path: Path) -> None:
+    """Two processes append 400 lines each while the file rotates every ~40 lines."""
+    path = tmp_path / "logs" / "events.ndjson"
+    path.parent.mkdir()
+    ctx = multiprocessing.get_context("spawn")
+    procs = [ctx.Process(target=_append, args=(str(path), who, 400)) for who in (1, 2)]
+    for p in procs:
+        p.start()
+    for p in procs:
+        p.join(60)
+        assert p.exitcode == 0
+    lines = [line for f in path.parent.glob("events.ndjson*") for line in f.read_text().splitlines()]
+    got = sorted((e["task"], int(e["name"])) for e in map(json.loads, lines))
+    assert got == sorted((f"t{w}", i) for w in (1, 2) for i in range(400))
+    assert len(list(path.parent.glob("events.ndjson.*"))) >= 10
+    assert not (path.parent / "events.ndjson.lock").exists()  # the lock is not one of the log's files
+
+
+def test_the_validator_names_the_file_and_line_of_a_bad_event(tmp_path: Path) -> None:
+    """What fails a test whose run wrote a bad event (the autouse check of conftest.py)."""
+    home = tmp_path / "h"
+    home.mkdir()
+    good = {"v": 1, "type": "waiting", "at": stamp(0), "task": "t1", "name": "a", "reason": "no slot"}
+    bad = [
+        dict(good, v=2),
+        {k: v for k, v in good.items() if k != "reason"},
+        {**good, "type": "transition", "from": None, "to": "READY", "cause": "queued", "attempt": None, "host": None},
+    ]
+    (home / "events.ndjson.1").write_text("\n".join(json.dumps(e) for e in [good, *bad]) + "\n{not json\n")
+    problems = event_problems(tmp_path)
+    where = str(home / "events.ndjson.1")
+    assert [p.split(": ", 1)[0] for p in problems] == [f"{where}:2", f"{where}:3", f"{where}:4", f"{where}:5"]
+    assert "v: 1 was expected" in problems[0]
+    assert "'reason' is a required property" in problems[1]
+    assert "from: None is not one of" in problems[2]
+    assert "not JSON" in problems[3]
+    (home / "events.ndjson.1").write_text(json.dumps(good) + "\n" + json.dumps(good))  # cut mid-write
+    assert event_problems(tmp_path) == [f"{where}: the last line is cut (no newline at its end)"]
+    (home / "events.ndjson.1").unlink()  # this test's own teardown check passes
+
+
+def doc_lines() -> list[str]:
+    """The event lines shown in docs/events.md (its ```json blocks, one event a line)."""
+    blocks = re.findall(r"```json\n(.*?)```", DOCS.read_text(), re.S)
+    return [line for b in blocks for line in b.splitlines() if line.startswith("{")]
+
+
+def test_the_docs_example_lines_follow_the_schema_and_show_every_type() -> None:
+    lines = doc_lines()
+    assert check_lines(lines, "docs/events.md") == []
+    assert {json.loads(line)["type"] for line in lines} == TYPES | {"peer_heartbeat"}
+
+
+def test_the_docs_name_every_field_of_every_type() -> None:
+    text = DOCS.read_text()
+    schema = load_schema()
+    missing = [f"{t}.{f}" for t, sub in schema["$defs"].items() for f in sub["properties"]
+               if f"`{f}`" not in text or f"`{t}`" not in text]
+    assert not missing, missing
+
+
+def test_the_attempt_hooks_come_once_per_attempt_with_the_recorded_attempt(fleeter: Any, fake_claude: Any) -> None:
+    """``fleetrun_attempt_started`` after the move to RUNNING, ``fleetrun_attempt_ended``
+    after the end is recorded and before the task moves on; a session that died is
+    ended too (its cost unknown), and its resume is an attempt of its own."""
+    fleeter.make_repo()
+    fleeter.write_tasks('[[task]]\nname = "a"\ncwd = "repo"\nprompt = "p"\ngit_ref = "main"\n')
+    fake_claude.script(a=[{"mode": "no_result", "exit": 1}, {"cost": 0.03, "result": "ok"}])
+    r = fleeter.inline_run("tasks.toml")
+    assert r.ret == 0, r.stdout + r.stderr
+    calls = r.hooks.getcalls("fleetrun_transition,fleetrun_attempt_started,fleetrun_attempt_ended")
+    seen = [(c._name, getattr(c, "to_state", None)) for c in calls if c._name != "fleetrun_transition"
+            or c.to_state in ("RUNNING", "VERIFYING", "RESUMING")]
+    assert seen == [("fleetrun_transition", "RUNNING"), ("fleetrun_attempt_started", None),
+                    ("fleetrun_attempt_ended", None), ("fleetrun_transition", "RESUMING"),
+                    ("fleetrun_transition", "RUNNING"), ("fleetrun_attempt_started", None),
+                    ("fleetrun_attempt_ended", None), ("fleetrun_transition", "VERIFYING")]
+    started = r.hooks.getcalls("fleetrun_attempt_started")
+    ended = r.hooks.getcalls("fleetrun_attempt_ended")
+    assert [(c.attempt.number, c.attempt.kind, c.attempt.state, c.host.name) for c in started] == \
+        [(1, "fresh", "running", "local"), (2, "resume", "running", "local")]
+    assert [(c.attempt.number, c.attempt.state, c.attempt.exit_code, c.attempt.cost_usd) for c in ended] == \
+        [(1, "ended", 1, None), (2, "ended", 0, 0.03)]
+    assert ended[1].result.session_id == ended[1].attempt.session_id and ended[1].task.cost_usd == 0.03
