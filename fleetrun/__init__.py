@@ -15,6 +15,8 @@ if TYPE_CHECKING:
     from .config import Config, ConfigKey
     from .exceptions import ExitCode, UsageError, UsageErrors
     from .hostapi import Host, StartRefused
+    from .ledger import open_ledger
+    from .links import add_link, add_note, task_links
     from .procutil import ProcessHandle, task_env
     from .reports import (
         AgentResult,
@@ -43,6 +45,8 @@ _LAZY: dict[str, str] = {
     "Config": "config", "ConfigKey": "config",
     "ExitCode": "exceptions", "UsageError": "exceptions", "UsageErrors": "exceptions",
     "Host": "hostapi", "StartRefused": "hostapi",
+    "open_ledger": "ledger",
+    "add_link": "links", "add_note": "links", "task_links": "links",
     "ProcessHandle": "procutil", "task_env": "procutil",
     "AgentResult": "reports", "Cancellable": "reports", "Candidate": "reports", "Handoff": "reports",
     "HasDeadline": "reports", "Placement": "reports", "Selectable": "reports", "SpawnSpec": "reports",
@@ -112,8 +116,12 @@ __all__ = [
     "Wait",
     "Workspace",
     "__version__",
+    "add_link",
+    "add_note",
     "hookimpl",
     "hookspec",
     "main",
+    "open_ledger",
     "task_env",
+    "task_links",
 ]
