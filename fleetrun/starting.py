@@ -19,8 +19,8 @@ from .gitutil import WorktreeTampered
 from .hostapi import StartRefused, get_host, missing_host_reason, registry
 from .hosts import executable_problem
 from .ledger import Attempt, Task
-from .liveness import sock_path
 from .links import task_links
+from .liveness import sock_path
 from .procutil import task_env
 from .reports import MIN_BUDGET_USD, Candidate, Handoff, Placement, SpawnSpec, Wait, Workspace
 from .states import PLACEABLE, State
