@@ -16,7 +16,7 @@ if TYPE_CHECKING:
     from .exceptions import ExitCode, UsageError, UsageErrors
     from .hostapi import Host, StartRefused
     from .ledger import open_ledger
-    from .links import add_link, add_note, task_links
+    from .links import add_link, add_note, check_url, task_links
     from .procutil import ProcessHandle, task_env
     from .reports import (
         AgentResult,
@@ -46,7 +46,7 @@ _LAZY: dict[str, str] = {
     "ExitCode": "exceptions", "UsageError": "exceptions", "UsageErrors": "exceptions",
     "Host": "hostapi", "StartRefused": "hostapi",
     "open_ledger": "ledger",
-    "add_link": "links", "add_note": "links", "task_links": "links",
+    "add_link": "links", "add_note": "links", "check_url": "links", "task_links": "links",
     "ProcessHandle": "procutil", "task_env": "procutil",
     "AgentResult": "reports", "Cancellable": "reports", "Candidate": "reports", "Handoff": "reports",
     "HasDeadline": "reports", "Placement": "reports", "Selectable": "reports", "SpawnSpec": "reports",
@@ -118,6 +118,7 @@ __all__ = [
     "__version__",
     "add_link",
     "add_note",
+    "check_url",
     "hookimpl",
     "hookspec",
     "main",
