@@ -4,7 +4,7 @@ Nothing here knows fleetrun: :func:`run` starts a program and says why it failed
 words (never an exception), :func:`parse_list` and :func:`parse_created` read what
 ``gh`` printed. ``gh``'s output is not trusted (a wrong ``gh`` on the PATH, a proxy's
 HTML page, a newer gh that prints more): a URL is taken only when it is one
-(``https://``, a host, printable ASCII, :func:`fleetrun.links.check_url`), anything
+(``https://``, a host, printable ASCII, :func:`fleetrun.check_url`), anything
 else is a reason.
 """
 
@@ -17,7 +17,7 @@ import subprocess
 from dataclasses import dataclass
 from typing import Optional, Union
 
-from fleetrun import check_url
+import fleetrun
 
 #: What a gh or git failure may show of its output, per stream.
 TAIL_CHARS = 600
@@ -87,7 +87,9 @@ def failure(what: str, ran: Ran) -> str:
 
 
 def _url(value: object) -> Union[str, None]:
-    return value if isinstance(value, str) and check_url(value, ("https",)) is None else None
+    # fleetrun.check_url is imported on first use (the ledger comes with it): loading the
+    # plugin, which every command does once it is installed, stays cheap
+    return value if isinstance(value, str) and fleetrun.check_url(value, ("https",)) is None else None
 
 
 def parse_list(out: str) -> Union[tuple[str, Optional[str]], str]:
