@@ -6,10 +6,10 @@ refused by a real pre-receive hook for one branch); ``gh`` is the stand-in of
 
 from __future__ import annotations
 
-import importlib.metadata
 import json
 import os
 import subprocess
+import sys
 from pathlib import Path
 from typing import Any, Optional
 
@@ -188,6 +188,21 @@ def test_done_tasks_get_pull_requests_and_failures_are_notes(fleeter: Any, monke
     fixed = fleeter.run("github", "pr", "bad-push", plugins=[fleetrun_github])
     assert fixed.ret == 0 and fleeter.ledger().links(bad.id)[bad.id]["pull_request"][1] == \
         "https://github.com/acme/widgets/pull/2", fixed.stdout
+    # a branch that is not here (a peer's, not fetched back; here: deleted) is not pushed
+    git(repo, "branch", "-D", junk.branch)
+    gone = fleeter.run("github", "pr", "junk", plugins=[fleetrun_github])
+    assert gone.ret == 1 and gone.outlines == [
+        f"junk {junk.id}: no pull request: branch {junk.branch} is not in {git(repo, 'rev-parse', '--show-toplevel')}; "
+        "nothing was pushed"]
+    # the file again, one task changed: the tasks kept DONE keep their pull request, no gh call
+    before = len(calls(gh))
+    fleeter.write_tasks(QUEUE.replace("Nobody logged in", "Still nobody logged in"))
+    rerun = fleeter.run("tasks.toml", plugins=[fleetrun_github, Costly()])
+    assert rerun.ret == 0, rerun.stdout + rerun.stderr
+    kept = fleeter.task("api")
+    assert kept.id != api.id and kept.reason == f"unchanged:{api.id}"
+    assert fleetrun.task_links(fleeter.ledger(), kept.id) == {"pull_request": url}
+    assert heads(calls(gh)[before:]) == [("list", fleeter.task("signed-out").branch)]
     # the token reached gh but no file: the ledger, the logs, the attempt folders
     for path in fleeter.path.rglob("*"):
         if path.is_file():
@@ -226,9 +241,11 @@ def test_inert_unless_configured_and_mistakes_are_usage_errors(fleeter: Any) -> 
 
 
 def test_the_installed_distribution_loads_through_its_entry_point(fleeter: Any) -> None:
-    try:
-        importlib.metadata.distribution("fleetrun-github")
-    except importlib.metadata.PackageNotFoundError:
+    # asked of a fresh interpreter: this one has the source folder on sys.path, where
+    # pip's build leaves a fleetrun_github.egg-info that is no installed distribution
+    probe = subprocess.run([sys.executable, "-c", "import importlib.metadata as m; m.distribution('fleetrun-github')"],
+                           cwd=fleeter.path, capture_output=True)
+    if probe.returncode != 0:
         if os.environ.get("CI"):
             raise AssertionError("CI installs plugins/fleetrun-github (.ci/run); it is not installed") from None
         pytest.skip("fleetrun-github is not installed (pip install ./plugins/fleetrun-github)")
