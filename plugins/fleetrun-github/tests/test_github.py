@@ -71,6 +71,16 @@ prompt = "Nobody logged in"
 cwd = "repo"
 git_ref = "main"
 agent = "work"
+
+[[task]]
+name = "approved"
+prompt = "Needs a person"
+cwd = "repo"
+git_ref = "main"
+agent = "work"
+max_retries = 0
+  [[task.verify]]
+  run = "false"
 """
 
 
@@ -121,7 +131,7 @@ def test_done_tasks_get_pull_requests_and_failures_are_notes(fleeter: Any, monke
     fleeter.write_tasks(QUEUE)
     result = fleeter.run("tasks.toml", plugins=[fleetrun_github, Costly()])
     # a failed push and gh's errors do not undo DONE
-    result.assert_outcomes(done=5)
+    result.assert_outcomes(done=5, needs_human=1)
     api, ui = fleeter.task("api"), fleeter.task("ui")
     url = "https://github.com/acme/widgets/pull/1"
 
@@ -171,6 +181,16 @@ def test_done_tasks_get_pull_requests_and_failures_are_notes(fleeter: Any, monke
     result.fnmatch_lines(["github: bad-push: no pull request: git push origin * failed: *",
                           f"github: api: pushed {api.branch} to origin; opened draft pull request {url}"], stream="out")
 
+    # a task a person approves is DONE too: fleetrun approve opens its pull request
+    assert "approved" not in {c["argv"][c["argv"].index("--head") + 1].split("/")[1].rsplit("-task", 1)[0]
+                              for c in calls(gh)}
+    approve = fleeter.run("approve", "approved", plugins=[fleetrun_github])
+    assert approve.ret == 0, approve.stdout + approve.stderr
+    assert fleetrun.task_links(fleeter.ledger(), fleeter.task("approved").id) == {
+        "pull_request": "https://github.com/acme/widgets/pull/2"}
+    assert heads(calls(gh)[-2:]) == [("list", fleeter.task("approved").branch),
+                                      ("create", fleeter.task("approved").branch)]
+
     # status --json and logs show the link
     rows = {r["name"]: r for r in json.loads(fleeter.run("status", "--json", plugins=[fleetrun_github]).stdout)}
     assert rows["api"]["links"] == {"pull_request": url}
@@ -187,7 +207,7 @@ def test_done_tasks_get_pull_requests_and_failures_are_notes(fleeter: Any, monke
     (remote / "hooks" / "pre-receive").unlink()
     fixed = fleeter.run("github", "pr", "bad-push", plugins=[fleetrun_github])
     assert fixed.ret == 0 and fleeter.ledger().links(bad.id)[bad.id]["pull_request"][1] == \
-        "https://github.com/acme/widgets/pull/2", fixed.stdout
+        "https://github.com/acme/widgets/pull/3", fixed.stdout
     # a branch that is not here (a peer's, not fetched back; here: deleted) is not pushed
     git(repo, "branch", "-D", junk.branch)
     gone = fleeter.run("github", "pr", "junk", plugins=[fleetrun_github])
