@@ -15,7 +15,9 @@ if TYPE_CHECKING:
     from .config import Config, ConfigKey
     from .exceptions import ExitCode, UsageError, UsageErrors
     from .hostapi import Host, StartRefused
+    from .ledger import open_ledger
     from .ledgerstats import LedgerCounts, ledger_counts
+    from .links import add_link, add_note, check_url, task_links
     from .procutil import ProcessHandle, task_env
     from .reports import (
         AgentResult,
@@ -45,6 +47,8 @@ _LAZY: dict[str, str] = {
     "ExitCode": "exceptions", "UsageError": "exceptions", "UsageErrors": "exceptions",
     "Host": "hostapi", "StartRefused": "hostapi",
     "LedgerCounts": "ledgerstats", "ledger_counts": "ledgerstats",
+    "open_ledger": "ledger",
+    "add_link": "links", "add_note": "links", "check_url": "links", "task_links": "links",
     "ProcessHandle": "procutil", "task_env": "procutil",
     "AgentResult": "reports", "Cancellable": "reports", "Candidate": "reports", "Handoff": "reports",
     "HasDeadline": "reports", "Placement": "reports", "Selectable": "reports", "SpawnSpec": "reports",
@@ -115,9 +119,14 @@ __all__ = [
     "Wait",
     "Workspace",
     "__version__",
+    "add_link",
+    "add_note",
+    "check_url",
     "hookimpl",
     "hookspec",
     "ledger_counts",
     "main",
+    "open_ledger",
     "task_env",
+    "task_links",
 ]

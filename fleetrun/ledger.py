@@ -417,6 +417,24 @@ class Ledger(LedgerFile):
         return [(r[0], r[1]) for r in self.conn.execute(
             "SELECT time, text FROM notes WHERE task_id=? ORDER BY id", (task_id,))]
 
+    # -- links -------------------------------------------------------------------------
+
+    def set_link(self, task_id: str, name: str, url: str) -> None:
+        """Record (or replace) the task's link called ``name`` (:mod:`fleetrun.links`
+        checks both first)."""
+        with self.tx() as cur:
+            cur.execute("INSERT OR REPLACE INTO links (task_id, name, url, time) VALUES (?,?,?,?)",
+                        (task_id, name, url, time.time()))
+
+    def links(self, task_id: Optional[str] = None) -> dict[str, dict[str, tuple[float, str]]]:
+        """The links, task id -> name -> (time, url); of one task, or of all."""
+        rows = self.conn.execute("SELECT task_id, name, url, time FROM links" + (
+            " WHERE task_id=?" if task_id else "") + " ORDER BY time, name", (task_id,) if task_id else ())
+        out: dict[str, dict[str, tuple[float, str]]] = {}
+        for r in rows:
+            out.setdefault(r[0], {})[r[1]] = (r[3], r[2])
+        return out
+
     # -- meta --------------------------------------------------------------------------
 
     def get_meta(self, key: str, default: Optional[str] = None) -> Optional[str]:

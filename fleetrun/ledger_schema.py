@@ -25,7 +25,7 @@ from typing import TypeVar
 
 from .exceptions import UsageError
 
-SCHEMA_VERSION = 3
+SCHEMA_VERSION = 4
 
 _SCHEMA = """
 CREATE TABLE IF NOT EXISTS tasks (
@@ -120,6 +120,13 @@ CREATE TABLE IF NOT EXISTS notes (
     time    REAL NOT NULL,
     text    TEXT NOT NULL
 );
+CREATE TABLE IF NOT EXISTS links (
+    task_id TEXT NOT NULL REFERENCES tasks(id),
+    name    TEXT NOT NULL,
+    url     TEXT NOT NULL,
+    time    REAL NOT NULL,
+    PRIMARY KEY (task_id, name)
+);
 CREATE TABLE IF NOT EXISTS meta (
     key   TEXT PRIMARY KEY,
     value TEXT NOT NULL
@@ -127,8 +134,8 @@ CREATE TABLE IF NOT EXISTS meta (
 """
 
 #: The tables of a ledger (and SQLite's own); a database with others is not one.
-_TABLES = frozenset({"tasks", "deps", "queues", "attempts", "verdicts", "transitions", "notes", "meta",
-                     "sqlite_sequence"})
+_TABLES = frozenset({"tasks", "deps", "queues", "attempts", "verdicts", "transitions", "notes", "links",
+                     "meta", "sqlite_sequence"})
 
 
 def ensure_private_dir(path: Path) -> Path:
@@ -265,6 +272,9 @@ class LedgerFile:
                 cols = {r[1] for r in cur.execute("PRAGMA table_info(queues)")}
                 if "settings" not in cols:  # version 2 -> 3
                     cur.execute("ALTER TABLE queues ADD COLUMN settings TEXT")
+                # version 3 -> 4: the links table (a plugin's links of a task: a pull
+                # request...), made by its CREATE TABLE IF NOT EXISTS above; nothing else
+                # changes, so an older ledger keeps every row
                 cur.execute(f"PRAGMA user_version={SCHEMA_VERSION}")
         self._attempt_cost_nullable()
 

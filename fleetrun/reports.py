@@ -173,12 +173,17 @@ class Handoff:
     summary: str
     host: str = "local"
     fetch_hint: str = ""
+    #: name -> URL: the links plugins attached to the task (``fleetrun.add_link``: its
+    #: pull request...), filled from the ledger when a dependent's prompt is built
+    links: dict[str, str] = field(default_factory=dict)
 
     def render(self) -> str:
         where = f" on branch {self.branch}" if self.branch else ""
         text = f"- {self.task_name} is DONE{where}."
         if self.fetch_hint:
             text += f" {self.fetch_hint}"
+        for name, url in self.links.items():
+            text += f"\n  Its {name.replace('_', ' ')}: {url}"
         if self.summary:
             text += "\n  Its summary: " + self.summary.replace("\n", "\n  ")
         return text

@@ -19,6 +19,7 @@ from .gitutil import WorktreeTampered
 from .hostapi import StartRefused, get_host, missing_host_reason, registry
 from .hosts import executable_problem
 from .ledger import Attempt, Task
+from .links import task_links
 from .liveness import sock_path
 from .procutil import task_env
 from .reports import MIN_BUDGET_USD, Candidate, Handoff, Placement, SpawnSpec, Wait, Workspace
@@ -250,7 +251,10 @@ class Starting:
         for dep_id in task.deps:
             dep = led.get(dep_id)
             if dep is not None and dep.handoff:
-                handoffs.append(Handoff(**dep.handoff))
+                handoff = Handoff(**dep.handoff)
+                # attached after its DONE (a pull request): kept apart from the handoff
+                handoff.links = {**handoff.links, **task_links(led, dep_id)}
+                handoffs.append(handoff)
         failures = []
         if prev is not None and kind in ("retry", "resume"):
             # the failures of the newest attempt that reached a verdict

@@ -62,7 +62,10 @@ def cmd_status(config: Config, out: TextIO, err: TextIO) -> int:
         return watch_status(config, led, out)
     tasks = led.tasks(states)
     if config.option.json:
-        print(json.dumps([dict(t.to_json(), worktree=worktree_now(t)) for t in tasks], indent=2), file=out)
+        links = led.links()  # one read for every task: name -> URL, what plugins attached
+        print(json.dumps([dict(t.to_json(), worktree=worktree_now(t),
+                               links={n: u for n, (_, u) in links.get(t.id, {}).items()}) for t in tasks],
+                         indent=2), file=out)
         return ExitCode.OK
     if config.option.graph:
         _print_graph(led, tasks, out)
@@ -173,9 +176,10 @@ def cmd_logs(config: Config, out: TextIO, err: TextIO) -> int:
     rows = led.transitions(task.id)
     verdicts = led.verdicts(task.id)
     attempts = {a.id: a for a in led.attempts(task.id)}
+    links = led.links(task.id).get(task.id, {})
     if config.option.json:
         print(json.dumps({
-            "task": dict(task.to_json(), worktree=worktree_now(task)),
+            "task": dict(task.to_json(), worktree=worktree_now(task), links={n: u for n, (_, u) in links.items()}),
             "transitions": [r.__dict__ for r in rows],
             "verdicts": [v.__dict__ for v in verdicts],
             "attempts": [a.__dict__ for a in attempts.values()],
@@ -240,6 +244,8 @@ def cmd_logs(config: Config, out: TextIO, err: TextIO) -> int:
             events.append((a.ended, 0, text))
     for t, text in led.notes(task.id):
         events.append((t, 2, f"note: {safe_text(text)}"))
+    for name, (t, url) in links.items():
+        events.append((t, 3, f"link: {name.replace('_', ' ')}: {safe_text(url)}"))
     for t, _, text in sorted(events, key=lambda e: (e[0], e[1])):
         stamp = time.strftime("%Y-%m-%d %H:%M:%S", time.localtime(t))
         print(f"{stamp}  {text}", file=out)
