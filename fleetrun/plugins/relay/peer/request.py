@@ -68,6 +68,9 @@ def _task_id(value: Any) -> str:
 #: A request's payload when the worker (``host serve``) runs a verb: set in the thread
 #: that runs it, so the verb reads it exactly as a one-shot verb reads its stdin.
 PAYLOAD: contextvars.ContextVar[Optional[bytes]] = contextvars.ContextVar("fleetrun_host_payload", default=None)
+#: The worker's own wake-up socket, which a shepherd it starts writes to when its agent
+#: ends (as a local shepherd writes to the loop's); a path the supervisor sends is never used.
+NOTIFY: contextvars.ContextVar[Optional[str]] = contextvars.ContextVar("fleetrun_host_notify", default=None)
 
 
 def _payload() -> dict[str, Any]:

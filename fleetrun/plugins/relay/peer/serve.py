@@ -13,7 +13,9 @@ And it pushes events: ``hello`` first; then, for each attempt and verifier it wa
 about (``start``, ``status``, ``verify-start``, ``verify-status``), ``log`` chunks as the
 log grows and ``ended``/``verified`` once it is over. It learns of an end as the local
 loop does: a pidfd of the shepherd (or of the verifier's runner) is readable the moment
-it exits; a once-a-second look at the same files covers what has no pidfd.
+it exits, and a shepherd the worker started writes to the worker's own wake-up socket
+as soon as its status says so (as a local one writes to the loop's); a once-a-second
+look at the same files covers what has neither.
 
 The shepherds do not depend on the worker: when the channel goes (the link dropped, the
 supervisor restarted), stdin ends, the worker exits, and a new worker finds the
@@ -26,6 +28,7 @@ import argparse
 import base64
 import os
 import select
+import socket
 import sys
 import threading
 import time
@@ -35,7 +38,7 @@ from typing import Any, Optional
 from fleetrun.untrusted import Malformed
 
 from ..protocol import MAX_WORKER_LINE, WORKER_PROTOCOL, parse_worker_request, worker_line
-from .request import PAYLOAD, HasHome
+from .request import NOTIFY, PAYLOAD, HasHome
 
 TICK_S = 1.0  # log chunks and the look at attempts without a pidfd, this often
 TRACE_ENV = "FLEETRUN_SERVE_TRACE"  # a file to append each request's verb to (tests, debugging)
@@ -55,6 +58,30 @@ class Watch:
 def serve(config: HasHome) -> int:
     """Serve requests on stdin until it ends. :return: the exit code."""
     return Worker(config).run()
+
+
+def _wake_socket(config: HasHome) -> tuple[Optional[socket.socket], Optional[str]]:
+    """A datagram socket of this worker's own (0600), for its shepherds to write to."""
+    path = str(config.home / f"serve-{os.getpid()}.sock")
+    if len(path.encode()) >= 100:  # a unix socket's path must be short
+        import hashlib
+        import tempfile
+
+        digest = hashlib.sha1(str(config.home).encode()).hexdigest()[:16]
+        path = os.path.join(tempfile.gettempdir(), f"fleetrun-{os.getuid()}-{digest}-serve-{os.getpid()}.sock")
+    s = socket.socket(socket.AF_UNIX, socket.SOCK_DGRAM)
+    try:
+        try:
+            os.unlink(path)
+        except FileNotFoundError:
+            pass
+        s.bind(path)
+        os.chmod(path, 0o600)
+    except OSError:
+        s.close()
+        return None, None  # the pidfds and the once-a-second look still hear of every end
+    s.setblocking(False)
+    return s, path
 
 
 def _pidfd(pid: Any, token: Any) -> Optional[int]:
@@ -90,6 +117,7 @@ class Worker:
         self.watches: dict[tuple[str, Optional[int]], Watch] = {}
         self.gone = False
         self.trace = os.environ.get(TRACE_ENV)
+        self.sock, self.sock_path = _wake_socket(config)
 
     def send(self, message: dict[str, Any]) -> None:
         data = memoryview(worker_line(message))
@@ -105,10 +133,23 @@ class Worker:
         from fleetrun import __version__
 
         self.send({"event": "hello", "protocol": WORKER_PROTOCOL, "fleetrun": __version__, "pid": os.getpid()})
+        try:
+            return self.loop()
+        finally:
+            if self.sock is not None:
+                self.sock.close()
+                try:
+                    os.unlink(str(self.sock_path))
+                except OSError:
+                    pass
+
+    def loop(self) -> int:
         buf = bytearray()
         next_tick = time.monotonic() + TICK_S
         while not self.gone:
             fds = [self.inp, self.wake_r, *(w.fd for w in self.watches.values() if w.fd is not None)]
+            if self.sock is not None:
+                fds.append(self.sock.fileno())
             ready, _, _ = select.select(fds, [], [], max(0.0, next_tick - time.monotonic()))
             if self.inp in ready:
                 data = os.read(self.inp, 1 << 20)
@@ -129,6 +170,8 @@ class Worker:
                     return 4
             if self.wake_r in ready:
                 os.read(self.wake_r, 4096)
+            if self.sock is not None and self.sock.fileno() in ready:
+                self.heard()
             with self.pending_lock:
                 new, self.pending = self.pending, []
             for w in new:
@@ -149,6 +192,18 @@ class Worker:
                         del self.watches[key]
         return 0
 
+    def heard(self) -> None:
+        """A shepherd said its agent ended: look at that attempt now."""
+        assert self.sock is not None
+        while True:
+            try:
+                name = self.sock.recv(256).decode("utf-8", "replace")
+            except (BlockingIOError, OSError):
+                return
+            w = self.watches.get((name, None))
+            if w is not None:  # any other datagram is nobody's: ignored
+                w.fresh = True
+
     # -- requests ----------------------------------------------------------------------
 
     def request(self, line: bytes) -> None:
@@ -167,6 +222,7 @@ class Worker:
         from .verbs import _parser, answer
 
         PAYLOAD.set(req.payload if req.payload is not None else b"{}")  # this thread's context only
+        NOTIFY.set(self.sock_path)
         try:
             ns = _parser().parse_args([req.verb, *req.args])
         except SystemExit:
