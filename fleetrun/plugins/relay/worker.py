@@ -67,7 +67,8 @@ class Worker:
         self.info: dict[str, Any] = {}
         self.requests = 0
         self._next_id = 0
-        self._lock = threading.Lock()  # ids, the waiting table, sending
+        self._lock = threading.Lock()  # ids, the waiting table
+        self._send_lock = threading.Lock()  # one request on the channel at a time
         self._waiting: dict[int, list[Any]] = {}  # id -> [event, (code, reply) | None]
         self._hello = threading.Event()
         self._err = bytearray()
@@ -133,11 +134,15 @@ class Worker:
             msg["id"] = rid = self._next_id
             self._waiting[rid] = slot
             self.requests += 1
-            try:
+        try:
+            # not under _lock: a send that waits for the channel's window must not keep
+            # the reader from the replies (and the worker from its stdin)
+            with self._send_lock:
                 self._channel.sendall(worker_line(msg))
-            except Exception as e:  # noqa: BLE001 - paramiko raises several kinds
+        except Exception as e:  # noqa: BLE001 - paramiko raises several kinds
+            with self._lock:
                 self._waiting.pop(rid, None)
-                raise PeerUnreachable(f"could not send to the worker: {e}") from None
+            raise PeerUnreachable(f"could not send to the worker: {e}") from None
         if not slot[0].wait(timeout):
             with self._lock:
                 self._waiting.pop(rid, None)

@@ -88,10 +88,9 @@ def main(config: HasHome, rest: list[str], out: TextIO, err: TextIO) -> int:
     if not ns.verb:
         parser.print_help(out)
         return 4
-    if ns.verb == "serve":  # the long-lived worker: messages both ways until stdin ends
-        from .serve import serve
-
-        return serve(config)
+    if ns.verb == "serve":  # `fleetrun host serve` alone is the worker (the relay runs it: .serve)
+        write_reply(out, {"error": "usage: fleetrun host serve [--json] (no other arguments)"})
+        return 4
     if ns.verb == "bundle":  # its reply is a header line and a bundle
         reply, code = answer(config, ns, lambda: cmd_bundle(config, out))
         if not reply:
