@@ -28,7 +28,9 @@ What is printed:
   agent that writes one file and commits it, ``run = "true"``), once locally and once
   with the supervisor drained and the peer taking every task; one at a time and
   4-way (2N tasks, ``--max-tasks 4`` and ``[peers] max_tasks = 4``); wall time per
-  task and the ratio to local.
+  task and the ratio to local, and the same from the ledger without the run's
+  start-up (first task RUNNING to last DONE: the supervisor's start, and a peer
+  worker's first start, are paid once per run).
 - **end -> VERIFYING**: from each attempt's end (the shepherd's ``ended``; the peer
   shares this machine's clock) to its task's RUNNING -> VERIFYING transition in the
   ledger, over every task of the end-to-end runs: how soon the supervisor knows.
@@ -267,8 +269,22 @@ def end_to_verifying(home: Path) -> list[float]:
     return [v - e for e, v in rows if v is not None]
 
 
+def steady_s(home: Path) -> float:
+    """From the first task RUNNING to the last one DONE, in the ledger: the run without
+    its start-up (the supervisor's, and on a peer the worker's first start)."""
+    import sqlite3
+
+    conn = sqlite3.connect(f"file:{home / 'state.db'}?mode=ro", uri=True)
+    try:
+        first, last = conn.execute("SELECT MIN(CASE WHEN to_state = 'RUNNING' THEN time END), MAX(time) "
+                                   "FROM transitions").fetchone()
+    finally:
+        conn.close()
+    return float(last - first)
+
+
 def end_to_end(lab: Lab, n: int, on_peer: bool, tag: str, ways: int = 1,
-               lags: Optional[list[float]] = None) -> float:
+               lags: Optional[list[float]] = None, steady: Optional[list[float]] = None) -> float:
     work = lab.work / f"e2e-{tag}"
     work.mkdir()
     repo = make_repo(work / "repo")
@@ -289,6 +305,8 @@ def end_to_end(lab: Lab, n: int, on_peer: bool, tag: str, ways: int = 1,
         raise SystemExit(f"not every task ran on the peer:\n{out[-3000:]}")
     if lags is not None:
         lags.extend(end_to_verifying(home))
+    if steady is not None:
+        steady.append(steady_s(home))
     return wall
 
 
@@ -333,17 +351,21 @@ def main() -> int:
         lags: dict[str, list[float]] = {"local": [], "peer": []}
         for ways in (1, 4):
             walls: dict[str, list[float]] = {"local": [], "peer": []}
+            steady: dict[str, list[float]] = {"local": [], "peer": []}
             n = a.tasks if ways == 1 else a.tasks * 2
             for r in range(a.repeat):
                 for where in ("local", "peer"):
                     walls[where].append(end_to_end(lab, n, where == "peer", f"{where}-{ways}-{r}", ways,
-                                                   lags[where]))
+                                                   lags[where], steady[where]))
             loc, peer = statistics.median(walls["local"]), statistics.median(walls["peer"])
             print(f"\nend to end, {n} trivial tasks {'one at a time' if ways == 1 else f'{ways}-way'} "
                   f"(median of {a.repeat}):")
             print(f"  locally            {loc:7.2f} s   {loc / n * 1000:7.0f} ms per task")
             print(f"  on the 127.0.0.1 peer {peer:4.2f} s   {peer / n * 1000:7.0f} ms per task")
             print(f"  the peer adds      {(peer - loc) / n * 1000:7.0f} ms per task ({peer / loc:.2f}x local)")
+            sl, sp = statistics.median(steady["local"]), statistics.median(steady["peer"])
+            print(f"  first RUNNING -> last DONE (no start-up): locally {sl * 1000 / n:5.0f} ms per task, "
+                  f"on the peer {sp * 1000 / n:5.0f} ms ({sp / sl:.2f}x local)")
         print("\nan attempt's end -> its task VERIFYING (median, max; every task above):")
         for where in ("local", "peer"):
             xs = lags[where]
