@@ -26,8 +26,14 @@ What is printed:
   side has (header + bundle), and the same with nothing in common (the whole branch).
 - **end to end**: ``python -m fleetrun tasks.toml`` with N trivial tasks (a command
   agent that writes one file and commits it, ``run = "true"``), once locally and once
-  with the supervisor drained and the peer taking every task; wall time per task and
-  the difference.
+  with the supervisor drained and the peer taking every task; one at a time and
+  4-way (2N tasks, ``--max-tasks 4`` and ``[peers] max_tasks = 4``); wall time per
+  task and the ratio to local, and the same from the ledger without the run's
+  start-up (first task RUNNING to last DONE: the supervisor's start, and a peer
+  worker's first start, are paid once per run).
+- **end -> VERIFYING**: from each attempt's end (the shepherd's ``ended``; the peer
+  shares this machine's clock) to its task's RUNNING -> VERIFYING transition in the
+  ledger, over every task of the end-to-end runs: how soon the supervisor knows.
 
 Quote ratios and differences, not bare times: a busy machine slows both sides.
 """
@@ -47,7 +53,7 @@ import sys
 import tempfile
 import time
 from pathlib import Path
-from typing import Any, Callable
+from typing import Any, Callable, Optional
 
 ROOT = Path(__file__).resolve().parent.parent
 GIT_ENV = {
@@ -168,7 +174,7 @@ def bench_verbs(lab: Lab, home: Path, rounds: int) -> list[tuple[str, list[float
     installed, full, fast = (SSHHost(lab.peer(how), home) for how in ("installed", "full", "fast"))
     t = installed.transport()
     full._transport = fast._transport = t  # one transport for all: only the command differs
-    status = ["--attempt", "bench_a1"]
+    status = ["--attempt", "task_bench_1_a1"]
     local_env = dict(os.environ, FLEETRUN_HOME=str(lab.peer_home), FLEETRUN_DISABLE_PLUGIN_AUTOLOAD="1")
 
     def local(argv: list[str]) -> Callable[[], Any]:
@@ -186,9 +192,16 @@ def bench_verbs(lab: Lab, home: Path, rounds: int) -> list[tuple[str, list[float
         ("host probe (full; tools cached)", lambda: installed.call("probe"),
          local([py, "-m", "fleetrun", "host", "probe", "--json"])),
     ]
+    worker = SSHHost(lab.peer(), home, worker=True) if "worker" in inspect.signature(SSHHost).parameters else None
+    if worker is not None:  # a request to the long-lived `host serve` on its own channel
+        worker._transport = t
+        rows += [("host status, through the worker", lambda: worker.call("status", *status), local(["true"])),
+                 ("host probe, through the worker", lambda: worker.call("probe"), local(["true"]))]
     out = []
     for what, remote, here in rows:
         out.append((what, timed(remote, rounds), timed(here, max(5, rounds // 3))))
+    if worker is not None:
+        worker.live_worker() and worker.live_worker().close()  # type: ignore[union-attr]
     installed.close()
     return out
 
@@ -240,7 +253,38 @@ def fleetrun(home: Path, cwd: Path, *args: str) -> tuple[int, str, float]:
     return p.returncode, p.stdout + p.stderr, time.perf_counter() - t
 
 
-def end_to_end(lab: Lab, n: int, on_peer: bool, tag: str) -> float:
+def end_to_verifying(home: Path) -> list[float]:
+    """Seconds from each attempt's end (the shepherd's own ``ended``, on the same clock:
+    the peer is this machine) to its task's RUNNING -> VERIFYING transition."""
+    import sqlite3
+
+    conn = sqlite3.connect(f"file:{home / 'state.db'}?mode=ro", uri=True)
+    try:
+        rows = conn.execute(
+            "SELECT a.ended, (SELECT MIN(t.time) FROM transitions t WHERE t.task_id = a.task_id "
+            "AND t.from_state = 'RUNNING' AND t.to_state = 'VERIFYING' AND t.time >= a.ended) "
+            "FROM attempts a WHERE a.ended IS NOT NULL").fetchall()
+    finally:
+        conn.close()
+    return [v - e for e, v in rows if v is not None]
+
+
+def steady_s(home: Path) -> float:
+    """From the first task RUNNING to the last one DONE, in the ledger: the run without
+    its start-up (the supervisor's, and on a peer the worker's first start)."""
+    import sqlite3
+
+    conn = sqlite3.connect(f"file:{home / 'state.db'}?mode=ro", uri=True)
+    try:
+        first, last = conn.execute("SELECT MIN(CASE WHEN to_state = 'RUNNING' THEN time END), MAX(time) "
+                                   "FROM transitions").fetchone()
+    finally:
+        conn.close()
+    return float(last - first)
+
+
+def end_to_end(lab: Lab, n: int, on_peer: bool, tag: str, ways: int = 1,
+               lags: Optional[list[float]] = None, steady: Optional[list[float]] = None) -> float:
     work = lab.work / f"e2e-{tag}"
     work.mkdir()
     repo = make_repo(work / "repo")
@@ -252,11 +296,17 @@ def end_to_end(lab: Lab, n: int, on_peer: bool, tag: str) -> float:
         if code != 0:
             raise SystemExit(f"relay add failed:\n{out}")
         fleetrun(home, work, "drain")
-    code, out, wall = fleetrun(home, work, str(tasks), "--max-tasks", "1")
+    if on_peer:
+        (home / "policy.toml").write_text(f"[peers]\nmax_tasks = {ways}\n")
+    code, out, wall = fleetrun(home, work, str(tasks), "--max-tasks", str(ways))
     if code != 0:
         raise SystemExit(f"fleetrun exited {code}:\n{out[-3000:]}")
     if on_peer and out.count(" on bench ") < n:
         raise SystemExit(f"not every task ran on the peer:\n{out[-3000:]}")
+    if lags is not None:
+        lags.extend(end_to_verifying(home))
+    if steady is not None:
+        steady.append(steady_s(home))
     return wall
 
 
@@ -293,17 +343,34 @@ def main() -> int:
         for what, remote, here in bench_verbs(lab, home, a.rounds):
             print(f"  {what:42} {ms(remote)}   {ms(here)}")
         print(f"\nfetch-back (fetch_bundle over the open transport, median of {max(5, a.rounds // 3)})")
-        for what, times, size in bench_fetch(lab, home, max(5, a.rounds // 3)):
-            print(f"  {what:42} {ms(times)}   {size} bytes")
-        walls: dict[str, list[float]] = {"local": [], "peer": []}
-        for r in range(a.repeat):
-            for where in ("local", "peer"):
-                walls[where].append(end_to_end(lab, a.tasks, where == "peer", f"{where}-{r}"))
-        loc, peer = statistics.median(walls["local"]), statistics.median(walls["peer"])
-        print(f"\nend to end, {a.tasks} trivial tasks one at a time (median of {a.repeat}):")
-        print(f"  locally            {loc:7.2f} s   {loc / a.tasks * 1000:7.0f} ms per task")
-        print(f"  on the 127.0.0.1 peer {peer:4.2f} s   {peer / a.tasks * 1000:7.0f} ms per task")
-        print(f"  the peer adds      {(peer - loc) / a.tasks * 1000:7.0f} ms per task ({peer / loc:.2f}x)")
+        try:
+            for what, times, size in bench_fetch(lab, home, max(5, a.rounds // 3)):
+                print(f"  {what:42} {ms(times)}   {size} bytes")
+        except Exception as e:  # noqa: BLE001 - a peer sends only a branch it prepared for a task
+            print(f"  skipped: {e}")
+        lags: dict[str, list[float]] = {"local": [], "peer": []}
+        for ways in (1, 4):
+            walls: dict[str, list[float]] = {"local": [], "peer": []}
+            steady: dict[str, list[float]] = {"local": [], "peer": []}
+            n = a.tasks if ways == 1 else a.tasks * 2
+            for r in range(a.repeat):
+                for where in ("local", "peer"):
+                    walls[where].append(end_to_end(lab, n, where == "peer", f"{where}-{ways}-{r}", ways,
+                                                   lags[where], steady[where]))
+            loc, peer = statistics.median(walls["local"]), statistics.median(walls["peer"])
+            print(f"\nend to end, {n} trivial tasks {'one at a time' if ways == 1 else f'{ways}-way'} "
+                  f"(median of {a.repeat}):")
+            print(f"  locally            {loc:7.2f} s   {loc / n * 1000:7.0f} ms per task")
+            print(f"  on the 127.0.0.1 peer {peer:4.2f} s   {peer / n * 1000:7.0f} ms per task")
+            print(f"  the peer adds      {(peer - loc) / n * 1000:7.0f} ms per task ({peer / loc:.2f}x local)")
+            sl, sp = statistics.median(steady["local"]), statistics.median(steady["peer"])
+            print(f"  first RUNNING -> last DONE (no start-up): locally {sl * 1000 / n:5.0f} ms per task, "
+                  f"on the peer {sp * 1000 / n:5.0f} ms ({sp / sl:.2f}x local)")
+        print("\nan attempt's end -> its task VERIFYING (median, max; every task above):")
+        for where in ("local", "peer"):
+            xs = lags[where]
+            if xs:
+                print(f"  {where:6} {statistics.median(xs) * 1000:7.1f} ms  {max(xs) * 1000:7.1f} ms  ({len(xs)} tasks)")
     finally:
         lab.close()
         if a.keep:

@@ -137,6 +137,10 @@ def _run_relay(config: Config, out: Any, err: Any) -> int:
 
 
 def _run_host(config: Config, out: Any, err: Any) -> int:
+    if [a for a in config.option.rest or [] if a != "--json"] == ["serve"]:
+        from .peer.serve import serve  # the long-lived worker: messages both ways until stdin ends
+
+        return serve(config)
     from .peer.verbs import main as host_main
 
     return host_main(config, list(config.option.rest or []), out, err)

@@ -19,7 +19,8 @@ from ...gitutil import GitError, common_dir, git, is_dirty
 from ...taskspec import safe_slug
 from . import protocol
 from .peers import Peer
-from .transport import PeerError
+from .protocol import parse_reply, remote_command
+from .transport import PeerError, PeerUnreachable, stream_command
 
 UNBUNDLE_TIMEOUT_S = 1800.0
 MAX_NAME_TRIES = 9
@@ -197,3 +198,50 @@ def fetch_note(rec: dict[str, Any]) -> str:
     if rec["renamed"]:
         text += f"; not as {rec['peer_branch']}: {rec['renamed']}, which is left as it is"
     return text
+
+
+BUNDLE_IDLE_S = 120.0  # git may think a while before the first byte of a big pack
+
+
+def fetch_bundle(host: Any, repo: str, branch: str, git_ref: Optional[str], have: list[str], dest: Path,
+                 timeout: float) -> dict[str, Any]:
+    """Have the peer send ``branch`` of its ``repo`` as a git bundle, over the open
+    transport of ``host`` (an :class:`~.host.SSHHost`; ``fleetrun host bundle``): only what is not below ``have`` (commits
+    this machine has). The bundle goes to ``dest`` (0600), if one was needed.
+
+    :return: the peer's header: ``tip``, ``fork`` (where the branch left
+        ``git_ref``), ``have`` (those of ours it has too), ``bundle`` (whether one
+        came), plus ``bytes`` (its size).
+    :raises PeerUnreachable: the link failed.
+    :raises PeerError: the peer could not (no such branch, an old fleetrun...).
+    """
+    t = host.transport(True)
+    payload = json.dumps({"repo": repo, "branch": branch, "git_ref": git_ref, "have": have}).encode()
+    sink = BundleSink(dest)
+    try:
+        code, err = stream_command(t, remote_command(host.peer.command, "bundle", []), payload, sink.feed,
+                                   timeout, idle_timeout=BUNDLE_IDLE_S)
+    except PeerUnreachable as e:
+        host.drop()
+        host.last_error = str(e)
+        raise
+    finally:
+        sink.close()
+    if sink.header is None:
+        reply = parse_reply(bytes(sink.prefix)) or {}
+        detail = str(reply.get("error") or "").strip()
+        if not detail:
+            lines = (err or bytes(sink.prefix)).decode("utf-8", "replace").strip().splitlines()
+            detail = lines[-1] if lines else f"no reply (exit {code})"
+        if code in (2, 4) or detail.startswith("usage:"):
+            raise PeerError("its fleetrun is too old to send branches back (it has no `fleetrun host "
+                            "bundle`): upgrade fleetrun there", code, reply)
+        raise PeerError(detail, code, reply)
+    if code != 0:
+        tail = err.decode("utf-8", "replace").strip().splitlines()
+        raise PeerError(tail[-1] if tail else f"`host bundle` failed (exit {code})", code)
+    if sink.header.get("bundle") and not sink.size:
+        raise PeerError("the peer sent an empty bundle", code)
+    return dict(sink.header, bytes=sink.size)
+
+

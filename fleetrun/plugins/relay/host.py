@@ -31,28 +31,35 @@ from typing import TYPE_CHECKING, Any, Optional
 from ...gitutil import WorktreeTampered
 from ...hostapi import StartRefused
 from ...ledger import ensure_private_dir
-from ...reports import Candidate, Started, Verdict
+from ...reports import Candidate, Started
 from ...untrusted import Malformed
 from . import protocol
-from .bundle import BundleSink
 from .peers import HostKeyRefused, Peer
-from .protocol import REFUSED_EXIT, parse_reply, remote_command, task_payload
+from .protocol import (
+    REFUSED_EXIT,
+    WORKER_VERBS,
+    parse_reply,
+    remote_command,
+    task_payload,
+)
 from .transport import (
     VERB_TIMEOUT_S,
     PeerError,
     PeerUnreachable,
     connect,
     run_command,
-    stream_command,
 )
+from .worker import Worker, WorkerUnavailable
 
 if TYPE_CHECKING:
     from ...config import Config
 
 STATUS_TIMEOUT_S = 8.0
+WORKER_RETRY_S = 300.0  # after a peer could not run a worker, the one-shot verbs this long
+WORKER_SHORT_LIVED_S = 10.0  # workers gone this soon, WORKER_MAX_DEATHS in a row: the one-shot verbs
+WORKER_MAX_DEATHS = 3
 RETRY_CONNECT_AFTER_S = 2.0  # after a failed connection, verbs fail fast this long
 BUNDLE_TIMEOUT_S = 1800.0  # a whole branch of a large repository, on a slow link
-BUNDLE_IDLE_S = 120.0  # git may think a while before the first byte of a big pack
 
 
 # ---------------------------------------------------------------------------------
@@ -70,7 +77,10 @@ class SSHHost:
     #: its worktrees are on the peer, not here
     local = False
 
-    def __init__(self, peer: Peer, home: Path, relay: Any = None) -> None:
+    def __init__(self, peer: Peer, home: Path, relay: Any = None, worker: Optional[bool] = None) -> None:
+        """:param worker: whether to run the verbs through a worker (``host serve``) where
+            the peer has one; by default when a supervisor's relay holds this host (a
+            ``relay add`` or ``relay peers`` asks once, and a one-shot verb is cheaper)."""
         self.peer = peer
         self.name = peer.name
         self.home = home
@@ -81,6 +91,14 @@ class SSHHost:
         self.last_error: Optional[str] = None
         self.connect_s: Optional[float] = None
         self.passive = False
+        self.use_worker = relay is not None if worker is None else worker
+        self._worker: Optional[Worker] = None
+        self._worker_lock = threading.Lock()
+        self._worker_started = 0.0
+        self._worker_deaths = 0
+        self._no_worker_until = 0.0
+        self.worker_error: Optional[str] = None  # why the one-shot verbs are used
+        self._log_lock = threading.RLock()  # the log mirror is written by the worker's reader too
 
     # -- the connection ------------------------------------------------------------
 
@@ -120,6 +138,9 @@ class SSHHost:
             return t
 
     def drop(self) -> None:
+        w = self._worker
+        if w is not None:
+            w.close("the connection was closed")
         with self._lock:
             if self._transport is not None:
                 self._transport.close()
@@ -135,6 +156,16 @@ class SSHHost:
         :raises PeerError: the peer answered with an error (or no fleetrun is there).
         """
         t = self.transport(may_connect)
+        w = self.worker(t) if verb in WORKER_VERBS else None
+        if w is not None:
+            try:
+                code, answer = w.request(verb, list(args), payload, timeout)
+            except PeerUnreachable as e:
+                self.last_error = str(e)
+                if not t.is_active():
+                    self.drop()
+                raise
+            return self._checked(verb, code, answer)
         data = json.dumps(payload).encode() if payload is not None else None
         try:
             code, out, err = run_command(t, remote_command(self.peer.command, verb, list(args)), data, timeout)
@@ -152,12 +183,73 @@ class SSHHost:
                                 f"command = [...] for this peer in peers.toml", code)
             raise PeerError(f"`{cmd} host {verb}` gave no JSON reply (exit {code}): {tail}; its fleetrun may "
                             "be too old to be a peer", code)
+        return self._checked(verb, code, reply)
+
+    def _checked(self, verb: str, code: int, reply: dict[str, Any]) -> dict[str, Any]:
+        """A verb's reply, or its refusal or error raised."""
         if code == REFUSED_EXIT and isinstance(reply.get("refused"), str):
             raise StartRefused(f"{self.name} {reply['refused'][:2000]}")
         if code != 0:
             msg, _ = protocol.parse_error_reply(reply)
             raise PeerError(msg if "error" in reply else f"exit {code}", code, reply)
         return reply
+
+    # -- the worker --------------------------------------------------------------------
+
+    def worker(self, t: Any) -> Optional[Worker]:
+        """The worker on transport ``t``, started if need be; None: use the one-shot verbs
+        (not wanted, the peer has none, or it could not start one lately)."""
+        if not self.use_worker:
+            return None
+        w = self._worker
+        if w is not None and w.alive and w.transport is t:
+            return w
+        with self._worker_lock:
+            w = self._worker
+            if w is not None and w.alive and w.transport is t:
+                return w
+            now = time.monotonic()
+            if w is not None:
+                self._worker = None
+                w.close("replaced")
+                short = t.is_active() and now - self._worker_started < WORKER_SHORT_LIVED_S
+                self._worker_deaths = self._worker_deaths + 1 if short else 0
+                if self._worker_deaths >= WORKER_MAX_DEATHS:  # not one more process a call: the one-shot verbs
+                    self.worker_error = f"its worker went away {self._worker_deaths} times at once: {w.error}"
+                    self._no_worker_until = now + WORKER_RETRY_S
+                    self._worker_deaths = 0
+            if now < self._no_worker_until or not self._worker_offered():
+                return None
+            w = Worker(t, self.peer.command, self.home, self.name, self._log_event)
+            self._worker_started = now
+            try:
+                w.start()
+            except WorkerUnavailable as e:
+                self.worker_error = str(e)
+                self._no_worker_until = time.monotonic() + WORKER_RETRY_S
+                return None
+            self._worker = w
+            self.worker_error = None
+            return w
+
+    def live_worker(self) -> Optional[Worker]:
+        """The worker, if one runs now (no starting one)."""
+        w = self._worker
+        return w if w is not None and w.alive else None
+
+    def _worker_offered(self) -> bool:
+        """False when this peer's last probe says it runs no worker (no ``worker`` key: an
+        older fleetrun). With no probe heard yet, ``host serve`` is tried (and refused
+        by an older fleetrun with a usage error)."""
+        entry = self.relay.entry(self.name) if self.relay is not None else None
+        probe = entry.get("probe") if isinstance(entry, dict) else None
+        if isinstance(probe, dict) and probe.get("fleetrun") and probe.get("worker") is None:
+            self.worker_error = "its fleetrun runs no worker (an older version)"
+            return False
+        return True
+
+    def _log_event(self, attempt_id: str, chunk: protocol.LogChunk) -> None:
+        self._append_log(self.log_path(attempt_id), chunk)
 
     def _malformed(self, verb: str, e: Malformed) -> PeerError:
         """A reply that does not parse: an error of the peer's, with what is wrong."""
@@ -216,6 +308,9 @@ class SSHHost:
             reply = {"pid": None, "token": None, "dir": None, "uncertain": f"a malformed start reply: {e}"}
         except PeerError as e:
             raise StartRefused(f"{self.name} could not start the task: {e}") from None
+        w = self.live_worker()
+        if w is not None and reply.get("pid"):
+            w.watching[attempt_id] = {"state": "starting", "shepherd_pid": reply["pid"]}  # it pushes the end
         self._write_note(adir, {"peer": self.name, "remote_dir": reply.get("dir"),
                                 "uncertain": reply.get("uncertain")})
         return Started(pid=reply.get("pid"), token=reply.get("token"), dir=str(adir),
@@ -231,6 +326,13 @@ class SSHHost:
         """The shepherd's status there, the log mirrored as it goes; ``unreachable``
         (never ``died``) when the peer cannot be asked."""
         log = self.log_path(attempt_id)
+        w = self.live_worker()
+        if w is not None:  # its end is pushed: nothing to ask until then
+            ended = w.ended.get(attempt_id)
+            if ended is not None and _size(log) >= ended[1]:
+                return dict(ended[0])
+            if ended is None and attempt_id in w.watching:
+                return dict(w.watching[attempt_id])
         args = ["--attempt", attempt_id, "--log-offset", str(_size(log))]
         if pid:
             args += ["--pid", str(pid)]
@@ -253,9 +355,16 @@ class SSHHost:
         except Malformed as e:
             # not "died": the attempt may well run on there; wait, and say why
             return {"state": "unreachable", "error": f"{self.name}: a malformed status reply: {e}"}
+        w = self.live_worker()
+        if w is not None and st.get("state") not in ("ended", "died"):
+            w.watching[attempt_id] = st  # that worker now pushes its end
         return st
 
     def _append_log(self, log: Path, chunk: Optional[protocol.LogChunk]) -> bool:
+        with self._log_lock:
+            return self._append_log_locked(log, chunk)
+
+    def _append_log_locked(self, log: Path, chunk: Optional[protocol.LogChunk]) -> bool:
         if chunk is None or not chunk.data or chunk.offset != _size(log):
             return False
         data = chunk.data
@@ -332,43 +441,11 @@ class SSHHost:
     def fetch_bundle(self, repo: str, branch: str, git_ref: Optional[str], have: list[str], dest: Path,
                      timeout: float = BUNDLE_TIMEOUT_S) -> dict[str, Any]:
         """Have the peer send ``branch`` of its ``repo`` as a git bundle, over the open
-        transport (``fleetrun host bundle``): only what is not below ``have`` (commits
-        this machine has). The bundle goes to ``dest`` (0600), if one was needed.
+        transport (``fleetrun host bundle``, a one-shot verb even with a worker: its reply
+        is a stream of bytes): see :func:`.bundle.fetch_bundle`."""
+        from .bundle import fetch_bundle
 
-        :return: the peer's header: ``tip``, ``fork`` (where the branch left
-            ``git_ref``), ``have`` (those of ours it has too), ``bundle`` (whether one
-            came), plus ``bytes`` (its size).
-        :raises PeerUnreachable: the link failed.
-        :raises PeerError: the peer could not (no such branch, an old fleetrun...).
-        """
-        t = self.transport(True)
-        payload = json.dumps({"repo": repo, "branch": branch, "git_ref": git_ref, "have": have}).encode()
-        sink = BundleSink(dest)
-        try:
-            code, err = stream_command(t, remote_command(self.peer.command, "bundle", []), payload, sink.feed,
-                                       timeout, idle_timeout=BUNDLE_IDLE_S)
-        except PeerUnreachable as e:
-            self.drop()
-            self.last_error = str(e)
-            raise
-        finally:
-            sink.close()
-        if sink.header is None:
-            reply = parse_reply(bytes(sink.prefix)) or {}
-            detail = str(reply.get("error") or "").strip()
-            if not detail:
-                lines = (err or bytes(sink.prefix)).decode("utf-8", "replace").strip().splitlines()
-                detail = lines[-1] if lines else f"no reply (exit {code})"
-            if code in (2, 4) or detail.startswith("usage:"):
-                raise PeerError("its fleetrun is too old to send branches back (it has no `fleetrun host "
-                                "bundle`): upgrade fleetrun there", code, reply)
-            raise PeerError(detail, code, reply)
-        if code != 0:
-            tail = err.decode("utf-8", "replace").strip().splitlines()
-            raise PeerError(tail[-1] if tail else f"`host bundle` failed (exit {code})", code)
-        if sink.header.get("bundle") and not sink.size:
-            raise PeerError("the peer sent an empty bundle", code)
-        return dict(sink.header, bytes=sink.size)
+        return fetch_bundle(self, repo, branch, git_ref, have, dest, timeout)
 
     def verify_start(self, task: Any, attempt: Any, verifier: Any, idx: int, workspace: Any) -> dict[str, Any]:
         from dataclasses import asdict
@@ -377,15 +454,23 @@ class SSHHost:
             "task": task_payload(task), "attempt": asdict(attempt), "verifier": asdict(verifier), "idx": idx,
             "workspace": asdict(workspace)})
         try:
-            return {"state": protocol.parse_verify_start_reply(reply)}
+            state = protocol.parse_verify_start_reply(reply)
         except Malformed as e:
             raise self._malformed("verify-start", e) from None
+        w = self.live_worker()
+        if w is not None:
+            w.vwatching.add((attempt.id, idx))  # it pushes the verdict
+        return {"state": state}
 
     def verify_status(self, attempt_id: str, idx: int) -> protocol.VerifyStatus:
         """:raises Malformed: a reply that is not a verifier's status (a FAIL, to the caller)."""
-        return protocol.parse_verify_status_reply(
+        r = protocol.parse_verify_status_reply(
             self.call("verify-status", "--attempt", attempt_id, "--idx", str(idx), timeout=STATUS_TIMEOUT_S,
                       may_connect=not self.passive))
+        w = self.live_worker()
+        if w is not None and r.state == "running":
+            w.vwatching.add((attempt_id, idx))
+        return r
 
     def verify_stop(self, attempt_id: str, idx: int) -> bool:
         try:
@@ -401,77 +486,6 @@ def _size(path: Path) -> int:
         return 0
 
 
-class RemoteRunHandle:
-    """A ``run`` verifier running on a peer; ``poll()`` asks it, soon at first, then
-    at most once a second.
-
-    The peer enforces the verifier's timeout itself, so a dropped link cannot leave a
-    verifier running forever; while the peer cannot be asked, ``poll()`` waits.
-    """
-
-    POLL_S = (0.2, 0.4, 0.7, 1.0)  # soon at first (a quick check), then once a second
-
-    def __init__(self, host: SSHHost, task: Any, attempt: Any, verifier: Any, idx: int, workspace: Any) -> None:
-        self.host = host
-        self.args = (task, attempt, verifier, idx, workspace)
-        self.verifier = verifier
-        self.attempt_id = attempt.id
-        self.idx = idx
-        self.started = False
-        self.polls = 0
-        self.next_poll = time.monotonic() + self.POLL_S[0]
-        self.error: Optional[str] = None
-        self.verdict: Optional[Verdict] = None
-        self._try_start()
-
-    def _try_start(self) -> None:
-        try:
-            self.host.verify_start(*self.args)
-            self.started = True
-        except PeerUnreachable as e:
-            self.error = str(e)
-            self.started = e.delivered  # it may be running: ask before starting another
-        except PeerError as e:
-            self.verdict = Verdict(
-                False, "run", self.verifier.label, reason=f"{self.host.name} could not run it: {e}", host=self.host.name)
-
-    def next_deadline(self) -> float:
-        return self.next_poll
-
-    def poll(self) -> Optional[Verdict]:
-        if self.verdict is not None:
-            return self.verdict
-        now = time.monotonic()
-        if now < self.next_poll:
-            return None
-        self.polls += 1
-        self.next_poll = now + self.POLL_S[min(self.polls, len(self.POLL_S)) - 1]
-        if not self.started:
-            self._try_start()
-            return self.verdict
-        try:
-            r = self.host.verify_status(self.attempt_id, self.idx)
-        except PeerUnreachable as e:
-            self.error = str(e)
-            return None
-        except PeerError as e:
-            if protocol.parse_error_reply(e.reply)[1]:
-                self.started = False  # never got there (or was lost): start it now
-                return None
-            return Verdict(False, "run", self.verifier.label, reason=f"{self.host.name}: {e}", host=self.host.name)
-        except Malformed as e:  # a verdict that cannot be read is no pass
-            return Verdict(False, "run", self.verifier.label, host=self.host.name,
-                           reason=f"{self.host.name} gave a malformed verifier status: {e}")
-        if r.state != "ended":
-            return None
-        return Verdict(passed=r.passed, kind="run", label=self.verifier.label, reason=r.reason, output=r.output,
-                       duration_s=r.duration_s, host=self.host.name)
-
-    def cancel(self) -> None:
-        try:
-            self.host.verify_stop(self.attempt_id, self.idx)
-        except (PeerUnreachable, PeerError):
-            pass
-
+from .remoterun import RemoteRunHandle  # noqa: E402 - its home was here; tests and plugins import it from here
 
 __all__ = ["RemoteRunHandle", "SSHHost"]

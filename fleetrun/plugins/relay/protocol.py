@@ -52,6 +52,18 @@ MAX_HAVES = 64
 #: (``host bundle``, which fetch-back needs, is found out by using it: a peer too old
 #: for it answers with a usage error, and fetch-back says to upgrade it.)
 FEATURES = ("supervised-tasks-1",)
+#: The version of the worker's messages (``fleetrun host serve``): in every ``host
+#: probe`` reply (``"worker": 1``; a peer without the key runs no worker) and in the
+#: worker's hello; a supervisor that meets another version uses the one-shot verbs.
+WORKER_PROTOCOL = 1
+#: The verbs a worker answers (``bundle`` streams a git bundle: it stays a one-shot verb).
+WORKER_VERBS = ("probe", "prepare", "start", "status", "log", "stop", "collect", "cleanup", "verify-start",
+                "verify-status", "verify-stop")
+#: The events a worker pushes.
+WORKER_EVENTS = ("hello", "log", "ended", "verified")
+#: The longest message line either side of a worker reads (a start's prompt, a log chunk).
+MAX_WORKER_LINE = 16 << 20
+MAX_REQUEST_ID = 1 << 53
 #: What a supervisor needs from a peer before it sends it a task: a peer that
 #: cannot run verifiers where the work is would skip them.
 REQUIRED_FEATURES = ("supervised-tasks-1",)
@@ -298,6 +310,7 @@ def parse_probe_reply(reply: Any) -> dict[str, Any]:
     out["running"] = opt_integer(d, "running", what, 0, 1 << 20, 0)
     out["max_tasks"] = opt_integer(d, "max_tasks", what, 0, 1 << 20)
     out["drain"] = opt_boolean(d, "drain", what)
+    out["worker"] = opt_integer(d, "worker", what, 0, 1 << 20)
     out["time"] = opt_number(d, "time", what)
     out["mem_per_task_mb"] = _opt_measure(d, "mem_per_task_mb", what)
     for key in ("free_mem_mb", "load_per_core", "free_disk_mb"):
@@ -325,7 +338,106 @@ def parse_peer_entry(entry: Any, what: str = "peer state") -> dict[str, Any]:
     return out
 
 
-__all__ = ["LogChunk", "Malformed", "StatusReply", "VerifyStatus", "parse_bundle_header", "parse_cleanup_reply",
+# ---------------------------------------------------------------------------------
+# the worker (``fleetrun host serve``): one JSON object a line, both ways
+
+
+def worker_line(message: dict[str, Any]) -> bytes:
+    """One message of the worker's protocol, as the line that carries it."""
+    return json.dumps(message, separators=(",", ":"), default=str).encode() + b"\n"
+
+
+@dataclass(frozen=True)
+class WorkerRequest:
+    """A supervisor's request to a worker: a verb, its arguments as the one-shot verb
+    takes them, and the JSON it would read on stdin."""
+
+    id: int
+    verb: str
+    args: list[str]
+    payload: Optional[bytes]
+
+
+@dataclass(frozen=True)
+class WorkerMessage:
+    """What a worker sent: a ``reply`` (``id``, ``code``: the one-shot verb's exit code,
+    ``reply``: its JSON) or an event: ``hello`` (``info``), ``log`` (``chunk``),
+    ``ended`` (``status``, the attempt's log ``size``), ``verified`` (``verify``)."""
+
+    kind: str
+    id: int = 0
+    code: int = 0
+    reply: Optional[dict[str, Any]] = None
+    attempt: str = ""
+    idx: int = 0
+    status: Optional[dict[str, Any]] = None
+    size: int = 0
+    chunk: Optional[LogChunk] = None
+    verify: Optional[VerifyStatus] = None
+    info: Optional[dict[str, Any]] = None
+
+
+def _json_line(line: bytes, what: str) -> dict[str, Any]:
+    if len(line) > MAX_WORKER_LINE:
+        raise Malformed(f"{what}: a line of {len(line)} bytes (at most {MAX_WORKER_LINE})")
+    try:
+        value = json.loads(line)
+    except (ValueError, RecursionError) as e:
+        raise Malformed(f"{what}: not JSON ({type(e).__name__}: {str(e)[:100]})") from None
+    return obj(value, what)
+
+
+def parse_worker_request(line: bytes) -> WorkerRequest:
+    """A request line, read by the worker as strictly as a reply is read here: the
+    supervisor's ids and paths are untrusted on the peer (the verb then checks them as
+    its one-shot form does)."""
+    d = _json_line(line, "request")
+    rid = integer(d.get("id"), "request.id", 1, MAX_REQUEST_ID)
+    verb = one_of(d.get("verb"), "request.verb", WORKER_VERBS)
+    args = d.get("args", [])
+    if not isinstance(args, list) or len(args) > 32 or not all(isinstance(a, str) and len(a) <= 4096 for a in args):
+        raise Malformed("request.args: must be a list of at most 32 strings")
+    payload = d.get("payload")
+    if payload is not None:
+        payload = json.dumps(obj(payload, "request.payload")).encode()
+    return WorkerRequest(rid, verb, list(args), payload)
+
+
+def parse_worker_message(line: bytes) -> WorkerMessage:
+    """A line from a worker, read strictly (:class:`Malformed` says what is wrong)."""
+    d = _json_line(line, "worker message")
+    if "id" in d:
+        return WorkerMessage("reply", id=integer(d.get("id"), "worker reply.id", 1, MAX_REQUEST_ID),
+                             code=integer(d.get("code"), "worker reply.code", 0, 255),
+                             reply=obj(d.get("reply"), "worker reply.reply"))
+    kind = one_of(d.get("event"), "worker message.event", WORKER_EVENTS)
+    what = f"{kind} event"
+    if kind == "hello":
+        return WorkerMessage("hello", info={
+            "protocol": integer(d.get("protocol"), f"{what}.protocol", 0, 1 << 20),
+            "fleetrun": opt_text(d, "fleetrun", what, 200), "pid": opt_integer(d, "pid", what, 1, MAX_PID)})
+    from ...untrusted import attempt_id
+
+    aid = attempt_id(d.get("attempt"), f"{what}.attempt")
+    if kind == "log":
+        chunk = _chunk(d, what)
+        if chunk is None:
+            raise Malformed(f"{what}: no log chunk")
+        return WorkerMessage("log", attempt=aid, chunk=chunk)
+    if kind == "ended":
+        st = parse_shepherd_status(d.get("status"), f"{what}.status")
+        if st["state"] not in ("ended", "died"):
+            raise Malformed(f"{what}.status.state: {st['state']!r}, not ended or died")
+        return WorkerMessage("ended", attempt=aid, status=st, size=integer(d.get("log_size"), f"{what}.log_size", 0,
+                                                                              MAX_SIZE))
+    result = parse_verify_status_reply(d.get("result"))
+    if result.state != "ended":
+        raise Malformed(f"{what}.result.state: {result.state!r}, not ended")
+    return WorkerMessage("verified", attempt=aid, idx=integer(d.get("idx"), f"{what}.idx", 0, 9999), verify=result)
+
+
+__all__ = ["LogChunk", "Malformed", "WorkerMessage", "WorkerRequest", "parse_worker_message", "parse_worker_request",
+           "worker_line", "StatusReply", "VerifyStatus", "parse_bundle_header", "parse_cleanup_reply",
            "parse_collect_reply", "parse_error_reply", "parse_log_reply", "parse_peer_entry", "parse_prepare_reply",
            "parse_probe_reply", "parse_shepherd_status", "parse_start_reply", "parse_status_reply",
            "parse_stop_reply", "parse_verify_start_reply", "parse_verify_status_reply", "parse_verify_stop_reply"]

@@ -149,6 +149,11 @@ def cmd_start(config: Config, ns: argparse.Namespace) -> dict[str, Any]:
                         f"{task_id} ({rec.get('path')})")
     from fleetrun.shepherd import write_json
 
+    from .request import NOTIFY
+
+    notify = NOTIFY.get()
+    if notify is not None:  # started by the worker: it hears of the end at once
+        spec = dict(spec, notify=notify)
     host = _local_host(config)
     with _host_lock(config.home):
         hosted = _hosted(config)

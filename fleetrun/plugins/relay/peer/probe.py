@@ -85,7 +85,7 @@ def cmd_probe(config: Config, ns: argparse.Namespace) -> dict[str, Any]:
     import socket
 
     from ....version import __version__
-    from ..protocol import FEATURES
+    from ..protocol import FEATURES, WORKER_PROTOCOL
 
     policy, policy_error = _policy(config)
     with _host_lock(config.home):
@@ -93,6 +93,7 @@ def cmd_probe(config: Config, ns: argparse.Namespace) -> dict[str, Any]:
     reply: dict[str, Any] = {
         "fleetrun": __version__,
         "features": list(FEATURES),
+        "worker": WORKER_PROTOCOL,
         "hostname": socket.gethostname(),
         "os": platform.system().lower(),
         "arch": platform.machine(),

@@ -10,6 +10,7 @@ from known fields only. ``prepared.json`` (the workspace made for each task at
 
 from __future__ import annotations
 
+import contextvars
 import dataclasses
 import json
 import sys
@@ -64,8 +65,20 @@ def _task_id(value: Any) -> str:
     return str(_check(task_id, value))
 
 
+#: A request's payload when the worker (``host serve``) runs a verb: set in the thread
+#: that runs it, so the verb reads it exactly as a one-shot verb reads its stdin.
+PAYLOAD: contextvars.ContextVar[Optional[bytes]] = contextvars.ContextVar("fleetrun_host_payload", default=None)
+#: The worker's own wake-up socket, which a shepherd it starts writes to when its agent
+#: ends (as a local shepherd writes to the loop's); a path the supervisor sends is never used.
+NOTIFY: contextvars.ContextVar[Optional[str]] = contextvars.ContextVar("fleetrun_host_notify", default=None)
+
+
 def _payload() -> dict[str, Any]:
-    data = sys.stdin.buffer.read() if sys.stdin is not None else b""
+    given = PAYLOAD.get()
+    if given is not None:
+        data = given
+    else:
+        data = sys.stdin.buffer.read() if sys.stdin is not None else b""
     try:
         obj = json.loads(data or b"{}")
     except (ValueError, RecursionError) as e:

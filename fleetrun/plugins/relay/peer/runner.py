@@ -2,7 +2,8 @@
 minutes, and no SSH channel waits for it (``verify-start`` starts the runner,
 ``verify-status`` reads its result, ``verify-stop`` ends it).
 
-``python -m fleetrun.plugins.relay.peer.runner verify-runner DIR`` is the runner.
+The runner is :mod:`.verify_runner`, run by path with ``python -I -S`` (stdlib only:
+it starts in milliseconds).
 """
 
 from __future__ import annotations
@@ -15,7 +16,7 @@ import time
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from fleetrun.osutil import end_group, spawn_detached
+from fleetrun.osutil import spawn_detached
 from fleetrun.procutil import tail_text, task_env
 
 from .admission import _host_lock
@@ -29,6 +30,8 @@ from .request import (
     _Unknown,
     _workspace,
 )
+
+RUNNER_PATH = str(Path(__file__).with_name("verify_runner.py"))
 
 if TYPE_CHECKING:
     from fleetrun.config import Config
@@ -89,7 +92,7 @@ def cmd_verify_start(config: Config, ns: argparse.Namespace) -> dict[str, Any]:
         write_json(str(vdir / "spec.json"), {"text": v["text"], "cwd": cwd, "env": ours,
                                              "timeout_s": float(timeout_s)})
         pid = spawn_detached(
-            [sys.executable, "-m", "fleetrun.plugins.relay.peer.runner", "verify-runner", str(vdir)],
+            [sys.executable, "-I", "-S", RUNNER_PATH, str(vdir)],
             dict(os.environ, **ours), vdir / "runner.out")
         write_json(str(vdir / "runner.json"), {"pid": pid, "token": proc_token(pid), "started": time.time()})
     return {"state": "running"}
@@ -125,64 +128,3 @@ def cmd_verify_stop(config: HasHome, ns: argparse.Namespace) -> dict[str, Any]:
         except ProcessLookupError:
             pass
     return {"signalled": False}
-
-
-def verify_runner(vdir: Path) -> int:
-    """The detached runner of one ``run`` verifier: the command under ``/bin/sh -c``
-    in the worktree, output to a file, the timeout enforced here (so a dropped link
-    cannot leave it running), the verdict in ``result.json``."""
-    import subprocess
-
-    from fleetrun.shepherd import read_json, write_json
-
-    spec = read_json(str(vdir / "spec.json"))
-    if spec is None:
-        return 2
-    started = time.monotonic()
-    timeout_s = float(spec["timeout_s"])
-    stopped: list[str] = []
-
-    def finish(passed: bool, reason: str) -> int:
-        write_json(str(vdir / "result.json"), {"passed": passed, "reason": reason, "output": tail_text(vdir / "out"),
-                                               "duration_s": time.monotonic() - started, "ended": time.time()})
-        return 0
-
-    fd = os.open(vdir / "out", os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
-    try:
-        proc = subprocess.Popen(["/bin/sh", "-c", spec["text"]], cwd=spec["cwd"],
-                                env=dict(os.environ, **(spec.get("env") or {})),
-                                stdin=subprocess.DEVNULL, stdout=fd, stderr=fd, start_new_session=True,
-                                close_fds=True)
-    except OSError as e:
-        return finish(False, f"cannot start: {e.strerror or e}")
-    finally:
-        os.close(fd)
-
-    def kill_group() -> None:
-        end_group(proc.pid, None, grace_s=2.0)  # the wait below reaps it
-
-    def on_term(signum: int, frame: object) -> None:
-        stopped.append("stopped")
-        kill_group()
-
-    signal.signal(signal.SIGTERM, on_term)
-    try:
-        code = proc.wait(timeout=timeout_s)
-    except subprocess.TimeoutExpired:
-        kill_group()
-        proc.wait()
-        return finish(False, f"timed out after {timeout_s:g}s")
-    end_group(proc.pid, None, grace_s=0)  # leftovers of the group
-    if stopped:
-        return finish(False, "stopped by the supervisor")
-    if code == 0:
-        return finish(True, "exit code 0")
-    if code < 0:
-        return finish(False, f"killed by signal {-code}")
-    return finish(False, f"exit code {code}")
-
-
-if __name__ == "__main__":
-    if len(sys.argv) == 3 and sys.argv[1] == "verify-runner":
-        raise SystemExit(verify_runner(Path(sys.argv[2])))
-    raise SystemExit("usage: python -m fleetrun.plugins.relay.peer.runner verify-runner DIR (fleetrun host VERB runs the rest)")

@@ -83,32 +83,55 @@ def main(config: HasHome, rest: list[str], out: TextIO, err: TextIO) -> int:
     except SystemExit as e:
         if e.code == 0:  # --help
             return 0
-        write_reply(out, {"error": f"usage: fleetrun host {{{','.join([*VERBS, 'bundle'])}}} --json ..."})
+        write_reply(out, {"error": f"usage: fleetrun host {{{','.join([*VERBS, 'bundle', 'serve'])}}} --json ..."})
         return 4
     if not ns.verb:
         parser.print_help(out)
         return 4
-    try:
-        if ns.verb == "bundle":  # its reply is a header line and a bundle
-            return cmd_bundle(config, out)
-        reply = VERBS[ns.verb](config, ns)
-        code = 0
-    except Refused as e:
-        reply, code = {"refused": str(e)}, REFUSED_EXIT
-    except HostError as e:
-        reply, code = {"error": str(e)}, 1
-        if isinstance(e, _Unknown):
-            reply["unknown"] = True
-    except UsageError as e:  # the peer's own config.toml or policy.toml: say which line
-        reply, code = {"error": f"this peer's configuration is broken: {e.format()}"}, 4
-    except Exception as e:  # an internal error still answers in JSON
-        import traceback
-
-        reply = {"error": f"internal error on the peer: {type(e).__name__}: {e}",
-                 "traceback": traceback.format_exc()[-4000:]}
-        code = 3
+    if ns.verb == "serve":  # `fleetrun host serve` alone is the worker (the relay runs it: .serve)
+        write_reply(out, {"error": "usage: fleetrun host serve [--json] (no other arguments)"})
+        return 4
+    if ns.verb == "bundle":  # its reply is a header line and a bundle
+        reply, code = answer(config, ns, lambda: cmd_bundle(config, out))
+        if not reply:
+            return code
+    else:
+        reply, code = answer(config, ns)
     write_reply(out, reply)
     return code
+
+
+def answer(config: HasHome, ns: argparse.Namespace,
+           run: Optional[Callable[[], int]] = None) -> tuple[dict[str, Any], int]:
+    """Run one verb: (its JSON reply, its exit code), a refusal or an error as JSON.
+    What a one-shot ``fleetrun host VERB`` prints and exits with, and what the worker
+    (:mod:`.serve`) answers a request with.
+
+    :param run: ``bundle``'s own writer instead (it prints its reply itself: then the
+        reply here is empty unless it failed).
+    """
+    try:
+        if run is not None:
+            return {}, run()
+        return VERBS[ns.verb](config, ns), 0
+    except Refused as e:
+        return {"refused": str(e)}, REFUSED_EXIT
+    except HostError as e:
+        reply: dict[str, Any] = {"error": str(e)}
+        if isinstance(e, _Unknown):
+            reply["unknown"] = True
+        return reply, 1
+    except UsageError as e:  # the peer's own config.toml or policy.toml: say which line
+        return {"error": f"this peer's configuration is broken: {e.format()}"}, 4
+    except Exception as e:  # an internal error still answers in JSON
+        return internal_error(e)
+
+
+def internal_error(e: BaseException) -> tuple[dict[str, Any], int]:
+    import traceback
+
+    return {"error": f"internal error on the peer: {type(e).__name__}: {e}",
+            "traceback": traceback.format_exc()[-4000:]}, 3
 
 
 def _parser() -> argparse.ArgumentParser:
@@ -128,6 +151,7 @@ def _parser() -> argparse.ArgumentParser:
     sub.add_parser("cleanup", help="remove the task's worktree if clean (JSON on stdin)")
     sub.add_parser("verify-start", help="start a run verifier in the worktree (JSON on stdin)")
     sub.add_parser("bundle", help="a header line, then a git bundle of a branch (JSON on stdin)")
+    sub.add_parser("serve", help="the long-lived worker: JSON requests on stdin, replies and events on stdout")
     for verb in ("verify-status", "verify-stop"):
         s = sub.add_parser(verb)
         s.add_argument("--attempt", required=True)

@@ -1,0 +1,301 @@
+"""``fleetrun host serve``: the long-lived worker, one per supervisor and peer, on one
+SSH channel (pytest-xdist's worker over execnet, in shape).
+
+Both ways, one JSON object a line (:mod:`fleetrun.plugins.relay.protocol`): the
+supervisor sends requests ``{"id", "verb", "args", "payload"}``, the same verbs and
+arguments as the one-shot ``fleetrun host VERB`` with the JSON it would read on stdin;
+the worker answers each with ``{"id", "code", "reply"}``, the one-shot verb's exit code
+and reply, computed by the same functions (:func:`.verbs.answer`), so every check of an
+untrusted id or path holds here as it does there. Requests run each in a thread of its
+own: a long ``prepare`` does not hold up a ``status``.
+
+And it pushes events: ``hello`` first; then, for each attempt and verifier it was asked
+about (``start``, ``status``, ``verify-start``, ``verify-status``), ``log`` chunks as the
+log grows and ``ended``/``verified`` once it is over. It learns of an end as the local
+loop does: a pidfd of the shepherd (or of the verifier's runner) is readable the moment
+it exits, and a shepherd the worker started writes to the worker's own wake-up socket
+as soon as its status says so (as a local one writes to the loop's); a once-a-second
+look at the same files covers what has neither.
+
+The shepherds do not depend on the worker: when the channel goes (the link dropped, the
+supervisor restarted), stdin ends, the worker exits, and a new worker finds the
+attempts from the same files.
+"""
+
+from __future__ import annotations
+
+import argparse
+import base64
+import os
+import select
+import socket
+import sys
+import threading
+import time
+from dataclasses import dataclass
+from typing import Any, Optional
+
+from fleetrun.untrusted import Malformed
+
+from ..protocol import MAX_WORKER_LINE, WORKER_PROTOCOL, parse_worker_request, worker_line
+from .request import NOTIFY, PAYLOAD, HasHome
+
+TICK_S = 1.0  # log chunks and the look at attempts without a pidfd, this often
+TRACE_ENV = "FLEETRUN_SERVE_TRACE"  # a file to append each request's verb to (tests, debugging)
+
+
+@dataclass
+class Watch:
+    """An attempt (``idx`` None) or a verifier the supervisor waits for."""
+
+    attempt: str
+    idx: Optional[int]
+    sent: int = 0  # log bytes the supervisor has
+    fd: Optional[int] = None  # a pidfd of the shepherd or runner
+    fresh: bool = True
+
+
+def serve(config: HasHome) -> int:
+    """Serve requests on stdin until it ends. :return: the exit code."""
+    return Worker(config).run()
+
+
+def _wake_socket(config: HasHome) -> tuple[Optional[socket.socket], Optional[str]]:
+    """A datagram socket of this worker's own (0600), for its shepherds to write to."""
+    path = str(config.home / f"serve-{os.getpid()}.sock")
+    if len(path.encode()) >= 100:  # a unix socket's path must be short
+        import hashlib
+        import tempfile
+
+        digest = hashlib.sha1(str(config.home).encode()).hexdigest()[:16]
+        path = os.path.join(tempfile.gettempdir(), f"fleetrun-{os.getuid()}-{digest}-serve-{os.getpid()}.sock")
+    s = socket.socket(socket.AF_UNIX, socket.SOCK_DGRAM)
+    try:
+        try:
+            os.unlink(path)
+        except FileNotFoundError:
+            pass
+        s.bind(path)
+        os.chmod(path, 0o600)
+    except OSError:
+        s.close()
+        return None, None  # the pidfds and the once-a-second look still hear of every end
+    s.setblocking(False)
+    return s, path
+
+
+def _pidfd(pid: Any, token: Any) -> Optional[int]:
+    """A pidfd of ``pid`` if it is still the process with that start-time token."""
+    from fleetrun.shepherd import proc_token
+
+    if not isinstance(pid, int) or isinstance(pid, bool) or pid <= 0 or not isinstance(token, str):
+        return None
+    if not hasattr(os, "pidfd_open") or proc_token(pid) != token:
+        return None
+    try:
+        fd = os.pidfd_open(pid)
+    except OSError:
+        return None
+    if proc_token(pid) != token:  # reused between the two looks: not ours
+        os.close(fd)
+        return None
+    return fd
+
+
+class Worker:
+    def __init__(self, config: HasHome) -> None:
+        self.config = config
+        # the protocol owns stdout: whatever else prints (a hook, a plugin) goes to stderr
+        self.out_fd = os.dup(1)
+        os.dup2(2, 1)
+        sys.stdout = sys.stderr
+        self.inp = 0
+        self.out_lock = threading.Lock()
+        self.pending: list[Watch] = []
+        self.pending_lock = threading.Lock()
+        self.wake_r, self.wake_w = os.pipe()
+        self.watches: dict[tuple[str, Optional[int]], Watch] = {}
+        self.gone = False
+        self.trace = os.environ.get(TRACE_ENV)
+        self.sock, self.sock_path = _wake_socket(config)
+
+    def send(self, message: dict[str, Any]) -> None:
+        data = memoryview(worker_line(message))
+        with self.out_lock:
+            try:
+                while data:
+                    data = data[os.write(self.out_fd, data):]
+            except OSError:  # the channel is gone: so is the supervisor
+                self.gone = True
+                os.write(self.wake_w, b"x")
+
+    def run(self) -> int:
+        from fleetrun import __version__
+
+        self.send({"event": "hello", "protocol": WORKER_PROTOCOL, "fleetrun": __version__, "pid": os.getpid()})
+        try:
+            return self.loop()
+        finally:
+            if self.sock is not None:
+                self.sock.close()
+                try:
+                    os.unlink(str(self.sock_path))
+                except OSError:
+                    pass
+
+    def loop(self) -> int:
+        buf = bytearray()
+        next_tick = time.monotonic() + TICK_S
+        while not self.gone:
+            fds = [self.inp, self.wake_r, *(w.fd for w in self.watches.values() if w.fd is not None)]
+            if self.sock is not None:
+                fds.append(self.sock.fileno())
+            ready, _, _ = select.select(fds, [], [], max(0.0, next_tick - time.monotonic()))
+            if self.inp in ready:
+                data = os.read(self.inp, 1 << 20)
+                if not data:
+                    return 0  # the channel closed; the shepherds go on without us
+                buf += data
+                while True:
+                    end = buf.find(b"\n")
+                    if end < 0:
+                        break
+                    line = bytes(buf[:end])
+                    del buf[:end + 1]
+                    if line.strip():
+                        self.request(line)
+                if len(buf) > MAX_WORKER_LINE:
+                    print(f"fleetrun host serve: a request line over {MAX_WORKER_LINE} bytes; giving up",
+                          file=sys.stderr)
+                    return 4
+            if self.wake_r in ready:
+                os.read(self.wake_r, 4096)
+            if self.sock is not None and self.sock.fileno() in ready:
+                self.heard()
+            with self.pending_lock:
+                new, self.pending = self.pending, []
+            for w in new:
+                old = self.watches.get((w.attempt, w.idx))
+                if old is not None:
+                    old.sent, old.fresh = w.sent, True
+                else:
+                    self.watches[(w.attempt, w.idx)] = w
+            tick = time.monotonic() >= next_tick
+            if tick:
+                next_tick = time.monotonic() + TICK_S
+            for key, w in list(self.watches.items()):
+                if tick or w.fresh or (w.fd is not None and w.fd in ready):
+                    w.fresh = False
+                    if self.check(w):
+                        if w.fd is not None:
+                            os.close(w.fd)
+                        del self.watches[key]
+        return 0
+
+    def heard(self) -> None:
+        """A shepherd said its agent ended: look at that attempt now."""
+        assert self.sock is not None
+        while True:
+            try:
+                name = self.sock.recv(256).decode("utf-8", "replace")
+            except (BlockingIOError, OSError):
+                return
+            w = self.watches.get((name, None))
+            if w is not None:  # any other datagram is nobody's: ignored
+                w.fresh = True
+
+    # -- requests ----------------------------------------------------------------------
+
+    def request(self, line: bytes) -> None:
+        try:
+            req = parse_worker_request(line)
+        except Malformed as e:
+            # no id to answer to is the supervisor's bug: say so where it can be read
+            print(f"fleetrun host serve: a malformed request: {e}", file=sys.stderr)
+            return
+        if self.trace:
+            with open(self.trace, "a", encoding="utf-8") as f:
+                f.write(req.verb + "\n")
+        threading.Thread(target=self.handle, args=(req,), name=f"serve-{req.id}", daemon=True).start()
+
+    def handle(self, req: Any) -> None:
+        from .verbs import _parser, answer
+
+        PAYLOAD.set(req.payload if req.payload is not None else b"{}")  # this thread's context only
+        NOTIFY.set(self.sock_path)
+        try:
+            ns = _parser().parse_args([req.verb, *req.args])
+        except SystemExit:
+            self.send({"id": req.id, "code": 4, "reply": {"error": f"usage: bad arguments for {req.verb}"}})
+            return
+        reply, code = answer(self.config, ns)
+        self.send({"id": req.id, "code": code, "reply": reply})
+        if code == 0:
+            w = self.watch_for(req, ns, reply)
+            if w is not None:
+                with self.pending_lock:
+                    self.pending.append(w)
+                os.write(self.wake_w, b"w")
+
+    def watch_for(self, req: Any, ns: argparse.Namespace, reply: dict[str, Any]) -> Optional[Watch]:
+        """What the supervisor now waits for, from a request that succeeded (so its ids
+        passed the verb's checks)."""
+        import json
+
+        if req.verb == "status":
+            sent = ns.offset or 0
+            if isinstance(reply.get("log"), str):
+                sent = int(reply.get("log_offset") or 0) + len(base64.b64decode(reply["log"]))
+            return Watch(ns.attempt, None, sent)
+        if req.verb == "start":
+            return Watch(str(json.loads(req.payload)["attempt_id"]), None, 0)
+        if req.verb == "verify-status" and reply.get("state") == "running":
+            return Watch(ns.attempt, int(ns.idx))
+        if req.verb == "verify-start":
+            p = json.loads(req.payload)
+            return Watch(str(p["attempt"]["id"]), int(p["idx"]))
+        return None
+
+    # -- events --------------------------------------------------------------------------
+
+    def check(self, w: Watch) -> bool:
+        """Push what is new of ``w``. :return: whether it is over (and pushed as such)."""
+        if w.idx is not None:
+            return self.check_verifier(w)
+        from .verbs import _log_chunk, _shepherd, _status
+
+        if w.fd is None:
+            w.fd = _pidfd(*_shepherd(self.config, w.attempt))
+        st = _status(self.config, w.attempt)
+        log = self.config.home / "attempts" / w.attempt / "log"
+        over = st.get("state") in ("ended", "died")
+        while True:  # all of the log before "ended": the supervisor reads it then
+            chunk = _log_chunk(log, w.sent)
+            data = base64.b64decode(chunk["log"])
+            if data:
+                self.send({"event": "log", "attempt": w.attempt, **chunk})
+                w.sent += len(data)
+            if not over or not data or w.sent >= chunk["log_size"]:
+                break
+        if over:
+            self.send({"event": "ended", "attempt": w.attempt, "status": st, "log_size": w.sent})
+        return over
+
+    def check_verifier(self, w: Watch) -> bool:
+        from fleetrun.shepherd import read_json
+
+        from .request import HostError
+        from .runner import _verify_dir, cmd_verify_status
+
+        ns = argparse.Namespace(attempt=w.attempt, idx=w.idx)
+        if w.fd is None:
+            r = read_json(str(_verify_dir(self.config, w.attempt, int(w.idx or 0)) / "runner.json")) or {}
+            w.fd = _pidfd(r.get("pid"), r.get("token"))
+        try:
+            res = cmd_verify_status(self.config, ns)
+        except HostError:
+            return False  # not started yet: the next look
+        if res.get("state") != "ended":
+            return False
+        self.send({"event": "verified", "attempt": w.attempt, "idx": w.idx, "result": res})
+        return True

@@ -1,0 +1,247 @@
+"""The supervisor's end of a peer's worker (``fleetrun host serve``, :mod:`.peer.serve`):
+one SSH exec channel on the peer's open transport, requests out, replies and events in.
+
+A reader thread reads every line the worker sends, each read strictly
+(:func:`~.protocol.parse_worker_message`). A reply goes to the thread waiting for it;
+an event is kept (``ended``, ``verified``), or written to the attempt's log mirror
+(``log``), and the loop is woken through its own wake-up socket, the one a local
+shepherd writes to: the loop learns of a peer attempt's end as of a local one's,
+without asking. A line that does not parse, or a worker that goes away, ends the
+worker: the requests waiting fail as an unreachable peer would, with the reason, and
+:class:`~.host.SSHHost` starts another on its next request (or falls back to the
+one-shot verbs).
+
+paramiko is imported by :mod:`.transport`, inside the functions that connect.
+"""
+
+from __future__ import annotations
+
+import json
+import select
+import socket
+import threading
+from pathlib import Path
+from typing import Any, Callable, Optional
+
+from ...untrusted import Malformed
+from .protocol import (
+    MAX_WORKER_LINE,
+    WORKER_PROTOCOL,
+    LogChunk,
+    VerifyStatus,
+    parse_worker_message,
+    remote_command,
+    worker_line,
+)
+from .transport import PeerUnreachable
+
+START_TIMEOUT_S = 20.0  # the worker loads fleetrun's plugins once, then says hello
+
+
+class WorkerUnavailable(Exception):
+    """The peer does not run a worker (an older fleetrun, a ``host serve`` that refuses,
+    another protocol): use the one-shot verbs. The message says why."""
+
+
+class Worker:
+    """One worker on one transport.
+
+    :ivar ended: attempt id -> its final status and log size, from ``ended`` events.
+    :ivar verified: (attempt id, step) -> the verifier's result, from ``verified`` events.
+    :ivar watching: attempts the worker was asked about, so it pushes their end, with
+        the last status heard of each.
+    """
+
+    def __init__(self, transport: Any, command: list[str], home: Path, name: str,
+                 on_log: Callable[[str, LogChunk], None]) -> None:
+        self.transport = transport
+        self.command = command
+        self.home = home
+        self.name = name
+        self.on_log = on_log
+        self.ended: dict[str, tuple[dict[str, Any], int]] = {}
+        self.verified: dict[tuple[str, int], VerifyStatus] = {}
+        self.watching: dict[str, dict[str, Any]] = {}
+        self.vwatching: set[tuple[str, int]] = set()
+        self.error: Optional[str] = None
+        self.info: dict[str, Any] = {}
+        self.requests = 0
+        self._next_id = 0
+        self._lock = threading.Lock()  # ids, the waiting table
+        self._send_lock = threading.Lock()  # one request on the channel at a time
+        self._waiting: dict[int, list[Any]] = {}  # id -> [event, (code, reply) | None]
+        self._hello = threading.Event()
+        self._err = bytearray()
+        self._channel: Any = None
+
+    @property
+    def alive(self) -> bool:
+        return self.error is None and self._channel is not None and self.transport.is_active()
+
+    def start(self, timeout: float = START_TIMEOUT_S) -> None:
+        """Open the channel, run ``host serve``, wait for its hello.
+
+        :raises PeerUnreachable: the link failed.
+        :raises WorkerUnavailable: it ran, and is no worker.
+        """
+        import paramiko
+
+        try:
+            ch = self.transport.open_session(timeout=timeout)
+            ch.exec_command(remote_command(self.command, "serve", []))
+        except (paramiko.SSHException, OSError, EOFError) as e:
+            raise PeerUnreachable(f"cannot open a channel for the worker: {e}") from None
+        self._channel = ch
+        threading.Thread(target=self._read, name=f"fleetrun-worker-{self.name}", daemon=True).start()
+        if not self._hello.wait(timeout):
+            self.close(f"no hello from `host serve` within {timeout:g}s")
+        if self.error is not None:
+            raise WorkerUnavailable(self.error)
+
+    def close(self, reason: str = "closed") -> None:
+        """End the worker; the requests waiting fail with ``reason``."""
+        with self._lock:
+            was_alive = self.error is None and self._hello.is_set()
+            if self.error is None:
+                self.error = reason
+            waiting, self._waiting = self._waiting, {}
+        for slot in waiting.values():
+            slot[0].set()
+        if self._channel is not None:
+            try:
+                self._channel.close()
+            except Exception:  # noqa: BLE001 - closing a broken channel
+                pass
+        self._hello.set()
+        if was_alive:
+            self.wake()  # the loop asks again, through another worker or the one-shot verbs
+
+    def request(self, verb: str, args: list[str], payload: Optional[dict[str, Any]],
+                timeout: float) -> tuple[int, dict[str, Any]]:
+        """Send one request and wait for its reply: (the verb's exit code, its reply).
+
+        :raises PeerUnreachable: the worker or the link went away, or no reply came in
+            time (``delivered``: it may have acted).
+        """
+        msg: dict[str, Any] = {"verb": verb, "args": args}
+        if payload is not None:
+            msg["payload"] = payload
+        slot: list[Any] = [threading.Event(), None]
+        with self._lock:
+            if self.error is not None:
+                raise PeerUnreachable(f"the worker is gone: {self.error}")
+            self._next_id += 1
+            msg["id"] = rid = self._next_id
+            self._waiting[rid] = slot
+            self.requests += 1
+        try:
+            # not under _lock: a send that waits for the channel's window must not keep
+            # the reader from the replies (and the worker from its stdin)
+            with self._send_lock:
+                self._channel.sendall(worker_line(msg))
+        except Exception as e:  # noqa: BLE001 - paramiko raises several kinds
+            with self._lock:
+                self._waiting.pop(rid, None)
+            raise PeerUnreachable(f"could not send to the worker: {e}") from None
+        if not slot[0].wait(timeout):
+            with self._lock:
+                self._waiting.pop(rid, None)
+            raise PeerUnreachable(f"no reply from the worker within {timeout:g}s", delivered=True)
+        if slot[1] is None:
+            raise PeerUnreachable(f"the worker is gone: {self.error}", delivered=True)
+        code, reply = slot[1]
+        return code, reply
+
+    # -- the reader thread --------------------------------------------------------------
+
+    def _read(self) -> None:
+        ch = self._channel
+        buf = bytearray()
+        try:
+            while self.error is None:
+                select.select([ch], [], [], 1.0)
+                while ch.recv_stderr_ready():  # read, or a chatty worker would block on it
+                    self._err = (self._err + ch.recv_stderr(65536))[-4000:]
+                if ch.recv_ready():
+                    data = ch.recv(1 << 20)
+                else:
+                    data = None
+                    if not self.transport.is_active():
+                        return self.close("the connection dropped")
+                    if not (ch.closed or ch.eof_received):
+                        continue
+                    data = b""
+                if not data:
+                    tail = self._err.decode("utf-8", "replace").strip().splitlines()
+                    why = f"`host serve` exited ({tail[-1][:300]})" if tail else "`host serve` exited"
+                    if ch.exit_status_ready():
+                        why += f" with status {ch.recv_exit_status()}"
+                    return self.close(why)
+                buf += data
+                while self.error is None:
+                    end = buf.find(b"\n")
+                    if end < 0:
+                        break
+                    line = bytes(buf[:end])
+                    del buf[:end + 1]
+                    self._line(line)
+                if len(buf) > MAX_WORKER_LINE:
+                    return self.close(f"a garbled message from the worker: a line over {MAX_WORKER_LINE} bytes")
+        except Exception as e:  # noqa: BLE001 - a reader never raises: it ends the worker, saying why
+            self.close(f"the worker's channel failed: {type(e).__name__}: {e}")
+
+    def _line(self, line: bytes) -> None:
+        if not self._hello.is_set():
+            # a login shell may print before the worker starts (a chatty .bashrc): skip
+            # what is not JSON until the hello; an error reply means no worker there
+            try:
+                first = json.loads(line)
+            except (ValueError, RecursionError):
+                return
+            if isinstance(first, dict) and first.get("event") != "hello":
+                err = first.get("error")
+                return self.close(f"`host serve` answered {str(err)[:300] if err else 'with no hello'}; its fleetrun "
+                                  "may be too old to run a worker")
+        try:
+            m = parse_worker_message(line)
+        except Malformed as e:
+            return self.close(f"a garbled message from the worker: {e}")
+        if m.kind == "hello":
+            info = m.info or {}
+            if info.get("protocol") != WORKER_PROTOCOL:
+                return self.close(f"its worker speaks protocol {info.get('protocol')}, this fleetrun "
+                                  f"{WORKER_PROTOCOL}")
+            self.info = info
+            self._hello.set()
+            return
+        if not self._hello.is_set():
+            return self.close("a garbled message from the worker: a message before its hello")
+        if m.kind == "reply":
+            with self._lock:
+                slot = self._waiting.pop(m.id, None)
+            if slot is not None:
+                slot[1] = (m.code, m.reply or {})
+                slot[0].set()
+            return
+        if m.kind == "log" and m.chunk is not None:
+            self.on_log(m.attempt, m.chunk)
+            return
+        if m.kind == "ended" and m.status is not None:
+            self.ended[m.attempt] = (m.status, m.size)
+        elif m.kind == "verified" and m.verify is not None:
+            self.verified[(m.attempt, m.idx)] = m.verify
+        self.wake()
+
+    def wake(self) -> None:
+        """Wake this machine's loop, as a local shepherd does when its agent ends."""
+        from ...liveness import sock_path
+
+        try:
+            s = socket.socket(socket.AF_UNIX, socket.SOCK_DGRAM)
+            try:
+                s.sendto(b"peer", sock_path(self.home))
+            finally:
+                s.close()
+        except OSError:
+            pass  # no loop listening (a `relay peers`, a test): nothing to wake
+

@@ -1,0 +1,108 @@
+"""The long-lived peer worker (``fleetrun host serve``) through the real CLI and a real
+sshd: a task runs on the peer with every verb a request to one worker, its end and its
+verdict pushed (the supervisor never asks for a status); a peer whose ``host serve``
+refuses gets the one-shot verbs; a worker killed mid-run is replaced and the running
+attempt is still adopted, never run twice."""
+
+from __future__ import annotations
+
+import os
+import shlex
+import signal
+import time
+
+import pytest
+
+pytest_plugins = ["sshd"]
+
+
+def wrapper(machine, mode):
+    """The peer's command: logs each one-shot verb (``calls``) and each pid of a worker
+    (``serve-pids``), traces the worker's requests (``trace``); ``refuses``: a
+    ``host serve`` that answers as an older fleetrun does."""
+    d = machine.home.parent
+    refuse = ('if [ "$2" = serve ]; then echo \'{"error": "usage: fleetrun host {probe,...} --json ..."}\'; '
+              "exit 4; fi\n") if mode == "refuses" else ""
+    script = d / "fleetrun-wrapper"
+    script.write_text("#!/bin/sh\n"
+                      f'echo "$2" >> {shlex.quote(str(d / "calls"))}\n'
+                      f"{refuse}"
+                      f'if [ "$2" = serve ]; then echo $$ >> {shlex.quote(str(d / "serve-pids"))}; fi\n'
+                      f'exec {machine.command_line(FLEETRUN_SERVE_TRACE=str(d / "trace"))} "$@"\n')
+    script.chmod(0o755)
+    return script
+
+
+def lines(path):
+    return path.read_text().split() if path.exists() else []
+
+
+def wait_for(cond, timeout, what):
+    deadline = time.monotonic() + timeout
+    while not cond():
+        assert time.monotonic() < deadline, f"never {what}"
+        time.sleep(0.1)
+
+
+@pytest.mark.parametrize("mode", ["serves", "refuses", "dies"])
+def test_the_peer_worker(fleeter, fake_claude, peer_lab, mode):
+    fleeter.make_repo()
+    mini = peer_lab.machine("mini")
+    mini.write("config.toml", (fleeter.home / "config.toml").read_text())
+    cmd = wrapper(mini, mode)
+    r = fleeter.run("relay", "add", "mini", mini.address, "--accept-new", "--command", str(cmd))
+    assert r.ret == 0, r.stdout + r.stderr
+    assert fleeter.run("drain").ret == 0
+    fleeter.write_tasks('''
+        [[task]]
+        name = "t1"
+        cwd = "repo"
+        prompt = "Write out.txt."
+        git_ref = "main"
+
+          [[task.verify]]
+          run = "test -f out.txt"
+    ''')
+    fake_claude.script(t1=[{"actions": [["sleep", 3 if mode == "dies" else 1], ["write", "out.txt", "x"],
+                                        ["commit", "x"]]}])
+    d = mini.home.parent
+    if mode == "dies":
+        proc = fleeter.popen("tasks.toml")
+        try:
+            led = fleeter.ledger()
+            wait_for(lambda: any(t.state.value == "RUNNING" for t in led.tasks()), 30, "RUNNING")
+            (pid,) = map(int, lines(d / "serve-pids"))
+            os.kill(pid, signal.SIGKILL)  # the worker dies; the shepherd it watched goes on
+            out, err = proc.communicate(timeout=60)
+        finally:
+            if proc.poll() is None:
+                proc.kill()
+                proc.communicate()
+        assert proc.returncode == 0, out.decode() + err.decode()
+    else:
+        r = fleeter.run("tasks.toml")
+        assert r.ret == 0, r.stdout + r.stderr
+    t = fleeter.task("t1")
+    assert t.state.value == "DONE" and t.host == "mini"
+    (att,) = fleeter.ledger().attempts(t.id)  # never run twice
+    assert len(fake_claude.calls("t1")) == 1
+    # the agent's log reached this machine's mirror whole (pushed as log events, or polled)
+    assert (fleeter.home / "attempts" / att.id / "log").read_bytes() == \
+        (mini.home / "attempts" / att.id / "log").read_bytes() != b""
+    one_shot = [v for v in lines(d / "calls") if v != "serve"]
+    requests = lines(d / "trace")
+    assert one_shot[0] == "probe"  # relay add asks once, without a worker
+    if mode == "refuses":
+        assert lines(d / "calls").count("serve") == 1  # asked once, then the one-shot verbs
+        assert requests == []
+        assert {"prepare", "start", "status", "collect", "verify-start", "verify-status"} <= set(one_shot)
+        return
+    assert one_shot == ["probe"], one_shot  # every other verb went to the worker
+    assert {"probe", "prepare", "start", "collect", "verify-start", "cleanup"} <= set(requests), requests
+    assert "verify-status" not in requests  # the verdict was pushed
+    if mode == "serves":
+        assert len(lines(d / "serve-pids")) == 1
+        assert "status" not in requests, requests  # the end was pushed: never asked
+    else:
+        assert len(lines(d / "serve-pids")) == 2  # a new worker on the same transport
+        assert requests.count("status") == 1, requests  # it was asked about the attempt once, then told

@@ -1,0 +1,127 @@
+"""The worker's messages both ways, read strictly (fuzzed: a value or ``Malformed``,
+never anything else), and a hostile worker behind a real sshd: the peer is unreachable
+with the reason, never an exception out of ``SSHHost``."""
+
+from __future__ import annotations
+
+import json
+import shlex
+import sys
+
+import pytest
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
+
+from fleetrun.plugins.relay.host import SSHHost
+from fleetrun.plugins.relay.peers import load_peers
+from fleetrun.plugins.relay.protocol import (
+    WorkerMessage,
+    parse_worker_message,
+    parse_worker_request,
+    worker_line,
+)
+from fleetrun.plugins.relay.transport import PeerUnreachable
+from fleetrun.untrusted import Malformed
+
+pytest_plugins = ["sshd"]
+
+AID = "task_q_1_a1"
+GOOD = [
+    {"event": "hello", "protocol": 1, "fleetrun": "0.1.0", "pid": 9},
+    {"id": 1, "code": 0, "reply": {"status": {"state": "running"}}},
+    {"event": "log", "attempt": AID, "log": "aGVsbG8K", "log_offset": 0, "log_size": 6},
+    {"event": "ended", "attempt": AID, "status": {"state": "ended", "exit_code": 0}, "log_size": 6},
+    {"event": "verified", "attempt": AID, "idx": 0, "result": {"state": "ended", "passed": True}},
+]
+HOSTILE = [
+    (b"not json", "not JSON"),
+    (b"[1, 2]", "expected an object"),
+    (b'{"id": "1", "code": 0, "reply": {}}', "worker reply.id"),
+    (b'{"id": 1, "code": 0, "reply": "yes"}', "worker reply.reply"),
+    (b'{"event": "shell", "cmd": "rm -rf /"}', "worker message.event"),
+    (b'{"event": "ended", "attempt": "../../etc", "status": {"state": "ended"}, "log_size": 0}', "attempt"),
+    (b'{"event": "ended", "attempt": "task_q_1_a1", "status": {"state": "running"}, "log_size": 0}', "not ended"),
+    (b'{"event": "log", "attempt": "task_q_1_a1", "log": "%%%", "log_offset": 0, "log_size": 3}', "not base64"),
+    (b'{"event": "verified", "attempt": "task_q_1_a1", "idx": 0, "result": {"state": "ended", "passed": "yes"}}',
+     "passed"),
+    (b"[" * 100000 + b"]" * 100000, "not JSON"),
+]
+
+
+def test_good_messages_parse_and_hostile_ones_say_what_is_wrong():
+    kinds = [parse_worker_message(worker_line(m).strip()).kind for m in GOOD]
+    assert kinds == ["hello", "reply", "log", "ended", "verified"]
+    m = parse_worker_message(worker_line(GOOD[2]))
+    assert isinstance(m, WorkerMessage) and m.chunk is not None and m.chunk.data == b"hello\n"
+    for line, why in HOSTILE:
+        with pytest.raises(Malformed) as e:
+            parse_worker_message(line)
+        assert why in str(e.value), (line[:80], str(e.value))
+
+
+def test_a_request_is_read_as_strictly_on_the_peer():
+    r = parse_worker_request(b'{"id": 3, "verb": "status", "args": ["--attempt", "task_q_1_a1"]}')
+    assert (r.id, r.verb, r.args, r.payload) == (3, "status", ["--attempt", "task_q_1_a1"], None)
+    assert json.loads(parse_worker_request(b'{"id": 4, "verb": "start", "payload": {"a": 1}}').payload or b"") == {"a": 1}
+    for bad in (b'{"id": 0, "verb": "status"}', b'{"id": 1, "verb": "bundle"}', b'{"id": 1, "verb": "sh"}',
+                b'{"id": 1, "verb": "status", "args": "--attempt x"}', b'{"id": 1, "verb": "start", "payload": [1]}',
+                b'{"id": 1, "verb": "status", "args": [1]}', b"{"):
+        with pytest.raises(Malformed):
+            parse_worker_request(bad)
+
+
+json_values = st.recursive(
+    st.one_of(st.none(), st.booleans(), st.integers(), st.floats(), st.text(max_size=20),
+              st.sampled_from([AID, "ended", "hello", "log", "verified", "aGVsbG8=", "../x"])),
+    lambda kids: st.one_of(st.lists(kids, max_size=4), st.dictionaries(st.text(max_size=10), kids, max_size=5)),
+    max_leaves=20)
+
+
+@settings(max_examples=200, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(base=st.sampled_from(GOOD), key=st.text(max_size=10), value=json_values, drop=st.booleans())
+def test_damaged_messages_only_ever_raise_malformed(base, key, value, drop):
+    d = dict(base)
+    if drop and d:
+        d.pop(sorted(d)[len(key) % len(d)])
+    else:
+        d[key if key else "event"] = value
+    for parse in (parse_worker_message, parse_worker_request):
+        try:
+            parse(json.dumps(d).encode())
+        except Malformed:
+            pass
+
+
+# -- a hostile worker behind a real sshd -------------------------------------------
+
+HOSTILE_WORKER = '''
+import json, sys
+print(json.dumps({"event": "hello", "protocol": 1, "pid": 1}), flush=True)
+for line in sys.stdin:
+    print('{"id": "not a number", "code": 0, "reply": {"status": {"state": "died"}}}', flush=True)
+'''
+
+
+@pytest.fixture
+def hostile(fleeter, peer_lab):
+    m = peer_lab.machine("mini")
+    fake = m.home.parent / "hostile.py"
+    fake.write_text(HOSTILE_WORKER)
+    script = m.home.parent / "wrapper"
+    script.write_text("#!/bin/sh\n"
+                      f'if [ "$2" = serve ]; then exec {shlex.quote(sys.executable)} {shlex.quote(str(fake))}; fi\n'
+                      f'exec {m.command_line()} "$@"\n')
+    script.chmod(0o755)
+    r = fleeter.run("relay", "add", "mini", m.address, "--accept-new", "--command", str(script))
+    assert r.ret == 0, r.stdout + r.stderr
+    host = SSHHost(load_peers(fleeter.home)["mini"], fleeter.home, worker=True)
+    yield host
+    host.close()
+
+
+def test_a_garbled_worker_makes_the_peer_unreachable_with_the_reason(hostile):
+    st = hostile.status(AID, None, None)
+    assert st["state"] == "unreachable"  # never "died": the attempt may run on there
+    assert "a garbled message from the worker: worker reply.id" in st["error"], st
+    with pytest.raises(PeerUnreachable, match="garbled message from the worker"):
+        hostile.probe()
