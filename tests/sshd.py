@@ -232,7 +232,11 @@ class NetLab:
     """Network namespaces joined to this one by veth pairs, in a private test subnet."""
 
     def __init__(self) -> None:
-        self.octet = 100 + os.getpid() % 100
+        # a subnet of its own per process; under pytest-xdist each worker (up to 4) draws
+        # from a quarter of the range, so two workers never share one
+        worker = os.environ.get("PYTEST_XDIST_WORKER", "gw0")[2:]
+        index = int(worker) if worker.isdigit() else 0
+        self.octet = 100 + (index % 4) * 25 + os.getpid() % 25
         self.subnet = f"10.213.{self.octet}.0/24"
         self.spaces: list[tuple[str, str, str]] = []
         self.route = False
