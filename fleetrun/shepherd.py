@@ -32,9 +32,8 @@ import time
 STATUS = "status.json"
 SPEC = "spec.json"
 LOG = "log"
-#: Where the agent may write the summary handed to its dependents: in this folder, on
-#: whichever machine the shepherd runs (fleetrun.summary reads it; the names are kept
-#: here too, so this module imports nothing of fleetrun's).
+#: Where the agent may write the summary handed to its dependents, on whichever machine
+#: the shepherd runs (fleetrun.summary reads it; the names are kept here too).
 SUMMARY = "summary"
 SUMMARY_ENV = "FLEETRUN_SUMMARY_FILE"
 CANCEL = "cancel"
@@ -106,7 +105,8 @@ def _write_atomic(path: str, text: str, sync: bool) -> None:
 
 def dumps(value: object) -> str:
     """``json.dumps(value)``, same text, for what a status holds (a dict of strings,
-    numbers, booleans and None), without importing ``json``."""
+    numbers, booleans and None), without importing ``json``; anything else (a list, NaN)
+    is written as its ``repr``, a string, so that a status is never lost to a type."""
     if isinstance(value, dict):
         return "{" + ", ".join(f"{_quote(str(k))}: {dumps(v)}" for k, v in value.items()) + "}"
     if isinstance(value, str):
@@ -115,9 +115,9 @@ def dumps(value: object) -> str:
         return {None: "null", True: "true", False: "false"}[value]
     if isinstance(value, int):
         return int.__repr__(value)
-    if isinstance(value, float) and value - value == 0:  # finite (a status holds no NaN)
+    if isinstance(value, float) and value - value == 0:  # finite
         return float.__repr__(value)
-    raise TypeError(f"{value!r} is not a status value")
+    return _quote(repr(value))
 
 
 def loads(text: str) -> object:

@@ -160,3 +160,10 @@ def test_the_spec_is_read_as_json_reads_it(text: str) -> None:
 def test_what_is_not_json_is_refused(text: str) -> None:
     with pytest.raises(ValueError):
         shepherd.loads(text)
+
+
+def test_a_value_json_would_write_otherwise_is_still_written() -> None:
+    """What a status should never hold (a list from a strange spec, NaN) is written as a
+    string rather than losing the status."""
+    assert json.loads(shepherd.dumps({"attempt": ["a", 1], "x": float("nan")})) == {"attempt": "['a', 1]",
+                                                                                      "x": "nan"}
