@@ -4,10 +4,8 @@ from __future__ import annotations
 
 import argparse
 import os
-import sqlite3
 import sys
 import time
-import traceback
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Callable, Iterable, Optional, TextIO, Union
 
@@ -36,6 +34,10 @@ _FAST_PATHS: dict[str, str] = {"host": "fleetrun.plugins.relay.peer.verbs",
 #: Verbs a supervisor drives on a peer over SSH: they read no project file and no
 #: ``FLEETRUN_ADDOPTS`` (their folder is not the user's checkout).
 _NO_PROJECT_VERBS = ("host",)
+
+#: Words after which the command line is only read (argparse prints the help, or the
+#: version is printed): the built-ins that do not take part in reading it are not loaded.
+_READ_ONLY_WORDS = ("-h", "--help", "--version")
 
 #: Options that take a value, so the verb scan can skip their values.
 _VALUE_OPTS = {"-p", "-k", "-m", "--home", "--state", "--max-tasks"}
@@ -112,18 +114,6 @@ def main(args: Optional[list[str]] = None, plugins: Optional[list[Any]] = None,
         except (OSError, ValueError):
             pass
         return ExitCode.OK
-    except sqlite3.DatabaseError as e:
-        if isinstance(e, sqlite3.OperationalError):
-            if not is_space_error(e):
-                return _internal_error(config, err)
-            return _space_error(config, e, err)
-        # a ledger damaged after it was opened (opening checks it: ledger.Ledger)
-        from .config import default_home
-
-        home = config.home if config is not None else default_home()
-        print(format_usage_error(UsageError(
-            f"the ledger is damaged ({e}); move it aside to start a new one", file=str(home / "state.db"))), file=err)
-        return ExitCode.USAGE_ERROR
     except OSError as e:
         if not is_space_error(e):
             return _internal_error(config, err)
@@ -131,7 +121,11 @@ def main(args: Optional[list[str]] = None, plugins: Optional[list[Any]] = None,
     except SystemExit as e:  # argparse
         code = e.code if isinstance(e.code, int) else ExitCode.USAGE_ERROR
         return ExitCode.USAGE_ERROR if code == 2 else code
-    except Exception:
+    except Exception as e:
+        # sqlite3 is imported by what opens the ledger, not here: without it, no such error
+        sqlite3 = sys.modules.get("sqlite3")
+        if sqlite3 is not None and isinstance(e, sqlite3.DatabaseError):
+            return _database_error(config, e, err)
         return _internal_error(config, err)
     finally:
         if config is not None:
@@ -157,6 +151,22 @@ def format_usage_error(e: UsageError) -> str:
     return "\n".join(safe_text(x.format(), keep="\t\n") for x in errors)
 
 
+def _database_error(config: Optional[Config], e: Exception, err: TextIO) -> int:
+    import sqlite3
+
+    if isinstance(e, sqlite3.OperationalError):
+        if not is_space_error(e):
+            return _internal_error(config, err)
+        return _space_error(config, e, err)
+    # a ledger damaged after it was opened (opening checks it: ledger.Ledger)
+    from .config import default_home
+
+    home = config.home if config is not None else default_home()
+    print(format_usage_error(UsageError(
+        f"the ledger is damaged ({e}); move it aside to start a new one", file=str(home / "state.db"))), file=err)
+    return ExitCode.USAGE_ERROR
+
+
 def _space_error(config: Optional[Config], e: BaseException, err: TextIO) -> int:
     from .config import default_home
 
@@ -167,6 +177,8 @@ def _space_error(config: Optional[Config], e: BaseException, err: TextIO) -> int
 
 
 def _internal_error(config: Optional[Config], err: TextIO) -> int:
+    import traceback
+
     from .config import default_home
 
     home = config.home if config is not None else default_home()
@@ -271,7 +283,7 @@ def resolve_files(names: list[str], invocation_dir: Path, verbs: Iterable[str] =
     """
     import difflib
 
-    from .collect import display_path
+    from .tomlfile import display_path
 
     out: list[str] = []
     errors: list[UsageError] = []
@@ -296,26 +308,35 @@ def resolve_files(names: list[str], invocation_dir: Path, verbs: Iterable[str] =
     return out
 
 
-def _configure(args: list[str], plugins: Optional[list[Any]], out: TextIO,
-               err: TextIO) -> Union[int, tuple[Config, Callable[[Config, TextIO, TextIO], int]]]:
+def _configure(args: list[str], plugins: Optional[list[Any]], out: TextIO, err: TextIO,
+               all_plugins: bool = False) -> Union[int, tuple[Config, Callable[[Config, TextIO, TextIO], int]]]:
     """Load the plugins, parse the command line for its verb and build the run's Config.
 
+    A command line that asks for the help or the version (:data:`_READ_ONLY_WORDS`) is
+    only read: of the built-in plugins, only those that declare verbs, options or hooks
+    are loaded (:data:`~fleetrun.pluginmanager.ARGUMENT_PLUGINS`), so that it answers
+    without importing the rest of fleetrun (the ledger, git, Claude Code's reader...).
+
+    :param all_plugins: load every plugin, whatever the command line says.
     :return: the config and the verb's ``run``, or an exit code (``--version``).
     """
     from .commands import BUILTIN_VERBS
-    from .config import Config, Parser, default_home
-    from .pluginmanager import FleetPluginManager
+    from .config import Parser
+    from .pluginmanager import ARGUMENT_PLUGINS, FleetPluginManager
     from .verbs import build_registry
 
     project, addopts = _project_addopts(args)
     pm = FleetPluginManager()
-    pargs = _prescan([w for _src, words in addopts for w in words] + args, "-p")
+    words = [w for _src, ws in addopts for w in ws] + args
+    only_read = not all_plugins and any(
+        w in _READ_ONLY_WORDS for w in (words[:words.index("--")] if "--" in words else words))
+    pargs = _prescan(words, "-p")
     for a in pargs:
         if a.startswith("no:"):
             pm.consider_pluginarg(a)
     for name in filter(None, (os.environ.get("FLEETRUN_PLUGINS") or "").split(",")):
         pm.consider_pluginarg(name.strip())
-    pm.consider_builtins()
+    pm.consider_builtins(only=ARGUMENT_PLUGINS if only_read else None)
     pm.consider_entry_points()
     for a in pargs:
         if not a.startswith("no:"):
@@ -340,10 +361,13 @@ def _configure(args: list[str], plugins: Optional[list[Any]], out: TextIO,
     ns = _parse_args(parser, addopts, rest)
     ns.verb = verb
     if ns.version:
-        loaded = [n for n, p in pm.list_name_plugin() if p is not None and not n.startswith("<")]
         print(f"fleetrun {__version__}", file=out)
-        print(f"plugins: {', '.join(_short(n) for n in loaded)}", file=out)
+        print(f"plugins: {', '.join(_short(n) for n in _plugin_names(pm))}", file=out)
         return ExitCode.OK
+    if only_read:  # a help word taken as a value after all: the command runs, with every plugin
+        return _configure(args, plugins, out, err, all_plugins=True)
+
+    from .config import Config, default_home
 
     home = Path(ns.home).expanduser().resolve() if ns.home else default_home()
     config = Config(pm, ns, home)
@@ -442,6 +466,23 @@ def _parse_args(parser: argparse.ArgumentParser, addopts: list[tuple[_AddoptsSou
                     raise UsageError(problem, file=ENV_ADDOPTS)
                 raise src.error("addopts", problem)
     return parser.parse_args(words + rest)  # the command line's own mistake, or --help
+
+
+def _plugin_names(pm: Any) -> list[str]:
+    """The plugins of this run, as ``--version`` lists them: every built-in not blocked
+    (loaded or not: a command line only read loads few), where the built-ins come."""
+    from .pluginmanager import BUILTIN_PLUGINS
+
+    loaded = [n for n, p in pm.list_name_plugin() if p is not None and not n.startswith("<")]
+    builtins = [n for n in BUILTIN_PLUGINS if not pm.is_blocked(n)]
+    out: list[str] = []
+    for n in loaded:
+        if n not in BUILTIN_PLUGINS:
+            out.append(n)
+        elif builtins:
+            out.extend(builtins)
+            builtins = []
+    return out + builtins
 
 
 def _short(name: str) -> str:

@@ -42,7 +42,7 @@ from .taskspec import (
     VerifySpec,
 )
 from .textutil import safe_name, safe_text
-from .tomlfile import LineMap, map_lines, parse_toml_file
+from .tomlfile import LineMap, display_path, map_lines, parse_toml_file  # noqa: F401  (display_path: its old home)
 
 #: Top-level tables a tasks file may hold besides ``[[task]]``; their contents are
 #: settings merged over ``config.toml`` (checked by the plugins that read them).
@@ -77,14 +77,6 @@ class TaskFile:
     settings: dict[str, Any] = field(default_factory=dict)
     text: str = ""
     graph: list[GraphNode] = field(default_factory=list)
-
-
-def display_path(path: Path, invocation_dir: Optional[Path] = None) -> str:
-    base = invocation_dir or Path.cwd()
-    try:
-        return os.path.relpath(path, base) if not os.path.relpath(path, base).startswith("..") else str(path)
-    except ValueError:  # another drive on Windows
-        return str(path)
 
 
 def collect_toml(path: Path, keys: KeyTable, display: str, defaults: Optional[dict[str, Any]] = None) -> TaskFile:

@@ -9,17 +9,17 @@ from dataclasses import asdict
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Callable, Optional, TextIO
 
-from . import ops
 from .exceptions import ExitCode, UsageError
-from .ledger import Ledger, Task, open_ledger
-from .queueing import queued_files
-from .states import State
 from .textutil import safe_name, safe_text
 from .verbs import VerbDecl
-from .viewing import cmd_logs, cmd_status, worktree_now
 
+# The ledger, the operator's actions and the viewers are imported by the verbs that use
+# them: `fleetrun --help` and `--version` read only the declarations at the end.
 if TYPE_CHECKING:
+    from . import ops
     from .config import Config
+    from .ledger import Ledger, Task
+    from .states import State
 
 
 def notifier(config: Config) -> ops.Notify:
@@ -134,6 +134,9 @@ def _eligible(config: Config, verb: str) -> frozenset[State]:
     """The states ``verb`` acts on. ``retry --elsewhere --state running`` also takes
     the tasks that run (on a peer that stopped answering), when ``--state`` names their
     state: ``--elsewhere --all`` never takes every running task off its machine."""
+    from . import ops
+    from .states import State
+
     running = {State.ASSIGNED, State.RUNNING, State.VERIFYING}
     state = config.getoption("state")
     if verb == "retry" and config.getoption("elsewhere") and state and ops.parse_state(state) in running:
@@ -148,6 +151,8 @@ def _selection(config: Config, led: Ledger, verb: str) -> tuple[list[Task], bool
     :raises UsageError: no task named and no selector; an unknown name; a named task
         the verb cannot act on.
     """
+    from . import ops
+
     refs: list[str] = list(config.option.task or [])
     state_text = config.getoption("state")
     state = ops.parse_state(state_text) if state_text else None
@@ -172,6 +177,8 @@ def _bulk(config: Config, verb: str, past: str, out: TextIO,
     retry's revived dependents) is looked at again and left alone if the verb no
     longer applies to it.
     """
+    from .ledger import open_ledger
+
     led = open_ledger(config)
     tasks, bulk = _selection(config, led, verb)
     if not tasks:
@@ -195,6 +202,9 @@ def cmd_cancel(config: Config, out: TextIO, err: TextIO) -> int:
 
 
 def _cancel_one(config: Config, led: Ledger, task: Task, out: TextIO, err: TextIO) -> bool:
+    from . import ops
+    from .states import State
+
     active = led.latest_attempt(task.id) if task.state in (State.ASSIGNED, State.RUNNING, State.VERIFYING) else None
     changed, moved = ops.cancel(led, task, notifier(config))
     if not changed:
@@ -218,6 +228,8 @@ def _cancel_one(config: Config, led: Ledger, task: Task, out: TextIO, err: TextI
 
 
 def cmd_retry(config: Config, out: TextIO, err: TextIO) -> int:
+    from . import ops
+
     def one(led: Ledger, task: Task) -> bool:
         if config.getoption("elsewhere"):
             moved = ops.retry_elsewhere(led, task, notifier(config))
@@ -247,6 +259,10 @@ def cmd_approve(config: Config, out: TextIO, err: TextIO) -> int:
 
 
 def _approve_one(config: Config, led: Ledger, task: Task, out: TextIO) -> bool:
+    from . import ops
+    from .states import State
+    from .viewing import worktree_now
+
     handoff = None
     if task.state is State.NEEDS_HUMAN:
         # recorded before the move to DONE: a loop running meanwhile may start a
@@ -275,12 +291,15 @@ def _approve_one(config: Config, led: Ledger, task: Task, out: TextIO) -> bool:
 
 
 def cmd_drain(config: Config, out: TextIO, err: TextIO) -> int:
+    from .ledger import open_ledger
+
     open_ledger(config).set_meta("drain", "1")
     print("draining: this machine starts nothing new (running attempts finish); fleetrun undrain to undo", file=out)
     return ExitCode.OK
 
 
 def cmd_undrain(config: Config, out: TextIO, err: TextIO) -> int:
+    from .ledger import open_ledger
     from .policy import local_drain_source
 
     led = open_ledger(config)
@@ -339,6 +358,25 @@ def _run_arguments(p: argparse.ArgumentParser) -> None:
 def _work_arguments(p: argparse.ArgumentParser) -> None:
     _loop_arguments(p)
     p.add_argument("--until-idle", action="store_true", help="exit when nothing is left to do")
+
+
+def _queued_files(config: Config) -> list[Path]:
+    """``work``: the queued tasks' files and their tables (:func:`fleetrun.queueing.queued_files`)."""
+    from .queueing import queued_files
+
+    return queued_files(config)
+
+
+def cmd_status(config: Config, out: TextIO, err: TextIO) -> int:
+    from .viewing import cmd_status as status
+
+    return status(config, out, err)
+
+
+def cmd_logs(config: Config, out: TextIO, err: TextIO) -> int:
+    from .viewing import cmd_logs as logs
+
+    return logs(config, out, err)
 
 
 def _status_arguments(p: argparse.ArgumentParser) -> None:
@@ -401,7 +439,7 @@ BUILTIN_VERBS: tuple[VerbDecl, ...] = (
              takes_tasks_files=True),
     VerbDecl("queue", "validate and queue tasks files; runs nothing", cmd_queue, takes_tasks_files=True),
     VerbDecl("work", "run the queued tasks (keeps running unless --until-idle)", cmd_work, _work_arguments,
-             plugin_options=True, tasks_files=queued_files),
+             plugin_options=True, tasks_files=_queued_files),
     VerbDecl("status", "one line per task (--graph: the depends_on tree and why anything waits)", cmd_status,
              _status_arguments, reads_config=False),
     VerbDecl("logs", "every transition and verdict of a task", cmd_logs, _logs_arguments, reads_config=False),

@@ -11,7 +11,6 @@ from __future__ import annotations
 import json
 import os
 import signal
-import sys
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Callable, Optional
 
@@ -25,13 +24,12 @@ from .hostapi import (  # noqa: F401  (their old home: kept importable)
 )
 from .osutil import FileLock, end_group, spawn_detached
 from .shepherd import CANCEL, LOG, SPEC, START_LOCK, STATUS, proc_token, read_json, write_json
+from .shepherdrun import SHEPHERD_PATH, shepherd_argv  # noqa: F401  (SHEPHERD_PATH: its old home)
 from .untrusted import FILE_STATES, Malformed, parse_status, reason_of
 
 if TYPE_CHECKING:
     from .config import Config
     from .reports import Candidate, Started
-
-SHEPHERD_PATH = str(Path(__file__).with_name("shepherd.py"))
 
 
 def executable_problem(exe: str, path: Optional[str] = None) -> Optional[str]:
@@ -103,11 +101,13 @@ class LocalHost:
                 f.write(prompt)
             if spec.get("stdin") == "prompt":
                 spec["stdin_file"] = str(ppath)
-        write_json(str(adir / SPEC), spec)
+        # not fsynced: the ledger holds the intent (the attempt is ``starting``), and a
+        # crash that loses this file takes the shepherd with it; adoption then finds no
+        # status and gives the attempt up under the start lock (docs/durability.md)
+        write_json(str(adir / SPEC), spec, sync=False)
         # posix_spawn in a new session, not Popen: the shepherd is meant to outlive us,
         # and a Popen object would complain when collected with its child still running.
-        pid = spawn_detached([sys.executable, "-I", "-S", SHEPHERD_PATH, str(adir)], os.environ,
-                             adir / "shepherd.out")
+        pid = spawn_detached(shepherd_argv(self.home, str(adir)), os.environ, adir / "shepherd.out")
         self._children[attempt_id] = pid
         from .reports import Started
 

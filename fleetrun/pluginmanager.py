@@ -42,6 +42,14 @@ BUILTIN_PLUGINS: dict[str, str] = {
     "junitxml": "fleetrun.plugins.junitxml",
 }
 
+#: The built-ins that take part in reading the command line: they declare verbs
+#: (``fleetrun_verbs``), options (``fleetrun_addoption``) or hooks (``fleetrun_addhooks``),
+#: the only hooks called before it is parsed. ``fleetrun --help`` and ``--version``
+#: load only these (tests/test_startup.py checks that no other built-in
+#: implements those hooks).
+ARGUMENT_PLUGINS = ("relay", "mailbox", "terminal", "events", "junitxml")
+ARGUMENT_HOOKS = ("fleetrun_verbs", "fleetrun_addoption", "fleetrun_addhooks")
+
 #: Blocking these with ``-p no:NAME`` is a usage error: nothing works without them.
 ESSENTIAL_PLUGINS = frozenset({"collect"})
 
@@ -145,9 +153,12 @@ class FleetPluginManager(pluggy.PluginManager):
                     file=_plugin_file(impl.plugin) or impl.plugin_name,
                 )
 
-    def consider_builtins(self, blocked: Iterable[str] = ()) -> None:
+    def consider_builtins(self, blocked: Iterable[str] = (), only: Optional[Iterable[str]] = None) -> None:
+        """Load the built-in plugins (but those in ``blocked``); with ``only``, just those
+        named there (:data:`ARGUMENT_PLUGINS`: a command line that is only read)."""
+        wanted = set(only) if only is not None else None
         for name, modname in BUILTIN_PLUGINS.items():
-            if name in blocked:
+            if name in blocked or (wanted is not None and name not in wanted):
                 continue
             self.import_plugin(modname, name)
 
@@ -176,7 +187,9 @@ class FleetPluginManager(pluggy.PluginManager):
                 self.register(name_is_ep.load(), arg)
             return
         modname = BUILTIN_PLUGINS.get(arg, arg)
-        self.import_plugin(modname, arg if arg in BUILTIN_PLUGINS else modname)
+        # a built-in named by its module is that built-in, whether loaded yet or not
+        short = next((n for n, m in BUILTIN_PLUGINS.items() if m == modname), None)
+        self.import_plugin(modname, short or modname)
 
     def load_fleetconfs(self, task_files: Iterable[Path]) -> list[Path]:
         """Import every ``fleetconf.py`` from the repository root (or the tasks file's
@@ -216,12 +229,9 @@ def _entry_points(autoload: bool = True) -> list[Any]:
     applies (``-p NAME`` still finds an entry point by name, as in pytest)."""
     if autoload and os.environ.get("FLEETRUN_DISABLE_PLUGIN_AUTOLOAD"):
         return []
-    from importlib import metadata
+    from .entrypoints import entry_points
 
-    eps = metadata.entry_points()
-    if hasattr(eps, "select"):
-        return list(eps.select(group=ENTRY_POINT_GROUP))
-    return list(eps.get(ENTRY_POINT_GROUP, []))  # pragma: no cover - Python 3.9
+    return entry_points(ENTRY_POINT_GROUP)
 
 
 def repo_root(start: Path) -> Optional[Path]:

@@ -15,8 +15,6 @@ never from inside the fleetrun home (a task's worktree is the agent's to write).
 
 from __future__ import annotations
 
-import hashlib
-import json
 import os
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -141,6 +139,9 @@ class ProjectConfig:
         ``[task]`` table, every key of it; a tasks file's own defaults are in its bytes)."""
         if not self.data.get("task"):
             return ""
+        import hashlib  # here: OpenSSL's start-up is ~5 ms, and most commands need no digest
+        import json
+
         text = json.dumps(self.data["task"], sort_keys=True, default=str)
         return "|project=" + hashlib.sha256(text.encode()).hexdigest()
 
@@ -159,7 +160,7 @@ class ProjectConfig:
 
 
 def _read(path: Path, invocation_dir: Path) -> Optional[ProjectConfig]:
-    from .collect import display_path
+    from .tomlfile import display_path
 
     display = display_path(path, invocation_dir)
     if path.name == PYPROJECT:

@@ -1,38 +1,47 @@
 """The shepherd: a small detached monitor for one attempt (like conmon for containers).
 
 Run as ``python -I -S shepherd.py ATTEMPT_DIR`` (the file itself, not the package, so it
-starts in a few milliseconds and imports only the standard library). It reads
-``spec.json`` from the attempt folder, starts the agent with its output on a pty,
-copies the output to ``log``, enforces the timeout and the stall watchdog, watches
-for a ``cancel`` file or SIGTERM, and records everything in ``status.json``
-(written atomically: temp file + rename). It outlives the supervisor; the supervisor
-only reads these files and signals it.
+starts in a few milliseconds and imports only the standard library; the host runs it
+from its byte-code, :mod:`fleetrun.shepherdrun`). It reads ``spec.json`` from the
+attempt folder, starts the agent with its output on a pty, copies the output to
+``log``, enforces the timeout and the stall watchdog, watches for a ``cancel`` file or
+SIGTERM, and records everything in ``status.json`` (written atomically: temp file +
+rename). It outlives the supervisor; the supervisor only reads these files and
+signals it.
 
 Why a pty for output but a file for input: agents line-buffer on a terminal, so
 output arrives as it is made; but a pty's canonical mode cuts input lines at 4096
 bytes, so a long prompt goes in from a file, never through the terminal.
+
+Why so few imports: one shepherd starts per attempt, competing for CPU with every
+other step of a run (``json``, ``subprocess``, ``socket`` and ``signal`` cost ~34 ms
+of CPU, three times the bare interpreter). Its own path uses the C modules under
+them: ``_json``, ``os.posix_spawn``, ``os.openpty``, ``_socket``, ``_signal``.
+:func:`read_json` and :func:`write_json`, the package's, import ``json`` when called.
 """
 
 from __future__ import annotations
 
-import json
+import _json  # the C half of json, whose Python half costs ~25 ms of imports
+import _signal as signal  # not `signal`: that one imports enum for its IntEnums
 import os
 import select
-import signal
 import sys
 import time
 
 STATUS = "status.json"
 SPEC = "spec.json"
 LOG = "log"
-#: Where the agent may write the summary handed to its dependents: in this folder, on
-#: whichever machine the shepherd runs (fleetrun.summary reads it; the names are kept
-#: here too, so this module imports nothing of fleetrun's).
+#: Where the agent may write the summary handed to its dependents, on whichever machine
+#: the shepherd runs (fleetrun.summary reads it; the names are kept here too).
 SUMMARY = "summary"
 SUMMARY_ENV = "FLEETRUN_SUMMARY_FILE"
 CANCEL = "cancel"
 START_LOCK = "start.lock"
 GRACE_S = 5.0
+#: Set (not ``0``) in its environment: the shepherd lists what it imported in MODULES.
+DEBUG_ENV = "FLEETRUN_SHEPHERD_DEBUG"
+MODULES = "shepherd.modules"
 
 
 # Run by path under ``-I -S``, this file cannot import the package, so it keeps its
@@ -63,17 +72,16 @@ def proc_token(pid: int) -> str | None:
 
 
 def write_json(path: str, data: dict, sync: bool = True) -> None:
-    tmp = f"{path}.{os.getpid()}.tmp"
-    fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
-    with os.fdopen(fd, "w") as f:
-        json.dump(data, f)
-        f.flush()
-        if sync:
-            os.fsync(f.fileno())
-    os.replace(tmp, path)
+    """``data`` as JSON in ``path``, atomically, fsynced with ``sync`` (the package's)."""
+    import json
+
+    _write_atomic(path, json.dumps(data), sync)
 
 
 def read_json(path: str) -> dict | None:
+    """The JSON in ``path``, or None when it cannot be read or is not JSON."""
+    import json
+
     try:
         with open(path) as f:
             return json.load(f)
@@ -81,10 +89,83 @@ def read_json(path: str) -> dict | None:
         return None
 
 
+def _write_atomic(path: str, text: str, sync: bool) -> None:
+    tmp = f"{path}.{os.getpid()}.tmp"
+    fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
+    try:
+        data = memoryview(text.encode())
+        while data:  # a short write (a nearly full disk) is not the whole file
+            data = data[os.write(fd, data):]
+        if sync:
+            os.fsync(fd)
+    finally:
+        os.close(fd)
+    os.replace(tmp, path)
+
+
+def dumps(value: object) -> str:
+    """``json.dumps(value)``, same text, for what a status holds (a dict of strings,
+    numbers, booleans and None), without importing ``json``; anything else (a list, NaN)
+    is written as its ``repr``, a string, so that a status is never lost to a type."""
+    if isinstance(value, dict):
+        return "{" + ", ".join(f"{_quote(str(k))}: {dumps(v)}" for k, v in value.items()) + "}"
+    if isinstance(value, str):
+        return _quote(value)
+    if value is None or isinstance(value, bool):
+        return {None: "null", True: "true", False: "false"}[value]
+    if isinstance(value, int):
+        return int.__repr__(value)
+    if isinstance(value, float) and value - value == 0:  # finite
+        return float.__repr__(value)
+    return _quote(repr(value))
+
+
+def loads(text: str) -> object:
+    """``json.loads(text)`` by ``_json``'s scanner. :raises ValueError: not JSON."""
+    i = _skip_ws(text, 0)
+    try:
+        value, i = _json.make_scanner(_ScanContext)(text, i)  # type: ignore[arg-type]
+    except StopIteration:
+        raise ValueError("not JSON") from None
+    if _skip_ws(text, i) != len(text):
+        raise ValueError("extra data after the JSON value")
+    return value
+
+
+def _skip_ws(text: str, i: int) -> int:
+    while i < len(text) and text[i] in " \t\n\r":
+        i += 1
+    return i
+
+
+class _ScanContext:
+    """What ``_json.make_scanner`` reads of a decoder: ``json.loads``'s defaults."""
+
+    strict = True
+    object_hook = None
+    object_pairs_hook = None
+    parse_float = float
+    parse_int = int
+    parse_constant = float  # NaN, Infinity, -Infinity
+
+
+_quote = _json.encode_basestring_ascii
+
+
+def _read_spec(path: str) -> dict | None:
+    try:
+        with open(path, "rb") as f:
+            spec = loads(f.read().decode())
+    except (OSError, ValueError):
+        return None
+    return spec if isinstance(spec, dict) else None
+
+
 class Shepherd:
     def __init__(self, adir: str) -> None:
-        self.dir = adir
-        spec = read_json(os.path.join(adir, SPEC))
+        # absolute: the shepherd changes into the agent's folder to start it
+        self.dir = os.path.abspath(adir)
+        spec = _read_spec(os.path.join(self.dir, SPEC))
         if spec is None:
             raise SystemExit(f"shepherd: no readable {SPEC} in {adir}")
         self.spec = spec
@@ -103,7 +184,7 @@ class Shepherd:
         """Write status.json (fsynced only when it records the end); on a full or read-only
         disk keep going and try again later: the supervisor waits while we are alive."""
         try:
-            write_json(os.path.join(self.dir, STATUS), self.status, sync=self.status.get("state") == "ended")
+            _write_atomic(os.path.join(self.dir, STATUS), dumps(self.status), sync=self.status.get("state") == "ended")
             self.unsaved = False
             return True
         except OSError:
@@ -124,10 +205,10 @@ class Shepherd:
         sock_path = self.spec.get("notify")
         if not sock_path:
             return
-        import socket
+        import _socket  # the C module: `socket` costs an enum and selectors
 
         try:
-            s = socket.socket(socket.AF_UNIX, socket.SOCK_DGRAM)
+            s = _socket.socket(_socket.AF_UNIX, _socket.SOCK_DGRAM)
             try:
                 s.sendto(str(self.spec.get("attempt_id", "")).encode(), sock_path)
             finally:
@@ -136,8 +217,6 @@ class Shepherd:
             pass  # the supervisor is not listening; it reads status.json when it comes back
 
     def run(self) -> int:
-        import pty
-        import subprocess
         import termios
 
         if not self.save():  # what cannot be recorded must not start
@@ -168,7 +247,7 @@ class Shepherd:
             os.close(lock_fd)
             self.notify()
             return 0
-        master, slave = pty.openpty()
+        master, slave = os.openpty()
         attrs = termios.tcgetattr(slave)
         attrs[1] &= ~termios.OPOST  # keep '\n' as is in the log (no '\r\n')
         attrs[3] &= ~(termios.ECHO | termios.ICANON)
@@ -181,15 +260,12 @@ class Shepherd:
         stdin_path = self.spec.get("stdin_file")
         log_fd = os.open(os.path.join(self.dir, LOG), os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o600)
         try:
-            stdin = open(stdin_path, "rb") if stdin_path else subprocess.DEVNULL  # noqa: SIM115
+            stdin = os.open(stdin_path or os.devnull, os.O_RDONLY)
             try:
-                proc = subprocess.Popen(
-                    self.spec["argv"], cwd=self.spec.get("cwd") or None, env=env,
-                    stdin=stdin, stdout=slave, stderr=slave, start_new_session=True, close_fds=True,
-                )
+                pid = spawn(self.spec["argv"], self.spec.get("cwd") or None, env, stdin, slave)
             finally:
-                if stdin_path:
-                    stdin.close()  # type: ignore[union-attr]
+                os.close(stdin)
+                os.chdir(self.dir)  # hold no worktree open
         except OSError as e:
             os.close(slave)
             os.close(master)
@@ -205,8 +281,7 @@ class Shepherd:
             return 0
         os.close(slave)
         now = time.time()
-        self.status.update(state="running", agent_pid=proc.pid, agent_token=proc_token(proc.pid),
-                           agent_started=now)
+        self.status.update(state="running", agent_pid=pid, agent_token=proc_token(pid), agent_started=now)
         self.save()
         os.close(lock_fd)  # releases the start lock
 
@@ -221,7 +296,7 @@ class Shepherd:
         pidfd = -1  # readable when the agent exits, so its end is seen at once
         if hasattr(os, "pidfd_open"):
             try:
-                pidfd = os.pidfd_open(proc.pid)
+                pidfd = os.pidfd_open(pid)
             except OSError:
                 pidfd = -1
         while True:
@@ -236,10 +311,10 @@ class Shepherd:
                 elif stall_s and now - last_output >= stall_s:
                     self.reason = "stalled"
                 if self.reason:
-                    self._signal_group(proc.pid, signal.SIGTERM)
+                    self._signal_group(pid, signal.SIGTERM)
                     kill_at = now + GRACE_S
             if kill_at and now >= kill_at:
-                self._signal_group(proc.pid, signal.SIGKILL)
+                self._signal_group(pid, signal.SIGKILL)
                 kill_at = now + 1.0
             if now - last_beat >= 5.0 or (self.unsaved and now - last_beat >= 1.0):
                 self.status["beat"] = now  # proof of life for `fleetrun status`
@@ -272,7 +347,7 @@ class Shepherd:
                     last_output = time.time()
                 else:
                     master_open = False
-            code = proc.poll()
+            code = _poll(pid)
             if code is not None and (not master_open or not self._drain(master, log_fd)):
                 break
         if master_open:
@@ -280,7 +355,7 @@ class Shepherd:
         if pidfd >= 0:
             os.close(pidfd)
         # nothing of the agent's process group may outlive it
-        self._signal_group(proc.pid, signal.SIGKILL)
+        self._signal_group(pid, signal.SIGKILL)
         os.close(log_fd)
         self.status.update(
             state="ended",
@@ -300,7 +375,7 @@ class Shepherd:
         ``start_failed:agent_not_found`` when the executable is missing or cannot be
         run (trying again changes nothing: the supervisor asks a human at once);
         plain ``start_failed`` for what may clear by itself (no memory, too many
-        processes). Only an error of the exec itself counts: subprocess names the
+        processes). Only an error of the exec itself counts: :func:`spawn` names the
         executable in ``e.filename`` then (a failed chdir names the cwd).
         """
         import errno
@@ -336,13 +411,13 @@ class Shepherd:
             data = os.read(master, 65536)
         except OSError:
             return False
-        if data:
-            try:
-                os.write(log_fd, data)
-            except OSError:
-                pass
-            return True
-        return False
+        if not data:
+            return False
+        try:
+            os.write(log_fd, data)
+        except OSError:
+            pass
+        return True
 
     @staticmethod
     def _signal_group(pid: int, sig: int) -> None:
@@ -354,11 +429,71 @@ class Shepherd:
             pass
 
 
+def spawn(argv: list[str], cwd: str | None, env: dict[str, str], stdin: int, out: int) -> int:
+    """Start the agent as ``subprocess.Popen`` would with ``start_new_session=True``:
+    in a session of its own, ``stdin`` as its input, ``out`` as its output and error,
+    ``argv[0]`` looked up on ``env``'s ``PATH`` (not ours), SIGPIPE and SIGXFSZ back to
+    their defaults, none of our files open in it (ours are all close-on-exec). Its
+    folder is ``cwd``: ``posix_spawn`` cannot change it, so this process changes into
+    it first (the caller changes back).
+
+    :return: its pid.
+    :raises OSError: ``chdir`` failed (``e.filename`` is ``cwd``) or no exec did: the
+        first error that is not "no such file", as ``execvpe`` reports, with
+        ``e.filename`` the executable as given.
+    """
+    exe = argv[0]
+    if cwd is not None:
+        os.chdir(cwd)
+    if os.sep in exe:
+        paths = [exe]
+    else:
+        dirs = env.get("PATH", os.defpath).split(os.pathsep)
+        paths = [os.path.join(d or os.curdir, exe) for d in dirs]
+    actions = [(os.POSIX_SPAWN_DUP2, stdin, 0), (os.POSIX_SPAWN_DUP2, out, 1), (os.POSIX_SPAWN_DUP2, out, 2)]
+    first = last = 2  # ENOENT
+    for path in paths:
+        try:
+            return os.posix_spawn(path, argv, env, file_actions=actions, setsid=True,
+                                  setsigdef=(signal.SIGPIPE, signal.SIGXFSZ))
+        except OSError as e:
+            last = e.errno or last
+            if last not in (2, 20) and first == 2:  # ENOENT, ENOTDIR: try the next folder
+                first = last
+    errno = first if first != 2 else last
+    raise OSError(errno, os.strerror(errno), exe)
+
+
+def _poll(pid: int) -> int | None:
+    """The agent's exit code (minus the signal that ended it), or None while it runs."""
+    try:
+        done, status = os.waitpid(pid, os.WNOHANG)
+    except ChildProcessError:  # pragma: no cover - reaped already: nothing more to learn
+        return -9
+    if not done:
+        return None
+    return os.waitstatus_to_exitcode(status)
+
+
+def _write_modules(adir: str) -> None:
+    """The debug list of what this process imported (``DEBUG_ENV``)."""
+    try:
+        main = sys.modules["__main__"]
+        text = "\n".join([str(getattr(main, "__file__", "")), *sorted(sys.modules)]) + "\n"
+        _write_atomic(os.path.join(adir, MODULES), text, sync=False)
+    except OSError:
+        pass
+
+
 def main(argv: list[str]) -> int:
     if len(argv) != 1:
         print("usage: shepherd.py ATTEMPT_DIR", file=sys.stderr)
         return 2
-    return Shepherd(argv[0]).run()
+    try:
+        return Shepherd(argv[0]).run()
+    finally:
+        if os.environ.get(DEBUG_ENV, "0") != "0":
+            _write_modules(os.path.abspath(argv[0]))
 
 
 if __name__ == "__main__":

@@ -8,6 +8,7 @@ so a mistake in any of them is reported as ``ERROR: file:LINE: key: message``.
 
 from __future__ import annotations
 
+import os
 import re
 import sys
 from dataclasses import dataclass, field
@@ -16,10 +17,31 @@ from typing import Any, Optional
 
 from .exceptions import UsageError
 
-if sys.version_info >= (3, 11):
-    import tomllib
-else:  # pragma: no cover - exercised on older Pythons only
-    import tomli as tomllib
+
+def display_path(path: Path, invocation_dir: Optional[Path] = None) -> str:
+    """``path`` as an error message shows it: relative to ``invocation_dir`` (default the
+    current folder) when it is below it, else absolute."""
+    base = invocation_dir or Path.cwd()
+    try:
+        return os.path.relpath(path, base) if not os.path.relpath(path, base).startswith("..") else str(path)
+    except ValueError:  # another drive on Windows
+        return str(path)
+
+
+def _tomllib() -> Any:
+    """``tomllib`` (``tomli`` before 3.11), imported by the first file read: a command
+    that reads none (``fleetrun --help`` outside a project) does not pay for it."""
+    if sys.version_info >= (3, 11):
+        import tomllib
+    else:  # pragma: no cover - exercised on older Pythons only
+        import tomli as tomllib
+    return tomllib
+
+
+def __getattr__(name: str) -> Any:  # PEP 562: ``from fleetrun.tomlfile import tomllib`` still works
+    if name == "tomllib":
+        return _tomllib()
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
 
 # Line numbers: tomllib gives none, so a light scan of the source maps each table
 # and key to the line it was written on.
@@ -124,6 +146,7 @@ def parse_toml_file(path: Path, display: str) -> tuple[dict[str, Any], str]:
         raise UsageError(f"not UTF-8 text ({e.reason})", file=display) from None
     except OSError as e:
         raise UsageError(f"cannot read: {e.strerror}", file=display) from None
+    tomllib = _tomllib()
     try:
         return tomllib.loads(text), text
     except tomllib.TOMLDecodeError as e:

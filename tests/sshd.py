@@ -377,7 +377,7 @@ def kill_leftovers(root: Path) -> None:
             cmd = " ".join(p.info["cmdline"] or [])
         except (psutil.Error, TypeError):
             continue
-        if str(root) in cmd and ("shepherd.py" in cmd or "verify-runner" in cmd):
+        if str(root) in cmd and ("shepherd" in cmd or "verify-runner" in cmd):
             try:
                 p.terminate()  # a shepherd ends its agent's process group first
             except psutil.Error:

@@ -13,7 +13,6 @@ Tools are probed (:mod:`fleetrun.probe`) only when a task waiting for a place ha
 from __future__ import annotations
 
 import os
-import socket
 import time
 from collections import OrderedDict
 from pathlib import Path
@@ -269,7 +268,8 @@ def builtin_place(task: Any, candidates: list[Candidate], config: Config,
     :return: a :class:`~fleetrun.Placement` or a :class:`~fleetrun.Wait`.
     """
     pin = task.spec.peer
-    if pin is not None and pin in ("local", "localhost", socket.gethostname()):
+    # os.uname().nodename is socket.gethostname(), without importing socket on every command
+    if pin is not None and pin in ("local", "localhost", os.uname().nodename):
         pin = "local"
     why_local = stays_local(task.spec)
     if why_local is not None:

@@ -19,14 +19,16 @@ from __future__ import annotations
 import shlex
 import time
 from dataclasses import dataclass
-from typing import Optional
+from typing import TYPE_CHECKING, Optional
 
-from ..ledger import Ledger, Task
-from ..records import VerdictRow
 from ..states import State
 from ..table import cut
 from ..textutil import safe_name, safe_text
 from ..verdicttext import summary_line
+
+if TYPE_CHECKING:  # the terminal plugin is loaded by `fleetrun --help`: no ledger then
+    from ..ledger import Ledger, Task
+    from ..records import VerdictRow
 
 #: Lines of a failing verifier's output shown under its verdict, without and with ``-v``.
 TAIL_LINES = 5

@@ -17,7 +17,6 @@ from ..hookimpl import hookimpl
 from ..table import terminal_width
 from ..textutil import safe_name, safe_text
 from ..version import __version__
-from .summary import durations, failure_tail, short_summary
 
 if TYPE_CHECKING:
     from ..config import Config
@@ -123,6 +122,9 @@ class TerminalReporter:
         self.write_line(f"         {safe_name(task.name)} verify {safe_text(verdict.kind)} `{safe_text(verdict.label)}`: "
                         f"{word} ({safe_text(verdict.reason)}){cost}", "DONE" if verdict.passed else "RETRYING")
         if not verdict.passed and verdict.output:  # what failed, without -v too (a few lines, cut)
+            # imported here: `fleetrun --help` loads this plugin, but needs none of its summary
+            from .summary import failure_tail
+
             for line in failure_tail(verdict.output, self.verbosity, terminal_width(self.out)):
                 self.write_line(line)
 
@@ -155,6 +157,8 @@ class TerminalReporter:
         task_ids: list[str] = getattr(session, "task_ids", [])
         if led is None:
             return
+        from .summary import durations, short_summary
+
         n = self.config.getoption("durations")
         if n is not None and self.verbosity >= -1:
             for line in durations(led, task_ids, session.started, n, self.verbosity):

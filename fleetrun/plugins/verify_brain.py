@@ -27,7 +27,6 @@ from __future__ import annotations
 
 import json
 import os
-import socket
 import threading
 import time
 from pathlib import Path
@@ -328,6 +327,7 @@ def ask(settings: dict[str, Any], model: str, prompt: str, timeout: float,
     """
     # imported here: `fleetrun status` and friends never need them
     import http.client
+    import socket
     import urllib.error
     import urllib.request
 

@@ -1,0 +1,169 @@
+"""The shepherd is cheap to start: it imports no ``json``, ``subprocess``, ``socket`` or
+``signal`` (their C modules only), and the host runs it from byte-code compiled once
+into the home (``fleetrun.shepherdrun``), re-made when the source changes."""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import socket
+import stat
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+
+from fleetrun import shepherd, shepherdrun
+
+#: What the shepherd must not import: ~34 ms of CPU per attempt between them.
+EXPENSIVE = {"json", "subprocess", "socket", "signal", "enum", "typing", "pty", "re"}
+
+
+def imported(adir: Path) -> tuple[str, set[str]]:
+    """(what the shepherd ran, the modules it had imported), from its debug list."""
+    lines = (adir / shepherd.MODULES).read_text().splitlines()
+    return lines[0], set(lines[1:])
+
+
+def test_a_run_starts_its_shepherd_from_byte_code_without_json_subprocess_or_socket(
+        fleeter, fake_claude, monkeypatch) -> None:
+    monkeypatch.setenv(shepherd.DEBUG_ENV, "1")
+    fleeter.make_repo()
+    fleeter.write_tasks('''
+        [[task]]
+        name = "t1"
+        cwd = "repo"
+        prompt = "Write out.txt."
+        git_ref = "main"
+    ''')
+    fake_claude.script(t1=[{"actions": [["write", "out.txt", "hello"], ["commit", "add out"]]}])
+    r = fleeter.run("tasks.toml")
+    assert r.ret == 0, r.stdout + r.stderr
+    (adir,) = [p.parent for p in (fleeter.home / "attempts").glob(f"*/{shepherd.MODULES}")]
+    ran, modules = imported(adir)
+    cache = fleeter.home / shepherdrun.CACHE
+    assert Path(ran).parent == cache and ran.endswith(".pyc"), ran
+    assert stat.S_IMODE(cache.stat().st_mode) == 0o700 and stat.S_IMODE(os.stat(ran).st_mode) == 0o600
+    assert "_json" in modules and "_socket" in modules  # the check below means something
+    assert not modules & EXPENSIVE, sorted(modules & EXPENSIVE)
+    status = json.loads((adir / shepherd.STATUS).read_text())
+    assert status["state"] == "ended" and status["exit_code"] == 0
+
+
+def run_shepherd(adir: Path, spec: dict, code: str) -> subprocess.CompletedProcess:
+    adir.mkdir(mode=0o700)
+    (adir / shepherd.SPEC).write_text(json.dumps(spec))
+    env = dict(os.environ, **{shepherd.DEBUG_ENV: "1"})
+    return subprocess.run([sys.executable, "-I", "-S", code, str(adir)], env=env, timeout=60,
+                          stdin=subprocess.DEVNULL, capture_output=True)
+
+
+def test_the_shepherd_runs_an_agent_on_a_pty_and_wakes_the_loop(tmp_path: Path) -> None:
+    """The agent found on the spec's PATH (not ours) in its folder, its input from a file,
+    its output on a pty into the log, its end in the status and on the loop's socket."""
+    bindir = tmp_path / "bin"
+    bindir.mkdir()
+    agent = bindir / "agent"
+    agent.write_text('#!/bin/sh\nread line; test -t 1 && echo "tty $line in $(pwd)"; exit 3\n')
+    agent.chmod(0o700)
+    (tmp_path / "prompt").write_text("hello\n")
+    sock_path = str(tmp_path / "loop.sock")
+    with socket.socket(socket.AF_UNIX, socket.SOCK_DGRAM) as sock:
+        sock.bind(sock_path)
+        sock.settimeout(30)
+        code = shepherdrun.compiled(tmp_path / "cache")
+        assert code is not None
+        adir = tmp_path / "a1"
+        spec = {"attempt_id": "a1", "argv": ["agent"], "cwd": str(tmp_path),
+                "env": {"PATH": f"/usr/bin:/bin:{bindir}"}, "stdin_file": str(tmp_path / "prompt"),
+                "notify": sock_path}
+        proc = run_shepherd(adir, spec, code)
+        assert proc.returncode == 0, proc.stderr
+        assert sock.recv(100) == b"a1"
+    st = json.loads((adir / shepherd.STATUS).read_text())
+    assert (st["state"], st["exit_code"], st["reason"]) == ("ended", 3, "exited")
+    assert (adir / shepherd.LOG).read_text() == f"tty hello in {tmp_path}\n"
+    ran, modules = imported(adir)
+    assert ran == code and not modules & EXPENSIVE, sorted(modules & EXPENSIVE)
+
+
+@pytest.mark.parametrize("argv, cwd, reason, error", [
+    (["no-such-agent"], None, "start_failed:agent_not_found", "no-such-agent is not on PATH"),
+    (["/etc/passwd"], None, "start_failed:agent_not_found", "/etc/passwd is not executable"),
+    (["sh"], "/no/such/folder", "start_failed", "cannot start sh: No such file or directory"),
+])
+def test_an_agent_that_cannot_start_is_an_ended_status(tmp_path: Path, argv, cwd, reason, error) -> None:
+    proc = run_shepherd(tmp_path / "a1", {"attempt_id": "a1", "argv": argv, "cwd": cwd,
+                                          "env": {"PATH": "/usr/bin:/bin"}}, shepherdrun.SHEPHERD_PATH)
+    assert proc.returncode == 0, proc.stderr
+    st = json.loads((tmp_path / "a1" / shepherd.STATUS).read_text())
+    assert (st["state"], st["reason"], st["error"], st["agent_pid"]) == ("ended", reason, error, None)
+
+
+def test_the_byte_code_is_made_once_and_again_when_the_source_changes(tmp_path: Path) -> None:
+    src = tmp_path / "shepherd.py"
+    shutil.copy(shepherdrun.SHEPHERD_PATH, src)
+    cache = tmp_path / "home" / shepherdrun.CACHE
+    first = shepherdrun.compiled(cache, str(src))
+    assert first is not None and Path(first).parent == cache
+    made = os.stat(first).st_mtime_ns
+    assert shepherdrun.compiled(cache, str(src)) == first and os.stat(first).st_mtime_ns == made
+    assert shepherdrun.shepherd_argv(tmp_path / "home", "ADIR", str(src)) == [
+        sys.executable, "-I", "-S", first, "ADIR"]
+    out = subprocess.run([sys.executable, "-I", "-S", first], capture_output=True, text=True, timeout=60)
+    assert out.returncode == 2 and "usage: shepherd.py ATTEMPT_DIR" in out.stderr  # it is the shepherd
+    with open(src, "a") as f:
+        f.write("# changed\n")
+    second = shepherdrun.compiled(cache, str(src))
+    assert second is not None and second != first
+    assert Path(first).exists()  # another install may still start from it
+    old = time.time() - shepherdrun.STALE_S - 60
+    os.utime(first, (old, old))
+    with open(src, "a") as f:
+        f.write("# changed again\n")
+    third = shepherdrun.compiled(cache, str(src))
+    assert third is not None and not Path(first).exists() and Path(second).exists()
+
+
+def test_without_a_writable_cache_the_source_runs(tmp_path: Path) -> None:
+    (tmp_path / "home").mkdir()
+    (tmp_path / "home" / shepherdrun.CACHE).write_text("not a folder")
+    argv = shepherdrun.shepherd_argv(tmp_path / "home", "ADIR")
+    assert argv == [sys.executable, "-I", "-S", shepherdrun.SHEPHERD_PATH, "ADIR"]
+
+
+@pytest.mark.parametrize("status", [
+    {"state": "running", "attempt": "a1", "shepherd_pid": 12, "shepherd_token": "linux:99", "started": 1.5e9,
+     "agent_pid": None, "exit_code": -3, "log_dropped": 10 ** 12, "beat": 1796142401.0120609},
+    {"state": "ended", "error": "caf\u00e9 \"quoted\" \\ \n\t\x00\x1b[31m \U0001f600", "signal": 9},
+    {},
+])
+def test_the_status_text_is_what_json_writes(status: dict) -> None:
+    assert shepherd.dumps(status) == json.dumps(status)
+    assert json.loads(shepherd.dumps(status)) == status
+
+
+@pytest.mark.parametrize("text", [
+    '{"argv": ["a", "b c"], "env": {"K": "v\\u00e9"}, "timeout_s": 60.0, "stall_s": 1e3, "n": -2, "x": null}',
+    ' \n{"nested": {"l": [1, [2, {"t": true}]], "f": false}}\t\n',
+    '{"big": 123456789012345678901234567890, "nan": NaN}',
+])
+def test_the_spec_is_read_as_json_reads_it(text: str) -> None:
+    got, want = shepherd.loads(text), json.loads(text)
+    assert repr(got) == repr(want)
+
+
+@pytest.mark.parametrize("text", ["", "  ", "{", '{"a": 1} x', "[1, 2", '{"a": "\x01"}', "{'a': 1}"])
+def test_what_is_not_json_is_refused(text: str) -> None:
+    with pytest.raises(ValueError):
+        shepherd.loads(text)
+
+
+def test_a_value_json_would_write_otherwise_is_still_written() -> None:
+    """What a status should never hold (a list from a strange spec, NaN) is written as a
+    string rather than losing the status."""
+    assert json.loads(shepherd.dumps({"attempt": ["a", 1], "x": float("nan")})) == {"attempt": "['a', 1]",
+                                                                                      "x": "nan"}
