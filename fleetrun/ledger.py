@@ -18,11 +18,11 @@ import os
 import secrets
 import sqlite3
 import time
-from typing import TYPE_CHECKING, Any, Optional
+from typing import TYPE_CHECKING, Any, Callable, Optional
 
 from .exceptions import StateConflict
 from .ledger_schema import SCHEMA_VERSION, LedgerFile, ensure_private_dir
-from .records import Attempt, Task, TransitionRow, VerdictRow
+from .records import Attempt, ListedTask, Task, TransitionRow, VerdictRow
 from .stash import StashKey
 from .states import State, allowed, is_valid_cause
 from .taskspec import TaskSpec
@@ -158,8 +158,18 @@ class Ledger(LedgerFile):
         ).fetchone()
         return self._row_to_task(row) if row else None
 
-    def tasks(self, states: Optional[set[State]] = None, queue_id: Optional[str] = None) -> list[Task]:
-        sql = "SELECT * FROM tasks"
+    def tasks(self, states: Optional[set[State]] = None, queue_id: Optional[str] = None,
+              listed: bool = False) -> list[Task]:
+        r"""The tasks (in ``states``, of ``queue_id``), in queue order.
+
+        :param listed: for a listing: :class:`~fleetrun.records.ListedTask`\ s, whose
+            spec is read only if it is used.
+        """
+        cols = "*" if not listed else ", ".join(
+            ["id", "name", "state", "source", "queue_id", "created", "updated", "host", "worktree", "branch",
+             "cost_usd", "attempts", "retries", "resumes", "no_start", "reason", "handoff",
+             "json_extract(spec, '$.depends_on') AS depends_on"])
+        sql = f"SELECT {cols} FROM tasks"
         where: list[str] = []
         args: list[Any] = []
         if states:
@@ -179,7 +189,12 @@ class Ledger(LedgerFile):
                 dep_sql += " WHERE task_id IN (SELECT id FROM tasks WHERE " + " AND ".join(where) + ")"
             for tid, did in self.conn.execute(dep_sql, args):
                 alldeps.setdefault(tid, []).append(did)
+        if listed:
+            return [ListedTask.listed(r, alldeps.get(r["id"], []), self._spec_reader(r["id"])) for r in rows]
         return [self._row_to_task(r, alldeps.get(r["id"], [])) for r in rows]
+
+    def _spec_reader(self, task_id: str) -> Callable[[], str]:
+        return lambda: str(self.conn.execute("SELECT spec FROM tasks WHERE id=?", (task_id,)).fetchone()[0])
 
     def deps(self, task_id: str) -> list[str]:
         return [r[0] for r in self.conn.execute("SELECT dep_id FROM deps WHERE task_id=?", (task_id,))]

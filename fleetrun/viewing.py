@@ -60,12 +60,12 @@ def cmd_status(config: Config, out: TextIO, err: TextIO) -> int:
         from .watching import watch_status
 
         return watch_status(config, led, out)
-    tasks = led.tasks(states)
+    tasks = led.tasks(states, listed=True)  # no spec read: the listing shows none of it
     if config.option.json:
         print(json.dumps([dict(t.to_json(), worktree=worktree_now(t)) for t in tasks], indent=2), file=out)
         return ExitCode.OK
     if config.option.graph:
-        _print_graph(led, tasks, out)
+        _print_graph(led, tasks, out, everything=states is None)
         return ExitCode.OK
     _print_supervisor_line(config, led, out)
     if not tasks:
@@ -134,8 +134,8 @@ def why(t: Task, by_id: dict[str, Task], waits: dict[str, str]) -> str:
     return ""
 
 
-def _print_graph(led: Ledger, tasks: list[Task], out: TextIO) -> None:
-    by_id = {t.id: t for t in led.tasks()}
+def _print_graph(led: Ledger, tasks: list[Task], out: TextIO, everything: bool = False) -> None:
+    by_id = {t.id: t for t in (tasks if everything else led.tasks(listed=True))}
     shown = {t.id for t in tasks}
     waits = json.loads(led.get_meta("waits") or "{}")
     children: dict[str, list[Task]] = {}
