@@ -22,7 +22,7 @@ from typing import TYPE_CHECKING, Any, Callable, Optional
 
 from .exceptions import StateConflict
 from .ledger_schema import SCHEMA_VERSION, LedgerFile, ensure_private_dir
-from .records import Attempt, ListedTask, Task, TransitionRow, VerdictRow
+from .records import LISTED_COLUMNS, Attempt, ListedTask, Task, TransitionRow, VerdictRow
 from .stash import StashKey
 from .states import State, allowed, is_valid_cause
 from .taskspec import TaskSpec
@@ -165,11 +165,7 @@ class Ledger(LedgerFile):
         :param listed: for a listing: :class:`~fleetrun.records.ListedTask`\ s, whose
             spec is read only if it is used.
         """
-        cols = "*" if not listed else ", ".join(
-            ["id", "name", "state", "source", "queue_id", "created", "updated", "host", "worktree", "branch",
-             "cost_usd", "attempts", "retries", "resumes", "no_start", "reason", "handoff",
-             "json_extract(spec, '$.depends_on') AS depends_on"])
-        sql = f"SELECT {cols} FROM tasks"
+        sql = f"SELECT {LISTED_COLUMNS if listed else '*'} FROM tasks"
         where: list[str] = []
         args: list[Any] = []
         if states:
@@ -181,7 +177,7 @@ class Ledger(LedgerFile):
         if where:
             sql += " WHERE " + " AND ".join(where)
         sql += " ORDER BY created, seq"
-        rows = self.conn.execute(sql, args).fetchall()
+        rows = (self.conn.execute(sql, args) if not listed else self._tuples(sql, args)).fetchall()
         alldeps: dict[str, list[str]] = {}
         if rows:  # the dependencies of these tasks only: this runs on every pass of the loop
             dep_sql = "SELECT task_id, dep_id FROM deps"
@@ -190,8 +186,13 @@ class Ledger(LedgerFile):
             for tid, did in self.conn.execute(dep_sql, args):
                 alldeps.setdefault(tid, []).append(did)
         if listed:
-            return [ListedTask.listed(r, alldeps.get(r["id"], []), self._spec_reader(r["id"])) for r in rows]
+            return [ListedTask.listed(r, alldeps.get(r[0], []), self._spec_reader(r[0])) for r in rows]
         return [self._row_to_task(r, alldeps.get(r["id"], [])) for r in rows]
+
+    def _tuples(self, sql: str, args: list[Any]) -> sqlite3.Cursor:
+        cur = self.conn.cursor()
+        cur.row_factory = None  # plain tuples: a listing of 10,000 rows
+        return cur.execute(sql, args)
 
     def _spec_reader(self, task_id: str) -> Callable[[], str]:
         return lambda: str(self.conn.execute("SELECT spec FROM tasks WHERE id=?", (task_id,)).fetchone()[0])

@@ -117,27 +117,28 @@ class ListedTask(Task):
         return [str(n) for n in names] if isinstance(names, list) else []
 
     @classmethod
-    def listed(cls, row: sqlite3.Row, deps: list[str], read_spec: Callable[[], str]) -> ListedTask:
-        """The task of a ``tasks`` row read without its spec, with ``depends_on`` (the
-        spec's ``$.depends_on``, as JSON) beside its columns.
+    def listed(cls, row: tuple[Any, ...], deps: list[str], read_spec: Callable[[], str]) -> ListedTask:
+        """The task of a ``tasks`` row read as :data:`LISTED_COLUMNS` (no spec; the
+        spec's ``$.depends_on`` as JSON last).
 
         :param read_spec: reads the spec's text, on first use of ``spec``.
         """
+        (tid, name, state, source, queue_id, created, updated, host, worktree, branch, cost_usd, attempts,
+         retries, resumes, no_start, reason, handoff, depends_on) = row
         t = cls.__new__(cls)
-        t.__dict__.update(_fields_of(row, deps))
-        t.__dict__["_read_spec"] = read_spec
-        t.__dict__["_depends_on"] = row["depends_on"]
+        t.__dict__.update(
+            id=tid, name=name, state=_STATES[state], source=source, queue_id=queue_id, created=created,
+            updated=updated, host=host, worktree=worktree, branch=branch, cost_usd=cost_usd, attempts=attempts,
+            retries=retries, resumes=resumes, no_start=no_start, reason=reason,
+            handoff=json.loads(handoff) if handoff else None, deps=deps,
+            _read_spec=read_spec, _depends_on=depends_on)
         return t
 
 
-def _fields_of(row: sqlite3.Row, deps: list[str]) -> dict[str, Any]:
-    return dict(
-        id=row["id"], name=row["name"], state=State(row["state"]), source=row["source"],
-        queue_id=row["queue_id"], created=row["created"], updated=row["updated"], host=row["host"],
-        worktree=row["worktree"], branch=row["branch"], cost_usd=row["cost_usd"], attempts=row["attempts"],
-        retries=row["retries"], resumes=row["resumes"], no_start=row["no_start"], reason=row["reason"],
-        handoff=json.loads(row["handoff"]) if row["handoff"] else None, deps=deps,
-    )
+#: The columns :meth:`ListedTask.listed` reads, in its order.
+LISTED_COLUMNS = ("id, name, state, source, queue_id, created, updated, host, worktree, branch, cost_usd, attempts,"
+                  " retries, resumes, no_start, reason, handoff, json_extract(spec, '$.depends_on')")
+_STATES = {s.value: s for s in State}
 
 
 @dataclass
