@@ -18,11 +18,11 @@ import os
 import secrets
 import sqlite3
 import time
-from typing import TYPE_CHECKING, Any, Optional
+from typing import TYPE_CHECKING, Any, Callable, Optional
 
 from .exceptions import StateConflict
 from .ledger_schema import SCHEMA_VERSION, LedgerFile, ensure_private_dir
-from .records import Attempt, Task, TransitionRow, VerdictRow
+from .records import LISTED_COLUMNS, Attempt, ListedTask, Task, TransitionRow, VerdictRow
 from .stash import StashKey
 from .states import State, allowed, is_valid_cause
 from .taskspec import TaskSpec
@@ -163,8 +163,14 @@ class Ledger(LedgerFile):
         ).fetchone()
         return self._row_to_task(row) if row else None
 
-    def tasks(self, states: Optional[set[State]] = None, queue_id: Optional[str] = None) -> list[Task]:
-        sql = "SELECT * FROM tasks"
+    def tasks(self, states: Optional[set[State]] = None, queue_id: Optional[str] = None,
+              listed: bool = False) -> list[Task]:
+        r"""The tasks (in ``states``, of ``queue_id``), in queue order.
+
+        :param listed: for a listing: :class:`~fleetrun.records.ListedTask`\ s, whose
+            spec is read only if it is used.
+        """
+        sql = f"SELECT {LISTED_COLUMNS if listed else '*'} FROM tasks"
         where: list[str] = []
         args: list[Any] = []
         if states:
@@ -176,7 +182,7 @@ class Ledger(LedgerFile):
         if where:
             sql += " WHERE " + " AND ".join(where)
         sql += " ORDER BY created, seq"
-        rows = self.conn.execute(sql, args).fetchall()
+        rows = (self.conn.execute(sql, args) if not listed else self._tuples(sql, args)).fetchall()
         alldeps: dict[str, list[str]] = {}
         if rows:  # the dependencies of these tasks only: this runs on every pass of the loop
             dep_sql = "SELECT task_id, dep_id FROM deps"
@@ -184,7 +190,17 @@ class Ledger(LedgerFile):
                 dep_sql += " WHERE task_id IN (SELECT id FROM tasks WHERE " + " AND ".join(where) + ")"
             for tid, did in self.conn.execute(dep_sql, args):
                 alldeps.setdefault(tid, []).append(did)
+        if listed:
+            return [ListedTask.listed(r, alldeps.get(r[0], []), self._spec_reader(r[0])) for r in rows]
         return [self._row_to_task(r, alldeps.get(r["id"], [])) for r in rows]
+
+    def _tuples(self, sql: str, args: list[Any]) -> sqlite3.Cursor:
+        cur = self.conn.cursor()
+        cur.row_factory = None  # plain tuples: a listing of 10,000 rows
+        return cur.execute(sql, args)
+
+    def _spec_reader(self, task_id: str) -> Callable[[], str]:
+        return lambda: str(self.conn.execute("SELECT spec FROM tasks WHERE id=?", (task_id,)).fetchone()[0])
 
     def deps(self, task_id: str) -> list[str]:
         return [r[0] for r in self.conn.execute("SELECT dep_id FROM deps WHERE task_id=?", (task_id,))]
@@ -437,10 +453,6 @@ class Ledger(LedgerFile):
 
     # -- meta --------------------------------------------------------------------------
 
-    def get_meta(self, key: str, default: Optional[str] = None) -> Optional[str]:
-        row = self.conn.execute("SELECT value FROM meta WHERE key=?", (key,)).fetchone()
-        return row[0] if row else default
-
     def usage_pauses(self) -> dict[str, tuple[float, int]]:
         """The usage-limit pauses: host -> (until, limits in a row), kept in the meta
         table (``usage_pause``) so that a restarted loop starts nothing before the reset
@@ -461,13 +473,6 @@ class Ledger(LedgerFile):
 
     def set_usage_pauses(self, pauses: dict[str, tuple[float, int]]) -> None:
         self.set_meta("usage_pause", json.dumps({h: [u, n] for h, (u, n) in pauses.items()}) if pauses else None)
-
-    def set_meta(self, key: str, value: Optional[str]) -> None:
-        with self.tx() as cur:
-            if value is None:
-                cur.execute("DELETE FROM meta WHERE key=?", (key,))
-            else:
-                cur.execute("INSERT OR REPLACE INTO meta (key, value) VALUES (?,?)", (key, value))
 
 
 #: The run's open ledger: one SQLite connection shared by the loop, the verbs and the

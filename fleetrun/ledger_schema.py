@@ -21,7 +21,7 @@ import time
 from collections.abc import Iterator
 from contextlib import contextmanager
 from pathlib import Path
-from typing import TypeVar
+from typing import Optional, TypeVar
 
 from .exceptions import UsageError
 
@@ -326,3 +326,14 @@ class LedgerFile:
             if self.conn.in_transaction:
                 self.conn.execute("ROLLBACK")
             raise
+
+    def get_meta(self, key: str, default: Optional[str] = None) -> Optional[str]:
+        row = self.conn.execute("SELECT value FROM meta WHERE key=?", (key,)).fetchone()
+        return row[0] if row else default
+
+    def set_meta(self, key: str, value: Optional[str]) -> None:
+        with self.tx() as cur:
+            if value is None:
+                cur.execute("DELETE FROM meta WHERE key=?", (key,))
+            else:
+                cur.execute("INSERT OR REPLACE INTO meta (key, value) VALUES (?,?)", (key, value))

@@ -23,6 +23,7 @@ from typing import TYPE_CHECKING, Any, Optional, TextIO
 from .hookimpl import hookimpl
 from .ledger import Ledger, Task
 from .states import State
+from .taskview import TASKVIEW_KEY
 from .textutil import ago, safe_name, safe_text
 from .transcript import Activity
 from .waiting import TICKERS_KEY
@@ -340,7 +341,11 @@ class LiveView:
         if now - self.last_draw < MIN_INTERVAL_S:
             return MIN_INTERVAL_S - (now - self.last_draw)
         if self.dirty or now - self.last_read >= REREAD_S:
-            self.tasks = [t for t in self.watcher.led.tasks() if t.queue_id in self.queues or t.id in self.ids]
+            view = self.config.stash.get(TASKVIEW_KEY)  # the loop's tasks in memory: no query
+            if view is not None:
+                view.refresh()
+            every = view.tasks() if view is not None else self.watcher.led.tasks()
+            self.tasks = [t for t in every if t.queue_id in self.queues or t.id in self.ids]
             self.last_read = now
             self.dirty = False
         rows = self.watcher.rows(self.tasks)

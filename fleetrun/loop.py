@@ -16,7 +16,7 @@ import threading
 import time
 import traceback
 from collections import Counter
-from collections.abc import Iterator
+from collections.abc import Iterable, Iterator
 from contextlib import contextmanager
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Optional
@@ -35,6 +35,7 @@ from .reports import Workspace
 from .setupstage import SetupStage
 from .starting import Starting
 from .states import State
+from .taskview import TASKVIEW_KEY, TaskView
 from .verifying import Verifying, VerifyStage
 from .waiting import BACKOFF_KEY, USAGE_PAUSE_KEY, Waits, interrupted_note
 
@@ -80,6 +81,10 @@ class Loop:
         self.until_idle = until_idle
         self.hook = config.hook
         self.policy = PolicyWatcher(config.home / "policy.toml")
+        # the tasks, kept in memory: a pass reads again only the rows that changed
+        self.view = TaskView(ledger)
+        self._promote_seen = self.view.subscribe()
+        config.stash[TASKVIEW_KEY] = self.view
         self.waits = Waits(self)
         self.adoption = Adoption(self)
         self.starting = Starting(self)
@@ -89,7 +94,7 @@ class Loop:
         # what this run reports and exits on when it has no queue of its own
         # (`work`): the tasks not yet terminal at its start, and those it sees move
         self.run_ids: Optional[set[str]] = (
-            {t.id for t in ledger.tasks() if not t.state.terminal} if queue_id is None else None)
+            {t.id for t in self.view.tasks() if not t.state.terminal} if queue_id is None else None)
         # transitions logged so far; those after it that the loop did not make itself
         # (`own`) were made from another shell and are shown too
         self.seen_transition = ledger.last_transition_id()
@@ -197,7 +202,31 @@ class Loop:
         return self.queue_id is None or task.queue_id == self.queue_id
 
     def scope_tasks(self) -> list[Task]:
-        return self.led.tasks(queue_id=self.queue_id)
+        self.view.refresh()
+        return self.view.tasks(queue_id=self.queue_id)
+
+    def scope_in(self, states: Iterable[State]) -> list[Task]:
+        """The tasks in scope in ``states``, in queue order, from the view (refreshed)."""
+        self.view.refresh()
+        tasks = self.view.in_states(states)
+        return tasks if self.queue_id is None else [t for t in tasks if t.queue_id == self.queue_id]
+
+    def promote(self) -> None:
+        """:func:`ops.promote` for the PENDING tasks that changed or whose dependencies
+        did (the others' dependencies are as they were when last looked at)."""
+        view = self.view
+        view.refresh()
+        seen = self._promote_seen
+        if not seen:
+            return
+        ids: set[str] = set()
+        for i in seen:
+            ids.add(i)
+            ids.update(view.dependents(i))
+        seen.clear()
+        pending = [t for t in view.ordered(ids) if t.state is State.PENDING]
+        if pending:
+            ops.promote(self.led, self.notify, pending, lookup=view.get)
 
     def run_tasks(self) -> list[Task]:
         """What this run reports and exits on: its queue's tasks (``fleetrun FILE``), or
@@ -311,6 +340,7 @@ class Loop:
                 signal.signal(signal.SIGTERM, old_term)
             self._close_socket()
             self.liveness.clear()
+            self.config.stash.pop(TASKVIEW_KEY, None)
         return self.exit_code()
 
     def step(self) -> None:
@@ -322,11 +352,11 @@ class Loop:
         self.config.stash[POLICY_KEY] = self.policy.policy
         if self.queue_id is None:  # `work`: what was queued meanwhile brings its agents
             load_new_queues(self.config)
-        ops.promote(self.led, self.notify)
+        self.promote()
         self.ending.poll()
         self.verify.poll()
         self.setup.poll()
-        ops.promote(self.led, self.notify)
+        self.promote()
         self.placed_last_pass = False
         if not self.stopping and self.io_error is None:
             self.starting.place_all()

@@ -56,18 +56,24 @@ def cascade(ledger: Ledger, task: Task, notify: Notify = _noop) -> list[Task]:
     return moved
 
 
-def promote(ledger: Ledger, notify: Notify = _noop, tasks: Optional[list[Task]] = None) -> list[Task]:
+def promote(ledger: Ledger, notify: Notify = _noop, tasks: Optional[list[Task]] = None,
+            lookup: Optional[Callable[[str], Optional[Task]]] = None) -> list[Task]:
     """PENDING tasks whose dependencies are all DONE become READY; those with a
-    dependency that needs a human or was cancelled go to NEEDS_HUMAN."""
+    dependency that needs a human or was cancelled go to NEEDS_HUMAN.
+
+    :param tasks: the tasks to look at (default: every PENDING one).
+    :param lookup: a task by id, as the ledger has it now (the loop's view); by
+        default the dependencies are read from the ledger.
+    """
     tasks = tasks if tasks is not None else ledger.tasks({State.PENDING})
     if not any(t.state is State.PENDING for t in tasks):
         return []
-    states = {t.id: t for t in ledger.tasks()}
+    get: Callable[[str], Optional[Task]] = lookup or ledger.get
     moved: list[Task] = []
     for t in tasks:
         if t.state is not State.PENDING:
             continue
-        deps = [states[d] for d in t.deps if d in states]
+        deps = [d for d in (get(x) for x in t.deps) if d is not None]
         blocked = next((d for d in deps if d.state in (State.CANCELLED, State.NEEDS_HUMAN)), None)
         if blocked is not None:
             now = move(ledger, t, State.NEEDS_HUMAN, f"{_dep_word(blocked)}:{blocked.name}", notify)

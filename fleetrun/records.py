@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import json
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Any, Optional
+from typing import TYPE_CHECKING, Any, Callable, Optional
 
 from .states import State
 from .taskspec import TaskSpec
@@ -17,7 +17,7 @@ from .taskspec import TaskSpec
 if TYPE_CHECKING:
     import sqlite3
 
-__all__ = ["Attempt", "Task", "TransitionRow", "VerdictRow"]
+__all__ = ["Attempt", "ListedTask", "Task", "TransitionRow", "VerdictRow"]
 
 
 @dataclass
@@ -44,6 +44,10 @@ class Task:
     handoff: Optional[dict[str, Any]] = None
     deps: list[str] = field(default_factory=list)
 
+    def dependency_names(self) -> list[str]:
+        """The names of the tasks it depends on (its spec's ``depends_on``)."""
+        return list(self.spec.depends_on)
+
     def to_json(self) -> dict[str, Any]:
         return {
             "id": self.id,
@@ -57,7 +61,7 @@ class Task:
             "branch": self.branch,
             "cost_usd": round(self.cost_usd, 6),
             "reason": self.reason,
-            "depends_on": list(self.spec.depends_on),
+            "depends_on": self.dependency_names(),
             "source": self.source,
             "created": self.created,
             "updated": self.updated,
@@ -91,6 +95,50 @@ class Task:
             handoff=json.loads(row["handoff"]) if row["handoff"] else None,
             deps=deps,
         )
+
+
+class ListedTask(Task):
+    """A :class:`Task` read for a listing (``fleetrun status``): its spec is read and
+    parsed only if it is used (with 10,000 tasks, parsing every spec was most of the
+    command's time); ``depends_on`` comes from the row as read."""
+
+    _read_spec: Callable[[], str]
+    _depends_on: Optional[str]  # the spec's ``depends_on``, JSON
+
+    def __getattr__(self, name: str) -> Any:
+        if name != "spec" or "_read_spec" not in self.__dict__:
+            raise AttributeError(name)
+        spec = TaskSpec.from_json(json.loads(self._read_spec()))
+        self.__dict__["spec"] = spec
+        return spec
+
+    def dependency_names(self) -> list[str]:
+        names = json.loads(self._depends_on or "[]")
+        return [str(n) for n in names] if isinstance(names, list) else []
+
+    @classmethod
+    def listed(cls, row: tuple[Any, ...], deps: list[str], read_spec: Callable[[], str]) -> ListedTask:
+        """The task of a ``tasks`` row read as :data:`LISTED_COLUMNS` (no spec; the
+        spec's ``$.depends_on`` as JSON last).
+
+        :param read_spec: reads the spec's text, on first use of ``spec``.
+        """
+        (tid, name, state, source, queue_id, created, updated, host, worktree, branch, cost_usd, attempts,
+         retries, resumes, no_start, reason, handoff, depends_on) = row
+        t = cls.__new__(cls)
+        t.__dict__.update(
+            id=tid, name=name, state=_STATES[state], source=source, queue_id=queue_id, created=created,
+            updated=updated, host=host, worktree=worktree, branch=branch, cost_usd=cost_usd, attempts=attempts,
+            retries=retries, resumes=resumes, no_start=no_start, reason=reason,
+            handoff=json.loads(handoff) if handoff else None, deps=deps,
+            _read_spec=read_spec, _depends_on=depends_on)
+        return t
+
+
+#: The columns :meth:`ListedTask.listed` reads, in its order.
+LISTED_COLUMNS = ("id, name, state, source, queue_id, created, updated, host, worktree, branch, cost_usd, attempts,"
+                  " retries, resumes, no_start, reason, handoff, json_extract(spec, '$.depends_on')")
+_STATES = {s.value: s for s in State}
 
 
 @dataclass

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import os
 import time
+import types
 from dataclasses import asdict
 from typing import TYPE_CHECKING, Any, Optional
 
@@ -23,7 +24,7 @@ from .links import task_links
 from .liveness import sock_path
 from .procutil import task_env
 from .reports import MIN_BUDGET_USD, Candidate, Handoff, Placement, SpawnSpec, Wait, Workspace
-from .states import PLACEABLE, State
+from .states import ACTIVE, PLACEABLE, State
 
 if TYPE_CHECKING:
     from .config import Config
@@ -61,8 +62,59 @@ class Starting:
 
     def __init__(self, loop: Any) -> None:
         self.loop = loop
+        # the tasks that changed since the last placing pass (every task, at first)
+        self._changed: set[str] = loop.view.subscribe()
+        self._undecided: set[str] = set()  # placeable tasks not told to wait yet
+        # task -> what its wait was decided on: (generation of the candidates and
+        # policy, generation of the tasks holding slots or 0 when that does not
+        # matter to it); the generations' values
+        self._decided: dict[str, tuple[int, int]] = {}
+        self._gens: list[tuple[int, Any]] = []
+        self._last = (0, 0)  # the generations the last pass ended on
+        self._final = (0, 0)  # the generations as this pass's placements left them
 
     # -- placement ---------------------------------------------------------------------
+
+    def pure_placement(self) -> bool:
+        """Whether every ``fleetrun_place``, filter and score implementation is a
+        built-in one, whose decision depends only on the task, the candidates, the
+        policy, the tasks holding slots and its backoff. A ``fleetconf.py``'s or another
+        plugin's may look at anything: then every waiting task is asked every pass."""
+        hook = self.loop.config.hook
+        for name in ("fleetrun_place", "fleetrun_place_filter", "fleetrun_place_score"):
+            for impl in getattr(hook, name).get_hookimpls():
+                plugin = impl.plugin
+                where = plugin.__name__ if isinstance(plugin, types.ModuleType) else type(plugin).__module__
+                if not str(where).startswith("fleetrun.plugins."):
+                    return False
+        return True
+
+    def generation(self, value: Any) -> int:
+        """A number for ``value`` (the same for an equal value seen lately)."""
+        for gen, seen in self._gens:
+            if seen == value:
+                return gen
+        gen = (self._gens[-1][0] + 1) if self._gens else 1
+        self._gens = [*self._gens[-7:], (gen, value)]
+        return gen
+
+    @staticmethod
+    def signature(candidates: list[Candidate], policy: Any) -> list[Any]:
+        """What a waiting task's decision depends on besides the task itself, its
+        backoff and the tasks holding slots.
+
+        A candidate that can take nothing (unreachable, stale, draining, its slots full)
+        counts by those facts only: its free memory moves on every pass, and no task
+        could be placed there whatever it is. Backoffs and ``Wait.until`` come back by
+        their wake-up (:meth:`~fleetrun.waiting.Waits.due`), reminders too.
+        """
+        sig: list[Any] = [policy]
+        for c in candidates:
+            if c.why_not or c.status != "live" or not c.fresh or c.drain or c.running >= c.max_tasks:
+                sig.append((c.name, c.kind, c.why_not, c.status, c.fresh, c.drain, c.running, c.max_tasks))
+            else:
+                sig.append(dict(vars(c)))
+        return sig
 
     def place_all(self) -> None:
         try:
@@ -73,18 +125,66 @@ class Starting:
     def _place_all(self) -> None:
         loop = self.loop
         waits = loop.waits
-        tasks = [t for t in loop.led.tasks(set(PLACEABLE)) if loop.in_scope(t) or loop.queue_id is None]
+        view = loop.view
+        view.refresh()
         at = clock.now()
-        waits.prune(at, {t.id for t in tasks})
-        if not tasks:
+        changed = set(self._changed)
+        self._changed.clear()
+        due = waits.due(at)
+        gone = {i for i in changed if (t := view.get(i)) is None or t.state not in PLACEABLE}
+        for i in gone:
+            self._decided.pop(i, None)
+        waits.prune(at, gone)
+        if not view.count(PLACEABLE):
             return
         candidates = candidates_of(loop.config)
         waits.mark_paused(candidates, at)
         policy = loop.policy.policy
         busy = {a.task_id: a for a in loop.active_attempts()}
-        for task in tasks:
+        decided = self._decided
+        if not self.pure_placement():
+            decided.clear()
+        base = self.generation(self.signature(candidates, policy))
+        holding = self.generation(("slots", [t.id for t in view.in_states(ACTIVE)]))
+        # a task is asked again when it changed, its wake-up came, it was not told to
+        # wait, or what its wait was decided on moved (a task in the user's checkout,
+        # without git_ref, also waits for the tasks holding slots: checkout_in_use)
+        force = changed | due | self._undecided
+        self._undecided = set()
+        if (base, holding) != self._last or not decided:
+            tasks = view.in_states(PLACEABLE)  # each is looked at, most only to be passed over
+        else:
+            tasks = view.ordered(force)
+        self._final = (base, holding)
+        try:
+            self._place(tasks, force, candidates, policy, busy, base, holding, at)
+        finally:
+            if self._final != (base, holding):  # a placement changed the candidates: those
+                # told to wait on them as they were are asked again on them as they are
+                fb, fh = self._final
+                self._undecided.update(i for i, (b, h) in decided.items() if b != fb or (h and h != fh))
+            self._last = self._final
+
+    def _place(self, tasks: list[Task], force: set[str], candidates: list[Candidate], policy: Any,
+               busy: dict[str, Attempt], base: int, holding: int, at: float) -> None:
+        loop = self.loop
+        waits = loop.waits
+        view = loop.view
+        decided = self._decided
+        qid = loop.queue_id
+        for k, task in enumerate(tasks):
+            if task.state not in PLACEABLE or (qid is not None and task.queue_id != qid):
+                continue
+            seen = decided.get(task.id)
+            if seen is not None and task.id not in force and seen[0] == base and seen[1] in (0, holding):
+                continue  # told to wait on what has not moved: it would be told so again
+            # only a task in the user's checkout (no git_ref) waits on the others holding slots
+            on = (base, 0 if task.spec.git_ref or task.spec.role else holding)
+            decided.pop(task.id, None)
+            self._undecided.add(task.id)  # until it is told to wait
             with loop.isolated(task.id):
                 if loop.stopping:
+                    self._undecided.update(t.id for t in tasks[k:])
                     return
                 if task.id in busy:  # the previous attempt is still ending (a cancel's grace period)
                     waits.still_ending(task, busy[task.id].number, at)
@@ -101,11 +201,15 @@ class Starting:
                     decision = Wait("no plugin places tasks", operator="no plugin places tasks")
                 if isinstance(decision, Wait):
                     waits.wait(task, decision, at)
+                    self._undecided.discard(task.id)
+                    decided[task.id] = on
                     continue
                 assert isinstance(decision, Placement)
                 missing = missing_host_reason(loop.config, decision.host)
                 if missing is not None:  # nothing could start it there: wait, lease nothing
                     waits.wait(task, Wait(missing, operator=missing), at)
+                    self._undecided.discard(task.id)
+                    decided[task.id] = on
                     continue
                 waits.placed(task.id)
                 if self.start(task, decision.host):
@@ -115,6 +219,11 @@ class Starting:
                             c.running += 1
                             if c.free_mem_mb is not None:
                                 c.free_mem_mb -= c.mem_per_task_mb
+                    # the rest are decided on the candidates as they are now
+                    view.refresh()
+                    base = self.generation(self.signature(candidates, policy))
+                    holding = self.generation(("slots", [t.id for t in view.in_states(ACTIVE)]))
+                    self._final = (base, holding)
 
     # -- starting ----------------------------------------------------------------------
 

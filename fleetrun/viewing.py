@@ -36,11 +36,17 @@ def worktree_now(t: Task) -> Optional[str]:
 def worktree_cell(t: Task) -> str:
     """Where the task's worktree is, for the table: its path (the home as ``~`` when it
     is under ``$HOME``), ``PATH (on PEER)`` for a peer's, ``-`` for none or removed."""
-    path = worktree_now(t)
+    return _worktree_cell(t.worktree, t.host)
+
+
+def _worktree_cell(worktree: Optional[str], host: Optional[str]) -> str:
+    path = worktree
+    if path and host in (None, "local") and not os.path.lexists(path):
+        path = None  # removed (after DONE, or by gc)
     if not path:
         return "-"
-    if t.host not in (None, "local"):
-        return f"{safe_text(path)} (on {safe_text(t.host)})"
+    if host not in (None, "local"):
+        return f"{safe_text(path)} (on {safe_text(host)})"
     home = os.path.expanduser("~")
     if home not in ("", "/", "~") and path.startswith(home.rstrip(os.sep) + os.sep):
         path = "~" + path[len(home.rstrip(os.sep)):]
@@ -60,41 +66,21 @@ def cmd_status(config: Config, out: TextIO, err: TextIO) -> int:
         from .watching import watch_status
 
         return watch_status(config, led, out)
-    tasks = led.tasks(states)
-    if config.option.json:
-        links = led.links()  # one read for every task: name -> URL, what plugins attached
-        print(json.dumps([dict(t.to_json(), worktree=worktree_now(t),
-                               links={n: u for n, (_, u) in links.get(t.id, {}).items()}) for t in tasks],
-                         indent=2), file=out)
-        return ExitCode.OK
-    if config.option.graph:
-        _print_graph(led, tasks, out)
+    if config.option.json or config.option.graph:
+        tasks = led.tasks(states, listed=True)  # no spec read: neither shows one
+        if config.option.json:
+            links = led.links()  # one read for every task: name -> URL, what plugins attached
+            print(json.dumps([dict(t.to_json(), worktree=worktree_now(t),
+                                   links={n: u for n, (_, u) in links.get(t.id, {}).items()}) for t in tasks],
+                             indent=2), file=out)
+        else:
+            _print_graph(led, tasks, out, everything=states is None)
         return ExitCode.OK
     _print_supervisor_line(config, led, out)
-    if not tasks:
+    rows = _table_rows(config, led, states)
+    if not rows:
         print("no tasks in the ledger" + (f" in state {config.option.state}" if states else ""), file=out)
         return ExitCode.OK
-    now = time.time()
-    waits = json.loads(led.get_meta("waits") or "{}")
-    from .hostapi import missing_host_reason
-
-    rows = []
-    unknown = led.unknown_cost()
-    for t in tasks:
-        cost = f"${t.cost_usd:.2f}" if t.cost_usd else "-"
-        if t.id in unknown:  # an attempt's cost was never reported: what is known is a floor
-            cost = f"${t.cost_usd:.2f}+" if t.cost_usd else "?"
-        reason = waits.get(t.id, t.reason) if t.state in (State.READY, State.RETRYING, State.RESUMING) else t.reason
-        placed = t.state in (State.ASSIGNED, State.RUNNING, State.VERIFYING) and t.host
-        said = config.hook.fleetrun_status_reason(task=t, config=config) if placed else None
-        if said:  # its host's plugin knows better (a peer that stopped answering)
-            reason = said
-        missing = missing_host_reason(config, t.host) if placed else None
-        if missing:
-            reason = f"{missing}; the attempt may still run there, so the task waits (fleetrun cancel to give up)"
-        # what a task's name or reason holds is shown, not sent
-        rows.append([safe_name(t.name), t.state.value, str(t.attempts), safe_text(_where(t)), ago(t.created, now),
-                     cost, t.id, safe_text(t.branch or "-"), worktree_cell(t), safe_text(reason)])
     width = None if getattr(config.option, "wide", False) else terminal_width(out)
     lines, left_out, was_cut = fit_table(rows, width)
     for line in lines:
@@ -103,6 +89,45 @@ def cmd_status(config: Config, out: TextIO, err: TextIO) -> int:
         dropped = f"; {', '.join(left_out)} left out" if left_out else ""
         print(cut(f"(cut to fit {width} columns{dropped}; --wide shows all)", width), file=out)
     return ExitCode.OK
+
+
+_WAITING = {State.READY.value, State.RETRYING.value, State.RESUMING.value}
+_PLACED = {State.ASSIGNED.value, State.RUNNING.value, State.VERIFYING.value}
+
+
+def _table_rows(config: Config, led: Ledger, states: Optional[set[State]]) -> list[list[str]]:
+    """The status table's cells, one row a task, from the columns it shows only (with
+    10,000 tasks, making each a :class:`Task` was most of the command's time)."""
+    from .hostapi import missing_host_reason
+
+    now = time.time()
+    waits = json.loads(led.get_meta("waits") or "{}")
+    unknown = led.unknown_cost()
+    sql = "SELECT id, name, state, attempts, host, created, cost_usd, branch, worktree, reason FROM tasks"
+    args: list[str] = []
+    if states:
+        sql += f" WHERE state IN ({','.join('?' * len(states))})"
+        args = [st.value for st in states]
+    rows = []
+    for tid, name, state, attempts, host, created, cost_usd, branch, worktree, reason in led.conn.execute(
+            sql + " ORDER BY created, seq", args):
+        cost = f"${cost_usd:.2f}" if cost_usd else "-"
+        if tid in unknown:  # an attempt's cost was never reported: what is known is a floor
+            cost = f"${cost_usd:.2f}+" if cost_usd else "?"
+        if state in _WAITING:
+            reason = waits.get(tid, reason)
+        if state in _PLACED and host:
+            task = led.get(tid)
+            said = config.hook.fleetrun_status_reason(task=task, config=config) if task is not None else None
+            if said:  # its host's plugin knows better (a peer that stopped answering)
+                reason = said
+            missing = missing_host_reason(config, host)
+            if missing:
+                reason = f"{missing}; the attempt may still run there, so the task waits (fleetrun cancel to give up)"
+        # what a task's name or reason holds is shown, not sent
+        rows.append([safe_name(name), state, str(attempts), safe_text(host or "-"), ago(created, now),
+                     cost, tid, safe_text(branch or "-"), _worktree_cell(worktree, host), safe_text(reason)])
+    return rows
 
 
 def _print_supervisor_line(config: Config, led: Ledger, out: TextIO) -> None:
@@ -137,8 +162,8 @@ def why(t: Task, by_id: dict[str, Task], waits: dict[str, str]) -> str:
     return ""
 
 
-def _print_graph(led: Ledger, tasks: list[Task], out: TextIO) -> None:
-    by_id = {t.id: t for t in led.tasks()}
+def _print_graph(led: Ledger, tasks: list[Task], out: TextIO, everything: bool = False) -> None:
+    by_id = {t.id: t for t in (tasks if everything else led.tasks(listed=True))}
     shown = {t.id for t in tasks}
     waits = json.loads(led.get_meta("waits") or "{}")
     children: dict[str, list[Task]] = {}

@@ -5,6 +5,7 @@ and when a run has nothing left to wait for.
 
 from __future__ import annotations
 
+import heapq
 import json
 import select
 import time
@@ -16,7 +17,7 @@ from .outcomes import PAUSE_MEMORY_S, pause_text
 from .placement import Backoff
 from .reports import Candidate, HasDeadline, Selectable, Wait
 from .stash import StashKey
-from .states import ACTIVE, PLACEABLE
+from .states import ACTIVE, PLACEABLE, State
 from .textutil import safe_name, safe_text
 
 #: Tasks backed off after failing to start: task id -> host -> until when (placement
@@ -71,15 +72,49 @@ class Waits:
         self.wait_operator: dict[str, str] = {}  # task -> what only a person can change for it
         self.wait_since: dict[str, float] = {}  # when a task began to wait (fake-clock time)
         self.remind_after: dict[str, float] = {}  # its next reminder, in seconds of waiting
+        # (when, key) of every wake-up and reminder, soonest first: what is due is found
+        # without a scan of the waiting tasks (an entry whose time was since changed is
+        # stale and skipped)
+        self._heap: list[tuple[float, str]] = []
+        self._remind_at: dict[str, float] = {}  # task -> when its next reminder is due
         self.dirty = False
 
     # -- tasks that wait ---------------------------------------------------------------
 
-    def prune(self, at: float, placeable: set[str]) -> None:
-        """Forget the wake-ups that are past and the waits of tasks no longer placeable."""
-        self.wait_until = {k: u for k, u in self.wait_until.items() if u > at}
-        for gone in [k for k in self.wait_since if k not in placeable]:
-            self.forget(gone)
+    def until(self, key: str, when: float) -> None:
+        """Look at ``key`` (a task id, or ``pause:HOST``) again at ``when``."""
+        self.wait_until[key] = when
+        heapq.heappush(self._heap, (when, key))
+
+    def due(self, at: float) -> set[str]:
+        """Forget the wake-ups that are past. :return: the tasks whose wake-up or
+        reminder came (they are placed again though nothing else changed for them)."""
+        out: set[str] = set()
+        heap = self._heap
+        while heap and heap[0][0] <= at:
+            when, key = heapq.heappop(heap)
+            if self.wait_until.get(key) == when:
+                del self.wait_until[key]
+                out.add(key)
+            if self._remind_at.get(key) == when:
+                del self._remind_at[key]
+                out.add(key)
+        return out
+
+    def next_due(self, now: float) -> float:
+        """Seconds until the next wake-up or reminder (a large number when none)."""
+        heap = self._heap
+        while heap and self.wait_until.get(heap[0][1]) != heap[0][0] and self._remind_at.get(heap[0][1]) != heap[0][0]:
+            heapq.heappop(heap)  # stale
+        return heap[0][0] - now if heap else 3600.0
+
+    def prune(self, at: float, gone: set[str]) -> None:
+        """Forget the wake-ups that are past and the waits of ``gone``: tasks that
+        changed and are no longer placeable."""
+        self.due(at)
+        for task_id in gone:
+            if task_id in self.wait_since or task_id in self.waits:
+                self.forget(task_id)
 
     def still_ending(self, task: Task, number: int, at: float) -> None:
         """The task's previous attempt is still ending (a cancel's grace period)."""
@@ -88,7 +123,7 @@ class Waits:
             self.waits[task.id] = reason
             self.loop.hook.fleetrun_task_waiting(task=task, reason=reason, config=self.config)
         self.wait_operator.pop(task.id, None)
-        self.wait_until[task.id] = at + 1.0
+        self.until(task.id, at + 1.0)
 
     def wait(self, task: Task, decision: Wait, at: float) -> None:
         """``fleetrun_place`` said the task waits: show why when that changes, and remind."""
@@ -101,7 +136,7 @@ class Waits:
         else:
             self.wait_operator.pop(task.id, None)
         if decision.until:
-            self.wait_until[task.id] = decision.until
+            self.until(task.id, decision.until)
         self.remind(task, decision.reason, at)
 
     def placed(self, task_id: str) -> None:
@@ -115,15 +150,22 @@ class Waits:
         (its reason is shown when it changes; a wait of hours would be silent)."""
         since = self.wait_since.setdefault(task.id, now)
         waited = now - since
-        if waited < self.remind_after.get(task.id, REMIND_S):
-            return
-        self.remind_after[task.id] = (waited // REMIND_S + 1) * REMIND_S
+        if waited >= self.remind_after.get(task.id, REMIND_S):
+            self.remind_after[task.id] = (waited // REMIND_S + 1) * REMIND_S
+            self._say_still_waiting(task, reason, waited)
+        at = since + self.remind_after.get(task.id, REMIND_S)
+        if self._remind_at.get(task.id) != at:  # placement looks at it again then, to say so
+            self._remind_at[task.id] = at
+            heapq.heappush(self._heap, (at, task.id))
+
+    def _say_still_waiting(self, task: Task, reason: str, waited: float) -> None:
         if self.config.verbosity >= 0:
             self.config.out.write(f"still waiting after {int(waited // 60)} min: {safe_name(task.name)} "
                                   f"[{task.state}] {safe_text(reason)}\n")
             self.config.out.flush()
 
     def forget(self, task_id: str) -> None:
+        self._remind_at.pop(task_id, None)
         self.wait_operator.pop(task_id, None)
         self.wait_since.pop(task_id, None)
         self.remind_after.pop(task_id, None)
@@ -159,7 +201,8 @@ class Waits:
             until = pauses.get(c.name, (0, 0))[0]
             if until > at and not c.why_not:
                 c.why_not = f"is paused: {self.pause_text(c.name)}"
-                self.wait_until[f"pause:{c.name}"] = until
+                if self.wait_until.get(f"pause:{c.name}") != until:
+                    self.until(f"pause:{c.name}", until)
 
     def backoff_of(self, task_id: str, host: str) -> Optional[Backoff]:
         bo: Optional[Backoff] = self.config.stash[BACKOFF_KEY].get(task_id, {}).get(host)
@@ -172,7 +215,7 @@ class Waits:
         """Try ``task_id`` on ``host`` again only after ``bo.until``; the loop is not idle
         meanwhile (it places the task again then)."""
         self.config.stash[BACKOFF_KEY].setdefault(task_id, {})[host] = bo
-        self.wait_until[task_id] = bo.until
+        self.until(task_id, bo.until)
 
     # -- between passes ------------------------------------------------------------------
 
@@ -190,8 +233,7 @@ class Waits:
                 fds.append(h)
             if isinstance(h, HasDeadline):
                 timeout = min(timeout, max(0.0, h.next_deadline() - time.monotonic()))
-        for until in self.wait_until.values():
-            timeout = min(timeout, max(0.0, until - now))
+        timeout = min(timeout, max(0.0, self.next_due(now)))
         ready, _, _ = select.select(fds, [], [], max(timeout, 0.005))
         if loop.sock in ready:
             try:
@@ -206,18 +248,15 @@ class Waits:
         loop = self.loop
         if loop.io_error is not None:
             return False  # wait for the disk, then finish the work
-        tasks = loop.scope_tasks()
-        active = [t for t in tasks if t.state in ACTIVE]
-        if active:
+        if loop.scope_in(ACTIVE):
             return False
         if loop.stopping:
             return True
-        live = [t for t in tasks if not t.state.terminal]
-        serving = loop.queue_id is None and not loop.until_idle  # `fleetrun work`: serve until stopped
+        if loop.queue_id is None and not loop.until_idle:
+            return False  # `fleetrun work`: serve until stopped
+        live = loop.scope_in([s for s in State if not s.terminal])
         if not live:
-            return not serving
-        if serving:
-            return False
+            return True
         if loop.placed_last_pass:
             return False
         # a task that waits for what can change by itself (memory, load, disk, slots, a

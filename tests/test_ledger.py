@@ -879,3 +879,21 @@ def test_add_tasks_keeps_a_done_task_of_an_earlier_queue(led: Ledger) -> None:
     (third,) = led.add_tasks([spec("a")], source="f.toml", kept={"a": new_a})
     assert third.reason == f"unchanged:{a.id}"
     assert [t.name for t, _ in led.tasks_of_source("f.toml")] == ["a", "b", "a", "b", "a"]
+
+
+def test_a_listing_reads_no_spec_until_one_is_used(led: Ledger, monkeypatch: pytest.MonkeyPatch) -> None:
+    """``tasks(listed=True)`` (what ``status`` reads): the same tasks and ``to_json``,
+    without a spec read or parsed; a spec used is read then."""
+    led.add_tasks([spec("a"), spec("b", "a"), spec("c", "a", "b")])
+    full = led.tasks()
+    parsed: list[str] = []
+    real = TaskSpec.from_json
+    monkeypatch.setattr(TaskSpec, "from_json", classmethod(lambda cls, d: parsed.append(d["name"]) or real(d)))
+    sql: list[str] = []
+    led.conn.set_trace_callback(sql.append)
+    listed = led.tasks(listed=True)
+    led.conn.set_trace_callback(None)
+    assert [t.to_json() for t in listed] == [t.to_json() for t in full]
+    assert [t.deps for t in listed] == [t.deps for t in full]
+    assert parsed == [] and not any("SELECT *" in s or " spec," in s for s in sql), sql
+    assert listed[2].spec.depends_on == ["a", "b"] and parsed == ["c"]

@@ -27,6 +27,7 @@ from ..probe import Prober, tool_names
 from ..reports import Candidate, Placement, Wait
 from ..stash import Stash, StashKey
 from ..states import ACTIVE, PLACEABLE, State
+from ..taskview import TASKVIEW_KEY
 
 if TYPE_CHECKING:
     from ..config import Config
@@ -41,10 +42,18 @@ KEEP_PEAKS = 50
 def local_running(config: Config) -> int:
     """Tasks that hold a slot here: placed, running, or being verified (a verifier such
     as a test suite takes the machine as much as the agent did)."""
+    return sum(1 for t in _tasks_in(config, ACTIVE) if t.host in (None, "local"))
+
+
+def _tasks_in(config: Config, states: frozenset[State]) -> list[Any]:
+    """The tasks in ``states``: from the loop's view when a loop runs (no query on
+    every pass), else from the ledger."""
+    view = config.stash.get(TASKVIEW_KEY)
+    if view is not None:
+        view.refresh()
+        return view.in_states(states)
     led = config.stash.get(LEDGER_KEY)
-    if led is None:
-        return 0
-    return sum(1 for t in led.tasks(set(ACTIVE)) if t.host in (None, "local"))
+    return led.tasks(set(states)) if led is not None else []
 
 
 def _existing(path: Path) -> Path:
@@ -143,6 +152,8 @@ PROBER_KEY = StashKey[Prober]()
 REASONS_KEY = StashKey[dict[str, str]]()
 #: This pass's candidates and the waits decided for them, per task shape (:func:`same_pass`).
 PASS_KEY = StashKey[tuple[list[Candidate], dict[Any, Wait]]]()
+#: whether a placeable task has ``requires`` (tools are probed only then), for a list of the view
+WANTS_TOOLS_KEY = StashKey[tuple[list[Any], bool]]()
 #: what the fleetrun_place_filter/score hooks said this pass (:class:`PassRules`)
 RULES_KEY = StashKey["PassRules"]()
 
@@ -180,8 +191,13 @@ def configured_tags(config: Config) -> list[str]:
 
 
 def _wants_tools(config: Config) -> bool:
-    led = config.stash.get(LEDGER_KEY)
-    return led is not None and any(t.spec.requires for t in led.tasks(set(PLACEABLE)))
+    tasks = _tasks_in(config, PLACEABLE)
+    memo = config.stash.get(WANTS_TOOLS_KEY)
+    if memo is not None and memo[0] is tasks:  # the view's list: the same until one of them changes
+        return memo[1]
+    wants = any(t.spec.requires for t in tasks)
+    config.stash[WANTS_TOOLS_KEY] = (tasks, wants)
+    return wants
 
 
 def local_candidate(config: Config) -> Candidate:
@@ -365,11 +381,13 @@ def checkout_in_use(config: Config, task: Any) -> Optional[str]:
     """A task without ``git_ref`` works in the user's checkout: the checkout, if another
     such task is placed, running or being verified there (two agents in one checkout
     edit, commit and switch branches under each other)."""
-    led = config.stash.get(LEDGER_KEY)
-    if led is None or task.spec.git_ref or task.spec.role:
+    if config.stash.get(LEDGER_KEY) is None or task.spec.git_ref or task.spec.role:
+        return None
+    others = [t for t in _tasks_in(config, ACTIVE) if t.id != task.id and not t.spec.git_ref and not t.spec.role]
+    if not others:
         return None
     mine = checkout_of(task.spec.cwd)
-    for other in led.tasks(set(ACTIVE)):
+    for other in others:
         if other.id != task.id and not other.spec.git_ref and not other.spec.role \
                 and checkout_of(other.spec.cwd) == mine:
             return mine

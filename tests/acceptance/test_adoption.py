@@ -133,9 +133,10 @@ def test_sigkilled_shepherd_is_detected_and_resumed(fleeter, fake_claude, loops,
     fleeter.run("queue", "tasks.toml")
     proc = loops.start("work", "--until-idle")
     st = running_agent(fleeter, fake_claude, "t1")
-    if agent == "gone":  # the whole attempt died (an OOM kill, say)
-        sigkill_group(st["agent_pid"])
     os.kill(st["shepherd_pid"], signal.SIGKILL)
+    if agent == "gone":  # the whole attempt died (an OOM kill, say); the shepherd first,
+        # or it may see its agent die and record that end itself (session_died:no_result)
+        sigkill_group(st["agent_pid"])
     out, err = proc.communicate(timeout=30)
     assert proc.returncode == 0, out.decode() + err.decode()
     task = fleeter.task("t1")

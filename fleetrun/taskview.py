@@ -1,0 +1,216 @@
+"""The loop's tasks kept in memory, read again from the ledger only where they changed.
+
+A loop pass used to read the whole queue several times (``Ledger.tasks()``); with
+10,000 queued tasks that was most of a second of CPU, every second. :class:`TaskView`
+reads the tasks once, then on each :meth:`~TaskView.refresh` only the rows that changed:
+
+- this connection's own writes are seen by a TEMP trigger on ``tasks`` that calls a
+  Python function with the row's id (TEMP: it lives in this connection only, nothing
+  is written to the ledger's file or its schema; a raw ``UPDATE tasks`` is seen too);
+- another process's writes (a ``fleetrun cancel``, ``queue``, ``retry`` or ``gc`` from
+  another shell) move ``PRAGMA data_version``; only then the narrow columns of every
+  row (no spec) are compared with what the view holds, and the rows that differ are
+  read again.
+
+So an idle pass costs a pragma and no scan, whatever the length of the queue. The view
+belongs to one connection (the loop's ledger) and, like it, to one thread.
+"""
+
+from __future__ import annotations
+
+import sqlite3
+from collections.abc import Iterable
+from typing import Any, Optional
+
+from .ledger import Ledger, Task
+from .stash import StashKey
+from .states import State
+
+#: The columns compared to find another process's changes: every one but the spec
+#: (written once, with the task) and the name, source, queue and order (never changed).
+_BRIEF = "id, state, updated, host, worktree, branch, cost_usd, attempts, retries, resumes, no_start, reason, handoff"
+
+_BRIEF_COLS = [c.strip() for c in _BRIEF.split(",")]
+
+#: The loop's view of its tasks, for the plugins that count tasks on every pass
+#: (placement's slots and shared checkouts); unset outside a work loop.
+TASKVIEW_KEY = StashKey["TaskView"]()
+
+
+class TaskView:
+    """Every task of the ledger, in queue order (created, seq), by id and by state.
+
+    :param led: the ledger whose connection the view watches (its own writes through
+        any code path, others' through ``data_version``).
+    """
+
+    def __init__(self, led: Ledger) -> None:
+        self.led = led
+        self._touched: set[str] = set()
+        self._install_trigger()
+        self._tasks: dict[str, Task] = {}
+        self._brief: dict[str, tuple[Any, ...]] = {}
+        self._by_state: dict[State, dict[str, Task]] = {s: {} for s in State}
+        self._sorted: dict[State, Optional[list[Task]]] = {s: None for s in State}
+        self._dependents: dict[str, list[str]] = {}
+        self._keys: dict[str, tuple[float, int]] = {}
+        self._gen: dict[State, int] = {s: 0 for s in State}
+        self._multi: dict[tuple[State, ...], tuple[tuple[int, ...], list[Task]]] = {}
+        self._subscribers: list[set[str]] = []
+        #: reads of the whole tasks table so far (a test counts them per pass)
+        self.full_reads = 0
+        self._version = self._data_version()
+        self._read_all()
+        self._touched.clear()
+
+    # -- watching the ledger -------------------------------------------------------------
+
+    def _install_trigger(self) -> None:
+        conn = self.led.conn
+        conn.create_function("fleetrun_task_touched", 1, self._touch)
+        for event in ("INSERT", "UPDATE"):
+            conn.execute(f"CREATE TEMP TRIGGER IF NOT EXISTS fleetrun_view_{event.lower()} AFTER {event} "
+                         f"ON main.tasks BEGIN SELECT fleetrun_task_touched(new.id); END")
+
+    def _touch(self, task_id: Any) -> None:
+        # called by SQLite inside the writing statement: remember, read nothing here
+        if isinstance(task_id, str):
+            self._touched.add(task_id)
+
+    def _data_version(self) -> int:
+        return int(self.led.conn.execute("PRAGMA data_version").fetchone()[0])
+
+    def _read_brief(self) -> dict[str, tuple[Any, ...]]:
+        return {r[0]: tuple(r) for r in self.led.conn.execute(f"SELECT {_BRIEF} FROM tasks")}
+
+    def refresh(self) -> set[str]:
+        """Read again what changed since the last refresh.
+
+        :return: the ids of the tasks read again (each subscriber gets them too).
+        """
+        changed = set(self._touched)
+        self._touched.clear()
+        version = self._data_version()
+        if version != self._version:  # another connection committed: find its rows
+            self._version = version
+            brief = self._read_brief()
+            changed.update(i for i, row in brief.items() if self._brief.get(i) != row)
+            changed.update(i for i in self._brief if i not in brief)
+            self._brief = brief
+        if changed:
+            self._reload(changed)
+            for sub in self._subscribers:
+                sub.update(changed)
+        return changed
+
+    def _reload(self, ids: set[str]) -> None:
+        found = {t.id: t for t in self._read(sorted(ids))}
+        for i in ids:
+            if i in found:
+                self._put(found[i])
+            else:
+                self._drop(i)
+
+    def _read_all(self) -> None:
+        conn = self.led.conn
+        deps: dict[str, list[str]] = {}
+        for tid, did in conn.execute("SELECT task_id, dep_id FROM deps"):
+            deps.setdefault(tid, []).append(did)
+        for t in self._rows(conn.execute("SELECT * FROM tasks").fetchall(), deps):
+            self._put(t)
+        self.full_reads += 1
+
+    def _read(self, ids: list[str]) -> list[Task]:
+        out: list[Task] = []
+        conn = self.led.conn
+        for k in range(0, len(ids), 500):  # SQLite's limit on bound parameters
+            chunk = ids[k:k + 500]
+            marks = ",".join("?" * len(chunk))
+            deps: dict[str, list[str]] = {}
+            for tid, did in conn.execute(f"SELECT task_id, dep_id FROM deps WHERE task_id IN ({marks})", chunk):
+                deps.setdefault(tid, []).append(did)
+            out.extend(self._rows(conn.execute(f"SELECT * FROM tasks WHERE id IN ({marks})", chunk).fetchall(),
+                                  deps))
+        return out
+
+    def _rows(self, rows: list[sqlite3.Row], deps: dict[str, list[str]]) -> list[Task]:
+        out = []
+        for r in rows:
+            out.append(self.led._row_to_task(r, deps.get(r["id"], [])))
+            self._brief[r["id"]] = tuple(r[c] for c in _BRIEF_COLS)
+            self._keys[r["id"]] = (r["created"], r["seq"])
+        return out
+
+    def _put(self, t: Task) -> None:
+        old = self._tasks.get(t.id)
+        if old is None:
+            for d in t.deps:
+                self._dependents.setdefault(d, []).append(t.id)
+        else:
+            self._by_state[old.state].pop(t.id, None)
+            self._dirty(old.state)
+        self._tasks[t.id] = t
+        self._by_state[t.state][t.id] = t
+        self._dirty(t.state)
+
+    def _drop(self, task_id: str) -> None:
+        old = self._tasks.pop(task_id, None)
+        self._brief.pop(task_id, None)
+        if old is not None:
+            self._by_state[old.state].pop(task_id, None)
+            self._dirty(old.state)
+
+    def _dirty(self, state: State) -> None:
+        self._sorted[state] = None
+        self._gen[state] += 1
+
+    # -- reading it ----------------------------------------------------------------------
+
+    def subscribe(self) -> set[str]:
+        """A set that every refresh adds the changed ids to (its owner empties it);
+        it starts with every task, so a new subscriber looks at each once."""
+        sub = set(self._tasks)
+        self._subscribers.append(sub)
+        return sub
+
+    def get(self, task_id: str) -> Optional[Task]:
+        return self._tasks.get(task_id)
+
+    def dependents(self, task_id: str) -> list[str]:
+        return self._dependents.get(task_id, [])
+
+    def count(self, states: Iterable[State]) -> int:
+        return sum(len(self._by_state[s]) for s in states)
+
+    def in_states(self, states: Iterable[State]) -> list[Task]:
+        """The tasks in ``states``, in queue order (as ``Ledger.tasks(states)``); the
+        list is kept until one of those states gains or loses a task (do not change it)."""
+        wanted = tuple(sorted(set(states), key=lambda s: s.value))
+        gens = tuple(self._gen[s] for s in wanted)
+        hit = self._multi.get(wanted)
+        if hit is not None and hit[0] == gens:
+            return hit[1]
+        out: list[Task] = []
+        for s in wanted:
+            lst = self._sorted[s]
+            if lst is None:
+                keys = self._keys
+                lst = self._sorted[s] = sorted(self._by_state[s].values(), key=lambda t: keys[t.id])
+            out.extend(lst)
+        if len(wanted) > 1:
+            keys = self._keys
+            out.sort(key=lambda t: keys[t.id])
+        self._multi[wanted] = (gens, out)
+        return out
+
+    def ordered(self, ids: Iterable[str]) -> list[Task]:
+        """The tasks of ``ids`` the view holds, in queue order."""
+        keys = self._keys
+        return sorted((t for t in (self._tasks.get(i) for i in ids) if t is not None), key=lambda t: keys[t.id])
+
+    def tasks(self, queue_id: Optional[str] = None) -> list[Task]:
+        """Every task (of ``queue_id`` only, when given), in queue order."""
+        out = self.in_states(list(State))
+        return [t for t in out if t.queue_id == queue_id] if queue_id else out
+
+

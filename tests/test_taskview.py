@@ -1,0 +1,174 @@
+"""The loop's tasks in memory (fleetrun/taskview.py): an idle pass reads nothing that
+grows with the queue and asks placement about no task, and what another process
+writes to the ledger is seen on the next pass (and only that task is placed again)."""
+
+from __future__ import annotations
+
+from collections import Counter
+from pathlib import Path
+from typing import Any, Callable
+
+import pytest
+
+import fleetrun
+from fleetrun import ops, records
+from fleetrun.fleeter import Fleeter
+from fleetrun.ledger import LEDGER_KEY, Ledger
+from fleetrun.plugins import placement as placement_plugin
+from fleetrun.states import State
+from fleetrun.taskspec import TaskSpec
+from fleetrun.taskview import TASKVIEW_KEY, TaskView
+from fleetrun.waiting import TICKERS_KEY
+
+
+class PassProbe:
+    """Counts, for each of the loop's passes (between two of its waits), the reads of
+    the whole queue and the placement decisions; runs ``actions[n]`` after pass n and
+    stops the loop after ``passes``."""
+
+    def __init__(self, passes: int, actions: dict[int, Callable[[Any], None]]) -> None:
+        self.passes = passes
+        self.actions = actions
+        self.now: Counter[str] = Counter()
+        self.counts: list[Counter[str]] = []
+        self.config: Any = None
+
+    @fleetrun.hookimpl
+    def fleetrun_configure(self, config: Any) -> None:
+        self.config = config
+        config.stash.setdefault(TICKERS_KEY, []).append(self)
+
+    def tick(self) -> float:
+        if not self.counts:  # the loop's connection, from its first wait on
+            self.config.stash[LEDGER_KEY].conn.set_trace_callback(lambda sql: self.now.update(["sql"]))
+        self.counts.append(self.now)
+        self.now = Counter()
+        n = len(self.counts)
+        if n in self.actions:
+            self.actions[n](self.config)
+        if n >= self.passes:
+            raise KeyboardInterrupt
+        return 0.0
+
+
+def queue(fleeter: Fleeter, n: int) -> list[str]:
+    """``n`` READY tasks (held by a draining policy) and ``n`` PENDING behind the first."""
+    repo = fleeter.make_repo(f"repo{n}")
+    fleeter.write_policy("[local]\ndrain = true\n")
+    specs = [TaskSpec(name=f"r{i}", prompt="p", cwd=str(repo), git_ref="main") for i in range(n)]
+    specs += [TaskSpec(name=f"p{i}", prompt="p", cwd=str(repo), git_ref="main", depends_on=["r0"])
+              for i in range(n)]
+    return [t.id for t in fleeter.ledger().add_tasks(specs, source="tasks.toml", source_hash="h")]
+
+
+@pytest.fixture
+def counted(monkeypatch: pytest.MonkeyPatch) -> PassProbe:
+    probe = PassProbe(0, {})
+    real_tasks, real_row, real_place = Ledger.tasks, records.Task.from_row, placement_plugin.builtin_place
+
+    def tasks(self: Ledger, *a: Any, **kw: Any) -> Any:
+        probe.now["tasks()"] += 1
+        return real_tasks(self, *a, **kw)
+
+    def from_row(row: Any, spec: Any, deps: Any) -> Any:
+        probe.now["rows"] += 1
+        return real_row(row, spec, deps)
+
+    def place(task: Any, *a: Any, **kw: Any) -> Any:
+        probe.now["placed:" + task.name] += 1
+        probe.now["place"] += 1
+        return real_place(task, *a, **kw)
+
+    monkeypatch.setattr(Ledger, "tasks", tasks)
+    monkeypatch.setattr(records.Task, "from_row", staticmethod(from_row))
+    monkeypatch.setattr(placement_plugin, "builtin_place", place)
+    return probe
+
+
+def run(fleeter: Fleeter, probe: PassProbe, passes: int, actions: dict[int, Callable[[Any], None]]) -> PassProbe:
+    probe.passes, probe.actions, probe.counts = passes, actions, []
+    result = fleeter.run("work", plugins=[probe])
+    assert result.ret == 2, result.stderr  # stopped by the probe, as by Ctrl-C
+    return probe
+
+
+def test_an_idle_pass_costs_the_same_for_10_or_120_tasks(fleeter: Fleeter, counted: PassProbe) -> None:
+    queue(fleeter, 5)
+    small = [dict(c) for c in run(fleeter, counted, 6, {}).counts[2:]]
+    fleeter.close()
+    (fleeter.home / "state.db").unlink()
+    for side in ("-wal", "-shm"):
+        Path(str(fleeter.home / "state.db") + side).unlink(missing_ok=True)
+    queue(fleeter, 60)
+    big = [dict(c) for c in run(fleeter, counted, 6, {}).counts[2:]]
+    # the first pass read the queue once and placed each READY task once; after it,
+    # nothing is read again, nobody is asked where to go, and the SQL is the same
+    for counts in small + big:
+        assert counts.get("tasks()", 0) == 0 and counts.get("rows", 0) == 0 and counts.get("place", 0) == 0, counts
+    assert [c.get("sql") for c in small] == [c.get("sql") for c in big]
+
+
+def test_another_process_s_writes_are_seen_and_only_they_are_placed_again(
+        fleeter: Fleeter, counted: PassProbe) -> None:
+    ids = queue(fleeter, 20)
+    home = fleeter.home
+    seen: dict[str, Any] = {}
+
+    def from_another_shell(config: Any) -> None:
+        with Ledger(home / "state.db") as other:
+            ops.cancel(other, other.get(ids[3]))  # `fleetrun cancel r3`
+            other.update_task(ids[4], worktree="/gone")  # `fleetrun gc`: no transition
+            other.add_tasks([TaskSpec(name="late", prompt="p", cwd=str(fleeter.path / "repo20"), git_ref="main")],
+                            source="more.toml", source_hash="h2")  # `fleetrun queue more.toml`
+
+    def look(config: Any) -> None:
+        view: TaskView = config.stash[TASKVIEW_KEY]
+        seen["r3"] = view.get(ids[3]).state  # type: ignore[union-attr]
+        seen["r4"] = view.get(ids[4]).worktree  # type: ignore[union-attr]
+        seen["late"] = [t.state for t in view.tasks() if t.name == "late"]
+        seen["reads"] = view.full_reads
+
+    probe = run(fleeter, counted, 7, {3: from_another_shell, 5: look})
+    assert seen == {"r3": State.CANCELLED, "r4": "/gone", "late": [State.READY], "reads": 1}
+    after = probe.counts[3]  # the pass that saw the other shell's writes
+    assert after["place"] == 2 and after["placed:late"] == 1 and after["placed:r4"] == 1, after
+    assert after.get("tasks()", 0) == 0, after  # r3, r4 and late read again, by id
+    for counts in probe.counts[4:]:
+        assert counts.get("place", 0) == 0 and counts.get("rows", 0) == 0, counts
+
+
+def test_the_view_sees_its_own_connection_s_writes_whatever_the_sql(fleeter: Fleeter) -> None:
+    ids = queue(fleeter, 2)
+    led = fleeter.ledger()
+    view = TaskView(led)
+    assert [t.name for t in view.tasks()] == ["r0", "r1", "p0", "p1"]
+    assert view.refresh() == set()
+    with led.tx() as cur:  # a raw UPDATE, as ending.py adds an attempt's cost
+        cur.execute("UPDATE tasks SET cost_usd = cost_usd + 1.5 WHERE id=?", (ids[1],))
+    led.transition(ids[0], State.READY, State.CANCELLED, "operator_cancel")
+    assert view.refresh() == {ids[0], ids[1]}
+    assert view.get(ids[1]).cost_usd == 1.5  # type: ignore[union-attr]
+    assert [t.name for t in view.in_states({State.READY, State.CANCELLED})] == ["r0", "r1"]
+    assert view.dependents(ids[0]) == ids[2:]
+    assert view.full_reads == 1
+
+
+def test_a_freed_slot_asks_the_next_task_not_the_whole_queue(fleeter: Fleeter, fake_claude: Any,
+                                                              counted: PassProbe) -> None:
+    """One slot, six tasks: each ending frees the slot, the next task is placed, and the
+    others, told again they wait on a full machine, are passed over (the whole queue
+    was asked on every pass before)."""
+    fleeter.make_repo()
+    fleeter.write_policy("[local]\nmax_tasks = 1\n")
+    fleeter.write_tasks("\n".join(f'[[task]]\nname = "t{i}"\ncwd = "repo"\nprompt = "p"\ngit_ref = "main"\n'
+                                  for i in range(6)))
+    fake_claude.script(default=[{"actions": [["write", "out.txt", "x"], ["commit", "add out"]]}])
+    probe = counted
+    probe.passes = 1_000_000
+    r = fleeter.run("tasks.toml", "--max-tasks", "1", plugins=[probe])
+    r.assert_outcomes(done=6)
+    asked = sum((c for c in probe.counts), Counter())
+    passes = len(probe.counts)
+    # each task: once in the first pass, once when its turn comes (placed), and once
+    # more for those before it when a placement moved the candidates in a pass
+    assert passes > 12 and asked["place"] <= 3 * 6, (passes, asked)
