@@ -10,6 +10,8 @@ from __future__ import annotations
 
 import json
 import os
+import re
+import secrets
 import signal
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Callable, Optional
@@ -232,12 +234,54 @@ def kill_group(pid: Optional[int], token: Optional[str]) -> bool:
 CHILDREN = "children"
 
 
-def record_child(adir: Path, name: str, pid: int) -> None:
+#: The environment variable a recorded child carries: what finds it when its pid was
+#: never recorded (the supervisor died between starting it and :func:`record_child`).
+CHILD_MARKER = "FLEETRUN_CHILD"
+_MARKER = re.compile(r"[A-Za-z0-9_.-]{1,80}-[0-9a-f]{16}")
+
+
+def record_child_intent(adir: Path, name: str) -> str:
+    """Before a process group for an attempt (a verifier) starts: record the marker it
+    will carry in its environment (``FLEETRUN_CHILD``), so a supervisor killed after the
+    start and before :func:`record_child` leaves it findable. :return: the marker."""
+    marker = f"{name}-{secrets.token_hex(8)}"
+    d = adir / CHILDREN
+    d.mkdir(parents=True, exist_ok=True, mode=0o700)
+    write_json(str(d / f"{name}.json"), {"marker": marker}, sync=False)
+    return marker
+
+
+def record_child(adir: Path, name: str, pid: int, marker: Optional[str] = None) -> None:
     """Remember a process group the supervisor started for an attempt (a verifier), so a
     restarted supervisor can end it before running the step again."""
     d = adir / CHILDREN
     d.mkdir(parents=True, exist_ok=True, mode=0o700)
-    write_json(str(d / f"{name}.json"), {"pid": pid, "token": proc_token(pid)}, sync=False)
+    write_json(str(d / f"{name}.json"), {"pid": pid, "token": proc_token(pid), "marker": marker}, sync=False)
+
+
+def _kill_marked(marker: str) -> bool:
+    """SIGKILL the process groups of every process of ours whose environment has the
+    marker (Linux: ``/proc/PID/environ``; elsewhere nothing is found). :return: whether any."""
+    needle = f"{CHILD_MARKER}={marker}".encode()
+    groups: set[int] = set()
+    try:
+        entries = [e.name for e in os.scandir("/proc") if e.name.isdigit()]
+    except OSError:
+        return False
+    for name in entries:
+        try:
+            with open(f"/proc/{name}/environ", "rb") as f:
+                if needle in f.read().split(b"\0"):
+                    groups.add(os.getpgid(int(name)))
+        except OSError:  # gone, or not ours to read
+            continue
+    groups.discard(os.getpgrp())
+    for pgid in groups:
+        try:
+            os.killpg(pgid, signal.SIGKILL)
+        except OSError:
+            pass
+    return bool(groups)
 
 
 def forget_child(adir: Path, name: str) -> None:
@@ -253,8 +297,11 @@ def kill_recorded_children(adir: Path) -> int:
     d = adir / CHILDREN
     for f in sorted(d.glob("*.json")) if d.is_dir() else []:
         info = read_json(str(f)) or {}
+        marker = info.get("marker")
         if kill_group(info.get("pid"), info.get("token")):
             n += 1
+        elif info.get("pid") is None and isinstance(marker, str) and _MARKER.fullmatch(marker):
+            n += _kill_marked(marker)  # started, its pid never recorded
         f.unlink(missing_ok=True)
     return n
 

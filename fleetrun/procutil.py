@@ -77,7 +77,7 @@ class ProcessHandle:
 
     def __init__(self, verifier: Any, argv: list[str], cwd: str, env: dict[str, str], out_path: Path,
                  stdin_path: Optional[Path] = None, host: str = "local") -> None:
-        from .hosts import record_child
+        from .hosts import CHILD_MARKER, forget_child, record_child, record_child_intent
 
         self.verifier = verifier
         self.out_path = out_path
@@ -87,17 +87,21 @@ class ProcessHandle:
         self.verdict: Optional[Verdict] = None
         self._pidfd: Optional[int] = None
         self.proc: Optional[subprocess.Popen[bytes]] = None
+        # recorded before it starts: a supervisor killed in between still finds it
+        marker = record_child_intent(out_path.parent, out_path.stem)
+        env = {**env, CHILD_MARKER: marker}
         fd = os.open(out_path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
         try:
             with open(stdin_path, "rb") if stdin_path else open(os.devnull, "rb") as stdin:
                 self.proc = subprocess.Popen(argv, cwd=cwd, env=env, stdin=stdin, stdout=fd, stderr=fd,
                                              start_new_session=True, close_fds=True)
         except OSError as e:
+            forget_child(out_path.parent, out_path.stem)
             self.verdict = self.cannot_start(str(e.strerror or e))
         finally:
             os.close(fd)
         if self.proc is not None:
-            record_child(out_path.parent, out_path.stem, self.proc.pid)
+            record_child(out_path.parent, out_path.stem, self.proc.pid, marker)
             if hasattr(os, "pidfd_open"):
                 try:
                     self._pidfd = os.pidfd_open(self.proc.pid)

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import os
 import select
+import subprocess
 import sys
 import time
 from pathlib import Path
@@ -126,3 +127,34 @@ def test_the_docs_lint_verifier_runs(fleeter: Any, fake_claude: Any, monkeypatch
                                                                   ("lint", True, "exit code 0")]
     assert verdicts[0].output == "lint a 1 check src tests\n"
     assert verdicts[1].output == "lint a 2 check src tests\n"
+
+
+def test_a_verifier_started_but_not_yet_recorded_is_still_ended_after_a_crash(tmp_path: Path) -> None:
+    """The supervisor is SIGKILLed after starting a verifier and before recording its pid:
+    the record written before the start names a marker in the verifier's environment,
+    and a restarted supervisor finds the process by it (the orphan ran on next to its
+    rerun: test_adoption's orphaned verifier test, under load)."""
+    from fleetrun.hosts import kill_recorded_children, record_child_intent
+
+    marker = record_child_intent(tmp_path, "v1")
+    env = dict(os.environ, FLEETRUN_CHILD=marker)
+    stray = subprocess.Popen(["/bin/sh", "-c", "sleep 60 & sleep 60"], env=env, start_new_session=True)
+    other = subprocess.Popen(["sleep", "60"], start_new_session=True)  # not ours: left alone
+    try:
+        assert kill_recorded_children(tmp_path) == 1
+        assert stray.wait(10) == -9
+        assert other.poll() is None
+        assert not (tmp_path / "children" / "v1.json").exists()
+    finally:
+        for p in (stray, other):
+            if p.poll() is None:
+                p.kill()
+                p.wait()
+
+
+def test_a_process_handle_records_its_intent_before_it_starts(tmp_path: Path) -> None:
+    spec = SimpleNamespace(timeout_s=30)
+    h = Handle(spec, ["/bin/sh", "-c", 'printf %s "$FLEETRUN_CHILD"'], str(tmp_path), dict(os.environ),
+               tmp_path / "v1.out")
+    wait(h)
+    assert (tmp_path / "v1.out").read_text().startswith("v1-")  # the marker the record names
