@@ -322,7 +322,7 @@ def _configure(args: list[str], plugins: Optional[list[Any]], out: TextIO, err: 
     """
     from .commands import BUILTIN_VERBS
     from .config import Parser
-    from .pluginmanager import ARGUMENT_PLUGINS, FleetPluginManager
+    from .pluginmanager import ARGUMENT_PLUGINS, VIEWING_PLUGINS, VIEWING_VERBS, FleetPluginManager
     from .verbs import build_registry
 
     project, addopts = _project_addopts(args)
@@ -336,7 +336,10 @@ def _configure(args: list[str], plugins: Optional[list[Any]], out: TextIO, err: 
             pm.consider_pluginarg(a)
     for name in filter(None, (os.environ.get("FLEETRUN_PLUGINS") or "").split(",")):
         pm.consider_pluginarg(name.strip())
-    pm.consider_builtins(only=ARGUMENT_PLUGINS if only_read else None)
+    # a core verb is the first word that is no option whatever the plugins add (a plugin
+    # cannot take a core verb's name), so it is known before any plugin is loaded
+    viewing = not all_plugins and _split_verb(args, VIEWING_VERBS)[0] in VIEWING_VERBS
+    pm.consider_builtins(only=ARGUMENT_PLUGINS if only_read else VIEWING_PLUGINS if viewing else None)
     pm.consider_entry_points()
     for a in pargs:
         if not a.startswith("no:"):

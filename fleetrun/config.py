@@ -144,6 +144,9 @@ class Config:
     def config_keys(self) -> list[ConfigKey]:
         """The core's ``config.toml`` keys and every loaded plugin's (``fleetrun_config_keys``)."""
         decls = list(CORE_CONFIG_KEYS)
+        # a viewing verb (status, logs) loaded only the built-ins taking part in it: the
+        # others declare keys too, so config.toml reads as it does in any run
+        self.pluginmanager.load_deferred()
         for result in self.hook.fleetrun_config_keys(config=self):
             decls.extend(result or ())
         return decls

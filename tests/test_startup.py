@@ -9,6 +9,7 @@ import os
 import subprocess
 import sys
 from pathlib import Path
+from typing import Any
 
 import pytest
 
@@ -150,3 +151,117 @@ def test_the_builtins_loaded_to_read_a_command_line_are_all_that_take_part_in_it
                    for impl in getattr(pm.hook, hook).get_hookimpls()}
     assert taking_part == set(ARGUMENT_PLUGINS)
     assert all(importlib.import_module(BUILTIN_PLUGINS[n]) for n in ARGUMENT_PLUGINS)
+
+
+#: What the verbs that only read the ledger for a person (``status``, ``logs``) must not
+#: import, on a home with tasks on this machine and on a peer no plugin provides: git,
+#: the loop and its placement, Claude Code's reader, the diff a reviewer is shown, the
+#: relay's wire, SSH and its worker, notifications, and the standard library's parts
+#: only those need (``bench/startup.py`` checks the same list, and times it).
+NOT_FOR_VIEWING = {"subprocess", "uuid", "socket", "threading", "hashlib", "secrets", "psutil", "apprise",
+                   "importlib.metadata", "fleetrun.gitutil", "fleetrun.depmerge", "fleetrun.loop",
+                   "fleetrun.claudecli", "fleetrun.claudeopts", "fleetrun.collect", "fleetrun.placement",
+                   "fleetrun.outcomes", "fleetrun.reports", "fleetrun.diffutil", "fleetrun.procutil",
+                   "fleetrun.probe", "fleetrun.plugins.relay.protocol", "fleetrun.plugins.relay.supervisor",
+                   "fleetrun.plugins.relay.transport", "fleetrun.plugins.relay.worker",
+                   "fleetrun.plugins.notify.sender"}
+
+
+def a_home_with_tasks(home: Path) -> None:
+    """Tasks waiting, running here, and placed on a peer that no plugin provides (no
+    peers.toml): ``status`` asks the hosts and the hosts' plugins about the last two."""
+    from fleetrun.ledger import Ledger
+    from fleetrun.states import State
+    from fleetrun.taskspec import TaskSpec
+
+    with Ledger(home / "state.db") as led:
+        ready, running, placed = led.add_tasks([TaskSpec(name=n, prompt="p", cwd="/repo")
+                                                for n in ("ready", "running", "placed")])
+        led.lease(running.id, State.READY, "local", "fresh")
+        led.transition(running.id, State.ASSIGNED, State.RUNNING, "started", 1, "local")
+        led.lease(placed.id, State.READY, "mini", "fresh")
+        led.add_note(ready.id, "a note")
+
+
+@pytest.mark.parametrize("args", [["status"], ["status", "--json"], ["status", "--graph"], ["logs", "running"]],
+                         ids=" ".join)
+def test_viewing_verbs_import_only_what_reading_the_ledger_needs(tmp_path: Path, args: list[str]) -> None:
+    from fleetrun.pluginmanager import BUILTIN_PLUGINS, VIEWING_PLUGINS
+
+    a_home_with_tasks(tmp_path / "home")
+    got, out = modules_of(args, tmp_path)
+    assert got["code"] == 0, out
+    modules = set(got["modules"])
+    assert {"fleetrun.ledger", "fleetrun.viewing", "sqlite3"} <= modules  # it did read the ledger
+    if args == ["status"]:  # and asked the hosts: the peer no plugin provides is said
+        assert "fleetrun.hosts" in modules and "no peer named 'mini'" in out
+    assert not modules & NOT_FOR_VIEWING, sorted(modules & NOT_FOR_VIEWING)
+    builtins = {m for m in modules if m in BUILTIN_PLUGINS.values()}
+    assert builtins == {BUILTIN_PLUGINS[n] for n in VIEWING_PLUGINS}
+
+
+def test_the_builtins_a_viewing_verb_loads_are_all_that_take_part_in_it(tmp_path: Path) -> None:
+    """``VIEWING_PLUGINS`` is every built-in implementing a hook of ``VIEWING_HOOKS``, and
+    ``status``/``logs`` call no other hook: what they print is what they print with
+    every built-in loaded, byte for byte."""
+    import io
+
+    from fleetrun import hookimpl
+    from fleetrun.cli import main
+    from fleetrun.pluginmanager import (
+        BUILTIN_PLUGINS,
+        VIEWING_HOOKS,
+        VIEWING_PLUGINS,
+        FleetPluginManager,
+    )
+
+    pm = FleetPluginManager()
+    pm.consider_builtins()
+    taking_part = {pm.get_name(impl.plugin) for hook in VIEWING_HOOKS
+                   for impl in getattr(pm.hook, hook).get_hookimpls()}
+    assert taking_part == set(VIEWING_PLUGINS)
+
+    home = tmp_path / "home"
+    a_home_with_tasks(home)
+    called: set[str] = set()
+
+    class Monitor:
+        @hookimpl
+        def fleetrun_addhooks(self, pluginmanager: Any) -> None:  # historic: at once
+            pluginmanager.add_hookcall_monitoring(lambda name, impls, kw: called.add(name),
+                                                  lambda outcome, name, impls, kw: None)
+
+    for args in (["status"], ["status", "--json"], ["status", "--graph"], ["logs", "running"]):
+        outs = []
+        for everything in (False, True):
+            out, err = io.StringIO(), io.StringIO()
+            extra = list(BUILTIN_PLUGINS) if everything else []
+            assert main(["--home", str(home), *args], plugins=[Monitor(), *extra], stdout=out, stderr=err) == 0
+            outs.append((out.getvalue(), err.getvalue()))
+        assert outs[0] == outs[1], args
+    assert called and called <= set(VIEWING_HOOKS), sorted(called - set(VIEWING_HOOKS))
+
+
+def test_a_viewing_verb_reading_config_toml_loads_the_builtins_it_left_out(tmp_path: Path) -> None:
+    """The built-ins ``status`` does not load still declare their ``config.toml`` keys
+    when something reads it (a peer's heartbeat setting, a third-party plugin): their
+    tables are checked as in any run, never called unknown."""
+    import argparse
+
+    from fleetrun.config import Config
+    from fleetrun.pluginmanager import VIEWING_PLUGINS, FleetPluginManager
+
+    home = tmp_path / "home"
+    home.mkdir()
+    (home / "config.toml").write_text('[claude]\nexecutable = "claude"\n[worktree]\ncommit_message = "x"\n')
+    pm = FleetPluginManager()
+    pm.consider_builtins(only=VIEWING_PLUGINS)
+    assert pm.get_plugin("claude") is None
+    config = Config(pm, argparse.Namespace(verb="status"), home)
+    assert config.setting("claude", "executable") == "claude"
+    assert pm.get_plugin("claude") is not None and pm.get_plugin("worktree") is not None
+    (home / "config.toml").write_text('[claude]\nexecutable = 3\n')
+    pm = FleetPluginManager()
+    pm.consider_builtins(only=VIEWING_PLUGINS)
+    with pytest.raises(Exception, match="executable"):
+        Config(pm, argparse.Namespace(verb="status"), home).settings  # noqa: B018
