@@ -316,13 +316,21 @@ def _configure(args: list[str], plugins: Optional[list[Any]], out: TextIO, err: 
     only read: of the built-in plugins, only those that declare verbs, options or hooks
     are loaded (:data:`~fleetrun.pluginmanager.ARGUMENT_PLUGINS`), so that it answers
     without importing the rest of fleetrun (the ledger, git, Claude Code's reader...).
+    An operator's verb that touches no stage of a task (``status``, ``cancel``...:
+    :data:`~fleetrun.pluginmanager.OPERATOR_VERBS`) loads only the built-ins taking part
+    in it (:data:`~fleetrun.pluginmanager.OPERATOR_PLUGINS`).
 
     :param all_plugins: load every plugin, whatever the command line says.
     :return: the config and the verb's ``run``, or an exit code (``--version``).
     """
     from .commands import BUILTIN_VERBS
     from .config import Parser
-    from .pluginmanager import ARGUMENT_PLUGINS, VIEWING_PLUGINS, VIEWING_VERBS, FleetPluginManager
+    from .pluginmanager import (
+        ARGUMENT_PLUGINS,
+        OPERATOR_PLUGINS,
+        OPERATOR_VERBS,
+        FleetPluginManager,
+    )
     from .verbs import build_registry
 
     project, addopts = _project_addopts(args)
@@ -338,8 +346,8 @@ def _configure(args: list[str], plugins: Optional[list[Any]], out: TextIO, err: 
         pm.consider_pluginarg(name.strip())
     # a core verb is the first word that is no option whatever the plugins add (a plugin
     # cannot take a core verb's name), so it is known before any plugin is loaded
-    viewing = not all_plugins and _split_verb(args, VIEWING_VERBS)[0] in VIEWING_VERBS
-    pm.consider_builtins(only=ARGUMENT_PLUGINS if only_read else VIEWING_PLUGINS if viewing else None)
+    operator = not all_plugins and _split_verb(args, OPERATOR_VERBS)[0] in OPERATOR_VERBS
+    pm.consider_builtins(only=ARGUMENT_PLUGINS if only_read else OPERATOR_PLUGINS if operator else None)
     pm.consider_entry_points()
     for a in pargs:
         if not a.startswith("no:"):

@@ -50,18 +50,23 @@ BUILTIN_PLUGINS: dict[str, str] = {
 ARGUMENT_PLUGINS = ("relay", "mailbox", "terminal", "events", "junitxml")
 ARGUMENT_HOOKS = ("fleetrun_verbs", "fleetrun_addoption", "fleetrun_addhooks")
 
-#: The verbs that only read the ledger for a person (``status``, ``logs``): they load
-#: only the built-ins taking part in them, :data:`VIEWING_PLUGINS` (the rest would
-#: import git, Claude Code's reader, the loop's placement... for nothing).
-VIEWING_VERBS = ("status", "logs")
+#: The operator's verbs that touch no stage of a task (no workspace, agent, prompt,
+#: verifier or placement): reading the ledger (``status``, ``logs``), moving tasks in it
+#: (``cancel``, ``retry``), ``drain``/``undrain`` and ``gc``. They load only the
+#: built-ins taking part in them, :data:`OPERATOR_PLUGINS` (the rest would import git,
+#: Claude Code's reader, the loop's placement... for nothing). ``approve`` is not one:
+#: it asks for the handoff and the cleanup of a workspace.
+OPERATOR_VERBS = ("status", "logs", "cancel", "retry", "drain", "undrain", "gc")
 #: The hooks those verbs call: the command line's, the run's start and end, the hosts
-#: (a task on a host no plugin provides says so) and the hosts' own reasons.
-VIEWING_HOOKS = (*ARGUMENT_HOOKS, "fleetrun_configure", "fleetrun_unconfigure", "fleetrun_hosts",
-                 "fleetrun_status_reason")
-#: The built-ins implementing a hook of :data:`VIEWING_HOOKS` (tests/test_startup.py
-#: checks the two agree). The others are loaded when ``config.toml`` is read after all
-#: (:meth:`FleetPluginManager.load_deferred`), so its tables are checked as in any run.
-VIEWING_PLUGINS = (*ARGUMENT_PLUGINS, "local", "verify_brain", "notify")
+#: (a task on a host no plugin provides says so; ``cancel`` stops an attempt on its
+#: host), the hosts' own reasons, and every state change.
+OPERATOR_HOOKS = (*ARGUMENT_HOOKS, "fleetrun_configure", "fleetrun_unconfigure", "fleetrun_hosts",
+                  "fleetrun_status_reason", "fleetrun_transition")
+#: The built-ins implementing a hook of :data:`OPERATOR_HOOKS` (tests/test_startup.py
+#: checks the two agree, and that those verbs call no other hook). The others are
+#: loaded when ``config.toml`` is read after all (:meth:`FleetPluginManager.load_deferred`),
+#: so its tables are checked as in any run.
+OPERATOR_PLUGINS = (*ARGUMENT_PLUGINS, "local", "verify_brain", "notify")
 
 #: Blocking these with ``-p no:NAME`` is a usage error: nothing works without them.
 ESSENTIAL_PLUGINS = frozenset({"collect"})
@@ -170,7 +175,7 @@ class FleetPluginManager(pluggy.PluginManager):
     def consider_builtins(self, blocked: Iterable[str] = (), only: Optional[Iterable[str]] = None) -> None:
         """Load the built-in plugins (but those in ``blocked``); with ``only``, just those
         named there (:data:`ARGUMENT_PLUGINS`: a command line that is only read;
-        :data:`VIEWING_PLUGINS`: a viewing verb), the others kept for
+        :data:`OPERATOR_PLUGINS`: an operator's verb), the others kept for
         :meth:`load_deferred`."""
         wanted = set(only) if only is not None else None
         for name, modname in BUILTIN_PLUGINS.items():

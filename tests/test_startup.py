@@ -153,115 +153,154 @@ def test_the_builtins_loaded_to_read_a_command_line_are_all_that_take_part_in_it
     assert all(importlib.import_module(BUILTIN_PLUGINS[n]) for n in ARGUMENT_PLUGINS)
 
 
-#: What the verbs that only read the ledger for a person (``status``, ``logs``) must not
-#: import, on a home with tasks on this machine and on a peer no plugin provides: git,
-#: the loop and its placement, Claude Code's reader, the diff a reviewer is shown, the
-#: relay's wire, SSH and its worker, notifications, and the standard library's parts
-#: only those need (``bench/startup.py`` checks the same list, and times it).
-NOT_FOR_VIEWING = {"subprocess", "uuid", "socket", "threading", "hashlib", "secrets", "psutil", "apprise",
-                   "importlib.metadata", "fleetrun.gitutil", "fleetrun.depmerge", "fleetrun.loop",
-                   "fleetrun.claudecli", "fleetrun.claudeopts", "fleetrun.collect", "fleetrun.placement",
-                   "fleetrun.outcomes", "fleetrun.reports", "fleetrun.diffutil", "fleetrun.procutil",
-                   "fleetrun.probe", "fleetrun.plugins.relay.protocol", "fleetrun.plugins.relay.supervisor",
-                   "fleetrun.plugins.relay.transport", "fleetrun.plugins.relay.worker",
-                   "fleetrun.plugins.notify.sender"}
+#: What the operator's verbs that touch no stage of a task (``status``, ``logs``,
+#: ``cancel``, ``drain``...) must not import, on a home with tasks on this machine and on
+#: a peer no plugin provides: git, the loop and its placement, Claude Code's reader, the
+#: diff a reviewer is shown, the relay's wire, SSH and its worker, notifications, and
+#: the standard library's parts only those need (``bench/startup.py`` checks a part of
+#: the list, and times it).
+NOT_FOR_OPERATOR = {"subprocess", "uuid", "socket", "threading", "hashlib", "secrets", "psutil", "apprise",
+                    "importlib.metadata", "fleetrun.gitutil", "fleetrun.depmerge", "fleetrun.loop",
+                    "fleetrun.claudecli", "fleetrun.claudeopts", "fleetrun.collect", "fleetrun.placement",
+                    "fleetrun.outcomes", "fleetrun.reports", "fleetrun.diffutil", "fleetrun.procutil",
+                    "fleetrun.probe", "fleetrun.plugins.relay.protocol", "fleetrun.plugins.relay.supervisor",
+                    "fleetrun.plugins.relay.transport", "fleetrun.plugins.relay.worker",
+                    "fleetrun.plugins.notify.sender"}
+#: Each verb of ``OPERATOR_VERBS`` as the tests below run it on that home.
+OPERATOR_RUNS = [["status"], ["status", "--json"], ["status", "--graph"], ["logs", "running"],
+                 ["cancel", "running"], ["retry", "--state", "cancelled"], ["drain"], ["undrain"], ["gc"]]
 
 
 def a_home_with_tasks(home: Path) -> None:
-    """Tasks waiting, running here, and placed on a peer that no plugin provides (no
-    peers.toml): ``status`` asks the hosts and the hosts' plugins about the last two."""
+    """Tasks waiting, running here, placed on a peer that no plugin provides (no
+    peers.toml), and cancelled: ``status`` asks the hosts and the hosts' plugins about
+    the placed ones, ``cancel`` stops an attempt, ``retry`` takes a cancelled one back.
+    Made three days ago, so that an age printed is the same a second later."""
+    import sqlite3
+
     from fleetrun.ledger import Ledger
     from fleetrun.states import State
     from fleetrun.taskspec import TaskSpec
 
     with Ledger(home / "state.db") as led:
-        ready, running, placed = led.add_tasks([TaskSpec(name=n, prompt="p", cwd="/repo")
-                                                for n in ("ready", "running", "placed")])
+        ready, running, placed, gone = led.add_tasks([TaskSpec(name=n, prompt="p", cwd="/repo")
+                                                      for n in ("ready", "running", "placed", "gone")])
         led.lease(running.id, State.READY, "local", "fresh")
         led.transition(running.id, State.ASSIGNED, State.RUNNING, "started", 1, "local")
         led.lease(placed.id, State.READY, "mini", "fresh")
+        led.transition(gone.id, State.READY, State.CANCELLED, "operator_cancel")
         led.add_note(ready.id, "a note")
+    conn = sqlite3.connect(str(home / "state.db"))
+    with conn:
+        conn.execute("UPDATE tasks SET created = created - 3 * 86400")
+    conn.close()
 
 
-@pytest.mark.parametrize("args", [["status"], ["status", "--json"], ["status", "--graph"], ["logs", "running"]],
-                         ids=" ".join)
-def test_viewing_verbs_import_only_what_reading_the_ledger_needs(tmp_path: Path, args: list[str]) -> None:
-    from fleetrun.pluginmanager import BUILTIN_PLUGINS, VIEWING_PLUGINS
+@pytest.mark.parametrize("args", OPERATOR_RUNS[:5] + OPERATOR_RUNS[6:7], ids=" ".join)
+def test_operator_verbs_import_only_what_they_need(tmp_path: Path, args: list[str]) -> None:
+    from fleetrun.pluginmanager import BUILTIN_PLUGINS, OPERATOR_PLUGINS
 
     a_home_with_tasks(tmp_path / "home")
     got, out = modules_of(args, tmp_path)
     assert got["code"] == 0, out
     modules = set(got["modules"])
-    assert {"fleetrun.ledger", "fleetrun.viewing", "sqlite3"} <= modules  # it did read the ledger
+    assert {"fleetrun.ledger", "sqlite3"} <= modules  # it did open the ledger
     if args == ["status"]:  # and asked the hosts: the peer no plugin provides is said
         assert "fleetrun.hosts" in modules and "no peer named 'mini'" in out
-    assert not modules & NOT_FOR_VIEWING, sorted(modules & NOT_FOR_VIEWING)
+    if args[0] == "cancel":
+        assert "cancelled running" in out
+    assert not modules & NOT_FOR_OPERATOR, sorted(modules & NOT_FOR_OPERATOR)
     builtins = {m for m in modules if m in BUILTIN_PLUGINS.values()}
-    assert builtins == {BUILTIN_PLUGINS[n] for n in VIEWING_PLUGINS}
+    assert builtins == {BUILTIN_PLUGINS[n] for n in OPERATOR_PLUGINS}
 
 
-def test_the_builtins_a_viewing_verb_loads_are_all_that_take_part_in_it(tmp_path: Path) -> None:
-    """``VIEWING_PLUGINS`` is every built-in implementing a hook of ``VIEWING_HOOKS``, and
-    ``status``/``logs`` call no other hook: what they print is what they print with
-    every built-in loaded, byte for byte."""
+def test_the_builtins_an_operator_verb_loads_are_all_that_take_part_in_it(tmp_path: Path,
+                                                                          monkeypatch: pytest.MonkeyPatch) -> None:
+    """``OPERATOR_PLUGINS`` is every built-in implementing a hook of ``OPERATOR_HOOKS``,
+    and the verbs of ``OPERATOR_VERBS`` call no other hook: what they print and what
+    they leave in the home is what they do with every built-in loaded, byte for byte."""
     import io
+    import shutil
 
     from fleetrun import hookimpl
     from fleetrun.cli import main
     from fleetrun.pluginmanager import (
         BUILTIN_PLUGINS,
-        VIEWING_HOOKS,
-        VIEWING_PLUGINS,
+        OPERATOR_HOOKS,
+        OPERATOR_PLUGINS,
+        OPERATOR_VERBS,
         FleetPluginManager,
     )
 
     pm = FleetPluginManager()
     pm.consider_builtins()
-    taking_part = {pm.get_name(impl.plugin) for hook in VIEWING_HOOKS
+    taking_part = {pm.get_name(impl.plugin) for hook in OPERATOR_HOOKS
                    for impl in getattr(pm.hook, hook).get_hookimpls()}
-    assert taking_part == set(VIEWING_PLUGINS)
+    assert taking_part == set(OPERATOR_PLUGINS)
+    assert {a[0] for a in OPERATOR_RUNS} == set(OPERATOR_VERBS)
 
-    home = tmp_path / "home"
-    a_home_with_tasks(home)
+    home, pristine = tmp_path / "home", tmp_path / "pristine"
+    a_home_with_tasks(pristine)
+    monkeypatch.chdir(tmp_path)  # no project file: nothing makes the verbs load every built-in
     called: set[str] = set()
 
     class Monitor:
+        pm: Any = None
+
         @hookimpl
         def fleetrun_addhooks(self, pluginmanager: Any) -> None:  # historic: at once
+            self.pm = pluginmanager
             pluginmanager.add_hookcall_monitoring(lambda name, impls, kw: called.add(name),
                                                   lambda outcome, name, impls, kw: None)
 
-    for args in (["status"], ["status", "--json"], ["status", "--graph"], ["logs", "running"]):
-        outs = []
+    def ledger_rows() -> list[Any]:
+        import sqlite3
+
+        conn = sqlite3.connect(str(home / "state.db"))
+        try:
+            return [conn.execute(f"SELECT * FROM {t} ORDER BY 1").fetchall() for t in ("tasks", "meta", "notes")]
+        finally:
+            conn.close()
+
+    for args in OPERATOR_RUNS:
+        seen = []
         for everything in (False, True):
+            shutil.rmtree(home, ignore_errors=True)
+            shutil.copytree(pristine, home)
             out, err = io.StringIO(), io.StringIO()
             extra = list(BUILTIN_PLUGINS) if everything else []
-            assert main(["--home", str(home), *args], plugins=[Monitor(), *extra], stdout=out, stderr=err) == 0
-            outs.append((out.getvalue(), err.getvalue()))
-        assert outs[0] == outs[1], args
-    assert called and called <= set(VIEWING_HOOKS), sorted(called - set(VIEWING_HOOKS))
+            monitor = Monitor()
+            code = main(["--home", str(home), *args], plugins=[monitor, *extra], stdout=out, stderr=err)
+            assert (monitor.pm.get_plugin("worktree") is not None) == everything, args
+            events = [json.loads(ln)["type"] for ln in (home / "events.ndjson").read_text().splitlines()] \
+                if (home / "events.ndjson").exists() else []
+            rows = [[r[:8] for r in rows] for rows in ledger_rows()]  # not the times of a change
+            seen.append((code, out.getvalue(), err.getvalue(), events, rows))
+        assert seen[0] == seen[1], args
+    assert called and called <= set(OPERATOR_HOOKS), sorted(called - set(OPERATOR_HOOKS))
+    assert {"fleetrun_hosts", "fleetrun_status_reason", "fleetrun_transition"} <= called
 
 
-def test_a_viewing_verb_reading_config_toml_loads_the_builtins_it_left_out(tmp_path: Path) -> None:
+def test_an_operator_verb_reading_config_toml_loads_the_builtins_it_left_out(tmp_path: Path) -> None:
     """The built-ins ``status`` does not load still declare their ``config.toml`` keys
     when something reads it (a peer's heartbeat setting, a third-party plugin): their
     tables are checked as in any run, never called unknown."""
     import argparse
 
     from fleetrun.config import Config
-    from fleetrun.pluginmanager import VIEWING_PLUGINS, FleetPluginManager
+    from fleetrun.pluginmanager import OPERATOR_PLUGINS, FleetPluginManager
 
     home = tmp_path / "home"
     home.mkdir()
     (home / "config.toml").write_text('[claude]\nexecutable = "claude"\n[worktree]\ncommit_message = "x"\n')
     pm = FleetPluginManager()
-    pm.consider_builtins(only=VIEWING_PLUGINS)
+    pm.consider_builtins(only=OPERATOR_PLUGINS)
     assert pm.get_plugin("claude") is None
     config = Config(pm, argparse.Namespace(verb="status"), home)
     assert config.setting("claude", "executable") == "claude"
     assert pm.get_plugin("claude") is not None and pm.get_plugin("worktree") is not None
-    (home / "config.toml").write_text('[claude]\nexecutable = 3\n')
+    (home / "config.toml").write_text("[claude]\nexecutable = 3\n")
     pm = FleetPluginManager()
-    pm.consider_builtins(only=VIEWING_PLUGINS)
+    pm.consider_builtins(only=OPERATOR_PLUGINS)
     with pytest.raises(Exception, match="executable"):
         Config(pm, argparse.Namespace(verb="status"), home).settings  # noqa: B018
