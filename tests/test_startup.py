@@ -281,26 +281,24 @@ def test_the_builtins_an_operator_verb_loads_are_all_that_take_part_in_it(tmp_pa
     assert {"fleetrun_hosts", "fleetrun_status_reason", "fleetrun_transition"} <= called
 
 
-def test_an_operator_verb_reading_config_toml_loads_the_builtins_it_left_out(tmp_path: Path) -> None:
-    """The built-ins ``status`` does not load still declare their ``config.toml`` keys
-    when something reads it (a peer's heartbeat setting, a third-party plugin): their
-    tables are checked as in any run, never called unknown."""
-    import argparse
+def test_an_operator_verb_reading_config_toml_loads_the_builtins_it_left_out(tmp_path: Path,
+                                                                             monkeypatch: pytest.MonkeyPatch) -> None:
+    """The built-ins ``cancel`` does not load still declare their ``config.toml`` keys
+    when it reads the file (the event log's limits, as it writes the transition): the
+    tables of ``claude`` and ``worktree`` are known as in any run, so ``[events]`` is
+    read (the log rotates at 1 byte), not refused whole as unknown tables."""
+    import io
 
-    from fleetrun.config import Config
-    from fleetrun.pluginmanager import OPERATOR_PLUGINS, FleetPluginManager
+    from fleetrun.cli import main
 
+    monkeypatch.chdir(tmp_path)
     home = tmp_path / "home"
-    home.mkdir()
-    (home / "config.toml").write_text('[claude]\nexecutable = "claude"\n[worktree]\ncommit_message = "x"\n')
-    pm = FleetPluginManager()
-    pm.consider_builtins(only=OPERATOR_PLUGINS)
-    assert pm.get_plugin("claude") is None
-    config = Config(pm, argparse.Namespace(verb="status"), home)
-    assert config.setting("claude", "executable") == "claude"
-    assert pm.get_plugin("claude") is not None and pm.get_plugin("worktree") is not None
-    (home / "config.toml").write_text("[claude]\nexecutable = 3\n")
-    pm = FleetPluginManager()
-    pm.consider_builtins(only=OPERATOR_PLUGINS)
-    with pytest.raises(Exception, match="executable"):
-        Config(pm, argparse.Namespace(verb="status"), home).settings  # noqa: B018
+    a_home_with_tasks(home)
+    (home / "config.toml").write_text('[claude]\nexecutable = "claude"\n[worktree]\ncommit_message = "x"\n'
+                                      "[events]\nmax_bytes = 1\n")
+    for name in ("ready", "placed"):
+        out, err = io.StringIO(), io.StringIO()
+        assert main(["--home", str(home), "cancel", name], stdout=out, stderr=err) == 0, err.getvalue()
+        assert f"cancelled {name}" in out.getvalue()
+    assert json.loads((home / "events.ndjson.1").read_text())["task"].endswith("_0")  # ready's, rotated
+    assert json.loads((home / "events.ndjson").read_text())["task"].endswith("_2")  # placed's
