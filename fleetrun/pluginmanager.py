@@ -68,6 +68,18 @@ OPERATOR_HOOKS = (*ARGUMENT_HOOKS, "fleetrun_configure", "fleetrun_unconfigure",
 #: so its tables are checked as in any run.
 OPERATOR_PLUGINS = (*ARGUMENT_PLUGINS, "local", "verify_brain", "notify")
 
+
+def builtins_for(verb: str, only_read: bool = False) -> Optional[tuple[str, ...]]:
+    """The built-ins a command line loads: :data:`ARGUMENT_PLUGINS` when it is only read
+    (``--help``, ``--version``), :data:`OPERATOR_PLUGINS` for a verb of
+    :data:`OPERATOR_VERBS`, else None: every one.
+
+    :param verb: the core's verb the command line names (``run`` for none).
+    """
+    if only_read:
+        return ARGUMENT_PLUGINS
+    return OPERATOR_PLUGINS if verb in OPERATOR_VERBS else None
+
 #: Blocking these with ``-p no:NAME`` is a usage error: nothing works without them.
 ESSENTIAL_PLUGINS = frozenset({"collect"})
 
