@@ -62,7 +62,7 @@ def test_importtime_of_help_has_no_paramiko(tmp_path: Path) -> None:
 #: the ledger, git, the loop, the agents' readers, the built-ins that declare no verb,
 #: option or hook, and the standard library's heavy parts only they need
 #: (``bench/startup.py`` checks the same list, and times it).
-NOT_FOR_HELP = {"sqlite3", "importlib.metadata", "psutil", "socket", "subprocess", "hashlib", "tomllib",
+NOT_FOR_HELP = {"sqlite3", "importlib.metadata", "psutil", "socket", "subprocess", "hashlib", "tomllib", "datetime",
                 "threading", "uuid", "fleetrun.ledger", "fleetrun.gitutil", "fleetrun.loop", "fleetrun.claudecli",
                 "fleetrun.collect", "fleetrun.reports", "fleetrun.hosts"}
 #: The built-ins ``--help`` and ``--version`` load: those declaring verbs, options or hooks.
