@@ -3,6 +3,10 @@
 Each command runs ``--runs`` times (default 20) as ``python -m fleetrun ...`` with the
 running interpreter and a fresh ``FLEETRUN_HOME``, next to ``python -c pass`` (the
 interpreter's own start-up) as the baseline; the medians and the ratios are printed.
+``status`` and ``logs TASK`` also run on a home with ``--tasks`` tasks (default 10,000:
+a twentieth of them placed, here and on a peer no plugin provides), with their ratios
+to ``python -c "import sqlite3"`` too (issue 16's goal: ``status`` at 10,000 tasks
+within 3x of it).
 With ``--script`` the ``fleetrun`` console script next to the interpreter is timed too
 (a version manager's shim on PATH, such as pyenv's, adds ~90 ms on top of that).
 
@@ -35,14 +39,41 @@ from pathlib import Path
 from typing import Optional
 
 COMMANDS = [["--help"], ["--version"], ["status"]]
+#: Run on the home with tasks (``TASK`` is one of them).
+TASK_COMMANDS = [["status"], ["logs", "TASK"]]
 #: Modules a start-up command must not import (they belong to running tasks / peers).
 HEAVY = ("paramiko", "pexpect")
 #: What ``--help`` and ``--version`` must not import either: they only read the command
 #: line (tests/test_startup.py checks the same list).
 NOT_FOR_HELP = ("sqlite3", "fleetrun.ledger", "fleetrun.gitutil", "fleetrun.loop", "fleetrun.claudecli",
                 "fleetrun.plugins.worktree", "importlib.metadata", "psutil", "socket", "subprocess")
+#: What ``status`` and ``logs`` must not import on a home with tasks (tests/test_startup.py
+#: checks a longer list).
+NOT_FOR_VIEWING = ("subprocess", "uuid", "socket", "threading", "hashlib", "fleetrun.gitutil", "fleetrun.loop",
+                   "fleetrun.claudecli", "fleetrun.placement", "fleetrun.plugins.worktree",
+                   "fleetrun.plugins.relay.protocol", "importlib.metadata")
 #: The goal: each command within this ratio of ``python -c pass``.
 GOAL = 2.0
+#: The goal of ``status`` at 10,000 tasks: within this ratio of ``python -c "import sqlite3"``.
+SQLITE_GOAL = 3.0
+
+
+def make_home(home: Path, n: int) -> str:
+    """A ledger of ``n`` tasks in ``home``: most READY, a twentieth placed (on this
+    machine, a third of them on ``mini``, a peer no plugin provides), half of those
+    RUNNING. Returns the name of a running task (for ``logs``)."""
+    from fleetrun.ledger import Ledger
+    from fleetrun.states import State
+    from fleetrun.taskspec import TaskSpec
+
+    with Ledger(home / "state.db") as led:
+        tasks = led.add_tasks([TaskSpec(name=f"t{i}", prompt=f"do thing {i}", cwd="/repo") for i in range(n)])
+        for i, t in enumerate(tasks[:max(3, n // 20)]):
+            host = "mini" if i % 3 == 0 else "local"
+            led.lease(t.id, State.READY, host, "fresh")
+            if i % 2:
+                led.transition(t.id, State.ASSIGNED, State.RUNNING, "started", 1, host)
+    return tasks[1].name
 
 
 def once(argv: list[str], env: dict[str, str]) -> tuple[float, float]:
@@ -91,6 +122,8 @@ def main(argv: Optional[list[str]] = None) -> int:
     parser.add_argument("--runs", type=int, default=20, help="runs per command (default 20)")
     parser.add_argument("--script", action="store_true",
                         help="also time the fleetrun console script installed next to the interpreter")
+    parser.add_argument("--tasks", type=int, default=10_000,
+                        help="tasks in the ledger status and logs read (default 10000)")
     parser.add_argument("--top", type=int, default=8, help="slowest imports to list per command (default 8)")
     parser.add_argument("--against", metavar="DIR",
                         help="also time the fleetrun of another checkout (put first on PYTHONPATH), interleaved")
@@ -103,13 +136,23 @@ def main(argv: Optional[list[str]] = None) -> int:
         env = dict(os.environ, FLEETRUN_HOME=str(Path(tmp) / "home"), PYTHONPYCACHEPREFIX=str(Path(tmp) / "pycache"))
         env.pop("PYTHONPROFILEIMPORTTIME", None)
         env.pop("PYTHONDONTWRITEBYTECODE", None)
-        ways = [("python -c pass", [sys.executable, "-c", "pass"], env)]
+        full = dict(env, FLEETRUN_HOME=str(Path(tmp) / "home-tasks"))
+        task = make_home(Path(full["FLEETRUN_HOME"]), max(3, args.tasks))
+        tasked = [[task if w == "TASK" else w for w in cmd] for cmd in TASK_COMMANDS]
+        at = f" ({args.tasks} tasks)"
+        ways = [("python -c pass", [sys.executable, "-c", "pass"], env),
+                ('python -c "import sqlite3"', [sys.executable, "-c", "import sqlite3"], env)]
         ways += [(f"python -m fleetrun {' '.join(cmd)}", [sys.executable, "-m", "fleetrun", *cmd], env)
                  for cmd in COMMANDS]
+        ways += [(f"python -m fleetrun {' '.join(cmd)}{at}", [sys.executable, "-m", "fleetrun", *cmd], full)
+                 for cmd in tasked]
         if args.against:
             old = dict(env, PYTHONPATH=os.pathsep.join(filter(None, [args.against, env.get("PYTHONPATH")])))
+            old_full = dict(old, FLEETRUN_HOME=full["FLEETRUN_HOME"])
             ways += [(f"  {' '.join(cmd)} of {Path(args.against).name}", [sys.executable, "-m", "fleetrun", *cmd], old)
                      for cmd in COMMANDS]
+            ways += [(f"  {' '.join(cmd)[:14]}{at} of {Path(args.against).name}",
+                      [sys.executable, "-m", "fleetrun", *cmd], old_full) for cmd in tasked]
         script = Path(sys.executable).with_name("fleetrun")
         if args.script:
             if script.exists():
@@ -121,24 +164,30 @@ def main(argv: Optional[list[str]] = None) -> int:
             once(argv_, env_)  # warm the page cache and write the byte-code
         rows = interleaved(ways, args.runs)
         base = rows["python -c pass"]
+        lite = rows['python -c "import sqlite3"']
 
         print(f"python {sys.version.split()[0]} ({sys.executable}), {args.runs} runs each, interleaved, "
               "fresh FLEETRUN_HOME")
-        print(f"{'command':<48} {'wall':>9} {'ratio':>7} {'cpu':>9} {'ratio':>7}  (medians; goal <= {GOAL:.1f}x)")
+        print(f"{'command':<52} {'wall':>9} {'ratio':>7} {'cpu':>9} {'ratio':>7} {'wall':>7} {'cpu':>7}")
+        print(f"{'':<52} {'':>9} {'vs pass':>7} {'':>9} {'vs pass':>7} {'vs sqlite3':>15}  "
+              f"(medians; goals <= {GOAL:.1f}x pass, status <= {SQLITE_GOAL:.1f}x sqlite3)")
         for name, (wall, cpu) in rows.items():
-            print(f"{name:<48} {wall * 1000:7.1f}ms {wall / base[0]:6.2f}x {cpu * 1000:7.1f}ms {cpu / base[1]:6.2f}x")
+            print(f"{name:<52} {wall * 1000:7.1f}ms {wall / base[0]:6.2f}x {cpu * 1000:7.1f}ms {cpu / base[1]:6.2f}x "
+                  f"{wall / lite[0]:6.2f}x {cpu / lite[1]:6.2f}x")
 
         print()
-        for cmd in COMMANDS:
-            imports = importtime(cmd, env)
+        for cmd, cmd_env in [*((c, env) for c in COMMANDS), *((c, full) for c in tasked)]:
+            imports = importtime(cmd, cmd_env)
             mods = {m.strip() for _, _, m in imports}
             bad = sorted(m for m in mods if m.split(".")[0] in HEAVY)
-            if cmd != ["status"]:
+            if cmd_env is env and cmd != ["status"]:
                 bad += sorted(m for m in mods if m in NOT_FOR_HELP)
+            if cmd_env is full:
+                bad += sorted(m for m in mods if m in NOT_FOR_VIEWING)
             total = sum(s for s, _, _ in imports)
             ours = len([m for m in mods if m.startswith("fleetrun")])
             verdict = f"imports {', '.join(bad)}: FAIL" if bad else "nothing it must not: ok"
-            print(f"fleetrun {' '.join(cmd)}: {len(mods)} modules ({ours} of fleetrun's), {total / 1000:.1f}ms "
+            print(f"fleetrun {' '.join(cmd)}{at if cmd_env is full else ''}: {len(mods)} modules ({ours} of fleetrun's), {total / 1000:.1f}ms "
                   f"importing; {verdict}")
             failed = failed or bool(bad)
             top = sorted((r for r in imports if r[2].strip().startswith("fleetrun")

@@ -316,13 +316,15 @@ def _configure(args: list[str], plugins: Optional[list[Any]], out: TextIO, err: 
     only read: of the built-in plugins, only those that declare verbs, options or hooks
     are loaded (:data:`~fleetrun.pluginmanager.ARGUMENT_PLUGINS`), so that it answers
     without importing the rest of fleetrun (the ledger, git, Claude Code's reader...).
+    An operator's verb that touches no stage of a task (``status``, ``cancel``...) loads
+    only the built-ins taking part in it (:func:`~fleetrun.pluginmanager.builtins_for`).
 
     :param all_plugins: load every plugin, whatever the command line says.
     :return: the config and the verb's ``run``, or an exit code (``--version``).
     """
     from .commands import BUILTIN_VERBS
     from .config import Parser
-    from .pluginmanager import ARGUMENT_PLUGINS, FleetPluginManager
+    from .pluginmanager import FleetPluginManager, builtins_for
     from .verbs import build_registry
 
     project, addopts = _project_addopts(args)
@@ -336,7 +338,9 @@ def _configure(args: list[str], plugins: Optional[list[Any]], out: TextIO, err: 
             pm.consider_pluginarg(a)
     for name in filter(None, (os.environ.get("FLEETRUN_PLUGINS") or "").split(",")):
         pm.consider_pluginarg(name.strip())
-    pm.consider_builtins(only=ARGUMENT_PLUGINS if only_read else None)
+    # the first word that is no option, whatever the plugins add (none takes a core verb)
+    core_verb = _split_verb(args, [d.name for d in BUILTIN_VERBS])[0]
+    pm.consider_builtins(only=None if all_plugins else builtins_for(core_verb, only_read))
     pm.consider_entry_points()
     for a in pargs:
         if not a.startswith("no:"):

@@ -134,6 +134,10 @@ class Config:
         """``config.toml``, under the project file's tables, under the tasks files'
         top-level tables: key by key, the later wins (the command line's options win
         over all three where a plugin reads both)."""
+        if self._settings is None and self.project is None and not (self.home / "config.toml").exists():
+            # nothing to check, so no plugin's keys are asked for: an operator's verb
+            # (`cancel` writing its events) keeps to the built-ins it loaded
+            self._settings = {}
         if self._settings is None:
             decls, skip = self.config_keys(), self._blocks_a_plugin()
             home = load_config_toml(self.home / "config.toml", decls, skip_unknown_tables=skip)
@@ -144,6 +148,9 @@ class Config:
     def config_keys(self) -> list[ConfigKey]:
         """The core's ``config.toml`` keys and every loaded plugin's (``fleetrun_config_keys``)."""
         decls = list(CORE_CONFIG_KEYS)
+        # an operator's verb (status, cancel...) loaded only the built-ins taking part in
+        # it: the others declare keys too, so config.toml reads as it does in any run
+        self.pluginmanager.load_deferred()
         for result in self.hook.fleetrun_config_keys(config=self):
             decls.extend(result or ())
         return decls

@@ -15,7 +15,6 @@ from __future__ import annotations
 
 import json
 import os
-import secrets
 import sqlite3
 import time
 from typing import TYPE_CHECKING, Any, Callable, Optional
@@ -45,6 +44,8 @@ __all__ = [
 
 def new_token() -> str:
     """A short id unique across processes: milliseconds (base 36) plus 24 random bits."""
+    import secrets  # here: its hashlib and random are for writers, not for `status`
+
     ms = int(time.time() * 1000)
     digits = ""
     alphabet = "0123456789abcdefghijklmnopqrstuvwxyz"

@@ -5,7 +5,6 @@ from __future__ import annotations
 
 import json
 import os
-import socket
 import time
 from pathlib import Path
 from typing import Any, Optional
@@ -109,6 +108,8 @@ def sock_path(home: Path) -> str:
 
 def wake_loop(home: Path) -> None:
     """Tell a running loop to look at the ledger now (``fleetrun queue`` does)."""
+    import socket  # here: `status` reads the liveness file only
+
     try:
         s = socket.socket(socket.AF_UNIX, socket.SOCK_DGRAM)
         try:

@@ -50,6 +50,36 @@ BUILTIN_PLUGINS: dict[str, str] = {
 ARGUMENT_PLUGINS = ("relay", "mailbox", "terminal", "events", "junitxml")
 ARGUMENT_HOOKS = ("fleetrun_verbs", "fleetrun_addoption", "fleetrun_addhooks")
 
+#: The operator's verbs that touch no stage of a task (no workspace, agent, prompt,
+#: verifier or placement): reading the ledger (``status``, ``logs``), moving tasks in it
+#: (``cancel``, ``retry``), ``drain``/``undrain`` and ``gc``. They load only the
+#: built-ins taking part in them, :data:`OPERATOR_PLUGINS` (the rest would import git,
+#: Claude Code's reader, the loop's placement... for nothing). ``approve`` is not one:
+#: it asks for the handoff and the cleanup of a workspace.
+OPERATOR_VERBS = ("status", "logs", "cancel", "retry", "drain", "undrain", "gc")
+#: The hooks those verbs call: the command line's, the run's start and end, the hosts
+#: (a task on a host no plugin provides says so; ``cancel`` stops an attempt on its
+#: host), the hosts' own reasons, and every state change.
+OPERATOR_HOOKS = (*ARGUMENT_HOOKS, "fleetrun_configure", "fleetrun_unconfigure", "fleetrun_hosts",
+                  "fleetrun_status_reason", "fleetrun_transition")
+#: The built-ins implementing a hook of :data:`OPERATOR_HOOKS` (tests/test_startup.py
+#: checks the two agree, and that those verbs call no other hook). The others are
+#: loaded when ``config.toml`` is read after all (:meth:`FleetPluginManager.load_deferred`),
+#: so its tables are checked as in any run.
+OPERATOR_PLUGINS = (*ARGUMENT_PLUGINS, "local", "verify_brain", "notify")
+
+
+def builtins_for(verb: str, only_read: bool = False) -> Optional[tuple[str, ...]]:
+    """The built-ins a command line loads: :data:`ARGUMENT_PLUGINS` when it is only read
+    (``--help``, ``--version``), :data:`OPERATOR_PLUGINS` for a verb of
+    :data:`OPERATOR_VERBS`, else None: every one.
+
+    :param verb: the core's verb the command line names (``run`` for none).
+    """
+    if only_read:
+        return ARGUMENT_PLUGINS
+    return OPERATOR_PLUGINS if verb in OPERATOR_VERBS else None
+
 #: Blocking these with ``-p no:NAME`` is a usage error: nothing works without them.
 ESSENTIAL_PLUGINS = frozenset({"collect"})
 
@@ -78,6 +108,7 @@ class FleetPluginManager(pluggy.PluginManager):
         # the package exports the marker as ``fleetrun.hookspec``, shadowing the module name
         self.add_hookspecs(importlib.import_module("fleetrun.hookspec"))
         self._fleetconfs: list[Path] = []
+        self._deferred: list[tuple[str, str]] = []  # built-ins left out by consider_builtins(only=...)
         # historic: every plugin registered from now on gets it once, as in pytest
         self.hook.fleetrun_addhooks.call_historic(kwargs={"pluginmanager": self})
 
@@ -155,11 +186,24 @@ class FleetPluginManager(pluggy.PluginManager):
 
     def consider_builtins(self, blocked: Iterable[str] = (), only: Optional[Iterable[str]] = None) -> None:
         """Load the built-in plugins (but those in ``blocked``); with ``only``, just those
-        named there (:data:`ARGUMENT_PLUGINS`: a command line that is only read)."""
+        named there (:data:`ARGUMENT_PLUGINS`: a command line that is only read;
+        :data:`OPERATOR_PLUGINS`: an operator's verb), the others kept for
+        :meth:`load_deferred`."""
         wanted = set(only) if only is not None else None
         for name, modname in BUILTIN_PLUGINS.items():
-            if name in blocked or (wanted is not None and name not in wanted):
+            if name in blocked:
                 continue
+            if wanted is not None and name not in wanted:
+                self._deferred.append((name, modname))
+                continue
+            self.import_plugin(modname, name)
+
+    def load_deferred(self) -> None:
+        """Load the built-ins :meth:`consider_builtins` left out (none but blocked ones
+        stay out): what needs every plugin's declarations, ``config.toml``'s keys, asks
+        for them first."""
+        deferred, self._deferred = self._deferred, []
+        for name, modname in deferred:
             self.import_plugin(modname, name)
 
     def consider_entry_points(self) -> None:

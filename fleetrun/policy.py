@@ -7,7 +7,6 @@ a negative number is a :class:`~fleetrun.UsageError` naming the file, line and k
 
 from __future__ import annotations
 
-import difflib
 import math
 from dataclasses import dataclass, field, fields
 from pathlib import Path
@@ -96,6 +95,8 @@ def _tname(types: tuple[type, ...]) -> str:
 
 
 def _unknown(key: str, known: list[str]) -> str:
+    import difflib  # only for a misspelt key
+
     close = difflib.get_close_matches(key, known, n=1)
     if close:
         return f"unknown key (did you mean '{close[0]}'?)"

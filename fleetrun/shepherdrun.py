@@ -12,7 +12,6 @@ Standard library only, as the peer's ``host start`` uses it too.
 
 from __future__ import annotations
 
-import hashlib
 import os
 import sys
 import time
@@ -40,6 +39,7 @@ def compiled(cache: Path, source: str = SHEPHERD_PATH) -> Optional[str]:
     :return: the ``.pyc`` path; None when it cannot be made (no room, a read-only home, a
         source that does not compile): the caller runs the source.
     """
+    import hashlib  # here: `status` makes a LocalHost and starts no shepherd
     from importlib.util import MAGIC_NUMBER
 
     try:

@@ -9,6 +9,7 @@ import os
 import subprocess
 import sys
 from pathlib import Path
+from typing import Any
 
 import pytest
 
@@ -61,7 +62,7 @@ def test_importtime_of_help_has_no_paramiko(tmp_path: Path) -> None:
 #: the ledger, git, the loop, the agents' readers, the built-ins that declare no verb,
 #: option or hook, and the standard library's heavy parts only they need
 #: (``bench/startup.py`` checks the same list, and times it).
-NOT_FOR_HELP = {"sqlite3", "importlib.metadata", "psutil", "socket", "subprocess", "hashlib", "tomllib",
+NOT_FOR_HELP = {"sqlite3", "importlib.metadata", "psutil", "socket", "subprocess", "hashlib", "tomllib", "datetime",
                 "threading", "uuid", "fleetrun.ledger", "fleetrun.gitutil", "fleetrun.loop", "fleetrun.claudecli",
                 "fleetrun.collect", "fleetrun.reports", "fleetrun.hosts"}
 #: The built-ins ``--help`` and ``--version`` load: those declaring verbs, options or hooks.
@@ -150,3 +151,154 @@ def test_the_builtins_loaded_to_read_a_command_line_are_all_that_take_part_in_it
                    for impl in getattr(pm.hook, hook).get_hookimpls()}
     assert taking_part == set(ARGUMENT_PLUGINS)
     assert all(importlib.import_module(BUILTIN_PLUGINS[n]) for n in ARGUMENT_PLUGINS)
+
+
+#: What the operator's verbs that touch no stage of a task (``status``, ``logs``,
+#: ``cancel``, ``drain``...) must not import, on a home with tasks on this machine and on
+#: a peer no plugin provides: git, the loop and its placement, Claude Code's reader, the
+#: diff a reviewer is shown, the relay's wire, SSH and its worker, notifications, and
+#: the standard library's parts only those need (``bench/startup.py`` checks a part of
+#: the list, and times it).
+NOT_FOR_OPERATOR = {"subprocess", "uuid", "socket", "threading", "hashlib", "secrets", "psutil", "apprise",
+                    "importlib.metadata", "fleetrun.gitutil", "fleetrun.depmerge", "fleetrun.loop",
+                    "fleetrun.claudecli", "fleetrun.claudeopts", "fleetrun.collect", "fleetrun.placement",
+                    "fleetrun.outcomes", "fleetrun.reports", "fleetrun.diffutil", "fleetrun.procutil",
+                    "fleetrun.probe", "fleetrun.plugins.relay.protocol", "fleetrun.plugins.relay.supervisor",
+                    "fleetrun.plugins.relay.transport", "fleetrun.plugins.relay.worker",
+                    "fleetrun.plugins.notify.sender"}
+#: Each verb of ``OPERATOR_VERBS`` as the tests below run it on that home.
+OPERATOR_RUNS = [["status"], ["status", "--json"], ["status", "--graph"], ["logs", "running"],
+                 ["cancel", "running"], ["retry", "--state", "cancelled"], ["drain"], ["undrain"], ["gc"]]
+
+
+def a_home_with_tasks(home: Path) -> None:
+    """Tasks waiting, running here, placed on a peer that no plugin provides (no
+    peers.toml), and cancelled: ``status`` asks the hosts and the hosts' plugins about
+    the placed ones, ``cancel`` stops an attempt, ``retry`` takes a cancelled one back.
+    Made three days ago, so that an age printed is the same a second later."""
+    import sqlite3
+
+    from fleetrun.ledger import Ledger
+    from fleetrun.states import State
+    from fleetrun.taskspec import TaskSpec
+
+    with Ledger(home / "state.db") as led:
+        ready, running, placed, gone = led.add_tasks([TaskSpec(name=n, prompt="p", cwd="/repo")
+                                                      for n in ("ready", "running", "placed", "gone")])
+        led.lease(running.id, State.READY, "local", "fresh")
+        led.transition(running.id, State.ASSIGNED, State.RUNNING, "started", 1, "local")
+        led.lease(placed.id, State.READY, "mini", "fresh")
+        led.transition(gone.id, State.READY, State.CANCELLED, "operator_cancel")
+        led.add_note(ready.id, "a note")
+    conn = sqlite3.connect(str(home / "state.db"))
+    with conn:
+        conn.execute("UPDATE tasks SET created = created - 3 * 86400")
+    conn.close()
+
+
+@pytest.mark.parametrize("args", OPERATOR_RUNS[:5] + OPERATOR_RUNS[6:7], ids=" ".join)
+def test_operator_verbs_import_only_what_they_need(tmp_path: Path, args: list[str]) -> None:
+    from fleetrun.pluginmanager import BUILTIN_PLUGINS, OPERATOR_PLUGINS
+
+    a_home_with_tasks(tmp_path / "home")
+    got, out = modules_of(args, tmp_path)
+    assert got["code"] == 0, out
+    modules = set(got["modules"])
+    assert {"fleetrun.ledger", "sqlite3"} <= modules  # it did open the ledger
+    if args == ["status"]:  # and asked the hosts: the peer no plugin provides is said
+        assert "fleetrun.hosts" in modules and "no peer named 'mini'" in out
+    if args[0] == "cancel":
+        assert "cancelled running" in out
+    assert not modules & NOT_FOR_OPERATOR, sorted(modules & NOT_FOR_OPERATOR)
+    builtins = {m for m in modules if m in BUILTIN_PLUGINS.values()}
+    assert builtins == {BUILTIN_PLUGINS[n] for n in OPERATOR_PLUGINS}
+
+
+def test_the_builtins_an_operator_verb_loads_are_all_that_take_part_in_it(tmp_path: Path,
+                                                                          monkeypatch: pytest.MonkeyPatch) -> None:
+    """``OPERATOR_PLUGINS`` is every built-in implementing a hook of ``OPERATOR_HOOKS``,
+    and the verbs of ``OPERATOR_VERBS`` call no other hook: what they print and what
+    they leave in the home is what they do with every built-in loaded, byte for byte."""
+    import io
+    import shutil
+
+    from fleetrun import hookimpl
+    from fleetrun.cli import main
+    from fleetrun.pluginmanager import (
+        BUILTIN_PLUGINS,
+        OPERATOR_HOOKS,
+        OPERATOR_PLUGINS,
+        OPERATOR_VERBS,
+        FleetPluginManager,
+    )
+
+    pm = FleetPluginManager()
+    pm.consider_builtins()
+    taking_part = {pm.get_name(impl.plugin) for hook in OPERATOR_HOOKS
+                   for impl in getattr(pm.hook, hook).get_hookimpls()}
+    assert taking_part == set(OPERATOR_PLUGINS)
+    assert {a[0] for a in OPERATOR_RUNS} == set(OPERATOR_VERBS)
+
+    home, pristine = tmp_path / "home", tmp_path / "pristine"
+    a_home_with_tasks(pristine)
+    monkeypatch.chdir(tmp_path)  # no project file: nothing makes the verbs load every built-in
+    called: set[str] = set()
+
+    class Monitor:
+        pm: Any = None
+
+        @hookimpl
+        def fleetrun_addhooks(self, pluginmanager: Any) -> None:  # historic: at once
+            self.pm = pluginmanager
+            pluginmanager.add_hookcall_monitoring(lambda name, impls, kw: called.add(name),
+                                                  lambda outcome, name, impls, kw: None)
+
+    def ledger_rows() -> list[Any]:
+        import sqlite3
+
+        conn = sqlite3.connect(str(home / "state.db"))
+        try:
+            return [conn.execute(f"SELECT * FROM {t} ORDER BY 1").fetchall() for t in ("tasks", "meta", "notes")]
+        finally:
+            conn.close()
+
+    for args in OPERATOR_RUNS:
+        seen = []
+        for everything in (False, True):
+            shutil.rmtree(home, ignore_errors=True)
+            shutil.copytree(pristine, home)
+            out, err = io.StringIO(), io.StringIO()
+            extra = list(BUILTIN_PLUGINS) if everything else []
+            monitor = Monitor()
+            code = main(["--home", str(home), *args], plugins=[monitor, *extra], stdout=out, stderr=err)
+            assert (monitor.pm.get_plugin("worktree") is not None) == everything, args
+            events = [json.loads(ln)["type"] for ln in (home / "events.ndjson").read_text().splitlines()] \
+                if (home / "events.ndjson").exists() else []
+            rows = [[r[:8] for r in rows] for rows in ledger_rows()]  # not the times of a change
+            seen.append((code, out.getvalue(), err.getvalue(), events, rows))
+        assert seen[0] == seen[1], args
+    assert called and called <= set(OPERATOR_HOOKS), sorted(called - set(OPERATOR_HOOKS))
+    assert {"fleetrun_hosts", "fleetrun_status_reason", "fleetrun_transition"} <= called
+
+
+def test_an_operator_verb_reading_config_toml_loads_the_builtins_it_left_out(tmp_path: Path,
+                                                                             monkeypatch: pytest.MonkeyPatch) -> None:
+    """The built-ins ``cancel`` does not load still declare their ``config.toml`` keys
+    when it reads the file (the event log's limits, as it writes the transition): the
+    tables of ``claude`` and ``worktree`` are known as in any run, so ``[events]`` is
+    read (the log rotates at 1 byte), not refused whole as unknown tables."""
+    import io
+
+    from fleetrun.cli import main
+
+    monkeypatch.chdir(tmp_path)
+    home = tmp_path / "home"
+    a_home_with_tasks(home)
+    (home / "config.toml").write_text('[claude]\nexecutable = "claude"\n[worktree]\ncommit_message = "x"\n'
+                                      "[events]\nmax_bytes = 1\n")
+    for name in ("ready", "placed"):
+        out, err = io.StringIO(), io.StringIO()
+        assert main(["--home", str(home), "cancel", name], stdout=out, stderr=err) == 0, err.getvalue()
+        assert f"cancelled {name}" in out.getvalue()
+    assert json.loads((home / "events.ndjson.1").read_text())["task"].endswith("_0")  # ready's, rotated
+    assert json.loads((home / "events.ndjson").read_text())["task"].endswith("_2")  # placed's

@@ -14,11 +14,10 @@ from __future__ import annotations
 from typing import TYPE_CHECKING, Any, Optional
 
 from ..hookimpl import hookimpl
-from ..hosts import LocalHost
-from ..reports import Candidate
 
 if TYPE_CHECKING:
     from ..config import Config
+    from ..reports import Candidate
 
 
 def measure(config: Config) -> Optional[Candidate]:
@@ -30,4 +29,6 @@ def measure(config: Config) -> Optional[Candidate]:
 
 @hookimpl(trylast=True)
 def fleetrun_hosts(config: Config) -> list[Any]:
+    from ..hosts import LocalHost  # asked only by what looks attempts up (not by --help)
+
     return [LocalHost(config.home, measure=measure)]

@@ -27,28 +27,22 @@ from __future__ import annotations
 
 import json
 import os
-import threading
 import time
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Callable, Optional, Union
 
 from .. import untrusted
-from ..diffutil import (
-    DEFAULT_MAX_DIFF_BYTES,
-    local_workspace,
-    parse_reply,
-    review_prompt,
-    task_diff,
-)
 from ..exceptions import UsageError, UsageErrors
 from ..hookimpl import hookimpl
-from ..reports import Verdict
 
+# the diff (git), the verdict and threads are imported where a verifier runs: `status`
+# loads this plugin for its fleetrun_configure and needs none of them
 if TYPE_CHECKING:
     import urllib.error
     import urllib.request
 
     from ..config import Config
+    from ..reports import Verdict
 
 DEFAULT_URL = "http://127.0.0.1:11434"
 DEFAULT_TIMEOUT_S = 120.0
@@ -376,6 +370,8 @@ class BrainHandle:
         self.started = time.monotonic()
         self.timeout = min(float(settings.get("timeout_s", DEFAULT_TIMEOUT_S)), float(verifier.timeout_s))
         self.deadline = self.started + self.timeout
+        import threading
+
         self.verdict: Optional[Verdict] = None
         self._result: Optional[Verdict] = None
         self._lock = threading.Lock()
@@ -408,6 +404,8 @@ class BrainHandle:
         if bad:
             key, msg = bad[0]
             return self._make(False, f"[brain] {key}: {msg}")
+        from ..diffutil import DEFAULT_MAX_DIFF_BYTES, parse_reply, review_prompt, task_diff
+
         limit = int(self.settings.get("max_diff_bytes", DEFAULT_MAX_DIFF_BYTES))
         diff = task_diff(self.workspace, getattr(self.workspace, "base_ref", None), limit)
         prompt = review_prompt(self.task_prompt, diff, self.verifier.text, INTRO)
@@ -429,6 +427,8 @@ class BrainHandle:
     # the main thread ----------------------------------------------------------------
 
     def _make(self, passed: bool, reason: str, output: str = "") -> Verdict:
+        from ..reports import Verdict
+
         if len(output.encode("utf-8", "replace")) > KEEP_BYTES:
             output = output.encode("utf-8", "replace")[:KEEP_BYTES].decode("utf-8", "ignore")
         return Verdict(passed=passed, kind="brain", label=self.verifier.label, reason=reason, output=output,
@@ -472,6 +472,9 @@ def fleetrun_verify(task: Any, verifier: Any, workspace: Any, attempt: Any,
                     config: Config) -> Optional[Union[BrainHandle, Verdict]]:
     if verifier.kind != "brain":
         return None
+    from ..diffutil import local_workspace
+    from ..reports import Verdict
+
     local = local_workspace(config, task, attempt, workspace, verifier)
     if isinstance(local, Verdict):
         return local

@@ -16,7 +16,6 @@ import json
 import math
 import os
 import time
-from datetime import datetime, timezone
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Optional
 
@@ -68,6 +67,9 @@ SINKS_KEY = StashKey[Sinks]()
 
 def stamp(t: float) -> str:
     """RFC 3339, UTC, milliseconds: ``2026-12-01T16:30:00.123Z``."""
+    # here: --help and status load this plugin and write no event
+    from datetime import datetime, timezone
+
     return datetime.fromtimestamp(t, timezone.utc).isoformat(timespec="milliseconds").replace("+00:00", "Z")
 
 

@@ -25,12 +25,6 @@ from typing import TYPE_CHECKING, Any, Optional
 
 from ... import clock
 from ...hostapi import StartRefused
-from ...outcomes import (
-    MAILBOX_CLAIMED_NO_COMPLETION,
-    MAILBOX_FAILED,
-    MAILBOX_UNCLAIMED,
-    MAILBOX_WITHDRAWN,
-)
 from . import store
 
 if TYPE_CHECKING:
@@ -143,6 +137,14 @@ class MailboxHost:
 
 def status_of(msg: store.Message) -> dict[str, Any]:
     """A message as an attempt's status (:meth:`~fleetrun.Host.status`'s shape)."""
+    # here: the outcomes (and the placement they import) are the loop's, not `status`'s
+    from ...outcomes import (
+        MAILBOX_CLAIMED_NO_COMPLETION,
+        MAILBOX_FAILED,
+        MAILBOX_UNCLAIMED,
+        MAILBOX_WITHDRAWN,
+    )
+
     if msg.state in ("pending", "claimed"):
         return {"state": "running", "message": msg.state}
     ended = time.time()

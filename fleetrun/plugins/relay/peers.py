@@ -8,9 +8,6 @@ module on every ``fleetrun`` invocation, and ``fleetrun status`` must stay fast.
 
 from __future__ import annotations
 
-import base64
-import getpass
-import hashlib
 import json
 import os
 import re
@@ -23,7 +20,9 @@ from typing import Any, Optional
 
 from ...exceptions import UsageError
 from ...osutil import FileLock
-from .protocol import REQUIRED_FEATURES
+
+# the wire (protocol), SSH's config and key fingerprints are imported where they are
+# used: `status` reads peers.toml and the cached state only
 
 PEERS_FILE = "peers.toml"
 STATE_FILE = "peers-state.json"
@@ -308,6 +307,8 @@ def unusable_reason(probe: Optional[dict[str, Any]]) -> Optional[str]:
         return "did not say which fleetrun it runs"
     if _version_tuple(version) < _version_tuple(MIN_PEER_VERSION):
         return f"runs fleetrun {version}; a peer needs {MIN_PEER_VERSION} or later"
+    from .protocol import REQUIRED_FEATURES
+
     missing = [f for f in REQUIRED_FEATURES if f not in (probe.get("features") or [])]
     if missing:
         return (f"runs fleetrun {version} without {', '.join(missing)}; upgrade fleetrun there "
@@ -353,7 +354,11 @@ def resolve(address: str, key: Optional[str] = None, config_path: Optional[Path]
         opts = dict(paramiko.SSHConfig.from_path(str(path)).lookup(host))
     hostname = str(opts.get("hostname") or host)
     port = port or int(opts.get("port") or 22)
-    user = user or opts.get("user") or getpass.getuser()
+    user = user or opts.get("user")
+    if not user:
+        import getpass
+
+        user = getpass.getuser()
     ids = [os.path.expanduser(key)] if key else []
     ids += [os.path.expanduser(str(p)) for p in opts.get("identityfile") or []]
     alias = str(opts.get("hostkeyalias") or hostname)
@@ -372,6 +377,9 @@ def known_host_name(host: str, port: int) -> str:
 
 def fingerprint(key: Any) -> str:
     """OpenSSH's ``SHA256:...`` fingerprint of a paramiko key."""
+    import base64
+    import hashlib
+
     digest = hashlib.sha256(key.asbytes()).digest()
     return "SHA256:" + base64.b64encode(digest).decode().rstrip("=")
 
