@@ -11,7 +11,6 @@ from __future__ import annotations
 import json
 import os
 import re
-import secrets
 import signal
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Callable, Optional
@@ -244,6 +243,8 @@ def record_child_intent(adir: Path, name: str) -> str:
     """Before a process group for an attempt (a verifier) starts: record the marker it
     will carry in its environment (``FLEETRUN_CHILD``), so a supervisor killed after the
     start and before :func:`record_child` leaves it findable. :return: the marker."""
+    import secrets  # not on the operator's verbs' import path (tests/test_startup.py)
+
     marker = f"{name}-{secrets.token_hex(8)}"
     d = adir / CHILDREN
     d.mkdir(parents=True, exist_ok=True, mode=0o700)
