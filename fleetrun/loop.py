@@ -21,7 +21,7 @@ from contextlib import contextmanager
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Optional
 
-from . import ops
+from . import effects, ops
 from .adoption import Adoption
 from .ending import Ending
 from .exceptions import ExitCode, UsageError, is_space_error
@@ -323,6 +323,8 @@ class Loop:
         if self.queue_id is None:  # `work`: what was queued meanwhile brings its agents
             load_new_queues(self.config)
         ops.promote(self.led, self.notify)
+        effects.deliver(self.config)  # the worker's effects that are over (their notes)
+        self.starting.poll()  # workspaces made off the loop's thread
         self.ending.poll()
         self.verify.poll()
         self.setup.poll()
