@@ -304,7 +304,8 @@ class Loop:
             stopped = self.verify.cancel_all()
             setups = self.setup.cancel_all()
             self.session.final_notes.append(
-                self.interrupted_note(len(self.active_attempts()) - setups, stopped, setups))
+                self.interrupted_note(len(self.active_attempts()) - setups - self.starting.drop_preparing(),
+                                      stopped, setups))
             self.session.interrupted = True
         finally:
             if old_term is not None:

@@ -224,6 +224,15 @@ class Starting:
                 assert ws is not None
                 self.prepared(task, att, ws, host, p.kind, p.prev)
 
+    def drop_preparing(self) -> int:
+        """Ctrl-C: forget the workspaces being made (their attempts stay ``leased``: the
+        next adoption gives them up and the next attempt reuses what was made).
+
+        :return: how many there were."""
+        n = len(self.preparing)
+        self.preparing.clear()
+        return n
+
     def prepared(self, task: Task, att: Attempt, ws: Workspace, host: Any, kind: str, prev: Optional[Attempt]) -> bool:
         """The attempt's workspace is made: record it, then setup or the agent."""
         loop = self.loop
