@@ -90,10 +90,13 @@ class Effects:
         """Is an effect submitted and not yet delivered?"""
         return self.outstanding > 0
 
-    def close(self) -> None:
-        """Wait for the effects still running and deliver them (the loop has ended)."""
+    def close(self, deliver: bool = True) -> None:
+        """Wait for the effects still running and deliver them (the loop has ended).
+
+        :param deliver: False after an internal error: only wait."""
         self.pool.shutdown(wait=True)
-        self.deliver()
+        if deliver:
+            self.deliver()
 
 
 #: The run's effects, made by the work session before its loop starts (:func:`install`).
@@ -138,9 +141,10 @@ def pending(config: Config) -> bool:
     return eff is not None and eff.pending
 
 
-def uninstall(config: Config) -> None:
-    """The loop has ended: wait for what still runs, deliver it, let the threads go."""
+def uninstall(config: Config, deliver: bool = True) -> None:
+    """The loop has ended: wait for what still runs, deliver it (``deliver``), let the
+    threads go."""
     eff = config.stash.get(EFFECTS_KEY)
     if eff is not None:
         del config.stash[EFFECTS_KEY]
-        eff.close()
+        eff.close(deliver)

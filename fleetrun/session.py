@@ -135,8 +135,10 @@ def run_session(config: Config, items: Optional[list[TaskSpec]], out: TextIO, er
         loop = Loop(config, led, session, queue_id, until_idle=bool(config.getoption("until_idle")))
         try:
             code = loop.run()
-        finally:
-            effects.uninstall(config)
+        except BaseException:  # an internal error: let what runs end, report nothing more
+            effects.uninstall(config, deliver=False)
+            raise
+        effects.uninstall(config)  # what still runs ends, and its notes are written
         if kept:
             session.counts = _count_kept(session.counts, led, queue_id)
         if loop.stopping:
