@@ -126,11 +126,14 @@ def write_tasks(folder: Path, repo: Path, n: int, kind: str, script: Path) -> Pa
     return path
 
 
-def run_fleetrun(work: Path, n: int, parallel: int, kind: str, script: Path) -> dict[str, Any]:
+def run_fleetrun(work: Path, n: int, parallel: int, kind: str, script: Path,
+                 against: Optional[Path] = None) -> dict[str, Any]:
     repo = make_repo(work / "repo")
     home = work / "home"
     tasks = write_tasks(work, repo, n, kind, script)
     env = dict(os.environ, FLEETRUN_HOME=str(home))
+    if against is not None:  # the code to compare with: its fleetrun/ first on the path
+        env["PYTHONPATH"] = str(against)
     argv = [sys.executable, "-m", "fleetrun", str(tasks), "--max-tasks", str(parallel)]
     out = work / "fleetrun.out"
     with open(out, "wb") as f:
@@ -271,6 +274,9 @@ def main(argv: Optional[list[str]] = None) -> int:
     parser.add_argument("--goal", type=float, default=1.25, help="the ratio to stay under (default 1.25)")
     parser.add_argument("--dir", type=Path, default=None, help="folder for the temp files (default: system temp)")
     parser.add_argument("--keep", action="store_true", help="keep the temp folder (to look at logs and ledger)")
+    parser.add_argument("--against", type=Path, default=None,
+                        help="a folder holding another fleetrun/ (say `git archive REV fleetrun | tar -x -C DIR`): "
+                             "run it too, interleaved, as 'before'")
     args = parser.parse_args(argv)
     if args.n < 1 or args.parallel < 1 or args.repeat < 1:
         parser.error("--n, --parallel and --repeat must be at least 1")
@@ -280,12 +286,16 @@ def main(argv: Optional[list[str]] = None) -> int:
     script.write_text(PY_AGENT)
     fleet: list[dict[str, Any]] = []
     base: list[dict[str, Any]] = []
+    before: list[dict[str, Any]] = []
     print(f"{args.n} tasks, {args.parallel} at a time, {args.agent} agent, {args.repeat} run(s) each way; "
           f"python {sys.version.split()[0]}, {os.cpu_count()} cpus; temp {tmp}", flush=True)
     try:
         for r in range(args.repeat):
             # alternate which goes first, so a warm cache or a noisy neighbour favours neither
-            order = [("baseline", run_baseline, base), ("fleetrun", run_fleetrun, fleet)]
+            order: list[tuple[str, Any, list[dict[str, Any]]]] = [
+                ("baseline", run_baseline, base), ("fleetrun", run_fleetrun, fleet)]
+            if args.against is not None:
+                order.append(("before", lambda *a: run_fleetrun(*a, against=args.against.resolve()), before))
             if r % 2:
                 order.reverse()
             for name, fn, results in order:
@@ -306,6 +316,12 @@ def main(argv: Optional[list[str]] = None) -> int:
     print(f"{'':10} {'wall (median)':>14} {'per task':>10} {'cpu (median)':>14} {'per task':>10}")
     print(f"{'baseline':10} {bw:13.2f}s {bw / args.n * 1000:8.1f}ms {bc:13.2f}s {bc / args.n * 1000:8.1f}ms")
     print(f"{'fleetrun':10} {fw:13.2f}s {fw / args.n * 1000:8.1f}ms {fc:13.2f}s {fc / args.n * 1000:8.1f}ms")
+    if before:
+        ow = statistics.median(x["wall"] for x in before)
+        oc = statistics.median(x["cpu"] for x in before)
+        print(f"{'before':10} {ow:13.2f}s {ow / args.n * 1000:8.1f}ms {oc:13.2f}s {oc / args.n * 1000:8.1f}ms")
+        print(f"before     {ow / bw:13.2f}x  overhead {(ow - bw) / args.n * 1000:.1f}ms per task; "
+              f"fleetrun/before {fw / ow:.2f}x wall, {fc / oc:.2f}x cpu")
     print(f"ratio      {ratio:13.2f}x  (goal < {args.goal:g}x: {'met' if ratio < args.goal else 'NOT met'})")
     print(f"overhead   {(fw - bw) / args.n * 1000:13.1f}ms per task")
     print()

@@ -31,6 +31,7 @@ if TYPE_CHECKING:
         VerifyHandle,
         Wait,
         Workspace,
+        WorkspaceHandle,
     )
     from .taskspec import VerifySpec
 
@@ -162,7 +163,8 @@ def fleetrun_place_score(task: Task, candidate: Candidate, config: Config) -> Op
 
 
 @hookspec(firstresult=True)
-def fleetrun_prepare_workspace(task: Task, attempt: Attempt, host: Host, config: Config) -> Optional[Workspace]:
+def fleetrun_prepare_workspace(task: Task, attempt: Attempt, host: Host,
+                               config: Config) -> Union[Workspace, WorkspaceHandle, None]:
     """Make the directory the attempt runs in on ``host``, or find again the one an
     earlier attempt of the task made (a retry or a resume works in the same worktree).
 
@@ -184,7 +186,10 @@ def fleetrun_prepare_workspace(task: Task, attempt: Attempt, host: Host, config:
     :param config: the run's :class:`~fleetrun.config.Config`.
     :return: a :class:`~fleetrun.Workspace` (recorded as ``attempt.workspace``; its
         ``root``, or the ``path`` of a worktree, becomes ``task.worktree``, its
-        ``branch`` ``task.branch``), or None for a host that is not yours. With none at
+        ``branch`` ``task.branch``), or a :class:`~fleetrun.reports.WorkspaceHandle` whose
+        ``poll()`` gives it later (the ``worktree`` plugin adds a new worktree on a worker
+        of :mod:`fleetrun.effects`; the task stays ASSIGNED meanwhile), or None for a host
+        that is not yours. With none at
         all the task needs a human at once (``plugin_missing:no plugin prepared a
         workspace ...``). Raise to refuse: an exception with ``permanent = True`` (a
         bad ``git_ref``, a branch checked out elsewhere) asks a human at once

@@ -21,7 +21,7 @@ from contextlib import contextmanager
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Optional
 
-from . import ops
+from . import effects, ops
 from .adoption import Adoption
 from .ending import Ending
 from .exceptions import ExitCode, UsageError, is_space_error
@@ -333,7 +333,8 @@ class Loop:
             stopped = self.verify.cancel_all()
             setups = self.setup.cancel_all()
             self.session.final_notes.append(
-                self.interrupted_note(len(self.active_attempts()) - setups, stopped, setups))
+                self.interrupted_note(len(self.active_attempts()) - setups - self.starting.drop_preparing(),
+                                      stopped, setups))
             self.session.interrupted = True
         finally:
             if old_term is not None:
@@ -353,6 +354,8 @@ class Loop:
         if self.queue_id is None:  # `work`: what was queued meanwhile brings its agents
             load_new_queues(self.config)
         self.promote()
+        effects.deliver(self.config)  # the worker's effects that are over (their notes)
+        self.starting.poll()  # workspaces made off the loop's thread
         self.ending.poll()
         self.verify.poll()
         self.setup.poll()

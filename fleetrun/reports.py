@@ -60,6 +60,18 @@ class VerifyHandle(Protocol):
         ...
 
 
+class WorkspaceHandle(Protocol):
+    """A workspace still being made (off the loop's thread), as ``fleetrun_prepare_workspace``
+    may return it instead of a :class:`Workspace`; the loop polls it on every pass, on its
+    main thread, and is woken when it may have news (an effect of :mod:`fleetrun.effects`
+    wakes the loop when it is over)."""
+
+    def poll(self) -> Optional[Workspace]:
+        """:return: None while it is being made; then the Workspace. Raises what
+        ``fleetrun_prepare_workspace`` would have raised (a ``permanent`` error...)."""
+        ...
+
+
 @runtime_checkable
 class Cancellable(Protocol):
     """A :class:`VerifyHandle` that can be stopped early (optional)."""

@@ -7,7 +7,7 @@ from __future__ import annotations
 import time
 from typing import TYPE_CHECKING, Any, Optional, TextIO
 
-from . import heartbeats, rerun
+from . import effects, heartbeats, rerun
 from .exceptions import UsageError
 from .ledger import Ledger, open_ledger
 from .liveness import WorkLock
@@ -131,8 +131,14 @@ def run_session(config: Config, items: Optional[list[TaskSpec]], out: TextIO, er
         if items is not None and queue_id is None:
             queue_id = queue_items(config, items, kept)[0].queue_id
         heartbeats.install(config)  # host threads' heartbeats reach their hook through the loop's waits
+        effects.install(config)  # worktree add/remove off the loop's thread, their ends back as events
         loop = Loop(config, led, session, queue_id, until_idle=bool(config.getoption("until_idle")))
-        code = loop.run()
+        try:
+            code = loop.run()
+        except BaseException:  # an internal error: let what runs end, report nothing more
+            effects.uninstall(config, deliver=False)
+            raise
+        effects.uninstall(config)  # what still runs ends, and its notes are written
         if kept:
             session.counts = _count_kept(session.counts, led, queue_id)
         if loop.stopping:

@@ -11,7 +11,7 @@ from __future__ import annotations
 import os
 import time
 import types
-from dataclasses import asdict
+from dataclasses import asdict, dataclass
 from typing import TYPE_CHECKING, Any, Optional
 
 from . import clock, crash
@@ -23,7 +23,16 @@ from .ledger import Attempt, Task
 from .links import task_links
 from .liveness import sock_path
 from .procutil import task_env
-from .reports import MIN_BUDGET_USD, Candidate, Handoff, Placement, SpawnSpec, Wait, Workspace
+from .reports import (
+    MIN_BUDGET_USD,
+    Candidate,
+    Handoff,
+    Placement,
+    SpawnSpec,
+    Wait,
+    Workspace,
+    WorkspaceHandle,
+)
 from .states import ACTIVE, PLACEABLE, State
 
 if TYPE_CHECKING:
@@ -55,6 +64,17 @@ def candidates_of(config: Config) -> list[Candidate]:
     return extra + own
 
 
+@dataclass
+class Preparing:
+    """A leased attempt whose workspace is made off the loop's thread (the task stays
+    ASSIGNED, the attempt ``leased``, as while setup runs)."""
+
+    attempt: Attempt
+    handle: WorkspaceHandle
+    kind: str
+    prev: Optional[Attempt]
+
+
 class Starting:
     """Places and starts attempts for the loop. ``loop`` gives the ledger, the hooks, the
     waits, the setup stage and the way an attempt that cannot start ends
@@ -72,6 +92,7 @@ class Starting:
         self._gens: list[tuple[int, Any]] = []
         self._last = (0, 0)  # the generations the last pass ended on
         self._final = (0, 0)  # the generations as this pass's placements left them
+        self.preparing: dict[str, Preparing] = {}  # task id -> its workspace being made
 
     # -- placement ---------------------------------------------------------------------
 
@@ -246,28 +267,84 @@ class Starting:
         host = get_host(loop.config, hostname)
         try:
             ws = loop.hook.fleetrun_prepare_workspace(task=task, attempt=att, host=host, config=loop.config)
-            if ws is None:  # -p no:worktree, say: no pass will find a plugin that does
-                led.update_attempt(att.id, state="abandoned", outcome="plugin_missing", ended=time.time())
-                ending.give_up_at_once(task, att, "plugin_missing:no plugin prepared a workspace (is the worktree "
-                                                  "plugin blocked? see -p no:NAME)")
-                return False
-        except WorktreeTampered as e:  # the worktree a previous attempt left was tampered with
+        except Exception as e:
+            return self.not_prepared(task, att, host, e)
+        if ws is None:  # -p no:worktree, say: no pass will find a plugin that does
+            led.update_attempt(att.id, state="abandoned", outcome="plugin_missing", ended=time.time())
+            ending.give_up_at_once(task, att, "plugin_missing:no plugin prepared a workspace (is the worktree "
+                                              "plugin blocked? see -p no:NAME)")
+            return False
+        if not isinstance(ws, Workspace):  # being made off the loop's thread: poll() goes on
+            self.preparing[task.id] = Preparing(att, ws, kind, prev)
+            return True
+        return self.prepared(task, att, ws, host, kind, prev)
+
+    def not_prepared(self, task: Task, att: Attempt, host: Any, e: Exception) -> bool:
+        """``fleetrun_prepare_workspace`` (or its handle) raised: the attempt does not start.
+        :return: False."""
+        led = self.loop.led
+        ending = self.loop.ending
+        if isinstance(e, WorktreeTampered):  # the worktree a previous attempt left was tampered with
             led.update_attempt(att.id, state="abandoned", ended=time.time())
             ending.worktree_tampered(task, att, e, f"attempt {att.number} was not started in it")
             return False
-        except Exception as e:
-            if getattr(e, "permanent", False):  # a bad ref, a branch checked out elsewhere...
-                led.update_attempt(att.id, state="abandoned", outcome="workspace_failed", ended=time.time())
-                made = getattr(e, "workspace", None)
-                if isinstance(made, Workspace):  # made, and kept for a human (a merge stopped on a conflict)
-                    self.record_workspace(task, att, made, host)
-                cause = getattr(e, "cause", None) or f"workspace_failed:{' '.join(str(e).split()) or type(e).__name__}"
-                ending.give_up_at_once(loop.get(task.id), att, cause)
-                return False
-            led.update_attempt(att.id, state="abandoned", outcome="start_failed", ended=time.time())
-            word = "peer_refused" if isinstance(e, StartRefused) else "start_failed"
-            ending.not_started(task, att, f"{word}:{type(e).__name__ if not str(e) else e}")
+        if getattr(e, "permanent", False):  # a bad ref, a branch checked out elsewhere...
+            led.update_attempt(att.id, state="abandoned", outcome="workspace_failed", ended=time.time())
+            made = getattr(e, "workspace", None)
+            if isinstance(made, Workspace):  # made, and kept for a human (a merge stopped on a conflict)
+                self.record_workspace(task, att, made, host)
+            cause = getattr(e, "cause", None) or f"workspace_failed:{' '.join(str(e).split()) or type(e).__name__}"
+            ending.give_up_at_once(self.loop.get(task.id), att, cause)
             return False
+        led.update_attempt(att.id, state="abandoned", outcome="start_failed", ended=time.time())
+        word = "peer_refused" if isinstance(e, StartRefused) else "start_failed"
+        ending.not_started(task, att, f"{word}:{type(e).__name__ if not str(e) else e}")
+        return False
+
+    def poll(self) -> None:
+        """The workspaces being made off the loop's thread: go on with those made."""
+        loop = self.loop
+        for task_id, p in list(self.preparing.items()):
+            with loop.isolated(task_id):
+                try:
+                    ws = p.handle.poll()
+                except Exception as e:
+                    failed: Optional[Exception] = e
+                    ws = None
+                else:
+                    failed = None
+                    if ws is None:
+                        continue
+                del self.preparing[task_id]
+                task = loop.led.get(task_id)
+                att = loop.led.attempt(p.attempt.id)
+                if task is None or att is None or task.state is not State.ASSIGNED or att.state != "leased":
+                    # cancelled while it was made (or given up by a new adoption): nothing starts;
+                    # a worktree made for a task that ended is recorded, so `fleetrun gc` finds it
+                    if att is not None and att.state == "leased":
+                        loop.led.update_attempt(att.id, state="abandoned", outcome="cancelled", ended=time.time())
+                    if ws is not None and task is not None and task.state.terminal and att is not None:
+                        self.record_workspace(task, att, ws, get_host(loop.config, att.host))
+                    continue
+                host = get_host(loop.config, att.host)
+                if failed is not None:
+                    self.not_prepared(task, att, host, failed)
+                    continue
+                assert ws is not None
+                self.prepared(task, att, ws, host, p.kind, p.prev)
+
+    def drop_preparing(self) -> int:
+        """Ctrl-C: forget the workspaces being made (their attempts stay ``leased``: the
+        next adoption gives them up and the next attempt reuses what was made).
+
+        :return: how many there were."""
+        n = len(self.preparing)
+        self.preparing.clear()
+        return n
+
+    def prepared(self, task: Task, att: Attempt, ws: Workspace, host: Any, kind: str, prev: Optional[Attempt]) -> bool:
+        """The attempt's workspace is made: record it, then setup or the agent."""
+        loop = self.loop
         crash.point("after_worktree")
         self.record_workspace(task, att, ws, host)
         task = loop.get(task.id)

@@ -11,7 +11,7 @@ import select
 import time
 from typing import Any, Optional, Protocol
 
-from . import clock
+from . import clock, effects
 from .ledger import Task
 from .outcomes import PAUSE_MEMORY_S, pause_text
 from .placement import Backoff
@@ -248,6 +248,8 @@ class Waits:
         loop = self.loop
         if loop.io_error is not None:
             return False  # wait for the disk, then finish the work
+        if effects.pending(self.config):
+            return False  # a worktree still being removed: its note is the run's too
         if loop.scope_in(ACTIVE):
             return False
         if loop.stopping:

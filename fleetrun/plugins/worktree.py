@@ -19,8 +19,9 @@ rewritten, replaced or removed raises ``WorktreeTampered`` and nothing runs in i
 from __future__ import annotations
 
 import os
+from concurrent.futures import Future
 from pathlib import Path
-from typing import TYPE_CHECKING, Any, Optional
+from typing import TYPE_CHECKING, Any, Optional, Union
 
 from ..depmerge import (
     DependencyError,
@@ -30,6 +31,7 @@ from ..depmerge import (
     merge_dependencies,
     still_conflicted,
 )
+from ..effects import effects_of, run_inline
 from ..gitutil import (
     GitError,
     Pinned,
@@ -45,7 +47,7 @@ from ..gitutil import (
 from ..hookimpl import hookimpl
 from ..hostapi import Host
 from ..ledger import LEDGER_KEY
-from ..reports import Handoff, Workspace
+from ..reports import Handoff, Workspace, WorkspaceHandle
 from ..stash import StashKey
 from ..states import State
 from ..summary import clean, commit_subjects, first_summary, read_summary, summary_path
@@ -61,6 +63,8 @@ DEFAULT_COMMIT_MESSAGE = "fleetrun: uncommitted work of attempt {attempt}"
 REPOS_KEY = StashKey[dict[str, Optional[tuple[str, str]]]]()
 #: (worktree root, git folder) -> its pin, checked again before every use.
 PINS_KEY = StashKey[dict[tuple[str, str], Pinned]]()
+#: Worktrees being removed on the effects' worker (their notes come when it is over).
+REMOVING_KEY = StashKey[set[str]]()
 
 
 @hookimpl(trylast=True)
@@ -238,7 +242,8 @@ def _reuse(config: Config, task: Any, path: Path, repo: str, common: str) -> Opt
 
 
 @hookimpl(trylast=True)
-def fleetrun_prepare_workspace(task: Any, attempt: Any, host: Host, config: Config) -> Optional[Workspace]:
+def fleetrun_prepare_workspace(task: Any, attempt: Any, host: Host,
+                               config: Config) -> Union[Workspace, WorkspaceHandle, None]:
     if not host.local:
         return None  # its folders are not here: the plugin that provides it prepares it
     spec = task.spec
@@ -255,6 +260,15 @@ def fleetrun_prepare_workspace(task: Any, attempt: Any, host: Host, config: Conf
     root.mkdir(parents=True, exist_ok=True, mode=0o700)
     path = root / slug
     sub = os.path.relpath(os.path.realpath(spec.cwd), os.path.realpath(repo))
+    effects = effects_of(config)
+    if effects is not None and not spec.merges_dependencies and not os.path.lexists(path):
+        # a new worktree: git's ~25 ms run on the effects' worker, under the repository's
+        # lock, while the loop handles other tasks; a reused one is checked here, as before
+        _forget_pin(config, str(path), common)
+        fut = effects.submit(_add_locked, config.home / "locks", repo, common, branch, path, spec.git_ref)
+        return _Adding(config, fut, path, common, Workspace(
+            path=str(path / sub if sub != "." else path), branch=branch, repo=repo, base_ref=spec.git_ref,
+            is_worktree=True, root=str(path)))
     new_branch = False
     with repo_lock(config.home / "locks", repo, common=common):
         branches: list[tuple[str, str]] = []
@@ -262,22 +276,7 @@ def fleetrun_prepare_workspace(task: Any, attempt: Any, host: Host, config: Conf
             _forget_pin(config, str(path), common)
             if spec.merges_dependencies and not git(repo, "branch", "--list", "--", branch).strip():
                 branches = _dependency_branches(config, task, repo)  # before anything is made
-            try:
-                git(repo, "worktree", "add", "-b", branch, "--", str(path), spec.git_ref)
-                new_branch = True
-            except GitError as first:
-                if git(repo, "branch", "--list", "--", branch).strip():
-                    try:
-                        git(repo, "worktree", "add", "--", str(path), branch)
-                    except GitError as e:  # checked out elsewhere, say
-                        raise _git_failure(e) from None
-                else:
-                    try:
-                        git(repo, "rev-parse", "--verify", "--quiet", "--end-of-options", f"{spec.git_ref}^{{commit}}")
-                    except GitError:
-                        raise WorkspaceError(f"git_ref {spec.git_ref!r} is not a commit in {repo}",
-                                             permanent=True) from None
-                    raise _git_failure(first) from None
+            new_branch = _add(repo, branch, path, spec.git_ref)
         p = pinned(config, str(path), common)
         wpath = path / sub if sub != "." else path
         ws = Workspace(path=str(wpath), branch=branch, repo=repo, base_ref=spec.git_ref, is_worktree=True,
@@ -285,6 +284,60 @@ def fleetrun_prepare_workspace(task: Any, attempt: Any, host: Host, config: Conf
         if spec.merges_dependencies:
             _merge_dependencies(config, task, attempt, p, ws, branches if new_branch else None)
     return ws
+
+
+def _add(repo: str, branch: str, path: Path, ref: str) -> bool:
+    """``git worktree add`` of a task's worktree on its branch, made from ``ref`` (or the
+    branch as it is, when it exists already). Call under the repository's lock.
+
+    :return: True when the branch was made now.
+    :raises WorkspaceError: git refused (permanent when waiting cannot help).
+    """
+    try:
+        git(repo, "worktree", "add", "-b", branch, "--", str(path), ref)
+        return True
+    except GitError as first:
+        if git(repo, "branch", "--list", "--", branch).strip():
+            try:
+                git(repo, "worktree", "add", "--", str(path), branch)
+            except GitError as e:  # checked out elsewhere, say
+                raise _git_failure(e) from None
+            return False
+        try:
+            git(repo, "rev-parse", "--verify", "--quiet", "--end-of-options", f"{ref}^{{commit}}")
+        except GitError:
+            raise WorkspaceError(f"git_ref {ref!r} is not a commit in {repo}", permanent=True) from None
+        raise _git_failure(first) from None
+
+
+def _add_locked(locks: Path, repo: str, common: str, branch: str, path: Path, ref: str) -> None:
+    """:func:`_add` on an effects worker: it reads no stash and writes no ledger. A
+    worktree already there (an earlier try whose end this loop never saw: a new adoption
+    abandoned it) is taken when it pins to the repository."""
+    with repo_lock(locks, repo, common=common):
+        if os.path.lexists(path):
+            try:
+                pin_worktree(str(path), common)
+                return
+            except WorktreeTampered:
+                raise WorkspaceError(f"{path} exists and is not a worktree of {repo}; remove it or fleetrun gc",
+                                     permanent=True) from None
+        _add(repo, branch, path, ref)
+
+
+class _Adding:
+    """The :class:`~fleetrun.reports.WorkspaceHandle` of a worktree being added on the
+    effects' worker; once it is there it is pinned here, on the loop's thread."""
+
+    def __init__(self, config: Config, fut: Future[None], path: Path, common: str, ws: Workspace) -> None:
+        self.config, self.fut, self.path, self.common, self.ws = config, fut, path, common, ws
+
+    def poll(self) -> Optional[Workspace]:
+        if not self.fut.done():
+            return None
+        self.fut.result()  # raises the worker's WorkspaceError
+        pinned(self.config, str(self.path), self.common)
+        return self.ws
 
 
 def _dependency_branches(config: Config, task: Any, repo: str) -> list[tuple[str, str]]:
@@ -394,19 +447,51 @@ def fleetrun_cleanup_workspace(task: Any, host: Host, config: Config) -> None:
         _note_once(led, task.id, f"kept worktree {path}: its repository {repo} is not a git repository")
         return
     repo_dir, common = found
-    with repo_lock(config.home / "locks", repo_dir, common=common):
+    removing = config.stash.setdefault(REMOVING_KEY, set())
+    if str(path) in removing:
+        return  # asked again (a new adoption) while the worker removes it
+    try:
+        p = pinned(config, str(path), common)
+    except WorktreeTampered as e:
+        _note_once(led, task.id, f"kept worktree {path}: it was tampered with ({e}); "
+                                 "fleetrun ran no git command in it")
+        return
+
+    def done(fut: Future[Optional[str]]) -> None:  # on the loop's thread: the note, as before
+        removing.discard(str(path))
         try:
-            pinned(config, str(path), common)
-        except WorktreeTampered as e:
-            _note_once(led, task.id, f"kept worktree {path}: it was tampered with ({e}); "
-                                     "fleetrun ran no git command in it")
+            kept = fut.result()
+        except (GitError, OSError) as e:
+            kept = f"kept worktree {path}: {e}"
+        if kept is not None:
+            _note_once(led, task.id, kept)
             return
+        _forget_pin(config, str(path), common)
+        if led is not None:
+            led.add_note(task.id, f"removed clean worktree {path}; branch {task.branch} stays")
+
+    effects = effects_of(config)
+    if effects is None:  # no loop (`fleetrun approve`): here and now
+        done(run_inline(_remove_locked, config.home / "locks", repo_dir, p, path))
+        return
+    removing.add(str(path))  # git's ~9 ms on the worker; the task is DONE already
+    effects.submit(_remove_locked, config.home / "locks", repo_dir, p, path, on_done=done)
+
+
+def _remove_locked(locks: Path, repo_dir: str, p: Pinned, path: Path) -> Optional[str]:
+    """``git worktree remove`` of a clean worktree, under the repository's lock, its pin
+    checked again there (on an effects worker: no stash, no ledger).
+
+    :return: None once removed, else the note that says why it was kept.
+    """
+    with repo_lock(locks, repo_dir, common=p.common):
+        try:
+            check_pinned(p)
+        except WorktreeTampered as e:
+            return f"kept worktree {path}: it was tampered with ({e}); fleetrun ran no git command in it"
         try:
             git(repo_dir, "worktree", "remove", "--", str(path))
         except GitError as e:
             why = ("it has uncommitted changes" if "modified or untracked" in e.output else str(e))
-            _note_once(led, task.id, f"kept worktree {path}: {why}")
-            return
-    _forget_pin(config, str(path), common)
-    if led is not None:
-        led.add_note(task.id, f"removed clean worktree {path}; branch {task.branch} stays")
+            return f"kept worktree {path}: {why}"
+    return None
