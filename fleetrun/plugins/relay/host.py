@@ -392,13 +392,17 @@ class SSHHost:
 
     # -- the peer-only verbs -------------------------------------------------------
 
-    def probe(self, timeout: float = VERB_TIMEOUT_S, may_connect: bool = True) -> dict[str, Any]:
+    def probe(self, timeout: float = VERB_TIMEOUT_S, may_connect: bool = True,
+              beat_secs: Optional[float] = None) -> dict[str, Any]:
         """What the peer is and has (checked: :func:`fleetrun.plugins.relay.protocol.parse_probe_reply`).
 
+        :param beat_secs: have its worker push a probe this often from now on.
         :raises PeerError: also for a malformed reply, saying what is wrong.
         """
+        payload = {protocol.BEAT_KEY: beat_secs} if beat_secs else None
         try:
-            return protocol.parse_probe_reply(self.call("probe", timeout=timeout, may_connect=may_connect))
+            return protocol.parse_probe_reply(self.call("probe", timeout=timeout, may_connect=may_connect,
+                                                        payload=payload))
         except Malformed as e:
             raise self._malformed("probe", e) from None
 

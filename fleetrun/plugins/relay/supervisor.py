@@ -112,9 +112,12 @@ def probe_error(e: Exception) -> str:
 
 
 class Heartbeat(threading.Thread):
-    """Probes one peer every ``interval`` seconds over its open transport and records
-    what it heard (``peers-state.json``). A failed probe keeps the last reply, so the
-    peer turns stale once that reply is older than ``stale_after_secs``."""
+    """Hears from one peer every ``interval`` seconds and records it
+    (``peers-state.json``). A peer's worker pushes its headroom that often (asked for by
+    the first probe through it), so a round only takes what was pushed; a round with
+    nothing pushed, or no worker, probes over the open transport. A failed probe keeps
+    the last reply, so the peer turns stale once that reply is older than
+    ``stale_after_secs``."""
 
     def __init__(self, host: SSHHost, home: Any, interval: float) -> None:
         super().__init__(name=f"fleetrun-heartbeat-{host.name}", daemon=True)
@@ -129,32 +132,57 @@ class Heartbeat(threading.Thread):
         while not self._halt.is_set():
             began = time.monotonic()
             try:
-                self.beat()
+                seconds = self.beat()
             except Exception as e:  # a heartbeat never takes the loop down
                 self.entry = dict(self.entry, error=f"heartbeat failed: {type(e).__name__}: {e}", error_at=time.time())
+                seconds = None
             self.first_done.set()
-            post_heartbeat(self.host, self.entry, time.monotonic() - began)  # fleetrun_host_heartbeat
-            self._halt.wait(self.interval)
+            post_heartbeat(self.host, self.entry, time.monotonic() - began if seconds is None else seconds)
+            self.wait_next()
 
-    def beat(self) -> None:
-        try:
-            probe = self.host.probe(timeout=max(5.0, min(15.0, 2 * self.interval)), may_connect=True)
-        except (PeerUnreachable, PeerError) as e:
-            if not self._halt.is_set():
-                self.entry = record_probe(self.home, self.host.name, None, error=probe_error(e))
-            return
-        self.entry = record_probe(self.home, self.host.name, probe)
+    def wait_next(self) -> None:
+        """Until the next push, or (none due) the next round of our own. A push later
+        than a round and a half is not waited for: the next round probes, which says
+        whether the peer is still there."""
+        w = self.host.live_worker()
+        if w is None or not w.beats:
+            self._halt.wait(self.interval)
+        else:
+            w.kick.wait(self.interval * 1.5)  # set by a push, and by the worker's end (a halt closes it)
+
+    def beat(self) -> Optional[float]:
+        """One round. :return: its latency when it was a pushed heartbeat (the last
+        request's round trip), None when it was this call's probe."""
+        w = self.host.live_worker()
+        pushed = w.take_pushed() if w is not None else None
+        if pushed is not None:
+            self.entry = record_probe(self.home, self.host.name, pushed)
+            latency = w.rtt if w is not None else None
+        else:
+            try:
+                probe = self.host.probe(timeout=max(5.0, min(15.0, 2 * self.interval)), may_connect=True,
+                                        beat_secs=self.interval)
+            except (PeerUnreachable, PeerError) as e:
+                if not self._halt.is_set():
+                    self.entry = record_probe(self.home, self.host.name, None, error=probe_error(e))
+                return None
+            self.entry = record_probe(self.home, self.host.name, probe)
+            latency = None
         for attempt_id, s in (checked_entry(self.entry)[0].get("pending_stops") or {}).items():
             try:  # `cancel` could not reach it: stop the attempt now
                 args = ["--attempt", attempt_id, *(["--pid", str(s["pid"])] if s.get("pid") else []),
                         *(["--token", s["token"]] if s.get("token") else [])]
                 self.host.call("stop", *args, may_connect=True)
             except (PeerUnreachable, PeerError):
-                return
+                break
             clear_pending_stop(self.home, self.host.name, attempt_id)
+        return latency
 
     def halt(self) -> None:
         self._halt.set()
+        w = self.host.live_worker()
+        if w is not None:
+            w.kick.set()
 
 
 class Relay:
@@ -177,6 +205,16 @@ class Relay:
         for h in self.hosts.values():
             h.close()  # a probe may have connected again meanwhile
         self.beats.clear()
+
+    @hookimpl
+    def fleetrun_sessionstart(self, session: Any) -> None:
+        """A work loop is about to run: hear from every peer now, so that each worker
+        starts (a Python process loading fleetrun there: ~0.5 s) while this side queues
+        its tasks, not on the first task's path."""
+        from ... import heartbeats
+
+        heartbeats.install(self.config)  # the first rounds' heartbeats reach the hook too
+        self.start_heartbeats()
 
     def start_heartbeats(self) -> None:
         for name, host in self.hosts.items():
@@ -229,6 +267,11 @@ class Relay:
         status = status_of(entry, policy.stale_after_secs, now)
         why = malformed or (unusable_reason(probe) if probe else None)
         needs_operator = why is not None and not malformed  # fleetrun there too old: a person upgrades it
+        beat = self.beats.get(name)
+        if why is None and beat is not None and not beat.first_done.is_set():
+            # the first round starts its worker: a task sent now would wait for that on
+            # the loop's thread, and every other task with it (fleetrun_place waits a second)
+            why = "is being connected to (its first heartbeat)"
         if why is None and entry.get("error") and (entry.get("error_at") or 0) >= (entry.get("last_heard") or 0):
             why = str(entry["error"])
             needs_operator = why.startswith("has no fleetrun")  # unreachable may clear; this does not

@@ -20,6 +20,7 @@ import json
 import select
 import socket
 import threading
+import time
 from pathlib import Path
 from typing import Any, Callable, Optional
 
@@ -50,6 +51,9 @@ class Worker:
     :ivar verified: (attempt id, step) -> the verifier's result, from ``verified`` events.
     :ivar watching: attempts the worker was asked about, so it pushes their end, with
         the last status heard of each.
+    :ivar rtt: the last request's round trip, seconds (a pushed heartbeat's latency).
+    :ivar pushed: the newest heartbeat it pushed (a probe reply) that
+        :meth:`take_pushed` has not taken; ``kick`` is set as one comes.
     """
 
     def __init__(self, transport: Any, command: list[str], home: Path, name: str,
@@ -59,6 +63,9 @@ class Worker:
         self.home = home
         self.name = name
         self.on_log = on_log
+        self.rtt: Optional[float] = None
+        self.pushed: Optional[dict[str, Any]] = None  # the newest pushed heartbeat not yet taken
+        self.kick = threading.Event()  # set by each pushed heartbeat, and as the worker ends
         self.ended: dict[str, tuple[dict[str, Any], int]] = {}
         self.verified: dict[tuple[str, int], VerifyStatus] = {}
         self.watching: dict[str, dict[str, Any]] = {}
@@ -73,6 +80,11 @@ class Worker:
         self._hello = threading.Event()
         self._err = bytearray()
         self._channel: Any = None
+
+    @property
+    def beats(self) -> bool:
+        """Whether it pushes heartbeats (its hello said so)."""
+        return bool(self.info.get("beats"))
 
     @property
     def alive(self) -> bool:
@@ -98,6 +110,12 @@ class Worker:
         if self.error is not None:
             raise WorkerUnavailable(self.error)
 
+    def take_pushed(self) -> Optional[dict[str, Any]]:
+        """The newest pushed heartbeat since the last call, or None."""
+        self.kick.clear()
+        probe, self.pushed = self.pushed, None
+        return probe
+
     def close(self, reason: str = "closed") -> None:
         """End the worker; the requests waiting fail with ``reason``."""
         with self._lock:
@@ -113,6 +131,7 @@ class Worker:
             except Exception:  # noqa: BLE001 - closing a broken channel
                 pass
         self._hello.set()
+        self.kick.set()  # a heartbeat waiting for a push asks for itself now
         if was_alive:
             self.wake()  # the loop asks again, through another worker or the one-shot verbs
 
@@ -127,6 +146,7 @@ class Worker:
         if payload is not None:
             msg["payload"] = payload
         slot: list[Any] = [threading.Event(), None]
+        began = time.monotonic()
         with self._lock:
             if self.error is not None:
                 raise PeerUnreachable(f"the worker is gone: {self.error}")
@@ -150,6 +170,7 @@ class Worker:
         if slot[1] is None:
             raise PeerUnreachable(f"the worker is gone: {self.error}", delivered=True)
         code, reply = slot[1]
+        self.rtt = time.monotonic() - began
         return code, reply
 
     # -- the reader thread --------------------------------------------------------------
@@ -222,6 +243,10 @@ class Worker:
             if slot is not None:
                 slot[1] = (m.code, m.reply or {})
                 slot[0].set()
+            return
+        if m.kind == "probe" and m.probe is not None:
+            self.pushed = m.probe  # a heartbeat: the heartbeat thread's, not the loop's
+            self.kick.set()
             return
         if m.kind == "log" and m.chunk is not None:
             self.on_log(m.attempt, m.chunk)
