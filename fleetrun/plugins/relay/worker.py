@@ -44,6 +44,38 @@ class WorkerUnavailable(Exception):
     another protocol): use the one-shot verbs. The message says why."""
 
 
+class Pending:
+    """A request sent to a worker; its reply once it came (:meth:`done`, :meth:`wait`)."""
+
+    def __init__(self, worker: Worker, wake: bool) -> None:
+        self.worker = worker
+        self.wake = wake
+        self.id = 0
+        self.event = threading.Event()
+        self.answer: Optional[tuple[int, dict[str, Any]]] = None
+        self.began = time.monotonic()
+
+    def done(self) -> bool:
+        """Whether the reply came, or the worker went away (:meth:`wait` says which)."""
+        return self.event.is_set()
+
+    def wait(self, timeout: float) -> tuple[int, dict[str, Any]]:
+        """(the verb's exit code, its reply), waiting at most ``timeout`` seconds.
+
+        :raises PeerUnreachable: the worker or the link went away, or no reply came in
+            time (``delivered``: it may have acted).
+        """
+        w = self.worker
+        if not self.event.wait(timeout):
+            with w._lock:
+                w._waiting.pop(self.id, None)
+            raise PeerUnreachable(f"no reply from the worker within {timeout:g}s", delivered=True)
+        if self.answer is None:
+            raise PeerUnreachable(f"the worker is gone: {w.error}", delivered=True)
+        w.rtt = time.monotonic() - self.began
+        return self.answer
+
+
 class Worker:
     """One worker on one transport.
 
@@ -76,7 +108,7 @@ class Worker:
         self._next_id = 0
         self._lock = threading.Lock()  # ids, the waiting table
         self._send_lock = threading.Lock()  # one request on the channel at a time
-        self._waiting: dict[int, list[Any]] = {}  # id -> [event, (code, reply) | None]
+        self._waiting: dict[int, Pending] = {}
         self._hello = threading.Event()
         self._err = bytearray()
         self._channel: Any = None
@@ -124,7 +156,7 @@ class Worker:
                 self.error = reason
             waiting, self._waiting = self._waiting, {}
         for slot in waiting.values():
-            slot[0].set()
+            slot.event.set()
         if self._channel is not None:
             try:
                 self._channel.close()
@@ -142,17 +174,25 @@ class Worker:
         :raises PeerUnreachable: the worker or the link went away, or no reply came in
             time (``delivered``: it may have acted).
         """
+        return self.submit(verb, args, payload).wait(timeout)
+
+    def submit(self, verb: str, args: list[str], payload: Optional[dict[str, Any]],
+               wake: bool = False) -> Pending:
+        """Send one request; its reply comes to the :class:`Pending` returned.
+
+        :param wake: wake the loop when the reply comes (one that does not wait for it).
+        :raises PeerUnreachable: the worker is gone, or the request could not be sent.
+        """
         msg: dict[str, Any] = {"verb": verb, "args": args}
         if payload is not None:
             msg["payload"] = payload
-        slot: list[Any] = [threading.Event(), None]
-        began = time.monotonic()
+        slot = Pending(self, wake)
         with self._lock:
             if self.error is not None:
                 raise PeerUnreachable(f"the worker is gone: {self.error}")
             self._next_id += 1
-            msg["id"] = rid = self._next_id
-            self._waiting[rid] = slot
+            msg["id"] = slot.id = self._next_id
+            self._waiting[slot.id] = slot
             self.requests += 1
         try:
             # not under _lock: a send that waits for the channel's window must not keep
@@ -161,17 +201,9 @@ class Worker:
                 self._channel.sendall(worker_line(msg))
         except Exception as e:  # noqa: BLE001 - paramiko raises several kinds
             with self._lock:
-                self._waiting.pop(rid, None)
+                self._waiting.pop(slot.id, None)
             raise PeerUnreachable(f"could not send to the worker: {e}") from None
-        if not slot[0].wait(timeout):
-            with self._lock:
-                self._waiting.pop(rid, None)
-            raise PeerUnreachable(f"no reply from the worker within {timeout:g}s", delivered=True)
-        if slot[1] is None:
-            raise PeerUnreachable(f"the worker is gone: {self.error}", delivered=True)
-        code, reply = slot[1]
-        self.rtt = time.monotonic() - began
-        return code, reply
+        return slot
 
     # -- the reader thread --------------------------------------------------------------
 
@@ -241,8 +273,10 @@ class Worker:
             with self._lock:
                 slot = self._waiting.pop(m.id, None)
             if slot is not None:
-                slot[1] = (m.code, m.reply or {})
-                slot[0].set()
+                slot.answer = (m.code, m.reply or {})
+                slot.event.set()
+                if slot.wake:
+                    self.wake()  # the loop did not wait for it: tell it it came
             return
         if m.kind == "probe" and m.probe is not None:
             self.pushed = m.probe  # a heartbeat: the heartbeat thread's, not the loop's
