@@ -136,3 +136,26 @@ def test_a_garbled_worker_makes_the_peer_unreachable_with_the_reason(hostile):
     assert "a garbled message from the worker: worker reply.id" in st["error"], st
     with pytest.raises(PeerUnreachable, match="garbled message from the worker"):
         hostile.probe()
+
+
+def test_waking_a_busy_loop_never_blocks_the_reader(tmp_path):
+    """The loop's wake-up socket is full while the loop is busy (20 peers' ends, the loop
+    inside one peer's request): a wake from a worker's reader is dropped, never waited
+    on, or that reader could not read the reply the loop waits for (a deadlock)."""
+    import socket
+    import threading
+
+    from fleetrun.liveness import sock_path
+    from fleetrun.plugins.relay.worker import Worker
+
+    loop_sock = socket.socket(socket.AF_UNIX, socket.SOCK_DGRAM)
+    loop_sock.bind(sock_path(tmp_path))  # bound, and never read: a loop busy elsewhere
+    w = Worker(None, [], tmp_path, "mini", lambda *a: None)
+    woke = threading.Thread(target=lambda: [w.wake() for _ in range(5000)], daemon=True)
+    woke.start()
+    woke.join(30)
+    try:
+        assert not woke.is_alive(), "a wake blocked on the loop's full socket"
+        assert loop_sock.recv(16) == b"peer"  # the first ones were queued: the loop wakes
+    finally:
+        loop_sock.close()

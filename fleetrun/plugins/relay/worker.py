@@ -298,9 +298,11 @@ class Worker:
         try:
             s = socket.socket(socket.AF_UNIX, socket.SOCK_DGRAM)
             try:
-                s.sendto(b"peer", sock_path(self.home))
+                # never waited on: a full queue means the loop has wake-ups to read, and
+                # a reader blocked here could not read the reply the busy loop waits for
+                s.sendto(b"peer", socket.MSG_DONTWAIT, sock_path(self.home))
             finally:
                 s.close()
         except OSError:
-            pass  # no loop listening (a `relay peers`, a test): nothing to wake
+            pass  # no loop listening (a `relay peers`, a test), or it is woken already
 
