@@ -6,7 +6,6 @@ heartbeat thread of each peer, and the checks a peer's ``prepare`` reply is held
 from __future__ import annotations
 
 import os
-import threading
 import time
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Optional
@@ -18,7 +17,7 @@ from ...reports import Candidate, Handoff, Verdict, Wait, Workspace
 from ...shepherd import read_json, write_json
 from ...states import ACTIVE, State
 from ...taskspec import safe_slug, step_index
-from .beatinfo import post_heartbeat
+from ...untrusted import Malformed
 from .bundle import (
     FETCH_RECORD,
     UNBUNDLE_TIMEOUT_S,
@@ -31,22 +30,23 @@ from .bundle import (
     fetched_worktree,
     local_haves,
 )
+from .heartbeat import Heartbeat
 from .host import RemoteRunHandle, SSHHost
 from .peers import (
     Peer,
     checked_entry,
-    clear_pending_stop,
     load_state,
-    record_probe,
     status_of,
     unusable_reason,
 )
+from .protocol import parse_cleanup_reply, task_payload
 from .transport import PeerError, PeerUnreachable
 
 if TYPE_CHECKING:
     from ...config import Config
 
 HEARTBEAT_S = 5.0
+CLEANUP_TIMEOUT_S = 120.0
 SUMMARY_LIMIT = 2000
 #: Verifier kinds that run on this machine, on the branch fetched back from the peer.
 LOCAL_KINDS = ("brain", "agent")
@@ -101,90 +101,6 @@ def check_workspace(task: Any, ws: dict[str, Any], peer: str) -> Workspace:
     return Workspace(path=path, branch=want, repo=repo, base_ref=spec.git_ref, is_worktree=True, root=root)
 
 
-def probe_error(e: Exception) -> str:
-    """A failed probe, phrased to follow the peer's name."""
-    if isinstance(e, PeerUnreachable):
-        return f"could not be reached: {e}"
-    text = str(e)
-    if text.startswith(("has no fleetrun", "gave no JSON")):
-        return text
-    return f"answered its probe with an error: {text}"
-
-
-class Heartbeat(threading.Thread):
-    """Hears from one peer every ``interval`` seconds and records it
-    (``peers-state.json``). A peer's worker pushes its headroom that often (asked for by
-    the first probe through it), so a round only takes what was pushed; a round with
-    nothing pushed, or no worker, probes over the open transport. A failed probe keeps
-    the last reply, so the peer turns stale once that reply is older than
-    ``stale_after_secs``."""
-
-    def __init__(self, host: SSHHost, home: Any, interval: float) -> None:
-        super().__init__(name=f"fleetrun-heartbeat-{host.name}", daemon=True)
-        self.host = host
-        self.home = home
-        self.interval = interval
-        self.entry: dict[str, Any] = checked_entry(load_state(home).get(host.name))[0]
-        self.first_done = threading.Event()
-        self._halt = threading.Event()
-
-    def run(self) -> None:
-        while not self._halt.is_set():
-            began = time.monotonic()
-            try:
-                seconds = self.beat()
-            except Exception as e:  # a heartbeat never takes the loop down
-                self.entry = dict(self.entry, error=f"heartbeat failed: {type(e).__name__}: {e}", error_at=time.time())
-                seconds = None
-            self.first_done.set()
-            post_heartbeat(self.host, self.entry, time.monotonic() - began if seconds is None else seconds)
-            self.wait_next()
-
-    def wait_next(self) -> None:
-        """Until the next push, or (none due) the next round of our own. A push later
-        than a round and a half is not waited for: the next round probes, which says
-        whether the peer is still there."""
-        w = self.host.live_worker()
-        if w is None or not w.beats:
-            self._halt.wait(self.interval)
-        else:
-            w.kick.wait(self.interval * 1.5)  # set by a push, and by the worker's end (a halt closes it)
-
-    def beat(self) -> Optional[float]:
-        """One round. :return: its latency when it was a pushed heartbeat (the last
-        request's round trip), None when it was this call's probe."""
-        w = self.host.live_worker()
-        pushed = w.take_pushed() if w is not None else None
-        if pushed is not None:
-            self.entry = record_probe(self.home, self.host.name, pushed)
-            latency = w.rtt if w is not None else None
-        else:
-            try:
-                probe = self.host.probe(timeout=max(5.0, min(15.0, 2 * self.interval)), may_connect=True,
-                                        beat_secs=self.interval)
-            except (PeerUnreachable, PeerError) as e:
-                if not self._halt.is_set():
-                    self.entry = record_probe(self.home, self.host.name, None, error=probe_error(e))
-                return None
-            self.entry = record_probe(self.home, self.host.name, probe)
-            latency = None
-        for attempt_id, s in (checked_entry(self.entry)[0].get("pending_stops") or {}).items():
-            try:  # `cancel` could not reach it: stop the attempt now
-                args = ["--attempt", attempt_id, *(["--pid", str(s["pid"])] if s.get("pid") else []),
-                        *(["--token", s["token"]] if s.get("token") else [])]
-                self.host.call("stop", *args, may_connect=True)
-            except (PeerUnreachable, PeerError):
-                break
-            clear_pending_stop(self.home, self.host.name, attempt_id)
-        return latency
-
-    def halt(self) -> None:
-        self._halt.set()
-        w = self.host.live_worker()
-        if w is not None:
-            w.kick.set()
-
-
 class Relay:
     """The peers of this run and their heartbeats."""
 
@@ -193,6 +109,7 @@ class Relay:
         self.peers = peers
         self.hosts = {name: SSHHost(p, config.home, relay=self) for name, p in peers.items()}
         self.beats: dict[str, Heartbeat] = {}
+        self._cleanups: list[tuple[Any, SSHHost, Any]] = []  # (task, host, Pending cleanup request)
         self.interval = float(config.setting("relay", "heartbeat_secs", HEARTBEAT_S))
 
     def close(self) -> None:
@@ -498,11 +415,41 @@ class Relay:
         if task.state is not State.DONE or not task.worktree:
             return
         try:
-            r = host.cleanup(task)
-        except (PeerUnreachable, PeerError) as e:
+            if host.live_worker() is None:
+                return self._cleaned(task, host, host.cleanup(task))
+            # through the worker, not waited for: the loop goes on with other tasks; the
+            # note is written by a later pass (fleetrun_loop_pass), or as the run ends
+            self._cleanups.append((task, host, host.call("cleanup", payload={"task": task_payload(task)},
+                                                         wait=False)))
+        except (PeerUnreachable, PeerError, Malformed) as e:
             self._note(task.id, f"could not clean up worktree {task.worktree} on {host.name}: {e}")
-            return
+
+    def _cleaned(self, task: Any, host: SSHHost, r: dict[str, Any]) -> None:
         if r.get("removed"):
             self._note(task.id, f"removed clean worktree {task.worktree} on {host.name}; branch {task.branch} stays")
         else:
             self._note(task.id, f"kept worktree {task.worktree} on {host.name}")
+
+    def _reap_cleanups(self, wait: bool) -> None:
+        """Note the cleanups whose reply came (``wait``: every one, waiting for each)."""
+        left = []
+        for task, host, p in self._cleanups:
+            if not (wait or p.done()):
+                left.append((task, host, p))
+                continue
+            try:
+                code, answer = p.wait(max(0.0, CLEANUP_TIMEOUT_S - (time.monotonic() - p.began)))
+                self._cleaned(task, host, parse_cleanup_reply(host._checked("cleanup", code, answer)))
+            except (PeerUnreachable, PeerError, Malformed) as e:
+                self._note(task.id, f"could not clean up worktree {task.worktree} on {host.name}: {e}")
+        self._cleanups = left
+
+    @hookimpl
+    def fleetrun_loop_pass(self, config: Config, duration_s: float) -> None:
+        if self._cleanups:
+            self._reap_cleanups(wait=False)
+
+    @hookimpl(tryfirst=True)
+    def fleetrun_sessionfinish(self, session: Any, exitstatus: int) -> None:
+        """The run ends: its peers' cleanups are waited for (the worker ends with the run)."""
+        self._reap_cleanups(wait=True)
