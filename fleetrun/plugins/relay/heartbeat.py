@@ -12,6 +12,7 @@ from .beatinfo import post_heartbeat
 from .host import SSHHost
 from .peers import checked_entry, clear_pending_stop, load_state, record_probe
 from .transport import PeerError, PeerUnreachable
+from .worker import wake_loop
 
 
 def probe_error(e: Exception) -> str:
@@ -49,7 +50,9 @@ class Heartbeat(threading.Thread):
             except Exception as e:  # a heartbeat never takes the loop down
                 self.entry = dict(self.entry, error=f"heartbeat failed: {type(e).__name__}: {e}", error_at=time.time())
                 seconds = None
-            self.first_done.set()
+            if not self.first_done.is_set():
+                self.first_done.set()
+                wake_loop(self.home)  # the peer may take tasks now: place them at once
             post_heartbeat(self.host, self.entry, time.monotonic() - began if seconds is None else seconds)
             self.wait_next()
 

@@ -293,16 +293,20 @@ class Worker:
 
     def wake(self) -> None:
         """Wake this machine's loop, as a local shepherd does when its agent ends."""
-        from ...liveness import sock_path
+        wake_loop(self.home)
 
+
+def wake_loop(home: Path) -> None:
+    """Wake the loop of ``home`` (a datagram to its wake-up socket), never waiting."""
+    from ...liveness import sock_path
+
+    try:
+        s = socket.socket(socket.AF_UNIX, socket.SOCK_DGRAM)
         try:
-            s = socket.socket(socket.AF_UNIX, socket.SOCK_DGRAM)
-            try:
-                # never waited on: a full queue means the loop has wake-ups to read, and
-                # a reader blocked here could not read the reply the busy loop waits for
-                s.sendto(b"peer", socket.MSG_DONTWAIT, sock_path(self.home))
-            finally:
-                s.close()
-        except OSError:
-            pass  # no loop listening (a `relay peers`, a test), or it is woken already
-
+            # never waited on: a full queue means the loop has wake-ups to read, and
+            # a reader blocked here could not read the reply the busy loop waits for
+            s.sendto(b"peer", socket.MSG_DONTWAIT, sock_path(home))
+        finally:
+            s.close()
+    except OSError:
+        pass  # no loop listening (a `relay peers`, a test), or it is woken already
