@@ -16,6 +16,7 @@ from fleetrun.plugins.relay.host import SSHHost
 from fleetrun.plugins.relay.peers import load_peers
 from fleetrun.plugins.relay.protocol import (
     WorkerMessage,
+    beat_secs,
     parse_worker_message,
     parse_worker_request,
     worker_line,
@@ -32,6 +33,7 @@ GOOD = [
     {"event": "log", "attempt": AID, "log": "aGVsbG8K", "log_offset": 0, "log_size": 6},
     {"event": "ended", "attempt": AID, "status": {"state": "ended", "exit_code": 0}, "log_size": 6},
     {"event": "verified", "attempt": AID, "idx": 0, "result": {"state": "ended", "passed": True}},
+    {"event": "probe", "probe": {"fleetrun": "0.1.0", "running": 1, "free_mem_mb": 900}},
 ]
 HOSTILE = [
     (b"not json", "not JSON"),
@@ -44,13 +46,16 @@ HOSTILE = [
     (b'{"event": "log", "attempt": "task_q_1_a1", "log": "%%%", "log_offset": 0, "log_size": 3}', "not base64"),
     (b'{"event": "verified", "attempt": "task_q_1_a1", "idx": 0, "result": {"state": "ended", "passed": "yes"}}',
      "passed"),
+    (b'{"event": "probe", "probe": {"fleetrun": "0.1.0", "running": "lots"}}', "probe reply.running"),
+    (b'{"event": "probe", "probe": "0.1.0"}', "probe reply"),
     (b"[" * 100000 + b"]" * 100000, "not JSON"),
 ]
 
 
 def test_good_messages_parse_and_hostile_ones_say_what_is_wrong():
     kinds = [parse_worker_message(worker_line(m).strip()).kind for m in GOOD]
-    assert kinds == ["hello", "reply", "log", "ended", "verified"]
+    assert kinds == ["hello", "reply", "log", "ended", "verified", "probe"]
+    assert parse_worker_message(worker_line(GOOD[-1])).probe["running"] == 1  # a pushed heartbeat: a probe reply
     m = parse_worker_message(worker_line(GOOD[2]))
     assert isinstance(m, WorkerMessage) and m.chunk is not None and m.chunk.data == b"hello\n"
     for line, why in HOSTILE:
@@ -68,6 +73,12 @@ def test_a_request_is_read_as_strictly_on_the_peer():
                 b'{"id": 1, "verb": "status", "args": [1]}', b"{"):
         with pytest.raises(Malformed):
             parse_worker_request(bad)
+    # a probe's beat_secs (how often its worker pushes one) is the supervisor's: read strictly
+    good = parse_worker_request(b'{"id": 5, "verb": "probe", "payload": {"beat_secs": 2.5}}')
+    assert beat_secs(good.payload) == 2.5 and beat_secs(None) is None
+    for bad in (b'{"beat_secs": 0}', b'{"beat_secs": true}', b'{"beat_secs": "5"}', b'{"beat_secs": 1e9}',
+                b'{"beat_secs": NaN}', b"[5]", b"{"):
+        assert beat_secs(bad) is None, bad
 
 
 json_values = st.recursive(
@@ -125,3 +136,26 @@ def test_a_garbled_worker_makes_the_peer_unreachable_with_the_reason(hostile):
     assert "a garbled message from the worker: worker reply.id" in st["error"], st
     with pytest.raises(PeerUnreachable, match="garbled message from the worker"):
         hostile.probe()
+
+
+def test_waking_a_busy_loop_never_blocks_the_reader(tmp_path):
+    """The loop's wake-up socket is full while the loop is busy (20 peers' ends, the loop
+    inside one peer's request): a wake from a worker's reader is dropped, never waited
+    on, or that reader could not read the reply the loop waits for (a deadlock)."""
+    import socket
+    import threading
+
+    from fleetrun.liveness import sock_path
+    from fleetrun.plugins.relay.worker import Worker
+
+    loop_sock = socket.socket(socket.AF_UNIX, socket.SOCK_DGRAM)
+    loop_sock.bind(sock_path(tmp_path))  # bound, and never read: a loop busy elsewhere
+    w = Worker(None, [], tmp_path, "mini", lambda *a: None)
+    woke = threading.Thread(target=lambda: [w.wake() for _ in range(5000)], daemon=True)
+    woke.start()
+    woke.join(30)
+    try:
+        assert not woke.is_alive(), "a wake blocked on the loop's full socket"
+        assert loop_sock.recv(16) == b"peer"  # the first ones were queued: the loop wakes
+    finally:
+        loop_sock.close()

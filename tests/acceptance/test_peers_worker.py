@@ -106,3 +106,38 @@ def test_the_peer_worker(fleeter, fake_claude, peer_lab, mode):
     else:
         assert len(lines(d / "serve-pids")) == 2  # a new worker on the same transport
         assert requests.count("status") == 1, requests  # it was asked about the attempt once, then told
+
+
+def test_a_work_loop_starts_its_peers_workers_and_hears_them_pushed(fleeter, peer_lab):
+    """``fleetrun work`` starts the peer's worker as the loop starts, with no task queued
+    (not on a first task's path), and then hears the peer from the heartbeats the worker
+    pushes: one probe request asks for them, and no round after it sends one."""
+    import json
+
+    mini = peer_lab.machine("mini")
+    cmd = wrapper(mini, "serves")
+    r = fleeter.run("relay", "add", "mini", mini.address, "--accept-new", "--command", str(cmd))
+    assert r.ret == 0, r.stdout + r.stderr
+    with open(fleeter.home / "config.toml", "a") as f:
+        f.write("\n[relay]\nheartbeat_secs = 0.2\n")
+    d = mini.home.parent
+    events = fleeter.home / "events.ndjson"
+
+    def beats():
+        rows = [json.loads(x) for x in events.read_text().splitlines()] if events.exists() else []
+        return [e for e in rows if e["type"] == "peer_heartbeat" and e["peer"] == "mini" and e["reachable"]]
+
+    proc = fleeter.popen("work")
+    try:
+        wait_for(lambda: lines(d / "serve-pids"), 30, "a worker started with no task queued")
+        wait_for(lambda: len(beats()) >= 6, 30, "six heartbeat rounds")
+        heard = json.loads((fleeter.home / "peers-state.json").read_text())["mini"]["last_heard"]
+        wait_for(lambda: json.loads((fleeter.home / "peers-state.json").read_text())["mini"]["last_heard"] > heard,
+                 30, "a later heartbeat recorded")
+    finally:
+        proc.send_signal(signal.SIGINT)
+        out, err = proc.communicate(timeout=30)
+    assert proc.returncode == 2, out.decode() + err.decode()  # interrupted
+    assert lines(d / "trace") == ["probe"]  # the first round's; every later one was pushed
+    assert len(lines(d / "serve-pids")) == 1
+    assert all(isinstance(b["free_mem_mb"], float) for b in beats())  # each with its headroom

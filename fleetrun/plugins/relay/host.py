@@ -34,6 +34,8 @@ from ...ledger import ensure_private_dir
 from ...reports import Candidate, Started
 from ...untrusted import Malformed
 from . import protocol
+from .logmirror import append_chunk
+from .logmirror import size as _size
 from .peers import HostKeyRefused, Peer
 from .protocol import (
     REFUSED_EXIT,
@@ -149,9 +151,11 @@ class SSHHost:
     close = drop
 
     def call(self, verb: str, *args: str, payload: Optional[dict[str, Any]] = None,
-             timeout: float = VERB_TIMEOUT_S, may_connect: bool = True) -> dict[str, Any]:
+             timeout: float = VERB_TIMEOUT_S, may_connect: bool = True, wait: bool = True) -> Any:
         """Run ``fleetrun host VERB --json ARGS`` there; return its JSON reply.
 
+        :param wait: False: through a worker, return the :class:`~.worker.Pending` request
+            at once (its reply wakes the loop; :meth:`_checked` it then).
         :raises PeerUnreachable: the peer could not be reached or the link dropped.
         :raises PeerError: the peer answered with an error (or no fleetrun is there).
         """
@@ -159,6 +163,8 @@ class SSHHost:
         w = self.worker(t) if verb in WORKER_VERBS else None
         if w is not None:
             try:
+                if not wait:
+                    return w.submit(verb, list(args), payload, wake=True)
                 code, answer = w.request(verb, list(args), payload, timeout)
             except PeerUnreachable as e:
                 self.last_error = str(e)
@@ -362,19 +368,7 @@ class SSHHost:
 
     def _append_log(self, log: Path, chunk: Optional[protocol.LogChunk]) -> bool:
         with self._log_lock:
-            return self._append_log_locked(log, chunk)
-
-    def _append_log_locked(self, log: Path, chunk: Optional[protocol.LogChunk]) -> bool:
-        if chunk is None or not chunk.data or chunk.offset != _size(log):
-            return False
-        data = chunk.data
-        ensure_private_dir(log.parent)
-        fd = os.open(log, os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o600)
-        try:
-            os.write(fd, data)
-        finally:
-            os.close(fd)
-        return True
+            return append_chunk(log, chunk)
 
     def stop(self, attempt_id: str, pid: Optional[int], token: Optional[str]) -> bool:
         args = ["--attempt", attempt_id]
@@ -392,13 +386,17 @@ class SSHHost:
 
     # -- the peer-only verbs -------------------------------------------------------
 
-    def probe(self, timeout: float = VERB_TIMEOUT_S, may_connect: bool = True) -> dict[str, Any]:
+    def probe(self, timeout: float = VERB_TIMEOUT_S, may_connect: bool = True,
+              beat_secs: Optional[float] = None) -> dict[str, Any]:
         """What the peer is and has (checked: :func:`fleetrun.plugins.relay.protocol.parse_probe_reply`).
 
+        :param beat_secs: have its worker push a probe this often from now on.
         :raises PeerError: also for a malformed reply, saying what is wrong.
         """
+        payload = {protocol.BEAT_KEY: beat_secs} if beat_secs else None
         try:
-            return protocol.parse_probe_reply(self.call("probe", timeout=timeout, may_connect=may_connect))
+            return protocol.parse_probe_reply(self.call("probe", timeout=timeout, may_connect=may_connect,
+                                                        payload=payload))
         except Malformed as e:
             raise self._malformed("probe", e) from None
 
@@ -447,19 +445,27 @@ class SSHHost:
 
         return fetch_bundle(self, repo, branch, git_ref, have, dest, timeout)
 
-    def verify_start(self, task: Any, attempt: Any, verifier: Any, idx: int, workspace: Any) -> dict[str, Any]:
+    def verify_start(self, task: Any, attempt: Any, verifier: Any, idx: int, workspace: Any,
+                     wait: bool = True) -> Any:
+        """:param wait: False: through a worker, the :class:`~.worker.Pending` request."""
         from dataclasses import asdict
 
         reply = self.call("verify-start", payload={
             "task": task_payload(task), "attempt": asdict(attempt), "verifier": asdict(verifier), "idx": idx,
-            "workspace": asdict(workspace)})
+            "workspace": asdict(workspace)}, wait=wait)
+        if not isinstance(reply, dict):
+            return reply
+        return self.verify_started(attempt.id, idx, reply)
+
+    def verify_started(self, attempt_id: str, idx: int, reply: dict[str, Any]) -> dict[str, Any]:
+        """A ``verify-start`` reply, checked; its verdict will be pushed."""
         try:
             state = protocol.parse_verify_start_reply(reply)
         except Malformed as e:
             raise self._malformed("verify-start", e) from None
         w = self.live_worker()
         if w is not None:
-            w.vwatching.add((attempt.id, idx))  # it pushes the verdict
+            w.vwatching.add((attempt_id, idx))  # it pushes the verdict
         return {"state": state}
 
     def verify_status(self, attempt_id: str, idx: int) -> protocol.VerifyStatus:
@@ -477,13 +483,6 @@ class SSHHost:
             return protocol.parse_verify_stop_reply(self.call("verify-stop", "--attempt", attempt_id, "--idx", str(idx)))
         except Malformed as e:
             raise self._malformed("verify-stop", e) from None
-
-
-def _size(path: Path) -> int:
-    try:
-        return path.stat().st_size
-    except OSError:
-        return 0
 
 
 from .remoterun import RemoteRunHandle  # noqa: E402 - its home was here; tests and plugins import it from here

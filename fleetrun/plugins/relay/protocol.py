@@ -60,7 +60,11 @@ WORKER_PROTOCOL = 1
 WORKER_VERBS = ("probe", "prepare", "start", "status", "log", "stop", "collect", "cleanup", "verify-start",
                 "verify-status", "verify-stop")
 #: The events a worker pushes.
-WORKER_EVENTS = ("hello", "log", "ended", "verified")
+WORKER_EVENTS = ("hello", "log", "ended", "verified", "probe")
+#: A worker's hello says ``"beats": 1`` when it pushes its headroom: a ``probe`` request
+#: whose payload has ``beat_secs`` then has a ``probe`` event pushed that often.
+BEAT_KEY = "beat_secs"
+MIN_BEAT_S, MAX_BEAT_S = 0.05, 3600.0
 #: The longest message line either side of a worker reads (a start's prompt, a log chunk).
 MAX_WORKER_LINE = 16 << 20
 MAX_REQUEST_ID = 1 << 53
@@ -362,7 +366,8 @@ class WorkerRequest:
 class WorkerMessage:
     """What a worker sent: a ``reply`` (``id``, ``code``: the one-shot verb's exit code,
     ``reply``: its JSON) or an event: ``hello`` (``info``), ``log`` (``chunk``),
-    ``ended`` (``status``, the attempt's log ``size``), ``verified`` (``verify``)."""
+    ``ended`` (``status``, the attempt's log ``size``), ``verified`` (``verify``),
+    ``probe`` (``probe``: a pushed heartbeat, the reply a ``probe`` request would get)."""
 
     kind: str
     id: int = 0
@@ -375,6 +380,7 @@ class WorkerMessage:
     chunk: Optional[LogChunk] = None
     verify: Optional[VerifyStatus] = None
     info: Optional[dict[str, Any]] = None
+    probe: Optional[dict[str, Any]] = None
 
 
 def _json_line(line: bytes, what: str) -> dict[str, Any]:
@@ -403,6 +409,20 @@ def parse_worker_request(line: bytes) -> WorkerRequest:
     return WorkerRequest(rid, verb, list(args), payload)
 
 
+def beat_secs(payload: Optional[bytes]) -> Optional[float]:
+    """How often a ``probe`` request asks its worker to push its headroom (the payload's
+    ``beat_secs``), or None: the payload is the supervisor's, untrusted on the peer."""
+    if payload is None:
+        return None
+    try:
+        v = json.loads(payload).get(BEAT_KEY)
+    except (ValueError, AttributeError, RecursionError):
+        return None
+    if not isinstance(v, (int, float)) or isinstance(v, bool) or not MIN_BEAT_S <= v <= MAX_BEAT_S:
+        return None
+    return float(v)
+
+
 def parse_worker_message(line: bytes) -> WorkerMessage:
     """A line from a worker, read strictly (:class:`Malformed` says what is wrong)."""
     d = _json_line(line, "worker message")
@@ -415,7 +435,10 @@ def parse_worker_message(line: bytes) -> WorkerMessage:
     if kind == "hello":
         return WorkerMessage("hello", info={
             "protocol": integer(d.get("protocol"), f"{what}.protocol", 0, 1 << 20),
-            "fleetrun": opt_text(d, "fleetrun", what, 200), "pid": opt_integer(d, "pid", what, 1, MAX_PID)})
+            "fleetrun": opt_text(d, "fleetrun", what, 200), "pid": opt_integer(d, "pid", what, 1, MAX_PID),
+            "beats": opt_integer(d, "beats", what, 0, 1 << 20)})
+    if kind == "probe":
+        return WorkerMessage("probe", probe=parse_probe_reply(d.get("probe")))
     from ...untrusted import attempt_id
 
     aid = attempt_id(d.get("attempt"), f"{what}.attempt")
@@ -436,7 +459,7 @@ def parse_worker_message(line: bytes) -> WorkerMessage:
     return WorkerMessage("verified", attempt=aid, idx=integer(d.get("idx"), f"{what}.idx", 0, 9999), verify=result)
 
 
-__all__ = ["LogChunk", "Malformed", "WorkerMessage", "WorkerRequest", "parse_worker_message", "parse_worker_request",
+__all__ = ["beat_secs", "LogChunk", "Malformed", "WorkerMessage", "WorkerRequest", "parse_worker_message", "parse_worker_request",
            "worker_line", "StatusReply", "VerifyStatus", "parse_bundle_header", "parse_cleanup_reply",
            "parse_collect_reply", "parse_error_reply", "parse_log_reply", "parse_peer_entry", "parse_prepare_reply",
            "parse_probe_reply", "parse_shepherd_status", "parse_start_reply", "parse_status_reply",

@@ -12,10 +12,12 @@ from typing import Any, Optional
 from ...reports import Verdict
 from ...untrusted import Malformed
 from . import protocol
-from .transport import PeerError, PeerUnreachable
+from .transport import VERB_TIMEOUT_S, PeerError, PeerUnreachable
 
 #: With a worker watching the verifier, a look of our own this rarely (a lost event).
 WORKER_POLL_S = 30.0
+#: A verify-start not waited for: its reply wakes the loop; a look this often regardless.
+STATUS_WAIT_S = 1.0
 
 
 class RemoteRunHandle:
@@ -39,26 +41,63 @@ class RemoteRunHandle:
         self.next_poll = time.monotonic() + self.POLL_S[0]
         self.error: Optional[str] = None
         self.verdict: Optional[Verdict] = None
+        self.pending: Any = None  # a verify-start sent to the worker, its reply not read yet
         self._try_start()
 
     def _try_start(self) -> None:
         try:
-            self.host.verify_start(*self.args)
-            self.started = True
-            if self._watched() is not None:  # its verdict is pushed: a look of our own only rarely
-                self.next_poll = time.monotonic() + WORKER_POLL_S
+            # through a worker, not waited for: the loop goes on with other tasks, and
+            # the reply wakes it (poll() reads it then)
+            r = self.host.verify_start(*self.args, wait=False) if self._worker() is not None \
+                else self.host.verify_start(*self.args)
+            if not isinstance(r, dict):
+                self.pending = r
+                self.next_poll = time.monotonic() + STATUS_WAIT_S
+                return
+            self._started()
         except PeerUnreachable as e:
-            self.error = str(e)
-            self.started = e.delivered  # it may be running: ask before starting another
+            self._start_failed(e)
         except PeerError as e:
-            self.verdict = Verdict(
-                False, "run", self.verifier.label, reason=f"{self.host.name} could not run it: {e}", host=self.host.name)
+            self._refused(e)
+
+    def _started(self) -> None:
+        self.started = True
+        if self._watched() is not None:  # its verdict is pushed: a look of our own only rarely
+            self.next_poll = time.monotonic() + WORKER_POLL_S
+
+    def _start_failed(self, e: PeerUnreachable) -> None:
+        self.error = str(e)
+        self.started = e.delivered  # it may be running: ask before starting another
+
+    def _refused(self, e: PeerError) -> None:
+        self.verdict = Verdict(
+            False, "run", self.verifier.label, reason=f"{self.host.name} could not run it: {e}", host=self.host.name)
+
+    def _pending_reply(self) -> bool:
+        """Read the reply of a verify-start not waited for. :return: whether it is still
+        to come (then poll() has nothing to say yet)."""
+        p = self.pending
+        if p is None:
+            return False
+        if not p.done() and time.monotonic() - p.began < VERB_TIMEOUT_S:
+            return True
+        self.pending = None
+        try:
+            code, answer = p.wait(0)
+            self.host.verify_started(self.attempt_id, self.idx, self.host._checked("verify-start", code, answer))
+            self._started()
+        except PeerUnreachable as e:
+            self._start_failed(e)
+            self.next_poll = time.monotonic()
+        except PeerError as e:
+            self._refused(e)
+        return False
 
     def next_deadline(self) -> float:
         return self.next_poll
 
     def poll(self) -> Optional[Verdict]:
-        if self.verdict is not None:
+        if self._pending_reply() or self.verdict is not None:
             return self.verdict
         now = time.monotonic()
         pushed = self._watched()
@@ -93,9 +132,12 @@ class RemoteRunHandle:
             return None
         return self._verdict(r)
 
+    def _worker(self) -> Any:
+        return self.host.live_worker() if hasattr(self.host, "live_worker") else None
+
     def _watched(self) -> Any:
         """The peer's worker, if it watches this verifier (and so pushes its verdict)."""
-        w = self.host.live_worker() if hasattr(self.host, "live_worker") else None
+        w = self._worker()
         return w if w is not None and (self.attempt_id, self.idx) in w.vwatching else None
 
     def _verdict(self, r: protocol.VerifyStatus) -> Verdict:

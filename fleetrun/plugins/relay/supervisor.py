@@ -6,7 +6,6 @@ heartbeat thread of each peer, and the checks a peer's ``prepare`` reply is held
 from __future__ import annotations
 
 import os
-import threading
 import time
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Optional
@@ -14,11 +13,11 @@ from typing import TYPE_CHECKING, Any, Optional
 from ...gitutil import GitError, common_dir, git, repo_lock, repo_toplevel
 from ...hookimpl import hookimpl
 from ...ledger import LEDGER_KEY, ensure_private_dir
-from ...reports import Candidate, Handoff, Verdict, Wait, Workspace
+from ...reports import Candidate, Handoff, Placement, Verdict, Wait, Workspace
 from ...shepherd import read_json, write_json
 from ...states import ACTIVE, State
 from ...taskspec import safe_slug, step_index
-from .beatinfo import post_heartbeat
+from ...untrusted import Malformed
 from .bundle import (
     FETCH_RECORD,
     UNBUNDLE_TIMEOUT_S,
@@ -31,25 +30,29 @@ from .bundle import (
     fetched_worktree,
     local_haves,
 )
+from .heartbeat import Heartbeat
 from .host import RemoteRunHandle, SSHHost
 from .peers import (
     Peer,
     checked_entry,
-    clear_pending_stop,
     load_state,
-    record_probe,
     status_of,
     unusable_reason,
 )
+from .protocol import parse_cleanup_reply, task_payload
 from .transport import PeerError, PeerUnreachable
 
 if TYPE_CHECKING:
     from ...config import Config
 
 HEARTBEAT_S = 5.0
+CLEANUP_TIMEOUT_S = 120.0
 SUMMARY_LIMIT = 2000
 #: Verifier kinds that run on this machine, on the branch fetched back from the peer.
 LOCAL_KINDS = ("brain", "agent")
+
+#: A peer's why-not while its first heartbeat round (connect, worker, probe) runs.
+CONNECTING = "is being connected to (its first heartbeat)"
 
 
 class WrongWorkspace(PeerError):
@@ -101,62 +104,6 @@ def check_workspace(task: Any, ws: dict[str, Any], peer: str) -> Workspace:
     return Workspace(path=path, branch=want, repo=repo, base_ref=spec.git_ref, is_worktree=True, root=root)
 
 
-def probe_error(e: Exception) -> str:
-    """A failed probe, phrased to follow the peer's name."""
-    if isinstance(e, PeerUnreachable):
-        return f"could not be reached: {e}"
-    text = str(e)
-    if text.startswith(("has no fleetrun", "gave no JSON")):
-        return text
-    return f"answered its probe with an error: {text}"
-
-
-class Heartbeat(threading.Thread):
-    """Probes one peer every ``interval`` seconds over its open transport and records
-    what it heard (``peers-state.json``). A failed probe keeps the last reply, so the
-    peer turns stale once that reply is older than ``stale_after_secs``."""
-
-    def __init__(self, host: SSHHost, home: Any, interval: float) -> None:
-        super().__init__(name=f"fleetrun-heartbeat-{host.name}", daemon=True)
-        self.host = host
-        self.home = home
-        self.interval = interval
-        self.entry: dict[str, Any] = checked_entry(load_state(home).get(host.name))[0]
-        self.first_done = threading.Event()
-        self._halt = threading.Event()
-
-    def run(self) -> None:
-        while not self._halt.is_set():
-            began = time.monotonic()
-            try:
-                self.beat()
-            except Exception as e:  # a heartbeat never takes the loop down
-                self.entry = dict(self.entry, error=f"heartbeat failed: {type(e).__name__}: {e}", error_at=time.time())
-            self.first_done.set()
-            post_heartbeat(self.host, self.entry, time.monotonic() - began)  # fleetrun_host_heartbeat
-            self._halt.wait(self.interval)
-
-    def beat(self) -> None:
-        try:
-            probe = self.host.probe(timeout=max(5.0, min(15.0, 2 * self.interval)), may_connect=True)
-        except (PeerUnreachable, PeerError) as e:
-            if not self._halt.is_set():
-                self.entry = record_probe(self.home, self.host.name, None, error=probe_error(e))
-            return
-        self.entry = record_probe(self.home, self.host.name, probe)
-        for attempt_id, s in (checked_entry(self.entry)[0].get("pending_stops") or {}).items():
-            try:  # `cancel` could not reach it: stop the attempt now
-                args = ["--attempt", attempt_id, *(["--pid", str(s["pid"])] if s.get("pid") else []),
-                        *(["--token", s["token"]] if s.get("token") else [])]
-                self.host.call("stop", *args, may_connect=True)
-            except (PeerUnreachable, PeerError):
-                return
-            clear_pending_stop(self.home, self.host.name, attempt_id)
-
-    def halt(self) -> None:
-        self._halt.set()
-
-
 class Relay:
     """The peers of this run and their heartbeats."""
 
@@ -165,6 +112,7 @@ class Relay:
         self.peers = peers
         self.hosts = {name: SSHHost(p, config.home, relay=self) for name, p in peers.items()}
         self.beats: dict[str, Heartbeat] = {}
+        self._cleanups: list[tuple[Any, SSHHost, Any]] = []  # (task, host, Pending cleanup request)
         self.interval = float(config.setting("relay", "heartbeat_secs", HEARTBEAT_S))
 
     def close(self) -> None:
@@ -177,6 +125,16 @@ class Relay:
         for h in self.hosts.values():
             h.close()  # a probe may have connected again meanwhile
         self.beats.clear()
+
+    @hookimpl
+    def fleetrun_sessionstart(self, session: Any) -> None:
+        """A work loop is about to run: hear from every peer now, so that each worker
+        starts (a Python process loading fleetrun there: ~0.5 s) while this side queues
+        its tasks, not on the first task's path."""
+        from ... import heartbeats
+
+        heartbeats.install(self.config)  # the first rounds' heartbeats reach the hook too
+        self.start_heartbeats()
 
     def start_heartbeats(self) -> None:
         for name, host in self.hosts.items():
@@ -229,6 +187,11 @@ class Relay:
         status = status_of(entry, policy.stale_after_secs, now)
         why = malformed or (unusable_reason(probe) if probe else None)
         needs_operator = why is not None and not malformed  # fleetrun there too old: a person upgrades it
+        beat = self.beats.get(name)
+        if why is None and beat is not None and not beat.first_done.is_set():
+            # the first round starts its worker: a task sent now would wait for that on
+            # the loop's thread, and every other task with it (fleetrun_place waits a second)
+            why = CONNECTING
         if why is None and entry.get("error") and (entry.get("error_at") or 0) >= (entry.get("last_heard") or 0):
             why = str(entry["error"])
             needs_operator = why.startswith("has no fleetrun")  # unreachable may clear; this does not
@@ -254,7 +217,16 @@ class Relay:
     @hookimpl(wrapper=True)
     def fleetrun_place(self, task: Any, candidates: list[Candidate], policy: Any, config: Config) -> Any:
         result = yield
-        if isinstance(result, Wait) and result.until is None and self.first_probe_pending():
+        if not self.first_probe_pending():
+            return result
+        connecting = sorted(c.name for c in candidates if c.kind == "peer" and c.why_not == CONNECTING)
+        if isinstance(result, Placement) and connecting:
+            # the peers that have not reported in yet may have the most room: a task placed
+            # now would go to whoever answered first (as the loop starts: the first rounds
+            # take about a second; one that fails ends the wait)
+            return Wait(reason=f"waiting for the first heartbeat of {', '.join(connecting)}",
+                        until=time.time() + 1.0)
+        if isinstance(result, Wait) and result.until is None:
             result.until = time.time() + 1.0  # a peer is about to report in: this is not idle yet
         return result
 
@@ -455,11 +427,41 @@ class Relay:
         if task.state is not State.DONE or not task.worktree:
             return
         try:
-            r = host.cleanup(task)
-        except (PeerUnreachable, PeerError) as e:
+            if host.live_worker() is None:
+                return self._cleaned(task, host, host.cleanup(task))
+            # through the worker, not waited for: the loop goes on with other tasks; the
+            # note is written by a later pass (fleetrun_loop_pass), or as the run ends
+            self._cleanups.append((task, host, host.call("cleanup", payload={"task": task_payload(task)},
+                                                         wait=False)))
+        except (PeerUnreachable, PeerError, Malformed) as e:
             self._note(task.id, f"could not clean up worktree {task.worktree} on {host.name}: {e}")
-            return
+
+    def _cleaned(self, task: Any, host: SSHHost, r: dict[str, Any]) -> None:
         if r.get("removed"):
             self._note(task.id, f"removed clean worktree {task.worktree} on {host.name}; branch {task.branch} stays")
         else:
             self._note(task.id, f"kept worktree {task.worktree} on {host.name}")
+
+    def _reap_cleanups(self, wait: bool) -> None:
+        """Note the cleanups whose reply came (``wait``: every one, waiting for each)."""
+        left = []
+        for task, host, p in self._cleanups:
+            if not (wait or p.done()):
+                left.append((task, host, p))
+                continue
+            try:
+                code, answer = p.wait(max(0.0, CLEANUP_TIMEOUT_S - (time.monotonic() - p.began)))
+                self._cleaned(task, host, parse_cleanup_reply(host._checked("cleanup", code, answer)))
+            except (PeerUnreachable, PeerError, Malformed) as e:
+                self._note(task.id, f"could not clean up worktree {task.worktree} on {host.name}: {e}")
+        self._cleanups = left
+
+    @hookimpl
+    def fleetrun_loop_pass(self, config: Config, duration_s: float) -> None:
+        if self._cleanups:
+            self._reap_cleanups(wait=False)
+
+    @hookimpl(tryfirst=True)
+    def fleetrun_sessionfinish(self, session: Any, exitstatus: int) -> None:
+        """The run ends: its peers' cleanups are waited for (the worker ends with the run)."""
+        self._reap_cleanups(wait=True)

@@ -20,6 +20,7 @@ import json
 import select
 import socket
 import threading
+import time
 from pathlib import Path
 from typing import Any, Callable, Optional
 
@@ -43,6 +44,38 @@ class WorkerUnavailable(Exception):
     another protocol): use the one-shot verbs. The message says why."""
 
 
+class Pending:
+    """A request sent to a worker; its reply once it came (:meth:`done`, :meth:`wait`)."""
+
+    def __init__(self, worker: Worker, wake: bool) -> None:
+        self.worker = worker
+        self.wake = wake
+        self.id = 0
+        self.event = threading.Event()
+        self.answer: Optional[tuple[int, dict[str, Any]]] = None
+        self.began = time.monotonic()
+
+    def done(self) -> bool:
+        """Whether the reply came, or the worker went away (:meth:`wait` says which)."""
+        return self.event.is_set()
+
+    def wait(self, timeout: float) -> tuple[int, dict[str, Any]]:
+        """(the verb's exit code, its reply), waiting at most ``timeout`` seconds.
+
+        :raises PeerUnreachable: the worker or the link went away, or no reply came in
+            time (``delivered``: it may have acted).
+        """
+        w = self.worker
+        if not self.event.wait(timeout):
+            with w._lock:
+                w._waiting.pop(self.id, None)
+            raise PeerUnreachable(f"no reply from the worker within {timeout:g}s", delivered=True)
+        if self.answer is None:
+            raise PeerUnreachable(f"the worker is gone: {w.error}", delivered=True)
+        w.rtt = time.monotonic() - self.began
+        return self.answer
+
+
 class Worker:
     """One worker on one transport.
 
@@ -50,6 +83,9 @@ class Worker:
     :ivar verified: (attempt id, step) -> the verifier's result, from ``verified`` events.
     :ivar watching: attempts the worker was asked about, so it pushes their end, with
         the last status heard of each.
+    :ivar rtt: the last request's round trip, seconds (a pushed heartbeat's latency).
+    :ivar pushed: the newest heartbeat it pushed (a probe reply) that
+        :meth:`take_pushed` has not taken; ``kick`` is set as one comes.
     """
 
     def __init__(self, transport: Any, command: list[str], home: Path, name: str,
@@ -59,6 +95,9 @@ class Worker:
         self.home = home
         self.name = name
         self.on_log = on_log
+        self.rtt: Optional[float] = None
+        self.pushed: Optional[dict[str, Any]] = None  # the newest pushed heartbeat not yet taken
+        self.kick = threading.Event()  # set by each pushed heartbeat, and as the worker ends
         self.ended: dict[str, tuple[dict[str, Any], int]] = {}
         self.verified: dict[tuple[str, int], VerifyStatus] = {}
         self.watching: dict[str, dict[str, Any]] = {}
@@ -69,10 +108,15 @@ class Worker:
         self._next_id = 0
         self._lock = threading.Lock()  # ids, the waiting table
         self._send_lock = threading.Lock()  # one request on the channel at a time
-        self._waiting: dict[int, list[Any]] = {}  # id -> [event, (code, reply) | None]
+        self._waiting: dict[int, Pending] = {}
         self._hello = threading.Event()
         self._err = bytearray()
         self._channel: Any = None
+
+    @property
+    def beats(self) -> bool:
+        """Whether it pushes heartbeats (its hello said so)."""
+        return bool(self.info.get("beats"))
 
     @property
     def alive(self) -> bool:
@@ -98,6 +142,12 @@ class Worker:
         if self.error is not None:
             raise WorkerUnavailable(self.error)
 
+    def take_pushed(self) -> Optional[dict[str, Any]]:
+        """The newest pushed heartbeat since the last call, or None."""
+        self.kick.clear()
+        probe, self.pushed = self.pushed, None
+        return probe
+
     def close(self, reason: str = "closed") -> None:
         """End the worker; the requests waiting fail with ``reason``."""
         with self._lock:
@@ -106,13 +156,14 @@ class Worker:
                 self.error = reason
             waiting, self._waiting = self._waiting, {}
         for slot in waiting.values():
-            slot[0].set()
+            slot.event.set()
         if self._channel is not None:
             try:
                 self._channel.close()
             except Exception:  # noqa: BLE001 - closing a broken channel
                 pass
         self._hello.set()
+        self.kick.set()  # a heartbeat waiting for a push asks for itself now
         if was_alive:
             self.wake()  # the loop asks again, through another worker or the one-shot verbs
 
@@ -123,16 +174,25 @@ class Worker:
         :raises PeerUnreachable: the worker or the link went away, or no reply came in
             time (``delivered``: it may have acted).
         """
+        return self.submit(verb, args, payload).wait(timeout)
+
+    def submit(self, verb: str, args: list[str], payload: Optional[dict[str, Any]],
+               wake: bool = False) -> Pending:
+        """Send one request; its reply comes to the :class:`Pending` returned.
+
+        :param wake: wake the loop when the reply comes (one that does not wait for it).
+        :raises PeerUnreachable: the worker is gone, or the request could not be sent.
+        """
         msg: dict[str, Any] = {"verb": verb, "args": args}
         if payload is not None:
             msg["payload"] = payload
-        slot: list[Any] = [threading.Event(), None]
+        slot = Pending(self, wake)
         with self._lock:
             if self.error is not None:
                 raise PeerUnreachable(f"the worker is gone: {self.error}")
             self._next_id += 1
-            msg["id"] = rid = self._next_id
-            self._waiting[rid] = slot
+            msg["id"] = slot.id = self._next_id
+            self._waiting[slot.id] = slot
             self.requests += 1
         try:
             # not under _lock: a send that waits for the channel's window must not keep
@@ -141,16 +201,9 @@ class Worker:
                 self._channel.sendall(worker_line(msg))
         except Exception as e:  # noqa: BLE001 - paramiko raises several kinds
             with self._lock:
-                self._waiting.pop(rid, None)
+                self._waiting.pop(slot.id, None)
             raise PeerUnreachable(f"could not send to the worker: {e}") from None
-        if not slot[0].wait(timeout):
-            with self._lock:
-                self._waiting.pop(rid, None)
-            raise PeerUnreachable(f"no reply from the worker within {timeout:g}s", delivered=True)
-        if slot[1] is None:
-            raise PeerUnreachable(f"the worker is gone: {self.error}", delivered=True)
-        code, reply = slot[1]
-        return code, reply
+        return slot
 
     # -- the reader thread --------------------------------------------------------------
 
@@ -220,8 +273,14 @@ class Worker:
             with self._lock:
                 slot = self._waiting.pop(m.id, None)
             if slot is not None:
-                slot[1] = (m.code, m.reply or {})
-                slot[0].set()
+                slot.answer = (m.code, m.reply or {})
+                slot.event.set()
+                if slot.wake:
+                    self.wake()  # the loop did not wait for it: tell it it came
+            return
+        if m.kind == "probe" and m.probe is not None:
+            self.pushed = m.probe  # a heartbeat: the heartbeat thread's, not the loop's
+            self.kick.set()
             return
         if m.kind == "log" and m.chunk is not None:
             self.on_log(m.attempt, m.chunk)
@@ -234,14 +293,20 @@ class Worker:
 
     def wake(self) -> None:
         """Wake this machine's loop, as a local shepherd does when its agent ends."""
-        from ...liveness import sock_path
+        wake_loop(self.home)
 
+
+def wake_loop(home: Path) -> None:
+    """Wake the loop of ``home`` (a datagram to its wake-up socket), never waiting."""
+    from ...liveness import sock_path
+
+    try:
+        s = socket.socket(socket.AF_UNIX, socket.SOCK_DGRAM)
         try:
-            s = socket.socket(socket.AF_UNIX, socket.SOCK_DGRAM)
-            try:
-                s.sendto(b"peer", sock_path(self.home))
-            finally:
-                s.close()
-        except OSError:
-            pass  # no loop listening (a `relay peers`, a test): nothing to wake
-
+            # never waited on: a full queue means the loop has wake-ups to read, and
+            # a reader blocked here could not read the reply the busy loop waits for
+            s.sendto(b"peer", socket.MSG_DONTWAIT, sock_path(home))
+        finally:
+            s.close()
+    except OSError:
+        pass  # no loop listening (a `relay peers`, a test), or it is woken already

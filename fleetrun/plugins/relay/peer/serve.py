@@ -9,7 +9,10 @@ and reply, computed by the same functions (:func:`.verbs.answer`), so every chec
 untrusted id or path holds here as it does there. Requests run each in a thread of its
 own: a long ``prepare`` does not hold up a ``status``.
 
-And it pushes events: ``hello`` first; then, for each attempt and verifier it was asked
+And it pushes events: ``hello`` first (``"beats": 1``: it pushes heartbeats); then
+``probe`` (its headroom, the reply a ``probe`` request gets) every ``beat_secs`` once a
+``probe`` request asked for that, so the supervisor sends no request to hear that the
+peer is there; and, for each attempt and verifier it was asked
 about (``start``, ``status``, ``verify-start``, ``verify-status``), ``log`` chunks as the
 log grows and ``ended``/``verified`` once it is over. It learns of an end as the local
 loop does: a pidfd of the shepherd (or of the verifier's runner) is readable the moment
@@ -37,7 +40,13 @@ from typing import Any, Optional
 
 from fleetrun.untrusted import Malformed
 
-from ..protocol import MAX_WORKER_LINE, WORKER_PROTOCOL, parse_worker_request, worker_line
+from ..protocol import (
+    MAX_WORKER_LINE,
+    WORKER_PROTOCOL,
+    beat_secs,
+    parse_worker_request,
+    worker_line,
+)
 from .request import NOTIFY, PAYLOAD, HasHome
 
 TICK_S = 1.0  # log chunks and the look at attempts without a pidfd, this often
@@ -118,6 +127,9 @@ class Worker:
         self.gone = False
         self.trace = os.environ.get(TRACE_ENV)
         self.sock, self.sock_path = _wake_socket(config)
+        self.beat_every: Optional[float] = None  # push a probe this often (a probe request asked)
+        self.next_beat = 0.0
+        self.beating = False  # a pushed probe is being measured
 
     def send(self, message: dict[str, Any]) -> None:
         data = memoryview(worker_line(message))
@@ -132,7 +144,8 @@ class Worker:
     def run(self) -> int:
         from fleetrun import __version__
 
-        self.send({"event": "hello", "protocol": WORKER_PROTOCOL, "fleetrun": __version__, "pid": os.getpid()})
+        self.send({"event": "hello", "protocol": WORKER_PROTOCOL, "fleetrun": __version__, "pid": os.getpid(),
+                   "beats": 1})
         try:
             return self.loop()
         finally:
@@ -150,7 +163,8 @@ class Worker:
             fds = [self.inp, self.wake_r, *(w.fd for w in self.watches.values() if w.fd is not None)]
             if self.sock is not None:
                 fds.append(self.sock.fileno())
-            ready, _, _ = select.select(fds, [], [], max(0.0, next_tick - time.monotonic()))
+            wake_at = min(next_tick, self.next_beat) if self.beat_every else next_tick
+            ready, _, _ = select.select(fds, [], [], max(0.0, wake_at - time.monotonic()))
             if self.inp in ready:
                 data = os.read(self.inp, 1 << 20)
                 if not data:
@@ -180,6 +194,10 @@ class Worker:
                     old.sent, old.fresh = w.sent, True
                 else:
                     self.watches[(w.attempt, w.idx)] = w
+            if self.beat_every and time.monotonic() >= self.next_beat and not self.beating:
+                self.next_beat = time.monotonic() + self.beat_every
+                self.beating = True  # measured in a thread: psutil and the tools' cache take a while
+                threading.Thread(target=self.beat, name="serve-beat", daemon=True).start()
             tick = time.monotonic() >= next_tick
             if tick:
                 next_tick = time.monotonic() + TICK_S
@@ -203,6 +221,17 @@ class Worker:
             w = self.watches.get((name, None))
             if w is not None:  # any other datagram is nobody's: ignored
                 w.fresh = True
+
+    def beat(self) -> None:
+        """Push this peer's headroom: what a ``probe`` request would be answered."""
+        from .verbs import _parser, answer
+
+        try:
+            reply, code = answer(self.config, _parser().parse_args(["probe"]))
+        finally:
+            self.beating = False
+        if code == 0:
+            self.send({"event": "probe", "probe": reply})
 
     # -- requests ----------------------------------------------------------------------
 
@@ -230,6 +259,10 @@ class Worker:
             return
         reply, code = answer(self.config, ns)
         self.send({"id": req.id, "code": code, "reply": reply})
+        every = beat_secs(req.payload) if req.verb == "probe" else None
+        if every is not None:  # from now on pushed, counted from this answer
+            self.next_beat, self.beat_every = time.monotonic() + every, every
+            os.write(self.wake_w, b"b")
         if code == 0:
             w = self.watch_for(req, ns, reply)
             if w is not None:
