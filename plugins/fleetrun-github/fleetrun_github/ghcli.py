@@ -13,7 +13,6 @@ from __future__ import annotations
 import json
 import os
 import re
-import subprocess
 from dataclasses import dataclass
 from typing import Optional, Union
 
@@ -62,6 +61,8 @@ def run(argv: list[str], cwd: str, timeout_s: float, stdin: Optional[str] = None
     """Run ``argv`` in ``cwd`` with this process's environment (``GH_TOKEN`` and the
     git credential helpers reach the program, and nothing writes them down) plus
     ``env``; never a shell, never a terminal prompt."""
+    import subprocess  # here: fleetrun --help loads the plugin, and must not import it
+
     full = dict(os.environ, GIT_TERMINAL_PROMPT="0", GH_PROMPT_DISABLED="1", GH_NO_UPDATE_NOTIFIER="1",
                 NO_COLOR="1", GH_SPINNER_DISABLED="1", **(env or {}))
     try:

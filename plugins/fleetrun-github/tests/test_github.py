@@ -314,3 +314,13 @@ def test_title_and_body_quote_untrusted_text_as_text() -> None:
     assert "- none: the task is DONE when its session ended well" in text
     assert "$0.00 (at least: an attempt's cost is unknown) over 1 attempt." in text
     assert "x[2Jy" in text and "\x1b" not in text
+
+
+def test_loading_the_plugin_imports_no_subprocess() -> None:
+    """``fleetrun --help`` loads every installed plugin to read its verbs and options:
+    importing this one must stay light (tests/test_startup.py's budget for --help)."""
+    here = Path(__file__).resolve().parents[1]
+    probe = "import sys, fleetrun_github; print(sorted({'subprocess', 'threading'} & set(sys.modules)))"
+    out = subprocess.run([sys.executable, "-c", probe], capture_output=True, text=True, check=True,
+                         env=dict(os.environ, PYTHONPATH=str(here))).stdout.strip()
+    assert out == "[]", out
