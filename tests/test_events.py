@@ -7,6 +7,7 @@ from __future__ import annotations
 import json
 import multiprocessing
 import os
+import random
 import re
 import stat
 from pathlib import Path
@@ -295,3 +296,15 @@ def test_a_pass_writes_its_lines_in_one_write(fleeter: Any, monkeypatch: pytest.
     assert first[0]["type"] == "run_start" and {e["type"] for e in first[1:]} == {"waiting"}
     assert [json.loads(w)["type"] for w in probe.writes[1:]] == ["run_end"]
     assert b"".join(probe.writes) == (fleeter.home / "events.ndjson").read_bytes()
+
+
+def test_the_stamp_is_what_datetime_says() -> None:
+    """``stamp`` keeps the second it last formatted (a pass's lines share a few): the
+    same text as ``datetime``'s, rounding included, across a second's edge and back."""
+    from datetime import datetime, timezone
+
+    rng = random.Random(15)
+    times = [rng.uniform(0, 4e9) for _ in range(3000)] + [1764606600 + i / 1000 for i in range(-5, 6)]
+    times += [1764606600.9995, 1764606600.9999996, 1764606599.0, 1764606600.0004999]
+    for t in times:
+        assert stamp(t) == datetime.fromtimestamp(t, timezone.utc).isoformat(timespec="milliseconds")[:-6] + "Z", t
