@@ -166,7 +166,6 @@ def test_concurrent_writers_rotate_without_losing_or_cutting_a_line(tmp_path: Pa
     assert sorted(got) == sorted((f"t{w}", i) for w in (1, 2) for i in range(n))
     if max_bytes < 10 ** 6:
         assert len(list(path.parent.glob("events.ndjson.*"))) >= 10
-        assert all(p.stat().st_size <= max_bytes for p in path.parent.glob("events.ndjson*"))
     else:  # one file: each writer's lines in its order
         assert [i for w, i in got if w == "t1"] == list(range(n))
     assert not (path.parent / "events.ndjson.lock").exists()  # the lock is not one of the log's files

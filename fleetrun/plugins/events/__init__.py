@@ -15,7 +15,6 @@ from __future__ import annotations
 import json
 import math
 import os
-import threading
 import time
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Optional
@@ -28,6 +27,8 @@ from ...version import __version__
 from .log import CHUNK_BYTES, DEFAULT_KEEP, DEFAULT_MAX_BYTES, Copy, HomeLog
 
 if TYPE_CHECKING:
+    from threading import Lock
+
     from ...config import Config
 
 #: The schema version every line carries; fields and types are only ever added to it.
@@ -54,27 +55,40 @@ class Sinks:
         self.batching = False
         self.pending: list[bytes] = []
         self.pending_bytes = 0
+        self.lock: Optional[Lock] = None  # made by start_batching(), for a loop only
+
+    def start_batching(self) -> None:
+        """A work loop starts: keep the lines until :meth:`flush`."""
         # the hooks come on the loop's thread; the lock is for a plugin that calls one
-        # from a thread of its own
+        # from a thread of its own. Imported here: a verb of an operator starts no thread
+        import threading
+
         self.lock = threading.Lock()
+        self.batching = True
 
     def emit(self, type_: str, fields: dict[str, Any]) -> None:
         event = {"v": VERSION, "type": type_, "at": stamp(time.time()), **fields}
         line = (json.dumps(event, default=str, allow_nan=False) + "\n").encode()
         if self.copy is not None and self.copy.live:
             self._to_copy(line)
+        if self.lock is None:  # not a loop: the line is written as it happens
+            self._write([line])
+            return
         with self.lock:
             self.pending.append(line)
             self.pending_bytes += len(line)
-            if self.batching and self.pending_bytes < CHUNK_BYTES:
-                return
-            lines, self.pending, self.pending_bytes = self.pending, [], 0
-        self._write(lines)
+            if not self.batching or self.pending_bytes >= CHUNK_BYTES:
+                self._flush()
 
     def flush(self) -> None:
-        """Write the lines kept so far."""
-        with self.lock:
-            lines, self.pending, self.pending_bytes = self.pending, [], 0
+        """Write the lines kept so far (the end of a pass, of the run)."""
+        if self.lock is not None:
+            with self.lock:
+                self._flush()
+
+    def _flush(self) -> None:
+        # under the lock, the write too: two threads' lines stay in their order
+        lines, self.pending, self.pending_bytes = self.pending, [], 0
         if lines:
             self._write(lines)
 
@@ -221,8 +235,7 @@ def fleetrun_unconfigure(config: Config) -> None:
 @hookimpl(trylast=True)
 def fleetrun_sessionstart(session: Any) -> None:
     config = session.config
-    sinks = _sinks(config)
-    sinks.batching = True  # a work loop: its lines are written pass by pass
+    _sinks(config).start_batching()  # a work loop: its lines are written pass by pass
     _emit(config, "run_start", pid=os.getpid(), version=__version__, verb=config.option.verb,
           files=[str(f) for f in (config.getoption("files") or [])], tasks=len(session.items or []),
           home=str(config.home))
