@@ -6,6 +6,8 @@ from __future__ import annotations
 
 import json
 import multiprocessing
+import os
+import random
 import re
 import stat
 from pathlib import Path
@@ -14,9 +16,12 @@ from typing import Any
 import pytest
 from eventcheck import event_files, event_problems
 
+import fleetrun
 from fleetrun.plugins.events import stamp
-from fleetrun.plugins.events.log import HomeLog
+from fleetrun.plugins.events.log import HomeLog, chunks
 from fleetrun.plugins.events.schema import check_lines, load_schema
+from fleetrun.taskspec import TaskSpec
+from fleetrun.waiting import TICKERS_KEY
 
 DOCS = Path(__file__).resolve().parents[1] / "docs" / "events.md"
 TYPES = {"run_start", "run_end", "queued", "transition", "attempt_started", "attempt_ended", "verdict",
@@ -129,29 +134,52 @@ def test_a_bad_events_setting_is_a_usage_error(fleeter: Any, text: str, message:
     assert not (fleeter.home / "events.ndjson").exists()
 
 
-def _append(path: str, who: int, n: int) -> None:
-    log = HomeLog(Path(path), max_bytes=3000, keep=1000)
-    for i in range(n):
-        event = {"v": 1, "type": "waiting", "at": stamp(i), "task": f"t{who}", "name": str(i), "reason": "x" * (i % 50)}
-        log.write((json.dumps(event) + "\n").encode())
+def _append(path: str, who: int, n: int, max_bytes: int, batch: int) -> None:
+    """``n`` lines, written ``batch`` lines at a time (``i % batch + 1`` when rotating:
+    one line, or a pass's few)."""
+    log = HomeLog(Path(path), max_bytes=max_bytes, keep=1000)
+    lines = [(json.dumps({"v": 1, "type": "waiting", "at": stamp(i), "task": f"t{who}", "name": str(i),
+                          "reason": "x" * (i % 50)}) + "\n").encode() for i in range(n)]
+    i = 0
+    while i < n:
+        step = batch if max_bytes > 10 ** 6 else i % batch + 1
+        log.write_lines(lines[i:i + step])
+        i += step
 
 
-def test_concurrent_writers_rotate_without_losing_or_cutting_a_line(tmp_path: Path) -> None:
-    """Two processes append 400 lines each while the file rotates every ~40 lines."""
+@pytest.mark.parametrize(("n", "max_bytes", "batch"), [(400, 3000, 6), (3000, 10 ** 7, 1000)])
+def test_concurrent_writers_rotate_without_losing_or_cutting_a_line(tmp_path: Path, n: int, max_bytes: int,
+                                                                     batch: int) -> None:
+    """Two processes append lines one or a few at a time while the file rotates every
+    ~40 lines; then in batches of ~140 KiB, written in chunks of whole lines."""
     path = tmp_path / "logs" / "events.ndjson"
     path.parent.mkdir()
     ctx = multiprocessing.get_context("spawn")
-    procs = [ctx.Process(target=_append, args=(str(path), who, 400)) for who in (1, 2)]
+    procs = [ctx.Process(target=_append, args=(str(path), who, n, max_bytes, batch)) for who in (1, 2)]
     for p in procs:
         p.start()
     for p in procs:
         p.join(60)
         assert p.exitcode == 0
     lines = [line for f in path.parent.glob("events.ndjson*") for line in f.read_text().splitlines()]
-    got = sorted((e["task"], int(e["name"])) for e in map(json.loads, lines))
-    assert got == sorted((f"t{w}", i) for w in (1, 2) for i in range(400))
-    assert len(list(path.parent.glob("events.ndjson.*"))) >= 10
+    got = [(e["task"], int(e["name"])) for e in map(json.loads, lines)]
+    assert sorted(got) == sorted((f"t{w}", i) for w in (1, 2) for i in range(n))
+    if max_bytes < 10 ** 6:
+        assert len(list(path.parent.glob("events.ndjson.*"))) >= 10
+    else:  # one file: each writer's lines in its order
+        assert [i for w, i in got if w == "t1"] == list(range(n))
     assert not (path.parent / "events.ndjson.lock").exists()  # the lock is not one of the log's files
+
+
+def test_a_chunk_is_whole_lines_within_the_limits() -> None:
+    lines = [b"a" * 10 + b"\n"] * 5 + [b"b" * 40 + b"\n"]
+    assert chunks(lines, 0, 0, 1000, limit=34) == 3  # 3 lines of 11 bytes; a 4th would pass 34
+    assert chunks(lines, 3, 0, 1000, limit=34) == 5  # the 41-byte line after them goes alone
+    assert chunks(lines, 5, 0, 1000, limit=34) == 6  # longer than the limit: alone, whole
+    assert chunks(lines, 0, 80, 100) == 1  # a file of 80 bytes takes one more before 100
+    assert chunks(lines, 0, 95, 100) == 0  # not one: rotate first
+    assert chunks(lines, 5, 0, 20) == 6  # an empty file takes a line of any length
+    assert chunks(lines, 6, 0, 20) == 6  # nothing left
 
 
 def test_the_validator_names_the_file_and_line_of_a_bad_event(tmp_path: Path) -> None:
@@ -220,3 +248,62 @@ def test_the_attempt_hooks_come_once_per_attempt_with_the_recorded_attempt(fleet
     assert [(c.attempt.number, c.attempt.state, c.attempt.exit_code, c.attempt.cost_usd) for c in ended] == \
         [(1, "ended", 1, None), (2, "ended", 0, 0.03)]
     assert ended[1].result.session_id == ended[1].attempt.session_id and ended[1].task.cost_usd == 0.03
+
+
+class FirstPasses:
+    """Stops the loop after two passes; counts the ``write`` calls into the home's
+    ``events.ndjson`` and the lines each carried, and what was written by the end of
+    each pass (a ticker: asked at each wait, so after the pass and its hooks)."""
+
+    def __init__(self, monkeypatch: pytest.MonkeyPatch) -> None:
+        self.writes: list[bytes] = []
+        self.after_pass: list[int] = []
+        real = os.write
+
+        def write(fd: int, data: Any) -> int:
+            if os.readlink(f"/proc/self/fd/{fd}").endswith("/events.ndjson"):
+                self.writes.append(bytes(data))
+            return real(fd, data)
+
+        monkeypatch.setattr(os, "write", write)
+
+    @fleetrun.hookimpl
+    def fleetrun_configure(self, config: Any) -> None:
+        config.stash.setdefault(TICKERS_KEY, []).append(self)
+
+    def tick(self) -> float:
+        self.after_pass.append(len(self.writes))
+        if len(self.after_pass) >= 2:
+            raise KeyboardInterrupt
+        return 0.0
+
+
+def test_a_pass_writes_its_lines_in_one_write(fleeter: Any, monkeypatch: pytest.MonkeyPatch) -> None:
+    """200 READY tasks a draining machine holds: the first pass says each is waiting, and
+    the run's start and those 200 lines reach events.ndjson in one ``write``, each line
+    whole; the idle pass after it writes nothing; the run's end is written as it stops."""
+    repo = fleeter.make_repo()
+    fleeter.write_policy("[local]\ndrain = true\n")
+    specs = [TaskSpec(name=f"r{i}", prompt="p", cwd=str(repo), git_ref="main") for i in range(200)]
+    fleeter.ledger().add_tasks(specs, source="tasks.toml", source_hash="h")
+    probe = FirstPasses(monkeypatch)
+    r = fleeter.run("work", plugins=[probe])
+    assert r.ret == 2, r.stderr  # stopped by the probe, as by Ctrl-C
+    assert probe.after_pass == [1, 1]
+    first = [json.loads(line) for line in probe.writes[0].decode().splitlines()]
+    assert probe.writes[0].endswith(b"\n") and len(first) == 201
+    assert first[0]["type"] == "run_start" and {e["type"] for e in first[1:]} == {"waiting"}
+    assert [json.loads(w)["type"] for w in probe.writes[1:]] == ["run_end"]
+    assert b"".join(probe.writes) == (fleeter.home / "events.ndjson").read_bytes()
+
+
+def test_the_stamp_is_what_datetime_says() -> None:
+    """``stamp`` keeps the second it last formatted (a pass's lines share a few): the
+    same text as ``datetime``'s, rounding included, across a second's edge and back."""
+    from datetime import datetime, timezone
+
+    rng = random.Random(15)
+    times = [rng.uniform(0, 4e9) for _ in range(3000)] + [1764606600 + i / 1000 for i in range(-5, 6)]
+    times += [1764606600.9995, 1764606600.9999996, 1764606599.0, 1764606600.0004999]
+    for t in times:
+        assert stamp(t) == datetime.fromtimestamp(t, timezone.utc).isoformat(timespec="milliseconds")[:-6] + "Z", t
