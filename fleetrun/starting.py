@@ -421,11 +421,15 @@ class Starting:
             return False
         crash.point("after_shepherd_start")
         moved = {"host": info.host} if info.host else {}  # it runs elsewhere than placed (a mailbox)
-        with led.tx() as cur:
-            led.update_attempt(att.id, cur=cur, state="running", started=time.time(),
-                               shepherd_pid=info.pid, shepherd_token=info.token, dir=info.dir, **moved)
-        now = loop.move(task, State.RUNNING, info.cause or "started", attempt=att.number)
+        running = dict(state="running", started=time.time(), shepherd_pid=info.pid, shepherd_token=info.token,
+                       dir=info.dir, **moved)
+        # the attempt's pid and the task's RUNNING in one commit: the shepherd already
+        # runs, and a crash before it finds the attempt `starting`, whose shepherd the
+        # restart looks for and adopts (as after_shepherd_start)
+        now = loop.move(task, State.RUNNING, info.cause or "started", attempt=att.number,
+                        also=lambda cur: led.update_attempt(att.id, cur=cur, **running))
         if now is None:  # cancelled while it was starting
+            led.update_attempt(att.id, **running)  # its shepherd is known, to be stopped and reaped
             get_host(loop.config, info.host or att.host).stop(att.id, info.pid, info.token)
         loop.hook.fleetrun_attempt_started(task=now or loop.get(task.id), attempt=loop.get_attempt(att.id),
                                            host=host, config=loop.config)
