@@ -16,7 +16,7 @@ import threading
 import time
 import traceback
 from collections import Counter
-from collections.abc import Iterable, Iterator
+from collections.abc import Callable, Iterable, Iterator
 from contextlib import contextmanager
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Optional
@@ -119,8 +119,9 @@ class Loop:
         if self.exitfirst and dst is State.NEEDS_HUMAN and self.in_scope(task):
             self.stopping = self.stopping or f"stopping after the first NEEDS_HUMAN ({task.name}) (-x)"
 
-    def move(self, task: Task, to: State, cause: str, attempt: Optional[int] = None, **fields: Any) -> Optional[Task]:
-        return ops.move(self.led, task, to, cause, self.notify, attempt=attempt, **fields)
+    def move(self, task: Task, to: State, cause: str, attempt: Optional[int] = None,
+             also: Optional[Callable[[sqlite3.Cursor], None]] = None, **fields: Any) -> Optional[Task]:
+        return ops.move(self.led, task, to, cause, self.notify, attempt=attempt, also=also, **fields)
 
     # -- isolation ---------------------------------------------------------------------
 

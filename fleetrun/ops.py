@@ -7,6 +7,7 @@ one that calls ``fleetrun_transition``).
 
 from __future__ import annotations
 
+import sqlite3
 from typing import Any, Callable, Optional
 
 from . import crash
@@ -22,14 +23,23 @@ def _noop(*args: object) -> None:
 
 
 def move(ledger: Ledger, task: Task, to: State, cause: str, notify: Notify = _noop,
-         attempt: Optional[int] = None, **fields: Any) -> Optional[Task]:
+         attempt: Optional[int] = None, also: Optional[Callable[[sqlite3.Cursor], None]] = None,
+         **fields: Any) -> Optional[Task]:
     """Compare-and-set ``task`` from the state it was read in to ``to``; report it.
 
+    :param also: other writes that belong with the move (the attempt's own record, say),
+        made in the transition's transaction: one commit (one fsync) instead of two, and
+        nothing of them is written when the move is refused. The hook still hears of the
+        move only once it is committed.
     :return: the task as it is now, or None if another process moved it first.
     """
     crash.point(f"before_transition:{to.value}")
     try:
-        prev = ledger.transition(task.id, task.state, to, cause, attempt=attempt, host=task.host, **fields)
+        with ledger.tx() as cur:
+            prev = ledger.transition(task.id, task.state, to, cause, attempt=attempt, host=task.host, cur=cur,
+                                     **fields)
+            if also is not None:
+                also(cur)
     except StateConflict:
         return None
     now = ledger.get(task.id)

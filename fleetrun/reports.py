@@ -175,6 +175,11 @@ class Workspace:
     #: dependencies after it, not merged yet, each ``{"task", "branch"}``)
     conflict: Optional[dict[str, Any]] = None
 
+    @property
+    def task_worktree(self) -> Optional[str]:
+        """What the task's ``worktree`` column holds for it (None: no worktree)."""
+        return self.root or (self.path if self.is_worktree else None)
+
 
 @dataclass
 class Handoff:

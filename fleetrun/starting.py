@@ -8,10 +8,13 @@ adoption (:mod:`fleetrun.adoption`) picks up after each.
 
 from __future__ import annotations
 
+import contextlib
 import os
+import sqlite3
 import time
 import types
-from dataclasses import asdict, dataclass
+from collections.abc import Callable
+from dataclasses import asdict, dataclass, replace
 from typing import TYPE_CHECKING, Any, Optional
 
 from . import clock, crash
@@ -346,6 +349,9 @@ class Starting:
         """The attempt's workspace is made: record it, then setup or the agent."""
         loop = self.loop
         crash.point("after_worktree")
+        if not task.spec.setup:
+            # recorded with the attempt's next write, before any effect (durability.md)
+            return self.launch(task, att, ws, kind, prev, made=(ws, host))
         self.record_workspace(task, att, ws, host)
         task = loop.get(task.id)
         att = loop.get_attempt(att.id)
@@ -354,20 +360,44 @@ class Starting:
             return True
         return self.launch(task, att, ws, kind, prev)
 
-    def record_workspace(self, task: Task, att: Attempt, ws: Workspace, host: Any) -> None:
-        """The attempt's workspace, and the task's worktree and branch, in the ledger."""
+    def record_workspace(self, task: Task, att: Attempt, ws: Workspace, host: Any, cur: Optional[sqlite3.Cursor] = None) -> None:
+        """The attempt's workspace, the task's worktree and branch (in ``cur``, or a tx)."""
         led = self.loop.led
-        with led.tx() as cur:
-            led.update_attempt(att.id, cur=cur, workspace=asdict(ws), dir=str(host.attempt_dir(att.id)))
-            led.update_task(task.id, cur=cur, worktree=ws.root or (ws.path if ws.is_worktree else None),
-                            branch=ws.branch)
+        if cur is None:
+            with led.tx() as c:
+                return self.record_workspace(task, att, ws, host, c)
+        led.update_attempt(att.id, cur=cur, workspace=asdict(ws), dir=str(host.attempt_dir(att.id)))
+        led.update_task(task.id, cur=cur, worktree=ws.task_worktree, branch=ws.branch)
 
-    def launch(self, task: Task, att: Attempt, ws: Workspace, kind: str, prev: Optional[Attempt]) -> bool:
-        """Build the prompt and start the agent in a prepared (and set up) workspace."""
+    def launch(self, task: Task, att: Attempt, ws: Workspace, kind: str, prev: Optional[Attempt],
+               made: Optional[tuple[Workspace, Any]] = None) -> bool:
+        """Build the prompt and start the agent in a prepared (and set up) workspace.
+
+        :param made: a workspace just made and not yet recorded, and its host: it is
+            written in the transaction of the attempt's next write, before any effect."""
         loop = self.loop
-        led = loop.led
-        ending = loop.ending
         host = get_host(loop.config, att.host)
+        if made is not None:  # what the ledger will say once it is recorded
+            att = replace(att, workspace=asdict(made[0]), dir=str(made[1].attempt_dir(att.id)))
+            task = replace(task, worktree=made[0].task_worktree, branch=made[0].branch)
+
+        def record(**fields: Any) -> None:
+            nonlocal made
+            with loop.led.tx() as cur:
+                if made is not None:
+                    self.record_workspace(task, att, made[0], made[1], cur)
+                loop.led.update_attempt(att.id, cur=cur, **fields)
+            made = None
+        try:
+            return self._launch(task, att, ws, kind, prev, host, loop.ending, record)
+        except BaseException:  # a hook that raised, Ctrl-C: the worktree is the task's all the same
+            if made is not None:
+                with contextlib.suppress(Exception):  # what goes on up is the first exception
+                    self.record_workspace(task, att, made[0], made[1])
+            raise
+
+    def _launch(self, task: Task, att: Attempt, ws: Workspace, kind: str, prev: Optional[Attempt], host: Any, ending: Any, record: Callable[..., None]) -> bool:
+        loop, led = self.loop, self.loop.led
         context = self.prompt_context(task, kind, prev)
         left = None
         if task.spec.budget_usd is not None:
@@ -386,13 +416,13 @@ class Starting:
             err = e.message
         else:
             if found is None:  # -p no:claude, say: no pass will find a plugin that does
-                led.update_attempt(att.id, state="abandoned", outcome="plugin_missing", ended=time.time())
+                record(state="abandoned", outcome="plugin_missing", ended=time.time())
                 ending.give_up_at_once(task, att, f"plugin_missing:no plugin spawns agent {task.spec.agent!r} "
                                                   "(is its plugin blocked? see -p no:NAME)")
                 return False
             err = ""
         if spawn is None:
-            led.update_attempt(att.id, state="abandoned", outcome="start_failed", ended=time.time())
+            record(state="abandoned", outcome="start_failed", ended=time.time())
             ending.not_started(task, att, f"start_failed:{err}")
             return False
         # an agent that is not installed here never starts: ask a human now, not after
@@ -400,32 +430,36 @@ class Starting:
         path = (spawn.env or {}).get("PATH", os.environ.get("PATH"))
         missing = executable_problem(spawn.argv[0], path) if host.local and spawn.argv else None
         if missing:
-            led.update_attempt(att.id, state="abandoned", outcome="agent_not_found", ended=time.time())
+            record(state="abandoned", outcome="agent_not_found", ended=time.time())
             ending.give_up_at_once(task, att, f"agent_not_found:{missing}")
             return False
-        led.update_attempt(att.id, state="starting", session_id=spawn.session_id,
+        record(state="starting", session_id=spawn.session_id,
                            info={**att.info, "argv": spawn.argv})
         att = loop.get_attempt(att.id)
         try:
             info = loop.hook.fleetrun_start_attempt(task=task, attempt=att, host=host, spawn=spawn,
                                                     prompt=prompt or task.spec.prompt, config=loop.config)
         except Exception as e:  # a peer refused, or could not be reached
-            led.update_attempt(att.id, state="abandoned", outcome="start_failed", ended=time.time())
+            record(state="abandoned", outcome="start_failed", ended=time.time())
             word = "peer_refused" if isinstance(e, StartRefused) else "start_failed"
             ending.not_started(loop.get(task.id), att, f"{word}:{e}")
             return False
         if info is None:  # -p no:shepherd, say: no pass will find a plugin that does
-            led.update_attempt(att.id, state="abandoned", outcome="plugin_missing", ended=time.time())
+            record(state="abandoned", outcome="plugin_missing", ended=time.time())
             ending.give_up_at_once(loop.get(task.id), att, "plugin_missing:no plugin started the attempt (is the "
                                                            "shepherd plugin blocked? see -p no:NAME)")
             return False
         crash.point("after_shepherd_start")
         moved = {"host": info.host} if info.host else {}  # it runs elsewhere than placed (a mailbox)
-        with led.tx() as cur:
-            led.update_attempt(att.id, cur=cur, state="running", started=time.time(),
-                               shepherd_pid=info.pid, shepherd_token=info.token, dir=info.dir, **moved)
-        now = loop.move(task, State.RUNNING, info.cause or "started", attempt=att.number)
+        running = dict(state="running", started=time.time(), shepherd_pid=info.pid, shepherd_token=info.token,
+                       dir=info.dir, **moved)
+        # the attempt's pid and the task's RUNNING in one commit: the shepherd already
+        # runs, and a crash before it finds the attempt `starting`, whose shepherd the
+        # restart looks for and adopts (as after_shepherd_start)
+        now = loop.move(task, State.RUNNING, info.cause or "started", attempt=att.number,
+                        also=lambda cur: led.update_attempt(att.id, cur=cur, **running))
         if now is None:  # cancelled while it was starting
+            led.update_attempt(att.id, **running)  # its shepherd is known, to be stopped and reaped
             get_host(loop.config, info.host or att.host).stop(att.id, info.pid, info.token)
         loop.hook.fleetrun_attempt_started(task=now or loop.get(task.id), attempt=loop.get_attempt(att.id),
                                            host=host, config=loop.config)

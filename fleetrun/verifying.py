@@ -8,6 +8,8 @@ transition after it is finished by adoption (:meth:`VerifyStage.verdict_failed`)
 
 from __future__ import annotations
 
+import sqlite3
+from collections.abc import Callable
 from dataclasses import asdict, dataclass
 from typing import Any, Optional
 
@@ -113,29 +115,41 @@ class VerifyStage:
         """
         loop = self.loop
         self.running.pop(task.id, None)
-        loop.led.update_attempt(v.attempt.id, state="verified")
+        verified = self.verified(v)
         if task.retries < task.spec.max_retries:
-            loop.move(task, State.RETRYING, failed_cause("verify_fail", label, output), attempt=v.attempt.number,
-                      retries=task.retries + 1)
+            now = loop.move(task, State.RETRYING, failed_cause("verify_fail", label, output),
+                            attempt=v.attempt.number, also=verified, retries=task.retries + 1)
         else:
             now = loop.move(task, State.NEEDS_HUMAN, failed_cause("retries_exhausted", label, output),
-                            attempt=v.attempt.number)
+                            attempt=v.attempt.number, also=verified)
             if now is not None:
                 loop.finish_terminal(now)
+        if now is None:  # moved meanwhile (cancelled): the attempt is over all the same
+            verified(None)
+
+    def verified(self, v: Verifying) -> Callable[[Optional[sqlite3.Cursor]], None]:
+        """The attempt's ``verified``, written in the transaction of the move its
+        verdicts decide (one commit, not two). A crash before that commit leaves the
+        attempt ``ended`` with its verdicts recorded, which the restart acts on as after
+        a crash just after the last verdict (``after_verdict``)."""
+        led = self.loop.led
+        return lambda cur: led.update_attempt(v.attempt.id, cur=cur, state="verified")
 
     def all_passed(self, task: Task, v: Verifying) -> None:
         loop = self.loop
         self.running.pop(task.id, None)
-        loop.led.update_attempt(v.attempt.id, state="verified")
         handoff = loop.hook.fleetrun_handoff(task=task, attempt=v.attempt, host=get_host(loop.config, task.host),
                                              config=loop.config)
         fields: dict[str, Any] = {}
         if handoff is not None:
             fields["handoff"] = asdict(handoff)
+        verified = self.verified(v)
         now = loop.move(task, State.DONE, "verify_pass" if task.spec.verify else "exited",
-                        attempt=v.attempt.number, **fields)
-        if now is not None:
-            loop.finish_terminal(now)
+                        attempt=v.attempt.number, also=verified, **fields)
+        if now is None:
+            verified(None)
+            return
+        loop.finish_terminal(now)
 
     # -- for the loop's wait, its interruptions and its containment -----------------------
 

@@ -1,0 +1,102 @@
+"""The ledger commits of a task's life, counted: each is an fsync (``synchronous=FULL``),
+so writes that no effect separates share one (docs/durability.md, *Writes that share
+a commit*). Counted, not timed: the ``COMMIT`` statements every ledger connection of
+the run sends to SQLite."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from fleetrun import ledger_schema
+from fleetrun.fleeter import Fleeter
+
+N = 6
+
+
+class Commits:
+    """The commits that wrote a task's rows, by the SQL of each transaction. One that
+    writes only the ``meta`` table (the waits ``status`` shows, saved once a pass when
+    they changed) is left out: how many there are depends on the machine's speed."""
+
+    def __init__(self) -> None:
+        self.n = 0
+        self.tasks = False
+
+    def __call__(self, sql: str) -> None:
+        word = sql.split(None, 1)[0].upper() if sql.strip() else ""
+        if word == "BEGIN":
+            self.tasks = False
+        elif word in ("INSERT", "UPDATE", "DELETE") and " meta " not in f" {sql} ":
+            self.tasks = True
+        elif word == "COMMIT" and self.tasks:
+            self.n += 1
+
+
+@pytest.fixture
+def commits(monkeypatch: pytest.MonkeyPatch) -> Commits:
+    seen = Commits()
+    real_init = ledger_schema.LedgerFile.__init__
+
+    def init(self: ledger_schema.LedgerFile, *a: Any, **kw: Any) -> None:
+        real_init(self, *a, **kw)
+        self.conn.set_trace_callback(seen)
+
+    monkeypatch.setattr(ledger_schema.LedgerFile, "__init__", init)
+    return seen
+
+
+def test_a_trivial_task_costs_at_most_eight_commits(fleeter: Fleeter, fake_claude: Any, commits: Commits) -> None:
+    fleeter.make_repo()
+    fleeter.write_tasks("\n".join(f'''
+        [[task]]
+        name = "t{i}"
+        cwd = "repo"
+        prompt = "Write out.txt."
+        git_ref = "main"
+          [[task.verify]]
+          run = "test -f out.txt"
+    ''' for i in range(N)))
+    fake_claude.script(**{f"t{i}": [{"actions": [["write", "out.txt", "x"], ["commit", "add out"]]}]
+                          for i in range(N)})
+    queued = commits.n
+    r = fleeter.run("tasks.toml", "--max-tasks", "2")
+    assert r.ret == 0, r.stdout + r.stderr
+    per_task = (commits.n - queued) / N
+    # lease, starting (+ the workspace), RUNNING (+ the shepherd's pid), ended,
+    # VERIFYING, the verdict, DONE (+ the attempt verified), the removal's note: 8, and
+    # the run's own (the queue) spread over the tasks; it was 11
+    assert per_task < 9, f"{per_task:.2f} commits a task"
+    attempts = fleeter.ledger().attempts()
+    assert [a.state for a in attempts] == ["verified"] * N
+    assert all(a.shepherd_pid and a.started and a.workspace and a.dir for a in attempts)
+    assert all(t.branch and t.worktree for t in fleeter.ledger().tasks())  # recorded with `starting`
+
+
+def test_a_hook_raising_before_the_start_still_leaves_the_worktree_recorded(fleeter: Fleeter, fake_claude: Any) -> None:
+    """The workspace waits for the attempt's next write; a prompt hook that raises
+    before it comes leaves the worktree the task's all the same (gc and retry find it)."""
+    fleeter.make_repo()
+    fleeter.write_tasks('''
+        [[task]]
+        name = "boom"
+        cwd = "repo"
+        prompt = "p"
+        git_ref = "main"
+    ''')
+    fleeter.write_fleetconf('''
+import fleetrun
+
+@fleetrun.hookimpl(tryfirst=True)
+def fleetrun_build_prompt(task, attempt, config, context):
+    raise RuntimeError("injected")
+''')
+    r = fleeter.run("tasks.toml")
+    assert r.ret == 1, r.stdout + r.stderr
+    task = fleeter.task("boom")
+    assert (task.state.value, task.reason) == ("NEEDS_HUMAN", "internal_error:RuntimeError: injected")
+    assert task.worktree and (Path(task.worktree) / ".git").exists() and task.branch
+    (att,) = fleeter.ledger().attempts()
+    assert att.workspace and att.workspace["path"] and att.state == "abandoned"
