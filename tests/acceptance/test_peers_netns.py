@@ -151,3 +151,4 @@ def test_a_dropped_link_never_runs_the_attempt_twice(fleeter, fake_claude, peer_
     assert len(fake_claude.calls("t1")) == 1
     transitions = [(tr.from_state, tr.to_state) for tr in fleeter.ledger().transitions(t.id)]
     assert transitions.count(("ASSIGNED", "RUNNING")) == 1
+

@@ -93,3 +93,51 @@ def test_tasks_with_a_role_stay_on_this_machine(fleeter, fake_claude, peer_lab):
     assert r.ret == 1
     r.fnmatch_lines(["cannot place: reviewed: this machine is draining"])
     assert fake_claude.calls() == []
+
+
+def test_a_peer_that_never_answers_holds_placement_back_only_briefly(fleeter, fake_claude, peer_lab):
+    """As the loop starts no task is placed while a peer's first heartbeat runs (that
+    peer may have the most room), but only for a bounded time: a peer whose port takes
+    the connection and never speaks SSH keeps its first round going until the handshake
+    times out (8 s), and the task runs here before that round ends."""
+    import json
+    import socket
+    import threading
+
+    ps = peers(fleeter, peer_lab, mute=9000)
+    assert fleeter.run("undrain").ret == 0
+    m = ps["mute"]
+    m.sshd.stop()
+    listener = socket.socket()
+    listener.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+    listener.bind(("127.0.0.1", m.sshd.port))
+    listener.listen(8)
+    held: list[socket.socket] = []
+    stop = threading.Event()
+
+    def accept() -> None:  # takes every connection, says nothing
+        listener.settimeout(0.2)
+        while not stop.is_set():
+            try:
+                held.append(listener.accept()[0])
+            except OSError:
+                continue
+
+    thread = threading.Thread(target=accept, daemon=True)
+    thread.start()
+    try:
+        tasks(fleeter, "t1")
+        r = fleeter.run("tasks.toml")
+    finally:
+        stop.set()
+        thread.join(5)
+        for s in [*held, listener]:
+            s.close()
+    assert r.ret == 0, r.stdout + r.stderr
+    assert fleeter.task("t1").host == "local"
+    events = [json.loads(line) for line in (fleeter.home / "events.ndjson").read_text().splitlines()]
+    waited = [e for e in events if e["type"] == "waiting" and "first heartbeat of mute" in e["reason"]]
+    assert waited, "placement did not wait for the peer's first round at all"
+    running = next(e["at"] for e in events if e["type"] == "transition" and e["to"] == "RUNNING")
+    beats = [e["at"] for e in events if e["type"] == "peer_heartbeat"]
+    assert not beats or running < beats[0], (running, beats)  # placed before the first round ended

@@ -40,6 +40,7 @@ class Heartbeat(threading.Thread):
         self.interval = interval
         self.entry: dict[str, Any] = checked_entry(load_state(home).get(host.name))[0]
         self.first_done = threading.Event()
+        self.started_at = time.monotonic()  # placement waits for a first round only so long
         self._halt = threading.Event()
 
     def run(self) -> None:

@@ -53,6 +53,10 @@ LOCAL_KINDS = ("brain", "agent")
 
 #: A peer's why-not while its first heartbeat round (connect, worker, probe) runs.
 CONNECTING = "is being connected to (its first heartbeat)"
+#: How long placement waits for the peers' first rounds as the loop starts: a peer on
+#: a LAN answers in well under a second; one that does not answer (its first round
+#: waits out the connect timeout, 8 s) does not hold every task back for that long.
+FIRST_ROUND_WAIT_S = 3.0
 
 
 class WrongWorkspace(PeerError):
@@ -219,7 +223,9 @@ class Relay:
         result = yield
         if not self.first_probe_pending():
             return result
-        connecting = sorted(c.name for c in candidates if c.kind == "peer" and c.why_not == CONNECTING)
+        now = time.monotonic()
+        connecting = sorted(c.name for c in candidates if c.kind == "peer" and c.why_not == CONNECTING
+                            and c.name in self.beats and now - self.beats[c.name].started_at < FIRST_ROUND_WAIT_S)
         if isinstance(result, Placement) and connecting:
             # the peers that have not reported in yet may have the most room: a task placed
             # now would go to whoever answered first (as the loop starts: the first rounds
