@@ -22,7 +22,7 @@ import sqlite3
 from collections.abc import Iterable
 from typing import Any, Optional
 
-from .ledger import Ledger, Task
+from .ledger import LEDGER_KEY, Ledger, Task
 from .stash import StashKey
 from .states import State
 
@@ -214,3 +214,13 @@ class TaskView:
         return [t for t in out if t.queue_id == queue_id] if queue_id else out
 
 
+def tasks_in(config: Any, states: Iterable[State]) -> list[Task]:
+    """The tasks in ``states``: from the loop's view when a loop runs (no query on every
+    pass: placement and the relay's candidates ask for them each pass), else from the
+    ledger (None open: none)."""
+    view = config.stash.get(TASKVIEW_KEY)
+    if view is not None:
+        view.refresh()
+        return view.in_states(states)
+    led = config.stash.get(LEDGER_KEY)
+    return led.tasks(set(states)) if led is not None else []

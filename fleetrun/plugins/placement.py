@@ -27,7 +27,7 @@ from ..probe import Prober, tool_names
 from ..reports import Candidate, Placement, Wait
 from ..stash import Stash, StashKey
 from ..states import ACTIVE, PLACEABLE, State
-from ..taskview import TASKVIEW_KEY
+from ..taskview import tasks_in
 
 if TYPE_CHECKING:
     from ..config import Config
@@ -42,18 +42,7 @@ KEEP_PEAKS = 50
 def local_running(config: Config) -> int:
     """Tasks that hold a slot here: placed, running, or being verified (a verifier such
     as a test suite takes the machine as much as the agent did)."""
-    return sum(1 for t in _tasks_in(config, ACTIVE) if t.host in (None, "local"))
-
-
-def _tasks_in(config: Config, states: frozenset[State]) -> list[Any]:
-    """The tasks in ``states``: from the loop's view when a loop runs (no query on
-    every pass), else from the ledger."""
-    view = config.stash.get(TASKVIEW_KEY)
-    if view is not None:
-        view.refresh()
-        return view.in_states(states)
-    led = config.stash.get(LEDGER_KEY)
-    return led.tasks(set(states)) if led is not None else []
+    return sum(1 for t in tasks_in(config, ACTIVE) if t.host in (None, "local"))
 
 
 def _existing(path: Path) -> Path:
@@ -191,7 +180,7 @@ def configured_tags(config: Config) -> list[str]:
 
 
 def _wants_tools(config: Config) -> bool:
-    tasks = _tasks_in(config, PLACEABLE)
+    tasks = tasks_in(config, PLACEABLE)
     memo = config.stash.get(WANTS_TOOLS_KEY)
     if memo is not None and memo[0] is tasks:  # the view's list: the same until one of them changes
         return memo[1]
@@ -383,7 +372,7 @@ def checkout_in_use(config: Config, task: Any) -> Optional[str]:
     edit, commit and switch branches under each other)."""
     if config.stash.get(LEDGER_KEY) is None or task.spec.git_ref or task.spec.role:
         return None
-    others = [t for t in _tasks_in(config, ACTIVE) if t.id != task.id and not t.spec.git_ref and not t.spec.role]
+    others = [t for t in tasks_in(config, ACTIVE) if t.id != task.id and not t.spec.git_ref and not t.spec.role]
     if not others:
         return None
     mine = checkout_of(task.spec.cwd)

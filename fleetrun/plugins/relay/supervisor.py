@@ -17,6 +17,7 @@ from ...reports import Candidate, Handoff, Placement, Verdict, Wait, Workspace
 from ...shepherd import read_json, write_json
 from ...states import ACTIVE, State
 from ...taskspec import safe_slug, step_index
+from ...taskview import tasks_in
 from ...untrusted import Malformed
 from .bundle import (
     FETCH_RECORD,
@@ -182,8 +183,8 @@ class Relay:
 
         self.start_heartbeats()
         policy = config.stash.get(POLICY_KEY) or Policy()
-        led = config.stash.get(LEDGER_KEY)
-        active = sum(1 for t in led.tasks(set(ACTIVE)) if (t.host or "local") == name) if led is not None else 0
+        # the loop's tasks in memory (no query for each peer on every pass)
+        active = sum(1 for t in tasks_in(config, ACTIVE) if (t.host or "local") == name)
         now = time.time()
         entry, malformed = checked_entry(self.entry(name))  # a cache is read as strictly as a reply
         probe = entry.get("probe") or {}
