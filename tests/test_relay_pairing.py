@@ -7,6 +7,7 @@ import json
 import os
 import shlex
 import signal
+import socket
 import subprocess
 import time
 
@@ -126,10 +127,17 @@ def test_ssh_agent_keys_are_used(fleeter, peer_lab, tmp_path, monkeypatch):
     agent = subprocess.Popen(["ssh-agent", "-D", "-a", str(sock)], stdout=subprocess.DEVNULL,
                              stderr=subprocess.DEVNULL, start_new_session=True)
     try:
-        for _ in range(100):
-            if sock.exists():
+        # The socket file appears at bind(), before the agent listens: wait
+        # until it accepts a connection (ssh-add exits 2 on a refused one).
+        for _ in range(250):
+            probe = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+            try:
+                probe.connect(str(sock))
                 break
-            time.sleep(0.02)
+            except OSError:
+                time.sleep(0.02)
+            finally:
+                probe.close()
         env = dict(os.environ, SSH_AUTH_SOCK=str(sock))
         subprocess.run(["ssh-add", "-q", str(key)], env=env, check=True, capture_output=True)
         monkeypatch.setenv("SSH_AUTH_SOCK", str(sock))
