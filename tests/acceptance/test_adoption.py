@@ -10,12 +10,15 @@ import re
 import signal
 import subprocess
 import sys
+import threading
 import time
 from pathlib import Path
 from typing import Any, Callable
 
 import psutil
 import pytest
+
+from fleetrun.fleeter import RunResult
 
 from .test_crash_points import (  # noqa: F401
     _no_strays,
@@ -200,15 +203,33 @@ def test_reused_pid_is_not_a_live_shepherd(fleeter, fake_claude, tmp_path):
 
 def test_live_attempt_is_adopted_not_restarted(fleeter, fake_claude, loops, tmp_path):
     one_task(fleeter)
-    fake_claude.script(t1=[{"actions": [["sleep", 3], ["write", "out.txt", "x"]], "cost": 0.25}])
+    bash_config(fleeter)
+    # The agent runs until the test opens its gate, once the new supervisor has adopted
+    # it (a fixed sleep let it end first on a loaded machine: nothing left to adopt).
+    gate = tmp_path / "gate"
+    fake_claude.script(t1=[{"actions": [["bash", f"while [ ! -e {gate} ]; do sleep 0.05; done"],
+                                        ["write", "out.txt", "x"]], "cost": 0.25}])
     fleeter.run("queue", "tasks.toml")
     proc = loops.start("work")
     st = running_agent(fleeter, fake_claude, "t1")
     loops.sigkill(proc)
     assert fleeter.run("status").outlines[0] == "supervisor: not running"
     assert alive(st["shepherd_pid"]) and alive(st["agent_pid"]), "killing the supervisor killed the attempt"
-    r = fleeter.runsub("work", "--until-idle", timeout=60)
-    assert r.ret == 0, r.stdout + r.stderr
+    again = loops.start("work", "--until-idle", env={"PYTHONUNBUFFERED": "1"})
+    lines: list[str] = []
+
+    def read() -> None:
+        assert again.stdout is not None
+        for raw in again.stdout:
+            lines.append(raw.decode(errors="replace").rstrip("\n"))
+
+    reader = threading.Thread(target=read, daemon=True)
+    reader.start()
+    wait_for(lambda: "adopted 1 running attempt(s)" in lines, what="the new supervisor to adopt the attempt")
+    gate.touch()
+    assert again.wait(timeout=60) == 0, "\n".join(lines) + again.stderr.read().decode(errors="replace")
+    reader.join(timeout=10)
+    r = RunResult(0, "\n".join(lines), "", 0.0)
     r.fnmatch_lines(["adopted 1 running attempt(s)", "*t1 VERIFYING (attempt 1)*", "*t1 DONE (attempt 1)*"])
     assert len(fake_claude.calls("t1")) == 1  # not started twice
     task = fleeter.task("t1")
