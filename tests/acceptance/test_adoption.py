@@ -243,11 +243,15 @@ def test_live_attempt_is_adopted_not_restarted(fleeter, fake_claude, loops, tmp_
 
 def test_attempt_that_ended_while_down_is_verified_on_restart(fleeter, fake_claude, loops, tmp_path):
     one_task(fleeter)
-    fake_claude.script(t1=[{"actions": [["sleep", 0.5], ["write", "out.txt", "x"]]}])
+    bash_config(fleeter)
+    gate = tmp_path / "gate"  # the agent ends once the supervisor is dead (a sleep raced it)
+    fake_claude.script(t1=[{"actions": [["bash", f"while [ ! -e {gate} ]; do sleep 0.05; done"],
+                                        ["write", "out.txt", "x"]]}])
     fleeter.run("queue", "tasks.toml")
     proc = loops.start("work")
     running_agent(fleeter, fake_claude, "t1")
     loops.sigkill(proc)
+    gate.touch()
     wait_for(lambda: attempt_status(fleeter, "t1").get("state") == "ended", what="the attempt to end")
     assert fleeter.states() == {"t1": "RUNNING"}  # nobody has looked yet
     r = fleeter.runsub("work", "--until-idle", timeout=60)
