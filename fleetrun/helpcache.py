@@ -178,6 +178,10 @@ def still_true(entry: Any) -> Optional[tuple[int, str]]:
             return None
     if not isinstance(code, int) or not isinstance(text, str):
         return None
+    try:  # what stdout cannot print is the usual run's to handle, as it was
+        text.encode(sys.stdout.encoding, sys.stdout.errors)
+    except (AttributeError, LookupError, TypeError, UnicodeError):
+        return None
     return code, text
 
 
