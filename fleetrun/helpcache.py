@@ -179,7 +179,7 @@ def still_true(entry: Any) -> Optional[tuple[int, str]]:
     if not isinstance(code, int) or not isinstance(text, str):
         return None
     try:  # what stdout cannot print is the usual run's to handle, as it was
-        text.encode(sys.stdout.encoding, sys.stdout.errors)
+        text.encode(sys.stdout.encoding, sys.stdout.errors or "strict")
     except (AttributeError, LookupError, TypeError, UnicodeError):
         return None
     return code, text
