@@ -22,12 +22,15 @@ from __future__ import annotations
 
 import os
 import sys
-from typing import Any, Callable, Iterator, MutableMapping, Optional, TextIO
+import time
+from typing import Any, Callable, Iterator, MutableMapping, Optional, TextIO, Union
 
 from . import helpcache
 
 #: Kept at most, the last ones written.
 MAX_ENTRIES = 32
+#: A file or folder changed less than this ago keeps no answer (ns).
+RACY_NS = 2_000_000_000
 #: Environment variables an answer depends on even when they were not read.
 ALWAYS_ENV = (
     "COLUMNS",
@@ -107,17 +110,28 @@ class Recording:
             self.env.setdefault(name, value)
 
     def note_path(self, kind: int, path: Any, sig: Optional[tuple[int, ...]]) -> None:
-        if not self.active or isinstance(path, int):
+        """``path`` looked at (``kind``: helpcache's ``STAT``, ``LSTAT``, ``LISTED``), what
+        it was then. A path that cannot be named (an fd, an odd object) keeps no answer."""
+        if not self.active:
             return
         try:
             p = os.path.abspath(os.fsdecode(path))
-        except (TypeError, ValueError):
+        except Exception:
+            self.unsafe.append(f"cannot name {path!r}")
             return
         self.sigs.setdefault((kind, p), sig)
 
     def audit(self, event: str, args: tuple[Any, ...]) -> None:
+        """An audit event (``sys.addaudithook``) during the render. Never raises: a
+        recording that went wrong keeps no answer, and the run goes on as it would."""
         if not self.active:
             return
+        try:
+            self._audit(event, args)
+        except Exception:
+            self.unsafe.append(f"cannot record {event}")
+
+    def _audit(self, event: str, args: tuple[Any, ...]) -> None:
         if event == "open":
             path, mode, flags = args
             writes = (
@@ -163,13 +177,26 @@ class Recording:
                 )
             except OSError as e:
                 if watched:
-                    self.note_path(k, path, helpcache.error_signature(e))
+                    self._note_stat(k, path, e)
                 raise
             if watched:
-                self.note_path(k, path, helpcache.stat_signature(st))
+                self._note_stat(k, path, st)
             return st
 
         return stat
+
+    def _note_stat(self, kind: int, path: Any, got: Union[os.stat_result, OSError]) -> None:
+        if isinstance(path, int):  # os.stat(fd): a file opened, seen by the audit hook
+            return
+        try:
+            sig = (
+                helpcache.error_signature(got)
+                if isinstance(got, OSError)
+                else helpcache.stat_signature(got)
+            )
+            self.note_path(kind, path, sig)
+        except Exception:
+            self.unsafe.append("cannot record a stat()")
 
     def watch(self) -> _Watch:
         return _Watch(self)
@@ -204,12 +231,10 @@ class _WatchedEnv(MutableMapping[str, str]):
         self._real, self._rec = real, rec
 
     def __getitem__(self, name: str) -> str:
-        try:
-            value = self._real[name]
-        except KeyError:
-            self._rec.note_env(name, None)
-            raise
+        value = self._real.get(name)
         self._rec.note_env(name, value)
+        if value is None:
+            raise KeyError(name)
         return value
 
     def __setitem__(self, name: str, value: str) -> None:
@@ -316,9 +341,12 @@ def render(argv: list[str]) -> int:
     """Run ``argv`` as the CLI does, and keep its answer if it can be (best effort)."""
     from .cli import main
 
-    key = helpcache.key(argv)
-    interp = helpcache.interpreter()
-    width, tty = helpcache.columns(), os.isatty(1)
+    try:
+        key = helpcache.key(argv)
+        interp = helpcache.interpreter()
+        width, tty = helpcache.columns(), os.isatty(1)
+    except Exception:  # no current folder...: the usual run, whose answer is not kept
+        return int(main(argv))
     rec = Recording()
     out, err = _Tee(sys.stdout), _Tee(sys.stderr)
     sys.stdout, sys.stderr = out, err
@@ -358,6 +386,12 @@ def _store(
     )
     sigs = {(k, p): s for k, p, s in module_sigs()}
     sigs.update(rec.sigs)  # what was seen during the run wins over what is seen now
+    # A file changed a moment ago may change again within its time's granularity (a
+    # second on some file systems) keeping its time, size and inode: it is not trusted
+    # until that has passed (as git's "racy" entries); a later run keeps the answer.
+    recent = time.time_ns() - RACY_NS
+    if any(s is not None and len(s) == 4 and s[1] > recent for s in sigs.values()):
+        return
     entry = (
         helpcache.FORMAT,
         interp,
@@ -381,6 +415,8 @@ def _store(
         entries.pop(next(iter(entries)))
     data = marshal.dumps(entries)
     tmp = f"{path}.{os.getpid()}.tmp"
+    if os.path.lexists(tmp):  # left by a process of that pid that was killed
+        os.unlink(tmp)
     fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
     try:
         try:

@@ -12,12 +12,13 @@ import shutil
 import stat
 import subprocess
 import sys
+import time
 from pathlib import Path
 from typing import Optional
 
 import pytest
 
-from fleetrun import helpcache
+from fleetrun import helpcache, helprecord
 
 PLUGIN = """
 from fleetrun import hookimpl
@@ -81,8 +82,20 @@ class Env:
         assert "argparse" in imported or args == ("--version",)
         return out
 
+    def settle(self) -> None:
+        """Every file and folder made here dated a while ago: one changed a moment ago
+        keeps no answer (``helprecord.RACY_NS``). Each call a time of its own."""
+        Env.past -= 1000
+        when = time.time_ns() - 10 * helprecord.RACY_NS + Env.past
+        for folder in (self.cwd, self.site):
+            for path in [folder, *folder.rglob("*")]:
+                os.utime(path, ns=(when, when), follow_symlinks=False)
+
+    past = 0
+
     def cached(self, *args: str, **env: Optional[str]) -> bytes:
         """The command run until its answer is cached; the cached answer."""
+        self.settle()
         first, _ = self.run(*args, **env)
         second, imported = self.run(*args, **env)
         assert second == first
@@ -172,10 +185,27 @@ def test_an_edited_plugin_module_changes_the_help(env: Env) -> None:
     env.install()
     assert b"HELPPLUG-ONE" in env.cached("--help")
     st = path.stat()
-    env.plugin("HELPPLUG-TWO")  # the same size: only the time tells
+    with open(path, "r+") as f:  # in place, the same size: only the time tells
+        text = f.read()
+        f.seek(0)
+        f.write(text.replace("HELPPLUG-ONE", "HELPPLUG-TWO"))
     os.utime(path, ns=(st.st_atime_ns, st.st_mtime_ns + 1_000_000_000))
+    assert (path.stat().st_ino, path.stat().st_size) == (st.st_ino, st.st_size)
     got, _ = env.run("--help")
     assert b"HELPPLUG-TWO" in got and b"HELPPLUG-ONE" not in got
+
+
+def test_a_file_changed_a_moment_ago_keeps_no_answer(env: Env) -> None:
+    """Changed within its time's granularity, a file could change again unseen (same
+    time, size and inode): an answer read from it is kept once that has passed."""
+    path = env.plugin("HELPPLUG-ONE")
+    env.install()
+    env.settle()
+    os.utime(path)  # now
+    for _ in range(2):
+        out, imported = env.run("--help")
+        assert b"HELPPLUG-ONE" in out and "argparse" in imported
+    assert env.cached("--help") == out
 
 
 def test_a_plugin_blocked_or_named_is_another_answer(env: Env) -> None:
