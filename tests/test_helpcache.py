@@ -244,6 +244,15 @@ def test_a_project_file_that_appears_changes_the_help(env: Env, where: str) -> N
     assert got == env.fresh("--help")
 
 
+def test_a_fleetconf_py_is_not_read_by_the_help(env: Env) -> None:
+    """A ``fleetconf.py`` is loaded after the command line is parsed (and may not add
+    options): one that appears leaves the answer as it was, rendered or cached."""
+    plain = env.cached("--help")
+    (env.cwd / "tasks.toml").write_text('[[task]]\nname = "a"\nprompt = "p"\n')
+    (env.cwd / "fleetconf.py").write_text(PLUGIN.format(text="FLEETCONF"))
+    assert env.fresh("--help") == plain == env.cached("--help")
+
+
 def test_the_version_follows_the_package(env: Env, tmp_path: Path) -> None:
     """A copy of fleetrun first on the path stands for an upgrade: its version is the
     new answer."""
