@@ -2,18 +2,18 @@
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING, Any
+import sys
+from types import ModuleType
 
-# The markers and the version are needed at once (``@fleetrun.hookimpl`` at a plugin's
-# import) and are light; they are imported eagerly because their names are also those
-# of submodules (``fleetrun.hookspec``), which an import of the submodule would rebind.
-from .hookimpl import hookimpl
-from .hookspec import hookspec
 from .version import __version__
 
+TYPE_CHECKING = False  # not typing's: ``import fleetrun`` must not cost typing's import
 if TYPE_CHECKING:
+    from typing import Any
+
     from .config import Config, ConfigKey
     from .exceptions import ExitCode, UsageError, UsageErrors
+    from .hookimpl import hookimpl, hookspec
     from .hostapi import Host, StartRefused
     from .ledger import open_ledger
     from .ledgerstats import LedgerCounts, ledger_counts
@@ -61,7 +61,30 @@ _LAZY: dict[str, str] = {
 }
 
 
+#: The markers (``@fleetrun.hookimpl``), lazy too: they import pluggy, which a cached
+#: ``fleetrun --help`` does without (``helpcache``). Their names are also those of
+#: submodules (``fleetrun.hookspec``), which the import system binds on the package
+#: when one is first imported: :class:`_Package` keeps the markers' names theirs.
+_MARKERS = ("hookimpl", "hookspec")
+
+
+class _Package(ModuleType):
+    def __setattr__(self, name: str, value: object) -> None:
+        if name in _MARKERS and isinstance(value, ModuleType):
+            return  # the submodule of that name: ``fleetrun.hookimpl`` stays the marker
+        super().__setattr__(name, value)
+
+
+sys.modules[__name__].__class__ = _Package
+
+
 def __getattr__(name: str) -> Any:
+    if name in _MARKERS:
+        import importlib
+
+        markers = importlib.import_module(".hookimpl", __name__)
+        globals().update(hookimpl=markers.hookimpl, hookspec=markers.hookspec)
+        return globals()[name]
     module = _LAZY.get(name)
     if module is None:
         raise AttributeError(f"module 'fleetrun' has no attribute {name!r}")
@@ -73,7 +96,7 @@ def __getattr__(name: str) -> Any:
 
 
 def __dir__() -> list[str]:
-    return sorted(set(globals()) | set(_LAZY))
+    return sorted(set(globals()) | set(_LAZY) | set(_MARKERS))
 
 
 def main(args: list[str] | None = None, plugins: list[object] | None = None) -> int:
