@@ -89,15 +89,15 @@ def fit_table(rows: list[list[str]], width: Optional[int]) -> tuple[list[str], l
     assert widths is not None
     was_cut = False
     shown = []
+    spec = []
     for k, c in enumerate(cols):
         w, cells = widths[k], columns[c]
         if natural[c] > w:
             how = cut_left if heads[c] in _CUT_LEFT else cut
             cells = [text if len(text) <= w else how(text, w) for text in cells]
             was_cut = True
-        if k < len(cols) - 1:  # the last column is not padded
-            pad = str.rjust if _COLUMNS[c][1] else str.ljust
-            cells = [pad(text, w) for text in cells]
         shown.append(cells)
-    lines = [line.rstrip() for line in map("  ".join, zip(*shown))]
+        # the last column is not padded; "{:<N}" and "{:>N}" pad as str.ljust and str.rjust do
+        spec.append("{}" if k == len(cols) - 1 else "{:" + (">" if _COLUMNS[c][1] else "<") + f"{w}}}")
+    lines = list(map(str.rstrip, map("  ".join(spec).format, *shown)))
     return lines, [h for i, h in enumerate(heads) if i not in cols], was_cut

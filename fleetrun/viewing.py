@@ -112,6 +112,7 @@ def _table_rows(config: Config, led: Ledger, states: Optional[set[State]]) -> li
     placed = {t.id: t for t in led.tasks(placed_states, listed=True)} if placed_states else {}
     missing: dict[str, Optional[str]] = {}
     home = os.path.expanduser("~")
+    ages: dict[float, str] = {}
     rows: list[list[str]] = []
     append = rows.append
     for tid, name, state, attempts, host, created, cost_usd, branch, worktree, reason in led.conn.execute(
@@ -131,9 +132,12 @@ def _table_rows(config: Config, led: Ledger, states: Optional[set[State]]) -> li
             if missing[host]:
                 reason = (f"{missing[host]}; the attempt may still run there, so the task waits "
                           "(fleetrun cancel to give up)")
+        age = ages.get(created)
+        if age is None:  # a queue's tasks share their time
+            age = ages[created] = ago(created, now)
         # what a task's name or reason holds is shown, not sent (most need no escaping)
         append([name if len(name) <= NAME_LIMIT and name.isprintable() else safe_name(name), state, str(attempts),
-                "-" if not host else host if host.isprintable() else safe_text(host), ago(created, now), cost,
+                "-" if not host else host if host.isprintable() else safe_text(host), age, cost,
                 tid, "-" if not branch else branch if branch.isprintable() else safe_text(branch),
                 "-" if worktree is None else _worktree_cell(worktree, host, home),
                 reason if type(reason) is str and reason.isprintable() else safe_text(reason)])
