@@ -68,10 +68,12 @@ def cmd_status(config: Config, out: TextIO, err: TextIO) -> int:
     if config.option.json or config.option.graph:
         tasks = led.tasks(states, listed=True)  # no spec read: neither shows one
         if config.option.json:
+            from .jsonout import dumps_indented  # json.dumps(indent=2)'s text, from the C encoder
+
             links = led.links()  # one read for every task: name -> URL, what plugins attached
-            print(json.dumps([dict(t.to_json(), worktree=worktree_now(t),
-                                   links={n: u for n, (_, u) in links.get(t.id, {}).items()}) for t in tasks],
-                             indent=2), file=out)
+            print(dumps_indented([dict(t.to_json(), worktree=worktree_now(t),
+                                       links={n: u for n, (_, u) in links.get(t.id, {}).items()}) for t in tasks]),
+                  file=out)
         else:
             _print_graph(led, tasks, out, everything=states is None)
         return ExitCode.OK
