@@ -312,3 +312,22 @@ def test_status_escapes_only_the_cells_that_need_it(
     assert main(["--home", str(home), "status"], stdout=out, stderr=io.StringIO()) == 0
     assert "evil\\x1b[2J" in out.getvalue() and "x" * 79 + "…" in out.getvalue()
     assert counting.calls == 1  # the one name with an escape
+
+
+def test_status_json_is_not_encoded_by_the_pure_python_encoder(
+    varied_home: Path, monkeypatch: pytest.MonkeyPatch, tmp_path: Path
+) -> None:
+    """``json.dumps(indent=2)`` encodes in Python, value by value; ``status --json`` prints
+    its text (the golden file above) without it."""
+    import json.encoder
+
+    calls: list[Any] = []
+    real = json.encoder._make_iterencode  # type: ignore[attr-defined]
+    monkeypatch.setattr(
+        json.encoder, "_make_iterencode", lambda *a, **kw: calls.append(a) or real(*a, **kw)
+    )
+    monkeypatch.chdir(tmp_path)
+    assert render(varied_home, ["--json"], None, monkeypatch) == (GOLDEN / "json.txt").read_text(
+        encoding="utf-8"
+    )
+    assert calls == []
