@@ -188,13 +188,14 @@ def _print_graph(led: Ledger, tasks: list[Task], out: TextIO, everything: bool =
             children.setdefault(d, []).append(t)
     roots = [t for t in tasks if not any(d in shown for d in t.deps)]
     seen: set[str] = set()
+    lines: list[str] = []  # written at once: 10,000 print() calls were a tenth of the time
 
     def show(t: Task, depth: int) -> None:
         reason = why(t, by_id, waits)
         again = t.id in seen
         extra = f"  {reason}" if reason and not again else ""
-        print(f"{'  ' * depth}{safe_name(t.name)} [{t.state}] {t.id}{' (see above)' if again else ''}"
-              f"{safe_text(extra)}", file=out)
+        lines.append(f"{'  ' * depth}{safe_name(t.name)} [{t.state.value}] {t.id}{' (see above)' if again else ''}"
+                     f"{safe_text(extra)}")
         if again:
             return
         seen.add(t.id)
@@ -202,9 +203,10 @@ def _print_graph(led: Ledger, tasks: list[Task], out: TextIO, everything: bool =
             show(c, depth + 1)
 
     if not tasks:
-        print("no tasks in the ledger", file=out)
+        lines.append("no tasks in the ledger")
     for r in roots:
         show(r, 0)
+    out.write("".join(line + "\n" for line in lines))
 
 
 def cmd_logs(config: Config, out: TextIO, err: TextIO) -> int:
