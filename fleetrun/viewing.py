@@ -10,7 +10,6 @@ import time
 from pathlib import Path
 from typing import TYPE_CHECKING, Optional, TextIO
 
-from . import ops
 from .exceptions import ExitCode, UsageError
 from .ledger import Ledger, Task, open_ledger
 from .states import State
@@ -147,9 +146,12 @@ def _table_rows(config: Config, led: Ledger, states: Optional[set[State]]) -> li
 
 
 def _print_supervisor_line(config: Config, led: Ledger, out: TextIO) -> None:
-    from .policy import local_drain_source
+    policy = config.home / "policy.toml"
+    source = None
+    if os.path.exists(policy):  # without it nothing drains this machine: no policy module to load
+        from .policy import local_drain_source
 
-    source = local_drain_source(config.home / "policy.toml")
+        source = local_drain_source(policy)
     if source is not None:  # what undrain cannot clear comes first
         print(f"this machine is draining ({safe_text(source)})", file=out)
     elif led.get_meta("drain") == "1":
@@ -210,6 +212,8 @@ def _print_graph(led: Ledger, tasks: list[Task], out: TextIO, everything: bool =
 
 
 def cmd_logs(config: Config, out: TextIO, err: TextIO) -> int:
+    from . import ops
+
     led = open_ledger(config)
     task = ops.resolve(led, config.option.task)
     if getattr(config.option, "follow", False):
