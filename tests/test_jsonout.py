@@ -15,7 +15,7 @@ from fleetrun import jsonout
 from fleetrun.jsonout import _MARK, dumps_indented
 
 texts = st.text() | st.sampled_from(
-    ["", _MARK, f"a{_MARK}b", "\u2028", "\x00", "é", "\ud800", '"\\']
+    ["", _MARK, f"a{_MARK}b", "\u2028", "\x00", "é", "\ud800", '"\\', "},\n    {", "[x", "{}"]
 )
 scalars = (
     st.none()
@@ -58,6 +58,18 @@ def test_the_same_text_as_json_dumps_indent_2(obj: Any) -> None:
 )
 def test_the_same_text_for_what_status_prints(tasks: list[dict[str, Any]]) -> None:
     assert dumps_indented(tasks) == json.dumps(tasks, indent=2)
+
+
+@settings(max_examples=300, deadline=None)
+@given(
+    st.lists(
+        st.dictionaries(keys, scalars | st.just([]) | st.just({}) | values, min_size=1), min_size=1
+    )
+)
+def test_the_same_text_for_a_list_of_dicts(rows: list[dict[Any, Any]]) -> None:
+    """The shape ``status --json`` prints, encoded in one call when no dict holds a
+    container that is not empty."""
+    assert dumps_indented(rows) == json.dumps(rows, indent=2)
 
 
 def test_the_same_errors() -> None:
