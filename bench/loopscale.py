@@ -138,7 +138,10 @@ def idle_cpu(env: dict[str, str], warmup: float, seconds: float) -> tuple[float,
 
 def timed(argv: list[str], env: dict[str, str]) -> float:
     start = time.perf_counter()
-    proc = subprocess.run(argv, env=env, stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
+    # in the temp folder, not a checkout (`python -m` puts the current folder first on sys.path,
+    # before PYTHONPATH: --against would time this checkout twice)
+    proc = subprocess.run(argv, env=env, cwd=os.path.dirname(env["FLEETRUN_HOME"]), stdin=subprocess.DEVNULL,
+                          stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
     took = time.perf_counter() - start
     if proc.returncode not in (0, 1):
         raise SystemExit(f"{' '.join(argv)} exited {proc.returncode}: {proc.stderr.decode(errors='replace')}")
