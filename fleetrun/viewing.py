@@ -196,8 +196,9 @@ def _print_graph(led: Ledger, tasks: list[Task], out: TextIO, everything: bool =
         reason = why(t, by_id, waits)
         again = t.id in seen
         extra = f"  {reason}" if reason and not again else ""
-        lines.append(f"{'  ' * depth}{safe_name(t.name)} [{t.state.value}] {t.id}{' (see above)' if again else ''}"
-                     f"{safe_text(extra)}")
+        name = t.name if len(t.name) <= NAME_LIMIT and t.name.isprintable() else safe_name(t.name)
+        lines.append(f"{'  ' * depth}{name} [{t.state.value}] {t.id}{' (see above)' if again else ''}"
+                     f"{extra if extra.isprintable() else safe_text(extra)}")
         if again:
             return
         seen.add(t.id)
