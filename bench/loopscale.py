@@ -28,6 +28,7 @@ Ratios are printed against the baselines measured in the same run::
 
     python bench/loopscale.py
     python bench/loopscale.py --sizes 1000 --idle 5 --scenario ready
+    python bench/loopscale.py --sizes 10000 --scenario ready --status-only --against ../main
 """
 
 from __future__ import annotations
@@ -42,7 +43,7 @@ import sys
 import tempfile
 import time
 from pathlib import Path
-from typing import Any
+from typing import Any, Optional
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
@@ -137,22 +138,35 @@ def idle_cpu(env: dict[str, str], warmup: float, seconds: float) -> tuple[float,
 
 def timed(argv: list[str], env: dict[str, str]) -> float:
     start = time.perf_counter()
-    proc = subprocess.run(argv, env=env, stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
+    # in the temp folder, not a checkout (`python -m` puts the current folder first on sys.path,
+    # before PYTHONPATH: --against would time this checkout twice)
+    proc = subprocess.run(argv, env=env, cwd=os.path.dirname(env["FLEETRUN_HOME"]), stdin=subprocess.DEVNULL,
+                          stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
     took = time.perf_counter() - start
     if proc.returncode not in (0, 1):
         raise SystemExit(f"{' '.join(argv)} exited {proc.returncode}: {proc.stderr.decode(errors='replace')}")
     return took
 
 
-def status_times(env: dict[str, str], empty: dict[str, str], runs: int) -> dict[str, float]:
+def status_times(env: dict[str, str], empty: dict[str, str], runs: int,
+                 against: Optional[str] = None) -> dict[str, float]:
     """Medians of ``runs`` rounds, each timing the baseline and then every ``status``
     form one after the other (so a busy moment slows them alike); ``status`` over an
-    empty ledger (``empty``) says what start-up alone costs."""
+    empty ledger (``empty``) says what start-up alone costs. With ``against``, each
+    form is timed with that checkout's fleetrun too (first on ``PYTHONPATH``), in the
+    same rounds."""
     forms: dict[str, tuple[list[str], dict[str, str]]] = {
-        "baseline": ([sys.executable, "-c", "import sqlite3"], env),
-        "status (no tasks)": ([sys.executable, "-m", "fleetrun", "status"], empty)}
-    for extra in ([], ["--json"], ["--graph"]):
-        forms[" ".join(["status", *extra])] = ([sys.executable, "-m", "fleetrun", "status", *extra], env)
+        "baseline": ([sys.executable, "-c", "import sqlite3"], env)}
+    ways = [("", env, empty)]
+    if against:
+        def first(e: dict[str, str]) -> dict[str, str]:
+            return dict(e, PYTHONPATH=os.pathsep.join(filter(None, [against, e.get("PYTHONPATH")])))
+
+        ways.append((f" of {Path(against).name}", first(env), first(empty)))
+    for suffix, e, e_empty in ways:
+        forms["status (no tasks)" + suffix] = ([sys.executable, "-m", "fleetrun", "status"], e_empty)
+        for extra in ([], ["--json"], ["--graph"]):
+            forms[" ".join(["status", *extra]) + suffix] = ([sys.executable, "-m", "fleetrun", "status", *extra], e)
     got: dict[str, list[float]] = {k: [] for k in forms}
     for _ in range(runs):
         for k, (argv, e) in forms.items():
@@ -169,6 +183,9 @@ def main() -> None:
     ap.add_argument("--warmup", type=float, default=5.0, help="seconds before the idle CPU is measured")
     ap.add_argument("--runs", type=int, default=7, help="runs of each status command")
     ap.add_argument("--no-status", action="store_true")
+    ap.add_argument("--status-only", action="store_true", help="time status only (no pass, idle CPU or RSS)")
+    ap.add_argument("--against", metavar="DIR",
+                    help="also time status with the fleetrun of another checkout (first on PYTHONPATH), interleaved")
     args = ap.parse_args()
     sizes = [int(s) for s in args.sizes.split(",")]
     scenarios = ["ready", "pending"] if args.scenario == "both" else [args.scenario]
@@ -180,6 +197,9 @@ def main() -> None:
                 root = Path(tmp) / f"{scenario}-{n}"
                 root.mkdir()
                 home, env = make_home(root, n, scenario)
+                if args.status_only:
+                    status_env = env if n == max(sizes) and scenario == scenarios[0] else status_env
+                    continue
                 first, rest = pass_times(home, args.passes)
                 cpu, rss = idle_cpu(env, args.warmup, args.idle)
                 print(f"{scenario:<8} {n:>6} {first * 1000:>8.1f}ms {statistics.median(rest) * 1000:>8.2f}ms "
@@ -190,7 +210,7 @@ def main() -> None:
             return
         empty = Path(tmp) / "empty-home"
         empty.mkdir(mode=0o700)
-        got = status_times(status_env, {**status_env, "FLEETRUN_HOME": str(empty)}, args.runs)
+        got = status_times(status_env, {**status_env, "FLEETRUN_HOME": str(empty)}, args.runs, args.against)
         base = got.pop("baseline")
         print(f"\nstatus at {max(sizes)} tasks (medians of {args.runs} rounds); baseline python -c 'import sqlite3' "
               f"{base * 1000:.1f} ms")

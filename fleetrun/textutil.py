@@ -38,7 +38,9 @@ def safe_text(s: object, limit: Optional[int] = None, keep: str = "\t") -> str:
         ``\\x9b``, ``\\u202e``...
     """
     text = s if isinstance(s, str) else str(s)
-    if keep:
+    if text.isprintable():  # every character _CONTROL matches is unprintable (C0, C1: Cc; the bidi ones: Cf)
+        out = text
+    elif keep:
         out = _CONTROL.sub(lambda m: m.group(0) if m.group(0) in keep else _escape(m), text)
     else:
         out = _CONTROL.sub(_escape, text)

@@ -299,3 +299,24 @@ def test_an_operator_verb_reading_config_toml_loads_the_builtins_it_left_out(tmp
         assert f"cancelled {name}" in out.getvalue()
     assert json.loads((home / "events.ndjson.1").read_text())["task"].endswith("_0")  # ready's, rotated
     assert json.loads((home / "events.ndjson").read_text())["task"].endswith("_2")  # placed's
+
+
+#: What ``status`` (each form) does not import either, on that home: the operator's
+#: actions (``cancel``, ``retry``... only), the policy module (no policy.toml: nothing
+#: drains this machine), the mailbox's messages (its host is asked about none), the
+#: parsing of a brain's reply, and the JSON encoder's stand-in except for ``--json``.
+NOT_FOR_STATUS = {"fleetrun.ops", "fleetrun.crash", "fleetrun.policy", "fleetrun.plugins.mailbox.store",
+                  "fleetrun.watching", "fleetrun.transcript"}
+
+
+@pytest.mark.parametrize("args", [["status"], ["status", "--json"], ["status", "--graph"]], ids=" ".join)
+def test_status_imports_none_of_the_other_verbs_parts(tmp_path: Path, args: list[str]) -> None:
+    a_home_with_tasks(tmp_path / "home")
+    got, out = modules_of(args, tmp_path)
+    assert got["code"] == 0, out
+    modules = set(got["modules"])
+    assert {"fleetrun.viewing", "fleetrun.ledger"} <= modules  # it did its work
+    if args == ["status"]:  # and asked the hosts about the placed tasks
+        assert "fleetrun.plugins.mailbox.host" in modules
+    assert not modules & NOT_FOR_STATUS, sorted(modules & NOT_FOR_STATUS)
+    assert ("fleetrun.jsonout" in modules) == (args == ["status", "--json"])

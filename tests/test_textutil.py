@@ -46,3 +46,15 @@ def test_limit_caps_with_an_ellipsis() -> None:
 def test_any_value() -> None:
     assert safe_text(None) == "None"
     assert safe_text(ValueError("bad\x07")) == "bad\\x07"
+
+
+def test_printable_text_holds_nothing_to_escape() -> None:
+    """``safe_text`` returns printable text as it is, without its regular expression:
+    that is right only while every character it escapes is one ``str.isprintable``
+    refuses (checked over every code point, so a character added to the list that is
+    printable fails here)."""
+    from fleetrun.textutil import _CONTROL
+
+    printable = "".join(c for c in map(chr, range(0x110000)) if c.isprintable())
+    assert _CONTROL.search(printable) is None
+    assert _CONTROL.search("".join(map(chr, range(0x100)))) is not None  # the check above means something

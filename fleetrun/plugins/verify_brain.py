@@ -31,7 +31,6 @@ import time
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Callable, Optional, Union
 
-from .. import untrusted
 from ..exceptions import UsageError, UsageErrors
 from ..hookimpl import hookimpl
 
@@ -212,6 +211,8 @@ def reply_text(api: str, endpoint: str, data: Any) -> str:
     The body is untrusted: each step of the path to the answer must be an object (or
     the list ``choices``) and the answer a string (null is an empty answer).
     """
+    from .. import untrusted  # here: the operator's verbs load this plugin, not a brain's reply
+
     try:
         if api == "openai":
             choices = untrusted.obj(data, "brain reply").get("choices")
@@ -286,6 +287,8 @@ def _http_error_detail(e: urllib.error.HTTPError) -> str:
 
 
 def _location(e: urllib.error.HTTPError) -> str:
+    from .. import untrusted
+
     loc = e.headers.get("Location") if e.headers is not None else None
     return untrusted.reason_of(ValueError(loc), 200) if loc else "nowhere"
 

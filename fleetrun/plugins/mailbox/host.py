@@ -25,11 +25,11 @@ from typing import TYPE_CHECKING, Any, Optional
 
 from ... import clock
 from ...hostapi import StartRefused
-from . import store
 
 if TYPE_CHECKING:
     from ...config import Config
     from ...reports import Candidate, Started
+    from . import store
     from .liveness import ProcTable
 
 #: The host's name, in the ledger (``attempt.host``).
@@ -89,6 +89,7 @@ class MailboxHost:
 
     def role_live(self, role: str) -> bool:
         """Whether a session answers to ``role`` or its bound process runs."""
+        from . import store  # here: the operator's verbs load this host, not its messages
         from .liveness import live_roles
 
         return role.lower() in live_roles(self.table(), store.roles(self.conn()))
@@ -106,6 +107,8 @@ class MailboxHost:
         return task.spec.timeout_min * 60.0 if task is not None else float("inf")
 
     def status(self, attempt_id: str, pid: Optional[int], token: Optional[str]) -> dict[str, Any]:
+        from . import store  # here: the operator's verbs load this host, not its messages
+
         conn = self.conn()
         msg = store.message_of_attempt(conn, attempt_id)
         if msg is None:
@@ -128,6 +131,8 @@ class MailboxHost:
 
     def stop(self, attempt_id: str, pid: Optional[int], token: Optional[str]) -> bool:
         """Withdraw the message (a cancel): the role can no longer claim or report it."""
+        from . import store  # here: the operator's verbs load this host, not its messages
+
         conn = self.conn()
         msg = store.message_of_attempt(conn, attempt_id)
         if msg is None:
