@@ -23,6 +23,7 @@ if TYPE_CHECKING:
     from .reports import (
         AgentResult,
         Candidate,
+        CollectHandle,
         Handoff,
         Placement,
         SpawnSpec,
@@ -344,7 +345,7 @@ def fleetrun_agent_result(task: Task, attempt: Attempt, log_path: str, exit_code
 
 @hookspec(firstresult=True)
 def fleetrun_collect_work(task: Task, attempt: Attempt, workspace: Workspace, host: Host,
-                          config: Config) -> Optional[str]:
+                          config: Config) -> Union[str, CollectHandle, None]:
     """An attempt's session ended well: gather its work before the verifiers run, so
     they, the handoff and the dependents see what the agent did.
 
@@ -364,8 +365,16 @@ def fleetrun_collect_work(task: Task, attempt: Attempt, workspace: Workspace, ho
     :param config: the run's :class:`~fleetrun.config.Config`.
     :return: the commit made (str), ``""`` for "handled, nothing made", or None to
         leave it to the next implementation (the ``worktree`` plugin returns None when
-        there is nothing to commit, too). The loop does not read the result; it only
-        ends the call (on a peer, ``fleetrun host collect`` sends it back). Raise
+        there is nothing to commit, too); or a :class:`~fleetrun.reports.CollectHandle`
+        whose ``poll()`` gives that answer later (None until then), for work that takes
+        a while: the loop polls it each pass on its main thread, handling other tasks
+        meanwhile, and the task stays RUNNING, its attempt ``ended``, until it answers
+        (in a work loop the ``worktree`` plugin returns one, its git commands on a
+        worker of :mod:`fleetrun.effects`; the ``relay`` plugin answers directly). A
+        task cancelled while its handle runs goes no further: the handle's answer is
+        dropped. A crash before the answer collects again after the restart. The loop
+        does not read the result; it only ends the call (on a peer, ``fleetrun host
+        collect`` sends it back). Raise (or have ``poll()`` raise)
         ``fleetrun.gitutil.WorktreeTampered`` to send the task to a human
         (``worktree_tampered:...; nothing was committed``); a ``GitError`` is noted on
         the task and the verifiers run all the same; any other exception is the task's

@@ -72,6 +72,20 @@ class WorkspaceHandle(Protocol):
         ...
 
 
+class CollectHandle(Protocol):
+    """An ended attempt's work being collected (off the loop's thread), as
+    ``fleetrun_collect_work`` may return it instead of its answer; the loop polls it on
+    every pass, on its main thread, and is woken when it may have news (an effect of
+    :mod:`fleetrun.effects` wakes the loop when it is over). The task stays RUNNING, its
+    attempt ``ended``, until it has an answer."""
+
+    def poll(self) -> Optional[str]:
+        """:return: None while it runs; then the commit made, or ``""`` when nothing was
+        (again on every later call). Raises what ``fleetrun_collect_work`` would have
+        raised (``WorktreeTampered``, ``GitError``...)."""
+        ...
+
+
 @runtime_checkable
 class Cancellable(Protocol):
     """A :class:`VerifyHandle` that can be stopped early (optional)."""
