@@ -25,6 +25,7 @@ if TYPE_CHECKING:
         Candidate,
         CollectHandle,
         Handoff,
+        HandoffHandle,
         Placement,
         SpawnSpec,
         Started,
@@ -434,7 +435,8 @@ def fleetrun_verify(
 
 
 @hookspec(firstresult=True)
-def fleetrun_handoff(task: Task, attempt: Optional[Attempt], host: Host, config: Config) -> Optional[Handoff]:
+def fleetrun_handoff(task: Task, attempt: Optional[Attempt], host: Host,
+                     config: Config) -> Union[Handoff, HandoffHandle, None]:
     """Build what a finished task hands to the tasks that depend on it: its branch, a
     summary, how to get its work.
 
@@ -456,8 +458,15 @@ def fleetrun_handoff(task: Task, attempt: Optional[Attempt], host: Host, config:
     :param config: the run's :class:`~fleetrun.config.Config`.
     :return: a :class:`~fleetrun.Handoff`, recorded with the task and given to each
         dependent's ``fleetrun_build_prompt`` (``context["handoffs"]``), or None (with
-        none at all, the dependents get no handoff from this task). An exception is an
-        internal error: in the loop the task needs a human instead of being DONE
+        none at all, the dependents get no handoff from this task); or a
+        :class:`~fleetrun.reports.HandoffHandle` whose ``poll()`` gives the Handoff later
+        (None until then), for one that takes a while: the loop polls it each pass on its
+        main thread, handling other tasks meanwhile, and the task stays VERIFYING until
+        it answers (in a work loop the ``worktree`` plugin's commit-subject summary, a
+        ``git log``, is read on a worker of :mod:`fleetrun.effects`; ``approve`` waits
+        for it). A task cancelled meanwhile goes no further; after a crash the hook is
+        called again. An exception (from the hook or ``poll()``) is an internal error:
+        in the loop the task needs a human instead of being DONE
         (``internal_error:<Type: message>``).
 
     firstresult: stops at the first non-None result.

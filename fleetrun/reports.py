@@ -86,6 +86,19 @@ class CollectHandle(Protocol):
         ...
 
 
+class HandoffHandle(Protocol):
+    """A finished task's handoff being made (off the loop's thread), as
+    ``fleetrun_handoff`` may return it instead of a :class:`Handoff`; the loop polls it on
+    every pass, on its main thread, and is woken when it may have news (an effect of
+    :mod:`fleetrun.effects` wakes the loop when it is over). The task stays VERIFYING,
+    every verdict recorded, until it has an answer."""
+
+    def poll(self) -> Optional[Handoff]:
+        """:return: None while it is being made; then the Handoff (again on every later
+        call). Raises what ``fleetrun_handoff`` would have raised."""
+        ...
+
+
 @runtime_checkable
 class Cancellable(Protocol):
     """A :class:`VerifyHandle` that can be stopped early (optional)."""

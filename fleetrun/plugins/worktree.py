@@ -48,7 +48,7 @@ from ..gitutil import (
 from ..hookimpl import hookimpl
 from ..hostapi import Host
 from ..ledger import LEDGER_KEY
-from ..reports import CollectHandle, Handoff, Workspace, WorkspaceHandle
+from ..reports import CollectHandle, Handoff, HandoffHandle, Workspace, WorkspaceHandle
 from ..stash import StashKey
 from ..states import State
 from ..summary import clean, commit_subjects, first_summary, read_summary, summary_path
@@ -445,22 +445,45 @@ class _Collecting:
 
 
 @hookimpl(trylast=True)
-def fleetrun_handoff(task: Any, attempt: Any, host: Host, config: Config) -> Optional[Handoff]:
+def fleetrun_handoff(task: Any, attempt: Any, host: Host, config: Config) -> Union[Handoff, HandoffHandle, None]:
     """The summary handed on: the agent's summary file, else its own result text
     (Claude Code's), else the subjects of the commits on the task's branch and on
-    neither its ``git_ref`` nor its dependencies' branches (:mod:`fleetrun.summary`)."""
+    neither its ``git_ref`` nor its dependencies' branches (:mod:`fleetrun.summary`).
+    In a work loop that ``git log`` runs on the effects' worker (a
+    :class:`~fleetrun.reports.HandoffHandle`); elsewhere (``fleetrun approve``) here."""
     if not host.local:
         return None
     written = read_summary(summary_path(attempt.dir)) if attempt is not None and attempt.dir else ""
     said = clean(attempt.result_text or "") if attempt is not None else ""
     text = first_summary(written, said)
-    if not text and task.branch:
-        led = config.stash.get(LEDGER_KEY)
-        ws = (attempt.workspace or {}) if attempt is not None else {}
-        repo = str(ws.get("repo") or task.spec.cwd)
-        deps = [d.branch for d in (led.get(i) for i in task.deps) if d is not None and d.branch] if led else []
-        text = commit_subjects(repo, task.branch, [task.spec.git_ref or "", *deps])
-    return Handoff(task_name=task.name, branch=task.branch, summary=text, host=task.host or "local")
+    handoff = Handoff(task_name=task.name, branch=task.branch, summary=text, host=task.host or "local")
+    if text or not task.branch:
+        return handoff
+    led = config.stash.get(LEDGER_KEY)
+    ws = (attempt.workspace or {}) if attempt is not None else {}
+    repo = str(ws.get("repo") or task.spec.cwd)
+    deps = [d.branch for d in (led.get(i) for i in task.deps) if d is not None and d.branch] if led else []
+    exclude = [task.spec.git_ref or "", *deps]
+    effects = effects_of(config)
+    if effects is None:
+        handoff.summary = commit_subjects(repo, task.branch, exclude)
+        return handoff
+    return _HandingOff(effects.submit(commit_subjects, repo, task.branch, exclude), handoff)
+
+
+class _HandingOff:
+    """The :class:`~fleetrun.reports.HandoffHandle` of a handoff whose summary, its
+    branch's commit subjects, is read on the effects' worker (``commit_subjects`` reads
+    no stash, writes no ledger, and answers "" when git fails)."""
+
+    def __init__(self, fut: Future[str], handoff: Handoff) -> None:
+        self.fut, self.handoff = fut, handoff
+
+    def poll(self) -> Optional[Handoff]:
+        if not self.fut.done():
+            return None
+        self.handoff.summary = self.fut.result()
+        return self.handoff
 
 
 def _note_once(led: Any, task_id: str, note: str) -> None:

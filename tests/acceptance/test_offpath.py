@@ -105,14 +105,24 @@ def test_worktree_add_and_remove_do_not_block_other_tasks(fleeter, monkeypatch):
 
 
 # The repository "slow": the pinned `git status` of fleetrun_collect_work (its
-# --git-dir is slow's worktrees/ folder) says it began, then waits for $FLAGS/go.
+# --git-dir is slow's worktrees/ folder), and the handoff's `git log` (run in the
+# repository), when $FLAGS/hold.status (hold.log) is there, say they began, then wait
+# for $FLAGS/go. The repository "fail" refuses
+# the collect's commit.
 COLLECT_WRAPPER = '''#!/bin/sh
 case "$*" in
   *"/slow/.git/worktrees/"*" status "*)
+    [ -e "{flags}/hold.status" ] || exec "{git}" "$@"
     touch "{flags}/status.began"
     i=0
     while [ ! -e "{flags}/go" ] && [ $i -lt 300 ]; do sleep 0.05; i=$((i+1)); done
     if [ -e "{flags}/go" ]; then echo "status released" >> "{flags}/log"; else echo "status timed out" >> "{flags}/log"; fi ;;
+  *"/slow log "*)
+    [ -e "{flags}/hold.log" ] || exec "{git}" "$@"
+    touch "{flags}/log.began"
+    i=0
+    while [ ! -e "{flags}/go" ] && [ $i -lt 300 ]; do sleep 0.05; i=$((i+1)); done
+    if [ -e "{flags}/go" ]; then echo "log released" >> "{flags}/log"; else echo "log timed out" >> "{flags}/log"; fi ;;
   *"/fail/.git/worktrees/"*" commit "*)
     echo "fatal: the disk said no" >&2; exit 128 ;;
 esac
@@ -149,6 +159,7 @@ def test_collecting_the_work_does_not_block_other_tasks(fleeter, monkeypatch, ca
     # the second case, cancels s first. With the collect on the loop's thread, f's end
     # could not be handled while git waits: the wrapper gives up (`status timed out`).
     flags = collect_setup(fleeter, monkeypatch, "slow", "fast")
+    (flags / "hold.status").touch()
     wait_began = (f'i=0; while [ ! -e {flags}/status.began ] && [ $i -lt 300 ]; do sleep 0.05; i=$((i+1)); done; '
                   f'[ -e {flags}/status.began ] || echo "f never saw it begin" >> {flags}/log; ')
     cancel_s = f'{shlex.quote(sys.executable)} -m fleetrun cancel s >> {flags}/cancel.out 2>&1; ' if cancel else ""
@@ -212,3 +223,28 @@ def test_a_crash_while_the_work_is_collected_loses_nothing(fleeter, fake_claude,
     bad += check_work_landed(fleeter)
     assert not bad, "after a crash at mid_collect:\n" + "\n".join(bad)
     assert fleetrun_commits(fleeter, "repo", a.branch) == ["fleetrun: uncommitted work of attempt 1"]
+
+
+def test_the_handoffs_commit_subjects_do_not_block_other_tasks(fleeter, monkeypatch):
+    # s's agent writes no summary and has no result text: its handoff is the subjects of
+    # its branch's commits, from a `git log` that waits until f's verifier has run; f's
+    # agent ends only once that log has begun. On the loop's thread, f's end could not be
+    # handled while git waits (`log timed out`).
+    flags = collect_setup(fleeter, monkeypatch, "slow", "fast")
+    (flags / "hold.log").touch()
+    wait_began = (f'i=0; while [ ! -e {flags}/log.began ] && [ $i -lt 300 ]; do sleep 0.05; i=$((i+1)); done; '
+                  f'[ -e {flags}/log.began ] || echo "f never saw it begin" >> {flags}/log; ')
+    fleeter.write_tasks(f'[agents.sh]\ncommand = ["/bin/sh", "-c", {json.dumps(AGENT)}]\n'
+                        f'[agents.f]\ncommand = ["/bin/sh", "-c", {json.dumps(wait_began + AGENT)}]\n'
+                        + task("s", "slow", "true")
+                        + task("f", "fast", f"touch {flags}/go", "", "f"))
+    r = fleeter.run("tasks.toml", "--max-tasks", "4")
+    log = [ln for ln in (flags / "log").read_text().split("\n") if ln] if (flags / "log").exists() else []
+    assert log == ["log released"], (log, r.stdout + r.stderr)
+    assert r.ret == 0, r.stdout + r.stderr
+    assert fleeter.states() == {"s": "DONE", "f": "DONE"}
+    s = fleeter.task("s")
+    assert s.handoff["summary"] == "(no summary written) the commits on its branch:\n- work", s.handoff
+    assert s.handoff["branch"] == s.branch
+    went = [row.to_state for row in fleeter.ledger().transitions(s.id)]
+    assert went[-2:] == ["VERIFYING", "DONE"], went
