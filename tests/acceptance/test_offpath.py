@@ -1,14 +1,15 @@
 """Local effects off the loop's critical path (issue 16): a new worktree is added, an
-ended attempt's work collected (``git status``, ``add``, ``commit``), and a DONE task's
-clean worktree removed, on a worker of :mod:`fleetrun.effects` while the loop handles
-other tasks; two adds or removes in one repository never overlap.
+ended attempt's work collected (``git status``, ``add``, ``commit``), a handoff's
+commit subjects read (``git log``), and a DONE task's clean worktree removed, on a
+worker of :mod:`fleetrun.effects` while the loop handles other tasks; two adds or
+removes in one repository never overlap.
 
 No timing is asserted: a ``git`` wrapper on PATH holds the slow repository's
 ``worktree add`` until another task's verifier has run (a file it touches), and its
 ``worktree remove`` until a third task's verifier has. With either effect on the loop's
 thread, that verifier could never run while git waits: the wrapper gives up (its log
 says ``timed out``) and the order the test asserts is not the one seen. The collect's
-``git status`` is held the same way.
+``git status`` and the handoff's ``git log`` are held the same way.
 """
 
 from __future__ import annotations
