@@ -249,8 +249,15 @@ def _handoff_for_approve(config: Config, led: Ledger, task: Task) -> Optional[di
     atts = [a for a in led.attempts(task.id) if a.state in ("ended", "verified")]
     att = atts[-1] if atts else led.latest_attempt(task.id)
     from .hostapi import get_host
+    from .reports import Handoff
 
     handoff = config.hook.fleetrun_handoff(task=task, attempt=att, host=get_host(config, task.host), config=config)
+    if handoff is not None and not isinstance(handoff, Handoff):  # a handle: no loop here, so wait for it
+        import time
+
+        while (made := handoff.poll()) is None:
+            time.sleep(0.01)
+        handoff = made
     return asdict(handoff) if handoff is not None else None
 
 

@@ -1,11 +1,18 @@
 """An attempt's end, applied: the loop polls the attempts that run, records how each
 ended, and carries out what :mod:`fleetrun.outcomes` decides for its task (resume, back
 off, pause the machine, ask a human, or collect the work and verify it).
+
+Collecting the work may take a while (the ``worktree`` plugin's ``git status`` and
+commit run on a worker of :mod:`fleetrun.effects`): ``fleetrun_collect_work`` then
+returns a :class:`~fleetrun.reports.CollectHandle`, polled each pass (:class:`Collecting`)
+while the task stays RUNNING with its attempt ``ended``, as a crash between the two
+leaves it, and adoption collects again.
 """
 
 from __future__ import annotations
 
 import time
+from dataclasses import dataclass
 from typing import Any, Optional
 
 from . import clock
@@ -13,9 +20,20 @@ from .gitutil import GitError, WorktreeTampered
 from .hostapi import get_host
 from .ledger import Attempt, Task
 from .outcomes import Ended, Transition, attempt_outcome, decide_end, decide_not_started, end_reason
-from .reports import Workspace
+from .reports import CollectHandle, Workspace
 from .states import State
 from .verifying import Verifying
+
+
+@dataclass
+class Collecting:
+    """An ended attempt whose work is collected off the loop's thread; ``decision`` (its
+    move to VERIFYING) is applied once ``handle`` has its answer."""
+
+    attempt: Attempt
+    workspace: Workspace
+    decision: Transition
+    handle: CollectHandle
 
 
 class Ending:
@@ -24,9 +42,12 @@ class Ending:
 
     def __init__(self, loop: Any) -> None:
         self.loop = loop
+        self.collecting: dict[str, Collecting] = {}  # task id -> its attempt's work being collected
 
     def poll(self) -> None:
         loop = self.loop
+        if self.collecting:
+            self.poll_collecting()
         for att in loop.led.attempts(states={"starting", "running"}):
             with loop.isolated(att.task_id):
                 host = get_host(loop.config, att.host)
@@ -39,6 +60,8 @@ class Ending:
         but not acted on), then move its task on."""
         loop = self.loop
         led = loop.led
+        if not record and att.task_id in self.collecting:
+            return  # a new adoption (the disk is writable again) while its work is collected
         task = led.get(att.task_id)
         assert task is not None
         host = get_host(loop.config, att.host)
@@ -76,15 +99,58 @@ class Ending:
             return
         ws = Workspace(**att.workspace) if att.workspace else Workspace(path=task.spec.cwd)
         try:  # before VERIFYING: after a crash between the two it is simply done again
-            loop.hook.fleetrun_collect_work(task=task, attempt=att, workspace=ws, host=host, config=loop.config)
-        except WorktreeTampered as e:
+            got = loop.hook.fleetrun_collect_work(task=task, attempt=att, workspace=ws, host=host,
+                                                  config=loop.config)
+        except (WorktreeTampered, GitError) as e:
+            if not self.not_collected(task, att, e):
+                return
+        else:
+            if got is not None and not isinstance(got, str):  # a handle: poll_collecting goes on
+                self.collecting[task.id] = Collecting(att, ws, decision, got)
+                return
+        self.collected(task, att, ws, decision)
+
+    def not_collected(self, task: Task, att: Attempt, e: Exception) -> bool:
+        """``fleetrun_collect_work`` (or its handle) raised ``WorktreeTampered`` (a human
+        looks) or ``GitError`` (noted). :return: whether the verifiers run all the same."""
+        if isinstance(e, WorktreeTampered):
             self.worktree_tampered(task, att, e, "nothing was committed")
-            return
-        except GitError as e:
-            led.add_note(task.id, f"could not commit the attempt's work: {e}")
+            return False
+        self.loop.led.add_note(task.id, f"could not commit the attempt's work: {e}")
+        return True
+
+    def collected(self, task: Task, att: Attempt, ws: Workspace, decision: Transition) -> None:
+        """The attempt's work is collected: VERIFYING, and its first verifier."""
         if self.apply(task, att, decision) is None:
             return
-        loop.verify.begin(task.id, Verifying(att, ws, 0))
+        self.loop.verify.begin(task.id, Verifying(att, ws, 0))
+
+    def poll_collecting(self) -> None:
+        """The work being collected off the loop's thread: go on with what is collected.
+        A task cancelled (or given up) meanwhile goes no further: what the effect did is
+        done, its answer is dropped."""
+        loop = self.loop
+        led = loop.led
+        for task_id, c in list(self.collecting.items()):
+            with loop.isolated(task_id):
+                failed: Optional[Exception] = None
+                try:
+                    if c.handle.poll() is None:
+                        continue
+                except (WorktreeTampered, GitError) as e:
+                    failed = e
+                except BaseException:
+                    del self.collecting[task_id]  # the task's internal error: it is set aside
+                    raise
+                del self.collecting[task_id]
+                task = led.get(task_id)
+                att = led.attempt(c.attempt.id)
+                if task is None or att is None or task.state is not State.RUNNING or att.state != "ended" \
+                        or task.attempts != att.number:
+                    continue
+                if failed is not None and not self.not_collected(task, att, failed):
+                    continue
+                self.collected(task, att, c.workspace, c.decision)
 
     def apply(self, task: Task, att: Attempt, decision: Transition) -> Optional[Task]:
         """Carry out a decision for ``task``, whose attempt ``att`` ended or did not start:

@@ -23,7 +23,9 @@ if TYPE_CHECKING:
     from .reports import (
         AgentResult,
         Candidate,
+        CollectHandle,
         Handoff,
+        HandoffHandle,
         Placement,
         SpawnSpec,
         Started,
@@ -344,7 +346,7 @@ def fleetrun_agent_result(task: Task, attempt: Attempt, log_path: str, exit_code
 
 @hookspec(firstresult=True)
 def fleetrun_collect_work(task: Task, attempt: Attempt, workspace: Workspace, host: Host,
-                          config: Config) -> Optional[str]:
+                          config: Config) -> Union[str, CollectHandle, None]:
     """An attempt's session ended well: gather its work before the verifiers run, so
     they, the handoff and the dependents see what the agent did.
 
@@ -364,8 +366,16 @@ def fleetrun_collect_work(task: Task, attempt: Attempt, workspace: Workspace, ho
     :param config: the run's :class:`~fleetrun.config.Config`.
     :return: the commit made (str), ``""`` for "handled, nothing made", or None to
         leave it to the next implementation (the ``worktree`` plugin returns None when
-        there is nothing to commit, too). The loop does not read the result; it only
-        ends the call (on a peer, ``fleetrun host collect`` sends it back). Raise
+        there is nothing to commit, too); or a :class:`~fleetrun.reports.CollectHandle`
+        whose ``poll()`` gives that answer later (None until then), for work that takes
+        a while: the loop polls it each pass on its main thread, handling other tasks
+        meanwhile, and the task stays RUNNING, its attempt ``ended``, until it answers
+        (in a work loop the ``worktree`` plugin returns one, its git commands on a
+        worker of :mod:`fleetrun.effects`; the ``relay`` plugin answers directly). A
+        task cancelled while its handle runs goes no further: the handle's answer is
+        dropped. A crash before the answer collects again after the restart. The loop
+        does not read the result; it only ends the call (on a peer, ``fleetrun host
+        collect`` sends it back). Raise (or have ``poll()`` raise)
         ``fleetrun.gitutil.WorktreeTampered`` to send the task to a human
         (``worktree_tampered:...; nothing was committed``); a ``GitError`` is noted on
         the task and the verifiers run all the same; any other exception is the task's
@@ -425,7 +435,8 @@ def fleetrun_verify(
 
 
 @hookspec(firstresult=True)
-def fleetrun_handoff(task: Task, attempt: Optional[Attempt], host: Host, config: Config) -> Optional[Handoff]:
+def fleetrun_handoff(task: Task, attempt: Optional[Attempt], host: Host,
+                     config: Config) -> Union[Handoff, HandoffHandle, None]:
     """Build what a finished task hands to the tasks that depend on it: its branch, a
     summary, how to get its work.
 
@@ -447,8 +458,15 @@ def fleetrun_handoff(task: Task, attempt: Optional[Attempt], host: Host, config:
     :param config: the run's :class:`~fleetrun.config.Config`.
     :return: a :class:`~fleetrun.Handoff`, recorded with the task and given to each
         dependent's ``fleetrun_build_prompt`` (``context["handoffs"]``), or None (with
-        none at all, the dependents get no handoff from this task). An exception is an
-        internal error: in the loop the task needs a human instead of being DONE
+        none at all, the dependents get no handoff from this task); or a
+        :class:`~fleetrun.reports.HandoffHandle` whose ``poll()`` gives the Handoff later
+        (None until then), for one that takes a while: the loop polls it each pass on its
+        main thread, handling other tasks meanwhile, and the task stays VERIFYING until
+        it answers (in a work loop the ``worktree`` plugin's commit-subject summary, a
+        ``git log``, is read on a worker of :mod:`fleetrun.effects`; ``approve`` waits
+        for it). A task cancelled meanwhile goes no further; after a crash the hook is
+        called again. An exception (from the hook or ``poll()``) is an internal error:
+        in the loop the task needs a human instead of being DONE
         (``internal_error:<Type: message>``).
 
     firstresult: stops at the first non-None result.

@@ -72,6 +72,33 @@ class WorkspaceHandle(Protocol):
         ...
 
 
+class CollectHandle(Protocol):
+    """An ended attempt's work being collected (off the loop's thread), as
+    ``fleetrun_collect_work`` may return it instead of its answer; the loop polls it on
+    every pass, on its main thread, and is woken when it may have news (an effect of
+    :mod:`fleetrun.effects` wakes the loop when it is over). The task stays RUNNING, its
+    attempt ``ended``, until it has an answer."""
+
+    def poll(self) -> Optional[str]:
+        """:return: None while it runs; then the commit made, or ``""`` when nothing was
+        (again on every later call). Raises what ``fleetrun_collect_work`` would have
+        raised (``WorktreeTampered``, ``GitError``...)."""
+        ...
+
+
+class HandoffHandle(Protocol):
+    """A finished task's handoff being made (off the loop's thread), as
+    ``fleetrun_handoff`` may return it instead of a :class:`Handoff`; the loop polls it on
+    every pass, on its main thread, and is woken when it may have news (an effect of
+    :mod:`fleetrun.effects` wakes the loop when it is over). The task stays VERIFYING,
+    every verdict recorded, until it has an answer."""
+
+    def poll(self) -> Optional[Handoff]:
+        """:return: None while it is being made; then the Handoff (again on every later
+        call). Raises what ``fleetrun_handoff`` would have raised."""
+        ...
+
+
 @runtime_checkable
 class Cancellable(Protocol):
     """A :class:`VerifyHandle` that can be stopped early (optional)."""

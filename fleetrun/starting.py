@@ -213,6 +213,11 @@ class Starting:
                 if task.id in busy:  # the previous attempt is still ending (a cancel's grace period)
                     waits.still_ending(task, busy[task.id].number, at)
                     continue
+                collecting = loop.ending.collecting.get(task.id)
+                if collecting is not None:  # cancelled and retried while its work was collected:
+                    # nothing else runs in the worktree before the effect is over
+                    waits.still_ending(task, collecting.attempt.number, at)
+                    continue
                 # less than the agent can be given (--max-budget-usd 0.0000 is refused) is none
                 if task.spec.budget_usd is not None and task.spec.budget_usd - task.cost_usd < MIN_BUDGET_USD:
                     now = loop.move(task, State.NEEDS_HUMAN,

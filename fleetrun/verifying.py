@@ -16,7 +16,7 @@ from typing import Any, Optional
 from . import crash
 from .hostapi import get_host
 from .ledger import Attempt, Task
-from .reports import Cancellable, Verdict, VerifyHandle, Workspace
+from .reports import Cancellable, Handoff, HandoffHandle, Verdict, VerifyHandle, Workspace
 from .states import State
 from .verdicttext import failed_cause
 
@@ -27,6 +27,8 @@ class Verifying:
     workspace: Workspace
     idx: int
     handle: Optional[VerifyHandle] = None
+    #: every verifier passed and the handoff is made off the loop's thread
+    handoff: Optional[HandoffHandle] = None
 
 
 class VerifyStage:
@@ -74,6 +76,9 @@ class VerifyStage:
         loop = self.loop
         for task_id, v in list(self.running.items()):
             with loop.isolated(task_id):
+                if v.handoff is not None:
+                    self.poll_handoff(task_id, v, v.handoff)
+                    continue
                 if v.handle is None:
                     continue
                 current = loop.led.get(task_id)
@@ -138,8 +143,35 @@ class VerifyStage:
     def all_passed(self, task: Task, v: Verifying) -> None:
         loop = self.loop
         self.running.pop(task.id, None)
-        handoff = loop.hook.fleetrun_handoff(task=task, attempt=v.attempt, host=get_host(loop.config, task.host),
-                                             config=loop.config)
+        got = loop.hook.fleetrun_handoff(task=task, attempt=v.attempt, host=get_host(loop.config, task.host),
+                                         config=loop.config)
+        if got is not None and not isinstance(got, Handoff):  # a handle: poll_handoff goes on
+            v.handoff = got
+            self.running[task.id] = v
+            return
+        self.done(task, v, got)
+
+    def poll_handoff(self, task_id: str, v: Verifying, handle: HandoffHandle) -> None:
+        """The handoff made off the loop's thread: DONE once it is there. A task
+        cancelled meanwhile goes no further (its handoff is dropped); a crash before it
+        finds every verdict recorded, and adoption asks for the handoff again."""
+        loop = self.loop
+        try:
+            handoff = handle.poll()
+        except BaseException:
+            self.running.pop(task_id, None)  # the task's internal error: it is set aside
+            raise
+        if handoff is None:
+            return
+        self.running.pop(task_id, None)
+        task = loop.led.get(task_id)
+        if task is None or task.state is not State.VERIFYING or task.attempts != v.attempt.number:
+            return
+        self.done(task, v, handoff)
+
+    def done(self, task: Task, v: Verifying, handoff: Optional[Handoff]) -> None:
+        """Every verifier passed and the handoff is made: DONE, then the cleanup."""
+        loop = self.loop
         fields: dict[str, Any] = {}
         if handoff is not None:
             fields["handoff"] = asdict(handoff)

@@ -23,6 +23,7 @@ from concurrent.futures import Future
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Optional, Union
 
+from .. import crash
 from ..depmerge import (
     DependencyError,
     conflict_cause,
@@ -47,7 +48,7 @@ from ..gitutil import (
 from ..hookimpl import hookimpl
 from ..hostapi import Host
 from ..ledger import LEDGER_KEY
-from ..reports import Handoff, Workspace, WorkspaceHandle
+from ..reports import CollectHandle, Handoff, HandoffHandle, Workspace, WorkspaceHandle
 from ..stash import StashKey
 from ..states import State
 from ..summary import clean, commit_subjects, first_summary, read_summary, summary_path
@@ -381,48 +382,108 @@ def _merge_dependencies(config: Config, task: Any, attempt: Any, p: Pinned, ws: 
 
 
 @hookimpl(trylast=True)
-def fleetrun_collect_work(task: Any, attempt: Any, workspace: Workspace, host: Host, config: Config) -> Optional[str]:
+def fleetrun_collect_work(task: Any, attempt: Any, workspace: Workspace, host: Host,
+                          config: Config) -> Union[str, CollectHandle, None]:
     """Commit what the attempt left uncommitted, so verifiers, handoffs and dependents
     see exactly what is on the branch. Every git command is pinned to the worktree
     fleetrun made (the agent may have rewritten its ``.git``), and the commit goes only
     onto the task's own branch.
 
+    In a work loop the git commands (``status``, the HEAD check, ``add``, ``commit``,
+    ``rev-parse``: ~6 ms when there is nothing to commit) run on the effects' worker and
+    a :class:`~fleetrun.reports.CollectHandle` is returned; elsewhere (a peer's ``host
+    collect``) they run here, and None says there was nothing to commit.
+
     :raises WorktreeTampered: when the worktree no longer pins, or its HEAD left the
-        task's branch; nothing is committed then.
+        task's branch; nothing is committed then (from the handle's ``poll()`` when the
+        pin broke while the worker ran).
     """
     if not host.local or not workspace.is_worktree:
         return None
-    p = workspace_pin(config, workspace)
-    if not wt_git(p, "status", "--porcelain", "--untracked-files=all").strip():
-        return None
-    if workspace.branch:
-        head = wt_git(p, "symbolic-ref", "-q", "HEAD", check=False).strip()
-        if head != f"refs/heads/{workspace.branch}":
-            raise WorktreeTampered(f"its HEAD is {head or 'detached'}, not the task's branch {workspace.branch}")
+    p = workspace_pin(config, workspace)  # here: the pins are the stash's
     template = config.setting("worktree", "commit_message", DEFAULT_COMMIT_MESSAGE)
     message = str(template).replace("{attempt}", str(attempt.number)).replace("{task}", task.name)
+    effects = effects_of(config)
+    if effects is None:
+        return _commit_work(p, workspace.branch, message) or None
+    # not under the repository's lock: a commit touches only this worktree's index and
+    # its task's branch, which nothing else changes meanwhile (placement waits for it)
+    return _Collecting(effects.submit(_commit_work, p, workspace.branch, message))
+
+
+def _commit_work(p: Pinned, branch: Optional[str], message: str) -> str:
+    """The commit of what is uncommitted in the pinned worktree (on an effects worker: it
+    reads no stash and writes no ledger; every command checks the pin again).
+
+    :return: the commit made, or ``""`` when there was nothing to commit.
+    :raises WorktreeTampered: the pin broke, or HEAD is not on ``branch``.
+    :raises GitError: git refused.
+    """
+    if not wt_git(p, "status", "--porcelain", "--untracked-files=all").strip():
+        return ""
+    if branch:
+        head = wt_git(p, "symbolic-ref", "-q", "HEAD", check=False).strip()
+        if head != f"refs/heads/{branch}":
+            raise WorktreeTampered(f"its HEAD is {head or 'detached'}, not the task's branch {branch}")
     wt_git(p, "add", "-A")
+    crash.point("mid_collect")  # staged, not committed: the restart collects again
     wt_git(p, *_identity_args(p), "commit", "-q", "--no-verify", "-m", message)
     return wt_git(p, "rev-parse", "HEAD").strip()
 
 
+class _Collecting:
+    """The :class:`~fleetrun.reports.CollectHandle` of an attempt's work being committed
+    on the effects' worker."""
+
+    def __init__(self, fut: Future[str]) -> None:
+        self.fut = fut
+
+    def poll(self) -> Optional[str]:
+        if not self.fut.done():
+            return None
+        return self.fut.result()  # raises the worker's WorktreeTampered or GitError
+
+
 @hookimpl(trylast=True)
-def fleetrun_handoff(task: Any, attempt: Any, host: Host, config: Config) -> Optional[Handoff]:
+def fleetrun_handoff(task: Any, attempt: Any, host: Host, config: Config) -> Union[Handoff, HandoffHandle, None]:
     """The summary handed on: the agent's summary file, else its own result text
     (Claude Code's), else the subjects of the commits on the task's branch and on
-    neither its ``git_ref`` nor its dependencies' branches (:mod:`fleetrun.summary`)."""
+    neither its ``git_ref`` nor its dependencies' branches (:mod:`fleetrun.summary`).
+    In a work loop that ``git log`` runs on the effects' worker (a
+    :class:`~fleetrun.reports.HandoffHandle`); elsewhere (``fleetrun approve``) here."""
     if not host.local:
         return None
     written = read_summary(summary_path(attempt.dir)) if attempt is not None and attempt.dir else ""
     said = clean(attempt.result_text or "") if attempt is not None else ""
     text = first_summary(written, said)
-    if not text and task.branch:
-        led = config.stash.get(LEDGER_KEY)
-        ws = (attempt.workspace or {}) if attempt is not None else {}
-        repo = str(ws.get("repo") or task.spec.cwd)
-        deps = [d.branch for d in (led.get(i) for i in task.deps) if d is not None and d.branch] if led else []
-        text = commit_subjects(repo, task.branch, [task.spec.git_ref or "", *deps])
-    return Handoff(task_name=task.name, branch=task.branch, summary=text, host=task.host or "local")
+    handoff = Handoff(task_name=task.name, branch=task.branch, summary=text, host=task.host or "local")
+    if text or not task.branch:
+        return handoff
+    led = config.stash.get(LEDGER_KEY)
+    ws = (attempt.workspace or {}) if attempt is not None else {}
+    repo = str(ws.get("repo") or task.spec.cwd)
+    deps = [d.branch for d in (led.get(i) for i in task.deps) if d is not None and d.branch] if led else []
+    exclude = [task.spec.git_ref or "", *deps]
+    effects = effects_of(config)
+    if effects is None:
+        handoff.summary = commit_subjects(repo, task.branch, exclude)
+        return handoff
+    return _HandingOff(effects.submit(commit_subjects, repo, task.branch, exclude), handoff)
+
+
+class _HandingOff:
+    """The :class:`~fleetrun.reports.HandoffHandle` of a handoff whose summary, its
+    branch's commit subjects, is read on the effects' worker (``commit_subjects`` reads
+    no stash, writes no ledger, and answers "" when git fails)."""
+
+    def __init__(self, fut: Future[str], handoff: Handoff) -> None:
+        self.fut, self.handoff = fut, handoff
+
+    def poll(self) -> Optional[Handoff]:
+        if not self.fut.done():
+            return None
+        self.handoff.summary = self.fut.result()
+        return self.handoff
 
 
 def _note_once(led: Any, task_id: str, note: str) -> None:
