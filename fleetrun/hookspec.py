@@ -12,10 +12,11 @@ something long (``fleetrun_start_attempt``, ``fleetrun_verify``) returns at once
 handle, or what started) and the loop polls it.
 
 This module declares the configuration and session, collection and reporting hooks;
-the per-task hooks (place, prepare, prompt, spawn, start, verify, hand off,
-clean up) are declared in :mod:`fleetrun.hookspec_task`, the reports about attempts
-and hosts (an attempt started or ended, a host's heartbeat) in
-:mod:`fleetrun.hookspec_report`, and both imported here by name, so
+the per-task hooks are declared in :mod:`fleetrun.hookspec_place` (candidates, place
+and its filter and score) and :mod:`fleetrun.hookspec_task` (prepare, prompt, spawn,
+start, verify, hand off, clean up), the reports about attempts and hosts (an attempt
+started or ended, a host's heartbeat) in :mod:`fleetrun.hookspec_report`, and all
+imported here by name, so
 this module holds every hook: ``pm.add_hookspecs(fleetrun.hookspec)`` adds them all.
 The ``hookspec`` marker itself lives in :mod:`fleetrun.hookimpl` (both modules import
 it from there) and is exported as ``fleetrun.hookspec``.
@@ -26,6 +27,12 @@ from __future__ import annotations
 from typing import TYPE_CHECKING, Any, Optional
 
 from .hookimpl import hookspec
+from .hookspec_place import (
+    fleetrun_candidates,
+    fleetrun_place,
+    fleetrun_place_filter,
+    fleetrun_place_score,
+)
 from .hookspec_report import (
     fleetrun_attempt_ended,
     fleetrun_attempt_started,
@@ -36,13 +43,9 @@ from .hookspec_report import (
 from .hookspec_task import (
     fleetrun_agent_result,
     fleetrun_build_prompt,
-    fleetrun_candidates,
     fleetrun_cleanup_workspace,
     fleetrun_collect_work,
     fleetrun_handoff,
-    fleetrun_place,
-    fleetrun_place_filter,
-    fleetrun_place_score,
     fleetrun_prepare_workspace,
     fleetrun_spawn,
     fleetrun_start_attempt,
@@ -339,7 +342,7 @@ def fleetrun_hosts(config: Config) -> list[Host]:
 # ---------------------------------------------------------------------------------
 # Per task: place, prepare, prompt, spawn, verify, hand off, clean up
 #
-# In fleetrun.hookspec_task (imported above).
+# In fleetrun.hookspec_place and fleetrun.hookspec_task (imported above).
 
 
 # ---------------------------------------------------------------------------------

@@ -234,6 +234,14 @@ def registry(config: Config) -> HostRegistry:
     return reg
 
 
+def candidates_of(config: Config) -> list[Candidate]:
+    """This pass's placement candidates: those of ``fleetrun_candidates`` (plugins that
+    add some), then each host's own (:meth:`~fleetrun.Host.candidate`)."""
+    extra = [c for cs in config.hook.fleetrun_candidates(config=config) for c in (cs or [])]
+    own = [c for c in (h.candidate(config) for h in registry(config).hosts()) if c is not None]
+    return extra + own
+
+
 def get_host(config: Config, name: Optional[str]) -> Host:
     """The host called ``name`` (None: this machine, ``local``). A name no loaded plugin
     provides gets a :class:`MissingHost`, and the reason is said once on stderr."""

@@ -20,7 +20,7 @@ from typing import TYPE_CHECKING, Any, Optional
 from . import clock, crash
 from .exceptions import StateConflict, UsageError
 from .gitutil import WorktreeTampered
-from .hostapi import StartRefused, get_host, missing_host_reason, registry
+from .hostapi import StartRefused, candidates_of, get_host, missing_host_reason
 from .hosts import executable_problem
 from .ledger import Attempt, Task
 from .links import task_links
@@ -57,14 +57,6 @@ def shepherd_spec(task: Task, att: Attempt, spawn: SpawnSpec, config: Config) ->
         "stall_s": task.spec.stall_timeout_min * 60.0,
         "notify": sock_path(config.home),
     }
-
-
-def candidates_of(config: Config) -> list[Candidate]:
-    """This pass's placement candidates: those of ``fleetrun_candidates`` (plugins that
-    add some), then each host's own (:meth:`~fleetrun.Host.candidate`)."""
-    extra = [c for cs in config.hook.fleetrun_candidates(config=config) for c in (cs or [])]
-    own = [c for c in (h.candidate(config) for h in registry(config).hosts()) if c is not None]
-    return extra + own
 
 
 @dataclass
@@ -164,7 +156,10 @@ class Starting:
         candidates = candidates_of(loop.config)
         waits.mark_paused(candidates, at)
         policy = loop.policy.policy
-        busy = {a.task_id: a for a in loop.active_attempts()}
+        # an attempt still ending (a cancel's grace period), or whose work is still being
+        # collected (cancelled and retried meanwhile): nothing else runs in its worktree yet
+        busy = {**{i: c.attempt for i, c in loop.ending.collecting.items()},
+                **{a.task_id: a for a in loop.active_attempts()}}
         decided = self._decided
         if not self.pure_placement():
             decided.clear()
@@ -210,13 +205,8 @@ class Starting:
                 if loop.stopping:
                     self._undecided.update(t.id for t in tasks[k:])
                     return
-                if task.id in busy:  # the previous attempt is still ending (a cancel's grace period)
+                if task.id in busy:  # the previous attempt is still ending
                     waits.still_ending(task, busy[task.id].number, at)
-                    continue
-                collecting = loop.ending.collecting.get(task.id)
-                if collecting is not None:  # cancelled and retried while its work was collected:
-                    # nothing else runs in the worktree before the effect is over
-                    waits.still_ending(task, collecting.attempt.number, at)
                     continue
                 # less than the agent can be given (--max-budget-usd 0.0000 is refused) is none
                 if task.spec.budget_usd is not None and task.spec.budget_usd - task.cost_usd < MIN_BUDGET_USD:

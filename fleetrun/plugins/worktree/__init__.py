@@ -23,8 +23,8 @@ from concurrent.futures import Future
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Optional, Union
 
-from .. import crash
-from ..depmerge import (
+from ... import crash
+from ...depmerge import (
     DependencyError,
     conflict_cause,
     conflict_note,
@@ -32,38 +32,32 @@ from ..depmerge import (
     merge_dependencies,
     still_conflicted,
 )
-from ..effects import effects_of, run_inline
-from ..gitutil import (
+from ...effects import effects_of, run_inline
+from ...gitutil import (
     GitError,
     Pinned,
     WorktreeTampered,
     check_pinned,
-    common_dir,
     git,
     pin_worktree,
     repo_lock,
-    repo_toplevel,
     wt_git,
 )
-from ..hookimpl import hookimpl
-from ..hostapi import Host
-from ..ledger import LEDGER_KEY
-from ..reports import CollectHandle, Handoff, HandoffHandle, Workspace, WorkspaceHandle
-from ..stash import StashKey
-from ..states import State
-from ..summary import clean, commit_subjects, first_summary, read_summary, summary_path
-from ..taskspec import safe_slug
+from ...hookimpl import hookimpl
+from ...hostapi import Host
+from ...ledger import LEDGER_KEY
+from ...reports import CollectHandle, Handoff, HandoffHandle, Workspace, WorkspaceHandle
+from ...stash import StashKey
+from ...states import State
+from ...summary import clean, commit_subjects, first_summary, read_summary, summary_path
+from ...taskspec import safe_slug
+from .pins import forget_pin, identity_args, pinned, repo_of, workspace_pin
 
 if TYPE_CHECKING:
-    from ..config import Config
+    from ...config import Config
 
 DEFAULT_COMMIT_MESSAGE = "fleetrun: uncommitted work of attempt {attempt}"
 
-#: cwd -> (repository top, its git folder), or None outside a repository: found once
-#: per run (a ``git rev-parse`` per task and pass would be slow).
-REPOS_KEY = StashKey[dict[str, Optional[tuple[str, str]]]]()
-#: (worktree root, git folder) -> its pin, checked again before every use.
-PINS_KEY = StashKey[dict[tuple[str, str], Pinned]]()
 #: Worktrees being removed on the effects' worker (their notes come when it is over).
 REMOVING_KEY = StashKey[set[str]]()
 
@@ -71,7 +65,7 @@ REMOVING_KEY = StashKey[set[str]]()
 @hookimpl(trylast=True)
 def fleetrun_config_keys(config: Config) -> list[Any]:
     """``[worktree]`` of config.toml."""
-    from ..config import ConfigKey
+    from ...config import ConfigKey
 
     return [ConfigKey("worktree", "commit_message", (str,), doc="message of the commit of uncommitted work")]
 
@@ -129,95 +123,6 @@ def names_for(task: Any) -> tuple[str, str]:
     return slug, branch
 
 
-def _identity_args(p: Pinned) -> list[str]:
-    if wt_git(p, "config", "user.email", check=False).strip():
-        return []
-    return ["-c", "user.name=fleetrun", "-c", "user.email=fleetrun@localhost"]
-
-
-def _repo_of(config: Config, cwd: str) -> Optional[tuple[str, str]]:
-    cache = config.stash.setdefault(REPOS_KEY, {})
-    if cwd not in cache:
-        top = repo_toplevel(cwd)
-        cache[cwd] = (top, common_dir(top)) if top else None
-    return cache[cwd]
-
-
-def pinned(config: Config, root: str, common: str) -> Pinned:
-    """The worktree at ``root`` pinned to the repository whose git folder is ``common``,
-    checked now. The pin is found from the repository's side (its ``worktrees/*``
-    folders), never from the worktree's ``.git``, which the agent can rewrite; it is
-    cached per worktree for the run, and checked again before every use.
-
-    :raises WorktreeTampered: when ``root`` is not, or no longer, that worktree.
-    """
-    cache: dict[tuple[str, str], Pinned] = config.stash.setdefault(PINS_KEY, {})
-    key = (os.path.realpath(root), os.path.realpath(common))
-    p = cache.get(key)
-    if p is not None:
-        try:
-            check_pinned(p)
-            return p
-        except WorktreeTampered as e:
-            # a worktree removed and made again at the same place has a new admin
-            # folder: look again from the repository's side before calling it tampered
-            del cache[key]
-            try:
-                p = pin_worktree(root, common)
-            except WorktreeTampered:
-                raise e from None  # what the known pin found wrong says more
-            cache[key] = p
-            return p
-    p = pin_worktree(root, common)
-    cache[key] = p
-    return p
-
-
-def _forget_pin(config: Config, root: str, common: str) -> None:
-    config.stash.setdefault(PINS_KEY, {}).pop((os.path.realpath(root), os.path.realpath(common)), None)
-
-
-def worktree_root(ws: Workspace, common: str) -> str:
-    """The top of the worktree holding ``ws.path`` (a task's cwd may be a subfolder of its
-    repository), found among the repository's worktrees (``<common>/worktrees/*/gitdir``),
-    not by asking git inside the worktree.
-
-    :raises WorktreeTampered: when no worktree of that repository holds it.
-    """
-    if ws.root:
-        return ws.root
-    real = os.path.realpath(ws.path)
-    best = ""
-    try:
-        entries = sorted((Path(common) / "worktrees").iterdir())
-    except OSError:
-        entries = []
-    for entry in entries:
-        try:
-            target = (entry / "gitdir").read_text(encoding="utf-8", errors="replace").strip()
-        except OSError:
-            continue
-        top = os.path.dirname(os.path.realpath(target))
-        if (real == top or real.startswith(top + os.sep)) and len(top) > len(best):
-            best = top
-    if not best:
-        raise WorktreeTampered(f"{ws.path} is in no worktree of {common}")
-    return best
-
-
-def workspace_pin(config: Config, ws: Workspace) -> Pinned:
-    """The pin of a prepared worktree workspace (``ws.repo`` is the repository fleetrun
-    made it in, recorded at prepare).
-
-    :raises WorktreeTampered: when it cannot be pinned.
-    """
-    found = _repo_of(config, ws.repo) if ws.repo else None
-    if found is None:
-        raise WorktreeTampered(f"the repository of the worktree at {ws.path} ({ws.repo}) is not a git repository")
-    _, common = found
-    return pinned(config, worktree_root(ws, common), common)
-
-
 def _reuse(config: Config, task: Any, path: Path, repo: str, common: str) -> Optional[Pinned]:
     """The worktree a previous attempt left at ``path``, checked before it is reused;
     None when there is none and one is to be made.
@@ -252,7 +157,7 @@ def fleetrun_prepare_workspace(task: Any, attempt: Any, host: Host,
         raise WorkspaceError("working directory does not exist on this host")
     if not spec.git_ref:
         return Workspace(path=spec.cwd)
-    found = _repo_of(config, spec.cwd)
+    found = repo_of(config, spec.cwd)
     if found is None:
         raise WorkspaceError(f"{spec.cwd} is not in a git repository (git_ref needs one)", permanent=True)
     repo, common = found
@@ -265,7 +170,7 @@ def fleetrun_prepare_workspace(task: Any, attempt: Any, host: Host,
     if effects is not None and not spec.merges_dependencies and not os.path.lexists(path):
         # a new worktree: git's ~25 ms run on the effects' worker, under the repository's
         # lock, while the loop handles other tasks; a reused one is checked here, as before
-        _forget_pin(config, str(path), common)
+        forget_pin(config, str(path), common)
         fut = effects.submit(_add_locked, config.home / "locks", repo, common, branch, path, spec.git_ref)
         return _Adding(config, fut, path, common, Workspace(
             path=str(path / sub if sub != "." else path), branch=branch, repo=repo, base_ref=spec.git_ref,
@@ -274,7 +179,7 @@ def fleetrun_prepare_workspace(task: Any, attempt: Any, host: Host,
     with repo_lock(config.home / "locks", repo, common=common):
         branches: list[tuple[str, str]] = []
         if _reuse(config, task, path, repo, common) is None:
-            _forget_pin(config, str(path), common)
+            forget_pin(config, str(path), common)
             if spec.merges_dependencies and not git(repo, "branch", "--list", "--", branch).strip():
                 branches = _dependency_branches(config, task, repo)  # before anything is made
             new_branch = _add(repo, branch, path, spec.git_ref)
@@ -368,7 +273,7 @@ def _merge_dependencies(config: Config, task: Any, attempt: Any, p: Pinned, ws: 
             repo = ws.repo or ""
             git(repo, "worktree", "remove", "--force", "--", p.root, check=False)
             git(repo, "branch", "-D", "--", str(ws.branch), check=False)
-            _forget_pin(config, p.root, p.common)
+            forget_pin(config, p.root, p.common)
             raise WorkspaceError(str(e), permanent=True) from None
     else:
         before = next((a.workspace for a in reversed(led.attempts(task.id))
@@ -427,7 +332,7 @@ def _commit_work(p: Pinned, branch: Optional[str], message: str) -> str:
             raise WorktreeTampered(f"its HEAD is {head or 'detached'}, not the task's branch {branch}")
     wt_git(p, "add", "-A")
     crash.point("mid_collect")  # staged, not committed: the restart collects again
-    wt_git(p, *_identity_args(p), "commit", "-q", "--no-verify", "-m", message)
+    wt_git(p, *identity_args(p), "commit", "-q", "--no-verify", "-m", message)
     return wt_git(p, "rev-parse", "HEAD").strip()
 
 
@@ -503,7 +408,7 @@ def fleetrun_cleanup_workspace(task: Any, host: Host, config: Config) -> None:
     # the repository is the one recorded at prepare (or the task's cwd, as prepare found
     # it), never one the worktree's .git names
     repo = ((att.workspace or {}).get("repo") if att is not None else None) or task.spec.cwd
-    found = _repo_of(config, repo) if repo else None
+    found = repo_of(config, repo) if repo else None
     if found is None:
         _note_once(led, task.id, f"kept worktree {path}: its repository {repo} is not a git repository")
         return
@@ -527,7 +432,7 @@ def fleetrun_cleanup_workspace(task: Any, host: Host, config: Config) -> None:
         if kept is not None:
             _note_once(led, task.id, kept)
             return
-        _forget_pin(config, str(path), common)
+        forget_pin(config, str(path), common)
         if led is not None:
             led.add_note(task.id, f"removed clean worktree {path}; branch {task.branch} stays")
 
