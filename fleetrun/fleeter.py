@@ -419,7 +419,9 @@ class FakeClaude:
     def _log(self) -> list[dict[str, Any]]:
         if not self.log_path.exists():
             return []
-        return [json.loads(line) for line in self.log_path.read_text().splitlines() if line.strip()]
+        # whole lines only: the fake may be half-way through appending one while a test polls
+        text = self.log_path.read_text()
+        return [json.loads(line) for line in text[:text.rfind("\n") + 1].splitlines() if line.strip()]
 
     def calls(self, key: Optional[str] = None) -> list[dict[str, Any]]:
         """The agent sessions started (reviewers aside: :meth:`review_calls`), of task

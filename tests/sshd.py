@@ -131,7 +131,7 @@ LogLevel INFO
             argv = ["ip", "netns", "exec", self.netns, *argv]
         return argv
 
-    def start(self, timeout: float = 10.0) -> None:
+    def start(self, timeout: float = 120.0) -> None:
         if IS_ROOT:
             os.makedirs("/run/sshd", mode=0o755, exist_ok=True)  # sshd will not start without it
         log = open(self.dir / "sshd.log", "ab")  # noqa: SIM115 - closed in stop()
