@@ -54,7 +54,8 @@ def wait_for(
 
 
 def hold(gate: Path) -> list[str]:
-    """A fake claude action: wait until ``gate`` exists."""
+    """A fake claude action: wait until ``gate`` exists (its task must allow Bash: the
+    default lets an agent run git only, and a command it may not run returns at once)."""
     return ["bash", f"while [ ! -e {shlex.quote(str(gate))} ]; do sleep 0.05; done"]
 
 
@@ -79,6 +80,7 @@ def write_tasks(fleeter: Any, fake_claude: Any, peer_actions: list[Any], local_g
         prompt = "Write far.txt."
         git_ref = "main"
         peer = "mini"
+        allowed_tools = ["Bash"]
 
           [[task.verify]]
           run = "test -f far.txt"
@@ -89,6 +91,7 @@ def write_tasks(fleeter: Any, fake_claude: Any, peer_actions: list[Any], local_g
         prompt = "p"
         git_ref = "main"
         peer = "local"
+        allowed_tools = ["Bash"]
     """
         + chain
     )

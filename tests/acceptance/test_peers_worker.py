@@ -59,13 +59,14 @@ def test_the_peer_worker(fleeter, fake_claude, peer_lab, mode):
         cwd = "repo"
         prompt = "Write out.txt."
         git_ref = "main"
+        allowed_tools = ["Bash"]
 
           [[task.verify]]
           run = "test -f out.txt"
     ''')
     d = mini.home.parent
     # "dies": the agent runs until the test has killed the worker (a fixed sleep could end
-    # first on a loaded machine, and then nothing would be left to adopt)
+    # first on a loaded machine, and then nothing would be left to adopt); it may run Bash
     gate = d / "agent-may-end"
     hold = ["bash", f"while [ ! -e {shlex.quote(str(gate))} ]; do sleep 0.05; done"] if mode == "dies" \
         else ["sleep", 1]
