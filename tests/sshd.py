@@ -212,6 +212,17 @@ class PeerMachine:
     def command_line(self, **extra: str) -> str:
         return shlex.join(self.command(**extra))
 
+    def pair(self, fleeter: Any, *extra: str, **env: str) -> None:
+        """Pair it with ``fleeter``'s home (``relay add NAME ADDRESS --accept-new --command
+        ...`` and ``extra``), its fleetrun run with ``env`` besides :meth:`command`'s; it
+        gets the home's ``config.toml`` first (the fake claude's ``[claude]`` settings)."""
+        config = fleeter.home / "config.toml"
+        if config.exists():
+            self.write("config.toml", config.read_text())
+        r = fleeter.run("relay", "add", self.name, self.address, "--accept-new", "--command",
+                        self.command_line(**env), *extra)
+        assert r.ret == 0, r.stdout + r.stderr
+
     def write(self, name: str, text: str) -> Path:
         self.home.mkdir(parents=True, exist_ok=True, mode=0o700)
         p = self.home / name
@@ -350,6 +361,31 @@ class PeerLab:
         m = PeerMachine(name, sshd, home, host, dict(env or {}))
         if netns:
             m.netns = ns  # type: ignore[attr-defined]
+        self.machines.append(m)
+        return m
+
+    def private_machine(self, name: str, repo: Path) -> PeerMachine:
+        """A peer on 127.0.0.1 in a private mount namespace in which ``repo``'s path holds
+        a clone of it (``machine.clone``), and root's ``.bashrc`` prints on stdout (as a
+        chatty one does): a branch made there is on the peer only, until it is fetched.
+        The test skips without root and ``unshare``, saying so."""
+        if not IS_ROOT or not shutil.which("unshare"):
+            pytest.skip("a peer with a repository of its own at the same path needs root and unshare "
+                        "(a private mount namespace)")
+        folder = self.root / name
+        home = folder / "home"
+        home.mkdir(parents=True, mode=0o700)
+        clone = folder / "repo"
+        run("git", "clone", "-q", str(repo), str(clone))
+        binds = [(clone, repo)]
+        rc = Path("/root/.bashrc")
+        if rc.exists():
+            (folder / "bashrc").write_text(NOISY_BASHRC)
+            binds.append((folder / "bashrc", rc))
+        sshd = Sshd(folder / "sshd", [self.client_pub], binds=binds)
+        sshd.start()
+        m = PeerMachine(name, sshd, home, "127.0.0.1", {})
+        m.clone = clone  # type: ignore[attr-defined]
         self.machines.append(m)
         return m
 

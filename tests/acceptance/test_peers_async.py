@@ -105,14 +105,6 @@ def write_tasks(fleeter: Any, fake_claude: Any, peer_actions: list[Any], local_g
     )
 
 
-def add_peer(fleeter: Any, mini: Any, **env: str) -> None:
-    mini.write("config.toml", (fleeter.home / "config.toml").read_text())
-    r = fleeter.run(
-        "relay", "add", "mini", mini.address, "--accept-new", "--command", mini.command_line(**env)
-    )
-    assert r.ret == 0, r.stdout + r.stderr
-
-
 def states(fleeter: Any) -> dict[str, str]:
     return fleeter.states()
 
@@ -134,7 +126,7 @@ def test_the_loop_works_other_tasks_while_a_peer_verifier_is_being_started(
 ):
     fleeter.make_repo()
     mini = peer_lab.machine("mini")
-    add_peer(fleeter, mini)
+    mini.pair(fleeter)
     far_gate, local_gate = tmp_path / "far-may-end", tmp_path / "local-may-end"
     write_tasks(fleeter, fake_claude, [hold(far_gate)], local_gate)
     proc = fleeter.popen("tasks.toml")
@@ -189,7 +181,7 @@ def test_the_loop_works_other_tasks_while_a_peer_removes_a_done_worktree(
         f'exec {shlex.quote(shutil.which("git") or "/usr/bin/git")} "$@"\n'
     )
     git.chmod(0o755)
-    add_peer(fleeter, mini, PATH=f"{bin_dir}:{os.environ['PATH']}")
+    mini.pair(fleeter, PATH=f"{bin_dir}:{os.environ['PATH']}")
     local_gate = tmp_path / "local-may-end"
     write_tasks(fleeter, fake_claude, [], local_gate)
     proc = fleeter.popen("tasks.toml")
