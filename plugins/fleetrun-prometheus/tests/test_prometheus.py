@@ -28,7 +28,7 @@ HERE = Path(__file__).resolve().parents[1]
 # the run in progress.
 QUEUE = ECHO_AGENT + r"""
 [agents.waiter]
-command = ["{python}", "-c", "import os, time; [time.sleep(0.05) for _ in range(1200) if not os.path.exists('../go')]"]
+command = ["{python}", "-c", "import os, time; [time.sleep(0.05) for _ in range(12000) if not os.path.exists('../go')]"]
 """ + echo_task("quick", verify="true", cwd="q") + echo_task("flaky", verify="test -f m || { touch m; exit 1; }", cwd="f") \
     + echo_task("slow", verify="true", cwd="s", agent="waiter")
 
