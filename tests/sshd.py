@@ -135,20 +135,28 @@ LogLevel INFO
         if IS_ROOT:
             os.makedirs("/run/sshd", mode=0o755, exist_ok=True)  # sshd will not start without it
         log = open(self.dir / "sshd.log", "ab")  # noqa: SIM115 - closed in stop()
+        start = log.tell()  # a restart appends: only what this sshd writes counts
         try:
             self.proc = subprocess.Popen(self.argv(), stdin=subprocess.DEVNULL, stdout=log, stderr=log,
                                          start_new_session=True)
         finally:
             log.close()
+        # this sshd's own word that it listens (logged after listen()) before its banner: a
+        # banner alone could be another process's, one that took the port since free_port()
+        listening = f"Server listening on {self.listen} port {self.port}.".encode()
         deadline = time.monotonic() + timeout
         while True:
             if self.proc.poll() is not None:
                 raise RuntimeError(f"sshd exited {self.proc.returncode}:\n{self.log()}")
             try:
-                with socket.create_connection((self.listen, self.port), timeout=0.5) as s:
-                    s.settimeout(1.0)
-                    if s.recv(64).startswith(b"SSH-"):
-                        return
+                with open(self.dir / "sshd.log", "rb") as f:
+                    f.seek(start)
+                    ours = listening in f.read()
+                if ours:
+                    with socket.create_connection((self.listen, self.port), timeout=0.5) as s:
+                        s.settimeout(1.0)
+                        if s.recv(64).startswith(b"SSH-"):
+                            return
             except OSError:
                 pass
             if time.monotonic() > deadline:
