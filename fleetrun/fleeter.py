@@ -144,6 +144,35 @@ class RunResult:
                 raise AssertionError(f"line {line!r} matches {pattern!r}")
 
 
+#: A command agent, ``echo``, for tasks that need no model: it prints ``hi`` and exits 0
+#: (``{python}`` is this interpreter, as in any tasks file). Put it before the tasks of
+#: :func:`echo_task` in a tasks file.
+ECHO_AGENT = """
+[agents.echo]
+command = ["{python}", "-c", "print('hi')"]
+"""
+
+
+def echo_task(name: str, verify: Optional[str] = None, **keys: Any) -> str:
+    """A ``[[task]]`` table done by :data:`ECHO_AGENT`'s ``echo`` agent in the tasks file's
+    folder (``prompt = "p"``, ``cwd = "."``): the smallest task that runs to an end,
+    with no model and no git repository.
+
+    :param name: the task's name.
+    :param verify: a ``run`` verifier's command, if any.
+    :param keys: more keys of the task (or others for ``prompt``, ``cwd``, ``agent``),
+        as Python values: strings, numbers, booleans and lists of them.
+    :return: the table's TOML text, to follow :data:`ECHO_AGENT`::
+
+        fleeter.write_tasks(ECHO_AGENT + echo_task("ok", verify="true") + echo_task("bad", max_retries=0))
+    """
+    fields = {"name": name, "prompt": "p", "cwd": ".", "agent": "echo", **keys}
+    text = "\n[[task]]\n" + "".join(f"{k} = {json.dumps(v)}\n" for k, v in fields.items())
+    if verify is not None:
+        text += f"  [[task.verify]]\n  run = {json.dumps(verify)}\n"
+    return text
+
+
 def read_tasks(db: Path) -> tuple[list[tuple[str, str, str]], str]:
     """``(name, state, reason)`` of each task in the ledger ``db`` (none if it does not
     exist), read-only, and an error text if it cannot be read.
@@ -419,7 +448,9 @@ class FakeClaude:
     def _log(self) -> list[dict[str, Any]]:
         if not self.log_path.exists():
             return []
-        return [json.loads(line) for line in self.log_path.read_text().splitlines() if line.strip()]
+        # whole lines only: the fake may be half-way through appending one while a test polls
+        text = self.log_path.read_text()
+        return [json.loads(line) for line in text[:text.rfind("\n") + 1].splitlines() if line.strip()]
 
     def calls(self, key: Optional[str] = None) -> list[dict[str, Any]]:
         """The agent sessions started (reviewers aside: :meth:`review_calls`), of task

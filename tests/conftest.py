@@ -12,6 +12,12 @@ from typing import Any
 
 import pytest
 from eventcheck import event_problems
+from hypothesis import settings
+
+# No per-example deadline for hypothesis (its default, 200 ms, is a timing: a loaded CI
+# machine fails a pure property test with DeadlineExceeded); tests that set one keep it.
+settings.register_profile("fleetrun", deadline=None)
+settings.load_profile("fleetrun")
 
 FAKES = Path(__file__).parent / "fakes"
 FAKE_CLAUDE = FAKES / "claude"  # runs fleetrun/testing/fake_claude/ by path

@@ -131,24 +131,32 @@ LogLevel INFO
             argv = ["ip", "netns", "exec", self.netns, *argv]
         return argv
 
-    def start(self, timeout: float = 10.0) -> None:
+    def start(self, timeout: float = 120.0) -> None:
         if IS_ROOT:
             os.makedirs("/run/sshd", mode=0o755, exist_ok=True)  # sshd will not start without it
         log = open(self.dir / "sshd.log", "ab")  # noqa: SIM115 - closed in stop()
+        start = log.tell()  # a restart appends: only what this sshd writes counts
         try:
             self.proc = subprocess.Popen(self.argv(), stdin=subprocess.DEVNULL, stdout=log, stderr=log,
                                          start_new_session=True)
         finally:
             log.close()
+        # this sshd's own word that it listens (logged after listen()) before its banner: a
+        # banner alone could be another process's, one that took the port since free_port()
+        listening = f"Server listening on {self.listen} port {self.port}.".encode()
         deadline = time.monotonic() + timeout
         while True:
             if self.proc.poll() is not None:
                 raise RuntimeError(f"sshd exited {self.proc.returncode}:\n{self.log()}")
             try:
-                with socket.create_connection((self.listen, self.port), timeout=0.5) as s:
-                    s.settimeout(1.0)
-                    if s.recv(64).startswith(b"SSH-"):
-                        return
+                with open(self.dir / "sshd.log", "rb") as f:
+                    f.seek(start)
+                    ours = listening in f.read()
+                if ours:
+                    with socket.create_connection((self.listen, self.port), timeout=0.5) as s:
+                        s.settimeout(1.0)
+                        if s.recv(64).startswith(b"SSH-"):
+                            return
             except OSError:
                 pass
             if time.monotonic() > deadline:
@@ -211,6 +219,17 @@ class PeerMachine:
 
     def command_line(self, **extra: str) -> str:
         return shlex.join(self.command(**extra))
+
+    def pair(self, fleeter: Any, *extra: str, **env: str) -> None:
+        """Pair it with ``fleeter``'s home (``relay add NAME ADDRESS --accept-new --command
+        ...`` and ``extra``), its fleetrun run with ``env`` besides :meth:`command`'s; it
+        gets the home's ``config.toml`` first (the fake claude's ``[claude]`` settings)."""
+        config = fleeter.home / "config.toml"
+        if config.exists():
+            self.write("config.toml", config.read_text())
+        r = fleeter.run("relay", "add", self.name, self.address, "--accept-new", "--command",
+                        self.command_line(**env), *extra)
+        assert r.ret == 0, r.stdout + r.stderr
 
     def write(self, name: str, text: str) -> Path:
         self.home.mkdir(parents=True, exist_ok=True, mode=0o700)
@@ -350,6 +369,31 @@ class PeerLab:
         m = PeerMachine(name, sshd, home, host, dict(env or {}))
         if netns:
             m.netns = ns  # type: ignore[attr-defined]
+        self.machines.append(m)
+        return m
+
+    def private_machine(self, name: str, repo: Path) -> PeerMachine:
+        """A peer on 127.0.0.1 in a private mount namespace in which ``repo``'s path holds
+        a clone of it (``machine.clone``), and root's ``.bashrc`` prints on stdout (as a
+        chatty one does): a branch made there is on the peer only, until it is fetched.
+        The test skips without root and ``unshare``, saying so."""
+        if not IS_ROOT or not shutil.which("unshare"):
+            pytest.skip("a peer with a repository of its own at the same path needs root and unshare "
+                        "(a private mount namespace)")
+        folder = self.root / name
+        home = folder / "home"
+        home.mkdir(parents=True, mode=0o700)
+        clone = folder / "repo"
+        run("git", "clone", "-q", str(repo), str(clone))
+        binds = [(clone, repo)]
+        rc = Path("/root/.bashrc")
+        if rc.exists():
+            (folder / "bashrc").write_text(NOISY_BASHRC)
+            binds.append((folder / "bashrc", rc))
+        sshd = Sshd(folder / "sshd", [self.client_pub], binds=binds)
+        sshd.start()
+        m = PeerMachine(name, sshd, home, "127.0.0.1", {})
+        m.clone = clone  # type: ignore[attr-defined]
         self.machines.append(m)
         return m
 

@@ -9,6 +9,7 @@ import multiprocessing
 import os
 import random
 import re
+import shlex
 import stat
 from pathlib import Path
 from typing import Any
@@ -307,3 +308,75 @@ def test_the_stamp_is_what_datetime_says() -> None:
     times += [1764606600.9995, 1764606600.9999996, 1764606599.0, 1764606600.0004999]
     for t in times:
         assert stamp(t) == datetime.fromtimestamp(t, timezone.utc).isoformat(timespec="milliseconds")[:-6] + "Z", t
+
+
+class LogAtEachTransition:
+    """At each ``fleetrun_transition`` (before the events plugin's own: it is ``trylast``),
+    the home's ``events.ndjson`` as it is then."""
+
+    def __init__(self, home: Path) -> None:
+        self.path = home / "events.ndjson"
+        self.seen: list[tuple[str, str, list[dict[str, Any]]]] = []
+
+    @fleetrun.hookimpl
+    def fleetrun_transition(self, task: Any, to_state: Any) -> None:
+        lines = self.path.read_text().splitlines() if self.path.exists() else []
+        self.seen.append((task.name, str(to_state), [json.loads(line) for line in lines]))
+
+
+@pytest.mark.parametrize("verb", ["cancel", "retry"])
+def test_an_operators_verb_writes_each_line_as_it_happens(fleeter: Any, verb: str) -> None:
+    """Outside a work loop nothing is kept for later (docs/events.md, "When a line is
+    written"): when ``cancel a b`` moves b, a's line is in the home's log already."""
+    repo = fleeter.make_repo()
+    specs = [TaskSpec(name=n, prompt="p", cwd=str(repo), git_ref="main") for n in ("a", "b")]
+    fleeter.ledger().add_tasks(specs, source="tasks.toml", source_hash="h")
+    if verb == "retry":
+        assert fleeter.run("cancel", "a", "b").ret == 0
+    probe = LogAtEachTransition(fleeter.home)
+    r = fleeter.run(verb, "a", "b", plugins=[probe])
+    assert r.ret == 0, r.stdout + r.stderr
+    (a, to, _), (b, _, then) = probe.seen
+    assert (a, b) == ("a", "b")
+    assert [(e["name"], e["to"]) for e in then if e["type"] == "transition"][-1:] == [("a", to)]
+
+
+def test_events_on_stdout_are_read_while_the_run_goes_on(fleeter: Any, fake_claude: Any, tmp_path: Path,
+                                                        monkeypatch: pytest.MonkeyPatch) -> None:
+    """``--events -`` is written and flushed line by line: whoever reads the pipe sees the
+    move to RUNNING while the agent runs (it runs until the test has read that line)."""
+    import selectors
+    import time
+
+    monkeypatch.delenv("PYTHONUNBUFFERED", raising=False)  # a pipe's stdout is buffered, as for a user
+    fleeter.make_repo()
+    # the agent may run Bash (the default lets it run git only): it waits for a file
+    fleeter.write_tasks('[[task]]\nname = "a"\ncwd = "repo"\nprompt = "p"\ngit_ref = "main"\n'
+                        'allowed_tools = ["Bash"]\n')
+    gate = tmp_path / "agent-may-end"
+    fake_claude.script(a=[{"actions": [["bash", f"while [ ! -e {shlex.quote(str(gate))} ]; do sleep 0.05; done"],
+                                       ["write", "a.txt", "a"], ["commit", "a"]]}])
+    proc = fleeter.popen("tasks.toml", "--events", "-")
+    assert proc.stdout is not None
+    sel = selectors.DefaultSelector()
+    sel.register(proc.stdout, selectors.EVENT_READ)
+    got = b""
+    running = False
+    deadline = time.monotonic() + 120  # a bound for a hung run, not a timing
+    try:
+        while not running:
+            assert proc.poll() is None, "the run ended before the agent could"
+            assert time.monotonic() < deadline, f"no RUNNING line on stdout while the agent runs: {got!r}"
+            if sel.select(timeout=1):
+                got += os.read(proc.stdout.fileno(), 65536)
+            events = [json.loads(line) for line in got[:got.rfind(b"\n") + 1].decode().splitlines()]
+            running = any(e["type"] == "transition" and e["to"] == "RUNNING" for e in events)
+        # read while the agent runs (it cannot end before the gate), not in what an exit flushed
+        assert [e["type"] for e in events if e["type"] in ("attempt_ended", "run_end")] == []
+    finally:
+        sel.close()
+        gate.touch()
+        out, err = proc.communicate(timeout=120)
+    assert proc.returncode == 0, err.decode(errors="replace")
+    streamed = [json.loads(line) for line in (got + out).decode().splitlines()]
+    assert streamed[-1]["type"] == "run_end" and streamed[-1]["counts"] == {"DONE": 1}

@@ -13,37 +13,11 @@ from typing import Any
 import pytest
 
 import fleetrun
-from fleetrun.fleeter import FakeClaude, Fleeter, RunResult
+from fleetrun.fleeter import ECHO_AGENT, FakeClaude, Fleeter, RunResult, echo_task
 from fleetrun.testing.recorder import HookRecorder, SysModulesSnapshot, SysPathsSnapshot
 
-QUEUE = """
-[agents.echo]
-command = ["{python}", "-c", "print('hi')"]
-
-[[task]]
-name = "ok"
-prompt = "p"
-cwd = "."
-agent = "echo"
-  [[task.verify]]
-  run = "true"
-
-[[task]]
-name = "bad"
-prompt = "p"
-cwd = "."
-agent = "echo"
-max_retries = 0
-  [[task.verify]]
-  run = "false"
-
-[[task]]
-name = "stuck"
-prompt = "p"
-cwd = "."
-agent = "echo"
-requires = ["no-such-tool-on-any-machine"]
-"""
+QUEUE = ECHO_AGENT + echo_task("ok", verify="true") + echo_task("bad", verify="false", max_retries=0) \
+    + echo_task("stuck", requires=["no-such-tool-on-any-machine"])
 
 
 # -- the hook recorder -------------------------------------------------------------------

@@ -16,6 +16,7 @@ import xmlschema
 
 import fleetrun
 from fleetrun import AgentResult
+from fleetrun.fleeter import ECHO_AGENT, echo_task
 from fleetrun.plugins import junitxml
 
 SCHEMA_FILE = Path(__file__).parent / "junit-10.xsd"
@@ -36,51 +37,16 @@ def parse_valid(path: Path, schema: xmlschema.XMLSchema) -> ET.Element:
 # Five tasks, one per way a task can end up in the report. Command agents stand in
 # for the model; ``gone`` cancels itself through the CLI, as an operator would from
 # another shell while the run goes on.
-QUEUE = r"""
-[agents.echo]
-command = ["{python}", "-c", "print('hi')"]
-
+QUEUE = ECHO_AGENT + r"""
 [agents.selfcancel]
 command = ["{python}", "-c", "import subprocess, sys, time; subprocess.run([sys.executable, '-m', 'fleetrun', 'cancel', 'gone']); time.sleep(5)"]
-
-[[task]]
-name = "ok"
-prompt = "do it"
-cwd = "."
-agent = "echo"
-  [[task.verify]]
-  run = "true # a bell: \u0007"
-
-[[task]]
-name = "flaky"
-prompt = "do it"
-cwd = "."
-agent = "echo"
-  [[task.verify]]
-  run = "test -f m || { touch m; exit 1; }"
-
-[[task]]
-name = "bad"
-prompt = "do it"
-cwd = "."
-agent = "echo"
-max_retries = 1
-  [[task.verify]]
-  run = '''printf 'expected <b> & got \033[31mred\033[0m\n'; exit 3'''
-
-[[task]]
-name = "gone"
-prompt = "do it"
-cwd = "."
-agent = "selfcancel"
-
-[[task]]
-name = "stuck"
-prompt = "do it"
-cwd = "."
-agent = "echo"
-requires = ["no-such-tool-on-any-machine"]
-"""
+""" + "".join([
+    echo_task("ok", verify="true # a bell: \u0007", prompt="do it"),
+    echo_task("flaky", verify="test -f m || { touch m; exit 1; }", prompt="do it"),
+    echo_task("bad", verify=r"printf 'expected <b> & got \033[31mred\033[0m\n'; exit 3", prompt="do it", max_retries=1),
+    echo_task("gone", prompt="do it", agent="selfcancel"),
+    echo_task("stuck", prompt="do it", requires=["no-such-tool-on-any-machine"]),
+])
 
 
 class Costly:
@@ -176,26 +142,8 @@ def test_one_testcase_per_task(fleeter: Any, schema: xmlschema.XMLSchema) -> Non
 
 
 def test_a_dependent_of_a_failed_task_fails_with_the_cause(fleeter: Any, schema: xmlschema.XMLSchema) -> None:
-    fleeter.write_tasks("""
-        [agents.echo]
-        command = ["{python}", "-c", "print('hi')"]
-
-        [[task]]
-        name = "base"
-        prompt = "p"
-        cwd = "."
-        agent = "echo"
-        max_retries = 0
-          [[task.verify]]
-          run = "false"
-
-        [[task]]
-        name = "top"
-        prompt = "p"
-        cwd = "."
-        agent = "echo"
-        depends_on = ["base"]
-    """)
+    fleeter.write_tasks(ECHO_AGENT + echo_task("base", verify="false", max_retries=0)
+                        + echo_task("top", depends_on=["base"]))
     result = fleeter.run("tasks.toml", "--junitxml", "out/nested/r.xml")
     assert result.ret == 1
     result.assert_outcomes(needs_human=2)
@@ -210,16 +158,7 @@ def test_a_dependent_of_a_failed_task_fails_with_the_cause(fleeter: Any, schema:
 
 
 def test_no_option_no_report(fleeter: Any) -> None:
-    fleeter.write_tasks("""
-        [agents.echo]
-        command = ["{python}", "-c", "print('hi')"]
-
-        [[task]]
-        name = "ok"
-        prompt = "p"
-        cwd = "."
-        agent = "echo"
-    """)
+    fleeter.write_tasks(ECHO_AGENT + echo_task("ok"))
     result = fleeter.run("tasks.toml")
     assert result.ret == 0, result.stdout + result.stderr
     result.assert_outcomes(done=1)
@@ -234,16 +173,7 @@ def test_built_in_with_nothing_installed_and_blocked_by_p_no(
     """``--junitxml`` through the real CLI, in a fresh interpreter with no plugin
     installed or named (fleeter turns entry-point autoload off); ``-p no:junitxml``
     takes the option away with the plugin, as pytest's ``-p no:junitxml`` does."""
-    fleeter.write_tasks("""
-        [agents.echo]
-        command = ["{python}", "-c", "print('hi')"]
-
-        [[task]]
-        name = "ok"
-        prompt = "p"
-        cwd = "."
-        agent = "echo"
-    """)
+    fleeter.write_tasks(ECHO_AGENT + echo_task("ok"))
     result = fleeter.runsub("tasks.toml", "--junitxml", "report.xml")
     assert result.ret == 0, result.stdout + result.stderr
     root = parse_valid(fleeter.path / "report.xml", schema)
@@ -261,16 +191,7 @@ def test_built_in_with_nothing_installed_and_blocked_by_p_no(
 
 
 def test_reporter_is_unregistered_after_the_run(fleeter: Any, schema: xmlschema.XMLSchema) -> None:
-    fleeter.write_tasks("""
-        [agents.echo]
-        command = ["{python}", "-c", "print('hi')"]
-
-        [[task]]
-        name = "ok"
-        prompt = "p"
-        cwd = "."
-        agent = "echo"
-    """)
+    fleeter.write_tasks(ECHO_AGENT + echo_task("ok"))
     seen: dict[str, Any] = {}
 
     class Spy:

@@ -23,7 +23,7 @@ def first_line(fleeter) -> str:
     return fleeter.run("status").outlines[0]
 
 
-def wait_for(cond, timeout: float = 20.0, what: str = "it"):
+def wait_for(cond, timeout: float = 120.0, what: str = "it"):
     deadline = time.monotonic() + timeout
     while True:
         got = cond()
@@ -59,7 +59,9 @@ def dead_pid() -> int:
 def test_running_while_the_loop_runs_then_not_running_after_it_exits(fleeter, loop):
     line = wait_for(lambda: RUNNING.fullmatch(first_line(fleeter)), what="the loop's first beat")
     assert int(line.group(1)) == loop.pid
-    assert int(line.group(2)) <= 2
+    # fresh: the loop beats about every second, far inside STUCK_AFTER_S (a loaded
+    # machine can hold a pass or this `status` back by seconds; that is not stuck)
+    assert int(line.group(2)) < liveness.STUCK_AFTER_S / 2
     path = fleeter.home / liveness.LIVENESS
     data = json.loads(path.read_text())
     assert data["pid"] == loop.pid and data["token"] == proc_token(loop.pid)
@@ -67,7 +69,7 @@ def test_running_while_the_loop_runs_then_not_running_after_it_exits(fleeter, lo
     assert (path.stat().st_mode & 0o777) == 0o600
     # it keeps beating
     first = data["beat"]
-    wait_for(lambda: json.loads(path.read_text())["beat"] > first, timeout=5, what="a second beat")
+    wait_for(lambda: json.loads(path.read_text())["beat"] > first, what="a second beat")
     loop.send_signal(signal.SIGINT)
     loop.communicate(timeout=20)
     assert first_line(fleeter) == "supervisor: not running"
@@ -119,15 +121,22 @@ def test_live_pid_with_a_fresh_beat_is_running(fleeter):
 def test_a_hung_loop_shows_as_stuck(fleeter, loop, monkeypatch):
     """SIGSTOP the real loop: it stays alive and stops beating."""
     wait_for(lambda: RUNNING.fullmatch(first_line(fleeter)), what="the loop's first beat")
+    path = fleeter.home / liveness.LIVENESS
+    stuck_after = liveness.STUCK_AFTER_S
     monkeypatch.setattr(liveness, "STUCK_AFTER_S", 1.0)
     os.kill(loop.pid, signal.SIGSTOP)
     try:
+        last = json.loads(path.read_text())["beat"]  # stopped: no beat after this one
         line = wait_for(lambda: (ln := first_line(fleeter)).startswith("supervisor: stuck") and ln,
-                        timeout=10, what="status to say stuck")
+                        what="status to say stuck")
         assert line == f"supervisor: stuck (pid {loop.pid}, last beat 0 min ago)"
     finally:
         os.kill(loop.pid, signal.SIGCONT)
-    wait_for(lambda: RUNNING.fullmatch(first_line(fleeter)), timeout=10, what="the loop to beat again")
+    # it beats again (the beat itself: a `running` under a 1 s threshold would need a
+    # status to land within a second of a beat, which a loaded machine does not promise)
+    wait_for(lambda: json.loads(path.read_text())["beat"] > last, what="the loop to beat again")
+    monkeypatch.setattr(liveness, "STUCK_AFTER_S", stuck_after)
+    assert RUNNING.fullmatch(first_line(fleeter))
 
 
 LOCK_HOLDER = """

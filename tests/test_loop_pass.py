@@ -8,19 +8,9 @@ import threading
 from typing import Any
 
 import fleetrun
+from fleetrun.fleeter import ECHO_AGENT, echo_task
 
-QUEUE = """
-    [agents.echo]
-    command = ["{python}", "-c", "print('hi')"]
-
-    [[task]]
-    name = "ok"
-    prompt = "p"
-    cwd = "."
-    agent = "echo"
-      [[task.verify]]
-      run = "true"
-"""
+QUEUE = ECHO_AGENT + echo_task("ok", verify="true")
 
 
 class PassCounter:

@@ -47,7 +47,7 @@ def session(fake_claude: Any, cwd: Path, procs: list[subprocess.Popen[bytes]]) -
     p = subprocess.Popen([str(FAKE), "-p", "wait"], cwd=str(cwd), stdout=subprocess.DEVNULL,
                          stderr=subprocess.DEVNULL, stdin=subprocess.DEVNULL)
     procs.append(p)
-    deadline = time.monotonic() + 10
+    deadline = time.monotonic() + 120
     while time.monotonic() < deadline:  # until it is the fake (not the interpreter starting)
         if any(s.pid == p.pid for s in scan().sessions()):
             return p

@@ -201,5 +201,5 @@ def test_an_endpoint_that_never_answers_is_given_up_at_the_end() -> None:
         assert sender.pending == 1
         assert sender.close(timeout=0.3) == [] and sender.pending == 1
         assert sender.thread is not None and sender.thread.daemon
-        sender.thread.join(10)  # apprise's read timeout (1 s here) ends the post
+        sender.thread.join(120)  # apprise's read timeout (1 s here) ends the post; 120 s bounds a hang
         assert [o.failures[0][0] for o in sender.done()] == [f"json://127.0.0.1:{port}/hang"]

@@ -26,7 +26,7 @@ with FileLock(sys.argv[1]):
 """
 
 
-def wait_until(cond: object, timeout: float = 10.0) -> bool:
+def wait_until(cond: object, timeout: float = 120.0) -> bool:
     deadline = time.monotonic() + timeout
     while time.monotonic() < deadline:
         if cond():  # type: ignore[operator]

@@ -52,7 +52,7 @@ class Handle(ProcessHandle):
         return Verdict(passed=code == 0, kind="run", label="t", reason=f"exit code {code}")
 
 
-def wait(handle: ProcessHandle, limit: float = 20.0) -> Verdict:
+def wait(handle: ProcessHandle, limit: float = 120.0) -> Verdict:
     end = time.monotonic() + limit
     while time.monotonic() < end:
         v: Optional[Verdict] = handle.poll()
@@ -64,17 +64,24 @@ def wait(handle: ProcessHandle, limit: float = 20.0) -> Verdict:
 
 
 def test_a_process_handle_ends_its_whole_group_on_timeout(tmp_path: Path) -> None:
-    spec = SimpleNamespace(timeout_s=0.5)
-    script = f"sleep 60 & echo $! > {tmp_path / 'child'}; trap '' TERM; sleep 60"
+    # the child's pid is written to a temporary name and renamed (never read half-written);
+    # the timeout, far longer than the shell needs, lets it write that even on a loaded machine
+    spec = SimpleNamespace(timeout_s=5.0)
+    script = (f"sleep 60 & echo $! > {tmp_path / 'child.tmp'}; mv {tmp_path / 'child.tmp'} {tmp_path / 'child'}; "
+              "trap '' TERM; sleep 60")
     h = Handle(spec, ["/bin/sh", "-c", script], str(tmp_path), dict(os.environ), tmp_path / "v1.out")
     assert (tmp_path / "children" / "v1.json").exists()  # recorded for a restarted loop
-    time.sleep(0.2)
+    v = None
+    while not (tmp_path / "child").exists() and v is None:  # the timeout bounds this wait
+        v = h.poll()
+        time.sleep(0.02)
+    assert v is None, f"timed out before the shell started its child: {v}"
     child = int((tmp_path / "child").read_text())
     v = wait(h)
     assert v.reason == "timed out"
     assert h.proc is not None and h.proc.returncode is not None  # reaped
     assert not (tmp_path / "children" / "v1.json").exists()
-    deadline = time.monotonic() + 10
+    deadline = time.monotonic() + 60
     while proc_token(child) is not None and time.monotonic() < deadline:
         time.sleep(0.05)
     assert proc_token(child) is None

@@ -38,7 +38,7 @@ def peer(tmp_path, monkeypatch):
             spec = {"argv": argv, "cwd": cwd, "env": {}, "timeout_s": 60, "stall_s": 60}
             return self.host("start", stdin={"attempt_id": attempt, "task_id": task, "spec": spec, "prompt": "p"})
 
-        def wait_ended(self, attempt: str, timeout: float = 20) -> dict:
+        def wait_ended(self, attempt: str, timeout: float = 120) -> dict:
             deadline = time.time() + timeout
             while time.time() < deadline:
                 code, r = self.host("status", "--attempt", attempt)
@@ -136,7 +136,7 @@ def test_run_verifier_detached_with_its_own_timeout(peer, tmp_path):
         code, r = peer.host("verify-start", stdin={"task": task, "attempt": att, "verifier": v, "idx": idx,
                                                    "workspace": ws})
         assert code == 0 and r["state"] == "running", r
-        deadline = time.time() + 20
+        deadline = time.time() + 120
         while time.time() < deadline:
             code, r = peer.host("verify-status", "--attempt", "task_t1_1_a1", "--idx", str(idx))
             assert code == 0, r
@@ -150,7 +150,7 @@ def test_run_verifier_detached_with_its_own_timeout(peer, tmp_path):
     assert r["output"] == f"in {tmp_path} as t\n"
     r = verify(1, "sleep 30", timeout_s=0.5)
     assert (r["passed"], r["reason"]) == (False, "timed out after 0.5s")
-    assert r["duration_s"] < 5
+    assert r["duration_s"] < 25  # ended by its timeout, not by `sleep 30` (a loaded machine may add seconds)
     r = verify(2, "true")
     assert r["passed"] and r["reason"] == "exit code 0"
     code, r = peer.host("verify-status", "--attempt", "task_t1_1_a1", "--idx", "7")

@@ -176,7 +176,7 @@ def reviewer(tmp_path):
     return start
 
 
-def wait_verdict(h: AgentHandle, limit: float = 15) -> Verdict:
+def wait_verdict(h: AgentHandle, limit: float = 120) -> Verdict:
     end = time.monotonic() + limit
     while time.monotonic() < end:
         v = h.poll()

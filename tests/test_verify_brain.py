@@ -26,7 +26,7 @@ def brain_server():
         yield server
 
 
-def wait_verdict(handle: Any, limit: float = 10.0) -> Verdict:
+def wait_verdict(handle: Any, limit: float = 120.0) -> Verdict:
     """Poll a handle the way the loop does: select on its fileno, up to its deadline."""
     end = time.monotonic() + limit
     while time.monotonic() < end:

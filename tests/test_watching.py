@@ -11,16 +11,16 @@ import pytest
 from test_liveview import COLS, LINES, screen_of
 
 
-def queue_two(fleeter, fake_claude) -> None:
-    fleeter.make_repo()
-    fleeter.write_tasks('''
+def queue_two(fleeter, fake_claude, verify: str = "sleep 1; test -f api.py", files=None) -> None:
+    fleeter.make_repo(files=files)
+    fleeter.write_tasks(f'''
         [[task]]
         name = "api"
         cwd = "repo"
         prompt = "p"
         git_ref = "main"
           [[task.verify]]
-          run = "sleep 1; test -f api.py"
+          run = "{verify}"
 
         [[task]]
         name = "docs"
@@ -39,25 +39,32 @@ def queue_two(fleeter, fake_claude) -> None:
 def test_status_watch_shows_a_loop_running_elsewhere_and_ends_on_ctrl_c(fleeter, fake_claude, monkeypatch):
     import pexpect
 
-    queue_two(fleeter, fake_claude)
+    # the verifier runs until the watch has shown it (a one-second verifier could fall
+    # between two of its one-second refreshes on a loaded machine)
+    gate = fleeter.path / "verifier-may-end"
+    queue_two(fleeter, fake_claude, verify="sh gate.sh; test -f api.py",
+              files={"gate.sh": f"while [ ! -e '{gate}' ]; do sleep 0.1; done\n"})
     monkeypatch.delenv("COLUMNS", raising=False)
     watch = fleeter.spawn("status", "--watch", dimensions=(LINES, COLS), env={"TERM": "xterm"})
     work = fleeter.popen("work", "--until-idle")
     raw = b""
     seen: list[str] = []
-    deadline = time.monotonic() + 60
+    deadline = time.monotonic() + 120
     while time.monotonic() < deadline:
         try:
             raw += watch.read_nonblocking(65536, timeout=0.3)
         except pexpect.TIMEOUT:
             pass
         seen.append("\n".join(screen_of(raw)))
+        if "verify 1/1 run sh gate.sh; test -f api.py" in seen[-1]:
+            gate.touch()
         if "[2/2 done" in seen[-1]:
             break
+    gate.touch()  # never leave the loop waiting on it
     work.communicate(timeout=60)
     assert any("api" in s and "RUNNING" in s and "Write api.py" in s for s in seen), seen[-1]
     assert any("docs" in s and "Write docs.md" in s for s in seen)
-    assert any("verify 1/1 run sleep 1; test -f api.py" in s for s in seen)
+    assert any("verify 1/1 run sh gate.sh; test -f api.py" in s for s in seen)
     assert "[2/2 done, 0 running, 0 waiting]" in seen[-1]
     assert "api DONE (attempt 1)  verify_pass" in seen[-1]  # transitions above the region
     watch.sendintr()

@@ -315,11 +315,9 @@ def test_a_dependency_that_ran_on_a_peer_is_merged_from_its_fetched_branch(fleet
     """The dependency runs on a peer whose repository is a clone: its branch exists only
     there until the fetch-back (a task with dependents is fetched back) brings it here,
     and the dependent, on this machine, starts with it merged in."""
-    from .test_peers_fetchback import add_peer, private_peer
-
     repo = fleeter.make_repo()
-    mini = private_peer(peer_lab, "mini", repo)
-    add_peer(fleeter, mini)
+    mini = peer_lab.private_machine("mini", repo)
+    mini.pair(fleeter)
     fleeter.write_tasks('''
         [[task]]
         name = "api"

@@ -213,7 +213,7 @@ def test_a_peer_reports_a_missing_agent_in_its_status(tmp_path: Path) -> None:
 
     spec = {"argv": ["fleetrun-test-no-claude", "-p"], "cwd": "/", "env": {}, "timeout_s": 60, "stall_s": 60}
     host("start", stdin={"attempt_id": "task_t1_1_a1", "task_id": "task_t1_1", "spec": spec, "prompt": "p"})
-    deadline = time.time() + 30
+    deadline = time.time() + 120
     while True:
         st = host("status", "--attempt", "task_t1_1_a1")["status"]
         if st.get("state") == "ended" or time.time() > deadline:

@@ -32,7 +32,7 @@ def _no_strays(tmp_path: Path):
     kill_leftovers(tmp_path)
 
 
-def wait_for(what: Callable[[], Any], timeout: float = 30.0, why: str = "") -> Any:
+def wait_for(what: Callable[[], Any], timeout: float = 120.0, why: str = "") -> Any:
     deadline = time.monotonic() + timeout
     while True:
         got = what()

@@ -13,12 +13,9 @@ from __future__ import annotations
 
 import json
 import os
-import shutil
 import subprocess
 import sys
 import time
-from pathlib import Path
-from typing import Any
 
 import pytest
 from brainserver import BrainServer
@@ -32,37 +29,6 @@ def brain_server():
         yield server
 
 
-def private_peer(peer_lab, name: str, repo: Path) -> Any:
-    """A peer on 127.0.0.1 whose ``repo`` path holds a clone of ``repo``."""
-    from sshd import IS_ROOT, NOISY_BASHRC, PeerMachine, Sshd
-
-    if not IS_ROOT or not shutil.which("unshare"):
-        pytest.skip("a peer with a repository of its own at the same path needs root and unshare "
-                    "(a private mount namespace)")
-    folder = peer_lab.root / name
-    home = folder / "home"
-    home.mkdir(parents=True, mode=0o700)
-    clone = folder / "repo"
-    subprocess.run(["git", "clone", "-q", str(repo), str(clone)], check=True, capture_output=True)
-    binds = [(clone, repo)]
-    rc = Path("/root/.bashrc")
-    if rc.exists():
-        (folder / "bashrc").write_text(NOISY_BASHRC)
-        binds.append((folder / "bashrc", rc))
-    sshd = Sshd(folder / "sshd", [peer_lab.client_pub], binds=binds)
-    sshd.start()
-    m = PeerMachine(name, sshd, home, "127.0.0.1", {})
-    m.clone = clone  # type: ignore[attr-defined]
-    peer_lab.machines.append(m)
-    return m
-
-
-def add_peer(fleeter, m: Any) -> None:
-    m.write("config.toml", (fleeter.home / "config.toml").read_text())
-    r = fleeter.run("relay", "add", m.name, m.address, "--accept-new", "--command", m.command_line())
-    assert r.ret == 0, r.stdout + r.stderr
-
-
 def notes(fleeter, task) -> list[str]:
     return [n for _, n in fleeter.ledger().notes(task.id)]
 
@@ -72,8 +38,8 @@ def test_brain_and_agent_verifiers_run_here_on_the_fetched_branch(fleeter, fake_
     repo = fleeter.make_repo()
     fleeter.write_config((fleeter.home / "config.toml").read_text()
                          + f'\n[brain]\nurl = "{brain_server.url}"\nmodel = "tiny"\n')
-    mini = private_peer(peer_lab, "mini", repo)
-    add_peer(fleeter, mini)
+    mini = peer_lab.private_machine("mini", repo)
+    mini.pair(fleeter)
     fleeter.write_tasks('''
         [[task]]
         name = "api"
@@ -161,8 +127,8 @@ def test_a_diverged_local_branch_is_left_alone_and_a_retry_is_fetched_again(flee
     repo = fleeter.make_repo()
     fleeter.write_config((fleeter.home / "config.toml").read_text()
                          + f'\n[brain]\nurl = "{brain_server.url}"\nmodel = "tiny"\n')
-    mini = private_peer(peer_lab, "mini", repo)
-    add_peer(fleeter, mini)
+    mini = peer_lab.private_machine("mini", repo)
+    mini.pair(fleeter)
     fleeter.write_tasks('''
         [[task]]
         name = "fix"
@@ -213,7 +179,7 @@ def test_an_unfetchable_branch_fails_the_verifier_with_the_reason(fleeter, fake_
     fails and says why (it is never run on the peer's files)."""
     repo = fleeter.make_repo()
     mini = peer_lab.machine("mini")
-    add_peer(fleeter, mini)
+    mini.pair(fleeter)
     fleeter.write_tasks('''
         [[task]]
         name = "same"

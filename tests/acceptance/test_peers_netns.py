@@ -124,7 +124,7 @@ def test_a_dropped_link_never_runs_the_attempt_twice(fleeter, fake_claude, peer_
     proc = fleeter.popen("tasks.toml")
     try:
         led = fleeter.ledger()
-        wait_for(lambda: any(t.state.value == "RUNNING" for t in led.tasks()), 30, "RUNNING")
+        wait_for(lambda: any(t.state.value == "RUNNING" for t in led.tasks()), 120, "RUNNING")
         time.sleep(0.5)
         net.link(far.netns, up=False)
         down_at = time.monotonic()

@@ -59,22 +59,29 @@ def test_the_peer_worker(fleeter, fake_claude, peer_lab, mode):
         cwd = "repo"
         prompt = "Write out.txt."
         git_ref = "main"
+        allowed_tools = ["Bash"]
 
           [[task.verify]]
           run = "test -f out.txt"
     ''')
-    fake_claude.script(t1=[{"actions": [["sleep", 3 if mode == "dies" else 1], ["write", "out.txt", "x"],
-                                        ["commit", "x"]]}])
     d = mini.home.parent
+    # "dies": the agent runs until the test has killed the worker (a fixed sleep could end
+    # first on a loaded machine, and then nothing would be left to adopt); it may run Bash
+    gate = d / "agent-may-end"
+    hold = ["bash", f"while [ ! -e {shlex.quote(str(gate))} ]; do sleep 0.05; done"] if mode == "dies" \
+        else ["sleep", 1]
+    fake_claude.script(t1=[{"actions": [hold, ["write", "out.txt", "x"], ["commit", "x"]]}])
     if mode == "dies":
         proc = fleeter.popen("tasks.toml")
         try:
             led = fleeter.ledger()
-            wait_for(lambda: any(t.state.value == "RUNNING" for t in led.tasks()), 30, "RUNNING")
+            wait_for(lambda: any(t.state.value == "RUNNING" for t in led.tasks()), 120, "RUNNING")
             (pid,) = map(int, lines(d / "serve-pids"))
             os.kill(pid, signal.SIGKILL)  # the worker dies; the shepherd it watched goes on
-            out, err = proc.communicate(timeout=60)
+            gate.touch()
+            out, err = proc.communicate(timeout=120)
         finally:
+            gate.touch()
             if proc.poll() is None:
                 proc.kill()
                 proc.communicate()
@@ -124,16 +131,18 @@ def test_a_work_loop_starts_its_peers_workers_and_hears_them_pushed(fleeter, pee
     events = fleeter.home / "events.ndjson"
 
     def beats():
-        rows = [json.loads(x) for x in events.read_text().splitlines()] if events.exists() else []
+        text = events.read_text() if events.exists() else ""
+        # whole lines only: the loop may be half-way through appending
+        rows = [json.loads(x) for x in text[:text.rfind("\n") + 1].splitlines()]
         return [e for e in rows if e["type"] == "peer_heartbeat" and e["peer"] == "mini" and e["reachable"]]
 
     proc = fleeter.popen("work")
     try:
-        wait_for(lambda: lines(d / "serve-pids"), 30, "a worker started with no task queued")
-        wait_for(lambda: len(beats()) >= 6, 30, "six heartbeat rounds")
+        wait_for(lambda: lines(d / "serve-pids"), 120, "a worker started with no task queued")
+        wait_for(lambda: len(beats()) >= 6, 120, "six heartbeat rounds")
         heard = json.loads((fleeter.home / "peers-state.json").read_text())["mini"]["last_heard"]
         wait_for(lambda: json.loads((fleeter.home / "peers-state.json").read_text())["mini"]["last_heard"] > heard,
-                 30, "a later heartbeat recorded")
+                 120, "a later heartbeat recorded")
     finally:
         proc.send_signal(signal.SIGINT)
         out, err = proc.communicate(timeout=30)

@@ -50,7 +50,7 @@ class Live:
     def matching(self, pattern: str, stream: str = "out") -> list[str]:
         return [x for x in list(self.lines[stream]) if fnmatch.fnmatch(x, pattern)]
 
-    def wait_for(self, pattern: str, stream: str = "out", timeout: float = 20) -> str:
+    def wait_for(self, pattern: str, stream: str = "out", timeout: float = 120) -> str:
         return until(lambda: (self.matching(pattern, stream) or [None])[0], timeout,
                      f"no {stream} line matches {pattern!r}; {self.dump()}")
 
@@ -119,7 +119,7 @@ def test_memory_floor_waits_then_lowering_it_starts_the_tasks(fleeter: Any, fake
     fleeter.run("status", "--graph").fnmatch_lines([f"t1 [[]READY] task_*  {reason}"])
 
     fleeter.write_policy("[local]\nmin_free_mem_mb = 0\n")  # no restart
-    until(lambda: fleeter.states() == {"t1": "DONE", "t2": "DONE"}, 30, f"not done: {fleeter.states()}; {work.dump()}")
+    until(lambda: fleeter.states() == {"t1": "DONE", "t2": "DONE"}, 120, f"not done: {fleeter.states()}; {work.dump()}")
     assert len(fake_claude.calls()) == 2
     assert work.stop() == 2
     assert work.lines["err"] == []
@@ -145,7 +145,7 @@ def test_a_policy_broken_while_running_keeps_the_last_good_one(fleeter: Any, fak
 
     fleeter.write_policy("[local]\nmin_free_mem_mb = 0\nmax_tasks = 2\n")
     work.wait_for("*is good again; using it", stream="err")
-    until(lambda: fleeter.states() == {"t1": "DONE"}, 30, f"not done: {fleeter.states()}; {work.dump()}")
+    until(lambda: fleeter.states() == {"t1": "DONE"}, 120, f"not done: {fleeter.states()}; {work.dump()}")
     assert work.stop() == 2
     assert len(work.lines["err"]) == 3, work.dump()
 

@@ -11,7 +11,6 @@ until it is fetched. That needs root and ``unshare``; without them the test skip
 
 from __future__ import annotations
 
-import shutil
 import subprocess
 import sys
 from pathlib import Path
@@ -34,32 +33,13 @@ def git(cwd: Path, *args: str) -> str:
     return subprocess.run(["git", *args], cwd=cwd, check=True, capture_output=True, text=True).stdout.strip()
 
 
-def private_peer(peer_lab: Any, name: str, repo: Path) -> Any:
-    from sshd import IS_ROOT, PeerMachine, Sshd
-
-    if not IS_ROOT or not shutil.which("unshare"):
-        pytest.skip("a peer with a repository of its own at the same path needs root and unshare")
-    folder = peer_lab.root / name
-    home = folder / "home"
-    home.mkdir(parents=True, mode=0o700)
-    clone = folder / "repo"
-    git(folder, "clone", "-q", str(repo), str(clone))
-    sshd = Sshd(folder / "sshd", [peer_lab.client_pub], binds=[(clone, repo)])
-    sshd.start()
-    m = PeerMachine(name, sshd, home, "127.0.0.1", {})
-    peer_lab.machines.append(m)
-    return m, clone
-
-
 def test_a_peers_branch_is_pushed_from_here_once_fetched_back(fleeter: Any, fake_claude: Any, peer_lab: Any) -> None:
     repo = fleeter.make_repo()
     remote = fleeter.path / "remote.git"
     git(fleeter.path, "init", "-q", "--bare", str(remote))
     git(repo, "remote", "add", "origin", str(remote))
-    mini, clone = private_peer(peer_lab, "mini", repo)
-    mini.write("config.toml", (fleeter.home / "config.toml").read_text())
-    r = fleeter.run("relay", "add", "mini", mini.address, "--accept-new", "--command", mini.command_line())
-    assert r.ret == 0, r.stdout + r.stderr
+    mini = peer_lab.private_machine("mini", repo)
+    mini.pair(fleeter)
     gh = write_gh(fleeter.path / "bin")
     fleeter.write_config((fleeter.home / "config.toml").read_text() + f'\n[github]\ngh = "{gh}"\n')
     fleeter.write_tasks('''
@@ -96,7 +76,7 @@ def test_a_peers_branch_is_pushed_from_here_once_fetched_back(fleeter: Any, fake
     api, lonely = fleeter.task("api"), fleeter.task("lonely")
     assert (api.host, lonely.host) == ("mini", "mini")
     # api came back (it has a dependent) and was pushed from here: the peer's commit
-    assert git(remote, "rev-parse", api.branch) == git(clone, "rev-parse", api.branch)
+    assert git(remote, "rev-parse", api.branch) == git(mini.clone, "rev-parse", api.branch)
     (dep,) = fake_claude.calls("client")
     assert "Its pull request: https://github.com/acme/widgets/pull/1" in dep["prompt"]
     # lonely's branch is on the peer only: nothing pushed, and the note says why

@@ -18,6 +18,7 @@ import pytest
 
 import fleetrun
 from fleetrun import AgentResult
+from fleetrun.fleeter import ECHO_AGENT, echo_task
 
 HERE = Path(__file__).resolve().parents[1]
 
@@ -25,48 +26,13 @@ HERE = Path(__file__).resolve().parents[1]
 # ``quick`` passes, ``flaky`` fails its verifier once and passes on the retry, and
 # ``slow``'s agent waits for the file ``go``, which the test writes once it has scraped
 # the run in progress.
-QUEUE = r"""
-[agents.echo]
-command = ["{python}", "-c", "print('hi')"]
-
+QUEUE = ECHO_AGENT + r"""
 [agents.waiter]
-command = ["{python}", "-c", "import os, time; [time.sleep(0.05) for _ in range(1200) if not os.path.exists('../go')]"]
+command = ["{python}", "-c", "import os, time; [time.sleep(0.05) for _ in range(12000) if not os.path.exists('../go')]"]
+""" + echo_task("quick", verify="true", cwd="q") + echo_task("flaky", verify="test -f m || { touch m; exit 1; }", cwd="f") \
+    + echo_task("slow", verify="true", cwd="s", agent="waiter")
 
-[[task]]
-name = "quick"
-prompt = "p"
-cwd = "q"
-agent = "echo"
-  [[task.verify]]
-  run = "true"
-
-[[task]]
-name = "flaky"
-prompt = "p"
-cwd = "f"
-agent = "echo"
-  [[task.verify]]
-  run = "test -f m || { touch m; exit 1; }"
-
-[[task]]
-name = "slow"
-prompt = "p"
-cwd = "s"
-agent = "waiter"
-  [[task.verify]]
-  run = "true"
-"""
-
-ONE = """
-    [agents.echo]
-    command = ["{python}", "-c", "print('hi')"]
-
-    [[task]]
-    name = "ok"
-    prompt = "p"
-    cwd = "."
-    agent = "echo"
-"""
+ONE = ECHO_AGENT + echo_task("ok")
 
 Samples = dict[tuple[str, tuple[tuple[str, str], ...]], float]
 

@@ -1,0 +1,205 @@
+"""A slow peer does not hold the loop up: while a peer task's run verifier is being
+started there, or its worktree is being removed there after DONE, the loop goes on
+working other tasks (`Worker.submit`: the request is sent, its reply wakes the loop).
+
+What is slow is made slow on the peer itself, and held until the test has seen the loop
+work a chain of local tasks to DONE: the verifier's start waits for the peer's host lock
+(the test holds it), the cleanup's ``git worktree remove`` for a file (a ``git`` wrapper
+first on the peer's PATH). A loop that waited for the peer's reply would work nothing
+meanwhile, until its wait gave up: 120 s for a cleanup, whose note then says it could not
+clean up; 30 s for a verifier's start, asked again a second or two later, and so on. In
+those seconds between two waits a loop gets some work done, so for the verifier the test
+also counts the loop's passes while the peer is slow (its liveness beats, one a pass at
+most once a second): a loop that blocks beats a few times a minute.
+"""
+
+from __future__ import annotations
+
+import fcntl
+import os
+import shlex
+import shutil
+import subprocess
+import time
+from pathlib import Path
+from typing import Any, Callable
+
+from fleetrun.liveness import LIVENESS
+from fleetrun.shepherd import read_json
+
+pytest_plugins = ["sshd"]
+
+#: local tasks after the first, each depending on the one before: each takes the loop
+#: several passes, so a loop that blocks on the peer cannot finish them in HANG_S
+CHAIN = 3
+#: a bound for a hung run, not a timing: the chain takes seconds even on a loaded machine
+HANG_S = 150.0
+#: the loop's passes (liveness beats) to see while the peer's verifier cannot start: a loop
+#: that is not held up beats about once a second; one that waits 30 s for each
+#: verify-start beats at most a few times in each 30 s, fewer than this in HANG_S
+BEATS = 20
+
+
+def wait_for(
+    cond: Callable[[], Any], what: str, proc: subprocess.Popen[bytes], timeout: float = HANG_S
+) -> Any:
+    deadline = time.monotonic() + timeout
+    while True:
+        got = cond()
+        if got:
+            return got
+        assert proc.poll() is None, f"the run ended before {what}"
+        assert time.monotonic() < deadline, f"waited {timeout:g}s for {what}"
+        time.sleep(0.1)
+
+
+def hold(gate: Path) -> list[str]:
+    """A fake claude action: wait until ``gate`` exists (its task must allow Bash: the
+    default lets an agent run git only, and a command it may not run returns at once)."""
+    return ["bash", f"while [ ! -e {shlex.quote(str(gate))} ]; do sleep 0.05; done"]
+
+
+def write_tasks(fleeter: Any, fake_claude: Any, peer_actions: list[Any], local_gate: Path) -> None:
+    chain = "".join(
+        f"""
+        [[task]]
+        name = "l{i}"
+        cwd = "repo"
+        prompt = "p"
+        git_ref = "main"
+        peer = "local"
+        depends_on = ["l{i - 1}"]
+    """
+        for i in range(1, CHAIN + 1)
+    )
+    fleeter.write_tasks(
+        """
+        [[task]]
+        name = "far"
+        cwd = "repo"
+        prompt = "Write far.txt."
+        git_ref = "main"
+        peer = "mini"
+        allowed_tools = ["Bash"]
+
+          [[task.verify]]
+          run = "test -f far.txt"
+
+        [[task]]
+        name = "l0"
+        cwd = "repo"
+        prompt = "p"
+        git_ref = "main"
+        peer = "local"
+        allowed_tools = ["Bash"]
+    """
+        + chain
+    )
+    fake_claude.script(
+        far=[{"actions": [*peer_actions, ["write", "far.txt", "x"], ["commit", "far"]]}],
+        l0=[{"actions": [hold(local_gate), ["write", "l0.txt", "x"], ["commit", "l0"]]}],
+        **{
+            f"l{i}": [{"actions": [["write", f"l{i}.txt", "x"], ["commit", f"l{i}"]]}]
+            for i in range(1, CHAIN + 1)
+        },
+    )
+
+
+def states(fleeter: Any) -> dict[str, str]:
+    return fleeter.states()
+
+
+def chain_done(fleeter: Any) -> bool:
+    now = states(fleeter)
+    return all(now.get(f"l{i}") == "DONE" for i in range(CHAIN + 1))
+
+
+def finish(proc: subprocess.Popen[bytes]) -> str:
+    out, err = proc.communicate(timeout=300)
+    text = out.decode(errors="replace") + err.decode(errors="replace")
+    assert proc.returncode == 0, text
+    return text
+
+
+def test_the_loop_works_other_tasks_while_a_peer_verifier_is_being_started(
+    fleeter, fake_claude, peer_lab, tmp_path
+):
+    fleeter.make_repo()
+    mini = peer_lab.machine("mini")
+    mini.pair(fleeter)
+    far_gate, local_gate = tmp_path / "far-may-end", tmp_path / "local-may-end"
+    write_tasks(fleeter, fake_claude, [hold(far_gate)], local_gate)
+    proc = fleeter.popen("tasks.toml")
+    lock = os.open(mini.home / "host.lock", os.O_RDWR | os.O_CREAT, 0o600)
+    try:
+        wait_for(lambda: states(fleeter).get("far") == "RUNNING", "far RUNNING on mini", proc)
+        # from now on the peer cannot start a verifier (verify-start takes its host lock)
+        fcntl.flock(lock, fcntl.LOCK_EX)
+        far_gate.touch()
+        wait_for(lambda: states(fleeter).get("far") == "VERIFYING", "far VERIFYING", proc)
+        local_gate.touch()
+        beats: set[float] = set()
+
+        def worked() -> bool:
+            beat = (read_json(str(fleeter.home / LIVENESS)) or {}).get("beat")
+            if isinstance(beat, float):
+                beats.add(beat)
+            return len(beats) > BEATS and chain_done(fleeter)
+
+        wait_for(
+            worked, f"l0..l{CHAIN} DONE and {BEATS} passes while far's verifier cannot start", proc
+        )
+        assert states(fleeter)["far"] == "VERIFYING"
+    finally:
+        far_gate.touch()
+        local_gate.touch()
+        os.close(lock)  # the peer may start the verifier now
+    finish(proc)
+    far = fleeter.task("far")
+    assert far.state.value == "DONE" and far.host == "mini"
+    assert [(v.kind, v.passed, v.host) for v in fleeter.ledger().verdicts(task_id=far.id)] == [
+        ("run", True, "mini")
+    ]
+
+
+def test_the_loop_works_other_tasks_while_a_peer_removes_a_done_worktree(
+    fleeter, fake_claude, peer_lab, tmp_path
+):
+    fleeter.make_repo()
+    mini = peer_lab.machine("mini")
+    bin_dir, entered, gate = (
+        tmp_path / "peer-bin",
+        tmp_path / "remove-entered",
+        tmp_path / "remove-may-go",
+    )
+    bin_dir.mkdir()
+    git = bin_dir / "git"
+    git.write_text(
+        "#!/bin/sh\n"
+        f'case " $* " in *" worktree remove "*) touch {shlex.quote(str(entered))}; '
+        f"while [ ! -e {shlex.quote(str(gate))} ]; do sleep 0.05; done;; esac\n"
+        f'exec {shlex.quote(shutil.which("git") or "/usr/bin/git")} "$@"\n'
+    )
+    git.chmod(0o755)
+    mini.pair(fleeter, PATH=f"{bin_dir}:{os.environ['PATH']}")
+    local_gate = tmp_path / "local-may-end"
+    write_tasks(fleeter, fake_claude, [], local_gate)
+    proc = fleeter.popen("tasks.toml")
+    try:
+        wait_for(entered.exists, "far DONE and its worktree being removed on mini", proc)
+        assert states(fleeter)["far"] == "DONE"
+        local_gate.touch()
+        wait_for(
+            lambda: chain_done(fleeter),
+            f"l0..l{CHAIN} DONE while far's worktree is being removed",
+            proc,
+        )
+    finally:
+        local_gate.touch()
+        gate.touch()
+    finish(proc)  # the run waits for the cleanup's reply before it ends
+    far = fleeter.task("far")
+    notes = [n for _, n in fleeter.ledger().notes(far.id)]
+    assert f"removed clean worktree {far.worktree} on mini; branch {far.branch} stays" in notes, (
+        notes
+    )
