@@ -266,7 +266,11 @@ def test_sigkill_during_a_slow_verifier_reruns_it(fleeter, fake_claude, loops, t
     """A verifier cut off by a crash runs again after the restart (verifiers must be
     safe to repeat); its verdict is recorded once."""
     marks = tmp_path / "verifier-runs"
-    one_task(fleeter, verify=f'run = "echo run >> {marks}; sleep 1.5; test -f out.txt"')
+    # the first run holds until the crash has come (a gate nobody opens: the restart
+    # ends it), the rerun goes through (a fixed sleep could end before the kill)
+    hold = f"while [ ! -e {tmp_path / 'gate'} ]; do sleep 0.05; done"
+    one_task(fleeter, verify=f'run = "echo run >> {marks}; if [ $(grep -c run {marks}) -eq 1 ]; then {hold}; fi; '
+                             f'test -f out.txt"')
     fake_claude.script(t1=[{"actions": [["write", "out.txt", "x"]]}])
     fleeter.run("queue", "tasks.toml")
     proc = loops.start("work")
@@ -286,7 +290,13 @@ BUG_TWIN_VERIFIER = ("BUG: a verifier orphaned by a supervisor crash runs on (it
 
 def test_an_orphaned_verifier_is_ended_before_it_is_run_again(fleeter, fake_claude, loops, tmp_path):
     marks = tmp_path / "verifier-runs"
-    one_task(fleeter, verify=f'run = "echo start $$ >> {marks}; sleep 3; echo end $$ >> {marks}"')
+    gate = tmp_path / "gate"
+    # the first run holds on a gate the test opens only after the rerun is over: an
+    # orphan left running would then write its end (a fixed sleep could end before the
+    # restart on a loaded machine, and its end would be no bug)
+    hold = f"while [ ! -e {gate} ]; do sleep 0.05; done"
+    one_task(fleeter, verify=f'run = "echo start $$ >> {marks}; if [ $(grep -c start {marks}) -eq 1 ]; then {hold}; fi; '
+                             f'echo end $$ >> {marks}"')
     fake_claude.script(t1=[{"actions": [["write", "out.txt", "x"]]}])
     fleeter.run("queue", "tasks.toml")
     proc = loops.start("work")
@@ -294,7 +304,9 @@ def test_an_orphaned_verifier_is_ended_before_it_is_run_again(fleeter, fake_clau
     loops.sigkill(proc)
     r = fleeter.runsub("work", "--until-idle", timeout=60)
     assert r.ret == 0, r.stdout + r.stderr
-    time.sleep(0.5)
+    gate.touch()
+    orphan = int(marks.read_text().split()[1])
+    wait_for(lambda: not alive(orphan), what="the first verifier to be gone")
     events = [line.split() for line in marks.read_text().splitlines()]
     first, second = events[0][1], events[1][1]
     assert events[1] == ["start", second]
