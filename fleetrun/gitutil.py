@@ -93,6 +93,21 @@ class Pinned:
     common: str
 
 
+def worktree_gitdirs(admin_root: str | Path) -> Iterator[tuple[Path, str]]:
+    """``(admin folder, the path its gitdir file names)`` for each worktree a repository
+    records in ``admin_root`` (its ``<common>/worktrees``), in name order; the
+    unreadable ones are left out."""
+    try:
+        entries = sorted(Path(admin_root).iterdir())
+    except OSError:
+        return
+    for entry in entries:
+        try:
+            yield entry, (entry / "gitdir").read_text(encoding="utf-8", errors="replace").strip()
+        except OSError:
+            continue
+
+
 def pin_worktree(root: str | Path, common: str | Path) -> Pinned:
     """Find the administrative folder of the worktree at ``root`` from the trusted side:
     the repository's ``<common>/worktrees/*/gitdir`` files (the worktree's own ``.git``
@@ -105,19 +120,8 @@ def pin_worktree(root: str | Path, common: str | Path) -> Pinned:
     common_real = os.path.realpath(common)
     admin_root = Path(common_real) / "worktrees"
     want = os.path.join(real_root, ".git")
-    found: Optional[str] = None
-    try:
-        entries = sorted(admin_root.iterdir())
-    except OSError:
-        entries = []
-    for entry in entries:
-        try:
-            target = (entry / "gitdir").read_text(encoding="utf-8", errors="replace").strip()
-        except OSError:
-            continue
-        if os.path.realpath(target) == want:
-            found = str(entry)
-            break
+    found = next((str(entry) for entry, target in worktree_gitdirs(admin_root)
+                  if os.path.realpath(target) == want), None)
     if found is None:
         raise WorktreeTampered(f"{real_root} is not a worktree of {common_real}")
     pinned = Pinned(root=real_root, gitdir=found, common=common_real)

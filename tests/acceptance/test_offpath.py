@@ -71,9 +71,11 @@ git_ref = "main"
 '''
 
 
-def test_worktree_add_and_remove_do_not_block_other_tasks(fleeter, monkeypatch):
-    fleeter.make_repo("slow")
-    fleeter.make_repo("fast")
+def git_wrapper(fleeter: Any, monkeypatch: Any, template: str, *repos: str) -> Path:
+    """Make ``repos``, and put first on PATH a ``git`` written from ``template`` (given
+    the flags folder and the real git): :return: the flags folder."""
+    for name in repos:
+        fleeter.make_repo(name)
     flags = fleeter.path / "flags"
     flags.mkdir()
     bindir = fleeter.path / "bin"
@@ -81,9 +83,14 @@ def test_worktree_add_and_remove_do_not_block_other_tasks(fleeter, monkeypatch):
     real = shutil.which("git")
     assert real
     wrapper = bindir / "git"
-    wrapper.write_text(WRAPPER.format(flags=flags, git=real))
+    wrapper.write_text(template.format(flags=flags, git=real))
     wrapper.chmod(0o755)
-    monkeypatch.setenv("PATH", f"{bindir}:{Path(real).parent}:/usr/bin:/bin")
+    monkeypatch.setenv("PATH", f"{bindir}:{Path(real).parent}:{Path(sys.executable).parent}:/usr/bin:/bin")
+    return flags
+
+
+def test_worktree_add_and_remove_do_not_block_other_tasks(fleeter, monkeypatch):
+    flags = git_wrapper(fleeter, monkeypatch, WRAPPER, "slow", "fast")
     fleeter.write_tasks(f'[agents.sh]\ncommand = ["/bin/sh", "-c", {json.dumps(AGENT)}]\n'
                         + task("s", "slow", "true")
                         + task("f1", "fast", f"touch {flags}/add.go")
@@ -132,19 +139,7 @@ exec "{git}" "$@"
 
 
 def collect_setup(fleeter: Any, monkeypatch: Any, *repos: str) -> Path:
-    for name in repos:
-        fleeter.make_repo(name)
-    flags = fleeter.path / "flags"
-    flags.mkdir()
-    bindir = fleeter.path / "bin"
-    bindir.mkdir()
-    real = shutil.which("git")
-    assert real
-    wrapper = bindir / "git"
-    wrapper.write_text(COLLECT_WRAPPER.format(flags=flags, git=real))
-    wrapper.chmod(0o755)
-    monkeypatch.setenv("PATH", f"{bindir}:{Path(real).parent}:{Path(sys.executable).parent}:/usr/bin:/bin")
-    return flags
+    return git_wrapper(fleeter, monkeypatch, COLLECT_WRAPPER, *repos)
 
 
 def fleetrun_commits(fleeter: Any, repo: str, branch: str) -> list[str]:

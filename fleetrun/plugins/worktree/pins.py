@@ -15,6 +15,7 @@ from ...gitutil import (
     common_dir,
     pin_worktree,
     repo_toplevel,
+    worktree_gitdirs,
     wt_git,
 )
 from ...reports import Workspace
@@ -91,15 +92,7 @@ def worktree_root(ws: Workspace, common: str) -> str:
         return ws.root
     real = os.path.realpath(ws.path)
     best = ""
-    try:
-        entries = sorted((Path(common) / "worktrees").iterdir())
-    except OSError:
-        entries = []
-    for entry in entries:
-        try:
-            target = (entry / "gitdir").read_text(encoding="utf-8", errors="replace").strip()
-        except OSError:
-            continue
+    for _, target in worktree_gitdirs(Path(common) / "worktrees"):
         top = os.path.dirname(os.path.realpath(target))
         if (real == top or real.startswith(top + os.sep)) and len(top) > len(best):
             best = top
