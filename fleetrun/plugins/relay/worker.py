@@ -17,6 +17,7 @@ paramiko is imported by :mod:`.transport`, inside the functions that connect.
 from __future__ import annotations
 
 import json
+import os
 import select
 import socket
 import threading
@@ -37,6 +38,29 @@ from .protocol import (
 from .transport import PeerUnreachable
 
 START_TIMEOUT_S = 20.0  # the worker loads fleetrun's plugins once, then says hello
+#: A file to append, as JSON lines, when each request went out and its reply or each
+#: event came in (``bench/peers.py`` reads it with ``host serve``'s own, :mod:`.peer.serve`).
+TIMING_ENV = "FLEETRUN_RELAY_TIMING"
+
+
+def subject(args: list[str], payload: Optional[dict[str, Any]]) -> Optional[str]:
+    """The attempt (or task) a request is about, for the timing file."""
+    if "--attempt" in args[:-1]:
+        return args[args.index("--attempt") + 1]
+    p = payload or {}
+    att, task = p.get("attempt"), p.get("task")
+    found = (att.get("id") if isinstance(att, dict) else None) or p.get("attempt_id") \
+        or (task.get("id") if isinstance(task, dict) else None)
+    return str(found) if found else None
+
+
+def time_line(path: str, **fields: Any) -> None:
+    """One line of a timing file (``TIMING_ENV``): what happened, when (``time.time()``)."""
+    try:
+        with open(path, "a", encoding="utf-8") as f:
+            f.write(json.dumps({"t": time.time(), **fields}) + "\n")
+    except OSError:
+        pass
 
 
 class WorkerUnavailable(Exception):
@@ -112,6 +136,7 @@ class Worker:
         self._hello = threading.Event()
         self._err = bytearray()
         self._channel: Any = None
+        self.timing = os.environ.get(TIMING_ENV)
 
     @property
     def beats(self) -> bool:
@@ -130,6 +155,8 @@ class Worker:
         """
         import paramiko
 
+        if self.timing:
+            time_line(self.timing, what="start")
         try:
             ch = self.transport.open_session(timeout=timeout)
             ch.exec_command(remote_command(self.command, "serve", []))
@@ -194,6 +221,8 @@ class Worker:
             msg["id"] = slot.id = self._next_id
             self._waiting[slot.id] = slot
             self.requests += 1
+        if self.timing:
+            time_line(self.timing, what="sent", verb=verb, id=slot.id, of=subject(args, payload))
         try:
             # not under _lock: a send that waits for the channel's window must not keep
             # the reader from the replies (and the worker from its stdin)
@@ -269,6 +298,8 @@ class Worker:
             return
         if not self._hello.is_set():
             return self.close("a garbled message from the worker: a message before its hello")
+        if self.timing and m.kind != "probe":
+            time_line(self.timing, what=m.kind, id=m.id, of=m.attempt)
         if m.kind == "reply":
             with self._lock:
                 slot = self._waiting.pop(m.id, None)

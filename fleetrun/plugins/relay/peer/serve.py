@@ -51,6 +51,9 @@ from .request import NOTIFY, PAYLOAD, HasHome
 
 TICK_S = 1.0  # log chunks and the look at attempts without a pidfd, this often
 TRACE_ENV = "FLEETRUN_SERVE_TRACE"  # a file to append each request's verb to (tests, debugging)
+#: A file to append each request's arrival and answer, and each end heard and pushed,
+#: with its time, as JSON lines (``bench/peers.py``; the supervisor's side is ``worker.TIMING_ENV``).
+TIMING_ENV = "FLEETRUN_SERVE_TIMING"
 
 
 @dataclass
@@ -126,12 +129,26 @@ class Worker:
         self.watches: dict[tuple[str, Optional[int]], Watch] = {}
         self.gone = False
         self.trace = os.environ.get(TRACE_ENV)
+        self.timing = os.environ.get(TIMING_ENV)
         self.sock, self.sock_path = _wake_socket(config)
         self.beat_every: Optional[float] = None  # push a probe this often (a probe request asked)
         self.next_beat = 0.0
         self.beating = False  # a pushed probe is being measured
 
+    def time(self, **fields: Any) -> None:
+        if self.timing:
+            import json
+
+            try:
+                with open(self.timing, "a", encoding="utf-8") as f:
+                    f.write(json.dumps({"t": time.time(), **fields}) + "\n")
+            except OSError:
+                pass
+
     def send(self, message: dict[str, Any]) -> None:
+        if self.timing and (message.get("event") in ("ended", "verified") or "id" in message):
+            self.time(what="push", event=message.get("event", "reply"), id=message.get("id"),
+                      of=message.get("attempt"))
         data = memoryview(worker_line(message))
         with self.out_lock:
             try:
@@ -219,6 +236,7 @@ class Worker:
             except (BlockingIOError, OSError):
                 return
             w = self.watches.get((name, None))
+            self.time(what="heard", of=name)
             if w is not None:  # any other datagram is nobody's: ignored
                 w.fresh = True
 
@@ -245,6 +263,7 @@ class Worker:
         if self.trace:
             with open(self.trace, "a", encoding="utf-8") as f:
                 f.write(req.verb + "\n")
+        self.time(what="recv", verb=req.verb, id=req.id)
         threading.Thread(target=self.handle, args=(req,), name=f"serve-{req.id}", daemon=True).start()
 
     def handle(self, req: Any) -> None:
