@@ -101,6 +101,7 @@ class SSHHost:
         self._no_worker_until = 0.0
         self.worker_error: Optional[str] = None  # why the one-shot verbs are used
         self._log_lock = threading.RLock()  # the log mirror is written by the worker's reader too
+        self._prestarted: dict[tuple[str, int], tuple[int, dict[str, Any]]] = {}  # see take_prestarted
 
     # -- the connection ------------------------------------------------------------
 
@@ -412,16 +413,36 @@ class SSHHost:
         except Malformed as e:
             raise self._malformed("prepare", e) from None
 
-    def collect(self, task: Any, attempt: Any, workspace: Any) -> Optional[str]:
+    def collect(self, task: Any, attempt: Any, workspace: Any, verify: Optional[tuple[Any, int]] = None) -> Optional[str]:
         """Commit the attempt's uncommitted work there; the commit, or None.
 
+        :param verify: (verifier, step) of a ``run`` verifier to start there right after,
+            in the same request, when the worker can (``chain``): its answer is kept for
+            :meth:`take_prestarted` (the verify stage's handle asks for it).
         :raises WorktreeTampered: the peer found the worktree's ``.git`` rewritten.
         """
         from dataclasses import asdict
 
+        payload = {"task": task_payload(task), "attempt": asdict(attempt), "workspace": asdict(workspace)}
         try:
-            reply = self.call("collect", payload={"task": task_payload(task), "attempt": asdict(attempt),
-                                                  "workspace": asdict(workspace)}, timeout=120)
+            w = self.live_worker() if verify is not None else None
+            if w is not None and w.chains and verify is not None:
+                verifier, idx = verify
+                then: tuple[str, list[str], dict[str, Any]] = (
+                    "verify-start", [], self._verify_payload(task, attempt, verifier, idx, workspace))
+                try:
+                    p = w.submit("collect", [], payload, then=then)
+                    code, answer = p.wait(120)
+                except PeerUnreachable as e:
+                    self.last_error = str(e)
+                    if not w.transport.is_active():
+                        self.drop()
+                    raise
+                if p.then is not None:
+                    self._prestarted[(attempt.id, idx)] = p.then
+                reply = self._checked("collect", code, answer)
+            else:
+                reply = self.call("collect", payload=payload, timeout=120)
         except PeerError as e:
             self._tampered(e)
             raise
@@ -448,14 +469,23 @@ class SSHHost:
     def verify_start(self, task: Any, attempt: Any, verifier: Any, idx: int, workspace: Any,
                      wait: bool = True) -> Any:
         """:param wait: False: through a worker, the :class:`~.worker.Pending` request."""
-        from dataclasses import asdict
-
-        reply = self.call("verify-start", payload={
-            "task": task_payload(task), "attempt": asdict(attempt), "verifier": asdict(verifier), "idx": idx,
-            "workspace": asdict(workspace)}, wait=wait)
+        reply = self.call("verify-start", payload=self._verify_payload(task, attempt, verifier, idx, workspace),
+                          wait=wait)
         if not isinstance(reply, dict):
             return reply
         return self.verify_started(attempt.id, idx, reply)
+
+    @staticmethod
+    def _verify_payload(task: Any, attempt: Any, verifier: Any, idx: int, workspace: Any) -> dict[str, Any]:
+        from dataclasses import asdict
+
+        return {"task": task_payload(task), "attempt": asdict(attempt), "verifier": asdict(verifier), "idx": idx,
+                "workspace": asdict(workspace)}
+
+    def take_prestarted(self, attempt_id: str, idx: int) -> Optional[tuple[int, dict[str, Any]]]:
+        """The answer of the ``verify-start`` that followed the attempt's ``collect`` (its
+        exit code and reply, unchecked), once; None if it was not sent that way."""
+        return self._prestarted.pop((attempt_id, idx), None)
 
     def verify_started(self, attempt_id: str, idx: int, reply: dict[str, Any]) -> dict[str, Any]:
         """A ``verify-start`` reply, checked; its verdict will be pushed."""

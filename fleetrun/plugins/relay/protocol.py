@@ -61,6 +61,12 @@ WORKER_VERBS = ("probe", "prepare", "start", "status", "log", "stop", "collect",
                 "verify-status", "verify-stop")
 #: The events a worker pushes.
 WORKER_EVENTS = ("hello", "log", "ended", "verified", "probe")
+#: A worker's hello says ``"chain": 1`` when a request may carry a second one to run
+#: right after it, if it succeeded (``then``: a verb, its arguments, its payload), answered
+#: in the same reply (``"then": {"code", "reply"}``): which verb may follow which. One
+#: round trip instead of two for a task whose first verifier is ``run``: its collect,
+#: then its verifier's start. A worker without the key is sent the two apart.
+WORKER_CHAINS = {"collect": ("verify-start",)}
 #: A worker's hello says ``"beats": 1`` when it pushes its headroom: a ``probe`` request
 #: whose payload has ``beat_secs`` then has a ``probe`` event pushed that often.
 BEAT_KEY = "beat_secs"
@@ -354,12 +360,14 @@ def worker_line(message: dict[str, Any]) -> bytes:
 @dataclass(frozen=True)
 class WorkerRequest:
     """A supervisor's request to a worker: a verb, its arguments as the one-shot verb
-    takes them, and the JSON it would read on stdin."""
+    takes them, and the JSON it would read on stdin; ``then``, the request to run after
+    it if it succeeded (:data:`WORKER_CHAINS`; the same id)."""
 
     id: int
     verb: str
     args: list[str]
     payload: Optional[bytes]
+    then: Optional[WorkerRequest] = None
 
 
 @dataclass(frozen=True)
@@ -373,6 +381,7 @@ class WorkerMessage:
     id: int = 0
     code: int = 0
     reply: Optional[dict[str, Any]] = None
+    then: Optional[tuple[int, dict[str, Any]]] = None  # a chained request's (code, reply)
     attempt: str = ""
     idx: int = 0
     status: Optional[dict[str, Any]] = None
@@ -399,13 +408,23 @@ def parse_worker_request(line: bytes) -> WorkerRequest:
     its one-shot form does)."""
     d = _json_line(line, "request")
     rid = integer(d.get("id"), "request.id", 1, MAX_REQUEST_ID)
-    verb = one_of(d.get("verb"), "request.verb", WORKER_VERBS)
+    req = _request_body(d, rid, "request", WORKER_VERBS)
+    if d.get("then") is None:
+        return req
+    then = _request_body(obj(d["then"], "request.then"), rid, "request.then", WORKER_CHAINS.get(req.verb, ()))
+    return WorkerRequest(rid, req.verb, req.args, req.payload, then)
+
+
+def _request_body(d: dict[str, Any], rid: int, what: str, verbs: tuple[str, ...]) -> WorkerRequest:
+    verb = one_of(d.get("verb"), f"{what}.verb", verbs) if verbs else None
+    if verb is None:
+        raise Malformed(f"{what}: no request may follow this one")
     args = d.get("args", [])
     if not isinstance(args, list) or len(args) > 32 or not all(isinstance(a, str) and len(a) <= 4096 for a in args):
-        raise Malformed("request.args: must be a list of at most 32 strings")
+        raise Malformed(f"{what}.args: must be a list of at most 32 strings")
     payload = d.get("payload")
     if payload is not None:
-        payload = json.dumps(obj(payload, "request.payload")).encode()
+        payload = json.dumps(obj(payload, f"{what}.payload")).encode()
     return WorkerRequest(rid, verb, list(args), payload)
 
 
@@ -427,16 +446,20 @@ def parse_worker_message(line: bytes) -> WorkerMessage:
     """A line from a worker, read strictly (:class:`Malformed` says what is wrong)."""
     d = _json_line(line, "worker message")
     if "id" in d:
+        then = None
+        if d.get("then") is not None:  # the answer to the request that followed it
+            t = obj(d["then"], "worker reply.then")
+            then = (integer(t.get("code"), "worker reply.then.code", 0, 255), obj(t.get("reply"), "worker reply.then.reply"))
         return WorkerMessage("reply", id=integer(d.get("id"), "worker reply.id", 1, MAX_REQUEST_ID),
                              code=integer(d.get("code"), "worker reply.code", 0, 255),
-                             reply=obj(d.get("reply"), "worker reply.reply"))
+                             reply=obj(d.get("reply"), "worker reply.reply"), then=then)
     kind = one_of(d.get("event"), "worker message.event", WORKER_EVENTS)
     what = f"{kind} event"
     if kind == "hello":
         return WorkerMessage("hello", info={
             "protocol": integer(d.get("protocol"), f"{what}.protocol", 0, 1 << 20),
             "fleetrun": opt_text(d, "fleetrun", what, 200), "pid": opt_integer(d, "pid", what, 1, MAX_PID),
-            "beats": opt_integer(d, "beats", what, 0, 1 << 20)})
+            "beats": opt_integer(d, "beats", what, 0, 1 << 20), "chain": opt_integer(d, "chain", what, 0, 1 << 20)})
     if kind == "probe":
         return WorkerMessage("probe", probe=parse_probe_reply(d.get("probe")))
     from ...untrusted import attempt_id

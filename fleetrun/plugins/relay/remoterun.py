@@ -9,6 +9,7 @@ from __future__ import annotations
 import time
 from typing import Any, Optional
 
+from ...hostapi import StartRefused
 from ...reports import Verdict
 from ...untrusted import Malformed
 from . import protocol
@@ -45,6 +46,8 @@ class RemoteRunHandle:
         self._try_start()
 
     def _try_start(self) -> None:
+        if self._prestarted():
+            return
         try:
             # through a worker, not waited for: the loop goes on with other tasks, and
             # the reply wakes it (poll() reads it then)
@@ -59,6 +62,21 @@ class RemoteRunHandle:
             self._start_failed(e)
         except PeerError as e:
             self._refused(e)
+
+    def _prestarted(self) -> bool:
+        """Whether the peer started it already, right after the attempt's collect (one
+        request for the two): then its answer is read as a verify-start's. One that
+        failed, or does not parse, is sent again as a verify-start of its own."""
+        take = getattr(self.host, "take_prestarted", None)
+        pre = take(self.attempt_id, self.idx) if take is not None else None
+        if pre is None:
+            return False
+        try:
+            self.host.verify_started(self.attempt_id, self.idx, self.host._checked("verify-start", *pre))
+        except (PeerError, StartRefused):
+            return False
+        self._started()
+        return True
 
     def _started(self) -> None:
         self.started = True

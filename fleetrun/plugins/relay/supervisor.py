@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import os
 import time
+import types
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Optional
 
@@ -256,7 +257,7 @@ class Relay:
         if host is None:
             return None
         try:
-            commit = host.collect(task, attempt, workspace) or ""
+            commit = host.collect(task, attempt, workspace, self.first_run_verifier(task, config)) or ""
         except (PeerUnreachable, PeerError) as e:
             self._note(task.id, f"could not commit the attempt's work on {host.name}: {e}")
             return ""  # not None: handled (the work stays on the peer, committed or not)
@@ -267,6 +268,23 @@ class Relay:
                 self._note(task.id, f"could not fetch branch {getattr(workspace, 'branch', None) or task.branch} "
                                     f"from {host.name}: {e}")
         return commit
+
+    @staticmethod
+    def first_run_verifier(task: Any, config: Config) -> Optional[tuple[Any, int]]:
+        """(verifier, step) of the task's first verifier when it is a ``run`` one that
+        this relay will run on the peer (no plugin of a third party implements
+        ``fleetrun_verify``, which could answer for it instead): the collect request
+        then starts it too, and the verify stage finds it started
+        (:meth:`.host.SSHHost.take_prestarted`). None: the two go apart."""
+        verify = task.spec.verify
+        if not verify or verify[0].kind != "run":
+            return None
+        for impl in config.hook.fleetrun_verify.get_hookimpls():
+            plugin = impl.plugin
+            where = plugin.__name__ if isinstance(plugin, types.ModuleType) else type(plugin).__module__
+            if not str(where).startswith("fleetrun.plugins."):
+                return None
+        return verify[0], step_index(task, verify[0])
 
     # -- fetch-back ------------------------------------------------------------------
 

@@ -77,6 +77,7 @@ class Pending:
         self.id = 0
         self.event = threading.Event()
         self.answer: Optional[tuple[int, dict[str, Any]]] = None
+        self.then: Optional[tuple[int, dict[str, Any]]] = None  # the chained request's answer, if it ran
         self.began = time.monotonic()
 
     def done(self) -> bool:
@@ -144,6 +145,11 @@ class Worker:
         return bool(self.info.get("beats"))
 
     @property
+    def chains(self) -> bool:
+        """Whether a request may carry the one to run after it (its hello said so)."""
+        return bool(self.info.get("chain"))
+
+    @property
     def alive(self) -> bool:
         return self.error is None and self._channel is not None and self.transport.is_active()
 
@@ -204,15 +210,20 @@ class Worker:
         return self.submit(verb, args, payload).wait(timeout)
 
     def submit(self, verb: str, args: list[str], payload: Optional[dict[str, Any]],
-               wake: bool = False) -> Pending:
+               wake: bool = False, then: Optional[tuple[str, list[str], dict[str, Any]]] = None) -> Pending:
         """Send one request; its reply comes to the :class:`Pending` returned.
 
         :param wake: wake the loop when the reply comes (one that does not wait for it).
+        :param then: (verb, args, payload) of a request for the worker to run after this
+            one if it succeeds (:data:`~.protocol.WORKER_CHAINS`; only if it :attr:`chains`):
+            its answer is the Pending's ``then``.
         :raises PeerUnreachable: the worker is gone, or the request could not be sent.
         """
         msg: dict[str, Any] = {"verb": verb, "args": args}
         if payload is not None:
             msg["payload"] = payload
+        if then is not None:
+            msg["then"] = {"verb": then[0], "args": then[1], "payload": then[2]}
         slot = Pending(self, wake)
         with self._lock:
             if self.error is not None:
@@ -288,6 +299,8 @@ class Worker:
             m = parse_worker_message(line)
         except Malformed as e:
             return self.close(f"a garbled message from the worker: {e}")
+        if self.timing and m.kind != "probe":
+            time_line(self.timing, what=m.kind, id=m.id, of=m.attempt)
         if m.kind == "hello":
             info = m.info or {}
             if info.get("protocol") != WORKER_PROTOCOL:
@@ -298,12 +311,11 @@ class Worker:
             return
         if not self._hello.is_set():
             return self.close("a garbled message from the worker: a message before its hello")
-        if self.timing and m.kind != "probe":
-            time_line(self.timing, what=m.kind, id=m.id, of=m.attempt)
         if m.kind == "reply":
             with self._lock:
                 slot = self._waiting.pop(m.id, None)
             if slot is not None:
+                slot.then = m.then
                 slot.answer = (m.code, m.reply or {})
                 slot.event.set()
                 if slot.wake:

@@ -7,7 +7,11 @@ arguments as the one-shot ``fleetrun host VERB`` with the JSON it would read on 
 the worker answers each with ``{"id", "code", "reply"}``, the one-shot verb's exit code
 and reply, computed by the same functions (:func:`.verbs.answer`), so every check of an
 untrusted id or path holds here as it does there. Requests run each in a thread of its
-own: a long ``prepare`` does not hold up a ``status``.
+own: a long ``prepare`` does not hold up a ``status``. A request may carry a second one
+(``then``, :data:`~..protocol.WORKER_CHAINS`: a ``collect`` its ``verify-start``), run
+after it in the same thread if it succeeded and answered in the same reply
+(``"then": {"code", "reply"}``): one round trip for the two (the hello says
+``"chain": 1``).
 
 And it pushes events: ``hello`` first (``"beats": 1``: it pushes heartbeats); then
 ``probe`` (its headroom, the reply a ``probe`` request gets) every ``beat_secs`` once a
@@ -134,6 +138,8 @@ class Worker:
         self.beat_every: Optional[float] = None  # push a probe this often (a probe request asked)
         self.next_beat = 0.0
         self.beating = False  # a pushed probe is being measured
+        self.parser: Optional[argparse.ArgumentParser] = None
+        self.parser_lock = threading.Lock()
 
     def time(self, **fields: Any) -> None:
         if self.timing:
@@ -162,7 +168,7 @@ class Worker:
         from fleetrun import __version__
 
         self.send({"event": "hello", "protocol": WORKER_PROTOCOL, "fleetrun": __version__, "pid": os.getpid(),
-                   "beats": 1})
+                   "beats": 1, "chain": 1})
         try:
             return self.loop()
         finally:
@@ -242,10 +248,12 @@ class Worker:
 
     def beat(self) -> None:
         """Push this peer's headroom: what a ``probe`` request would be answered."""
-        from .verbs import _parser, answer
+        from .verbs import answer
 
         try:
-            reply, code = answer(self.config, _parser().parse_args(["probe"]))
+            ns = self.parse("probe", [])
+            assert ns is not None
+            reply, code = answer(self.config, ns)
         finally:
             self.beating = False
         if code == 0:
@@ -260,34 +268,58 @@ class Worker:
             # no id to answer to is the supervisor's bug: say so where it can be read
             print(f"fleetrun host serve: a malformed request: {e}", file=sys.stderr)
             return
-        if self.trace:
+        if self.trace:  # one line a request; a chained one's verbs on its line
             with open(self.trace, "a", encoding="utf-8") as f:
-                f.write(req.verb + "\n")
+                f.write(req.verb + (f" {req.then.verb}" if req.then is not None else "") + "\n")
         self.time(what="recv", verb=req.verb, id=req.id)
         threading.Thread(target=self.handle, args=(req,), name=f"serve-{req.id}", daemon=True).start()
 
-    def handle(self, req: Any) -> None:
-        from .verbs import _parser, answer
+    def parse(self, verb: str, args: list[str]) -> Optional[argparse.Namespace]:
+        """A request's verb and arguments as the one-shot verb reads them (one parser for
+        the worker's life: building it costs more than most requests); None: bad ones."""
+        with self.parser_lock:
+            if self.parser is None:
+                from .verbs import _parser
 
-        PAYLOAD.set(req.payload if req.payload is not None else b"{}")  # this thread's context only
-        NOTIFY.set(self.sock_path)
-        try:
-            ns = _parser().parse_args([req.verb, *req.args])
-        except SystemExit:
-            self.send({"id": req.id, "code": 4, "reply": {"error": f"usage: bad arguments for {req.verb}"}})
-            return
-        reply, code = answer(self.config, ns)
-        self.send({"id": req.id, "code": code, "reply": reply})
+                self.parser = _parser()
+            try:
+                return self.parser.parse_args([verb, *args])
+            except SystemExit:
+                return None
+
+    def handle(self, req: Any) -> None:
+        ns, reply, code = self.run_verb(req)
+        msg: dict[str, Any] = {"id": req.id, "code": code, "reply": reply}
+        then = None
+        if code == 0 and req.then is not None:  # its follower, in the same reply
+            then = self.run_verb(req.then)
+            msg["then"] = {"code": then[2], "reply": then[1]}
+        self.send(msg)
         every = beat_secs(req.payload) if req.verb == "probe" else None
         if every is not None:  # from now on pushed, counted from this answer
             self.next_beat, self.beat_every = time.monotonic() + every, every
             os.write(self.wake_w, b"b")
-        if code == 0:
-            w = self.watch_for(req, ns, reply)
+        done = [(req, ns, reply, code)]
+        if then is not None:
+            done.append((req.then, *then))
+        for r, n, rep, c in done:
+            w = self.watch_for(r, n, rep) if c == 0 and n is not None else None
             if w is not None:
                 with self.pending_lock:
                     self.pending.append(w)
                 os.write(self.wake_w, b"w")
+
+    def run_verb(self, req: Any) -> tuple[Optional[argparse.Namespace], dict[str, Any], int]:
+        """(the parsed request, the verb's reply, its exit code)."""
+        from .verbs import answer
+
+        PAYLOAD.set(req.payload if req.payload is not None else b"{}")  # this thread's context only
+        NOTIFY.set(self.sock_path)
+        ns = self.parse(req.verb, req.args)
+        if ns is None:
+            return None, {"error": f"usage: bad arguments for {req.verb}"}, 4
+        reply, code = answer(self.config, ns)
+        return ns, reply, code
 
     def watch_for(self, req: Any, ns: argparse.Namespace, reply: dict[str, Any]) -> Optional[Watch]:
         """What the supervisor now waits for, from a request that succeeded (so its ids
