@@ -41,7 +41,9 @@ What is printed:
   side: when each request went out and its reply or event came in;
   ``FLEETRUN_SERVE_TIMING`` on the peer: when each request arrived and was answered,
   when an end was heard and pushed). ``rtt`` is a request's round trip, ``peer`` the
-  part of it the worker spent answering.
+  part of it the worker spent answering. A worker that chains starts the first ``run``
+  verifier inside the collect request (no ``verify-start`` rows then); a checkout
+  without the timing files (``--against`` an older one) has the ledger's rows only.
 - ``--against DIR``: the same end-to-end runs with the fleetrun of another checkout
   (``PYTHONPATH=DIR``, on both sides), interleaved with this one's: before/after.
 
