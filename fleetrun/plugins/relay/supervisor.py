@@ -119,6 +119,8 @@ class Relay:
         self.hosts = {name: SSHHost(p, config.home, relay=self) for name, p in peers.items()}
         self.beats: dict[str, Heartbeat] = {}
         self._cleanups: list[tuple[Any, SSHHost, Any]] = []  # (task, host, Pending cleanup request)
+        self._to_clean: list[tuple[Any, SSHHost]] = []  # DONE this pass: sent as it ends
+        self._in_session = False  # a loop runs: its passes end with fleetrun_loop_pass
         self.interval = float(config.setting("relay", "heartbeat_secs", HEARTBEAT_S))
 
     def close(self) -> None:
@@ -140,6 +142,7 @@ class Relay:
         from ... import heartbeats
 
         heartbeats.install(self.config)  # the first rounds' heartbeats reach the hook too
+        self._in_session = True
         self.start_heartbeats()
 
     def start_heartbeats(self) -> None:
@@ -451,6 +454,15 @@ class Relay:
             self._remove_fetched(task)  # the branch stays
         if task.state is not State.DONE or not task.worktree:
             return
+        if self._in_session and host.live_worker() is not None:
+            # sent as this pass ends (fleetrun_loop_pass), after the prepare of a task placed
+            # in it: on the peer, `git worktree remove` holds the repository's lock, which
+            # that prepare's `git worktree add` would wait for
+            self._to_clean.append((task, host))
+            return
+        self._send_cleanup(task, host)
+
+    def _send_cleanup(self, task: Any, host: SSHHost) -> None:
         try:
             if host.live_worker() is None:
                 return self._cleaned(task, host, host.cleanup(task))
@@ -460,6 +472,11 @@ class Relay:
                                                          wait=False)))
         except (PeerUnreachable, PeerError, Malformed) as e:
             self._note(task.id, f"could not clean up worktree {task.worktree} on {host.name}: {e}")
+
+    def _send_cleanups(self) -> None:
+        sending, self._to_clean = self._to_clean, []
+        for task, host in sending:
+            self._send_cleanup(task, host)
 
     def _cleaned(self, task: Any, host: SSHHost, r: dict[str, Any]) -> None:
         if r.get("removed"):
@@ -483,10 +500,15 @@ class Relay:
 
     @hookimpl
     def fleetrun_loop_pass(self, config: Config, duration_s: float) -> None:
+        if self._to_clean:
+            self._send_cleanups()
         if self._cleanups:
             self._reap_cleanups(wait=False)
 
     @hookimpl(tryfirst=True)
     def fleetrun_sessionfinish(self, session: Any, exitstatus: int) -> None:
-        """The run ends: its peers' cleanups are waited for (the worker ends with the run)."""
+        """The run ends: its peers' cleanups are sent and waited for (the worker ends with
+        the run)."""
+        self._in_session = False
+        self._send_cleanups()
         self._reap_cleanups(wait=True)
