@@ -78,12 +78,19 @@ def test_a_done_tasks_cleanup_goes_after_the_next_tasks_prepare(fleeter, fake_cl
     mini = peer_lab.machine("mini")
     mini.write("config.toml", (fleeter.home / "config.toml").read_text())
     d = mini.home.parent
-    r = fleeter.run("relay", "add", "mini", mini.address, "--accept-new", "--command",
-                    mini.command_line(FLEETRUN_SERVE_TRACE=str(d / "trace")))
+    r = fleeter.run(
+        "relay",
+        "add",
+        "mini",
+        mini.address,
+        "--accept-new",
+        "--command",
+        mini.command_line(FLEETRUN_SERVE_TRACE=str(d / "trace")),
+    )
     assert r.ret == 0, r.stdout + r.stderr
     assert fleeter.run("drain").ret == 0
     fleeter.write_policy("[peers]\nmax_tasks = 1\n")
-    fleeter.write_tasks('''
+    fleeter.write_tasks("""
         [[task]]
         name = "t1"
         cwd = "repo"
@@ -95,13 +102,26 @@ def test_a_done_tasks_cleanup_goes_after_the_next_tasks_prepare(fleeter, fake_cl
         cwd = "repo"
         prompt = "Write two.txt."
         git_ref = "main"
-    ''')
-    fake_claude.script(t1=[{"actions": [["write", "one.txt", "x"], ["commit", "x"]]}],
-                       t2=[{"actions": [["write", "two.txt", "x"], ["commit", "x"]]}])
+    """)
+    fake_claude.script(
+        t1=[{"actions": [["write", "one.txt", "x"], ["commit", "x"]]}],
+        t2=[{"actions": [["write", "two.txt", "x"], ["commit", "x"]]}],
+    )
     r = fleeter.run("tasks.toml")
     assert r.ret == 0, r.stdout + r.stderr
     assert {fleeter.task(n).state.value for n in ("t1", "t2")} == {"DONE"}
     verbs = [line.split()[0] for line in (d / "trace").read_text().splitlines()]
-    assert verbs == ["probe", "prepare", "start", "collect", "prepare", "start", "cleanup", "collect",
-                     "cleanup"], verbs
-    assert "removed clean worktree" in " ".join(text for _, text in fleeter.ledger().notes(fleeter.task("t1").id))
+    assert verbs == [
+        "probe",
+        "prepare",
+        "start",
+        "collect",
+        "prepare",
+        "start",
+        "cleanup",
+        "collect",
+        "cleanup",
+    ], verbs
+    assert "removed clean worktree" in " ".join(
+        text for _, text in fleeter.ledger().notes(fleeter.task("t1").id)
+    )
