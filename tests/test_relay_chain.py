@@ -1,6 +1,7 @@
 """A request that carries the one to run after it (``then``: a collect's verify-start),
-and the reply that answers both, read as strictly as any other message: only the pairs
-of ``WORKER_CHAINS`` may chain, and a garbled ``then`` either way is ``Malformed``."""
+and the pushed answer to that one (a ``then`` event), read as strictly as any other
+message: only the pairs of ``WORKER_CHAINS`` may chain, and a garbled ``then`` either
+way is ``Malformed``."""
 
 from __future__ import annotations
 
@@ -37,17 +38,17 @@ def test_a_collect_may_carry_its_verifiers_start_and_nothing_else_may():
             parse_worker_request(json.dumps(bad).encode())
 
 
-def test_the_reply_to_a_chained_request_answers_both():
+def test_the_answer_to_the_chained_request_is_pushed_after_the_first_reply():
+    m = parse_worker_message(b'{"id": 7, "code": 0, "reply": {"commit": null}}')
+    assert (m.kind, m.id, m.code) == ("reply", 7, 0)
     m = parse_worker_message(
-        b'{"id": 7, "code": 0, "reply": {"commit": null}, '
-        b'"then": {"code": 0, "reply": {"state": "running"}}}'
+        b'{"event": "then", "id": 7, "code": 0, "reply": {"state": "running"}}'
     )
-    assert (m.kind, m.code, m.then) == ("reply", 0, (0, {"state": "running"}))
-    assert parse_worker_message(b'{"id": 7, "code": 1, "reply": {"error": "x"}}').then is None
+    assert (m.kind, m.id, m.code, m.reply) == ("then", 7, 0, {"state": "running"})
     for bad, why in (
-        (b'{"id": 7, "code": 0, "reply": {}, "then": 1}', "worker reply.then"),
-        (b'{"id": 7, "code": 0, "reply": {}, "then": {"code": 300, "reply": {}}}', "then.code"),
-        (b'{"id": 7, "code": 0, "reply": {}, "then": {"code": 0, "reply": "ok"}}', "then.reply"),
+        (b'{"event": "then", "code": 0, "reply": {}}', "then event.id"),
+        (b'{"event": "then", "id": 7, "code": 300, "reply": {}}', "then event.code"),
+        (b'{"event": "then", "id": 7, "code": 0, "reply": "ok"}', "then event.reply"),
     ):
         with pytest.raises(Malformed) as e:
             parse_worker_message(bad)

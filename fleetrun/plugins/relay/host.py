@@ -51,7 +51,7 @@ from .transport import (
     connect,
     run_command,
 )
-from .worker import Worker, WorkerUnavailable
+from .worker import Pending, Worker, WorkerUnavailable
 
 if TYPE_CHECKING:
     from ...config import Config
@@ -101,7 +101,7 @@ class SSHHost:
         self._no_worker_until = 0.0
         self.worker_error: Optional[str] = None  # why the one-shot verbs are used
         self._log_lock = threading.RLock()  # the log mirror is written by the worker's reader too
-        self._prestarted: dict[tuple[str, int], tuple[int, dict[str, Any]]] = {}  # see take_prestarted
+        self._prestarted: dict[tuple[str, int], Pending] = {}  # see take_prestarted
 
     # -- the connection ------------------------------------------------------------
 
@@ -417,8 +417,9 @@ class SSHHost:
         """Commit the attempt's uncommitted work there; the commit, or None.
 
         :param verify: (verifier, step) of a ``run`` verifier to start there right after,
-            in the same request, when the worker can (``chain``): its answer is kept for
-            :meth:`take_prestarted` (the verify stage's handle asks for it).
+            in the same request, when the worker can (``chain``): the request whose answer
+            comes later is kept for :meth:`take_prestarted` (the verify stage's handle
+            takes it as a verify-start it did not wait for).
         :raises WorktreeTampered: the peer found the worktree's ``.git`` rewritten.
         """
         from dataclasses import asdict
@@ -438,8 +439,8 @@ class SSHHost:
                     if not w.transport.is_active():
                         self.drop()
                     raise
-                if p.then is not None:
-                    self._prestarted[(attempt.id, idx)] = p.then
+                if code == 0 and p.follower is not None:  # the verifier's start runs there now
+                    self._prestarted[(attempt.id, idx)] = p.follower
                 reply = self._checked("collect", code, answer)
             else:
                 reply = self.call("collect", payload=payload, timeout=120)
@@ -482,9 +483,9 @@ class SSHHost:
         return {"task": task_payload(task), "attempt": asdict(attempt), "verifier": asdict(verifier), "idx": idx,
                 "workspace": asdict(workspace)}
 
-    def take_prestarted(self, attempt_id: str, idx: int) -> Optional[tuple[int, dict[str, Any]]]:
-        """The answer of the ``verify-start`` that followed the attempt's ``collect`` (its
-        exit code and reply, unchecked), once; None if it was not sent that way."""
+    def take_prestarted(self, attempt_id: str, idx: int) -> Optional[Pending]:
+        """The ``verify-start`` that followed the attempt's ``collect`` (a request not
+        waited for: its reply wakes the loop), once; None if it was not sent that way."""
         return self._prestarted.pop((attempt_id, idx), None)
 
     def verify_started(self, attempt_id: str, idx: int, reply: dict[str, Any]) -> dict[str, Any]:

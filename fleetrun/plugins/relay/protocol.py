@@ -60,12 +60,13 @@ WORKER_PROTOCOL = 1
 WORKER_VERBS = ("probe", "prepare", "start", "status", "log", "stop", "collect", "cleanup", "verify-start",
                 "verify-status", "verify-stop")
 #: The events a worker pushes.
-WORKER_EVENTS = ("hello", "log", "ended", "verified", "probe")
+WORKER_EVENTS = ("hello", "log", "ended", "verified", "probe", "then")
 #: A worker's hello says ``"chain": 1`` when a request may carry a second one to run
-#: right after it, if it succeeded (``then``: a verb, its arguments, its payload), answered
-#: in the same reply (``"then": {"code", "reply"}``): which verb may follow which. One
-#: round trip instead of two for a task whose first verifier is ``run``: its collect,
-#: then its verifier's start. A worker without the key is sent the two apart.
+#: right after it (``then``: a verb, its arguments, its payload), whose answer is pushed
+#: once it is done, after the first one's reply (a ``then`` event: ``id``, ``code``,
+#: ``reply``): which verb may follow which. One round trip instead of two for a task
+#: whose first verifier is ``run``: its collect, then its verifier's start. A worker
+#: without the key is sent the two apart.
 WORKER_CHAINS = {"collect": ("verify-start",)}
 #: A worker's hello says ``"beats": 1`` when it pushes its headroom: a ``probe`` request
 #: whose payload has ``beat_secs`` then has a ``probe`` event pushed that often.
@@ -373,7 +374,8 @@ class WorkerRequest:
 @dataclass(frozen=True)
 class WorkerMessage:
     """What a worker sent: a ``reply`` (``id``, ``code``: the one-shot verb's exit code,
-    ``reply``: its JSON) or an event: ``hello`` (``info``), ``log`` (``chunk``),
+    ``reply``: its JSON) or an event: ``then`` (the same fields: the answer to the
+    request that followed request ``id``), ``hello`` (``info``), ``log`` (``chunk``),
     ``ended`` (``status``, the attempt's log ``size``), ``verified`` (``verify``),
     ``probe`` (``probe``: a pushed heartbeat, the reply a ``probe`` request would get)."""
 
@@ -381,7 +383,6 @@ class WorkerMessage:
     id: int = 0
     code: int = 0
     reply: Optional[dict[str, Any]] = None
-    then: Optional[tuple[int, dict[str, Any]]] = None  # a chained request's (code, reply)
     attempt: str = ""
     idx: int = 0
     status: Optional[dict[str, Any]] = None
@@ -445,16 +446,15 @@ def beat_secs(payload: Optional[bytes]) -> Optional[float]:
 def parse_worker_message(line: bytes) -> WorkerMessage:
     """A line from a worker, read strictly (:class:`Malformed` says what is wrong)."""
     d = _json_line(line, "worker message")
-    if "id" in d:
-        then = None
-        if d.get("then") is not None:  # the answer to the request that followed it
-            t = obj(d["then"], "worker reply.then")
-            then = (integer(t.get("code"), "worker reply.then.code", 0, 255), obj(t.get("reply"), "worker reply.then.reply"))
+    if "id" in d and "event" not in d:
         return WorkerMessage("reply", id=integer(d.get("id"), "worker reply.id", 1, MAX_REQUEST_ID),
                              code=integer(d.get("code"), "worker reply.code", 0, 255),
-                             reply=obj(d.get("reply"), "worker reply.reply"), then=then)
+                             reply=obj(d.get("reply"), "worker reply.reply"))
     kind = one_of(d.get("event"), "worker message.event", WORKER_EVENTS)
     what = f"{kind} event"
+    if kind == "then":  # the answer to the request that followed request ``id``
+        return WorkerMessage("then", id=integer(d.get("id"), f"{what}.id", 1, MAX_REQUEST_ID),
+                             code=integer(d.get("code"), f"{what}.code", 0, 255), reply=obj(d.get("reply"), f"{what}.reply"))
     if kind == "hello":
         return WorkerMessage("hello", info={
             "protocol": integer(d.get("protocol"), f"{what}.protocol", 0, 1 << 20),

@@ -9,7 +9,6 @@ from __future__ import annotations
 import time
 from typing import Any, Optional
 
-from ...hostapi import StartRefused
 from ...reports import Verdict
 from ...untrusted import Malformed
 from . import protocol
@@ -64,18 +63,15 @@ class RemoteRunHandle:
             self._refused(e)
 
     def _prestarted(self) -> bool:
-        """Whether the peer started it already, right after the attempt's collect (one
-        request for the two): then its answer is read as a verify-start's. One that
-        failed, or does not parse, is sent again as a verify-start of its own."""
+        """Whether the peer was asked to start it already, right after the attempt's
+        collect (one request for the two): then that request is this handle's
+        verify-start not waited for, its reply read by :meth:`_pending_reply`."""
         take = getattr(self.host, "take_prestarted", None)
         pre = take(self.attempt_id, self.idx) if take is not None else None
         if pre is None:
             return False
-        try:
-            self.host.verify_started(self.attempt_id, self.idx, self.host._checked("verify-start", *pre))
-        except (PeerError, StartRefused):
-            return False
-        self._started()
+        self.pending = pre
+        self.next_poll = time.monotonic() + STATUS_WAIT_S
         return True
 
     def _started(self) -> None:

@@ -77,7 +77,7 @@ class Pending:
         self.id = 0
         self.event = threading.Event()
         self.answer: Optional[tuple[int, dict[str, Any]]] = None
-        self.then: Optional[tuple[int, dict[str, Any]]] = None  # the chained request's answer, if it ran
+        self.follower: Optional[Pending] = None  # the request sent to run after this one (``then``)
         self.began = time.monotonic()
 
     def done(self) -> bool:
@@ -134,6 +134,7 @@ class Worker:
         self._lock = threading.Lock()  # ids, the waiting table
         self._send_lock = threading.Lock()  # one request on the channel at a time
         self._waiting: dict[int, Pending] = {}
+        self._following: dict[int, Pending] = {}  # request id -> the one sent to follow it
         self._hello = threading.Event()
         self._err = bytearray()
         self._channel: Any = None
@@ -188,7 +189,8 @@ class Worker:
             if self.error is None:
                 self.error = reason
             waiting, self._waiting = self._waiting, {}
-        for slot in waiting.values():
+            following, self._following = self._following, {}
+        for slot in [*waiting.values(), *following.values()]:
             slot.event.set()
         if self._channel is not None:
             try:
@@ -216,7 +218,7 @@ class Worker:
         :param wake: wake the loop when the reply comes (one that does not wait for it).
         :param then: (verb, args, payload) of a request for the worker to run after this
             one if it succeeds (:data:`~.protocol.WORKER_CHAINS`; only if it :attr:`chains`):
-            its answer is the Pending's ``then``.
+            its answer comes to the Pending's ``follower``, which wakes the loop.
         :raises PeerUnreachable: the worker is gone, or the request could not be sent.
         """
         msg: dict[str, Any] = {"verb": verb, "args": args}
@@ -231,6 +233,10 @@ class Worker:
             self._next_id += 1
             msg["id"] = slot.id = self._next_id
             self._waiting[slot.id] = slot
+            if then is not None:
+                slot.follower = Pending(self, wake=True)
+                slot.follower.id = slot.id
+                self._following[slot.id] = slot.follower
             self.requests += 1
         if self.timing:
             time_line(self.timing, what="sent", verb=verb, id=slot.id, of=subject(args, payload))
@@ -242,6 +248,7 @@ class Worker:
         except Exception as e:  # noqa: BLE001 - paramiko raises several kinds
             with self._lock:
                 self._waiting.pop(slot.id, None)
+                self._following.pop(slot.id, None)
             raise PeerUnreachable(f"could not send to the worker: {e}") from None
         return slot
 
@@ -315,11 +322,18 @@ class Worker:
             with self._lock:
                 slot = self._waiting.pop(m.id, None)
             if slot is not None:
-                slot.then = m.then
                 slot.answer = (m.code, m.reply or {})
                 slot.event.set()
                 if slot.wake:
                     self.wake()  # the loop did not wait for it: tell it it came
+            return
+        if m.kind == "then":
+            with self._lock:
+                slot = self._following.pop(m.id, None)
+            if slot is not None:
+                slot.answer = (m.code, m.reply or {})
+                slot.event.set()
+                self.wake()  # the loop did not wait for it
             return
         if m.kind == "probe" and m.probe is not None:
             self.pushed = m.probe  # a heartbeat: the heartbeat thread's, not the loop's

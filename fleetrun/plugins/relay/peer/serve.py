@@ -9,9 +9,9 @@ and reply, computed by the same functions (:func:`.verbs.answer`), so every chec
 untrusted id or path holds here as it does there. Requests run each in a thread of its
 own: a long ``prepare`` does not hold up a ``status``. A request may carry a second one
 (``then``, :data:`~..protocol.WORKER_CHAINS`: a ``collect`` its ``verify-start``), run
-after it in the same thread if it succeeded and answered in the same reply
-(``"then": {"code", "reply"}``): one round trip for the two (the hello says
-``"chain": 1``).
+in the same thread once the first is answered, if it succeeded; its answer is pushed
+(``{"event": "then", "id", "code", "reply"}``): one round trip for the two, and the
+first's reply does not wait for the second (the hello says ``"chain": 1``).
 
 And it pushes events: ``hello`` first (``"beats": 1``: it pushes heartbeats); then
 ``probe`` (its headroom, the reply a ``probe`` request gets) every ``beat_secs`` once a
@@ -152,7 +152,7 @@ class Worker:
                 pass
 
     def send(self, message: dict[str, Any]) -> None:
-        if self.timing and (message.get("event") in ("ended", "verified") or "id" in message):
+        if self.timing and (message.get("event") in ("ended", "verified", "then") or "id" in message):
             self.time(what="push", event=message.get("event", "reply"), id=message.get("id"),
                       of=message.get("attempt"))
         data = memoryview(worker_line(message))
@@ -289,25 +289,26 @@ class Worker:
 
     def handle(self, req: Any) -> None:
         ns, reply, code = self.run_verb(req)
-        msg: dict[str, Any] = {"id": req.id, "code": code, "reply": reply}
-        then = None
-        if code == 0 and req.then is not None:  # its follower, in the same reply
-            then = self.run_verb(req.then)
-            msg["then"] = {"code": then[2], "reply": then[1]}
-        self.send(msg)
+        self.send({"id": req.id, "code": code, "reply": reply})
         every = beat_secs(req.payload) if req.verb == "probe" else None
         if every is not None:  # from now on pushed, counted from this answer
             self.next_beat, self.beat_every = time.monotonic() + every, every
             os.write(self.wake_w, b"b")
-        done = [(req, ns, reply, code)]
-        if then is not None:
-            done.append((req.then, *then))
-        for r, n, rep, c in done:
-            w = self.watch_for(r, n, rep) if c == 0 and n is not None else None
-            if w is not None:
-                with self.pending_lock:
-                    self.pending.append(w)
-                os.write(self.wake_w, b"w")
+        self.watch(req, ns, reply, code)
+        if req.then is not None:  # its follower, once the first is answered: its answer pushed
+            if code == 0:
+                ns, reply, code = self.run_verb(req.then)
+            else:
+                ns, reply, code = None, {"error": f"not run: {req.verb} failed"}, 1
+            self.send({"event": "then", "id": req.id, "code": code, "reply": reply})
+            self.watch(req.then, ns, reply, code)
+
+    def watch(self, req: Any, ns: Optional[argparse.Namespace], reply: dict[str, Any], code: int) -> None:
+        w = self.watch_for(req, ns, reply) if code == 0 and ns is not None else None
+        if w is not None:
+            with self.pending_lock:
+                self.pending.append(w)
+            os.write(self.wake_w, b"w")
 
     def run_verb(self, req: Any) -> tuple[Optional[argparse.Namespace], dict[str, Any], int]:
         """(the parsed request, the verb's reply, its exit code)."""
