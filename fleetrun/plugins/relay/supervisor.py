@@ -17,7 +17,7 @@ from ...ledger import LEDGER_KEY, ensure_private_dir
 from ...reports import Candidate, Handoff, Placement, Verdict, Wait, Workspace
 from ...shepherd import read_json, write_json
 from ...states import ACTIVE, State
-from ...taskspec import safe_slug, step_index
+from ...taskspec import step_index
 from ...taskview import tasks_in
 from ...untrusted import Malformed
 from .bundle import (
@@ -43,6 +43,7 @@ from .peers import (
 )
 from .protocol import parse_cleanup_reply, task_payload
 from .transport import PeerError, PeerUnreachable
+from .workspace import WrongWorkspace, check_workspace, chosen_branch  # noqa: F401 - their home was here
 
 if TYPE_CHECKING:
     from ...config import Config
@@ -59,55 +60,6 @@ CONNECTING = "is being connected to (its first heartbeat)"
 #: a LAN answers in well under a second; one that does not answer (its first round
 #: waits out the connect timeout, 8 s) does not hold every task back for that long.
 FIRST_ROUND_WAIT_S = 3.0
-
-
-class WrongWorkspace(PeerError):
-    """A peer's ``prepare`` named a workspace other than the one asked for."""
-
-    def __init__(self, message: str) -> None:
-        super().__init__(message, 0)
-
-
-def chosen_branch(task: Any) -> str:
-    """The branch this supervisor gives the task: ``branch =``, or
-    ``fleetrun/<name>-<id>`` (as the ``worktree`` plugin names it). The only branch a
-    fetch-back ever writes for the task."""
-    return task.spec.branch or f"fleetrun/{safe_slug(task.name)}-{task.id}"
-
-
-def _inside(path: str, top: str) -> bool:
-    path, top = os.path.normpath(path), os.path.normpath(top)
-    return path == top or path.startswith(top.rstrip("/") + "/")
-
-
-def check_workspace(task: Any, ws: dict[str, Any], peer: str) -> Workspace:
-    """The workspace a peer's ``prepare`` reply names, held to what was asked: for a
-    task with ``git_ref``, a worktree on :func:`chosen_branch` made from ``git_ref``,
-    in a repository that holds the task's ``cwd``, the path inside the worktree and the
-    worktree not the repository itself; for one without, the task's ``cwd`` itself.
-
-    :raises WrongWorkspace: saying what differs.
-    """
-    spec = task.spec
-    bad = f"{peer} answered prepare with a workspace that is not the one asked for:"
-    if not spec.git_ref:
-        if ws.get("is_worktree") or ws.get("path") != spec.cwd or ws.get("branch"):
-            raise WrongWorkspace(f"{bad} {ws.get('path')} (branch {ws.get('branch')}), not the task's cwd {spec.cwd}")
-        return Workspace(path=spec.cwd)
-    want = chosen_branch(task)
-    if ws.get("branch") != want:
-        raise WrongWorkspace(f"{bad} branch {ws.get('branch')!r}, not {want!r}, the branch chosen for this task")
-    if not ws.get("is_worktree") or ws.get("base_ref") != spec.git_ref:
-        raise WrongWorkspace(f"{bad} not a worktree made from git_ref {spec.git_ref!r}")
-    repo, root, path = ws.get("repo"), ws.get("root") or ws.get("path"), ws.get("path")
-    if not (isinstance(repo, str) and isinstance(root, str) and isinstance(path, str)
-            and all(os.path.isabs(p) and ".." not in p.split("/") for p in (repo, root, path))):
-        raise WrongWorkspace(f"{bad} its repo, root and path must be absolute paths")
-    if not (_inside(spec.cwd, repo) or _inside(os.path.realpath(spec.cwd), repo)):
-        raise WrongWorkspace(f"{bad} repository {repo} does not hold the task's cwd {spec.cwd}")
-    if not _inside(path, root) or _inside(root, repo):
-        raise WrongWorkspace(f"{bad} worktree {root} with path {path}")
-    return Workspace(path=path, branch=want, repo=repo, base_ref=spec.git_ref, is_worktree=True, root=root)
 
 
 class Relay:
