@@ -34,6 +34,7 @@ from ...ledger import ensure_private_dir
 from ...reports import Candidate, Started
 from ...untrusted import Malformed
 from . import protocol
+from .hostverify import STATUS_TIMEOUT_S, VerifierVerbs
 from .logmirror import append_chunk
 from .logmirror import size as _size
 from .peers import HostKeyRefused, Peer
@@ -51,12 +52,11 @@ from .transport import (
     connect,
     run_command,
 )
-from .worker import Worker, WorkerUnavailable
+from .worker import Pending, Worker, WorkerUnavailable
 
 if TYPE_CHECKING:
     from ...config import Config
 
-STATUS_TIMEOUT_S = 8.0
 WORKER_RETRY_S = 300.0  # after a peer could not run a worker, the one-shot verbs this long
 WORKER_SHORT_LIVED_S = 10.0  # workers gone this soon, WORKER_MAX_DEATHS in a row: the one-shot verbs
 WORKER_MAX_DEATHS = 3
@@ -68,9 +68,10 @@ BUNDLE_TIMEOUT_S = 1800.0  # a whole branch of a large repository, on a slow lin
 # The host
 
 
-class SSHHost:
+class SSHHost(VerifierVerbs):
     """A peer. The same verbs as :class:`~fleetrun.hosts.LocalHost`, plus ``probe``,
-    ``prepare``, ``collect``, ``cleanup`` and the ``verify_*`` verbs.
+    ``prepare``, ``collect``, ``cleanup`` and the ``verify_*`` verbs (those of
+    :class:`~.hostverify.VerifierVerbs`).
 
     Thread-safe: the relay's heartbeat probes from its own thread while the loop
     calls the other verbs from the main thread, over the same transport.
@@ -101,6 +102,7 @@ class SSHHost:
         self._no_worker_until = 0.0
         self.worker_error: Optional[str] = None  # why the one-shot verbs are used
         self._log_lock = threading.RLock()  # the log mirror is written by the worker's reader too
+        self._prestarted: dict[tuple[str, int], Pending] = {}  # see take_prestarted
 
     # -- the connection ------------------------------------------------------------
 
@@ -412,16 +414,37 @@ class SSHHost:
         except Malformed as e:
             raise self._malformed("prepare", e) from None
 
-    def collect(self, task: Any, attempt: Any, workspace: Any) -> Optional[str]:
+    def collect(self, task: Any, attempt: Any, workspace: Any, verify: Optional[tuple[Any, int]] = None) -> Optional[str]:
         """Commit the attempt's uncommitted work there; the commit, or None.
 
+        :param verify: (verifier, step) of a ``run`` verifier to start there right after,
+            in the same request, when the worker can (``chain``): the request whose answer
+            comes later is kept for :meth:`take_prestarted` (the verify stage's handle
+            takes it as a verify-start it did not wait for).
         :raises WorktreeTampered: the peer found the worktree's ``.git`` rewritten.
         """
         from dataclasses import asdict
 
+        payload = {"task": task_payload(task), "attempt": asdict(attempt), "workspace": asdict(workspace)}
         try:
-            reply = self.call("collect", payload={"task": task_payload(task), "attempt": asdict(attempt),
-                                                  "workspace": asdict(workspace)}, timeout=120)
+            w = self.live_worker() if verify is not None else None
+            if w is not None and w.chains and verify is not None:
+                verifier, idx = verify
+                then: tuple[str, list[str], dict[str, Any]] = (
+                    "verify-start", [], self._verify_payload(task, attempt, verifier, idx, workspace))
+                try:
+                    p = w.submit("collect", [], payload, then=then)
+                    code, answer = p.wait(120)
+                except PeerUnreachable as e:
+                    self.last_error = str(e)
+                    if not w.transport.is_active():
+                        self.drop()
+                    raise
+                if code == 0 and p.follower is not None:  # the verifier's start runs there now
+                    self._prestarted[(attempt.id, idx)] = p.follower
+                reply = self._checked("collect", code, answer)
+            else:
+                reply = self.call("collect", payload=payload, timeout=120)
         except PeerError as e:
             self._tampered(e)
             raise
@@ -444,45 +467,6 @@ class SSHHost:
         from .bundle import fetch_bundle
 
         return fetch_bundle(self, repo, branch, git_ref, have, dest, timeout)
-
-    def verify_start(self, task: Any, attempt: Any, verifier: Any, idx: int, workspace: Any,
-                     wait: bool = True) -> Any:
-        """:param wait: False: through a worker, the :class:`~.worker.Pending` request."""
-        from dataclasses import asdict
-
-        reply = self.call("verify-start", payload={
-            "task": task_payload(task), "attempt": asdict(attempt), "verifier": asdict(verifier), "idx": idx,
-            "workspace": asdict(workspace)}, wait=wait)
-        if not isinstance(reply, dict):
-            return reply
-        return self.verify_started(attempt.id, idx, reply)
-
-    def verify_started(self, attempt_id: str, idx: int, reply: dict[str, Any]) -> dict[str, Any]:
-        """A ``verify-start`` reply, checked; its verdict will be pushed."""
-        try:
-            state = protocol.parse_verify_start_reply(reply)
-        except Malformed as e:
-            raise self._malformed("verify-start", e) from None
-        w = self.live_worker()
-        if w is not None:
-            w.vwatching.add((attempt_id, idx))  # it pushes the verdict
-        return {"state": state}
-
-    def verify_status(self, attempt_id: str, idx: int) -> protocol.VerifyStatus:
-        """:raises Malformed: a reply that is not a verifier's status (a FAIL, to the caller)."""
-        r = protocol.parse_verify_status_reply(
-            self.call("verify-status", "--attempt", attempt_id, "--idx", str(idx), timeout=STATUS_TIMEOUT_S,
-                      may_connect=not self.passive))
-        w = self.live_worker()
-        if w is not None and r.state == "running":
-            w.vwatching.add((attempt_id, idx))
-        return r
-
-    def verify_stop(self, attempt_id: str, idx: int) -> bool:
-        try:
-            return protocol.parse_verify_stop_reply(self.call("verify-stop", "--attempt", attempt_id, "--idx", str(idx)))
-        except Malformed as e:
-            raise self._malformed("verify-stop", e) from None
 
 
 from .remoterun import RemoteRunHandle  # noqa: E402 - its home was here; tests and plugins import it from here

@@ -60,7 +60,14 @@ WORKER_PROTOCOL = 1
 WORKER_VERBS = ("probe", "prepare", "start", "status", "log", "stop", "collect", "cleanup", "verify-start",
                 "verify-status", "verify-stop")
 #: The events a worker pushes.
-WORKER_EVENTS = ("hello", "log", "ended", "verified", "probe")
+WORKER_EVENTS = ("hello", "log", "ended", "verified", "probe", "then")
+#: A worker's hello says ``"chain": 1`` when a request may carry a second one to run
+#: right after it (``then``: a verb, its arguments, its payload), whose answer is pushed
+#: once it is done, after the first one's reply (a ``then`` event: ``id``, ``code``,
+#: ``reply``): which verb may follow which. One round trip instead of two for a task
+#: whose first verifier is ``run``: its collect, then its verifier's start. A worker
+#: without the key is sent the two apart.
+WORKER_CHAINS = {"collect": ("verify-start",)}
 #: A worker's hello says ``"beats": 1`` when it pushes its headroom: a ``probe`` request
 #: whose payload has ``beat_secs`` then has a ``probe`` event pushed that often.
 BEAT_KEY = "beat_secs"
@@ -354,18 +361,21 @@ def worker_line(message: dict[str, Any]) -> bytes:
 @dataclass(frozen=True)
 class WorkerRequest:
     """A supervisor's request to a worker: a verb, its arguments as the one-shot verb
-    takes them, and the JSON it would read on stdin."""
+    takes them, and the JSON it would read on stdin; ``then``, the request to run after
+    it if it succeeded (:data:`WORKER_CHAINS`; the same id)."""
 
     id: int
     verb: str
     args: list[str]
     payload: Optional[bytes]
+    then: Optional[WorkerRequest] = None
 
 
 @dataclass(frozen=True)
 class WorkerMessage:
     """What a worker sent: a ``reply`` (``id``, ``code``: the one-shot verb's exit code,
-    ``reply``: its JSON) or an event: ``hello`` (``info``), ``log`` (``chunk``),
+    ``reply``: its JSON) or an event: ``then`` (the same fields: the answer to the
+    request that followed request ``id``), ``hello`` (``info``), ``log`` (``chunk``),
     ``ended`` (``status``, the attempt's log ``size``), ``verified`` (``verify``),
     ``probe`` (``probe``: a pushed heartbeat, the reply a ``probe`` request would get)."""
 
@@ -399,13 +409,23 @@ def parse_worker_request(line: bytes) -> WorkerRequest:
     its one-shot form does)."""
     d = _json_line(line, "request")
     rid = integer(d.get("id"), "request.id", 1, MAX_REQUEST_ID)
-    verb = one_of(d.get("verb"), "request.verb", WORKER_VERBS)
+    req = _request_body(d, rid, "request", WORKER_VERBS)
+    if d.get("then") is None:
+        return req
+    then = _request_body(obj(d["then"], "request.then"), rid, "request.then", WORKER_CHAINS.get(req.verb, ()))
+    return WorkerRequest(rid, req.verb, req.args, req.payload, then)
+
+
+def _request_body(d: dict[str, Any], rid: int, what: str, verbs: tuple[str, ...]) -> WorkerRequest:
+    verb = one_of(d.get("verb"), f"{what}.verb", verbs) if verbs else None
+    if verb is None:
+        raise Malformed(f"{what}: no request may follow this one")
     args = d.get("args", [])
     if not isinstance(args, list) or len(args) > 32 or not all(isinstance(a, str) and len(a) <= 4096 for a in args):
-        raise Malformed("request.args: must be a list of at most 32 strings")
+        raise Malformed(f"{what}.args: must be a list of at most 32 strings")
     payload = d.get("payload")
     if payload is not None:
-        payload = json.dumps(obj(payload, "request.payload")).encode()
+        payload = json.dumps(obj(payload, f"{what}.payload")).encode()
     return WorkerRequest(rid, verb, list(args), payload)
 
 
@@ -426,17 +446,20 @@ def beat_secs(payload: Optional[bytes]) -> Optional[float]:
 def parse_worker_message(line: bytes) -> WorkerMessage:
     """A line from a worker, read strictly (:class:`Malformed` says what is wrong)."""
     d = _json_line(line, "worker message")
-    if "id" in d:
+    if "id" in d and "event" not in d:
         return WorkerMessage("reply", id=integer(d.get("id"), "worker reply.id", 1, MAX_REQUEST_ID),
                              code=integer(d.get("code"), "worker reply.code", 0, 255),
                              reply=obj(d.get("reply"), "worker reply.reply"))
     kind = one_of(d.get("event"), "worker message.event", WORKER_EVENTS)
     what = f"{kind} event"
+    if kind == "then":  # the answer to the request that followed request ``id``
+        return WorkerMessage("then", id=integer(d.get("id"), f"{what}.id", 1, MAX_REQUEST_ID),
+                             code=integer(d.get("code"), f"{what}.code", 0, 255), reply=obj(d.get("reply"), f"{what}.reply"))
     if kind == "hello":
         return WorkerMessage("hello", info={
             "protocol": integer(d.get("protocol"), f"{what}.protocol", 0, 1 << 20),
             "fleetrun": opt_text(d, "fleetrun", what, 200), "pid": opt_integer(d, "pid", what, 1, MAX_PID),
-            "beats": opt_integer(d, "beats", what, 0, 1 << 20)})
+            "beats": opt_integer(d, "beats", what, 0, 1 << 20), "chain": opt_integer(d, "chain", what, 0, 1 << 20)})
     if kind == "probe":
         return WorkerMessage("probe", probe=parse_probe_reply(d.get("probe")))
     from ...untrusted import attempt_id

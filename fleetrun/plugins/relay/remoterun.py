@@ -45,6 +45,8 @@ class RemoteRunHandle:
         self._try_start()
 
     def _try_start(self) -> None:
+        if self._prestarted():
+            return
         try:
             # through a worker, not waited for: the loop goes on with other tasks, and
             # the reply wakes it (poll() reads it then)
@@ -59,6 +61,18 @@ class RemoteRunHandle:
             self._start_failed(e)
         except PeerError as e:
             self._refused(e)
+
+    def _prestarted(self) -> bool:
+        """Whether the peer was asked to start it already, right after the attempt's
+        collect (one request for the two): then that request is this handle's
+        verify-start not waited for, its reply read by :meth:`_pending_reply`."""
+        take = getattr(self.host, "take_prestarted", None)
+        pre = take(self.attempt_id, self.idx) if take is not None else None
+        if pre is None:
+            return False
+        self.pending = pre
+        self.next_poll = time.monotonic() + STATUS_WAIT_S
+        return True
 
     def _started(self) -> None:
         self.started = True

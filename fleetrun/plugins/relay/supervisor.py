@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import os
 import time
+import types
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Optional
 
@@ -16,7 +17,7 @@ from ...ledger import LEDGER_KEY, ensure_private_dir
 from ...reports import Candidate, Handoff, Placement, Verdict, Wait, Workspace
 from ...shepherd import read_json, write_json
 from ...states import ACTIVE, State
-from ...taskspec import safe_slug, step_index
+from ...taskspec import step_index
 from ...taskview import tasks_in
 from ...untrusted import Malformed
 from .bundle import (
@@ -42,6 +43,7 @@ from .peers import (
 )
 from .protocol import parse_cleanup_reply, task_payload
 from .transport import PeerError, PeerUnreachable
+from .workspace import WrongWorkspace, check_workspace, chosen_branch  # noqa: F401 - their home was here
 
 if TYPE_CHECKING:
     from ...config import Config
@@ -60,55 +62,6 @@ CONNECTING = "is being connected to (its first heartbeat)"
 FIRST_ROUND_WAIT_S = 3.0
 
 
-class WrongWorkspace(PeerError):
-    """A peer's ``prepare`` named a workspace other than the one asked for."""
-
-    def __init__(self, message: str) -> None:
-        super().__init__(message, 0)
-
-
-def chosen_branch(task: Any) -> str:
-    """The branch this supervisor gives the task: ``branch =``, or
-    ``fleetrun/<name>-<id>`` (as the ``worktree`` plugin names it). The only branch a
-    fetch-back ever writes for the task."""
-    return task.spec.branch or f"fleetrun/{safe_slug(task.name)}-{task.id}"
-
-
-def _inside(path: str, top: str) -> bool:
-    path, top = os.path.normpath(path), os.path.normpath(top)
-    return path == top or path.startswith(top.rstrip("/") + "/")
-
-
-def check_workspace(task: Any, ws: dict[str, Any], peer: str) -> Workspace:
-    """The workspace a peer's ``prepare`` reply names, held to what was asked: for a
-    task with ``git_ref``, a worktree on :func:`chosen_branch` made from ``git_ref``,
-    in a repository that holds the task's ``cwd``, the path inside the worktree and the
-    worktree not the repository itself; for one without, the task's ``cwd`` itself.
-
-    :raises WrongWorkspace: saying what differs.
-    """
-    spec = task.spec
-    bad = f"{peer} answered prepare with a workspace that is not the one asked for:"
-    if not spec.git_ref:
-        if ws.get("is_worktree") or ws.get("path") != spec.cwd or ws.get("branch"):
-            raise WrongWorkspace(f"{bad} {ws.get('path')} (branch {ws.get('branch')}), not the task's cwd {spec.cwd}")
-        return Workspace(path=spec.cwd)
-    want = chosen_branch(task)
-    if ws.get("branch") != want:
-        raise WrongWorkspace(f"{bad} branch {ws.get('branch')!r}, not {want!r}, the branch chosen for this task")
-    if not ws.get("is_worktree") or ws.get("base_ref") != spec.git_ref:
-        raise WrongWorkspace(f"{bad} not a worktree made from git_ref {spec.git_ref!r}")
-    repo, root, path = ws.get("repo"), ws.get("root") or ws.get("path"), ws.get("path")
-    if not (isinstance(repo, str) and isinstance(root, str) and isinstance(path, str)
-            and all(os.path.isabs(p) and ".." not in p.split("/") for p in (repo, root, path))):
-        raise WrongWorkspace(f"{bad} its repo, root and path must be absolute paths")
-    if not (_inside(spec.cwd, repo) or _inside(os.path.realpath(spec.cwd), repo)):
-        raise WrongWorkspace(f"{bad} repository {repo} does not hold the task's cwd {spec.cwd}")
-    if not _inside(path, root) or _inside(root, repo):
-        raise WrongWorkspace(f"{bad} worktree {root} with path {path}")
-    return Workspace(path=path, branch=want, repo=repo, base_ref=spec.git_ref, is_worktree=True, root=root)
-
-
 class Relay:
     """The peers of this run and their heartbeats."""
 
@@ -118,6 +71,8 @@ class Relay:
         self.hosts = {name: SSHHost(p, config.home, relay=self) for name, p in peers.items()}
         self.beats: dict[str, Heartbeat] = {}
         self._cleanups: list[tuple[Any, SSHHost, Any]] = []  # (task, host, Pending cleanup request)
+        self._to_clean: list[tuple[Any, SSHHost]] = []  # DONE this pass: sent as it ends
+        self._in_session = False  # a loop runs: its passes end with fleetrun_loop_pass
         self.interval = float(config.setting("relay", "heartbeat_secs", HEARTBEAT_S))
 
     def close(self) -> None:
@@ -139,6 +94,7 @@ class Relay:
         from ... import heartbeats
 
         heartbeats.install(self.config)  # the first rounds' heartbeats reach the hook too
+        self._in_session = True
         self.start_heartbeats()
 
     def start_heartbeats(self) -> None:
@@ -256,7 +212,7 @@ class Relay:
         if host is None:
             return None
         try:
-            commit = host.collect(task, attempt, workspace) or ""
+            commit = host.collect(task, attempt, workspace, self.first_run_verifier(task, config)) or ""
         except (PeerUnreachable, PeerError) as e:
             self._note(task.id, f"could not commit the attempt's work on {host.name}: {e}")
             return ""  # not None: handled (the work stays on the peer, committed or not)
@@ -267,6 +223,23 @@ class Relay:
                 self._note(task.id, f"could not fetch branch {getattr(workspace, 'branch', None) or task.branch} "
                                     f"from {host.name}: {e}")
         return commit
+
+    @staticmethod
+    def first_run_verifier(task: Any, config: Config) -> Optional[tuple[Any, int]]:
+        """(verifier, step) of the task's first verifier when it is a ``run`` one that
+        this relay will run on the peer (no plugin of a third party implements
+        ``fleetrun_verify``, which could answer for it instead): the collect request
+        then starts it too, and the verify stage finds it started
+        (:meth:`.host.SSHHost.take_prestarted`). None: the two go apart."""
+        verify = task.spec.verify
+        if not verify or verify[0].kind != "run":
+            return None
+        for impl in config.hook.fleetrun_verify.get_hookimpls():
+            plugin = impl.plugin
+            where = plugin.__name__ if isinstance(plugin, types.ModuleType) else type(plugin).__module__
+            if not str(where).startswith("fleetrun.plugins."):
+                return None
+        return verify[0], step_index(task, verify[0])
 
     # -- fetch-back ------------------------------------------------------------------
 
@@ -433,6 +406,15 @@ class Relay:
             self._remove_fetched(task)  # the branch stays
         if task.state is not State.DONE or not task.worktree:
             return
+        if self._in_session and host.live_worker() is not None:
+            # sent as this pass ends (fleetrun_loop_pass), after the prepare of a task placed
+            # in it: on the peer, `git worktree remove` holds the repository's lock, which
+            # that prepare's `git worktree add` would wait for
+            self._to_clean.append((task, host))
+            return
+        self._send_cleanup(task, host)
+
+    def _send_cleanup(self, task: Any, host: SSHHost) -> None:
         try:
             if host.live_worker() is None:
                 return self._cleaned(task, host, host.cleanup(task))
@@ -442,6 +424,11 @@ class Relay:
                                                          wait=False)))
         except (PeerUnreachable, PeerError, Malformed) as e:
             self._note(task.id, f"could not clean up worktree {task.worktree} on {host.name}: {e}")
+
+    def _send_cleanups(self) -> None:
+        sending, self._to_clean = self._to_clean, []
+        for task, host in sending:
+            self._send_cleanup(task, host)
 
     def _cleaned(self, task: Any, host: SSHHost, r: dict[str, Any]) -> None:
         if r.get("removed"):
@@ -465,10 +452,15 @@ class Relay:
 
     @hookimpl
     def fleetrun_loop_pass(self, config: Config, duration_s: float) -> None:
+        if self._to_clean:
+            self._send_cleanups()
         if self._cleanups:
             self._reap_cleanups(wait=False)
 
     @hookimpl(tryfirst=True)
     def fleetrun_sessionfinish(self, session: Any, exitstatus: int) -> None:
-        """The run ends: its peers' cleanups are waited for (the worker ends with the run)."""
+        """The run ends: its peers' cleanups are sent and waited for (the worker ends with
+        the run)."""
+        self._in_session = False
+        self._send_cleanups()
         self._reap_cleanups(wait=True)

@@ -17,6 +17,7 @@ paramiko is imported by :mod:`.transport`, inside the functions that connect.
 from __future__ import annotations
 
 import json
+import os
 import select
 import socket
 import threading
@@ -37,6 +38,29 @@ from .protocol import (
 from .transport import PeerUnreachable
 
 START_TIMEOUT_S = 20.0  # the worker loads fleetrun's plugins once, then says hello
+#: A file to append, as JSON lines, when each request went out and its reply or each
+#: event came in (``bench/peers.py`` reads it with ``host serve``'s own, :mod:`.peer.serve`).
+TIMING_ENV = "FLEETRUN_RELAY_TIMING"
+
+
+def subject(args: list[str], payload: Optional[dict[str, Any]]) -> Optional[str]:
+    """The attempt (or task) a request is about, for the timing file."""
+    if "--attempt" in args[:-1]:
+        return args[args.index("--attempt") + 1]
+    p = payload or {}
+    att, task = p.get("attempt"), p.get("task")
+    found = (att.get("id") if isinstance(att, dict) else None) or p.get("attempt_id") \
+        or (task.get("id") if isinstance(task, dict) else None)
+    return str(found) if found else None
+
+
+def time_line(path: str, **fields: Any) -> None:
+    """One line of a timing file (``TIMING_ENV``): what happened, when (``time.time()``)."""
+    try:
+        with open(path, "a", encoding="utf-8") as f:
+            f.write(json.dumps({"t": time.time(), **fields}) + "\n")
+    except OSError:
+        pass
 
 
 class WorkerUnavailable(Exception):
@@ -53,6 +77,7 @@ class Pending:
         self.id = 0
         self.event = threading.Event()
         self.answer: Optional[tuple[int, dict[str, Any]]] = None
+        self.follower: Optional[Pending] = None  # the request sent to run after this one (``then``)
         self.began = time.monotonic()
 
     def done(self) -> bool:
@@ -109,14 +134,21 @@ class Worker:
         self._lock = threading.Lock()  # ids, the waiting table
         self._send_lock = threading.Lock()  # one request on the channel at a time
         self._waiting: dict[int, Pending] = {}
+        self._following: dict[int, Pending] = {}  # request id -> the one sent to follow it
         self._hello = threading.Event()
         self._err = bytearray()
         self._channel: Any = None
+        self.timing = os.environ.get(TIMING_ENV)
 
     @property
     def beats(self) -> bool:
         """Whether it pushes heartbeats (its hello said so)."""
         return bool(self.info.get("beats"))
+
+    @property
+    def chains(self) -> bool:
+        """Whether a request may carry the one to run after it (its hello said so)."""
+        return bool(self.info.get("chain"))
 
     @property
     def alive(self) -> bool:
@@ -130,6 +162,8 @@ class Worker:
         """
         import paramiko
 
+        if self.timing:
+            time_line(self.timing, what="start")
         try:
             ch = self.transport.open_session(timeout=timeout)
             ch.exec_command(remote_command(self.command, "serve", []))
@@ -155,7 +189,8 @@ class Worker:
             if self.error is None:
                 self.error = reason
             waiting, self._waiting = self._waiting, {}
-        for slot in waiting.values():
+            following, self._following = self._following, {}
+        for slot in [*waiting.values(), *following.values()]:
             slot.event.set()
         if self._channel is not None:
             try:
@@ -177,15 +212,20 @@ class Worker:
         return self.submit(verb, args, payload).wait(timeout)
 
     def submit(self, verb: str, args: list[str], payload: Optional[dict[str, Any]],
-               wake: bool = False) -> Pending:
+               wake: bool = False, then: Optional[tuple[str, list[str], dict[str, Any]]] = None) -> Pending:
         """Send one request; its reply comes to the :class:`Pending` returned.
 
         :param wake: wake the loop when the reply comes (one that does not wait for it).
+        :param then: (verb, args, payload) of a request for the worker to run after this
+            one if it succeeds (:data:`~.protocol.WORKER_CHAINS`; only if it :attr:`chains`):
+            its answer comes to the Pending's ``follower``, which wakes the loop.
         :raises PeerUnreachable: the worker is gone, or the request could not be sent.
         """
         msg: dict[str, Any] = {"verb": verb, "args": args}
         if payload is not None:
             msg["payload"] = payload
+        if then is not None:
+            msg["then"] = {"verb": then[0], "args": then[1], "payload": then[2]}
         slot = Pending(self, wake)
         with self._lock:
             if self.error is not None:
@@ -193,7 +233,13 @@ class Worker:
             self._next_id += 1
             msg["id"] = slot.id = self._next_id
             self._waiting[slot.id] = slot
+            if then is not None:
+                slot.follower = Pending(self, wake=True)
+                slot.follower.id = slot.id
+                self._following[slot.id] = slot.follower
             self.requests += 1
+        if self.timing:
+            time_line(self.timing, what="sent", verb=verb, id=slot.id, of=subject(args, payload))
         try:
             # not under _lock: a send that waits for the channel's window must not keep
             # the reader from the replies (and the worker from its stdin)
@@ -202,6 +248,7 @@ class Worker:
         except Exception as e:  # noqa: BLE001 - paramiko raises several kinds
             with self._lock:
                 self._waiting.pop(slot.id, None)
+                self._following.pop(slot.id, None)
             raise PeerUnreachable(f"could not send to the worker: {e}") from None
         return slot
 
@@ -259,6 +306,8 @@ class Worker:
             m = parse_worker_message(line)
         except Malformed as e:
             return self.close(f"a garbled message from the worker: {e}")
+        if self.timing and m.kind != "probe":
+            time_line(self.timing, what=m.kind, id=m.id, of=m.attempt)
         if m.kind == "hello":
             info = m.info or {}
             if info.get("protocol") != WORKER_PROTOCOL:
@@ -277,6 +326,14 @@ class Worker:
                 slot.event.set()
                 if slot.wake:
                     self.wake()  # the loop did not wait for it: tell it it came
+            return
+        if m.kind == "then":
+            with self._lock:
+                slot = self._following.pop(m.id, None)
+            if slot is not None:
+                slot.answer = (m.code, m.reply or {})
+                slot.event.set()
+                self.wake()  # the loop did not wait for it
             return
         if m.kind == "probe" and m.probe is not None:
             self.pushed = m.probe  # a heartbeat: the heartbeat thread's, not the loop's

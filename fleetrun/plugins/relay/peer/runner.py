@@ -2,8 +2,10 @@
 minutes, and no SSH channel waits for it (``verify-start`` starts the runner,
 ``verify-status`` reads its result, ``verify-stop`` ends it).
 
-The runner is :mod:`.verify_runner`, run by path with ``python -I -S`` (stdlib only:
-it starts in milliseconds).
+The runner is :mod:`.verify_runner`, run by path with ``python -I -S`` from its
+byte-code, compiled once into the home as the shepherd's is
+(:func:`fleetrun.shepherdrun.compiled`; stdlib only, its C modules: it starts in
+milliseconds).
 """
 
 from __future__ import annotations
@@ -18,6 +20,7 @@ from typing import TYPE_CHECKING, Any
 
 from fleetrun.osutil import spawn_detached
 from fleetrun.procutil import tail_text, task_env
+from fleetrun.shepherdrun import CACHE, compiled
 
 from .admission import _host_lock
 from .request import (
@@ -89,12 +92,16 @@ def cmd_verify_start(config: Config, ns: argparse.Namespace) -> dict[str, Any]:
         # spec.json holds only what fleetrun sets: the peer's own environment (its API
         # keys...) reaches the verifier through the runner's environment, never a file
         ours = task_env(task, att, cwd, base={})
+        # neither file is fsynced: after a crash of this machine the runner is gone with
+        # them, and a verify-status that finds no runner.json says so (the supervisor
+        # then starts the verifier again); result.json, the verdict, is
         write_json(str(vdir / "spec.json"), {"text": v["text"], "cwd": cwd, "env": ours,
-                                             "timeout_s": float(timeout_s)})
-        pid = spawn_detached(
-            [sys.executable, "-I", "-S", RUNNER_PATH, str(vdir)],
-            dict(os.environ, **ours), vdir / "runner.out")
-        write_json(str(vdir / "runner.json"), {"pid": pid, "token": proc_token(pid), "started": time.time()})
+                                             "timeout_s": float(timeout_s)}, sync=False)
+        runner = compiled(config.home / CACHE, RUNNER_PATH) or RUNNER_PATH
+        pid = spawn_detached([sys.executable, "-I", "-S", runner, str(vdir)], dict(os.environ, **ours),
+                             vdir / "runner.out")
+        write_json(str(vdir / "runner.json"), {"pid": pid, "token": proc_token(pid), "started": time.time()},
+                   sync=False)
     return {"state": "running"}
 
 

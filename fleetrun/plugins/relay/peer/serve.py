@@ -7,7 +7,11 @@ arguments as the one-shot ``fleetrun host VERB`` with the JSON it would read on 
 the worker answers each with ``{"id", "code", "reply"}``, the one-shot verb's exit code
 and reply, computed by the same functions (:func:`.verbs.answer`), so every check of an
 untrusted id or path holds here as it does there. Requests run each in a thread of its
-own: a long ``prepare`` does not hold up a ``status``.
+own: a long ``prepare`` does not hold up a ``status``. A request may carry a second one
+(``then``, :data:`~..protocol.WORKER_CHAINS`: a ``collect`` its ``verify-start``), run
+in the same thread once the first is answered, if it succeeded; its answer is pushed
+(``{"event": "then", "id", "code", "reply"}``): one round trip for the two, and the
+first's reply does not wait for the second (the hello says ``"chain": 1``).
 
 And it pushes events: ``hello`` first (``"beats": 1``: it pushes heartbeats); then
 ``probe`` (its headroom, the reply a ``probe`` request gets) every ``beat_secs`` once a
@@ -51,6 +55,9 @@ from .request import NOTIFY, PAYLOAD, HasHome
 
 TICK_S = 1.0  # log chunks and the look at attempts without a pidfd, this often
 TRACE_ENV = "FLEETRUN_SERVE_TRACE"  # a file to append each request's verb to (tests, debugging)
+#: A file to append each request's arrival and answer, and each end heard and pushed,
+#: with its time, as JSON lines (``bench/peers.py``; the supervisor's side is ``worker.TIMING_ENV``).
+TIMING_ENV = "FLEETRUN_SERVE_TIMING"
 
 
 @dataclass
@@ -126,12 +133,28 @@ class Worker:
         self.watches: dict[tuple[str, Optional[int]], Watch] = {}
         self.gone = False
         self.trace = os.environ.get(TRACE_ENV)
+        self.timing = os.environ.get(TIMING_ENV)
         self.sock, self.sock_path = _wake_socket(config)
         self.beat_every: Optional[float] = None  # push a probe this often (a probe request asked)
         self.next_beat = 0.0
         self.beating = False  # a pushed probe is being measured
+        self.parser: Optional[argparse.ArgumentParser] = None
+        self.parser_lock = threading.Lock()
+
+    def time(self, **fields: Any) -> None:
+        if self.timing:
+            import json
+
+            try:
+                with open(self.timing, "a", encoding="utf-8") as f:
+                    f.write(json.dumps({"t": time.time(), **fields}) + "\n")
+            except OSError:
+                pass
 
     def send(self, message: dict[str, Any]) -> None:
+        if self.timing and (message.get("event") in ("ended", "verified", "then") or "id" in message):
+            self.time(what="push", event=message.get("event", "reply"), id=message.get("id"),
+                      of=message.get("attempt"))
         data = memoryview(worker_line(message))
         with self.out_lock:
             try:
@@ -145,7 +168,7 @@ class Worker:
         from fleetrun import __version__
 
         self.send({"event": "hello", "protocol": WORKER_PROTOCOL, "fleetrun": __version__, "pid": os.getpid(),
-                   "beats": 1})
+                   "beats": 1, "chain": 1})
         try:
             return self.loop()
         finally:
@@ -219,15 +242,18 @@ class Worker:
             except (BlockingIOError, OSError):
                 return
             w = self.watches.get((name, None))
+            self.time(what="heard", of=name)
             if w is not None:  # any other datagram is nobody's: ignored
                 w.fresh = True
 
     def beat(self) -> None:
         """Push this peer's headroom: what a ``probe`` request would be answered."""
-        from .verbs import _parser, answer
+        from .verbs import answer
 
         try:
-            reply, code = answer(self.config, _parser().parse_args(["probe"]))
+            ns = self.parse("probe", [])
+            assert ns is not None
+            reply, code = answer(self.config, ns)
         finally:
             self.beating = False
         if code == 0:
@@ -242,33 +268,59 @@ class Worker:
             # no id to answer to is the supervisor's bug: say so where it can be read
             print(f"fleetrun host serve: a malformed request: {e}", file=sys.stderr)
             return
-        if self.trace:
+        if self.trace:  # one line a request; a chained one's verbs on its line
             with open(self.trace, "a", encoding="utf-8") as f:
-                f.write(req.verb + "\n")
+                f.write(req.verb + (f" {req.then.verb}" if req.then is not None else "") + "\n")
+        self.time(what="recv", verb=req.verb, id=req.id)
         threading.Thread(target=self.handle, args=(req,), name=f"serve-{req.id}", daemon=True).start()
 
-    def handle(self, req: Any) -> None:
-        from .verbs import _parser, answer
+    def parse(self, verb: str, args: list[str]) -> Optional[argparse.Namespace]:
+        """A request's verb and arguments as the one-shot verb reads them (one parser for
+        the worker's life: building it costs more than most requests); None: bad ones."""
+        with self.parser_lock:
+            if self.parser is None:
+                from .verbs import _parser
 
-        PAYLOAD.set(req.payload if req.payload is not None else b"{}")  # this thread's context only
-        NOTIFY.set(self.sock_path)
-        try:
-            ns = _parser().parse_args([req.verb, *req.args])
-        except SystemExit:
-            self.send({"id": req.id, "code": 4, "reply": {"error": f"usage: bad arguments for {req.verb}"}})
-            return
-        reply, code = answer(self.config, ns)
+                self.parser = _parser()
+            try:
+                return self.parser.parse_args([verb, *args])
+            except SystemExit:
+                return None
+
+    def handle(self, req: Any) -> None:
+        ns, reply, code = self.run_verb(req)
         self.send({"id": req.id, "code": code, "reply": reply})
         every = beat_secs(req.payload) if req.verb == "probe" else None
         if every is not None:  # from now on pushed, counted from this answer
             self.next_beat, self.beat_every = time.monotonic() + every, every
             os.write(self.wake_w, b"b")
-        if code == 0:
-            w = self.watch_for(req, ns, reply)
-            if w is not None:
-                with self.pending_lock:
-                    self.pending.append(w)
-                os.write(self.wake_w, b"w")
+        self.watch(req, ns, reply, code)
+        if req.then is not None:  # its follower, once the first is answered: its answer pushed
+            if code == 0:
+                ns, reply, code = self.run_verb(req.then)
+            else:
+                ns, reply, code = None, {"error": f"not run: {req.verb} failed"}, 1
+            self.send({"event": "then", "id": req.id, "code": code, "reply": reply})
+            self.watch(req.then, ns, reply, code)
+
+    def watch(self, req: Any, ns: Optional[argparse.Namespace], reply: dict[str, Any], code: int) -> None:
+        w = self.watch_for(req, ns, reply) if code == 0 and ns is not None else None
+        if w is not None:
+            with self.pending_lock:
+                self.pending.append(w)
+            os.write(self.wake_w, b"w")
+
+    def run_verb(self, req: Any) -> tuple[Optional[argparse.Namespace], dict[str, Any], int]:
+        """(the parsed request, the verb's reply, its exit code)."""
+        from .verbs import answer
+
+        PAYLOAD.set(req.payload if req.payload is not None else b"{}")  # this thread's context only
+        NOTIFY.set(self.sock_path)
+        ns = self.parse(req.verb, req.args)
+        if ns is None:
+            return None, {"error": f"usage: bad arguments for {req.verb}"}, 4
+        reply, code = answer(self.config, ns)
+        return ns, reply, code
 
     def watch_for(self, req: Any, ns: argparse.Namespace, reply: dict[str, Any]) -> Optional[Watch]:
         """What the supervisor now waits for, from a request that succeeded (so its ids

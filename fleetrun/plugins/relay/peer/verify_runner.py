@@ -1,56 +1,83 @@
 """The detached runner of one ``run`` verifier on a peer, run by path as
-``python -I -S verify_runner.py DIR`` (as the shepherd is): standard library only and
-nothing of the package, so it starts in a few milliseconds instead of the ~100 ms a
-``python -m fleetrun...`` start takes (site, the package's imports), which a peer task
-paid between VERIFYING and its verdict.
+``python -I -S verify_runner.py DIR`` (as the shepherd is, and from byte-code compiled
+once into the peer's home, :func:`fleetrun.shepherdrun.compiled`): standard library
+only and nothing of the package.
 
 It runs the command under ``/bin/sh -c`` in the worktree, output to a file, the
 timeout enforced here (so a dropped link cannot leave it running), and writes the
-verdict to ``result.json``. The process-group ending is ``fleetrun/osutil.py``'s own
-(stdlib only), loaded by path.
+verdict to ``result.json``.
+
+Why so few imports: it starts for every ``run`` verifier on a peer, between a task's
+VERIFYING and its verdict. ``json``, ``subprocess``, ``signal`` and ``typing`` (and
+``fleetrun/osutil.py`` loaded by path, compiled at every start) cost ~70 ms there, three
+times the bare interpreter; its own path uses the C modules under them instead:
+``_json``, ``os.posix_spawn``, ``_signal``, and a pidfd (or a short poll) to wait.
 """
 
 from __future__ import annotations
 
-import json
+import _json  # the C half of json, whose Python half costs ~25 ms of imports
+import _signal as signal  # not `signal`: that one imports enum for its IntEnums
 import os
-import signal
-import subprocess
+import select
 import sys
 import time
-from typing import Any
 
 KEEP_BYTES = 64 * 1024  # the output's tail kept in the verdict (procutil.KEEP_BYTES)
-OSUTIL = os.path.join(os.path.dirname(os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))),
-                      "osutil.py")
+GRACE_S = 2.0  # after SIGTERM, the verifier's group gets this long before SIGKILL
+#: Set (not ``0``) in its environment: the runner lists what it imported in MODULES
+#: (the shepherd's switch: one for both detached helpers).
+DEBUG_ENV = "FLEETRUN_SHEPHERD_DEBUG"
+MODULES = "runner.modules"
 
 
-def _osutil() -> Any:
-    """``fleetrun/osutil.py``, loaded by path (the package is not importable here)."""
-    import importlib.util
+class _ScanContext:
+    """What ``_json.make_scanner`` reads of a decoder: ``json.loads``'s defaults."""
 
-    spec = importlib.util.spec_from_file_location("fleetrun_osutil_for_runner", OSUTIL)
-    assert spec is not None and spec.loader is not None
-    mod = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(mod)
-    return mod
+    strict = True
+    object_hook = None
+    object_pairs_hook = None
+    parse_float = float
+    parse_int = int
+    parse_constant = float  # NaN, Infinity, -Infinity
 
 
-def _read_json(path: str) -> Any:
+def _read_json(path: str) -> object:
+    """The JSON value in ``path`` (``_json``'s scanner), or None."""
     try:
-        with open(path) as f:
-            return json.load(f)
-    except (OSError, ValueError):
+        with open(path, "rb") as f:
+            text = f.read().decode()
+        i = len(text) - len(text.lstrip(" \t\n\r"))
+        value, end = _json.make_scanner(_ScanContext)(text, i)  # type: ignore[arg-type]
+    except (OSError, ValueError, StopIteration):
         return None
+    return value if not text[end:].strip(" \t\n\r") else None
 
 
-def _write_json(path: str, data: dict[str, Any]) -> None:
+def _dumps(data: dict) -> str:
+    """A flat dict of strings, numbers and booleans as JSON, without ``json``."""
+    parts = []
+    for k, v in data.items():
+        if isinstance(v, bool):
+            text = "true" if v else "false"
+        elif isinstance(v, (int, float)):
+            text = repr(v) if v - v == 0 else "null"  # finite
+        else:
+            text = _json.encode_basestring_ascii(str(v))
+        parts.append(f"{_json.encode_basestring_ascii(k)}: {text}")
+    return "{" + ", ".join(parts) + "}"
+
+
+def _write_json(path: str, data: dict) -> None:
     tmp = f"{path}.{os.getpid()}.tmp"
     fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
-    with os.fdopen(fd, "w") as f:
-        json.dump(data, f)
-        f.flush()
-        os.fsync(f.fileno())
+    try:
+        view = memoryview(_dumps(data).encode())
+        while view:
+            view = view[os.write(fd, view) :]
+        os.fsync(fd)  # the verdict: its one record until the supervisor has read it
+    finally:
+        os.close(fd)
     os.replace(tmp, path)
 
 
@@ -73,6 +100,53 @@ def tail_text(path: str, limit: int = KEEP_BYTES) -> str:
     return data.decode("utf-8", "replace")
 
 
+def _spawn(text: str, cwd: str, env: dict, out: int) -> int:
+    """``/bin/sh -c text`` in ``cwd``, in a session of its own, its input /dev/null and
+    its output ``out``, SIGPIPE and SIGXFSZ back to their defaults, none of our files
+    open in it (ours are all close-on-exec); what ``subprocess.Popen`` with
+    ``start_new_session=True`` did. ``posix_spawn`` cannot change folder: this process
+    changes into ``cwd`` first, and back.
+
+    :raises OSError: no such folder, or no shell.
+    """
+    here = os.getcwd()
+    stdin = os.open(os.devnull, os.O_RDONLY)
+    try:
+        os.chdir(cwd)
+        actions = [
+            (os.POSIX_SPAWN_DUP2, stdin, 0),
+            (os.POSIX_SPAWN_DUP2, out, 1),
+            (os.POSIX_SPAWN_DUP2, out, 2),
+        ]
+        return os.posix_spawn(
+            "/bin/sh",
+            ["/bin/sh", "-c", text],
+            env,
+            file_actions=actions,
+            setsid=True,
+            setsigdef=(signal.SIGPIPE, signal.SIGXFSZ),
+        )
+    finally:
+        os.close(stdin)
+        os.chdir(here)
+
+
+def _killpg(pid: int, sig: int) -> None:
+    try:
+        os.killpg(pid, sig)
+    except (ProcessLookupError, PermissionError):
+        pass
+
+
+def _poll(pid: int) -> int | None:
+    """The verifier's exit code (minus the signal that ended it), or None while it runs."""
+    try:
+        done, status = os.waitpid(pid, os.WNOHANG)
+    except ChildProcessError:  # pragma: no cover - reaped already
+        return -9
+    return os.waitstatus_to_exitcode(status) if done else None
+
+
 def verify_runner(vdir: str) -> int:
     """Run the verifier of ``vdir/spec.json``; its verdict goes to ``vdir/result.json``."""
     spec = _read_json(os.path.join(vdir, "spec.json"))
@@ -80,42 +154,72 @@ def verify_runner(vdir: str) -> int:
         return 2
     started = time.monotonic()
     timeout_s = float(spec["timeout_s"])
-    stopped: list[str] = []
     out = os.path.join(vdir, "out")
 
     def finish(passed: bool, reason: str) -> int:
-        _write_json(os.path.join(vdir, "result.json"),
-                    {"passed": passed, "reason": reason, "output": tail_text(out),
-                     "duration_s": time.monotonic() - started, "ended": time.time()})
+        _write_json(
+            os.path.join(vdir, "result.json"),
+            {
+                "passed": passed,
+                "reason": reason,
+                "output": tail_text(out),
+                "duration_s": time.monotonic() - started,
+                "ended": time.time(),
+            },
+        )
         return 0
 
+    env = dict(os.environ)
+    env.update({str(k): str(v) for k, v in (spec.get("env") or {}).items()})
     fd = os.open(out, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
     try:
-        proc = subprocess.Popen(["/bin/sh", "-c", spec["text"]], cwd=spec["cwd"],
-                                env=dict(os.environ, **(spec.get("env") or {})),
-                                stdin=subprocess.DEVNULL, stdout=fd, stderr=fd, start_new_session=True,
-                                close_fds=True)
+        pid = _spawn(str(spec["text"]), str(spec["cwd"]), env, fd)
     except OSError as e:
         return finish(False, f"cannot start: {e.strerror or e}")
     finally:
         os.close(fd)
-    end_group = _osutil().end_group
-
-    def kill_group() -> None:
-        end_group(proc.pid, None, grace_s=2.0)  # the wait below reaps it
-
-    def on_term(signum: int, frame: object) -> None:
-        stopped.append("stopped")
-        kill_group()
-
-    signal.signal(signal.SIGTERM, on_term)
+    rfd, wfd = os.pipe()  # a SIGTERM wakes the wait below
+    os.set_blocking(rfd, False)
+    os.set_blocking(wfd, False)
+    signal.set_wakeup_fd(wfd)
+    stopped: list[str] = []
+    signal.signal(signal.SIGTERM, lambda signum, frame: stopped.append("stopped"))
     try:
-        code = proc.wait(timeout=timeout_s)
-    except subprocess.TimeoutExpired:
-        kill_group()
-        proc.wait()
+        pidfd = os.pidfd_open(pid)  # readable the moment it exits
+    except (AttributeError, OSError):
+        pidfd = -1
+    deadline = started + timeout_s
+    timed_out = False
+    kill_at: float | None = None  # SIGKILL then, SIGTERM was sent
+    while True:
+        code = _poll(pid)
+        if code is not None:
+            break
+        now = time.monotonic()
+        if kill_at is None and (stopped or now >= deadline):
+            timed_out = not stopped
+            _killpg(pid, signal.SIGTERM)
+            kill_at = now + GRACE_S
+        elif kill_at is not None and now >= kill_at:
+            _killpg(pid, signal.SIGKILL)
+            kill_at = now + GRACE_S
+        wait = (kill_at if kill_at is not None else deadline) - now
+        if pidfd < 0:
+            wait = min(wait, 0.02)
+        try:
+            ready, _, _ = select.select(
+                [rfd] + ([pidfd] if pidfd >= 0 else []), [], [], max(0.001, wait)
+            )
+        except InterruptedError:  # pragma: no cover
+            ready = []
+        if rfd in ready:
+            try:
+                os.read(rfd, 512)
+            except OSError:
+                pass
+    _killpg(pid, signal.SIGKILL)  # leftovers of the group
+    if timed_out:
         return finish(False, f"timed out after {timeout_s:g}s")
-    end_group(proc.pid, None, grace_s=0)  # leftovers of the group
     if stopped:
         return finish(False, "stopped by the supervisor")
     if code == 0:
@@ -125,7 +229,33 @@ def verify_runner(vdir: str) -> int:
     return finish(False, f"exit code {code}")
 
 
+def _write_modules(vdir: str) -> None:
+    """The debug list of what this process imported (``DEBUG_ENV``)."""
+    try:
+        main = sys.modules["__main__"]
+        text = "\n".join([str(getattr(main, "__file__", "")), *sorted(sys.modules)]) + "\n"
+        fd = os.open(os.path.join(vdir, MODULES), os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
+        try:
+            os.write(fd, text.encode())
+        finally:
+            os.close(fd)
+    except OSError:
+        pass
+
+
+def main(argv: list[str]) -> int:
+    if len(argv) != 1:
+        print(
+            "usage: python -I -S verify_runner.py DIR (fleetrun host verify-start starts it)",
+            file=sys.stderr,
+        )
+        return 2
+    try:
+        return verify_runner(argv[0])
+    finally:
+        if os.environ.get(DEBUG_ENV, "0") != "0":
+            _write_modules(os.path.abspath(argv[0]))
+
+
 if __name__ == "__main__":
-    if len(sys.argv) != 2:
-        raise SystemExit("usage: python -I -S verify_runner.py DIR (fleetrun host verify-start starts it)")
-    raise SystemExit(verify_runner(sys.argv[1]))
+    raise SystemExit(main(sys.argv[1:]))

@@ -1,0 +1,127 @@
+"""How many requests a peer task costs, counted through the real CLI and a real sshd: a
+trivial task with a ``run`` verifier makes at most five to the peer's worker (its
+first heartbeat's probe, prepare, start, collect with its verifier's start in the same
+request, cleanup); a worker whose hello does not offer that (an older fleetrun) gets
+the two apart, and the task is done the same."""
+
+from __future__ import annotations
+
+import shlex
+import sys
+
+import pytest
+
+pytest_plugins = ["sshd"]
+
+#: ``host serve`` as an older fleetrun's: its hello without ``chain``.
+OLDER = (
+    "import sys\n"
+    "from fleetrun.plugins.relay.peer import serve\n"
+    "send = serve.Worker.send\n"
+    "serve.Worker.send = lambda self, m: send(self, {k: v for k, v in m.items() if k != 'chain'})\n"
+    "from fleetrun import main\n"
+    "sys.exit(main(sys.argv[1:]))\n"
+)
+
+
+@pytest.mark.parametrize("worker", ["chains", "older"])
+def test_a_peer_task_with_a_run_verifier_makes_five_requests(
+    fleeter, fake_claude, peer_lab, worker
+):
+    fleeter.make_repo()
+    mini = peer_lab.machine("mini")
+    mini.write("config.toml", (fleeter.home / "config.toml").read_text())
+    d = mini.home.parent
+    command = mini.command(FLEETRUN_SERVE_TRACE=str(d / "trace"))
+    if worker == "older":
+        (d / "older.py").write_text(OLDER)
+        i = command.index(sys.executable)
+        command = [*command[: i + 1], str(d / "older.py")]
+    r = fleeter.run(
+        "relay", "add", "mini", mini.address, "--accept-new", "--command", shlex.join(command)
+    )
+    assert r.ret == 0, r.stdout + r.stderr
+    assert fleeter.run("drain").ret == 0
+    fleeter.write_tasks("""
+        [[task]]
+        name = "t1"
+        cwd = "repo"
+        prompt = "Write out.txt."
+        git_ref = "main"
+
+          [[task.verify]]
+          run = "test -f out.txt"
+    """)
+    fake_claude.script(t1=[{"actions": [["write", "out.txt", "x"], ["commit", "x"]]}])
+    r = fleeter.run("tasks.toml")
+    assert r.ret == 0, r.stdout + r.stderr
+    t = fleeter.task("t1")
+    assert t.state.value == "DONE" and t.host == "mini"
+    (v,) = fleeter.ledger().verdicts(task_id=t.id)
+    assert v.passed and v.host == "mini"  # it ran there
+    requests = (d / "trace").read_text().splitlines()  # one line a request
+    if worker == "chains":
+        assert requests == ["probe", "prepare", "start", "collect verify-start", "cleanup"], (
+            requests
+        )
+    else:
+        assert requests == ["probe", "prepare", "start", "collect", "verify-start", "cleanup"], (
+            requests
+        )
+
+
+def test_a_done_tasks_cleanup_goes_after_the_next_tasks_prepare(fleeter, fake_claude, peer_lab):
+    """A DONE task's cleanup (``git worktree remove`` on the peer, under the repository's
+    lock) is sent at the end of the loop's pass, after the prepare and start of the task
+    placed in that pass: the next task's ``git worktree add`` does not wait for it."""
+    fleeter.make_repo()
+    mini = peer_lab.machine("mini")
+    mini.write("config.toml", (fleeter.home / "config.toml").read_text())
+    d = mini.home.parent
+    r = fleeter.run(
+        "relay",
+        "add",
+        "mini",
+        mini.address,
+        "--accept-new",
+        "--command",
+        mini.command_line(FLEETRUN_SERVE_TRACE=str(d / "trace")),
+    )
+    assert r.ret == 0, r.stdout + r.stderr
+    assert fleeter.run("drain").ret == 0
+    fleeter.write_policy("[peers]\nmax_tasks = 1\n")
+    fleeter.write_tasks("""
+        [[task]]
+        name = "t1"
+        cwd = "repo"
+        prompt = "Write one.txt."
+        git_ref = "main"
+
+        [[task]]
+        name = "t2"
+        cwd = "repo"
+        prompt = "Write two.txt."
+        git_ref = "main"
+    """)
+    fake_claude.script(
+        t1=[{"actions": [["write", "one.txt", "x"], ["commit", "x"]]}],
+        t2=[{"actions": [["write", "two.txt", "x"], ["commit", "x"]]}],
+    )
+    r = fleeter.run("tasks.toml")
+    assert r.ret == 0, r.stdout + r.stderr
+    assert {fleeter.task(n).state.value for n in ("t1", "t2")} == {"DONE"}
+    verbs = [line.split()[0] for line in (d / "trace").read_text().splitlines()]
+    assert verbs == [
+        "probe",
+        "prepare",
+        "start",
+        "collect",
+        "prepare",
+        "start",
+        "cleanup",
+        "collect",
+        "cleanup",
+    ], verbs
+    assert "removed clean worktree" in " ".join(
+        text for _, text in fleeter.ledger().notes(fleeter.task("t1").id)
+    )

@@ -1,0 +1,124 @@
+"""A peer's ``run`` verifier is cheap to start: ``host verify-start`` runs its detached
+runner from byte-code compiled once into the peer's home, and the runner imports no
+``json``, ``subprocess``, ``signal`` or ``typing`` (their C modules only), as the
+shepherd does; its verdicts stay what they were (``test_relay_hostcli.py`` has the exit
+code, the output and the timeout)."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+
+from fleetrun.plugins.relay.peer import verify_runner
+
+#: What the runner must not import (~70 ms of a verifier's start between them).
+EXPENSIVE = {"json", "subprocess", "signal", "enum", "typing", "re", "importlib.util"}
+TASK = {
+    "id": "task_t1_1",
+    "name": "t",
+    "state": "VERIFYING",
+    "source": "",
+    "queue_id": "q",
+    "created": 0,
+    "updated": 0,
+}
+ATT = {
+    "id": "task_t1_1_a1",
+    "task_id": "task_t1_1",
+    "number": 1,
+    "kind": "fresh",
+    "host": "mini",
+    "state": "ended",
+    "created": 0,
+}
+
+
+@pytest.fixture
+def host(tmp_path):
+    home = tmp_path / "peerhome"
+    home.mkdir(mode=0o700)
+    env = dict(
+        os.environ,
+        FLEETRUN_HOME=str(home),
+        FLEETRUN_DISABLE_PLUGIN_AUTOLOAD="1",
+        **{verify_runner.DEBUG_ENV: "1"},
+    )
+
+    def run(*args: str, stdin=None) -> tuple[int, dict]:
+        proc = subprocess.run(
+            [sys.executable, "-m", "fleetrun", "host", *args, "--json"],
+            env=env,
+            timeout=60,
+            input=json.dumps(stdin).encode() if stdin is not None else b"",
+            capture_output=True,
+        )
+        return proc.returncode, json.loads(proc.stdout.decode().strip().splitlines()[-1])
+
+    run.home = home  # type: ignore[attr-defined]
+    yield run
+    from sshd import kill_leftovers
+
+    kill_leftovers(home)
+
+
+def start(host, tmp_path: Path, idx: int, text: str, cwd: Path, timeout_s: float = 60) -> None:
+    task = dict(TASK, spec={"name": "t", "prompt": "p", "cwd": str(tmp_path)})
+    code, r = host(
+        "verify-start",
+        stdin={
+            "task": task,
+            "attempt": ATT,
+            "idx": idx,
+            "verifier": {"kind": "run", "text": text, "timeout_s": timeout_s},
+            "workspace": {"path": str(cwd), "is_worktree": False},
+        },
+    )
+    assert code == 0 and r["state"] == "running", r
+
+
+def ended(host, idx: int) -> dict:
+    deadline = time.time() + 30
+    while time.time() < deadline:
+        code, r = host("verify-status", "--attempt", ATT["id"], "--idx", str(idx))
+        assert code == 0, r
+        if r["state"] == "ended":
+            return r
+        time.sleep(0.05)
+    raise AssertionError("the verifier did not end")
+
+
+def test_a_verifier_runner_starts_from_byte_code_without_json_subprocess_or_signal(host, tmp_path):
+    start(host, tmp_path, 0, 'echo "é in $PWD"; exit 0', tmp_path)
+    r = ended(host, 0)
+    assert (r["passed"], r["reason"], r["output"]) == (True, "exit code 0", f"é in {tmp_path}\n")
+    vdir = host.home / "attempts" / ATT["id"] / "verify-1"
+    ran, *modules = (vdir / verify_runner.MODULES).read_text().splitlines()
+    assert Path(ran).parent == host.home / "cache" and ran.endswith(".pyc"), ran
+    assert "_json" in modules and "_signal" in modules  # the check below means something
+    assert not set(modules) & EXPENSIVE, sorted(set(modules) & EXPENSIVE)
+    # what verify-status reads is JSON as json writes it
+    assert json.loads((vdir / "result.json").read_text())["passed"] is True
+
+
+def test_a_verifier_stopped_or_in_a_missing_folder_has_its_reason(host, tmp_path):
+    start(host, tmp_path, 0, "sleep 30", tmp_path)
+    deadline = time.time() + 20
+    while not (host.home / "attempts" / ATT["id"] / "verify-1" / "out").exists():
+        assert time.time() < deadline
+        time.sleep(0.05)
+    time.sleep(0.2)
+    code, r = host("verify-stop", "--attempt", ATT["id"], "--idx", "0")
+    assert code == 0 and r["signalled"], r
+    r = ended(host, 0)
+    assert (r["passed"], r["reason"]) == (False, "stopped by the supervisor") and r[
+        "duration_s"
+    ] < 10
+    start(host, tmp_path, 1, "true", tmp_path / "gone")
+    r = ended(host, 1)
+    assert not r["passed"] and r["reason"].startswith("cannot start: "), r
