@@ -203,3 +203,63 @@ def test_the_loop_works_other_tasks_while_a_peer_removes_a_done_worktree(
     assert f"removed clean worktree {far.worktree} on mini; branch {far.branch} stays" in notes, (
         notes
     )
+
+
+def test_a_verifier_started_with_a_collect_is_stopped_when_its_task_moved_meanwhile(
+    fleeter, fake_claude, peer_lab, tmp_path
+):
+    """The collect request carries the start of the task's first run verifier (one round
+    trip for the two). A task cancelled while its work was collected never reaches
+    VERIFYING, so nothing would watch that verifier: the relay stops it on the peer."""
+    fleeter.make_repo()
+    mini = peer_lab.machine("mini")
+    bin_dir, entered, gate = tmp_path / "peer-bin", tmp_path / "commit-entered", tmp_path / "commit-may-go"
+    bin_dir.mkdir()
+    git = bin_dir / "git"
+    git.write_text(  # the collect's commit waits for the test (the agent commits nothing)
+        "#!/bin/sh\n"
+        f'case " $* " in *" --no-verify "*) touch {shlex.quote(str(entered))}; '
+        f"while [ ! -e {shlex.quote(str(gate))} ]; do sleep 0.05; done;; esac\n"
+        f'exec {shlex.quote(shutil.which("git") or "/usr/bin/git")} "$@"\n'
+    )
+    git.chmod(0o755)
+    mini.pair(fleeter, PATH=f"{bin_dir}:{os.environ['PATH']}")
+    fleeter.write_tasks("""
+        [[task]]
+        name = "far"
+        cwd = "repo"
+        prompt = "Write far.txt."
+        git_ref = "main"
+        peer = "mini"
+
+          [[task.verify]]
+          run = "sleep 300"
+    """)
+    fake_claude.script(far=[{"actions": [["write", "far.txt", "x"]]}])
+    proc = fleeter.popen("tasks.toml")
+    try:
+        wait_for(entered.exists, "far's work being committed on mini", proc)
+        assert fleeter.run("cancel", "far").ret == 0
+    finally:
+        gate.touch()
+    out, err = proc.communicate(timeout=300)
+    assert proc.returncode == 1, out.decode(errors="replace") + err.decode(errors="replace")
+    far = fleeter.task("far")
+    assert far.state.value == "CANCELLED" and not fleeter.ledger().verdicts(task_id=far.id)
+    att = fleeter.ledger().latest_attempt(far.id)
+    runner = mini.home / "attempts" / att.id / "verify-1" / "runner.json"
+    assert runner.exists(), "the verifier was not started with the collect: this test tests nothing"
+    pid = read_json(str(runner))["pid"]
+
+    def gone() -> bool:
+        try:
+            os.kill(pid, 0)
+        except ProcessLookupError:
+            return True
+        with open(f"/proc/{pid}/stat") as f:  # a zombie is gone too
+            return f.read().rsplit(")", 1)[1].split()[0] == "Z"
+
+    deadline = time.monotonic() + 60
+    while not gone():
+        assert time.monotonic() < deadline, "the verifier of a cancelled task runs on on mini (sleep 300)"
+        time.sleep(0.1)

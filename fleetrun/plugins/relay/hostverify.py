@@ -5,17 +5,21 @@ concern: a mixin of ``SSHHost``, which holds the connection and the worker they 
 
 from __future__ import annotations
 
+import time
 from typing import TYPE_CHECKING, Any, Optional
 
 from ...untrusted import Malformed
 from . import protocol
 from .protocol import task_payload
+from .transport import PeerError, PeerUnreachable
 
 if TYPE_CHECKING:
-    from .transport import PeerError
     from .worker import Pending, Worker
 
 STATUS_TIMEOUT_S = 8.0
+#: How long an untaken verifier's start may take to answer before it is left to its
+#: own timeout on the peer (counted from when the collect was sent).
+UNTAKEN_WAIT_S = 30.0
 
 
 class VerifierVerbs:
@@ -52,6 +56,26 @@ class VerifierVerbs:
         """The ``verify-start`` that followed the attempt's ``collect`` (a request not
         waited for: its reply wakes the loop), once; None if it was not sent that way."""
         return self._prestarted.pop((attempt_id, idx), None)
+
+    def stop_untaken(self, wait: bool) -> None:
+        """Stop on the peer each verifier started with its attempt's collect that no verify
+        stage took: its task moved meanwhile (cancelled while its work was collected), so
+        nothing would watch it and it would run there until its own timeout. The verify
+        stage takes its start in the pass of the collect, so what is left at a pass's end
+        is untaken; each is stopped once its start's reply is in (a stop sent before
+        would find nothing to stop).
+
+        :param wait: wait for the replies still to come (the run ends)."""
+        for key, p in list(self._prestarted.items()):
+            if not (wait or p.done()):
+                continue
+            del self._prestarted[key]
+            try:
+                code, _ = p.wait(max(0.0, UNTAKEN_WAIT_S - (time.monotonic() - p.began)))
+                if code == 0:
+                    self.verify_stop(*key)
+            except (PeerError, PeerUnreachable):
+                pass  # out of reach: its own timeout ends it there
 
     def verify_started(self, attempt_id: str, idx: int, reply: dict[str, Any]) -> dict[str, Any]:
         """A ``verify-start`` reply, checked; its verdict will be pushed."""

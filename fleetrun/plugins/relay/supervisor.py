@@ -452,6 +452,8 @@ class Relay:
 
     @hookimpl
     def fleetrun_loop_pass(self, config: Config, duration_s: float) -> None:
+        for host in self.hosts.values():
+            host.stop_untaken(wait=False)
         if self._to_clean:
             self._send_cleanups()
         if self._cleanups:
@@ -462,5 +464,7 @@ class Relay:
         """The run ends: its peers' cleanups are sent and waited for (the worker ends with
         the run)."""
         self._in_session = False
+        for host in self.hosts.values():
+            host.stop_untaken(wait=True)
         self._send_cleanups()
         self._reap_cleanups(wait=True)
