@@ -263,3 +263,43 @@ def test_a_verifier_started_with_a_collect_is_stopped_when_its_task_moved_meanwh
     while not gone():
         assert time.monotonic() < deadline, "the verifier of a cancelled task runs on on mini (sleep 300)"
         time.sleep(0.1)
+
+
+def test_the_loop_works_other_tasks_while_a_peer_collects_an_attempts_work(
+    fleeter, fake_claude, peer_lab, tmp_path
+):
+    """A peer's collect (its ``git status``, ``add``, ``commit``) is a request the loop does
+    not wait for: other tasks go on while it runs, and its answer moves the task on."""
+    fleeter.make_repo()
+    mini = peer_lab.machine("mini")
+    bin_dir, entered, gate = tmp_path / "peer-bin", tmp_path / "commit-entered", tmp_path / "commit-may-go"
+    bin_dir.mkdir()
+    git = bin_dir / "git"
+    git.write_text(  # the collect's commit waits for the test (far's agent commits nothing)
+        "#!/bin/sh\n"
+        f'case " $* " in *" --no-verify "*) touch {shlex.quote(str(entered))}; '
+        f"while [ ! -e {shlex.quote(str(gate))} ]; do sleep 0.05; done;; esac\n"
+        f'exec {shlex.quote(shutil.which("git") or "/usr/bin/git")} "$@"\n'
+    )
+    git.chmod(0o755)
+    mini.pair(fleeter, PATH=f"{bin_dir}:{os.environ['PATH']}")
+    local_gate = tmp_path / "local-may-end"
+    write_tasks(fleeter, fake_claude, [], local_gate)
+    fake_claude.script(far=[{"actions": [["write", "far.txt", "x"]]}])  # left uncommitted
+    proc = fleeter.popen("tasks.toml")
+    try:
+        wait_for(entered.exists, "far's work being committed on mini", proc)
+        local_gate.touch()
+        wait_for(lambda: chain_done(fleeter), f"l0..l{CHAIN} DONE while far's work is committed on mini", proc)
+        # a loop that waited for the reply would have given up on it (120 s) and moved on
+        assert states(fleeter)["far"] == "RUNNING", "the loop waited for the collect's reply"
+    finally:
+        local_gate.touch()
+        gate.touch()
+    finish(proc)
+    far = fleeter.task("far")
+    assert far.state.value == "DONE" and far.host == "mini"
+    assert not [n for _, n in fleeter.ledger().notes(far.id) if "could not commit" in n]
+    assert [(v.kind, v.passed, v.host) for v in fleeter.ledger().verdicts(task_id=far.id)] == [
+        ("run", True, "mini")
+    ]

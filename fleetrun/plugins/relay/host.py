@@ -34,6 +34,7 @@ from ...ledger import ensure_private_dir
 from ...reports import Candidate, Started
 from ...untrusted import Malformed
 from . import protocol
+from .collecting import CollectVerbs
 from .hostverify import STATUS_TIMEOUT_S, VerifierVerbs
 from .logmirror import append_chunk
 from .logmirror import size as _size
@@ -68,7 +69,7 @@ BUNDLE_TIMEOUT_S = 1800.0  # a whole branch of a large repository, on a slow lin
 # The host
 
 
-class SSHHost(VerifierVerbs):
+class SSHHost(VerifierVerbs, CollectVerbs):
     """A peer. The same verbs as :class:`~fleetrun.hosts.LocalHost`, plus ``probe``,
     ``prepare``, ``collect``, ``cleanup`` and the ``verify_*`` verbs (those of
     :class:`~.hostverify.VerifierVerbs`).
@@ -413,45 +414,6 @@ class SSHHost(VerifierVerbs):
             return protocol.parse_prepare_reply(reply)
         except Malformed as e:
             raise self._malformed("prepare", e) from None
-
-    def collect(self, task: Any, attempt: Any, workspace: Any, verify: Optional[tuple[Any, int]] = None) -> Optional[str]:
-        """Commit the attempt's uncommitted work there; the commit, or None.
-
-        :param verify: (verifier, step) of a ``run`` verifier to start there right after,
-            in the same request, when the worker can (``chain``): the request whose answer
-            comes later is kept for :meth:`take_prestarted` (the verify stage's handle
-            takes it as a verify-start it did not wait for).
-        :raises WorktreeTampered: the peer found the worktree's ``.git`` rewritten.
-        """
-        from dataclasses import asdict
-
-        payload = {"task": task_payload(task), "attempt": asdict(attempt), "workspace": asdict(workspace)}
-        try:
-            w = self.live_worker() if verify is not None else None
-            if w is not None and w.chains and verify is not None:
-                verifier, idx = verify
-                then: tuple[str, list[str], dict[str, Any]] = (
-                    "verify-start", [], self._verify_payload(task, attempt, verifier, idx, workspace))
-                try:
-                    p = w.submit("collect", [], payload, then=then)
-                    code, answer = p.wait(120)
-                except PeerUnreachable as e:
-                    self.last_error = str(e)
-                    if not w.transport.is_active():
-                        self.drop()
-                    raise
-                if code == 0 and p.follower is not None:  # the verifier's start runs there now
-                    self._prestarted[(attempt.id, idx)] = p.follower
-                reply = self._checked("collect", code, answer)
-            else:
-                reply = self.call("collect", payload=payload, timeout=120)
-        except PeerError as e:
-            self._tampered(e)
-            raise
-        try:
-            return protocol.parse_collect_reply(reply)
-        except Malformed as e:
-            raise self._malformed("collect", e) from None
 
     def cleanup(self, task: Any) -> dict[str, Any]:
         try:

@@ -9,12 +9,12 @@ import os
 import time
 import types
 from pathlib import Path
-from typing import TYPE_CHECKING, Any, Optional
+from typing import TYPE_CHECKING, Any, Optional, Union
 
 from ...gitutil import GitError, common_dir, git, repo_lock, repo_toplevel
 from ...hookimpl import hookimpl
 from ...ledger import LEDGER_KEY, ensure_private_dir
-from ...reports import Candidate, Handoff, Placement, Verdict, Wait, Workspace
+from ...reports import Candidate, CollectHandle, Handoff, Placement, Verdict, Wait, Workspace
 from ...shepherd import read_json, write_json
 from ...states import ACTIVE, State
 from ...taskspec import step_index
@@ -32,6 +32,7 @@ from .bundle import (
     fetched_worktree,
     local_haves,
 )
+from .collecting import PeerCollect
 from .heartbeat import Heartbeat
 from .host import RemoteRunHandle, SSHHost
 from .peers import (
@@ -43,6 +44,7 @@ from .peers import (
 )
 from .protocol import parse_cleanup_reply, task_payload
 from .transport import PeerError, PeerUnreachable
+from .worker import Pending
 from .workspace import WrongWorkspace, check_workspace, chosen_branch  # noqa: F401 - their home was here
 
 if TYPE_CHECKING:
@@ -73,6 +75,7 @@ class Relay:
         self._cleanups: list[tuple[Any, SSHHost, Any]] = []  # (task, host, Pending cleanup request)
         self._to_clean: list[tuple[Any, SSHHost]] = []  # DONE this pass: sent as it ends
         self._in_session = False  # a loop runs: its passes end with fleetrun_loop_pass
+        self.collects: set[PeerCollect] = set()  # collect requests whose reply the loop has not read
         self.interval = float(config.setting("relay", "heartbeat_secs", HEARTBEAT_S))
 
     def close(self) -> None:
@@ -207,15 +210,31 @@ class Relay:
         return check_workspace(task, ws, host.name)
 
     @hookimpl(trylast=True)
-    def fleetrun_collect_work(self, task: Any, attempt: Any, workspace: Any, host: Any, config: Config) -> Optional[str]:
+    def fleetrun_collect_work(self, task: Any, attempt: Any, workspace: Any, host: Any,
+                              config: Config) -> Union[str, CollectHandle, None]:
+        """Commit the attempt's work on its peer. Through a live worker inside a work loop
+        the request is sent and a :class:`~fleetrun.reports.CollectHandle` returned (its
+        reply wakes the loop): the loop goes on with other tasks meanwhile."""
         host = self.owns(host)
         if host is None:
             return None
+        verify = self.first_run_verifier(task, config)
         try:
-            commit = host.collect(task, attempt, workspace, self.first_run_verifier(task, config)) or ""
+            sent = host.collect(task, attempt, workspace, verify, wait=not self._in_session)
         except (PeerUnreachable, PeerError) as e:
-            self._note(task.id, f"could not commit the attempt's work on {host.name}: {e}")
-            return ""  # not None: handled (the work stays on the peer, committed or not)
+            return self._not_collected(task, host, e)
+        if isinstance(sent, Pending):
+            return PeerCollect(self, task, attempt, workspace, host, sent, verify)
+        return self.collected(task, attempt, workspace, host, sent)
+
+    def _not_collected(self, task: Any, host: SSHHost, e: Exception) -> str:
+        self._note(task.id, f"could not commit the attempt's work on {host.name}: {e}")
+        return ""  # not None: handled (the work stays on the peer, committed or not)
+
+    def collected(self, task: Any, attempt: Any, workspace: Any, host: SSHHost, commit: Optional[str]) -> str:
+        """The attempt's work is committed on the peer: its branch fetched back here when
+        something here needs it. :return: the commit, or ""."""
+        commit = commit or ""
         if task.spec.git_ref and self.wants_fetch(task):
             try:
                 self.fetch_back(task, attempt, workspace)
@@ -464,6 +483,8 @@ class Relay:
         """The run ends: its peers' cleanups are sent and waited for (the worker ends with
         the run)."""
         self._in_session = False
+        for c in list(self.collects):
+            c.settle()
         for host in self.hosts.values():
             host.stop_untaken(wait=True)
         self._send_cleanups()
