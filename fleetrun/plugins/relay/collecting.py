@@ -126,18 +126,29 @@ class PeerCollect:
         self.relay, self.task, self.attempt, self.workspace, self.host = relay, task, attempt, workspace, host
         self.sent = sent
         self.key = (attempt.id, verify[1]) if verify is not None and sent.follower is not None else None
+        self.answer: Optional[str] = None
         relay.collects.add(self)
 
     def poll(self) -> Optional[str]:
+        if self.answer is not None:
+            return self.answer
         p = self.sent
         if not p.done() and time.monotonic() - p.began < COLLECT_TIMEOUT_S:
             return None
         self.relay.collects.discard(self)
         try:  # raises WorktreeTampered as the inline collect does
+            if not p.done():
+                try:
+                    p.wait(0)  # given up on: the worker's reader forgets the request
+                except PeerUnreachable:
+                    raise PeerUnreachable(f"no reply from the worker within {COLLECT_TIMEOUT_S:g}s",
+                                          delivered=True) from None
             commit = self.host.collected(p, self.key, 0)
         except (PeerUnreachable, PeerError) as e:
-            return self.relay._not_collected(self.task, self.host, e)
-        return self.relay.collected(self.task, self.attempt, self.workspace, self.host, commit)
+            self.answer = self.relay._not_collected(self.task, self.host, e)
+            return self.answer
+        self.answer = self.relay.collected(self.task, self.attempt, self.workspace, self.host, commit)
+        return self.answer
 
     def settle(self) -> None:
         """The run ends before the loop read this reply (its task moved meanwhile, so the
