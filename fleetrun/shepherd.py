@@ -195,6 +195,16 @@ class Shepherd:
                 pass
             return False
 
+    def save_end(self) -> bool:
+        """Write the end, waiting for space on a full disk (it must be recorded). :return:
+        False when the attempt's folder is gone (removed while the agent ran): no write can
+        ever take it, and nobody is left to read it, so the shepherd ends all the same."""
+        while not self.save():
+            if not os.path.isdir(self.dir):
+                return False
+            time.sleep(1.0)
+        return True
+
     def log(self, log_fd: int, data: bytes) -> None:
         try:
             os.write(log_fd, data)
@@ -242,8 +252,7 @@ class Shepherd:
         if os.path.exists(os.path.join(self.dir, CANCEL)):
             self.status.update(state="ended", reason="cancelled", exit_code=None, ended=time.time(),
                                agent_pid=None, error="given up before it started")
-            while not self.save():
-                time.sleep(1.0)
+            self.save_end()
             os.close(lock_fd)
             self.notify()
             return 0
@@ -274,8 +283,7 @@ class Shepherd:
             os.close(log_fd)
             self.status.update(state="ended", reason=reason, error=msg, exit_code=None,
                                ended=time.time(), agent_pid=None)
-            while not self.save():
-                time.sleep(1.0)
+            self.save_end()
             os.close(lock_fd)
             self.notify()
             return 0
@@ -364,8 +372,7 @@ class Shepherd:
             reason=self.reason or "exited",
             ended=time.time(),
         )
-        while not self.save():  # the end must be recorded: wait for space
-            time.sleep(1.0)
+        self.save_end()
         self.notify()
         return 0
 

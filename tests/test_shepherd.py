@@ -167,3 +167,30 @@ def test_a_value_json_would_write_otherwise_is_still_written() -> None:
     string rather than losing the status."""
     assert json.loads(shepherd.dumps({"attempt": ["a", 1], "x": float("nan")})) == {"attempt": "['a', 1]",
                                                                                       "x": "nan"}
+
+
+def test_a_shepherd_whose_folder_was_removed_ends_with_its_agent(tmp_path: Path) -> None:
+    """The end is written again and again on a full disk (the supervisor waits while the
+    shepherd lives), but a folder that is gone (``rm -rf`` of the home, a test's tmp dir
+    cleaned up) can never take it: the shepherd ends with its agent instead of trying
+    once a second for ever."""
+    gate = tmp_path / "gate"
+    adir = tmp_path / "a1"
+    spec = {"attempt_id": "a1", "argv": ["/bin/sh", "-c", f"while [ ! -e {gate} ]; do sleep 0.05; done"],
+            "cwd": str(tmp_path), "env": {"PATH": "/usr/bin:/bin"}}
+    adir.mkdir(mode=0o700)
+    (adir / shepherd.SPEC).write_text(json.dumps(spec))
+    proc = subprocess.Popen([sys.executable, "-I", "-S", shepherdrun.SHEPHERD_PATH, str(adir)],
+                            stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    try:
+        deadline = time.monotonic() + 60
+        while not (shepherd.read_json(str(adir / shepherd.STATUS)) or {}).get("agent_pid"):
+            assert time.monotonic() < deadline, "the agent never started"
+            time.sleep(0.05)
+        shutil.rmtree(adir)
+        gate.touch()
+        assert proc.wait(timeout=60) == 0
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+            proc.wait()
