@@ -6,8 +6,7 @@ from its byte-code, :mod:`fleetrun.shepherdrun`). It reads ``spec.json`` from th
 attempt folder, starts the agent with its output on a pty, copies the output to
 ``log``, enforces the timeout and the stall watchdog, watches for a ``cancel`` file or
 SIGTERM, and records everything in ``status.json`` (written atomically: temp file +
-rename). It outlives the supervisor; the supervisor only reads these files and
-signals it.
+rename). It outlives the supervisor, which only reads these files and signals it.
 
 Why a pty for output but a file for input: agents line-buffer on a terminal, so
 output arrives as it is made; but a pty's canonical mode cuts input lines at 4096
@@ -180,30 +179,24 @@ class Shepherd:
         self.stop_requested: str | None = None
         self.unsaved = False
 
-    def save(self) -> bool:
+    def save(self, end: bool = False) -> bool:
         """Write status.json (fsynced only when it records the end); on a full or read-only
-        disk keep going and try again later: the supervisor waits while we are alive."""
-        try:
-            _write_atomic(os.path.join(self.dir, STATUS), dumps(self.status), sync=self.status.get("state") == "ended")
-            self.unsaved = False
-            return True
-        except OSError:
-            self.unsaved = True
+        disk keep going and try again later: the supervisor waits while we are alive. The
+        ``end`` must be recorded: wait for space, but not for a folder that is gone."""
+        while True:
             try:
-                os.unlink(os.path.join(self.dir, f"{STATUS}.{os.getpid()}.tmp"))
+                _write_atomic(os.path.join(self.dir, STATUS), dumps(self.status), sync=self.status.get("state") == "ended")
+                self.unsaved = False
+                return True
             except OSError:
-                pass
-            return False
-
-    def save_end(self) -> bool:
-        """Write the end, waiting for space on a full disk (it must be recorded). :return:
-        False when the attempt's folder is gone (removed while the agent ran): no write can
-        ever take it, and nobody is left to read it, so the shepherd ends all the same."""
-        while not self.save():
-            if not os.path.isdir(self.dir):
+                self.unsaved = True
+                try:
+                    os.unlink(os.path.join(self.dir, f"{STATUS}.{os.getpid()}.tmp"))
+                except OSError:
+                    pass
+            if not end or not os.path.isdir(self.dir):  # removed while the agent ran: never
                 return False
             time.sleep(1.0)
-        return True
 
     def log(self, log_fd: int, data: bytes) -> None:
         try:
@@ -252,7 +245,7 @@ class Shepherd:
         if os.path.exists(os.path.join(self.dir, CANCEL)):
             self.status.update(state="ended", reason="cancelled", exit_code=None, ended=time.time(),
                                agent_pid=None, error="given up before it started")
-            self.save_end()
+            self.save(end=True)
             os.close(lock_fd)
             self.notify()
             return 0
@@ -283,7 +276,7 @@ class Shepherd:
             os.close(log_fd)
             self.status.update(state="ended", reason=reason, error=msg, exit_code=None,
                                ended=time.time(), agent_pid=None)
-            self.save_end()
+            self.save(end=True)
             os.close(lock_fd)
             self.notify()
             return 0
@@ -372,7 +365,7 @@ class Shepherd:
             reason=self.reason or "exited",
             ended=time.time(),
         )
-        self.save_end()
+        self.save(end=True)
         self.notify()
         return 0
 
