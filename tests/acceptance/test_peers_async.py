@@ -121,6 +121,25 @@ def finish(proc: subprocess.Popen[bytes]) -> str:
     return text
 
 
+def pair_with_held_git(fleeter: Any, mini: Any, tmp_path: Path, words: str) -> tuple[Path, Path]:
+    """Pair ``mini`` with a ``git`` first on its PATH that, for a command line holding
+    ``words``, touches ``entered`` and waits until the test creates ``gate``.
+
+    :return: (entered, gate)."""
+    bin_dir, entered, gate = tmp_path / "peer-bin", tmp_path / "git-entered", tmp_path / "git-may-go"
+    bin_dir.mkdir()
+    git = bin_dir / "git"
+    git.write_text(
+        "#!/bin/sh\n"
+        f'case " $* " in *" {words} "*) touch {shlex.quote(str(entered))}; '
+        f"while [ ! -e {shlex.quote(str(gate))} ]; do sleep 0.05; done;; esac\n"
+        f'exec {shlex.quote(shutil.which("git") or "/usr/bin/git")} "$@"\n'
+    )
+    git.chmod(0o755)
+    mini.pair(fleeter, PATH=f"{bin_dir}:{os.environ['PATH']}")
+    return entered, gate
+
+
 def test_the_loop_works_other_tasks_while_a_peer_verifier_is_being_started(
     fleeter, fake_claude, peer_lab, tmp_path
 ):
@@ -167,21 +186,7 @@ def test_the_loop_works_other_tasks_while_a_peer_removes_a_done_worktree(
 ):
     fleeter.make_repo()
     mini = peer_lab.machine("mini")
-    bin_dir, entered, gate = (
-        tmp_path / "peer-bin",
-        tmp_path / "remove-entered",
-        tmp_path / "remove-may-go",
-    )
-    bin_dir.mkdir()
-    git = bin_dir / "git"
-    git.write_text(
-        "#!/bin/sh\n"
-        f'case " $* " in *" worktree remove "*) touch {shlex.quote(str(entered))}; '
-        f"while [ ! -e {shlex.quote(str(gate))} ]; do sleep 0.05; done;; esac\n"
-        f'exec {shlex.quote(shutil.which("git") or "/usr/bin/git")} "$@"\n'
-    )
-    git.chmod(0o755)
-    mini.pair(fleeter, PATH=f"{bin_dir}:{os.environ['PATH']}")
+    entered, gate = pair_with_held_git(fleeter, mini, tmp_path, "worktree remove")
     local_gate = tmp_path / "local-may-end"
     write_tasks(fleeter, fake_claude, [], local_gate)
     proc = fleeter.popen("tasks.toml")
@@ -213,17 +218,8 @@ def test_a_verifier_started_with_a_collect_is_stopped_when_its_task_moved_meanwh
     VERIFYING, so nothing would watch that verifier: the relay stops it on the peer."""
     fleeter.make_repo()
     mini = peer_lab.machine("mini")
-    bin_dir, entered, gate = tmp_path / "peer-bin", tmp_path / "commit-entered", tmp_path / "commit-may-go"
-    bin_dir.mkdir()
-    git = bin_dir / "git"
-    git.write_text(  # the collect's commit waits for the test (the agent commits nothing)
-        "#!/bin/sh\n"
-        f'case " $* " in *" --no-verify "*) touch {shlex.quote(str(entered))}; '
-        f"while [ ! -e {shlex.quote(str(gate))} ]; do sleep 0.05; done;; esac\n"
-        f'exec {shlex.quote(shutil.which("git") or "/usr/bin/git")} "$@"\n'
-    )
-    git.chmod(0o755)
-    mini.pair(fleeter, PATH=f"{bin_dir}:{os.environ['PATH']}")
+    # the collect's commit waits for the test (the agent commits nothing)
+    entered, gate = pair_with_held_git(fleeter, mini, tmp_path, "--no-verify")
     fleeter.write_tasks("""
         [[task]]
         name = "far"
@@ -272,17 +268,8 @@ def test_the_loop_works_other_tasks_while_a_peer_collects_an_attempts_work(
     not wait for: other tasks go on while it runs, and its answer moves the task on."""
     fleeter.make_repo()
     mini = peer_lab.machine("mini")
-    bin_dir, entered, gate = tmp_path / "peer-bin", tmp_path / "commit-entered", tmp_path / "commit-may-go"
-    bin_dir.mkdir()
-    git = bin_dir / "git"
-    git.write_text(  # the collect's commit waits for the test (far's agent commits nothing)
-        "#!/bin/sh\n"
-        f'case " $* " in *" --no-verify "*) touch {shlex.quote(str(entered))}; '
-        f"while [ ! -e {shlex.quote(str(gate))} ]; do sleep 0.05; done;; esac\n"
-        f'exec {shlex.quote(shutil.which("git") or "/usr/bin/git")} "$@"\n'
-    )
-    git.chmod(0o755)
-    mini.pair(fleeter, PATH=f"{bin_dir}:{os.environ['PATH']}")
+    # the collect's commit waits for the test (the agent commits nothing)
+    entered, gate = pair_with_held_git(fleeter, mini, tmp_path, "--no-verify")
     local_gate = tmp_path / "local-may-end"
     write_tasks(fleeter, fake_claude, [], local_gate)
     fake_claude.script(far=[{"actions": [["write", "far.txt", "x"]]}])  # left uncommitted
