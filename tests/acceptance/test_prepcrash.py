@@ -1,0 +1,193 @@
+"""A supervisor killed inside a workspace's preparation (issue 21 item 4): the
+``worktree`` plugin makes a dependent's worktree and branch, then merges its
+dependencies (``base = "dependencies"``); a ``kill -9`` between the two, or between two
+merges, must never give a DONE without the dependencies' work. The restart finds the
+worktree, checks each step of its preparation, and completes what is missing.
+
+The kill is made deterministic by a ``git`` wrapper first on PATH: the Nth merge
+fleetrun runs (``merge --no-ff``) SIGKILLs the ``fleetrun`` process up its parent
+chain, once, then every later git runs as the real one.
+"""
+
+from __future__ import annotations
+
+import os
+import shutil
+import signal
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from .test_crash_points import _no_strays  # noqa: F401 (nothing a test starts outlives it)
+from .test_depbase import chain, two_writers
+
+# At the merge numbered $(cat kill-at) (1 = the first) of fleetrun's own (`merge --no-ff`),
+# SIGKILL the first process up the parent chain whose command line names fleetrun (the
+# supervisor), once: the flag `killed` makes every later git the real one.
+WRAPPER = '''#!/bin/sh
+case "$*" in
+  *" merge --no-ff "*)
+    if [ ! -e "{flags}/killed" ]; then
+      echo x >> "{flags}/merges"
+      if [ "$(wc -l < "{flags}/merges")" -ge "$(cat "{flags}/kill-at")" ]; then
+        touch "{flags}/killed"
+        pid=$PPID
+        while [ "$pid" -gt 1 ]; do
+          if tr '\\0' ' ' < /proc/$pid/cmdline | grep -q fleetrun; then
+            kill -KILL "$pid"
+            sleep 5
+            exit 1
+          fi
+          pid=$(awk '{{print $4}}' /proc/$pid/stat)
+        done
+        echo "no fleetrun process above $$" >> "{flags}/log"
+      fi
+    fi ;;
+esac
+exec "{git}" "$@"
+'''
+
+
+def kill_at_merge(fleeter: Any, monkeypatch: Any, n: int = 1) -> Path:
+    """Put the wrapper first on PATH, set to kill the supervisor at fleetrun's ``n``th
+    merge; :return: its flags folder."""
+    flags = fleeter.path / "flags"
+    flags.mkdir()
+    (flags / "kill-at").write_text(f"{n}\n")
+    bindir = fleeter.path / "bin"
+    bindir.mkdir()
+    real = shutil.which("git")
+    assert real
+    (bindir / "git").write_text(WRAPPER.format(flags=flags, git=real))
+    (bindir / "git").chmod(0o755)
+    monkeypatch.setenv("PATH", f"{bindir}:{Path(real).parent}:{os.environ['PATH']}")
+    return flags
+
+
+def killed_then_finished(fleeter: Any, flags: Path) -> Any:
+    """The run killed at the merge, then ``fleetrun work --until-idle`` to the end."""
+    r = fleeter.runsub("tasks.toml", timeout=120)
+    assert r.ret == -signal.SIGKILL, f"the supervisor was not killed at the merge (exit {r.ret}):\n{r.stdout}\n{r.stderr}"
+    assert (flags / "killed").exists()
+    assert not (flags / "log").exists(), (flags / "log").read_text()
+    return fleeter.runsub("work", "--until-idle", timeout=120)
+
+
+def is_ancestor(fleeter: Any, repo: Path, older: str, newer: str) -> bool:
+    try:
+        fleeter.git(repo, "merge-base", "--is-ancestor", older, newer)
+        return True
+    except AssertionError:
+        return False
+
+
+def merge_subjects(fleeter: Any, repo: Path, branch: str) -> list[str]:
+    return fleeter.git(repo, "log", "--merges", "--format=%s", branch).strip().splitlines()
+
+
+def test_a_supervisor_killed_before_the_merge_still_merges_the_dependency(fleeter, fake_claude, monkeypatch):
+    repo = chain(fleeter, verify="test -f api.py")  # a verifier that does not look for the dependency's work
+    flags = kill_at_merge(fleeter, monkeypatch)
+    fake_claude.script(**{
+        "user-schema": [{"actions": [["write", "schema.sql", "CREATE TABLE users"]]}],
+        "user-api": [{"actions": [["bash", "git show HEAD:schema.sql > saw-schema.txt"],
+                                  ["write", "api.py", "# api"], ["commit", "api"]]}],
+    })
+    r = killed_then_finished(fleeter, flags)
+    assert r.ret == 0, r.stdout + r.stderr
+    assert fleeter.states() == {"user-schema": "DONE", "user-api": "DONE"}
+    schema, api = fleeter.task("user-schema"), fleeter.task("user-api")
+    # the dependent's branch holds the dependency's head, merged once, and its agent saw it
+    assert is_ancestor(fleeter, repo, schema.branch, api.branch)
+    assert merge_subjects(fleeter, repo, api.branch) == [f"fleetrun: merge user-schema ({schema.branch}) into user-api"]
+    assert fleeter.git(repo, "show", f"{api.branch}:saw-schema.txt").strip() == "CREATE TABLE users"
+    (call,) = fake_claude.calls("user-api")
+    assert "merged into this worktree" in call["prompt"]
+
+
+def three_deps(fleeter: Any) -> Path:
+    repo = fleeter.make_repo()
+    fleeter.write_tasks('''
+        [[task]]
+        name = "one"
+        cwd = "repo"
+        prompt = "Write one."
+        git_ref = "main"
+
+        [[task]]
+        name = "two"
+        cwd = "repo"
+        prompt = "Write two."
+        git_ref = "main"
+
+        [[task]]
+        name = "three"
+        cwd = "repo"
+        prompt = "Write three."
+        git_ref = "main"
+
+        [[task]]
+        name = "all"
+        cwd = "repo"
+        prompt = "Use them all."
+        git_ref = "main"
+        depends_on = ["one", "two", "three"]
+        base = "dependencies"
+
+          [[task.verify]]
+          run = "test -f all.txt"
+    ''')
+    return repo
+
+
+def test_a_supervisor_killed_between_two_merges_merges_the_rest_once(fleeter, fake_claude, monkeypatch):
+    repo = three_deps(fleeter)
+    flags = kill_at_merge(fleeter, monkeypatch, 2)  # "one" is merged, "two" and "three" are not
+    fake_claude.script(**{
+        "one": [{"actions": [["write", "1.txt", "1"], ["commit", "one"]]}],
+        "two": [{"actions": [["write", "2.txt", "2"], ["commit", "two"]]}],
+        "three": [{"actions": [["write", "3.txt", "3"], ["commit", "three"]]}],
+        "all": [{"actions": [["write", "all.txt", "all"], ["commit", "all"]]}],
+    })
+    r = killed_then_finished(fleeter, flags)
+    assert r.ret == 0, r.stdout + r.stderr
+    assert fleeter.states() == {"one": "DONE", "two": "DONE", "three": "DONE", "all": "DONE"}
+    every = fleeter.task("all")
+    deps = {n: fleeter.task(n).branch for n in ("one", "two", "three")}
+    for name, branch in deps.items():
+        assert is_ancestor(fleeter, repo, branch, every.branch), name
+    # each dependency merged exactly once, in depends_on order
+    assert merge_subjects(fleeter, repo, every.branch)[::-1] == [
+        f"fleetrun: merge {n} ({b}) into all" for n, b in deps.items()]
+    assert len(fake_claude.calls("all")) == 1
+
+
+@pytest.mark.parametrize("on_conflict", ["human", "agent"])
+def test_a_conflict_after_the_crash_has_the_outcome_on_conflict_says(fleeter, fake_claude, monkeypatch, on_conflict):
+    # killed at the first merge (left's); the restart merges left, then right conflicts
+    # with it: the same outcome as a prepare that never crashed
+    extra = 'on_conflict = "agent"' if on_conflict == "agent" else ""
+    repo, steps = two_writers(fleeter, extra=extra)
+    flags = kill_at_merge(fleeter, monkeypatch)
+    fake_claude.script(**steps, both=[{"actions": [["write", "shared.txt", "merged\n"],
+                                                   ["commit", "resolve the merge"]]}])
+    r = killed_then_finished(fleeter, flags)
+    both, left, right = fleeter.task("both"), fleeter.task("left"), fleeter.task("right")
+    if on_conflict == "human":
+        assert r.ret == 1, r.stdout + r.stderr
+        assert (both.state.value, both.reason) == ("NEEDS_HUMAN", "merge_conflict:shared.txt")
+        assert fake_claude.calls("both") == []
+        wt = Path(both.worktree)
+        assert "<<<<<<<" in (wt / "shared.txt").read_text()
+        assert (wt / "L.txt").exists()
+        notes = [n for _, n in fleeter.ledger().notes(both.id)]
+        assert any(f"merging right (branch {right.branch})" in n and "shared.txt" in n for n in notes), notes
+    else:
+        assert r.ret == 0, r.stdout + r.stderr
+        assert both.state.value == "DONE"
+        (call,) = fake_claude.calls("both")
+        assert call["prompt"].startswith("## A merge conflict to resolve first")
+        assert f"right (branch {right.branch})" in call["prompt"]
+        for dep in (left, right):
+            assert is_ancestor(fleeter, repo, dep.branch, both.branch), dep.name
