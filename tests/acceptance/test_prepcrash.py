@@ -191,3 +191,31 @@ def test_a_conflict_after_the_crash_has_the_outcome_on_conflict_says(fleeter, fa
         assert f"right (branch {right.branch})" in call["prompt"]
         for dep in (left, right):
             assert is_ancestor(fleeter, repo, dep.branch, both.branch), dep.name
+
+
+def test_a_reused_worktree_whose_head_left_the_task_branch_is_not_worked_in(fleeter, fake_claude):
+    # step 2 of a preparation, checked on reuse: the agent moved its worktree onto
+    # another branch and committed everything there (so no collect saw it); its retry
+    # must not start on that branch, whose work would never reach the task's
+    repo = fleeter.make_repo()
+    fleeter.write_tasks('''
+        [[task]]
+        name = "t"
+        cwd = "repo"
+        prompt = "Write t.txt."
+        git_ref = "main"
+        max_retries = 1
+
+          [[task.verify]]
+          run = "test -f t.txt"
+    ''')
+    fake_claude.script(t=[{"actions": [["bash", "git checkout -q -b elsewhere"], ["write", "x.txt", "x"],
+                                       ["commit", "elsewhere"]]},
+                          {"actions": [["write", "t.txt", "t"], ["commit", "t"]]}])
+    r = fleeter.run("tasks.toml")
+    assert r.ret == 1, r.stdout + r.stderr
+    t = fleeter.task("t")
+    assert t.state.value == "NEEDS_HUMAN"
+    assert t.reason.startswith("worktree_tampered:its HEAD is refs/heads/elsewhere, not the task's branch"), t.reason
+    assert len(fake_claude.calls("t")) == 1
+    assert fleeter.git(repo, "rev-parse", t.branch).strip() == fleeter.git(repo, "rev-parse", "main").strip()
