@@ -19,6 +19,8 @@ from typing import Any
 
 import pytest
 
+from fleetrun.crash import CRASH_EXIT
+
 from .test_crash_points import _no_strays  # noqa: F401 (nothing a test starts outlives it)
 from .test_depbase import chain, two_writers
 
@@ -219,3 +221,46 @@ def test_a_reused_worktree_whose_head_left_the_task_branch_is_not_worked_in(flee
     assert t.reason.startswith("worktree_tampered:its HEAD is refs/heads/elsewhere, not the task's branch"), t.reason
     assert len(fake_claude.calls("t")) == 1
     assert fleeter.git(repo, "rev-parse", t.branch).strip() == fleeter.git(repo, "rev-parse", "main").strip()
+
+
+def test_a_conflict_left_to_the_agent_and_a_crash_before_it_was_recorded_still_names_what_is_pending(
+        fleeter, fake_claude):
+    # on_conflict = "agent": right's merge stops on a conflict with left's, third is not
+    # merged yet; the supervisor dies before the attempt records that (after_worktree,
+    # the dependent's is the 4th). The restart reads the stopped merge from the worktree:
+    # the agent is told which merge stopped and that third is still to merge (on main it
+    # was told of "a merge", nothing pending, and third was never merged)
+    repo, steps = two_writers(fleeter, extra='on_conflict = "agent"')
+    tasks = (fleeter.path / "tasks.toml").read_text()
+    tasks = tasks.replace('depends_on = ["left", "right"]', 'depends_on = ["left", "right", "third"]')
+    tasks = tasks.replace('run = "test \\"$(cat shared.txt)\\" = merged && test -f L.txt && test -f R.txt"',
+                          'run = "test -f T.txt"')
+    fleeter.write_tasks(tasks + '''
+        [[task]]
+        name = "third"
+        cwd = "repo"
+        prompt = "Write T."
+        git_ref = "main"
+    ''')
+    # the agent concludes the stopped merge and leaves third unmerged; its verifier fails,
+    # and the retry's preparation merges third before its agent starts
+    fake_claude.script(**steps, third=[{"actions": [["write", "T.txt", "t"], ["commit", "third"]]}],
+                       both=[{"actions": [["write", "shared.txt", "merged\n"], ["commit", "resolve the merge"]]},
+                             {"actions": [["bash", "test -f T.txt"]]}])
+    r = fleeter.runsub("tasks.toml", env={"FLEETRUN_CRASH_AT": "after_worktree@4"}, timeout=120)
+    assert r.ret == CRASH_EXIT, r.stdout + r.stderr
+    both, right, third = fleeter.task("both"), fleeter.task("right"), fleeter.task("third")
+    assert both.state.value == "ASSIGNED" and fake_claude.calls("both") == []
+    r = fleeter.runsub("work", "--until-idle", timeout=120)
+    assert r.ret == 0, r.stdout + r.stderr
+    first, second = fake_claude.calls("both")
+    prompt = first["prompt"]
+    assert prompt.startswith("## A merge conflict to resolve first")
+    assert f"Merging right (branch {right.branch}) stopped on a conflict in: shared.txt." in prompt
+    assert f"`git merge --no-ff {third.branch}` (third)" in prompt
+    assert "conflict" not in second["prompt"].lower()
+    both = fleeter.task("both")
+    assert both.state.value == "DONE"
+    assert merge_subjects(fleeter, repo, both.branch)[0] == f"fleetrun: merge third ({third.branch}) into both"
+    for name in ("left", "right", "third"):
+        assert is_ancestor(fleeter, repo, fleeter.task(name).branch, both.branch), name
