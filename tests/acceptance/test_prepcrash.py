@@ -20,6 +20,7 @@ from typing import Any
 import pytest
 
 from fleetrun.crash import CRASH_EXIT
+from tests.test_security_peer import Peer, attempt, git, make_repo, task
 
 from .test_crash_points import _no_strays  # noqa: F401 (nothing a test starts outlives it)
 from .test_depbase import chain, two_writers
@@ -264,3 +265,47 @@ def test_a_conflict_left_to_the_agent_and_a_crash_before_it_was_recorded_still_n
     assert merge_subjects(fleeter, repo, both.branch)[0] == f"fleetrun: merge third ({third.branch}) into both"
     for name in ("left", "right", "third"):
         assert is_ancestor(fleeter, repo, fleeter.task(name).branch, both.branch), name
+
+
+# -- the peer side: ``fleetrun host prepare`` runs the same preparation --------------
+
+
+@pytest.fixture
+def peer(tmp_path: Path) -> Any:
+    """A peer's home, its verbs run as sshd runs them (tests/test_security_peer.py)."""
+    from sshd import kill_leftovers
+
+    home = tmp_path / "peerhome"
+    home.mkdir(mode=0o700)
+    yield Peer(home)
+    kill_leftovers(home)
+
+
+def test_a_peer_does_not_prepare_a_task_that_merges_its_dependencies(peer, tmp_path):
+    # placement keeps such a task on the supervising machine, where the dependencies'
+    # branches are; a request for one is refused by name (on main: a KeyError's text)
+    repo = make_repo(tmp_path / "repo")
+    t = task(repo, deps=["task_m0abc123def_9"])
+    t["spec"].update(depends_on=["schema"], base="dependencies")
+    code, r = peer.host("prepare", stdin={"task": t, "attempt": attempt()})
+    assert code == 1, r
+    assert r["error"].startswith('a task with base = "dependencies" is prepared on the supervising machine'), r
+    assert git(repo, "worktree", "list").count("\n") == 1  # nothing was made
+
+
+def test_a_peer_does_not_reuse_a_worktree_whose_head_left_the_task_branch(peer, tmp_path):
+    # the peer's worktree kept for a retry (or found again after a crash mid-prepare):
+    # its agent moved it onto another branch, so the next prepare refuses it
+    repo = make_repo(tmp_path / "repo")
+    code, r = peer.host("prepare", stdin={"task": task(repo), "attempt": attempt()})
+    assert code == 0, r
+    root = Path(r["workspace"]["root"])
+    git(root, "checkout", "-q", "-b", "elsewhere")
+    code, r = peer.host("prepare", stdin={"task": task(repo), "attempt": attempt(n=2)})
+    assert code == 1, r
+    assert "its HEAD is refs/heads/elsewhere, not the task's branch" in r["error"], r
+    # put back on its branch, it is reused
+    git(root, "checkout", "-q", r_branch := git(repo, "for-each-ref", "--format=%(refname:short)",
+                                                "refs/heads/fleetrun/").split()[0])
+    code, r = peer.host("prepare", stdin={"task": task(repo), "attempt": attempt(n=3)})
+    assert code == 0 and r["workspace"]["branch"] == r_branch, r
