@@ -1,6 +1,8 @@
-"""``base = "dependencies"``: a task's new worktree gets each dependency's branch merged
+"""``base = "dependencies"``: a task's worktree gets each dependency's branch merged
 in, in ``depends_on`` order, before its agent starts (the ``worktree`` plugin's prepare
-calls :func:`merge_dependencies`).
+calls :func:`merge_dependencies` with those :func:`missing_dependencies` finds not in
+its branch yet: all of them for a new worktree, what a crash or a stopped merge left for
+a reused one).
 
 The branches are fleetrun's own, from the ledger (the dependency's branch, or the name
 its fetch-back from a peer gave it here), never a name an agent wrote. Each merge is
@@ -70,8 +72,8 @@ def dependency_branches(led: Any, task: Any, repo: str) -> list[tuple[str, str]]
 
 def merge_dependencies(p: Pinned, task: Any, branches: list[tuple[str, str]]
                        ) -> tuple[list[dict[str, Any]], Optional[dict[str, Any]]]:
-    """Merge ``branches`` into the pinned (new) worktree, in order, stopping at the
-    first conflict.
+    """Merge ``branches`` into the pinned worktree, in order, stopping at the first
+    conflict.
 
     :return: (the merges made, each ``{"task", "branch", "commit"}``; the conflict
         record, or None when every branch merged).

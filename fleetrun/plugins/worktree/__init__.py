@@ -3,9 +3,11 @@
 A task with ``git_ref`` runs in ``$FLEETRUN_HOME/worktrees/<name>-<id>`` on branch
 ``fleetrun/<name>-<id>`` (or ``branch =``), made from ``git_ref`` in the repository
 that holds ``cwd``; the user's checkout is never touched. Retries and resumes reuse
-it. After DONE a clean worktree is removed and the branch stays; a dirty one is kept.
+it, once each step of its preparation is checked and the missing ones done
+(:func:`_complete_preparation`: a crash between two steps is completed, never taken as
+it is). After DONE a clean worktree is removed and the branch stays; a dirty one is kept.
 
-With ``base = "dependencies"`` a new branch gets each dependency's branch merged in, in
+With ``base = "dependencies"`` the branch gets each dependency's branch merged in, in
 ``depends_on`` order (:mod:`fleetrun.depmerge`), before the agent starts; a conflict
 asks a human (``merge_conflict:<files>``, the worktree kept mid-merge) or, with
 ``on_conflict = "agent"``, is left for the agent, named in the workspace's ``conflict``.
