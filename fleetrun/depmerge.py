@@ -1,6 +1,8 @@
-"""``base = "dependencies"``: a task's new worktree gets each dependency's branch merged
+"""``base = "dependencies"``: a task's worktree gets each dependency's branch merged
 in, in ``depends_on`` order, before its agent starts (the ``worktree`` plugin's prepare
-calls :func:`merge_dependencies`).
+calls :func:`merge_dependencies` with those :func:`missing_dependencies` finds not in
+its branch yet: all of them for a new worktree, what a crash or a stopped merge left for
+a reused one).
 
 The branches are fleetrun's own, from the ledger (the dependency's branch, or the name
 its fetch-back from a peer gave it here), never a name an agent wrote. Each merge is
@@ -15,7 +17,8 @@ from __future__ import annotations
 
 from typing import Any, Optional
 
-from .gitutil import GitError, Pinned, git, merge_in_progress, unmerged_files, wt_merge
+from . import crash
+from .gitutil import GitError, Pinned, git, merge_in_progress, unmerged_files, wt_git, wt_merge
 from .taskspec import ref_problem
 from .textutil import safe_text
 
@@ -69,8 +72,8 @@ def dependency_branches(led: Any, task: Any, repo: str) -> list[tuple[str, str]]
 
 def merge_dependencies(p: Pinned, task: Any, branches: list[tuple[str, str]]
                        ) -> tuple[list[dict[str, Any]], Optional[dict[str, Any]]]:
-    """Merge ``branches`` into the pinned (new) worktree, in order, stopping at the
-    first conflict.
+    """Merge ``branches`` into the pinned worktree, in order, stopping at the first
+    conflict.
 
     :return: (the merges made, each ``{"task", "branch", "commit"}``; the conflict
         record, or None when every branch merged).
@@ -78,6 +81,9 @@ def merge_dependencies(p: Pinned, task: Any, branches: list[tuple[str, str]]
     """
     merged: list[dict[str, Any]] = []
     for k, (name, branch) in enumerate(branches):
+        # the worktree made, this dependency (and those after it) not merged yet: the
+        # restart finds it by missing_dependencies() and merges the rest
+        crash.point("before_dependency_merge")
         try:
             res = wt_merge(p, f"refs/heads/{branch}", f"fleetrun: merge {name} ({branch}) into {task.name}")
         except GitError as e:
@@ -91,17 +97,48 @@ def merge_dependencies(p: Pinned, task: Any, branches: list[tuple[str, str]]
     return merged, None
 
 
-def still_conflicted(p: Pinned, record: Optional[dict[str, Any]]) -> Optional[dict[str, Any]]:
-    """A reused worktree: the conflict record of a merge that is still stopped (its files
-    as they are now), or None once it was concluded or aborted.
+def missing_dependencies(p: Pinned, repo: str, branches: list[tuple[str, str]]) -> list[tuple[str, str]]:
+    """The dependencies of ``branches`` whose branch head is not (yet) an ancestor of
+    the pinned worktree's HEAD: those a preparation cut short, by a crash or by a merge
+    stopped on a conflict, has not merged. In ``depends_on`` order.
 
-    :param record: the conflict record of the attempt that left the worktree, if any.
+    :raises DependencyError: git cannot say (a branch gone meanwhile, a broken repository).
+    """
+    try:
+        head = wt_git(p, "rev-parse", "--verify", "HEAD^{commit}").strip()
+        out = []
+        for name, branch in branches:
+            tip = git(repo, "rev-parse", "--verify", "--end-of-options", f"refs/heads/{branch}^{{commit}}").strip()
+            # empty when every commit of the dependency's branch is in HEAD's history
+            if git(repo, "rev-list", "-n1", tip, f"^{head}", "--").strip():
+                out.append((name, branch))
+        return out
+    except GitError as e:
+        raise DependencyError(f"cannot tell which dependencies are merged: {' '.join(e.output.split())[:300]}") from None
+
+
+def stopped_merge(p: Pinned, repo: str, missing: list[tuple[str, str]]) -> Optional[dict[str, Any]]:
+    """A reused worktree: the conflict record of a merge that stopped on a conflict and
+    is still neither concluded nor aborted (its files as they are now), or None.
+
+    Built from the worktree, not from a record: the dependency being merged is the one
+    of ``missing`` whose head is ``MERGE_HEAD``, the rest of ``missing`` is pending (a
+    crash may have come before the attempt that stopped recorded its conflict).
+
+    :param missing: :func:`missing_dependencies` of the worktree.
     """
     if not merge_in_progress(p):
         return None
-    rec = dict(record or {"task": None, "branch": None, "pending": []})
-    rec["files"] = unmerged_files(p)
-    return rec
+    merging = wt_git(p, "rev-parse", "-q", "--verify", "MERGE_HEAD", check=False).strip()
+    which: Optional[tuple[str, str]] = None
+    for name, branch in missing:
+        tip = git(repo, "rev-parse", "-q", "--verify", "--end-of-options", f"refs/heads/{branch}^{{commit}}",
+                  check=False).strip()
+        if tip and tip == merging:
+            which = (name, branch)
+            break
+    return {"task": which[0] if which else None, "branch": which[1] if which else None,
+            "files": unmerged_files(p), "pending": [{"task": n, "branch": b} for n, b in missing if (n, b) != which]}
 
 
 def _files(files: list[str], limit: Optional[int] = None) -> str:

@@ -216,6 +216,16 @@ def check_invariants(
                 bad.append(f"{t.name} is DONE but its last attempt's verdicts are "
                            f"{[(v.idx, v.passed) for v in vs]} of {len(t.spec.verify)} verifiers")
 
+        # -- a DONE task that merges its dependencies holds each one's head on its branch
+        if t.state is State.DONE and t.spec.merges_dependencies:
+            bad += missing_dependency_heads(led, t)
+        # -- a DONE task with setup had it pass before the agent that did the work started
+        if t.state is State.DONE and t.spec.setup:
+            done_at = max((a.number for a in atts if a.state == "verified"), default=0)
+            if not any((a.info or {}).get("setup") == "passed" and a.number <= done_at for a in atts):
+                bad.append(f"{t.name} is DONE but no attempt up to its verified one ({done_at}) recorded its "
+                           f"setup passed: {[(a.number, (a.info or {}).get('setup')) for a in atts]}")
+
         # -- a clean DONE worktree is removed (the branch stays)
         if t.state is State.DONE and t.worktree and Path(t.worktree).exists():
             notes = " / ".join(text for _, text in led.notes(t.id))
@@ -226,6 +236,22 @@ def check_invariants(
         left = wait_no_leftovers(root)
         if left:
             bad.append("processes left running:\n" + describe_procs(left))
+    return bad
+
+
+def missing_dependency_heads(led: Any, t: Any) -> list[str]:
+    """What a DONE task with ``base = "dependencies"`` lacks of its dependencies: each
+    dependency's branch head must be an ancestor of the task's branch."""
+    bad = []
+    for dep in (led.get(i) for i in t.deps):
+        if dep is None or not dep.branch or not t.branch:
+            bad.append(f"{t.name} is DONE but a dependency of it has no branch ({dep and dep.name})")
+            continue
+        proc = subprocess.run(["git", "-C", t.spec.cwd, "merge-base", "--is-ancestor", "--end-of-options",
+                               f"refs/heads/{dep.branch}", f"refs/heads/{t.branch}"], capture_output=True)
+        if proc.returncode != 0:
+            bad.append(f"{t.name} is DONE but its branch {t.branch} lacks its dependency {dep.name}'s head "
+                       f"({dep.branch}): {proc.stderr.decode(errors='replace').strip()}")
     return bad
 
 
@@ -250,7 +276,8 @@ def run_until_done(fleeter: Any, expected: dict[str, str], rounds: int = 3, time
 
 def write_queue(fleeter: Any, fake_claude: Any) -> tuple[dict[str, str], dict[str, int]]:
     """Six tasks with git worktrees: ``a`` (the first to end; leaves its work
-    uncommitted), ``b`` (after ``a``; two verifiers), ``c`` (after ``a``; fails its
+    uncommitted), ``b`` (after ``a``, merged into its worktree; a setup command that needs it there;
+    two verifiers), ``c`` (after ``a``; fails its
     verifier once: the run's second verdict), ``d`` (its first session dies), ``e``
     (fails with no retries left: NEEDS_HUMAN) and ``f`` (after ``e``: never runs). The
     dependencies and sleeps order the events; :func:`check_site` proves that a crash
@@ -273,6 +300,8 @@ def write_queue(fleeter: Any, fake_claude: Any) -> tuple[dict[str, str], dict[st
         prompt = "Write b.txt."
         git_ref = "main"
         depends_on = ["a"]
+        base = "dependencies"
+        setup = ["test -f a.txt"]
           [[task.verify]]
           run = "test -f b.txt"
           [[task.verify]]
@@ -348,7 +377,7 @@ def check_work_landed(fleeter: Any) -> list[str]:
 # state it goes to, and the named points between a side effect and its record.
 TRANSITION_STATES = ["READY", "ASSIGNED", "RUNNING", "VERIFYING", "RETRYING", "RESUMING", "DONE", "NEEDS_HUMAN"]
 OTHER_POINTS = ["after_lease", "after_worktree", "after_shepherd_start", "mid_verifier",
-                "after_verdict", "after_verdict@2"]
+                "after_verdict", "after_verdict@2", "before_dependency_merge", "mid_setup", "after_setup"]
 #: What the ledger must show right after the crash, to prove it hit the case meant:
 #: ("verdict", task, passed): the last verdict recorded; ("state", task, state): where
 #: that task stands (and for RUNNING, its attempt's end is recorded).
@@ -361,6 +390,10 @@ SITE: dict[str, tuple[str, str, Any]] = {
     "before_transition:RETRYING": ("verdict", "c", False),
     "before_transition:NEEDS_HUMAN": ("verdict", "e", False),
     "before_transition:RESUMING": ("state", "d", "RUNNING"),
+    # b's worktree and branch made, a's branch not merged into it yet
+    "before_dependency_merge": ("state", "b", "ASSIGNED"),
+    "mid_setup": ("state", "b", "ASSIGNED"),  # its setup command running
+    "after_setup": ("state", "b", "ASSIGNED"),  # setup passed and recorded, its agent not started
 }
 
 BUG_NOT_HIT = ("BUG: ledger.lease() (ASSIGNED) and ops.promote() (READY) change state without "

@@ -27,7 +27,8 @@ TASKS = 20
 
 
 def write_queue(fleeter, fake_claude, rng: random.Random, release: Path) -> tuple[dict[str, str], dict[str, int]]:
-    """20 tasks with worktrees: every 4th depends on the one before it, every 5th fails
+    """20 tasks with worktrees: every 4th depends on the one before it (merged into its
+    worktree), every 5th fails
     its verifier once, two die on their first attempt; the agents sleep 0.05-0.5 s. The
     last one waits for ``release``, so the queue cannot end before the last kill."""
     fleeter.make_repo()
@@ -35,7 +36,9 @@ def write_queue(fleeter, fake_claude, rng: random.Random, release: Path) -> tupl
     blocks, steps, calls = [], {}, {}
     for i in range(TASKS):
         name = f"t{i:02d}"
-        deps = f'depends_on = ["t{i - 1:02d}"]' if i % 4 == 3 else ""
+        # a dependent merges its dependency's branch (base = "dependencies"): a kill
+        # between its worktree and that merge must not give a DONE without it
+        deps = f'depends_on = ["t{i - 1:02d}"]\n            base = "dependencies"' if i % 4 == 3 else ""
         fails_once = i % 5 == 1
         dies_once = i in (2, 13)
         verify = FAIL_UNLESS_FINAL if fails_once else f"test -f {name}.txt"

@@ -3,9 +3,11 @@
 A task with ``git_ref`` runs in ``$FLEETRUN_HOME/worktrees/<name>-<id>`` on branch
 ``fleetrun/<name>-<id>`` (or ``branch =``), made from ``git_ref`` in the repository
 that holds ``cwd``; the user's checkout is never touched. Retries and resumes reuse
-it. After DONE a clean worktree is removed and the branch stays; a dirty one is kept.
+it, once each step of its preparation is checked and the missing ones done
+(:func:`_complete_preparation`: a crash between two steps is completed, never taken as
+it is). After DONE a clean worktree is removed and the branch stays; a dirty one is kept.
 
-With ``base = "dependencies"`` a new branch gets each dependency's branch merged in, in
+With ``base = "dependencies"`` the branch gets each dependency's branch merged in, in
 ``depends_on`` order (:mod:`fleetrun.depmerge`), before the agent starts; a conflict
 asks a human (``merge_conflict:<files>``, the worktree kept mid-merge) or, with
 ``on_conflict = "agent"``, is left for the agent, named in the workspace's ``conflict``.
@@ -30,7 +32,8 @@ from ...depmerge import (
     conflict_note,
     dependency_branches,
     merge_dependencies,
-    still_conflicted,
+    missing_dependencies,
+    stopped_merge,
 )
 from ...effects import effects_of, run_inline
 from ...gitutil import (
@@ -175,21 +178,47 @@ def fleetrun_prepare_workspace(task: Any, attempt: Any, host: Host,
         return _Adding(config, fut, path, common, Workspace(
             path=str(path / sub if sub != "." else path), branch=branch, repo=repo, base_ref=spec.git_ref,
             is_worktree=True, root=str(path)))
-    new_branch = False
     with repo_lock(config.home / "locks", repo, common=common):
-        branches: list[tuple[str, str]] = []
+        # checked before anything is made: a dependency with no branch makes nothing
+        branches = _dependency_branches(config, task, repo) if spec.merges_dependencies else []
+        made = new_branch = False
         if _reuse(config, task, path, repo, common) is None:
             forget_pin(config, str(path), common)
-            if spec.merges_dependencies and not git(repo, "branch", "--list", "--", branch).strip():
-                branches = _dependency_branches(config, task, repo)  # before anything is made
             new_branch = _add(repo, branch, path, spec.git_ref)
+            made = True
         p = pinned(config, str(path), common)
         wpath = path / sub if sub != "." else path
         ws = Workspace(path=str(wpath), branch=branch, repo=repo, base_ref=spec.git_ref, is_worktree=True,
                        root=str(path))
-        if spec.merges_dependencies:
-            _merge_dependencies(config, task, attempt, p, ws, branches if new_branch else None)
+        _complete_preparation(config, task, attempt, p, ws, branches, made, new_branch)
     return ws
+
+
+def _complete_preparation(config: Config, task: Any, attempt: Any, p: Pinned, ws: Workspace,
+                          branches: list[tuple[str, str]], made: bool, new_branch: bool) -> None:
+    """Check each step of a worktree's preparation and do the ones not done, in order,
+    so that a preparation cut short (a supervisor killed between two steps, a merge
+    stopped on a conflict) is completed by the next attempt, never taken as it is:
+
+    1. the worktree is there and pins to the repository (done: ``p``);
+    2. its HEAD is the task's branch (a reused worktree; a new one is made on it);
+    3. ``base = "dependencies"``: each dependency's branch head is an ancestor of HEAD;
+       the missing ones are merged, in ``depends_on`` order, with the conflict handling
+       of a first preparation (:func:`_merge_dependencies`);
+    4. setup: not here; the setup stage runs it unless the ledger records it passed
+       for this very worktree (``info["setup"]``, :mod:`fleetrun.setupstage`).
+
+    Call under the repository's lock.
+
+    :raises WorktreeTampered: a reused worktree whose HEAD left the task's branch.
+    :raises WorkspaceError: as :func:`_merge_dependencies`.
+    """
+    if not made:
+        head = wt_git(p, "symbolic-ref", "-q", "HEAD", check=False).strip()
+        if head != f"refs/heads/{ws.branch}":
+            raise WorktreeTampered(f"its HEAD is {head or 'detached'}, not the task's branch {ws.branch}")
+    if task.spec.merges_dependencies:
+        _merge_dependencies(config, task, attempt, p, ws, branches, new_branch)
 
 
 def _add(repo: str, branch: str, path: Path, ref: str) -> bool:
@@ -254,32 +283,37 @@ def _dependency_branches(config: Config, task: Any, repo: str) -> list[tuple[str
 
 
 def _merge_dependencies(config: Config, task: Any, attempt: Any, p: Pinned, ws: Workspace,
-                        branches: Optional[list[tuple[str, str]]]) -> None:
-    """``base = "dependencies"``: a new branch gets ``branches`` merged in
-    (:mod:`fleetrun.depmerge`); a reused worktree (``branches`` None) is taken as it is,
-    with what the attempt that made it merged, and the merge it stopped on if that is
-    still not concluded. Fills ``ws.merged`` and ``ws.conflict``. Call under the
-    repository's lock.
+                        branches: list[tuple[str, str]], new_branch: bool) -> None:
+    """``base = "dependencies"``: every dependency of ``branches`` whose head is not in
+    the worktree's branch yet is merged in (:mod:`fleetrun.depmerge`), in order; those
+    merged already (a reused worktree) are not merged again. A merge still stopped on a
+    conflict is taken as it is, with what it leaves pending. Fills ``ws.merged`` and
+    ``ws.conflict``. Call under the repository's lock.
 
-    :raises WorkspaceError: git refused a merge (the new worktree and branch are removed,
-        so the next try merges afresh); or a conflict, when the task does not give it
-        to its agent (``merge_conflict:<files>``; the worktree stays, mid-merge).
+    :raises WorkspaceError: git refused a merge (a branch made now is removed with its
+        worktree, so the next try merges afresh; a reused one, which may hold work, is
+        kept); or a conflict, when the task does not give it to its agent
+        (``merge_conflict:<files>``; the worktree stays, mid-merge).
     """
     led = config.stash[LEDGER_KEY]
-    if branches is not None:
-        try:
-            ws.merged, ws.conflict = merge_dependencies(p, task, branches)
-        except DependencyError as e:
-            repo = ws.repo or ""
+    repo = ws.repo or ""
+    before = next((a.workspace for a in reversed(led.attempts(task.id))
+                   if a.id != attempt.id and a.workspace), None) or {}
+    earlier = {m.get("task"): m for m in before.get("merged") or [] if isinstance(m, dict)}
+    try:
+        missing = missing_dependencies(p, repo, branches)
+        ws.merged = [earlier.get(name) or {"task": name, "branch": branch, "commit": None}
+                     for name, branch in branches if (name, branch) not in missing]
+        ws.conflict = stopped_merge(p, repo, missing)
+        if ws.conflict is None and missing:
+            merged, ws.conflict = merge_dependencies(p, task, missing)
+            ws.merged += merged
+    except DependencyError as e:
+        if new_branch:
             git(repo, "worktree", "remove", "--force", "--", p.root, check=False)
             git(repo, "branch", "-D", "--", str(ws.branch), check=False)
             forget_pin(config, p.root, p.common)
-            raise WorkspaceError(str(e), permanent=True) from None
-    else:
-        before = next((a.workspace for a in reversed(led.attempts(task.id))
-                       if a.id != attempt.id and a.workspace), None) or {}
-        ws.merged = list(before.get("merged") or [])
-        ws.conflict = still_conflicted(p, before.get("conflict"))
+        raise WorkspaceError(str(e), permanent=True) from None
     if ws.conflict is not None and task.spec.on_conflict != "agent":
         _note_once(led, task.id, conflict_note(ws.conflict, str(ws.root), task.name))
         raise WorkspaceError(conflict_cause(ws.conflict), permanent=True, cause=conflict_cause(ws.conflict),

@@ -123,6 +123,9 @@ def cmd_prepare(config: Config, ns: argparse.Namespace) -> dict[str, Any]:
     att = _attempt(p.get("attempt"), task)
     if not os.path.isdir(task.spec.cwd):
         raise HostError("working directory does not exist on this host")
+    if task.spec.merges_dependencies:  # a supervisor never sends one (placement keeps it home)
+        raise HostError('a task with base = "dependencies" is prepared on the supervising machine, where its '
+                        "dependencies' branches are merged; this peer does not prepare it")
     with _host_lock(config.home):  # refuse now, before a worktree is made for nothing
         _check_room(config, _hosted(config), task.id)
     try:
