@@ -94,7 +94,7 @@ def test_the_peer_worker(fleeter, fake_claude, peer_lab, mode):
     (att,) = fleeter.ledger().attempts(t.id)  # never run twice
     assert len(fake_claude.calls("t1")) == 1
     # the agent's log reached this machine's mirror whole (pushed as log events, or polled)
-    assert (fleeter.home / "attempts" / att.id / "log").read_bytes() == \
+    assert (fleeter.home / "attempts" / att.id / "peer.log").read_bytes() == \
         (mini.home / "attempts" / att.id / "log").read_bytes() != b""
     one_shot = [v for v in lines(d / "calls") if v != "serve"]
     requests = lines(d / "trace")
