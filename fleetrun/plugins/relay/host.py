@@ -38,7 +38,7 @@ from .collecting import CollectVerbs
 from .hostverify import STATUS_TIMEOUT_S, VerifierVerbs
 from .logmirror import MIRROR_NAME, append_chunk, complete
 from .logmirror import size as _size
-from .peers import HostKeyRefused, Peer
+from .peers import HostKeyRefused, Peer, record_violations
 from .placed import PeerAttempts
 from .protocol import (
     REFUSED_EXIT,
@@ -268,8 +268,6 @@ class SSHHost(VerifierVerbs, CollectVerbs):
     def flush_violations(self, force: bool = False) -> None:
         """Add the protocol violations counted since the last write to ``peers-state.json``
         (for ``relay peers``), at most once every few seconds unless ``force``."""
-        from .peers import record_violations
-
         taken = self.attempts.take_unflushed(force)
         if taken is not None:
             try:

@@ -5,11 +5,11 @@ A reader thread reads every line the worker sends, each read strictly
 (:func:`~.protocol.parse_worker_message`). A reply goes to the thread waiting for it;
 an event about an attempt this supervisor placed on the peer (:mod:`.placed`) is kept
 (``ended``, ``verified``), or written to the attempt's log mirror (``log``), and the
-loop is woken through its own wake-up socket, the one a local
-shepherd writes to: the loop learns of a peer attempt's end as of a local one's,
-without asking. An event about any other attempt, or a reply to a request never
-sent, is dropped and counted (never a file, never kept). A line that does not parse, or a worker that goes away, ends the
-worker: the requests waiting fail as an unreachable peer would, with the reason, and
+loop is woken through its own wake-up socket, the one a local shepherd writes to: the
+loop learns of a peer attempt's end as of a local one's, without asking. An event
+about any other attempt, or a reply to a request never sent, is dropped and counted
+(never a file, never kept). A line that does not parse, or a worker that goes away,
+ends the worker: the requests waiting fail as an unreachable peer would, with the reason, and
 :class:`~.host.SSHHost` starts another on its next request (or falls back to the
 one-shot verbs).
 
