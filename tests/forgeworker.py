@@ -8,6 +8,8 @@ The test drives it through files in ``$FORGE_DIR``:
 - ``serving``: written by it once the real worker's hello went out.
 - ``inject-N.ndjson``: each line is written to the supervisor as it is, between the
   real worker's lines; the file is renamed ``inject-N.sent`` once all went out.
+- ``swallow``: the kinds of event (``then``, ``ended``...), one a word, the real
+  worker's lines of which are not passed on: a peer that never answers.
 - ``flood.json`` ``{"count": N, "seconds": S, "pad": BYTES}``: ``ended`` events for
   made-up attempt ids (each with ``pad`` bytes of junk in its status), until N went
   out or S seconds passed; then ``flood.done`` holds how many went out.
@@ -67,12 +69,24 @@ def forge() -> None:
         time.sleep(0.05)
 
 
+def swallowed(line: bytes) -> bool:
+    rule = FOLDER / "swallow"
+    if not rule.exists():
+        return False
+    try:
+        event = json.loads(line).get("event")
+    except (ValueError, AttributeError):
+        return False
+    return event in rule.read_text().split()
+
+
 def serve(argv: list[str]) -> int:
     proc = subprocess.Popen([sys.executable, "-m", "fleetrun", *argv], stdout=subprocess.PIPE)
     assert proc.stdout is not None
     started = False
     for line in proc.stdout:
-        write(line)
+        if not swallowed(line):
+            write(line)
         if not started and b'"hello"' in line:
             started = True
             (FOLDER / "serving").write_text(str(os.getpid()))

@@ -51,7 +51,8 @@ class Forging:
         self.m.fake_headroom(9000)
         argv = self.m.command(FORGE_DIR=str(self.dir))
         assert argv[-2:] == ["-m", "fleetrun"]
-        self.m.write("config.toml", (fleeter.home / "config.toml").read_text())
+        if (fleeter.home / "config.toml").exists():
+            self.m.write("config.toml", (fleeter.home / "config.toml").read_text())
         r = fleeter.run("relay", "add", "mini", self.m.address, "--accept-new", "--command",
                         shlex.join([*argv[:-2], str(FORGER)]))
         assert r.ret == 0, r.stdout + r.stderr
@@ -228,3 +229,28 @@ def test_a_peer_flooding_ended_events_for_made_up_attempts_does_not_grow_the_sup
     assert fleeter.task("t1").state.value == "DONE"
     rows = json.loads(fleeter.run("relay", "peers", "--cached", "--json").stdout)
     assert rows[0]["violations"]["counts"] == {"ended": sent}
+
+
+def test_an_answer_the_peer_never_sends_is_not_waited_for_for_ever(fleeter, peer_lab, tmp_path):
+    """A request's follower (``then``: a collect's verifier start) whose answer never
+    comes is given up on, and forgotten: the worker keeps no table of them."""
+    from fleetrun.plugins.relay.host import SSHHost
+    from fleetrun.plugins.relay.peers import load_peers
+    from fleetrun.plugins.relay.transport import PeerUnreachable
+
+    peer = Forging(fleeter, peer_lab, tmp_path)
+    (peer.dir / "swallow").write_text("then")
+    host = SSHHost(load_peers(fleeter.home)["mini"], fleeter.home, worker=True)
+    try:
+        w = host.worker(host.transport())
+        assert w is not None and w.chains
+        for _ in range(3):
+            p = w.submit("collect", [], {"task": {}}, then=("verify-start", [], {"idx": 0}))
+            code, _ = p.wait(DEADLINE_S)
+            assert code != 0  # a collect of nothing: refused, and its follower not run
+            assert p.follower is not None
+            with pytest.raises(PeerUnreachable):
+                p.follower.wait(0.2)
+        assert w._following == {} and w._waiting == {}
+    finally:
+        host.close()

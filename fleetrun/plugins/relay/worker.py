@@ -81,6 +81,7 @@ class Pending:
         self.event = threading.Event()
         self.answer: Optional[tuple[int, dict[str, Any]]] = None
         self.follower: Optional[Pending] = None  # the request sent to run after this one (``then``)
+        self.follows = False  # this is a follower: its slot is in the worker's _following
         self.began = time.monotonic()
 
     def done(self) -> bool:
@@ -95,8 +96,10 @@ class Pending:
         """
         w = self.worker
         if not self.event.wait(timeout):
-            with w._lock:
-                w._waiting.pop(self.id, None)
+            with w._lock:  # given up on: forgotten (a follower shares its leader's id)
+                table = w._following if self.follows else w._waiting
+                if table.get(self.id) is self:
+                    del table[self.id]
             raise PeerUnreachable(f"no reply from the worker within {timeout:g}s", delivered=True)
         if self.answer is None:
             raise PeerUnreachable(f"the worker is gone: {w.error}", delivered=True)
@@ -249,6 +252,7 @@ class Worker:
             if then is not None:
                 slot.follower = Pending(self, wake=True)
                 slot.follower.id = slot.id
+                slot.follower.follows = True
                 self._following[slot.id] = slot.follower
             self.requests += 1
         if self.timing:
