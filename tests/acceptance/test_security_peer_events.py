@@ -184,6 +184,7 @@ def test_a_peer_s_events_for_attempts_it_was_not_given_are_dropped_and_counted(f
     # counted, per kind, in `relay peers`, and said once in the run's output
     r = fleeter.run("relay", "peers", "--cached")
     assert r.ret == 0, r.stdout + r.stderr
+    print(r.stdout)
     r.fnmatch_lines(["*protocol violations: 44 dropped (ended 21, log 21, reply 1, verified 1)*"])
     rows = json.loads(fleeter.run("relay", "peers", "--cached", "--json").stdout)
     assert rows[0]["violations"]["counts"] == {"ended": 21, "log": 21, "reply": 1, "verified": 1}
