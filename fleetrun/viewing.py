@@ -284,7 +284,10 @@ def cmd_logs(config: Config, out: TextIO, err: TextIO) -> int:
             elif a.cost_usd:
                 text += f", ${a.cost_usd:.2f}"
             if a.dir:
-                text += f", log {safe_text(Path(a.dir) / 'log')}"
+                # a peer attempt's folder holds the mirror of its log under the relay's own
+                # name, never `log` (a peer's bytes stay apart from a local attempt's files)
+                log = Path(a.dir) / "log"
+                text += f", log {safe_text(log)}" if log.exists() else f", its folder {safe_text(a.dir)}"
             for d in (a.info or {}).get("denials") or []:
                 if isinstance(d, dict):
                     tool_input = json.dumps(d.get("tool_input", {}))[:120]

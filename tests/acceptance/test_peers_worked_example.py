@@ -75,7 +75,7 @@ def test_worked_example(fleeter, fake_claude, peer_lab):
     assert "MINI.txt" in fleeter.git(repo, "ls-tree", "-r", "--name-only", auto.branch)
     assert fix.handoff and f"git fetch ssh://{mini.address}{repo} {fix.branch}" in fix.handoff["fetch_hint"]
     # the agent's output came back to this machine (the claude plugin read it here)
-    assert '"type":"result"' in (fleeter.home / "attempts" / atts[1].id / "log").read_text()
+    assert '"type":"result"' in (fleeter.home / "attempts" / atts[1].id / "peer.log").read_text()
     assert atts[1].cost_usd == 0.35
     # the clean worktrees on the peer are gone after DONE; the branches stay
     assert list((mini.home / "worktrees").iterdir()) == []

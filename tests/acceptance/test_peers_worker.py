@@ -94,8 +94,12 @@ def test_the_peer_worker(fleeter, fake_claude, peer_lab, mode):
     (att,) = fleeter.ledger().attempts(t.id)  # never run twice
     assert len(fake_claude.calls("t1")) == 1
     # the agent's log reached this machine's mirror whole (pushed as log events, or polled)
-    assert (fleeter.home / "attempts" / att.id / "log").read_bytes() == \
+    assert (fleeter.home / "attempts" / att.id / "peer.log").read_bytes() == \
         (mini.home / "attempts" / att.id / "log").read_bytes() != b""
+    # an honest peer's events were all about its own attempts: not one counted against it
+    import json
+
+    assert "violations" not in json.loads((fleeter.home / "peers-state.json").read_text())["mini"]
     one_shot = [v for v in lines(d / "calls") if v != "serve"]
     requests = lines(d / "trace")
     assert one_shot[0] == "probe"  # relay add asks once, without a worker

@@ -35,6 +35,7 @@ from .peers import (
     status_of,
     unusable_reason,
 )
+from .placed import describe as describe_violations
 
 if TYPE_CHECKING:
     from ...config import Config
@@ -217,6 +218,7 @@ def peer_rows(config: Config, peers: dict[str, Peer], now: float) -> list[dict[s
             "error": entry.get("error"), "error_at": entry.get("error_at"),
             "gets_tasks": status == "live" and why is None, "why_not": why,
             "pending_stops": sorted((entry.get("pending_stops") or {}).keys()),
+            "violations": entry.get("violations") or {"counts": {}, "last": None, "last_at": None},
         })
     return rows
 
@@ -250,4 +252,8 @@ def cmd_peers(config: Config, ns: argparse.Namespace, out: TextIO, err: TextIO) 
             print(f"  └ gets no tasks: {safe_text(r['why_not'])}", file=out)
         if r["pending_stops"]:
             print(f"  └ to stop when it answers: {safe_text(', '.join(map(str, r['pending_stops'])))}", file=out)
+        v = r["violations"]
+        if v["counts"]:
+            last = f", the last {ago(v['last_at'], now)} ago: {v['last']}" if v["last"] and v["last_at"] else ""
+            print(f"  └ protocol violations: {safe_text(describe_violations(v['counts']) + last)}", file=out)
     return ExitCode.OK

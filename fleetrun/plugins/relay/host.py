@@ -36,9 +36,10 @@ from ...untrusted import Malformed
 from . import protocol
 from .collecting import CollectVerbs
 from .hostverify import STATUS_TIMEOUT_S, VerifierVerbs
-from .logmirror import append_chunk
+from .logmirror import MIRROR_NAME, append_chunk, complete
 from .logmirror import size as _size
-from .peers import HostKeyRefused, Peer
+from .peers import HostKeyRefused, Peer, record_violations
+from .placed import PeerAttempts
 from .protocol import (
     REFUSED_EXIT,
     WORKER_VERBS,
@@ -104,6 +105,8 @@ class SSHHost(VerifierVerbs, CollectVerbs):
         self.worker_error: Optional[str] = None  # why the one-shot verbs are used
         self._log_lock = threading.RLock()  # the log mirror is written by the worker's reader too
         self._prestarted: dict[tuple[str, int], Pending] = {}  # see take_prestarted
+        #: the attempts placed there, whose events are kept; the violations counted
+        self.attempts = PeerAttempts()
 
     # -- the connection ------------------------------------------------------------
 
@@ -143,6 +146,7 @@ class SSHHost(VerifierVerbs, CollectVerbs):
             return t
 
     def drop(self) -> None:
+        self.flush_violations(force=True)
         w = self._worker
         if w is not None:
             w.close("the connection was closed")
@@ -229,7 +233,8 @@ class SSHHost(VerifierVerbs, CollectVerbs):
                     self._worker_deaths = 0
             if now < self._no_worker_until or not self._worker_offered():
                 return None
-            w = Worker(t, self.peer.command, self.home, self.name, self._log_event)
+            w = Worker(t, self.peer.command, self.home, self.name, self._log_event, self.attempts,
+                       self.flush_violations)
             self._worker_started = now
             try:
                 w.start()
@@ -260,6 +265,24 @@ class SSHHost(VerifierVerbs, CollectVerbs):
     def _log_event(self, attempt_id: str, chunk: protocol.LogChunk) -> None:
         self._append_log(self.log_path(attempt_id), chunk)
 
+    def flush_violations(self, force: bool = False) -> None:
+        """Add the protocol violations counted since the last write to ``peers-state.json``
+        (for ``relay peers``), at most once every few seconds unless ``force``."""
+        taken = self.attempts.take_unflushed(force)
+        if taken is not None:
+            try:
+                record_violations(self.home, self.name, *taken)
+            except OSError:
+                pass  # a full disk: the run's own note still says it
+
+    def _finished(self, attempt_id: str) -> None:
+        """The loop has the attempt's end: its events are no longer kept (nor its state)."""
+        self.attempts.finish(attempt_id)
+        w = self._worker
+        if w is not None:
+            w.ended.pop(attempt_id, None)
+            w.watching.pop(attempt_id, None)
+
     def _malformed(self, verb: str, e: Malformed) -> PeerError:
         """A reply that does not parse: an error of the peer's, with what is wrong."""
         return PeerError(f"`host {verb}` gave a malformed reply: {e}", 0)
@@ -274,11 +297,12 @@ class SSHHost(VerifierVerbs, CollectVerbs):
     # -- LocalHost's verbs ---------------------------------------------------------
 
     def attempt_dir(self, attempt_id: str) -> Path:
-        """The local mirror of the attempt folder (the log, read as status is polled)."""
+        """The local folder of a peer attempt: its prompt, ``peer.json``, the log's mirror."""
         return self.home / "attempts" / attempt_id
 
     def log_path(self, attempt_id: str) -> Path:
-        return self.attempt_dir(attempt_id) / "log"
+        """The mirror of its log (:mod:`.logmirror`), apart from a local attempt's ``log``."""
+        return self.attempt_dir(attempt_id) / MIRROR_NAME
 
     def candidate(self, config: Config) -> Optional[Candidate]:
         """This peer as a placement candidate, from its last heartbeat (None for a host
@@ -338,7 +362,8 @@ class SSHHost(VerifierVerbs, CollectVerbs):
         w = self.live_worker()
         if w is not None:  # its end is pushed: nothing to ask until then
             ended = w.ended.get(attempt_id)
-            if ended is not None and _size(log) >= ended[1]:
+            if ended is not None and complete(log, ended[1]):
+                self._finished(attempt_id)
                 return dict(ended[0])
             if ended is None and attempt_id in w.watching:
                 return dict(w.watching[attempt_id])
@@ -354,7 +379,7 @@ class SSHHost(VerifierVerbs, CollectVerbs):
             self._append_log(log, chunk)
             st = dict(reply.status)
             # the loop reads the log as soon as it sees "ended": have all of it by then
-            while st.get("state") in ("ended", "died") and chunk is not None and chunk.size > _size(log):
+            while st.get("state") in ("ended", "died") and chunk is not None and not complete(log, chunk.size):
                 chunk = protocol.parse_log_reply(self.call("log", "--attempt", attempt_id, "--offset", str(_size(log)),
                                                        timeout=STATUS_TIMEOUT_S, may_connect=not self.passive))
                 if not self._append_log(log, chunk):
@@ -365,7 +390,9 @@ class SSHHost(VerifierVerbs, CollectVerbs):
             # not "died": the attempt may well run on there; wait, and say why
             return {"state": "unreachable", "error": f"{self.name}: a malformed status reply: {e}"}
         w = self.live_worker()
-        if w is not None and st.get("state") not in ("ended", "died"):
+        if st.get("state") in ("ended", "died"):
+            self._finished(attempt_id)
+        elif w is not None:
             w.watching[attempt_id] = st  # that worker now pushes its end
         return st
 

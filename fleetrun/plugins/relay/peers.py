@@ -284,6 +284,24 @@ def clear_pending_stop(home: Path, name: str, attempt_id: str) -> None:
         _write_private(home / STATE_FILE, json.dumps(state, indent=1, sort_keys=True))
 
 
+def record_violations(home: Path, name: str, counts: dict[str, int], last: Optional[str],
+                      last_at: Optional[float]) -> None:
+    """Add ``counts`` (protocol violations per kind, :mod:`.placed`) to the peer's entry,
+    with the newest one said plainly, for ``relay peers``: the totals since the peer
+    was added (``relay remove`` forgets them)."""
+    with _state_lock(home):
+        state = load_state(home)
+        entry, _ = checked_entry(state.get(name))
+        old = entry.get("violations") or {}
+        total = dict(old.get("counts") or {})
+        for kind, n in counts.items():
+            total[kind] = total.get(kind, 0) + n
+        entry["violations"] = {"counts": total, "last": last if last is not None else old.get("last"),
+                               "last_at": last_at if last_at is not None else old.get("last_at")}
+        state[name] = entry
+        _write_private(home / STATE_FILE, json.dumps(state, indent=1, sort_keys=True))
+
+
 def status_of(entry: Optional[dict[str, Any]], stale_after_secs: float, now: Optional[float] = None) -> str:
     """``live``, ``stale`` (heard from longer ago than ``stale_after_secs``) or ``never``."""
     heard = (entry or {}).get("last_heard")

@@ -61,6 +61,9 @@ WORKER_VERBS = ("probe", "prepare", "start", "status", "log", "stop", "collect",
                 "verify-status", "verify-stop")
 #: The events a worker pushes.
 WORKER_EVENTS = ("hello", "log", "ended", "verified", "probe", "then")
+#: What a worker can send out of turn (an event about an attempt not placed there, a
+#: reply to a request never sent), as the supervisor counts it (:mod:`.placed`).
+VIOLATION_KINDS = ("log", "ended", "verified", "reply", "then")
 #: A worker's hello says ``"chain": 1`` when a request may carry a second one to run
 #: right after it (``then``: a verb, its arguments, its payload), whose answer is pushed
 #: once it is done, after the first one's reply (a ``then`` event: ``id``, ``code``,
@@ -175,7 +178,8 @@ def parse_error_reply(reply: Any) -> tuple[str, bool]:
 
 
 def parse_shepherd_status(value: Any, what: str = "status") -> dict[str, Any]:
-    """A shepherd's status as a peer reports it."""
+    """A shepherd's status as a peer reports it: only the keys fleetrun reads (a key it
+    does not know is left out, so a pushed end a supervisor keeps holds nothing else)."""
     d = obj(value, what)
     one_of(d.get("state"), f"{what}.state", STATUS_STATES)
     opt_integer(d, "exit_code", what, -(1 << 16), 1 << 16)
@@ -183,9 +187,18 @@ def parse_shepherd_status(value: Any, what: str = "status") -> dict[str, Any]:
         opt_integer(d, key, what, 1, MAX_PID)
     for key in ("reason", "error", "shepherd_token", "agent_token"):
         opt_text(d, key, what, 4000)
-    for key in ("started", "ended", "agent_started"):
+    opt_text(d, "attempt", what, 200)
+    for key in ("started", "ended", "agent_started", "beat"):
         opt_number(d, key, what)
-    return d
+    for key in ("signal", "log_dropped"):
+        opt_integer(d, key, what, 0)
+    return {k: v for k, v in d.items() if k in SHEPHERD_STATUS_KEYS}
+
+
+#: The keys of a shepherd's status a peer's reply keeps (:func:`parse_shepherd_status`).
+SHEPHERD_STATUS_KEYS = frozenset({"state", "exit_code", "shepherd_pid", "agent_pid", "reason", "error",
+                                  "shepherd_token", "agent_token", "attempt", "started", "ended", "agent_started",
+                                  "beat", "signal", "log_dropped"})
 
 
 def _chunk(reply: dict[str, Any], what: str) -> Optional[LogChunk]:
@@ -346,6 +359,14 @@ def parse_peer_entry(entry: Any, what: str = "peer state") -> dict[str, Any]:
         stops[aid] = {"pid": opt_integer(s, "pid", what, 1, MAX_PID), "token": opt_text(s, "token", what, 200),
                       "since": opt_number(s, "since", what), "error": opt_text(s, "error", what, 4000)}
     out["pending_stops"] = stops
+    v = opt_obj(d, "violations", what)
+    if v is not None:
+        counts = opt_obj(v, "counts", f"{what}.violations") or {}
+        out["violations"] = {
+            "counts": {one_of(k, f"{what}.violations.counts", VIOLATION_KINDS):
+                       integer(n, f"{what}.violations.counts.{k}", 0, 1 << 62) for k, n in counts.items()},
+            "last": opt_text(v, "last", f"{what}.violations", 400),
+            "last_at": opt_number(v, "last_at", f"{what}.violations", 0.0)}
     return out
 
 

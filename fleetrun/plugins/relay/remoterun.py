@@ -116,7 +116,7 @@ class RemoteRunHandle:
         now = time.monotonic()
         pushed = self._watched()
         if pushed is not None:
-            r = pushed.verified.get((self.attempt_id, self.idx))
+            r = pushed.verified.pop((self.attempt_id, self.idx), None)
             if r is not None:
                 return self._verdict(r)
             if now < self.next_poll:
@@ -155,6 +155,12 @@ class RemoteRunHandle:
         return w if w is not None and (self.attempt_id, self.idx) in w.vwatching else None
 
     def _verdict(self, r: protocol.VerifyStatus) -> Verdict:
+        done = getattr(self.host, "attempts", None)
+        if done is not None:  # its verdict is in: a late event about it is no longer kept
+            done.finish((self.attempt_id, self.idx))
+        w = self._worker()
+        if w is not None:
+            w.vwatching.discard((self.attempt_id, self.idx))
         return Verdict(passed=r.passed, kind="run", label=self.verifier.label, reason=r.reason, output=r.output,
                        duration_s=r.duration_s, host=self.host.name)
 

@@ -19,6 +19,7 @@ from ...shepherd import read_json, write_json
 from ...states import ACTIVE, State
 from ...taskspec import step_index
 from ...taskview import tasks_in
+from ...textutil import safe_text
 from ...untrusted import Malformed
 from .bundle import (
     FETCH_RECORD,
@@ -42,6 +43,7 @@ from .peers import (
     status_of,
     unusable_reason,
 )
+from .placed import describe
 from .protocol import parse_cleanup_reply, task_payload
 from .transport import PeerError, PeerUnreachable
 from .worker import Pending
@@ -473,10 +475,22 @@ class Relay:
     def fleetrun_loop_pass(self, config: Config, duration_s: float) -> None:
         for host in self.hosts.values():
             host.stop_untaken(wait=False)
+            host.flush_violations()  # what was counted since the last write (at most every few seconds)
         if self._to_clean:
             self._send_cleanups()
         if self._cleanups:
             self._reap_cleanups(wait=False)
+
+    @hookimpl
+    def fleetrun_terminal_summary(self, config: Config, exitstatus: int, counts: dict[str, int]) -> None:
+        """Say once, as the run ends, which peers sent what they had no business to (events
+        about attempts not placed there, replies to requests never sent): dropped, counted."""
+        tr = config.get_plugin("terminalreporter")
+        for name, host in sorted(self.hosts.items()):
+            if host.attempts.counts and tr is not None:
+                total, what = describe(host.attempts.counts).split(" ", 1)
+                tr.write_line(f"peer {safe_text(name)}: {total} protocol violations {what}; "
+                              "see fleetrun relay peers")
 
     @hookimpl(tryfirst=True)
     def fleetrun_sessionfinish(self, session: Any, exitstatus: int) -> None:

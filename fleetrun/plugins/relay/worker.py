@@ -3,11 +3,13 @@ one SSH exec channel on the peer's open transport, requests out, replies and eve
 
 A reader thread reads every line the worker sends, each read strictly
 (:func:`~.protocol.parse_worker_message`). A reply goes to the thread waiting for it;
-an event is kept (``ended``, ``verified``), or written to the attempt's log mirror
-(``log``), and the loop is woken through its own wake-up socket, the one a local
-shepherd writes to: the loop learns of a peer attempt's end as of a local one's,
-without asking. A line that does not parse, or a worker that goes away, ends the
-worker: the requests waiting fail as an unreachable peer would, with the reason, and
+an event about an attempt this supervisor placed on the peer (:mod:`.placed`) is kept
+(``ended``, ``verified``), or written to the attempt's log mirror (``log``), and the
+loop is woken through its own wake-up socket, the one a local shepherd writes to: the
+loop learns of a peer attempt's end as of a local one's, without asking. An event
+about any other attempt, or a reply to a request never sent, is dropped and counted
+(never a file, never kept). A line that does not parse, or a worker that goes away,
+ends the worker: the requests waiting fail as an unreachable peer would, with the reason, and
 :class:`~.host.SSHHost` starts another on its next request (or falls back to the
 one-shot verbs).
 
@@ -26,6 +28,7 @@ from pathlib import Path
 from typing import Any, Callable, Optional
 
 from ...untrusted import Malformed
+from .placed import PeerAttempts, asked_about
 from .protocol import (
     MAX_WORKER_LINE,
     WORKER_PROTOCOL,
@@ -78,6 +81,7 @@ class Pending:
         self.event = threading.Event()
         self.answer: Optional[tuple[int, dict[str, Any]]] = None
         self.follower: Optional[Pending] = None  # the request sent to run after this one (``then``)
+        self.follows = False  # this is a follower: its slot is in the worker's _following
         self.began = time.monotonic()
 
     def done(self) -> bool:
@@ -92,8 +96,10 @@ class Pending:
         """
         w = self.worker
         if not self.event.wait(timeout):
-            with w._lock:
-                w._waiting.pop(self.id, None)
+            with w._lock:  # given up on: forgotten (a follower shares its leader's id)
+                table = w._following if self.follows else w._waiting
+                if table.get(self.id) is self:
+                    del table[self.id]
             raise PeerUnreachable(f"no reply from the worker within {timeout:g}s", delivered=True)
         if self.answer is None:
             raise PeerUnreachable(f"the worker is gone: {w.error}", delivered=True)
@@ -104,6 +110,8 @@ class Pending:
 class Worker:
     """One worker on one transport.
 
+    :ivar attempts: the host's table of the attempts it placed there (:mod:`.placed`):
+        only their events are kept, so every table below holds only those.
     :ivar ended: attempt id -> its final status and log size, from ``ended`` events.
     :ivar verified: (attempt id, step) -> the verifier's result, from ``verified`` events.
     :ivar watching: attempts the worker was asked about, so it pushes their end, with
@@ -114,8 +122,11 @@ class Worker:
     """
 
     def __init__(self, transport: Any, command: list[str], home: Path, name: str,
-                 on_log: Callable[[str, LogChunk], None]) -> None:
+                 on_log: Callable[[str, LogChunk], None], attempts: Optional[PeerAttempts] = None,
+                 on_violation: Optional[Callable[[], None]] = None) -> None:
         self.transport = transport
+        self.attempts = attempts if attempts is not None else PeerAttempts()
+        self.on_violation = on_violation
         self.command = command
         self.home = home
         self.name = name
@@ -227,6 +238,11 @@ class Worker:
         if then is not None:
             msg["then"] = {"verb": then[0], "args": then[1], "payload": then[2]}
         slot = Pending(self, wake)
+        # the attempts it names are this supervisor's there from now on: their events,
+        # which may come before the reply, are kept
+        for asked in (asked_about(verb, args, payload), asked_about(*then) if then is not None else None):
+            if asked is not None:
+                self.attempts.place(asked)
         with self._lock:
             if self.error is not None:
                 raise PeerUnreachable(f"the worker is gone: {self.error}")
@@ -236,6 +252,7 @@ class Worker:
             if then is not None:
                 slot.follower = Pending(self, wake=True)
                 slot.follower.id = slot.id
+                slot.follower.follows = True
                 self._following[slot.id] = slot.follower
             self.requests += 1
         if self.timing:
@@ -326,6 +343,8 @@ class Worker:
                 slot.event.set()
                 if slot.wake:
                     self.wake()  # the loop did not wait for it: tell it it came
+            elif m.id > self._next_id:  # a late reply, given up on, is no lie: one never asked for is
+                self._violation("reply", f"a reply to request {m.id}, which was never sent")
             return
         if m.kind == "then":
             with self._lock:
@@ -334,19 +353,41 @@ class Worker:
                 slot.answer = (m.code, m.reply or {})
                 slot.event.set()
                 self.wake()  # the loop did not wait for it
+            elif m.id > self._next_id:
+                self._violation("then", f"the answer to a request following request {m.id}, which was never sent")
             return
         if m.kind == "probe" and m.probe is not None:
             self.pushed = m.probe  # a heartbeat: the heartbeat thread's, not the loop's
             self.kick.set()
             return
         if m.kind == "log" and m.chunk is not None:
-            self.on_log(m.attempt, m.chunk)
+            if self._admits("log", m.attempt):
+                self.on_log(m.attempt, m.chunk)
             return
         if m.kind == "ended" and m.status is not None:
+            if not self._admits("ended", m.attempt):
+                return
             self.ended[m.attempt] = (m.status, m.size)
         elif m.kind == "verified" and m.verify is not None:
+            if not self._admits("verified", (m.attempt, m.idx)):
+                return
             self.verified[(m.attempt, m.idx)] = m.verify
         self.wake()
+
+    def _admits(self, kind: str, key: str | tuple[str, int]) -> bool:
+        """Whether an event about ``key`` is kept: only for what this supervisor placed
+        there; about anything else it is dropped, and counted unless it is a late one
+        about an attempt this supervisor is done with."""
+        ok = self.attempts.admits(key)
+        if ok is None:
+            what = f"attempt {key}" if isinstance(key, str) else f"step {key[1]} of attempt {key[0]}"
+            self._violation(kind, f"a {kind} event for {what}, which this supervisor never placed there")
+        return bool(ok)
+
+    def _violation(self, kind: str, what: str) -> None:
+        self.attempts.violation(kind, what)
+        if self.on_violation is not None:
+            self.on_violation()
 
     def wake(self) -> None:
         """Wake this machine's loop, as a local shepherd does when its agent ends."""
