@@ -309,6 +309,54 @@ def test_installed_hooks_credit_edits_and_focus_routes_between_two_roles_on_one_
     assert "note-edit" in (fleeter.runsub("role", "install-hooks", str(proj), "--remove").stdout)
 
 
+# -- fleetrun's own sessions ------------------------------------------------------------
+
+
+def test_a_session_fleetrun_spawned_in_a_roles_folder_takes_no_mail_and_earns_the_role_no_focus(
+        fleeter: Any, fake_claude: Any) -> None:
+    proj = role_dir(fleeter)
+    assert fleeter.runsub("role", "install-hooks", str(proj)).ret == 0  # the Stop and PostToolUse hooks
+    assert fleeter.runsub("role", "bind", "relay", str(proj)).ret == 0
+    go = fleeter.path / "go"
+    whoami = fleeter.path / "whoami.txt"
+    fleeter.write_tasks(ROLE_TASK + '''
+    [[task]]
+    name = "tidy"
+    cwd = "proj"
+    prompt = "Tidy up."
+    permission_mode = "bypassPermissions"
+    ''')
+    # a task without a worktree: fleetrun spawns its session in the role's folder, where
+    # the role's hooks are; its turn ends only once the role's mail waits
+    fake_claude.script(tidy=[{"actions": [["bash", f"until test -f {go}; do sleep 0.1; done"],
+                                          ["write", "tidy.txt", "tidied"],
+                                          ["bash", f"{PREFIX} role whoami > {whoami}"],
+                                          # its own variable taken out: its session's still says whose it is
+                                          ["bash", f"env -u FLEETRUN_TASK_ID {PREFIX} role whoami > {whoami}.2"]],
+                              "result": "tidied"}])
+    run = fleeter.popen("tasks.toml")
+    msg = wait_for(lambda: message(fleeter, "reconnect"), why="the delivery")
+    go.write_text("")
+    wait_for(lambda: fleeter.states().get("tidy") == "DONE", why="tidy DONE")
+    assert (proj / "tidy.txt").read_text() == "tidied"
+    # its Stop hook claimed nothing: the role's mail still waits for the role
+    assert message(fleeter, "reconnect").state == "pending"
+    assert len(fake_claude.calls("tidy")) == 1
+    assert [c for c in fake_claude._log() if c.get("continuation")] == []
+    # it answers to no role, and its edit is not the role's
+    tidy_id = fleeter.task("tidy").id
+    assert whoami.read_text().startswith("no role (") and \
+        f"fleetrun started it for task {tidy_id}, and its own sessions answer to no role" in whoami.read_text()
+    assert f"fleetrun started it for task {tidy_id}" in Path(f"{whoami}.2").read_text()
+    conn = store.connect(str(fleeter.home / "state.db"))
+    try:
+        assert store.edits(conn) == {}
+    finally:
+        conn.close()
+    assert fleeter.runsub("cancel", msg.task_id).ret == 0
+    finish(run)
+
+
 # -- routing ----------------------------------------------------------------------------
 
 
