@@ -197,8 +197,9 @@ class Starting:
             seen = decided.get(task.id)
             if seen is not None and task.id not in force and seen[0] == base and seen[1] in (0, holding):
                 continue  # told to wait on what has not moved: it would be told so again
-            # only a task in the user's checkout (no git_ref) waits on the others holding slots
-            on = (base, 0 if task.spec.git_ref or task.spec.role else holding)
+            # only a task in the user's checkout (no git_ref, with a role or not) waits on
+            # the others holding slots
+            on = (base, 0 if task.spec.git_ref else holding)
             decided.pop(task.id, None)
             self._undecided.add(task.id)  # until it is told to wait
             with loop.isolated(task.id):

@@ -9,7 +9,7 @@ import sqlite3
 import subprocess
 import time
 from pathlib import Path
-from typing import Any, Iterator
+from typing import Any, Iterator, Optional
 
 import pytest
 
@@ -17,6 +17,7 @@ from fleetrun.plugins.mailbox import store
 from fleetrun.plugins.mailbox.liveness import (
     answers_to,
     is_session_cmd,
+    lineage,
     live_roles,
     scan,
     start_time,
@@ -41,11 +42,12 @@ def procs() -> Iterator[list[subprocess.Popen[bytes]]]:
         p.wait()
 
 
-def session(fake_claude: Any, cwd: Path, procs: list[subprocess.Popen[bytes]]) -> subprocess.Popen[bytes]:
+def session(fake_claude: Any, cwd: Path, procs: list[subprocess.Popen[bytes]],
+            env: Optional[dict[str, str]] = None) -> subprocess.Popen[bytes]:
     """A Claude Code session that stays up (the fake, run as ``python3 .../claude``)."""
     fake_claude.script(default=[{"actions": [["sleep", 60]]}])
     p = subprocess.Popen([str(FAKE), "-p", "wait"], cwd=str(cwd), stdout=subprocess.DEVNULL,
-                         stderr=subprocess.DEVNULL, stdin=subprocess.DEVNULL)
+                         stderr=subprocess.DEVNULL, stdin=subprocess.DEVNULL, env={**os.environ, **(env or {})})
     procs.append(p)
     deadline = time.monotonic() + 120
     while time.monotonic() < deadline:  # until it is the fake (not the interpreter starting)
@@ -151,3 +153,18 @@ def test_a_session_answers_to_the_one_role_over_its_cwd(conn: sqlite3.Connection
     s.kill()
     s.wait()
     assert live_roles(scan(), store.roles(conn)) == {}
+
+
+def test_a_session_fleetrun_started_answers_to_no_role_and_keeps_none_live(
+        conn: sqlite3.Connection, tmp_path: Path, fake_claude: Any, procs: list[subprocess.Popen[bytes]]) -> None:
+    """What fleetrun puts in the environment of the sessions it spawns (procutil.task_env)
+    marks them: under a role's folder, or even bound to one by pid, they answer to none."""
+    store.bind(conn, "relay", str(tmp_path))
+    s = session(fake_claude, tmp_path, procs, env={"FLEETRUN_TASK_ID": "task_x_0"})
+    table = scan()
+    role, why = answers_to(table, s.pid, str(tmp_path.resolve()), store.roles(conn))
+    assert role is None and why == "fleetrun started it for task task_x_0, and its own sessions answer to no role"
+    assert live_roles(table, store.roles(conn)) == {}
+    store.bind(conn, "relay", str(tmp_path), s.pid, start_time(s.pid))
+    role, _ = answers_to(lineage(s.pid), s.pid, str(tmp_path.resolve()), store.roles(conn))
+    assert role is None

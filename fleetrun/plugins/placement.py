@@ -366,21 +366,38 @@ def checkout_of(cwd: str) -> str:
     return str(path)
 
 
+#: The host of an attempt delivered to a role's mailbox (the mailbox plugin's): it
+#: starts no agent, the role's own session does the work.
+DELIVERED_HOST = "mailbox"
+
+
 def checkout_in_use(config: Config, task: Any) -> Optional[str]:
     """A task without ``git_ref`` works in the user's checkout: the checkout, if another
     such task is placed, running or being verified there (two agents in one checkout
-    edit, commit and switch branches under each other)."""
-    if config.stash.get(LEDGER_KEY) is None or task.spec.git_ref or task.spec.role:
+    edit, commit and switch branches under each other).
+
+    A task holds its checkout whether or not it declares a ``role`` (issue 21 item 7c: a
+    role task that asks for what a mailbox cannot carry is spawned like any other); only
+    a task whose attempt was delivered to a role's mailbox holds none, since fleetrun
+    started no agent for it. Before it is started, any task may be spawned, so a task
+    being placed always waits for the checkout."""
+    led = config.stash.get(LEDGER_KEY)
+    if led is None or task.spec.git_ref:
         return None
-    others = [t for t in tasks_in(config, ACTIVE) if t.id != task.id and not t.spec.git_ref and not t.spec.role]
+    others = [t for t in tasks_in(config, ACTIVE) if t.id != task.id and not t.spec.git_ref]
     if not others:
         return None
     mine = checkout_of(task.spec.cwd)
     for other in others:
-        if other.id != task.id and not other.spec.git_ref and not other.spec.role \
-                and checkout_of(other.spec.cwd) == mine:
+        if checkout_of(other.spec.cwd) == mine and not _delivered(led, other):
             return mine
     return None
+
+
+def _delivered(led: Any, task: Any) -> bool:
+    """Whether the task's current attempt was delivered to a role's mailbox."""
+    att = led.latest_attempt(task.id)
+    return att is not None and att.host == DELIVERED_HOST
 
 
 def same_pass(stash: Stash, candidates: list[Candidate], requires: list[str], pin: Optional[str],

@@ -48,3 +48,51 @@ def test_validate_warns_that_a_task_without_git_ref_edits_the_checkout(fleeter):
     repo = fleeter.path / "repo"
     assert v.errlines == [f"warning: tasks.toml:1: task 'a': no git_ref: the agent works in your checkout {repo} "
                           "itself"]
+
+
+def test_two_spawned_tasks_declaring_a_role_never_work_in_one_checkout_at_once(fleeter, fake_claude):
+    # a role, but a permission mode a mailbox cannot carry: both are spawned in the checkout
+    import json
+    import time
+
+    fleeter.make_repo()
+    fleeter.write_policy("[local]\nmax_tasks = 3\n")
+    assert fleeter.runsub("role", "bind", "relay", str(fleeter.path / "repo")).ret == 0
+    fleeter.write_tasks("\n".join(f'''
+        [[task]]
+        name = "{n}"
+        cwd = "repo"
+        role = "relay"
+        permission_mode = "bypassPermissions"
+        prompt = "p"
+    ''' for n in "ab"))
+    gates = fleeter.path / "gates"
+    gates.mkdir()
+    fake_claude.script(**{n: [{"actions": [
+        ["bash", f"ls {gates}/*.running 2>/dev/null && touch {gates}/overlap; touch {gates}/{n}.running; "
+                 f"until test -f {gates}/go; do sleep 0.1; done; rm {gates}/{n}.running"]]}] for n in "ab"})
+    run = fleeter.popen("tasks.toml")
+
+    def waited_or_started():
+        started = sorted(p.stem for p in gates.glob("*.running"))
+        if len(started) != 1:
+            return ("started", started) if len(started) > 1 else None
+        path = fleeter.home / "events.ndjson"
+        events = [json.loads(line) for line in path.read_text().splitlines()] if path.exists() else []
+        other = "b" if started == ["a"] else "a"
+        waits = [e for e in events if e.get("type") == "waiting" and e.get("name") == other]
+        return ("waited", other, waits[-1]["reason"]) if waits else None
+
+    deadline = time.monotonic() + 120
+    got = None
+    while got is None and time.monotonic() < deadline:
+        got = waited_or_started()
+        time.sleep(0.1)
+    assert got is not None and got[0] == "waited", got
+    assert got[2] == f"another task works in {(fleeter.path / 'repo').resolve()} (no git_ref)"
+    assert fleeter.states()[got[1]] == "READY"
+    (gates / "go").write_text("")
+    out, err = run.communicate(timeout=120)
+    assert run.returncode == 0, out.decode() + err.decode()
+    assert not (gates / "overlap").exists()
+    assert fleeter.states() == {"a": "DONE", "b": "DONE"}

@@ -92,6 +92,41 @@ def finish(proc: subprocess.Popen[bytes], timeout: float = 60.0) -> tuple[int, s
     return proc.returncode, out.decode() + err.decode()
 
 
+def report_from(folder: Path, *args: str) -> subprocess.CompletedProcess[str]:
+    """``fleetrun ARGS`` run in ``folder`` (a person at a terminal there): it answers to
+    the role bound over that folder, when that role is bound to no running process."""
+    return subprocess.run([sys.executable, "-m", "fleetrun", *args], cwd=str(folder), capture_output=True,
+                          text=True, timeout=120, stdin=subprocess.DEVNULL)
+
+
+class Standin:
+    """A role's session stood in for by a shell (bind the role to :attr:`pid`): the
+    commands it is given run as its children, so they answer to the role, as the
+    commands of a session's Bash tool do."""
+
+    def __init__(self, where: Path) -> None:
+        self.where = where
+        self.n = 0
+        self.proc = subprocess.Popen(["sh"], stdin=subprocess.PIPE, cwd=str(where))
+        self.pid = self.proc.pid
+
+    def run(self, *args: str) -> tuple[int, str]:
+        self.n += 1
+        out, rc = self.where / f"standin.{self.n}.out", self.where / f"standin.{self.n}.rc"
+        assert self.proc.stdin is not None
+        self.proc.stdin.write(f"{PREFIX} {shlex.join(args)} > {out} 2>&1; echo $? > {rc}.tmp; "
+                              f"mv {rc}.tmp {rc}\n".encode())
+        self.proc.stdin.flush()
+        wait_for(rc.exists, why=f"the stand-in's {args}")
+        return int(rc.read_text()), out.read_text()
+
+    def stop(self) -> None:
+        self.proc.kill()
+        self.proc.wait()
+        if self.proc.stdin is not None:
+            self.proc.stdin.close()
+
+
 ROLE_TASK = '''
     [[task]]
     name = "reconnect"
@@ -309,13 +344,108 @@ def test_installed_hooks_credit_edits_and_focus_routes_between_two_roles_on_one_
     assert "note-edit" in (fleeter.runsub("role", "install-hooks", str(proj), "--remove").stdout)
 
 
+# -- fleetrun's own sessions ------------------------------------------------------------
+
+
+def test_a_session_fleetrun_spawned_in_a_roles_folder_takes_no_mail_and_earns_the_role_no_focus(
+        fleeter: Any, fake_claude: Any) -> None:
+    proj = role_dir(fleeter)
+    assert fleeter.runsub("role", "install-hooks", str(proj)).ret == 0  # the Stop and PostToolUse hooks
+    assert fleeter.runsub("role", "bind", "relay", str(proj)).ret == 0
+    go = fleeter.path / "go"
+    whoami = fleeter.path / "whoami.txt"
+    fleeter.write_tasks(ROLE_TASK + '''
+    [[task]]
+    name = "tidy"
+    cwd = "proj"
+    prompt = "Tidy up."
+    permission_mode = "bypassPermissions"
+    ''')
+    # a task without a worktree: fleetrun spawns its session in the role's folder, where
+    # the role's hooks are; its turn ends only once the role's mail waits
+    fake_claude.script(tidy=[{"actions": [["bash", f"until test -f {go}; do sleep 0.1; done"],
+                                          ["write", "tidy.txt", "tidied"],
+                                          ["bash", f"{PREFIX} role whoami > {whoami}"],
+                                          # its own variable taken out: its session's still says whose it is
+                                          ["bash", f"env -u FLEETRUN_TASK_ID {PREFIX} role whoami > {whoami}.2"],
+                                          # nor does it report the role's task, or bind itself a role
+                                          ["bash", f"{PREFIX} mailbox done reconnect > {whoami}.done 2>&1"],
+                                          ["bash", f"{PREFIX} role bind tidy . --self > {whoami}.bind 2>&1"]],
+                              "result": "tidied"}])
+    run = fleeter.popen("tasks.toml")
+    msg = wait_for(lambda: message(fleeter, "reconnect"), why="the delivery")
+    go.write_text("")
+    wait_for(lambda: fleeter.states().get("tidy") == "DONE", why="tidy DONE")
+    assert (proj / "tidy.txt").read_text() == "tidied"
+    # its Stop hook claimed nothing: the role's mail still waits for the role
+    assert message(fleeter, "reconnect").state == "pending"
+    assert len(fake_claude.calls("tidy")) == 1
+    assert [c for c in fake_claude._log() if c.get("continuation")] == []
+    # it answers to no role, and its edit is not the role's
+    tidy_id = fleeter.task("tidy").id
+    assert whoami.read_text().startswith("no role (") and \
+        f"fleetrun started it for task {tidy_id}, and its own sessions answer to no role" in whoami.read_text()
+    assert f"fleetrun started it for task {tidy_id}" in Path(f"{whoami}.2").read_text()
+    assert "only a session of role relay may report it" in Path(f"{whoami}.done").read_text()
+    assert f"fleetrun started this session for task {tidy_id}" in Path(f"{whoami}.bind").read_text()
+    assert [r["role"] for r in json.loads(fleeter.runsub("role", "list", "--json").stdout)] == ["relay"]
+    conn = store.connect(str(fleeter.home / "state.db"))
+    try:
+        assert store.edits(conn) == {}
+    finally:
+        conn.close()
+    assert fleeter.runsub("cancel", msg.task_id).ret == 0
+    finish(run)
+
+
+def test_only_a_session_of_the_role_a_task_was_delivered_to_may_report_it(fleeter: Any, fake_claude: Any) -> None:
+    ra, rb = role_dir(fleeter, "ra"), role_dir(fleeter, "rb")
+    for folder in (ra, rb):
+        install_stop_hook(folder)
+    assert fleeter.runsub("role", "bind", "ra", str(ra)).ret == 0
+    assert fleeter.runsub("role", "bind", "rb", str(rb)).ret == 0
+    fleeter.write_tasks(ROLE_TASK.replace('cwd = "proj"', 'cwd = "rb"').replace('"relay"', '"rb"'))
+    run = fleeter.popen("tasks.toml")
+    msg = wait_for(lambda: message(fleeter, "reconnect"), why="the delivery")
+    out, rc = fleeter.path / "forged.txt", fleeter.path / "forged.rc"
+    fake_claude.script(default=[
+        # role ra's session reports role rb's task, still pending, as done
+        {"actions": [["bash", f"{PREFIX} mailbox done {msg.task_id} --summary forged > {out} 2>&1; "
+                              f"echo $? > {rc}"],
+                     ["bash", f"{PREFIX} mailbox read --role rb > {out}.read 2>&1; echo $? > {rc}.read"]]},
+        # role rb's session: its turn ends, its Stop hook hands it the task, it reports
+        {"actions": [["print", "idle"]]},
+        {"actions": [["bash", f"{PREFIX} mailbox done {msg.task_id} --summary 'done by rb'"]]},
+    ])
+
+    def session(folder: Path) -> None:
+        proc = subprocess.run([str(FAKE), "-p", "hello", "--permission-mode", "bypassPermissions"], cwd=str(folder),
+                              stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, timeout=60)
+        assert proc.returncode == 0, proc.stderr.decode()
+
+    session(ra)
+    assert rc.read_text().strip() == "4"
+    assert f"task {msg.task_id} was delivered to role rb, and this session answers to role ra" in out.read_text()
+    # nor may it claim role rb's mail (a claim hands the task over)
+    assert Path(f"{rc}.read").read_text().strip() == "4"
+    assert "this session answers to role ra, not to role rb" in Path(f"{out}.read").read_text()
+    assert message(fleeter, "reconnect").state == "pending"  # refused: nothing moved
+    assert fleeter.states() == {"reconnect": "RUNNING"}
+    session(rb)
+    code, output = finish(run)
+    assert code == 0, output
+    task = fleeter.task("reconnect")
+    assert task.state.value == "DONE" and task.handoff["summary"] == "done by rb"
+    assert message(fleeter, "reconnect").state == "done"
+
+
 # -- routing ----------------------------------------------------------------------------
 
 
 def test_auto_route_is_read_every_pass_while_work_runs(fleeter: Any, fake_claude: Any) -> None:
     proj = role_dir(fleeter)
     relay_dir = role_dir(fleeter, "proj/src/relay")
-    home_proc = subprocess.Popen(["sleep", "120"])  # the relay session's stand-in, pid-bound
+    home_proc = Standin(fleeter.path)  # the relay session's stand-in, pid-bound
     try:
         assert fleeter.runsub("role", "bind", "relay", str(relay_dir), "--pid", str(home_proc.pid)).ret == 0
         assert fleeter.runsub("role", "bind", "repo", str(proj)).ret == 0
@@ -340,7 +470,7 @@ def test_auto_route_is_read_every_pass_while_work_runs(fleeter: Any, fake_claude
         assert msg.role == "relay" and msg.why == "relay owns src/relay/peer.rs"
         owner = fleeter.runsub("role", "owner", "proj/src/relay/peer.rs")
         assert owner.ret == 0 and owner.stdout.strip() == "relay owns proj/src/relay/peer.rs"
-        assert fleeter.runsub("mailbox", "done", msg.task_id, "--summary", "ok").ret == 0
+        assert home_proc.run("mailbox", "done", msg.task_id, "--summary", "ok")[0] == 0
         wait_for(lambda: fleeter.states().get("on") == "DONE", why="on DONE")
         assert "assigned_via_mailbox:relay owns src/relay/peer.rs" in causes(fleeter, "on")
         assert fake_claude.calls("on") == []
@@ -353,8 +483,7 @@ def test_auto_route_is_read_every_pass_while_work_runs(fleeter: Any, fake_claude
         work.terminate()
         finish(work)
     finally:
-        home_proc.kill()
-        home_proc.wait()
+        home_proc.stop()
 
 
 def test_a_task_that_asks_for_what_a_mailbox_cannot_carry_is_spawned(fleeter: Any, fake_claude: Any) -> None:
@@ -432,7 +561,7 @@ def test_a_reported_failure_needs_a_human_with_the_reason(fleeter: Any) -> None:
     fleeter.write_tasks(ROLE_TASK)
     run = fleeter.popen("tasks.toml")
     msg = wait_for(lambda: message(fleeter, "reconnect"), why="the delivery")
-    assert fleeter.runsub("mailbox", "fail", msg.task_id, "--reason", "not my module").ret == 0
+    assert report_from(proj, "mailbox", "fail", msg.task_id, "--reason", "not my module").returncode == 0
     code, out = finish(run)
     assert code == 1, out
     assert fleeter.task("reconnect").reason == "mailbox_failed:not my module"
@@ -468,7 +597,7 @@ def test_a_crash_between_delivery_and_claim_delivers_nothing_twice_and_loses_not
     assert fleeter.runsub("mailbox", "read", "--role", "relay").ret == 0
     run = fleeter.popen("work", "--until-idle")
     wait_for(lambda: fleeter.states() == {"reconnect": "RUNNING"}, why="adopted")
-    assert fleeter.runsub("mailbox", "done", msg.task_id, "--summary", "after the crash").ret == 0
+    assert report_from(proj, "mailbox", "done", msg.task_id, "--summary", "after the crash").returncode == 0
     code, out = finish(run)
     assert code == 0, out
     assert fleeter.states() == {"reconnect": "DONE"}

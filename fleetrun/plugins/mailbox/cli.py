@@ -96,6 +96,8 @@ def role_main(config: Config, rest: list[str], out: TextIO, err: TextIO) -> int:
         return ExitCode.OK
     if ns.verb in ("install-hooks", "note-edit"):  # neither needs the ledger opened here
         return role_main_hooks(config, ns, out)
+    if ns.verb in ("bind", "unbind"):
+        _not_fleetruns(f"role {ns.verb}")
     conn = _conn(config)
     if ns.verb == "bind":
         return _bind(conn, ns, out)
@@ -109,6 +111,21 @@ def role_main(config: Config, rest: list[str], out: TextIO, err: TextIO) -> int:
     if ns.verb == "owner":
         return _owner(conn, ns.path, out)
     return _whoami(conn, out)
+
+
+def _not_fleetruns(key: str) -> None:
+    """Refuse a command run by a session (or verifier) fleetrun started for a task: its
+    own sessions answer to no role, so they bind none and unbind none.
+
+    :raises UsageError: it was.
+    """
+    from .liveness import lineage, started_for
+
+    me = os.getpid()
+    task = started_for(lineage(me), me)
+    if task is not None:
+        raise UsageError(f"fleetrun started this session for task {task}, and its own sessions answer to no "
+                         "role: they bind none and unbind none", key=key)
 
 
 def role_main_hooks(config: Config, ns: argparse.Namespace, out: TextIO) -> int:
@@ -255,16 +272,22 @@ def mailbox_main(config: Config, rest: list[str], out: TextIO, err: TextIO) -> i
 
 def _read(conn: Any, ns: argparse.Namespace, out: TextIO) -> int:
     from .hookio import mail_reason
-    from .liveness import answers_to
+    from .liveness import answers_to, started_for
     from .stophook import _task_name, command_prefix
 
     table, pid, cwd, found = _me(conn)
     name = ns.role
+    role, why = answers_to(table, pid, cwd, store.roles(conn))
     if name is None:
-        role, why = answers_to(table, pid, cwd, store.roles(conn))
         if role is None:
             raise UsageError(f"this session answers to no role ({why}); name one with --role R", key="mailbox read")
         name = role.name
+    elif not ns.peek and (found or started_for(table, pid)) and (role is None or role.key != name.lower()):
+        # a claim hands the task to the caller: a session takes only its own role's mail
+        # (a person, in no session, may take any role's, as an operator)
+        who = f"role {role.name}" if role is not None else f"no role ({why})"
+        raise UsageError(safe_text(f"this session answers to {who}, not to role {name}: it may read role "
+                                   f"{name}'s mail with --peek, and claim none of it"), key="mailbox read")
     msgs = store.pending(conn, name)
     if not msgs:
         print(f"no mail for role {safe_text(name)}", file=out)
@@ -291,6 +314,28 @@ def _log_report(config: Config, msg: store.Message, verb: str, text: str) -> Non
                 f"{store.clean_text(text, store.REPORT_CAP)}\n")
 
 
+def _reporter(conn: Any, msg: store.Message, task_id: str, verb: str) -> None:
+    """Refuse a report from anyone but a session of the role the task was delivered to
+    (issue 21 item 7b). Who calls is worked out as whoami does, from the caller's
+    process chain and its session's folder, never from what it says: a session of
+    another role, or one fleetrun started, cannot pass for the role. A person settles
+    a delivered task with ``fleetrun cancel`` (then ``retry``), not by reporting it.
+
+    :raises UsageError: the caller answers to another role, or to none.
+    """
+    from .liveness import answers_to
+
+    table, pid, cwd, found = _me(conn)
+    role, why = answers_to(table, pid, cwd, store.roles(conn))
+    if role is not None and role.key == msg.role.lower():
+        return
+    me = "this session" if found else "this process (in no Claude Code session)"
+    who = f"answers to role {role.name}" if role is not None else f"answers to no role ({why})"
+    raise UsageError(safe_text(f"task {task_id} was delivered to role {msg.role}, and {me} {who}: only a session "
+                               f"of role {msg.role} may report it (a person settles it with fleetrun cancel "
+                               f"{task_id}, then retry)"), key=f"mailbox {verb}")
+
+
 def _report(config: Config, conn: Any, ns: argparse.Namespace, out: TextIO) -> int:
     from ...ledger import open_ledger
     from ...liveness import wake_loop
@@ -304,6 +349,7 @@ def _report(config: Config, conn: Any, ns: argparse.Namespace, out: TextIO) -> i
         why = f": {msg.reason}" if msg.reason else ""
         raise UsageError(f"task {task_id}'s message is {msg.state}{safe_text(why)}; there is nothing to report",
                          key=f"mailbox {ns.verb}")
+    _reporter(conn, msg, task_id, ns.verb)
     if ns.verb == "done":
         moved = store.finish(conn, msg.id, "done", clock.now(), summary=ns.summary)
     else:

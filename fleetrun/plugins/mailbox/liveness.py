@@ -11,6 +11,14 @@ process, whose folder holds the session's cwd, when exactly one does (a session
 under both a root role and a nested one, neither pid-bound, answers to neither). A
 role is live when its bound process runs, or a running session answers to it.
 
+fleetrun's own sessions answer to no role (issue 21 item 7): a session fleetrun
+spawned for a task (in the folder a role is bound over, say) must not take the role's
+mail, report its tasks or earn it focus. fleetrun starts every agent and verifier with
+``FLEETRUN_TASK_ID`` in its environment (:func:`fleetrun.procutil.task_env`), so a
+process whose environment *as it started* (``/proc/PID/environ``, what psutil reads),
+or whose ancestor's, holds it is fleetrun's: the agent cannot take the variable out of
+its session's start environment, nor out of the fleetrun processes above it.
+
 psutil is imported inside the functions: loading the plugin stays cheap.
 """
 
@@ -25,6 +33,9 @@ from .store import Role
 
 #: How close two start times must be to be one process's (psutil's own resolution).
 _SAME_START_S = 0.05
+#: The variable fleetrun puts in the environment of every agent and verifier it starts
+#: for a task (``procutil.task_env``): what marks a process, and its children, as fleetrun's.
+TASK_ENV = "FLEETRUN_TASK_ID"
 
 
 @dataclass(frozen=True)
@@ -36,6 +47,9 @@ class Proc:
     started: float
     cwd: Optional[str] = None
     session: bool = False
+    #: the task fleetrun started it for (``FLEETRUN_TASK_ID`` in its start environment),
+    #: read for sessions and for the chain whoami walks; None otherwise
+    task: Optional[str] = None
 
 
 @dataclass
@@ -71,7 +85,19 @@ def is_session_cmd(name: str, cmdline: Sequence[str]) -> bool:
     return any(os.path.basename(part) == "claude" for part in list(cmdline)[:2])
 
 
-def _proc_of(p: Any, with_cwd: bool) -> Optional[Proc]:
+def _task_of(p: Any) -> Optional[str]:
+    """``FLEETRUN_TASK_ID`` of a process's start environment, or None (not set, or not
+    ours to read)."""
+    import psutil
+
+    try:
+        value = p.environ().get(TASK_ENV)
+    except (psutil.Error, OSError):
+        return None
+    return str(value)[:80] if value else None
+
+
+def _proc_of(p: Any, with_cwd: bool, with_env: bool = False) -> Optional[Proc]:
     import psutil
 
     try:
@@ -88,7 +114,8 @@ def _proc_of(p: Any, with_cwd: bool) -> Optional[Proc]:
                     cwd = os.path.realpath(p.cwd())
                 except (psutil.AccessDenied, psutil.ZombieProcess, OSError):
                     cwd = None
-            return Proc(pid=p.pid, ppid=p.ppid(), started=p.create_time(), cwd=cwd, session=session)
+            task = _task_of(p) if with_env or session else None
+            return Proc(pid=p.pid, ppid=p.ppid(), started=p.create_time(), cwd=cwd, session=session, task=task)
     except (psutil.NoSuchProcess, psutil.AccessDenied, psutil.ZombieProcess, OSError):
         return None
 
@@ -115,7 +142,7 @@ def lineage(pid: int, extra: Iterable[Optional[int]] = ()) -> ProcTable:
     cur: Optional[int] = pid
     while cur and cur not in table.procs:
         try:
-            got = _proc_of(psutil.Process(cur), with_cwd=cur == pid)
+            got = _proc_of(psutil.Process(cur), with_cwd=cur == pid, with_env=True)
         except (psutil.NoSuchProcess, psutil.AccessDenied):
             got = None
         if got is None:
@@ -143,12 +170,28 @@ def covers(directory: str, path: str) -> bool:
     return path == directory or path.startswith(directory.rstrip(os.sep) + os.sep)
 
 
+def started_for(table: ProcTable, pid: int) -> Optional[str]:
+    """The task fleetrun started ``pid`` or one of its ancestors for (``FLEETRUN_TASK_ID``
+    in a start environment), or None: a process of none of fleetrun's sessions,
+    verifiers or agents."""
+    return next((p.task for p in table.chain(pid) if p.task), None)
+
+
+def own_task() -> Optional[str]:
+    """The task fleetrun started this very process (or what started it) for, from its
+    own environment: the hooks' answer before they load psutil."""
+    return os.environ.get(TASK_ENV) or None
+
+
 def answers_to(table: ProcTable, pid: int, cwd: Optional[str], roles: Sequence[Role]) -> tuple[Optional[Role], str]:
     """whoami for the process ``pid`` (a session) whose cwd is ``cwd``.
 
     :return: the role and how (``bound to pid N``, ``the one role over DIR``), or None
-        and why not.
+        and why not (a session fleetrun started for a task answers to none).
     """
+    task = started_for(table, pid)
+    if task is not None:
+        return None, f"fleetrun started it for task {task}, and its own sessions answer to no role"
     chain = table.chain(pid)
     for depth, p in enumerate(chain):
         bound = [r for r in roles if r.pid == p.pid and table.alive(r.pid, r.pid_started)]

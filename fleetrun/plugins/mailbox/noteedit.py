@@ -38,8 +38,10 @@ def run_note_edit(home: Path, text: str) -> int:
         if not db.is_file():
             return 0
         from . import store
-        from .liveness import answers_to, covers, lineage, session_of
+        from .liveness import answers_to, covers, lineage, own_task, session_of
 
+        if own_task() is not None:
+            return 0  # a session fleetrun spawned: its edits are its task's, no role's focus
         conn = store.connect(str(db), timeout_s=5.0)
         try:
             roles = store.roles(conn)

@@ -2,8 +2,8 @@
 
 Claude Code runs it at the end of every turn of every session whose settings name it,
 with the hook's JSON on stdin. It works out which role the session answers to (the
-session's pid chain, its cwd: :func:`~.liveness.answers_to`); when a message waits for
-that role it claims it and prints ``{"decision": "block", "reason": ...}``: the session
+session's pid chain, its cwd: :func:`~.liveness.answers_to`; a session fleetrun itself
+spawned for a task answers to none); when a message waits for that role it claims it and prints ``{"decision": "block", "reason": ...}``: the session
 does not end, and takes the reason (the task's literal id, its prompt, and the exact
 ``fleetrun mailbox done``/``fail`` commands to report with; no ``$(...)``, which Claude
 Code refuses to run) as its next instruction. Otherwise it prints nothing.
@@ -89,8 +89,10 @@ def run_stop_hook(home: Path, text: str, out: TextIO, prefix: str) -> int:
         try:
             if not store.any_pending(conn):
                 return 0  # the common case: no psutil, one query
-            from .liveness import answers_to, covers, lineage, session_of
+            from .liveness import answers_to, covers, lineage, own_task, session_of
 
+            if own_task() is not None:
+                return 0  # a session fleetrun spawned: its own sessions take no role's mail
             roles = store.roles(conn)
             waiting = {m.role.lower() for m in store.pending(conn)}
             here = os.path.realpath(hook.cwd or os.getcwd())

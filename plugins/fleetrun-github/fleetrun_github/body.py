@@ -1,10 +1,14 @@
 """The pull request's title and body, from what the ledger holds of a DONE task: pure
 functions of plain values (tested without a run).
 
-The body is Markdown. What it quotes of the agent (the handoff's summary) and of the
-tasks file (the prompt, the verifiers' labels) is shown as text: control characters
-go, the summary is cut at :data:`SUMMARY_CHARS`, the body at :data:`BODY_CHARS`
-(GitHub refuses a body over 65536 characters).
+The body is Markdown. What the agent wrote (the handoff's summary) and what a model
+said (a verifier's reason) are shown inert: the summary in a fenced code block whose
+fence is longer than any run of backticks inside it, a reason as a code span, so a
+``Closes #1``, an ``@org/team``, an image or a heading imitating the body's own
+sections is only text (GitHub links no reference and pings nobody inside code). What
+the tasks file says (the prompt, names, the verifiers' labels) is the user's. Control
+characters go everywhere, the summary is cut at :data:`SUMMARY_CHARS`, the body at
+:data:`BODY_CHARS` (GitHub refuses a body over 65536 characters).
 """
 
 from __future__ import annotations
@@ -81,6 +85,18 @@ def _code(text: str) -> str:
     return f"{ticks}{pad}{text}{pad}{ticks}"
 
 
+def fenced(text: str) -> list[str]:
+    """``text`` as the lines of a fenced code block (CommonMark): the fence is a run of
+    backticks longer than any inside ``text`` (at least three), so no line of it can
+    close the block early, and the info string is empty."""
+    longest = run = 0
+    for c in text:
+        run = run + 1 if c == "`" else 0
+        longest = max(longest, run)
+    fence = "`" * max(3, longest + 1)
+    return [fence, *text.split("\n"), fence]
+
+
 def body(f: Facts, version: str) -> str:
     """The pull request's body."""
     tries = f"{f.attempts} attempt{'s' if f.attempts != 1 else ''}"
@@ -102,16 +118,21 @@ def body(f: Facts, version: str) -> str:
     lines += ["", "## Verifiers", ""]
     if f.verdicts:
         for v in f.verdicts:
-            why = f": {one_line(v.reason)}" if v.reason else ""
+            why = f": {_code(v.reason)}" if v.reason.strip() else ""  # a brain's or reviewer's words
             lines.append(f"- attempt {v.attempt}: **{'PASS' if v.passed else 'FAIL'}** "
                          f"{one_line(v.kind)} {_code(v.label)}{why}")
     else:
         lines.append("- none: the task is DONE when its session ended well")
     lines += ["", "## Cost", "", f"{cost} over {tries}.", "", "## Summary", ""]
-    summary = clean(f.summary).strip()
-    if len(summary) > SUMMARY_CHARS:
-        summary = summary[:SUMMARY_CHARS] + "\n\n[... cut]"
-    lines.append(summary or "(the task handed on no summary)")
+    summary = clean(f.summary).strip("\n").rstrip()
+    cut = len(summary) > SUMMARY_CHARS
+    if summary.strip():
+        # the agent's words: shown, never rendered (no reference, mention, image or section)
+        lines += fenced(summary[:SUMMARY_CHARS])
+    else:
+        lines.append("(the task handed on no summary)")
+    if cut:
+        lines.append("[... cut]")
     base = f" from {_code(f.base)}" if f.base else ""
     lines += ["", "---", f"Branch {_code(f.branch)}{base}. Opened by fleetrun-github {version}; "
                          f"`fleetrun logs {f.task_id}` has the whole story."]

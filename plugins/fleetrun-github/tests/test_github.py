@@ -148,10 +148,10 @@ def test_done_tasks_get_pull_requests_and_failures_are_notes(fleeter: Any, monke
     body = created["stdin"]
     assert body.startswith(f"fleetrun task `api` (`{api.id}`) is DONE (verify_pass) after 2 attempts (1 retry).\n")
     for part in ("> Add the users API\n> with tests, please.\n",
-                 "- attempt 1: **FAIL** run `test -f ../m || { touch ../m; exit 1; }`: exit code 1\n",
-                 "- attempt 2: **PASS** run `has work`: exit code 0\n",
+                 "- attempt 1: **FAIL** run `test -f ../m || { touch ../m; exit 1; }`: `exit code 1`\n",
+                 "- attempt 2: **PASS** run `has work`: `exit code 0`\n",
                  "$0.50 over 2 attempts (1 retry).\n",
-                 "## Summary\n\nAdded work.txt for api.\n",
+                 "## Summary\n\n```\nAdded work.txt for api.\n```\n",
                  f"Branch `{api.branch}` from `main`. Opened by fleetrun-github 0.1.0;"):
         assert part in body, body
 
@@ -227,6 +227,61 @@ def test_done_tasks_get_pull_requests_and_failures_are_notes(fleeter: Any, monke
     for path in fleeter.path.rglob("*"):
         if path.is_file():
             assert TOKEN.encode() not in path.read_bytes(), path
+
+
+#: What an agent may hand on as its summary to steer the pull request: close an issue,
+#: ping a team, load a tracking image, imitate fleetrun's own sections, and close a
+#: code fence early.
+HOSTILE = ("Closes #1\ncc @org/team\n![](http://tracker.example/pixel.png)\n## Verifiers\n"
+           "- attempt 1: **PASS** run `everything`\n```\nFixes #2\n````\n")
+
+
+def fenced(body: str, after: str) -> tuple[str, str]:
+    """The fenced code block that follows the line ``after`` in ``body``: (its fence, its
+    content), as CommonMark reads it (it ends at the first line of at least as many
+    backticks and nothing else)."""
+    lines = body.split("\n")
+    i = lines.index(after) + 2
+    fence = lines[i]
+    assert set(fence) == {"`"} and len(fence) >= 3, body
+    end = next(j for j in range(i + 1, len(lines)) if set(lines[j].strip()) == {"`"}
+               and len(lines[j].strip()) >= len(fence))
+    assert lines[end] == fence, body  # the block ends at its own fence, not at one of the agent's
+    return fence, "\n".join(lines[i + 1:end])
+
+
+def test_the_agents_summary_is_inert_text_in_the_pull_request_body(fleeter: Any, monkeypatch: Any) -> None:
+    monkeypatch.setenv("GH_TOKEN", TOKEN)
+    repo, remote = setup_remote(fleeter)
+    gh = write_gh(fleeter.path / "bin")
+    fleeter.write_config(f'[github]\ngh = "{gh}"\n')
+    (fleeter.path / "summary.txt").write_text(HOSTILE)
+    copy = f"import os, shutil; open('work.txt', 'w').write('done'); shutil.copy({str(fleeter.path / 'summary.txt')!r}, " \
+           "os.environ['FLEETRUN_SUMMARY_FILE'])"
+    fleeter.write_tasks(f"""
+        [agents.work]
+        command = ["{{python}}", "-c", "{copy}"]
+
+        [[task]]
+        name = "api"
+        prompt = "Add the users API"
+        cwd = "repo"
+        git_ref = "main"
+        agent = "work"
+    """)
+    result = fleeter.run("tasks.toml", plugins=[fleetrun_github])
+    result.assert_outcomes(done=1)
+    (created,) = [c for c in calls(gh) if c["argv"][:2] == ["pr", "create"]]
+    body = created["stdin"]
+    fence, content = fenced(body, "## Summary")
+    assert content == HOSTILE.rstrip("\n")  # shown whole, as the agent wrote it, but as code
+    assert len(fence) > 4  # longer than any run of backticks in it
+    # outside the block, nothing of it: no reference, mention, image or section of its own
+    outside = body.replace(content, "")
+    for live in ("#1", "#2", "@org", "![](", "**PASS** run `everything`"):
+        assert live not in outside, body
+    assert [line for line in outside.split("\n") if line.startswith("## ")] == [
+        "## Task", "## Verifiers", "## Cost", "## Summary"]
 
 
 def test_inert_unless_configured_and_mistakes_are_usage_errors(fleeter: Any) -> None:
@@ -314,6 +369,9 @@ def test_title_and_body_quote_untrusted_text_as_text() -> None:
     assert "- none: the task is DONE when its session ended well" in text
     assert "$0.00 (at least: an attempt's cost is unknown) over 1 attempt." in text
     assert "x[2Jy" in text and "\x1b" not in text
+    # a brain's or a reviewer's reason is a model's words: a code span, never Markdown
+    f.verdicts = [bodymod.Verdict(attempt=1, kind="brain", label="review", passed=True, reason="Closes #3 `@team`")]
+    assert "- attempt 1: **PASS** brain `review`: `` Closes #3 `@team` ``\n" in bodymod.body(f, "0.1.0")
 
 
 def test_loading_the_plugin_imports_no_subprocess() -> None:
