@@ -1258,6 +1258,22 @@ version = "0.1"
 """
 
 
+def test_the_test_extra_installs_what_the_editable_fixtures_build_with() -> None:
+    """``editable_venv`` (and tests/acceptance/test_setup.py) run ``pip install -e``
+    offline with this venv's setuptools: before setuptools 70.1, ``bdist_wheel`` is in
+    ``wheel``, which a fresh venv lacks (``invalid command 'bdist_wheel'``). The README's
+    ``pip install -e '.[test]'`` must bring both."""
+    import configparser
+    import re
+    from pathlib import Path
+
+    cfg = configparser.ConfigParser()
+    cfg.read(Path(__file__).resolve().parent.parent / "setup.cfg")
+    extra = [ln.strip() for ln in cfg["options.extras_require"]["test"].splitlines()]
+    names = {re.split(r"[<>=!~;\[ ]", ln, maxsplit=1)[0].lower() for ln in extra if ln and not ln.startswith("#")}
+    assert {"setuptools", "wheel"} <= names, names
+
+
 @pytest.fixture(scope="module")
 def editable_venv(tmp_path_factory: Any) -> tuple[Any, Any]:
     """A git checkout of a tiny src-layout package, and a real venv with it installed
