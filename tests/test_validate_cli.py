@@ -746,16 +746,74 @@ def test_unknown_agents_all_reported(fleeter: Any) -> None:
 
 
 def test_agents_table_without_command(fleeter: Any) -> None:
-    r = validate(fleeter, "[agents.codex]\nargs = ['x']\n\n" + task("a", agent='"codex"'))
-    assert r.ret == USAGE_ERROR
-    assert "Traceback" not in r.stderr
-    assert r.errlines == ["ERROR: agents.codex: unknown key 'args' (known: command, stdin, env)"]
+    check(fleeter, "[agents.codex]\nargs = ['x']\n\n" + task("a", agent='"codex"'),
+          "ERROR: tasks.toml:1: agents.codex: command is missing",
+          "ERROR: tasks.toml:2: agents.codex.args: unknown key (known: command, env, stdin)")
 
 
 def test_agents_command_not_a_list(fleeter: Any) -> None:
-    r = validate(fleeter, "[agents.codex]\ncommand = 'codex {prompt}'\n\n" + task("a", agent='"codex"'))
-    assert r.ret == USAGE_ERROR
-    assert r.errlines == ["ERROR: agents.codex.command: command must be a non-empty list of strings"]
+    check(fleeter, "[agents.codex]\ncommand = 'codex {prompt}'\n\n" + task("a", agent='"codex"'),
+          "ERROR: tasks.toml:2: agents.codex.command: expected a list of strings, got a string")
+
+
+def test_an_agents_table_no_task_uses_is_checked_with_its_lines(fleeter: Any) -> None:
+    # a slip in a table no task of this run uses is found now, not the night a task does
+    check(fleeter, """
+        [agents.codex]
+        command = ["codex", "exec", "{prompt}"]
+        stdn = true
+
+        [agents.aider]
+        command = []
+
+        [[task]]
+        name = "a"
+        prompt = "x"
+    """,
+          "ERROR: tasks.toml:3: agents.codex.stdn: unknown key (did you mean 'stdin'?)",
+          "ERROR: tasks.toml:6: agents.aider.command: must not be empty")
+
+
+def test_a_placeholder_typo_in_a_command_agent_is_an_error_with_its_line(fleeter: Any) -> None:
+    check(fleeter, """
+        [agents.codex]
+        command = ["codex", "exec", "--cd", "{workdri}",
+                   "{promt}"]
+
+        [[task]]
+        name = "a"
+        prompt = "x"
+        agent = "codex"
+    """,
+          "ERROR: tasks.toml:2: agents.codex.command: unknown placeholder {workdri} (did you mean {workdir}?), "
+          "unknown placeholder {promt} (did you mean {prompt}?)")
+
+
+@pytest.mark.parametrize("where", ["config.toml", "fleetrun.toml"])
+def test_a_placeholder_typo_in_config_toml_or_the_project_file(fleeter: Any, where: str) -> None:
+    text = '[agents.script]\ncommand = ["{python}", "agent.py", "{session}"]\n'
+    if where == "config.toml":
+        fleeter.write_config(text)
+        shown = str(fleeter.home / "config.toml")
+    else:
+        fleeter.write("fleetrun.toml", text)
+        shown = "fleetrun.toml"
+    check(fleeter, task("a", agent='"script"'),
+          f"ERROR: {shown}:2: agents.script.command: unknown placeholder {{session}} "
+          "(placeholders: {prompt}, {prompt_file}, {workdir}, {model}, {attempt}, {tasks_dir}, {python})")
+
+
+def test_braces_that_are_no_placeholder_name_pass(fleeter: Any) -> None:
+    r = validate(fleeter, """
+        [agents.script]
+        command = ["{python}", "-c", "import json; print(json.dumps({'a': 1}))", "{}", "{prompt}"]
+
+        [[task]]
+        name = "a"
+        prompt = "x"
+        agent = "script"
+    """)
+    assert_valid(r, "tasks.toml: 1 task, valid")
 
 
 # ---------------------------------------------------------------------------------
