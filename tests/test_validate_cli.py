@@ -816,6 +816,14 @@ def test_braces_that_are_no_placeholder_name_pass(fleeter: Any) -> None:
     assert_valid(r, "tasks.toml: 1 task, valid")
 
 
+def test_a_task_that_must_run_here_pinned_to_a_peer_is_an_error(fleeter: Any) -> None:
+    # it would wait for ever, and the run end with "cannot place"
+    check(fleeter, task("a", peer='"mini"') + '  [[task.verify]]\n  brain = "is it done?"\n  model = "m"\n',
+          "ERROR: tasks.toml:4: task 'a': peer: pinned to mini, but a task with a brain verifier and no git_ref "
+          "runs on this machine (the verifier runs here, and without git_ref the work on a peer is on no branch "
+          "to fetch back)")
+
+
 # ---------------------------------------------------------------------------------
 # keys declared by plugins
 
