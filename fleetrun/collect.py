@@ -184,8 +184,8 @@ def _collect_task(
             continue
         decl = keys.task.get(key)
         if decl is None:
-            if isinstance(value, dict):
-                line = lines.get("task", i, "table", key, default=line)
+            # a table's header ([task.misc], [[task.verifiy]]); an inline one is at its key
+            line = lines.lines.get(("task", i, "table", key)) or line
             errs.add(line, f"{who}: {key}", f"unknown key{suggest(key, [*keys.task, 'verify'])}")
             continue
         if check_value(decl, value, line, f"{who}: {key}", errs):
@@ -263,8 +263,8 @@ def _collect_task(
     verifies: list[VerifySpec] = []
     raw_verify = raw.get("verify", [])
     if not isinstance(raw_verify, list) or not all(isinstance(v, dict) for v in raw_verify):
-        errs.add(lines.get("task", i, "verify", default=head), f"{who}: verify",
-                 "must be an array of tables, written [[task.verify]]")
+        errs.add(lines.lines.get(("task", i, "table", "verify")) or lines.get("task", i, "verify", default=head),
+                 f"{who}: verify", "must be an array of tables, written [[task.verify]]")
         raw_verify = []
     named: dict[str, int] = {}
     for j, rv in enumerate(raw_verify):

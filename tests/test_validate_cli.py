@@ -91,6 +91,7 @@ def test_valid_every_key(fleeter: Any) -> None:
         [[task]]
         name = "base"
         prompt = "p"
+        peer = "mini"  # not with role: a task with a role runs on this machine
 
         [[task]]
         name = "all"
@@ -113,7 +114,6 @@ def test_valid_every_key(fleeter: Any) -> None:
         role = "backend"
         paths = ["src/", "a/../b", "./c"]
         requires = ["python", "gpu"]
-        peer = "mini"
 
           [[task.verify]]
           run = "make test"
@@ -250,6 +250,21 @@ def test_unknown_task_subtable(fleeter: Any) -> None:
           "ERROR: tasks.toml:5: task 'a': misc: unknown key")
 
 
+def test_a_misspelt_verify_table_points_at_its_header(fleeter: Any) -> None:
+    check(fleeter, task("b") + "\n" + task("a") + '\n  [[task.verifiy]]\n  run = "make test"\n',
+          "ERROR: tasks.toml:9: task 'a': verifiy: unknown key (did you mean 'verify'?)")
+
+
+def test_a_verify_table_written_once_points_at_its_header(fleeter: Any) -> None:
+    check(fleeter, task("b") + "\n" + task("a") + '\n  [task.verify]\n  run = "make test"\n',
+          "ERROR: tasks.toml:9: task 'a': verify: must be an array of tables, written [[task.verify]]")
+
+
+def test_an_inline_misspelt_table_points_at_its_key(fleeter: Any) -> None:
+    check(fleeter, task("a") + 'verifiy = { run = "make test" }\n',
+          "ERROR: tasks.toml:4: task 'a': verifiy: unknown key (did you mean 'verify'?)")
+
+
 def test_unknown_verify_key(fleeter: Any) -> None:
     check(fleeter, task("a") + '  [[task.verify]]\n  rn = "make test"\n',
           "ERROR: tasks.toml:4: task 'a': verify #1: needs exactly one of run / brain / agent, found none",
@@ -362,8 +377,11 @@ def test_empty_prompt(fleeter: Any) -> None:
         ("peer", '""', "must not be empty"),
         ("permission_mode", '"yolo"',
          "'yolo' is not one of acceptEdits, auto, bypassPermissions, default, dontAsk, manual, plan"),
-        ("permission_mode", '"AcceptEdits"',
-         "'AcceptEdits' is not one of acceptEdits, auto, bypassPermissions, default, dontAsk, manual, plan"),
+        ("permission_mode", '"AcceptEdits"', "'AcceptEdits' is not one of acceptEdits, auto, bypassPermissions, "
+         "default, dontAsk, manual, plan (did you mean 'acceptEdits'?)"),
+        ("permission_mode", '"acceptedits"', "'acceptedits' is not one of acceptEdits, auto, bypassPermissions, "
+         "default, dontAsk, manual, plan (did you mean 'acceptEdits'?)"),
+        ("base", '"dependency"', "'dependency' is not one of git_ref, dependencies (did you mean 'dependencies'?)"),
     ],
 )
 def test_bad_value(fleeter: Any, key: str, value: str, message: str) -> None:
