@@ -16,7 +16,13 @@ from typing import Any, Callable, Optional
 from .exceptions import UsageError, UsageErrors
 
 # BUILTIN_*, SETUP_STEP_KEYS: importable from here, as before the key table had its own module
-from .taskdefaults import TaskDefaults, collect_defaults, not_a_default, take_default  # noqa: F401
+from .taskdefaults import (  # noqa: F401
+    TaskDefaults,
+    collect_defaults,
+    not_a_default,
+    take_default,
+    unknown_default,
+)
 from .taskkeys import (  # noqa: F401
     BUILTIN_TASK_KEYS,
     BUILTIN_VERIFY_KEYS,
@@ -110,7 +116,8 @@ def collect_toml(path: Path, keys: KeyTable, display: str, defaults: Optional[di
         elif top in NOT_DEFAULT_KEYS:
             errs.add(line, top, not_a_default(top))
         else:
-            errs.add(line, top, f"unknown key{suggest(top, tables if misspelt_table else known_top)}")
+            errs.add(line, top, f"unknown key{suggest(top, tables)}" if misspelt_table
+                     else unknown_default(top, known_top))
 
     raw_tasks = data.get("task", [])
     if not isinstance(raw_tasks, list) or not all(isinstance(t, dict) for t in raw_tasks):

@@ -493,6 +493,13 @@ def test_the_git_top_level_is_the_root_in_a_linked_worktree(fleeter: Any, repo: 
     assert os.path.isfile(linked / ".git")
 
 
+def test_a_slip_of_a_task_only_key_in_the_project_defaults_says_which(fleeter: Any, repo: Path) -> None:
+    write(repo / "sub" / "fleetrun.toml", '[task]\ndependancies = ["x"]\n')
+    assert errors_of(fleeter.runsub("validate")) == [
+        "ERROR: fleetrun.toml:2: task.dependancies: unknown key (did you mean 'depends_on'? It cannot be a "
+        "default of every task (it is the task graph); write it in each [[task]])"]
+
+
 def test_project_default_mistakes_come_with_the_tasks_files_own(fleeter: Any, repo: Path) -> None:
     # every error at once: the project file's first, then the tasks file's, in one run
     write(repo / "sub" / "fleetrun.toml", '[task]\nmax_retries = -1\nmodel = "opus"\n')

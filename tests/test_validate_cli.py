@@ -290,6 +290,13 @@ def test_unknown_top_level_key(fleeter: Any, line: str, expected: str) -> None:
     check(fleeter, f"{line}\n\n" + task("a").replace("[[task]]", "[[task]]", 1), expected)
 
 
+def test_a_slip_of_a_task_only_key_as_a_default_says_which(fleeter: Any) -> None:
+    # depends_on is no default, so the closest default was none; the slip is still depends_on
+    check(fleeter, 'dependancies = ["a"]\n\n' + task("b"),
+          "ERROR: tasks.toml:1: dependancies: unknown key (did you mean 'depends_on'? It cannot be a default of "
+          "every task (it is the task graph); write it in each [[task]])")
+
+
 def test_task_not_an_array_of_tables(fleeter: Any) -> None:
     check(fleeter, '[task]\nname = "a"\nprompt = "x"\n',
           "ERROR: tasks.toml:1: task: must be an array of tables, written [[task]]")
