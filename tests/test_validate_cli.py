@@ -1349,6 +1349,43 @@ version = "0.1"
 """
 
 
+# ---------------------------------------------------------------------------------
+# warnings: valid, but a verifier that could not judge
+
+
+def verify_task(*runs: str, extra: str = "") -> str:
+    body = "".join(f"\n  [[task.verify]]\n  run = {r}\n" for r in runs)
+    return f'[[task]]\nname = "a"\nprompt = "do it"\n{extra}{body}'
+
+
+def test_warns_when_a_run_verifiers_command_is_not_found(fleeter: Any) -> None:
+    (fleeter.path / "check.sh").write_text("#!/bin/sh\n")
+    r = validate(fleeter, verify_task("'no-such-tool --all'", "'./missing.sh'", "'./check.sh'",
+                                      "'FOO=1 grep -q x y'", "'cd sub && make'", '"test -f x"',
+                                      '"no-such-tool \\"unbalanced"'))
+    assert_valid(r, "tasks.toml: 1 task, valid")
+    assert r.errlines == [
+        "warning: tasks.toml:5: task 'a': verify #1: no-such-tool is not on PATH "
+        "(the verifier would fail, command not found)",
+        "warning: tasks.toml:8: task 'a': verify #2: ./missing.sh is not in the task's cwd "
+        "(the verifier would fail, command not found)"]
+
+
+def test_a_relative_command_a_setup_step_may_make_is_not_warned_about(fleeter: Any) -> None:
+    r = validate(fleeter, verify_task("'.venv/bin/python -m pytest'", extra='setup = ["python3 -m venv .venv"]\n'))
+    assert (r.ret, r.errlines) == (0, [])
+
+
+def test_warns_when_a_brain_verifier_has_no_brain_configured(fleeter: Any) -> None:
+    r = validate(fleeter, task("a") + '\n  [[task.verify]]\n  brain = "Is it done?"\n  model = "qwen"\n')
+    assert_valid(r, "tasks.toml: 1 task, valid")
+    assert r.errlines == [
+        "warning: tasks.toml:5: task 'a': verify #1: no [brain] is configured (config.toml, the project file or "
+        "the tasks file): the verifier asks http://127.0.0.1:11434"]
+    fleeter.write_config('[brain]\nurl = "http://127.0.0.1:9"\n')
+    assert fleeter.run("validate", "tasks.toml").errlines == []
+
+
 def test_the_test_extra_installs_what_the_editable_fixtures_build_with() -> None:
     """``editable_venv`` (and tests/acceptance/test_setup.py) run ``pip install -e``
     offline with this venv's setuptools: before setuptools 70.1, ``bdist_wheel`` is in
@@ -1392,6 +1429,10 @@ def editable_venv(tmp_path_factory: Any) -> tuple[Any, Any]:
     subprocess.run([sys.executable, "-m", "pip", "--python", str(venv / "bin" / "python"), "install", "-q",
                     "--no-index", "--no-build-isolation", "--no-deps", "-e", str(repo)],
                    check=True, env=pip_env, stdout=subprocess.DEVNULL)
+    # a console script, as pip leaves one (the venv has no pytest: the verifier is not run)
+    script = venv / "bin" / "pytest"
+    script.write_text(f"#!{venv / 'bin' / 'python'}\nimport sys\nsys.exit(0)\n")
+    script.chmod(0o755)
     return repo, venv
 
 
@@ -1447,6 +1488,9 @@ def test_editable_finder_and_pth_are_found_too(fleeter: Any, tmp_path: Any) -> N
         sp.mkdir(parents=True)
         (sp / name).write_text(content)
         (sp.parent.parent.parent / "bin").mkdir()
+        python = sp.parent.parent.parent / "bin" / "python"  # there, never run
+        python.write_text("#!/bin/sh\n")
+        python.chmod(0o755)
     r = validate(fleeter, f'''[[task]]
 name = "x"
 prompt = "p"
