@@ -182,7 +182,7 @@ def fleetrun_collection_modifyitems(config: Config, items: list[Any]) -> None:
             where = display_path(Path(t.source), config.invocation_dir) if t.source else "?"
             if not (v.model or model):
                 config.stash.setdefault(WARNINGS_KEY, []).append(
-                    f"task '{t.name}': verify #{i + 1}: a brain verifier needs a model: "
+                    f"{where}:{v.line or t.line}: task '{t.name}': verify #{i + 1}: a brain verifier needs a model: "
                     "set [brain] model (config.toml or the tasks file) or model = on the verifier; "
                     "without one it fails")
             elif table is None:  # the default endpoint: right only with a local ollama
