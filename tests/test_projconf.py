@@ -206,6 +206,13 @@ def test_addopts_select_for_the_run_never_for_cancel(fleeter: Any, repo: Path) -
     assert status.stdout.count("CANCELLED") == 1 and "user-api" in status.stdout, status.stdout
 
 
+def test_fleetrun_addopts_reach_the_verbs_that_take_them_too(fleeter: Any, repo: Path) -> None:
+    env = {"FLEETRUN_ADDOPTS": "-k api --durations 3"}
+    r = fleeter.runsub("status", env=env)
+    assert (r.ret, r.errlines) == (0, []), r.stderr
+    assert collected(fleeter.runsub("--co", env=env)) == ["<Task user-api>"]
+
+
 def test_an_option_typed_is_still_an_error_where_addopts_are_dropped(fleeter: Any, repo: Path) -> None:
     write(repo / "pyproject.toml", RUN_ADDOPTS)
     r = fleeter.runsub("status", "-k", "api")  # argparse's own message: to the process's stderr
