@@ -362,6 +362,9 @@ def _configure(args: list[str], plugins: Optional[list[Any]], out: TextIO, err: 
     pluginparser = Parser()
     pm.hook.fleetrun_addoption(parser=pluginparser, pluginmanager=pm)
     parser = _build_parser(verb, verbs, pluginparser)
+    if addopts:
+        options = _VerbOptions(verb, verbs, pluginparser, parser)
+        addopts = [(src, options.taken(ws)) for src, ws in addopts]
     ns = _parse_args(parser, addopts, rest)
     ns.verb = verb
     if ns.version:
@@ -424,6 +427,93 @@ def _project_addopts(args: list[str]) -> tuple[Optional[ProjectConfig], list[tup
     if env:
         out.append((None, env))
     return project, out
+
+
+#: Options of ``addopts`` that select tasks: they reach the verbs that take tasks files
+#: (``run``, ``validate``, ``queue``), never the selection of ``cancel``, ``retry`` or
+#: ``approve``, which act on what the operator types and nothing else.
+_SELECTION_OPTS = ("-k", "-m")
+
+
+class _VerbOptions:
+    """Which words of ``addopts`` a verb takes. As pytest's addopts are options of a
+    test run, fleetrun's are options of whatever verb takes them: an option this verb's
+    parser lacks is dropped for it (``-k`` for ``status``, ``--durations`` for
+    ``validate``), with its value; an option no verb takes stays, so that the parse
+    reports it as the project file's mistake, on every verb. A word that is no option
+    (a tasks file) reaches only the verbs that take tasks files.
+    """
+
+    def __init__(self, verb: str, verbs: dict[str, VerbDecl], pluginparser: Parser,
+                 parser: argparse.ArgumentParser) -> None:
+        self.verb = verbs[verb]
+        self.parser = parser
+        self._build = lambda name: _build_parser(name, verbs, pluginparser)
+        self._names = [v for v in verbs if v != verb]
+        self._others: Optional[list[argparse.ArgumentParser]] = None
+
+    def _elsewhere(self, word: str) -> Optional[argparse.Action]:
+        """The option in the parser of another verb (built only when an addopt needs it)."""
+        if self._others is None:
+            self._others = [self._build(name) for name in self._names]
+        for p in self._others:
+            action = _option_action(p, word)
+            if action is not None:
+                return action
+        return None
+
+    def taken(self, words: list[str]) -> list[str]:
+        out: list[str] = []
+        i = 0
+        while i < len(words):
+            word = words[i]
+            if not word.startswith("-") or word == "-":
+                if self.verb.takes_tasks_files:
+                    out.append(word)
+                i += 1
+                continue
+            own = _option_action(self.parser, word)
+            if own is not None and any(word.startswith(o) for o in _SELECTION_OPTS):
+                own = own if self.verb.takes_tasks_files else None
+            action = own or self._elsewhere(word)
+            n = _values_after(action, word, words[i + 1:])
+            if own is not None or action is None:
+                out.extend(words[i:i + 1 + n])
+            i += 1 + n
+        return out
+
+
+def _option_action(parser: argparse.ArgumentParser, word: str) -> Optional[argparse.Action]:
+    """The action of the option ``word`` (``--name``, ``--name=V``, a prefix of one
+    long option as argparse takes it, ``-x``, ``-xV``), or None if ``parser`` lacks it."""
+    # argparse has no public lookup of an option string; pytest's parser reads this too
+    actions: dict[str, argparse.Action] = parser._option_string_actions
+    if word.startswith("--"):
+        name = word.split("=", 1)[0]
+        if name in actions:
+            return actions[name]
+        found = {id(a): a for o, a in actions.items() if o.startswith(name) and o.startswith("--")}
+        return next(iter(found.values())) if len(found) == 1 else None
+    return actions.get(word[:2])
+
+
+def _values_after(action: Optional[argparse.Action], word: str, following: list[str]) -> int:
+    """How many of the ``following`` words are the option's values."""
+    inline = "=" in word if word.startswith("--") else len(word) > 2
+    if inline:
+        return 0
+    count = 0
+    for w in following:
+        if w.startswith("-") and w != "-":
+            break
+        count += 1
+    if action is None:  # no verb takes it: an error anyway; its value goes with it
+        return min(count, 1)
+    if action.nargs is None:
+        return 1
+    if isinstance(action.nargs, int):
+        return action.nargs
+    return min(count, 1) if action.nargs == "?" else count
 
 
 def _try_parse(parser: argparse.ArgumentParser, words: list[str]) -> tuple[Optional[argparse.Namespace], str]:

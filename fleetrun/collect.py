@@ -16,7 +16,13 @@ from typing import Any, Callable, Optional
 from .exceptions import UsageError, UsageErrors
 
 # BUILTIN_*, SETUP_STEP_KEYS: importable from here, as before the key table had its own module
-from .taskdefaults import TaskDefaults, collect_defaults, not_a_default, take_default  # noqa: F401
+from .taskdefaults import (  # noqa: F401
+    TaskDefaults,
+    collect_defaults,
+    not_a_default,
+    take_default,
+    unknown_default,
+)
 from .taskkeys import (  # noqa: F401
     BUILTIN_TASK_KEYS,
     BUILTIN_VERIFY_KEYS,
@@ -110,7 +116,8 @@ def collect_toml(path: Path, keys: KeyTable, display: str, defaults: Optional[di
         elif top in NOT_DEFAULT_KEYS:
             errs.add(line, top, not_a_default(top))
         else:
-            errs.add(line, top, f"unknown key{suggest(top, tables if misspelt_table else known_top)}")
+            errs.add(line, top, f"unknown key{suggest(top, tables)}" if misspelt_table
+                     else unknown_default(top, known_top))
 
     raw_tasks = data.get("task", [])
     if not isinstance(raw_tasks, list) or not all(isinstance(t, dict) for t in raw_tasks):
@@ -184,8 +191,8 @@ def _collect_task(
             continue
         decl = keys.task.get(key)
         if decl is None:
-            if isinstance(value, dict):
-                line = lines.get("task", i, "table", key, default=line)
+            # a table's header ([task.misc], [[task.verifiy]]); an inline one is at its key
+            line = lines.lines.get(("task", i, "table", key)) or line
             errs.add(line, f"{who}: {key}", f"unknown key{suggest(key, [*keys.task, 'verify'])}")
             continue
         if check_value(decl, value, line, f"{who}: {key}", errs):
@@ -263,8 +270,8 @@ def _collect_task(
     verifies: list[VerifySpec] = []
     raw_verify = raw.get("verify", [])
     if not isinstance(raw_verify, list) or not all(isinstance(v, dict) for v in raw_verify):
-        errs.add(lines.get("task", i, "verify", default=head), f"{who}: verify",
-                 "must be an array of tables, written [[task.verify]]")
+        errs.add(lines.lines.get(("task", i, "table", "verify")) or lines.get("task", i, "verify", default=head),
+                 f"{who}: verify", "must be an array of tables, written [[task.verify]]")
         raw_verify = []
     named: dict[str, int] = {}
     for j, rv in enumerate(raw_verify):

@@ -9,7 +9,7 @@ from dataclasses import asdict
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Callable, Optional, TextIO
 
-from .exceptions import ExitCode, UsageError
+from .exceptions import ExitCode, UsageError, UsageErrors
 from .textutil import safe_name, safe_text
 from .verbs import VerbDecl
 
@@ -32,10 +32,32 @@ def notifier(config: Config) -> ops.Notify:
 # ---------------------------------------------------------------------------------
 
 
+def _policy_errors(config: Config) -> list[UsageError]:
+    """The mistakes of this machine's ``policy.toml``, which a run refuses to start with
+    (docs/policy.md): ``validate`` reports them rather than saying "valid"."""
+    from .policy import load_policy
+
+    try:
+        load_policy(config.home / "policy.toml")
+    except UsageErrors as e:
+        return list(e.errors)
+    except UsageError as e:
+        return [e]
+    return []
+
+
 def cmd_validate(config: Config, out: TextIO, err: TextIO) -> int:
     from .queueing import FILES_KEY, WARNINGS_KEY, collect_items
 
-    items = collect_items(config)
+    policy_errors = _policy_errors(config)
+    try:
+        items = collect_items(config)
+    except UsageError as e:  # the machine's file first, then the tasks files'
+        if not policy_errors:
+            raise
+        raise UsageErrors(policy_errors + (e.errors if isinstance(e, UsageErrors) else [e])) from None
+    if policy_errors:
+        raise UsageErrors(policy_errors) if len(policy_errors) > 1 else policy_errors[0]
     from .collect import describe_defaults, display_path
 
     for f in config.stash[FILES_KEY]:

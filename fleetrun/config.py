@@ -11,7 +11,7 @@ from typing import TYPE_CHECKING, Any, Callable, Iterable, Optional
 from .exceptions import UsageError
 from .home import default_home  # noqa: F401  (its home before home.py: kept importable)
 from .stash import Stash
-from .tomlfile import describe_value
+from .tomlfile import describe_value, not_one_of
 
 if TYPE_CHECKING:
     from .pluginmanager import FleetPluginManager
@@ -220,7 +220,7 @@ def _value_problem(decl: ConfigKey, value: Any) -> Optional[str]:
                 return (f"expected {_type_name((type(value),), decl.items)}, "
                         f"got a {kind} holding {describe_value(item)}")
     if decl.choices and value not in decl.choices:
-        return f"{value!r} is not one of {', '.join(str(c) for c in decl.choices)}"
+        return not_one_of(value, decl.choices)
     if decl.check is not None:
         return decl.check(value)
     return None

@@ -83,6 +83,20 @@ def check_roles(files: list[Any], config: Config) -> list[UsageError]:
             for f in files for spec in f.tasks if spec.role]
 
 
+def check_file_settings(tf: TaskFile, config: Config) -> list[UsageError]:
+    """A tasks file's ``[agents.NAME]`` and ``[brain]``, checked as ``config.toml`` is,
+    each mistake with its line: every table, whether a task of this run uses it or not
+    (a slip in ``[agents.codex]`` is found at validate, not the night a task uses it)."""
+    if not tf.settings:
+        return []
+    from .config import check_config
+    from .tomlfile import map_lines
+
+    skip = any(p is None for _n, p in config.pluginmanager.list_name_plugin())  # a blocked plugin's table
+    return check_config(tf.settings, map_lines(tf.text), config.config_keys(),
+                        display_path(Path(tf.path), config.invocation_dir), skip_unknown_tables=skip)
+
+
 def collect(config: Config) -> list[TaskFile]:
     """Collect every file named on the command line; raise all usage errors at once.
 
@@ -118,6 +132,7 @@ def collect(config: Config) -> list[TaskFile]:
             errors.append(UsageError("no collector takes this kind of file (tasks files are .toml)",
                                      file=display_path(Path(f), config.invocation_dir)))
             continue
+        errors.extend(check_file_settings(tf, config))
         files.append(tf)
     errors.extend(check_graph(files + graph_only, config.invocation_dir))
     repos: dict[str, Any] = {}  # one repository lookup per cwd for both checks

@@ -9,7 +9,7 @@ collector (:mod:`fleetrun.collect`) gives each task the ones it does not set its
 
 from __future__ import annotations
 
-from typing import Any, Callable, Optional
+from typing import Any, Callable, Iterable, Optional
 
 from .exceptions import UsageErrors
 from .taskkeys import NOT_DEFAULT_KEYS, KeyErrors, KeyTable, check_value, collect_setup, suggest
@@ -39,6 +39,21 @@ class TaskDefaults(dict[str, Any]):
 def not_a_default(key: str) -> str:
     """The message for ``key`` of :data:`~fleetrun.taskkeys.NOT_DEFAULT_KEYS` written as a default."""
     return f"cannot be a default of every task ({NOT_DEFAULT_KEYS[key]}); write it in each [[task]]"
+
+
+def unknown_default(key: str, default_keys: Iterable[str], otherwise: str = "") -> str:
+    """The message for ``key``, no default of every task: the closest default, or else
+    the closest key only a ``[[task]]`` takes (``dependancies`` is a slip of
+    ``depends_on``, which no default is close to), or else ``otherwise``."""
+    hint = suggest(key, default_keys)
+    if hint:
+        return f"unknown key{hint}"
+    import difflib
+
+    close = difflib.get_close_matches(key, list(NOT_DEFAULT_KEYS), n=1, cutoff=0.6)
+    if close:
+        return f"unknown key (did you mean '{close[0]}'? It {not_a_default(close[0])})"
+    return f"unknown key{otherwise}"
 
 
 def take_default(key: str, value: Any, decl: KeyDecl, where: tuple[str, int], label: str, errs: KeyErrors,
@@ -81,8 +96,8 @@ def collect_defaults(table: dict[str, Any], line_of: Callable[[str], int], displ
         elif key in NOT_DEFAULT_KEYS:
             errs.add(line, f"{label}{key}", not_a_default(key))
         else:
-            hint = suggest(key, default_keys) or f" (a default of every task can be: {', '.join(default_keys)})"
-            errs.add(line, f"{label}{key}", f"unknown key{hint}")
+            errs.add(line, f"{label}{key}", unknown_default(
+                key, default_keys, f" (a default of every task can be: {', '.join(default_keys)})"))
     if errs.items:
         e = UsageErrors(errs.items) if len(errs.items) > 1 else errs.items[0]
         e.partial = out  # type: ignore[attr-defined]

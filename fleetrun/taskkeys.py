@@ -23,7 +23,7 @@ from .taskspec import (
     VerifySpec,
     ref_problem,
 )
-from .tomlfile import describe_value
+from .tomlfile import describe_value, not_one_of
 
 NUM = (int, float)
 
@@ -72,7 +72,7 @@ def _tags_check(v: Any) -> Optional[str]:
 
 def _perm_check(v: str) -> Optional[str]:
     if v not in PERMISSION_MODES:
-        return f"{v!r} is not one of {', '.join(PERMISSION_MODES)}"
+        return not_one_of(v, PERMISSION_MODES)
     return None
 
 
@@ -82,7 +82,7 @@ def _ref_check(v: str) -> Optional[str]:
 
 def _one_of(*choices: str) -> Callable[[str], Optional[str]]:
     def check(v: str) -> Optional[str]:
-        return None if v in choices else f"{v!r} is not one of {', '.join(choices)}"
+        return None if v in choices else not_one_of(v, choices)
     return check
 
 

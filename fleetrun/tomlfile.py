@@ -88,6 +88,8 @@ def map_lines(text: str) -> LineMap:
             elif name == "task.verify":
                 verify += 1
                 ctx = ("task", task, "verify", verify)
+            elif name.startswith("task.") and task >= 0:  # [[task.verifiy]]: its errors at its header
+                ctx = ("task", task, "table", name[5:])
             else:
                 ctx = ("table", name)
             m.lines.setdefault(ctx, lineno)
@@ -95,7 +97,7 @@ def map_lines(text: str) -> LineMap:
         hit = _HEADER_TAB.match(line)
         if hit and not _KEY.match(line):
             name = hit.group(1).replace(" ", "")
-            if name.startswith("task.") and task >= 0 and not name.startswith("task.verify"):
+            if name.startswith("task.") and task >= 0 and (name == "task.verify" or not name.startswith("task.verify")):
                 ctx = ("task", task, "table", name[5:])
             else:
                 ctx = ("table", name)
@@ -128,6 +130,19 @@ def describe_value(value: Any) -> str:
     if isinstance(value, dict):
         return "a table"
     return type(value).__name__
+
+
+def not_one_of(value: Any, choices: Any) -> str:
+    """``'acceptedits' is not one of acceptEdits, auto, ... (did you mean 'acceptEdits'?)``:
+    a value that is not one of ``choices``, with the closest one when there is one (the
+    case of a letter counts for nothing in the likeness, as it is the usual slip)."""
+    import difflib
+
+    names = [str(c) for c in choices]
+    by_lower = {n.lower(): n for n in names}
+    close = difflib.get_close_matches(str(value).lower(), list(by_lower), n=1, cutoff=0.6)
+    hint = f" (did you mean '{by_lower[close[0]]}'?)" if close else ""
+    return f"{value!r} is not one of {', '.join(names)}{hint}"
 
 
 def parse_toml_file(path: Path, display: str) -> tuple[dict[str, Any], str]:

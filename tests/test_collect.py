@@ -452,6 +452,7 @@ def test_mangled_tasks_file_never_crashes(fleeter: Any, ops: list[tuple[Any, ...
 
 def test_base_of_the_fuzz_is_valid(fleeter: Any) -> None:
     fleeter.make_repo("repo")  # its git_ref must name a commit
+    fleeter.write_config('[brain]\nurl = "http://127.0.0.1:9"\n')  # its brain verifier asks there
     (fleeter.path / "tasks.toml").write_text(BASE)
     r = fleeter.run("validate", "tasks.toml")
     assert (r.ret, r.outlines, r.errlines) == (0, ["tasks.toml: 3 tasks, valid"], [])

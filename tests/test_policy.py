@@ -270,3 +270,21 @@ def test_a_broken_policy_queues_nothing(fleeter: Any) -> None:
     fleeter.write_policy("[local]\nmax_tasks = -1\n")
     assert fleeter.run("tasks.toml").ret == 4
     assert fleeter.states() == {}
+
+
+def test_validate_checks_the_policy_with_the_tasks_files(fleeter: Any) -> None:
+    # docs/policy.md: the run refuses a broken policy, so validate must not say "valid"
+    fleeter.write_tasks('[[task]]\nname = "t1"\nprompt = "p"\n')
+    path = fleeter.write_policy('[local]\nmax_tasks = "four"\n')
+    r = fleeter.run("validate", "tasks.toml")
+    assert "Traceback" not in r.stderr
+    assert (r.ret, r.outlines, r.errlines) == (4, [], [f"ERROR: {path}:2: local.max_tasks: must be a whole number"])
+    # both at once: the machine's file first, then the tasks file's
+    fleeter.write_tasks('[[task]]\nname = "t1"\nprompt = "p"\nretries = 1\n')
+    assert fleeter.run("validate", "tasks.toml").errlines == [
+        f"ERROR: {path}:2: local.max_tasks: must be a whole number",
+        "ERROR: tasks.toml:4: task 't1': retries: unknown key (did you mean 'max_retries'?)"]
+    path.write_text("[local]\nmax_tasks = 4\n")
+    assert fleeter.run("validate", "tasks.toml").ret == 4
+    fleeter.write_tasks('[[task]]\nname = "t1"\nprompt = "p"\n')
+    assert fleeter.run("validate", "tasks.toml").ret == 0

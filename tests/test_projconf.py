@@ -175,6 +175,55 @@ def test_addopts_error_of_fleetrun_toml_and_of_the_env(fleeter: Any, repo: Path)
         "fleetrun --nope ...)"]
 
 
+# -- addopts reach the verbs that take them (pytest's addopts are options of a test run) --
+
+#: the docs' example, and an option only the run takes
+RUN_ADDOPTS = '[tool.fleetrun]\naddopts = ["-k", "api", "--durations", "3", "-v"]\n'
+
+
+@pytest.mark.parametrize("verb", [["validate"], ["queue"], ["status"], ["status", "--graph"],
+                                  ["logs", "user-api"], ["cancel", "--all"], ["retry", "--all"],
+                                  ["approve", "fix-it"], ["drain"], ["undrain"], ["gc"]])
+def test_addopts_of_the_run_do_not_break_other_verbs(fleeter: Any, repo: Path, verb: list[str]) -> None:
+    # the same queue in two homes: the verb without addopts in one, with them in the other
+    other = str(fleeter.path / "other-home")
+    assert fleeter.run("queue").ret == fleeter.run("--home", other, "queue").ret == 0
+    bare = fleeter.run(*verb)
+    write(repo / "pyproject.toml", RUN_ADDOPTS)
+    with_addopts = fleeter.run("--home", other, *verb)
+    assert "unrecognized" not in with_addopts.stderr and "Traceback" not in with_addopts.stderr, with_addopts.stderr
+    assert with_addopts.ret == bare.ret, (verb, bare.stderr, with_addopts.stderr)
+
+
+def test_addopts_select_for_the_run_never_for_cancel(fleeter: Any, repo: Path) -> None:
+    write(repo / "pyproject.toml", RUN_ADDOPTS)
+    assert collected(fleeter.run("--co")) == ["<Task user-api>"]
+    assert fleeter.run("queue").ret == 0
+    assert fleeter.run("cancel", "--all").ret == 0
+    # -k of the project is a selection of the run: cancel --all cancels all
+    status = fleeter.run("status", "-q")
+    assert status.ret == 0
+    assert status.stdout.count("CANCELLED") == 1 and "user-api" in status.stdout, status.stdout
+
+
+def test_fleetrun_addopts_reach_the_verbs_that_take_them_too(fleeter: Any, repo: Path) -> None:
+    env = {"FLEETRUN_ADDOPTS": "-k api --durations 3"}
+    r = fleeter.runsub("status", env=env)
+    assert (r.ret, r.errlines) == (0, []), r.stderr
+    assert collected(fleeter.runsub("--co", env=env)) == ["<Task user-api>"]
+
+
+def test_an_option_typed_is_still_an_error_where_addopts_are_dropped(fleeter: Any, repo: Path) -> None:
+    write(repo / "pyproject.toml", RUN_ADDOPTS)
+    r = fleeter.runsub("status", "-k", "api")  # argparse's own message: to the process's stderr
+    assert r.ret == USAGE_ERROR and "unrecognized arguments: -k api" in r.stderr, r.stderr
+    # an option no verb takes is an error on every verb, as before
+    write(repo / "pyproject.toml", '[tool.fleetrun]\naddopts = "-v --no-such"\n')
+    assert errors_of(fleeter.run("status")) == [
+        f"ERROR: {repo / 'pyproject.toml'}:2: tool.fleetrun.addopts: unrecognized arguments: --no-such "
+        "(addopts go before every command line: fleetrun -v --no-such ...)"]
+
+
 def test_addopts_of_the_wrong_type(fleeter: Any, repo: Path) -> None:
     write(repo / "pyproject.toml", '[tool.fleetrun]\naddopts = 3\n')
     assert errors_of(fleeter.runsub("--co")) == [
@@ -449,6 +498,13 @@ def test_the_git_top_level_is_the_root_in_a_linked_worktree(fleeter: Any, repo: 
     fleeter.monkeypatch.chdir(linked / "sub")
     assert collected(fleeter.runsub("--co")) == ["<Task user-api>"]
     assert os.path.isfile(linked / ".git")
+
+
+def test_a_slip_of_a_task_only_key_in_the_project_defaults_says_which(fleeter: Any, repo: Path) -> None:
+    write(repo / "sub" / "fleetrun.toml", '[task]\ndependancies = ["x"]\n')
+    assert errors_of(fleeter.runsub("validate")) == [
+        "ERROR: fleetrun.toml:2: task.dependancies: unknown key (did you mean 'depends_on'? It cannot be a "
+        "default of every task (it is the task graph); write it in each [[task]])"]
 
 
 def test_project_default_mistakes_come_with_the_tasks_files_own(fleeter: Any, repo: Path) -> None:

@@ -91,6 +91,7 @@ def test_valid_every_key(fleeter: Any) -> None:
         [[task]]
         name = "base"
         prompt = "p"
+        peer = "mini"  # not with role: a task with a role runs on this machine
 
         [[task]]
         name = "all"
@@ -113,7 +114,6 @@ def test_valid_every_key(fleeter: Any) -> None:
         role = "backend"
         paths = ["src/", "a/../b", "./c"]
         requires = ["python", "gpu"]
-        peer = "mini"
 
           [[task.verify]]
           run = "make test"
@@ -250,6 +250,21 @@ def test_unknown_task_subtable(fleeter: Any) -> None:
           "ERROR: tasks.toml:5: task 'a': misc: unknown key")
 
 
+def test_a_misspelt_verify_table_points_at_its_header(fleeter: Any) -> None:
+    check(fleeter, task("b") + "\n" + task("a") + '\n  [[task.verifiy]]\n  run = "make test"\n',
+          "ERROR: tasks.toml:9: task 'a': verifiy: unknown key (did you mean 'verify'?)")
+
+
+def test_a_verify_table_written_once_points_at_its_header(fleeter: Any) -> None:
+    check(fleeter, task("b") + "\n" + task("a") + '\n  [task.verify]\n  run = "make test"\n',
+          "ERROR: tasks.toml:9: task 'a': verify: must be an array of tables, written [[task.verify]]")
+
+
+def test_an_inline_misspelt_table_points_at_its_key(fleeter: Any) -> None:
+    check(fleeter, task("a") + 'verifiy = { run = "make test" }\n',
+          "ERROR: tasks.toml:4: task 'a': verifiy: unknown key (did you mean 'verify'?)")
+
+
 def test_unknown_verify_key(fleeter: Any) -> None:
     check(fleeter, task("a") + '  [[task.verify]]\n  rn = "make test"\n',
           "ERROR: tasks.toml:4: task 'a': verify #1: needs exactly one of run / brain / agent, found none",
@@ -273,6 +288,13 @@ def test_unknown_verify_key_next_to_a_kind(fleeter: Any) -> None:
 )
 def test_unknown_top_level_key(fleeter: Any, line: str, expected: str) -> None:
     check(fleeter, f"{line}\n\n" + task("a").replace("[[task]]", "[[task]]", 1), expected)
+
+
+def test_a_slip_of_a_task_only_key_as_a_default_says_which(fleeter: Any) -> None:
+    # depends_on is no default, so the closest default was none; the slip is still depends_on
+    check(fleeter, 'dependancies = ["a"]\n\n' + task("b"),
+          "ERROR: tasks.toml:1: dependancies: unknown key (did you mean 'depends_on'? It cannot be a default of "
+          "every task (it is the task graph); write it in each [[task]])")
 
 
 def test_task_not_an_array_of_tables(fleeter: Any) -> None:
@@ -362,8 +384,11 @@ def test_empty_prompt(fleeter: Any) -> None:
         ("peer", '""', "must not be empty"),
         ("permission_mode", '"yolo"',
          "'yolo' is not one of acceptEdits, auto, bypassPermissions, default, dontAsk, manual, plan"),
-        ("permission_mode", '"AcceptEdits"',
-         "'AcceptEdits' is not one of acceptEdits, auto, bypassPermissions, default, dontAsk, manual, plan"),
+        ("permission_mode", '"AcceptEdits"', "'AcceptEdits' is not one of acceptEdits, auto, bypassPermissions, "
+         "default, dontAsk, manual, plan (did you mean 'acceptEdits'?)"),
+        ("permission_mode", '"acceptedits"', "'acceptedits' is not one of acceptEdits, auto, bypassPermissions, "
+         "default, dontAsk, manual, plan (did you mean 'acceptEdits'?)"),
+        ("base", '"dependency"', "'dependency' is not one of git_ref, dependencies (did you mean 'dependencies'?)"),
     ],
 )
 def test_bad_value(fleeter: Any, key: str, value: str, message: str) -> None:
@@ -746,16 +771,82 @@ def test_unknown_agents_all_reported(fleeter: Any) -> None:
 
 
 def test_agents_table_without_command(fleeter: Any) -> None:
-    r = validate(fleeter, "[agents.codex]\nargs = ['x']\n\n" + task("a", agent='"codex"'))
-    assert r.ret == USAGE_ERROR
-    assert "Traceback" not in r.stderr
-    assert r.errlines == ["ERROR: agents.codex: unknown key 'args' (known: command, stdin, env)"]
+    check(fleeter, "[agents.codex]\nargs = ['x']\n\n" + task("a", agent='"codex"'),
+          "ERROR: tasks.toml:1: agents.codex: command is missing",
+          "ERROR: tasks.toml:2: agents.codex.args: unknown key (known: command, env, stdin)")
 
 
 def test_agents_command_not_a_list(fleeter: Any) -> None:
-    r = validate(fleeter, "[agents.codex]\ncommand = 'codex {prompt}'\n\n" + task("a", agent='"codex"'))
-    assert r.ret == USAGE_ERROR
-    assert r.errlines == ["ERROR: agents.codex.command: command must be a non-empty list of strings"]
+    check(fleeter, "[agents.codex]\ncommand = 'codex {prompt}'\n\n" + task("a", agent='"codex"'),
+          "ERROR: tasks.toml:2: agents.codex.command: expected a list of strings, got a string")
+
+
+def test_an_agents_table_no_task_uses_is_checked_with_its_lines(fleeter: Any) -> None:
+    # a slip in a table no task of this run uses is found now, not the night a task does
+    check(fleeter, """
+        [agents.codex]
+        command = ["codex", "exec", "{prompt}"]
+        stdn = true
+
+        [agents.aider]
+        command = []
+
+        [[task]]
+        name = "a"
+        prompt = "x"
+    """,
+          "ERROR: tasks.toml:3: agents.codex.stdn: unknown key (did you mean 'stdin'?)",
+          "ERROR: tasks.toml:6: agents.aider.command: must not be empty")
+
+
+def test_a_placeholder_typo_in_a_command_agent_is_an_error_with_its_line(fleeter: Any) -> None:
+    check(fleeter, """
+        [agents.codex]
+        command = ["codex", "exec", "--cd", "{workdri}",
+                   "{promt}"]
+
+        [[task]]
+        name = "a"
+        prompt = "x"
+        agent = "codex"
+    """,
+          "ERROR: tasks.toml:2: agents.codex.command: unknown placeholder {workdri} (did you mean {workdir}?), "
+          "unknown placeholder {promt} (did you mean {prompt}?)")
+
+
+@pytest.mark.parametrize("where", ["config.toml", "fleetrun.toml"])
+def test_a_placeholder_typo_in_config_toml_or_the_project_file(fleeter: Any, where: str) -> None:
+    text = '[agents.script]\ncommand = ["{python}", "agent.py", "{session}"]\n'
+    if where == "config.toml":
+        fleeter.write_config(text)
+        shown = str(fleeter.home / "config.toml")
+    else:
+        fleeter.write("fleetrun.toml", text)
+        shown = "fleetrun.toml"
+    check(fleeter, task("a", agent='"script"'),
+          f"ERROR: {shown}:2: agents.script.command: unknown placeholder {{session}} "
+          "(placeholders: {prompt}, {prompt_file}, {workdir}, {model}, {attempt}, {tasks_dir}, {python})")
+
+
+def test_braces_that_are_no_placeholder_name_pass(fleeter: Any) -> None:
+    r = validate(fleeter, """
+        [agents.script]
+        command = ["{python}", "-c", "import json; print(json.dumps({'a': 1}))", "{}", "{prompt}"]
+
+        [[task]]
+        name = "a"
+        prompt = "x"
+        agent = "script"
+    """)
+    assert_valid(r, "tasks.toml: 1 task, valid")
+
+
+def test_a_task_that_must_run_here_pinned_to_a_peer_is_an_error(fleeter: Any) -> None:
+    # it would wait for ever, and the run end with "cannot place"
+    check(fleeter, task("a", peer='"mini"') + '  [[task.verify]]\n  brain = "is it done?"\n  model = "m"\n',
+          "ERROR: tasks.toml:4: task 'a': peer: pinned to mini, but a task with a brain verifier and no git_ref "
+          "runs on this machine (the verifier runs here, and without git_ref the work on a peer is on no branch "
+          "to fetch back)")
 
 
 # ---------------------------------------------------------------------------------
@@ -1258,6 +1349,59 @@ version = "0.1"
 """
 
 
+# ---------------------------------------------------------------------------------
+# warnings: valid, but a verifier that could not judge
+
+
+def verify_task(*runs: str, extra: str = "") -> str:
+    body = "".join(f"\n  [[task.verify]]\n  run = {r}\n" for r in runs)
+    return f'[[task]]\nname = "a"\nprompt = "do it"\n{extra}{body}'
+
+
+def test_warns_when_a_run_verifiers_command_is_not_found(fleeter: Any) -> None:
+    (fleeter.path / "check.sh").write_text("#!/bin/sh\n")
+    r = validate(fleeter, verify_task("'no-such-tool --all'", "'./missing.sh'", "'./check.sh'",
+                                      "'FOO=1 grep -q x y'", "'cd sub && make'", '"test -f x"',
+                                      '"no-such-tool \\"unbalanced"'))
+    assert_valid(r, "tasks.toml: 1 task, valid")
+    assert r.errlines == [
+        "warning: tasks.toml:5: task 'a': verify #1: no-such-tool is not on PATH "
+        "(the verifier would fail, command not found)",
+        "warning: tasks.toml:8: task 'a': verify #2: ./missing.sh is not in the task's cwd "
+        "(the verifier would fail, command not found)"]
+
+
+def test_a_relative_command_a_setup_step_may_make_is_not_warned_about(fleeter: Any) -> None:
+    r = validate(fleeter, verify_task("'.venv/bin/python -m pytest'", extra='setup = ["python3 -m venv .venv"]\n'))
+    assert (r.ret, r.errlines) == (0, [])
+
+
+def test_warns_when_a_brain_verifier_has_no_brain_configured(fleeter: Any) -> None:
+    r = validate(fleeter, task("a") + '\n  [[task.verify]]\n  brain = "Is it done?"\n  model = "qwen"\n')
+    assert_valid(r, "tasks.toml: 1 task, valid")
+    assert r.errlines == [
+        "warning: tasks.toml:5: task 'a': verify #1: no [brain] is configured (config.toml, the project file or "
+        "the tasks file): the verifier asks http://127.0.0.1:11434"]
+    fleeter.write_config('[brain]\nurl = "http://127.0.0.1:9"\n')
+    assert fleeter.run("validate", "tasks.toml").errlines == []
+
+
+def test_the_test_extra_installs_what_the_editable_fixtures_build_with() -> None:
+    """``editable_venv`` (and tests/acceptance/test_setup.py) run ``pip install -e``
+    offline with this venv's setuptools: before setuptools 70.1, ``bdist_wheel`` is in
+    ``wheel``, which a fresh venv lacks (``invalid command 'bdist_wheel'``). The README's
+    ``pip install -e '.[test]'`` must bring both."""
+    import configparser
+    import re
+    from pathlib import Path
+
+    cfg = configparser.ConfigParser()
+    cfg.read(Path(__file__).resolve().parent.parent / "setup.cfg")
+    extra = [ln.strip() for ln in cfg["options.extras_require"]["test"].splitlines()]
+    names = {re.split(r"[<>=!~;\[ ]", ln, maxsplit=1)[0].lower() for ln in extra if ln and not ln.startswith("#")}
+    assert {"setuptools", "wheel"} <= names, names
+
+
 @pytest.fixture(scope="module")
 def editable_venv(tmp_path_factory: Any) -> tuple[Any, Any]:
     """A git checkout of a tiny src-layout package, and a real venv with it installed
@@ -1285,6 +1429,10 @@ def editable_venv(tmp_path_factory: Any) -> tuple[Any, Any]:
     subprocess.run([sys.executable, "-m", "pip", "--python", str(venv / "bin" / "python"), "install", "-q",
                     "--no-index", "--no-build-isolation", "--no-deps", "-e", str(repo)],
                    check=True, env=pip_env, stdout=subprocess.DEVNULL)
+    # a console script, as pip leaves one (the venv has no pytest: the verifier is not run)
+    script = venv / "bin" / "pytest"
+    script.write_text(f"#!{venv / 'bin' / 'python'}\nimport sys\nsys.exit(0)\n")
+    script.chmod(0o755)
     return repo, venv
 
 
@@ -1340,6 +1488,9 @@ def test_editable_finder_and_pth_are_found_too(fleeter: Any, tmp_path: Any) -> N
         sp.mkdir(parents=True)
         (sp / name).write_text(content)
         (sp.parent.parent.parent / "bin").mkdir()
+        python = sp.parent.parent.parent / "bin" / "python"  # there, never run
+        python.write_text("#!/bin/sh\n")
+        python.chmod(0o755)
     r = validate(fleeter, f'''[[task]]
 name = "x"
 prompt = "p"

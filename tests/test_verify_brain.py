@@ -351,7 +351,7 @@ def test_cli_validate_warns_when_a_brain_verifier_has_no_model(fleeter):
     brain_task(fleeter, "http://127.0.0.1:1", brain="")
     r = fleeter.run("validate", "tasks.toml")
     assert r.ret == 0
-    r.fnmatch_lines(["warning: task 'greet': verify #1: a brain verifier needs a model*"])
+    r.fnmatch_lines(["warning: tasks.toml:12: task 'greet': verify #1: a brain verifier needs a model*"])
 
 
 def test_cli_pass_is_done(fleeter, fake_claude, brain_server):

@@ -18,6 +18,7 @@ never its output.
 from __future__ import annotations
 
 import os
+import re
 import sys
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Optional
@@ -34,8 +35,27 @@ PLACEHOLDERS = ("{prompt}", "{prompt_file}", "{workdir}", "{model}", "{attempt}"
 _KEYS = {"command", "stdin", "env"}
 
 
+#: What reads as a placeholder: a name in braces. Other braces (``{}``, a dict literal
+#: in a ``python -c`` argument) are the command's own.
+_PLACEHOLDER_LIKE = re.compile(r"\{[A-Za-z_][A-Za-z0-9_]*\}")
+
+
 def _command_check(v: list[Any]) -> Optional[str]:
-    return "must not be empty" if not v else None
+    """An empty command, or a placeholder fleetrun does not fill: ``{workdri}`` would
+    reach the agent literally, the night a task uses the agent."""
+    if not v:
+        return "must not be empty"
+    import difflib
+
+    problems: list[str] = []
+    for item in v:
+        for ph in _PLACEHOLDER_LIKE.findall(item):
+            if ph in PLACEHOLDERS or any(ph in p for p in problems):
+                continue
+            close = difflib.get_close_matches(ph, PLACEHOLDERS, n=1)
+            hint = f"did you mean {close[0]}?" if close else "placeholders: " + ", ".join(PLACEHOLDERS)
+            problems.append(f"unknown placeholder {ph} ({hint})")
+    return ", ".join(problems) or None
 
 
 @hookimpl(trylast=True)

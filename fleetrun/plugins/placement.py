@@ -228,6 +228,43 @@ def local_candidate(config: Config) -> Candidate:
     )
 
 
+#: Why each reason of :func:`stays_local` keeps a task here, for the validate error.
+_WHY_HERE = {"a role": "its role's session is on this machine",
+             'base = "dependencies"': "the dependencies' branches are merged here"}
+
+
+def _is_local_pin(pin: str) -> bool:
+    # os.uname().nodename is socket.gethostname(), without importing socket on every command
+    return pin in ("local", "localhost", os.uname().nodename)
+
+
+def check_pins(config: Config, items: list[Any]) -> None:
+    """A task pinned to a peer that must run here would wait for ever and end the run
+    with ``cannot place``: an error before anything runs, at the line of its pin.
+
+    :raises UsageError: one per such task.
+    """
+    from ..collect import display_path
+    from ..exceptions import UsageError, UsageErrors
+    from ..textutil import safe_name, safe_text
+
+    errors = []
+    for t in items:
+        why_local = stays_local(t) if t.peer is not None and not _is_local_pin(t.peer) else None
+        if why_local is None:
+            continue
+        because = _WHY_HERE.get(why_local, "the verifier runs here, and without git_ref the work on a peer is on "
+                                           "no branch to fetch back")
+        errors.append(UsageError(
+            f"pinned to {safe_text(t.peer)}, but a task with {why_local} runs on this machine ({because})",
+            file=display_path(Path(t.file_of("peer") or t.source or "?"), config.invocation_dir),
+            line=t.key_lines.get("peer", t.line), key=f"task '{safe_name(t.name)}': peer"))
+    if len(errors) == 1:
+        raise errors[0]
+    if errors:
+        raise UsageErrors(errors)
+
+
 def stays_local(spec: Any) -> Optional[str]:
     """Why a task must run on the supervising machine, or None: a role (the mailbox
     is local); ``base = "dependencies"`` (its dependencies' branches are merged here,
@@ -273,8 +310,7 @@ def builtin_place(task: Any, candidates: list[Candidate], config: Config,
     :return: a :class:`~fleetrun.Placement` or a :class:`~fleetrun.Wait`.
     """
     pin = task.spec.peer
-    # os.uname().nodename is socket.gethostname(), without importing socket on every command
-    if pin is not None and pin in ("local", "localhost", os.uname().nodename):
+    if pin is not None and _is_local_pin(pin):
         pin = "local"
     why_local = stays_local(task.spec)
     if why_local is not None:
@@ -470,7 +506,9 @@ def _requires_line(source: str, head: int, cache: dict[str, Any]) -> int:
 def fleetrun_collection_modifyitems(config: Config, items: list[Any]) -> None:
     """Warn about a ``requires`` entry that is never met: its name (``node`` in
     ``node>=22``) is neither a tag of this machine nor a probed tool. Nothing is probed
-    here: whether a probed tool is installed, or new enough, is placement's business."""
+    here: whether a probed tool is installed, or new enough, is placement's business.
+    Before that, a pin no placement could honour is an error (:func:`check_pins`)."""
+    check_pins(config, items)
     tags = set(configured_tags(config))
     tools = list(configured_tools(config))
     from ..collect import display_path

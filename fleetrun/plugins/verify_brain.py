@@ -173,13 +173,22 @@ def fleetrun_collection_modifyitems(config: Config, items: list[Any]) -> None:
         sources = [Path(f) for f in (config.getoption("files") or [])] + [config.home / "config.toml"]
         _raise(_errors(table, sources, config.invocation_dir))
     model = (table or {}).get("model") if isinstance(table, dict) else None
+    from ..collect import display_path
+
     for t in items:
         for i, v in enumerate(t.verify):
-            if v.kind == "brain" and not (v.model or model):
+            if v.kind != "brain":
+                continue
+            where = display_path(Path(t.source), config.invocation_dir) if t.source else "?"
+            if not (v.model or model):
                 config.stash.setdefault(WARNINGS_KEY, []).append(
-                    f"task '{t.name}': verify #{i + 1}: a brain verifier needs a model: "
+                    f"{where}:{v.line or t.line}: task '{t.name}': verify #{i + 1}: a brain verifier needs a model: "
                     "set [brain] model (config.toml or the tasks file) or model = on the verifier; "
                     "without one it fails")
+            elif table is None:  # the default endpoint: right only with a local ollama
+                config.stash.setdefault(WARNINGS_KEY, []).append(
+                    f"{where}:{v.line or t.line}: task '{t.name}': verify #{i + 1}: no [brain] is configured "
+                    f"(config.toml, the project file or the tasks file): the verifier asks {DEFAULT_URL}")
 
 
 # ---------------------------------------------------------------------------------

@@ -67,20 +67,78 @@ def fleetrun_verify(task: Any, verifier: Any, workspace: Any, attempt: Any, host
 
 
 # ---------------------------------------------------------------------------------
+# A command that is not there: the verifier would fail every attempt with "command not
+# found", and the agent be retried for it.
+
+#: Words /bin/sh runs itself: what follows them is not looked for.
+_SHELL_WORDS = frozenset([
+    "!", "{", "(", "[", "[[", ".", ":", "alias", "break", "case", "cd", "command", "continue", "declare",
+    "echo", "eval", "exec", "exit", "export", "false", "for", "function", "if", "let", "local", "printf",
+    "pwd", "read", "readonly", "return", "set", "shift", "source", "test", "then", "times", "trap", "true",
+    "type", "ulimit", "umask", "unalias", "unset", "until", "wait", "while",
+])
+
+
+def missing_command(text: str, cwd: str, has_setup: bool) -> Optional[str]:
+    """Why the first command of a ``run`` verifier is not found, or None (found, a
+    shell word, or nothing sure to say: a variable, a command that does not split as
+    the shell's words, a relative path a ``setup`` step may make)."""
+    import os
+    import shlex
+    import shutil
+
+    try:
+        words = shlex.split(text, comments=True)
+    except ValueError:
+        return None
+    first = next((w for w in words if not _is_assignment(w)), "")
+    if not first or first in _SHELL_WORDS or any(c in first for c in "$`*?~;&|<>()"):
+        return None
+    if "/" not in first:
+        return None if shutil.which(first) else f"{first} is not on PATH"
+    if os.path.isabs(first):
+        return None if os.path.exists(first) else f"{first} does not exist"
+    if has_setup or os.path.exists(os.path.join(cwd, first)):
+        return None
+    return f"{first} is not in the task's cwd"
+
+
+def _is_assignment(word: str) -> bool:
+    name, eq, _ = word.partition("=")
+    return bool(eq) and name.isidentifier()
+
+
+def missing_command_warnings(config: Config, items: list[Any], warnings: list[str]) -> None:
+    from ..collect import display_path
+
+    for t in items:
+        for i, v in enumerate(t.verify):
+            if v.kind != "run":
+                continue
+            problem = missing_command(v.text, t.cwd, bool(t.setup))
+            if problem:
+                where = display_path(Path(t.source), config.invocation_dir) if t.source else "?"
+                warnings.append(f"{where}:{v.line or t.line}: task '{t.name}': verify #{i + 1}: {problem} "
+                                "(the verifier would fail, command not found)")
+
+
+# ---------------------------------------------------------------------------------
 # The editable-install trap: a `run` verifier whose interpreter imports the project
 # from the user's checkout (``pip install -e .``), so it tests that, not the worktree.
 
 
 @hookimpl(trylast=True)
 def fleetrun_collection_modifyitems(config: Config, items: list[Any]) -> None:
-    """Warn about every ``run`` verifier of a worktree task whose interpreter has an
+    """Warn about every ``run`` verifier whose command is not found on this machine
+    (:func:`missing_command`), and every one of a worktree task whose interpreter has an
     editable install of a package from the task's own repository checkout. Nothing is
-    run: the interpreter's site-packages are read."""
+    run: PATH, the task's cwd and the interpreter's site-packages are read."""
     from ..collect import display_path
     from ..editable import checkout_of, editable_trap
     from ..queueing import WARNINGS_KEY
 
     warnings = config.stash.setdefault(WARNINGS_KEY, [])
+    missing_command_warnings(config, items, warnings)
     tops: dict[str, Optional[str]] = {}
     seen: dict[Any, Any] = {}
     for t in items:

@@ -262,6 +262,20 @@ def test_validate_rejects_base_and_on_conflict_where_they_cannot_apply(fleeter):
     ]
 
 
+def test_validate_rejects_a_task_that_merges_its_dependencies_pinned_to_a_peer(fleeter):
+    """It would wait for ever ("cannot place" at the end of the run): an error at validate,
+    at the line of the pin; a pin to this machine is no mistake."""
+    chain(fleeter, extra='peer = "p1"')
+    r = fleeter.run("validate", "tasks.toml")
+    assert "Traceback" not in r.stderr
+    assert (r.ret, r.errlines) == (USAGE_ERROR, [
+        "ERROR: tasks.toml:14: task 'user-api': peer: pinned to p1, but a task with base = \"dependencies\" "
+        "runs on this machine (the dependencies' branches are merged here)"])
+    tasks = fleeter.path / "tasks.toml"
+    tasks.write_text(tasks.read_text().replace('peer = "p1"', 'peer = "local"'))
+    assert fleeter.run("validate", "tasks.toml").ret == 0
+
+
 def test_base_as_a_default_applies_only_to_tasks_with_dependencies(fleeter, fake_claude):
     repo = fleeter.make_repo()
     fleeter.write_tasks('''
