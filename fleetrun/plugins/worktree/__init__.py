@@ -38,6 +38,7 @@ from ...gitutil import (
     Pinned,
     WorktreeTampered,
     check_pinned,
+    embedded_repositories,
     git,
     pin_worktree,
     repo_lock,
@@ -324,6 +325,11 @@ def _commit_work(p: Pinned, branch: Optional[str], message: str) -> str:
     :raises WorktreeTampered: the pin broke, or HEAD is not on ``branch``.
     :raises GitError: git refused.
     """
+    embedded = embedded_repositories(p)
+    if embedded:
+        # git would record it as a gitlink, and a repository the agent made names its own
+        # config (core.fsmonitor, hooks...): refused, like any other tampering
+        raise WorktreeTampered(f"embedded repository {', '.join(embedded)}")
     if not wt_git(p, "status", "--porcelain", "--untracked-files=all").strip():
         return ""
     if branch:
