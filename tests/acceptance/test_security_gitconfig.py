@@ -134,3 +134,21 @@ def test_gitattributes_drivers_are_not_run_for_the_brain_diff(fleeter):
     ran = marker.read_text() if marker.exists() else ""
     assert "textconv" not in ran and "extdiff" not in ran, ran
     assert " diff " not in ran, ran
+
+
+def test_a_git_dir_in_fleetruns_environment_sends_no_git_command_elsewhere(fleeter, monkeypatch):
+    # fleetrun started from a git hook or alias inherits GIT_DIR (and GIT_INDEX_FILE):
+    # passed on, they would send every command fleetrun runs to that repository
+    repo, other = setup(fleeter, "echo fine > GOOD.txt")
+    before = git_state(fleeter, other)
+    monkeypatch.setenv("GIT_DIR", str(other / ".git"))
+    monkeypatch.setenv("GIT_INDEX_FILE", str(other / ".git" / "index"))
+    monkeypatch.setenv("GIT_WORK_TREE", str(other))
+    r = fleeter.run("tasks.toml")
+    for name in ("GIT_DIR", "GIT_INDEX_FILE", "GIT_WORK_TREE"):
+        monkeypatch.delenv(name)
+    assert r.ret == 0, r.stdout + r.stderr
+    task = fleeter.task("t1")
+    assert "GOOD.txt" in fleeter.git(repo, "ls-tree", "-r", "--name-only", task.branch).split()
+    assert git_state(fleeter, other) == before
+    assert fleeter.git(other, "worktree", "list").count("\n") == 1
