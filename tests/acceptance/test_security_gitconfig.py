@@ -56,16 +56,19 @@ def test_an_embedded_repository_is_refused_and_its_fsmonitor_never_runs(fleeter,
 
 
 def test_a_nested_embedded_repository_and_one_the_agent_staged_are_refused(fleeter, monkeypatch):
-    # one deep in a new folder, one the agent added to the index with its own git: both
-    # would be gitlinks on the task's branch
+    # one deep in a new folder, one the agent added to the index with its own git, one
+    # whose .git is a file naming another repository: each would be a gitlink on the
+    # task's branch
     monkeypatch.setenv("FLEETRUN_TEST_SECRET", SECRET)
     marker = fleeter.path / "marker"
     script = (plant(fleeter, marker, "a/b/deep") + plant(fleeter, marker, "staged")
-              + "git add staged 2>/dev/null; echo work > WORK.txt")
+              + "git add staged 2>/dev/null\n"
+              + f"mkdir gitfile && echo 'gitdir: {fleeter.path / 'other' / '.git'}' > gitfile/.git\n"
+              + "echo work > WORK.txt")
     repo, other = setup(fleeter, script)
     before = {repo: git_state(fleeter, repo), other: git_state(fleeter, other)}
     r = fleeter.run("tasks.toml")
-    assert_contained(fleeter, r, repo, before, "embedded repository a/b/deep/, staged/")
+    assert_contained(fleeter, r, repo, before, "embedded repository a/b/deep/, gitfile/, staged/")
     assert not marker.exists(), marker.read_text()
 
 
@@ -152,3 +155,21 @@ def test_a_git_dir_in_fleetruns_environment_sends_no_git_command_elsewhere(fleet
     assert "GOOD.txt" in fleeter.git(repo, "ls-tree", "-r", "--name-only", task.branch).split()
     assert git_state(fleeter, other) == before
     assert fleeter.git(other, "worktree", "list").count("\n") == 1
+
+
+def test_an_ignored_nested_repository_and_the_repositorys_own_submodule_are_not_refused(fleeter, monkeypatch):
+    # what git never records is not refused: a repository in an ignored folder (a
+    # virtualenv's src/ checkout, say), and a submodule of the user's repository as a
+    # new worktree has it (its gitlink, its folder empty); and neither runs anything
+    monkeypatch.setenv("FLEETRUN_TEST_SECRET", SECRET)
+    marker = fleeter.path / "marker"
+    repo, other = setup(fleeter, "echo .venv/ > .gitignore\n" + plant(fleeter, marker, ".venv/src/pkg")
+                        + "echo fine > GOOD.txt")
+    fleeter.git(repo, "-c", "protocol.file.allow=always", "submodule", "add", "-q", str(other), "lib")
+    fleeter.git(repo, "commit", "-q", "-m", "a submodule")
+    r = fleeter.run("tasks.toml")
+    assert r.ret == 0, r.stdout + r.stderr
+    task = fleeter.task("t1")
+    files = fleeter.git(repo, "ls-tree", "-r", "--name-only", task.branch).split()
+    assert "GOOD.txt" in files and "lib" in files and not any(f.startswith(".venv") for f in files)
+    assert not marker.exists(), marker.read_text()
