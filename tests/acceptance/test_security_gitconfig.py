@@ -173,3 +173,63 @@ def test_an_ignored_nested_repository_and_the_repositorys_own_submodule_are_not_
     files = fleeter.git(repo, "ls-tree", "-r", "--name-only", task.branch).split()
     assert "GOOD.txt" in files and "lib" in files and not any(f.startswith(".venv") for f in files)
     assert not marker.exists(), marker.read_text()
+
+
+def embedded_writes(fleeter: Any, marker: Path, where: str = "sub") -> list[list[str]]:
+    """The fake claude's actions that leave the embedded repository of :func:`plant`,
+    each a plain file written (Claude Code's Write tool)."""
+    repo = fleeter.path / "repo"
+    config = ("[core]\n\trepositoryformatversion = 0\n"
+              f'\tfsmonitor = "echo ran $FLEETRUN_TEST_SECRET >> {marker}; false"\n')
+    return [["write", f"{where}/.git/HEAD", fleeter.git(repo, "rev-parse", "main")],
+            ["write", f"{where}/.git/objects/info/alternates", f"{repo / '.git' / 'objects'}\n"],
+            ["write", f"{where}/.git/refs/.keep", ""],
+            ["write", f"{where}/.git/config", config]]
+
+
+def claude_task(fleeter: Any, verify: str) -> Path:
+    repo = fleeter.make_repo(files={"README.md": "hello\n"})
+    fleeter.write_tasks(f'''
+        [[task]]
+        name = "greet"
+        cwd = "repo"
+        prompt = "Write hello.txt saying hello."
+        git_ref = "main"
+        max_retries = 2
+        {verify}
+    ''')
+    return repo
+
+
+def test_a_claude_agent_that_only_writes_files_gets_no_fsmonitor_run(fleeter, fake_claude, monkeypatch):
+    # the issue's scenario as it was filed: Claude Code's Write tool, nothing else
+    monkeypatch.setenv("FLEETRUN_TEST_SECRET", SECRET)
+    marker = fleeter.path / "marker"
+    repo = claude_task(fleeter, '[[task.verify]]\n          run = "true"')
+    fake_claude.script(greet=[{"actions": [*embedded_writes(fleeter, marker), ["write", "hello.txt", "hello\n"]]}])
+    r = fleeter.run("tasks.toml")
+    assert not marker.exists(), marker.read_text()
+    assert r.ret == 1, r.stdout + r.stderr
+    task = fleeter.task("greet")
+    assert task.state.value == "NEEDS_HUMAN", task.reason
+    assert task.reason.startswith("worktree_tampered:embedded repository sub/"), task.reason
+    assert task.retries == 0 and len(fleeter.ledger().attempts(task.id)) == 1
+    assert fleeter.git(repo, "rev-parse", task.branch) == fleeter.git(repo, "rev-parse", "main")
+
+
+def test_the_reviewers_diff_runs_no_embedded_repositorys_fsmonitor(fleeter, fake_claude, monkeypatch):
+    # the work is committed; a process the agent left behind (a run verifier stands in)
+    # then plants the repository and stages it: the agent reviewer's diff must not look
+    # inside it
+    monkeypatch.setenv("FLEETRUN_TEST_SECRET", SECRET)
+    marker = fleeter.path / "marker"
+    later = plant(fleeter, marker) + "git add sub 2>/dev/null; true"
+    claude_task(fleeter, f'[[task.verify]]\n          run = {json.dumps(later)}\n'
+                         f'          [[task.verify]]\n          agent = "Does hello.txt say hello?"')
+    fake_claude.script(**{"greet": [{"actions": [["write", "hello.txt", "hello\n"]]}],
+                          "greet:review": [{"actions": [["read", "hello.txt"]], "result": "PASS"}]})
+    r = fleeter.run("tasks.toml")
+    assert r.ret == 0, r.stdout + r.stderr
+    (call,) = fake_claude.review_calls()
+    assert call["error"] is None
+    assert not marker.exists(), marker.read_text()
