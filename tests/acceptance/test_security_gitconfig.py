@@ -233,3 +233,13 @@ def test_the_reviewers_diff_runs_no_embedded_repositorys_fsmonitor(fleeter, fake
     (call,) = fake_claude.review_calls()
     assert call["error"] is None
     assert not marker.exists(), marker.read_text()
+
+
+def test_many_embedded_repositories_are_named_a_few_at_a_time(fleeter):
+    # the names are the agent's: the reason names five and counts the rest
+    script = ("for i in 1 2 3 4 5 6 7; do mkdir -p r$i/.git/refs r$i/.git/objects; "
+              "git rev-parse HEAD > r$i/.git/HEAD; done; echo work > WORK.txt")
+    repo, other = setup(fleeter, script)
+    before = {repo: git_state(fleeter, repo), other: git_state(fleeter, other)}
+    r = fleeter.run("tasks.toml")
+    assert_contained(fleeter, r, repo, before, "embedded repository r1/, r2/, r3/, r4/, r5/ and 2 more")

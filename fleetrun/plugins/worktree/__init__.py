@@ -329,7 +329,9 @@ def _commit_work(p: Pinned, branch: Optional[str], message: str) -> str:
     if embedded:
         # git would record it as a gitlink, and a repository the agent made names its own
         # config (core.fsmonitor, hooks...): refused, like any other tampering
-        raise WorktreeTampered(f"embedded repository {', '.join(embedded)}")
+        # the names are the agent's: a few are enough to say what happened
+        more = f" and {len(embedded) - 5} more" if len(embedded) > 5 else ""
+        raise WorktreeTampered(f"embedded repository {', '.join(embedded[:5])}{more}")
     if not wt_git(p, "status", "--porcelain", "--untracked-files=all").strip():
         return ""
     if branch:
