@@ -15,7 +15,7 @@ import re
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, Optional, Union
 
-from .gitutil import GitError, Pinned, common_dir, git, pin_worktree, wt_git
+from .gitutil import GitError, Pinned, common_dir, filters_off, git, pin_worktree, wt_git
 from .reports import Verdict, Workspace
 
 if TYPE_CHECKING:
@@ -125,10 +125,13 @@ def task_diff(where: Union[str, Workspace], git_ref: Optional[str],
         return wt_git(pin, *args, check=check) if pin is not None else git(path, *args, check=check)
 
     try:
-        committed = run("diff", *opts, f"{git_ref}...HEAD", "--") if git_ref else ""
-        stat = run("diff", "--stat", "--no-color", f"{git_ref}...HEAD", "--") if git_ref else ""
-        pending = run("diff", *opts, "HEAD", "--")
-        pending_stat = run("diff", "--stat", "--no-color", "HEAD", "--")
+        # no filter the repository defines runs on the agent's files for a diff (its
+        # .gitattributes can name any of them); no textconv or external diff either (opts)
+        off = filters_off(run("config", "-z", "--get-regexp", r"^filter\.", check=False))
+        committed = run(*off, "diff", *opts, f"{git_ref}...HEAD", "--") if git_ref else ""
+        stat = run(*off, "diff", "--stat", *opts, f"{git_ref}...HEAD", "--") if git_ref else ""
+        pending = run(*off, "diff", *opts, "HEAD", "--")
+        pending_stat = run(*off, "diff", "--stat", *opts, "HEAD", "--")
         untracked = run("ls-files", "--others", "--exclude-standard", "-z").split("\0")
     except GitError as e:
         return TaskDiff(error=str(e), base=git_ref)
@@ -137,7 +140,7 @@ def task_diff(where: Union[str, Workspace], git_ref: Optional[str],
     new_files = [u for u in untracked if u]
     for rel in new_files[:MAX_UNTRACKED_SHOWN]:
         # exit code 1 means "differs": not an error here
-        pending += run("diff", *opts, "--no-index", "--", "/dev/null", rel, check=False)
+        pending += run(*off, "diff", *opts, "--no-index", "--", "/dev/null", rel, check=False)
         pending_stat += f" {rel} (new, not added)\n"
     if pending.strip():
         committed += ("\n" if committed and not committed.endswith("\n") else "") + pending

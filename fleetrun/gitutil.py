@@ -1,5 +1,9 @@
 """Small helpers to run git without a shell, and a per-repository lock.
 
+Every git command fleetrun runs is built here (:func:`git_argv`, :func:`git_env`): with
+settings no file in a worktree can override (:data:`SAFE_CONFIG`) and without the
+variables that would send it to another repository (:data:`DROPPED_ENV`).
+
 Git's worktree and branch commands are not safe to run concurrently on one
 repository (``could not lock config file``), so they run under ``repo_lock``.
 """
@@ -28,16 +32,60 @@ class GitError(Exception):
 
 _ENV = {"GIT_TERMINAL_PROMPT": "0", "LC_ALL": "C"}
 
+#: Settings of every git command fleetrun runs, given with ``-c`` so that they win over
+#: every config file, and passed on (through ``GIT_CONFIG_PARAMETERS``) to any git a
+#: command starts in a submodule. A worktree can hold a repository of its own
+#: (``sub/.git/config`` is a file the agent writes); these keep git from running anything
+#: it names: no fsmonitor command, no hooks, no recursion into submodules (status and
+#: diff do not look inside them at all), no pager. An external diff or textconv is a
+#: diff option (``--no-ext-diff --no-textconv``, :mod:`fleetrun.diffutil`); an empty
+#: ``diff.external`` would be run as a command.
+SAFE_CONFIG: tuple[str, ...] = (
+    "core.fsmonitor=false",
+    "core.hooksPath=/dev/null",
+    "core.pager=cat",
+    "core.untrackedCache=false",
+    "submodule.recurse=false",
+    "diff.ignoreSubmodules=all",
+    "status.submoduleSummary=false",
+)
+
+#: Variables of fleetrun's own environment that are not passed to git: the ones that
+#: choose which repository, index, objects or worktree a command acts on (fleetrun
+#: started from a git hook or alias has ``GIT_DIR`` set), and the ones that name
+#: commands git would run. The user's identity and config-file choices are kept.
+DROPPED_ENV: frozenset[str] = frozenset({
+    "GIT_DIR", "GIT_WORK_TREE", "GIT_INDEX_FILE", "GIT_OBJECT_DIRECTORY", "GIT_ALTERNATE_OBJECT_DIRECTORIES",
+    "GIT_COMMON_DIR", "GIT_NAMESPACE", "GIT_PREFIX", "GIT_CEILING_DIRECTORIES", "GIT_DISCOVERY_ACROSS_FILESYSTEM",
+    "GIT_REPLACE_REF_BASE", "GIT_NO_REPLACE_OBJECTS", "GIT_GRAFT_FILE", "GIT_SHALLOW_FILE", "GIT_QUARANTINE_PATH",
+    "GIT_EXTERNAL_DIFF", "GIT_DIFF_OPTS", "GIT_PAGER", "GIT_EDITOR", "GIT_SEQUENCE_EDITOR", "GIT_ATTR_SOURCE",
+    "GIT_ATTR_NOSYSTEM", "GIT_INTERNAL_SUPER_PREFIX", "GIT_LITERAL_PATHSPECS", "GIT_GLOB_PATHSPECS",
+    "GIT_NOGLOB_PATHSPECS", "GIT_ICASE_PATHSPECS",
+})
+
+
+def git_argv(cwd: str | Path, *args: str) -> list[str]:
+    """The argv of ``git -C cwd args...`` as fleetrun runs every git command: no pager,
+    and :data:`SAFE_CONFIG` before ``args``."""
+    safe = [opt for kv in SAFE_CONFIG for opt in ("-c", kv)]
+    return ["git", "--no-pager", "-C", str(cwd), *safe, *args]
+
+
+def git_env(env: Optional[dict[str, str]] = None) -> dict[str, str]:
+    """The environment of a git command: fleetrun's own without :data:`DROPPED_ENV`, no
+    prompt, the C locale, then ``env``."""
+    base = {k: v for k, v in os.environ.items() if k not in DROPPED_ENV}
+    return dict(base, **_ENV, **(env or {}))
+
 
 def git(cwd: str | Path, *args: str, check: bool = True, timeout: float = 120,
         env: Optional[dict[str, str]] = None) -> str:
-    """Run ``git -C cwd args...`` (argv, never a shell); return stdout.
+    """Run ``git -C cwd args...`` (argv, never a shell, :func:`git_argv`); return stdout.
 
-    :param env: variables set for this command, over the process's own.
+    :param env: variables set for this command, over the process's own (:func:`git_env`).
     """
-    env = dict(os.environ, **_ENV, **(env or {}))
-    proc = subprocess.run(["git", "-C", str(cwd), *args], stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
-                          stdin=subprocess.DEVNULL, env=env, timeout=timeout)
+    proc = subprocess.run(git_argv(cwd, *args), stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
+                          stdin=subprocess.DEVNULL, env=git_env(env), timeout=timeout)
     out = proc.stdout.decode("utf-8", "replace")
     if check and proc.returncode != 0:
         raise GitError(list(args), proc.returncode, out)
@@ -176,6 +224,43 @@ def wt_git(p: Pinned, *args: str, check: bool = True, timeout: float = 120,
     check_pinned(p)
     return git(p.root, f"--git-dir={p.gitdir}", f"--work-tree={p.root}", *args, check=check, timeout=timeout,
                env=env)
+
+
+def filters_off(config_z: str) -> list[str]:
+    """``-c`` options that switch off every filter driver named in ``config_z`` (the
+    output of ``git config -z --get-regexp ^filter\\.``): an empty ``clean``, ``smudge``
+    and ``process`` is no command at all. A worktree's ``.gitattributes`` can name any
+    driver the repository's config defines (``filter=lfs``); what only reads a
+    worktree, as the diff a reviewer is shown, has no need to run one on the agent's
+    files."""
+    names = set()
+    for item in config_z.split("\0"):
+        key = item.partition("\n")[0]
+        if key.startswith("filter.") and key.count(".") >= 2:
+            names.add(key[len("filter."):key.rindex(".")])
+    return [opt for name in sorted(names)
+            for kv in (f"filter.{name}.clean=", f"filter.{name}.smudge=", f"filter.{name}.process=",
+                       f"filter.{name}.required=false")
+            for opt in ("-c", kv)]
+
+
+def embedded_repositories(p: Pinned) -> list[str]:
+    """The repositories inside the pinned worktree that its branch would record as
+    gitlinks, each as ``path/``: a new folder holding a ``.git`` that ``git add -A``
+    would add (git lists it as ``path/`` among the untracked files), and a gitlink
+    already in the index (the agent's own ``git add``, or its commits) whose folder holds
+    a ``.git``. A ``.git`` git itself never sees (in an ignored folder, in a folder that
+    has tracked files) is not one: git records nothing of it and runs nothing in it.
+
+    :raises WorktreeTampered: when the pin no longer holds.
+    :raises GitError: git refused.
+    """
+    found = {f for f in wt_git(p, "ls-files", "-z", "--others", "--exclude-standard").split("\0") if f.endswith("/")}
+    for entry in wt_git(p, "ls-files", "-z", "--stage").split("\0"):
+        meta, _, path = entry.partition("\t")
+        if meta.startswith("160000 ") and os.path.lexists(os.path.join(p.root, path, ".git")):
+            found.add(path.rstrip("/") + "/")
+    return sorted(found)
 
 
 #: The identity of the merges fleetrun makes, whatever the user's or the repository's

@@ -170,6 +170,30 @@ def test_collect_and_cleanup_refuse_a_tampered_worktree(peer, tmp_path):
     assert wt.exists()
 
 
+def test_collect_refuses_an_embedded_repository_and_runs_nothing_it_names(peer, tmp_path):
+    # the agent leaves sub/.git as plain files: a HEAD, the repository's objects, and a
+    # core.fsmonitor command; committed as a gitlink, every later git status would run it
+    repo = make_repo(tmp_path / "repo")
+    marker = tmp_path / "marker"
+    ws = prepare(peer, repo)
+    wt = Path(ws["root"])
+    sub = wt / "sub" / ".git"
+    (sub / "objects" / "info").mkdir(parents=True)
+    (sub / "refs").mkdir()
+    (sub / "HEAD").write_text(git(repo, "rev-parse", "main"))
+    (sub / "objects" / "info" / "alternates").write_text(f"{repo / '.git' / 'objects'}\n")
+    (sub / "config").write_text(f'[core]\n\trepositoryformatversion = 0\n'
+                                f'\tfsmonitor = "echo ran $FLEETRUN_TEST_SECRET >> {marker}; false"\n')
+    (wt / "work.txt").write_text("the agent's\n")
+    secret = {"FLEETRUN_TEST_SECRET": "the peer's secret"}
+    code, r = peer.host("collect", stdin={"task": task(repo), "attempt": attempt(), "workspace": ws}, env=secret)
+    assert code == 1 and r["error"] == "worktree_tampered: embedded repository sub/", r
+    assert git(repo, "rev-parse", ws["branch"]) == git(repo, "rev-parse", "main")  # nothing committed
+    code, r = peer.host("cleanup", stdin={"task": task(repo, state="DONE")}, env=secret)
+    assert code == 0 and r["removed"] is False, r  # dirty: kept
+    assert not marker.exists(), marker.read_text()
+
+
 def test_verify_start_runs_in_the_worktree_it_prepared(peer, tmp_path):
     repo = make_repo(tmp_path / "repo")
     ws = prepare(peer, repo)

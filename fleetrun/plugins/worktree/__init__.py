@@ -41,6 +41,7 @@ from ...gitutil import (
     Pinned,
     WorktreeTampered,
     check_pinned,
+    embedded_repositories,
     git,
     pin_worktree,
     repo_lock,
@@ -358,6 +359,13 @@ def _commit_work(p: Pinned, branch: Optional[str], message: str) -> str:
     :raises WorktreeTampered: the pin broke, or HEAD is not on ``branch``.
     :raises GitError: git refused.
     """
+    embedded = embedded_repositories(p)
+    if embedded:
+        # git would record it as a gitlink, and a repository the agent made names its own
+        # config (core.fsmonitor, hooks...): refused, like any other tampering
+        # the names are the agent's: a few are enough to say what happened
+        more = f" and {len(embedded) - 5} more" if len(embedded) > 5 else ""
+        raise WorktreeTampered(f"embedded repository {', '.join(embedded[:5])}{more}")
     if not wt_git(p, "status", "--porcelain", "--untracked-files=all").strip():
         return ""
     if branch:

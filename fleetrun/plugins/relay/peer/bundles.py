@@ -12,6 +12,7 @@ import re
 import sys
 from typing import TYPE_CHECKING, Any, Optional, TextIO
 
+from ....gitutil import git_argv, git_env
 from ..protocol import BUNDLE_MARK, MAX_HAVES
 from .request import HostError, _payload, _prepared_all
 
@@ -24,8 +25,8 @@ _SHA = re.compile(r"^[0-9a-f]{40}([0-9a-f]{24})?$")
 def _git(repo: str, *args: str, stdin: Optional[str] = None) -> tuple[int, str, str]:
     import subprocess
 
-    proc = subprocess.run(["git", "-C", repo, *args], input=(stdin or "").encode(), capture_output=True,
-                          env=dict(os.environ, GIT_TERMINAL_PROMPT="0", LC_ALL="C"), timeout=300)
+    proc = subprocess.run(git_argv(repo, *args), input=(stdin or "").encode(), capture_output=True,
+                          env=git_env(), timeout=300)
     return proc.returncode, proc.stdout.decode("utf-8", "replace").strip(), proc.stderr.decode("utf-8", "replace")
 
 
@@ -78,10 +79,9 @@ def cmd_bundle(config: HasHome, out: TextIO) -> int:
     out.flush()
     if not plan["bundle"]:
         return 0
-    proc = subprocess.run(["git", "-C", repo, "bundle", "create", "-", f"refs/heads/{branch}",
-                           *(f"^{h}" for h in plan["have"])],
-                          stdin=subprocess.DEVNULL, stdout=fd, stderr=subprocess.PIPE,
-                          env=dict(os.environ, GIT_TERMINAL_PROMPT="0", LC_ALL="C"))
+    proc = subprocess.run(git_argv(repo, "bundle", "create", "-", f"refs/heads/{branch}",
+                                   *(f"^{h}" for h in plan["have"])),
+                          stdin=subprocess.DEVNULL, stdout=fd, stderr=subprocess.PIPE, env=git_env())
     if proc.returncode != 0:
         sys.stderr.write(f"git bundle create failed (exit {proc.returncode}): "
                          f"{proc.stderr.decode('utf-8', 'replace').strip()[-500:]}\n")
