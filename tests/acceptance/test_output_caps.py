@@ -201,3 +201,19 @@ def test_one_tasks_flood_does_not_stop_the_fleet(fleeter, fake_claude, home_16m,
     assert fleeter.states() == {"t1": "DONE", "t2": "DONE"}
     (v,) = fleeter.ledger().verdicts(fleeter.task("t1").id)
     assert v.reason == "exit code 0; output cut: 99 MB over the 1.0 MB cap"
+
+
+def test_a_claude_log_cut_in_the_middle_still_gives_the_attempts_result(fleeter, fake_claude):
+    """The log of a Claude Code session is stream-json: cut, a line is broken in two at
+    each end of the marker. The result event at the end is kept, and read: the task is
+    DONE, its cost counted."""
+    fleeter.write_config(f"[output]\nmax_bytes = {CAP}\n")
+    one_task(fleeter)
+    fake_claude.script(t1=[{"actions": [["print", "y" * 3_000_000], ["write", "out.txt", "x"]],
+                            "cost": 0.25}])
+    r = fleeter.run("tasks.toml")
+    assert r.ret == 0, r.stdout + r.stderr
+    assert fleeter.states() == {"t1": "DONE"}
+    log = (only_attempt_dir(fleeter) / "log").read_bytes()
+    assert len(log) <= CAP + MARK_MAX and b" bytes cut: output over its 1.0 MB cap]" in log
+    assert fleeter.task("t1").cost_usd == pytest.approx(0.25)
