@@ -27,7 +27,6 @@ import os
 import select
 import sys
 import time
-from collections.abc import Iterable
 
 #: The default of ``[output] max_bytes``: what one file written from an untrusted stream
 #: (an agent's log, a verifier's or setup step's output) may hold.
@@ -160,11 +159,10 @@ def descendants(root: int) -> list[int]:
     return found
 
 
-def reap(keep: Iterable[int] = ()) -> dict[int, int]:
+def reap(keep: tuple[int, ...] = ()) -> dict[int, int]:
     """Collect every ended child (a subreaper's orphans included) without waiting.
 
     :return: {pid: wait status} of those in ``keep`` that were collected."""
-    keep = set(keep)
     got: dict[int, int] = {}
     while True:
         try:
@@ -177,11 +175,26 @@ def reap(keep: Iterable[int] = ()) -> dict[int, int]:
             got[pid] = status
 
 
+def has_children() -> bool:
+    """Whether a child still runs, once the ended ones are reaped. A subreaper with none
+    has no descendant either (a live one would be its child or below a live child), so
+    the common end, nothing left behind, costs no ``/proc`` scan."""
+    while True:
+        try:
+            pid, _status = os.waitpid(-1, os.WNOHANG)
+        except ChildProcessError:
+            return False
+        if pid == 0:
+            return True
+
+
 def end_descendants(grace_s: float = GRACE_S) -> None:
     """End every process below this one: SIGTERM, up to ``grace_s`` for them to go,
     SIGKILL for the rest, until none is left (each round reaps what ended)."""
     import _signal as signal  # the C module: `signal` costs an enum
 
+    if not has_children():
+        return
     me = os.getpid()
     left = descendants(me)
     if not left:
@@ -249,13 +262,14 @@ def run(max_bytes: int, out: str, argv: list[str]) -> int:
     open_ = True
     while status is None:
         try:
-            ready, _, _ = select.select([rfd] + ([pidfd] if pidfd >= 0 else []), [], [],
+            # a pipe at its end stays readable: not waited on then, or this would spin
+            ready, _, _ = select.select(([rfd] if open_ else []) + ([pidfd] if pidfd >= 0 else []), [], [],
                                         1.0 if pidfd >= 0 else 0.05)
         except InterruptedError:  # pragma: no cover
             ready = []
         if open_ and rfd in ready:
             open_ = _copy(rfd, writer)
-        status = reap([pid]).get(pid)
+        status = reap((pid,)).get(pid)
         if not open_ and status is None and pidfd < 0:
             time.sleep(0.02)
     if pidfd >= 0:

@@ -170,7 +170,7 @@ def end_descendants(grace_s: float) -> None:
     """SIGTERM to every process below this one, ``grace_s`` for them to go, SIGKILL for
     the rest until none is left, reaping as they end (:func:`fleetrun.capped.end_descendants`)."""
     me = os.getpid()
-    left = descendants(me)
+    left = descendants(me) if _has_children() else []
     for i in range(1000):  # a fork bomb cannot keep it here for ever
         if not left:
             break
@@ -187,6 +187,18 @@ def end_descendants(grace_s: float) -> None:
             if not left or time.monotonic() >= deadline:
                 break
     _reap()
+
+
+def _has_children() -> bool:
+    """Whether a child still runs (:func:`fleetrun.capped.has_children`): without one, a
+    subreaper has no descendant, and the end needs no ``/proc`` scan."""
+    while True:
+        try:
+            pid, _status = os.waitpid(-1, os.WNOHANG)
+        except ChildProcessError:
+            return False
+        if pid == 0:
+            return True
 
 
 def _reap(agent: int = 0) -> int | None:
