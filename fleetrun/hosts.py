@@ -299,10 +299,16 @@ def kill_recorded_children(adir: Path) -> int:
     for f in sorted(d.glob("*.json")) if d.is_dir() else []:
         info = read_json(str(f)) or {}
         marker = info.get("marker")
+        marked = isinstance(marker, str) and _MARKER.fullmatch(marker) is not None
         if kill_group(info.get("pid"), info.get("token")):
             n += 1
-        elif info.get("pid") is None and isinstance(marker, str) and _MARKER.fullmatch(marker):
-            n += _kill_marked(marker)  # started, its pid never recorded
+            # what it detached (`setsid sleep &`) left the group, and the SIGKILL took its
+            # reaper (fleetrun.capped's wrapper) before it could end it: it still carries
+            # the marker in its environment
+            if marked:
+                _kill_marked(str(marker))
+        elif info.get("pid") is None and marked:
+            n += _kill_marked(str(marker))  # started, its pid never recorded
         f.unlink(missing_ok=True)
     return n
 

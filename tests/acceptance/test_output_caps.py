@@ -14,6 +14,7 @@ import pytest
 
 from fleetrun.capped import marker
 
+from .test_adoption import loops, wait_for  # noqa: F401
 from .test_crash_points import _no_strays, kill_leftovers  # noqa: F401
 from .test_disk_full import mount_home
 
@@ -217,3 +218,24 @@ def test_a_claude_log_cut_in_the_middle_still_gives_the_attempts_result(fleeter,
     log = (only_attempt_dir(fleeter) / "log").read_bytes()
     assert len(log) <= CAP + MARK_MAX and b" bytes cut: output over its 1.0 MB cap]" in log
     assert fleeter.task("t1").cost_usd == pytest.approx(0.25)
+
+
+def test_what_a_verifier_detached_dies_when_a_crash_left_it_running(fleeter, fake_claude, loops,  # noqa: F811
+                                                                     tmp_path, pids_of):
+    """The supervisor is SIGKILLed while a verifier holds (after detaching a `setsid
+    sleep`): its wrapper dies with the recorded group at the restart, so what it
+    detached is found by the marker it carries in its environment and ended too."""
+    pidfile, marks = tmp_path / "verifier-pids", tmp_path / "verifier-runs"
+    hold = f"while [ ! -e {tmp_path / 'gate'} ]; do sleep 0.05; done"
+    one_task(fleeter, verify=f"echo run >> {marks}; if [ $(grep -c run {marks}) -eq 1 ]; then "
+                             f"{detach(pidfile)}; {hold}; fi; test -f out.txt")
+    fake_claude.script(t1=[{"actions": [["write", "out.txt", "x"]]}])
+    fleeter.run("queue", "tasks.toml")
+    proc = loops.start("work")
+    wait_for(lambda: pidfile.exists() and pidfile.read_text().strip(), what="the verifier to detach its sleep")
+    loops.sigkill(proc)
+    r = fleeter.runsub("work", "--until-idle", timeout=60)
+    pids = pids_of(pidfile)
+    assert r.ret == 0, r.stdout + r.stderr
+    assert fleeter.states() == {"t1": "DONE"}
+    assert len(pids) == 1 and not alive(pids[0]), "what the cut-off verifier detached outlived the restart"
