@@ -260,7 +260,7 @@ def record_child(adir: Path, name: str, pid: int, marker: Optional[str] = None) 
     write_json(str(d / f"{name}.json"), {"pid": pid, "token": proc_token(pid), "marker": marker}, sync=False)
 
 
-def _kill_marked(marker: str) -> bool:
+def kill_marked(marker: str) -> bool:
     """SIGKILL the process groups of every process of ours whose environment has the
     marker (Linux: ``/proc/PID/environ``; elsewhere nothing is found). :return: whether any."""
     needle = f"{CHILD_MARKER}={marker}".encode()
@@ -306,9 +306,9 @@ def kill_recorded_children(adir: Path) -> int:
             # reaper (fleetrun.capped's wrapper) before it could end it: it still carries
             # the marker in its environment
             if marked:
-                _kill_marked(str(marker))
+                kill_marked(str(marker))
         elif info.get("pid") is None and marked:
-            n += _kill_marked(str(marker))  # started, its pid never recorded
+            n += kill_marked(str(marker))  # started, its pid never recorded
         f.unlink(missing_ok=True)
     return n
 

@@ -100,6 +100,7 @@ class ProcessHandle:
         self.max_bytes = max_bytes or DEFAULT_MAX_BYTES
         # recorded before it starts: a supervisor killed in between still finds it
         marker = record_child_intent(out_path.parent, out_path.stem)
+        self.marker = marker
         env = {**env, CHILD_MARKER: marker}
         for stale in (out_path, Path(f"{out_path}{CUT_SUFFIX}")):  # a run before a crash
             try:
@@ -163,8 +164,7 @@ class ProcessHandle:
         if code is None:
             if time.monotonic() < self.deadline:
                 return None
-            end_group(self.proc.pid, None)
-            self.proc.poll()  # reap it: the group is gone (or will be, if it hangs in the kernel)
+            self._end()
             self.verdict = self.timed_out()
         else:
             self.verdict = self.ended(code)
@@ -173,9 +173,18 @@ class ProcessHandle:
 
     def cancel(self) -> None:
         if self.proc is not None and self.proc.poll() is None:
-            end_group(self.proc.pid, None)
-            self.proc.poll()
+            self._end()
         self._close()
+
+    def _end(self) -> None:
+        """End the group; then what it detached, should a command deaf to SIGTERM have had
+        its reaping wrapper SIGKILLed with it (found by the marker it inherited)."""
+        from .hosts import kill_marked
+
+        assert self.proc is not None
+        end_group(self.proc.pid, None)
+        self.proc.poll()  # reap it: the group is gone (or will be, if it hangs in the kernel)
+        kill_marked(self.marker)
 
     def _close(self) -> None:
         from .hosts import forget_child
