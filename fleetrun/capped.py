@@ -188,24 +188,24 @@ def has_children() -> bool:
             return True
 
 
-def end_descendants(grace_s: float = GRACE_S) -> None:
+def end_descendants(grace_s: float = GRACE_S, keep: tuple[int, ...] = ()) -> dict[int, int]:
     """End every process below this one: SIGTERM, up to ``grace_s`` for them to go,
-    SIGKILL for the rest, until none is left (each round reaps what ended)."""
+    SIGKILL for the rest, until none is left (each round reaps what ended).
+
+    :return: {pid: wait status} of those in ``keep`` reaped on the way."""
     import _signal as signal  # the C module: `signal` costs an enum
 
+    got: dict[int, int] = {}
     if not has_children():
-        return
+        return got
     me = os.getpid()
     left = descendants(me)
-    if not left:
-        reap()
-        return
     for pid in left:
         _kill(pid, signal.SIGTERM)
     deadline = time.monotonic() + grace_s
     while left and time.monotonic() < deadline:
         time.sleep(0.02)
-        reap()
+        got.update(reap(keep))
         left = descendants(me)
     for _round in range(1000):  # a fork bomb cannot keep it here for ever
         if not left:
@@ -213,9 +213,10 @@ def end_descendants(grace_s: float = GRACE_S) -> None:
         for pid in left:
             _kill(pid, signal.SIGKILL)
         time.sleep(0.01)
-        reap()
+        got.update(reap(keep))
         left = descendants(me)
-    reap()
+    got.update(reap(keep))
+    return got
 
 
 def _kill(pid: int, sig: int) -> None:
@@ -239,7 +240,11 @@ def run(max_bytes: int, out: str, argv: list[str]) -> int:
     # a SIGTERM (the supervisor ending the verifier's group) reaches the command by its
     # group; this process only has to live on to end what the command detached
     stopped: list[int] = []
-    signal.signal(signal.SIGTERM, lambda signum, frame: stopped.append(signum))
+    wake_r, wake_w = os.pipe()  # a SIGTERM wakes the wait below at once
+    os.set_blocking(wake_r, False)
+    os.set_blocking(wake_w, False)
+    signal.set_wakeup_fd(wake_w)
+    signal.signal(signal.SIGTERM, lambda signum, frame: stopped.append(signum) if not stopped else None)
     fd = os.open(out, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
     writer = CappedWriter(fd, max_bytes)
     rfd, wfd = os.pipe()
@@ -261,12 +266,24 @@ def run(max_bytes: int, out: str, argv: list[str]) -> int:
     status: int | None = None
     open_ = True
     while status is None:
+        if stopped and stopped[0]:
+            # told to stop (a timeout, a cancel): everything below ends now, the command
+            # too, as it may be deaf to the SIGTERM its group got; the caller's SIGKILL of
+            # the group, 2 s on, would take this process before it could end what left it
+            stopped[0] = 0
+            status = end_descendants(0.5, keep=(pid,)).get(pid)
+            continue
         try:
             # a pipe at its end stays readable: not waited on then, or this would spin
-            ready, _, _ = select.select(([rfd] if open_ else []) + ([pidfd] if pidfd >= 0 else []), [], [],
-                                        1.0 if pidfd >= 0 else 0.05)
+            ready, _, _ = select.select(([rfd] if open_ else []) + ([pidfd] if pidfd >= 0 else []) + [wake_r],
+                                        [], [], 1.0 if pidfd >= 0 else 0.05)
         except InterruptedError:  # pragma: no cover
             ready = []
+        if wake_r in ready:
+            try:
+                os.read(wake_r, 512)
+            except OSError:
+                pass
         if open_ and rfd in ready:
             open_ = _copy(rfd, writer)
         status = reap((pid,)).get(pid)

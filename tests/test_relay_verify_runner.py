@@ -150,3 +150,26 @@ def test_a_peer_verifiers_flood_is_cut_and_what_it_detached_ends_with_it(host, t
                 os.kill(int(pidfile.read_text()), 9)
             except ProcessLookupError:
                 pass
+
+
+def test_a_peer_verifier_deaf_to_sigterm_that_times_out_leaves_nothing_it_detached(host, tmp_path):
+    """The runner ends a timed-out verifier's group (SIGTERM, 2 s, SIGKILL); a command
+    deaf to SIGTERM would have its reaping wrapper SIGKILLed with it, so the wrapper, on
+    its own SIGTERM, ends everything below it at once (SIGTERM, 0.5 s, SIGKILL)."""
+    pidfile = tmp_path / "pid"
+    cmd = (f"trap '' TERM; setsid sh -c 'echo $$ > {pidfile}; exec sleep 3000' >/dev/null 2>&1 </dev/null & "
+           f"while [ ! -s {pidfile} ]; do sleep 0.05; done; sleep 3000")
+    start(host, tmp_path, 0, cmd, tmp_path, timeout_s=2)
+    try:
+        r = ended(host, 0)
+        pid = int(pidfile.read_text())
+        assert (r["passed"], r["reason"]) == (False, "timed out after 2s"), r
+        from fleetrun.osutil import proc_token
+
+        assert proc_token(pid) is None, "what the timed-out verifier detached outlived it"
+    finally:
+        if pidfile.exists():
+            try:
+                os.kill(int(pidfile.read_text()), 9)
+            except ProcessLookupError:
+                pass
