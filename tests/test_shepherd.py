@@ -251,3 +251,33 @@ def test_an_agents_flood_is_cut_to_its_cap_head_and_tail_kept(tmp_path: Path) ->
     assert b"[fleetrun: 49,000,012 bytes cut: output over its 1.0 MB cap]" in log
     st = json.loads((tmp_path / "a1" / shepherd.STATUS).read_text())
     assert st["state"] == "ended" and st["log_cut"] == 50_000_012 - cap and st["log_cap"] == cap
+
+
+def test_a_cut_log_can_be_followed_while_the_agent_runs(tmp_path: Path) -> None:
+    """While the agent floods, the log holds the head as it came (what ``logs -f``
+    follows: the file only grows), and the marker and the tail come at the end."""
+    cap, gate = 1_000_000, tmp_path / "gate"
+    flood = f"echo FIRST; head -c 5000000 /dev/zero; while [ ! -e {gate} ]; do sleep 0.05; done; echo; echo LAST"
+    adir = tmp_path / "a1"
+    adir.mkdir(mode=0o700)
+    (adir / shepherd.SPEC).write_text(json.dumps({"attempt_id": "a1", "argv": ["/bin/sh", "-c", flood],
+                                                  "cwd": str(tmp_path), "env": {"PATH": "/usr/bin:/bin"},
+                                                  "max_output": cap}))
+    proc = subprocess.Popen([sys.executable, "-I", "-S", shepherdrun.SHEPHERD_PATH, str(adir)],
+                            stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    try:
+        log = adir / shepherd.LOG
+        deadline = time.monotonic() + 120
+        while not (log.exists() and log.stat().st_size >= cap // 2):
+            assert time.monotonic() < deadline, "the head never reached the log"
+            time.sleep(0.05)
+        assert log.read_bytes()[:6] == b"FIRST\n" and log.stat().st_size == cap // 2
+        gate.touch()
+        assert proc.wait(timeout=120) == 0
+        data = log.read_bytes()
+        assert data.startswith(b"FIRST\n") and data.endswith(b"\nLAST\n") and b"bytes cut: output over" in data
+        assert len(data) <= cap + 100
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+            proc.wait()
