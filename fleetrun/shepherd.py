@@ -35,6 +35,10 @@ LOG = "log"
 #: the shepherd runs (fleetrun.summary reads it; the names are kept here too).
 SUMMARY = "summary"
 SUMMARY_ENV = "FLEETRUN_SUMMARY_FILE"
+#: The shepherd's identity (``PID:TOKEN``) in its agent's environment, inherited by all
+#: the agent starts: should the shepherd be SIGKILLed (it can end nothing then), the
+#: supervisor finds what the agent detached by it (fleetrun.hosts.kill_environ).
+SHEPHERD_ENV = "FLEETRUN_SHEPHERD"
 CANCEL = "cancel"
 START_LOCK = "start.lock"
 GRACE_S = 5.0
@@ -432,6 +436,7 @@ class Shepherd:
         env.update({k: str(v) for k, v in (self.spec.get("env") or {}).items()})
         # last: the summary is read from this one place, whatever the spec's env says
         env[SUMMARY_ENV] = os.path.join(os.path.abspath(self.dir), SUMMARY)
+        env[SHEPHERD_ENV] = f"{os.getpid()}:{self.status['shepherd_token']}"
         stdin_path = self.spec.get("stdin_file")
         # before the agent starts: whatever it detaches is reparented to us, not to init
         set_subreaper()

@@ -8,13 +8,14 @@ from __future__ import annotations
 
 import json
 import os
+import signal
 from pathlib import Path
 
 import pytest
 
 from fleetrun.capped import marker
 
-from .test_adoption import loops, wait_for  # noqa: F401
+from .test_adoption import loops, running_agent, wait_for  # noqa: F401
 from .test_crash_points import _no_strays, kill_leftovers  # noqa: F401
 from .test_disk_full import mount_home
 
@@ -239,3 +240,24 @@ def test_what_a_verifier_detached_dies_when_a_crash_left_it_running(fleeter, fak
     assert r.ret == 0, r.stdout + r.stderr
     assert fleeter.states() == {"t1": "DONE"}
     assert len(pids) == 1 and not alive(pids[0]), "what the cut-off verifier detached outlived the restart"
+
+
+def test_what_an_agent_detached_dies_when_its_shepherd_is_killed(fleeter, fake_claude, loops,  # noqa: F811
+                                                                  tmp_path, pids_of):
+    """A SIGKILLed shepherd can end nothing: the loop, finding it dead, ends its agent's
+    group and then every process carrying that shepherd's identity in its environment
+    (``FLEETRUN_SHEPHERD``), so the resumed attempt runs alone."""
+    pidfile, gate = tmp_path / "agent-pids", tmp_path / "gate"
+    one_task(fleeter, extra='allowed_tools = ["Bash"]')
+    fake_claude.script(t1=[{"actions": [["bash", detach(pidfile)], ["bash", f"while [ ! -e {gate} ]; do sleep 0.05; done"]]},
+                           {"actions": [["write", "out.txt", "x"]]}])
+    fleeter.run("queue", "tasks.toml")
+    proc = loops.start("work", "--until-idle")
+    st = running_agent(fleeter, fake_claude, "t1")
+    wait_for(lambda: pidfile.exists() and pidfile.read_text().strip(), what="the agent to detach its sleep")
+    os.kill(st["shepherd_pid"], signal.SIGKILL)
+    out, err = proc.communicate(timeout=60)
+    pids = pids_of(pidfile)
+    assert proc.returncode == 0, out.decode() + err.decode()
+    assert fleeter.states() == {"t1": "DONE"}
+    assert len(pids) == 1 and not alive(pids[0]), "what the dead shepherd's agent detached outlived it"
