@@ -198,8 +198,10 @@ def verify_runner(vdir: str) -> int:
     max_bytes = spec.get("max_output")
     if isinstance(max_bytes, bool) or not isinstance(max_bytes, int) or max_bytes < MIN_OUTPUT:
         max_bytes = MAX_OUTPUT
-    argv = [sys.executable, "-I", "-S", str(spec["wrapper"]), str(max_bytes), out, "--",
-            "/bin/sh", "-c", str(spec["text"])]
+    wrapper = spec.get("wrapper")
+    if not isinstance(wrapper, str) or not wrapper:
+        return finish(False, "cannot start: the spec names no output wrapper")
+    argv = [sys.executable, "-I", "-S", wrapper, str(max_bytes), out, "--", "/bin/sh", "-c", str(spec["text"])]
     try:
         pid = _spawn(argv, str(spec["cwd"]), env)
     except OSError as e:
