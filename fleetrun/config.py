@@ -8,6 +8,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Callable, Iterable, Optional
 
+from .capped import DEFAULT_MAX_BYTES, MIN_MAX_BYTES
 from .exceptions import UsageError
 from .home import default_home  # noqa: F401  (its home before home.py: kept importable)
 from .stash import Stash
@@ -50,8 +51,26 @@ class ConfigKey:
     machine: bool = False
 
 
-#: What the core itself reads: ``[fleetrun]``, reserved for general settings (none yet).
-CORE_CONFIG_KEYS: tuple[ConfigKey, ...] = (ConfigKey("fleetrun", "", doc="general settings"),)
+def _output_cap_problem(value: int) -> Optional[str]:
+    if value < MIN_MAX_BYTES:
+        return f"must be at least {MIN_MAX_BYTES} (bytes), got {value}"
+    return None
+
+
+#: What the core itself reads: ``[fleetrun]``, reserved for general settings (none yet),
+#: and ``[output] max_bytes``, the cap of every file written from an untrusted stream.
+CORE_CONFIG_KEYS: tuple[ConfigKey, ...] = (
+    ConfigKey("fleetrun", "", doc="general settings"),
+    ConfigKey("output", "max_bytes", types=(int,), check=_output_cap_problem,
+              doc=f"the most bytes one file written from an agent's, a verifier's or a setup step's output "
+                  f"may hold (default {DEFAULT_MAX_BYTES:_}); the head and the tail are kept"),
+)
+
+
+def output_cap(config: Config) -> int:
+    """``[output] max_bytes``: what one file written from an untrusted stream may hold."""
+    value = config.setting("output", "max_bytes", DEFAULT_MAX_BYTES)
+    return value if isinstance(value, int) and not isinstance(value, bool) else DEFAULT_MAX_BYTES
 
 
 class OptionGroup:

@@ -16,6 +16,7 @@ from dataclasses import dataclass
 from typing import Any, Optional
 
 from . import clock
+from .capped import DEFAULT_MAX_BYTES, cut_note
 from .gitutil import GitError, WorktreeTampered
 from .hostapi import get_host
 from .ledger import Attempt, Task
@@ -76,7 +77,11 @@ class Ending:
                                    session_id=(res.session_id if res else None) or att.session_id,
                                    cost_usd=cost, result_text=res.result_text if res else None,
                                    info={**att.info, "denials": res.permission_denials if res else [],
-                                         "error": st.get("error"), "signal": st.get("signal")})
+                                         "error": st.get("error"), "signal": st.get("signal"),
+                                         **({"log_cut": st["log_cut"]} if st.get("log_cut") else {})})
+                if st.get("log_cut"):  # the task that flooded pays: its record says so
+                    led.add_note(task.id, f"attempt {att.number}: its log was cut: "
+                                 f"{cut_note(st['log_cut'], st.get('log_cap') or DEFAULT_MAX_BYTES)}", cur=cur)
                 cur.execute("UPDATE tasks SET cost_usd = cost_usd + ? WHERE id=?", (cost or 0.0, task.id))
         task = loop.get(task.id)
         att = loop.get_attempt(att.id)

@@ -24,7 +24,17 @@ from .hostapi import (  # noqa: F401  (their old home: kept importable)
     stop_attempt,
 )
 from .osutil import FileLock, end_group, spawn_detached
-from .shepherd import CANCEL, LOG, SPEC, START_LOCK, STATUS, proc_token, read_json, write_json
+from .shepherd import (
+    CANCEL,
+    LOG,
+    SHEPHERD_ENV,
+    SPEC,
+    START_LOCK,
+    STATUS,
+    proc_token,
+    read_json,
+    write_json,
+)
 from .shepherdrun import SHEPHERD_PATH, shepherd_argv  # noqa: F401  (SHEPHERD_PATH: its old home)
 from .untrusted import FILE_STATES, Malformed, parse_status, reason_of
 
@@ -147,8 +157,13 @@ class LocalHost:
             return {"state": "ended", "reason": "malformed_status", "exit_code": None,
                     "error": f"malformed status.json: {bad}"}
         # The shepherd died (SIGKILL, OOM killer...) but its agent, in a session of its
-        # own, may run on: end it, or the resumed attempt would run beside it.
+        # own, may run on: end it, or the resumed attempt would run beside it; and what
+        # the agent detached, which the dead shepherd can no longer end, by the
+        # shepherd's identity it inherited
         kill_group(st.get("agent_pid"), st.get("agent_token"))
+        spid, stoken = pid or st.get("shepherd_pid"), token or st.get("shepherd_token")
+        if isinstance(spid, int) and isinstance(stoken, str) and stoken:
+            kill_environ(f"{SHEPHERD_ENV}={spid}:{stoken}")
         return dict(st, state="died")
 
     def give_up(self, attempt_id: str) -> dict[str, Any]:
@@ -260,10 +275,16 @@ def record_child(adir: Path, name: str, pid: int, marker: Optional[str] = None) 
     write_json(str(d / f"{name}.json"), {"pid": pid, "token": proc_token(pid), "marker": marker}, sync=False)
 
 
-def _kill_marked(marker: str) -> bool:
+def kill_marked(marker: str) -> bool:
     """SIGKILL the process groups of every process of ours whose environment has the
     marker (Linux: ``/proc/PID/environ``; elsewhere nothing is found). :return: whether any."""
-    needle = f"{CHILD_MARKER}={marker}".encode()
+    return kill_environ(f"{CHILD_MARKER}={marker}")
+
+
+def kill_environ(variable: str) -> bool:
+    """SIGKILL the process groups of every process of ours (but our own group) whose
+    environment holds ``variable`` (``NAME=value``, whole). :return: whether any."""
+    needle = variable.encode()
     groups: set[int] = set()
     try:
         entries = [e.name for e in os.scandir("/proc") if e.name.isdigit()]
@@ -299,10 +320,16 @@ def kill_recorded_children(adir: Path) -> int:
     for f in sorted(d.glob("*.json")) if d.is_dir() else []:
         info = read_json(str(f)) or {}
         marker = info.get("marker")
+        marked = isinstance(marker, str) and _MARKER.fullmatch(marker) is not None
         if kill_group(info.get("pid"), info.get("token")):
             n += 1
-        elif info.get("pid") is None and isinstance(marker, str) and _MARKER.fullmatch(marker):
-            n += _kill_marked(marker)  # started, its pid never recorded
+            # what it detached (`setsid sleep &`) left the group, and the SIGKILL took its
+            # reaper (fleetrun.capped's wrapper) before it could end it: it still carries
+            # the marker in its environment
+            if marked:
+                kill_marked(str(marker))
+        elif info.get("pid") is None and marked:
+            n += kill_marked(str(marker))  # started, its pid never recorded
         f.unlink(missing_ok=True)
     return n
 

@@ -425,10 +425,14 @@ class Ledger(LedgerFile):
 
     # -- notes -------------------------------------------------------------------------
 
-    def add_note(self, task_id: str, text: str) -> None:
-        """Something the log should say about a task that is not a state change."""
-        with self.tx() as cur:
+    def add_note(self, task_id: str, text: str, cur: Optional[sqlite3.Cursor] = None) -> None:
+        """Something the log should say about a task that is not a state change (in the
+        transaction of ``cur``, when given)."""
+        if cur is not None:
             cur.execute("INSERT INTO notes (task_id, time, text) VALUES (?,?,?)", (task_id, time.time(), text))
+            return
+        with self.tx() as c:
+            c.execute("INSERT INTO notes (task_id, time, text) VALUES (?,?,?)", (task_id, time.time(), text))
 
     def notes(self, task_id: str) -> list[tuple[float, str]]:
         return [(r[0], r[1]) for r in self.conn.execute(

@@ -8,19 +8,25 @@ The operating-system parts (locks, ending a group, detached spawn) are
 from __future__ import annotations
 
 import os
+import shutil
 import subprocess
+import sys
 import time
 from collections.abc import Mapping
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Optional
 
+from .capped import CUT_SUFFIX, DEFAULT_MAX_BYTES, cut_note, read_cut
 from .osutil import end_group
 from .reports import Verdict, Workspace
+from .shepherdrun import compiled
 
 if TYPE_CHECKING:
     from .ledger import Attempt, Task
 
 KEEP_BYTES = 64 * 1024
+#: The wrapper every verifier runs under, by path (:mod:`fleetrun.capped`).
+CAPPED_PATH = str(Path(__file__).with_name("capped.py"))
 
 
 def tail_text(path: Path, limit: int = KEEP_BYTES) -> str:
@@ -66,17 +72,21 @@ def task_env(task: Task, attempt: Attempt, workspace: Workspace | str,
 class ProcessHandle:
     """A verifier running as a child process group, for the loop to poll.
 
-    The child's output goes to ``out_path`` (never a pipe: no deadlock on large
-    output); its process group is recorded in the attempt folder, so a restarted
-    supervisor ends it before running the step again; ``fileno()`` is a pidfd the
-    loop can select on. Subclasses say what the end means: :meth:`ended`,
+    The child runs under the wrapper of :mod:`fleetrun.capped` (the group's leader): its
+    output goes to ``out_path`` (never to us through a pipe: no deadlock on large output)
+    cut to ``max_bytes`` (``[output] max_bytes``; head and tail kept, see
+    :meth:`output_cut`), and whatever it detaches is ended when it ends; its process group
+    is recorded in the attempt folder, so a restarted supervisor ends it before running the
+    step again; ``fileno()`` is a pidfd the loop can select on. ``cache`` is the home's
+    byte-code folder, where the wrapper is compiled once (:func:`fleetrun.shepherdrun.compiled`). Subclasses say what the end means: :meth:`ended`,
     :meth:`timed_out`, :meth:`cannot_start`. It is a
     :class:`~fleetrun.reports.VerifyHandle` with every optional method (``cancel``,
     ``fileno``, ``next_deadline``).
     """
 
     def __init__(self, verifier: Any, argv: list[str], cwd: str, env: dict[str, str], out_path: Path,
-                 stdin_path: Optional[Path] = None, host: str = "local") -> None:
+                 stdin_path: Optional[Path] = None, host: str = "local", max_bytes: Optional[int] = None,
+                 cache: Optional[Path] = None) -> None:
         from .hosts import CHILD_MARKER, forget_child, record_child, record_child_intent
 
         self.verifier = verifier
@@ -87,19 +97,31 @@ class ProcessHandle:
         self.verdict: Optional[Verdict] = None
         self._pidfd: Optional[int] = None
         self.proc: Optional[subprocess.Popen[bytes]] = None
+        self.max_bytes = max_bytes or DEFAULT_MAX_BYTES
         # recorded before it starts: a supervisor killed in between still finds it
         marker = record_child_intent(out_path.parent, out_path.stem)
+        self.marker = marker
         env = {**env, CHILD_MARKER: marker}
-        fd = os.open(out_path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
+        for stale in (out_path, Path(f"{out_path}{CUT_SUFFIX}")):  # a run before a crash
+            try:
+                stale.unlink()
+            except FileNotFoundError:
+                pass
+        exe = argv[0] if os.sep in argv[0] else shutil.which(argv[0], path=env.get("PATH", os.defpath))
         try:
+            if exe is None or not os.access(exe, os.X_OK):
+                raise FileNotFoundError(2, "No such file or directory", argv[0])
+            # under the wrapper (fleetrun.capped): the output capped, and every process the
+            # command detaches (`setsid sleep &`) ended with it, as its subreaper
+            wrapper = compiled(cache, CAPPED_PATH) if cache is not None else None
             with open(stdin_path, "rb") if stdin_path else open(os.devnull, "rb") as stdin:
-                self.proc = subprocess.Popen(argv, cwd=cwd, env=env, stdin=stdin, stdout=fd, stderr=fd,
-                                             start_new_session=True, close_fds=True)
+                self.proc = subprocess.Popen(
+                    [sys.executable, "-I", "-S", wrapper or CAPPED_PATH, str(self.max_bytes), str(out_path), "--",
+                     *argv], cwd=cwd, env=env, stdin=stdin, stdout=subprocess.DEVNULL,
+                    stderr=subprocess.DEVNULL, start_new_session=True, close_fds=True)
         except OSError as e:
             forget_child(out_path.parent, out_path.stem)
             self.verdict = self.cannot_start(str(e.strerror or e))
-        finally:
-            os.close(fd)
         if self.proc is not None:
             record_child(out_path.parent, out_path.stem, self.proc.pid, marker)
             if hasattr(os, "pidfd_open"):
@@ -107,6 +129,12 @@ class ProcessHandle:
                     self._pidfd = os.pidfd_open(self.proc.pid)
                 except OSError:
                     self._pidfd = None
+
+    def output_cut(self) -> Optional[str]:
+        """What the verdict says when the output was cut to its cap (``output cut: 1.0 GB
+        over the 20 MB cap``), or None."""
+        got = read_cut(str(self.out_path))
+        return cut_note(*got) if got else None
 
     # -- what subclasses decide --------------------------------------------------------
 
@@ -136,8 +164,7 @@ class ProcessHandle:
         if code is None:
             if time.monotonic() < self.deadline:
                 return None
-            end_group(self.proc.pid, None)
-            self.proc.poll()  # reap it: the group is gone (or will be, if it hangs in the kernel)
+            self._end()
             self.verdict = self.timed_out()
         else:
             self.verdict = self.ended(code)
@@ -146,9 +173,18 @@ class ProcessHandle:
 
     def cancel(self) -> None:
         if self.proc is not None and self.proc.poll() is None:
-            end_group(self.proc.pid, None)
-            self.proc.poll()
+            self._end()
         self._close()
+
+    def _end(self) -> None:
+        """End the group; then what it detached, should a command deaf to SIGTERM have had
+        its reaping wrapper SIGKILLed with it (found by the marker it inherited)."""
+        from .hosts import kill_marked
+
+        assert self.proc is not None
+        end_group(self.proc.pid, None)
+        self.proc.poll()  # reap it: the group is gone (or will be, if it hangs in the kernel)
+        kill_marked(self.marker)
 
     def _close(self) -> None:
         from .hosts import forget_child

@@ -35,9 +35,18 @@ LOG = "log"
 #: the shepherd runs (fleetrun.summary reads it; the names are kept here too).
 SUMMARY = "summary"
 SUMMARY_ENV = "FLEETRUN_SUMMARY_FILE"
+#: The shepherd's identity (``PID:TOKEN``) in its agent's environment, inherited by all
+#: the agent starts: should the shepherd be SIGKILLed (it can end nothing then), the
+#: supervisor finds what the agent detached by it (fleetrun.hosts.kill_environ).
+SHEPHERD_ENV = "FLEETRUN_SHEPHERD"
 CANCEL = "cancel"
 START_LOCK = "start.lock"
 GRACE_S = 5.0
+#: What the log may hold when the spec names no ``max_output`` (``[output] max_bytes``;
+#: fleetrun.capped.DEFAULT_MAX_BYTES, the same number).
+MAX_OUTPUT = 20_000_000
+MIN_OUTPUT = 4096
+PR_SET_CHILD_SUBREAPER = 36
 #: Set (not ``0``) in its environment: the shepherd lists what it imported in MODULES.
 DEBUG_ENV = "FLEETRUN_SHEPHERD_DEBUG"
 MODULES = "shepherd.modules"
@@ -45,8 +54,9 @@ MODULES = "shepherd.modules"
 
 # Run by path under ``-I -S``, this file cannot import the package, so it keeps its
 # own copies of what fleetrun.osutil holds for everyone else (proc_token, signalling
-# a process group, its start lock): keep them in step (tests/test_osutil.py checks
-# that the two proc_token agree).
+# a process group, its start lock) and of fleetrun.capped's writer and reaping: keep
+# them in step (tests/test_osutil.py checks that the two proc_token agree,
+# tests/test_capped.py that the two writers cut a stream alike).
 
 
 def proc_token(pid: int) -> str | None:
@@ -68,6 +78,146 @@ def proc_token(pid: int) -> str | None:
     if fields[0] in (b"Z", b"X"):  # a zombie has ended
         return None
     return "linux:" + fields[19].decode()
+
+
+class CappedLog:
+    """The log under a cap: the first half as it comes, the last half kept in memory and
+    written after a marker at the end. A copy of :class:`fleetrun.capped.CappedWriter`
+    (see above); a failed write raises ``OSError``."""
+
+    def __init__(self, fd: int, max_bytes: int) -> None:
+        self.fd, self.max_bytes = fd, max_bytes
+        self.head_left = max_bytes // 2
+        self.tail_max = max_bytes - max_bytes // 2
+        self.tail = bytearray()
+        self.seen = 0
+
+    @property
+    def cut(self) -> int:
+        return max(0, self.seen - self.tail_max)
+
+    def write(self, data: bytes) -> None:
+        if self.head_left > 0:
+            head, data = data[:self.head_left], data[self.head_left:]
+            self.head_left -= len(head)
+            _write_all(self.fd, head)
+        if data:
+            self.seen += len(data)
+            self.tail += data
+            if len(self.tail) > self.tail_max + 1_048_576:
+                del self.tail[:len(self.tail) - self.tail_max]
+
+    def close(self) -> int:
+        tail, self.tail = bytes(self.tail[-self.tail_max:]), bytearray()
+        if self.cut:
+            tail = (f"\n[fleetrun: {self.cut:,} bytes cut: output over its {size_text(self.max_bytes)} cap]\n"
+                    .encode() + tail)
+        _write_all(self.fd, tail)
+        return self.cut
+
+
+def size_text(n: int) -> str:
+    """A copy of :func:`fleetrun.capped.size_text`."""
+    for unit, name in ((10**9, "GB"), (10**6, "MB"), (10**3, "kB")):
+        if n >= unit:
+            value = n / unit
+            return f"{value:.1f} {name}" if value < 10 else f"{value:.0f} {name}"
+    return f"{n} bytes"
+
+
+def _write_all(fd: int, data: bytes) -> None:
+    view = memoryview(data)
+    while view:  # a short write (a nearly full disk) is not the whole of it
+        view = view[os.write(fd, view):]
+
+
+def set_subreaper() -> bool:
+    """Become the child subreaper (Linux): what the agent detaches stays ours to end.
+    A copy of :func:`fleetrun.capped.set_subreaper`."""
+    if not sys.platform.startswith("linux"):
+        return False
+    try:
+        import ctypes  # here, ~3 ms: nothing else of the shepherd needs it
+
+        return ctypes.CDLL(None, use_errno=True).prctl(PR_SET_CHILD_SUBREAPER, 1, 0, 0, 0) == 0
+    except (OSError, AttributeError):
+        return False
+
+
+def descendants(root: int) -> list[int]:
+    """Every live process below ``root``, from ``/proc`` (a copy of
+    :func:`fleetrun.capped.descendants`)."""
+    try:
+        names = os.listdir("/proc")
+    except OSError:
+        return []
+    parent: dict[int, list[int]] = {}
+    for name in names:
+        if name.isdigit():
+            try:
+                with open(f"/proc/{name}/stat", "rb") as f:
+                    data = f.read()
+            except OSError:
+                continue
+            fields = data[data.rindex(b")") + 2:].split()
+            if fields[0] not in (b"Z", b"X"):
+                parent.setdefault(int(fields[1]), []).append(int(name))
+    found, todo = [], [root]
+    while todo:
+        for child in parent.get(todo.pop(), ()):
+            found.append(child)
+            todo.append(child)
+    return found
+
+
+def end_descendants(grace_s: float) -> None:
+    """SIGTERM to every process below this one, ``grace_s`` for them to go, SIGKILL for
+    the rest until none is left, reaping as they end (:func:`fleetrun.capped.end_descendants`)."""
+    me = os.getpid()
+    left = descendants(me) if _has_children() else []
+    for i in range(1000):  # a fork bomb cannot keep it here for ever
+        if not left:
+            break
+        for p in left:
+            try:
+                os.kill(p, signal.SIGTERM if i == 0 else signal.SIGKILL)
+            except (ProcessLookupError, PermissionError):
+                pass
+        deadline = time.monotonic() + (grace_s if i == 0 else 0.0)
+        while True:
+            time.sleep(0.02 if i == 0 else 0.01)
+            _reap()
+            left = descendants(me)
+            if not left or time.monotonic() >= deadline:
+                break
+    _reap()
+
+
+def _has_children() -> bool:
+    """Whether a child still runs (:func:`fleetrun.capped.has_children`): without one, a
+    subreaper has no descendant, and the end needs no ``/proc`` scan."""
+    while True:
+        try:
+            pid, _status = os.waitpid(-1, os.WNOHANG)
+        except ChildProcessError:
+            return False
+        if pid == 0:
+            return True
+
+
+def _reap(agent: int = 0) -> int | None:
+    """Collect every ended child (the orphans it inherits as subreaper) without waiting.
+    :return: the wait status of ``agent`` when it was among them."""
+    got = None
+    while True:
+        try:
+            pid, status = os.waitpid(-1, os.WNOHANG)
+        except ChildProcessError:
+            return got
+        if pid == 0:
+            return got
+        if pid == agent:
+            got = status
 
 
 def write_json(path: str, data: dict, sync: bool = True) -> None:
@@ -178,6 +328,12 @@ class Shepherd:
         self.reason: str | None = None
         self.stop_requested: str | None = None
         self.unsaved = False
+        cap = spec.get("max_output")
+        if isinstance(cap, bool) or not isinstance(cap, int) or cap < MIN_OUTPUT:
+            cap = MAX_OUTPUT
+        self.max_output: int = cap
+        self.out: CappedLog | None = None
+        self.agent_status: int | None = None  # its wait status, once reaped
 
     def save(self, end: bool = False) -> bool:
         """Write status.json (fsynced only when it records the end); on a full or read-only
@@ -199,10 +355,31 @@ class Shepherd:
             time.sleep(1.0)
 
     def log(self, log_fd: int, data: bytes) -> None:
+        if self.out is None:
+            self.out = CappedLog(log_fd, self.max_output)
         try:
-            os.write(log_fd, data)
+            self.out.write(data)
         except OSError:  # disk full: the output is lost, the attempt is not
             self.status["log_dropped"] = self.status.get("log_dropped", 0) + len(data)
+
+    def close_log(self, log_fd: int) -> None:
+        """The log's end: the marker and the kept tail when it was cut; the status says so."""
+        if self.out is not None:
+            try:
+                self.out.close()
+            except OSError:
+                self.status["log_dropped"] = self.status.get("log_dropped", 0) + min(
+                    self.out.seen, self.out.tail_max)
+            if self.out.cut:
+                self.status.update(log_cut=self.out.cut, log_cap=self.max_output)
+        os.close(log_fd)
+
+    def poll_agent(self, pid: int) -> int | None:
+        """The agent's exit code (minus the signal that ended it), or None while it runs;
+        the orphans it left, ours as subreaper, are reaped on the way."""
+        if self.agent_status is None:
+            self.agent_status = _reap(pid)
+        return None if self.agent_status is None else os.waitstatus_to_exitcode(self.agent_status)
 
     def notify(self) -> None:
         sock_path = self.spec.get("notify")
@@ -259,7 +436,10 @@ class Shepherd:
         env.update({k: str(v) for k, v in (self.spec.get("env") or {}).items()})
         # last: the summary is read from this one place, whatever the spec's env says
         env[SUMMARY_ENV] = os.path.join(os.path.abspath(self.dir), SUMMARY)
+        env[SHEPHERD_ENV] = f"{os.getpid()}:{self.status['shepherd_token']}"
         stdin_path = self.spec.get("stdin_file")
+        # before the agent starts: whatever it detaches is reparented to us, not to init
+        set_subreaper()
         log_fd = os.open(os.path.join(self.dir, LOG), os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o600)
         try:
             stdin = os.open(stdin_path or os.devnull, os.O_RDONLY)
@@ -273,7 +453,7 @@ class Shepherd:
             os.close(master)
             reason, msg = self.exec_failure(e, env)
             self.log(log_fd, (msg + "\n").encode())
-            os.close(log_fd)
+            self.close_log(log_fd)
             self.status.update(state="ended", reason=reason, error=msg, exit_code=None,
                                ended=time.time(), agent_pid=None)
             self.save(end=True)
@@ -348,16 +528,18 @@ class Shepherd:
                     last_output = time.time()
                 else:
                     master_open = False
-            code = _poll(pid)
+            code = self.poll_agent(pid)
             if code is not None and (not master_open or not self._drain(master, log_fd)):
                 break
         if master_open:
             os.close(master)
         if pidfd >= 0:
             os.close(pidfd)
-        # nothing of the agent's process group may outlive it
+        # nothing of the agent's process group may outlive it, nor anything it detached
+        # (a `setsid` escapes the group, not its subreaper): SIGTERM, a grace, SIGKILL
         self._signal_group(pid, signal.SIGKILL)
-        os.close(log_fd)
+        end_descendants(GRACE_S)
+        self.close_log(log_fd)
         self.status.update(
             state="ended",
             exit_code=code if code >= 0 else None,
@@ -401,8 +583,7 @@ class Shepherd:
             return "start_failed:agent_not_found", f"{exe} is not executable ({why})"
         return "start_failed", f"cannot start {exe}: {why}"
 
-    @staticmethod
-    def _drain(master: int, log_fd: int) -> bool:
+    def _drain(self, master: int, log_fd: int) -> bool:
         """Copy what is left on the pty; False when nothing more will come."""
         r, _, _ = select.select([master], [], [], 0.05)
         if not r:
@@ -413,10 +594,7 @@ class Shepherd:
             return False
         if not data:
             return False
-        try:
-            os.write(log_fd, data)
-        except OSError:
-            pass
+        self.log(log_fd, data)
         return True
 
     @staticmethod
@@ -462,17 +640,6 @@ def spawn(argv: list[str], cwd: str | None, env: dict[str, str], stdin: int, out
                 first = last
     errno = first if first != 2 else last
     raise OSError(errno, os.strerror(errno), exe)
-
-
-def _poll(pid: int) -> int | None:
-    """The agent's exit code (minus the signal that ended it), or None while it runs."""
-    try:
-        done, status = os.waitpid(pid, os.WNOHANG)
-    except ChildProcessError:  # pragma: no cover - reaped already: nothing more to learn
-        return -9
-    if not done:
-        return None
-    return os.waitstatus_to_exitcode(status)
 
 
 def _write_modules(adir: str) -> None:

@@ -18,6 +18,7 @@ from dataclasses import asdict, dataclass, replace
 from typing import TYPE_CHECKING, Any, Optional
 
 from . import clock, crash
+from .config import output_cap
 from .exceptions import StateConflict, UsageError
 from .gitutil import WorktreeTampered
 from .hostapi import StartRefused, candidates_of, get_host, missing_host_reason
@@ -56,6 +57,7 @@ def shepherd_spec(task: Task, att: Attempt, spawn: SpawnSpec, config: Config) ->
         "timeout_s": task.spec.timeout_min * 60.0,
         "stall_s": task.spec.stall_timeout_min * 60.0,
         "notify": sock_path(config.home),
+        "max_output": output_cap(config),
     }
 
 

@@ -260,9 +260,10 @@ def parse_status(data: Any, states: tuple[str, ...] = STATUS_STATES) -> dict[str
     err = opt_clean_text(d, "error", "status", 2000)
     if err is not None:
         out["error"] = err
-    dropped = opt_integer(d, "log_dropped", "status", 0)
-    if dropped is not None:
-        out["log_dropped"] = dropped
+    for key in ("log_dropped", "log_cut", "log_cap"):  # bytes of the log lost, cut, its cap
+        n = opt_integer(d, key, "status", 0)
+        if n is not None:
+            out[key] = n
     return out
 
 

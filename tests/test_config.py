@@ -208,7 +208,7 @@ def test_plugin_declared_table_valid(fleeter: Any) -> None:
     r = fleeter.run("validate", "tasks.toml")
     assert (r.ret, r.errlines) == (USAGE_ERROR, [
         f"ERROR: {fleeter.home / 'config.toml'}:1: pager: unknown table (known: agents, brain, claude, events, fleetrun, "
-        "notify, relay, worktree)"])
+        "notify, output, relay, worktree)"])
 
 
 def test_plugin_declared_in_fleetconf(fleeter: Any) -> None:
@@ -275,3 +275,21 @@ def test_machine_level_keys_are_refused_only_where_machine_ok_is_false() -> None
     got = [e.format() for e in check_config(data, map_lines(text), decls, "fleetrun.toml", machine_ok=False)]
     why = "is a setting of this machine: it belongs in $FLEETRUN_HOME/config.toml, not in the project file"
     assert got == [f"ERROR: fleetrun.toml:1: site: {why}", f"ERROR: fleetrun.toml:5: tool.path: {why}"]
+
+
+def test_output_max_bytes_is_checked(fleeter: Any) -> None:
+    """``[output] max_bytes`` (issue 21 item 5) is a whole number of bytes, at least 4096,
+    strict like every table."""
+    fleeter.write_config('[output]\nmax_bytes = "20MB"\n')
+    fleeter.write_tasks(TASK)
+    where = fleeter.home / "config.toml"
+    r = fleeter.run("validate", "tasks.toml")
+    assert (r.ret, r.errlines) == (USAGE_ERROR, [
+        f"ERROR: {where}:2: output.max_bytes: expected a whole number, got a string"])
+    fleeter.write_config('[output]\nmax_bytes = 100\nmax_byte = 5000\n')
+    r = fleeter.run("validate", "tasks.toml")
+    assert (r.ret, r.errlines) == (USAGE_ERROR, [
+        f"ERROR: {where}:2: output.max_bytes: must be at least 4096 (bytes), got 100",
+        f"ERROR: {where}:3: output.max_byte: unknown key (did you mean 'max_bytes'?)"])
+    fleeter.write_config('[output]\nmax_bytes = 1_000_000\n')
+    assert fleeter.run("validate", "tasks.toml").ret == 0

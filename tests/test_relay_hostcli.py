@@ -173,3 +173,19 @@ def test_hosted_registry_forgets_ended_attempts(peer):
     code, probe = peer.host("probe")
     assert probe["running"] == 0
     assert json.loads(Path(peer.home / "hosted.json").read_text()) == {}
+
+
+def test_an_agents_log_on_a_peer_is_cut_to_the_peers_cap_and_its_status_says_so(peer):
+    """Issue 21 item 5 on a peer: the agent's log is written on the peer's disk, so the
+    peer's own ``[output] max_bytes`` caps it (a supervisor's spec may only lower it); the
+    status the supervisor reads says what was cut."""
+    (peer.home / "config.toml").write_text("[output]\nmax_bytes = 1_000_000\n")
+    flood = "echo FIRST; head -c 30000000 /dev/zero >&2; echo; echo LAST"
+    code, r = peer.host("start", stdin={"attempt_id": "task_t1_1_a1", "task_id": "task_t1_1", "prompt": "p",
+                                        "spec": {"argv": ["sh", "-c", flood], "cwd": "/", "env": {},
+                                                 "timeout_s": 60, "max_output": 50_000_000}})
+    assert code == 0, r
+    st = peer.wait_ended("task_t1_1_a1")
+    assert st["exit_code"] == 0 and st["log_cut"] == 30_000_012 - 1_000_000 and st["log_cap"] == 1_000_000, st
+    log = (peer.home / "attempts" / "task_t1_1_a1" / "log").read_bytes()
+    assert len(log) <= 1_000_100 and log.startswith(b"FIRST\n") and log.endswith(b"LAST\n")

@@ -122,3 +122,54 @@ def test_a_verifier_stopped_or_in_a_missing_folder_has_its_reason(host, tmp_path
     start(host, tmp_path, 1, "true", tmp_path / "gone")
     r = ended(host, 1)
     assert not r["passed"] and r["reason"].startswith("cannot start: "), r
+
+
+def test_a_peer_verifiers_flood_is_cut_and_what_it_detached_ends_with_it(host, tmp_path):
+    """Issue 21 items 5 and 6 on a peer: the runner's command writes 50 MB and detaches a
+    ``setsid sleep 3000``; the output is cut to the peer's ``[output] max_bytes`` (head and
+    tail kept, the verdict says so) and the sleep is ended with the verifier."""
+    (host.home / "config.toml").write_text("[output]\nmax_bytes = 1_000_000\n")
+    pidfile = tmp_path / "pids"
+    detach = (f"setsid sh -c 'echo $$ > {pidfile}; exec sleep 3000' >/dev/null 2>&1 </dev/null & "
+              f"while [ ! -s {pidfile} ]; do sleep 0.05; done")
+    start(host, tmp_path, 0, f"echo FIRST; head -c 50000000 /dev/zero; echo; echo LAST; {detach}; exit 1", tmp_path)
+    try:
+        r = ended(host, 0)
+        pid = int(pidfile.read_text())
+        assert (r["passed"], r["reason"]) == (False, "exit code 1; output cut: 49 MB over the 1.0 MB cap"), r
+        assert r["output"].endswith("LAST\n")
+        out = (host.home / "attempts" / ATT["id"] / "verify-1" / "out").read_bytes()
+        assert len(out) <= 1_000_100 and out.startswith(b"FIRST\n") and out.endswith(b"LAST\n")
+        assert b"\n[fleetrun: 49,000,012 bytes cut: output over its 1.0 MB cap]\n" in out
+        from fleetrun.osutil import proc_token
+
+        assert proc_token(pid) is None, "the verifier's detached sleep outlived it"
+    finally:
+        if pidfile.exists():
+            try:
+                os.kill(int(pidfile.read_text()), 9)
+            except ProcessLookupError:
+                pass
+
+
+def test_a_peer_verifier_deaf_to_sigterm_that_times_out_leaves_nothing_it_detached(host, tmp_path):
+    """The runner ends a timed-out verifier's group (SIGTERM, 2 s, SIGKILL); a command
+    deaf to SIGTERM would have its reaping wrapper SIGKILLed with it, so the wrapper, on
+    its own SIGTERM, ends everything below it at once (SIGTERM, 0.5 s, SIGKILL)."""
+    pidfile = tmp_path / "pid"
+    cmd = (f"trap '' TERM; setsid sh -c 'echo $$ > {pidfile}; exec sleep 3000' >/dev/null 2>&1 </dev/null & "
+           f"while [ ! -s {pidfile} ]; do sleep 0.05; done; sleep 3000")
+    start(host, tmp_path, 0, cmd, tmp_path, timeout_s=2)
+    try:
+        r = ended(host, 0)
+        pid = int(pidfile.read_text())
+        assert (r["passed"], r["reason"]) == (False, "timed out after 2s"), r
+        from fleetrun.osutil import proc_token
+
+        assert proc_token(pid) is None, "what the timed-out verifier detached outlived it"
+    finally:
+        if pidfile.exists():
+            try:
+                os.kill(int(pidfile.read_text()), 9)
+            except ProcessLookupError:
+                pass

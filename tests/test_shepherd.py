@@ -194,3 +194,90 @@ def test_a_shepherd_whose_folder_was_removed_ends_with_its_agent(tmp_path: Path)
         if proc.poll() is None:
             proc.kill()
             proc.wait()
+
+
+def alive(pid: int) -> bool:
+    """Whether ``pid`` runs (a zombie has ended)."""
+    return shepherd.proc_token(pid) is not None
+
+
+def kill_pids(pids: list[int]) -> None:
+    for pid in pids:
+        try:
+            os.kill(pid, 9)
+        except ProcessLookupError:
+            pass
+
+
+#: Five processes, each in a session of its own (out of the agent's process group),
+#: one of them deaf to SIGTERM; their pids in ``pids``, then the agent ends.
+DETACH_FIVE = (
+    'for i in 1 2 3 4; do setsid sh -c \'echo $$ >> pids; exec sleep 3000\' >/dev/null 2>&1 </dev/null & done; '
+    'setsid sh -c \'trap "" TERM; echo $$ >> pids; exec sleep 3000\' >/dev/null 2>&1 </dev/null & '
+    'while [ "$(wc -l < pids 2>/dev/null || echo 0)" -lt 5 ]; do sleep 0.05; done'
+)
+
+
+def test_nothing_the_agent_detaches_outlives_its_attempt(tmp_path: Path) -> None:
+    """Issue 21 item 6: five ``setsid sleep 3000`` the agent started (out of its process
+    group, one ignoring SIGTERM) are ended by the shepherd, its child subreaper, before
+    it records the end."""
+    proc = run_shepherd(tmp_path / "a1", {"attempt_id": "a1", "argv": ["/bin/sh", "-c", DETACH_FIVE],
+                                          "cwd": str(tmp_path), "env": {"PATH": "/usr/bin:/bin"}},
+                        shepherdrun.SHEPHERD_PATH)
+    pids = [int(line) for line in (tmp_path / "pids").read_text().split()]
+    try:
+        assert proc.returncode == 0, proc.stderr
+        assert len(pids) == 5
+        st = json.loads((tmp_path / "a1" / shepherd.STATUS).read_text())
+        assert (st["state"], st["exit_code"]) == ("ended", 0)
+        assert [p for p in pids if alive(p)] == []
+    finally:
+        kill_pids(pids)
+
+
+def test_an_agents_flood_is_cut_to_its_cap_head_and_tail_kept(tmp_path: Path) -> None:
+    """Issue 21 item 5: 50 MB on the agent's stderr leaves a log of the cap (plus the
+    marker), its first and last lines kept, and the status says how much was cut."""
+    cap = 1_000_000
+    flood = "echo FIRST; head -c 50000000 /dev/zero | tr '\\0' x >&2; echo; echo LAST"
+    proc = run_shepherd(tmp_path / "a1", {"attempt_id": "a1", "argv": ["/bin/sh", "-c", flood],
+                                          "cwd": str(tmp_path), "env": {"PATH": "/usr/bin:/bin"},
+                                          "max_output": cap}, shepherdrun.SHEPHERD_PATH)
+    assert proc.returncode == 0, proc.stderr
+    log = (tmp_path / "a1" / shepherd.LOG).read_bytes()
+    assert len(log) <= cap + 100, len(log)
+    assert log.startswith(b"FIRST\n") and log.endswith(b"x\nLAST\n")
+    assert b"[fleetrun: 49,000,012 bytes cut: output over its 1.0 MB cap]" in log
+    st = json.loads((tmp_path / "a1" / shepherd.STATUS).read_text())
+    assert st["state"] == "ended" and st["log_cut"] == 50_000_012 - cap and st["log_cap"] == cap
+
+
+def test_a_cut_log_can_be_followed_while_the_agent_runs(tmp_path: Path) -> None:
+    """While the agent floods, the log holds the head as it came (what ``logs -f``
+    follows: the file only grows), and the marker and the tail come at the end."""
+    cap, gate = 1_000_000, tmp_path / "gate"
+    flood = f"echo FIRST; head -c 5000000 /dev/zero; while [ ! -e {gate} ]; do sleep 0.05; done; echo; echo LAST"
+    adir = tmp_path / "a1"
+    adir.mkdir(mode=0o700)
+    (adir / shepherd.SPEC).write_text(json.dumps({"attempt_id": "a1", "argv": ["/bin/sh", "-c", flood],
+                                                  "cwd": str(tmp_path), "env": {"PATH": "/usr/bin:/bin"},
+                                                  "max_output": cap}))
+    proc = subprocess.Popen([sys.executable, "-I", "-S", shepherdrun.SHEPHERD_PATH, str(adir)],
+                            stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    try:
+        log = adir / shepherd.LOG
+        deadline = time.monotonic() + 120
+        while not (log.exists() and log.stat().st_size >= cap // 2):
+            assert time.monotonic() < deadline, "the head never reached the log"
+            time.sleep(0.05)
+        assert log.read_bytes()[:6] == b"FIRST\n" and log.stat().st_size == cap // 2
+        gate.touch()
+        assert proc.wait(timeout=120) == 0
+        data = log.read_bytes()
+        assert data.startswith(b"FIRST\n") and data.endswith(b"\nLAST\n") and b"bytes cut: output over" in data
+        assert len(data) <= cap + 100
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+            proc.wait()

@@ -5,6 +5,7 @@ from __future__ import annotations
 import os
 import time
 
+from fleetrun.osutil import proc_token
 from fleetrun.plugins.verify_run import RunHandle
 from fleetrun.procutil import KEEP_BYTES, tail_text
 from fleetrun.taskspec import VerifySpec
@@ -66,3 +67,22 @@ def test_pidfd_is_readable_when_done(tmp_path):
     r, _, _ = select.select([h], [], [], 10)
     assert r == [h]
     assert wait(h).passed
+
+
+def test_a_verifier_deaf_to_sigterm_that_times_out_leaves_nothing_it_detached(tmp_path):
+    """Issue 21 item 6: the command ignores SIGTERM, so its group (its reaping wrapper
+    included) is SIGKILLed at the timeout; what it detached (``setsid``, deaf to SIGTERM
+    too) is found by the marker in its environment and ended all the same."""
+    pidfile = tmp_path / "pid"
+    cmd = (f"trap '' TERM; setsid sh -c 'echo $$ > {pidfile}; exec sleep 3000' >/dev/null 2>&1 </dev/null & "
+           f"while [ ! -s {pidfile} ]; do sleep 0.05; done; sleep 3000")
+    v = wait(RunHandle(VerifySpec("run", cmd, timeout_s=2), str(tmp_path), tmp_path / "o", dict(os.environ)))
+    pid = int(pidfile.read_text())
+    try:
+        assert not v.passed and v.reason == "timed out after 2s"
+        assert proc_token(pid) is None, "what the timed-out verifier detached outlived it"
+    finally:
+        try:
+            os.kill(pid, 9)
+        except ProcessLookupError:
+            pass

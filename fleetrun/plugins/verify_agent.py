@@ -47,10 +47,12 @@ from ..claudecli import (  # one reader of Claude Code's output, shared with `cl
     executable,
     parse_stream,
 )
+from ..config import output_cap
 from ..diffutil import local_workspace, parse_reply, review_prompt, task_diff
 from ..hookimpl import hookimpl
 from ..procutil import KEEP_BYTES, ProcessHandle, tail_text, task_env
 from ..reports import MIN_BUDGET_USD, Verdict
+from ..shepherdrun import CACHE
 from ..untrusted import Malformed, cost, obj, one_of, opt_boolean, opt_text, text
 
 if TYPE_CHECKING:
@@ -162,11 +164,16 @@ class AgentHandle(ProcessHandle):
     """A running reviewer; ``poll()`` gives the Verdict once it has ended."""
 
     def __init__(self, verifier: Any, argv: list[str], cwd: str, env: dict[str, str], prompt_path: Path,
-                 out_path: Path, host: str = "local") -> None:
+                 out_path: Path, host: str = "local", max_bytes: Optional[int] = None,
+                 cache: Optional[Path] = None) -> None:
         self.argv = argv
-        super().__init__(verifier, argv, cwd, env, out_path, stdin_path=prompt_path, host=host)
+        super().__init__(verifier, argv, cwd, env, out_path, stdin_path=prompt_path, host=host,
+                         max_bytes=max_bytes, cache=cache)
 
     def _make(self, passed: bool, reason: str, output: str = "", cost: float = 0.0) -> Verdict:
+        cut = self.output_cut()
+        if cut:
+            reason = f"{reason}; {cut}"
         return Verdict(passed=passed, kind="agent", label=self.verifier.label, reason=reason,
                        output=output[-KEEP_BYTES:], cost_usd=cost, duration_s=time.monotonic() - self.started,
                        host=self.host)
@@ -218,4 +225,4 @@ def fleetrun_verify(task: Any, verifier: Any, workspace: Any, attempt: Any,
         f.write(reviewer_prompt(task, verifier, workspace))
     argv = reviewer_argv(config, verifier, str(uuid.uuid4()), budget)
     return AgentHandle(verifier, argv, workspace.path, reviewer_env(task, attempt, workspace), prompt_path,
-                       adir / f"review-{n}.jsonl")
+                       adir / f"review-{n}.jsonl", max_bytes=output_cap(config), cache=config.home / CACHE)

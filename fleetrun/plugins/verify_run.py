@@ -3,7 +3,9 @@
 The command runs with ``/bin/sh -c`` in the attempt's workspace (it is the user's own
 command line; names and prompts never reach it). Its output goes to a file in the
 attempt folder while it runs (so a large output can never fill a pipe and deadlock),
-and the last 64 KiB is kept with the verdict. The exit code is the verdict; a timeout
+cut to ``[output] max_bytes`` (head and tail kept; the verdict says ``output cut``),
+and the last 64 KiB is kept with the verdict; what the command detaches ends with it
+(:mod:`fleetrun.capped`). The exit code is the verdict; a timeout
 or a command that cannot start is a FAIL with that reason. A task's ``setup`` commands
 run through here too (see :mod:`fleetrun.setupstage`).
 """
@@ -14,10 +16,12 @@ import time
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Optional
 
+from ..config import output_cap
 from ..hookimpl import hookimpl
 from ..hostapi import Host
 from ..procutil import ProcessHandle, tail_text, task_env
 from ..reports import Verdict
+from ..shepherdrun import CACHE
 from ..taskspec import SETUP_STEP_BASE, step_index
 
 if TYPE_CHECKING:
@@ -27,10 +31,15 @@ if TYPE_CHECKING:
 class RunHandle(ProcessHandle):
     """A running ``run`` verifier; ``poll()`` gives the Verdict once it has ended."""
 
-    def __init__(self, verifier: Any, cwd: str, out_path: Path, env: dict[str, str], host: str = "local") -> None:
-        super().__init__(verifier, ["/bin/sh", "-c", verifier.text], cwd, env, out_path, host=host)
+    def __init__(self, verifier: Any, cwd: str, out_path: Path, env: dict[str, str], host: str = "local",
+                 max_bytes: Optional[int] = None, cache: Optional[Path] = None) -> None:
+        super().__init__(verifier, ["/bin/sh", "-c", verifier.text], cwd, env, out_path, host=host,
+                         max_bytes=max_bytes, cache=cache)
 
     def _make(self, passed: bool, reason: str) -> Verdict:
+        cut = self.output_cut()
+        if cut:  # the flood is this verifier's to answer for, in its own verdict
+            reason = f"{reason}; {cut}"
         return Verdict(passed=passed, kind="run", label=self.verifier.label, reason=reason,
                        output=tail_text(self.out_path), duration_s=time.monotonic() - self.started,
                        host=self.host)
@@ -63,7 +72,8 @@ def fleetrun_verify(task: Any, verifier: Any, workspace: Any, attempt: Any, host
     idx = step_index(task, verifier)
     # a setup command (extra["setup"] = K) writes setup-K.out beside the verifiers' outputs
     name = f"setup-{idx - SETUP_STEP_BASE + 1}.out" if idx >= SETUP_STEP_BASE else f"verify-{idx + 1}.out"
-    return RunHandle(verifier, workspace.path, adir / name, verifier_env(task, attempt, workspace))
+    return RunHandle(verifier, workspace.path, adir / name, verifier_env(task, attempt, workspace),
+                     max_bytes=output_cap(config), cache=config.home / CACHE)
 
 
 # ---------------------------------------------------------------------------------

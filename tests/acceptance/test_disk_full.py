@@ -22,10 +22,15 @@ from .test_crash_points import _no_strays, check_invariants, kill_leftovers  # n
 @pytest.fixture
 def small_home(fleeter, tmp_path, monkeypatch):
     """A 2 MB tmpfs as FLEETRUN_HOME."""
+    yield from mount_home(fleeter, tmp_path, monkeypatch, "2m")
+
+
+def mount_home(fleeter, tmp_path, monkeypatch, size: str):
+    """A tmpfs of ``size`` (``mount``'s spelling: ``2m``) as FLEETRUN_HOME, for a fixture."""
     mnt = tmp_path / "small"
     mnt.mkdir()
     try:
-        r = subprocess.run(["mount", "-t", "tmpfs", "-o", "size=2m,mode=0700", "tmpfs", str(mnt)],
+        r = subprocess.run(["mount", "-t", "tmpfs", "-o", f"size={size},mode=0700", "tmpfs", str(mnt)],
                            capture_output=True, text=True, timeout=30)
     except (OSError, subprocess.SubprocessError) as e:
         pytest.skip(f"cannot mount a tmpfs for the disk-full test: {e}")

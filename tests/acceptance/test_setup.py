@@ -13,6 +13,8 @@ import pytest
 
 from fleetrun.crash import CRASH_EXIT
 
+from .test_adoption import wait_for
+
 FAIL_UNLESS_FINAL = "test \"$(cat FIX.txt)\" = final || { echo 'FIX.txt must say final'; exit 1; }"
 
 
@@ -158,7 +160,8 @@ def test_a_crash_mid_setup_runs_it_again(fleeter, fake_claude):
     assert task.state.value == "ASSIGNED"
     (att,) = fleeter.ledger().attempts(task.id)
     assert att.state == "leased" and att.info["setup"] == "running"
-    sleeper = int(pidfile.read_text())
+    # the step starts under its wrapper (fleetrun.capped), which may not have run it yet
+    sleeper = int(wait_for(lambda: pidfile.exists() and pidfile.read_text().strip(), what="the setup step"))
     r2 = fleeter.runsub("work", "--until-idle", timeout=60)
     assert r2.ret == 0, r2.stdout + r2.stderr
     assert fleeter.task("t1").state.value == "DONE"

@@ -139,6 +139,17 @@ def cmd_prepare(config: Config, ns: argparse.Namespace) -> dict[str, Any]:
     return {"workspace": dataclasses.asdict(ws)}
 
 
+def _output_cap(config: Config, asked: object) -> int:
+    """This host's ``[output] max_bytes``, or the supervisor's ``asked`` when it is lower."""
+    from fleetrun.capped import MIN_MAX_BYTES
+    from fleetrun.config import output_cap
+
+    mine = output_cap(config)
+    if isinstance(asked, bool) or not isinstance(asked, int) or asked < MIN_MAX_BYTES:
+        return mine
+    return min(mine, asked)
+
+
 def cmd_start(config: Config, ns: argparse.Namespace) -> dict[str, Any]:
     p = _payload()
     task_id = _task_id(p.get("task_id"))
@@ -157,6 +168,9 @@ def cmd_start(config: Config, ns: argparse.Namespace) -> dict[str, Any]:
     notify = NOTIFY.get()
     if notify is not None:  # started by the worker: it hears of the end at once
         spec = dict(spec, notify=notify)
+    # the agent's log is written on this machine's disk: its own [output] max_bytes caps it,
+    # and the supervisor's only lowers that
+    spec = dict(spec, max_output=_output_cap(config, spec.get("max_output")))
     host = _local_host(config)
     with _host_lock(config.home):
         hosted = _hosted(config)

@@ -18,8 +18,9 @@ import time
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
+from fleetrun.config import output_cap
 from fleetrun.osutil import spawn_detached
-from fleetrun.procutil import tail_text, task_env
+from fleetrun.procutil import CAPPED_PATH, tail_text, task_env
 from fleetrun.shepherdrun import CACHE, compiled
 
 from .admission import _host_lock
@@ -84,7 +85,7 @@ def cmd_verify_start(config: Config, ns: argparse.Namespace) -> dict[str, Any]:
         if _runner_alive(vdir):
             return {"state": "running", "again": True}
         ensure_private_dir(vdir)
-        for name in ("result.json", "out", "child.json"):
+        for name in ("result.json", "out", "out.cut", "child.json"):
             try:
                 (vdir / name).unlink()
             except FileNotFoundError:
@@ -95,8 +96,11 @@ def cmd_verify_start(config: Config, ns: argparse.Namespace) -> dict[str, Any]:
         # neither file is fsynced: after a crash of this machine the runner is gone with
         # them, and a verify-status that finds no runner.json says so (the supervisor
         # then starts the verifier again); result.json, the verdict, is
+        # the output is written on this machine's disk: this host's [output] max_bytes caps it
         write_json(str(vdir / "spec.json"), {"text": v["text"], "cwd": cwd, "env": ours,
-                                             "timeout_s": float(timeout_s)}, sync=False)
+                                             "timeout_s": float(timeout_s), "max_output": output_cap(config),
+                                             "wrapper": compiled(config.home / CACHE, CAPPED_PATH) or CAPPED_PATH},
+                   sync=False)
         runner = compiled(config.home / CACHE, RUNNER_PATH) or RUNNER_PATH
         pid = spawn_detached([sys.executable, "-I", "-S", runner, str(vdir)], dict(os.environ, **ours),
                              vdir / "runner.out")

@@ -3,9 +3,12 @@
 once into the peer's home, :func:`fleetrun.shepherdrun.compiled`): standard library
 only and nothing of the package.
 
-It runs the command under ``/bin/sh -c`` in the worktree, output to a file, the
-timeout enforced here (so a dropped link cannot leave it running), and writes the
-verdict to ``result.json``.
+It runs the command under ``/bin/sh -c`` in the worktree, the timeout enforced here
+(so a dropped link cannot leave it running), and writes the verdict to ``result.json``.
+The command runs under the wrapper of :mod:`fleetrun.capped` (its compiled byte-code,
+named in the spec), as a local verifier does: the output goes to ``out`` cut to this
+peer's ``[output] max_bytes`` (the verdict says ``output cut``), and whatever the command
+detaches is ended when it ends.
 
 Why so few imports: it starts for every ``run`` verifier on a peer, between a task's
 VERIFYING and its verdict. ``json``, ``subprocess``, ``signal`` and ``typing`` (and
@@ -24,6 +27,8 @@ import sys
 import time
 
 KEEP_BYTES = 64 * 1024  # the output's tail kept in the verdict (procutil.KEEP_BYTES)
+MAX_OUTPUT = 20_000_000  # fleetrun.capped.DEFAULT_MAX_BYTES, when the spec names none
+MIN_OUTPUT = 4096  # fleetrun.capped.MIN_MAX_BYTES
 GRACE_S = 2.0  # after SIGTERM, the verifier's group gets this long before SIGKILL
 #: Set (not ``0``) in its environment: the runner lists what it imported in MODULES
 #: (the shepherd's switch: one for both detached helpers).
@@ -100,27 +105,24 @@ def tail_text(path: str, limit: int = KEEP_BYTES) -> str:
     return data.decode("utf-8", "replace")
 
 
-def _spawn(text: str, cwd: str, env: dict, out: int) -> int:
-    """``/bin/sh -c text`` in ``cwd``, in a session of its own, its input /dev/null and
-    its output ``out``, SIGPIPE and SIGXFSZ back to their defaults, none of our files
-    open in it (ours are all close-on-exec); what ``subprocess.Popen`` with
+def _spawn(argv: list[str], cwd: str, env: dict) -> int:
+    """``argv`` (the wrapper, which runs ``/bin/sh -c text``) in ``cwd``, in a session of
+    its own, its input /dev/null, its output ours (``runner.out``: the wrapper says
+    nothing unless it breaks), SIGPIPE and SIGXFSZ back to their defaults, none of our
+    files open in it (ours are all close-on-exec); what ``subprocess.Popen`` with
     ``start_new_session=True`` did. ``posix_spawn`` cannot change folder: this process
     changes into ``cwd`` first, and back.
 
-    :raises OSError: no such folder, or no shell.
+    :raises OSError: no such folder, or no interpreter.
     """
     here = os.getcwd()
     stdin = os.open(os.devnull, os.O_RDONLY)
     try:
         os.chdir(cwd)
-        actions = [
-            (os.POSIX_SPAWN_DUP2, stdin, 0),
-            (os.POSIX_SPAWN_DUP2, out, 1),
-            (os.POSIX_SPAWN_DUP2, out, 2),
-        ]
+        actions = [(os.POSIX_SPAWN_DUP2, stdin, 0)]
         return os.posix_spawn(
-            "/bin/sh",
-            ["/bin/sh", "-c", text],
+            argv[0],
+            argv,
             env,
             file_actions=actions,
             setsid=True,
@@ -129,6 +131,25 @@ def _spawn(text: str, cwd: str, env: dict, out: int) -> int:
     finally:
         os.close(stdin)
         os.chdir(here)
+
+
+def _read_cut(out: str) -> tuple[int, int] | None:
+    """(bytes cut, the cap) the wrapper wrote beside ``out`` (``fleetrun.capped.read_cut``)."""
+    try:
+        with open(out + ".cut") as f:
+            cut, cap = f.read().split()
+        return int(cut), int(cap)
+    except (OSError, ValueError):
+        return None
+
+
+def _size_text(n: int) -> str:
+    """A copy of ``fleetrun.capped.size_text``."""
+    for unit, name in ((10**9, "GB"), (10**6, "MB"), (10**3, "kB")):
+        if n >= unit:
+            value = n / unit
+            return f"{value:.1f} {name}" if value < 10 else f"{value:.0f} {name}"
+    return f"{n} bytes"
 
 
 def _killpg(pid: int, sig: int) -> None:
@@ -157,6 +178,9 @@ def verify_runner(vdir: str) -> int:
     out = os.path.join(vdir, "out")
 
     def finish(passed: bool, reason: str) -> int:
+        cut = _read_cut(out)
+        if cut:  # the flood is this verifier's to answer for, in its own verdict
+            reason = f"{reason}; output cut: {_size_text(cut[0])} over the {_size_text(cut[1])} cap"
         _write_json(
             os.path.join(vdir, "result.json"),
             {
@@ -171,13 +195,17 @@ def verify_runner(vdir: str) -> int:
 
     env = dict(os.environ)
     env.update({str(k): str(v) for k, v in (spec.get("env") or {}).items()})
-    fd = os.open(out, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
+    max_bytes = spec.get("max_output")
+    if isinstance(max_bytes, bool) or not isinstance(max_bytes, int) or max_bytes < MIN_OUTPUT:
+        max_bytes = MAX_OUTPUT
+    wrapper = spec.get("wrapper")
+    if not isinstance(wrapper, str) or not wrapper:
+        return finish(False, "cannot start: the spec names no output wrapper")
+    argv = [sys.executable, "-I", "-S", wrapper, str(max_bytes), out, "--", "/bin/sh", "-c", str(spec["text"])]
     try:
-        pid = _spawn(str(spec["text"]), str(spec["cwd"]), env, fd)
+        pid = _spawn(argv, str(spec["cwd"]), env)
     except OSError as e:
         return finish(False, f"cannot start: {e.strerror or e}")
-    finally:
-        os.close(fd)
     rfd, wfd = os.pipe()  # a SIGTERM wakes the wait below
     os.set_blocking(rfd, False)
     os.set_blocking(wfd, False)
