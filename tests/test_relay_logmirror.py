@@ -41,8 +41,8 @@ def wait_ended(host, attempt):
     raise AssertionError(f"{attempt} did not end: {st}")
 
 
-def test_a_peer_attempt_s_mirror_keeps_the_head_of_its_log_then_says_it_was_cut(mini, monkeypatch):
-    monkeypatch.setattr(logmirror, "MAX_MIRROR_BYTES", CAP)
+def test_a_peer_attempt_s_mirror_keeps_the_head_of_its_log_then_says_it_was_cut(mini):
+    mini.host.mirror_cap = CAP  # the relay sets it from [output] max_bytes
     script = "i=0; while [ $i -lt 400 ]; do echo line-$i-xxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxx; i=$((i+1)); done"
     spec = {"argv": ["sh", "-c", script], "cwd": "/", "env": {"FLEETRUN_TASK_ID": "task_t1_1"}, "timeout_s": 60,
             "stall_s": 60}
@@ -59,3 +59,74 @@ def test_a_peer_attempt_s_mirror_keeps_the_head_of_its_log_then_says_it_was_cut(
     # asked again, it takes nothing more
     assert mini.host.status(AID, None, None)["state"] == "ended"
     assert mirror.read_bytes() == data
+
+
+
+def test_the_mirror_keeps_what_this_supervisors_output_max_bytes_allows(fleeter, fake_claude, peer_lab):
+    """The mirror's cap is this supervisor's own ``[output] max_bytes`` (its disk): an
+    honest peer cuts the agent's log to it, so the mirror holds that log whole; a log
+    that grows past it there (here the test appends to it, as a peer that ignores the
+    cap would) is mirrored head first, then the cut line: the agent's result past the
+    cut is not believed unread (the session counts as died and is resumed), and the
+    task still ends DONE."""
+    fleeter.make_repo()
+    mini = peer_lab.machine("mini")
+    mini.write("config.toml", (fleeter.home / "config.toml").read_text())  # the peer's own cap: the default
+    fleeter.write_config((fleeter.home / "config.toml").read_text() + "\n[output]\nmax_bytes = 8192\n")
+    r = fleeter.run("relay", "add", "mini", mini.address, "--accept-new", "--command", mini.command_line())
+    assert r.ret == 0, r.stdout + r.stderr
+    assert fleeter.run("drain").ret == 0  # this machine takes nothing: both tasks go to mini
+    fleeter.write_tasks('''
+        [[task]]
+        name = "honest"
+        cwd = "repo"
+        prompt = "Write out.txt."
+        git_ref = "main"
+
+        [[task]]
+        name = "grows"
+        cwd = "repo"
+        prompt = "Write out.txt."
+        git_ref = "main"
+        depends_on = ["honest"]
+        allowed_tools = ["Bash"]
+    ''')
+    gate = mini.home.parent / "grown"
+    fake_claude.script(honest=[{"actions": [["print", "x" * 60000], ["write", "out.txt", "x"], ["commit", "x"]]}],
+                       grows=[{"actions": [["bash", f"while [ ! -e {gate} ]; do sleep 0.05; done"],
+                                           ["write", "out.txt", "x"], ["commit", "x"]]}])
+    proc = fleeter.popen("tasks.toml")
+    try:
+        led = fleeter.ledger()
+        deadline = time.monotonic() + 120
+        while True:
+            grows = next((t for t in led.tasks() if t.name == "grows"), None)
+            atts = led.attempts(grows.id) if grows is not None else []
+            if atts and (mini.home / "attempts" / atts[0].id / "log").exists():
+                break
+            assert time.monotonic() < deadline and proc.poll() is None, "grows never ran on mini"
+            time.sleep(0.1)
+        with open(mini.home / "attempts" / atts[0].id / "log", "ab") as f:
+            f.write(b"y" * 60000 + b"\n")
+        gate.touch()
+        out, err = proc.communicate(timeout=120)
+        assert proc.returncode == 0, out + err
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+        proc.communicate()
+    cap = logmirror.mirror_cap(8192)
+    for task in led.tasks():
+        assert task.state.value == "DONE", task
+        att = led.attempts(task.id)[0]
+        causes = [t.cause for t in led.transitions(task.id)]
+        there = (mini.home / "attempts" / att.id / "log").read_bytes()
+        data = (fleeter.home / "attempts" / att.id / "peer.log").read_bytes()
+        if task.name == "honest":
+            assert len(there) <= cap and data == there  # cut there to 8192 and a marker: whole here
+            assert "session_died:no_result" not in causes
+        else:
+            assert len(there) > cap
+            assert data[:cap] == there[:cap] and data[cap:] == logmirror.CUT_NOTE % cap
+            # its result was past the cut: not believed unread, the session counts as died and is resumed
+            assert "session_died:no_result" in causes and causes[-1] == "exited"

@@ -28,6 +28,7 @@ import time
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Optional
 
+from ...capped import DEFAULT_MAX_BYTES
 from ...gitutil import WorktreeTampered
 from ...hostapi import StartRefused
 from ...ledger import ensure_private_dir
@@ -36,7 +37,7 @@ from ...untrusted import Malformed
 from . import protocol
 from .collecting import CollectVerbs
 from .hostverify import STATUS_TIMEOUT_S, VerifierVerbs
-from .logmirror import MIRROR_NAME, append_chunk, complete
+from .logmirror import MIRROR_NAME, append_chunk, complete, mirror_cap
 from .logmirror import size as _size
 from .peers import HostKeyRefused, Peer, record_violations
 from .placed import PeerAttempts
@@ -104,6 +105,8 @@ class SSHHost(VerifierVerbs, CollectVerbs):
         self._no_worker_until = 0.0
         self.worker_error: Optional[str] = None  # why the one-shot verbs are used
         self._log_lock = threading.RLock()  # the log mirror is written by the worker's reader too
+        #: the most of an attempt's log mirrored here; the relay sets it from [output] max_bytes
+        self.mirror_cap = mirror_cap(DEFAULT_MAX_BYTES)
         self._prestarted: dict[tuple[str, int], Pending] = {}  # see take_prestarted
         #: the attempts placed there, whose events are kept; the violations counted
         self.attempts = PeerAttempts()
@@ -362,7 +365,7 @@ class SSHHost(VerifierVerbs, CollectVerbs):
         w = self.live_worker()
         if w is not None:  # its end is pushed: nothing to ask until then
             ended = w.ended.get(attempt_id)
-            if ended is not None and complete(log, ended[1]):
+            if ended is not None and complete(log, ended[1], self.mirror_cap):
                 self._finished(attempt_id)
                 return dict(ended[0])
             if ended is None and attempt_id in w.watching:
@@ -379,7 +382,7 @@ class SSHHost(VerifierVerbs, CollectVerbs):
             self._append_log(log, chunk)
             st = dict(reply.status)
             # the loop reads the log as soon as it sees "ended": have all of it by then
-            while st.get("state") in ("ended", "died") and chunk is not None and not complete(log, chunk.size):
+            while st.get("state") in ("ended", "died") and chunk is not None and not complete(log, chunk.size, self.mirror_cap):
                 chunk = protocol.parse_log_reply(self.call("log", "--attempt", attempt_id, "--offset", str(_size(log)),
                                                        timeout=STATUS_TIMEOUT_S, may_connect=not self.passive))
                 if not self._append_log(log, chunk):
@@ -398,7 +401,7 @@ class SSHHost(VerifierVerbs, CollectVerbs):
 
     def _append_log(self, log: Path, chunk: Optional[protocol.LogChunk]) -> bool:
         with self._log_lock:
-            return append_chunk(log, chunk)
+            return append_chunk(log, chunk, self.mirror_cap)
 
     def stop(self, attempt_id: str, pid: Optional[int], token: Optional[str]) -> bool:
         args = ["--attempt", attempt_id]

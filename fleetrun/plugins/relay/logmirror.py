@@ -5,8 +5,8 @@ the mirror has reached (a chunk sent twice, or one out of order, is not written)
 The mirror is ``attempts/<id>/peer.log`` (:data:`MIRROR_NAME`), never ``log``: a peer's
 bytes are kept apart from any file a local attempt's shepherd writes, so no reader of
 a local attempt (its cost, its usage pause, ``logs -f``) can ever read them. It keeps
-the head of the log, :data:`MAX_MIRROR_BYTES` at most, then a line saying the rest
-was cut, and takes nothing more."""
+the head of the log, as much as the supervisor's ``[output] max_bytes`` allows
+(:func:`mirror_cap`), then a line saying the rest was cut, and takes nothing more."""
 
 from __future__ import annotations
 
@@ -19,9 +19,16 @@ from .protocol import LogChunk
 
 #: The mirror's file name in the attempt's folder.
 MIRROR_NAME = "peer.log"
-#: The most of a peer attempt's log kept here (its head). To be the ``[output]
-#: max_bytes`` setting once that is wired (issue 21: the general output cap).
-MAX_MIRROR_BYTES = 20 << 20
+#: What a mirror may hold beyond the supervisor's ``[output] max_bytes``: a peer's
+#: shepherd cuts its log to the peer's cap plus a marker line, so an honest peer's cut
+#: log fits whole under the same setting.
+MARGIN = 4096
+
+
+def mirror_cap(max_bytes: int) -> int:
+    """The most of a peer attempt's log kept here (its head), for ``[output] max_bytes``."""
+    return max_bytes + MARGIN
+
 #: Written after the head once a chunk would take the mirror past the cap (so that
 #: the mirror's size passes the cap: :func:`is_cut`).
 CUT_NOTE = b"\n[fleetrun: cut here; the rest of this peer attempt's log was not kept (over %d bytes)]\n"
@@ -35,21 +42,20 @@ def size(path: Path) -> int:
         return 0
 
 
-def is_cut(path: Path) -> bool:
+def is_cut(path: Path, cap: int) -> bool:
     """Whether the mirror reached its cap (and takes no more)."""
-    return size(path) > MAX_MIRROR_BYTES
+    return size(path) > cap
 
 
-def complete(path: Path, peer_size: int) -> bool:
+def complete(path: Path, peer_size: int, cap: int) -> bool:
     """Whether the mirror holds all of a log of ``peer_size`` bytes it will ever hold."""
-    return size(path) >= peer_size or is_cut(path)
+    return size(path) >= peer_size or is_cut(path, cap)
 
 
-def append_chunk(log: Path, chunk: Optional[LogChunk]) -> bool:
-    """Append ``chunk`` if it starts where the mirror ends, as far as the cap (then the
+def append_chunk(log: Path, chunk: Optional[LogChunk], cap: int) -> bool:
+    """Append ``chunk`` if it starts where the mirror ends, as far as ``cap`` (then the
     cut note). :return: whether it wrote.
     The caller holds the host's lock: the loop and the worker's reader both write."""
-    cap = MAX_MIRROR_BYTES  # read at each call: the [output] setting is to set it
     at = size(log)
     if chunk is None or not chunk.data or chunk.offset != at or at > cap:
         return False

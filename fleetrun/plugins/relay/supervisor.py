@@ -11,6 +11,7 @@ import types
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Optional, Union
 
+from ...config import output_cap
 from ...gitutil import GitError, common_dir, git, repo_lock, repo_toplevel
 from ...hookimpl import hookimpl
 from ...ledger import LEDGER_KEY, ensure_private_dir
@@ -36,6 +37,7 @@ from .bundle import (
 from .collecting import PeerCollect
 from .heartbeat import Heartbeat
 from .host import RemoteRunHandle, SSHHost
+from .logmirror import mirror_cap
 from .peers import (
     Peer,
     checked_entry,
@@ -73,6 +75,8 @@ class Relay:
         self.config = config
         self.peers = peers
         self.hosts = {name: SSHHost(p, config.home, relay=self) for name, p in peers.items()}
+        for host in self.hosts.values():
+            host.mirror_cap = mirror_cap(output_cap(config))
         self.beats: dict[str, Heartbeat] = {}
         self._cleanups: list[tuple[Any, SSHHost, Any]] = []  # (task, host, Pending cleanup request)
         self._to_clean: list[tuple[Any, SSHHost]] = []  # DONE this pass: sent as it ends
