@@ -816,7 +816,7 @@ def test_a_placeholder_typo_in_a_command_agent_is_an_error_with_its_line(fleeter
 
 @pytest.mark.parametrize("where", ["config.toml", "fleetrun.toml"])
 def test_a_placeholder_typo_in_config_toml_or_the_project_file(fleeter: Any, where: str) -> None:
-    text = '[agents.script]\ncommand = ["{python}", "agent.py", "{session}"]\n'
+    text = '[agents.script]\ncommand = ["{python}", "agent.py", "{atempt}"]\n'
     if where == "config.toml":
         fleeter.write_config(text)
         shown = str(fleeter.home / "config.toml")
@@ -824,14 +824,14 @@ def test_a_placeholder_typo_in_config_toml_or_the_project_file(fleeter: Any, whe
         fleeter.write("fleetrun.toml", text)
         shown = "fleetrun.toml"
     check(fleeter, task("a", agent='"script"'),
-          f"ERROR: {shown}:2: agents.script.command: unknown placeholder {{session}} "
-          "(placeholders: {prompt}, {prompt_file}, {workdir}, {model}, {attempt}, {tasks_dir}, {python})")
+          f"ERROR: {shown}:2: agents.script.command: unknown placeholder {{atempt}} (did you mean {{attempt}}?)")
 
 
 def test_braces_that_are_no_placeholder_name_pass(fleeter: Any) -> None:
     r = validate(fleeter, """
         [agents.script]
-        command = ["{python}", "-c", "import json; print(json.dumps({'a': 1}))", "{}", "{prompt}"]
+        command = ["{python}", "-c", "import json; i = 1; print(json.dumps({'a': 1}), f'{i}')", "{}",
+                   "sh -c 'echo ${HOME} {print}'", "{prompt}"]
 
         [[task]]
         name = "a"

@@ -35,14 +35,17 @@ PLACEHOLDERS = ("{prompt}", "{prompt_file}", "{workdir}", "{model}", "{attempt}"
 _KEYS = {"command", "stdin", "env"}
 
 
-#: What reads as a placeholder: a name in braces. Other braces (``{}``, a dict literal
-#: in a ``python -c`` argument) are the command's own.
-_PLACEHOLDER_LIKE = re.compile(r"\{[A-Za-z_][A-Za-z0-9_]*\}")
+#: What may be a placeholder: a name in braces, not after a ``$`` (the shell's
+#: ``${HOME}``). Other braces (``{}``, a dict literal in a ``python -c`` argument) are
+#: the command's own.
+_PLACEHOLDER_LIKE = re.compile(r"(?<!\$)\{[A-Za-z_][A-Za-z0-9_]*\}")
 
 
 def _command_check(v: list[Any]) -> Optional[str]:
-    """An empty command, or a placeholder fleetrun does not fill: ``{workdri}`` would
-    reach the agent literally, the night a task uses the agent."""
+    """An empty command, or a misspelt placeholder: ``{workdri}`` would reach the agent
+    literally, the night a task uses the agent. A name in braces that is close to no
+    placeholder (``{i}`` in a Python f-string, ``{print}``) is the command's own text,
+    which fleetrun passes on as it is."""
     if not v:
         return "must not be empty"
     import difflib
@@ -52,9 +55,9 @@ def _command_check(v: list[Any]) -> Optional[str]:
         for ph in _PLACEHOLDER_LIKE.findall(item):
             if ph in PLACEHOLDERS or any(ph in p for p in problems):
                 continue
-            close = difflib.get_close_matches(ph, PLACEHOLDERS, n=1)
-            hint = f"did you mean {close[0]}?" if close else "placeholders: " + ", ".join(PLACEHOLDERS)
-            problems.append(f"unknown placeholder {ph} ({hint})")
+            close = difflib.get_close_matches(ph, PLACEHOLDERS, n=1, cutoff=0.75)
+            if close:
+                problems.append(f"unknown placeholder {ph} (did you mean {close[0]}?)")
     return ", ".join(problems) or None
 
 

@@ -34,11 +34,12 @@ from .test_crash_points import (  # noqa: F401 (_no_strays: nothing a test start
 )
 
 WRAPPER = '''#!/bin/sh
+# (fleetrun puts its -c settings between -C REPO and the command)
 # the repository "slow": worktree add waits for $FLAGS/add.go, remove for $FLAGS/rm.go
 case "$*" in
-  *"/slow worktree add"*) f="{flags}/add.go" ;;
-  *"/slow worktree remove"*) f="{flags}/rm.go" ;;
-  *"/fast worktree "*)
+  *"/slow "*" worktree add"*) f="{flags}/add.go" ;;
+  *"/slow "*" worktree remove"*) f="{flags}/rm.go" ;;
+  *"/fast "*" worktree "*)
     # one add or remove at a time in one repository, or the log says so
     mkdir "{flags}/busy" 2>/dev/null || echo overlap >> "{flags}/log"
     sleep 0.05
@@ -125,7 +126,7 @@ case "$*" in
     i=0
     while [ ! -e "{flags}/go" ] && [ $i -lt 300 ]; do sleep 0.05; i=$((i+1)); done
     if [ -e "{flags}/go" ]; then echo "status released" >> "{flags}/log"; else echo "status timed out" >> "{flags}/log"; fi ;;
-  *"/slow log "*)
+  *"/slow "*" log "*)
     [ -e "{flags}/hold.log" ] || exec "{git}" "$@"
     touch "{flags}/log.began"
     i=0
