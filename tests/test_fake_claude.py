@@ -57,6 +57,7 @@ def env(tmp_path: Path) -> dict[str, str]:
     clean["FAKE_CLAUDE_STATE"] = str(tmp_path / "state")
     # the user's own ~/.claude/settings.json (and its hooks) stays out of these tests
     clean["CLAUDE_CONFIG_DIR"] = str(tmp_path / "claude-config")
+    clean["IS_SANDBOX"] = "1"  # root or not, bypassPermissions is allowed (a test of the refusal unsets it)
     return clean
 
 
@@ -1171,3 +1172,18 @@ def test_mcp_servers_the_user_s_unless_strict_and_what_a_session_was_given(tmp_p
     assert (first["append_system_prompt"], first["fallback_model"], first["max_turns"]) == ("Be brief.", "sonnet", 7)
     assert first["env_logged"] == {"MY_VAR": "v", "UNSET_VAR": None}
     assert second["mcp_servers"] == ["mine"] and second["max_turns"] is None
+
+
+@pytest.mark.parametrize("args", [["--dangerously-skip-permissions"], ["--permission-mode", "bypassPermissions"],
+                                  ["--allow-dangerously-skip-permissions"],
+                                  ["--settings", '{"permissions": {"defaultMode": "bypassPermissions"}}']])
+def test_bypass_permissions_as_root_is_refused_at_once(work: Path, env: dict[str, str], args: list[str]) -> None:
+    """Measured (2.1.197 and 2.1.332, as root): this line on stderr, nothing on stdout,
+    exit 1; ``IS_SANDBOX=1`` lets it run."""
+    env["FAKE_CLAUDE_UID"] = "0"
+    del env["IS_SANDBOX"]
+    proc = run([*SJ, *args, "go"], work, env)
+    assert (proc.returncode, proc.stdout, proc.stderr.decode()) == (
+        1, b"", "--dangerously-skip-permissions cannot be used with root/sudo privileges for security reasons\n")
+    env["IS_SANDBOX"] = "1"
+    assert run([*SJ, *args, "go"], work, env).returncode == 0

@@ -34,7 +34,7 @@ from ..claudecli import (  # the stream-json reader, shared with verify_agent
     read_stream,
 )
 from ..hookimpl import hookimpl
-from ..reports import AgentResult, SpawnSpec
+from ..reports import SESSION_NOT_FOUND, AgentResult, SpawnSpec
 
 if TYPE_CHECKING:
     from ..config import Config
@@ -196,7 +196,12 @@ def result_from_log(text: str, exit_code: Optional[int]) -> AgentResult:
     body = out.result_text or " ".join(res.errors)
     if not out.result_text:
         out.result_text = body
-    if res.subtype == "error_max_budget_usd":
+    if res.subtype == "error_during_execution" and res.num_turns == 0 \
+            and any(_NOT_FOUND.match(e) for e in res.errors):
+        # measured: a --resume of a session killed before its first request was saved;
+        # resuming it again can only fail the same way: the next attempt starts fresh
+        out.reason = SESSION_NOT_FOUND
+    elif res.subtype == "error_max_budget_usd":
         out.reason = "budget"
     elif res.subtype == "error_max_turns":  # the task's max_turns: a cap, as the budget is
         out.reason = "max_turns"
@@ -206,16 +211,22 @@ def result_from_log(text: str, exit_code: Optional[int]) -> AgentResult:
 
 
 _CLI_ERROR = re.compile(r"^error:", re.I)
+_NOT_FOUND = re.compile(r"^No conversation found with session ID")
+#: Refusals of the command line the CLI words without ``error:`` (measured, 2.1.197 and
+#: 2.1.332): bypassPermissions (the flag, the mode, or a settings ``defaultMode``) as
+#: root outside a deliberate sandbox (``IS_SANDBOX=1``).
+_CLI_REFUSALS = (re.compile(r"^--dangerously-skip-permissions cannot be used with root/sudo privileges"),)
 
 
 def rejected_arguments(text: str, exit_code: Optional[int]) -> Optional[str]:
     """The CLI's own first ``error:`` line when it refused its command line, or None.
 
     Claude Code checks its arguments before the session starts (commander.js:
-    ``error: option '--permission-mode <mode>' argument 'yolo' is invalid...``) and
-    exits 1 having written no stream-json event at all; a session that started and
-    then died has written its ``system`` event first. Starting again with the same
-    command line can only fail the same way.
+    ``error: option '--permission-mode <mode>' argument 'yolo' is invalid...``; or, run
+    as root, ``--dangerously-skip-permissions cannot be used with root/sudo
+    privileges...``) and exits 1 having written no stream-json event at all; a session
+    that started and then died has written its ``system`` event first. Starting again
+    with the same command line can only fail the same way.
     """
     if exit_code in (0, None):
         return None
@@ -224,7 +235,7 @@ def rejected_arguments(text: str, exit_code: Optional[int]) -> Optional[str]:
         return None
     for line in lines:
         line = ESCAPES.sub("", line).strip()
-        if _CLI_ERROR.match(line):
+        if _CLI_ERROR.match(line) or any(r.match(line) for r in _CLI_REFUSALS):
             line = "".join(c if c.isprintable() else "?" for c in line)
             return line if len(line) <= 500 else line[:500] + "..."
     return None

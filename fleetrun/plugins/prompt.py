@@ -112,6 +112,9 @@ def resume_cause(cause: Optional[str], prev: Any, task: Any) -> str:
         if detail == "is_error":
             text = _one_line(prev.result_text or "") if prev is not None else ""
             return "the agent reported an error" + (f": {text}" if text else "")
+        if detail == "session_not_found":
+            return ("the session could not be resumed (the agent found no saved conversation: it was "
+                    "stopped before its first request), so this is a new session")
         if detail.startswith("exit:"):
             return f"its process exited with code {detail[5:]} before it finished"
         if detail in ("cancelled", "stopped"):

@@ -24,10 +24,12 @@ from .common import (
     DEFAULT_TOOLS,
     KNOWN_TOOLS,
     OLD,
+    ROOT_REFUSAL,
     VERSION,
     VERSIONS,
     UsageError,
     append_log,
+    as_root,
     fail,
     scenario_fail,
 )
@@ -101,6 +103,13 @@ def main(argv):
         mode = "bypassPermissions"
     else:
         mode = values.get("permission_mode") or settings_mode or "default"
+    if (mode == "bypassPermissions" or values.get("allow_dangerously_skip_permissions")) and as_root() \
+            and os.environ.get("IS_SANDBOX") != "1":
+        # measured (both versions): as root, outside a deliberate sandbox, the CLI refuses
+        # at once: this line on stderr (no "error:" prefix), no event, exit 1
+        usage_fail(ROOT_REFUSAL)
+    if mode == "manual":  # measured (2.1.332): accepted, and the session reports "default"
+        mode = "default"
 
     prompt = read_prompt(values, operands)
     log["prompt"] = prompt
@@ -145,11 +154,20 @@ def main(argv):
                 session_id = resume if (resume and not values.get("fork_session")) else str(uuid.uuid4())
             if resume:
                 log["conversation"] = state.prompts(resume)
+            n = state.next_count(key)
+            if load_step(scenario_path, task, n)[0].get("mode") == "die_at_start":
+                # killed before its first request (an OOM kill, a reboot during start-up):
+                # the real CLI writes a conversation only with its first message, so none
+                # is kept and a --resume of this id is "No conversation found"
+                log.update(session_id=session_id, key=key, n=n)
+                append_log(log)
+                import signal
+
+                os.kill(os.getpid(), signal.SIGKILL)
             if not values.get("no_session_persistence") and session_id not in known_ids:
                 state.add_session(session_id, cwd)
             if not values.get("no_session_persistence"):
                 state.add_prompt(session_id, prompt)
-            n = state.next_count(key)
     elif session_id is None:
         session_id = resume if (resume and not values.get("fork_session")) else str(uuid.uuid4())
 

@@ -25,11 +25,21 @@ KNOWN_TOOLS = set(DEFAULT_TOOLS) | ({"LS"} if OLD else {"LS", "MultiEdit"})
 READ_ONLY_TOOLS = {"Read", "Grep", "Glob", "LS"}
 EDIT_TOOLS = {"Edit", "Write", "MultiEdit", "NotebookEdit"}
 PERMISSION_MODES = ["acceptEdits", "auto", "bypassPermissions", "default", "dontAsk", "plan"]
-MODES = ("ok", "is_error", "no_result", "die", "hang", "usage_limit", "rate_limit",
+MODES = ("ok", "is_error", "no_result", "die", "die_at_start", "hang", "usage_limit", "rate_limit",
          "api_error", "exit_code", "overspend", "raw")
 #: What both measured versions write to the terminal when they exit, after the JSON
 #: lines (they reset the terminal modes they set: keyboard protocol, focus, paste, cursor).
 TERMINAL_RESET = "\x1b[<u\x1b[?1004l\x1b[?2004l\x1b[?25h"
+
+
+ROOT_REFUSAL = "--dangerously-skip-permissions cannot be used with root/sudo privileges for security reasons"
+
+
+def as_root():
+    """The CLI runs as root: ``FAKE_CLAUDE_UID`` (a test's choice, so the refusal is
+    tested whoever runs the tests), else the real effective uid."""
+    uid = os.environ.get("FAKE_CLAUDE_UID")
+    return (int(uid) if uid and uid.isdigit() else os.geteuid()) == 0
 
 
 class UsageError(Exception):

@@ -111,22 +111,26 @@ def terminal_reset(fmt):
 
 
 def no_conversation(fmt, resume, started, log):
-    """``--resume`` with an id the store does not have: measured, a result event."""
+    """``--resume`` with an id the store does not have. Measured (2.1.197 and 2.1.332,
+    offline): no init event; the message on stderr; with json or stream-json output also
+    one result event of subtype error_during_execution whose session_id is the id asked
+    for (2.1.332 adds "result_index": 0); no terminal reset; exit 1."""
     message = "No conversation found with session ID: %s" % resume
     log["error"] = message
     append_log(log)
-    result = {"type": "result", "subtype": "error_during_execution", "is_error": True,
-              "duration_ms": int((time.time() - started) * 1000), "duration_api_ms": 0,
-              "num_turns": 0, "stop_reason": None, "session_id": str(uuid.uuid4()),
-              "total_cost_usd": 0, "usage": {"input_tokens": 0, "output_tokens": 0},
-              "modelUsage": {}, "permission_denials": [], "errors": [message],
-              "uuid": str(uuid.uuid4())}
+    result = {"type": "result", "subtype": "error_during_execution", "duration_ms": 0,
+              "duration_api_ms": 0, "is_error": True, "num_turns": 0, "stop_reason": None,
+              "session_id": resume, "total_cost_usd": 0,
+              "usage": {"input_tokens": 0, "cache_creation_input_tokens": 0, "cache_read_input_tokens": 0,
+                        "output_tokens": 0}, "modelUsage": {}, "permission_denials": [],
+              "uuid": str(uuid.uuid4()), "errors": [message]}
+    if not OLD:
+        result["result_index"] = 0
     if fmt in ("stream-json", "json"):
         sys.stdout.write(json.dumps(result, separators=(",", ":")) + "\n")
         sys.stdout.flush()
-        terminal_reset(fmt)
-    else:
-        sys.stderr.write(message + "\n")
+    sys.stderr.write(message + "\n")
+    sys.stderr.flush()
     return 1
 
 

@@ -1,0 +1,46 @@
+"""What the real Claude Code CLI does (measured with 2.1.197 and 2.1.332, docs/agents.md
+"The fake claude and the real CLI"), through the real fleetrun CLI and the fake claude:
+each case a failure that is not the agent's costs no agent run, or no more than one."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from .test_local_loop import one_task
+
+ROOT_REFUSAL = "--dangerously-skip-permissions cannot be used with root/sudo privileges for security reasons"
+
+
+def test_bypass_permissions_as_root_is_rejected_arguments_after_one_invocation(
+        fleeter: Any, fake_claude: Any, monkeypatch: Any) -> None:
+    """Measured: as root (outside IS_SANDBOX=1) both versions exit 1 at once with this
+    line, no ``error:`` prefix, no stream-json; it used to be resumed three times."""
+    monkeypatch.setenv("FAKE_CLAUDE_UID", "0")
+    monkeypatch.delenv("IS_SANDBOX", raising=False)
+    one_task(fleeter, extra='permission_mode = "bypassPermissions"')
+    r = fleeter.run("tasks.toml")
+    assert r.ret == 1, r.stdout + r.stderr
+    task = fleeter.task("t1")
+    assert (task.state.value, task.reason) == ("NEEDS_HUMAN", f"agent_rejected_arguments:{ROOT_REFUSAL}")
+    (call,) = fake_claude.calls("t1")
+    assert call["error"] == ROOT_REFUSAL
+
+
+def test_a_resume_the_cli_cannot_find_starts_a_fresh_session(fleeter: Any, fake_claude: Any) -> None:
+    """Killed before its first request (an OOM kill during start-up), a session leaves no
+    conversation: measured, every ``--resume`` of it is error_during_execution "No
+    conversation found with session ID" until resume_cap. One resume tries it; the next
+    attempt is a fresh session, told why."""
+    one_task(fleeter)
+    cfg = fleeter.home / "config.toml"
+    cfg.write_text(cfg.read_text() + "resume_session = true\n")
+    fake_claude.script(t1=[{"mode": "die_at_start"}, {"actions": [["write", "out.txt", "x"]]}])
+    r = fleeter.run("tasks.toml")
+    assert r.ret == 0, r.stdout + r.stderr
+    first, resumed, fresh = fake_claude.calls("t1")
+    sid = first["argv"][first["argv"].index("--session-id") + 1]
+    assert resumed["argv"][resumed["argv"].index("--resume") + 1] == sid
+    assert resumed["error"] == f"No conversation found with session ID: {sid}"
+    assert "--resume" not in fresh["argv"] and fresh["argv"][fresh["argv"].index("--session-id") + 1] != sid
+    assert "could not be resumed" in fresh["prompt"] and "assess the working directory" in fresh["prompt"]
+    r.fnmatch_lines(["*t1 RESUMING (attempt 2)*session_not_found*", "*t1 DONE (attempt 3)*"])
