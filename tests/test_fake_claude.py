@@ -1187,3 +1187,36 @@ def test_bypass_permissions_as_root_is_refused_at_once(work: Path, env: dict[str
         1, b"", "--dangerously-skip-permissions cannot be used with root/sudo privileges for security reasons\n")
     env["IS_SANDBOX"] = "1"
     assert run([*SJ, *args, "go"], work, env).returncode == 0
+
+
+@pytest.mark.parametrize("version", ["2.1.197", "2.1.332"])
+def test_cost_after_resume_is_the_sessions_on_2_1_332(tmp_path: Path, work: Path, env: dict[str, str],
+                                                         version: str) -> None:
+    """The issue's measurement: after --resume, 2.1.332's total_cost_usd is the whole
+    session's, this invocation's is in model_usage_since_last_result; 2.1.197 gives the
+    invocation's and has no model_usage_since_last_result."""
+    env["FAKE_CLAUDE_VERSION"] = version
+    scenario(tmp_path, env, {"default": [{"cost": 0.3}, {"cost": 0.2}]})
+    sid = str(uuid.uuid4())
+    first = result_of(run([*SJ, "--session-id", sid, "go"], work, env))
+    again = result_of(run([*SJ, "--resume", sid, "go on"], work, env))
+    if version == "2.1.197":
+        assert (first["total_cost_usd"], again["total_cost_usd"]) == (0.3, 0.2)
+        assert "model_usage_since_last_result" not in again
+        return
+    assert first["total_cost_usd"] == 0.3 and again["total_cost_usd"] == pytest.approx(0.5)
+    (usage,) = again["model_usage_since_last_result"].values()
+    assert usage["costUSD"] == 0.2
+
+
+def test_an_unknown_resume_id_is_answered_as_measured(work: Path, env: dict[str, str]) -> None:
+    """Measured (both versions, offline): no init event, one result event naming the id
+    asked for, the message on stderr too, no terminal reset, exit 1."""
+    sid = str(uuid.uuid4())
+    proc = run([*SJ, "--resume", sid, "go"], work, env)
+    assert proc.returncode == 1
+    assert proc.stderr.decode() == f"No conversation found with session ID: {sid}\n"
+    assert proc.stdout.count(b"\n") == 1 and b"\x1b" not in proc.stdout
+    (res,) = events(proc)
+    assert (res["type"], res["subtype"], res["session_id"], res["num_turns"], res["errors"]) == (
+        "result", "error_during_execution", sid, 0, [f"No conversation found with session ID: {sid}"])

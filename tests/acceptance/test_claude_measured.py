@@ -4,7 +4,10 @@ each case a failure that is not the agent's costs no agent run, or no more than 
 
 from __future__ import annotations
 
+import json
 from typing import Any
+
+import pytest
 
 from .test_local_loop import one_task
 
@@ -44,3 +47,37 @@ def test_a_resume_the_cli_cannot_find_starts_a_fresh_session(fleeter: Any, fake_
     assert "--resume" not in fresh["argv"] and fresh["argv"][fresh["argv"].index("--session-id") + 1] != sid
     assert "could not be resumed" in fresh["prompt"] and "assess the working directory" in fresh["prompt"]
     r.fnmatch_lines(["*t1 RESUMING (attempt 2)*session_not_found*", "*t1 DONE (attempt 3)*"])
+
+
+def test_a_resumed_sessions_cumulative_cost_is_recorded_per_invocation(fleeter: Any, fake_claude: Any) -> None:
+    """Measured: after --resume 2.1.332 reports the whole session's total_cost_usd (the
+    invocation's own is in model_usage_since_last_result); recording it as the attempt's
+    counted the first invocation twice ($0.72 for $0.48 billed, the budget hit early)."""
+    one_task(fleeter)
+    cfg = fleeter.home / "config.toml"
+    cfg.write_text(cfg.read_text() + "resume_session = true\n")
+    fake_claude.script(t1=[{"mode": "api_error", "status": 500, "cost": 0.24},
+                           {"actions": [["write", "out.txt", "x"]], "cost": 0.24}])
+    r = fleeter.run("tasks.toml")
+    assert r.ret == 0, r.stdout + r.stderr
+    first, resumed = fake_claude.calls("t1")
+    assert "--resume" in resumed["argv"]
+    task = fleeter.task("t1")
+    costs = [a.cost_usd for a in fleeter.ledger().attempts(task.id)]
+    assert costs == [0.24, 0.24]
+    assert task.cost_usd == sum(costs)
+
+
+def test_a_cost_is_read_from_the_invocations_own_usage_and_strictly() -> None:
+    from fleetrun.plugins.claude import result_from_log
+
+    def result(**extra: Any) -> str:
+        return json.dumps({"type": "result", "subtype": "success", "is_error": False, "result": "done",
+                           "session_id": "s", "total_cost_usd": 0.72, "num_turns": 1, **extra})
+
+    assert result_from_log(result(), 0).cost_usd == 0.72  # 2.1.197: no per-invocation usage
+    since = {"claude-opus-5-5": {"costUSD": 0.2}, "claude-haiku-4-5": {"costUSD": 0.04}}
+    assert result_from_log(result(model_usage_since_last_result=since), 0).cost_usd == pytest.approx(0.24)
+    for bad in ([], {"m": {"costUSD": "lots"}}, {"m": {"costUSD": -1}}, {"m": 3}):
+        res = result_from_log(result(model_usage_since_last_result=bad), 0)
+        assert (res.ok, res.reason.split(":", 1)[0]) == (False, "malformed_output"), bad

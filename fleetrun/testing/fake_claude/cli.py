@@ -332,6 +332,9 @@ def main(argv):
     if "exit" in step:
         code = int(step["exit"])
 
+    session_cost(result, state_dir, session_id, model,
+                 resumed and not values.get("fork_session") and not values.get("no_session_persistence"))
+
     if step_mode == "raw":
         for raw_line in step.get("raw", []):
             out.line(str(raw_line))
@@ -345,3 +348,23 @@ def main(argv):
         out.line("Error: " + "; ".join(result["errors"]))
     terminal_reset(fmt)
     return code
+
+
+def session_cost(result, state_dir, session_id, model, resumed):
+    """What the result says the session cost. Measured (the issue's figures): 2.1.197
+    gives each invocation's cost in total_cost_usd; 2.1.332 gives the whole session's
+    after --resume (what earlier invocations of it cost, plus this one) and this
+    invocation's in model_usage_since_last_result (modelUsage's shape; on a fresh
+    session the same as modelUsage)."""
+    cost = float(result["total_cost_usd"])
+    before = 0.0
+    if state_dir:
+        with State(state_dir) as state:
+            before = state.add_cost(session_id, cost)
+    if OLD:
+        return
+    this_run = {name: dict(usage) for name, usage in result["modelUsage"].items()}
+    result["model_usage_since_last_result"] = this_run
+    if resumed and before:
+        result["total_cost_usd"] = before + cost
+        result["modelUsage"] = {name: dict(usage, costUSD=before + cost) for name, usage in this_run.items()}
