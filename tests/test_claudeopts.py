@@ -147,3 +147,19 @@ def test_a_task_with_claude_options_is_never_delivered_to_a_mailbox() -> None:
     spec = TaskSpec(name="t", prompt="p", cwd="/", extra={"max_turns": 3, "env": {"A": "1"}})
     assert spec_always_spawned(spec) == "it asks for Claude Code options (max_turns, env)"
     assert spec_always_spawned(TaskSpec(name="t", prompt="p", cwd="/")) is None
+
+
+@pytest.mark.parametrize(("command", "rules"), [
+    ("pytest -q", ["Bash(pytest -q)"]),
+    ("cd sub && make test; ruff check .", ["Bash(cd sub)", "Bash(make test)", "Bash(ruff check .)"]),
+    ("grep -q 'a && b' f | wc -l", ["Bash(grep -q 'a && b' f)", "Bash(wc -l)"]),
+    ("ls *.py", []),  # a wildcard rule would allow more than the verifier runs
+    ('test "$(cat v)" = 1', []),  # a parenthesis: not one rule
+    ("make\nmake install", ["Bash(make)", "Bash(make install)"]),
+])
+def test_verifier_rules_are_each_part_of_each_run_command_exactly(command: str, rules: list[str]) -> None:
+    from fleetrun.taskspec import VerifySpec
+
+    spec = TaskSpec(name="t", prompt="p", cwd="/tmp",
+                    verify=[VerifySpec("run", command), VerifySpec("agent", "review it"), VerifySpec("run", command)])
+    assert claudeopts.verifier_rules(spec) == rules

@@ -106,8 +106,14 @@ def fleetrun_spawn(task: Any, attempt: Any, workspace: Any, prompt: str, config:
         session_id = prev
     mode = spec.permission_mode or config.setting("claude", "permission_mode", DEFAULT_PERMISSION_MODE)
     argv += ["--permission-mode", mode]
-    tools = spec.allowed_tools if spec.allowed_tools is not None else list(
-        config.setting("claude", "allowed_tools", DEFAULT_ALLOWED_TOOLS))
+    tools = list(spec.allowed_tools if spec.allowed_tools is not None else
+                 config.setting("claude", "allowed_tools", DEFAULT_ALLOWED_TOOLS))
+    # read again for every attempt, fresh, retry or resume alike: each gets the same options
+    opts = claudeopts.options_of(spec, config)
+    if opts.values.get("allow_verifiers", True) is not False:
+        # the agent may run what will judge it: a real coding agent that can run the
+        # tests before it stops does far better work (allowed_tools widens, never narrows it)
+        tools += [r for r in claudeopts.verifier_rules(spec) if r not in tools]
     if tools:
         argv += ["--allowedTools", *tools]
     budget = attempt.info.get("budget_left_usd") if attempt.info else None
@@ -115,8 +121,6 @@ def fleetrun_spawn(task: Any, attempt: Any, workspace: Any, prompt: str, config:
         budget = spec.budget_usd
     if budget is not None:
         argv += ["--max-budget-usd", f"{budget:.4f}"]
-    # read again for every attempt, fresh, retry or resume alike: each gets the same options
-    opts = claudeopts.options_of(spec, config)
     argv += opts.argv()
     return SpawnSpec(argv=argv, env=opts.env(), stdin="prompt", parser="claude", session_id=session_id)
 

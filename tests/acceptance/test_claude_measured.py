@@ -81,3 +81,58 @@ def test_a_cost_is_read_from_the_invocations_own_usage_and_strictly() -> None:
     for bad in ([], {"m": {"costUSD": "lots"}}, {"m": {"costUSD": -1}}, {"m": 3}):
         res = result_from_log(result(model_usage_since_last_result=bad), 0)
         assert (res.ok, res.reason.split(":", 1)[0]) == (False, "malformed_output"), bad
+
+
+def allowed_tools(argv: list[str]) -> list[str]:
+    i = argv.index("--allowedTools") + 1
+    out = []
+    while i < len(argv) and not argv[i].startswith("--"):
+        out.append(argv[i])
+        i += 1
+    return out
+
+
+@pytest.mark.parametrize("allow_verifiers", [None, False])
+def test_the_agent_may_run_its_verifiers_commands(fleeter: Any, fake_claude: Any, allow_verifiers: Any) -> None:
+    """Each ``run`` verifier's command is an exact allow rule (``Bash(<command>)``, each
+    part of a compound one): the verifier runs the agent's code anyway. ``allow_verifiers
+    = false`` turns it off; ``allowed_tools`` still widens what is allowed."""
+    fleeter.make_repo()
+    key = "" if allow_verifiers is None else "allow_verifiers = false"
+    fleeter.write_tasks(f'''
+        [[task]]
+        name = "t1"
+        cwd = "repo"
+        prompt = "Write out.txt."
+        git_ref = "main"
+        allowed_tools = ["Read"]
+        {key}
+          [[task.verify]]
+          run = "test -f out.txt"
+          [[task.verify]]
+          run = "grep -q x out.txt && git diff --quiet HEAD~1 -- README.md"
+          [[task.verify]]
+          run = "ls *.txt"
+          [[task.verify]]
+          agent = "Is out.txt there?"
+    ''')
+    fake_claude.script(t1=[{"actions": [["write", "out.txt", "x"], ["bash", "test -f out.txt"],
+                                        ["bash", "grep -q x out.txt && git diff --quiet HEAD~1 -- README.md"],
+                                        ["commit", "out"]]}],
+                       **{"t1:review": [{"structured": {"verdict": "PASS", "reason": "there"}, "result": "PASS"}]})
+    r = fleeter.run("tasks.toml")
+    assert r.ret == 0, r.stdout + r.stderr
+    (call,) = fake_claude.calls("t1")
+    rules = ["Bash(test -f out.txt)", "Bash(grep -q x out.txt)", "Bash(git diff --quiet HEAD~1 -- README.md)"]
+    denials = fleeter.ledger().attempts(fleeter.task("t1").id)[0].info.get("denials") or []
+    denied = [d["tool_input"]["command"] for d in denials]
+    if allow_verifiers is None:
+        # a command with a * would be a wildcard rule: more than the verifier runs
+        assert allowed_tools(call["argv"]) == ["Read", *rules]
+        assert denied == ["git add -A && git commit -q -m out"]  # allowed_tools replaced the git rules
+    else:
+        assert allowed_tools(call["argv"]) == ["Read"]
+        assert denied == ["test -f out.txt", "grep -q x out.txt && git diff --quiet HEAD~1 -- README.md",
+                          "git add -A && git commit -q -m out"]
+    (review,) = fake_claude.review_calls("t1")
+    assert not any(r in review["argv"] for r in rules)
