@@ -398,8 +398,8 @@ def options_of(spec: TaskSpec, config: Config) -> Options:
 def file_problems(spec: TaskSpec, config: Config, display: Callable[[str], str]) -> list[UsageError]:
     """The checks that need the file a task key is written in: each ``settings`` /
     ``mcp_config`` path (relative to that file's folder) is a readable JSON file of the
-    right shape; and ``fallback_model`` is not the task's ``model`` (Claude Code refuses
-    that). :param display: how an error names a file."""
+    right shape. (A ``fallback_model`` equal to ``model`` is no error: measured, both
+    2.1.197 and 2.1.332 take it.) :param display: how an error names a file."""
     from .textutil import safe_name
 
     errors = []
@@ -415,11 +415,4 @@ def file_problems(spec: TaskSpec, config: Config, display: Callable[[str], str])
                                          line=spec.key_lines.get(key, spec.line),
                                          key=f"task '{safe_name(spec.name)}': {key}"))
                 break
-    fallback = opts.values.get("fallback_model")
-    if fallback and spec.model and fallback == spec.model:
-        where = "fallback_model" if "fallback_model" in spec.extra else "model"
-        errors.append(UsageError(f"{fallback!r} is the task's model too: Claude Code refuses a --fallback-model "
-                                 "equal to --model", file=display(spec.file_of(where)),
-                                 line=spec.key_lines.get(where, spec.line),
-                                 key=f"task '{safe_name(spec.name)}': fallback_model"))
     return errors

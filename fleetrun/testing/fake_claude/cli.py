@@ -23,6 +23,7 @@ from .common import (
     DEFAULT_MODEL,
     DEFAULT_TOOLS,
     KNOWN_TOOLS,
+    MODEL_ALIASES,
     OLD,
     ROOT_REFUSAL,
     VERSION,
@@ -31,6 +32,7 @@ from .common import (
     append_log,
     as_root,
     fail,
+    init_tools,
     scenario_fail,
 )
 from .hooks import MAX_STOP_CONTINUATIONS, Hooks, load_settings, parse_setting_sources
@@ -88,16 +90,16 @@ def main(argv):
     if "tools" in values:
         wanted = split_tool_list(values["tools"])
         # measured: the init event lists the chosen tools sorted, not as given
-        tools = list(DEFAULT_TOOLS) if wanted == ["default"] else sorted(t for t in wanted if t in KNOWN_TOOLS)
+        tools = list(DEFAULT_TOOLS) if wanted == ["default"] else init_tools(t for t in wanted if t in KNOWN_TOOLS)
     else:
         tools = list(DEFAULT_TOOLS)
     tools = [t for t in tools if (t, None) not in [parse_rule(r) for r in deny]]
-    if OLD:  # 2.1.197 warns about a deny rule that names no tool it has
+    if OLD:  # measured: 2.1.197 warns about a deny rule that names no tool it has (2.1.332 does not)
         for rule in deny:
             name, _ = parse_rule(rule)
             if name not in KNOWN_TOOLS and not name.startswith("mcp__"):
-                sys.stderr.write("Warning: permission rule '%s' in disallowedTools does not match any "
-                                 "known tool\n" % rule)
+                sys.stderr.write("Permission deny rule \"%s\" matches no known tool \u2014 check for typos.\n"
+                                 % rule)
 
     if values.get("dangerously_skip_permissions"):
         mode = "bypassPermissions"
@@ -173,8 +175,12 @@ def main(argv):
 
     # Measured with the real CLI: in plan mode a model alias ("haiku") is not honoured and
     # the requests go out as the default model; a full model id is used as given.
+    # The init event names the resolved alias (measured offline, both versions, plan mode
+    # too); the requests of plan mode with an alias go out as the default model (measured
+    # before, with a model: not checkable offline).
     requested = values.get("model")
-    model = requested or DEFAULT_MODEL
+    shown = MODEL_ALIASES.get(requested, requested) if requested else DEFAULT_MODEL
+    model = shown
     if mode == "plan" and requested and not requested.startswith("claude-"):
         model = DEFAULT_MODEL
     hooks = Hooks(loaded, cwd, session_id, mode)
@@ -188,7 +194,7 @@ def main(argv):
     partial = bool(values.get("include_partial_messages"))
     out.event({
         "type": "system", "subtype": "init", "cwd": cwd, "session_id": session_id,
-        "tools": tools, "mcp_servers": [{"name": n, "status": "connected"} for n in servers], "model": model, "permissionMode": mode,
+        "tools": tools, "mcp_servers": [{"name": n, "status": "connected"} for n in servers], "model": shown, "permissionMode": mode,
         "slash_commands": [], "apiKeySource": "none", "claude_code_version": VERSION,
         "output_style": "default", "agents": [], "skills": [], "plugins": [],
         "uuid": str(uuid.uuid4()),
@@ -202,7 +208,8 @@ def main(argv):
     cut_at = None  # the cost when the budget ran out in the middle of a step
     while True:
         actions = list(step.get("actions", []))
-        stopped_at_max_turns = max_turns is not None and len(actions) + 1 > max_turns
+        # measured in its code: --max-turns 0 is no cap at all (a cap is checked only when set)
+        stopped_at_max_turns = bool(max_turns) and len(actions) + 1 > max_turns
         if stopped_at_max_turns:
             actions = actions[:max(max_turns, 0)]
         # the step's cost is spread over its turns; the CLI checks the budget after each

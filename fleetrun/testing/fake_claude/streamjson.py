@@ -11,6 +11,9 @@ import uuid
 from .common import OLD, TERMINAL_RESET, append_log, scenario_fail
 
 
+API_MAX_RETRIES = 10
+
+
 def js_number(x):
     """Render a float the way JavaScript's String(x) does for ordinary values."""
     if x == int(x) and abs(x) < 1e15:
@@ -158,6 +161,13 @@ def api_error(step, out, session_id):
     status = step.get("status", 529)
     if status not in (500, 529):
         scenario_fail("status must be 500 or 529, not %r" % (status,))
+    # From the CLI's code (2.1.332; a real 5xx cannot be had offline): before it gives
+    # up, the CLI retries a 5xx max_retries (10) times, each announced by a system event
+    for attempt in range(1, API_MAX_RETRIES + 1):
+        out.event({"type": "system", "subtype": "api_retry", "attempt": attempt, "max_retries": API_MAX_RETRIES,
+                   "retry_delay_ms": min(500 * 2 ** (attempt - 1), 32000), "error_status": status,
+                   "error": "overloaded" if status == 529 else "server_error",
+                   "uuid": str(uuid.uuid4()), "session_id": session_id})
     message = "Overloaded" if status == 529 else "Internal server error"
     return ("API Error: %d %s. This is a server-side issue, usually temporary \u2014 try again in a "
             "moment. If it persists, check status.claude.com." % (status, message)), status, "server_error"
