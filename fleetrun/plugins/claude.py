@@ -17,6 +17,7 @@ CLI's flags by :mod:`fleetrun.claudeopts`.
 
 from __future__ import annotations
 
+import os
 import re
 import uuid
 from typing import TYPE_CHECKING, Any, Optional
@@ -159,16 +160,41 @@ def fleetrun_collection_modifyitems(config: Config, items: list[Any]) -> None:
     errors = list(first.values())
     if errors:
         raise UsageErrors(errors) if len(errors) > 1 else errors[0]
+    warnings = config.stash.setdefault(WARNINGS_KEY, [])
+    for t in items:
+        if t.agent == "claude" and bypass_refused_as_root(t, config):
+            where = shown(t.file_of("permission_mode")) if t.source else "?"
+            line = t.key_lines.get("permission_mode", t.line)
+            warnings.append(f"{where}:{line}: task '{safe_name(t.name)}': permission_mode: bypassPermissions as "
+                            "root: Claude Code refuses it (\"--dangerously-skip-permissions cannot be used with "
+                            "root/sudo privileges\") and the task would need a human at once; run fleetrun as "
+                            "another user, or, in a container meant for it, set IS_SANDBOX = \"1\" in the task's env")
     problem = executable_problem(executable(config))
     if problem is None:
         return
-    warnings = config.stash.setdefault(WARNINGS_KEY, [])
     for t in items:
         if t.agent != "claude":
             continue
         where = display_path(Path(t.file_of("agent")), config.invocation_dir) if t.source else "?"
         warnings.append(f"{where}:{t.key_lines.get('agent', t.line)}: task '{t.name}': agent: {problem} "
                         f"(set [claude] executable in config.toml)")
+
+
+def runs_as_root() -> bool:
+    """fleetrun runs as root, so the sessions it starts here do too."""
+    return hasattr(os, "geteuid") and os.geteuid() == 0
+
+
+def bypass_refused_as_root(spec: Any, config: Config) -> bool:
+    """The task's sessions would be refused at once (measured, 2.1.197 and 2.1.332): the
+    bypassPermissions mode, run as root outside a deliberate sandbox (``IS_SANDBOX=1``
+    in fleetrun's environment or the task's ``env``). Seen from here: a peer that runs
+    the task as another user would not refuse it, so this is a warning."""
+    mode = spec.permission_mode or config.setting("claude", "permission_mode", DEFAULT_PERMISSION_MODE)
+    if mode != "bypassPermissions" or not runs_as_root():
+        return False
+    env = claudeopts.options_of(spec, config).env()
+    return env.get("IS_SANDBOX", os.environ.get("IS_SANDBOX")) != "1"
 
 
 def result_from_log(text: str, exit_code: Optional[int]) -> AgentResult:

@@ -120,6 +120,9 @@ def resume_cause(cause: Optional[str], prev: Any, task: Any) -> str:
         if detail in ("cancelled", "stopped"):
             return "it was stopped by fleetrun before it finished"
         return f"it ended without finishing ({detail or 'no reason was recorded'})"
+    if word == "api_error":  # a 500 or 529 (the claude plugin's reading): the API's fault, not the agent's
+        text = _one_line(prev.result_text or "") if prev is not None else ""
+        return f"the API answered with an error (HTTP {detail or '?'})" + (f": {text}" if text else "")
     if word == "usage_limit":
         return f"it hit the account's usage limit ({detail}); fleetrun waited for the limit to reset"
     if word == "start_failed":

@@ -136,3 +136,33 @@ def test_the_agent_may_run_its_verifiers_commands(fleeter: Any, fake_claude: Any
                           "git add -A && git commit -q -m out"]
     (review,) = fake_claude.review_calls("t1")
     assert not any(r in review["argv"] for r in rules)
+
+
+def test_a_session_resumed_after_an_api_error_is_told_the_first_line_of_it(fleeter: Any, fake_claude: Any) -> None:
+    one_task(fleeter)
+    fake_claude.script(t1=[{"mode": "api_error", "status": 500}, {"actions": [["write", "out.txt", "x"]]}])
+    r = fleeter.run("tasks.toml")
+    assert r.ret == 0, r.stdout + r.stderr
+    _, resumed = fake_claude.calls("t1")
+    assert resumed["prompt"].startswith(
+        "Your previous session on this task was interrupted: the API answered with an error (HTTP 500): "
+        "API Error: 500 Internal server error. This is a server-side issue, usually temporary")
+
+
+@pytest.mark.parametrize(("as_root", "sandbox", "warned"), [(True, None, True), (True, "1", False),
+                                                             (False, None, False)])
+def test_validate_warns_of_bypass_permissions_as_root(fleeter: Any, fake_claude: Any, monkeypatch: Any,
+                                                      as_root: bool, sandbox: Any, warned: bool) -> None:
+    """The combination is seen coming: fleetrun runs as root (its sessions will too),
+    IS_SANDBOX is not 1 in its environment nor in the task's ``env``."""
+    monkeypatch.setattr("fleetrun.plugins.claude.runs_as_root", lambda: as_root, raising=False)
+    monkeypatch.delenv("IS_SANDBOX", raising=False)
+    env = f'env = {{ IS_SANDBOX = "{sandbox}" }}' if sandbox else ""
+    one_task(fleeter, extra=f'permission_mode = "bypassPermissions"\n{env}')
+    r = fleeter.run("validate", "tasks.toml")
+    assert (r.ret, r.outlines) == (0, ["tasks.toml: 1 task, valid"])
+    assert r.errlines == ([
+        "warning: tasks.toml:6: task 't1': permission_mode: bypassPermissions as root: Claude Code refuses it "
+        "(\"--dangerously-skip-permissions cannot be used with root/sudo privileges\") and the task would need a "
+        "human at once; run fleetrun as another user, or, in a container meant for it, set IS_SANDBOX = \"1\" "
+        "in the task's env"] if warned else [])
