@@ -11,13 +11,16 @@ import pytest
 
 from .test_local_loop import one_task
 
+VERSIONS = ["2.1.197", "2.1.332"]
 ROOT_REFUSAL = "--dangerously-skip-permissions cannot be used with root/sudo privileges for security reasons"
 
 
+@pytest.mark.parametrize("version", VERSIONS)
 def test_bypass_permissions_as_root_is_rejected_arguments_after_one_invocation(
-        fleeter: Any, fake_claude: Any, monkeypatch: Any) -> None:
+        fleeter: Any, fake_claude: Any, monkeypatch: Any, version: str) -> None:
     """Measured: as root (outside IS_SANDBOX=1) both versions exit 1 at once with this
     line, no ``error:`` prefix, no stream-json; it used to be resumed three times."""
+    monkeypatch.setenv("FAKE_CLAUDE_VERSION", version)
     monkeypatch.setenv("FAKE_CLAUDE_UID", "0")
     monkeypatch.delenv("IS_SANDBOX", raising=False)
     one_task(fleeter, extra='permission_mode = "bypassPermissions"')
@@ -29,11 +32,14 @@ def test_bypass_permissions_as_root_is_rejected_arguments_after_one_invocation(
     assert call["error"] == ROOT_REFUSAL
 
 
-def test_a_resume_the_cli_cannot_find_starts_a_fresh_session(fleeter: Any, fake_claude: Any) -> None:
+@pytest.mark.parametrize("version", VERSIONS)
+def test_a_resume_the_cli_cannot_find_starts_a_fresh_session(fleeter: Any, fake_claude: Any, monkeypatch: Any,
+                                                             version: str) -> None:
     """Killed before its first request (an OOM kill during start-up), a session leaves no
     conversation: measured, every ``--resume`` of it is error_during_execution "No
     conversation found with session ID" until resume_cap. One resume tries it; the next
     attempt is a fresh session, told why."""
+    monkeypatch.setenv("FAKE_CLAUDE_VERSION", version)
     one_task(fleeter)
     cfg = fleeter.home / "config.toml"
     cfg.write_text(cfg.read_text() + "resume_session = true\n")
@@ -49,10 +55,14 @@ def test_a_resume_the_cli_cannot_find_starts_a_fresh_session(fleeter: Any, fake_
     r.fnmatch_lines(["*t1 RESUMING (attempt 2)*session_not_found*", "*t1 DONE (attempt 3)*"])
 
 
-def test_a_resumed_sessions_cumulative_cost_is_recorded_per_invocation(fleeter: Any, fake_claude: Any) -> None:
+@pytest.mark.parametrize("version", VERSIONS)
+def test_a_resumed_sessions_cumulative_cost_is_recorded_per_invocation(fleeter: Any, fake_claude: Any,
+                                                                       monkeypatch: Any, version: str) -> None:
     """Measured: after --resume 2.1.332 reports the whole session's total_cost_usd (the
     invocation's own is in model_usage_since_last_result); recording it as the attempt's
-    counted the first invocation twice ($0.72 for $0.48 billed, the budget hit early)."""
+    counted the first invocation twice ($0.72 for $0.48 billed, the budget hit early).
+    2.1.197 reports the invocation's: the same ledger on either version."""
+    monkeypatch.setenv("FAKE_CLAUDE_VERSION", version)
     one_task(fleeter)
     cfg = fleeter.home / "config.toml"
     cfg.write_text(cfg.read_text() + "resume_session = true\n")
