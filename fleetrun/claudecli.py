@@ -87,6 +87,7 @@ class ResultEvent:
     subtype: str = ""
     result: str = ""
     session_id: Optional[str] = None
+    #: what this invocation cost (:func:`invocation_cost`), not the whole session
     cost_usd: float = 0.0
     num_turns: Optional[int] = None
     permission_denials: list[dict[str, Any]] = field(default_factory=list)
@@ -121,6 +122,29 @@ def _denial(value: Any, what: str) -> dict[str, Any]:
     return out
 
 
+MAX_MODELS = 50  # models in a result's usage (the main one, a fallback, subagents' ...)
+
+
+def invocation_cost(d: dict[str, Any]) -> float:
+    """What this invocation of the CLI cost. 2.1.197 reports it in ``total_cost_usd``;
+    2.1.332 reports there the whole session's after ``--resume`` (measured: $0.72 for
+    $0.48 billed) and this invocation's in ``model_usage_since_last_result`` (per
+    model, each ``costUSD``): that one, when it is there.
+
+    :raises fleetrun.untrusted.Malformed: a usage or a cost of the wrong shape.
+    """
+    since = untrusted.opt_obj(d, "model_usage_since_last_result", "result")
+    if since is None:
+        return untrusted.cost(d.get("total_cost_usd"), "result.total_cost_usd")
+    if len(since) > MAX_MODELS:
+        raise untrusted.Malformed(f"result.model_usage_since_last_result: more than {MAX_MODELS} models")
+    total = 0.0
+    for name, usage in since.items():
+        what = f"result.model_usage_since_last_result[{name[:100]!r}]"
+        total += untrusted.cost(untrusted.obj(usage, what).get("costUSD"), f"{what}.costUSD")
+    return untrusted.cost(total, "result.model_usage_since_last_result")
+
+
 def parse_result_event(ev: Any) -> ResultEvent:
     """A ``result`` event's fields, each of its type and range (a cost is finite and
     >= 0, ``is_error`` is a boolean, ``permission_denials`` a list of objects...).
@@ -135,7 +159,7 @@ def parse_result_event(ev: Any) -> ResultEvent:
         subtype=untrusted.opt_clean_text(d, "subtype", "result", 100, "") or "",
         result=untrusted.opt_clean_text(d, "result", "result", default="") or "",
         session_id=untrusted.opt_clean_text(d, "session_id", "result", 200),
-        cost_usd=untrusted.cost(d.get("total_cost_usd"), "result.total_cost_usd"),
+        cost_usd=invocation_cost(d),
         num_turns=untrusted.opt_integer(d, "num_turns", "result", 0, 1 << 31),
         permission_denials=[_denial(x, f"result.permission_denials[{i}]")
                             for i, x in enumerate(denials)],

@@ -26,9 +26,10 @@ if TYPE_CHECKING:
     from .config import Config, ConfigKey
     from .taskspec import TaskSpec
 
-#: The options, in the order their flags go on the command line.
+#: The options, in the order their flags go on the command line (``allow_verifiers``
+#: has no flag of its own: it adds rules to ``--allowedTools``, :func:`verifier_rules`).
 KEYS = ("max_turns", "fallback_model", "append_system_prompt", "settings", "mcp_config", "strict_mcp_config",
-        "disallowed_tools", "env", "extra_args")
+        "disallowed_tools", "env", "extra_args", "allow_verifiers")
 
 #: The keys whose value names files: relative to the file a task key is written in.
 PATH_KEYS = ("settings", "mcp_config")
@@ -247,6 +248,8 @@ OPTIONS: tuple[OptionDecl, ...] = (
     OptionDecl("disallowed_tools", (list,), _words, "--disallowedTools: tools removed from the session", str),
     OptionDecl("env", (dict,), _env, "variables added to the session's environment", str),
     OptionDecl("extra_args", (list,), _extra_args, "more Claude Code flags, after fleetrun's own", str),
+    OptionDecl("allow_verifiers", (bool,), lambda v: None,
+               "allow the session to run the task's run verifiers' commands (exact Bash rules; default true)"),
 )
 
 
@@ -316,6 +319,61 @@ class Options:
         return dict(self.values.get("env") or {})
 
 
+def command_parts(command: str) -> list[str]:
+    """A shell command's simple commands, as Claude Code asks for them one by one: split
+    on ``&&``, ``||``, ``;``, ``|``, ``&`` and newlines outside quotes."""
+    parts: list[str] = []
+    cur = ""
+    quote: Optional[str] = None
+    i = 0
+    while i < len(command):
+        ch = command[i]
+        if quote:
+            cur += ch
+            if ch == "\\" and quote == '"' and i + 1 < len(command):
+                cur += command[i + 1]
+                i += 1
+            elif ch == quote:
+                quote = None
+        elif ch in "'\"":
+            quote = ch
+            cur += ch
+        elif ch == "\\" and i + 1 < len(command):
+            cur += ch + command[i + 1]
+            i += 1
+        elif ch in ";|&\n":
+            if command[i:i + 2] in ("&&", "||"):
+                i += 1
+            if cur.strip():
+                parts.append(cur.strip())
+            cur = ""
+        else:
+            cur += ch
+        i += 1
+    if cur.strip():
+        parts.append(cur.strip())
+    return parts
+
+
+def verifier_rules(spec: TaskSpec) -> list[str]:
+    """The allow rules that let a session run its task's ``run`` verifiers, each part of
+    each command exactly (``Bash(pytest -q)``): no power the agent lacks, since the
+    verifier runs its code anyway. A part that would not be an exact rule is left out:
+    with ``*`` it would be a wildcard (more than the verifier runs), with a parenthesis
+    or a control character it would not be read as one rule."""
+    rules: list[str] = []
+    for v in spec.verify:
+        if v.kind != "run":
+            continue
+        for part in command_parts(v.text):
+            if _CONTROL.search(part) or any(c in part for c in "*()"):
+                continue
+            rule = f"Bash({part})"
+            if rule not in rules:
+                rules.append(rule)
+    return rules
+
+
 def options_of(spec: TaskSpec, config: Config) -> Options:
     """The task's options: its own key (or a default of every task) over ``[claude]``'s;
     ``env`` merged key by key, the task's over ``[claude]``'s."""
@@ -340,8 +398,8 @@ def options_of(spec: TaskSpec, config: Config) -> Options:
 def file_problems(spec: TaskSpec, config: Config, display: Callable[[str], str]) -> list[UsageError]:
     """The checks that need the file a task key is written in: each ``settings`` /
     ``mcp_config`` path (relative to that file's folder) is a readable JSON file of the
-    right shape; and ``fallback_model`` is not the task's ``model`` (Claude Code refuses
-    that). :param display: how an error names a file."""
+    right shape. (A ``fallback_model`` equal to ``model`` is no error: measured, both
+    2.1.197 and 2.1.332 take it.) :param display: how an error names a file."""
     from .textutil import safe_name
 
     errors = []
@@ -357,11 +415,4 @@ def file_problems(spec: TaskSpec, config: Config, display: Callable[[str], str])
                                          line=spec.key_lines.get(key, spec.line),
                                          key=f"task '{safe_name(spec.name)}': {key}"))
                 break
-    fallback = opts.values.get("fallback_model")
-    if fallback and spec.model and fallback == spec.model:
-        where = "fallback_model" if "fallback_model" in spec.extra else "model"
-        errors.append(UsageError(f"{fallback!r} is the task's model too: Claude Code refuses a --fallback-model "
-                                 "equal to --model", file=display(spec.file_of(where)),
-                                 line=spec.key_lines.get(where, spec.line),
-                                 key=f"task '{safe_name(spec.name)}': fallback_model"))
     return errors

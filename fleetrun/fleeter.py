@@ -435,6 +435,9 @@ class FakeClaude:
         # the fake reads user settings (and their hooks) like the real CLI: never the developer's own
         (self.dir / "claude-config").mkdir(exist_ok=True)
         monkeypatch.setenv("CLAUDE_CONFIG_DIR", str(self.dir / "claude-config"))
+        # a deliberate sandbox, as the real CLI knows one: run as root (tests often are),
+        # it would refuse bypassPermissions otherwise (a test of that refusal unsets it)
+        monkeypatch.setenv("IS_SANDBOX", "1")
         fleeter.write_config(f'[claude]\nexecutable = "{self.executable}"\n')
 
     def script(self, **steps: list[dict[str, Any]]) -> None:

@@ -120,7 +120,8 @@ def fleetrun_spawn(
     :param task: the :class:`~fleetrun.ledger.Task` (ASSIGNED).
     :param attempt: the :class:`~fleetrun.ledger.Attempt` about to start;
         ``attempt.info["resume_session"]`` (the previous attempt's session id, to go
-        on with) and ``attempt.info["budget_left_usd"]`` (what is left of the task's
+        on with; not set when that attempt's agent could not find the session it was
+        to resume: its outcome :data:`~fleetrun.reports.SESSION_NOT_FOUND`) and ``attempt.info["budget_left_usd"]`` (what is left of the task's
         ``budget_usd``) are set when they apply.
     :param workspace: the prepared :class:`~fleetrun.Workspace`.
     :param prompt: the prompt (str) ``fleetrun_build_prompt`` built, or the task's own

@@ -233,6 +233,13 @@ class Handoff:
         return text
 
 
+#: The ``reason`` of an :class:`AgentResult` whose agent was asked to resume a session it
+#: cannot find (Claude Code: "No conversation found with session ID", a session killed
+#: before its first request was saved): the next attempt is not offered that session
+#: (``attempt.info["resume_session"]``) and starts a fresh one.
+SESSION_NOT_FOUND = "session_not_found"
+
+
 @dataclass
 class AgentResult:
     """What an agent session reported when it ended (read from its output)."""

@@ -29,6 +29,7 @@ from .liveness import sock_path
 from .procutil import task_env
 from .reports import (
     MIN_BUDGET_USD,
+    SESSION_NOT_FOUND,
     Candidate,
     Handoff,
     Placement,
@@ -401,7 +402,9 @@ class Starting:
         if task.spec.budget_usd is not None:
             left = max(0.0, task.spec.budget_usd - task.cost_usd)
             att.info["budget_left_usd"] = left
-        if prev is not None and prev.session_id:
+        if prev is not None and prev.session_id and prev.outcome != SESSION_NOT_FOUND:
+            # a session the agent could not find to resume is not offered again: it
+            # would only be not found again, resume after resume
             att.info["resume_session"] = prev.session_id
         prompt = loop.hook.fleetrun_build_prompt(task=task, attempt=att, config=loop.config, context=context)
         spawn: Optional[SpawnSpec]

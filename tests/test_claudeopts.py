@@ -87,9 +87,8 @@ def test_a_default_of_every_task_and_the_agent_it_is_for(fleeter: Any) -> None:
     fleeter.write("fleetrun.toml", '[task]\nmcp_config = ["conf/mcp.json"]\n')
     r = fleeter.run("validate", "tasks.toml")
     assert r.ret == 4
+    # a fallback_model equal to the model is no error: measured, both CLI versions take it
     assert r.errlines == [
-        "ERROR: tasks.toml:1: task 't': fallback_model: 'opus' is the task's model too: Claude Code "
-        "refuses a --fallback-model equal to --model",
         "ERROR: tasks.toml:14: task 'u': max_turns: is a Claude Code option; this task's agent is 'echo'",
     ]
 
@@ -147,3 +146,19 @@ def test_a_task_with_claude_options_is_never_delivered_to_a_mailbox() -> None:
     spec = TaskSpec(name="t", prompt="p", cwd="/", extra={"max_turns": 3, "env": {"A": "1"}})
     assert spec_always_spawned(spec) == "it asks for Claude Code options (max_turns, env)"
     assert spec_always_spawned(TaskSpec(name="t", prompt="p", cwd="/")) is None
+
+
+@pytest.mark.parametrize(("command", "rules"), [
+    ("pytest -q", ["Bash(pytest -q)"]),
+    ("cd sub && make test; ruff check .", ["Bash(cd sub)", "Bash(make test)", "Bash(ruff check .)"]),
+    ("grep -q 'a && b' f | wc -l", ["Bash(grep -q 'a && b' f)", "Bash(wc -l)"]),
+    ("ls *.py", []),  # a wildcard rule would allow more than the verifier runs
+    ('test "$(cat v)" = 1', []),  # a parenthesis: not one rule
+    ("make\nmake install", ["Bash(make)", "Bash(make install)"]),
+])
+def test_verifier_rules_are_each_part_of_each_run_command_exactly(command: str, rules: list[str]) -> None:
+    from fleetrun.taskspec import VerifySpec
+
+    spec = TaskSpec(name="t", prompt="p", cwd="/tmp",
+                    verify=[VerifySpec("run", command), VerifySpec("agent", "review it"), VerifySpec("run", command)])
+    assert claudeopts.verifier_rules(spec) == rules

@@ -48,6 +48,7 @@ def test_permission_mode_is_one_of_claude_codes(fleeter: Any) -> None:
 @pytest.mark.parametrize("mode", ["default", "manual", "acceptEdits", "auto", "bypassPermissions", "dontAsk", "plan"])
 def test_every_permission_mode_of_either_claude_code_is_accepted(fleeter: Any, mode: str) -> None:
     # 2.1.197 calls the ask-every-time mode `default`, 2.1.332 `manual`
+    fleeter.monkeypatch.setenv("IS_SANDBOX", "1")  # run as root, bypassPermissions would draw a warning
     fleeter.write_config(f'[claude]\npermission_mode = "{mode}"\n')
     fleeter.write_tasks(f'[[task]]\nname = "a"\nprompt = "x"\npermission_mode = "{mode}"\n')
     r = fleeter.run("validate", "tasks.toml")

@@ -57,6 +57,7 @@ def env(tmp_path: Path) -> dict[str, str]:
     clean["FAKE_CLAUDE_STATE"] = str(tmp_path / "state")
     # the user's own ~/.claude/settings.json (and its hooks) stays out of these tests
     clean["CLAUDE_CONFIG_DIR"] = str(tmp_path / "claude-config")
+    clean["IS_SANDBOX"] = "1"  # root or not, bypassPermissions is allowed (a test of the refusal unsets it)
     return clean
 
 
@@ -150,7 +151,7 @@ def test_version_and_help(work, env):
         (
             ["-p", "--permission-mode", "yolo", "hi"],
             "error: option '--permission-mode <mode>' argument 'yolo' is invalid. Allowed choices "
-            "are acceptEdits, auto, bypassPermissions, default, dontAsk, plan.",
+            "are acceptEdits, auto, bypassPermissions, manual, dontAsk, plan.",  # measured, 2.1.332
         ),
         (["-p", "--output-format", "xml", "hi"], "argument 'xml' is invalid"),
         (["-p", "--model"], "error: option '--model <model>' argument missing"),
@@ -159,7 +160,6 @@ def test_version_and_help(work, env):
         (["-p", "--max-budget-usd", "0.0000", "hi"], "error: --max-budget-usd must be a positive number greater than 0"),
         (["-p", "one", "two"], "error: too many arguments"),
         (["-p", "--resume"], "--resume requires a valid session ID"),
-        (["-p", "--model", "opus", "--fallback-model", "opus", "hi"], "Fallback model"),
         (["-p", "--settings", "/nonexistent/settings.json", "hi"], "not found"),
         (
             ["-p", "--setting-sources", "user,repo", "hi"],
@@ -207,7 +207,7 @@ def test_equals_form_and_interactive_mode(work, env):
     assert proc.returncode == 0
     result = json.loads(proc.stdout)
     assert (result["session_id"], result["result"]) == (sid, "ok")
-    assert list(result["modelUsage"]) == ["opus"]
+    assert list(result["modelUsage"]) == ["claude-opus-5-5"]  # the alias resolved, as measured
     assert run(["hi"], work, env).returncode == 1  # no -p: no TUI in the fake
 
 
@@ -272,7 +272,7 @@ def test_stream_json_shapes_and_order(tmp_path, repo, env):
     ]
     init = evs[0]
     assert init["subtype"] == "init"
-    assert (init["cwd"], init["session_id"], init["model"]) == (str(repo), sid, "sonnet")
+    assert (init["cwd"], init["session_id"], init["model"]) == (str(repo), sid, "claude-sonnet-5-5")
     assert init["permissionMode"] == "acceptEdits"
     assert {"Read", "Write", "Edit", "Bash"} <= set(init["tools"])
     assert all(e["session_id"] == sid for e in evs)
@@ -493,6 +493,11 @@ def test_api_error_shape(tmp_path, work, env, status):
     assert result["result"].startswith(f"API Error: {status} ")
     assert "This is a server-side issue" in result["result"]
     assert "rate_limit_event" not in [e["type"] for e in events(proc)]
+    # the CLI's retries before it gives up (from its code: a real 5xx cannot be had offline)
+    retries = [e for e in events(proc) if e.get("subtype") == "api_retry"]
+    assert [(e["attempt"], e["max_retries"], e["error_status"]) for e in retries] == [
+        (n, 10, status) for n in range(1, 11)]
+    assert {e["error"] for e in retries} == {"overloaded" if status == 529 else "server_error"}
 
 
 def test_overspend_stops_at_the_budget(tmp_path, work, env):
@@ -600,7 +605,8 @@ def test_2_1_197_warns_about_deny_rules_that_match_no_tool(work, env):
     assert run(args, work, env).stderr == b""
     env["FAKE_CLAUDE_VERSION"] = "2.1.197"
     err = run(args, work, env).stderr.decode()
-    assert "'MultiEdit'" in err and "'SlashCommand'" in err and "'Bash'" not in err
+    assert err == ('Permission deny rule "MultiEdit" matches no known tool \u2014 check for typos.\n'
+                   'Permission deny rule "SlashCommand" matches no known tool \u2014 check for typos.\n')
 
 
 def test_terminal_escapes_follow_the_json_lines(work, env):
@@ -1098,18 +1104,53 @@ def test_a_stop_hook_exiting_2_blocks_with_its_stderr(tmp_path, work, env):
 
 
 @pytest.mark.parametrize("mode, model, effective", [
-    ("plan", "haiku", "claude-opus-4-5-20251101"),
+    ("plan", "haiku", "claude-opus-5-5"),
     ("plan", "claude-haiku-4-5", "claude-haiku-4-5"),
-    ("dontAsk", "haiku", "haiku"),
-    ("default", "haiku", "haiku"),
-    ("plan", None, "claude-opus-4-5-20251101"),
+    ("dontAsk", "haiku", "claude-haiku-5-5"),
+    ("default", "haiku", "claude-haiku-5-5"),
+    ("plan", None, "claude-opus-5-5"),
 ])
 def test_plan_mode_ignores_a_model_alias(work, env, mode, model, effective):
+    """The requests (the usage, the log) of plan mode with an alias go as the default
+    model; the init event names the alias resolved (measured offline, both versions)."""
     args = [*SJ, "--permission-mode", mode] + (["--model", model] if model else []) + ["go"]
     proc = run(args, work, env)
     evs = events(proc)
-    assert evs[0]["model"] == effective and list(result_of(proc)["modelUsage"]) == [effective]
+    shown = {"haiku": "claude-haiku-5-5", None: "claude-opus-5-5"}.get(model, model)
+    assert evs[0]["model"] == shown and list(result_of(proc)["modelUsage"]) == [effective]
     assert calls(env)[-1]["model"] == effective
+
+
+@pytest.mark.parametrize(("version", "model", "shown", "tools"), [
+    ("2.1.332", None, "claude-opus-5-5",
+     ["Task", "Bash", "CronCreate", "CronDelete", "CronList", "DesignSync", "Edit", "EnterWorktree", "ExitWorktree",
+      "ListAgents", "Monitor", "NotebookEdit", "Read", "ReportFindings", "ScheduleWakeup", "SendMessage", "Skill",
+      "TaskStop", "ToolSearch", "WebFetch", "WebSearch", "Workflow", "Write"]),
+    ("2.1.197", None, "claude-opus-4-8[1m]",
+     ["Task", "Bash", "CronCreate", "CronDelete", "CronList", "DesignSync", "Edit", "EnterWorktree", "ExitWorktree",
+      "NotebookEdit", "Read", "ReportFindings", "ScheduleWakeup", "SendMessage", "Skill", "TaskCreate", "TaskGet",
+      "TaskList", "TaskOutput", "TaskStop", "TaskUpdate", "ToolSearch", "WebFetch", "WebSearch", "Workflow",
+      "Write"]),
+    ("2.1.332", "sonnet", "claude-sonnet-5-5", None),
+    ("2.1.197", "haiku", "claude-haiku-4-5-20251001", None),
+    ("2.1.332", "nosuchmodel", "nosuchmodel", None),
+])
+def test_default_tools_and_model_ids_are_the_measured_ones(work, env, version, model, shown, tools):
+    env["FAKE_CLAUDE_VERSION"] = version
+    init = events(run([*SJ, *(["--model", model] if model else []), "go"], work, env))[0]
+    assert init["model"] == shown
+    if tools is not None:
+        assert init["tools"] == tools
+
+
+@pytest.mark.parametrize(("version", "tools"), [
+    ("2.1.332", ["Task", "Glob", "Grep", "Read", "TaskStop"]),
+    ("2.1.197", ["Task", "Glob", "Grep", "Read", "TaskOutput", "TaskStop"]),
+])
+def test_chosen_tools_are_listed_task_first_and_unknown_ones_dropped(work, env, version, tools):
+    env["FAKE_CLAUDE_VERSION"] = version
+    init = events(run([*SJ, "--tools", "Read,Grep,Glob,LS,MultiEdit,TodoWrite,Task", "--", "go"], work, env))[0]
+    assert init["tools"] == tools
 
 
 SCHEMA = json.dumps({"type": "object", "properties": {"verdict": {"type": "string", "enum": ["PASS", "FAIL"]},
@@ -1171,3 +1212,84 @@ def test_mcp_servers_the_user_s_unless_strict_and_what_a_session_was_given(tmp_p
     assert (first["append_system_prompt"], first["fallback_model"], first["max_turns"]) == ("Be brief.", "sonnet", 7)
     assert first["env_logged"] == {"MY_VAR": "v", "UNSET_VAR": None}
     assert second["mcp_servers"] == ["mine"] and second["max_turns"] is None
+
+
+@pytest.mark.parametrize("args", [["--dangerously-skip-permissions"], ["--permission-mode", "bypassPermissions"],
+                                  ["--allow-dangerously-skip-permissions"],
+                                  ["--settings", '{"permissions": {"defaultMode": "bypassPermissions"}}']])
+def test_bypass_permissions_as_root_is_refused_at_once(work: Path, env: dict[str, str], args: list[str]) -> None:
+    """Measured (2.1.197 and 2.1.332, as root): this line on stderr, nothing on stdout,
+    exit 1; ``IS_SANDBOX=1`` lets it run."""
+    env["FAKE_CLAUDE_UID"] = "0"
+    del env["IS_SANDBOX"]
+    proc = run([*SJ, *args, "go"], work, env)
+    assert (proc.returncode, proc.stdout, proc.stderr.decode()) == (
+        1, b"", "--dangerously-skip-permissions cannot be used with root/sudo privileges for security reasons\n")
+    env["IS_SANDBOX"] = "1"
+    assert run([*SJ, *args, "go"], work, env).returncode == 0
+
+
+@pytest.mark.parametrize("version", ["2.1.197", "2.1.332"])
+def test_cost_after_resume_is_the_sessions_on_2_1_332(tmp_path: Path, work: Path, env: dict[str, str],
+                                                         version: str) -> None:
+    """The issue's measurement: after --resume, 2.1.332's total_cost_usd is the whole
+    session's, this invocation's is in model_usage_since_last_result; 2.1.197 gives the
+    invocation's and has no model_usage_since_last_result."""
+    env["FAKE_CLAUDE_VERSION"] = version
+    scenario(tmp_path, env, {"default": [{"cost": 0.3}, {"cost": 0.2}]})
+    sid = str(uuid.uuid4())
+    first = result_of(run([*SJ, "--session-id", sid, "go"], work, env))
+    again = result_of(run([*SJ, "--resume", sid, "go on"], work, env))
+    if version == "2.1.197":
+        assert (first["total_cost_usd"], again["total_cost_usd"]) == (0.3, 0.2)
+        assert "model_usage_since_last_result" not in again
+        return
+    assert first["total_cost_usd"] == 0.3 and again["total_cost_usd"] == pytest.approx(0.5)
+    (usage,) = again["model_usage_since_last_result"].values()
+    assert usage["costUSD"] == 0.2
+
+
+def test_an_unknown_resume_id_is_answered_as_measured(work: Path, env: dict[str, str]) -> None:
+    """Measured (both versions, offline): no init event, one result event naming the id
+    asked for, the message on stderr too, no terminal reset, exit 1."""
+    sid = str(uuid.uuid4())
+    proc = run([*SJ, "--resume", sid, "go"], work, env)
+    assert proc.returncode == 1
+    assert proc.stderr.decode() == f"No conversation found with session ID: {sid}\n"
+    assert proc.stdout.count(b"\n") == 1 and b"\x1b" not in proc.stdout
+    (res,) = events(proc)
+    assert (res["type"], res["subtype"], res["session_id"], res["num_turns"], res["errors"]) == (
+        "result", "error_during_execution", sid, 0, [f"No conversation found with session ID: {sid}"])
+
+
+@pytest.mark.parametrize(("version", "args", "code", "stderr"), [
+    # each measured with the real CLI of that version, offline (docs/agents.md)
+    ("2.1.332", ["--permission-mode", "manual"], 0, ""),
+    ("2.1.332", ["--permission-mode", "default"], 0, ""),
+    ("2.1.197", ["--permission-mode", "manual"], 1,
+     "error: option '--permission-mode <mode>' argument 'manual' is invalid. Allowed choices are acceptEdits, "
+     "auto, bypassPermissions, default, dontAsk, plan.\n"),
+    ("2.1.332", ["--max-turns", "0"], 0, ""),
+    ("2.1.197", ["--max-turns", "0"], 0, ""),
+    ("2.1.332", ["--settings", "notjson"], 1, "Error: Settings file not found: {cwd}/notjson\n"),
+    ("2.1.197", ["--settings", "notjson"], 1, "Error: Settings file not found: notjson\n"),
+    ("2.1.332", ["--mcp-config", "notjson"], 1,
+     "Error: Invalid MCP configuration:\nMCP config file not found: {cwd}/notjson\n"),
+    ("2.1.197", ["--mcp-config", "notjson"], 1,
+     "Error: Invalid MCP configuration:\nMCP config file not found: {cwd}/notjson\n"),
+    ("2.1.332", ["--effort", "high", "--bare", "--name", "x", "--include-hook-events"], 0, ""),
+    ("2.1.197", ["--effort", "high", "--bare", "--name", "x", "--include-hook-events"], 0, ""),
+    ("2.1.332", ["--permission-prompts", "none", "--system-prompt-snapshot", "off", "--restricted"], 0, ""),
+    ("2.1.197", ["--permission-prompts", "none"], 1, "error: unknown option '--permission-prompts'\n"),
+    ("2.1.332", ["--mcp-debug"], 1, "error: unknown option '--mcp-debug'\n"),
+    ("2.1.332", ["--model", "sonnet", "--fallback-model", "sonnet"], 0, ""),
+    ("2.1.197", ["--model", "sonnet", "--fallback-model", "sonnet"], 0, ""),
+    ("2.1.332", ["--name"], 1, "error: option '-n, --name <name>' argument missing\n"),
+])
+def test_the_command_line_is_taken_or_refused_as_the_real_cli_does(
+        work: Path, env: dict[str, str], version: str, args: list[str], code: int, stderr: str) -> None:
+    env["FAKE_CLAUDE_VERSION"] = version
+    proc = run([*SJ, *args] if args[-1] == "--name" else [*SJ, *args, "--", "go"], work, env)
+    assert (proc.returncode, proc.stderr.decode()) == (code, stderr.format(cwd=work)), proc.stdout
+    if code == 0 and "--permission-mode" in args:
+        assert events(proc)[0]["permissionMode"] == "default"  # measured: manual is shown as default

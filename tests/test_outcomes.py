@@ -242,3 +242,12 @@ def test_a_withdrawn_message_after_a_cancel_changes_nothing() -> None:
     assert decide_end(ended(outcomes.MAILBOX_WITHDRAWN, None, task_state=State.CANCELLED)) is None
     t = decide_end(ended(outcomes.MAILBOX_WITHDRAWN, None, error="gone"))
     assert t is not None and (t.to, t.cause) == (State.NEEDS_HUMAN, "mailbox_withdrawn:gone")
+
+
+def test_a_session_the_agent_could_not_find_is_resumed_as_a_died_one() -> None:
+    """``session_not_found`` (a --resume the CLI found no conversation for) is resumed;
+    what makes the next attempt fresh is that it is not offered that session
+    (starting.py), not a decision here."""
+    t = decide_end(ended("exited", failed("session_not_found"), resumes=1))
+    assert (t.to, t.cause, t.fields, t.ran) == (State.RESUMING, "session_died:session_not_found", {"resumes": 2},
+                                                True)

@@ -17,6 +17,7 @@ CLI's flags by :mod:`fleetrun.claudeopts`.
 
 from __future__ import annotations
 
+import os
 import re
 import uuid
 from typing import TYPE_CHECKING, Any, Optional
@@ -34,7 +35,7 @@ from ..claudecli import (  # the stream-json reader, shared with verify_agent
     read_stream,
 )
 from ..hookimpl import hookimpl
-from ..reports import AgentResult, SpawnSpec
+from ..reports import SESSION_NOT_FOUND, AgentResult, SpawnSpec
 
 if TYPE_CHECKING:
     from ..config import Config
@@ -106,8 +107,14 @@ def fleetrun_spawn(task: Any, attempt: Any, workspace: Any, prompt: str, config:
         session_id = prev
     mode = spec.permission_mode or config.setting("claude", "permission_mode", DEFAULT_PERMISSION_MODE)
     argv += ["--permission-mode", mode]
-    tools = spec.allowed_tools if spec.allowed_tools is not None else list(
-        config.setting("claude", "allowed_tools", DEFAULT_ALLOWED_TOOLS))
+    tools = list(spec.allowed_tools if spec.allowed_tools is not None else
+                 config.setting("claude", "allowed_tools", DEFAULT_ALLOWED_TOOLS))
+    # read again for every attempt, fresh, retry or resume alike: each gets the same options
+    opts = claudeopts.options_of(spec, config)
+    if opts.values.get("allow_verifiers", True) is not False:
+        # the agent may run what will judge it: a real coding agent that can run the
+        # tests before it stops does far better work (allowed_tools widens, never narrows it)
+        tools += [r for r in claudeopts.verifier_rules(spec) if r not in tools]
     if tools:
         argv += ["--allowedTools", *tools]
     budget = attempt.info.get("budget_left_usd") if attempt.info else None
@@ -115,8 +122,6 @@ def fleetrun_spawn(task: Any, attempt: Any, workspace: Any, prompt: str, config:
         budget = spec.budget_usd
     if budget is not None:
         argv += ["--max-budget-usd", f"{budget:.4f}"]
-    # read again for every attempt, fresh, retry or resume alike: each gets the same options
-    opts = claudeopts.options_of(spec, config)
     argv += opts.argv()
     return SpawnSpec(argv=argv, env=opts.env(), stdin="prompt", parser="claude", session_id=session_id)
 
@@ -155,16 +160,41 @@ def fleetrun_collection_modifyitems(config: Config, items: list[Any]) -> None:
     errors = list(first.values())
     if errors:
         raise UsageErrors(errors) if len(errors) > 1 else errors[0]
+    warnings = config.stash.setdefault(WARNINGS_KEY, [])
+    for t in items:
+        if t.agent == "claude" and bypass_refused_as_root(t, config):
+            where = shown(t.file_of("permission_mode")) if t.source else "?"
+            line = t.key_lines.get("permission_mode", t.line)
+            warnings.append(f"{where}:{line}: task '{safe_name(t.name)}': permission_mode: bypassPermissions as "
+                            "root: Claude Code refuses it (\"--dangerously-skip-permissions cannot be used with "
+                            "root/sudo privileges\") and the task would need a human at once; run fleetrun as "
+                            "another user, or, in a container meant for it, set IS_SANDBOX = \"1\" in the task's env")
     problem = executable_problem(executable(config))
     if problem is None:
         return
-    warnings = config.stash.setdefault(WARNINGS_KEY, [])
     for t in items:
         if t.agent != "claude":
             continue
         where = display_path(Path(t.file_of("agent")), config.invocation_dir) if t.source else "?"
         warnings.append(f"{where}:{t.key_lines.get('agent', t.line)}: task '{t.name}': agent: {problem} "
                         f"(set [claude] executable in config.toml)")
+
+
+def runs_as_root() -> bool:
+    """fleetrun runs as root, so the sessions it starts here do too."""
+    return hasattr(os, "geteuid") and os.geteuid() == 0
+
+
+def bypass_refused_as_root(spec: Any, config: Config) -> bool:
+    """The task's sessions would be refused at once (measured, 2.1.197 and 2.1.332): the
+    bypassPermissions mode, run as root outside a deliberate sandbox (``IS_SANDBOX=1``
+    in fleetrun's environment or the task's ``env``). Seen from here: a peer that runs
+    the task as another user would not refuse it, so this is a warning."""
+    mode = spec.permission_mode or config.setting("claude", "permission_mode", DEFAULT_PERMISSION_MODE)
+    if mode != "bypassPermissions" or not runs_as_root():
+        return False
+    env = claudeopts.options_of(spec, config).env()
+    return env.get("IS_SANDBOX", os.environ.get("IS_SANDBOX")) != "1"
 
 
 def result_from_log(text: str, exit_code: Optional[int]) -> AgentResult:
@@ -196,7 +226,12 @@ def result_from_log(text: str, exit_code: Optional[int]) -> AgentResult:
     body = out.result_text or " ".join(res.errors)
     if not out.result_text:
         out.result_text = body
-    if res.subtype == "error_max_budget_usd":
+    if res.subtype == "error_during_execution" and res.num_turns == 0 \
+            and any(_NOT_FOUND.match(e) for e in res.errors):
+        # measured: a --resume of a session killed before its first request was saved;
+        # resuming it again can only fail the same way: the next attempt starts fresh
+        out.reason = SESSION_NOT_FOUND
+    elif res.subtype == "error_max_budget_usd":
         out.reason = "budget"
     elif res.subtype == "error_max_turns":  # the task's max_turns: a cap, as the budget is
         out.reason = "max_turns"
@@ -206,16 +241,22 @@ def result_from_log(text: str, exit_code: Optional[int]) -> AgentResult:
 
 
 _CLI_ERROR = re.compile(r"^error:", re.I)
+_NOT_FOUND = re.compile(r"^No conversation found with session ID")
+#: Refusals of the command line the CLI words without ``error:`` (measured, 2.1.197 and
+#: 2.1.332): bypassPermissions (the flag, the mode, or a settings ``defaultMode``) as
+#: root outside a deliberate sandbox (``IS_SANDBOX=1``).
+_CLI_REFUSALS = (re.compile(r"^--dangerously-skip-permissions cannot be used with root/sudo privileges"),)
 
 
 def rejected_arguments(text: str, exit_code: Optional[int]) -> Optional[str]:
     """The CLI's own first ``error:`` line when it refused its command line, or None.
 
     Claude Code checks its arguments before the session starts (commander.js:
-    ``error: option '--permission-mode <mode>' argument 'yolo' is invalid...``) and
-    exits 1 having written no stream-json event at all; a session that started and
-    then died has written its ``system`` event first. Starting again with the same
-    command line can only fail the same way.
+    ``error: option '--permission-mode <mode>' argument 'yolo' is invalid...``; or, run
+    as root, ``--dangerously-skip-permissions cannot be used with root/sudo
+    privileges...``) and exits 1 having written no stream-json event at all; a session
+    that started and then died has written its ``system`` event first. Starting again
+    with the same command line can only fail the same way.
     """
     if exit_code in (0, None):
         return None
@@ -224,7 +265,7 @@ def rejected_arguments(text: str, exit_code: Optional[int]) -> Optional[str]:
         return None
     for line in lines:
         line = ESCAPES.sub("", line).strip()
-        if _CLI_ERROR.match(line):
+        if _CLI_ERROR.match(line) or any(r.match(line) for r in _CLI_REFUSALS):
             line = "".join(c if c.isprintable() else "?" for c in line)
             return line if len(line) <= 500 else line[:500] + "..."
     return None

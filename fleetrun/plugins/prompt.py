@@ -112,11 +112,17 @@ def resume_cause(cause: Optional[str], prev: Any, task: Any) -> str:
         if detail == "is_error":
             text = _one_line(prev.result_text or "") if prev is not None else ""
             return "the agent reported an error" + (f": {text}" if text else "")
+        if detail == "session_not_found":
+            return ("the session could not be resumed (the agent found no saved conversation: it was "
+                    "stopped before its first request), so this is a new session")
         if detail.startswith("exit:"):
             return f"its process exited with code {detail[5:]} before it finished"
         if detail in ("cancelled", "stopped"):
             return "it was stopped by fleetrun before it finished"
         return f"it ended without finishing ({detail or 'no reason was recorded'})"
+    if word == "api_error":  # a 500 or 529 (the claude plugin's reading): the API's fault, not the agent's
+        text = _one_line(prev.result_text or "") if prev is not None else ""
+        return f"the API answered with an error (HTTP {detail or '?'})" + (f": {text}" if text else "")
     if word == "usage_limit":
         return f"it hit the account's usage limit ({detail}); fleetrun waited for the limit to reset"
     if word == "start_failed":

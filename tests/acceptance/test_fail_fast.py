@@ -120,7 +120,7 @@ def test_agent_rejects_its_arguments(fleeter: Any, fake_claude: Any) -> None:
     r = fleeter.run("tasks.toml")
     assert_needs_human_at_once(
         fleeter, r, "agent_rejected_arguments:error: option '--permission-mode <mode>' argument 'yolo' is invalid. "
-                    "Allowed choices are acceptEdits, auto, bypassPermissions, default, dontAsk, plan.")
+                    "Allowed choices are acceptEdits, auto, bypassPermissions, manual, dontAsk, plan.")  # 2.1.332's words
     assert len(fake_claude.calls("t1")) == 1
 
 

@@ -90,10 +90,10 @@ def test_the_reviewer_uses_the_task_model(fleeter, fake_claude):
     r = fleeter.run("tasks.toml")
     assert r.ret == 0, r.stdout + r.stderr
     (call,) = fake_claude.review_calls()
-    assert call["model"] == "haiku"
+    assert call["model"] == "claude-haiku-5-5"  # haiku, as 2.1.332 resolves it (plan mode would send opus)
     adir = fleeter.home / "attempts" / fleeter.ledger().attempts(fleeter.task("greet").id)[0].id
     init = json.loads((adir / "review-1.jsonl").read_text().splitlines()[0])
-    assert init["model"] == "haiku" and sorted(init["tools"]) == ["Glob", "Grep", "Read"]
+    assert init["model"] == "claude-haiku-5-5" and sorted(init["tools"]) == ["Glob", "Grep", "Read"]
 
 
 @pytest.mark.parametrize("reply", ["PASS: the change is fine", "**PASS**\nfine", "PASS.", "`PASS` - ok"])

@@ -54,7 +54,7 @@ With --json-schema, a step's "structured" value is checked against the schema an
 given as the result's structured_output (invalid: error_max_structured_output_retries).
 
 A step: {"actions": [...], "result": "done", "cost": 0.01, "turns": N,
-         "mode": "ok" | "is_error" | "no_result" | "die" | "hang" | "usage_limit" |
+         "mode": "ok" | "is_error" | "no_result" | "die" | "die_at_start" | "hang" | "usage_limit" |
                  "rate_limit" | "api_error" | "exit_code" | "overspend" | "raw",
          "structured": {...},
          "exit": N, "stall": seconds, "reset_at": epoch,
@@ -63,6 +63,9 @@ A step: {"actions": [...], "result": "done", "cost": 0.01, "turns": N,
          "status": 500 | 529,          (mode api_error)
          "raw": [line, ...]}   mode "raw": these lines, printed as they are, stand
                                in for the result event (malformed output on purpose)
+die_at_start: killed before its first request (no conversation is kept: a --resume of
+its id finds none, as the real CLI's). Run as root (FAKE_CLAUDE_UID=0, else the real
+uid) without IS_SANDBOX=1, bypassPermissions is refused at once, as measured.
 API errors, as measured with the real CLI: an assistant event of model "<synthetic>"
 with "error": "server_error" | "rate_limit", then a result of subtype "success" with
 is_error, api_error_status and "errors": null, exit 1. usage_limit: a subscription

@@ -23,12 +23,16 @@ from .common import (
     DEFAULT_MODEL,
     DEFAULT_TOOLS,
     KNOWN_TOOLS,
+    MODEL_ALIASES,
     OLD,
+    ROOT_REFUSAL,
     VERSION,
     VERSIONS,
     UsageError,
     append_log,
+    as_root,
     fail,
+    init_tools,
     scenario_fail,
 )
 from .hooks import MAX_STOP_CONTINUATIONS, Hooks, load_settings, parse_setting_sources
@@ -86,21 +90,28 @@ def main(argv):
     if "tools" in values:
         wanted = split_tool_list(values["tools"])
         # measured: the init event lists the chosen tools sorted, not as given
-        tools = list(DEFAULT_TOOLS) if wanted == ["default"] else sorted(t for t in wanted if t in KNOWN_TOOLS)
+        tools = list(DEFAULT_TOOLS) if wanted == ["default"] else init_tools(t for t in wanted if t in KNOWN_TOOLS)
     else:
         tools = list(DEFAULT_TOOLS)
     tools = [t for t in tools if (t, None) not in [parse_rule(r) for r in deny]]
-    if OLD:  # 2.1.197 warns about a deny rule that names no tool it has
+    if OLD:  # measured: 2.1.197 warns about a deny rule that names no tool it has (2.1.332 does not)
         for rule in deny:
             name, _ = parse_rule(rule)
             if name not in KNOWN_TOOLS and not name.startswith("mcp__"):
-                sys.stderr.write("Warning: permission rule '%s' in disallowedTools does not match any "
-                                 "known tool\n" % rule)
+                sys.stderr.write("Permission deny rule \"%s\" matches no known tool \u2014 check for typos.\n"
+                                 % rule)
 
     if values.get("dangerously_skip_permissions"):
         mode = "bypassPermissions"
     else:
         mode = values.get("permission_mode") or settings_mode or "default"
+    if (mode == "bypassPermissions" or values.get("allow_dangerously_skip_permissions")) and as_root() \
+            and os.environ.get("IS_SANDBOX") != "1":
+        # measured (both versions): as root, outside a deliberate sandbox, the CLI refuses
+        # at once: this line on stderr (no "error:" prefix), no event, exit 1
+        usage_fail(ROOT_REFUSAL)
+    if mode == "manual":  # measured (2.1.332): accepted, and the session reports "default"
+        mode = "default"
 
     prompt = read_prompt(values, operands)
     log["prompt"] = prompt
@@ -145,18 +156,31 @@ def main(argv):
                 session_id = resume if (resume and not values.get("fork_session")) else str(uuid.uuid4())
             if resume:
                 log["conversation"] = state.prompts(resume)
+            n = state.next_count(key)
+            if load_step(scenario_path, task, n)[0].get("mode") == "die_at_start":
+                # killed before its first request (an OOM kill, a reboot during start-up):
+                # the real CLI writes a conversation only with its first message, so none
+                # is kept and a --resume of this id is "No conversation found"
+                log.update(session_id=session_id, key=key, n=n)
+                append_log(log)
+                import signal
+
+                os.kill(os.getpid(), signal.SIGKILL)
             if not values.get("no_session_persistence") and session_id not in known_ids:
                 state.add_session(session_id, cwd)
             if not values.get("no_session_persistence"):
                 state.add_prompt(session_id, prompt)
-            n = state.next_count(key)
     elif session_id is None:
         session_id = resume if (resume and not values.get("fork_session")) else str(uuid.uuid4())
 
     # Measured with the real CLI: in plan mode a model alias ("haiku") is not honoured and
     # the requests go out as the default model; a full model id is used as given.
+    # The init event names the resolved alias (measured offline, both versions, plan mode
+    # too); the requests of plan mode with an alias go out as the default model (measured
+    # before, with a model: not checkable offline).
     requested = values.get("model")
-    model = requested or DEFAULT_MODEL
+    shown = MODEL_ALIASES.get(requested, requested) if requested else DEFAULT_MODEL
+    model = shown
     if mode == "plan" and requested and not requested.startswith("claude-"):
         model = DEFAULT_MODEL
     hooks = Hooks(loaded, cwd, session_id, mode)
@@ -170,7 +194,7 @@ def main(argv):
     partial = bool(values.get("include_partial_messages"))
     out.event({
         "type": "system", "subtype": "init", "cwd": cwd, "session_id": session_id,
-        "tools": tools, "mcp_servers": [{"name": n, "status": "connected"} for n in servers], "model": model, "permissionMode": mode,
+        "tools": tools, "mcp_servers": [{"name": n, "status": "connected"} for n in servers], "model": shown, "permissionMode": mode,
         "slash_commands": [], "apiKeySource": "none", "claude_code_version": VERSION,
         "output_style": "default", "agents": [], "skills": [], "plugins": [],
         "uuid": str(uuid.uuid4()),
@@ -184,7 +208,8 @@ def main(argv):
     cut_at = None  # the cost when the budget ran out in the middle of a step
     while True:
         actions = list(step.get("actions", []))
-        stopped_at_max_turns = max_turns is not None and len(actions) + 1 > max_turns
+        # measured in its code: --max-turns 0 is no cap at all (a cap is checked only when set)
+        stopped_at_max_turns = bool(max_turns) and len(actions) + 1 > max_turns
         if stopped_at_max_turns:
             actions = actions[:max(max_turns, 0)]
         # the step's cost is spread over its turns; the CLI checks the budget after each
@@ -314,6 +339,9 @@ def main(argv):
     if "exit" in step:
         code = int(step["exit"])
 
+    session_cost(result, state_dir, session_id, model,
+                 resumed and not values.get("fork_session") and not values.get("no_session_persistence"))
+
     if step_mode == "raw":
         for raw_line in step.get("raw", []):
             out.line(str(raw_line))
@@ -327,3 +355,23 @@ def main(argv):
         out.line("Error: " + "; ".join(result["errors"]))
     terminal_reset(fmt)
     return code
+
+
+def session_cost(result, state_dir, session_id, model, resumed):
+    """What the result says the session cost. Measured (the issue's figures): 2.1.197
+    gives each invocation's cost in total_cost_usd; 2.1.332 gives the whole session's
+    after --resume (what earlier invocations of it cost, plus this one) and this
+    invocation's in model_usage_since_last_result (modelUsage's shape; on a fresh
+    session the same as modelUsage)."""
+    cost = float(result["total_cost_usd"])
+    before = 0.0
+    if state_dir:
+        with State(state_dir) as state:
+            before = state.add_cost(session_id, cost)
+    if OLD:
+        return
+    this_run = {name: dict(usage) for name, usage in result["modelUsage"].items()}
+    result["model_usage_since_last_result"] = this_run
+    if resumed and before:
+        result["total_cost_usd"] = before + cost
+        result["modelUsage"] = {name: dict(usage, costUSD=before + cost) for name, usage in this_run.items()}

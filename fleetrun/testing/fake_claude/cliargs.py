@@ -8,62 +8,104 @@ import os
 import sys
 import uuid
 
-from .common import PERMISSION_MODES, VERSION, UsageError, fail
+from .common import OLD, PERMISSION_MODES, VERSION, UsageError, fail
 
 
 class Opt:
-    """One commander option. kind: flag | value | optional | variadic."""
+    """One commander option. kind: flag | value | optional | variadic | repeat (a value
+    option given again adds to a list). ``accepted``: more values taken than the
+    choices the error message lists (2.1.332 takes ``--permission-mode default``)."""
 
-    def __init__(self, flags, dest, kind, choices=None):
+    def __init__(self, flags, dest, kind, choices=None, accepted=()):
         self.flags = flags
         self.dest = dest
         self.kind = kind
         self.choices = choices
+        self.accepted = tuple(accepted)
         self.names = [part.split(" ")[0] for part in flags.split(", ")]
 
 
-OPTIONS = [
-    Opt("-d, --debug [filter]", "debug", "optional"),
-    Opt("--verbose", "verbose", "flag"),
-    Opt("-p, --print", "print", "flag"),
-    Opt("--output-format <format>", "output_format", "value", ["text", "json", "stream-json"]),
-    Opt("--json-schema <schema>", "json_schema", "value"),
-    Opt("--include-partial-messages", "include_partial_messages", "flag"),
-    Opt("--input-format <format>", "input_format", "value", ["text", "stream-json"]),
-    Opt("--mcp-debug", "mcp_debug", "flag"),
-    Opt("--dangerously-skip-permissions", "dangerously_skip_permissions", "flag"),
-    Opt("--allow-dangerously-skip-permissions", "allow_dangerously_skip_permissions", "flag"),
-    Opt("--max-budget-usd <amount>", "max_budget_usd", "value"),
-    Opt("--max-turns <turns>", "max_turns", "value"),
-    Opt("--replay-user-messages", "replay_user_messages", "flag"),
-    Opt("--allowedTools, --allowed-tools <tools...>", "allowed_tools", "variadic"),
-    Opt("--tools <tools...>", "tools", "variadic"),
-    Opt("--disallowedTools, --disallowed-tools <tools...>", "disallowed_tools", "variadic"),
-    Opt("--mcp-config <configs...>", "mcp_config", "variadic"),
-    Opt("--system-prompt <prompt>", "system_prompt", "value"),
-    Opt("--append-system-prompt <prompt>", "append_system_prompt", "value"),
-    Opt("--permission-mode <mode>", "permission_mode", "value", PERMISSION_MODES),
-    Opt("-c, --continue", "continue_", "flag"),
-    Opt("-r, --resume [value]", "resume", "optional"),
-    Opt("--fork-session", "fork_session", "flag"),
-    Opt("--no-session-persistence", "no_session_persistence", "flag"),
-    Opt("--model <model>", "model", "value"),
-    Opt("--agent <agent>", "agent", "value"),
-    Opt("--agents <json>", "agents", "value"),
-    Opt("--betas <betas...>", "betas", "variadic"),
-    Opt("--fallback-model <model>", "fallback_model", "value"),
-    Opt("--settings <file-or-json>", "settings", "value"),
-    Opt("--add-dir <directories...>", "add_dir", "variadic"),
-    Opt("--ide", "ide", "flag"),
-    Opt("--strict-mcp-config", "strict_mcp_config", "flag"),
-    Opt("--session-id <uuid>", "session_id", "value"),
-    Opt("--setting-sources <sources>", "setting_sources", "value"),
-    Opt("--plugin-dir <paths...>", "plugin_dir", "variadic"),
-    Opt("--disable-slash-commands", "disable_slash_commands", "flag"),
-    Opt("--permission-prompt-tool <tool>", "permission_prompt_tool", "value"),
-    Opt("-v, --version", "version", "flag"),
-    Opt("-h, --help", "help", "flag"),
-]
+def _options():
+    """The options of the version acted as, as its ``--help`` lists them (measured: the
+    help of 2.1.197 and of 2.1.332), and the hidden ones it takes (``--max-turns``,
+    ``--permission-prompt-tool``). ``--mcp-debug`` is in neither: unknown."""
+    new = not OLD  # what only 2.1.332 has
+    opts = [
+        Opt("--add-dir <directories...>", "add_dir", "variadic"),
+        Opt("--agent <agent>", "agent", "value"),
+        Opt("--agents <json-or-file>" if new else "--agents <json>", "agents", "value"),
+        Opt("--allow-dangerously-skip-permissions", "allow_dangerously_skip_permissions", "flag"),
+        Opt("--allowedTools, --allowed-tools <tools...>", "allowed_tools", "variadic"),
+        Opt("--append-system-prompt <prompt>", "append_system_prompt", "value"),
+        new and Opt("--autocompact <auto|tokens>", "autocompact", "value"),
+        Opt("--ax-screen-reader", "ax_screen_reader", "flag"),
+        Opt("--bg, --background", "background", "flag"),
+        Opt("--bare", "bare", "flag"),
+        Opt("--betas <betas...>", "betas", "variadic"),
+        Opt("--brief", "brief", "flag"),
+        Opt("--chrome", "chrome", "flag"),
+        new and Opt("--cloud [description|session_id|url]", "cloud", "optional"),
+        Opt("-c, --continue", "continue_", "flag"),
+        Opt("--dangerously-skip-permissions", "dangerously_skip_permissions", "flag"),
+        Opt("-d, --debug [filter]", "debug", "optional"),
+        Opt("--debug-file <path>", "debug_file", "value"),
+        new and Opt("--desktop", "desktop", "flag"),
+        Opt("--disable-slash-commands", "disable_slash_commands", "flag"),
+        Opt("--disallowedTools, --disallowed-tools <tools...>", "disallowed_tools", "variadic"),
+        Opt("--effort <level>", "effort", "value"),
+        new and Opt("--environment <environment_id>", "environment", "value"),
+        Opt("--exclude-dynamic-system-prompt-sections", "exclude_dynamic_system_prompt_sections", "flag"),
+        Opt("--fallback-model <model>", "fallback_model", "value"),
+        Opt("--file <specs...>", "file", "variadic"),
+        Opt("--fork-session", "fork_session", "flag"),
+        new and Opt("--forward-subagent-text", "forward_subagent_text", "flag"),
+        Opt("--from-pr [value]", "from_pr", "optional"),
+        Opt("-h, --help", "help", "flag"),
+        Opt("--ide", "ide", "flag"),
+        Opt("--include-hook-events", "include_hook_events", "flag"),
+        Opt("--include-partial-messages", "include_partial_messages", "flag"),
+        Opt("--input-format <format>", "input_format", "value", ["text", "stream-json"]),
+        Opt("--json-schema <schema>", "json_schema", "value"),
+        Opt("--max-budget-usd <amount>", "max_budget_usd", "value"),
+        Opt("--max-turns <turns>", "max_turns", "value"),  # hidden from --help, taken
+        Opt("--mcp-config <configs...>", "mcp_config", "variadic"),
+        Opt("--model <model>", "model", "value"),
+        Opt("-n, --name <name>", "name", "value"),
+        Opt("--no-chrome", "no_chrome", "flag"),
+        Opt("--no-session-persistence", "no_session_persistence", "flag"),
+        Opt("--output-format <format>", "output_format", "value", ["text", "json", "stream-json"]),
+        Opt("--permission-mode <mode>", "permission_mode", "value", PERMISSION_MODES,
+            accepted=("default",) if new else ()),
+        Opt("--permission-prompt-tool <tool>", "permission_prompt_tool", "value"),  # hidden, taken
+        new and Opt("--permission-prompts <target>", "permission_prompts", "value", ["host", "none"]),
+        Opt("--plugin-dir <path>", "plugin_dir", "repeat"),
+        Opt("--plugin-url <url>", "plugin_url", "repeat"),
+        Opt("-p, --print", "print", "flag"),
+        Opt("--prompt-suggestions [value]", "prompt_suggestions", "optional",
+            ["true", "false", "1", "0", "yes", "no", "on", "off"]),
+        Opt("--remote-control [name]", "remote_control", "optional"),
+        Opt("--remote-control-session-name-prefix <prefix>", "remote_control_session_name_prefix", "value"),
+        Opt("--replay-user-messages", "replay_user_messages", "flag"),
+        new and Opt("--restricted", "restricted", "flag"),
+        Opt("-r, --resume [value]", "resume", "optional"),
+        Opt("--safe-mode", "safe_mode", "flag"),
+        Opt("--session-id <uuid>", "session_id", "value"),
+        Opt("--setting-sources <sources>", "setting_sources", "value"),
+        Opt("--settings <file-or-json>", "settings", "value"),
+        Opt("--strict-mcp-config", "strict_mcp_config", "flag"),
+        Opt("--system-prompt <prompt>", "system_prompt", "value"),
+        new and Opt("--system-prompt-snapshot <on|off>", "system_prompt_snapshot", "value", ["on", "off"]),
+        new and Opt("--teleport [session]", "teleport", "optional"),
+        Opt("--tmux", "tmux", "flag"),
+        Opt("--tools <tools...>", "tools", "variadic"),
+        Opt("--verbose", "verbose", "flag"),
+        Opt("-v, --version", "version", "flag"),
+        Opt("-w, --worktree [name]", "worktree", "optional"),
+    ]
+    return [o for o in opts if o]
+
+
+OPTIONS = _options()
 BY_NAME = {name: opt for opt in OPTIONS for name in opt.names}
 
 HELP = """Usage: claude [options] [command] [prompt]
@@ -102,11 +144,12 @@ def parse_args(argv):
                 sys.stdout.flush()
                 sys.exit(0)
             return
-        if value is not None and opt.choices is not None and value not in opt.choices:
+        if value is not None and opt.choices is not None and value not in opt.choices \
+                and value not in opt.accepted:
             raise UsageError(
                 "error: option '%s' argument '%s' is invalid. Allowed choices are %s."
                 % (opt.flags, value, ", ".join(opt.choices)))
-        if opt.kind == "variadic":
+        if opt.kind in ("variadic", "repeat"):
             values.setdefault(opt.dest, []).append(value)
         else:
             values[opt.dest] = True if value is None else value
@@ -125,7 +168,7 @@ def parse_args(argv):
         if not dest_unknown and maybe_option(arg):
             opt = BY_NAME.get(arg)
             if opt is not None:
-                if opt.kind in ("value", "variadic"):
+                if opt.kind in ("value", "variadic", "repeat"):
                     if not args:
                         raise UsageError("error: option '%s' argument missing" % opt.flags)
                     set_value(opt, args.pop(0))
@@ -203,7 +246,11 @@ def load_json_or_file(value, what):
         except ValueError:
             raise UsageError("Error: Invalid JSON provided to %s" % what) from None
     if not os.path.isfile(value):
-        raise UsageError("Error: %s file not found: %s" % (what, value))
+        # measured: a value that is not JSON is a path (relative to the working directory)
+        if what == "--mcp-config":
+            raise UsageError("Error: Invalid MCP configuration:\nMCP config file not found: %s"
+                             % os.path.abspath(value))
+        raise UsageError("Error: Settings file not found: %s" % (value if OLD else os.path.abspath(value)))
     try:
         with open(value) as f:
             return json.load(f)
@@ -278,9 +325,7 @@ def check_values(values, operands, unknown):
         except ValueError:
             raise UsageError("error: option '--max-turns <turns>' argument '%s' is invalid. "
                              "Not a number." % values["max_turns"]) from None
-    if values.get("fallback_model") and values.get("fallback_model") == values.get("model"):
-        raise UsageError("Error: Fallback model cannot be the same as the main model. Please specify "
-                         "a different model for --fallback-model.")
+    # measured: both versions take a --fallback-model equal to --model
     resume = values.get("resume")
     if resume is True:
         raise UsageError("Error: --resume requires a valid session ID when used with --print. "

@@ -90,7 +90,7 @@ def load_settings(values, sources, cwd):
             rules = [r for r in rules if parse_rule(r)[0] != "Bash"]
         allow += rules
         deny += [r for r in perms.get("deny") or [] if isinstance(r, str)]
-        if perms.get("defaultMode") in PERMISSION_MODES:  # another value is ignored
+        if perms.get("defaultMode") in (*PERMISSION_MODES, "default"):  # another value is ignored
             settings_mode = perms["defaultMode"]
     return [d for _, d in named], allow, deny, settings_mode
 

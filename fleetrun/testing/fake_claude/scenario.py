@@ -47,6 +47,22 @@ class State:
         os.replace(tmp, path)
         return counters[key]
 
+    def add_cost(self, session_id, cost):
+        """Add an invocation's cost to its session's; return what the session cost before."""
+        path = self._path("fake-claude-costs.json")
+        try:
+            with open(path) as f:
+                costs = json.load(f)
+        except (OSError, ValueError):
+            costs = {}
+        before = float(costs.get(session_id, 0.0))
+        costs[session_id] = before + cost
+        tmp = path + ".tmp.%d" % os.getpid()
+        with open(tmp, "w") as f:
+            json.dump(costs, f)
+        os.replace(tmp, path)
+        return before
+
     def sessions(self):
         out = []
         try:

@@ -11,6 +11,9 @@ import uuid
 from .common import OLD, TERMINAL_RESET, append_log, scenario_fail
 
 
+API_MAX_RETRIES = 10
+
+
 def js_number(x):
     """Render a float the way JavaScript's String(x) does for ordinary values."""
     if x == int(x) and abs(x) < 1e15:
@@ -111,22 +114,26 @@ def terminal_reset(fmt):
 
 
 def no_conversation(fmt, resume, started, log):
-    """``--resume`` with an id the store does not have: measured, a result event."""
+    """``--resume`` with an id the store does not have. Measured (2.1.197 and 2.1.332,
+    offline): no init event; the message on stderr; with json or stream-json output also
+    one result event of subtype error_during_execution whose session_id is the id asked
+    for (2.1.332 adds "result_index": 0); no terminal reset; exit 1."""
     message = "No conversation found with session ID: %s" % resume
     log["error"] = message
     append_log(log)
-    result = {"type": "result", "subtype": "error_during_execution", "is_error": True,
-              "duration_ms": int((time.time() - started) * 1000), "duration_api_ms": 0,
-              "num_turns": 0, "stop_reason": None, "session_id": str(uuid.uuid4()),
-              "total_cost_usd": 0, "usage": {"input_tokens": 0, "output_tokens": 0},
-              "modelUsage": {}, "permission_denials": [], "errors": [message],
-              "uuid": str(uuid.uuid4())}
+    result = {"type": "result", "subtype": "error_during_execution", "duration_ms": 0,
+              "duration_api_ms": 0, "is_error": True, "num_turns": 0, "stop_reason": None,
+              "session_id": resume, "total_cost_usd": 0,
+              "usage": {"input_tokens": 0, "cache_creation_input_tokens": 0, "cache_read_input_tokens": 0,
+                        "output_tokens": 0}, "modelUsage": {}, "permission_denials": [],
+              "uuid": str(uuid.uuid4()), "errors": [message]}
+    if not OLD:
+        result["result_index"] = 0
     if fmt in ("stream-json", "json"):
         sys.stdout.write(json.dumps(result, separators=(",", ":")) + "\n")
         sys.stdout.flush()
-        terminal_reset(fmt)
-    else:
-        sys.stderr.write(message + "\n")
+    sys.stderr.write(message + "\n")
+    sys.stderr.flush()
     return 1
 
 
@@ -154,6 +161,13 @@ def api_error(step, out, session_id):
     status = step.get("status", 529)
     if status not in (500, 529):
         scenario_fail("status must be 500 or 529, not %r" % (status,))
+    # From the CLI's code (2.1.332; a real 5xx cannot be had offline): before it gives
+    # up, the CLI retries a 5xx max_retries (10) times, each announced by a system event
+    for attempt in range(1, API_MAX_RETRIES + 1):
+        out.event({"type": "system", "subtype": "api_retry", "attempt": attempt, "max_retries": API_MAX_RETRIES,
+                   "retry_delay_ms": min(500 * 2 ** (attempt - 1), 32000), "error_status": status,
+                   "error": "overloaded" if status == 529 else "server_error",
+                   "uuid": str(uuid.uuid4()), "session_id": session_id})
     message = "Overloaded" if status == 529 else "Internal server error"
     return ("API Error: %d %s. This is a server-side issue, usually temporary \u2014 try again in a "
             "moment. If it persists, check status.claude.com." % (status, message)), status, "server_error"
