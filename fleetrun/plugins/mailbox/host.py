@@ -18,10 +18,11 @@ that attempt here, as any other. ``status`` is the message's state:
 ``stop`` (``fleetrun cancel``) withdraws the message, so the role cannot pick it up
 later. It starts no process and offers no placement candidate.
 
-Where a message waits is told as it changes (:meth:`MailboxHost.waits_in`): the loop's
-polls call ``fleetrun_task_waiting`` with it (the terminal's ``waiting:`` line: a session
-is home and takes it when its turn ends; the session cannot receive, and why; nobody is
-home), and ``fleetrun status`` shows it as the task's reason (``fleetrun_status_reason``).
+Where a message waits is told as it changes (:meth:`MailboxHost.waits_in`): while it is
+pending, the loop's polls call ``fleetrun_task_waiting`` with it (the terminal's
+``waiting:`` line: a session is home and takes it when its turn ends; the session cannot
+receive, and why; nobody is home), and ``fleetrun status`` shows it, or that the role
+works on it once claimed, as the task's reason (``fleetrun_status_reason``).
 """
 
 from __future__ import annotations
@@ -142,8 +143,9 @@ class MailboxHost:
         return f"in role {msg.role}'s mailbox: no session is home for it; {spawned}"
 
     def tell(self, msg: store.Message) -> None:
-        """Say where the message waits when that changed (the loop's ``waiting:`` line)."""
-        said = self.waits_in(msg)
+        """Say where a pending message waits when that changed (the loop's ``waiting:``
+        line); once claimed, the task runs: the role works on it."""
+        said = self.waits_in(msg) if msg.state == "pending" else None
         if said is None:
             self._said.pop(msg.attempt_id, None)
             return
