@@ -45,6 +45,9 @@ if TYPE_CHECKING:
 MAILBOX_HOST = "mailbox"
 #: A process scan is reused this long (the loop polls every attempt every pass).
 _SCAN_REUSE_S = 2.0
+#: Where a pending message waits is worked out again at most this often (it scans the
+#: processes and reads the sessions' settings; the loop polls every pass).
+_TELL_EVERY_S = 10.0
 #: Words a withdrawn message's reason starts with, for the end its status reports.
 UNCLAIMED = "unclaimed"
 CLAIMED_NO_COMPLETION = "claimed_no_completion"
@@ -64,7 +67,7 @@ class MailboxHost:
         self.home: Path = config.home
         self._scan: Optional[tuple[float, ProcTable]] = None
         self._receptions: Optional[tuple[float, dict[str, Reception]]] = None
-        self._said: dict[str, str] = {}  # attempt -> where it waits, as last told
+        self._said: dict[str, tuple[float, str]] = {}  # attempt -> (when, where it waits), as last told
 
     # -- what every host has -------------------------------------------------------
 
@@ -145,13 +148,17 @@ class MailboxHost:
     def tell(self, msg: store.Message) -> None:
         """Say where a pending message waits when that changed (the loop's ``waiting:``
         line); once claimed, the task runs: the role works on it."""
-        said = self.waits_in(msg) if msg.state == "pending" else None
-        if said is None:
+        if msg.state != "pending":
             self._said.pop(msg.attempt_id, None)
             return
-        if self._said.get(msg.attempt_id) == said:
+        now = time.monotonic()
+        last = self._said.get(msg.attempt_id)
+        if last is not None and now - last[0] < _TELL_EVERY_S:
             return
-        self._said[msg.attempt_id] = said
+        said = self.waits_in(msg)
+        self._said[msg.attempt_id] = (now, said or "")
+        if said is None or (last is not None and last[1] == said):
+            return
         from ...ledger import open_ledger
 
         task = open_ledger(self.config).get(msg.task_id)
