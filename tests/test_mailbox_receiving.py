@@ -54,6 +54,9 @@ def test_a_stop_hook_is_fleetruns_when_it_runs_fleetrun_for_this_home(tmp_path: 
     assert is_stop_hook_of("fleetrun mailbox stop-hook", home, {"FLEETRUN_HOME": str(home)})
     assert not is_stop_hook_of("fleetrun mailbox stop-hook", home, env)
     assert is_stop_hook_of("fleetrun mailbox stop-hook", tmp_path / "user" / ".fleetrun", env)
+    assert is_stop_hook_of(f"env FLEETRUN_HOME={home} /opt/bin/fleetrun mailbox stop-hook", home, env)
+    assert is_stop_hook_of(f"FLEETRUN_HOME={home} uv run fleetrun mailbox stop-hook", home, env)
+    assert not is_stop_hook_of(f"FLEETRUN_HOME={tmp_path} fleetrun mailbox stop-hook", home, env)
     for other in (f"/opt/bin/fleetrun --home {tmp_path / 'other'} mailbox stop-hook",  # another home's
                   f"/opt/bin/notfleetrun --home {home} mailbox stop-hook",
                   f"/opt/bin/fleetrun --home {home} mailbox read",

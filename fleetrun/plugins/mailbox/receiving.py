@@ -16,8 +16,9 @@ Claude Code reads hooks, when a session starts, from the settings of these sourc
 - ``--settings FILE|JSON`` on its command line.
 
 A Stop hook is fleetrun's for this home when its command ends in ``mailbox stop-hook``,
-runs a fleetrun (``.../fleetrun`` or ``... -m fleetrun``), and names this home (with
-``--home``, else the session's ``$FLEETRUN_HOME``, else ``~/.fleetrun``). A hook in a
+runs a fleetrun (``.../fleetrun`` or ``... -m fleetrun``, perhaps behind ``env`` or
+``uv run``), and names this home (with ``--home``, else ``FLEETRUN_HOME=`` before it,
+else the session's ``$FLEETRUN_HOME``, else ``~/.fleetrun``). A hook in a
 file written after the session started does not count (Claude Code took its hooks at
 the start), nor does any with ``disableAllHooks`` set in a file it read.
 
@@ -178,13 +179,19 @@ def is_stop_hook_of(command: str, home: Path, env: dict[str, str]) -> bool:
         return False
     head = words[:-2]
     named: Optional[str] = None
+    env = dict(env)
+    program = False  # a fleetrun runs: `.../fleetrun`, `... -m fleetrun`, behind `env` or `uv run`
     for i, word in enumerate(head):
-        if word == "--home" and i + 1 < len(head):
+        if not program and "=" in word and not word.startswith("-"):
+            key, _, value = word.partition("=")  # `FLEETRUN_HOME=/x fleetrun ...`, `env FLEETRUN_HOME=/x ...`
+            env[key] = value
+        elif os.path.basename(word) == "fleetrun":
+            program = True
+        elif word == "--home" and i + 1 < len(head):
             named = head[i + 1]
         elif word.startswith("--home="):
             named = word[len("--home="):]
-    if not (os.path.basename(head[0]) == "fleetrun" or any(
-            head[i:i + 2] == ["-m", "fleetrun"] for i in range(len(head)))):
+    if not program:
         return False
     theirs = named or env.get("FLEETRUN_HOME") or os.path.join(env.get("HOME") or os.path.expanduser("~"),
                                                                ".fleetrun")
