@@ -168,3 +168,42 @@ def test_status_shows_a_tasks_role_and_message_and_the_run_says_waiting_while_a_
         go.write_text("")
         go2.write_text("")
         live.communicate(timeout=60)
+
+
+def test_auto_route_routes_no_task_to_a_live_role_that_cannot_receive(fleeter: Any, fake_claude: Any) -> None:
+    """A task nobody declared for the role is spawned at once, rather than left in the
+    mailbox of a session that would never take it until the claim timeout."""
+    proj = role_dir(fleeter)  # no Stop hook of fleetrun's there
+    go = fleeter.path / "go"
+    fake_claude.script(default=[{"actions": [["bash", f"until test -f {go}; do sleep 0.1; done"]]}],
+                       tidy=[{"actions": [["write", "tidy.txt", "spawned"]], "result": "tidied"}])
+    live = session(proj)
+    try:
+        assert fleeter.runsub("role", "bind", "relay", str(proj)).ret == 0  # the session answers to it by folder
+        wait_for(lambda: status_json_roles(fleeter) == [("relay", True, False)], why="the session seen live")
+        owner = fleeter.runsub("role", "owner", "proj/a.py")  # the rule routing applies
+        assert owner.ret == 1 and "role relay is live but cannot receive: fleetrun's Stop hook is not in" in owner.stdout
+        fleeter.write_policy("auto_route = true\n")
+        fleeter.write_tasks('''
+            [[task]]
+            name = "tidy"
+            cwd = "proj"
+            prompt = "Tidy up."
+        ''')
+        run = fleeter.popen("tasks.toml")
+        wait_for(lambda: message(fleeter, "tidy") or fleeter.states().get("tidy") == "DONE",
+                 why="delivered, or spawned and DONE")
+        assert message(fleeter, "tidy") is None
+        code, out = finish(run)
+        assert code == 0, out
+        assert (proj / "tidy.txt").read_text() == "spawned" and len(fake_claude.calls("tidy")) == 1
+    finally:
+        go.write_text("")
+        live.communicate(timeout=60)
+
+
+def status_json_roles(fleeter: Any) -> list[tuple[str, bool, bool]]:
+    """``role list --json``: (role, live, receives) of each."""
+    r = fleeter.runsub("role", "list", "--json")
+    assert r.ret == 0, r.stderr
+    return [(row["role"], row["live"], row["receives"]) for row in json.loads(r.stdout)]

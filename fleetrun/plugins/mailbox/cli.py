@@ -109,7 +109,7 @@ def role_main(config: Config, rest: list[str], out: TextIO, err: TextIO) -> int:
         print(f"unbound role {safe_text(ns.name)}", file=out)
         return ExitCode.OK
     if ns.verb == "owner":
-        return _owner(conn, ns.path, out)
+        return _owner(config, conn, ns.path, out)
     return _whoami(conn, out)
 
 
@@ -215,14 +215,20 @@ def _list(config: Config, conn: Any, ns: argparse.Namespace, out: TextIO) -> int
     return ExitCode.OK
 
 
-def _owner(conn: Any, path: str, out: TextIO) -> int:
-    from .liveness import live_roles, scan
+def _owner(config: Config, conn: Any, path: str, out: TextIO) -> int:
+    from .liveness import scan
     from .owner import owner
+    from .receiving import receptions
 
     roles = store.roles(conn)
-    live = live_roles(scan(), roles) if roles else {}
-    role, why = owner([path], os.getcwd(), [r for r in roles if r.key in live], _foci(conn))
+    got = receptions(scan(), roles, config.home) if roles else {}
+    foci = _foci(conn)
+    # the rule routing applies: a live role that cannot receive owns nothing
+    role, why = owner([path], os.getcwd(), [r for r in roles if got[r.key].receives], foci)
     if role is None:
+        deaf, _ = owner([path], os.getcwd(), [r for r in roles if got[r.key].live], foci)
+        if deaf is not None:
+            why += f" (role {deaf.name} is live but cannot receive: {got[deaf.key].problem})"
         print(safe_text(f"no owner: {why}"), file=out)
         return 1
     print(safe_text(why), file=out)
