@@ -376,7 +376,10 @@ def fleetrun_transition(
 
 @hookspec
 def fleetrun_task_waiting(task: Task, reason: str, config: Config) -> None:
-    """A task cannot be placed, and ``reason`` is new (not called on every pass).
+    """A task cannot be placed, and ``reason`` is new (not called on every pass); or a
+    task delivered to a role's mailbox waits there, and where it waits is new (the
+    ``mailbox`` plugin: a session is home and takes it when its turn ends, the session
+    cannot receive and why, nobody is home, the role works on it).
 
     :param task: the :class:`~fleetrun.ledger.Task` that waits.
     :param reason: why, in words (the ``reason`` of the :class:`~fleetrun.Wait`).
@@ -406,6 +409,30 @@ def fleetrun_status_reason(task: Task, config: Config) -> Optional[str]:
 
     May be implemented in a ``fleetconf.py``: yes (of the tasks files ``status`` names;
     it names none, so in practice a plugin).
+    """
+
+
+@hookspec
+def fleetrun_status_fields(tasks: list[Task], config: Config) -> Optional[dict[str, dict[str, Any]]]:
+    r"""Add fields to the tasks ``fleetrun status --json`` prints: what a plugin knows of
+    them that the ledger's task rows do not hold (the ``mailbox`` plugin: the ``role`` a
+    task is for, and whether its ``message`` is ``pending`` or ``claimed``). Called once
+    per ``status --json``, with every task it prints.
+
+    ``status`` runs while a loop may run elsewhere and must stay fast: one read for all
+    the tasks, no network, no heavy imports; a task's ``spec`` is read on first use, so
+    read it for few tasks, if any.
+
+    :param tasks: the :class:`~fleetrun.ledger.Task`\ s printed.
+    :param config: the :class:`~fleetrun.config.Config` of the ``status`` command.
+    :return: task id -> the fields to add, after the core's (names of their own: a field
+        the core prints is never replaced), or None.
+
+    Results are concatenated. ``status`` merges them, in the order the plugins are
+    called (a field two plugins add is the first one's).
+
+    May be implemented in a ``fleetconf.py``: yes (in practice a plugin, as
+    :func:`fleetrun_status_reason`).
     """
 
 
@@ -457,6 +484,7 @@ __all__ = [
     "fleetrun_spawn",
     "fleetrun_start_attempt",
     "fleetrun_task_keys",
+    "fleetrun_status_fields",
     "fleetrun_task_waiting",
     "fleetrun_terminal_summary",
     "fleetrun_transition",

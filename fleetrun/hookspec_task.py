@@ -179,7 +179,11 @@ def fleetrun_start_attempt(
         with ``host.stop``); or None to leave it to the next implementation. With none
         at all the task needs a human at once (``plugin_missing:no plugin started the
         attempt ...``). Raise :class:`~fleetrun.StartRefused` when the host will not
-        start it (``peer_refused:<message>``); any other exception is
+        start it (``peer_refused:<message>``), :class:`fleetrun.hostapi.AgentNotFound`
+        when the agent is not installed where it would run (``agent_not_found:<message>``,
+        a human is asked at once: the default raises it for a ``host.local`` host whose
+        ``PATH`` lacks ``argv[0]``, so an attempt another plugin takes first needs no
+        agent here); any other exception is
         ``start_failed:<message>``. Both back the task off from that host without
         using a retry (after ten attempts in a row that did not start, it needs a
         human).

@@ -30,6 +30,17 @@ class StartRefused(Exception):
     a retry. Any other exception from ``start`` is ``start_failed:<message>``."""
 
 
+class AgentNotFound(Exception):
+    """The agent an attempt would start is not installed where it would run (its
+    ``argv[0]`` is not on ``PATH``, does not exist, or is not executable); the message
+    says which. Raised by the ``shepherd`` plugin's ``fleetrun_start_attempt`` before it
+    starts a shepherd on this machine: the loop records ``agent_not_found:<message>`` and
+    asks a human at once (no backoff: it would not be found the next time either). It is
+    raised there, and not before the attempt is offered to every plugin, because an
+    attempt a plugin runs its own way (a mailbox delivering it to a role's session)
+    starts no agent here and needs none installed."""
+
+
 @runtime_checkable
 class Host(Protocol):
     """A place attempts run: what the loop, adoption, ``cancel`` and ``status`` use.

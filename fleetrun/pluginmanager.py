@@ -61,7 +61,7 @@ OPERATOR_VERBS = ("status", "logs", "cancel", "retry", "drain", "undrain", "gc")
 #: (a task on a host no plugin provides says so; ``cancel`` stops an attempt on its
 #: host), the hosts' own reasons, and every state change.
 OPERATOR_HOOKS = (*ARGUMENT_HOOKS, "fleetrun_configure", "fleetrun_unconfigure", "fleetrun_hosts",
-                  "fleetrun_status_reason", "fleetrun_transition")
+                  "fleetrun_status_reason", "fleetrun_status_fields", "fleetrun_transition")
 #: The built-ins implementing a hook of :data:`OPERATOR_HOOKS` (tests/test_startup.py
 #: checks the two agree, and that those verbs call no other hook). The others are
 #: loaded when ``config.toml`` is read after all (:meth:`FleetPluginManager.load_deferred`),

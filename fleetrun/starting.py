@@ -9,7 +9,6 @@ adoption (:mod:`fleetrun.adoption`) picks up after each.
 from __future__ import annotations
 
 import contextlib
-import os
 import sqlite3
 import time
 import types
@@ -21,8 +20,7 @@ from . import clock, crash
 from .config import output_cap
 from .exceptions import StateConflict, UsageError
 from .gitutil import WorktreeTampered
-from .hostapi import StartRefused, candidates_of, get_host, missing_host_reason
-from .hosts import executable_problem
+from .hostapi import AgentNotFound, StartRefused, candidates_of, get_host, missing_host_reason
 from .ledger import Attempt, Task
 from .links import task_links
 from .liveness import sock_path
@@ -426,20 +424,18 @@ class Starting:
             record(state="abandoned", outcome="start_failed", ended=time.time())
             ending.not_started(task, att, f"start_failed:{err}")
             return False
-        # an agent that is not installed here never starts: ask a human now, not after
-        # ten backed-off tries (a peer's shepherd reports the same from its side)
-        path = (spawn.env or {}).get("PATH", os.environ.get("PATH"))
-        missing = executable_problem(spawn.argv[0], path) if host.local and spawn.argv else None
-        if missing:
-            record(state="abandoned", outcome="agent_not_found", ended=time.time())
-            ending.give_up_at_once(task, att, f"agent_not_found:{missing}")
-            return False
         record(state="starting", session_id=spawn.session_id,
                            info={**att.info, "argv": spawn.argv})
         att = loop.get_attempt(att.id)
         try:
             info = loop.hook.fleetrun_start_attempt(task=task, attempt=att, host=host, spawn=spawn,
                                                     prompt=prompt or task.spec.prompt, config=loop.config)
+        except AgentNotFound as e:
+            # an agent that is not installed here never starts: ask a human now, not after
+            # ten backed-off tries (a peer's shepherd reports the same from its side)
+            record(state="abandoned", outcome="agent_not_found", ended=time.time())
+            ending.give_up_at_once(loop.get(task.id), att, f"agent_not_found:{e}")
+            return False
         except Exception as e:  # a peer refused, or could not be reached
             record(state="abandoned", outcome="start_failed", ended=time.time())
             word = "peer_refused" if isinstance(e, StartRefused) else "start_failed"

@@ -70,9 +70,18 @@ def cmd_status(config: Config, out: TextIO, err: TextIO) -> int:
             from .jsonout import dumps_indented  # json.dumps(indent=2)'s text, from the C encoder
 
             links = led.links()  # one read for every task: name -> URL, what plugins attached
-            print(dumps_indented([dict(t.to_json(), worktree=worktree_now(t),
-                                       links={n: u for n, (_, u) in links.get(t.id, {}).items()}) for t in tasks]),
-                  file=out)
+            extra: dict[str, dict[str, object]] = {}  # what plugins know of them (a task's role)
+            for got in config.hook.fleetrun_status_fields(tasks=tasks, config=config):
+                for tid, fields in (got or {}).items():
+                    extra.setdefault(tid, {}).update(fields)
+            printed = []
+            for t in tasks:
+                row = dict(t.to_json(), worktree=worktree_now(t),
+                           links={n: u for n, (_, u) in links.get(t.id, {}).items()})
+                for key, value in extra.get(t.id, {}).items():
+                    row.setdefault(key, value)  # a plugin's field never replaces the core's
+                printed.append(row)
+            print(dumps_indented(printed), file=out)
         else:
             _print_graph(led, tasks, out, everything=states is None)
         return ExitCode.OK

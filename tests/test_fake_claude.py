@@ -961,6 +961,17 @@ def test_hooks_of_every_source_run_by_default(tmp_path, work, env, hooked):
     assert [h["event"] for h in call["hooks"]] == ["SessionStart"] * 3
 
 
+def test_a_session_reads_the_project_and_local_settings_of_the_folder_it_started_in_only(work, env, hooked):
+    """As the real CLI (issue 22): started in a folder below, a session runs none of the
+    hooks of its parent folder's ``.claude/`` (the user's still run). fleetrun's check of
+    whether a role's session can receive (``mailbox/receiving.py``) reads the same files."""
+    below = work / "src"
+    below.mkdir()
+    proc = run([*SJ, "go"], below, env)
+    assert proc.returncode == 0
+    assert ran(hooked) == ["SessionStart user", "Stop user"]
+
+
 @pytest.mark.parametrize("sources, expect", [
     ("user", ["user"]),
     ("project", ["project"]),

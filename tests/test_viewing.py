@@ -331,3 +331,34 @@ def test_status_json_is_not_encoded_by_the_pure_python_encoder(
         encoding="utf-8"
     )
     assert calls == []
+
+
+def test_status_json_carries_the_fields_plugins_add_and_never_loses_the_cores(tmp_path: Path) -> None:
+    """``fleetrun_status_fields``: called once with every task printed; a plugin's field
+    follows the core's, and one named as a core field does not replace it. The
+    ``mailbox`` plugin's own (``role``, ``message``) are in
+    tests/acceptance/test_mailbox_ux.py."""
+    from fleetrun import hookimpl
+    from fleetrun.cli import main
+    from fleetrun.ledger import Ledger
+    from fleetrun.taskspec import TaskSpec
+
+    home = tmp_path / "home"
+    home.mkdir(mode=0o700)
+    with Ledger(home / "state.db") as led:
+        a, _ = led.add_tasks([TaskSpec(name=n, prompt="p", cwd="/repo") for n in ("a", "b")])
+    calls: list[list[str]] = []
+
+    class Fields:
+        @hookimpl
+        def fleetrun_status_fields(self, tasks: list[Any], config: Any) -> dict[str, dict[str, Any]]:
+            calls.append([t.name for t in tasks])
+            return {a.id: {"colour": "blue", "state": "FORGED"}}
+
+    out, err = io.StringIO(), io.StringIO()
+    assert main(["--home", str(home), "status", "--json"], plugins=[Fields()], stdout=out, stderr=err) == 0, \
+        err.getvalue()
+    rows = json.loads(out.getvalue())
+    assert calls == [["a", "b"]]
+    assert (rows[0]["name"], rows[0]["state"], rows[0]["colour"]) == ("a", "READY", "blue")
+    assert list(rows[0])[-1] == "colour" and "colour" not in rows[1]

@@ -18,12 +18,18 @@ The hooks, each answering only for what is the mailbox's:
   returns None for the rest.
 - ``fleetrun_agent_result`` and ``fleetrun_handoff``: for a delivered attempt, what the
   role reported (its summary is the handoff).
+- ``fleetrun_attempt_started``: a delivered attempt's ``fleetrun_task_waiting`` (where
+  its message waits: the run's ``waiting:`` line), said again as it changes.
 - ``fleetrun_verbs``: ``role`` and ``mailbox`` (:mod:`.cli`); the Stop hook has a fast
   path that loads no plugin (:mod:`.stophook`).
+- ``fleetrun_status_reason`` and ``fleetrun_status_fields``: ``fleetrun status`` says
+  where a delivered task waits (a session home, one that cannot receive and why, nobody
+  home), and ``--json`` gives every task's ``role`` and its ``message`` state.
 
 With ``-p no:mailbox`` none of this exists: a task with ``role`` is a validate error.
 This module imports nothing heavy (no psutil, no sqlite3): ``fleetrun --help`` loads it.
 The package: :mod:`.store` (its tables), :mod:`.liveness` (sessions, whoami),
+:mod:`.receiving` (whether a live session can receive: fleetrun's Stop hook in its settings),
 :mod:`.owner` (the routing rule, pure), :mod:`.delivery`, :mod:`.host`, :mod:`.cli`,
 :mod:`.stophook`.
 """
@@ -33,6 +39,7 @@ from __future__ import annotations
 from typing import TYPE_CHECKING, Any, Optional
 
 from ...hookimpl import hookimpl
+from ...stash import StashKey
 
 if TYPE_CHECKING:
     from ...config import Config
@@ -91,6 +98,85 @@ def fleetrun_handoff(task: Any, attempt: Any, host: Any, config: Config) -> Opti
 
     return Handoff(task_name=task.name, branch=task.branch, summary=msg.summary or "", host=task.host or "local",
                    fetch_hint=f"Done by role {msg.role} in its own session, in {task.spec.cwd}.")
+
+
+@hookimpl
+def fleetrun_attempt_started(task: Any, attempt: Any, host: Any, config: Config) -> None:
+    """A delivered attempt: say at once where its message waits (the run's ``waiting:``
+    line); the mailbox host's polls say it again when that changes."""
+    if attempt.host != HOST_NAME:
+        return
+    from ...hostapi import get_host
+    from ...ledger import open_ledger
+    from .store import message_of_attempt
+
+    mailbox = get_host(config, HOST_NAME)
+    msg = message_of_attempt(open_ledger(config).conn, attempt.id)
+    tell = getattr(mailbox, "tell", None)
+    if msg is not None and tell is not None:
+        tell(msg)
+
+
+#: Every task's newest message, read once per ``status`` (task id -> message).
+_STATUS_MESSAGES = StashKey[dict[str, Any]]()
+
+
+def _newest_messages(config: Config) -> dict[str, Any]:
+    got = config.stash.get(_STATUS_MESSAGES)
+    if got is None:
+        from ...ledger import open_ledger
+
+        conn = open_ledger(config).conn
+        got = {}
+        # no message was ever delivered: `status` loads none of the mailbox's modules
+        if conn.execute("SELECT 1 FROM sqlite_master WHERE type='table' AND name='mailbox_messages'").fetchone():
+            from .store import newest_by_task
+
+            got = newest_by_task(conn)
+        config.stash[_STATUS_MESSAGES] = got
+    return got
+
+
+@hookimpl
+def fleetrun_status_reason(task: Any, config: Config) -> Optional[str]:
+    """Where a delivered task's message waits: a session is home and takes it when its
+    turn ends; the role's session cannot receive, and why; nobody is home; the role
+    works on it. (A process scan, only when a message is pending.)"""
+    msg = _newest_messages(config).get(task.id)
+    if msg is None or msg.state not in ("pending", "claimed"):
+        return None
+    from ...hostapi import get_host
+
+    host = get_host(config, HOST_NAME)
+    waits_in = getattr(host, "waits_in", None)
+    return waits_in(msg) if waits_in is not None else None
+
+
+@hookimpl
+def fleetrun_status_fields(tasks: list[Any], config: Config) -> Optional[dict[str, dict[str, Any]]]:
+    """For a task with a role (one it declares, or the one its message went to):
+    ``role``, the role its message went to, else the declared one; and ``message``,
+    ``pending`` or ``claimed`` while its message is in a mailbox, else None. A task
+    without a role gets neither (its row is as without the plugin)."""
+    import sqlite3
+
+    from ...ledger import open_ledger
+
+    newest = _newest_messages(config)
+    try:  # one read for every task: only the roles, not each task's whole spec
+        declared = dict(open_ledger(config).conn.execute(
+            "SELECT id, json_extract(spec, '$.role') FROM tasks WHERE json_extract(spec, '$.role') IS NOT NULL"))
+    except sqlite3.OperationalError:  # an SQLite without JSON functions: the messages' roles only
+        declared = {}
+    out: dict[str, dict[str, Any]] = {}
+    for t in tasks:
+        msg = newest.get(t.id)
+        role = msg.role if msg is not None else declared.get(t.id)
+        if not isinstance(role, str):
+            continue
+        state = msg.state if msg is not None and msg.state in ("pending", "claimed") else None
+        out[t.id] = {"role": role, "message": state}
+    return out
 
 
 @hookimpl

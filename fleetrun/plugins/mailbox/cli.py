@@ -102,14 +102,14 @@ def role_main(config: Config, rest: list[str], out: TextIO, err: TextIO) -> int:
     if ns.verb == "bind":
         return _bind(conn, ns, out)
     if ns.verb == "list":
-        return _list(conn, ns, out)
+        return _list(config, conn, ns, out)
     if ns.verb == "unbind":
         if not store.unbind(conn, ns.name):
             raise UsageError(f"no role {ns.name!r} is bound (fleetrun role list)", key="role unbind")
         print(f"unbound role {safe_text(ns.name)}", file=out)
         return ExitCode.OK
     if ns.verb == "owner":
-        return _owner(conn, ns.path, out)
+        return _owner(config, conn, ns.path, out)
     return _whoami(conn, out)
 
 
@@ -188,14 +188,18 @@ def _foci(conn: Any) -> dict[str, Optional[str]]:
     return {key: focus(paths) for key, paths in store.edits(conn).items()}
 
 
-def _list(conn: Any, ns: argparse.Namespace, out: TextIO) -> int:
-    from .liveness import live_roles, scan
+def _list(config: Config, conn: Any, ns: argparse.Namespace, out: TextIO) -> int:
+    from .liveness import scan
+    from .receiving import Reception, receptions
 
     roles = store.roles(conn)
-    live = live_roles(scan(), roles) if roles else {}
+    got = receptions(scan(), roles, config.home) if roles else {}
     foci = _foci(conn)
-    rows = [{"role": r.name, "dir": r.dir, "pid": r.pid, "live": r.key in live, "why": live.get(r.key, ""),
-             "focus": foci.get(r.key)} for r in roles]
+    rows = []
+    for r in roles:
+        rec = got.get(r.key) or Reception(live=False)
+        rows.append({"role": r.name, "dir": r.dir, "pid": r.pid, "live": rec.live, "why": rec.why_live,
+                     "receives": rec.receives, "cannot_receive": rec.problem, "focus": foci.get(r.key)})
     if ns.json:
         print(json.dumps(rows, indent=2), file=out)
         return ExitCode.OK
@@ -204,19 +208,27 @@ def _list(conn: Any, ns: argparse.Namespace, out: TextIO) -> int:
         return ExitCode.OK
     for row in rows:
         state = f"live ({row['why']})" if row["live"] else "not live"
+        if row["cannot_receive"]:  # its session never takes its mail: say so, and how to fix it
+            state += f", cannot receive: {row['cannot_receive']}"
         pid = f"pid {row['pid']}" if row["pid"] else "no pid"
         print(safe_text(f"{row['role']}  {row['dir']}  {pid}  {state}  focus {row['focus'] or '-'}"), file=out)
     return ExitCode.OK
 
 
-def _owner(conn: Any, path: str, out: TextIO) -> int:
-    from .liveness import live_roles, scan
+def _owner(config: Config, conn: Any, path: str, out: TextIO) -> int:
+    from .liveness import scan
     from .owner import owner
+    from .receiving import receptions
 
     roles = store.roles(conn)
-    live = live_roles(scan(), roles) if roles else {}
-    role, why = owner([path], os.getcwd(), [r for r in roles if r.key in live], _foci(conn))
+    got = receptions(scan(), roles, config.home) if roles else {}
+    foci = _foci(conn)
+    # the rule routing applies: a live role that cannot receive owns nothing
+    role, why = owner([path], os.getcwd(), [r for r in roles if got[r.key].receives], foci)
     if role is None:
+        deaf, _ = owner([path], os.getcwd(), [r for r in roles if got[r.key].live], foci)
+        if deaf is not None:
+            why += f" (role {deaf.name} is live but cannot receive: {got[deaf.key].problem})"
         print(safe_text(f"no owner: {why}"), file=out)
         return 1
     print(safe_text(why), file=out)

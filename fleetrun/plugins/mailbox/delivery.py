@@ -6,8 +6,8 @@ for a task that asks for no worktree (``git_ref``, ``branch``), ``model``,
 ``permission_mode``, ``budget_usd``, Claude Code options (``max_turns``, ``env``...) or
 verifiers (a mailbox carries only the prompt),
 and either the task names a ``role`` (it goes to that role, live or not: it waits in the
-mailbox), or ``auto_route = true`` in policy.toml and a live role owns its paths
-(:func:`~.owner.owner`). Everything else is left to the default, the shepherd.
+mailbox), or ``auto_route = true`` in policy.toml and a live role that can receive
+(:mod:`.receiving`) owns its paths (:func:`~.owner.owner`). Everything else is left to the default, the shepherd.
 """
 
 from __future__ import annotations
@@ -65,12 +65,15 @@ def route(task: Any, attempt: Any, host: Any, config: Config, conn: Any) -> Opti
     roles = store.roles(conn)
     if not roles:
         return None
-    from .liveness import live_roles, scan
+    from .liveness import scan
     from .owner import focus, owner
+    from .receiving import receptions
 
-    live = live_roles(scan(), roles)
+    # a live role whose sessions cannot receive (no fleetrun Stop hook in the settings they
+    # started with) would hold the task until the claim timeout: it owns nothing here
+    got = receptions(scan(), roles, config.home)
     foci = {key: focus(paths) for key, paths in store.edits(conn).items()}
-    role, why = owner(task.spec.paths, task.spec.cwd, [r for r in roles if r.key in live], foci)
+    role, why = owner(task.spec.paths, task.spec.cwd, [r for r in roles if got[r.key].receives], foci)
     return (role.name, why) if role is not None else None
 
 

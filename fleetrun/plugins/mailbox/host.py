@@ -8,13 +8,21 @@ that attempt here, as any other. ``status`` is the message's state:
 - done: ``ended`` / ``exited`` (the summary is the handoff);
 - failed: ``ended`` / ``mailbox_failed`` with the session's reason;
 - pending past ``claim_timeout_secs`` (policy.toml) while no running session answers
-  to the role and no process bound to it runs: withdrawn, ``ended`` /
-  ``mailbox_unclaimed`` (the task is spawned next);
+  to the role and no process bound to it runs, or while the sessions home for it cannot
+  receive (fleetrun's Stop hook is not in the settings they started with,
+  :mod:`.receiving`): withdrawn, ``ended`` / ``mailbox_unclaimed`` (the task is spawned
+  next);
 - claimed and not reported by the task's ``timeout_min``: withdrawn, ``ended`` /
   ``mailbox_claimed_no_completion``.
 
 ``stop`` (``fleetrun cancel``) withdraws the message, so the role cannot pick it up
 later. It starts no process and offers no placement candidate.
+
+Where a message waits is told as it changes (:meth:`MailboxHost.waits_in`): while it is
+pending, the loop's polls call ``fleetrun_task_waiting`` with it (the terminal's
+``waiting:`` line: a session is home and takes it when its turn ends; the session cannot
+receive, and why; nobody is home), and ``fleetrun status`` shows it, or that the role
+works on it once claimed, as the task's reason (``fleetrun_status_reason``).
 """
 
 from __future__ import annotations
@@ -31,11 +39,15 @@ if TYPE_CHECKING:
     from ...reports import Candidate, Started
     from . import store
     from .liveness import ProcTable
+    from .receiving import Reception
 
 #: The host's name, in the ledger (``attempt.host``).
 MAILBOX_HOST = "mailbox"
 #: A process scan is reused this long (the loop polls every attempt every pass).
 _SCAN_REUSE_S = 2.0
+#: Where a pending message waits is worked out again at most this often (it scans the
+#: processes and reads the sessions' settings; the loop polls every pass).
+_TELL_EVERY_S = 10.0
 #: Words a withdrawn message's reason starts with, for the end its status reports.
 UNCLAIMED = "unclaimed"
 CLAIMED_NO_COMPLETION = "claimed_no_completion"
@@ -54,6 +66,8 @@ class MailboxHost:
         self.config = config
         self.home: Path = config.home
         self._scan: Optional[tuple[float, ProcTable]] = None
+        self._receptions: Optional[tuple[float, dict[str, Reception]]] = None
+        self._said: dict[str, tuple[float, str]] = {}  # attempt -> (when, where it waits), as last told
 
     # -- what every host has -------------------------------------------------------
 
@@ -87,18 +101,69 @@ class MailboxHost:
             self._scan = (now, scan())
         return self._scan[1]
 
-    def role_live(self, role: str) -> bool:
-        """Whether a session answers to ``role`` or its bound process runs."""
+    def reception(self, role: str) -> Reception:
+        """Whether ``role`` is live, and whether a home of it can receive (a scan is
+        reused as :meth:`table`'s)."""
         from . import store  # here: the operator's verbs load this host, not its messages
-        from .liveness import live_roles
+        from .receiving import Reception, receptions
 
-        return role.lower() in live_roles(self.table(), store.roles(self.conn()))
+        table = self.table()
+        if self._receptions is None or self._receptions[0] != self._scan_time():
+            self._receptions = (self._scan_time(), receptions(table, store.roles(self.conn()), self.home))
+        return self._receptions[1].get(role.lower()) or Reception(live=False)
+
+    def _scan_time(self) -> float:
+        return self._scan[0] if self._scan is not None else 0.0
 
     def _claim_timeout(self) -> float:
-        from ...policy import POLICY_KEY, Policy
+        from ...policy import POLICY_KEY, Policy, load_policy
 
-        policy = self.config.stash.get(POLICY_KEY) or Policy()
+        policy = self.config.stash.get(POLICY_KEY)
+        if policy is None:  # `fleetrun status`: no loop read it
+            try:
+                policy = self.config.stash[POLICY_KEY] = load_policy(self.home / "policy.toml")
+            except Exception:  # a broken policy is the loop's to report; status shows the default
+                policy = Policy()
         return float(policy.claim_timeout_secs)
+
+    def waits_in(self, msg: store.Message) -> Optional[str]:
+        """Where a pending or claimed message waits, in words (None for another)."""
+        if msg.state == "claimed":
+            by = f" (session {msg.claimed_by_pid})" if msg.claimed_by_pid else ""
+            return f"role {msg.role} works on it{by}: it reports with fleetrun mailbox done or fail"
+        if msg.state != "pending":
+            return None
+        rec = self.reception(msg.role)
+        spawned = f"spawned if nobody claims it in {self._claim_timeout():g}s"
+        if rec.receives and rec.sessions:
+            return (f"in role {msg.role}'s mailbox: session {rec.sessions[0]} is home and takes it when its "
+                    "turn ends")
+        if rec.receives:
+            return f"in role {msg.role}'s mailbox: its bound process is home ({rec.why_live})"
+        if rec.live:
+            who = f"session {rec.sessions[0]}" if len(rec.sessions) == 1 else "its sessions"
+            return f"in role {msg.role}'s mailbox: {who} cannot receive: {rec.problem}; {spawned}"
+        return f"in role {msg.role}'s mailbox: no session is home for it; {spawned}"
+
+    def tell(self, msg: store.Message) -> None:
+        """Say where a pending message waits when that changed (the loop's ``waiting:``
+        line); once claimed, the task runs: the role works on it."""
+        if msg.state != "pending":
+            self._said.pop(msg.attempt_id, None)
+            return
+        now = time.monotonic()
+        last = self._said.get(msg.attempt_id)
+        if last is not None and now - last[0] < _TELL_EVERY_S:
+            return
+        said = self.waits_in(msg)
+        self._said[msg.attempt_id] = (now, said or "")
+        if said is None or (last is not None and last[1] == said):
+            return
+        from ...ledger import open_ledger
+
+        task = open_ledger(self.config).get(msg.task_id)
+        if task is not None:
+            self.config.hook.fleetrun_task_waiting(task=task, reason=said, config=self.config)
 
     def _timeout_of(self, task_id: str) -> float:
         from ...ledger import open_ledger
@@ -116,8 +181,12 @@ class MailboxHost:
         now = clock.now()
         if msg.state == "pending":
             timeout = self._claim_timeout()
-            if now - msg.created >= timeout and not self.role_live(msg.role):
-                why = f"{UNCLAIMED}: role {msg.role} did not claim it in {timeout:g}s and no session answers to it"
+            rec = self.reception(msg.role) if now - msg.created >= timeout else None
+            if rec is not None and not rec.receives:
+                # a live session that cannot receive never claims it either: as for nobody home
+                whose = (f"its session cannot receive ({rec.problem})" if rec.live
+                         else "no session answers to it")
+                why = f"{UNCLAIMED}: role {msg.role} did not claim it in {timeout:g}s and {whose}"
                 store.finish(conn, msg.id, "withdrawn", now, reason=why, expect=("pending",))
             msg = store.message_of_attempt(conn, attempt_id) or msg
         elif msg.state == "claimed" and msg.claimed is not None:
@@ -127,6 +196,7 @@ class MailboxHost:
                        f"{limit / 60:g} min")
                 store.finish(conn, msg.id, "withdrawn", now, reason=why, expect=("claimed",))
             msg = store.message_of_attempt(conn, attempt_id) or msg
+        self.tell(msg)
         return status_of(msg)
 
     def stop(self, attempt_id: str, pid: Optional[int], token: Optional[str]) -> bool:

@@ -272,6 +272,13 @@ def message_of_task(conn: sqlite3.Connection, task_id: str) -> Optional[Message]
     return _message(rows[0]) if rows else None
 
 
+def newest_by_task(conn: sqlite3.Connection) -> dict[str, Message]:
+    """Every task's newest message, by task id (one read, for ``status``)."""
+    rows = _rows(conn, "SELECT * FROM mailbox_messages WHERE id IN "
+                       "(SELECT max(id) FROM mailbox_messages GROUP BY task_id)")
+    return {r["task_id"]: _message(r) for r in rows}
+
+
 def pending(conn: sqlite3.Connection, role: Optional[str] = None) -> list[Message]:
     """Pending messages (of one role, or all), the first to hand out first."""
     sql = "SELECT * FROM mailbox_messages WHERE state='pending'"
