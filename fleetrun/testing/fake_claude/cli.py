@@ -29,6 +29,7 @@ from .common import (
     UsageError,
     append_log,
     fail,
+    report_cost,
     scenario_fail,
 )
 from .hooks import MAX_STOP_CONTINUATIONS, Hooks, load_settings, parse_setting_sources
@@ -318,8 +319,10 @@ def main(argv):
         for raw_line in step.get("raw", []):
             out.line(str(raw_line))
     elif fmt == "stream-json":
+        report_cost(result["total_cost_usd"])
         out.event(result)
     elif fmt == "json":
+        report_cost(result["total_cost_usd"])
         out.line(json.dumps(result, separators=(",", ":"), ensure_ascii=False))
     elif "result" in result:
         out.line(result["result"])
