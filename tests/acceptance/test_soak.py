@@ -1,0 +1,61 @@
+"""The chaos soak, bounded (issue 21; ``bench/soak.py`` is the long one): 30 tasks with
+dependencies (some ``base = "dependencies"``), retries, reviewers, malformed agent
+output and known costs, under random SIGKILLs of the supervisor and of shepherds and a
+full home disk for a while (when a tmpfs can be mounted). No invariant may break: see
+:func:`soakrun.check` for the list. ``FLEETRUN_TEST_SEED=N`` replays one seed; ``-s``
+prints the counts."""
+
+from __future__ import annotations
+
+import os
+import subprocess
+from pathlib import Path
+from typing import Optional
+
+import pytest
+from soakrun import Soak, SoakOptions, kill_orphans
+
+from .test_crash_points import _no_strays  # noqa: F401
+
+SEED = int(os.environ.get("FLEETRUN_TEST_SEED") or 21)
+
+
+def small_home(fleeter, tmp_path: Path, size: str) -> Optional[str]:
+    """Put the home on a tmpfs of ``size``: :return: None, or why it could not be."""
+    mnt = tmp_path / "small"
+    mnt.mkdir()
+    try:
+        r = subprocess.run(["mount", "-t", "tmpfs", "-o", f"size={size},mode=0700", "tmpfs", str(mnt)],
+                           capture_output=True, text=True, timeout=30)
+    except (OSError, subprocess.SubprocessError) as e:
+        return f"cannot mount a tmpfs: {e}"
+    if r.returncode != 0:
+        return "cannot mount a tmpfs (needs root): " + (r.stderr.strip() or f"exit {r.returncode}")
+    fleeter.home = mnt / "h"
+    fleeter.monkeypatch.setenv("FLEETRUN_HOME", str(fleeter.home))
+    return None
+
+
+def unmount(tmp_path: Path) -> None:
+    mnt = tmp_path / "small"
+    if os.path.ismount(mnt):
+        kill_orphans(tmp_path)  # nothing may hold the mount
+        if subprocess.run(["umount", str(mnt)], capture_output=True).returncode != 0:
+            subprocess.run(["umount", "-l", str(mnt)], capture_output=True)
+
+
+@pytest.mark.xfail(strict=False, reason=(
+    "issue 21 items 5 and 6, fixed on other branches: an agent's output has no cap (its log "
+    "grows over [output] max_bytes) and a process an agent detaches with setsid outlives its task"))
+def test_the_queue_survives_chaos(fleeter, fake_claude, tmp_path):
+    why = small_home(fleeter, tmp_path, "64m")
+    try:
+        opts = SoakOptions(tasks=30, seed=SEED, parallel=3, chatty=1, detach=1, gap=(0.4, 1.5), deadline=120,
+                           log=print)
+        report = Soak(fleeter, fake_claude, opts, tmp_path, small_disk=why).run()
+        print("\n" + "\n".join(report.lines()))
+        assert sum(report.kills.values()) >= 3, f"too few blows landed: {report.kills}"
+        assert not report.violations, "\n".join(report.lines())
+    finally:
+        kill_orphans(tmp_path)
+        unmount(tmp_path)
