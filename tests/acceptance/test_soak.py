@@ -59,3 +59,49 @@ def test_the_queue_survives_chaos(fleeter, fake_claude, tmp_path):
     finally:
         kill_orphans(tmp_path)
         unmount(tmp_path)
+
+
+# ---------------------------------------------------------------------------------
+# what the soak found, each reproduced alone
+
+
+def test_a_crash_after_a_failed_start_is_recorded_does_not_leave_its_task_assigned(fleeter, fake_claude):
+    """Found by the soak (a full disk, then a SIGKILL): the attempt whose workspace could
+    not be made is recorded as abandoned (start_failed) in one commit, the task's move
+    back in the next. A crash between the two left the task ASSIGNED with no attempt in
+    flight: the restarted loop never moved it again, counted it as a running task of
+    its machine, and `work --until-idle` ended with it ASSIGNED."""
+    fleeter.make_repo()
+    fleeter.write_tasks('''
+        [[task]]
+        name = "t1"
+        cwd = "repo"
+        prompt = "Write out.txt."
+        git_ref = "main"
+          [[task.verify]]
+          run = "test -f out.txt"
+    ''')
+    flag = fleeter.path.parent / "failed-once"
+    fleeter.write_fleetconf(f'''
+        import errno, os
+        import fleetrun
+
+        @fleetrun.hookimpl(tryfirst=True)
+        def fleetrun_prepare_workspace(task, attempt, config):
+            if not os.path.exists({str(flag)!r}):
+                open({str(flag)!r}, "w").close()
+                raise OSError(errno.ENOSPC, "No space left on device")
+    ''', folder=".")
+    fake_claude.script(t1=[{"actions": [["write", "out.txt", "x"], ["commit", "out"]]}])
+    assert fleeter.runsub("queue", "tasks.toml").ret == 0
+    # the first READY of this run is the move back after the failed start: die before it
+    r = fleeter.runsub("work", "--until-idle", env={"FLEETRUN_CRASH_AT": "before_transition:READY"}, timeout=120)
+    assert r.ret == 86, r.stdout + r.stderr
+    led = fleeter.ledger()
+    t = fleeter.task("t1")
+    assert t.state.value == "ASSIGNED"
+    assert [(a.state, a.outcome) for a in led.attempts(t.id)] == [("abandoned", "start_failed")]
+    r = fleeter.runsub("work", "--until-idle", timeout=120)
+    assert r.ret == 0, r.stdout + r.stderr
+    assert fleeter.task("t1").state.value == "DONE", r.stdout + r.stderr
+    assert len(fake_claude.calls("t1")) == 1
