@@ -105,3 +105,41 @@ def test_a_crash_after_a_failed_start_is_recorded_does_not_leave_its_task_assign
     assert r.ret == 0, r.stdout + r.stderr
     assert fleeter.task("t1").state.value == "DONE", r.stdout + r.stderr
     assert len(fake_claude.calls("t1")) == 1
+
+
+def test_a_shepherd_that_cannot_record_its_start_is_not_a_session_that_died(fleeter, fake_claude):
+    """Found by the soak (the home's disk full as a shepherd started): a shepherd that
+    cannot write its first status.json runs nothing and exits. The loop took that for a
+    session that died: the task spent a resume (three send it to a human) though no
+    agent ran. It is an attempt that did not start: the task backs off and starts again,
+    its resumes untouched. (A status.json that is a folder stands in for the full disk:
+    the shepherd's write fails the same way, every time.)"""
+    fleeter.make_repo()
+    fleeter.write_tasks('''
+        [[task]]
+        name = "t1"
+        cwd = "repo"
+        prompt = "Write out.txt."
+        git_ref = "main"
+          [[task.verify]]
+          run = "test -f out.txt"
+    ''')
+    fleeter.write_fleetconf('''
+        import os
+        import fleetrun
+
+        @fleetrun.hookimpl(tryfirst=True)
+        def fleetrun_spawn(task, attempt, workspace, prompt, config):
+            if attempt.number == 1:  # its shepherd will find no way to write its status
+                os.makedirs(os.path.join(os.environ["FLEETRUN_HOME"], "attempts", attempt.id, "status.json"))
+    ''', folder=".")
+    fake_claude.script(t1=[{"actions": [["write", "out.txt", "x"], ["commit", "out"]]}])
+    r = fleeter.runsub("tasks.toml", timeout=120)
+    assert r.ret == 0, r.stdout + r.stderr
+    t = fleeter.task("t1")
+    assert t.state.value == "DONE"
+    causes = [r.cause for r in fleeter.ledger().transitions(t.id)]
+    assert not any(c.startswith("session_died") for c in causes), causes
+    assert t.resumes == 0, causes
+    assert any(c.startswith("start_failed") for c in causes), causes
+    assert len(fake_claude.calls("t1")) == 1
