@@ -493,6 +493,10 @@ def check(fleeter: Any, fake_claude: Any, plans: list[TaskPlan], costs: Path, ro
                 "died_unstarted", t.name, f"attempt {a.number} was counted as a session that died (a resume "
                 "spent) though its shepherd never wrote status.json and no agent ran",
                 f"shepherd {a.shepherd_pid}, shepherd.out {out!r}, resumes {t.resumes}; {timeline(led, t)}")
+    # an attempt whose shepherd ended before recording a start is ended start_failed,
+    # with no status.json: nothing ran, nothing to find
+    struck |= {f"{by_id[a.task_id].name} attempt {a.number} (ended) has no status.json"
+               for a in led.attempts() if a.outcome == "start_failed"}
     for line in check_invariants(fleeter, fake_claude, actual):
         if line in struck:
             continue
@@ -569,9 +573,10 @@ def check(fleeter: Any, fake_claude: Any, plans: list[TaskPlan], costs: Path, ro
             bad.append(Violation("cost", t.name, f"the task's cost {t.cost_usd} != its attempts' and verdicts' "
                                  f"{round(total, 8)}"))
 
-    # -- no file under the home over the cap
+    # -- no output file over the cap: the agents', reviewers', verifiers' and setups'
+    # output is kept in the attempt folders (the ledger and the event log are not output)
     owners = {a.id: by_id[a.task_id].name for a in led.attempts()}
-    for dirpath, _dirs, files in os.walk(fleeter.home):
+    for dirpath, _dirs, files in os.walk(fleeter.home / "attempts"):
         for f in files:
             path = Path(dirpath) / f
             try:
