@@ -100,12 +100,13 @@ def main(argv: Optional[list[str]] = None) -> int:
                 mp.setenv("FLEETRUN_HOME", str(fleeter.home))
             try:
                 report = Soak(fleeter, fake, opts, root, small_disk=why).run()
+                print("\n".join(report.lines()), flush=True)
             finally:
                 kill_orphans(root)
                 fleeter.close()
                 if args.keep and mnt is not None:  # the tmpfs goes: keep a copy of the home
-                    shutil.copytree(fleeter.home, root / "home", symlinks=True, dirs_exist_ok=True)
-        print("\n".join(report.lines()))
+                    shutil.copytree(fleeter.home, root / "home", symlinks=True, dirs_exist_ok=True,
+                                    ignore=shutil.ignore_patterns("*.sock"))
         code = 1 if report.violations else 0
     finally:
         if mnt is not None:
