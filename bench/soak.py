@@ -2,7 +2,7 @@
 dependencies (some ``base = "dependencies"``), retries, reviewers, malformed agent
 output and known costs runs under ``fleetrun work`` while the supervisor is SIGKILLed
 (and started again), shepherds are SIGKILLed and the home's disk fills up for a while,
-at random moments; then the invariants are checked and the counts printed: every task
+at random moments (and, with ``--peers``, a peer's link drops for a while); then the invariants are checked and the counts printed: every task
 ended once, no two attempts of a task at once, no orphan process, every DONE branch of
 ``base = "dependencies"`` holds its dependencies' heads, the ledger's costs are the
 agents' reported costs, no file under the home over the cap. Exit 0 only with no
@@ -11,6 +11,7 @@ violation.
     python bench/soak.py                 # 300 tasks, seed 1
     python bench/soak.py --seed 7 --tasks 100 --no-disk-full
     python bench/soak.py --long          # 1,000 tasks: a night's run
+    python bench/soak.py --peers 2       # two peers in network namespaces too
 
 The harness is tests/soakrun.py (the bounded run in the default suite,
 tests/acceptance/test_soak.py, is the same code); the durability checks are the
@@ -33,7 +34,7 @@ ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT / "tests"))
 
 import pytest  # noqa: E402 - the MonkeyPatch that Fleeter and FakeClaude set the environment with
-from soakrun import Soak, SoakOptions, kill_orphans  # noqa: E402
+from soakrun import NetPeers, Soak, SoakOptions, kill_orphans  # noqa: E402
 
 from fleetrun.fleeter import FakeClaude, Fleeter  # noqa: E402
 
@@ -70,8 +71,9 @@ def main(argv: Optional[list[str]] = None) -> int:
                     help="seconds between blows, uniform (default 0.5 3)")
     ap.add_argument("--deadline", type=float, default=None, help="seconds before the run counts as hung "
                     "(default 6 s a task)")
-    ap.add_argument("--peers", type=int, default=0, help="peers in network namespaces (not built yet: skipped "
-                    "with the reason)")
+    ap.add_argument("--peers", type=int, default=0, help="peers in network namespaces, each a real sshd "
+                    "(default 0; skipped with the reason where the machine cannot)")
+    ap.add_argument("--no-peer-links", action="store_true", help="never drop a peer's link")
     ap.add_argument("--keep", action="store_true", help="keep the temp folder (the home, the repo, the logs)")
     args = ap.parse_args(argv)
     n = LONG if args.long else args.tasks
@@ -79,10 +81,8 @@ def main(argv: Optional[list[str]] = None) -> int:
                        supervisor_kills=not args.no_supervisor_kills, shepherd_kills=not args.no_shepherd_kills,
                        disk_full=not args.no_disk_full, malformed=not args.no_malformed, chatty=args.chatty,
                        detach=args.detach, gap=tuple(args.gap), deadline=args.deadline or 6.0 * n,
+                       peer_links=not args.no_peer_links,
                        log=lambda line: print(line, flush=True))
-    if args.peers:
-        print(f"peers: {args.peers} asked for, none started: the soak drives local attempts only so far "
-              "(tests/acceptance/test_peers_netns.py covers a dropped peer link)")
     root = Path(tempfile.mkdtemp(prefix="fleetrun-soak-"))
     print(f"soak: {n} tasks, seed {args.seed}, in {root}", flush=True)
     mnt: Optional[Path] = None
@@ -98,10 +98,21 @@ def main(argv: Optional[list[str]] = None) -> int:
             if mnt is not None:
                 fleeter.home = mnt / "h"
                 mp.setenv("FLEETRUN_HOME", str(fleeter.home))
+            peers: Optional[NetPeers] = None
+            if args.peers:
+                try:
+                    peers = NetPeers(root, mp, args.peers)
+                    print(f"peers: {args.peers} in network namespaces", flush=True)
+                except BaseException as e:  # pytest's Skipped too: the reason this machine cannot
+                    if isinstance(e, KeyboardInterrupt):
+                        raise
+                    print(f"peers: none ({type(e).__name__}: {e})", flush=True)
             try:
-                report = Soak(fleeter, fake, opts, root, small_disk=why).run()
+                report = Soak(fleeter, fake, opts, root, small_disk=why, peers=peers).run()
                 print("\n".join(report.lines()), flush=True)
             finally:
+                if peers is not None:
+                    peers.close()
                 kill_orphans(root)
                 fleeter.close()
                 if args.keep and mnt is not None:  # the tmpfs goes: keep a copy of the home

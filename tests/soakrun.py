@@ -86,6 +86,8 @@ class SoakOptions:
     #: seconds between blows (uniform)
     gap: tuple[float, float] = (0.5, 3.0)
     deadline: float = 1800.0
+    #: drop a peer's link for 1-4 s (with peers)
+    peer_links: bool = True
     cap_bytes: int = CAP_BYTES
     log: Any = None  # a callable taking a line: progress while it runs
 
@@ -274,11 +276,54 @@ def fill(path: Path) -> int:
     return n
 
 
+class NetPeers:
+    """Peers in network namespaces of their own (tests/sshd.py's PeerLab: a real sshd
+    each, behind a veth link), sharing this machine's files: a task placed on one runs
+    in a worktree of that peer's home, on a branch of the same repository."""
+
+    def __init__(self, root: Path, monkeypatch: Any, n: int) -> None:
+        """:raises Exception: (pytest's Skipped among them) when this machine cannot."""
+        from sshd import PeerLab, keygen
+
+        (root / "client-key").mkdir(mode=0o700)
+        key = keygen(root / "client-key" / "id_ed25519", "fleetrun-soak")
+        self.lab = PeerLab(root, monkeypatch, key)
+        try:
+            self.net = self.lab.netlab()
+            self.machines = [self.lab.machine(f"p{i}", netns=True) for i in range(n)]
+        except BaseException:
+            self.lab.close()
+            raise
+        self.down: dict[int, float] = {}  # peer index -> when its link comes back
+
+    def pair(self, fleeter: Any) -> None:
+        for m in self.machines:
+            m.write("policy.toml", "[local]\nmax_tasks = 2\n")
+            m.pair(fleeter)
+
+    def drop(self, i: int, until: float) -> None:
+        self.net.link(self.machines[i].netns, up=False)
+        self.down[i] = until
+
+    def restore(self, now: float) -> None:
+        for i, until in list(self.down.items()):
+            if now >= until:
+                self.net.link(self.machines[i].netns, up=True)
+                del self.down[i]
+
+    def home_of(self, host: str) -> Optional[Path]:
+        return next((m.home for m in self.machines if m.name == host), None)
+
+    def close(self) -> None:
+        self.restore(float("inf"))
+        self.lab.close()
+
+
 class Soak:
     """Runs the queue under chaos; :meth:`run` returns the report."""
 
     def __init__(self, fleeter: Any, fake_claude: Any, opts: SoakOptions, root: Path,
-                 small_disk: Optional[str] = None) -> None:
+                 small_disk: Optional[str] = None, peers: Optional[NetPeers] = None) -> None:
         """:param root: everything of this soak is under it (the orphan scan's needle).
         :param small_disk: why the home is not on a small file system, or None when it
             is (the disk-full blow needs one)."""
@@ -287,7 +332,10 @@ class Soak:
         self.opts = opts
         self.root = root
         self.home: Path = fleeter.home
+        # the blows' kinds and gaps from one generator, their targets (which depend on what
+        # runs at that moment) from another: the schedule stays the seed's whatever the timing
         self.rng = random.Random(opts.seed * 7919 + 1)
+        self.aim = random.Random(opts.seed * 7919 + 2)
         self.plans = plan_queue(opts)
         self.by_name = {p.name: p for p in self.plans}
         self.report = SoakReport(tasks=len(self.plans), kinds=Counter(p.kind for p in self.plans))
@@ -297,8 +345,10 @@ class Soak:
         self.filler: Optional[Path] = None
         self.fill_until = 0.0
         self.hit: Counter[str] = Counter()  # shepherd kills per task
+        self.peers = peers
         self.blows = [k for k, on in (("supervisor", opts.supervisor_kills), ("shepherd", opts.shepherd_kills),
-                                      ("disk_full", opts.disk_full and small_disk is None)) if on]
+                                      ("disk_full", opts.disk_full and small_disk is None),
+                                      ("peer_link", opts.peer_links and peers is not None)) if on]
         if opts.disk_full and small_disk is not None:
             self.report.notes.append(f"no full disk: {small_disk}")
 
@@ -327,7 +377,7 @@ class Soak:
             try:
                 rows = conn.execute("SELECT t.name, t.resumes, a.shepherd_pid FROM attempts a JOIN tasks t "
                                     "ON a.task_id = t.id WHERE a.state = 'running' AND a.shepherd_pid IS NOT NULL "
-                                    "AND t.state = 'RUNNING' ORDER BY t.name").fetchall()
+                                    "AND t.state = 'RUNNING' AND a.host = 'local' ORDER BY t.name").fetchall()
             finally:
                 conn.close()
         except sqlite3.Error:
@@ -336,7 +386,7 @@ class Soak:
                if resumes + self.hit[name] < 2 and self.by_name[name].kind != "malformed"]
         if not fit:
             return False
-        name, pid = self.rng.choice(fit)
+        name, pid = self.aim.choice(fit)
         if not _is_shepherd_of(pid, self.home):
             return False
         try:
@@ -360,25 +410,39 @@ class Soak:
             self.filler.unlink(missing_ok=True)
             self.filler = None
 
+    def drop_link(self) -> bool:
+        assert self.peers is not None
+        i = self.rng.randrange(len(self.peers.machines))
+        until = time.monotonic() + self.rng.uniform(1.0, 4.0)
+        if i in self.peers.down:
+            return False
+        self.peers.drop(i, until)
+        return True
+
     def strike(self) -> None:
         kind = self.rng.choice(self.blows)
-        if {"supervisor": self.kill_supervisor, "shepherd": self.kill_shepherd, "disk_full": self.fill_disk}[kind]():
+        if {"supervisor": self.kill_supervisor, "shepherd": self.kill_shepherd, "disk_full": self.fill_disk,
+                "peer_link": self.drop_link}[kind]():
             self.report.kills[kind] += 1
 
     def run(self) -> SoakReport:
         started = time.monotonic()
         try:
             write_queue(self.fleeter, self.fake, self.plans, self.opts, self.costs)
+            if self.peers is not None:
+                self.peers.pair(self.fleeter)
             self.drive(started)
         finally:
             self.free_disk()
+            if self.peers is not None:
+                self.peers.restore(float("inf"))
             if self.proc is not None and self.proc.poll() is None:
                 self.proc.kill()
                 self.proc.wait(timeout=60)
             self.out.close()
         self.report.seconds = time.monotonic() - started
         self.report.violations = check(self.fleeter, self.fake, self.plans, self.costs, self.root,
-                                       self.opts.cap_bytes, self.report)
+                                       self.opts.cap_bytes, self.report, self.peers)
         return self.report
 
     def drive(self, started: float) -> None:
@@ -389,6 +453,8 @@ class Soak:
             now = time.monotonic()
             if self.filler is not None and now >= self.fill_until:
                 self.free_disk()
+            if self.peers is not None:
+                self.peers.restore(now)
             if self.proc is None or self.proc.poll() is not None:
                 states = _states(self.home)
                 if self.proc is not None and self.proc.returncode is not None and self.filler is None:
@@ -457,10 +523,23 @@ def read_costs(path: Path) -> list[dict[str, Any]]:
 
 
 def check(fleeter: Any, fake_claude: Any, plans: list[TaskPlan], costs: Path, root: Path, cap: int,
-          report: SoakReport) -> list[Violation]:
+          report: SoakReport, peers: Optional[NetPeers] = None) -> list[Violation]:
     """Every violation, each with its task, what broke and the evidence."""
     bad: list[Violation] = list(report.violations)
     led = fleeter.ledger()
+    if peers is not None:
+        # a peer attempt's status.json is in the peer's home: the checks below read each
+        # attempt's in this home's attempt folder, so it is linked there (the run is over)
+        for a in led.attempts():
+            there = peers.home_of(a.host)
+            src = there / "attempts" / a.id / "status.json" if there is not None else None
+            if src is not None and src.exists():
+                adir = fleeter.home / "attempts" / a.id
+                adir.mkdir(parents=True, exist_ok=True)
+                if not (adir / "status.json").exists():
+                    (adir / "status.json").symlink_to(src)
+        report.notes.append("attempts by host: " + ", ".join(
+            f"{h} {n}" for h, n in sorted(Counter(a.host for a in led.attempts()).items())))
     tasks = {t.name: t for t in led.tasks()}
     by_id = {t.id: t for t in tasks.values()}
     report.states = Counter(t.state.value for t in tasks.values())
@@ -576,21 +655,29 @@ def check(fleeter: Any, fake_claude: Any, plans: list[TaskPlan], costs: Path, ro
     # -- no output file over the cap: the agents', reviewers', verifiers' and setups'
     # output is kept in the attempt folders (the ledger and the event log are not output)
     owners = {a.id: by_id[a.task_id].name for a in led.attempts()}
-    for dirpath, _dirs, files in os.walk(fleeter.home / "attempts"):
-        for f in files:
-            path = Path(dirpath) / f
-            try:
-                size = path.lstat().st_size
-            except OSError:
-                continue
-            if size > cap:
-                rel = path.relative_to(fleeter.home)
-                owner = owners.get(rel.parts[1], "-") if len(rel.parts) > 1 else "-"
-                bad.append(Violation("file_cap", owner, f"{rel} is {size} bytes (cap {cap})"))
+    homes = [("", fleeter.home)] + [(f"{m.name}:", m.home) for m in (peers.machines if peers else [])]
+    for where, home in homes:
+        for dirpath, _dirs, files in os.walk(home / "attempts"):
+            for f in files:
+                path = Path(dirpath) / f
+                try:
+                    size = path.lstat().st_size
+                except OSError:
+                    continue
+                if size > cap:
+                    rel = path.relative_to(home)
+                    owner = owners.get(rel.parts[1], "-") if len(rel.parts) > 1 else "-"
+                    bad.append(Violation("file_cap", owner, f"{where}{rel} is {size} bytes (cap {cap})"))
 
     # -- no orphan process: nothing whose command line, cwd or environment is this soak's
     left = wait_no_leftovers(root)
     for proc in left:
+        try:
+            cmd = " ".join(proc.cmdline())
+        except Exception:
+            cmd = ""
+        if peers is not None and ("sshd" in cmd or " host " in f" {cmd} " or cmd.endswith(" host")):
+            continue  # a peer's sshd or the `fleetrun host` worker of a connection: the lab's, not a task's
         env = _env_of(proc.pid)
         bad.append(Violation("orphan", env.get("FLEETRUN_TASK_NAME", "-"),
                              f"process {proc.pid} outlived the run", describe_procs([proc])))
