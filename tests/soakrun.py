@@ -1,9 +1,10 @@
 """The chaos soak (issue 21): a queue of tasks with dependencies (some with ``base =
 "dependencies"``), retries, reviewers, malformed agent output and known costs, run by
-``fleetrun work --until-idle`` as a subprocess while chaos strikes at random moments:
-SIGKILLs of the supervisor (restarted at once), SIGKILLs of a running attempt's
-shepherd, a full home disk for a while. Then the invariants are checked and every
-violation is reported with its task, what broke and the evidence.
+``fleetrun work --until-idle`` as a subprocess (with peers in network namespaces, when
+given :class:`NetPeers`) while chaos strikes at random moments: SIGKILLs of the
+supervisor (restarted at once), SIGKILLs of a running attempt's shepherd, a full home
+disk for a while, a peer's link down for a while. Then the invariants are checked and
+every violation is reported with its task, what broke and the evidence.
 
 One harness, two front-ends: ``bench/soak.py`` (hundreds of tasks, ``--long`` for
 1,000) and ``tests/acceptance/test_soak.py`` (a bounded run in the default suite).
@@ -48,7 +49,6 @@ CAP_BYTES = 1_000_000
 #: What a chatty agent prints: over the cap, so an uncapped log shows.
 CHATTY_BYTES = 1_500_000
 TERMINAL = ("DONE", "NEEDS_HUMAN", "CANCELLED")
-KINDS = ("plain", "retry", "malformed", "reviewed", "chatty", "detach")
 
 
 @dataclass
@@ -278,8 +278,10 @@ def fill(path: Path) -> int:
 
 class NetPeers:
     """Peers in network namespaces of their own (tests/sshd.py's PeerLab: a real sshd
-    each, behind a veth link), sharing this machine's files: a task placed on one runs
-    in a worktree of that peer's home, on a branch of the same repository."""
+    each, behind a veth link), each with a clone of the repository at its path, as on
+    another machine: a task placed on one runs in that peer's home, on a branch of its
+    clone (fetched back here when the task has dependents). Their homes are folders of
+    this machine, which the checks read."""
 
     def __init__(self, root: Path, monkeypatch: Any, n: int) -> None:
         """:raises Exception: (pytest's Skipped among them) when this machine cannot."""
@@ -287,17 +289,21 @@ class NetPeers:
 
         (root / "client-key").mkdir(mode=0o700)
         key = keygen(root / "client-key" / "id_ed25519", "fleetrun-soak")
+        self.n = n
         self.lab = PeerLab(root, monkeypatch, key)
         try:
             self.net = self.lab.netlab()
-            self.machines = [self.lab.machine(f"p{i}", netns=True) for i in range(n)]
         except BaseException:
             self.lab.close()
             raise
+        self.machines: list[Any] = []
         self.down: dict[int, float] = {}  # peer index -> when its link comes back
 
-    def pair(self, fleeter: Any) -> None:
-        for m in self.machines:
+    def pair(self, fleeter: Any, repo: Path) -> None:
+        """Start them, each with its clone of ``repo``, and pair them with ``fleeter``'s home."""
+        for i in range(self.n):
+            m = self.lab.machine(f"p{i}", netns=True, repo=repo)
+            self.machines.append(m)
             m.write("policy.toml", "[local]\nmax_tasks = 2\n")
             m.pair(fleeter)
 
@@ -367,6 +373,7 @@ class Soak:
             return False
         self.proc.kill()  # SIGKILL, the supervisor only: shepherds run in sessions of their own
         self.proc.wait(timeout=60)
+        self.proc = None  # started again at once; not an exit of its own
         return True
 
     def kill_shepherd(self) -> bool:
@@ -430,7 +437,7 @@ class Soak:
         try:
             write_queue(self.fleeter, self.fake, self.plans, self.opts, self.costs)
             if self.peers is not None:
-                self.peers.pair(self.fleeter)
+                self.peers.pair(self.fleeter, self.fleeter.path / "repo")
             self.drive(started)
         finally:
             self.free_disk()
@@ -457,8 +464,9 @@ class Soak:
                 self.peers.restore(now)
             if self.proc is None or self.proc.poll() is not None:
                 states = _states(self.home)
-                if self.proc is not None and self.proc.returncode is not None and self.filler is None:
-                    # it went idle by itself: done, or nothing more can move
+                if self.proc is not None and self.filler is None:
+                    # it ended by itself (idle, or an error it printed): done, or nothing
+                    # more can move when nothing moved since its last such end
                     if all(s in TERMINAL for s in states.values()) or states == last_idle:
                         return
                     last_idle = states
