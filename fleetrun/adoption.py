@@ -68,6 +68,15 @@ class Adoption:
                 st = host.status(att.id, att.shepherd_pid, att.shepherd_token)
                 if st.get("state") in ("starting", "running", "unreachable"):
                     adopted += 1  # a dead or finished one is handled by poll_attempts, not announced
+        for task in led.tasks({State.ASSIGNED}):
+            with loop.isolated(task.id):
+                # its attempt was given up as not started, the move back was not recorded
+                # (a crash or a full disk between the two commits): without this the task
+                # stays ASSIGNED for ever, holding a place on its machine
+                last = led.latest_attempt(task.id)
+                if last is not None and last.state == "abandoned":
+                    loop.ending.not_started(task, last, f"{last.outcome or 'never_started'}:attempt {last.number} "
+                                                        "did not start (its move back was cut off)")
         for task in led.tasks({State.RUNNING}):
             with loop.isolated(task.id):
                 # the attempt's end was recorded, the transition after it was not (a crash

@@ -156,6 +156,12 @@ class LocalHost:
             # written it): a session that died, with the reason, not a crash
             return {"state": "ended", "reason": "malformed_status", "exit_code": None,
                     "error": f"malformed status.json: {bad}"}
+        if not st and (adir / SPEC).exists():
+            # given its attempt, gone without ever recording a start: it runs nothing it
+            # cannot record (a full disk), so no agent ran. An attempt that did not start,
+            # not a session that died: no resume is spent on it
+            return {"state": "ended", "reason": "start_failed", "exit_code": None,
+                    "error": "its shepherd ended before it could record a start (is the home's disk full?)"}
         # The shepherd died (SIGKILL, OOM killer...) but its agent, in a session of its
         # own, may run on: end it, or the resumed attempt would run beside it; and what
         # the agent detached, which the dead shepherd can no longer end, by the

@@ -27,6 +27,10 @@ Environment:
                         more, with "continuation": N, each time a Stop hook keeps the
                         session going (its "prompt" is the hook's reason).
   FAKE_CLAUDE_LOG_ENV   names of variables whose values each log line records.
+  FAKE_CLAUDE_COSTS     file; before a result event (stream-json or json) is printed, one
+                        JSON line with its total_cost_usd, FLEETRUN_TASK_ID, FLEETRUN_ATTEMPT
+                        and FLEETRUN_VERIFIER is appended (what the soak checks the
+                        ledger's costs against).
   CLAUDE_CONFIG_DIR     where the user's settings.json and .claude.json are (default
                         ~/.claude and ~/.claude.json).
   FAKE_CLAUDE_VERSION   the Claude Code version to act as: 2.1.332 (default) or 2.1.197

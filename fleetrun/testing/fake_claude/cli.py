@@ -33,6 +33,7 @@ from .common import (
     as_root,
     fail,
     init_tools,
+    report_cost,
     scenario_fail,
 )
 from .hooks import MAX_STOP_CONTINUATIONS, Hooks, load_settings, parse_setting_sources
@@ -346,8 +347,10 @@ def main(argv):
         for raw_line in step.get("raw", []):
             out.line(str(raw_line))
     elif fmt == "stream-json":
+        report_cost(result["total_cost_usd"])
         out.event(result)
     elif fmt == "json":
+        report_cost(result["total_cost_usd"])
         out.line(json.dumps(result, separators=(",", ":"), ensure_ascii=False))
     elif "result" in result:
         out.line(result["result"])

@@ -84,8 +84,8 @@ def scenario_fail(message):
     fail("fake claude: scenario error: " + message, SCENARIO_ERROR)
 
 
-def append_log(record):
-    path = os.environ.get("FAKE_CLAUDE_LOG")
+def append_log(record, var="FAKE_CLAUDE_LOG"):
+    path = os.environ.get(var)
     if not path:
         return
     data = (json.dumps(record) + "\n").encode()
@@ -97,3 +97,12 @@ def append_log(record):
         os.write(fd, data)
     finally:
         os.close(fd)
+
+
+def report_cost(cost):
+    """Append the cost this session is about to print in its result to
+    $FAKE_CLAUDE_COSTS (a file outside the worktree), before printing it: a cost
+    fleetrun recorded is then always in this file (the soak's cost check)."""
+    env = os.environ
+    append_log({"task_id": env.get("FLEETRUN_TASK_ID"), "attempt": env.get("FLEETRUN_ATTEMPT"),
+                "verifier": env.get("FLEETRUN_VERIFIER"), "cost": cost}, var="FAKE_CLAUDE_COSTS")
