@@ -47,11 +47,6 @@ def unmount(tmp_path: Path) -> None:
             subprocess.run(["umount", "-l", str(mnt)], capture_output=True)
 
 
-@pytest.mark.xfail(strict=False, reason=(
-    "issue 21 items 4, 5 and 6, fixed on other branches: a crash (or a failed start) between a "
-    "dependent's worktree and its dependency merge leaves a DONE without its dependencies' heads; "
-    "an agent's output has no cap (its log grows over [output] max_bytes); a process an agent "
-    "detaches with setsid outlives its task"))
 def test_the_queue_survives_chaos(fleeter, fake_claude, tmp_path):
     """Local only: with a peer, a supervisor killed every second spends its runs
     connecting (the first heartbeat) and the queue outlasts a test's minute; the peers
@@ -153,9 +148,6 @@ def test_a_shepherd_that_cannot_record_its_start_is_not_a_session_that_died(flee
     assert len(fake_claude.calls("t1")) == 1
 
 
-@pytest.mark.xfail(strict=False, reason=(
-    "issue 21 item 4 (on another branch) or a follow-up: a dependent whose branch was made by a "
-    "start that failed half-way is started on it without its dependencies merged"))
 def test_a_dependent_whose_first_start_failed_half_way_still_gets_its_dependencies(fleeter, fake_claude):
     """Found by the soak, eleven times in a 300-task run: the home's disk filled while
     ``git worktree add -b`` made a dependent's worktree (``start_failed:fatal: could not
