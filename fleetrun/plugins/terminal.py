@@ -142,7 +142,7 @@ class TerminalReporter:
             text += f", ${cost:.2f}"
         older = getattr(session, "older_tasks", 0)
         if older:  # `fleetrun work` counts what it worked on, not the whole ledger
-            text += f" (this run; {older} older task{'s' if older != 1 else ''} not shown: fleetrun status)"
+            text += f" (this run; {older} older task{'s' if older != 1 else ''} not shown: fleetrun status --all)"
         text += " ==="
         state = "DONE" if exitstatus == 0 else "NEEDS_HUMAN"
         for line in session.final_notes if hasattr(session, "final_notes") else ():

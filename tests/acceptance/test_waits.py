@@ -180,7 +180,7 @@ def test_work_until_idle_reports_and_exits_on_what_it_worked_on(fleeter, fake_cl
     assert fleeter.run("queue", "new.toml").ret == 0
     r = fleeter.run("work", "--until-idle")
     assert r.ret == 0, r.stdout + r.stderr
-    r.fnmatch_lines(["=== 1 done in * (this run; 1 older task not shown: fleetrun status) ==="])
+    r.fnmatch_lines(["=== 1 done in * (this run; 1 older task not shown: fleetrun status --all) ==="])
     assert fleeter.states() == {"old": "NEEDS_HUMAN", "new": "DONE"}
 
 
