@@ -13,7 +13,8 @@ The module only adds the option (``-p no:junitxml`` removes both); when it is gi
 ``junitxml-reporter``. The reporter keeps books in ``fleetrun_transition``,
 ``fleetrun_verdict`` and ``fleetrun_task_waiting``, and writes the file in
 ``fleetrun_sessionfinish``, reading each task's final state, cost and counters from
-the ledger then (so a task cancelled from another shell is reported as cancelled).
+the ledger then (so a task cancelled from another shell is reported as cancelled),
+and each testcase's time, the task's run without its waits for a slot (:func:`run_time`).
 Tasks the run did not move (finished in an earlier run) are not reported.
 """
 
@@ -41,6 +42,18 @@ _ILLEGAL = re.compile("[\x00-\x08\x0b\x0c\x0e-\x1f\x7f\ud800-\udfff\ufffe\uffff]
 
 #: How much of a failing verifier's output goes into ``<failure>``.
 OUTPUT_LIMIT = 8000
+
+
+def tail_lines(text: str, limit: int) -> str:
+    """The last whole lines of ``text`` that fit in ``limit`` characters (a reader of a
+    report sees no line cut mid-word); the last ``limit`` characters of a last line
+    longer than that (nothing whole fits)."""
+    tail = text[-limit:]
+    if len(text) > limit and text[-limit - 1] != "\n":
+        cut = tail.find("\n")
+        if cut >= 0:
+            tail = tail[cut + 1:]
+    return tail
 
 
 def xml_text(text: str) -> str:
@@ -80,6 +93,26 @@ class Case:
     last_seen: float
     verdicts: list[tuple[int, Any]] = field(default_factory=list)  # (attempt number, Verdict)
     waiting: str = ""  # why it could not be placed, the last time it could not
+    run_time: Optional[float] = None  # from the ledger at the end (:func:`run_time`)
+
+
+#: The states in which a task holds its place (its attempt starts, runs or is verified).
+_PLACED = frozenset({"ASSIGNED", "RUNNING", "VERIFYING"})
+
+
+def run_time(transitions: list[Any], since: float) -> float:
+    """How long a task was placed during the run (in ASSIGNED, RUNNING or VERIFYING,
+    from the ledger's transitions at or after ``since``): its run, without its waits for
+    a slot, before its first attempt or between two."""
+    total, entered = 0.0, None
+    for row in transitions:
+        if row.time < since:  # placed before the run (an attempt it adopted): counted from its start
+            entered = since if row.to_state in _PLACED else None
+            continue
+        if entered is not None:
+            total += row.time - entered
+        entered = row.time if row.to_state in _PLACED else None
+    return total
 
 
 class JunitXmlReporter:
@@ -120,6 +153,8 @@ class JunitXmlReporter:
             fresh = ledger.get(case.task.id) if ledger is not None else None
             if fresh is not None:  # cost and counters as the ledger has them now
                 case.task = fresh
+            if ledger is not None:
+                case.run_time = run_time(ledger.transitions(case.task.id), self.started)
         self.write(self.build(exitstatus))
 
     # -- the document ------------------------------------------------------------------
@@ -167,7 +202,7 @@ class JunitXmlReporter:
         task = case.task
         state = task.state.value if hasattr(task.state, "value") else str(task.state)
         tc = ET.SubElement(suite, "testcase", classname=self._classname(task), name=xml_text(task.name),
-                           time=f"{case.last_seen - case.first_seen:.3f}")
+                           time=f"{case.run_time if case.run_time is not None else case.last_seen - case.first_seen:.3f}")
         reason = xml_text(task.reason or "")
         kind: Optional[str] = None
         if state == "NEEDS_HUMAN":
@@ -202,7 +237,7 @@ class JunitXmlReporter:
         head = f"attempt {n}: verify {v.kind} `{v.label}` failed" + (f": {v.reason}" if v.reason else "")
         output = (v.output or "").rstrip()
         if len(output) > OUTPUT_LIMIT:
-            output = "[... earlier output cut ...]\n" + output[-OUTPUT_LIMIT:]
+            output = "[... earlier output cut ...]\n" + tail_lines(output, OUTPUT_LIMIT)
         return head + ("\n" + output if output else "")
 
     def write(self, root: ET.Element) -> None:
