@@ -94,6 +94,28 @@ class Case:
     verdicts: list[tuple[int, Any]] = field(default_factory=list)  # (attempt number, Verdict)
     waiting: str = ""  # why it could not be placed, the last time it could not
     run_time: Optional[float] = None  # from the ledger at the end (:func:`run_time`)
+    setup_failure: str = ""  # its failed setup command and output (:func:`setup_failure`)
+
+
+def setup_failure(attempts: list[Any]) -> str:
+    """The last failed setup command of a task's attempts, as a failed verifier is
+    shown in ``<failure>``: ``attempt N: setup `CMD` failed: REASON`` and its output."""
+    for att in reversed(attempts):
+        steps = [s for s in (att.info or {}).get("setup_steps") or [] if isinstance(s, dict)]
+        failed = [s for s in steps if not s.get("passed")]
+        if failed:
+            step = failed[-1]
+            command = " ".join(str(step.get("command") or "").split())
+            head = f"attempt {att.number}: setup `{command}` failed: {step.get('reason') or ''}"
+            return _with_output(head, str(step.get("output") or ""))
+    return ""
+
+
+def _with_output(head: str, output: str) -> str:
+    output = output.rstrip()
+    if len(output) > OUTPUT_LIMIT:
+        output = "[... earlier output cut ...]\n" + tail_lines(output, OUTPUT_LIMIT)
+    return head + ("\n" + output if output else "")
 
 
 #: The states in which a task holds its place (its attempt starts, runs or is verified).
@@ -155,6 +177,8 @@ class JunitXmlReporter:
                 case.task = fresh
             if ledger is not None:
                 case.run_time = run_time(ledger.transitions(case.task.id), self.started)
+                if (case.task.reason or "").startswith("setup_failed:"):
+                    case.setup_failure = setup_failure(ledger.attempts(case.task.id))
         self.write(self.build(exitstatus))
 
     # -- the document ------------------------------------------------------------------
@@ -230,15 +254,14 @@ class JunitXmlReporter:
 
     @staticmethod
     def _failure_text(case: Case) -> str:
+        if case.setup_failure:
+            return case.setup_failure
         failed = [(n, v) for n, v in case.verdicts if not v.passed]
         if not failed:
             return case.task.reason or "needs a human"
         n, v = failed[-1]
         head = f"attempt {n}: verify {v.kind} `{v.label}` failed" + (f": {v.reason}" if v.reason else "")
-        output = (v.output or "").rstrip()
-        if len(output) > OUTPUT_LIMIT:
-            output = "[... earlier output cut ...]\n" + tail_lines(output, OUTPUT_LIMIT)
-        return head + ("\n" + output if output else "")
+        return _with_output(head, v.output or "")
 
     def write(self, root: ET.Element) -> None:
         """Write the report atomically (temp file + rename), making its folder."""

@@ -3,7 +3,7 @@
 - :func:`failure_tail`: the last lines of a failing verifier's output, under its verdict
   line: a few, each cut to the width, without ``-v``; 20 whole ones with ``-v``.
 - :func:`short_summary`: what pytest's ``-ra`` is to tests, for the run's NEEDS_HUMAN
-  and CANCELLED tasks: the cause, the failed verifier and its summary line, the branch,
+  and CANCELLED tasks: the cause, the failed verifier (or setup command) and its summary line, the branch,
   and the command that shows the rest (``fleetrun logs NAME``).
 - :func:`durations`: ``--durations N``, the slowest tasks and verifiers of the run.
 
@@ -19,7 +19,7 @@ from __future__ import annotations
 import shlex
 import time
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Optional
+from typing import TYPE_CHECKING, Any, Optional
 
 from ..states import State
 from ..table import cut
@@ -68,6 +68,29 @@ def _last_failure(verdicts: list[VerdictRow]) -> Optional[VerdictRow]:
     return max(failed, key=lambda v: v.time) if failed else None
 
 
+def failed_setup_step(led: Ledger, task: Task) -> Optional[tuple[int, dict[str, Any]]]:
+    """The task's last failed setup command, as its attempt recorded it (``n``,
+    ``command``, ``reason``, ``output``), with the attempt's number; or None."""
+    for att in reversed(led.attempts(task.id)):
+        steps = (att.info or {}).get("setup_steps") or []
+        failed = [s for s in steps if isinstance(s, dict) and not s.get("passed")]
+        if failed:
+            return att.number, failed[-1]
+    return None
+
+
+def _setup_failure(led: Ledger, task: Task) -> list[str]:
+    """``    setup 1 `CMD` (attempt 1): exit code 2 | SUMMARY``, as a failed verifier's line."""
+    found = failed_setup_step(led, task)
+    if found is None:
+        return []
+    num, step = found
+    line = (f"    setup {safe_text(step.get('n'))} `{safe_text(step.get('command'), limit=60)}` (attempt {num}): "
+            f"{safe_text(step.get('reason'))}")
+    said = summary_line(str(step.get("output") or ""))
+    return [line + (f" | {safe_text(said)}" if said else "")]
+
+
 def short_summary(led: Ledger, task_ids: list[str]) -> list[tuple[str, str]]:
     """The ``short task summary info`` section, or nothing when no task of the run
     needs a human or was cancelled.
@@ -91,6 +114,8 @@ def short_summary(led: Ledger, task_ids: list[str]) -> list[tuple[str, str]]:
             if said:
                 line += f" | {safe_text(said)}"
             out.append((line, ""))
+        elif task.reason.startswith("setup_failed:"):
+            out.extend((line, "") for line in _setup_failure(led, task))
         where = f"branch {safe_text(task.branch)}; " if task.branch else ""
         out.append((f"    {where}look: {_look(led, task)}", ""))
     if out:
