@@ -15,6 +15,7 @@ from .ledger import LATEST, Ledger, Task, open_ledger
 from .states import State
 from .table import cut, fit_table, terminal_width
 from .textutil import NAME_LIMIT, ago, safe_name, safe_text
+from .whereis import ran_on_peer, where_text
 
 if TYPE_CHECKING:
     from .config import Config
@@ -270,8 +271,15 @@ def cmd_logs(config: Config, out: TextIO, err: TextIO) -> int:
             print(f"worktree: removed (was {shown})", file=out)
         else:
             print(f"worktree: {shown}", file=out)
+    elif ran_on_peer(task):  # removed on the peer after DONE: the path its attempt worked in
+        was = next((a.workspace.get("path") for a in reversed(list(attempts.values()))
+                    if isinstance(a.workspace, dict) and a.workspace.get("path")), None)
+        if was:
+            print(f"worktree: removed (was {safe_text(was)} on {safe_text(task.host)})", file=out)
     if task.branch:
         print(f"branch: {safe_text(task.branch)}", file=out)
+    if ran_on_peer(task):  # where it ran, and whether its branch is here or on the peer
+        print(f"where: {where_text(task)}", file=out)
     if task.state.terminal and task.host in (None, "local") and worktree_now(task):
         print("(the task has ended: `fleetrun gc` lists its worktree, `fleetrun gc --branches` its branch)", file=out)
     events: list[tuple[float, int, str]] = []

@@ -28,6 +28,7 @@ from typing import TYPE_CHECKING, Any, Optional
 
 from ..hookimpl import hookimpl
 from ..version import __version__
+from ..whereis import ran_on_peer, where_text
 
 if TYPE_CHECKING:
     import xml.etree.ElementTree as ET
@@ -249,7 +250,9 @@ class JunitXmlReporter:
         verdicts = "".join(
             f"attempt {n}: verify {v.kind} `{v.label}`: {'PASS' if v.passed else 'FAIL'}"
             f"{f' ({v.reason})' if v.reason else ''}\n" for n, v in case.verdicts)
-        ET.SubElement(tc, "system-out").text = xml_text(facts + verdicts)
+        # a peer task's: where it ran and where its branch is, after its verdicts
+        where = where_text(task) if ran_on_peer(task) else ""
+        ET.SubElement(tc, "system-out").text = xml_text(facts + verdicts + (f"where: {where}\n" if where else ""))
         return kind
 
     @staticmethod

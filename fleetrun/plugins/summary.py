@@ -5,6 +5,8 @@
 - :func:`short_summary`: what pytest's ``-ra`` is to tests, for the run's NEEDS_HUMAN
   and CANCELLED tasks: the cause, the failed verifier (or setup command) and its summary line, the branch,
   and the command that shows the rest (``fleetrun logs NAME``).
+- :func:`where_work_is`: where each task of the run ran and where its branch is, when
+  any ran on a peer.
 - :func:`durations`: ``--durations N``, the slowest tasks and verifiers of the run.
 
 A task's duration is the time it was being worked on in this run: from the start of
@@ -25,6 +27,7 @@ from ..states import State
 from ..table import cut
 from ..textutil import safe_name, safe_text
 from ..verdicttext import summary_line
+from ..whereis import ran_on_peer, where_text
 
 if TYPE_CHECKING:  # the terminal plugin is loaded by `fleetrun --help`: no ledger then
     from ..ledger import Ledger, Task
@@ -121,6 +124,16 @@ def short_summary(led: Ledger, task_ids: list[str]) -> list[tuple[str, str]]:
     if out:
         out.insert(0, ("=== short task summary info ===", ""))
     return out
+
+
+def where_work_is(led: Ledger, task_ids: list[str]) -> list[str]:
+    """The ``where the work is`` section: when any task of the run ran on a peer, each
+    task of the run that ran, with where it ran and where its branch is
+    (:func:`~fleetrun.whereis.where_text`); nothing when every one ran here."""
+    tasks = [t for t in (led.get(i) for i in task_ids) if t is not None and t.host]
+    if not any(ran_on_peer(t) for t in tasks):
+        return []
+    return ["=== where the work is ===", *(f"{safe_name(t.name)}: {where_text(t)}" for t in tasks)]
 
 
 @dataclass(frozen=True)

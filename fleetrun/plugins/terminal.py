@@ -151,17 +151,21 @@ class TerminalReporter:
 
 
     def summary_sections(self, session: Any) -> None:
-        """``--durations N`` and the ``short task summary info`` of what needs a human,
-        after the plugins' summaries and before the final line, as in pytest."""
+        """``--durations N``, where the work is (when a task ran on a peer) and the
+        ``short task summary info`` of what needs a human, after the plugins' summaries
+        and before the final line, as in pytest."""
         led = getattr(session, "ledger", None)
         task_ids: list[str] = getattr(session, "task_ids", [])
         if led is None:
             return
-        from .summary import durations, short_summary
+        from .summary import durations, short_summary, where_work_is
 
         n = self.config.getoption("durations")
         if n is not None and self.verbosity >= -1:
             for line in durations(led, task_ids, session.started, n, self.verbosity):
+                self.write_line(line)
+        if self.verbosity >= -1:
+            for line in where_work_is(led, task_ids):
                 self.write_line(line)
         if self.verbosity >= -1:
             for line, state in short_summary(led, task_ids):
