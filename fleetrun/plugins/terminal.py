@@ -108,6 +108,18 @@ class TerminalReporter:
         self.write_line(f"{stamp} {safe_name(task.name)} {to_state}{att}{safe_text(where)}  {safe_text(cause)}",
                         to_state)
 
+    @hookimpl(wrapper=True)
+    def fleetrun_verify(self, task: Any, verifier: Any, workspace: Any, attempt: Any, host: Any,
+                        config: Config) -> Any:
+        """Say that a setup command started (a venv and a pip install can take minutes:
+        the run is not silent meanwhile); whoever runs it answers as before."""
+        step = (getattr(verifier, "extra", None) or {}).get("setup")
+        if step and self.verbosity >= 0:
+            where = f" on {host.name}" if not getattr(host, "local", True) else ""
+            self.write_line(f"{time.strftime('%H:%M:%S')} {safe_name(task.name)} setup {step} of "
+                            f"{len(task.spec.setup)} started{safe_text(where)}: `{safe_text(verifier.label)}`")
+        return (yield)
+
     @hookimpl(trylast=True)
     def fleetrun_task_waiting(self, task: Any, reason: str, config: Config) -> None:
         if self.verbosity >= 0:

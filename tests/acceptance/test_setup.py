@@ -313,3 +313,24 @@ def test_a_failed_setup_quotes_its_summary_line_in_the_run_line_summary_and_juni
     assert failure is not None and failure.get("message") == cause and failure.get("type") == "setup_failed"
     assert (failure.text or "").splitlines() == [f"attempt 1: setup `{command}` failed: exit code 1",
                                                  "no such option: --group"]
+
+
+def test_a_setup_command_prints_that_it_started(fleeter, fake_claude):
+    """A setup of minutes (a venv, a pip install) is not silence in the run: each
+    command prints that it started, before the agent's RUNNING line (issue 22)."""
+    gate = fleeter.path / "setup-may-end"
+    # the second command waits until the test has seen the first two lines, so the
+    # line is shown while setup runs, not only once it is over
+    tasks(fleeter, f"setup = ['echo one', 'while [ ! -e {gate} ]; do sleep 0.05; done']")
+    fake_claude.script(t1=[{"actions": [["write", "out.txt", "x"]]}])
+    child = fleeter.spawn("tasks.toml", timeout=120)
+    child.expect(rb"t1 setup 1 of 2 started: `echo one`")
+    child.expect(rb"t1 setup 2 of 2 started: `while \[ ! -e ")
+    gate.write_text("")
+    child.expect(rb"t1 RUNNING \(attempt 1\)")
+    child.expect(rb"=== 1 done in ")
+    child.expect(__import__("pexpect").EOF)
+    child.close()
+    assert child.exitstatus == 0
+    quiet = fleeter.run("tasks.toml", "-q", "--new-queue")
+    assert "setup 1 of 2 started" not in quiet.stdout
