@@ -56,11 +56,13 @@ def new_token() -> str:
 
 
 #: A ``WHERE`` condition on ``tasks``: the row is its name's latest run (no task of
-#: the same name from the same tasks file was queued after it), or a run that has not
-#: ended (an interrupted run's task still works besides the new one's). A file run
-#: three times holds three tasks of each name; what needs a person now is the latest.
+#: that name was queued after it: the task a name stands for, as ``logs NAME`` and the
+#: selectors of ``retry``/``approve`` resolve it), or a run that has not ended (an
+#: interrupted run's task still works besides the new one's). A file run three times
+#: holds three tasks of each name; what needs a person now is the latest.
 LATEST = ("(state NOT IN ('DONE','NEEDS_HUMAN','CANCELLED') OR NOT EXISTS (SELECT 1 FROM tasks AS later"
-          " WHERE later.name=tasks.name AND later.source=tasks.source AND later.rowid>tasks.rowid))")
+          " WHERE later.name=tasks.name AND (later.created>tasks.created"
+          " OR (later.created=tasks.created AND later.seq>tasks.seq))))")
 
 
 class Ledger(LedgerFile):
