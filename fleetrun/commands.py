@@ -409,7 +409,9 @@ def cmd_logs(config: Config, out: TextIO, err: TextIO) -> int:
 
 
 def _status_arguments(p: argparse.ArgumentParser) -> None:
-    p.add_argument("--state", metavar="S", help="only tasks in this state")
+    p.add_argument("--all", dest="all_tasks", action="store_true",
+                   help="every run of every task (the history), not only each name's latest")
+    p.add_argument("--state", metavar="S", help="only tasks in this state (of each name's latest run, or --all)")
     p.add_argument("--json", action="store_true", help="print JSON")
     p.add_argument("--graph", action="store_true", help="the depends_on tree, and why anything waits")
     p.add_argument("--wide", action="store_true", help="every cell whole, however wide the terminal")

@@ -55,6 +55,16 @@ def new_token() -> str:
     return digits + secrets.token_hex(3)
 
 
+#: A ``WHERE`` condition on ``tasks``: the row is its name's latest run (no task of
+#: that name was queued after it: the task a name stands for, as ``logs NAME`` and the
+#: selectors of ``retry``/``approve`` resolve it), or a run that has not ended (an
+#: interrupted run's task still works besides the new one's). A file run three times
+#: holds three tasks of each name; what needs a person now is the latest.
+LATEST = ("(state NOT IN ('DONE','NEEDS_HUMAN','CANCELLED') OR NOT EXISTS (SELECT 1 FROM tasks AS later"
+          " WHERE later.name=tasks.name AND (later.created>tasks.created"
+          " OR (later.created=tasks.created AND later.seq>tasks.seq))))")
+
+
 class Ledger(LedgerFile):
     """The SQLite ledger at ``path`` (opened by :class:`~fleetrun.ledger_schema.LedgerFile`).
     One connection per instance; not thread-safe."""
@@ -165,11 +175,13 @@ class Ledger(LedgerFile):
         return self._row_to_task(row) if row else None
 
     def tasks(self, states: Optional[set[State]] = None, queue_id: Optional[str] = None,
-              listed: bool = False) -> list[Task]:
+              listed: bool = False, latest: bool = False) -> list[Task]:
         r"""The tasks (in ``states``, of ``queue_id``), in queue order.
 
         :param listed: for a listing: :class:`~fleetrun.records.ListedTask`\ s, whose
             spec is read only if it is used.
+        :param latest: only each name's latest run (:data:`LATEST`), the states filtering
+            those: what a person is shown by default.
         """
         sql = f"SELECT {LISTED_COLUMNS if listed else '*'} FROM tasks"
         where: list[str] = []
@@ -180,6 +192,8 @@ class Ledger(LedgerFile):
         if queue_id:
             where.append("queue_id=?")
             args.append(queue_id)
+        if latest:
+            where.append(LATEST)
         if where:
             sql += " WHERE " + " AND ".join(where)
         sql += " ORDER BY created, seq"

@@ -217,6 +217,10 @@ class Handoff:
     summary: str
     host: str = "local"
     fetch_hint: str = ""
+    #: the repository on this machine that holds ``branch`` when the task ran on a peer
+    #: and its branch was fetched home; ``""`` when it is on ``host`` only (or the task
+    #: ran here, where its branch is in the repository of its ``cwd``)
+    repo: str = ""
     #: name -> URL: the links plugins attached to the task (``fleetrun.add_link``: its
     #: pull request...), filled from the ledger when a dependent's prompt is built
     links: dict[str, str] = field(default_factory=dict)

@@ -9,7 +9,8 @@ handles as it polls verifiers'.
 
 The task stays ASSIGNED and its attempt ``leased`` while setup runs (the attempt's
 ``info["setup"]`` says ``running``); no new state is needed. A command that fails
-sends the task to NEEDS_HUMAN (``setup_failed:CMD: exit code N``) without using a
+sends the task to NEEDS_HUMAN (``setup_failed:CMD: SUMMARY (exit code N)``, its
+output's summary line quoted as a failed verifier's is) without using a
 retry: the agent cannot fix the user's environment. Once every command has passed,
 ``info["setup"]`` is ``passed`` with the workspace it was for, and later attempts in
 that same workspace (retries, resumes, a restarted supervisor) skip it. A crash in the
@@ -29,6 +30,7 @@ from .hostapi import Host, get_host
 from .ledger import Attempt, Task
 from .reports import Cancellable, Verdict, VerifyHandle, Workspace
 from .states import State
+from .verdicttext import setup_failed_cause
 
 #: How much of each command's output is kept in the ledger (``fleetrun logs`` shows it);
 #: the whole output stays in the attempt folder.
@@ -162,8 +164,8 @@ class SetupStage:
         self.running.pop(task.id, None)
         self.loop.led.update_attempt(att.id, state="abandoned", outcome="setup_failed", ended=time.time(),
                                      info={**att.info, "setup": "failed", "setup_steps": s.steps})
-        reason = " ".join(f"{step.label}: {verdict.reason}".split())
-        now = self.loop.move(task, State.NEEDS_HUMAN, f"setup_failed:{reason}", attempt=att.number)
+        now = self.loop.move(task, State.NEEDS_HUMAN, setup_failed_cause(step.label, verdict.reason, out),
+                             attempt=att.number)
         if now is not None:
             where = f"; its output is in {entry['out']}" if "out" in entry else ""
             self.loop.led.add_note(task.id, f"setup command {s.idx + 1} failed ({verdict.reason}){where}; "

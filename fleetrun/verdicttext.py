@@ -61,3 +61,19 @@ def failed_cause(word: str, label: str, output: str) -> str:
     detail = label.replace("\n", " ")
     line = summary_line(output)
     return cause(word, f"{detail}: {line}" if line else detail)
+
+
+def setup_failed_cause(label: str, reason: str, output: str) -> str:
+    """The cause of a task's move after a failed setup command: ``setup_failed:LABEL:
+    SUMMARY (REASON)``, quoting the command's own summary line as a failed verifier's
+    cause does (``no such option: --group``, not only ``exit code 2``), else
+    ``setup_failed:LABEL: REASON``.
+
+    :param label: the command's label.
+    :param reason: the verdict's reason (``exit code 2``, ``timed out after 60s``).
+    :param output: what the command printed.
+    """
+    line = summary_line(output)
+    text = f"{label}: {line} ({reason})" if line and reason else f"{label}: {line or reason}"
+    detail = " ".join(text.split())
+    return cause("setup_failed", detail)

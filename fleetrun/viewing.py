@@ -11,10 +11,11 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Optional, TextIO
 
 from .exceptions import ExitCode, UsageError
-from .ledger import Ledger, Task, open_ledger
+from .ledger import LATEST, Ledger, Task, open_ledger
 from .states import State
 from .table import cut, fit_table, terminal_width
 from .textutil import NAME_LIMIT, ago, safe_name, safe_text
+from .whereis import ran_on_peer, where_text
 
 if TYPE_CHECKING:
     from .config import Config
@@ -64,8 +65,10 @@ def cmd_status(config: Config, out: TextIO, err: TextIO) -> int:
         from .watching import watch_status
 
         return watch_status(config, led, out)
+    # each name's latest run (what needs you now), unless --all asks for the history
+    latest = not getattr(config.option, "all_tasks", False)
     if config.option.json or config.option.graph:
-        tasks = led.tasks(states, listed=True)  # no spec read: neither shows one
+        tasks = led.tasks(states, listed=True, latest=latest)  # no spec read: neither shows one
         if config.option.json:
             from .jsonout import dumps_indented  # json.dumps(indent=2)'s text, from the C encoder
 
@@ -83,10 +86,10 @@ def cmd_status(config: Config, out: TextIO, err: TextIO) -> int:
                 printed.append(row)
             print(dumps_indented(printed), file=out)
         else:
-            _print_graph(led, tasks, out, everything=states is None)
+            _print_graph(led, tasks, out, everything=states is None and not latest)
         return ExitCode.OK
     _print_supervisor_line(config, led, out)
-    rows = _table_rows(config, led, states)
+    rows = _table_rows(config, led, states, latest)
     if not rows:
         print("no tasks in the ledger" + (f" in state {config.option.state}" if states else ""), file=out)
         return ExitCode.OK
@@ -103,10 +106,12 @@ _WAITING = {State.READY.value, State.RETRYING.value, State.RESUMING.value}
 _PLACED = {State.ASSIGNED.value, State.RUNNING.value, State.VERIFYING.value}
 
 
-def _table_rows(config: Config, led: Ledger, states: Optional[set[State]]) -> list[list[str]]:
+def _table_rows(config: Config, led: Ledger, states: Optional[set[State]], latest: bool = False) -> list[list[str]]:
     """The status table's cells, one row a task, from the columns it shows only (with
     10,000 tasks, making each a :class:`Task` was most of the command's time, and then
-    each cell's formatting: a task that needs none is not formatted again)."""
+    each cell's formatting: a task that needs none is not formatted again).
+
+    :param latest: each name's latest run only (:data:`~fleetrun.ledger.LATEST`)."""
     from .hostapi import missing_host_reason
 
     now = time.time()
@@ -114,12 +119,15 @@ def _table_rows(config: Config, led: Ledger, states: Optional[set[State]]) -> li
     unknown = led.unknown_cost()
     sql = "SELECT id, name, state, attempts, host, created, cost_usd, branch, worktree, reason FROM tasks"
     args: list[str] = []
+    where = [LATEST] if latest else []
     if states:
-        sql += f" WHERE state IN ({','.join('?' * len(states))})"
+        where.append(f"state IN ({','.join('?' * len(states))})")
         args = [st.value for st in states]
+    if where:
+        sql += " WHERE " + " AND ".join(where)
     placed_states = {State(s) for s in _PLACED} & (states or set(State))
     # the placed tasks whose host's plugin is asked about them: read in one query, not one each
-    placed = {t.id: t for t in led.tasks(placed_states, listed=True)} if placed_states else {}
+    placed = {t.id: t for t in led.tasks(placed_states, listed=True, latest=latest)} if placed_states else {}
     missing: dict[str, Optional[str]] = {}
     home = os.path.expanduser("~")
     ages: dict[float, str] = {}
@@ -221,11 +229,27 @@ def _print_graph(led: Ledger, tasks: list[Task], out: TextIO, everything: bool =
     out.write("".join(line + "\n" for line in lines))
 
 
+def did_the_work(led: Ledger, task: Task) -> Optional[Task]:
+    """The task whose run did ``task``'s work when an unchanged re-run kept it (its
+    reason ``unchanged:ID``, always the task that ran: :meth:`Ledger.add_tasks`), or
+    None for a task that ran itself (or whose worker is no longer in the ledger)."""
+    if task.state is not State.DONE or not task.reason.startswith("unchanged:"):
+        return None
+    return led.get(task.reason.split(":", 1)[1])
+
+
 def cmd_logs(config: Config, out: TextIO, err: TextIO) -> int:
     from . import ops
 
     led = open_ledger(config)
     task = ops.resolve(led, config.option.task)
+    kept_by: Optional[Task] = None
+    if task.id != config.option.task:
+        # a name: its latest task, which an unchanged re-run entered DONE without a run
+        # of its own; what a person asks for is the run that did the work
+        worker = did_the_work(led, task)
+        if worker is not None:
+            kept_by, task = task, worker
     if getattr(config.option, "follow", False):
         from .watching import follow_logs
 
@@ -244,6 +268,8 @@ def cmd_logs(config: Config, out: TextIO, err: TextIO) -> int:
         return ExitCode.OK
     plus = "+" if any(a.cost_usd is None for a in attempts.values()) else ""
     print(f"{safe_name(task.name)} {task.id} [{task.state}]  cost ${task.cost_usd:.2f}{plus}", file=out)
+    if kept_by is not None:
+        print(f"(kept unchanged by the later runs of the file: latest {kept_by.id})", file=out)
     # where its work is: what a human looking at a NEEDS_HUMAN task opens first
     if task.worktree:
         shown = safe_text(task.worktree)
@@ -254,8 +280,15 @@ def cmd_logs(config: Config, out: TextIO, err: TextIO) -> int:
             print(f"worktree: removed (was {shown})", file=out)
         else:
             print(f"worktree: {shown}", file=out)
+    elif ran_on_peer(task):  # removed on the peer after DONE: the path its attempt worked in
+        was = next((a.workspace.get("path") for a in reversed(list(attempts.values()))
+                    if isinstance(a.workspace, dict) and a.workspace.get("path")), None)
+        if was:
+            print(f"worktree: removed (was {safe_text(was)} on {safe_text(task.host)})", file=out)
     if task.branch:
         print(f"branch: {safe_text(task.branch)}", file=out)
+    if ran_on_peer(task):  # where it ran, and whether its branch is here or on the peer
+        print(f"where: {where_text(task)}", file=out)
     if task.state.terminal and task.host in (None, "local") and worktree_now(task):
         print("(the task has ended: `fleetrun gc` lists its worktree, `fleetrun gc --branches` its branch)", file=out)
     events: list[tuple[float, int, str]] = []

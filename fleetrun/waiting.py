@@ -266,9 +266,31 @@ class Waits:
         if any(t.state in PLACEABLE and t.id not in self.wait_operator for t in live):
             return False
         # only waits a person must clear (or dependents of those): end, and say why
+        by_id = {t.id: t for t in live}
         for t in live:
             if t.id in self.wait_operator:
                 loop.session.final_notes.append(f"cannot place: {t.name}: {self.wait_operator[t.id]}")
+                continue
+            held = self._held_by(t, by_id, set())
+            if held is not None:  # the real reason, not its cause (`queued`)
+                loop.session.final_notes.append(
+                    f"still waiting: {t.name} [{t.state}] for {held.name}, which cannot be placed: "
+                    f"{self.wait_operator[held.id]}")
             else:
                 loop.session.final_notes.append(f"still waiting: {t.name} [{t.state}] {t.reason}")
         return True
+
+    def _held_by(self, task: Task, by_id: dict[str, Task], seen: set[str]) -> Optional[Task]:
+        """The task ``task`` waits for, through its unfinished dependencies, that waits
+        for what only a person can clear; or None."""
+        for dep in task.deps:
+            d = by_id.get(dep)
+            if d is None or dep in seen:
+                continue
+            seen.add(dep)
+            if dep in self.wait_operator:
+                return d
+            found = self._held_by(d, by_id, seen)
+            if found is not None:
+                return found
+        return None

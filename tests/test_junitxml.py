@@ -214,3 +214,40 @@ def test_reporter_is_unregistered_after_the_run(fleeter: Any, schema: xmlschema.
 ])
 def test_xml_text(text: str, expected: str) -> None:
     assert junitxml.xml_text(text) == expected
+
+
+def test_a_long_failure_output_is_cut_at_a_line_boundary(fleeter: Any, schema: xmlschema.XMLSchema) -> None:
+    """A failing verifier's output past OUTPUT_LIMIT keeps its last whole lines: the
+    first line kept is never cut mid-word (issue 22)."""
+    # 1,000 lines of 30 characters (a newline each): 30,000, well past the limit, and
+    # its last 8,000 start mid-line
+    verify = "python3 -c \"[print(f'line {i:04d} ends here, fine.') for i in range(1000)]\"; exit 1"
+    fleeter.write_tasks(ECHO_AGENT + echo_task("long", verify=verify, max_retries=0))
+    result = fleeter.run("tasks.toml", "--junitxml", "r.xml")
+    assert result.ret == 1, result.stdout + result.stderr
+    failure = cases(parse_valid(fleeter.path / "r.xml", schema))["long"].find("failure")
+    assert failure is not None
+    head, marker, *kept = (failure.text or "").splitlines()
+    assert head.startswith("attempt 1: verify run `python3") and marker == "[... earlier output cut ...]"
+    assert kept and all(line.startswith("line ") and line.endswith(" ends here, fine.") for line in kept), kept[:2]
+    assert kept[-1] == "line 0999 ends here, fine." and len("\n".join(kept)) <= junitxml.OUTPUT_LIMIT
+
+
+def test_a_testcase_time_is_the_tasks_run_not_its_wait_for_a_slot(fleeter: Any,
+                                                                  schema: xmlschema.XMLSchema) -> None:
+    """Two tasks, one slot: the second waits for the first's whole run, and its
+    testcase's time is its own run, from its placement to its end, as the ledger's
+    transitions have them (issue 22)."""
+    fleeter.write_tasks(ECHO_AGENT + echo_task("first", verify="true") + echo_task("second", verify="true"))
+    result = fleeter.run("tasks.toml", "--max-tasks", "1", "--junitxml", "r.xml")
+    assert result.ret == 0, result.stdout + result.stderr
+    tcs = cases(parse_valid(fleeter.path / "r.xml", schema))
+    led = fleeter.ledger()
+    for name in ("first", "second"):
+        rows = led.transitions(fleeter.task(name).id)
+        placed = next(r.time for r in rows if r.to_state == "ASSIGNED")
+        assert tcs[name].get("time") == f"{rows[-1].time - placed:.3f}", (name, [r.__dict__ for r in rows])
+    # the second did wait for the first's run: the test asks what it is meant to
+    second = led.transitions(fleeter.task("second").id)
+    first_ran = next(r.time for r in led.transitions(fleeter.task("first").id) if r.to_state == "RUNNING")
+    assert next(r.time for r in second if r.to_state == "ASSIGNED") > first_ran

@@ -13,7 +13,8 @@ The module only adds the option (``-p no:junitxml`` removes both); when it is gi
 ``junitxml-reporter``. The reporter keeps books in ``fleetrun_transition``,
 ``fleetrun_verdict`` and ``fleetrun_task_waiting``, and writes the file in
 ``fleetrun_sessionfinish``, reading each task's final state, cost and counters from
-the ledger then (so a task cancelled from another shell is reported as cancelled).
+the ledger then (so a task cancelled from another shell is reported as cancelled),
+and each testcase's time, the task's run without its waits for a slot (:func:`run_time`).
 Tasks the run did not move (finished in an earlier run) are not reported.
 """
 
@@ -27,6 +28,7 @@ from typing import TYPE_CHECKING, Any, Optional
 
 from ..hookimpl import hookimpl
 from ..version import __version__
+from ..whereis import ran_on_peer, where_text
 
 if TYPE_CHECKING:
     import xml.etree.ElementTree as ET
@@ -41,6 +43,18 @@ _ILLEGAL = re.compile("[\x00-\x08\x0b\x0c\x0e-\x1f\x7f\ud800-\udfff\ufffe\uffff]
 
 #: How much of a failing verifier's output goes into ``<failure>``.
 OUTPUT_LIMIT = 8000
+
+
+def tail_lines(text: str, limit: int) -> str:
+    """The last whole lines of ``text`` that fit in ``limit`` characters (a reader of a
+    report sees no line cut mid-word); the last ``limit`` characters of a last line
+    longer than that (nothing whole fits)."""
+    tail = text[-limit:]
+    if len(text) > limit and text[-limit - 1] != "\n":
+        cut = tail.find("\n")
+        if cut >= 0:
+            tail = tail[cut + 1:]
+    return tail
 
 
 def xml_text(text: str) -> str:
@@ -80,6 +94,48 @@ class Case:
     last_seen: float
     verdicts: list[tuple[int, Any]] = field(default_factory=list)  # (attempt number, Verdict)
     waiting: str = ""  # why it could not be placed, the last time it could not
+    run_time: Optional[float] = None  # from the ledger at the end (:func:`run_time`)
+    setup_failure: str = ""  # its failed setup command and output (:func:`setup_failure`)
+
+
+def setup_failure(attempts: list[Any]) -> str:
+    """The last failed setup command of a task's attempts, as a failed verifier is
+    shown in ``<failure>``: ``attempt N: setup `CMD` failed: REASON`` and its output."""
+    for att in reversed(attempts):
+        steps = [s for s in (att.info or {}).get("setup_steps") or [] if isinstance(s, dict)]
+        failed = [s for s in steps if not s.get("passed")]
+        if failed:
+            step = failed[-1]
+            command = " ".join(str(step.get("command") or "").split())
+            head = f"attempt {att.number}: setup `{command}` failed: {step.get('reason') or ''}"
+            return _with_output(head, str(step.get("output") or ""))
+    return ""
+
+
+def _with_output(head: str, output: str) -> str:
+    output = output.rstrip()
+    if len(output) > OUTPUT_LIMIT:
+        output = "[... earlier output cut ...]\n" + tail_lines(output, OUTPUT_LIMIT)
+    return head + ("\n" + output if output else "")
+
+
+#: The states in which a task holds its place (its attempt starts, runs or is verified).
+_PLACED = frozenset({"ASSIGNED", "RUNNING", "VERIFYING"})
+
+
+def run_time(transitions: list[Any], since: float) -> float:
+    """How long a task was placed during the run (in ASSIGNED, RUNNING or VERIFYING,
+    from the ledger's transitions at or after ``since``): its run, without its waits for
+    a slot, before its first attempt or between two."""
+    total, entered = 0.0, None
+    for row in transitions:
+        if row.time < since:  # placed before the run (an attempt it adopted): counted from its start
+            entered = since if row.to_state in _PLACED else None
+            continue
+        if entered is not None:
+            total += row.time - entered
+        entered = row.time if row.to_state in _PLACED else None
+    return total
 
 
 class JunitXmlReporter:
@@ -120,6 +176,10 @@ class JunitXmlReporter:
             fresh = ledger.get(case.task.id) if ledger is not None else None
             if fresh is not None:  # cost and counters as the ledger has them now
                 case.task = fresh
+            if ledger is not None:
+                case.run_time = run_time(ledger.transitions(case.task.id), self.started)
+                if (case.task.reason or "").startswith("setup_failed:"):
+                    case.setup_failure = setup_failure(ledger.attempts(case.task.id))
         self.write(self.build(exitstatus))
 
     # -- the document ------------------------------------------------------------------
@@ -167,7 +227,7 @@ class JunitXmlReporter:
         task = case.task
         state = task.state.value if hasattr(task.state, "value") else str(task.state)
         tc = ET.SubElement(suite, "testcase", classname=self._classname(task), name=xml_text(task.name),
-                           time=f"{case.last_seen - case.first_seen:.3f}")
+                           time=f"{case.run_time if case.run_time is not None else case.last_seen - case.first_seen:.3f}")
         reason = xml_text(task.reason or "")
         kind: Optional[str] = None
         if state == "NEEDS_HUMAN":
@@ -190,20 +250,21 @@ class JunitXmlReporter:
         verdicts = "".join(
             f"attempt {n}: verify {v.kind} `{v.label}`: {'PASS' if v.passed else 'FAIL'}"
             f"{f' ({v.reason})' if v.reason else ''}\n" for n, v in case.verdicts)
-        ET.SubElement(tc, "system-out").text = xml_text(facts + verdicts)
+        # a peer task's: where it ran and where its branch is, after its verdicts
+        where = where_text(task) if ran_on_peer(task) else ""
+        ET.SubElement(tc, "system-out").text = xml_text(facts + verdicts + (f"where: {where}\n" if where else ""))
         return kind
 
     @staticmethod
     def _failure_text(case: Case) -> str:
+        if case.setup_failure:
+            return case.setup_failure
         failed = [(n, v) for n, v in case.verdicts if not v.passed]
         if not failed:
             return case.task.reason or "needs a human"
         n, v = failed[-1]
         head = f"attempt {n}: verify {v.kind} `{v.label}` failed" + (f": {v.reason}" if v.reason else "")
-        output = (v.output or "").rstrip()
-        if len(output) > OUTPUT_LIMIT:
-            output = "[... earlier output cut ...]\n" + output[-OUTPUT_LIMIT:]
-        return head + ("\n" + output if output else "")
+        return _with_output(head, v.output or "")
 
     def write(self, root: ET.Element) -> None:
         """Write the report atomically (temp file + rename), making its folder."""

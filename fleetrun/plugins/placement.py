@@ -12,6 +12,7 @@ Tools are probed (:mod:`fleetrun.probe`) only when a task waiting for a place ha
 
 from __future__ import annotations
 
+import dataclasses
 import os
 import time
 from collections import OrderedDict
@@ -313,10 +314,12 @@ def builtin_place(task: Any, candidates: list[Candidate], config: Config,
     if pin is not None and _is_local_pin(pin):
         pin = "local"
     why_local = stays_local(task.spec)
+    kept_here = False  # pinned here by what the task is, not by the user's `peer =`
     if why_local is not None:
         if pin is not None and pin != "local":
             why = f"a task with {why_local} runs on this machine, but it is pinned to {pin}"
             return Wait(why, operator=why)
+        kept_here = pin is None
         pin = "local"
     if task.state in (State.RETRYING, State.RESUMING) and task.host:
         pin = task.host  # same machine, same worktree
@@ -329,7 +332,24 @@ def builtin_place(task: Any, candidates: list[Candidate], config: Config,
     filt, sc = plugin_rules(config, task, candidates, extra_filter, extra_score)
     decision = same_pass(config.stash, candidates, task.spec.requires, pin, backoff,
                          task_id=task.id, extra_filter=filt, extra_score=sc)
+    if kept_here and why_local is not None and isinstance(decision, Wait) and pin == "local":
+        decision = _kept_off_peers(decision, why_local, candidates)
     return steady(config.stash.setdefault(REASONS_KEY, {}), task.id, decision)
+
+
+def _kept_off_peers(wait: Wait, why_local: str, candidates: list[Candidate]) -> Wait:
+    """A task that must run here waits for this machine while a peer is live: its
+    reason says both halves (``this machine is draining; a task with base =
+    "dependencies" runs on this machine (...), not on the live peer mini``), or a person
+    reading only the first asks why the live peer does not take it."""
+    live = [c.name for c in candidates if c.kind != "local" and c.status == "live" and c.fresh]
+    if not live:
+        return wait
+    because = _WHY_HERE.get(why_local, "its verifier runs here")
+    peers = f"the live peer {live[0]}" if len(live) == 1 else f"the live peers {', '.join(live)}"
+    also = f"a task with {why_local} runs on this machine ({because}), not on {peers}"
+    return dataclasses.replace(wait, reason=f"{wait.reason}; {also}",
+                               operator=f"{wait.operator}; {also}" if wait.operator else None)
 
 
 class PassRules:

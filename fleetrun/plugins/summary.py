@@ -3,8 +3,10 @@
 - :func:`failure_tail`: the last lines of a failing verifier's output, under its verdict
   line: a few, each cut to the width, without ``-v``; 20 whole ones with ``-v``.
 - :func:`short_summary`: what pytest's ``-ra`` is to tests, for the run's NEEDS_HUMAN
-  and CANCELLED tasks: the cause, the failed verifier and its summary line, the branch,
+  and CANCELLED tasks: the cause, the failed verifier (or setup command) and its summary line, the branch,
   and the command that shows the rest (``fleetrun logs NAME``).
+- :func:`where_work_is`: where each task of the run ran and where its branch is, when
+  any ran on a peer.
 - :func:`durations`: ``--durations N``, the slowest tasks and verifiers of the run.
 
 A task's duration is the time it was being worked on in this run: from the start of
@@ -19,12 +21,13 @@ from __future__ import annotations
 import shlex
 import time
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Optional
+from typing import TYPE_CHECKING, Any, Optional
 
 from ..states import State
 from ..table import cut
 from ..textutil import safe_name, safe_text
 from ..verdicttext import summary_line
+from ..whereis import ran_on_peer, where_text
 
 if TYPE_CHECKING:  # the terminal plugin is loaded by `fleetrun --help`: no ledger then
     from ..ledger import Ledger, Task
@@ -68,6 +71,29 @@ def _last_failure(verdicts: list[VerdictRow]) -> Optional[VerdictRow]:
     return max(failed, key=lambda v: v.time) if failed else None
 
 
+def failed_setup_step(led: Ledger, task: Task) -> Optional[tuple[int, dict[str, Any]]]:
+    """The task's last failed setup command, as its attempt recorded it (``n``,
+    ``command``, ``reason``, ``output``), with the attempt's number; or None."""
+    for att in reversed(led.attempts(task.id)):
+        steps = (att.info or {}).get("setup_steps") or []
+        failed = [s for s in steps if isinstance(s, dict) and not s.get("passed")]
+        if failed:
+            return att.number, failed[-1]
+    return None
+
+
+def _setup_failure(led: Ledger, task: Task) -> list[str]:
+    """``    setup 1 `CMD` (attempt 1): exit code 2 | SUMMARY``, as a failed verifier's line."""
+    found = failed_setup_step(led, task)
+    if found is None:
+        return []
+    num, step = found
+    line = (f"    setup {safe_text(step.get('n'))} `{safe_text(step.get('command'), limit=60)}` (attempt {num}): "
+            f"{safe_text(step.get('reason'))}")
+    said = summary_line(str(step.get("output") or ""))
+    return [line + (f" | {safe_text(said)}" if said else "")]
+
+
 def short_summary(led: Ledger, task_ids: list[str]) -> list[tuple[str, str]]:
     """The ``short task summary info`` section, or nothing when no task of the run
     needs a human or was cancelled.
@@ -91,11 +117,23 @@ def short_summary(led: Ledger, task_ids: list[str]) -> list[tuple[str, str]]:
             if said:
                 line += f" | {safe_text(said)}"
             out.append((line, ""))
+        elif task.reason.startswith("setup_failed:"):
+            out.extend((line, "") for line in _setup_failure(led, task))
         where = f"branch {safe_text(task.branch)}; " if task.branch else ""
         out.append((f"    {where}look: {_look(led, task)}", ""))
     if out:
         out.insert(0, ("=== short task summary info ===", ""))
     return out
+
+
+def where_work_is(led: Ledger, task_ids: list[str]) -> list[str]:
+    """The ``where the work is`` section: when any task of the run ran on a peer, each
+    task of the run that ran, with where it ran and where its branch is
+    (:func:`~fleetrun.whereis.where_text`); nothing when every one ran here."""
+    tasks = [t for t in (led.get(i) for i in task_ids) if t is not None and t.host]
+    if not any(ran_on_peer(t) for t in tasks):
+        return []
+    return ["=== where the work is ===", *(f"{safe_name(t.name)}: {where_text(t)}" for t in tasks)]
 
 
 @dataclass(frozen=True)

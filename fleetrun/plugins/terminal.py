@@ -108,6 +108,18 @@ class TerminalReporter:
         self.write_line(f"{stamp} {safe_name(task.name)} {to_state}{att}{safe_text(where)}  {safe_text(cause)}",
                         to_state)
 
+    @hookimpl(wrapper=True)
+    def fleetrun_verify(self, task: Any, verifier: Any, workspace: Any, attempt: Any, host: Any,
+                        config: Config) -> Any:
+        """Say that a setup command started (a venv and a pip install can take minutes:
+        the run is not silent meanwhile); whoever runs it answers as before."""
+        step = (getattr(verifier, "extra", None) or {}).get("setup")
+        if step and self.verbosity >= 0:
+            where = f" on {host.name}" if not getattr(host, "local", True) else ""
+            self.write_line(f"{time.strftime('%H:%M:%S')} {safe_name(task.name)} setup {step} of "
+                            f"{len(task.spec.setup)} started{safe_text(where)}: `{safe_text(verifier.label)}`")
+        return (yield)
+
     @hookimpl(trylast=True)
     def fleetrun_task_waiting(self, task: Any, reason: str, config: Config) -> None:
         if self.verbosity >= 0:
@@ -142,7 +154,7 @@ class TerminalReporter:
             text += f", ${cost:.2f}"
         older = getattr(session, "older_tasks", 0)
         if older:  # `fleetrun work` counts what it worked on, not the whole ledger
-            text += f" (this run; {older} older task{'s' if older != 1 else ''} not shown: fleetrun status)"
+            text += f" (this run; {older} older task{'s' if older != 1 else ''} not shown: fleetrun status --all)"
         text += " ==="
         state = "DONE" if exitstatus == 0 else "NEEDS_HUMAN"
         for line in session.final_notes if hasattr(session, "final_notes") else ():
@@ -151,17 +163,21 @@ class TerminalReporter:
 
 
     def summary_sections(self, session: Any) -> None:
-        """``--durations N`` and the ``short task summary info`` of what needs a human,
-        after the plugins' summaries and before the final line, as in pytest."""
+        """``--durations N``, where the work is (when a task ran on a peer) and the
+        ``short task summary info`` of what needs a human, after the plugins' summaries
+        and before the final line, as in pytest."""
         led = getattr(session, "ledger", None)
         task_ids: list[str] = getattr(session, "task_ids", [])
         if led is None:
             return
-        from .summary import durations, short_summary
+        from .summary import durations, short_summary, where_work_is
 
         n = self.config.getoption("durations")
         if n is not None and self.verbosity >= -1:
             for line in durations(led, task_ids, session.started, n, self.verbosity):
+                self.write_line(line)
+        if self.verbosity >= -1:
+            for line in where_work_is(led, task_ids):
                 self.write_line(line)
         if self.verbosity >= -1:
             for line, state in short_summary(led, task_ids):

@@ -414,7 +414,7 @@ def test_cancel_stops_a_live_attempt_after_a_crash_and_nothing_restarts_it(fleet
     r = fleeter.runsub("work", "--until-idle", timeout=60)
     # it worked on nothing: the cancelled task is an older one, not this run's failure
     assert r.ret == 0, r.stdout + r.stderr
-    r.fnmatch_lines(["=== no tasks in * (this run; 1 older task not shown: fleetrun status) ==="])
+    r.fnmatch_lines(["=== no tasks in * (this run; 1 older task not shown: fleetrun status --all) ==="])
     assert fleeter.states() == {"t1": "CANCELLED"}
     assert len(fake_claude.calls("t1")) == 1
     att = fleeter.ledger().latest_attempt(fleeter.task("t1").id)

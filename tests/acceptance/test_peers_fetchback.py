@@ -269,3 +269,73 @@ def test_only_a_role_or_an_unfetchable_reviewed_task_stays_here():
     assert stays_local(spec("run", "brain")) == "a brain verifier and no git_ref"
     assert stays_local(spec("agent")) == "an agent verifier and no git_ref"
     assert stays_local(spec("brain", git_ref="main", role="backend")) == "a role"
+
+
+def where_tasks(fleeter) -> None:
+    fleeter.write_tasks('''
+        [[task]]
+        name = "api"
+        cwd = "repo"
+        prompt = "Write API.txt."
+        git_ref = "main"
+        peer = "mini"
+
+          [[task.verify]]
+          run = "test -f API.txt"
+    ''')
+
+
+def test_a_done_peer_tasks_branch_is_fetched_home_and_the_run_says_where(fleeter, fake_claude, peer_lab):
+    """A DONE task on a peer, with neither a dependent nor a verifier that runs here,
+    has its branch fetched into this machine's repository by default; the end summary,
+    ``logs`` and the JUnit report say where it ran and where its branch is (issue 22)."""
+    import xml.etree.ElementTree as ET
+
+    repo = fleeter.make_repo()
+    mini = peer_lab.private_machine("mini", repo)
+    mini.pair(fleeter)
+    where_tasks(fleeter)
+    fake_claude.script(api=[{"actions": [["write", "API.txt", "GET /things\n"], ["commit", "add api"]]}])
+    r = fleeter.run("tasks.toml", "--junitxml", "r.xml")
+    assert r.ret == 0, r.stdout + r.stderr
+    api = fleeter.task("api")
+    assert (api.state.value, api.host) == ("DONE", "mini")
+    # the branch is here, at the peer's commit (`git branch` in this machine's repository)
+    assert api.branch in fleeter.git(repo, "branch", "--list", "fleetrun/*")
+    assert fleeter.git(repo, "rev-parse", api.branch) == fleeter.git(mini.clone, "rev-parse", api.branch)
+    # ... and no fetched worktree is left behind: only the branch
+    assert not (fleeter.home / "worktrees" / f"api-{api.id}-fetched").exists()
+    where = f"ran on mini; branch {api.branch} fetched into {repo}"
+    r.fnmatch_lines(["=== where the work is ===", f"api: {where}", "=== 1 done in * ==="])
+    fleeter.run("logs", "api").fnmatch_lines([f"where: {where}"])
+    (tc,) = ET.parse(fleeter.path / "r.xml").getroot().iter("testcase")
+    assert f"where: {where}" in (tc.findtext("system-out") or "").splitlines()
+    # its clean worktree on the peer was removed after DONE: shown as removed, not as a path on mini
+    (wt,) = [a.workspace["path"] for a in fleeter.ledger().attempts(api.id)]
+    assert not os.path.exists(wt) or not wt.startswith(str(mini.home))
+    assert list((mini.home / "worktrees").iterdir()) == []
+    fleeter.run("logs", "api").fnmatch_lines([f"worktree: removed (was {wt} on mini)"])
+    (row,) = [line for line in fleeter.run("status").stdout.splitlines() if line.startswith("api ")]
+    assert "(on mini)" not in row and row.split()[8] == "-", row  # WORKTREE
+    assert json.loads(fleeter.run("status", "--json").stdout)[0]["worktree"] is None
+
+
+def test_fetch_back_false_leaves_a_peer_tasks_branch_on_the_peer_and_says_so(fleeter, fake_claude, peer_lab):
+    import xml.etree.ElementTree as ET
+
+    repo = fleeter.make_repo()
+    mini = peer_lab.private_machine("mini", repo)
+    mini.pair(fleeter)
+    fleeter.write_config((fleeter.home / "config.toml").read_text() + "\n[relay]\nfetch_back = false\n")
+    where_tasks(fleeter)
+    fake_claude.script(api=[{"actions": [["write", "API.txt", "GET /things\n"], ["commit", "add api"]]}])
+    r = fleeter.run("tasks.toml", "--junitxml", "r.xml")
+    assert r.ret == 0, r.stdout + r.stderr
+    api = fleeter.task("api")
+    assert api.branch not in fleeter.git(repo, "branch", "--list", "fleetrun/*")
+    assert "add api" in fleeter.git(mini.clone, "log", "--format=%s", "-1", api.branch)
+    where = f"ran on mini; branch {api.branch} is on mini (not fetched here)"
+    r.fnmatch_lines(["=== where the work is ===", f"api: {where}"])
+    fleeter.run("logs", "api").fnmatch_lines([f"where: {where}"])
+    (tc,) = ET.parse(fleeter.path / "r.xml").getroot().iter("testcase")
+    assert f"where: {where}" in (tc.findtext("system-out") or "").splitlines()

@@ -62,6 +62,8 @@ def wait_for(pred, timeout, what):
 
 
 def test_work_runs_on_the_peers_own_clone_and_is_fetched_by_the_hint(fleeter, fake_claude, far, tmp_path):
+    # the branch stays on the peer (by default a DONE peer task's is fetched home)
+    fleeter.write_config((fleeter.home / "config.toml").read_text() + "\n[relay]\nfetch_back = false\n")
     one_task(fleeter)
     fake_claude.script(t1=[{"actions": [["write", "out.txt", "far away"], ["commit", "far"]], "result": "Wrote it"}])
     r = fleeter.run("tasks.toml")

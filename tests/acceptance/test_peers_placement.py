@@ -91,7 +91,8 @@ def test_tasks_with_a_role_stay_on_this_machine(fleeter, fake_claude, peer_lab):
     tasks(fleeter, "reviewed", extra='role = "backend"')
     r = fleeter.run("tasks.toml")
     assert r.ret == 1
-    r.fnmatch_lines(["cannot place: reviewed: this machine is draining"])
+    r.fnmatch_lines(["cannot place: reviewed: this machine is draining; a task with a role runs on this machine "
+                     "(its role's session is on this machine), not on the live peer mini"])
     assert fake_claude.calls() == []
 
 
@@ -141,3 +142,37 @@ def test_a_peer_that_never_answers_holds_placement_back_only_briefly(fleeter, fa
     running = next(e["at"] for e in events if e["type"] == "transition" and e["to"] == "RUNNING")
     beats = [e["at"] for e in events if e["type"] == "peer_heartbeat"]
     assert not beats or running < beats[0], (running, beats)  # placed before the first round ended
+
+
+def test_a_task_that_must_run_on_a_drained_machine_says_so_and_what_keeps_it_off_the_peers(fleeter, fake_claude,
+                                                                                          peer_lab):
+    """This machine drained, a live peer: a task with ``base = "dependencies"`` can only
+    wait for a person, and its wait says the real reason, both halves of it: this
+    machine is draining, and its base keeps it off the live peer (issue 22)."""
+    peers(fleeter, peer_lab, mini=8000)  # drains this machine
+    fleeter.make_repo()
+    fleeter.write_tasks('''
+        [[task]]
+        name = "a"
+        cwd = "repo"
+        prompt = "Write a.txt."
+        git_ref = "main"
+
+        [[task]]
+        name = "b"
+        cwd = "repo"
+        prompt = "Build on a."
+        git_ref = "main"
+        base = "dependencies"
+        depends_on = ["a"]
+    ''')
+    fake_claude.script(default=[{"actions": [["write", "out.txt", "x"], ["commit", "work"]]}])
+    r = fleeter.run("tasks.toml")
+    assert r.ret == 1, r.stdout + r.stderr
+    assert (fleeter.task("a").state.value, fleeter.task("a").host) == ("DONE", "mini")
+    why = ("this machine is draining; a task with "
+           'base = "dependencies" runs on this machine (the dependencies\' branches are merged here), '
+           "not on the live peer mini")
+    r.fnmatch_lines([f"cannot place: b: {why}"])
+    (row,) = [line for line in fleeter.run("status").stdout.splitlines() if line.startswith("b ")]
+    assert row.endswith(why), row

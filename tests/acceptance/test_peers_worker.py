@@ -108,7 +108,9 @@ def test_the_peer_worker(fleeter, fake_claude, peer_lab, mode):
         assert requests == []
         assert {"prepare", "start", "status", "collect", "verify-start", "verify-status"} <= set(one_shot)
         return
-    assert one_shot == ["probe"], one_shot  # every other verb went to the worker
+    # every other verb went to the worker, but `bundle` (a byte stream, always one-shot):
+    # the DONE task's branch is fetched home
+    assert one_shot == ["probe", "bundle"], one_shot
     assert {"probe", "prepare", "start", "collect", "verify-start", "cleanup"} <= set(requests), requests
     assert "verify-status" not in requests  # the verdict was pushed
     if mode == "serves":

@@ -72,7 +72,10 @@ def test_a_changed_task_reruns_with_its_dependents_the_rest_is_kept(fleeter, don
     old_c, new_c = [t for t in led.tasks() if t.name == "c"]
     assert new_c.queue_id != old_c.queue_id and new_c.state.value == "DONE"
     assert new_c.branch == old_c.branch and new_c.reason == f"unchanged:{old_c.id}"
-    fleeter.run("logs", "c").fnmatch_lines([f"*note: unchanged since the file's last run: task {old_c.id} did this work*"])
+    fleeter.run("logs", new_c.id).fnmatch_lines(
+        [f"*note: unchanged since the file's last run: task {old_c.id} did this work*"])
+    # by its name, the run that did the work (issue 22)
+    fleeter.run("logs", "c").fnmatch_lines([f"c {old_c.id} [[]DONE]*"])
     # kept again: still named after the task that did the work
     three(fleeter, a_prompt="Write a.txt, in German.")
     assert fleeter.run("tasks.toml").ret == 0

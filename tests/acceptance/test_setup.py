@@ -80,7 +80,8 @@ def test_failed_setup_is_needs_human_with_its_output_and_no_retry(fleeter, fake_
     assert r.ret == 1, r.stdout + r.stderr
     task = fleeter.task("t1")
     assert task.state.value == "NEEDS_HUMAN"
-    assert task.reason == "setup_failed:echo installing; echo boom-output >&2; exit 7: exit code 7"
+    # its output's summary line quoted, as a failed verifier's (issue 22)
+    assert task.reason == "setup_failed:echo installing; echo boom-output >&2; exit 7: boom-output (exit code 7)"
     assert task.retries == 0
     assert fake_claude.calls("t1") == []  # the agent never started
     r.fnmatch_lines(["*t1 NEEDS_HUMAN*setup_failed:echo installing*exit code 7*"])
@@ -289,3 +290,50 @@ def test_setup_runs_on_the_peer_that_runs_the_attempt(fleeter, fake_claude, peer
     (att,) = fleeter.ledger().attempts(task.id)
     assert att.info["setup"] == "passed"
     assert [s["passed"] for s in att.info["setup_steps"]] == [True, True]
+
+
+def test_a_failed_setup_quotes_its_summary_line_in_the_run_line_summary_and_junit(fleeter, fake_claude):
+    """A setup command's own last line (the tool's error) is what the run line, the
+    end summary and the JUnit report say, as a failing verifier's is; not only its exit
+    code (issue 22)."""
+    import xml.etree.ElementTree as ET
+
+    command = "python -c 'import sys; sys.exit(\"no such option: --group\")'"
+    tasks(fleeter, f"setup = [{json.dumps(command)}]")
+    fake_claude.script(t1=[{"actions": [["write", "out.txt", "x"]]}])
+    r = fleeter.run("tasks.toml", "--junitxml", "r.xml")
+    assert r.ret == 1, r.stdout + r.stderr
+    assert fake_claude.calls("t1") == []
+    cause = f"setup_failed:{command}: no such option: --group (exit code 1)"  # the command is its label
+    assert fleeter.task("t1").reason == cause
+    r.fnmatch_lines([f"*t1 NEEDS_HUMAN (attempt 1)  {cause}",
+                     "=== short task summary info ===",
+                     f"NEEDS_HUMAN t1: {cause}",
+                     f"    setup 1 `{command}` (attempt 1): exit code 1 | no such option: --group",
+                     "    branch * look: fleetrun logs t1"])
+    (tc,) = ET.parse(fleeter.path / "r.xml").getroot().iter("testcase")
+    failure = tc.find("failure")
+    assert failure is not None and failure.get("message") == cause and failure.get("type") == "setup_failed"
+    assert (failure.text or "").splitlines() == [f"attempt 1: setup `{command}` failed: exit code 1",
+                                                 "no such option: --group"]
+
+
+def test_a_setup_command_prints_that_it_started(fleeter, fake_claude):
+    """A setup of minutes (a venv, a pip install) is not silence in the run: each
+    command prints that it started, before the agent's RUNNING line (issue 22)."""
+    gate = fleeter.path / "setup-may-end"
+    # the second command waits until the test has seen the first two lines, so the
+    # line is shown while setup runs, not only once it is over
+    tasks(fleeter, f"setup = ['echo one', 'while [ ! -e {gate} ]; do sleep 0.05; done']")
+    fake_claude.script(t1=[{"actions": [["write", "out.txt", "x"]]}])
+    child = fleeter.spawn("tasks.toml", timeout=120)
+    child.expect(rb"t1 setup 1 of 2 started: `echo one`")
+    child.expect(rb"t1 setup 2 of 2 started: `while \[ ! -e ")
+    gate.write_text("")
+    child.expect(rb"t1 RUNNING \(attempt 1\)")
+    child.expect(rb"=== 1 done in ")
+    child.expect(__import__("pexpect").EOF)
+    child.close()
+    assert child.exitstatus == 0
+    quiet = fleeter.run("tasks.toml", "-q", "--new-queue")
+    assert "setup 1 of 2 started" not in quiet.stdout

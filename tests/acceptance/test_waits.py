@@ -123,6 +123,23 @@ def test_a_requires_no_machine_has_ends_the_run(fleeter, fake_claude):
     r.fnmatch_lines(["cannot place: t1: this machine lacks `nosuchtag`"])
 
 
+def test_a_drained_machines_tasks_say_drained_and_their_dependents_say_what_they_wait_for(fleeter):
+    """This machine drained (nothing else to run on): the run ends, its task says
+    "draining" as the reason only a person can clear, and a task that depends on it
+    says what it waits for and why that cannot start, not its cause `queued` (issue 22)."""
+    from fleetrun.fleeter import ECHO_AGENT, echo_task
+
+    fleeter.write_tasks(ECHO_AGENT + echo_task("a") + echo_task("b", depends_on=["a"]))
+    assert fleeter.run("drain").ret == 0
+    r = fleeter.run("tasks.toml")
+    assert r.ret == 1, r.stdout + r.stderr
+    r.fnmatch_lines(["cannot place: a: this machine is draining",
+                     "still waiting: b [[]PENDING] for a, which cannot be placed: this machine is draining",
+                     "=== 1 ready, 1 pending in * ==="])
+    (row,) = [line for line in fleeter.run("status").stdout.splitlines() if line.startswith("a ")]
+    assert row.endswith("this machine is draining"), row
+
+
 # -- a usage-limit pause survives a restart ----------------------------------------------
 
 
@@ -180,7 +197,7 @@ def test_work_until_idle_reports_and_exits_on_what_it_worked_on(fleeter, fake_cl
     assert fleeter.run("queue", "new.toml").ret == 0
     r = fleeter.run("work", "--until-idle")
     assert r.ret == 0, r.stdout + r.stderr
-    r.fnmatch_lines(["=== 1 done in * (this run; 1 older task not shown: fleetrun status) ==="])
+    r.fnmatch_lines(["=== 1 done in * (this run; 1 older task not shown: fleetrun status --all) ==="])
     assert fleeter.states() == {"old": "NEEDS_HUMAN", "new": "DONE"}
 
 

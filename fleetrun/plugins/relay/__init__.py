@@ -91,6 +91,8 @@ def fleetrun_config_keys(config: Config) -> list[Any]:
         ConfigKey("relay", "tags", (list,), items=str, doc="this machine's tags, for requires"),
         ConfigKey("relay", "tools", (list,), items=str, doc="more tools to probe"),
         ConfigKey("relay", "heartbeat_secs", (int, float), check=_positive, doc="seconds between heartbeats"),
+        ConfigKey("relay", "fetch_back", (bool,),
+                  doc="fetch each DONE peer task's branch into this machine's repository (default true)"),
     ]
 
 

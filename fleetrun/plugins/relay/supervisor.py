@@ -83,6 +83,9 @@ class Relay:
         self._in_session = False  # a loop runs: its passes end with fleetrun_loop_pass
         self.collects: set[PeerCollect] = set()  # collect requests whose reply the loop has not read
         self.interval = float(config.setting("relay", "heartbeat_secs", HEARTBEAT_S))
+        # where the work is in the morning: a DONE peer task's branch is brought home
+        # (config.toml's [relay] fetch_back = false leaves it on the peer)
+        self.fetch_done = config.setting("relay", "fetch_back", True) is not False
 
     def close(self) -> None:
         for b in self.beats.values():
@@ -401,7 +404,7 @@ class Relay:
             summary = summary[:SUMMARY_LIMIT] + " [...]"
         repo = ((attempt.workspace or {}).get("repo") if attempt is not None else None) or None
         rec = self.fetched(attempt.id) if attempt is not None else None
-        if rec is None and attempt is not None and task.branch and self.wants_fetch(task):
+        if rec is None and attempt is not None and task.branch and (self.fetch_done or self.wants_fetch(task)):
             try:  # the fetch after the attempt failed, or a restart skipped it: once more
                 rec = self.fetch_back(task, attempt, Workspace(**attempt.workspace) if attempt.workspace
                                       else Workspace(path=task.spec.cwd, branch=task.branch))
@@ -418,7 +421,8 @@ class Relay:
                 hint += f" ({rec['renamed']}, which is left as it is)." if rec["renamed"] else "."
             if remote:
                 hint += f" To fetch it from {peer.name} again: {remote}."
-            return Handoff(task_name=task.name, branch=name, summary=summary, host=peer.name, fetch_hint=hint)
+            return Handoff(task_name=task.name, branch=name, summary=summary, host=peer.name, fetch_hint=hint,
+                           repo=str(rec["repo"]))
         hint = f"The branch is on {peer.name}; fetch it with {remote}." if remote else ""
         return Handoff(task_name=task.name, branch=task.branch, summary=summary, host=peer.name, fetch_hint=hint)
 
@@ -458,6 +462,9 @@ class Relay:
     def _cleaned(self, task: Any, host: SSHHost, r: dict[str, Any]) -> None:
         if r.get("removed"):
             self._note(task.id, f"removed clean worktree {task.worktree} on {host.name}; branch {task.branch} stays")
+            led = self.config.stash.get(LEDGER_KEY)
+            if led is not None:  # shown as removed (status `-`, logs `removed (was PATH on PEER)`), as a local one
+                led.update_task(task.id, worktree=None)
         else:
             self._note(task.id, f"kept worktree {task.worktree} on {host.name}")
 
