@@ -26,11 +26,19 @@ from .textutil import safe_text
 CAUSE_FILES = 10
 
 
+#: What git says when it could not write, which clears by itself: a full disk, a quota,
+#: a read-only filesystem, a lock another git holds (lower case).
+TRANSIENT_GIT = ("no space left on device", "disk quota exceeded", "read-only file system", ".lock': file exists")
+
+
 class DependencyError(Exception):
     """A dependency's branch cannot be merged (it has none, it is not in the repository,
-    git refused the merge): trying again cannot help until someone acts."""
+    git refused the merge): trying again cannot help until someone acts, unless
+    ``permanent`` is false (git could not write: a full disk waits, it asks nobody)."""
 
-    permanent = True
+    def __init__(self, message: str, permanent: bool = True) -> None:
+        super().__init__(message)
+        self.permanent = permanent
 
 
 def dependency_branch(dep: Any) -> Optional[str]:
@@ -88,8 +96,11 @@ def merge_dependencies(p: Pinned, task: Any, branches: list[tuple[str, str]]
             res = wt_merge(p, f"refs/heads/{branch}", f"fleetrun: merge {name} ({branch}) into {task.name}")
         except GitError as e:
             lines = [ln.strip() for ln in e.output.splitlines() if ln.strip()]
-            why = next((ln for ln in lines if ln.startswith(("fatal:", "error:"))), lines[-1] if lines else str(e))
-            raise DependencyError(f"merging {name} ({branch}) failed: {' '.join(why.split())}") from None
+            transient = next((ln for ln in lines if any(t in ln.lower() for t in TRANSIENT_GIT)), None)
+            why = transient or next((ln for ln in lines if ln.startswith(("fatal:", "error:"))),
+                                    lines[-1] if lines else str(e))
+            raise DependencyError(f"merging {name} ({branch}) failed: {' '.join(why.split())}",
+                                  permanent=transient is None) from None
         if res.conflicts:
             pending = [{"task": n, "branch": b} for n, b in branches[k + 1:]]
             return merged, {"task": name, "branch": branch, "files": res.conflicts, "pending": pending}

@@ -309,3 +309,47 @@ def test_a_peer_does_not_reuse_a_worktree_whose_head_left_the_task_branch(peer, 
                                                 "refs/heads/fleetrun/").split()[0])
     code, r = peer.host("prepare", stdin={"task": task(repo), "attempt": attempt(n=3)})
     assert code == 0 and r["workspace"]["branch"] == r_branch, r
+
+
+# The first merge of fleetrun's own fails as git does when the disk is full, once.
+FULL_DISK_WRAPPER = '''#!/bin/sh
+case "$*" in
+  *" merge --no-ff "*)
+    if [ ! -e "{flags}/failed" ]; then
+      touch "{flags}/failed"
+      echo "error: unable to write file schema.sql" >&2
+      echo "fatal: unable to write new index file: No space left on device" >&2
+      exit 128
+    fi ;;
+esac
+exec "{git}" "$@"
+'''
+
+
+def test_a_merge_the_full_disk_refused_is_waited_out_not_sent_to_a_human(fleeter, fake_claude, monkeypatch):
+    """Found by the soak: a dependency merge git could not write (a full disk) is a
+    condition that clears by itself: the dependent backs off and merges again, it does
+    not go NEEDS_HUMAN (nor its own dependents with it)."""
+    repo = chain(fleeter, verify="test -f api.py")
+    flags = fleeter.path / "flags"
+    flags.mkdir()
+    bindir = fleeter.path / "bin"
+    bindir.mkdir()
+    real = shutil.which("git")
+    assert real
+    (bindir / "git").write_text(FULL_DISK_WRAPPER.format(flags=flags, git=real))
+    (bindir / "git").chmod(0o755)
+    monkeypatch.setenv("PATH", f"{bindir}:{Path(real).parent}:{os.environ['PATH']}")
+    fake_claude.script(**{
+        "user-schema": [{"actions": [["write", "schema.sql", "CREATE TABLE users"]]}],
+        "user-api": [{"actions": [["write", "api.py", "# api"], ["commit", "api"]]}],
+    })
+    r = fleeter.runsub("tasks.toml", timeout=120)
+    assert (flags / "failed").exists()
+    assert r.ret == 0, r.stdout + r.stderr
+    assert fleeter.states() == {"user-schema": "DONE", "user-api": "DONE"}
+    schema, api = fleeter.task("user-schema"), fleeter.task("user-api")
+    assert is_ancestor(fleeter, repo, schema.branch, api.branch)
+    causes = [t.cause for t in fleeter.ledger().transitions(api.id)]
+    assert any("No space left on device" in c for c in causes), causes
+    assert [t.to_state for t in fleeter.ledger().transitions(api.id)].count("NEEDS_HUMAN") == 0

@@ -280,7 +280,7 @@ def _dependency_branches(config: Config, task: Any, repo: str) -> list[tuple[str
     try:
         return dependency_branches(config.stash[LEDGER_KEY], task, repo)
     except DependencyError as e:
-        raise WorkspaceError(str(e), permanent=True) from None
+        raise WorkspaceError(str(e), permanent=e.permanent) from None
 
 
 def _merge_dependencies(config: Config, task: Any, attempt: Any, p: Pinned, ws: Workspace,
@@ -314,7 +314,7 @@ def _merge_dependencies(config: Config, task: Any, attempt: Any, p: Pinned, ws: 
             git(repo, "worktree", "remove", "--force", "--", p.root, check=False)
             git(repo, "branch", "-D", "--", str(ws.branch), check=False)
             forget_pin(config, p.root, p.common)
-        raise WorkspaceError(str(e), permanent=True) from None
+        raise WorkspaceError(str(e), permanent=e.permanent) from None
     if ws.conflict is not None and task.spec.on_conflict != "agent":
         _note_once(led, task.id, conflict_note(ws.conflict, str(ws.root), task.name))
         raise WorkspaceError(conflict_cause(ws.conflict), permanent=True, cause=conflict_cause(ws.conflict),
