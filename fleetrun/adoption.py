@@ -108,9 +108,11 @@ class Adoption:
                 loop.verify.begin(task.id, v)
         for task in led.tasks({State.DONE}):
             with loop.isolated(task.id):
-                # DONE, but the crash came before its workspace was cleaned up
-                if task.worktree and get_host(loop.config, task.host).local \
-                        and os.path.exists(os.path.join(task.worktree, ".git")):
+                # DONE, but the crash came before its workspace was cleaned up: a local
+                # one is looked at here; another host's is its plugin's to look at
+                # (a worktree recorded as removed is None)
+                if task.worktree and (not get_host(loop.config, task.host).local
+                                      or os.path.exists(os.path.join(task.worktree, ".git"))):
                     loop.finish_terminal(task)
         if adopted:
             loop.config.out.write(f"adopted {adopted} running attempt(s)\n")

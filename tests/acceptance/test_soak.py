@@ -197,9 +197,6 @@ def test_a_dependent_whose_first_start_failed_half_way_still_gets_its_dependenci
     assert merged == 0, f"{api.branch} is DONE without {schema.branch} ({head[:12]}) merged in"
 
 
-@pytest.mark.xfail(strict=False, reason=(
-    "found by the soak, not fixed here: adoption cleans up the worktree of a DONE task only on "
-    "this machine; a peer's is left there when the supervisor died before sending its cleanup"))
 def test_a_done_peer_tasks_worktree_is_removed_after_a_crash_before_its_cleanup(fleeter, fake_claude, peer_lab):
     """Found by the soak with peers (five times in 300 tasks): a peer task went DONE,
     the supervisor was killed before it sent the peer the worktree's cleanup (sent as

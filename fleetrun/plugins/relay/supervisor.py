@@ -466,7 +466,10 @@ class Relay:
             if led is not None:  # shown as removed (status `-`, logs `removed (was PATH on PEER)`), as a local one
                 led.update_task(task.id, worktree=None)
         else:
-            self._note(task.id, f"kept worktree {task.worktree} on {host.name}")
+            kept = f"kept worktree {task.worktree} on {host.name}"
+            led = self.config.stash.get(LEDGER_KEY)
+            if led is None or kept not in [n for _, n in led.notes(task.id)]:  # said once, not at each restart
+                self._note(task.id, kept)
 
     def _reap_cleanups(self, wait: bool) -> None:
         """Note the cleanups whose reply came (``wait``: every one, waiting for each)."""
