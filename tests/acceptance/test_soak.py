@@ -13,7 +13,6 @@ import subprocess
 from pathlib import Path
 from typing import Optional
 
-import pytest
 from soakrun import Soak, SoakOptions, kill_orphans
 
 from .test_crash_points import _no_strays  # noqa: F401
