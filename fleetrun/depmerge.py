@@ -18,6 +18,7 @@ from __future__ import annotations
 from typing import Any, Optional
 
 from . import crash
+from .exceptions import SPACE_ERROR_TEXTS
 from .gitutil import GitError, Pinned, git, merge_in_progress, unmerged_files, wt_git, wt_merge
 from .taskspec import ref_problem
 from .textutil import safe_text
@@ -28,7 +29,7 @@ CAUSE_FILES = 10
 
 #: What git says when it could not write, which clears by itself: a full disk, a quota,
 #: a read-only filesystem, a lock another git holds (lower case).
-TRANSIENT_GIT = ("no space left on device", "disk quota exceeded", "read-only file system", ".lock': file exists")
+TRANSIENT_GIT = (*SPACE_ERROR_TEXTS, ".lock': file exists")
 
 
 class DependencyError(Exception):

@@ -71,6 +71,17 @@ class StateConflict(Exception):
         self.actual = actual
 
 
+#: What a program prints when it could not write for want of room (lower case): a full
+#: disk, a quota, a read-only filesystem. A condition to wait out.
+SPACE_ERROR_TEXTS = ("no space left on device", "disk quota exceeded", "read-only file system")
+
+
+def says_space_error(text: str) -> bool:
+    """Whether a program's message says it could not write for want of room."""
+    low = text.lower()
+    return any(t in low for t in SPACE_ERROR_TEXTS)
+
+
 def is_space_error(e: BaseException) -> bool:
     """Disk full, quota, or a read-only home: a condition to wait out, not a crash."""
     import errno

@@ -12,6 +12,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any, Optional, Union
 
 from ...config import output_cap
+from ...exceptions import says_space_error
 from ...gitutil import GitError, common_dir, git, repo_lock, repo_toplevel
 from ...hookimpl import hookimpl
 from ...ledger import LEDGER_KEY, ensure_private_dir
@@ -57,6 +58,10 @@ if TYPE_CHECKING:
 HEARTBEAT_S = 5.0
 CLEANUP_TIMEOUT_S = 120.0
 SUMMARY_LIMIT = 2000
+#: A DONE peer task's fetch-back that a full disk refused (:class:`FetchRetry`): the
+#: delays between tries, the last one repeated, and how many tries in all (~27 min).
+FETCH_DELAYS_S = (2.0, 5.0, 10.0, 30.0, 60.0)
+FETCH_RETRIES = 30
 #: Verifier kinds that run on this machine, on the branch fetched back from the peer.
 LOCAL_KINDS = ("brain", "agent")
 
@@ -394,7 +399,7 @@ class Relay:
         return RemoteRunHandle(host, task, attempt, verifier, idx, workspace)
 
     @hookimpl(trylast=True)
-    def fleetrun_handoff(self, task: Any, attempt: Any, host: Any, config: Config) -> Optional[Handoff]:
+    def fleetrun_handoff(self, task: Any, attempt: Any, host: Any, config: Config) -> Union[Handoff, FetchRetry, None]:
         mine = self.owns(host)
         peer = self.peers.get(mine.name) if mine is not None else None
         if peer is None:
@@ -409,7 +414,15 @@ class Relay:
                 rec = self.fetch_back(task, attempt, Workspace(**attempt.workspace) if attempt.workspace
                                       else Workspace(path=task.spec.cwd, branch=task.branch))
             except FetchError as e:
+                if says_space_error(str(e)):  # it clears by itself: the task waits for its branch
+                    return FetchRetry(self, task, attempt, peer, summary, repo, str(e))
                 self._note(task.id, f"could not fetch branch {task.branch} from {peer.name}: {e}")
+        return self.handoff_of(task, peer, summary, repo, rec)
+
+    def handoff_of(self, task: Any, peer: Peer, summary: str, repo: Optional[str],
+                   rec: Optional[dict[str, Any]]) -> Handoff:
+        """The handoff of a DONE peer task, saying where its branch is (``rec``: what was
+        fetched back, or None when it stays on the peer)."""
         remote = f"`git fetch {fetch_url(peer, repo)} {task.branch}`" if task.branch and repo else ""
         if rec is not None:
             name = rec["branch"]
@@ -517,3 +530,40 @@ class Relay:
             host.stop_untaken(wait=True)
         self._send_cleanups()
         self._reap_cleanups(wait=True)
+
+
+class FetchRetry:
+    """The handoff of a peer task whose branch a full disk kept from being fetched
+    (found by the soak: the task went DONE with its branch only on the peer, and its
+    dependents that merge it asked a human). A :class:`~fleetrun.reports.HandoffHandle`:
+    the loop polls it each pass and the task stays VERIFYING while it tries again, with
+    a growing delay, :data:`FETCH_RETRIES` times at most; then its handoff is made as it
+    is (the branch stays on the peer, and the note says so)."""
+
+    def __init__(self, relay: Relay, task: Any, attempt: Any, peer: Peer, summary: str, repo: Optional[str],
+                 error: str) -> None:
+        self.relay, self.task, self.attempt, self.peer = relay, task, attempt, peer
+        self.summary, self.repo = summary, repo
+        self.tries = 1
+        self.answer: Optional[Handoff] = None
+        self.next_at = time.monotonic() + FETCH_DELAYS_S[0]
+        relay._note(task.id, f"could not fetch branch {task.branch} from {peer.name}: {error}; trying again in "
+                             f"{FETCH_DELAYS_S[0]:g}s, up to {FETCH_RETRIES} times (DONE once the branch is here)")
+
+    def poll(self) -> Optional[Handoff]:
+        if self.answer is not None or time.monotonic() < self.next_at:
+            return self.answer
+        att = self.attempt
+        rec = None
+        try:
+            rec = self.relay.fetch_back(self.task, att, Workspace(**att.workspace) if att.workspace
+                                        else Workspace(path=self.task.spec.cwd, branch=self.task.branch))
+        except FetchError as e:
+            self.tries += 1
+            if says_space_error(str(e)) and self.tries < FETCH_RETRIES:
+                self.next_at = time.monotonic() + FETCH_DELAYS_S[min(self.tries, len(FETCH_DELAYS_S)) - 1]
+                return None
+            self.relay._note(self.task.id, f"could not fetch branch {self.task.branch} from {self.peer.name} "
+                                           f"after {self.tries} tries: {e}; it stays there")
+        self.answer = self.relay.handoff_of(self.task, self.peer, self.summary, self.repo, rec)
+        return self.answer
