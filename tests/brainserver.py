@@ -33,6 +33,14 @@ class Slow:
 
 
 @dataclass
+class Gated:
+    """Answer ``text`` once the test sets ``gate`` (a reply that cannot come before)."""
+
+    gate: threading.Event
+    text: str = "PASS"
+
+
+@dataclass
 class Status:
     """Answer with an HTTP error status and a JSON (dict) or text (str) body."""
 
@@ -62,7 +70,7 @@ class Redirect:
     code: int = 302
 
 
-Reply = Union[str, Slow, Status, Malformed, Shape, Redirect]
+Reply = Union[str, Slow, Gated, Status, Malformed, Shape, Redirect]
 
 
 @dataclass
@@ -158,6 +166,11 @@ class BrainServer:
         if isinstance(reply, Slow):
             if self.stopping.wait(reply.seconds):
                 return
+            reply = reply.text
+        if isinstance(reply, Gated):
+            while not reply.gate.wait(0.05):
+                if self.stopping.is_set():
+                    return
             reply = reply.text
         if isinstance(reply, Status):
             h._send(reply.code, reply.body)

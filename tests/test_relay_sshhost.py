@@ -60,11 +60,9 @@ def test_the_socket_has_nodelay_user_timeout_and_keepalive(mini):
 
 def test_every_exec_has_a_timeout(mini):
     t = mini.host.transport()
-    start = time.monotonic()
-    with pytest.raises(PeerUnreachable) as e:
-        run_command(t, "sleep 60", timeout=0.5)
+    with pytest.raises(PeerUnreachable) as e:  # a command that would outlive the test: only the timeout ends it
+        run_command(t, "sleep 100000", timeout=0.5)
     assert e.value.delivered
-    assert time.monotonic() - start < 30  # it did not wait for the command (a loaded machine may take seconds)
     code, out, err = run_command(t, "echo ok; echo err >&2; exit 3", timeout=10)
     assert code == 3 and out.endswith(b"ok\n") and err.endswith(b"err\n")
 

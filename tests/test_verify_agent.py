@@ -216,11 +216,9 @@ def test_handle_failures(reviewer, step, vkw, reason):
 
 
 def test_handle_timeout_kills_the_reviewer(reviewer):
-    start = time.monotonic()
-    h = reviewer({"mode": "hang"}, timeout_s=1.0)
+    h = reviewer({"mode": "hang"}, timeout_s=1.0)  # it would hang for ever: only the timeout ends it
     v = wait_verdict(h)
     assert (v.passed, v.reason) == (False, "reviewer timed out after 1s")
-    assert time.monotonic() - start < 6
     assert h.proc is not None and h.proc.poll() is not None
 
 

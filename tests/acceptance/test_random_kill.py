@@ -117,7 +117,7 @@ def test_random_sigkill_of_the_supervisor(fleeter, fake_claude, tmp_path, seed):
         proc.communicate(timeout=10)
         if fleeter.states() == expected:
             break
-        assert time.monotonic() - started < 90, "the kills took too long"
+        assert time.monotonic() - started < 300, "the kills never ended (a deadline that bounds a hang)"
     done_at_last_kill = sum(1 for s in fleeter.states().values() if s == "DONE")
     release.touch()
     run_until_done(fleeter, expected)
