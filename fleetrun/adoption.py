@@ -20,7 +20,11 @@ from .ledger import Attempt
 from .outcomes import back_state
 from .reports import Workspace
 from .states import State
-from .verifying import Verifying
+from .verifying import REVERIFY, VERIFY_WAIT, Verifying
+
+
+def _is_wait(wait: dict[str, Any]) -> bool:
+    return isinstance(wait.get("tries"), int) and isinstance(wait.get("until"), (int, float))
 
 
 class Adoption:
@@ -96,6 +100,10 @@ class Adoption:
                 if failed is not None:  # its failure was recorded, the transition after it was not
                     loop.verify.verdict_failed(task, v, failed.label, failed.output)
                     continue
+                wait = last.info.get(VERIFY_WAIT)
+                if isinstance(wait, dict) and wait.get("idx") == v.idx and _is_wait(wait):
+                    loop.verify.wait(task, v, wait)  # a verifier that could not judge: its backoff goes on
+                    continue
                 loop.verify.begin(task.id, v)
         for task in led.tasks({State.DONE}):
             with loop.isolated(task.id):
@@ -105,6 +113,24 @@ class Adoption:
                     loop.finish_terminal(task)
         if adopted:
             loop.config.out.write(f"adopted {adopted} running attempt(s)\n")
+
+    def reverify(self) -> None:
+        """Tasks ``fleetrun retry`` sent back to VERIFYING (a verifier could not judge
+        their work, since fixed) while this loop runs: verify their kept work again,
+        from the verifier that could not judge."""
+        loop = self.loop
+        led = loop.led
+        for task in led.tasks({State.VERIFYING}):
+            if task.id in loop.verify.running or not task.reason.startswith(REVERIFY):
+                continue
+            if not loop.in_scope(task) and loop.queue_id is not None:
+                continue
+            with loop.isolated(task.id):
+                last = led.latest_attempt(task.id)
+                if last is None or last.workspace is None:
+                    continue
+                loop.verify.begin(task.id, Verifying(last, Workspace(**last.workspace),
+                                                     len(led.verdicts(attempt_id=last.id))))
 
     def starting_status(self, att: Attempt) -> dict[str, Any]:
         """The status of an attempt whose shepherd may have been started just before a

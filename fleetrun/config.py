@@ -50,8 +50,18 @@ class ConfigKey:
     machine: bool = False
 
 
-#: What the core itself reads: ``[fleetrun]``, reserved for general settings (none yet).
-CORE_CONFIG_KEYS: tuple[ConfigKey, ...] = (ConfigKey("fleetrun", "", doc="general settings"),)
+def _positive(v: Any) -> Optional[str]:
+    return None if v > 0 else "must be more than 0"
+
+
+#: What the core itself reads: ``[fleetrun]``, general settings.
+CORE_CONFIG_KEYS: tuple[ConfigKey, ...] = (
+    ConfigKey("fleetrun", "", doc="general settings"),
+    ConfigKey("fleetrun", "verifier_error_tries", types=(int,), check=_positive,
+              doc="how many times a verifier that could not judge (a transient error) is tried in all"),
+    ConfigKey("fleetrun", "verifier_error_backoff_s", types=(int, float), check=_positive,
+              doc="the first wait before such a verifier runs again, doubled each time"),
+)
 
 
 class OptionGroup:

@@ -13,7 +13,8 @@ from typing import Any, Callable, Optional
 from . import crash
 from .exceptions import StateConflict, UsageError
 from .ledger import Ledger, Task
-from .states import TERMINAL, State
+from .states import TERMINAL, State, cause_word
+from .verifying import REVERIFY, VERIFY_ERROR, VERIFY_WAIT
 
 Notify = Callable[[Task, State, State, str, Optional[int]], None]
 
@@ -190,6 +191,18 @@ def retry(ledger: Ledger, task: Task, notify: Notify = _noop) -> list[Task]:
     why = refusal("retry", task)
     if why:
         raise UsageError(why, key="TASK")
+    last = ledger.latest_attempt(task.id)
+    if task.state is State.NEEDS_HUMAN and cause_word(task.reason) == "verifier_error" and last is not None \
+            and last.workspace is not None and VERIFY_ERROR in last.info:
+        # a verifier could not judge the work: once it is fixed, judge the same work (no
+        # new agent session), from that verifier on, with fresh tries
+        info = {k: v for k, v in last.info.items() if k not in (VERIFY_ERROR, VERIFY_WAIT)}
+        now = move(ledger, task, State.VERIFYING, REVERIFY, notify, attempt=last.number,
+                   also=lambda cur: ledger.update_attempt(last.id, cur=cur, info=info),
+                   retries=0, resumes=0, no_start=0)
+        if now is None:
+            raise UsageError(f"task {task.id} changed state meanwhile; try again", key="TASK")
+        return [now]
     deps_done = all((d := ledger.get(x)) is not None and d.state is State.DONE for x in task.deps)
     to = State.READY if deps_done else State.PENDING
     now = move(ledger, task, to, "operator_retry", notify, retries=0, resumes=0, no_start=0)

@@ -4,8 +4,12 @@ The command runs with ``/bin/sh -c`` in the attempt's workspace (it is the user'
 command line; names and prompts never reach it). Its output goes to a file in the
 attempt folder while it runs (so a large output can never fill a pipe and deadlock),
 and the last 64 KiB is kept with the verdict. The exit code is the verdict; a timeout
-or a command that cannot start is a FAIL with that reason. A task's ``setup`` commands
-run through here too (see :mod:`fleetrun.setupstage`).
+is a FAIL with that reason (most often the code under test hangs). The verifier could
+not judge (an ERROR, never the agent's failure) when its command cannot start, or when
+/bin/sh says 127/126 and the command's first word is a name not on PATH, or a path
+outside the workspace that is missing or not executable (:func:`not_found_error`): a
+script of the worktree's own that is missing or not executable is the work's, a FAIL.
+A task's ``setup`` commands run through here too (see :mod:`fleetrun.setupstage`).
 """
 
 from __future__ import annotations
@@ -17,7 +21,7 @@ from typing import TYPE_CHECKING, Any, Optional
 from ..hookimpl import hookimpl
 from ..hostapi import Host
 from ..procutil import ProcessHandle, tail_text, task_env
-from ..reports import Verdict
+from ..reports import PERMANENT, Verdict
 from ..taskspec import SETUP_STEP_BASE, step_index
 
 if TYPE_CHECKING:
@@ -27,16 +31,21 @@ if TYPE_CHECKING:
 class RunHandle(ProcessHandle):
     """A running ``run`` verifier; ``poll()`` gives the Verdict once it has ended."""
 
-    def __init__(self, verifier: Any, cwd: str, out_path: Path, env: dict[str, str], host: str = "local") -> None:
+    def __init__(self, verifier: Any, cwd: str, out_path: Path, env: dict[str, str], host: str = "local",
+                 root: Optional[str] = None) -> None:
+        #: for :func:`not_found_error`: the PATH the command ran with, and the folder
+        #: whose files are the work's (a script of its own that is gone is the work's fault)
+        self.path_var = env.get("PATH")
+        self.root = root or cwd
         super().__init__(verifier, ["/bin/sh", "-c", verifier.text], cwd, env, out_path, host=host)
 
-    def _make(self, passed: bool, reason: str) -> Verdict:
+    def _make(self, passed: bool, reason: str, error: Optional[str] = None) -> Verdict:
         return Verdict(passed=passed, kind="run", label=self.verifier.label, reason=reason,
                        output=tail_text(self.out_path), duration_s=time.monotonic() - self.started,
-                       host=self.host)
+                       host=self.host, error=error)
 
     def cannot_start(self, error: str) -> Verdict:
-        return self._make(False, f"cannot start: {error}")
+        return self._make(False, f"cannot start: {error}", error=PERMANENT)
 
     def timed_out(self) -> Verdict:
         return self._make(False, f"timed out after {self.verifier.timeout_s:g}s")
@@ -46,6 +55,10 @@ class RunHandle(ProcessHandle):
             return self._make(True, "exit code 0")
         if code < 0:
             return self._make(False, f"killed by signal {-code}")
+        if code in (126, 127):
+            why = not_found_error(self.verifier.text, self.path_var, self.root)
+            if why:
+                return self._make(False, why, error=PERMANENT)
         return self._make(False, f"exit code {code}")
 
 
@@ -63,7 +76,8 @@ def fleetrun_verify(task: Any, verifier: Any, workspace: Any, attempt: Any, host
     idx = step_index(task, verifier)
     # a setup command (extra["setup"] = K) writes setup-K.out beside the verifiers' outputs
     name = f"setup-{idx - SETUP_STEP_BASE + 1}.out" if idx >= SETUP_STEP_BASE else f"verify-{idx + 1}.out"
-    return RunHandle(verifier, workspace.path, adir / name, verifier_env(task, attempt, workspace))
+    return RunHandle(verifier, workspace.path, adir / name, verifier_env(task, attempt, workspace),
+                     root=getattr(workspace, "root", None) or workspace.path)
 
 
 # ---------------------------------------------------------------------------------
@@ -101,6 +115,45 @@ def missing_command(text: str, cwd: str, has_setup: bool) -> Optional[str]:
     if has_setup or os.path.exists(os.path.join(cwd, first)):
         return None
     return f"{first} is not in the task's cwd"
+
+
+def not_found_error(text: str, path_var: Optional[str], root: str) -> Optional[str]:
+    """Why a ``run`` verifier that exited 127 or 126 could not run at all, or None when
+    that exit is the work's (a FAIL).
+
+    Only what the agent cannot touch counts: a first word that is a name not found on
+    the PATH the command ran with (``pytset -q``: ``command not found: pytset``), or an
+    absolute path outside ``root`` (the workspace) that is missing or not executable.
+    A relative path or a path inside the workspace is the work's own script: the agent
+    may have deleted it or made it non-executable, so that exit is a FAIL it can fix.
+    So is anything the shell's words hide (a variable, ``PATH=...`` before the command).
+    """
+    import os
+    import shlex
+    import shutil
+
+    try:
+        words = shlex.split(text, comments=True)
+    except ValueError:
+        return None
+    at = next((i for i, w in enumerate(words) if not _is_assignment(w)), len(words))
+    first = words[at] if at < len(words) else ""
+    if any(w.startswith("PATH=") for w in words[:at]):
+        return None  # it runs with a PATH of its own making
+    if not first or first in _SHELL_WORDS or any(c in first for c in "$`*?~;&|<>()"):
+        return None
+    if "/" not in first:
+        return None if shutil.which(first, path=path_var) else f"command not found: {first}"
+    if not os.path.isabs(first):
+        return None
+    real, top = os.path.realpath(first), os.path.realpath(root)
+    if real == top or real.startswith(top.rstrip(os.sep) + os.sep):
+        return None
+    if not os.path.exists(first):
+        return f"command not found: {first}"
+    if os.path.isdir(first) or not os.access(first, os.X_OK):
+        return f"command not executable: {first}"
+    return None
 
 
 def _is_assignment(word: str) -> bool:
