@@ -208,6 +208,8 @@ def test_a_supervisor_killed_during_the_backoff_resumes_the_wait_not_the_agent(
             assert "could not judge: brain returned HTTP 503: busy; again in" in line, line
             assert "(try 2 of 5)" in line
             assert len(brain.requests) == 1  # the wait goes on: the verifier is not asked at once
+            status = fleeter.run("status")
+            status.fnmatch_lines(["*greet*VERIFYING*could not judge: brain returned HTTP 503: busy*(try 2 of 5)*"])
             clock.write_text("2000")  # the backoff is over
             out, err = second.communicate(timeout=120)
         finally:
