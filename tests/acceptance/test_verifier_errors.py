@@ -8,6 +8,7 @@ one (docs/verifiers.md, "When a verifier cannot judge").
 
 from __future__ import annotations
 
+import json
 import os
 import signal
 import sys
@@ -63,6 +64,9 @@ def test_a_run_verifier_whose_command_is_not_found_needs_a_human_after_one_sessi
     assert "<failure" not in xml
     assert "verify run `pytset -q`: ERROR (command not found: pytset)" in xml
     assert Path(task.worktree, "hello.txt").read_text() == "hello\n"  # the work is kept
+    events = [json.loads(line) for line in (fleeter.home / "events.ndjson").read_text().splitlines()]
+    (verdict,) = [e for e in events if e["type"] == "verdict"]
+    assert (verdict["passed"], verdict["error"], verdict["reason"]) == (False, "permanent", "command not found: pytset")
 
     # the operator installs the command: retry judges the same work, no new session
     bindir = fleeter.path / "tools"
@@ -112,6 +116,18 @@ def test_a_brain_that_refuses_connections_is_asked_again_then_needs_a_human_afte
                      "*greet NEEDS_HUMAN (attempt 1)*verifier_error:*"])
     transitions = [(t.to_state, t.cause.split(":")[0]) for t in fleeter.ledger().transitions(task.id)]
     assert ("RETRYING", "verify_fail") not in transitions
+
+
+def test_a_brain_without_a_model_needs_a_human_at_once(fleeter: Any, fake_claude: Any) -> None:
+    with BrainServer() as brain:
+        task_with(fleeter, 'brain = "Does hello.txt say hello?"', head=f'[brain]\nurl = "{brain.url}"')
+        fake_claude.script(greet=GREET)
+        r = fleeter.run("tasks.toml")
+        assert r.ret == 1, r.stdout + r.stderr
+        assert brain.requests == []
+    task = fleeter.task("greet")
+    assert task.reason.startswith("verifier_error:Does hello.txt say hello?: no model for the brain: ")
+    assert len(fake_claude.calls("greet")) == 1
 
 
 def test_a_brain_that_answers_503_twice_then_passes_is_done_after_one_session(
