@@ -251,8 +251,8 @@ class VerifyStage:
         if waits.waits.get(task.id) != reason:
             waits.waits[task.id] = reason
             waits.dirty = True
+            waits.save()  # `fleetrun status` says it by the time the run does
             loop.hook.fleetrun_task_waiting(task=task, reason=reason, config=loop.config)
-        waits.save()
 
     def verified(self, v: Verifying) -> Callable[[Optional[sqlite3.Cursor]], None]:
         """The attempt's ``verified``, written in the transaction of the move its
