@@ -181,19 +181,21 @@ def retry_elsewhere(ledger: Ledger, task: Task, notify: Notify = _noop) -> list[
         if now is None:
             raise UsageError(f"task {task.id} changed state meanwhile; try again", key="TASK")
         return [now]
-    moved = retry(ledger, task, notify)
+    moved = retry(ledger, task, notify, reverify=False)  # another machine: the work starts again
     ledger.update_task(task.id, host=None, worktree=None)
     return moved
 
 
-def retry(ledger: Ledger, task: Task, notify: Notify = _noop) -> list[Task]:
-    """Send a NEEDS_HUMAN or CANCELLED task back to the queue, with fresh retry counts."""
+def retry(ledger: Ledger, task: Task, notify: Notify = _noop, reverify: bool = True) -> list[Task]:
+    """Send a NEEDS_HUMAN or CANCELLED task back to the queue, with fresh retry counts;
+    or, for one a verifier could not judge (``verifier_error``), back to VERIFYING, its
+    kept work judged again without a new attempt (unless not ``reverify``)."""
     why = refusal("retry", task)
     if why:
         raise UsageError(why, key="TASK")
     last = ledger.latest_attempt(task.id)
-    if task.state is State.NEEDS_HUMAN and cause_word(task.reason) == "verifier_error" and last is not None \
-            and last.workspace is not None and VERIFY_ERROR in last.info:
+    if reverify and task.state is State.NEEDS_HUMAN and cause_word(task.reason) == "verifier_error" \
+            and last is not None and last.workspace is not None and VERIFY_ERROR in last.info:
         # a verifier could not judge the work: once it is fixed, judge the same work (no
         # new agent session), from that verifier on, with fresh tries
         info = {k: v for k, v in last.info.items() if k not in (VERIFY_ERROR, VERIFY_WAIT)}

@@ -86,6 +86,17 @@ def test_a_run_verifier_whose_command_is_not_found_needs_a_human_after_one_sessi
     assert (v.passed, v.reason) == (True, "exit code 0")
 
 
+def test_retry_elsewhere_of_a_verifier_error_starts_the_work_again(fleeter: Any, fake_claude: Any) -> None:
+    """--elsewhere forgets the machine and its worktree: that is a new attempt, not a re-verify."""
+    task_with(fleeter, 'run = "pytset -q"')
+    fake_claude.script(greet=GREET * 2)
+    assert fleeter.run("tasks.toml").ret == 1
+    r = fleeter.run("retry", "--elsewhere", "greet")
+    assert r.ret == 0, r.stdout + r.stderr
+    task = fleeter.task("greet")
+    assert (task.state.value, task.reason, task.worktree) == ("READY", "operator_retry", None)
+
+
 def test_a_script_of_the_project_that_is_missing_is_the_works_failure(fleeter: Any, fake_claude: Any) -> None:
     """./check.sh is the worktree's own (the agent may have deleted it): its 127 is a FAIL."""
     task_with(fleeter, 'run = "./check.sh"', extra="max_retries = 1")
