@@ -7,6 +7,7 @@ one that calls ``fleetrun_transition``).
 
 from __future__ import annotations
 
+import os
 import sqlite3
 from typing import Any, Callable, Optional
 
@@ -195,7 +196,8 @@ def retry(ledger: Ledger, task: Task, notify: Notify = _noop, reverify: bool = T
         raise UsageError(why, key="TASK")
     last = ledger.latest_attempt(task.id)
     if reverify and task.state is State.NEEDS_HUMAN and cause_word(task.reason) == "verifier_error" \
-            and last is not None and last.workspace is not None and VERIFY_ERROR in last.info:
+            and last is not None and last.workspace is not None and VERIFY_ERROR in last.info \
+            and _kept(last.host, last.workspace):
         # a verifier could not judge the work: once it is fixed, judge the same work (no
         # new agent session), from that verifier on, with fresh tries
         info = {k: v for k, v in last.info.items() if k not in (VERIFY_ERROR, VERIFY_WAIT)}
@@ -211,6 +213,13 @@ def retry(ledger: Ledger, task: Task, notify: Notify = _noop, reverify: bool = T
     if now is None:
         raise UsageError(f"task {task.id} changed state meanwhile; try again", key="TASK")
     return [now, *_revive_dependents(ledger, now, notify)]
+
+
+def _kept(host: str, workspace: dict[str, Any]) -> bool:
+    """Whether an attempt's workspace is still there to judge again: a local one that
+    was removed since (``fleetrun gc --force``) is not, and the work starts again. A
+    peer's is on the peer: its verifier says if it is gone."""
+    return host != "local" or os.path.isdir(str(workspace.get("path") or ""))
 
 
 def approve(ledger: Ledger, task: Task, notify: Notify = _noop) -> list[Task]:

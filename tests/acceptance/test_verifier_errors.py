@@ -97,6 +97,18 @@ def test_retry_elsewhere_of_a_verifier_error_starts_the_work_again(fleeter: Any,
     assert (task.state.value, task.reason, task.worktree) == ("READY", "operator_retry", None)
 
 
+def test_retry_of_a_verifier_error_whose_worktree_is_gone_starts_the_work_again(
+        fleeter: Any, fake_claude: Any) -> None:
+    task_with(fleeter, 'run = "pytset -q"')
+    fake_claude.script(greet=GREET * 2)
+    assert fleeter.run("tasks.toml").ret == 1
+    task = fleeter.task("greet")
+    fleeter.git(fleeter.path / "repo", "worktree", "remove", "--force", task.worktree)
+    r = fleeter.run("retry", "greet")
+    assert r.ret == 0, r.stdout + r.stderr
+    assert fleeter.task("greet").state.value == "READY"  # not VERIFYING a folder that is gone
+
+
 def test_a_script_of_the_project_that_is_missing_is_the_works_failure(fleeter: Any, fake_claude: Any) -> None:
     """./check.sh is the worktree's own (the agent may have deleted it): its 127 is a FAIL."""
     task_with(fleeter, 'run = "./check.sh"', extra="max_retries = 1")
