@@ -18,6 +18,9 @@ import time
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Optional
 
+from ..commandword import SHELL_WORDS as _SHELL_WORDS
+from ..commandword import is_assignment as _is_assignment
+from ..commandword import not_found_error
 from ..hookimpl import hookimpl
 from ..hostapi import Host
 from ..procutil import ProcessHandle, tail_text, task_env
@@ -84,13 +87,6 @@ def fleetrun_verify(task: Any, verifier: Any, workspace: Any, attempt: Any, host
 # A command that is not there: the verifier would fail every attempt with "command not
 # found", and the agent be retried for it.
 
-#: Words /bin/sh runs itself: what follows them is not looked for.
-_SHELL_WORDS = frozenset([
-    "!", "{", "(", "[", "[[", ".", ":", "alias", "break", "case", "cd", "command", "continue", "declare",
-    "echo", "eval", "exec", "exit", "export", "false", "for", "function", "if", "let", "local", "printf",
-    "pwd", "read", "readonly", "return", "set", "shift", "source", "test", "then", "times", "trap", "true",
-    "type", "ulimit", "umask", "unalias", "unset", "until", "wait", "while",
-])
 
 
 def missing_command(text: str, cwd: str, has_setup: bool) -> Optional[str]:
@@ -115,50 +111,6 @@ def missing_command(text: str, cwd: str, has_setup: bool) -> Optional[str]:
     if has_setup or os.path.exists(os.path.join(cwd, first)):
         return None
     return f"{first} is not in the task's cwd"
-
-
-def not_found_error(text: str, path_var: Optional[str], root: str) -> Optional[str]:
-    """Why a ``run`` verifier that exited 127 or 126 could not run at all, or None when
-    that exit is the work's (a FAIL).
-
-    Only what the agent cannot touch counts: a first word that is a name not found on
-    the PATH the command ran with (``pytset -q``: ``command not found: pytset``), or an
-    absolute path outside ``root`` (the workspace) that is missing or not executable.
-    A relative path or a path inside the workspace is the work's own script: the agent
-    may have deleted it or made it non-executable, so that exit is a FAIL it can fix.
-    So is anything the shell's words hide (a variable, ``PATH=...`` before the command).
-    """
-    import os
-    import shlex
-    import shutil
-
-    try:
-        words = shlex.split(text, comments=True)
-    except ValueError:
-        return None
-    at = next((i for i, w in enumerate(words) if not _is_assignment(w)), len(words))
-    first = words[at] if at < len(words) else ""
-    if any(w.startswith("PATH=") for w in words[:at]):
-        return None  # it runs with a PATH of its own making
-    if not first or first in _SHELL_WORDS or any(c in first for c in "$`*?~;&|<>()"):
-        return None
-    if "/" not in first:
-        return None if shutil.which(first, path=path_var) else f"command not found: {first}"
-    if not os.path.isabs(first):
-        return None
-    real, top = os.path.realpath(first), os.path.realpath(root)
-    if real == top or real.startswith(top.rstrip(os.sep) + os.sep):
-        return None
-    if not os.path.exists(first):
-        return f"command not found: {first}"
-    if os.path.isdir(first) or not os.access(first, os.X_OK):
-        return f"command not executable: {first}"
-    return None
-
-
-def _is_assignment(word: str) -> bool:
-    name, eq, _ = word.partition("=")
-    return bool(eq) and name.isidentifier()
 
 
 def missing_command_warnings(config: Config, items: list[Any], warnings: list[str]) -> None:

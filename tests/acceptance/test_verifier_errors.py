@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import json
 import os
+import shlex
 import signal
 import sys
 from pathlib import Path
@@ -19,6 +20,8 @@ import pytest
 from brainserver import BrainServer, Status, closed_port
 
 from fleetrun.testing import fake_claude as fake_claude_pkg
+
+pytest_plugins = ["sshd"]
 
 GREET = [{"actions": [["write", "hello.txt", "hello\n"], ["commit", "add hello"]]}]
 
@@ -260,3 +263,21 @@ def test_a_supervisor_killed_during_the_backoff_resumes_the_wait_not_the_agent(
     task = fleeter.task("greet")
     assert task.state.value == "DONE"
     assert len(fake_claude.calls("greet")) == 1 and task.attempts == 1
+
+
+def test_a_peers_run_verifier_whose_command_is_not_found_there_needs_a_human_after_one_session(
+        fleeter: Any, fake_claude: Any, peer_lab: Any) -> None:
+    """The peer says its verifier could not run (a real sshd, the real `fleetrun host`)."""
+    task_with(fleeter, 'run = "pytset -q"')
+    mini = peer_lab.machine("mini")
+    mini.write("config.toml", (fleeter.home / "config.toml").read_text())
+    r = fleeter.run("relay", "add", "mini", mini.address, "--accept-new", "--command", shlex.join(mini.command()))
+    assert r.ret == 0, r.stdout + r.stderr
+    assert fleeter.run("drain").ret == 0  # the task runs on the peer
+    fake_claude.script(greet=GREET)
+    r = fleeter.run("tasks.toml")
+    assert r.ret == 1, r.stdout + r.stderr
+    task = fleeter.task("greet")
+    assert task.host == "mini"
+    assert task.reason == "verifier_error:pytset -q: command not found: pytset"
+    assert len(fake_claude.calls("greet")) == 1
