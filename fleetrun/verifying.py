@@ -135,6 +135,8 @@ class VerifyStage:
                 if current is None or current.state is not State.VERIFYING:  # cancelled meanwhile
                     if isinstance(v.handle, Cancellable):
                         v.handle.cancel()
+                    if isinstance(v.handle, VerifierBackoff):
+                        loop.waits.placed(task_id)  # it waits no more
                     self.running.pop(task_id, None)
                     continue
                 if isinstance(v.handle, VerifierBackoff):

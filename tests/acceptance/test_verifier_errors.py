@@ -281,3 +281,26 @@ def test_a_peers_run_verifier_whose_command_is_not_found_there_needs_a_human_aft
     assert task.host == "mini"
     assert task.reason == "verifier_error:pytset -q: command not found: pytset"
     assert len(fake_claude.calls("greet")) == 1
+
+
+def test_a_task_cancelled_during_the_backoff_ends_the_run_and_waits_no_more(fleeter: Any, fake_claude: Any) -> None:
+    with BrainServer() as brain:
+        brain.script(Status(503, {"error": "busy"}))
+        task_with(fleeter, 'brain = "Does hello.txt say hello?"',
+                  head=f'[brain]\nurl = "{brain.url}"\nmodel = "tiny"')
+        add_config(fleeter, "[fleetrun]\nverifier_error_backoff_s = 1000\n")
+        fake_claude.script(greet=GREET)
+        run = fleeter.popen("tasks.toml")
+        try:
+            assert run.stdout is not None
+            _line_starting(run.stdout, "waiting:")
+            assert fleeter.run("cancel", "greet").ret == 0
+            out, err = run.communicate(timeout=120)  # the run ends: nothing is left to wait for
+        finally:
+            if run.poll() is None:
+                run.kill()
+                run.communicate()
+        assert run.returncode == 1, out.decode() + err.decode()
+        assert len(brain.requests) == 1
+    assert fleeter.task("greet").state.value == "CANCELLED"
+    assert "could not judge" not in fleeter.run("status").stdout
