@@ -12,7 +12,7 @@ from __future__ import annotations
 
 import os
 import time
-from typing import Any
+from typing import Any, Optional
 
 from .hostapi import get_host
 from .hosts import kill_recorded_children
@@ -33,6 +33,8 @@ class Adoption:
 
     def __init__(self, loop: Any) -> None:
         self.loop = loop
+        #: the tasks the loop's view saw change since the last :meth:`reverify`
+        self._changed: Optional[set[str]] = None
 
     def adopt(self) -> None:
         """Pick up what the ledger says is in flight (after a restart or a crash)."""
@@ -120,8 +122,13 @@ class Adoption:
         from the verifier that could not judge."""
         loop = self.loop
         led = loop.led
-        for task in led.tasks({State.VERIFYING}):
-            if task.id in loop.verify.running or not task.reason.startswith(REVERIFY):
+        if self._changed is None:  # the view says what changed: an idle pass reads nothing
+            self._changed = loop.view.subscribe()
+        changed = [t for t in (loop.view.get(i) for i in self._changed) if t is not None]
+        self._changed.clear()
+        for task in changed:
+            if task.state is not State.VERIFYING or task.id in loop.verify.running \
+                    or not task.reason.startswith(REVERIFY):
                 continue
             if not loop.in_scope(task) and loop.queue_id is not None:
                 continue

@@ -13,6 +13,7 @@ import os
 import shlex
 import signal
 import sys
+import time
 from pathlib import Path
 from typing import Any
 
@@ -304,3 +305,31 @@ def test_a_task_cancelled_during_the_backoff_ends_the_run_and_waits_no_more(flee
         assert len(brain.requests) == 1
     assert fleeter.task("greet").state.value == "CANCELLED"
     assert "could not judge" not in fleeter.run("status").stdout
+
+
+def test_a_running_work_picks_up_the_retry_of_a_verifier_error_and_reverifies(
+        fleeter: Any, fake_claude: Any, monkeypatch: pytest.MonkeyPatch) -> None:
+    bindir = fleeter.path / "tools"
+    bindir.mkdir()
+    monkeypatch.setenv("PATH", f"{bindir}{os.pathsep}{os.environ['PATH']}")
+    task_with(fleeter, 'run = "pytset -q"')
+    fake_claude.script(greet=GREET)
+    assert fleeter.run("tasks.toml").ret == 1
+    assert fleeter.task("greet").reason.startswith("verifier_error:")
+    work = fleeter.popen("work")  # serves until stopped
+    try:
+        deadline = time.monotonic() + 120  # bounds a hang only
+        while not fleeter.run("status").stdout.startswith("supervisor: running"):
+            assert time.monotonic() < deadline and work.poll() is None, "the loop never started"
+            time.sleep(0.05)
+        (bindir / "pytset").write_text("#!/bin/sh\necho '1 passed in 0.01s'\n")
+        (bindir / "pytset").chmod(0o755)
+        assert fleeter.run("retry", "greet").ret == 0
+        while fleeter.task("greet").state.value != "DONE":
+            assert time.monotonic() < deadline and work.poll() is None, fleeter.task("greet").reason
+            time.sleep(0.05)
+    finally:
+        work.send_signal(signal.SIGTERM)
+        work.communicate(timeout=120)
+    assert work.returncode == 0
+    assert len(fake_claude.calls("greet")) == 1 and fleeter.task("greet").attempts == 1
