@@ -213,7 +213,7 @@ class VerifyStage:
         limit = _setting(loop.config, "verifier_error_tries", ERROR_TRIES, int)
         info.pop(VERIFY_WAIT, None)
         if verdict.error == PERMANENT or tries >= limit:
-            detail = why if verdict.error == PERMANENT else f"{why} (tried {tries} times)"
+            detail = why if verdict.error == PERMANENT else f"{why} (tried {tries} time{'s' if tries != 1 else ''})"
             info[VERIFY_ERROR] = {"idx": v.idx, "label": verdict.label, "error": verdict.error, "reason": why,
                                   "tries": tries}
             self.running.pop(task.id, None)

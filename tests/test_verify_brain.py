@@ -404,7 +404,7 @@ def test_cli_refused_connection_needs_a_human(fleeter, fake_claude):
     task = fleeter.task("greet")
     assert task.state.value == "NEEDS_HUMAN"
     why = f"brain unreachable at http://127.0.0.1:{port}: connection refused"
-    assert task.reason == f"verifier_error:Does hello.txt say hello?: {why} (tried 1 times)"
+    assert task.reason == f"verifier_error:Does hello.txt say hello?: {why} (tried 1 time)"
     assert fleeter.ledger().verdicts(task_id=task.id) == []
     assert len(fake_claude.calls("greet")) == 1
     logs = fleeter.run("logs", "greet")
