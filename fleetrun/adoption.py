@@ -12,7 +12,7 @@ from __future__ import annotations
 
 import os
 import time
-from typing import Any
+from typing import Any, Optional
 
 from .hostapi import get_host
 from .hosts import kill_recorded_children
@@ -20,7 +20,11 @@ from .ledger import Attempt
 from .outcomes import back_state
 from .reports import Workspace
 from .states import State
-from .verifying import Verifying
+from .verifying import REVERIFY, VERIFY_WAIT, Verifying
+
+
+def _is_wait(wait: dict[str, Any]) -> bool:
+    return isinstance(wait.get("tries"), int) and isinstance(wait.get("until"), (int, float))
 
 
 class Adoption:
@@ -29,6 +33,8 @@ class Adoption:
 
     def __init__(self, loop: Any) -> None:
         self.loop = loop
+        #: the tasks the loop's view saw change since the last :meth:`reverify`
+        self._changed: Optional[set[str]] = None
 
     def adopt(self) -> None:
         """Pick up what the ledger says is in flight (after a restart or a crash)."""
@@ -105,6 +111,10 @@ class Adoption:
                 if failed is not None:  # its failure was recorded, the transition after it was not
                     loop.verify.verdict_failed(task, v, failed.label, failed.output)
                     continue
+                wait = last.info.get(VERIFY_WAIT)
+                if isinstance(wait, dict) and wait.get("idx") == v.idx and _is_wait(wait):
+                    loop.verify.wait(task, v, wait)  # a verifier that could not judge: its backoff goes on
+                    continue
                 loop.verify.begin(task.id, v)
         for task in led.tasks({State.DONE}):
             with loop.isolated(task.id):
@@ -116,6 +126,29 @@ class Adoption:
                     loop.finish_terminal(task)
         if adopted:
             loop.config.out.write(f"adopted {adopted} running attempt(s)\n")
+
+    def reverify(self) -> None:
+        """Tasks ``fleetrun retry`` sent back to VERIFYING (a verifier could not judge
+        their work, since fixed) while this loop runs: verify their kept work again,
+        from the verifier that could not judge."""
+        loop = self.loop
+        led = loop.led
+        if self._changed is None:  # the view says what changed: an idle pass reads nothing
+            self._changed = loop.view.subscribe()
+        changed = [t for t in (loop.view.get(i) for i in self._changed) if t is not None]
+        self._changed.clear()
+        for task in changed:
+            if task.state is not State.VERIFYING or task.id in loop.verify.running \
+                    or not task.reason.startswith(REVERIFY):
+                continue
+            if not loop.in_scope(task) and loop.queue_id is not None:
+                continue
+            with loop.isolated(task.id):
+                last = led.latest_attempt(task.id)
+                if last is None or last.workspace is None:
+                    continue
+                loop.verify.begin(task.id, Verifying(last, Workspace(**last.workspace),
+                                                     len(led.verdicts(attempt_id=last.id))))
 
     def starting_status(self, att: Attempt) -> dict[str, Any]:
         """The status of an attempt whose shepherd may have been started just before a

@@ -57,10 +57,18 @@ def _output_cap_problem(value: int) -> Optional[str]:
     return None
 
 
-#: What the core itself reads: ``[fleetrun]``, reserved for general settings (none yet),
-#: and ``[output] max_bytes``, the cap of every file written from an untrusted stream.
+def _positive(v: Any) -> Optional[str]:
+    return None if v > 0 else "must be more than 0"
+
+
+#: What the core itself reads: ``[fleetrun]``, general settings, and ``[output]
+#: max_bytes``, the cap of every file written from an untrusted stream.
 CORE_CONFIG_KEYS: tuple[ConfigKey, ...] = (
     ConfigKey("fleetrun", "", doc="general settings"),
+    ConfigKey("fleetrun", "verifier_error_tries", types=(int,), check=_positive,
+              doc="how many times a verifier that could not judge (a transient error) is tried in all"),
+    ConfigKey("fleetrun", "verifier_error_backoff_s", types=(int, float), check=_positive,
+              doc="the first wait before such a verifier runs again, doubled each time"),
     ConfigKey("output", "max_bytes", types=(int,), check=_output_cap_problem,
               doc=f"the most bytes one file written from an agent's, a verifier's or a setup step's output "
                   f"may hold (default {DEFAULT_MAX_BYTES:_}); the head and the tail are kept"),

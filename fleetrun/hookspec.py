@@ -438,10 +438,12 @@ def fleetrun_status_fields(tasks: list[Task], config: Config) -> Optional[dict[s
 
 @hookspec
 def fleetrun_verdict(task: Task, verdict: Verdict, attempt: Attempt, config: Config) -> None:
-    """A verifier reached a verdict (already recorded in the ledger).
+    """A verifier reached a verdict (already recorded in the ledger), or could not judge.
 
-    Called once per verifier of ``task.spec.verify`` that reached a verdict (a failing
-    one when it raised, or no plugin took its kind); not for ``setup`` commands.
+    Called once per verifier of ``task.spec.verify`` that reached a verdict; not for
+    ``setup`` commands. Also called each time a verifier could not judge the work
+    (``verdict.error`` set: an ERROR, as when it raised or no plugin took its kind):
+    such a verdict is not recorded in the ledger, and is reported again on each try.
 
     :param task: the :class:`~fleetrun.ledger.Task`.
     :param verdict: the :class:`~fleetrun.Verdict`.

@@ -298,10 +298,13 @@ def fleetrun_verify(
     :return: a :class:`~fleetrun.Verdict` (with ``verifier.label`` as its ``label``);
         for anything that takes time, a :class:`~fleetrun.VerifyHandle` the loop polls
         on every pass until ``poll()`` returns one (``cancel()`` stops it; ``fileno()``
-        and ``next_deadline()`` let the loop sleep until it has news); or None. With
-        none at all the verifier fails (``no plugin runs 'KIND' verifiers``), as one
-        that raises does (``verifier error: <Type>: <message>``; ``cannot run: ...``
-        for a setup command).
+        and ``next_deadline()`` let the loop sleep until it has news); or None. A
+        Verdict whose ``error`` is set says the verifier could not judge the work (an
+        ERROR): it never sends the agent back to work; ``"permanent"`` asks a human at
+        once, ``"transient"`` runs the verifier again after a backoff
+        (docs/verifiers.md). With none at all the verifier could not judge (a permanent
+        ERROR, ``no plugin runs 'KIND' verifiers``), as one that raises
+        (``verifier error: <Type>: <message>``; ``cannot run: ...`` for a setup command).
 
     firstresult: stops at the first non-None result.
 

@@ -358,6 +358,7 @@ class Loop:
         effects.deliver(self.config)  # the worker's effects that are over (their notes)
         self.starting.poll()  # workspaces made off the loop's thread
         self.ending.poll()
+        self.adoption.reverify()  # `fleetrun retry` of a task a verifier could not judge
         self.verify.poll()
         self.setup.poll()
         self.promote()

@@ -7,13 +7,15 @@ one that calls ``fleetrun_transition``).
 
 from __future__ import annotations
 
+import os
 import sqlite3
 from typing import Any, Callable, Optional
 
 from . import crash
 from .exceptions import StateConflict, UsageError
 from .ledger import Ledger, Task
-from .states import TERMINAL, State
+from .states import TERMINAL, State, cause_word
+from .verifying import REVERIFY, VERIFY_ERROR, VERIFY_WAIT
 
 Notify = Callable[[Task, State, State, str, Optional[int]], None]
 
@@ -180,22 +182,44 @@ def retry_elsewhere(ledger: Ledger, task: Task, notify: Notify = _noop) -> list[
         if now is None:
             raise UsageError(f"task {task.id} changed state meanwhile; try again", key="TASK")
         return [now]
-    moved = retry(ledger, task, notify)
+    moved = retry(ledger, task, notify, reverify=False)  # another machine: the work starts again
     ledger.update_task(task.id, host=None, worktree=None)
     return moved
 
 
-def retry(ledger: Ledger, task: Task, notify: Notify = _noop) -> list[Task]:
-    """Send a NEEDS_HUMAN or CANCELLED task back to the queue, with fresh retry counts."""
+def retry(ledger: Ledger, task: Task, notify: Notify = _noop, reverify: bool = True) -> list[Task]:
+    """Send a NEEDS_HUMAN or CANCELLED task back to the queue, with fresh retry counts;
+    or, for one a verifier could not judge (``verifier_error``), back to VERIFYING, its
+    kept work judged again without a new attempt (unless not ``reverify``)."""
     why = refusal("retry", task)
     if why:
         raise UsageError(why, key="TASK")
+    last = ledger.latest_attempt(task.id)
+    if reverify and task.state is State.NEEDS_HUMAN and cause_word(task.reason) == "verifier_error" \
+            and last is not None and last.workspace is not None and VERIFY_ERROR in last.info \
+            and _kept(last.host, last.workspace):
+        # a verifier could not judge the work: once it is fixed, judge the same work (no
+        # new agent session), from that verifier on, with fresh tries
+        info = {k: v for k, v in last.info.items() if k not in (VERIFY_ERROR, VERIFY_WAIT)}
+        now = move(ledger, task, State.VERIFYING, REVERIFY, notify, attempt=last.number,
+                   also=lambda cur: ledger.update_attempt(last.id, cur=cur, info=info),
+                   retries=0, resumes=0, no_start=0)
+        if now is None:
+            raise UsageError(f"task {task.id} changed state meanwhile; try again", key="TASK")
+        return [now]
     deps_done = all((d := ledger.get(x)) is not None and d.state is State.DONE for x in task.deps)
     to = State.READY if deps_done else State.PENDING
     now = move(ledger, task, to, "operator_retry", notify, retries=0, resumes=0, no_start=0)
     if now is None:
         raise UsageError(f"task {task.id} changed state meanwhile; try again", key="TASK")
     return [now, *_revive_dependents(ledger, now, notify)]
+
+
+def _kept(host: str, workspace: dict[str, Any]) -> bool:
+    """Whether an attempt's workspace is still there to judge again: a local one that
+    was removed since (``fleetrun gc --force``) is not, and the work starts again. A
+    peer's is on the peer: its verifier says if it is gone."""
+    return host != "local" or os.path.isdir(str(workspace.get("path") or ""))
 
 
 def approve(ledger: Ledger, task: Task, notify: Notify = _noop) -> list[Task]:

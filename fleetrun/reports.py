@@ -11,14 +11,28 @@ from typing import Any, Optional, Protocol, runtime_checkable
 #: exhausted before anything starts (the task agent's and the reviewer's alike).
 MIN_BUDGET_USD = 0.0001
 
+#: :attr:`Verdict.error`: the verifier could not judge, and trying it again cannot
+#: change that until someone fixes it (command not found, a missing model, a CLI that
+#: refuses its arguments): the task goes to NEEDS_HUMAN at once.
+PERMANENT = "permanent"
+#: :attr:`Verdict.error`: the verifier could not judge this time (connection refused,
+#: an HTTP 5xx, a timeout, an answer without a verdict): it runs again, alone, after a
+#: backoff, a bounded number of times.
+TRANSIENT = "transient"
+
+
 @dataclass
 class Verdict:
-    """What one verifier concluded. A verifier that cannot reach a verdict fails.
+    """What one verifier concluded: PASS, FAIL (the work failed) or ERROR (the verifier
+    could not judge, :attr:`error` set). A verifier that cannot reach a verdict never
+    passes; an ERROR never sends the agent back to work (docs/verifiers.md).
 
     :ivar passed: True only for an explicit pass.
     :ivar reason: one line saying why (``exit code 1``, ``timed out after 900s``).
     :ivar output: what the verifier printed or answered (the last 64 KiB); it goes
         into the retry prompt.
+    :ivar error: None for a verdict on the work (PASS or FAIL); :data:`PERMANENT` or
+        :data:`TRANSIENT` when the verifier could not judge (``passed`` is False).
     """
 
     passed: bool
@@ -29,6 +43,12 @@ class Verdict:
     cost_usd: float = 0.0
     duration_s: float = 0.0
     host: str = "local"
+    error: Optional[str] = None
+
+    @property
+    def word(self) -> str:
+        """``PASS``, ``FAIL`` or ``ERROR``: what reports print."""
+        return "ERROR" if self.error else ("PASS" if self.passed else "FAIL")
 
 
 @runtime_checkable

@@ -45,7 +45,8 @@ ALLOWED: dict[State, frozenset[State]] = {
     S.RETRYING: frozenset({S.ASSIGNED, S.NEEDS_HUMAN, S.CANCELLED}),
     S.RESUMING: frozenset({S.ASSIGNED, S.NEEDS_HUMAN, S.CANCELLED}),
     S.DONE: frozenset(),
-    S.NEEDS_HUMAN: frozenset({S.READY, S.PENDING, S.DONE, S.CANCELLED}),
+    # VERIFYING: `retry` of a task a verifier could not judge re-verifies its kept work
+    S.NEEDS_HUMAN: frozenset({S.READY, S.PENDING, S.VERIFYING, S.DONE, S.CANCELLED}),
     S.CANCELLED: frozenset({S.READY, S.PENDING}),
 }
 
@@ -96,6 +97,7 @@ CAUSES = frozenset(
         "plugin_missing",
         "internal_error",
         "setup_failed",
+        "verifier_error",  # a verifier could not judge (not found, unreachable...): not the agent's failure
         "unchanged",  # queued DONE: the same definition as a DONE task of the file's last run
     }
 )

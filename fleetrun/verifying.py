@@ -4,21 +4,69 @@ A verifier answers at once (a :class:`~fleetrun.reports.Verdict`) or with a hand
 loop polls (and sleeps on, with ``fileno()`` and ``next_deadline()``). Each verdict is
 recorded before the next verifier starts; a crash between a recorded failure and the
 transition after it is finished by adoption (:meth:`VerifyStage.verdict_failed`).
+
+A verifier that could not judge (a :class:`~fleetrun.reports.Verdict` with ``error``)
+never sends the agent back to work (:meth:`VerifyStage.could_not_judge`): a permanent
+error moves the task to NEEDS_HUMAN at once (``verifier_error:LABEL: WHY``), a
+transient one runs that verifier again, alone, after a backoff, and goes NEEDS_HUMAN
+after a bounded number of tries. Neither is a verdict row (the verifier gave none):
+the attempt's ``info`` keeps the error and the backoff, so a restart resumes the wait
+and ``fleetrun retry`` re-verifies the kept work from the verifier that could not judge.
 """
 
 from __future__ import annotations
 
 import sqlite3
+import time
 from collections.abc import Callable
 from dataclasses import asdict, dataclass
 from typing import Any, Optional
 
-from . import crash
+from . import clock, crash
 from .hostapi import get_host
 from .ledger import Attempt, Task
-from .reports import Cancellable, Handoff, HandoffHandle, Verdict, VerifyHandle, Workspace
-from .states import State
+from .reports import (
+    PERMANENT,
+    Cancellable,
+    Handoff,
+    HandoffHandle,
+    Verdict,
+    VerifyHandle,
+    Workspace,
+)
+from .states import State, cause
 from .verdicttext import failed_cause
+
+#: The attempt's ``info`` key of the backoff of a verifier that could not judge:
+#: ``{"idx", "tries", "until", "reason"}`` (``until``: :func:`fleetrun.clock.now` time).
+VERIFY_WAIT = "verify_wait"
+#: The attempt's ``info`` key of the error that sent its task to NEEDS_HUMAN:
+#: ``{"idx", "label", "error", "reason", "tries"}``; ``fleetrun retry`` re-verifies from it.
+VERIFY_ERROR = "verify_error"
+#: The cause of ``fleetrun retry``'s move of such a task back to VERIFYING.
+REVERIFY = "operator_retry:re-verify"
+#: ``[fleetrun]`` settings: how many times a verifier that could not judge (a transient
+#: error) is tried in all, and the first backoff (doubled each time, at most an hour).
+ERROR_TRIES, ERROR_BACKOFF_S, MAX_BACKOFF_S = 5, 30.0, 3600.0
+
+
+class VerifierBackoff:
+    """The wait before a verifier that could not judge runs again: a
+    :class:`~fleetrun.reports.VerifyHandle` that never gives a verdict, so the loop
+    sleeps on its deadline (the loop's clock, which a test may move)."""
+
+    def __init__(self, until: float, reason: str) -> None:
+        self.until = until
+        self.reason = reason
+
+    def due(self) -> bool:
+        return clock.now() >= self.until
+
+    def poll(self) -> Optional[Verdict]:
+        return None
+
+    def next_deadline(self) -> float:
+        return time.monotonic() + max(0.0, self.until - clock.now())
 
 
 @dataclass
@@ -58,10 +106,12 @@ class VerifyStage:
                 res = loop.hook.fleetrun_verify(task=task, verifier=spec, workspace=v.workspace,
                                                 attempt=v.attempt, host=get_host(loop.config, v.attempt.host),
                                                 config=loop.config)
-            except Exception as e:  # a verifier that cannot reach a verdict fails
-                res = Verdict(False, spec.kind, spec.label, reason=f"verifier error: {type(e).__name__}: {e}")
+            except Exception as e:  # a verifier that cannot reach a verdict never passes
+                res = Verdict(False, spec.kind, spec.label, reason=f"verifier error: {type(e).__name__}: {e}",
+                              error=PERMANENT)
             if res is None:
-                res = Verdict(False, spec.kind, spec.label, reason=f"no plugin runs {spec.kind!r} verifiers")
+                res = Verdict(False, spec.kind, spec.label, reason=f"no plugin runs {spec.kind!r} verifiers",
+                              error=PERMANENT)
             if isinstance(res, Verdict):
                 if not self.record_verdict(task, v, res):
                     return
@@ -85,7 +135,15 @@ class VerifyStage:
                 if current is None or current.state is not State.VERIFYING:  # cancelled meanwhile
                     if isinstance(v.handle, Cancellable):
                         v.handle.cancel()
+                    if isinstance(v.handle, VerifierBackoff):
+                        loop.waits.placed(task_id)  # it waits no more
                     self.running.pop(task_id, None)
+                    continue
+                if isinstance(v.handle, VerifierBackoff):
+                    if v.handle.due():
+                        v.handle = None
+                        loop.waits.placed(task_id)
+                        self.start(task_id)
                     continue
                 verdict = v.handle.poll()
                 if verdict is None:
@@ -101,6 +159,10 @@ class VerifyStage:
     def record_verdict(self, task: Task, v: Verifying, verdict: Verdict) -> bool:
         """Record one verdict. :return: True to go on with the next verifier."""
         loop = self.loop
+        if verdict.error:
+            loop.hook.fleetrun_verdict(task=task, verdict=verdict, attempt=v.attempt, config=loop.config)
+            self.could_not_judge(loop.get(task.id), v, verdict)
+            return False
         loop.led.add_verdict(task.id, v.attempt.id, v.idx, verdict)
         crash.point("after_verdict")
         loop.hook.fleetrun_verdict(task=task, verdict=verdict, attempt=v.attempt, config=loop.config)
@@ -131,6 +193,68 @@ class VerifyStage:
                 loop.finish_terminal(now)
         if now is None:  # moved meanwhile (cancelled): the attempt is over all the same
             verified(None)
+
+    def could_not_judge(self, task: Task, v: Verifying, verdict: Verdict) -> None:
+        """Verifier ``v.idx`` could not judge the work: never the agent's failure.
+
+        A permanent error, or a transient one tried ``verifier_error_tries`` times, moves
+        the task to NEEDS_HUMAN (``verifier_error:LABEL: WHY``), the work kept; a
+        transient one before that waits (:class:`VerifierBackoff`), saying why, and
+        runs that verifier again. What it needs after a restart is in the attempt's
+        ``info``, written before the wait begins."""
+        loop = self.loop
+        led = loop.led
+        info = dict(loop.get_attempt(v.attempt.id).info)
+        why = " ".join((verdict.reason or "could not judge").split())
+        prev = info.get(VERIFY_WAIT)
+        tries = 1
+        if isinstance(prev, dict) and prev.get("idx") == v.idx and isinstance(prev.get("tries"), int):
+            tries = prev["tries"] + 1
+        limit = _setting(loop.config, "verifier_error_tries", ERROR_TRIES, int)
+        info.pop(VERIFY_WAIT, None)
+        if verdict.error == PERMANENT or tries >= limit:
+            detail = why if verdict.error == PERMANENT else f"{why} (tried {tries} time{'s' if tries != 1 else ''})"
+            info[VERIFY_ERROR] = {"idx": v.idx, "label": verdict.label, "error": verdict.error, "reason": why,
+                                  "tries": tries}
+            self.running.pop(task.id, None)
+            loop.waits.placed(task.id)
+
+            def also(cur: Optional[sqlite3.Cursor]) -> None:
+                led.update_attempt(v.attempt.id, cur=cur, state="verified", info=info)
+
+            now = loop.move(task, State.NEEDS_HUMAN,
+                            cause("verifier_error", f"{verdict.label.replace(chr(10), ' ')}: {detail}"),
+                            attempt=v.attempt.number, also=also)
+            if now is None:  # moved meanwhile (cancelled): the attempt is over all the same
+                also(None)
+            else:
+                loop.finish_terminal(now)
+            return
+        base = _setting(loop.config, "verifier_error_backoff_s", ERROR_BACKOFF_S, (int, float))
+        delay = min(float(base) * 2 ** (tries - 1), MAX_BACKOFF_S)
+        until = clock.now() + delay
+        info[VERIFY_WAIT] = {"idx": v.idx, "tries": tries, "until": until, "reason": why}
+        led.update_attempt(v.attempt.id, info=info)
+        self.wait(task, v, info[VERIFY_WAIT], limit)
+
+    def wait(self, task: Task, v: Verifying, wait: dict[str, Any], limit: Optional[int] = None) -> None:
+        """Wait, saying why, before verifier ``v.idx`` runs again (just now, or after a
+        restart: ``wait`` is what the attempt's ``info`` holds)."""
+        loop = self.loop
+        if limit is None:
+            limit = _setting(loop.config, "verifier_error_tries", ERROR_TRIES, int)
+        label = task.spec.verify[v.idx].label if v.idx < len(task.spec.verify) else "?"
+        left = max(0.0, float(wait["until"]) - clock.now())
+        reason = (f"verifier {label.replace(chr(10), ' ')} could not judge: {wait.get('reason', '')}; "
+                  f"again in {left:.0f} s (try {int(wait['tries']) + 1} of {limit})")
+        v.handle = VerifierBackoff(float(wait["until"]), reason)
+        self.running[task.id] = v
+        waits = loop.waits
+        if waits.waits.get(task.id) != reason:
+            waits.waits[task.id] = reason
+            waits.dirty = True
+            waits.save()  # `fleetrun status` says it by the time the run does
+            loop.hook.fleetrun_task_waiting(task=task, reason=reason, config=loop.config)
 
     def verified(self, v: Verifying) -> Callable[[Optional[sqlite3.Cursor]], None]:
         """The attempt's ``verified``, written in the transaction of the move its
@@ -206,3 +330,9 @@ class VerifyStage:
                 stopped += 1
         self.running.clear()
         return stopped
+
+
+def _setting(config: Any, key: str, default: Any, types: Any) -> Any:
+    """A ``[fleetrun]`` number of config.toml (checked when it is loaded), else ``default``."""
+    value = config.setting("fleetrun", key, default)
+    return value if isinstance(value, types) and not isinstance(value, bool) and value > 0 else default

@@ -102,7 +102,9 @@ def cmd_status(config: Config, out: TextIO, err: TextIO) -> int:
     return ExitCode.OK
 
 
-_WAITING = {State.READY.value, State.RETRYING.value, State.RESUMING.value}
+#: The states whose reason is the loop's wait, when it has one (VERIFYING: a verifier
+#: that could not judge waits for its next try)
+_WAITING = {State.READY.value, State.RETRYING.value, State.RESUMING.value, State.VERIFYING.value}
 _PLACED = {State.ASSIGNED.value, State.RUNNING.value, State.VERIFYING.value}
 
 
@@ -192,6 +194,8 @@ def why(t: Task, by_id: dict[str, Task], waits: dict[str, str]) -> str:
         return "dependencies done; waiting for the loop"
     if t.state in (State.READY, State.RETRYING, State.RESUMING):
         return waits.get(t.id) or ("waiting for a place" if t.state is State.READY else t.reason)
+    if t.state is State.VERIFYING:
+        return waits.get(t.id, "")
     if t.state in (State.NEEDS_HUMAN, State.CANCELLED):
         return t.reason
     return ""

@@ -121,8 +121,13 @@ def test_worktree_commit_message(fleeter: Any) -> None:
               "3: worktree.commit_msg: unknown key (did you mean 'commit_message'?)")
 
 
-def test_fleetrun_table_has_no_keys_yet(fleeter: Any) -> None:
-    cfg_error(fleeter, '[fleetrun]\nverbose = 1\n', "2: fleetrun.verbose: unknown key ([fleetrun] has no keys yet)")
+def test_fleetrun_table_names_its_keys(fleeter: Any) -> None:
+    cfg_error(fleeter, '[fleetrun]\nverbose = 1\n',
+              "2: fleetrun.verbose: unknown key (known: verifier_error_backoff_s, verifier_error_tries)")
+
+
+def test_fleetrun_verifier_error_settings_are_checked(fleeter: Any) -> None:
+    cfg_error(fleeter, '[fleetrun]\nverifier_error_tries = 0\n', "2: fleetrun.verifier_error_tries: must be more than 0")
 
 
 def test_a_good_config_validates(fleeter: Any) -> None:

@@ -47,8 +47,10 @@ def test_terminal_states() -> None:
     assert {State.DONE, State.NEEDS_HUMAN, State.CANCELLED} == TERMINAL
     assert [s for s in State if s.terminal] == [State.DONE, State.NEEDS_HUMAN, State.CANCELLED]
     assert ALLOWED[State.DONE] == frozenset()
-    # the operator's ways out: retry (READY / PENDING), approve (DONE), cancel
-    assert ALLOWED[State.NEEDS_HUMAN] == {State.READY, State.PENDING, State.DONE, State.CANCELLED}
+    # the operator's ways out: retry (READY / PENDING; VERIFYING after a verifier_error:
+    # the kept work is judged again), approve (DONE), cancel
+    assert ALLOWED[State.NEEDS_HUMAN] == {State.READY, State.PENDING, State.VERIFYING, State.DONE,
+                                          State.CANCELLED}
     assert ALLOWED[State.CANCELLED] == {State.READY, State.PENDING}
 
 

@@ -199,18 +199,20 @@ def test_handle_pass_with_cost(reviewer):
     assert h.fileno() == -1
 
 
-@pytest.mark.parametrize("step, vkw, reason", [
-    ({"result": "Pass: fine"}, {}, NO_VERDICT),
-    ({"mode": "no_result"}, {}, "no verdict: the reviewer ended without a result (exit code 0)"),
-    ({"mode": "die"}, {}, "no verdict: the reviewer ended without a result (killed by signal 9)"),
+@pytest.mark.parametrize("step, vkw, reason, error", [
+    ({"result": "FAIL: hello.txt is missing"}, {}, "hello.txt is missing", None),
+    ({"result": "Pass: fine"}, {}, NO_VERDICT, "transient"),
+    ({"mode": "no_result"}, {}, "no verdict: the reviewer ended without a result (exit code 0)", "transient"),
+    ({"mode": "die"}, {}, "no verdict: the reviewer ended without a result (killed by signal 9)", "transient"),
     ({"mode": "is_error", "result": "tool crashed"}, {},
-     "the reviewer ended with an error (error_during_execution): tool crashed"),
+     "the reviewer ended with an error (error_during_execution): tool crashed", "transient"),
     ({"mode": "overspend"}, {"budget_usd": 0.1},
-     "the reviewer ended with an error (error_max_budget_usd): Reached maximum budget ($0.1)"),
+     "the reviewer ended with an error (error_max_budget_usd): Reached maximum budget ($0.1)", "permanent"),
 ])
-def test_handle_failures(reviewer, step, vkw, reason):
+def test_handle_failures(reviewer, step, vkw, reason, error):
+    """Only a FAIL the reviewer gave is the work's; the rest could not judge (an ERROR)."""
     v = wait_verdict(reviewer(step, **vkw))
-    assert (v.passed, v.reason) == (False, reason)
+    assert (v.passed, v.reason, v.error) == (False, reason, error)
     if step.get("mode") == "overspend":
         assert v.cost_usd == pytest.approx(0.6)  # what it spent is still counted
 
@@ -218,13 +220,13 @@ def test_handle_failures(reviewer, step, vkw, reason):
 def test_handle_timeout_kills_the_reviewer(reviewer):
     h = reviewer({"mode": "hang"}, timeout_s=1.0)  # it would hang for ever: only the timeout ends it
     v = wait_verdict(h)
-    assert (v.passed, v.reason) == (False, "reviewer timed out after 1s")
+    assert (v.passed, v.reason, v.error) == (False, "reviewer timed out after 1s", "transient")
     assert h.proc is not None and h.proc.poll() is not None
 
 
 def test_handle_cannot_start(reviewer):
     v = wait_verdict(reviewer({"result": "PASS"}, exe="/nonexistent/claude"))
-    assert not v.passed and v.reason.startswith("cannot start the reviewer: ")
+    assert not v.passed and v.reason.startswith("cannot start the reviewer: ") and v.error == "permanent"
 
 
 def test_handle_cancel(reviewer):
@@ -341,16 +343,22 @@ def test_cli_reviewer_cannot_write_or_run_commands(fleeter, fake_claude):
     assert evs[-1]["permission_denials"] == []  # as the real CLI: a missing tool is no denial
 
 
-def test_cli_reviewer_without_a_verdict_fails(fleeter, fake_claude):
-    review_task(fleeter, extra="max_retries = 0")
+def test_cli_reviewer_without_a_verdict_is_asked_again_then_needs_a_human(fleeter, fake_claude):
+    """No verdict is the reviewer's failure, not the work's: it is asked again (a
+    transient ERROR), never the agent, then a human."""
+    review_task(fleeter)
+    fleeter.write_config((fleeter.home / "config.toml").read_text()
+                         + "\n[fleetrun]\nverifier_error_tries = 2\nverifier_error_backoff_s = 0.05\n")
     fake_claude.script(**{"greet": [{"actions": [["write", "hello.txt", "hello\n"]]}],
-                          "greet:review": [{"mode": "no_result"}]})
+                          "greet:review": [{"mode": "no_result"}, {"mode": "no_result"}]})
     r = fleeter.run("tasks.toml")
     assert r.ret == 1
     task = fleeter.task("greet")
     assert task.state.value == "NEEDS_HUMAN"
-    (v,) = fleeter.ledger().verdicts(task_id=task.id)
-    assert v.reason == "no verdict: the reviewer ended without a result (exit code 0)"
+    assert task.reason == (f"verifier_error:{REVIEW}: no verdict: the reviewer ended without a result "
+                           "(exit code 0) (tried 2 times)")
+    assert fleeter.ledger().verdicts(task_id=task.id) == []
+    assert len(agent_calls(fake_claude)) == 1 and len(reviewer_calls(fake_claude)) == 2
 
 
 def test_cli_task_budget_caps_the_reviewer(fleeter, fake_claude):

@@ -187,6 +187,7 @@ def test_openai_key_variable_not_set_fails_without_asking(brain_server, repo, mo
     v = wait_verdict(handle(repo, {"url": brain_server.url, "model": "m", "api": "openai",
                                    "api_key_env": "NO_SUCH_KEY_VAR"}))
     assert not v.passed and v.reason == "api_key_env names NO_SUCH_KEY_VAR, which is not set"
+    assert v.error == "permanent"  # it answers the same until someone fixes it
     assert brain_server.requests == []
 
 
@@ -201,19 +202,22 @@ def test_request_for_defaults_to_local_ollama():
 # --------------------------------------------------------------------------- failures
 
 
-@pytest.mark.parametrize("reply, reason", [
-    ("FAIL: hello.txt does not greet\nIt says hi.", "hello.txt does not greet"),
-    ("PASS?", NO_VERDICT),
-    ("", "empty reply"),
-    (Status(500, {"error": "out of memory"}), "brain returned HTTP 500: out of memory"),
-    (Status(503, "upstream down"), "brain returned HTTP 503: upstream down"),
-    (Malformed(), "brain returned malformed JSON: '{\"response\": \"PASS\", '"),
-    (Shape({"done": True}), 'brain reply has no answer in it: {"done": true}'),
+@pytest.mark.parametrize("reply, reason, error", [
+    ("FAIL: hello.txt does not greet\nIt says hi.", "hello.txt does not greet", None),
+    ("PASS?", NO_VERDICT, "transient"),
+    ("", "empty reply", "transient"),
+    (Status(500, {"error": "out of memory"}), "brain returned HTTP 500: out of memory", "transient"),
+    (Status(503, "upstream down"), "brain returned HTTP 503: upstream down", "transient"),
+    (Status(429, "slow down"), "brain returned HTTP 429: slow down", "transient"),
+    (Status(401, "bad key"), "brain returned HTTP 401: bad key", "permanent"),
+    (Malformed(), "brain returned malformed JSON: '{\"response\": \"PASS\", '", "transient"),
+    (Shape({"done": True}), 'brain reply has no answer in it: {"done": true}', "transient"),
 ])
-def test_failures_are_fail_verdicts_with_reasons(brain_server, repo, reply, reason):
+def test_failures_are_fail_or_error_verdicts_with_reasons(brain_server, repo, reply, reason, error):
+    """Only a FAIL the model gave is the work's; the rest is an ERROR (it could not judge)."""
     brain_server.script(reply)
     v = wait_verdict(handle(repo, {"url": brain_server.url, "model": "m"}))
-    assert (v.passed, v.reason) == (False, reason)
+    assert (v.passed, v.reason, v.error) == (False, reason, error)
     if isinstance(reply, str) and reply:
         assert v.output == reply  # the reply goes into the retry prompt
 
@@ -221,7 +225,7 @@ def test_failures_are_fail_verdicts_with_reasons(brain_server, repo, reply, reas
 def test_ollama_model_not_found(repo):
     with BrainServer(models=["llama3"]) as server:
         v = wait_verdict(handle(repo, {"url": server.url, "model": "nope"}))
-    assert v.reason == "brain returned HTTP 404: model 'nope' not found"
+    assert v.reason == "brain returned HTTP 404: model 'nope' not found" and v.error == "permanent"
 
 
 def test_slow_brain_times_out(brain_server, repo):
@@ -233,7 +237,7 @@ def test_slow_brain_times_out(brain_server, repo):
     assert before + 0.5 <= h.next_deadline() <= after + 0.5
     v = wait_verdict(h)
     gate.set()
-    assert (v.passed, v.reason) == (False, "brain timed out after 0.5s")
+    assert (v.passed, v.reason, v.error) == (False, "brain timed out after 0.5s", "transient")
 
 
 def test_the_verifiers_own_timeout_wins_when_smaller(brain_server, repo):
@@ -394,17 +398,22 @@ def test_cli_fail_retries_with_the_reply_in_the_prompt(fleeter, fake_claude, bra
 
 
 def test_cli_refused_connection_needs_a_human(fleeter, fake_claude):
+    """A refused connection is the brain's, not the work's: an ERROR, no verdict row
+    (tried once here; test_verifier_errors.py has the backoff)."""
     port = closed_port()
-    brain_task(fleeter, f"http://127.0.0.1:{port}", extra="max_retries = 0")
+    brain_task(fleeter, f"http://127.0.0.1:{port}")
+    fleeter.write_config((fleeter.home / "config.toml").read_text() + "\n[fleetrun]\nverifier_error_tries = 1\n")
     fake_claude.script(greet=[{"actions": [["write", "hello.txt", "hello"]]}])
     r = fleeter.run("tasks.toml")
     assert r.ret == 1
     task = fleeter.task("greet")
     assert task.state.value == "NEEDS_HUMAN"
-    (v,) = fleeter.ledger().verdicts(task_id=task.id)
-    assert (v.passed, v.reason) == (False, f"brain unreachable at http://127.0.0.1:{port}: connection refused")
+    why = f"brain unreachable at http://127.0.0.1:{port}: connection refused"
+    assert task.reason == f"verifier_error:Does hello.txt say hello?: {why} (tried 1 time)"
+    assert fleeter.ledger().verdicts(task_id=task.id) == []
+    assert len(fake_claude.calls("greet")) == 1
     logs = fleeter.run("logs", "greet")
-    logs.fnmatch_lines(["*FAIL verifier 1 (brain: Does hello.txt say hello?)*connection refused*"])
+    logs.fnmatch_lines(["*verifier_error:Does hello.txt say hello?: brain unreachable*connection refused*"])
 
 
 def test_cli_config_toml_brain_and_verifier_model(fleeter, fake_claude, brain_server):
@@ -479,3 +488,4 @@ def test_a_redirect_is_a_fail_and_the_key_goes_nowhere_else(brain_server, repo, 
         assert elsewhere.requests == [] and got == []  # nothing reached it at all
     assert not v.passed
     assert v.reason == f"brain redirected to {target} (HTTP {code}); redirects are not followed"
+    assert v.error == "permanent"  # it answers the same until someone fixes it

@@ -5,6 +5,8 @@ from __future__ import annotations
 import os
 import time
 
+import pytest
+
 from fleetrun.osutil import proc_token
 from fleetrun.plugins.verify_run import RunHandle
 from fleetrun.procutil import KEEP_BYTES, tail_text
@@ -53,9 +55,37 @@ def test_timeout_is_a_fail_and_kills_the_group(tmp_path):
     assert not v.passed and v.reason == "timed out after 0.5s"
 
 
-def test_cannot_start_is_a_fail(tmp_path):
+def test_timeout_is_the_works_fail_not_an_error(tmp_path):
+    v = wait(RunHandle(VerifySpec("run", "sleep 30", timeout_s=0.5), str(tmp_path), tmp_path / "o", dict(os.environ)))
+    assert v.error is None  # most often the code under test hangs: docs/verifiers.md
+
+
+def test_cannot_start_is_a_permanent_error(tmp_path):
     v = wait(RunHandle(VerifySpec("run", "true"), str(tmp_path / "missing"), tmp_path / "o", dict(os.environ)))
-    assert not v.passed and v.reason.startswith("cannot start:")
+    assert not v.passed and v.reason.startswith("cannot start:") and v.error == "permanent"
+
+
+@pytest.mark.parametrize("command, reason, error", [
+    ("pytset -q", "command not found: pytset", "permanent"),
+    ("FOO=1 pytset -q", "command not found: pytset", "permanent"),
+    ("/nonexistent/bin/pytest -q", "command not found: /nonexistent/bin/pytest", "permanent"),
+    ("{outside}/not-exec", "command not executable: {outside}/not-exec", "permanent"),
+    # the worktree's own script: the agent may have deleted it or made it non-executable
+    ("./run-tests.sh", "exit code 127", None),
+    ("{work}/not-exec", "exit code 126", None),
+    ("PATH=/nowhere pytset", "exit code 127", None),
+    ("true && pytset", "exit code 127", None),  # the first word was found
+    ("exit 127", "exit code 127", None),
+])
+def test_127_and_126_are_an_error_only_for_what_the_agent_cannot_touch(tmp_path, command, reason, error):
+    work, outside = tmp_path / "work", tmp_path / "outside"
+    work.mkdir()
+    outside.mkdir()
+    for d in (work, outside):
+        (d / "not-exec").write_text("echo hi\n")
+    command = command.format(work=work, outside=outside)
+    v = wait(RunHandle(VerifySpec("run", command), str(work), tmp_path / "o", dict(os.environ), root=str(work)))
+    assert (v.passed, v.reason.format(), v.error) == (False, reason.format(work=work, outside=outside), error)
 
 
 def test_pidfd_is_readable_when_done(tmp_path):

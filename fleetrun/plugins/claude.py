@@ -24,15 +24,14 @@ from typing import TYPE_CHECKING, Any, Optional
 
 from .. import claudeopts, untrusted
 from ..claudecli import (  # the stream-json reader, shared with verify_agent
-    ESCAPES,
     LIMIT_TEXT,
     MAX_LOG_HEAD,
     MAX_LOG_TAIL,
     ResultEvent,
     executable,
-    parse_line,
     parse_reset,
     read_stream,
+    rejected_arguments,
 )
 from ..hookimpl import hookimpl
 from ..reports import SESSION_NOT_FOUND, AgentResult, SpawnSpec
@@ -240,35 +239,7 @@ def result_from_log(text: str, exit_code: Optional[int]) -> AgentResult:
     return out
 
 
-_CLI_ERROR = re.compile(r"^error:", re.I)
 _NOT_FOUND = re.compile(r"^No conversation found with session ID")
-#: Refusals of the command line the CLI words without ``error:`` (measured, 2.1.197 and
-#: 2.1.332): bypassPermissions (the flag, the mode, or a settings ``defaultMode``) as
-#: root outside a deliberate sandbox (``IS_SANDBOX=1``).
-_CLI_REFUSALS = (re.compile(r"^--dangerously-skip-permissions cannot be used with root/sudo privileges"),)
-
-
-def rejected_arguments(text: str, exit_code: Optional[int]) -> Optional[str]:
-    """The CLI's own first ``error:`` line when it refused its command line, or None.
-
-    Claude Code checks its arguments before the session starts (commander.js:
-    ``error: option '--permission-mode <mode>' argument 'yolo' is invalid...``; or, run
-    as root, ``--dangerously-skip-permissions cannot be used with root/sudo
-    privileges...``) and exits 1 having written no stream-json event at all; a session
-    that started and then died has written its ``system`` event first. Starting again
-    with the same command line can only fail the same way.
-    """
-    if exit_code in (0, None):
-        return None
-    lines = text.splitlines()
-    if any(parse_line(line) is not None for line in lines):
-        return None
-    for line in lines:
-        line = ESCAPES.sub("", line).strip()
-        if _CLI_ERROR.match(line) or any(r.match(line) for r in _CLI_REFUSALS):
-            line = "".join(c if c.isprintable() else "?" for c in line)
-            return line if len(line) <= 500 else line[:500] + "..."
-    return None
 
 
 def classify_api_error(out: AgentResult, res: ResultEvent, parsed: dict[str, Any], body: str) -> None:

@@ -2,8 +2,9 @@
 
 ``fleetrun tasks.toml --junitxml report.xml`` writes one ``<testcase>`` per task the
 run moved: ``<failure>`` for NEEDS_HUMAN (its last cause, and the output of the
-verifier that failed last), ``<skipped>`` for CANCELLED, ``<error>`` for a task the
-run left unfinished (interrupted, or still waiting). The file is valid against the
+verifier that failed last), ``<error>`` for one a verifier could not judge
+(``verifier_error:...``: nothing is known of the work), ``<skipped>`` for CANCELLED,
+``<error>`` for a task the run left unfinished (interrupted, or still waiting). The file is valid against the
 JUnit schema CI systems read (Jenkins' ``junit-10.xsd``, the one pytest validates its
 own reports against), so a testcase holds no ``<properties>``: the task's id, final
 state, attempts, retries and cost are the first lines of its ``<system-out>``.
@@ -55,6 +56,11 @@ def tail_lines(text: str, limit: int) -> str:
         if cut >= 0:
             tail = tail[cut + 1:]
     return tail
+
+
+def _word(verdict: Any) -> str:
+    """PASS, FAIL or ERROR (a verifier that could not judge)."""
+    return "ERROR" if getattr(verdict, "error", None) else ("PASS" if verdict.passed else "FAIL")
 
 
 def xml_text(text: str) -> str:
@@ -230,7 +236,12 @@ class JunitXmlReporter:
                            time=f"{case.run_time if case.run_time is not None else case.last_seen - case.first_seen:.3f}")
         reason = xml_text(task.reason or "")
         kind: Optional[str] = None
-        if state == "NEEDS_HUMAN":
+        if state == "NEEDS_HUMAN" and reason.startswith("verifier_error:"):
+            # a verifier could not judge: nothing is known of the work (pytest's error vs failure)
+            el = ET.SubElement(tc, "error", message=reason, type="verifier_error")
+            el.text = xml_text(self._failure_text(case))
+            kind = "errors"
+        elif state == "NEEDS_HUMAN":
             el = ET.SubElement(tc, "failure", message=reason, type=reason.split(":", 1)[0] or "needs_human")
             el.text = xml_text(self._failure_text(case))
             kind = "failures"
@@ -248,7 +259,7 @@ class JunitXmlReporter:
             ("task_id", task.id), ("state", state), ("attempts", task.attempts), ("retries", task.retries),
             ("cost_usd", f"{task.cost_usd:.6f}")))
         verdicts = "".join(
-            f"attempt {n}: verify {v.kind} `{v.label}`: {'PASS' if v.passed else 'FAIL'}"
+            f"attempt {n}: verify {v.kind} `{v.label}`: {_word(v)}"
             f"{f' ({v.reason})' if v.reason else ''}\n" for n, v in case.verdicts)
         # a peer task's: where it ran and where its branch is, after its verdicts
         where = where_text(task) if ran_on_peer(task) else ""
@@ -263,7 +274,8 @@ class JunitXmlReporter:
         if not failed:
             return case.task.reason or "needs a human"
         n, v = failed[-1]
-        head = f"attempt {n}: verify {v.kind} `{v.label}` failed" + (f": {v.reason}" if v.reason else "")
+        did = "could not judge" if getattr(v, "error", None) else "failed"
+        head = f"attempt {n}: verify {v.kind} `{v.label}` {did}" + (f": {v.reason}" if v.reason else "")
         return _with_output(head, v.output or "")
 
     def write(self, root: ET.Element) -> None:

@@ -129,7 +129,8 @@ class TerminalReporter:
     def fleetrun_verdict(self, task: Any, verdict: Any, attempt: Any, config: Config) -> None:
         if self.verbosity < 0:
             return
-        word = "PASS" if verdict.passed else "FAIL"
+        # ERROR: the verifier could not judge (the work is neither passed nor failed)
+        word = "ERROR" if getattr(verdict, "error", None) else ("PASS" if verdict.passed else "FAIL")
         cost = f" ${verdict.cost_usd:.2f}" if verdict.cost_usd else ""
         self.write_line(f"         {safe_name(task.name)} verify {safe_text(verdict.kind)} `{safe_text(verdict.label)}`: "
                         f"{word} ({safe_text(verdict.reason)}){cost}", "DONE" if verdict.passed else "RETRYING")

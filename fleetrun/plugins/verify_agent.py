@@ -26,8 +26,12 @@ the variadic ``--tools`` / ``--disallowedTools`` options would swallow a prompt 
 The reviewer's stream-json goes to ``attempts/<id>/review-<n>.jsonl``. The verdict is the
 ``result`` event's ``structured_output`` (``{"verdict": "PASS"|"FAIL", "reason": ...}``,
 asked for with ``--json-schema``), or, without one, its text read with the same rule as
-the brain's reply (:func:`fleetrun.diffutil.parse_reply`); no result, ``is_error``, a
-malformed result or a timeout is a FAIL. The reviewer's ``total_cost_usd`` is the
+the brain's reply (:func:`fleetrun.diffutil.parse_reply`). A reviewer that cannot judge
+is an ERROR, never the agent's failure (:func:`error_of`): a CLI that cannot start or
+refuses its command line (its own ``error:`` line, before any event), or one that ran
+out of its own budget, is permanent (a human, at once); no result, a malformed result,
+``is_error`` (an API error), a reply without a verdict or a timeout is transient (it is
+asked again after a backoff). The reviewer's ``total_cost_usd`` is the
 verdict's cost, which the ledger adds to the task's cost. ``--max-budget-usd`` is the
 verifier's ``budget_usd``, capped by what is left of the task's ``budget_usd``; with
 nothing left the reviewer does not start (a FAIL, and the next attempt stops at
@@ -46,12 +50,13 @@ from typing import TYPE_CHECKING, Any, Optional, Union
 from ..claudecli import (  # one reader of Claude Code's output, shared with `claude`
     executable,
     parse_stream,
+    rejected_arguments,
 )
 from ..config import output_cap
 from ..diffutil import local_workspace, parse_reply, review_prompt, task_diff
 from ..hookimpl import hookimpl
 from ..procutil import KEEP_BYTES, ProcessHandle, tail_text, task_env
-from ..reports import MIN_BUDGET_USD, Verdict
+from ..reports import MIN_BUDGET_USD, PERMANENT, TRANSIENT, Verdict
 from ..shepherdrun import CACHE
 from ..untrusted import Malformed, cost, obj, one_of, opt_boolean, opt_text, text
 
@@ -160,6 +165,26 @@ def verdict_from_stream(text_: str, exit_code: Optional[int]) -> tuple[bool, str
     return passed, reason, reply, spent
 
 
+def error_of(passed: bool, reason: str, refused: bool) -> Optional[str]:
+    """Whether a reviewer's outcome is an ERROR (it could not judge), and which.
+
+    :param reason: :func:`verdict_from_stream`'s reason.
+    :param refused: the CLI refused its command line (it says so the same way again).
+    :return: None for a verdict on the work (PASS, or a FAIL the reviewer gave),
+        :data:`~fleetrun.reports.PERMANENT` or :data:`~fleetrun.reports.TRANSIENT`.
+    """
+    if passed:
+        return None
+    if refused:
+        return PERMANENT
+    if reason.startswith("the reviewer ended with an error"):
+        # its own budget_usd spent: asking again spends the same, to the same cap
+        return PERMANENT if "(error_max_budget_usd)" in reason else TRANSIENT
+    if reason.startswith("no verdict") or reason == "empty reply":
+        return TRANSIENT
+    return None
+
+
 class AgentHandle(ProcessHandle):
     """A running reviewer; ``poll()`` gives the Verdict once it has ended."""
 
@@ -170,13 +195,14 @@ class AgentHandle(ProcessHandle):
         super().__init__(verifier, argv, cwd, env, out_path, stdin_path=prompt_path, host=host,
                          max_bytes=max_bytes, cache=cache)
 
-    def _make(self, passed: bool, reason: str, output: str = "", cost: float = 0.0) -> Verdict:
+    def _make(self, passed: bool, reason: str, output: str = "", cost: float = 0.0,
+              error: Optional[str] = None) -> Verdict:
         cut = self.output_cut()
         if cut:
             reason = f"{reason}; {cut}"
         return Verdict(passed=passed, kind="agent", label=self.verifier.label, reason=reason,
                        output=output[-KEEP_BYTES:], cost_usd=cost, duration_s=time.monotonic() - self.started,
-                       host=self.host)
+                       host=self.host, error=error)
 
     def _read(self) -> str:
         try:
@@ -185,16 +211,21 @@ class AgentHandle(ProcessHandle):
             return ""
 
     def cannot_start(self, error: str) -> Verdict:
-        return self._make(False, f"cannot start the reviewer: {error}")
+        return self._make(False, f"cannot start the reviewer: {error}", error=PERMANENT)
 
     def timed_out(self) -> Verdict:
         _, _, _, cost = verdict_from_stream(self._read(), None)
         return self._make(False, f"reviewer timed out after {self.verifier.timeout_s:g}s",
-                          output=tail_text(self.out_path), cost=cost)
+                          output=tail_text(self.out_path), cost=cost, error=TRANSIENT)
 
     def ended(self, code: int) -> Verdict:
-        passed, reason, output, cost = verdict_from_stream(self._read(), code)
-        return self._make(passed, reason, output=output or tail_text(self.out_path), cost=cost)
+        text_ = self._read()
+        passed, reason, output, cost = verdict_from_stream(text_, code)
+        refused = None if passed else rejected_arguments(text_, code)
+        if refused:
+            reason = f"the reviewer's CLI refused its arguments: {refused}"
+        error = error_of(passed, reason, refused is not None)
+        return self._make(passed, reason, output=output or tail_text(self.out_path), cost=cost, error=error)
 
 
 def reviewer_env(task: Any, attempt: Any, workspace: Any) -> dict[str, str]:

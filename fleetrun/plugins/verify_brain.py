@@ -15,9 +15,13 @@ tasks file (the tasks file's keys win)::
 
 The model is shown the task prompt, the task's diff and the question, and told to
 answer with a first line of exactly ``PASS`` or ``FAIL: reason``
-(:func:`fleetrun.diffutil.parse_reply` is the strict rule). An empty reply, an HTTP
-error, malformed JSON, a timeout or a refused connection is a FAIL with that reason.
-The reply is the verdict's output, so it reaches the retry prompt.
+(:func:`fleetrun.diffutil.parse_reply` is the strict rule). A brain that cannot judge
+is an ERROR, never a PASS and never the agent's failure: a permanent one (no model, a
+bad ``[brain]``, an unset key, an HTTP 4xx such as an unknown model, a redirect) sends
+the task to a human at once; a transient one (a refused connection, an HTTP 5xx, 408 or
+429, a timeout, a broken or malformed reply, an empty reply or one without a verdict)
+is asked again after a backoff. A FAIL's reply is the verdict's output, so it reaches
+the retry prompt.
 
 The request runs in a daemon thread inside the handle, so the hook returns at once;
 the thread touches no hook and no ledger, only git (to read the diff) and the socket.
@@ -43,6 +47,8 @@ if TYPE_CHECKING:
     from ..config import Config
     from ..reports import Verdict
 
+#: :data:`fleetrun.reports.PERMANENT`, without importing the reports where no verifier runs
+PERMANENT = "permanent"
 DEFAULT_URL = "http://127.0.0.1:11434"
 DEFAULT_TIMEOUT_S = 120.0
 KEEP_BYTES = 64 * 1024
@@ -206,7 +212,7 @@ def request_for(settings: dict[str, Any], model: str, prompt: str) -> tuple[str,
         if env:
             key = os.environ.get(env)
             if not key:
-                raise BrainError(f"api_key_env names {env}, which is not set")
+                raise BrainError(f"api_key_env names {env}, which is not set", PERMANENT)
             headers["Authorization"] = f"Bearer {key}"
         return url, {"model": model, "messages": messages, "stream": False}, headers
     if settings.get("ollama_endpoint", "generate") == "chat":
@@ -273,7 +279,15 @@ def parse_brain_reply(api: str, endpoint: str, raw: bytes) -> str:
 
 
 class BrainError(Exception):
-    """The brain could not be asked, or did not answer; the message is the FAIL reason."""
+    """The brain could not be asked, or did not answer; the message is the ERROR's reason.
+
+    :ivar error: :data:`~fleetrun.reports.TRANSIENT` (it may answer next time: the
+        default) or :data:`~fleetrun.reports.PERMANENT` (not until someone fixes it).
+    """
+
+    def __init__(self, message: str, error: str = "transient") -> None:
+        super().__init__(message)
+        self.error = error
 
 
 def _http_error_detail(e: urllib.error.HTTPError) -> str:
@@ -346,8 +360,13 @@ def ask(settings: dict[str, Any], model: str, prompt: str, timeout: float,
             raw = resp.read(MAX_REPLY_BYTES + 1)
     except urllib.error.HTTPError as e:
         if 300 <= e.code < 400:
-            raise BrainError(f"brain redirected to {_location(e)} (HTTP {e.code}); redirects are not followed") from None
-        raise BrainError(f"brain returned HTTP {e.code}: {_http_error_detail(e)}") from None
+            raise BrainError(f"brain redirected to {_location(e)} (HTTP {e.code}); redirects are not followed",
+                             PERMANENT) from None
+        # a 4xx refuses the request as configured (an unknown model, a bad key): it
+        # answers the same next time; a 5xx, 408 or 429 may not
+        again = e.code >= 500 or e.code in (408, 429)
+        raise BrainError(f"brain returned HTTP {e.code}: {_http_error_detail(e)}",
+                         "transient" if again else PERMANENT) from None
     except urllib.error.URLError as e:
         reason = e.reason
         if isinstance(reason, (socket.timeout, TimeoutError)):
@@ -397,8 +416,8 @@ class BrainHandle:
     def _run(self) -> None:
         try:
             verdict = self._ask()
-        except Exception as e:  # anything that stops a verdict is a FAIL, never a crash
-            verdict = self._make(False, f"brain verifier error: {type(e).__name__}: {e}")
+        except Exception as e:  # anything that stops a verdict is an ERROR, never a crash
+            verdict = self._make(False, f"brain verifier error: {type(e).__name__}: {e}", error=PERMANENT)
         with self._lock:
             self._result = verdict
             if not self._closed:
@@ -411,12 +430,18 @@ class BrainHandle:
         model = self.verifier.model or self.settings.get("model")
         if not model:
             return self._make(False, "no model for the brain: set [brain] model in config.toml "
-                                     "(or the tasks file), or model = on the verifier")
+                                     "(or the tasks file), or model = on the verifier", error=PERMANENT)
         bad = problems(self.settings)
         if bad:
             key, msg = bad[0]
-            return self._make(False, f"[brain] {key}: {msg}")
-        from ..diffutil import DEFAULT_MAX_DIFF_BYTES, parse_reply, review_prompt, task_diff
+            return self._make(False, f"[brain] {key}: {msg}", error=PERMANENT)
+        from ..diffutil import (
+            DEFAULT_MAX_DIFF_BYTES,
+            NO_VERDICT,
+            parse_reply,
+            review_prompt,
+            task_diff,
+        )
 
         limit = int(self.settings.get("max_diff_bytes", DEFAULT_MAX_DIFF_BYTES))
         diff = task_diff(self.workspace, getattr(self.workspace, "base_ref", None), limit)
@@ -432,19 +457,22 @@ class BrainHandle:
         try:
             reply = ask(self.settings, model, prompt, left, said_timeout=self.timeout)
         except BrainError as e:
-            return self._make(False, str(e), output=str(e))
+            return self._make(False, str(e), output=str(e), error=e.error)
         passed, reason = parse_reply(reply)
+        if not passed and reason in ("empty reply", NO_VERDICT):
+            # an empty reply, or one without PASS or FAIL first: nothing usable, ask again
+            return self._make(False, reason, output=reply, error="transient")
         return self._make(passed, reason, output=reply)
 
     # the main thread ----------------------------------------------------------------
 
-    def _make(self, passed: bool, reason: str, output: str = "") -> Verdict:
+    def _make(self, passed: bool, reason: str, output: str = "", error: Optional[str] = None) -> Verdict:
         from ..reports import Verdict
 
         if len(output.encode("utf-8", "replace")) > KEEP_BYTES:
             output = output.encode("utf-8", "replace")[:KEEP_BYTES].decode("utf-8", "ignore")
         return Verdict(passed=passed, kind="brain", label=self.verifier.label, reason=reason, output=output,
-                       duration_s=time.monotonic() - self.started)
+                       duration_s=time.monotonic() - self.started, error=error)
 
     def fileno(self) -> int:
         return -1 if self._closed else self._rfd
@@ -469,7 +497,7 @@ class BrainHandle:
                 return None
             # the thread's socket timeout is per read: a server that trickles outlasts it
             result = self._make(False, f"brain timed out after {self.timeout:g}s",
-                                output=f"brain timed out after {self.timeout:g}s")
+                                output=f"brain timed out after {self.timeout:g}s", error="transient")
         self.verdict = result
         self._close()
         return result

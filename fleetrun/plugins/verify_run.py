@@ -6,8 +6,12 @@ attempt folder while it runs (so a large output can never fill a pipe and deadlo
 cut to ``[output] max_bytes`` (head and tail kept; the verdict says ``output cut``),
 and the last 64 KiB is kept with the verdict; what the command detaches ends with it
 (:mod:`fleetrun.capped`). The exit code is the verdict; a timeout
-or a command that cannot start is a FAIL with that reason. A task's ``setup`` commands
-run through here too (see :mod:`fleetrun.setupstage`).
+is a FAIL with that reason (most often the code under test hangs). The verifier could
+not judge (an ERROR, never the agent's failure) when its command cannot start, or when
+/bin/sh says 127/126 and the command's first word is a name not on PATH, or a path
+outside the workspace that is missing or not executable (:func:`not_found_error`): a
+script of the worktree's own that is missing or not executable is the work's, a FAIL.
+A task's ``setup`` commands run through here too (see :mod:`fleetrun.setupstage`).
 """
 
 from __future__ import annotations
@@ -16,11 +20,14 @@ import time
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Optional
 
+from ..commandword import SHELL_WORDS as _SHELL_WORDS
+from ..commandword import is_assignment as _is_assignment
+from ..commandword import not_found_error
 from ..config import output_cap
 from ..hookimpl import hookimpl
 from ..hostapi import Host
 from ..procutil import ProcessHandle, tail_text, task_env
-from ..reports import Verdict
+from ..reports import PERMANENT, Verdict
 from ..shepherdrun import CACHE
 from ..taskspec import SETUP_STEP_BASE, step_index
 
@@ -32,20 +39,25 @@ class RunHandle(ProcessHandle):
     """A running ``run`` verifier; ``poll()`` gives the Verdict once it has ended."""
 
     def __init__(self, verifier: Any, cwd: str, out_path: Path, env: dict[str, str], host: str = "local",
-                 max_bytes: Optional[int] = None, cache: Optional[Path] = None) -> None:
+                 root: Optional[str] = None, max_bytes: Optional[int] = None,
+                 cache: Optional[Path] = None) -> None:
+        #: for :func:`not_found_error`: the PATH the command ran with, and the folder
+        #: whose files are the work's (a script of its own that is gone is the work's fault)
+        self.path_var = env.get("PATH")
+        self.root = root or cwd
         super().__init__(verifier, ["/bin/sh", "-c", verifier.text], cwd, env, out_path, host=host,
                          max_bytes=max_bytes, cache=cache)
 
-    def _make(self, passed: bool, reason: str) -> Verdict:
+    def _make(self, passed: bool, reason: str, error: Optional[str] = None) -> Verdict:
         cut = self.output_cut()
         if cut:  # the flood is this verifier's to answer for, in its own verdict
             reason = f"{reason}; {cut}"
         return Verdict(passed=passed, kind="run", label=self.verifier.label, reason=reason,
                        output=tail_text(self.out_path), duration_s=time.monotonic() - self.started,
-                       host=self.host)
+                       host=self.host, error=error)
 
     def cannot_start(self, error: str) -> Verdict:
-        return self._make(False, f"cannot start: {error}")
+        return self._make(False, f"cannot start: {error}", error=PERMANENT)
 
     def timed_out(self) -> Verdict:
         return self._make(False, f"timed out after {self.verifier.timeout_s:g}s")
@@ -55,6 +67,10 @@ class RunHandle(ProcessHandle):
             return self._make(True, "exit code 0")
         if code < 0:
             return self._make(False, f"killed by signal {-code}")
+        if code in (126, 127):
+            why = not_found_error(self.verifier.text, self.path_var, self.root)
+            if why:
+                return self._make(False, why, error=PERMANENT)
         return self._make(False, f"exit code {code}")
 
 
@@ -73,6 +89,7 @@ def fleetrun_verify(task: Any, verifier: Any, workspace: Any, attempt: Any, host
     # a setup command (extra["setup"] = K) writes setup-K.out beside the verifiers' outputs
     name = f"setup-{idx - SETUP_STEP_BASE + 1}.out" if idx >= SETUP_STEP_BASE else f"verify-{idx + 1}.out"
     return RunHandle(verifier, workspace.path, adir / name, verifier_env(task, attempt, workspace),
+                     root=getattr(workspace, "root", None) or workspace.path,
                      max_bytes=output_cap(config), cache=config.home / CACHE)
 
 
@@ -80,13 +97,6 @@ def fleetrun_verify(task: Any, verifier: Any, workspace: Any, attempt: Any, host
 # A command that is not there: the verifier would fail every attempt with "command not
 # found", and the agent be retried for it.
 
-#: Words /bin/sh runs itself: what follows them is not looked for.
-_SHELL_WORDS = frozenset([
-    "!", "{", "(", "[", "[[", ".", ":", "alias", "break", "case", "cd", "command", "continue", "declare",
-    "echo", "eval", "exec", "exit", "export", "false", "for", "function", "if", "let", "local", "printf",
-    "pwd", "read", "readonly", "return", "set", "shift", "source", "test", "then", "times", "trap", "true",
-    "type", "ulimit", "umask", "unalias", "unset", "until", "wait", "while",
-])
 
 
 def missing_command(text: str, cwd: str, has_setup: bool) -> Optional[str]:
@@ -111,11 +121,6 @@ def missing_command(text: str, cwd: str, has_setup: bool) -> Optional[str]:
     if has_setup or os.path.exists(os.path.join(cwd, first)):
         return None
     return f"{first} is not in the task's cwd"
-
-
-def _is_assignment(word: str) -> bool:
-    name, eq, _ = word.partition("=")
-    return bool(eq) and name.isidentifier()
 
 
 def missing_command_warnings(config: Config, items: list[Any], warnings: list[str]) -> None:

@@ -283,10 +283,18 @@ def fleetrun_attempt_ended(task: Any, attempt: Any, result: Any, config: Config)
           duration_s=round(ended - began, 3) if began is not None and ended is not None else None)
 
 
+def _error(error: Any) -> Optional[str]:
+    """A verdict's ``error`` as the schema allows it (a plugin's own word is ``permanent``)."""
+    if not error:
+        return None
+    return "transient" if error == "transient" else "permanent"
+
+
 @hookimpl(trylast=True)
 def fleetrun_verdict(task: Any, verdict: Any, attempt: Any, config: Config) -> None:
     _emit(config, "verdict", **_task(task), attempt=attempt.number, kind=verdict.kind, label=verdict.label,
-          passed=bool(verdict.passed), duration_s=round(_num(verdict.duration_s) or 0.0, 3),
+          passed=bool(verdict.passed) and not getattr(verdict, "error", None),
+          error=_error(getattr(verdict, "error", None)), duration_s=round(_num(verdict.duration_s) or 0.0, 3),
           reason=_text(verdict.reason), cost_usd=_num(verdict.cost_usd) or 0.0, host=verdict.host)
 
 

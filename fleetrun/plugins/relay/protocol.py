@@ -165,6 +165,9 @@ class VerifyStatus:
     reason: str = ""
     output: str = ""
     duration_s: float = 0.0
+    #: ``permanent``: the verifier could not run at all (an ERROR, not the work's FAIL);
+    #: None from a peer too old to say
+    error: Optional[str] = None
 
 
 def parse_error_reply(reply: Any) -> tuple[str, bool]:
@@ -292,6 +295,8 @@ def parse_verify_status_reply(reply: Any) -> VerifyStatus:
         reason=opt_text(d, "reason", "verify-status reply", 4000, "") or "",
         output=opt_text(d, "output", "verify-status reply", 1 << 20, "") or "",
         duration_s=opt_number(d, "duration_s", "verify-status reply", 0.0, 1e9, 0.0) or 0.0,
+        error=None if d.get("error") is None else one_of(d.get("error"), "verify-status reply.error",
+                                                         ("permanent", "transient")),
     )
 
 

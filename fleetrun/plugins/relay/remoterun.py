@@ -161,8 +161,8 @@ class RemoteRunHandle:
         w = self._worker()
         if w is not None:
             w.vwatching.discard((self.attempt_id, self.idx))
-        return Verdict(passed=r.passed, kind="run", label=self.verifier.label, reason=r.reason, output=r.output,
-                       duration_s=r.duration_s, host=self.host.name)
+        return Verdict(passed=r.passed and r.error is None, kind="run", label=self.verifier.label, reason=r.reason,
+                       output=r.output, duration_s=r.duration_s, host=self.host.name, error=r.error)
 
     def cancel(self) -> None:
         try:

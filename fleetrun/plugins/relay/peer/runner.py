@@ -115,16 +115,40 @@ def cmd_verify_status(config: HasHome, ns: argparse.Namespace) -> dict[str, Any]
     vdir = _verify_dir(config, ns.attempt, ns.idx)
     res = read_json(str(vdir / "result.json"))
     if res is not None:
-        return dict(res, state="ended")
+        return _judged(vdir, dict(res, state="ended"))
     if not (vdir / "runner.json").exists():
         raise _Unknown("no such verifier run here")
     if _runner_alive(vdir):
         return {"state": "running"}
     res = read_json(str(vdir / "result.json"))  # it may have just finished
     if res is not None:
-        return dict(res, state="ended")
+        return _judged(vdir, dict(res, state="ended"))
     return {"state": "ended", "passed": False, "reason": "the verifier's runner died on the peer",
             "output": tail_text(vdir / "out"), "duration_s": 0.0}
+
+
+def _judged(vdir: Path, res: dict[str, Any]) -> dict[str, Any]:
+    """A verdict that says whether the verifier could not run at all (``error``:
+    ``permanent``): it could not start, or /bin/sh's 127/126 for a first word not found
+    on this machine (:func:`fleetrun.commandword.not_found_error`); the runner, which
+    imports nothing of the package, leaves that to here."""
+    from fleetrun.commandword import not_found_error
+    from fleetrun.shepherd import read_json
+
+    reason = res.get("reason")
+    if res.get("passed") is not False or not isinstance(reason, str):
+        return res
+    if reason.startswith("cannot start:"):
+        return dict(res, error="permanent")
+    if reason in ("exit code 126", "exit code 127"):
+        spec = read_json(str(vdir / "spec.json")) or {}
+        text, cwd = spec.get("text"), spec.get("cwd")
+        if isinstance(text, str) and isinstance(cwd, str):
+            # the runner's PATH is this process's: both inherit `fleetrun host`'s environment
+            why = not_found_error(text, os.environ.get("PATH"), cwd)
+            if why:
+                return dict(res, reason=why, error="permanent")
+    return res
 
 
 def cmd_verify_stop(config: HasHome, ns: argparse.Namespace) -> dict[str, Any]:
