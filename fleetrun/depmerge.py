@@ -28,8 +28,12 @@ CAUSE_FILES = 10
 
 
 #: What git says when it could not write, which clears by itself: a full disk, a quota,
-#: a read-only filesystem, a lock another git holds (lower case).
-TRANSIENT_GIT = (*SPACE_ERROR_TEXTS, ".lock': file exists")
+#: a read-only filesystem, a lock another git holds (lower case). On a full disk git
+#: often names only the file it could not write (seen: "error: unable to write file
+#: a.txt", "fatal: update_ref failed ...: couldn't write '.git/ORIG_HEAD.lock'"); a
+#: failure that stays (a folder made read-only) ends with the start's own back-off rule.
+TRANSIENT_GIT = (*SPACE_ERROR_TEXTS, ".lock': file exists", "unable to write", "couldn't write",
+                 "could not write", "unable to create temporary")
 
 
 class DependencyError(Exception):

@@ -311,14 +311,14 @@ def test_a_peer_does_not_reuse_a_worktree_whose_head_left_the_task_branch(peer, 
     assert code == 0 and r["workspace"]["branch"] == r_branch, r
 
 
-# The first merge of fleetrun's own fails as git does when the disk is full, once.
+# The first merge of fleetrun's own fails as git does when the disk is full, once (git
+# names the file it could not write, not the full disk: seen in the soak).
 FULL_DISK_WRAPPER = '''#!/bin/sh
 case "$*" in
   *" merge --no-ff "*)
     if [ ! -e "{flags}/failed" ]; then
       touch "{flags}/failed"
       echo "error: unable to write file schema.sql" >&2
-      echo "fatal: unable to write new index file: No space left on device" >&2
       exit 128
     fi ;;
 esac
@@ -351,5 +351,5 @@ def test_a_merge_the_full_disk_refused_is_waited_out_not_sent_to_a_human(fleeter
     schema, api = fleeter.task("user-schema"), fleeter.task("user-api")
     assert is_ancestor(fleeter, repo, schema.branch, api.branch)
     causes = [t.cause for t in fleeter.ledger().transitions(api.id)]
-    assert any("No space left on device" in c for c in causes), causes
+    assert any("unable to write file schema.sql" in c for c in causes), causes
     assert [t.to_state for t in fleeter.ledger().transitions(api.id)].count("NEEDS_HUMAN") == 0
