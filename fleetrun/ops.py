@@ -14,8 +14,8 @@ from typing import Any, Callable, Optional
 from . import crash
 from .exceptions import StateConflict, UsageError
 from .ledger import Ledger, Task
+from .records import REVERIFY, VERIFY_ERROR, VERIFY_WAIT
 from .states import TERMINAL, State, cause_word
-from .verifying import REVERIFY, VERIFY_ERROR, VERIFY_WAIT
 
 Notify = Callable[[Task, State, State, str, Optional[int]], None]
 

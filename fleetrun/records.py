@@ -220,3 +220,15 @@ class VerdictRow:
         d.pop("id")
         d["passed"] = bool(d["passed"])
         return cls(**d)
+
+
+#: The attempt's ``info`` key of the backoff of a verifier that could not judge
+#: (:mod:`fleetrun.verifying`): ``{"idx", "tries", "until", "reason"}`` (``until``:
+#: :func:`fleetrun.clock.now` time). Here, not in the verify stage, so that ``retry``
+#: (:mod:`fleetrun.ops`) reads it without importing the loop's stages.
+VERIFY_WAIT = "verify_wait"
+#: The attempt's ``info`` key of the error that sent its task to NEEDS_HUMAN:
+#: ``{"idx", "label", "error", "reason", "tries"}``; ``fleetrun retry`` re-verifies from it.
+VERIFY_ERROR = "verify_error"
+#: The cause of ``fleetrun retry``'s move of such a task back to VERIFYING.
+REVERIFY = "operator_retry:re-verify"

@@ -23,10 +23,14 @@ from dataclasses import asdict, dataclass
 from typing import Any, Optional
 
 from . import clock, crash
+from .exceptions import is_space_error
+from .gitutil import WorktreeTampered
 from .hostapi import get_host
 from .ledger import Attempt, Task
+from .records import REVERIFY, VERIFY_ERROR, VERIFY_WAIT  # noqa: F401 - their users import them from here too
 from .reports import (
     PERMANENT,
+    TRANSIENT,
     Cancellable,
     Handoff,
     HandoffHandle,
@@ -37,14 +41,6 @@ from .reports import (
 from .states import State, cause
 from .verdicttext import failed_cause
 
-#: The attempt's ``info`` key of the backoff of a verifier that could not judge:
-#: ``{"idx", "tries", "until", "reason"}`` (``until``: :func:`fleetrun.clock.now` time).
-VERIFY_WAIT = "verify_wait"
-#: The attempt's ``info`` key of the error that sent its task to NEEDS_HUMAN:
-#: ``{"idx", "label", "error", "reason", "tries"}``; ``fleetrun retry`` re-verifies from it.
-VERIFY_ERROR = "verify_error"
-#: The cause of ``fleetrun retry``'s move of such a task back to VERIFYING.
-REVERIFY = "operator_retry:re-verify"
 #: ``[fleetrun]`` settings: how many times a verifier that could not judge (a transient
 #: error) is tried in all, and the first backoff (doubled each time, at most an hour).
 ERROR_TRIES, ERROR_BACKOFF_S, MAX_BACKOFF_S = 5, 30.0, 3600.0
@@ -108,7 +104,7 @@ class VerifyStage:
                                                 config=loop.config)
             except Exception as e:  # a verifier that cannot reach a verdict never passes
                 res = Verdict(False, spec.kind, spec.label, reason=f"verifier error: {type(e).__name__}: {e}",
-                              error=PERMANENT)
+                              error=error_kind_of(e))
             if res is None:
                 res = Verdict(False, spec.kind, spec.label, reason=f"no plugin runs {spec.kind!r} verifiers",
                               error=PERMANENT)
@@ -336,3 +332,14 @@ def _setting(config: Any, key: str, default: Any, types: Any) -> Any:
     """A ``[fleetrun]`` number of config.toml (checked when it is loaded), else ``default``."""
     value = config.setting("fleetrun", key, default)
     return value if isinstance(value, types) and not isinstance(value, bool) and value > 0 else default
+
+
+def error_kind_of(e: Exception) -> Optional[str]:
+    """What a verifier's exception says of the work (the verify stage's, and a plugin's
+    that catches its own, as ``verify_brain`` does): a worktree that no longer
+    pins to its repository is the agent's doing (a FAIL: the next attempt's preparation
+    finds it ``worktree_tampered``); a full disk clears by itself (found by the soak);
+    anything else is a verifier that cannot judge, and will not by trying again."""
+    if isinstance(e, WorktreeTampered):
+        return None
+    return TRANSIENT if is_space_error(e) else PERMANENT

@@ -102,10 +102,11 @@ def cmd_status(config: Config, out: TextIO, err: TextIO) -> int:
     return ExitCode.OK
 
 
-#: The states whose reason is the loop's wait, when it has one (VERIFYING: a verifier
-#: that could not judge waits for its next try)
-_WAITING = {State.READY.value, State.RETRYING.value, State.RESUMING.value, State.VERIFYING.value}
+#: The states whose reason is the loop's wait, when it has one (a VERIFYING task's too:
+#: a verifier that could not judge waits for its next try; below, as a placed task)
+_WAITING = {State.READY.value, State.RETRYING.value, State.RESUMING.value}
 _PLACED = {State.ASSIGNED.value, State.RUNNING.value, State.VERIFYING.value}
+_VERIFYING = State.VERIFYING.value
 
 
 def _table_rows(config: Config, led: Ledger, states: Optional[set[State]], latest: bool = False) -> list[list[str]]:
@@ -143,6 +144,8 @@ def _table_rows(config: Config, led: Ledger, states: Optional[set[State]], lates
         if state in _WAITING:
             reason = waits.get(tid, reason)
         elif state in _PLACED and host:
+            if state == _VERIFYING:
+                reason = waits.get(tid, reason)
             task = placed.get(tid)
             said = config.hook.fleetrun_status_reason(task=task, config=config) if task is not None else None
             if said:  # its host's plugin knows better (a peer that stopped answering)

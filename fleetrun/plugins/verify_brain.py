@@ -417,7 +417,11 @@ class BrainHandle:
         try:
             verdict = self._ask()
         except Exception as e:  # anything that stops a verdict is an ERROR, never a crash
-            verdict = self._make(False, f"brain verifier error: {type(e).__name__}: {e}", error=PERMANENT)
+            from ..verifying import (
+                error_kind_of,  # the loop's stage: not for status and the other verbs
+            )
+
+            verdict = self._make(False, f"brain verifier error: {type(e).__name__}: {e}", error=error_kind_of(e))
         with self._lock:
             self._result = verdict
             if not self._closed:

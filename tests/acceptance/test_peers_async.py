@@ -205,9 +205,10 @@ def test_the_loop_works_other_tasks_while_a_peer_removes_a_done_worktree(
     finish(proc)  # the run waits for the cleanup's reply before it ends
     far = fleeter.task("far")
     notes = [n for _, n in fleeter.ledger().notes(far.id)]
-    assert f"removed clean worktree {far.worktree} on mini; branch {far.branch} stays" in notes, (
-        notes
-    )
+    assert far.worktree is None  # shown as removed once it is
+    (attempt,) = fleeter.ledger().attempts(far.id)
+    there = attempt.workspace["root"]  # the peer's worktree, as its prepare recorded it
+    assert f"removed clean worktree {there} on mini; branch {far.branch} stays" in notes, notes
 
 
 def test_a_verifier_started_with_a_collect_is_stopped_when_its_task_moved_meanwhile(
