@@ -21,7 +21,6 @@ from ..hookimpl import hookimpl
 from ..hostapi import Host
 from ..procutil import ProcessHandle, tail_text, task_env
 from ..reports import Verdict
-from ..shepherdrun import CACHE
 from ..taskspec import SETUP_STEP_BASE, step_index
 
 if TYPE_CHECKING:
@@ -32,9 +31,9 @@ class RunHandle(ProcessHandle):
     """A running ``run`` verifier; ``poll()`` gives the Verdict once it has ended."""
 
     def __init__(self, verifier: Any, cwd: str, out_path: Path, env: dict[str, str], host: str = "local",
-                 max_bytes: Optional[int] = None, cache: Optional[Path] = None) -> None:
+                 max_bytes: Optional[int] = None) -> None:
         super().__init__(verifier, ["/bin/sh", "-c", verifier.text], cwd, env, out_path, host=host,
-                         max_bytes=max_bytes, cache=cache)
+                         max_bytes=max_bytes)
 
     def _make(self, passed: bool, reason: str) -> Verdict:
         cut = self.output_cut()
@@ -73,7 +72,7 @@ def fleetrun_verify(task: Any, verifier: Any, workspace: Any, attempt: Any, host
     # a setup command (extra["setup"] = K) writes setup-K.out beside the verifiers' outputs
     name = f"setup-{idx - SETUP_STEP_BASE + 1}.out" if idx >= SETUP_STEP_BASE else f"verify-{idx + 1}.out"
     return RunHandle(verifier, workspace.path, adir / name, verifier_env(task, attempt, workspace),
-                     max_bytes=output_cap(config), cache=config.home / CACHE)
+                     max_bytes=output_cap(config))
 
 
 # ---------------------------------------------------------------------------------

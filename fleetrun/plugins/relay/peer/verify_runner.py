@@ -1,28 +1,24 @@
 """The detached runner of one ``run`` verifier on a peer, run by path as
-``python -I -S verify_runner.py DIR`` (as the shepherd is, and from byte-code compiled
-once into the peer's home, :func:`fleetrun.shepherdrun.compiled`): standard library
-only and nothing of the package.
+``python -I -S verify_runner.py DIR`` (as the shepherd is): standard library only and
+nothing of the package.
 
 It runs the command under ``/bin/sh -c`` in the worktree, the timeout enforced here
 (so a dropped link cannot leave it running), and writes the verdict to ``result.json``.
-The command runs under the wrapper of :mod:`fleetrun.capped` (its compiled byte-code,
-named in the spec), as a local verifier does: the output goes to ``out`` cut to this
+The command runs under the wrapper of :mod:`fleetrun.capped` (its path named in the
+spec), as a local verifier does: the output goes to ``out`` cut to this
 peer's ``[output] max_bytes`` (the verdict says ``output cut``), and whatever the command
 detaches is ended when it ends.
 
-Why so few imports: it starts for every ``run`` verifier on a peer, between a task's
-VERIFYING and its verdict. ``json``, ``subprocess``, ``signal`` and ``typing`` (and
-``fleetrun/osutil.py`` loaded by path, compiled at every start) cost ~70 ms there, three
-times the bare interpreter; its own path uses the C modules under them instead:
-``_json``, ``os.posix_spawn``, ``_signal``, and a pidfd (or a short poll) to wait.
+It starts the command with ``os.posix_spawn`` and waits on a pidfd (or a short poll),
+which is all it would use of ``subprocess``.
 """
 
 from __future__ import annotations
 
-import _json  # the C half of json, whose Python half costs ~25 ms of imports
-import _signal as signal  # not `signal`: that one imports enum for its IntEnums
+import json
 import os
 import select
+import signal
 import sys
 import time
 
@@ -36,48 +32,20 @@ DEBUG_ENV = "FLEETRUN_SHEPHERD_DEBUG"
 MODULES = "runner.modules"
 
 
-class _ScanContext:
-    """What ``_json.make_scanner`` reads of a decoder: ``json.loads``'s defaults."""
-
-    strict = True
-    object_hook = None
-    object_pairs_hook = None
-    parse_float = float
-    parse_int = int
-    parse_constant = float  # NaN, Infinity, -Infinity
-
-
 def _read_json(path: str) -> object:
-    """The JSON value in ``path`` (``_json``'s scanner), or None."""
+    """The JSON value in ``path``, or None."""
     try:
         with open(path, "rb") as f:
-            text = f.read().decode()
-        i = len(text) - len(text.lstrip(" \t\n\r"))
-        value, end = _json.make_scanner(_ScanContext)(text, i)  # type: ignore[arg-type]
-    except (OSError, ValueError, StopIteration):
+            return json.loads(f.read())
+    except (OSError, ValueError):
         return None
-    return value if not text[end:].strip(" \t\n\r") else None
-
-
-def _dumps(data: dict) -> str:
-    """A flat dict of strings, numbers and booleans as JSON, without ``json``."""
-    parts = []
-    for k, v in data.items():
-        if isinstance(v, bool):
-            text = "true" if v else "false"
-        elif isinstance(v, (int, float)):
-            text = repr(v) if v - v == 0 else "null"  # finite
-        else:
-            text = _json.encode_basestring_ascii(str(v))
-        parts.append(f"{_json.encode_basestring_ascii(k)}: {text}")
-    return "{" + ", ".join(parts) + "}"
 
 
 def _write_json(path: str, data: dict) -> None:
     tmp = f"{path}.{os.getpid()}.tmp"
     fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
     try:
-        view = memoryview(_dumps(data).encode())
+        view = memoryview(json.dumps(data).encode())
         while view:
             view = view[os.write(fd, view) :]
         os.fsync(fd)  # the verdict: its one record until the supervisor has read it
