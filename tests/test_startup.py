@@ -304,7 +304,7 @@ def test_an_operator_verb_reading_config_toml_loads_the_builtins_it_left_out(tmp
 #: What ``status`` (each form) does not import either, on that home: the operator's
 #: actions (``cancel``, ``retry``... only), the policy module (no policy.toml: nothing
 #: drains this machine), the mailbox's messages (its host is asked about none), the
-#: parsing of a brain's reply, and the JSON encoder's stand-in except for ``--json``.
+#: parsing of a brain's reply.
 NOT_FOR_STATUS = {"fleetrun.ops", "fleetrun.crash", "fleetrun.policy", "fleetrun.plugins.mailbox.store",
                   "fleetrun.watching", "fleetrun.transcript"}
 
@@ -319,4 +319,3 @@ def test_status_imports_none_of_the_other_verbs_parts(tmp_path: Path, args: list
     if args == ["status"]:  # and asked the hosts about the placed tasks
         assert "fleetrun.plugins.mailbox.host" in modules
     assert not modules & NOT_FOR_STATUS, sorted(modules & NOT_FOR_STATUS)
-    assert ("fleetrun.jsonout" in modules) == (args == ["status", "--json"])
