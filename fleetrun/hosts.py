@@ -300,10 +300,7 @@ def kill_environ(variable: str) -> bool:
             continue
     groups.discard(os.getpgrp())
     for pgid in groups:
-        try:
-            os.killpg(pgid, signal.SIGKILL)
-        except OSError:
-            pass
+        end_group(pgid, None, grace_s=0)
     return bool(groups)
 
 

@@ -10,7 +10,8 @@ peer's ``[output] max_bytes`` (the verdict says ``output cut``), and whatever th
 detaches is ended when it ends.
 
 It starts the command with ``os.posix_spawn`` and waits on a pidfd (or a short poll),
-which is all it would use of ``subprocess``.
+which is all it would use of ``subprocess``. Ending the command's process group is
+``fleetrun/osutil.py``'s :func:`end_group` (standard library only), loaded by path.
 """
 
 from __future__ import annotations
@@ -21,15 +22,30 @@ import select
 import signal
 import sys
 import time
+from typing import Any
 
 KEEP_BYTES = 64 * 1024  # the output's tail kept in the verdict (procutil.KEEP_BYTES)
 MAX_OUTPUT = 20_000_000  # fleetrun.capped.DEFAULT_MAX_BYTES, when the spec names none
 MIN_OUTPUT = 4096  # fleetrun.capped.MIN_MAX_BYTES
 GRACE_S = 2.0  # after SIGTERM, the verifier's group gets this long before SIGKILL
+#: The package's ``osutil.py``: this file is ``fleetrun/plugins/relay/peer/verify_runner.py``.
+OSUTIL = os.path.join(os.path.dirname(os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))),
+                      "osutil.py")
 #: Set (not ``0``) in its environment: the runner lists what it imported in MODULES
 #: (the shepherd's switch: one for both detached helpers).
 DEBUG_ENV = "FLEETRUN_SHEPHERD_DEBUG"
 MODULES = "runner.modules"
+
+
+def _osutil() -> Any:
+    """``fleetrun/osutil.py``, loaded by path (the package is not importable here)."""
+    import importlib.util
+
+    spec = importlib.util.spec_from_file_location("fleetrun_osutil_for_runner", OSUTIL)
+    assert spec is not None and spec.loader is not None
+    mod = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(mod)
+    return mod
 
 
 def _read_json(path: str) -> object:
@@ -120,13 +136,6 @@ def _size_text(n: int) -> str:
     return f"{n} bytes"
 
 
-def _killpg(pid: int, sig: int) -> None:
-    try:
-        os.killpg(pid, sig)
-    except (ProcessLookupError, PermissionError):
-        pass
-
-
 def _poll(pid: int) -> int | None:
     """The verifier's exit code (minus the signal that ended it), or None while it runs."""
     try:
@@ -186,20 +195,18 @@ def verify_runner(vdir: str) -> int:
         pidfd = -1
     deadline = started + timeout_s
     timed_out = False
-    kill_at: float | None = None  # SIGKILL then, SIGTERM was sent
+    end_group = _osutil().end_group
     while True:
         code = _poll(pid)
         if code is not None:
             break
         now = time.monotonic()
-        if kill_at is None and (stopped or now >= deadline):
+        if stopped or now >= deadline:
             timed_out = not stopped
-            _killpg(pid, signal.SIGTERM)
-            kill_at = now + GRACE_S
-        elif kill_at is not None and now >= kill_at:
-            _killpg(pid, signal.SIGKILL)
-            kill_at = now + GRACE_S
-        wait = (kill_at if kill_at is not None else deadline) - now
+            end_group(pid, None, GRACE_S)  # SIGTERM, the grace, SIGKILL: the leader has ended
+            code = os.waitstatus_to_exitcode(os.waitpid(pid, 0)[1])
+            break
+        wait = deadline - now
         if pidfd < 0:
             wait = min(wait, 0.02)
         try:
@@ -213,7 +220,7 @@ def verify_runner(vdir: str) -> int:
                 os.read(rfd, 512)
             except OSError:
                 pass
-    _killpg(pid, signal.SIGKILL)  # leftovers of the group
+    end_group(pid, None, grace_s=0)  # leftovers of the group
     if timed_out:
         return finish(False, f"timed out after {timeout_s:g}s")
     if stopped:
