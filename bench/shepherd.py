@@ -1,13 +1,16 @@
 """What one shepherd costs: the CPU and wall time of a shepherd running ``/bin/true``.
 
 Each run makes an attempt folder with a ``spec.json`` (argv ``/bin/true``) and runs the
-shepherd on it as the host does (``python -I -S``), from its source and from the
-byte-code the host compiles into the home (``fleetrun.shepherdrun``), next to
+shepherd on it as the host does (``python -I -S``, by path), next to
 ``python -I -S -c pass`` (the bare interpreter) as the baseline, interleaved. CPU is
-user + system of the shepherd and its agent (``getrusage`` of the children)::
+user + system of the shepherd and its agent (``getrusage`` of the children). With
+``--against DIR`` the shepherd of another checkout runs too (and from the byte-code its
+``fleetrun/shepherdrun.py`` compiled, when it has one: the way hosts ran it before
+issue 23)::
 
     python bench/shepherd.py                 # 40 runs of each
     python bench/shepherd.py --runs 100
+    python bench/shepherd.py --against ../main
 """
 
 from __future__ import annotations
@@ -24,7 +27,7 @@ import time
 from pathlib import Path
 from typing import Optional
 
-from fleetrun import shepherd, shepherdrun
+from fleetrun import shepherd
 
 
 def once(argv: list[str], env: dict[str, str]) -> tuple[float, float]:
@@ -40,12 +43,17 @@ def once(argv: list[str], env: dict[str, str]) -> tuple[float, float]:
 def main(argv: Optional[list[str]] = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--runs", type=int, default=40, help="runs of each (default 40)")
+    parser.add_argument("--against", type=Path, default=None, metavar="DIR",
+                        help="a checkout whose shepherd runs too (before/after in the same run)")
     args = parser.parse_args(argv)
     with tempfile.TemporaryDirectory(prefix="fleetrun-shepherd-") as tmp:
-        pyc = shepherdrun.compiled(Path(tmp) / "cache")
-        ways = {"python -I -S -c pass": ["-c", "pass"], "shepherd.py (source)": [shepherdrun.SHEPHERD_PATH]}
-        if pyc is not None:
-            ways["shepherd (byte-code)"] = [pyc]
+        ways = {"python -I -S -c pass": ["-c", "pass"], "shepherd.py": [shepherd.SHEPHERD_PATH]}
+        if args.against is not None:
+            old = args.against.resolve() / "fleetrun"
+            ways[f"shepherd.py of {args.against.name}"] = [str(old / "shepherd.py")]
+            pyc = _old_byte_code(old, Path(tmp) / "cache")
+            if pyc is not None:
+                ways[f"byte-code of {args.against.name}"] = [pyc]
         cpu: dict[str, list[float]] = {w: [] for w in ways}
         wall: dict[str, list[float]] = {w: [] for w in ways}
         env = dict(os.environ, **{shepherd.DEBUG_ENV: "1"})
@@ -62,15 +70,30 @@ def main(argv: Optional[list[str]] = None) -> int:
         base_cpu = statistics.median(cpu["python -I -S -c pass"])
         base_wall = statistics.median(wall["python -I -S -c pass"])
         print(f"python {sys.version.split()[0]}, {args.runs} runs each (interleaved), agent /bin/true")
-        print(f"{'':<24} {'cpu':>8} {'ratio':>6} {'wall':>9} {'ratio':>6}")
+        print(f"{'':<32} {'cpu':>8} {'ratio':>6} {'wall':>9} {'ratio':>6}")
         for name in ways:
             c, w = statistics.median(cpu[name]), statistics.median(wall[name])
-            print(f"{name:<24} {c * 1000:6.1f}ms {c / base_cpu:5.2f}x {w * 1000:7.1f}ms {w / base_wall:5.2f}x")
-        names = (last[list(ways)[-1]] / shepherd.MODULES).read_text().splitlines()[1:]
+            print(f"{name:<32} {c * 1000:6.1f}ms {c / base_cpu:5.2f}x {w * 1000:7.1f}ms {w / base_wall:5.2f}x")
+        names = (last["shepherd.py"] / shepherd.MODULES).read_text().splitlines()[1:]
         heavy = sorted(set(names) & {"json", "subprocess", "socket", "signal", "enum", "typing", "re"})
         print(f"the shepherd imported {len(names)} modules; of json/subprocess/socket/signal/enum/typing/re: "
               f"{', '.join(heavy) or 'none'}")
     return 0
+
+
+def _old_byte_code(package: Path, cache: Path) -> Optional[str]:
+    """The shepherd's byte-code as an old checkout's ``shepherdrun.compiled`` made it,
+    or None when that checkout has none (it runs its source)."""
+    import importlib.util
+
+    path = package / "shepherdrun.py"
+    spec = importlib.util.spec_from_file_location("old_shepherdrun", path)
+    if not path.exists() or spec is None or spec.loader is None:
+        return None
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    pyc = module.compiled(cache, str(package / "shepherd.py"))
+    return str(pyc) if pyc else None
 
 
 if __name__ == "__main__":

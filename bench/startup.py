@@ -15,12 +15,6 @@ The package's byte-code is cached in a temporary ``PYTHONPYCACHEPREFIX`` for the
 otherwise every run would compile fleetrun's modules again and that is all it would
 measure.
 
-``--help`` and ``--version`` are timed three ways: as before (``FLEETRUN_NO_CACHE=1``:
-rendered every time), cold on a home whose cache is taken out before each run, so each
-renders the answer and keeps it in the home's cache, as a first run does; warm a second
-time on the same home: the cached answer (:mod:`fleetrun.helpcache`). The checkout ``--against`` names is timed as it is (it may
-have no cache: then its runs are all cold).
-
 Then ``python -X importtime`` checks what each command imports: paramiko (SSH, only
 for peers) and pexpect must not be imported by ``--help``, ``--version`` or
 ``status``, nor what ``--help`` and ``--version`` do not need (the ledger, git, the
@@ -36,7 +30,6 @@ from __future__ import annotations
 import argparse
 import os
 import resource
-import shutil
 import statistics
 import subprocess
 import sys
@@ -53,12 +46,12 @@ HEAVY = ("paramiko", "pexpect")
 #: What ``--help`` and ``--version`` must not import either: they only read the command
 #: line (tests/test_startup.py checks the same list).
 NOT_FOR_HELP = ("sqlite3", "fleetrun.ledger", "fleetrun.gitutil", "fleetrun.loop", "fleetrun.claudecli",
-                "fleetrun.plugins.worktree", "importlib.metadata", "psutil", "socket", "subprocess")
+                "fleetrun.plugins.worktree", "psutil", "socket", "subprocess")
 #: What ``status`` and ``logs`` must not import on a home with tasks (tests/test_startup.py
 #: checks a longer list).
 NOT_FOR_VIEWING = ("subprocess", "uuid", "socket", "threading", "hashlib", "fleetrun.gitutil", "fleetrun.loop",
                    "fleetrun.claudecli", "fleetrun.placement", "fleetrun.plugins.worktree",
-                   "fleetrun.plugins.relay.protocol", "importlib.metadata")
+                   "fleetrun.plugins.relay.protocol")
 #: The goal: each command within this ratio of ``python -c pass``.
 GOAL = 2.0
 #: The goal of ``status`` at 10,000 tasks: within this ratio of ``python -c "import sqlite3"``.
@@ -83,19 +76,9 @@ def make_home(home: Path, n: int) -> str:
     return tasks[1].name
 
 
-#: The commands whose answer is cached, timed cold and warm.
-CACHED = [["--help"], ["--version"]]
-#: Environments whose home is made afresh (empty) before each run: ``FRESH_HOME`` set.
-FRESH_HOME = "_BENCH_FRESH_HOME"
-
-
 def once(argv: list[str], env: dict[str, str]) -> tuple[float, float]:
     """(wall s, CPU s: user + system) of one run of ``argv``. CPU time is the steadier
     figure on a busy machine, where the wall time also waits for a core."""
-    if env.get(FRESH_HOME):  # a first run: a home with no cache in it
-        home = Path(env["FLEETRUN_HOME"])
-        shutil.rmtree(home / "cache", ignore_errors=True)
-        home.mkdir(parents=True, exist_ok=True)
     r0 = resource.getrusage(resource.RUSAGE_CHILDREN)
     start = time.perf_counter()
     # in the temp folder: not a checkout's (`python -m` puts the current folder first on sys.path)
@@ -134,6 +117,16 @@ def importtime(args: list[str], env: dict[str, str]) -> list[tuple[int, int, str
     return rows
 
 
+def metadata_modules() -> set[str]:
+    """What ``importlib.metadata.entry_points(group="fleetrun")`` imports (``email``,
+    ``zipfile``, and through them ``socket``, ``threading``...): with autoload on, every
+    command looks for the installed plugins with it."""
+    code = ("import sys; before = set(sys.modules); import importlib.metadata as m; "
+            "m.entry_points(group='fleetrun'); print(' '.join(set(sys.modules) - before))")
+    return set(subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
+                              check=True).stdout.split())
+
+
 def main(argv: Optional[list[str]] = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--runs", type=int, default=20, help="runs per command (default 20)")
@@ -159,16 +152,8 @@ def main(argv: Optional[list[str]] = None) -> int:
         at = f" ({args.tasks} tasks)"
         ways = [("python -c pass", [sys.executable, "-c", "pass"], env),
                 ('python -c "import sqlite3"', [sys.executable, "-c", "import sqlite3"], env)]
-        # the cold home's cache is taken out before each run (not the home: that would
-        # move the time of the folder it runs in, on sys.path with `python -m`)
-        cold = dict(env, FLEETRUN_HOME=str(Path(tmp) / "cold" / "home"), **{FRESH_HOME: "1"})
-        warm = dict(env, FLEETRUN_HOME=str(Path(tmp) / "home-warm"))
-        Path(warm["FLEETRUN_HOME"]).mkdir()
-        uncached = dict(env, FLEETRUN_NO_CACHE="1")  # the lines of before: rendered every time
-        ways += [(f"python -m fleetrun {' '.join(cmd)}", [sys.executable, "-m", "fleetrun", *cmd],
-                  uncached if cmd in CACHED else env) for cmd in COMMANDS]
-        ways += [(f"python -m fleetrun {' '.join(cmd)} ({how})", [sys.executable, "-m", "fleetrun", *cmd], e)
-                 for cmd in CACHED for how, e in (("cold", cold), ("warm", warm))]
+        ways += [(f"python -m fleetrun {' '.join(cmd)}", [sys.executable, "-m", "fleetrun", *cmd], env)
+                 for cmd in COMMANDS]
         ways += [(f"python -m fleetrun {' '.join(cmd)}{at}", [sys.executable, "-m", "fleetrun", *cmd], full)
                  for cmd in tasked]
         if args.against:
@@ -187,12 +172,8 @@ def main(argv: Optional[list[str]] = None) -> int:
                 print(f"no console script at {script}; is fleetrun installed in this interpreter?")
         for _, argv_, env_ in ways:
             once(argv_, env_)  # warm the page cache and write the byte-code
-        # what was made a moment ago keeps no cached answer (helprecord.RACY_NS): past
-        # that, the warm commands' answers are kept
-        time.sleep(2.5)
-        for cmd in CACHED:
-            once([sys.executable, "-m", "fleetrun", *cmd], warm)
         rows = interleaved(ways, args.runs)
+        lookup = metadata_modules()
         base = rows["python -c pass"]
         lite = rows['python -c "import sqlite3"']
 
@@ -206,20 +187,19 @@ def main(argv: Optional[list[str]] = None) -> int:
                   f"{wall / lite[0]:6.2f}x {cpu / lite[1]:6.2f}x")
 
         print()
-        warmed = [(c, warm) for c in CACHED]
-        for cmd, cmd_env in [*((c, uncached if c in CACHED else env) for c in COMMANDS), *warmed,
-                             *((c, full) for c in tasked)]:
+        for cmd, cmd_env in [*((c, env) for c in COMMANDS), *((c, full) for c in tasked)]:
             imports = importtime(cmd, cmd_env)
             mods = {m.strip() for _, _, m in imports}
             bad = sorted(m for m in mods if m.split(".")[0] in HEAVY)
+            own = mods - lookup  # the installed plugins' look-up imports these for every command
             if cmd_env is not full and cmd != ["status"]:
-                bad += sorted(m for m in mods if m in NOT_FOR_HELP)
+                bad += sorted(m for m in own if m in NOT_FOR_HELP)
             if cmd_env is full:
-                bad += sorted(m for m in mods if m in NOT_FOR_VIEWING)
+                bad += sorted(m for m in own if m in NOT_FOR_VIEWING)
             total = sum(s for s, _, _ in imports)
             ours = len([m for m in mods if m.startswith("fleetrun")])
             verdict = f"imports {', '.join(bad)}: FAIL" if bad else "nothing it must not: ok"
-            what = at if cmd_env is full else " (warm)" if cmd_env is warm else ""
+            what = at if cmd_env is full else ""
             print(f"fleetrun {' '.join(cmd)}{what}: {len(mods)} modules ({ours} of fleetrun's), {total / 1000:.1f}ms "
                   f"importing; {verdict}")
             failed = failed or bool(bad)

@@ -2,9 +2,12 @@
 
 from __future__ import annotations
 
-import sys
-from types import ModuleType
-
+# The markers and the version are needed at once (``@fleetrun.hookimpl`` at a plugin's
+# import) and are light; they are imported eagerly because their names are also those
+# of submodules (``fleetrun.hookspec``), which a later import of the submodule would
+# rebind: imported here first, the markers are bound after their modules.
+from .hookimpl import hookimpl
+from .hookspec import hookspec
 from .version import __version__
 
 TYPE_CHECKING = False  # not typing's: ``import fleetrun`` must not cost typing's import
@@ -13,7 +16,6 @@ if TYPE_CHECKING:
 
     from .config import Config, ConfigKey
     from .exceptions import ExitCode, UsageError, UsageErrors
-    from .hookimpl import hookimpl, hookspec
     from .hostapi import Host, StartRefused
     from .ledger import open_ledger
     from .ledgerstats import LedgerCounts, ledger_counts
@@ -41,7 +43,7 @@ if TYPE_CHECKING:
 
 #: The rest of the public API, by the module that defines it: imported on first use
 #: (PEP 562), so ``import fleetrun`` — which every ``fleetrun`` command and a role
-#: session's Stop hook pay first — costs the markers alone.
+#: session's Stop hook pay first — costs the markers (pluggy) and the hook specs alone.
 _LAZY: dict[str, str] = {
     "Config": "config", "ConfigKey": "config",
     "ExitCode": "exceptions", "UsageError": "exceptions", "UsageErrors": "exceptions",
@@ -61,30 +63,7 @@ _LAZY: dict[str, str] = {
 }
 
 
-#: The markers (``@fleetrun.hookimpl``), lazy too: they import pluggy, which a cached
-#: ``fleetrun --help`` does without (``helpcache``). Their names are also those of
-#: submodules (``fleetrun.hookspec``), which the import system binds on the package
-#: when one is first imported: :class:`_Package` keeps the markers' names theirs.
-_MARKERS = ("hookimpl", "hookspec")
-
-
-class _Package(ModuleType):
-    def __setattr__(self, name: str, value: object) -> None:
-        if name in _MARKERS and isinstance(value, ModuleType):
-            return  # the submodule of that name: ``fleetrun.hookimpl`` stays the marker
-        super().__setattr__(name, value)
-
-
-sys.modules[__name__].__class__ = _Package
-
-
 def __getattr__(name: str) -> Any:
-    if name in _MARKERS:
-        import importlib
-
-        markers = importlib.import_module(".hookimpl", __name__)
-        globals().update(hookimpl=markers.hookimpl, hookspec=markers.hookspec)
-        return globals()[name]
     module = _LAZY.get(name)
     if module is None:
         raise AttributeError(f"module 'fleetrun' has no attribute {name!r}")
@@ -96,7 +75,7 @@ def __getattr__(name: str) -> Any:
 
 
 def __dir__() -> list[str]:
-    return sorted(set(globals()) | set(_LAZY) | set(_MARKERS))
+    return sorted(set(globals()) | set(_LAZY))
 
 
 def main(args: list[str] | None = None, plugins: list[object] | None = None) -> int:

@@ -193,7 +193,7 @@ def end_descendants(grace_s: float = GRACE_S, keep: tuple[int, ...] = ()) -> dic
     SIGKILL for the rest, until none is left (each round reaps what ended).
 
     :return: {pid: wait status} of those in ``keep`` reaped on the way."""
-    import _signal as signal  # the C module: `signal` costs an enum
+    import signal  # here: the package imports this module for its constants alone
 
     got: dict[int, int] = {}
     if not has_children():
@@ -234,7 +234,7 @@ def run(max_bytes: int, out: str, argv: list[str]) -> int:
     """Run ``argv`` with its output capped into ``out`` and its descendants ended with it.
 
     :return: its exit code, or minus the signal that ended it (127: it could not start)."""
-    import _signal as signal
+    import signal
 
     set_subreaper()
     # a SIGTERM (the supervisor ending the verifier's group) reaches the command by its
@@ -362,7 +362,7 @@ def main(argv: list[str]) -> int:
         return 2
     code = run(int(argv[0]), argv[1], argv[3:])
     if code < 0:  # ended by a signal: end the same way, so the caller sees the same
-        import _signal as signal
+        import signal
 
         try:
             signal.signal(-code, signal.SIG_DFL)

@@ -2,9 +2,8 @@
 implementations, ``@fleetrun.hookspec`` for specifications.
 
 In a module that imports nothing of fleetrun, so that every module declaring hooks
-(:mod:`fleetrun.hookspec`, and the :mod:`fleetrun.hookspec_place`, :mod:`fleetrun.hookspec_task`
-and :mod:`fleetrun.hookspec_report` it imports) and
-every plugin can import them without an import cycle.
+(:mod:`fleetrun.hookspec`, a plugin's own hook specifications) and every plugin can
+import them without an import cycle.
 """
 
 from __future__ import annotations

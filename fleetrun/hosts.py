@@ -28,14 +28,15 @@ from .shepherd import (
     CANCEL,
     LOG,
     SHEPHERD_ENV,
+    SHEPHERD_PATH,  # noqa: F401  (tests find it here, its old home)
     SPEC,
     START_LOCK,
     STATUS,
     proc_token,
     read_json,
+    shepherd_argv,
     write_json,
 )
-from .shepherdrun import SHEPHERD_PATH, shepherd_argv  # noqa: F401  (SHEPHERD_PATH: its old home)
 from .untrusted import FILE_STATES, Malformed, parse_status, reason_of
 
 if TYPE_CHECKING:
@@ -118,7 +119,7 @@ class LocalHost:
         write_json(str(adir / SPEC), spec, sync=False)
         # posix_spawn in a new session, not Popen: the shepherd is meant to outlive us,
         # and a Popen object would complain when collected with its child still running.
-        pid = spawn_detached(shepherd_argv(self.home, str(adir)), os.environ, adir / "shepherd.out")
+        pid = spawn_detached(shepherd_argv(str(adir)), os.environ, adir / "shepherd.out")
         self._children[attempt_id] = pid
         from .reports import Started
 
@@ -305,10 +306,7 @@ def kill_environ(variable: str) -> bool:
             continue
     groups.discard(os.getpgrp())
     for pgid in groups:
-        try:
-            os.killpg(pgid, signal.SIGKILL)
-        except OSError:
-            pass
+        end_group(pgid, None, grace_s=0)
     return bool(groups)
 
 

@@ -3,8 +3,10 @@ detached process, and the identity of a process that a reused pid does not share
 
 Standard library only and nothing of fleetrun, so that ``fleetrun status`` and the
 peer's fast path (``fleetrun host status``) can use it without paying for more imports.
+The peer's verifier runner (run by path) loads this file by path for :func:`end_group`.
 The shepherd (``python -I -S shepherd.py``, run by path) cannot import the package:
-it keeps its own copies of :func:`proc_token` and of the group signalling, and
+it keeps its own copies of :func:`proc_token` and of the group signalling (its run
+loop owns the grace, to keep copying the log while the agent ends), and
 ``tests/test_osutil.py`` checks that the two ``proc_token`` agree.
 """
 

@@ -273,9 +273,11 @@ def _entry_points(autoload: bool = True) -> list[Any]:
     applies (``-p NAME`` still finds an entry point by name, as in pytest)."""
     if autoload and os.environ.get("FLEETRUN_DISABLE_PLUGIN_AUTOLOAD"):
         return []
-    from .entrypoints import entry_points
+    from importlib import metadata  # here: a run with autoload off does without it
 
-    return entry_points(ENTRY_POINT_GROUP)
+    if sys.version_info >= (3, 10):
+        return list(metadata.entry_points(group=ENTRY_POINT_GROUP))
+    return list(metadata.entry_points().get(ENTRY_POINT_GROUP, []))  # pragma: no cover - Python 3.9
 
 
 def repo_root(start: Path) -> Optional[Path]:

@@ -19,7 +19,6 @@ from typing import TYPE_CHECKING, Any, Optional
 from .capped import CUT_SUFFIX, DEFAULT_MAX_BYTES, cut_note, read_cut
 from .osutil import end_group
 from .reports import Verdict, Workspace
-from .shepherdrun import compiled
 
 if TYPE_CHECKING:
     from .ledger import Attempt, Task
@@ -77,16 +76,14 @@ class ProcessHandle:
     cut to ``max_bytes`` (``[output] max_bytes``; head and tail kept, see
     :meth:`output_cut`), and whatever it detaches is ended when it ends; its process group
     is recorded in the attempt folder, so a restarted supervisor ends it before running the
-    step again; ``fileno()`` is a pidfd the loop can select on. ``cache`` is the home's
-    byte-code folder, where the wrapper is compiled once (:func:`fleetrun.shepherdrun.compiled`). Subclasses say what the end means: :meth:`ended`,
+    step again; ``fileno()`` is a pidfd the loop can select on. Subclasses say what the end means: :meth:`ended`,
     :meth:`timed_out`, :meth:`cannot_start`. It is a
     :class:`~fleetrun.reports.VerifyHandle` with every optional method (``cancel``,
     ``fileno``, ``next_deadline``).
     """
 
     def __init__(self, verifier: Any, argv: list[str], cwd: str, env: dict[str, str], out_path: Path,
-                 stdin_path: Optional[Path] = None, host: str = "local", max_bytes: Optional[int] = None,
-                 cache: Optional[Path] = None) -> None:
+                 stdin_path: Optional[Path] = None, host: str = "local", max_bytes: Optional[int] = None) -> None:
         from .hosts import CHILD_MARKER, forget_child, record_child, record_child_intent
 
         self.verifier = verifier
@@ -113,10 +110,9 @@ class ProcessHandle:
                 raise FileNotFoundError(2, "No such file or directory", argv[0])
             # under the wrapper (fleetrun.capped): the output capped, and every process the
             # command detaches (`setsid sleep &`) ended with it, as its subreaper
-            wrapper = compiled(cache, CAPPED_PATH) if cache is not None else None
             with open(stdin_path, "rb") if stdin_path else open(os.devnull, "rb") as stdin:
                 self.proc = subprocess.Popen(
-                    [sys.executable, "-I", "-S", wrapper or CAPPED_PATH, str(self.max_bytes), str(out_path), "--",
+                    [sys.executable, "-I", "-S", CAPPED_PATH, str(self.max_bytes), str(out_path), "--",
                      *argv], cwd=cwd, env=env, stdin=stdin, stdout=subprocess.DEVNULL,
                     stderr=subprocess.DEVNULL, start_new_session=True, close_fds=True)
         except OSError as e:

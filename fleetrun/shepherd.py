@@ -1,8 +1,7 @@
 """The shepherd: a small detached monitor for one attempt (like conmon for containers).
 
-Run as ``python -I -S shepherd.py ATTEMPT_DIR`` (the file itself, not the package, so it
-starts in a few milliseconds and imports only the standard library; the host runs it
-from its byte-code, :mod:`fleetrun.shepherdrun`). It reads ``spec.json`` from the
+Run as ``python -I -S shepherd.py ATTEMPT_DIR`` (the file itself, not the package:
+:func:`shepherd_argv`), so it imports only the standard library. It reads ``spec.json`` from the
 attempt folder, starts the agent with its output on a pty, copies the output to
 ``log``, enforces the timeout and the stall watchdog, watches for a ``cancel`` file or
 SIGTERM, and records everything in ``status.json`` (written atomically: temp file +
@@ -12,19 +11,16 @@ Why a pty for output but a file for input: agents line-buffer on a terminal, so
 output arrives as it is made; but a pty's canonical mode cuts input lines at 4096
 bytes, so a long prompt goes in from a file, never through the terminal.
 
-Why so few imports: one shepherd starts per attempt, competing for CPU with every
-other step of a run (``json``, ``subprocess``, ``socket`` and ``signal`` cost ~34 ms
-of CPU, three times the bare interpreter). Its own path uses the C modules under
-them: ``_json``, ``os.posix_spawn``, ``os.openpty``, ``_socket``, ``_signal``.
-:func:`read_json` and :func:`write_json`, the package's, import ``json`` when called.
+Why no ``subprocess``: the agent is started with ``os.posix_spawn`` on a pty of its
+own (``os.openpty``), which is what ``subprocess`` would do here, in a few lines.
 """
 
 from __future__ import annotations
 
-import _json  # the C half of json, whose Python half costs ~25 ms of imports
-import _signal as signal  # not `signal`: that one imports enum for its IntEnums
+import json
 import os
 import select
+import signal
 import sys
 import time
 
@@ -50,6 +46,14 @@ PR_SET_CHILD_SUBREAPER = 36
 #: Set (not ``0``) in its environment: the shepherd lists what it imported in MODULES.
 DEBUG_ENV = "FLEETRUN_SHEPHERD_DEBUG"
 MODULES = "shepherd.modules"
+#: This file, run by path (it cannot import the package).
+SHEPHERD_PATH = os.path.abspath(__file__)
+
+
+def shepherd_argv(attempt_dir: str) -> list[str]:
+    """The command that starts a shepherd for ``attempt_dir``: this interpreter, isolated
+    (``-I``: no user site, no environment's ``PYTHON*``) and without ``site`` (``-S``)."""
+    return [sys.executable, "-I", "-S", SHEPHERD_PATH, attempt_dir]
 
 
 # Run by path under ``-I -S``, this file cannot import the package, so it keeps its
@@ -222,15 +226,11 @@ def _reap(agent: int = 0) -> int | None:
 
 def write_json(path: str, data: dict, sync: bool = True) -> None:
     """``data`` as JSON in ``path``, atomically, fsynced with ``sync`` (the package's)."""
-    import json
-
     _write_atomic(path, json.dumps(data), sync)
 
 
 def read_json(path: str) -> dict | None:
     """The JSON in ``path``, or None when it cannot be read or is not JSON."""
-    import json
-
     try:
         with open(path) as f:
             return json.load(f)
@@ -252,59 +252,10 @@ def _write_atomic(path: str, text: str, sync: bool) -> None:
     os.replace(tmp, path)
 
 
-def dumps(value: object) -> str:
-    """``json.dumps(value)``, same text, for what a status holds (a dict of strings,
-    numbers, booleans and None), without importing ``json``; anything else (a list, NaN)
-    is written as its ``repr``, a string, so that a status is never lost to a type."""
-    if isinstance(value, dict):
-        return "{" + ", ".join(f"{_quote(str(k))}: {dumps(v)}" for k, v in value.items()) + "}"
-    if isinstance(value, str):
-        return _quote(value)
-    if value is None or isinstance(value, bool):
-        return {None: "null", True: "true", False: "false"}[value]
-    if isinstance(value, int):
-        return int.__repr__(value)
-    if isinstance(value, float) and value - value == 0:  # finite
-        return float.__repr__(value)
-    return _quote(repr(value))
-
-
-def loads(text: str) -> object:
-    """``json.loads(text)`` by ``_json``'s scanner. :raises ValueError: not JSON."""
-    i = _skip_ws(text, 0)
-    try:
-        value, i = _json.make_scanner(_ScanContext)(text, i)  # type: ignore[arg-type]
-    except StopIteration:
-        raise ValueError("not JSON") from None
-    if _skip_ws(text, i) != len(text):
-        raise ValueError("extra data after the JSON value")
-    return value
-
-
-def _skip_ws(text: str, i: int) -> int:
-    while i < len(text) and text[i] in " \t\n\r":
-        i += 1
-    return i
-
-
-class _ScanContext:
-    """What ``_json.make_scanner`` reads of a decoder: ``json.loads``'s defaults."""
-
-    strict = True
-    object_hook = None
-    object_pairs_hook = None
-    parse_float = float
-    parse_int = int
-    parse_constant = float  # NaN, Infinity, -Infinity
-
-
-_quote = _json.encode_basestring_ascii
-
-
 def _read_spec(path: str) -> dict | None:
     try:
         with open(path, "rb") as f:
-            spec = loads(f.read().decode())
+            spec = json.loads(f.read())
     except (OSError, ValueError):
         return None
     return spec if isinstance(spec, dict) else None
@@ -341,7 +292,7 @@ class Shepherd:
         ``end`` must be recorded: wait for space, but not for a folder that is gone."""
         while True:
             try:
-                _write_atomic(os.path.join(self.dir, STATUS), dumps(self.status), sync=self.status.get("state") == "ended")
+                _write_atomic(os.path.join(self.dir, STATUS), json.dumps(self.status), sync=self.status.get("state") == "ended")
                 self.unsaved = False
                 return True
             except OSError:
@@ -385,10 +336,10 @@ class Shepherd:
         sock_path = self.spec.get("notify")
         if not sock_path:
             return
-        import _socket  # the C module: `socket` costs an enum and selectors
+        import socket  # here: only a spec with a loop to wake needs it
 
         try:
-            s = _socket.socket(_socket.AF_UNIX, _socket.SOCK_DGRAM)
+            s = socket.socket(socket.AF_UNIX, socket.SOCK_DGRAM)
             try:
                 s.sendto(str(self.spec.get("attempt_id", "")).encode(), sock_path)
             finally:

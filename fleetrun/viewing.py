@@ -70,8 +70,6 @@ def cmd_status(config: Config, out: TextIO, err: TextIO) -> int:
     if config.option.json or config.option.graph:
         tasks = led.tasks(states, listed=True, latest=latest)  # no spec read: neither shows one
         if config.option.json:
-            from .jsonout import dumps_indented  # json.dumps(indent=2)'s text, from the C encoder
-
             links = led.links()  # one read for every task: name -> URL, what plugins attached
             extra: dict[str, dict[str, object]] = {}  # what plugins know of them (a task's role)
             for got in config.hook.fleetrun_status_fields(tasks=tasks, config=config):
@@ -84,7 +82,7 @@ def cmd_status(config: Config, out: TextIO, err: TextIO) -> int:
                 for key, value in extra.get(t.id, {}).items():
                     row.setdefault(key, value)  # a plugin's field never replaces the core's
                 printed.append(row)
-            print(dumps_indented(printed), file=out)
+            print(json.dumps(printed, indent=2), file=out)
         else:
             _print_graph(led, tasks, out, everything=states is None and not latest)
         return ExitCode.OK

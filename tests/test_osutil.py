@@ -57,6 +57,20 @@ def test_osutil_imports_only_the_standard_library() -> None:
         "psutil"}, names
 
 
+def test_process_groups_are_signalled_by_end_group_alone() -> None:
+    """One helper ends a process group: ``osutil.end_group`` (the peer's verifier runner
+    loads it by path). The shepherd, run by path, keeps the one allowed copy: its run
+    loop owns the grace, so that the log is copied while the agent ends."""
+    package = Path(osutil.__file__).parent
+    allowed = {package / "osutil.py", package / "shepherd.py"}
+    calls = []
+    for path in sorted(package.rglob("*.py")):
+        for node in ast.walk(ast.parse(path.read_text())):
+            if isinstance(node, ast.Attribute) and node.attr == "killpg" and path not in allowed:
+                calls.append(f"{path.relative_to(package)}:{node.lineno}")
+    assert calls == [], calls
+
+
 # -- locks ------------------------------------------------------------------------------
 
 

@@ -1,6 +1,5 @@
-"""The shepherd is cheap to start: it imports no ``json``, ``subprocess``, ``socket`` or
-``signal`` (their C modules only), and the host runs it from byte-code compiled once
-into the home (``fleetrun.shepherdrun``), re-made when the source changes."""
+"""The shepherd runs by path from its source (``python -I -S``), standard library only:
+nothing of the package, and no ``subprocess`` (it starts its agent with ``posix_spawn``)."""
 
 from __future__ import annotations
 
@@ -8,7 +7,6 @@ import json
 import os
 import shutil
 import socket
-import stat
 import subprocess
 import sys
 import time
@@ -16,10 +14,11 @@ from pathlib import Path
 
 import pytest
 
-from fleetrun import shepherd, shepherdrun
+from fleetrun import shepherd
 
-#: What the shepherd must not import: ~34 ms of CPU per attempt between them.
-EXPENSIVE = {"json", "subprocess", "socket", "signal", "enum", "typing", "pty", "re"}
+#: What the shepherd does without: it cannot import the package (it runs by path), and
+#: starts its agent with ``posix_spawn`` on a pty of its own.
+EXPENSIVE = {"fleetrun", "subprocess", "pty"}
 
 
 def imported(adir: Path) -> tuple[str, set[str]]:
@@ -28,7 +27,7 @@ def imported(adir: Path) -> tuple[str, set[str]]:
     return lines[0], set(lines[1:])
 
 
-def test_a_run_starts_its_shepherd_from_byte_code_without_json_subprocess_or_socket(
+def test_a_run_starts_its_shepherd_by_path_from_its_source_with_the_standard_library_only(
         fleeter, fake_claude, monkeypatch) -> None:
     monkeypatch.setenv(shepherd.DEBUG_ENV, "1")
     fleeter.make_repo()
@@ -44,11 +43,9 @@ def test_a_run_starts_its_shepherd_from_byte_code_without_json_subprocess_or_soc
     assert r.ret == 0, r.stdout + r.stderr
     (adir,) = [p.parent for p in (fleeter.home / "attempts").glob(f"*/{shepherd.MODULES}")]
     ran, modules = imported(adir)
-    cache = fleeter.home / shepherdrun.CACHE
-    assert Path(ran).parent == cache and ran.endswith(".pyc"), ran
-    assert stat.S_IMODE(cache.stat().st_mode) == 0o700 and stat.S_IMODE(os.stat(ran).st_mode) == 0o600
-    assert "_json" in modules and "_socket" in modules  # the check below means something
-    assert not modules & EXPENSIVE, sorted(modules & EXPENSIVE)
+    assert ran == shepherd.SHEPHERD_PATH and ran.endswith(".py"), ran
+    assert "json" in modules and "socket" in modules  # the check below means something
+    assert not {m.split(".")[0] for m in modules} & EXPENSIVE, sorted(modules & EXPENSIVE)
     status = json.loads((adir / shepherd.STATUS).read_text())
     assert status["state"] == "ended" and status["exit_code"] == 0
 
@@ -74,8 +71,7 @@ def test_the_shepherd_runs_an_agent_on_a_pty_and_wakes_the_loop(tmp_path: Path) 
     with socket.socket(socket.AF_UNIX, socket.SOCK_DGRAM) as sock:
         sock.bind(sock_path)
         sock.settimeout(30)
-        code = shepherdrun.compiled(tmp_path / "cache")
-        assert code is not None
+        code = shepherd.SHEPHERD_PATH
         adir = tmp_path / "a1"
         spec = {"attempt_id": "a1", "argv": ["agent"], "cwd": str(tmp_path),
                 "env": {"PATH": f"/usr/bin:/bin:{bindir}"}, "stdin_file": str(tmp_path / "prompt"),
@@ -87,7 +83,7 @@ def test_the_shepherd_runs_an_agent_on_a_pty_and_wakes_the_loop(tmp_path: Path) 
     assert (st["state"], st["exit_code"], st["reason"]) == ("ended", 3, "exited")
     assert (adir / shepherd.LOG).read_text() == f"tty hello in {tmp_path}\n"
     ran, modules = imported(adir)
-    assert ran == code and not modules & EXPENSIVE, sorted(modules & EXPENSIVE)
+    assert ran == code and not {m.split(".")[0] for m in modules} & EXPENSIVE, sorted(modules & EXPENSIVE)
 
 
 @pytest.mark.parametrize("argv, cwd, reason, error", [
@@ -97,76 +93,16 @@ def test_the_shepherd_runs_an_agent_on_a_pty_and_wakes_the_loop(tmp_path: Path) 
 ])
 def test_an_agent_that_cannot_start_is_an_ended_status(tmp_path: Path, argv, cwd, reason, error) -> None:
     proc = run_shepherd(tmp_path / "a1", {"attempt_id": "a1", "argv": argv, "cwd": cwd,
-                                          "env": {"PATH": "/usr/bin:/bin"}}, shepherdrun.SHEPHERD_PATH)
+                                          "env": {"PATH": "/usr/bin:/bin"}}, shepherd.SHEPHERD_PATH)
     assert proc.returncode == 0, proc.stderr
     st = json.loads((tmp_path / "a1" / shepherd.STATUS).read_text())
     assert (st["state"], st["reason"], st["error"], st["agent_pid"]) == ("ended", reason, error, None)
 
 
-def test_the_byte_code_is_made_once_and_again_when_the_source_changes(tmp_path: Path) -> None:
-    src = tmp_path / "shepherd.py"
-    shutil.copy(shepherdrun.SHEPHERD_PATH, src)
-    cache = tmp_path / "home" / shepherdrun.CACHE
-    first = shepherdrun.compiled(cache, str(src))
-    assert first is not None and Path(first).parent == cache
-    made = os.stat(first).st_mtime_ns
-    assert shepherdrun.compiled(cache, str(src)) == first and os.stat(first).st_mtime_ns == made
-    assert shepherdrun.shepherd_argv(tmp_path / "home", "ADIR", str(src)) == [
-        sys.executable, "-I", "-S", first, "ADIR"]
-    out = subprocess.run([sys.executable, "-I", "-S", first], capture_output=True, text=True, timeout=60)
+def test_the_host_starts_the_shepherd_by_path_isolated() -> None:
+    assert shepherd.shepherd_argv("ADIR") == [sys.executable, "-I", "-S", shepherd.SHEPHERD_PATH, "ADIR"]
+    out = subprocess.run(shepherd.shepherd_argv("ADIR")[:-1], capture_output=True, text=True, timeout=60)
     assert out.returncode == 2 and "usage: shepherd.py ATTEMPT_DIR" in out.stderr  # it is the shepherd
-    with open(src, "a") as f:
-        f.write("# changed\n")
-    second = shepherdrun.compiled(cache, str(src))
-    assert second is not None and second != first
-    assert Path(first).exists()  # another install may still start from it
-    old = time.time() - shepherdrun.STALE_S - 60
-    os.utime(first, (old, old))
-    with open(src, "a") as f:
-        f.write("# changed again\n")
-    third = shepherdrun.compiled(cache, str(src))
-    assert third is not None and not Path(first).exists() and Path(second).exists()
-
-
-def test_without_a_writable_cache_the_source_runs(tmp_path: Path) -> None:
-    (tmp_path / "home").mkdir()
-    (tmp_path / "home" / shepherdrun.CACHE).write_text("not a folder")
-    argv = shepherdrun.shepherd_argv(tmp_path / "home", "ADIR")
-    assert argv == [sys.executable, "-I", "-S", shepherdrun.SHEPHERD_PATH, "ADIR"]
-
-
-@pytest.mark.parametrize("status", [
-    {"state": "running", "attempt": "a1", "shepherd_pid": 12, "shepherd_token": "linux:99", "started": 1.5e9,
-     "agent_pid": None, "exit_code": -3, "log_dropped": 10 ** 12, "beat": 1796142401.0120609},
-    {"state": "ended", "error": "caf\u00e9 \"quoted\" \\ \n\t\x00\x1b[31m \U0001f600", "signal": 9},
-    {},
-])
-def test_the_status_text_is_what_json_writes(status: dict) -> None:
-    assert shepherd.dumps(status) == json.dumps(status)
-    assert json.loads(shepherd.dumps(status)) == status
-
-
-@pytest.mark.parametrize("text", [
-    '{"argv": ["a", "b c"], "env": {"K": "v\\u00e9"}, "timeout_s": 60.0, "stall_s": 1e3, "n": -2, "x": null}',
-    ' \n{"nested": {"l": [1, [2, {"t": true}]], "f": false}}\t\n',
-    '{"big": 123456789012345678901234567890, "nan": NaN}',
-])
-def test_the_spec_is_read_as_json_reads_it(text: str) -> None:
-    got, want = shepherd.loads(text), json.loads(text)
-    assert repr(got) == repr(want)
-
-
-@pytest.mark.parametrize("text", ["", "  ", "{", '{"a": 1} x', "[1, 2", '{"a": "\x01"}', "{'a': 1}"])
-def test_what_is_not_json_is_refused(text: str) -> None:
-    with pytest.raises(ValueError):
-        shepherd.loads(text)
-
-
-def test_a_value_json_would_write_otherwise_is_still_written() -> None:
-    """What a status should never hold (a list from a strange spec, NaN) is written as a
-    string rather than losing the status."""
-    assert json.loads(shepherd.dumps({"attempt": ["a", 1], "x": float("nan")})) == {"attempt": "['a', 1]",
-                                                                                      "x": "nan"}
 
 
 def test_a_shepherd_whose_folder_was_removed_ends_with_its_agent(tmp_path: Path) -> None:
@@ -180,7 +116,7 @@ def test_a_shepherd_whose_folder_was_removed_ends_with_its_agent(tmp_path: Path)
             "cwd": str(tmp_path), "env": {"PATH": "/usr/bin:/bin"}}
     adir.mkdir(mode=0o700)
     (adir / shepherd.SPEC).write_text(json.dumps(spec))
-    proc = subprocess.Popen([sys.executable, "-I", "-S", shepherdrun.SHEPHERD_PATH, str(adir)],
+    proc = subprocess.Popen([sys.executable, "-I", "-S", shepherd.SHEPHERD_PATH, str(adir)],
                             stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
     try:
         deadline = time.monotonic() + 60
@@ -224,7 +160,7 @@ def test_nothing_the_agent_detaches_outlives_its_attempt(tmp_path: Path) -> None
     it records the end."""
     proc = run_shepherd(tmp_path / "a1", {"attempt_id": "a1", "argv": ["/bin/sh", "-c", DETACH_FIVE],
                                           "cwd": str(tmp_path), "env": {"PATH": "/usr/bin:/bin"}},
-                        shepherdrun.SHEPHERD_PATH)
+                        shepherd.SHEPHERD_PATH)
     pids = [int(line) for line in (tmp_path / "pids").read_text().split()]
     try:
         assert proc.returncode == 0, proc.stderr
@@ -243,7 +179,7 @@ def test_an_agents_flood_is_cut_to_its_cap_head_and_tail_kept(tmp_path: Path) ->
     flood = "echo FIRST; head -c 50000000 /dev/zero | tr '\\0' x >&2; echo; echo LAST"
     proc = run_shepherd(tmp_path / "a1", {"attempt_id": "a1", "argv": ["/bin/sh", "-c", flood],
                                           "cwd": str(tmp_path), "env": {"PATH": "/usr/bin:/bin"},
-                                          "max_output": cap}, shepherdrun.SHEPHERD_PATH)
+                                          "max_output": cap}, shepherd.SHEPHERD_PATH)
     assert proc.returncode == 0, proc.stderr
     log = (tmp_path / "a1" / shepherd.LOG).read_bytes()
     assert len(log) <= cap + 100, len(log)
@@ -263,7 +199,7 @@ def test_a_cut_log_can_be_followed_while_the_agent_runs(tmp_path: Path) -> None:
     (adir / shepherd.SPEC).write_text(json.dumps({"attempt_id": "a1", "argv": ["/bin/sh", "-c", flood],
                                                   "cwd": str(tmp_path), "env": {"PATH": "/usr/bin:/bin"},
                                                   "max_output": cap}))
-    proc = subprocess.Popen([sys.executable, "-I", "-S", shepherdrun.SHEPHERD_PATH, str(adir)],
+    proc = subprocess.Popen([sys.executable, "-I", "-S", shepherd.SHEPHERD_PATH, str(adir)],
                             stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
     try:
         log = adir / shepherd.LOG

@@ -314,25 +314,6 @@ def test_status_escapes_only_the_cells_that_need_it(
     assert counting.calls == 1  # the one name with an escape
 
 
-def test_status_json_is_not_encoded_by_the_pure_python_encoder(
-    varied_home: Path, monkeypatch: pytest.MonkeyPatch, tmp_path: Path
-) -> None:
-    """``json.dumps(indent=2)`` encodes in Python, value by value; ``status --json`` prints
-    its text (the golden file above) without it."""
-    import json.encoder
-
-    calls: list[Any] = []
-    real = json.encoder._make_iterencode  # type: ignore[attr-defined]
-    monkeypatch.setattr(
-        json.encoder, "_make_iterencode", lambda *a, **kw: calls.append(a) or real(*a, **kw)
-    )
-    monkeypatch.chdir(tmp_path)
-    assert render(varied_home, ["--json"], None, monkeypatch) == (GOLDEN / "json.txt").read_text(
-        encoding="utf-8"
-    )
-    assert calls == []
-
-
 def test_status_json_carries_the_fields_plugins_add_and_never_loses_the_cores(tmp_path: Path) -> None:
     """``fleetrun_status_fields``: called once with every task printed; a plugin's field
     follows the core's, and one named as a core field does not replace it. The

@@ -57,7 +57,6 @@ from ..diffutil import local_workspace, parse_reply, review_prompt, task_diff
 from ..hookimpl import hookimpl
 from ..procutil import KEEP_BYTES, ProcessHandle, tail_text, task_env
 from ..reports import MIN_BUDGET_USD, PERMANENT, TRANSIENT, Verdict
-from ..shepherdrun import CACHE
 from ..untrusted import Malformed, cost, obj, one_of, opt_boolean, opt_text, text
 
 if TYPE_CHECKING:
@@ -189,11 +188,10 @@ class AgentHandle(ProcessHandle):
     """A running reviewer; ``poll()`` gives the Verdict once it has ended."""
 
     def __init__(self, verifier: Any, argv: list[str], cwd: str, env: dict[str, str], prompt_path: Path,
-                 out_path: Path, host: str = "local", max_bytes: Optional[int] = None,
-                 cache: Optional[Path] = None) -> None:
+                 out_path: Path, host: str = "local", max_bytes: Optional[int] = None) -> None:
         self.argv = argv
         super().__init__(verifier, argv, cwd, env, out_path, stdin_path=prompt_path, host=host,
-                         max_bytes=max_bytes, cache=cache)
+                         max_bytes=max_bytes)
 
     def _make(self, passed: bool, reason: str, output: str = "", cost: float = 0.0,
               error: Optional[str] = None) -> Verdict:
@@ -256,4 +254,4 @@ def fleetrun_verify(task: Any, verifier: Any, workspace: Any, attempt: Any,
         f.write(reviewer_prompt(task, verifier, workspace))
     argv = reviewer_argv(config, verifier, str(uuid.uuid4()), budget)
     return AgentHandle(verifier, argv, workspace.path, reviewer_env(task, attempt, workspace), prompt_path,
-                       adir / f"review-{n}.jsonl", max_bytes=output_cap(config), cache=config.home / CACHE)
+                       adir / f"review-{n}.jsonl", max_bytes=output_cap(config))

@@ -28,7 +28,6 @@ from ..hookimpl import hookimpl
 from ..hostapi import Host
 from ..procutil import ProcessHandle, tail_text, task_env
 from ..reports import PERMANENT, Verdict
-from ..shepherdrun import CACHE
 from ..taskspec import SETUP_STEP_BASE, step_index
 
 if TYPE_CHECKING:
@@ -39,14 +38,13 @@ class RunHandle(ProcessHandle):
     """A running ``run`` verifier; ``poll()`` gives the Verdict once it has ended."""
 
     def __init__(self, verifier: Any, cwd: str, out_path: Path, env: dict[str, str], host: str = "local",
-                 root: Optional[str] = None, max_bytes: Optional[int] = None,
-                 cache: Optional[Path] = None) -> None:
+                 root: Optional[str] = None, max_bytes: Optional[int] = None) -> None:
         #: for :func:`not_found_error`: the PATH the command ran with, and the folder
         #: whose files are the work's (a script of its own that is gone is the work's fault)
         self.path_var = env.get("PATH")
         self.root = root or cwd
         super().__init__(verifier, ["/bin/sh", "-c", verifier.text], cwd, env, out_path, host=host,
-                         max_bytes=max_bytes, cache=cache)
+                         max_bytes=max_bytes)
 
     def _make(self, passed: bool, reason: str, error: Optional[str] = None) -> Verdict:
         cut = self.output_cut()
@@ -90,7 +88,7 @@ def fleetrun_verify(task: Any, verifier: Any, workspace: Any, attempt: Any, host
     name = f"setup-{idx - SETUP_STEP_BASE + 1}.out" if idx >= SETUP_STEP_BASE else f"verify-{idx + 1}.out"
     return RunHandle(verifier, workspace.path, adir / name, verifier_env(task, attempt, workspace),
                      root=getattr(workspace, "root", None) or workspace.path,
-                     max_bytes=output_cap(config), cache=config.home / CACHE)
+                     max_bytes=output_cap(config))
 
 
 # ---------------------------------------------------------------------------------

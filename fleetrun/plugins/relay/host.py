@@ -35,8 +35,6 @@ from ...ledger import ensure_private_dir
 from ...reports import Candidate, Started
 from ...untrusted import Malformed
 from . import protocol
-from .collecting import CollectVerbs
-from .hostverify import STATUS_TIMEOUT_S, VerifierVerbs
 from .logmirror import MIRROR_NAME, append_chunk, complete, mirror_cap
 from .logmirror import size as _size
 from .peers import HostKeyRefused, Peer, record_violations
@@ -65,16 +63,21 @@ WORKER_SHORT_LIVED_S = 10.0  # workers gone this soon, WORKER_MAX_DEATHS in a ro
 WORKER_MAX_DEATHS = 3
 RETRY_CONNECT_AFTER_S = 2.0  # after a failed connection, verbs fail fast this long
 BUNDLE_TIMEOUT_S = 1800.0  # a whole branch of a large repository, on a slow link
+STATUS_TIMEOUT_S = 8.0
+#: How long a collect request waits for its reply (as the one-shot verb may take).
+COLLECT_TIMEOUT_S = 120.0
+#: How long an untaken verifier's start may take to answer before it is left to its
+#: own timeout on the peer (counted from when the collect was sent).
+UNTAKEN_WAIT_S = 30.0
 
 
 # ---------------------------------------------------------------------------------
 # The host
 
 
-class SSHHost(VerifierVerbs, CollectVerbs):
+class SSHHost:
     """A peer. The same verbs as :class:`~fleetrun.hosts.LocalHost`, plus ``probe``,
-    ``prepare``, ``collect``, ``cleanup`` and the ``verify_*`` verbs (those of
-    :class:`~.hostverify.VerifierVerbs`).
+    ``prepare``, ``collect``, ``cleanup`` and the ``verify_*`` verbs.
 
     Thread-safe: the relay's heartbeat probes from its own thread while the loop
     calls the other verbs from the main thread, over the same transport.
@@ -459,6 +462,149 @@ class SSHHost(VerifierVerbs, CollectVerbs):
         from .bundle import fetch_bundle
 
         return fetch_bundle(self, repo, branch, git_ref, have, dest, timeout)
+
+
+    # -- collect: commit the attempt's work there (through the worker, not waited for, in a loop)
+
+    def collect(self, task: Any, attempt: Any, workspace: Any, verify: Optional[tuple[Any, int]] = None,
+                wait: bool = True) -> Any:
+        """Commit the attempt's uncommitted work there; the commit, or None.
+
+        :param verify: (verifier, step) of a ``run`` verifier to start there right after,
+            in the same request, when the worker can (``chain``): the request whose answer
+            comes later is kept for :meth:`take_prestarted` (the verify stage's handle
+            takes it as a verify-start it did not wait for).
+        :param wait: False: through a live worker, return at once the
+            :class:`~.worker.Pending` request (its reply wakes the loop), for
+            :meth:`collected` to read; without a worker the collect is waited for.
+        :raises WorktreeTampered: the peer found the worktree's ``.git`` rewritten.
+        """
+        from dataclasses import asdict
+
+        payload = {"task": task_payload(task), "attempt": asdict(attempt), "workspace": asdict(workspace)}
+        key = (attempt.id, verify[1]) if verify is not None else None
+        w = self.live_worker() if verify is not None or not wait else None
+        if w is None:
+            try:
+                reply = self.call("collect", payload=payload, timeout=120)
+            except PeerError as e:
+                self._tampered(e)
+                raise
+            return self._parsed_collect(reply)
+        then: Optional[tuple[str, list[str], dict[str, Any]]] = None
+        if verify is not None and w.chains:
+            then = ("verify-start", [], self._verify_payload(task, attempt, verify[0], verify[1], workspace))
+        try:
+            p = w.submit("collect", [], payload, wake=not wait, then=then)
+        except PeerUnreachable as e:
+            self._unreachable(w, e)
+            raise
+        if not wait:
+            return p
+        return self.collected(p, key if then is not None else None, COLLECT_TIMEOUT_S)
+
+    def collected(self, p: Pending, key: Optional[tuple[str, int]], timeout: float) -> Optional[str]:
+        """The commit of a collect request sent to the worker (see :meth:`collect`),
+        waiting at most ``timeout`` seconds for its reply; the verifier started with it
+        is kept under ``key``.
+
+        :raises WorktreeTampered: the peer found the worktree's ``.git`` rewritten.
+        :raises PeerUnreachable, PeerError: as :meth:`call`.
+        """
+        try:
+            code, answer = p.wait(timeout)
+        except PeerUnreachable as e:
+            self._unreachable(p.worker, e)
+            raise
+        if code == 0 and key is not None and p.follower is not None:  # the verifier's start runs there now
+            self._prestarted[key] = p.follower
+        try:
+            reply = self._checked("collect", code, answer)
+        except PeerError as e:
+            self._tampered(e)
+            raise
+        return self._parsed_collect(reply)
+
+    def _unreachable(self, w: Worker, e: PeerUnreachable) -> None:
+        self.last_error = str(e)
+        if not w.transport.is_active():
+            self.drop()
+
+    def _parsed_collect(self, reply: dict[str, Any]) -> Optional[str]:
+        try:
+            return protocol.parse_collect_reply(reply)
+        except Malformed as e:
+            raise self._malformed("collect", e) from None
+
+    # -- the run verifier's verbs, and the start that followed an attempt's collect request
+
+    def verify_start(self, task: Any, attempt: Any, verifier: Any, idx: int, workspace: Any,
+                     wait: bool = True) -> Any:
+        """:param wait: False: through a worker, the :class:`~.worker.Pending` request."""
+        reply = self.call("verify-start", payload=self._verify_payload(task, attempt, verifier, idx, workspace),
+                          wait=wait)
+        if not isinstance(reply, dict):
+            return reply
+        return self.verify_started(attempt.id, idx, reply)
+
+    @staticmethod
+    def _verify_payload(task: Any, attempt: Any, verifier: Any, idx: int, workspace: Any) -> dict[str, Any]:
+        from dataclasses import asdict
+
+        return {"task": task_payload(task), "attempt": asdict(attempt), "verifier": asdict(verifier), "idx": idx,
+                "workspace": asdict(workspace)}
+
+    def take_prestarted(self, attempt_id: str, idx: int) -> Optional[Pending]:
+        """The ``verify-start`` that followed the attempt's ``collect`` (a request not
+        waited for: its reply wakes the loop), once; None if it was not sent that way."""
+        return self._prestarted.pop((attempt_id, idx), None)
+
+    def stop_untaken(self, wait: bool) -> None:
+        """Stop on the peer each verifier started with its attempt's collect that no verify
+        stage took: its task moved meanwhile (cancelled while its work was collected), so
+        nothing would watch it and it would run there until its own timeout. The verify
+        stage takes its start in the pass of the collect, so what is left at a pass's end
+        is untaken; each is stopped once its start's reply is in (a stop sent before
+        would find nothing to stop).
+
+        :param wait: wait for the replies still to come (the run ends)."""
+        for key, p in list(self._prestarted.items()):
+            if not (wait or p.done()):
+                continue
+            del self._prestarted[key]
+            try:
+                code, _ = p.wait(max(0.0, UNTAKEN_WAIT_S - (time.monotonic() - p.began)))
+                if code == 0:
+                    self.verify_stop(*key)
+            except (PeerError, PeerUnreachable):
+                pass  # out of reach: its own timeout ends it there
+
+    def verify_started(self, attempt_id: str, idx: int, reply: dict[str, Any]) -> dict[str, Any]:
+        """A ``verify-start`` reply, checked; its verdict will be pushed."""
+        try:
+            state = protocol.parse_verify_start_reply(reply)
+        except Malformed as e:
+            raise self._malformed("verify-start", e) from None
+        w = self.live_worker()
+        if w is not None:
+            w.vwatching.add((attempt_id, idx))  # it pushes the verdict
+        return {"state": state}
+
+    def verify_status(self, attempt_id: str, idx: int) -> protocol.VerifyStatus:
+        """:raises Malformed: a reply that is not a verifier's status (a FAIL, to the caller)."""
+        r = protocol.parse_verify_status_reply(
+            self.call("verify-status", "--attempt", attempt_id, "--idx", str(idx), timeout=STATUS_TIMEOUT_S,
+                      may_connect=not self.passive))
+        w = self.live_worker()
+        if w is not None and r.state == "running":
+            w.vwatching.add((attempt_id, idx))
+        return r
+
+    def verify_stop(self, attempt_id: str, idx: int) -> bool:
+        try:
+            return protocol.parse_verify_stop_reply(self.call("verify-stop", "--attempt", attempt_id, "--idx", str(idx)))
+        except Malformed as e:
+            raise self._malformed("verify-stop", e) from None
 
 
 from .remoterun import RemoteRunHandle  # noqa: E402 - its home was here; tests and plugins import it from here

@@ -2,10 +2,8 @@
 minutes, and no SSH channel waits for it (``verify-start`` starts the runner,
 ``verify-status`` reads its result, ``verify-stop`` ends it).
 
-The runner is :mod:`.verify_runner`, run by path with ``python -I -S`` from its
-byte-code, compiled once into the home as the shepherd's is
-(:func:`fleetrun.shepherdrun.compiled`; stdlib only, its C modules: it starts in
-milliseconds).
+The runner is :mod:`.verify_runner`, run by path with ``python -I -S`` as the shepherd
+is (standard library only).
 """
 
 from __future__ import annotations
@@ -21,7 +19,6 @@ from typing import TYPE_CHECKING, Any
 from fleetrun.config import output_cap
 from fleetrun.osutil import spawn_detached
 from fleetrun.procutil import CAPPED_PATH, tail_text, task_env
-from fleetrun.shepherdrun import CACHE, compiled
 
 from .admission import _host_lock
 from .request import (
@@ -99,10 +96,9 @@ def cmd_verify_start(config: Config, ns: argparse.Namespace) -> dict[str, Any]:
         # the output is written on this machine's disk: this host's [output] max_bytes caps it
         write_json(str(vdir / "spec.json"), {"text": v["text"], "cwd": cwd, "env": ours,
                                              "timeout_s": float(timeout_s), "max_output": output_cap(config),
-                                             "wrapper": compiled(config.home / CACHE, CAPPED_PATH) or CAPPED_PATH},
+                                             "wrapper": CAPPED_PATH},
                    sync=False)
-        runner = compiled(config.home / CACHE, RUNNER_PATH) or RUNNER_PATH
-        pid = spawn_detached([sys.executable, "-I", "-S", runner, str(vdir)], dict(os.environ, **ours),
+        pid = spawn_detached([sys.executable, "-I", "-S", RUNNER_PATH, str(vdir)], dict(os.environ, **ours),
                              vdir / "runner.out")
         write_json(str(vdir / "runner.json"), {"pid": pid, "token": proc_token(pid), "started": time.time()},
                    sync=False)

@@ -1,83 +1,67 @@
 """The detached runner of one ``run`` verifier on a peer, run by path as
-``python -I -S verify_runner.py DIR`` (as the shepherd is, and from byte-code compiled
-once into the peer's home, :func:`fleetrun.shepherdrun.compiled`): standard library
-only and nothing of the package.
+``python -I -S verify_runner.py DIR`` (as the shepherd is): standard library only and
+nothing of the package.
 
 It runs the command under ``/bin/sh -c`` in the worktree, the timeout enforced here
 (so a dropped link cannot leave it running), and writes the verdict to ``result.json``.
-The command runs under the wrapper of :mod:`fleetrun.capped` (its compiled byte-code,
-named in the spec), as a local verifier does: the output goes to ``out`` cut to this
+The command runs under the wrapper of :mod:`fleetrun.capped` (its path named in the
+spec), as a local verifier does: the output goes to ``out`` cut to this
 peer's ``[output] max_bytes`` (the verdict says ``output cut``), and whatever the command
 detaches is ended when it ends.
 
-Why so few imports: it starts for every ``run`` verifier on a peer, between a task's
-VERIFYING and its verdict. ``json``, ``subprocess``, ``signal`` and ``typing`` (and
-``fleetrun/osutil.py`` loaded by path, compiled at every start) cost ~70 ms there, three
-times the bare interpreter; its own path uses the C modules under them instead:
-``_json``, ``os.posix_spawn``, ``_signal``, and a pidfd (or a short poll) to wait.
+It starts the command with ``os.posix_spawn`` and waits on a pidfd (or a short poll),
+which is all it would use of ``subprocess``. Ending the command's process group is
+``fleetrun/osutil.py``'s :func:`end_group` (standard library only), loaded by path.
 """
 
 from __future__ import annotations
 
-import _json  # the C half of json, whose Python half costs ~25 ms of imports
-import _signal as signal  # not `signal`: that one imports enum for its IntEnums
+import json
 import os
 import select
+import signal
 import sys
 import time
+from typing import Any
 
 KEEP_BYTES = 64 * 1024  # the output's tail kept in the verdict (procutil.KEEP_BYTES)
 MAX_OUTPUT = 20_000_000  # fleetrun.capped.DEFAULT_MAX_BYTES, when the spec names none
 MIN_OUTPUT = 4096  # fleetrun.capped.MIN_MAX_BYTES
 GRACE_S = 2.0  # after SIGTERM, the verifier's group gets this long before SIGKILL
+#: The package's ``osutil.py``: this file is ``fleetrun/plugins/relay/peer/verify_runner.py``.
+OSUTIL = os.path.join(os.path.dirname(os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))),
+                      "osutil.py")
 #: Set (not ``0``) in its environment: the runner lists what it imported in MODULES
 #: (the shepherd's switch: one for both detached helpers).
 DEBUG_ENV = "FLEETRUN_SHEPHERD_DEBUG"
 MODULES = "runner.modules"
 
 
-class _ScanContext:
-    """What ``_json.make_scanner`` reads of a decoder: ``json.loads``'s defaults."""
+def _osutil() -> Any:
+    """``fleetrun/osutil.py``, loaded by path (the package is not importable here)."""
+    import importlib.util
 
-    strict = True
-    object_hook = None
-    object_pairs_hook = None
-    parse_float = float
-    parse_int = int
-    parse_constant = float  # NaN, Infinity, -Infinity
+    spec = importlib.util.spec_from_file_location("fleetrun_osutil_for_runner", OSUTIL)
+    assert spec is not None and spec.loader is not None
+    mod = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(mod)
+    return mod
 
 
 def _read_json(path: str) -> object:
-    """The JSON value in ``path`` (``_json``'s scanner), or None."""
+    """The JSON value in ``path``, or None."""
     try:
         with open(path, "rb") as f:
-            text = f.read().decode()
-        i = len(text) - len(text.lstrip(" \t\n\r"))
-        value, end = _json.make_scanner(_ScanContext)(text, i)  # type: ignore[arg-type]
-    except (OSError, ValueError, StopIteration):
+            return json.loads(f.read())
+    except (OSError, ValueError):
         return None
-    return value if not text[end:].strip(" \t\n\r") else None
-
-
-def _dumps(data: dict) -> str:
-    """A flat dict of strings, numbers and booleans as JSON, without ``json``."""
-    parts = []
-    for k, v in data.items():
-        if isinstance(v, bool):
-            text = "true" if v else "false"
-        elif isinstance(v, (int, float)):
-            text = repr(v) if v - v == 0 else "null"  # finite
-        else:
-            text = _json.encode_basestring_ascii(str(v))
-        parts.append(f"{_json.encode_basestring_ascii(k)}: {text}")
-    return "{" + ", ".join(parts) + "}"
 
 
 def _write_json(path: str, data: dict) -> None:
     tmp = f"{path}.{os.getpid()}.tmp"
     fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
     try:
-        view = memoryview(_dumps(data).encode())
+        view = memoryview(json.dumps(data).encode())
         while view:
             view = view[os.write(fd, view) :]
         os.fsync(fd)  # the verdict: its one record until the supervisor has read it
@@ -152,13 +136,6 @@ def _size_text(n: int) -> str:
     return f"{n} bytes"
 
 
-def _killpg(pid: int, sig: int) -> None:
-    try:
-        os.killpg(pid, sig)
-    except (ProcessLookupError, PermissionError):
-        pass
-
-
 def _poll(pid: int) -> int | None:
     """The verifier's exit code (minus the signal that ended it), or None while it runs."""
     try:
@@ -218,20 +195,18 @@ def verify_runner(vdir: str) -> int:
         pidfd = -1
     deadline = started + timeout_s
     timed_out = False
-    kill_at: float | None = None  # SIGKILL then, SIGTERM was sent
+    end_group = _osutil().end_group
     while True:
         code = _poll(pid)
         if code is not None:
             break
         now = time.monotonic()
-        if kill_at is None and (stopped or now >= deadline):
+        if stopped or now >= deadline:
             timed_out = not stopped
-            _killpg(pid, signal.SIGTERM)
-            kill_at = now + GRACE_S
-        elif kill_at is not None and now >= kill_at:
-            _killpg(pid, signal.SIGKILL)
-            kill_at = now + GRACE_S
-        wait = (kill_at if kill_at is not None else deadline) - now
+            end_group(pid, None, GRACE_S)  # SIGTERM, the grace, SIGKILL: the leader has ended
+            code = os.waitstatus_to_exitcode(os.waitpid(pid, 0)[1])
+            break
+        wait = deadline - now
         if pidfd < 0:
             wait = min(wait, 0.02)
         try:
@@ -245,7 +220,7 @@ def verify_runner(vdir: str) -> int:
                 os.read(rfd, 512)
             except OSError:
                 pass
-    _killpg(pid, signal.SIGKILL)  # leftovers of the group
+    end_group(pid, None, grace_s=0)  # leftovers of the group
     if timed_out:
         return finish(False, f"timed out after {timeout_s:g}s")
     if stopped:
