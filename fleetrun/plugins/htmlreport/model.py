@@ -349,7 +349,7 @@ def build(ledger: Ledger, tasks: list[Task], title: str, live: bool = False, now
             arrows.append(Arrow(x1=round(src.x + src.w, 2), y1=src.y + 5, x2=dst.x, y2=dst.y + 5,
                                 title=f"{by_id[dep].name} → {t.name}"))
 
-    ticks = []
+    ticks: list[tuple[float, str]] = []
     step = _tick_step(span)
     first = (int(t0 // step) + 1) * step
     k = first
@@ -388,7 +388,9 @@ def _end(a: Attempt, vs: list[VerdictRow], now: float) -> float:
 def _outcome(a: Attempt, trs: list[TransitionRow], now: float) -> tuple[str, str]:
     """How the attempt ended, as the transition that ended it says."""
     for tr in trs:
-        if tr.attempt == a.number and tr.to_state in ENDED_BY and tr.time >= a.created - 1:
+        # an operator's cancel names no attempt: it ends the one under way
+        mine = tr.attempt == a.number or (tr.attempt is None and tr.to_state == "CANCELLED")
+        if mine and tr.to_state in ENDED_BY and tr.time >= a.created - 1:
             return ENDED_BY[tr.to_state], tr.to_state
     if a.state in ("abandoned",):
         return "died", a.outcome or "abandoned"

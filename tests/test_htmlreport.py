@@ -1,0 +1,388 @@
+"""The built-in ``htmlreport`` plugin: ``--html PATH`` on a run, ``fleetrun report``.
+
+Real runs of small queues (command agents stand in for the model) and ledgers built
+through the ledger's API for what a run on one machine cannot make (a peer's task, a
+role's mailbox, hostile names); the page is read back with the standard library's
+HTML parser as a browser builds its DOM, and by a real headless chromium
+(``test_chromium_draws_the_bars_and_rows``).
+"""
+
+from __future__ import annotations
+
+import base64
+import hashlib
+import os
+import re
+import shutil
+import subprocess
+import tempfile
+import threading
+from dataclasses import dataclass, field
+from html.parser import HTMLParser
+from pathlib import Path
+from typing import Any, Optional
+
+import pytest
+
+from fleetrun.fleeter import ECHO_AGENT, echo_task
+from fleetrun.plugins.htmlreport import render
+
+
+@dataclass
+class El:
+    tag: str
+    attrs: dict[str, str]
+    parent: Optional[El] = None
+    children: list[El] = field(default_factory=list)
+    text: str = ""
+
+    def all_text(self) -> str:
+        return self.text + "".join(c.all_text() for c in self.children)
+
+    def iter(self, tag: Optional[str] = None) -> list[El]:
+        found = [self] if tag is None or self.tag == tag else []
+        for c in self.children:
+            found.extend(c.iter(tag))
+        return found
+
+    def classes(self) -> set[str]:
+        return set(self.attrs.get("class", "").split())
+
+
+VOID = {"meta", "br", "input", "img", "link", "hr"}
+
+
+class Tree(HTMLParser):
+    """The page's elements as a browser's parser sees them (entities decoded, SVG
+    elements and their attributes included)."""
+
+    def __init__(self) -> None:
+        super().__init__(convert_charrefs=True)
+        self.root = El("#document", {})
+        self.cur = self.root
+
+    def handle_starttag(self, tag: str, attrs: list[tuple[str, Optional[str]]]) -> None:
+        el = El(tag, {k: v or "" for k, v in attrs}, self.cur)
+        self.cur.children.append(el)
+        if tag not in VOID:
+            self.cur = el
+
+    def handle_startendtag(self, tag: str, attrs: list[tuple[str, Optional[str]]]) -> None:
+        self.cur.children.append(El(tag, {k: v or "" for k, v in attrs}, self.cur))
+
+    def handle_endtag(self, tag: str) -> None:
+        el: Optional[El] = self.cur
+        while el is not None and el.tag != tag:
+            el = el.parent
+        if el is not None and el.parent is not None:
+            self.cur = el.parent
+
+    def handle_data(self, data: str) -> None:
+        self.cur.text += data
+
+
+def parse(path: Path) -> El:
+    tree = Tree()
+    tree.feed(path.read_text(encoding="utf-8"))
+    tree.close()
+    return tree.root
+
+
+def bars(doc: El) -> list[El]:
+    return [a for a in doc.iter("a") if "attempt" in a.classes()]
+
+
+def rows(doc: El) -> list[El]:
+    table = next(t for t in doc.iter("table") if t.attrs.get("id") == "tasks")
+    return [tr for tr in table.iter("tr") if "data-state" in tr.attrs]
+
+
+def title_of(el: El) -> str:
+    return next((c.all_text() for c in el.children if c.tag == "title"), "")
+
+
+#: The elements and attributes the template writes: nothing else may be in the DOM.
+TEMPLATE_TAGS = {"#document", "html", "head", "meta", "title", "style", "body", "h1", "h2", "h3", "p", "span", "b",
+                 "div", "svg", "defs", "marker", "path", "g", "rect", "text", "line", "a", "label", "select",
+                 "option", "table", "thead", "tbody", "tr", "th", "td", "code", "br", "details", "summary", "pre",
+                 "ul", "li", "script", "i"}
+
+
+def check_inert(doc: El) -> None:
+    """The DOM holds no element, handler or link the agent wrote: only the template's
+    tags, no ``on...`` attribute, links only to the page's own anchors, one script
+    (the page's own, allowed by the CSP's hash)."""
+    for el in doc.iter():
+        assert el.tag in TEMPLATE_TAGS, el.tag
+        assert not [k for k in el.attrs if k.startswith("on")], (el.tag, el.attrs)
+        if "href" in el.attrs:
+            assert re.fullmatch(r"#task-\d+", el.attrs["href"]), el.attrs["href"]
+    scripts = doc.iter("script")
+    assert len(scripts) == 1
+    assert scripts[0].all_text() == render.SCRIPT.read_text(encoding="utf-8")
+    meta = next(m for m in doc.iter("meta") if m.attrs.get("http-equiv") == "Content-Security-Policy")
+    digest = base64.b64encode(hashlib.sha256(scripts[0].all_text().encode()).digest()).decode()
+    assert meta.attrs["content"].startswith("default-src 'none';")
+    assert f"script-src 'sha256-{digest}'" in meta.attrs["content"]
+
+
+# Every way a task ends up, on one machine: DONE, retried then DONE, NEEDS_HUMAN,
+# CANCELLED (it cancels itself through the CLI, as an operator would), waiting for a
+# tool no machine has, and a dependency chain.
+QUEUE = ECHO_AGENT + r"""
+[agents.selfcancel]
+command = ["{python}", "-c", "import subprocess, sys, time; subprocess.run([sys.executable, '-m', 'fleetrun', 'cancel', 'gone']); time.sleep(5)"]
+""" + "".join([
+    echo_task("ok", verify="true", prompt="do it"),
+    echo_task("flaky", verify="test -f m || { touch m; exit 1; }", prompt="do it"),
+    echo_task("bad", verify=r"printf 'expected <b> & got red\n'; exit 3", prompt="do it", max_retries=1),
+    echo_task("gone", prompt="do it", agent="selfcancel"),
+    echo_task("stuck", prompt="do it", requires=["no-such-tool-on-any-machine"]),
+    echo_task("schema", verify="true", prompt="make the schema"),
+    echo_task("api", verify="true", prompt="make the api", depends_on=["schema"]),
+    echo_task("client", verify="true", prompt="make the client", depends_on=["api"]),
+])
+
+
+def test_a_run_with_html_draws_every_state(fleeter: Any) -> None:
+    fleeter.write_tasks(QUEUE)
+    result = fleeter.run("tasks.toml", "--html", "out/report.html")
+    assert result.ret == 1, result.stdout + result.stderr
+    result.assert_outcomes(done=5, needs_human=1, cancelled=1, ready=1)
+    path = fleeter.path / "out" / "report.html"
+    assert oct(path.stat().st_mode & 0o777) == oct(0o666 & ~_umask())  # the user's file, as --junitxml's
+    doc = parse(path)
+    check_inert(doc)
+
+    # the table: every task, what needs a person first, DONE last
+    states = [(r.attrs["data-task"], r.attrs["data-state"]) for r in rows(doc)]
+    assert sorted(states) == sorted([("ok", "DONE"), ("flaky", "DONE"), ("bad", "NEEDS_HUMAN"), ("gone", "CANCELLED"),
+                                     ("stuck", "READY"), ("schema", "DONE"), ("api", "DONE"), ("client", "DONE")])
+    assert states[0] == ("bad", "NEEDS_HUMAN") and states[1] == ("stuck", "READY")
+    assert {s for _, s in states[-5:]} == {"DONE"}
+    bad_row = next(r for r in rows(doc) if r.attrs["data-task"] == "bad")
+    assert "retries_exhausted" in bad_row.all_text()
+
+    # the timeline: one bar per attempt, coloured by how it ended, all in this machine's lane
+    lanes = [g.attrs["data-host"] for g in doc.iter("g") if "lane" in g.classes()]
+    assert lanes == ["local"]
+    got = sorted((b.attrs["data-task"], b.attrs["data-attempt"], b.attrs["data-outcome"]) for b in bars(doc))
+    assert got == sorted([("ok", "1", "done"), ("flaky", "1", "failed"), ("flaky", "2", "done"),
+                          ("bad", "1", "failed"), ("bad", "2", "needs-human"), ("gone", "1", "cancelled"),
+                          ("schema", "1", "done"), ("api", "1", "done"), ("client", "1", "done")])
+    flaky1 = next(b for b in bars(doc) if b.attrs["data-task"] == "flaky" and b.attrs["data-attempt"] == "1")
+    assert "flaky · attempt 1" in title_of(flaky1) and "verify failed" in title_of(flaky1)
+    segs = [s for s in flaky1.iter("rect") if "seg-verify-fail" in s.classes()]
+    assert len(segs) == 1 and "FAIL" in title_of(segs[0])
+    # each bar links to its task's details
+    anchors = {d.attrs["data-task"]: d.attrs["id"] for d in doc.iter("details") if "task" in d.classes()}
+    assert set(anchors) == {t for t, _ in states}
+    assert all(b.attrs["href"] == "#" + anchors[b.attrs["data-task"]] for b in bars(doc))
+    # the chain reads left to right: schema -> api -> client
+    deps = [title_of(p) for p in doc.iter("path") if "dep" in p.classes()]
+    assert sorted(deps) == ["api → client", "schema → api"]
+    # api waited for its dependency before it was placed
+    api = next(b for b in bars(doc) if b.attrs["data-task"] == "api")
+    wait = next(line for line in api.parent.iter("line") if "wait" in line.classes()
+                and title_of(line).startswith("api waited")) if api.parent else None
+    assert wait is not None and "its dependencies" in title_of(wait)
+
+    # the details: transitions, the failing verifier's output, each attempt's prompt, the handoff
+    bad = next(d for d in doc.iter("details") if d.attrs.get("data-task") == "bad")
+    text = bad.all_text()
+    assert "Attempt 2 (retry) on local: NEEDS_HUMAN" in text
+    assert "expected <b> & got red" in [p.all_text().strip() for p in bad.iter("pre") if "output" in p.classes()][0]
+    prompts = [p.all_text() for p in bad.iter("pre") if "prompt" in p.classes()]
+    assert len(prompts) == 2 and "do it" in prompts[0] and "expected <b> & got red" in prompts[1]
+    client = next(d for d in doc.iter("details") if d.attrs.get("data-task") == "client")
+    assert "Handoff it received from api" in client.all_text()
+
+
+def _umask() -> int:
+    mask = os.umask(0)
+    os.umask(mask)
+    return mask
+
+
+def test_the_run_rewrites_the_page_as_it_goes(fleeter: Any) -> None:
+    """While the run goes on the page shows the night so far: a task under way is in it
+    before the run ends (its agent waits for a gate file the test writes only then)."""
+    gate = fleeter.path / "gate"
+    fleeter.write_tasks(ECHO_AGENT + f"""
+[agents.gated]
+command = ["{{python}}", "-c", "import os, time\\nwhile not os.path.exists({str(gate)!r}): time.sleep(0.05)"]
+""" + echo_task("first", verify="true") + echo_task("slow", agent="gated", verify="true"))
+    path = fleeter.path / "report.html"
+    proc = fleeter.popen("tasks.toml", "--html", str(path))
+    try:
+        seen: dict[str, str] = {}
+        done = threading.Event()
+
+        def watch() -> None:
+            while not done.is_set():
+                if path.exists():
+                    states = {r.attrs["data-task"]: r.attrs["data-state"] for r in rows(parse(path))}
+                    if states.get("slow") == "RUNNING" and states.get("first") == "DONE":
+                        seen.update(states)
+                        return
+                done.wait(0.05)
+
+        watcher = threading.Thread(target=watch)
+        watcher.start()
+        watcher.join(120)
+        done.set()
+        assert seen == {"first": "DONE", "slow": "RUNNING"}, "the page never showed the run under way"
+        assert proc.poll() is None  # the run was still going when the page showed it
+        gate.write_text("go")
+        out, err = proc.communicate(timeout=120)
+        assert proc.returncode == 0, (out + err).decode(errors="replace")
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+        proc.communicate()
+    doc = parse(path)
+    assert {r.attrs["data-task"]: r.attrs["data-state"] for r in rows(doc)} == {"first": "DONE", "slow": "DONE"}
+    assert not [m for m in doc.iter("meta") if m.attrs.get("http-equiv") == "refresh"]  # the last page is still
+
+
+HOSTILE = [
+    "<script>alert(1)</script>",
+    "<img src=x onerror=alert(2)>",
+    '<a href="javascript:alert(3)">click</a>',
+    '"><svg onload=alert(4)>',
+    "</title><script>alert(5)</script>",
+    "]]></text><foreignObject><iframe src=javascript:alert(6)>",
+]
+
+
+def a_night_on_three_hosts(home: Path, hostile: bool = False) -> dict[str, str]:
+    """A ledger as a night on this machine, a peer (``mini``) and a role's mailbox
+    leaves it, built through the ledger's API; with ``hostile``, every text an agent
+    or a peer could write is markup."""
+    from fleetrun.ledger import Ledger
+    from fleetrun.reports import Verdict
+    from fleetrun.states import State
+    from fleetrun.taskspec import TaskSpec
+
+    evil = " ".join(HOSTILE)
+    names = [f"{evil} local" if hostile else "local-task", "peer-task", "mailbox-task", "waiting"]
+    with Ledger(home / "state.db") as led:
+        local, peer, mail, waiting = led.add_tasks([TaskSpec(name=n, prompt="p", cwd="/repo") for n in names],
+                                                   source="/repo/tasks.toml")
+        for task, host in ((local, "local"), (peer, "mini"), (mail, "mailbox")):
+            att = led.lease(task.id, State.READY, host, "fresh")
+            adir = home / "attempts" / att.id
+            adir.mkdir(parents=True)
+            (adir / "prompt").write_text(f"the prompt {evil if hostile else ''}")
+            led.update_attempt(att.id, dir=str(adir), started=att.created + 0.5, ended=att.created + 2,
+                               cost_usd=0.5, result_text=evil if hostile else "did it")
+            led.transition(task.id, State.ASSIGNED, State.RUNNING, "started", 1, host)
+            led.transition(task.id, State.RUNNING, State.VERIFYING, "exited", 1, host)
+            v = Verdict(passed=task is not local, kind="run", label=evil if hostile else "pytest -q",
+                        reason=evil if hostile else "exit code 0", output=evil if hostile else "1 passed in 0.1s",
+                        duration_s=0.5, host=host)
+            led.add_verdict(task.id, att.id, 0, v)
+            if task is local:
+                led.transition(task.id, State.VERIFYING, State.NEEDS_HUMAN,
+                               f"retries_exhausted:{evil}" if hostile else "retries_exhausted:pytest -q", 1, host)
+            else:
+                led.transition(task.id, State.VERIFYING, State.DONE, "verify_pass", 1, host)
+            led.update_task(task.id, branch=f"fleetrun/{task.name[:20]}-x",
+                            handoff={"summary": evil if hostile else "done", "branch": "b"})
+        led.add_note(peer.id, "the branch is on mini; fetch it with `git fetch ssh://me@mini.local:22/repo "
+                              "fleetrun/peer-task-x`.")
+        led.add_note(local.id, evil if hostile else "a note")
+        return {"local": local.id, "peer": peer.id, "mailbox": mail.id, "waiting": waiting.id}
+
+
+def test_report_after_the_fact_from_the_ledger_alone(fleeter: Any) -> None:
+    """``fleetrun report --html`` in a fresh process, with no run going: one lane per
+    host (this machine, the peer, the mailbox), the peer's branch with the command that
+    fetches it, the tasks of the newest queue."""
+    a_night_on_three_hosts(fleeter.home)
+    result = fleeter.runsub("report", "--html", "night.html")
+    assert result.ret == 0, result.stdout + result.stderr
+    path = fleeter.path / "night.html"
+    assert f"wrote {path}: 4 tasks" in result.stdout
+    doc = parse(path)
+    check_inert(doc)
+    assert [g.attrs["data-host"] for g in doc.iter("g") if "lane" in g.classes()] == ["local", "mini", "mailbox"]
+    assert sorted((b.attrs["data-task"], b.attrs["data-outcome"]) for b in bars(doc)) == [
+        ("local-task", "needs-human"), ("mailbox-task", "done"), ("peer-task", "done")]
+    peer = next(r for r in rows(doc) if r.attrs["data-task"] == "peer-task")
+    assert "git fetch ssh://me@mini.local:22/repo fleetrun/peer-task-x" in peer.all_text()
+    assert [r.attrs["data-state"] for r in rows(doc)] == ["NEEDS_HUMAN", "READY", "DONE", "DONE"]
+    # the same queue named by its tasks file, and by its id
+    again = fleeter.runsub("report", "--html", "again.html", "/repo/tasks.toml")
+    assert again.ret == 0, again.stderr
+    nothing = fleeter.runsub("report", "--html", "none.html", "elsewhere.toml")
+    assert nothing.ret == 4 and "no run of" in nothing.stderr
+    assert not (fleeter.path / "none.html").exists()
+
+
+def test_hostile_names_and_outputs_stay_text(fleeter: Any) -> None:
+    """Names, reasons, verifier labels and output, notes, handoffs and prompts holding
+    ``<script>``, ``<img onerror>``, ``javascript:`` links and SVG breakouts: the DOM
+    holds no element the agent wrote, and the characters are all shown as text."""
+    a_night_on_three_hosts(fleeter.home, hostile=True)
+    result = fleeter.runsub("report", "--html", "night.html")
+    assert result.ret == 0, result.stdout + result.stderr
+    doc = parse(fleeter.path / "night.html")
+    check_inert(doc)
+    evil = " ".join(HOSTILE)
+    bar = next(b for b in bars(doc) if b.attrs["data-outcome"] == "needs-human")
+    assert bar.attrs["data-task"] == f"{evil} local"  # an attribute: as it was
+    assert evil in title_of(bar)  # an SVG title: text
+    assert evil in title_of(next(s for s in bar.iter("rect") if "seg-verify-fail" in s.classes()))
+    details = next(d for d in doc.iter("details") if d.attrs.get("data-task") == f"{evil} local")
+    text = details.all_text()
+    for where in ("retries_exhausted:" + evil, "the prompt " + evil):
+        assert where in text, where
+    assert text.count(HOSTILE[0]) >= 6  # name, reason, label, output, note, handoff, prompt...
+
+
+def find_chromium() -> Optional[str]:
+    return shutil.which("chromium") or shutil.which("chromium-browser")
+
+
+def chromium(args: list[str], profile: str) -> subprocess.CompletedProcess[str]:
+    exe = find_chromium()
+    assert exe is not None
+    return subprocess.run([exe, "--headless", "--no-sandbox", "--disable-gpu", "--disable-quic", "--no-first-run",
+                           "--disable-background-networking", "--disable-component-update", "--disable-sync",
+                           f"--user-data-dir={profile}", *args], capture_output=True, text=True, timeout=120,
+                          stdin=subprocess.DEVNULL)
+
+
+@pytest.mark.slow
+def test_chromium_draws_the_bars_and_rows(fleeter: Any, tmp_path: Path) -> None:
+    """The page in a real browser (Debian's chromium, headless): the DOM it builds holds
+    the timeline's bars and the table's rows, the script ran (the filter kept every row
+    shown), nothing hostile became an element, and it takes a screenshot."""
+    if find_chromium() is None:
+        if os.environ.get("CI"):
+            pytest.fail("chromium is not installed (.ci/run installs it)")
+        pytest.skip("chromium is not installed")
+    a_night_on_three_hosts(fleeter.home, hostile=True)
+    assert fleeter.runsub("report", "--html", "night.html").ret == 0
+    url = (fleeter.path / "night.html").as_uri()
+    with tempfile.TemporaryDirectory(dir=tmp_path) as profile:
+        dumped = chromium(["--dump-dom", url], profile)
+    assert dumped.returncode == 0, dumped.stderr
+    dom_file = tmp_path / "dom.html"
+    dom_file.write_text(dumped.stdout, encoding="utf-8")
+    doc = parse(dom_file)
+    check_inert(doc)
+    assert len(bars(doc)) == 3 and all(b.iter("rect") for b in bars(doc))
+    assert len(rows(doc)) == 4 and not [r for r in rows(doc) if "hidden" in r.attrs]
+    shot = tmp_path / "shot.png"
+    with tempfile.TemporaryDirectory(dir=tmp_path) as profile:
+        taken = chromium([f"--screenshot={shot}", "--window-size=1300,900", url], profile)
+    assert taken.returncode == 0, taken.stderr
+    assert shot.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+
+
+def test_the_report_is_built_from_the_ledgers_public_api_only() -> None:
+    """The plugin reads the ledger through its public methods (no SQL of its own)."""
+    src = "".join(p.read_text() for p in Path(render.__file__).parent.glob("*.py"))
+    assert "execute(" not in src and ".conn" not in src and "sqlite3" not in src
