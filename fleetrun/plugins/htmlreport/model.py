@@ -12,6 +12,7 @@ template holds no arithmetic.
 
 from __future__ import annotations
 
+import functools
 import json
 import os
 import re
@@ -166,7 +167,13 @@ class Report:
 
 
 def clock(t: Optional[float]) -> str:
-    return time.strftime("%Y-%m-%d %H:%M:%S", time.localtime(t)) if t else ""
+    return _clock(int(t)) if t else ""
+
+
+@functools.lru_cache(maxsize=4096)
+def _clock(t: int) -> str:
+    # a night's thousands of transitions fall on far fewer seconds; localtime is not free
+    return time.strftime("%Y-%m-%d %H:%M:%S", time.localtime(t))
 
 
 def duration(seconds: Optional[float]) -> str:
