@@ -156,6 +156,8 @@ def test_a_run_with_html_draws_every_state(fleeter: Any) -> None:
     assert oct(path.stat().st_mode & 0o777) == oct(0o666 & ~_umask())  # the user's file, as --junitxml's
     doc = parse(path)
     check_inert(doc)
+    assert [h.all_text() for h in doc.iter("h1")] == ["fleetrun: tasks.toml"]
+    assert [h.all_text() for h in doc.iter("title") if h.parent and h.parent.tag == "head"] == ["fleetrun: tasks.toml"]
 
     # the table: every task, what needs a person first, DONE last
     states = [(r.attrs["data-task"], r.attrs["data-state"]) for r in rows(doc)]

@@ -35,9 +35,9 @@ WAIT_FOR = {"PENDING": "its dependencies", "READY": "a slot", "RETRYING": "its r
             "RESUMING": "its resume", "ASSIGNED": "its start"}
 
 #: The timeline's drawing: width of the time axis, a lane row's height, the lane label column.
-WIDTH = 1100
-ROW = 16
-LABEL = 150
+WIDTH = 1000
+ROW = 18
+LABEL = 140
 #: The shortest bar drawn, so a 2-second attempt of a 10-hour night stays visible.
 MIN_BAR = 3.0
 #: A verifier's output in the details: its head (the first failure) and tail (the
@@ -74,6 +74,7 @@ class Bar:
     title: str
     segments: list[Segment] = field(default_factory=list)
     wait: Optional[Segment] = None
+    label: str = ""  # the task's name, written on the bar when it fits
 
 
 @dataclass
@@ -323,10 +324,10 @@ def build(ledger: Ledger, tasks: list[Task], title: str, live: bool = False, now
             bx, bw = x(a.created), max(x(end) - x(a.created), MIN_BAR)
             by = lane_y + 4 + row * ROW
             cost = money(a.cost_usd) if a.cost_usd is not None else "unknown"
-            title = (f"{t.name} · attempt {a.number} ({a.kind}) on {a.host}\n{outcome_words(outcome, ended_by)}"
+            bar_title = (f"{t.name} · attempt {a.number} ({a.kind}) on {a.host}\n{outcome_words(outcome, ended_by)}"
                      f" · {duration(end - a.created)} · {cost}")
             bar = Bar(anchor=anchors[t.id], task=t.name, number=a.number, x=bx, y=by, w=round(bw, 2),
-                      outcome=outcome, title=title)
+                      outcome=outcome, title=bar_title, label=_fit(t.name, bw))
             if a.started and a.started > a.created:
                 bar.segments.append(Segment(bx, round(max(x(a.started) - bx, 0.5), 2), "setup",
                                             f"setup {duration(a.started - a.created)}"))
@@ -353,13 +354,15 @@ def build(ledger: Ledger, tasks: list[Task], title: str, live: bool = False, now
             src = last_bar.get(dep)
             if dst is None or src is None:
                 continue
-            arrows.append(Arrow(x1=round(src.x + src.w, 2), y1=src.y + 5, x2=dst.x, y2=dst.y + 5,
+            arrows.append(Arrow(x1=round(src.x + src.w, 2), y1=src.y + 6, x2=dst.x, y2=dst.y + 6,
                                 title=f"{by_id[dep].name} → {t.name}"))
 
-    ticks: list[tuple[float, str]] = []
+    # the start's clock, then round times: the axis reads as a clock across the night
+    ticks: list[tuple[float, str]] = [(x(t0), time.strftime("%H:%M:%S", time.localtime(t0)))]
     step = _tick_step(span)
-    first = (int(t0 // step) + 1) * step
-    k = first
+    k = (int(t0 // step) + 1) * step
+    if k - t0 < step / 2:  # too close to the start's label
+        k += step
     while k < t1 and len(ticks) < 40:
         ticks.append((x(k), time.strftime("%H:%M" if step >= 60 else "%H:%M:%S", time.localtime(k))))
         k += step
@@ -420,6 +423,15 @@ def _wait_before(a: Attempt, trs: list[TransitionRow]) -> Optional[tuple[float, 
         if tr.to_state == "PENDING" and tr.time <= since and last.to_state == "READY" and tr.attempt is None:
             since, state = tr.time, "PENDING"
     return since, state
+
+
+def _fit(name: str, width: float) -> str:
+    """``name`` cut to what a bar ``width`` pixels wide holds (about 6 px a character),
+    or nothing when not even a few characters fit."""
+    room = int((width - 6) // 6)
+    if room < 4:
+        return ""
+    return name if len(name) <= room else name[:room - 1] + "…"
 
 
 def _tick_step(span: float) -> float:
