@@ -35,7 +35,7 @@ WAIT_FOR = {"PENDING": "its dependencies", "READY": "a slot", "RETRYING": "its r
             "RESUMING": "its resume", "ASSIGNED": "its start"}
 
 #: The timeline's drawing: width of the time axis, a lane row's height, the lane label column.
-WIDTH = 1000
+WIDTH = 950
 ROW = 18
 LABEL = 140
 #: The shortest bar drawn, so a 2-second attempt of a 10-hour night stays visible.
@@ -333,8 +333,10 @@ def build(ledger: Ledger, tasks: list[Task], title: str, live: bool = False, now
                                             f"setup {duration(a.started - a.created)}"))
             for v in vs:
                 vo = verdict_outcome(v)
-                vstart = v.time - max(v.duration_s or 0.0, 0.0)
-                bar.segments.append(Segment(x(vstart), round(max(x(v.time) - x(vstart), 1.0), 2), f"verify-{vo}",
+                # within its bar, whatever the clocks said (a peer's verdict is timed there)
+                vx1 = min(max(x(v.time - max(v.duration_s or 0.0, 0.0)), bx), bx + bw - 1.0)
+                vx2 = min(max(x(v.time), vx1 + 1.0), bx + bw)
+                bar.segments.append(Segment(round(vx1, 2), round(max(vx2 - vx1, 1.0), 2), f"verify-{vo}",
                                             f"verify {v.kind} {v.label}: {vo.upper()} ({duration(v.duration_s)})"))
             wait = _wait_before(a, trs)
             if wait is not None:
