@@ -250,6 +250,18 @@ command = ["{{python}}", "-c", "import os, time\\nwhile not os.path.exists({str(
     assert not [m for m in doc.iter("meta") if m.attrs.get("http-equiv") == "refresh"]  # the last page is still
 
 
+def test_a_report_that_cannot_be_written_does_not_stop_the_run(fleeter: Any) -> None:
+    """``--html`` into a folder that is a file: the run does its work and ends as it
+    would, and says once why there is no page."""
+    fleeter.write_tasks(ECHO_AGENT + echo_task("ok", verify="true"))
+    (fleeter.path / "out").write_text("a file, not a folder")
+    result = fleeter.runsub("tasks.toml", "--html", "out/report.html")
+    assert result.ret == 0, result.stdout + result.stderr
+    result.assert_outcomes(done=1)
+    assert "fleetrun: cannot write the HTML report" in result.stderr
+    assert "Traceback" not in result.stderr
+
+
 HOSTILE = [
     "<script>alert(1)</script>",
     "<img src=x onerror=alert(2)>",

@@ -6,7 +6,8 @@ with its setup and verifiers as segments, the waits before it, dependencies as
 arrows), a table of every task sorted so what needs a person comes first, and each
 task's details (transitions, verdicts and failing output, prompts, handoffs, cost).
 While the run goes on the file is rewritten at most every :data:`REWRITE_EVERY`
-seconds (on ``fleetrun_loop_pass``), so a browser reload shows the night so far; the
+seconds (on ``fleetrun_loop_pass``; less often if drawing it took more than a
+twentieth of that), so a browser reload shows the night so far; the
 run's end writes it once more.
 
 ``fleetrun report --html PATH [FILE ...]`` writes the same page after the fact from the
@@ -141,7 +142,9 @@ class HtmlReporter:
         self.config = config
         self.queues: list[str] = []
         self.last_write = 0.0
+        self.every = REWRITE_EVERY
         self.dirty = False
+        self.warned = False
 
     @hookimpl
     def fleetrun_transition(self, task: Any, from_state: str, to_state: str, cause: str,
@@ -154,11 +157,14 @@ class HtmlReporter:
     def fleetrun_loop_pass(self, config: Config, duration_s: float) -> None:
         # throttled: a pass comes at least once a second, and drawing 500 tasks is work
         now = time.monotonic()
-        if not self.dirty or now - self.last_write < REWRITE_EVERY:
+        if not self.dirty or now - self.last_write < self.every:
             return
         from ...ledger import open_ledger
 
         self.write(open_ledger(config), live=True)
+        # the loop's pass waits while the page is drawn: the bigger the night, the rarer
+        # the rewrite (at most a twentieth of the loop's time)
+        self.every = max(REWRITE_EVERY, 20 * (time.monotonic() - now))
 
     @hookimpl
     def fleetrun_sessionfinish(self, session: Any, exitstatus: int) -> None:
@@ -174,8 +180,19 @@ class HtmlReporter:
         self.write(ledger, live=False)
 
     def write(self, ledger: Ledger, live: bool) -> None:
+        """Write the page; a path that cannot be written (a folder that is a file, a
+        full disk) is said once on stderr and tried again later: the report is the
+        user's view of the run, not a reason to stop it."""
         from . import model
 
-        write_report(ledger, model.choose_tasks(ledger, self.queues), self.path, live=live)
         self.last_write = time.monotonic()
         self.dirty = False
+        try:
+            write_report(ledger, model.choose_tasks(ledger, self.queues), self.path, live=live)
+        except OSError as e:
+            if not self.warned or not live:
+                self.warned = True
+                import sys
+
+                later = "; trying again as the run goes" if live else ""
+                print(f"fleetrun: cannot write the HTML report {self.path}: {e}{later}", file=sys.stderr)
