@@ -67,6 +67,7 @@ class Bar:
     anchor: str
     task: str
     number: int
+    host: str
     x: float
     y: float
     w: float
@@ -326,7 +327,7 @@ def build(ledger: Ledger, tasks: list[Task], title: str, live: bool = False, now
             cost = money(a.cost_usd) if a.cost_usd is not None else "unknown"
             bar_title = (f"{t.name} · attempt {a.number} ({a.kind}) on {a.host}\n{outcome_words(outcome, ended_by)}"
                      f" · {duration(end - a.created)} · {cost}")
-            bar = Bar(anchor=anchors[t.id], task=t.name, number=a.number, x=bx, y=by, w=round(bw, 2),
+            bar = Bar(anchor=anchors[t.id], task=t.name, number=a.number, host=a.host or "?", x=bx, y=by, w=round(bw, 2),
                       outcome=outcome, title=bar_title, label=_fit(t.name, bw))
             if a.started and a.started > a.created:
                 bar.segments.append(Segment(bx, round(max(x(a.started) - bx, 0.5), 2), "setup",
