@@ -316,6 +316,8 @@ def test_report_after_the_fact_from_the_ledger_alone(fleeter: Any) -> None:
     """``fleetrun report --html`` in a fresh process, with no run going: one lane per
     host (this machine, the peer, the mailbox), the peer's branch with the command that
     fetches it, the tasks of the newest queue."""
+    empty = fleeter.runsub("report", "--html", "night.html")  # nothing queued yet: said, and no home made
+    assert empty.ret == 4 and "no ledger here" in empty.stderr and not fleeter.home.exists()
     a_night_on_three_hosts(fleeter.home)
     result = fleeter.runsub("report", "--html", "night.html")
     assert result.ret == 0, result.stdout + result.stderr
@@ -335,6 +337,42 @@ def test_report_after_the_fact_from_the_ledger_alone(fleeter: Any) -> None:
     nothing = fleeter.runsub("report", "--html", "none.html", "elsewhere.toml")
     assert nothing.ret == 4 and "no run of" in nothing.stderr
     assert not (fleeter.path / "none.html").exists()
+
+
+def test_report_reads_a_home_on_a_read_only_mount(fleeter: Any, tmp_path: Path) -> None:
+    """A machine that only reads the home (a read-only mount of it): ``fleetrun report``
+    draws the run from the ledger as it is (it could write nothing there if it tried).
+    (Needs root and mount: skipped without them, as the disk-full tests are.)"""
+    fleeter.write_tasks(ECHO_AGENT + echo_task("ok", verify="true") + echo_task("bad", verify="false", max_retries=0))
+    assert fleeter.runsub("tasks.toml").ret == 1
+    # as a home is once every writer is gone (fleeter's read-only looks keep the WAL's
+    # files): SQLite takes them away, and a reader on the mount cannot make them again
+    import sqlite3
+
+    conn = sqlite3.connect(str(fleeter.home / "state.db"))
+    conn.execute("PRAGMA wal_checkpoint(TRUNCATE)")
+    conn.close()
+    assert not (fleeter.home / "state.db-wal").exists() and not (fleeter.home / "state.db-shm").exists()
+    ro = tmp_path / "ro"
+    ro.mkdir()
+    try:
+        mounted = subprocess.run(["mount", "--bind", "-o", "ro", str(fleeter.home), str(ro)], capture_output=True,
+                                 text=True, timeout=30)
+    except (OSError, subprocess.SubprocessError) as e:
+        pytest.skip(f"cannot bind-mount the home read-only: {e}")
+    if mounted.returncode != 0:
+        pytest.skip("cannot bind-mount the home read-only (needs root and mount permission): "
+                    + (mounted.stderr.strip() or f"exit {mounted.returncode}"))
+    try:
+        result = fleeter.runsub("report", "--html", "night.html", "tasks.toml", env={"FLEETRUN_HOME": str(ro)})
+        assert result.ret == 0, result.stdout + result.stderr
+    finally:
+        subprocess.run(["umount", str(ro)], capture_output=True)
+        if os.path.ismount(ro):
+            subprocess.run(["umount", "-l", str(ro)], capture_output=True)
+    doc = parse(fleeter.path / "night.html")
+    assert [(r.attrs["data-task"], r.attrs["data-state"]) for r in rows(doc)] == [("bad", "NEEDS_HUMAN"),
+                                                                                 ("ok", "DONE")]
 
 
 def test_hostile_names_and_outputs_stay_text(fleeter: Any) -> None:

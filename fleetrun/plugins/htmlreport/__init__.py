@@ -72,10 +72,17 @@ def _resolve(config: Config, name: str) -> str:
 
 
 def _run_report(config: Config, out: TextIO, err: TextIO) -> int:
-    from ...exceptions import ExitCode, UsageError
-    from ...ledger import open_ledger
+    from ...ledger import Ledger
 
-    led = open_ledger(config)
+    # read only: the report writes nothing to the home, so it can be drawn from a home
+    # on a read-only mount, or from a copy of one
+    with Ledger(config.home / "state.db", readonly=True) as led:
+        return _report(config, led, out)
+
+
+def _report(config: Config, led: Ledger, out: TextIO) -> int:
+    from ...exceptions import ExitCode, UsageError
+
     files = [_resolve(config, f) for f in config.option.report_files or []]
     queue: Optional[str] = config.option.queue
     if files and queue:
