@@ -412,8 +412,9 @@ def chromium(args: list[str], profile: str) -> subprocess.CompletedProcess[str]:
 @pytest.mark.slow
 def test_chromium_draws_the_bars_and_rows(fleeter: Any, tmp_path: Path) -> None:
     """The page in a real browser (Debian's chromium, headless): the DOM it builds holds
-    the timeline's bars and the table's rows, the script ran (the filter kept every row
-    shown), nothing hostile became an element, and it takes a screenshot."""
+    the timeline's bars and the table's rows, nothing hostile became an element, the
+    page's script runs under its CSP (a link to a task opens its details), and it takes
+    a screenshot."""
     if find_chromium() is None:
         if os.environ.get("CI"):
             pytest.fail("chromium is not installed (.ci/run installs it)")
@@ -430,6 +431,15 @@ def test_chromium_draws_the_bars_and_rows(fleeter: Any, tmp_path: Path) -> None:
     check_inert(doc)
     assert len(bars(doc)) == 3 and all(b.iter("rect") for b in bars(doc))
     assert len(rows(doc)) == 4 and not [r for r in rows(doc) if "hidden" in r.attrs]
+    # the page's own script ran under its CSP (the hash is right): a link to a task's
+    # details opens them
+    anchor = bars(doc)[0].attrs["href"]
+    with tempfile.TemporaryDirectory(dir=tmp_path) as profile:
+        opened = chromium(["--dump-dom", url + anchor], profile)
+    assert opened.returncode == 0, opened.stderr
+    dom_file.write_text(opened.stdout, encoding="utf-8")
+    details = {d.attrs["id"]: "open" in d.attrs for d in parse(dom_file).iter("details") if "task" in d.classes()}
+    assert details[anchor[1:]] and sum(details.values()) == 1, details
     shot = tmp_path / "shot.png"
     with tempfile.TemporaryDirectory(dir=tmp_path) as profile:
         taken = chromium([f"--screenshot={shot}", "--window-size=1300,900", url], profile)
