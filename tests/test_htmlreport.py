@@ -334,6 +334,12 @@ def test_report_after_the_fact_from_the_ledger_alone(fleeter: Any) -> None:
     # the same queue named by its tasks file, and by its id
     again = fleeter.runsub("report", "--html", "again.html", "/repo/tasks.toml")
     assert again.ret == 0, again.stderr
+    queue = fleeter.task("peer-task").queue_id
+    by_id = fleeter.runsub("report", "--html", "by-id.html", "--queue", queue)
+    assert by_id.ret == 0 and f"4 tasks of queue {queue}" in by_id.stdout, by_id.stderr
+    assert len(rows(parse(fleeter.path / "by-id.html"))) == 4
+    unknown = fleeter.runsub("report", "--html", "none.html", "--queue", "nosuchqueue")
+    assert unknown.ret == 4 and "no queue 'nosuchqueue'" in unknown.stderr
     nothing = fleeter.runsub("report", "--html", "none.html", "elsewhere.toml")
     assert nothing.ret == 4 and "no run of" in nothing.stderr
     assert not (fleeter.path / "none.html").exists()

@@ -45,7 +45,7 @@ MIN_BAR = 3.0
 HEAD_LIMIT = 4000
 TAIL_LIMIT = 8000
 #: The most of an attempt's prompt file read.
-PROMPT_LIMIT = 64 * 1024
+PROMPT_LIMIT = 32 * 1024
 
 _FETCH = re.compile(r"git fetch ssh://[^\s`'\"]+ [^\s`'\"]+")
 
@@ -190,7 +190,10 @@ def duration(seconds: Optional[float]) -> str:
 
 
 def money(usd: Optional[float]) -> str:
-    return "unknown" if usd is None else f"${usd:.2f}"
+    if usd is None:
+        return "unknown"
+    # a cheap verifier's fraction of a cent is not nothing
+    return f"${usd:.2f}" if usd == 0 or usd >= 0.1 else f"${usd:.3f}" if usd >= 0.001 else "<$0.001"
 
 
 def head_tail(text: str) -> tuple[str, str, bool]:
