@@ -456,3 +456,30 @@ def test_the_report_is_built_from_the_ledgers_public_api_only() -> None:
     src = "".join(p.read_text() for p in PLUGIN_DIR.glob("*.py"))
     assert "def build" in src
     assert "execute(" not in src and ".conn" not in src and "sqlite3" not in src
+
+
+def test_what_a_wait_was_for_is_read_from_the_transition_before_it() -> None:
+    """Pure: the wait before an attempt is named by the transition that began it (a
+    dependency, a slot, a retry's backoff, a usage limit's reset)."""
+    from fleetrun.ledger import Attempt, TransitionRow
+    from fleetrun.plugins.htmlreport import model
+
+    def tr(i: int, src: Optional[str], dst: str, cause: str, t: float, attempt: Optional[int] = None) -> TransitionRow:
+        return TransitionRow(id=i, task_id="t", from_state=src, to_state=dst, cause=cause, time=t, attempt=attempt,
+                             host=None)
+
+    trs = [tr(1, None, "PENDING", "queued", 0), tr(2, "PENDING", "READY", "dependencies_done", 10),
+           tr(3, "READY", "ASSIGNED", "placed", 12, 1), tr(4, "ASSIGNED", "RUNNING", "started", 13, 1),
+           tr(5, "RUNNING", "RESUMING", "usage_limit:usage limit, resumes at 03:00", 20, 1),
+           tr(6, "RESUMING", "ASSIGNED", "placed", 50, 2), tr(7, "ASSIGNED", "RUNNING", "started", 51, 2),
+           tr(8, "VERIFYING", "RETRYING", "verify_fail:unit", 60, 2), tr(9, "RETRYING", "ASSIGNED", "placed", 70, 3)]
+
+    def att(n: int, created: float) -> Attempt:
+        return Attempt(id=f"a{n}", task_id="t", number=n, kind="fresh", host="local", state="ended", created=created)
+
+    assert model._wait_before(att(1, 12), trs) == (0, "PENDING", "dependencies_done")
+    assert model._wait_before(att(2, 50), trs) == (20, "RESUMING", "usage_limit:usage limit, resumes at 03:00")
+    assert model._wait_before(att(3, 70), trs) == (60, "RETRYING", "verify_fail:unit")
+    assert model._outcome(att(1, 12), trs) == ("died", "RESUMING", "usage_limit:usage limit, resumes at 03:00")
+    assert model._outcome(att(2, 50), trs) == ("failed", "RETRYING", "verify_fail:unit")
+    assert model._outcome(att(3, 70), trs) == ("running", "", "")

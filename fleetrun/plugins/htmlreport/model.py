@@ -324,12 +324,13 @@ def build(ledger: Ledger, tasks: list[Task], title: str, live: bool = False, now
             lane_y, row = row_of[a.id]
             vs = verdicts.get(a.id, [])
             end = _end(a, vs, now)
-            outcome, ended_by = _outcome(a, trs, now)
+            outcome, ended_by, why = _outcome(a, trs)
             bx, bw = x(a.created), max(x(end) - x(a.created), MIN_BAR)
             by = lane_y + 4 + row * ROW
             cost = money(a.cost_usd) if a.cost_usd is not None else "unknown"
-            bar_title = (f"{t.name} · attempt {a.number} ({a.kind}) on {a.host}\n{outcome_words(outcome, ended_by)}"
-                     f" · {duration(end - a.created)} · {cost}")
+            bar_title = (f"{t.name} · attempt {a.number} ({a.kind}) on {a.host}\n"
+                         f"{outcome_words(outcome, ended_by)} · {duration(end - a.created)} · {cost}"
+                         + (f"\n{why}" if why and why != "verify_pass" else ""))
             bar = Bar(anchor=anchors[t.id], task=t.name, number=a.number, host=a.host or "?", x=bx, y=by, w=round(bw, 2),
                       outcome=outcome, title=bar_title, label=_fit(t.name, bw))
             if a.started and a.started > a.created:
@@ -344,11 +345,13 @@ def build(ledger: Ledger, tasks: list[Task], title: str, live: bool = False, now
                                             f"verify {v.kind} {v.label}: {vo.upper()} ({duration(v.duration_s)})"))
             wait = _wait_before(a, trs)
             if wait is not None:
-                since, state = wait
+                since, state, cause = wait
                 if a.created - since >= 0.5:
+                    what = WAIT_FOR.get(state, state.lower())
+                    if cause.startswith("usage_limit"):  # the account's limit, not a backoff
+                        what = f"the usage limit to reset ({cause})"
                     bar.wait = Segment(x(since), round(bx - x(since), 2), "wait",
-                                       f"{t.name} waited {duration(a.created - since)} for "
-                                       f"{WAIT_FOR.get(state, state.lower())}")
+                                       f"{t.name} waited {duration(a.created - since)} for {what}")
             bars.append(bar)
             first_bar.setdefault(t.id, bar)
             last_bar[t.id] = bar
@@ -389,7 +392,7 @@ def build(ledger: Ledger, tasks: list[Task], title: str, live: bool = False, now
 
 def outcome_words(outcome: str, ended_by: str) -> str:
     return {"done": "DONE", "failed": f"verify failed → {ended_by}", "needs-human": "NEEDS_HUMAN",
-            "died": "session died → RESUMING", "cancelled": "CANCELLED", "running": "under way"}.get(
+            "died": "ended early → RESUMING", "cancelled": "CANCELLED", "running": "under way"}.get(
         outcome, ended_by or outcome)
 
 
@@ -401,20 +404,22 @@ def _end(a: Attempt, vs: list[VerdictRow], now: float) -> float:
     return end
 
 
-def _outcome(a: Attempt, trs: list[TransitionRow], now: float) -> tuple[str, str]:
-    """How the attempt ended, as the transition that ended it says."""
+def _outcome(a: Attempt, trs: list[TransitionRow]) -> tuple[str, str, str]:
+    """How the attempt ended, as the transition that ended it says: the bar's class,
+    the state it led to, and that transition's cause."""
     for tr in trs:
         # an operator's cancel names no attempt: it ends the one under way
         mine = tr.attempt == a.number or (tr.attempt is None and tr.to_state == "CANCELLED")
         if mine and tr.to_state in ENDED_BY and tr.time >= a.created - 1:
-            return ENDED_BY[tr.to_state], tr.to_state
+            return ENDED_BY[tr.to_state], tr.to_state, tr.cause
     if a.state in ("abandoned",):
-        return "died", a.outcome or "abandoned"
-    return "running", ""
+        return "died", a.outcome or "abandoned", a.outcome or ""
+    return "running", "", ""
 
 
-def _wait_before(a: Attempt, trs: list[TransitionRow]) -> Optional[tuple[float, str]]:
-    """Since when, and in which state, the task waited before this attempt was placed."""
+def _wait_before(a: Attempt, trs: list[TransitionRow]) -> Optional[tuple[float, str, str]]:
+    """Since when, in which state and after which cause the task waited before this
+    attempt was placed."""
     last: Optional[TransitionRow] = None
     for tr in trs:
         if tr.time <= a.created + 1e-6 and tr.to_state != "ASSIGNED":
@@ -424,11 +429,11 @@ def _wait_before(a: Attempt, trs: list[TransitionRow]) -> Optional[tuple[float, 
     if last is None or last.to_state not in WAIT_FOR:
         return None
     # a READY task first waited PENDING for its dependencies: the wait runs from then
-    since, state = last.time, last.to_state
+    since, state, cause = last.time, last.to_state, last.cause
     for tr in trs:
         if tr.to_state == "PENDING" and tr.time <= since and last.to_state == "READY" and tr.attempt is None:
             since, state = tr.time, "PENDING"
-    return since, state
+    return since, state, cause
 
 
 def _fit(name: str, width: float) -> str:
@@ -452,7 +457,7 @@ def _task_view(t: Task, anchors: dict[str, str], by_id: dict[str, Task], atts: l
                now: float) -> TaskView:
     views = []
     for a in atts:
-        outcome, ended_by = _outcome(a, trs, now)
+        outcome, ended_by, _ = _outcome(a, trs)
         vs = []
         for v in verdicts.get(a.id, []):
             head, tail, cut = head_tail(v.output or "")
