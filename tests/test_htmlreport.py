@@ -208,15 +208,16 @@ def _umask() -> int:
 
 
 def test_the_run_rewrites_the_page_as_it_goes(fleeter: Any) -> None:
-    """While the run goes on the page shows the night so far: a task under way is in it
-    before the run ends (its agent waits for a gate file the test writes only then)."""
+    """While ``fleetrun work --html`` goes on the page shows the night so far: a task
+    under way is in it before the run ends (its agent waits for a gate file the test writes only then)."""
     gate = fleeter.path / "gate"
     fleeter.write_tasks(ECHO_AGENT + f"""
 [agents.gated]
 command = ["{{python}}", "-c", "import os, time\\nwhile not os.path.exists({str(gate)!r}): time.sleep(0.05)"]
 """ + echo_task("first", verify="true") + echo_task("slow", agent="gated", verify="true"))
     path = fleeter.path / "report.html"
-    proc = fleeter.popen("tasks.toml", "--html", str(path))
+    assert fleeter.runsub("queue", "tasks.toml").ret == 0
+    proc = fleeter.popen("work", "--until-idle", "--html", str(path))
     try:
         seen: dict[str, str] = {}
         done = threading.Event()
