@@ -337,6 +337,9 @@ def test_report_after_the_fact_from_the_ledger_alone(fleeter: Any) -> None:
     by_id = fleeter.runsub("report", "--html", "by-id.html", "--queue", queue)
     assert by_id.ret == 0 and f"4 tasks of queue {queue}" in by_id.stdout, by_id.stderr
     assert len(rows(parse(fleeter.path / "by-id.html"))) == 4
+    (fleeter.path / "afile").write_text("")
+    unwritable = fleeter.runsub("report", "--html", "afile/night.html")
+    assert unwritable.ret == 4 and "cannot write" in unwritable.stderr and "Traceback" not in unwritable.stderr
     unknown = fleeter.runsub("report", "--html", "none.html", "--queue", "nosuchqueue")
     assert unknown.ret == 4 and "no queue 'nosuchqueue'" in unknown.stderr
     nothing = fleeter.runsub("report", "--html", "none.html", "elsewhere.toml")

@@ -104,7 +104,10 @@ def _report(config: Config, led: Ledger, out: TextIO) -> int:
     if not tasks:
         raise UsageError(f"no queue {queue!r} in the ledger ({config.home})", key="report")
     path = _resolve_out(config, config.option.report_html)
-    write_report(led, tasks, path, live=False)
+    try:
+        write_report(led, tasks, path, live=False)
+    except OSError as e:  # the user's path: a mistake of theirs, said as one
+        raise UsageError(f"cannot write {path}: {e.strerror or e}", key="--html") from None
     out.write(f"wrote {path}: {len(tasks)} tasks of queue {queue}\n")
     return int(ExitCode.OK)
 
