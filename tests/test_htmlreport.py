@@ -305,6 +305,9 @@ def a_night_on_three_hosts(home: Path, hostile: bool = False) -> dict[str, str]:
                 led.transition(task.id, State.VERIFYING, State.DONE, "verify_pass", 1, host)
             led.update_task(task.id, branch=f"fleetrun/{task.name[:20]}-x",
                             handoff={"summary": evil if hostile else "done", "branch": "b"})
+        if hostile:  # a peer's shepherd reports its times by its own clock: one far off
+            (far,) = led.attempts(task_id=peer.id)
+            led.update_attempt(far.id, started=far.created - 1e9, ended=far.created + 1e12)
         led.add_note(peer.id, "the branch is on mini; fetch it with `git fetch ssh://me@mini.local:22/repo "
                               "fleetrun/peer-task-x`.")
         led.add_note(local.id, evil if hostile else "a note")
@@ -393,6 +396,11 @@ def test_hostile_names_and_outputs_stay_text(fleeter: Any) -> None:
     doc = parse(fleeter.path / "night.html")
     check_inert(doc)
     evil = " ".join(HOSTILE)
+    # the peer's far-off clock does not stretch the axis: every bar is drawn within it
+    svg = doc.iter("svg")[0]
+    assert all(float(r.attrs["x"]) >= 0 and float(r.attrs["x"]) + float(r.attrs["width"]) <= float(svg.attrs["width"])
+               for b in bars(doc) for r in b.iter("rect"))
+    assert all(float(r.attrs["width"]) > 100 for b in bars(doc) for r in b.iter("rect") if "bar" in r.classes())
     bar = next(b for b in bars(doc) if b.attrs["data-outcome"] == "needs-human")
     assert bar.attrs["data-task"] == f"{evil} local"  # an attribute: as it was
     assert evil in title_of(bar)  # an SVG title: text

@@ -333,9 +333,10 @@ def build(ledger: Ledger, tasks: list[Task], title: str, live: bool = False, now
                          + (f"\n{why}" if why and why != "verify_pass" else ""))
             bar = Bar(anchor=anchors[t.id], task=t.name, number=a.number, host=a.host or "?", x=bx, y=by, w=round(bw, 2),
                       outcome=outcome, title=bar_title, label=_fit(t.name, bw))
-            if a.started and a.started > a.created:
-                bar.segments.append(Segment(bx, round(max(x(a.started) - bx, 0.5), 2), "setup",
-                                            f"setup {duration(a.started - a.created)}"))
+            started = _clamp(a.started, a, now)
+            if started and started > a.created:
+                bar.segments.append(Segment(bx, round(max(x(started) - bx, 0.5), 2), "setup",
+                                            f"setup {duration(started - a.created)}"))
             for v in vs:
                 vo = verdict_outcome(v)
                 # within its bar, whatever the clocks said (a peer's verdict is timed there)
@@ -396,8 +397,16 @@ def outcome_words(outcome: str, ended_by: str) -> str:
         outcome, ended_by or outcome)
 
 
+def _clamp(t: Optional[float], a: Attempt, now: float) -> Optional[float]:
+    """An attempt's start or end as drawn: within its lease and now. A peer's shepherd
+    reports them, by its own clock: a wrong one must not stretch the whole axis."""
+    if t is None or t != t:  # None, NaN
+        return None
+    return min(max(t, a.created), max(now, a.created))
+
+
 def _end(a: Attempt, vs: list[VerdictRow], now: float) -> float:
-    ends = [a.ended or 0.0, a.started or 0.0, a.created] + [v.time for v in vs]
+    ends = [_clamp(a.ended, a, now) or 0.0, _clamp(a.started, a, now) or 0.0, a.created] + [v.time for v in vs]
     end = max(ends)
     if a.ended is None and a.state in ("leased", "starting", "running"):
         end = max(end, now)
