@@ -495,3 +495,12 @@ def test_what_a_wait_was_for_is_read_from_the_transition_before_it() -> None:
     assert model._outcome(att(1, 12), trs) == ("died", "RESUMING", "usage_limit:usage limit, resumes at 03:00")
     assert model._outcome(att(2, 50), trs) == ("failed", "RETRYING", "verify_fail:unit")
     assert model._outcome(att(3, 70), trs) == ("running", "", "")
+    # a verifier that could not judge (not the agent's failure), and its record read defensively
+    trs.append(tr(10, "VERIFYING", "NEEDS_HUMAN", "verifier_error:unit: pytest: not found", 80, 3))
+    assert model._outcome(att(3, 70), trs) == ("verifier-error", "NEEDS_HUMAN", "verifier_error:unit: pytest: not found")
+    a3 = att(3, 70)
+    a3.info = {"verify_error": {"idx": 0, "label": "unit", "error": "permanent", "reason": "pytest: not found"}}
+    assert model.verify_error(a3) == "unit: pytest: not found (permanent)"
+    for junk in ({"verify_error": "a string"}, {"verify_error": None}, {}, {"verify_error": {"label": ["x"]}}):
+        a3.info = junk
+        assert isinstance(model.verify_error(a3), str)

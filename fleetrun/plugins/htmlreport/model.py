@@ -125,6 +125,7 @@ class AttemptView:
     cost: str
     prompt: str
     verdicts: list[VerdictView]
+    error: str = ""  # a verifier that could not judge, as the attempt's info keeps it
 
 
 @dataclass
@@ -225,6 +226,16 @@ def read_prompt(att: Attempt) -> str:
         os.close(fd)
     text = data[:PROMPT_LIMIT].decode("utf-8", "replace")
     return text + ("\n[... cut ...]" if len(data) > PROMPT_LIMIT else "")
+
+
+def verify_error(a: Attempt) -> str:
+    """The verifier that could not judge this attempt (``info["verify_error"]``:
+    label, error kind, reason), read defensively: whatever shape it has, text or nothing."""
+    found = (a.info or {}).get("verify_error") if isinstance(a.info, dict) else None
+    if not isinstance(found, dict):
+        return ""
+    label, kind, reason = (str(found.get(k, "") or "") for k in ("label", "error", "reason"))
+    return f"{label}: {reason}" + (f" ({kind})" if kind else "")
 
 
 def verdict_outcome(v: VerdictRow) -> str:
@@ -393,7 +404,8 @@ def build(ledger: Ledger, tasks: list[Task], title: str, live: bool = False, now
 
 def outcome_words(outcome: str, ended_by: str) -> str:
     return {"done": "DONE", "failed": f"verify failed → {ended_by}", "needs-human": "NEEDS_HUMAN",
-            "died": "ended early → RESUMING", "cancelled": "CANCELLED", "running": "under way"}.get(
+            "died": "ended early → RESUMING", "verifier-error": f"a verifier could not judge → {ended_by}",
+            "cancelled": "CANCELLED", "running": "under way"}.get(
         outcome, ended_by or outcome)
 
 
@@ -420,6 +432,8 @@ def _outcome(a: Attempt, trs: list[TransitionRow]) -> tuple[str, str, str]:
         # an operator's cancel names no attempt: it ends the one under way
         mine = tr.attempt == a.number or (tr.attempt is None and tr.to_state == "CANCELLED")
         if mine and tr.to_state in ENDED_BY and tr.time >= a.created - 1:
+            if tr.cause.startswith("verifier_error"):  # the verifier's failure, not the agent's
+                return "verifier-error", tr.to_state, tr.cause
             return ENDED_BY[tr.to_state], tr.to_state, tr.cause
     if a.state in ("abandoned",):
         return "died", a.outcome or "abandoned", a.outcome or ""
@@ -476,7 +490,8 @@ def _task_view(t: Task, anchors: dict[str, str], by_id: dict[str, Task], atts: l
         end = _end(a, verdicts.get(a.id, []), now)
         views.append(AttemptView(number=a.number, kind=a.kind, host=a.host, outcome=outcome, ended_by=ended_by,
                                  started=clock(a.started or a.created), duration=duration(end - a.created),
-                                 cost=money(a.cost_usd), prompt=read_prompt(a), verdicts=vs))
+                                 cost=money(a.cost_usd), prompt=read_prompt(a), verdicts=vs,
+                                 error=verify_error(a)))
     first = min((a.created for a in atts), default=None)
     last = max((_end(a, verdicts.get(a.id, []), now) for a in atts), default=None)
     handoff = _json(t.handoff)
