@@ -163,8 +163,16 @@ class LedgerFile:
     """The SQLite file at ``path``, opened, checked and migrated. One connection per
     instance; not thread-safe."""
 
-    def __init__(self, path: Path | str, timeout_s: float = 30.0) -> None:
+    def __init__(self, path: Path | str, timeout_s: float = 30.0, readonly: bool = False) -> None:
+        """
+        :param readonly: only read the ledger (``fleetrun report``): nothing is created,
+            switched or migrated, so a home on a read-only mount, or one this process may
+            not write, is read as it is (:meth:`_open_readonly`).
+        """
         self.path = Path(path)
+        if readonly:
+            self.conn = self._open_readonly(timeout_s)
+            return
         ensure_private_dir(self.path.parent)
         if not self.path.exists():
             fd = os.open(self.path, os.O_CREAT | os.O_WRONLY, 0o600)
@@ -188,6 +196,38 @@ class LedgerFile:
         except BaseException:
             self.conn.close()
             raise
+
+    def _open_readonly(self, timeout_s: float) -> sqlite3.Connection:
+        """A connection that writes nothing. ``mode=ro`` reads the WAL too (a running
+        loop's newest rows); where SQLite cannot even make the WAL's shared-memory file
+        (a read-only mount), ``immutable=1`` reads the database file as it is: rows a
+        loop still holds in its WAL are not seen, which is why it is the fallback."""
+        from urllib.parse import quote
+
+        if not self.path.is_file():
+            raise UsageError("no ledger here: nothing has been queued in this home", file=str(self.path))
+        base = "file:" + quote(str(self.path.resolve()))
+        conn: Optional[sqlite3.Connection] = None
+        for mode in ("mode=ro", "immutable=1"):
+            conn = sqlite3.connect(f"{base}?{mode}", uri=True, timeout=timeout_s, isolation_level=None)
+            try:
+                conn.row_factory = sqlite3.Row
+                version = conn.execute("PRAGMA user_version").fetchone()[0]
+                break
+            except sqlite3.OperationalError:
+                conn.close()
+                if mode == "immutable=1":
+                    raise
+            except sqlite3.DatabaseError as e:
+                conn.close()
+                raise self._not_a_ledger(str(e)) from None
+        assert conn is not None
+        if version != SCHEMA_VERSION:
+            conn.close()
+            raise UsageError(f"the ledger has schema version {version} and this fleetrun reads {SCHEMA_VERSION}; "
+                             "run a fleetrun command that writes it (status) with this version first",
+                             file=str(self.path))
+        return conn
 
     def _not_a_ledger(self, why: str) -> UsageError:
         return UsageError(f"not a fleetrun ledger ({why}); move it aside to start a new one", file=str(self.path))

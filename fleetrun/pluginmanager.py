@@ -40,6 +40,7 @@ BUILTIN_PLUGINS: dict[str, str] = {
     "events": "fleetrun.plugins.events",
     "notify": "fleetrun.plugins.notify",
     "junitxml": "fleetrun.plugins.junitxml",
+    "htmlreport": "fleetrun.plugins.htmlreport",
 }
 
 #: The built-ins that take part in reading the command line: they declare verbs
@@ -47,7 +48,7 @@ BUILTIN_PLUGINS: dict[str, str] = {
 #: the only hooks called before it is parsed. ``fleetrun --help`` and ``--version``
 #: load only these (tests/test_startup.py checks that no other built-in
 #: implements those hooks).
-ARGUMENT_PLUGINS = ("relay", "mailbox", "terminal", "events", "junitxml")
+ARGUMENT_PLUGINS = ("relay", "mailbox", "terminal", "events", "junitxml", "htmlreport")
 ARGUMENT_HOOKS = ("fleetrun_verbs", "fleetrun_addoption", "fleetrun_addhooks")
 
 #: The operator's verbs that touch no stage of a task (no workspace, agent, prompt,

@@ -64,11 +64,12 @@ def test_importtime_of_help_has_no_paramiko(tmp_path: Path) -> None:
 #: (``bench/startup.py`` checks the same list, and times it).
 NOT_FOR_HELP = {"sqlite3", "importlib.metadata", "psutil", "socket", "subprocess", "hashlib", "tomllib", "datetime",
                 "threading", "uuid", "fleetrun.ledger", "fleetrun.gitutil", "fleetrun.loop", "fleetrun.claudecli",
-                "fleetrun.collect", "fleetrun.reports", "fleetrun.hosts"}
+                "fleetrun.collect", "fleetrun.reports", "fleetrun.hosts", "jinja2", "markupsafe",
+                "fleetrun.plugins.htmlreport.model", "fleetrun.plugins.htmlreport.render"}
 #: The built-ins ``--help`` and ``--version`` load: those declaring verbs, options or hooks.
 READING_PLUGINS = {"fleetrun.plugins", "fleetrun.plugins.relay", "fleetrun.plugins.mailbox",
                    "fleetrun.plugins.terminal", "fleetrun.plugins.events", "fleetrun.plugins.events.log",
-                   "fleetrun.plugins.junitxml"}
+                   "fleetrun.plugins.junitxml", "fleetrun.plugins.htmlreport"}
 
 MODULES_PROBE = """
 import json, sys
@@ -102,7 +103,7 @@ def test_help_and_version_import_only_what_reading_the_command_line_needs(tmp_pa
     plugins = {m for m in modules if m.startswith("fleetrun.plugins")}
     assert plugins <= READING_PLUGINS, sorted(plugins - READING_PLUGINS)
     if args == ["--help"]:  # all the same, every verb and option the plugins declare is there
-        for word in ("relay ", "host ", "role ", "mailbox ", "--durations", "--color", "--events", "--junitxml"):
+        for word in ("relay ", "host ", "role ", "mailbox ", "--durations", "--color", "--events", "--junitxml", "--html", "report "):
             assert word in out, word
     if args == ["--version"]:  # and every built-in is listed, loaded or not
         from fleetrun.pluginmanager import BUILTIN_PLUGINS
@@ -169,7 +170,7 @@ def test_the_builtins_loaded_to_read_a_command_line_are_all_that_take_part_in_it
 #: diff a reviewer is shown, the relay's wire, SSH and its worker, notifications, and
 #: the standard library's parts only those need (``bench/startup.py`` checks a part of
 #: the list, and times it).
-NOT_FOR_OPERATOR = {"subprocess", "uuid", "socket", "threading", "hashlib", "secrets", "psutil", "apprise",
+NOT_FOR_OPERATOR = {"subprocess", "uuid", "socket", "threading", "hashlib", "secrets", "psutil", "apprise", "jinja2",
                     "importlib.metadata", "fleetrun.gitutil", "fleetrun.depmerge", "fleetrun.loop",
                     "fleetrun.claudecli", "fleetrun.claudeopts", "fleetrun.collect", "fleetrun.placement",
                     "fleetrun.outcomes", "fleetrun.reports", "fleetrun.diffutil", "fleetrun.procutil",
