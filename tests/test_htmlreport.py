@@ -425,7 +425,6 @@ def chromium(args: list[str], profile: str) -> subprocess.CompletedProcess[str]:
                           stdin=subprocess.DEVNULL)
 
 
-@pytest.mark.slow
 def test_chromium_draws_the_bars_and_rows(fleeter: Any, tmp_path: Path) -> None:
     """The page in a real browser (Debian's chromium, headless): the DOM it builds holds
     the timeline's bars and the table's rows, nothing hostile became an element, the
