@@ -83,6 +83,11 @@ class Adoption:
                 if last is not None and last.state == "abandoned":
                     loop.ending.not_started(task, last, f"{last.outcome or 'never_started'}:attempt {last.number} "
                                                         "did not start (its move back was cut off)")
+                elif last is not None and last.state == "ended":
+                    # it ran and its end was recorded, but its start never was (a crash
+                    # before RUNNING, a peer's reply lost): RUNNING now, and the loop below
+                    # decides its end as for any other (found by the soak: stuck for good)
+                    loop.move(task, State.RUNNING, "adopted", attempt=last.number)
         for task in led.tasks({State.RUNNING}):
             with loop.isolated(task.id):
                 # the attempt's end was recorded, the transition after it was not (a crash

@@ -85,6 +85,11 @@ class Ending:
                 cur.execute("UPDATE tasks SET cost_usd = cost_usd + ? WHERE id=?", (cost or 0.0, task.id))
         task = loop.get(task.id)
         att = loop.get_attempt(att.id)
+        if task.state is State.ASSIGNED and task.attempts == att.number:
+            # its start was never confirmed (a crash before RUNNING, a peer's reply lost
+            # with its link) and yet it ran: its end is the task's all the same
+            loop.move(task, State.RUNNING, "adopted", attempt=att.number)
+            task = loop.get(task.id)
         if record:  # reported once, by the loop that recorded it
             loop.hook.fleetrun_attempt_ended(task=task, attempt=att, result=res, config=loop.config)
         waits = loop.waits

@@ -23,7 +23,7 @@ from dataclasses import asdict, dataclass
 from typing import Any, Optional
 
 from . import clock, crash
-from .exceptions import is_space_error
+from .exceptions import is_space_error, says_space_error
 from .gitutil import WorktreeTampered
 from .hostapi import get_host
 from .ledger import Attempt, Task
@@ -44,6 +44,8 @@ from .verdicttext import failed_cause
 #: ``[fleetrun]`` settings: how many times a verifier that could not judge (a transient
 #: error) is tried in all, and the first backoff (doubled each time, at most an hour).
 ERROR_TRIES, ERROR_BACKOFF_S, MAX_BACKOFF_S = 5, 30.0, 3600.0
+#: How soon a verifier that could not write its output (a full disk) runs again.
+SPACE_RETRY_S = 2.0
 
 
 class VerifierBackoff:
@@ -206,6 +208,12 @@ class VerifyStage:
         tries = 1
         if isinstance(prev, dict) and prev.get("idx") == v.idx and isinstance(prev.get("tries"), int):
             tries = prev["tries"] + 1
+        # a full disk (this machine's: the verifier's output could not be written) clears
+        # by itself and is the fleet's, not this verifier's: waited out as the loop waits
+        # out a full home, every few seconds, without using up a try (found by the soak)
+        space = verdict.error == TRANSIENT and says_space_error(why)
+        if space:
+            tries -= 1
         limit = _setting(loop.config, "verifier_error_tries", ERROR_TRIES, int)
         info.pop(VERIFY_WAIT, None)
         if verdict.error == PERMANENT or tries >= limit:
@@ -227,7 +235,7 @@ class VerifyStage:
                 loop.finish_terminal(now)
             return
         base = _setting(loop.config, "verifier_error_backoff_s", ERROR_BACKOFF_S, (int, float))
-        delay = min(float(base) * 2 ** (tries - 1), MAX_BACKOFF_S)
+        delay = SPACE_RETRY_S if space else min(float(base) * 2 ** (tries - 1), MAX_BACKOFF_S)
         until = clock.now() + delay
         info[VERIFY_WAIT] = {"idx": v.idx, "tries": tries, "until": until, "reason": why}
         led.update_attempt(v.attempt.id, info=info)

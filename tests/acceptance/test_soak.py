@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import os
 import subprocess
+import time
 from pathlib import Path
 from typing import Optional
 
@@ -224,3 +225,47 @@ def test_a_done_peer_tasks_worktree_is_removed_after_a_crash_before_its_cleanup(
     r = fleeter.runsub("work", "--until-idle", timeout=120)
     assert r.ret == 0, r.stdout + r.stderr
     assert not os.path.exists(t.worktree), f"{t.worktree} is still on the peer: {r.stdout}"
+
+
+
+def test_a_task_left_assigned_with_its_attempt_ended_moves_on(fleeter, fake_claude):
+    """Found by the long soak with peers (a task stuck for good, `work --until-idle`
+    never ending): a task ASSIGNED whose latest attempt is recorded as ended. The
+    attempt's start was never confirmed (a supervisor killed before RUNNING; the peer's
+    reply lost with its link) and its end was recorded by a later poll, whose move of the
+    task expects RUNNING. Here the state is made as it was found: the crash before
+    RUNNING, the agent's end, its record. The end of an attempt whose start was never
+    confirmed is the task's end all the same: the task goes RUNNING (adopted), then on."""
+    import sqlite3
+
+    fleeter.make_repo()
+    fleeter.write_tasks('''
+        [[task]]
+        name = "t1"
+        cwd = "repo"
+        prompt = "Write out.txt."
+        git_ref = "main"
+          [[task.verify]]
+          run = "test -f out.txt"
+    ''')
+    fake_claude.script(t1=[{"actions": [["write", "out.txt", "x"], ["commit", "out"]]}])
+    assert fleeter.runsub("queue", "tasks.toml").ret == 0
+    r = fleeter.runsub("work", "--until-idle", env={"FLEETRUN_CRASH_AT": "before_transition:RUNNING"})
+    assert r.ret == 86, r.stdout + r.stderr
+    (att,) = fleeter.ledger().attempts(fleeter.task("t1").id)
+    assert (att.state, fleeter.task("t1").state.value) == ("starting", "ASSIGNED")
+    status = fleeter.home / "attempts" / att.id / "status.json"
+    deadline = time.monotonic() + 120
+    while '"ended"' not in (status.read_text() if status.exists() else ""):  # it ran to its end
+        assert time.monotonic() < deadline, "the attempt never ended"
+        time.sleep(0.1)
+    conn = sqlite3.connect(str(fleeter.home / "state.db"))
+    with conn:  # its end recorded, as the poll that found it does; the task still ASSIGNED
+        conn.execute("UPDATE attempts SET state='ended', exit_code=0, outcome='ok', ended=? WHERE id=?",
+                     (time.time(), att.id))
+    conn.close()
+    r = fleeter.runsub("work", "--until-idle", timeout=120)
+    assert r.ret == 0, r.stdout + r.stderr
+    task = fleeter.task("t1")
+    assert task.state.value == "DONE", [t.cause for t in fleeter.ledger().transitions(task.id)]
+    assert len(fake_claude.calls("t1")) == 1  # it ran once
