@@ -284,15 +284,20 @@ class SlurmHost:
     # -- stop, give up -------------------------------------------------------------
 
     def stop(self, attempt_id: str, pid: Optional[int], token_: Optional[str]) -> bool:
-        """The cancel file (the shepherd ends its agent and records why), then ``scancel``
-        (a pending job never starts; a running one is signalled). Safe to repeat."""
+        """The cancel file, then ``scancel``: a pending job is cancelled (it never
+        starts); a running one's shepherd alone gets SIGTERM (``--batch``), so that it
+        ends its agent with the grace it gives and records why, and the job ends with
+        it. Cancelling a running job outright signals the agent too, and the shepherd
+        could record a plain exit instead of the stop. Safe to repeat."""
         adir = self.attempt_dir(attempt_id)
         if adir.exists():
             _touch(adir / CANCEL)
         job, _ = self.find_job(attempt_id, pid)
         if job is None:
             return False
-        return self.slurm.cancel(job.name, job.job_id) is None
+        if job.state in PENDING_STATES:
+            return self.slurm.cancel(job.name, job.job_id) is None
+        return self.slurm.cancel(job.name, job.job_id, signal="TERM") is None
 
     def give_up(self, attempt_id: str) -> dict[str, Any]:
         """Decide, under the shepherd's start lock, that the attempt never started: a
@@ -319,8 +324,10 @@ class SlurmHost:
     def candidate(self, config: Any) -> Optional[fleetrun.Candidate]:
         """The room Slurm reports: the most free memory (RealMemory minus AllocMem) of a
         usable node, its idle CPUs, the nodes' features (and ``gpu`` for a GPU GRES)."""
-        nodes = self.slurm.nodes()
+        # the queue first: when the controller does not answer, squeue says so at once,
+        # where scontrol tries again for many seconds
         queue = self.slurm.queue()
+        nodes = self.slurm.nodes() if not isinstance(queue, SlurmError) else queue
         s = self.settings
         if isinstance(nodes, SlurmError) or isinstance(queue, SlurmError):
             err = nodes if isinstance(nodes, SlurmError) else queue

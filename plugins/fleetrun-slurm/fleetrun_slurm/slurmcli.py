@@ -104,9 +104,20 @@ def run(argv: list[str], env: Optional[dict[str, str]] = None, timeout: float = 
     except OSError as e:
         raise SlurmError(f"cannot run {argv[0]}: {e.strerror or e}") from None
     if r.returncode != 0:
-        said = [line.strip() for line in (r.stderr or r.stdout).splitlines() if line.strip()]
-        raise SlurmError(said[-1][:500] if said else f"{os.path.basename(argv[0])} exited {r.returncode}")
+        # every line: sbatch says why first ("Memory specification can not be
+        # satisfied"), then that the submission failed
+        name = os.path.basename(argv[0])
+        said = [_unprefixed(line.strip(), name) for line in (r.stderr or r.stdout).splitlines() if line.strip()]
+        raise SlurmError("; ".join(said)[:1000] if said else f"{name} exited {r.returncode}")
     return r.stdout
+
+
+def _unprefixed(line: str, name: str) -> str:
+    """A Slurm command's message without its ``sbatch: error: `` prefix."""
+    for prefix in (f"{name}: error: ", f"{name}: fatal: ", f"{name}: "):
+        if line.startswith(prefix):
+            return line[len(prefix):]
+    return line
 
 
 def parse_squeue(text: str) -> dict[str, Job]:
@@ -223,12 +234,15 @@ class Slurm:
             raise SlurmError(f"sbatch answered {out.strip()[:200]!r}, not a job id")
         return job_id
 
-    def cancel(self, name: str, job_id: Optional[int] = None) -> Optional[str]:
+    def cancel(self, name: str, job_id: Optional[int] = None, signal: Optional[str] = None) -> Optional[str]:
         """``scancel --name NAME [JOBID]`` (both must match: a reused id is left alone);
-        :return: None, or why it failed."""
+        with ``signal``, that signal to the batch script's process only (``--batch``),
+        which ends the job when that process ends. :return: None, or why it failed."""
         self.calls["scancel"] += 1
+        sig = ["--batch", f"--signal={signal}"] if signal else []
         try:
-            run([self.cmd("scancel"), f"--user={os.getuid()}", f"--name={name}", *([str(job_id)] if job_id else [])])
+            run([self.cmd("scancel"), f"--user={os.getuid()}", f"--name={name}", *sig,
+                 *([str(job_id)] if job_id else [])])
             return None
         except SlurmError as e:
             return str(e)

@@ -7,8 +7,11 @@ from __future__ import annotations
 
 import json
 import re
+import signal
+import threading
+import time
 from pathlib import Path
-from typing import Any
+from typing import Any, Callable
 
 PLUGIN = ("-p", "fleetrun_slurm")
 FAIL_UNLESS_FINAL = (
@@ -26,6 +29,86 @@ def node_of(fleeter: Any, attempt_id: str) -> str:
 
 def attempts(fleeter: Any, name: str) -> list[Any]:
     return fleeter.ledger().attempts(fleeter.task(name).id)
+
+
+def wait_for(cond: Callable[[], Any], what: str, timeout: float = 120.0) -> Any:
+    """Poll ``cond`` until it holds (the deadline bounds a hang: not a timing)."""
+    deadline = time.monotonic() + timeout
+    while True:
+        got = cond()
+        if got:
+            return got
+        assert time.monotonic() < deadline, f"waited {timeout:g} s for {what}"
+        time.sleep(0.05)
+
+
+def gated_task(fleeter: Any, name: str = "t1") -> tuple[Path, Path]:
+    """One task whose agent (a command agent: a shell script), in its job, says it
+    started (``started``: one line per run), waits for ``gate``, then writes a file;
+    :return: (started, gate)."""
+    started, gate = fleeter.root / "started", fleeter.root / "gate"
+    agent = fleeter.root / "agent.sh"
+    agent.write_text(f"echo run >> {started}\nwhile [ ! -e {gate} ]; do sleep 0.05; done\necho done > out.txt\n")
+    fleeter.make_repo()
+    fleeter.write_tasks(f'''
+        [agents.gated]
+        command = ["/bin/sh", "{agent}"]
+
+        [[task]]
+        name = "{name}"
+        cwd = "repo"
+        prompt = "Wait for the gate."
+        git_ref = "main"
+        agent = "gated"
+          [[task.verify]]
+          run = "test -f out.txt"
+    ''')
+    return started, gate
+
+
+def queue(fleeter: Any) -> str:
+    return str(fleeter.cluster.client(["squeue", "-h", "-o", "%i %j %T"]).stdout)
+
+
+def job_runs(fleeter: Any, attempt_id: str) -> int:
+    """How many times the attempt's job script ran (each says so in ``slurm.out``)."""
+    out = fleeter.shared / "attempts" / attempt_id / "slurm.out"
+    return out.read_text().count("fleetrun-slurm: job ") if out.exists() else 0
+
+
+class Run:
+    """``fleetrun ARGS -p fleetrun_slurm`` as a subprocess, its output read as it comes
+    (``text``), on a thread of its own."""
+
+    def __init__(self, fleeter: Any, *args: str, env: dict[str, str] | None = None) -> None:
+        self.proc = fleeter.popen(*args, *PLUGIN, env={"PYTHONUNBUFFERED": "1", **(env or {})})
+        self.chunks: list[bytes] = []
+        self.reader = threading.Thread(target=self._read, daemon=True)
+        self.reader.start()
+
+    def _read(self) -> None:
+        assert self.proc.stdout is not None
+        for line in self.proc.stdout:
+            self.chunks.append(line)
+
+    @property
+    def text(self) -> str:
+        return b"".join(self.chunks).decode(errors="replace")
+
+    def finish(self, timeout: float = 120.0) -> tuple[int, str]:
+        code = self.proc.wait(timeout=timeout)
+        self.reader.join(timeout)
+        err = self.proc.stderr.read() if self.proc.stderr is not None else b""
+        return code, self.text + err.decode(errors="replace")
+
+    def kill(self) -> None:
+        if self.proc.poll() is None:
+            self.proc.kill()
+        self.proc.wait()
+        self.reader.join(120)
+        for f in (self.proc.stdout, self.proc.stderr):
+            if f is not None:
+                f.close()
 
 
 def test_a_queue_is_spread_over_the_nodes_by_features_and_memory(slurm_fleeter: Any, fake_claude: Any) -> None:
@@ -80,3 +163,94 @@ def test_a_queue_is_spread_over_the_nodes_by_features_and_memory(slurm_fleeter: 
     assert one["cwd"] == two["cwd"]
     # the agent ran inside its job (the shepherd is the job's main process)
     assert all(Path(f.shared / "attempts" / a.id / "status.json").exists() for a in (train, bigmem, first, second))
+
+
+def test_a_supervisor_killed_mid_run_adopts_the_job_and_never_starts_it_twice(
+        slurm_fleeter: Any, fake_claude: Any) -> None:
+    f = slurm_fleeter
+    started, gate = gated_task(f)
+    r = f.runsub("tasks.toml", *PLUGIN, env={"FLEETRUN_CRASH_AT": "after_transition:RUNNING"})
+    assert r.ret == 86, r.stdout + r.stderr  # the supervisor died with its attempt running
+    wait_for(started.exists, "the agent to start in its job")
+    (att,) = attempts(f, "t1")
+    assert "fleetrun-" + att.id in queue(f)
+    again = Run(f, "work", "--until-idle")
+    try:
+        wait_for(lambda: "adopted 1 running attempt(s)" in again.text, "the new supervisor to adopt the job")
+        gate.touch()
+        code, out = again.finish()
+    finally:
+        gate.touch()
+        again.kill()
+    assert code == 0, out
+    assert f.states() == {"t1": "DONE"}, out
+    (att,) = attempts(f, "t1")
+    assert att.host == "slurm" and att.shepherd_token == f"slurm:{att.shepherd_pid}"
+    assert started.read_text() == "run\n"
+    assert job_runs(f, att.id) == 1
+
+
+def test_cancel_ends_the_job(slurm_fleeter: Any, fake_claude: Any) -> None:
+    f = slurm_fleeter
+    started, gate = gated_task(f)
+    run = Run(f, "tasks.toml")
+    try:
+        wait_for(started.exists, "the agent to start in its job")
+        (att,) = attempts(f, "t1")
+        assert "fleetrun-" + att.id in queue(f)
+        c = f.runsub("cancel", "t1", *PLUGIN)
+        assert c.ret == 0, c.stdout + c.stderr
+        wait_for(lambda: "fleetrun-" not in queue(f), "the job to leave the queue")
+        code, out = run.finish()
+    finally:
+        gate.touch()
+        run.kill()
+    assert f.states() == {"t1": "CANCELLED"}, out
+    st = json.loads((f.shared / "attempts" / att.id / "status.json").read_text())
+    assert st["state"] == "ended" and st["reason"] in ("cancelled", "stopped"), st
+    assert started.read_text() == "run\n"
+
+
+def test_an_impossible_request_is_refused_with_slurms_reason(slurm_fleeter: Any, fake_claude: Any) -> None:
+    """More memory than any node has: sbatch refuses it at submit, and that is a
+    StartRefused with Slurm's words (the backoff applies; no agent runs)."""
+    f = slurm_fleeter
+    f.make_repo()
+    f.write_tasks('''
+        [[task]]
+        name = "huge"
+        cwd = "repo"
+        prompt = "Use all the memory."
+        git_ref = "main"
+        slurm_mem_mb = 999999
+    ''')
+    run = Run(f, "tasks.toml")
+    try:
+        reason = wait_for(lambda: "peer_refused" in (r := f.states() and f.task("huge").reason or "") and r,
+                          "the refusal")
+    finally:
+        run.kill()
+    assert "sbatch: " in reason and "Memory specification can not be satisfied" in reason, reason
+    assert fake_claude.calls("huge") == [] and "fleetrun-" not in queue(f)
+
+
+def test_a_controller_restart_mid_run_keeps_following_the_job(slurm_fleeter: Any, fake_claude: Any) -> None:
+    """slurmctld stopped while the job runs: the attempt is unreachable, not dead; the
+    controller back, the job is still followed to its end, its agent run once."""
+    f = slurm_fleeter
+    started, gate = gated_task(f)
+    run = Run(f, "tasks.toml")
+    try:
+        wait_for(started.exists, "the agent to start in its job")
+        f.cluster.kill("slurmctld", signal.SIGTERM)
+        (att,) = attempts(f, "t1")
+        assert f.cluster.client(["squeue", "-h"]).returncode != 0  # the loop's squeue fails as well
+        f.cluster.start_ctld()
+        gate.touch()
+        code, out = run.finish()
+    finally:
+        gate.touch()
+        run.kill()
+    assert code == 0, out
+    assert f.states() == {"t1": "DONE"}, out
+    assert started.read_text() == "run\n" and job_runs(f, att.id) == 1
