@@ -13,6 +13,8 @@ import time
 from pathlib import Path
 from typing import Any, Callable
 
+import pytest
+
 PLUGIN = ("-p", "fleetrun_slurm")
 FAIL_UNLESS_FINAL = (
     "test \"$(cat FIX.txt)\" = final || { echo 'FIX.txt must contain exactly the word final'; exit 1; }"
@@ -254,3 +256,60 @@ def test_a_controller_restart_mid_run_keeps_following_the_job(slurm_fleeter: Any
     assert code == 0, out
     assert f.states() == {"t1": "DONE"}, out
     assert started.read_text() == "run\n" and job_runs(f, att.id) == 1
+
+
+KILL_CTLD = """
+import os
+import signal
+
+import fleetrun
+
+
+@fleetrun.hookimpl
+def fleetrun_attempt_started(task, attempt, host, config):
+    # the controller SIGKILLed right after the submit was recorded, the first time only
+    pid = int(os.environ["SLURMCTLD_PID"])
+    mark = os.environ["KILLED_MARK"]
+    if not os.path.exists(mark):
+        open(mark, "w").close()
+        os.kill(pid, signal.SIGKILL)
+"""
+
+
+@pytest.mark.slow  # ~20 s: sbatch --wait polls the controller every few seconds
+def test_a_controller_killed_right_after_a_submit_never_runs_an_attempt_twice(
+        slurm_fleeter: Any) -> None:
+    """Measured with Slurm 22.05: a controller killed hard within seconds of a start
+    lost the job or ran its script a second time, even with ``--no-requeue``. Either
+    way no attempt's agent runs twice: a second run of the script finds the first's
+    status and starts nothing (the shepherd's refusal), a lost job is a died session
+    resumed as a new attempt."""
+    f = slurm_fleeter
+    started, gate = gated_task(f)
+    gate.touch()  # the agent ends at once: the restart may run the script again
+    f.write_fleetconf(KILL_CTLD)
+    ctld = f.cluster.procs["slurmctld"]
+    mark = f.root / "killed"
+    run = Run(f, "tasks.toml", env={"SLURMCTLD_PID": str(ctld.pid), "KILLED_MARK": str(mark)})
+    try:
+        ctld.wait(timeout=120)  # killed by the hook
+        f.cluster.procs.pop("slurmctld")
+        f.cluster.start_ctld()
+        code, out = run.finish()
+    finally:
+        run.kill()
+    assert mark.exists()
+    assert code == 0, out
+    assert f.states() == {"t1": "DONE"}, out
+    ran = [a for a in attempts(f, "t1")
+           if "agent_started" in json.loads((f.shared / "attempts" / a.id / "status.json").read_text() or "{}")]
+    assert started.read_text().count("run") == len(ran) >= 1, out
+    # and a second run of a job script, as the controller's restart may make, starts nothing
+    adir = f.shared / "attempts" / ran[0].id
+    before = (adir / "status.json").read_bytes()
+    again = f.cluster.client(["sbatch", "--wait", f"--output={adir / 'again.out'}", f"--chdir={adir}",
+                              "--mem=100M", str(adir / "job.sh")])
+    assert again.returncode == 0, again.stderr
+    assert "it is not started twice" in (adir / "again.out").read_text()
+    assert (adir / "status.json").read_bytes() == before
+    assert started.read_text().count("run") == len(ran)
