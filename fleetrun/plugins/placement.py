@@ -313,11 +313,20 @@ def builtin_place(task: Any, candidates: list[Candidate], config: Config,
     if pin is not None and _is_local_pin(pin):
         pin = "local"
     why_local = stays_local(task.spec)
-    if why_local is not None:
+    if why_local is not None and task.spec.role:
         if pin is not None and pin != "local":
             why = f"a task with {why_local} runs on this machine, but it is pinned to {pin}"
             return Wait(why, operator=why)
-        pin = "local"
+        pin = "local"  # the mailbox is this machine's
+    elif why_local is not None:
+        # what it needs here (the branches it merges, the worktree its verifiers read) is
+        # on any host whose workspaces are folders on this machine: this one, or a
+        # cluster on a shared filesystem (fleetrun-slurm); never a peer
+        if pin is not None and not _workspace_here(config, pin):
+            why = f"a task with {why_local} runs on this machine, but it is pinned to {pin}"
+            return Wait(why, operator=why)
+        if pin is None:
+            extra_filter = _here_only(config, why_local, extra_filter)
     if task.state in (State.RETRYING, State.RESUMING) and task.host:
         pin = task.host  # same machine, same worktree
     shared = checkout_in_use(config, task)
@@ -330,6 +339,24 @@ def builtin_place(task: Any, candidates: list[Candidate], config: Config,
     decision = same_pass(config.stash, candidates, task.spec.requires, pin, backoff,
                          task_id=task.id, extra_filter=filt, extra_score=sc)
     return steady(config.stash.setdefault(REASONS_KEY, {}), task.id, decision)
+
+
+def _workspace_here(config: Config, name: str) -> bool:
+    """Whether the host ``name`` keeps its workspaces in folders on this machine
+    (``host.local``); a name no plugin provides is not asked for (nor warned about)."""
+    from ..hostapi import registry  # the loop's: not loaded for `--help`
+
+    reg = registry(config)
+    return name == "local" or (reg.provided(name) and bool(reg.get(name).local))
+
+
+def _here_only(config: Config, why: str, then: Optional[PlaceFilter]) -> PlaceFilter:
+    """A filter that passes over the candidates whose workspaces are elsewhere, then ``then``."""
+    def filt(c: Candidate) -> Optional[str]:
+        if not _workspace_here(config, c.name):
+            return f"a task with {why} runs where its workspace is a folder on this machine"
+        return then(c) if then is not None else None
+    return filt
 
 
 class PassRules:

@@ -167,6 +167,45 @@ def test_a_queue_is_spread_over_the_nodes_by_features_and_memory(slurm_fleeter: 
     assert all(Path(f.shared / "attempts" / a.id / "status.json").exists() for a in (train, bigmem, first, second))
 
 
+def test_a_dependency_merged_with_base_dependencies_runs_on_the_cluster(slurm_fleeter: Any,
+                                                                        fake_claude: Any) -> None:
+    """``base = "dependencies"`` keeps a task off SSH peers (the branches it merges are
+    here), not off a host whose worktrees are folders here: on the cluster's shared
+    filesystem the dependent's worktree has its dependency merged, and its job runs."""
+    f = slurm_fleeter
+    repo = f.make_repo()
+    f.write_tasks('''
+        [[task]]
+        name = "schema"
+        cwd = "repo"
+        prompt = "Add the schema."
+        git_ref = "main"
+
+        [[task]]
+        name = "api"
+        cwd = "repo"
+        prompt = "Add the API on the schema."
+        git_ref = "main"
+        depends_on = ["schema"]
+        base = "dependencies"
+          [[task.verify]]
+          run = "test -f schema.sql && test -f api.py"
+    ''')
+    fake_claude.script(**{
+        "schema": [{"actions": [["write", "schema.sql", "CREATE TABLE users;"], ["commit", "schema"]]}],
+        "api": [{"actions": [["write", "api.py", "users"], ["commit", "api"]]}],
+    })
+    r = f.runsub("tasks.toml", *PLUGIN)
+    assert r.ret == 0, r.stdout + r.stderr
+    assert f.states() == {"schema": "DONE", "api": "DONE"}, r.stdout
+    (schema,), (api,) = attempts(f, "schema"), attempts(f, "api")
+    assert schema.host == api.host == "slurm"
+    assert node_of(f, api.id) in ("n1", "n2", "n3")
+    api_task = f.task("api")
+    merged = f.git(repo, "log", "--merges", "--format=%s", api_task.branch).strip()
+    assert merged.startswith("fleetrun: merge schema"), merged
+
+
 def test_a_supervisor_killed_mid_run_adopts_the_job_and_never_starts_it_twice(
         slurm_fleeter: Any, fake_claude: Any) -> None:
     f = slurm_fleeter
