@@ -6,6 +6,7 @@ agent, real git, real shepherds running as the jobs' main processes."""
 from __future__ import annotations
 
 import json
+import os
 import re
 import signal
 import threading
@@ -165,6 +166,32 @@ def test_a_queue_is_spread_over_the_nodes_by_features_and_memory(slurm_fleeter: 
     assert one["cwd"] == two["cwd"]
     # the agent ran inside its job (the shepherd is the job's main process)
     assert all(Path(f.shared / "attempts" / a.id / "status.json").exists() for a in (train, bigmem, first, second))
+
+
+def test_the_worked_example_runs_on_the_cluster_with_the_installed_plugin(slurm_fleeter: Any) -> None:
+    """``pip install ./plugins/fleetrun-slurm`` plus a ``[slurm]`` table: the seed's
+    worked example (``examples/demo``) runs on the cluster, every task placed by Slurm,
+    ``fix-it`` retried with its failure, ``user-api`` on ``user-schema``'s merge. The
+    installed distribution is loaded through its entry point, as a user's run loads it."""
+    import importlib.metadata
+
+    if not any(ep.name == "slurm" for ep in importlib.metadata.entry_points(group="fleetrun")):
+        why = "fleetrun-slurm is not installed (pip install ./plugins/fleetrun-slurm; .ci/run does)"
+        if os.environ.get("CI"):
+            pytest.fail(why)
+        pytest.skip(why)
+    f = slurm_fleeter
+    f.enable_plugin_autoload()
+    demo = Path(__file__).resolve().parents[3] / "examples" / "demo"
+    for name in ("tasks.toml", "agent.py", "fleetconf.py"):
+        (f.path / name).write_text((demo / name).read_text())
+    r = f.runsub("tasks.toml", env={"PYTHONPATH": ""})  # the installed copy, not this checkout's
+    assert r.ret == 0, r.stdout + r.stderr
+    assert set(f.states().values()) == {"DONE"}, r.stdout
+    hosts = {a.host for name in f.states() for a in attempts(f, name)}
+    assert hosts == {"slurm"}, r.stdout
+    assert len(attempts(f, "fix-it")) == 2
+    r.fnmatch_lines(["*fix-it RETRYING*", "*fix-it DONE (attempt 2)*"])
 
 
 def test_a_dependency_merged_with_base_dependencies_runs_on_the_cluster(slurm_fleeter: Any,
