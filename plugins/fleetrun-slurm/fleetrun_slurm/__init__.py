@@ -13,6 +13,7 @@ Only Slurm's own commands are used (``sbatch``, ``squeue``, ``scancel``,
 
 from __future__ import annotations
 
+import os
 from pathlib import Path
 from typing import Any, Optional
 
@@ -134,21 +135,59 @@ def fleetrun_loop_pass(config: Any, duration_s: float) -> None:
         slurm.forget()  # one squeue per pass: the next pass asks again
 
 
+def _device(path: Path) -> Optional[int]:
+    try:
+        return os.stat(path).st_dev
+    except OSError:
+        return None
+
+
+def not_shared(config: Any, s: Settings, cwd: str) -> Optional[str]:
+    """Why a task working in ``cwd`` cannot run on the cluster: its repository, or the
+    fleetrun home (its worktrees), is not on the filesystem of ``shared_dir`` (the nodes
+    would not see them); None when both are."""
+    shared = _device(s.shared_dir)
+    if shared is None:
+        return f"[slurm] shared_dir {s.shared_dir} does not exist"
+    path = Path(cwd) if os.path.isabs(cwd) else Path(getattr(config, "invocation_dir", ".")) / cwd
+    for what, where in (("its repository", path), ("the fleetrun home", Path(config.home))):
+        dev = _device(where)
+        if dev is not None and dev != shared:
+            return (f"{what} ({where}) is not on the filesystem of [slurm] shared_dir ({s.shared_dir}): "
+                    "the nodes would not see it")
+    return None
+
+
+@hookimpl
+def fleetrun_place_filter(task: Any, candidate: Any, config: Any) -> Optional[str]:
+    """Keep a task off the cluster when the nodes could not see its files."""
+    s = settings(config)
+    if s is None or not (candidate.name == s.name or (s.per_node and candidate.name.startswith(s.name + "-"))):
+        return None
+    return not_shared(config, s, str(task.spec.cwd))
+
+
 @hookimpl
 def fleetrun_collection_modifyitems(config: Any, items: list[Any]) -> None:
-    """Refuse at validate what Slurm cannot express: a task's ``requires`` entry that is
-    a version or an authentication (``git>=2.40``, ``claude:max``) when it is pinned to
-    the cluster (``peer = "slurm..."``)."""
+    """Refuse at validate a task pinned to the cluster (``peer = "slurm..."``) that it
+    could not run: a ``requires`` entry Slurm cannot express (a version or a login,
+    ``git>=2.40``, ``claude:max``: Slurm has node features), or files the nodes would
+    not see (:func:`not_shared`). An unpinned task is only kept off the cluster by
+    placement (``fleetrun_place_filter``)."""
     s = settings(config)
     if s is None:
         return
     problems = []
     for t in items:
-        if not str(getattr(t, "peer", None) or "").startswith(s.name):
+        peer = str(getattr(t, "peer", None) or "")
+        if not (peer == s.name or (s.per_node and peer.startswith(s.name + "-"))):
             continue
         for r in getattr(t, "requires", None) or []:
             if any(c in r for c in "<>=:!"):
                 problems.append(f"task {t.name!r}: requires {r!r}: Slurm has node features, not versions "
                                 "or logins; use a feature name")
+        why = not_shared(config, s, str(t.cwd))
+        if why is not None:
+            problems.append(f"task {t.name!r}: pinned to {peer}, but {why}")
     if problems:
         raise fleetrun.UsageError("; ".join(problems))

@@ -367,8 +367,9 @@ def test_a_controller_killed_right_after_a_submit_never_runs_an_attempt_twice(
     assert mark.exists()
     assert code == 0, out
     assert f.states() == {"t1": "DONE"}, out
-    ran = [a for a in attempts(f, "t1")
-           if "agent_started" in json.loads((f.shared / "attempts" / a.id / "status.json").read_text() or "{}")]
+    # a job the controller lost never ran (no status): its attempt died and the next one ran
+    ran = [a for a in attempts(f, "t1") if (st := f.shared / "attempts" / a.id / "status.json").exists()
+           and "agent_started" in json.loads(st.read_text())]
     assert started.read_text().count("run") == len(ran) >= 1, out
     # and a second run of a job script, as the controller's restart may make, starts nothing
     adir = f.shared / "attempts" / ran[0].id
@@ -379,3 +380,44 @@ def test_a_controller_killed_right_after_a_submit_never_runs_an_attempt_twice(
     assert "it is not started twice" in (adir / "again.out").read_text()
     assert (adir / "status.json").read_bytes() == before
     assert started.read_text().count("run") == len(ran)
+
+
+def test_a_task_whose_repository_the_nodes_cannot_see_stays_off_the_cluster(slurm_fleeter: Any) -> None:
+    """A repository on another filesystem than ``shared_dir`` (here /dev/shm, a tmpfs):
+    pinned to the cluster, ``validate`` refuses it; unpinned, placement keeps it off."""
+    f = slurm_fleeter
+    if os.stat("/dev/shm").st_dev == os.stat(f.shared).st_dev:
+        pytest.skip("/dev/shm is on the shared folder's filesystem here")
+    import shutil
+    import tempfile
+
+    elsewhere = Path(tempfile.mkdtemp(dir="/dev/shm", prefix="fleetrun-slurm-"))
+    try:
+        f.make_repo()
+        shutil.move(str(f.path / "repo"), str(elsewhere / "repo"))
+        f.write_tasks(f'''
+            [[task]]
+            name = "pinned"
+            cwd = "{elsewhere / 'repo'}"
+            prompt = "p"
+            git_ref = "main"
+            peer = "slurm"
+        ''')
+        r = f.runsub("validate", "tasks.toml", *PLUGIN)
+        assert r.ret == 4, r.stdout + r.stderr
+        assert "pinned to slurm, but its repository" in r.stderr and "the nodes would not see it" in r.stderr
+        f.write_tasks(f'''
+            [[task]]
+            name = "free"
+            cwd = "{elsewhere / 'repo'}"
+            prompt = "p"
+            git_ref = "main"
+        ''')
+        run = Run(f, "tasks.toml")
+        try:
+            wait_for(lambda: "the nodes would not see it" in f.runsub("status", *PLUGIN).stdout, "the reason")
+        finally:
+            run.kill()
+        assert "fleetrun-" not in queue(f)
+    finally:
+        shutil.rmtree(elsewhere)
