@@ -342,12 +342,9 @@ def builtin_place(task: Any, candidates: list[Candidate], config: Config,
 
 
 def _workspace_here(config: Config, name: str) -> bool:
-    """Whether the host ``name`` keeps its workspaces in folders on this machine
-    (``host.local``); a name no plugin provides is not asked for (nor warned about)."""
-    from ..hostapi import registry  # the loop's: not loaded for `--help`
+    from ..hostapi import workspace_here  # the loop's: not loaded for `--help`
 
-    reg = registry(config)
-    return name == "local" or (reg.provided(name) and bool(reg.get(name).local))
+    return workspace_here(config, name)
 
 
 def _here_only(config: Config, why: str, then: Optional[PlaceFilter]) -> PlaceFilter:

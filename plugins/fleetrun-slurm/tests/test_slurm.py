@@ -51,7 +51,7 @@ def gated_task(fleeter: Any, name: str = "t1") -> tuple[Path, Path]:
     :return: (started, gate)."""
     started, gate = fleeter.root / "started", fleeter.root / "gate"
     agent = fleeter.root / "agent.sh"
-    agent.write_text(f"echo run >> {started}\nwhile [ ! -e {gate} ]; do sleep 0.05; done\necho done > out.txt\n")
+    agent.write_text(f"echo run >> {started}\necho hello from the job\nwhile [ ! -e {gate} ]; do sleep 0.05; done\necho done > out.txt\n")
     fleeter.make_repo()
     fleeter.write_tasks(f'''
         [agents.gated]
@@ -266,6 +266,12 @@ def test_cancel_ends_the_job(slurm_fleeter: Any, fake_claude: Any) -> None:
         wait_for(started.exists, "the agent to start in its job")
         (att,) = attempts(f, "t1")
         assert "fleetrun-" + att.id in queue(f)
+        # its log is followed from the attempt folder while the job runs
+        follow = Run(f, "logs", "t1", "-f", "--raw")
+        try:
+            wait_for(lambda: "hello from the job" in follow.text, "logs -f to show the job's output")
+        finally:
+            follow.kill()
         c = f.runsub("cancel", "t1", *PLUGIN)
         assert c.ret == 0, c.stdout + c.stderr
         wait_for(lambda: "fleetrun-" not in queue(f), "the job to leave the queue")
@@ -421,3 +427,25 @@ def test_a_task_whose_repository_the_nodes_cannot_see_stays_off_the_cluster(slur
         assert "fleetrun-" not in queue(f)
     finally:
         shutil.rmtree(elsewhere)
+
+
+def test_per_node_each_node_is_a_host_pinned_with_nodelist(slurm_fleeter: Any, fake_claude: Any) -> None:
+    """``per_node = true``: each node is a host (``slurm-n1``...), so ``peer =`` picks
+    a node and the job runs there."""
+    f = slurm_fleeter
+    with open(f.home / "config.toml", "a", encoding="utf-8") as cfg:
+        cfg.write("per_node = true\n")
+    f.make_repo()
+    f.write_tasks('''
+        [[task]]
+        name = "on-n1"
+        cwd = "repo"
+        prompt = "p"
+        git_ref = "main"
+        peer = "slurm-n1"
+    ''')
+    fake_claude.script(**{"on-n1": [{"actions": [["write", "a.txt", "a"], ["commit", "a"]]}]})
+    r = f.runsub("tasks.toml", *PLUGIN)
+    assert r.ret == 0, r.stdout + r.stderr
+    (att,) = attempts(f, "on-n1")
+    assert att.host == "slurm-n1" and node_of(f, att.id) == "n1"
