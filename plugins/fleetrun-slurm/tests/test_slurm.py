@@ -449,3 +449,35 @@ def test_per_node_each_node_is_a_host_pinned_with_nodelist(slurm_fleeter: Any, f
     assert r.ret == 0, r.stdout + r.stderr
     (att,) = attempts(f, "on-n1")
     assert att.host == "slurm-n1" and node_of(f, att.id) == "n1"
+
+
+def test_one_squeue_per_loop_pass(slurm_fleeter: Any, fake_claude: Any) -> None:
+    """Status in one call per pass: every running attempt's status and the cluster's
+    candidate share one ``squeue`` answer until the pass ends (and a submit, which
+    changes the queue)."""
+    import fleetrun_slurm
+
+    import fleetrun
+
+    seen: list[dict[str, int]] = []
+
+    class Count:
+        @fleetrun.hookimpl(tryfirst=True)
+        def fleetrun_loop_pass(self, config: Any, duration_s: float) -> None:
+            seen.append(dict(config.stash[fleetrun_slurm.SLURM].calls))
+
+    f = slurm_fleeter
+    f.make_repo()
+    f.write_tasks("".join(f'''
+        [[task]]
+        name = "t{i}"
+        cwd = "repo"
+        prompt = "p"
+        git_ref = "main"
+    ''' for i in range(3)))
+    fake_claude.script(default=[{"actions": [["sleep", "1"], ["write", "a.txt", "a"], ["commit", "a"]]}])
+    r = f.run("tasks.toml", plugins=[fleetrun_slurm, Count()])
+    assert r.ret == 0, r.stdout + r.stderr
+    last = seen[-1]
+    assert last["sbatch"] == 3
+    assert last["squeue"] <= len(seen) + last["sbatch"], (last, len(seen))
