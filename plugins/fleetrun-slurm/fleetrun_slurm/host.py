@@ -29,7 +29,7 @@ from typing import Any, Optional
 
 import fleetrun
 
-from .slurmcli import PENDING_STATES, PREFIX, Job, Node, Slurm, SlurmError
+from .slurmcli import PENDING_STATES, PREFIX, Job, Slurm, SlurmError
 
 STATUS = "status.json"
 SPEC = "spec.json"
@@ -356,7 +356,3 @@ def token(job_id: int) -> str:
 
 def _quote(s: str) -> str:
     return "'" + s.replace("'", "'\\''") + "'"
-
-
-def usable_nodes(nodes: list[Node]) -> list[Node]:
-    return [n for n in nodes if n.usable]
