@@ -259,6 +259,17 @@ def get_host(config: Config, name: Optional[str]) -> Host:
     return registry(config).get(name)
 
 
+def workspace_here(config: Config, name: Optional[str]) -> bool:
+    """Whether the host ``name`` (from the ledger; None: ``local``) keeps its attempt
+    folders and worktrees on this machine (``host.local``: this machine, or a cluster
+    on a shared filesystem); ``local`` is, without asking the plugins. A name no loaded
+    plugin provides is not (and is not warned about)."""
+    if name in (None, "local"):
+        return True
+    reg = registry(config)
+    return reg.provided(str(name)) and bool(reg.get(name).local)
+
+
 def missing_host_reason(config: Config, name: Optional[str]) -> Optional[str]:
     """Why no loaded plugin provides the host ``name`` (from the ledger), or None when
     one does."""
@@ -293,4 +304,4 @@ def stop_attempt(config: Config, attempt: Any) -> bool:
 
 
 __all__ = ["HOSTS", "Host", "HostRegistry", "MissingHost", "StartRefused", "UnknownHost", "get_host",
-           "missing_host_reason", "registry", "stop_attempt"]
+           "missing_host_reason", "registry", "stop_attempt", "workspace_here"]

@@ -347,10 +347,45 @@ class Shepherd:
         except OSError:
             pass  # the supervisor is not listening; it reads status.json when it comes back
 
+    def earlier_run(self) -> str | None:
+        """What an earlier shepherd of this attempt recorded (its state), or None when no
+        shepherd ran here. Never twice: a scheduler may run a job's script again (a
+        Slurm controller killed just after a submit did, 6 s later, even with
+        ``--no-requeue``), and a second shepherd must start nothing. Any status counts,
+        ``starting`` too (its agent may have started before ``running`` was written),
+        and one that cannot be read (a shepherd wrote something there)."""
+        try:
+            with open(os.path.join(self.dir, STATUS), "rb") as f:
+                raw = f.read(1 << 20)
+        except FileNotFoundError:
+            return None
+        except OSError as e:
+            return f"unreadable: {e.strerror}"
+        try:
+            status = loads(raw.decode())
+        except ValueError:
+            return "unreadable"
+        state = status.get("state") if isinstance(status, dict) else None
+        return state if isinstance(state, str) else "unreadable"
+
     def run(self) -> int:
+        import fcntl
         import termios
 
+        # The start handshake: a supervisor that gives this attempt up (it saw no status
+        # in time) takes this lock and leaves a cancel file; we check it under the lock,
+        # so either the agent starts and status says so, or it never starts. Taken before
+        # the first status is written: that write must not cover an earlier run's.
+        lock_fd = os.open(os.path.join(self.dir, START_LOCK), os.O_RDWR | os.O_CREAT, 0o600)
+        fcntl.flock(lock_fd, fcntl.LOCK_EX)
+        earlier = self.earlier_run()
+        if earlier is not None:
+            os.close(lock_fd)
+            sys.stderr.write(f"shepherd: attempt {self.spec.get('attempt_id')} already ran here "
+                             f"(its status says {earlier}): it is not started twice\n")
+            return 0
         if not self.save():  # what cannot be recorded must not start
+            os.close(lock_fd)
             return 1
         rfd, wfd = os.pipe()
         os.set_blocking(wfd, False)
@@ -363,13 +398,6 @@ class Shepherd:
         signal.signal(signal.SIGINT, signal.SIG_IGN)
         signal.signal(signal.SIGHUP, signal.SIG_IGN)
 
-        # The start handshake: a supervisor that gives this attempt up (it saw no status
-        # in time) takes this lock and leaves a cancel file; we check it under the lock,
-        # so either the agent starts and status says so, or it never starts.
-        import fcntl
-
-        lock_fd = os.open(os.path.join(self.dir, START_LOCK), os.O_RDWR | os.O_CREAT, 0o600)
-        fcntl.flock(lock_fd, fcntl.LOCK_EX)
         if os.path.exists(os.path.join(self.dir, CANCEL)):
             self.status.update(state="ended", reason="cancelled", exit_code=None, ended=time.time(),
                                agent_pid=None, error="given up before it started")

@@ -104,10 +104,12 @@ def watch_status(config: Config, led: Ledger, out: TextIO,
 class _Follow:
     """What ``logs -f`` has shown of one task so far."""
 
-    def __init__(self, led: Ledger, task: Task, raw: bool) -> None:
+    def __init__(self, led: Ledger, task: Task, raw: bool,
+                 here: Callable[[Optional[str]], bool] = lambda host: host in (None, "local")) -> None:
         self.led = led
         self.task = task
         self.raw = raw
+        self.here = here  # whether a host's attempt folders are on this machine
         self.transitions = 0
         self.verdicts = 0
         self.attempts: dict[str, tuple[Attempt, Optional[Activity], Optional[LogTail]]] = {}
@@ -127,9 +129,10 @@ class _Follow:
         by_id = {a.id: a for a in atts}
         for a in sorted(atts, key=lambda a: a.number):
             if a.id not in self.attempts:
-                if a.host in (None, "local") and not a.dir:
+                here = self.here(a.host)
+                if here and not a.dir:
                     continue  # leased, its folder not recorded yet: read it once it is
-                log = Path(a.dir) / "log" if a.dir and a.host in (None, "local") else None
+                log = Path(a.dir) / "log" if a.dir and here else None
                 if not self.raw:
                     where = f" on {safe_text(a.host)}" if a.host else ""
                     events.append((a.started or a.created, 2, f"--- attempt {a.number} ({safe_text(a.kind)}){where}"
@@ -155,7 +158,12 @@ def follow_logs(config: Config, led: Ledger, task: Task, out: TextIO,
                 sleep: Callable[[float], None] = time.sleep) -> int:
     """``fleetrun logs -f TASK``: what happened so far, then what happens, until the
     task ends (DONE, NEEDS_HUMAN, CANCELLED) or Ctrl-C (exit 0 both)."""
-    follow = _Follow(led, task, bool(getattr(config.option, "raw", False)))
+    from .hostapi import workspace_here
+
+    # a host whose attempt folders are here (a cluster on a shared filesystem) is read
+    # as this machine is; the plugins are asked only for a host that is not `local`
+    follow = _Follow(led, task, bool(getattr(config.option, "raw", False)),
+                     here=lambda host: workspace_here(config, host))
     try:
         while True:
             now = led.get(task.id)

@@ -217,3 +217,43 @@ def test_a_cut_log_can_be_followed_while_the_agent_runs(tmp_path: Path) -> None:
         if proc.poll() is None:
             proc.kill()
             proc.wait()
+
+
+@pytest.mark.parametrize("second_while", ["running", "ended"])
+def test_a_second_shepherd_of_an_attempt_starts_nothing(tmp_path: Path, second_while: str) -> None:
+    """Never twice: a scheduler may run a job's script a second time (measured with
+    Slurm: a controller killed hard just after a submit ran it again 6 s later, even with
+    ``--no-requeue``). A shepherd started in a folder whose status says the attempt
+    already started or ended runs nothing and leaves the status as it was."""
+    runs = tmp_path / "runs"
+    gate = tmp_path / "gate"
+    agent = tmp_path / "agent"
+    agent.write_text(f'#!/bin/sh\necho run >> {runs}\nwhile [ ! -e {gate} ]; do sleep 0.05; done\n')
+    agent.chmod(0o700)
+    adir = tmp_path / "a1"
+    adir.mkdir(mode=0o700)
+    (adir / shepherd.SPEC).write_text(json.dumps({"attempt_id": "a1", "argv": [str(agent)], "cwd": str(tmp_path)}))
+    argv = [sys.executable, "-I", "-S", shepherdrun.SHEPHERD_PATH, str(adir)]
+    first = subprocess.Popen(argv, stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    try:
+        deadline = time.monotonic() + 120  # bounds a hang only
+        while not (runs.exists() and json.loads((adir / shepherd.STATUS).read_text())["state"] == "running"):
+            assert time.monotonic() < deadline and first.poll() is None
+            time.sleep(0.02)
+        if second_while == "ended":
+            gate.touch()
+            first.wait(timeout=120)
+        before = (adir / shepherd.STATUS).read_bytes()
+        second = subprocess.run(argv, stdin=subprocess.DEVNULL, capture_output=True, text=True, timeout=120)
+        assert second.returncode == 0, second.stderr
+        assert "already" in second.stderr, second.stderr
+        assert (adir / shepherd.STATUS).read_bytes() == before
+        gate.touch()
+        first.wait(timeout=120)
+    finally:
+        gate.touch()
+        if first.poll() is None:
+            first.kill()
+            first.wait()
+    assert runs.read_text() == "run\n"  # the agent ran once
+    assert json.loads((adir / shepherd.STATUS).read_text())["state"] == "ended"

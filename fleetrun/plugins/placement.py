@@ -314,13 +314,23 @@ def builtin_place(task: Any, candidates: list[Candidate], config: Config,
     if pin is not None and _is_local_pin(pin):
         pin = "local"
     why_local = stays_local(task.spec)
-    kept_here = False  # pinned here by what the task is, not by the user's `peer =`
-    if why_local is not None:
+    kept_here = False  # kept here by what the task is, not by the user's `peer =`
+    if why_local is not None and task.spec.role:
         if pin is not None and pin != "local":
             why = f"a task with {why_local} runs on this machine, but it is pinned to {pin}"
             return Wait(why, operator=why)
         kept_here = pin is None
-        pin = "local"
+        pin = "local"  # the mailbox is this machine's
+    elif why_local is not None:
+        # what it needs here (the branches it merges, the worktree its verifiers read) is
+        # on any host whose workspaces are folders on this machine: this one, or a
+        # cluster on a shared filesystem (fleetrun-slurm); never a peer
+        if pin is not None and not _workspace_here(config, pin):
+            why = f"a task with {why_local} runs on this machine, but it is pinned to {pin}"
+            return Wait(why, operator=why)
+        if pin is None:
+            kept_here = True
+            extra_filter = _here_only(config, why_local, extra_filter)
     if task.state in (State.RETRYING, State.RESUMING) and task.host:
         pin = task.host  # same machine, same worktree
     shared = checkout_in_use(config, task)
@@ -332,7 +342,7 @@ def builtin_place(task: Any, candidates: list[Candidate], config: Config,
     filt, sc = plugin_rules(config, task, candidates, extra_filter, extra_score)
     decision = same_pass(config.stash, candidates, task.spec.requires, pin, backoff,
                          task_id=task.id, extra_filter=filt, extra_score=sc)
-    if kept_here and why_local is not None and isinstance(decision, Wait) and pin == "local":
+    if kept_here and why_local is not None and isinstance(decision, Wait):
         decision = _kept_off_peers(decision, why_local, candidates)
     return steady(config.stash.setdefault(REASONS_KEY, {}), task.id, decision)
 
@@ -350,6 +360,21 @@ def _kept_off_peers(wait: Wait, why_local: str, candidates: list[Candidate]) -> 
     also = f"a task with {why_local} runs on this machine ({because}), not on {peers}"
     return dataclasses.replace(wait, reason=f"{wait.reason}; {also}",
                                operator=f"{wait.operator}; {also}" if wait.operator else None)
+
+
+def _workspace_here(config: Config, name: str) -> bool:
+    from ..hostapi import workspace_here  # the loop's: not loaded for `--help`
+
+    return workspace_here(config, name)
+
+
+def _here_only(config: Config, why: str, then: Optional[PlaceFilter]) -> PlaceFilter:
+    """A filter that passes over the candidates whose workspaces are elsewhere, then ``then``."""
+    def filt(c: Candidate) -> Optional[str]:
+        if not _workspace_here(config, c.name):
+            return f"a task with {why} runs where its workspace is a folder on this machine"
+        return then(c) if then is not None else None
+    return filt
 
 
 class PassRules:
