@@ -362,7 +362,7 @@ class Shepherd:
         except OSError as e:
             return f"unreadable: {e.strerror}"
         try:
-            status = loads(raw.decode())
+            status = json.loads(raw.decode())
         except ValueError:
             return "unreadable"
         state = status.get("state") if isinstance(status, dict) else None

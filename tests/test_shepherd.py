@@ -233,7 +233,7 @@ def test_a_second_shepherd_of_an_attempt_starts_nothing(tmp_path: Path, second_w
     adir = tmp_path / "a1"
     adir.mkdir(mode=0o700)
     (adir / shepherd.SPEC).write_text(json.dumps({"attempt_id": "a1", "argv": [str(agent)], "cwd": str(tmp_path)}))
-    argv = [sys.executable, "-I", "-S", shepherdrun.SHEPHERD_PATH, str(adir)]
+    argv = [sys.executable, "-I", "-S", shepherd.SHEPHERD_PATH, str(adir)]
     first = subprocess.Popen(argv, stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
     try:
         deadline = time.monotonic() + 120  # bounds a hang only

@@ -328,8 +328,7 @@ def builtin_place(task: Any, candidates: list[Candidate], config: Config,
         if pin is not None and not _workspace_here(config, pin):
             why = f"a task with {why_local} runs on this machine, but it is pinned to {pin}"
             return Wait(why, operator=why)
-        if pin is None:
-            kept_here = True
+        if pin is None:  # the filter's reason says what keeps it off the peers
             extra_filter = _here_only(config, why_local, extra_filter)
     if task.state in (State.RETRYING, State.RESUMING) and task.host:
         pin = task.host  # same machine, same worktree
@@ -372,7 +371,8 @@ def _here_only(config: Config, why: str, then: Optional[PlaceFilter]) -> PlaceFi
     """A filter that passes over the candidates whose workspaces are elsewhere, then ``then``."""
     def filt(c: Candidate) -> Optional[str]:
         if not _workspace_here(config, c.name):
-            return f"a task with {why} runs where its workspace is a folder on this machine"
+            because = _WHY_HERE.get(why, "its verifier runs here")
+            return f"is a peer, and a task with {why} runs where its files are: on this machine ({because})"
         return then(c) if then is not None else None
     return filt
 

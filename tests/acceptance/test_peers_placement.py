@@ -170,9 +170,9 @@ def test_a_task_that_must_run_on_a_drained_machine_says_so_and_what_keeps_it_off
     r = fleeter.run("tasks.toml")
     assert r.ret == 1, r.stdout + r.stderr
     assert (fleeter.task("a").state.value, fleeter.task("a").host) == ("DONE", "mini")
-    why = ("this machine is draining; a task with "
-           'base = "dependencies" runs on this machine (the dependencies\' branches are merged here), '
-           "not on the live peer mini")
+    why = ("this machine is draining; mini is a peer, and a task with "
+           'base = "dependencies" runs where its files are: on this machine (the dependencies\' branches are '
+           "merged here)")
     r.fnmatch_lines([f"cannot place: b: {why}"])
     (row,) = [line for line in fleeter.run("status").stdout.splitlines() if line.startswith("b ")]
     assert row.endswith(why), row
