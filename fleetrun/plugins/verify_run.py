@@ -16,10 +16,14 @@ A task's ``setup`` commands run through here too (see :mod:`fleetrun.setupstage`
 
 from __future__ import annotations
 
+import os
+import subprocess
 import time
+from dataclasses import replace
 from pathlib import Path
-from typing import TYPE_CHECKING, Any, Optional
+from typing import TYPE_CHECKING, Any, Optional, Union
 
+from .. import baseline
 from ..commandword import SHELL_WORDS as _SHELL_WORDS
 from ..commandword import is_assignment as _is_assignment
 from ..commandword import not_found_error
@@ -29,7 +33,9 @@ from ..hostapi import Host
 from ..procutil import ProcessHandle, tail_text, task_env
 from ..reports import PERMANENT, Verdict
 from ..shepherdrun import CACHE
+from ..stash import StashKey
 from ..taskspec import SETUP_STEP_BASE, step_index
+from ..verdicttext import summary_line
 
 if TYPE_CHECKING:
     from ..config import Config
@@ -62,7 +68,16 @@ class RunHandle(ProcessHandle):
     def timed_out(self) -> Verdict:
         return self._make(False, f"timed out after {self.verifier.timeout_s:g}s")
 
+    #: set for a verifier with ``junit``: the per-test verdict against its baseline
+    judge: Optional[TestJudge] = None
+
     def ended(self, code: int) -> Verdict:
+        plain = self._ended(code)
+        if self.judge is None or plain.error or code < 0 or code in (126, 127):
+            return plain
+        return self.judge.verdict(plain, self._make)
+
+    def _ended(self, code: int) -> Verdict:
         if code == 0:
             return self._make(True, "exit code 0")
         if code < 0:
@@ -80,7 +95,10 @@ def verifier_env(task: Any, attempt: Any, workspace: Any) -> dict[str, str]:
 
 @hookimpl(trylast=True)
 def fleetrun_verify(task: Any, verifier: Any, workspace: Any, attempt: Any, host: Host,
-                    config: Config) -> Optional[RunHandle]:
+                    config: Config) -> Optional[Union[RunHandle, BaselineStep, Verdict]]:
+    if verifier.kind == baseline.KIND:
+        # on this machine whatever the host (a peer's baseline is a known gap, docs/verifiers.md)
+        return baseline_step(task, verifier, workspace, attempt, config)
     if verifier.kind != "run" or not host.local:
         return None  # a host whose folders are elsewhere runs its own (the relay's on a peer)
     adir = host.attempt_dir(attempt.id)
@@ -88,9 +106,12 @@ def fleetrun_verify(task: Any, verifier: Any, workspace: Any, attempt: Any, host
     idx = step_index(task, verifier)
     # a setup command (extra["setup"] = K) writes setup-K.out beside the verifiers' outputs
     name = f"setup-{idx - SETUP_STEP_BASE + 1}.out" if idx >= SETUP_STEP_BASE else f"verify-{idx + 1}.out"
-    return RunHandle(verifier, workspace.path, adir / name, verifier_env(task, attempt, workspace),
-                     root=getattr(workspace, "root", None) or workspace.path,
-                     max_bytes=output_cap(config), cache=config.home / CACHE)
+    handle = RunHandle(verifier, workspace.path, adir / name, verifier_env(task, attempt, workspace),
+                       root=getattr(workspace, "root", None) or workspace.path,
+                       max_bytes=output_cap(config), cache=config.home / CACHE)
+    if idx < SETUP_STEP_BASE and isinstance(verifier.extra.get("junit"), str):
+        handle.judge = TestJudge(task, verifier, idx, workspace, config)
+    return handle
 
 
 # ---------------------------------------------------------------------------------
@@ -175,3 +196,206 @@ def fleetrun_collection_modifyitems(config: Config, items: list[Any]) -> None:
                 f"{where}:{v.line or t.line}: task '{t.name}': verify: {trap.interpreter} imports {trap.package} "
                 f"from {trap.project} (an editable install of the main checkout), not from the worktree; "
                 f"add PYTHONPATH={trap.pythonpath} or a setup step (docs/verifiers.md)")
+
+
+# ---------------------------------------------------------------------------------
+# What was already broken: a verifier's baseline run on the task's base commit, and the
+# per-test verdict of a verifier with a JUnit report (docs/verifiers.md).
+
+#: The runs in flight, by :func:`fleetrun.baseline.key`: tasks on one base share one.
+BASELINE_RUNS = StashKey[dict[str, "BaselineRun"]]()
+
+
+def _git(cwd: str, *args: str) -> Optional[str]:
+    try:
+        done = subprocess.run(["git", "-C", cwd, *args], capture_output=True, text=True, timeout=600)
+    except (OSError, subprocess.SubprocessError):
+        return None
+    return done.stdout.strip() if done.returncode == 0 else None
+
+
+class BaselineRun:
+    """One run of a verifier on a base commit, in a detached worktree of its own under
+    the home (``baselines/KEY/tree``), after the task's setup commands; the worktree is
+    removed once it has ended. Its result goes to the ledger; every task whose baseline
+    step has this key waits on this one run."""
+
+    def __init__(self, k: str, step: Any, repo: str, commit: str, subdir: str, setup: list[Any],
+                 env: dict[str, str], config: Config) -> None:
+        from ..ledger import open_ledger
+
+        self.k, self.step, self.repo, self.commit = k, step, repo, commit
+        self.led = open_ledger(config)
+        self.holders = 0
+        self.result: Optional[baseline.Result] = None
+        self.dir = config.home / "baselines" / k
+        self.tree = self.dir / "tree"
+        self.handle: Optional[RunHandle] = None
+        self.max_bytes, self.cache, self.env = output_cap(config), config.home / CACHE, env
+        self._remove_tree()  # one a crash left
+        self.dir.mkdir(parents=True, exist_ok=True, mode=0o700)
+        if _git(repo, "worktree", "add", "--detach", str(self.tree), commit) is None:
+            self._finish(False, f"cannot make a worktree at {commit[:12]}", error=PERMANENT)
+            return
+        self.cwd = str(self.tree / subdir) if subdir not in ("", ".") else str(self.tree)
+        self.env = {**env, "FLEETRUN_WORKTREE": str(self.tree)} if "FLEETRUN_WORKTREE" in env else env
+        self.queue = [*setup, step]
+        self._next()
+
+    def _next(self) -> None:
+        spec = self.queue[0]
+        name = f"setup-{len(self.queue)}.out" if len(self.queue) > 1 else "verify.out"
+        self.handle = RunHandle(spec, self.cwd, self.dir / name, self.env, root=str(self.tree),
+                                max_bytes=self.max_bytes, cache=self.cache)
+
+    def poll(self) -> Optional[baseline.Result]:
+        if self.result is not None or self.handle is None:
+            return self.result
+        v = self.handle.poll()
+        if v is None:
+            return None
+        spec = self.queue.pop(0)
+        if self.queue:  # a setup command
+            if not v.passed:
+                self._finish(False, f"setup command {spec.label!r} failed on the base: {v.reason}", output=v.output)
+            else:
+                self._next()
+            return self.result
+        self._finish(v.passed, v.reason, output=v.output, error=v.error)
+        return self.result
+
+    def _finish(self, passed: bool, reason: str, output: str = "", error: Optional[str] = None) -> None:
+        from ..junitreport import ReportError, read
+
+        report, report_error = None, None
+        junit = self.step.extra.get("junit")
+        if isinstance(junit, str) and error is None:
+            try:
+                report = read(self.tree / junit).to_json()
+            except ReportError as e:
+                report_error = str(e)
+        self.result = baseline.Result(commit=self.commit, label=self.step.label, passed=passed, reason=reason,
+                                      summary=summary_line(output), output=output[-baseline.KEEP_CHARS:],
+                                      report=report, report_error=report_error, error=error)
+        baseline.store(self.led, self.k, self.result)
+        self.handle = None
+        self._remove_tree()
+
+    def _remove_tree(self) -> None:
+        import shutil
+
+        if self.tree.exists():
+            _git(self.repo, "worktree", "remove", "--force", str(self.tree))
+        shutil.rmtree(self.dir, ignore_errors=True)
+        _git(self.repo, "worktree", "prune")
+
+    def cancel(self) -> None:
+        if self.handle is not None:
+            self.handle.cancel()
+            self.handle = None
+        self._remove_tree()
+
+
+class BaselineStep:
+    """One task's baseline step: waits on the shared :class:`BaselineRun` and says what
+    its result means for this task (a :class:`~fleetrun.reports.VerifyHandle`)."""
+
+    def __init__(self, run: BaselineRun, task: Any, step: Any, config: Config, runs: dict[str, BaselineRun]) -> None:
+        self.run, self.task, self.step, self.config, self.runs = run, task, step, config, runs
+        run.holders += 1
+
+    def poll(self) -> Optional[Verdict]:
+        result = self.run.poll()
+        if result is None:
+            return None
+        if self.runs.get(self.run.k) is self.run:
+            del self.runs[self.run.k]
+        return step_verdict(self.run.led, self.task, self.step, self.run.k, result)
+
+    def fileno(self) -> int:
+        return self.run.handle.fileno() if self.run.handle is not None else -1
+
+    def next_deadline(self) -> float:
+        return self.run.handle.next_deadline() if self.run.handle is not None else time.monotonic()
+
+    def cancel(self) -> None:
+        self.run.holders -= 1
+        if self.run.holders <= 0 and self.run.result is None:
+            self.run.cancel()
+            if self.runs.get(self.run.k) is self.run:
+                del self.runs[self.run.k]
+
+
+def step_verdict(led: Any, task: Any, step: Any, k: str, result: baseline.Result) -> Verdict:
+    """What the base's result means for the task: go on (it passed, or a JUnit report
+    lets each test be judged, or ``baseline = "warn"``), or stop (a FAIL: the setup stage
+    sends the task to a human, ``baseline_fails``)."""
+    idx = step.extra[baseline.OF]
+    baseline.bind(led, task.id, idx, k)
+    what = result.describe()
+    if result.passed or result.junit() is not None:
+        return Verdict(True, baseline.KIND, step.label, reason=what)
+    if result.error is None and baseline.mode(task, step) == "warn":
+        return Verdict(True, baseline.KIND, step.label, reason=f"{what}; baseline = \"warn\": starting anyway")
+    reason = result.reason if not result.report_error else f"{result.reason}; {result.report_error}"
+    return Verdict(False, baseline.KIND, step.label, reason=reason, output=result.output)
+
+
+def baseline_step(task: Any, step: Any, workspace: Any, attempt: Any, config: Config) -> Union[Verdict, BaselineStep]:
+    """The baseline of one of the task's ``run`` verifiers: its result from the ledger,
+    the run in flight for the same key, or a new run. ``workspace`` is at the base commit
+    (no agent has run in it yet)."""
+    path = workspace.path
+    commit = _git(path, "rev-parse", "--verify", "HEAD^{commit}")
+    top = _git(path, "rev-parse", "--show-toplevel")
+    common = _git(path, "rev-parse", "--path-format=absolute", "--git-common-dir")
+    if not commit or not top or not common:
+        return Verdict(True, baseline.KIND, step.label, reason="not a git repository: no baseline")
+    subdir = os.path.relpath(path, top)
+    setup = [s.text for s in task.spec.setup]
+    k = baseline.key(common, commit, step, setup, subdir)
+    from ..ledger import open_ledger
+
+    led = open_ledger(config)
+    known = baseline.load(led, k)
+    if known is not None:
+        return step_verdict(led, task, step, k, known)
+    runs = config.stash.setdefault(BASELINE_RUNS, {})
+    run = runs.get(k)
+    if run is None:
+        env = {**verifier_env(task, attempt, workspace)}
+        run = runs[k] = BaselineRun(k, step, top, commit, subdir, list(task.spec.setup), env, config)
+    return BaselineStep(run, task, step, config, runs)
+
+
+class TestJudge:
+    """The per-test verdict of a ``run`` verifier with ``junit``: its report against the
+    one its baseline wrote (:func:`fleetrun.junitreport.judge`)."""
+
+    def __init__(self, task: Any, verifier: Any, idx: int, workspace: Any, config: Config) -> None:
+        self.task, self.verifier, self.idx, self.config = task, verifier, idx, config
+        self.root = Path(getattr(workspace, "root", None) or workspace.path)
+        self.report_path = Path(workspace.path) / verifier.extra["junit"]
+
+    def verdict(self, plain: Verdict, make: Any) -> Verdict:
+        """``plain`` is the exit code's verdict; ``make(passed, reason)`` a verdict with
+        the command's output."""
+        from ..junitreport import ReportError, judge, read
+        from ..ledger import open_ledger
+
+        base = baseline.of_task(open_ledger(self.config), self.task.id, self.idx)
+        base_report = base.junit() if base is not None else None
+        if base_report is None:
+            why = "no baseline" if base is None else f"no report on the base ({base.report_error or 'none'})"
+            return replace(plain, reason=f"{plain.reason}; junit: {why}, judged by the exit code")
+        try:
+            now = read(self.report_path)
+        except ReportError as e:
+            return replace(plain, reason=f"{plain.reason}; junit: {e}, judged by the exit code")
+        must = self.verifier.extra.get("must_pass") or []
+        j = judge(base_report, now, [str(t) for t in must], removes_tests=self.task.spec.extra.get("removes_tests") is True)
+        verdict = make(j.passed, f"{j.summary()} ({plain.reason})")
+        details = j.details_for_retry()
+        if details:
+            verdict = replace(verdict, output=f"{details}\n\n{verdict.output}")
+        return verdict

@@ -1,0 +1,218 @@
+"""End to end: a verifier's baseline on the task's base commit, and the per-test verdict
+of a JUnit report (issue 26), with the real CLI, real git, a real pytest suite in a real
+repository and the fake claude acting on it."""
+
+from __future__ import annotations
+
+import json
+import sys
+
+from fleetrun.ledger import open_ledger  # noqa: F401  (the ledger's own reader, as fleeter uses)
+
+CALC = "def add(a, b):\n    return a + b\n"
+TESTS = '''
+from calc import add
+
+
+def test_add():
+    assert add(2, 3) == 5
+
+
+def test_add_zero():
+    assert add(0, 7) == 7
+
+
+def test_old():
+    assert add(1, 1) == 3, "already broken on main"
+'''
+FIXED_OLD = TESTS.replace('assert add(1, 1) == 3, "already broken on main"', "assert add(1, 1) == 2")
+BROKEN_CALC = "def add(a, b):\n    return a + b + (1 if a == 0 else 0)\n"
+FEATURE = "def add(a, b):\n    return a + b\n\n\ndef mul(a, b):\n    return a * b\n"
+FEATURE_TEST = "from calc import mul\n\n\ndef test_mul():\n    assert mul(2, 3) == 6\n"
+# the runs are counted by the folder they ran in (a base's worktree is under the home's baselines/)
+PYTEST = f"echo \"$PWD\" >> {{runs}} && {sys.executable} -m pytest -q -p no:cacheprovider --junitxml=report.xml tests"
+
+
+def suite_repo(fleeter) -> None:
+    fleeter.make_repo(files={"calc.py": CALC, "tests/test_calc.py": TESTS,
+                             ".gitignore": "report.xml\n__pycache__/\n"})
+
+
+def runs_log(fleeter) -> list[str]:
+    p = fleeter.path / "runs.log"
+    return p.read_text().splitlines() if p.exists() else []
+
+
+def base_runs(fleeter) -> int:
+    return sum(1 for line in runs_log(fleeter) if f"{fleeter.home}/baselines/" in line)
+
+
+def task_toml(name: str, extra: str = "", verify_extra: str = "", verify: str = "", retries: int = 1) -> str:
+    return f'''
+        [[task]]
+        name = "{name}"
+        cwd = "repo"
+        prompt = "Work on calc."
+        git_ref = "main"
+        max_retries = {retries}
+        {extra}
+
+          [[task.verify]]
+          run = {json.dumps(verify or PYTEST)}
+          junit = "report.xml"
+          {verify_extra}
+    '''
+
+
+def write(fleeter, *tasks: str) -> None:
+    fleeter.write_tasks("\n".join(tasks).replace("{runs}", str(fleeter.path / "runs.log")))
+
+
+def verdicts(fleeter, name: str) -> list:
+    return fleeter.ledger().verdicts(fleeter.task(name).id)
+
+
+def test_a_feature_that_breaks_nothing_is_done_despite_the_old_failure(fleeter, fake_claude):
+    suite_repo(fleeter)
+    write(fleeter, task_toml("feature"))
+    fake_claude.script(feature=[{"actions": [["write", "calc.py", FEATURE], ["write", "tests/test_mul.py", FEATURE_TEST],
+                                             ["commit", "mul"]]}])
+    r = fleeter.run("tasks.toml")
+    assert r.ret == 0, r.stdout + r.stderr
+    (v,) = verdicts(fleeter, "feature")
+    assert v.passed
+    assert v.reason.startswith("0 new failures (1 already failing on the base); tests: 3 on the base, 4 now"), v.reason
+    assert base_runs(fleeter) == 1
+    notes = fleeter.run("logs", "feature").stdout
+    assert "baseline: 3 tests, 1 failing on the base at" in notes
+
+
+def test_a_change_that_breaks_a_passing_test_is_retried_with_that_test_named(fleeter, fake_claude):
+    suite_repo(fleeter)
+    write(fleeter, task_toml("breaks"))
+    fake_claude.script(breaks=[{"actions": [["write", "calc.py", BROKEN_CALC], ["commit", "oops"]]},
+                               {"actions": [["append", "calc.py", "\n"], ["commit", "still"]]}])
+    r = fleeter.run("tasks.toml")
+    assert r.ret == 1, r.stdout + r.stderr
+    assert fleeter.task("breaks").state.value == "NEEDS_HUMAN"
+    first, second = fake_claude.calls("breaks")
+    # the retry prompt names the new failure, and not the one the base already had
+    assert "new failure: tests.test_calc::test_add_zero" in second["prompt"]
+    assert "test_old" not in second["prompt"].split("new failure:", 1)[1].split("\n\n", 1)[0]
+    v = verdicts(fleeter, "breaks")[0]
+    assert not v.passed
+    assert v.reason.startswith("1 new failure (1 already failing on the base)"), v.reason
+
+
+def test_must_pass_the_old_failure_fixed_is_done_and_not_fixed_is_a_failure(fleeter, fake_claude):
+    suite_repo(fleeter)
+    must = 'must_pass = ["tests/test_calc.py::test_old"]'
+    write(fleeter, task_toml("fixes", verify_extra=must), task_toml("lazy", verify_extra=must, retries=0))
+    fake_claude.script(fixes=[{"actions": [["write", "tests/test_calc.py", FIXED_OLD], ["commit", "fix"]]}],
+                       lazy=[{"actions": [["write", "NOTES.md", "looked"], ["commit", "nothing"]]}])
+    r = fleeter.run("tasks.toml")
+    assert r.ret == 1, r.stdout + r.stderr
+    assert fleeter.task("fixes").state.value == "DONE"
+    assert fleeter.task("lazy").state.value == "NEEDS_HUMAN"
+    (v,) = verdicts(fleeter, "lazy")
+    assert "1 of must_pass not passing" in v.reason
+    assert "must_pass, not passing: tests/test_calc.py::test_old" in v.output
+
+
+def test_a_verifier_failing_on_the_base_without_a_report_needs_a_human_before_any_agent_run(fleeter, fake_claude):
+    suite_repo(fleeter)
+    plain = f"echo \"$PWD\" >> {{runs}} && {sys.executable} -m pytest -q -p no:cacheprovider tests"
+    write(fleeter, f'''
+        [[task]]
+        name = "blocked"
+        cwd = "repo"
+        prompt = "Work on calc."
+        git_ref = "main"
+
+          [[task.verify]]
+          run = {json.dumps(plain)}
+          baseline = true
+    ''')
+    fake_claude.script(blocked=[{"actions": [["write", "calc.py", FEATURE], ["commit", "mul"]]}])
+    r = fleeter.run("tasks.toml")
+    assert r.ret == 1, r.stdout + r.stderr
+    assert fake_claude.calls("blocked") == []
+    task = fleeter.task("blocked")
+    assert task.state.value == "NEEDS_HUMAN"
+    last = fleeter.ledger().transitions(task.id)[-1]
+    assert last.cause.startswith("baseline_fails:"), last.cause
+    assert "1 failed, 2 passed" in last.cause
+    assert base_runs(fleeter) == 1
+
+
+def test_warn_starts_anyway_and_the_prompt_quotes_the_failure(fleeter, fake_claude):
+    suite_repo(fleeter)
+    plain = f"{sys.executable} -m pytest -q -p no:cacheprovider tests"
+    write(fleeter, f'''
+        [[task]]
+        name = "warned"
+        cwd = "repo"
+        prompt = "Work on calc."
+        git_ref = "main"
+        max_retries = 0
+
+          [[task.verify]]
+          run = {json.dumps(plain)}
+          baseline = "warn"
+    ''')
+    fake_claude.script(warned=[{"actions": [["write", "tests/test_calc.py", FIXED_OLD], ["commit", "fix"]]}])
+    r = fleeter.run("tasks.toml")
+    assert r.ret == 0, r.stdout + r.stderr
+    (call,) = fake_claude.calls("warned")
+    assert "already fail on the base commit" in call["prompt"]
+    assert "1 failed, 2 passed" in call["prompt"]
+
+
+def test_one_baseline_run_is_shared_by_every_task_on_the_same_base(fleeter, fake_claude):
+    suite_repo(fleeter)
+    names = [f"t{i}" for i in range(4)]
+    write(fleeter, *(task_toml(n) for n in names))
+    fake_claude.script(**{n: [{"actions": [["write", f"NOTE{n}.md", n], ["commit", n]]}] for n in names})
+    r = fleeter.run("tasks.toml")
+    assert r.ret == 0, r.stdout + r.stderr
+    assert base_runs(fleeter) == 1
+    assert len(runs_log(fleeter)) == 1 + len(names)
+    # and the base's worktree is gone
+    assert not any((fleeter.home / "baselines").iterdir()) if (fleeter.home / "baselines").exists() else True
+
+
+def test_an_agent_that_deletes_a_failing_test_fails_naming_it_removed(fleeter, fake_claude):
+    suite_repo(fleeter)
+    without_old = TESTS.split("def test_old")[0]
+    write(fleeter, task_toml("hides", retries=0))
+    fake_claude.script(hides=[{"actions": [["write", "tests/test_calc.py", without_old], ["commit", "green"]]}])
+    r = fleeter.run("tasks.toml")
+    assert r.ret == 1, r.stdout + r.stderr
+    (v,) = verdicts(fleeter, "hides")
+    assert not v.passed
+    assert "1 removed" in v.reason and "tests: 3 on the base, 2 now" in v.reason, v.reason
+    assert "removed (on the base, missing now): tests.test_calc::test_old" in v.output
+
+
+def test_a_task_that_declares_it_removes_tests_is_not_failed_for_it(fleeter, fake_claude):
+    suite_repo(fleeter)
+    without_old = TESTS.split("def test_old")[0]
+    write(fleeter, task_toml("prunes", extra="removes_tests = true", retries=0))
+    fake_claude.script(prunes=[{"actions": [["write", "tests/test_calc.py", without_old], ["commit", "prune"]]}])
+    r = fleeter.run("tasks.toml")
+    assert r.ret == 0, r.stdout + r.stderr
+
+
+def test_a_malformed_report_is_judged_by_the_exit_code_and_says_why(fleeter, fake_claude):
+    suite_repo(fleeter)
+    # the agent's own code overwrites the report after pytest wrote it
+    garbage = ("def pytest_unconfigure(config):\n"
+               "    open('report.xml', 'w').write('<testsuites><testcase name=')\n")
+    write(fleeter, task_toml("garbled", retries=0))
+    fake_claude.script(garbled=[{"actions": [["write", "conftest.py", garbage], ["commit", "conf"]]}])
+    r = fleeter.run("tasks.toml")
+    assert r.ret == 1, r.stdout + r.stderr
+    (v,) = verdicts(fleeter, "garbled")
+    assert not v.passed
+    assert v.reason.startswith("exit code 1; junit: the report is not well-formed XML"), v.reason
+    assert "judged by the exit code" in v.reason
