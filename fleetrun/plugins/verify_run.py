@@ -30,6 +30,7 @@ from ..commandword import not_found_error
 from ..config import output_cap
 from ..hookimpl import hookimpl
 from ..hostapi import Host
+from ..junitreport import Judgement
 from ..procutil import ProcessHandle, tail_text, task_env
 from ..reports import PERMANENT, Verdict
 from ..shepherdrun import CACHE
@@ -51,6 +52,9 @@ class RunHandle(ProcessHandle):
         #: whose files are the work's (a script of its own that is gone is the work's fault)
         self.path_var = env.get("PATH")
         self.root = root or cwd
+        # what a re-run of its flaky-looking failures needs (TestJudge)
+        self.cwd, self.env, self.cache = cwd, env, cache
+        self.rerun: Optional[RunHandle] = None
         super().__init__(verifier, ["/bin/sh", "-c", verifier.text], cwd, env, out_path, host=host,
                          max_bytes=max_bytes, cache=cache)
 
@@ -70,6 +74,33 @@ class RunHandle(ProcessHandle):
 
     #: set for a verifier with ``junit``: the per-test verdict against its baseline
     judge: Optional[TestJudge] = None
+
+    def poll(self) -> Optional[Verdict]:
+        if self.rerun is not None:  # its new failures, once more by name
+            if self.rerun.poll() is None:
+                return None
+            self.rerun = None
+            assert self.judge is not None
+            self.verdict = self.judge.after_rerun(self._make)
+            return self.verdict
+        verdict = super().poll()
+        if verdict is not None and self.judge is not None and self.judge.pending is not None:
+            self.rerun = self.judge.start_rerun(self)
+            if self.rerun is not None:
+                return None
+        return verdict
+
+    def fileno(self) -> int:
+        return self.rerun.fileno() if self.rerun is not None else super().fileno()
+
+    def next_deadline(self) -> float:
+        return self.rerun.next_deadline() if self.rerun is not None else super().next_deadline()
+
+    def cancel(self) -> None:
+        if self.rerun is not None:
+            self.rerun.cancel()
+            self.rerun = None
+        super().cancel()
 
     def ended(self, code: int) -> Verdict:
         plain = self._ended(code)
@@ -376,6 +407,11 @@ class TestJudge:
         self.task, self.verifier, self.idx, self.config = task, verifier, idx, config
         self.root = Path(getattr(workspace, "root", None) or workspace.path)
         self.report_path = Path(workspace.path) / verifier.extra["junit"]
+        self.cwd = Path(workspace.path)
+        #: the judgement waiting on a re-run of its new failures, the exit code's
+        #: verdict, and the failures' node ids
+        self.pending: Optional[tuple[Judgement, Verdict, dict[str, str]]] = None
+        self.rerun_xml = Path()
 
     def verdict(self, plain: Verdict, make: Any) -> Verdict:
         """``plain`` is the exit code's verdict; ``make(passed, reason)`` a verdict with
@@ -394,8 +430,81 @@ class TestJudge:
             return replace(plain, reason=f"{plain.reason}; junit: {e}, judged by the exit code")
         must = self.verifier.extra.get("must_pass") or []
         j = judge(base_report, now, [str(t) for t in must], removes_tests=self.task.spec.extra.get("removes_tests") is True)
-        verdict = make(j.passed, f"{j.summary()} ({plain.reason})")
+        ids = self.rerun_ids(j)
+        if ids:
+            self.pending = (j, plain, ids)
+        return self.finish(j, plain, make)
+
+    def finish(self, j: Judgement, plain: Verdict, make: Any, note: str = "") -> Verdict:
+        verdict = make(j.passed, f"{j.summary()} ({plain.reason}{note})")
         details = j.details_for_retry()
         if details:
             verdict = replace(verdict, output=f"{details}\n\n{verdict.output}")
         return verdict
+
+    # -- flaky tests: a new failure is run once more, by name (pytest's node id) ------
+
+    def rerun_ids(self, j: Judgement) -> dict[str, str]:
+        """Each new failure's pytest node id, when the verifier runs pytest and may
+        re-run (``flaky_rerun``, default true); a test with no file found is left out."""
+        from ..junitreport import node_id
+
+        if self.verifier.extra.get("flaky_rerun") is False or not j.new or rerun_command(self.verifier.text) is None:
+            return {}
+        found = {k: node_id(k, self.cwd) for k in j.new}
+        return {k: nid for k, nid in found.items() if nid is not None}
+
+    def start_rerun(self, handle: RunHandle) -> Optional[RunHandle]:
+        import shlex
+
+        from ..taskspec import VerifySpec
+
+        assert self.pending is not None
+        cmd = rerun_command(self.verifier.text)
+        if cmd is None:
+            self.pending = None
+            return None
+        self.rerun_xml = handle.out_path.with_name(f"{handle.out_path.stem}-rerun.xml")
+        ids = sorted(self.pending[2].values())
+        text = shlex.join([*cmd, "-q", "-p", "no:cacheprovider", f"--junitxml={self.rerun_xml}", *ids])
+        spec = VerifySpec(kind="run", text=text, timeout_s=self.verifier.timeout_s, name=f"{self.verifier.label} (re-run)")
+        return RunHandle(spec, handle.cwd, handle.out_path.with_name(f"{handle.out_path.stem}-rerun.out"), handle.env,
+                         root=handle.root, max_bytes=handle.max_bytes, cache=handle.cache)
+
+    def after_rerun(self, make: Any) -> Verdict:
+        """The verdict once the re-run has ended: a new failure that passed when run
+        again is flaky, not the task's failure."""
+        from ..junitreport import PASSED, ReportError, read
+
+        assert self.pending is not None
+        j, plain, _ids = self.pending
+        self.pending = None
+        note = ""
+        try:
+            again = read(self.rerun_xml)
+        except ReportError as e:
+            again, note = None, f"; the re-run's report: {e}"
+        if again is not None:
+            for k in list(j.new):
+                if again.outcomes.get(k) == PASSED:
+                    j.flaky.append(k)
+                    del j.new[k]
+        return self.finish(j, plain, make, note)
+
+
+def rerun_command(text: str) -> Optional[list[str]]:
+    """How to run the verifier's pytest again by node id: ``PY -m pytest`` or
+    ``pytest`` as its command says it (after a ``&&``, a ``cd``...), or None when it
+    runs no pytest that can be named (another runner: no re-run)."""
+    import shlex
+
+    try:
+        words = shlex.split(text)
+    except ValueError:
+        return None
+    for i, w in enumerate(words):
+        if w == "pytest" and i >= 2 and words[i - 1] == "-m" and not any(c in words[i - 2] for c in "$`;&|"):
+            return [words[i - 2], "-m", "pytest"]
+        if os.path.basename(w) in ("pytest", "py.test") and (i == 0 or words[i - 1] in ("&&", ";", "||")):
+            return [w]
+    return None

@@ -216,3 +216,36 @@ def test_a_malformed_report_is_judged_by_the_exit_code_and_says_why(fleeter, fak
     assert not v.passed
     assert v.reason.startswith("exit code 1; junit: the report is not well-formed XML"), v.reason
     assert "judged by the exit code" in v.reason
+
+
+def test_a_flaky_test_that_passes_when_run_again_is_done_and_reported_flaky(fleeter, fake_claude):
+    # passes on the base (run 1), fails in the task's verifier (run 2), passes re-run by name (run 3)
+    count = fleeter.path / "flaky.count"
+    flaky = (f"from pathlib import Path\n\n\ndef test_flaky():\n    p = Path({str(count)!r})\n"
+             "    n = int(p.read_text()) + 1 if p.exists() else 1\n    p.write_text(str(n))\n"
+             "    assert n != 2, 'flaked'\n")
+    fleeter.make_repo(files={"calc.py": CALC, "tests/test_calc.py": TESTS, "tests/test_flaky.py": flaky,
+                             ".gitignore": "report.xml\n__pycache__/\n"})
+    write(fleeter, task_toml("flakes", retries=0))
+    fake_claude.script(flakes=[{"actions": [["write", "calc.py", FEATURE], ["commit", "mul"]]}])
+    r = fleeter.run("tasks.toml")
+    assert r.ret == 0, r.stdout + r.stderr
+    assert count.read_text() == "3"
+    (v,) = verdicts(fleeter, "flakes")
+    assert v.passed
+    assert "0 new failures (1 already failing on the base); 1 flaky" in v.reason, v.reason
+
+
+def test_flaky_rerun_false_keeps_the_failure(fleeter, fake_claude):
+    count = fleeter.path / "flaky.count"
+    flaky = (f"from pathlib import Path\n\n\ndef test_flaky():\n    p = Path({str(count)!r})\n"
+             "    n = int(p.read_text()) + 1 if p.exists() else 1\n    p.write_text(str(n))\n"
+             "    assert n != 2, 'flaked'\n")
+    fleeter.make_repo(files={"calc.py": CALC, "tests/test_flaky.py": flaky, ".gitignore": "report.xml\n__pycache__/\n"})
+    write(fleeter, task_toml("strict", retries=0, verify_extra="flaky_rerun = false"))
+    fake_claude.script(strict=[{"actions": [["write", "calc.py", FEATURE], ["commit", "mul"]]}])
+    r = fleeter.run("tasks.toml")
+    assert r.ret == 1, r.stdout + r.stderr
+    assert count.read_text() == "2"
+    (v,) = verdicts(fleeter, "strict")
+    assert "new failure: tests.test_flaky::test_flaky: AssertionError: flaked" in v.output, v.output
