@@ -9,7 +9,7 @@ caller then judges by the exit code alone and says so (docs/verifiers.md).
 
 Tests are named ``classname::name`` as the report writes them; a pytest node id
 (``tests/test_x.py::TestA::test_y``, as ``must_pass`` lists them) is turned into that
-form by :func:`test_key`, the way pytest's junitxml writes its ``classname``.
+form by :func:`key_of_node`, the way pytest's junitxml writes its ``classname``.
 """
 
 from __future__ import annotations
@@ -121,7 +121,7 @@ def read(path: Path) -> Report:
     return parse(data)
 
 
-def test_key(node_id: str) -> str:
+def key_of_node(node_id: str) -> str:
     """``tests/test_x.py::TestA::test_y`` → ``tests.test_x.TestA::test_y`` (pytest's
     junitxml classname and name); a key already in that form is returned as it is."""
     parts = node_id.split("::")
@@ -220,5 +220,5 @@ def judge(base: Report, now: Report, must_pass: list[str], removes_tests: bool =
         # a test failing on the base and deleted now hides that failure: as weakening as
         # a passing one deleted, so both count (a skipped one is not judged either way)
         j.removed = sorted(k for k, o in base.outcomes.items() if o != SKIPPED and k not in now.outcomes)
-    j.must_pass = [t for t in must_pass if now.outcomes.get(test_key(t)) != PASSED]
+    j.must_pass = [t for t in must_pass if now.outcomes.get(key_of_node(t)) != PASSED]
     return j
