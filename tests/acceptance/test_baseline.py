@@ -178,7 +178,14 @@ def test_one_baseline_run_is_shared_by_every_task_on_the_same_base(fleeter, fake
     assert base_runs(fleeter) == 1
     assert len(runs_log(fleeter)) == 1 + len(names)
     # and the base's worktree is gone
-    assert not any((fleeter.home / "baselines").iterdir()) if (fleeter.home / "baselines").exists() else True
+    assert not (fleeter.home / "baselines").exists() or not any((fleeter.home / "baselines").iterdir())
+    assert "baselines" not in fleeter.git(fleeter.path / "repo", "worktree", "list")
+    # a later run on the same base takes the result from the ledger
+    fleeter.write_tasks(task_toml("later").replace("{runs}", str(fleeter.path / "runs.log")), name="later.toml")
+    fake_claude.script(later=[{"actions": [["write", "LATER.md", "x"], ["commit", "later"]]}])
+    r = fleeter.run("later.toml")
+    assert r.ret == 0, r.stdout + r.stderr
+    assert base_runs(fleeter) == 1
 
 
 def test_an_agent_that_deletes_a_failing_test_fails_naming_it_removed(fleeter, fake_claude):
