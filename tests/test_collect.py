@@ -218,12 +218,15 @@ x = 1
 
 
 def test_builtin_keys_are_documented() -> None:
-    for d in (*BUILTIN_TASK_KEYS, *BUILTIN_VERIFY_KEYS, *BUILTIN_VERIFY_KINDS):
+    from fleetrun.taskkeys import RUN_TASK_KEYS, RUN_VERIFY_KEYS
+
+    every = (*BUILTIN_TASK_KEYS, *BUILTIN_VERIFY_KEYS, *BUILTIN_VERIFY_KINDS, *RUN_TASK_KEYS, *RUN_VERIFY_KEYS)
+    for d in every:
         assert d.doc, d.key
     doc = Path(__file__).resolve().parent.parent / "docs" / "tasks-toml.md"
     if doc.exists():
         text = doc.read_text()
-        for d in (*BUILTIN_TASK_KEYS, *BUILTIN_VERIFY_KEYS, *BUILTIN_VERIFY_KINDS):
+        for d in every:
             assert f"`{d.key}`" in text, f"docs/tasks-toml.md does not describe {d.key}"
 
 

@@ -263,7 +263,11 @@ class BaselineRun:
         self.tree = self.dir / "tree"
         self.handle: Optional[RunHandle] = None
         self.max_bytes, self.cache, self.env = output_cap(config), config.home / CACHE, env
-        self._remove_tree()  # one a crash left
+        if self.dir.exists():  # a run a crash left: its commands end before its worktree goes
+            from ..hosts import kill_recorded_children
+
+            kill_recorded_children(self.dir)
+        self._remove_tree()
         self.dir.mkdir(parents=True, exist_ok=True, mode=0o700)
         if _git(repo, "worktree", "add", "--detach", str(self.tree), commit) is None:
             self._finish(False, f"cannot make a worktree at {commit[:12]}", error=PERMANENT)

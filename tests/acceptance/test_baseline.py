@@ -256,3 +256,26 @@ def test_flaky_rerun_false_keeps_the_failure(fleeter, fake_claude):
     assert count.read_text() == "2"
     (v,) = verdicts(fleeter, "strict")
     assert "new failure: tests.test_flaky::test_flaky: AssertionError: flaked" in v.output, v.output
+
+
+def test_a_crash_mid_baseline_ends_its_run_and_runs_it_again_once(fleeter, fake_claude):
+    from fleetrun.crash import CRASH_EXIT
+
+    from .test_adoption import wait_for
+    from .test_setup import alive
+
+    suite_repo(fleeter)
+    pidfile, marker = fleeter.path / "sleeper.pid", fleeter.path / "slept"
+    slow = f"echo $$ > {pidfile}; test -f {marker} || {{ touch {marker}; exec sleep 60; }}; " + PYTEST
+    write(fleeter, task_toml("t1", verify=slow))
+    fake_claude.script(t1=[{"actions": [["write", "calc.py", FEATURE], ["commit", "mul"]]}])
+    r = fleeter.runsub("tasks.toml", env={"FLEETRUN_CRASH_AT": "mid_setup@1"}, timeout=60)
+    assert r.ret == CRASH_EXIT, r.stdout + r.stderr
+    sleeper = int(wait_for(lambda: pidfile.exists() and pidfile.read_text().strip(), what="the base run"))
+    r2 = fleeter.runsub("work", "--until-idle", timeout=120)
+    assert r2.ret == 0, r2.stdout + r2.stderr
+    assert fleeter.task("t1").state.value == "DONE"
+    assert not alive(sleeper)
+    assert len(fake_claude.calls("t1")) == 1
+    assert base_runs(fleeter) == 1  # the killed run slept before its echo
+    assert "baselines" not in fleeter.git(fleeter.path / "repo", "worktree", "list")
