@@ -129,7 +129,7 @@ def fleetrun_verify(task: Any, verifier: Any, workspace: Any, attempt: Any, host
                     config: Config) -> Optional[Union[RunHandle, BaselineStep, Verdict]]:
     if verifier.kind == baseline.KIND:
         # on this machine whatever the host (a peer's baseline is a known gap, docs/verifiers.md)
-        return baseline_step(task, verifier, workspace, attempt, config)
+        return baseline_step(task, verifier, workspace, attempt, config, local=host.local)
     if verifier.kind != "run" or not host.local:
         return None  # a host whose folders are elsewhere runs its own (the relay's on a peer)
     adir = host.attempt_dir(attempt.id)
@@ -335,8 +335,9 @@ class BaselineStep:
     """One task's baseline step: waits on the shared :class:`BaselineRun` and says what
     its result means for this task (a :class:`~fleetrun.reports.VerifyHandle`)."""
 
-    def __init__(self, run: BaselineRun, task: Any, step: Any, config: Config, runs: dict[str, BaselineRun]) -> None:
-        self.run, self.task, self.step, self.config, self.runs = run, task, step, config, runs
+    def __init__(self, run: BaselineRun, task: Any, step: Any, config: Config, runs: dict[str, BaselineRun],
+                 local: bool = True) -> None:
+        self.run, self.task, self.step, self.config, self.runs, self.local = run, task, step, config, runs, local
         run.holders += 1
 
     def poll(self) -> Optional[Verdict]:
@@ -345,7 +346,7 @@ class BaselineStep:
             return None
         if self.runs.get(self.run.k) is self.run:
             del self.runs[self.run.k]
-        return step_verdict(self.run.led, self.task, self.step, self.run.k, result)
+        return step_verdict(self.run.led, self.task, self.step, self.run.k, result, self.local)
 
     def fileno(self) -> int:
         return self.run.handle.fileno() if self.run.handle is not None else -1
@@ -361,14 +362,16 @@ class BaselineStep:
                 del self.runs[self.run.k]
 
 
-def step_verdict(led: Any, task: Any, step: Any, k: str, result: baseline.Result) -> Verdict:
+def step_verdict(led: Any, task: Any, step: Any, k: str, result: baseline.Result, local: bool = True) -> Verdict:
     """What the base's result means for the task: go on (it passed, or a JUnit report
     lets each test be judged, or ``baseline = "warn"``), or stop (a FAIL: the setup stage
-    sends the task to a human, ``baseline_fails``)."""
+    sends the task to a human, ``baseline_fails``). On a peer the verifier's report
+    stays there and is not judged per test, so a failing base stops the task there even
+    with a report."""
     idx = step.extra[baseline.OF]
     baseline.bind(led, task.id, idx, k)
     what = result.describe()
-    if result.passed or result.junit() is not None:
+    if result.passed or (local and result.junit() is not None):
         return Verdict(True, baseline.KIND, step.label, reason=what)
     if result.error is None and baseline.mode(task, step) == "warn":
         return Verdict(True, baseline.KIND, step.label, reason=f"{what}; baseline = \"warn\": starting anyway")
@@ -376,12 +379,19 @@ def step_verdict(led: Any, task: Any, step: Any, k: str, result: baseline.Result
     return Verdict(False, baseline.KIND, step.label, reason=reason, output=result.output)
 
 
-def baseline_step(task: Any, step: Any, workspace: Any, attempt: Any, config: Config) -> Union[Verdict, BaselineStep]:
+def baseline_step(task: Any, step: Any, workspace: Any, attempt: Any, config: Config,
+                  local: bool = True) -> Union[Verdict, BaselineStep]:
     """The baseline of one of the task's ``run`` verifiers: its result from the ledger,
     the run in flight for the same key, or a new run. ``workspace`` is at the base commit
-    (no agent has run in it yet)."""
-    path = workspace.path
-    commit = _git(path, "rev-parse", "--verify", "HEAD^{commit}")
+    (no agent has run in it yet). For a task placed on a peer the base runs here, from
+    the task's own repository at its ``git_ref`` (a known gap: docs/verifiers.md)."""
+    if local:
+        path, rev = workspace.path, "HEAD"
+    elif task.spec.git_ref and not task.spec.merges_dependencies:
+        path, rev = task.spec.cwd, task.spec.git_ref
+    else:  # the base is made on the peer (a merge of its dependencies, or its checkout)
+        return Verdict(True, baseline.KIND, step.label, reason="the base is on the peer: no baseline")
+    commit = _git(path, "rev-parse", "--verify", f"{rev}^{{commit}}")
     top = _git(path, "rev-parse", "--show-toplevel")
     common = _git(path, "rev-parse", "--path-format=absolute", "--git-common-dir")
     if not commit or not top or not common:
@@ -394,13 +404,13 @@ def baseline_step(task: Any, step: Any, workspace: Any, attempt: Any, config: Co
     led = open_ledger(config)
     known = baseline.load(led, k)
     if known is not None:
-        return step_verdict(led, task, step, k, known)
+        return step_verdict(led, task, step, k, known, local)
     runs = config.stash.setdefault(BASELINE_RUNS, {})
     run = runs.get(k)
     if run is None:
         env = {**verifier_env(task, attempt, workspace)}
         run = runs[k] = BaselineRun(k, step, top, commit, subdir, list(task.spec.setup), env, config)
-    return BaselineStep(run, task, step, config, runs)
+    return BaselineStep(run, task, step, config, runs, local)
 
 
 class TestJudge:

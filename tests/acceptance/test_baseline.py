@@ -7,7 +7,7 @@ from __future__ import annotations
 import json
 import sys
 
-from fleetrun.ledger import open_ledger  # noqa: F401  (the ledger's own reader, as fleeter uses)
+import pytest
 
 CALC = "def add(a, b):\n    return a + b\n"
 TESTS = '''
@@ -279,3 +279,28 @@ def test_a_crash_mid_baseline_ends_its_run_and_runs_it_again_once(fleeter, fake_
     assert len(fake_claude.calls("t1")) == 1
     assert base_runs(fleeter) == 1  # the killed run slept before its echo
     assert "baselines" not in fleeter.git(fleeter.path / "repo", "worktree", "list")
+
+
+@pytest.mark.slow
+def test_a_peer_tasks_baseline_runs_here_and_a_failing_base_costs_no_agent_run_there(fleeter, fake_claude, peer_lab):
+    east = peer_lab.machine("east")
+    east.write("config.toml", (fleeter.home / "config.toml").read_text())
+    east.fake_headroom(9000)
+    r = fleeter.run("relay", "add", "east", east.address, "--accept-new", "--command", east.command_line())
+    assert r.ret == 0, r.stdout + r.stderr
+    assert fleeter.run("drain").ret == 0  # this machine takes nothing: the task goes to east
+    suite_repo(fleeter)
+    # a report on the base, but a peer's report is not judged per test: the failing base stops it
+    write(fleeter, task_toml("remote"))
+    fake_claude.script(remote=[{"actions": [["write", "calc.py", FEATURE], ["commit", "mul"]]}])
+    r = fleeter.run("tasks.toml")
+    assert r.ret == 1, r.stdout + r.stderr
+    task = fleeter.task("remote")
+    assert task.host == "east"
+    assert task.state.value == "NEEDS_HUMAN"
+    assert task.reason.startswith("baseline_fails:"), task.reason
+    assert fake_claude.calls("remote") == []
+    assert base_runs(fleeter) == 1
+
+
+pytest_plugins = ["sshd"]
