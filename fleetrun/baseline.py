@@ -5,7 +5,8 @@ This module holds the data side: which verifiers have a baseline (:func:`steps`)
 key a result is shared under (:func:`key`: repository, base commit, command, setup
 commands, folder and JUnit path; 50 tasks on one base run it once), and the result
 kept in the ledger's ``meta`` table (``baseline:<key>``; which result a task's verifier
-is judged against: ``baseline_task:<task id>:<verifier index>``). Running it is the
+is judged against: ``baseline_task:<task id>:<verifier index>``; the counts of a task's
+latest per-test verdict: ``tests:<task id>``, which ``status --json`` shows). Running it is the
 ``verify_run`` plugin's business (a step of kind ``baseline`` handed to
 ``fleetrun_verify`` by :mod:`fleetrun.setupstage`, after the task's setup and before
 its first attempt).
@@ -13,7 +14,6 @@ its first attempt).
 
 from __future__ import annotations
 
-import hashlib
 import json
 from dataclasses import asdict, dataclass
 from typing import Any, Optional, Union
@@ -55,6 +55,8 @@ def key(repo: str, commit: str, step: VerifySpec, setup: list[str], subdir: str)
     """What a baseline result is shared under. The task's own environment variables
     (``FLEETRUN_TASK``...) differ from task to task and are left out; the environment
     the user gave (the supervisor's) is the same for all."""
+    import hashlib  # not at the top: ``status`` reads this module's rows and starts fast
+
     what = [repo, commit, step.text, setup, subdir, step.extra.get("junit")]
     return hashlib.sha256(json.dumps(what).encode()).hexdigest()[:32]
 
@@ -128,4 +130,22 @@ def warnings(led: Any, task: Any) -> list[tuple[str, str]]:
         r = of_task(led, task.id, idx)
         if r is not None and not r.passed and r.junit() is None:
             out.append((v.label, r.summary or r.reason))
+    return out
+
+
+def store_tests(led: Any, task_id: str, counts: dict[str, object]) -> None:
+    """The task's latest per-test judgement's counts (``status --json``'s ``tests``)."""
+    led.set_meta(f"tests:{task_id}", json.dumps(counts))
+
+
+def all_tests(led: Any) -> dict[str, dict[str, Any]]:
+    """Every task's latest counts, in one read: task id -> counts."""
+    out: dict[str, dict[str, Any]] = {}
+    for k, v in led.conn.execute("SELECT key, value FROM meta WHERE key LIKE 'tests:%'"):
+        try:
+            data = json.loads(v)
+        except ValueError:
+            continue
+        if isinstance(data, dict):
+            out[k[len("tests:"):]] = data
     return out

@@ -450,6 +450,9 @@ class TestJudge:
         return self.finish(j, plain, make)
 
     def finish(self, j: Judgement, plain: Verdict, make: Any, note: str = "") -> Verdict:
+        from ..ledger import open_ledger
+
+        baseline.store_tests(open_ledger(self.config), self.task.id, {"verifier": self.verifier.label, **j.to_json()})
         verdict = make(j.passed, f"{j.summary()} ({plain.reason}{note})")
         details = j.details_for_retry()
         if details:

@@ -85,6 +85,11 @@ def test_a_feature_that_breaks_nothing_is_done_despite_the_old_failure(fleeter, 
     assert base_runs(fleeter) == 1
     notes = fleeter.run("logs", "feature").stdout
     assert "baseline: 3 tests, 1 failing on the base at" in notes
+    st = fleeter.run("status", "--json")
+    (row,) = json.loads(st.stdout)
+    assert row["tests"] == {"verifier": "report", "new": 0, "removed": 0, "already_failing": 1, "must_pass_missing": 0,
+                            "flaky": 0, "tests_base": 3, "tests_now": 4} | {"verifier": row["tests"]["verifier"]}
+    assert row["tests"]["verifier"].startswith("echo")
 
 
 def test_a_change_that_breaks_a_passing_test_is_retried_with_that_test_named(fleeter, fake_claude):
