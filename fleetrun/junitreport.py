@@ -30,6 +30,24 @@ PASSED, FAILED, SKIPPED = "passed", "failed", "skipped"
 _DECL = re.compile(rb"<!\s*(DOCTYPE|ENTITY)", re.IGNORECASE)
 
 
+#: The line that ends the per-test verdict put before a verifier's output (the retry
+#: prompt shows it whole, however long the output it precedes).
+DETAILS_END = "(the tests above are judged against the base commit; the command's output follows)"
+
+
+def with_details(details: str, output: str) -> str:
+    return f"{details}\n{DETAILS_END}\n\n{output}" if details else output
+
+
+def split_details(output: str) -> tuple[str, str]:
+    """(the per-test verdict, the command's output) of a verdict's output; ``("",
+    output)`` when it has none."""
+    head, sep, rest = output.partition(f"\n{DETAILS_END}\n")
+    if not sep or "\n\n" in head:
+        return "", output
+    return head, rest.lstrip("\n")
+
+
 class ReportError(Exception):
     """The report cannot be used; the message says why (one line)."""
 

@@ -224,7 +224,17 @@ def trim_output(head_text: str, tail_text: str, total_lines: int) -> tuple[str, 
 
 
 def _render_output(v: Any, config: Optional[Config], task: Any) -> str:
-    out = v.output or ""
+    from ..junitreport import split_details
+
+    # a per-test verdict (docs/verifiers.md) comes first and whole: the new failures,
+    # however long the command's output after it, of which the file holds the rest
+    details, out = split_details(v.output or "")
+    if details:
+        return "\nThe tests it failed for:\n```\n" + details + "\n```" + _render_command_output(v, out, config, task)
+    return _render_command_output(v, out, config, task)
+
+
+def _render_command_output(v: Any, out: str, config: Optional[Config], task: Any) -> str:
     path = _output_file(v, config)
     read = _read_file(path) if path is not None else None
     if read is not None and read[2] > len(out.encode("utf-8", "replace")):

@@ -30,7 +30,7 @@ from ..commandword import not_found_error
 from ..config import output_cap
 from ..hookimpl import hookimpl
 from ..hostapi import Host
-from ..junitreport import Judgement
+from ..junitreport import Judgement, with_details
 from ..procutil import ProcessHandle, tail_text, task_env
 from ..reports import PERMANENT, Verdict
 from ..shepherdrun import CACHE
@@ -456,7 +456,7 @@ class TestJudge:
         verdict = make(j.passed, f"{j.summary()} ({plain.reason}{note})")
         details = j.details_for_retry()
         if details:
-            verdict = replace(verdict, output=f"{details}\n\n{verdict.output}")
+            verdict = replace(verdict, output=with_details(details, verdict.output))
         return verdict
 
     # -- flaky tests: a new failure is run once more, by name (pytest's node id) ------

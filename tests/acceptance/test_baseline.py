@@ -309,3 +309,18 @@ def test_a_peer_tasks_baseline_runs_here_and_a_failing_base_costs_no_agent_run_t
 
 
 pytest_plugins = ["sshd"]
+
+
+def test_the_retry_prompt_names_the_new_failures_however_long_the_output(fleeter, fake_claude):
+    noisy = "from calc import add\n\n\ndef test_noisy():\n    print('noise ' * 40000)\n    assert add(0, 7) == 7\n"
+    fleeter.make_repo(files={"calc.py": CALC, "tests/test_calc.py": TESTS, "tests/test_noisy.py": noisy,
+                             ".gitignore": "report.xml\n__pycache__/\n"})
+    write(fleeter, task_toml("loud", verify_extra="flaky_rerun = false"))
+    fake_claude.script(loud=[{"actions": [["write", "calc.py", BROKEN_CALC], ["commit", "oops"]]},
+                             {"actions": [["write", "calc.py", CALC], ["commit", "undo"]]}])
+    r = fleeter.run("tasks.toml")
+    assert r.ret == 0, r.stdout + r.stderr
+    first, second = fake_claude.calls("loud")
+    assert "new failure: tests.test_noisy::test_noisy" in second["prompt"]
+    assert "new failure: tests.test_calc::test_add_zero" in second["prompt"]
+    assert "whole output is in" in second["prompt"]  # the output itself was cut, as before
