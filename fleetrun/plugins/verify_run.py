@@ -17,13 +17,14 @@ A task's ``setup`` commands run through here too (see :mod:`fleetrun.setupstage`
 from __future__ import annotations
 
 import os
+import shlex
 import subprocess
 import time
 from dataclasses import replace
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Optional, Union
 
-from .. import baseline
+from .. import baseline, crash
 from ..commandword import SHELL_WORDS as _SHELL_WORDS
 from ..commandword import is_assignment as _is_assignment
 from ..commandword import not_found_error
@@ -35,7 +36,7 @@ from ..procutil import ProcessHandle, tail_text, task_env
 from ..reports import PERMANENT, Verdict
 from ..shepherdrun import CACHE
 from ..stash import StashKey
-from ..taskspec import SETUP_STEP_BASE, step_index
+from ..taskspec import DEFAULT_SETUP_TIMEOUT_S, SETUP_STEP_BASE, VerifySpec, step_index
 from ..verdicttext import summary_line
 
 if TYPE_CHECKING:
@@ -269,19 +270,23 @@ class BaselineRun:
             kill_recorded_children(self.dir)
         self._remove_tree()
         self.dir.mkdir(parents=True, exist_ok=True, mode=0o700)
-        if _git(repo, "worktree", "add", "--detach", str(self.tree), commit) is None:
-            self._finish(False, f"cannot make a worktree at {commit[:12]}", error=PERMANENT)
-            return
         self.cwd = str(self.tree / subdir) if subdir not in ("", ".") else str(self.tree)
         self.env = {**env, "FLEETRUN_WORKTREE": str(self.tree)} if "FLEETRUN_WORKTREE" in env else env
-        self.queue = [*setup, step]
+        # the checkout is a step too (a large repository takes a while): the loop polls it
+        make = VerifySpec(kind="run", text=shlex.join(["git", "-C", repo, "worktree", "add", "--detach", "-q",
+                                                        str(self.tree), commit]),
+                          timeout_s=DEFAULT_SETUP_TIMEOUT_S, name="the base's worktree")
+        self.queue: list[tuple[str, Any]] = [("make", make), *((f"setup-{i + 1}", c) for i, c in enumerate(setup)),
+                                             ("verify", step)]
         self._next()
 
     def _next(self) -> None:
-        spec = self.queue[0]
-        name = f"setup-{len(self.queue)}.out" if len(self.queue) > 1 else "verify.out"
-        self.handle = RunHandle(spec, self.cwd, self.dir / name, self.env, root=str(self.tree),
+        name, spec = self.queue[0]
+        cwd = str(self.dir) if name == "make" else self.cwd
+        self.handle = RunHandle(spec, cwd, self.dir / f"{name}.out", self.env, root=str(self.tree),
                                 max_bytes=self.max_bytes, cache=self.cache)
+        if name == "verify":
+            crash.point("mid_baseline")
 
     def poll(self) -> Optional[baseline.Result]:
         if self.result is not None or self.handle is None:
@@ -289,14 +294,16 @@ class BaselineRun:
         v = self.handle.poll()
         if v is None:
             return None
-        spec = self.queue.pop(0)
-        if self.queue:  # a setup command
-            if not v.passed:
-                self._finish(False, f"setup command {spec.label!r} failed on the base: {v.reason}", output=v.output)
-            else:
-                self._next()
-            return self.result
-        self._finish(v.passed, v.reason, output=v.output, error=v.error)
+        name, spec = self.queue.pop(0)
+        if name == "make" and not v.passed:
+            self._finish(False, f"cannot make a worktree at {self.commit[:12]}: {summary_line(v.output) or v.reason}",
+                         error=PERMANENT)
+        elif name != "verify" and not v.passed:
+            self._finish(False, f"setup command {spec.label!r} failed on the base: {v.reason}", output=v.output)
+        elif name != "verify":
+            self._next()
+        else:
+            self._finish(v.passed, v.reason, output=v.output, error=v.error)
         return self.result
 
     def _finish(self, passed: bool, reason: str, output: str = "", error: Optional[str] = None) -> None:

@@ -274,7 +274,7 @@ def test_a_crash_mid_baseline_ends_its_run_and_runs_it_again_once(fleeter, fake_
     slow = f"echo $$ > {pidfile}; test -f {marker} || {{ touch {marker}; exec sleep 60; }}; " + PYTEST
     write(fleeter, task_toml("t1", verify=slow))
     fake_claude.script(t1=[{"actions": [["write", "calc.py", FEATURE], ["commit", "mul"]]}])
-    r = fleeter.runsub("tasks.toml", env={"FLEETRUN_CRASH_AT": "mid_setup@1"}, timeout=60)
+    r = fleeter.runsub("tasks.toml", env={"FLEETRUN_CRASH_AT": "mid_baseline"}, timeout=60)
     assert r.ret == CRASH_EXIT, r.stdout + r.stderr
     sleeper = int(wait_for(lambda: pidfile.exists() and pidfile.read_text().strip(), what="the base run"))
     r2 = fleeter.runsub("work", "--until-idle", timeout=120)
