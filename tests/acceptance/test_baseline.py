@@ -79,6 +79,7 @@ def test_a_feature_that_breaks_nothing_is_done_despite_the_old_failure(fleeter, 
                                              ["commit", "mul"]]}])
     r = fleeter.run("tasks.toml")
     assert r.ret == 0, r.stdout + r.stderr
+    r.fnmatch_lines(["*feature baseline `*`: started (the verifier on the base commit)"])
     (v,) = verdicts(fleeter, "feature")
     assert v.passed
     assert v.reason.startswith("0 new failures (1 already failing on the base); tests: 3 on the base, 4 now"), v.reason
@@ -191,6 +192,7 @@ def test_one_baseline_run_is_shared_by_every_task_on_the_same_base(fleeter, fake
     r = fleeter.run("later.toml")
     assert r.ret == 0, r.stdout + r.stderr
     assert base_runs(fleeter) == 1
+    r.fnmatch_lines(["*later baseline `*`: baseline: 3 tests, 1 failing on the base at *"])
 
 
 def test_an_agent_that_deletes_a_failing_test_fails_naming_it_removed(fleeter, fake_claude):
