@@ -25,6 +25,8 @@ from .taskspec import VerifySpec
 KIND = "baseline"
 #: The step's ``extra`` key: the index of the ``run`` verifier it is the baseline of.
 OF = "baseline_of"
+#: The step's ``extra`` key that asks for a new run, not the ledger's result.
+FRESH = "baseline_fresh"
 #: How much of the base run's output is kept in the ledger.
 KEEP_CHARS = 8000
 

@@ -86,7 +86,15 @@ class SetupStage:
         """The setup commands if this workspace needs them, then the baseline steps if
         the task has not had its baseline yet and no agent has run for it."""
         plan = list(task.spec.setup) if self.setup_needed(task, att, ws) else []
-        return plan + (baseline.steps(task) if self.baseline_needed(task, att) else [])
+        if not self.baseline_needed(task, att):
+            return plan
+        steps = baseline.steps(task)
+        if any((a.info or {}).get("baseline") == "failed" for a in self.loop.led.attempts(task.id)):
+            # `fleetrun retry` after baseline_fails: the person fixed something (the
+            # machine, the environment), so the base runs again, not its kept failure
+            for step in steps:
+                step.extra[baseline.FRESH] = True
+        return plan + steps
 
     def baseline_needed(self, task: Task, att: Attempt) -> bool:
         for earlier in self.loop.led.attempts(task.id):

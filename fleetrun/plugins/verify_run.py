@@ -409,7 +409,7 @@ def baseline_step(task: Any, step: Any, workspace: Any, attempt: Any, config: Co
     from ..ledger import open_ledger
 
     led = open_ledger(config)
-    known = baseline.load(led, k)
+    known = None if step.extra.get(baseline.FRESH) else baseline.load(led, k)
     if known is not None:
         return step_verdict(led, task, step, k, known, local)
     runs = config.stash.setdefault(BASELINE_RUNS, {})

@@ -326,3 +326,30 @@ def test_the_retry_prompt_names_the_new_failures_however_long_the_output(fleeter
     assert "new failure: tests.test_noisy::test_noisy" in second["prompt"]
     assert "new failure: tests.test_calc::test_add_zero" in second["prompt"]
     assert "whole output is in" in second["prompt"]  # the output itself was cut, as before
+
+
+def test_retry_after_baseline_fails_runs_the_base_again_not_its_kept_failure(fleeter, fake_claude):
+    suite_repo(fleeter)
+    ok = fleeter.path / "env-ok"
+    write(fleeter, f'''
+        [[task]]
+        name = "env"
+        cwd = "repo"
+        prompt = "Work on calc."
+        git_ref = "main"
+
+          [[task.verify]]
+          run = "test -f {ok} || {{ echo 'the machine lacks env-ok'; exit 1; }}"
+          baseline = true
+    ''')
+    fake_claude.script(env=[{"actions": [["write", "NOTE.md", "x"], ["commit", "note"]]}])
+    r = fleeter.run("tasks.toml")
+    assert r.ret == 1, r.stdout + r.stderr
+    reason = fleeter.task("env").reason
+    assert reason.startswith("baseline_fails:test -f ") and reason.endswith(": the machine lacks env-ok"), reason
+    assert fake_claude.calls("env") == []
+    ok.write_text("fixed")  # the person fixes the machine
+    assert fleeter.run("retry", "env").ret == 0
+    r2 = fleeter.run("work", "--until-idle")
+    assert fleeter.task("env").state.value == "DONE", r2.stdout + r2.stderr
+    assert len(fake_claude.calls("env")) == 1
