@@ -353,3 +353,22 @@ def test_retry_after_baseline_fails_runs_the_base_again_not_its_kept_failure(fle
     r2 = fleeter.run("work", "--until-idle")
     assert fleeter.task("env").state.value == "DONE", r2.stdout + r2.stderr
     assert len(fake_claude.calls("env")) == 1
+
+
+def test_the_example_project_a_broken_main_costs_zero_agent_runs(fleeter, monkeypatch):
+    """examples/baseline: main has a failing test; the task judged per test is DONE, the
+    one whose plain verifier fails on main is NEEDS_HUMAN and its agent never runs."""
+    import os
+    import shutil
+    from pathlib import Path
+
+    src = Path(__file__).resolve().parents[2] / "examples" / "baseline"
+    shutil.copytree(src, fleeter.path / "baseline", ignore=shutil.ignore_patterns("sandbox", "agent-runs.log"))
+    monkeypatch.setenv("PATH", f"{os.path.dirname(sys.executable)}{os.pathsep}{os.environ['PATH']}")  # pytest's python3
+    r = fleeter.run("baseline/tasks.toml")
+    assert r.ret == 1, r.stdout + r.stderr
+    assert fleeter.task("mul").state.value == "DONE"
+    docs = fleeter.task("docs")
+    assert docs.state.value == "NEEDS_HUMAN"
+    assert docs.reason.startswith("baseline_fails:pytest-plain: 1 failed, 1 passed"), docs.reason
+    assert (fleeter.path / "baseline" / "agent-runs.log").read_text().split() == ["mul"]
