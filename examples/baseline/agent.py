@@ -3,7 +3,6 @@ logged to agent-runs.log next to this file."""
 
 import os
 import subprocess
-import sys
 from pathlib import Path
 
 task = os.environ.get("FLEETRUN_TASK_NAME", "")
