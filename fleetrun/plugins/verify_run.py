@@ -248,7 +248,7 @@ def _git(cwd: str, *args: str) -> Optional[str]:
 
 class BaselineRun:
     """One run of a verifier on a base commit, in a detached worktree of its own under
-    the home (``baselines/KEY/tree``), after the task's setup commands; the worktree is
+    the home (``baselines/KEY/base-KEY``), after the task's setup commands; the worktree is
     removed once it has ended. Its result goes to the ledger; every task whose baseline
     step has this key waits on this one run."""
 
@@ -261,7 +261,9 @@ class BaselineRun:
         self.holders = 0
         self.result: Optional[baseline.Result] = None
         self.dir = config.home / "baselines" / k
-        self.tree = self.dir / "tree"
+        # git names a worktree's admin folder (.git/worktrees/NAME) after its last part:
+        # two base runs named alike, started together, would race for one name
+        self.tree = self.dir / f"base-{k[:16]}"
         self.handle: Optional[RunHandle] = None
         self.max_bytes, self.cache, self.env = output_cap(config), config.home / CACHE, env
         if self.dir.exists():  # a run a crash left: its commands end before its worktree goes
