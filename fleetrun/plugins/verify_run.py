@@ -315,7 +315,7 @@ class BaselineRun:
         junit = self.step.extra.get("junit")
         if isinstance(junit, str) and error is None:
             try:
-                report = read(self.tree / junit).to_json()
+                report = read(Path(self.cwd) / junit).to_json()
             except ReportError as e:
                 report_error = str(e)
         self.result = baseline.Result(commit=self.commit, label=self.step.label, passed=passed, reason=reason,

@@ -47,11 +47,12 @@ def base_runs(fleeter) -> int:
     return sum(1 for line in runs_log(fleeter) if f"{fleeter.home}/baselines/" in line)
 
 
-def task_toml(name: str, extra: str = "", verify_extra: str = "", verify: str = "", retries: int = 1) -> str:
+def task_toml(name: str, extra: str = "", verify_extra: str = "", verify: str = "", retries: int = 1,
+              cwd: str = "repo") -> str:
     return f'''
         [[task]]
         name = "{name}"
-        cwd = "repo"
+        cwd = "{cwd}"
         prompt = "Work on calc."
         git_ref = "main"
         max_retries = {retries}
@@ -372,3 +373,14 @@ def test_the_example_project_a_broken_main_costs_zero_agent_runs(fleeter, monkey
     assert docs.state.value == "NEEDS_HUMAN"
     assert docs.reason.startswith("baseline_fails:pytest-plain: 1 failed, 1 passed"), docs.reason
     assert (fleeter.path / "baseline" / "agent-runs.log").read_text().split() == ["mul"]
+
+
+def test_a_task_in_a_subfolder_reads_the_bases_report_in_that_folder(fleeter, fake_claude):
+    fleeter.make_repo(files={"README.md": "top\n", "pkg/calc.py": CALC, "pkg/tests/test_calc.py": TESTS,
+                             ".gitignore": "report.xml\n__pycache__/\n"})
+    write(fleeter, task_toml("sub", cwd="repo/pkg", retries=0))
+    fake_claude.script(sub=[{"actions": [["write", "calc.py", FEATURE], ["commit", "mul"]]}])
+    r = fleeter.run("tasks.toml")
+    assert r.ret == 0, r.stdout + r.stderr
+    (v,) = verdicts(fleeter, "sub")
+    assert v.reason.startswith("0 new failures (1 already failing on the base)"), v.reason
