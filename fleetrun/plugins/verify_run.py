@@ -275,7 +275,7 @@ class BaselineRun:
         self.cwd = str(self.tree / subdir) if subdir not in ("", ".") else str(self.tree)
         self.env = {**env, "FLEETRUN_WORKTREE": str(self.tree)} if "FLEETRUN_WORKTREE" in env else env
         # the checkout is a step too (a large repository takes a while): the loop polls it
-        make = VerifySpec(kind="run", text=shlex.join(["git", "-C", repo, "worktree", "add", "--detach", "-q",
+        make = VerifySpec(kind="run", text=shlex.join(["git", "-C", repo, "worktree", "add", "--force", "--detach", "-q",
                                                         str(self.tree), commit]),
                           timeout_s=DEFAULT_SETUP_TIMEOUT_S, name="the base's worktree")
         self.queue: list[tuple[str, Any]] = [("make", make), *((f"setup-{i + 1}", c) for i, c in enumerate(setup)),
@@ -331,7 +331,9 @@ class BaselineRun:
         if self.tree.exists():
             _git(self.repo, "worktree", "remove", "--force", str(self.tree))
         shutil.rmtree(self.dir, ignore_errors=True)
-        _git(self.repo, "worktree", "prune")
+        # no `git worktree prune`: it would race with a worktree another task's or base
+        # run is making in the same repository (its admin folder not complete yet); a
+        # registration a crash left is overridden by the next `add --force`
 
     def cancel(self) -> None:
         if self.handle is not None:
