@@ -483,10 +483,6 @@ class TestJudge:
         return {k: nid for k, nid in found.items() if nid is not None}
 
     def start_rerun(self, handle: RunHandle) -> Optional[RunHandle]:
-        import shlex
-
-        from ..taskspec import VerifySpec
-
         assert self.pending is not None
         cmd = rerun_command(self.verifier.text)
         if cmd is None:
@@ -524,8 +520,6 @@ def rerun_command(text: str) -> Optional[list[str]]:
     """How to run the verifier's pytest again by node id: ``PY -m pytest`` or
     ``pytest`` as its command says it (after a ``&&``, a ``cd``...), or None when it
     runs no pytest that can be named (another runner: no re-run)."""
-    import shlex
-
     try:
         words = shlex.split(text)
     except ValueError:
