@@ -12,7 +12,8 @@ merge of a dependency into a task's worktree: the worktree made, that dependency
 merged); the ``worktree`` plugin's ``mid_collect`` (on the effects' worker:
 an attempt's work staged, not committed); the ``mailbox`` plugin's ``after_delivery``
 (a message delivered, the attempt recorded on the mailbox host, the task not yet
-RUNNING).
+RUNNING); the ``verify_run`` plugin's ``mid_baseline`` (a verifier's base run started
+in its worktree at the base commit).
 """
 
 from __future__ import annotations

@@ -25,12 +25,13 @@ import time
 from dataclasses import dataclass, field
 from typing import Any, Optional
 
-from . import crash
+from . import baseline, crash
 from .hostapi import Host, get_host
 from .ledger import Attempt, Task
 from .reports import Cancellable, Verdict, VerifyHandle, Workspace
 from .states import State
-from .verdicttext import setup_failed_cause
+from .taskspec import VerifySpec
+from .verdicttext import baseline_fails_cause, setup_failed_cause
 
 #: How much of each command's output is kept in the ledger (``fleetrun logs`` shows it);
 #: the whole output stays in the attempt folder.
@@ -46,6 +47,9 @@ class SettingUp:
     idx: int = 0
     handle: Optional[VerifyHandle] = None
     steps: list[dict[str, Any]] = field(default_factory=list)
+    #: the commands to run: the setup commands (unless passed for this workspace), then
+    #: the baseline steps (before the task's first attempt only)
+    plan: list[VerifySpec] = field(default_factory=list)
 
 
 def workspace_identity(att: Attempt, ws: Workspace, host: Host) -> dict[str, Any]:
@@ -76,6 +80,29 @@ class SetupStage:
     # -- deciding --------------------------------------------------------------------
 
     def needed(self, task: Task, att: Attempt, ws: Workspace) -> bool:
+        return bool(self.plan(task, att, ws))
+
+    def plan(self, task: Task, att: Attempt, ws: Workspace) -> list[VerifySpec]:
+        """The setup commands if this workspace needs them, then the baseline steps if
+        the task has not had its baseline yet and no agent has run for it."""
+        plan = list(task.spec.setup) if self.setup_needed(task, att, ws) else []
+        if not self.baseline_needed(task, att):
+            return plan
+        steps = baseline.steps(task)
+        if any((a.info or {}).get("baseline") == "failed" for a in self.loop.led.attempts(task.id)):
+            # `fleetrun retry` after baseline_fails: the person fixed something (the
+            # machine, the environment), so the base runs again, not its kept failure
+            for step in steps:
+                step.extra[baseline.FRESH] = True
+        return plan + steps
+
+    def baseline_needed(self, task: Task, att: Attempt) -> bool:
+        for earlier in self.loop.led.attempts(task.id):
+            if earlier.id != att.id and (earlier.started is not None or (earlier.info or {}).get("baseline") == "done"):
+                return False  # an agent has run (the worktree is no longer the base), or it was had
+        return True
+
+    def setup_needed(self, task: Task, att: Attempt, ws: Workspace) -> bool:
         steps = task.spec.setup
         if not steps:
             return False
@@ -89,7 +116,7 @@ class SetupStage:
     # -- running ---------------------------------------------------------------------
 
     def begin(self, task: Task, att: Attempt, ws: Workspace, kind: str, prev: Optional[Attempt]) -> None:
-        self.running[task.id] = SettingUp(att, ws, kind, prev)
+        self.running[task.id] = SettingUp(att, ws, kind, prev, plan=self.plan(task, att, ws))
         self.loop.led.update_attempt(att.id, info={**att.info, "setup": "running"})
         self.advance(task.id)
 
@@ -102,7 +129,7 @@ class SetupStage:
         if task is None or task.state is not State.ASSIGNED:
             self.drop(task_id, "cancelled")
             return
-        steps = task.spec.setup
+        steps = s.plan
         while s.idx < len(steps):
             step = steps[s.idx]
             try:
@@ -147,7 +174,9 @@ class SetupStage:
 
     def record(self, task: Task, s: SettingUp, verdict: Verdict) -> bool:
         """Record one command's end. :return: True to go on with the next."""
-        step = task.spec.setup[s.idx]
+        step = s.plan[s.idx]
+        if step.kind == baseline.KIND:
+            return self.record_baseline(task, s, step, verdict)
         out = verdict.output or ""
         entry: dict[str, Any] = {"n": s.idx + 1, "command": step.text, "passed": verdict.passed,
                                  "reason": verdict.reason, "duration_s": verdict.duration_s,
@@ -174,12 +203,42 @@ class SetupStage:
             self.loop.finish_terminal(now)
         return False
 
+    def record_baseline(self, task: Task, s: SettingUp, step: VerifySpec, verdict: Verdict) -> bool:
+        """Record one verifier's baseline. A verifier that fails on the base with nothing
+        finer known (no JUnit report) sends the task to a human before any agent run:
+        ``baseline_fails:LABEL: SUMMARY``. :return: True to go on with the next."""
+        out = verdict.output or ""
+        entry: dict[str, Any] = {"verifier": step.extra.get(baseline.OF), "label": step.label,
+                                 "passed": verdict.passed, "reason": verdict.reason, "time": time.time()}
+        att = self.loop.get_attempt(s.attempt.id)
+        done = [*(att.info.get("baseline_steps") or []), entry]
+        if verdict.passed:
+            self.loop.led.update_attempt(att.id, info={**att.info, "baseline_steps": done})
+            self.loop.led.add_note(task.id, f"{step.label}: {verdict.reason}")
+            s.idx += 1
+            return True
+        self.running.pop(task.id, None)
+        self.loop.led.update_attempt(att.id, state="abandoned", outcome="baseline_fails", ended=time.time(),
+                                     info={**att.info, "baseline": "failed", "baseline_steps": done})
+        now = self.loop.move(task, State.NEEDS_HUMAN, baseline_fails_cause(step.label, verdict.reason, out),
+                             attempt=att.number)
+        if now is not None:
+            tail = "\n".join(out.rstrip().splitlines()[-20:])
+            self.loop.led.add_note(task.id, f"verifier {step.label!r} already fails on the base commit "
+                                            f"({verdict.reason}), before any agent run; fix the base, or set "
+                                            f"baseline = \"warn\" or false, then `fleetrun retry {task.name}`"
+                                            + (f"\n{tail}" if tail else ""))
+            self.loop.finish_terminal(now)
+        return False
+
     def passed(self, task: Task, s: SettingUp) -> None:
         self.running.pop(task.id, None)
         att = self.loop.get_attempt(s.attempt.id)
         setup_for = {**workspace_identity(att, s.workspace, self._host(s)), "commands": [x.text for x in task.spec.setup]}
-        self.loop.led.update_attempt(att.id, info={**att.info, "setup": "passed", "setup_for": setup_for,
-                                                   "setup_steps": s.steps})
+        info = {**att.info, "setup": "passed", "setup_for": setup_for, "setup_steps": s.steps}
+        if any(step.kind == baseline.KIND for step in s.plan):
+            info["baseline"] = "done"
+        self.loop.led.update_attempt(att.id, info=info)
         crash.point("after_setup")
         task = self.loop.get(task.id)
         if task.state is not State.ASSIGNED:

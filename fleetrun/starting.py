@@ -16,7 +16,7 @@ from collections.abc import Callable
 from dataclasses import asdict, dataclass, replace
 from typing import TYPE_CHECKING, Any, Optional
 
-from . import clock, crash
+from . import baseline, clock, crash
 from .config import output_cap
 from .exceptions import StateConflict, UsageError
 from .gitutil import WorktreeTampered
@@ -346,7 +346,7 @@ class Starting:
         """The attempt's workspace is made: record it, then setup or the agent."""
         loop = self.loop
         crash.point("after_worktree")
-        if not task.spec.setup:
+        if not task.spec.setup and not baseline.steps(task):
             # recorded with the attempt's next write, before any effect (durability.md)
             return self.launch(task, att, ws, kind, prev, made=(ws, host))
         self.record_workspace(task, att, ws, host)

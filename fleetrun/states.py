@@ -97,6 +97,7 @@ CAUSES = frozenset(
         "plugin_missing",
         "internal_error",
         "setup_failed",
+        "baseline_fails",  # a run verifier fails on the base commit, with nothing finer known
         "verifier_error",  # a verifier could not judge (not found, unreachable...): not the agent's failure
         "unchanged",  # queued DONE: the same definition as a DONE task of the file's last run
     }

@@ -142,6 +142,38 @@ BUILTIN_VERIFY_KEYS: tuple[KeyDecl, ...] = (
     KeyDecl("timeout_s", NUM, where="verify", doc="seconds before the verifier fails", check=_positive),
 )
 
+def _baseline_check(v: object) -> Optional[str]:
+    return None if isinstance(v, bool) or v == "warn" else 'must be true, false or "warn"'
+
+
+def _junit_check(v: str) -> Optional[str]:
+    if not v.strip():
+        return "must not be empty"
+    if v.startswith("/") or ".." in v.split("/"):
+        return "must be a path inside the worktree (relative, without ..)"
+    return None
+
+
+#: The keys of a ``run`` verifier's baseline and per-test judgement (docs/verifiers.md,
+#: "What was already broken"); they go to the verifier's ``extra``, read by ``verify_run``.
+RUN_VERIFY_KEYS: tuple[KeyDecl, ...] = (
+    KeyDecl("baseline", (bool, str), where="verify",
+            doc='run the verifier once on the base commit first: true (default), false, or "warn"',
+            check=_baseline_check),
+    KeyDecl("junit", (str,), where="verify", doc="where the verifier writes a JUnit XML report, relative to the worktree",
+            check=_junit_check),
+    KeyDecl("must_pass", (list,), where="verify", doc="tests (pytest node ids) the task must make pass",
+            check=_str_list),
+    KeyDecl("flaky_rerun", (bool,), where="verify", doc="re-run a new failure once by name (pytest); default true"),
+)
+
+#: The ``[[task]]`` keys of the same feature (also defaults of every task).
+RUN_TASK_KEYS: tuple[KeyDecl, ...] = (
+    KeyDecl("baseline", (bool, str), doc='default of the task\'s run verifiers\' baseline: true, false or "warn"',
+            check=_baseline_check),
+    KeyDecl("removes_tests", (bool,), doc="the task removes tests: a test missing now is not a new failure"),
+)
+
 #: The ``[[task]]`` keys that may also be written once as a default of every task: at a
 #: tasks file's top level and in the project file's ``[task]`` (docs/tasks-toml.md,
 #: "Defaults of every task"). Keys a plugin declares for ``[[task]]`` may be too.
@@ -188,8 +220,8 @@ class KeyTable:
     @classmethod
     def build(cls, extra: Iterable[Iterable[KeyDecl]] = ()) -> KeyTable:
         table = cls(
-            task={k.key: k for k in BUILTIN_TASK_KEYS},
-            verify={k.key: k for k in BUILTIN_VERIFY_KEYS},
+            task={k.key: k for k in (*BUILTIN_TASK_KEYS, *RUN_TASK_KEYS)},
+            verify={k.key: k for k in (*BUILTIN_VERIFY_KEYS, *RUN_VERIFY_KEYS)},
             verify_kinds={k.key: k for k in BUILTIN_VERIFY_KINDS},
         )
         for decls in extra:

@@ -77,3 +77,11 @@ def setup_failed_cause(label: str, reason: str, output: str) -> str:
     text = f"{label}: {line} ({reason})" if line and reason else f"{label}: {line or reason}"
     detail = " ".join(text.split())
     return cause("setup_failed", detail)
+
+
+def baseline_fails_cause(label: str, reason: str, output: str) -> str:
+    """The cause of a task sent to a human because its ``run`` verifier already fails on
+    the base commit (no JUnit report to judge finer): ``baseline_fails:LABEL: SUMMARY``,
+    the output's summary line, else the reason (``exit code 1``)."""
+    line = summary_line(output) or reason
+    return cause("baseline_fails", " ".join(f"{label}: {line}".split()))

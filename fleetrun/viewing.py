@@ -71,6 +71,9 @@ def cmd_status(config: Config, out: TextIO, err: TextIO) -> int:
         tasks = led.tasks(states, listed=True, latest=latest)  # no spec read: neither shows one
         if config.option.json:
             links = led.links()  # one read for every task: name -> URL, what plugins attached
+            from .baseline import all_tests
+
+            tests = all_tests(led)  # one read: the counts of each task's latest per-test verdict
             extra: dict[str, dict[str, object]] = {}  # what plugins know of them (a task's role)
             for got in config.hook.fleetrun_status_fields(tasks=tasks, config=config):
                 for tid, fields in (got or {}).items():
@@ -79,6 +82,8 @@ def cmd_status(config: Config, out: TextIO, err: TextIO) -> int:
             for t in tasks:
                 row = dict(t.to_json(), worktree=worktree_now(t),
                            links={n: u for n, (_, u) in links.get(t.id, {}).items()})
+                if t.id in tests:
+                    row["tests"] = tests[t.id]
                 for key, value in extra.get(t.id, {}).items():
                     row.setdefault(key, value)  # a plugin's field never replaces the core's
                 printed.append(row)

@@ -218,12 +218,15 @@ x = 1
 
 
 def test_builtin_keys_are_documented() -> None:
-    for d in (*BUILTIN_TASK_KEYS, *BUILTIN_VERIFY_KEYS, *BUILTIN_VERIFY_KINDS):
+    from fleetrun.taskkeys import RUN_TASK_KEYS, RUN_VERIFY_KEYS
+
+    every = (*BUILTIN_TASK_KEYS, *BUILTIN_VERIFY_KEYS, *BUILTIN_VERIFY_KINDS, *RUN_TASK_KEYS, *RUN_VERIFY_KEYS)
+    for d in every:
         assert d.doc, d.key
     doc = Path(__file__).resolve().parent.parent / "docs" / "tasks-toml.md"
     if doc.exists():
         text = doc.read_text()
-        for d in (*BUILTIN_TASK_KEYS, *BUILTIN_VERIFY_KEYS, *BUILTIN_VERIFY_KINDS):
+        for d in every:
             assert f"`{d.key}`" in text, f"docs/tasks-toml.md does not describe {d.key}"
 
 
@@ -518,3 +521,42 @@ def test_defaults_are_not_shared_between_tasks(tmp_path: Path) -> None:
     assert (a.file_of("requires"), a.key_lines["requires"], a.defaulted) == (str(p), 1, {
         "requires": str(p), "allowed_tools": str(p)})
     assert a.file_of("name") == str(p) and "name" not in a.defaulted
+
+
+def test_baseline_keys_go_to_extra_and_are_checked(tmp_path: Path) -> None:
+    """issue 26's keys: a run verifier's ``baseline``, ``junit``, ``must_pass``,
+    ``flaky_rerun`` and a task's ``baseline``/``removes_tests`` (also as defaults)."""
+    (tmp_path / "repo").mkdir()
+    tf = collect(tmp_path, '''
+baseline = "warn"
+
+[[task]]
+name = "t"
+cwd = "repo"
+prompt = "p"
+removes_tests = true
+
+  [[task.verify]]
+  run = "python -m pytest --junitxml=r.xml"
+  junit = "r.xml"
+  must_pass = ["tests/test_x.py::test_y"]
+  flaky_rerun = false
+  baseline = true
+''')
+    (t,) = tf.tasks
+    assert t.extra == {"baseline": "warn", "removes_tests": True}
+    assert t.verify[0].extra == {"junit": "r.xml", "must_pass": ["tests/test_x.py::test_y"], "flaky_rerun": False,
+                                 "baseline": True}
+    bad = errors(tmp_path, '''
+[[task]]
+name = "t"
+cwd = "repo"
+prompt = "p"
+baseline = "yes"
+
+  [[task.verify]]
+  run = "x"
+  junit = "../r.xml"
+''')
+    assert any('baseline: must be true, false or "warn"' in e for e in bad), bad
+    assert any("junit: must be a path inside the worktree" in e for e in bad), bad

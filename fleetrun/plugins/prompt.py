@@ -224,7 +224,17 @@ def trim_output(head_text: str, tail_text: str, total_lines: int) -> tuple[str, 
 
 
 def _render_output(v: Any, config: Optional[Config], task: Any) -> str:
-    out = v.output or ""
+    from ..junitreport import split_details
+
+    # a per-test verdict (docs/verifiers.md) comes first and whole: the new failures,
+    # however long the command's output after it, of which the file holds the rest
+    details, out = split_details(v.output or "")
+    if details:
+        return "\nThe tests it failed for:\n```\n" + details + "\n```" + _render_command_output(v, out, config, task)
+    return _render_command_output(v, out, config, task)
+
+
+def _render_command_output(v: Any, out: str, config: Optional[Config], task: Any) -> str:
     path = _output_file(v, config)
     read = _read_file(path) if path is not None else None
     if read is not None and read[2] > len(out.encode("utf-8", "replace")):
@@ -267,13 +277,27 @@ def _handoffs(handoffs: list[Any], merged: bool = False) -> str:
             + "\n".join(h.render() for h in handoffs))
 
 
+def _baseline_warnings(task: Any, config: Config) -> str:
+    """``baseline = "warn"``: the verifiers that already fail on the base commit, each
+    with its summary line, so the agent does not chase a failure it did not cause."""
+    from ..baseline import warnings
+    from ..ledger import open_ledger
+
+    found = warnings(open_ledger(config), task) if task.spec.verify else []
+    if not found:
+        return ""
+    lines = "\n".join(f"- `{label}`: {_one_line(summary)}" for label, summary in found)
+    return ("\n\n## Verifiers that already fail on the base\nThese verifiers already fail on the base commit, "
+            "before any change (the task was started anyway):\n" + lines)
+
+
 @hookimpl(trylast=True)
 def fleetrun_build_prompt(task: Any, attempt: Any, config: Config, context: dict[str, Any]) -> Optional[str]:
     kind = context.get("kind", "fresh")
     ws = (getattr(attempt, "workspace", None) or {}) if attempt is not None else {}
     conflict = ws.get("conflict") if isinstance(ws, dict) else None
     merged = bool(isinstance(ws, dict) and (ws.get("merged") or conflict))
-    base = task.spec.prompt.rstrip() + _handoffs(context.get("handoffs", []), merged)
+    base = task.spec.prompt.rstrip() + _handoffs(context.get("handoffs", []), merged) + _baseline_warnings(task, config)
     text = _by_kind(kind, base, task, config, context)
     if isinstance(conflict, dict):  # the agent starts on a stopped merge: that comes first
         # a resume's text has its own "## The task" after why the session ended

@@ -118,7 +118,14 @@ class TerminalReporter:
             where = f" on {host.name}" if not getattr(host, "local", True) else ""
             self.write_line(f"{time.strftime('%H:%M:%S')} {safe_name(task.name)} setup {step} of "
                             f"{len(task.spec.setup)} started{safe_text(where)}: `{safe_text(verifier.label)}`")
-        return (yield)
+        got = yield
+        if getattr(verifier, "kind", None) == "baseline" and self.verbosity >= 0:
+            # a verifier's run on the base commit (docs/verifiers.md): what it found, or that it started
+            what = (f"{got.reason}" if getattr(got, "reason", None) is not None and hasattr(got, "passed")
+                    else "started (the verifier on the base commit)")
+            self.write_line(f"{time.strftime('%H:%M:%S')} {safe_name(task.name)} baseline "
+                            f"`{safe_text(verifier.label)}`: {safe_text(what)}")
+        return got
 
     @hookimpl(trylast=True)
     def fleetrun_task_waiting(self, task: Any, reason: str, config: Config) -> None:

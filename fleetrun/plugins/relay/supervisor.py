@@ -391,6 +391,8 @@ class Relay:
             return None
         if verifier.kind in LOCAL_KINDS:
             return None  # run here, on the fetched branch: verify_brain / verify_agent ask local_workspace()
+        if verifier.kind == "baseline":
+            return None  # a run verifier's baseline runs here for now (verify_run; docs/verifiers.md)
         if verifier.kind != "run":
             return Verdict(False, verifier.kind, verifier.label, host=host.name,
                            reason=f"{verifier.kind} verifiers run only on the supervising machine, and this "
