@@ -15,7 +15,6 @@ from __future__ import annotations
 
 import os
 import re
-import subprocess
 import time
 from dataclasses import dataclass, field
 from typing import Optional, Union
@@ -96,6 +95,8 @@ class Node:
 def run(argv: list[str], env: Optional[dict[str, str]] = None, timeout: float = TIMEOUT_S) -> str:
     """Run a Slurm command; :return: its standard output. :raises SlurmError: it could
     not run, timed out or exited non-zero (with the last line of what it said)."""
+    import subprocess  # here: `fleetrun --help` and `status` load this plugin and start nothing
+
     try:
         r = subprocess.run(argv, capture_output=True, text=True, errors="replace", timeout=timeout,
                            stdin=subprocess.DEVNULL, env=env)
