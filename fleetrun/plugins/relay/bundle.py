@@ -30,7 +30,12 @@ FETCHED_SUFFIX = "-fetched"
 
 
 class FetchError(Exception):
-    """A peer's branch could not be brought to this machine; the message says why."""
+    """A peer's branch could not be brought to this machine; the message says why.
+    ``transient``: it may come next time (the peer could not be reached, a full disk)."""
+
+    def __init__(self, message: str, transient: bool = False) -> None:
+        super().__init__(message)
+        self.transient = transient
 
 
 class BundleWriteError(Exception):

@@ -323,7 +323,7 @@ class Relay:
             if head.get("bundle"):
                 git(repo, "bundle", "unbundle", str(bundle), timeout=UNBUNDLE_TIMEOUT_S)
         except PeerUnreachable as e:
-            raise FetchError(f"{host.name} could not be reached: {e}") from None
+            raise FetchError(f"{host.name} could not be reached: {e}", transient=True) from None
         except (PeerError, BundleWriteError, GitError) as e:
             raise FetchError(str(e)) from None
         finally:
@@ -416,7 +416,7 @@ class Relay:
                 rec = self.fetch_back(task, attempt, Workspace(**attempt.workspace) if attempt.workspace
                                       else Workspace(path=task.spec.cwd, branch=task.branch))
             except FetchError as e:
-                if says_space_error(str(e)):  # it clears by itself: the task waits for its branch
+                if e.transient or says_space_error(str(e)):  # it clears by itself: the task waits for its branch
                     return FetchRetry(self, task, attempt, peer, summary, repo, str(e))
                 self._note(task.id, f"could not fetch branch {task.branch} from {peer.name}: {e}")
         return self.handoff_of(task, peer, summary, repo, rec)
@@ -535,7 +535,8 @@ class Relay:
 
 
 class FetchRetry:
-    """The handoff of a peer task whose branch a full disk kept from being fetched
+    """The handoff of a peer task whose branch a full disk (or a peer out of reach) kept
+    from being fetched
     (found by the soak: the task went DONE with its branch only on the peer, and its
     dependents that merge it asked a human). A :class:`~fleetrun.reports.HandoffHandle`:
     the loop polls it each pass and the task stays VERIFYING while it tries again, with
@@ -562,7 +563,7 @@ class FetchRetry:
                                         else Workspace(path=self.task.spec.cwd, branch=self.task.branch))
         except FetchError as e:
             self.tries += 1
-            if says_space_error(str(e)) and self.tries < FETCH_RETRIES:
+            if (e.transient or says_space_error(str(e))) and self.tries < FETCH_RETRIES:
                 self.next_at = time.monotonic() + FETCH_DELAYS_S[min(self.tries, len(FETCH_DELAYS_S)) - 1]
                 return None
             self.relay._note(self.task.id, f"could not fetch branch {self.task.branch} from {self.peer.name} "
