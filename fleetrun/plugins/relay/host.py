@@ -26,11 +26,11 @@ import shlex
 import threading
 import time
 from pathlib import Path
-from typing import TYPE_CHECKING, Any, Optional
+from typing import TYPE_CHECKING, Any, Optional, Sequence
 
 from ...capped import DEFAULT_MAX_BYTES
 from ...gitutil import WorktreeTampered
-from ...hostapi import StartRefused
+from ...hostapi import AttemptRef, StartRefused
 from ...ledger import ensure_private_dir
 from ...reports import Candidate, Started
 from ...untrusted import Malformed
@@ -398,6 +398,23 @@ class SSHHost(VerifierVerbs, CollectVerbs):
         elif w is not None:
             w.watching[attempt_id] = st  # that worker now pushes its end
         return st
+
+    def poll(self, attempts: Sequence[AttemptRef]) -> dict[str, dict[str, Any]]:
+        """Every attempt's :meth:`status`. With a live worker, an ended attempt's status
+        is pushed and a running one is answered from what it last pushed, so a poll asks
+        the peer nothing; without one, each attempt is asked in turn, and once the peer
+        is found unreachable the rest are too, without asking again this poll."""
+        out: dict[str, dict[str, Any]] = {}
+        down: Optional[dict[str, Any]] = None
+        for a in attempts:
+            if down is not None:
+                out[a.attempt_id] = dict(down)
+                continue
+            st = self.status(a.attempt_id, a.pid, a.token)
+            if st.get("state") == "unreachable" and self._transport is None:
+                down = st  # the link is gone: a second request would only wait out its timeout again
+            out[a.attempt_id] = st
+        return out
 
     def _append_log(self, log: Path, chunk: Optional[protocol.LogChunk]) -> bool:
         with self._log_lock:
