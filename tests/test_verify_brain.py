@@ -435,7 +435,9 @@ def test_plugin_is_builtin_and_can_be_blocked(fleeter):
           [[task.verify]]
           brain = "ok?"
     ''')
-    assert fleeter.run("validate", "-p", "no:verify_brain", "tasks.toml").ret == 0
+    # the brain kind is the plugin's: blocked, a brain verifier does not validate (issue 23)
+    r = fleeter.run("validate", "-p", "no:verify_brain", "tasks.toml")
+    assert r.ret == 4 and "unknown verifier kind brain: its plugin verify_brain is not loaded" in r.stderr
 
 
 def test_a_task_on_a_peer_is_not_asked_about_here():

@@ -57,8 +57,13 @@ if TYPE_CHECKING:
 HEARTBEAT_S = 5.0
 CLEANUP_TIMEOUT_S = 120.0
 SUMMARY_LIMIT = 2000
-#: Verifier kinds that run on this machine, on the branch fetched back from the peer.
-LOCAL_KINDS = ("brain", "agent")
+
+def runs_here(config: Any, kind: str) -> bool:
+    """Whether verifiers of ``kind`` run on this machine, on the branch fetched back from
+    the peer: what the plugin that declares the kind says (``KeyDecl.runs == "here"``)."""
+    from ...taskkeys import key_table
+
+    return key_table(config).runs_here(kind)
 
 #: A peer's why-not while its first heartbeat round (connect, worker, probe) runs.
 CONNECTING = "is being connected to (its first heartbeat)"
@@ -269,9 +274,9 @@ class Relay:
     # -- fetch-back ------------------------------------------------------------------
 
     def wants_fetch(self, task: Any) -> bool:
-        """A task whose branch comes back here: one with a ``brain``/``agent`` verifier
-        (they run here) or with dependents (they may run here)."""
-        if any(v.kind in LOCAL_KINDS for v in task.spec.verify):
+        """A task whose branch comes back here: one with a verifier whose kind runs here
+        (``brain``, ``agent``: ``KeyDecl.runs``) or with dependents (they may run here)."""
+        if any(runs_here(self.config, v.kind) for v in task.spec.verify):
             return True
         led = self.config.stash.get(LEDGER_KEY)
         return led is not None and bool(led.dependents(task.id))
@@ -381,8 +386,8 @@ class Relay:
         host = self.owns(host)
         if host is None:
             return None
-        if verifier.kind in LOCAL_KINDS:
-            return None  # run here, on the fetched branch: verify_brain / verify_agent ask local_workspace()
+        if runs_here(config, verifier.kind):
+            return None  # run here, on the fetched branch: their plugins ask local_workspace()
         if verifier.kind != "run":
             return Verdict(False, verifier.kind, verifier.label, host=host.name,
                            reason=f"{verifier.kind} verifiers run only on the supervising machine, and this "
