@@ -349,6 +349,14 @@ class Relay:
         self._note(task.id, fetch_note(rec))
         return rec
 
+    @hookimpl(trylast=True)
+    def fleetrun_fetch_workspace(self, task: Any, attempt: Any, workspace: Any, config: Config) -> Optional[Workspace]:
+        """An attempt on one of this relay's peers: its branch fetched back here
+        (:meth:`local_workspace`); None for any other host."""
+        if attempt.host not in self.hosts:
+            return None
+        return self.local_workspace(task, attempt, workspace)
+
     def local_workspace(self, task: Any, attempt: Any, workspace: Any) -> Workspace:
         """For an attempt on a peer: a workspace on this machine holding its branch (the
         fetched worktree), fetching it first if that has not happened (a supervisor that
