@@ -11,7 +11,6 @@ from __future__ import annotations
 import contextlib
 import sqlite3
 import time
-import types
 from collections.abc import Callable
 from dataclasses import asdict, dataclass, replace
 from typing import TYPE_CHECKING, Any, Optional
@@ -93,16 +92,16 @@ class Starting:
     # -- placement ---------------------------------------------------------------------
 
     def pure_placement(self) -> bool:
-        """Whether every ``fleetrun_place``, filter and score implementation is a
-        built-in one, whose decision depends only on the task, the candidates, the
-        policy, the tasks holding slots and its backoff. A ``fleetconf.py``'s or another
-        plugin's may look at anything: then every waiting task is asked every pass."""
+        """Whether every ``fleetrun_place``, filter and score implementation comes from a
+        plugin that declares ``PURE_PLACEMENT = True``: its decision depends only on the
+        task, the candidates, the policy, the tasks holding slots and its backoff (the
+        built-in ``placement`` plugin and the relay say so). Another plugin's, or a
+        ``fleetconf.py``'s, may look at anything: then every waiting task is asked every
+        pass."""
         hook = self.loop.config.hook
         for name in ("fleetrun_place", "fleetrun_place_filter", "fleetrun_place_score"):
             for impl in getattr(hook, name).get_hookimpls():
-                plugin = impl.plugin
-                where = plugin.__name__ if isinstance(plugin, types.ModuleType) else type(plugin).__module__
-                if not str(where).startswith("fleetrun.plugins."):
+                if getattr(impl.plugin, "PURE_PLACEMENT", False) is not True:
                     return False
         return True
 

@@ -316,3 +316,34 @@ def fleetrun_hosts(config):
     polls = [json.loads(line) for line in (fleeter.path / "polls.jsonl").read_text().splitlines()]
     ids = {a.id for t in ("one", "two") for a in fleeter.ledger().attempts(fleeter.task(t).id)}
     assert any(set(p) == ids for p in polls), polls
+
+
+def test_a_transition_another_process_made_is_in_the_event_log_once(fleeter: Any) -> None:
+    """Issue 23: the loop shows a transition another process made (a ``fleetrun
+    cancel`` from another shell; here the agent runs it) without replaying it to a
+    plugin that declares its log shared (``SHARED_TRANSITION_LOG``, the ``events``
+    plugin): the loop no longer looks that plugin up by name, and the cancel is in
+    ``events.ndjson`` once."""
+    import json
+    import shlex
+    import sys
+
+    fleeter.make_repo()
+    cancel = shlex.join([sys.executable, "-m", "fleetrun", "cancel"])
+    fleeter.write_tasks(f'''
+[agents.sh]
+command = ["sh", "-c", "{cancel} $FLEETRUN_TASK_ID; n=0; while [ $n -lt 2400 ]; do n=$((n+1)); sleep 0.05; done"]
+
+[[task]]
+name = "self-cancel"
+cwd = "repo"
+git_ref = "main"
+prompt = "p"
+agent = "sh"
+''')
+    r = fleeter.run("tasks.toml")
+    task = fleeter.task("self-cancel")
+    assert task.state is State.CANCELLED, r.stdout + r.stderr
+    lines = [json.loads(ln) for ln in (fleeter.home / "events.ndjson").read_text().splitlines()]
+    cancels = [e for e in lines if e.get("type") == "transition" and e.get("to") == "CANCELLED"]
+    assert len(cancels) == 1, cancels

@@ -76,6 +76,11 @@ FIRST_ROUND_WAIT_S = 3.0
 class Relay:
     """The peers of this run and their heartbeats."""
 
+    #: its ``fleetrun_place`` wrapper decides from the candidates it is given (and its
+    #: own first heartbeats, which end in a wait with a time): the loop may keep a
+    #: waiting task's decision (:meth:`fleetrun.starting.Starting.pure_placement`)
+    PURE_PLACEMENT = True
+
     def __init__(self, config: Config, peers: dict[str, Peer]) -> None:
         self.config = config
         self.peers = peers
