@@ -270,8 +270,8 @@ class Starting:
             return self.not_prepared(task, att, host, e)
         if ws is None:  # -p no:worktree, say: no pass will find a plugin that does
             led.update_attempt(att.id, state="abandoned", outcome="plugin_missing", ended=time.time())
-            ending.give_up_at_once(task, att, "plugin_missing:no plugin prepared a workspace (is the worktree "
-                                              "plugin blocked? see -p no:NAME)")
+            ending.give_up_at_once(task, att, "plugin_missing:no plugin prepared a workspace (is its plugin "
+                                              "blocked? see -p no:NAME)")
             return False
         if not isinstance(ws, Workspace):  # being made off the loop's thread: poll() goes on
             self.preparing[task.id] = Preparing(att, ws, kind, prev)
@@ -442,8 +442,8 @@ class Starting:
             return False
         if info is None:  # -p no:shepherd, say: no pass will find a plugin that does
             record(state="abandoned", outcome="plugin_missing", ended=time.time())
-            ending.give_up_at_once(loop.get(task.id), att, "plugin_missing:no plugin started the attempt (is the "
-                                                           "shepherd plugin blocked? see -p no:NAME)")
+            ending.give_up_at_once(loop.get(task.id), att, "plugin_missing:no plugin started the attempt (is its "
+                                                           "plugin blocked? see -p no:NAME)")
             return False
         crash.point("after_shepherd_start")
         moved = {"host": info.host} if info.host else {}  # it runs elsewhere than placed (a mailbox)
