@@ -397,10 +397,10 @@ def plugin_names_in(mod: str, source: str) -> set[tuple[str, str]]:
     docs = _docstrings(tree)
     found: set[tuple[str, str]] = set()
     for node in ast.walk(tree):
-        if isinstance(node, ast.Call) and getattr(node.func, "attr", None) in PM_LOOKUPS:
+        if isinstance(node, ast.Call) and isinstance(node.func, ast.Attribute) and node.func.attr in PM_LOOKUPS:
             for a in [*node.args, *(k.value for k in node.keywords)]:
                 if isinstance(a, ast.Constant) and isinstance(a.value, str):
-                    found.add((mod, f"{getattr(node.func, 'attr')}({a.value!r})"))
+                    found.add((mod, f"{node.func.attr}({a.value!r})"))
         elif isinstance(node, ast.Dict):
             for k in node.keys:
                 if isinstance(k, ast.Constant) and k.value in PLUGIN_NAMES - CORE_WORDS:
