@@ -38,6 +38,20 @@ class TestSSHHost(HostConformance):
         host.close()
 
 
+class TestSSHHostThroughItsWorker(HostConformance):
+    """The same peer, its verbs through the long-lived worker (``host serve``), which
+    pushes each attempt's end."""
+
+    @pytest.fixture
+    def conformance_host(self, fleeter: Any, peer_lab: Any, tmp_path: Path) -> Any:
+        m = peer_lab.machine("mini")
+        r = fleeter.run("relay", "add", "mini", m.address, "--accept-new", "--command", m.command_line())
+        assert r.ret == 0, r.stdout + r.stderr
+        host = SSHHost(load_peers(fleeter.home)["mini"], fleeter.home, worker=True)
+        yield Subject(host, cwd=str(tmp_path))
+        host.close()
+
+
 class NoExitedReason(LocalHost):
     """A host that leaves ``reason`` out of an ended status (what a plugin written
     from the docs alone did): every attempt of it would count as died."""
