@@ -347,3 +347,37 @@ agent = "sh"
     lines = [json.loads(ln) for ln in (fleeter.home / "events.ndjson").read_text().splitlines()]
     cancels = [e for e in lines if e.get("type") == "transition" and e.get("to") == "CANCELLED"]
     assert len(cancels) == 1, cancels
+
+
+def test_a_host_whose_poll_raises_stops_its_tasks_not_the_fleet(fleeter: Any) -> None:
+    """A bug in a host plugin's ``poll`` is each of its tasks' ``internal_error`` (as a
+    bug while handling one task is), not a crash of the loop."""
+    fleeter.make_repo()
+    fleeter.write_tasks('''
+[agents.sh]
+command = ["sh", "-c", "exit 0"]
+
+[[task]]
+name = "polled"
+cwd = "repo"
+git_ref = "main"
+prompt = "p"
+agent = "sh"
+''')
+    fleeter.write_fleetconf('''
+import fleetrun
+from fleetrun.hosts import LocalHost
+from fleetrun.plugins.local import measure
+
+class Broken(LocalHost):
+    def poll(self, attempts):
+        raise RuntimeError("poll is broken")
+
+@fleetrun.hookimpl(tryfirst=True)
+def fleetrun_hosts(config):
+    return [Broken(config.home, measure=measure)]
+''')
+    r = fleeter.run("tasks.toml")
+    task = fleeter.task("polled")
+    assert task.state is State.NEEDS_HUMAN, r.stdout + r.stderr
+    assert fleeter.ledger().transitions(task.id)[-1].cause == "internal_error:RuntimeError: poll is broken"
