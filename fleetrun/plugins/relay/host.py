@@ -172,6 +172,8 @@ class SSHHost(VerifierVerbs, CollectVerbs):
         """
         t = self.transport(may_connect)
         w = self.worker(t) if verb in WORKER_VERBS else None
+        if w is not None and verb == "status-many" and not w.many:
+            w = None  # an older worker drops a verb it does not know: ask its one-shot form
         if w is not None:
             try:
                 if not wait:
@@ -428,7 +430,8 @@ class SSHHost(VerifierVerbs, CollectVerbs):
                 out[a.attempt_id] = pushed
             else:
                 ask.append(a)
-        if self._status_many is False:
+        w = self.live_worker()
+        if self._status_many is False or (w is not None and not w.many):  # an older peer, or worker
             out.update({a.attempt_id: self.status(a.attempt_id, a.pid, a.token) for a in ask})
             return out
         for i in range(0, len(ask), protocol.MAX_POLL):
@@ -444,9 +447,11 @@ class SSHHost(VerifierVerbs, CollectVerbs):
                 self.call("status-many", payload=payload, timeout=STATUS_TIMEOUT_S, may_connect=not self.passive), ids)
         except PeerUnreachable as e:
             return {aid: {"state": "unreachable", "error": f"{self.name}: {e}"} for aid in ids}
-        except PeerError:
-            # a peer older than `status-many` (a usage error): one `status` per attempt
-            self._status_many = False
+        except PeerError as e:
+            # a peer older than `status-many` answers with a usage error: one `status` per
+            # attempt from now on; any other error, this time (each says its own)
+            if "usage: fleetrun host" in str(e) or "no JSON reply" in str(e):
+                self._status_many = False
             return {a.attempt_id: self.status(a.attempt_id, a.pid, a.token) for a in batch}
         except Malformed as e:
             return {aid: {"state": "unreachable", "error": f"{self.name}: a malformed status-many reply: {e}"}

@@ -71,6 +71,8 @@ WORKER_EVENTS = ("hello", "log", "ended", "verified", "probe", "then")
 #: What a worker can send out of turn (an event about an attempt not placed there, a
 #: reply to a request never sent), as the supervisor counts it (:mod:`.placed`).
 VIOLATION_KINDS = ("log", "ended", "verified", "reply", "then")
+#: A worker's hello says ``"many": 1`` when it answers ``status-many`` (an older worker
+#: drops a request whose verb it does not know, unanswered: it is not sent one).
 #: A worker's hello says ``"chain": 1`` when a request may carry a second one to run
 #: right after it (``then``: a verb, its arguments, its payload), whose answer is pushed
 #: once it is done, after the first one's reply (a ``then`` event: ``id``, ``code``,
@@ -499,7 +501,8 @@ def parse_worker_message(line: bytes) -> WorkerMessage:
         return WorkerMessage("hello", info={
             "protocol": integer(d.get("protocol"), f"{what}.protocol", 0, 1 << 20),
             "fleetrun": opt_text(d, "fleetrun", what, 200), "pid": opt_integer(d, "pid", what, 1, MAX_PID),
-            "beats": opt_integer(d, "beats", what, 0, 1 << 20), "chain": opt_integer(d, "chain", what, 0, 1 << 20)})
+            "beats": opt_integer(d, "beats", what, 0, 1 << 20), "chain": opt_integer(d, "chain", what, 0, 1 << 20),
+            "many": opt_integer(d, "many", what, 0, 1 << 20)})
     if kind == "probe":
         return WorkerMessage("probe", probe=parse_probe_reply(d.get("probe")))
     from ...untrusted import attempt_id

@@ -157,6 +157,11 @@ class Worker:
         return bool(self.info.get("beats"))
 
     @property
+    def many(self) -> bool:
+        """Whether it answers ``status-many`` (its hello said so)."""
+        return bool(self.info.get("many"))
+
+    @property
     def chains(self) -> bool:
         """Whether a request may carry the one to run after it (its hello said so)."""
         return bool(self.info.get("chain"))

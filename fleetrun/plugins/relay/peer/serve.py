@@ -168,7 +168,7 @@ class Worker:
         from fleetrun import __version__
 
         self.send({"event": "hello", "protocol": WORKER_PROTOCOL, "fleetrun": __version__, "pid": os.getpid(),
-                   "beats": 1, "chain": 1})
+                   "beats": 1, "chain": 1, "many": 1})
         try:
             return self.loop()
         finally:
