@@ -16,7 +16,7 @@ if TYPE_CHECKING:
 
     from .config import Config, ConfigKey
     from .exceptions import ExitCode, UsageError, UsageErrors
-    from .hostapi import Host, StartRefused
+    from .hostapi import AttemptRef, Host, StartRefused, poll_statuses
     from .ledger import open_ledger
     from .ledgerstats import LedgerCounts, ledger_counts
     from .links import add_link, add_note, check_url, task_links
@@ -47,7 +47,7 @@ if TYPE_CHECKING:
 _LAZY: dict[str, str] = {
     "Config": "config", "ConfigKey": "config",
     "ExitCode": "exceptions", "UsageError": "exceptions", "UsageErrors": "exceptions",
-    "Host": "hostapi", "StartRefused": "hostapi",
+    "AttemptRef": "hostapi", "Host": "hostapi", "StartRefused": "hostapi", "poll_statuses": "hostapi",
     "LedgerCounts": "ledgerstats", "ledger_counts": "ledgerstats",
     "open_ledger": "ledger",
     "add_link": "links", "add_note": "links", "check_url": "links", "task_links": "links",
@@ -92,6 +92,7 @@ def main(args: list[str] | None = None, plugins: list[object] | None = None) -> 
 
 __all__ = [
     "AgentResult",
+    "AttemptRef",
     "Cancellable",
     "Candidate",
     "Config",
@@ -129,6 +130,7 @@ __all__ = [
     "ledger_counts",
     "main",
     "open_ledger",
+    "poll_statuses",
     "task_env",
     "task_links",
 ]

@@ -580,9 +580,11 @@ def _plugin_names(pm: Any) -> list[str]:
 
 
 def _short(name: str) -> str:
-    for prefix in ("fleetrun.plugins.",):
-        if name.startswith(prefix):
-            return name[len(prefix):]
+    from .pluginmanager import BUILTIN_PLUGINS
+
+    short = next((n for n, m in BUILTIN_PLUGINS.items() if m == name), None)  # a built-in named by its module
+    if short is not None:
+        return short
     if os.sep in name and name.endswith("fleetconf.py"):
         return "fleetconf:" + name
     return name

@@ -345,7 +345,11 @@ def _collect_verify(
     label = f"{who}: verify #{j + 1}"
     n_before = len(errs.items)
     kinds = [k for k in rv if k in keys.verify_kinds]
-    if len(kinds) != 1:
+    missing = [k for k in rv if k in keys.missing_kinds]
+    for key in missing:  # a kind its plugin would declare: say that, not "unknown key"
+        errs.add(lines.get("task", i, "verify", j, key, default=vline), f"{label}: {key}",
+                 f"unknown verifier kind {key}: {keys.missing_kinds[key]}")
+    if len(kinds) != 1 and (kinds or not missing):  # a missing kind alone is said above, once
         names = " / ".join(keys.verify_kinds)
         if not kinds:
             errs.add(vline, label, f"needs exactly one of {names}, found none")
@@ -355,6 +359,8 @@ def _collect_verify(
     extra: dict[str, Any] = {}
     for key, value in rv.items():
         line = lines.get("task", i, "verify", j, key, default=vline)
+        if key in missing:
+            continue
         decl = keys.verify_kinds.get(key) or keys.verify.get(key)
         if decl is None:
             errs.add(line, f"{label}: {key}", f"unknown key{suggest(key, [*keys.verify_kinds, *keys.verify])}")

@@ -196,16 +196,14 @@ _VERDICT = re.compile(r"[*_`]*(PASS|FAIL)[*_`]*[.:!,;\-\u2013\u2014]*[*_`]*(?:\s
 
 def fetched_workspace(config: Config, task: Any, attempt: Any, workspace: Any, kind: str) -> Union[Workspace, str]:
     """For an attempt that ran on a peer: a workspace on this machine holding its branch,
-    fetched back from the peer by the ``relay`` plugin (its ``local_workspace``); or,
-    as a string, why there is none."""
+    as the plugin that provides its host fetches it back (``fleetrun_fetch_workspace``;
+    the ``relay`` plugin for its peers); or, as a string, why there is none."""
     host = attempt.host
     what = f"{'an' if kind == 'agent' else 'a'} {kind} verifier runs on this machine"
-    relay = config.pluginmanager.get_plugin("relay-peers") if config is not None else None
-    fetch = getattr(relay, "local_workspace", None)
-    if fetch is None:
+    if config is None:
         return f"{what}; the task's workspace is on {host}"
     try:
-        local = fetch(task, attempt, workspace)
+        local = config.hook.fleetrun_fetch_workspace(task=task, attempt=attempt, workspace=workspace, config=config)
     except Exception as e:  # anything that stops a verdict is a FAIL
         return f"{what}, and the task's branch could not be fetched from {host}: {e}"
     return local if isinstance(local, Workspace) else f"{what}; the task's workspace is on {host}"

@@ -18,7 +18,7 @@ from typing import Any, Optional
 from . import clock
 from .capped import DEFAULT_MAX_BYTES, cut_note
 from .gitutil import GitError, WorktreeTampered
-from .hostapi import get_host
+from .hostapi import AttemptRef, get_host, poll_statuses
 from .ledger import Attempt, Task
 from .outcomes import Ended, Transition, attempt_outcome, decide_end, decide_not_started, end_reason
 from .reports import CollectHandle, Workspace
@@ -49,12 +49,23 @@ class Ending:
         loop = self.loop
         if self.collecting:
             self.poll_collecting()
+        by_host: dict[Optional[str], list[Attempt]] = {}
         for att in loop.led.attempts(states={"starting", "running"}):
-            with loop.isolated(att.task_id):
-                host = get_host(loop.config, att.host)
-                st = host.status(att.id, att.shepherd_pid, att.shepherd_token)
-                if st.get("state") in ("ended", "died"):
-                    self.finish_attempt(att, st)
+            by_host.setdefault(att.host, []).append(att)
+        for name, atts in by_host.items():  # one poll per host per pass (a peer: one request)
+            host = get_host(loop.config, name)
+            try:
+                statuses = poll_statuses(host, [AttemptRef(a.id, a.shepherd_pid, a.shepherd_token) for a in atts])
+            except Exception as e:  # a host's bug: each of its tasks is contained, as one task's would be
+                for att in atts:
+                    with loop.isolated(att.task_id):
+                        raise e
+                continue
+            for att in atts:
+                with loop.isolated(att.task_id):
+                    st = statuses[att.id]
+                    if st.get("state") in ("ended", "died"):
+                        self.finish_attempt(att, st)
 
     def finish_attempt(self, att: Attempt, st: dict[str, Any], record: bool = True) -> None:
         """An attempt ended: record it (``record``; False when adopt() finds it recorded

@@ -740,6 +740,30 @@ def fleetrun_verify(
 
 
 @hookspec(firstresult=True)
+def fleetrun_fetch_workspace(task: Task, attempt: Attempt, workspace: Workspace, config: Config) -> Optional[Workspace]:
+    """Bring the work of an attempt that ran on a host whose files are elsewhere (not
+    ``host.local``) to a workspace on this machine, for a verifier that runs here.
+
+    Called by a verifier whose kind runs on the supervising machine (``brain``,
+    ``agent``: ``KeyDecl.runs == "here"``) when the attempt ran on such a host. The
+    ``relay`` plugin answers for its peers (it fetches the task's branch back into a
+    worktree here); answer for your own hosts (``attempt.host``) and return None for
+    the rest. With no answer the verifier fails, saying the workspace is on that host;
+    an exception fails it with the message.
+
+    :param task: the :class:`~fleetrun.ledger.Task` being verified.
+    :param attempt: the :class:`~fleetrun.ledger.Attempt` whose work is verified.
+    :param workspace: the attempt's :class:`~fleetrun.Workspace` on its host.
+    :param config: the run's :class:`~fleetrun.config.Config`.
+    :return: a :class:`~fleetrun.Workspace` on this machine holding the work, or None.
+
+    firstresult: stops at the first non-None result.
+
+    May be implemented in a ``fleetconf.py``: yes.
+    """
+
+
+@hookspec(firstresult=True)
 def fleetrun_handoff(task: Task, attempt: Optional[Attempt], host: Host,
                      config: Config) -> Union[Handoff, HandoffHandle, None]:
     """Build what a finished task hands to the tasks that depend on it: its branch, a
@@ -1049,6 +1073,7 @@ __all__ = [
     "fleetrun_collection_modifyitems",
     "fleetrun_config_keys",
     "fleetrun_configure",
+    "fleetrun_fetch_workspace",
     "fleetrun_handoff",
     "fleetrun_host_heartbeat",
     "fleetrun_host_paused",

@@ -12,8 +12,9 @@ the registry too.
 
 from __future__ import annotations
 
+from dataclasses import dataclass
 from pathlib import Path
-from typing import TYPE_CHECKING, Any, Optional, Protocol, runtime_checkable
+from typing import TYPE_CHECKING, Any, Optional, Protocol, Sequence, runtime_checkable
 
 from .stash import StashKey
 
@@ -39,6 +40,16 @@ class AgentNotFound(Exception):
     raised there, and not before the attempt is offered to every plugin, because an
     attempt a plugin runs its own way (a mailbox delivering it to a role's session)
     starts no agent here and needs none installed."""
+
+
+@dataclass(frozen=True)
+class AttemptRef:
+    """One attempt a host is asked about by :meth:`Host.poll`: its id and, from the
+    ledger, its shepherd's pid and identity token (None when not known yet)."""
+
+    attempt_id: str
+    pid: Optional[int] = None
+    token: Optional[str] = None
 
 
 @runtime_checkable
@@ -97,6 +108,19 @@ class Host(Protocol):
 
         :param pid: the shepherd's pid from the ledger (None: read it from the folder).
         :param token: its identity token (a reused pid is not the shepherd).
+        """
+        ...
+
+    def poll(self, attempts: Sequence[AttemptRef]) -> dict[str, dict[str, Any]]:
+        """The status of each of ``attempts`` at once, as :meth:`status` would give it:
+        the loop asks each host once per pass for all of its live attempts (the relay
+        sends one request per peer). The contract is in docs/plugins.md ("The host
+        status contract"); :mod:`fleetrun.testing.hostconformance` checks it.
+
+        A host without ``poll`` still works: :func:`poll_statuses` then calls
+        :meth:`status` once per attempt.
+
+        :return: attempt id -> status; an attempt left out counts as ``unreachable``.
         """
         ...
 
@@ -170,6 +194,9 @@ class MissingHost:
 
     def status(self, attempt_id: str, pid: Optional[int], token: Optional[str]) -> dict[str, Any]:
         return {"state": "unreachable", "error": self.reason}
+
+    def poll(self, attempts: Sequence[AttemptRef]) -> dict[str, dict[str, Any]]:
+        return {a.attempt_id: self.status(a.attempt_id, a.pid, a.token) for a in attempts}
 
     def stop(self, attempt_id: str, pid: Optional[int], token: Optional[str]) -> bool:
         raise UnknownHost(self.reason)
@@ -290,6 +317,34 @@ def missing_host_reason(config: Config, name: Optional[str]) -> Optional[str]:
     return f"host {name!r} is not provided by any loaded plugin: {why}"
 
 
+def poll_statuses(host: Host, attempts: Sequence[AttemptRef]) -> dict[str, dict[str, Any]]:
+    """Every one of ``attempts``' status from ``host`` in one call: its :meth:`Host.poll`,
+    or, for a host written before ``poll`` (it has only ``status``), one ``status`` per
+    attempt. What the host answers is checked, as a peer's reply is: an attempt it left
+    out, or whose status is not a table with a string ``state``, is ``unreachable``
+    with the reason (the loop waits; a task never runs twice).
+
+    :return: attempt id -> status, for each of ``attempts``.
+    """
+    poll = getattr(host, "poll", None)
+    if callable(poll):
+        got = poll(list(attempts))
+    else:
+        got = {a.attempt_id: host.status(a.attempt_id, a.pid, a.token) for a in attempts}
+    if not isinstance(got, dict):
+        got = {}
+    out: dict[str, dict[str, Any]] = {}
+    for a in attempts:
+        st = got.get(a.attempt_id)
+        if not isinstance(st, dict):
+            why = "no status for it" if st is None else f"a status that is not a table ({type(st).__name__})"
+            st = {"state": "unreachable", "error": f"{host.name}: poll gave {why}"}
+        elif not isinstance(st.get("state"), str):
+            st = {"state": "unreachable", "error": f"{host.name}: poll gave a status without a state"}
+        out[a.attempt_id] = st
+    return out
+
+
 def stop_attempt(config: Config, attempt: Any) -> bool:
     """Stop an attempt wherever it runs (used by ``fleetrun cancel``).
 
@@ -303,5 +358,5 @@ def stop_attempt(config: Config, attempt: Any) -> bool:
     return bool(host.stop(attempt.id, attempt.shepherd_pid, attempt.shepherd_token))
 
 
-__all__ = ["HOSTS", "Host", "HostRegistry", "MissingHost", "StartRefused", "UnknownHost", "get_host",
-           "missing_host_reason", "registry", "stop_attempt", "workspace_here"]
+__all__ = ["HOSTS", "AttemptRef", "Host", "HostRegistry", "MissingHost", "StartRefused", "UnknownHost", "get_host",
+           "missing_host_reason", "poll_statuses", "registry", "stop_attempt", "workspace_here"]

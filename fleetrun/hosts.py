@@ -13,9 +13,10 @@ import os
 import re
 import signal
 from pathlib import Path
-from typing import TYPE_CHECKING, Any, Callable, Optional
+from typing import TYPE_CHECKING, Any, Callable, Optional, Sequence
 
 from .hostapi import (  # noqa: F401  (their old home: kept importable)
+    AttemptRef,
     MissingHost,
     StartRefused,
     UnknownHost,
@@ -172,6 +173,11 @@ class LocalHost:
         if isinstance(spid, int) and isinstance(stoken, str) and stoken:
             kill_environ(f"{SHEPHERD_ENV}={spid}:{stoken}")
         return dict(st, state="died")
+
+    def poll(self, attempts: Sequence[AttemptRef]) -> dict[str, dict[str, Any]]:
+        """Each attempt's :meth:`status`: its shepherd's status file, read here (a local
+        read costs no round trip, so one call per attempt is what a poll is)."""
+        return {a.attempt_id: self.status(a.attempt_id, a.pid, a.token) for a in attempts}
 
     def give_up(self, attempt_id: str) -> dict[str, Any]:
         """Decide, under the shepherd's start lock, that an attempt never started: leave

@@ -245,10 +245,12 @@ class Loop:
         if not rows:
             return
         self.seen_transition = rows[-1].id
-        # the process that made it has written it to the shared event log already
-        events = self.config.pluginmanager.get_plugin("events")
-        hook = (self.config.pluginmanager.subset_hook_caller("fleetrun_transition", remove_plugins=[events])
-                if events is not None else self.hook.fleetrun_transition)
+        # the process that made it has written it to the logs every process shares
+        # already: the plugins that keep one say so (SHARED_TRANSITION_LOG), none is named
+        pm = self.config.pluginmanager
+        shared = [p for p in pm.get_plugins() if getattr(p, "SHARED_TRANSITION_LOG", False) is True]
+        hook = (pm.subset_hook_caller("fleetrun_transition", remove_plugins=shared)
+                if shared else self.hook.fleetrun_transition)
         for row in rows:
             key = (row.task_id, row.to_state, row.cause)
             if self.own[key] > 0:

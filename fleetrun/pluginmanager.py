@@ -113,6 +113,11 @@ class FleetPluginManager(pluggy.PluginManager):
         # historic: every plugin registered from now on gets it once, as in pytest
         self.hook.fleetrun_addhooks.call_historic(kwargs={"pluginmanager": self})
 
+    def blocked_builtins(self) -> list[str]:
+        """The built-in plugins blocked (``-p no:NAME``), by short name, in registration
+        order: what they would have declared is missing, and errors can say why."""
+        return [name for name in BUILTIN_PLUGINS if self.is_blocked(name)]
+
     def parse_hookimpl_opts(self, plugin: Any, name: str) -> Optional[pluggy.HookimplOpts]:
         opts = super().parse_hookimpl_opts(plugin, name)
         if opts is None and name.startswith("fleetrun_"):

@@ -97,6 +97,21 @@ def check_file_settings(tf: TaskFile, config: Config) -> list[UsageError]:
                         display_path(Path(tf.path), config.invocation_dir), skip_unknown_tables=skip)
 
 
+#: A verifier kind's built-in plugin is named ``verify_<kind>`` (``verify_run``,
+#: ``verify_brain``...): how a kind that is missing because its plugin is blocked is
+#: told apart from a misspelt key, without the core naming any plugin.
+VERIFIER_PLUGIN_PREFIX = "verify_"
+
+
+def missing_kinds(config: Config) -> dict[str, str]:
+    """The verifier kinds whose built-in plugin is blocked, with why (for the error a
+    verifier using one gets)."""
+    pm = getattr(config, "pluginmanager", None)
+    blocked = pm.blocked_builtins() if pm is not None and hasattr(pm, "blocked_builtins") else []
+    return {name[len(VERIFIER_PLUGIN_PREFIX):]: f"its plugin {name} is not loaded (-p no:{name})"
+            for name in blocked if name.startswith(VERIFIER_PLUGIN_PREFIX)}
+
+
 def collect(config: Config) -> list[TaskFile]:
     """Collect every file named on the command line; raise all usage errors at once.
 
@@ -104,7 +119,7 @@ def collect(config: Config) -> list[TaskFile]:
         ``config.file_settings``.
     :raises UsageError: every problem of every file (``UsageErrors`` for several).
     """
-    keys = KeyTable.build(config.hook.fleetrun_task_keys(config=config))
+    keys = KeyTable.build(config.hook.fleetrun_task_keys(config=config), missing_kinds=missing_kinds(config))
     files = []
     graph_only: list[Any] = []
     errors: list[UsageError] = []

@@ -11,7 +11,6 @@ from __future__ import annotations
 import contextlib
 import sqlite3
 import time
-import types
 from collections.abc import Callable
 from dataclasses import asdict, dataclass, replace
 from typing import TYPE_CHECKING, Any, Optional
@@ -93,16 +92,16 @@ class Starting:
     # -- placement ---------------------------------------------------------------------
 
     def pure_placement(self) -> bool:
-        """Whether every ``fleetrun_place``, filter and score implementation is a
-        built-in one, whose decision depends only on the task, the candidates, the
-        policy, the tasks holding slots and its backoff. A ``fleetconf.py``'s or another
-        plugin's may look at anything: then every waiting task is asked every pass."""
+        """Whether every ``fleetrun_place``, filter and score implementation comes from a
+        plugin that declares ``PURE_PLACEMENT = True``: its decision depends only on the
+        task, the candidates, the policy, the tasks holding slots and its backoff (the
+        built-in ``placement`` plugin and the relay say so). Another plugin's, or a
+        ``fleetconf.py``'s, may look at anything: then every waiting task is asked every
+        pass."""
         hook = self.loop.config.hook
         for name in ("fleetrun_place", "fleetrun_place_filter", "fleetrun_place_score"):
             for impl in getattr(hook, name).get_hookimpls():
-                plugin = impl.plugin
-                where = plugin.__name__ if isinstance(plugin, types.ModuleType) else type(plugin).__module__
-                if not str(where).startswith("fleetrun.plugins."):
+                if getattr(impl.plugin, "PURE_PLACEMENT", False) is not True:
                     return False
         return True
 
@@ -271,8 +270,8 @@ class Starting:
             return self.not_prepared(task, att, host, e)
         if ws is None:  # -p no:worktree, say: no pass will find a plugin that does
             led.update_attempt(att.id, state="abandoned", outcome="plugin_missing", ended=time.time())
-            ending.give_up_at_once(task, att, "plugin_missing:no plugin prepared a workspace (is the worktree "
-                                              "plugin blocked? see -p no:NAME)")
+            ending.give_up_at_once(task, att, "plugin_missing:no plugin prepared a workspace (is its plugin "
+                                              "blocked? see -p no:NAME)")
             return False
         if not isinstance(ws, Workspace):  # being made off the loop's thread: poll() goes on
             self.preparing[task.id] = Preparing(att, ws, kind, prev)
@@ -443,8 +442,8 @@ class Starting:
             return False
         if info is None:  # -p no:shepherd, say: no pass will find a plugin that does
             record(state="abandoned", outcome="plugin_missing", ended=time.time())
-            ending.give_up_at_once(loop.get(task.id), att, "plugin_missing:no plugin started the attempt (is the "
-                                                           "shepherd plugin blocked? see -p no:NAME)")
+            ending.give_up_at_once(loop.get(task.id), att, "plugin_missing:no plugin started the attempt (is its "
+                                                           "plugin blocked? see -p no:NAME)")
             return False
         crash.point("after_shepherd_start")
         moved = {"host": info.host} if info.host else {}  # it runs elsewhere than placed (a mailbox)

@@ -10,10 +10,11 @@ same value checks (:func:`check_value`, :func:`collect_setup`), into one :class:
 from __future__ import annotations
 
 import difflib
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any, Callable, Iterable, Optional
 
 from .exceptions import UsageError
+from .stash import StashKey
 from .taskspec import (
     BASES,
     DEFAULT_SETUP_TIMEOUT_S,
@@ -114,11 +115,17 @@ BUILTIN_TASK_KEYS: tuple[KeyDecl, ...] = (
     KeyDecl("tags", (list,), doc="words to select the task by with -m EXPR, as pytest's markers", check=_tags_check),
 )
 
-BUILTIN_VERIFY_KINDS: tuple[KeyDecl, ...] = (
-    KeyDecl("run", (str,), where="verify_kind", doc="shell command; exit code is the verdict", check=_nonempty),
-    KeyDecl("brain", (str,), where="verify_kind", doc="question for the local model", check=_nonempty),
-    KeyDecl("agent", (str,), where="verify_kind", doc="prompt for a read-only reviewer", check=_nonempty),
-)
+#: The verifier kinds fleetrun itself knows: none. Each kind (``run``, ``brain``,
+#: ``agent``) is declared by the plugin that runs it (``fleetrun_task_keys``, a
+#: ``KeyDecl`` with ``where="verify_kind"`` and ``runs``), so ``-p no:verify_brain``
+#: takes the ``brain`` kind away and a tasks file using it fails to validate.
+BUILTIN_VERIFY_KINDS: tuple[KeyDecl, ...] = ()
+
+#: The value check of a verifier kind's text (a command, a question, a prompt).
+kind_text_check = _nonempty
+
+#: Where a verifier kind runs (:attr:`KeyDecl.runs`).
+RUNS = ("host", "here")
 
 def _verify_name_check(v: str) -> Optional[str]:
     if not v.strip():
@@ -213,24 +220,52 @@ def type_ok(value: Any, types: tuple[type, ...]) -> bool:
 
 @dataclass
 class KeyTable:
+    """Every key a tasks file may use: the built-in ones and what plugins declare.
+
+    :ivar missing_kinds: verifier kinds whose plugin is not loaded (blocked with
+        ``-p no:NAME``), with why: a verifier using one is an error saying so.
+    """
+
     task: dict[str, KeyDecl]
     verify: dict[str, KeyDecl]
     verify_kinds: dict[str, KeyDecl]
+    missing_kinds: dict[str, str] = field(default_factory=dict)
 
     @classmethod
-    def build(cls, extra: Iterable[Iterable[KeyDecl]] = ()) -> KeyTable:
+    def build(cls, extra: Iterable[Iterable[KeyDecl]] = (), missing_kinds: Optional[dict[str, str]] = None) -> KeyTable:
+        """The table of the built-in keys and ``extra`` (``fleetrun_task_keys``' answers,
+        in hook order: the first declaration of a key wins). Verifier kinds are listed
+        in the order their plugins were registered (the reverse of hook order), so
+        errors name the built-in ones first: ``run / brain / agent``."""
         table = cls(
             task={k.key: k for k in (*BUILTIN_TASK_KEYS, *RUN_TASK_KEYS)},
             verify={k.key: k for k in (*BUILTIN_VERIFY_KEYS, *RUN_VERIFY_KEYS)},
             verify_kinds={k.key: k for k in BUILTIN_VERIFY_KINDS},
         )
-        for decls in extra:
-            for d in decls or ():
-                target = {"task": table.task, "verify": table.verify, "verify_kind": table.verify_kinds}.get(d.where)
-                if target is None:
+        answers = [list(decls or ()) for decls in extra]
+        kinds: dict[str, KeyDecl] = {}
+        for decls in reversed(answers):
+            for d in decls:
+                if d.where == "verify_kind":
+                    if d.runs not in RUNS:
+                        raise ValueError(f"KeyDecl {d.key!r}: runs must be host or here, not {d.runs!r}")
+                    kinds[d.key] = d  # a later (in hook order: earlier) declaration wins, in its first place
+        for d in kinds.values():
+            table.verify_kinds.setdefault(d.key, d)
+        for decls in answers:
+            for d in decls:
+                target = {"task": table.task, "verify": table.verify}.get(d.where)
+                if target is None and d.where != "verify_kind":
                     raise ValueError(f"KeyDecl {d.key!r}: where must be task, verify or verify_kind")
-                target.setdefault(d.key, d)
+                if target is not None:
+                    target.setdefault(d.key, d)
+        table.missing_kinds = {k: why for k, why in (missing_kinds or {}).items() if k not in table.verify_kinds}
         return table
+
+    def runs_here(self, kind: str) -> bool:
+        """Whether verifiers of ``kind`` run on the supervising machine (``runs="here"``)."""
+        d = self.verify_kinds.get(kind)
+        return d is not None and d.runs == "here"
 
     def default_keys(self) -> dict[str, KeyDecl]:
         """The keys that may be a default of every task: :data:`DEFAULT_TASK_KEYS`, then
@@ -240,6 +275,19 @@ class KeyTable:
         out = {k: self.task[k] for k in DEFAULT_TASK_KEYS}
         out.update({k: d for k, d in self.task.items() if k not in builtin})
         return out
+
+
+def key_table(config: Any) -> KeyTable:
+    """The run's :class:`KeyTable` (every plugin's ``fleetrun_task_keys`` asked once,
+    kept in ``config.stash``): what a plugin asks about a kind, as where it runs."""
+    table: Optional[KeyTable] = config.stash.get(KEY_TABLE)
+    if table is None:
+        table = config.stash[KEY_TABLE] = KeyTable.build(config.hook.fleetrun_task_keys(config=config))
+    return table
+
+
+#: ``config.stash[KEY_TABLE]``: the run's :class:`KeyTable`, made on first use.
+KEY_TABLE: StashKey[KeyTable] = StashKey()
 
 
 # ---------------------------------------------------------------------------------

@@ -143,6 +143,10 @@ class KeyDecl:
         key) or ``verify_kind`` (a new verifier kind, like ``run``).
     :ivar types: the Python types the value may have (after TOML parsing).
     :ivar check: optional extra check; returns an error message or None.
+    :ivar runs: for a ``verify_kind``, where its verifiers run: ``host`` (in the
+        attempt's workspace, on the host the attempt ran on: a peer's plugin runs them
+        there, as the ``run`` kind) or ``here`` (on the supervising machine, on the
+        work fetched back from a peer, as ``brain`` and ``agent``).
     """
 
     key: str
@@ -150,6 +154,7 @@ class KeyDecl:
     where: str = "task"
     doc: str = ""
     check: Optional[Callable[[Any], Optional[str]]] = None
+    runs: str = "host"
 
 
 _REF_BAD = re.compile(r"(^[-/.])|(\.\.)|([\x00-\x20~^:?*\[\\\x7f])|(@\{)|(/$)|(\.lock(/|$))|(\.$)|(//)|(/\.)")

@@ -24,6 +24,7 @@ from fleetrun.collect import (
     map_lines,
 )
 from fleetrun.exceptions import UsageError, UsageErrors
+from fleetrun.plugins import verify_agent, verify_brain, verify_run
 from fleetrun.taskspec import KeyDecl, TaskSpec, ref_problem
 
 # When a @given test fails, hypothesis' pytest plugin imports hypothesis.extra._patching
@@ -38,10 +39,20 @@ with warnings.catch_warnings():
         pass
 
 
+def builtin_keys() -> KeyTable:
+    """The keys of a run with the built-in plugins: the verifier kinds are theirs
+    (passed in hook order, the reverse of registration)."""
+    return KeyTable.build([p.fleetrun_task_keys(config=None) for p in (verify_agent, verify_brain, verify_run)])
+
+
+#: The verifier kinds the built-in plugins declare.
+PLUGIN_KINDS = tuple(builtin_keys().verify_kinds.values())
+
+
 def collect(tmp_path: Path, text: str, keys: KeyTable | None = None) -> TaskFile:
     p = tmp_path / "tasks.toml"
     p.write_text(text)
-    return collect_toml(p, keys or KeyTable.build(), "tasks.toml")
+    return collect_toml(p, keys or builtin_keys(), "tasks.toml")
 
 
 def errors(tmp_path: Path, text: str) -> list[str]:
@@ -220,7 +231,8 @@ x = 1
 def test_builtin_keys_are_documented() -> None:
     from fleetrun.taskkeys import RUN_TASK_KEYS, RUN_VERIFY_KEYS
 
-    every = (*BUILTIN_TASK_KEYS, *BUILTIN_VERIFY_KEYS, *BUILTIN_VERIFY_KINDS, *RUN_TASK_KEYS, *RUN_VERIFY_KEYS)
+    every = (*BUILTIN_TASK_KEYS, *BUILTIN_VERIFY_KEYS, *BUILTIN_VERIFY_KINDS, *PLUGIN_KINDS, *RUN_TASK_KEYS,
+             *RUN_VERIFY_KEYS)
     for d in every:
         assert d.doc, d.key
     doc = Path(__file__).resolve().parent.parent / "docs" / "tasks-toml.md"
@@ -233,7 +245,16 @@ def test_builtin_keys_are_documented() -> None:
 def test_keytable_build() -> None:
     table = KeyTable.build([[KeyDecl("priority", (int,))], [KeyDecl("http", (str,), where="verify_kind")], None])
     assert "priority" in table.task
-    assert list(table.verify_kinds) == ["run", "brain", "agent", "http"]
+    assert list(table.verify_kinds) == ["http"]  # no kind is the core's: each comes from its plugin
+    # hook order is the reverse of registration: kinds are listed in registration order,
+    # and the first declaration in hook order wins
+    first, second = KeyDecl("x", (str,), where="verify_kind", doc="1"), KeyDecl("x", (str,), where="verify_kind", doc="2")
+    table = KeyTable.build([[KeyDecl("b", (str,), where="verify_kind", runs="here"), first],
+                            [KeyDecl("a", (str,), where="verify_kind"), second]])
+    assert list(table.verify_kinds) == ["a", "x", "b"] and table.verify_kinds["x"] is first
+    assert table.runs_here("b") and not table.runs_here("a") and not table.runs_here("nope")
+    with pytest.raises(ValueError, match="runs must be host or here"):
+        KeyTable.build([[KeyDecl("c", (str,), where="verify_kind", runs="there")]])
 
 
 def test_keytable_builtin_wins() -> None:
@@ -248,7 +269,8 @@ def test_keytable_bad_where() -> None:
 
 
 def test_plugin_keys_go_to_extra(tmp_path: Path) -> None:
-    keys = KeyTable.build([[KeyDecl("priority", (int,)), KeyDecl("retries_s", (float, int), where="verify")]])
+    keys = KeyTable.build([[KeyDecl("priority", (int,)), KeyDecl("retries_s", (float, int), where="verify")],
+                           verify_run.fleetrun_task_keys(config=None)])
     (t,) = collect(tmp_path, '[[task]]\nname = "a"\nprompt = "p"\npriority = 3\n[[task.verify]]\nrun = "x"\n'
                    "retries_s = 2\n", keys).tasks
     assert t.extra == {"priority": 3}
@@ -357,7 +379,7 @@ branch = "docs-branch"
 stall_timeout_min = 5
 '''
 
-KEYS = sorted({d.key for d in (*BUILTIN_TASK_KEYS, *BUILTIN_VERIFY_KEYS, *BUILTIN_VERIFY_KINDS)}
+KEYS = sorted({d.key for d in (*BUILTIN_TASK_KEYS, *BUILTIN_VERIFY_KEYS, *BUILTIN_VERIFY_KINDS, *PLUGIN_KINDS)}
               | {"verify", "task", "agents", "brain", "depnds_on", "command", "stdin", "env"})
 
 # NUL and over-long names in cwd are left out while
@@ -472,7 +494,7 @@ def test_project_task_defaults_sit_under_the_files_own(tmp_path: Path) -> None:
     own = tmp_path / "b.toml"
     own.write_text('setup = ["npm ci"]\n\n[[task]]\nname = "c"\nprompt = "x"\n')
     got = {t.name: [s.text for s in t.setup]
-           for f in (plain, own) for t in collect_toml(f, KeyTable.build(), f.name, defaults).tasks}
+           for f in (plain, own) for t in collect_toml(f, builtin_keys(), f.name, defaults).tasks}
     assert got == {"a": ["make deps"], "b": [], "c": ["npm ci"]}
     assert defaults["setup"][0].line == 7
 
@@ -515,7 +537,7 @@ def test_defaults_are_not_shared_between_tasks(tmp_path: Path) -> None:
     p = tmp_path / "t.toml"
     p.write_text('requires = ["gpu"]\nallowed_tools = ["Read"]\n\n[[task]]\nname = "a"\nprompt = "x"\n\n'
                  '[[task]]\nname = "b"\nprompt = "x"\n')
-    a, b = collect_toml(p, KeyTable.build(), "t.toml").tasks
+    a, b = collect_toml(p, builtin_keys(), "t.toml").tasks
     a.requires.append("cuda")
     assert b.requires == ["gpu"] and a.allowed_tools is not b.allowed_tools
     assert (a.file_of("requires"), a.key_lines["requires"], a.defaulted) == (str(p), 1, {

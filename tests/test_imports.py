@@ -9,6 +9,7 @@ they never run.
 from __future__ import annotations
 
 import ast
+import re
 from pathlib import Path
 from typing import Iterator, Optional
 
@@ -308,3 +309,141 @@ def test_the_ledger_imports_no_loop_plugin_or_cli(mod: str) -> None:
                 todo.append(d)
     forbidden = {m for m in seen if m in ("fleetrun.loop", "fleetrun.cli", "fleetrun.commands") or plugin_of(m)}
     assert not forbidden, sorted(forbidden)
+
+
+# ---------------------------------------------------------------------------------
+# The core names no plugin (issue 23 item 4)
+
+#: The plugin manager's list of the built-ins is where the core names them, and the
+#: only place: ``-p no:NAME`` and ``--version`` need it.
+NAMING_ALLOWED = {"fleetrun.pluginmanager"}
+
+#: The built-ins' registered names.
+PLUGIN_NAMES = {n for n, m in BUILTIN_PLUGINS.items() if m.startswith("fleetrun.plugins.")}
+#: Built-in names that are also words of the core's own, so a string starting with one
+#: (``shepherd_pid``, ``worktree_tampered``) or a dict key equal to one (``local`` in
+#: policy.toml, ``prompt`` in a task table) names no plugin: the host ``local``, the task
+#: key ``prompt``, the core's shepherd, git's worktree, the default agent ``claude``, the
+#: spec's ``notify``, the core's placement, terminal, events. A *lookup* by one
+#: (``get_plugin("local")``) and a message naming one (``-p no:local``) still count.
+CORE_WORDS = {"local", "prompt", "shepherd", "worktree", "claude", "notify", "placement", "terminal", "events"}
+#: The plugin manager's lookups by name: a plugin reached by name, not through a hook.
+PM_LOOKUPS = {"get_plugin", "is_blocked", "set_blocked", "has_plugin", "unregister"}
+
+_NAMES = "|".join(sorted(PLUGIN_NAMES, key=len, reverse=True))
+_SAYS = re.compile(rf"\bno:({_NAMES})\b|\bthe ({_NAMES}) plugin\b")
+_PREFIX = re.compile(rf"^({'|'.join(sorted(PLUGIN_NAMES - CORE_WORDS, key=len, reverse=True))})_[a-z]")
+
+#: What the core still names, as (module, what) — each is a finding of issue 23 left
+#: for later, and the test fails once one is gone (take it out) or a new one comes:
+KNOWN_CORE_NAMES: set[tuple[str, str]] = {
+    # the fast paths answer `fleetrun host status` (a supervisor polls it over SSH) and
+    # Claude Code's Stop/PostToolUse hooks before any plugin manager exists, by module
+    # path; and a blocked built-in's verbs say which plugin is blocked. To go: a table of
+    # the built-ins' verbs and fast paths beside BUILTIN_PLUGINS, without importing pluggy
+    ("fleetrun.cli", "module path 'fleetrun.plugins.mailbox.noteedit'"),
+    ("fleetrun.cli", "module path 'fleetrun.plugins.mailbox.stophook'"),
+    ("fleetrun.cli", "module path 'fleetrun.plugins.relay.peer.verbs'"),
+    ("fleetrun.cli", "dict key 'relay'"),
+    ("fleetrun.cli", "dict key 'mailbox'"),
+    # why a host the ledger names is not provided: to go, the plugin that offers the
+    # host says why (a hook such as fleetrun_status_reason for a host no plugin offers)
+    ("fleetrun.hostapi", "get_plugin('relay')"),
+    ("fleetrun.hostapi", "is_blocked('local')"),
+    ("fleetrun.hostapi", "is_blocked('relay')"),
+    ("fleetrun.hostapi", "says 'no:local'"),
+    ("fleetrun.hostapi", "says 'no:relay'"),
+    ("fleetrun.hostapi", "says 'the local plugin'"),
+    ("fleetrun.hostapi", "says 'the relay plugin'"),
+    # `role =` needs the mailbox plugin: to go, the mailbox declares the `role` key
+    # (fleetrun_task_keys), so that without it `role` is an unknown key
+    ("fleetrun.queueing", "get_plugin('mailbox')"),
+    ("fleetrun.queueing", "is_blocked('mailbox')"),
+    ("fleetrun.queueing", "says 'no:mailbox'"),
+    ("fleetrun.queueing", "says 'the mailbox plugin'"),
+    # the mailbox's end reasons: to go, agent plugins return typed results (resumable,
+    # permanent, rejected arguments) and the core decides from those fields
+    ("fleetrun.outcomes", "string 'mailbox_failed'"),
+    ("fleetrun.outcomes", "string 'mailbox_unclaimed'"),
+    ("fleetrun.outcomes", "string 'mailbox_claimed_no_completion'"),
+    ("fleetrun.outcomes", "string 'mailbox_withdrawn'"),
+    ("fleetrun.states", "string 'mailbox_failed'"),
+    ("fleetrun.states", "string 'mailbox_unclaimed'"),
+    ("fleetrun.states", "string 'mailbox_claimed_no_completion'"),
+    ("fleetrun.states", "string 'mailbox_withdrawn'"),
+}
+
+
+def _docstrings(tree: ast.AST) -> set[int]:
+    """The ids of the docstring nodes (documentation may name a plugin: it is prose)."""
+    out: set[int] = set()
+    for node in ast.walk(tree):
+        if isinstance(node, (ast.Module, ast.FunctionDef, ast.AsyncFunctionDef, ast.ClassDef)) and node.body:
+            first = node.body[0]
+            if isinstance(first, ast.Expr) and isinstance(first.value, ast.Constant):
+                out.add(id(first.value))
+    return out
+
+
+def plugin_names_in(mod: str, source: str) -> set[tuple[str, str]]:
+    """How the module ``mod`` names a built-in plugin: a module path in a string
+    (``fleetrun.plugins.relay``), a plugin manager lookup by a literal name
+    (``get_plugin("events")``), a message naming one (``-p no:relay``, ``the mailbox
+    plugin``), a string made of a plugin's name (``mailbox_failed``) or a dict keyed by
+    one (``{"relay": ...}``). Comments and docstrings are prose and do not count."""
+    tree = ast.parse(source)
+    docs = _docstrings(tree)
+    found: set[tuple[str, str]] = set()
+    for node in ast.walk(tree):
+        if isinstance(node, ast.Call) and isinstance(node.func, ast.Attribute) and node.func.attr in PM_LOOKUPS:
+            for a in [*node.args, *(k.value for k in node.keywords)]:
+                if isinstance(a, ast.Constant) and isinstance(a.value, str):
+                    found.add((mod, f"{node.func.attr}({a.value!r})"))
+        elif isinstance(node, ast.Dict):
+            for k in node.keys:
+                if isinstance(k, ast.Constant) and k.value in PLUGIN_NAMES - CORE_WORDS:
+                    found.add((mod, f"dict key {k.value!r}"))
+        elif isinstance(node, ast.Constant) and isinstance(node.value, str) and id(node) not in docs:
+            v = node.value
+            if "fleetrun.plugins" in v:
+                found.add((mod, f"module path {v!r}"))
+            for m in _SAYS.finditer(v):
+                found.add((mod, f"says {m.group(0)!r}"))
+            if _PREFIX.match(v):
+                found.add((mod, f"string {v!r}"))
+    return found
+
+
+def test_the_check_finds_each_way_of_naming_a_plugin() -> None:
+    src = (
+        '"""The relay plugin, in a docstring: prose."""\n'
+        'import x\n'
+        'A = "fleetrun.plugins.relay.peer"\n'
+        'B = pm.get_plugin("events")\n'
+        'C = "the mailbox plugin is blocked (-p no:mailbox)"\n'
+        'D = "mailbox_failed"\n'
+        'E = {"relay": 1, "local": 2}\n'
+        'F = "shepherd_pid"  # a word of the core\n'
+        'G = pm.get_plugin(name)\n'
+    )
+    assert plugin_names_in("m", src) == {
+        ("m", "module path 'fleetrun.plugins.relay.peer'"), ("m", "get_plugin('events')"),
+        ("m", "says 'the mailbox plugin'"), ("m", "says 'no:mailbox'"), ("m", "string 'mailbox_failed'"),
+        ("m", "dict key 'relay'")}
+
+
+def test_the_core_names_no_builtin_plugin() -> None:
+    """Issue 23: a core module (``fleetrun/*.py``; not ``plugins/`` nor ``testing/``)
+    neither imports a built-in plugin (``test_no_module_imports_a_builtin_plugin``) nor
+    names one: a plugin is reached through hooks (``fleetrun_addhooks`` for its own) and
+    typed declarations (``KeyDecl.runs``, ``PURE_PLACEMENT``, ``SHARED_TRANSITION_LOG``),
+    not looked up, and its reasons are its own. Only the plugin manager's list of the
+    built-ins names them (:data:`NAMING_ALLOWED`)."""
+    found: set[tuple[str, str]] = set()
+    for mod, path in all_modules().items():
+        if is_core(mod) and mod not in NAMING_ALLOWED:
+            found |= plugin_names_in(mod, path.read_text())
+    new = sorted(found - KNOWN_CORE_NAMES)
+    assert not new, "the core names a built-in plugin:\n" + "\n".join(f"{m}: {w}" for m, w in new)
+    gone = sorted(KNOWN_CORE_NAMES - found)
+    assert not gone, "no longer named; take them out of KNOWN_CORE_NAMES:\n" + "\n".join(f"{m}: {w}" for m, w in gone)

@@ -814,3 +814,32 @@ def test_builtin_place_takes_a_filter_and_a_score_of_ones_own(tmp_path: Path) ->
     assert plugin.builtin_place(FakeTask("t6"), busy, cfg, extra_filter=only_t6).reason == "this machine says no to t6"
     seen_task[0] = "t7"
     assert plugin.builtin_place(FakeTask("t7"), busy, cfg, extra_filter=only_t6).host == "local"
+
+
+def test_a_waiting_tasks_decision_is_kept_only_when_every_place_hook_declares_itself_pure() -> None:
+    """Issue 23: the loop keeps a waiting task's placement decision while nothing it
+    depends on changed only when each ``fleetrun_place``/filter/score implementation's
+    plugin declares ``PURE_PLACEMENT = True`` (the built-in ``placement`` and the relay),
+    not when its module's name starts with ``fleetrun.plugins.``."""
+    from types import ModuleType, SimpleNamespace
+
+    from fleetrun.pluginmanager import FleetPluginManager
+    from fleetrun.starting import Starting
+
+    pm = FleetPluginManager()
+    pm.consider_builtins()
+
+    def pure() -> bool:
+        return Starting.pure_placement(SimpleNamespace(loop=SimpleNamespace(config=SimpleNamespace(hook=pm.hook))))  # type: ignore[arg-type]
+
+    assert pure()
+    mine = ModuleType("fleetrun.plugins.not_declared")  # a built-in's name is no longer enough
+
+    def fleetrun_place_filter(task: Any, candidate: Candidate, config: Any) -> Optional[str]:
+        return None
+
+    mine.fleetrun_place_filter = fleetrun_place_filter  # type: ignore[attr-defined]
+    pm.register(mine, "not_declared")
+    assert not pure()
+    mine.PURE_PLACEMENT = True  # type: ignore[attr-defined]
+    assert pure()

@@ -3,7 +3,13 @@ only by this supervisor's requests, and stays bounded however long the run."""
 
 from __future__ import annotations
 
-from fleetrun.plugins.relay.placed import FINISHED_KEPT, PeerAttempts, asked_about, describe
+from fleetrun.plugins.relay.placed import (
+    FINISHED_KEPT,
+    PeerAttempts,
+    asked_about,
+    asked_about_all,
+    describe,
+)
 
 AID = "task_t1_1_a1"
 
@@ -17,6 +23,11 @@ def test_the_requests_that_name_an_attempt_or_a_verifier():
     assert asked_about("probe", [], None) is None
     assert asked_about("stop", ["--attempt", AID], None) is None  # its events are not asked for
     assert asked_about("verify-status", ["--attempt", AID, "--idx", "x"], None) is None
+    # a poll of several attempts in one request asks about each of them
+    two = {"attempts": [{"attempt": AID, "log_offset": 0}, {"attempt": "task_t2_1_a1"}, "junk"]}
+    assert asked_about_all("status-many", [], two) == [AID, "task_t2_1_a1"]
+    assert asked_about_all("status-many", [], {"attempts": "x"}) == []
+    assert asked_about_all("status", ["--attempt", AID], None) == [AID] and asked_about_all("probe", [], None) == []
 
 
 def test_placed_kept_finished_dropped_quietly_others_counted():

@@ -139,3 +139,132 @@ def test_run_verifier_on_the_peer(mini, tmp_path):
     assert isinstance(verdict, Verdict)
     assert (verdict.passed, verdict.reason, verdict.host) == (False, "exit code 1", "mini")
     assert verdict.output == f"checked in {tmp_path}\n"
+
+
+def _counting(host):
+    """Record each verb ``host`` sends (the requests still go to the real peer)."""
+    sent = []
+    call = host.call
+
+    def counted(verb, *args, **kw):
+        sent.append(verb)
+        return call(verb, *args, **kw)
+
+    host.call = counted
+    return sent
+
+
+def test_poll_asks_the_peer_once_for_all_its_attempts(mini, tmp_path):
+    """Issue 23: one ``host status-many`` request answers a poll of several attempts
+    (status and log chunk each), not one ``host status`` per attempt."""
+    from fleetrun.hostapi import AttemptRef
+
+    gate = tmp_path / "gate"
+    refs = []
+    for n in (1, 2, 3):
+        aid = f"task_t{n}_1_a1"
+        script = f"echo out{n}; while [ ! -e {gate} ]; do sleep 0.05; done; exit {n}"
+        info = mini.host.start(aid, dict(spec(["sh", "-c", script]), env={"FLEETRUN_TASK_ID": f"task_t{n}_1"}))
+        refs.append(AttemptRef(aid, info.pid, info.token))
+    sent = _counting(mini.host)
+    got = mini.host.poll(refs)
+    assert sent == ["status-many"] and {st["state"] for st in got.values()} <= {"starting", "running"}, (sent, got)
+    gate.touch()
+    deadline = time.monotonic() + 120
+    while not all(st["state"] == "ended" for st in got.values()) and time.monotonic() < deadline:
+        time.sleep(0.1)
+        got = mini.host.poll(refs)
+    assert [got[r.attempt_id]["exit_code"] for r in refs] == [1, 2, 3]
+    assert set(sent) == {"status-many"}, sent
+    assert [mini.host.log_path(r.attempt_id).read_text() for r in refs] == ["out1\n", "out2\n", "out3\n"]
+
+
+def test_a_peer_without_status_many_is_polled_one_attempt_at_a_time(fleeter, peer_lab, tmp_path):
+    """A peer older than ``host status-many`` answers it with a usage error: the poll
+    asks it ``host status`` per attempt, then and from then on."""
+    from fleetrun.hostapi import AttemptRef
+
+    m = peer_lab.machine("old")
+    older = tmp_path / "older-peer"
+    older.write_text('#!/bin/sh\n# a fleetrun peer from before `host status-many`\n'
+                     'for a in "$@"; do if [ "$a" = status-many ]; then\n'
+                     '  echo \'{"error": "usage: fleetrun host {probe,status,log} --json ..."}\'; exit 4; fi; done\n'
+                     'exec "$@"\n')
+    older.chmod(0o755)
+    r = fleeter.run("relay", "add", "old", m.address, "--accept-new", "--command", f"{older} {m.command_line()}")
+    assert r.ret == 0, r.stdout + r.stderr
+    host = SSHHost(load_peers(fleeter.home)["old"], fleeter.home)
+    try:
+        refs = []
+        for n in (1, 2):
+            info = host.start(f"task_t{n}_1_a1", dict(spec(["sh", "-c", f"exit {n}"]),
+                                                      env={"FLEETRUN_TASK_ID": f"task_t{n}_1"}))
+            refs.append(AttemptRef(f"task_t{n}_1_a1", info.pid, info.token))
+        sent = _counting(host)
+        deadline = time.monotonic() + 120
+        got = host.poll(refs)
+        while not all(st["state"] == "ended" for st in got.values()) and time.monotonic() < deadline:
+            time.sleep(0.1)
+            got = host.poll(refs)
+        assert [got[r.attempt_id]["exit_code"] for r in refs] == [1, 2]
+        assert sent[:3] == ["status-many", "status", "status"] and "status-many" not in sent[1:], sent
+    finally:
+        host.close()
+
+
+def test_a_status_many_reply_speaks_only_of_the_attempts_asked_about():
+    from fleetrun.plugins.relay.protocol import parse_status_many_reply
+    from fleetrun.untrusted import Malformed
+
+    ok = {"status": {"state": "running"}}
+    got = parse_status_many_reply({"statuses": {"task_a_1_a1": ok}}, ["task_a_1_a1", "task_b_1_a1"])
+    assert list(got) == ["task_a_1_a1"] and got["task_a_1_a1"].status == {"state": "running"}
+    for bad in ([], {"statuses": []}, {"statuses": {"task_c_1_a1": ok}},
+                {"statuses": {"task_a_1_a1": {"status": {"state": "exploded"}}}}):
+        with pytest.raises(Malformed):
+            parse_status_many_reply(bad, ["task_a_1_a1"])
+
+
+def test_an_older_worker_is_never_sent_status_many(fleeter, peer_lab, tmp_path):
+    """An older peer's worker drops a request whose verb it does not know, unanswered
+    (the poll would wait out its timeout, and every attempt there would look
+    unreachable): a worker whose hello does not say ``"many": 1`` is not sent
+    ``status-many``; its one-shot form gets the older peer's usage error, and the
+    attempts are asked one at a time."""
+    from fleetrun.hostapi import AttemptRef
+
+    m = peer_lab.machine("old")
+    older = tmp_path / "older-peer"
+    older.write_text('#!/bin/sh\n# a fleetrun peer from before `host status-many`\n'
+                     'for a in "$@"; do if [ "$a" = status-many ]; then\n'
+                     '  echo \'{"error": "usage: fleetrun host {probe,status,log} --json ..."}\'; exit 4; fi; done\n'
+                     'for a in "$@"; do if [ "$a" = serve ]; then\n'
+                     # its worker: no "many" in its hello, and a status-many request dropped
+                     '  sed -u \'/"status-many"/d\' | "$@" | sed -u \'s/, *"many": *1//\'; exit; fi; done\n'
+                     'exec "$@"\n')
+    older.chmod(0o755)
+    r = fleeter.run("relay", "add", "old", m.address, "--accept-new", "--command", f"{older} {m.command_line()}")
+    assert r.ret == 0, r.stdout + r.stderr
+    host = SSHHost(load_peers(fleeter.home)["old"], fleeter.home, worker=True)
+    try:
+        host.probe()  # through the worker: it is up, and said no "many"
+        assert host.live_worker() is not None and not host.live_worker().many
+        gate = tmp_path / "gate"
+        refs = []
+        for n in (1, 2):
+            script = f"while [ ! -e {gate} ]; do sleep 0.05; done; exit {n}"
+            info = host.start(f"task_t{n}_1_a1", dict(spec(["sh", "-c", script]),
+                                                      env={"FLEETRUN_TASK_ID": f"task_t{n}_1"}))
+            refs.append(AttemptRef(f"task_t{n}_1_a1", info.pid, info.token))
+        host.live_worker().watching.clear()  # as after a restart: not watched, so asked
+        got = host.poll(refs)
+        assert {st["state"] for st in got.values()} <= {"starting", "running"}, got
+        gate.touch()
+        deadline = time.monotonic() + 120
+        while not all(st["state"] == "ended" for st in got.values()) and time.monotonic() < deadline:
+            assert "unreachable" not in {st["state"] for st in got.values()}, got
+            time.sleep(0.1)
+            got = host.poll(refs)
+        assert [got[r.attempt_id]["exit_code"] for r in refs] == [1, 2]
+    finally:
+        host.close()

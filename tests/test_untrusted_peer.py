@@ -42,6 +42,9 @@ VALID: dict[str, dict[str, Any]] = {
                           "shepherd_token": "t", "started": 1.0, "ended": 2.0},
                "log": "aGVsbG8K", "log_offset": 0, "log_size": 6},
     "log": {"log": "aGVsbG8K", "log_offset": 0, "log_size": 6},
+    "status-many": {"statuses": {"task_a_1_a1": {"status": {"state": "running", "shepherd_pid": 12}},
+                                 "task_b_1_a1": {"status": {"state": "ended", "exit_code": 3, "reason": "exited"},
+                                                 "log": "aGVsbG8K", "log_offset": 0, "log_size": 6}}},
     "stop": {"signalled": True, "status": {"state": "running"}},
     "start": {"pid": 42, "token": "1234", "dir": "/h/attempts/a"},
     "prepare": {"workspace": {"path": "/h/w/x", "branch": "fleetrun/x", "repo": "/r", "base_ref": "main",
@@ -63,6 +66,8 @@ VALID["peer-state"] = {"last_heard": 1.0, "probe": VALID["probe"], "error": None
 PARSERS: dict[str, Callable[[Any], Any]] = {
     "status": wire.parse_status_reply,
     "log": wire.parse_log_reply,
+    # a poll's one request: only the attempts asked about
+    "status-many": lambda reply: wire.parse_status_many_reply(reply, ["task_a_1_a1", "task_b_1_a1"]),
     "stop": wire.parse_stop_reply,
     "start": wire.parse_start_reply,
     "prepare": wire.parse_prepare_reply,

@@ -929,6 +929,22 @@ def test_plugin_verify_kind_unknown_without_plugin(fleeter: Any) -> None:
           "ERROR: tasks.toml:5: task 'a': verify #1: http: unknown key")
 
 
+@pytest.mark.parametrize("plugin,kind", [("verify_brain", "brain"), ("verify_agent", "agent"), ("verify_run", "run")])
+def test_a_verifier_kind_whose_plugin_is_blocked_does_not_validate(fleeter: Any, plugin: str, kind: str) -> None:
+    """Issue 23: a verifier kind is its plugin's (``fleetrun_task_keys``); with the
+    plugin blocked, a verifier of that kind is an error naming the plugin, not "valid"."""
+    assert_errors(validate(fleeter, task("a") + f'  [[task.verify]]\n  {kind} = "is it done?"\n',
+                           "-p", f"no:{plugin}", "tasks.toml"),
+                  f"ERROR: tasks.toml:5: task 'a': verify #1: {kind}: unknown verifier kind {kind}: "
+                  f"its plugin {plugin} is not loaded (-p no:{plugin})")
+    others = " / ".join(k for k in ("run", "brain", "agent") if k != kind)
+    check(fleeter, task("a") + "  [[task.verify]]\n  timeout_s = 10\n",
+          "ERROR: tasks.toml:4: task 'a': verify #1: needs exactly one of run / brain / agent, found none")
+    assert_errors(validate(fleeter, task("a") + "  [[task.verify]]\n  timeout_s = 10\n", "-p", f"no:{plugin}",
+                           "tasks.toml"),
+                  f"ERROR: tasks.toml:4: task 'a': verify #1: needs exactly one of {others}, found none")
+
+
 def test_plugin_key_with_check(fleeter: Any) -> None:
     fleeter.write_fleetconf("""
         import fleetrun

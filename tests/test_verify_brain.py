@@ -449,7 +449,9 @@ def test_plugin_is_builtin_and_can_be_blocked(fleeter):
           [[task.verify]]
           brain = "ok?"
     ''')
-    assert fleeter.run("validate", "-p", "no:verify_brain", "tasks.toml").ret == 0
+    # the brain kind is the plugin's: blocked, a brain verifier does not validate (issue 23)
+    r = fleeter.run("validate", "-p", "no:verify_brain", "tasks.toml")
+    assert r.ret == 4 and "unknown verifier kind brain: its plugin verify_brain is not loaded" in r.stderr
 
 
 def test_a_task_on_a_peer_is_not_asked_about_here():
@@ -459,6 +461,36 @@ def test_a_task_on_a_peer_is_not_asked_about_here():
                                      attempt=SimpleNamespace(host="mini", id="a1"), config=None)
     assert isinstance(v, Verdict) and not v.passed and v.host == "mini"
     assert v.reason == "a brain verifier runs on this machine; the task's workspace is on mini"
+
+
+def test_a_peers_work_comes_from_whichever_plugin_answers_fleetrun_fetch_workspace(tmp_path, monkeypatch):
+    """Issue 23: the core names no plugin: a verifier that runs here gets a peer's work
+    through ``fleetrun_fetch_workspace`` (the relay answers for its peers), not from the
+    relay looked up by name. No answer, or an exception, is a FAIL saying why."""
+    from fleetrun.diffutil import local_workspace
+
+    task = SimpleNamespace(spec=SimpleNamespace(verify=[], prompt="p"), id="t1")
+    attempt = SimpleNamespace(host="bay", id="a1")
+    answers = []
+
+    def fetch(task, attempt, workspace, config):
+        if isinstance(answers[0], Exception):
+            raise answers[0]
+        return answers[0]
+
+    config = SimpleNamespace(hook=SimpleNamespace(fleetrun_fetch_workspace=fetch),
+                             stash={}, home=tmp_path)
+    monkeypatch.setattr("fleetrun.diffutil._is_local", lambda config, name: False)  # bay's files are elsewhere
+    here = Workspace(path=str(tmp_path / "fetched"))
+    answers[:] = [here]
+    assert local_workspace(config, task, attempt, Workspace(path="/there"), VerifySpec("brain", "ok?")) is here
+    answers[:] = [None]
+    v = local_workspace(config, task, attempt, Workspace(path="/there"), VerifySpec("agent", "ok?"))
+    assert isinstance(v, Verdict) and v.reason == "an agent verifier runs on this machine; the task's workspace is on bay"
+    answers[:] = [RuntimeError("no route")]
+    v = local_workspace(config, task, attempt, Workspace(path="/there"), VerifySpec("brain", "ok?"))
+    assert v.reason == ("a brain verifier runs on this machine, and the task's branch could not be fetched "
+                        "from bay: no route")
 
 
 # --------------------------------------------------------------------------- redirects (issue 10 item 6)

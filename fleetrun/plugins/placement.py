@@ -30,6 +30,12 @@ from ..stash import Stash, StashKey
 from ..states import ACTIVE, PLACEABLE, State
 from ..taskview import tasks_in
 
+#: A declaration the loop reads (not a hook): this plugin's ``fleetrun_place`` and its
+#: filters and scores decide from the task, the candidates, the policy, the tasks holding
+#: slots and its backoff alone, so a waiting task's decision is kept until one of those
+#: changes (:meth:`fleetrun.starting.Starting.pure_placement`).
+PURE_PLACEMENT = True
+
 if TYPE_CHECKING:
     from ..config import Config
 

@@ -230,6 +230,19 @@ def reviewer_env(task: Any, attempt: Any, workspace: Any) -> dict[str, str]:
     return task_env(task, attempt, workspace.path, FLEETRUN_VERIFIER="agent")
 
 
+
+@hookimpl
+def fleetrun_task_keys(config: Config) -> list[Any]:
+    """The verifier kind "agent" this plugin runs: here, on the supervising machine
+    (a peer's attempt's work is fetched back first). Without this plugin
+    (``-p no:verify_agent``) a tasks file that uses it does not validate."""
+    from ..taskkeys import kind_text_check
+    from ..taskspec import KeyDecl
+
+    return [KeyDecl("agent", (str,), where="verify_kind", doc="prompt for a read-only reviewer", check=kind_text_check,
+                    runs="here")]
+
+
 @hookimpl(trylast=True)
 def fleetrun_verify(task: Any, verifier: Any, workspace: Any, attempt: Any,
                     config: Config) -> Optional[Union[AgentHandle, Verdict]]:

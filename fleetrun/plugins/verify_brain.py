@@ -97,6 +97,19 @@ KEYS: dict[str, Callable[[Any], Optional[str]]] = {
 }
 
 
+
+@hookimpl
+def fleetrun_task_keys(config: Config) -> list[Any]:
+    """The verifier kind "brain" this plugin runs: here, on the supervising machine
+    (a peer's attempt's work is fetched back first). Without this plugin
+    (``-p no:verify_brain``) a tasks file that uses it does not validate."""
+    from ..taskkeys import kind_text_check
+    from ..taskspec import KeyDecl
+
+    return [KeyDecl("brain", (str,), where="verify_kind", doc="question for the local model", check=kind_text_check,
+                    runs="here")]
+
+
 @hookimpl(trylast=True)
 def fleetrun_config_keys(config: Config) -> list[Any]:
     """``[brain]`` of config.toml, with the checks of a tasks file's ``[brain]``."""

@@ -123,6 +123,19 @@ def verifier_env(task: Any, attempt: Any, workspace: Any) -> dict[str, str]:
     return task_env(task, attempt, workspace.path)
 
 
+
+@hookimpl
+def fleetrun_task_keys(config: Config) -> list[Any]:
+    """The verifier kind "run" this plugin runs: in the attempt's workspace, on the
+    host it ran on (a peer runs it there). Without this plugin
+    (``-p no:verify_run``) a tasks file that uses it does not validate."""
+    from ..taskkeys import kind_text_check
+    from ..taskspec import KeyDecl
+
+    return [KeyDecl("run", (str,), where="verify_kind", doc="shell command; exit code is the verdict", check=kind_text_check,
+                    runs="host")]
+
+
 @hookimpl(trylast=True)
 def fleetrun_verify(task: Any, verifier: Any, workspace: Any, attempt: Any, host: Host,
                     config: Config) -> Optional[Union[RunHandle, BaselineStep, Verdict]]:

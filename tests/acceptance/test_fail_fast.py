@@ -241,7 +241,7 @@ def test_rejected_arguments_are_told_from_a_session_that_died(log: str, code: An
 
 @pytest.mark.parametrize("blocked, cause", [
     ("claude", "plugin_missing:no plugin spawns agent 'claude' (is its plugin blocked? see -p no:NAME)"),
-    ("worktree", "plugin_missing:no plugin prepared a workspace (is the worktree plugin blocked? see -p no:NAME)"),
+    ("worktree", "plugin_missing:no plugin prepared a workspace (is its plugin blocked? see -p no:NAME)"),
 ])
 def test_a_blocked_builtin_plugin_is_needs_human_at_once(fleeter: Any, fake_claude: Any, blocked: str,
                                                          cause: str) -> None:

@@ -260,3 +260,124 @@ def test_the_relay_says_a_silent_peer_has_not_answered(tmp_path: Path) -> None:
     assert said is not None and said.startswith("mini has not answered for 5m;") and "fleetrun cancel" in said
     assert relay.fleetrun_status_reason(task=SimpleNamespace(host="maxi"), config=config) is None
     assert relay.fleetrun_status_reason(task=SimpleNamespace(host="local"), config=config) is None
+
+
+def test_the_loop_polls_a_hosts_running_attempts_in_one_call(fleeter: Any) -> None:
+    """Issue 23: each pass asks a host once for all its live attempts (``Host.poll``),
+    not ``status`` once per attempt. Two attempts run at once on ``local`` (each waits
+    for the other to have started): some poll asks for both."""
+    fleeter.make_repo()
+    fleeter.write_policy("[local]\nmax_tasks = 2\n")
+    marks = fleeter.path / "started"
+    marks.mkdir()
+    # each waits until both have started (at most ~120 s: a bound on a hang, not a timing)
+    wait_both = (f"touch {marks}/$FLEETRUN_TASK_ID; n=0; "
+                 f"while [ $(ls {marks} | wc -l) -lt 2 ] && [ $n -lt 2400 ]; do n=$((n+1)); sleep 0.05; done")
+    fleeter.write_tasks(f'''
+[agents.sh]
+command = ["sh", "-c", "{wait_both}"]
+
+[[task]]
+name = "one"
+cwd = "repo"
+git_ref = "main"
+prompt = "p"
+agent = "sh"
+
+[[task]]
+name = "two"
+cwd = "repo"
+git_ref = "main"
+prompt = "p"
+agent = "sh"
+''')
+    fleeter.write_fleetconf('''
+import json, os
+import fleetrun
+from fleetrun.hosts import LocalHost
+from fleetrun.plugins.local import measure
+
+POLLS = os.path.join(os.path.dirname(__file__), "polls.jsonl")
+
+class Counted(LocalHost):
+    def poll(self, attempts):
+        with open(POLLS, "a") as f:
+            f.write(json.dumps([a.attempt_id for a in attempts]) + "\\n")
+        return super().poll(attempts)
+
+@fleetrun.hookimpl(tryfirst=True)
+def fleetrun_hosts(config):
+    return [Counted(config.home, measure=measure)]
+''')
+    r = fleeter.run("tasks.toml")
+    assert r.ret == 0, r.stdout + r.stderr
+    import json
+
+    polls = [json.loads(line) for line in (fleeter.path / "polls.jsonl").read_text().splitlines()]
+    ids = {a.id for t in ("one", "two") for a in fleeter.ledger().attempts(fleeter.task(t).id)}
+    assert any(set(p) == ids for p in polls), polls
+
+
+def test_a_transition_another_process_made_is_in_the_event_log_once(fleeter: Any) -> None:
+    """Issue 23: the loop shows a transition another process made (a ``fleetrun
+    cancel`` from another shell; here the agent runs it) without replaying it to a
+    plugin that declares its log shared (``SHARED_TRANSITION_LOG``, the ``events``
+    plugin): the loop no longer looks that plugin up by name, and the cancel is in
+    ``events.ndjson`` once."""
+    import json
+    import shlex
+    import sys
+
+    fleeter.make_repo()
+    cancel = shlex.join([sys.executable, "-m", "fleetrun", "cancel"])
+    fleeter.write_tasks(f'''
+[agents.sh]
+command = ["sh", "-c", "{cancel} $FLEETRUN_TASK_ID; n=0; while [ $n -lt 2400 ]; do n=$((n+1)); sleep 0.05; done"]
+
+[[task]]
+name = "self-cancel"
+cwd = "repo"
+git_ref = "main"
+prompt = "p"
+agent = "sh"
+''')
+    r = fleeter.run("tasks.toml")
+    task = fleeter.task("self-cancel")
+    assert task.state is State.CANCELLED, r.stdout + r.stderr
+    lines = [json.loads(ln) for ln in (fleeter.home / "events.ndjson").read_text().splitlines()]
+    cancels = [e for e in lines if e.get("type") == "transition" and e.get("to") == "CANCELLED"]
+    assert len(cancels) == 1, cancels
+
+
+def test_a_host_whose_poll_raises_stops_its_tasks_not_the_fleet(fleeter: Any) -> None:
+    """A bug in a host plugin's ``poll`` is each of its tasks' ``internal_error`` (as a
+    bug while handling one task is), not a crash of the loop."""
+    fleeter.make_repo()
+    fleeter.write_tasks('''
+[agents.sh]
+command = ["sh", "-c", "exit 0"]
+
+[[task]]
+name = "polled"
+cwd = "repo"
+git_ref = "main"
+prompt = "p"
+agent = "sh"
+''')
+    fleeter.write_fleetconf('''
+import fleetrun
+from fleetrun.hosts import LocalHost
+from fleetrun.plugins.local import measure
+
+class Broken(LocalHost):
+    def poll(self, attempts):
+        raise RuntimeError("poll is broken")
+
+@fleetrun.hookimpl(tryfirst=True)
+def fleetrun_hosts(config):
+    return [Broken(config.home, measure=measure)]
+''')
+    r = fleeter.run("tasks.toml")
+    task = fleeter.task("polled")
+    assert task.state is State.NEEDS_HUMAN, r.stdout + r.stderr
+    assert fleeter.ledger().transitions(task.id)[-1].cause == "internal_error:RuntimeError: poll is broken"

@@ -33,6 +33,12 @@ if TYPE_CHECKING:
 
 #: The schema version every line carries; fields and types are only ever added to it.
 VERSION = 1
+
+#: A declaration the loop reads (not a hook): this plugin's ``fleetrun_transition``
+#: writes to a log every fleetrun process of the home shares, so a transition another
+#: process made (a ``fleetrun cancel`` from another shell) is in it already and is not
+#: replayed to this plugin by the loop that shows it.
+SHARED_TRANSITION_LOG = True
 #: Longer texts (a verifier's reason, a wait's reason) are cut to this many characters.
 TEXT_LIMIT = 500
 

@@ -26,11 +26,11 @@ import shlex
 import threading
 import time
 from pathlib import Path
-from typing import TYPE_CHECKING, Any, Optional
+from typing import TYPE_CHECKING, Any, Optional, Sequence
 
 from ...capped import DEFAULT_MAX_BYTES
 from ...gitutil import WorktreeTampered
-from ...hostapi import StartRefused
+from ...hostapi import AttemptRef, StartRefused
 from ...ledger import ensure_private_dir
 from ...reports import Candidate, Started
 from ...untrusted import Malformed
@@ -96,6 +96,7 @@ class SSHHost:
         self.relay = relay  # the supervisor's Relay, which knows this peer's heartbeat
         self._lock = threading.Lock()
         self._transport: Any = None
+        self._status_many: Optional[bool] = None  # whether the peer answers `host status-many` (None: not known yet)
         self._retry_at = 0.0
         self.last_error: Optional[str] = None
         self.connect_s: Optional[float] = None
@@ -174,6 +175,8 @@ class SSHHost:
         """
         t = self.transport(may_connect)
         w = self.worker(t) if verb in WORKER_VERBS else None
+        if w is not None and verb == "status-many" and not w.many:
+            w = None  # an older worker drops a verb it does not know: ask its one-shot form
         if w is not None:
             try:
                 if not wait:
@@ -364,16 +367,10 @@ class SSHHost:
     def status(self, attempt_id: str, pid: Optional[int], token: Optional[str]) -> dict[str, Any]:
         """The shepherd's status there, the log mirrored as it goes; ``unreachable``
         (never ``died``) when the peer cannot be asked."""
-        log = self.log_path(attempt_id)
-        w = self.live_worker()
-        if w is not None:  # its end is pushed: nothing to ask until then
-            ended = w.ended.get(attempt_id)
-            if ended is not None and complete(log, ended[1], self.mirror_cap):
-                self._finished(attempt_id)
-                return dict(ended[0])
-            if ended is None and attempt_id in w.watching:
-                return dict(w.watching[attempt_id])
-        args = ["--attempt", attempt_id, "--log-offset", str(_size(log))]
+        pushed = self._pushed(attempt_id)
+        if pushed is not None:
+            return pushed
+        args = ["--attempt", attempt_id, "--log-offset", str(_size(self.log_path(attempt_id)))]
         if pid:
             args += ["--pid", str(pid)]
         if token:
@@ -381,26 +378,101 @@ class SSHHost:
         try:
             reply = protocol.parse_status_reply(
                 self.call("status", *args, timeout=STATUS_TIMEOUT_S, may_connect=not self.passive))
-            chunk = reply.chunk
-            self._append_log(log, chunk)
-            st = dict(reply.status)
-            # the loop reads the log as soon as it sees "ended": have all of it by then
-            while st.get("state") in ("ended", "died") and chunk is not None and not complete(log, chunk.size, self.mirror_cap):
-                chunk = protocol.parse_log_reply(self.call("log", "--attempt", attempt_id, "--offset", str(_size(log)),
-                                                       timeout=STATUS_TIMEOUT_S, may_connect=not self.passive))
-                if not self._append_log(log, chunk):
-                    break
+            return self._took(attempt_id, reply)
         except (PeerUnreachable, PeerError) as e:
             return {"state": "unreachable", "error": f"{self.name}: {e}"}
         except Malformed as e:
             # not "died": the attempt may well run on there; wait, and say why
             return {"state": "unreachable", "error": f"{self.name}: a malformed status reply: {e}"}
+
+    def _pushed(self, attempt_id: str) -> Optional[dict[str, Any]]:
+        """An attempt's status as the live worker pushed it (its end, once the log's
+        mirror has all of it; its last status while it runs), or None: ask the peer."""
+        w = self.live_worker()
+        if w is None:
+            return None
+        ended = w.ended.get(attempt_id)
+        if ended is not None and complete(self.log_path(attempt_id), ended[1], self.mirror_cap):
+            self._finished(attempt_id)
+            return dict(ended[0])
+        if ended is None and attempt_id in w.watching:
+            return dict(w.watching[attempt_id])
+        return None
+
+    def _took(self, attempt_id: str, reply: protocol.StatusReply) -> dict[str, Any]:
+        """A status reply taken in: its log chunk mirrored (the rest of the log fetched
+        first when the attempt has ended: the loop reads it as soon as it sees that), and
+        the worker told to push its end. :raises: what ``host log`` may."""
+        log = self.log_path(attempt_id)
+        chunk = reply.chunk
+        self._append_log(log, chunk)
+        st = dict(reply.status)
+        while st.get("state") in ("ended", "died") and chunk is not None and not complete(log, chunk.size, self.mirror_cap):
+            chunk = protocol.parse_log_reply(self.call("log", "--attempt", attempt_id, "--offset", str(_size(log)),
+                                                   timeout=STATUS_TIMEOUT_S, may_connect=not self.passive))
+            if not self._append_log(log, chunk):
+                break
         w = self.live_worker()
         if st.get("state") in ("ended", "died"):
             self._finished(attempt_id)
         elif w is not None:
             w.watching[attempt_id] = st  # that worker now pushes its end
         return st
+
+    def poll(self, attempts: Sequence[AttemptRef]) -> dict[str, dict[str, Any]]:
+        """Every attempt's status in one request to the peer (``host status-many``), as
+        :meth:`status` would give it. With a live worker an ended attempt's status is
+        pushed and a running one's is answered from what it last pushed: those are not
+        asked. A peer too old for ``status-many`` (it answers with an error) is asked
+        with one ``status`` per attempt from then on."""
+        out: dict[str, dict[str, Any]] = {}
+        ask: list[AttemptRef] = []
+        for a in attempts:
+            pushed = self._pushed(a.attempt_id)
+            if pushed is not None:
+                out[a.attempt_id] = pushed
+            else:
+                ask.append(a)
+        w = self.live_worker()
+        if self._status_many is False or (w is not None and not w.many):  # an older peer, or worker
+            out.update({a.attempt_id: self.status(a.attempt_id, a.pid, a.token) for a in ask})
+            return out
+        for i in range(0, len(ask), protocol.MAX_POLL):
+            out.update(self._poll_many(ask[i:i + protocol.MAX_POLL]))
+        return out
+
+    def _poll_many(self, batch: list[AttemptRef]) -> dict[str, dict[str, Any]]:
+        """One ``host status-many`` request for ``batch``; each answer taken in."""
+        ids = [a.attempt_id for a in batch]
+        payload = {"attempts": [{"attempt": aid, "log_offset": _size(self.log_path(aid))} for aid in ids]}
+        try:
+            replies = protocol.parse_status_many_reply(
+                self.call("status-many", payload=payload, timeout=STATUS_TIMEOUT_S, may_connect=not self.passive), ids)
+        except PeerUnreachable as e:
+            return {aid: {"state": "unreachable", "error": f"{self.name}: {e}"} for aid in ids}
+        except PeerError as e:
+            # a peer older than `status-many` answers with a usage error: one `status` per
+            # attempt from now on; any other error, this time (each says its own)
+            if "usage: fleetrun host" in str(e) or "no JSON reply" in str(e):
+                self._status_many = False
+            return {a.attempt_id: self.status(a.attempt_id, a.pid, a.token) for a in batch}
+        except Malformed as e:
+            return {aid: {"state": "unreachable", "error": f"{self.name}: a malformed status-many reply: {e}"}
+                    for aid in ids}
+        self._status_many = True
+        out: dict[str, dict[str, Any]] = {}
+        for aid in ids:
+            reply = replies.get(aid)
+            if reply is None:
+                out[aid] = {"state": "unreachable", "error": f"{self.name}: its status-many reply left {aid} out"}
+                continue
+            try:
+                out[aid] = self._took(aid, reply)
+            except (PeerUnreachable, PeerError) as e:
+                out[aid] = {"state": "unreachable", "error": f"{self.name}: {e}"}
+            except Malformed as e:
+                out[aid] = {"state": "unreachable", "error": f"{self.name}: a malformed log reply: {e}"}
+        return out
 
     def _append_log(self, log: Path, chunk: Optional[protocol.LogChunk]) -> bool:
         with self._log_lock:

@@ -51,6 +51,17 @@ def asked_about(verb: str, args: list[str], payload: Optional[dict[str, Any]]) -
     return None
 
 
+def asked_about_all(verb: str, args: list[str], payload: Optional[dict[str, Any]]) -> list[Key]:
+    """Every attempt a request asks about: those of a ``status-many`` request's
+    payload, else :func:`asked_about`'s one (or none)."""
+    if verb == "status-many":
+        items = (payload or {}).get("attempts")
+        return [str(i["attempt"]) for i in items or () if isinstance(i, dict) and i.get("attempt")] \
+            if isinstance(items, list) else []
+    one = asked_about(verb, args, payload)
+    return [one] if one is not None else []
+
+
 def _arg(args: list[str], flag: str) -> Optional[str]:
     return args[args.index(flag) + 1] if flag in args[:-1] else None
 

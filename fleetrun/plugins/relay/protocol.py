@@ -44,6 +44,13 @@ from ...untrusted import (
 REFUSED_EXIT = 75
 #: The most log bytes a peer sends in one ``status``/``log`` reply.
 LOG_CHUNK = 1 << 20
+#: The most attempts one ``host status-many`` request asks about (a peer runs at most
+#: its ``max_tasks``; a supervisor asks in batches of this many).
+MAX_POLL = 256
+#: The most log bytes one ``host status-many`` reply carries, all its attempts together
+#: (each attempt's chunk is cut to what is left; the rest comes with the next poll, or
+#: through ``host log`` once the attempt has ended).
+MANY_LOG_BUDGET = LOG_CHUNK
 #: The first key of ``host bundle``'s header line (the bundle follows that line).
 BUNDLE_MARK = "fleetrun_bundle"
 #: The most commits a ``host bundle`` request's ``have`` (and its header's) names.
@@ -57,13 +64,15 @@ FEATURES = ("supervised-tasks-1",)
 #: worker's hello; a supervisor that meets another version uses the one-shot verbs.
 WORKER_PROTOCOL = 1
 #: The verbs a worker answers (``bundle`` streams a git bundle: it stays a one-shot verb).
-WORKER_VERBS = ("probe", "prepare", "start", "status", "log", "stop", "collect", "cleanup", "verify-start",
+WORKER_VERBS = ("probe", "prepare", "start", "status", "status-many", "log", "stop", "collect", "cleanup", "verify-start",
                 "verify-status", "verify-stop")
 #: The events a worker pushes.
 WORKER_EVENTS = ("hello", "log", "ended", "verified", "probe", "then")
 #: What a worker can send out of turn (an event about an attempt not placed there, a
 #: reply to a request never sent), as the supervisor counts it (:mod:`.placed`).
 VIOLATION_KINDS = ("log", "ended", "verified", "reply", "then")
+#: A worker's hello says ``"many": 1`` when it answers ``status-many`` (an older worker
+#: drops a request whose verb it does not know, unanswered: it is not sent one).
 #: A worker's hello says ``"chain": 1`` when a request may carry a second one to run
 #: right after it (``then``: a verb, its arguments, its payload), whose answer is pushed
 #: once it is done, after the first one's reply (a ``then`` event: ``id``, ``code``,
@@ -221,6 +230,18 @@ def parse_status_reply(reply: Any) -> StatusReply:
     """``host status``: ``{"status": {...}}`` and, when asked with an offset, a log chunk."""
     d = obj(reply, "status reply")
     return StatusReply(parse_shepherd_status(d.get("status"), "status reply.status"), _chunk(d, "status reply"))
+
+
+def parse_status_many_reply(reply: Any, asked: list[str]) -> dict[str, StatusReply]:
+    """``host status-many``: ``{"statuses": {attempt id: a status reply}}``, for
+    attempts of ``asked`` only (a peer speaks only of what it was asked about); each
+    checked as :func:`parse_status_reply` does. An attempt it left out is not in the
+    result (the caller counts it as unreachable)."""
+    d = obj(obj(reply, "status-many reply").get("statuses"), "status-many reply.statuses")
+    extra = [k for k in d if k not in asked]
+    if extra:
+        raise Malformed(f"status-many reply.statuses: attempts not asked about: {', '.join(map(str, extra[:5]))}")
+    return {aid: parse_status_reply(d[aid]) for aid in asked if aid in d}
 
 
 def parse_log_reply(reply: Any) -> LogChunk:
@@ -485,7 +506,8 @@ def parse_worker_message(line: bytes) -> WorkerMessage:
         return WorkerMessage("hello", info={
             "protocol": integer(d.get("protocol"), f"{what}.protocol", 0, 1 << 20),
             "fleetrun": opt_text(d, "fleetrun", what, 200), "pid": opt_integer(d, "pid", what, 1, MAX_PID),
-            "beats": opt_integer(d, "beats", what, 0, 1 << 20), "chain": opt_integer(d, "chain", what, 0, 1 << 20)})
+            "beats": opt_integer(d, "beats", what, 0, 1 << 20), "chain": opt_integer(d, "chain", what, 0, 1 << 20),
+            "many": opt_integer(d, "many", what, 0, 1 << 20)})
     if kind == "probe":
         return WorkerMessage("probe", probe=parse_probe_reply(d.get("probe")))
     from ...untrusted import attempt_id

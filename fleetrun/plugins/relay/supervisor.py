@@ -62,8 +62,13 @@ SUMMARY_LIMIT = 2000
 #: delays between tries, the last one repeated, and how many tries in all (~27 min).
 FETCH_DELAYS_S = (2.0, 5.0, 10.0, 30.0, 60.0)
 FETCH_RETRIES = 30
-#: Verifier kinds that run on this machine, on the branch fetched back from the peer.
-LOCAL_KINDS = ("brain", "agent")
+
+def runs_here(config: Any, kind: str) -> bool:
+    """Whether verifiers of ``kind`` run on this machine, on the branch fetched back from
+    the peer: what the plugin that declares the kind says (``KeyDecl.runs == "here"``)."""
+    from ...taskkeys import key_table
+
+    return key_table(config).runs_here(kind)
 
 #: A peer's why-not while its first heartbeat round (connect, worker, probe) runs.
 CONNECTING = "is being connected to (its first heartbeat)"
@@ -75,6 +80,11 @@ FIRST_ROUND_WAIT_S = 3.0
 
 class Relay:
     """The peers of this run and their heartbeats."""
+
+    #: its ``fleetrun_place`` wrapper decides from the candidates it is given (and its
+    #: own first heartbeats, which end in a wait with a time): the loop may keep a
+    #: waiting task's decision (:meth:`fleetrun.starting.Starting.pure_placement`)
+    PURE_PLACEMENT = True
 
     def __init__(self, config: Config, peers: dict[str, Peer]) -> None:
         self.config = config
@@ -277,9 +287,9 @@ class Relay:
     # -- fetch-back ------------------------------------------------------------------
 
     def wants_fetch(self, task: Any) -> bool:
-        """A task whose branch comes back here: one with a ``brain``/``agent`` verifier
-        (they run here) or with dependents (they may run here)."""
-        if any(v.kind in LOCAL_KINDS for v in task.spec.verify):
+        """A task whose branch comes back here: one with a verifier whose kind runs here
+        (``brain``, ``agent``: ``KeyDecl.runs``) or with dependents (they may run here)."""
+        if any(runs_here(self.config, v.kind) for v in task.spec.verify):
             return True
         led = self.config.stash.get(LEDGER_KEY)
         return led is not None and bool(led.dependents(task.id))
@@ -352,6 +362,14 @@ class Relay:
         self._note(task.id, fetch_note(rec))
         return rec
 
+    @hookimpl(trylast=True)
+    def fleetrun_fetch_workspace(self, task: Any, attempt: Any, workspace: Any, config: Config) -> Optional[Workspace]:
+        """An attempt on one of this relay's peers: its branch fetched back here
+        (:meth:`local_workspace`); None for any other host."""
+        if attempt.host not in self.hosts:
+            return None
+        return self.local_workspace(task, attempt, workspace)
+
     def local_workspace(self, task: Any, attempt: Any, workspace: Any) -> Workspace:
         """For an attempt on a peer: a workspace on this machine holding its branch (the
         fetched worktree), fetching it first if that has not happened (a supervisor that
@@ -389,8 +407,8 @@ class Relay:
         host = self.owns(host)
         if host is None:
             return None
-        if verifier.kind in LOCAL_KINDS:
-            return None  # run here, on the fetched branch: verify_brain / verify_agent ask local_workspace()
+        if runs_here(config, verifier.kind):
+            return None  # run here, on the fetched branch: their plugins ask local_workspace()
         if verifier.kind == "baseline":
             return None  # a run verifier's baseline runs here for now (verify_run; docs/verifiers.md)
         if verifier.kind != "run":

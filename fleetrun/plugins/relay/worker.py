@@ -28,7 +28,7 @@ from pathlib import Path
 from typing import Any, Callable, Optional
 
 from ...untrusted import Malformed
-from .placed import PeerAttempts, asked_about
+from .placed import PeerAttempts, asked_about_all
 from .protocol import (
     MAX_WORKER_LINE,
     WORKER_PROTOCOL,
@@ -157,6 +157,11 @@ class Worker:
         return bool(self.info.get("beats"))
 
     @property
+    def many(self) -> bool:
+        """Whether it answers ``status-many`` (its hello said so)."""
+        return bool(self.info.get("many"))
+
+    @property
     def chains(self) -> bool:
         """Whether a request may carry the one to run after it (its hello said so)."""
         return bool(self.info.get("chain"))
@@ -240,9 +245,8 @@ class Worker:
         slot = Pending(self, wake)
         # the attempts it names are this supervisor's there from now on: their events,
         # which may come before the reply, are kept
-        for asked in (asked_about(verb, args, payload), asked_about(*then) if then is not None else None):
-            if asked is not None:
-                self.attempts.place(asked)
+        for asked in (*asked_about_all(verb, args, payload), *(asked_about_all(*then) if then is not None else ())):
+            self.attempts.place(asked)
         with self._lock:
             if self.error is not None:
                 raise PeerUnreachable(f"the worker is gone: {self.error}")

@@ -100,6 +100,13 @@ def _wake_socket(config: HasHome) -> tuple[Optional[socket.socket], Optional[str
     return s, path
 
 
+def _sent(reply: dict[str, Any], offset: int) -> int:
+    """How much of an attempt's log a status reply has sent: where its chunk ends."""
+    if isinstance(reply.get("log"), str):
+        return int(reply.get("log_offset") or 0) + len(base64.b64decode(reply["log"]))
+    return offset
+
+
 def _pidfd(pid: Any, token: Any) -> Optional[int]:
     """A pidfd of ``pid`` if it is still the process with that start-time token."""
     from fleetrun.shepherd import proc_token
@@ -168,7 +175,7 @@ class Worker:
         from fleetrun import __version__
 
         self.send({"event": "hello", "protocol": WORKER_PROTOCOL, "fleetrun": __version__, "pid": os.getpid(),
-                   "beats": 1, "chain": 1})
+                   "beats": 1, "chain": 1, "many": 1})
         try:
             return self.loop()
         finally:
@@ -304,10 +311,17 @@ class Worker:
             self.watch(req.then, ns, reply, code)
 
     def watch(self, req: Any, ns: Optional[argparse.Namespace], reply: dict[str, Any], code: int) -> None:
-        w = self.watch_for(req, ns, reply) if code == 0 and ns is not None else None
-        if w is not None:
+        if code != 0 or ns is None:
+            return
+        if req.verb == "status-many":  # each attempt polled, as a `status` of its own would be
+            found = [Watch(aid, None, _sent(r, 0)) for aid, r in (reply.get("statuses") or {}).items()
+                     if isinstance(r, dict)]
+        else:
+            one = self.watch_for(req, ns, reply)
+            found = [one] if one is not None else []
+        if found:
             with self.pending_lock:
-                self.pending.append(w)
+                self.pending.extend(found)
             os.write(self.wake_w, b"w")
 
     def run_verb(self, req: Any) -> tuple[Optional[argparse.Namespace], dict[str, Any], int]:
@@ -328,10 +342,7 @@ class Worker:
         import json
 
         if req.verb == "status":
-            sent = ns.offset or 0
-            if isinstance(reply.get("log"), str):
-                sent = int(reply.get("log_offset") or 0) + len(base64.b64decode(reply["log"]))
-            return Watch(ns.attempt, None, sent)
+            return Watch(ns.attempt, None, _sent(reply, ns.offset or 0))
         if req.verb == "start":
             return Watch(str(json.loads(req.payload)["attempt_id"]), None, 0)
         if req.verb == "verify-status" and reply.get("state") == "running":

@@ -18,7 +18,7 @@ from typing import TYPE_CHECKING, Any, Callable, Optional, TextIO
 
 from fleetrun.exceptions import UsageError
 
-from ..protocol import LOG_CHUNK, REFUSED_EXIT, TAMPERED, write_reply
+from ..protocol import LOG_CHUNK, MANY_LOG_BUDGET, MAX_POLL, REFUSED_EXIT, TAMPERED, write_reply
 from .admission import HOSTED, cmd_prepare, cmd_start
 from .bundles import cmd_bundle
 from .probe import cmd_probe
@@ -43,7 +43,7 @@ if TYPE_CHECKING:
     from .request import HasHome
 
 #: Verbs that need only the home: answered by :func:`fast_main`, with no plugin loaded.
-FAST_VERBS = frozenset({"status", "log", "stop", "verify-status", "verify-stop", "bundle"})
+FAST_VERBS = frozenset({"status", "status-many", "log", "stop", "verify-status", "verify-stop", "bundle"})
 
 
 class HomeOnly:
@@ -147,6 +147,7 @@ def _parser() -> argparse.ArgumentParser:
             s.add_argument("--pid", type=int)
             s.add_argument("--token")
         s.add_argument("--offset" if verb == "log" else "--log-offset", dest="offset", type=int, default=None)
+    sub.add_parser("status-many", help="the status (and log) of several attempts in one reply (JSON on stdin)")
     sub.add_parser("collect", help="commit what the attempt left uncommitted (JSON on stdin)")
     sub.add_parser("cleanup", help="remove the task's worktree if clean (JSON on stdin)")
     sub.add_parser("verify-start", help="start a run verifier in the worktree (JSON on stdin)")
@@ -159,16 +160,16 @@ def _parser() -> argparse.ArgumentParser:
     return p
 
 
-def _log_chunk(path: Path, offset: int) -> dict[str, Any]:
+def _log_chunk(path: Path, offset: int, limit: int = LOG_CHUNK) -> dict[str, Any]:
     try:
         size = path.stat().st_size
     except OSError:
         return {"log": "", "log_offset": offset, "log_size": 0}
     data = b""
-    if offset < size:
+    if offset < size and limit > 0:
         with open(path, "rb") as f:
             f.seek(offset)
-            data = f.read(LOG_CHUNK)
+            data = f.read(min(limit, LOG_CHUNK))
     return {"log": base64.b64encode(data).decode(), "log_offset": offset, "log_size": size}
 
 
@@ -200,6 +201,29 @@ def cmd_status(config: HasHome, ns: argparse.Namespace) -> dict[str, Any]:
     if ns.offset is not None:  # the log after the status: an ended status means all of it is here
         reply.update(_log_chunk(_local_host(config).log_path(attempt_id), max(0, ns.offset)))
     return reply
+
+
+def cmd_status_many(config: HasHome, ns: argparse.Namespace) -> dict[str, Any]:
+    """``host status-many``: what ``host status`` answers, for each attempt of the
+    payload's ``attempts`` (``[{"attempt": id, "log_offset": n}]``, at most
+    :data:`MAX_POLL`), in one reply; the log chunks share :data:`MANY_LOG_BUDGET`."""
+    items = _payload().get("attempts")
+    if not isinstance(items, list) or len(items) > MAX_POLL:
+        raise HostError(f"status-many: attempts must be a list of at most {MAX_POLL}")
+    budget = MANY_LOG_BUDGET
+    out: dict[str, Any] = {}
+    for item in items:
+        if not isinstance(item, dict):
+            raise HostError("status-many: each attempt must be a table")
+        attempt_id = _attempt_id(item.get("attempt"))
+        reply: dict[str, Any] = {"status": _status(config, attempt_id)}
+        offset = item.get("log_offset")
+        if isinstance(offset, int) and not isinstance(offset, bool):
+            chunk = _log_chunk(_local_host(config).log_path(attempt_id), max(0, offset), budget)
+            budget -= len(chunk["log"]) * 3 // 4  # base64: the bytes it holds
+            reply.update(chunk)
+        out[attempt_id] = reply
+    return {"statuses": out}
 
 
 def cmd_log(config: HasHome, ns: argparse.Namespace) -> dict[str, Any]:
@@ -279,6 +303,7 @@ VERBS: dict[str, Callable[[Any, argparse.Namespace], dict[str, Any]]] = {
     "prepare": cmd_prepare,
     "start": cmd_start,
     "status": cmd_status,
+    "status-many": cmd_status_many,
     "log": cmd_log,
     "stop": cmd_stop,
     "collect": cmd_collect,
