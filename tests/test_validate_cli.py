@@ -1254,7 +1254,7 @@ def test_misspelt_verb_is_not_taken_for_a_file(fleeter: Any) -> None:
     r = fleeter.run("frobnicate")
     assert (r.ret, r.errlines) == (USAGE_ERROR, [
         "ERROR: frobnicate: not a file or a verb (verbs: run, validate, queue, work, status, logs, cancel, retry, "
-        "approve, drain, undrain, gc, relay, host, role, mailbox)"])
+        "approve, drain, undrain, gc, relay, host, role, mailbox, report)"])
     # a real file by that name is a file
     fleeter.write("stauts", "")
     r = fleeter.run("validate", "stauts")
