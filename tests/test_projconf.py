@@ -374,7 +374,7 @@ def test_every_default_mistake_of_the_project_file_at_once(fleeter: Any, repo: P
         "to the file it is written in); write it in each [[task]]",
         f"ERROR: {where}:9: tool.fleetrun.task.colour: unknown key (a default of every task can be: agent, "
         "model, permission_mode, allowed_tools, max_retries, timeout_min, stall_timeout_min, budget_usd, "
-        "requires, git_ref, peer, setup, tags, base, on_conflict, max_turns, fallback_model, "
+        "requires, git_ref, peer, setup, tags, base, on_conflict, baseline, removes_tests, max_turns, fallback_model, "
         "append_system_prompt, settings, mcp_config, strict_mcp_config, disallowed_tools, env, extra_args, "
         "allow_verifiers)"]
 
