@@ -14,6 +14,7 @@ import os
 import time
 from typing import Any, Optional
 
+from .ending import END_STATUS
 from .hostapi import get_host
 from .hosts import kill_recorded_children
 from .ledger import Attempt
@@ -94,9 +95,16 @@ class Adoption:
                 # between the two): decide again from the status file, without recording twice
                 last = led.latest_attempt(task.id)
                 if last is not None and last.state == "ended":
-                    host = get_host(loop.config, last.host)
-                    loop.ending.finish_attempt(last, host.status(last.id, last.shepherd_pid, last.shepherd_token),
-                                               record=False)
+                    # decided from the status its end was recorded from: the host may not
+                    # answer now (a peer not connected yet), and "unreachable" is no end
+                    # (found by the long soak: attempts that exited 0 counted as died)
+                    st = last.info.get(END_STATUS)
+                    if not isinstance(st, dict) or st.get("state") not in ("ended", "died"):
+                        host = get_host(loop.config, last.host)
+                        st = host.status(last.id, last.shepherd_pid, last.shepherd_token)
+                    if st.get("state") not in ("ended", "died"):
+                        continue  # recorded before end_status was kept, and its host is silent
+                    loop.ending.finish_attempt(last, st, record=False)
         for task in led.tasks({State.VERIFYING}):
             with loop.isolated(task.id):
                 if not loop.in_scope(task) and loop.queue_id is not None:

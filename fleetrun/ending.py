@@ -37,6 +37,11 @@ class Collecting:
     handle: CollectHandle
 
 
+#: The attempt's ``info`` key of the status its end was recorded from, and its keys.
+END_STATUS = "end_status"
+END_STATUS_KEYS = ("state", "reason", "exit_code", "signal", "error", "ended", "log_cut", "log_cap")
+
+
 class Ending:
     """Ends attempts for the loop. ``loop`` gives the ledger, the hooks, the waits (for
     backoffs and pauses) and the verify stage an attempt that exited goes on to."""
@@ -89,6 +94,9 @@ class Ending:
                                    cost_usd=cost, result_text=res.result_text if res else None,
                                    info={**att.info, "denials": res.permission_denials if res else [],
                                          "error": st.get("error"), "signal": st.get("signal"),
+                                         # how it ended, as its host said: what a restart
+                                         # decides from (the host may not answer then)
+                                         END_STATUS: {k: st.get(k) for k in END_STATUS_KEYS if k in st},
                                          **({"log_cut": st["log_cut"]} if st.get("log_cut") else {})})
                 if st.get("log_cut"):  # the task that flooded pays: its record says so
                     led.add_note(task.id, f"attempt {att.number}: its log was cut: "

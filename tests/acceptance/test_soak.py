@@ -269,3 +269,81 @@ def test_a_task_left_assigned_with_its_attempt_ended_moves_on(fleeter, fake_clau
     task = fleeter.task("t1")
     assert task.state.value == "DONE", [t.cause for t in fleeter.ledger().transitions(task.id)]
     assert len(fake_claude.calls("t1")) == 1  # it ran once
+
+
+SILENT_BAY = '''
+from pathlib import Path
+
+import fleetrun
+from fleetrun.hosts import LocalHost
+
+
+class SilentBay(LocalHost):
+    """This machine under the name bay, whose status does not come while bay-silent
+    exists (a peer whose link is down, or not connected yet after a restart)."""
+
+    def candidate(self, config):
+        return fleetrun.Candidate(name="bay", kind="peer", status="live", running=0, max_tasks=2,
+                                  free_mem_mb=100000.0)
+
+    def status(self, attempt_id, pid, token):
+        here = Path(__file__).parent
+        if (here / "bay-silent").exists():
+            (here / "bay-asked").touch()
+            return {"state": "unreachable", "error": "bay: the link is down"}
+        return super().status(attempt_id, pid, token)
+
+
+@fleetrun.hookimpl
+def fleetrun_hosts(config):
+    return [SilentBay(config.home, name="bay", root=config.home / "bay")]
+'''
+
+
+def test_an_end_recorded_before_a_crash_is_decided_from_the_record_not_a_silent_host(fleeter, fake_claude):
+    """Found by the long soak with peers (four tasks to a human, each after three
+    sessions that had all ended well): the supervisor recorded an attempt's end, was
+    killed before the task's move after it, and came back while the peer could not be
+    reached. The restart asked the host again; `unreachable` was read as a shepherd
+    that died, and an attempt that exited 0 became `session_died:died`, resumed, up to
+    resume_cap. The end is decided from what was recorded."""
+    fleeter.make_repo()
+    fleeter.write_fleetconf(SILENT_BAY)
+    fleeter.write_tasks('''
+        [[task]]
+        name = "t1"
+        cwd = "repo"
+        prompt = "Write out.txt."
+        git_ref = "main"
+        peer = "bay"
+          [[task.verify]]
+          run = "test -f out.txt"
+    ''')
+    fake_claude.script(t1=[{"actions": [["write", "out.txt", "x"], ["commit", "out"]]}])
+    assert fleeter.runsub("queue", "tasks.toml").ret == 0
+    r = fleeter.runsub("work", "--until-idle", env={"FLEETRUN_CRASH_AT": "before_transition:VERIFYING"})
+    assert r.ret == 86, r.stdout + r.stderr
+    task = fleeter.task("t1")
+    (att,) = fleeter.ledger().attempts(task.id)
+    assert (task.state.value, att.state, att.outcome) == ("RUNNING", "ended", "ok")
+    silent = fleeter.path / "bay-silent"
+    silent.touch()  # the restart cannot reach bay, at first
+    proc = fleeter.popen("work", "--until-idle")
+    try:
+        deadline = time.monotonic() + 120
+        # until the restart has asked bay (on the code before, its adoption did), or ended
+        # without needing to
+        while not (fleeter.path / "bay-asked").exists() and proc.poll() is None:
+            assert time.monotonic() < deadline, "the restart neither asked bay nor ended"
+            time.sleep(0.05)
+        silent.unlink()
+        out, err = proc.communicate(timeout=120)
+        assert proc.returncode == 0, out.decode() + err.decode()
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+        proc.communicate()
+    causes = [t.cause for t in fleeter.ledger().transitions(task.id)]
+    assert fleeter.task("t1").state.value == "DONE", causes
+    assert not any(c.startswith("session_died") for c in causes), causes
+    assert len(fake_claude.calls("t1")) == 1
