@@ -47,6 +47,22 @@ def unmount(tmp_path: Path) -> None:
             subprocess.run(["umount", "-l", str(mnt)], capture_output=True)
 
 
+def queue_one_task(fleeter, fake_claude, peer: Optional[str] = None) -> None:
+    """Queue t1: its agent writes and commits out.txt, its verifier looks for it."""
+    pin = f'\n        peer = "{peer}"' if peer else ""
+    fleeter.write_tasks(f'''
+        [[task]]
+        name = "t1"
+        cwd = "repo"
+        prompt = "Write out.txt."
+        git_ref = "main"{pin}
+          [[task.verify]]
+          run = "test -f out.txt"
+    ''')
+    fake_claude.script(t1=[{"actions": [["write", "out.txt", "x"], ["commit", "out"]]}])
+    assert fleeter.runsub("queue", "tasks.toml").ret == 0
+
+
 def test_the_queue_survives_chaos(fleeter, fake_claude, tmp_path):
     """Local only: with a peer, a supervisor killed every second spends its runs
     connecting (the first heartbeat) and the queue outlasts a test's minute; the peers
@@ -205,18 +221,7 @@ def test_a_done_peer_tasks_worktree_is_removed_after_a_crash_before_its_cleanup(
     repo = fleeter.make_repo()
     mini = peer_lab.private_machine("mini", repo)
     mini.pair(fleeter)
-    fleeter.write_tasks('''
-        [[task]]
-        name = "t1"
-        cwd = "repo"
-        prompt = "Write out.txt."
-        git_ref = "main"
-        peer = "mini"
-          [[task.verify]]
-          run = "test -f out.txt"
-    ''')
-    fake_claude.script(t1=[{"actions": [["write", "out.txt", "x"], ["commit", "out"]]}])
-    assert fleeter.runsub("queue", "tasks.toml").ret == 0
+    queue_one_task(fleeter, fake_claude, peer="mini")
     r = fleeter.runsub("work", "--until-idle", env={"FLEETRUN_CRASH_AT": "after_transition:DONE"}, timeout=120)
     assert r.ret == 86, r.stdout + r.stderr
     t = fleeter.task("t1")
@@ -239,17 +244,7 @@ def test_a_task_left_assigned_with_its_attempt_ended_moves_on(fleeter, fake_clau
     import sqlite3
 
     fleeter.make_repo()
-    fleeter.write_tasks('''
-        [[task]]
-        name = "t1"
-        cwd = "repo"
-        prompt = "Write out.txt."
-        git_ref = "main"
-          [[task.verify]]
-          run = "test -f out.txt"
-    ''')
-    fake_claude.script(t1=[{"actions": [["write", "out.txt", "x"], ["commit", "out"]]}])
-    assert fleeter.runsub("queue", "tasks.toml").ret == 0
+    queue_one_task(fleeter, fake_claude)
     r = fleeter.runsub("work", "--until-idle", env={"FLEETRUN_CRASH_AT": "before_transition:RUNNING"})
     assert r.ret == 86, r.stdout + r.stderr
     (att,) = fleeter.ledger().attempts(fleeter.task("t1").id)
@@ -309,18 +304,7 @@ def test_an_end_recorded_before_a_crash_is_decided_from_the_record_not_a_silent_
     resume_cap. The end is decided from what was recorded."""
     fleeter.make_repo()
     fleeter.write_fleetconf(SILENT_BAY)
-    fleeter.write_tasks('''
-        [[task]]
-        name = "t1"
-        cwd = "repo"
-        prompt = "Write out.txt."
-        git_ref = "main"
-        peer = "bay"
-          [[task.verify]]
-          run = "test -f out.txt"
-    ''')
-    fake_claude.script(t1=[{"actions": [["write", "out.txt", "x"], ["commit", "out"]]}])
-    assert fleeter.runsub("queue", "tasks.toml").ret == 0
+    queue_one_task(fleeter, fake_claude, peer="bay")
     r = fleeter.runsub("work", "--until-idle", env={"FLEETRUN_CRASH_AT": "before_transition:VERIFYING"})
     assert r.ret == 86, r.stdout + r.stderr
     task = fleeter.task("t1")
