@@ -34,6 +34,7 @@ import io
 import json
 import os
 import shlex
+import shutil
 import sqlite3
 import subprocess
 import sys
@@ -247,6 +248,24 @@ class Fleeter:
         self.git(repo, "add", "-A")
         self.git(repo, "commit", "-q", "-m", "initial")
         return repo
+
+    def git_first_on_path(self, script: str) -> Path:
+        """Put first on PATH, for the rest of the test, a ``git`` made from ``script``: a
+        shell script in which ``{flags}`` is a folder the script and the test share and
+        ``{git}`` the real git (a wrapper that fails, waits or kills at a chosen
+        command, then runs the real one). Every ``git`` fleetrun runs, and this
+        fixture's own, goes through it. :return: the flags folder."""
+        flags = self.path / "flags"
+        flags.mkdir(exist_ok=True)
+        bindir = self.path / "bin"
+        bindir.mkdir(exist_ok=True)
+        real = shutil.which("git")
+        assert real, "git is not on PATH"
+        wrapper = bindir / "git"
+        wrapper.write_text(script.format(flags=flags, git=real))
+        wrapper.chmod(0o755)
+        self.monkeypatch.setenv("PATH", f"{bindir}:{Path(real).parent}:{os.environ['PATH']}")
+        return flags
 
     def write(self, rel: str, text: str) -> Path:
         p = self.path / rel

@@ -16,7 +16,6 @@ from __future__ import annotations
 
 import json
 import shlex
-import shutil
 import sys
 from pathlib import Path
 from typing import Any
@@ -72,26 +71,16 @@ git_ref = "main"
 '''
 
 
-def git_wrapper(fleeter: Any, monkeypatch: Any, template: str, *repos: str) -> Path:
-    """Make ``repos``, and put first on PATH a ``git`` written from ``template`` (given
-    the flags folder and the real git): :return: the flags folder."""
+def git_wrapper(fleeter: Any, template: str, *repos: str) -> Path:
+    """Make ``repos``, then put first on PATH a ``git`` made from ``template``:
+    :return: the flags folder."""
     for name in repos:
         fleeter.make_repo(name)
-    flags = fleeter.path / "flags"
-    flags.mkdir()
-    bindir = fleeter.path / "bin"
-    bindir.mkdir()
-    real = shutil.which("git")
-    assert real
-    wrapper = bindir / "git"
-    wrapper.write_text(template.format(flags=flags, git=real))
-    wrapper.chmod(0o755)
-    monkeypatch.setenv("PATH", f"{bindir}:{Path(real).parent}:{Path(sys.executable).parent}:/usr/bin:/bin")
-    return flags
+    return fleeter.git_first_on_path(template)
 
 
 def test_worktree_add_and_remove_do_not_block_other_tasks(fleeter, monkeypatch):
-    flags = git_wrapper(fleeter, monkeypatch, WRAPPER, "slow", "fast")
+    flags = git_wrapper(fleeter, WRAPPER, "slow", "fast")
     fleeter.write_tasks(f'[agents.sh]\ncommand = ["/bin/sh", "-c", {json.dumps(AGENT)}]\n'
                         + task("s", "slow", "true")
                         + task("f1", "fast", f"touch {flags}/add.go")
@@ -140,7 +129,7 @@ exec "{git}" "$@"
 
 
 def collect_setup(fleeter: Any, monkeypatch: Any, *repos: str) -> Path:
-    return git_wrapper(fleeter, monkeypatch, COLLECT_WRAPPER, *repos)
+    return git_wrapper(fleeter, COLLECT_WRAPPER, *repos)
 
 
 def fleetrun_commits(fleeter: Any, repo: str, branch: str) -> list[str]:

@@ -360,21 +360,12 @@ def test_a_fetch_back_the_full_disk_refused_is_waited_out_before_done(fleeter, f
     NEEDS_HUMAN ("not in the repository"). A fetch a full disk refused clears by itself:
     the task waits in VERIFYING, says why, tries again, and is DONE once its branch is
     here; the dependent merges it."""
-    import shutil
 
     repo = fleeter.make_repo()
     mini = peer_lab.private_machine("mini", repo)
     mini.pair(fleeter)
-    flags = fleeter.path / "flags"
-    flags.mkdir()
+    flags = fleeter.git_first_on_path(FULL_DISK_UNBUNDLE)
     (flags / "full").touch()
-    bindir = fleeter.path / "bin"
-    bindir.mkdir()
-    real = shutil.which("git")
-    assert real
-    (bindir / "git").write_text(FULL_DISK_UNBUNDLE.format(flags=flags, git=real))
-    (bindir / "git").chmod(0o755)
-    monkeypatch.setenv("PATH", f"{bindir}:{os.environ['PATH']}")
     fleeter.write_tasks('''
         [[task]]
         name = "api"

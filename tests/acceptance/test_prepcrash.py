@@ -11,8 +11,6 @@ chain, once, then every later git runs as the real one.
 
 from __future__ import annotations
 
-import os
-import shutil
 import signal
 from pathlib import Path
 from typing import Any
@@ -55,16 +53,8 @@ exec "{git}" "$@"
 def kill_at_merge(fleeter: Any, monkeypatch: Any, n: int = 1) -> Path:
     """Put the wrapper first on PATH, set to kill the supervisor at fleetrun's ``n``th
     merge; :return: its flags folder."""
-    flags = fleeter.path / "flags"
-    flags.mkdir()
+    flags = fleeter.git_first_on_path(WRAPPER)
     (flags / "kill-at").write_text(f"{n}\n")
-    bindir = fleeter.path / "bin"
-    bindir.mkdir()
-    real = shutil.which("git")
-    assert real
-    (bindir / "git").write_text(WRAPPER.format(flags=flags, git=real))
-    (bindir / "git").chmod(0o755)
-    monkeypatch.setenv("PATH", f"{bindir}:{Path(real).parent}:{os.environ['PATH']}")
     return flags
 
 
@@ -331,15 +321,7 @@ def test_a_merge_the_full_disk_refused_is_waited_out_not_sent_to_a_human(fleeter
     condition that clears by itself: the dependent backs off and merges again, it does
     not go NEEDS_HUMAN (nor its own dependents with it)."""
     repo = chain(fleeter, verify="test -f api.py")
-    flags = fleeter.path / "flags"
-    flags.mkdir()
-    bindir = fleeter.path / "bin"
-    bindir.mkdir()
-    real = shutil.which("git")
-    assert real
-    (bindir / "git").write_text(FULL_DISK_WRAPPER.format(flags=flags, git=real))
-    (bindir / "git").chmod(0o755)
-    monkeypatch.setenv("PATH", f"{bindir}:{Path(real).parent}:{os.environ['PATH']}")
+    flags = fleeter.git_first_on_path(FULL_DISK_WRAPPER)
     fake_claude.script(**{
         "user-schema": [{"actions": [["write", "schema.sql", "CREATE TABLE users"]]}],
         "user-api": [{"actions": [["write", "api.py", "# api"], ["commit", "api"]]}],
