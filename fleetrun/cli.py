@@ -9,6 +9,7 @@ import time
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Callable, Iterable, Optional, TextIO, Union
 
+from .builtin_plugins import BLOCKED_PLUGIN_VERBS, FAST_PATHS
 from .exceptions import ExitCode, UsageError, UsageErrors, is_space_error
 from .version import __version__
 
@@ -16,20 +17,6 @@ if TYPE_CHECKING:
     from .config import Config, Parser
     from .projconf import ProjectConfig
     from .verbs import VerbDecl
-
-#: Verbs of built-in plugins, by plugin: when the plugin is blocked (``-p no:relay``)
-#: its verbs do not exist, and the error says why rather than "not a file or a verb".
-_BLOCKED_PLUGIN_VERBS: dict[str, tuple[str, ...]] = {"relay": ("relay", "host"), "mailbox": ("role", "mailbox")}
-
-#: ``fleetrun host status|log|stop|verify-status|verify-stop|bundle``, which a supervisor
-#: polls over SSH, need only the home: the relay's peer side answers them before any
-#: plugin manager is built (a module path, as the plugin manager names its built-ins).
-#: So do ``fleetrun mailbox stop-hook`` and ``fleetrun role note-edit``, Claude Code's
-#: Stop and PostToolUse hooks, run at every turn and every edit of every session in a
-#: role's folder.
-_FAST_PATHS: dict[str, str] = {"host": "fleetrun.plugins.relay.peer.verbs",
-                               "mailbox": "fleetrun.plugins.mailbox.stophook",
-                               "role": "fleetrun.plugins.mailbox.noteedit"}
 
 #: Verbs a supervisor drives on a peer over SSH: they read no project file and no
 #: ``FLEETRUN_ADDOPTS`` (their folder is not the user's checkout).
@@ -88,7 +75,7 @@ def main(args: Optional[list[str]] = None, plugins: Optional[list[Any]] = None,
     out = stdout or sys.stdout
     err = stderr or sys.stderr
     args = list(sys.argv[1:] if args is None else args)
-    fast = next((m for v, m in _FAST_PATHS.items() if v in args[:3]), None) if plugins is None else None
+    fast = next((m for v, m in FAST_PATHS.items() if v in args[:3]), None) if plugins is None else None
     if fast is not None:
         import importlib
 
@@ -355,8 +342,8 @@ def _configure(args: list[str], plugins: Optional[list[Any]], out: TextIO, err: 
     names = _all_verbs(verbs)
     verb, rest = _split_verb(args, names)
     if verb == "run":  # a blocked built-in's verb is not there: say why, not "not a file"
-        word, _ = _split_verb(args, [v for vs in _BLOCKED_PLUGIN_VERBS.values() for v in vs])
-        for plugin, its_verbs in _BLOCKED_PLUGIN_VERBS.items():
+        word, _ = _split_verb(args, [v for vs in BLOCKED_PLUGIN_VERBS.values() for v in vs])
+        for plugin, its_verbs in BLOCKED_PLUGIN_VERBS.items():
             if word in its_verbs and pm.is_blocked(plugin):
                 raise UsageError(f"the {plugin} plugin is blocked (-p no:{plugin})", key=word)
     pluginparser = Parser()

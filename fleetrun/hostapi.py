@@ -16,6 +16,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Optional, Protocol, Sequence, runtime_checkable
 
+from .builtin_plugins import LOCAL_HOST_PLUGIN, PEER_HOSTS_PLUGIN, plugin_unavailable
 from .stash import StashKey
 
 if TYPE_CHECKING:
@@ -307,11 +308,12 @@ def missing_host_reason(config: Config, name: Optional[str]) -> Optional[str]:
     if reg.provided(name):
         return None
     pm = getattr(config, "pluginmanager", None)
-    if name == "local":
-        why = ("the local plugin is " + ("blocked (-p no:local)" if pm is not None and pm.is_blocked("local")
-                                          else "not loaded"))
-    elif pm is not None and pm.get_plugin("relay") is None:
-        why = "the relay plugin is " + ("blocked (-p no:relay)" if pm.is_blocked("relay") else "not loaded")
+    plugin = LOCAL_HOST_PLUGIN if name == "local" else PEER_HOSTS_PLUGIN
+    gone = plugin_unavailable(pm, plugin)
+    if gone is not None:
+        why = f"the {plugin} plugin is {gone}"
+    elif name == "local":
+        why = f"the {plugin} plugin offers no host 'local'"
     else:
         why = f"no peer named {name!r} in peers.toml"
     return f"host {name!r} is not provided by any loaded plugin: {why}"

@@ -21,27 +21,7 @@ from .exceptions import UsageError
 PROJECT = "fleetrun"
 ENTRY_POINT_GROUP = "fleetrun"
 
-#: Built-in plugins, by the short name ``-p no:NAME`` uses, in registration order.
-BUILTIN_PLUGINS: dict[str, str] = {
-    "collect": "fleetrun.collect_plugin",
-    "worktree": "fleetrun.plugins.worktree",
-    "claude": "fleetrun.plugins.claude",
-    "command_agent": "fleetrun.plugins.command_agent",
-    "shepherd": "fleetrun.plugins.shepherd",
-    "local": "fleetrun.plugins.local",
-    "placement": "fleetrun.plugins.placement",
-    "prompt": "fleetrun.plugins.prompt",
-    "verify_run": "fleetrun.plugins.verify_run",
-    "relay": "fleetrun.plugins.relay",
-    "mailbox": "fleetrun.plugins.mailbox",
-    "verify_brain": "fleetrun.plugins.verify_brain",
-    "verify_agent": "fleetrun.plugins.verify_agent",
-    "terminal": "fleetrun.plugins.terminal",
-    "events": "fleetrun.plugins.events",
-    "notify": "fleetrun.plugins.notify",
-    "junitxml": "fleetrun.plugins.junitxml",
-    "htmlreport": "fleetrun.plugins.htmlreport",
-}
+from .builtin_plugins import BUILTIN_PLUGINS  # noqa: E402,F401 - the table of the built-ins, re-exported
 
 #: The built-ins that take part in reading the command line: they declare verbs
 #: (``fleetrun_verbs``), options (``fleetrun_addoption``) or hooks (``fleetrun_addhooks``),

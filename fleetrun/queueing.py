@@ -67,20 +67,24 @@ def _branch_owner(config: Config) -> Optional[Callable[[str, str, str], Optional
     return open_ledger(config).branch_owner
 
 
-def check_roles(files: list[Any], config: Config) -> list[UsageError]:
-    """Every ``role =`` needs the ``mailbox`` plugin (it delivers the task to the role):
-    with the plugin blocked or not loaded, such a task is an error at its ``role`` line,
-    not a task that would quietly be spawned instead."""
-    pm = getattr(config, "pluginmanager", None)
-    if pm is None or pm.get_plugin("mailbox") is not None:
-        return []
-    why = "blocked (-p no:mailbox)" if pm.is_blocked("mailbox") else "not loaded"
-    from .textutil import safe_name
+def check_key_plugins(files: list[Any], config: Config) -> list[UsageError]:
+    """A task key only a plugin acts on (``role =``: the ``mailbox`` delivers the task to
+    the role) needs that plugin: with it blocked or not loaded, such a task is an error
+    at that key's line, not a task that would quietly run without it."""
+    from .builtin_plugins import KEY_PLUGINS, plugin_unavailable
 
-    return [UsageError(f"the mailbox plugin is {why}", line=spec.key_lines.get("role", spec.line),
-                       file=display_path(Path(spec.file_of("role") or f.path), config.invocation_dir),
-                       key=f"task '{safe_name(spec.name)}': role")
-            for f in files for spec in f.tasks if spec.role]
+    errors: list[UsageError] = []
+    for key, plugin in KEY_PLUGINS.items():
+        why = plugin_unavailable(getattr(config, "pluginmanager", None), plugin)
+        if why is None:
+            continue
+        from .textutil import safe_name
+
+        errors += [UsageError(f"the {plugin} plugin is {why}", line=spec.key_lines.get(key, spec.line),
+                              file=display_path(Path(spec.file_of(key) or f.path), config.invocation_dir),
+                              key=f"task '{safe_name(spec.name)}': {key}")
+                   for f in files for spec in f.tasks if getattr(spec, key, None)]
+    return errors
 
 
 def check_file_settings(tf: TaskFile, config: Config) -> list[UsageError]:
@@ -154,7 +158,7 @@ def collect(config: Config) -> list[TaskFile]:
     errors.extend(check_refs(files + graph_only, config.invocation_dir, repos))
     branch_errors, reuse = check_branches(files + graph_only, _branch_owner(config), config.invocation_dir, repos)
     errors.extend(branch_errors)
-    errors.extend(check_roles(files + graph_only, config))
+    errors.extend(check_key_plugins(files + graph_only, config))
     config.stash[BRANCH_REUSE_KEY] = reuse
     if errors:
         order = {f: i for i, f in enumerate(config.option.files)}

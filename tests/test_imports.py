@@ -314,9 +314,10 @@ def test_the_ledger_imports_no_loop_plugin_or_cli(mod: str) -> None:
 # ---------------------------------------------------------------------------------
 # The core names no plugin (issue 23 item 4)
 
-#: The plugin manager's list of the built-ins is where the core names them, and the
-#: only place: ``-p no:NAME`` and ``--version`` need it.
-NAMING_ALLOWED = {"fleetrun.pluginmanager"}
+#: The table of the built-ins (``builtin_plugins.py``: their modules, verbs, fast paths,
+#: the hosts and keys they provide) and the plugin manager that loads them are where the
+#: core names them, and the only places: ``-p no:NAME`` and ``--version`` need them.
+NAMING_ALLOWED = {"fleetrun.pluginmanager", "fleetrun.builtin_plugins"}
 
 #: The built-ins' registered names.
 PLUGIN_NAMES = {n for n, m in BUILTIN_PLUGINS.items() if m.startswith("fleetrun.plugins.")}
@@ -337,30 +338,6 @@ _PREFIX = re.compile(rf"^({'|'.join(sorted(PLUGIN_NAMES - CORE_WORDS, key=len, r
 #: What the core still names, as (module, what) — each is a finding of issue 23 left
 #: for later, and the test fails once one is gone (take it out) or a new one comes:
 KNOWN_CORE_NAMES: set[tuple[str, str]] = {
-    # the fast paths answer `fleetrun host status` (a supervisor polls it over SSH) and
-    # Claude Code's Stop/PostToolUse hooks before any plugin manager exists, by module
-    # path; and a blocked built-in's verbs say which plugin is blocked. To go: a table of
-    # the built-ins' verbs and fast paths beside BUILTIN_PLUGINS, without importing pluggy
-    ("fleetrun.cli", "module path 'fleetrun.plugins.mailbox.noteedit'"),
-    ("fleetrun.cli", "module path 'fleetrun.plugins.mailbox.stophook'"),
-    ("fleetrun.cli", "module path 'fleetrun.plugins.relay.peer.verbs'"),
-    ("fleetrun.cli", "dict key 'relay'"),
-    ("fleetrun.cli", "dict key 'mailbox'"),
-    # why a host the ledger names is not provided: to go, the plugin that offers the
-    # host says why (a hook such as fleetrun_status_reason for a host no plugin offers)
-    ("fleetrun.hostapi", "get_plugin('relay')"),
-    ("fleetrun.hostapi", "is_blocked('local')"),
-    ("fleetrun.hostapi", "is_blocked('relay')"),
-    ("fleetrun.hostapi", "says 'no:local'"),
-    ("fleetrun.hostapi", "says 'no:relay'"),
-    ("fleetrun.hostapi", "says 'the local plugin'"),
-    ("fleetrun.hostapi", "says 'the relay plugin'"),
-    # `role =` needs the mailbox plugin: to go, the mailbox declares the `role` key
-    # (fleetrun_task_keys), so that without it `role` is an unknown key
-    ("fleetrun.queueing", "get_plugin('mailbox')"),
-    ("fleetrun.queueing", "is_blocked('mailbox')"),
-    ("fleetrun.queueing", "says 'no:mailbox'"),
-    ("fleetrun.queueing", "says 'the mailbox plugin'"),
     # the mailbox's end reasons: to go, agent plugins return typed results (resumable,
     # permanent, rejected arguments) and the core decides from those fields
     ("fleetrun.outcomes", "string 'mailbox_failed'"),
