@@ -1,6 +1,6 @@
 """fleetrun-github and a task that ran on a peer: its branch is pushed from this machine
 once it was fetched back (the task has a dependent), and a peer's branch that was not
-fetched back is not pushed (a note says why).
+fetched back (``[relay] fetch_back = false``) is not pushed (a note says why).
 
 This file borrows fleetrun's own peer harness (``tests/sshd.py`` of this repository: a
 real sshd on 127.0.0.1), so it runs only from a checkout of fleetrun. The peer's
@@ -41,7 +41,10 @@ def test_a_peers_branch_is_pushed_from_here_once_fetched_back(fleeter: Any, fake
     mini = peer_lab.private_machine("mini", repo)
     mini.pair(fleeter)
     gh = write_gh(fleeter.path / "bin")
-    fleeter.write_config((fleeter.home / "config.toml").read_text() + f'\n[github]\ngh = "{gh}"\n')
+    # a DONE peer task's branch is fetched back by default: here only one with a
+    # dependent is (fetch_back = false), so lonely's stays on the peer
+    fleeter.write_config((fleeter.home / "config.toml").read_text()
+                         + f'\n[github]\ngh = "{gh}"\n\n[relay]\nfetch_back = false\n')
     fleeter.write_tasks('''
         [[task]]
         name = "api"
