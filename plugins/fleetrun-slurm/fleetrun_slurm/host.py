@@ -25,11 +25,11 @@ import sys
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Optional
+from typing import Any, Optional, Sequence
 
 import fleetrun
 
-from .slurmcli import PENDING_STATES, PREFIX, Job, Slurm, SlurmError
+from .slurmcli import PENDING_STATES, PREFIX, Answer, Job, Slurm, SlurmError
 
 STATUS = "status.json"
 SPEC = "spec.json"
@@ -223,11 +223,14 @@ class SlurmHost:
 
     # -- status ---------------------------------------------------------------------
 
-    def find_job(self, attempt_id: str, pid: Optional[int]) -> tuple[Optional[Job], Optional[str]]:
-        """The attempt's job in this pass's queue: (job or None, None), or (None, why)
-        when the controller does not answer. Believed only when its name is the
-        attempt's and its id the recorded one (when one is recorded)."""
-        queue = self.slurm.queue()
+    def find_job(self, attempt_id: str, pid: Optional[int],
+                 queue: Optional[Answer] = None) -> tuple[Optional[Job], Optional[str]]:
+        """The attempt's job in this pass's queue (``queue``: an answer already asked
+        for): (job or None, None), or (None, why) when the controller does not answer.
+        Believed only when its name is the attempt's and its id the recorded one (when
+        one is recorded)."""
+        if queue is None:
+            queue = self.slurm.queue()
         if isinstance(queue, SlurmError):
             return None, f"the Slurm controller does not answer: {queue}"
         job = queue.get(job_name(attempt_id))
@@ -239,12 +242,22 @@ class SlurmHost:
             return None, None  # a job of that name that is not this attempt's
         return job, None
 
+    def poll(self, attempts: Sequence[fleetrun.AttemptRef]) -> dict[str, dict[str, Any]]:
+        """Every one of ``attempts``' status at once: one ``squeue`` for all of
+        fleetrun's jobs (this pass's answer, shared with :meth:`candidate` and every
+        host of the cluster), plus each attempt's ``status.json`` on the shared folder."""
+        queue = self.slurm.queue()
+        return {a.attempt_id: self._status(a.attempt_id, a.pid, queue) for a in attempts}
+
     def status(self, attempt_id: str, pid: Optional[int], token_: Optional[str]) -> dict[str, Any]:
+        return self._status(attempt_id, pid, None)
+
+    def _status(self, attempt_id: str, pid: Optional[int], queue: Optional[Answer]) -> dict[str, Any]:
         adir = self.attempt_dir(attempt_id)
         st, bad = read_status(adir)
         if st.get("state") == "ended":
             return self._ours(st, adir, pid)
-        job, unreachable = self.find_job(attempt_id, pid)
+        job, unreachable = self.find_job(attempt_id, pid, queue)
         if unreachable is not None:
             return {"state": "unreachable", "error": unreachable}
         if job is not None:
@@ -260,7 +273,9 @@ class SlurmHost:
             return self._ours(st, adir, pid)
         recorded = read_job(adir)
         if recorded is None and pid is None:
-            return {}  # nothing was submitted (adoption gives it up under the start lock)
+            # nothing was submitted, or sbatch's answer was lost and the queue has no job
+            # of its name: nothing of it runs (adoption gives it up under the start lock)
+            return {"state": "died", "error": "no Slurm job was submitted for it"}
         if bad is not None:
             return self._ours({"state": "ended", "reason": "malformed_status", "exit_code": None,
                                "error": f"malformed status.json: {bad}"}, adir, pid)

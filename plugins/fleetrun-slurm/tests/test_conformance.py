@@ -1,0 +1,47 @@
+"""The host status contract (docs/plugins.md), checked by
+:mod:`fleetrun.testing.hostconformance` against :class:`~fleetrun_slurm.host.SlurmHost`
+on the real test cluster (``conftest.cluster``): each attempt a batch job whose
+shepherd runs in the foreground, its status one ``squeue`` per :meth:`poll` plus the
+status files on the shared folder."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any, Iterator
+
+import pytest
+from fleetrun_slurm.host import Settings, SlurmHost
+from fleetrun_slurm.slurmcli import Slurm
+
+from fleetrun.testing.hostconformance import HostConformance, Subject, ended, poll_until, start
+
+
+@pytest.fixture
+def slurm_host(cluster: Any, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Iterator[SlurmHost]:
+    """The cluster as a host, its shared folder this test's tmp folder (every node is
+    this machine); the jobs find the cluster through ``SLURM_CONF`` (``--export=ALL``)."""
+    monkeypatch.setenv("SLURM_CONF", str(cluster.conf))
+    shared = tmp_path / "shared"
+    shared.mkdir()
+    yield SlurmHost("slurm", Settings(shared_dir=shared, mem_mb=100), Slurm())
+    cluster.cancel_all()
+
+
+class TestSlurmHost(HostConformance):
+    @pytest.fixture
+    def conformance_host(self, slurm_host: SlurmHost, tmp_path: Path) -> Subject:
+        return Subject(slurm_host, cwd=str(tmp_path))
+
+
+def test_poll_asks_the_queue_once_for_every_attempt(slurm_host: SlurmHost, tmp_path: Path) -> None:
+    """Three attempts, one :meth:`~SlurmHost.poll`: one ``squeue`` answers for all of
+    them (the status files say the rest)."""
+    subject = Subject(slurm_host, cwd=str(tmp_path))
+    refs = [start(subject, f"exit {code}") for code in (0, 1, 2)]
+    poll_until(subject, refs, ended, "three jobs to end")
+    slurm_host.slurm.forget()  # a new pass
+    before = slurm_host.slurm.calls["squeue"]
+    got = slurm_host.poll(refs)
+    assert slurm_host.slurm.calls["squeue"] == before + 1
+    assert [got[r.attempt_id]["exit_code"] for r in refs] == [0, 1, 2], got
+    assert all(got[r.attempt_id]["job_id"] == r.pid for r in refs), got
