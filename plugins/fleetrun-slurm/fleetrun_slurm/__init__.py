@@ -129,6 +129,23 @@ def fleetrun_start_attempt(task: Any, attempt: Any, host: Any, spawn: Any, promp
 
 
 @hookimpl
+def fleetrun_verify(task: Any, verifier: Any, workspace: Any, attempt: Any, host: Any, config: Any) -> Any:
+    """A ``run`` verifier (or setup command) of an attempt on the cluster runs there, as a
+    job (:mod:`fleetrun_slurm.verifyjob`). ``brain`` and ``agent`` verifiers are left to
+    their plugins, on this machine (the worktree is on the shared filesystem, mounted
+    here too), and so is a ``run`` verifier with ``junit``: its per-test verdict against
+    the base is ``verify_run``'s, here."""
+    if not isinstance(host, SlurmHost) or verifier.kind != "run":
+        return None
+    extra = verifier.extra if isinstance(verifier.extra, dict) else {}
+    if isinstance(extra.get("junit"), str) and "setup" not in extra:
+        return None
+    from .verifyjob import verify_job
+
+    return verify_job(host, task, verifier, workspace, attempt, config)
+
+
+@hookimpl
 def fleetrun_loop_pass(config: Any, duration_s: float) -> None:
     slurm = config.stash.get(SLURM, None)
     if slurm is not None:

@@ -119,7 +119,7 @@ def read_job(adir: Path) -> Optional[dict[str, Any]]:
     return data
 
 
-def _write(path: Path, text: str) -> None:
+def write_file(path: Path, text: str) -> None:
     """Write a file whole (temp file + rename), readable by us alone."""
     tmp = path.with_name(f"{path.name}.{os.getpid()}.tmp")
     fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
@@ -128,7 +128,7 @@ def _write(path: Path, text: str) -> None:
     os.replace(tmp, path)
 
 
-def _touch(path: Path) -> None:
+def touch(path: Path) -> None:
     os.close(os.open(path, os.O_WRONLY | os.O_CREAT, 0o600))
 
 
@@ -166,16 +166,22 @@ class SlurmHost:
 
     def sbatch_argv(self, attempt_id: str, task: Any) -> list[str]:
         """sbatch's options for an attempt (the script last)."""
+        adir = self.attempt_dir(attempt_id)
+        extra = dict(getattr(getattr(task, "spec", None), "extra", None) or {})
+        t = extra.get("slurm_time", self.settings.time)
+        return [f"--job-name={job_name(attempt_id)}", "--no-requeue", f"--output={adir / 'slurm.out'}",
+                f"--chdir={adir}", *([f"--time={t}"] if t else []), *self.resources(task), str(adir / SCRIPT)]
+
+    def resources(self, task: Any) -> list[str]:
+        """What a job of ``task`` asks for and where it may run, an attempt's or a
+        verifier's: its memory and CPUs, ``--partition``/``--account``/``--qos``, its
+        ``requires`` as ``--constraint`` and ``--gres``, the node of a per-node host,
+        ``sbatch_options``; and ``--export=ALL``."""
         s = self.settings
         extra = dict(getattr(getattr(task, "spec", None), "extra", None) or {})
         requires = list(getattr(getattr(task, "spec", None), "requires", None) or [])
-        adir = self.attempt_dir(attempt_id)
-        argv = [f"--job-name={job_name(attempt_id)}", "--no-requeue", f"--output={adir / 'slurm.out'}",
-                f"--chdir={adir}", f"--mem={extra.get('slurm_mem_mb', s.mem_mb)}M",
-                f"--cpus-per-task={extra.get('slurm_cpus', s.cpus)}", "--export=ALL"]
-        t = extra.get("slurm_time", s.time)
-        if t:
-            argv.append(f"--time={t}")
+        argv = [f"--mem={extra.get('slurm_mem_mb', s.mem_mb)}M", f"--cpus-per-task={extra.get('slurm_cpus', s.cpus)}",
+                "--export=ALL"]
         for opt, value in (("partition", s.partition), ("account", s.account), ("qos", s.qos)):
             if value:
                 argv.append(f"--{opt}={value}")
@@ -186,7 +192,7 @@ class SlurmHost:
             argv.append("--gres=gpu:1")
         if self.node:
             argv.append(f"--nodelist={self.node}")
-        return [*argv, *s.sbatch_options, str(adir / SCRIPT)]
+        return [*argv, *s.sbatch_options]
 
     def start(self, attempt_id: str, spec: dict[str, Any], prompt: Optional[str] = None) -> fleetrun.Started:
         """Submit the attempt as a job and return at once (it may wait in the queue).
@@ -198,15 +204,15 @@ class SlurmHost:
         adir.mkdir(parents=True, exist_ok=True, mode=0o700)
         spec = dict(spec, attempt_id=attempt_id)
         if prompt is not None:
-            _write(adir / "prompt", prompt)
+            write_file(adir / "prompt", prompt)
             if spec.get("stdin") == "prompt":
                 spec["stdin_file"] = str(adir / "prompt")
-        _write(adir / SPEC, json.dumps(spec))
+        write_file(adir / SPEC, json.dumps(spec))
         # the shepherd in the foreground: the job lasts as long as it does. Its command
         # line, not its module: the node runs the same install from the shared folder
-        _write(adir / SCRIPT, "#!/bin/sh\n"
+        write_file(adir / SCRIPT, "#!/bin/sh\n"
                'echo "fleetrun-slurm: job $SLURM_JOB_ID on $SLURMD_NODENAME"\n'
-               f"exec {_quote(sys.executable)} -m fleetrun.shepherd {_quote(str(adir))}\n")
+               f"exec {shell_quote(sys.executable)} -m fleetrun.shepherd {shell_quote(str(adir))}\n")
         os.chmod(adir / SCRIPT, 0o700)
         task = self.tasks.pop(attempt_id, None)
         name = job_name(attempt_id)
@@ -218,7 +224,7 @@ class SlurmHost:
                 # it may have been queued all the same: status looks it up by its name
                 return fleetrun.Started(pid=None, token=None, dir=str(adir), info={"error": str(e)})
             raise fleetrun.StartRefused(f"sbatch: {e}") from None
-        _write(adir / JOB_FILE, json.dumps({"job_id": job_id, "name": name, "submitted": submitted}))
+        write_file(adir / JOB_FILE, json.dumps({"job_id": job_id, "name": name, "submitted": submitted}))
         return fleetrun.Started(pid=job_id, token=token(job_id), dir=str(adir), info={"job_id": job_id})
 
     # -- status ---------------------------------------------------------------------
@@ -306,7 +312,7 @@ class SlurmHost:
         could record a plain exit instead of the stop. Safe to repeat."""
         adir = self.attempt_dir(attempt_id)
         if adir.exists():
-            _touch(adir / CANCEL)
+            touch(adir / CANCEL)
         job, _ = self.find_job(attempt_id, pid)
         if job is None:
             return False
@@ -328,7 +334,7 @@ class SlurmHost:
             st, _ = read_status(adir)
             if st:
                 return self._ours(st, adir, None)
-            _touch(adir / CANCEL)
+            touch(adir / CANCEL)
         finally:
             os.close(fd)
         self.slurm.cancel(job_name(attempt_id))
@@ -369,5 +375,5 @@ def token(job_id: int) -> str:
     return f"slurm:{job_id}"
 
 
-def _quote(s: str) -> str:
+def shell_quote(s: str) -> str:
     return "'" + s.replace("'", "'\\''") + "'"

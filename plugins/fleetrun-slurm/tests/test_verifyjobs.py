@@ -1,0 +1,143 @@
+"""``run`` verifiers of a task placed on the cluster run there, as jobs
+(:mod:`fleetrun_slurm.verifyjob`), through the real CLI on the real test cluster: a
+failure on the job's node goes back with its output, cancel ends the job, a
+supervisor SIGKILLed mid-verifier is followed by one that adopts the job."""
+
+from __future__ import annotations
+
+import json
+import re
+from pathlib import Path
+from typing import Any
+
+from test_slurm import PLUGIN, Run, attempts, queue, wait_for
+
+ON_NODE = 'echo "verified on $SLURMD_NODENAME in job $SLURM_JOB_ID"'
+
+
+def verifier_node(fleeter: Any, attempt_id: str, step: str = "verify-1") -> str:
+    """The node the step's job ran on, as its job script said."""
+    out = (fleeter.shared / "attempts" / attempt_id / step / "slurm.out").read_text()
+    m = re.search(r"fleetrun-slurm: verifier job \d+ on (\S+)", out)
+    assert m, out
+    return m.group(1)
+
+
+def test_a_run_verifier_runs_as_a_job_on_the_tasks_node_and_its_failure_goes_back(
+        slurm_fleeter: Any, fake_claude: Any) -> None:
+    """``per_node``: the task pinned to n2, its verifier a job on n2 too; the first
+    attempt's failure, said on n2, is in the retry's prompt."""
+    f = slurm_fleeter
+    with open(f.home / "config.toml", "a", encoding="utf-8") as cfg:
+        cfg.write("per_node = true\n")
+    f.make_repo()
+    check = f'{ON_NODE}; test "$(cat FIX.txt)" = final || {{ echo "FIX.txt must say final"; exit 1; }}'
+    f.write_tasks(f'''
+        [[task]]
+        name = "fix-it"
+        cwd = "repo"
+        prompt = "Write FIX.txt."
+        git_ref = "main"
+        peer = "slurm-n2"
+          [[task.verify]]
+          run = {json.dumps(check)}
+    ''')
+    fake_claude.script(**{"fix-it": [{"actions": [["write", "FIX.txt", "draft"], ["commit", "draft"]]},
+                                     {"actions": [["write", "FIX.txt", "final"], ["commit", "final"]]}]})
+    r = f.runsub("tasks.toml", *PLUGIN)
+    assert r.ret == 0, r.stdout + r.stderr
+    assert f.states() == {"fix-it": "DONE"}, r.stdout
+    r.fnmatch_lines(["*fix-it RETRYING*verify_fail:*"])
+    first, second = attempts(f, "fix-it")
+    assert verifier_node(f, first.id) == verifier_node(f, second.id) == "n2"
+    failed, passed = (f.ledger().verdicts(attempt_id=a.id)[0] for a in (first, second))
+    assert not failed.passed and failed.reason == "exit code 1" and failed.host == "slurm-n2"
+    assert re.search(r"verified on n2 in job \d+", failed.output) and "FIX.txt must say final" in failed.output
+    assert passed.passed and "verified on n2" in passed.output
+    _, again = fake_claude.calls("fix-it")
+    assert "verified on n2 in job" in again["prompt"] and "FIX.txt must say final" in again["prompt"]
+
+
+def gated_verifier(fleeter: Any, fake_claude: Any) -> tuple[Path, Path]:
+    """One task whose agent commits a file and whose verifier, in its job, says it
+    started (``vstarted``: one line per run), then waits for ``vgate``."""
+    started, gate = fleeter.root / "vstarted", fleeter.root / "vgate"
+    fleeter.make_repo()
+    check = f"{ON_NODE}; echo run >> {started}; while [ ! -e {gate} ]; do sleep 0.05; done; test -f a.txt"
+    fleeter.write_tasks(f'''
+        [[task]]
+        name = "t1"
+        cwd = "repo"
+        prompt = "Write a.txt."
+        git_ref = "main"
+          [[task.verify]]
+          run = {json.dumps(check)}
+    ''')
+    fake_claude.script(t1=[{"actions": [["write", "a.txt", "a"], ["commit", "a"]]}])
+    return started, gate
+
+
+def test_cancel_during_a_verifier_job_removes_the_job(slurm_fleeter: Any, fake_claude: Any) -> None:
+    f = slurm_fleeter
+    started, gate = gated_verifier(f, fake_claude)
+    run = Run(f, "tasks.toml")
+    try:
+        wait_for(started.exists, "the verifier to start in its job")
+        (att,) = attempts(f, "t1")
+        assert f"fleetrun-{att.id}-verify-1" in queue(f)
+        c = f.runsub("cancel", "t1", *PLUGIN)
+        assert c.ret == 0, c.stdout + c.stderr
+        wait_for(lambda: "fleetrun-" not in queue(f), "the verifier's job to leave the queue")
+        code, out = run.finish()
+    finally:
+        gate.touch()
+        run.kill()
+    assert f.states() == {"t1": "CANCELLED"}, out
+    assert f.ledger().verdicts(attempt_id=att.id) == []
+    assert started.read_text() == "run\n"
+
+
+OPEN_GATE_AFTER_A_PASS = """
+import os
+
+import fleetrun
+
+
+@fleetrun.hookimpl
+def fleetrun_loop_pass(config, duration_s):
+    open(os.environ["OPEN_GATE"], "a").close()
+"""
+
+
+def test_a_supervisor_killed_during_a_verifier_job_adopts_it_and_verifies_once(
+        slurm_fleeter: Any, fake_claude: Any) -> None:
+    """SIGKILL while the verifier's job runs: the job goes on; the next supervisor
+    adopts it (by its recorded id and name), so the command runs once and its verdict is
+    recorded once."""
+    f = slurm_fleeter
+    started, gate = gated_verifier(f, fake_claude)
+    run = Run(f, "tasks.toml")
+    try:
+        wait_for(started.exists, "the verifier to start in its job")
+        (att,) = attempts(f, "t1")
+        jobs = queue(f)
+        assert f"fleetrun-{att.id}-verify-1" in jobs
+        run.proc.kill()  # SIGKILL: nothing of the supervisor's runs after this
+        run.kill()
+        job = json.loads((f.shared / "attempts" / att.id / "verify-1" / "slurm_job.json").read_text())["job_id"]
+        assert f"{job} fleetrun-{att.id}-verify-1 RUNNING" in queue(f)  # it outlives the supervisor
+        # the gate opens as the new supervisor's first pass ends: after it took the job up
+        f.write_fleetconf(OPEN_GATE_AFTER_A_PASS)
+        again = Run(f, "work", "--until-idle", env={"OPEN_GATE": str(gate)})
+        try:
+            code, out = again.finish()
+        finally:
+            again.kill()
+    finally:
+        gate.touch()
+        run.kill()
+    assert code == 0, out
+    assert f.states() == {"t1": "DONE"}, out
+    assert started.read_text() == "run\n"  # the command ran once
+    (verdict,) = f.ledger().verdicts(attempt_id=att.id)
+    assert verdict.passed and f"in job {job}" in verdict.output
