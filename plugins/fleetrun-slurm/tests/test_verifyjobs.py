@@ -141,3 +141,77 @@ def test_a_supervisor_killed_during_a_verifier_job_adopts_it_and_verifies_once(
     assert started.read_text() == "run\n"  # the command ran once
     (verdict,) = f.ledger().verdicts(attempt_id=att.id)
     assert verdict.passed and f"in job {job}" in verdict.output
+
+
+def test_a_setup_command_runs_as_a_job_too(slurm_fleeter: Any, fake_claude: Any) -> None:
+    f = slurm_fleeter
+    f.make_repo()
+    f.write_tasks(f'''
+        [[task]]
+        name = "t1"
+        cwd = "repo"
+        prompt = "p"
+        git_ref = "main"
+        setup = [{json.dumps('echo "setup on $SLURMD_NODENAME"')}]
+    ''')
+    fake_claude.script(t1=[{"actions": [["write", "a.txt", "a"], ["commit", "a"]]}])
+    r = f.runsub("tasks.toml", *PLUGIN)
+    assert r.ret == 0, r.stdout + r.stderr
+    (att,) = attempts(f, "t1")
+    node = verifier_node(f, att.id, "setup-1")
+    assert (f.shared / "attempts" / att.id / "setup-1" / "out").read_text() == f"setup on {node}\n"
+
+
+def test_a_verifier_job_over_its_timeout_is_cancelled_and_fails(slurm_fleeter: Any, fake_claude: Any) -> None:
+    """The timeout counts from the job's start; the handle cancels the job, and the
+    verdict is a FAIL (``timed out``), as for a local verifier."""
+    f = slurm_fleeter
+    f.make_repo()
+    f.write_tasks('''
+        [[task]]
+        name = "t1"
+        cwd = "repo"
+        prompt = "p"
+        git_ref = "main"
+        max_retries = 0
+          [[task.verify]]
+          run = "echo waiting; sleep 600"
+          timeout_s = 2
+    ''')
+    fake_claude.script(t1=[{"actions": [["write", "a.txt", "a"], ["commit", "a"]]}])
+    r = f.runsub("tasks.toml", *PLUGIN)
+    assert f.states() == {"t1": "NEEDS_HUMAN"}, r.stdout + r.stderr
+    (att,) = attempts(f, "t1")
+    (verdict,) = f.ledger().verdicts(attempt_id=att.id)
+    assert not verdict.passed and verdict.reason == "timed out after 2s" and "waiting" in verdict.output
+    assert verifier_node(f, att.id) in ("n1", "n2", "n3")
+    wait_for(lambda: "fleetrun-" not in queue(f), "the verifier's job to leave the queue")
+
+
+def test_a_verifier_job_cancelled_by_someone_else_could_not_judge_and_runs_again(
+        slurm_fleeter: Any, fake_claude: Any) -> None:
+    """A job gone from the queue without a result (``scancel`` by hand, a lost node) is
+    no verdict on the work: a transient ERROR, the verifier run again after the backoff."""
+    f = slurm_fleeter
+    with open(f.home / "config.toml", "a", encoding="utf-8") as cfg:
+        cfg.write("\n[fleetrun]\nverifier_error_backoff_s = 0.5\n")
+    started, gate = gated_verifier(f, fake_claude)
+    run = Run(f, "tasks.toml")
+    try:
+        wait_for(started.exists, "the verifier to start in its job")
+        (att,) = attempts(f, "t1")
+        name = f"fleetrun-{att.id}-verify-1"
+        assert name in queue(f)
+        done = f.cluster.client(["scancel", f"--name={name}"])
+        assert done.returncode == 0, done.stderr
+        wait_for(lambda: started.read_text() == "run\nrun\n", "the verifier to run again")
+        gate.touch()
+        code, out = run.finish()
+    finally:
+        gate.touch()
+        run.kill()
+    assert code == 0, out
+    assert f.states() == {"t1": "DONE"}, out
+    (verdict,) = f.ledger().verdicts(attempt_id=att.id)
+    assert verdict.passed
+    assert "left the queue without a result" in out, out
