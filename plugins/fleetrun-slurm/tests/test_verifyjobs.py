@@ -215,3 +215,38 @@ def test_a_verifier_job_cancelled_by_someone_else_could_not_judge_and_runs_again
     (verdict,) = f.ledger().verdicts(attempt_id=att.id)
     assert verdict.passed
     assert "left the queue without a result" in out, out
+
+
+def test_the_plugin_installed_but_not_configured_runs_no_verifier(fleeter: Any) -> None:
+    """Without ``[slurm]`` the plugin implements no ``fleetrun_verify``: the relay starts
+    a peer's first ``run`` verifier with its collect only when no third-party plugin
+    could answer for it (``Relay.first_run_verifier``)."""
+    import fleetrun_slurm
+
+    import fleetrun
+
+    seen: list[list[str]] = []
+
+    class Probe:
+        @fleetrun.hookimpl(trylast=True)
+        def fleetrun_configure(self, config: Any) -> None:
+            seen.append([str(getattr(i.plugin, "__module__", None) or i.plugin.__name__)
+                         for i in config.hook.fleetrun_verify.get_hookimpls()])
+
+    fleeter.make_repo()
+    fleeter.write_tasks('''
+        [[task]]
+        name = "t1"
+        cwd = "repo"
+        prompt = "p"
+    ''')
+    r = fleeter.run("validate", "tasks.toml", plugins=[fleetrun_slurm, Probe()])
+    assert r.ret == 0, r.stdout + r.stderr
+    assert seen and not any(m.startswith("fleetrun_slurm") for m in seen[-1]), seen
+    shared = fleeter.root / "shared"
+    shared.mkdir()
+    fleeter.home.mkdir(exist_ok=True)
+    (fleeter.home / "config.toml").write_text(f'[slurm]\nshared_dir = "{shared}"\n')
+    r = fleeter.run("validate", "tasks.toml", plugins=[fleetrun_slurm, Probe()])
+    assert r.ret == 0, r.stdout + r.stderr
+    assert any(m.startswith("fleetrun_slurm") for m in seen[-1]), seen
