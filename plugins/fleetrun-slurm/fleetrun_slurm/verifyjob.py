@@ -32,6 +32,7 @@ import hashlib
 import json
 import math
 import os
+import re
 import sys
 import time
 from pathlib import Path
@@ -48,8 +49,12 @@ RC = "rc"
 STARTED = "started"
 TAKEN = "taken"
 SLURM_OUT = "slurm.out"
-#: how soon the handle looks again: soon at first (a quick check), then once a second
-POLL_S = (0.2, 0.4, 0.7, 1.0)
+#: how often the handle looks for the job's ``rc`` (a file on the shared folder: cheap),
+#: and how often at most it asks the queue whether the job is still there (the pass's
+#: one ``squeue``, not one per handle: a controller is not to be hammered)
+RC_POLL_S, QUEUE_POLL_S = 0.25, 1.0
+#: a time as the job script writes it (``date +%s.%N``)
+TIME = re.compile(r"[0-9]{1,12}(\.[0-9]{1,9})?")
 #: ``--time`` is the verifier's timeout plus this: the handle ends it first
 BACKSTOP_S = 60.0
 
@@ -74,7 +79,7 @@ def job_script(vdir: Path, cwd: str, text: str, max_bytes: int) -> str:
             # a second run of this script (a controller restarted right after the
             # submit may make one) runs nothing
             f"if {done}; then echo 'fleetrun-slurm: this step ran already: it is not run twice'; exit 0; fi\n"
-            f"date +%s > {q(str(vdir / 'started.tmp'))} && mv -f {q(str(vdir / 'started.tmp'))} "
+            f"date +%s.%N > {q(str(vdir / 'started.tmp'))} && mv -f {q(str(vdir / 'started.tmp'))} "
             f"{q(str(vdir / STARTED))}\n"
             f"if cd {q(cwd)}; then\n"
             f"  {q(sys.executable)} -I -S {q(fleetrun.CAPPED_PATH)} {int(max_bytes)} {q(str(vdir / OUT))} -- "
@@ -83,7 +88,7 @@ def job_script(vdir: Path, cwd: str, text: str, max_bytes: int) -> str:
             "else\n"
             "  rc=cannot\n"
             "fi\n"
-            f'echo "$rc $(date +%s)" > {q(str(vdir / "rc.tmp"))} && mv -f {q(str(vdir / "rc.tmp"))} '
+            f'echo "$rc $(date +%s.%N)" > {q(str(vdir / "rc.tmp"))} && mv -f {q(str(vdir / "rc.tmp"))} '
             f"{q(str(vdir / RC))}\n")
 
 
@@ -95,11 +100,11 @@ def read_rc(vdir: Path) -> Optional[tuple[Union[int, str], float]]:
             words = f.read(100).decode("ascii", "replace").split()
     except OSError:
         return None
-    if len(words) != 2 or not words[1].isdigit() or len(words[1]) > 12:
+    if len(words) != 2 or not TIME.fullmatch(words[1]):
         return None
     if words[0] == "cannot":
         return "cannot", float(words[1])
-    if not words[0].isdigit() or int(words[0]) > 255:
+    if not words[0].isdigit() or len(words[0]) > 3 or int(words[0]) > 255:
         return None
     return int(words[0]), float(words[1])
 
@@ -109,7 +114,7 @@ def read_started(vdir: Path) -> Optional[float]:
         text = (vdir / STARTED).read_text(encoding="ascii", errors="replace").strip()
     except OSError:
         return None
-    return float(text) if text.isdigit() and len(text) <= 12 else None
+    return float(text) if TIME.fullmatch(text) else None
 
 
 def step_key(text: str, cwd: str, timeout_s: float) -> str:
@@ -134,8 +139,8 @@ class VerifyJob:
         self.host, self.verifier, self.vdir, self.name, self.job_id = host, verifier, vdir, name, job_id
         self.cwd, self.root, self.path_var = cwd, root, path_var
         self.verdict: Optional[fleetrun.Verdict] = None
-        self.polls = 0
         self.next_poll = time.monotonic()
+        self.next_queue = self.next_poll
 
     def next_deadline(self) -> float:
         return self.next_poll
@@ -146,9 +151,8 @@ class VerifyJob:
         now = time.monotonic()
         if now < self.next_poll:
             return None
-        self.polls += 1
-        self.next_poll = now + POLL_S[min(self.polls, len(POLL_S)) - 1]
-        verdict = self._look()
+        self.next_poll = now + RC_POLL_S
+        verdict = self._look(now)
         if verdict is not None:
             self.verdict = verdict
             touch(self.vdir / TAKEN)  # a restart after this runs the step again, never adopts it
@@ -163,10 +167,13 @@ class VerifyJob:
         started = read_started(self.vdir)
         return started is not None and time.time() >= started + float(self.verifier.timeout_s)
 
-    def _look(self) -> Optional[fleetrun.Verdict]:
+    def _look(self, now: float) -> Optional[fleetrun.Verdict]:
         got = read_rc(self.vdir)
         if got is not None:
             return self._ended(*got)
+        if now < self.next_queue:
+            return None
+        self.next_queue = now + QUEUE_POLL_S
         queue = self.host.slurm.queue()
         if isinstance(queue, SlurmError):
             return None  # the controller does not answer: the job may still run (--time bounds it)

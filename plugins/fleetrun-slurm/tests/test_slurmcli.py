@@ -79,7 +79,7 @@ def test_a_missing_command_is_an_unreachable_answer_not_an_exception(tmp_path: P
     assert s.queue() is not err
 
 
-@pytest.mark.parametrize("raw", [b"", b"abc 12", b"0 12 13", b"256 12", b"-1 12", b"0 x", b"0 " + b"9" * 20,
+@pytest.mark.parametrize("raw", [b"", b"abc 12", b"0 12 13", b"256 12", b"-1 12", b"0 x", b"0 " + b"9" * 20, b"0 1.", b"0 1.2.3", b"0 nan", b"0 1e9",
                                  b"\xff\xfe 1", b"cannot"])
 def test_a_verifier_jobs_result_of_the_wrong_shape_is_no_result(tmp_path: Path, raw: bytes) -> None:
     """``rc`` and ``started`` are in a folder the verifier's command could write to: a
@@ -93,8 +93,8 @@ def test_a_verifier_jobs_result_is_read() -> None:
     import tempfile
 
     with tempfile.TemporaryDirectory() as d:
-        (Path(d) / "rc").write_text("127 1700000010\n")
+        (Path(d) / "rc").write_text("127 1700000010.250000000\n")
         (Path(d) / "started").write_text("1700000000\n")
-        assert read_rc(Path(d)) == (127, 1700000010.0) and read_started(Path(d)) == 1700000000.0
+        assert read_rc(Path(d)) == (127, 1700000010.25) and read_started(Path(d)) == 1700000000.0
         (Path(d) / "rc").write_text("cannot 1700000010\n")
         assert read_rc(Path(d)) == ("cannot", 1700000010.0)
