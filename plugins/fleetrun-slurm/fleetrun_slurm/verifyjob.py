@@ -248,7 +248,9 @@ def verify_job(host: SlurmHost, task: Any, verifier: Any, workspace: Any, attemp
             return handle(int(rec["job_id"]))  # it ended while no one watched, or cannot be asked now
     if queued is not None:  # a job of this step that is not to be adopted (cancelled, another command)
         host.slurm.cancel(name, queued.job_id)
-    vdir.mkdir(parents=True, exist_ok=True, mode=0o700)
+    # a setup command runs before the attempt's job is submitted: its folder may not exist yet
+    vdir.parent.mkdir(parents=True, exist_ok=True, mode=0o700)
+    vdir.mkdir(exist_ok=True, mode=0o700)
     for stale in (RC, STARTED, TAKEN, OUT, OUT + ".cut", SLURM_OUT, JOB_FILE):
         try:
             (vdir / stale).unlink()

@@ -7,24 +7,11 @@ status files on the shared folder."""
 from __future__ import annotations
 
 from pathlib import Path
-from typing import Any, Iterator
 
 import pytest
-from fleetrun_slurm.host import Settings, SlurmHost
-from fleetrun_slurm.slurmcli import Slurm
+from fleetrun_slurm.host import SlurmHost
 
 from fleetrun.testing.hostconformance import HostConformance, Subject, ended, poll_until, start
-
-
-@pytest.fixture
-def slurm_host(cluster: Any, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Iterator[SlurmHost]:
-    """The cluster as a host, its shared folder this test's tmp folder (every node is
-    this machine); the jobs find the cluster through ``SLURM_CONF`` (``--export=ALL``)."""
-    monkeypatch.setenv("SLURM_CONF", str(cluster.conf))
-    shared = tmp_path / "shared"
-    shared.mkdir()
-    yield SlurmHost("slurm", Settings(shared_dir=shared, mem_mb=100), Slurm())
-    cluster.cancel_all()
 
 
 class TestSlurmHost(HostConformance):
@@ -45,3 +32,4 @@ def test_poll_asks_the_queue_once_for_every_attempt(slurm_host: SlurmHost, tmp_p
     assert slurm_host.slurm.calls["squeue"] == before + 1
     assert [got[r.attempt_id]["exit_code"] for r in refs] == [0, 1, 2], got
     assert all(got[r.attempt_id]["job_id"] == r.pid for r in refs), got
+

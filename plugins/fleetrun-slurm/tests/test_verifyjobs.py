@@ -7,9 +7,11 @@ from __future__ import annotations
 
 import json
 import re
+import time
 from pathlib import Path
 from typing import Any
 
+from fleetrun_slurm.host import SlurmHost
 from test_slurm import PLUGIN, Run, attempts, queue, wait_for
 
 ON_NODE = 'echo "verified on $SLURMD_NODENAME in job $SLURM_JOB_ID"'
@@ -250,3 +252,40 @@ def test_the_plugin_installed_but_not_configured_runs_no_verifier(fleeter: Any) 
     r = fleeter.run("validate", "tasks.toml", plugins=[fleetrun_slurm, Probe()])
     assert r.ret == 0, r.stdout + r.stderr
     assert any(m.startswith("fleetrun_slurm") for m in seen[-1]), seen
+
+
+def test_a_verifier_job_submitted_but_not_recorded_is_adopted_by_its_name(slurm_host: SlurmHost,
+                                                                          tmp_path: Path) -> None:
+    """The supervisor killed between ``sbatch`` and the job's record: the next one finds
+    the job by its name in the queue and follows it, and submits no second job."""
+    from types import SimpleNamespace
+
+    from fleetrun_slurm.verifyjob import VerifyJob, verify_job
+
+    import fleetrun
+
+    gate = tmp_path / "gate"
+    step = fleetrun.VerifySpec(kind="run", text=f"while [ ! -e {gate} ]; do sleep 0.05; done; echo checked")
+    task = SimpleNamespace(id="task_v1", name="v", spec=SimpleNamespace(verify=[step], extra={}, requires=[]))
+    attempt = SimpleNamespace(id="task_v1_0_a1", number=1)
+    workspace = fleetrun.Workspace(path=str(tmp_path))
+    config = SimpleNamespace(setting=lambda table, key, default=None: default)
+    first = verify_job(slurm_host, task, step, workspace, attempt, config)
+    assert isinstance(first, VerifyJob)
+    vdir = slurm_host.attempt_dir(attempt.id) / "verify-1"
+    (vdir / "slurm_job.json").unlink()  # the record a crash cut off
+    submitted = slurm_host.slurm.calls["sbatch"]
+    slurm_host.slurm.forget()
+    again = verify_job(slurm_host, task, step, workspace, attempt, config)
+    assert isinstance(again, VerifyJob) and again.job_id == first.job_id
+    assert slurm_host.slurm.calls["sbatch"] == submitted
+    gate.touch()
+    deadline = time.monotonic() + 120
+    while (verdict := again.poll()) is None:
+        assert time.monotonic() < deadline, "the adopted job never ended"
+        time.sleep(0.05)
+    assert verdict.passed and verdict.output == "checked\n" and verdict.host == "slurm"
+    # its verdict taken, the step runs afresh the next time (a re-verify), never adopted again
+    third = verify_job(slurm_host, task, step, workspace, attempt, config)
+    assert isinstance(third, VerifyJob) and third.job_id != first.job_id
+    third.cancel()
