@@ -21,6 +21,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import sys
 import time
 from dataclasses import dataclass, field
@@ -38,6 +39,11 @@ CANCEL = "cancel"
 START_LOCK = "start.lock"
 JOB_FILE = "slurm_job.json"
 SCRIPT = "job.sh"
+#: a step's folder in the attempt folder, and the job of the step (a ``run`` verifier or
+#: setup command: :mod:`fleetrun_slurm.verifyjob`) is ``fleetrun-<attempt id>-<step>``
+STEP = re.compile(r"(verify|setup)-[0-9]{1,5}")
+#: in a step's folder: its result was given to the loop (or it was cancelled)
+TAKEN = "taken"
 STATES = ("starting", "running", "ended")
 REASONS = ("exited", "timeout", "stalled", "cancelled", "stopped", "start_failed", "malformed_status")
 MAX_STATUS_BYTES = 1 << 20
@@ -313,12 +319,33 @@ class SlurmHost:
         adir = self.attempt_dir(attempt_id)
         if adir.exists():
             touch(adir / CANCEL)
+        steps = self.cancel_steps(attempt_id)
         job, _ = self.find_job(attempt_id, pid)
         if job is None:
-            return False
+            return steps
         if job.state in PENDING_STATES:
             return self.slurm.cancel(job.name, job.job_id) is None
         return self.slurm.cancel(job.name, job.job_id, signal="TERM") is None
+
+    def cancel_steps(self, attempt_id: str) -> bool:
+        """Cancel the jobs of the attempt's verifiers and setup commands still in the
+        queue (a task cancelled while no supervisor follows them: nothing of it may run
+        on), each marked taken so that no restart adopts it. :return: whether there
+        were any."""
+        queue = self.slurm.queue()
+        if isinstance(queue, SlurmError):
+            return False
+        prefix = job_name(attempt_id) + "-"
+        found = False
+        for name, job in queue.items():
+            step = name[len(prefix):] if name.startswith(prefix) else ""
+            if not STEP.fullmatch(step):
+                continue
+            sdir = self.attempt_dir(attempt_id) / step
+            if sdir.is_dir():
+                touch(sdir / TAKEN)
+            found = self.slurm.cancel(name, job.job_id) is None or found
+        return found
 
     def give_up(self, attempt_id: str) -> dict[str, Any]:
         """Decide, under the shepherd's start lock, that the attempt never started: a

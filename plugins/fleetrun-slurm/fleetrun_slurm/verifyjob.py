@@ -40,14 +40,13 @@ from typing import Any, Optional, Union
 
 import fleetrun
 
-from .host import JOB_FILE, SlurmHost, read_job, shell_quote, touch, write_file
+from .host import JOB_FILE, TAKEN, SlurmHost, read_job, shell_quote, touch, write_file
 from .slurmcli import PREFIX, SlurmError
 
 SCRIPT = "job.sh"
 OUT = "out"
 RC = "rc"
 STARTED = "started"
-TAKEN = "taken"
 SLURM_OUT = "slurm.out"
 #: how often the handle looks for the job's ``rc`` (a file on the shared folder: cheap),
 #: and how often at most it asks the queue whether the job is still there (the pass's

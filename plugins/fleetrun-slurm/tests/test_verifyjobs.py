@@ -289,3 +289,25 @@ def test_a_verifier_job_submitted_but_not_recorded_is_adopted_by_its_name(slurm_
     third = verify_job(slurm_host, task, step, workspace, attempt, config)
     assert isinstance(third, VerifyJob) and third.job_id != first.job_id
     third.cancel()
+
+
+def test_cancel_with_no_supervisor_ends_the_verifiers_job(slurm_fleeter: Any, fake_claude: Any) -> None:
+    """The supervisor gone (SIGKILL) while the verifier's job runs: ``fleetrun cancel``
+    alone cancels that job too, as it stops a running attempt."""
+    f = slurm_fleeter
+    started, gate = gated_verifier(f, fake_claude)
+    run = Run(f, "tasks.toml")
+    try:
+        wait_for(started.exists, "the verifier to start in its job")
+        (att,) = attempts(f, "t1")
+        run.proc.kill()
+        run.kill()
+        assert f"fleetrun-{att.id}-verify-1" in queue(f)
+        c = f.runsub("cancel", "t1", *PLUGIN)
+        assert c.ret == 0, c.stdout + c.stderr
+        wait_for(lambda: "fleetrun-" not in queue(f), "the verifier's job to leave the queue")
+    finally:
+        gate.touch()
+        run.kill()
+    assert f.states() == {"t1": "CANCELLED"}
+    assert (f.shared / "attempts" / att.id / "verify-1" / "taken").exists()
