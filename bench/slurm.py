@@ -15,7 +15,9 @@ munged, slurmctld, three slurmd in UTS namespaces on loopback; needs root and De
   ``sbatch`` (``slurm_job.json``'s ``submitted``) to the agent's start in its job (the
   shepherd's ``agent_started``); *end -> DONE*: from the shepherd's ``ended`` to the
   task's DONE in the ledger (the end noticed by the next ``squeue`` pass or the
-  shepherd's wake-up, the work collected, the verifier run, the handoff); *end ->
+  shepherd's wake-up, the work collected, the verifier run as a job of its own, the
+  handoff), and of that the verifier job's *submit -> running* (from its ``sbatch`` to
+  its script's start) and *end -> DONE* (from its script's end); *end ->
   VERIFYING*: the same to the RUNNING -> VERIFYING transition (how soon the end is
   known).
 
@@ -78,7 +80,8 @@ def sbatch_alone(c: Cluster, work: Path, n: int) -> tuple[list[float], list[floa
     return starts, ends
 
 
-def with_fleetrun(c: Cluster, work: Path, n: int) -> tuple[list[float], list[float], list[float], float]:
+def with_fleetrun(c: Cluster, work: Path, n: int) -> tuple[list[float], list[float], list[float], float,
+                                                          list[float], list[float]]:
     home, repo, shared = work / "home", work / "repo", work / "shared"
     for d in (home, repo, shared):
         d.mkdir(parents=True)
@@ -104,7 +107,7 @@ def with_fleetrun(c: Cluster, work: Path, n: int) -> tuple[list[float], list[flo
         trans = conn.execute("SELECT task_id, to_state, time FROM transitions ORDER BY id").fetchall()
     finally:
         conn.close()
-    starts, done, verifying = [], [], []
+    starts, done, verifying, vstarts, vdone = [], [], [], [], []
     for aid, tid in atts:
         adir = shared / "attempts" / aid
         st = json.loads((adir / "status.json").read_text())
@@ -113,7 +116,12 @@ def with_fleetrun(c: Cluster, work: Path, n: int) -> tuple[list[float], list[flo
         at = {to: tm for task, to, tm in trans if task == tid}
         done.append(at["DONE"] - st["ended"])
         verifying.append(at["VERIFYING"] - st["ended"])
-    return starts, done, verifying, wall
+        # the run verifier, a job of its own: its submit -> start, and its end -> DONE
+        vdir = adir / "verify-1"
+        vjob = json.loads((vdir / "slurm_job.json").read_text())
+        vstarts.append(float((vdir / "started").read_text()) - vjob["submitted"])
+        vdone.append(at["DONE"] - float((vdir / "rc").read_text().split()[1]))
+    return starts, done, verifying, wall, vstarts, vdone
 
 
 def ms(xs: list[float]) -> str:
@@ -143,6 +151,8 @@ def main() -> int:
             f_start: list[float] = []
             f_done: list[float] = []
             f_ver: list[float] = []
+            v_start: list[float] = []
+            v_done: list[float] = []
             walls = []
             for k in range(args.repeat):
                 # interleaved, each first in turn: the cluster's own state (its scheduler's
@@ -153,7 +163,9 @@ def main() -> int:
                         a_start += s
                         a_end += e
                     else:
-                        s, d, v, wall = with_fleetrun(c, Path(tmp) / f"fleet{k}", args.tasks)
+                        s, d, v, wall, vs, vd = with_fleetrun(c, Path(tmp) / f"fleet{k}", args.tasks)
+                        v_start += vs
+                        v_done += vd
                         f_start += s
                         f_done += d
                         f_ver += v
@@ -163,7 +175,9 @@ def main() -> int:
             print(f"fleetrun-slurm submit -> RUNNING    {ms(f_start)}   (agent started in its job)")
             print(f"sbatch alone   end -> gone          {ms(a_end)}   (out of squeue)")
             print(f"fleetrun-slurm end -> VERIFYING     {ms(f_ver)}")
-            print(f"fleetrun-slurm end -> DONE          {ms(f_done)}   (collect, run = \"true\", handoff)")
+            print(f"fleetrun-slurm end -> DONE          {ms(f_done)}   (collect, run = \"true\" as a job, handoff)")
+            print(f"  verifier job   submit -> running    {ms(v_start)}")
+            print(f"  verifier job   end -> DONE          {ms(v_done)}")
             print(f"fleetrun run wall time, {args.tasks} tasks: {statistics.median(walls):.2f} s (median)")
         finally:
             c.stop()

@@ -14,13 +14,15 @@ TYPE_CHECKING = False  # not typing's: ``import fleetrun`` must not cost typing'
 if TYPE_CHECKING:
     from typing import Any
 
-    from .config import Config, ConfigKey
+    from .capped import cut_note, read_cut
+    from .commandword import not_found_error
+    from .config import Config, ConfigKey, output_cap
     from .exceptions import ExitCode, UsageError, UsageErrors
     from .hostapi import AttemptRef, Host, StartRefused, poll_statuses
     from .ledger import open_ledger
     from .ledgerstats import LedgerCounts, ledger_counts
     from .links import add_link, add_note, check_url, task_links
-    from .procutil import ProcessHandle, task_env
+    from .procutil import CAPPED_PATH, ProcessHandle, tail_text, task_env
     from .reports import (
         AgentResult,
         Cancellable,
@@ -45,13 +47,15 @@ if TYPE_CHECKING:
 #: (PEP 562), so ``import fleetrun`` — which every ``fleetrun`` command and a role
 #: session's Stop hook pay first — costs the markers (pluggy) and the hook specs alone.
 _LAZY: dict[str, str] = {
-    "Config": "config", "ConfigKey": "config",
+    "cut_note": "capped", "read_cut": "capped",
+    "not_found_error": "commandword",
+    "Config": "config", "ConfigKey": "config", "output_cap": "config",
     "ExitCode": "exceptions", "UsageError": "exceptions", "UsageErrors": "exceptions",
     "AttemptRef": "hostapi", "Host": "hostapi", "StartRefused": "hostapi", "poll_statuses": "hostapi",
     "LedgerCounts": "ledgerstats", "ledger_counts": "ledgerstats",
     "open_ledger": "ledger",
     "add_link": "links", "add_note": "links", "check_url": "links", "task_links": "links",
-    "ProcessHandle": "procutil", "task_env": "procutil",
+    "CAPPED_PATH": "procutil", "ProcessHandle": "procutil", "tail_text": "procutil", "task_env": "procutil",
     "AgentResult": "reports", "Cancellable": "reports", "Candidate": "reports", "Handoff": "reports",
     "HasDeadline": "reports", "Placement": "reports", "Selectable": "reports", "SpawnSpec": "reports",
     "Started": "reports", "Verdict": "reports", "VerifyHandle": "reports", "Wait": "reports",
@@ -91,6 +95,7 @@ def main(args: list[str] | None = None, plugins: list[object] | None = None) -> 
 
 
 __all__ = [
+    "CAPPED_PATH",
     "AgentResult",
     "AttemptRef",
     "Cancellable",
@@ -125,12 +130,17 @@ __all__ = [
     "add_link",
     "add_note",
     "check_url",
+    "cut_note",
     "hookimpl",
     "hookspec",
     "ledger_counts",
     "main",
+    "not_found_error",
     "open_ledger",
+    "output_cap",
     "poll_statuses",
+    "read_cut",
+    "tail_text",
     "task_env",
     "task_links",
 ]

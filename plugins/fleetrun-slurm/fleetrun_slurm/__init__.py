@@ -128,6 +128,41 @@ def fleetrun_start_attempt(task: Any, attempt: Any, host: Any, spawn: Any, promp
         host.tasks[attempt.id] = task
 
 
+#: the name :class:`VerifyJobs` is registered under
+VERIFY_JOBS = "slurm-verify"
+
+
+class VerifyJobs:
+    """Runs the ``run`` verifiers (and setup commands) of an attempt on the cluster as
+    jobs. Registered by :func:`fleetrun_configure` only when ``[slurm]`` is there: the
+    plugin installed and not configured implements no ``fleetrun_verify``, so the relay
+    still starts a peer's first ``run`` verifier with its collect (it does so only when
+    no third-party plugin could answer for it)."""
+
+    @hookimpl
+    def fleetrun_verify(self, task: Any, verifier: Any, workspace: Any, attempt: Any, host: Any,
+                        config: Any) -> Any:
+        """A ``run`` step of an attempt on the cluster runs there, as a job
+        (:mod:`fleetrun_slurm.verifyjob`). ``brain`` and ``agent`` verifiers are left to
+        their plugins, on this machine (the worktree is on the shared filesystem, mounted
+        here too), and so is a ``run`` verifier with ``junit``: its per-test verdict
+        against the base is ``verify_run``'s, here."""
+        if not isinstance(host, SlurmHost) or verifier.kind != "run":
+            return None
+        extra = verifier.extra if isinstance(verifier.extra, dict) else {}
+        if isinstance(extra.get("junit"), str) and "setup" not in extra:
+            return None
+        from .verifyjob import verify_job
+
+        return verify_job(host, task, verifier, workspace, attempt, config)
+
+
+@hookimpl
+def fleetrun_configure(config: Any) -> None:
+    if settings(config) is not None and config.pluginmanager.get_plugin(VERIFY_JOBS) is None:
+        config.pluginmanager.register(VerifyJobs(), VERIFY_JOBS)
+
+
 @hookimpl
 def fleetrun_loop_pass(config: Any, duration_s: float) -> None:
     slurm = config.stash.get(SLURM, None)

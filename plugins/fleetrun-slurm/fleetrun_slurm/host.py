@@ -21,15 +21,16 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import sys
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Optional
+from typing import Any, Optional, Sequence
 
 import fleetrun
 
-from .slurmcli import PENDING_STATES, PREFIX, Job, Slurm, SlurmError
+from .slurmcli import PENDING_STATES, PREFIX, Answer, Job, Slurm, SlurmError
 
 STATUS = "status.json"
 SPEC = "spec.json"
@@ -38,6 +39,11 @@ CANCEL = "cancel"
 START_LOCK = "start.lock"
 JOB_FILE = "slurm_job.json"
 SCRIPT = "job.sh"
+#: a step's folder in the attempt folder, and the job of the step (a ``run`` verifier or
+#: setup command: :mod:`fleetrun_slurm.verifyjob`) is ``fleetrun-<attempt id>-<step>``
+STEP = re.compile(r"(verify|setup)-[0-9]{1,5}")
+#: in a step's folder: its result was given to the loop (or it was cancelled)
+TAKEN = "taken"
 STATES = ("starting", "running", "ended")
 REASONS = ("exited", "timeout", "stalled", "cancelled", "stopped", "start_failed", "malformed_status")
 MAX_STATUS_BYTES = 1 << 20
@@ -119,7 +125,7 @@ def read_job(adir: Path) -> Optional[dict[str, Any]]:
     return data
 
 
-def _write(path: Path, text: str) -> None:
+def write_file(path: Path, text: str) -> None:
     """Write a file whole (temp file + rename), readable by us alone."""
     tmp = path.with_name(f"{path.name}.{os.getpid()}.tmp")
     fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
@@ -128,7 +134,7 @@ def _write(path: Path, text: str) -> None:
     os.replace(tmp, path)
 
 
-def _touch(path: Path) -> None:
+def touch(path: Path) -> None:
     os.close(os.open(path, os.O_WRONLY | os.O_CREAT, 0o600))
 
 
@@ -166,16 +172,22 @@ class SlurmHost:
 
     def sbatch_argv(self, attempt_id: str, task: Any) -> list[str]:
         """sbatch's options for an attempt (the script last)."""
+        adir = self.attempt_dir(attempt_id)
+        extra = dict(getattr(getattr(task, "spec", None), "extra", None) or {})
+        t = extra.get("slurm_time", self.settings.time)
+        return [f"--job-name={job_name(attempt_id)}", "--no-requeue", f"--output={adir / 'slurm.out'}",
+                f"--chdir={adir}", *([f"--time={t}"] if t else []), *self.resources(task), str(adir / SCRIPT)]
+
+    def resources(self, task: Any) -> list[str]:
+        """What a job of ``task`` asks for and where it may run, an attempt's or a
+        verifier's: its memory and CPUs, ``--partition``/``--account``/``--qos``, its
+        ``requires`` as ``--constraint`` and ``--gres``, the node of a per-node host,
+        ``sbatch_options``; and ``--export=ALL``."""
         s = self.settings
         extra = dict(getattr(getattr(task, "spec", None), "extra", None) or {})
         requires = list(getattr(getattr(task, "spec", None), "requires", None) or [])
-        adir = self.attempt_dir(attempt_id)
-        argv = [f"--job-name={job_name(attempt_id)}", "--no-requeue", f"--output={adir / 'slurm.out'}",
-                f"--chdir={adir}", f"--mem={extra.get('slurm_mem_mb', s.mem_mb)}M",
-                f"--cpus-per-task={extra.get('slurm_cpus', s.cpus)}", "--export=ALL"]
-        t = extra.get("slurm_time", s.time)
-        if t:
-            argv.append(f"--time={t}")
+        argv = [f"--mem={extra.get('slurm_mem_mb', s.mem_mb)}M", f"--cpus-per-task={extra.get('slurm_cpus', s.cpus)}",
+                "--export=ALL"]
         for opt, value in (("partition", s.partition), ("account", s.account), ("qos", s.qos)):
             if value:
                 argv.append(f"--{opt}={value}")
@@ -186,7 +198,7 @@ class SlurmHost:
             argv.append("--gres=gpu:1")
         if self.node:
             argv.append(f"--nodelist={self.node}")
-        return [*argv, *s.sbatch_options, str(adir / SCRIPT)]
+        return [*argv, *s.sbatch_options]
 
     def start(self, attempt_id: str, spec: dict[str, Any], prompt: Optional[str] = None) -> fleetrun.Started:
         """Submit the attempt as a job and return at once (it may wait in the queue).
@@ -198,15 +210,15 @@ class SlurmHost:
         adir.mkdir(parents=True, exist_ok=True, mode=0o700)
         spec = dict(spec, attempt_id=attempt_id)
         if prompt is not None:
-            _write(adir / "prompt", prompt)
+            write_file(adir / "prompt", prompt)
             if spec.get("stdin") == "prompt":
                 spec["stdin_file"] = str(adir / "prompt")
-        _write(adir / SPEC, json.dumps(spec))
+        write_file(adir / SPEC, json.dumps(spec))
         # the shepherd in the foreground: the job lasts as long as it does. Its command
         # line, not its module: the node runs the same install from the shared folder
-        _write(adir / SCRIPT, "#!/bin/sh\n"
+        write_file(adir / SCRIPT, "#!/bin/sh\n"
                'echo "fleetrun-slurm: job $SLURM_JOB_ID on $SLURMD_NODENAME"\n'
-               f"exec {_quote(sys.executable)} -m fleetrun.shepherd {_quote(str(adir))}\n")
+               f"exec {shell_quote(sys.executable)} -m fleetrun.shepherd {shell_quote(str(adir))}\n")
         os.chmod(adir / SCRIPT, 0o700)
         task = self.tasks.pop(attempt_id, None)
         name = job_name(attempt_id)
@@ -218,16 +230,19 @@ class SlurmHost:
                 # it may have been queued all the same: status looks it up by its name
                 return fleetrun.Started(pid=None, token=None, dir=str(adir), info={"error": str(e)})
             raise fleetrun.StartRefused(f"sbatch: {e}") from None
-        _write(adir / JOB_FILE, json.dumps({"job_id": job_id, "name": name, "submitted": submitted}))
+        write_file(adir / JOB_FILE, json.dumps({"job_id": job_id, "name": name, "submitted": submitted}))
         return fleetrun.Started(pid=job_id, token=token(job_id), dir=str(adir), info={"job_id": job_id})
 
     # -- status ---------------------------------------------------------------------
 
-    def find_job(self, attempt_id: str, pid: Optional[int]) -> tuple[Optional[Job], Optional[str]]:
-        """The attempt's job in this pass's queue: (job or None, None), or (None, why)
-        when the controller does not answer. Believed only when its name is the
-        attempt's and its id the recorded one (when one is recorded)."""
-        queue = self.slurm.queue()
+    def find_job(self, attempt_id: str, pid: Optional[int],
+                 queue: Optional[Answer] = None) -> tuple[Optional[Job], Optional[str]]:
+        """The attempt's job in this pass's queue (``queue``: an answer already asked
+        for): (job or None, None), or (None, why) when the controller does not answer.
+        Believed only when its name is the attempt's and its id the recorded one (when
+        one is recorded)."""
+        if queue is None:
+            queue = self.slurm.queue()
         if isinstance(queue, SlurmError):
             return None, f"the Slurm controller does not answer: {queue}"
         job = queue.get(job_name(attempt_id))
@@ -239,12 +254,22 @@ class SlurmHost:
             return None, None  # a job of that name that is not this attempt's
         return job, None
 
+    def poll(self, attempts: Sequence[fleetrun.AttemptRef]) -> dict[str, dict[str, Any]]:
+        """Every one of ``attempts``' status at once: one ``squeue`` for all of
+        fleetrun's jobs (this pass's answer, shared with :meth:`candidate` and every
+        host of the cluster), plus each attempt's ``status.json`` on the shared folder."""
+        queue = self.slurm.queue()
+        return {a.attempt_id: self._status(a.attempt_id, a.pid, queue) for a in attempts}
+
     def status(self, attempt_id: str, pid: Optional[int], token_: Optional[str]) -> dict[str, Any]:
+        return self._status(attempt_id, pid, None)
+
+    def _status(self, attempt_id: str, pid: Optional[int], queue: Optional[Answer]) -> dict[str, Any]:
         adir = self.attempt_dir(attempt_id)
         st, bad = read_status(adir)
         if st.get("state") == "ended":
             return self._ours(st, adir, pid)
-        job, unreachable = self.find_job(attempt_id, pid)
+        job, unreachable = self.find_job(attempt_id, pid, queue)
         if unreachable is not None:
             return {"state": "unreachable", "error": unreachable}
         if job is not None:
@@ -260,7 +285,9 @@ class SlurmHost:
             return self._ours(st, adir, pid)
         recorded = read_job(adir)
         if recorded is None and pid is None:
-            return {}  # nothing was submitted (adoption gives it up under the start lock)
+            # nothing was submitted, or sbatch's answer was lost and the queue has no job
+            # of its name: nothing of it runs (adoption gives it up under the start lock)
+            return {"state": "died", "error": "no Slurm job was submitted for it"}
         if bad is not None:
             return self._ours({"state": "ended", "reason": "malformed_status", "exit_code": None,
                                "error": f"malformed status.json: {bad}"}, adir, pid)
@@ -291,13 +318,34 @@ class SlurmHost:
         could record a plain exit instead of the stop. Safe to repeat."""
         adir = self.attempt_dir(attempt_id)
         if adir.exists():
-            _touch(adir / CANCEL)
+            touch(adir / CANCEL)
+        steps = self.cancel_steps(attempt_id)
         job, _ = self.find_job(attempt_id, pid)
         if job is None:
-            return False
+            return steps
         if job.state in PENDING_STATES:
             return self.slurm.cancel(job.name, job.job_id) is None
         return self.slurm.cancel(job.name, job.job_id, signal="TERM") is None
+
+    def cancel_steps(self, attempt_id: str) -> bool:
+        """Cancel the jobs of the attempt's verifiers and setup commands still in the
+        queue (a task cancelled while no supervisor follows them: nothing of it may run
+        on), each marked taken so that no restart adopts it. :return: whether there
+        were any."""
+        queue = self.slurm.queue()
+        if isinstance(queue, SlurmError):
+            return False
+        prefix = job_name(attempt_id) + "-"
+        found = False
+        for name, job in queue.items():
+            step = name[len(prefix):] if name.startswith(prefix) else ""
+            if not STEP.fullmatch(step):
+                continue
+            sdir = self.attempt_dir(attempt_id) / step
+            if sdir.is_dir():
+                touch(sdir / TAKEN)
+            found = self.slurm.cancel(name, job.job_id) is None or found
+        return found
 
     def give_up(self, attempt_id: str) -> dict[str, Any]:
         """Decide, under the shepherd's start lock, that the attempt never started: a
@@ -313,7 +361,7 @@ class SlurmHost:
             st, _ = read_status(adir)
             if st:
                 return self._ours(st, adir, None)
-            _touch(adir / CANCEL)
+            touch(adir / CANCEL)
         finally:
             os.close(fd)
         self.slurm.cancel(job_name(attempt_id))
@@ -354,5 +402,5 @@ def token(job_id: int) -> str:
     return f"slurm:{job_id}"
 
 
-def _quote(s: str) -> str:
+def shell_quote(s: str) -> str:
     return "'" + s.replace("'", "'\\''") + "'"

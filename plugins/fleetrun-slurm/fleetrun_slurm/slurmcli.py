@@ -222,12 +222,13 @@ class Slurm:
         self._nodes = (now, answer)
         return answer
 
-    def submit(self, argv: list[str]) -> int:
-        """``sbatch --parsable ARGV``; :return: the job id. :raises SlurmError: refused
-        (Slurm's reason), or an answer that is no job id."""
+    def submit(self, argv: list[str], env: Optional[dict[str, str]] = None) -> int:
+        """``sbatch --parsable ARGV`` (in ``env``: what ``--export=ALL`` hands the job;
+        None: ours); :return: the job id. :raises SlurmError: refused (Slurm's reason),
+        or an answer that is no job id."""
         self.calls["sbatch"] += 1
         try:
-            out = run([self.cmd("sbatch"), "--parsable", *argv])
+            out = run([self.cmd("sbatch"), "--parsable", *argv], env=env)
         finally:
             self.forget()
         job_id = parse_submitted(out)

@@ -7,7 +7,8 @@ own). ``fleeter`` and ``fake_claude`` come from :mod:`fleetrun.fleeter`.
 ``cluster`` is one test cluster for the session (:mod:`slurmcluster`: munged,
 slurmctld, three slurmd), stopped by pid at the end; ``slurm_fleeter`` is a fleeter
 whose home has a ``[slurm]`` table on it and no room on this machine (``[local]
-max_tasks = 0``), so every task goes to the cluster.
+max_tasks = 0``), so every task goes to the cluster; ``slurm_host`` is the cluster as a
+:class:`~fleetrun_slurm.host.SlurmHost`, for tests of the host itself.
 """
 
 from __future__ import annotations
@@ -27,6 +28,8 @@ TESTS = str(Path(__file__).resolve().parent)
 if TESTS not in sys.path:
     sys.path.append(TESTS)
 
+from fleetrun_slurm.host import Settings, SlurmHost  # noqa: E402
+from fleetrun_slurm.slurmcli import Slurm  # noqa: E402
 from slurmcluster import Cluster, need_cluster  # noqa: E402
 
 
@@ -60,4 +63,15 @@ def slurm_fleeter(fleeter: Any, fake_claude: Any, cluster: Cluster, monkeypatch:
     fleeter.shared = shared
     fleeter.cluster = cluster
     yield fleeter
+    cluster.cancel_all()
+
+
+@pytest.fixture
+def slurm_host(cluster: Cluster, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Iterator[SlurmHost]:
+    """The cluster as a host, its shared folder this test's tmp folder (every node is
+    this machine); the jobs find the cluster through ``SLURM_CONF`` (``--export=ALL``)."""
+    monkeypatch.setenv("SLURM_CONF", str(cluster.conf))
+    shared = tmp_path / "shared"
+    shared.mkdir()
+    yield SlurmHost("slurm", Settings(shared_dir=shared, mem_mb=100), Slurm())
     cluster.cancel_all()

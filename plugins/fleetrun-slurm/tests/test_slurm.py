@@ -192,6 +192,12 @@ def test_the_worked_example_runs_on_the_cluster_with_the_installed_plugin(slurm_
     assert hosts == {"slurm"}, r.stdout
     assert len(attempts(f, "fix-it")) == 2
     r.fnmatch_lines(["*fix-it RETRYING*", "*fix-it DONE (attempt 2)*"])
+    # every attempt and every run verifier ran as a job on a node Slurm chose
+    for name in f.states():
+        for a in attempts(f, name):
+            assert node_of(f, a.id) in ("n1", "n2", "n3")
+            said = (f.shared / "attempts" / a.id / "verify-1" / "slurm.out").read_text()
+            assert re.search(r"fleetrun-slurm: verifier job \d+ on n[123]", said), said
 
 
 def test_a_dependency_merged_with_base_dependencies_runs_on_the_cluster(slurm_fleeter: Any,

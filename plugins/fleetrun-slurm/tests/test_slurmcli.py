@@ -10,6 +10,7 @@ from pathlib import Path
 import pytest
 from fleetrun_slurm.host import read_job, read_status
 from fleetrun_slurm.slurmcli import Slurm, parse_nodes, parse_squeue, parse_submitted
+from fleetrun_slurm.verifyjob import read_rc, read_started
 
 
 def test_squeue_lines_of_another_shape_or_another_name_are_skipped() -> None:
@@ -76,3 +77,24 @@ def test_a_missing_command_is_an_unreachable_answer_not_an_exception(tmp_path: P
     assert s.queue() is err  # one answer per pass
     s.forget()
     assert s.queue() is not err
+
+
+@pytest.mark.parametrize("raw", [b"", b"abc 12", b"0 12 13", b"256 12", b"-1 12", b"0 x", b"0 " + b"9" * 20, b"0 1.", b"0 1.2.3", b"0 nan", b"0 1e9",
+                                 b"\xff\xfe 1", b"cannot"])
+def test_a_verifier_jobs_result_of_the_wrong_shape_is_no_result(tmp_path: Path, raw: bytes) -> None:
+    """``rc`` and ``started`` are in a folder the verifier's command could write to: a
+    result not of the job script's shape is none (the job, gone, could not judge)."""
+    (tmp_path / "rc").write_bytes(raw)
+    (tmp_path / "started").write_bytes(raw)
+    assert read_rc(tmp_path) is None and read_started(tmp_path) is None
+
+
+def test_a_verifier_jobs_result_is_read() -> None:
+    import tempfile
+
+    with tempfile.TemporaryDirectory() as d:
+        (Path(d) / "rc").write_text("127 1700000010.250000000\n")
+        (Path(d) / "started").write_text("1700000000\n")
+        assert read_rc(Path(d)) == (127, 1700000010.25) and read_started(Path(d)) == 1700000000.0
+        (Path(d) / "rc").write_text("cannot 1700000010\n")
+        assert read_rc(Path(d)) == ("cannot", 1700000010.0)
