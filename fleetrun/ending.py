@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import time
 from dataclasses import dataclass
+from functools import partial
 from typing import Any, Optional
 
 from . import clock
@@ -110,7 +111,8 @@ class Ending:
             loop.move(task, State.RUNNING, "adopted", attempt=att.number)
             task = loop.get(task.id)
         if record:  # reported once, by the loop that recorded it
-            loop.hook.fleetrun_attempt_ended(task=task, attempt=att, result=res, config=loop.config)
+            loop.report(task.id, partial(loop.hook.fleetrun_attempt_ended, task=task, attempt=att, result=res,
+                                         config=loop.config))
         waits = loop.waits
         decision = decide_end(Ended(
             status=st, result=res, task_state=task.state, kind=att.kind, host=att.host, resumes=task.resumes,
@@ -188,7 +190,8 @@ class Ending:
         loop = self.loop
         if decision.pause is not None:
             loop.waits.pause_host(att.host, decision.pause)
-            loop.hook.fleetrun_host_paused(host=att.host, until=decision.pause[0], reason=decision.cause, config=loop.config)
+            loop.report(task.id, partial(loop.hook.fleetrun_host_paused, host=att.host, until=decision.pause[0],
+                                         reason=decision.cause, config=loop.config))
         if decision.backoff is not None:
             loop.waits.back_off(task.id, att.host, decision.backoff)
         now = loop.move(task, decision.to, decision.cause, attempt=att.number, **decision.fields)
