@@ -51,7 +51,9 @@ def commits(monkeypatch: pytest.MonkeyPatch) -> Commits:
     return seen
 
 
-def test_a_trivial_task_costs_at_most_eight_commits(fleeter: Fleeter, fake_claude: Any, commits: Commits) -> None:
+def test_a_trivial_task_costs_at_most_eight_commits(fleeter: Fleeter, fake_claude: Any, commits: Commits,
+                                                    monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setattr(ledger_schema.LedgerFile, "BATCH_HOLD_S", 1e9, raising=False)  # a timing: not here
     fleeter.make_repo()
     fleeter.write_tasks("\n".join(f'''
         [[task]]
@@ -68,10 +70,12 @@ def test_a_trivial_task_costs_at_most_eight_commits(fleeter: Fleeter, fake_claud
     r = fleeter.run("tasks.toml", "--max-tasks", "2")
     assert r.ret == 0, r.stdout + r.stderr
     per_task = (commits.n - queued) / N
-    # lease, starting (+ the workspace), RUNNING (+ the shepherd's pid), ended,
-    # VERIFYING, the verdict, DONE (+ the attempt verified), the removal's note: 8, and
-    # the run's own (the queue) spread over the tasks; it was 11
-    assert per_task < 9, f"{per_task:.2f} commits a task"
+    # the durable points (the lease, starting + the workspace, DONE + the attempt
+    # verified before the removal) and the passes' commits that RUNNING, the end,
+    # VERIFYING, the verdict and the removal's note share with other tasks' writes:
+    # about 6.5 with two tasks at a time, and the run's own (the queue) spread over the
+    # tasks; it was 8 with one commit a write (11 before that)
+    assert per_task < 8, f"{per_task:.2f} commits a task"
     attempts = fleeter.ledger().attempts()
     assert [a.state for a in attempts] == ["verified"] * N
     assert all(a.shepherd_pid and a.started and a.workspace and a.dir for a in attempts)
