@@ -164,3 +164,51 @@ def test_a_pass_commits_once_plus_its_durable_points(fleeter: Fleeter, fake_clau
     busy = [m for _, m in seen.passes if len([s for s in m if s not in ("ASSIGNED", "RUNNING")]) >= 2]
     assert busy, f"no pass moved two tasks: {seen.passes}"  # what the test is about happened
     assert not over, "\n".join(over)
+
+
+class CommittedCheck:
+    """Reads, from a connection of its own (as another process would), whether each
+    reported transition is committed when ``fleetrun_transition`` hears of it."""
+
+    def __init__(self, db: Path) -> None:
+        self.db = db
+        self.seen = 0
+        self.missing: list[str] = []
+
+    def fleetrun_transition(self, task: Any, from_state: str, to_state: str, cause: str, attempt: Any,
+                            config: Any) -> None:
+        import sqlite3
+
+        conn = sqlite3.connect(f"file:{self.db}?mode=ro", uri=True)
+        try:
+            found = conn.execute("SELECT 1 FROM transitions WHERE task_id=? AND to_state=? AND cause=?",
+                                 (task.id, to_state, cause)).fetchone()
+        finally:
+            conn.close()
+        self.seen += 1
+        if found is None:
+            self.missing.append(f"{task.name} -> {to_state} ({cause})")
+
+
+def test_the_transition_hook_hears_only_of_committed_moves(fleeter: Fleeter, fake_claude: Any) -> None:
+    """ops.move's contract kept with one commit a pass: the hooks are told after it."""
+    fleeter.make_repo()
+    fleeter.write_tasks("\n".join(f'''
+        [[task]]
+        name = "t{i}"
+        cwd = "repo"
+        prompt = "Write out.txt."
+        git_ref = "main"
+        max_retries = 1
+          [[task.verify]]
+          run = "test -f out.txt"
+    ''' for i in range(3)))
+    # t0 fails its verifier once: RETRYING, then a second attempt
+    fake_claude.script(t0=[{"actions": []}, {"actions": [["write", "out.txt", "x"], ["commit", "add out"]]}],
+                       **{f"t{i}": [{"actions": [["write", "out.txt", "x"], ["commit", "add out"]]}]
+                          for i in (1, 2)})
+    check = CommittedCheck(fleeter.home / "state.db")
+    r = fleeter.run("tasks.toml", plugins=[check])
+    assert r.ret == 0, r.stdout + r.stderr
+    assert check.seen >= 3 * 5
+    assert not check.missing, check.missing
