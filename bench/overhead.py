@@ -124,7 +124,22 @@ def write_tasks(folder: Path, repo: Path, n: int, kind: str, script: Path) -> Pa
         ]
     path = folder / "tasks.toml"
     path.write_text("\n".join(lines))
+    # the supervisor's own CPU (its threads, not its children: shepherds, agents, git)
+    (folder / "fleetconf.py").write_text(SUPERVISOR_CPU.format(out=str(folder / "supervisor-cpu.txt")))
     return path
+
+
+#: A fleetconf.py that writes the supervisor's own CPU time as the command ends.
+SUPERVISOR_CPU = '''
+import resource
+import fleetrun
+
+@fleetrun.hookimpl
+def fleetrun_unconfigure(config):
+    ru = resource.getrusage(resource.RUSAGE_SELF)
+    with open({out!r}, "w") as f:
+        f.write(str(ru.ru_utime + ru.ru_stime))
+'''
 
 
 def run_fleetrun(work: Path, n: int, parallel: int, kind: str, script: Path,
@@ -149,7 +164,8 @@ def run_fleetrun(work: Path, n: int, parallel: int, kind: str, script: Path,
     if code != 0:
         tail = out.read_text(errors="replace")[-3000:]
         raise SystemExit(f"fleetrun exited {code} ({shlex.join(argv)}):\n{tail}")
-    result = {"wall": wall, "cpu": cpu, **fleetrun_phases(home)}
+    result = {"wall": wall, "cpu": cpu, "self_cpu": float((work / "supervisor-cpu.txt").read_text()),
+              **fleetrun_phases(home)}
     if fsyncs:
         result["fsyncs"] = strace_calls(trace)
     left = list((home / "worktrees").iterdir()) if (home / "worktrees").exists() else []
@@ -319,7 +335,8 @@ def main(argv: Optional[list[str]] = None) -> int:
             for name, fn, results in order:
                 res = fn(tmp / f"{name}-{r}", args.n, args.parallel, args.agent, script)
                 results.append(res)
-                print(f"  run {r + 1}: {name:<8} {res['wall']:7.2f}s wall, {res['cpu']:6.2f}s cpu", flush=True)
+                own = f", supervisor {res['self_cpu']:.2f}s" if "self_cpu" in res else ""
+                print(f"  run {r + 1}: {name:<8} {res['wall']:7.2f}s wall, {res['cpu']:6.2f}s cpu{own}", flush=True)
         if args.fsyncs:
             counts = [("fleetrun", run_fleetrun(tmp / "fsyncs", args.n, args.parallel, args.agent, script,
                                                 fsyncs=True)["fsyncs"])]
@@ -343,6 +360,11 @@ def main(argv: Optional[list[str]] = None) -> int:
     print(f"{'':10} {'wall (median)':>14} {'per task':>10} {'cpu (median)':>14} {'per task':>10}")
     print(f"{'baseline':10} {bw:13.2f}s {bw / args.n * 1000:8.1f}ms {bc:13.2f}s {bc / args.n * 1000:8.1f}ms")
     print(f"{'fleetrun':10} {fw:13.2f}s {fw / args.n * 1000:8.1f}ms {fc:13.2f}s {fc / args.n * 1000:8.1f}ms")
+    own = statistics.median(x["self_cpu"] for x in fleet)
+    print(f"{'':10} supervisor's own cpu (median) {own:.2f}s, {own / args.n * 1000:.1f}ms per task")
+    if before:
+        bo = statistics.median(x["self_cpu"] for x in before)
+        print(f"{'before':10} supervisor's own cpu (median) {bo:.2f}s, {bo / args.n * 1000:.1f}ms per task")
     if before:
         ow = statistics.median(x["wall"] for x in before)
         oc = statistics.median(x["cpu"] for x in before)
