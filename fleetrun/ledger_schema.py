@@ -1,7 +1,9 @@
 """The ledger's file: its private folder and mode, the connection's pragmas, the
 schema and its migrations, and the write transaction every change goes through.
 
-Durability: WAL with ``synchronous=FULL``. In WAL mode NORMAL survives a process
+Durability: WAL with ``synchronous=FULL``, so every commit is an fsync: the loop
+writes a whole pass in one transaction (:meth:`LedgerFile.batch`) and commits before an
+effect that needs its writes (:meth:`LedgerFile.durable`). In WAL mode NORMAL survives a process
 crash but can lose the last commits on power loss; a lost "attempt started" row is
 exactly what could make a task run twice after a reboot, and a transition costs
 well under a millisecond either way next to an agent session of minutes
@@ -400,6 +402,8 @@ class LedgerFile:
             if self.conn.in_transaction:
                 self.conn.execute(f"ROLLBACK TO {name}")
                 self.conn.execute(f"RELEASE {name}")
+            else:  # SQLite rolled the whole transaction back (a full disk, say): none of it is written
+                self._after.clear()
             raise
         else:
             cur.execute(f"RELEASE {name}")
