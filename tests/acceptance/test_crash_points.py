@@ -465,3 +465,33 @@ def test_crash_point(fleeter, fake_claude, tmp_path, point):
     bad = check_invariants(fleeter, fake_claude, expected, calls, root=tmp_path)
     bad += check_work_landed(fleeter)
     assert not bad, f"after a crash at {point}:\n" + "\n".join(bad)
+
+
+def test_a_verdict_that_cost_money_is_not_paid_for_twice_after_a_crash_in_its_pass(fleeter, fake_claude, tmp_path):
+    """A reviewer's verdict is committed before the next verifier starts (a durable point,
+    docs/durability.md): a crash as that verifier starts, in the same pass, does not lose
+    it, and the restart asks no reviewer again. A free verdict waits for its pass's
+    commit (a crash there runs its verifier again)."""
+    fleeter.make_repo()
+    fleeter.write_tasks('''
+        [[task]]
+        name = "t1"
+        cwd = "repo"
+        prompt = "Write out.txt."
+        git_ref = "main"
+          [[task.verify]]
+          agent = "Is out.txt there?"
+          [[task.verify]]
+          run = "test -f out.txt"
+    ''')
+    fake_claude.script(t1=[{"actions": [["write", "out.txt", "x"], ["commit", "out"]]}],
+                       **{"t1:review": [{"structured": {"verdict": "PASS", "reason": "there"}, "result": "PASS",
+                                         "cost": 0.25}] * 2})
+    # the reviewer is verifier 1's start (mid_verifier), the run verifier the second
+    r = fleeter.runsub("tasks.toml", env={"FLEETRUN_CRASH_AT": "mid_verifier@2"}, timeout=60)
+    assert r.ret == CRASH_EXIT, r.stdout + r.stderr
+    run_until_done(fleeter, {"t1": "DONE"})
+    assert len(fake_claude.review_calls("t1")) == 1
+    assert fleeter.task("t1").cost_usd >= 0.25
+    bad = check_invariants(fleeter, fake_claude, {"t1": "DONE"}, {"t1": 1}, root=tmp_path)
+    assert not bad, "\n".join(bad)
