@@ -495,3 +495,40 @@ def test_a_verdict_that_cost_money_is_not_paid_for_twice_after_a_crash_in_its_pa
     assert fleeter.task("t1").cost_usd >= 0.25
     bad = check_invariants(fleeter, fake_claude, {"t1": "DONE"}, {"t1": 1}, root=tmp_path)
     assert not bad, "\n".join(bad)
+
+
+def test_a_crash_as_a_done_tasks_worktree_is_removed_does_not_verify_it_again(fleeter, fake_claude, tmp_path):
+    """A task's end is committed before its worktree is removed (a durable point,
+    docs/durability.md): a supervisor that dies as the cleanup starts leaves the task
+    DONE, and the restart only removes the worktree; the end lost with the pass would
+    have it verified again, in a worktree the removal may have taken away."""
+    fleeter.make_repo()
+    runs = tmp_path / "verifier-runs"
+    flag = tmp_path / "crashed-once"
+    fleeter.write_tasks(f'''
+        [[task]]
+        name = "t1"
+        cwd = "repo"
+        prompt = "Write out.txt."
+        git_ref = "main"
+          [[task.verify]]
+          run = "echo run >> {runs} && test -f out.txt"
+    ''')
+    fleeter.write_fleetconf(f'''
+        import os
+        import fleetrun
+
+        @fleetrun.hookimpl(tryfirst=True)
+        def fleetrun_cleanup_workspace(task, host, config):
+            if not os.path.exists({str(flag)!r}):
+                open({str(flag)!r}, "w").close()
+                os._exit(86)  # the supervisor dies as the removal starts
+    ''', folder=".")
+    fake_claude.script(t1=[{"actions": [["write", "out.txt", "x"], ["commit", "out"]]}])
+    r = fleeter.runsub("tasks.toml", timeout=60)
+    assert r.ret == CRASH_EXIT, r.stdout + r.stderr
+    assert fleeter.task("t1").state.value == "DONE"
+    run_until_done(fleeter, {"t1": "DONE"})
+    assert runs.read_text().split() == ["run"]
+    bad = check_invariants(fleeter, fake_claude, {"t1": "DONE"}, {"t1": 1}, root=tmp_path)
+    assert not bad, "\n".join(bad)
