@@ -60,6 +60,7 @@ class Ending:
             by_host.setdefault(att.host, []).append(att)
         for name, atts in by_host.items():  # one poll per host per pass (a peer: one request)
             host = get_host(loop.config, name)
+            loop.before_host_io(name)
             try:
                 statuses = poll_statuses(host, [AttemptRef(a.id, a.shepherd_pid, a.shepherd_token) for a in atts])
             except Exception as e:  # a host's bug: each of its tasks is contained, as one task's would be

@@ -131,6 +131,14 @@ class Loop:
                 call()
         self.led.after_commit(told)
 
+    def before_host_io(self, host: Optional[str]) -> None:
+        """Commit what the pass wrote before asking a host other than this machine's
+        (a peer over SSH, a scheduler): its answer may take seconds, which other
+        writers (a ``cancel``, a ``mailbox done``) must not spend waiting for the
+        pass's write lock (docs/durability.md, *One commit a pass*)."""
+        if host != "local":
+            self.led.durable()
+
     def move(self, task: Task, to: State, cause: str, attempt: Optional[int] = None,
              also: Optional[Callable[[sqlite3.Cursor], None]] = None, **fields: Any) -> Optional[Task]:
         return ops.move(self.led, task, to, cause, self.notify, attempt=attempt, also=also, **fields)

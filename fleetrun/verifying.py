@@ -99,6 +99,7 @@ class VerifyStage:
             self.running.pop(task_id, None)
             return
         task = found
+        loop.before_host_io(v.attempt.host)  # a peer's verifier is asked to start over SSH
         while v.idx < len(task.spec.verify):
             spec = task.spec.verify[v.idx]
             try:
