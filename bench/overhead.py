@@ -21,6 +21,7 @@ Run::
     python bench/overhead.py                 # N=100, 4 at a time, once
     python bench/overhead.py --repeat 5      # the median of 5 runs each way
     python bench/overhead.py --n 20 --parallel 2 --agent python
+    python bench/overhead.py --fsyncs        # and the supervisor's fsyncs per task (strace)
 
 Goal: fleetrun within 1.25x of the baseline at N=100 (exit code 1 if a run is over
 ``--goal``, so it can gate CI if wanted). The fleetrun phases printed under the table
@@ -123,11 +124,26 @@ def write_tasks(folder: Path, repo: Path, n: int, kind: str, script: Path) -> Pa
         ]
     path = folder / "tasks.toml"
     path.write_text("\n".join(lines))
+    # the supervisor's own CPU (its threads, not its children: shepherds, agents, git)
+    (folder / "fleetconf.py").write_text(SUPERVISOR_CPU.format(out=str(folder / "supervisor-cpu.txt")))
     return path
 
 
+#: A fleetconf.py that writes the supervisor's own CPU time as the command ends.
+SUPERVISOR_CPU = '''
+import resource
+import fleetrun
+
+@fleetrun.hookimpl
+def fleetrun_unconfigure(config):
+    ru = resource.getrusage(resource.RUSAGE_SELF)
+    with open({out!r}, "w") as f:
+        f.write(str(ru.ru_utime + ru.ru_stime))
+'''
+
+
 def run_fleetrun(work: Path, n: int, parallel: int, kind: str, script: Path,
-                 against: Optional[Path] = None) -> dict[str, Any]:
+                 against: Optional[Path] = None, fsyncs: bool = False) -> dict[str, Any]:
     repo = make_repo(work / "repo")
     home = work / "home"
     tasks = write_tasks(work, repo, n, kind, script)
@@ -135,6 +151,9 @@ def run_fleetrun(work: Path, n: int, parallel: int, kind: str, script: Path,
     if against is not None:  # the code to compare with: its fleetrun/ first on the path
         env["PYTHONPATH"] = str(against)
     argv = [sys.executable, "-m", "fleetrun", str(tasks), "--max-tasks", str(parallel)]
+    trace = work / "fsyncs.strace"
+    if fsyncs:  # the supervisor's own syscalls only (no -f): the ledger's syncs, not git's or a shepherd's
+        argv = ["strace", "-c", "-e", "trace=fsync,fdatasync", "-o", str(trace), *argv]
     out = work / "fleetrun.out"
     with open(out, "wb") as f:
         cpu0 = cpu_children()
@@ -145,11 +164,23 @@ def run_fleetrun(work: Path, n: int, parallel: int, kind: str, script: Path,
     if code != 0:
         tail = out.read_text(errors="replace")[-3000:]
         raise SystemExit(f"fleetrun exited {code} ({shlex.join(argv)}):\n{tail}")
-    result = {"wall": wall, "cpu": cpu, **fleetrun_phases(home)}
+    result = {"wall": wall, "cpu": cpu, "self_cpu": float((work / "supervisor-cpu.txt").read_text()),
+              **fleetrun_phases(home)}
+    if fsyncs:
+        result["fsyncs"] = strace_calls(trace)
     left = list((home / "worktrees").iterdir()) if (home / "worktrees").exists() else []
     if left:
         raise SystemExit(f"fleetrun left {len(left)} worktree(s) behind, e.g. {left[0]}")
     return result
+
+
+def strace_calls(path: Path) -> int:
+    """The calls counted in a ``strace -c`` summary (its ``total`` line)."""
+    for line in path.read_text().splitlines():
+        cols = line.split()
+        if cols and cols[-1] == "total":
+            return int(cols[3] if len(cols) >= 5 else cols[2])
+    return 0
 
 
 def fleetrun_phases(home: Path) -> dict[str, Any]:
@@ -277,6 +308,9 @@ def main(argv: Optional[list[str]] = None) -> int:
     parser.add_argument("--against", type=Path, default=None,
                         help="a folder holding another fleetrun/ (say `git archive REV fleetrun | tar -x -C DIR`): "
                              "run it too, interleaved, as 'before'")
+    parser.add_argument("--fsyncs", action="store_true",
+                        help="also count the supervisor's fsync/fdatasync calls (the ledger's commits), under "
+                             "strace, in one more run of each fleetrun (not timed)")
     args = parser.parse_args(argv)
     if args.n < 1 or args.parallel < 1 or args.repeat < 1:
         parser.error("--n, --parallel and --repeat must be at least 1")
@@ -301,7 +335,17 @@ def main(argv: Optional[list[str]] = None) -> int:
             for name, fn, results in order:
                 res = fn(tmp / f"{name}-{r}", args.n, args.parallel, args.agent, script)
                 results.append(res)
-                print(f"  run {r + 1}: {name:<8} {res['wall']:7.2f}s wall, {res['cpu']:6.2f}s cpu", flush=True)
+                own = f", supervisor {res['self_cpu']:.2f}s" if "self_cpu" in res else ""
+                print(f"  run {r + 1}: {name:<8} {res['wall']:7.2f}s wall, {res['cpu']:6.2f}s cpu{own}", flush=True)
+        if args.fsyncs:
+            counts = [("fleetrun", run_fleetrun(tmp / "fsyncs", args.n, args.parallel, args.agent, script,
+                                                fsyncs=True)["fsyncs"])]
+            if args.against is not None:
+                counts.append(("before", run_fleetrun(tmp / "fsyncs-before", args.n, args.parallel, args.agent,
+                                                      script, against=args.against.resolve(),
+                                                      fsyncs=True)["fsyncs"]))
+            for name, got in counts:
+                print(f"  {name:<8} {got} fsyncs of the supervisor, {got / args.n:.1f} per task", flush=True)
     finally:
         if not args.keep:
             subprocess.run(["rm", "-rf", "--", str(tmp)], check=False)
@@ -316,6 +360,11 @@ def main(argv: Optional[list[str]] = None) -> int:
     print(f"{'':10} {'wall (median)':>14} {'per task':>10} {'cpu (median)':>14} {'per task':>10}")
     print(f"{'baseline':10} {bw:13.2f}s {bw / args.n * 1000:8.1f}ms {bc:13.2f}s {bc / args.n * 1000:8.1f}ms")
     print(f"{'fleetrun':10} {fw:13.2f}s {fw / args.n * 1000:8.1f}ms {fc:13.2f}s {fc / args.n * 1000:8.1f}ms")
+    own = statistics.median(x["self_cpu"] for x in fleet)
+    print(f"{'':10} supervisor's own cpu (median) {own:.2f}s, {own / args.n * 1000:.1f}ms per task")
+    if before:
+        bo = statistics.median(x["self_cpu"] for x in before)
+        print(f"{'before':10} supervisor's own cpu (median) {bo:.2f}s, {bo / args.n * 1000:.1f}ms per task")
     if before:
         ow = statistics.median(x["wall"] for x in before)
         oc = statistics.median(x["cpu"] for x in before)

@@ -5,8 +5,10 @@ the Nth time (default the first) it reaches a named point. Read once, at import;
 with the variable unset, :func:`point` is a dictionary lookup and nothing else.
 
 Points (the loop names them): ``before_transition:<STATE>``,
-``after_transition:<STATE>``, ``after_lease``, ``after_worktree``,
-``after_shepherd_start``, ``mid_verifier``, ``after_verdict``, ``mid_setup``,
+``after_transition:<STATE>`` (once the move is committed: with its pass's commit in the
+loop), ``uncommitted:<STATE>`` (a move written in the loop's pass, the pass's commit to
+come), :mod:`fleetrun.ledger_schema`'s ``before_batch_commit``, ``after_lease``, ``after_worktree``,
+``after_shepherd_start``, ``mid_verifier``, ``after_verdict`` (once it is committed), ``mid_setup``,
 ``after_setup``; :mod:`fleetrun.depmerge`'s ``before_dependency_merge`` (before each
 merge of a dependency into a task's worktree: the worktree made, that dependency not
 merged); the ``worktree`` plugin's ``mid_collect`` (on the effects' worker:

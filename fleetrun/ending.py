@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import time
 from dataclasses import dataclass
+from functools import partial
 from typing import Any, Optional
 
 from . import clock
@@ -59,6 +60,7 @@ class Ending:
             by_host.setdefault(att.host, []).append(att)
         for name, atts in by_host.items():  # one poll per host per pass (a peer: one request)
             host = get_host(loop.config, name)
+            loop.before_host_io(name)
             try:
                 statuses = poll_statuses(host, [AttemptRef(a.id, a.shepherd_pid, a.shepherd_token) for a in atts])
             except Exception as e:  # a host's bug: each of its tasks is contained, as one task's would be
@@ -110,7 +112,8 @@ class Ending:
             loop.move(task, State.RUNNING, "adopted", attempt=att.number)
             task = loop.get(task.id)
         if record:  # reported once, by the loop that recorded it
-            loop.hook.fleetrun_attempt_ended(task=task, attempt=att, result=res, config=loop.config)
+            loop.report(task.id, partial(loop.hook.fleetrun_attempt_ended, task=task, attempt=att, result=res,
+                                         config=loop.config))
         waits = loop.waits
         decision = decide_end(Ended(
             status=st, result=res, task_state=task.state, kind=att.kind, host=att.host, resumes=task.resumes,
@@ -188,7 +191,8 @@ class Ending:
         loop = self.loop
         if decision.pause is not None:
             loop.waits.pause_host(att.host, decision.pause)
-            loop.hook.fleetrun_host_paused(host=att.host, until=decision.pause[0], reason=decision.cause, config=loop.config)
+            loop.report(task.id, partial(loop.hook.fleetrun_host_paused, host=att.host, until=decision.pause[0],
+                                         reason=decision.cause, config=loop.config))
         if decision.backoff is not None:
             loop.waits.back_off(task.id, att.host, decision.backoff)
         now = loop.move(task, decision.to, decision.cause, attempt=att.number, **decision.fields)

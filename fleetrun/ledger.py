@@ -1,7 +1,9 @@
 """The ledger: one SQLite database that is the single source of truth.
 
-Every state change is one transaction: a compare-and-set on the task's state plus an
-append-only transition row. After a crash, everything is re-derived from here.
+Every state change is written at once: a compare-and-set on the task's state plus an
+append-only transition row, one transaction (or one SAVEPOINT of the loop's pass,
+:meth:`~fleetrun.ledger_schema.LedgerFile.batch`). After a crash, everything is
+re-derived from here.
 
 The ledger is three modules: :mod:`fleetrun.records` (the row types and how a row is
 read), :mod:`fleetrun.ledger_schema` (the file, its pragmas, schema, migrations and
@@ -259,7 +261,8 @@ class Ledger(LedgerFile):
         cur: Optional[sqlite3.Cursor] = None,
         **fields: Any,
     ) -> State:
-        """Compare-and-set the task's state and log the transition, in one transaction.
+        """Compare-and-set the task's state and log the transition, in one transaction
+        (``cur``'s, or a :meth:`tx` of its own).
 
         :param expected: the state (or states) the caller believes the task is in.
         :param fields: other task columns to set in the same transaction.

@@ -1,7 +1,9 @@
 """The ledger's file: its private folder and mode, the connection's pragmas, the
 schema and its migrations, and the write transaction every change goes through.
 
-Durability: WAL with ``synchronous=FULL``. In WAL mode NORMAL survives a process
+Durability: WAL with ``synchronous=FULL``, so every commit is an fsync: the loop
+writes a whole pass in one transaction (:meth:`LedgerFile.batch`) and commits before an
+effect that needs its writes (:meth:`LedgerFile.durable`). In WAL mode NORMAL survives a process
 crash but can lose the last commits on power loss; a lost "attempt started" row is
 exactly what could make a task run twice after a reboot, and a transition costs
 well under a millisecond either way next to an agent session of minutes
@@ -18,7 +20,7 @@ import os
 import re
 import sqlite3
 import time
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from pathlib import Path
 from typing import Optional, TypeVar
@@ -170,6 +172,7 @@ class LedgerFile:
             not write, is read as it is (:meth:`_open_readonly`).
         """
         self.path = Path(path)
+        self._after: list[Callable[[], None]] = []
         if readonly:
             self.conn = self._open_readonly(timeout_s)
             return
@@ -354,18 +357,145 @@ class LedgerFile:
         finally:
             self.conn.execute("PRAGMA foreign_keys=ON")
 
+    # -- writing: one transaction per write, or one per pass (a batch) -----------------
+
+    #: How long a batch may hold SQLite's write lock before a write in it commits what
+    #: is pending (:meth:`tx`, :meth:`bound`): a ``cancel`` from another shell, a role
+    #: session's ``mailbox done`` or a shepherd-side verb waits at most about this long
+    #: behind a pass (readers never wait: WAL).
+    BATCH_HOLD_S = 0.2
+
+    _batch_open = False
+    _tx_depth = 0
+    _began = 0.0
+    #: the COMMITs this connection made (bench/ledger.py, the tests count them)
+    commits = 0
+
     @contextmanager
     def tx(self) -> Iterator[sqlite3.Cursor]:
-        """One write transaction (BEGIN IMMEDIATE: writers queue on the busy timeout)."""
+        """One write transaction (BEGIN IMMEDIATE: writers queue on the busy timeout).
+
+        Inside :meth:`batch` it is a SAVEPOINT of the batch's one transaction instead: an
+        exception rolls back this block's writes alone, and nothing is committed until
+        the batch's next :meth:`durable` point or its end."""
         cur = self.conn.cursor()
-        cur.execute("BEGIN IMMEDIATE")
+        if not self._batch_open:
+            cur.execute("BEGIN IMMEDIATE")
+            try:
+                yield cur
+                cur.execute("COMMIT")
+            except BaseException:
+                if self.conn.in_transaction:
+                    self.conn.execute("ROLLBACK")
+                raise
+            self.commits += 1
+            return
+        if not self.conn.in_transaction:  # the batch's first write since its last commit
+            cur.execute("BEGIN IMMEDIATE")
+            self._began = time.monotonic()
+        name = f"fleetrun_tx{self._tx_depth}"
+        cur.execute(f"SAVEPOINT {name}")
+        self._tx_depth += 1
         try:
             yield cur
-            cur.execute("COMMIT")
+        except BaseException:
+            if self.conn.in_transaction:
+                self.conn.execute(f"ROLLBACK TO {name}")
+                self.conn.execute(f"RELEASE {name}")
+            else:  # SQLite rolled the whole transaction back (a full disk, say): none of it is written
+                self._after.clear()
+            raise
+        else:
+            cur.execute(f"RELEASE {name}")
+        finally:
+            self._tx_depth -= 1
+        self.bound()
+
+    @contextmanager
+    def batch(self) -> Iterator[None]:
+        """Make every :meth:`tx` inside one transaction: the loop's pass, one commit (one
+        fsync) for the transitions, notes and verdicts it decides, instead of one each.
+
+        The transaction begins with the first write (a pass that writes nothing takes
+        no lock and commits nothing) and is committed at the end, also when an
+        exception ends the batch (what each inner block wrote is whole: a failed block
+        rolled itself back, as a separate transaction would have been). Where an effect
+        outside the ledger must find a write durable first, the caller calls
+        :meth:`durable`; a batch holding the lock longer than :attr:`BATCH_HOLD_S`
+        commits at its next write. A crash loses only what was not committed yet: the
+        pass's decisions, which the restart makes again (docs/durability.md).
+        Callbacks of :meth:`after_commit` run after each commit, in order."""
+        if self._batch_open:  # nested: part of the open one
+            yield
+            return
+        self._batch_open = True
+        try:
+            yield
+        finally:
+            try:
+                self._commit_batch()
+            finally:
+                self._batch_open = False
+                # what was committed is told, outside the batch (a callback's writes commit at once)
+                self._deliver()
+
+    def durable(self) -> None:
+        """Commit what the open batch has written so far (a no-op outside a batch, or
+        when nothing is pending); the batch goes on in a new transaction at its next
+        write. Called before an effect that a restart must find recorded."""
+        if not self.pending():
+            return
+        if self._tx_depth:
+            raise RuntimeError("durable() inside a write transaction")
+        self._commit_batch()
+        self._deliver()
+
+    def pending(self) -> bool:
+        """Whether the open batch holds writes not committed yet."""
+        return self._batch_open and self.conn.in_transaction
+
+    def bound(self) -> None:
+        """Commit the open batch if it has held the write lock longer than
+        :attr:`BATCH_HOLD_S` (the loop calls it between its stages too)."""
+        if (self._batch_open and not self._tx_depth and self.conn.in_transaction
+                and time.monotonic() - self._began > self.BATCH_HOLD_S):
+            self.durable()
+
+    def after_commit(self, fn: Callable[[], None]) -> None:
+        """Call ``fn`` once what was written so far is committed: now outside a batch
+        (every write there is committed when its :meth:`tx` ends), else after the
+        batch's next commit. The loop queues ``fleetrun_transition`` here, so a hook
+        hears only of moves that are committed, in the order they were made."""
+        if not self._batch_open or (not self.conn.in_transaction and not self._after):
+            fn()  # everything written is committed already
+            return
+        self._after.append(fn)
+
+    def _commit_batch(self) -> None:
+        if not self.conn.in_transaction:
+            return
+        from . import crash  # a leaf module: the crash tests stop a batch before its commit
+
+        crash.point("before_batch_commit")
+        try:
+            self.conn.execute("COMMIT")
         except BaseException:
             if self.conn.in_transaction:
                 self.conn.execute("ROLLBACK")
+            self._after.clear()  # nothing of it is committed: nothing to tell
             raise
+        self.commits += 1
+
+    def _deliver(self) -> None:
+        # what the callbacks write is told after it is committed in turn: at once outside
+        # a batch, at the batch's next commit inside one
+        pending, self._after = self._after, []
+        for i, fn in enumerate(pending):
+            try:
+                fn()
+            except BaseException:
+                self._after[:0] = pending[i + 1:]  # told at the next commit, still in order
+                raise
 
     def get_meta(self, key: str, default: Optional[str] = None) -> Optional[str]:
         row = self.conn.execute("SELECT value FROM meta WHERE key=?", (key,)).fetchone()

@@ -18,6 +18,7 @@ import traceback
 from collections import Counter
 from collections.abc import Callable, Iterable, Iterator
 from contextlib import contextmanager
+from functools import partial
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Optional
 
@@ -114,10 +115,29 @@ class Loop:
         self.own[(task.id, dst.value, cause)] += 1
         if self.run_ids is not None:
             self.run_ids.add(task.id)
-        self.hook.fleetrun_transition(task=task, from_state=src.value, to_state=dst.value, cause=cause,
-                                      attempt=attempt, config=self.config)
+        # the hooks hear of it once it is committed (the pass's batch: Ledger.after_commit)
+        self.report(task.id, partial(self.hook.fleetrun_transition, task=task, from_state=src.value,
+                                     to_state=dst.value, cause=cause, attempt=attempt, config=self.config))
         if self.exitfirst and dst is State.NEEDS_HUMAN and self.in_scope(task):
             self.stopping = self.stopping or f"stopping after the first NEEDS_HUMAN ({task.name}) (-x)"
+
+    def report(self, task_id: str, call: Callable[[], object]) -> None:
+        """Call a reporting hook of ``task_id`` (``fleetrun_transition``,
+        ``fleetrun_attempt_started``, ``fleetrun_verdict``...) once what the pass wrote
+        so far is committed, in the order they were made: a hook hears only of what a
+        restart will find (:meth:`~fleetrun.ledger_schema.LedgerFile.after_commit`)."""
+        def told() -> None:
+            with self.isolated(task_id):  # a hook that raises is that task's internal error, as before
+                call()
+        self.led.after_commit(told)
+
+    def before_host_io(self, host: Optional[str]) -> None:
+        """Commit what the pass wrote before asking a host other than this machine's
+        (a peer over SSH, a scheduler): its answer may take seconds, which other
+        writers (a ``cancel``, a ``mailbox done``) must not spend waiting for the
+        pass's write lock (docs/durability.md, *One commit a pass*)."""
+        if host != "local":
+            self.led.durable()
 
     def move(self, task: Task, to: State, cause: str, attempt: Optional[int] = None,
              also: Optional[Callable[[sqlite3.Cursor], None]] = None, **fields: Any) -> Optional[Task]:
@@ -349,6 +369,11 @@ class Loop:
 
     def step(self) -> None:
         began = time.monotonic()
+        with self.led.batch():  # the pass's writes: one commit, and the durable points
+            self._step()
+        self.hook.fleetrun_loop_pass(config=self.config, duration_s=time.monotonic() - began)
+
+    def _step(self) -> None:
         self.show_others()
         msg = self.policy.refresh()
         if msg:
@@ -358,16 +383,17 @@ class Loop:
             load_new_queues(self.config)
         self.promote()
         effects.deliver(self.config)  # the worker's effects that are over (their notes)
-        self.starting.poll()  # workspaces made off the loop's thread
-        self.ending.poll()
-        self.adoption.reverify()  # `fleetrun retry` of a task a verifier could not judge
-        self.verify.poll()
-        self.setup.poll()
+        for stage in (self.starting.poll,  # workspaces made off the loop's thread
+                      self.ending.poll,
+                      self.adoption.reverify,  # `fleetrun retry` of a task a verifier could not judge
+                      self.verify.poll,
+                      self.setup.poll):
+            stage()
+            self.led.bound()  # a slow stage (a peer's poll) does not keep other writers waiting
         self.promote()
         self.placed_last_pass = False
         if not self.stopping and self.io_error is None:
             self.starting.place_all()
-        self.hook.fleetrun_loop_pass(config=self.config, duration_s=time.monotonic() - began)
 
     def active_attempts(self) -> list[Attempt]:
         return self.led.attempts(states={"leased", "starting", "running"})
@@ -398,6 +424,7 @@ class Loop:
     def finish_terminal(self, task: Task) -> None:
         if task.state in (State.NEEDS_HUMAN, State.CANCELLED):
             ops.cascade(self.led, task, self.notify)
+        self.led.durable()  # its end before its worktree goes: a restart must not verify a removed one
         try:
             self.hook.fleetrun_cleanup_workspace(task=task, host=get_host(self.config, task.host), config=self.config)
         except (GitError, OSError) as e:

@@ -1,8 +1,11 @@
 """Operator actions and the state changes that follow from others (cascades).
 
 Each function takes the ledger and a ``notify(task, from_state, to_state, cause,
-attempt)`` callback that reports a committed transition (the CLI and the loop pass
-one that calls ``fleetrun_transition``).
+attempt)`` callback that reports a transition once it is written: committed, or, in
+the loop's pass (:meth:`~fleetrun.ledger_schema.LedgerFile.batch`), part of the pass's
+transaction. The CLI's calls ``fleetrun_transition`` at once (its writes are committed
+as they are made); the loop's queues it until the pass's commit
+(:meth:`~fleetrun.ledger_schema.LedgerFile.after_commit`).
 """
 
 from __future__ import annotations
@@ -31,8 +34,8 @@ def move(ledger: Ledger, task: Task, to: State, cause: str, notify: Notify = _no
 
     :param also: other writes that belong with the move (the attempt's own record, say),
         made in the transition's transaction: one commit (one fsync) instead of two, and
-        nothing of them is written when the move is refused. The hook still hears of the
-        move only once it is committed.
+        nothing of them is written when the move is refused. ``notify`` is called once
+        the move is written (see the module's docstring).
     :return: the task as it is now, or None if another process moved it first.
     """
     crash.point(f"before_transition:{to.value}")
@@ -47,7 +50,10 @@ def move(ledger: Ledger, task: Task, to: State, cause: str, notify: Notify = _no
     now = ledger.get(task.id)
     assert now is not None
     notify(now, prev, to, cause, attempt)
-    crash.point(f"after_transition:{to.value}")
+    if ledger.pending():
+        crash.point(f"uncommitted:{to.value}")  # written, its pass's commit to come
+    # "after the move" is after its commit: at once, or with the loop's pass (Ledger.batch)
+    ledger.after_commit(lambda: crash.point(f"after_transition:{to.value}"))
     return now
 
 

@@ -13,6 +13,7 @@ import sqlite3
 import time
 from collections.abc import Callable
 from dataclasses import asdict, dataclass, replace
+from functools import partial
 from typing import TYPE_CHECKING, Any, Optional
 
 from . import baseline, clock, crash
@@ -258,6 +259,7 @@ class Starting:
             att = led.lease(task.id, task.state, hostname, kind)
         except StateConflict:
             return False
+        led.durable()  # the lease before its workspace is made (docs/durability.md, durable points)
         crash.point("after_lease")
         prev_state = task.state
         task = loop.get(task.id)
@@ -349,6 +351,7 @@ class Starting:
             # recorded with the attempt's next write, before any effect (durability.md)
             return self.launch(task, att, ws, kind, prev, made=(ws, host))
         self.record_workspace(task, att, ws, host)
+        loop.led.durable()  # the workspace before its setup commands run in it
         task = loop.get(task.id)
         att = loop.get_attempt(att.id)
         if loop.setup.needed(task, att, ws):
@@ -425,6 +428,7 @@ class Starting:
             return False
         record(state="starting", session_id=spawn.session_id,
                            info={**att.info, "argv": spawn.argv})
+        led.durable()  # `starting` before the shepherd: a restart looks for it, never starts a second
         att = loop.get_attempt(att.id)
         try:
             info = loop.hook.fleetrun_start_attempt(task=task, attempt=att, host=host, spawn=spawn,
@@ -457,8 +461,8 @@ class Starting:
         if now is None:  # cancelled while it was starting
             led.update_attempt(att.id, **running)  # its shepherd is known, to be stopped and reaped
             get_host(loop.config, info.host or att.host).stop(att.id, info.pid, info.token)
-        loop.hook.fleetrun_attempt_started(task=now or loop.get(task.id), attempt=loop.get_attempt(att.id),
-                                           host=host, config=loop.config)
+        loop.report(task.id, partial(loop.hook.fleetrun_attempt_started, task=now or loop.get(task.id),
+                                     attempt=loop.get_attempt(att.id), host=host, config=loop.config))
         return True
 
     def prompt_context(self, task: Task, kind: str, prev: Optional[Attempt]) -> dict[str, Any]:

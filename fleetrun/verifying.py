@@ -20,6 +20,7 @@ import sqlite3
 import time
 from collections.abc import Callable
 from dataclasses import asdict, dataclass
+from functools import partial
 from typing import Any, Optional
 
 from . import clock, crash
@@ -98,6 +99,7 @@ class VerifyStage:
             self.running.pop(task_id, None)
             return
         task = found
+        loop.before_host_io(v.attempt.host)  # a peer's verifier is asked to start over SSH
         while v.idx < len(task.spec.verify):
             spec = task.spec.verify[v.idx]
             try:
@@ -158,12 +160,16 @@ class VerifyStage:
         """Record one verdict. :return: True to go on with the next verifier."""
         loop = self.loop
         if verdict.error:
-            loop.hook.fleetrun_verdict(task=task, verdict=verdict, attempt=v.attempt, config=loop.config)
+            loop.report(task.id, partial(loop.hook.fleetrun_verdict, task=task, verdict=verdict, attempt=v.attempt,
+                                         config=loop.config))
             self.could_not_judge(loop.get(task.id), v, verdict)
             return False
         loop.led.add_verdict(task.id, v.attempt.id, v.idx, verdict)
-        crash.point("after_verdict")
-        loop.hook.fleetrun_verdict(task=task, verdict=verdict, attempt=v.attempt, config=loop.config)
+        if verdict.cost_usd:
+            loop.led.durable()  # a verdict that cost money is not paid for twice after a crash
+        loop.led.after_commit(lambda: crash.point("after_verdict"))  # once it is committed
+        loop.report(task.id, partial(loop.hook.fleetrun_verdict, task=task, verdict=verdict, attempt=v.attempt,
+                                         config=loop.config))
         task = loop.get(task.id)
         if verdict.passed:
             v.idx += 1
@@ -258,7 +264,7 @@ class VerifyStage:
             waits.waits[task.id] = reason
             waits.dirty = True
             waits.save()  # `fleetrun status` says it by the time the run does
-            loop.hook.fleetrun_task_waiting(task=task, reason=reason, config=loop.config)
+            loop.report(task.id, partial(loop.hook.fleetrun_task_waiting, task=task, reason=reason, config=loop.config))
 
     def verified(self, v: Verifying) -> Callable[[Optional[sqlite3.Cursor]], None]:
         """The attempt's ``verified``, written in the transaction of the move its

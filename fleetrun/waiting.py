@@ -9,6 +9,7 @@ import heapq
 import json
 import select
 import time
+from functools import partial
 from typing import Any, Optional, Protocol
 
 from . import clock, effects
@@ -121,7 +122,8 @@ class Waits:
         reason = f"attempt {number} is still ending"
         if self.waits.get(task.id) != reason:
             self.waits[task.id] = reason
-            self.loop.hook.fleetrun_task_waiting(task=task, reason=reason, config=self.config)
+            self.loop.report(task.id, partial(self.loop.hook.fleetrun_task_waiting, task=task, reason=reason,
+                                              config=self.config))
         self.wait_operator.pop(task.id, None)
         self.until(task.id, at + 1.0)
 
@@ -129,7 +131,8 @@ class Waits:
         """``fleetrun_place`` said the task waits: show why when that changes, and remind."""
         if self.waits.get(task.id) != decision.reason:
             self.waits[task.id] = decision.reason
-            self.loop.hook.fleetrun_task_waiting(task=task, reason=decision.reason, config=self.config)
+            self.loop.report(task.id, partial(self.loop.hook.fleetrun_task_waiting, task=task, reason=decision.reason,
+                                              config=self.config))
             self.dirty = True
         if decision.operator:
             self.wait_operator[task.id] = decision.operator

@@ -897,3 +897,123 @@ def test_a_listing_reads_no_spec_until_one_is_used(led: Ledger, monkeypatch: pyt
     assert [t.deps for t in listed] == [t.deps for t in full]
     assert parsed == [] and not any("SELECT *" in s or " spec," in s for s in sql), sql
     assert listed[2].spec.depends_on == ["a", "b"] and parsed == ["c"]
+
+
+# -- one transaction a pass (Ledger.batch) ------------------------------------------------
+
+
+def test_a_batch_commits_its_writes_once_and_another_connection_sees_them_then(led: Ledger, db: Path) -> None:
+    (t,) = led.add_tasks([spec("a")])
+    before = led.commits
+    with led.batch():
+        led.transition(t.id, State.READY, State.ASSIGNED, "placed")
+        led.add_note(t.id, "one")
+        led.update_task(t.id, no_start=1)
+        assert led.get(t.id).state is State.ASSIGNED  # this connection reads its own writes
+        assert state_of(db, t.id) == "READY"  # another reads the last commit (WAL: not blocked)
+    assert led.commits - before == 1
+    assert state_of(db, t.id) == "ASSIGNED"
+    assert count(db, "SELECT COUNT(*) FROM notes WHERE task_id=?", t.id) == 1
+
+
+def test_a_failed_write_in_a_batch_rolls_back_alone(led: Ledger, db: Path) -> None:
+    (t,) = led.add_tasks([spec("a")])
+    with led.batch():
+        led.add_note(t.id, "kept")
+        with pytest.raises(StateConflict):
+            led.transition(t.id, State.RUNNING, State.VERIFYING, "exited")
+        with pytest.raises(RuntimeError), led.tx() as cur:
+            cur.execute("INSERT INTO notes (task_id, time, text) VALUES (?, 0, 'dropped')", (t.id,))
+            raise RuntimeError("a write that fails half way")
+        led.transition(t.id, State.READY, State.ASSIGNED, "placed")
+    conn = raw(db)
+    try:
+        notes = [r[0] for r in conn.execute("SELECT text FROM notes WHERE task_id=?", (t.id,))]
+    finally:
+        conn.close()
+    assert notes == ["kept"]
+    assert state_of(db, t.id) == "ASSIGNED"
+
+
+def test_an_exception_ending_a_batch_still_commits_what_was_written(led: Ledger, db: Path) -> None:
+    """As when each write was its own commit: a Ctrl-C mid-pass keeps what came before it."""
+    (t,) = led.add_tasks([spec("a")])
+    with pytest.raises(KeyboardInterrupt), led.batch():
+        led.transition(t.id, State.READY, State.ASSIGNED, "placed")
+        raise KeyboardInterrupt
+    assert state_of(db, t.id) == "ASSIGNED"
+
+
+def test_durable_commits_now_and_the_batch_goes_on(led: Ledger, db: Path) -> None:
+    (t,) = led.add_tasks([spec("a")])
+    before = led.commits
+    with led.batch():
+        led.durable()  # nothing pending: nothing committed
+        assert led.commits == before
+        led.transition(t.id, State.READY, State.ASSIGNED, "placed")
+        led.durable()
+        assert state_of(db, t.id) == "ASSIGNED"
+        other = raw(db)  # the lock is free: another process writes between the two
+        try:
+            other.execute("INSERT INTO notes (task_id, time, text) VALUES (?, 0, 'from a cancel')", (t.id,))
+        finally:
+            other.close()
+        led.transition(t.id, State.ASSIGNED, State.RUNNING, "started")
+        with pytest.raises(RuntimeError), led.tx():
+            led.durable()  # inside a write: a programming error, not a half commit
+    assert led.commits - before == 2
+    assert state_of(db, t.id) == "RUNNING"
+
+
+def test_after_commit_tells_in_order_once_committed(led: Ledger, db: Path) -> None:
+    (t,) = led.add_tasks([spec("a")])
+    told: list[tuple[str, str]] = []
+    led.after_commit(lambda: told.append(("outside", state_of(db, t.id))))  # nothing pending: at once
+    assert told == [("outside", "READY")]
+    with led.batch():
+        led.after_commit(lambda: told.append(("nothing written yet", state_of(db, t.id))))
+        led.transition(t.id, State.READY, State.ASSIGNED, "placed")
+        led.after_commit(lambda: told.append(("assigned", state_of(db, t.id))))
+        led.transition(t.id, State.ASSIGNED, State.RUNNING, "started")
+        led.after_commit(lambda: told.append(("running", state_of(db, t.id))))
+        assert len(told) == 2
+        led.durable()
+        assert told[2:] == [("assigned", "RUNNING"), ("running", "RUNNING")]
+        led.transition(t.id, State.RUNNING, State.VERIFYING, "exited")
+        led.after_commit(lambda: told.append(("verifying", state_of(db, t.id))))
+        assert len(told) == 4
+    assert told == [("outside", "READY"), ("nothing written yet", "READY"), ("assigned", "RUNNING"),
+                    ("running", "RUNNING"), ("verifying", "VERIFYING")]
+
+
+def test_a_failed_commit_tells_nothing(led: Ledger, db: Path) -> None:
+    """A commit SQLite refuses (a full disk; here a deferred foreign key) writes nothing
+    of the batch, and no hook hears of it."""
+    (t,) = led.add_tasks([spec("a")])
+    told: list[str] = []
+    with pytest.raises(sqlite3.IntegrityError), led.batch():
+        led.transition(t.id, State.READY, State.ASSIGNED, "placed")
+        led.after_commit(lambda: told.append("assigned"))
+        led.conn.execute("PRAGMA defer_foreign_keys=ON")  # checked at the commit, which fails
+        led.add_note("task_that_is_not", "x")
+    assert told == []
+    assert state_of(db, t.id) == "READY"
+    assert not led.conn.in_transaction
+    led.transition(t.id, State.READY, State.ASSIGNED, "placed")  # the ledger writes on
+    assert state_of(db, t.id) == "ASSIGNED"
+
+
+def test_a_batch_holding_the_lock_past_its_bound_commits_at_its_next_write(led: Ledger, db: Path,
+                                                                          monkeypatch: pytest.MonkeyPatch) -> None:
+    """Another shell's `cancel` waits at most about BATCH_HOLD_S behind a pass."""
+    (t,) = led.add_tasks([spec("a")])
+    monkeypatch.setattr(led, "BATCH_HOLD_S", 0.0)
+    with led.batch():
+        led.transition(t.id, State.READY, State.ASSIGNED, "placed")
+        assert state_of(db, t.id) == "ASSIGNED"  # committed: held longer than 0 s
+        monkeypatch.setattr(led, "BATCH_HOLD_S", 1e9)
+        led.transition(t.id, State.ASSIGNED, State.RUNNING, "started")
+        assert state_of(db, t.id) == "ASSIGNED"
+        led.bound()  # the loop between its stages: not held long enough
+        assert state_of(db, t.id) == "ASSIGNED"
+    assert state_of(db, t.id) == "RUNNING"

@@ -124,6 +124,21 @@ def connect(path: str, timeout_s: float = 10.0) -> sqlite3.Connection:
 def tx(conn: sqlite3.Connection) -> Iterator[sqlite3.Cursor]:
     """One write transaction, the tables made first if they are not there yet."""
     cur = conn.cursor()
+    if conn.in_transaction:
+        # the loop's connection, in its pass's open transaction (Ledger.batch): a part of
+        # it, committed with the pass
+        cur.execute("SAVEPOINT mailbox_tx")
+        try:
+            for stmt in SCHEMA:
+                cur.execute(stmt)
+            yield cur
+        except BaseException:
+            if conn.in_transaction:
+                conn.execute("ROLLBACK TO mailbox_tx")
+                conn.execute("RELEASE mailbox_tx")
+            raise
+        cur.execute("RELEASE mailbox_tx")
+        return
     cur.execute("BEGIN IMMEDIATE")
     try:
         for stmt in SCHEMA:
