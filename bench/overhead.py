@@ -88,6 +88,21 @@ def agent_argv(kind: str, script: Path, python: str) -> list[str]:
     return [python, str(script)]
 
 
+#: ``python -m fleetrun ARGS`` that writes its own CPU and its children's to ``sys.argv[1]``
+#: as it exits (``getrusage``: the shepherds are its children, reaped, so they count).
+RUSAGE_WRAPPER = """\
+import atexit, json, resource, runpy, sys
+out = sys.argv.pop(1)
+def _dump():
+    s, c = resource.getrusage(resource.RUSAGE_SELF), resource.getrusage(resource.RUSAGE_CHILDREN)
+    with open(out, "w") as f:
+        json.dump({"self": s.ru_utime + s.ru_stime, "children": c.ru_utime + c.ru_stime}, f)
+atexit.register(_dump)
+sys.argv[0] = "fleetrun"
+runpy.run_module("fleetrun", run_name="__main__", alter_sys=True)
+"""
+
+
 def cpu_children() -> float:
     """User + system CPU seconds of every waited-for descendant so far."""
     r = resource.getrusage(resource.RUSAGE_CHILDREN)
@@ -134,7 +149,10 @@ def run_fleetrun(work: Path, n: int, parallel: int, kind: str, script: Path,
     env = dict(os.environ, FLEETRUN_HOME=str(home))
     if against is not None:  # the code to compare with: its fleetrun/ first on the path
         env["PYTHONPATH"] = str(against)
-    argv = [sys.executable, "-m", "fleetrun", str(tasks), "--max-tasks", str(parallel)]
+    usage = work / "rusage.json"
+    # run as `python -m fleetrun` would, the supervisor's own CPU and its children's
+    # (shepherds, agents, git, verifiers: all waited for) written as it exits
+    argv = [sys.executable, "-c", RUSAGE_WRAPPER, str(usage), str(tasks), "--max-tasks", str(parallel)]
     out = work / "fleetrun.out"
     with open(out, "wb") as f:
         cpu0 = cpu_children()
@@ -145,7 +163,9 @@ def run_fleetrun(work: Path, n: int, parallel: int, kind: str, script: Path,
     if code != 0:
         tail = out.read_text(errors="replace")[-3000:]
         raise SystemExit(f"fleetrun exited {code} ({shlex.join(argv)}):\n{tail}")
-    result = {"wall": wall, "cpu": cpu, **fleetrun_phases(home)}
+    split = json.loads(usage.read_text())
+    result = {"wall": wall, "cpu": cpu, "self": split["self"], "children": split["children"],
+              **fleetrun_phases(home)}
     left = list((home / "worktrees").iterdir()) if (home / "worktrees").exists() else []
     if left:
         raise SystemExit(f"fleetrun left {len(left)} worktree(s) behind, e.g. {left[0]}")
@@ -324,6 +344,19 @@ def main(argv: Optional[list[str]] = None) -> int:
               f"fleetrun/before {fw / ow:.2f}x wall, {fc / oc:.2f}x cpu")
     print(f"ratio      {ratio:13.2f}x  (goal < {args.goal:g}x: {'met' if ratio < args.goal else 'NOT met'})")
     print(f"overhead   {(fw - bw) / args.n * 1000:13.1f}ms per task")
+    print()
+    # CPU per task against the floor (the baseline's CPU: git worktree add/remove, the
+    # agent, the verifier, measured in the same run); the supervisor's own CPU apart
+    # from its children's (shepherds, agents, git, verifiers)
+    print(f"{'cpu per task (median)':<22} {'total':>8} {'/floor':>7} {'supervisor':>11} {'children':>9}")
+    print(f"{'floor (baseline)':<22} {bc / args.n * 1000:6.1f}ms")
+    for name, runs in (("fleetrun", fleet), ("before", before)):
+        if runs:
+            tot = statistics.median(x["cpu"] for x in runs) / args.n
+            own = statistics.median(x["self"] for x in runs) / args.n
+            kids = statistics.median(x["children"] for x in runs) / args.n
+            print(f"{name:<22} {tot * 1000:6.1f}ms {tot / (bc / args.n):6.2f}x {own * 1000:9.1f}ms "
+                  f"{kids * 1000:7.1f}ms")
     print()
     print("\n".join(summarize("baseline (median run)", mid_b["phases"])))
     print("\n".join(summarize("fleetrun (median run)", mid_f["phases"])))

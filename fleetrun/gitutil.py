@@ -252,12 +252,22 @@ def embedded_repositories(p: Pinned) -> list[str]:
     a ``.git``. A ``.git`` git itself never sees (in an ignored folder, in a folder that
     has tracked files) is not one: git records nothing of it and runs nothing in it.
 
+    One ``git ls-files`` lists both (``-t``: each entry tagged, ``? path`` for an
+    untracked one, ``H mode object stage\tpath`` and the like for the index's), not one
+    for each: it runs for every attempt's collect.
+
     :raises WorktreeTampered: when the pin no longer holds.
     :raises GitError: git refused.
     """
-    found = {f for f in wt_git(p, "ls-files", "-z", "--others", "--exclude-standard").split("\0") if f.endswith("/")}
-    for entry in wt_git(p, "ls-files", "-z", "--stage").split("\0"):
-        meta, _, path = entry.partition("\t")
+    found = set()
+    out = wt_git(p, "ls-files", "-z", "-t", "--stage", "--others", "--exclude-standard")
+    for entry in out.split("\0"):
+        tag, _, rest = entry.partition(" ")
+        if tag == "?":  # untracked: the path as it is (a name may hold a tab)
+            if rest.endswith("/"):
+                found.add(rest)
+            continue
+        meta, _, path = rest.partition("\t")
         if meta.startswith("160000 ") and os.path.lexists(os.path.join(p.root, path, ".git")):
             found.add(path.rstrip("/") + "/")
     return sorted(found)
