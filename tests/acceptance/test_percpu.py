@@ -10,9 +10,12 @@ apart from the agent's own ``git add`` and ``git commit``).
 from __future__ import annotations
 
 import json
+import os
 from collections import Counter
 from pathlib import Path
 from typing import Any
+
+from fleetrun import shepherd
 
 from .test_offpath import AGENT, git_wrapper, task
 
@@ -50,3 +53,46 @@ def test_collecting_a_committed_attempts_work_runs_two_git_commands(fleeter, mon
     # no add, commit or rev-parse. Each runs pinned to the worktree (--work-tree).
     flags = one_task(fleeter, monkeypatch)
     assert Counter(pinned_git(flags)) == Counter({"ls-files": 1, "status": 1}), pinned_git(flags)
+
+
+# The agent records its shepherd's parent: the pid and that process's command line.
+PARENT = ('pp=$(cut -d" " -f4 /proc/$PPID/stat); echo "$pp $(tr "\\0" " " < /proc/$pp/cmdline)" '
+          '>> {flags}/parents; ')
+
+
+def test_a_runs_shepherds_are_forked_by_one_starter_that_ends_with_the_run(fleeter, monkeypatch):
+    # one `shepherd.py --starter` forks every shepherd of the run (not an interpreter
+    # started for each), and it ends when the run does
+    flags = git_wrapper(fleeter, monkeypatch, LOGGER, "repo")
+    agent = PARENT.format(flags=flags) + AGENT
+    fleeter.write_tasks(f'[agents.sh]\ncommand = ["/bin/sh", "-c", {json.dumps(agent)}]\n'
+                        + "".join(task(f"t{i}", "repo", "true") for i in range(3)))
+    r = fleeter.run("tasks.toml", "--max-tasks", "2")
+    assert r.ret == 0, r.stdout + r.stderr
+    assert fleeter.states() == {"t0": "DONE", "t1": "DONE", "t2": "DONE"}
+    parents = {ln.split(" ", 1)[0]: ln.split(" ", 1)[1] for ln in (flags / "parents").read_text().splitlines()}
+    assert len(parents) == 1, parents
+    ((pid, cmdline),) = parents.items()
+    assert int(pid) != os.getpid()
+    assert cmdline.split()[-2:] == [shepherd.SHEPHERD_PATH, shepherd.STARTER_ARG], cmdline
+    assert not Path(f"/proc/{pid}").exists() or shepherd.STARTER_ARG not in Path(f"/proc/{pid}/cmdline").read_text()
+
+
+def test_a_starter_that_dies_leaves_shepherds_started_by_path(fleeter, monkeypatch):
+    # the first agent kills the starter that forked its shepherd: the run goes on, the
+    # next shepherds spawned by path by the supervisor itself, and says so once
+    flags = git_wrapper(fleeter, monkeypatch, LOGGER, "repo")
+    # (only a starter: without one the shepherd's parent is the supervisor, this test)
+    kill = ('pp=$(cut -d" " -f4 /proc/$PPID/stat); '
+            'if [ ! -e {flags}/killed ] && tr "\\0" " " < /proc/$pp/cmdline | grep -q -- " --starter"; '
+            'then touch {flags}/killed; kill -9 $pp; fi; ')
+    agent = PARENT.format(flags=flags) + kill.format(flags=flags) + AGENT
+    fleeter.write_tasks(f'[agents.sh]\ncommand = ["/bin/sh", "-c", {json.dumps(agent)}]\n'
+                        + "".join(task(f"t{i}", "repo", "true") for i in range(3)))
+    r = fleeter.run("tasks.toml", "--max-tasks", "1")
+    assert r.ret == 0, r.stdout + r.stderr
+    assert fleeter.states() == {"t0": "DONE", "t1": "DONE", "t2": "DONE"}
+    first, *rest = [ln.split(" ", 1) for ln in (flags / "parents").read_text().splitlines()]
+    assert first[1].split()[-1] == shepherd.STARTER_ARG, first
+    assert [int(pid) for pid, _ in rest] == [os.getpid()] * 2, rest
+    assert r.stderr.count("the shepherd starter is gone") == 1, r.stderr
