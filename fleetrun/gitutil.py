@@ -140,6 +140,10 @@ class Pinned:
     gitdir: str
     common: str
 
+    # all three are real paths (resolved once, by :func:`pin_worktree`, the only maker):
+    # :func:`check_pinned`, which runs before every git command, resolves only what the
+    # worktree's files name
+
 
 def worktree_gitdirs(admin_root: str | Path) -> Iterator[tuple[Path, str]]:
     """``(admin folder, the path its gitdir file names)`` for each worktree a repository
@@ -172,7 +176,7 @@ def pin_worktree(root: str | Path, common: str | Path) -> Pinned:
                   if os.path.realpath(target) == want), None)
     if found is None:
         raise WorktreeTampered(f"{real_root} is not a worktree of {common_real}")
-    pinned = Pinned(root=real_root, gitdir=found, common=common_real)
+    pinned = Pinned(root=real_root, gitdir=os.path.realpath(found), common=common_real)
     check_pinned(pinned)
     return pinned
 
@@ -202,14 +206,14 @@ def check_pinned(p: Pinned) -> None:
     target = text[len("gitdir:"):].strip()
     if not os.path.isabs(target):
         target = os.path.join(p.root, target)
-    if os.path.realpath(target) != os.path.realpath(p.gitdir):
+    if os.path.realpath(target) != p.gitdir:  # p.gitdir is real: pin_worktree resolved it
         raise WorktreeTampered(f"{dotgit} was rewritten to point at {target}")
     try:
         back = (Path(p.gitdir) / "commondir").read_text(encoding="utf-8", errors="replace").strip()
     except OSError:
         raise WorktreeTampered(f"{p.gitdir} has no commondir file") from None
     back_path = back if os.path.isabs(back) else os.path.join(p.gitdir, back)
-    if os.path.realpath(back_path) != os.path.realpath(p.common):
+    if os.path.realpath(back_path) != p.common:
         raise WorktreeTampered(f"{p.gitdir} no longer belongs to {p.common}")
 
 
