@@ -172,13 +172,28 @@ def pin_worktree(root: str | Path, common: str | Path) -> Pinned:
     common_real = os.path.realpath(common)
     admin_root = Path(common_real) / "worktrees"
     want = os.path.join(real_root, ".git")
-    found = next((str(entry) for entry, target in worktree_gitdirs(admin_root)
-                  if os.path.realpath(target) == want), None)
+    found = _admin_folder(admin_root, os.path.basename(real_root), want)
     if found is None:
         raise WorktreeTampered(f"{real_root} is not a worktree of {common_real}")
     pinned = Pinned(root=real_root, gitdir=os.path.realpath(found), common=common_real)
     check_pinned(pinned)
     return pinned
+
+
+def _admin_folder(admin_root: Path, name: str, want: str) -> Optional[str]:
+    """The folder of ``admin_root`` whose ``gitdir`` names ``want``. git names a
+    worktree's folder after the worktree's own (``name``, or ``name1``, ``name2``... when
+    that is taken), so that one is read first; the others only when it is not the one
+    (a repository with many worktrees is not read through for every pin)."""
+    first = admin_root / name
+    try:
+        target = (first / "gitdir").read_text(encoding="utf-8", errors="replace").strip()
+        if os.path.realpath(target) == want:
+            return str(first)
+    except OSError:
+        pass
+    return next((str(entry) for entry, target in worktree_gitdirs(admin_root)
+                 if os.path.realpath(target) == want), None)
 
 
 def check_pinned(p: Pinned) -> None:
