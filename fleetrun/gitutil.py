@@ -221,7 +221,10 @@ def check_pinned(p: Pinned) -> None:
     target = text[len("gitdir:"):].strip()
     if not os.path.isabs(target):
         target = os.path.join(p.root, target)
-    if os.path.realpath(target) != p.gitdir:  # p.gitdir is real: pin_worktree resolved it
+    # p.gitdir is real (pin_worktree resolved it); the file naming it as git wrote it
+    # (absolute, resolved) needs no resolving. A folder swapped for a link on the way to
+    # it is the commondir check's to find, as it was when both sides were resolved.
+    if target != p.gitdir and os.path.realpath(target) != p.gitdir:
         raise WorktreeTampered(f"{dotgit} was rewritten to point at {target}")
     try:
         back = (Path(p.gitdir) / "commondir").read_text(encoding="utf-8", errors="replace").strip()
