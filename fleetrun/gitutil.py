@@ -266,7 +266,7 @@ def filters_off(config_z: str) -> list[str]:
             for opt in ("-c", kv)]
 
 
-def embedded_repositories(p: Pinned) -> list[str]:
+def embedded_repositories(p: Pinned, untracked: Optional[list[str]] = None) -> list[str]:
     """The repositories inside the pinned worktree that its branch would record as
     gitlinks, each as ``path/``: a new folder holding a ``.git`` that ``git add -A``
     would add (git lists it as ``path/`` among the untracked files), and a gitlink
@@ -278,6 +278,9 @@ def embedded_repositories(p: Pinned) -> list[str]:
     untracked one, ``H mode object stage\tpath`` and the like for the index's), not one
     for each: it runs for every attempt's collect.
 
+    :param untracked: filled with the untracked files the listing found (what ``git
+        status --untracked-files=all`` would list as ``??``): a collect that sees one
+        knows there is work to commit without asking ``git status``.
     :raises WorktreeTampered: when the pin no longer holds.
     :raises GitError: git refused.
     """
@@ -288,6 +291,8 @@ def embedded_repositories(p: Pinned) -> list[str]:
         if tag == "?":  # untracked: the path as it is (a name may hold a tab)
             if rest.endswith("/"):
                 found.add(rest)
+            if untracked is not None:
+                untracked.append(rest)
             continue
         meta, _, path = rest.partition("\t")
         if meta.startswith("160000 ") and os.path.lexists(os.path.join(p.root, path, ".git")):

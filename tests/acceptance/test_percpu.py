@@ -96,3 +96,17 @@ def test_a_starter_that_dies_leaves_shepherds_started_by_path(fleeter, monkeypat
     assert first[1].split()[-1] == shepherd.STARTER_ARG, first
     assert [int(pid) for pid, _ in rest] == [os.getpid()] * 2, rest
     assert r.stderr.count("the shepherd starter is gone") == 1, r.stderr
+
+
+def test_work_left_uncommitted_is_committed_without_asking_git_status(fleeter, monkeypatch):
+    # the agent leaves a new file uncommitted: the ls-files that looks for embedded
+    # repositories lists it, so the collect commits it without a `git status` first
+    flags = git_wrapper(fleeter, monkeypatch, LOGGER, "repo")
+    fleeter.write_tasks('[agents.sh]\ncommand = ["/bin/sh", "-c", "echo x > left.txt"]\n' + task("t1", "repo", "true"))
+    r = fleeter.run("tasks.toml")
+    assert r.ret == 0, r.stdout + r.stderr
+    assert fleeter.states() == {"t1": "DONE"}
+    ran = pinned_git(flags)
+    assert "status" not in ran and ran.count("ls-files") == 1 and ran.count("commit") == 1, ran
+    t = fleeter.task("t1")
+    assert "left.txt" in fleeter.git(fleeter.path / "repo", "ls-tree", "-r", "--name-only", t.branch)
