@@ -13,6 +13,7 @@ import os
 import re
 import signal
 import sys
+import threading
 import time
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Callable, Mapping, Optional, Sequence, TextIO
@@ -289,6 +290,8 @@ class ShepherdStarter:
             os.close(req_r)
             os.close(rep_w)
         self._buf = b""
+        # one request and its answer at a time, whichever thread starts attempts
+        self._lock = threading.Lock()
 
     def start(self, adir: str, env: Mapping[str, str]) -> int:
         """Fork a shepherd for ``adir`` with ``env``: :return: its pid.
@@ -296,6 +299,10 @@ class ShepherdStarter:
         :raises OSError: the fork failed (as a spawn's would).
         :raises StarterGone: no answer.
         """
+        with self._lock:
+            return self._start(adir, env)
+
+    def _start(self, adir: str, env: Mapping[str, str]) -> int:
         import select
 
         try:
