@@ -13,7 +13,6 @@ import os
 import re
 import signal
 import sys
-import threading
 import time
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Callable, Mapping, Optional, Sequence, TextIO
@@ -290,6 +289,8 @@ class ShepherdStarter:
             os.close(req_r)
             os.close(rep_w)
         self._buf = b""
+        import threading  # here: `status` and `cancel` import this module, and never a thread
+
         # one request and its answer at a time, whichever thread starts attempts
         self._lock = threading.Lock()
 
