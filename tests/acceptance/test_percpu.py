@@ -11,13 +11,48 @@ from __future__ import annotations
 
 import json
 import os
+import shutil
+import sys
 from collections import Counter
 from pathlib import Path
 from typing import Any
 
 from fleetrun import shepherd
 
-from .test_offpath import AGENT, git_wrapper, task
+#: The agent: writes a file and commits it itself.
+AGENT = ("echo x > f.txt && git add f.txt && "
+         "git -c user.name=t -c user.email=t@example.invalid commit -q -m work")
+
+
+def task(name: str, repo: str, verify: str) -> str:
+    return f"""
+[[task]]
+name = "{name}"
+cwd = "{repo}"
+prompt = "p"
+agent = "sh"
+git_ref = "main"
+  [[task.verify]]
+  run = {json.dumps(verify)}
+"""
+
+
+def git_wrapper(fleeter: Any, monkeypatch: Any, template: str, *repos: str) -> Path:
+    """Make ``repos``, and put first on PATH a ``git`` written from ``template`` (given
+    the flags folder and the real git): :return: the flags folder."""
+    for name in repos:
+        fleeter.make_repo(name)
+    flags = fleeter.path / "flags"
+    flags.mkdir()
+    bindir = fleeter.path / "bin"
+    bindir.mkdir()
+    real = shutil.which("git")
+    assert real
+    wrapper = bindir / "git"
+    wrapper.write_text(template.format(flags=flags, git=real))
+    wrapper.chmod(0o755)
+    monkeypatch.setenv("PATH", f"{bindir}:{Path(real).parent}:{Path(sys.executable).parent}:/usr/bin:/bin")
+    return flags
 
 LOGGER = '''#!/bin/sh
 echo "$*" >> "{flags}/git.log"
