@@ -89,6 +89,21 @@ def agent_argv(kind: str, script: Path, python: str) -> list[str]:
     return [python, str(script)]
 
 
+#: ``python -m fleetrun ARGS`` that writes its own CPU and its children's to ``sys.argv[1]``
+#: as it exits (``getrusage``: the shepherds are its children, reaped, so they count).
+RUSAGE_WRAPPER = """\
+import atexit, json, resource, runpy, sys
+out = sys.argv.pop(1)
+def _dump():
+    s, c = resource.getrusage(resource.RUSAGE_SELF), resource.getrusage(resource.RUSAGE_CHILDREN)
+    with open(out, "w") as f:
+        json.dump({"self": s.ru_utime + s.ru_stime, "children": c.ru_utime + c.ru_stime}, f)
+atexit.register(_dump)
+sys.argv[0] = "fleetrun"
+runpy.run_module("fleetrun", run_name="__main__", alter_sys=True)
+"""
+
+
 def cpu_children() -> float:
     """User + system CPU seconds of every waited-for descendant so far."""
     r = resource.getrusage(resource.RUSAGE_CHILDREN)
@@ -124,22 +139,7 @@ def write_tasks(folder: Path, repo: Path, n: int, kind: str, script: Path) -> Pa
         ]
     path = folder / "tasks.toml"
     path.write_text("\n".join(lines))
-    # the supervisor's own CPU (its threads, not its children: shepherds, agents, git)
-    (folder / "fleetconf.py").write_text(SUPERVISOR_CPU.format(out=str(folder / "supervisor-cpu.txt")))
     return path
-
-
-#: A fleetconf.py that writes the supervisor's own CPU time as the command ends.
-SUPERVISOR_CPU = '''
-import resource
-import fleetrun
-
-@fleetrun.hookimpl
-def fleetrun_unconfigure(config):
-    ru = resource.getrusage(resource.RUSAGE_SELF)
-    with open({out!r}, "w") as f:
-        f.write(str(ru.ru_utime + ru.ru_stime))
-'''
 
 
 def run_fleetrun(work: Path, n: int, parallel: int, kind: str, script: Path,
@@ -150,7 +150,10 @@ def run_fleetrun(work: Path, n: int, parallel: int, kind: str, script: Path,
     env = dict(os.environ, FLEETRUN_HOME=str(home))
     if against is not None:  # the code to compare with: its fleetrun/ first on the path
         env["PYTHONPATH"] = str(against)
-    argv = [sys.executable, "-m", "fleetrun", str(tasks), "--max-tasks", str(parallel)]
+    usage = work / "rusage.json"
+    # run as `python -m fleetrun` would, the supervisor's own CPU and its children's
+    # (shepherds, agents, git, verifiers: all waited for) written as it exits
+    argv = [sys.executable, "-c", RUSAGE_WRAPPER, str(usage), str(tasks), "--max-tasks", str(parallel)]
     trace = work / "fsyncs.strace"
     if fsyncs:  # the supervisor's own syscalls only (no -f): the ledger's syncs, not git's or a shepherd's
         argv = ["strace", "-c", "-e", "trace=fsync,fdatasync", "-o", str(trace), *argv]
@@ -164,7 +167,8 @@ def run_fleetrun(work: Path, n: int, parallel: int, kind: str, script: Path,
     if code != 0:
         tail = out.read_text(errors="replace")[-3000:]
         raise SystemExit(f"fleetrun exited {code} ({shlex.join(argv)}):\n{tail}")
-    result = {"wall": wall, "cpu": cpu, "self_cpu": float((work / "supervisor-cpu.txt").read_text()),
+    split = json.loads(usage.read_text())
+    result = {"wall": wall, "cpu": cpu, "self": split["self"], "children": split["children"],
               **fleetrun_phases(home)}
     if fsyncs:
         result["fsyncs"] = strace_calls(trace)
@@ -335,7 +339,7 @@ def main(argv: Optional[list[str]] = None) -> int:
             for name, fn, results in order:
                 res = fn(tmp / f"{name}-{r}", args.n, args.parallel, args.agent, script)
                 results.append(res)
-                own = f", supervisor {res['self_cpu']:.2f}s" if "self_cpu" in res else ""
+                own = f", supervisor {res['self']:.2f}s" if "self" in res else ""
                 print(f"  run {r + 1}: {name:<8} {res['wall']:7.2f}s wall, {res['cpu']:6.2f}s cpu{own}", flush=True)
         if args.fsyncs:
             counts = [("fleetrun", run_fleetrun(tmp / "fsyncs", args.n, args.parallel, args.agent, script,
@@ -360,11 +364,6 @@ def main(argv: Optional[list[str]] = None) -> int:
     print(f"{'':10} {'wall (median)':>14} {'per task':>10} {'cpu (median)':>14} {'per task':>10}")
     print(f"{'baseline':10} {bw:13.2f}s {bw / args.n * 1000:8.1f}ms {bc:13.2f}s {bc / args.n * 1000:8.1f}ms")
     print(f"{'fleetrun':10} {fw:13.2f}s {fw / args.n * 1000:8.1f}ms {fc:13.2f}s {fc / args.n * 1000:8.1f}ms")
-    own = statistics.median(x["self_cpu"] for x in fleet)
-    print(f"{'':10} supervisor's own cpu (median) {own:.2f}s, {own / args.n * 1000:.1f}ms per task")
-    if before:
-        bo = statistics.median(x["self_cpu"] for x in before)
-        print(f"{'before':10} supervisor's own cpu (median) {bo:.2f}s, {bo / args.n * 1000:.1f}ms per task")
     if before:
         ow = statistics.median(x["wall"] for x in before)
         oc = statistics.median(x["cpu"] for x in before)
@@ -373,6 +372,19 @@ def main(argv: Optional[list[str]] = None) -> int:
               f"fleetrun/before {fw / ow:.2f}x wall, {fc / oc:.2f}x cpu")
     print(f"ratio      {ratio:13.2f}x  (goal < {args.goal:g}x: {'met' if ratio < args.goal else 'NOT met'})")
     print(f"overhead   {(fw - bw) / args.n * 1000:13.1f}ms per task")
+    print()
+    # CPU per task against the floor (the baseline's CPU: git worktree add/remove, the
+    # agent, the verifier, measured in the same run); the supervisor's own CPU apart
+    # from its children's (shepherds, agents, git, verifiers)
+    print(f"{'cpu per task (median)':<22} {'total':>8} {'/floor':>7} {'supervisor':>11} {'children':>9}")
+    print(f"{'floor (baseline)':<22} {bc / args.n * 1000:6.1f}ms")
+    for name, runs in (("fleetrun", fleet), ("before", before)):
+        if runs:
+            tot = statistics.median(x["cpu"] for x in runs) / args.n
+            own = statistics.median(x["self"] for x in runs) / args.n
+            kids = statistics.median(x["children"] for x in runs) / args.n
+            print(f"{name:<22} {tot * 1000:6.1f}ms {tot / (bc / args.n):6.2f}x {own * 1000:9.1f}ms "
+                  f"{kids * 1000:7.1f}ms")
     print()
     print("\n".join(summarize("baseline (median run)", mid_b["phases"])))
     print("\n".join(summarize("fleetrun (median run)", mid_f["phases"])))

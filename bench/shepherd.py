@@ -6,7 +6,10 @@ shepherd on it as the host does (``python -I -S``, by path), next to
 user + system of the shepherd and its agent (``getrusage`` of the children). With
 ``--against DIR`` the shepherd of another checkout runs too (and from the byte-code its
 ``fleetrun/shepherdrun.py`` compiled, when it has one: the way hosts ran it before
-issue 23)::
+issue 23). ``forked by the starter`` is how the supervisor starts them since issue 24:
+one ``shepherd.py --starter`` (:class:`fleetrun.hosts.ShepherdStarter`) forks each; its
+CPU is the starter's whole life (its own start once, then every shepherd it forked and
+reaped) over the runs, its wall the time from the request to the shepherd's exit::
 
     python bench/shepherd.py                 # 40 runs of each
     python bench/shepherd.py --runs 100
@@ -28,6 +31,7 @@ from pathlib import Path
 from typing import Optional
 
 from fleetrun import shepherd
+from fleetrun.hosts import ShepherdStarter
 
 
 def once(argv: list[str], env: dict[str, str]) -> tuple[float, float]:
@@ -54,10 +58,14 @@ def main(argv: Optional[list[str]] = None) -> int:
             pyc = _old_byte_code(old, Path(tmp) / "cache")
             if pyc is not None:
                 ways[f"byte-code of {args.against.name}"] = [pyc]
-        cpu: dict[str, list[float]] = {w: [] for w in ways}
-        wall: dict[str, list[float]] = {w: [] for w in ways}
+        forked = "forked by the starter"
+        cpu: dict[str, list[float]] = {w: [] for w in [*ways, forked]}
+        wall: dict[str, list[float]] = {w: [] for w in [*ways, forked]}
         env = dict(os.environ, **{shepherd.DEBUG_ENV: "1"})
         last: dict[str, Path] = {}
+        r0 = resource.getrusage(resource.RUSAGE_CHILDREN)
+        starter = ShepherdStarter(Path(tmp) / "starter.out")
+        starter_cpu = 0.0
         for i in range(args.runs):
             for k, (name, code) in enumerate(ways.items()):
                 adir = last[name] = Path(tmp) / f"{i}-{k}"
@@ -67,11 +75,24 @@ def main(argv: Optional[list[str]] = None) -> int:
                 c, w = once([sys.executable, "-I", "-S", *code, *extra], env)
                 cpu[name].append(c)
                 wall[name].append(w)
+                starter_cpu -= c  # its children's CPU is ours only once it is reaped: below
+            adir = Path(tmp) / f"{i}-starter"
+            adir.mkdir()
+            (adir / shepherd.SPEC).write_text(json.dumps({"attempt_id": "a", "argv": ["/bin/true"], "env": {}}))
+            t0 = time.perf_counter()
+            pid = starter.start(str(adir), env)
+            while shepherd.proc_token(pid) is not None:  # until it has exited (a zombie has)
+                time.sleep(0.0005)
+            wall[forked].append(time.perf_counter() - t0)
+        starter.close()
+        r1 = resource.getrusage(resource.RUSAGE_CHILDREN)
+        starter_cpu += r1.ru_utime - r0.ru_utime + r1.ru_stime - r0.ru_stime
+        cpu[forked] = [starter_cpu / args.runs]
         base_cpu = statistics.median(cpu["python -I -S -c pass"])
         base_wall = statistics.median(wall["python -I -S -c pass"])
         print(f"python {sys.version.split()[0]}, {args.runs} runs each (interleaved), agent /bin/true")
         print(f"{'':<32} {'cpu':>8} {'ratio':>6} {'wall':>9} {'ratio':>6}")
-        for name in ways:
+        for name in [*ways, forked]:
             c, w = statistics.median(cpu[name]), statistics.median(wall[name])
             print(f"{name:<32} {c * 1000:6.1f}ms {c / base_cpu:5.2f}x {w * 1000:7.1f}ms {w / base_wall:5.2f}x")
         names = (last["shepherd.py"] / shepherd.MODULES).read_text().splitlines()[1:]

@@ -140,6 +140,10 @@ class Pinned:
     gitdir: str
     common: str
 
+    # all three are real paths (resolved once, by :func:`pin_worktree`, the only maker):
+    # :func:`check_pinned`, which runs before every git command, resolves only what the
+    # worktree's files name
+
 
 def worktree_gitdirs(admin_root: str | Path) -> Iterator[tuple[Path, str]]:
     """``(admin folder, the path its gitdir file names)`` for each worktree a repository
@@ -168,13 +172,28 @@ def pin_worktree(root: str | Path, common: str | Path) -> Pinned:
     common_real = os.path.realpath(common)
     admin_root = Path(common_real) / "worktrees"
     want = os.path.join(real_root, ".git")
-    found = next((str(entry) for entry, target in worktree_gitdirs(admin_root)
-                  if os.path.realpath(target) == want), None)
+    found = _admin_folder(admin_root, os.path.basename(real_root), want)
     if found is None:
         raise WorktreeTampered(f"{real_root} is not a worktree of {common_real}")
-    pinned = Pinned(root=real_root, gitdir=found, common=common_real)
+    pinned = Pinned(root=real_root, gitdir=os.path.realpath(found), common=common_real)
     check_pinned(pinned)
     return pinned
+
+
+def _admin_folder(admin_root: Path, name: str, want: str) -> Optional[str]:
+    """The folder of ``admin_root`` whose ``gitdir`` names ``want``. git names a
+    worktree's folder after the worktree's own (``name``, or ``name1``, ``name2``... when
+    that is taken), so that one is read first; the others only when it is not the one
+    (a repository with many worktrees is not read through for every pin)."""
+    first = admin_root / name
+    try:
+        target = (first / "gitdir").read_text(encoding="utf-8", errors="replace").strip()
+        if os.path.realpath(target) == want:
+            return str(first)
+    except OSError:
+        pass
+    return next((str(entry) for entry, target in worktree_gitdirs(admin_root)
+                 if os.path.realpath(target) == want), None)
 
 
 def check_pinned(p: Pinned) -> None:
@@ -202,14 +221,17 @@ def check_pinned(p: Pinned) -> None:
     target = text[len("gitdir:"):].strip()
     if not os.path.isabs(target):
         target = os.path.join(p.root, target)
-    if os.path.realpath(target) != os.path.realpath(p.gitdir):
+    # p.gitdir is real (pin_worktree resolved it); the file naming it as git wrote it
+    # (absolute, resolved) needs no resolving. A folder swapped for a link on the way to
+    # it is the commondir check's to find, as it was when both sides were resolved.
+    if target != p.gitdir and os.path.realpath(target) != p.gitdir:
         raise WorktreeTampered(f"{dotgit} was rewritten to point at {target}")
     try:
         back = (Path(p.gitdir) / "commondir").read_text(encoding="utf-8", errors="replace").strip()
     except OSError:
         raise WorktreeTampered(f"{p.gitdir} has no commondir file") from None
     back_path = back if os.path.isabs(back) else os.path.join(p.gitdir, back)
-    if os.path.realpath(back_path) != os.path.realpath(p.common):
+    if os.path.realpath(back_path) != p.common:
         raise WorktreeTampered(f"{p.gitdir} no longer belongs to {p.common}")
 
 
@@ -244,7 +266,7 @@ def filters_off(config_z: str) -> list[str]:
             for opt in ("-c", kv)]
 
 
-def embedded_repositories(p: Pinned) -> list[str]:
+def embedded_repositories(p: Pinned, untracked: Optional[list[str]] = None) -> list[str]:
     """The repositories inside the pinned worktree that its branch would record as
     gitlinks, each as ``path/``: a new folder holding a ``.git`` that ``git add -A``
     would add (git lists it as ``path/`` among the untracked files), and a gitlink
@@ -252,12 +274,27 @@ def embedded_repositories(p: Pinned) -> list[str]:
     a ``.git``. A ``.git`` git itself never sees (in an ignored folder, in a folder that
     has tracked files) is not one: git records nothing of it and runs nothing in it.
 
+    One ``git ls-files`` lists both (``-t``: each entry tagged, ``? path`` for an
+    untracked one, ``H mode object stage\tpath`` and the like for the index's), not one
+    for each: it runs for every attempt's collect.
+
+    :param untracked: filled with the untracked files the listing found (what ``git
+        status --untracked-files=all`` would list as ``??``): a collect that sees one
+        knows there is work to commit without asking ``git status``.
     :raises WorktreeTampered: when the pin no longer holds.
     :raises GitError: git refused.
     """
-    found = {f for f in wt_git(p, "ls-files", "-z", "--others", "--exclude-standard").split("\0") if f.endswith("/")}
-    for entry in wt_git(p, "ls-files", "-z", "--stage").split("\0"):
-        meta, _, path = entry.partition("\t")
+    found = set()
+    out = wt_git(p, "ls-files", "-z", "-t", "--stage", "--others", "--exclude-standard")
+    for entry in out.split("\0"):
+        tag, _, rest = entry.partition(" ")
+        if tag == "?":  # untracked: the path as it is (a name may hold a tab)
+            if rest.endswith("/"):
+                found.add(rest)
+            if untracked is not None:
+                untracked.append(rest)
+            continue
+        meta, _, path = rest.partition("\t")
         if meta.startswith("160000 ") and os.path.lexists(os.path.join(p.root, path, ".git")):
             found.add(path.rstrip("/") + "/")
     return sorted(found)

@@ -12,8 +12,10 @@ import json
 import os
 import re
 import signal
+import sys
+import time
 from pathlib import Path
-from typing import TYPE_CHECKING, Any, Callable, Optional, Sequence
+from typing import TYPE_CHECKING, Any, Callable, Mapping, Optional, Sequence, TextIO
 
 from .hostapi import (  # noqa: F401  (their old home: kept importable)
     AttemptRef,
@@ -29,9 +31,11 @@ from .shepherd import (
     CANCEL,
     LOG,
     SHEPHERD_ENV,
+    SHEPHERD_OUT,
     SHEPHERD_PATH,  # noqa: F401  (tests find it here, its old home)
     SPEC,
     START_LOCK,
+    STARTER_ARG,
     STATUS,
     proc_token,
     read_json,
@@ -78,17 +82,26 @@ class LocalHost:
     :param root: the folder of its attempt folders (default ``home/attempts``).
     :param measure: what :meth:`candidate` returns (the ``local`` plugin passes the
         ``placement`` plugin's measurement of this machine); None: no candidate.
+    :param starter: start shepherds through one long-lived :class:`ShepherdStarter`
+        (made on the first start; :meth:`close` ends it) rather than an interpreter
+        each: for a process that starts many, the supervisor's loop. A host made for
+        one verb (a peer's ``host start``) starts its one shepherd by path.
+    :param err: where to say that the starter is gone (default ``sys.stderr``).
     """
 
     local = True
 
     def __init__(self, home: Path, name: str = "local", root: Optional[Path] = None,
-                 measure: Optional[Callable[[Any], Optional[Candidate]]] = None) -> None:
+                 measure: Optional[Callable[[Any], Optional[Candidate]]] = None, starter: bool = False,
+                 err: Optional[TextIO] = None) -> None:
         self.home = home
         self.name = name
         self.root = root if root is not None else home / "attempts"
         self.measure = measure
         self._children: dict[str, int] = {}
+        self._use_starter = starter
+        self._starter: Optional[ShepherdStarter] = None
+        self._err = err
 
     def attempt_dir(self, attempt_id: str) -> Path:
         return self.root / attempt_id
@@ -118,13 +131,36 @@ class LocalHost:
         # crash that loses this file takes the shepherd with it; adoption then finds no
         # status and gives the attempt up under the start lock (docs/durability.md)
         write_json(str(adir / SPEC), spec, sync=False)
-        # posix_spawn in a new session, not Popen: the shepherd is meant to outlive us,
-        # and a Popen object would complain when collected with its child still running.
-        pid = spawn_detached(shepherd_argv(str(adir)), os.environ, adir / "shepherd.out")
-        self._children[attempt_id] = pid
+        pid = self._start_shepherd(attempt_id, adir)
         from .reports import Started
 
         return Started(pid=pid, token=proc_token(pid), dir=str(adir))
+
+    def _start_shepherd(self, attempt_id: str, adir: Path) -> int:
+        """The shepherd's pid: forked by the starter when this host keeps one, else (or
+        when the starter is gone) spawned by path."""
+        if self._use_starter:
+            try:
+                if self._starter is None:
+                    self._starter = ShepherdStarter(self.home / "shepherd-starter.out")
+                return self._starter.start(str(adir), os.environ)
+            except StarterGone as e:
+                # the run goes on without it: every shepherd is spawned by path from now
+                self._use_starter = False
+                self.close()
+                (self._err or sys.stderr).write(
+                    f"fleetrun: the shepherd starter is gone ({e}); shepherds start by path\n")
+        # posix_spawn in a new session, not Popen: the shepherd is meant to outlive us,
+        # and a Popen object would complain when collected with its child still running.
+        pid = spawn_detached(shepherd_argv(str(adir)), os.environ, adir / SHEPHERD_OUT)
+        self._children[attempt_id] = pid
+        return pid
+
+    def close(self) -> None:
+        """End the starter, if this host made one (its shepherds run on)."""
+        starter, self._starter = self._starter, None
+        if starter is not None:
+            starter.close()
 
     def reap(self) -> None:
         """Collect exited shepherd children (they are detached, but ours until we exit)."""
@@ -216,6 +252,109 @@ class LocalHost:
 
 
 MAX_STATUS_BYTES = 1 << 20  # a shepherd's status is a few hundred bytes
+
+
+class StarterGone(Exception):
+    """The shepherd starter did not answer (it died, or is stuck): shepherds start by path."""
+
+
+class ShepherdStarter:
+    """One ``python -I -S shepherd.py --starter`` (:func:`fleetrun.shepherd.starter`):
+    it forks a shepherd for each :meth:`start`, which costs a fraction of a new
+    interpreter's start, compile and imports (issue 24: ~22 ms of CPU an attempt).
+
+    It runs in a session of its own, its input and output pipes to us; its errors go to
+    ``log``. When we exit, however we exit, its input closes and it ends; the shepherds
+    it forked, each in a session of its own, run on as ones spawned by path do.
+    """
+
+    #: How long a start may wait for the starter's answer (a fork takes milliseconds).
+    ANSWER_S = 30.0
+
+    def __init__(self, log: Path) -> None:
+        req_r, self._req = os.pipe()
+        self._rep, rep_w = os.pipe()
+        try:
+            argv = shepherd_argv(STARTER_ARG)
+            self.pid = os.posix_spawn(argv[0], argv, dict(os.environ), file_actions=[
+                (os.POSIX_SPAWN_DUP2, req_r, 0),
+                (os.POSIX_SPAWN_DUP2, rep_w, 1),
+                (os.POSIX_SPAWN_OPEN, 2, os.fspath(log), os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o600),
+            ], setsid=True)
+        except OSError as e:
+            os.close(self._req)
+            os.close(self._rep)
+            raise StarterGone(str(e)) from None
+        finally:
+            os.close(req_r)
+            os.close(rep_w)
+        self._buf = b""
+        import threading  # here: `status` and `cancel` import this module, and never a thread
+
+        # one request and its answer at a time, whichever thread starts attempts
+        self._lock = threading.Lock()
+
+    def start(self, adir: str, env: Mapping[str, str]) -> int:
+        """Fork a shepherd for ``adir`` with ``env``: :return: its pid.
+
+        :raises OSError: the fork failed (as a spawn's would).
+        :raises StarterGone: no answer.
+        """
+        with self._lock:
+            return self._start(adir, env)
+
+    def _start(self, adir: str, env: Mapping[str, str]) -> int:
+        import select
+
+        try:
+            _write_all(self._req, (json.dumps({"dir": adir, "env": dict(env)}) + "\n").encode())
+        except OSError as e:
+            raise StarterGone(f"its input: {e.strerror}") from None
+        deadline = time.monotonic() + self.ANSWER_S
+        while b"\n" not in self._buf:
+            left = deadline - time.monotonic()
+            ready, _, _ = select.select([self._rep], [], [], max(0.0, left))
+            if not ready:
+                raise StarterGone(f"no answer in {self.ANSWER_S:g} s")
+            chunk = os.read(self._rep, 4096)
+            if not chunk:
+                raise StarterGone("it exited")
+            self._buf += chunk
+        line, self._buf = self._buf.split(b"\n", 1)
+        words = line.decode("utf-8", "replace").split(" ", 2)
+        if len(words) == 2 and words[0] == "pid" and words[1].isdigit():
+            return int(words[1])
+        if len(words) == 3 and words[0] == "error" and words[1].isdigit():
+            raise OSError(int(words[1]), words[2])
+        raise StarterGone(f"it answered {line[:100]!r}")
+
+    def close(self) -> None:
+        """Close its input, so it ends, and wait for it (it ends at once; killed after
+        a few seconds if not)."""
+        for fd in (self._req, self._rep):
+            try:
+                os.close(fd)
+            except OSError:
+                pass
+        deadline = time.monotonic() + 5.0
+        while True:
+            try:
+                done, _ = os.waitpid(self.pid, os.WNOHANG)
+            except ChildProcessError:
+                return
+            if done:
+                return
+            if time.monotonic() >= deadline:
+                os.kill(self.pid, signal.SIGKILL)
+                os.waitpid(self.pid, 0)
+                return
+            time.sleep(0.005)
+
+
+def _write_all(fd: int, data: bytes) -> None:
+    view = memoryview(data)
+    while view:
+        view = view[os.write(fd, view):]
 
 
 def read_status(adir: Path) -> tuple[dict[str, Any], Optional[str]]:

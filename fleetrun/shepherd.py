@@ -631,9 +631,106 @@ def _write_modules(adir: str) -> None:
         pass
 
 
+#: ``shepherd.py --starter``: a long-lived process that forks a shepherd per request.
+STARTER_ARG = "--starter"
+#: Beside each attempt folder's files: what its shepherd printed (``spawn_detached``'s too).
+SHEPHERD_OUT = "shepherd.out"
+
+
+def starter() -> int:
+    """Fork a shepherd for each request read on standard input, until it closes.
+
+    A host that starts many attempts (the supervisor's ``LocalHost``) keeps one of these
+    (:class:`fleetrun.hosts.ShepherdStarter`): a fork of this small process, which has
+    imported what a shepherd needs once, costs a fraction of an interpreter's start and
+    this file's compile and imports, on every attempt (issue 24). A shepherd still
+    outlives it, and the supervisor: each is in a session of its own, and this process
+    only reaps the ones that end while it runs.
+
+    A request is one line of JSON, ``{"dir": ATTEMPT_DIR, "env": {...}}`` (the
+    environment the shepherd runs with, the supervisor's at the time, as a spawn gives
+    it); the answer one line, ``pid PID`` or ``error ERRNO MESSAGE``.
+    """
+    # what every shepherd imports on its way (run, set_subreaper), imported once here
+    # for all of them: ctypes alone is ~3 ms of CPU a shepherd
+    import ctypes  # noqa: F401
+    import fcntl  # noqa: F401
+    import termios  # noqa: F401
+
+    buf = b""
+    while True:
+        _reap()
+        try:
+            ready, _, _ = select.select([0], [], [], 1.0)
+        except InterruptedError:  # pragma: no cover
+            continue
+        if not ready:
+            continue
+        chunk = os.read(0, 65536)
+        if not chunk:
+            break
+        buf += chunk
+        while b"\n" in buf:
+            line, buf = buf.split(b"\n", 1)
+            _write_all(1, (_fork_shepherd(line) + "\n").encode())
+    _reap()
+    return 0
+
+
+def _fork_shepherd(line: bytes) -> str:
+    """One request of :func:`starter`: the answer line (the forked child never returns)."""
+    try:
+        req = json.loads(line)
+        adir, env = req["dir"], req["env"]
+        if not isinstance(adir, str) or not isinstance(env, dict) or not all(
+                isinstance(k, str) and isinstance(v, str) for k, v in env.items()):
+            raise TypeError
+    except (ValueError, KeyError, TypeError):
+        return f"error {22} malformed request"  # EINVAL
+    try:
+        out = os.open(os.path.join(adir, SHEPHERD_OUT), os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o600)
+    except OSError as e:
+        return f"error {e.errno} {e.strerror}"
+    try:
+        pid = os.fork()
+    except OSError as e:
+        os.close(out)
+        return f"error {e.errno} {e.strerror}"
+    if pid:
+        os.close(out)
+        return f"pid {pid}"
+    code = 1
+    try:  # the shepherd, as spawn_detached starts one: its own session, no input, output to OUT
+        os.setsid()
+        null = os.open(os.devnull, os.O_RDONLY)
+        os.dup2(null, 0)
+        os.dup2(out, 1)
+        os.dup2(out, 2)
+        os.close(null)
+        os.close(out)
+        os.environ.clear()
+        os.environ.update(env)
+        code = main([adir])
+    except SystemExit as e:
+        code = e.code if isinstance(e.code, int) else 1
+        if not isinstance(e.code, int) and e.code is not None:
+            sys.stderr.write(f"{e.code}\n")
+    except BaseException as e:  # never back into the starter's loop
+        sys.stderr.write(f"shepherd: {type(e).__name__}: {e}\n")
+    finally:
+        try:
+            sys.stdout.flush()
+            sys.stderr.flush()
+        finally:
+            os._exit(code)
+    return ""  # pragma: no cover (os._exit does not return)
+
+
 def main(argv: list[str]) -> int:
+    if argv == [STARTER_ARG]:
+        return starter()
     if len(argv) != 1:
-        print("usage: shepherd.py ATTEMPT_DIR", file=sys.stderr)
+        print("usage: shepherd.py ATTEMPT_DIR | shepherd.py --starter", file=sys.stderr)
         return 2
     try:
         return Shepherd(argv[0]).run()

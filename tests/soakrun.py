@@ -42,6 +42,7 @@ from acceptance.test_crash_points import (
 )
 
 from fleetrun.fleeter import GIT_ENV
+from fleetrun.osutil import proc_token
 
 #: What a file under the home may weigh at most: the soak's ``[output] max_bytes`` (item
 #: 5 of issue 21), plus the one line that says what was cut (:data:`MARKER_ROOM`).
@@ -252,12 +253,18 @@ def _states(home: Path) -> dict[str, str]:
         return {}
 
 
-def _is_shepherd_of(pid: int, home: Path) -> bool:
+def _is_shepherd_of(pid: int, token: Optional[str], home: Path) -> bool:
+    """Whether ``pid`` is still the shepherd the ledger recorded: a shepherd by its
+    command line, and the one of this home (run by path, its attempt folder is on it) or
+    the very process (forked by the supervisor's starter, its command line is the
+    starter's: its start-time token tells it from a reused pid)."""
     try:
         cmd = Path(f"/proc/{pid}/cmdline").read_bytes().split(b"\0")
     except OSError:
         return False
-    return any(str(home).encode() in part for part in cmd) and any(b"shepherd" in part for part in cmd)
+    if not any(b"shepherd" in part for part in cmd):
+        return False
+    return any(str(home).encode() in part for part in cmd) or (token is not None and proc_token(pid) == token)
 
 
 def fill(path: Path) -> int:
@@ -385,19 +392,20 @@ class Soak:
         try:
             conn = _ro(self.home)
             try:
-                rows = conn.execute("SELECT t.name, t.resumes, a.shepherd_pid FROM attempts a JOIN tasks t "
+                rows = conn.execute("SELECT t.name, t.resumes, a.shepherd_pid, a.shepherd_token "
+                                    "FROM attempts a JOIN tasks t "
                                     "ON a.task_id = t.id WHERE a.state = 'running' AND a.shepherd_pid IS NOT NULL "
                                     "AND t.state = 'RUNNING' AND a.host = 'local' ORDER BY t.name").fetchall()
             finally:
                 conn.close()
         except sqlite3.Error:
             return False
-        fit = [(name, pid) for name, resumes, pid in rows
+        fit = [(name, pid, token) for name, resumes, pid, token in rows
                if resumes + self.hit[name] < 2 and self.by_name[name].kind != "malformed"]
         if not fit:
             return False
-        name, pid = self.aim.choice(fit)
-        if not _is_shepherd_of(pid, self.home):
+        name, pid, token = self.aim.choice(fit)
+        if not _is_shepherd_of(pid, token, self.home):
             return False
         try:
             os.kill(pid, signal.SIGKILL)

@@ -14,10 +14,16 @@ from __future__ import annotations
 from typing import TYPE_CHECKING, Any, Optional
 
 from ..hookimpl import hookimpl
+from ..stash import StashKey
 
 if TYPE_CHECKING:
     from ..config import Config
+    from ..hosts import LocalHost
     from ..reports import Candidate
+
+#: The run's one LocalHost: offered again when the hook is asked again, so that its
+#: shepherd starter (made on its first start) is one per run and ended with it.
+HOST_KEY: StashKey[LocalHost] = StashKey()
 
 
 def measure(config: Config) -> Optional[Candidate]:
@@ -31,4 +37,15 @@ def measure(config: Config) -> Optional[Candidate]:
 def fleetrun_hosts(config: Config) -> list[Any]:
     from ..hosts import LocalHost  # asked only by what looks attempts up (not by --help)
 
-    return [LocalHost(config.home, measure=measure)]
+    host = config.stash.get(HOST_KEY)
+    if host is None:
+        host = config.stash[HOST_KEY] = LocalHost(config.home, measure=measure, starter=True,
+                                                      err=getattr(config, "err", None))
+    return [host]
+
+
+@hookimpl
+def fleetrun_unconfigure(config: Config) -> None:
+    host = config.stash.get(HOST_KEY)
+    if host is not None:
+        host.close()  # its starter ends; the shepherds it started run on

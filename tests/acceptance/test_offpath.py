@@ -1,5 +1,5 @@
 """Local effects off the loop's critical path (issue 16): a new worktree is added, an
-ended attempt's work collected (``git status``, ``add``, ``commit``), a handoff's
+ended attempt's work collected (``git ls-files``, ``status``, ``add``, ``commit``), a handoff's
 commit subjects read (``git log``), and a DONE task's clean worktree removed, on a
 worker of :mod:`fleetrun.effects` while the loop handles other tasks; two adds or
 removes in one repository never overlap.
@@ -9,7 +9,7 @@ No timing is asserted: a ``git`` wrapper on PATH holds the slow repository's
 ``worktree remove`` until a third task's verifier has. With either effect on the loop's
 thread, that verifier could never run while git waits: the wrapper gives up (its log
 says ``timed out``) and the order the test asserts is not the one seen. The collect's
-``git status`` and the handoff's ``git log`` are held the same way.
+first git command (its ``ls-files``) and the handoff's ``git log`` are held the same way.
 """
 
 from __future__ import annotations
@@ -102,19 +102,19 @@ def test_worktree_add_and_remove_do_not_block_other_tasks(fleeter, monkeypatch):
                                       "--name-only", t.branch)
 
 
-# The repository "slow": the pinned `git status` of fleetrun_collect_work (its
+# The repository "slow": the pinned `git ls-files` of fleetrun_collect_work, its first (its
 # --git-dir is slow's worktrees/ folder), and the handoff's `git log` (run in the
-# repository), when $FLAGS/hold.status (hold.log) is there, say they began, then wait
+# repository), when $FLAGS/hold.collect (hold.log) is there, say they began, then wait
 # for $FLAGS/go. The repository "fail" refuses
 # the collect's commit.
 COLLECT_WRAPPER = '''#!/bin/sh
 case "$*" in
-  *"/slow/.git/worktrees/"*" status "*)
-    [ -e "{flags}/hold.status" ] || exec "{git}" "$@"
-    touch "{flags}/status.began"
+  *"/slow/.git/worktrees/"*" ls-files "*)
+    [ -e "{flags}/hold.collect" ] || exec "{git}" "$@"
+    touch "{flags}/collect.began"
     i=0
     while [ ! -e "{flags}/go" ] && [ $i -lt 300 ]; do sleep 0.05; i=$((i+1)); done
-    if [ -e "{flags}/go" ]; then echo "status released" >> "{flags}/log"; else echo "status timed out" >> "{flags}/log"; fi ;;
+    if [ -e "{flags}/go" ]; then echo "collect released" >> "{flags}/log"; else echo "collect timed out" >> "{flags}/log"; fi ;;
   *"/slow "*" log "*)
     [ -e "{flags}/hold.log" ] || exec "{git}" "$@"
     touch "{flags}/log.began"
@@ -139,15 +139,15 @@ def fleetrun_commits(fleeter: Any, repo: str, branch: str) -> list[str]:
 
 @pytest.mark.parametrize("cancel", [False, True], ids=["collected", "cancelled-while-collecting"])
 def test_collecting_the_work_does_not_block_other_tasks(fleeter, monkeypatch, cancel):
-    # s's agent leaves its work uncommitted, so fleetrun_collect_work's `git status` finds
-    # it and commits it; that status waits until f's verifier has run. f's agent ends only
-    # once s's status has begun (so s's collect is on its way when f's end comes), and, in
+    # s's agent leaves its work uncommitted, so fleetrun_collect_work's `git ls-files` finds
+    # it and it is committed; that ls-files waits until f's verifier has run. f's agent ends
+    # only once s's collect has begun (so it is on its way when f's end comes), and, in
     # the second case, cancels s first. With the collect on the loop's thread, f's end
-    # could not be handled while git waits: the wrapper gives up (`status timed out`).
+    # could not be handled while git waits: the wrapper gives up (`collect timed out`).
     flags = collect_setup(fleeter, monkeypatch, "slow", "fast")
-    (flags / "hold.status").touch()
-    wait_began = (f'i=0; while [ ! -e {flags}/status.began ] && [ $i -lt 300 ]; do sleep 0.05; i=$((i+1)); done; '
-                  f'[ -e {flags}/status.began ] || echo "f never saw it begin" >> {flags}/log; ')
+    (flags / "hold.collect").touch()
+    wait_began = (f'i=0; while [ ! -e {flags}/collect.began ] && [ $i -lt 300 ]; do sleep 0.05; i=$((i+1)); done; '
+                  f'[ -e {flags}/collect.began ] || echo "f never saw it begin" >> {flags}/log; ')
     cancel_s = f'{shlex.quote(sys.executable)} -m fleetrun cancel s >> {flags}/cancel.out 2>&1; ' if cancel else ""
     fleeter.write_tasks(f'[agents.s]\ncommand = ["/bin/sh", "-c", "echo x > f.txt"]\n'
                         f'[agents.f]\ncommand = ["/bin/sh", "-c", {json.dumps(wait_began + cancel_s + AGENT)}]\n'
@@ -155,7 +155,7 @@ def test_collecting_the_work_does_not_block_other_tasks(fleeter, monkeypatch, ca
                         + task("f", "fast", f"touch {flags}/go", '', "f"))
     r = fleeter.run("tasks.toml", "--max-tasks", "4")
     log = [ln for ln in (flags / "log").read_text().split("\n") if ln] if (flags / "log").exists() else []
-    assert log == ["status released"], (log, r.stdout + r.stderr)
+    assert log == ["collect released"], (log, r.stdout + r.stderr)
     s = fleeter.task("s")
     led = fleeter.ledger()
     went = [row.to_state for row in led.transitions(s.id)]

@@ -329,8 +329,9 @@ def fleetrun_collect_work(task: Any, attempt: Any, workspace: Workspace, host: H
     fleetrun made (the agent may have rewritten its ``.git``), and the commit goes only
     onto the task's own branch.
 
-    In a work loop the git commands (``status``, the HEAD check, ``add``, ``commit``,
-    ``rev-parse``: ~6 ms when there is nothing to commit) run on the effects' worker and
+    In a work loop the git commands (the embedded-repository ``ls-files``, ``status``
+    unless that listing found an untracked file, the HEAD check, ``add``, ``commit``,
+    ``rev-parse``: two commands when there is nothing to commit) run on the effects' worker and
     a :class:`~fleetrun.reports.CollectHandle` is returned; elsewhere (a peer's ``host
     collect``) they run here, and None says there was nothing to commit.
 
@@ -359,14 +360,16 @@ def _commit_work(p: Pinned, branch: Optional[str], message: str) -> str:
     :raises WorktreeTampered: the pin broke, or HEAD is not on ``branch``.
     :raises GitError: git refused.
     """
-    embedded = embedded_repositories(p)
+    untracked: list[str] = []
+    embedded = embedded_repositories(p, untracked)
     if embedded:
         # git would record it as a gitlink, and a repository the agent made names its own
         # config (core.fsmonitor, hooks...): refused, like any other tampering
         # the names are the agent's: a few are enough to say what happened
         more = f" and {len(embedded) - 5} more" if len(embedded) > 5 else ""
         raise WorktreeTampered(f"embedded repository {', '.join(embedded[:5])}{more}")
-    if not wt_git(p, "status", "--porcelain", "--untracked-files=all").strip():
+    # an untracked file is work to commit: git status would only say so again
+    if not untracked and not wt_git(p, "status", "--porcelain", "--untracked-files=all").strip():
         return ""
     if branch:
         head = wt_git(p, "symbolic-ref", "-q", "HEAD", check=False).strip()

@@ -29,6 +29,9 @@ if TYPE_CHECKING:
 REPOS_KEY = StashKey[dict[str, Optional[tuple[str, str]]]]()
 #: (worktree root, git folder) -> its pin, checked again before every use.
 PINS_KEY = StashKey[dict[tuple[str, str], Pinned]]()
+#: (root, git folder) as given -> as real paths: resolved once a run, not on every look
+#: at a pin (a collect, a cleanup, each pass of a worktree being added).
+REAL_KEY = StashKey[dict[tuple[str, str], tuple[str, str]]]()
 
 
 def identity_args(p: Pinned) -> list[str]:
@@ -56,7 +59,7 @@ def pinned(config: Config, root: str, common: str) -> Pinned:
     :raises WorktreeTampered: when ``root`` is not, or no longer, that worktree.
     """
     cache: dict[tuple[str, str], Pinned] = config.stash.setdefault(PINS_KEY, {})
-    key = (os.path.realpath(root), os.path.realpath(common))
+    key = _real(config, root, common)
     p = cache.get(key)
     if p is not None:
         try:
@@ -78,7 +81,19 @@ def pinned(config: Config, root: str, common: str) -> Pinned:
 
 
 def forget_pin(config: Config, root: str, common: str) -> None:
-    config.stash.setdefault(PINS_KEY, {}).pop((os.path.realpath(root), os.path.realpath(common)), None)
+    key = config.stash.setdefault(REAL_KEY, {}).pop((root, common), None)
+    config.stash.setdefault(PINS_KEY, {}).pop(key or (os.path.realpath(root), os.path.realpath(common)), None)
+
+
+def _real(config: Config, root: str, common: str) -> tuple[str, str]:
+    """``(root, common)`` as real paths, resolved once (until :func:`forget_pin`). The
+    pin found for them is checked before every use all the same, from the real paths
+    it holds, so a worktree moved or replaced since is not followed."""
+    known = config.stash.setdefault(REAL_KEY, {})
+    got = known.get((root, common))
+    if got is None:
+        got = known[(root, common)] = (os.path.realpath(root), os.path.realpath(common))
+    return got
 
 
 def worktree_root(ws: Workspace, common: str) -> str:

@@ -1,0 +1,147 @@
+"""What a trivial task costs in processes (issue 24, the per-task CPU): the git commands
+and the interpreters fleetrun starts for one task whose agent commits its own work, each
+counted from a log, never timed.
+
+A ``git`` first on PATH logs its arguments and runs the real one; the counts below are
+what fleetrun itself runs (its ``-c core.fsmonitor=false`` settings mark its commands
+apart from the agent's own ``git add`` and ``git commit``).
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import sys
+from collections import Counter
+from pathlib import Path
+from typing import Any
+
+from fleetrun import shepherd
+
+#: The agent: writes a file and commits it itself.
+AGENT = ("echo x > f.txt && git add f.txt && "
+         "git -c user.name=t -c user.email=t@example.invalid commit -q -m work")
+
+
+def task(name: str, repo: str, verify: str) -> str:
+    return f"""
+[[task]]
+name = "{name}"
+cwd = "{repo}"
+prompt = "p"
+agent = "sh"
+git_ref = "main"
+  [[task.verify]]
+  run = {json.dumps(verify)}
+"""
+
+
+def git_wrapper(fleeter: Any, monkeypatch: Any, template: str, *repos: str) -> Path:
+    """Make ``repos``, and put first on PATH a ``git`` written from ``template`` (given
+    the flags folder and the real git): :return: the flags folder."""
+    for name in repos:
+        fleeter.make_repo(name)
+    flags = fleeter.path / "flags"
+    flags.mkdir()
+    bindir = fleeter.path / "bin"
+    bindir.mkdir()
+    real = shutil.which("git")
+    assert real
+    wrapper = bindir / "git"
+    wrapper.write_text(template.format(flags=flags, git=real))
+    wrapper.chmod(0o755)
+    monkeypatch.setenv("PATH", f"{bindir}:{Path(real).parent}:{Path(sys.executable).parent}:/usr/bin:/bin")
+    return flags
+
+LOGGER = '''#!/bin/sh
+echo "$*" >> "{flags}/git.log"
+exec "{git}" "$@"
+'''
+
+
+def pinned_git(flags: Path) -> list[str]:
+    """The commands of fleetrun's git runs pinned to a worktree (``--work-tree=``): the
+    word after the pin, in order."""
+    out = []
+    for line in (flags / "git.log").read_text().splitlines():
+        words = line.split()
+        pin = [i for i, w in enumerate(words) if w.startswith("--work-tree=")]
+        if pin and "core.fsmonitor=false" in words:
+            out.append(words[pin[0] + 1])
+    return out
+
+
+def one_task(fleeter: Any, monkeypatch: Any, verify: str = "true") -> Path:
+    flags = git_wrapper(fleeter, monkeypatch, LOGGER, "repo")
+    fleeter.write_tasks(f'[agents.sh]\ncommand = ["/bin/sh", "-c", {json.dumps(AGENT)}]\n'
+                        + task("t1", "repo", verify))
+    r = fleeter.run("tasks.toml")
+    assert r.ret == 0, r.stdout + r.stderr
+    assert fleeter.states() == {"t1": "DONE"}
+    return flags
+
+
+def test_collecting_a_committed_attempts_work_runs_two_git_commands(fleeter, monkeypatch):
+    # the collect asks git twice: one ls-files for the embedded repositories (the
+    # untracked and the index's in one listing) and one status; nothing to commit, so
+    # no add, commit or rev-parse. Each runs pinned to the worktree (--work-tree).
+    flags = one_task(fleeter, monkeypatch)
+    assert Counter(pinned_git(flags)) == Counter({"ls-files": 1, "status": 1}), pinned_git(flags)
+
+
+# The agent records its shepherd's parent: the pid and that process's command line.
+PARENT = ('pp=$(cut -d" " -f4 /proc/$PPID/stat); echo "$pp $(tr "\\0" " " < /proc/$pp/cmdline)" '
+          '>> {flags}/parents; ')
+
+
+def test_a_runs_shepherds_are_forked_by_one_starter_that_ends_with_the_run(fleeter, monkeypatch):
+    # one `shepherd.py --starter` forks every shepherd of the run (not an interpreter
+    # started for each), and it ends when the run does
+    flags = git_wrapper(fleeter, monkeypatch, LOGGER, "repo")
+    agent = PARENT.format(flags=flags) + AGENT
+    fleeter.write_tasks(f'[agents.sh]\ncommand = ["/bin/sh", "-c", {json.dumps(agent)}]\n'
+                        + "".join(task(f"t{i}", "repo", "true") for i in range(3)))
+    r = fleeter.run("tasks.toml", "--max-tasks", "2")
+    assert r.ret == 0, r.stdout + r.stderr
+    assert fleeter.states() == {"t0": "DONE", "t1": "DONE", "t2": "DONE"}
+    parents = {ln.split(" ", 1)[0]: ln.split(" ", 1)[1] for ln in (flags / "parents").read_text().splitlines()}
+    assert len(parents) == 1, parents
+    ((pid, cmdline),) = parents.items()
+    assert int(pid) != os.getpid()
+    assert cmdline.split()[-2:] == [shepherd.SHEPHERD_PATH, shepherd.STARTER_ARG], cmdline
+    assert not Path(f"/proc/{pid}").exists() or shepherd.STARTER_ARG not in Path(f"/proc/{pid}/cmdline").read_text()
+
+
+def test_a_starter_that_dies_leaves_shepherds_started_by_path(fleeter, monkeypatch):
+    # the first agent kills the starter that forked its shepherd: the run goes on, the
+    # next shepherds spawned by path by the supervisor itself, and says so once
+    flags = git_wrapper(fleeter, monkeypatch, LOGGER, "repo")
+    # (only a starter: without one the shepherd's parent is the supervisor, this test)
+    kill = ('pp=$(cut -d" " -f4 /proc/$PPID/stat); '
+            'if [ ! -e {flags}/killed ] && tr "\\0" " " < /proc/$pp/cmdline | grep -q -- " --starter"; '
+            'then touch {flags}/killed; kill -9 $pp; fi; ')
+    agent = PARENT.format(flags=flags) + kill.format(flags=flags) + AGENT
+    fleeter.write_tasks(f'[agents.sh]\ncommand = ["/bin/sh", "-c", {json.dumps(agent)}]\n'
+                        + "".join(task(f"t{i}", "repo", "true") for i in range(3)))
+    r = fleeter.run("tasks.toml", "--max-tasks", "1")
+    assert r.ret == 0, r.stdout + r.stderr
+    assert fleeter.states() == {"t0": "DONE", "t1": "DONE", "t2": "DONE"}
+    first, *rest = [ln.split(" ", 1) for ln in (flags / "parents").read_text().splitlines()]
+    assert first[1].split()[-1] == shepherd.STARTER_ARG, first
+    assert [int(pid) for pid, _ in rest] == [os.getpid()] * 2, rest
+    assert r.stderr.count("the shepherd starter is gone") == 1, r.stderr
+
+
+def test_work_left_uncommitted_is_committed_without_asking_git_status(fleeter, monkeypatch):
+    # the agent leaves a new file uncommitted: the ls-files that looks for embedded
+    # repositories lists it, so the collect commits it without a `git status` first
+    flags = git_wrapper(fleeter, monkeypatch, LOGGER, "repo")
+    fleeter.write_tasks('[agents.sh]\ncommand = ["/bin/sh", "-c", "echo x > left.txt"]\n' + task("t1", "repo", "true"))
+    r = fleeter.run("tasks.toml")
+    assert r.ret == 0, r.stdout + r.stderr
+    assert fleeter.states() == {"t1": "DONE"}
+    ran = pinned_git(flags)
+    assert "status" not in ran and ran.count("ls-files") == 1 and ran.count("commit") == 1, ran
+    t = fleeter.task("t1")
+    assert "left.txt" in fleeter.git(fleeter.path / "repo", "ls-tree", "-r", "--name-only", t.branch)
