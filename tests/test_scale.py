@@ -1,0 +1,87 @@
+"""Queues of thousands of tasks through the real command line: what is queued and shown
+is complete, and validation of a large file reports every error with its line. How long
+that takes is bench/scale.py's figure, never an assertion here."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from typing import Any
+
+from fleetrun.fleeter import Fleeter
+
+USAGE_ERROR = 4
+
+
+def big_file(repo: Path, n: int, bad: dict[int, str]) -> tuple[str, dict[int, int]]:
+    """``n`` tasks in a DAG (each after one or two of the ten before it), task i with
+    the line ``bad[i]`` added; :return: the text and each bad line's line number."""
+    out: list[str] = []
+    where: dict[int, int] = {}
+    line = 1
+    for i in range(n):
+        deps = [f"t{j}" for j in sorted({i - 1 - i % 7, i - 1 - i % 3}) if j >= 0 and i >= 10] if i else []
+        block = [f'[[task]]\nname = "t{i}"\ncwd = "{repo.name}"\nprompt = "item {i}"\ngit_ref = "main"\n'
+                 f"depends_on = {json.dumps(deps)}\n"]
+        if i in bad:
+            where[i] = line + block[0].count("\n")
+            block.append(bad[i] + "\n")
+        block.append('  [[task.verify]]\n  run = "true"\n\n')
+        text = "".join(block)
+        out.append(text)
+        line += text.count("\n")
+    return "".join(out), where
+
+
+def test_a_large_queue_with_errors_reports_every_error_with_its_line(fleeter: Fleeter) -> None:
+    """3,000 tasks with a mistake in every 150th (unknown keys, and missing folders named
+    by several tasks: each reports its own): every error is printed with its line, and
+    nothing is queued."""
+    repo = fleeter.make_repo("repo")
+    bad: dict[int, str] = {}
+    for i in range(7, 3000, 150):
+        bad[i] = 'modle = "opus"' if i % 2 else 'timeout_min = "soon"'
+    text, where = big_file(repo, 3000, bad)
+    # two tasks in a folder that does not exist: the same cwd, an error each
+    for name in ("t100", "t2500"):
+        text = text.replace(f'name = "{name}"\ncwd = "repo"', f'name = "{name}"\ncwd = "nowhere"')
+    fleeter.write_tasks(text)
+    result = fleeter.run("queue", "tasks.toml")
+    assert result.ret == USAGE_ERROR, result.stderr
+    assert "Traceback" not in result.stderr
+    errors = [e for e in result.errlines if e.startswith("ERROR: ")]
+    expected = [f"ERROR: tasks.toml:{where[i]}: task 't{i}': {'modle' if i % 2 else 'timeout_min'}: "
+                for i in bad]
+    missing = [x for x in expected if not any(e.startswith(x) for e in errors)]
+    assert not missing, (missing, errors)
+    cwd_errors = [e for e in errors if ": cwd: 'nowhere' does not exist" in e]
+    lines = text.splitlines()
+    cwd_lines = [lines.index(f'name = "{n}"') + 2 for n in ("t100", "t2500")]
+    assert [e.split(": ")[1] for e in cwd_errors] == [f"tasks.toml:{n}" for n in cwd_lines]
+    assert len(errors) == len(bad) + 2
+    assert not (fleeter.home / "state.db").exists() or fleeter.ledger().tasks() == []
+
+
+def test_a_large_queue_is_queued_and_shown_whole(fleeter: Fleeter) -> None:
+    """3,000 tasks with fan-in and fan-out: ``queue`` queues every one, each with its
+    dependencies, and ``status --json`` shows each once, complete."""
+    repo = fleeter.make_repo("repo")
+    text, _ = big_file(repo, 3000, {})
+    fleeter.write_tasks(text)
+    result = fleeter.runsub("queue", "tasks.toml")
+    assert result.ret == 0, result.stderr
+    assert len([line for line in result.outlines if line.startswith("queued ")]) == 3000
+    shown = fleeter.runsub("status", "--json")
+    assert shown.ret == 0, shown.stderr
+    rows: list[dict[str, Any]] = json.loads(shown.stdout)
+    assert [r["name"] for r in rows] == [f"t{i}" for i in range(3000)]
+    by_name = {r["name"]: r for r in rows}
+    for i in (0, 9, 10, 11, 2999):
+        deps = sorted({f"t{j}" for j in (i - 1 - i % 7, i - 1 - i % 3) if j >= 0 and i >= 10}) if i else []
+        assert sorted(by_name[f"t{i}"]["depends_on"]) == deps
+        assert by_name[f"t{i}"]["state"] == ("PENDING" if deps else "READY")
+    led = fleeter.ledger()
+    tasks = {t.name: t for t in led.tasks()}
+    ids = {name: t.id for name, t in tasks.items()}
+    assert sorted(tasks["t2999"].deps) == sorted(ids[d] for d in by_name["t2999"]["depends_on"])
+    assert len(led.transitions()) == 3000
