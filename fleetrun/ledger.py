@@ -17,6 +17,7 @@ import json
 import os
 import sqlite3
 import time
+from collections.abc import Iterator
 from typing import TYPE_CHECKING, Any, Callable, Optional
 
 from .exceptions import StateConflict
@@ -218,6 +219,34 @@ class Ledger(LedgerFile):
         if listed:
             return [ListedTask.listed(r, alldeps.get(r[0], []), self._spec_reader(r[0])) for r in rows]
         return [self._row_to_task(r, alldeps.get(r["id"], [])) for r in rows]
+
+    def listed_batches(self, states: Optional[set[State]] = None, latest: bool = False,
+                       size: int = 500) -> Iterator[list[ListedTask]]:
+        r"""The tasks :meth:`tasks` (``listed=True``) returns, in queue order, ``size`` at a
+        time, each batch with its dependencies: a listing of 100,000 tasks (``status
+        --json``) holds one batch in memory, not every row."""
+        sql = f"SELECT {LISTED_COLUMNS} FROM tasks"
+        where: list[str] = []
+        args: list[Any] = []
+        if states:
+            where.append(f"state IN ({','.join('?' * len(states))})")
+            args.extend(s.value for s in states)
+        if latest:
+            where.append(LATEST)
+        if where:
+            sql += " WHERE " + " AND ".join(where)
+        rows = self._tuples(sql + " ORDER BY created, seq", args)
+        while True:
+            batch = rows.fetchmany(size)
+            if not batch:
+                return
+            ids = [r[0] for r in batch]
+            deps: dict[str, list[str]] = {}
+            for tid, did in self.conn.execute(  # in the deps table's key order, as tasks() reads them
+                    f"SELECT task_id, dep_id FROM deps WHERE task_id IN ({','.join('?' * len(ids))})"
+                    " ORDER BY task_id, dep_id", ids):
+                deps.setdefault(tid, []).append(did)
+            yield [ListedTask.listed(r, deps.get(r[0], []), self._spec_reader(r[0])) for r in batch]
 
     def _tuples(self, sql: str, args: list[Any]) -> sqlite3.Cursor:
         cur = self.conn.cursor()

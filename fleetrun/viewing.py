@@ -67,29 +67,12 @@ def cmd_status(config: Config, out: TextIO, err: TextIO) -> int:
         return watch_status(config, led, out)
     # each name's latest run (what needs you now), unless --all asks for the history
     latest = not getattr(config.option, "all_tasks", False)
-    if config.option.json or config.option.graph:
-        tasks = led.tasks(states, listed=True, latest=latest)  # no spec read: neither shows one
-        if config.option.json:
-            links = led.links()  # one read for every task: name -> URL, what plugins attached
-            from .baseline import all_tests
-
-            tests = all_tests(led)  # one read: the counts of each task's latest per-test verdict
-            extra: dict[str, dict[str, object]] = {}  # what plugins know of them (a task's role)
-            for got in config.hook.fleetrun_status_fields(tasks=tasks, config=config):
-                for tid, fields in (got or {}).items():
-                    extra.setdefault(tid, {}).update(fields)
-            printed = []
-            for t in tasks:
-                row = dict(t.to_json(), worktree=worktree_now(t),
-                           links={n: u for n, (_, u) in links.get(t.id, {}).items()})
-                if t.id in tests:
-                    row["tests"] = tests[t.id]
-                for key, value in extra.get(t.id, {}).items():
-                    row.setdefault(key, value)  # a plugin's field never replaces the core's
-                printed.append(row)
-            print(json.dumps(printed, indent=2), file=out)
-        else:
-            _print_graph(led, tasks, out, everything=states is None and not latest)
+    if config.option.json:
+        _print_json(config, led, states, latest, out)
+        return ExitCode.OK
+    if config.option.graph:
+        tasks = led.tasks(states, listed=True, latest=latest)  # no spec read: the graph shows none
+        _print_graph(led, tasks, out, everything=states is None and not latest)
         return ExitCode.OK
     _print_supervisor_line(config, led, out)
     rows = _table_rows(config, led, states, latest)
@@ -103,6 +86,35 @@ def cmd_status(config: Config, out: TextIO, err: TextIO) -> int:
         dropped = f"; {', '.join(left_out)} left out" if left_out else ""
         print(cut(f"(cut to fit {width} columns{dropped}; --wide shows all)", width), file=out)
     return ExitCode.OK
+
+
+def _print_json(config: Config, led: Ledger, states: Optional[set[State]], latest: bool, out: TextIO) -> None:
+    """``status --json``: the tasks as one JSON array, written a batch of rows at a time
+    (what ``json.dumps(rows, indent=2)`` prints, byte for byte, without holding every
+    row: 100,000 tasks in constant memory)."""
+    links = led.links()  # one read for every task: name -> URL, what plugins attached
+    from .baseline import all_tests
+
+    tests = all_tests(led)  # one read: the counts of each task's latest per-test verdict
+    first = True
+    for tasks in led.listed_batches(states, latest=latest, size=2000):
+        extra: dict[str, dict[str, object]] = {}  # what plugins know of them (a task's role)
+        for got in config.hook.fleetrun_status_fields(tasks=tasks, config=config):
+            for tid, fields in (got or {}).items():
+                extra.setdefault(tid, {}).update(fields)
+        chunk = []
+        for t in tasks:
+            row = dict(t.to_json(), worktree=worktree_now(t),
+                       links={n: u for n, (_, u) in links.get(t.id, {}).items()})
+            if t.id in tests:
+                row["tests"] = tests[t.id]
+            for key, value in extra.get(t.id, {}).items():
+                row.setdefault(key, value)  # a plugin's field never replaces the core's
+            # an element of an indented array: its lines one level in (a string holds no newline)
+            chunk.append("  " + json.dumps(row, indent=2).replace("\n", "\n  "))
+        out.write(("[\n" if first else ",\n") + ",\n".join(chunk))
+        first = False
+    out.write("[]\n" if first else "\n]\n")
 
 
 #: The states whose reason is the loop's wait, when it has one (a VERIFYING task's too:

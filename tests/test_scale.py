@@ -74,6 +74,8 @@ def test_a_large_queue_is_queued_and_shown_whole(fleeter: Fleeter) -> None:
     shown = fleeter.runsub("status", "--json")
     assert shown.ret == 0, shown.stderr
     rows: list[dict[str, Any]] = json.loads(shown.stdout)
+    # streamed a batch at a time, printed as one json.dumps(rows, indent=2) would be
+    assert shown.stdout == json.dumps(rows, indent=2) + "\n"
     assert [r["name"] for r in rows] == [f"t{i}" for i in range(3000)]
     by_name = {r["name"]: r for r in rows}
     for i in (0, 9, 10, 11, 2999):
@@ -85,3 +87,29 @@ def test_a_large_queue_is_queued_and_shown_whole(fleeter: Fleeter) -> None:
     ids = {name: t.id for name, t in tasks.items()}
     assert sorted(tasks["t2999"].deps) == sorted(ids[d] for d in by_name["t2999"]["depends_on"])
     assert len(led.transitions()) == 3000
+
+
+def test_an_older_ledger_gets_the_listing_indexes_and_shows_the_same(fleeter: Fleeter) -> None:
+    """A ledger made before the listing indexes (they dropped) gets them on its next
+    open, with no schema version change, and ``status`` shows the same rows."""
+    import sqlite3
+
+    from fleetrun.ledger_schema import LISTING_INDEXES, SCHEMA_VERSION
+
+    repo = fleeter.make_repo("repo")
+    text, _ = big_file(repo, 50, {})
+    fleeter.write_tasks(text)
+    assert fleeter.runsub("queue", "tasks.toml").ret == 0
+    before = fleeter.runsub("status", "--wide").stdout
+    db = fleeter.home / "state.db"
+    conn = sqlite3.connect(db)
+    for name, _sql in LISTING_INDEXES:
+        conn.execute(f"DROP INDEX {name}")
+    conn.commit()
+    conn.close()
+    assert fleeter.runsub("status", "--wide").stdout == before
+    conn = sqlite3.connect(db)
+    names = {r[0] for r in conn.execute("SELECT name FROM sqlite_master WHERE type='index'")}
+    assert {name for name, _sql in LISTING_INDEXES} <= names
+    assert conn.execute("PRAGMA user_version").fetchone()[0] == SCHEMA_VERSION
+    conn.close()
