@@ -17,9 +17,10 @@ and its peak RSS):
   one row a task, name, prompt and the task as JSON, in one transaction);
 - **first pass**: ``Loop.step``'s first pass, timed in a child process running
   ``fleetrun work`` (as ``loopscale.py`` does), and the median of the next ones;
-- **idle**: ``python -m fleetrun work`` as a process: once its CPU settles after the first
-  pass (a second under 20 % of a core), its CPU over ``--idle`` seconds (% of one core)
-  and its RSS at the end;
+- **idle**: ``python -m fleetrun work`` as a process: the time from its start to its
+  second pass (``settled``: start-up, reading the ledger and the first pass; seen as
+  the second beat in ``supervisor.json``, written before each pass), then its CPU over
+  ``--idle`` seconds (% of one core) and its RSS at the end;
 - **status**, **status --json**: against ``python -c "import sqlite3"``.
 
 Medians of ``--repeat`` rounds; ratios to the baseline of the same round; and the growth
@@ -138,16 +139,19 @@ def idle(env: dict[str, str], cwd: Path, seconds: float) -> tuple[float, float, 
     try:
         p = psutil.Process(proc.pid)
         start = time.perf_counter()
-        deadline = start + 600
-        prev = p.cpu_times()
-        while True:
-            time.sleep(1.0)
+        deadline = start + 900
+        # the loop beats (supervisor.json) before each pass, at most once a second: a
+        # second beat is a pass after the first (start-up and the first pass are done)
+        beats: set[float] = set()
+        live = Path(env["FLEETRUN_HOME"]) / "supervisor.json"
+        while len(beats) < 2 and time.perf_counter() < deadline:
+            time.sleep(0.1)
             if proc.poll() is not None:
                 raise SystemExit(f"fleetrun work exited {proc.returncode}: {proc.stderr.read().decode()}")  # type: ignore[union-attr]
-            now = p.cpu_times()
-            if (now.user + now.system) - (prev.user + prev.system) < 0.2 or time.perf_counter() > deadline:
-                break
-            prev = now
+            try:
+                beats.add(float(json.loads(live.read_text())["beat"]))
+            except (OSError, ValueError, KeyError, TypeError):
+                continue
         settled = time.perf_counter() - start
         c0 = p.cpu_times()
         t0 = time.perf_counter()
