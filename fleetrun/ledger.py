@@ -125,8 +125,8 @@ class Ledger(LedgerFile):
                 (t.id, now, f"unchanged since the file's last run: task {did} did this work "
                             f"(fleetrun logs {did}); --new-queue runs it again")
                 for t in tasks if t.name in kept for did in [t.reason.split(":", 1)[1]]))
-            cur.executemany("INSERT INTO deps (task_id, dep_id) VALUES (?,?)",
-                            ((t.id, d) for t in tasks for d in t.deps))
+            cur.executemany("INSERT INTO deps (task_id, dep_id) VALUES (?,?)",  # in depends_on order
+                            ((ids[spec.name], ids[d]) for spec in specs for d in spec.depends_on))
         return tasks
 
     def find_queue(self, source_hash: str) -> Optional[str]:
