@@ -113,3 +113,22 @@ def test_an_older_ledger_gets_the_listing_indexes_and_shows_the_same(fleeter: Fl
     assert {name for name, _sql in LISTING_INDEXES} <= names
     assert conn.execute("PRAGMA user_version").fetchone()[0] == SCHEMA_VERSION
     conn.close()
+
+
+def test_status_json_rows_are_written_as_json_dumps_would_write_them() -> None:
+    """``status --json`` writes each row with the C encoder's pieces: whatever a row holds
+    (a plugin's field too), the text is ``json.dumps(row, indent=2)``'s."""
+    from fleetrun.viewing import _indented
+
+    class Name(str):
+        pass
+
+    rows: list[dict[Any, Any]] = [
+        {}, {"a": 1},
+        {"a": [], "b": {}, "c": [1, [2, {}], {"x": [None, True, 1.5e300, float("inf")]}], "d": "é\u2028\"\\\x00",
+         "e": None, "f": -0.0, "g": 10**30, "h": {"k": {"z": []}}, "i": True, "j": 0.1, "k": -7,
+         "l": ["a", "é\n"], "m": ["a", 1], "o": 1e16, "p": 123456789.123456789},
+        {1: 2}, {"n": float("nan"), "q": float("-inf")}, {"s": Name("x")}, {"l": [Name("y")]},
+    ]
+    for row in rows:
+        assert _indented(row) == json.dumps(row, indent=2)
