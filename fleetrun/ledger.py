@@ -114,7 +114,7 @@ class Ledger(LedgerFile):
             cur.executemany(
                 "INSERT INTO tasks (id, name, state, spec, source, queue_id, seq, created, updated, reason,"
                 " host, branch, handoff) VALUES (?,?,?,?,?,?,?,?,?,?,?,?,?)",
-                ((t.id, t.name, t.state.value, json.dumps(t.spec.to_json()), t.source, queue_id, i, now, now,
+                ((t.id, t.name, t.state.value, json.dumps(t.spec.json_view()), t.source, queue_id, i, now, now,
                   t.reason, t.host, t.branch, json.dumps(t.handoff) if t.handoff is not None else None)
                  for i, t in enumerate(tasks)))
             cur.executemany(

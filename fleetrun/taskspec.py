@@ -117,6 +117,14 @@ class TaskSpec:
         tasks writes each one, and ``asdict``'s generic walk was a third of its time."""
         return _plain_dataclass(self)
 
+    def json_view(self) -> dict[str, Any]:
+        """What :meth:`to_json` holds, as a view to read once (``json.dumps``, a digest):
+        the spec's own lists and dicts, not copies; its verifiers as dicts. Do not change it."""
+        view = {name: getattr(self, name) for name in _names(type(self))}
+        for key in ("verify", "setup"):
+            view[key] = [{name: getattr(v, name) for name in _names(type(v))} for v in view[key]]
+        return view
+
     @classmethod
     def from_json(cls, data: dict[str, Any]) -> TaskSpec:
         data = dict(data)
@@ -132,11 +140,15 @@ class TaskSpec:
 _FIELDS: dict[type, tuple[str, ...]] = {}
 
 
-def _plain_dataclass(obj: Any) -> dict[str, Any]:
-    names = _FIELDS.get(type(obj))
+def _names(cls: type) -> tuple[str, ...]:
+    names = _FIELDS.get(cls)
     if names is None:
-        names = _FIELDS[type(obj)] = tuple(f.name for f in dataclasses.fields(obj))
-    return {name: _plain(getattr(obj, name)) for name in names}
+        names = _FIELDS[cls] = tuple(f.name for f in dataclasses.fields(cls))
+    return names
+
+
+def _plain_dataclass(obj: Any) -> dict[str, Any]:
+    return {name: _plain(getattr(obj, name)) for name in _names(type(obj))}
 
 
 _SCALARS = frozenset((str, int, float, bool, type(None)))
