@@ -213,3 +213,15 @@ def test_a_task_s_spec_is_read_from_another_thread_too(fleeter: Fleeter) -> None
     worker.join(120)
     assert [s.name for s in got] == ["r1"]
     assert view.get(ids[0]).spec.name == "r0"  # type: ignore[union-attr]
+
+
+def test_a_view_task_copied_with_replace_keeps_its_spec_and_dependencies(fleeter: Fleeter) -> None:
+    """The loop copies a task it starts with ``dataclasses.replace`` (its new worktree):
+    the copy of a task the view holds has its spec and its dependencies' names."""
+    import dataclasses
+
+    ids = queue(fleeter, 2)
+    view = TaskView(fleeter.ledger())
+    copy = dataclasses.replace(view.get(ids[2]), worktree="/w")  # type: ignore[type-var]
+    assert copy.worktree == "/w" and copy.spec.name == "p0"
+    assert copy.dependency_names() == ["r0"] and copy.to_json()["depends_on"] == ["r0"]
