@@ -66,6 +66,10 @@ LATEST = ("(state NOT IN ('DONE','NEEDS_HUMAN','CANCELLED') OR NOT EXISTS (SELEC
           " OR (later.created=tasks.created AND later.seq>tasks.seq))))")
 
 
+#: How many parsed specs a ledger keeps (a pass reads the same few tasks again and again).
+SPEC_CACHE_SIZE = 4096
+
+
 class Ledger(LedgerFile):
     """The SQLite ledger at ``path`` (opened by :class:`~fleetrun.ledger_schema.LedgerFile`).
     One connection per instance; not thread-safe."""
@@ -165,6 +169,8 @@ class Ledger(LedgerFile):
         cache = self.__dict__.setdefault('_spec_cache', {})
         spec = cache.get(text)
         if spec is None:
+            if len(cache) >= SPEC_CACHE_SIZE:  # a loop that works 100,000 tasks keeps no spec of each
+                cache.clear()
             spec = cache[text] = TaskSpec.from_json(json.loads(text))
         return spec
 
