@@ -402,7 +402,9 @@ def file_problems(spec: TaskSpec, config: Config, display: Callable[[str], str])
     2.1.197 and 2.1.332 take it.) :param display: how an error names a file."""
     from .textutil import safe_name
 
-    errors = []
+    errors: list[UsageError] = []
+    if not any(key in spec.extra for key in PATH_KEYS):
+        return errors  # most tasks: no option of their own to read (100,000 tasks, one pass each)
     opts = options_of(spec, config)
     for key in PATH_KEYS:
         if key not in spec.extra:

@@ -128,8 +128,9 @@ def collect_toml(path: Path, keys: KeyTable, display: str, defaults: Optional[di
 
     specs: list[TaskSpec] = []
     graph: list[GraphNode] = []
+    cwds: dict[Optional[str], tuple[Path, Optional[str]]] = {}
     for i, raw in enumerate(raw_tasks):
-        spec = _collect_task(i, raw, keys, lines, errs, base, merged)
+        spec = _collect_task(i, raw, keys, lines, errs, base, merged, cwds)
         if spec is not None:
             spec.source = str(path)
             specs.append(spec)
@@ -172,7 +173,7 @@ def describe_defaults(spec: TaskSpec, invocation_dir: Optional[Path] = None) -> 
 
 def _collect_task(
     i: int, raw: dict[str, Any], keys: KeyTable, lines: LineMap, errs: KeyErrors, base: Path,
-    defaults: Optional[TaskDefaults] = None,
+    defaults: Optional[TaskDefaults] = None, cwds: Optional[dict[Optional[str], tuple[Path, Optional[str]]]] = None,
 ) -> Optional[TaskSpec]:
     head = lines.get("task", i)
     name = raw.get("name")
@@ -220,20 +221,10 @@ def _collect_task(
             extra[key] = value
 
     # cwd: relative to the tasks file, and it must exist.
-    cwd = base
-    if "cwd" in good:
-        cwd_raw = good["cwd"]
-        line = lines.get("task", i, "cwd", default=head)
-        try:
-            cwd = (base / cwd_raw).resolve()
-            if not cwd.is_dir():
-                errs.add(line, f"{who}: cwd",
-                         f"{cwd_raw!r} does not exist (it is relative to the tasks file)" if not cwd.exists()
-                         else f"{cwd_raw!r} is not a directory")
-        except (OSError, ValueError, RuntimeError) as e:
-            errs.add(line, f"{who}: cwd", f"{cwd_raw!r} is not a usable path ({getattr(e, 'strerror', None) or e})")
-    else:
-        cwd = base.resolve()
+    cwd_raw = good.get("cwd")
+    cwd, problem = _resolve_cwd(base, cwd_raw, cwds if cwds is not None else {})
+    if problem:
+        errs.add(lines.get("task", i, "cwd", default=head), f"{who}: cwd", problem)
 
     for p in good.get("paths", []):
         line = lines.get("task", i, "paths", default=head)
@@ -316,6 +307,30 @@ def _collect_task(
         key_lines={**{k: lines.get("task", i, k, default=head) for k in raw if k != "verify"}, **default_lines},
         defaulted=defaulted,
     )
+
+
+def _resolve_cwd(base: Path, cwd_raw: Optional[str],
+                 cache: dict[Optional[str], tuple[Path, Optional[str]]]) -> tuple[Path, Optional[str]]:
+    """A task's ``cwd`` resolved against its file's folder, and why it is unusable (or
+    None). ``cache``, one file's: a file of 100,000 tasks names a few folders, each
+    resolved once (a ``realpath`` makes a system call for every component)."""
+    hit = cache.get(cwd_raw)
+    if hit is None:
+        hit = cache[cwd_raw] = _resolve_cwd_once(base, cwd_raw)
+    return hit
+
+
+def _resolve_cwd_once(base: Path, cwd_raw: Optional[str]) -> tuple[Path, Optional[str]]:
+    if cwd_raw is None:
+        return base.resolve(), None
+    try:
+        cwd = (base / cwd_raw).resolve()
+        if not cwd.is_dir():
+            return cwd, (f"{cwd_raw!r} does not exist (it is relative to the tasks file)" if not cwd.exists()
+                         else f"{cwd_raw!r} is not a directory")
+        return cwd, None
+    except (OSError, ValueError, RuntimeError) as e:
+        return base, f"{cwd_raw!r} is not a usable path ({getattr(e, 'strerror', None) or e})"
 
 
 def _check_base(raw: dict[str, Any], good: dict[str, Any], deps: list[str], line_of: Callable[[str], int],

@@ -907,11 +907,12 @@ def fleetrun_status_reason(task: Task, config: Config) -> Optional[str]:
 def fleetrun_status_fields(tasks: list[Task], config: Config) -> Optional[dict[str, dict[str, Any]]]:
     r"""Add fields to the tasks ``fleetrun status --json`` prints: what a plugin knows of
     them that the ledger's task rows do not hold (the ``mailbox`` plugin: the ``role`` a
-    task is for, and whether its ``message`` is ``pending`` or ``claimed``). Called once
-    per ``status --json``, with every task it prints.
+    task is for, and whether its ``message`` is ``pending`` or ``claimed``). Called for
+    each batch of the tasks ``status --json`` prints (it streams them: a few thousand at
+    a time), with that batch's tasks.
 
-    ``status`` runs while a loop may run elsewhere and must stay fast: one read for all
-    the tasks, no network, no heavy imports; a task's ``spec`` is read on first use, so
+    ``status`` runs while a loop may run elsewhere and must stay fast: one read for the
+    batch's tasks (not the whole ledger each time), no network, no heavy imports; a task's ``spec`` is read on first use, so
     read it for few tasks, if any.
 
     :param tasks: the :class:`~fleetrun.ledger.Task`\ s printed.

@@ -19,6 +19,7 @@ import json
 import os
 import sqlite3
 import time
+from collections.abc import Iterator
 from typing import TYPE_CHECKING, Any, Callable, Optional
 
 from .exceptions import StateConflict
@@ -67,6 +68,10 @@ LATEST = ("(state NOT IN ('DONE','NEEDS_HUMAN','CANCELLED') OR NOT EXISTS (SELEC
           " OR (later.created=tasks.created AND later.seq>tasks.seq))))")
 
 
+#: How many parsed specs a ledger keeps (a pass reads the same few tasks again and again).
+SPEC_CACHE_SIZE = 4096
+
+
 class Ledger(LedgerFile):
     """The SQLite ledger at ``path`` (opened by :class:`~fleetrun.ledger_schema.LedgerFile`).
     One connection per instance; not thread-safe."""
@@ -88,37 +93,47 @@ class Ledger(LedgerFile):
         now = time.time()
         queue_id = new_token()
         ids = {s.name: f"task_{queue_id}_{i}" for i, s in enumerate(specs)}
+        for spec in specs:
+            for dep in spec.depends_on:
+                if dep not in ids:
+                    raise ValueError(f"task {spec.name!r} depends on {dep!r}, not in this batch")
+        # the Tasks are made from what is written, not read back: 100,000 rows are
+        # inserted in one statement each kind (executemany), and nothing is parsed twice
+        tasks: list[Task] = []
+        for spec in specs:
+            old = kept.get(spec.name)
+            state = State.DONE if old is not None else State.PENDING if spec.depends_on else State.READY
+            why = "queued"
+            if old is not None:  # named after the task that did the work, not a copy of it
+                why = old.reason if old.reason.startswith("unchanged:") else f"unchanged:{old.id}"
+            tasks.append(Task(
+                id=ids[spec.name], name=spec.name, state=state, spec=spec, source=spec.source or source,
+                queue_id=queue_id, created=now, updated=now, reason=why,
+                host=old.host if old else None, branch=old.branch if old else None,
+                handoff=json.loads(json.dumps(old.handoff)) if old is not None and old.handoff is not None else None,
+                deps=sorted({ids[d] for d in spec.depends_on})))  # as the deps table's key orders them
         with self.tx() as cur:
             cur.execute(
                 "INSERT INTO queues (id, source, source_hash, created, settings) VALUES (?,?,?,?,?)",
                 (queue_id, source, source_hash, now, json.dumps(settings or {})),
             )
-            for i, spec in enumerate(specs):
-                old = kept.get(spec.name)
-                state = State.DONE if old is not None else State.PENDING if spec.depends_on else State.READY
-                why = "queued"
-                if old is not None:  # named after the task that did the work, not a copy of it
-                    why = old.reason if old.reason.startswith("unchanged:") else f"unchanged:{old.id}"
-                cur.execute(
-                    "INSERT INTO tasks (id, name, state, spec, source, queue_id, seq, created, updated, reason,"
-                    " host, branch, handoff) VALUES (?,?,?,?,?,?,?,?,?,?,?,?,?)",
-                    (ids[spec.name], spec.name, state.value, json.dumps(spec.to_json()),
-                     spec.source or source, queue_id, i, now, now, why,
-                     old.host if old else None, old.branch if old else None,
-                     json.dumps(old.handoff) if old is not None and old.handoff is not None else None),
-                )
-                self._log(cur, ids[spec.name], None, state, why, now, host=old.host if old else None)
-                if old is not None:
-                    did = why.split(":", 1)[1]
-                    cur.execute("INSERT INTO notes (task_id, time, text) VALUES (?,?,?)", (
-                        ids[spec.name], now, f"unchanged since the file's last run: task {did} did this work "
-                                             f"(fleetrun logs {did}); --new-queue runs it again"))
-            for spec in specs:
-                for dep in spec.depends_on:
-                    if dep not in ids:
-                        raise ValueError(f"task {spec.name!r} depends on {dep!r}, not in this batch")
-                    cur.execute("INSERT INTO deps (task_id, dep_id) VALUES (?,?)", (ids[spec.name], ids[dep]))
-        return [t for t in (self.get(ids[s.name]) for s in specs) if t is not None]
+            cur.executemany(
+                "INSERT INTO tasks (id, name, state, spec, source, queue_id, seq, created, updated, reason,"
+                " host, branch, handoff) VALUES (?,?,?,?,?,?,?,?,?,?,?,?,?)",
+                ((t.id, t.name, t.state.value, json.dumps(t.spec.json_view()), t.source, queue_id, i, now, now,
+                  t.reason, t.host, t.branch, json.dumps(t.handoff) if t.handoff is not None else None)
+                 for i, t in enumerate(tasks)))
+            cur.executemany(
+                "INSERT INTO transitions (task_id, from_state, to_state, cause, time, attempt, host)"
+                " VALUES (?,NULL,?,?,?,NULL,?)",
+                ((t.id, t.state.value, t.reason, now, t.host) for t in tasks))
+            cur.executemany("INSERT INTO notes (task_id, time, text) VALUES (?,?,?)", (
+                (t.id, now, f"unchanged since the file's last run: task {did} did this work "
+                            f"(fleetrun logs {did}); --new-queue runs it again")
+                for t in tasks if t.name in kept for did in [t.reason.split(":", 1)[1]]))
+            cur.executemany("INSERT INTO deps (task_id, dep_id) VALUES (?,?)",  # in depends_on order
+                            ((ids[spec.name], ids[d]) for spec in specs for d in spec.depends_on))
+        return tasks
 
     def find_queue(self, source_hash: str) -> Optional[str]:
         """The newest queue made from files with this content hash whose tasks are
@@ -156,6 +171,8 @@ class Ledger(LedgerFile):
         cache = self.__dict__.setdefault('_spec_cache', {})
         spec = cache.get(text)
         if spec is None:
+            if len(cache) >= SPEC_CACHE_SIZE:  # a loop that works 100,000 tasks keeps no spec of each
+                cache.clear()
             spec = cache[text] = TaskSpec.from_json(json.loads(text))
         return spec
 
@@ -210,6 +227,34 @@ class Ledger(LedgerFile):
         if listed:
             return [ListedTask.listed(r, alldeps.get(r[0], []), self._spec_reader(r[0])) for r in rows]
         return [self._row_to_task(r, alldeps.get(r["id"], [])) for r in rows]
+
+    def listed_batches(self, states: Optional[set[State]] = None, latest: bool = False,
+                       size: int = 500) -> Iterator[list[ListedTask]]:
+        r"""The tasks :meth:`tasks` (``listed=True``) returns, in queue order, ``size`` at a
+        time, each batch with its dependencies: a listing of 100,000 tasks (``status
+        --json``) holds one batch in memory, not every row."""
+        sql = f"SELECT {LISTED_COLUMNS} FROM tasks"
+        where: list[str] = []
+        args: list[Any] = []
+        if states:
+            where.append(f"state IN ({','.join('?' * len(states))})")
+            args.extend(s.value for s in states)
+        if latest:
+            where.append(LATEST)
+        if where:
+            sql += " WHERE " + " AND ".join(where)
+        rows = self._tuples(sql + " ORDER BY created, seq", args)
+        while True:
+            batch = rows.fetchmany(size)
+            if not batch:
+                return
+            ids = [r[0] for r in batch]
+            deps: dict[str, list[str]] = {}
+            for tid, did in self.conn.execute(  # in the deps table's key order, as tasks() reads them
+                    f"SELECT task_id, dep_id FROM deps WHERE task_id IN ({','.join('?' * len(ids))})"
+                    " ORDER BY task_id, dep_id", ids):
+                deps.setdefault(tid, []).append(did)
+            yield [ListedTask.listed(r, deps.get(r[0], []), self._spec_reader(r[0])) for r in batch]
 
     def _tuples(self, sql: str, args: list[Any]) -> sqlite3.Cursor:
         cur = self.conn.cursor()

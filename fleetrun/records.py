@@ -113,6 +113,8 @@ class ListedTask(Task):
         return spec
 
     def dependency_names(self) -> list[str]:
+        if "_depends_on" not in self.__dict__:  # made by dataclasses.replace(): its spec is set
+            return list(self.spec.depends_on)
         if not self._depends_on or self._depends_on == "[]":  # most tasks: not parsed, 10,000 times
             return []
         names = json.loads(self._depends_on)

@@ -77,7 +77,7 @@ POSITION_FIELDS = ("source", "line", "key_lines", "defaulted")
 
 
 def _whole(spec: TaskSpec) -> dict[str, Any]:
-    data = {k: v for k, v in spec.to_json().items() if k not in POSITION_FIELDS}
+    data = {k: v for k, v in spec.json_view().items() if k not in POSITION_FIELDS}  # read, not kept
     for key in ("verify", "setup"):
         data[key] = [{k: v for k, v in step.items() if k != "line"} for step in data[key]]
     return data

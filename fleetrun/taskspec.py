@@ -6,6 +6,7 @@ plugins read them.
 
 from __future__ import annotations
 
+import copy
 import dataclasses
 import re
 from dataclasses import dataclass, field
@@ -111,7 +112,18 @@ class TaskSpec:
         return self.defaulted.get(key, self.source)
 
     def to_json(self) -> dict[str, Any]:
-        return dataclasses.asdict(self)
+        """The spec as plain data, as ``dataclasses.asdict`` makes it (a copy: nothing
+        shared with the spec) at a fraction of its cost: ``fleetrun queue`` of 100,000
+        tasks writes each one, and ``asdict``'s generic walk was a third of its time."""
+        return _plain_dataclass(self)
+
+    def json_view(self) -> dict[str, Any]:
+        """What :meth:`to_json` holds, as a view to read once (``json.dumps``, a digest):
+        the spec's own lists and dicts, not copies; its verifiers as dicts. Do not change it."""
+        view = {name: getattr(self, name) for name in _names(type(self))}
+        for key in ("verify", "setup"):
+            view[key] = [{name: getattr(v, name) for name in _names(type(v))} for v in view[key]]
+        return view
 
     @classmethod
     def from_json(cls, data: dict[str, Any]) -> TaskSpec:
@@ -123,6 +135,47 @@ class TaskSpec:
                  for v in data.pop("setup", None) or []]  # older ledgers have none
         known = {f.name for f in dataclasses.fields(cls)}
         return cls(verify=verify, setup=setup, **{k: v for k, v in data.items() if k in known})
+
+
+_FIELDS: dict[type, tuple[str, ...]] = {}
+
+
+def _names(cls: type) -> tuple[str, ...]:
+    names = _FIELDS.get(cls)
+    if names is None:
+        names = _FIELDS[cls] = tuple(f.name for f in dataclasses.fields(cls))
+    return names
+
+
+def _plain_dataclass(obj: Any) -> dict[str, Any]:
+    return {name: _plain(getattr(obj, name)) for name in _names(type(obj))}
+
+
+_SCALARS = frozenset((str, int, float, bool, type(None)))
+
+
+def _plain(value: Any) -> Any:
+    kind = type(value)
+    if kind in _SCALARS:
+        return value
+    if kind is list:
+        return [v if type(v) in _SCALARS else _plain(v) for v in value]
+    if kind is dict:
+        return {k: v if type(v) in _SCALARS else _plain(v) for k, v in value.items()}
+    if dataclasses.is_dataclass(value) and not isinstance(value, type):
+        return _plain_dataclass(value)
+    if isinstance(value, (list, tuple, dict)):
+        return _plain_other(value)
+    return copy.deepcopy(value)
+
+
+def _plain_other(value: Any) -> Any:
+    # what asdict does with a tuple, a list or dict subclass: the same type, items made plain
+    if isinstance(value, tuple) and hasattr(value, "_fields"):  # a namedtuple
+        return type(value)(*[_plain(v) for v in value])
+    if isinstance(value, (list, tuple)):
+        return type(value)(_plain(v) for v in value)
+    return type(value)((_plain(k), _plain(v)) for k, v in value.items())
 
 
 def step_index(task: Any, verifier: VerifySpec) -> int:

@@ -14,15 +14,26 @@ reads the tasks once, then on each :meth:`~TaskView.refresh` only the rows that 
 
 So an idle pass costs a pragma and no scan, whatever the length of the queue. The view
 belongs to one connection (the loop's ledger) and, like it, to one thread.
+
+What it holds of a task is its row's narrow columns (:class:`~fleetrun.records.ListedTask`):
+the spec, most of a row's bytes, is read and parsed when first used, which the loop does
+for the tasks it places or runs, not for the 100,000 that wait (a spec parsed for each
+was most of an idle supervisor's memory, and its first pass's time). Nor does it keep a
+second copy of each row to find another process's changes: those rows are compared with
+the tasks it holds.
 """
 
 from __future__ import annotations
 
+import functools
+import json
 import sqlite3
+import threading
 from collections.abc import Iterable
 from typing import Any, Optional
 
 from .ledger import LEDGER_KEY, Ledger, Task
+from .records import LISTED_COLUMNS, ListedTask
 from .stash import StashKey
 from .states import State
 
@@ -30,7 +41,21 @@ from .states import State
 #: (written once, with the task) and the name, source, queue and order (never changed).
 _BRIEF = "id, state, updated, host, worktree, branch, cost_usd, attempts, retries, resumes, no_start, reason, handoff"
 
-_BRIEF_COLS = [c.strip() for c in _BRIEF.split(",")]
+#: Where each of those is in a :data:`LISTED_COLUMNS` row.
+_BRIEF_AT = (0, 2, 6, 7, 8, 9, 10, 11, 12, 13, 14, 15, 16)
+_HANDOFF = 12  # the handoff's place in a brief: JSON text in the row, parsed in the task
+
+
+#: The columns of a :data:`LISTED_COLUMNS` row a queue's tasks share a value of, kept
+#: once: source, queue_id, created and the spec's depends_on (values that come with a
+#: queue, so what is kept grows with the queues, not with each pass's updates).
+_SHARED_AT = (3, 4, 5, 17)
+
+
+def _brief_of(t: Task) -> tuple[Any, ...]:
+    """A held task's brief, as its row's would be (the handoff parsed on both sides)."""
+    return (t.id, t.state.value, t.updated, t.host, t.worktree, t.branch, t.cost_usd, t.attempts, t.retries,
+            t.resumes, t.no_start, t.reason, t.handoff)
 
 #: The loop's view of its tasks, for the plugins that count tasks on every pass
 #: (placement's slots and shared checkouts); unset outside a work loop.
@@ -49,7 +74,8 @@ class TaskView:
         self._touched: set[str] = set()
         self._install_trigger()
         self._tasks: dict[str, Task] = {}
-        self._brief: dict[str, tuple[Any, ...]] = {}
+        self._thread = threading.get_ident()
+        self._shared: dict[Any, Any] = {}
         self._by_state: dict[State, dict[str, Task]] = {s: {} for s in State}
         self._sorted: dict[State, Optional[list[Task]]] = {s: None for s in State}
         self._dependents: dict[str, list[str]] = {}
@@ -80,8 +106,26 @@ class TaskView:
     def _data_version(self) -> int:
         return int(self.led.conn.execute("PRAGMA data_version").fetchone()[0])
 
-    def _read_brief(self) -> dict[str, tuple[Any, ...]]:
-        return {r[0]: tuple(r) for r in self.led.conn.execute(f"SELECT {_BRIEF} FROM tasks")}
+    def _changed_elsewhere(self) -> set[str]:
+        """The ids whose row differs from the task held (or is not held, or is gone)."""
+        cur = self.led.conn.cursor()
+        cur.row_factory = None
+        changed: set[str] = set()
+        seen: set[str] = set()
+        tasks = self._tasks
+        for row in cur.execute(f"SELECT {_BRIEF} FROM tasks"):
+            tid = row[0]
+            seen.add(tid)
+            held = tasks.get(tid)
+            if held is None:
+                changed.add(tid)
+                continue
+            brief = _brief_of(held)
+            if row[:_HANDOFF] != brief[:_HANDOFF] or (
+                    (json.loads(row[_HANDOFF]) if row[_HANDOFF] else None) != brief[_HANDOFF]):
+                changed.add(tid)
+        changed.update(i for i in tasks if i not in seen)
+        return changed
 
     def refresh(self) -> set[str]:
         """Read again what changed since the last refresh.
@@ -93,10 +137,7 @@ class TaskView:
         version = self._data_version()
         if version != self._version:  # another connection committed: find its rows
             self._version = version
-            brief = self._read_brief()
-            changed.update(i for i, row in brief.items() if self._brief.get(i) != row)
-            changed.update(i for i in self._brief if i not in brief)
-            self._brief = brief
+            changed.update(self._changed_elsewhere())
         if changed:
             self._reload(changed)
             for sub in self._subscribers:
@@ -116,30 +157,54 @@ class TaskView:
         deps: dict[str, list[str]] = {}
         for tid, did in conn.execute("SELECT task_id, dep_id FROM deps"):
             deps.setdefault(tid, []).append(did)
-        for t in self._rows(conn.execute("SELECT * FROM tasks").fetchall(), deps):
+        cur = conn.cursor()
+        cur.row_factory = None
+        for t in self._rows(cur.execute(f"SELECT seq, {LISTED_COLUMNS} FROM tasks"), deps):
             self._put(t)
         self.full_reads += 1
 
     def _read(self, ids: list[str]) -> list[Task]:
         out: list[Task] = []
         conn = self.led.conn
+        cur = conn.cursor()
+        cur.row_factory = None
         for k in range(0, len(ids), 500):  # SQLite's limit on bound parameters
             chunk = ids[k:k + 500]
             marks = ",".join("?" * len(chunk))
             deps: dict[str, list[str]] = {}
-            for tid, did in conn.execute(f"SELECT task_id, dep_id FROM deps WHERE task_id IN ({marks})", chunk):
+            for tid, did in conn.execute(
+                    f"SELECT task_id, dep_id FROM deps WHERE task_id IN ({marks})", chunk):
                 deps.setdefault(tid, []).append(did)
-            out.extend(self._rows(conn.execute(f"SELECT * FROM tasks WHERE id IN ({marks})", chunk).fetchall(),
-                                  deps))
+            out.extend(self._rows(cur.execute(f"SELECT seq, {LISTED_COLUMNS} FROM tasks WHERE id IN ({marks})",
+                                              chunk), deps))
         return out
 
-    def _rows(self, rows: list[sqlite3.Row], deps: dict[str, list[str]]) -> list[Task]:
-        out = []
+    def _rows(self, rows: Iterable[tuple[Any, ...]], deps: dict[str, list[str]]) -> list[Task]:
+        out: list[Task] = []
+        keys = self._keys
+        reader = self._spec_text
+        share = self._shared
         for r in rows:
-            out.append(self.led._row_to_task(r, deps.get(r["id"], [])))
-            self._brief[r["id"]] = tuple(r[c] for c in _BRIEF_COLS)
-            self._keys[r["id"]] = (r["created"], r["seq"])
+            tid = r[1]
+            row = list(r[1:])
+            for k in _SHARED_AT:  # a queue's tasks have the same source, queue, reason...: one string
+                row[k] = share.setdefault(row[k], row[k])
+            out.append(ListedTask.listed(tuple(row), [share.setdefault(d, d) for d in deps.get(tid, ())],
+                                         functools.partial(reader, tid)))
+            keys[tid] = (r[6], r[0])  # (created, seq)
         return out
+
+    def _spec_text(self, task_id: str) -> str:
+        """A task's spec, read when first used. On the loop's thread through its
+        connection; on another (a worker that makes a workspace) through one of its own,
+        as a connection belongs to the thread that made it."""
+        if threading.get_ident() == self._thread:
+            return str(self.led.conn.execute("SELECT spec FROM tasks WHERE id=?", (task_id,)).fetchone()[0])
+        conn = sqlite3.connect(self.led.path, timeout=30.0)
+        try:
+            return str(conn.execute("SELECT spec FROM tasks WHERE id=?", (task_id,)).fetchone()[0])
+        finally:
+            conn.close()
 
     def _put(self, t: Task) -> None:
         old = self._tasks.get(t.id)
@@ -155,7 +220,6 @@ class TaskView:
 
     def _drop(self, task_id: str) -> None:
         old = self._tasks.pop(task_id, None)
-        self._brief.pop(task_id, None)
         if old is not None:
             self._by_state[old.state].pop(task_id, None)
             self._dirty(old.state)

@@ -8,6 +8,7 @@ so a mistake in any of them is reported as ``ERROR: file:LINE: key: message``.
 
 from __future__ import annotations
 
+import functools
 import os
 import re
 import sys
@@ -21,11 +22,21 @@ from .exceptions import UsageError
 def display_path(path: Path, invocation_dir: Optional[Path] = None) -> str:
     """``path`` as an error message shows it: relative to ``invocation_dir`` (default the
     current folder) when it is below it, else absolute."""
-    base = invocation_dir or Path.cwd()
+    p, base = os.fspath(path), os.fspath(invocation_dir or Path.cwd())
+    if not (os.path.isabs(p) and os.path.isabs(base)):  # relative to the current folder: not cached
+        return _display.__wrapped__(p, base)
+    return _display(p, base)
+
+
+@functools.lru_cache(maxsize=1024)
+def _display(path: str, base: str) -> str:
+    # cached: collection names each task's file several times (100,000 tasks, one file),
+    # and relpath makes both paths absolute and splits them each time
     try:
-        return os.path.relpath(path, base) if not os.path.relpath(path, base).startswith("..") else str(path)
+        rel = os.path.relpath(path, base)
     except ValueError:  # another drive on Windows
-        return str(path)
+        return path
+    return path if rel.startswith("..") else rel
 
 
 def _tomllib() -> Any:

@@ -65,6 +65,7 @@ def queue(fleeter: Fleeter, n: int) -> list[str]:
 def counted(monkeypatch: pytest.MonkeyPatch) -> PassProbe:
     probe = PassProbe(0, {})
     real_tasks, real_row, real_place = Ledger.tasks, records.Task.from_row, placement_plugin.builtin_place
+    real_listed = records.ListedTask.listed
 
     def tasks(self: Ledger, *a: Any, **kw: Any) -> Any:
         probe.now["tasks()"] += 1
@@ -74,6 +75,10 @@ def counted(monkeypatch: pytest.MonkeyPatch) -> PassProbe:
         probe.now["rows"] += 1
         return real_row(row, spec, deps)
 
+    def listed(row: Any, deps: Any, read_spec: Any) -> Any:  # how the view reads a row
+        probe.now["rows"] += 1
+        return real_listed(row, deps, read_spec)
+
     def place(task: Any, *a: Any, **kw: Any) -> Any:
         probe.now["placed:" + task.name] += 1
         probe.now["place"] += 1
@@ -81,6 +86,7 @@ def counted(monkeypatch: pytest.MonkeyPatch) -> PassProbe:
 
     monkeypatch.setattr(Ledger, "tasks", tasks)
     monkeypatch.setattr(records.Task, "from_row", staticmethod(from_row))
+    monkeypatch.setattr(records.ListedTask, "listed", staticmethod(listed))
     monkeypatch.setattr(placement_plugin, "builtin_place", place)
     return probe
 
@@ -172,3 +178,50 @@ def test_a_freed_slot_asks_the_next_task_not_the_whole_queue(fleeter: Fleeter, f
     # each task: once in the first pass, once when its turn comes (placed), and once
     # more for those before it when a placement moved the candidates in a pass
     assert passes > 12 and asked["place"] <= 3 * 6, (passes, asked)
+
+
+def test_the_loop_parses_the_spec_of_no_task_it_does_not_use(
+        fleeter: Fleeter, counted: PassProbe, monkeypatch: pytest.MonkeyPatch) -> None:
+    """With tasks that wait behind a dependency, ``fleetrun work``'s passes parse no
+    spec of theirs (most of an idle supervisor's memory at 100,000 tasks); the READY
+    ones it places are read once each. (The summary at its end reads what it shows.)"""
+    queue(fleeter, 30)
+    parsed: Counter[str] = Counter()
+    real = TaskSpec.from_json.__func__  # type: ignore[attr-defined]
+
+    def from_json(cls: Any, data: Any) -> Any:
+        parsed[str(data.get("name"))] += 1
+        return real(cls, data)
+
+    monkeypatch.setattr(TaskSpec, "from_json", classmethod(from_json))
+    during: Counter[str] = Counter()
+    run(fleeter, counted, 4, {4: lambda config: during.update(parsed)})
+    assert during and not [n for n in during if n.startswith("p")], during
+    assert all(n <= 1 for n in during.values()), during
+
+
+def test_a_task_s_spec_is_read_from_another_thread_too(fleeter: Fleeter) -> None:
+    """A task's spec read first off the loop's thread (a worker making its workspace)
+    is read through a connection of that thread, not the loop's (which SQLite refuses)."""
+    import threading
+
+    ids = queue(fleeter, 2)
+    view = TaskView(fleeter.ledger())
+    got: list[Any] = []
+    worker = threading.Thread(target=lambda: got.append(view.get(ids[1]).spec))  # type: ignore[union-attr]
+    worker.start()
+    worker.join(120)
+    assert [s.name for s in got] == ["r1"]
+    assert view.get(ids[0]).spec.name == "r0"  # type: ignore[union-attr]
+
+
+def test_a_view_task_copied_with_replace_keeps_its_spec_and_dependencies(fleeter: Fleeter) -> None:
+    """The loop copies a task it starts with ``dataclasses.replace`` (its new worktree):
+    the copy of a task the view holds has its spec and its dependencies' names."""
+    import dataclasses
+
+    ids = queue(fleeter, 2)
+    view = TaskView(fleeter.ledger())
+    copy = dataclasses.replace(view.get(ids[2]), worktree="/w")  # type: ignore[type-var]
+    assert copy.worktree == "/w" and copy.spec.name == "p0"
+    assert copy.dependency_names() == ["r0"] and copy.to_json()["depends_on"] == ["r0"]

@@ -190,11 +190,15 @@ def missing_command(text: str, cwd: str, has_setup: bool) -> Optional[str]:
 def missing_command_warnings(config: Config, items: list[Any], warnings: list[str]) -> None:
     from ..collect import display_path
 
+    known: dict[tuple[str, str, bool], Optional[str]] = {}  # 100,000 tasks share a few commands
     for t in items:
         for i, v in enumerate(t.verify):
             if v.kind != "run":
                 continue
-            problem = missing_command(v.text, t.cwd, bool(t.setup))
+            key = (v.text, t.cwd, bool(t.setup))
+            if key not in known:
+                known[key] = missing_command(*key)
+            problem = known[key]
             if problem:
                 where = display_path(Path(t.source), config.invocation_dir) if t.source else "?"
                 warnings.append(f"{where}:{v.line or t.line}: task '{t.name}': verify #{i + 1}: {problem} "
@@ -220,6 +224,7 @@ def fleetrun_collection_modifyitems(config: Config, items: list[Any]) -> None:
     missing_command_warnings(config, items, warnings)
     tops: dict[str, Optional[str]] = {}
     seen: dict[Any, Any] = {}
+    traps: dict[tuple[str, str, str], Any] = {}
     for t in items:
         if not t.git_ref:
             continue  # it works in the checkout itself: an install of it is the right one
@@ -231,7 +236,10 @@ def fleetrun_collection_modifyitems(config: Config, items: list[Any]) -> None:
         for v in t.verify:
             if v.kind != "run":
                 continue
-            trap = editable_trap(v.text, top, t.cwd, seen)
+            key = (v.text, top, t.cwd)
+            if key not in traps:  # each command of each folder once, however many tasks run it
+                traps[key] = editable_trap(v.text, top, t.cwd, seen)
+            trap = traps[key]
             if trap is None:
                 continue
             where = display_path(Path(t.source), config.invocation_dir) if t.source else "?"

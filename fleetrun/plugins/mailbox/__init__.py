@@ -163,9 +163,15 @@ def fleetrun_status_fields(tasks: list[Any], config: Config) -> Optional[dict[st
     from ...ledger import open_ledger
 
     newest = _newest_messages(config)
-    try:  # one read for every task: only the roles, not each task's whole spec
-        declared = dict(open_ledger(config).conn.execute(
-            "SELECT id, json_extract(spec, '$.role') FROM tasks WHERE json_extract(spec, '$.role') IS NOT NULL"))
+    conn = open_ledger(config).conn
+    declared: dict[str, Any] = {}
+    ids = [t.id for t in tasks]
+    try:  # these tasks' roles only (status --json asks a batch at a time), not each whole spec
+        for k in range(0, len(ids), 500):  # SQLite's limit on bound parameters
+            chunk = ids[k:k + 500]
+            declared.update(conn.execute(
+                f"SELECT id, json_extract(spec, '$.role') FROM tasks WHERE id IN ({','.join('?' * len(chunk))})"
+                " AND json_extract(spec, '$.role') IS NOT NULL", chunk))
     except sqlite3.OperationalError:  # an SQLite without JSON functions: the messages' roles only
         declared = {}
     out: dict[str, dict[str, Any]] = {}

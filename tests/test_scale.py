@@ -1,0 +1,134 @@
+"""Queues of thousands of tasks through the real command line: what is queued and shown
+is complete, and validation of a large file reports every error with its line. How long
+that takes is bench/scale.py's figure, never an assertion here."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from typing import Any
+
+from fleetrun.fleeter import Fleeter
+
+USAGE_ERROR = 4
+
+
+def big_file(repo: Path, n: int, bad: dict[int, str]) -> tuple[str, dict[int, int]]:
+    """``n`` tasks in a DAG (each after one or two of the ten before it), task i with
+    the line ``bad[i]`` added; :return: the text and each bad line's line number."""
+    out: list[str] = []
+    where: dict[int, int] = {}
+    line = 1
+    for i in range(n):
+        deps = [f"t{j}" for j in sorted({i - 1 - i % 7, i - 1 - i % 3}) if j >= 0 and i >= 10] if i else []
+        block = [f'[[task]]\nname = "t{i}"\ncwd = "{repo.name}"\nprompt = "item {i}"\ngit_ref = "main"\n'
+                 f"depends_on = {json.dumps(deps)}\n"]
+        if i in bad:
+            where[i] = line + block[0].count("\n")
+            block.append(bad[i] + "\n")
+        block.append('  [[task.verify]]\n  run = "true"\n\n')
+        text = "".join(block)
+        out.append(text)
+        line += text.count("\n")
+    return "".join(out), where
+
+
+def test_a_large_queue_with_errors_reports_every_error_with_its_line(fleeter: Fleeter) -> None:
+    """3,000 tasks with a mistake in every 150th (unknown keys, and missing folders named
+    by several tasks: each reports its own): every error is printed with its line, and
+    nothing is queued."""
+    repo = fleeter.make_repo("repo")
+    bad: dict[int, str] = {}
+    for i in range(7, 3000, 150):
+        bad[i] = 'modle = "opus"' if i % 2 else 'timeout_min = "soon"'
+    text, where = big_file(repo, 3000, bad)
+    # two tasks in a folder that does not exist: the same cwd, an error each
+    for name in ("t100", "t2500"):
+        text = text.replace(f'name = "{name}"\ncwd = "repo"', f'name = "{name}"\ncwd = "nowhere"')
+    fleeter.write_tasks(text)
+    result = fleeter.run("queue", "tasks.toml")
+    assert result.ret == USAGE_ERROR, result.stderr
+    assert "Traceback" not in result.stderr
+    errors = [e for e in result.errlines if e.startswith("ERROR: ")]
+    expected = [f"ERROR: tasks.toml:{where[i]}: task 't{i}': {'modle' if i % 2 else 'timeout_min'}: "
+                for i in bad]
+    missing = [x for x in expected if not any(e.startswith(x) for e in errors)]
+    assert not missing, (missing, errors)
+    cwd_errors = [e for e in errors if ": cwd: 'nowhere' does not exist" in e]
+    lines = text.splitlines()
+    cwd_lines = [lines.index(f'name = "{n}"') + 2 for n in ("t100", "t2500")]
+    assert [e.split(": ")[1] for e in cwd_errors] == [f"tasks.toml:{n}" for n in cwd_lines]
+    assert len(errors) == len(bad) + 2
+    assert not (fleeter.home / "state.db").exists() or fleeter.ledger().tasks() == []
+
+
+def test_a_large_queue_is_queued_and_shown_whole(fleeter: Fleeter) -> None:
+    """3,000 tasks with fan-in and fan-out: ``queue`` queues every one, each with its
+    dependencies, and ``status --json`` shows each once, complete."""
+    repo = fleeter.make_repo("repo")
+    text, _ = big_file(repo, 3000, {})
+    fleeter.write_tasks(text)
+    result = fleeter.runsub("queue", "tasks.toml")
+    assert result.ret == 0, result.stderr
+    assert len([line for line in result.outlines if line.startswith("queued ")]) == 3000
+    shown = fleeter.runsub("status", "--json")
+    assert shown.ret == 0, shown.stderr
+    rows: list[dict[str, Any]] = json.loads(shown.stdout)
+    # streamed a batch at a time, printed as one json.dumps(rows, indent=2) would be
+    assert shown.stdout == json.dumps(rows, indent=2) + "\n"
+    assert [r["name"] for r in rows] == [f"t{i}" for i in range(3000)]
+    by_name = {r["name"]: r for r in rows}
+    for i in (0, 9, 10, 11, 2999):
+        deps = sorted({f"t{j}" for j in (i - 1 - i % 7, i - 1 - i % 3) if j >= 0 and i >= 10}) if i else []
+        assert sorted(by_name[f"t{i}"]["depends_on"]) == deps
+        assert by_name[f"t{i}"]["state"] == ("PENDING" if deps else "READY")
+    led = fleeter.ledger()
+    tasks = {t.name: t for t in led.tasks()}
+    ids = {name: t.id for name, t in tasks.items()}
+    assert sorted(tasks["t2999"].deps) == sorted(ids[d] for d in by_name["t2999"]["depends_on"])
+    assert len(led.transitions()) == 3000
+
+
+def test_an_older_ledger_gets_the_listing_indexes_and_shows_the_same(fleeter: Fleeter) -> None:
+    """A ledger made before the listing indexes (they dropped) gets them on its next
+    open, with no schema version change, and ``status`` shows the same rows."""
+    import sqlite3
+
+    from fleetrun.ledger_schema import LISTING_INDEXES, SCHEMA_VERSION
+
+    repo = fleeter.make_repo("repo")
+    text, _ = big_file(repo, 50, {})
+    fleeter.write_tasks(text)
+    assert fleeter.runsub("queue", "tasks.toml").ret == 0
+    before = fleeter.runsub("status", "--wide").stdout
+    db = fleeter.home / "state.db"
+    conn = sqlite3.connect(db)
+    for name, _sql in LISTING_INDEXES:
+        conn.execute(f"DROP INDEX {name}")
+    conn.commit()
+    conn.close()
+    assert fleeter.runsub("status", "--wide").stdout == before
+    conn = sqlite3.connect(db)
+    names = {r[0] for r in conn.execute("SELECT name FROM sqlite_master WHERE type='index'")}
+    assert {name for name, _sql in LISTING_INDEXES} <= names
+    assert conn.execute("PRAGMA user_version").fetchone()[0] == SCHEMA_VERSION
+    conn.close()
+
+
+def test_status_json_rows_are_written_as_json_dumps_would_write_them() -> None:
+    """``status --json`` writes each row with the C encoder's pieces: whatever a row holds
+    (a plugin's field too), the text is ``json.dumps(row, indent=2)``'s."""
+    from fleetrun.viewing import _indented
+
+    class Name(str):
+        pass
+
+    rows: list[dict[Any, Any]] = [
+        {}, {"a": 1},
+        {"a": [], "b": {}, "c": [1, [2, {}], {"x": [None, True, 1.5e300, float("inf")]}], "d": "é\u2028\"\\\x00",
+         "e": None, "f": -0.0, "g": 10**30, "h": {"k": {"z": []}}, "i": True, "j": 0.1, "k": -7,
+         "l": ["a", "é\n"], "m": ["a", 1], "o": 1e16, "p": 123456789.123456789},
+        {1: 2}, {"n": float("nan"), "q": float("-inf")}, {"s": Name("x")}, {"l": [Name("y")]},
+    ]
+    for row in rows:
+        assert _indented(row) == json.dumps(row, indent=2)
