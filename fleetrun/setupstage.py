@@ -23,15 +23,18 @@ from __future__ import annotations
 import os
 import time
 from dataclasses import dataclass, field
-from typing import Any, Optional
+from typing import TYPE_CHECKING, Any, Optional
 
 from . import baseline, crash
+from .decide import Drop, RunSetupStep, SetupStepEnded, StartAgent
 from .hostapi import Host, get_host
 from .ledger import Attempt, Task
 from .reports import Cancellable, Verdict, VerifyHandle, Workspace
 from .states import State
 from .taskspec import VerifySpec
-from .verdicttext import baseline_fails_cause, setup_failed_cause
+
+if TYPE_CHECKING:
+    from .loop import Loop
 
 #: How much of each command's output is kept in the ledger (``fleetrun logs`` shows it);
 #: the whole output stays in the attempt folder.
@@ -70,7 +73,7 @@ class SetupStage:
     """Runs setup for the loop. ``loop`` gives the ledger, the hooks and the way on:
     ``launch(...)`` starts the agent, ``move``/``finish_terminal`` end a task."""
 
-    def __init__(self, loop: Any) -> None:
+    def __init__(self, loop: Loop) -> None:
         self.loop = loop
         self.running: dict[str, SettingUp] = {}
 
@@ -173,62 +176,44 @@ class SetupStage:
             self.advance(task_id)
 
     def record(self, task: Task, s: SettingUp, verdict: Verdict) -> bool:
-        """Record one command's end. :return: True to go on with the next."""
+        """Record one command's end, then decide. :return: True to go on with the next."""
         step = s.plan[s.idx]
+        out = verdict.output or ""
+        att = self.loop.get_attempt(s.attempt.id)
+        where: Optional[str] = None
         if step.kind == baseline.KIND:
-            return self.record_baseline(task, s, step, verdict)
-        out = verdict.output or ""
-        entry: dict[str, Any] = {"n": s.idx + 1, "command": step.text, "passed": verdict.passed,
-                                 "reason": verdict.reason, "duration_s": verdict.duration_s,
-                                 "output": out[-KEEP_CHARS:], "time": time.time()}
-        host = self._host(s)
-        if host.local:
-            entry["out"] = str(host.attempt_dir(s.attempt.id) / f"setup-{s.idx + 1}.out")
-        s.steps.append(entry)
-        att = self.loop.get_attempt(s.attempt.id)
-        if verdict.passed:
-            self.loop.led.update_attempt(att.id, info={**att.info, "setup_steps": s.steps})
-            s.idx += 1
-            return True
-        self.running.pop(task.id, None)
-        self.loop.led.update_attempt(att.id, state="abandoned", outcome="setup_failed", ended=time.time(),
-                                     info={**att.info, "setup": "failed", "setup_steps": s.steps})
-        now = self.loop.move(task, State.NEEDS_HUMAN, setup_failed_cause(step.label, verdict.reason, out),
-                             attempt=att.number)
-        if now is not None:
-            where = f"; its output is in {entry['out']}" if "out" in entry else ""
-            self.loop.led.add_note(task.id, f"setup command {s.idx + 1} failed ({verdict.reason}){where}; "
-                                            "fix the command or the environment, then `fleetrun retry "
-                                            f"{task.name}` (setup runs again from the start)")
-            self.loop.finish_terminal(now)
-        return False
-
-    def record_baseline(self, task: Task, s: SettingUp, step: VerifySpec, verdict: Verdict) -> bool:
-        """Record one verifier's baseline. A verifier that fails on the base with nothing
-        finer known (no JUnit report) sends the task to a human before any agent run:
-        ``baseline_fails:LABEL: SUMMARY``. :return: True to go on with the next."""
-        out = verdict.output or ""
-        entry: dict[str, Any] = {"verifier": step.extra.get(baseline.OF), "label": step.label,
-                                 "passed": verdict.passed, "reason": verdict.reason, "time": time.time()}
-        att = self.loop.get_attempt(s.attempt.id)
-        done = [*(att.info.get("baseline_steps") or []), entry]
-        if verdict.passed:
-            self.loop.led.update_attempt(att.id, info={**att.info, "baseline_steps": done})
+            entry: dict[str, Any] = {"verifier": step.extra.get(baseline.OF), "label": step.label,
+                                     "passed": verdict.passed, "reason": verdict.reason, "time": time.time()}
+            info = {**att.info, "baseline_steps": [*(att.info.get("baseline_steps") or []), entry]}
+            if not verdict.passed:
+                info["baseline"] = "failed"
+        else:
+            entry = {"n": s.idx + 1, "command": step.text, "passed": verdict.passed, "reason": verdict.reason,
+                     "duration_s": verdict.duration_s, "output": out[-KEEP_CHARS:], "time": time.time()}
+            host = self._host(s)
+            if host.local:
+                where = entry["out"] = str(host.attempt_dir(s.attempt.id) / f"setup-{s.idx + 1}.out")
+            s.steps.append(entry)
+            info = {**att.info, "setup_steps": s.steps}
+            if not verdict.passed:
+                info["setup"] = "failed"
+        obs = SetupStepEnded(s.idx, len(s.plan), verdict.passed, baseline=step.kind == baseline.KIND,
+                             label=step.label, reason=verdict.reason, output=out, out=where)
+        if not verdict.passed:
+            self.running.pop(task.id, None)
+        self.loop.led.update_attempt(att.id, info=info)
+        rest = self.loop.decide(task, att, obs)
+        if verdict.passed and step.kind == baseline.KIND:
             self.loop.led.add_note(task.id, f"{step.label}: {verdict.reason}")
+        if any(isinstance(a, (RunSetupStep, StartAgent)) for a in rest):
             s.idx += 1
             return True
-        self.running.pop(task.id, None)
-        self.loop.led.update_attempt(att.id, state="abandoned", outcome="baseline_fails", ended=time.time(),
-                                     info={**att.info, "baseline": "failed", "baseline_steps": done})
-        now = self.loop.move(task, State.NEEDS_HUMAN, baseline_fails_cause(step.label, verdict.reason, out),
-                             attempt=att.number)
-        if now is not None:
-            tail = "\n".join(out.rstrip().splitlines()[-20:])
-            self.loop.led.add_note(task.id, f"verifier {step.label!r} already fails on the base commit "
-                                            f"({verdict.reason}), before any agent run; fix the base, or set "
-                                            f"baseline = \"warn\" or false, then `fleetrun retry {task.name}`"
-                                            + (f"\n{tail}" if tail else ""))
-            self.loop.finish_terminal(now)
+        if any(isinstance(a, Drop) for a in rest):  # the task left ASSIGNED meanwhile (cancelled)
+            if verdict.passed:
+                self.drop(task.id, "cancelled")
+            else:  # the attempt is over all the same
+                self.loop.led.update_attempt(att.id, state="abandoned", ended=time.time(),
+                                             outcome="baseline_fails" if obs.baseline else "setup_failed")
         return False
 
     def passed(self, task: Task, s: SettingUp) -> None:

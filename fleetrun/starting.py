@@ -17,15 +17,15 @@ from typing import TYPE_CHECKING, Any, Optional
 
 from . import baseline, clock, crash
 from .config import output_cap
+from .decide import Placed, StartAttempt, WaitFor, budget_exhausted
 from .exceptions import StateConflict, UsageError
 from .gitutil import WorktreeTampered
-from .hostapi import AgentNotFound, StartRefused, candidates_of, get_host, missing_host_reason
+from .hostapi import AgentNotFound, Host, StartRefused, candidates_of, get_host, missing_host_reason
 from .ledger import Attempt, Task
 from .links import task_links
 from .liveness import sock_path
 from .procutil import task_env
 from .reports import (
-    MIN_BUDGET_USD,
     SESSION_NOT_FOUND,
     Candidate,
     Handoff,
@@ -39,6 +39,8 @@ from .states import ACTIVE, PLACEABLE, State
 
 if TYPE_CHECKING:
     from .config import Config
+    from .ending import Ending
+    from .loop import Loop
 
 
 def shepherd_spec(task: Task, att: Attempt, spawn: SpawnSpec, config: Config) -> dict[str, Any]:
@@ -75,7 +77,7 @@ class Starting:
     waits, the setup stage and the way an attempt that cannot start ends
     (``loop.ending``)."""
 
-    def __init__(self, loop: Any) -> None:
+    def __init__(self, loop: Loop) -> None:
         self.loop = loop
         # the tasks that changed since the last placing pass (every task, at first)
         self._changed: set[str] = loop.view.subscribe()
@@ -210,27 +212,28 @@ class Starting:
                     waits.still_ending(task, busy[task.id].number, at)
                     continue
                 # less than the agent can be given (--max-budget-usd 0.0000 is refused) is none
-                if task.spec.budget_usd is not None and task.spec.budget_usd - task.cost_usd < MIN_BUDGET_USD:
-                    now = loop.move(task, State.NEEDS_HUMAN,
-                                    f"budget_exhausted:spent ${task.cost_usd:.2f} of ${task.spec.budget_usd:.2f}")
-                    if now is not None:
-                        loop.finish_terminal(now)
+                if budget_exhausted(task.spec.budget_usd, task.cost_usd):
+                    loop.decide(task, None, Placed(budget=task.spec.budget_usd, spent=task.cost_usd))
                     continue
                 decision = loop.hook.fleetrun_place(task=task, candidates=candidates, policy=policy, config=loop.config)
-                if decision is None:
-                    decision = Wait("no plugin places tasks", operator="no plugin places tasks")
-                if isinstance(decision, Wait):
-                    waits.wait(task, decision, at)
+                if isinstance(decision, Placement):
+                    # nothing could start it there: wait, lease nothing
+                    missing = missing_host_reason(loop.config, decision.host)
+                    obs = (Placed(host=decision.host) if missing is None else
+                           Placed(wait=missing, operator=missing))
+                elif isinstance(decision, Wait):
+                    obs = Placed(wait=decision.reason, until=decision.until, operator=decision.operator)
+                else:
+                    assert decision is None, decision
+                    obs = Placed()  # no plugin places tasks
+                action = loop.decide(task, None, obs)[0]
+                if isinstance(action, WaitFor):
+                    waits.wait(task, Wait(action.reason, until=action.until, operator=action.operator), at)
                     self._undecided.discard(task.id)
                     decided[task.id] = on
                     continue
-                assert isinstance(decision, Placement)
-                missing = missing_host_reason(loop.config, decision.host)
-                if missing is not None:  # nothing could start it there: wait, lease nothing
-                    waits.wait(task, Wait(missing, operator=missing), at)
-                    self._undecided.discard(task.id)
-                    decided[task.id] = on
-                    continue
+                assert isinstance(action, StartAttempt)
+                decision = Placement(action.host)
                 waits.placed(task.id)
                 if self.start(task, decision.host):
                     loop.placed_last_pass = True
@@ -278,7 +281,7 @@ class Starting:
             return True
         return self.prepared(task, att, ws, host, kind, prev)
 
-    def not_prepared(self, task: Task, att: Attempt, host: Any, e: Exception) -> bool:
+    def not_prepared(self, task: Task, att: Attempt, host: Host, e: Exception) -> bool:
         """``fleetrun_prepare_workspace`` (or its handle) raised: the attempt does not start.
         :return: False."""
         led = self.loop.led
@@ -341,7 +344,7 @@ class Starting:
         self.preparing.clear()
         return n
 
-    def prepared(self, task: Task, att: Attempt, ws: Workspace, host: Any, kind: str, prev: Optional[Attempt]) -> bool:
+    def prepared(self, task: Task, att: Attempt, ws: Workspace, host: Host, kind: str, prev: Optional[Attempt]) -> bool:
         """The attempt's workspace is made: record it, then setup or the agent."""
         loop = self.loop
         crash.point("after_worktree")
@@ -356,7 +359,7 @@ class Starting:
             return True
         return self.launch(task, att, ws, kind, prev)
 
-    def record_workspace(self, task: Task, att: Attempt, ws: Workspace, host: Any, cur: Optional[sqlite3.Cursor] = None) -> None:
+    def record_workspace(self, task: Task, att: Attempt, ws: Workspace, host: Host, cur: Optional[sqlite3.Cursor] = None) -> None:
         """The attempt's workspace, the task's worktree and branch (in ``cur``, or a tx)."""
         led = self.loop.led
         if cur is None:
@@ -366,7 +369,7 @@ class Starting:
         led.update_task(task.id, cur=cur, worktree=ws.task_worktree, branch=ws.branch)
 
     def launch(self, task: Task, att: Attempt, ws: Workspace, kind: str, prev: Optional[Attempt],
-               made: Optional[tuple[Workspace, Any]] = None) -> bool:
+               made: Optional[tuple[Workspace, Host]] = None) -> bool:
         """Build the prompt and start the agent in a prepared (and set up) workspace.
 
         :param made: a workspace just made and not yet recorded, and its host: it is
@@ -392,7 +395,7 @@ class Starting:
                     self.record_workspace(task, att, made[0], made[1])
             raise
 
-    def _launch(self, task: Task, att: Attempt, ws: Workspace, kind: str, prev: Optional[Attempt], host: Any, ending: Any, record: Callable[..., None]) -> bool:
+    def _launch(self, task: Task, att: Attempt, ws: Workspace, kind: str, prev: Optional[Attempt], host: Host, ending: Ending, record: Callable[..., None]) -> bool:
         loop, led = self.loop, self.loop.led
         context = self.prompt_context(task, kind, prev)
         left = None

@@ -51,6 +51,15 @@ ALLOWED: dict[State, frozenset[State]] = {
 }
 
 
+#: The order states are counted in for a person (a run's summary line, ``=== 2 done, 1
+#: needs_human ... ===``): the ends first, then what is in flight, then what waits.
+#: docs/architecture.md's state table lists them in this order, with ``ALLOWED``
+#: (``tests/test_states.py`` checks the two agree).
+STATE_ORDER: tuple[State, ...] = (S.DONE, S.NEEDS_HUMAN, S.CANCELLED, S.RUNNING, S.VERIFYING, S.READY, S.PENDING,
+                                  S.RETRYING, S.RESUMING, S.ASSIGNED)
+assert set(STATE_ORDER) == set(State) and len(STATE_ORDER) == len(State)
+
+
 def allowed(src: State, dst: State) -> bool:
     """Whether the state machine allows ``src -> dst``."""
     return dst in ALLOWED[src]

@@ -1,4 +1,4 @@
-"""The pure decision of fleetrun.outcomes: every attempt end the loop handles, without processes."""
+"""The attempt-end decisions of fleetrun.decide: every attempt end the loop handles, without processes."""
 
 from __future__ import annotations
 
@@ -7,8 +7,8 @@ from typing import Any, Optional
 
 import pytest
 
-from fleetrun import outcomes
-from fleetrun.outcomes import (
+from fleetrun import decide as outcomes
+from fleetrun.decide import (
     NEVER_STARTED_CAP,
     RESUME_CAP,
     Ended,
@@ -203,9 +203,9 @@ def test_never_started_cap_asks_a_human() -> None:
 
 
 def test_the_constants_are_read_when_deciding(monkeypatch: pytest.MonkeyPatch) -> None:
-    """Tests shorten the waits by patching fleetrun.outcomes (as the acceptance tests do)."""
-    monkeypatch.setattr("fleetrun.outcomes.USAGE_BACKOFF_S", 1.0)
-    monkeypatch.setattr("fleetrun.outcomes.NEVER_STARTED_CAP", 2)
+    """Tests shorten the waits by patching fleetrun.decide (as the acceptance tests do)."""
+    monkeypatch.setattr("fleetrun.decide.USAGE_BACKOFF_S", 1.0)
+    monkeypatch.setattr("fleetrun.decide.NEVER_STARTED_CAP", 2)
     assert next_pause(None, None, NOW) == (NOW + 1.0, 1)
     assert decide_not_started("fresh", 1, None, "local", "start_failed:x", NOW).to is State.NEEDS_HUMAN
 

@@ -221,3 +221,21 @@ def test_ledger_enforces_exactly_the_machine(ledger: Ledger, src: State, dst: St
         assert len(ledger.transitions(task.id)) == before
     got = ledger.get(task.id)
     assert got is not None and got.state == (dst if allowed(src, dst) else src)
+
+
+def test_the_architecture_docs_state_table_is_states_py() -> None:
+    """docs/architecture.md's state table lists every state in ``STATE_ORDER`` with the
+    moves ``ALLOWED`` lets it make: the doc is checked against the data, not copied."""
+    from pathlib import Path
+
+    from fleetrun.states import ALLOWED, STATE_ORDER
+
+    doc = (Path(__file__).resolve().parent.parent / "docs" / "architecture.md").read_text()
+    rows: list[tuple[str, set[str]]] = []
+    for line in doc.splitlines():
+        cells = [c.strip() for c in line.strip().strip("|").split("|")]
+        if line.startswith("|") and len(cells) == 2 and cells[0] in {s.value for s in State}:
+            rows.append((cells[0], set() if cells[1] == "—" else {c.strip() for c in cells[1].split(",")}))
+    assert [r[0] for r in rows] == [s.value for s in STATE_ORDER]
+    for name, moves in rows:
+        assert moves == {s.value for s in ALLOWED[State(name)]}, name

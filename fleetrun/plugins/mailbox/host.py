@@ -212,8 +212,8 @@ class MailboxHost:
 
 def status_of(msg: store.Message) -> dict[str, Any]:
     """A message as an attempt's status (:meth:`~fleetrun.Host.status`'s shape)."""
-    # here: the outcomes (and the placement they import) are the loop's, not `status`'s
-    from ...outcomes import (
+    # here: the decisions (and the placement they import) are the loop's, not `status`'s
+    from ...decide import (
         MAILBOX_CLAIMED_NO_COMPLETION,
         MAILBOX_FAILED,
         MAILBOX_UNCLAIMED,
