@@ -1,11 +1,12 @@
 """The ``setup`` stage: a task's setup commands, run in its workspace before the agent's
 first attempt there, without blocking the loop.
 
-Each command is a ``run`` step handed to ``fleetrun_verify`` (with ``extra["setup"]``
-set), so it runs exactly where and how a ``run`` verifier would: ``/bin/sh -c`` in the
-workspace, on the attempt's machine (a peer through the relay plugin), with the
-``FLEETRUN_*`` environment, its output in a file, its timeout. The loop polls the
-handles as it polls verifiers'.
+Each command is a step of its own, handed to ``fleetrun_setup_step`` with its number
+(not a verifier): it runs where and how a ``run`` verifier would (``/bin/sh -c`` in the
+workspace, on the attempt's machine, a peer through the relay plugin, with the
+``FLEETRUN_*`` environment, its output in a file, its timeout), and the loop polls its
+handle as it polls verifiers'. The baseline steps that follow are verifiers (run on
+the base commit), handed to ``fleetrun_verify``.
 
 The task stays ASSIGNED and its attempt ``leased`` while setup runs (the attempt's
 ``info["setup"]`` says ``running``); no new state is needed. A command that fails
@@ -23,7 +24,7 @@ from __future__ import annotations
 import os
 import time
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Any, Optional
+from typing import TYPE_CHECKING, Any, Optional, Union
 
 from . import baseline, crash
 from .decide import Drop, RunSetupStep, SetupStepEnded, StartAgent
@@ -136,12 +137,13 @@ class SetupStage:
         while s.idx < len(steps):
             step = steps[s.idx]
             try:
-                res = self.loop.hook.fleetrun_verify(task=task, verifier=step, workspace=s.workspace,
-                                                     attempt=s.attempt, host=self._host(s), config=self.loop.config)
+                res = self.run_step(task, s, step)
             except Exception as e:  # a step that cannot be run fails, as a verifier would
                 res = Verdict(False, "run", step.label, reason=f"cannot run: {type(e).__name__}: {e}")
             if res is None:
-                res = Verdict(False, "run", step.label, reason="no plugin runs `run` commands")
+                res = Verdict(False, "run", step.label,
+                              reason="no plugin runs `run` commands" if step.kind == baseline.KIND
+                              else "no plugin runs setup commands")
             if isinstance(res, Verdict):
                 if not self.record(task, s, res):
                     return
@@ -150,6 +152,18 @@ class SetupStage:
             crash.point("mid_setup")
             return
         self.passed(task, s)
+
+    def run_step(self, task: Task, s: SettingUp, step: VerifySpec) -> Optional[Union[Verdict, VerifyHandle]]:
+        """Start one step: a setup command (``fleetrun_setup_step``, its number its place
+        in ``task.spec.setup``), or a verifier's baseline (``fleetrun_verify``: it is
+        that verifier, run on the base commit)."""
+        config, host = self.loop.config, self._host(s)
+        if step.kind == baseline.KIND:
+            got: Optional[Union[Verdict, VerifyHandle]] = self.loop.hook.fleetrun_verify(
+                task=task, verifier=step, workspace=s.workspace, attempt=s.attempt, host=host, config=config)
+            return got
+        return self.loop.hook.fleetrun_setup_step(task=task, step=step, number=s.idx + 1, workspace=s.workspace,
+                                                  attempt=s.attempt, host=host, config=config)
 
     def poll(self) -> None:
         for task_id, s in list(self.running.items()):
