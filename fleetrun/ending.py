@@ -59,12 +59,10 @@ class Ending:
 
     def __init__(self, loop: Loop) -> None:
         self.loop = loop
-        self.collecting: dict[str, Collecting] = {}  # task id -> its attempt's work being collected
+        self.collecting = loop.pending.view(Collecting)  # task id -> its attempt's work being collected
 
     def poll(self) -> None:
         loop = self.loop
-        if self.collecting:
-            self.poll_collecting()
         by_host: dict[Optional[str], list[Attempt]] = {}
         for att in loop.led.attempts(states={"starting", "running"}):
             by_host.setdefault(att.host, []).append(att)
@@ -148,30 +146,27 @@ class Ending:
             if isinstance(a, StartVerifier):
                 self.loop.verify.begin(task.id, Verifying(att, ws, a.idx))
 
-    def poll_collecting(self) -> None:
-        """The work being collected off the loop's thread: go on with what is collected.
-        A task cancelled (or given up) meanwhile goes no further: what the effect did is
-        done, its answer is dropped."""
-        loop = self.loop
-        led = loop.led
-        for task_id, c in list(self.collecting.items()):
-            with loop.isolated(task_id):
-                failed: Optional[Exception] = None
-                try:
-                    if c.handle.poll() is None:
-                        continue
-                except (WorktreeTampered, GitError) as e:
-                    failed = e
-                except BaseException:
-                    del self.collecting[task_id]  # the task's internal error: it is set aside
-                    raise
-                del self.collecting[task_id]
-                task = led.get(task_id)
-                att = led.attempt(c.attempt.id)
-                if task is None or att is None or task.state is not State.RUNNING or att.state != "ended" \
-                        or task.attempts != att.number:
-                    continue
-                self.collected(task, att, c.workspace, failed)
+    def poll_one(self, task_id: str, c: Collecting) -> None:
+        """The work being collected off the loop's thread (an entry of the loop's pending
+        table): go on with what is collected. A task cancelled (or given up) meanwhile
+        goes no further: what the effect did is done, its answer is dropped."""
+        led = self.loop.led
+        failed: Optional[Exception] = None
+        try:
+            if c.handle.poll() is None:
+                return
+        except (WorktreeTampered, GitError) as e:
+            failed = e
+        except BaseException:
+            del self.collecting[task_id]  # the task's internal error: it is set aside
+            raise
+        del self.collecting[task_id]
+        task = led.get(task_id)
+        att = led.attempt(c.attempt.id)
+        if task is None or att is None or task.state is not State.RUNNING or att.state != "ended" \
+                or task.attempts != att.number:
+            return
+        self.collected(task, att, c.workspace, failed)
 
     def worktree_tampered(self, task: Task, att: Attempt, e: WorktreeTampered, what: str) -> None:
         """The agent rewrote, replaced or removed its worktree's ``.git``: nothing is

@@ -36,17 +36,18 @@ from .decide import (
     Ran,
     decide,
 )
-from .ending import Ending
+from .ending import Collecting, Ending
 from .exceptions import ExitCode, UsageError, is_space_error
 from .gitutil import GitError
 from .hostapi import get_host
 from .ledger import Attempt, Ledger, Task
 from .liveness import Liveness, sock_path
+from .pending import PendingTable
 from .policy import POLICY_KEY, PolicyWatcher
 from .queueing import load_new_queues
 from .reports import Workspace
-from .setupstage import SetupStage
-from .starting import Starting
+from .setupstage import SettingUp, SetupStage
+from .starting import Preparing, Starting
 from .states import STATE_ORDER, State
 from .taskview import TASKVIEW_KEY, TaskView
 from .verifying import Verifying, VerifyStage
@@ -99,6 +100,9 @@ class Loop:
         self.view = TaskView(ledger)
         self._promote_seen = self.view.subscribe()
         config.stash[TASKVIEW_KEY] = self.view
+        # the one table of what the loop waits on, by task: workspaces being made, setup
+        # commands, work being collected, verifiers and handoffs (each stage sees its kind)
+        self.pending = PendingTable()
         self.waits = Waits(self)
         self.adoption = Adoption(self)
         self.starting = Starting(self)
@@ -457,16 +461,28 @@ class Loop:
             load_new_queues(self.config)
         self.promote()
         effects.deliver(self.config)  # the worker's effects that are over (their notes)
-        self.starting.poll()  # workspaces made off the loop's thread
-        self.ending.poll()
+        self.poll_pending()  # workspaces made, work collected, verdicts, setup commands' ends
+        self.ending.poll()  # the attempts that run, one poll per host
         self.adoption.reverify()  # `fleetrun retry` of a task a verifier could not judge
-        self.verify.poll()
-        self.setup.poll()
         self.promote()
         self.placed_last_pass = False
         if not self.stopping and self.io_error is None:
             self.starting.place_all()
         self.hook.fleetrun_loop_pass(config=self.config, duration_s=time.monotonic() - began)
+
+    def poll_pending(self) -> None:
+        """Every entry of the pending table, oldest first, in one sweep: each is polled by
+        its stage (poll the handle, re-read the task's row, go on or drop it), one task's
+        failure contained. An entry an earlier one removed is passed over."""
+        stages: dict[type, Callable[[str, Any], None]] = {
+            Preparing: self.starting.poll_one, SettingUp: self.setup.poll_one,
+            Collecting: self.ending.poll_one, Verifying: self.verify.poll_one}
+        for task_id, entry in self.pending.items():
+            view = self.pending.view(type(entry))
+            if view.get(task_id) is not entry:
+                continue
+            with self.isolated(task_id):
+                stages[type(entry)](task_id, entry)
 
     def active_attempts(self) -> list[Attempt]:
         return self.led.attempts(states={"leased", "starting", "running"})

@@ -76,7 +76,7 @@ class SetupStage:
 
     def __init__(self, loop: Loop) -> None:
         self.loop = loop
-        self.running: dict[str, SettingUp] = {}
+        self.running = loop.pending.view(SettingUp)
 
     def _host(self, s: SettingUp) -> Host:
         return get_host(self.loop.config, s.attempt.host)
@@ -165,17 +165,17 @@ class SetupStage:
         return self.loop.hook.fleetrun_setup_step(task=task, step=step, number=s.idx + 1, workspace=s.workspace,
                                                   attempt=s.attempt, host=host, config=config)
 
-    def poll(self) -> None:
-        for task_id, s in list(self.running.items()):
-            if s.handle is None:
-                continue
-            # one task's bug (a raising fleetrun_spawn as its agent starts) stops that task
-            with self.loop.isolated(task_id):
-                try:
-                    self._poll_one(task_id, s)
-                except Exception:  # not Ctrl-C: cancel_all still has to stop its command
-                    self.running.pop(task_id, None)
-                    raise
+    def poll_one(self, task_id: str, s: SettingUp) -> None:
+        """A setup command (an entry of the loop's pending table): record its end and go
+        on, or stop it if the task left ASSIGNED. One task's bug (a raising
+        ``fleetrun_spawn`` as its agent starts) stops that task: its entry goes."""
+        if s.handle is None:
+            return
+        try:
+            self._poll_one(task_id, s)
+        except Exception:  # not Ctrl-C: cancel_all still has to stop its command
+            self.running.pop(task_id, None)
+            raise
 
     def _poll_one(self, task_id: str, s: SettingUp) -> None:
         task = self.loop.led.get(task_id)

@@ -89,7 +89,7 @@ class Starting:
         self._gens: list[tuple[int, Any]] = []
         self._last = (0, 0)  # the generations the last pass ended on
         self._final = (0, 0)  # the generations as this pass's placements left them
-        self.preparing: dict[str, Preparing] = {}  # task id -> its workspace being made
+        self.preparing = loop.pending.view(Preparing)  # task id -> its workspace being made
 
     # -- placement ---------------------------------------------------------------------
 
@@ -303,37 +303,36 @@ class Starting:
         ending.not_started(task, att, f"{word}:{type(e).__name__ if not str(e) else e}")
         return False
 
-    def poll(self) -> None:
-        """The workspaces being made off the loop's thread: go on with those made."""
+    def poll_one(self, task_id: str, p: Preparing) -> None:
+        """A workspace being made off the loop's thread (an entry of the loop's pending
+        table): go on once it is made."""
         loop = self.loop
-        for task_id, p in list(self.preparing.items()):
-            with loop.isolated(task_id):
-                try:
-                    ws = p.handle.poll()
-                except Exception as e:
-                    failed: Optional[Exception] = e
-                    ws = None
-                else:
-                    failed = None
-                    if ws is None:
-                        continue
-                del self.preparing[task_id]
-                task = loop.led.get(task_id)
-                att = loop.led.attempt(p.attempt.id)
-                if task is None or att is None or task.state is not State.ASSIGNED or att.state != "leased":
-                    # cancelled while it was made (or given up by a new adoption): nothing starts;
-                    # a worktree made for a task that ended is recorded, so `fleetrun gc` finds it
-                    if att is not None and att.state == "leased":
-                        loop.led.update_attempt(att.id, state="abandoned", outcome="cancelled", ended=time.time())
-                    if ws is not None and task is not None and task.state.terminal and att is not None:
-                        self.record_workspace(task, att, ws, get_host(loop.config, att.host))
-                    continue
-                host = get_host(loop.config, att.host)
-                if failed is not None:
-                    self.not_prepared(task, att, host, failed)
-                    continue
-                assert ws is not None
-                self.prepared(task, att, ws, host, p.kind, p.prev)
+        try:
+            ws = p.handle.poll()
+        except Exception as e:
+            failed: Optional[Exception] = e
+            ws = None
+        else:
+            failed = None
+            if ws is None:
+                return
+        del self.preparing[task_id]
+        task = loop.led.get(task_id)
+        att = loop.led.attempt(p.attempt.id)
+        if task is None or att is None or task.state is not State.ASSIGNED or att.state != "leased":
+            # cancelled while it was made (or given up by a new adoption): nothing starts;
+            # a worktree made for a task that ended is recorded, so `fleetrun gc` finds it
+            if att is not None and att.state == "leased":
+                loop.led.update_attempt(att.id, state="abandoned", outcome="cancelled", ended=time.time())
+            if ws is not None and task is not None and task.state.terminal and att is not None:
+                self.record_workspace(task, att, ws, get_host(loop.config, att.host))
+            return
+        host = get_host(loop.config, att.host)
+        if failed is not None:
+            self.not_prepared(task, att, host, failed)
+            return
+        assert ws is not None
+        self.prepared(task, att, ws, host, p.kind, p.prev)
 
     def drop_preparing(self) -> int:
         """Ctrl-C: forget the workspaces being made (their attempts stay ``leased``: the

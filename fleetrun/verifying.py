@@ -83,7 +83,7 @@ class VerifyStage:
 
     def __init__(self, loop: Loop) -> None:
         self.loop = loop
-        self.running: dict[str, Verifying] = {}
+        self.running = loop.pending.view(Verifying)
 
     def begin(self, task_id: str, v: Verifying) -> None:
         self.running[task_id] = v
@@ -120,39 +120,39 @@ class VerifyStage:
             return
         self.all_passed(task, v)
 
-    def poll(self) -> None:
+    def poll_one(self, task_id: str, v: Verifying) -> None:
+        """A verifier, its backoff or the handoff (an entry of the loop's pending table):
+        record its verdict and go on, or stop it if the task left VERIFYING."""
         loop = self.loop
-        for task_id, v in list(self.running.items()):
-            with loop.isolated(task_id):
-                if v.handoff is not None:
-                    self.poll_handoff(task_id, v, v.handoff)
-                    continue
-                if v.handle is None:
-                    continue
-                current = loop.led.get(task_id)
-                if current is None or current.state is not State.VERIFYING:  # cancelled meanwhile
-                    if isinstance(v.handle, Cancellable):
-                        v.handle.cancel()
-                    if isinstance(v.handle, VerifierBackoff):
-                        loop.waits.placed(task_id)  # it waits no more
-                    self.running.pop(task_id, None)
-                    continue
-                if isinstance(v.handle, VerifierBackoff):
-                    if v.handle.due():
-                        v.handle = None
-                        loop.waits.placed(task_id)
-                        self.start(task_id)
-                    continue
-                verdict = v.handle.poll()
-                if verdict is None:
-                    continue
+        if v.handoff is not None:
+            self.poll_handoff(task_id, v, v.handoff)
+            return
+        if v.handle is None:
+            return
+        current = loop.led.get(task_id)
+        if current is None or current.state is not State.VERIFYING:  # cancelled meanwhile
+            if isinstance(v.handle, Cancellable):
+                v.handle.cancel()
+            if isinstance(v.handle, VerifierBackoff):
+                loop.waits.placed(task_id)  # it waits no more
+            self.running.pop(task_id, None)
+            return
+        if isinstance(v.handle, VerifierBackoff):
+            if v.handle.due():
                 v.handle = None
-                task = loop.led.get(task_id)
-                if task is None or task.state is not State.VERIFYING:
-                    self.running.pop(task_id, None)
-                    continue
-                if self.record_verdict(task, v, verdict):
-                    self.start(task_id)
+                loop.waits.placed(task_id)
+                self.start(task_id)
+            return
+        verdict = v.handle.poll()
+        if verdict is None:
+            return
+        v.handle = None
+        task = loop.led.get(task_id)
+        if task is None or task.state is not State.VERIFYING:
+            self.running.pop(task_id, None)
+            return
+        if self.record_verdict(task, v, verdict):
+            self.start(task_id)
 
     def record_verdict(self, task: Task, v: Verifying, verdict: Verdict) -> bool:
         """Record one verdict. :return: True to go on with the next verifier."""
