@@ -147,7 +147,13 @@ def back_state(kind: str, from_running: bool = False) -> State:
 def next_pause(prev: Optional[tuple[float, int]], until: Optional[float], now: float) -> tuple[float, int]:
     """A machine's usage pause after a usage limit that resets at ``until`` (None: it did
     not say): that time, or 1, 2, 4 ... 30 minutes from ``now`` counting the pauses in a
-    row. :return: ``(until, count)``."""
+    row. The same reset time as the pause ``prev`` is that pause, not one more: another
+    task's end in the same limit, or this end decided again after a crash between its
+    pause and its move (which, its reset passed meanwhile, would otherwise pause the
+    machine for minutes more: found by ``test_crash_point_after_a_usage_pause_is_recorded``).
+    :return: ``(until, count)``."""
+    if prev is not None and until is not None and prev[0] == until:
+        return prev
     count = (prev[1] + 1) if prev and prev[0] > now - PAUSE_MEMORY_S else 1
     if until is None or until <= now:
         until = now + min(USAGE_BACKOFF_MAX_S, USAGE_BACKOFF_S * 2 ** (count - 1))
@@ -415,7 +421,9 @@ class Note:
 @dataclass(frozen=True)
 class NoteKeptWorktree:
     """The task's worktree is kept as the agent left it: say how to start over (the note
-    names the worktree as the ledger holds it after the move)."""
+    names the worktree as the ledger holds it after the move).
+
+    Crash: as :class:`Note`."""
 
 
 @dataclass(frozen=True)

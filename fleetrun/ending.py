@@ -15,6 +15,7 @@ import time
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, Optional
 
+from . import crash
 from .capped import DEFAULT_MAX_BYTES, cut_note
 from .decide import (
     AttemptEnded,
@@ -125,6 +126,7 @@ class Ending:
             return  # moved on (or cancelled meanwhile: the attempt is over, nothing else to do)
         task = loop.get(task.id)
         ws = Workspace(**att.workspace) if att.workspace else Workspace(path=task.spec.cwd)
+        crash.point("before_collect")  # the end recorded, nothing committed: collected again
         try:  # before VERIFYING: after a crash between the two it is simply done again
             got = loop.hook.fleetrun_collect_work(task=task, attempt=att, workspace=ws, host=host,
                                                   config=loop.config)

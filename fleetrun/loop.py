@@ -21,7 +21,7 @@ from contextlib import contextmanager
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Optional
 
-from . import clock, effects, ops
+from . import clock, crash, effects, ops
 from .adoption import Adoption
 from .decide import (
     Action,
@@ -188,6 +188,7 @@ class Loop:
                 assert att is not None
                 self.waits.pause_host(att.host, (a.until, a.count))
                 self.hook.fleetrun_host_paused(host=att.host, until=a.until, reason=a.cause, config=self.config)
+                crash.point("after_pause")  # the pause recorded, the move not: decided again
             elif isinstance(a, BackOff):
                 assert att is not None
                 self.waits.back_off(task.id, att.host, a.backoff)
@@ -509,6 +510,9 @@ class Loop:
         return ExitCode.TASKS_FAILED
 
     def finish_terminal(self, task: Task) -> None:
+        """:class:`~fleetrun.decide.CleanUp`: cascade a NEEDS_HUMAN or CANCELLED task to its
+        dependents, and clean its workspace up."""
+        crash.point("before_cleanup")  # terminal, not cleaned up: adoption cleans a DONE one up
         if task.state in (State.NEEDS_HUMAN, State.CANCELLED):
             ops.cascade(self.led, task, self.notify)
         try:

@@ -210,6 +210,7 @@ class VerifyStage:
             if isinstance(a, VerifierWait):
                 info[VERIFY_WAIT] = {"idx": a.idx, "tries": a.tries, "until": a.until, "reason": a.reason}
                 loop.led.update_attempt(v.attempt.id, info=info)
+                crash.point("after_verifier_wait")  # the wait recorded: the restart resumes it
                 self.wait(task, v, info[VERIFY_WAIT], limit)
                 return
         self.running.pop(task.id, None)
@@ -237,6 +238,7 @@ class VerifyStage:
     def all_passed(self, task: Task, v: Verifying) -> None:
         loop = self.loop
         self.running.pop(task.id, None)
+        crash.point("before_handoff")  # every verdict recorded: the restart asks for the handoff again
         got = loop.hook.fleetrun_handoff(task=task, attempt=v.attempt, host=get_host(loop.config, task.host),
                                          config=loop.config)
         if got is not None and not isinstance(got, Handoff):  # a handle: poll_handoff goes on

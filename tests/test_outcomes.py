@@ -139,6 +139,14 @@ def test_usage_limit_without_a_reset_time_backs_off_doubling() -> None:
 def test_next_pause_is_capped_and_ignores_a_reset_time_in_the_past() -> None:
     assert next_pause((NOW, 20), None, NOW) == (NOW + outcomes.USAGE_BACKOFF_MAX_S, 21)
     assert next_pause(None, NOW - 5, NOW) == (NOW + 60.0, 1)
+
+
+def test_the_same_reset_time_is_the_same_pause() -> None:
+    """Two ends in one limit window, or one end decided again after a crash (its reset
+    passed meanwhile): the pause recorded stands, its count is not raised."""
+    assert next_pause((NOW + 600, 1), NOW + 600, NOW) == (NOW + 600, 1)
+    assert next_pause((NOW - 5, 2), NOW - 5, NOW) == (NOW - 5, 2)
+    assert next_pause((NOW - 5, 2), NOW + 600, NOW) == (NOW + 600, 3)
     assert pause_text(NOW) == f"usage limit, resumes at {time.strftime('%H:%M', time.localtime(NOW))}"
 
 
