@@ -26,7 +26,7 @@ from typing import Any, Optional
 
 from .placement import Backoff, backoff_delay
 from .records import VERIFY_ERROR, VERIFY_WAIT
-from .reports import MIN_BUDGET_USD, PERMANENT, AgentResult
+from .reports import MIN_BUDGET_USD, PERMANENT, AgentEnd, AgentResult
 from .states import PLACEABLE, State, cause
 from .verdicttext import baseline_fails_cause, failed_cause, setup_failed_cause
 
@@ -46,17 +46,6 @@ BACK_STATE: Mapping[str, State] = {"fresh": State.READY, "retry": State.RETRYING
 #: state machine lets RUNNING go back only to RESUMING.
 BACK_STATE_FROM_RUNNING: Mapping[str, State] = {"fresh": State.RESUMING, "retry": State.RESUMING,
                                                 "resume": State.RESUMING}
-
-#: How an attempt delivered to a role's mailbox (the ``mailbox`` plugin) ended, as the
-#: ``reason`` of its host's status: the role reported a failure (``error`` is its
-#: reason); nobody claimed it in time and no session answered to the role (withdrawn:
-#: the task is spawned next, a resume that uses up no retry and no resume); claimed but
-#: not reported by the task's ``timeout_min``; withdrawn otherwise. (Reported done, it
-#: ends ``exited``, like an agent that exited.)
-MAILBOX_FAILED = "mailbox_failed"
-MAILBOX_UNCLAIMED = "mailbox_unclaimed"
-MAILBOX_CLAIMED_NO_COMPLETION = "mailbox_claimed_no_completion"
-MAILBOX_WITHDRAWN = "mailbox_withdrawn"
 
 #: The cause word of an attempt that ended without a usable result, by the shepherd's reason.
 _FAILURE_WORD = {"timeout": "timeout", "stalled": "stalled", "cancelled": "session_died",
@@ -196,67 +185,62 @@ def decide_not_started(kind: str, no_start: int, backoff: Optional[Backoff], hos
     return Transition(back_state(kind, from_running), cause, fields={"no_start": count}, backoff=bo)
 
 
-def decide_mailbox_end(reason: Optional[str], error: Optional[str]) -> Optional[Transition]:
-    """The transition of a delivered attempt's end that no agent's end shares (the
-    ``MAILBOX_*`` reasons above), or None for any other reason."""
-    if reason == MAILBOX_FAILED:
-        return Transition(State.NEEDS_HUMAN, f"{MAILBOX_FAILED}:{error or 'the role reported a failure'}", ran=True)
-    if reason == MAILBOX_UNCLAIMED:
-        # the role never saw it: spawn it (not a failed attempt; no retry or resume is used)
-        return Transition(State.RESUMING, f"{MAILBOX_UNCLAIMED}:{error or 'nobody claimed it in time'}")
-    if reason == MAILBOX_CLAIMED_NO_COMPLETION:
-        return Transition(State.NEEDS_HUMAN, MAILBOX_CLAIMED_NO_COMPLETION, ran=True)
-    if reason == MAILBOX_WITHDRAWN:
-        return Transition(State.NEEDS_HUMAN, f"{MAILBOX_WITHDRAWN}:{error or 'the message was withdrawn'}")
-    return None
-
-
 def decide_end(e: Ended) -> Optional[Transition]:
     """The transition of a task whose attempt ended. :return: None when there is nothing
-    to do (the task left RUNNING meanwhile, a cancel)."""
+    to do (the task left RUNNING meanwhile, a cancel).
+
+    The shepherd's reasons are the core's (a start that failed, a timeout, a stall, a
+    death); what the agent's output says is its plugin's, classified into
+    :class:`~fleetrun.reports.AgentEnd` (``result.end``): a usage limit, a rate limit or
+    a cap it reached holds whatever stopped the process; the rest holds unless the
+    shepherd stopped it."""
     if e.task_state is not State.RUNNING:
         return None
     reason = end_reason(e.status)
     res = e.result
     error = e.status.get("error")
-    mailbox = decide_mailbox_end(reason, error)
-    if mailbox is not None:
-        return mailbox
     if reason == "start_failed:agent_not_found":  # it can never start as things are: no backoff
         return Transition(State.NEEDS_HUMAN, f"agent_not_found:{error or 'the agent cannot be run'}")
     if (reason or "").startswith("start_failed"):
         return decide_not_started(e.kind, e.no_start, e.backoff, e.host,
                                   f"start_failed:{error or 'the agent did not start'}", e.now, from_running=True)
-    if reason == "exited" and res is not None and (res.reason or "").startswith("rejected_arguments:"):
-        # the agent refused its command line: the next attempt would get the same one
-        return Transition(State.NEEDS_HUMAN, f"agent_rejected_arguments:{res.reason.split(':', 1)[1]}")
+    end = res.end if res is not None else None
+    if end is not None and (reason not in _FAILURE_WORD or end.kind in ("pause_host", "back_off")
+                            or (end.kind == "give_up" and end.ran)):
+        t = _from_end(e, end)
+        if t is not None:
+            return t
     # from here on it ran: that machine is good for this task again
-    if res is not None and res.usage_limit:
-        pause = next_pause(e.pause, res.usage_reset_at, e.clock_now)
-        return Transition(State.RESUMING, f"usage_limit:{pause_text(pause[0])}", ran=True, pause=pause)
-    if res is not None and res.reason == "rate_limited":
-        # a 429 that gave no reset time: back off (1, 2, 4 ... 30 min), not a pause of the
-        # machine until a made-up time; no resume is used, as for a usage limit
-        n = (e.backoff.count + 1) if e.backoff is not None and e.backoff.cause == "rate_limited" else 1
-        until = e.now + min(USAGE_BACKOFF_MAX_S, USAGE_BACKOFF_S * 2 ** (n - 1))
-        why = " ".join(res.result_text.split())[:200] or "HTTP 429"
-        return Transition(State.RESUMING, f"rate_limited:{why}", ran=True,
-                          backoff=Backoff(n, until, "rate_limited"))
-    if res is not None and res.reason == "budget":
-        return Transition(State.NEEDS_HUMAN, "budget_exhausted:the agent reached its --max-budget-usd", ran=True)
-    if res is not None and res.reason == "max_turns":
-        # the task's max_turns: a cap the user set, as budget_usd is; a resumed session
-        # would only take that many turns again
-        return Transition(State.NEEDS_HUMAN, "max_turns:the agent reached its --max-turns", ran=True)
     outcome = attempt_outcome(reason, res)
     if outcome != "ok":
         word = _FAILURE_WORD.get(reason or "", "session_died")
         detail = None if word in ("timeout", "stalled") else (outcome if outcome != reason else reason)
-        cause = f"{word}:{detail}" if detail else word
-        if res is not None and res.reason.startswith("api_error:") and reason == "exited":
-            cause = res.reason  # a 500 or 529: the API's fault, transient; resumed
-        return replace(resume_or_give_up(e.resumes, cause), ran=True)
+        return replace(resume_or_give_up(e.resumes, f"{word}:{detail}" if detail else word), ran=True)
     return Transition(State.VERIFYING, "exited", ran=True, verify=True)
+
+
+def _from_end(e: Ended, end: AgentEnd) -> Optional[Transition]:
+    """The transition an agent plugin's :class:`~fleetrun.reports.AgentEnd` asks for
+    (None for ``ok``: verified as any attempt that exited well)."""
+    if end.kind == "give_up":
+        return Transition(State.NEEDS_HUMAN, end.cause, ran=end.ran)
+    if end.kind == "resume":
+        if not end.counted:  # the session never saw the task: no retry or resume is used
+            return Transition(State.RESUMING, end.cause, ran=end.ran)
+        return replace(resume_or_give_up(e.resumes, end.cause), ran=end.ran)
+    if end.kind == "pause_host":
+        pause = next_pause(e.pause, end.until, e.clock_now)
+        return Transition(State.RESUMING, f"usage_limit:{pause_text(pause[0])}", ran=True, pause=pause)
+    if end.kind == "back_off":
+        # no reset time: back off (1, 2, 4 ... 30 min), not a pause of the machine until a
+        # made-up time; no resume is used, as for a usage limit
+        word = end.cause.split(":", 1)[0]
+        n = (e.backoff.count + 1) if e.backoff is not None and e.backoff.cause == word else 1
+        until = e.now + min(USAGE_BACKOFF_MAX_S, USAGE_BACKOFF_S * 2 ** (n - 1))
+        return Transition(State.RESUMING, end.cause, ran=True, backoff=Backoff(n, until, word))
+    if end.kind == "not_started":
+        return decide_not_started(e.kind, e.no_start, e.backoff, e.host, end.cause, e.now, from_running=True)
+    return None
 
 
 # -- the actions ---------------------------------------------------------------------

@@ -627,7 +627,11 @@ def fleetrun_agent_result(task: Task, attempt: Attempt, log_path: str, exit_code
 
     Called once per attempt whose agent ended (or whose shepherd died), before the
     attempt is recorded. An agent's exit code is not to be trusted: the ``claude`` plugin
-    needs a ``result`` event without ``is_error``.
+    needs a ``result`` event without ``is_error``. Classify the end in ``result.end``
+    (:class:`~fleetrun.reports.AgentEnd`: ``ok``, ``resume``, ``give_up``,
+    ``pause_host``, ``back_off``, ``not_started``): the core names no agent's reasons
+    (a usage limit, a rate limit, a cap reached are the plugin's to say), and the cause
+    words it uses are the plugin's ``CAUSE_WORDS`` (docs/plugins.md, "An agent's end").
 
     :param task: the :class:`~fleetrun.ledger.Task`.
     :param attempt: the ended :class:`~fleetrun.ledger.Attempt`.

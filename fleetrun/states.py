@@ -65,7 +65,9 @@ def allowed(src: State, dst: State) -> bool:
     return dst in ALLOWED[src]
 
 
-# The cause vocabulary: snake_case words, optionally followed by ``:detail``.
+# The core's cause vocabulary: snake_case words, optionally followed by ``:detail``. A
+# plugin's own words (an agent's ends, a mailbox's) are its ``CAUSE_WORDS``, which
+# :func:`fleetrun.pluginmanager.cause_words` adds to these.
 CAUSES = frozenset(
     {
         "queued",
@@ -82,24 +84,17 @@ CAUSES = frozenset(
         "peer_refused",
         "start_failed",
         "agent_not_found",  # the agent's executable is missing or cannot be run: never retried
-        "agent_rejected_arguments",  # the agent CLI refused its command line: never retried
         "workspace_failed",  # a workspace that cannot be made until someone changes something
         "merge_conflict",  # base = "dependencies": merging a dependency's branch stopped on a conflict
         "never_started",
         "retries_exhausted",
         "resume_cap",
         "budget_exhausted",
-        "max_turns",  # a session stopped at the task's --max-turns: never resumed
         "dependency_cancelled",
         "dependency_needs_human",
         "operator_cancel",
         "operator_retry",
         "operator_approve",
-        "mailbox_claimed_no_completion",
-        "assigned_via_mailbox",
-        "mailbox_failed",  # the role's session reported it could not do the task
-        "mailbox_unclaimed",  # nobody claimed it in time: withdrawn, and spawned instead
-        "mailbox_withdrawn",
         "adopted",
         "lease_expired",
         "worktree_tampered",

@@ -48,7 +48,7 @@ from fleetrun.decide import (
     pause_text,
 )
 from fleetrun.placement import Backoff, backoff_delay
-from fleetrun.reports import PERMANENT, TRANSIENT, AgentResult
+from fleetrun.reports import PERMANENT, TRANSIENT, AgentEnd, AgentResult
 from fleetrun.states import PLACEABLE, State
 
 NOW = 1_000_000.0
@@ -79,7 +79,7 @@ TABLE: list[tuple[State, dict[str, Any], Observation, list[Any]]] = [
     (S.RUNNING, {"resumes": RESUME_CAP}, DIED, [Ran(), Move(S.NEEDS_HUMAN, "resume_cap:session_died:died"),
                                                CleanUp()]),
     (S.RUNNING, {}, AttemptEnded({"state": "ended", "reason": "exited"},
-                                 AgentResult(ok=False, usage_limit=True, usage_reset_at=NOW + 600)),
+                                 AgentResult(ok=False, end=AgentEnd.pause_host(NOW + 600))),
      [Ran(), PauseHost(NOW + 600, 1, f"usage_limit:{pause_text(NOW + 600)}"),
       Move(S.RESUMING, f"usage_limit:{pause_text(NOW + 600)}")]),
     *[(s, {}, EXITED, []) for s in State if s is not S.RUNNING],

@@ -361,16 +361,6 @@ KNOWN_CORE_NAMES: set[tuple[str, str]] = {
     ("fleetrun.queueing", "is_blocked('mailbox')"),
     ("fleetrun.queueing", "says 'no:mailbox'"),
     ("fleetrun.queueing", "says 'the mailbox plugin'"),
-    # the mailbox's end reasons: to go, agent plugins return typed results (resumable,
-    # permanent, rejected arguments) and the core decides from those fields
-    ("fleetrun.decide", "string 'mailbox_failed'"),
-    ("fleetrun.decide", "string 'mailbox_unclaimed'"),
-    ("fleetrun.decide", "string 'mailbox_claimed_no_completion'"),
-    ("fleetrun.decide", "string 'mailbox_withdrawn'"),
-    ("fleetrun.states", "string 'mailbox_failed'"),
-    ("fleetrun.states", "string 'mailbox_unclaimed'"),
-    ("fleetrun.states", "string 'mailbox_claimed_no_completion'"),
-    ("fleetrun.states", "string 'mailbox_withdrawn'"),
 }
 
 

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 import time
 from typing import Any, Optional
 
@@ -22,6 +23,14 @@ from fleetrun.decide import (
     pause_text,
 )
 from fleetrun.placement import Backoff, backoff_delay
+from fleetrun.plugins.claude import end_of as claude_end
+from fleetrun.plugins.mailbox.host import (
+    MAILBOX_CLAIMED_NO_COMPLETION,
+    MAILBOX_FAILED,
+    MAILBOX_UNCLAIMED,
+    MAILBOX_WITHDRAWN,
+)
+from fleetrun.plugins.mailbox.host import end_of as mailbox_end
 from fleetrun.reports import AgentResult
 from fleetrun.states import State
 
@@ -37,7 +46,19 @@ def ended(reason: Optional[str] = "exited", result: Optional[AgentResult] = None
         status["error"] = error
     kw.setdefault("now", NOW)
     kw.setdefault("clock_now", NOW)
+    if result is not None and result.end is None:  # as the claude plugin classifies it
+        result = dataclasses.replace(result, end=claude_end(result))
     return Ended(status=status, result=result, **kw)
+
+
+def delivered(reason: str, error: Optional[str] = None, **kw: Any) -> Ended:
+    """A delivered attempt's end: its host's status, and the mailbox plugin's result."""
+    status: dict[str, Any] = {"state": "ended", "reason": reason, "exit_code": None}
+    if error is not None:
+        status["error"] = error
+    kw.setdefault("now", NOW)
+    kw.setdefault("clock_now", NOW)
+    return Ended(status=status, result=AgentResult(ok=False, end=mailbox_end(status)), **kw)
 
 
 def failed(reason: str, **kw: Any) -> AgentResult:
@@ -227,14 +248,14 @@ def test_a_role_reporting_done_is_verified_like_an_agent_that_exited() -> None:
 
 
 def test_a_role_reporting_failure_needs_a_human_with_its_reason() -> None:
-    t = decide_end(ended(outcomes.MAILBOX_FAILED, AgentResult(ok=False), error="the schema is not mine"))
+    t = decide_end(delivered(MAILBOX_FAILED, error="the schema is not mine"))
     assert t is not None and (t.to, t.cause) == (State.NEEDS_HUMAN, "mailbox_failed:the schema is not mine")
-    t = decide_end(ended(outcomes.MAILBOX_FAILED, None))
+    t = decide_end(delivered(MAILBOX_FAILED))
     assert t is not None and t.cause == "mailbox_failed:the role reported a failure"
 
 
 def test_an_unclaimed_message_is_spawned_next_without_using_a_retry_or_resume() -> None:
-    t = decide_end(ended(outcomes.MAILBOX_UNCLAIMED, None, error="role relay did not claim it in 300s",
+    t = decide_end(delivered(MAILBOX_UNCLAIMED, error="role relay did not claim it in 300s",
                          resumes=RESUME_CAP))
     assert t is not None and t.to is State.RESUMING  # even with every resume used: it never ran
     assert t.cause == "mailbox_unclaimed:role relay did not claim it in 300s"
@@ -242,13 +263,13 @@ def test_an_unclaimed_message_is_spawned_next_without_using_a_retry_or_resume() 
 
 
 def test_claimed_but_never_reported_needs_a_human() -> None:
-    t = decide_end(ended(outcomes.MAILBOX_CLAIMED_NO_COMPLETION, None, error="claimed and reported nothing"))
+    t = decide_end(delivered(MAILBOX_CLAIMED_NO_COMPLETION, error="claimed and reported nothing"))
     assert t is not None and (t.to, t.cause) == (State.NEEDS_HUMAN, "mailbox_claimed_no_completion")
 
 
 def test_a_withdrawn_message_after_a_cancel_changes_nothing() -> None:
-    assert decide_end(ended(outcomes.MAILBOX_WITHDRAWN, None, task_state=State.CANCELLED)) is None
-    t = decide_end(ended(outcomes.MAILBOX_WITHDRAWN, None, error="gone"))
+    assert decide_end(delivered(MAILBOX_WITHDRAWN, task_state=State.CANCELLED)) is None
+    t = decide_end(delivered(MAILBOX_WITHDRAWN, error="gone"))
     assert t is not None and (t.to, t.cause) == (State.NEEDS_HUMAN, "mailbox_withdrawn:gone")
 
 

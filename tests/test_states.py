@@ -111,8 +111,26 @@ def test_the_vocabulary_is_snake_case() -> None:
         assert cause_word(cause(word, "x")) == word
     for word in ("queued", "placed", "started", "verify_pass", "verify_fail", "session_died",
                  "retries_exhausted", "operator_cancel", "operator_retry", "operator_approve",
-                 "never_started", "dependency_cancelled", "mailbox_claimed_no_completion"):
+                 "never_started", "dependency_cancelled"):
         assert word in CAUSES
+
+
+def test_plugins_declare_their_own_cause_words() -> None:
+    """The core's vocabulary names no plugin's ends: an agent's (Claude Code's
+    ``rate_limited``, ``max_turns``...) and the mailbox's are their plugins' ``CAUSE_WORDS``,
+    which the run's vocabulary collects from the loaded plugins."""
+    from fleetrun.pluginmanager import FleetPluginManager, cause_words
+
+    pm = FleetPluginManager()
+    pm.consider_builtins()
+    pm.load_deferred()
+    words = cause_words(pm)
+    assert {"mailbox_claimed_no_completion", "mailbox_unclaimed", "rate_limited", "max_turns",
+            "agent_rejected_arguments"} <= words
+    assert not {w for w in CAUSES if w.startswith("mailbox_")}
+    assert words >= CAUSES
+    for word in words:
+        assert cause(word) == word
 
 
 WORDS = st.from_regex(r"[a-z][a-z0-9_]{0,20}", fullmatch=True)
