@@ -142,7 +142,7 @@ TABLE: list[tuple[State, dict[str, Any], Observation, list[Any]]] = [
            "base, or set baseline = \"warn\" or false, then `fleetrun retry t1`"), CleanUp()]),
     *[(s, {}, SetupStepEnded(0, 1, True), [Drop()]) for s in State if s is not S.ASSIGNED],
     # -- placement answered ----------------------------------------------------------------
-    *[(s, {}, Placed(host="local"), [StartAttempt("local")]) for s in PLACEABLE],
+    *[(s, {}, Placed(host="local"), [StartAttempt("local")]) for s in State if s in PLACEABLE],
     (S.READY, {}, Placed(wait="no free slot", until=NOW + 5), [WaitFor("no free slot", NOW + 5, None)]),
     (S.READY, {}, Placed(), [WaitFor("no plugin places tasks", None, "no plugin places tasks")]),
     (S.RETRYING, {}, Placed(host="local", budget=1.0, spent=1.0),
