@@ -12,16 +12,19 @@ from __future__ import annotations
 
 import os
 import time
-from typing import Any, Optional
+from typing import TYPE_CHECKING, Any, Optional
 
+from .decide import LeaseFound, StartUnconfirmed
 from .ending import END_STATUS
 from .hostapi import get_host
 from .hosts import kill_recorded_children
 from .ledger import Attempt
-from .outcomes import back_state
 from .reports import Workspace
 from .states import State
 from .verifying import REVERIFY, VERIFY_WAIT, Verifying
+
+if TYPE_CHECKING:
+    from .loop import Loop
 
 
 def _is_wait(wait: dict[str, Any]) -> bool:
@@ -32,7 +35,7 @@ class Adoption:
     """Adopts for the loop. ``loop`` gives the ledger, the hooks and the stages the
     adopted attempts go on in."""
 
-    def __init__(self, loop: Any) -> None:
+    def __init__(self, loop: Loop) -> None:
         self.loop = loop
         #: the tasks the loop's view saw change since the last :meth:`reverify`
         self._changed: Optional[set[str]] = None
@@ -61,17 +64,14 @@ class Adoption:
                     if st.get("shepherd_pid"):  # it did start: watch it (a dead one is resumed)
                         led.update_attempt(att.id, state="running", shepherd_pid=st["shepherd_pid"],
                                            shepherd_token=st.get("shepherd_token"), started=st.get("started"))
-                        if task.state is State.ASSIGNED:
-                            loop.move(task, State.RUNNING, "adopted", attempt=att.number)
+                        loop.decide(task, att, StartUnconfirmed())
                         if st.get("state") in ("starting", "running"):
                             adopted += 1
                         continue
                     led.update_attempt(att.id, state="abandoned", outcome="never_started", ended=time.time())
-                    if task.state is State.ASSIGNED:
-                        loop.move(task, back_state(att.kind), "lease_expired:never started", attempt=att.number)
+                    loop.decide(task, att, LeaseFound())
                     continue
-                if task.state is State.ASSIGNED:
-                    loop.move(task, State.RUNNING, "adopted", attempt=att.number)
+                loop.decide(task, att, StartUnconfirmed())
                 st = host.status(att.id, att.shepherd_pid, att.shepherd_token)
                 if st.get("state") in ("starting", "running", "unreachable"):
                     adopted += 1  # a dead or finished one is handled by poll_attempts, not announced
@@ -88,7 +88,7 @@ class Adoption:
                     # it ran and its end was recorded, but its start never was (a crash
                     # before RUNNING, a peer's reply lost): RUNNING now, and the loop below
                     # decides its end as for any other (found by the soak: stuck for good)
-                    loop.move(task, State.RUNNING, "adopted", attempt=last.number)
+                    loop.decide(task, last, StartUnconfirmed())
         for task in led.tasks({State.RUNNING}):
             with loop.isolated(task.id):
                 # the attempt's end was recorded, the transition after it was not (a crash
@@ -98,8 +98,9 @@ class Adoption:
                     # decided from the status its end was recorded from: the host may not
                     # answer now (a peer not connected yet), and "unreachable" is no end
                     # (found by the long soak: attempts that exited 0 counted as died)
-                    st = last.info.get(END_STATUS)
-                    if not isinstance(st, dict) or st.get("state") not in ("ended", "died"):
+                    recorded = last.info.get(END_STATUS)
+                    st = recorded if isinstance(recorded, dict) else {}
+                    if st.get("state") not in ("ended", "died"):
                         host = get_host(loop.config, last.host)
                         st = host.status(last.id, last.shepherd_pid, last.shepherd_token)
                     if st.get("state") not in ("ended", "died"):

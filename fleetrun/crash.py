@@ -9,7 +9,9 @@ Points (the loop names them): ``before_transition:<STATE>``,
 loop), ``uncommitted:<STATE>`` (a move written in the loop's pass, the pass's commit to
 come), :mod:`fleetrun.ledger_schema`'s ``before_batch_commit``, ``after_lease``, ``after_worktree``,
 ``after_shepherd_start``, ``mid_verifier``, ``after_verdict`` (once it is committed), ``mid_setup``,
-``after_setup``; :mod:`fleetrun.depmerge`'s ``before_dependency_merge`` (before each
+``after_setup``, ``before_collect``, ``before_handoff``, ``before_cleanup``,
+``after_verifier_wait``, ``after_pause`` (one or more for each action of
+:mod:`fleetrun.decide`: docs/durability.md, "Crash safety per action"); :mod:`fleetrun.depmerge`'s ``before_dependency_merge`` (before each
 merge of a dependency into a task's worktree: the worktree made, that dependency not
 merged); the ``worktree`` plugin's ``mid_collect`` (on the effects' worker:
 an attempt's work staged, not committed); the ``mailbox`` plugin's ``after_delivery``

@@ -1,5 +1,5 @@
 """An attempt's end, applied: the loop polls the attempts that run, records how each
-ended, and carries out what :mod:`fleetrun.outcomes` decides for its task (resume, back
+ended, and carries out what :mod:`fleetrun.decide` decides for its task (resume, back
 off, pause the machine, ask a human, or collect the work and verify it).
 
 Collecting the work may take a while (the ``worktree`` plugin's ``git status`` and
@@ -14,27 +14,39 @@ from __future__ import annotations
 import time
 from dataclasses import dataclass
 from functools import partial
-from typing import Any, Optional
+from typing import TYPE_CHECKING, Any, Optional
 
-from . import clock
+from . import crash
 from .capped import DEFAULT_MAX_BYTES, cut_note
+from .decide import (
+    AttemptEnded,
+    Collect,
+    Collected,
+    NotStarted,
+    StartUnconfirmed,
+    StartVerifier,
+    attempt_outcome,
+    end_reason,
+    tampered,
+)
 from .gitutil import GitError, WorktreeTampered
 from .hostapi import AttemptRef, get_host, poll_statuses
 from .ledger import Attempt, Task
-from .outcomes import Ended, Transition, attempt_outcome, decide_end, decide_not_started, end_reason
 from .reports import CollectHandle, Workspace
 from .states import State
 from .verifying import Verifying
 
+if TYPE_CHECKING:
+    from .loop import Loop
+
 
 @dataclass
 class Collecting:
-    """An ended attempt whose work is collected off the loop's thread; ``decision`` (its
-    move to VERIFYING) is applied once ``handle`` has its answer."""
+    """An ended attempt whose work is collected off the loop's thread; :class:`Collected`
+    is decided once ``handle`` has its answer."""
 
     attempt: Attempt
     workspace: Workspace
-    decision: Transition
     handle: CollectHandle
 
 
@@ -47,14 +59,12 @@ class Ending:
     """Ends attempts for the loop. ``loop`` gives the ledger, the hooks, the waits (for
     backoffs and pauses) and the verify stage an attempt that exited goes on to."""
 
-    def __init__(self, loop: Any) -> None:
+    def __init__(self, loop: Loop) -> None:
         self.loop = loop
-        self.collecting: dict[str, Collecting] = {}  # task id -> its attempt's work being collected
+        self.collecting = loop.pending.view(Collecting)  # task id -> its attempt's work being collected
 
     def poll(self) -> None:
         loop = self.loop
-        if self.collecting:
-            self.poll_collecting()
         by_host: dict[Optional[str], list[Attempt]] = {}
         for att in loop.led.attempts(states={"starting", "running"}):
             by_host.setdefault(att.host, []).append(att)
@@ -109,119 +119,70 @@ class Ending:
         if task.state is State.ASSIGNED and task.attempts == att.number:
             # its start was never confirmed (a crash before RUNNING, a peer's reply lost
             # with its link) and yet it ran: its end is the task's all the same
-            loop.move(task, State.RUNNING, "adopted", attempt=att.number)
+            loop.decide(task, att, StartUnconfirmed())
             task = loop.get(task.id)
         if record:  # reported once, by the loop that recorded it
             loop.report(task.id, partial(loop.hook.fleetrun_attempt_ended, task=task, attempt=att, result=res,
                                          config=loop.config))
-        waits = loop.waits
-        decision = decide_end(Ended(
-            status=st, result=res, task_state=task.state, kind=att.kind, host=att.host, resumes=task.resumes,
-            no_start=task.no_start, backoff=waits.backoff_of(task.id, att.host), pause=waits.pause_of(att.host),
-            now=time.time(), clock_now=clock.now()))
-        if decision is None:
-            return  # cancelled meanwhile: the attempt is over, nothing else to do
-        if decision.ran:  # that machine is good for this task again, and the never-started count restarts
-            waits.clear_backoff(task.id, att.host)
-            if task.no_start:
-                led.update_task(task.id, no_start=0)
-                task = loop.get(task.id)
-        if not decision.verify:
-            self.apply(task, att, decision)
-            return
+        rest = loop.decide(task, att, AttemptEnded(st, res))
+        if not any(isinstance(a, Collect) for a in rest):
+            return  # moved on (or cancelled meanwhile: the attempt is over, nothing else to do)
+        task = loop.get(task.id)
         ws = Workspace(**att.workspace) if att.workspace else Workspace(path=task.spec.cwd)
+        crash.point("before_collect")  # the end recorded, nothing committed: collected again
         try:  # before VERIFYING: after a crash between the two it is simply done again
             got = loop.hook.fleetrun_collect_work(task=task, attempt=att, workspace=ws, host=host,
                                                   config=loop.config)
         except (WorktreeTampered, GitError) as e:
-            if not self.not_collected(task, att, e):
-                return
-        else:
-            if got is not None and not isinstance(got, str):  # a handle: poll_collecting goes on
-                self.collecting[task.id] = Collecting(att, ws, decision, got)
-                return
-        self.collected(task, att, ws, decision)
-
-    def not_collected(self, task: Task, att: Attempt, e: Exception) -> bool:
-        """``fleetrun_collect_work`` (or its handle) raised ``WorktreeTampered`` (a human
-        looks) or ``GitError`` (noted). :return: whether the verifiers run all the same."""
-        if isinstance(e, WorktreeTampered):
-            self.worktree_tampered(task, att, e, "nothing was committed")
-            return False
-        self.loop.led.add_note(task.id, f"could not commit the attempt's work: {e}")
-        return True
-
-    def collected(self, task: Task, att: Attempt, ws: Workspace, decision: Transition) -> None:
-        """The attempt's work is collected: VERIFYING, and its first verifier."""
-        if self.apply(task, att, decision) is None:
+            self.collected(task, att, ws, e)
             return
-        self.loop.verify.begin(task.id, Verifying(att, ws, 0))
+        if got is not None and not isinstance(got, str):  # a handle: poll_collecting goes on
+            self.collecting[task.id] = Collecting(att, ws, got)
+            return
+        self.collected(task, att, ws, None)
 
-    def poll_collecting(self) -> None:
-        """The work being collected off the loop's thread: go on with what is collected.
-        A task cancelled (or given up) meanwhile goes no further: what the effect did is
-        done, its answer is dropped."""
-        loop = self.loop
-        led = loop.led
-        for task_id, c in list(self.collecting.items()):
-            with loop.isolated(task_id):
-                failed: Optional[Exception] = None
-                try:
-                    if c.handle.poll() is None:
-                        continue
-                except (WorktreeTampered, GitError) as e:
-                    failed = e
-                except BaseException:
-                    del self.collecting[task_id]  # the task's internal error: it is set aside
-                    raise
-                del self.collecting[task_id]
-                task = led.get(task_id)
-                att = led.attempt(c.attempt.id)
-                if task is None or att is None or task.state is not State.RUNNING or att.state != "ended" \
-                        or task.attempts != att.number:
-                    continue
-                if failed is not None and not self.not_collected(task, att, failed):
-                    continue
-                self.collected(task, att, c.workspace, c.decision)
+    def collected(self, task: Task, att: Attempt, ws: Workspace, e: Optional[Exception]) -> None:
+        """The attempt's work is collected (``e``: ``fleetrun_collect_work`` or its handle
+        raised ``WorktreeTampered``, a human looks, or ``GitError``, noted): VERIFYING, and
+        its first verifier."""
+        obs = (Collected(tampered=str(e)) if isinstance(e, WorktreeTampered)
+               else Collected(error=str(e)) if e is not None else Collected())
+        for a in self.loop.decide(task, att, obs):
+            if isinstance(a, StartVerifier):
+                self.loop.verify.begin(task.id, Verifying(att, ws, a.idx))
 
-    def apply(self, task: Task, att: Attempt, decision: Transition) -> Optional[Task]:
-        """Carry out a decision for ``task``, whose attempt ``att`` ended or did not start:
-        the pause or backoff first, then the move. :return: the task as moved, or None
-        when it had moved meanwhile."""
-        loop = self.loop
-        if decision.pause is not None:
-            loop.waits.pause_host(att.host, decision.pause)
-            loop.report(task.id, partial(loop.hook.fleetrun_host_paused, host=att.host, until=decision.pause[0],
-                                         reason=decision.cause, config=loop.config))
-        if decision.backoff is not None:
-            loop.waits.back_off(task.id, att.host, decision.backoff)
-        now = loop.move(task, decision.to, decision.cause, attempt=att.number, **decision.fields)
-        if now is not None and decision.terminal:
-            loop.finish_terminal(now)
-        return now
+    def poll_one(self, task_id: str, c: Collecting) -> None:
+        """The work being collected off the loop's thread (an entry of the loop's pending
+        table): go on with what is collected. A task cancelled (or given up) meanwhile
+        goes no further: what the effect did is done, its answer is dropped."""
+        led = self.loop.led
+        failed: Optional[Exception] = None
+        try:
+            if c.handle.poll() is None:
+                return
+        except (WorktreeTampered, GitError) as e:
+            failed = e
+        except BaseException:
+            del self.collecting[task_id]  # the task's internal error: it is set aside
+            raise
+        del self.collecting[task_id]
+        task = led.get(task_id)
+        att = led.attempt(c.attempt.id)
+        if task is None or att is None or task.state is not State.RUNNING or att.state != "ended" \
+                or task.attempts != att.number:
+            return
+        self.collected(task, att, c.workspace, failed)
 
     def worktree_tampered(self, task: Task, att: Attempt, e: WorktreeTampered, what: str) -> None:
         """The agent rewrote, replaced or removed its worktree's ``.git``: nothing is
         committed or run there, and a human looks (a retry would only repeat it)."""
-        loop = self.loop
-        loop.led.update_attempt(att.id, outcome="worktree_tampered")
-        # the reason quotes what the agent wrote into .git: one line, no control characters
-        reason = "".join(c if c.isprintable() else f"\\x{ord(c):02x}" for c in " ".join(str(e).split()))
-        reason = (reason[:300] + "...") if len(reason) > 300 else reason
-        now = loop.move(task, State.NEEDS_HUMAN, f"worktree_tampered:{reason or 'its .git was changed'}; {what}",
-                        attempt=att.number)
-        if now is not None:
-            if now.worktree:  # git refuses to remove it now, even with --force: say how
-                loop.led.add_note(task.id, f"kept worktree {now.worktree} as the agent left it; to start over, "
-                                           "remove that folder and run `git worktree prune` in the repository")
-            loop.finish_terminal(now)
+        self.loop.apply(task, att, tampered(str(e), what))
 
     def give_up_at_once(self, task: Task, att: Attempt, cause: str) -> None:
         """A start that can never succeed as things are (the agent is not installed, it
         rejects its arguments, git refuses the workspace): NEEDS_HUMAN now, no backoff."""
-        self.apply(task, att, Transition(State.NEEDS_HUMAN, cause))
+        self.loop.decide(task, att, NotStarted(cause, at_once=True))
 
     def not_started(self, task: Task, att: Attempt, cause: str) -> None:
         """An attempt that never started: back off from that machine; a retry is not used."""
-        backoff = self.loop.waits.backoff_of(task.id, att.host)
-        self.apply(task, att, decide_not_started(att.kind, task.no_start, backoff, att.host, cause, time.time()))
+        self.loop.decide(task, att, NotStarted(cause))

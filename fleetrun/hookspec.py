@@ -627,7 +627,11 @@ def fleetrun_agent_result(task: Task, attempt: Attempt, log_path: str, exit_code
 
     Called once per attempt whose agent ended (or whose shepherd died), before the
     attempt is recorded. An agent's exit code is not to be trusted: the ``claude`` plugin
-    needs a ``result`` event without ``is_error``.
+    needs a ``result`` event without ``is_error``. Classify the end in ``result.end``
+    (:class:`~fleetrun.reports.AgentEnd`: ``ok``, ``resume``, ``give_up``,
+    ``pause_host``, ``back_off``, ``not_started``): the core names no agent's reasons
+    (a usage limit, a rate limit, a cap reached are the plugin's to say), and the cause
+    words it uses are the plugin's ``CAUSE_WORDS`` (docs/plugins.md, "An agent's end").
 
     :param task: the :class:`~fleetrun.ledger.Task`.
     :param attempt: the ended :class:`~fleetrun.ledger.Attempt`.
@@ -693,16 +697,15 @@ def fleetrun_collect_work(task: Task, attempt: Attempt, workspace: Workspace, ho
 def fleetrun_verify(
     task: Task, verifier: VerifySpec, workspace: Workspace, attempt: Attempt, host: Host, config: Config
 ) -> Optional[Union[Verdict, VerifyHandle]]:
-    """Run one verifier of an attempt's work, or one of the task's ``setup`` commands.
+    """Run one verifier of an attempt's work.
 
     Called for each verifier of ``task.spec.verify`` in order, one at a time: each
     verdict is recorded (and ``fleetrun_verdict`` called) before the next starts, and
-    the first failure ends the round (a retry, or a human). Also called for each of a
-    task's ``setup`` commands, before its agent's first attempt in a workspace: then
-    ``verifier`` is a ``run`` spec whose ``extra["setup"]`` is the command's 1-based
-    number (it is not one of ``task.spec.verify``), and a failure sends the task to a
-    human (``setup_failed:...``). After a crash, a verifier whose verdict was not
-    recorded runs again from the start: each must be safe to run again.
+    the first failure ends the round (a retry, or a human); and for each verifier's
+    baseline (kind ``baseline``, before the task's first attempt). A task's ``setup``
+    commands are not verifiers: they go to :func:`fleetrun_setup_step`. After a crash,
+    a verifier whose verdict was not recorded runs again from the start: each must be
+    safe to run again.
 
     Answer for your own ``verifier.kind`` (and hosts) and return None for the rest.
     The built-ins are ``trylast``: ``verify_run`` runs ``run`` on a ``host.local``
@@ -713,13 +716,13 @@ def fleetrun_verify(
     runs setup the same way; one that only judges ``run`` verifiers differently leaves
     the setup commands to the default (returns None for them).
 
-    :param task: the :class:`~fleetrun.ledger.Task` (VERIFYING, or ASSIGNED for a setup
-        command).
+    :param task: the :class:`~fleetrun.ledger.Task` (VERIFYING, or ASSIGNED for a
+        baseline).
     :param verifier: the :class:`~fleetrun.VerifySpec` (``kind``, ``text``,
         ``label``, ``timeout_s``, ``extra``).
     :param workspace: the attempt's :class:`~fleetrun.Workspace`.
     :param attempt: the :class:`~fleetrun.ledger.Attempt` whose work is verified (for a
-        setup command, the one about to start).
+        baseline, the one about to start).
     :param host: the :class:`~fleetrun.Host` the attempt ran on (or is to run on).
     :param config: the run's :class:`~fleetrun.config.Config`.
     :return: a :class:`~fleetrun.Verdict` (with ``verifier.label`` as its ``label``);
@@ -731,7 +734,43 @@ def fleetrun_verify(
         once, ``"transient"`` runs the verifier again after a backoff
         (docs/verifiers.md). With none at all the verifier could not judge (a permanent
         ERROR, ``no plugin runs 'KIND' verifiers``), as one that raises
-        (``verifier error: <Type>: <message>``; ``cannot run: ...`` for a setup command).
+        (``verifier error: <Type>: <message>``).
+
+    firstresult: stops at the first non-None result.
+
+    May be implemented in a ``fleetconf.py``: yes.
+    """
+
+
+@hookspec(firstresult=True)
+def fleetrun_setup_step(
+    task: Task, step: VerifySpec, number: int, workspace: Workspace, attempt: Attempt, host: Host, config: Config
+) -> Optional[Union[Verdict, VerifyHandle]]:
+    """Run setup command ``number`` of a task in its workspace, before its agent's first
+    attempt there.
+
+    Called for each of ``task.spec.setup`` in order, one at a time, while the task is
+    ASSIGNED and its attempt ``leased``: a command that passes is recorded before the
+    next starts; one that fails sends the task to a human (``setup_failed:CMD:
+    SUMMARY``), without using a retry. Run it as a ``run`` verifier runs: ``/bin/sh -c``
+    in the workspace, with the ``FLEETRUN_*`` environment, ``step.timeout_s``, its
+    output in a file. After a crash setup runs again from the start: commands must be
+    safe to repeat. The built-ins are ``trylast``: ``verify_run`` runs them on a
+    ``host.local`` host (output in ``setup-N.out``), the ``relay`` plugin on its peers;
+    a plugin that runs ``run`` commands elsewhere (a sandbox) answers for its hosts.
+
+    :param task: the :class:`~fleetrun.ledger.Task` (ASSIGNED).
+    :param step: the command, a :class:`~fleetrun.VerifySpec` of kind ``run``
+        (``text``, ``label``, ``timeout_s``).
+    :param number: its 1-based place in ``task.spec.setup``.
+    :param workspace: the attempt's :class:`~fleetrun.Workspace`.
+    :param attempt: the :class:`~fleetrun.ledger.Attempt` about to start.
+    :param host: the :class:`~fleetrun.Host` it is to run on.
+    :param config: the run's :class:`~fleetrun.config.Config`.
+    :return: a :class:`~fleetrun.Verdict` (its ``reason`` says how it ended, ``exit code
+        N``), a :class:`~fleetrun.VerifyHandle` the loop polls, or None for a host
+        that is not yours. With none at all the command fails (``no plugin runs setup
+        commands``), as one that raises (``cannot run: <Type>: <message>``).
 
     firstresult: stops at the first non-None result.
 

@@ -22,26 +22,41 @@ from functools import partial
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Optional
 
-from . import effects, ops
+from . import clock, crash, effects, ops
 from .adoption import Adoption
-from .ending import Ending
+from .decide import (
+    Action,
+    BackOff,
+    CleanUp,
+    Facts,
+    Move,
+    Note,
+    NoteKeptWorktree,
+    Observation,
+    PauseHost,
+    Ran,
+    decide,
+)
+from .ending import Collecting, Ending
 from .exceptions import ExitCode, UsageError, is_space_error
 from .gitutil import GitError
 from .hostapi import get_host
 from .ledger import Attempt, Ledger, Task
 from .liveness import Liveness, sock_path
+from .pending import PendingTable
 from .policy import POLICY_KEY, PolicyWatcher
 from .queueing import load_new_queues
 from .reports import Workspace
-from .setupstage import SetupStage
-from .starting import Starting
-from .states import State
+from .setupstage import SettingUp, SetupStage
+from .starting import Preparing, Starting
+from .states import STATE_ORDER, State
 from .taskview import TASKVIEW_KEY, TaskView
 from .verifying import Verifying, VerifyStage
 from .waiting import BACKOFF_KEY, USAGE_PAUSE_KEY, Waits, interrupted_note
 
 if TYPE_CHECKING:
     from .config import Config
+    from .session import Session
 
 INTERNAL_ERROR_LOG = "internal-error.log"
 
@@ -74,7 +89,7 @@ class Loop:
     the transitions, the containment of one task's failure and the pass.
     """
 
-    def __init__(self, config: Config, ledger: Ledger, session: Any, queue_id: Optional[str], until_idle: bool) -> None:
+    def __init__(self, config: Config, ledger: Ledger, session: Session, queue_id: Optional[str], until_idle: bool) -> None:
         self.config = config
         self.led = ledger
         self.session = session
@@ -86,6 +101,9 @@ class Loop:
         self.view = TaskView(ledger)
         self._promote_seen = self.view.subscribe()
         config.stash[TASKVIEW_KEY] = self.view
+        # the one table of what the loop waits on, by task: workspaces being made, setup
+        # commands, work being collected, verifiers and handoffs (each stage sees its kind)
+        self.pending = PendingTable()
         self.waits = Waits(self)
         self.adoption = Adoption(self)
         self.starting = Starting(self)
@@ -142,6 +160,93 @@ class Loop:
     def move(self, task: Task, to: State, cause: str, attempt: Optional[int] = None,
              also: Optional[Callable[[sqlite3.Cursor], None]] = None, **fields: Any) -> Optional[Task]:
         return ops.move(self.led, task, to, cause, self.notify, attempt=attempt, also=also, **fields)
+
+    # -- the decision, applied ---------------------------------------------------------
+
+    def facts(self, task: Task, att: Optional[Attempt]) -> Facts:
+        """What :func:`fleetrun.decide.decide` knows of ``task`` and its attempt ``att``."""
+        host = att.host if att is not None else (task.host or "local")
+        return Facts(state=task.state, name=task.name, kind=att.kind if att is not None else "fresh", host=host,
+                     attempt=att.number if att is not None else 0, resumes=task.resumes, retries=task.retries,
+                     max_retries=task.spec.max_retries, no_start=task.no_start, verifiers=len(task.spec.verify),
+                     backoff=self.waits.backoff_of(task.id, host), pause=self.waits.pause_of(host),
+                     now=time.time(), clock_now=clock.now())
+
+    def decide(self, task: Task, att: Optional[Attempt], obs: Observation) -> list[Action]:
+        """Decide for ``task`` on ``obs`` and apply what the ledger, the waits and the
+        hooks carry out (:meth:`apply`). :return: the actions left to the stage that
+        observed (collect, start a verifier, hand off, run a setup step, start the agent
+        or the attempt, wait, drop)."""
+        return self.apply(task, att, decide(self.facts(task, att), obs))
+
+    def apply(self, task: Task, att: Optional[Attempt], actions: list[Action]) -> list[Action]:
+        """Apply ``actions`` for ``task`` (whose attempt is ``att``) in order: a move, the
+        attempt's record written with it, notes, backoffs, pauses, the cleanup of a
+        terminal task. A move the ledger refuses (the task moved meanwhile) ends the
+        list; the attempt's own record is written all the same (it is over).
+
+        :return: the actions that are the observing stage's to carry out."""
+        rest: list[Action] = []
+        now: Optional[Task] = task
+        for a in actions:
+            if isinstance(a, Move):
+                write = self._attempt_write(att, a)
+                now = self.move(task, a.to, a.cause, attempt=att.number if att is not None else None,
+                                also=write, **a.fields)
+                if now is None:
+                    if write is not None:
+                        write(None)
+                    return []
+                task = now
+            elif isinstance(a, Ran):
+                assert att is not None
+                self.waits.clear_backoff(task.id, att.host)
+                if task.no_start:
+                    self.led.update_task(task.id, no_start=0)
+                    task = self.get(task.id)
+            elif isinstance(a, PauseHost):
+                assert att is not None
+                self.waits.pause_host(att.host, (a.until, a.count))
+                self.report(task.id, partial(self.hook.fleetrun_host_paused, host=att.host, until=a.until,
+                                             reason=a.cause, config=self.config))
+                crash.point("after_pause")  # the pause recorded, the move not: decided again
+            elif isinstance(a, BackOff):
+                assert att is not None
+                self.waits.back_off(task.id, att.host, a.backoff)
+            elif isinstance(a, Note):
+                self.led.add_note(task.id, a.text)
+            elif isinstance(a, NoteKeptWorktree):
+                if task.worktree:  # git refuses to remove it now, even with --force: say how
+                    self.led.add_note(task.id, f"kept worktree {task.worktree} as the agent left it; to start "
+                                               "over, remove that folder and run `git worktree prune` in the "
+                                               "repository")
+            elif isinstance(a, CleanUp):
+                self.finish_terminal(task)
+            else:
+                rest.append(a)
+        return rest
+
+    def _attempt_write(self, att: Optional[Attempt],
+                       m: Move) -> Optional[Callable[[Optional[sqlite3.Cursor]], None]]:
+        """The attempt's record that moves with ``m`` (in its transaction, or alone)."""
+        if att is None or (m.attempt_state is None and m.outcome is None and not m.info):
+            return None
+        fields: dict[str, Any] = {}
+        if m.attempt_state is not None:
+            fields["state"] = m.attempt_state
+            if m.attempt_state == "abandoned":
+                fields["ended"] = time.time()
+        if m.outcome is not None:
+            fields["outcome"] = m.outcome
+        led, att_id, info = self.led, att.id, m.info
+
+        def write(cur: Optional[sqlite3.Cursor]) -> None:
+            if info:
+                current = led.attempt(att_id)
+                merged = {**(current.info if current is not None else {}), **info}
+                fields["info"] = {k: v for k, v in merged.items() if v is not None}
+            led.update_attempt(att_id, cur=cur, **fields)
+        return write
 
     # -- isolation ---------------------------------------------------------------------
 
@@ -383,17 +488,29 @@ class Loop:
             load_new_queues(self.config)
         self.promote()
         effects.deliver(self.config)  # the worker's effects that are over (their notes)
-        for stage in (self.starting.poll,  # workspaces made off the loop's thread
-                      self.ending.poll,
-                      self.adoption.reverify,  # `fleetrun retry` of a task a verifier could not judge
-                      self.verify.poll,
-                      self.setup.poll):
+        for stage in (self.poll_pending,  # workspaces made, work collected, verdicts, setup commands' ends
+                      self.ending.poll,  # the attempts that run, one poll per host
+                      self.adoption.reverify):  # `fleetrun retry` of a task a verifier could not judge
             stage()
             self.led.bound()  # a slow stage (a peer's poll) does not keep other writers waiting
         self.promote()
         self.placed_last_pass = False
         if not self.stopping and self.io_error is None:
             self.starting.place_all()
+
+    def poll_pending(self) -> None:
+        """Every entry of the pending table, oldest first, in one sweep: each is polled by
+        its stage (poll the handle, re-read the task's row, go on or drop it), one task's
+        failure contained. An entry an earlier one removed is passed over."""
+        stages: dict[type, Callable[[str, Any], None]] = {
+            Preparing: self.starting.poll_one, SettingUp: self.setup.poll_one,
+            Collecting: self.ending.poll_one, Verifying: self.verify.poll_one}
+        for task_id, entry in self.pending.items():
+            view = self.pending.view(type(entry))
+            if view.get(task_id) is not entry:
+                continue
+            with self.isolated(task_id):
+                stages[type(entry)](task_id, entry)
 
     def active_attempts(self) -> list[Attempt]:
         return self.led.attempts(states={"leased", "starting", "running"})
@@ -405,14 +522,12 @@ class Loop:
         counts: dict[str, int] = {}
         for t in tasks:
             counts[t.state.value] = counts.get(t.state.value, 0) + 1
-        order = ["DONE", "NEEDS_HUMAN", "CANCELLED", "RUNNING", "VERIFYING", "READY", "PENDING",
-                 "RETRYING", "RESUMING", "ASSIGNED"]
-        self.session.counts = {s: counts[s] for s in order if counts.get(s)}
+        self.session.counts = {s.value: counts[s.value] for s in STATE_ORDER if counts.get(s.value)}
         self.session.task_ids = [t.id for t in tasks]  # the summary lists what of them needs a human
         self.session.cost_usd = sum(t.cost_usd for t in tasks)
         self.session.cost_unknown = bool(self.led.unknown_cost() & {t.id for t in tasks})
-        if getattr(self.session, "interrupted", False):
-            if getattr(self.session, "stopped_by_sigterm", False) and self.queue_id is None and not self.until_idle:
+        if self.session.interrupted:
+            if self.session.stopped_by_sigterm and self.queue_id is None and not self.until_idle:
                 # `fleetrun work` serves until stopped: a stop is its normal end, and a
                 # service manager counts anything but 0 (or death by the signal) as a failure
                 return ExitCode.OK
@@ -422,6 +537,9 @@ class Loop:
         return ExitCode.TASKS_FAILED
 
     def finish_terminal(self, task: Task) -> None:
+        """:class:`~fleetrun.decide.CleanUp`: cascade a NEEDS_HUMAN or CANCELLED task to its
+        dependents, and clean its workspace up."""
+        crash.point("before_cleanup")  # terminal, not cleaned up: adoption cleans a DONE one up
         if task.state in (State.NEEDS_HUMAN, State.CANCELLED):
             ops.cascade(self.led, task, self.notify)
         self.led.durable()  # its end before its worktree goes: a restart must not verify a removed one

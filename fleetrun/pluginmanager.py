@@ -312,3 +312,17 @@ def _import_fleetconf(path: Path) -> ModuleType:
             tb = tb.tb_next
         raise UsageError(f"cannot import fleetconf.py: {type(e).__name__}: {e}", file=str(path), line=line) from None
     return mod
+
+
+def cause_words(pm: Any) -> frozenset[str]:
+    """The run's cause vocabulary: the core's (:data:`fleetrun.states.CAUSES`) and each
+    loaded plugin's own words, its ``CAUSE_WORDS`` declaration (an agent's ends, a
+    mailbox's: the core names none of them)."""
+    from .states import CAUSES
+
+    words = set(CAUSES)
+    for plugin in pm.get_plugins():
+        declared = getattr(plugin, "CAUSE_WORDS", None)
+        if isinstance(declared, (frozenset, set, tuple, list)):
+            words.update(w for w in declared if isinstance(w, str))
+    return frozenset(words)

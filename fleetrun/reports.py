@@ -264,9 +264,71 @@ class Handoff:
 SESSION_NOT_FOUND = "session_not_found"
 
 
+#: The kinds of :class:`AgentEnd`, the core's small vocabulary of how a session ended.
+END_KINDS = ("ok", "resume", "give_up", "pause_host", "back_off", "not_started")
+
+
+@dataclass(frozen=True)
+class AgentEnd:
+    """How an agent's plugin classifies its session's end, in the core's words: the
+    plugin reads its agent's output (its limits, caps, errors) and says what the loop
+    does; the core names no agent's reasons (docs/plugins.md, "An agent's end").
+
+    :ivar kind: ``ok`` (verify the work), ``resume`` (a new session goes on, told to
+        assess first), ``give_up`` (a human looks), ``pause_host`` (a usage limit:
+        nothing starts on that machine before ``until``), ``back_off`` (this task waits
+        before it runs on that machine again, 1, 2, 4 ... 30 minutes), ``not_started``
+        (the agent never began: back off, no resume used).
+    :ivar cause: the transition's cause, ``word:detail`` (the word one the plugin
+        declares in its ``CAUSE_WORDS``); for ``pause_host`` the core says it.
+    :ivar until: ``pause_host``: when the limit resets (None: not said).
+    :ivar ran: the agent ran (its machine is good for this task again).
+    :ivar counted: ``resume``: it uses one of the task's resumes (False: the session
+        never saw the task, as a message nobody claimed).
+    """
+
+    kind: str
+    cause: str = ""
+    until: Optional[float] = None
+    ran: bool = True
+    counted: bool = True
+
+    def __post_init__(self) -> None:
+        if self.kind not in END_KINDS:
+            raise ValueError(f"AgentEnd.kind must be one of {', '.join(END_KINDS)}: {self.kind!r}")
+
+    @classmethod
+    def ok(cls) -> AgentEnd:
+        return cls("ok")
+
+    @classmethod
+    def resume(cls, cause: str, counted: bool = True, ran: bool = True) -> AgentEnd:
+        return cls("resume", cause, counted=counted, ran=ran)
+
+    @classmethod
+    def give_up(cls, cause: str, ran: bool = True) -> AgentEnd:
+        return cls("give_up", cause, ran=ran)
+
+    @classmethod
+    def pause_host(cls, until: Optional[float]) -> AgentEnd:
+        return cls("pause_host", "usage_limit", until=until)
+
+    @classmethod
+    def back_off(cls, cause: str) -> AgentEnd:
+        return cls("back_off", cause)
+
+    @classmethod
+    def not_started(cls, cause: str) -> AgentEnd:
+        return cls("not_started", cause, ran=False)
+
+
 @dataclass
 class AgentResult:
-    """What an agent session reported when it ended (read from its output)."""
+    """What an agent session reported when it ended (read from its output).
+
+    ``end`` is the plugin's classification of it (:class:`AgentEnd`); None leaves the
+    end to what its host said (``exited``: verified if ``ok``, else resumed).
+    """
 
     ok: bool
     reason: str = ""  # "" / no_result / is_error / timeout / stalled / killed / exit:N
@@ -278,6 +340,7 @@ class AgentResult:
     permission_denials: list[Any] = field(default_factory=list)
     usage_limit: bool = False
     usage_reset_at: Optional[float] = None
+    end: Optional[AgentEnd] = None
 
 
 @dataclass

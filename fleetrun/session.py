@@ -56,6 +56,7 @@ class Session:
         self.counts: dict[str, int] = {}
         self.task_ids: list[str] = []
         self.cost_usd = 0.0
+        self.cost_unknown = False  # a task of the run whose agent never reported its cost
         self.interrupted = False
         self.stopped_by_sigterm = False
         self.older_tasks = 0  # tasks of earlier queues the loop also works, left out of counts

@@ -1,11 +1,12 @@
 """The ``setup`` stage: a task's setup commands, run in its workspace before the agent's
 first attempt there, without blocking the loop.
 
-Each command is a ``run`` step handed to ``fleetrun_verify`` (with ``extra["setup"]``
-set), so it runs exactly where and how a ``run`` verifier would: ``/bin/sh -c`` in the
-workspace, on the attempt's machine (a peer through the relay plugin), with the
-``FLEETRUN_*`` environment, its output in a file, its timeout. The loop polls the
-handles as it polls verifiers'.
+Each command is a step of its own, handed to ``fleetrun_setup_step`` with its number
+(not a verifier): it runs where and how a ``run`` verifier would (``/bin/sh -c`` in the
+workspace, on the attempt's machine, a peer through the relay plugin, with the
+``FLEETRUN_*`` environment, its output in a file, its timeout), and the loop polls its
+handle as it polls verifiers'. The baseline steps that follow are verifiers (run on
+the base commit), handed to ``fleetrun_verify``.
 
 The task stays ASSIGNED and its attempt ``leased`` while setup runs (the attempt's
 ``info["setup"]`` says ``running``); no new state is needed. A command that fails
@@ -23,15 +24,18 @@ from __future__ import annotations
 import os
 import time
 from dataclasses import dataclass, field
-from typing import Any, Optional
+from typing import TYPE_CHECKING, Any, Optional, Union
 
 from . import baseline, crash
+from .decide import Drop, RunSetupStep, SetupStepEnded, StartAgent
 from .hostapi import Host, get_host
 from .ledger import Attempt, Task
 from .reports import Cancellable, Verdict, VerifyHandle, Workspace
 from .states import State
 from .taskspec import VerifySpec
-from .verdicttext import baseline_fails_cause, setup_failed_cause
+
+if TYPE_CHECKING:
+    from .loop import Loop
 
 #: How much of each command's output is kept in the ledger (``fleetrun logs`` shows it);
 #: the whole output stays in the attempt folder.
@@ -70,9 +74,9 @@ class SetupStage:
     """Runs setup for the loop. ``loop`` gives the ledger, the hooks and the way on:
     ``launch(...)`` starts the agent, ``move``/``finish_terminal`` end a task."""
 
-    def __init__(self, loop: Any) -> None:
+    def __init__(self, loop: Loop) -> None:
         self.loop = loop
-        self.running: dict[str, SettingUp] = {}
+        self.running = loop.pending.view(SettingUp)
 
     def _host(self, s: SettingUp) -> Host:
         return get_host(self.loop.config, s.attempt.host)
@@ -133,12 +137,13 @@ class SetupStage:
         while s.idx < len(steps):
             step = steps[s.idx]
             try:
-                res = self.loop.hook.fleetrun_verify(task=task, verifier=step, workspace=s.workspace,
-                                                     attempt=s.attempt, host=self._host(s), config=self.loop.config)
+                res = self.run_step(task, s, step)
             except Exception as e:  # a step that cannot be run fails, as a verifier would
                 res = Verdict(False, "run", step.label, reason=f"cannot run: {type(e).__name__}: {e}")
             if res is None:
-                res = Verdict(False, "run", step.label, reason="no plugin runs `run` commands")
+                res = Verdict(False, "run", step.label,
+                              reason="no plugin runs `run` commands" if step.kind == baseline.KIND
+                              else "no plugin runs setup commands")
             if isinstance(res, Verdict):
                 if not self.record(task, s, res):
                     return
@@ -148,17 +153,29 @@ class SetupStage:
             return
         self.passed(task, s)
 
-    def poll(self) -> None:
-        for task_id, s in list(self.running.items()):
-            if s.handle is None:
-                continue
-            # one task's bug (a raising fleetrun_spawn as its agent starts) stops that task
-            with self.loop.isolated(task_id):
-                try:
-                    self._poll_one(task_id, s)
-                except Exception:  # not Ctrl-C: cancel_all still has to stop its command
-                    self.running.pop(task_id, None)
-                    raise
+    def run_step(self, task: Task, s: SettingUp, step: VerifySpec) -> Optional[Union[Verdict, VerifyHandle]]:
+        """Start one step: a setup command (``fleetrun_setup_step``, its number its place
+        in ``task.spec.setup``), or a verifier's baseline (``fleetrun_verify``: it is
+        that verifier, run on the base commit)."""
+        config, host = self.loop.config, self._host(s)
+        if step.kind == baseline.KIND:
+            got: Optional[Union[Verdict, VerifyHandle]] = self.loop.hook.fleetrun_verify(
+                task=task, verifier=step, workspace=s.workspace, attempt=s.attempt, host=host, config=config)
+            return got
+        return self.loop.hook.fleetrun_setup_step(task=task, step=step, number=s.idx + 1, workspace=s.workspace,
+                                                  attempt=s.attempt, host=host, config=config)
+
+    def poll_one(self, task_id: str, s: SettingUp) -> None:
+        """A setup command (an entry of the loop's pending table): record its end and go
+        on, or stop it if the task left ASSIGNED. One task's bug (a raising
+        ``fleetrun_spawn`` as its agent starts) stops that task: its entry goes."""
+        if s.handle is None:
+            return
+        try:
+            self._poll_one(task_id, s)
+        except Exception:  # not Ctrl-C: cancel_all still has to stop its command
+            self.running.pop(task_id, None)
+            raise
 
     def _poll_one(self, task_id: str, s: SettingUp) -> None:
         task = self.loop.led.get(task_id)
@@ -173,62 +190,44 @@ class SetupStage:
             self.advance(task_id)
 
     def record(self, task: Task, s: SettingUp, verdict: Verdict) -> bool:
-        """Record one command's end. :return: True to go on with the next."""
+        """Record one command's end, then decide. :return: True to go on with the next."""
         step = s.plan[s.idx]
+        out = verdict.output or ""
+        att = self.loop.get_attempt(s.attempt.id)
+        where: Optional[str] = None
         if step.kind == baseline.KIND:
-            return self.record_baseline(task, s, step, verdict)
-        out = verdict.output or ""
-        entry: dict[str, Any] = {"n": s.idx + 1, "command": step.text, "passed": verdict.passed,
-                                 "reason": verdict.reason, "duration_s": verdict.duration_s,
-                                 "output": out[-KEEP_CHARS:], "time": time.time()}
-        host = self._host(s)
-        if host.local:
-            entry["out"] = str(host.attempt_dir(s.attempt.id) / f"setup-{s.idx + 1}.out")
-        s.steps.append(entry)
-        att = self.loop.get_attempt(s.attempt.id)
-        if verdict.passed:
-            self.loop.led.update_attempt(att.id, info={**att.info, "setup_steps": s.steps})
-            s.idx += 1
-            return True
-        self.running.pop(task.id, None)
-        self.loop.led.update_attempt(att.id, state="abandoned", outcome="setup_failed", ended=time.time(),
-                                     info={**att.info, "setup": "failed", "setup_steps": s.steps})
-        now = self.loop.move(task, State.NEEDS_HUMAN, setup_failed_cause(step.label, verdict.reason, out),
-                             attempt=att.number)
-        if now is not None:
-            where = f"; its output is in {entry['out']}" if "out" in entry else ""
-            self.loop.led.add_note(task.id, f"setup command {s.idx + 1} failed ({verdict.reason}){where}; "
-                                            "fix the command or the environment, then `fleetrun retry "
-                                            f"{task.name}` (setup runs again from the start)")
-            self.loop.finish_terminal(now)
-        return False
-
-    def record_baseline(self, task: Task, s: SettingUp, step: VerifySpec, verdict: Verdict) -> bool:
-        """Record one verifier's baseline. A verifier that fails on the base with nothing
-        finer known (no JUnit report) sends the task to a human before any agent run:
-        ``baseline_fails:LABEL: SUMMARY``. :return: True to go on with the next."""
-        out = verdict.output or ""
-        entry: dict[str, Any] = {"verifier": step.extra.get(baseline.OF), "label": step.label,
-                                 "passed": verdict.passed, "reason": verdict.reason, "time": time.time()}
-        att = self.loop.get_attempt(s.attempt.id)
-        done = [*(att.info.get("baseline_steps") or []), entry]
-        if verdict.passed:
-            self.loop.led.update_attempt(att.id, info={**att.info, "baseline_steps": done})
+            entry: dict[str, Any] = {"verifier": step.extra.get(baseline.OF), "label": step.label,
+                                     "passed": verdict.passed, "reason": verdict.reason, "time": time.time()}
+            info = {**att.info, "baseline_steps": [*(att.info.get("baseline_steps") or []), entry]}
+            if not verdict.passed:
+                info["baseline"] = "failed"
+        else:
+            entry = {"n": s.idx + 1, "command": step.text, "passed": verdict.passed, "reason": verdict.reason,
+                     "duration_s": verdict.duration_s, "output": out[-KEEP_CHARS:], "time": time.time()}
+            host = self._host(s)
+            if host.local:
+                where = entry["out"] = str(host.attempt_dir(s.attempt.id) / f"setup-{s.idx + 1}.out")
+            s.steps.append(entry)
+            info = {**att.info, "setup_steps": s.steps}
+            if not verdict.passed:
+                info["setup"] = "failed"
+        obs = SetupStepEnded(s.idx, len(s.plan), verdict.passed, baseline=step.kind == baseline.KIND,
+                             label=step.label, reason=verdict.reason, output=out, out=where)
+        if not verdict.passed:
+            self.running.pop(task.id, None)
+        self.loop.led.update_attempt(att.id, info=info)
+        rest = self.loop.decide(task, att, obs)
+        if verdict.passed and step.kind == baseline.KIND:
             self.loop.led.add_note(task.id, f"{step.label}: {verdict.reason}")
+        if any(isinstance(a, (RunSetupStep, StartAgent)) for a in rest):
             s.idx += 1
             return True
-        self.running.pop(task.id, None)
-        self.loop.led.update_attempt(att.id, state="abandoned", outcome="baseline_fails", ended=time.time(),
-                                     info={**att.info, "baseline": "failed", "baseline_steps": done})
-        now = self.loop.move(task, State.NEEDS_HUMAN, baseline_fails_cause(step.label, verdict.reason, out),
-                             attempt=att.number)
-        if now is not None:
-            tail = "\n".join(out.rstrip().splitlines()[-20:])
-            self.loop.led.add_note(task.id, f"verifier {step.label!r} already fails on the base commit "
-                                            f"({verdict.reason}), before any agent run; fix the base, or set "
-                                            f"baseline = \"warn\" or false, then `fleetrun retry {task.name}`"
-                                            + (f"\n{tail}" if tail else ""))
-            self.loop.finish_terminal(now)
+        if any(isinstance(a, Drop) for a in rest):  # the task left ASSIGNED meanwhile (cancelled)
+            if verdict.passed:
+                self.drop(task.id, "cancelled")
+            else:  # the attempt is over all the same
+                self.loop.led.update_attempt(att.id, state="abandoned", ended=time.time(),
+                                             outcome="baseline_fails" if obs.baseline else "setup_failed")
         return False
 
     def passed(self, task: Task, s: SettingUp) -> None:

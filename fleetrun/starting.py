@@ -18,15 +18,15 @@ from typing import TYPE_CHECKING, Any, Optional
 
 from . import baseline, clock, crash
 from .config import output_cap
+from .decide import Placed, StartAttempt, WaitFor, budget_exhausted
 from .exceptions import StateConflict, UsageError
 from .gitutil import WorktreeTampered
-from .hostapi import AgentNotFound, StartRefused, candidates_of, get_host, missing_host_reason
+from .hostapi import AgentNotFound, Host, StartRefused, candidates_of, get_host, missing_host_reason
 from .ledger import Attempt, Task
 from .links import task_links
 from .liveness import sock_path
 from .procutil import task_env
 from .reports import (
-    MIN_BUDGET_USD,
     SESSION_NOT_FOUND,
     Candidate,
     Handoff,
@@ -40,6 +40,8 @@ from .states import ACTIVE, PLACEABLE, State
 
 if TYPE_CHECKING:
     from .config import Config
+    from .ending import Ending
+    from .loop import Loop
 
 
 def shepherd_spec(task: Task, att: Attempt, spawn: SpawnSpec, config: Config) -> dict[str, Any]:
@@ -76,7 +78,7 @@ class Starting:
     waits, the setup stage and the way an attempt that cannot start ends
     (``loop.ending``)."""
 
-    def __init__(self, loop: Any) -> None:
+    def __init__(self, loop: Loop) -> None:
         self.loop = loop
         # the tasks that changed since the last placing pass (every task, at first)
         self._changed: set[str] = loop.view.subscribe()
@@ -88,7 +90,7 @@ class Starting:
         self._gens: list[tuple[int, Any]] = []
         self._last = (0, 0)  # the generations the last pass ended on
         self._final = (0, 0)  # the generations as this pass's placements left them
-        self.preparing: dict[str, Preparing] = {}  # task id -> its workspace being made
+        self.preparing = loop.pending.view(Preparing)  # task id -> its workspace being made
 
     # -- placement ---------------------------------------------------------------------
 
@@ -211,27 +213,28 @@ class Starting:
                     waits.still_ending(task, busy[task.id].number, at)
                     continue
                 # less than the agent can be given (--max-budget-usd 0.0000 is refused) is none
-                if task.spec.budget_usd is not None and task.spec.budget_usd - task.cost_usd < MIN_BUDGET_USD:
-                    now = loop.move(task, State.NEEDS_HUMAN,
-                                    f"budget_exhausted:spent ${task.cost_usd:.2f} of ${task.spec.budget_usd:.2f}")
-                    if now is not None:
-                        loop.finish_terminal(now)
+                if budget_exhausted(task.spec.budget_usd, task.cost_usd):
+                    loop.decide(task, None, Placed(budget=task.spec.budget_usd, spent=task.cost_usd))
                     continue
                 decision = loop.hook.fleetrun_place(task=task, candidates=candidates, policy=policy, config=loop.config)
-                if decision is None:
-                    decision = Wait("no plugin places tasks", operator="no plugin places tasks")
-                if isinstance(decision, Wait):
-                    waits.wait(task, decision, at)
+                if isinstance(decision, Placement):
+                    # nothing could start it there: wait, lease nothing
+                    missing = missing_host_reason(loop.config, decision.host)
+                    obs = (Placed(host=decision.host) if missing is None else
+                           Placed(wait=missing, operator=missing))
+                elif isinstance(decision, Wait):
+                    obs = Placed(wait=decision.reason, until=decision.until, operator=decision.operator)
+                else:
+                    assert decision is None, decision
+                    obs = Placed()  # no plugin places tasks
+                action = loop.decide(task, None, obs)[0]
+                if isinstance(action, WaitFor):
+                    waits.wait(task, Wait(action.reason, until=action.until, operator=action.operator), at)
                     self._undecided.discard(task.id)
                     decided[task.id] = on
                     continue
-                assert isinstance(decision, Placement)
-                missing = missing_host_reason(loop.config, decision.host)
-                if missing is not None:  # nothing could start it there: wait, lease nothing
-                    waits.wait(task, Wait(missing, operator=missing), at)
-                    self._undecided.discard(task.id)
-                    decided[task.id] = on
-                    continue
+                assert isinstance(action, StartAttempt)
+                decision = Placement(action.host)
                 waits.placed(task.id)
                 if self.start(task, decision.host):
                     loop.placed_last_pass = True
@@ -280,7 +283,7 @@ class Starting:
             return True
         return self.prepared(task, att, ws, host, kind, prev)
 
-    def not_prepared(self, task: Task, att: Attempt, host: Any, e: Exception) -> bool:
+    def not_prepared(self, task: Task, att: Attempt, host: Host, e: Exception) -> bool:
         """``fleetrun_prepare_workspace`` (or its handle) raised: the attempt does not start.
         :return: False."""
         led = self.loop.led
@@ -302,37 +305,36 @@ class Starting:
         ending.not_started(task, att, f"{word}:{type(e).__name__ if not str(e) else e}")
         return False
 
-    def poll(self) -> None:
-        """The workspaces being made off the loop's thread: go on with those made."""
+    def poll_one(self, task_id: str, p: Preparing) -> None:
+        """A workspace being made off the loop's thread (an entry of the loop's pending
+        table): go on once it is made."""
         loop = self.loop
-        for task_id, p in list(self.preparing.items()):
-            with loop.isolated(task_id):
-                try:
-                    ws = p.handle.poll()
-                except Exception as e:
-                    failed: Optional[Exception] = e
-                    ws = None
-                else:
-                    failed = None
-                    if ws is None:
-                        continue
-                del self.preparing[task_id]
-                task = loop.led.get(task_id)
-                att = loop.led.attempt(p.attempt.id)
-                if task is None or att is None or task.state is not State.ASSIGNED or att.state != "leased":
-                    # cancelled while it was made (or given up by a new adoption): nothing starts;
-                    # a worktree made for a task that ended is recorded, so `fleetrun gc` finds it
-                    if att is not None and att.state == "leased":
-                        loop.led.update_attempt(att.id, state="abandoned", outcome="cancelled", ended=time.time())
-                    if ws is not None and task is not None and task.state.terminal and att is not None:
-                        self.record_workspace(task, att, ws, get_host(loop.config, att.host))
-                    continue
-                host = get_host(loop.config, att.host)
-                if failed is not None:
-                    self.not_prepared(task, att, host, failed)
-                    continue
-                assert ws is not None
-                self.prepared(task, att, ws, host, p.kind, p.prev)
+        try:
+            ws = p.handle.poll()
+        except Exception as e:
+            failed: Optional[Exception] = e
+            ws = None
+        else:
+            failed = None
+            if ws is None:
+                return
+        del self.preparing[task_id]
+        task = loop.led.get(task_id)
+        att = loop.led.attempt(p.attempt.id)
+        if task is None or att is None or task.state is not State.ASSIGNED or att.state != "leased":
+            # cancelled while it was made (or given up by a new adoption): nothing starts;
+            # a worktree made for a task that ended is recorded, so `fleetrun gc` finds it
+            if att is not None and att.state == "leased":
+                loop.led.update_attempt(att.id, state="abandoned", outcome="cancelled", ended=time.time())
+            if ws is not None and task is not None and task.state.terminal and att is not None:
+                self.record_workspace(task, att, ws, get_host(loop.config, att.host))
+            return
+        host = get_host(loop.config, att.host)
+        if failed is not None:
+            self.not_prepared(task, att, host, failed)
+            return
+        assert ws is not None
+        self.prepared(task, att, ws, host, p.kind, p.prev)
 
     def drop_preparing(self) -> int:
         """Ctrl-C: forget the workspaces being made (their attempts stay ``leased``: the
@@ -343,7 +345,7 @@ class Starting:
         self.preparing.clear()
         return n
 
-    def prepared(self, task: Task, att: Attempt, ws: Workspace, host: Any, kind: str, prev: Optional[Attempt]) -> bool:
+    def prepared(self, task: Task, att: Attempt, ws: Workspace, host: Host, kind: str, prev: Optional[Attempt]) -> bool:
         """The attempt's workspace is made: record it, then setup or the agent."""
         loop = self.loop
         crash.point("after_worktree")
@@ -359,7 +361,7 @@ class Starting:
             return True
         return self.launch(task, att, ws, kind, prev)
 
-    def record_workspace(self, task: Task, att: Attempt, ws: Workspace, host: Any, cur: Optional[sqlite3.Cursor] = None) -> None:
+    def record_workspace(self, task: Task, att: Attempt, ws: Workspace, host: Host, cur: Optional[sqlite3.Cursor] = None) -> None:
         """The attempt's workspace, the task's worktree and branch (in ``cur``, or a tx)."""
         led = self.loop.led
         if cur is None:
@@ -369,7 +371,7 @@ class Starting:
         led.update_task(task.id, cur=cur, worktree=ws.task_worktree, branch=ws.branch)
 
     def launch(self, task: Task, att: Attempt, ws: Workspace, kind: str, prev: Optional[Attempt],
-               made: Optional[tuple[Workspace, Any]] = None) -> bool:
+               made: Optional[tuple[Workspace, Host]] = None) -> bool:
         """Build the prompt and start the agent in a prepared (and set up) workspace.
 
         :param made: a workspace just made and not yet recorded, and its host: it is
@@ -395,7 +397,7 @@ class Starting:
                     self.record_workspace(task, att, made[0], made[1])
             raise
 
-    def _launch(self, task: Task, att: Attempt, ws: Workspace, kind: str, prev: Optional[Attempt], host: Any, ending: Any, record: Callable[..., None]) -> bool:
+    def _launch(self, task: Task, att: Attempt, ws: Workspace, kind: str, prev: Optional[Attempt], host: Host, ending: Ending, record: Callable[..., None]) -> bool:
         loop, led = self.loop, self.loop.led
         context = self.prompt_context(task, kind, prev)
         left = None

@@ -51,12 +51,23 @@ ALLOWED: dict[State, frozenset[State]] = {
 }
 
 
+#: The order states are counted in for a person (a run's summary line, ``=== 2 done, 1
+#: needs_human ... ===``): the ends first, then what is in flight, then what waits.
+#: docs/architecture.md's state table lists them in this order, with ``ALLOWED``
+#: (``tests/test_states.py`` checks the two agree).
+STATE_ORDER: tuple[State, ...] = (S.DONE, S.NEEDS_HUMAN, S.CANCELLED, S.RUNNING, S.VERIFYING, S.READY, S.PENDING,
+                                  S.RETRYING, S.RESUMING, S.ASSIGNED)
+assert set(STATE_ORDER) == set(State) and len(STATE_ORDER) == len(State)
+
+
 def allowed(src: State, dst: State) -> bool:
     """Whether the state machine allows ``src -> dst``."""
     return dst in ALLOWED[src]
 
 
-# The cause vocabulary: snake_case words, optionally followed by ``:detail``.
+# The core's cause vocabulary: snake_case words, optionally followed by ``:detail``. A
+# plugin's own words (an agent's ends, a mailbox's) are its ``CAUSE_WORDS``, which
+# :func:`fleetrun.pluginmanager.cause_words` adds to these.
 CAUSES = frozenset(
     {
         "queued",
@@ -73,24 +84,17 @@ CAUSES = frozenset(
         "peer_refused",
         "start_failed",
         "agent_not_found",  # the agent's executable is missing or cannot be run: never retried
-        "agent_rejected_arguments",  # the agent CLI refused its command line: never retried
         "workspace_failed",  # a workspace that cannot be made until someone changes something
         "merge_conflict",  # base = "dependencies": merging a dependency's branch stopped on a conflict
         "never_started",
         "retries_exhausted",
         "resume_cap",
         "budget_exhausted",
-        "max_turns",  # a session stopped at the task's --max-turns: never resumed
         "dependency_cancelled",
         "dependency_needs_human",
         "operator_cancel",
         "operator_retry",
         "operator_approve",
-        "mailbox_claimed_no_completion",
-        "assigned_via_mailbox",
-        "mailbox_failed",  # the role's session reported it could not do the task
-        "mailbox_unclaimed",  # nobody claimed it in time: withdrawn, and spawned instead
-        "mailbox_withdrawn",
         "adopted",
         "lease_expired",
         "worktree_tampered",

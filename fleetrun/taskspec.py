@@ -22,9 +22,6 @@ DEFAULT_STALL_TIMEOUT_MIN = 20.0
 DEFAULT_VERIFY_TIMEOUT_S = 15 * 60.0
 #: A ``setup`` command may install a whole environment: longer than a verifier.
 DEFAULT_SETUP_TIMEOUT_S = 30 * 60.0
-#: Setup command K (1-based) runs as step ``SETUP_STEP_BASE + K - 1`` of its attempt, so
-#: its output and (on a peer) its runner folder never share a name with verifier K.
-SETUP_STEP_BASE = 9000
 #: What a task's worktree starts from (``base``): its ``git_ref``, or its ``git_ref``
 #: with each dependency's branch merged in, in ``depends_on`` order.
 BASES = ("git_ref", "dependencies")
@@ -180,10 +177,7 @@ def _plain_other(value: Any) -> Any:
 
 def step_index(task: Any, verifier: VerifySpec) -> int:
     """The 0-based step number of ``verifier`` in its attempt: its place among the
-    task's verifiers, or ``SETUP_STEP_BASE + K - 1`` for setup command K."""
-    number = verifier.extra.get("setup") if isinstance(verifier.extra, dict) else None
-    if isinstance(number, int) and not isinstance(number, bool) and number >= 1:
-        return SETUP_STEP_BASE + number - 1
+    task's verifiers."""
     verify = task.spec.verify
     return verify.index(verifier) if verifier in verify else 0
 

@@ -16,14 +16,13 @@ and ``fleetrun retry`` re-verifies the kept work from the verifier that could no
 
 from __future__ import annotations
 
-import sqlite3
 import time
-from collections.abc import Callable
 from dataclasses import asdict, dataclass
 from functools import partial
-from typing import Any, Optional
+from typing import TYPE_CHECKING, Any, Optional
 
 from . import clock, crash
+from .decide import HandOff, HandoffMade, StartVerifier, VerdictGiven, VerifierWait
 from .exceptions import is_space_error, says_space_error
 from .gitutil import WorktreeTampered
 from .hostapi import get_host
@@ -39,14 +38,15 @@ from .reports import (
     VerifyHandle,
     Workspace,
 )
-from .states import State, cause
-from .verdicttext import failed_cause
+from .states import State
+
+if TYPE_CHECKING:
+    from .loop import Loop
 
 #: ``[fleetrun]`` settings: how many times a verifier that could not judge (a transient
-#: error) is tried in all, and the first backoff (doubled each time, at most an hour).
-ERROR_TRIES, ERROR_BACKOFF_S, MAX_BACKOFF_S = 5, 30.0, 3600.0
-#: How soon a verifier that could not write its output (a full disk) runs again.
-SPACE_RETRY_S = 2.0
+#: error) is tried in all, and the first backoff (doubled each time, at most an hour:
+#: :data:`fleetrun.decide.MAX_VERIFIER_BACKOFF_S`).
+ERROR_TRIES, ERROR_BACKOFF_S = 5, 30.0
 
 
 class VerifierBackoff:
@@ -82,9 +82,9 @@ class VerifyStage:
     """Runs verifiers for the loop. ``loop`` gives the ledger, the hooks and the way on:
     ``move``/``finish_terminal`` end a task."""
 
-    def __init__(self, loop: Any) -> None:
+    def __init__(self, loop: Loop) -> None:
         self.loop = loop
-        self.running: dict[str, Verifying] = {}
+        self.running = loop.pending.view(Verifying)
 
     def begin(self, task_id: str, v: Verifying) -> None:
         self.running[task_id] = v
@@ -122,39 +122,39 @@ class VerifyStage:
             return
         self.all_passed(task, v)
 
-    def poll(self) -> None:
+    def poll_one(self, task_id: str, v: Verifying) -> None:
+        """A verifier, its backoff or the handoff (an entry of the loop's pending table):
+        record its verdict and go on, or stop it if the task left VERIFYING."""
         loop = self.loop
-        for task_id, v in list(self.running.items()):
-            with loop.isolated(task_id):
-                if v.handoff is not None:
-                    self.poll_handoff(task_id, v, v.handoff)
-                    continue
-                if v.handle is None:
-                    continue
-                current = loop.led.get(task_id)
-                if current is None or current.state is not State.VERIFYING:  # cancelled meanwhile
-                    if isinstance(v.handle, Cancellable):
-                        v.handle.cancel()
-                    if isinstance(v.handle, VerifierBackoff):
-                        loop.waits.placed(task_id)  # it waits no more
-                    self.running.pop(task_id, None)
-                    continue
-                if isinstance(v.handle, VerifierBackoff):
-                    if v.handle.due():
-                        v.handle = None
-                        loop.waits.placed(task_id)
-                        self.start(task_id)
-                    continue
-                verdict = v.handle.poll()
-                if verdict is None:
-                    continue
+        if v.handoff is not None:
+            self.poll_handoff(task_id, v, v.handoff)
+            return
+        if v.handle is None:
+            return
+        current = loop.led.get(task_id)
+        if current is None or current.state is not State.VERIFYING:  # cancelled meanwhile
+            if isinstance(v.handle, Cancellable):
+                v.handle.cancel()
+            if isinstance(v.handle, VerifierBackoff):
+                loop.waits.placed(task_id)  # it waits no more
+            self.running.pop(task_id, None)
+            return
+        if isinstance(v.handle, VerifierBackoff):
+            if v.handle.due():
                 v.handle = None
-                task = loop.led.get(task_id)
-                if task is None or task.state is not State.VERIFYING:
-                    self.running.pop(task_id, None)
-                    continue
-                if self.record_verdict(task, v, verdict):
-                    self.start(task_id)
+                loop.waits.placed(task_id)
+                self.start(task_id)
+            return
+        verdict = v.handle.poll()
+        if verdict is None:
+            return
+        v.handle = None
+        task = loop.led.get(task_id)
+        if task is None or task.state is not State.VERIFYING:
+            self.running.pop(task_id, None)
+            return
+        if self.record_verdict(task, v, verdict):
+            self.start(task_id)
 
     def record_verdict(self, task: Task, v: Verifying, verdict: Verdict) -> bool:
         """Record one verdict. :return: True to go on with the next verifier."""
@@ -172,6 +172,10 @@ class VerifyStage:
                                          config=loop.config))
         task = loop.get(task.id)
         if verdict.passed:
+            rest = loop.decide(task, v.attempt, VerdictGiven(v.idx, True, verdict.label))
+            if not any(isinstance(a, (StartVerifier, HandOff)) for a in rest):
+                self.running.pop(task.id, None)  # moved meanwhile
+                return False
             v.idx += 1
             return True
         self.verdict_failed(task, v, verdict.label, verdict.output)
@@ -184,68 +188,39 @@ class VerifyStage:
         :param output: what it printed: the cause quotes its summary line
             (:func:`~fleetrun.verdicttext.failed_cause`).
         """
-        loop = self.loop
         self.running.pop(task.id, None)
-        verified = self.verified(v)
-        if task.retries < task.spec.max_retries:
-            now = loop.move(task, State.RETRYING, failed_cause("verify_fail", label, output),
-                            attempt=v.attempt.number, also=verified, retries=task.retries + 1)
-        else:
-            now = loop.move(task, State.NEEDS_HUMAN, failed_cause("retries_exhausted", label, output),
-                            attempt=v.attempt.number, also=verified)
-            if now is not None:
-                loop.finish_terminal(now)
-        if now is None:  # moved meanwhile (cancelled): the attempt is over all the same
-            verified(None)
+        self.loop.decide(task, v.attempt, VerdictGiven(v.idx, False, label, output))
 
     def could_not_judge(self, task: Task, v: Verifying, verdict: Verdict) -> None:
-        """Verifier ``v.idx`` could not judge the work: never the agent's failure.
-
-        A permanent error, or a transient one tried ``verifier_error_tries`` times, moves
-        the task to NEEDS_HUMAN (``verifier_error:LABEL: WHY``), the work kept; a
-        transient one before that waits (:class:`VerifierBackoff`), saying why, and
-        runs that verifier again. What it needs after a restart is in the attempt's
-        ``info``, written before the wait begins."""
+        """Verifier ``v.idx`` could not judge the work: never the agent's failure
+        (:func:`fleetrun.decide.decide` says whether a human is asked or it waits and
+        runs again). What a wait needs after a restart is in the attempt's ``info``,
+        written before the wait begins."""
         loop = self.loop
-        led = loop.led
         info = dict(loop.get_attempt(v.attempt.id).info)
         why = " ".join((verdict.reason or "could not judge").split())
         prev = info.get(VERIFY_WAIT)
-        tries = 1
+        tries = 0
         if isinstance(prev, dict) and prev.get("idx") == v.idx and isinstance(prev.get("tries"), int):
-            tries = prev["tries"] + 1
-        # a full disk (this machine's: the verifier's output could not be written) clears
-        # by itself and is the fleet's, not this verifier's: waited out as the loop waits
-        # out a full home, every few seconds, without using up a try (found by the soak)
-        space = verdict.error == TRANSIENT and says_space_error(why)
-        if space:
-            tries -= 1
+            tries = prev["tries"]
         limit = _setting(loop.config, "verifier_error_tries", ERROR_TRIES, int)
-        info.pop(VERIFY_WAIT, None)
-        if verdict.error == PERMANENT or tries >= limit:
-            detail = why if verdict.error == PERMANENT else f"{why} (tried {tries} time{'s' if tries != 1 else ''})"
-            info[VERIFY_ERROR] = {"idx": v.idx, "label": verdict.label, "error": verdict.error, "reason": why,
-                                  "tries": tries}
+        base = _setting(loop.config, "verifier_error_backoff_s", ERROR_BACKOFF_S, (int, float))
+        obs = VerdictGiven(v.idx, False, verdict.label, verdict.output or "", error=verdict.error, reason=why,
+                           prev_tries=tries, space=verdict.error == TRANSIENT and says_space_error(why),
+                           limit=limit, backoff_s=float(base))
+        if task.state is not State.VERIFYING:  # moved meanwhile: the move would be refused
             self.running.pop(task.id, None)
             loop.waits.placed(task.id)
-
-            def also(cur: Optional[sqlite3.Cursor]) -> None:
-                led.update_attempt(v.attempt.id, cur=cur, state="verified", info=info)
-
-            now = loop.move(task, State.NEEDS_HUMAN,
-                            cause("verifier_error", f"{verdict.label.replace(chr(10), ' ')}: {detail}"),
-                            attempt=v.attempt.number, also=also)
-            if now is None:  # moved meanwhile (cancelled): the attempt is over all the same
-                also(None)
-            else:
-                loop.finish_terminal(now)
             return
-        base = _setting(loop.config, "verifier_error_backoff_s", ERROR_BACKOFF_S, (int, float))
-        delay = SPACE_RETRY_S if space else min(float(base) * 2 ** (tries - 1), MAX_BACKOFF_S)
-        until = clock.now() + delay
-        info[VERIFY_WAIT] = {"idx": v.idx, "tries": tries, "until": until, "reason": why}
-        led.update_attempt(v.attempt.id, info=info)
-        self.wait(task, v, info[VERIFY_WAIT], limit)
+        for a in loop.decide(task, v.attempt, obs):
+            if isinstance(a, VerifierWait):
+                info[VERIFY_WAIT] = {"idx": a.idx, "tries": a.tries, "until": a.until, "reason": a.reason}
+                loop.led.update_attempt(v.attempt.id, info=info)
+                crash.point("after_verifier_wait")  # the wait recorded: the restart resumes it
+                self.wait(task, v, info[VERIFY_WAIT], limit)
+                return
+        self.running.pop(task.id, None)
+        loop.waits.placed(task.id)
 
     def wait(self, task: Task, v: Verifying, wait: dict[str, Any], limit: Optional[int] = None) -> None:
         """Wait, saying why, before verifier ``v.idx`` runs again (just now, or after a
@@ -266,17 +241,10 @@ class VerifyStage:
             waits.save()  # `fleetrun status` says it by the time the run does
             loop.report(task.id, partial(loop.hook.fleetrun_task_waiting, task=task, reason=reason, config=loop.config))
 
-    def verified(self, v: Verifying) -> Callable[[Optional[sqlite3.Cursor]], None]:
-        """The attempt's ``verified``, written in the transaction of the move its
-        verdicts decide (one commit, not two). A crash before that commit leaves the
-        attempt ``ended`` with its verdicts recorded, which the restart acts on as after
-        a crash just after the last verdict (``after_verdict``)."""
-        led = self.loop.led
-        return lambda cur: led.update_attempt(v.attempt.id, cur=cur, state="verified")
-
     def all_passed(self, task: Task, v: Verifying) -> None:
         loop = self.loop
         self.running.pop(task.id, None)
+        crash.point("before_handoff")  # every verdict recorded: the restart asks for the handoff again
         got = loop.hook.fleetrun_handoff(task=task, attempt=v.attempt, host=get_host(loop.config, task.host),
                                          config=loop.config)
         if got is not None and not isinstance(got, Handoff):  # a handle: poll_handoff goes on
@@ -305,17 +273,7 @@ class VerifyStage:
 
     def done(self, task: Task, v: Verifying, handoff: Optional[Handoff]) -> None:
         """Every verifier passed and the handoff is made: DONE, then the cleanup."""
-        loop = self.loop
-        fields: dict[str, Any] = {}
-        if handoff is not None:
-            fields["handoff"] = asdict(handoff)
-        verified = self.verified(v)
-        now = loop.move(task, State.DONE, "verify_pass" if task.spec.verify else "exited",
-                        attempt=v.attempt.number, also=verified, **fields)
-        if now is None:
-            verified(None)
-            return
-        loop.finish_terminal(now)
+        self.loop.decide(task, v.attempt, HandoffMade(asdict(handoff) if handoff is not None else None))
 
     # -- for the loop's wait, its interruptions and its containment -----------------------
 

@@ -10,16 +10,19 @@ import json
 import select
 import time
 from functools import partial
-from typing import Any, Optional, Protocol
+from typing import TYPE_CHECKING, Any, Optional, Protocol
 
 from . import clock, effects
+from .decide import PAUSE_MEMORY_S, pause_text
 from .ledger import Task
-from .outcomes import PAUSE_MEMORY_S, pause_text
 from .placement import Backoff
 from .reports import Candidate, HasDeadline, Selectable, Wait
 from .stash import StashKey
 from .states import ACTIVE, PLACEABLE, State
 from .textutil import safe_name, safe_text
+
+if TYPE_CHECKING:
+    from .loop import Loop
 
 #: Tasks backed off after failing to start: task id -> host -> until when (placement
 #: skips that host meanwhile); kept for the run only.
@@ -65,7 +68,7 @@ class Waits:
     """The loop's waits. ``loop`` gives the config, the ledger, the hooks and the stages
     whose handles the loop sleeps on."""
 
-    def __init__(self, loop: Any) -> None:
+    def __init__(self, loop: Loop) -> None:
         self.loop = loop
         self.config = loop.config
         self.waits: dict[str, str] = {}  # task -> why it waits (what `fleetrun status` shows)
@@ -227,10 +230,12 @@ class Waits:
         output or ends, a wait is over, or a second has passed."""
         loop = self.loop
         timeout = 1.0
-        for ticker in list(self.config.stash.get(TICKERS_KEY, [])):
+        for ticker in list(self.config.stash.get(TICKERS_KEY) or ()):
             timeout = min(timeout, max(0.0, ticker.tick()))
         now = clock.now()
-        fds: list[Any] = [loop.sock]
+        sock = loop.sock
+        assert sock is not None  # open while the loop runs
+        fds: list[Any] = [sock]
         for h in loop.verify.handles() + loop.setup.handles():
             if isinstance(h, Selectable) and h.fileno() >= 0:
                 fds.append(h)
@@ -238,9 +243,9 @@ class Waits:
                 timeout = min(timeout, max(0.0, h.next_deadline() - time.monotonic()))
         timeout = min(timeout, max(0.0, self.next_due(now)))
         ready, _, _ = select.select(fds, [], [], max(timeout, 0.005))
-        if loop.sock in ready:
+        if sock in ready:
             try:
-                while loop.sock.recv(1024):
+                while sock.recv(1024):
                     pass
             except (BlockingIOError, OSError):
                 pass

@@ -12,6 +12,7 @@ import pytest
 
 import fleetrun
 from fleetrun import waiting
+from fleetrun.pending import PendingTable
 from fleetrun.plugins.relay.host import RemoteRunHandle
 from fleetrun.plugins.verify_agent import AgentHandle
 from fleetrun.plugins.verify_brain import BrainHandle
@@ -77,6 +78,7 @@ class FakeLoop:
     def __init__(self, handles: list[Any]) -> None:
         self.sock, self._peer = socket.socketpair()
         self.config = type("C", (), {"stash": fleetrun.Stash()})()
+        self.pending = PendingTable()  # the loop's one table, which each stage sees its kind of
         self.verify = VerifyStage(self)
         self.setup = SetupStage(self)
         for i, h in enumerate(handles):

@@ -337,18 +337,7 @@ _PREFIX = re.compile(rf"^({'|'.join(sorted(PLUGIN_NAMES - CORE_WORDS, key=len, r
 
 #: What the core still names, as (module, what) — each is a finding of issue 23 left
 #: for later, and the test fails once one is gone (take it out) or a new one comes:
-KNOWN_CORE_NAMES: set[tuple[str, str]] = {
-    # the mailbox's end reasons: to go, agent plugins return typed results (resumable,
-    # permanent, rejected arguments) and the core decides from those fields
-    ("fleetrun.outcomes", "string 'mailbox_failed'"),
-    ("fleetrun.outcomes", "string 'mailbox_unclaimed'"),
-    ("fleetrun.outcomes", "string 'mailbox_claimed_no_completion'"),
-    ("fleetrun.outcomes", "string 'mailbox_withdrawn'"),
-    ("fleetrun.states", "string 'mailbox_failed'"),
-    ("fleetrun.states", "string 'mailbox_unclaimed'"),
-    ("fleetrun.states", "string 'mailbox_claimed_no_completion'"),
-    ("fleetrun.states", "string 'mailbox_withdrawn'"),
-}
+KNOWN_CORE_NAMES: set[tuple[str, str]] = set()
 
 
 def _docstrings(tree: ast.AST) -> set[int]:

@@ -1,14 +1,15 @@
-"""The pure decision of fleetrun.outcomes: every attempt end the loop handles, without processes."""
+"""The attempt-end decisions of fleetrun.decide: every attempt end the loop handles, without processes."""
 
 from __future__ import annotations
 
+import dataclasses
 import time
 from typing import Any, Optional
 
 import pytest
 
-from fleetrun import outcomes
-from fleetrun.outcomes import (
+from fleetrun import decide as outcomes
+from fleetrun.decide import (
     NEVER_STARTED_CAP,
     RESUME_CAP,
     Ended,
@@ -22,6 +23,14 @@ from fleetrun.outcomes import (
     pause_text,
 )
 from fleetrun.placement import Backoff, backoff_delay
+from fleetrun.plugins.claude import end_of as claude_end
+from fleetrun.plugins.mailbox.host import (
+    MAILBOX_CLAIMED_NO_COMPLETION,
+    MAILBOX_FAILED,
+    MAILBOX_UNCLAIMED,
+    MAILBOX_WITHDRAWN,
+)
+from fleetrun.plugins.mailbox.host import end_of as mailbox_end
 from fleetrun.reports import AgentResult
 from fleetrun.states import State
 
@@ -37,7 +46,19 @@ def ended(reason: Optional[str] = "exited", result: Optional[AgentResult] = None
         status["error"] = error
     kw.setdefault("now", NOW)
     kw.setdefault("clock_now", NOW)
+    if result is not None and result.end is None:  # as the claude plugin classifies it
+        result = dataclasses.replace(result, end=claude_end(result))
     return Ended(status=status, result=result, **kw)
+
+
+def delivered(reason: str, error: Optional[str] = None, **kw: Any) -> Ended:
+    """A delivered attempt's end: its host's status, and the mailbox plugin's result."""
+    status: dict[str, Any] = {"state": "ended", "reason": reason, "exit_code": None}
+    if error is not None:
+        status["error"] = error
+    kw.setdefault("now", NOW)
+    kw.setdefault("clock_now", NOW)
+    return Ended(status=status, result=AgentResult(ok=False, end=mailbox_end(status)), **kw)
 
 
 def failed(reason: str, **kw: Any) -> AgentResult:
@@ -139,6 +160,14 @@ def test_usage_limit_without_a_reset_time_backs_off_doubling() -> None:
 def test_next_pause_is_capped_and_ignores_a_reset_time_in_the_past() -> None:
     assert next_pause((NOW, 20), None, NOW) == (NOW + outcomes.USAGE_BACKOFF_MAX_S, 21)
     assert next_pause(None, NOW - 5, NOW) == (NOW + 60.0, 1)
+
+
+def test_the_same_reset_time_is_the_same_pause() -> None:
+    """Two ends in one limit window, or one end decided again after a crash (its reset
+    passed meanwhile): the pause recorded stands, its count is not raised."""
+    assert next_pause((NOW + 600, 1), NOW + 600, NOW) == (NOW + 600, 1)
+    assert next_pause((NOW - 5, 2), NOW - 5, NOW) == (NOW - 5, 2)
+    assert next_pause((NOW - 5, 2), NOW + 600, NOW) == (NOW + 600, 3)
     assert pause_text(NOW) == f"usage limit, resumes at {time.strftime('%H:%M', time.localtime(NOW))}"
 
 
@@ -203,9 +232,9 @@ def test_never_started_cap_asks_a_human() -> None:
 
 
 def test_the_constants_are_read_when_deciding(monkeypatch: pytest.MonkeyPatch) -> None:
-    """Tests shorten the waits by patching fleetrun.outcomes (as the acceptance tests do)."""
-    monkeypatch.setattr("fleetrun.outcomes.USAGE_BACKOFF_S", 1.0)
-    monkeypatch.setattr("fleetrun.outcomes.NEVER_STARTED_CAP", 2)
+    """Tests shorten the waits by patching fleetrun.decide (as the acceptance tests do)."""
+    monkeypatch.setattr("fleetrun.decide.USAGE_BACKOFF_S", 1.0)
+    monkeypatch.setattr("fleetrun.decide.NEVER_STARTED_CAP", 2)
     assert next_pause(None, None, NOW) == (NOW + 1.0, 1)
     assert decide_not_started("fresh", 1, None, "local", "start_failed:x", NOW).to is State.NEEDS_HUMAN
 
@@ -219,14 +248,14 @@ def test_a_role_reporting_done_is_verified_like_an_agent_that_exited() -> None:
 
 
 def test_a_role_reporting_failure_needs_a_human_with_its_reason() -> None:
-    t = decide_end(ended(outcomes.MAILBOX_FAILED, AgentResult(ok=False), error="the schema is not mine"))
+    t = decide_end(delivered(MAILBOX_FAILED, error="the schema is not mine"))
     assert t is not None and (t.to, t.cause) == (State.NEEDS_HUMAN, "mailbox_failed:the schema is not mine")
-    t = decide_end(ended(outcomes.MAILBOX_FAILED, None))
+    t = decide_end(delivered(MAILBOX_FAILED))
     assert t is not None and t.cause == "mailbox_failed:the role reported a failure"
 
 
 def test_an_unclaimed_message_is_spawned_next_without_using_a_retry_or_resume() -> None:
-    t = decide_end(ended(outcomes.MAILBOX_UNCLAIMED, None, error="role relay did not claim it in 300s",
+    t = decide_end(delivered(MAILBOX_UNCLAIMED, error="role relay did not claim it in 300s",
                          resumes=RESUME_CAP))
     assert t is not None and t.to is State.RESUMING  # even with every resume used: it never ran
     assert t.cause == "mailbox_unclaimed:role relay did not claim it in 300s"
@@ -234,13 +263,13 @@ def test_an_unclaimed_message_is_spawned_next_without_using_a_retry_or_resume() 
 
 
 def test_claimed_but_never_reported_needs_a_human() -> None:
-    t = decide_end(ended(outcomes.MAILBOX_CLAIMED_NO_COMPLETION, None, error="claimed and reported nothing"))
+    t = decide_end(delivered(MAILBOX_CLAIMED_NO_COMPLETION, error="claimed and reported nothing"))
     assert t is not None and (t.to, t.cause) == (State.NEEDS_HUMAN, "mailbox_claimed_no_completion")
 
 
 def test_a_withdrawn_message_after_a_cancel_changes_nothing() -> None:
-    assert decide_end(ended(outcomes.MAILBOX_WITHDRAWN, None, task_state=State.CANCELLED)) is None
-    t = decide_end(ended(outcomes.MAILBOX_WITHDRAWN, None, error="gone"))
+    assert decide_end(delivered(MAILBOX_WITHDRAWN, task_state=State.CANCELLED)) is None
+    t = decide_end(delivered(MAILBOX_WITHDRAWN, error="gone"))
     assert t is not None and (t.to, t.cause) == (State.NEEDS_HUMAN, "mailbox_withdrawn:gone")
 
 

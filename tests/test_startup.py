@@ -173,7 +173,7 @@ def test_the_builtins_loaded_to_read_a_command_line_are_all_that_take_part_in_it
 NOT_FOR_OPERATOR = {"subprocess", "uuid", "socket", "threading", "hashlib", "secrets", "psutil", "apprise", "jinja2",
                     "importlib.metadata", "fleetrun.gitutil", "fleetrun.depmerge", "fleetrun.loop",
                     "fleetrun.claudecli", "fleetrun.claudeopts", "fleetrun.collect", "fleetrun.placement",
-                    "fleetrun.outcomes", "fleetrun.reports", "fleetrun.diffutil", "fleetrun.procutil",
+                    "fleetrun.decide", "fleetrun.reports", "fleetrun.diffutil", "fleetrun.procutil",
                     "fleetrun.probe", "fleetrun.plugins.relay.protocol", "fleetrun.plugins.relay.supervisor",
                     "fleetrun.plugins.relay.transport", "fleetrun.plugins.relay.worker",
                     "fleetrun.plugins.notify.sender"}

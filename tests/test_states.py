@@ -111,8 +111,26 @@ def test_the_vocabulary_is_snake_case() -> None:
         assert cause_word(cause(word, "x")) == word
     for word in ("queued", "placed", "started", "verify_pass", "verify_fail", "session_died",
                  "retries_exhausted", "operator_cancel", "operator_retry", "operator_approve",
-                 "never_started", "dependency_cancelled", "mailbox_claimed_no_completion"):
+                 "never_started", "dependency_cancelled"):
         assert word in CAUSES
+
+
+def test_plugins_declare_their_own_cause_words() -> None:
+    """The core's vocabulary names no plugin's ends: an agent's (Claude Code's
+    ``rate_limited``, ``max_turns``...) and the mailbox's are their plugins' ``CAUSE_WORDS``,
+    which the run's vocabulary collects from the loaded plugins."""
+    from fleetrun.pluginmanager import FleetPluginManager, cause_words
+
+    pm = FleetPluginManager()
+    pm.consider_builtins()
+    pm.load_deferred()
+    words = cause_words(pm)
+    assert {"mailbox_claimed_no_completion", "mailbox_unclaimed", "rate_limited", "max_turns",
+            "agent_rejected_arguments"} <= words
+    assert not {w for w in CAUSES if w.startswith("mailbox_")}
+    assert words >= CAUSES
+    for word in words:
+        assert cause(word) == word
 
 
 WORDS = st.from_regex(r"[a-z][a-z0-9_]{0,20}", fullmatch=True)
@@ -221,3 +239,21 @@ def test_ledger_enforces_exactly_the_machine(ledger: Ledger, src: State, dst: St
         assert len(ledger.transitions(task.id)) == before
     got = ledger.get(task.id)
     assert got is not None and got.state == (dst if allowed(src, dst) else src)
+
+
+def test_the_architecture_docs_state_table_is_states_py() -> None:
+    """docs/architecture.md's state table lists every state in ``STATE_ORDER`` with the
+    moves ``ALLOWED`` lets it make: the doc is checked against the data, not copied."""
+    from pathlib import Path
+
+    from fleetrun.states import ALLOWED, STATE_ORDER
+
+    doc = (Path(__file__).resolve().parent.parent / "docs" / "architecture.md").read_text()
+    rows: list[tuple[str, set[str]]] = []
+    for line in doc.splitlines():
+        cells = [c.strip() for c in line.strip().strip("|").split("|")]
+        if line.startswith("|") and len(cells) == 2 and cells[0] in {s.value for s in State}:
+            rows.append((cells[0], set() if cells[1] == "—" else {c.strip() for c in cells[1].split(",")}))
+    assert [r[0] for r in rows] == [s.value for s in STATE_ORDER]
+    for name, moves in rows:
+        assert moves == {s.value for s in ALLOWED[State(name)]}, name

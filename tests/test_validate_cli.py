@@ -1528,7 +1528,7 @@ git_ref = "main"
 @pytest.mark.parametrize("verb", ["validate", "queue", "run"])
 def test_git_ref_that_names_nothing(fleeter: Any, fake_claude: Any, verb: str,
                                     monkeypatch: pytest.MonkeyPatch) -> None:
-    monkeypatch.setattr("fleetrun.outcomes.NEVER_STARTED_CAP", 2)  # a fleetrun that only fails at run time ends soon
+    monkeypatch.setattr("fleetrun.decide.NEVER_STARTED_CAP", 2)  # a fleetrun that only fails at run time ends soon
     monkeypatch.setattr("fleetrun.placement.BACKOFF_BASE_S", 0.01)
     repo = fleeter.make_repo("repo")
     fleeter.write_tasks(task("x", cwd='"repo"', git_ref='"nosuchbranch"')
@@ -1544,7 +1544,7 @@ def test_git_ref_that_names_nothing(fleeter: Any, fake_claude: Any, verb: str,
 @pytest.mark.parametrize("verb", ["validate", "queue", "run"])
 def test_git_ref_with_a_cwd_in_no_repository(fleeter: Any, fake_claude: Any, verb: str,
                                              monkeypatch: pytest.MonkeyPatch) -> None:
-    monkeypatch.setattr("fleetrun.outcomes.NEVER_STARTED_CAP", 2)
+    monkeypatch.setattr("fleetrun.decide.NEVER_STARTED_CAP", 2)
     monkeypatch.setattr("fleetrun.placement.BACKOFF_BASE_S", 0.01)
     (fleeter.path / "plain").mkdir()
     fleeter.write_tasks(task("x", cwd='"plain"', git_ref='"main"'))

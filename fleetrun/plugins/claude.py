@@ -34,7 +34,7 @@ from ..claudecli import (  # the stream-json reader, shared with verify_agent
     rejected_arguments,
 )
 from ..hookimpl import hookimpl
-from ..reports import SESSION_NOT_FOUND, AgentResult, SpawnSpec
+from ..reports import SESSION_NOT_FOUND, AgentEnd, AgentResult, SpawnSpec
 
 if TYPE_CHECKING:
     from ..config import Config
@@ -306,4 +306,41 @@ def read_log(log_path: str) -> str:
 def fleetrun_agent_result(task: Any, attempt: Any, log_path: str, exit_code: Optional[int], config: Config) -> Optional[AgentResult]:
     if task.spec.agent != "claude":
         return None
-    return result_from_log(read_log(log_path), exit_code)
+    res = result_from_log(read_log(log_path), exit_code)
+    res.end = end_of(res)
+    return res
+
+
+#: The cause words of Claude Code's ends (the core knows them only from here).
+CAUSE_WORDS = frozenset({
+    "rate_limited",  # a 429 without a reset time: the task backs off that machine
+    "api_error",  # a 500 or 529: the API's fault, transient; resumed
+    "max_turns",  # a session stopped at the task's --max-turns: never resumed
+    "agent_rejected_arguments",  # the CLI refused its command line: never retried
+})
+
+
+def end_of(res: AgentResult) -> Optional[AgentEnd]:
+    """What a Claude Code session's end means for the loop (:class:`~fleetrun.reports.AgentEnd`):
+    a usage limit pauses the machine until its reset; a 429 without a reset time backs
+    the task off; the budget or the turns it was given, or a command line the CLI
+    refused, ask a human (a resumed session would only hit them again); a 500 or 529 is
+    resumed. None: what its host said decides (verified, or resumed as a died session)."""
+    reason = res.reason or ""
+    if reason.startswith("rejected_arguments:"):
+        # the agent refused its command line: the next attempt would get the same one
+        return AgentEnd.give_up(f"agent_rejected_arguments:{reason.split(':', 1)[1]}", ran=False)
+    if res.usage_limit:
+        return AgentEnd.pause_host(res.usage_reset_at)
+    if reason == "rate_limited":
+        why = " ".join(res.result_text.split())[:200] or "HTTP 429"
+        return AgentEnd.back_off(f"rate_limited:{why}")
+    if reason == "budget":
+        return AgentEnd.give_up("budget_exhausted:the agent reached its --max-budget-usd")
+    if reason == "max_turns":
+        # the task's max_turns: a cap the user set, as budget_usd is; a resumed session
+        # would only take that many turns again
+        return AgentEnd.give_up("max_turns:the agent reached its --max-turns")
+    if reason.startswith("api_error:") and not res.ok:
+        return AgentEnd.resume(reason)
+    return None

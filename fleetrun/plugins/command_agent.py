@@ -25,7 +25,7 @@ from typing import TYPE_CHECKING, Any, Optional
 
 from ..exceptions import UsageError
 from ..hookimpl import hookimpl
-from ..reports import AgentResult, SpawnSpec
+from ..reports import AgentEnd, AgentResult, SpawnSpec
 from ..summary import read_summary, summary_path
 
 if TYPE_CHECKING:
@@ -171,4 +171,7 @@ def fleetrun_agent_result(task: Any, attempt: Any, log_path: str, exit_code: Opt
     # (debug lines, progress) is never a summary
     text = read_summary(summary_path(os.path.dirname(log_path)))
     ok = exit_code == 0
-    return AgentResult(ok=ok, reason="" if ok else f"exit:{exit_code}", exit_code=exit_code, result_text=text)
+    # an exit code is all a command says: 0 is verified, anything else resumed (None:
+    # its host's reason decides, as for a session that died)
+    return AgentResult(ok=ok, reason="" if ok else f"exit:{exit_code}", exit_code=exit_code, result_text=text,
+                       end=AgentEnd.ok() if ok else None)

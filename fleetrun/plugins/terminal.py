@@ -109,15 +109,20 @@ class TerminalReporter:
                         to_state)
 
     @hookimpl(wrapper=True)
-    def fleetrun_verify(self, task: Any, verifier: Any, workspace: Any, attempt: Any, host: Any,
-                        config: Config) -> Any:
+    def fleetrun_setup_step(self, task: Any, step: Any, number: int, workspace: Any, attempt: Any, host: Any,
+                            config: Config) -> Any:
         """Say that a setup command started (a venv and a pip install can take minutes:
         the run is not silent meanwhile); whoever runs it answers as before."""
-        step = (getattr(verifier, "extra", None) or {}).get("setup")
-        if step and self.verbosity >= 0:
+        if self.verbosity >= 0:
             where = f" on {host.name}" if not getattr(host, "local", True) else ""
-            self.write_line(f"{time.strftime('%H:%M:%S')} {safe_name(task.name)} setup {step} of "
-                            f"{len(task.spec.setup)} started{safe_text(where)}: `{safe_text(verifier.label)}`")
+            self.write_line(f"{time.strftime('%H:%M:%S')} {safe_name(task.name)} setup {number} of "
+                            f"{len(task.spec.setup)} started{safe_text(where)}: `{safe_text(step.label)}`")
+        return (yield)
+
+    @hookimpl(wrapper=True)
+    def fleetrun_verify(self, task: Any, verifier: Any, workspace: Any, attempt: Any, host: Any,
+                        config: Config) -> Any:
+        """Say what a verifier's baseline found; whoever runs it answers as before."""
         got = yield
         if getattr(verifier, "kind", None) == "baseline" and self.verbosity >= 0:
             # a verifier's run on the base commit (docs/verifiers.md): what it found, or that it started

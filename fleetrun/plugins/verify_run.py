@@ -35,7 +35,7 @@ from ..junitreport import Judgement, with_details
 from ..procutil import ProcessHandle, tail_text, task_env
 from ..reports import PERMANENT, Verdict
 from ..stash import StashKey
-from ..taskspec import DEFAULT_SETUP_TIMEOUT_S, SETUP_STEP_BASE, VerifySpec, step_index
+from ..taskspec import DEFAULT_SETUP_TIMEOUT_S, VerifySpec, step_index
 from ..verdicttext import summary_line
 
 if TYPE_CHECKING:
@@ -144,17 +144,29 @@ def fleetrun_verify(task: Any, verifier: Any, workspace: Any, attempt: Any, host
         return baseline_step(task, verifier, workspace, attempt, config, local=host.local)
     if verifier.kind != "run" or not host.local:
         return None  # a host whose folders are elsewhere runs its own (the relay's on a peer)
-    adir = host.attempt_dir(attempt.id)
-    adir.mkdir(parents=True, exist_ok=True, mode=0o700)
     idx = step_index(task, verifier)
-    # a setup command (extra["setup"] = K) writes setup-K.out beside the verifiers' outputs
-    name = f"setup-{idx - SETUP_STEP_BASE + 1}.out" if idx >= SETUP_STEP_BASE else f"verify-{idx + 1}.out"
-    handle = RunHandle(verifier, workspace.path, adir / name, verifier_env(task, attempt, workspace),
-                       root=getattr(workspace, "root", None) or workspace.path,
-                       max_bytes=output_cap(config))
-    if idx < SETUP_STEP_BASE and isinstance(verifier.extra.get("junit"), str):
+    handle = _run_handle(task, verifier, workspace, attempt, host, config, f"verify-{idx + 1}.out")
+    if isinstance(verifier.extra.get("junit"), str):
         handle.judge = TestJudge(task, verifier, idx, workspace, config)
     return handle
+
+
+@hookimpl(trylast=True)
+def fleetrun_setup_step(task: Any, step: Any, number: int, workspace: Any, attempt: Any, host: Host,
+                        config: Config) -> Optional[RunHandle]:
+    """Setup command ``number`` on a ``host.local`` host, as a ``run`` verifier runs; its
+    output in ``setup-N.out`` beside the verifiers' outputs."""
+    if not host.local:
+        return None  # a host whose folders are elsewhere runs its own (the relay's on a peer)
+    return _run_handle(task, step, workspace, attempt, host, config, f"setup-{number}.out")
+
+
+def _run_handle(task: Any, spec: Any, workspace: Any, attempt: Any, host: Host, config: Config,
+                name: str) -> RunHandle:
+    adir = host.attempt_dir(attempt.id)
+    adir.mkdir(parents=True, exist_ok=True, mode=0o700)
+    return RunHandle(spec, workspace.path, adir / name, verifier_env(task, attempt, workspace),
+                     root=getattr(workspace, "root", None) or workspace.path, max_bytes=output_cap(config))
 
 
 # ---------------------------------------------------------------------------------

@@ -79,7 +79,7 @@ def test_usage_limit_pauses_the_machine_and_resumes_without_using_a_retry(fleete
 def test_rate_limit_without_reset_time_backs_off(fleeter, fake_claude, monkeypatch, auth):
     """A 429 that gives no reset time (an API key's limit, or no unified headers: "not
     your usage limit") backs the task off; it is no usage-limit pause of the machine."""
-    monkeypatch.setattr("fleetrun.outcomes.USAGE_BACKOFF_S", 1.0)
+    monkeypatch.setattr("fleetrun.decide.USAGE_BACKOFF_S", 1.0)
     one_task(fleeter)
     fake_claude.script(t1=[{"mode": "rate_limit", "auth": auth}, {"actions": [["write", "out.txt", "x"]]}])
     r = fleeter.run("tasks.toml")
@@ -99,7 +99,7 @@ def test_rate_limit_without_reset_time_backs_off(fleeter, fake_claude, monkeypat
 def test_a_server_error_is_resumed_not_a_usage_limit(fleeter, fake_claude, monkeypatch, status):
     """Measured: a 500 or 529 ends the CLI with subtype "success", is_error and
     api_error_status; it is transient: resumed at once, nothing is paused."""
-    monkeypatch.setattr("fleetrun.outcomes.USAGE_BACKOFF_S", 0.2)  # keeps a failing run short
+    monkeypatch.setattr("fleetrun.decide.USAGE_BACKOFF_S", 0.2)  # keeps a failing run short
     one_task(fleeter)
     fake_claude.script(t1=[{"mode": "api_error", "status": status}, {"actions": [["write", "out.txt", "x"]]}])
     r = fleeter.run("tasks.toml")

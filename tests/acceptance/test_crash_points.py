@@ -381,7 +381,11 @@ OTHER_POINTS = ["after_lease", "after_worktree", "after_shepherd_start", "mid_ve
                 # inside a pass's batch, before its commit: the pass's writes are lost, the
                 # restart decides them again (docs/durability.md, "One commit a pass")
                 "uncommitted:VERIFYING", "uncommitted:RETRYING", "uncommitted:RESUMING", "uncommitted:DONE",
-                "uncommitted:NEEDS_HUMAN", "before_batch_commit@3"]
+                "uncommitted:NEEDS_HUMAN", "before_batch_commit@3",
+                # each action of fleetrun.decide that the points above did not cover (Collect,
+                # HandOff, CleanUp); VerifierWait's and PauseHost's have queues of their own below
+                "before_collect", "before_handoff", "before_cleanup"]
+
 #: What the ledger must show right after the crash, to prove it hit the case meant:
 #: ("verdict", task, passed): the last verdict recorded; ("state", task, state): where
 #: that task stands (and for RUNNING, its attempt's end is recorded).
@@ -403,6 +407,8 @@ SITE: dict[str, tuple[str, str, Any]] = {
     "before_dependency_merge": ("state", "b", "ASSIGNED"),
     "mid_setup": ("state", "b", "ASSIGNED"),  # its setup command running
     "after_setup": ("state", "b", "ASSIGNED"),  # setup passed and recorded, its agent not started
+    "before_collect": ("state", "a", "RUNNING"),  # its end recorded, its work not committed
+    "before_handoff": ("state", "a", "VERIFYING"),  # every verdict recorded, no handoff yet
 }
 
 BUG_NOT_HIT = ("BUG: ledger.lease() (ASSIGNED) and ops.promote() (READY) change state without "
@@ -531,4 +537,72 @@ def test_a_crash_as_a_done_tasks_worktree_is_removed_does_not_verify_it_again(fl
     run_until_done(fleeter, {"t1": "DONE"})
     assert runs.read_text().split() == ["run"]
     bad = check_invariants(fleeter, fake_claude, {"t1": "DONE"}, {"t1": 1}, root=tmp_path)
+    assert not bad, "\n".join(bad)
+
+
+# ---------------------------------------------------------------------------------
+# the actions whose crash needs a queue of its own: a verifier's wait, a usage pause
+
+
+def test_crash_point_after_a_verifiers_wait_is_recorded(fleeter, fake_claude, tmp_path):
+    """VerifierWait: the supervisor dies once the wait of a verifier that could not judge
+    is recorded; the restart resumes it (the verifier is asked again, the agent is not)."""
+    from brainserver import BrainServer, Status
+
+    with BrainServer() as brain:
+        brain.script(Status(503, {"error": "busy"}), "PASS")
+        fleeter.make_repo()
+        fleeter.write_tasks(f'''
+            [brain]
+            url = "{brain.url}"
+            model = "tiny"
+
+            [[task]]
+            name = "greet"
+            cwd = "repo"
+            prompt = "Write hello.txt."
+            git_ref = "main"
+              [[task.verify]]
+              brain = "Does hello.txt say hello?"
+        ''')
+        cfg = fleeter.home / "config.toml"
+        fleeter.write_config(cfg.read_text() + "\n[fleetrun]\nverifier_error_backoff_s = 0.05\n")
+        fake_claude.script(greet=[{"actions": [["write", "hello.txt", "hello"], ["commit", "hello"]]}])
+        r = fleeter.runsub("tasks.toml", env={"FLEETRUN_CRASH_AT": "after_verifier_wait"}, timeout=60)
+        assert r.ret == CRASH_EXIT, r.stdout + r.stderr
+        last = fleeter.ledger().latest_attempt(fleeter.task("greet").id)
+        assert last.info["verify_wait"]["tries"] == 1 and len(brain.requests) == 1
+        run_until_done(fleeter, {"greet": "DONE"}, timeout=120)
+        assert len(brain.requests) == 2
+    bad = check_invariants(fleeter, fake_claude, {"greet": "DONE"}, {"greet": 1}, root=tmp_path)
+    assert not bad, "\n".join(bad)
+
+
+def test_crash_point_after_a_usage_pause_is_recorded(fleeter, fake_claude, tmp_path):
+    """PauseHost: the supervisor dies once a usage limit's pause is recorded, before the
+    task's move; the restart decides the recorded end again, waits for the same reset
+    and resumes the task without using a retry or a resume."""
+    fleeter.make_repo()
+    fleeter.write_tasks('''
+        [[task]]
+        name = "t1"
+        cwd = "repo"
+        prompt = "Write out.txt."
+        git_ref = "main"
+          [[task.verify]]
+          run = "test -f out.txt"
+    ''')
+    reset_at = int(time.time()) + 3
+    fake_claude.script(t1=[{"mode": "usage_limit", "reset_at": reset_at, "limit_style": "legacy"},
+                           {"actions": [["write", "out.txt", "x"]]}])
+    r = fleeter.runsub("tasks.toml", env={"FLEETRUN_CRASH_AT": "after_pause"}, timeout=60)
+    assert r.ret == CRASH_EXIT, r.stdout + r.stderr
+    led = fleeter.ledger()
+    assert fleeter.task("t1").state.value == "RUNNING" and led.usage_pauses()
+    run_until_done(fleeter, {"t1": "DONE"}, timeout=120)
+    task = fleeter.task("t1")
+    assert task.retries == 0 and task.resumes == 0
+    first, second = fleeter.ledger().attempts(task.id)
+    assert second.created >= reset_at - 0.5
+    bad = check_invariants(fleeter, fake_claude, {"t1": "DONE"}, {"t1": 2}, root=tmp_path)
     assert not bad, "\n".join(bad)

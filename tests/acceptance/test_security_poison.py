@@ -82,7 +82,7 @@ def test_one_poisoned_attempt_beside_three_healthy_tasks(fleeter, fake_claude, p
 def test_usage_limit_legacy_reset_far_ahead_does_not_pause_past_the_horizon(fleeter, fake_claude, monkeypatch):
     """``usage limit reached|99999999999`` would pause this machine until the year 5138:
     the reset time is not believed and the usual back-off applies."""
-    monkeypatch.setattr("fleetrun.outcomes.USAGE_BACKOFF_S", 1.0)
+    monkeypatch.setattr("fleetrun.decide.USAGE_BACKOFF_S", 1.0)
     tasks(fleeter, ("t1",))
     fake_claude.script(t1=[{"mode": "usage_limit", "reset_at": 99999999999, "limit_style": "legacy"}, WRITE])
     # a guard, not a timing: on a paused machine the loop would wait for millennia;

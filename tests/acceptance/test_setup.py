@@ -337,3 +337,35 @@ def test_a_setup_command_prints_that_it_started(fleeter, fake_claude):
     assert child.exitstatus == 0
     quiet = fleeter.run("tasks.toml", "-q", "--new-queue")
     assert "setup 1 of 2 started" not in quiet.stdout
+
+
+def test_setup_is_a_step_of_its_own_not_a_verifier(fleeter, fake_claude):
+    """A plugin that judges ``run`` verifiers its own way (a fleetconf.py) is never handed
+    a setup command as if it were a verifier (issue 23: setup steps posed as verifiers
+    numbered from 9000); a setup command goes to ``fleetrun_setup_step`` with its number."""
+    setup = f"setup = [{json.dumps(log_cmd(fleeter))}, 'echo made > SETUP.txt']"
+    tasks(fleeter, setup, verify='run = "test -f out.txt"')
+    seen = fleeter.path / "seen.log"
+    fleeter.write_fleetconf(f'''
+import fleetrun
+
+@fleetrun.hookimpl
+def fleetrun_verify(task, verifier, workspace, attempt, host, config):
+    with open({str(seen)!r}, "a") as f:
+        f.write("verify " + verifier.text + "\\n")
+    return fleetrun.Verdict(True, verifier.kind, verifier.label, reason="judged here")
+
+@fleetrun.hookimpl(hookwrapper=True)
+def fleetrun_setup_step(task, step, number, workspace, attempt, host, config):
+    with open({str(seen)!r}, "a") as f:
+        f.write(f"setup {{number}} {{step.text}}\\n")
+    yield
+''')
+    fake_claude.script(t1=[{"actions": [["write", "out.txt", "x"]]}])
+    r = fleeter.run("tasks.toml")
+    assert r.ret == 0, r.stdout + r.stderr
+    assert seen.read_text().splitlines() == [f"setup 1 {log_cmd(fleeter)}", "setup 2 echo made > SETUP.txt",
+                                             "verify test -f out.txt"]
+    assert len(setup_log(fleeter)) == 1  # the built-in ran the commands all the same
+    att = fleeter.ledger().latest_attempt(fleeter.task("t1").id)
+    assert [s["n"] for s in att.info["setup_steps"]] == [1, 2]

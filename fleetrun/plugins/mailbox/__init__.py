@@ -47,6 +47,10 @@ if TYPE_CHECKING:
 
 #: The host delivered attempts run on (:data:`.host.MAILBOX_HOST`, without importing it).
 HOST_NAME = "mailbox"
+#: The cause words of a delivered attempt's ends (:data:`.host.MAILBOX_FAILED`...) and
+#: of its start (the core knows them only from here).
+CAUSE_WORDS = frozenset({"mailbox_claimed_no_completion", "assigned_via_mailbox", "mailbox_failed",
+                         "mailbox_unclaimed", "mailbox_withdrawn"})
 
 
 @hookimpl(trylast=True)
@@ -82,11 +86,13 @@ def fleetrun_agent_result(task: Any, attempt: Any, log_path: str, exit_code: Opt
     if msg is None:
         return None
     from ...reports import AgentResult
+    from .host import end_of, status_of
 
     done = msg.state == "done"
     # fleetrun paid for no session: the role's own session's cost is its user's
     return AgentResult(ok=done, reason="" if done else f"mailbox_{msg.state}", exit_code=0 if done else None,
-                       cost_usd=0.0, result_text=(msg.summary if done else msg.reason) or "")
+                       cost_usd=0.0, result_text=(msg.summary if done else msg.reason) or "",
+                       end=end_of(status_of(msg)))
 
 
 @hookimpl

@@ -36,7 +36,7 @@ from ...hostapi import StartRefused
 
 if TYPE_CHECKING:
     from ...config import Config
-    from ...reports import Candidate, Started
+    from ...reports import AgentEnd, Candidate, Started
     from . import store
     from .liveness import ProcTable
     from .receiving import Reception
@@ -210,16 +210,40 @@ class MailboxHost:
         return store.finish(conn, msg.id, "withdrawn", clock.now(), reason="cancelled by the operator")
 
 
+#: How an attempt delivered to a role's mailbox ended, as the ``reason`` of its host's
+#: status (and its attempt's outcome): the role reported a failure (``error`` is its
+#: reason); nobody claimed it in time and no session answered to the role (withdrawn:
+#: the task is spawned next, a resume that uses up no retry and no resume); claimed but
+#: not reported by the task's ``timeout_min``; withdrawn otherwise. (Reported done, it
+#: ends ``exited``, like an agent that exited.) They are the plugin's cause words too.
+MAILBOX_FAILED = "mailbox_failed"
+MAILBOX_UNCLAIMED = "mailbox_unclaimed"
+MAILBOX_CLAIMED_NO_COMPLETION = "mailbox_claimed_no_completion"
+MAILBOX_WITHDRAWN = "mailbox_withdrawn"
+
+
+def end_of(status: dict[str, Any]) -> Optional[AgentEnd]:
+    """What a delivered attempt's end (its status, :func:`status_of`) means for the loop
+    (:class:`~fleetrun.reports.AgentEnd`); None for a role that reported done (verified
+    as an agent that exited)."""
+    from ...reports import AgentEnd
+
+    reason, error = status.get("reason"), status.get("error")
+    if reason == MAILBOX_FAILED:
+        return AgentEnd.give_up(f"{MAILBOX_FAILED}:{error or 'the role reported a failure'}")
+    if reason == MAILBOX_UNCLAIMED:
+        # the role never saw it: spawn it (not a failed attempt; no retry or resume is used)
+        return AgentEnd.resume(f"{MAILBOX_UNCLAIMED}:{error or 'nobody claimed it in time'}", counted=False,
+                               ran=False)
+    if reason == MAILBOX_CLAIMED_NO_COMPLETION:
+        return AgentEnd.give_up(MAILBOX_CLAIMED_NO_COMPLETION)
+    if reason == MAILBOX_WITHDRAWN:
+        return AgentEnd.give_up(f"{MAILBOX_WITHDRAWN}:{error or 'the message was withdrawn'}", ran=False)
+    return AgentEnd.ok() if status.get("reason") == "exited" else None
+
+
 def status_of(msg: store.Message) -> dict[str, Any]:
     """A message as an attempt's status (:meth:`~fleetrun.Host.status`'s shape)."""
-    # here: the outcomes (and the placement they import) are the loop's, not `status`'s
-    from ...outcomes import (
-        MAILBOX_CLAIMED_NO_COMPLETION,
-        MAILBOX_FAILED,
-        MAILBOX_UNCLAIMED,
-        MAILBOX_WITHDRAWN,
-    )
-
     if msg.state in ("pending", "claimed"):
         return {"state": "running", "message": msg.state}
     ended = time.time()

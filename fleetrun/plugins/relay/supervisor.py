@@ -62,6 +62,9 @@ SUMMARY_LIMIT = 2000
 #: delays between tries, the last one repeated, and how many tries in all (~27 min).
 FETCH_DELAYS_S = (2.0, 5.0, 10.0, 30.0, 60.0)
 FETCH_RETRIES = 30
+#: Setup command N runs on the peer as runner ``SETUP_RUNNER_BASE + N - 1`` of its
+#: attempt, so its folder and its output never share a name with verifier N's there.
+SETUP_RUNNER_BASE = 9000
 
 def runs_here(config: Any, kind: str) -> bool:
     """Whether verifiers of ``kind`` run on this machine, on the branch fetched back from
@@ -415,8 +418,16 @@ class Relay:
             return Verdict(False, verifier.kind, verifier.label, host=host.name,
                            reason=f"{verifier.kind} verifiers run only on the supervising machine, and this "
                                   f"attempt ran on {host.name}")
-        idx = step_index(task, verifier)  # a setup command gets a step of its own
-        return RemoteRunHandle(host, task, attempt, verifier, idx, workspace)
+        return RemoteRunHandle(host, task, attempt, verifier, step_index(task, verifier), workspace)
+
+    @hookimpl(trylast=True)
+    def fleetrun_setup_step(self, task: Any, step: Any, number: int, workspace: Any, attempt: Any, host: Any,
+                            config: Config) -> Any:
+        host = self.owns(host)
+        if host is None:
+            return None
+        # the peer's runner of setup command N: a number of its own, apart from the verifiers'
+        return RemoteRunHandle(host, task, attempt, step, SETUP_RUNNER_BASE + number - 1, workspace)
 
     @hookimpl(trylast=True)
     def fleetrun_handoff(self, task: Any, attempt: Any, host: Any, config: Config) -> Union[Handoff, FetchRetry, None]:
