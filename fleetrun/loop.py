@@ -209,7 +209,10 @@ class Loop:
                 self.waits.pause_host(att.host, (a.until, a.count))
                 self.report(task.id, partial(self.hook.fleetrun_host_paused, host=att.host, until=a.until,
                                              reason=a.cause, config=self.config))
-                crash.point("after_pause")  # the pause recorded, the move not: decided again
+                # the pause committed before the move (one commit more, on a usage limit only):
+                # a restart between the two decides the end again, to the same pause
+                self.led.durable()
+                crash.point("after_pause")
             elif isinstance(a, BackOff):
                 assert att is not None
                 self.waits.back_off(task.id, att.host, a.backoff)

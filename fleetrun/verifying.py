@@ -216,7 +216,8 @@ class VerifyStage:
             if isinstance(a, VerifierWait):
                 info[VERIFY_WAIT] = {"idx": a.idx, "tries": a.tries, "until": a.until, "reason": a.reason}
                 loop.led.update_attempt(v.attempt.id, info=info)
-                crash.point("after_verifier_wait")  # the wait recorded: the restart resumes it
+                # once the wait is committed (with its pass): the restart resumes it
+                loop.led.after_commit(lambda: crash.point("after_verifier_wait"))
                 self.wait(task, v, info[VERIFY_WAIT], limit)
                 return
         self.running.pop(task.id, None)

@@ -407,7 +407,8 @@ SITE: dict[str, tuple[str, str, Any]] = {
     "before_dependency_merge": ("state", "b", "ASSIGNED"),
     "mid_setup": ("state", "b", "ASSIGNED"),  # its setup command running
     "after_setup": ("state", "b", "ASSIGNED"),  # setup passed and recorded, its agent not started
-    "before_collect": ("state", "a", "RUNNING"),  # its end recorded, its work not committed
+    # its end recorded (in an earlier pass, or in this one, whose commit is lost), its work not committed
+    "before_collect": ("state", "a", ("RUNNING", "RUNNING, attempt running")),
     "before_handoff": ("state", "a", "VERIFYING"),  # every verdict recorded, no handoff yet
 }
 
