@@ -156,6 +156,17 @@ class VerifyJobs:
 
         return verify_job(host, task, verifier, workspace, attempt, config)
 
+    @hookimpl
+    def fleetrun_setup_step(self, task: Any, step: Any, number: int, workspace: Any, attempt: Any, host: Any,
+                            config: Any) -> Any:
+        """A ``setup`` command of an attempt on the cluster runs there too, as a job
+        (``...-setup-K``, K its ``number``), before the attempt's own job."""
+        if not isinstance(host, SlurmHost):
+            return None
+        from .verifyjob import verify_job
+
+        return verify_job(host, task, step, workspace, attempt, config)
+
 
 @hookimpl
 def fleetrun_configure(config: Any) -> None:
