@@ -153,6 +153,10 @@ class Watcher:
         act = self.activity.get(attempt_id)
         if act is None:
             act = self.activity[attempt_id] = Activity(Path(folder) / "log", cwd)
+        elif act.cwd is None and cwd:
+            # first seen ASSIGNED, its worktree not recorded yet (it is made off the loop's
+            # thread): paths inside it are shown relative to it from now on
+            act.cwd = cwd
         return act
 
     def _verifying(self, t: Task, attempt_id: str, now: float) -> str:

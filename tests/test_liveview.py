@@ -232,3 +232,24 @@ def test_the_live_view_is_off_the_import_path_of_help_and_status(tmp_path: Path,
     imported = {ln.rsplit("|", 1)[-1].strip() for ln in proc.stderr.splitlines() if ln.startswith("import time:")}
     assert "fleetrun.cli" in imported
     assert not imported & {"fleetrun.liveview", "fleetrun.transcript", "fleetrun.watching"}
+
+
+def test_an_attempt_first_seen_before_its_worktree_was_recorded_shows_paths_inside_it_short(tmp_path):
+    """The live view met the attempt while its task was ASSIGNED, its worktree being made
+    off the loop's thread and not recorded yet: once it is, a file the agent writes in it
+    is shown relative to it (the row showed the whole absolute path, cut, before)."""
+    import json
+
+    from fleetrun.liveview import Watcher
+
+    folder = tmp_path / "attempt"
+    folder.mkdir()
+    wt = tmp_path / "wt"
+    w = Watcher(led=None)  # type: ignore[arg-type]  # _activity reads no ledger
+    assert w._activity("a1", str(folder), "local", None) is not None  # first seen: no worktree yet
+    act = w._activity("a1", str(folder), "local", str(wt))
+    assert act is not None
+    (folder / "log").write_text(json.dumps({"type": "assistant", "message": {"content": [
+        {"type": "tool_use", "name": "Write", "input": {"file_path": str(wt / "docs.md")}}]}}) + "\n")
+    act.poll()
+    assert act.doing == "Write docs.md"
