@@ -31,6 +31,8 @@ from .reports import (
     Handoff,
     Placement,
     SpawnSpec,
+    Started,
+    StartHandle,
     Wait,
     Workspace,
     WorkspaceHandle,
@@ -70,6 +72,16 @@ class Preparing:
     prev: Optional[Attempt]
 
 
+@dataclass
+class Launching:
+    """An attempt whose start was sent and not answered yet (a peer's: the task stays
+    ASSIGNED, the attempt ``starting``, as a crash right after the start leaves it)."""
+
+    attempt: Attempt
+    host: Any
+    handle: StartHandle
+
+
 class Starting:
     """Places and starts attempts for the loop. ``loop`` gives the ledger, the hooks, the
     waits, the setup stage and the way an attempt that cannot start ends
@@ -88,6 +100,7 @@ class Starting:
         self._last = (0, 0)  # the generations the last pass ended on
         self._final = (0, 0)  # the generations as this pass's placements left them
         self.preparing: dict[str, Preparing] = {}  # task id -> its workspace being made
+        self.launching: dict[str, Launching] = {}  # task id -> its attempt's start under way
 
     # -- placement ---------------------------------------------------------------------
 
@@ -301,8 +314,11 @@ class Starting:
         return False
 
     def poll(self) -> None:
-        """The workspaces being made off the loop's thread: go on with those made."""
+        """The workspaces being made off the loop's thread, and the starts not answered
+        yet: go on with those made, and those started."""
         loop = self.loop
+        if self.launching:
+            self.poll_launching()
         for task_id, p in list(self.preparing.items()):
             with loop.isolated(task_id):
                 try:
@@ -331,6 +347,31 @@ class Starting:
                     continue
                 assert ws is not None
                 self.prepared(task, att, ws, host, p.kind, p.prev)
+
+    def poll_launching(self) -> None:
+        """The starts sent and not answered yet: go on with those answered. A task
+        cancelled meanwhile is handled as one cancelled while it started (its shepherd,
+        if it was started, is stopped)."""
+        loop = self.loop
+        for task_id, s in list(self.launching.items()):
+            with loop.isolated(task_id):
+                att = s.attempt
+
+                def record(att_id: str = att.id, **fields: Any) -> None:
+                    loop.led.update_attempt(att_id, **fields)
+                try:
+                    info = s.handle.poll()
+                except Exception as e:
+                    del self.launching[task_id]
+                    self.start_failed(loop.get(task_id), att, e, record)
+                    continue
+                except BaseException:
+                    del self.launching[task_id]  # the task's internal error: it is set aside
+                    raise
+                if info is None:
+                    continue
+                del self.launching[task_id]
+                self.started(loop.get(task_id), loop.get_attempt(att.id), s.host, info, record)
 
     def drop_preparing(self) -> int:
         """Ctrl-C: forget the workspaces being made (their attempts stay ``leased``: the
@@ -393,7 +434,7 @@ class Starting:
             raise
 
     def _launch(self, task: Task, att: Attempt, ws: Workspace, kind: str, prev: Optional[Attempt], host: Any, ending: Any, record: Callable[..., None]) -> bool:
-        loop, led = self.loop, self.loop.led
+        loop = self.loop
         context = self.prompt_context(task, kind, prev)
         left = None
         if task.spec.budget_usd is not None:
@@ -429,17 +470,32 @@ class Starting:
         try:
             info = loop.hook.fleetrun_start_attempt(task=task, attempt=att, host=host, spawn=spawn,
                                                     prompt=prompt or task.spec.prompt, config=loop.config)
-        except AgentNotFound as e:
+        except Exception as e:
+            return self.start_failed(task, att, e, record)
+        if info is not None and not isinstance(info, Started):  # sent, not answered yet: poll() goes on
+            self.launching[task.id] = Launching(att, host, info)
+            return True
+        return self.started(task, att, host, info, record)
+
+    def start_failed(self, task: Task, att: Attempt, e: Exception, record: Callable[..., None]) -> bool:
+        """``fleetrun_start_attempt`` (or its handle) raised: the attempt did not start."""
+        loop = self.loop
+        if isinstance(e, AgentNotFound):
             # an agent that is not installed here never starts: ask a human now, not after
             # ten backed-off tries (a peer's shepherd reports the same from its side)
             record(state="abandoned", outcome="agent_not_found", ended=time.time())
-            ending.give_up_at_once(loop.get(task.id), att, f"agent_not_found:{e}")
+            loop.ending.give_up_at_once(loop.get(task.id), att, f"agent_not_found:{e}")
             return False
-        except Exception as e:  # a peer refused, or could not be reached
-            record(state="abandoned", outcome="start_failed", ended=time.time())
-            word = "peer_refused" if isinstance(e, StartRefused) else "start_failed"
-            ending.not_started(loop.get(task.id), att, f"{word}:{e}")
-            return False
+        # a peer refused, or could not be reached
+        record(state="abandoned", outcome="start_failed", ended=time.time())
+        word = "peer_refused" if isinstance(e, StartRefused) else "start_failed"
+        loop.ending.not_started(loop.get(task.id), att, f"{word}:{e}")
+        return False
+
+    def started(self, task: Task, att: Attempt, host: Any, info: Optional[Started],
+                record: Callable[..., None]) -> bool:
+        """The attempt's start answered: RUNNING (or given up when no plugin started it)."""
+        loop, led, ending = self.loop, self.loop.led, self.loop.ending
         if info is None:  # -p no:shepherd, say: no pass will find a plugin that does
             record(state="abandoned", outcome="plugin_missing", ended=time.time())
             ending.give_up_at_once(loop.get(task.id), att, "plugin_missing:no plugin started the attempt (is its "

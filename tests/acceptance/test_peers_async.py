@@ -291,3 +291,34 @@ def test_the_loop_works_other_tasks_while_a_peer_collects_an_attempts_work(
     assert [(v.kind, v.passed, v.host) for v in fleeter.ledger().verdicts(task_id=far.id)] == [
         ("run", True, "mini")
     ]
+
+
+def test_the_loop_works_other_tasks_while_a_peer_makes_an_attempts_worktree(
+    fleeter, fake_claude, peer_lab, tmp_path
+):
+    """A peer's prepare (its ``git worktree add``) and the start after it are requests the
+    loop does not wait for: a hundred peers' attempts start in one pass, and the ends of
+    other tasks are handled meanwhile; the reply moves the task on."""
+    fleeter.make_repo()
+    mini = peer_lab.machine("mini")
+    entered, gate = pair_with_held_git(fleeter, mini, tmp_path, "worktree add")
+    local_gate = tmp_path / "local-may-end"
+    write_tasks(fleeter, fake_claude, [], local_gate)
+    proc = fleeter.popen("tasks.toml")
+    try:
+        wait_for(entered.exists, "far's worktree being made on mini", proc)
+        local_gate.touch()
+        wait_for(lambda: chain_done(fleeter), f"l0..l{CHAIN} DONE while far's worktree is made on mini", proc)
+        # a loop that waited for the reply would have given up on it (120 s) and backed off
+        assert states(fleeter)["far"] == "ASSIGNED", "the loop waited for the prepare's reply"
+    finally:
+        local_gate.touch()
+        gate.touch()
+    finish(proc)
+    far = fleeter.task("far")
+    assert far.state.value == "DONE" and far.host == "mini"
+    (attempt,) = fleeter.ledger().attempts(far.id)
+    assert attempt.shepherd_pid and attempt.workspace["branch"] == far.branch
+    assert [(v.kind, v.passed, v.host) for v in fleeter.ledger().verdicts(task_id=far.id)] == [
+        ("run", True, "mini")
+    ]

@@ -37,7 +37,7 @@ from .bundle import (
 )
 from .collecting import PeerCollect
 from .heartbeat import Heartbeat
-from .host import RemoteRunHandle, SSHHost
+from .host import PREPARE_TIMEOUT_S, RemoteRunHandle, SSHHost
 from .logmirror import mirror_cap
 from .peers import (
     Peer,
@@ -48,6 +48,7 @@ from .peers import (
 )
 from .placed import describe
 from .protocol import parse_cleanup_reply, task_payload
+from .starts import PeerPrepare
 from .transport import PeerError, PeerUnreachable
 from .worker import Pending
 from .workspace import WrongWorkspace, check_workspace, chosen_branch  # noqa: F401 - their home was here
@@ -101,6 +102,11 @@ class Relay:
         # where the work is in the morning: a DONE peer task's branch is brought home
         # (config.toml's [relay] fetch_back = false leaves it on the peer)
         self.fetch_done = config.setting("relay", "fetch_back", True) is not False
+
+    @property
+    def in_session(self) -> bool:
+        """Whether a work loop runs (its passes end with ``fleetrun_loop_pass``)."""
+        return self._in_session
 
     def close(self) -> None:
         for b in self.beats.values():
@@ -223,10 +229,16 @@ class Relay:
     # -- an attempt on a peer --------------------------------------------------------
 
     @hookimpl(trylast=True)
-    def fleetrun_prepare_workspace(self, task: Any, attempt: Any, host: Any, config: Config) -> Optional[Workspace]:
+    def fleetrun_prepare_workspace(self, task: Any, attempt: Any, host: Any,
+                                   config: Config) -> Union[Workspace, PeerPrepare, None]:
         host = self.owns(host)
         if host is None:
             return None
+        if host.in_loop() is not None:
+            # inside a work loop, through a live worker: sent, not waited for (the loop
+            # sends the prepares of every peer in its pass; each reply wakes it)
+            return PeerPrepare(host, task, attempt.id, lambda: host.prepare(task, attempt, wait=False),
+                               PREPARE_TIMEOUT_S)
         try:
             ws = host.prepare(task, attempt)
         except PeerUnreachable as e:
@@ -487,10 +499,15 @@ class Relay:
         except (PeerUnreachable, PeerError, Malformed) as e:
             self._note(task.id, f"could not clean up worktree {task.worktree} on {host.name}: {e}")
 
-    def _send_cleanups(self) -> None:
+    def _send_cleanups(self, all_of_them: bool = True) -> None:
+        """:param all_of_them: False: not yet to a peer making an attempt's start (its
+            ``git worktree add`` would wait for the removal's lock of the repository)."""
         sending, self._to_clean = self._to_clean, []
         for task, host in sending:
-            self._send_cleanup(task, host)
+            if all_of_them or host.launch.attempt is None:
+                self._send_cleanup(task, host)
+            else:
+                self._to_clean.append((task, host))
 
     def _cleaned(self, task: Any, host: SSHHost, r: dict[str, Any]) -> None:
         if r.get("removed"):
@@ -523,8 +540,9 @@ class Relay:
         for host in self.hosts.values():
             host.stop_untaken(wait=False)
             host.flush_violations()  # what was counted since the last write (at most every few seconds)
+            host.launch.pass_ended(host.starting)
         if self._to_clean:
-            self._send_cleanups()
+            self._send_cleanups(all_of_them=False)
         if self._cleanups:
             self._reap_cleanups(wait=False)
 
