@@ -78,6 +78,41 @@ def cpu_of(pid: int) -> float:
     return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
 
 
+def wide_netlab(base: Any) -> Any:
+    """The tests' :class:`NetLab` with room for 1,000 peers: its /24 holds 63 (a /30
+    each), the bench's /16 (10.214.0.0/16, unreachable beyond this machine as the
+    tests' subnet is) 16,000."""
+
+    class WideNetLab(base):
+        def __init__(self) -> None:
+            super().__init__()
+            self.subnet = "10.214.0.0/16"
+
+        def add(self) -> tuple[str, str, str]:
+            i = len(self.spaces)
+            octet, low = 1 + i // 64, 4 * (i % 64)
+            ns = f"fleetrun-{os.getpid()}-{i}"
+            tag = f"{os.getpid() % 100000}{i}"
+            host_if, peer_if = f"frh{tag}", f"frp{tag}"
+            here, there = f"10.214.{octet}.{low + 1}", f"10.214.{octet}.{low + 2}"
+            run = self.run
+            run("ip", "netns", "add", ns)
+            self.spaces.append((ns, host_if, peer_if))
+            run("ip", "link", "add", host_if, "type", "veth", "peer", "name", peer_if, "netns", ns)
+            run("ip", "addr", "add", f"{here}/30", "dev", host_if)
+            run("ip", "link", "set", host_if, "up")
+            run("ip", "-n", ns, "addr", "add", f"{there}/30", "dev", peer_if)
+            run("ip", "-n", ns, "link", "set", peer_if, "up")
+            run("ip", "-n", ns, "link", "set", "lo", "up")
+            return ns, there, peer_if
+
+        @staticmethod
+        def run(*argv: str) -> None:
+            subprocess.run(argv, check=True, capture_output=True, text=True)
+
+    return WideNetLab
+
+
 class Fleet:
     """N peers, each in a namespace of its own with an sshd on port 22 and a home."""
 
@@ -91,7 +126,7 @@ class Fleet:
         self.key = keygen(client / "id_ed25519", "fleetrun-bench")
         os.environ["HOME"] = str(work / "client")
         os.environ.pop("SSH_AUTH_SOCK", None)
-        self.net = NetLab()
+        self.net = wide_netlab(NetLab)()
         self.net.setup()
         self.peers: list[tuple[str, str, Path, Any]] = []
         self.repo = make_repo(work / "repo")
@@ -116,6 +151,8 @@ class Fleet:
 
     def command(self, home: Path) -> str:
         env = {"FLEETRUN_HOME": str(home), "FLEETRUN_DISABLE_PLUGIN_AUTOLOAD": "1", **GIT_ENV}
+        if os.environ.get("PYTHONPATH"):  # the peers run the fleetrun the supervisor runs (a "before" checkout)
+            env["PYTHONPATH"] = os.environ["PYTHONPATH"]
         return shlex.join(["env", *(f"{k}={v}" for k, v in env.items()), sys.executable, "-m", "fleetrun"])
 
     def close(self) -> None:
