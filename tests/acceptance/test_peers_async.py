@@ -322,3 +322,32 @@ def test_the_loop_works_other_tasks_while_a_peer_makes_an_attempts_worktree(
     assert [(v.kind, v.passed, v.host) for v in fleeter.ledger().verdicts(task_id=far.id)] == [
         ("run", True, "mini")
     ]
+
+
+def test_the_loop_works_other_tasks_while_a_done_peer_tasks_branch_is_fetched_back(
+    fleeter, fake_claude, peer_lab, tmp_path
+):
+    """A peer task's branch is fetched back as it goes DONE (``host bundle`` there, then
+    ``git bundle unbundle`` here) on a worker thread: other tasks go on meanwhile, and the
+    task goes DONE once its branch is here."""
+    fleeter.make_repo()
+    mini = peer_lab.machine("mini")
+    # the peer's bundle plan (what to send) waits for the test
+    entered, gate = pair_with_held_git(fleeter, mini, tmp_path, "merge-base --end-of-options main")
+    local_gate = tmp_path / "local-may-end"
+    write_tasks(fleeter, fake_claude, [], local_gate)
+    proc = fleeter.popen("tasks.toml")
+    try:
+        wait_for(entered.exists, "far's branch being fetched back from mini", proc)
+        local_gate.touch()
+        wait_for(lambda: chain_done(fleeter), f"l0..l{CHAIN} DONE while far's branch is fetched", proc)
+        assert states(fleeter)["far"] == "VERIFYING", "the loop waited for the fetch-back"
+    finally:
+        local_gate.touch()
+        gate.touch()
+    finish(proc)
+    far = fleeter.task("far")
+    assert far.state.value == "DONE" and far.host == "mini"
+    assert far.handoff and "was fetched from mini" in far.handoff["fetch_hint"], far.handoff
+    notes = " ".join(n for _, n in fleeter.ledger().notes(far.id))
+    assert f"branch {far.branch} of mini" in notes and "could not fetch" not in notes, notes

@@ -8,10 +8,12 @@ from __future__ import annotations
 import os
 import time
 import types
+from concurrent.futures import Future
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Optional, Union
 
 from ...config import output_cap
+from ...effects import effects_of
 from ...exceptions import says_space_error
 from ...gitutil import GitError, common_dir, git, repo_lock, repo_toplevel
 from ...hookimpl import hookimpl
@@ -310,7 +312,7 @@ class Relay:
         """What was fetched back for an attempt, if anything."""
         return read_json(str(self.config.home / "attempts" / attempt_id / FETCH_RECORD))
 
-    def fetch_back(self, task: Any, attempt: Any, workspace: Any) -> dict[str, Any]:
+    def fetch_back(self, task: Any, attempt: Any, workspace: Any, note: bool = True) -> dict[str, Any]:
         """Bring the attempt's branch from its peer into the local repository that holds
         the task's ``cwd``, and check it out (detached) in the fetched worktree.
 
@@ -318,7 +320,8 @@ class Relay:
         what this repository has (``host bundle``), which is unbundled here. The local
         branch is the peer's name unless that one has diverged (:func:`adopt_branch`).
         The result is recorded in the attempt folder (:data:`FETCH_RECORD`) and in a
-        ledger note.
+        ledger note (``note``; False: off the loop's thread, where the ledger is not
+        written: :class:`FetchBack` writes it).
 
         :raises FetchError: with the reason.
         """
@@ -371,7 +374,8 @@ class Relay:
                "seconds": round(time.monotonic() - started, 3), "renamed": renamed, "moved": moved,
                "time": time.time()}
         write_json(str(adir / FETCH_RECORD), rec)
-        self._note(task.id, fetch_note(rec))
+        if note:
+            self._note(task.id, fetch_note(rec))
         return rec
 
     @hookimpl(trylast=True)
@@ -431,7 +435,8 @@ class Relay:
         return RemoteRunHandle(host, task, attempt, verifier, idx, workspace)
 
     @hookimpl(trylast=True)
-    def fleetrun_handoff(self, task: Any, attempt: Any, host: Any, config: Config) -> Union[Handoff, FetchRetry, None]:
+    def fleetrun_handoff(self, task: Any, attempt: Any, host: Any,
+                         config: Config) -> Union[Handoff, FetchRetry, FetchBack, None]:
         mine = self.owns(host)
         peer = self.peers.get(mine.name) if mine is not None else None
         if peer is None:
@@ -442,9 +447,14 @@ class Relay:
         repo = ((attempt.workspace or {}).get("repo") if attempt is not None else None) or None
         rec = self.fetched(attempt.id) if attempt is not None else None
         if rec is None and attempt is not None and task.branch and (self.fetch_done or self.wants_fetch(task)):
+            ws = Workspace(**attempt.workspace) if attempt.workspace else Workspace(path=task.spec.cwd,
+                                                                                     branch=task.branch)
+            effects = effects_of(config) if self._in_session else None
+            if effects is not None:  # off the loop's thread: the ends of other tasks are not held up by it
+                return FetchBack(self, task, attempt, peer, summary, repo,
+                                 effects.submit(self.fetch_back, task, attempt, ws, False))
             try:  # the fetch after the attempt failed, or a restart skipped it: once more
-                rec = self.fetch_back(task, attempt, Workspace(**attempt.workspace) if attempt.workspace
-                                      else Workspace(path=task.spec.cwd, branch=task.branch))
+                rec = self.fetch_back(task, attempt, ws)
             except FetchError as e:
                 if e.transient or says_space_error(str(e)):  # it clears by itself: the task waits for its branch
                     return FetchRetry(self, task, attempt, peer, summary, repo, str(e))
@@ -568,6 +578,40 @@ class Relay:
             host.stop_untaken(wait=True)
         self._send_cleanups()
         self._reap_cleanups(wait=True)
+
+
+class FetchBack:
+    """The handoff of a DONE peer task whose branch is being fetched back on a worker
+    thread of :mod:`fleetrun.effects` (a :class:`~fleetrun.reports.HandoffHandle`): a
+    hundred peers' fetch-backs hold no pass up. Its note is written here, on the loop's
+    thread; a fetch that fails as :meth:`Relay.fleetrun_handoff` would retry goes on as a
+    :class:`FetchRetry`."""
+
+    def __init__(self, relay: Relay, task: Any, attempt: Any, peer: Peer, summary: str, repo: Optional[str],
+                 fut: Future[dict[str, Any]]) -> None:
+        self.relay, self.task, self.attempt, self.peer = relay, task, attempt, peer
+        self.summary, self.repo, self.fut = summary, repo, fut
+        self.answer: Optional[Handoff] = None
+        self.retry: Optional[FetchRetry] = None
+
+    def poll(self) -> Optional[Handoff]:
+        if self.retry is not None:
+            return self.retry.poll()
+        if self.answer is not None or not self.fut.done():
+            return self.answer
+        relay, task = self.relay, self.task
+        rec: Optional[dict[str, Any]] = None
+        try:
+            rec = self.fut.result()
+        except FetchError as e:
+            if e.transient or says_space_error(str(e)):  # it clears by itself: the task waits for its branch
+                self.retry = FetchRetry(relay, task, self.attempt, self.peer, self.summary, self.repo, str(e))
+                return None
+            relay._note(task.id, f"could not fetch branch {task.branch} from {self.peer.name}: {e}")
+        else:
+            relay._note(task.id, fetch_note(rec))
+        self.answer = relay.handoff_of(task, self.peer, self.summary, self.repo, rec)
+        return self.answer
 
 
 class FetchRetry:
