@@ -36,7 +36,7 @@ import sys
 import tempfile
 import time
 from pathlib import Path
-from typing import Any
+from typing import Any, Optional
 
 ROOT = Path(__file__).resolve().parent.parent
 GIT_ENV = {
@@ -63,8 +63,9 @@ def make_repo(path: Path) -> Path:
     return path
 
 
-def fleetrun(home: Path, cwd: Path, *args: str, check: bool = True) -> str:
-    env = dict(os.environ, FLEETRUN_HOME=str(home), FLEETRUN_DISABLE_PLUGIN_AUTOLOAD="1", **GIT_ENV)
+def fleetrun(home: Path, cwd: Path, *args: str, check: bool = True, env_extra: Optional[dict[str, str]] = None) -> str:
+    env = dict(os.environ, FLEETRUN_HOME=str(home), FLEETRUN_DISABLE_PLUGIN_AUTOLOAD="1", **GIT_ENV,
+               **(env_extra or {}))
     p = subprocess.run([sys.executable, "-m", "fleetrun", *args], env=env, cwd=cwd, stdin=subprocess.DEVNULL,
                        capture_output=True, text=True, timeout=300)
     if check and p.returncode != 0:
@@ -149,8 +150,10 @@ class Fleet:
             self.close()
             raise
 
-    def command(self, home: Path) -> str:
+    def command(self, home: Path, timing: Optional[Path] = None) -> str:
         env = {"FLEETRUN_HOME": str(home), "FLEETRUN_DISABLE_PLUGIN_AUTOLOAD": "1", **GIT_ENV}
+        if timing is not None:  # the peer's worker writes when each request came and went
+            env["FLEETRUN_SERVE_TIMING"] = str(timing)
         if os.environ.get("PYTHONPATH"):  # the peers run the fleetrun the supervisor runs (a "before" checkout)
             env["PYTHONPATH"] = os.environ["PYTHONPATH"]
         return shlex.join(["env", *(f"{k}={v}" for k, v in env.items()), sys.executable, "-m", "fleetrun"])
@@ -161,22 +164,29 @@ class Fleet:
         self.net.teardown()
 
 
-def supervise(fleet: Fleet, n: int, secs: float, warmup: float, tasks: bool) -> tuple[float, list[float]]:
+def supervise(fleet: Fleet, n: int, secs: float, warmup: float, tasks: bool,
+              timing: bool = False) -> tuple[float, list[float], dict[str, list[float]]]:
     """A fresh supervisor home with the first ``n`` peers: CPU seconds per minute of its
-    ``fleetrun work`` loop, and (``tasks``) the end-to-VERIFYING latencies of one task per peer."""
+    ``fleetrun work`` loop, and (``tasks``) the end-to-VERIFYING latencies of one task per
+    peer, and (``timing``) the legs of each (:func:`legs`)."""
     sup = fleet.work / f"sup-{n}"
     home = sup / "home"
     sup.mkdir()
     (home).mkdir(mode=0o700)
     (home / "config.toml").write_text("[relay]\nheartbeat_secs = 5\n")
+    times = sup / "timing"
+    times.mkdir()
     for name, address, phome, _ in fleet.peers[:n]:
         fleetrun(home, sup, "relay", "add", name, f"root@{address}", "--accept-new", "--key", str(fleet.key),
-                 "--command", fleet.command(phome))
+                 "--command", fleet.command(phome, times / f"{name}.jsonl" if timing else None))
     env = dict(os.environ, FLEETRUN_HOME=str(home), FLEETRUN_DISABLE_PLUGIN_AUTOLOAD="1", **GIT_ENV)
+    if timing:  # the supervisor's side: when each request went out, each reply and event came in
+        env["FLEETRUN_RELAY_TIMING"] = str(times / "supervisor.jsonl")
     with open(sup / "work.log", "wb") as log:
         proc = subprocess.Popen([sys.executable, "-m", "fleetrun", "work"], env=env, cwd=sup,
                                 stdin=subprocess.DEVNULL, stdout=log, stderr=subprocess.STDOUT)
     latencies: list[float] = []
+    parts: dict[str, list[float]] = {}
     try:
         time.sleep(warmup)
         if proc.poll() is not None:
@@ -191,11 +201,54 @@ def supervise(fleet: Fleet, n: int, secs: float, warmup: float, tasks: bool) -> 
         except subprocess.TimeoutExpired:
             proc.kill()
     if tasks and n:
-        latencies = run_tasks(fleet, sup, home, n)
-    return per_min, latencies
+        rows = run_tasks(fleet, sup, home, n, {"FLEETRUN_RELAY_TIMING": str(times / "supervisor.jsonl")}
+                         if timing else {})
+        latencies = [verifying - ended for _, _, ended, verifying in rows]
+        if timing:
+            parts = legs(rows, times)
+    return per_min, latencies, parts
 
 
-def run_tasks(fleet: Fleet, sup: Path, home: Path, n: int) -> list[float]:
+def read_lines(path: Path) -> list[dict[str, Any]]:
+    try:
+        text = path.read_text()
+    except FileNotFoundError:
+        return []
+    return [json.loads(line) for line in text.splitlines() if line.strip()]
+
+
+#: the legs of a peer attempt's end to VERIFYING, in order (``--timing``)
+LEGS = ("end -> its worker pushes it", "pushed -> the supervisor hears it", "heard -> collect sent",
+        "sent -> the peer reads it", "the peer's collect", "its reply -> VERIFYING recorded")
+
+
+def legs(rows: list[tuple[str, str, float, float]], times: Path) -> dict[str, list[float]]:
+    """Where each attempt's end-to-VERIFYING time went, from the timing files of the
+    supervisor (``FLEETRUN_RELAY_TIMING``) and of each peer's worker
+    (``FLEETRUN_SERVE_TIMING``): one clock, as every peer is on this machine."""
+    sup = read_lines(times / "supervisor.jsonl")
+    heard = {x["of"]: x["t"] for x in sup if x.get("what") == "ended" and x.get("of")}
+    sent = {x["of"]: (x["t"], x["id"]) for x in sup if x.get("what") == "sent" and x.get("verb") == "collect"}
+    out: dict[str, list[float]] = {k: [] for k in LEGS}
+    for attempt, peer, ended, verifying in rows:
+        there = read_lines(times / f"{peer}.jsonl")
+        pushed = next((x["t"] for x in there if x.get("event") == "ended" and x.get("of") == attempt), None)
+        t_sent, rid = sent.get(attempt, (None, None))
+        # ids are per worker, and an earlier worker (`relay add`'s) may have used the same one
+        late = [x for x in there if t_sent is not None and x["t"] >= t_sent - 1.0]
+        recv = next((x["t"] for x in late if x.get("what") == "recv" and x.get("id") == rid), None)
+        reply = next((x["t"] for x in late if x.get("event") == "reply" and x.get("id") == rid), None)
+        points = [ended, pushed, heard.get(attempt), t_sent, recv, reply, verifying]
+        if any(p is None for p in points):
+            continue  # an end polled, not pushed (no worker): its legs are not these
+        for name, a, b in zip(LEGS, points, points[1:]):
+            out[name].append(b - a)
+    return out
+
+
+def run_tasks(fleet: Fleet, sup: Path, home: Path, n: int,
+              env_extra: dict[str, str]) -> list[tuple[str, str, float, float]]:
+    """One trivial task per peer, run to DONE: (attempt, peer, its end, VERIFYING recorded) of each."""
     lines = ["[agents.bench]", f"command = {json.dumps(['/bin/sh', '-c', SH_AGENT])}", ""]
     for i in range(n):
         lines += ["[[task]]", f'name = "t{i:03d}"', f"cwd = {json.dumps(str(fleet.repo))}", 'agent = "bench"',
@@ -203,19 +256,19 @@ def run_tasks(fleet: Fleet, sup: Path, home: Path, n: int) -> list[float]:
                   '  run = "true"', ""]
     (sup / "tasks.toml").write_text("\n".join(lines))
     fleetrun(home, sup, "drain")
-    out = fleetrun(home, sup, "tasks.toml", check=False)
+    out = fleetrun(home, sup, "tasks.toml", check=False, env_extra=env_extra)
     db = sqlite3.connect(home / "state.db")
     try:
         done = db.execute("SELECT count(*) FROM tasks WHERE state = 'DONE'").fetchone()[0]
         if done < n:
             raise SystemExit(f"only {done} of {n} tasks are DONE:\n{out[-3000:]}")
         rows = db.execute(
-            "SELECT a.ended, min(t.time) FROM attempts a JOIN transitions t ON t.task_id = a.task_id "
+            "SELECT a.id, a.host, a.ended, min(t.time) FROM attempts a JOIN transitions t ON t.task_id = a.task_id "
             "AND t.attempt = a.number AND t.to_state = 'VERIFYING' WHERE a.ended IS NOT NULL "
             "AND a.host != 'local' GROUP BY a.id").fetchall()
     finally:
         db.close()
-    return [verifying - ended for ended, verifying in rows if verifying is not None]
+    return [r for r in rows if r[3] is not None]
 
 
 def main() -> int:
@@ -225,6 +278,9 @@ def main() -> int:
     ap.add_argument("--warmup", type=float, default=8.0, help="seconds before sampling (connects, first probes)")
     ap.add_argument("--no-tasks", action="store_true", help="skip the end-to-VERIFYING latency")
     ap.add_argument("--keep", action="store_true", help="keep the temp folder")
+    ap.add_argument("--timing", action="store_true",
+                    help="say where the end-to-VERIFYING time goes: the median of each leg, from the timing files "
+                         "of the supervisor and of each peer's worker")
     a = ap.parse_args()
     sizes = sorted({int(x) for x in a.peers.split(",") if x.strip()})
     if os.geteuid() != 0 or not shutil.which("ip") or not shutil.which("unshare"):
@@ -239,11 +295,11 @@ def main() -> int:
     try:
         print(f"{max(sizes)} peers in network namespaces, each its own sshd and home; "
               f"CPU sampled over {a.secs:.0f} s after {a.warmup:.0f} s of warm-up; heartbeat every 5 s")
-        base, _ = supervise(fleet, 0, a.secs, a.warmup, tasks=False)
+        base, _, _ = supervise(fleet, 0, a.secs, a.warmup, tasks=False)
         print(f"\n  the loop alone (no peer)   {base:6.2f} CPU s/min   (the baseline)")
         first: float | None = None
         for n in sizes:
-            per_min, lat = supervise(fleet, n, a.secs, a.warmup, tasks=not a.no_tasks)
+            per_min, lat, parts = supervise(fleet, n, a.secs, a.warmup, tasks=not a.no_tasks, timing=a.timing)
             per_peer = (per_min - base) / n
             first = per_peer if first is None else first
             growth = per_peer / first if first > 0 else float("nan")
@@ -253,6 +309,10 @@ def main() -> int:
             if lat:
                 print(f"        end of a peer's attempt -> VERIFYING: median {statistics.median(lat) * 1000:.0f} ms, "
                       f"max {max(lat) * 1000:.0f} ms ({len(lat)} tasks)")
+            for name, values in parts.items():
+                if values:
+                    print(f"          {name:38s} median {statistics.median(values) * 1000:6.0f} ms, "
+                          f"max {max(values) * 1000:6.0f} ms")
     finally:
         fleet.close()
         if a.keep:
