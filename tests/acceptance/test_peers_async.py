@@ -351,3 +351,40 @@ def test_the_loop_works_other_tasks_while_a_done_peer_tasks_branch_is_fetched_ba
     assert far.handoff and "was fetched from mini" in far.handoff["fetch_hint"], far.handoff
     notes = " ".join(n for _, n in fleeter.ledger().notes(far.id))
     assert f"branch {far.branch} of mini" in notes and "could not fetch" not in notes, notes
+
+
+def test_the_loop_works_other_tasks_while_a_done_peer_tasks_fetched_worktree_is_removed(
+    fleeter, fake_claude, peer_lab, tmp_path
+):
+    """A DONE peer task's fetched worktree (its branch checked out here) is removed on a
+    worker thread: other tasks go on meanwhile, and the note says it once it is gone."""
+    fleeter.make_repo()
+    mini = peer_lab.machine("mini")
+    mini.pair(fleeter)
+    # this machine's first git command for removing a fetched worktree (which repository
+    # holds it; the removal itself holds the repository's lock, which other tasks' git
+    # worktree add would wait for too) waits for the test
+    bin_dir, entered, gate = tmp_path / "bin", tmp_path / "git-entered", tmp_path / "git-may-go"
+    bin_dir.mkdir()
+    (bin_dir / "git").write_text(
+        "#!/bin/sh\n"
+        f'case " $* " in *-fetched" "*" rev-parse --git-common-dir "*) touch {shlex.quote(str(entered))}; '
+        f"while [ ! -e {shlex.quote(str(gate))} ]; do sleep 0.05; done;; esac\n"
+        f'exec {shlex.quote(shutil.which("git") or "/usr/bin/git")} "$@"\n'
+    )
+    (bin_dir / "git").chmod(0o755)
+    local_gate = tmp_path / "local-may-end"
+    write_tasks(fleeter, fake_claude, [], local_gate)
+    proc = fleeter.popen("tasks.toml", env={"PATH": f"{bin_dir}:{os.environ['PATH']}"})
+    try:
+        wait_for(entered.exists, "far DONE and its fetched worktree being removed", proc)
+        assert states(fleeter)["far"] == "DONE"
+        local_gate.touch()
+        wait_for(lambda: chain_done(fleeter), f"l0..l{CHAIN} DONE while far's fetched worktree is removed", proc)
+    finally:
+        local_gate.touch()
+        gate.touch()
+    finish(proc)  # the run waits for the removal before it ends
+    far = fleeter.task("far")
+    notes = [n for _, n in fleeter.ledger().notes(far.id)]
+    assert any(n.startswith("removed the fetched worktree ") for n in notes), notes

@@ -406,17 +406,33 @@ class Relay:
                          base_ref=rec.get("base") or task.spec.git_ref, is_worktree=True, root=rec["worktree"])
 
     def _remove_fetched(self, task: Any) -> None:
+        """Remove a finished task's fetched worktree: inside a work loop on a worker thread
+        of :mod:`fleetrun.effects` (a hundred peers' tasks end together: the loop goes
+        on), its note written on the loop's thread."""
         path = fetched_worktree(self.config.home, task)
         if not path.exists():
             return
-        try:
-            repo = str(Path(common_dir(path)).parent)
-            with repo_lock(self.config.home / "locks", repo):
-                git(repo, "worktree", "remove", "--force", "--", str(path))
-        except (GitError, OSError) as e:
-            self._note(task.id, f"could not remove the fetched worktree {path}: {e}")
+        effects = effects_of(self.config) if self._in_session else None
+        if effects is not None:
+            effects.submit(self._remove_worktree, path,
+                           on_done=lambda fut: self._removed_fetched(task.id, path, fut.exception()))
             return
-        self._note(task.id, f"removed the fetched worktree {path}")
+        try:
+            self._remove_worktree(path)
+        except (GitError, OSError) as e:
+            self._removed_fetched(task.id, path, e)
+            return
+        self._removed_fetched(task.id, path, None)
+
+    def _remove_worktree(self, path: Path) -> None:
+        """The effect: ``git worktree remove`` under the repository's lock (no ledger)."""
+        repo = str(Path(common_dir(path)).parent)
+        with repo_lock(self.config.home / "locks", repo):
+            git(repo, "worktree", "remove", "--force", "--", str(path))
+
+    def _removed_fetched(self, task_id: str, path: Path, e: Optional[BaseException]) -> None:
+        self._note(task_id, f"could not remove the fetched worktree {path}: {e}" if e is not None
+                   else f"removed the fetched worktree {path}")
 
     @hookimpl(trylast=True)
     def fleetrun_verify(self, task: Any, verifier: Any, workspace: Any, attempt: Any, host: Any, config: Config) -> Any:
