@@ -63,10 +63,13 @@ def make_repo(path: Path) -> Path:
     return path
 
 
-def fleetrun(home: Path, cwd: Path, *args: str, check: bool = True, env_extra: Optional[dict[str, str]] = None) -> str:
+def fleetrun(home: Path, cwd: Path, *args: str, check: bool = True, env_extra: Optional[dict[str, str]] = None,
+             profile: Optional[Path] = None) -> str:
     env = dict(os.environ, FLEETRUN_HOME=str(home), FLEETRUN_DISABLE_PLUGIN_AUTOLOAD="1", **GIT_ENV,
                **(env_extra or {}))
-    p = subprocess.run([sys.executable, "-m", "fleetrun", *args], env=env, cwd=cwd, stdin=subprocess.DEVNULL,
+    # cProfile sees the main thread: the loop's (the SSH and heartbeat threads are not in it)
+    prof = ["-m", "cProfile", "-o", str(profile)] if profile is not None else []
+    p = subprocess.run([sys.executable, *prof, "-m", "fleetrun", *args], env=env, cwd=cwd, stdin=subprocess.DEVNULL,
                        capture_output=True, text=True, timeout=300)
     if check and p.returncode != 0:
         raise SystemExit(f"fleetrun {' '.join(args)} exited {p.returncode}:\n{p.stdout}{p.stderr}")
@@ -165,7 +168,7 @@ class Fleet:
 
 
 def supervise(fleet: Fleet, n: int, secs: float, warmup: float, tasks: bool,
-              timing: bool = False) -> tuple[float, list[float], dict[str, list[float]]]:
+              timing: bool = False, profile: bool = False) -> tuple[float, list[float], dict[str, list[float]]]:
     """A fresh supervisor home with the first ``n`` peers: CPU seconds per minute of its
     ``fleetrun work`` loop, and (``tasks``) the end-to-VERIFYING latencies of one task per
     peer, and (``timing``) the legs of each (:func:`legs`)."""
@@ -202,7 +205,9 @@ def supervise(fleet: Fleet, n: int, secs: float, warmup: float, tasks: bool,
             proc.kill()
     if tasks and n:
         rows = run_tasks(fleet, sup, home, n, {"FLEETRUN_RELAY_TIMING": str(times / "supervisor.jsonl")}
-                         if timing else {})
+                         if timing else {}, sup / "tasks.prof" if profile else None)
+        if profile:
+            show_profile(sup / "tasks.prof")
         latencies = [verifying - ended for _, _, ended, verifying in rows]
         if timing:
             parts = legs(rows, times)
@@ -246,8 +251,21 @@ def legs(rows: list[tuple[str, str, float, float]], times: Path) -> dict[str, li
     return out
 
 
-def run_tasks(fleet: Fleet, sup: Path, home: Path, n: int,
-              env_extra: dict[str, str]) -> list[tuple[str, str, float, float]]:
+def show_profile(path: Path, top: int = 25) -> None:
+    """The loop's thread in the tasks' run: fleetrun's functions by cumulative time."""
+    import pstats
+
+    print(f"        the run's main thread (cProfile, {path}): fleetrun's functions by cumulative time")
+    stats = pstats.Stats(str(path))
+    rows = sorted(((v[3], v[0], k) for k, v in stats.stats.items()  # type: ignore[attr-defined]
+                   if "fleetrun" in k[0]), reverse=True)[:top]
+    for cum, calls, (file, line, fn) in rows:
+        where = file.split("fleetrun/", 1)[-1]
+        print(f"          {cum:7.3f} s  {calls:6d} calls  {where}:{line} {fn}")
+
+
+def run_tasks(fleet: Fleet, sup: Path, home: Path, n: int, env_extra: dict[str, str],
+              profile: Optional[Path] = None) -> list[tuple[str, str, float, float]]:
     """One trivial task per peer, run to DONE: (attempt, peer, its end, VERIFYING recorded) of each."""
     lines = ["[agents.bench]", f"command = {json.dumps(['/bin/sh', '-c', SH_AGENT])}", ""]
     for i in range(n):
@@ -256,7 +274,7 @@ def run_tasks(fleet: Fleet, sup: Path, home: Path, n: int,
                   '  run = "true"', ""]
     (sup / "tasks.toml").write_text("\n".join(lines))
     fleetrun(home, sup, "drain")
-    out = fleetrun(home, sup, "tasks.toml", check=False, env_extra=env_extra)
+    out = fleetrun(home, sup, "tasks.toml", check=False, env_extra=env_extra, profile=profile)
     db = sqlite3.connect(home / "state.db")
     try:
         done = db.execute("SELECT count(*) FROM tasks WHERE state = 'DONE'").fetchone()[0]
@@ -281,6 +299,8 @@ def main() -> int:
     ap.add_argument("--timing", action="store_true",
                     help="say where the end-to-VERIFYING time goes: the median of each leg, from the timing files "
                          "of the supervisor and of each peer's worker")
+    ap.add_argument("--profile", action="store_true",
+                    help="run the tasks' run under cProfile and print where its main thread (the loop's) spent its time")
     a = ap.parse_args()
     sizes = sorted({int(x) for x in a.peers.split(",") if x.strip()})
     if os.geteuid() != 0 or not shutil.which("ip") or not shutil.which("unshare"):
@@ -299,7 +319,8 @@ def main() -> int:
         print(f"\n  the loop alone (no peer)   {base:6.2f} CPU s/min   (the baseline)")
         first: float | None = None
         for n in sizes:
-            per_min, lat, parts = supervise(fleet, n, a.secs, a.warmup, tasks=not a.no_tasks, timing=a.timing)
+            per_min, lat, parts = supervise(fleet, n, a.secs, a.warmup, tasks=not a.no_tasks, timing=a.timing,
+                                            profile=a.profile)
             per_peer = (per_min - base) / n
             first = per_peer if first is None else first
             growth = per_peer / first if first > 0 else float("nan")
