@@ -15,6 +15,17 @@ otherwise. Run::
 
     python bench/fleet.py                      # 5, 10, 20 peers, 60 s each
     python bench/fleet.py --peers 5,20 --secs 20
+    python bench/fleet.py --peers 5,20,50,100 --warmup 20 --timing
+    PYTHONPATH=/path/to/older/checkout python bench/fleet.py ...   # the peers run it too
+
+``--timing`` says where each end-to-VERIFYING went (the worker's push, the
+supervisor's pass, the collect request, the peer's collect, the pass that reads its
+reply), from the timing files of the supervisor and of each peer's worker;
+``--profile`` runs the tasks' run under cProfile and prints where its main thread,
+the loop's, spent its time. The peers get addresses in 10.214.0.0/16 (the tests'
+NetLab has a /24: 63 peers); each is an sshd, and, once paired, its ``host serve``
+worker (a Python process, ~40 MB), so memory allows several hundred here: what
+limits a run is the CPU of the peers' work on one machine's cores.
 
 Printed: CPU seconds per minute of the loop alone; for each N the CPU per minute, the
 extra per peer per minute, and its growth against N=5 (1.00x = linear in peers, more
