@@ -24,7 +24,7 @@ reply), from the timing files of the supervisor and of each peer's worker;
 ``--profile`` runs the tasks' run under cProfile and prints where its main thread,
 the loop's, spent its time. The peers get addresses in 10.214.0.0/16 (the tests'
 NetLab has a /24: 63 peers); each is an sshd, and, once paired, its ``host serve``
-worker (a Python process, ~40 MB), so memory allows several hundred here: what
+worker (a Python process, ~26 MB resident), so memory allows several hundred here: what
 limits a run is the CPU of the peers' work on one machine's cores.
 
 Printed: CPU seconds per minute of the loop alone; for each N the CPU per minute, the
