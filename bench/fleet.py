@@ -15,6 +15,17 @@ otherwise. Run::
 
     python bench/fleet.py                      # 5, 10, 20 peers, 60 s each
     python bench/fleet.py --peers 5,20 --secs 20
+    python bench/fleet.py --peers 5,20,50,100 --warmup 20 --timing
+    PYTHONPATH=/path/to/older/checkout python bench/fleet.py ...   # the peers run it too
+
+``--timing`` says where each end-to-VERIFYING went (the worker's push, the
+supervisor's pass, the collect request, the peer's collect, the pass that reads its
+reply), from the timing files of the supervisor and of each peer's worker;
+``--profile`` runs the tasks' run under cProfile and prints where its main thread,
+the loop's, spent its time. The peers get addresses in 10.214.0.0/16 (the tests'
+NetLab has a /24: 63 peers); each is an sshd, and, once paired, its ``host serve``
+worker (a Python process, ~26 MB resident), so memory allows several hundred here: what
+limits a run is the CPU of the peers' work on one machine's cores.
 
 Printed: CPU seconds per minute of the loop alone; for each N the CPU per minute, the
 extra per peer per minute, and its growth against N=5 (1.00x = linear in peers, more
@@ -36,7 +47,7 @@ import sys
 import tempfile
 import time
 from pathlib import Path
-from typing import Any
+from typing import Any, Optional
 
 ROOT = Path(__file__).resolve().parent.parent
 GIT_ENV = {
@@ -63,9 +74,13 @@ def make_repo(path: Path) -> Path:
     return path
 
 
-def fleetrun(home: Path, cwd: Path, *args: str, check: bool = True) -> str:
-    env = dict(os.environ, FLEETRUN_HOME=str(home), FLEETRUN_DISABLE_PLUGIN_AUTOLOAD="1", **GIT_ENV)
-    p = subprocess.run([sys.executable, "-m", "fleetrun", *args], env=env, cwd=cwd, stdin=subprocess.DEVNULL,
+def fleetrun(home: Path, cwd: Path, *args: str, check: bool = True, env_extra: Optional[dict[str, str]] = None,
+             profile: Optional[Path] = None) -> str:
+    env = dict(os.environ, FLEETRUN_HOME=str(home), FLEETRUN_DISABLE_PLUGIN_AUTOLOAD="1", **GIT_ENV,
+               **(env_extra or {}))
+    # cProfile sees the main thread: the loop's (the SSH and heartbeat threads are not in it)
+    prof = ["-m", "cProfile", "-o", str(profile)] if profile is not None else []
+    p = subprocess.run([sys.executable, *prof, "-m", "fleetrun", *args], env=env, cwd=cwd, stdin=subprocess.DEVNULL,
                        capture_output=True, text=True, timeout=300)
     if check and p.returncode != 0:
         raise SystemExit(f"fleetrun {' '.join(args)} exited {p.returncode}:\n{p.stdout}{p.stderr}")
@@ -76,6 +91,41 @@ def cpu_of(pid: int) -> float:
     """User + system CPU seconds of a process, from /proc (no psutil needed)."""
     fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
     return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+
+
+def wide_netlab(base: Any) -> Any:
+    """The tests' :class:`NetLab` with room for 1,000 peers: its /24 holds 63 (a /30
+    each), the bench's /16 (10.214.0.0/16, unreachable beyond this machine as the
+    tests' subnet is) 16,000."""
+
+    class WideNetLab(base):
+        def __init__(self) -> None:
+            super().__init__()
+            self.subnet = "10.214.0.0/16"
+
+        def add(self) -> tuple[str, str, str]:
+            i = len(self.spaces)
+            octet, low = 1 + i // 64, 4 * (i % 64)
+            ns = f"fleetrun-{os.getpid()}-{i}"
+            tag = f"{os.getpid() % 100000}{i}"
+            host_if, peer_if = f"frh{tag}", f"frp{tag}"
+            here, there = f"10.214.{octet}.{low + 1}", f"10.214.{octet}.{low + 2}"
+            run = self.run
+            run("ip", "netns", "add", ns)
+            self.spaces.append((ns, host_if, peer_if))
+            run("ip", "link", "add", host_if, "type", "veth", "peer", "name", peer_if, "netns", ns)
+            run("ip", "addr", "add", f"{here}/30", "dev", host_if)
+            run("ip", "link", "set", host_if, "up")
+            run("ip", "-n", ns, "addr", "add", f"{there}/30", "dev", peer_if)
+            run("ip", "-n", ns, "link", "set", peer_if, "up")
+            run("ip", "-n", ns, "link", "set", "lo", "up")
+            return ns, there, peer_if
+
+        @staticmethod
+        def run(*argv: str) -> None:
+            subprocess.run(argv, check=True, capture_output=True, text=True)
+
+    return WideNetLab
 
 
 class Fleet:
@@ -91,7 +141,7 @@ class Fleet:
         self.key = keygen(client / "id_ed25519", "fleetrun-bench")
         os.environ["HOME"] = str(work / "client")
         os.environ.pop("SSH_AUTH_SOCK", None)
-        self.net = NetLab()
+        self.net = wide_netlab(NetLab)()
         self.net.setup()
         self.peers: list[tuple[str, str, Path, Any]] = []
         self.repo = make_repo(work / "repo")
@@ -114,8 +164,12 @@ class Fleet:
             self.close()
             raise
 
-    def command(self, home: Path) -> str:
+    def command(self, home: Path, timing: Optional[Path] = None) -> str:
         env = {"FLEETRUN_HOME": str(home), "FLEETRUN_DISABLE_PLUGIN_AUTOLOAD": "1", **GIT_ENV}
+        if timing is not None:  # the peer's worker writes when each request came and went
+            env["FLEETRUN_SERVE_TIMING"] = str(timing)
+        if os.environ.get("PYTHONPATH"):  # the peers run the fleetrun the supervisor runs (a "before" checkout)
+            env["PYTHONPATH"] = os.environ["PYTHONPATH"]
         return shlex.join(["env", *(f"{k}={v}" for k, v in env.items()), sys.executable, "-m", "fleetrun"])
 
     def close(self) -> None:
@@ -124,22 +178,29 @@ class Fleet:
         self.net.teardown()
 
 
-def supervise(fleet: Fleet, n: int, secs: float, warmup: float, tasks: bool) -> tuple[float, list[float]]:
+def supervise(fleet: Fleet, n: int, secs: float, warmup: float, tasks: bool,
+              timing: bool = False, profile: bool = False) -> tuple[float, list[float], dict[str, list[float]]]:
     """A fresh supervisor home with the first ``n`` peers: CPU seconds per minute of its
-    ``fleetrun work`` loop, and (``tasks``) the end-to-VERIFYING latencies of one task per peer."""
+    ``fleetrun work`` loop, and (``tasks``) the end-to-VERIFYING latencies of one task per
+    peer, and (``timing``) the legs of each (:func:`legs`)."""
     sup = fleet.work / f"sup-{n}"
     home = sup / "home"
     sup.mkdir()
     (home).mkdir(mode=0o700)
     (home / "config.toml").write_text("[relay]\nheartbeat_secs = 5\n")
+    times = sup / "timing"
+    times.mkdir()
     for name, address, phome, _ in fleet.peers[:n]:
         fleetrun(home, sup, "relay", "add", name, f"root@{address}", "--accept-new", "--key", str(fleet.key),
-                 "--command", fleet.command(phome))
+                 "--command", fleet.command(phome, times / f"{name}.jsonl" if timing else None))
     env = dict(os.environ, FLEETRUN_HOME=str(home), FLEETRUN_DISABLE_PLUGIN_AUTOLOAD="1", **GIT_ENV)
+    if timing:  # the supervisor's side: when each request went out, each reply and event came in
+        env["FLEETRUN_RELAY_TIMING"] = str(times / "supervisor.jsonl")
     with open(sup / "work.log", "wb") as log:
         proc = subprocess.Popen([sys.executable, "-m", "fleetrun", "work"], env=env, cwd=sup,
                                 stdin=subprocess.DEVNULL, stdout=log, stderr=subprocess.STDOUT)
     latencies: list[float] = []
+    parts: dict[str, list[float]] = {}
     try:
         time.sleep(warmup)
         if proc.poll() is not None:
@@ -154,11 +215,69 @@ def supervise(fleet: Fleet, n: int, secs: float, warmup: float, tasks: bool) -> 
         except subprocess.TimeoutExpired:
             proc.kill()
     if tasks and n:
-        latencies = run_tasks(fleet, sup, home, n)
-    return per_min, latencies
+        rows = run_tasks(fleet, sup, home, n, {"FLEETRUN_RELAY_TIMING": str(times / "supervisor.jsonl")}
+                         if timing else {}, sup / "tasks.prof" if profile else None)
+        if profile:
+            show_profile(sup / "tasks.prof")
+        latencies = [verifying - ended for _, _, ended, verifying in rows]
+        if timing:
+            parts = legs(rows, times)
+    return per_min, latencies, parts
 
 
-def run_tasks(fleet: Fleet, sup: Path, home: Path, n: int) -> list[float]:
+def read_lines(path: Path) -> list[dict[str, Any]]:
+    try:
+        text = path.read_text()
+    except FileNotFoundError:
+        return []
+    return [json.loads(line) for line in text.splitlines() if line.strip()]
+
+
+#: the legs of a peer attempt's end to VERIFYING, in order (``--timing``)
+LEGS = ("end -> its worker pushes it", "pushed -> the supervisor hears it", "heard -> collect sent",
+        "sent -> the peer reads it", "the peer's collect", "its reply -> VERIFYING recorded")
+
+
+def legs(rows: list[tuple[str, str, float, float]], times: Path) -> dict[str, list[float]]:
+    """Where each attempt's end-to-VERIFYING time went, from the timing files of the
+    supervisor (``FLEETRUN_RELAY_TIMING``) and of each peer's worker
+    (``FLEETRUN_SERVE_TIMING``): one clock, as every peer is on this machine."""
+    sup = read_lines(times / "supervisor.jsonl")
+    heard = {x["of"]: x["t"] for x in sup if x.get("what") == "ended" and x.get("of")}
+    sent = {x["of"]: (x["t"], x["id"]) for x in sup if x.get("what") == "sent" and x.get("verb") == "collect"}
+    out: dict[str, list[float]] = {k: [] for k in LEGS}
+    for attempt, peer, ended, verifying in rows:
+        there = read_lines(times / f"{peer}.jsonl")
+        pushed = next((x["t"] for x in there if x.get("event") == "ended" and x.get("of") == attempt), None)
+        t_sent, rid = sent.get(attempt, (None, None))
+        # ids are per worker, and an earlier worker (`relay add`'s) may have used the same one
+        late = [x for x in there if t_sent is not None and x["t"] >= t_sent - 1.0]
+        recv = next((x["t"] for x in late if x.get("what") == "recv" and x.get("id") == rid), None)
+        reply = next((x["t"] for x in late if x.get("event") == "reply" and x.get("id") == rid), None)
+        points = [ended, pushed, heard.get(attempt), t_sent, recv, reply, verifying]
+        if any(p is None for p in points):
+            continue  # an end polled, not pushed (no worker): its legs are not these
+        for name, a, b in zip(LEGS, points, points[1:]):
+            out[name].append(b - a)
+    return out
+
+
+def show_profile(path: Path, top: int = 25) -> None:
+    """The loop's thread in the tasks' run: fleetrun's functions by cumulative time."""
+    import pstats
+
+    print(f"        the run's main thread (cProfile, {path}): fleetrun's functions by cumulative time")
+    stats = pstats.Stats(str(path))
+    rows = sorted(((v[3], v[0], k) for k, v in stats.stats.items()  # type: ignore[attr-defined]
+                   if "fleetrun" in k[0]), reverse=True)[:top]
+    for cum, calls, (file, line, fn) in rows:
+        where = file.split("fleetrun/", 1)[-1]
+        print(f"          {cum:7.3f} s  {calls:6d} calls  {where}:{line} {fn}")
+
+
+def run_tasks(fleet: Fleet, sup: Path, home: Path, n: int, env_extra: dict[str, str],
+              profile: Optional[Path] = None) -> list[tuple[str, str, float, float]]:
+    """One trivial task per peer, run to DONE: (attempt, peer, its end, VERIFYING recorded) of each."""
     lines = ["[agents.bench]", f"command = {json.dumps(['/bin/sh', '-c', SH_AGENT])}", ""]
     for i in range(n):
         lines += ["[[task]]", f'name = "t{i:03d}"', f"cwd = {json.dumps(str(fleet.repo))}", 'agent = "bench"',
@@ -166,19 +285,19 @@ def run_tasks(fleet: Fleet, sup: Path, home: Path, n: int) -> list[float]:
                   '  run = "true"', ""]
     (sup / "tasks.toml").write_text("\n".join(lines))
     fleetrun(home, sup, "drain")
-    out = fleetrun(home, sup, "tasks.toml", check=False)
+    out = fleetrun(home, sup, "tasks.toml", check=False, env_extra=env_extra, profile=profile)
     db = sqlite3.connect(home / "state.db")
     try:
         done = db.execute("SELECT count(*) FROM tasks WHERE state = 'DONE'").fetchone()[0]
         if done < n:
             raise SystemExit(f"only {done} of {n} tasks are DONE:\n{out[-3000:]}")
         rows = db.execute(
-            "SELECT a.ended, min(t.time) FROM attempts a JOIN transitions t ON t.task_id = a.task_id "
+            "SELECT a.id, a.host, a.ended, min(t.time) FROM attempts a JOIN transitions t ON t.task_id = a.task_id "
             "AND t.attempt = a.number AND t.to_state = 'VERIFYING' WHERE a.ended IS NOT NULL "
             "AND a.host != 'local' GROUP BY a.id").fetchall()
     finally:
         db.close()
-    return [verifying - ended for ended, verifying in rows if verifying is not None]
+    return [r for r in rows if r[3] is not None]
 
 
 def main() -> int:
@@ -188,6 +307,11 @@ def main() -> int:
     ap.add_argument("--warmup", type=float, default=8.0, help="seconds before sampling (connects, first probes)")
     ap.add_argument("--no-tasks", action="store_true", help="skip the end-to-VERIFYING latency")
     ap.add_argument("--keep", action="store_true", help="keep the temp folder")
+    ap.add_argument("--timing", action="store_true",
+                    help="say where the end-to-VERIFYING time goes: the median of each leg, from the timing files "
+                         "of the supervisor and of each peer's worker")
+    ap.add_argument("--profile", action="store_true",
+                    help="run the tasks' run under cProfile and print where its main thread (the loop's) spent its time")
     a = ap.parse_args()
     sizes = sorted({int(x) for x in a.peers.split(",") if x.strip()})
     if os.geteuid() != 0 or not shutil.which("ip") or not shutil.which("unshare"):
@@ -202,11 +326,12 @@ def main() -> int:
     try:
         print(f"{max(sizes)} peers in network namespaces, each its own sshd and home; "
               f"CPU sampled over {a.secs:.0f} s after {a.warmup:.0f} s of warm-up; heartbeat every 5 s")
-        base, _ = supervise(fleet, 0, a.secs, a.warmup, tasks=False)
+        base, _, _ = supervise(fleet, 0, a.secs, a.warmup, tasks=False)
         print(f"\n  the loop alone (no peer)   {base:6.2f} CPU s/min   (the baseline)")
         first: float | None = None
         for n in sizes:
-            per_min, lat = supervise(fleet, n, a.secs, a.warmup, tasks=not a.no_tasks)
+            per_min, lat, parts = supervise(fleet, n, a.secs, a.warmup, tasks=not a.no_tasks, timing=a.timing,
+                                            profile=a.profile)
             per_peer = (per_min - base) / n
             first = per_peer if first is None else first
             growth = per_peer / first if first > 0 else float("nan")
@@ -216,6 +341,10 @@ def main() -> int:
             if lat:
                 print(f"        end of a peer's attempt -> VERIFYING: median {statistics.median(lat) * 1000:.0f} ms, "
                       f"max {max(lat) * 1000:.0f} ms ({len(lat)} tasks)")
+            for name, values in parts.items():
+                if values:
+                    print(f"          {name:38s} median {statistics.median(values) * 1000:6.0f} ms, "
+                          f"max {max(values) * 1000:6.0f} ms")
     finally:
         fleet.close()
         if a.keep:

@@ -40,6 +40,7 @@ if TYPE_CHECKING:
         Placement,
         SpawnSpec,
         Started,
+        StartHandle,
         Verdict,
         VerifyHandle,
         Wait,
@@ -574,7 +575,7 @@ def fleetrun_spawn(
 @hookspec(firstresult=True)
 def fleetrun_start_attempt(
     task: Task, attempt: Attempt, host: Host, spawn: SpawnSpec, prompt: str, config: Config
-) -> Optional[Started]:
+) -> Union[Started, StartHandle, None]:
     """Start the attempt and return at once; the loop watches it from then on.
 
     Called once per attempt, after ``fleetrun_spawn``. The built-in default is the
@@ -603,7 +604,10 @@ def fleetrun_start_attempt(
         runs on, recorded on the attempt, while the task's ``host`` stays the placed
         one; ``cause``: the cause of the move to RUNNING, ``started`` when None),
         recorded with the attempt before the task moves to RUNNING (cancelled meanwhile, it is stopped
-        with ``host.stop``); or None to leave it to the next implementation. With none
+        with ``host.stop``); or a :class:`~fleetrun.reports.StartHandle` whose ``poll()``
+        gives that Started once the host answered (a peer's ``start`` request, not waited
+        for: the task stays ASSIGNED, the attempt ``starting``; what ``poll()`` raises is
+        handled as what this hook raises); or None to leave it to the next implementation. With none
         at all the task needs a human at once (``plugin_missing:no plugin started the
         attempt ...``). Raise :class:`~fleetrun.StartRefused` when the host will not
         start it (``peer_refused:<message>``), :class:`fleetrun.hostapi.AgentNotFound`

@@ -96,7 +96,10 @@ class Host(Protocol):
             input when ``spec["stdin"] == "prompt"``).
         :return: a :class:`~fleetrun.Started` (the shepherd's pid and identity token,
             the attempt folder). A pid of None means "it may have started, ask
-            ``status``" (a reply lost on the way back).
+            ``status``" (a reply lost on the way back). A host whose reply comes later
+            (a peer's, inside a work loop) may return a
+            :class:`~fleetrun.reports.StartHandle` instead, whose ``poll()`` gives it;
+            its ``status`` then says ``starting`` until then.
         :raises StartRefused: the host would not start it (a retry is not used).
         """
         ...

@@ -48,7 +48,7 @@ from .policy import POLICY_KEY, PolicyWatcher
 from .queueing import load_new_queues
 from .reports import Workspace
 from .setupstage import SettingUp, SetupStage
-from .starting import Preparing, Starting
+from .starting import Launching, Preparing, Starting
 from .states import STATE_ORDER, State
 from .taskview import TASKVIEW_KEY, TaskView
 from .verifying import Verifying, VerifyStage
@@ -506,7 +506,8 @@ class Loop:
         its stage (poll the handle, re-read the task's row, go on or drop it), one task's
         failure contained. An entry an earlier one removed is passed over."""
         stages: dict[type, Callable[[str, Any], None]] = {
-            Preparing: self.starting.poll_one, SettingUp: self.setup.poll_one,
+            Preparing: self.starting.poll_one, Launching: self.starting.poll_launch_one,
+            SettingUp: self.setup.poll_one,
             Collecting: self.ending.poll_one, Verifying: self.verify.poll_one}
         for task_id, entry in self.pending.items():
             view = self.pending.view(type(entry))

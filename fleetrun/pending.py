@@ -1,7 +1,8 @@
 """The loop's one table of pending work: what it waits on, by task.
 
-Four kinds of work run off the loop's thread or in processes of their own and come back
-as a handle the loop polls: a workspace being made (``starting.Preparing``), a setup
+Five kinds of work run off the loop's thread or in processes of their own and come back
+as a handle the loop polls: a workspace being made (``starting.Preparing``), a start
+not answered yet (``starting.Launching``: a peer's), a setup
 command (``setupstage.SettingUp``), an ended attempt's work being collected
 (``ending.Collecting``) and a verifier, its backoff or the handoff
 (``verifying.Verifying``). They all live in one :class:`PendingTable`, keyed by their

@@ -106,6 +106,19 @@ class CollectHandle(Protocol):
         ...
 
 
+class StartHandle(Protocol):
+    """An attempt being started (its host's reply not in yet), as
+    ``fleetrun_start_attempt`` may return it instead of a :class:`Started` (a peer's
+    ``start`` request, sent without waiting: the loop starts a hundred peers' attempts in
+    one pass). The loop polls it on every pass, on its main thread, and is woken when its
+    reply comes; the attempt stays ``starting`` meanwhile, as a crash leaves it."""
+
+    def poll(self) -> Optional[Started]:
+        """:return: None while the start is under way; then the Started. Raises what
+        ``fleetrun_start_attempt`` would have raised (``StartRefused``...)."""
+        ...
+
+
 class HandoffHandle(Protocol):
     """A finished task's handoff being made (off the loop's thread), as
     ``fleetrun_handoff`` may return it instead of a :class:`Handoff`; the loop polls it on

@@ -32,6 +32,8 @@ from .reports import (
     Handoff,
     Placement,
     SpawnSpec,
+    Started,
+    StartHandle,
     Wait,
     Workspace,
     WorkspaceHandle,
@@ -73,6 +75,16 @@ class Preparing:
     prev: Optional[Attempt]
 
 
+@dataclass
+class Launching:
+    """An attempt whose start was sent and not answered yet (a peer's: the task stays
+    ASSIGNED, the attempt ``starting``, as a crash right after the start leaves it)."""
+
+    attempt: Attempt
+    host: Any
+    handle: StartHandle
+
+
 class Starting:
     """Places and starts attempts for the loop. ``loop`` gives the ledger, the hooks, the
     waits, the setup stage and the way an attempt that cannot start ends
@@ -91,6 +103,7 @@ class Starting:
         self._last = (0, 0)  # the generations the last pass ended on
         self._final = (0, 0)  # the generations as this pass's placements left them
         self.preparing = loop.pending.view(Preparing)  # task id -> its workspace being made
+        self.launching = loop.pending.view(Launching)  # task id -> its attempt's start under way
 
     # -- placement ---------------------------------------------------------------------
 
@@ -336,6 +349,29 @@ class Starting:
         assert ws is not None
         self.prepared(task, att, ws, host, p.kind, p.prev)
 
+    def poll_launch_one(self, task_id: str, s: Launching) -> None:
+        """A start sent and not answered yet (an entry of the loop's pending table): go on
+        once it is answered. A task cancelled meanwhile is handled as one cancelled while
+        it started (its shepherd, if it was started, is stopped)."""
+        loop = self.loop
+        att = s.attempt
+
+        def record(att_id: str = att.id, **fields: Any) -> None:
+            loop.led.update_attempt(att_id, **fields)
+        try:
+            info = s.handle.poll()
+        except Exception as e:
+            del self.launching[task_id]
+            self.start_failed(loop.get(task_id), att, e, record)
+            return
+        except BaseException:
+            del self.launching[task_id]  # the task's internal error: it is set aside
+            raise
+        if info is None:
+            return
+        del self.launching[task_id]
+        self.started(loop.get(task_id), loop.get_attempt(att.id), s.host, info, record)
+
     def drop_preparing(self) -> int:
         """Ctrl-C: forget the workspaces being made (their attempts stay ``leased``: the
         next adoption gives them up and the next attempt reuses what was made).
@@ -435,17 +471,32 @@ class Starting:
         try:
             info = loop.hook.fleetrun_start_attempt(task=task, attempt=att, host=host, spawn=spawn,
                                                     prompt=prompt or task.spec.prompt, config=loop.config)
-        except AgentNotFound as e:
+        except Exception as e:
+            return self.start_failed(task, att, e, record)
+        if info is not None and not isinstance(info, Started):  # sent, not answered yet: poll() goes on
+            self.launching[task.id] = Launching(att, host, info)
+            return True
+        return self.started(task, att, host, info, record)
+
+    def start_failed(self, task: Task, att: Attempt, e: Exception, record: Callable[..., None]) -> bool:
+        """``fleetrun_start_attempt`` (or its handle) raised: the attempt did not start."""
+        loop = self.loop
+        if isinstance(e, AgentNotFound):
             # an agent that is not installed here never starts: ask a human now, not after
             # ten backed-off tries (a peer's shepherd reports the same from its side)
             record(state="abandoned", outcome="agent_not_found", ended=time.time())
-            ending.give_up_at_once(loop.get(task.id), att, f"agent_not_found:{e}")
+            loop.ending.give_up_at_once(loop.get(task.id), att, f"agent_not_found:{e}")
             return False
-        except Exception as e:  # a peer refused, or could not be reached
-            record(state="abandoned", outcome="start_failed", ended=time.time())
-            word = "peer_refused" if isinstance(e, StartRefused) else "start_failed"
-            ending.not_started(loop.get(task.id), att, f"{word}:{e}")
-            return False
+        # a peer refused, or could not be reached
+        record(state="abandoned", outcome="start_failed", ended=time.time())
+        word = "peer_refused" if isinstance(e, StartRefused) else "start_failed"
+        loop.ending.not_started(loop.get(task.id), att, f"{word}:{e}")
+        return False
+
+    def started(self, task: Task, att: Attempt, host: Any, info: Optional[Started],
+                record: Callable[..., None]) -> bool:
+        """The attempt's start answered: RUNNING (or given up when no plugin started it)."""
+        loop, led, ending = self.loop, self.loop.led, self.loop.ending
         if info is None:  # -p no:shepherd, say: no pass will find a plugin that does
             record(state="abandoned", outcome="plugin_missing", ended=time.time())
             ending.give_up_at_once(loop.get(task.id), att, "plugin_missing:no plugin started the attempt (is its "
@@ -453,8 +504,8 @@ class Starting:
             return False
         crash.point("after_shepherd_start")
         moved = {"host": info.host} if info.host else {}  # it runs elsewhere than placed (a mailbox)
-        running = dict(state="running", started=time.time(), shepherd_pid=info.pid, shepherd_token=info.token,
-                       dir=info.dir, **moved)
+        running: dict[str, Any] = dict(state="running", started=time.time(), shepherd_pid=info.pid,
+                                       shepherd_token=info.token, dir=info.dir, **moved)
         # the attempt's pid and the task's RUNNING in one commit: the shepherd already
         # runs, and a crash before it finds the attempt `starting`, whose shepherd the
         # restart looks for and adopts (as after_shepherd_start)

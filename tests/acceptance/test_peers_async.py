@@ -291,3 +291,100 @@ def test_the_loop_works_other_tasks_while_a_peer_collects_an_attempts_work(
     assert [(v.kind, v.passed, v.host) for v in fleeter.ledger().verdicts(task_id=far.id)] == [
         ("run", True, "mini")
     ]
+
+
+def test_the_loop_works_other_tasks_while_a_peer_makes_an_attempts_worktree(
+    fleeter, fake_claude, peer_lab, tmp_path
+):
+    """A peer's prepare (its ``git worktree add``) and the start after it are requests the
+    loop does not wait for: a hundred peers' attempts start in one pass, and the ends of
+    other tasks are handled meanwhile; the reply moves the task on."""
+    fleeter.make_repo()
+    mini = peer_lab.machine("mini")
+    entered, gate = pair_with_held_git(fleeter, mini, tmp_path, "worktree add")
+    local_gate = tmp_path / "local-may-end"
+    write_tasks(fleeter, fake_claude, [], local_gate)
+    proc = fleeter.popen("tasks.toml")
+    try:
+        wait_for(entered.exists, "far's worktree being made on mini", proc)
+        local_gate.touch()
+        wait_for(lambda: chain_done(fleeter), f"l0..l{CHAIN} DONE while far's worktree is made on mini", proc)
+        # a loop that waited for the reply would have given up on it (120 s) and backed off
+        assert states(fleeter)["far"] == "ASSIGNED", "the loop waited for the prepare's reply"
+    finally:
+        local_gate.touch()
+        gate.touch()
+    finish(proc)
+    far = fleeter.task("far")
+    assert far.state.value == "DONE" and far.host == "mini"
+    (attempt,) = fleeter.ledger().attempts(far.id)
+    assert attempt.shepherd_pid and attempt.workspace["branch"] == far.branch
+    assert [(v.kind, v.passed, v.host) for v in fleeter.ledger().verdicts(task_id=far.id)] == [
+        ("run", True, "mini")
+    ]
+
+
+def test_the_loop_works_other_tasks_while_a_done_peer_tasks_branch_is_fetched_back(
+    fleeter, fake_claude, peer_lab, tmp_path
+):
+    """A peer task's branch is fetched back as it goes DONE (``host bundle`` there, then
+    ``git bundle unbundle`` here) on a worker thread: other tasks go on meanwhile, and the
+    task goes DONE once its branch is here."""
+    fleeter.make_repo()
+    mini = peer_lab.machine("mini")
+    # the peer's bundle plan (what to send) waits for the test
+    entered, gate = pair_with_held_git(fleeter, mini, tmp_path, "merge-base --end-of-options main")
+    local_gate = tmp_path / "local-may-end"
+    write_tasks(fleeter, fake_claude, [], local_gate)
+    proc = fleeter.popen("tasks.toml")
+    try:
+        wait_for(entered.exists, "far's branch being fetched back from mini", proc)
+        local_gate.touch()
+        wait_for(lambda: chain_done(fleeter), f"l0..l{CHAIN} DONE while far's branch is fetched", proc)
+        assert states(fleeter)["far"] == "VERIFYING", "the loop waited for the fetch-back"
+    finally:
+        local_gate.touch()
+        gate.touch()
+    finish(proc)
+    far = fleeter.task("far")
+    assert far.state.value == "DONE" and far.host == "mini"
+    assert far.handoff and "was fetched from mini" in far.handoff["fetch_hint"], far.handoff
+    notes = " ".join(n for _, n in fleeter.ledger().notes(far.id))
+    assert f"branch {far.branch} of mini" in notes and "could not fetch" not in notes, notes
+
+
+def test_the_loop_works_other_tasks_while_a_done_peer_tasks_fetched_worktree_is_removed(
+    fleeter, fake_claude, peer_lab, tmp_path
+):
+    """A DONE peer task's fetched worktree (its branch checked out here) is removed on a
+    worker thread: other tasks go on meanwhile, and the note says it once it is gone."""
+    fleeter.make_repo()
+    mini = peer_lab.machine("mini")
+    mini.pair(fleeter)
+    # this machine's first git command for removing a fetched worktree (which repository
+    # holds it; the removal itself holds the repository's lock, which other tasks' git
+    # worktree add would wait for too) waits for the test
+    bin_dir, entered, gate = tmp_path / "bin", tmp_path / "git-entered", tmp_path / "git-may-go"
+    bin_dir.mkdir()
+    (bin_dir / "git").write_text(
+        "#!/bin/sh\n"
+        f'case " $* " in *-fetched" "*" rev-parse --git-common-dir "*) touch {shlex.quote(str(entered))}; '
+        f"while [ ! -e {shlex.quote(str(gate))} ]; do sleep 0.05; done;; esac\n"
+        f'exec {shlex.quote(shutil.which("git") or "/usr/bin/git")} "$@"\n'
+    )
+    (bin_dir / "git").chmod(0o755)
+    local_gate = tmp_path / "local-may-end"
+    write_tasks(fleeter, fake_claude, [], local_gate)
+    proc = fleeter.popen("tasks.toml", env={"PATH": f"{bin_dir}:{os.environ['PATH']}"})
+    try:
+        wait_for(entered.exists, "far DONE and its fetched worktree being removed", proc)
+        assert states(fleeter)["far"] == "DONE"
+        local_gate.touch()
+        wait_for(lambda: chain_done(fleeter), f"l0..l{CHAIN} DONE while far's fetched worktree is removed", proc)
+    finally:
+        local_gate.touch()
+        gate.touch()
+    finish(proc)  # the run waits for the removal before it ends
+    far = fleeter.task("far")
+    notes = [n for _, n in fleeter.ledger().notes(far.id)]
+    assert any(n.startswith("removed the fetched worktree ") for n in notes), notes

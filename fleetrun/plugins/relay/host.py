@@ -46,6 +46,7 @@ from .protocol import (
     remote_command,
     task_payload,
 )
+from .starts import Launch
 from .transport import (
     VERB_TIMEOUT_S,
     PeerError,
@@ -66,6 +67,8 @@ BUNDLE_TIMEOUT_S = 1800.0  # a whole branch of a large repository, on a slow lin
 STATUS_TIMEOUT_S = 8.0
 #: How long a collect request waits for its reply (as the one-shot verb may take).
 COLLECT_TIMEOUT_S = 120.0
+#: How long a prepare request (a ``git worktree add`` there) waits for its reply.
+PREPARE_TIMEOUT_S = 120.0
 #: How long an untaken verifier's start may take to answer before it is left to its
 #: own timeout on the peer (counted from when the collect was sent).
 UNTAKEN_WAIT_S = 30.0
@@ -112,6 +115,11 @@ class SSHHost:
         #: the most of an attempt's log mirrored here; the relay sets it from [output] max_bytes
         self.mirror_cap = mirror_cap(DEFAULT_MAX_BYTES)
         self._prestarted: dict[tuple[str, int], Pending] = {}  # see take_prestarted
+        #: the attempts whose start request is sent and not answered (:class:`.starts.PeerStart`):
+        #: polled as ``starting`` without asking the peer
+        self.starting: dict[str, Pending] = {}
+        #: the attempt whose start (prepare, then start) this peer makes now (:mod:`.starts`)
+        self.launch = Launch()
         #: the attempts placed there, whose events are kept; the violations counted
         self.attempts = PeerAttempts()
 
@@ -323,8 +331,17 @@ class SSHHost:
         start): nothing to do here."""
         return {}
 
-    def start(self, attempt_id: str, spec: dict[str, Any], prompt: Optional[str] = None) -> Started:
-        """Start a shepherd there.
+    def in_loop(self) -> Optional[Worker]:
+        """The live worker, when a work loop runs (its requests then need not be waited
+        for: their replies wake it); None: wait for each reply."""
+        if self.relay is None or not getattr(self.relay, "in_session", False):
+            return None
+        return self.live_worker()
+
+    def start(self, attempt_id: str, spec: dict[str, Any], prompt: Optional[str] = None) -> Any:
+        """Start a shepherd there: the :class:`~fleetrun.reports.Started`, or inside a work
+        loop with a live worker a :class:`.starts.PeerStart` (the request sent, its reply
+        not waited for: the loop polls it).
 
         :raises StartRefused: the peer would not (at its ``max_tasks``, draining, the
             task already running there...); the message is the peer's reason.
@@ -338,8 +355,28 @@ class SSHHost:
             with os.fdopen(fd, "w", encoding="utf-8") as f:
                 f.write(prompt)
         payload = {"attempt_id": attempt_id, "task_id": task_id, "spec": spec, "prompt": prompt}
+        if self.in_loop() is not None:
+            from .starts import PeerStart
+
+            try:
+                sent = self.call("start", payload=payload, wait=False)
+            except BaseException:
+                self.launch.end(attempt_id)
+                raise
+            if not isinstance(sent, dict):  # sent through the worker: its reply wakes the loop
+                self.starting[attempt_id] = sent
+                self.launch.begin(attempt_id)
+                return PeerStart(self, attempt_id, sent, VERB_TIMEOUT_S,
+                                 lambda reply: self._started(attempt_id, adir, reply))
+            self.launch.end(attempt_id)
+            return self._started(attempt_id, adir, lambda: sent)
+        self.launch.end(attempt_id)
+        return self._started(attempt_id, adir, lambda: self.call("start", payload=payload))
+
+    def _started(self, attempt_id: str, adir: Path, reply_of: Any) -> Started:
+        """The Started a start request's reply says (``reply_of()`` gives it, or raises)."""
         try:
-            reply = protocol.parse_start_reply(self.call("start", payload=payload))
+            reply = protocol.parse_start_reply(reply_of())
         except PeerUnreachable as e:
             if not e.delivered:
                 raise
@@ -428,6 +465,9 @@ class SSHHost:
         out: dict[str, dict[str, Any]] = {}
         ask: list[AttemptRef] = []
         for a in attempts:
+            if a.attempt_id in self.starting:  # its start's reply is still to come: nothing to ask yet
+                out[a.attempt_id] = {"state": "starting"}
+                continue
             pushed = self._pushed(a.attempt_id)
             if pushed is not None:
                 out[a.attempt_id] = pushed
@@ -508,13 +548,22 @@ class SSHHost:
         except Malformed as e:
             raise self._malformed("probe", e) from None
 
-    def prepare(self, task: Any, attempt: Any) -> dict[str, Any]:
+    def prepare(self, task: Any, attempt: Any, wait: bool = True) -> Any:
         """The workspace the peer made (its fields type-checked; whether it is the one
-        asked for is the relay's to check, which knows the task)."""
+        asked for is the relay's to check, which knows the task).
+
+        :param wait: False: through a live worker, the :class:`~.worker.Pending` request
+            at once (its reply wakes the loop), for :meth:`prepared` to read."""
         from dataclasses import asdict
 
         reply = self.call("prepare", payload={"task": task_payload(task), "attempt": asdict(attempt)},
-                          timeout=120)
+                          timeout=PREPARE_TIMEOUT_S, wait=wait)
+        if not isinstance(reply, dict):
+            return reply
+        return self.prepared(reply)
+
+    def prepared(self, reply: dict[str, Any]) -> dict[str, Any]:
+        """A prepare request's reply, checked."""
         try:
             return protocol.parse_prepare_reply(reply)
         except Malformed as e:
@@ -569,7 +618,7 @@ class SSHHost:
         try:
             p = w.submit("collect", [], payload, wake=not wait, then=then)
         except PeerUnreachable as e:
-            self._unreachable(w, e)
+            self.unreachable(w, e)
             raise
         if not wait:
             return p
@@ -586,7 +635,7 @@ class SSHHost:
         try:
             code, answer = p.wait(timeout)
         except PeerUnreachable as e:
-            self._unreachable(p.worker, e)
+            self.unreachable(p.worker, e)
             raise
         if code == 0 and key is not None and p.follower is not None:  # the verifier's start runs there now
             self._prestarted[key] = p.follower
@@ -597,7 +646,7 @@ class SSHHost:
             raise
         return self._parsed_collect(reply)
 
-    def _unreachable(self, w: Worker, e: PeerUnreachable) -> None:
+    def unreachable(self, w: Worker, e: PeerUnreachable) -> None:
         self.last_error = str(e)
         if not w.transport.is_active():
             self.drop()

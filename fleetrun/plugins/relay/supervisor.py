@@ -8,10 +8,12 @@ from __future__ import annotations
 import os
 import time
 import types
+from concurrent.futures import Future
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Optional, Union
 
 from ...config import output_cap
+from ...effects import effects_of
 from ...exceptions import says_space_error
 from ...gitutil import GitError, common_dir, git, repo_lock, repo_toplevel
 from ...hookimpl import hookimpl
@@ -37,7 +39,7 @@ from .bundle import (
 )
 from .collecting import PeerCollect
 from .heartbeat import Heartbeat
-from .host import RemoteRunHandle, SSHHost
+from .host import PREPARE_TIMEOUT_S, RemoteRunHandle, SSHHost
 from .logmirror import mirror_cap
 from .peers import (
     Peer,
@@ -48,6 +50,7 @@ from .peers import (
 )
 from .placed import describe
 from .protocol import parse_cleanup_reply, task_payload
+from .starts import PeerPrepare
 from .transport import PeerError, PeerUnreachable
 from .worker import Pending
 from .workspace import WrongWorkspace, check_workspace, chosen_branch  # noqa: F401 - their home was here
@@ -104,6 +107,11 @@ class Relay:
         # where the work is in the morning: a DONE peer task's branch is brought home
         # (config.toml's [relay] fetch_back = false leaves it on the peer)
         self.fetch_done = config.setting("relay", "fetch_back", True) is not False
+
+    @property
+    def in_session(self) -> bool:
+        """Whether a work loop runs (its passes end with ``fleetrun_loop_pass``)."""
+        return self._in_session
 
     def close(self) -> None:
         for b in self.beats.values():
@@ -226,10 +234,16 @@ class Relay:
     # -- an attempt on a peer --------------------------------------------------------
 
     @hookimpl(trylast=True)
-    def fleetrun_prepare_workspace(self, task: Any, attempt: Any, host: Any, config: Config) -> Optional[Workspace]:
+    def fleetrun_prepare_workspace(self, task: Any, attempt: Any, host: Any,
+                                   config: Config) -> Union[Workspace, PeerPrepare, None]:
         host = self.owns(host)
         if host is None:
             return None
+        if host.in_loop() is not None:
+            # inside a work loop, through a live worker: sent, not waited for (the loop
+            # sends the prepares of every peer in its pass; each reply wakes it)
+            return PeerPrepare(host, task, attempt.id, lambda: host.prepare(task, attempt, wait=False),
+                               PREPARE_TIMEOUT_S)
         try:
             ws = host.prepare(task, attempt)
         except PeerUnreachable as e:
@@ -301,7 +315,7 @@ class Relay:
         """What was fetched back for an attempt, if anything."""
         return read_json(str(self.config.home / "attempts" / attempt_id / FETCH_RECORD))
 
-    def fetch_back(self, task: Any, attempt: Any, workspace: Any) -> dict[str, Any]:
+    def fetch_back(self, task: Any, attempt: Any, workspace: Any, note: bool = True) -> dict[str, Any]:
         """Bring the attempt's branch from its peer into the local repository that holds
         the task's ``cwd``, and check it out (detached) in the fetched worktree.
 
@@ -309,7 +323,8 @@ class Relay:
         what this repository has (``host bundle``), which is unbundled here. The local
         branch is the peer's name unless that one has diverged (:func:`adopt_branch`).
         The result is recorded in the attempt folder (:data:`FETCH_RECORD`) and in a
-        ledger note.
+        ledger note (``note``; False: off the loop's thread, where the ledger is not
+        written: :class:`FetchBack` writes it).
 
         :raises FetchError: with the reason.
         """
@@ -362,7 +377,8 @@ class Relay:
                "seconds": round(time.monotonic() - started, 3), "renamed": renamed, "moved": moved,
                "time": time.time()}
         write_json(str(adir / FETCH_RECORD), rec)
-        self._note(task.id, fetch_note(rec))
+        if note:
+            self._note(task.id, fetch_note(rec))
         return rec
 
     @hookimpl(trylast=True)
@@ -393,17 +409,33 @@ class Relay:
                          base_ref=rec.get("base") or task.spec.git_ref, is_worktree=True, root=rec["worktree"])
 
     def _remove_fetched(self, task: Any) -> None:
+        """Remove a finished task's fetched worktree: inside a work loop on a worker thread
+        of :mod:`fleetrun.effects` (a hundred peers' tasks end together: the loop goes
+        on), its note written on the loop's thread."""
         path = fetched_worktree(self.config.home, task)
         if not path.exists():
             return
-        try:
-            repo = str(Path(common_dir(path)).parent)
-            with repo_lock(self.config.home / "locks", repo):
-                git(repo, "worktree", "remove", "--force", "--", str(path))
-        except (GitError, OSError) as e:
-            self._note(task.id, f"could not remove the fetched worktree {path}: {e}")
+        effects = effects_of(self.config) if self._in_session else None
+        if effects is not None:
+            effects.submit(self._remove_worktree, path,
+                           on_done=lambda fut: self._removed_fetched(task.id, path, fut.exception()))
             return
-        self._note(task.id, f"removed the fetched worktree {path}")
+        try:
+            self._remove_worktree(path)
+        except (GitError, OSError) as e:
+            self._removed_fetched(task.id, path, e)
+            return
+        self._removed_fetched(task.id, path, None)
+
+    def _remove_worktree(self, path: Path) -> None:
+        """The effect: ``git worktree remove`` under the repository's lock (no ledger)."""
+        repo = str(Path(common_dir(path)).parent)
+        with repo_lock(self.config.home / "locks", repo):
+            git(repo, "worktree", "remove", "--force", "--", str(path))
+
+    def _removed_fetched(self, task_id: str, path: Path, e: Optional[BaseException]) -> None:
+        self._note(task_id, f"could not remove the fetched worktree {path}: {e}" if e is not None
+                   else f"removed the fetched worktree {path}")
 
     @hookimpl(trylast=True)
     def fleetrun_verify(self, task: Any, verifier: Any, workspace: Any, attempt: Any, host: Any, config: Config) -> Any:
@@ -430,7 +462,8 @@ class Relay:
         return RemoteRunHandle(host, task, attempt, step, SETUP_RUNNER_BASE + number - 1, workspace)
 
     @hookimpl(trylast=True)
-    def fleetrun_handoff(self, task: Any, attempt: Any, host: Any, config: Config) -> Union[Handoff, FetchRetry, None]:
+    def fleetrun_handoff(self, task: Any, attempt: Any, host: Any,
+                         config: Config) -> Union[Handoff, FetchRetry, FetchBack, None]:
         mine = self.owns(host)
         peer = self.peers.get(mine.name) if mine is not None else None
         if peer is None:
@@ -441,9 +474,14 @@ class Relay:
         repo = ((attempt.workspace or {}).get("repo") if attempt is not None else None) or None
         rec = self.fetched(attempt.id) if attempt is not None else None
         if rec is None and attempt is not None and task.branch and (self.fetch_done or self.wants_fetch(task)):
+            ws = Workspace(**attempt.workspace) if attempt.workspace else Workspace(path=task.spec.cwd,
+                                                                                     branch=task.branch)
+            effects = effects_of(config) if self._in_session else None
+            if effects is not None:  # off the loop's thread: the ends of other tasks are not held up by it
+                return FetchBack(self, task, attempt, peer, summary, repo,
+                                 effects.submit(self.fetch_back, task, attempt, ws, False))
             try:  # the fetch after the attempt failed, or a restart skipped it: once more
-                rec = self.fetch_back(task, attempt, Workspace(**attempt.workspace) if attempt.workspace
-                                      else Workspace(path=task.spec.cwd, branch=task.branch))
+                rec = self.fetch_back(task, attempt, ws)
             except FetchError as e:
                 if e.transient or says_space_error(str(e)):  # it clears by itself: the task waits for its branch
                     return FetchRetry(self, task, attempt, peer, summary, repo, str(e))
@@ -498,10 +536,15 @@ class Relay:
         except (PeerUnreachable, PeerError, Malformed) as e:
             self._note(task.id, f"could not clean up worktree {task.worktree} on {host.name}: {e}")
 
-    def _send_cleanups(self) -> None:
+    def _send_cleanups(self, all_of_them: bool = True) -> None:
+        """:param all_of_them: False: not yet to a peer making an attempt's start (its
+            ``git worktree add`` would wait for the removal's lock of the repository)."""
         sending, self._to_clean = self._to_clean, []
         for task, host in sending:
-            self._send_cleanup(task, host)
+            if all_of_them or host.launch.attempt is None:
+                self._send_cleanup(task, host)
+            else:
+                self._to_clean.append((task, host))
 
     def _cleaned(self, task: Any, host: SSHHost, r: dict[str, Any]) -> None:
         if r.get("removed"):
@@ -534,8 +577,9 @@ class Relay:
         for host in self.hosts.values():
             host.stop_untaken(wait=False)
             host.flush_violations()  # what was counted since the last write (at most every few seconds)
+            host.launch.pass_ended(host.starting)
         if self._to_clean:
-            self._send_cleanups()
+            self._send_cleanups(all_of_them=False)
         if self._cleanups:
             self._reap_cleanups(wait=False)
 
@@ -561,6 +605,40 @@ class Relay:
             host.stop_untaken(wait=True)
         self._send_cleanups()
         self._reap_cleanups(wait=True)
+
+
+class FetchBack:
+    """The handoff of a DONE peer task whose branch is being fetched back on a worker
+    thread of :mod:`fleetrun.effects` (a :class:`~fleetrun.reports.HandoffHandle`): a
+    hundred peers' fetch-backs hold no pass up. Its note is written here, on the loop's
+    thread; a fetch that fails as :meth:`Relay.fleetrun_handoff` would retry goes on as a
+    :class:`FetchRetry`."""
+
+    def __init__(self, relay: Relay, task: Any, attempt: Any, peer: Peer, summary: str, repo: Optional[str],
+                 fut: Future[dict[str, Any]]) -> None:
+        self.relay, self.task, self.attempt, self.peer = relay, task, attempt, peer
+        self.summary, self.repo, self.fut = summary, repo, fut
+        self.answer: Optional[Handoff] = None
+        self.retry: Optional[FetchRetry] = None
+
+    def poll(self) -> Optional[Handoff]:
+        if self.retry is not None:
+            return self.retry.poll()
+        if self.answer is not None or not self.fut.done():
+            return self.answer
+        relay, task = self.relay, self.task
+        rec: Optional[dict[str, Any]] = None
+        try:
+            rec = self.fut.result()
+        except FetchError as e:
+            if e.transient or says_space_error(str(e)):  # it clears by itself: the task waits for its branch
+                self.retry = FetchRetry(relay, task, self.attempt, self.peer, self.summary, self.repo, str(e))
+                return None
+            relay._note(task.id, f"could not fetch branch {task.branch} from {self.peer.name}: {e}")
+        else:
+            relay._note(task.id, fetch_note(rec))
+        self.answer = relay.handoff_of(task, self.peer, self.summary, self.repo, rec)
+        return self.answer
 
 
 class FetchRetry:
