@@ -202,17 +202,8 @@ class Ledger(LedgerFile):
         :param latest: only each name's latest run (:data:`LATEST`), the states filtering
             those: what a person is shown by default.
         """
+        where, args = _task_filter(states, queue_id, latest)
         sql = f"SELECT {LISTED_COLUMNS if listed else '*'} FROM tasks"
-        where: list[str] = []
-        args: list[Any] = []
-        if states:
-            where.append(f"state IN ({','.join('?' * len(states))})")
-            args.extend(s.value for s in states)
-        if queue_id:
-            where.append("queue_id=?")
-            args.append(queue_id)
-        if latest:
-            where.append(LATEST)
         if where:
             sql += " WHERE " + " AND ".join(where)
         sql += " ORDER BY created, seq"
@@ -233,14 +224,8 @@ class Ledger(LedgerFile):
         r"""The tasks :meth:`tasks` (``listed=True``) returns, in queue order, ``size`` at a
         time, each batch with its dependencies: a listing of 100,000 tasks (``status
         --json``) holds one batch in memory, not every row."""
+        where, args = _task_filter(states, None, latest)
         sql = f"SELECT {LISTED_COLUMNS} FROM tasks"
-        where: list[str] = []
-        args: list[Any] = []
-        if states:
-            where.append(f"state IN ({','.join('?' * len(states))})")
-            args.extend(s.value for s in states)
-        if latest:
-            where.append(LATEST)
         if where:
             sql += " WHERE " + " AND ".join(where)
         rows = self._tuples(sql + " ORDER BY created, seq", args)
@@ -559,3 +544,20 @@ def open_ledger(config: Config) -> Ledger:
         led = config.stash[LEDGER_KEY] = Ledger(config.home / "state.db")
     assert isinstance(led, Ledger)
     return led
+
+
+def _task_filter(states: Optional[set[State]], queue_id: Optional[str],
+                 latest: bool) -> tuple[list[str], list[Any]]:
+    """The WHERE terms (and their arguments) of a listing of the tasks in ``states``, of
+    ``queue_id``, only each name's latest run (``latest``)."""
+    where: list[str] = []
+    args: list[Any] = []
+    if states:
+        where.append(f"state IN ({','.join('?' * len(states))})")
+        args.extend(s.value for s in states)
+    if queue_id:
+        where.append("queue_id=?")
+        args.append(queue_id)
+    if latest:
+        where.append(LATEST)
+    return where, args
