@@ -98,24 +98,35 @@ def main() -> None:
         env.pop("FLEETRUN_CRASH_AT", None)
 
         def fleetrun(*a: str, **kw) -> subprocess.CompletedProcess:
-            return subprocess.run([sys.executable, "-m", "fleetrun", *a], cwd=root, env=env,
-                                  capture_output=True, text=True, **kw)
+            return subprocess.run(
+                [sys.executable, "-m", "fleetrun", *a], cwd=root, env=env, capture_output=True, text=True, **kw
+            )
 
         t = time.perf_counter()
         fleetrun("--version", check=True)
         startup = time.perf_counter() - t
         (root / "empty").mkdir()
         t = time.perf_counter()
-        subprocess.run([sys.executable, "-m", "fleetrun", "work", "--until-idle"], cwd=root, check=True,
-                       env=dict(env, FLEETRUN_HOME=str(root / "empty")), capture_output=True)
+        subprocess.run(
+            [sys.executable, "-m", "fleetrun", "work", "--until-idle"],
+            cwd=root,
+            check=True,
+            env=dict(env, FLEETRUN_HOME=str(root / "empty")),
+            capture_output=True,
+        )
         idle = time.perf_counter() - t
         fleetrun("queue", "tasks.toml", check=True)
 
         first = second = None
         try:
             t0 = time.perf_counter()
-            first = subprocess.Popen([sys.executable, "-m", "fleetrun", "work"], cwd=root, env=env,
-                                     stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+            first = subprocess.Popen(
+                [sys.executable, "-m", "fleetrun", "work"],
+                cwd=root,
+                env=env,
+                stdout=subprocess.DEVNULL,
+                stderr=subprocess.DEVNULL,
+            )
             deadline = time.monotonic() + 120
             while running(home / "state.db") < n:
                 if time.monotonic() > deadline or first.poll() is not None:
@@ -132,8 +143,13 @@ def main() -> None:
             assert status.stdout.startswith("supervisor: not running"), status.stdout
 
             t1 = time.perf_counter()
-            second = subprocess.Popen([sys.executable, "-m", "fleetrun", "work"], cwd=root, env=env,
-                                      stdout=subprocess.PIPE, stderr=subprocess.DEVNULL)
+            second = subprocess.Popen(
+                [sys.executable, "-m", "fleetrun", "work"],
+                cwd=root,
+                env=env,
+                stdout=subprocess.PIPE,
+                stderr=subprocess.DEVNULL,
+            )
             when, _ = wait_line(second, f"adopted {n} running attempt(s)", timeout=max(10.0, left_s - 1))
             adopt_s = when - t1
             still = running(home / "state.db")
@@ -164,8 +180,10 @@ def main() -> None:
         print(f"work --until-idle, empty:   {idle * 1000:.0f} ms  (start-up, plugins, ledger, exit)")
         print(f"first loop started all {n}:  {started_all:.2f} s")
         print(f"status after the SIGKILL:   {status_s * 1000:.0f} ms")
-        print(f"restart -> 'adopted {n}':   {adopt_s * 1000:.0f} ms  "
-              f"(the empty loop's whole run takes {idle * 1000:.0f} ms)")
+        print(
+            f"restart -> 'adopted {n}':   {adopt_s * 1000:.0f} ms  "
+            f"(the empty loop's whole run takes {idle * 1000:.0f} ms)"
+        )
         print(f"still running after adoption: {still} of {n} (none restarted)")
         print(f"cancel x{n} (CLI, loop dead): {cancel_s:.1f} s; left running afterwards: {len(stray)}")
 

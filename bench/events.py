@@ -36,9 +36,18 @@ AGENT = '[agents.noop]\ncommand = ["{python}", "-c", "print(1)"]\n'
 
 
 def line(i: int) -> bytes:
-    event = {"v": VERSION, "type": "transition", "at": stamp(time.time()), "task": f"task_bench_{i}",
-             "name": f"t{i}", "from": "RUNNING", "to": "VERIFYING", "cause": "exited", "attempt": 1,
-             "host": "local"}
+    event = {
+        "v": VERSION,
+        "type": "transition",
+        "at": stamp(time.time()),
+        "task": f"task_bench_{i}",
+        "name": f"t{i}",
+        "from": "RUNNING",
+        "to": "VERIFYING",
+        "cause": "exited",
+        "attempt": 1,
+        "host": "local",
+    }
     return (json.dumps(event) + "\n").encode()
 
 
@@ -119,16 +128,22 @@ def main() -> None:
         wall = statistics.median(r[0] for r in rs)
         cpu = statistics.median(r[1] for r in rs)
         med[events] = (wall, cpu)
-        print(f"  {'events' if events else '-p no:events':14s} wall {wall:6.2f}s  cpu {cpu:6.2f}s  "
-              f"event lines {rs[0][2]}")
+        print(
+            f"  {'events' if events else '-p no:events':14s} wall {wall:6.2f}s  cpu {cpu:6.2f}s  event lines {rs[0][2]}"
+        )
     lines = runs[True][0][2]
     spent = lines * costs["open per line (the plugin)"]
     batched = lines * costs[f"{args.batch} lines a write (a pass)"]
-    print(f"  ratio (events / no events): wall {med[True][0] / med[False][0]:.3f}x, "
-          f"cpu {med[True][1] / med[False][1]:.3f}x")
-    print(f"  the run's {lines} lines, built and written: {spent * 1000:.1f} ms at one open a line, "
-          f"{batched * 1000:.1f} ms {args.batch} a write ({spent / med[True][0] * 100:.2f}% and "
-          f"{batched / med[True][0] * 100:.2f}% of its wall time)")
+    print(
+        f"  ratio (events / no events): wall {med[True][0] / med[False][0]:.3f}x, "
+        f"cpu {med[True][1] / med[False][1]:.3f}x"
+    )
+    print(
+        f"  the run's {lines} lines, built and written: {spent * 1000:.1f} ms at one open a line, "
+        f"{batched * 1000:.1f} ms {args.batch} a write ({spent / med[True][0] * 100:.2f}% and "
+        f"{batched / med[True][0] * 100:.2f}% of its wall time)"
+    )
+
 
 if __name__ == "__main__":
     main()

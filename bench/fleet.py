@@ -51,17 +51,26 @@ from typing import Any, Optional
 
 ROOT = Path(__file__).resolve().parent.parent
 GIT_ENV = {
-    "GIT_AUTHOR_NAME": "bench", "GIT_AUTHOR_EMAIL": "bench@example.invalid",
-    "GIT_COMMITTER_NAME": "bench", "GIT_COMMITTER_EMAIL": "bench@example.invalid",
+    "GIT_AUTHOR_NAME": "bench",
+    "GIT_AUTHOR_EMAIL": "bench@example.invalid",
+    "GIT_COMMITTER_NAME": "bench",
+    "GIT_COMMITTER_EMAIL": "bench@example.invalid",
     "GIT_TERMINAL_PROMPT": "0",
 }
-SH_AGENT = ("echo done > bench.txt && git add bench.txt && "
-            "git -c user.name=bench -c user.email=bench@example.invalid commit -q -m bench")
+SH_AGENT = (
+    "echo done > bench.txt && git add bench.txt && "
+    "git -c user.name=bench -c user.email=bench@example.invalid commit -q -m bench"
+)
 
 
 def git(cwd: Path, *args: str) -> None:
-    subprocess.run(["git", "-C", str(cwd), *args], check=True, env=dict(os.environ, **GIT_ENV),
-                   stdin=subprocess.DEVNULL, capture_output=True)
+    subprocess.run(
+        ["git", "-C", str(cwd), *args],
+        check=True,
+        env=dict(os.environ, **GIT_ENV),
+        stdin=subprocess.DEVNULL,
+        capture_output=True,
+    )
 
 
 def make_repo(path: Path) -> Path:
@@ -74,14 +83,28 @@ def make_repo(path: Path) -> Path:
     return path
 
 
-def fleetrun(home: Path, cwd: Path, *args: str, check: bool = True, env_extra: Optional[dict[str, str]] = None,
-             profile: Optional[Path] = None) -> str:
-    env = dict(os.environ, FLEETRUN_HOME=str(home), FLEETRUN_DISABLE_PLUGIN_AUTOLOAD="1", **GIT_ENV,
-               **(env_extra or {}))
+def fleetrun(
+    home: Path,
+    cwd: Path,
+    *args: str,
+    check: bool = True,
+    env_extra: Optional[dict[str, str]] = None,
+    profile: Optional[Path] = None,
+) -> str:
+    env = dict(
+        os.environ, FLEETRUN_HOME=str(home), FLEETRUN_DISABLE_PLUGIN_AUTOLOAD="1", **GIT_ENV, **(env_extra or {})
+    )
     # cProfile sees the main thread: the loop's (the SSH and heartbeat threads are not in it)
     prof = ["-m", "cProfile", "-o", str(profile)] if profile is not None else []
-    p = subprocess.run([sys.executable, *prof, "-m", "fleetrun", *args], env=env, cwd=cwd, stdin=subprocess.DEVNULL,
-                       capture_output=True, text=True, timeout=300)
+    p = subprocess.run(
+        [sys.executable, *prof, "-m", "fleetrun", *args],
+        env=env,
+        cwd=cwd,
+        stdin=subprocess.DEVNULL,
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
     if check and p.returncode != 0:
         raise SystemExit(f"fleetrun {' '.join(args)} exited {p.returncode}:\n{p.stdout}{p.stderr}")
     return p.stdout
@@ -156,8 +179,14 @@ class Fleet:
                 (folder / "bashrc").write_text("")
                 rc = Path("/root/.bashrc")
                 binds = [(folder / "bashrc", rc)] if rc.exists() else [(folder, folder)]
-                sshd = Sshd(folder / "sshd", [self.key.with_suffix(".pub").read_text()], listen=address,
-                            port=22, netns=ns, binds=binds)
+                sshd = Sshd(
+                    folder / "sshd",
+                    [self.key.with_suffix(".pub").read_text()],
+                    listen=address,
+                    port=22,
+                    netns=ns,
+                    binds=binds,
+                )
                 sshd.start()
                 self.peers.append((f"p{i:02d}", address, home, sshd))
         except BaseException:
@@ -178,8 +207,9 @@ class Fleet:
         self.net.teardown()
 
 
-def supervise(fleet: Fleet, n: int, secs: float, warmup: float, tasks: bool,
-              timing: bool = False, profile: bool = False) -> tuple[float, list[float], dict[str, list[float]]]:
+def supervise(
+    fleet: Fleet, n: int, secs: float, warmup: float, tasks: bool, timing: bool = False, profile: bool = False
+) -> tuple[float, list[float], dict[str, list[float]]]:
     """A fresh supervisor home with the first ``n`` peers: CPU seconds per minute of its
     ``fleetrun work`` loop, and (``tasks``) the end-to-VERIFYING latencies of one task per
     peer, and (``timing``) the legs of each (:func:`legs`)."""
@@ -191,14 +221,31 @@ def supervise(fleet: Fleet, n: int, secs: float, warmup: float, tasks: bool,
     times = sup / "timing"
     times.mkdir()
     for name, address, phome, _ in fleet.peers[:n]:
-        fleetrun(home, sup, "relay", "add", name, f"root@{address}", "--accept-new", "--key", str(fleet.key),
-                 "--command", fleet.command(phome, times / f"{name}.jsonl" if timing else None))
+        fleetrun(
+            home,
+            sup,
+            "relay",
+            "add",
+            name,
+            f"root@{address}",
+            "--accept-new",
+            "--key",
+            str(fleet.key),
+            "--command",
+            fleet.command(phome, times / f"{name}.jsonl" if timing else None),
+        )
     env = dict(os.environ, FLEETRUN_HOME=str(home), FLEETRUN_DISABLE_PLUGIN_AUTOLOAD="1", **GIT_ENV)
     if timing:  # the supervisor's side: when each request went out, each reply and event came in
         env["FLEETRUN_RELAY_TIMING"] = str(times / "supervisor.jsonl")
     with open(sup / "work.log", "wb") as log:
-        proc = subprocess.Popen([sys.executable, "-m", "fleetrun", "work"], env=env, cwd=sup,
-                                stdin=subprocess.DEVNULL, stdout=log, stderr=subprocess.STDOUT)
+        proc = subprocess.Popen(
+            [sys.executable, "-m", "fleetrun", "work"],
+            env=env,
+            cwd=sup,
+            stdin=subprocess.DEVNULL,
+            stdout=log,
+            stderr=subprocess.STDOUT,
+        )
     latencies: list[float] = []
     parts: dict[str, list[float]] = {}
     try:
@@ -215,8 +262,14 @@ def supervise(fleet: Fleet, n: int, secs: float, warmup: float, tasks: bool,
         except subprocess.TimeoutExpired:
             proc.kill()
     if tasks and n:
-        rows = run_tasks(fleet, sup, home, n, {"FLEETRUN_RELAY_TIMING": str(times / "supervisor.jsonl")}
-                         if timing else {}, sup / "tasks.prof" if profile else None)
+        rows = run_tasks(
+            fleet,
+            sup,
+            home,
+            n,
+            {"FLEETRUN_RELAY_TIMING": str(times / "supervisor.jsonl")} if timing else {},
+            sup / "tasks.prof" if profile else None,
+        )
         if profile:
             show_profile(sup / "tasks.prof")
         latencies = [verifying - ended for _, _, ended, verifying in rows]
@@ -234,8 +287,14 @@ def read_lines(path: Path) -> list[dict[str, Any]]:
 
 
 #: the legs of a peer attempt's end to VERIFYING, in order (``--timing``)
-LEGS = ("end -> its worker pushes it", "pushed -> the supervisor hears it", "heard -> collect sent",
-        "sent -> the peer reads it", "the peer's collect", "its reply -> VERIFYING recorded")
+LEGS = (
+    "end -> its worker pushes it",
+    "pushed -> the supervisor hears it",
+    "heard -> collect sent",
+    "sent -> the peer reads it",
+    "the peer's collect",
+    "its reply -> VERIFYING recorded",
+)
 
 
 def legs(rows: list[tuple[str, str, float, float]], times: Path) -> dict[str, list[float]]:
@@ -268,21 +327,36 @@ def show_profile(path: Path, top: int = 25) -> None:
 
     print(f"        the run's main thread (cProfile, {path}): fleetrun's functions by cumulative time")
     stats = pstats.Stats(str(path))
-    rows = sorted(((v[3], v[0], k) for k, v in stats.stats.items()  # type: ignore[attr-defined]
-                   if "fleetrun" in k[0]), reverse=True)[:top]
+    rows = sorted(
+        (
+            (v[3], v[0], k)
+            for k, v in stats.stats.items()  # type: ignore[attr-defined]
+            if "fleetrun" in k[0]
+        ),
+        reverse=True,
+    )[:top]
     for cum, calls, (file, line, fn) in rows:
         where = file.split("fleetrun/", 1)[-1]
         print(f"          {cum:7.3f} s  {calls:6d} calls  {where}:{line} {fn}")
 
 
-def run_tasks(fleet: Fleet, sup: Path, home: Path, n: int, env_extra: dict[str, str],
-              profile: Optional[Path] = None) -> list[tuple[str, str, float, float]]:
+def run_tasks(
+    fleet: Fleet, sup: Path, home: Path, n: int, env_extra: dict[str, str], profile: Optional[Path] = None
+) -> list[tuple[str, str, float, float]]:
     """One trivial task per peer, run to DONE: (attempt, peer, its end, VERIFYING recorded) of each."""
     lines = ["[agents.bench]", f"command = {json.dumps(['/bin/sh', '-c', SH_AGENT])}", ""]
     for i in range(n):
-        lines += ["[[task]]", f'name = "t{i:03d}"', f"cwd = {json.dumps(str(fleet.repo))}", 'agent = "bench"',
-                  'prompt = "write bench.txt and commit it"', 'git_ref = "main"', "  [[task.verify]]",
-                  '  run = "true"', ""]
+        lines += [
+            "[[task]]",
+            f'name = "t{i:03d}"',
+            f"cwd = {json.dumps(str(fleet.repo))}",
+            'agent = "bench"',
+            'prompt = "write bench.txt and commit it"',
+            'git_ref = "main"',
+            "  [[task.verify]]",
+            '  run = "true"',
+            "",
+        ]
     (sup / "tasks.toml").write_text("\n".join(lines))
     fleetrun(home, sup, "drain")
     out = fleetrun(home, sup, "tasks.toml", check=False, env_extra=env_extra, profile=profile)
@@ -294,7 +368,8 @@ def run_tasks(fleet: Fleet, sup: Path, home: Path, n: int, env_extra: dict[str, 
         rows = db.execute(
             "SELECT a.id, a.host, a.ended, min(t.time) FROM attempts a JOIN transitions t ON t.task_id = a.task_id "
             "AND t.attempt = a.number AND t.to_state = 'VERIFYING' WHERE a.ended IS NOT NULL "
-            "AND a.host != 'local' GROUP BY a.id").fetchall()
+            "AND a.host != 'local' GROUP BY a.id"
+        ).fetchall()
     finally:
         db.close()
     return [r for r in rows if r[3] is not None]
@@ -307,11 +382,17 @@ def main() -> int:
     ap.add_argument("--warmup", type=float, default=8.0, help="seconds before sampling (connects, first probes)")
     ap.add_argument("--no-tasks", action="store_true", help="skip the end-to-VERIFYING latency")
     ap.add_argument("--keep", action="store_true", help="keep the temp folder")
-    ap.add_argument("--timing", action="store_true",
-                    help="say where the end-to-VERIFYING time goes: the median of each leg, from the timing files "
-                         "of the supervisor and of each peer's worker")
-    ap.add_argument("--profile", action="store_true",
-                    help="run the tasks' run under cProfile and print where its main thread (the loop's) spent its time")
+    ap.add_argument(
+        "--timing",
+        action="store_true",
+        help="say where the end-to-VERIFYING time goes: the median of each leg, from the timing files "
+        "of the supervisor and of each peer's worker",
+    )
+    ap.add_argument(
+        "--profile",
+        action="store_true",
+        help="run the tasks' run under cProfile and print where its main thread (the loop's) spent its time",
+    )
     a = ap.parse_args()
     sizes = sorted({int(x) for x in a.peers.split(",") if x.strip()})
     if os.geteuid() != 0 or not shutil.which("ip") or not shutil.which("unshare"):
@@ -324,27 +405,36 @@ def main() -> int:
     work = Path(tempfile.mkdtemp(prefix="fleetrun-bench-fleet-"))
     fleet = Fleet(work, max(sizes))
     try:
-        print(f"{max(sizes)} peers in network namespaces, each its own sshd and home; "
-              f"CPU sampled over {a.secs:.0f} s after {a.warmup:.0f} s of warm-up; heartbeat every 5 s")
+        print(
+            f"{max(sizes)} peers in network namespaces, each its own sshd and home; "
+            f"CPU sampled over {a.secs:.0f} s after {a.warmup:.0f} s of warm-up; heartbeat every 5 s"
+        )
         base, _, _ = supervise(fleet, 0, a.secs, a.warmup, tasks=False)
         print(f"\n  the loop alone (no peer)   {base:6.2f} CPU s/min   (the baseline)")
         first: float | None = None
         for n in sizes:
-            per_min, lat, parts = supervise(fleet, n, a.secs, a.warmup, tasks=not a.no_tasks, timing=a.timing,
-                                            profile=a.profile)
+            per_min, lat, parts = supervise(
+                fleet, n, a.secs, a.warmup, tasks=not a.no_tasks, timing=a.timing, profile=a.profile
+            )
             per_peer = (per_min - base) / n
             first = per_peer if first is None else first
             growth = per_peer / first if first > 0 else float("nan")
-            print(f"  {n:3d} peers                  {per_min:6.2f} CPU s/min   {per_peer * 1000:7.1f} ms/min per "
-                  f"peer   {per_min / base if base > 0 else float('nan'):5.1f}x the loop alone   "
-                  f"per-peer growth vs N={sizes[0]}: {growth:.2f}x")
+            print(
+                f"  {n:3d} peers                  {per_min:6.2f} CPU s/min   {per_peer * 1000:7.1f} ms/min per "
+                f"peer   {per_min / base if base > 0 else float('nan'):5.1f}x the loop alone   "
+                f"per-peer growth vs N={sizes[0]}: {growth:.2f}x"
+            )
             if lat:
-                print(f"        end of a peer's attempt -> VERIFYING: median {statistics.median(lat) * 1000:.0f} ms, "
-                      f"max {max(lat) * 1000:.0f} ms ({len(lat)} tasks)")
+                print(
+                    f"        end of a peer's attempt -> VERIFYING: median {statistics.median(lat) * 1000:.0f} ms, "
+                    f"max {max(lat) * 1000:.0f} ms ({len(lat)} tasks)"
+                )
             for name, values in parts.items():
                 if values:
-                    print(f"          {name:38s} median {statistics.median(values) * 1000:6.0f} ms, "
-                          f"max {max(values) * 1000:6.0f} ms")
+                    print(
+                        f"          {name:38s} median {statistics.median(values) * 1000:6.0f} ms, "
+                        f"max {max(values) * 1000:6.0f} ms"
+                    )
     finally:
         fleet.close()
         if a.keep:

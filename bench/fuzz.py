@@ -39,9 +39,13 @@ def run_target(name: str, examples: int, seed: int | None) -> tuple[dict[str, in
         check(value)
         counts["refused" if _refused(check, value) else "accepted"] += 1
 
-    conf = settings(max_examples=examples, deadline=None, database=None,
-                    suppress_health_check=list(HealthCheck),
-                    phases=[Phase.explicit, Phase.reuse, Phase.generate, Phase.shrink])
+    conf = settings(
+        max_examples=examples,
+        deadline=None,
+        database=None,
+        suppress_health_check=list(HealthCheck),
+        phases=[Phase.explicit, Phase.reuse, Phase.generate, Phase.shrink],
+    )
     test = conf(given(strategy)(counted))
     if seed is not None:
         from hypothesis import seed as hseed
@@ -89,8 +93,11 @@ def main(argv: list[str] | None = None) -> int:
         start = time.monotonic()
         counts, error = run_target(name, ns.examples, ns.seed)
         took = time.monotonic() - start
-        print(f"{name:<14} {counts['examples']:>9} {counts['accepted']:>9} {counts['refused']:>9} {took:>7.1f}s"
-              + ("  FAILED" if error else ""), flush=True)
+        print(
+            f"{name:<14} {counts['examples']:>9} {counts['accepted']:>9} {counts['refused']:>9} {took:>7.1f}s"
+            + ("  FAILED" if error else ""),
+            flush=True,
+        )
         if error:
             failed += 1
             print(error, file=sys.stderr)

@@ -86,8 +86,7 @@ def main() -> int:
             n = sum(counts.values())
             total += n
             shown = ", ".join(f"{k} {v}" for k, v in sorted(counts.items()))
-            print(f"{name:<24} {n:>7} examples in {time.monotonic() - start:6.1f}s  ({shown})  {verdict}",
-                  flush=True)
+            print(f"{name:<24} {n:>7} examples in {time.monotonic() - start:6.1f}s  ({shown})  {verdict}", flush=True)
     print(f"{total} examples, {failed} target(s) failed; valid replies known for {len(VALID)} kinds")
     return 1 if failed else 0
 

@@ -87,8 +87,9 @@ def run_passes(folder: Path, n: int, per_pass: int, batched: bool) -> tuple[floa
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--n", type=int, default=2000, help="transitions per run (default 2000)")
-    parser.add_argument("--dir", type=Path, default=None,
-                        help="folder to put the temp ledgers in (default: the system temp folder)")
+    parser.add_argument(
+        "--dir", type=Path, default=None, help="folder to put the temp ledgers in (default: the system temp folder)"
+    )
     parser.add_argument("--per-pass", type=int, default=6, help="tasks written a pass (default 6)")
     args = parser.parse_args(argv)
     if args.n < 1 or args.per_pass < 1:
@@ -105,10 +106,14 @@ def main(argv: list[str] | None = None) -> int:
     print(f"NORMAL / FULL       {normal / full:10.2f}x")
     print(f"passes of {args.per_pass} tasks (a transition, a note, an update each), {n} tasks, synchronous=FULL:")
     for name, (wall, cpu, commits) in (("a commit a write", each), ("a commit a pass", batch)):
-        print(f"  {name:<17} {commits / n:5.2f} commits a task  {wall / n * 1000:7.3f} ms wall  "
-              f"{cpu / n * 1000:7.3f} ms cpu a task")
-    print(f"  a pass / a write  {batch[2] / each[2]:5.2f}x commits  {batch[0] / each[0]:7.2f}x wall  "
-          f"{batch[1] / each[1]:7.2f}x cpu")
+        print(
+            f"  {name:<17} {commits / n:5.2f} commits a task  {wall / n * 1000:7.3f} ms wall  "
+            f"{cpu / n * 1000:7.3f} ms cpu a task"
+        )
+    print(
+        f"  a pass / a write  {batch[2] / each[2]:5.2f}x commits  {batch[0] / each[0]:7.2f}x wall  "
+        f"{batch[1] / each[1]:7.2f}x cpu"
+    )
     return 0
 
 

@@ -36,14 +36,21 @@ import time
 from pathlib import Path
 
 GIT_ENV = {
-    "GIT_AUTHOR_NAME": "bench", "GIT_AUTHOR_EMAIL": "bench@example.invalid",
-    "GIT_COMMITTER_NAME": "bench", "GIT_COMMITTER_EMAIL": "bench@example.invalid",
+    "GIT_AUTHOR_NAME": "bench",
+    "GIT_AUTHOR_EMAIL": "bench@example.invalid",
+    "GIT_COMMITTER_NAME": "bench",
+    "GIT_COMMITTER_EMAIL": "bench@example.invalid",
 }
 
 
 def git(cwd: Path, *args: str) -> None:
-    subprocess.run(["git", "-C", str(cwd), *args], check=True, env=dict(os.environ, **GIT_ENV),
-                   stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL)
+    subprocess.run(
+        ["git", "-C", str(cwd), *args],
+        check=True,
+        env=dict(os.environ, **GIT_ENV),
+        stdin=subprocess.DEVNULL,
+        stdout=subprocess.DEVNULL,
+    )
 
 
 def setup(work: Path, n: int, seconds: float) -> dict[str, str]:
@@ -61,8 +68,9 @@ def setup(work: Path, n: int, seconds: float) -> dict[str, str]:
     (fake / "bin").mkdir(parents=True)
     (fake / "claude-config").mkdir()
     exe = fake / "bin" / "claude"
-    exe.write_text(f"#!/bin/sh\nexec {shlex.quote(sys.executable)} "
-                   f"{shlex.quote(str(Path(fake_claude.__file__).parent))} \"$@\"\n")
+    exe.write_text(
+        f'#!/bin/sh\nexec {shlex.quote(sys.executable)} {shlex.quote(str(Path(fake_claude.__file__).parent))} "$@"\n'
+    )
     exe.chmod(0o755)
     steps = max(1, int(seconds / 2))
     actions = [a for i in range(steps) for a in (["write", f"f{i}.txt", "x"], ["sleep", 2])]
@@ -74,9 +82,15 @@ def setup(work: Path, n: int, seconds: float) -> dict[str, str]:
     for i in range(n):
         lines += ["[[task]]", f'name = "t{i:02d}"', 'cwd = "repo"', 'prompt = "p"', 'git_ref = "main"', ""]
     (work / "tasks.toml").write_text("\n".join(lines))
-    return dict(os.environ, FLEETRUN_HOME=str(home), FAKE_CLAUDE_SCENARIO=str(fake / "scenario.json"),
-                FAKE_CLAUDE_STATE=str(fake), CLAUDE_CONFIG_DIR=str(fake / "claude-config"),
-                PATH=f"{fake / 'bin'}{os.pathsep}{os.environ.get('PATH', '')}", **GIT_ENV)
+    return dict(
+        os.environ,
+        FLEETRUN_HOME=str(home),
+        FAKE_CLAUDE_SCENARIO=str(fake / "scenario.json"),
+        FAKE_CLAUDE_STATE=str(fake),
+        CLAUDE_CONFIG_DIR=str(fake / "claude-config"),
+        PATH=f"{fake / 'bin'}{os.pathsep}{os.environ.get('PATH', '')}",
+        **GIT_ENV,
+    )
 
 
 def running(home: Path) -> int:
@@ -100,8 +114,14 @@ def one_run(live: bool, n: int, seconds: float, window: float) -> float:
         env = setup(work, n, seconds)
         env.pop("NO_COLOR", None)
         env["TERM"] = "xterm" if live else "dumb"
-        child = pexpect.spawn(sys.executable, ["-m", "fleetrun", "tasks.toml", "--max-tasks", str(n)],
-                              cwd=str(work), env=env, dimensions=(50, 140), timeout=5)
+        child = pexpect.spawn(
+            sys.executable,
+            ["-m", "fleetrun", "tasks.toml", "--max-tasks", str(n)],
+            cwd=str(work),
+            env=env,
+            dimensions=(50, 140),
+            timeout=5,
+        )
         proc = psutil.Process(child.pid)
         home = work / "home"
         out = b""
@@ -124,8 +144,10 @@ def one_run(live: bool, n: int, seconds: float, window: float) -> float:
                 result = (c.user + c.system - cpu0) / (now - t0)
         child.close()
         if result is None:
-            raise SystemExit(f"never had {n} tasks running for {window}s (exit {child.exitstatus}):\n"
-                             + out.decode(errors="replace")[-3000:])
+            raise SystemExit(
+                f"never had {n} tasks running for {window}s (exit {child.exitstatus}):\n"
+                + out.decode(errors="replace")[-3000:]
+            )
         if live and b"running, " not in out:
             raise SystemExit("the live run showed no live view")
         return result
@@ -147,8 +169,10 @@ def main() -> None:
     base, live = statistics.median(runs["baseline"]), statistics.median(runs["live"])
     print(f"median baseline (no live view): {base * 1000:.1f} ms/s")
     print(f"median live view:               {live * 1000:.1f} ms/s")
-    print(f"ratio live / baseline: {live / base:.2f}x (+{(live - base) * 1000:.1f} ms of CPU per second, "
-          f"{a.n} tasks running)")
+    print(
+        f"ratio live / baseline: {live / base:.2f}x (+{(live - base) * 1000:.1f} ms of CPU per second, "
+        f"{a.n} tasks running)"
+    )
 
 
 if __name__ == "__main__":

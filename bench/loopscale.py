@@ -70,8 +70,9 @@ def make_home(root: Path, n: int, scenario: str) -> tuple[Path, dict[str, str]]:
         specs = [TaskSpec(name=f"t{i}", prompt="p", cwd=str(repo), git_ref="main") for i in range(n)]
     else:
         specs = [TaskSpec(name="head", prompt="p", cwd=str(repo), git_ref="main", requires=["bench-never"])]
-        specs += [TaskSpec(name=f"t{i}", prompt="p", cwd=str(repo), git_ref="main", depends_on=["head"])
-                  for i in range(1, n)]
+        specs += [
+            TaskSpec(name=f"t{i}", prompt="p", cwd=str(repo), git_ref="main", depends_on=["head"]) for i in range(1, n)
+        ]
     with Ledger(home / "state.db") as led:
         led.add_tasks(specs, source=str(root / "tasks.toml"), source_hash="bench")
     env = {**os.environ, "FLEETRUN_HOME": str(home), "TERM": "dumb"}
@@ -116,8 +117,13 @@ def pass_times(home: Path, passes: int) -> tuple[float, list[float]]:
 
 def idle_cpu(env: dict[str, str], warmup: float, seconds: float) -> tuple[float, float]:
     """``fleetrun work`` as a process: (% of one core over ``seconds``, RSS MiB)."""
-    proc = subprocess.Popen([sys.executable, "-m", "fleetrun", "work", "-q"], env=env,
-                            stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "fleetrun", "work", "-q"],
+        env=env,
+        stdin=subprocess.DEVNULL,
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.PIPE,
+    )
     try:
         p = psutil.Process(proc.pid)
         time.sleep(warmup)
@@ -140,25 +146,32 @@ def timed(argv: list[str], env: dict[str, str]) -> float:
     start = time.perf_counter()
     # in the temp folder, not a checkout (`python -m` puts the current folder first on sys.path,
     # before PYTHONPATH: --against would time this checkout twice)
-    proc = subprocess.run(argv, env=env, cwd=os.path.dirname(env["FLEETRUN_HOME"]), stdin=subprocess.DEVNULL,
-                          stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
+    proc = subprocess.run(
+        argv,
+        env=env,
+        cwd=os.path.dirname(env["FLEETRUN_HOME"]),
+        stdin=subprocess.DEVNULL,
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.PIPE,
+    )
     took = time.perf_counter() - start
     if proc.returncode not in (0, 1):
         raise SystemExit(f"{' '.join(argv)} exited {proc.returncode}: {proc.stderr.decode(errors='replace')}")
     return took
 
 
-def status_times(env: dict[str, str], empty: dict[str, str], runs: int,
-                 against: Optional[str] = None) -> dict[str, float]:
+def status_times(
+    env: dict[str, str], empty: dict[str, str], runs: int, against: Optional[str] = None
+) -> dict[str, float]:
     """Medians of ``runs`` rounds, each timing the baseline and then every ``status``
     form one after the other (so a busy moment slows them alike); ``status`` over an
     empty ledger (``empty``) says what start-up alone costs. With ``against``, each
     form is timed with that checkout's fleetrun too (first on ``PYTHONPATH``), in the
     same rounds."""
-    forms: dict[str, tuple[list[str], dict[str, str]]] = {
-        "baseline": ([sys.executable, "-c", "import sqlite3"], env)}
+    forms: dict[str, tuple[list[str], dict[str, str]]] = {"baseline": ([sys.executable, "-c", "import sqlite3"], env)}
     ways = [("", env, empty)]
     if against:
+
         def first(e: dict[str, str]) -> dict[str, str]:
             return dict(e, PYTHONPATH=os.pathsep.join(filter(None, [against, e.get("PYTHONPATH")])))
 
@@ -184,8 +197,11 @@ def main() -> None:
     ap.add_argument("--runs", type=int, default=7, help="runs of each status command")
     ap.add_argument("--no-status", action="store_true")
     ap.add_argument("--status-only", action="store_true", help="time status only (no pass, idle CPU or RSS)")
-    ap.add_argument("--against", metavar="DIR",
-                    help="also time status with the fleetrun of another checkout (first on PYTHONPATH), interleaved")
+    ap.add_argument(
+        "--against",
+        metavar="DIR",
+        help="also time status with the fleetrun of another checkout (first on PYTHONPATH), interleaved",
+    )
     args = ap.parse_args()
     sizes = [int(s) for s in args.sizes.split(",")]
     scenarios = ["ready", "pending"] if args.scenario == "both" else [args.scenario]
@@ -202,8 +218,11 @@ def main() -> None:
                     continue
                 first, rest = pass_times(home, args.passes)
                 cpu, rss = idle_cpu(env, args.warmup, args.idle)
-                print(f"{scenario:<8} {n:>6} {first * 1000:>8.1f}ms {statistics.median(rest) * 1000:>8.2f}ms "
-                      f"{cpu:>8.2f}% {rss:>6.1f}MiB", flush=True)
+                print(
+                    f"{scenario:<8} {n:>6} {first * 1000:>8.1f}ms {statistics.median(rest) * 1000:>8.2f}ms "
+                    f"{cpu:>8.2f}% {rss:>6.1f}MiB",
+                    flush=True,
+                )
                 if n == max(sizes) and scenario == scenarios[0]:
                     status_env = env
         if args.no_status or not status_env:
@@ -212,11 +231,15 @@ def main() -> None:
         empty.mkdir(mode=0o700)
         got = status_times(status_env, {**status_env, "FLEETRUN_HOME": str(empty)}, args.runs, args.against)
         base = got.pop("baseline")
-        print(f"\nstatus at {max(sizes)} tasks (medians of {args.runs} rounds); baseline python -c 'import sqlite3' "
-              f"{base * 1000:.1f} ms")
+        print(
+            f"\nstatus at {max(sizes)} tasks (medians of {args.runs} rounds); baseline python -c 'import sqlite3' "
+            f"{base * 1000:.1f} ms"
+        )
         for name, t in got.items():
-            print(f"  {name:<18} {t * 1000:>7.1f} ms  {t / base:>5.1f}x" + ("" if "no tasks" in name else
-                                                                        "  (target <= 3x)"))
+            print(
+                f"  {name:<18} {t * 1000:>7.1f} ms  {t / base:>5.1f}x"
+                + ("" if "no tasks" in name else "  (target <= 3x)")
+            )
 
 
 if __name__ == "__main__":

@@ -47,29 +47,39 @@ from pathlib import Path
 from typing import Any, Optional
 
 GIT_ENV = {
-    "GIT_AUTHOR_NAME": "bench", "GIT_AUTHOR_EMAIL": "bench@example.invalid",
-    "GIT_COMMITTER_NAME": "bench", "GIT_COMMITTER_EMAIL": "bench@example.invalid",
+    "GIT_AUTHOR_NAME": "bench",
+    "GIT_AUTHOR_EMAIL": "bench@example.invalid",
+    "GIT_COMMITTER_NAME": "bench",
+    "GIT_COMMITTER_EMAIL": "bench@example.invalid",
     "GIT_TERMINAL_PROMPT": "0",
 }
 
 #: The agent as a shell one-liner: write one file, commit it.
-SH_AGENT = ("echo done > bench.txt && git add bench.txt && "
-            "git -c user.name=bench -c user.email=bench@example.invalid commit -q -m bench")
+SH_AGENT = (
+    "echo done > bench.txt && git add bench.txt && "
+    "git -c user.name=bench -c user.email=bench@example.invalid commit -q -m bench"
+)
 
 #: The same agent as a Python script (what a real agent CLI's start-up looks like, roughly).
-PY_AGENT = '''\
+PY_AGENT = """\
 import subprocess
 with open("bench.txt", "w") as f:
     f.write("done\\n")
 subprocess.run(["git", "add", "bench.txt"], check=True)
 subprocess.run(["git", "-c", "user.name=bench", "-c", "user.email=bench@example.invalid",
                 "commit", "-q", "-m", "bench"], check=True)
-'''
+"""
 
 
 def git(cwd: Path, *args: str) -> None:
-    subprocess.run(["git", "-C", str(cwd), *args], check=True, env=dict(os.environ, **GIT_ENV),
-                   stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
+    subprocess.run(
+        ["git", "-C", str(cwd), *args],
+        check=True,
+        env=dict(os.environ, **GIT_ENV),
+        stdin=subprocess.DEVNULL,
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.PIPE,
+    )
 
 
 def make_repo(path: Path) -> Path:
@@ -142,8 +152,9 @@ def write_tasks(folder: Path, repo: Path, n: int, kind: str, script: Path) -> Pa
     return path
 
 
-def run_fleetrun(work: Path, n: int, parallel: int, kind: str, script: Path,
-                 against: Optional[Path] = None, fsyncs: bool = False) -> dict[str, Any]:
+def run_fleetrun(
+    work: Path, n: int, parallel: int, kind: str, script: Path, against: Optional[Path] = None, fsyncs: bool = False
+) -> dict[str, Any]:
     repo = make_repo(work / "repo")
     home = work / "home"
     tasks = write_tasks(work, repo, n, kind, script)
@@ -168,8 +179,7 @@ def run_fleetrun(work: Path, n: int, parallel: int, kind: str, script: Path,
         tail = out.read_text(errors="replace")[-3000:]
         raise SystemExit(f"fleetrun exited {code} ({shlex.join(argv)}):\n{tail}")
     split = json.loads(usage.read_text())
-    result = {"wall": wall, "cpu": cpu, "self": split["self"], "children": split["children"],
-              **fleetrun_phases(home)}
+    result = {"wall": wall, "cpu": cpu, "self": split["self"], "children": split["children"], **fleetrun_phases(home)}
     if fsyncs:
         result["fsyncs"] = strace_calls(trace)
     left = list((home / "worktrees").iterdir()) if (home / "worktrees").exists() else []
@@ -206,9 +216,18 @@ def fleetrun_phases(home: Path) -> dict[str, Any]:
             d["leave_ready"] = when
         d.setdefault(dst, when)
     cleaned = dict(notes)
-    phases: dict[str, list[float]] = {k: [] for k in (
-        "latency", "lease->shepherd spawned", "shepherd spawn->agent exec", "agent",
-        "agent end->VERIFYING", "VERIFYING->DONE", "DONE->worktree removed")}
+    phases: dict[str, list[float]] = {
+        k: []
+        for k in (
+            "latency",
+            "lease->shepherd spawned",
+            "shepherd spawn->agent exec",
+            "agent",
+            "agent end->VERIFYING",
+            "VERIFYING->DONE",
+            "DONE->worktree removed",
+        )
+    }
     for att_id, task_id, created, started in atts:
         d = t[task_id]
         st = _read_json(home / "attempts" / att_id / "status.json")
@@ -245,28 +264,42 @@ def run_baseline(work: Path, n: int, parallel: int, kind: str, script: Path) -> 
     lock = threading.Lock()  # like fleetrun's per-repository lock around worktree add/remove
     env = dict(os.environ)
     quiet = {"stdin": subprocess.DEVNULL, "stdout": subprocess.DEVNULL, "stderr": subprocess.PIPE}
-    phases: dict[str, list[float]] = {k: [] for k in ("latency", "worktree add", "agent", "verifier",
-                                                      "worktree remove")}
+    phases: dict[str, list[float]] = {
+        k: [] for k in ("latency", "worktree add", "agent", "verifier", "worktree remove")
+    }
 
     def one(i: int) -> None:
         name = f"t{i:04d}"
         path = wt / name
         t0 = time.perf_counter()
         with lock:
-            subprocess.run(["git", "-C", str(repo), "worktree", "add", "-q", "-b", f"bench/{name}", "--",
-                            str(path), "main"], check=True, env=env, **quiet)
+            subprocess.run(
+                ["git", "-C", str(repo), "worktree", "add", "-q", "-b", f"bench/{name}", "--", str(path), "main"],
+                check=True,
+                env=env,
+                **quiet,
+            )
         t1 = time.perf_counter()
         with open(logs / name, "wb") as log:
-            subprocess.run(agent, cwd=path, env=env, check=True, stdin=subprocess.DEVNULL, stdout=log,
-                           stderr=subprocess.STDOUT)
+            subprocess.run(
+                agent, cwd=path, env=env, check=True, stdin=subprocess.DEVNULL, stdout=log, stderr=subprocess.STDOUT
+            )
         t2 = time.perf_counter()
         with open(logs / f"{name}.verify", "wb") as log:
-            subprocess.run(["/bin/sh", "-c", "true"], cwd=path, env=env, check=True, stdin=subprocess.DEVNULL,
-                           stdout=log, stderr=subprocess.STDOUT)
+            subprocess.run(
+                ["/bin/sh", "-c", "true"],
+                cwd=path,
+                env=env,
+                check=True,
+                stdin=subprocess.DEVNULL,
+                stdout=log,
+                stderr=subprocess.STDOUT,
+            )
         t3 = time.perf_counter()
         with lock:
-            subprocess.run(["git", "-C", str(repo), "worktree", "remove", "--", str(path)], check=True, env=env,
-                           **quiet)
+            subprocess.run(
+                ["git", "-C", str(repo), "worktree", "remove", "--", str(path)], check=True, env=env, **quiet
+            )
         t4 = time.perf_counter()
         for key, value in zip(phases, (t4 - t0, t1 - t0, t2 - t1, t3 - t2, t4 - t3)):
             phases[key].append(value)  # list.append is atomic under the GIL
@@ -304,17 +337,28 @@ def main(argv: Optional[list[str]] = None) -> int:
     parser.add_argument("--n", type=int, default=100, help="tasks per run (default 100)")
     parser.add_argument("--parallel", type=int, default=4, help="tasks at a time (default 4)")
     parser.add_argument("--repeat", type=int, default=1, help="runs each way; the median is reported (default 1)")
-    parser.add_argument("--agent", choices=("sh", "python"), default="sh",
-                        help="the agent: a sh one-liner (default) or a Python script doing the same")
+    parser.add_argument(
+        "--agent",
+        choices=("sh", "python"),
+        default="sh",
+        help="the agent: a sh one-liner (default) or a Python script doing the same",
+    )
     parser.add_argument("--goal", type=float, default=1.25, help="the ratio to stay under (default 1.25)")
     parser.add_argument("--dir", type=Path, default=None, help="folder for the temp files (default: system temp)")
     parser.add_argument("--keep", action="store_true", help="keep the temp folder (to look at logs and ledger)")
-    parser.add_argument("--against", type=Path, default=None,
-                        help="a folder holding another fleetrun/ (say `git archive REV fleetrun | tar -x -C DIR`): "
-                             "run it too, interleaved, as 'before'")
-    parser.add_argument("--fsyncs", action="store_true",
-                        help="also count the supervisor's fsync/fdatasync calls (the ledger's commits), under "
-                             "strace, in one more run of each fleetrun (not timed)")
+    parser.add_argument(
+        "--against",
+        type=Path,
+        default=None,
+        help="a folder holding another fleetrun/ (say `git archive REV fleetrun | tar -x -C DIR`): "
+        "run it too, interleaved, as 'before'",
+    )
+    parser.add_argument(
+        "--fsyncs",
+        action="store_true",
+        help="also count the supervisor's fsync/fdatasync calls (the ledger's commits), under "
+        "strace, in one more run of each fleetrun (not timed)",
+    )
     args = parser.parse_args(argv)
     if args.n < 1 or args.parallel < 1 or args.repeat < 1:
         parser.error("--n, --parallel and --repeat must be at least 1")
@@ -325,13 +369,18 @@ def main(argv: Optional[list[str]] = None) -> int:
     fleet: list[dict[str, Any]] = []
     base: list[dict[str, Any]] = []
     before: list[dict[str, Any]] = []
-    print(f"{args.n} tasks, {args.parallel} at a time, {args.agent} agent, {args.repeat} run(s) each way; "
-          f"python {sys.version.split()[0]}, {os.cpu_count()} cpus; temp {tmp}", flush=True)
+    print(
+        f"{args.n} tasks, {args.parallel} at a time, {args.agent} agent, {args.repeat} run(s) each way; "
+        f"python {sys.version.split()[0]}, {os.cpu_count()} cpus; temp {tmp}",
+        flush=True,
+    )
     try:
         for r in range(args.repeat):
             # alternate which goes first, so a warm cache or a noisy neighbour favours neither
             order: list[tuple[str, Any, list[dict[str, Any]]]] = [
-                ("baseline", run_baseline, base), ("fleetrun", run_fleetrun, fleet)]
+                ("baseline", run_baseline, base),
+                ("fleetrun", run_fleetrun, fleet),
+            ]
             if args.against is not None:
                 order.append(("before", lambda *a: run_fleetrun(*a, against=args.against.resolve()), before))
             if r % 2:
@@ -342,12 +391,27 @@ def main(argv: Optional[list[str]] = None) -> int:
                 own = f", supervisor {res['self']:.2f}s" if "self" in res else ""
                 print(f"  run {r + 1}: {name:<8} {res['wall']:7.2f}s wall, {res['cpu']:6.2f}s cpu{own}", flush=True)
         if args.fsyncs:
-            counts = [("fleetrun", run_fleetrun(tmp / "fsyncs", args.n, args.parallel, args.agent, script,
-                                                fsyncs=True)["fsyncs"])]
+            counts = [
+                (
+                    "fleetrun",
+                    run_fleetrun(tmp / "fsyncs", args.n, args.parallel, args.agent, script, fsyncs=True)["fsyncs"],
+                )
+            ]
             if args.against is not None:
-                counts.append(("before", run_fleetrun(tmp / "fsyncs-before", args.n, args.parallel, args.agent,
-                                                      script, against=args.against.resolve(),
-                                                      fsyncs=True)["fsyncs"]))
+                counts.append(
+                    (
+                        "before",
+                        run_fleetrun(
+                            tmp / "fsyncs-before",
+                            args.n,
+                            args.parallel,
+                            args.agent,
+                            script,
+                            against=args.against.resolve(),
+                            fsyncs=True,
+                        )["fsyncs"],
+                    )
+                )
             for name, got in counts:
                 print(f"  {name:<8} {got} fsyncs of the supervisor, {got / args.n:.1f} per task", flush=True)
     finally:
@@ -368,8 +432,10 @@ def main(argv: Optional[list[str]] = None) -> int:
         ow = statistics.median(x["wall"] for x in before)
         oc = statistics.median(x["cpu"] for x in before)
         print(f"{'before':10} {ow:13.2f}s {ow / args.n * 1000:8.1f}ms {oc:13.2f}s {oc / args.n * 1000:8.1f}ms")
-        print(f"before     {ow / bw:13.2f}x  overhead {(ow - bw) / args.n * 1000:.1f}ms per task; "
-              f"fleetrun/before {fw / ow:.2f}x wall, {fc / oc:.2f}x cpu")
+        print(
+            f"before     {ow / bw:13.2f}x  overhead {(ow - bw) / args.n * 1000:.1f}ms per task; "
+            f"fleetrun/before {fw / ow:.2f}x wall, {fc / oc:.2f}x cpu"
+        )
     print(f"ratio      {ratio:13.2f}x  (goal < {args.goal:g}x: {'met' if ratio < args.goal else 'NOT met'})")
     print(f"overhead   {(fw - bw) / args.n * 1000:13.1f}ms per task")
     print()
@@ -383,8 +449,9 @@ def main(argv: Optional[list[str]] = None) -> int:
             tot = statistics.median(x["cpu"] for x in runs) / args.n
             own = statistics.median(x["self"] for x in runs) / args.n
             kids = statistics.median(x["children"] for x in runs) / args.n
-            print(f"{name:<22} {tot * 1000:6.1f}ms {tot / (bc / args.n):6.2f}x {own * 1000:9.1f}ms "
-                  f"{kids * 1000:7.1f}ms")
+            print(
+                f"{name:<22} {tot * 1000:6.1f}ms {tot / (bc / args.n):6.2f}x {own * 1000:9.1f}ms {kids * 1000:7.1f}ms"
+            )
     print()
     print("\n".join(summarize("baseline (median run)", mid_b["phases"])))
     print("\n".join(summarize("fleetrun (median run)", mid_f["phases"])))

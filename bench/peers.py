@@ -69,20 +69,32 @@ from typing import Any, Callable, Optional
 
 ROOT = Path(__file__).resolve().parent.parent
 GIT_ENV = {
-    "GIT_AUTHOR_NAME": "bench", "GIT_AUTHOR_EMAIL": "bench@example.invalid",
-    "GIT_COMMITTER_NAME": "bench", "GIT_COMMITTER_EMAIL": "bench@example.invalid",
+    "GIT_AUTHOR_NAME": "bench",
+    "GIT_AUTHOR_EMAIL": "bench@example.invalid",
+    "GIT_COMMITTER_NAME": "bench",
+    "GIT_COMMITTER_EMAIL": "bench@example.invalid",
     "GIT_TERMINAL_PROMPT": "0",
 }
-SH_AGENT = ("echo done > bench.txt && git add bench.txt && "
-            "git -c user.name=bench -c user.email=bench@example.invalid commit -q -m bench")
+SH_AGENT = (
+    "echo done > bench.txt && git add bench.txt && "
+    "git -c user.name=bench -c user.email=bench@example.invalid commit -q -m bench"
+)
 #: What ``fleetrun.cli.main`` does for a fast verb once it has the fast-path patch.
-FAST_SHIM = ("import sys, fleetrun.cli\nfrom fleetrun.plugins.relay.peer.verbs import fast_main\n"
-             "sys.exit(fast_main(sys.argv[1:], sys.stdout, sys.stderr))")
+FAST_SHIM = (
+    "import sys, fleetrun.cli\nfrom fleetrun.plugins.relay.peer.verbs import fast_main\n"
+    "sys.exit(fast_main(sys.argv[1:], sys.stdout, sys.stderr))"
+)
 
 
 def git(cwd: Path, *args: str) -> str:
-    return subprocess.run(["git", "-C", str(cwd), *args], check=True, env=dict(os.environ, **GIT_ENV),
-                          stdin=subprocess.DEVNULL, capture_output=True, text=True).stdout.strip()
+    return subprocess.run(
+        ["git", "-C", str(cwd), *args],
+        check=True,
+        env=dict(os.environ, **GIT_ENV),
+        stdin=subprocess.DEVNULL,
+        capture_output=True,
+        text=True,
+    ).stdout.strip()
 
 
 def make_repo(path: Path) -> Path:
@@ -197,20 +209,34 @@ def bench_verbs(lab: Lab, home: Path, rounds: int) -> list[tuple[str, list[float
     py = sys.executable
     rows = [
         ("`true` (channel + shell: the floor)", lambda: run_command(t, "true"), local(["true"])),
-        ("host status, full CLI (plugins loaded)", lambda: full.call("status", *status),
-         local([py, "-m", "fleetrun", "-v", "host", "status", "--json", *status])),
-        ("host status, fast path", lambda: fast.call("status", *status),
-         local([py, "-c", FAST_SHIM, "host", "status", "--json", *status])),
-        ("host status, as installed", lambda: installed.call("status", *status),
-         local([py, "-m", "fleetrun", "host", "status", "--json", *status])),
-        ("host probe (full; tools cached)", lambda: installed.call("probe"),
-         local([py, "-m", "fleetrun", "host", "probe", "--json"])),
+        (
+            "host status, full CLI (plugins loaded)",
+            lambda: full.call("status", *status),
+            local([py, "-m", "fleetrun", "-v", "host", "status", "--json", *status]),
+        ),
+        (
+            "host status, fast path",
+            lambda: fast.call("status", *status),
+            local([py, "-c", FAST_SHIM, "host", "status", "--json", *status]),
+        ),
+        (
+            "host status, as installed",
+            lambda: installed.call("status", *status),
+            local([py, "-m", "fleetrun", "host", "status", "--json", *status]),
+        ),
+        (
+            "host probe (full; tools cached)",
+            lambda: installed.call("probe"),
+            local([py, "-m", "fleetrun", "host", "probe", "--json"]),
+        ),
     ]
     worker = SSHHost(lab.peer(), home, worker=True) if "worker" in inspect.signature(SSHHost).parameters else None
     if worker is not None:  # a request to the long-lived `host serve` on its own channel
         worker._transport = t
-        rows += [("host status, through the worker", lambda: worker.call("status", *status), local(["true"])),
-                 ("host probe, through the worker", lambda: worker.call("probe"), local(["true"]))]
+        rows += [
+            ("host status, through the worker", lambda: worker.call("status", *status), local(["true"])),
+            ("host probe, through the worker", lambda: worker.call("probe"), local(["true"])),
+        ]
     out = []
     for what, remote, here in rows:
         out.append((what, timed(remote, rounds), timed(here, max(5, rounds // 3))))
@@ -233,8 +259,10 @@ def bench_fetch(lab: Lab, home: Path, rounds: int) -> list[tuple[str, list[float
     host = SSHHost(lab.peer(), home)
     dest = lab.work / "fetch.bundle"
     out = []
-    for what, have in (("a one-commit branch, its base known here", [base]),
-                       ("the same branch, nothing in common", [])):
+    for what, have in (
+        ("a one-commit branch, its base known here", [base]),
+        ("the same branch, nothing in common", []),
+    ):
         sizes: list[int] = []
 
         def once(have: list[str] = have, sizes: list[int] = sizes) -> None:
@@ -251,9 +279,17 @@ def bench_fetch(lab: Lab, home: Path, rounds: int) -> list[tuple[str, list[float
 def write_tasks(folder: Path, repo: Path, n: int) -> Path:
     lines = ["[agents.bench]", f"command = {json.dumps(['/bin/sh', '-c', SH_AGENT])}", ""]
     for i in range(n):
-        lines += ["[[task]]", f'name = "t{i:03d}"', f"cwd = {json.dumps(str(repo))}", 'agent = "bench"',
-                  'prompt = "write bench.txt and commit it"', 'git_ref = "main"', "  [[task.verify]]",
-                  '  run = "true"', ""]
+        lines += [
+            "[[task]]",
+            f'name = "t{i:03d}"',
+            f"cwd = {json.dumps(str(repo))}",
+            'agent = "bench"',
+            'prompt = "write bench.txt and commit it"',
+            'git_ref = "main"',
+            "  [[task.verify]]",
+            '  run = "true"',
+            "",
+        ]
     path = folder / "tasks.toml"
     path.write_text("\n".join(lines))
     return path
@@ -262,8 +298,15 @@ def write_tasks(folder: Path, repo: Path, n: int) -> Path:
 def fleetrun(home: Path, cwd: Path, *args: str, env_extra: Optional[dict[str, str]] = None) -> tuple[int, str, float]:
     env = dict(os.environ, FLEETRUN_HOME=str(home), **GIT_ENV, **(env_extra or {}))
     t = time.perf_counter()
-    p = subprocess.run([sys.executable, "-m", "fleetrun", *args], env=env, cwd=cwd, stdin=subprocess.DEVNULL,
-                       capture_output=True, text=True, timeout=900)
+    p = subprocess.run(
+        [sys.executable, "-m", "fleetrun", *args],
+        env=env,
+        cwd=cwd,
+        stdin=subprocess.DEVNULL,
+        capture_output=True,
+        text=True,
+        timeout=900,
+    )
     return p.returncode, p.stdout + p.stderr, time.perf_counter() - t
 
 
@@ -277,7 +320,8 @@ def end_to_verifying(home: Path) -> list[float]:
         rows = conn.execute(
             "SELECT a.ended, (SELECT MIN(t.time) FROM transitions t WHERE t.task_id = a.task_id "
             "AND t.from_state = 'RUNNING' AND t.to_state = 'VERIFYING' AND t.time >= a.ended) "
-            "FROM attempts a WHERE a.ended IS NOT NULL").fetchall()
+            "FROM attempts a WHERE a.ended IS NOT NULL"
+        ).fetchall()
     finally:
         conn.close()
     return [v - e for e, v in rows if v is not None]
@@ -290,16 +334,25 @@ def steady_s(home: Path) -> float:
 
     conn = sqlite3.connect(f"file:{home / 'state.db'}?mode=ro", uri=True)
     try:
-        first, last = conn.execute("SELECT MIN(CASE WHEN to_state = 'RUNNING' THEN time END), MAX(time) "
-                                   "FROM transitions").fetchone()
+        first, last = conn.execute(
+            "SELECT MIN(CASE WHEN to_state = 'RUNNING' THEN time END), MAX(time) FROM transitions"
+        ).fetchone()
     finally:
         conn.close()
     return float(last - first)
 
 
-def end_to_end(lab: Lab, n: int, on_peer: bool, tag: str, ways: int = 1,
-               lags: Optional[list[float]] = None, steady: Optional[list[float]] = None,
-               against: Optional[Path] = None, phases: Optional[dict[str, list[float]]] = None) -> float:
+def end_to_end(
+    lab: Lab,
+    n: int,
+    on_peer: bool,
+    tag: str,
+    ways: int = 1,
+    lags: Optional[list[float]] = None,
+    steady: Optional[list[float]] = None,
+    against: Optional[Path] = None,
+    phases: Optional[dict[str, list[float]]] = None,
+) -> float:
     work = lab.work / f"e2e-{tag}"
     work.mkdir()
     repo = make_repo(work / "repo")
@@ -310,8 +363,20 @@ def end_to_end(lab: Lab, n: int, on_peer: bool, tag: str, ways: int = 1,
     if on_peer:
         sup_env["FLEETRUN_RELAY_TIMING"] = str(timing["sup"])
         peer_env = {"FLEETRUN_SERVE_TIMING": str(timing["peer"]), **({"PYTHONPATH": str(against)} if against else {})}
-        code, out, _ = fleetrun(home, work, "relay", "add", "bench", lab.address, "--accept-new", "--key",
-                                str(lab.key), "--command", shlex.join(lab.command(extra=peer_env)), env_extra=sup_env)
+        code, out, _ = fleetrun(
+            home,
+            work,
+            "relay",
+            "add",
+            "bench",
+            lab.address,
+            "--accept-new",
+            "--key",
+            str(lab.key),
+            "--command",
+            shlex.join(lab.command(extra=peer_env)),
+            env_extra=sup_env,
+        )
         if code != 0:
             raise SystemExit(f"relay add failed:\n{out}")
         fleetrun(home, work, "drain", env_extra=sup_env)
@@ -390,8 +455,9 @@ def run_phases(home: Path, t0: float, t1: float, timing: Optional[dict[str, Path
 
     conn = sqlite3.connect(f"file:{home / 'state.db'}?mode=ro", uri=True)
     try:
-        first, last = conn.execute("SELECT MIN(CASE WHEN to_state = 'ASSIGNED' THEN time END), MAX(time) "
-                                   "FROM transitions").fetchone()
+        first, last = conn.execute(
+            "SELECT MIN(CASE WHEN to_state = 'ASSIGNED' THEN time END), MAX(time) FROM transitions"
+        ).fetchone()
     finally:
         conn.close()
     p = {"t0": t0, "exit": t1, "first.ASSIGNED": first, "last": last}
@@ -482,12 +548,20 @@ def main() -> int:
     ap.add_argument("--connects", type=int, default=10, help="fresh connections timed (default 10)")
     ap.add_argument("--tasks", type=int, default=5, help="trivial tasks end to end, each way (default 5)")
     ap.add_argument("--repeat", type=int, default=1, help="end-to-end runs each way; the median is shown")
-    ap.add_argument("--hide-bashrc", action="store_true",
-                    help="run sshd with an empty ~/.bashrc bind-mounted over yours (root, unshare): "
-                         "bash runs it for every SSH command, and a slow one (pyenv init...) is in every figure")
-    ap.add_argument("--against", type=Path, default=None, metavar="DIR",
-                    help="also run the peer's end-to-end runs with the fleetrun of checkout DIR (PYTHONPATH, "
-                         "both sides), interleaved with this one's: before/after in one run")
+    ap.add_argument(
+        "--hide-bashrc",
+        action="store_true",
+        help="run sshd with an empty ~/.bashrc bind-mounted over yours (root, unshare): "
+        "bash runs it for every SSH command, and a slow one (pyenv init...) is in every figure",
+    )
+    ap.add_argument(
+        "--against",
+        type=Path,
+        default=None,
+        metavar="DIR",
+        help="also run the peer's end-to-end runs with the fleetrun of checkout DIR (PYTHONPATH, "
+        "both sides), interleaved with this one's: before/after in one run",
+    )
     ap.add_argument("--e2e-only", action="store_true", help="skip connect, the verbs and fetch-back")
     ap.add_argument("--keep", action="store_true", help="keep the temp folder")
     a = ap.parse_args()
@@ -509,9 +583,11 @@ def main() -> int:
         return 2
     lab = Lab(work, a.hide_bashrc)
     try:
-        print(f"peer: sshd on 127.0.0.1:{lab.sshd.port}{' (~/.bashrc hidden)' if a.hide_bashrc else ''}; "
-              f"python {sys.version.split()[0]}; "
-              f"fast path in fleetrun.cli: {'yes' if fast_path_in_cli() else 'no (the patch is not applied)'}")
+        print(
+            f"peer: sshd on 127.0.0.1:{lab.sshd.port}{' (~/.bashrc hidden)' if a.hide_bashrc else ''}; "
+            f"python {sys.version.split()[0]}; "
+            f"fast path in fleetrun.cli: {'yes' if fast_path_in_cli() else 'no (the patch is not applied)'}"
+        )
         if not a.e2e_only:
             print(f"\nconnect (fresh transport, median of {a.connects}): {ms(bench_connect(lab, home, a.connects))}")
             print(f"\nper verb, median of {a.rounds}{'':18}over SSH   as a local process")
@@ -524,8 +600,11 @@ def main() -> int:
             except Exception as e:  # noqa: BLE001 - a peer sends only a branch it prepared for a task
                 print(f"  skipped: {e}")
         ways_of = ["local", "peer"] + (["peer-before"] if against is not None else [])
-        label = {"local": "locally", "peer": "on the 127.0.0.1 peer",
-                 "peer-before": f"the peer, {against.name if against else ''}"}
+        label = {
+            "local": "locally",
+            "peer": "on the 127.0.0.1 peer",
+            "peer-before": f"the peer, {against.name if against else ''}",
+        }
         lags: dict[str, list[float]] = {w: [] for w in ways_of}
         phases: dict[str, dict[str, list[float]]] = {w: {} for w in ways_of}
         for ways in (1, 4):
@@ -535,13 +614,25 @@ def main() -> int:
             for r in range(a.repeat):
                 order = ways_of if r % 2 == 0 else [ways_of[0], *reversed(ways_of[1:])]
                 for where in order:
-                    walls[where].append(end_to_end(
-                        lab, n, where != "local", f"{where}-{ways}-{r}", ways, lags[where], steady[where],
-                        against if where == "peer-before" else None, phases[where] if ways == 1 else None))
+                    walls[where].append(
+                        end_to_end(
+                            lab,
+                            n,
+                            where != "local",
+                            f"{where}-{ways}-{r}",
+                            ways,
+                            lags[where],
+                            steady[where],
+                            against if where == "peer-before" else None,
+                            phases[where] if ways == 1 else None,
+                        )
+                    )
             loc = statistics.median(walls["local"])
             sl = statistics.median(steady["local"])
-            print(f"\nend to end, {n} trivial tasks {'one at a time' if ways == 1 else f'{ways}-way'} "
-                  f"(median of {a.repeat}):")
+            print(
+                f"\nend to end, {n} trivial tasks {'one at a time' if ways == 1 else f'{ways}-way'} "
+                f"(median of {a.repeat}):"
+            )
             for where in ways_of:
                 w = statistics.median(walls[where])
                 line = f"  {label[where]:30} {w:6.2f} s {w / n * 1000:6.0f} ms per task"
@@ -550,21 +641,26 @@ def main() -> int:
                 print(line)
             for where in ways_of:
                 sp = statistics.median(steady[where])
-                print(f"  first RUNNING -> last DONE (no start-up), {label[where]:24} {sp * 1000 / n:5.0f} ms per task"
-                      + (f" ({sp / sl:.2f}x local)" if where != "local" else ""))
+                print(
+                    f"  first RUNNING -> last DONE (no start-up), {label[where]:24} {sp * 1000 / n:5.0f} ms per task"
+                    + (f" ({sp / sl:.2f}x local)" if where != "local" else "")
+                )
         print("\nan attempt's end -> its task VERIFYING (median, max; every task above):")
         for where in ways_of:
             xs = lags[where]
             if xs:
-                print(f"  {label[where]:30} {statistics.median(xs) * 1000:7.1f} ms  {max(xs) * 1000:7.1f} ms  "
-                      f"({len(xs)} tasks)")
+                print(
+                    f"  {label[where]:30} {statistics.median(xs) * 1000:7.1f} ms  {max(xs) * 1000:7.1f} ms  "
+                    f"({len(xs)} tasks)"
+                )
         print("\nwhere a task's time goes, one at a time (median ms over every task of those runs):")
         print(f"  {'':46}" + "".join(f"{w:>13}" for w in ways_of))
         for name, _, _ in [*RUN_PHASES, *PHASES]:
             row = [phases[w].get(name) for w in ways_of]
             if any(row):
-                print(f"  {name:46}" + "".join(f"{statistics.median(x) * 1000:13.1f}" if x else f"{'-':>13}"
-                                               for x in row))
+                print(
+                    f"  {name:46}" + "".join(f"{statistics.median(x) * 1000:13.1f}" if x else f"{'-':>13}" for x in row)
+                )
     finally:
         lab.close()
         if a.keep:

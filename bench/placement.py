@@ -37,31 +37,53 @@ REQUIRES = [[], [], [], [], [], [], [], [], [], ["docker"], ["node>=22"], ["gpu"
 
 
 def make_fleet(n: int, rng: random.Random) -> list[Candidate]:
-    fleet = [Candidate("local", kind="local", free_mem_mb=rng.uniform(16_000, 64_000), load_per_core=0.3,
-                       free_disk_mb=200_000, max_tasks=8, tools={"git": "2.43.0", "claude": "2.1.0"},
-                       auth=frozenset({"claude"}), min_free_mem_mb=2048, min_free_disk_mb=5120)]
+    fleet = [
+        Candidate(
+            "local",
+            kind="local",
+            free_mem_mb=rng.uniform(16_000, 64_000),
+            load_per_core=0.3,
+            free_disk_mb=200_000,
+            max_tasks=8,
+            tools={"git": "2.43.0", "claude": "2.1.0"},
+            auth=frozenset({"claude"}),
+            min_free_mem_mb=2048,
+            min_free_disk_mb=5120,
+        )
+    ]
     for i in range(1, n):
         tools: dict[str, str | None] = {"git": "2.43.0"}
         if rng.random() < 0.5:
             tools["node"] = rng.choice(["18.19.0", "22.3.0"])
         if rng.random() < 0.7:
             tools["claude"] = "2.1.301"
-        fleet.append(Candidate(
-            f"peer{i:03d}", kind="peer",
-            free_mem_mb=rng.uniform(32_000, 256_000) if rng.random() > 0.02 else None,
-            load_per_core=rng.uniform(0, 1.2), free_disk_mb=rng.uniform(10_000, 500_000),
-            running=rng.randint(0, 4), max_tasks=rng.randint(20, 80),
-            drain=rng.random() < 0.03, fresh=rng.random() > 0.03,
-            status="live", tags=frozenset(t for t in ("docker", "gpu") if rng.random() < 0.3),
-            tools=tools, auth=frozenset({"claude"}) if "claude" in tools and rng.random() < 0.8 else frozenset(),
-            mem_per_task_mb=rng.choice([1024.0, 1500.0, 2048.0]),
-            min_free_mem_mb=2048, max_load_per_core=1.5, min_free_disk_mb=5120,
-        ))
+        fleet.append(
+            Candidate(
+                f"peer{i:03d}",
+                kind="peer",
+                free_mem_mb=rng.uniform(32_000, 256_000) if rng.random() > 0.02 else None,
+                load_per_core=rng.uniform(0, 1.2),
+                free_disk_mb=rng.uniform(10_000, 500_000),
+                running=rng.randint(0, 4),
+                max_tasks=rng.randint(20, 80),
+                drain=rng.random() < 0.03,
+                fresh=rng.random() > 0.03,
+                status="live",
+                tags=frozenset(t for t in ("docker", "gpu") if rng.random() < 0.3),
+                tools=tools,
+                auth=frozenset({"claude"}) if "claude" in tools and rng.random() < 0.8 else frozenset(),
+                mem_per_task_mb=rng.choice([1024.0, 1500.0, 2048.0]),
+                min_free_mem_mb=2048,
+                max_load_per_core=1.5,
+                min_free_disk_mb=5120,
+            )
+        )
     return fleet
 
 
-def make_tasks(n: int, fleet: list[Candidate], rng: random.Random, now: float
-               ) -> list[tuple[list[str], str | None, dict[str, Backoff]]]:
+def make_tasks(
+    n: int, fleet: list[Candidate], rng: random.Random, now: float
+) -> list[tuple[list[str], str | None, dict[str, Backoff]]]:
     out = []
     for _ in range(n):
         pin = rng.choice(fleet).name if rng.random() < 0.02 else None
@@ -73,8 +95,9 @@ def make_tasks(n: int, fleet: list[Candidate], rng: random.Random, now: float
     return out
 
 
-def run_decide(fleet: list[Candidate], tasks: list[tuple[list[str], str | None, dict[str, Backoff]]],
-               now: float) -> tuple[float, list[float], list[float]]:
+def run_decide(
+    fleet: list[Candidate], tasks: list[tuple[list[str], str | None, dict[str, Backoff]]], now: float
+) -> tuple[float, list[float], list[float]]:
     """Place every task in turn; return (total seconds, per-placement, per-wait)."""
     by_name = {c.name: c for c in fleet}
     placed: list[float] = []
@@ -106,8 +129,9 @@ def run_baseline(fleet: list[Candidate], n: int) -> float:
     return time.perf_counter() - start
 
 
-def run_full_pass(fleet: list[Candidate], tasks: list[tuple[list[str], str | None, dict[str, Backoff]]],
-                  now: float) -> tuple[float, float]:
+def run_full_pass(
+    fleet: list[Candidate], tasks: list[tuple[list[str], str | None, dict[str, Backoff]]], now: float
+) -> tuple[float, float]:
     """One pass of the loop over a queue that all waits (every slot taken): seconds
     through ``decide`` for each task, and through the plugin's per-pass memory."""
     for c in fleet:
@@ -141,8 +165,10 @@ def main() -> None:
     all_tasks = make_tasks(max(sizes), fleet0, rng, now)
     capacity = sum(max(0, c.max_tasks - c.running) for c in fleet0)
     print(f"{args.candidates} candidates, {capacity} free slots in all; python {sys.version.split()[0]}")
-    print(f"{'tasks':>6}  {'per decision':>12}  {'per placement':>13}  {'per wait':>11}  "
-          f"{'placed':>6}  {'waits':>6}  {'total':>8}  {'baseline/dec':>12}  {'ratio':>6}")
+    print(
+        f"{'tasks':>6}  {'per decision':>12}  {'per placement':>13}  {'per wait':>11}  "
+        f"{'placed':>6}  {'waits':>6}  {'total':>8}  {'baseline/dec':>12}  {'ratio':>6}"
+    )
     per_decision: dict[int, float] = {}
     totals: dict[int, float] = {}
     for n in sizes:
@@ -160,11 +186,15 @@ def main() -> None:
         totals[n] = total
         p = statistics.mean(placed) if placed else 0.0
         w = statistics.mean(waited) if waited else 0.0
-        print(f"{n:>6}  {us(total / n):>12}  {us(p):>13}  {us(w):>11}  {len(placed):>6}  {len(waited):>6}  "
-              f"{total * 1e3:6.0f} ms  {us(base / n):>12}  {total / base:5.0f}x")
+        print(
+            f"{n:>6}  {us(total / n):>12}  {us(p):>13}  {us(w):>11}  {len(placed):>6}  {len(waited):>6}  "
+            f"{total * 1e3:6.0f} ms  {us(base / n):>12}  {total / base:5.0f}x"
+        )
     lo, hi = sizes[0], sizes[-1]
-    print(f"growth {lo} -> {hi} tasks: total x{totals[hi] / totals[lo]:.1f} for x{hi / lo:.0f} tasks; "
-          f"per decision x{per_decision[hi] / per_decision[lo]:.2f} (1.00 is linear)")
+    print(
+        f"growth {lo} -> {hi} tasks: total x{totals[hi] / totals[lo]:.1f} for x{hi / lo:.0f} tasks; "
+        f"per decision x{per_decision[hi] / per_decision[lo]:.2f} (1.00 is linear)"
+    )
     print()
     print("one loop pass over a queue that all waits (every slot taken):")
     print(f"{'tasks':>6}  {'decide, per task':>16}  {'pass':>8}  {'plugin, per task':>16}  {'pass':>8}")

@@ -33,8 +33,10 @@ def build_home(home: Path, n: int) -> None:
     from fleetrun.taskspec import TaskSpec
 
     hosts = ("local", "mini", "studio", "mailbox")
-    specs = [TaskSpec(name=f"task-{i}", prompt=f"do part {i}", cwd="/repo",
-                      depends_on=[f"task-{i - 1}"] if i % 10 else []) for i in range(n)]
+    specs = [
+        TaskSpec(name=f"task-{i}", prompt=f"do part {i}", cwd="/repo", depends_on=[f"task-{i - 1}"] if i % 10 else [])
+        for i in range(n)
+    ]
     output = "\n".join(f"line {k} of the verifier's output" for k in range(120))
     with Ledger(home / "state.db") as led:
         tasks = led.add_tasks(specs, source="/repo/tasks.toml")
@@ -55,14 +57,24 @@ def build_home(home: Path, n: int) -> None:
                 led.transition(t.id, State.RUNNING, State.VERIFYING, "exited", k + 1, host)
                 last = k == tries - 1
                 passed = last and i % 20 != 7
-                led.add_verdict(t.id, att.id, 0, Verdict(passed=passed, kind="run", label="pytest -q",
-                                                         reason="exit code 0" if passed else "exit code 1",
-                                                         output=output, duration_s=0.3, host=host))
+                led.add_verdict(
+                    t.id,
+                    att.id,
+                    0,
+                    Verdict(
+                        passed=passed,
+                        kind="run",
+                        label="pytest -q",
+                        reason="exit code 0" if passed else "exit code 1",
+                        output=output,
+                        duration_s=0.3,
+                        host=host,
+                    ),
+                )
                 if passed:
                     led.transition(t.id, State.VERIFYING, State.DONE, "verify_pass", k + 1, host)
                 elif last:
-                    led.transition(t.id, State.VERIFYING, State.NEEDS_HUMAN, "retries_exhausted:pytest -q", k + 1,
-                                   host)
+                    led.transition(t.id, State.VERIFYING, State.NEEDS_HUMAN, "retries_exhausted:pytest -q", k + 1, host)
                 else:
                     led.transition(t.id, State.VERIFYING, State.RETRYING, "verify_fail:pytest -q", k + 1, host)
                     state = State.RETRYING
@@ -73,8 +85,14 @@ def timed(args: list[str], home: Path, cwd: Path, runs: int) -> float:
     times = []
     for _ in range(runs):
         start = time.perf_counter()
-        proc = subprocess.run([sys.executable, "-m", "fleetrun", *args], env=env, cwd=str(cwd),
-                              capture_output=True, text=True, stdin=subprocess.DEVNULL)
+        proc = subprocess.run(
+            [sys.executable, "-m", "fleetrun", *args],
+            env=env,
+            cwd=str(cwd),
+            capture_output=True,
+            text=True,
+            stdin=subprocess.DEVNULL,
+        )
         times.append(time.perf_counter() - start)
         if proc.returncode not in (0, 1):
             raise SystemExit(f"fleetrun {' '.join(args)} exited {proc.returncode}:\n{proc.stderr}")
@@ -107,18 +125,24 @@ def main() -> None:
         status = timed(["status", "--json"], home, root, opts.runs)
         one = root / "one"
         one.mkdir()
-        (one / "tasks.toml").write_text('[agents.echo]\ncommand = ["{python}", "-c", "print(1)"]\n'
-                                        '[[task]]\nname = "one"\nprompt = "p"\ncwd = "."\nagent = "echo"\n'
-                                        '  [[task.verify]]\n  run = "true"\n')
+        (one / "tasks.toml").write_text(
+            '[agents.echo]\ncommand = ["{python}", "-c", "print(1)"]\n'
+            '[[task]]\nname = "one"\nprompt = "p"\ncwd = "."\nagent = "echo"\n'
+            '  [[task.verify]]\n  run = "true"\n'
+        )
         task_times = []
         for k in range(opts.runs):
             task_times.append(timed(["tasks.toml", "--new-queue", "-q"], root / f"onehome{k}", one, 1))
         task = statistics.median(task_times)
-    print(f"report --html, {opts.tasks} tasks: {report * 1000:7.0f} ms  ({size / 1024:.0f} KiB; of it, reading "
-          f"the ledger and drawing the page in process: {drawn * 1000:.0f} ms)")
+    print(
+        f"report --html, {opts.tasks} tasks: {report * 1000:7.0f} ms  ({size / 1024:.0f} KiB; of it, reading "
+        f"the ledger and drawing the page in process: {drawn * 1000:.0f} ms)"
+    )
     print(f"status --json, same home:      {status * 1000:7.0f} ms  report/status = {report / status:.2f}x")
-    print(f"one task's run (echo agent):   {task * 1000:7.0f} ms  report/one task = {report / task:.2f}x, "
-          f"drawing/one task = {drawn / task:.2f}x")
+    print(
+        f"one task's run (echo agent):   {task * 1000:7.0f} ms  report/one task = {report / task:.2f}x, "
+        f"drawing/one task = {drawn / task:.2f}x"
+    )
     print("(a task an agent works on takes minutes: the echo agent's run is the cheapest task there is)")
 
 

@@ -81,8 +81,10 @@ def tasks_toml(n: int, repo: Path, scenario: str, dag: bool) -> str:
             deps = '["head"]'
         if scenario == "ready" and not dag:
             deps = "[]"
-        out.append(f'[[task]]\nname = "t{i}"\ncwd = "{repo}"\nprompt = "do item {i}"\ngit_ref = "main"\n'
-                   f'depends_on = {deps}\n\n  [[task.verify]]\n  run = "true"\n')
+        out.append(
+            f'[[task]]\nname = "t{i}"\ncwd = "{repo}"\nprompt = "do item {i}"\ngit_ref = "main"\n'
+            f'depends_on = {deps}\n\n  [[task.verify]]\n  run = "true"\n'
+        )
     return "\n".join(out)
 
 
@@ -110,11 +112,18 @@ def run(argv: list[str], env: dict[str, str], cwd: Path, ok: tuple[int, ...] = (
     not this bench's, which a forked child would inherit as its high-water mark);
     :return: (wall s, CPU s, peak RSS MiB) of that process alone."""
     with tempfile.NamedTemporaryFile("r", suffix=".time") as out:
-        proc = subprocess.run([TIME, "-f", "%e %U %S %M", "-o", out.name, *argv], env=env, cwd=cwd,
-                              stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
+        proc = subprocess.run(
+            [TIME, "-f", "%e %U %S %M", "-o", out.name, *argv],
+            env=env,
+            cwd=cwd,
+            stdin=subprocess.DEVNULL,
+            stdout=subprocess.DEVNULL,
+            stderr=subprocess.PIPE,
+        )
         if proc.returncode not in ok:
-            raise SystemExit(f"{' '.join(argv)} exited {proc.returncode}: "
-                             f"{proc.stderr.decode(errors='replace')[-2000:]}")
+            raise SystemExit(
+                f"{' '.join(argv)} exited {proc.returncode}: {proc.stderr.decode(errors='replace')[-2000:]}"
+            )
         wall, user, system, kib = out.read().split()[-4:]
     return float(wall), float(user) + float(system), int(kib) / 1024
 
@@ -122,11 +131,20 @@ def run(argv: list[str], env: dict[str, str], cwd: Path, ok: tuple[int, ...] = (
 def first_pass(env: dict[str, str], cwd: Path, passes: int) -> tuple[float, float]:
     """The first ``Loop.step`` and the median of the next ``passes``, in a child process."""
     here = str(Path(__file__).parent)
-    code = (f"import json, sys; sys.path.insert(0, {here!r}); import loopscale; from pathlib import Path; "
-            f"f, rest = loopscale.pass_times(Path(sys.argv[1]), {passes}); "
-            "print(json.dumps([f, sorted(rest)[len(rest) // 2]]))")
-    out = subprocess.run([sys.executable, "-c", code, env["FLEETRUN_HOME"]], env=env, cwd=cwd, check=True,
-                         stdin=subprocess.DEVNULL, capture_output=True, text=True).stdout
+    code = (
+        f"import json, sys; sys.path.insert(0, {here!r}); import loopscale; from pathlib import Path; "
+        f"f, rest = loopscale.pass_times(Path(sys.argv[1]), {passes}); "
+        "print(json.dumps([f, sorted(rest)[len(rest) // 2]]))"
+    )
+    out = subprocess.run(
+        [sys.executable, "-c", code, env["FLEETRUN_HOME"]],
+        env=env,
+        cwd=cwd,
+        check=True,
+        stdin=subprocess.DEVNULL,
+        capture_output=True,
+        text=True,
+    ).stdout
     first, rest = json.loads(out.strip().splitlines()[-1])
     return float(first), float(rest)
 
@@ -134,8 +152,14 @@ def first_pass(env: dict[str, str], cwd: Path, passes: int) -> tuple[float, floa
 def idle(env: dict[str, str], cwd: Path, seconds: float) -> tuple[float, float, float]:
     """``fleetrun work`` as a process: (seconds until its CPU settled, % of one core over
     ``seconds`` after that, RSS MiB at the end)."""
-    proc = subprocess.Popen([sys.executable, "-m", "fleetrun", "work", "-q"], env=env, cwd=cwd,
-                            stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "fleetrun", "work", "-q"],
+        env=env,
+        cwd=cwd,
+        stdin=subprocess.DEVNULL,
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.PIPE,
+    )
     try:
         p = psutil.Process(proc.pid)
         start = time.perf_counter()
@@ -206,8 +230,11 @@ ROWS = [
 
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    ap.add_argument("--sizes", default="1000,10000,100000,dag1000",
-                    help="task counts; dagN is an N-task DAG with fan-in and fan-out")
+    ap.add_argument(
+        "--sizes",
+        default="1000,10000,100000,dag1000",
+        help="task counts; dagN is an N-task DAG with fan-in and fan-out",
+    )
     ap.add_argument("--scenario", choices=["wait", "ready"], default="wait")
     ap.add_argument("--repeat", type=int, default=1, help="rounds; medians are printed")
     ap.add_argument("--idle", type=float, default=10.0, help="seconds of idle CPU measured after the first pass")
@@ -225,11 +252,16 @@ def main() -> None:
             rounds: list[dict[str, float]] = []
             for r in range(args.repeat):
                 rounds.append(measure(base / f"{size}-{r}", n, args.scenario, dag, args))
-                print(f"# {size} round {r + 1}: " + ", ".join(f"{k} {v:.3f}" for k, v in rounds[-1].items()),
-                      file=sys.stderr, flush=True)
+                print(
+                    f"# {size} round {r + 1}: " + ", ".join(f"{k} {v:.3f}" for k, v in rounds[-1].items()),
+                    file=sys.stderr,
+                    flush=True,
+                )
             results[size] = {k: statistics.median(r[k] for r in rounds) for k in rounds[0]}
-    print(f"scenario {args.scenario}; medians of {args.repeat}; (xB) = ratio to the same run's baseline: "
-          "a plain tomllib + SQLite insert for queue, python -c 'import sqlite3' for status")
+    print(
+        f"scenario {args.scenario}; medians of {args.repeat}; (xB) = ratio to the same run's baseline: "
+        "a plain tomllib + SQLite insert for queue, python -c 'import sqlite3' for status"
+    )
     width = 22
     print(f"{'figure':<22}" + "".join(f"{s:>{width}}" for s in sizes))
     for label, key, bkey in ROWS:

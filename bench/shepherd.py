@@ -47,8 +47,13 @@ def once(argv: list[str], env: dict[str, str]) -> tuple[float, float]:
 def main(argv: Optional[list[str]] = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--runs", type=int, default=40, help="runs of each (default 40)")
-    parser.add_argument("--against", type=Path, default=None, metavar="DIR",
-                        help="a checkout whose shepherd runs too (before/after in the same run)")
+    parser.add_argument(
+        "--against",
+        type=Path,
+        default=None,
+        metavar="DIR",
+        help="a checkout whose shepherd runs too (before/after in the same run)",
+    )
     args = parser.parse_args(argv)
     with tempfile.TemporaryDirectory(prefix="fleetrun-shepherd-") as tmp:
         ways = {"python -I -S -c pass": ["-c", "pass"], "shepherd.py": [shepherd.SHEPHERD_PATH]}
@@ -97,8 +102,10 @@ def main(argv: Optional[list[str]] = None) -> int:
             print(f"{name:<32} {c * 1000:6.1f}ms {c / base_cpu:5.2f}x {w * 1000:7.1f}ms {w / base_wall:5.2f}x")
         names = (last["shepherd.py"] / shepherd.MODULES).read_text().splitlines()[1:]
         heavy = sorted(set(names) & {"json", "subprocess", "socket", "signal", "enum", "typing", "re"})
-        print(f"the shepherd imported {len(names)} modules; of json/subprocess/socket/signal/enum/typing/re: "
-              f"{', '.join(heavy) or 'none'}")
+        print(
+            f"the shepherd imported {len(names)} modules; of json/subprocess/socket/signal/enum/typing/re: "
+            f"{', '.join(heavy) or 'none'}"
+        )
     return 0
 
 

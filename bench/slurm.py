@@ -57,8 +57,9 @@ def sbatch_alone(c: Cluster, work: Path, n: int) -> tuple[list[float], list[floa
         out = work / f"job{i}.times"
         script = f"date +%s.%N > {out}; date +%s.%N >> {out}"
         t = time.time()
-        r = c.client(["sbatch", "--parsable", "--mem=100M", "--no-requeue", f"--output={work}/job{i}.out",
-                      "--wrap", script])
+        r = c.client(
+            ["sbatch", "--parsable", "--mem=100M", "--no-requeue", f"--output={work}/job{i}.out", "--wrap", script]
+        )
         assert r.returncode == 0, r.stderr
         job = int(r.stdout.strip().split(";")[0])
         t0[job], outs[job] = t, out
@@ -68,8 +69,7 @@ def sbatch_alone(c: Cluster, work: Path, n: int) -> tuple[list[float], list[floa
         q = c.client(["squeue", "-h", "-o", "%i"]).stdout.split()
         now = time.time()
         for job in t0:
-            if job not in gone and str(job) not in q and outs[job].exists() \
-                    and len(outs[job].read_text().split()) == 2:
+            if job not in gone and str(job) not in q and outs[job].exists() and len(outs[job].read_text().split()) == 2:
                 gone[job] = now
         time.sleep(0.02)
     starts, ends = [], []
@@ -80,25 +80,43 @@ def sbatch_alone(c: Cluster, work: Path, n: int) -> tuple[list[float], list[floa
     return starts, ends
 
 
-def with_fleetrun(c: Cluster, work: Path, n: int) -> tuple[list[float], list[float], list[float], float,
-                                                          list[float], list[float]]:
+def with_fleetrun(
+    c: Cluster, work: Path, n: int
+) -> tuple[list[float], list[float], list[float], float, list[float], list[float]]:
     home, repo, shared = work / "home", work / "repo", work / "shared"
     for d in (home, repo, shared):
         d.mkdir(parents=True)
-    env = dict(os.environ, FLEETRUN_HOME=str(home), SLURM_CONF=str(c.conf), FLEETRUN_DISABLE_PLUGIN_AUTOLOAD="1",
-               PYTHONPATH=os.pathsep.join([str(PLUGIN), str(ROOT)]), GIT_AUTHOR_NAME="b",
-               GIT_AUTHOR_EMAIL="b@b", GIT_COMMITTER_NAME="b", GIT_COMMITTER_EMAIL="b@b")
+    env = dict(
+        os.environ,
+        FLEETRUN_HOME=str(home),
+        SLURM_CONF=str(c.conf),
+        FLEETRUN_DISABLE_PLUGIN_AUTOLOAD="1",
+        PYTHONPATH=os.pathsep.join([str(PLUGIN), str(ROOT)]),
+        GIT_AUTHOR_NAME="b",
+        GIT_AUTHOR_EMAIL="b@b",
+        GIT_COMMITTER_NAME="b",
+        GIT_COMMITTER_EMAIL="b@b",
+    )
     for args in (["init", "-q", "-b", "main"], ["commit", "-q", "--allow-empty", "-m", "init"]):
         subprocess.run(["git", "-C", str(repo), *args], check=True, env=env)
     (home / "config.toml").write_text(f'[slurm]\nshared_dir = "{shared}"\nmem_mb = 100\n')
     (home / "policy.toml").write_text("[local]\nmax_tasks = 0\n")
     agent = f"{sys.executable} -c \"open('out.txt', 'w').write('x')\""
-    tasks = "".join(f'[[task]]\nname = "t{i}"\ncwd = "{repo}"\nprompt = "p"\ngit_ref = "main"\nagent = "w"\n'
-                    f'  [[task.verify]]\n  run = "true"\n' for i in range(n))
+    tasks = "".join(
+        f'[[task]]\nname = "t{i}"\ncwd = "{repo}"\nprompt = "p"\ngit_ref = "main"\nagent = "w"\n'
+        f'  [[task.verify]]\n  run = "true"\n'
+        for i in range(n)
+    )
     (work / "tasks.toml").write_text(f'[agents.w]\ncommand = ["/bin/sh", "-c", {json.dumps(agent)}]\n' + tasks)
     t = time.monotonic()
-    r = subprocess.run([sys.executable, "-m", "fleetrun", str(work / "tasks.toml"), "-p", "fleetrun_slurm"],
-                       capture_output=True, text=True, env=env, cwd=work, timeout=600)
+    r = subprocess.run(
+        [sys.executable, "-m", "fleetrun", str(work / "tasks.toml"), "-p", "fleetrun_slurm"],
+        capture_output=True,
+        text=True,
+        env=env,
+        cwd=work,
+        timeout=600,
+    )
     wall = time.monotonic() - t
     assert r.returncode == 0, r.stdout + r.stderr
     conn = sqlite3.connect(f"file:{home / 'state.db'}?mode=ro", uri=True)
@@ -157,7 +175,7 @@ def main() -> int:
             for k in range(args.repeat):
                 # interleaved, each first in turn: the cluster's own state (its scheduler's
                 # last pass) is not charged to one side
-                for side in (("alone", "fleet") if k % 2 == 0 else ("fleet", "alone")):
+                for side in ("alone", "fleet") if k % 2 == 0 else ("fleet", "alone"):
                     if side == "alone":
                         s, e = sbatch_alone(c, Path(tmp) / f"alone{k}", args.tasks)
                         a_start += s
@@ -175,7 +193,7 @@ def main() -> int:
             print(f"fleetrun-slurm submit -> RUNNING    {ms(f_start)}   (agent started in its job)")
             print(f"sbatch alone   end -> gone          {ms(a_end)}   (out of squeue)")
             print(f"fleetrun-slurm end -> VERIFYING     {ms(f_ver)}")
-            print(f"fleetrun-slurm end -> DONE          {ms(f_done)}   (collect, run = \"true\" as a job, handoff)")
+            print(f'fleetrun-slurm end -> DONE          {ms(f_done)}   (collect, run = "true" as a job, handoff)')
             print(f"  verifier job   submit -> running    {ms(v_start)}")
             print(f"  verifier job   end -> DONE          {ms(v_done)}")
             print(f"fleetrun run wall time, {args.tasks} tasks: {statistics.median(walls):.2f} s (median)")

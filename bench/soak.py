@@ -46,8 +46,12 @@ def mount_small_home(root: Path, size_mb: int) -> tuple[Optional[Path], Optional
     mnt = root / "small"
     mnt.mkdir()
     try:
-        r = subprocess.run(["mount", "-t", "tmpfs", "-o", f"size={size_mb}m,mode=0700", "tmpfs", str(mnt)],
-                           capture_output=True, text=True, timeout=30)
+        r = subprocess.run(
+            ["mount", "-t", "tmpfs", "-o", f"size={size_mb}m,mode=0700", "tmpfs", str(mnt)],
+            capture_output=True,
+            text=True,
+            timeout=30,
+        )
     except (OSError, subprocess.SubprocessError) as e:
         return None, f"cannot mount a tmpfs: {e}"
     if r.returncode != 0:
@@ -67,22 +71,43 @@ def main(argv: Optional[list[str]] = None) -> int:
     ap.add_argument("--no-malformed", action="store_true", help="no agent emits malformed stream-json")
     ap.add_argument("--chatty", type=int, default=2, help="agents printing more than the cap (default 2)")
     ap.add_argument("--detach", type=int, default=2, help="agents leaving a setsid process behind (default 2)")
-    ap.add_argument("--gap", type=float, nargs=2, default=(0.5, 3.0), metavar=("MIN", "MAX"),
-                    help="seconds between blows, uniform (default 0.5 3)")
-    ap.add_argument("--deadline", type=float, default=None, help="seconds before the run counts as hung "
-                    "(default 6 s a task)")
-    ap.add_argument("--peers", type=int, default=0, help="peers in network namespaces, each a real sshd "
-                    "(default 0; skipped with the reason where the machine cannot)")
+    ap.add_argument(
+        "--gap",
+        type=float,
+        nargs=2,
+        default=(0.5, 3.0),
+        metavar=("MIN", "MAX"),
+        help="seconds between blows, uniform (default 0.5 3)",
+    )
+    ap.add_argument(
+        "--deadline", type=float, default=None, help="seconds before the run counts as hung (default 6 s a task)"
+    )
+    ap.add_argument(
+        "--peers",
+        type=int,
+        default=0,
+        help="peers in network namespaces, each a real sshd "
+        "(default 0; skipped with the reason where the machine cannot)",
+    )
     ap.add_argument("--no-peer-links", action="store_true", help="never drop a peer's link")
     ap.add_argument("--keep", action="store_true", help="keep the temp folder (the home, the repo, the logs)")
     args = ap.parse_args(argv)
     n = LONG if args.long else args.tasks
-    opts = SoakOptions(tasks=n, seed=args.seed, parallel=args.parallel,
-                       supervisor_kills=not args.no_supervisor_kills, shepherd_kills=not args.no_shepherd_kills,
-                       disk_full=not args.no_disk_full, malformed=not args.no_malformed, chatty=args.chatty,
-                       detach=args.detach, gap=tuple(args.gap), deadline=args.deadline or 6.0 * n,
-                       peer_links=not args.no_peer_links,
-                       log=lambda line: print(line, flush=True))
+    opts = SoakOptions(
+        tasks=n,
+        seed=args.seed,
+        parallel=args.parallel,
+        supervisor_kills=not args.no_supervisor_kills,
+        shepherd_kills=not args.no_shepherd_kills,
+        disk_full=not args.no_disk_full,
+        malformed=not args.no_malformed,
+        chatty=args.chatty,
+        detach=args.detach,
+        gap=tuple(args.gap),
+        deadline=args.deadline or 6.0 * n,
+        peer_links=not args.no_peer_links,
+        log=lambda line: print(line, flush=True),
+    )
     root = Path(tempfile.mkdtemp(prefix="fleetrun-soak-"))
     print(f"soak: {n} tasks, seed {args.seed}, in {root}", flush=True)
     mnt: Optional[Path] = None
@@ -116,8 +141,13 @@ def main(argv: Optional[list[str]] = None) -> int:
                 kill_orphans(root)
                 fleeter.close()
                 if args.keep and mnt is not None:  # the tmpfs goes: keep a copy of the home
-                    shutil.copytree(fleeter.home, root / "home", symlinks=True, dirs_exist_ok=True,
-                                    ignore=shutil.ignore_patterns("*.sock"))
+                    shutil.copytree(
+                        fleeter.home,
+                        root / "home",
+                        symlinks=True,
+                        dirs_exist_ok=True,
+                        ignore=shutil.ignore_patterns("*.sock"),
+                    )
         code = 1 if report.violations else 0
     finally:
         if mnt is not None:

@@ -45,13 +45,32 @@ TASK_COMMANDS = [["status"], ["logs", "TASK"]]
 HEAVY = ("paramiko", "pexpect")
 #: What ``--help`` and ``--version`` must not import either: they only read the command
 #: line (tests/test_startup.py checks the same list).
-NOT_FOR_HELP = ("sqlite3", "fleetrun.ledger", "fleetrun.gitutil", "fleetrun.loop", "fleetrun.claudecli",
-                "fleetrun.plugins.worktree", "psutil", "socket", "subprocess")
+NOT_FOR_HELP = (
+    "sqlite3",
+    "fleetrun.ledger",
+    "fleetrun.gitutil",
+    "fleetrun.loop",
+    "fleetrun.claudecli",
+    "fleetrun.plugins.worktree",
+    "psutil",
+    "socket",
+    "subprocess",
+)
 #: What ``status`` and ``logs`` must not import on a home with tasks (tests/test_startup.py
 #: checks a longer list).
-NOT_FOR_VIEWING = ("subprocess", "uuid", "socket", "threading", "hashlib", "fleetrun.gitutil", "fleetrun.loop",
-                   "fleetrun.claudecli", "fleetrun.placement", "fleetrun.plugins.worktree",
-                   "fleetrun.plugins.relay.protocol")
+NOT_FOR_VIEWING = (
+    "subprocess",
+    "uuid",
+    "socket",
+    "threading",
+    "hashlib",
+    "fleetrun.gitutil",
+    "fleetrun.loop",
+    "fleetrun.claudecli",
+    "fleetrun.placement",
+    "fleetrun.plugins.worktree",
+    "fleetrun.plugins.relay.protocol",
+)
 #: The goal: each command within this ratio of ``python -c pass``.
 GOAL = 2.0
 #: The goal of ``status`` at 10,000 tasks: within this ratio of ``python -c "import sqlite3"``.
@@ -68,7 +87,7 @@ def make_home(home: Path, n: int) -> str:
 
     with Ledger(home / "state.db") as led:
         tasks = led.add_tasks([TaskSpec(name=f"t{i}", prompt=f"do thing {i}", cwd="/repo") for i in range(n)])
-        for i, t in enumerate(tasks[:max(3, n // 20)]):
+        for i, t in enumerate(tasks[: max(3, n // 20)]):
             host = "mini" if i % 3 == 0 else "local"
             led.lease(t.id, State.READY, host, "fresh")
             if i % 2:
@@ -82,8 +101,14 @@ def once(argv: list[str], env: dict[str, str]) -> tuple[float, float]:
     r0 = resource.getrusage(resource.RUSAGE_CHILDREN)
     start = time.perf_counter()
     # in the temp folder: not a checkout's (`python -m` puts the current folder first on sys.path)
-    proc = subprocess.run(argv, env=env, cwd=os.path.dirname(env["FLEETRUN_HOME"]), stdin=subprocess.DEVNULL,
-                          stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
+    proc = subprocess.run(
+        argv,
+        env=env,
+        cwd=os.path.dirname(env["FLEETRUN_HOME"]),
+        stdin=subprocess.DEVNULL,
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.PIPE,
+    )
     wall = time.perf_counter() - start
     r1 = resource.getrusage(resource.RUSAGE_CHILDREN)
     if proc.returncode != 0:
@@ -98,18 +123,27 @@ def interleaved(ways: list[tuple[str, list[str], dict[str, str]]], runs: int) ->
     for _ in range(runs):
         for name, argv, env in ways:
             got[name].append(once(argv, env))
-    return {name: (statistics.median(w for w, _ in xs), statistics.median(c for _, c in xs)) for name, xs in got.items()}
+    return {
+        name: (statistics.median(w for w, _ in xs), statistics.median(c for _, c in xs)) for name, xs in got.items()
+    }
 
 
 def importtime(args: list[str], env: dict[str, str]) -> list[tuple[int, int, str]]:
     """(self µs, cumulative µs, module) for every import ``python -m fleetrun ARGS`` makes."""
-    proc = subprocess.run([sys.executable, "-X", "importtime", "-m", "fleetrun", *args], env=env,
-                          cwd=os.path.dirname(env["FLEETRUN_HOME"]), stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
+    proc = subprocess.run(
+        [sys.executable, "-X", "importtime", "-m", "fleetrun", *args],
+        env=env,
+        cwd=os.path.dirname(env["FLEETRUN_HOME"]),
+        stdin=subprocess.DEVNULL,
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.PIPE,
+        text=True,
+    )
     rows = []
     for line in proc.stderr.splitlines():
         if not line.startswith("import time:") or "|" not in line:
             continue
-        parts = line[len("import time:"):].split("|")
+        parts = line[len("import time:") :].split("|")
         try:
             rows.append((int(parts[0]), int(parts[1]), parts[2].rstrip()))
         except ValueError:
@@ -121,22 +155,28 @@ def metadata_modules() -> set[str]:
     """What ``importlib.metadata.entry_points(group="fleetrun")`` imports (``email``,
     ``zipfile``, and through them ``socket``, ``threading``...): with autoload on, every
     command looks for the installed plugins with it."""
-    code = ("import sys; before = set(sys.modules); import importlib.metadata as m; "
-            "m.entry_points(group='fleetrun'); print(' '.join(set(sys.modules) - before))")
-    return set(subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
-                              check=True).stdout.split())
+    code = (
+        "import sys; before = set(sys.modules); import importlib.metadata as m; "
+        "m.entry_points(group='fleetrun'); print(' '.join(set(sys.modules) - before))"
+    )
+    return set(subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True).stdout.split())
 
 
 def main(argv: Optional[list[str]] = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--runs", type=int, default=20, help="runs per command (default 20)")
-    parser.add_argument("--script", action="store_true",
-                        help="also time the fleetrun console script installed next to the interpreter")
-    parser.add_argument("--tasks", type=int, default=10_000,
-                        help="tasks in the ledger status and logs read (default 10000)")
+    parser.add_argument(
+        "--script", action="store_true", help="also time the fleetrun console script installed next to the interpreter"
+    )
+    parser.add_argument(
+        "--tasks", type=int, default=10_000, help="tasks in the ledger status and logs read (default 10000)"
+    )
     parser.add_argument("--top", type=int, default=8, help="slowest imports to list per command (default 8)")
-    parser.add_argument("--against", metavar="DIR",
-                        help="also time the fleetrun of another checkout (put first on PYTHONPATH), interleaved")
+    parser.add_argument(
+        "--against",
+        metavar="DIR",
+        help="also time the fleetrun of another checkout (put first on PYTHONPATH), interleaved",
+    )
     args = parser.parse_args(argv)
     if args.runs < 1:
         parser.error("--runs must be at least 1")
@@ -150,24 +190,38 @@ def main(argv: Optional[list[str]] = None) -> int:
         task = make_home(Path(full["FLEETRUN_HOME"]), max(3, args.tasks))
         tasked = [[task if w == "TASK" else w for w in cmd] for cmd in TASK_COMMANDS]
         at = f" ({args.tasks} tasks)"
-        ways = [("python -c pass", [sys.executable, "-c", "pass"], env),
-                ('python -c "import sqlite3"', [sys.executable, "-c", "import sqlite3"], env)]
-        ways += [(f"python -m fleetrun {' '.join(cmd)}", [sys.executable, "-m", "fleetrun", *cmd], env)
-                 for cmd in COMMANDS]
-        ways += [(f"python -m fleetrun {' '.join(cmd)}{at}", [sys.executable, "-m", "fleetrun", *cmd], full)
-                 for cmd in tasked]
+        ways = [
+            ("python -c pass", [sys.executable, "-c", "pass"], env),
+            ('python -c "import sqlite3"', [sys.executable, "-c", "import sqlite3"], env),
+        ]
+        ways += [
+            (f"python -m fleetrun {' '.join(cmd)}", [sys.executable, "-m", "fleetrun", *cmd], env) for cmd in COMMANDS
+        ]
+        ways += [
+            (f"python -m fleetrun {' '.join(cmd)}{at}", [sys.executable, "-m", "fleetrun", *cmd], full)
+            for cmd in tasked
+        ]
         if args.against:
             old = dict(env, PYTHONPATH=os.pathsep.join(filter(None, [args.against, env.get("PYTHONPATH")])))
             old_full = dict(old, FLEETRUN_HOME=full["FLEETRUN_HOME"])
-            ways += [(f"  {' '.join(cmd)} of {Path(args.against).name}", [sys.executable, "-m", "fleetrun", *cmd], old)
-                     for cmd in COMMANDS]
-            ways += [(f"  {' '.join(cmd)[:14]}{at} of {Path(args.against).name}",
-                      [sys.executable, "-m", "fleetrun", *cmd], old_full) for cmd in tasked]
+            ways += [
+                (f"  {' '.join(cmd)} of {Path(args.against).name}", [sys.executable, "-m", "fleetrun", *cmd], old)
+                for cmd in COMMANDS
+            ]
+            ways += [
+                (
+                    f"  {' '.join(cmd)[:14]}{at} of {Path(args.against).name}",
+                    [sys.executable, "-m", "fleetrun", *cmd],
+                    old_full,
+                )
+                for cmd in tasked
+            ]
         script = Path(sys.executable).with_name("fleetrun")
         if args.script:
             if script.exists():
-                ways += [(f"{script.name} {' '.join(cmd)} (console script)", [str(script), *cmd], env)
-                         for cmd in COMMANDS]
+                ways += [
+                    (f"{script.name} {' '.join(cmd)} (console script)", [str(script), *cmd], env) for cmd in COMMANDS
+                ]
             else:
                 print(f"no console script at {script}; is fleetrun installed in this interpreter?")
         for _, argv_, env_ in ways:
@@ -177,14 +231,20 @@ def main(argv: Optional[list[str]] = None) -> int:
         base = rows["python -c pass"]
         lite = rows['python -c "import sqlite3"']
 
-        print(f"python {sys.version.split()[0]} ({sys.executable}), {args.runs} runs each, interleaved, "
-              "fresh FLEETRUN_HOME")
+        print(
+            f"python {sys.version.split()[0]} ({sys.executable}), {args.runs} runs each, interleaved, "
+            "fresh FLEETRUN_HOME"
+        )
         print(f"{'command':<52} {'wall':>9} {'ratio':>7} {'cpu':>9} {'ratio':>7} {'wall':>7} {'cpu':>7}")
-        print(f"{'':<52} {'':>9} {'vs pass':>7} {'':>9} {'vs pass':>7} {'vs sqlite3':>15}  "
-              f"(medians; goals <= {GOAL:.1f}x pass, status <= {SQLITE_GOAL:.1f}x sqlite3)")
+        print(
+            f"{'':<52} {'':>9} {'vs pass':>7} {'':>9} {'vs pass':>7} {'vs sqlite3':>15}  "
+            f"(medians; goals <= {GOAL:.1f}x pass, status <= {SQLITE_GOAL:.1f}x sqlite3)"
+        )
         for name, (wall, cpu) in rows.items():
-            print(f"{name:<52} {wall * 1000:7.1f}ms {wall / base[0]:6.2f}x {cpu * 1000:7.1f}ms {cpu / base[1]:6.2f}x "
-                  f"{wall / lite[0]:6.2f}x {cpu / lite[1]:6.2f}x")
+            print(
+                f"{name:<52} {wall * 1000:7.1f}ms {wall / base[0]:6.2f}x {cpu * 1000:7.1f}ms {cpu / base[1]:6.2f}x "
+                f"{wall / lite[0]:6.2f}x {cpu / lite[1]:6.2f}x"
+            )
 
         print()
         for cmd, cmd_env in [*((c, env) for c in COMMANDS), *((c, full) for c in tasked)]:
@@ -200,11 +260,15 @@ def main(argv: Optional[list[str]] = None) -> int:
             ours = len([m for m in mods if m.startswith("fleetrun")])
             verdict = f"imports {', '.join(bad)}: FAIL" if bad else "nothing it must not: ok"
             what = at if cmd_env is full else ""
-            print(f"fleetrun {' '.join(cmd)}{what}: {len(mods)} modules ({ours} of fleetrun's), {total / 1000:.1f}ms "
-                  f"importing; {verdict}")
+            print(
+                f"fleetrun {' '.join(cmd)}{what}: {len(mods)} modules ({ours} of fleetrun's), {total / 1000:.1f}ms "
+                f"importing; {verdict}"
+            )
             failed = failed or bool(bad)
-            top = sorted((r for r in imports if r[2].strip().startswith("fleetrun")
-                          or not r[2].startswith(" ")), key=lambda r: -r[1])[:args.top]
+            top = sorted(
+                (r for r in imports if r[2].strip().startswith("fleetrun") or not r[2].startswith(" ")),
+                key=lambda r: -r[1],
+            )[: args.top]
             for _, cum, name in top:
                 print(f"    {cum / 1000:7.1f}ms  {name.strip()}")
     return 1 if failed else 0

@@ -56,18 +56,28 @@ def main() -> None:
         role.mkdir()
         env = dict(os.environ, FLEETRUN_HOME=str(home), FLEETRUN_DISABLE_PLUGIN_AUTOLOAD="1")
         env.pop("FLEETRUN_PLUGINS", None)
-        hook = json.dumps({"session_id": "s", "transcript_path": "/dev/null", "cwd": str(role),
-                           "hook_event_name": "Stop", "stop_hook_active": False,
-                           "last_assistant_message": "done"}).encode()
+        hook = json.dumps(
+            {
+                "session_id": "s",
+                "transcript_path": "/dev/null",
+                "cwd": str(role),
+                "hook_event_name": "Stop",
+                "stop_hook_active": False,
+                "last_assistant_message": "done",
+            }
+        ).encode()
         runners = {"python -m fleetrun": [sys.executable, "-m", "fleetrun", "mailbox", "stop-hook"]}
         if ns.script:
             runners["fleetrun script"] = [str(Path(sys.executable).with_name("fleetrun")), "mailbox", "stop-hook"]
         base = statistics.median(once([sys.executable, "-c", "pass"], env, tmp, b"")[0] for _ in range(ns.runs))
         print(f"python -c pass: {base * 1000:.1f} ms (median of {ns.runs})")
-        floor = statistics.median(once([sys.executable, "-c", "import fleetrun.cli"], env, tmp, b"")[0]
-                                  for _ in range(ns.runs))
-        print(f"python -c 'import fleetrun.cli' (what any fleetrun command pays first): {floor * 1000:.1f} ms, "
-              f"{floor / base:.2f}x python -c pass")
+        floor = statistics.median(
+            once([sys.executable, "-c", "import fleetrun.cli"], env, tmp, b"")[0] for _ in range(ns.runs)
+        )
+        print(
+            f"python -c 'import fleetrun.cli' (what any fleetrun command pays first): {floor * 1000:.1f} ms, "
+            f"{floor / base:.2f}x python -c pass"
+        )
         results: dict[str, dict[str, float]] = {}
         for n, (label, argv) in enumerate(runners.items()):
             results[label] = {}
@@ -75,29 +85,42 @@ def main() -> None:
                 for f in home.iterdir():
                     f.unlink()
                 home.rmdir()
-            results[label]["no ledger"] = statistics.median(once(argv, env, str(role), hook)[0]
-                                                            for _ in range(ns.runs))
+            results[label]["no ledger"] = statistics.median(once(argv, env, str(role), hook)[0] for _ in range(ns.runs))
             home.mkdir(mode=0o700)
             from fleetrun.ledger import Ledger
 
             Ledger(home / "state.db").close()  # the ledger, as a run leaves it
             conn = store.connect(str(home / "state.db"))
             store.bind(conn, "repo", str(role))
-            results[label]["no mail"] = statistics.median(once(argv, env, str(role), hook)[0]
-                                                          for _ in range(ns.runs))
+            results[label]["no mail"] = statistics.median(once(argv, env, str(role), hook)[0] for _ in range(ns.runs))
             elsewhere = Path(tmp) / "other"
             elsewhere.mkdir(exist_ok=True)
             store.bind(conn, "elsewhere", str(elsewhere))
             with store.tx(conn) as cur:
-                store.deliver(cur, "elsewhere", f"task_bench{n}_x", f"task_bench{n}_x_a1", "Not yours.",
-                              "role = elsewhere", time.time())
-            results[label]["mail for another role"] = statistics.median(once(argv, env, str(role), hook)[0]
-                                                                        for _ in range(ns.runs))
+                store.deliver(
+                    cur,
+                    "elsewhere",
+                    f"task_bench{n}_x",
+                    f"task_bench{n}_x_a1",
+                    "Not yours.",
+                    "role = elsewhere",
+                    time.time(),
+                )
+            results[label]["mail for another role"] = statistics.median(
+                once(argv, env, str(role), hook)[0] for _ in range(ns.runs)
+            )
             times = []
             for i in range(ns.runs):
                 with store.tx(conn) as cur:
-                    store.deliver(cur, "repo", f"task_bench{n}_{i}", f"task_bench{n}_{i}_a1",
-                                  "Do the thing.", "role = repo", time.time())
+                    store.deliver(
+                        cur,
+                        "repo",
+                        f"task_bench{n}_{i}",
+                        f"task_bench{n}_{i}_a1",
+                        "Do the thing.",
+                        "role = repo",
+                        time.time(),
+                    )
                 took, out = once(argv, env, str(role), hook)
                 if b'"decision": "block"' not in out:
                     raise SystemExit(f"the hook did not block with mail waiting: {out!r}")

@@ -40,13 +40,19 @@ def run(n: int, verify: bool) -> tuple[float, list[float]]:
         (root / "home" / "policy.toml").write_text("[local]\nmax_tasks = 4\n")
         env = dict(os.environ, FLEETRUN_HOME=str(root / "home"))
         start = time.perf_counter()
-        subprocess.run([sys.executable, "-m", "fleetrun", "-q", "tasks.toml"], cwd=root, env=env, check=True,
-                       stdout=subprocess.DEVNULL)
+        subprocess.run(
+            [sys.executable, "-m", "fleetrun", "-q", "tasks.toml"],
+            cwd=root,
+            env=env,
+            check=True,
+            stdout=subprocess.DEVNULL,
+        )
         wall = time.perf_counter() - start
         conn = sqlite3.connect(root / "home" / "state.db")
         rows = conn.execute(
             "SELECT a.time, b.time FROM transitions a JOIN transitions b ON a.task_id = b.task_id "
-            "WHERE a.to_state = 'VERIFYING' AND b.to_state = 'DONE'").fetchall()
+            "WHERE a.to_state = 'VERIFYING' AND b.to_state = 'DONE'"
+        ).fetchall()
         conn.close()
         return wall, [b - a for a, b in rows]
 
@@ -59,10 +65,12 @@ def main() -> None:
     wall, stages = run(args.n, verify=True)
     med = statistics.median(stages)
     print(f"tasks: {args.n}, 4 at a time")
-    print(f"verify stage (VERIFYING -> DONE) for run = \"true\": median {med * 1000:.1f} ms, "
-          f"max {max(stages) * 1000:.1f} ms")
+    print(
+        f'verify stage (VERIFYING -> DONE) for run = "true": median {med * 1000:.1f} ms, '
+        f"max {max(stages) * 1000:.1f} ms"
+    )
     print(f"wall time without verifier: {base_wall:.2f}s ({base_wall / args.n * 1000:.0f} ms/task)")
-    print(f"wall time with run = \"true\": {wall:.2f}s ({wall / args.n * 1000:.0f} ms/task)")
+    print(f'wall time with run = "true": {wall:.2f}s ({wall / args.n * 1000:.0f} ms/task)')
     print(f"ratio: {wall / base_wall:.2f}x")
 
 

@@ -62,8 +62,13 @@ class Adoption:
                     if att.state == "leased" and host.local:
                         kill_recorded_children(host.attempt_dir(att.id))  # a setup command the crash left
                     if st.get("shepherd_pid"):  # it did start: watch it (a dead one is resumed)
-                        led.update_attempt(att.id, state="running", shepherd_pid=st["shepherd_pid"],
-                                           shepherd_token=st.get("shepherd_token"), started=st.get("started"))
+                        led.update_attempt(
+                            att.id,
+                            state="running",
+                            shepherd_pid=st["shepherd_pid"],
+                            shepherd_token=st.get("shepherd_token"),
+                            started=st.get("started"),
+                        )
                         loop.decide(task, att, StartUnconfirmed())
                         if st.get("state") in ("starting", "running"):
                             adopted += 1
@@ -82,8 +87,12 @@ class Adoption:
                 # stays ASSIGNED for ever, holding a place on its machine
                 last = led.latest_attempt(task.id)
                 if last is not None and last.state == "abandoned":
-                    loop.ending.not_started(task, last, f"{last.outcome or 'never_started'}:attempt {last.number} "
-                                                        "did not start (its move back was cut off)")
+                    loop.ending.not_started(
+                        task,
+                        last,
+                        f"{last.outcome or 'never_started'}:attempt {last.number} "
+                        "did not start (its move back was cut off)",
+                    )
                 elif last is not None and last.state == "ended":
                     # it ran and its end was recorded, but its start never was (a crash
                     # before RUNNING, a peer's reply lost): RUNNING now, and the loop below
@@ -135,8 +144,9 @@ class Adoption:
                 # DONE, but the crash came before its workspace was cleaned up: a local
                 # one is looked at here; another host's is its plugin's to look at
                 # (a worktree recorded as removed is None)
-                if task.worktree and (not get_host(loop.config, task.host).local
-                                      or os.path.exists(os.path.join(task.worktree, ".git"))):
+                if task.worktree and (
+                    not get_host(loop.config, task.host).local or os.path.exists(os.path.join(task.worktree, ".git"))
+                ):
                     loop.finish_terminal(task)
         if adopted:
             loop.config.out.write(f"adopted {adopted} running attempt(s)\n")
@@ -152,8 +162,11 @@ class Adoption:
         changed = [t for t in (loop.view.get(i) for i in self._changed) if t is not None]
         self._changed.clear()
         for task in changed:
-            if task.state is not State.VERIFYING or task.id in loop.verify.running \
-                    or not task.reason.startswith(REVERIFY):
+            if (
+                task.state is not State.VERIFYING
+                or task.id in loop.verify.running
+                or not task.reason.startswith(REVERIFY)
+            ):
                 continue
             if not loop.in_scope(task) and loop.queue_id is not None:
                 continue
@@ -161,8 +174,9 @@ class Adoption:
                 last = led.latest_attempt(task.id)
                 if last is None or last.workspace is None:
                     continue
-                loop.verify.begin(task.id, Verifying(last, Workspace(**last.workspace),
-                                                     len(led.verdicts(attempt_id=last.id))))
+                loop.verify.begin(
+                    task.id, Verifying(last, Workspace(**last.workspace), len(led.verdicts(attempt_id=last.id)))
+                )
 
     def starting_status(self, att: Attempt) -> dict[str, Any]:
         """The status of an attempt whose shepherd may have been started just before a

@@ -48,8 +48,11 @@ def steps(task: Any) -> list[VerifySpec]:
     out = []
     for idx, v in enumerate(task.spec.verify):
         if v.kind == "run" and mode(task, v) is not False:
-            out.append(VerifySpec(kind=KIND, text=v.text, timeout_s=v.timeout_s, extra={**v.extra, OF: idx},
-                                  line=v.line, name=v.name))
+            out.append(
+                VerifySpec(
+                    kind=KIND, text=v.text, timeout_s=v.timeout_s, extra={**v.extra, OF: idx}, line=v.line, name=v.name
+                )
+            )
     return out
 
 
@@ -149,5 +152,5 @@ def all_tests(led: Any) -> dict[str, dict[str, Any]]:
         except ValueError:
             continue
         if isinstance(data, dict):
-            out[k[len("tests:"):]] = data
+            out[k[len("tests:") :]] = data
     return out

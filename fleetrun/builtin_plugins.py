@@ -43,9 +43,11 @@ BLOCKED_PLUGIN_VERBS: dict[str, tuple[str, ...]] = {"relay": ("relay", "host"), 
 #: So do ``fleetrun mailbox stop-hook`` and ``fleetrun role note-edit``, Claude Code's
 #: Stop and PostToolUse hooks, run at every turn and every edit of every session in a
 #: role's folder.
-FAST_PATHS: dict[str, str] = {"host": "fleetrun.plugins.relay.peer.verbs",
-                              "mailbox": "fleetrun.plugins.mailbox.stophook",
-                              "role": "fleetrun.plugins.mailbox.noteedit"}
+FAST_PATHS: dict[str, str] = {
+    "host": "fleetrun.plugins.relay.peer.verbs",
+    "mailbox": "fleetrun.plugins.mailbox.stophook",
+    "role": "fleetrun.plugins.mailbox.noteedit",
+}
 
 #: The built-in that provides the host named ``local`` (this machine).
 LOCAL_HOST_PLUGIN = "local"

@@ -85,7 +85,7 @@ class CappedWriter:
     def write(self, data: bytes) -> None:
         if self.head_left > 0:
             head = data[: self.head_left]
-            data = data[len(head):]
+            data = data[len(head) :]
             self.head_left -= len(head)
             _write_all(self.fd, head)
         if data:
@@ -100,7 +100,7 @@ class CappedWriter:
         if self.closed:
             return self.cut
         self.closed = True
-        tail = bytes(self.tail[-self.tail_max:]) if self.tail else b""
+        tail = bytes(self.tail[-self.tail_max :]) if self.tail else b""
         self.tail = bytearray()
         if self.cut:
             tail = marker(self.cut, self.max_bytes) + tail
@@ -111,7 +111,7 @@ class CappedWriter:
 def _write_all(fd: int, data: bytes) -> None:
     view = memoryview(data)
     while view:  # a short write (a nearly full disk) is not the whole of it
-        view = view[os.write(fd, view):]
+        view = view[os.write(fd, view) :]
 
 
 # ---------------------------------------------------------------------------------
@@ -147,7 +147,7 @@ def descendants(root: int) -> list[int]:
                 data = f.read()
         except OSError:
             continue  # ended meanwhile
-        fields = data[data.rindex(b")") + 2:].split()
+        fields = data[data.rindex(b")") + 2 :].split()
         if fields[0] in (b"Z", b"X"):
             continue  # ended: reaping it is all that is left
         parent.setdefault(int(fields[1]), []).append(int(name))
@@ -249,9 +249,13 @@ def run(max_bytes: int, out: str, argv: list[str]) -> int:
     writer = CappedWriter(fd, max_bytes)
     rfd, wfd = os.pipe()
     try:
-        pid = os.posix_spawnp(argv[0], argv, dict(os.environ),
-                              file_actions=[(os.POSIX_SPAWN_DUP2, wfd, 1), (os.POSIX_SPAWN_DUP2, wfd, 2)],
-                              setsigdef=(signal.SIGPIPE, signal.SIGXFSZ, signal.SIGTERM))
+        pid = os.posix_spawnp(
+            argv[0],
+            argv,
+            dict(os.environ),
+            file_actions=[(os.POSIX_SPAWN_DUP2, wfd, 1), (os.POSIX_SPAWN_DUP2, wfd, 2)],
+            setsigdef=(signal.SIGPIPE, signal.SIGXFSZ, signal.SIGTERM),
+        )
     except OSError as e:
         _safe_write(writer, f"cannot start {argv[0]}: {e.strerror or e}\n".encode())
         os.close(wfd)
@@ -275,8 +279,12 @@ def run(max_bytes: int, out: str, argv: list[str]) -> int:
             continue
         try:
             # a pipe at its end stays readable: not waited on then, or this would spin
-            ready, _, _ = select.select(([rfd] if open_ else []) + ([pidfd] if pidfd >= 0 else []) + [wake_r],
-                                        [], [], 1.0 if pidfd >= 0 else 0.05)
+            ready, _, _ = select.select(
+                ([rfd] if open_ else []) + ([pidfd] if pidfd >= 0 else []) + [wake_r],
+                [],
+                [],
+                1.0 if pidfd >= 0 else 0.05,
+            )
         except InterruptedError:  # pragma: no cover
             ready = []
         if wake_r in ready:

@@ -161,8 +161,7 @@ def parse_result_event(ev: Any) -> ResultEvent:
         session_id=untrusted.opt_clean_text(d, "session_id", "result", 200),
         cost_usd=invocation_cost(d),
         num_turns=untrusted.opt_integer(d, "num_turns", "result", 0, 1 << 31),
-        permission_denials=[_denial(x, f"result.permission_denials[{i}]")
-                            for i, x in enumerate(denials)],
+        permission_denials=[_denial(x, f"result.permission_denials[{i}]") for i, x in enumerate(denials)],
         api_error_status=untrusted.opt_integer(d, "api_error_status", "result", 0, 999),
         errors=[untrusted.clean_text(x, f"result.errors[{i}]", 4000) for i, x in enumerate(errors)],
         structured_output=d.get("structured_output"),
@@ -236,15 +235,32 @@ def parse_stream(text: str) -> dict[str, Any]:
     try:
         parsed = read_stream(text)
     except untrusted.Malformed as e:
-        return {"session_id": None, "reset_at": None, "api_error": None,
-                "result": {"type": "result", "is_error": True, "subtype": "malformed_output",
-                           "errors": [untrusted.reason_of(e)], "total_cost_usd": 0.0}}
+        return {
+            "session_id": None,
+            "reset_at": None,
+            "api_error": None,
+            "result": {
+                "type": "result",
+                "is_error": True,
+                "subtype": "malformed_output",
+                "errors": [untrusted.reason_of(e)],
+                "total_cost_usd": 0.0,
+            },
+        }
     res = parsed["result"]
     if res is not None:
-        parsed["result"] = {"type": "result", "is_error": res.is_error, "subtype": res.subtype,
-                            "result": res.result, "session_id": res.session_id, "total_cost_usd": res.cost_usd,
-                            "num_turns": res.num_turns, "permission_denials": res.permission_denials,
-                            "api_error_status": res.api_error_status, "errors": res.errors}
+        parsed["result"] = {
+            "type": "result",
+            "is_error": res.is_error,
+            "subtype": res.subtype,
+            "result": res.result,
+            "session_id": res.session_id,
+            "total_cost_usd": res.cost_usd,
+            "num_turns": res.num_turns,
+            "permission_denials": res.permission_denials,
+            "api_error_status": res.api_error_status,
+            "errors": res.errors,
+        }
         if res.structured_output is not None:
             parsed["result"]["structured_output"] = res.structured_output
     return parsed

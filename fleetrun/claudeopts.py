@@ -28,8 +28,18 @@ if TYPE_CHECKING:
 
 #: The options, in the order their flags go on the command line (``allow_verifiers``
 #: has no flag of its own: it adds rules to ``--allowedTools``, :func:`verifier_rules`).
-KEYS = ("max_turns", "fallback_model", "append_system_prompt", "settings", "mcp_config", "strict_mcp_config",
-        "disallowed_tools", "env", "extra_args", "allow_verifiers")
+KEYS = (
+    "max_turns",
+    "fallback_model",
+    "append_system_prompt",
+    "settings",
+    "mcp_config",
+    "strict_mcp_config",
+    "disallowed_tools",
+    "env",
+    "extra_args",
+    "allow_verifiers",
+)
 
 #: The keys whose value names files: relative to the file a task key is written in.
 PATH_KEYS = ("settings", "mcp_config")
@@ -80,7 +90,7 @@ def _json_problem(text: str, what: str, needs_servers: bool) -> Optional[str]:
     if not isinstance(data, dict):
         return f"{what} must be a JSON object"
     if needs_servers and not isinstance(data.get("mcpServers"), dict):
-        return f"{what} has no \"mcpServers\" object (Claude Code's MCP configuration: {{\"mcpServers\": {{...}}}})"
+        return f'{what} has no "mcpServers" object (Claude Code\'s MCP configuration: {{"mcpServers": {{...}}}})'
     return None
 
 
@@ -97,8 +107,10 @@ def source_problem(value: str, needs_servers: bool, base: Optional[Path]) -> Opt
     path = Path(os.path.expanduser(value))
     if not path.is_absolute():
         if base is None:
-            return (f"{value!r} is a relative path; in [claude] a path is absolute or starts with ~ "
-                    "(in a task it is relative to the file it is written in)")
+            return (
+                f"{value!r} is a relative path; in [claude] a path is absolute or starts with ~ "
+                "(in a task it is relative to the file it is written in)"
+            )
         path = base / path
     try:
         text = path.read_text(encoding="utf-8")
@@ -133,8 +145,10 @@ def _env(v: Any) -> Optional[str]:
         if not _ENV_NAME.match(name):
             return f"{name!r} is not an environment variable name (letters, digits, _; not a digit first)"
         if name.upper().startswith("FLEETRUN_"):
-            return (f"{name} is fleetrun's: the FLEETRUN_* variables of a session (FLEETRUN_TASK_ID, "
-                    "FLEETRUN_WORKTREE, ...) are set by fleetrun and cannot be overridden")
+            return (
+                f"{name} is fleetrun's: the FLEETRUN_* variables of a session (FLEETRUN_TASK_ID, "
+                "FLEETRUN_WORKTREE, ...) are set by fleetrun and cannot be overridden"
+            )
         if not isinstance(value, str):
             return f"{name} must be a string"
         if "\x00" in value:
@@ -215,8 +229,10 @@ def _extra_args(v: Any) -> Optional[str]:
     if not all(isinstance(a, str) for a in v):
         return "must be a list of strings"
     if v and not v[0].startswith("-"):
-        return (f"{v[0]!r} is not an option: extra_args start with one (a word before any would be "
-                "read as the prompt or as a value of fleetrun's last flag)")
+        return (
+            f"{v[0]!r} is not an option: extra_args start with one (a word before any would be "
+            "read as the prompt or as a value of fleetrun's last flag)"
+        )
     for arg in v:
         if "\x00" in arg:
             return "must not contain a NUL character"
@@ -243,13 +259,21 @@ OPTIONS: tuple[OptionDecl, ...] = (
     OptionDecl("append_system_prompt", (str,), _text, "--append-system-prompt: text after Claude Code's system prompt"),
     OptionDecl("settings", (str,), _settings_shape, "--settings: a settings JSON file, or JSON"),
     OptionDecl("mcp_config", (list,), _mcp_shape, "--mcp-config: MCP server configurations, files or JSON", str),
-    OptionDecl("strict_mcp_config", (bool,), lambda v: None,
-               "--strict-mcp-config: only the MCP servers of mcp_config, none of the user's or the project's"),
+    OptionDecl(
+        "strict_mcp_config",
+        (bool,),
+        lambda v: None,
+        "--strict-mcp-config: only the MCP servers of mcp_config, none of the user's or the project's",
+    ),
     OptionDecl("disallowed_tools", (list,), _words, "--disallowedTools: tools removed from the session", str),
     OptionDecl("env", (dict,), _env, "variables added to the session's environment", str),
     OptionDecl("extra_args", (list,), _extra_args, "more Claude Code flags, after fleetrun's own", str),
-    OptionDecl("allow_verifiers", (bool,), lambda v: None,
-               "allow the session to run the task's run verifiers' commands (exact Bash rules; default true)"),
+    OptionDecl(
+        "allow_verifiers",
+        (bool,),
+        lambda v: None,
+        "allow the session to run the task's run verifiers' commands (exact Bash rules; default true)",
+    ),
 )
 
 
@@ -271,8 +295,7 @@ def config_keys() -> list[ConfigKey]:
     absolute (or ``~``), and checked as the file is read."""
     from .config import ConfigKey
 
-    return [ConfigKey("claude", o.key, o.types, items=o.items, check=_config_check(o), doc=o.doc)
-            for o in OPTIONS]
+    return [ConfigKey("claude", o.key, o.types, items=o.items, check=_config_check(o), doc=o.doc) for o in OPTIONS]
 
 
 # -- a task's options ------------------------------------------------------------------------
@@ -342,7 +365,7 @@ def command_parts(command: str) -> list[str]:
             cur += ch + command[i + 1]
             i += 1
         elif ch in ";|&\n":
-            if command[i:i + 2] in ("&&", "||"):
+            if command[i : i + 2] in ("&&", "||"):
                 i += 1
             if cur.strip():
                 parts.append(cur.strip())
@@ -413,8 +436,13 @@ def file_problems(spec: TaskSpec, config: Config, display: Callable[[str], str])
         for value in values:
             problem = source_problem(value, key == "mcp_config", opts.bases.get(key))
             if problem:
-                errors.append(UsageError(problem, file=display(spec.file_of(key)),
-                                         line=spec.key_lines.get(key, spec.line),
-                                         key=f"task '{safe_name(spec.name)}': {key}"))
+                errors.append(
+                    UsageError(
+                        problem,
+                        file=display(spec.file_of(key)),
+                        line=spec.key_lines.get(key, spec.line),
+                        key=f"task '{safe_name(spec.name)}': {key}",
+                    )
+                )
                 break
     return errors

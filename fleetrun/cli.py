@@ -52,7 +52,7 @@ def _split_verb(args: list[str], verbs: Iterable[str]) -> tuple[str, list[str]]:
             i += 1
             continue
         if a in verbs:
-            return a, args[:i] + args[i + 1:]
+            return a, args[:i] + args[i + 1 :]
         break
     return "run", args
 
@@ -69,8 +69,12 @@ def _prescan(args: list[str], opt: str) -> list[str]:
     return out
 
 
-def main(args: Optional[list[str]] = None, plugins: Optional[list[Any]] = None,
-         stdout: Optional[TextIO] = None, stderr: Optional[TextIO] = None) -> int:
+def main(
+    args: Optional[list[str]] = None,
+    plugins: Optional[list[Any]] = None,
+    stdout: Optional[TextIO] = None,
+    stderr: Optional[TextIO] = None,
+) -> int:
     """Run one fleetrun command; return its exit code. Never raises for user errors."""
     out = stdout or sys.stdout
     err = stderr or sys.stderr
@@ -149,8 +153,12 @@ def _database_error(config: Optional[Config], e: Exception, err: TextIO) -> int:
     from .config import default_home
 
     home = config.home if config is not None else default_home()
-    print(format_usage_error(UsageError(
-        f"the ledger is damaged ({e}); move it aside to start a new one", file=str(home / "state.db"))), file=err)
+    print(
+        format_usage_error(
+            UsageError(f"the ledger is damaged ({e}); move it aside to start a new one", file=str(home / "state.db"))
+        ),
+        file=err,
+    )
     return ExitCode.USAGE_ERROR
 
 
@@ -158,8 +166,11 @@ def _space_error(config: Optional[Config], e: BaseException, err: TextIO) -> int
     from .config import default_home
 
     home = config.home if config is not None else default_home()
-    print(f"ERROR: cannot write to {home}: {e} (is the disk full or read-only?). Nothing was "
-          "started; run again when there is room.", file=err)
+    print(
+        f"ERROR: cannot write to {home}: {e} (is the disk full or read-only?). Nothing was "
+        "started; run again when there is room.",
+        file=err,
+    )
     return ExitCode.INTERNAL_ERROR
 
 
@@ -190,8 +201,14 @@ def _internal_error(config: Optional[Config], err: TextIO) -> int:
 def _build_parser(verb: str, verbs: dict[str, VerbDecl], pluginparser: Parser) -> argparse.ArgumentParser:
     common = argparse.ArgumentParser(add_help=False)
     g = common.add_argument_group("general")
-    g.add_argument("-p", dest="plugins", action="append", default=[], metavar="NAME",
-                   help="load a plugin module or entry point; -p no:NAME blocks one")
+    g.add_argument(
+        "-p",
+        dest="plugins",
+        action="append",
+        default=[],
+        metavar="NAME",
+        help="load a plugin module or entry point; -p no:NAME blocks one",
+    )
     g.add_argument("--home", metavar="DIR", help="state folder (default $FLEETRUN_HOME or ~/.fleetrun)")
     g.add_argument("-v", "--verbose", action="count", default=0, help="more output")
     g.add_argument("-q", "--quiet", action="count", default=0, help="less output")
@@ -201,12 +218,14 @@ def _build_parser(verb: str, verbs: dict[str, VerbDecl], pluginparser: Parser) -
     if verb == "run":
         listing = "\n".join(f"  {name:<9} {_help(name, verbs)}" for name in _all_verbs(verbs))
         p = argparse.ArgumentParser(
-            prog="fleetrun", parents=[common], formatter_class=argparse.RawDescriptionHelpFormatter,
+            prog="fleetrun",
+            parents=[common],
+            formatter_class=argparse.RawDescriptionHelpFormatter,
             usage="fleetrun [options] [FILE ...]\n       fleetrun VERB [options] ...",
             description="Run a queue of coding-agent tasks unattended, the way pytest runs tests.",
             epilog=f"verbs:\n{listing}\n\n'fleetrun VERB --help' describes a verb. Exit codes: 0 all DONE, "
-                   "1 some NEEDS_HUMAN or CANCELLED, 2 interrupted, 3 internal error, 4 usage error, "
-                   "5 no tasks collected, 6 relay add could not pair (docs/cli.md).",
+            "1 some NEEDS_HUMAN or CANCELLED, 2 interrupted, 3 internal error, 4 usage error, "
+            "5 no tasks collected, 6 relay add could not pair (docs/cli.md).",
         )
     else:
         p = argparse.ArgumentParser(prog=f"fleetrun {verb}", parents=[common], description=_help(verb, verbs))
@@ -295,8 +314,9 @@ def resolve_files(names: list[str], invocation_dir: Path, verbs: Iterable[str] =
     return out
 
 
-def _configure(args: list[str], plugins: Optional[list[Any]], out: TextIO, err: TextIO,
-               all_plugins: bool = False) -> Union[int, tuple[Config, Callable[[Config, TextIO, TextIO], int]]]:
+def _configure(
+    args: list[str], plugins: Optional[list[Any]], out: TextIO, err: TextIO, all_plugins: bool = False
+) -> Union[int, tuple[Config, Callable[[Config, TextIO, TextIO], int]]]:
     """Load the plugins, parse the command line for its verb and build the run's Config.
 
     A command line that asks for the help or the version (:data:`_READ_ONLY_WORDS`) is
@@ -318,7 +338,8 @@ def _configure(args: list[str], plugins: Optional[list[Any]], out: TextIO, err: 
     pm = FleetPluginManager()
     words = [w for _src, ws in addopts for w in ws] + args
     only_read = not all_plugins and any(
-        w in _READ_ONLY_WORDS for w in (words[:words.index("--")] if "--" in words else words))
+        w in _READ_ONLY_WORDS for w in (words[: words.index("--")] if "--" in words else words)
+    )
     pargs = _prescan(words, "-p")
     for a in pargs:
         if a.startswith("no:"):
@@ -431,8 +452,9 @@ class _VerbOptions:
     (a tasks file) reaches only the verbs that take tasks files.
     """
 
-    def __init__(self, verb: str, verbs: dict[str, VerbDecl], pluginparser: Parser,
-                 parser: argparse.ArgumentParser) -> None:
+    def __init__(
+        self, verb: str, verbs: dict[str, VerbDecl], pluginparser: Parser, parser: argparse.ArgumentParser
+    ) -> None:
         self.verb = verbs[verb]
         self.parser = parser
         self._build = lambda name: _build_parser(name, verbs, pluginparser)
@@ -463,9 +485,9 @@ class _VerbOptions:
             if own is not None and any(word.startswith(o) for o in _SELECTION_OPTS):
                 own = own if self.verb.takes_tasks_files else None
             action = own or self._elsewhere(word)
-            n = _values_after(action, word, words[i + 1:])
+            n = _values_after(action, word, words[i + 1 :])
             if own is not None or action is None:
-                out.extend(words[i:i + 1 + n])
+                out.extend(words[i : i + 1 + n])
             i += 1 + n
         return out
 
@@ -519,8 +541,9 @@ def _try_parse(parser: argparse.ArgumentParser, words: list[str]) -> tuple[Optio
         return None, errors.getvalue().rsplit(": error: ", 1)[-1].strip()
 
 
-def _parse_args(parser: argparse.ArgumentParser, addopts: list[tuple[_AddoptsSource, list[str]]],
-                rest: list[str]) -> argparse.Namespace:
+def _parse_args(
+    parser: argparse.ArgumentParser, addopts: list[tuple[_AddoptsSource, list[str]]], rest: list[str]
+) -> argparse.Namespace:
     """The command line with ``addopts`` before it. An error that only the addopts
     make is a usage error naming where they came from, not argparse's usage text.
 

@@ -104,8 +104,12 @@ def collect_toml(path: Path, keys: KeyTable, display: str, defaults: Optional[di
         line = lines.get("top", top)
         # a table where a default takes none and a table's name is close: `[agent.codex]`
         # is a misspelt `[agents.codex]`, not a wrong `agent = "..."`
-        misspelt_table = (isinstance(value, dict) and top in default_keys and dict not in default_keys[top].types
-                          and suggest(top, TOP_LEVEL_TABLES))
+        misspelt_table = (
+            isinstance(value, dict)
+            and top in default_keys
+            and dict not in default_keys[top].types
+            and suggest(top, TOP_LEVEL_TABLES)
+        )
         if top in TOP_LEVEL_TABLES:
             if not isinstance(value, dict):
                 errs.add(line, top, "must be a table")
@@ -116,8 +120,9 @@ def collect_toml(path: Path, keys: KeyTable, display: str, defaults: Optional[di
         elif top in NOT_DEFAULT_KEYS:
             errs.add(line, top, not_a_default(top))
         else:
-            errs.add(line, top, f"unknown key{suggest(top, tables)}" if misspelt_table
-                     else unknown_default(top, known_top))
+            errs.add(
+                line, top, f"unknown key{suggest(top, tables)}" if misspelt_table else unknown_default(top, known_top)
+            )
 
     raw_tasks = data.get("task", [])
     if not isinstance(raw_tasks, list) or not all(isinstance(t, dict) for t in raw_tasks):
@@ -139,8 +144,15 @@ def collect_toml(path: Path, keys: KeyTable, display: str, defaults: Optional[di
             deps = raw.get("depends_on")
             deps = [d for d in deps if isinstance(d, str)] if isinstance(deps, list) else []
             head = lines.get("task", i)
-            graph.append(GraphNode(name, deps, display, lines.get("task", i, "name", default=head),
-                                   lines.get("task", i, "depends_on", default=head)))
+            graph.append(
+                GraphNode(
+                    name,
+                    deps,
+                    display,
+                    lines.get("task", i, "name", default=head),
+                    lines.get("task", i, "depends_on", default=head),
+                )
+            )
 
     settings = {k: data[k] for k in TOP_LEVEL_TABLES if k in data}
     tf = TaskFile(path=str(path), tasks=specs, settings=settings, text=text, graph=graph)
@@ -172,8 +184,14 @@ def describe_defaults(spec: TaskSpec, invocation_dir: Optional[Path] = None) -> 
 
 
 def _collect_task(
-    i: int, raw: dict[str, Any], keys: KeyTable, lines: LineMap, errs: KeyErrors, base: Path,
-    defaults: Optional[TaskDefaults] = None, cwds: Optional[dict[Optional[str], tuple[Path, Optional[str]]]] = None,
+    i: int,
+    raw: dict[str, Any],
+    keys: KeyTable,
+    lines: LineMap,
+    errs: KeyErrors,
+    base: Path,
+    defaults: Optional[TaskDefaults] = None,
+    cwds: Optional[dict[Optional[str], tuple[Path, Optional[str]]]] = None,
 ) -> Optional[TaskSpec]:
     head = lines.get("task", i)
     name = raw.get("name")
@@ -246,8 +264,11 @@ def _collect_task(
 
     deps = good.get("depends_on", [])
     if isinstance(name, str) and name in deps:
-        errs.add(lines.get("task", i, "depends_on", default=head), f"{who}: depends_on",
-                 f"the task depends on itself ('{name}')")
+        errs.add(
+            lines.get("task", i, "depends_on", default=head),
+            f"{who}: depends_on",
+            f"the task depends on itself ('{name}')",
+        )
     if len(set(deps)) != len(deps):
         errs.add(lines.get("task", i, "depends_on", default=head), f"{who}: depends_on", "names a task twice")
 
@@ -255,14 +276,16 @@ def _collect_task(
 
     setup = list(defaults.get("setup", []))
     if "setup" in good:  # the task's own list replaces the file's (`setup = []`: none)
-        setup = collect_setup(good["setup"], lines.get("task", i, "setup", default=head), f"{who}: setup",
-                               errs) or []
+        setup = collect_setup(good["setup"], lines.get("task", i, "setup", default=head), f"{who}: setup", errs) or []
 
     verifies: list[VerifySpec] = []
     raw_verify = raw.get("verify", [])
     if not isinstance(raw_verify, list) or not all(isinstance(v, dict) for v in raw_verify):
-        errs.add(lines.lines.get(("task", i, "table", "verify")) or lines.get("task", i, "verify", default=head),
-                 f"{who}: verify", "must be an array of tables, written [[task.verify]]")
+        errs.add(
+            lines.lines.get(("task", i, "table", "verify")) or lines.get("task", i, "verify", default=head),
+            f"{who}: verify",
+            "must be an array of tables, written [[task.verify]]",
+        )
         raw_verify = []
     named: dict[str, int] = {}
     for j, rv in enumerate(raw_verify):
@@ -270,9 +293,12 @@ def _collect_task(
         if v is not None:
             verifies.append(v)
             if v.name is not None and v.name in named:  # a name tells one verifier of the task from the others
-                errs.add(lines.get("task", i, "verify", j, "name", default=head), f"{who}: verify #{j + 1}: name",
-                         f"{v.name!r} is the name of verify #{named[v.name]} too; a task's verifiers need names "
-                         "of their own")
+                errs.add(
+                    lines.get("task", i, "verify", j, "name", default=head),
+                    f"{who}: verify #{j + 1}: name",
+                    f"{v.name!r} is the name of verify #{named[v.name]} too; a task's verifiers need names "
+                    "of their own",
+                )
             elif v.name is not None:
                 named[v.name] = j + 1
 
@@ -309,8 +335,9 @@ def _collect_task(
     )
 
 
-def _resolve_cwd(base: Path, cwd_raw: Optional[str],
-                 cache: dict[Optional[str], tuple[Path, Optional[str]]]) -> tuple[Path, Optional[str]]:
+def _resolve_cwd(
+    base: Path, cwd_raw: Optional[str], cache: dict[Optional[str], tuple[Path, Optional[str]]]
+) -> tuple[Path, Optional[str]]:
     """A task's ``cwd`` resolved against its file's folder, and why it is unusable (or
     None). ``cache``, one file's: a file of 100,000 tasks names a few folders, each
     resolved once (a ``realpath`` makes a system call for every component)."""
@@ -326,15 +353,19 @@ def _resolve_cwd_once(base: Path, cwd_raw: Optional[str]) -> tuple[Path, Optiona
     try:
         cwd = (base / cwd_raw).resolve()
         if not cwd.is_dir():
-            return cwd, (f"{cwd_raw!r} does not exist (it is relative to the tasks file)" if not cwd.exists()
-                         else f"{cwd_raw!r} is not a directory")
+            return cwd, (
+                f"{cwd_raw!r} does not exist (it is relative to the tasks file)"
+                if not cwd.exists()
+                else f"{cwd_raw!r} is not a directory"
+            )
         return cwd, None
     except (OSError, ValueError, RuntimeError) as e:
         return base, f"{cwd_raw!r} is not a usable path ({getattr(e, 'strerror', None) or e})"
 
 
-def _check_base(raw: dict[str, Any], good: dict[str, Any], deps: list[str], line_of: Callable[[str], int],
-                who: str, errs: KeyErrors) -> None:
+def _check_base(
+    raw: dict[str, Any], good: dict[str, Any], deps: list[str], line_of: Callable[[str], int], who: str, errs: KeyErrors
+) -> None:
     """``base = "dependencies"`` and ``on_conflict`` where they can apply. Written in the
     task, each is an error where it cannot; a default of every task is left as it is on
     a task without dependencies (there is nothing to merge), but not on one without
@@ -342,12 +373,17 @@ def _check_base(raw: dict[str, Any], good: dict[str, Any], deps: list[str], line
     merges = good.get("base") == "dependencies"
     if merges and not deps:
         if "base" in raw:
-            errs.add(line_of("base"), f"{who}: base",
-                     '"dependencies" needs depends_on: a task without dependencies has nothing to merge')
+            errs.add(
+                line_of("base"),
+                f"{who}: base",
+                '"dependencies" needs depends_on: a task without dependencies has nothing to merge',
+            )
         merges = False
     if merges and not good.get("git_ref"):
         line = line_of("base") if "base" in raw else line_of("depends_on")
-        errs.add(line, f"{who}: base", '"dependencies" needs git_ref: the branches are merged into the task\'s worktree')
+        errs.add(
+            line, f"{who}: base", '"dependencies" needs git_ref: the branches are merged into the task\'s worktree'
+        )
     base_bad = "base" in raw and "base" not in good  # already reported
     if "on_conflict" in good and "on_conflict" in raw and good.get("base") != "dependencies" and not base_bad:
         errs.add(line_of("on_conflict"), f"{who}: on_conflict", 'applies only with base = "dependencies"')
@@ -362,8 +398,11 @@ def _collect_verify(
     kinds = [k for k in rv if k in keys.verify_kinds]
     missing = [k for k in rv if k in keys.missing_kinds]
     for key in missing:  # a kind its plugin would declare: say that, not "unknown key"
-        errs.add(lines.get("task", i, "verify", j, key, default=vline), f"{label}: {key}",
-                 f"unknown verifier kind {key}: {keys.missing_kinds[key]}")
+        errs.add(
+            lines.get("task", i, "verify", j, key, default=vline),
+            f"{label}: {key}",
+            f"unknown verifier kind {key}: {keys.missing_kinds[key]}",
+        )
     if len(kinds) != 1 and (kinds or not missing):  # a missing kind alone is said above, once
         names = " / ".join(keys.verify_kinds)
         if not kinds:
@@ -412,17 +451,28 @@ def check_graph(files: list[TaskFile], invocation_dir: Optional[Path] = None) ->
         for node in f.graph:
             if node.name in by_name:
                 first = by_name[node.name]
-                errors.append(UsageError(f"duplicate task name (first defined at {first.file}:{first.name_line})",
-                                         file=node.file, line=node.name_line,
-                                         key=f"task '{safe_name(node.name)}': name"))
+                errors.append(
+                    UsageError(
+                        f"duplicate task name (first defined at {first.file}:{first.name_line})",
+                        file=node.file,
+                        line=node.name_line,
+                        key=f"task '{safe_name(node.name)}': name",
+                    )
+                )
             else:
                 by_name[node.name] = node
 
     for node in by_name.values():
         for dep in node.depends_on:
             if dep not in by_name:
-                errors.append(UsageError(f"'{dep}' is not a task{suggest(dep, by_name)}",
-                                         file=node.file, line=node.deps_line, key=f"task '{node.name}': depends_on"))
+                errors.append(
+                    UsageError(
+                        f"'{dep}' is not a task{suggest(dep, by_name)}",
+                        file=node.file,
+                        line=node.deps_line,
+                        key=f"task '{node.name}': depends_on",
+                    )
+                )
 
     # cycles: iterative DFS in file order, each cycle reported once
     color: dict[str, int] = {}
@@ -442,13 +492,19 @@ def check_graph(files: list[TaskFile], invocation_dir: Optional[Path] = None) ->
                 stack.append((name, k + 1))
                 nxt = deps[k]
                 if color.get(nxt) == 1:
-                    cyc = path[path.index(nxt):] + [nxt]
+                    cyc = path[path.index(nxt) :] + [nxt]
                     key = frozenset(cyc)
                     if key not in reported:
                         reported.add(key)
                         node = by_name[cyc[0]]
-                        errors.append(UsageError(f"dependency cycle: {' -> '.join(cyc)}", file=node.file,
-                                                 line=node.deps_line, key=f"task '{node.name}': depends_on"))
+                        errors.append(
+                            UsageError(
+                                f"dependency cycle: {' -> '.join(cyc)}",
+                                file=node.file,
+                                line=node.deps_line,
+                                key=f"task '{node.name}': depends_on",
+                            )
+                        )
                 elif not color.get(nxt):
                     stack.append((nxt, 0))
             else:

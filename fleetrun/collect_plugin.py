@@ -54,8 +54,10 @@ def _last_failed(config: Config, items: list[Any]) -> None:
     failed = last_failed(config, [t.name for t in items])
     n = len(failed)
     if not failed:
-        notes.append("run-last-failure: no previously failed tasks, "
-                     + ("not deselecting any" if config.getoption("last_failed") else "running them in file order"))
+        notes.append(
+            "run-last-failure: no previously failed tasks, "
+            + ("not deselecting any" if config.getoption("last_failed") else "running them in file order")
+        )
         return
     if config.getoption("last_failed"):
         chosen, added = take_along(items, lambda t: t.name in failed)

@@ -24,8 +24,10 @@ if TYPE_CHECKING:
 
 def notifier(config: Config) -> ops.Notify:
     def notify(task: Task, src: State, dst: State, cause: str, attempt: Optional[int]) -> None:
-        config.hook.fleetrun_transition(task=task, from_state=src.value, to_state=dst.value,
-                                        cause=cause, attempt=attempt, config=config)
+        config.hook.fleetrun_transition(
+            task=task, from_state=src.value, to_state=dst.value, cause=cause, attempt=attempt, config=config
+        )
+
     return notify
 
 
@@ -107,8 +109,11 @@ def cmd_run(config: Config, out: TextIO, err: TextIO) -> int:
             print(f"<Task {safe_name(t.name)}>{safe_text(deps + tags)}", file=out)
         n = len(items)
         gone = len(config.stash.get(DESELECTED_KEY, []))
-        count = f"{n}/{n + gone} tasks collected ({gone} deselected)" if gone else \
-            f"{n} task{'s' if n != 1 else ''} collected"  # pytest's words
+        count = (
+            f"{n}/{n + gone} tasks collected ({gone} deselected)"
+            if gone
+            else f"{n} task{'s' if n != 1 else ''} collected"
+        )  # pytest's words
         print(f"\n{count}", file=out)
         return ExitCode.OK
     if not items:
@@ -191,8 +196,7 @@ def _selection(config: Config, led: Ledger, verb: str) -> tuple[list[Task], bool
     return tasks, len(refs) != 1 or bool(everything or state or match)
 
 
-def _bulk(config: Config, verb: str, past: str, out: TextIO,
-          one: Callable[[Ledger, Task], bool]) -> int:
+def _bulk(config: Config, verb: str, past: str, out: TextIO, one: Callable[[Ledger, Task], bool]) -> int:
     """Run ``one`` on each selected task; end a bulk operation with a count.
 
     A selected task another one's operation moved meanwhile (a cancel's cascade, a
@@ -239,8 +243,10 @@ def _cancel_one(config: Config, led: Ledger, task: Task, out: TextIO, err: TextI
         try:
             stop_attempt(config, active)
         except UnknownHost as e:  # cancelled all the same: the ledger is ours, the peer is not
-            not_stopped = (f"could not stop attempt {active.number} on {safe_text(active.host or '')}: "
-                           f"{safe_text(str(e))}; it may still run there")
+            not_stopped = (
+                f"could not stop attempt {active.number} on {safe_text(active.host or '')}: "
+                f"{safe_text(str(e))}; it may still run there"
+            )
     print(f"cancelled {safe_name(task.name)} {task.id}", file=out)
     for t in moved:
         print(f"  {safe_name(t.name)} {t.id} -> {t.state} ({safe_text(t.reason)})", file=out)
@@ -314,8 +320,11 @@ def _approve_one(config: Config, led: Ledger, task: Task, out: TextIO) -> bool:
         led.add_note(task.id, f"cleanup failed: {e}")
     now = led.get(task.id)
     if now is not None and now.branch and worktree_now(now) and now.host in (None, "local"):
-        print(f"  kept its worktree {safe_text(now.worktree)}: what is not committed there is not on "
-              f"branch {safe_text(now.branch)} (fleetrun logs {safe_name(now.name)} says why)", file=out)
+        print(
+            f"  kept its worktree {safe_text(now.worktree)}: what is not committed there is not on "
+            f"branch {safe_text(now.branch)} (fleetrun logs {safe_name(now.name)} says why)",
+            file=out,
+        )
     return True
 
 
@@ -338,8 +347,10 @@ def cmd_undrain(config: Config, out: TextIO, err: TextIO) -> int:
     if source is not None:  # undrain clears only what `fleetrun drain` set: say what still drains
         if was:
             print("undrained what `fleetrun drain` set", file=out)
-        print(f"this machine still drains: {safe_text(source)} sets [local] drain = true; "
-              "remove it to start work", file=err)
+        print(
+            f"this machine still drains: {safe_text(source)} sets [local] drain = true; remove it to start work",
+            file=err,
+        )
         return ExitCode.TASKS_FAILED
     print("undrained: this machine starts work again", file=out)
     return ExitCode.OK
@@ -349,7 +360,6 @@ def cmd_gc(config: Config, out: TextIO, err: TextIO) -> int:
     from .gc import main as gc_main
 
     return gc_main(config, out, err)
-
 
 
 # ---------------------------------------------------------------------------------
@@ -363,25 +373,38 @@ def _max_tasks(text: str) -> int:
         n = 0
     if n < 1:  # 0 or fewer starts nothing and waits forever: never what was meant
         raise argparse.ArgumentTypeError(
-            f"{text} is not a whole number of at least 1 (to start nothing, use fleetrun drain)")
+            f"{text} is not a whole number of at least 1 (to start nothing, use fleetrun drain)"
+        )
     return n
 
 
 def _loop_arguments(p: argparse.ArgumentParser) -> None:
-    p.add_argument("-x", "--exitfirst", action="store_true",
-                   help="start no new task after the first NEEDS_HUMAN")
+    p.add_argument("-x", "--exitfirst", action="store_true", help="start no new task after the first NEEDS_HUMAN")
     p.add_argument("--max-tasks", type=_max_tasks, metavar="N", help="override [local] max_tasks")
 
 
 def _run_arguments(p: argparse.ArgumentParser) -> None:
     _loop_arguments(p)
     p.add_argument("--collect-only", "--co", action="store_true", help="list the tasks; run nothing")
-    p.add_argument("--new-queue", action="store_true",
-                   help="queue every task anew: not the unchanged file's queue, not the DONE tasks of its last run")
-    p.add_argument("--lf", "--last-failed", dest="last_failed", action="store_true",
-                   help="only the tasks that ended NEEDS_HUMAN or CANCELLED in the file's last run (all if none did)")
-    p.add_argument("--ff", "--failed-first", dest="failed_first", action="store_true",
-                   help="all tasks, those that ended NEEDS_HUMAN or CANCELLED in the file's last run first")
+    p.add_argument(
+        "--new-queue",
+        action="store_true",
+        help="queue every task anew: not the unchanged file's queue, not the DONE tasks of its last run",
+    )
+    p.add_argument(
+        "--lf",
+        "--last-failed",
+        dest="last_failed",
+        action="store_true",
+        help="only the tasks that ended NEEDS_HUMAN or CANCELLED in the file's last run (all if none did)",
+    )
+    p.add_argument(
+        "--ff",
+        "--failed-first",
+        dest="failed_first",
+        action="store_true",
+        help="all tasks, those that ended NEEDS_HUMAN or CANCELLED in the file's last run first",
+    )
 
 
 def _work_arguments(p: argparse.ArgumentParser) -> None:
@@ -409,14 +432,21 @@ def cmd_logs(config: Config, out: TextIO, err: TextIO) -> int:
 
 
 def _status_arguments(p: argparse.ArgumentParser) -> None:
-    p.add_argument("--all", dest="all_tasks", action="store_true",
-                   help="every run of every task (the history), not only each name's latest")
+    p.add_argument(
+        "--all",
+        dest="all_tasks",
+        action="store_true",
+        help="every run of every task (the history), not only each name's latest",
+    )
     p.add_argument("--state", metavar="S", help="only tasks in this state (of each name's latest run, or --all)")
     p.add_argument("--json", action="store_true", help="print JSON")
     p.add_argument("--graph", action="store_true", help="the depends_on tree, and why anything waits")
     p.add_argument("--wide", action="store_true", help="every cell whole, however wide the terminal")
-    p.add_argument("--watch", action="store_true",
-                   help="the live view of the running tasks, read again every second (Ctrl-C ends it)")
+    p.add_argument(
+        "--watch",
+        action="store_true",
+        help="the live view of the running tasks, read again every second (Ctrl-C ends it)",
+    )
     p.add_argument("--color", choices=("yes", "no", "auto"), default="auto", help="colour: yes, no, or auto")
 
 
@@ -427,17 +457,24 @@ def _task_argument(p: argparse.ArgumentParser) -> None:
 def _logs_arguments(p: argparse.ArgumentParser) -> None:
     _task_argument(p)
     p.add_argument("--json", action="store_true", help="print JSON")
-    p.add_argument("-f", "--follow", action="store_true",
-                   help="follow the transitions, verdicts and the agent's transcript until the task ends")
+    p.add_argument(
+        "-f",
+        "--follow",
+        action="store_true",
+        help="follow the transitions, verdicts and the agent's transcript until the task ends",
+    )
     p.add_argument("--raw", action="store_true", help="with -f: the agent's log lines as they are, not rendered")
 
 
 def _select_arguments(p: argparse.ArgumentParser) -> None:
     """``cancel``, ``retry`` and ``approve``: tasks by name, or chosen by selectors."""
-    p.add_argument("task", metavar="TASK", nargs="*",
-                   help="task ids, or names (each the newest task with it)")
-    p.add_argument("--all", dest="all_tasks", action="store_true",
-                   help="every task the verb applies to (cancel --all: every unfinished task)")
+    p.add_argument("task", metavar="TASK", nargs="*", help="task ids, or names (each the newest task with it)")
+    p.add_argument(
+        "--all",
+        dest="all_tasks",
+        action="store_true",
+        help="every task the verb applies to (cancel --all: every unfinished task)",
+    )
     p.add_argument("--state", metavar="S", help="only tasks in this state (needs_human, cancelled...)")
     p.add_argument("-k", dest="keyword", metavar="EXPR", help="only tasks whose name matches EXPR (as run -k)")
     p.add_argument("-m", dest="markexpr", metavar="EXPR", help="only tasks whose tags match EXPR (as run -m)")
@@ -445,18 +482,25 @@ def _select_arguments(p: argparse.ArgumentParser) -> None:
 
 def _retry_arguments(p: argparse.ArgumentParser) -> None:
     _select_arguments(p)
-    p.add_argument("--elsewhere", action="store_true",
-                   help="also for a task running on a peer that stopped answering: give up on that "
-                        "machine and place the task again (you vouch the old attempt is gone)")
+    p.add_argument(
+        "--elsewhere",
+        action="store_true",
+        help="also for a task running on a peer that stopped answering: give up on that "
+        "machine and place the task again (you vouch the old attempt is gone)",
+    )
 
 
 def _gc_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--yes", action="store_true", help="remove what is listed")
-    p.add_argument("--force", action="store_true",
-                   help="also remove dirty worktrees and branches with commits found nowhere else")
-    p.add_argument("--branches", action="store_true",
-                   help="also list (and with --yes delete) the branches fleetrun created for ended tasks "
-                        "that are merged into their git_ref or were never DONE")
+    p.add_argument(
+        "--force", action="store_true", help="also remove dirty worktrees and branches with commits found nowhere else"
+    )
+    p.add_argument(
+        "--branches",
+        action="store_true",
+        help="also list (and with --yes delete) the branches fleetrun created for ended tasks "
+        "that are merged into their git_ref or were never DONE",
+    )
 
 
 #: The core's verbs, in the order ``fleetrun --help`` lists them. ``config.toml`` is
@@ -464,24 +508,62 @@ def _gc_arguments(p: argparse.ArgumentParser) -> None:
 #: logs, cancel...) still work with a broken one, and check it only if they read a
 #: setting.
 BUILTIN_VERBS: tuple[VerbDecl, ...] = (
-    VerbDecl("run", "collect, queue and work the tasks files until nothing is left (the default)",
-             cmd_run, _run_arguments, plugin_options=True, takes_tasks_files=True),
-    VerbDecl("validate", "check tasks files: typos, dangling or cyclic depends_on", cmd_validate,
-             takes_tasks_files=True),
+    VerbDecl(
+        "run",
+        "collect, queue and work the tasks files until nothing is left (the default)",
+        cmd_run,
+        _run_arguments,
+        plugin_options=True,
+        takes_tasks_files=True,
+    ),
+    VerbDecl(
+        "validate", "check tasks files: typos, dangling or cyclic depends_on", cmd_validate, takes_tasks_files=True
+    ),
     VerbDecl("queue", "validate and queue tasks files; runs nothing", cmd_queue, takes_tasks_files=True),
-    VerbDecl("work", "run the queued tasks (keeps running unless --until-idle)", cmd_work, _work_arguments,
-             plugin_options=True, tasks_files=_queued_files),
-    VerbDecl("status", "one line per task (--graph: the depends_on tree and why anything waits)", cmd_status,
-             _status_arguments, reads_config=False),
+    VerbDecl(
+        "work",
+        "run the queued tasks (keeps running unless --until-idle)",
+        cmd_work,
+        _work_arguments,
+        plugin_options=True,
+        tasks_files=_queued_files,
+    ),
+    VerbDecl(
+        "status",
+        "one line per task (--graph: the depends_on tree and why anything waits)",
+        cmd_status,
+        _status_arguments,
+        reads_config=False,
+    ),
     VerbDecl("logs", "every transition and verdict of a task", cmd_logs, _logs_arguments, reads_config=False),
-    VerbDecl("cancel", "cancel tasks (names, --all, --state, -k); their dependents need a human", cmd_cancel,
-             _select_arguments, reads_config=False),
-    VerbDecl("retry", "send NEEDS_HUMAN or CANCELLED tasks back to the queue (names, --state, -k)", cmd_retry,
-             _retry_arguments, reads_config=False),
-    VerbDecl("approve", "accept NEEDS_HUMAN tasks as DONE (names, --state, -k)", cmd_approve, _select_arguments,
-             reads_config=False),
+    VerbDecl(
+        "cancel",
+        "cancel tasks (names, --all, --state, -k); their dependents need a human",
+        cmd_cancel,
+        _select_arguments,
+        reads_config=False,
+    ),
+    VerbDecl(
+        "retry",
+        "send NEEDS_HUMAN or CANCELLED tasks back to the queue (names, --state, -k)",
+        cmd_retry,
+        _retry_arguments,
+        reads_config=False,
+    ),
+    VerbDecl(
+        "approve",
+        "accept NEEDS_HUMAN tasks as DONE (names, --state, -k)",
+        cmd_approve,
+        _select_arguments,
+        reads_config=False,
+    ),
     VerbDecl("drain", "start nothing new on this machine", cmd_drain, reads_config=False),
     VerbDecl("undrain", "start work again after drain", cmd_undrain, reads_config=False),
-    VerbDecl("gc", "list (and with --yes remove) worktrees and attempt folders of no task or of ended tasks", cmd_gc,
-             _gc_arguments, reads_config=False),
+    VerbDecl(
+        "gc",
+        "list (and with --yes remove) worktrees and attempt folders of no task or of ended tasks",
+        cmd_gc,
+        _gc_arguments,
+        reads_config=False,
+    ),
 )

@@ -13,12 +13,56 @@ import shutil
 from typing import Optional
 
 #: Words /bin/sh runs itself: what follows them is not looked for.
-SHELL_WORDS = frozenset([
-    "!", "{", "(", "[", "[[", ".", ":", "alias", "break", "case", "cd", "command", "continue", "declare",
-    "echo", "eval", "exec", "exit", "export", "false", "for", "function", "if", "let", "local", "printf",
-    "pwd", "read", "readonly", "return", "set", "shift", "source", "test", "then", "times", "trap", "true",
-    "type", "ulimit", "umask", "unalias", "unset", "until", "wait", "while",
-])
+SHELL_WORDS = frozenset(
+    [
+        "!",
+        "{",
+        "(",
+        "[",
+        "[[",
+        ".",
+        ":",
+        "alias",
+        "break",
+        "case",
+        "cd",
+        "command",
+        "continue",
+        "declare",
+        "echo",
+        "eval",
+        "exec",
+        "exit",
+        "export",
+        "false",
+        "for",
+        "function",
+        "if",
+        "let",
+        "local",
+        "printf",
+        "pwd",
+        "read",
+        "readonly",
+        "return",
+        "set",
+        "shift",
+        "source",
+        "test",
+        "then",
+        "times",
+        "trap",
+        "true",
+        "type",
+        "ulimit",
+        "umask",
+        "unalias",
+        "unset",
+        "until",
+        "wait",
+        "while",
+    ]
+)
 
 
 def not_found_error(text: str, path_var: Optional[str], root: str) -> Optional[str]:

@@ -19,7 +19,6 @@ if TYPE_CHECKING:
     from .projconf import ProjectConfig
 
 
-
 @dataclass(frozen=True)
 class ConfigKey:
     """A key of a ``config.toml`` table, declared through ``fleetrun_config_keys`` by the
@@ -65,13 +64,28 @@ def _positive(v: Any) -> Optional[str]:
 #: max_bytes``, the cap of every file written from an untrusted stream.
 CORE_CONFIG_KEYS: tuple[ConfigKey, ...] = (
     ConfigKey("fleetrun", "", doc="general settings"),
-    ConfigKey("fleetrun", "verifier_error_tries", types=(int,), check=_positive,
-              doc="how many times a verifier that could not judge (a transient error) is tried in all"),
-    ConfigKey("fleetrun", "verifier_error_backoff_s", types=(int, float), check=_positive,
-              doc="the first wait before such a verifier runs again, doubled each time"),
-    ConfigKey("output", "max_bytes", types=(int,), check=_output_cap_problem,
-              doc=f"the most bytes one file written from an agent's, a verifier's or a setup step's output "
-                  f"may hold (default {DEFAULT_MAX_BYTES:_}); the head and the tail are kept"),
+    ConfigKey(
+        "fleetrun",
+        "verifier_error_tries",
+        types=(int,),
+        check=_positive,
+        doc="how many times a verifier that could not judge (a transient error) is tried in all",
+    ),
+    ConfigKey(
+        "fleetrun",
+        "verifier_error_backoff_s",
+        types=(int, float),
+        check=_positive,
+        doc="the first wait before such a verifier runs again, doubled each time",
+    ),
+    ConfigKey(
+        "output",
+        "max_bytes",
+        types=(int,),
+        check=_output_cap_problem,
+        doc=f"the most bytes one file written from an agent's, a verifier's or a setup step's output "
+        f"may hold (default {DEFAULT_MAX_BYTES:_}); the head and the tail are kept",
+    ),
 )
 
 
@@ -132,8 +146,13 @@ class Config:
         :class:`~fleetrun.stash.Stash` of typed :class:`~fleetrun.stash.StashKey` keys.
     """
 
-    def __init__(self, pluginmanager: FleetPluginManager, option: argparse.Namespace, home: Path,
-                 invocation_dir: Optional[Path] = None) -> None:
+    def __init__(
+        self,
+        pluginmanager: FleetPluginManager,
+        option: argparse.Namespace,
+        home: Path,
+        invocation_dir: Optional[Path] = None,
+    ) -> None:
         self.pluginmanager = pluginmanager
         self.hook = pluginmanager.hook
         self.option = option
@@ -215,8 +234,14 @@ MACHINE_LEVEL = "is a setting of this machine: it belongs in $FLEETRUN_HOME/conf
 def _type_name(types: tuple[type, ...], items: Optional[type]) -> str:
     if set(types) == {int, float}:
         return "a number"
-    names = {str: "a string", bool: "true or false", int: "a whole number", float: "a number",
-             list: "a list", dict: "a table"}
+    names = {
+        str: "a string",
+        bool: "true or false",
+        int: "a whole number",
+        float: "a number",
+        list: "a list",
+        dict: "a table",
+    }
     item_names = {str: "strings", bool: "true/false values", int: "whole numbers", float: "numbers"}
     out = []
     for t in types:
@@ -241,11 +266,10 @@ def _value_problem(decl: ConfigKey, value: Any) -> Optional[str]:
     if isinstance(value, float) and not math.isfinite(value):
         return "must be a finite number"
     if decl.items is not None and isinstance(value, (list, dict)):
-        for item in (value.values() if isinstance(value, dict) else value):
+        for item in value.values() if isinstance(value, dict) else value:
             if not _of_type(item, (decl.items,)):
                 kind = "table" if isinstance(value, dict) else "list"
-                return (f"expected {_type_name((type(value),), decl.items)}, "
-                        f"got a {kind} holding {describe_value(item)}")
+                return f"expected {_type_name((type(value),), decl.items)}, got a {kind} holding {describe_value(item)}"
     if decl.choices and value not in decl.choices:
         return not_one_of(value, decl.choices)
     if decl.check is not None:
@@ -264,8 +288,14 @@ def _unknown(what: str, name: str, known: list[str], empty: str = "") -> str:
     return f"unknown {what} (known: {', '.join(known)})"
 
 
-def check_config(data: dict[str, Any], lines: Any, decls: Iterable[ConfigKey], file: str,
-                 skip_unknown_tables: bool = False, machine_ok: bool = True) -> list[UsageError]:
+def check_config(
+    data: dict[str, Any],
+    lines: Any,
+    decls: Iterable[ConfigKey],
+    file: str,
+    skip_unknown_tables: bool = False,
+    machine_ok: bool = True,
+) -> list[UsageError]:
     """Every problem of a parsed ``config.toml`` against the declared keys.
 
     :param lines: the file's :class:`~fleetrun.tomlfile.LineMap`.
@@ -333,8 +363,9 @@ def check_config(data: dict[str, Any], lines: Any, decls: Iterable[ConfigKey], f
     return errors
 
 
-def load_config_toml(path: Path, decls: Iterable[ConfigKey] = CORE_CONFIG_KEYS,
-                     skip_unknown_tables: bool = False) -> dict[str, Any]:
+def load_config_toml(
+    path: Path, decls: Iterable[ConfigKey] = CORE_CONFIG_KEYS, skip_unknown_tables: bool = False
+) -> dict[str, Any]:
     """Read and check ``config.toml``; without the file, nothing.
 
     :param decls: every key the loaded plugins declared (``fleetrun_config_keys``).

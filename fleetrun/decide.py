@@ -44,12 +44,20 @@ PAUSE_MEMORY_S = 3600.0
 BACK_STATE: Mapping[str, State] = {"fresh": State.READY, "retry": State.RETRYING, "resume": State.RESUMING}
 #: The same once the task was RUNNING (its shepherd started, its agent did not): the
 #: state machine lets RUNNING go back only to RESUMING.
-BACK_STATE_FROM_RUNNING: Mapping[str, State] = {"fresh": State.RESUMING, "retry": State.RESUMING,
-                                                "resume": State.RESUMING}
+BACK_STATE_FROM_RUNNING: Mapping[str, State] = {
+    "fresh": State.RESUMING,
+    "retry": State.RESUMING,
+    "resume": State.RESUMING,
+}
 
 #: The cause word of an attempt that ended without a usable result, by the shepherd's reason.
-_FAILURE_WORD = {"timeout": "timeout", "stalled": "stalled", "cancelled": "session_died",
-                 "stopped": "session_died", "died": "session_died"}
+_FAILURE_WORD = {
+    "timeout": "timeout",
+    "stalled": "stalled",
+    "cancelled": "session_died",
+    "stopped": "session_died",
+    "died": "session_died",
+}
 
 
 @dataclass(frozen=True)
@@ -162,8 +170,9 @@ def resume_or_give_up(resumes: int, cause: str) -> Transition:
     return Transition(State.RESUMING, cause, fields={"resumes": resumes + 1})
 
 
-def decide_not_started(kind: str, no_start: int, backoff: Optional[Backoff], host: str, cause: str,
-                       now: float, from_running: bool = False) -> Transition:
+def decide_not_started(
+    kind: str, no_start: int, backoff: Optional[Backoff], host: str, cause: str, now: float, from_running: bool = False
+) -> Transition:
     """An attempt that never started: back off from that machine (no retry is used);
     after :data:`NEVER_STARTED_CAP` in a row, ask a human.
 
@@ -179,9 +188,12 @@ def decide_not_started(kind: str, no_start: int, backoff: Optional[Backoff], hos
     # not idle: the task is placed again after the backoff
     bo = Backoff(n, now + backoff_delay(n), cause.split(":", 1)[0])
     if count >= NEVER_STARTED_CAP:
-        return Transition(State.NEEDS_HUMAN,
-                          f"never_started:{count} attempts in a row didn't start; the last was {cause} on {host}",
-                          fields={"no_start": count}, backoff=bo)
+        return Transition(
+            State.NEEDS_HUMAN,
+            f"never_started:{count} attempts in a row didn't start; the last was {cause} on {host}",
+            fields={"no_start": count},
+            backoff=bo,
+        )
     return Transition(back_state(kind, from_running), cause, fields={"no_start": count}, backoff=bo)
 
 
@@ -202,11 +214,19 @@ def decide_end(e: Ended) -> Optional[Transition]:
     if reason == "start_failed:agent_not_found":  # it can never start as things are: no backoff
         return Transition(State.NEEDS_HUMAN, f"agent_not_found:{error or 'the agent cannot be run'}")
     if (reason or "").startswith("start_failed"):
-        return decide_not_started(e.kind, e.no_start, e.backoff, e.host,
-                                  f"start_failed:{error or 'the agent did not start'}", e.now, from_running=True)
+        return decide_not_started(
+            e.kind,
+            e.no_start,
+            e.backoff,
+            e.host,
+            f"start_failed:{error or 'the agent did not start'}",
+            e.now,
+            from_running=True,
+        )
     end = res.end if res is not None else None
-    if end is not None and (reason not in _FAILURE_WORD or end.kind in ("pause_host", "back_off")
-                            or (end.kind == "give_up" and end.ran)):
+    if end is not None and (
+        reason not in _FAILURE_WORD or end.kind in ("pause_host", "back_off") or (end.kind == "give_up" and end.ran)
+    ):
         t = _from_end(e, end)
         if t is not None:
             return t
@@ -427,12 +447,43 @@ class Drop:
     Crash: nothing durable."""
 
 
-Action = (Move | Ran | BackOff | PauseHost | Collect | StartVerifier | VerifierWait | HandOff | RunSetupStep
-          | StartAgent | StartAttempt | WaitFor | Note | NoteKeptWorktree | CleanUp | Drop)
+Action = (
+    Move
+    | Ran
+    | BackOff
+    | PauseHost
+    | Collect
+    | StartVerifier
+    | VerifierWait
+    | HandOff
+    | RunSetupStep
+    | StartAgent
+    | StartAttempt
+    | WaitFor
+    | Note
+    | NoteKeptWorktree
+    | CleanUp
+    | Drop
+)
 #: Every action kind (docs/durability.md's table lists each, and a test checks it).
-ACTIONS: tuple[type, ...] = (Move, Ran, BackOff, PauseHost, Collect, StartVerifier, VerifierWait, HandOff,
-                             RunSetupStep, StartAgent, StartAttempt, WaitFor, Note, NoteKeptWorktree, CleanUp,
-                             Drop)
+ACTIONS: tuple[type, ...] = (
+    Move,
+    Ran,
+    BackOff,
+    PauseHost,
+    Collect,
+    StartVerifier,
+    VerifierWait,
+    HandOff,
+    RunSetupStep,
+    StartAgent,
+    StartAttempt,
+    WaitFor,
+    Note,
+    NoteKeptWorktree,
+    CleanUp,
+    Drop,
+)
 
 
 # -- what the loop knows of the task ---------------------------------------------------
@@ -581,11 +632,29 @@ class StartUnconfirmed:
     RUNNING, a peer's reply lost with its link)."""
 
 
-Observation = (AttemptEnded | NotStarted | Collected | VerdictGiven | HandoffMade | SetupStepEnded | Placed
-               | LeaseFound | StartUnconfirmed)
+Observation = (
+    AttemptEnded
+    | NotStarted
+    | Collected
+    | VerdictGiven
+    | HandoffMade
+    | SetupStepEnded
+    | Placed
+    | LeaseFound
+    | StartUnconfirmed
+)
 #: Every observation kind (the table test has a row for each state and each of these).
-OBSERVATIONS: tuple[type, ...] = (AttemptEnded, NotStarted, Collected, VerdictGiven, HandoffMade, SetupStepEnded,
-                                  Placed, LeaseFound, StartUnconfirmed)
+OBSERVATIONS: tuple[type, ...] = (
+    AttemptEnded,
+    NotStarted,
+    Collected,
+    VerdictGiven,
+    HandoffMade,
+    SetupStepEnded,
+    Placed,
+    LeaseFound,
+    StartUnconfirmed,
+)
 
 #: A verifier that could not judge waits at most this long before it runs again.
 MAX_VERIFIER_BACKOFF_S = 3600.0
@@ -614,9 +683,21 @@ def transition_actions(t: Transition) -> list[Action]:
 
 
 def _ended(f: Facts, o: AttemptEnded) -> list[Action]:
-    t = decide_end(Ended(status=o.status, result=o.result, task_state=f.state, kind=f.kind, host=f.host,
-                         resumes=f.resumes, no_start=f.no_start, backoff=f.backoff, pause=f.pause, now=f.now,
-                         clock_now=f.clock_now))
+    t = decide_end(
+        Ended(
+            status=o.status,
+            result=o.result,
+            task_state=f.state,
+            kind=f.kind,
+            host=f.host,
+            resumes=f.resumes,
+            no_start=f.no_start,
+            backoff=f.backoff,
+            pause=f.pause,
+            now=f.now,
+            clock_now=f.clock_now,
+        )
+    )
     return [] if t is None else transition_actions(t)
 
 
@@ -649,9 +730,15 @@ def tampered(reason: str, what: str) -> list[Action]:
     what the agent wrote into ``.git``: one line, no control characters."""
     reason = "".join(c if c.isprintable() else f"\\x{ord(c):02x}" for c in " ".join(reason.split()))
     reason = (reason[:300] + "...") if len(reason) > 300 else reason
-    return [Move(State.NEEDS_HUMAN, f"worktree_tampered:{reason or 'its .git was changed'}; {what}",
-                 outcome="worktree_tampered"),
-            NoteKeptWorktree(), CleanUp()]
+    return [
+        Move(
+            State.NEEDS_HUMAN,
+            f"worktree_tampered:{reason or 'its .git was changed'}; {what}",
+            outcome="worktree_tampered",
+        ),
+        NoteKeptWorktree(),
+        CleanUp(),
+    ]
 
 
 def _verdict(f: Facts, o: VerdictGiven) -> list[Action]:
@@ -662,10 +749,18 @@ def _verdict(f: Facts, o: VerdictGiven) -> list[Action]:
     if o.passed:
         return [StartVerifier(o.idx + 1)] if o.idx + 1 < f.verifiers else [HandOff()]
     if f.retries < f.max_retries:
-        return [Move(State.RETRYING, failed_cause("verify_fail", o.label, o.output), attempt_state="verified",
-                     fields={"retries": f.retries + 1})]
-    return [Move(State.NEEDS_HUMAN, failed_cause("retries_exhausted", o.label, o.output), attempt_state="verified"),
-            CleanUp()]
+        return [
+            Move(
+                State.RETRYING,
+                failed_cause("verify_fail", o.label, o.output),
+                attempt_state="verified",
+                fields={"retries": f.retries + 1},
+            )
+        ]
+    return [
+        Move(State.NEEDS_HUMAN, failed_cause("retries_exhausted", o.label, o.output), attempt_state="verified"),
+        CleanUp(),
+    ]
 
 
 def _could_not_judge(f: Facts, o: VerdictGiven) -> list[Action]:
@@ -678,11 +773,18 @@ def _could_not_judge(f: Facts, o: VerdictGiven) -> list[Action]:
     tries = o.prev_tries + 1 - (1 if o.space else 0)
     if o.error == PERMANENT or tries >= o.limit:
         detail = why if o.error == PERMANENT else f"{why} (tried {tries} time{'s' if tries != 1 else ''})"
-        return [Move(State.NEEDS_HUMAN, cause("verifier_error", f"{o.label.replace(chr(10), ' ')}: {detail}"),
-                     attempt_state="verified",
-                     info={VERIFY_WAIT: None, VERIFY_ERROR: {"idx": o.idx, "label": o.label, "error": o.error, "reason": why,
-                                            "tries": tries}}),
-                CleanUp()]
+        return [
+            Move(
+                State.NEEDS_HUMAN,
+                cause("verifier_error", f"{o.label.replace(chr(10), ' ')}: {detail}"),
+                attempt_state="verified",
+                info={
+                    VERIFY_WAIT: None,
+                    VERIFY_ERROR: {"idx": o.idx, "label": o.label, "error": o.error, "reason": why, "tries": tries},
+                },
+            ),
+            CleanUp(),
+        ]
     delay = SPACE_RETRY_S if o.space else min(float(o.backoff_s) * 2 ** (tries - 1), MAX_VERIFIER_BACKOFF_S)
     return [VerifierWait(o.idx, tries, f.clock_now + delay, why)]
 
@@ -691,8 +793,10 @@ def _handoff(f: Facts, o: HandoffMade) -> list[Action]:
     if f.state is not State.VERIFYING:
         return [Drop()]
     fields = {"handoff": dict(o.handoff)} if o.handoff is not None else {}
-    return [Move(State.DONE, "verify_pass" if f.verifiers else "exited", attempt_state="verified", fields=fields),
-            CleanUp()]
+    return [
+        Move(State.DONE, "verify_pass" if f.verifiers else "exited", attempt_state="verified", fields=fields),
+        CleanUp(),
+    ]
 
 
 def _setup(f: Facts, o: SetupStepEnded) -> list[Action]:
@@ -702,16 +806,36 @@ def _setup(f: Facts, o: SetupStepEnded) -> list[Action]:
         return [RunSetupStep(o.idx + 1)] if o.idx + 1 < o.steps else [StartAgent()]
     if o.baseline:
         tail = "\n".join(o.output.rstrip().splitlines()[-20:])
-        note = (f"verifier {o.label!r} already fails on the base commit ({o.reason}), before any agent run; "
-                f"fix the base, or set baseline = \"warn\" or false, then `fleetrun retry {f.name}`"
-                + (f"\n{tail}" if tail else ""))
-        return [Move(State.NEEDS_HUMAN, baseline_fails_cause(o.label, o.reason, o.output), attempt_state="abandoned",
-                     outcome="baseline_fails"), Note(note), CleanUp()]
+        note = (
+            f"verifier {o.label!r} already fails on the base commit ({o.reason}), before any agent run; "
+            f'fix the base, or set baseline = "warn" or false, then `fleetrun retry {f.name}`'
+            + (f"\n{tail}" if tail else "")
+        )
+        return [
+            Move(
+                State.NEEDS_HUMAN,
+                baseline_fails_cause(o.label, o.reason, o.output),
+                attempt_state="abandoned",
+                outcome="baseline_fails",
+            ),
+            Note(note),
+            CleanUp(),
+        ]
     where = f"; its output is in {o.out}" if o.out else ""
-    note = (f"setup command {o.idx + 1} failed ({o.reason}){where}; fix the command or the environment, then "
-            f"`fleetrun retry {f.name}` (setup runs again from the start)")
-    return [Move(State.NEEDS_HUMAN, setup_failed_cause(o.label, o.reason, o.output), attempt_state="abandoned",
-                 outcome="setup_failed"), Note(note), CleanUp()]
+    note = (
+        f"setup command {o.idx + 1} failed ({o.reason}){where}; fix the command or the environment, then "
+        f"`fleetrun retry {f.name}` (setup runs again from the start)"
+    )
+    return [
+        Move(
+            State.NEEDS_HUMAN,
+            setup_failed_cause(o.label, o.reason, o.output),
+            attempt_state="abandoned",
+            outcome="setup_failed",
+        ),
+        Note(note),
+        CleanUp(),
+    ]
 
 
 def budget_exhausted(budget: Optional[float], spent: float) -> bool:

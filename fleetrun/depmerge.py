@@ -32,8 +32,14 @@ CAUSE_FILES = 10
 #: often names only the file it could not write (seen: "error: unable to write file
 #: a.txt", "fatal: update_ref failed ...: couldn't write '.git/ORIG_HEAD.lock'"); a
 #: failure that stays (a folder made read-only) ends with the start's own back-off rule.
-TRANSIENT_GIT = (*SPACE_ERROR_TEXTS, ".lock': file exists", "unable to write", "couldn't write",
-                 "could not write", "unable to create temporary")
+TRANSIENT_GIT = (
+    *SPACE_ERROR_TEXTS,
+    ".lock': file exists",
+    "unable to write",
+    "couldn't write",
+    "could not write",
+    "unable to create temporary",
+)
 
 
 class DependencyError(Exception):
@@ -77,14 +83,17 @@ def dependency_branches(led: Any, task: Any, repo: str) -> list[tuple[str, str]]
             raise DependencyError(f"dependency {name} has no branch to merge ({why})")
         ref = f"refs/heads/{branch}"
         if not git(repo, "rev-parse", "--verify", "--quiet", f"{ref}^{{commit}}", check=False).strip():
-            raise DependencyError(f"the branch {branch} of dependency {name} is not in {repo} (a dependency that "
-                                  "ran on a peer has its branch fetched back when it ends)")
+            raise DependencyError(
+                f"the branch {branch} of dependency {name} is not in {repo} (a dependency that "
+                "ran on a peer has its branch fetched back when it ends)"
+            )
         out.append((name, branch))
     return out
 
 
-def merge_dependencies(p: Pinned, task: Any, branches: list[tuple[str, str]]
-                       ) -> tuple[list[dict[str, Any]], Optional[dict[str, Any]]]:
+def merge_dependencies(
+    p: Pinned, task: Any, branches: list[tuple[str, str]]
+) -> tuple[list[dict[str, Any]], Optional[dict[str, Any]]]:
     """Merge ``branches`` into the pinned worktree, in order, stopping at the first
     conflict.
 
@@ -102,12 +111,14 @@ def merge_dependencies(p: Pinned, task: Any, branches: list[tuple[str, str]]
         except GitError as e:
             lines = [ln.strip() for ln in e.output.splitlines() if ln.strip()]
             transient = next((ln for ln in lines if any(t in ln.lower() for t in TRANSIENT_GIT)), None)
-            why = transient or next((ln for ln in lines if ln.startswith(("fatal:", "error:"))),
-                                    lines[-1] if lines else str(e))
-            raise DependencyError(f"merging {name} ({branch}) failed: {' '.join(why.split())}",
-                                  permanent=transient is None) from None
+            why = transient or next(
+                (ln for ln in lines if ln.startswith(("fatal:", "error:"))), lines[-1] if lines else str(e)
+            )
+            raise DependencyError(
+                f"merging {name} ({branch}) failed: {' '.join(why.split())}", permanent=transient is None
+            ) from None
         if res.conflicts:
-            pending = [{"task": n, "branch": b} for n, b in branches[k + 1:]]
+            pending = [{"task": n, "branch": b} for n, b in branches[k + 1 :]]
             return merged, {"task": name, "branch": branch, "files": res.conflicts, "pending": pending}
         merged.append({"task": name, "branch": branch, "commit": res.commit})
     return merged, None
@@ -130,7 +141,9 @@ def missing_dependencies(p: Pinned, repo: str, branches: list[tuple[str, str]]) 
                 out.append((name, branch))
         return out
     except GitError as e:
-        raise DependencyError(f"cannot tell which dependencies are merged: {' '.join(e.output.split())[:300]}") from None
+        raise DependencyError(
+            f"cannot tell which dependencies are merged: {' '.join(e.output.split())[:300]}"
+        ) from None
 
 
 def stopped_merge(p: Pinned, repo: str, missing: list[tuple[str, str]]) -> Optional[dict[str, Any]]:
@@ -148,13 +161,18 @@ def stopped_merge(p: Pinned, repo: str, missing: list[tuple[str, str]]) -> Optio
     merging = wt_git(p, "rev-parse", "-q", "--verify", "MERGE_HEAD", check=False).strip()
     which: Optional[tuple[str, str]] = None
     for name, branch in missing:
-        tip = git(repo, "rev-parse", "-q", "--verify", "--end-of-options", f"refs/heads/{branch}^{{commit}}",
-                  check=False).strip()
+        tip = git(
+            repo, "rev-parse", "-q", "--verify", "--end-of-options", f"refs/heads/{branch}^{{commit}}", check=False
+        ).strip()
         if tip and tip == merging:
             which = (name, branch)
             break
-    return {"task": which[0] if which else None, "branch": which[1] if which else None,
-            "files": unmerged_files(p), "pending": [{"task": n, "branch": b} for n, b in missing if (n, b) != which]}
+    return {
+        "task": which[0] if which else None,
+        "branch": which[1] if which else None,
+        "files": unmerged_files(p),
+        "pending": [{"task": n, "branch": b} for n, b in missing if (n, b) != which],
+    }
 
 
 def _files(files: list[str], limit: Optional[int] = None) -> str:
@@ -171,8 +189,10 @@ def conflict_cause(rec: dict[str, Any]) -> str:
 def conflict_note(rec: dict[str, Any], root: str, task_name: str) -> str:
     """The ledger note that says where the stopped merge is and what to do about it."""
     which = f"merging {rec['task']} (branch {rec['branch']})" if rec.get("task") else "a merge"
-    text = (f"{which} into the worktree {root} stopped on a conflict in {_files(list(rec.get('files') or []))}; "
-            "the agent was not started")
+    text = (
+        f"{which} into the worktree {root} stopped on a conflict in {_files(list(rec.get('files') or []))}; "
+        "the agent was not started"
+    )
     pending = rec.get("pending") or []
     if pending:
         text += "; not merged yet: " + ", ".join(f"{d['task']} ({d['branch']})" for d in pending)
@@ -181,15 +201,19 @@ def conflict_note(rec: dict[str, Any], root: str, task_name: str) -> str:
 
 def conflict_prompt(rec: dict[str, Any], git_ref: Optional[str]) -> str:
     """The section an agent started on a conflicted tree reads first."""
-    which = (f"Merging {rec['task']} (branch {rec['branch']})" if rec.get("task")
-             else "A merge of a dependency's branch")
-    text = ("## A merge conflict to resolve first\n"
-            f"This worktree was made from {git_ref or 'its git_ref'} with the branches of the tasks it depends on "
-            f"merged in, in order. {which} stopped on a conflict in: {_files(list(rec.get('files') or []))}. "
-            "Resolve the conflict in those files (the <<<<<<< ======= >>>>>>> markers), `git add` them and "
-            "`git commit` to conclude the merge before you do anything else.")
+    which = f"Merging {rec['task']} (branch {rec['branch']})" if rec.get("task") else "A merge of a dependency's branch"
+    text = (
+        "## A merge conflict to resolve first\n"
+        f"This worktree was made from {git_ref or 'its git_ref'} with the branches of the tasks it depends on "
+        f"merged in, in order. {which} stopped on a conflict in: {_files(list(rec.get('files') or []))}. "
+        "Resolve the conflict in those files (the <<<<<<< ======= >>>>>>> markers), `git add` them and "
+        "`git commit` to conclude the merge before you do anything else."
+    )
     pending = rec.get("pending") or []
     if pending:
-        text += (" Then merge the branches not merged yet, in this order: "
-                 + ", ".join(f"`git merge --no-ff {d['branch']}` ({d['task']})" for d in pending) + ".")
+        text += (
+            " Then merge the branches not merged yet, in this order: "
+            + ", ".join(f"`git merge --no-ff {d['branch']}` ({d['task']})" for d in pending)
+            + "."
+        )
     return text

@@ -92,8 +92,9 @@ def cut_utf8(data: bytes, limit: int) -> bytes:
     return data[:end]
 
 
-def task_diff(where: Union[str, Workspace], git_ref: Optional[str],
-              max_bytes: int = DEFAULT_MAX_DIFF_BYTES) -> TaskDiff:
+def task_diff(
+    where: Union[str, Workspace], git_ref: Optional[str], max_bytes: int = DEFAULT_MAX_DIFF_BYTES
+) -> TaskDiff:
     """The changes in the git checkout at ``where``: ``git diff <git_ref>...HEAD`` (what
     was committed since the branch left ``git_ref``) followed by ``git diff HEAD`` and
     new files not added yet (what is not committed yet). Without ``git_ref``, only the
@@ -147,8 +148,14 @@ def task_diff(where: Union[str, Workspace], git_ref: Optional[str],
         stat = (stat.rstrip() + "\nnot committed yet:\n" + pending_stat).strip() + "\n"
     data = committed.encode("utf-8", "replace")
     shown = cut_utf8(data, max_bytes)
-    return TaskDiff(text=shown.decode("utf-8", "replace"), stat=stat, size=len(data), shown=len(shown),
-                    untracked=tuple(new_files[MAX_UNTRACKED_SHOWN:]), base=git_ref)
+    return TaskDiff(
+        text=shown.decode("utf-8", "replace"),
+        stat=stat,
+        size=len(data),
+        shown=len(shown),
+        untracked=tuple(new_files[MAX_UNTRACKED_SHOWN:]),
+        base=git_ref,
+    )
 
 
 def review_prompt(task_prompt: str, diff: TaskDiff, question: str, intro: str) -> str:
@@ -215,7 +222,9 @@ def _is_local(config: Config, name: str) -> bool:
     return bool(get_host(config, name).local)
 
 
-def local_workspace(config: Config, task: Any, attempt: Any, workspace: Any, verifier: Any) -> Union[Workspace, Verdict]:
+def local_workspace(
+    config: Config, task: Any, attempt: Any, workspace: Any, verifier: Any
+) -> Union[Workspace, Verdict]:
     """The workspace a verifier that runs on this machine (brain, agent) reads: the
     attempt's own, or, for an attempt that ran on a peer, its branch fetched back
     from there; a FAIL verdict saying why when there is none."""

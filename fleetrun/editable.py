@@ -145,7 +145,7 @@ def editable_installs(sp: str, top: str) -> tuple[EditableInstall, ...]:
             if not _inside(path, top):
                 continue
             if base.startswith("__editable__."):  # __editable__.NAME-VERSION.pth
-                name = base[len("__editable__."):].split("-", 1)[0]
+                name = base[len("__editable__.") :].split("-", 1)[0]
             else:  # a folder on sys.path (setup.py develop): name what it holds
                 name = next(iter(_packages_in(path)), base)
             found.setdefault(name.lower(), EditableInstall(name, path))
@@ -155,14 +155,15 @@ def editable_installs(sp: str, top: str) -> tuple[EditableInstall, ...]:
             mapping = ast.literal_eval(hit.group(1)) if hit else {}
         except (ValueError, SyntaxError):
             continue
-        for name, path in (mapping.items() if isinstance(mapping, dict) else ()):
+        for name, path in mapping.items() if isinstance(mapping, dict) else ():
             if isinstance(name, str) and isinstance(path, str) and _inside(path, top):
                 found.setdefault(name.lower(), EditableInstall(name, os.path.dirname(path)))
     return tuple(found.values())
 
 
-def editable_trap(command: str, top: str, cwd: str,
-                  cache: Optional[dict[tuple[str, str], tuple[EditableInstall, ...]]] = None) -> Optional[Trap]:
+def editable_trap(
+    command: str, top: str, cwd: str, cache: Optional[dict[tuple[str, str], tuple[EditableInstall, ...]]] = None
+) -> Optional[Trap]:
     """The first editable install of checkout ``top`` that the interpreter of ``command``
     would import instead of the worktree's copy, or None. ``cache`` (the caller's, for
     one collection) reads each environment once however many verifiers name it."""

@@ -95,24 +95,40 @@ class Ending:
         assert task is not None
         host = get_host(loop.config, att.host)
         exit_code = st.get("exit_code")
-        res = loop.hook.fleetrun_agent_result(task=task, attempt=att, log_path=str(host.log_path(att.id)),
-                                              exit_code=exit_code, config=loop.config)
+        res = loop.hook.fleetrun_agent_result(
+            task=task, attempt=att, log_path=str(host.log_path(att.id)), exit_code=exit_code, config=loop.config
+        )
         cost = res.cost_usd if res is not None else None  # None: unknown, not zero
         if record:
             with led.tx() as cur:
-                led.update_attempt(att.id, cur=cur, state="ended", ended=st.get("ended") or time.time(),
-                                   exit_code=exit_code, outcome=attempt_outcome(end_reason(st), res),
-                                   session_id=(res.session_id if res else None) or att.session_id,
-                                   cost_usd=cost, result_text=res.result_text if res else None,
-                                   info={**att.info, "denials": res.permission_denials if res else [],
-                                         "error": st.get("error"), "signal": st.get("signal"),
-                                         # how it ended, as its host said: what a restart
-                                         # decides from (the host may not answer then)
-                                         END_STATUS: {k: st.get(k) for k in END_STATUS_KEYS if k in st},
-                                         **({"log_cut": st["log_cut"]} if st.get("log_cut") else {})})
+                led.update_attempt(
+                    att.id,
+                    cur=cur,
+                    state="ended",
+                    ended=st.get("ended") or time.time(),
+                    exit_code=exit_code,
+                    outcome=attempt_outcome(end_reason(st), res),
+                    session_id=(res.session_id if res else None) or att.session_id,
+                    cost_usd=cost,
+                    result_text=res.result_text if res else None,
+                    info={
+                        **att.info,
+                        "denials": res.permission_denials if res else [],
+                        "error": st.get("error"),
+                        "signal": st.get("signal"),
+                        # how it ended, as its host said: what a restart
+                        # decides from (the host may not answer then)
+                        END_STATUS: {k: st.get(k) for k in END_STATUS_KEYS if k in st},
+                        **({"log_cut": st["log_cut"]} if st.get("log_cut") else {}),
+                    },
+                )
                 if st.get("log_cut"):  # the task that flooded pays: its record says so
-                    led.add_note(task.id, f"attempt {att.number}: its log was cut: "
-                                 f"{cut_note(st['log_cut'], st.get('log_cap') or DEFAULT_MAX_BYTES)}", cur=cur)
+                    led.add_note(
+                        task.id,
+                        f"attempt {att.number}: its log was cut: "
+                        f"{cut_note(st['log_cut'], st.get('log_cap') or DEFAULT_MAX_BYTES)}",
+                        cur=cur,
+                    )
                 cur.execute("UPDATE tasks SET cost_usd = cost_usd + ? WHERE id=?", (cost or 0.0, task.id))
         task = loop.get(task.id)
         att = loop.get_attempt(att.id)
@@ -122,8 +138,10 @@ class Ending:
             loop.decide(task, att, StartUnconfirmed())
             task = loop.get(task.id)
         if record:  # reported once, by the loop that recorded it
-            loop.report(task.id, partial(loop.hook.fleetrun_attempt_ended, task=task, attempt=att, result=res,
-                                         config=loop.config))
+            loop.report(
+                task.id,
+                partial(loop.hook.fleetrun_attempt_ended, task=task, attempt=att, result=res, config=loop.config),
+            )
         rest = loop.decide(task, att, AttemptEnded(st, res))
         if not any(isinstance(a, Collect) for a in rest):
             return  # moved on (or cancelled meanwhile: the attempt is over, nothing else to do)
@@ -131,8 +149,7 @@ class Ending:
         ws = Workspace(**att.workspace) if att.workspace else Workspace(path=task.spec.cwd)
         crash.point("before_collect")  # the end recorded, nothing committed: collected again
         try:  # before VERIFYING: after a crash between the two it is simply done again
-            got = loop.hook.fleetrun_collect_work(task=task, attempt=att, workspace=ws, host=host,
-                                                  config=loop.config)
+            got = loop.hook.fleetrun_collect_work(task=task, attempt=att, workspace=ws, host=host, config=loop.config)
         except (WorktreeTampered, GitError) as e:
             self.collected(task, att, ws, e)
             return
@@ -145,8 +162,13 @@ class Ending:
         """The attempt's work is collected (``e``: ``fleetrun_collect_work`` or its handle
         raised ``WorktreeTampered``, a human looks, or ``GitError``, noted): VERIFYING, and
         its first verifier."""
-        obs = (Collected(tampered=str(e)) if isinstance(e, WorktreeTampered)
-               else Collected(error=str(e)) if e is not None else Collected())
+        obs = (
+            Collected(tampered=str(e))
+            if isinstance(e, WorktreeTampered)
+            else Collected(error=str(e))
+            if e is not None
+            else Collected()
+        )
         for a in self.loop.decide(task, att, obs):
             if isinstance(a, StartVerifier):
                 self.loop.verify.begin(task.id, Verifying(att, ws, a.idx))
@@ -168,8 +190,13 @@ class Ending:
         del self.collecting[task_id]
         task = led.get(task_id)
         att = led.attempt(c.attempt.id)
-        if task is None or att is None or task.state is not State.RUNNING or att.state != "ended" \
-                or task.attempts != att.number:
+        if (
+            task is None
+            or att is None
+            or task.state is not State.RUNNING
+            or att.state != "ended"
+            or task.attempts != att.number
+        ):
             return
         self.collected(task, att, c.workspace, failed)
 

@@ -91,4 +91,5 @@ def is_space_error(e: BaseException) -> bool:
         return True
     text = str(e).lower()
     return isinstance(e, sqlite3.OperationalError) and any(
-        w in text for w in ("disk is full", "readonly database", "read-only", "disk i/o error"))
+        w in text for w in ("disk is full", "readonly database", "read-only", "disk i/o error")
+    )

@@ -62,8 +62,7 @@ GIT_ENV = {
 #: The outcomes ``assert_outcomes`` always compares (0 unless given), as pytester
 #: always compares passed/failed/skipped; the other states only when given.
 MAIN_OUTCOMES = ("done", "needs_human", "cancelled")
-STATES = ("pending", "ready", "assigned", "running", "verifying", "retrying", "resuming",
-          *MAIN_OUTCOMES)
+STATES = ("pending", "ready", "assigned", "running", "verifying", "retrying", "resuming", *MAIN_OUTCOMES)
 
 
 class RunResult:
@@ -78,9 +77,16 @@ class RunResult:
         run recorded).
     """
 
-    def __init__(self, ret: int, stdout: str, stderr: str, duration: float,
-                 tasks: Optional[list[tuple[str, str, str]]] = None, ledger_error: str = "",
-                 hooks: Optional[HookRecorder] = None) -> None:
+    def __init__(
+        self,
+        ret: int,
+        stdout: str,
+        stderr: str,
+        duration: float,
+        tasks: Optional[list[tuple[str, str, str]]] = None,
+        ledger_error: str = "",
+        hooks: Optional[HookRecorder] = None,
+    ) -> None:
         self.ret = ret
         self.stdout = stdout
         self.stderr = stderr
@@ -104,8 +110,7 @@ class RunResult:
             out[state.lower()] = out.get(state.lower(), 0) + 1
         return out
 
-    def assert_outcomes(self, done: int = 0, needs_human: int = 0, cancelled: int = 0,
-                        **states: int) -> None:
+    def assert_outcomes(self, done: int = 0, needs_human: int = 0, cancelled: int = 0, **states: int) -> None:
         """Assert how many tasks ended the run DONE, NEEDS_HUMAN and CANCELLED (each 0
         unless given) and, when given, in any other state (``ready=1``, ``pending=0``).
 
@@ -114,15 +119,19 @@ class RunResult:
         """
         unknown = sorted(set(states) - set(STATES))
         if unknown:
-            raise TypeError(f"assert_outcomes: no such state: {', '.join(unknown)} "
-                            f"(states: {', '.join(STATES)})")
+            raise TypeError(f"assert_outcomes: no such state: {', '.join(unknown)} (states: {', '.join(STATES)})")
         expected = {"done": done, "needs_human": needs_human, "cancelled": cancelled, **states}
         got = self.outcomes()
         diff = [f"  {k}: expected {v}, got {got.get(k, 0)}" for k, v in expected.items() if got.get(k, 0) != v]
         if diff:
             tasks = [f"  {name} {state}" + (f" ({reason})" if reason else "") for name, state, reason in self.tasks]
-            raise AssertionError("outcomes differ:\n" + "\n".join(diff) + "\ntasks in the ledger:\n"
-                                 + ("\n".join(tasks) or "  (none)") + f"\nexit code {self.ret}")
+            raise AssertionError(
+                "outcomes differ:\n"
+                + "\n".join(diff)
+                + "\ntasks in the ledger:\n"
+                + ("\n".join(tasks) or "  (none)")
+                + f"\nexit code {self.ret}"
+            )
 
     def __repr__(self) -> str:
         return f"<RunResult ret={self.ret} stdout={len(self.outlines)} lines stderr={len(self.errlines)} lines>"
@@ -135,8 +144,7 @@ class RunResult:
             while i < len(lines) and not fnmatch.fnmatch(lines[i], pat):
                 i += 1
             if i == len(lines):
-                raise AssertionError(f"no line matches {pat!r} (in order); output was:\n"
-                                     + "\n".join(lines))
+                raise AssertionError(f"no line matches {pat!r} (in order); output was:\n" + "\n".join(lines))
             i += 1
 
     def no_fnmatch_line(self, pattern: str) -> None:
@@ -229,8 +237,13 @@ class Fleeter:
     # -- files -------------------------------------------------------------------------
 
     def git(self, cwd: Path, *args: str) -> str:
-        proc = subprocess.run(["git", "-C", str(cwd), *args], stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
-                              env=dict(os.environ, **GIT_ENV), check=False)
+        proc = subprocess.run(
+            ["git", "-C", str(cwd), *args],
+            stdout=subprocess.PIPE,
+            stderr=subprocess.STDOUT,
+            env=dict(os.environ, **GIT_ENV),
+            check=False,
+        )
         if proc.returncode != 0:
             raise AssertionError(f"git {' '.join(args)} failed: {proc.stdout.decode()}")
         return proc.stdout.decode()
@@ -298,14 +311,15 @@ class Fleeter:
         lazy imports, the stdlib's and installed packages' do; a ``fleetconf.py``, the
         modules it imports from its folder (which it puts on ``sys.path``) and anything
         else from this test's tmp folder do not."""
+
         def keep(name: str, mod: Any) -> bool:
             if name.startswith("fleetconf_"):
                 return False
             added = [p for p in sys.path if p not in paths.path]
             roots = [str(self.root), *(os.path.abspath(p or os.curdir) for p in added)]
             files = [getattr(mod, "__file__", None), *(getattr(mod, "__path__", None) or [])]
-            return not any(str(f).startswith(r.rstrip(os.sep) + os.sep)
-                           for f in files if f for r in roots)
+            return not any(str(f).startswith(r.rstrip(os.sep) + os.sep) for f in files if f for r in roots)
+
         return keep
 
     def run(self, *args: str, plugins: Optional[list[Any]] = None, record: bool = False) -> RunResult:
@@ -345,19 +359,34 @@ class Fleeter:
     def _tasks(self) -> tuple[list[tuple[str, str, str]], str]:
         return read_tasks(self.home / "state.db")
 
-    def runsub(self, *args: str, timeout: float = 120, env: Optional[dict[str, str]] = None,
-               input: Optional[str] = None) -> RunResult:
+    def runsub(
+        self, *args: str, timeout: float = 120, env: Optional[dict[str, str]] = None, input: Optional[str] = None
+    ) -> RunResult:
         """Run ``python -m fleetrun`` as a subprocess."""
         start = time.time()
-        proc = subprocess.run([sys.executable, "-m", "fleetrun", *args], capture_output=True,
-                              env=dict(os.environ, **(env or {})), timeout=timeout,
-                              input=input.encode() if input is not None else None,
-                              stdin=None if input is not None else subprocess.DEVNULL)
-        return RunResult(proc.returncode, proc.stdout.decode(errors="replace"),
-                         proc.stderr.decode(errors="replace"), time.time() - start, *self._tasks())
+        proc = subprocess.run(
+            [sys.executable, "-m", "fleetrun", *args],
+            capture_output=True,
+            env=dict(os.environ, **(env or {})),
+            timeout=timeout,
+            input=input.encode() if input is not None else None,
+            stdin=None if input is not None else subprocess.DEVNULL,
+        )
+        return RunResult(
+            proc.returncode,
+            proc.stdout.decode(errors="replace"),
+            proc.stderr.decode(errors="replace"),
+            time.time() - start,
+            *self._tasks(),
+        )
 
-    def spawn(self, *args: str, env: Optional[dict[str, str]] = None, timeout: float = 60.0,
-              dimensions: tuple[int, int] = (24, 200)) -> pexpect.spawn:
+    def spawn(
+        self,
+        *args: str,
+        env: Optional[dict[str, str]] = None,
+        timeout: float = 60.0,
+        dimensions: tuple[int, int] = (24, 200),
+    ) -> pexpect.spawn:
         """Start ``python -m fleetrun`` on a real terminal (a pty), through pexpect, as
         pytester's ``spawn`` does: for what only a terminal shows (colour, live lines).
 
@@ -373,17 +402,27 @@ class Fleeter:
         pexpect = pytest.importorskip("pexpect")
         logfile = open(self.root / "spawn.out", "ab")  # noqa: SIM115 - closed at teardown
         self._logfiles.append(logfile)
-        child = pexpect.spawn(sys.executable, ["-m", "fleetrun", *args], cwd=str(self.path),
-                              env=dict(os.environ, **(env or {})), timeout=timeout, logfile=logfile,
-                              dimensions=dimensions)
+        child = pexpect.spawn(
+            sys.executable,
+            ["-m", "fleetrun", *args],
+            cwd=str(self.path),
+            env=dict(os.environ, **(env or {})),
+            timeout=timeout,
+            logfile=logfile,
+            dimensions=dimensions,
+        )
         self._children.append(child)
         return child
 
     def popen(self, *args: str, env: Optional[dict[str, str]] = None) -> subprocess.Popen[bytes]:
         """Start ``python -m fleetrun`` in the background (the caller waits or kills it)."""
-        return subprocess.Popen([sys.executable, "-m", "fleetrun", *args], stdout=subprocess.PIPE,
-                                stderr=subprocess.PIPE, stdin=subprocess.DEVNULL,
-                                env=dict(os.environ, **(env or {})))
+        return subprocess.Popen(
+            [sys.executable, "-m", "fleetrun", *args],
+            stdout=subprocess.PIPE,
+            stderr=subprocess.PIPE,
+            stdin=subprocess.DEVNULL,
+            env=dict(os.environ, **(env or {})),
+        )
 
     # -- the ledger ----------------------------------------------------------------------
 
@@ -444,8 +483,10 @@ class FakeClaude:
         bindir.mkdir(exist_ok=True)
         self.executable = bindir / "claude"
         # the package's folder, run by path (its __main__.py): fleetrun need not be importable
-        self.executable.write_text(f"#!/bin/sh\nexec {shlex.quote(sys.executable)} "
-                                   f"{shlex.quote(str(Path(fake_claude.__file__).parent))} \"$@\"\n")
+        self.executable.write_text(
+            f"#!/bin/sh\nexec {shlex.quote(sys.executable)} "
+            f'{shlex.quote(str(Path(fake_claude.__file__).parent))} "$@"\n'
+        )
         self.executable.chmod(0o755)
         monkeypatch.setenv("PATH", f"{bindir}{os.pathsep}{os.environ.get('PATH', '')}")
         monkeypatch.setenv("FAKE_CLAUDE_SCENARIO", str(self.scenario_path))
@@ -472,7 +513,7 @@ class FakeClaude:
             return []
         # whole lines only: the fake may be half-way through appending one while a test polls
         text = self.log_path.read_text()
-        return [json.loads(line) for line in text[:text.rfind("\n") + 1].splitlines() if line.strip()]
+        return [json.loads(line) for line in text[: text.rfind("\n") + 1].splitlines() if line.strip()]
 
     def calls(self, key: Optional[str] = None) -> list[dict[str, Any]]:
         """The agent sessions started (reviewers aside: :meth:`review_calls`), of task
@@ -482,8 +523,11 @@ class FakeClaude:
 
     def review_calls(self, key: Optional[str] = None) -> list[dict[str, Any]]:
         """The agent verifiers' sessions, of task ``key`` or of all tasks."""
-        return [c for c in self._log() if "FLEETRUN_VERIFIER" in c.get("env", {})
-                and (key is None or c["env"].get("FLEETRUN_TASK_NAME") == key)]
+        return [
+            c
+            for c in self._log()
+            if "FLEETRUN_VERIFIER" in c.get("env", {}) and (key is None or c["env"].get("FLEETRUN_TASK_NAME") == key)
+        ]
 
 
 @pytest.fixture

@@ -63,7 +63,7 @@ def _pin(path: Path) -> Optional[Pinned]:
         return None
     if not text.startswith("gitdir:"):
         return None
-    target = text[len("gitdir:"):].strip()
+    target = text[len("gitdir:") :].strip()
     admin = os.path.realpath(target if os.path.isabs(target) else os.path.join(path, target))
     if os.path.basename(os.path.dirname(admin)) != "worktrees":
         return None
@@ -130,8 +130,11 @@ def _scan_root(root: Path, home_real: str, out: TextIO) -> list[Path]:
     """The entries of ``worktrees/`` or ``attempts/``; none when that folder is itself
     a link or resolves outside the home (its entries are not fleetrun's)."""
     if os.path.islink(root):
-        print(f"{safe_text(root)} is a link to {safe_text(os.path.realpath(root))}: not followed, nothing in it "
-              "was looked at (remove the link by hand if it is not yours)", file=out)
+        print(
+            f"{safe_text(root)} is a link to {safe_text(os.path.realpath(root))}: not followed, nothing in it "
+            "was looked at (remove the link by hand if it is not yours)",
+            file=out,
+        )
         return []
     if not root.is_dir():
         return []
@@ -152,15 +155,22 @@ def _ended_worktrees(led: Any) -> dict[str, Any]:
     path: collectable like orphans (a retry makes the worktree again from the branch,
     which stays). One whose attempt is still ending (a cancel's grace period) is not."""
     busy = {a.task_id for a in led.attempts(states={"leased", "starting", "running"})}
-    return {str(Path(t.worktree)): t for t in led.tasks(set(TERMINAL))
-            if t.worktree and t.host in (None, "local") and t.id not in busy}
+    return {
+        str(Path(t.worktree)): t
+        for t in led.tasks(set(TERMINAL))
+        if t.worktree and t.host in (None, "local") and t.id not in busy
+    }
 
 
 def _still_ended(led: Any, task: Any) -> bool:
     """Checked again just before removing: retried meanwhile, its worktree is in use."""
     now = led.get(task.id)
-    return (now is not None and now.state is task.state and now.worktree == task.worktree
-            and not [a for a in led.attempts(task.id) if a.state in ("leased", "starting", "running")])
+    return (
+        now is not None
+        and now.state is task.state
+        and now.worktree == task.worktree
+        and not [a for a in led.attempts(task.id) if a.state in ("leased", "starting", "running")]
+    )
 
 
 def main(config: Config, out: TextIO, err: TextIO) -> int:
@@ -170,8 +180,11 @@ def main(config: Config, out: TextIO, err: TextIO) -> int:
     ended = _ended_worktrees(led)
     owned_wt = {str(Path(t.worktree)) for t in led.tasks() if t.worktree} - set(ended)
     # a peer task's branch fetched back here for its brain/agent verifiers (relay plugin)
-    owned_wt |= {str(config.home / "worktrees" / f"{safe_slug(t.name)}-{t.id}-fetched")
-                 for t in led.tasks() if t.host not in (None, "local") and not t.state.terminal}
+    owned_wt |= {
+        str(config.home / "worktrees" / f"{safe_slug(t.name)}-{t.id}-fetched")
+        for t in led.tasks()
+        if t.host not in (None, "local") and not t.state.terminal
+    }
     owned_att = {a.id for a in led.attempts()}
     yes = bool(config.getoption("yes"))
     force = bool(config.getoption("force"))
@@ -187,8 +200,11 @@ def main(config: Config, out: TextIO, err: TextIO) -> int:
 
     for t in led.tasks(set(TERMINAL)):
         if t.worktree and t.host not in (None, "local"):
-            print(f"worktree of {t.state.value.lower()} task {safe_name(t.name)} {t.id}: {safe_text(t.worktree)} "
-                  f"on {safe_text(t.host)} (on the peer: not touched here)", file=out)
+            print(
+                f"worktree of {t.state.value.lower()} task {safe_name(t.name)} {t.id}: {safe_text(t.worktree)} "
+                f"on {safe_text(t.host)} (on the peer: not touched here)",
+                file=out,
+            )
 
     for path in _scan_root(config.home / "worktrees", home_real, out):
         if str(path) in owned_wt:
@@ -196,8 +212,11 @@ def main(config: Config, out: TextIO, err: TextIO) -> int:
         found += 1
         shown = safe_text(path)
         task = ended.get(str(path))
-        what = (f"worktree of {task.state.value.lower()} task {safe_name(task.name)} {task.id}: {shown}"
-                if task is not None else f"orphan worktree {shown}")
+        what = (
+            f"worktree of {task.state.value.lower()} task {safe_name(task.name)} {task.id}: {shown}"
+            if task is not None
+            else f"orphan worktree {shown}"
+        )
         if os.path.islink(path) or not path.is_dir():
             kind = "link" if os.path.islink(path) else "file"
             if not yes:
@@ -222,8 +241,7 @@ def main(config: Config, out: TextIO, err: TextIO) -> int:
         if not yes:
             if why and not force:
                 n_kept += 1
-                kept_why.update(w if "found on no other branch" not in w else "commits on no other branch"
-                                for w in why)
+                kept_why.update(w if "found on no other branch" not in w else "commits on no other branch" for w in why)
                 print(f"{what} ({text}): --yes keeps it, --force removes it", file=out)
             else:
                 freed.add(os.path.realpath(path))
@@ -232,8 +250,7 @@ def main(config: Config, out: TextIO, err: TextIO) -> int:
         if why and not force:
             print(f"kept {shown}: {text} (--force removes the worktree; the branch stays)", file=out)
             continue
-        retried = (f"kept {shown}: task {safe_name(task.name)} {task.id} is no longer {task.state.value}"
-                   if task else "")
+        retried = f"kept {shown}: task {safe_name(task.name)} {task.id} is no longer {task.state.value}" if task else ""
         if facts.pinned is not None:
             p = facts.pinned
             with repo_lock(config.home / "locks", os.path.dirname(p.common), common=p.common):
@@ -286,14 +303,23 @@ def main(config: Config, out: TextIO, err: TextIO) -> int:
     if not found:
         print("nothing to collect: every worktree and attempt folder belongs to a task", file=out)
     elif not yes and n_kept:
-        reasons = [r for r in ("uncommitted changes", "commits on no other branch",
-                               "not a git worktree fleetrun can read") if r in kept_why]
-        print(f"{found} to collect: `fleetrun gc --yes` removes {found - n_kept} and keeps {n_kept} "
-              f"({' or '.join(reasons)}; `fleetrun gc --yes --force` removes "
-              f"{'it' if n_kept == 1 else 'those'} too; {stay})", file=out)
+        reasons = [
+            r
+            for r in ("uncommitted changes", "commits on no other branch", "not a git worktree fleetrun can read")
+            if r in kept_why
+        ]
+        print(
+            f"{found} to collect: `fleetrun gc --yes` removes {found - n_kept} and keeps {n_kept} "
+            f"({' or '.join(reasons)}; `fleetrun gc --yes --force` removes "
+            f"{'it' if n_kept == 1 else 'those'} too; {stay})",
+            file=out,
+        )
     elif not yes:
-        print(f"{found} to collect; `fleetrun gc --yes` removes them "
-              f"({'branches: below' if with_branches else 'branches stay'})", file=out)
+        print(
+            f"{found} to collect; `fleetrun gc --yes` removes them "
+            f"({'branches: below' if with_branches else 'branches stay'})",
+            file=out,
+        )
     from . import gc_branches
 
     if with_branches:
@@ -301,6 +327,10 @@ def main(config: Config, out: TextIO, err: TextIO) -> int:
     else:  # said, so that they are found: what --branches would delete
         n = gc_branches.deletable(gc_branches.plan(config, led, freed)[0])
         if n:
-            print("1 branch of an ended task can go: `fleetrun gc --branches` lists it" if n == 1 else
-                  f"{n} branches of ended tasks can go: `fleetrun gc --branches` lists them", file=out)
+            print(
+                "1 branch of an ended task can go: `fleetrun gc --branches` lists it"
+                if n == 1
+                else f"{n} branches of ended tasks can go: `fleetrun gc --branches` lists them",
+                file=out,
+            )
     return ExitCode.OK

@@ -90,13 +90,16 @@ def _checked_out(top: str) -> dict[str, tuple[str, str]]:
     path, branch = "", ""
     for line in [*git(top, "worktree", "list", "--porcelain", check=False).splitlines(), ""]:
         if line.startswith("worktree "):
-            path = line[len("worktree "):]
+            path = line[len("worktree ") :]
         elif line.startswith("branch refs/heads/"):
-            branch = line[len("branch refs/heads/"):]
+            branch = line[len("branch refs/heads/") :]
             found[branch] = (path, safe_text(path))
         elif line.startswith("prunable") and branch:
-            found[branch] = (path, f"{safe_text(path)}, a worktree that is gone but still listed "
-                                   f"(`git -C {safe_text(top)} worktree prune` forgets it)")
+            found[branch] = (
+                path,
+                f"{safe_text(path)}, a worktree that is gone but still listed "
+                f"(`git -C {safe_text(top)} worktree prune` forgets it)",
+            )
         elif not line:
             path, branch = "", ""
     return found
@@ -205,18 +208,26 @@ def _delete(config: Config, led: Ledger, case: Case) -> str:
         short = case.tip[:12]
         for t in case.tasks:
             led.update_task(t.id, branch=None)  # status and a retry see it is gone
-            led.add_note(t.id, f"gc deleted branch {case.branch} (was {short}; "
-                               f"`git branch {case.branch} {short}` brings it back while git keeps the commit)")
-    return (f"deleted branch {safe_text(case.branch)} (was {short}; `git branch {safe_text(case.branch)} {short}` "
-            "brings it back while git keeps the commit)")
+            led.add_note(
+                t.id,
+                f"gc deleted branch {case.branch} (was {short}; "
+                f"`git branch {case.branch} {short}` brings it back while git keeps the commit)",
+            )
+    return (
+        f"deleted branch {safe_text(case.branch)} (was {short}; `git branch {safe_text(case.branch)} {short}` "
+        "brings it back while git keeps the commit)"
+    )
 
 
 def run(config: Config, led: Ledger, out: TextIO, yes: bool, force: bool, freed: set[str]) -> None:
     """List (and with ``yes`` delete) the branches of ended tasks."""
     cases, peers = plan(config, led, freed)
     for t in peers:
-        print(f"branch {safe_text(t.branch)} of {t.state.value.lower()} task {safe_name(t.name)} {t.id}: on "
-              f"{safe_text(t.host)}, not touched here", file=out)
+        print(
+            f"branch {safe_text(t.branch)} of {t.state.value.lower()} task {safe_name(t.name)} {t.id}: on "
+            f"{safe_text(t.host)}, not touched here",
+            file=out,
+        )
     if not cases:
         return
     kept_worktree = False
@@ -229,8 +240,10 @@ def run(config: Config, led: Ledger, out: TextIO, yes: bool, force: bool, freed:
             continue
         if case.keep.startswith("checked out in its worktree"):
             kept_worktree = True
-            print(f"{case.title()}: {case.why}, {case.keep}: --yes keeps it (the worktree stays), "
-                  "--force removes both", file=out)
+            print(
+                f"{case.title()}: {case.why}, {case.keep}: --yes keeps it (the worktree stays), --force removes both",
+                file=out,
+            )
         elif case.keep:
             print(f"{case.title()}: kept, {case.keep}", file=out)
         else:

@@ -54,14 +54,37 @@ SAFE_CONFIG: tuple[str, ...] = (
 #: choose which repository, index, objects or worktree a command acts on (fleetrun
 #: started from a git hook or alias has ``GIT_DIR`` set), and the ones that name
 #: commands git would run. The user's identity and config-file choices are kept.
-DROPPED_ENV: frozenset[str] = frozenset({
-    "GIT_DIR", "GIT_WORK_TREE", "GIT_INDEX_FILE", "GIT_OBJECT_DIRECTORY", "GIT_ALTERNATE_OBJECT_DIRECTORIES",
-    "GIT_COMMON_DIR", "GIT_NAMESPACE", "GIT_PREFIX", "GIT_CEILING_DIRECTORIES", "GIT_DISCOVERY_ACROSS_FILESYSTEM",
-    "GIT_REPLACE_REF_BASE", "GIT_NO_REPLACE_OBJECTS", "GIT_GRAFT_FILE", "GIT_SHALLOW_FILE", "GIT_QUARANTINE_PATH",
-    "GIT_EXTERNAL_DIFF", "GIT_DIFF_OPTS", "GIT_PAGER", "GIT_EDITOR", "GIT_SEQUENCE_EDITOR", "GIT_ATTR_SOURCE",
-    "GIT_ATTR_NOSYSTEM", "GIT_INTERNAL_SUPER_PREFIX", "GIT_LITERAL_PATHSPECS", "GIT_GLOB_PATHSPECS",
-    "GIT_NOGLOB_PATHSPECS", "GIT_ICASE_PATHSPECS",
-})
+DROPPED_ENV: frozenset[str] = frozenset(
+    {
+        "GIT_DIR",
+        "GIT_WORK_TREE",
+        "GIT_INDEX_FILE",
+        "GIT_OBJECT_DIRECTORY",
+        "GIT_ALTERNATE_OBJECT_DIRECTORIES",
+        "GIT_COMMON_DIR",
+        "GIT_NAMESPACE",
+        "GIT_PREFIX",
+        "GIT_CEILING_DIRECTORIES",
+        "GIT_DISCOVERY_ACROSS_FILESYSTEM",
+        "GIT_REPLACE_REF_BASE",
+        "GIT_NO_REPLACE_OBJECTS",
+        "GIT_GRAFT_FILE",
+        "GIT_SHALLOW_FILE",
+        "GIT_QUARANTINE_PATH",
+        "GIT_EXTERNAL_DIFF",
+        "GIT_DIFF_OPTS",
+        "GIT_PAGER",
+        "GIT_EDITOR",
+        "GIT_SEQUENCE_EDITOR",
+        "GIT_ATTR_SOURCE",
+        "GIT_ATTR_NOSYSTEM",
+        "GIT_INTERNAL_SUPER_PREFIX",
+        "GIT_LITERAL_PATHSPECS",
+        "GIT_GLOB_PATHSPECS",
+        "GIT_NOGLOB_PATHSPECS",
+        "GIT_ICASE_PATHSPECS",
+    }
+)
 
 
 def git_argv(cwd: str | Path, *args: str) -> list[str]:
@@ -78,14 +101,21 @@ def git_env(env: Optional[dict[str, str]] = None) -> dict[str, str]:
     return dict(base, **_ENV, **(env or {}))
 
 
-def git(cwd: str | Path, *args: str, check: bool = True, timeout: float = 120,
-        env: Optional[dict[str, str]] = None) -> str:
+def git(
+    cwd: str | Path, *args: str, check: bool = True, timeout: float = 120, env: Optional[dict[str, str]] = None
+) -> str:
     """Run ``git -C cwd args...`` (argv, never a shell, :func:`git_argv`); return stdout.
 
     :param env: variables set for this command, over the process's own (:func:`git_env`).
     """
-    proc = subprocess.run(git_argv(cwd, *args), stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
-                          stdin=subprocess.DEVNULL, env=git_env(env), timeout=timeout)
+    proc = subprocess.run(
+        git_argv(cwd, *args),
+        stdout=subprocess.PIPE,
+        stderr=subprocess.STDOUT,
+        stdin=subprocess.DEVNULL,
+        env=git_env(env),
+        timeout=timeout,
+    )
     out = proc.stdout.decode("utf-8", "replace")
     if check and proc.returncode != 0:
         raise GitError(list(args), proc.returncode, out)
@@ -192,8 +222,9 @@ def _admin_folder(admin_root: Path, name: str, want: str) -> Optional[str]:
             return str(first)
     except OSError:
         pass
-    return next((str(entry) for entry, target in worktree_gitdirs(admin_root)
-                 if os.path.realpath(target) == want), None)
+    return next(
+        (str(entry) for entry, target in worktree_gitdirs(admin_root) if os.path.realpath(target) == want), None
+    )
 
 
 def check_pinned(p: Pinned) -> None:
@@ -218,7 +249,7 @@ def check_pinned(p: Pinned) -> None:
         text = f.read(4097).decode("utf-8", "replace").strip()
     if not text.startswith("gitdir:"):
         raise WorktreeTampered(f"{dotgit} was rewritten")
-    target = text[len("gitdir:"):].strip()
+    target = text[len("gitdir:") :].strip()
     if not os.path.isabs(target):
         target = os.path.join(p.root, target)
     # p.gitdir is real (pin_worktree resolved it); the file naming it as git wrote it
@@ -235,8 +266,9 @@ def check_pinned(p: Pinned) -> None:
         raise WorktreeTampered(f"{p.gitdir} no longer belongs to {p.common}")
 
 
-def wt_git(p: Pinned, *args: str, check: bool = True, timeout: float = 120,
-           env: Optional[dict[str, str]] = None) -> str:
+def wt_git(
+    p: Pinned, *args: str, check: bool = True, timeout: float = 120, env: Optional[dict[str, str]] = None
+) -> str:
     """Run git for a pinned worktree: ``--git-dir`` and ``--work-tree`` are given, so
     nothing the worktree holds can send the command to another repository. The pin is
     checked first.
@@ -244,8 +276,7 @@ def wt_git(p: Pinned, *args: str, check: bool = True, timeout: float = 120,
     :raises WorktreeTampered: when the pin no longer holds.
     """
     check_pinned(p)
-    return git(p.root, f"--git-dir={p.gitdir}", f"--work-tree={p.root}", *args, check=check, timeout=timeout,
-               env=env)
+    return git(p.root, f"--git-dir={p.gitdir}", f"--work-tree={p.root}", *args, check=check, timeout=timeout, env=env)
 
 
 def filters_off(config_z: str) -> list[str]:
@@ -259,11 +290,18 @@ def filters_off(config_z: str) -> list[str]:
     for item in config_z.split("\0"):
         key = item.partition("\n")[0]
         if key.startswith("filter.") and key.count(".") >= 2:
-            names.add(key[len("filter."):key.rindex(".")])
-    return [opt for name in sorted(names)
-            for kv in (f"filter.{name}.clean=", f"filter.{name}.smudge=", f"filter.{name}.process=",
-                       f"filter.{name}.required=false")
-            for opt in ("-c", kv)]
+            names.add(key[len("filter.") : key.rindex(".")])
+    return [
+        opt
+        for name in sorted(names)
+        for kv in (
+            f"filter.{name}.clean=",
+            f"filter.{name}.smudge=",
+            f"filter.{name}.process=",
+            f"filter.{name}.required=false",
+        )
+        for opt in ("-c", kv)
+    ]
 
 
 def embedded_repositories(p: Pinned, untracked: Optional[list[str]] = None) -> list[str]:
@@ -302,13 +340,25 @@ def embedded_repositories(p: Pinned, untracked: Optional[list[str]] = None) -> l
 
 #: The identity of the merges fleetrun makes, whatever the user's or the repository's
 #: settings (which may have none): the variables win over any ``user.*`` setting.
-MERGE_IDENTITY = {"GIT_AUTHOR_NAME": "fleetrun", "GIT_AUTHOR_EMAIL": "fleetrun@localhost",
-                  "GIT_COMMITTER_NAME": "fleetrun", "GIT_COMMITTER_EMAIL": "fleetrun@localhost"}
+MERGE_IDENTITY = {
+    "GIT_AUTHOR_NAME": "fleetrun",
+    "GIT_AUTHOR_EMAIL": "fleetrun@localhost",
+    "GIT_COMMITTER_NAME": "fleetrun",
+    "GIT_COMMITTER_EMAIL": "fleetrun@localhost",
+}
 #: Settings of every merge fleetrun makes: no hooks (the repository's hooks are not
 #: fleetrun's to run, and a worktree's agent may have written them), no editor, no
 #: signing that would ask for a passphrase, no recorded resolutions replayed.
-MERGE_CONFIG = ("-c", "core.hooksPath=/dev/null", "-c", "commit.gpgSign=false", "-c", "rerere.enabled=false",
-                "-c", "core.editor=true")
+MERGE_CONFIG = (
+    "-c",
+    "core.hooksPath=/dev/null",
+    "-c",
+    "commit.gpgSign=false",
+    "-c",
+    "rerere.enabled=false",
+    "-c",
+    "core.editor=true",
+)
 
 
 @dataclass(frozen=True)
@@ -347,8 +397,19 @@ def wt_merge(p: Pinned, ref: str, message: str, timeout: float = 600) -> MergeRe
     if ref.startswith("-"):
         raise ValueError(f"not a ref: {ref!r}")
     try:
-        wt_git(p, *MERGE_CONFIG, "merge", "--no-ff", "--no-edit", "-q", "-m", message, ref,
-               timeout=timeout, env=MERGE_IDENTITY)
+        wt_git(
+            p,
+            *MERGE_CONFIG,
+            "merge",
+            "--no-ff",
+            "--no-edit",
+            "-q",
+            "-m",
+            message,
+            ref,
+            timeout=timeout,
+            env=MERGE_IDENTITY,
+        )
     except GitError:
         files = unmerged_files(p) if merge_in_progress(p) else []
         if not files:

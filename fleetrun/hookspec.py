@@ -463,8 +463,9 @@ def fleetrun_place_score(task: Task, candidate: Candidate, config: Config) -> Op
 
 
 @hookspec(firstresult=True)
-def fleetrun_prepare_workspace(task: Task, attempt: Attempt, host: Host,
-                               config: Config) -> Union[Workspace, WorkspaceHandle, None]:
+def fleetrun_prepare_workspace(
+    task: Task, attempt: Attempt, host: Host, config: Config
+) -> Union[Workspace, WorkspaceHandle, None]:
     """Make the directory the attempt runs in on ``host``, or find again the one an
     earlier attempt of the task made (a retry or a resume works in the same worktree).
 
@@ -626,7 +627,9 @@ def fleetrun_start_attempt(
 
 
 @hookspec(firstresult=True)
-def fleetrun_agent_result(task: Task, attempt: Attempt, log_path: str, exit_code: Optional[int], config: Config) -> Optional[AgentResult]:
+def fleetrun_agent_result(
+    task: Task, attempt: Attempt, log_path: str, exit_code: Optional[int], config: Config
+) -> Optional[AgentResult]:
     """Read an ended attempt's output and say whether the session completed.
 
     Called once per attempt whose agent ended (or whose shepherd died), before the
@@ -655,8 +658,9 @@ def fleetrun_agent_result(task: Task, attempt: Attempt, log_path: str, exit_code
 
 
 @hookspec(firstresult=True)
-def fleetrun_collect_work(task: Task, attempt: Attempt, workspace: Workspace, host: Host,
-                          config: Config) -> Union[str, CollectHandle, None]:
+def fleetrun_collect_work(
+    task: Task, attempt: Attempt, workspace: Workspace, host: Host, config: Config
+) -> Union[str, CollectHandle, None]:
     """An attempt's session ended well: gather its work before the verifiers run, so
     they, the handoff and the dependents see what the agent did.
 
@@ -807,8 +811,9 @@ def fleetrun_fetch_workspace(task: Task, attempt: Attempt, workspace: Workspace,
 
 
 @hookspec(firstresult=True)
-def fleetrun_handoff(task: Task, attempt: Optional[Attempt], host: Host,
-                     config: Config) -> Union[Handoff, HandoffHandle, None]:
+def fleetrun_handoff(
+    task: Task, attempt: Optional[Attempt], host: Host, config: Config
+) -> Union[Handoff, HandoffHandle, None]:
     """Build what a finished task hands to the tasks that depend on it: its branch, a
     summary, how to get its work.
 

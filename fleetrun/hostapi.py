@@ -363,5 +363,18 @@ def stop_attempt(config: Config, attempt: Any) -> bool:
     return bool(host.stop(attempt.id, attempt.shepherd_pid, attempt.shepherd_token))
 
 
-__all__ = ["HOSTS", "AttemptRef", "Host", "HostRegistry", "MissingHost", "StartRefused", "UnknownHost", "get_host",
-           "missing_host_reason", "poll_statuses", "registry", "stop_attempt", "workspace_here"]
+__all__ = [
+    "HOSTS",
+    "AttemptRef",
+    "Host",
+    "HostRegistry",
+    "MissingHost",
+    "StartRefused",
+    "UnknownHost",
+    "get_host",
+    "missing_host_reason",
+    "poll_statuses",
+    "registry",
+    "stop_attempt",
+    "workspace_here",
+]

@@ -91,9 +91,15 @@ class LocalHost:
 
     local = True
 
-    def __init__(self, home: Path, name: str = "local", root: Optional[Path] = None,
-                 measure: Optional[Callable[[Any], Optional[Candidate]]] = None, starter: bool = False,
-                 err: Optional[TextIO] = None) -> None:
+    def __init__(
+        self,
+        home: Path,
+        name: str = "local",
+        root: Optional[Path] = None,
+        measure: Optional[Callable[[Any], Optional[Candidate]]] = None,
+        starter: bool = False,
+        err: Optional[TextIO] = None,
+    ) -> None:
         self.home = home
         self.name = name
         self.root = root if root is not None else home / "attempts"
@@ -149,7 +155,8 @@ class LocalHost:
                 self._use_starter = False
                 self.close()
                 (self._err or sys.stderr).write(
-                    f"fleetrun: the shepherd starter is gone ({e}); shepherds start by path\n")
+                    f"fleetrun: the shepherd starter is gone ({e}); shepherds start by path\n"
+                )
         # posix_spawn in a new session, not Popen: the shepherd is meant to outlive us,
         # and a Popen object would complain when collected with its child still running.
         pid = spawn_detached(shepherd_argv(str(adir)), os.environ, adir / SHEPHERD_OUT)
@@ -192,14 +199,22 @@ class LocalHost:
         if bad is not None:
             # the shepherd is gone and what it left cannot be read (the agent may have
             # written it): a session that died, with the reason, not a crash
-            return {"state": "ended", "reason": "malformed_status", "exit_code": None,
-                    "error": f"malformed status.json: {bad}"}
+            return {
+                "state": "ended",
+                "reason": "malformed_status",
+                "exit_code": None,
+                "error": f"malformed status.json: {bad}",
+            }
         if not st and (adir / SPEC).exists():
             # given its attempt, gone without ever recording a start: it runs nothing it
             # cannot record (a full disk), so no agent ran. An attempt that did not start,
             # not a session that died: no resume is spent on it
-            return {"state": "ended", "reason": "start_failed", "exit_code": None,
-                    "error": "its shepherd ended before it could record a start (is the home's disk full?)"}
+            return {
+                "state": "ended",
+                "reason": "start_failed",
+                "exit_code": None,
+                "error": "its shepherd ended before it could record a start (is the home's disk full?)",
+            }
         # The shepherd died (SIGKILL, OOM killer...) but its agent, in a session of its
         # own, may run on: end it, or the resumed attempt would run beside it; and what
         # the agent detached, which the dead shepherd can no longer end, by the
@@ -276,11 +291,17 @@ class ShepherdStarter:
         self._rep, rep_w = os.pipe()
         try:
             argv = shepherd_argv(STARTER_ARG)
-            self.pid = os.posix_spawn(argv[0], argv, dict(os.environ), file_actions=[
-                (os.POSIX_SPAWN_DUP2, req_r, 0),
-                (os.POSIX_SPAWN_DUP2, rep_w, 1),
-                (os.POSIX_SPAWN_OPEN, 2, os.fspath(log), os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o600),
-            ], setsid=True)
+            self.pid = os.posix_spawn(
+                argv[0],
+                argv,
+                dict(os.environ),
+                file_actions=[
+                    (os.POSIX_SPAWN_DUP2, req_r, 0),
+                    (os.POSIX_SPAWN_DUP2, rep_w, 1),
+                    (os.POSIX_SPAWN_OPEN, 2, os.fspath(log), os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o600),
+                ],
+                setsid=True,
+            )
         except OSError as e:
             os.close(self._req)
             os.close(self._rep)
@@ -354,7 +375,7 @@ class ShepherdStarter:
 def _write_all(fd: int, data: bytes) -> None:
     view = memoryview(data)
     while view:
-        view = view[os.write(fd, view):]
+        view = view[os.write(fd, view) :]
 
 
 def read_status(adir: Path) -> tuple[dict[str, Any], Optional[str]]:

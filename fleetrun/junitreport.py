@@ -131,7 +131,9 @@ def read(path: Path) -> Report:
     :raises ReportError: missing, not a regular file, or :func:`parse`'s reasons."""
     try:
         if path.is_symlink() or not path.is_file():
-            raise ReportError(f"no report at {path.name}" if not path.exists() else f"{path.name} is not a regular file")
+            raise ReportError(
+                f"no report at {path.name}" if not path.exists() else f"{path.name} is not a regular file"
+            )
         with open(path, "rb") as f:
             data = f.read(MAX_REPORT_BYTES + 1)
     except OSError as e:
@@ -190,8 +192,10 @@ class Judgement:
 
     def summary(self) -> str:
         """``2 new failures (1 already failing on the base); tests: 12 on the base, 11 now``."""
-        parts = [f"{len(self.new) + len(self.removed)} new failure{'s' if len(self.new) + len(self.removed) != 1 else ''}"
-                 f" ({len(self.old)} already failing on the base)"]
+        parts = [
+            f"{len(self.new) + len(self.removed)} new failure{'s' if len(self.new) + len(self.removed) != 1 else ''}"
+            f" ({len(self.old)} already failing on the base)"
+        ]
         if self.removed:
             parts.append(f"{len(self.removed)} removed")
         if self.must_pass:
@@ -218,9 +222,15 @@ class Judgement:
         return "\n".join(lines)
 
     def to_json(self) -> dict[str, object]:
-        return {"new": len(self.new) + len(self.removed), "removed": len(self.removed), "already_failing": len(self.old),
-                "must_pass_missing": len(self.must_pass), "flaky": len(self.flaky),
-                "tests_base": self.base_total, "tests_now": self.now_total}
+        return {
+            "new": len(self.new) + len(self.removed),
+            "removed": len(self.removed),
+            "already_failing": len(self.old),
+            "must_pass_missing": len(self.must_pass),
+            "flaky": len(self.flaky),
+            "tests_base": self.base_total,
+            "tests_now": self.now_total,
+        }
 
 
 def judge(base: Report, now: Report, must_pass: list[str], removes_tests: bool = False) -> Judgement:

@@ -63,9 +63,11 @@ def new_token() -> str:
 #: selectors of ``retry``/``approve`` resolve it), or a run that has not ended (an
 #: interrupted run's task still works besides the new one's). A file run three times
 #: holds three tasks of each name; what needs a person now is the latest.
-LATEST = ("(state NOT IN ('DONE','NEEDS_HUMAN','CANCELLED') OR NOT EXISTS (SELECT 1 FROM tasks AS later"
-          " WHERE later.name=tasks.name AND (later.created>tasks.created"
-          " OR (later.created=tasks.created AND later.seq>tasks.seq))))")
+LATEST = (
+    "(state NOT IN ('DONE','NEEDS_HUMAN','CANCELLED') OR NOT EXISTS (SELECT 1 FROM tasks AS later"
+    " WHERE later.name=tasks.name AND (later.created>tasks.created"
+    " OR (later.created=tasks.created AND later.seq>tasks.seq))))"
+)
 
 
 #: How many parsed specs a ledger keeps (a pass reads the same few tasks again and again).
@@ -78,8 +80,14 @@ class Ledger(LedgerFile):
 
     # -- tasks ------------------------------------------------------------------------
 
-    def add_tasks(self, specs: list[TaskSpec], source: str = "", source_hash: str = "",
-                  settings: Optional[dict[str, Any]] = None, kept: Optional[dict[str, Task]] = None) -> list[Task]:
+    def add_tasks(
+        self,
+        specs: list[TaskSpec],
+        source: str = "",
+        source_hash: str = "",
+        settings: Optional[dict[str, Any]] = None,
+        kept: Optional[dict[str, Task]] = None,
+    ) -> list[Task]:
         """Queue ``specs`` as one batch; ``depends_on`` names resolve within the batch.
 
         :param settings: the tasks files' own tables (``[agents.X]``, ``[brain]``), kept
@@ -106,12 +114,25 @@ class Ledger(LedgerFile):
             why = "queued"
             if old is not None:  # named after the task that did the work, not a copy of it
                 why = old.reason if old.reason.startswith("unchanged:") else f"unchanged:{old.id}"
-            tasks.append(Task(
-                id=ids[spec.name], name=spec.name, state=state, spec=spec, source=spec.source or source,
-                queue_id=queue_id, created=now, updated=now, reason=why,
-                host=old.host if old else None, branch=old.branch if old else None,
-                handoff=json.loads(json.dumps(old.handoff)) if old is not None and old.handoff is not None else None,
-                deps=sorted({ids[d] for d in spec.depends_on})))  # as the deps table's key orders them
+            tasks.append(
+                Task(
+                    id=ids[spec.name],
+                    name=spec.name,
+                    state=state,
+                    spec=spec,
+                    source=spec.source or source,
+                    queue_id=queue_id,
+                    created=now,
+                    updated=now,
+                    reason=why,
+                    host=old.host if old else None,
+                    branch=old.branch if old else None,
+                    handoff=json.loads(json.dumps(old.handoff))
+                    if old is not None and old.handoff is not None
+                    else None,
+                    deps=sorted({ids[d] for d in spec.depends_on}),
+                )
+            )  # as the deps table's key orders them
         with self.tx() as cur:
             cur.execute(
                 "INSERT INTO queues (id, source, source_hash, created, settings) VALUES (?,?,?,?,?)",
@@ -120,19 +141,48 @@ class Ledger(LedgerFile):
             cur.executemany(
                 "INSERT INTO tasks (id, name, state, spec, source, queue_id, seq, created, updated, reason,"
                 " host, branch, handoff) VALUES (?,?,?,?,?,?,?,?,?,?,?,?,?)",
-                ((t.id, t.name, t.state.value, json.dumps(t.spec.json_view()), t.source, queue_id, i, now, now,
-                  t.reason, t.host, t.branch, json.dumps(t.handoff) if t.handoff is not None else None)
-                 for i, t in enumerate(tasks)))
+                (
+                    (
+                        t.id,
+                        t.name,
+                        t.state.value,
+                        json.dumps(t.spec.json_view()),
+                        t.source,
+                        queue_id,
+                        i,
+                        now,
+                        now,
+                        t.reason,
+                        t.host,
+                        t.branch,
+                        json.dumps(t.handoff) if t.handoff is not None else None,
+                    )
+                    for i, t in enumerate(tasks)
+                ),
+            )
             cur.executemany(
                 "INSERT INTO transitions (task_id, from_state, to_state, cause, time, attempt, host)"
                 " VALUES (?,NULL,?,?,?,NULL,?)",
-                ((t.id, t.state.value, t.reason, now, t.host) for t in tasks))
-            cur.executemany("INSERT INTO notes (task_id, time, text) VALUES (?,?,?)", (
-                (t.id, now, f"unchanged since the file's last run: task {did} did this work "
-                            f"(fleetrun logs {did}); --new-queue runs it again")
-                for t in tasks if t.name in kept for did in [t.reason.split(":", 1)[1]]))
-            cur.executemany("INSERT INTO deps (task_id, dep_id) VALUES (?,?)",  # in depends_on order
-                            ((ids[spec.name], ids[d]) for spec in specs for d in spec.depends_on))
+                ((t.id, t.state.value, t.reason, now, t.host) for t in tasks),
+            )
+            cur.executemany(
+                "INSERT INTO notes (task_id, time, text) VALUES (?,?,?)",
+                (
+                    (
+                        t.id,
+                        now,
+                        f"unchanged since the file's last run: task {did} did this work "
+                        f"(fleetrun logs {did}); --new-queue runs it again",
+                    )
+                    for t in tasks
+                    if t.name in kept
+                    for did in [t.reason.split(":", 1)[1]]
+                ),
+            )
+            cur.executemany(
+                "INSERT INTO deps (task_id, dep_id) VALUES (?,?)",  # in depends_on order
+                ((ids[spec.name], ids[d]) for spec in specs for d in spec.depends_on),
+            )
         return tasks
 
     def find_queue(self, source_hash: str) -> Optional[str]:
@@ -151,7 +201,9 @@ class Ledger(LedgerFile):
         oldest first, each with its queue's settings (``[agents.X]``...)."""
         rows = self.conn.execute(
             "SELECT t.*, q.settings AS queue_settings FROM tasks t JOIN queues q ON q.id=t.queue_id"
-            " WHERE q.source=? ORDER BY t.created, t.seq", (source,)).fetchall()
+            " WHERE q.source=? ORDER BY t.created, t.seq",
+            (source,),
+        ).fetchall()
         return [(self._row_to_task(r), json.loads(r["queue_settings"] or "{}")) for r in rows]
 
     def queues_mark(self) -> int:
@@ -168,7 +220,7 @@ class Ledger(LedgerFile):
         return [(r[0], [x for x in r[1].split(",") if x], json.loads(r[2] or "{}")) for r in rows]
 
     def _spec(self, text: str) -> TaskSpec:
-        cache = self.__dict__.setdefault('_spec_cache', {})
+        cache = self.__dict__.setdefault("_spec_cache", {})
         spec = cache.get(text)
         if spec is None:
             if len(cache) >= SPEC_CACHE_SIZE:  # a loop that works 100,000 tasks keeps no spec of each
@@ -193,8 +245,13 @@ class Ledger(LedgerFile):
         ).fetchone()
         return self._row_to_task(row) if row else None
 
-    def tasks(self, states: Optional[set[State]] = None, queue_id: Optional[str] = None,
-              listed: bool = False, latest: bool = False) -> list[Task]:
+    def tasks(
+        self,
+        states: Optional[set[State]] = None,
+        queue_id: Optional[str] = None,
+        listed: bool = False,
+        latest: bool = False,
+    ) -> list[Task]:
         r"""The tasks (in ``states``, of ``queue_id``), in queue order.
 
         :param listed: for a listing: :class:`~fleetrun.records.ListedTask`\ s, whose
@@ -219,8 +276,9 @@ class Ledger(LedgerFile):
             return [ListedTask.listed(r, alldeps.get(r[0], []), self._spec_reader(r[0])) for r in rows]
         return [self._row_to_task(r, alldeps.get(r["id"], [])) for r in rows]
 
-    def listed_batches(self, states: Optional[set[State]] = None, latest: bool = False,
-                       size: int = 500) -> Iterator[list[ListedTask]]:
+    def listed_batches(
+        self, states: Optional[set[State]] = None, latest: bool = False, size: int = 500
+    ) -> Iterator[list[ListedTask]]:
         r"""The tasks :meth:`tasks` (``listed=True``) returns, in queue order, ``size`` at a
         time, each batch with its dependencies: a listing of 100,000 tasks (``status
         --json``) holds one batch in memory, not every row."""
@@ -236,8 +294,10 @@ class Ledger(LedgerFile):
             ids = [r[0] for r in batch]
             deps: dict[str, list[str]] = {}
             for tid, did in self.conn.execute(  # in the deps table's key order, as tasks() reads them
-                    f"SELECT task_id, dep_id FROM deps WHERE task_id IN ({','.join('?' * len(ids))})"
-                    " ORDER BY task_id, dep_id", ids):
+                f"SELECT task_id, dep_id FROM deps WHERE task_id IN ({','.join('?' * len(ids))})"
+                " ORDER BY task_id, dep_id",
+                ids,
+            ):
                 deps.setdefault(tid, []).append(did)
             yield [ListedTask.listed(r, deps.get(r[0], []), self._spec_reader(r[0])) for r in batch]
 
@@ -321,9 +381,7 @@ class Ledger(LedgerFile):
         sets = {"state": to.value, "updated": now, "reason": cause, **fields}
         cols = ", ".join(f"{k}=?" for k in sets)
         vals = [json.dumps(v) if isinstance(v, (dict, list)) else v for v in sets.values()]
-        n = cur.execute(
-            f"UPDATE tasks SET {cols} WHERE id=? AND state=?", (*vals, task_id, current.value)
-        ).rowcount
+        n = cur.execute(f"UPDATE tasks SET {cols} WHERE id=? AND state=?", (*vals, task_id, current.value)).rowcount
         if n != 1:  # pragma: no cover - BEGIN IMMEDIATE makes this unreachable
             raise StateConflict(task_id, current, "changed")
         self._log(cur, task_id, current, to, cause, now, attempt, host)
@@ -331,8 +389,14 @@ class Ledger(LedgerFile):
 
     @staticmethod
     def _log(
-        cur: sqlite3.Cursor, task_id: str, src: Optional[State], dst: State, cause: str,
-        now: float, attempt: Optional[int] = None, host: Optional[str] = None,
+        cur: sqlite3.Cursor,
+        task_id: str,
+        src: Optional[State],
+        dst: State,
+        cause: str,
+        now: float,
+        attempt: Optional[int] = None,
+        host: Optional[str] = None,
     ) -> None:
         cur.execute(
             "INSERT INTO transitions (task_id, from_state, to_state, cause, time, attempt, host)"
@@ -356,13 +420,14 @@ class Ledger(LedgerFile):
 
     # -- attempts ----------------------------------------------------------------------
 
-    def lease(
-        self, task_id: str, expected: State | set[State], host: str, kind: str, cause: str = "placed"
-    ) -> Attempt:
+    def lease(self, task_id: str, expected: State | set[State], host: str, kind: str, cause: str = "placed") -> Attempt:
         """Place a task: create its next attempt and move it to ASSIGNED, atomically."""
         now = time.time()
         with self.tx() as cur:
-            n = cur.execute("SELECT COALESCE(MAX(number), 0) FROM attempts WHERE task_id=?", (task_id,)).fetchone()[0] + 1
+            n = (
+                cur.execute("SELECT COALESCE(MAX(number), 0) FROM attempts WHERE task_id=?", (task_id,)).fetchone()[0]
+                + 1
+            )
             attempt_id = f"{task_id}_a{n}"
             self.transition(task_id, expected, State.ASSIGNED, cause, n, host, cur, attempts=n)
             cur.execute("UPDATE tasks SET host=? WHERE id=?", (host, task_id))
@@ -381,8 +446,9 @@ class Ledger(LedgerFile):
         row = self.conn.execute("SELECT * FROM attempts WHERE id=?", (attempt_id,)).fetchone()
         return self._row_to_attempt(row) if row else None
 
-    def attempts(self, task_id: Optional[str] = None, states: Optional[set[str]] = None,
-                 host: Optional[str] = None) -> list[Attempt]:
+    def attempts(
+        self, task_id: Optional[str] = None, states: Optional[set[str]] = None, host: Optional[str] = None
+    ) -> list[Attempt]:
         sql = "SELECT * FROM attempts"
         where: list[str] = []
         args: list[Any] = []
@@ -432,8 +498,20 @@ class Ledger(LedgerFile):
         n = cur.execute(
             "INSERT OR IGNORE INTO verdicts (task_id, attempt_id, idx, kind, label, passed, reason,"
             " output, cost_usd, duration_s, host, time) VALUES (?,?,?,?,?,?,?,?,?,?,?,?)",
-            (task_id, attempt_id, idx, v.kind, v.label, int(v.passed), v.reason, v.output,
-             v.cost_usd, v.duration_s, v.host, time.time()),
+            (
+                task_id,
+                attempt_id,
+                idx,
+                v.kind,
+                v.label,
+                int(v.passed),
+                v.reason,
+                v.output,
+                v.cost_usd,
+                v.duration_s,
+                v.host,
+                time.time(),
+            ),
         ).rowcount
         if n and v.cost_usd:
             cur.execute("UPDATE tasks SET cost_usd = cost_usd + ? WHERE id=?", (v.cost_usd, task_id))
@@ -482,8 +560,10 @@ class Ledger(LedgerFile):
             c.execute("INSERT INTO notes (task_id, time, text) VALUES (?,?,?)", (task_id, time.time(), text))
 
     def notes(self, task_id: str) -> list[tuple[float, str]]:
-        return [(r[0], r[1]) for r in self.conn.execute(
-            "SELECT time, text FROM notes WHERE task_id=? ORDER BY id", (task_id,))]
+        return [
+            (r[0], r[1])
+            for r in self.conn.execute("SELECT time, text FROM notes WHERE task_id=? ORDER BY id", (task_id,))
+        ]
 
     # -- links -------------------------------------------------------------------------
 
@@ -491,13 +571,19 @@ class Ledger(LedgerFile):
         """Record (or replace) the task's link called ``name`` (:mod:`fleetrun.links`
         checks both first)."""
         with self.tx() as cur:
-            cur.execute("INSERT OR REPLACE INTO links (task_id, name, url, time) VALUES (?,?,?,?)",
-                        (task_id, name, url, time.time()))
+            cur.execute(
+                "INSERT OR REPLACE INTO links (task_id, name, url, time) VALUES (?,?,?,?)",
+                (task_id, name, url, time.time()),
+            )
 
     def links(self, task_id: Optional[str] = None) -> dict[str, dict[str, tuple[float, str]]]:
         """The links, task id -> name -> (time, url); of one task, or of all."""
-        rows = self.conn.execute("SELECT task_id, name, url, time FROM links" + (
-            " WHERE task_id=?" if task_id else "") + " ORDER BY time, name", (task_id,) if task_id else ())
+        rows = self.conn.execute(
+            "SELECT task_id, name, url, time FROM links"
+            + (" WHERE task_id=?" if task_id else "")
+            + " ORDER BY time, name",
+            (task_id,) if task_id else (),
+        )
         out: dict[str, dict[str, tuple[float, str]]] = {}
         for r in rows:
             out.setdefault(r[0], {})[r[1]] = (r[3], r[2])
@@ -517,9 +603,15 @@ class Ledger(LedgerFile):
         out: dict[str, tuple[float, int]] = {}
         if isinstance(raw, dict):
             for host, v in raw.items():
-                if (isinstance(host, str) and isinstance(v, list) and len(v) == 2
-                        and isinstance(v[0], (int, float)) and not isinstance(v[0], bool)
-                        and isinstance(v[1], int) and not isinstance(v[1], bool)):
+                if (
+                    isinstance(host, str)
+                    and isinstance(v, list)
+                    and len(v) == 2
+                    and isinstance(v[0], (int, float))
+                    and not isinstance(v[0], bool)
+                    and isinstance(v[1], int)
+                    and not isinstance(v[1], bool)
+                ):
                     out[host] = (float(v[0]), v[1])
         return out
 
@@ -546,8 +638,7 @@ def open_ledger(config: Config) -> Ledger:
     return led
 
 
-def _task_filter(states: Optional[set[State]], queue_id: Optional[str],
-                 latest: bool) -> tuple[list[str], list[Any]]:
+def _task_filter(states: Optional[set[State]], queue_id: Optional[str], latest: bool) -> tuple[list[str], list[Any]]:
     """The WHERE terms (and their arguments) of a listing of the tasks in ``states``, of
     ``queue_id``, only each name's latest run (``latest``)."""
     where: list[str] = []

@@ -35,8 +35,11 @@ SCHEMA_VERSION = 4
 #: neither the rows' specs (most of a row's bytes) nor sorts.
 LISTING_INDEXES = (
     ("tasks_latest", "CREATE INDEX IF NOT EXISTS tasks_latest ON tasks(name, created, seq)"),
-    ("tasks_listing", "CREATE INDEX IF NOT EXISTS tasks_listing ON tasks(created, seq, state, name, attempts, host,"
-                      " cost_usd, branch, worktree, reason, id)"),
+    (
+        "tasks_listing",
+        "CREATE INDEX IF NOT EXISTS tasks_listing ON tasks(created, seq, state, name, attempts, host,"
+        " cost_usd, branch, worktree, reason, id)",
+    ),
 )
 
 _SCHEMA = """
@@ -146,8 +149,9 @@ CREATE TABLE IF NOT EXISTS meta (
 """
 
 #: The tables of a ledger (and SQLite's own); a database with others is not one.
-_TABLES = frozenset({"tasks", "deps", "queues", "attempts", "verdicts", "transitions", "notes", "links",
-                     "meta", "sqlite_sequence"})
+_TABLES = frozenset(
+    {"tasks", "deps", "queues", "attempts", "verdicts", "transitions", "notes", "links", "meta", "sqlite_sequence"}
+)
 
 
 def ensure_private_dir(path: Path) -> Path:
@@ -237,9 +241,11 @@ class LedgerFile:
         assert conn is not None
         if version != SCHEMA_VERSION:
             conn.close()
-            raise UsageError(f"the ledger has schema version {version} and this fleetrun reads {SCHEMA_VERSION}; "
-                             "run a fleetrun command that writes it (status) with this version first",
-                             file=str(self.path))
+            raise UsageError(
+                f"the ledger has schema version {version} and this fleetrun reads {SCHEMA_VERSION}; "
+                "run a fleetrun command that writes it (status) with this version first",
+                file=str(self.path),
+            )
         return conn
 
     def _not_a_ledger(self, why: str) -> UsageError:
@@ -271,8 +277,10 @@ class LedgerFile:
                 except OSError:
                     continue
         if why is not None:
-            raise UsageError(f"the ledger is empty (0 bytes) but {why}, so its tasks were lost; move it "
-                             "aside to start a new one", file=str(self.path))
+            raise UsageError(
+                f"the ledger is empty (0 bytes) but {why}, so its tasks were lost; move it aside to start a new one",
+                file=str(self.path),
+            )
 
     def _enable_wal(self, timeout_s: float) -> None:
         # Switching to WAL needs an exclusive lock and SQLite answers "locked" at once
@@ -311,8 +319,11 @@ class LedgerFile:
             )
         if version == 0:
             # a database of another program: adding our tables to it would be wrong twice
-            foreign = sorted(r[0] for r in self.conn.execute(
-                "SELECT name FROM sqlite_master WHERE type='table'") if r[0] not in _TABLES)
+            foreign = sorted(
+                r[0]
+                for r in self.conn.execute("SELECT name FROM sqlite_master WHERE type='table'")
+                if r[0] not in _TABLES
+            )
             if foreign:
                 raise self._not_a_ledger(f"it holds the tables {', '.join(foreign[:5])}")
         if version < SCHEMA_VERSION:
@@ -339,8 +350,12 @@ class LedgerFile:
         query when they are there; building them over 100,000 tasks takes about a second,
         once."""
         names = [name for name, _sql in LISTING_INDEXES]
-        have = {r[0] for r in self.conn.execute(
-            f"SELECT name FROM sqlite_master WHERE type='index' AND name IN ({','.join('?' * len(names))})", names)}
+        have = {
+            r[0]
+            for r in self.conn.execute(
+                f"SELECT name FROM sqlite_master WHERE type='index' AND name IN ({','.join('?' * len(names))})", names
+            )
+        }
         if len(have) == len(names):
             return
         with self.tx() as cur:
@@ -355,6 +370,7 @@ class LedgerFile:
         bump the version at the same time): it runs once, whatever the version says,
         keeps whatever columns the table has, and is a no-op afterwards (one PRAGMA).
         """
+
         def not_null() -> bool:
             return any(r[1] == "cost_usd" and r[3] for r in self.conn.execute("PRAGMA table_info(attempts)"))
 
@@ -368,10 +384,19 @@ class LedgerFile:
                     return  # another process rebuilt it meanwhile
                 sql = cur.execute("SELECT sql FROM sqlite_master WHERE type='table' AND name='attempts'").fetchone()[0]
                 new = re.sub(r"(\bcost_usd\s+REAL)\s+NOT\s+NULL", r"\1", sql, count=1, flags=re.I)
-                new = re.sub(r"^CREATE TABLE\s+(IF NOT EXISTS\s+)?\"?attempts\"?", "CREATE TABLE attempts_new", new,
-                             count=1, flags=re.I)
-                indexes = [r[0] for r in cur.execute(
-                    "SELECT sql FROM sqlite_master WHERE type='index' AND tbl_name='attempts' AND sql IS NOT NULL")]
+                new = re.sub(
+                    r"^CREATE TABLE\s+(IF NOT EXISTS\s+)?\"?attempts\"?",
+                    "CREATE TABLE attempts_new",
+                    new,
+                    count=1,
+                    flags=re.I,
+                )
+                indexes = [
+                    r[0]
+                    for r in cur.execute(
+                        "SELECT sql FROM sqlite_master WHERE type='index' AND tbl_name='attempts' AND sql IS NOT NULL"
+                    )
+                ]
                 cur.execute(new)
                 cur.execute("INSERT INTO attempts_new SELECT * FROM attempts")
                 cur.execute("DROP TABLE attempts")
@@ -483,8 +508,12 @@ class LedgerFile:
     def bound(self) -> None:
         """Commit the open batch if it has held the write lock longer than
         :attr:`BATCH_HOLD_S` (the loop calls it between its stages too)."""
-        if (self._batch_open and not self._tx_depth and self.conn.in_transaction
-                and time.monotonic() - self._began > self.BATCH_HOLD_S):
+        if (
+            self._batch_open
+            and not self._tx_depth
+            and self.conn.in_transaction
+            and time.monotonic() - self._began > self.BATCH_HOLD_S
+        ):
             self.durable()
 
     def after_commit(self, fn: Callable[[], None]) -> None:
@@ -520,7 +549,7 @@ class LedgerFile:
             try:
                 fn()
             except BaseException:
-                self._after[:0] = pending[i + 1:]  # told at the next commit, still in order
+                self._after[:0] = pending[i + 1 :]  # told at the next commit, still in order
                 raise
 
     def get_meta(self, key: str, default: Optional[str] = None) -> Optional[str]:

@@ -61,8 +61,12 @@ def ledger_counts(home: Union[Path, str], timeout_s: float = 5.0) -> Optional[Le
         for state, n in conn.execute("SELECT state, COUNT(*) FROM tasks GROUP BY state"):
             tasks[str(state)] = int(n)
         marks = ",".join("?" * len(ACTIVE_ATTEMPT_STATES))
-        active = {str(host): int(n or 0) for host, n in conn.execute(
-            f"SELECT host, SUM(state IN ({marks})) FROM attempts GROUP BY host", ACTIVE_ATTEMPT_STATES)}
+        active = {
+            str(host): int(n or 0)
+            for host, n in conn.execute(
+                f"SELECT host, SUM(state IN ({marks})) FROM attempts GROUP BY host", ACTIVE_ATTEMPT_STATES
+            )
+        }
         (cost,) = conn.execute("SELECT COALESCE(SUM(cost_usd), 0) FROM tasks").fetchone()
         conn.execute("COMMIT")
     finally:

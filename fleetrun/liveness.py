@@ -62,8 +62,11 @@ class Liveness:
             return
         self.last = now
         try:
-            write_json(str(self.path), {"pid": os.getpid(), "token": proc_token(os.getpid()),
-                                        "started": self.started, "beat": now, **extra}, sync=False)
+            write_json(
+                str(self.path),
+                {"pid": os.getpid(), "token": proc_token(os.getpid()), "started": self.started, "beat": now, **extra},
+                sync=False,
+            )
         except OSError:
             if strict:
                 raise

@@ -61,8 +61,7 @@ def isatty(out: Any) -> bool:
 def cells(text: str) -> int:
     """How many terminal cells ``text`` takes (wide East Asian characters take two,
     combining marks none)."""
-    return sum(0 if unicodedata.combining(c) else 2 if unicodedata.east_asian_width(c) in "WF" else 1
-               for c in text)
+    return sum(0 if unicodedata.combining(c) else 2 if unicodedata.east_asian_width(c) in "WF" else 1 for c in text)
 
 
 def fit(text: str, width: int) -> str:
@@ -139,15 +138,24 @@ class Watcher:
                 doing = self._verifying(t, att.id, now)
             elif t.state is State.ASSIGNED:
                 doing = "starting"
-            rows.append(Row(safe_name(t.name), t.state.value, safe_text(t.host or "-", limit=30),
-                            str(att.number if att else t.attempts), ago(started, now),
-                            f"${cost:.2f}" if cost else "-", doing))
+            rows.append(
+                Row(
+                    safe_name(t.name),
+                    t.state.value,
+                    safe_text(t.host or "-", limit=30),
+                    str(att.number if att else t.attempts),
+                    ago(started, now),
+                    f"${cost:.2f}" if cost else "-",
+                    doing,
+                )
+            )
         for gone in set(self.activity) - live:  # ended attempts: their readers go
             del self.activity[gone]
         return rows
 
-    def _activity(self, attempt_id: str, folder: Optional[str], host: Optional[str],
-                  cwd: Optional[str]) -> Optional[Activity]:
+    def _activity(
+        self, attempt_id: str, folder: Optional[str], host: Optional[str], cwd: Optional[str]
+    ) -> Optional[Activity]:
         if not folder or host not in (None, "local"):  # a peer's log is on the peer
             return None
         act = self.activity.get(attempt_id)
@@ -166,8 +174,10 @@ class Watcher:
             return "finishing"
         spec = t.spec.verify[idx]
         since = max([t.updated] + [v.time for v in verdicts])
-        return (f"verify {idx + 1}/{len(t.spec.verify)} {safe_text(spec.kind, limit=20)} "
-                f"{safe_text(spec.label)} ({ago(since, now)})")
+        return (
+            f"verify {idx + 1}/{len(t.spec.verify)} {safe_text(spec.kind, limit=20)} "
+            f"{safe_text(spec.label)} ({ago(since, now)})"
+        )
 
 
 def render(rows: list[Row], head: str, width: int, color: bool) -> list[str]:
@@ -185,8 +195,10 @@ def render(rows: list[Row], head: str, width: int, color: bool) -> list[str]:
     el_w = max(len(r.elapsed) for r in rows)
     cost_w = max(len(r.cost) for r in rows)
     for r in rows:
-        fixed = (f"  {fit(r.name, name_w):<{name_w}}  {r.state:<{state_w}}  {fit(r.where, where_w):<{where_w}}"
-                 f"  #{r.attempt:<{att_w}}  {r.elapsed:>{el_w}}  {r.cost:>{cost_w}}")
+        fixed = (
+            f"  {fit(r.name, name_w):<{name_w}}  {r.state:<{state_w}}  {fit(r.where, where_w):<{where_w}}"
+            f"  #{r.attempt:<{att_w}}  {r.elapsed:>{el_w}}  {r.cost:>{cost_w}}"
+        )
         line = fit(f"{fixed}  {r.doing}".rstrip(), width)
         if color and r.state in _COLORS:
             line = f"{_COLORS[r.state]}{line}{_RESET}"
@@ -318,8 +330,9 @@ class LiveView:
             self.ids = {t.id for t in led.tasks() if not t.state.terminal}
 
     @hookimpl
-    def fleetrun_transition(self, task: Any, from_state: str, to_state: str, cause: str, attempt: Any,
-                            config: Config) -> None:
+    def fleetrun_transition(
+        self, task: Any, from_state: str, to_state: str, cause: str, attempt: Any, config: Config
+    ) -> None:
         self.queues.add(task.queue_id)
         self.dirty = True
         if self.watcher is None or self.region.closed:

@@ -89,7 +89,9 @@ class Loop:
     the transitions, the containment of one task's failure and the pass.
     """
 
-    def __init__(self, config: Config, ledger: Ledger, session: Session, queue_id: Optional[str], until_idle: bool) -> None:
+    def __init__(
+        self, config: Config, ledger: Ledger, session: Session, queue_id: Optional[str], until_idle: bool
+    ) -> None:
         self.config = config
         self.led = ledger
         self.session = session
@@ -113,7 +115,8 @@ class Loop:
         # what this run reports and exits on when it has no queue of its own
         # (`work`): the tasks not yet terminal at its start, and those it sees move
         self.run_ids: Optional[set[str]] = (
-            {t.id for t in self.view.tasks() if not t.state.terminal} if queue_id is None else None)
+            {t.id for t in self.view.tasks() if not t.state.terminal} if queue_id is None else None
+        )
         # transitions logged so far; those after it that the loop did not make itself
         # (`own`) were made from another shell and are shown too
         self.seen_transition = ledger.last_transition_id()
@@ -134,8 +137,18 @@ class Loop:
         if self.run_ids is not None:
             self.run_ids.add(task.id)
         # the hooks hear of it once it is committed (the pass's batch: Ledger.after_commit)
-        self.report(task.id, partial(self.hook.fleetrun_transition, task=task, from_state=src.value,
-                                     to_state=dst.value, cause=cause, attempt=attempt, config=self.config))
+        self.report(
+            task.id,
+            partial(
+                self.hook.fleetrun_transition,
+                task=task,
+                from_state=src.value,
+                to_state=dst.value,
+                cause=cause,
+                attempt=attempt,
+                config=self.config,
+            ),
+        )
         if self.exitfirst and dst is State.NEEDS_HUMAN and self.in_scope(task):
             self.stopping = self.stopping or f"stopping after the first NEEDS_HUMAN ({task.name}) (-x)"
 
@@ -144,9 +157,11 @@ class Loop:
         ``fleetrun_attempt_started``, ``fleetrun_verdict``...) once what the pass wrote
         so far is committed, in the order they were made: a hook hears only of what a
         restart will find (:meth:`~fleetrun.ledger_schema.LedgerFile.after_commit`)."""
+
         def told() -> None:
             with self.isolated(task_id):  # a hook that raises is that task's internal error, as before
                 call()
+
         self.led.after_commit(told)
 
     def before_host_io(self, host: Optional[str]) -> None:
@@ -157,8 +172,15 @@ class Loop:
         if host != "local":
             self.led.durable()
 
-    def move(self, task: Task, to: State, cause: str, attempt: Optional[int] = None,
-             also: Optional[Callable[[sqlite3.Cursor], None]] = None, **fields: Any) -> Optional[Task]:
+    def move(
+        self,
+        task: Task,
+        to: State,
+        cause: str,
+        attempt: Optional[int] = None,
+        also: Optional[Callable[[sqlite3.Cursor], None]] = None,
+        **fields: Any,
+    ) -> Optional[Task]:
         return ops.move(self.led, task, to, cause, self.notify, attempt=attempt, also=also, **fields)
 
     # -- the decision, applied ---------------------------------------------------------
@@ -166,11 +188,22 @@ class Loop:
     def facts(self, task: Task, att: Optional[Attempt]) -> Facts:
         """What :func:`fleetrun.decide.decide` knows of ``task`` and its attempt ``att``."""
         host = att.host if att is not None else (task.host or "local")
-        return Facts(state=task.state, name=task.name, kind=att.kind if att is not None else "fresh", host=host,
-                     attempt=att.number if att is not None else 0, resumes=task.resumes, retries=task.retries,
-                     max_retries=task.spec.max_retries, no_start=task.no_start, verifiers=len(task.spec.verify),
-                     backoff=self.waits.backoff_of(task.id, host), pause=self.waits.pause_of(host),
-                     now=time.time(), clock_now=clock.now())
+        return Facts(
+            state=task.state,
+            name=task.name,
+            kind=att.kind if att is not None else "fresh",
+            host=host,
+            attempt=att.number if att is not None else 0,
+            resumes=task.resumes,
+            retries=task.retries,
+            max_retries=task.spec.max_retries,
+            no_start=task.no_start,
+            verifiers=len(task.spec.verify),
+            backoff=self.waits.backoff_of(task.id, host),
+            pause=self.waits.pause_of(host),
+            now=time.time(),
+            clock_now=clock.now(),
+        )
 
     def decide(self, task: Task, att: Optional[Attempt], obs: Observation) -> list[Action]:
         """Decide for ``task`` on ``obs`` and apply what the ledger, the waits and the
@@ -191,8 +224,9 @@ class Loop:
         for a in actions:
             if isinstance(a, Move):
                 write = self._attempt_write(att, a)
-                now = self.move(task, a.to, a.cause, attempt=att.number if att is not None else None,
-                                also=write, **a.fields)
+                now = self.move(
+                    task, a.to, a.cause, attempt=att.number if att is not None else None, also=write, **a.fields
+                )
                 if now is None:
                     if write is not None:
                         write(None)
@@ -207,8 +241,12 @@ class Loop:
             elif isinstance(a, PauseHost):
                 assert att is not None
                 self.waits.pause_host(att.host, (a.until, a.count))
-                self.report(task.id, partial(self.hook.fleetrun_host_paused, host=att.host, until=a.until,
-                                             reason=a.cause, config=self.config))
+                self.report(
+                    task.id,
+                    partial(
+                        self.hook.fleetrun_host_paused, host=att.host, until=a.until, reason=a.cause, config=self.config
+                    ),
+                )
                 # the pause committed before the move (one commit more, on a usage limit only):
                 # a restart between the two decides the end again, to the same pause
                 self.led.durable()
@@ -220,17 +258,19 @@ class Loop:
                 self.led.add_note(task.id, a.text)
             elif isinstance(a, NoteKeptWorktree):
                 if task.worktree:  # git refuses to remove it now, even with --force: say how
-                    self.led.add_note(task.id, f"kept worktree {task.worktree} as the agent left it; to start "
-                                               "over, remove that folder and run `git worktree prune` in the "
-                                               "repository")
+                    self.led.add_note(
+                        task.id,
+                        f"kept worktree {task.worktree} as the agent left it; to start "
+                        "over, remove that folder and run `git worktree prune` in the "
+                        "repository",
+                    )
             elif isinstance(a, CleanUp):
                 self.finish_terminal(task)
             else:
                 rest.append(a)
         return rest
 
-    def _attempt_write(self, att: Optional[Attempt],
-                       m: Move) -> Optional[Callable[[Optional[sqlite3.Cursor]], None]]:
+    def _attempt_write(self, att: Optional[Attempt], m: Move) -> Optional[Callable[[Optional[sqlite3.Cursor]], None]]:
         """The attempt's record that moves with ``m`` (in its transaction, or alone)."""
         if att is None or (m.attempt_state is None and m.outcome is None and not m.info):
             return None
@@ -249,6 +289,7 @@ class Loop:
                 merged = {**(current.info if current is not None else {}), **info}
                 fields["info"] = {k: v for k, v in merged.items() if v is not None}
             led.update_attempt(att_id, cur=cur, **fields)
+
         return write
 
     # -- isolation ---------------------------------------------------------------------
@@ -301,8 +342,12 @@ class Loop:
                     get_host(self.config, att.host).stop(att.id, att.shepherd_pid, att.shepherd_token)
                 except Exception as e:
                     self.led.add_note(task_id, f"could not stop attempt {att.number}: {type(e).__name__}: {e}")
-            self.led.update_attempt(att.id, state="ended" if att.state == "running" else "abandoned",
-                                    outcome="internal_error", ended=time.time())
+            self.led.update_attempt(
+                att.id,
+                state="ended" if att.state == "running" else "abandoned",
+                outcome="internal_error",
+                ended=time.time(),
+            )
         task = self.led.get(task_id)
         if task is None:
             return None
@@ -377,8 +422,11 @@ class Loop:
         # already: the plugins that keep one say so (SHARED_TRANSITION_LOG), none is named
         pm = self.config.pluginmanager
         shared = [p for p in pm.get_plugins() if getattr(p, "SHARED_TRANSITION_LOG", False) is True]
-        hook = (pm.subset_hook_caller("fleetrun_transition", remove_plugins=shared)
-                if shared else self.hook.fleetrun_transition)
+        hook = (
+            pm.subset_hook_caller("fleetrun_transition", remove_plugins=shared)
+            if shared
+            else self.hook.fleetrun_transition
+        )
         for row in rows:
             key = (row.task_id, row.to_state, row.cause)
             if self.own[key] > 0:
@@ -391,8 +439,14 @@ class Loop:
                 continue
             if self.run_ids is not None:
                 self.run_ids.add(task.id)
-            hook(task=task, from_state=row.from_state or "", to_state=row.to_state, cause=row.cause,
-                 attempt=row.attempt, config=self.config)
+            hook(
+                task=task,
+                from_state=row.from_state or "",
+                to_state=row.to_state,
+                cause=row.cause,
+                attempt=row.attempt,
+                config=self.config,
+            )
 
     def _open_socket(self) -> None:
         path = sock_path(self.config.home)
@@ -424,6 +478,7 @@ class Loop:
         self._open_socket()
         old_term = None
         if threading.current_thread() is threading.main_thread():
+
             def on_term(signum: int, frame: Any) -> None:  # a service manager's stop: as Ctrl-C
                 self.session.stopped_by_sigterm = True
                 raise KeyboardInterrupt
@@ -450,7 +505,8 @@ class Loop:
                     if self.io_error is None:
                         self.config.err.write(
                             f"fleetrun: cannot write to {self.config.home} ({e}); starting nothing new "
-                            "until it clears. Running attempts go on; nothing is lost.\n")
+                            "until it clears. Running attempts go on; nothing is lost.\n"
+                        )
                     self.io_error = str(e)
                     self.verify.cancel_all()  # their verdicts are rerun once we can record them
                     self.setup.cancel_all()  # run again from the start once adoption abandons them
@@ -464,8 +520,10 @@ class Loop:
             stopped = self.verify.cancel_all()
             setups = self.setup.cancel_all()
             self.session.final_notes.append(
-                self.interrupted_note(len(self.active_attempts()) - setups - self.starting.drop_preparing(),
-                                      stopped, setups))
+                self.interrupted_note(
+                    len(self.active_attempts()) - setups - self.starting.drop_preparing(), stopped, setups
+                )
+            )
             self.session.interrupted = True
         finally:
             if old_term is not None:
@@ -491,9 +549,11 @@ class Loop:
             load_new_queues(self.config)
         self.promote()
         effects.deliver(self.config)  # the worker's effects that are over (their notes)
-        for stage in (self.poll_pending,  # workspaces made, work collected, verdicts, setup commands' ends
-                      self.ending.poll,  # the attempts that run, one poll per host
-                      self.adoption.reverify):  # `fleetrun retry` of a task a verifier could not judge
+        for stage in (
+            self.poll_pending,  # workspaces made, work collected, verdicts, setup commands' ends
+            self.ending.poll,  # the attempts that run, one poll per host
+            self.adoption.reverify,
+        ):  # `fleetrun retry` of a task a verifier could not judge
             stage()
             self.led.bound()  # a slow stage (a peer's poll) does not keep other writers waiting
         self.promote()
@@ -506,9 +566,12 @@ class Loop:
         its stage (poll the handle, re-read the task's row, go on or drop it), one task's
         failure contained. An entry an earlier one removed is passed over."""
         stages: dict[type, Callable[[str, Any], None]] = {
-            Preparing: self.starting.poll_one, Launching: self.starting.poll_launch_one,
+            Preparing: self.starting.poll_one,
+            Launching: self.starting.poll_launch_one,
             SettingUp: self.setup.poll_one,
-            Collecting: self.ending.poll_one, Verifying: self.verify.poll_one}
+            Collecting: self.ending.poll_one,
+            Verifying: self.verify.poll_one,
+        }
         for task_id, entry in self.pending.items():
             view = self.pending.view(type(entry))
             if view.get(task_id) is not entry:
@@ -551,7 +614,6 @@ class Loop:
             self.hook.fleetrun_cleanup_workspace(task=task, host=get_host(self.config, task.host), config=self.config)
         except (GitError, OSError) as e:
             self.led.add_note(task.id, f"cleanup failed: {e}")
-
 
     # -- the stages, for the session, setup, hooks and tests ------------------------------
 

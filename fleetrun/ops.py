@@ -27,9 +27,16 @@ def _noop(*args: object) -> None:
     pass
 
 
-def move(ledger: Ledger, task: Task, to: State, cause: str, notify: Notify = _noop,
-         attempt: Optional[int] = None, also: Optional[Callable[[sqlite3.Cursor], None]] = None,
-         **fields: Any) -> Optional[Task]:
+def move(
+    ledger: Ledger,
+    task: Task,
+    to: State,
+    cause: str,
+    notify: Notify = _noop,
+    attempt: Optional[int] = None,
+    also: Optional[Callable[[sqlite3.Cursor], None]] = None,
+    **fields: Any,
+) -> Optional[Task]:
     """Compare-and-set ``task`` from the state it was read in to ``to``; report it.
 
     :param also: other writes that belong with the move (the attempt's own record, say),
@@ -41,8 +48,7 @@ def move(ledger: Ledger, task: Task, to: State, cause: str, notify: Notify = _no
     crash.point(f"before_transition:{to.value}")
     try:
         with ledger.tx() as cur:
-            prev = ledger.transition(task.id, task.state, to, cause, attempt=attempt, host=task.host, cur=cur,
-                                     **fields)
+            prev = ledger.transition(task.id, task.state, to, cause, attempt=attempt, host=task.host, cur=cur, **fields)
             if also is not None:
                 also(cur)
     except StateConflict:
@@ -74,8 +80,12 @@ def cascade(ledger: Ledger, task: Task, notify: Notify = _noop) -> list[Task]:
     return moved
 
 
-def promote(ledger: Ledger, notify: Notify = _noop, tasks: Optional[list[Task]] = None,
-            lookup: Optional[Callable[[str], Optional[Task]]] = None) -> list[Task]:
+def promote(
+    ledger: Ledger,
+    notify: Notify = _noop,
+    tasks: Optional[list[Task]] = None,
+    lookup: Optional[Callable[[str], Optional[Task]]] = None,
+) -> list[Task]:
     """PENDING tasks whose dependencies are all DONE become READY; those with a
     dependency that needs a human or was cancelled go to NEEDS_HUMAN.
 
@@ -130,8 +140,7 @@ def refusal(verb: str, task: Task) -> Optional[str]:
     if verb == "cancel" and task.state is State.DONE:
         return f"task {task.name} ({task.id}) is DONE; there is nothing to cancel"
     if verb == "retry" and task.state not in ELIGIBLE["retry"]:
-        return (f"task {task.name} ({task.id}) is {task.state}; only NEEDS_HUMAN or "
-                "CANCELLED tasks can be retried")
+        return f"task {task.name} ({task.id}) is {task.state}; only NEEDS_HUMAN or CANCELLED tasks can be retried"
     if verb == "approve" and task.state is not State.NEEDS_HUMAN:
         return f"task {task.name} ({task.id}) is {task.state}; only NEEDS_HUMAN tasks can be approved"
     return None
@@ -201,15 +210,30 @@ def retry(ledger: Ledger, task: Task, notify: Notify = _noop, reverify: bool = T
     if why:
         raise UsageError(why, key="TASK")
     last = ledger.latest_attempt(task.id)
-    if reverify and task.state is State.NEEDS_HUMAN and cause_word(task.reason) == "verifier_error" \
-            and last is not None and last.workspace is not None and VERIFY_ERROR in last.info \
-            and _kept(last.host, last.workspace):
+    if (
+        reverify
+        and task.state is State.NEEDS_HUMAN
+        and cause_word(task.reason) == "verifier_error"
+        and last is not None
+        and last.workspace is not None
+        and VERIFY_ERROR in last.info
+        and _kept(last.host, last.workspace)
+    ):
         # a verifier could not judge the work: once it is fixed, judge the same work (no
         # new agent session), from that verifier on, with fresh tries
         info = {k: v for k, v in last.info.items() if k not in (VERIFY_ERROR, VERIFY_WAIT)}
-        now = move(ledger, task, State.VERIFYING, REVERIFY, notify, attempt=last.number,
-                   also=lambda cur: ledger.update_attempt(last.id, cur=cur, info=info),
-                   retries=0, resumes=0, no_start=0)
+        now = move(
+            ledger,
+            task,
+            State.VERIFYING,
+            REVERIFY,
+            notify,
+            attempt=last.number,
+            also=lambda cur: ledger.update_attempt(last.id, cur=cur, info=info),
+            retries=0,
+            resumes=0,
+            no_start=0,
+        )
         if now is None:
             raise UsageError(f"task {task.id} changed state meanwhile; try again", key="TASK")
         return [now]
@@ -252,8 +276,9 @@ def parse_state(text: str) -> State:
     try:
         return State(text.upper())
     except ValueError:
-        raise UsageError(f"{text!r} is not a state; one of {', '.join(s.value.lower() for s in State)}",
-                         key="--state") from None
+        raise UsageError(
+            f"{text!r} is not a state; one of {', '.join(s.value.lower() for s in State)}", key="--state"
+        ) from None
 
 
 def current_tasks(ledger: Ledger) -> list[Task]:
@@ -266,8 +291,15 @@ def current_tasks(ledger: Ledger) -> list[Task]:
     return list(newest.values())
 
 
-def select(ledger: Ledger, refs: list[str], *, eligible: frozenset[State], everything: bool = False,
-           state: Optional[State] = None, match: Optional[Callable[[Task], bool]] = None) -> list[Task]:
+def select(
+    ledger: Ledger,
+    refs: list[str],
+    *,
+    eligible: frozenset[State],
+    everything: bool = False,
+    state: Optional[State] = None,
+    match: Optional[Callable[[Task], bool]] = None,
+) -> list[Task]:
     """The tasks a bulk operation acts on.
 
     Named tasks (``refs``) are all resolved first, so a typo changes nothing; the

@@ -46,7 +46,7 @@ def proc_token(pid: int) -> Optional[str]:
             return f"psutil:{psutil.Process(pid).create_time():.3f}"
         except Exception:
             return None
-    fields = data[data.rindex(b")") + 2:].split()
+    fields = data[data.rindex(b")") + 2 :].split()
     if fields[0] in (b"Z", b"X"):  # a zombie has ended
         return None
     return "linux:" + fields[19].decode()
@@ -115,8 +115,9 @@ class FileLock:
             raise LockHeld(f"{self.path} is locked by another process")
         return self
 
-    def __exit__(self, exc_type: Optional[type[BaseException]], exc: Optional[BaseException],
-                 tb: Optional[TracebackType]) -> None:
+    def __exit__(
+        self, exc_type: Optional[type[BaseException]], exc: Optional[BaseException], tb: Optional[TracebackType]
+    ) -> None:
         self.release()
 
 
@@ -204,7 +205,9 @@ def spawn_detached(argv: Sequence[str], env: Mapping[str, str], out_path: StrPat
     :raises OSError: it could not be started.
     """
     return os.posix_spawn(
-        argv[0], list(argv), dict(env),
+        argv[0],
+        list(argv),
+        dict(env),
         file_actions=[
             (os.POSIX_SPAWN_OPEN, 0, os.devnull, os.O_RDONLY, 0),
             (os.POSIX_SPAWN_OPEN, 1, os.fspath(out_path), os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o600),

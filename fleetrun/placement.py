@@ -111,8 +111,9 @@ def _secs(s: float) -> str:
     return f"{s:.0f}s" if s >= 1 else f"{s:.2g}s"
 
 
-def why_not(c: Candidate, requires: Iterable[str], est_mem_mb: float,
-            backoff: Optional[Backoff], now: float) -> Optional[str]:
+def why_not(
+    c: Candidate, requires: Iterable[str], est_mem_mb: float, backoff: Optional[Backoff], now: float
+) -> Optional[str]:
     """Why ``c`` cannot take the task now, or None if it can.
 
     The first reason found, in the order the filter checks: reachable, fresh, not
@@ -129,19 +130,25 @@ def why_not(c: Candidate, requires: Iterable[str], est_mem_mb: float,
     if c.drain:
         return f"{label(c)} is draining"
     if backoff is not None and backoff.until > now and backoff.cause == "rate_limited":
-        return (f"the API rate-limited the last attempt on {label(c)} (HTTP 429, no reset time given); "
-                f"backing off until {time.strftime('%H:%M:%S', time.localtime(backoff.until))}")
+        return (
+            f"the API rate-limited the last attempt on {label(c)} (HTTP 429, no reset time given); "
+            f"backing off until {time.strftime('%H:%M:%S', time.localtime(backoff.until))}"
+        )
     if backoff is not None and backoff.until > now:
-        return (f"{label(c)} didn't start the last {backoff.count} attempt(s) ({backoff.cause}); "
-                f"backing off {_secs(backoff_delay(backoff.count))}")
+        return (
+            f"{label(c)} didn't start the last {backoff.count} attempt(s) ({backoff.cause}); "
+            f"backing off {_secs(backoff_delay(backoff.count))}"
+        )
     if c.running >= c.max_tasks:
         return f"{label(c)} is running {c.running} of {c.max_tasks} tasks"
     if c.min_free_mem_mb is not None:
         if c.free_mem_mb is None:
             return f"{label(c)} has not reported its free memory"
         if c.free_mem_mb - est_mem_mb < c.min_free_mem_mb:
-            return (f"{label(c)} has {_mb(c.free_mem_mb)} free; a task needs {_mb(est_mem_mb)} "
-                    f"above the floor of {_mb(c.min_free_mem_mb)}")
+            return (
+                f"{label(c)} has {_mb(c.free_mem_mb)} free; a task needs {_mb(est_mem_mb)} "
+                f"above the floor of {_mb(c.min_free_mem_mb)}"
+            )
     if c.max_load_per_core is not None:
         if c.load_per_core is None:
             return f"{label(c)} has not reported its load"
@@ -189,7 +196,9 @@ def unpaired(pin: str) -> str:
 
 # The figures in a reason that are measurements (free memory, the estimate, load,
 # free disk): they move on every pass without the reason having changed.
-_MEASURED = re.compile(r"(has )\d+( MB free; a task needs )\d+( MB)|(loaded )[0-9.]+(/core)|(has )\d+( MB of disk free)")
+_MEASURED = re.compile(
+    r"(has )\d+( MB free; a task needs )\d+( MB)|(loaded )[0-9.]+(/core)|(has )\d+( MB of disk free)"
+)
 
 
 def reason_shape(reason: str) -> str:
@@ -289,6 +298,9 @@ def decide(
         # a plugin's rule is code no pass changes: only a person (editing it) clears it
         stuck = [blocked(c, requires) or filtered.get(c.name) for c in pool]
         operator = "; ".join(s for s in stuck if s) if all(stuck) else None
-        return Wait("; ".join(reasons) or "no machine can take tasks", until=until,
-                    operator=operator if pool else "no machine can take tasks")
+        return Wait(
+            "; ".join(reasons) or "no machine can take tasks",
+            until=until,
+            operator=operator if pool else "no machine can take tasks",
+        )
     return Placement(best.name, reason=f"placed on {label(best)}")

@@ -41,8 +41,15 @@ OPERATOR_VERBS = ("status", "logs", "cancel", "retry", "drain", "undrain", "gc")
 #: The hooks those verbs call: the command line's, the run's start and end, the hosts
 #: (a task on a host no plugin provides says so; ``cancel`` stops an attempt on its
 #: host), the hosts' own reasons, and every state change.
-OPERATOR_HOOKS = (*ARGUMENT_HOOKS, "fleetrun_configure", "fleetrun_unconfigure", "fleetrun_hosts",
-                  "fleetrun_status_reason", "fleetrun_status_fields", "fleetrun_transition")
+OPERATOR_HOOKS = (
+    *ARGUMENT_HOOKS,
+    "fleetrun_configure",
+    "fleetrun_unconfigure",
+    "fleetrun_hosts",
+    "fleetrun_status_reason",
+    "fleetrun_status_fields",
+    "fleetrun_transition",
+)
 #: The built-ins implementing a hook of :data:`OPERATOR_HOOKS` (tests/test_startup.py
 #: checks the two agree, and that those verbs call no other hook). The others are
 #: loaded when ``config.toml`` is read after all (:meth:`FleetPluginManager.load_deferred`),
@@ -61,6 +68,7 @@ def builtins_for(verb: str, only_read: bool = False) -> Optional[tuple[str, ...]
         return ARGUMENT_PLUGINS
     return OPERATOR_PLUGINS if verb in OPERATOR_VERBS else None
 
+
 #: Blocking these with ``-p no:NAME`` is a usage error: nothing works without them.
 ESSENTIAL_PLUGINS = frozenset({"collect"})
 
@@ -71,12 +79,18 @@ FLEETCONF = "fleetconf.py"
 #: tasks files a parsed command line names, so its implementation would never be
 #: called. ``(key, message)`` of the :class:`~fleetrun.UsageError`, by hook.
 TOO_LATE_FOR_FLEETCONF: dict[str, tuple[Optional[str], str]] = {
-    "fleetrun_verbs": (None, "fleetrun_verbs cannot add a verb from a fleetconf.py (it is loaded after the "
-                             "command line is parsed); put the verb in a plugin module and load it with "
-                             "-p MODULE, or install it as a plugin"),
-    "fleetrun_addoption": ("fleetrun_addoption", "a fleetconf.py is loaded after the command line is parsed "
-                                                 "and cannot add options; put it in a plugin (-p MODULE or "
-                                                 "an installed one)"),
+    "fleetrun_verbs": (
+        None,
+        "fleetrun_verbs cannot add a verb from a fleetconf.py (it is loaded after the "
+        "command line is parsed); put the verb in a plugin module and load it with "
+        "-p MODULE, or install it as a plugin",
+    ),
+    "fleetrun_addoption": (
+        "fleetrun_addoption",
+        "a fleetconf.py is loaded after the command line is parsed "
+        "and cannot add options; put it in a plugin (-p MODULE or "
+        "an installed one)",
+    ),
 }
 
 
@@ -103,8 +117,14 @@ class FleetPluginManager(pluggy.PluginManager):
         if opts is None and name.startswith("fleetrun_"):
             method = getattr(plugin, name, None)
             if inspect.isroutine(method):
-                return {"wrapper": False, "hookwrapper": False, "optionalhook": False,
-                        "tryfirst": False, "trylast": False, "specname": None}
+                return {
+                    "wrapper": False,
+                    "hookwrapper": False,
+                    "optionalhook": False,
+                    "tryfirst": False,
+                    "trylast": False,
+                    "specname": None,
+                }
         return opts
 
     def register(self, plugin: Any, name: Optional[str] = None) -> Optional[str]:
@@ -128,8 +148,10 @@ class FleetPluginManager(pluggy.PluginManager):
         if taken is not None:
             # pluggy's ValueError would print its dict of every plugin, as an internal error
             what = getattr(taken, "__name__", None) or type(taken).__name__
-            raise UsageError(f"plugin name {plugin_name!r} is taken by {what}; register this "
-                             "plugin under another name", file=_plugin_file(plugin))
+            raise UsageError(
+                f"plugin name {plugin_name!r} is taken by {what}; register this plugin under another name",
+                file=_plugin_file(plugin),
+            )
         try:
             ret = super().register(plugin, name)
         except pluggy.PluginValidationError as e:

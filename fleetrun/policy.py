@@ -65,7 +65,10 @@ class Policy:
 
 _NUM = (int, float)
 _TOP: dict[str, tuple[type, ...]] = {
-    "stale_after_secs": _NUM, "auto_route": (bool,), "claim_timeout_secs": _NUM, "local": (dict,),
+    "stale_after_secs": _NUM,
+    "auto_route": (bool,),
+    "claim_timeout_secs": _NUM,
+    "local": (dict,),
     "peers": (dict,),
 }
 _MACHINE: dict[str, tuple[type, ...]] = {
@@ -89,7 +92,9 @@ def _type_ok(v: Any, types: tuple[type, ...]) -> bool:
 
 def _tname(types: tuple[type, ...]) -> str:
     names: dict[tuple[type, ...], str] = {
-        (bool,): "true or false", (int,): "a whole number", (dict,): "a table",
+        (bool,): "true or false",
+        (int,): "a whole number",
+        (dict,): "a table",
     }
     return names.get(types, "a number")
 
@@ -133,8 +138,9 @@ def load_policy(path: Path) -> Policy:
     def err(line: int, key: str, msg: str) -> None:
         errors.append(UsageError(msg, file=disp, line=line, key=key))
 
-    def check_machine(table: dict[str, Any], where: tuple[str, ...], prefix: str, target: Any,
-                      subtables: bool = False) -> None:
+    def check_machine(
+        table: dict[str, Any], where: tuple[str, ...], prefix: str, target: Any, subtables: bool = False
+    ) -> None:
         for k, v in table.items():
             line = lines.get(*where, k)
             if subtables and isinstance(v, dict):
@@ -226,8 +232,7 @@ class PolicyWatcher:
             pol = load_policy(self.path)
         except UsageError as e:
             self.error = e.format()
-            return (f"{self.path} changed and is broken; keeping the last good policy until it "
-                    f"is fixed:\n{self.error}")
+            return f"{self.path} changed and is broken; keeping the last good policy until it is fixed:\n{self.error}"
         self.policy = pol
         if self.error is not None:
             self.error = None

@@ -68,8 +68,12 @@ def probe_versions(tools: Mapping[str, str], timeout: float = PROBE_TIMEOUT_S) -
             continue
         try:
             running[name] = subprocess.Popen(
-                [path, "--version"], stdin=subprocess.DEVNULL, stdout=subprocess.PIPE,
-                stderr=subprocess.STDOUT, start_new_session=True)
+                [path, "--version"],
+                stdin=subprocess.DEVNULL,
+                stdout=subprocess.PIPE,
+                stderr=subprocess.STDOUT,
+                start_new_session=True,
+            )
         except OSError:
             continue
     deadline = time.monotonic() + timeout
@@ -142,8 +146,9 @@ class Prober:
     """Probes this machine's tools at most once per ``ttl`` seconds (one per process:
     the ``placement`` plugin keeps it in ``config.stash``)."""
 
-    def __init__(self, ttl: float = PROBE_TTL_S, timeout: float = PROBE_TIMEOUT_S,
-                 clock: Callable[[], float] = time.monotonic) -> None:
+    def __init__(
+        self, ttl: float = PROBE_TTL_S, timeout: float = PROBE_TIMEOUT_S, clock: Callable[[], float] = time.monotonic
+    ) -> None:
         self.ttl = ttl
         self.timeout = timeout
         self.clock = clock

@@ -46,8 +46,9 @@ def tail_text(path: Path, limit: int = KEEP_BYTES) -> str:
     return data.decode("utf-8", "replace")
 
 
-def task_env(task: Task, attempt: Attempt, workspace: Workspace | str,
-             base: Optional[Mapping[str, str]] = None, **extra: str) -> dict[str, str]:
+def task_env(
+    task: Task, attempt: Attempt, workspace: Workspace | str, base: Optional[Mapping[str, str]] = None, **extra: str
+) -> dict[str, str]:
     """The environment an agent or a verifier of an attempt runs with: ``base`` plus
     ``FLEETRUN_TASK_ID``, ``FLEETRUN_TASK_NAME``, ``FLEETRUN_ATTEMPT`` (its number)
     and ``FLEETRUN_WORKTREE`` (the workspace's path), then ``extra``.
@@ -62,8 +63,12 @@ def task_env(task: Task, attempt: Attempt, workspace: Workspace | str,
     :return: a new dict.
     """
     env = dict(os.environ if base is None else base)
-    env.update(FLEETRUN_TASK_ID=task.id, FLEETRUN_TASK_NAME=task.name, FLEETRUN_ATTEMPT=str(attempt.number),
-               FLEETRUN_WORKTREE=workspace if isinstance(workspace, str) else workspace.path)
+    env.update(
+        FLEETRUN_TASK_ID=task.id,
+        FLEETRUN_TASK_NAME=task.name,
+        FLEETRUN_ATTEMPT=str(attempt.number),
+        FLEETRUN_WORKTREE=workspace if isinstance(workspace, str) else workspace.path,
+    )
     env.update(extra)
     return env
 
@@ -82,8 +87,17 @@ class ProcessHandle:
     ``fileno``, ``next_deadline``).
     """
 
-    def __init__(self, verifier: Any, argv: list[str], cwd: str, env: dict[str, str], out_path: Path,
-                 stdin_path: Optional[Path] = None, host: str = "local", max_bytes: Optional[int] = None) -> None:
+    def __init__(
+        self,
+        verifier: Any,
+        argv: list[str],
+        cwd: str,
+        env: dict[str, str],
+        out_path: Path,
+        stdin_path: Optional[Path] = None,
+        host: str = "local",
+        max_bytes: Optional[int] = None,
+    ) -> None:
         from .hosts import CHILD_MARKER, forget_child, record_child, record_child_intent
 
         self.verifier = verifier
@@ -112,9 +126,15 @@ class ProcessHandle:
             # command detaches (`setsid sleep &`) ended with it, as its subreaper
             with open(stdin_path, "rb") if stdin_path else open(os.devnull, "rb") as stdin:
                 self.proc = subprocess.Popen(
-                    [sys.executable, "-I", "-S", CAPPED_PATH, str(self.max_bytes), str(out_path), "--",
-                     *argv], cwd=cwd, env=env, stdin=stdin, stdout=subprocess.DEVNULL,
-                    stderr=subprocess.DEVNULL, start_new_session=True, close_fds=True)
+                    [sys.executable, "-I", "-S", CAPPED_PATH, str(self.max_bytes), str(out_path), "--", *argv],
+                    cwd=cwd,
+                    env=env,
+                    stdin=stdin,
+                    stdout=subprocess.DEVNULL,
+                    stderr=subprocess.DEVNULL,
+                    start_new_session=True,
+                    close_fds=True,
+                )
         except OSError as e:
             forget_child(out_path.parent, out_path.stem)
             self.verdict = self.cannot_start(str(e.strerror or e))

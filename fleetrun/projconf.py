@@ -127,8 +127,14 @@ class ProjectConfig:
             from .taskdefaults import collect_defaults
 
             try:
-                self._defaults = collect_defaults(table, lambda key: self.lines.get("table", "task", key),
-                                                  self.display, f"{self.prefix}task.", keys, str(self.path))
+                self._defaults = collect_defaults(
+                    table,
+                    lambda key: self.lines.get("table", "task", key),
+                    self.display,
+                    f"{self.prefix}task.",
+                    keys,
+                    str(self.path),
+                )
             except UsageError as e:
                 self._defaults = getattr(e, "partial", {})
                 raise

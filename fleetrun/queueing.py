@@ -58,8 +58,16 @@ def queue_digest(config: Config) -> str:
     marks = config.getoption("markexpr")
     specs = [t for f in config.stash.get(FILES_KEY, []) for t in f.tasks]
     rerun = "|rerun" if config.getoption("last_failed") or config.getoption("failed_first") else ""
-    return ("|".join(config.option.files) + "|tasks=" + files_digest(specs, config.file_settings)
-            + "|k=" + (config.getoption("keyword") or "") + (f"|m={marks}" if marks else "") + project + rerun)
+    return (
+        "|".join(config.option.files)
+        + "|tasks="
+        + files_digest(specs, config.file_settings)
+        + "|k="
+        + (config.getoption("keyword") or "")
+        + (f"|m={marks}" if marks else "")
+        + project
+        + rerun
+    )
 
 
 def _branch_owner(config: Config) -> Optional[Callable[[str, str, str], Optional[str]]]:
@@ -83,10 +91,17 @@ def check_key_plugins(files: list[Any], config: Config) -> list[UsageError]:
             continue
         from .textutil import safe_name
 
-        errors += [UsageError(f"the {plugin} plugin is {why}", line=spec.key_lines.get(key, spec.line),
-                              file=display_path(Path(spec.file_of(key) or f.path), config.invocation_dir),
-                              key=f"task '{safe_name(spec.name)}': {key}")
-                   for f in files for spec in f.tasks if getattr(spec, key, None)]
+        errors += [
+            UsageError(
+                f"the {plugin} plugin is {why}",
+                line=spec.key_lines.get(key, spec.line),
+                file=display_path(Path(spec.file_of(key) or f.path), config.invocation_dir),
+                key=f"task '{safe_name(spec.name)}': {key}",
+            )
+            for f in files
+            for spec in f.tasks
+            if getattr(spec, key, None)
+        ]
     return errors
 
 
@@ -100,8 +115,13 @@ def check_file_settings(tf: TaskFile, config: Config) -> list[UsageError]:
     from .tomlfile import map_lines
 
     skip = any(p is None for _n, p in config.pluginmanager.list_name_plugin())  # a blocked plugin's table
-    return check_config(tf.settings, map_lines(tf.text), config.config_keys(),
-                        display_path(Path(tf.path), config.invocation_dir), skip_unknown_tables=skip)
+    return check_config(
+        tf.settings,
+        map_lines(tf.text),
+        config.config_keys(),
+        display_path(Path(tf.path), config.invocation_dir),
+        skip_unknown_tables=skip,
+    )
 
 
 #: A verifier kind's built-in plugin is named ``verify_<kind>`` (``verify_run``,
@@ -115,8 +135,11 @@ def missing_kinds(config: Config) -> dict[str, str]:
     verifier using one gets)."""
     pm = getattr(config, "pluginmanager", None)
     blocked = pm.blocked_builtins() if pm is not None and hasattr(pm, "blocked_builtins") else []
-    return {name[len(VERIFIER_PLUGIN_PREFIX):]: f"its plugin {name} is not loaded (-p no:{name})"
-            for name in blocked if name.startswith(VERIFIER_PLUGIN_PREFIX)}
+    return {
+        name[len(VERIFIER_PLUGIN_PREFIX) :]: f"its plugin {name} is not loaded (-p no:{name})"
+        for name in blocked
+        if name.startswith(VERIFIER_PLUGIN_PREFIX)
+    }
 
 
 def collect(config: Config) -> list[TaskFile]:
@@ -151,8 +174,12 @@ def collect(config: Config) -> list[TaskFile]:
             errors.append(e)
             continue
         if tf is None:
-            errors.append(UsageError("no collector takes this kind of file (tasks files are .toml)",
-                                     file=display_path(Path(f), config.invocation_dir)))
+            errors.append(
+                UsageError(
+                    "no collector takes this kind of file (tasks files are .toml)",
+                    file=display_path(Path(f), config.invocation_dir),
+                )
+            )
             continue
         errors.extend(check_file_settings(tf, config))
         files.append(tf)
@@ -215,15 +242,17 @@ def queue_items(config: Config, items: list[TaskSpec], kept: Optional[dict[str, 
     led = open_ledger(config)
     src = ",".join(config.option.files)
     with _bulk():
-        tasks = led.add_tasks(items, source=src, source_hash=queue_digest(config), settings=config.file_settings,
-                              kept=kept)
+        tasks = led.add_tasks(
+            items, source=src, source_hash=queue_digest(config), settings=config.file_settings, kept=kept
+        )
     by_name = {t.name: t for t in tasks}
     for reuse in config.stash.get(BRANCH_REUSE_KEY, []):
         if reuse.task_name in by_name:  # the user named a branch fleetrun made for this task before
             led.add_note(by_name[reuse.task_name].id, reuse.note)
     for t in tasks:
-        config.hook.fleetrun_transition(task=t, from_state="", to_state=t.state.value, cause=t.reason,
-                                        attempt=None, config=config)
+        config.hook.fleetrun_transition(
+            task=t, from_state="", to_state=t.state.value, cause=t.reason, attempt=None, config=config
+        )
     return tasks
 
 
@@ -259,8 +288,9 @@ def load_new_queues(config: Config) -> None:
             config.err.write(f"{warning} (not loaded; it applies from the next `fleetrun work`)\n")
 
 
-def _merge_queues(config: Config, queues: list[tuple[str, list[str], dict[str, Any]]],
-                  seen: set[str]) -> tuple[list[Path], set[str]]:
+def _merge_queues(
+    config: Config, queues: list[tuple[str, list[str], dict[str, Any]]], seen: set[str]
+) -> tuple[list[Path], set[str]]:
     sources: list[Path] = []
     ids = set(seen)
     for qid, files_, settings in queues:

@@ -127,21 +127,57 @@ class ListedTask(Task):
 
         :param read_spec: reads the spec's text, on first use of ``spec``.
         """
-        (tid, name, state, source, queue_id, created, updated, host, worktree, branch, cost_usd, attempts,
-         retries, resumes, no_start, reason, handoff, depends_on) = row
+        (
+            tid,
+            name,
+            state,
+            source,
+            queue_id,
+            created,
+            updated,
+            host,
+            worktree,
+            branch,
+            cost_usd,
+            attempts,
+            retries,
+            resumes,
+            no_start,
+            reason,
+            handoff,
+            depends_on,
+        ) = row
         t = cls.__new__(cls)
         t.__dict__.update(
-            id=tid, name=name, state=_STATES[state], source=source, queue_id=queue_id, created=created,
-            updated=updated, host=host, worktree=worktree, branch=branch, cost_usd=cost_usd, attempts=attempts,
-            retries=retries, resumes=resumes, no_start=no_start, reason=reason,
-            handoff=json.loads(handoff) if handoff else None, deps=deps,
-            _read_spec=read_spec, _depends_on=depends_on)
+            id=tid,
+            name=name,
+            state=_STATES[state],
+            source=source,
+            queue_id=queue_id,
+            created=created,
+            updated=updated,
+            host=host,
+            worktree=worktree,
+            branch=branch,
+            cost_usd=cost_usd,
+            attempts=attempts,
+            retries=retries,
+            resumes=resumes,
+            no_start=no_start,
+            reason=reason,
+            handoff=json.loads(handoff) if handoff else None,
+            deps=deps,
+            _read_spec=read_spec,
+            _depends_on=depends_on,
+        )
         return t
 
 
 #: The columns :meth:`ListedTask.listed` reads, in its order.
-LISTED_COLUMNS = ("id, name, state, source, queue_id, created, updated, host, worktree, branch, cost_usd, attempts,"
-                  " retries, resumes, no_start, reason, handoff, json_extract(spec, '$.depends_on')")
+LISTED_COLUMNS = (
+    "id, name, state, source, queue_id, created, updated, host, worktree, branch, cost_usd, attempts,"
+    " retries, resumes, no_start, reason, handoff, json_extract(spec, '$.depends_on')"
+)
 _STATES = {s.value: s for s in State}
 
 

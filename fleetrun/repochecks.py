@@ -76,20 +76,29 @@ class _Named:
     repo: Optional[tuple[str, str]]
 
 
-def _tasks_naming(files: list[TaskFile], key: str, invocation_dir: Optional[Path],
-                  repos: RepoCache) -> Iterator[_Named]:
+def _tasks_naming(
+    files: list[TaskFile], key: str, invocation_dir: Optional[Path], repos: RepoCache
+) -> Iterator[_Named]:
     """Every task of ``files`` that sets ``key`` (``branch``, ``git_ref``), in file order."""
     for f in files:
         for spec in f.tasks:
             value = getattr(spec, key)
             if value:  # a default's file is where it was written (the project file, say)
                 display = display_path(Path(spec.file_of(key) or f.path), invocation_dir)
-                yield _Named(spec, value, display, spec.key_lines.get(key, spec.line),
-                             f"task '{safe_name(spec.name)}': {key}", _repo_of(spec.cwd, repos))
+                yield _Named(
+                    spec,
+                    value,
+                    display,
+                    spec.key_lines.get(key, spec.line),
+                    f"task '{safe_name(spec.name)}': {key}",
+                    _repo_of(spec.cwd, repos),
+                )
 
 
 def check_branches(
-    files: list[TaskFile], owner: Optional[BranchOwner] = None, invocation_dir: Optional[Path] = None,
+    files: list[TaskFile],
+    owner: Optional[BranchOwner] = None,
+    invocation_dir: Optional[Path] = None,
     repos: Optional[RepoCache] = None,
 ) -> tuple[list[UsageError], list[BranchReuse]]:
     """Every ``branch =`` across all collected files: one task per branch of a
@@ -108,10 +117,15 @@ def check_branches(
         top, common = t.repo
         first = seen.get((common, t.value))
         if first is not None:
-            errors.append(UsageError(
-                f"branch '{safe_name(t.value)}' is also named by task '{safe_name(first.spec.name)}' "
-                f"({first.file}:{first.line}); each task needs a branch of its own",
-                file=t.file, line=t.line, key=t.key))
+            errors.append(
+                UsageError(
+                    f"branch '{safe_name(t.value)}' is also named by task '{safe_name(first.spec.name)}' "
+                    f"({first.file}:{first.line}); each task needs a branch of its own",
+                    file=t.file,
+                    line=t.line,
+                    key=t.key,
+                )
+            )
             continue
         seen[(common, t.value)] = t
         if not _branch_exists(top, t.value):
@@ -120,9 +134,15 @@ def check_branches(
         if owner_id is not None:
             reuse.append(BranchReuse(t.spec.name, t.value, owner_id))
             continue
-        errors.append(UsageError(
-            f"branch '{safe_name(t.value)}' already exists in {top}; fleetrun only works on branches "
-            "it creates (leave branch out, or name a new one)", file=t.file, line=t.line, key=t.key))
+        errors.append(
+            UsageError(
+                f"branch '{safe_name(t.value)}' already exists in {top}; fleetrun only works on branches "
+                "it creates (leave branch out, or name a new one)",
+                file=t.file,
+                line=t.line,
+                key=t.key,
+            )
+        )
     return errors, reuse
 
 
@@ -130,8 +150,9 @@ def check_branches(
 # Refs: a git_ref that names nothing, or a cwd in no repository, can never start.
 
 
-def check_refs(files: list[TaskFile], invocation_dir: Optional[Path] = None,
-               repos: Optional[RepoCache] = None) -> list[UsageError]:
+def check_refs(
+    files: list[TaskFile], invocation_dir: Optional[Path] = None, repos: Optional[RepoCache] = None
+) -> list[UsageError]:
     """Every ``git_ref =``: the task's ``cwd`` is in a git repository and the ref
     names a commit there (a branch, a tag or a commit id). One git call per distinct
     (repository, ref).
@@ -143,8 +164,7 @@ def check_refs(files: list[TaskFile], invocation_dir: Optional[Path] = None,
     resolved: dict[tuple[str, str], bool] = {}
     for t in _tasks_naming(files, "git_ref", invocation_dir, {} if repos is None else repos):
         if t.repo is None:
-            errors.append(UsageError(f"{t.spec.cwd} is not in a git repository", file=t.file, line=t.line,
-                                     key=t.key))
+            errors.append(UsageError(f"{t.spec.cwd} is not in a git repository", file=t.file, line=t.line, key=t.key))
             continue
         top, common = t.repo
         if (common, t.value) not in resolved:
@@ -154,8 +174,11 @@ def check_refs(files: list[TaskFile], invocation_dir: Optional[Path] = None,
             except GitError:
                 resolved[(common, t.value)] = False
         if not resolved[(common, t.value)]:
-            errors.append(UsageError(f"no branch, tag or commit '{safe_name(t.value)}' in {top}",
-                                     file=t.file, line=t.line, key=t.key))
+            errors.append(
+                UsageError(
+                    f"no branch, tag or commit '{safe_name(t.value)}' in {top}", file=t.file, line=t.line, key=t.key
+                )
+            )
     return errors
 
 
@@ -173,6 +196,8 @@ def checkout_warnings(specs: Iterable[TaskSpec], invocation_dir: Optional[Path] 
         if tops[spec.cwd] is None:
             continue
         where = display_path(Path(spec.source), invocation_dir) if spec.source else "?"
-        out.append(f"{where}:{spec.line}: task '{safe_name(spec.name)}': no git_ref: the agent works in your "
-                   f"checkout {tops[spec.cwd]} itself")
+        out.append(
+            f"{where}:{spec.line}: task '{safe_name(spec.name)}': no git_ref: the agent works in your "
+            f"checkout {tops[spec.cwd]} itself"
+        )
     return out

@@ -396,12 +396,19 @@ class SpawnSpec:
             raise UsageError(f"fleetrun_spawn returned a {type(value).__name__}, not a fleetrun.SpawnSpec")
         unknown = sorted(str(k) for k in value if k not in names)
         if unknown:
-            raise UsageError(f"fleetrun_spawn returned a dict with unknown key(s) {', '.join(unknown)} "
-                             f"(a fleetrun.SpawnSpec has {', '.join(names)})")
+            raise UsageError(
+                f"fleetrun_spawn returned a dict with unknown key(s) {', '.join(unknown)} "
+                f"(a fleetrun.SpawnSpec has {', '.join(names)})"
+            )
         if not isinstance(value.get("argv"), list):
             raise UsageError("fleetrun_spawn returned a dict without an argv list")
-        return cls(argv=list(value["argv"]), env=dict(value.get("env") or {}), stdin=value.get("stdin"),
-                   parser=value.get("parser"), session_id=value.get("session_id"))
+        return cls(
+            argv=list(value["argv"]),
+            env=dict(value.get("env") or {}),
+            stdin=value.get("stdin"),
+            parser=value.get("parser"),
+            session_id=value.get("session_id"),
+        )
 
 
 @dataclass

@@ -41,10 +41,22 @@ if TYPE_CHECKING:
 #: definition digest: its identity, where it was written, its tags, its limits and
 #: where it may run. Every other field is (a field added later counts until it is
 #: named here: when in doubt, a task runs again rather than being kept).
-NOT_DEFINITION_FIELDS = frozenset({
-    "name", "source", "line", "key_lines", "defaulted", "tags",
-    "max_retries", "timeout_min", "stall_timeout_min", "budget_usd", "requires", "peer",
-})
+NOT_DEFINITION_FIELDS = frozenset(
+    {
+        "name",
+        "source",
+        "line",
+        "key_lines",
+        "defaulted",
+        "tags",
+        "max_retries",
+        "timeout_min",
+        "stall_timeout_min",
+        "budget_usd",
+        "requires",
+        "peer",
+    }
+)
 #: The fields of each verifier and setup command that do not count: its line and its
 #: limits.
 NOT_STEP_FIELDS = frozenset({"line", "timeout_s", "budget_usd"})
@@ -149,23 +161,31 @@ def plan(config: Config, items: list[TaskSpec]) -> Plan:
         if name not in memo:
             spec = by_name.get(name)
             # a dependency outside this selection is not queued here: it cannot be kept
-            memo[name] = (name in same and spec is not None and name not in seen
-                          and all(keeps(d, seen | {name}) for d in spec.depends_on))
+            memo[name] = (
+                name in same
+                and spec is not None
+                and name not in seen
+                and all(keeps(d, seen | {name}) for d in spec.depends_on)
+            )
         return memo[name]
 
     for spec in items:
         if keeps(spec.name):
             kept[spec.name] = last[spec.name][0]
-    unfinished = [last[s.name][0] for s in items
-                  if s.name in last and last[s.name][0].state not in (State.DONE, *FAILED)]
+    unfinished = [
+        last[s.name][0] for s in items if s.name in last and last[s.name][0].state not in (State.DONE, *FAILED)
+    ]
     return Plan(kept, unfinished)
 
 
 def unfinished_notes(p: Plan) -> list[str]:
     """A warning for each task of the last run still unfinished: it runs besides the new
     queue's (``fleetrun cancel ID`` stops it)."""
-    return [f"warning: {t.name} of the file's last run ({t.id}) is {t.state}, not finished: it runs "
-            f"besides the new one; fleetrun cancel {t.id} stops it" for t in p.unfinished]
+    return [
+        f"warning: {t.name} of the file's last run ({t.id}) is {t.state}, not finished: it runs "
+        f"besides the new one; fleetrun cancel {t.id} stops it"
+        for t in p.unfinished
+    ]
 
 
 def kept_note(p: Plan) -> Optional[str]:

@@ -91,7 +91,9 @@ def run_session(config: Config, items: Optional[list[TaskSpec]], out: TextIO, er
     if holder is not None:
         raise UsageError(
             f"another work loop runs on {config.home} (pid {holder.get('pid')}); it picks up "
-            "tasks queued with `fleetrun queue FILE`", key="work")
+            "tasks queued with `fleetrun queue FILE`",
+            key="work",
+        )
     try:
         session = Session(config, led)
         queue_id = None
@@ -109,12 +111,16 @@ def run_session(config: Config, items: Optional[list[TaskSpec]], out: TextIO, er
                 for t in led.tasks(queue_id=queue_id):
                     states[t.state.value] = states.get(t.state.value, 0) + 1
                 summary = ", ".join(f"{n} {s.lower()}" for s, n in states.items())
-                notes.append(f"resuming queue {queue_id} from an unchanged file ({summary}); "
-                             "--new-queue queues it again")
+                notes.append(
+                    f"resuming queue {queue_id} from an unchanged file ({summary}); --new-queue queues it again"
+                )
             gone = config.stash.get(DESELECTED_KEY, [])
             if gone:  # the header says what -k/-m/--lf left out, as pytest's "N deselected"
-                how = [f"{o} {v}" for o, v in (("-k", config.getoption("keyword")),
-                                               ("-m", config.getoption("markexpr"))) if v]
+                how = [
+                    f"{o} {v}"
+                    for o, v in (("-k", config.getoption("keyword")), ("-m", config.getoption("markexpr")))
+                    if v
+                ]
                 if config.getoption("last_failed"):
                     how.append("--lf")
                 notes.append(f"{len(gone)} deselected ({' '.join(how)})")

@@ -110,7 +110,10 @@ class SetupStage:
         steps = task.spec.setup
         if not steps:
             return False
-        want = {**workspace_identity(att, ws, get_host(self.loop.config, att.host)), "commands": [s.text for s in steps]}
+        want = {
+            **workspace_identity(att, ws, get_host(self.loop.config, att.host)),
+            "commands": [s.text for s in steps],
+        }
         for earlier in self.loop.led.attempts(task.id):
             info = earlier.info or {}
             if earlier.id != att.id and info.get("setup") == "passed" and info.get("setup_for") == want:
@@ -141,9 +144,14 @@ class SetupStage:
             except Exception as e:  # a step that cannot be run fails, as a verifier would
                 res = Verdict(False, "run", step.label, reason=f"cannot run: {type(e).__name__}: {e}")
             if res is None:
-                res = Verdict(False, "run", step.label,
-                              reason="no plugin runs `run` commands" if step.kind == baseline.KIND
-                              else "no plugin runs setup commands")
+                res = Verdict(
+                    False,
+                    "run",
+                    step.label,
+                    reason="no plugin runs `run` commands"
+                    if step.kind == baseline.KIND
+                    else "no plugin runs setup commands",
+                )
             if isinstance(res, Verdict):
                 if not self.record(task, s, res):
                     return
@@ -160,10 +168,12 @@ class SetupStage:
         config, host = self.loop.config, self._host(s)
         if step.kind == baseline.KIND:
             got: Optional[Union[Verdict, VerifyHandle]] = self.loop.hook.fleetrun_verify(
-                task=task, verifier=step, workspace=s.workspace, attempt=s.attempt, host=host, config=config)
+                task=task, verifier=step, workspace=s.workspace, attempt=s.attempt, host=host, config=config
+            )
             return got
-        return self.loop.hook.fleetrun_setup_step(task=task, step=step, number=s.idx + 1, workspace=s.workspace,
-                                                  attempt=s.attempt, host=host, config=config)
+        return self.loop.hook.fleetrun_setup_step(
+            task=task, step=step, number=s.idx + 1, workspace=s.workspace, attempt=s.attempt, host=host, config=config
+        )
 
     def poll_one(self, task_id: str, s: SettingUp) -> None:
         """A setup command (an entry of the loop's pending table): record its end and go
@@ -196,14 +206,26 @@ class SetupStage:
         att = self.loop.get_attempt(s.attempt.id)
         where: Optional[str] = None
         if step.kind == baseline.KIND:
-            entry: dict[str, Any] = {"verifier": step.extra.get(baseline.OF), "label": step.label,
-                                     "passed": verdict.passed, "reason": verdict.reason, "time": time.time()}
+            entry: dict[str, Any] = {
+                "verifier": step.extra.get(baseline.OF),
+                "label": step.label,
+                "passed": verdict.passed,
+                "reason": verdict.reason,
+                "time": time.time(),
+            }
             info = {**att.info, "baseline_steps": [*(att.info.get("baseline_steps") or []), entry]}
             if not verdict.passed:
                 info["baseline"] = "failed"
         else:
-            entry = {"n": s.idx + 1, "command": step.text, "passed": verdict.passed, "reason": verdict.reason,
-                     "duration_s": verdict.duration_s, "output": out[-KEEP_CHARS:], "time": time.time()}
+            entry = {
+                "n": s.idx + 1,
+                "command": step.text,
+                "passed": verdict.passed,
+                "reason": verdict.reason,
+                "duration_s": verdict.duration_s,
+                "output": out[-KEEP_CHARS:],
+                "time": time.time(),
+            }
             host = self._host(s)
             if host.local:
                 where = entry["out"] = str(host.attempt_dir(s.attempt.id) / f"setup-{s.idx + 1}.out")
@@ -211,8 +233,16 @@ class SetupStage:
             info = {**att.info, "setup_steps": s.steps}
             if not verdict.passed:
                 info["setup"] = "failed"
-        obs = SetupStepEnded(s.idx, len(s.plan), verdict.passed, baseline=step.kind == baseline.KIND,
-                             label=step.label, reason=verdict.reason, output=out, out=where)
+        obs = SetupStepEnded(
+            s.idx,
+            len(s.plan),
+            verdict.passed,
+            baseline=step.kind == baseline.KIND,
+            label=step.label,
+            reason=verdict.reason,
+            output=out,
+            out=where,
+        )
         if not verdict.passed:
             self.running.pop(task.id, None)
         self.loop.led.update_attempt(att.id, info=info)
@@ -226,14 +256,21 @@ class SetupStage:
             if verdict.passed:
                 self.drop(task.id, "cancelled")
             else:  # the attempt is over all the same
-                self.loop.led.update_attempt(att.id, state="abandoned", ended=time.time(),
-                                             outcome="baseline_fails" if obs.baseline else "setup_failed")
+                self.loop.led.update_attempt(
+                    att.id,
+                    state="abandoned",
+                    ended=time.time(),
+                    outcome="baseline_fails" if obs.baseline else "setup_failed",
+                )
         return False
 
     def passed(self, task: Task, s: SettingUp) -> None:
         self.running.pop(task.id, None)
         att = self.loop.get_attempt(s.attempt.id)
-        setup_for = {**workspace_identity(att, s.workspace, self._host(s)), "commands": [x.text for x in task.spec.setup]}
+        setup_for = {
+            **workspace_identity(att, s.workspace, self._host(s)),
+            "commands": [x.text for x in task.spec.setup],
+        }
         info = {**att.info, "setup": "passed", "setup_for": setup_for, "setup_steps": s.steps}
         if any(step.kind == baseline.KIND for step in s.plan):
             info["baseline"] = "done"

@@ -78,7 +78,7 @@ def proc_token(pid: int) -> str | None:
             return f"psutil:{psutil.Process(pid).create_time():.3f}"
         except Exception:
             return None
-    fields = data[data.rindex(b")") + 2:].split()
+    fields = data[data.rindex(b")") + 2 :].split()
     if fields[0] in (b"Z", b"X"):  # a zombie has ended
         return None
     return "linux:" + fields[19].decode()
@@ -102,20 +102,22 @@ class CappedLog:
 
     def write(self, data: bytes) -> None:
         if self.head_left > 0:
-            head, data = data[:self.head_left], data[self.head_left:]
+            head, data = data[: self.head_left], data[self.head_left :]
             self.head_left -= len(head)
             _write_all(self.fd, head)
         if data:
             self.seen += len(data)
             self.tail += data
             if len(self.tail) > self.tail_max + 1_048_576:
-                del self.tail[:len(self.tail) - self.tail_max]
+                del self.tail[: len(self.tail) - self.tail_max]
 
     def close(self) -> int:
-        tail, self.tail = bytes(self.tail[-self.tail_max:]), bytearray()
+        tail, self.tail = bytes(self.tail[-self.tail_max :]), bytearray()
         if self.cut:
-            tail = (f"\n[fleetrun: {self.cut:,} bytes cut: output over its {size_text(self.max_bytes)} cap]\n"
-                    .encode() + tail)
+            tail = (
+                f"\n[fleetrun: {self.cut:,} bytes cut: output over its {size_text(self.max_bytes)} cap]\n".encode()
+                + tail
+            )
         _write_all(self.fd, tail)
         return self.cut
 
@@ -132,7 +134,7 @@ def size_text(n: int) -> str:
 def _write_all(fd: int, data: bytes) -> None:
     view = memoryview(data)
     while view:  # a short write (a nearly full disk) is not the whole of it
-        view = view[os.write(fd, view):]
+        view = view[os.write(fd, view) :]
 
 
 def set_subreaper() -> bool:
@@ -163,7 +165,7 @@ def descendants(root: int) -> list[int]:
                     data = f.read()
             except OSError:
                 continue
-            fields = data[data.rindex(b")") + 2:].split()
+            fields = data[data.rindex(b")") + 2 :].split()
             if fields[0] not in (b"Z", b"X"):
                 parent.setdefault(int(fields[1]), []).append(int(name))
     found, todo = [], [root]
@@ -244,7 +246,7 @@ def _write_atomic(path: str, text: str, sync: bool) -> None:
     try:
         data = memoryview(text.encode())
         while data:  # a short write (a nearly full disk) is not the whole file
-            data = data[os.write(fd, data):]
+            data = data[os.write(fd, data) :]
         if sync:
             os.fsync(fd)
     finally:
@@ -292,7 +294,9 @@ class Shepherd:
         ``end`` must be recorded: wait for space, but not for a folder that is gone."""
         while True:
             try:
-                _write_atomic(os.path.join(self.dir, STATUS), json.dumps(self.status), sync=self.status.get("state") == "ended")
+                _write_atomic(
+                    os.path.join(self.dir, STATUS), json.dumps(self.status), sync=self.status.get("state") == "ended"
+                )
                 self.unsaved = False
                 return True
             except OSError:
@@ -319,8 +323,7 @@ class Shepherd:
             try:
                 self.out.close()
             except OSError:
-                self.status["log_dropped"] = self.status.get("log_dropped", 0) + min(
-                    self.out.seen, self.out.tail_max)
+                self.status["log_dropped"] = self.status.get("log_dropped", 0) + min(self.out.seen, self.out.tail_max)
             if self.out.cut:
                 self.status.update(log_cut=self.out.cut, log_cap=self.max_output)
         os.close(log_fd)
@@ -381,8 +384,10 @@ class Shepherd:
         earlier = self.earlier_run()
         if earlier is not None:
             os.close(lock_fd)
-            sys.stderr.write(f"shepherd: attempt {self.spec.get('attempt_id')} already ran here "
-                             f"(its status says {earlier}): it is not started twice\n")
+            sys.stderr.write(
+                f"shepherd: attempt {self.spec.get('attempt_id')} already ran here "
+                f"(its status says {earlier}): it is not started twice\n"
+            )
             return 0
         if not self.save():  # what cannot be recorded must not start
             os.close(lock_fd)
@@ -399,8 +404,14 @@ class Shepherd:
         signal.signal(signal.SIGHUP, signal.SIG_IGN)
 
         if os.path.exists(os.path.join(self.dir, CANCEL)):
-            self.status.update(state="ended", reason="cancelled", exit_code=None, ended=time.time(),
-                               agent_pid=None, error="given up before it started")
+            self.status.update(
+                state="ended",
+                reason="cancelled",
+                exit_code=None,
+                ended=time.time(),
+                agent_pid=None,
+                error="given up before it started",
+            )
             self.save(end=True)
             os.close(lock_fd)
             self.notify()
@@ -433,8 +444,9 @@ class Shepherd:
             reason, msg = self.exec_failure(e, env)
             self.log(log_fd, (msg + "\n").encode())
             self.close_log(log_fd)
-            self.status.update(state="ended", reason=reason, error=msg, exit_code=None,
-                               ended=time.time(), agent_pid=None)
+            self.status.update(
+                state="ended", reason=reason, error=msg, exit_code=None, ended=time.time(), agent_pid=None
+            )
             self.save(end=True)
             os.close(lock_fd)
             self.notify()
@@ -554,8 +566,7 @@ class Shepherd:
             elif not os.path.exists(exe):
                 return "start_failed:agent_not_found", f"{exe} does not exist"
             # it is there: what is missing is what runs it
-            return ("start_failed:agent_not_found",
-                    f"{exe} cannot be run: {why} (is its #! interpreter installed?)")
+            return ("start_failed:agent_not_found", f"{exe} cannot be run: {why} (is its #! interpreter installed?)")
         if e.errno in (errno.EACCES, errno.EPERM, errno.EISDIR):
             return "start_failed:agent_not_found", f"{exe} is not executable"
         if e.errno == errno.ENOEXEC:
@@ -611,8 +622,9 @@ def spawn(argv: list[str], cwd: str | None, env: dict[str, str], stdin: int, out
     first = last = 2  # ENOENT
     for path in paths:
         try:
-            return os.posix_spawn(path, argv, env, file_actions=actions, setsid=True,
-                                  setsigdef=(signal.SIGPIPE, signal.SIGXFSZ))
+            return os.posix_spawn(
+                path, argv, env, file_actions=actions, setsid=True, setsigdef=(signal.SIGPIPE, signal.SIGXFSZ)
+            )
         except OSError as e:
             last = e.errno or last
             if last not in (2, 20) and first == 2:  # ENOENT, ENOTDIR: try the next folder
@@ -682,8 +694,11 @@ def _fork_shepherd(line: bytes) -> str:
     try:
         req = json.loads(line)
         adir, env = req["dir"], req["env"]
-        if not isinstance(adir, str) or not isinstance(env, dict) or not all(
-                isinstance(k, str) and isinstance(v, str) for k, v in env.items()):
+        if (
+            not isinstance(adir, str)
+            or not isinstance(env, dict)
+            or not all(isinstance(k, str) and isinstance(v, str) for k, v in env.items())
+        ):
             raise TypeError
     except (ValueError, KeyError, TypeError):
         return f"error {22} malformed request"  # EINVAL

@@ -174,8 +174,10 @@ class Starting:
         policy = loop.policy.policy
         # an attempt still ending (a cancel's grace period), or whose work is still being
         # collected (cancelled and retried meanwhile): nothing else runs in its worktree yet
-        busy = {**{i: c.attempt for i, c in loop.ending.collecting.items()},
-                **{a.task_id: a for a in loop.active_attempts()}}
+        busy = {
+            **{i: c.attempt for i, c in loop.ending.collecting.items()},
+            **{a.task_id: a for a in loop.active_attempts()},
+        }
         decided = self._decided
         if not self.pure_placement():
             decided.clear()
@@ -200,8 +202,17 @@ class Starting:
                 self._undecided.update(i for i, (b, h) in decided.items() if b != fb or (h and h != fh))
             self._last = self._final
 
-    def _place(self, tasks: list[Task], force: set[str], candidates: list[Candidate], policy: Any,
-               busy: dict[str, Attempt], base: int, holding: int, at: float) -> None:
+    def _place(
+        self,
+        tasks: list[Task],
+        force: set[str],
+        candidates: list[Candidate],
+        policy: Any,
+        busy: dict[str, Attempt],
+        base: int,
+        holding: int,
+        at: float,
+    ) -> None:
         loop = self.loop
         waits = loop.waits
         view = loop.view
@@ -233,8 +244,7 @@ class Starting:
                 if isinstance(decision, Placement):
                     # nothing could start it there: wait, lease nothing
                     missing = missing_host_reason(loop.config, decision.host)
-                    obs = (Placed(host=decision.host) if missing is None else
-                           Placed(wait=missing, operator=missing))
+                    obs = Placed(host=decision.host) if missing is None else Placed(wait=missing, operator=missing)
                 elif isinstance(decision, Wait):
                     obs = Placed(wait=decision.reason, until=decision.until, operator=decision.operator)
                 else:
@@ -288,8 +298,9 @@ class Starting:
             return self.not_prepared(task, att, host, e)
         if ws is None:  # -p no:worktree, say: no pass will find a plugin that does
             led.update_attempt(att.id, state="abandoned", outcome="plugin_missing", ended=time.time())
-            ending.give_up_at_once(task, att, "plugin_missing:no plugin prepared a workspace (is its plugin "
-                                              "blocked? see -p no:NAME)")
+            ending.give_up_at_once(
+                task, att, "plugin_missing:no plugin prepared a workspace (is its plugin blocked? see -p no:NAME)"
+            )
             return False
         if not isinstance(ws, Workspace):  # being made off the loop's thread: poll() goes on
             self.preparing[task.id] = Preparing(att, ws, kind, prev)
@@ -358,6 +369,7 @@ class Starting:
 
         def record(att_id: str = att.id, **fields: Any) -> None:
             loop.led.update_attempt(att_id, **fields)
+
         try:
             info = s.handle.poll()
         except Exception as e:
@@ -397,7 +409,9 @@ class Starting:
             return True
         return self.launch(task, att, ws, kind, prev)
 
-    def record_workspace(self, task: Task, att: Attempt, ws: Workspace, host: Host, cur: Optional[sqlite3.Cursor] = None) -> None:
+    def record_workspace(
+        self, task: Task, att: Attempt, ws: Workspace, host: Host, cur: Optional[sqlite3.Cursor] = None
+    ) -> None:
         """The attempt's workspace, the task's worktree and branch (in ``cur``, or a tx)."""
         led = self.loop.led
         if cur is None:
@@ -406,8 +420,15 @@ class Starting:
         led.update_attempt(att.id, cur=cur, workspace=asdict(ws), dir=str(host.attempt_dir(att.id)))
         led.update_task(task.id, cur=cur, worktree=ws.task_worktree, branch=ws.branch)
 
-    def launch(self, task: Task, att: Attempt, ws: Workspace, kind: str, prev: Optional[Attempt],
-               made: Optional[tuple[Workspace, Host]] = None) -> bool:
+    def launch(
+        self,
+        task: Task,
+        att: Attempt,
+        ws: Workspace,
+        kind: str,
+        prev: Optional[Attempt],
+        made: Optional[tuple[Workspace, Host]] = None,
+    ) -> bool:
         """Build the prompt and start the agent in a prepared (and set up) workspace.
 
         :param made: a workspace just made and not yet recorded, and its host: it is
@@ -425,6 +446,7 @@ class Starting:
                     self.record_workspace(task, att, made[0], made[1], cur)
                 loop.led.update_attempt(att.id, cur=cur, **fields)
             made = None
+
         try:
             return self._launch(task, att, ws, kind, prev, host, loop.ending, record)
         except BaseException:  # a hook that raised, Ctrl-C: the worktree is the task's all the same
@@ -433,7 +455,17 @@ class Starting:
                     self.record_workspace(task, att, made[0], made[1])
             raise
 
-    def _launch(self, task: Task, att: Attempt, ws: Workspace, kind: str, prev: Optional[Attempt], host: Host, ending: Ending, record: Callable[..., None]) -> bool:
+    def _launch(
+        self,
+        task: Task,
+        att: Attempt,
+        ws: Workspace,
+        kind: str,
+        prev: Optional[Attempt],
+        host: Host,
+        ending: Ending,
+        record: Callable[..., None],
+    ) -> bool:
         loop, led = self.loop, self.loop.led
         context = self.prompt_context(task, kind, prev)
         left = None
@@ -447,8 +479,9 @@ class Starting:
         prompt = loop.hook.fleetrun_build_prompt(task=task, attempt=att, config=loop.config, context=context)
         spawn: Optional[SpawnSpec]
         try:
-            found = loop.hook.fleetrun_spawn(task=task, attempt=att, workspace=ws, prompt=prompt or task.spec.prompt,
-                                             config=loop.config)
+            found = loop.hook.fleetrun_spawn(
+                task=task, attempt=att, workspace=ws, prompt=prompt or task.spec.prompt, config=loop.config
+            )
             spawn = SpawnSpec.coerce(found) if found is not None else None
         except UsageError as e:  # the agent's configuration, or a plugin's reply
             spawn = None
@@ -456,21 +489,25 @@ class Starting:
         else:
             if found is None:  # -p no:claude, say: no pass will find a plugin that does
                 record(state="abandoned", outcome="plugin_missing", ended=time.time())
-                ending.give_up_at_once(task, att, f"plugin_missing:no plugin spawns agent {task.spec.agent!r} "
-                                                  "(is its plugin blocked? see -p no:NAME)")
+                ending.give_up_at_once(
+                    task,
+                    att,
+                    f"plugin_missing:no plugin spawns agent {task.spec.agent!r} "
+                    "(is its plugin blocked? see -p no:NAME)",
+                )
                 return False
             err = ""
         if spawn is None:
             record(state="abandoned", outcome="start_failed", ended=time.time())
             ending.not_started(task, att, f"start_failed:{err}")
             return False
-        record(state="starting", session_id=spawn.session_id,
-                           info={**att.info, "argv": spawn.argv})
+        record(state="starting", session_id=spawn.session_id, info={**att.info, "argv": spawn.argv})
         led.durable()  # `starting` before the shepherd: a restart looks for it, never starts a second
         att = loop.get_attempt(att.id)
         try:
-            info = loop.hook.fleetrun_start_attempt(task=task, attempt=att, host=host, spawn=spawn,
-                                                    prompt=prompt or task.spec.prompt, config=loop.config)
+            info = loop.hook.fleetrun_start_attempt(
+                task=task, attempt=att, host=host, spawn=spawn, prompt=prompt or task.spec.prompt, config=loop.config
+            )
         except Exception as e:
             return self.start_failed(task, att, e, record)
         if info is not None and not isinstance(info, Started):  # sent, not answered yet: poll() goes on
@@ -493,29 +530,52 @@ class Starting:
         loop.ending.not_started(loop.get(task.id), att, f"{word}:{e}")
         return False
 
-    def started(self, task: Task, att: Attempt, host: Any, info: Optional[Started],
-                record: Callable[..., None]) -> bool:
+    def started(
+        self, task: Task, att: Attempt, host: Any, info: Optional[Started], record: Callable[..., None]
+    ) -> bool:
         """The attempt's start answered: RUNNING (or given up when no plugin started it)."""
         loop, led, ending = self.loop, self.loop.led, self.loop.ending
         if info is None:  # -p no:shepherd, say: no pass will find a plugin that does
             record(state="abandoned", outcome="plugin_missing", ended=time.time())
-            ending.give_up_at_once(loop.get(task.id), att, "plugin_missing:no plugin started the attempt (is its "
-                                                           "plugin blocked? see -p no:NAME)")
+            ending.give_up_at_once(
+                loop.get(task.id),
+                att,
+                "plugin_missing:no plugin started the attempt (is its plugin blocked? see -p no:NAME)",
+            )
             return False
         crash.point("after_shepherd_start")
         moved = {"host": info.host} if info.host else {}  # it runs elsewhere than placed (a mailbox)
-        running: dict[str, Any] = dict(state="running", started=time.time(), shepherd_pid=info.pid,
-                                       shepherd_token=info.token, dir=info.dir, **moved)
+        running: dict[str, Any] = dict(
+            state="running",
+            started=time.time(),
+            shepherd_pid=info.pid,
+            shepherd_token=info.token,
+            dir=info.dir,
+            **moved,
+        )
         # the attempt's pid and the task's RUNNING in one commit: the shepherd already
         # runs, and a crash before it finds the attempt `starting`, whose shepherd the
         # restart looks for and adopts (as after_shepherd_start)
-        now = loop.move(task, State.RUNNING, info.cause or "started", attempt=att.number,
-                        also=lambda cur: led.update_attempt(att.id, cur=cur, **running))
+        now = loop.move(
+            task,
+            State.RUNNING,
+            info.cause or "started",
+            attempt=att.number,
+            also=lambda cur: led.update_attempt(att.id, cur=cur, **running),
+        )
         if now is None:  # cancelled while it was starting
             led.update_attempt(att.id, **running)  # its shepherd is known, to be stopped and reaped
             get_host(loop.config, info.host or att.host).stop(att.id, info.pid, info.token)
-        loop.report(task.id, partial(loop.hook.fleetrun_attempt_started, task=now or loop.get(task.id),
-                                     attempt=loop.get_attempt(att.id), host=host, config=loop.config))
+        loop.report(
+            task.id,
+            partial(
+                loop.hook.fleetrun_attempt_started,
+                task=now or loop.get(task.id),
+                attempt=loop.get_attempt(att.id),
+                host=host,
+                config=loop.config,
+            ),
+        )
         return True
 
     def prompt_context(self, task: Task, kind: str, prev: Optional[Attempt]) -> dict[str, Any]:
@@ -544,10 +604,16 @@ class Starting:
         resume_reason, previous = None, prev
         if kind == "resume":
             rows = [r for r in led.transitions(task.id) if r.to_state == State.RESUMING.value]
-            row = next((r for r in reversed(rows) if not r.cause.startswith("lease_expired")),
-                       rows[-1] if rows else None)
+            row = next(
+                (r for r in reversed(rows) if not r.cause.startswith("lease_expired")), rows[-1] if rows else None
+            )
             if row is not None:
                 resume_reason = row.cause
                 previous = next((a for a in led.attempts(task.id) if a.number == row.attempt), prev)
-        return {"kind": kind, "handoffs": handoffs, "failures": failures,
-                "resume_reason": resume_reason, "previous": previous}
+        return {
+            "kind": kind,
+            "handoffs": handoffs,
+            "failures": failures,
+            "resume_reason": resume_reason,
+            "previous": previous,
+        }

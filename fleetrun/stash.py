@@ -38,8 +38,10 @@ class StashKey(Generic[T]):
 
 def _check(key: object) -> None:
     if not isinstance(key, StashKey):
-        raise TypeError(f"a stash key is a fleetrun.StashKey, not {type(key).__name__} {key!r} "
-                        "(declare one at module level: KEY = StashKey[T]())")
+        raise TypeError(
+            f"a stash key is a fleetrun.StashKey, not {type(key).__name__} {key!r} "
+            "(declare one at module level: KEY = StashKey[T]())"
+        )
 
 
 class Stash:

@@ -55,8 +55,18 @@ ALLOWED: dict[State, frozenset[State]] = {
 #: needs_human ... ===``): the ends first, then what is in flight, then what waits.
 #: docs/architecture.md's state table lists them in this order, with ``ALLOWED``
 #: (``tests/test_states.py`` checks the two agree).
-STATE_ORDER: tuple[State, ...] = (S.DONE, S.NEEDS_HUMAN, S.CANCELLED, S.RUNNING, S.VERIFYING, S.READY, S.PENDING,
-                                  S.RETRYING, S.RESUMING, S.ASSIGNED)
+STATE_ORDER: tuple[State, ...] = (
+    S.DONE,
+    S.NEEDS_HUMAN,
+    S.CANCELLED,
+    S.RUNNING,
+    S.VERIFYING,
+    S.READY,
+    S.PENDING,
+    S.RETRYING,
+    S.RESUMING,
+    S.ASSIGNED,
+)
 assert set(STATE_ORDER) == set(State) and len(STATE_ORDER) == len(State)
 
 

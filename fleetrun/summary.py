@@ -81,8 +81,19 @@ def commit_subjects(repo: str, branch: str, exclude: list[str]) -> str:
     the repository (trusted), never in the worktree; merges are left out."""
     refs = [f"^{r}" for r in exclude if r]
     try:
-        out = git(repo, "log", "--no-merges", "--reverse", f"--max-count={MAX_SUBJECTS}", "--format=%s",
-                  "--end-of-options", f"refs/heads/{branch}", *refs, "--", check=True)
+        out = git(
+            repo,
+            "log",
+            "--no-merges",
+            "--reverse",
+            f"--max-count={MAX_SUBJECTS}",
+            "--format=%s",
+            "--end-of-options",
+            f"refs/heads/{branch}",
+            *refs,
+            "--",
+            check=True,
+        )
     except (GitError, OSError):
         return ""
     subjects = [clean(s, SUBJECT_LIMIT) for s in out.splitlines()]

@@ -26,20 +26,29 @@ def terminal_width(out: TextIO) -> Optional[int]:
 
 def cut(text: str, width: int) -> str:
     """``text``, or its first ``width - 1`` characters and ``…`` when it is longer."""
-    return text if len(text) <= width else (text[:max(0, width - 1)] + "…")
+    return text if len(text) <= width else (text[: max(0, width - 1)] + "…")
 
 
 def cut_left(text: str, width: int) -> str:
     """``text``, or ``…`` and its last ``width - 1`` characters when it is longer (a
     path's end is what tells it apart)."""
-    return text if len(text) <= width else ("…" + text[len(text) - max(0, width - 1):])
+    return text if len(text) <= width else ("…" + text[len(text) - max(0, width - 1) :])
 
 
 #: status columns: header, right-aligned, the narrowest it is cut to (None: never cut,
 #: an id must stay whole to be typed back).
-_COLUMNS = [("NAME", False, 10), ("STATE", False, None), ("ATT", True, None), ("WHERE", False, 5),
-            ("AGE", True, None), ("COST", True, None), ("ID", False, None), ("BRANCH", False, 10),
-            ("WORKTREE", False, 24), ("REASON", False, 16)]
+_COLUMNS = [
+    ("NAME", False, 10),
+    ("STATE", False, None),
+    ("ATT", True, None),
+    ("WHERE", False, 5),
+    ("AGE", True, None),
+    ("COST", True, None),
+    ("ID", False, None),
+    ("BRANCH", False, 10),
+    ("WORKTREE", False, 24),
+    ("REASON", False, 16),
+]
 #: Columns cut on the left: a worktree's folder name (the task's name and id) is at its end.
 _CUT_LEFT = {"WORKTREE"}
 #: When a row is too wide: cells are cut in this order, and if that is not enough,

@@ -56,8 +56,9 @@ def unknown_default(key: str, default_keys: Iterable[str], otherwise: str = "") 
     return f"unknown key{otherwise}"
 
 
-def take_default(key: str, value: Any, decl: KeyDecl, where: tuple[str, int], label: str, errs: KeyErrors,
-                 out: TaskDefaults) -> None:
+def take_default(
+    key: str, value: Any, decl: KeyDecl, where: tuple[str, int], label: str, errs: KeyErrors, out: TaskDefaults
+) -> None:
     """Check one default as the same key of a ``[[task]]`` is checked; keep it if good."""
     line = where[1]
     if key == "setup":
@@ -72,8 +73,14 @@ def take_default(key: str, value: Any, decl: KeyDecl, where: tuple[str, int], la
     out.where[key] = where
 
 
-def collect_defaults(table: dict[str, Any], line_of: Callable[[str], int], display: str,
-                     label: str, keys: Optional[KeyTable] = None, path: str = "") -> TaskDefaults:
+def collect_defaults(
+    table: dict[str, Any],
+    line_of: Callable[[str], int],
+    display: str,
+    label: str,
+    keys: Optional[KeyTable] = None,
+    path: str = "",
+) -> TaskDefaults:
     """Task defaults from outside a tasks file (the project file's ``[task]``): the keys
     a tasks file takes at its top level as defaults (:meth:`KeyTable.default_keys`),
     with the same checks.
@@ -96,8 +103,11 @@ def collect_defaults(table: dict[str, Any], line_of: Callable[[str], int], displ
         elif key in NOT_DEFAULT_KEYS:
             errs.add(line, f"{label}{key}", not_a_default(key))
         else:
-            errs.add(line, f"{label}{key}", unknown_default(
-                key, default_keys, f" (a default of every task can be: {', '.join(default_keys)})"))
+            errs.add(
+                line,
+                f"{label}{key}",
+                unknown_default(key, default_keys, f" (a default of every task can be: {', '.join(default_keys)})"),
+            )
     if errs.items:
         e = UsageErrors(errs.items) if len(errs.items) > 1 else errs.items[0]
         e.partial = out  # type: ignore[attr-defined]

@@ -65,8 +65,12 @@ def _tags_check(v: Any) -> Optional[str]:
     for tag in v:
         if not isinstance(tag, str):
             return "must be a list of strings"
-        if not tag or any(c.isspace() or c in "()" for c in tag) or tag in ("and", "or", "not") \
-                or any(ord(c) < 32 or 127 <= ord(c) <= 159 for c in tag):
+        if (
+            not tag
+            or any(c.isspace() or c in "()" for c in tag)
+            or tag in ("and", "or", "not")
+            or any(ord(c) < 32 or 127 <= ord(c) <= 159 for c in tag)
+        ):
             return f"{tag!r} is not a tag (one word: no spaces, parentheses, and/or/not)"
     return None
 
@@ -84,6 +88,7 @@ def _ref_check(v: str) -> Optional[str]:
 def _one_of(*choices: str) -> Callable[[str], Optional[str]]:
     def check(v: str) -> Optional[str]:
         return None if v in choices else not_one_of(v, choices)
+
     return check
 
 
@@ -108,10 +113,18 @@ BUILTIN_TASK_KEYS: tuple[KeyDecl, ...] = (
     KeyDecl("requires", (list,), doc="tags or tools the machine must have", check=_str_list),
     KeyDecl("peer", (str,), doc="pin to this machine", check=_nonempty),
     KeyDecl("setup", (list,), doc="commands run in the workspace before the agent's first attempt"),
-    KeyDecl("base", (str,), doc="what the worktree starts from: git_ref, or dependencies (their branches merged in)",
-            check=_one_of(*BASES)),
-    KeyDecl("on_conflict", (str,), doc="a conflict merging the dependencies: ask a human, or let the agent resolve it",
-            check=_one_of(*ON_CONFLICT)),
+    KeyDecl(
+        "base",
+        (str,),
+        doc="what the worktree starts from: git_ref, or dependencies (their branches merged in)",
+        check=_one_of(*BASES),
+    ),
+    KeyDecl(
+        "on_conflict",
+        (str,),
+        doc="a conflict merging the dependencies: ask a human, or let the agent resolve it",
+        check=_one_of(*ON_CONFLICT),
+    ),
     KeyDecl("tags", (list,), doc="words to select the task by with -m EXPR, as pytest's markers", check=_tags_check),
 )
 
@@ -126,6 +139,7 @@ kind_text_check = _nonempty
 
 #: Where a verifier kind runs (:attr:`KeyDecl.runs`).
 RUNS = ("host", "here")
+
 
 def _verify_name_check(v: str) -> Optional[str]:
     if not v.strip():
@@ -142,12 +156,18 @@ def _verify_name_check(v: str) -> Optional[str]:
 VERIFY_NAME_LIMIT = 60
 
 BUILTIN_VERIFY_KEYS: tuple[KeyDecl, ...] = (
-    KeyDecl("name", (str,), where="verify", doc="the verifier's name, unique within its task; shown as its label",
-            check=_verify_name_check),
+    KeyDecl(
+        "name",
+        (str,),
+        where="verify",
+        doc="the verifier's name, unique within its task; shown as its label",
+        check=_verify_name_check,
+    ),
     KeyDecl("model", (str,), where="verify", doc="model for brain/agent verifiers"),
     KeyDecl("budget_usd", NUM, where="verify", doc="cost cap of an agent verifier", check=_nonneg),
     KeyDecl("timeout_s", NUM, where="verify", doc="seconds before the verifier fails", check=_positive),
 )
+
 
 def _baseline_check(v: object) -> Optional[str]:
     return None if isinstance(v, bool) or v == "warn" else 'must be true, false or "warn"'
@@ -164,20 +184,34 @@ def _junit_check(v: str) -> Optional[str]:
 #: The keys of a ``run`` verifier's baseline and per-test judgement (docs/verifiers.md,
 #: "What was already broken"); they go to the verifier's ``extra``, read by ``verify_run``.
 RUN_VERIFY_KEYS: tuple[KeyDecl, ...] = (
-    KeyDecl("baseline", (bool, str), where="verify",
-            doc='run the verifier once on the base commit first: true (default), false, or "warn"',
-            check=_baseline_check),
-    KeyDecl("junit", (str,), where="verify", doc="where the verifier writes a JUnit XML report, relative to the worktree",
-            check=_junit_check),
-    KeyDecl("must_pass", (list,), where="verify", doc="tests (pytest node ids) the task must make pass",
-            check=_str_list),
+    KeyDecl(
+        "baseline",
+        (bool, str),
+        where="verify",
+        doc='run the verifier once on the base commit first: true (default), false, or "warn"',
+        check=_baseline_check,
+    ),
+    KeyDecl(
+        "junit",
+        (str,),
+        where="verify",
+        doc="where the verifier writes a JUnit XML report, relative to the worktree",
+        check=_junit_check,
+    ),
+    KeyDecl(
+        "must_pass", (list,), where="verify", doc="tests (pytest node ids) the task must make pass", check=_str_list
+    ),
     KeyDecl("flaky_rerun", (bool,), where="verify", doc="re-run a new failure once by name (pytest); default true"),
 )
 
 #: The ``[[task]]`` keys of the same feature (also defaults of every task).
 RUN_TASK_KEYS: tuple[KeyDecl, ...] = (
-    KeyDecl("baseline", (bool, str), doc='default of the task\'s run verifiers\' baseline: true, false or "warn"',
-            check=_baseline_check),
+    KeyDecl(
+        "baseline",
+        (bool, str),
+        doc="default of the task's run verifiers' baseline: true, false or \"warn\"",
+        check=_baseline_check,
+    ),
     KeyDecl("removes_tests", (bool,), doc="the task removes tests: a test missing now is not a new failure"),
 )
 
@@ -185,9 +219,21 @@ RUN_TASK_KEYS: tuple[KeyDecl, ...] = (
 #: tasks file's top level and in the project file's ``[task]`` (docs/tasks-toml.md,
 #: "Defaults of every task"). Keys a plugin declares for ``[[task]]`` may be too.
 DEFAULT_TASK_KEYS: tuple[str, ...] = (
-    "agent", "model", "permission_mode", "allowed_tools", "max_retries", "timeout_min",
-    "stall_timeout_min", "budget_usd", "requires", "git_ref", "peer", "setup", "tags",
-    "base", "on_conflict",
+    "agent",
+    "model",
+    "permission_mode",
+    "allowed_tools",
+    "max_retries",
+    "timeout_min",
+    "stall_timeout_min",
+    "budget_usd",
+    "requires",
+    "git_ref",
+    "peer",
+    "setup",
+    "tags",
+    "base",
+    "on_conflict",
 )
 
 _IDENTITY = "it is a task's identity"
@@ -196,12 +242,23 @@ _RELATIVE = "it is a path relative to the file it is written in"
 #: task (two tasks with one name, prompt, branch or role would be one task twice), the
 #: graph, and paths, which are relative to the file that holds them.
 NOT_DEFAULT_KEYS: dict[str, str] = {
-    "name": _IDENTITY, "prompt": _IDENTITY, "branch": _IDENTITY, "role": _IDENTITY,
+    "name": _IDENTITY,
+    "prompt": _IDENTITY,
+    "branch": _IDENTITY,
+    "role": _IDENTITY,
     "depends_on": "it is the task graph",
-    "cwd": _RELATIVE, "paths": _RELATIVE,
+    "cwd": _RELATIVE,
+    "paths": _RELATIVE,
 }
 
-_TYPE_NAMES = {str: "a string", int: "an integer", float: "a number", list: "a list", bool: "true or false", dict: "a table"}
+_TYPE_NAMES = {
+    str: "a string",
+    int: "an integer",
+    float: "a number",
+    list: "a list",
+    bool: "true or false",
+    dict: "a table",
+}
 
 
 def type_name(types: tuple[type, ...]) -> str:
@@ -315,9 +372,7 @@ class KeyErrors:
         self.items.append(UsageError(message, file=self.display, line=line, key=key))
 
 
-def check_value(
-    decl: KeyDecl, value: Any, line: int, label: str, errs: KeyErrors
-) -> bool:
+def check_value(decl: KeyDecl, value: Any, line: int, label: str, errs: KeyErrors) -> bool:
     """``value`` has ``decl``'s type and passes its check; else the mistake is in ``errs``."""
     if not type_ok(value, decl.types):
         errs.add(line, label, f"must be {type_name(decl.types)}, not {describe_value(value)}")
@@ -346,7 +401,7 @@ def collect_setup(value: Any, line: int, label: str, errs: KeyErrors) -> Optiona
                 if key not in SETUP_STEP_KEYS:
                     errs.add(line, f"{where}: {key}", f"unknown key{suggest(key, SETUP_STEP_KEYS)}")
             if "run" not in item:
-                errs.add(line, where, "needs run = \"command\"")
+                errs.add(line, where, 'needs run = "command"')
                 continue
             if "timeout_s" in item:
                 timeout = item["timeout_s"]
@@ -359,8 +414,11 @@ def collect_setup(value: Any, line: int, label: str, errs: KeyErrors) -> Optiona
             item = item["run"]
             where = f"{where}: run"
         if not isinstance(item, str):
-            errs.add(line, where, f"must be a command string or a table {{run = ..., timeout_s = ...}}, "
-                                  f"not {describe_value(item)}")
+            errs.add(
+                line,
+                where,
+                f"must be a command string or a table {{run = ..., timeout_s = ...}}, not {describe_value(item)}",
+            )
             continue
         if not item.strip():
             errs.add(line, where, "must not be empty")

@@ -128,8 +128,9 @@ class TaskSpec:
         # keys a newer fleetrun wrote (a peer, a ledger) are left out, as the task's are
         vkeys = {f.name for f in dataclasses.fields(VerifySpec)}
         verify = [VerifySpec(**{k: x for k, x in v.items() if k in vkeys}) for v in data.pop("verify", [])]
-        setup = [VerifySpec(**{k: x for k, x in v.items() if k in vkeys})
-                 for v in data.pop("setup", None) or []]  # older ledgers have none
+        setup = [
+            VerifySpec(**{k: x for k, x in v.items() if k in vkeys}) for v in data.pop("setup", None) or []
+        ]  # older ledgers have none
         known = {f.name for f in dataclasses.fields(cls)}
         return cls(verify=verify, setup=setup, **{k: v for k, v in data.items() if k in known})
 
@@ -225,4 +226,4 @@ def safe_slug(name: str, limit: int = 48) -> str:
     """A file- and ref-safe form of a task name: ``fix it/now`` -> ``fix-it-now``."""
     slug = _SAFE.sub("-", name).strip("-.")
     slug = re.sub(r"\.{2,}", ".", slug)
-    return (slug[:limit].rstrip("-.") or "task")
+    return slug[:limit].rstrip("-.") or "task"

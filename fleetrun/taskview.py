@@ -54,8 +54,22 @@ _SHARED_AT = (3, 4, 5, 17)
 
 def _brief_of(t: Task) -> tuple[Any, ...]:
     """A held task's brief, as its row's would be (the handoff parsed on both sides)."""
-    return (t.id, t.state.value, t.updated, t.host, t.worktree, t.branch, t.cost_usd, t.attempts, t.retries,
-            t.resumes, t.no_start, t.reason, t.handoff)
+    return (
+        t.id,
+        t.state.value,
+        t.updated,
+        t.host,
+        t.worktree,
+        t.branch,
+        t.cost_usd,
+        t.attempts,
+        t.retries,
+        t.resumes,
+        t.no_start,
+        t.reason,
+        t.handoff,
+    )
+
 
 #: The loop's view of its tasks, for the plugins that count tasks on every pass
 #: (placement's slots and shared checkouts); unset outside a work loop.
@@ -95,8 +109,10 @@ class TaskView:
         conn = self.led.conn
         conn.create_function("fleetrun_task_touched", 1, self._touch)
         for event in ("INSERT", "UPDATE"):
-            conn.execute(f"CREATE TEMP TRIGGER IF NOT EXISTS fleetrun_view_{event.lower()} AFTER {event} "
-                         f"ON main.tasks BEGIN SELECT fleetrun_task_touched(new.id); END")
+            conn.execute(
+                f"CREATE TEMP TRIGGER IF NOT EXISTS fleetrun_view_{event.lower()} AFTER {event} "
+                f"ON main.tasks BEGIN SELECT fleetrun_task_touched(new.id); END"
+            )
 
     def _touch(self, task_id: Any) -> None:
         # called by SQLite inside the writing statement: remember, read nothing here
@@ -122,7 +138,8 @@ class TaskView:
                 continue
             brief = _brief_of(held)
             if row[:_HANDOFF] != brief[:_HANDOFF] or (
-                    (json.loads(row[_HANDOFF]) if row[_HANDOFF] else None) != brief[_HANDOFF]):
+                (json.loads(row[_HANDOFF]) if row[_HANDOFF] else None) != brief[_HANDOFF]
+            ):
                 changed.add(tid)
         changed.update(i for i in tasks if i not in seen)
         return changed
@@ -169,14 +186,14 @@ class TaskView:
         cur = conn.cursor()
         cur.row_factory = None
         for k in range(0, len(ids), 500):  # SQLite's limit on bound parameters
-            chunk = ids[k:k + 500]
+            chunk = ids[k : k + 500]
             marks = ",".join("?" * len(chunk))
             deps: dict[str, list[str]] = {}
-            for tid, did in conn.execute(
-                    f"SELECT task_id, dep_id FROM deps WHERE task_id IN ({marks})", chunk):
+            for tid, did in conn.execute(f"SELECT task_id, dep_id FROM deps WHERE task_id IN ({marks})", chunk):
                 deps.setdefault(tid, []).append(did)
-            out.extend(self._rows(cur.execute(f"SELECT seq, {LISTED_COLUMNS} FROM tasks WHERE id IN ({marks})",
-                                              chunk), deps))
+            out.extend(
+                self._rows(cur.execute(f"SELECT seq, {LISTED_COLUMNS} FROM tasks WHERE id IN ({marks})", chunk), deps)
+            )
         return out
 
     def _rows(self, rows: Iterable[tuple[Any, ...]], deps: dict[str, list[str]]) -> list[Task]:
@@ -189,8 +206,11 @@ class TaskView:
             row = list(r[1:])
             for k in _SHARED_AT:  # a queue's tasks have the same source, queue, reason...: one string
                 row[k] = share.setdefault(row[k], row[k])
-            out.append(ListedTask.listed(tuple(row), [share.setdefault(d, d) for d in deps.get(tid, ())],
-                                         functools.partial(reader, tid)))
+            out.append(
+                ListedTask.listed(
+                    tuple(row), [share.setdefault(d, d) for d in deps.get(tid, ())], functools.partial(reader, tid)
+                )
+            )
             keys[tid] = (r[6], r[0])  # (created, seq)
         return out
 

@@ -62,6 +62,7 @@ def strip_control(s: str, keep: str = LINES) -> str:
     """
     return _CONTROL.sub(lambda m: m.group(0) if m.group(0) in keep else "", s)
 
+
 #: How long a task name may be when printed inside another line.
 NAME_LIMIT = 80
 

@@ -54,6 +54,7 @@ def __getattr__(name: str) -> Any:  # PEP 562: ``from fleetrun.tomlfile import t
         return _tomllib()
     raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
 
+
 # Line numbers: tomllib gives none, so a light scan of the source maps each table
 # and key to the line it was written on.
 
@@ -120,7 +121,7 @@ def map_lines(text: str) -> LineMap:
         if hit:
             key = hit.group(1).strip("\"'")
             m.lines.setdefault((*ctx, key), lineno)
-            rest = line[hit.end():]
+            rest = line[hit.end() :]
             for quote in ('"""', "'''"):
                 if rest.count(quote) % 2 == 1:
                     in_ml = quote

@@ -25,9 +25,18 @@ TEXT_LINES = 6  # lines of one assistant message or tool result shown
 
 #: The input key that says what a tool call is about, per Claude Code tool.
 _TOOL_KEYS = {
-    "Bash": "command", "Edit": "file_path", "MultiEdit": "file_path", "Write": "file_path",
-    "Read": "file_path", "NotebookEdit": "notebook_path", "Grep": "pattern", "Glob": "pattern",
-    "WebFetch": "url", "WebSearch": "query", "Task": "description", "Agent": "description",
+    "Bash": "command",
+    "Edit": "file_path",
+    "MultiEdit": "file_path",
+    "Write": "file_path",
+    "Read": "file_path",
+    "NotebookEdit": "notebook_path",
+    "Grep": "pattern",
+    "Glob": "pattern",
+    "WebFetch": "url",
+    "WebSearch": "query",
+    "Task": "description",
+    "Agent": "description",
 }
 
 
@@ -84,7 +93,7 @@ def tool_call(name: Any, tool_input: Any, cwd: Optional[str] = None) -> str:
     if not isinstance(arg, str) or not arg:
         return shown
     if cwd and arg.startswith(cwd.rstrip("/") + "/"):
-        arg = arg[len(cwd.rstrip("/")) + 1:]
+        arg = arg[len(cwd.rstrip("/")) + 1 :]
     arg = " ".join(arg.split())  # a multi-line command on one line
     return safe_text(f"{shown} {arg}", limit=TOOL_LIMIT)
 

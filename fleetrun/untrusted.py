@@ -54,8 +54,14 @@ def number(value: Any, what: str, lo: float = -math.inf, hi: float = math.inf) -
     return f
 
 
-def opt_number(data: dict[str, Any], key: str, what: str, lo: float = -math.inf, hi: float = math.inf,
-               default: Optional[float] = None) -> Optional[float]:
+def opt_number(
+    data: dict[str, Any],
+    key: str,
+    what: str,
+    lo: float = -math.inf,
+    hi: float = math.inf,
+    default: Optional[float] = None,
+) -> Optional[float]:
     v = data.get(key)
     return default if v is None else number(v, f"{what}.{key}", lo, hi)
 
@@ -69,8 +75,9 @@ def integer(value: Any, what: str, lo: int = -(1 << 62), hi: int = 1 << 62) -> i
     return value
 
 
-def opt_integer(data: dict[str, Any], key: str, what: str, lo: int = -(1 << 62), hi: int = 1 << 62,
-                default: Optional[int] = None) -> Optional[int]:
+def opt_integer(
+    data: dict[str, Any], key: str, what: str, lo: int = -(1 << 62), hi: int = 1 << 62, default: Optional[int] = None
+) -> Optional[int]:
     v = data.get(key)
     return default if v is None else integer(v, f"{what}.{key}", lo, hi)
 
@@ -101,8 +108,9 @@ def text(value: Any, what: str, limit: int = MAX_TEXT) -> str:
     return value if len(value) <= limit else value[:limit]
 
 
-def opt_text(data: dict[str, Any], key: str, what: str, limit: int = MAX_TEXT,
-             default: Optional[str] = None) -> Optional[str]:
+def opt_text(
+    data: dict[str, Any], key: str, what: str, limit: int = MAX_TEXT, default: Optional[str] = None
+) -> Optional[str]:
     v = data.get(key)
     return default if v is None else text(v, f"{what}.{key}", limit)
 
@@ -134,8 +142,14 @@ def reset_time(value: Any, what: str, now: Optional[float] = None) -> float:
 def _kind(value: Any) -> str:
     if value is None:
         return "null"
-    return {bool: "a boolean", int: "an integer", float: "a number", str: f"the string {_short(value)}",
-            list: "a list", dict: "an object"}.get(type(value), type(value).__name__)
+    return {
+        bool: "a boolean",
+        int: "an integer",
+        float: "a number",
+        str: f"the string {_short(value)}",
+        list: "a list",
+        dict: "an object",
+    }.get(type(value), type(value).__name__)
 
 
 def _short(value: Any) -> str:
@@ -186,6 +200,8 @@ def opt_str_list(data: dict[str, Any], key: str, what: str, limit: int = 10_000)
     """A list of strings, or [] when absent (a string is not a list of its letters)."""
     v = data.get(key)
     return [] if v is None else str_list(v, f"{what}.{key}", limit)
+
+
 # --- added for the agent side: text that reaches the ledger and the terminal, the
 # --- shepherd's status file, a short reason
 
@@ -201,8 +217,9 @@ def clean_text(value: Any, what: str, limit: int = MAX_TEXT) -> str:
     return s
 
 
-def opt_clean_text(data: dict[str, Any], key: str, what: str, limit: int = MAX_TEXT,
-                   default: Optional[str] = None) -> Optional[str]:
+def opt_clean_text(
+    data: dict[str, Any], key: str, what: str, limit: int = MAX_TEXT, default: Optional[str] = None
+) -> Optional[str]:
     v = data.get(key)
     return default if v is None else clean_text(v, f"{what}.{key}", limit)
 
@@ -212,7 +229,7 @@ def reason_of(err: BaseException, limit: int = 160) -> str:
     detail of a cause (``session_died:malformed_output:<this>``)."""
     msg = " ".join(str(err).split())
     msg = "".join(c if c.isprintable() else "?" for c in msg)
-    return msg if len(msg) <= limit else msg[:limit - 3] + "..."
+    return msg if len(msg) <= limit else msg[: limit - 3] + "..."
 
 
 #: The states a shepherd writes, and the two a host adds (``died``: the shepherd is gone

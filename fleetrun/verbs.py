@@ -71,16 +71,25 @@ def build_registry(builtin: Iterable[VerbDecl], pluginmanager: FleetPluginManage
     for result in reversed(results):  # pluggy calls the last registered first
         for decl in result or ():
             if not isinstance(decl, VerbDecl):
-                raise UsageError(f"fleetrun_verbs returned {decl!r}; return a list of fleetrun.VerbDecl",
-                                 key="fleetrun_verbs", file=_declared_by(pluginmanager, None))
+                raise UsageError(
+                    f"fleetrun_verbs returned {decl!r}; return a list of fleetrun.VerbDecl",
+                    key="fleetrun_verbs",
+                    file=_declared_by(pluginmanager, None),
+                )
             if not VERB_NAME.match(decl.name):
-                raise UsageError(f"verb {decl.name!r} is not one word of lowercase letters, digits and -",
-                                 key="fleetrun_verbs", file=_declared_by(pluginmanager, decl.name))
+                raise UsageError(
+                    f"verb {decl.name!r} is not one word of lowercase letters, digits and -",
+                    key="fleetrun_verbs",
+                    file=_declared_by(pluginmanager, decl.name),
+                )
             if decl.name in verbs:
                 owner = "fleetrun" if any(b.name == decl.name for b in builtin) else "another plugin"
-                raise UsageError(f"verb {decl.name!r} is declared twice: {owner} has it already (a plugin "
-                                 "adds verbs; it cannot replace one)", key="fleetrun_verbs",
-                                 file=_declared_by(pluginmanager, decl.name))
+                raise UsageError(
+                    f"verb {decl.name!r} is declared twice: {owner} has it already (a plugin "
+                    "adds verbs; it cannot replace one)",
+                    key="fleetrun_verbs",
+                    file=_declared_by(pluginmanager, decl.name),
+                )
             verbs[decl.name] = decl
     return verbs
 
@@ -94,7 +103,9 @@ def _declared_by(pluginmanager: FleetPluginManager, name: Optional[str]) -> Opti
             answer = impl.function(pluginmanager=pluginmanager)
         except Exception:  # pragma: no cover - it answered once already
             continue
-        if any((getattr(d, "name", None) == name) if name is not None else not isinstance(d, VerbDecl)
-               for d in (answer if isinstance(answer, (list, tuple)) else ())):
+        if any(
+            (getattr(d, "name", None) == name) if name is not None else not isinstance(d, VerbDecl)
+            for d in (answer if isinstance(answer, (list, tuple)) else ())
+        ):
             found.append(str(getattr(impl.plugin, "__file__", None) or impl.plugin_name))
     return ", ".join(found) or None

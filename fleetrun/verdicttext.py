@@ -47,7 +47,7 @@ def summary_line(output: str) -> str:
     lines = [c for c in (_clean(raw) for raw in output.splitlines()) if c]
     found = next((c for c in reversed(lines) if any(s.match(c) for s in _SHAPES)), None)
     line = found if found is not None else (lines[-1] if lines else "")
-    return line if len(line) <= SUMMARY_LIMIT else line[:SUMMARY_LIMIT - 1] + "…"
+    return line if len(line) <= SUMMARY_LIMIT else line[: SUMMARY_LIMIT - 1] + "…"
 
 
 def failed_cause(word: str, label: str, output: str) -> str:

@@ -103,15 +103,26 @@ class VerifyStage:
         while v.idx < len(task.spec.verify):
             spec = task.spec.verify[v.idx]
             try:
-                res = loop.hook.fleetrun_verify(task=task, verifier=spec, workspace=v.workspace,
-                                                attempt=v.attempt, host=get_host(loop.config, v.attempt.host),
-                                                config=loop.config)
+                res = loop.hook.fleetrun_verify(
+                    task=task,
+                    verifier=spec,
+                    workspace=v.workspace,
+                    attempt=v.attempt,
+                    host=get_host(loop.config, v.attempt.host),
+                    config=loop.config,
+                )
             except Exception as e:  # a verifier that cannot reach a verdict never passes
-                res = Verdict(False, spec.kind, spec.label, reason=f"verifier error: {type(e).__name__}: {e}",
-                              error=error_kind_of(e))
+                res = Verdict(
+                    False,
+                    spec.kind,
+                    spec.label,
+                    reason=f"verifier error: {type(e).__name__}: {e}",
+                    error=error_kind_of(e),
+                )
             if res is None:
-                res = Verdict(False, spec.kind, spec.label, reason=f"no plugin runs {spec.kind!r} verifiers",
-                              error=PERMANENT)
+                res = Verdict(
+                    False, spec.kind, spec.label, reason=f"no plugin runs {spec.kind!r} verifiers", error=PERMANENT
+                )
             if isinstance(res, Verdict):
                 if not self.record_verdict(task, v, res):
                     return
@@ -160,16 +171,20 @@ class VerifyStage:
         """Record one verdict. :return: True to go on with the next verifier."""
         loop = self.loop
         if verdict.error:
-            loop.report(task.id, partial(loop.hook.fleetrun_verdict, task=task, verdict=verdict, attempt=v.attempt,
-                                         config=loop.config))
+            loop.report(
+                task.id,
+                partial(loop.hook.fleetrun_verdict, task=task, verdict=verdict, attempt=v.attempt, config=loop.config),
+            )
             self.could_not_judge(loop.get(task.id), v, verdict)
             return False
         loop.led.add_verdict(task.id, v.attempt.id, v.idx, verdict)
         if verdict.cost_usd:
             loop.led.durable()  # a verdict that cost money is not paid for twice after a crash
         loop.led.after_commit(lambda: crash.point("after_verdict"))  # once it is committed
-        loop.report(task.id, partial(loop.hook.fleetrun_verdict, task=task, verdict=verdict, attempt=v.attempt,
-                                         config=loop.config))
+        loop.report(
+            task.id,
+            partial(loop.hook.fleetrun_verdict, task=task, verdict=verdict, attempt=v.attempt, config=loop.config),
+        )
         task = loop.get(task.id)
         if verdict.passed:
             rest = loop.decide(task, v.attempt, VerdictGiven(v.idx, True, verdict.label))
@@ -205,9 +220,18 @@ class VerifyStage:
             tries = prev["tries"]
         limit = _setting(loop.config, "verifier_error_tries", ERROR_TRIES, int)
         base = _setting(loop.config, "verifier_error_backoff_s", ERROR_BACKOFF_S, (int, float))
-        obs = VerdictGiven(v.idx, False, verdict.label, verdict.output or "", error=verdict.error, reason=why,
-                           prev_tries=tries, space=verdict.error == TRANSIENT and says_space_error(why),
-                           limit=limit, backoff_s=float(base))
+        obs = VerdictGiven(
+            v.idx,
+            False,
+            verdict.label,
+            verdict.output or "",
+            error=verdict.error,
+            reason=why,
+            prev_tries=tries,
+            space=verdict.error == TRANSIENT and says_space_error(why),
+            limit=limit,
+            backoff_s=float(base),
+        )
         if task.state is not State.VERIFYING:  # moved meanwhile: the move would be refused
             self.running.pop(task.id, None)
             loop.waits.placed(task.id)
@@ -231,8 +255,10 @@ class VerifyStage:
             limit = _setting(loop.config, "verifier_error_tries", ERROR_TRIES, int)
         label = task.spec.verify[v.idx].label if v.idx < len(task.spec.verify) else "?"
         left = max(0.0, float(wait["until"]) - clock.now())
-        reason = (f"verifier {label.replace(chr(10), ' ')} could not judge: {wait.get('reason', '')}; "
-                  f"again in {left:.0f} s (try {int(wait['tries']) + 1} of {limit})")
+        reason = (
+            f"verifier {label.replace(chr(10), ' ')} could not judge: {wait.get('reason', '')}; "
+            f"again in {left:.0f} s (try {int(wait['tries']) + 1} of {limit})"
+        )
         v.handle = VerifierBackoff(float(wait["until"]), reason)
         self.running[task.id] = v
         waits = loop.waits
@@ -246,8 +272,9 @@ class VerifyStage:
         loop = self.loop
         self.running.pop(task.id, None)
         crash.point("before_handoff")  # every verdict recorded: the restart asks for the handoff again
-        got = loop.hook.fleetrun_handoff(task=task, attempt=v.attempt, host=get_host(loop.config, task.host),
-                                         config=loop.config)
+        got = loop.hook.fleetrun_handoff(
+            task=task, attempt=v.attempt, host=get_host(loop.config, task.host), config=loop.config
+        )
         if got is not None and not isinstance(got, Handoff):  # a handle: poll_handoff goes on
             v.handoff = got
             self.running[task.id] = v

@@ -49,7 +49,7 @@ def _worktree_cell(worktree: Optional[str], host: Optional[str], home: str) -> s
     if host not in (None, "local"):
         return f"{safe_text(path)} (on {safe_text(host)})"
     if home not in ("", "/", "~") and path.startswith(home.rstrip(os.sep) + os.sep):
-        path = "~" + path[len(home.rstrip(os.sep)):]
+        path = "~" + path[len(home.rstrip(os.sep)) :]
     return safe_text(path)
 
 
@@ -60,8 +60,9 @@ def cmd_status(config: Config, out: TextIO, err: TextIO) -> int:
         try:
             states = {State(config.option.state.upper())}
         except ValueError:
-            raise UsageError(f"{config.option.state!r} is not a state; one of "
-                             f"{', '.join(s.value for s in State)}", key="--state") from None
+            raise UsageError(
+                f"{config.option.state!r} is not a state; one of {', '.join(s.value for s in State)}", key="--state"
+            ) from None
     if getattr(config.option, "watch", False):
         from .watching import watch_status
 
@@ -105,8 +106,7 @@ def _print_json(config: Config, led: Ledger, states: Optional[set[State]], lates
                 extra.setdefault(tid, {}).update(fields)
         chunk = []
         for t in tasks:
-            row = dict(t.to_json(), worktree=worktree_now(t),
-                       links={n: u for n, (_, u) in links.get(t.id, {}).items()})
+            row = dict(t.to_json(), worktree=worktree_now(t), links={n: u for n, (_, u) in links.get(t.id, {}).items()})
             if t.id in tests:
                 row["tests"] = tests[t.id]
             for key, value in extra.get(t.id, {}).items():
@@ -184,7 +184,8 @@ def _table_rows(config: Config, led: Ledger, states: Optional[set[State]], lates
     rows: list[list[str]] = []
     append = rows.append
     for tid, name, state, attempts, host, created, cost_usd, branch, worktree, reason in led.conn.execute(
-            sql + " ORDER BY created, seq", args):
+        sql + " ORDER BY created, seq", args
+    ):
         cost = f"${cost_usd:.2f}" if cost_usd else "-"
         if tid in unknown:  # an attempt's cost was never reported: what is known is a floor
             cost = f"${cost_usd:.2f}+" if cost_usd else "?"
@@ -200,17 +201,27 @@ def _table_rows(config: Config, led: Ledger, states: Optional[set[State]], lates
             if host not in missing:
                 missing[host] = missing_host_reason(config, host)
             if missing[host]:
-                reason = (f"{missing[host]}; the attempt may still run there, so the task waits "
-                          "(fleetrun cancel to give up)")
+                reason = (
+                    f"{missing[host]}; the attempt may still run there, so the task waits (fleetrun cancel to give up)"
+                )
         age = ages.get(created)
         if age is None:  # a queue's tasks share their time
             age = ages[created] = ago(created, now)
         # what a task's name or reason holds is shown, not sent (most need no escaping)
-        append([name if len(name) <= NAME_LIMIT and name.isprintable() else safe_name(name), state, str(attempts),
-                "-" if not host else host if host.isprintable() else safe_text(host), age, cost,
-                tid, "-" if not branch else branch if branch.isprintable() else safe_text(branch),
+        append(
+            [
+                name if len(name) <= NAME_LIMIT and name.isprintable() else safe_name(name),
+                state,
+                str(attempts),
+                "-" if not host else host if host.isprintable() else safe_text(host),
+                age,
+                cost,
+                tid,
+                "-" if not branch else branch if branch.isprintable() else safe_text(branch),
                 "-" if worktree is None else _worktree_cell(worktree, host, home),
-                reason if type(reason) is str and reason.isprintable() else safe_text(reason)])
+                reason if type(reason) is str and reason.isprintable() else safe_text(reason),
+            ]
+        )
     return rows
 
 
@@ -268,8 +279,10 @@ def _print_graph(led: Ledger, tasks: list[Task], out: TextIO, everything: bool =
         again = t.id in seen
         extra = f"  {reason}" if reason and not again else ""
         name = t.name if len(t.name) <= NAME_LIMIT and t.name.isprintable() else safe_name(t.name)
-        lines.append(f"{'  ' * depth}{name} [{t.state.value}] {t.id}{' (see above)' if again else ''}"
-                     f"{extra if extra.isprintable() else safe_text(extra)}")
+        lines.append(
+            f"{'  ' * depth}{name} [{t.state.value}] {t.id}{' (see above)' if again else ''}"
+            f"{extra if extra.isprintable() else safe_text(extra)}"
+        )
         if again:
             return
         seen.add(t.id)
@@ -313,12 +326,21 @@ def cmd_logs(config: Config, out: TextIO, err: TextIO) -> int:
     attempts = {a.id: a for a in led.attempts(task.id)}
     links = led.links(task.id).get(task.id, {})
     if config.option.json:
-        print(json.dumps({
-            "task": dict(task.to_json(), worktree=worktree_now(task), links={n: u for n, (_, u) in links.items()}),
-            "transitions": [r.__dict__ for r in rows],
-            "verdicts": [v.__dict__ for v in verdicts],
-            "attempts": [a.__dict__ for a in attempts.values()],
-        }, indent=2, default=str), file=out)
+        print(
+            json.dumps(
+                {
+                    "task": dict(
+                        task.to_json(), worktree=worktree_now(task), links={n: u for n, (_, u) in links.items()}
+                    ),
+                    "transitions": [r.__dict__ for r in rows],
+                    "verdicts": [v.__dict__ for v in verdicts],
+                    "attempts": [a.__dict__ for a in attempts.values()],
+                },
+                indent=2,
+                default=str,
+            ),
+            file=out,
+        )
         return ExitCode.OK
     plus = "+" if any(a.cost_usd is None for a in attempts.values()) else ""
     print(f"{safe_name(task.name)} {task.id} [{task.state}]  cost ${task.cost_usd:.2f}{plus}", file=out)
@@ -328,15 +350,23 @@ def cmd_logs(config: Config, out: TextIO, err: TextIO) -> int:
     if task.worktree:
         shown = safe_text(task.worktree)
         if task.host not in (None, "local"):
-            print(f"worktree: {shown} on {safe_text(task.host)} (on the peer; fleetrun gc here does not touch it)",
-                  file=out)
+            print(
+                f"worktree: {shown} on {safe_text(task.host)} (on the peer; fleetrun gc here does not touch it)",
+                file=out,
+            )
         elif not worktree_now(task):
             print(f"worktree: removed (was {shown})", file=out)
         else:
             print(f"worktree: {shown}", file=out)
     elif ran_on_peer(task):  # removed on the peer after DONE: the path its attempt worked in
-        was = next((a.workspace.get("path") for a in reversed(list(attempts.values()))
-                    if isinstance(a.workspace, dict) and a.workspace.get("path")), None)
+        was = next(
+            (
+                a.workspace.get("path")
+                for a in reversed(list(attempts.values()))
+                if isinstance(a.workspace, dict) and a.workspace.get("path")
+            ),
+            None,
+        )
         if was:
             print(f"worktree: removed (was {safe_text(was)} on {safe_text(task.host)})", file=out)
     if task.branch:
@@ -354,8 +384,10 @@ def cmd_logs(config: Config, out: TextIO, err: TextIO) -> int:
     for v in verdicts:
         att = attempts.get(v.attempt_id)
         num = att.number if att else "?"
-        head = (f"{'PASS' if v.passed else 'FAIL'} verifier {v.idx + 1} ({safe_text(v.kind)}: {safe_text(v.label)}) "
-                f"attempt {num}")
+        head = (
+            f"{'PASS' if v.passed else 'FAIL'} verifier {v.idx + 1} ({safe_text(v.kind)}: {safe_text(v.label)}) "
+            f"attempt {num}"
+        )
         if v.reason:
             head += f": {safe_text(v.reason)}"
         if v.cost_usd:
@@ -368,11 +400,14 @@ def cmd_logs(config: Config, out: TextIO, err: TextIO) -> int:
         for s in (a.info or {}).get("setup_steps") or []:  # the task's setup commands, before its agent
             if not isinstance(s, dict):
                 continue
-            head = (f"{'PASS' if s.get('passed') else 'FAIL'} setup {s.get('n')} "
-                    f"({safe_text(s.get('command'), limit=60)}) attempt {a.number}: {safe_text(s.get('reason'))}")
+            head = (
+                f"{'PASS' if s.get('passed') else 'FAIL'} setup {s.get('n')} "
+                f"({safe_text(s.get('command'), limit=60)}) attempt {a.number}: {safe_text(s.get('reason'))}"
+            )
             lines = [] if s.get("passed") else str(s.get("output") or "").rstrip().splitlines()[-40:]
-            events.append((float(s.get("time") or a.created), 1, head + "".join(
-                f"\n    | {safe_text(line)}" for line in lines)))
+            events.append(
+                (float(s.get("time") or a.created), 1, head + "".join(f"\n    | {safe_text(line)}" for line in lines))
+            )
         if a.ended:
             text = f"attempt {a.number} ({a.kind}) ended: {safe_text(a.outcome or '-')}"
             if a.cost_usd is None:
@@ -387,7 +422,9 @@ def cmd_logs(config: Config, out: TextIO, err: TextIO) -> int:
             for d in (a.info or {}).get("denials") or []:
                 if isinstance(d, dict):
                     tool_input = json.dumps(d.get("tool_input", {}))[:120]
-                    text += f"\n    permission denied: {safe_text(d.get('tool_name'), limit=80)} {safe_text(tool_input)}"
+                    text += (
+                        f"\n    permission denied: {safe_text(d.get('tool_name'), limit=80)} {safe_text(tool_input)}"
+                    )
             events.append((a.ended, 0, text))
     for t, text in led.notes(task.id):
         events.append((t, 2, f"note: {safe_text(text)}"))

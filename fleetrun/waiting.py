@@ -32,7 +32,6 @@ BACKOFF_KEY = StashKey[dict[str, dict[str, Backoff]]]()
 USAGE_PAUSE_KEY = StashKey[dict[str, tuple[float, int]]]()
 
 
-
 class Ticker(Protocol):
     """What wants a turn in each of the loop's waits, on the loop's thread (the
     terminal's live view redraws from there, never from a thread of its own)."""
@@ -53,14 +52,17 @@ def interrupted_note(running: int, verifiers: int, setups: int = 0) -> str:
     recorded, runs again from the start (docs/durability.md)."""
     parts = []
     if running:
-        parts.append(f"{running} running attempt{' goes' if running == 1 else 's go'} on and will be "
-                     "adopted by the next `fleetrun work`")
+        parts.append(
+            f"{running} running attempt{' goes' if running == 1 else 's go'} on and will be "
+            "adopted by the next `fleetrun work`"
+        )
     if verifiers:
-        parts.append(f"{verifiers} verifier{' was' if verifiers == 1 else 's were'} stopped and will "
-                     f"run again {'then' if running else 'on the next `fleetrun work`'}")
+        parts.append(
+            f"{verifiers} verifier{' was' if verifiers == 1 else 's were'} stopped and will "
+            f"run again {'then' if running else 'on the next `fleetrun work`'}"
+        )
     if setups:
-        parts.append(f"{setups} setup{' was' if setups == 1 else 's were'} stopped and will run again "
-                     "from the start")
+        parts.append(f"{setups} setup{' was' if setups == 1 else 's were'} stopped and will run again from the start")
     return "interrupted: " + ("; ".join(parts) if parts else "nothing was running")
 
 
@@ -125,8 +127,9 @@ class Waits:
         reason = f"attempt {number} is still ending"
         if self.waits.get(task.id) != reason:
             self.waits[task.id] = reason
-            self.loop.report(task.id, partial(self.loop.hook.fleetrun_task_waiting, task=task, reason=reason,
-                                              config=self.config))
+            self.loop.report(
+                task.id, partial(self.loop.hook.fleetrun_task_waiting, task=task, reason=reason, config=self.config)
+            )
         self.wait_operator.pop(task.id, None)
         self.until(task.id, at + 1.0)
 
@@ -134,8 +137,10 @@ class Waits:
         """``fleetrun_place`` said the task waits: show why when that changes, and remind."""
         if self.waits.get(task.id) != decision.reason:
             self.waits[task.id] = decision.reason
-            self.loop.report(task.id, partial(self.loop.hook.fleetrun_task_waiting, task=task, reason=decision.reason,
-                                              config=self.config))
+            self.loop.report(
+                task.id,
+                partial(self.loop.hook.fleetrun_task_waiting, task=task, reason=decision.reason, config=self.config),
+            )
             self.dirty = True
         if decision.operator:
             self.wait_operator[task.id] = decision.operator
@@ -166,8 +171,10 @@ class Waits:
 
     def _say_still_waiting(self, task: Task, reason: str, waited: float) -> None:
         if self.config.verbosity >= 0:
-            self.config.out.write(f"still waiting after {int(waited // 60)} min: {safe_name(task.name)} "
-                                  f"[{task.state}] {safe_text(reason)}\n")
+            self.config.out.write(
+                f"still waiting after {int(waited // 60)} min: {safe_name(task.name)} "
+                f"[{task.state}] {safe_text(reason)}\n"
+            )
             self.config.out.flush()
 
     def forget(self, task_id: str) -> None:
@@ -283,7 +290,8 @@ class Waits:
             if held is not None:  # the real reason, not its cause (`queued`)
                 loop.session.final_notes.append(
                     f"still waiting: {t.name} [{t.state}] for {held.name}, which cannot be placed: "
-                    f"{self.wait_operator[held.id]}")
+                    f"{self.wait_operator[held.id]}"
+                )
             else:
                 loop.session.final_notes.append(f"still waiting: {t.name} [{t.state}] {t.reason}")
         return True

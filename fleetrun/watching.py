@@ -36,8 +36,10 @@ def transition_line(row: TransitionRow, name: str) -> str:
 
 
 def verdict_line(v: VerdictRow, number: object) -> str:
-    head = (f"{'PASS' if v.passed else 'FAIL'} verifier {v.idx + 1} ({safe_text(v.kind)}: {safe_text(v.label)}) "
-            f"attempt {number}")
+    head = (
+        f"{'PASS' if v.passed else 'FAIL'} verifier {v.idx + 1} ({safe_text(v.kind)}: {safe_text(v.label)}) "
+        f"attempt {number}"
+    )
     if v.reason:
         head += f": {safe_text(v.reason)}"
     if v.cost_usd:
@@ -56,8 +58,7 @@ def _sleep_or_stop(seconds: float, sleep: Callable[[float], None]) -> bool:
     return True
 
 
-def watch_status(config: Config, led: Ledger, out: TextIO,
-                 sleep: Callable[[float], None] = time.sleep) -> int:
+def watch_status(config: Config, led: Ledger, out: TextIO, sleep: Callable[[float], None] = time.sleep) -> int:
     """``fleetrun status --watch``: on a terminal the counter and a row per running or
     verifying task, redrawn in place, with each transition printed above as a run
     prints it; elsewhere the transitions and the counter when it changes. Ctrl-C
@@ -104,8 +105,13 @@ def watch_status(config: Config, led: Ledger, out: TextIO,
 class _Follow:
     """What ``logs -f`` has shown of one task so far."""
 
-    def __init__(self, led: Ledger, task: Task, raw: bool,
-                 here: Callable[[Optional[str]], bool] = lambda host: host in (None, "local")) -> None:
+    def __init__(
+        self,
+        led: Ledger,
+        task: Task,
+        raw: bool,
+        here: Callable[[Optional[str]], bool] = lambda host: host in (None, "local"),
+    ) -> None:
         self.led = led
         self.task = task
         self.raw = raw
@@ -123,7 +129,7 @@ class _Follow:
         task = led.get(task_id) or self.task
         if not self.raw:
             rows = led.transitions(task_id)
-            events += [(r.time, 1, transition_line(r, self.task.name)) for r in rows[self.transitions:]]
+            events += [(r.time, 1, transition_line(r, self.task.name)) for r in rows[self.transitions :]]
             self.transitions = len(rows)
         atts = led.attempts(task_id)
         by_id = {a.id: a for a in atts}
@@ -135,8 +141,14 @@ class _Follow:
                 log = Path(a.dir) / "log" if a.dir and here else None
                 if not self.raw:
                     where = f" on {safe_text(a.host)}" if a.host else ""
-                    events.append((a.started or a.created, 2, f"--- attempt {a.number} ({safe_text(a.kind)}){where}"
-                                   + (f": {safe_text(log)}" if log else " (its log is on the peer)")))
+                    events.append(
+                        (
+                            a.started or a.created,
+                            2,
+                            f"--- attempt {a.number} ({safe_text(a.kind)}){where}"
+                            + (f": {safe_text(log)}" if log else " (its log is on the peer)"),
+                        )
+                    )
                 act = Activity(log, task.worktree) if log and not self.raw else None
                 tail = LogTail(log) if log and self.raw else None
                 self.attempts[a.id] = (a, act, tail)
@@ -147,23 +159,25 @@ class _Follow:
             events += [(when, 0, ln) for ln in lines]
         if not self.raw:
             verdicts = led.verdicts(task_id)
-            for v in verdicts[self.verdicts:]:
+            for v in verdicts[self.verdicts :]:
                 att = by_id.get(v.attempt_id)
                 events.append((v.time, 0, verdict_line(v, att.number if att else "?")))
             self.verdicts = len(verdicts)
         return [text for _t, _o, text in sorted(events, key=lambda e: (e[0], e[1]))]
 
 
-def follow_logs(config: Config, led: Ledger, task: Task, out: TextIO,
-                sleep: Callable[[float], None] = time.sleep) -> int:
+def follow_logs(
+    config: Config, led: Ledger, task: Task, out: TextIO, sleep: Callable[[float], None] = time.sleep
+) -> int:
     """``fleetrun logs -f TASK``: what happened so far, then what happens, until the
     task ends (DONE, NEEDS_HUMAN, CANCELLED) or Ctrl-C (exit 0 both)."""
     from .hostapi import workspace_here
 
     # a host whose attempt folders are here (a cluster on a shared filesystem) is read
     # as this machine is; the plugins are asked only for a host that is not `local`
-    follow = _Follow(led, task, bool(getattr(config.option, "raw", False)),
-                     here=lambda host: workspace_here(config, host))
+    follow = _Follow(
+        led, task, bool(getattr(config.option, "raw", False)), here=lambda host: workspace_here(config, host)
+    )
     try:
         while True:
             now = led.get(task.id)

@@ -146,8 +146,7 @@ class BrainServer:
         self.Handler = Handler
         self.port = self.httpd.server_address[1]
         self.url = f"http://127.0.0.1:{self.port}"
-        self._thread = threading.Thread(target=self.httpd.serve_forever, kwargs={"poll_interval": 0.05},
-                                        daemon=True)
+        self._thread = threading.Thread(target=self.httpd.serve_forever, kwargs={"poll_interval": 0.05}, daemon=True)
 
     # -- control -------------------------------------------------------------------------
 
@@ -189,20 +188,48 @@ class BrainServer:
             return
         model = req.body.get("model") if isinstance(req.body, dict) else None
         if self.models is not None and model not in self.models:
-            h._send(404, {"error": f"model '{model}' not found"} if req.path.startswith("/api/")
-                    else {"error": {"message": f"The model `{model}` does not exist", "type": "invalid_request_error"}})
+            h._send(
+                404,
+                {"error": f"model '{model}' not found"}
+                if req.path.startswith("/api/")
+                else {"error": {"message": f"The model `{model}` does not exist", "type": "invalid_request_error"}},
+            )
             return
         if req.path == "/api/generate":
-            h._send(200, {"model": model, "created_at": "2025-01-01T00:00:00Z", "response": reply,
-                          "done": True, "done_reason": "stop"})
+            h._send(
+                200,
+                {
+                    "model": model,
+                    "created_at": "2025-01-01T00:00:00Z",
+                    "response": reply,
+                    "done": True,
+                    "done_reason": "stop",
+                },
+            )
         elif req.path == "/api/chat":
-            h._send(200, {"model": model, "created_at": "2025-01-01T00:00:00Z",
-                          "message": {"role": "assistant", "content": reply}, "done": True})
+            h._send(
+                200,
+                {
+                    "model": model,
+                    "created_at": "2025-01-01T00:00:00Z",
+                    "message": {"role": "assistant", "content": reply},
+                    "done": True,
+                },
+            )
         elif req.path == "/v1/chat/completions":
-            h._send(200, {"id": "chatcmpl-1", "object": "chat.completion", "created": 0, "model": model,
-                          "choices": [{"index": 0, "message": {"role": "assistant", "content": reply},
-                                       "finish_reason": "stop"}],
-                          "usage": {"prompt_tokens": 10, "completion_tokens": 2, "total_tokens": 12}})
+            h._send(
+                200,
+                {
+                    "id": "chatcmpl-1",
+                    "object": "chat.completion",
+                    "created": 0,
+                    "model": model,
+                    "choices": [
+                        {"index": 0, "message": {"role": "assistant", "content": reply}, "finish_reason": "stop"}
+                    ],
+                    "usage": {"prompt_tokens": 10, "completion_tokens": 2, "total_tokens": 12},
+                },
+            )
         else:
             h._send(404, "404 page not found")
 

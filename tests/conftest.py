@@ -42,5 +42,6 @@ def events_follow_the_schema(request: pytest.FixtureRequest) -> Any:
         return
     problems = event_problems(root)
     if problems:
-        pytest.fail("events that do not follow fleetrun/events.schema.json:\n" + "\n".join(problems[:20]),
-                    pytrace=False)
+        pytest.fail(
+            "events that do not follow fleetrun/events.schema.json:\n" + "\n".join(problems[:20]), pytrace=False
+        )

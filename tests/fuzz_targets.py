@@ -24,14 +24,54 @@ from fleetrun.reports import AgentResult
 
 # --------------------------------------------------------------------------- values
 
-NASTY_NUMBERS = st.sampled_from([0, -1, 1, 10**30, -(10**30), 99999999999, 1e308, -0.0, 0.5,
-                                 float("nan"), float("inf"), float("-inf"), 2**63, 2**22 + 1])
-NASTY_TEXT = st.sampled_from(["", "abc", "\ud800", "\x00", "\x1b[2J", "NaN", "1e999", "x" * 5000,
-                              "rejected", "ended", "exited", "usage limit reached|99999999999"])
-SCALARS = (st.none() | st.booleans() | st.integers() | NASTY_NUMBERS
-           | st.floats(allow_nan=True, allow_infinity=True) | st.text(max_size=30) | NASTY_TEXT)
-JSON = st.recursive(SCALARS, lambda inner: st.lists(inner, max_size=4)
-                    | st.dictionaries(st.text(max_size=12), inner, max_size=4), max_leaves=12)
+NASTY_NUMBERS = st.sampled_from(
+    [
+        0,
+        -1,
+        1,
+        10**30,
+        -(10**30),
+        99999999999,
+        1e308,
+        -0.0,
+        0.5,
+        float("nan"),
+        float("inf"),
+        float("-inf"),
+        2**63,
+        2**22 + 1,
+    ]
+)
+NASTY_TEXT = st.sampled_from(
+    [
+        "",
+        "abc",
+        "\ud800",
+        "\x00",
+        "\x1b[2J",
+        "NaN",
+        "1e999",
+        "x" * 5000,
+        "rejected",
+        "ended",
+        "exited",
+        "usage limit reached|99999999999",
+    ]
+)
+SCALARS = (
+    st.none()
+    | st.booleans()
+    | st.integers()
+    | NASTY_NUMBERS
+    | st.floats(allow_nan=True, allow_infinity=True)
+    | st.text(max_size=30)
+    | NASTY_TEXT
+)
+JSON = st.recursive(
+    SCALARS,
+    lambda inner: st.lists(inner, max_size=4) | st.dictionaries(st.text(max_size=12), inner, max_size=4),
+    max_leaves=12,
+)
 
 
 def shaped(keys: dict[str, Any]) -> st.SearchStrategy[dict[str, Any]]:
@@ -39,7 +79,8 @@ def shaped(keys: dict[str, Any]) -> st.SearchStrategy[dict[str, Any]]:
     anything at all; some keys missing, some extra."""
     fields = {k: (v | JSON) for k, v in keys.items()}
     mixed = st.fixed_dictionaries({}, optional=fields).flatmap(
-        lambda d: st.dictionaries(st.text(max_size=8), JSON, max_size=2).map(lambda extra: {**extra, **d}))
+        lambda d: st.dictionaries(st.text(max_size=8), JSON, max_size=2).map(lambda extra: {**extra, **d})
+    )
     plausible = st.fixed_dictionaries({}, optional=dict(keys))  # mostly accepted: the happy path is fuzzed too
     return plausible | mixed
 
@@ -58,17 +99,20 @@ RESULT_KEYS: dict[str, Any] = {
     "session_id": st.uuids().map(str),
     "total_cost_usd": st.floats(0, 10) | NASTY_NUMBERS,
     "num_turns": st.integers(0, 50),
-    "permission_denials": st.lists(st.fixed_dictionaries({"tool_name": st.just("Bash"),
-                                                          "tool_input": st.dictionaries(st.text(max_size=5), JSON)}),
-                                   max_size=3),
+    "permission_denials": st.lists(
+        st.fixed_dictionaries({"tool_name": st.just("Bash"), "tool_input": st.dictionaries(st.text(max_size=5), JSON)}),
+        max_size=3,
+    ),
     "api_error_status": st.sampled_from([None, 429, 529, 500]),
     "errors": st.lists(st.text(max_size=20) | NASTY_TEXT, max_size=3),
 }
 RATE_KEYS: dict[str, Any] = {
     "type": st.just("rate_limit_event"),
     "session_id": st.uuids().map(str),
-    "rate_limit_info": st.fixed_dictionaries({"status": st.sampled_from(["rejected", "allowed"])},
-                                             optional={"resetsAt": NASTY_NUMBERS | st.integers() | JSON}),
+    "rate_limit_info": st.fixed_dictionaries(
+        {"status": st.sampled_from(["rejected", "allowed"])},
+        optional={"resetsAt": NASTY_NUMBERS | st.integers() | JSON},
+    ),
 }
 EVENTS = shaped(RESULT_KEYS) | shaped(RATE_KEYS) | JSON
 
@@ -129,12 +173,22 @@ def check_result_event(ev: Any) -> None:
     json.dumps(res.permission_denials)
 
 
-RESET_TEXT = (st.builds(lambda n: f"Claude AI usage limit reached|{n}", st.integers(-1, 10**12))
-              | st.builds(lambda h, m, ap: f"You've hit your limit · resets {h}:{m:02d}{ap}",
-                          st.integers(0, 99), st.integers(0, 99), st.sampled_from(["am", "pm"]))
-              | st.builds(lambda mon, d, h: f"limit reached · resets {mon} {d}, {h}pm",
-                          st.sampled_from(["Jan", "Feb", "Xyz", "Dec"]), st.integers(0, 99), st.integers(0, 99))
-              | st.text(max_size=60))
+RESET_TEXT = (
+    st.builds(lambda n: f"Claude AI usage limit reached|{n}", st.integers(-1, 10**12))
+    | st.builds(
+        lambda h, m, ap: f"You've hit your limit · resets {h}:{m:02d}{ap}",
+        st.integers(0, 99),
+        st.integers(0, 99),
+        st.sampled_from(["am", "pm"]),
+    )
+    | st.builds(
+        lambda mon, d, h: f"limit reached · resets {mon} {d}, {h}pm",
+        st.sampled_from(["Jan", "Feb", "Xyz", "Dec"]),
+        st.integers(0, 99),
+        st.integers(0, 99),
+    )
+    | st.text(max_size=60)
+)
 
 
 def check_reset(text: str) -> None:
@@ -147,12 +201,18 @@ def check_reset(text: str) -> None:
 
 STATUS_KEYS: dict[str, Any] = {
     "state": st.sampled_from(["starting", "running", "ended", "died", "garbage"]),
-    "shepherd_pid": st.integers(1, 1 << 22), "agent_pid": st.integers(1, 1 << 22),
-    "shepherd_token": st.text(max_size=20), "agent_token": st.text(max_size=20),
-    "started": st.floats(0, 2e9), "ended": st.floats(0, 2e9), "beat": st.floats(0, 2e9),
-    "exit_code": st.integers(-300, 300) | st.none(), "signal": st.integers(0, 64),
+    "shepherd_pid": st.integers(1, 1 << 22),
+    "agent_pid": st.integers(1, 1 << 22),
+    "shepherd_token": st.text(max_size=20),
+    "agent_token": st.text(max_size=20),
+    "started": st.floats(0, 2e9),
+    "ended": st.floats(0, 2e9),
+    "beat": st.floats(0, 2e9),
+    "exit_code": st.integers(-300, 300) | st.none(),
+    "signal": st.integers(0, 64),
     "reason": st.sampled_from(["exited", "timeout", "stalled", "cancelled", "stopped", "start_failed", "x"]),
-    "error": st.text(max_size=30), "log_dropped": st.integers(-5, 10**6),
+    "error": st.text(max_size=30),
+    "log_dropped": st.integers(-5, 10**6),
 }
 STATUS = shaped(STATUS_KEYS) | JSON
 
@@ -170,9 +230,11 @@ def check_status(data: Any) -> None:
     json.dumps(st_)
 
 
-STATUS_BYTES = (STATUS.map(lambda d: dumps(d).encode("utf-8", "surrogatepass"))
-                | st.binary(max_size=200)
-                | st.builds(lambda d, n: dumps(d).encode("utf-8", "surrogatepass")[:n], STATUS, st.integers(0, 200)))
+STATUS_BYTES = (
+    STATUS.map(lambda d: dumps(d).encode("utf-8", "surrogatepass"))
+    | st.binary(max_size=200)
+    | st.builds(lambda d, n: dumps(d).encode("utf-8", "surrogatepass")[:n], STATUS, st.integers(0, 200))
+)
 
 
 def check_status_bytes(raw: bytes) -> None:
@@ -190,13 +252,22 @@ TEXT_OR_ANY = st.text(max_size=40) | st.sampled_from(["PASS", "FAIL: no", "\ud80
 BRAIN_BODIES = (
     st.fixed_dictionaries({"response": TEXT_OR_ANY})
     | st.fixed_dictionaries({"message": st.fixed_dictionaries({"content": TEXT_OR_ANY}) | JSON})
-    | st.fixed_dictionaries({"choices": st.lists(st.fixed_dictionaries(
-        {"message": st.fixed_dictionaries({"content": TEXT_OR_ANY}) | JSON}) | JSON, max_size=2) | JSON})
+    | st.fixed_dictionaries(
+        {
+            "choices": st.lists(
+                st.fixed_dictionaries({"message": st.fixed_dictionaries({"content": TEXT_OR_ANY}) | JSON}) | JSON,
+                max_size=2,
+            )
+            | JSON
+        }
+    )
     | JSON
 )
-BRAIN_RAW = (BRAIN_BODIES.map(lambda d: dumps(d).encode("utf-8", "surrogatepass"))
-             | st.binary(max_size=100)
-             | st.builds(lambda d, n: dumps(d).encode("utf-8", "surrogatepass")[:n], BRAIN_BODIES, st.integers(0, 100)))
+BRAIN_RAW = (
+    BRAIN_BODIES.map(lambda d: dumps(d).encode("utf-8", "surrogatepass"))
+    | st.binary(max_size=100)
+    | st.builds(lambda d, n: dumps(d).encode("utf-8", "surrogatepass")[:n], BRAIN_BODIES, st.integers(0, 100))
+)
 BRAIN = st.tuples(st.sampled_from([("ollama", "generate"), ("ollama", "chat"), ("openai", "generate")]), BRAIN_RAW)
 
 

@@ -124,14 +124,16 @@ class SoakReport:
 
     def lines(self) -> list[str]:
         by_kind = Counter(v.kind for v in self.violations)
-        out = [f"tasks: {self.tasks} ({', '.join(f'{k} {n}' for k, n in sorted(self.kinds.items()))})",
-               f"end states: {', '.join(f'{k} {n}' for k, n in sorted(self.states.items())) or '-'}",
-               f"attempts: {self.attempts} ({self.unknown_costs} whose reported cost was lost with its "
-               f"output: unknown in the ledger); supervisor runs: {self.supervisor_runs}; {self.seconds:.1f}s",
-               "kills: " + (", ".join(f"{k} {n}" for k, n in sorted(self.kills.items())) or "none"),
-               *(f"note: {n}" for n in self.notes),
-               f"violations: {len(self.violations)}"
-               + (" (" + ", ".join(f"{k} {n}" for k, n in sorted(by_kind.items())) + ")" if by_kind else "")]
+        out = [
+            f"tasks: {self.tasks} ({', '.join(f'{k} {n}' for k, n in sorted(self.kinds.items()))})",
+            f"end states: {', '.join(f'{k} {n}' for k, n in sorted(self.states.items())) or '-'}",
+            f"attempts: {self.attempts} ({self.unknown_costs} whose reported cost was lost with its "
+            f"output: unknown in the ledger); supervisor runs: {self.supervisor_runs}; {self.seconds:.1f}s",
+            "kills: " + (", ".join(f"{k} {n}" for k, n in sorted(self.kills.items())) or "none"),
+            *(f"note: {n}" for n in self.notes),
+            f"violations: {len(self.violations)}"
+            + (" (" + ", ".join(f"{k} {n}" for k, n in sorted(by_kind.items())) + ")" if by_kind else ""),
+        ]
         out += [f"  {v}" for v in self.violations]
         return out
 
@@ -151,8 +153,12 @@ def plan_queue(opts: SoakOptions) -> list[TaskPlan]:
     plans: list[TaskPlan] = []
     for i in range(n):
         name = f"t{i:04d}"
-        kind = special.get(i) or rng.choices(["plain", "retry", "malformed", "reviewed"],
-                                             weights=[5, 2, 1 if opts.malformed else 0, 2])[0]
+        kind = (
+            special.get(i)
+            or rng.choices(["plain", "retry", "malformed", "reviewed"], weights=[5, 2, 1 if opts.malformed else 0, 2])[
+                0
+            ]
+        )
         deps: list[str] = []
         if i and rng.random() < 0.4:
             # chains and fan-in among the last few, so dependents wait on running work
@@ -168,30 +174,54 @@ def plan_queue(opts: SoakOptions) -> list[TaskPlan]:
 
         done = [["write", f"{name}.txt", name], ["commit", name]]
         if kind == "retry":
-            steps = [{"actions": [nap(), ["write", f"fix-{name}.txt", "draft"], ["commit", "draft"]], "cost": cost(0)},
-                     {"actions": [nap(), ["write", f"fix-{name}.txt", "final"], ["commit", "final"]], "cost": cost(1)}]
+            steps = [
+                {"actions": [nap(), ["write", f"fix-{name}.txt", "draft"], ["commit", "draft"]], "cost": cost(0)},
+                {"actions": [nap(), ["write", f"fix-{name}.txt", "final"], ["commit", "final"]], "cost": cost(1)},
+            ]
         elif kind == "malformed":
-            steps = [{"mode": "raw", "actions": [nap()], "cost": cost(0),
-                      "raw": ['{"type":"result","subtype":"success","total_cost_usd":"a lot"',
-                              "\x00\xff not json", '{"type": "result", "is_error": 7}']},
-                     {"actions": [nap(), *done], "cost": cost(1)}]
+            steps = [
+                {
+                    "mode": "raw",
+                    "actions": [nap()],
+                    "cost": cost(0),
+                    "raw": [
+                        '{"type":"result","subtype":"success","total_cost_usd":"a lot"',
+                        "\x00\xff not json",
+                        '{"type": "result", "is_error": 7}',
+                    ],
+                },
+                {"actions": [nap(), *done], "cost": cost(1)},
+            ]
         elif kind == "chatty":
-            steps = [{"actions": [nap(), ["bash", f"head -c {CHATTY_BYTES} /dev/zero | tr '\\0' x"], *done],
-                      "cost": cost(0)}]
+            steps = [
+                {"actions": [nap(), ["bash", f"head -c {CHATTY_BYTES} /dev/zero | tr '\\0' x"], *done], "cost": cost(0)}
+            ]
         elif kind == "detach":
             # a process the agent leaves behind in a session of its own (item 6)
-            steps = [{"actions": [nap(), ["bash", "setsid sleep 3600 </dev/null >/dev/null 2>&1 &"], *done],
-                      "cost": cost(0)}]
+            steps = [
+                {"actions": [nap(), ["bash", "setsid sleep 3600 </dev/null >/dev/null 2>&1 &"], *done], "cost": cost(0)}
+            ]
         else:
             steps = [{"actions": [nap(), *done], "cost": cost(0)}]
         # later steps (a resumed session after a kill) do the work again, at their own cost
-        steps.append({"actions": [nap(), *(done if kind != "retry" else
-                                           [["write", f"fix-{name}.txt", "final"], ["commit", "final"]])],
-                      "cost": cost(len(steps))})
+        steps.append(
+            {
+                "actions": [
+                    nap(),
+                    *(done if kind != "retry" else [["write", f"fix-{name}.txt", "final"], ["commit", "final"]]),
+                ],
+                "cost": cost(len(steps)),
+            }
+        )
         review = None
         if kind == "reviewed":
-            review = [{"structured": {"verdict": "PASS", "reason": "looks right"}, "result": "PASS",
-                       "cost": round(0.00001 * (i + 1), 8)}]
+            review = [
+                {
+                    "structured": {"verdict": "PASS", "reason": "looks right"},
+                    "result": "PASS",
+                    "cost": round(0.00001 * (i + 1), 8),
+                }
+            ]
         plans.append(TaskPlan(name, kind, deps, merge, steps, review))
     return plans
 
@@ -199,8 +229,14 @@ def plan_queue(opts: SoakOptions) -> list[TaskPlan]:
 def tasks_toml(plans: list[TaskPlan]) -> str:
     blocks = []
     for p in plans:
-        lines = ["[[task]]", f'name = "{p.name}"', 'cwd = "repo"', f'prompt = "Do {p.name}."',
-                 'git_ref = "main"', "max_retries = 4"]
+        lines = [
+            "[[task]]",
+            f'name = "{p.name}"',
+            'cwd = "repo"',
+            f'prompt = "Do {p.name}."',
+            'git_ref = "main"',
+            "max_retries = 4",
+        ]
         if p.deps:
             lines.append("depends_on = " + json.dumps(p.deps))
         if p.merge_deps:
@@ -227,8 +263,9 @@ def write_queue(fleeter: Any, fake_claude: Any, plans: list[TaskPlan], opts: Soa
     if r.ret == 4 and "output: unknown table" in r.stderr:
         fleeter.write_config(base)
         if opts.log:
-            opts.log(f"no [output] max_bytes in this fleetrun: files over {opts.cap_bytes} bytes are "
-                     "reported all the same")
+            opts.log(
+                f"no [output] max_bytes in this fleetrun: files over {opts.cap_bytes} bytes are reported all the same"
+            )
         r = fleeter.runsub("queue", "tasks.toml")
     if r.ret != 0:
         raise RuntimeError(f"fleetrun queue exited {r.ret}:\n{r.stdout}{r.stderr}")
@@ -338,8 +375,15 @@ class NetPeers:
 class Soak:
     """Runs the queue under chaos; :meth:`run` returns the report."""
 
-    def __init__(self, fleeter: Any, fake_claude: Any, opts: SoakOptions, root: Path,
-                 small_disk: Optional[str] = None, peers: Optional[NetPeers] = None) -> None:
+    def __init__(
+        self,
+        fleeter: Any,
+        fake_claude: Any,
+        opts: SoakOptions,
+        root: Path,
+        small_disk: Optional[str] = None,
+        peers: Optional[NetPeers] = None,
+    ) -> None:
         """:param root: everything of this soak is under it (the orphan scan's needle).
         :param small_disk: why the home is not on a small file system, or None when it
             is (the disk-full blow needs one)."""
@@ -362,9 +406,16 @@ class Soak:
         self.fill_until = 0.0
         self.hit: Counter[str] = Counter()  # shepherd kills per task
         self.peers = peers
-        self.blows = [k for k, on in (("supervisor", opts.supervisor_kills), ("shepherd", opts.shepherd_kills),
-                                      ("disk_full", opts.disk_full and small_disk is None),
-                                      ("peer_link", opts.peer_links and peers is not None)) if on]
+        self.blows = [
+            k
+            for k, on in (
+                ("supervisor", opts.supervisor_kills),
+                ("shepherd", opts.shepherd_kills),
+                ("disk_full", opts.disk_full and small_disk is None),
+                ("peer_link", opts.peer_links and peers is not None),
+            )
+            if on
+        ]
         if opts.disk_full and small_disk is not None:
             self.report.notes.append(f"no full disk: {small_disk}")
 
@@ -374,9 +425,14 @@ class Soak:
 
     def start_supervisor(self) -> None:
         self.report.supervisor_runs += 1
-        self.proc = subprocess.Popen([sys.executable, "-m", "fleetrun", "work", "--until-idle"],
-                                     cwd=self.fleeter.path, stdin=subprocess.DEVNULL, stdout=self.out,
-                                     stderr=subprocess.STDOUT, env=dict(os.environ, TERM="dumb"))
+        self.proc = subprocess.Popen(
+            [sys.executable, "-m", "fleetrun", "work", "--until-idle"],
+            cwd=self.fleeter.path,
+            stdin=subprocess.DEVNULL,
+            stdout=self.out,
+            stderr=subprocess.STDOUT,
+            env=dict(os.environ, TERM="dumb"),
+        )
 
     def kill_supervisor(self) -> bool:
         if self.proc is None or self.proc.poll() is not None:
@@ -392,16 +448,21 @@ class Soak:
         try:
             conn = _ro(self.home)
             try:
-                rows = conn.execute("SELECT t.name, t.resumes, a.shepherd_pid, a.shepherd_token "
-                                    "FROM attempts a JOIN tasks t "
-                                    "ON a.task_id = t.id WHERE a.state = 'running' AND a.shepherd_pid IS NOT NULL "
-                                    "AND t.state = 'RUNNING' AND a.host = 'local' ORDER BY t.name").fetchall()
+                rows = conn.execute(
+                    "SELECT t.name, t.resumes, a.shepherd_pid, a.shepherd_token "
+                    "FROM attempts a JOIN tasks t "
+                    "ON a.task_id = t.id WHERE a.state = 'running' AND a.shepherd_pid IS NOT NULL "
+                    "AND t.state = 'RUNNING' AND a.host = 'local' ORDER BY t.name"
+                ).fetchall()
             finally:
                 conn.close()
         except sqlite3.Error:
             return False
-        fit = [(name, pid, token) for name, resumes, pid, token in rows
-               if resumes + self.hit[name] < 2 and self.by_name[name].kind != "malformed"]
+        fit = [
+            (name, pid, token)
+            for name, resumes, pid, token in rows
+            if resumes + self.hit[name] < 2 and self.by_name[name].kind != "malformed"
+        ]
         if not fit:
             return False
         name, pid, token = self.aim.choice(fit)
@@ -439,8 +500,12 @@ class Soak:
 
     def strike(self) -> None:
         kind = self.rng.choice(self.blows)
-        if {"supervisor": self.kill_supervisor, "shepherd": self.kill_shepherd, "disk_full": self.fill_disk,
-                "peer_link": self.drop_link}[kind]():
+        if {
+            "supervisor": self.kill_supervisor,
+            "shepherd": self.kill_shepherd,
+            "disk_full": self.fill_disk,
+            "peer_link": self.drop_link,
+        }[kind]():
             self.report.kills[kind] += 1
 
     def run(self) -> SoakReport:
@@ -459,8 +524,9 @@ class Soak:
                 self.proc.wait(timeout=60)
             self.out.close()
         self.report.seconds = time.monotonic() - started
-        self.report.violations = check(self.fleeter, self.fake, self.plans, self.costs, self.root,
-                                       self.opts.cap_bytes, self.report, self.peers)
+        self.report.violations = check(
+            self.fleeter, self.fake, self.plans, self.costs, self.root, self.opts.cap_bytes, self.report, self.peers
+        )
         return self.report
 
     def drive(self, started: float) -> None:
@@ -490,9 +556,14 @@ class Soak:
                 c = Counter(_states(self.home).values())
                 self.say(f"{now - started:6.0f}s {dict(sorted(c.items()))} kills {dict(self.report.kills)}")
             if now - started > self.opts.deadline:
-                self.report.violations.append(Violation(
-                    "deadline", "-", f"the queue did not end in {self.opts.deadline:g}s",
-                    json.dumps(dict(Counter(_states(self.home).values())))))
+                self.report.violations.append(
+                    Violation(
+                        "deadline",
+                        "-",
+                        f"the queue did not end in {self.opts.deadline:g}s",
+                        json.dumps(dict(Counter(_states(self.home).values()))),
+                    )
+                )
                 return
             time.sleep(0.05)
 
@@ -501,10 +572,14 @@ class Soak:
 # the checks
 
 #: check_invariants' lines, by what they are about
-_KINDS = [(r"overlapped", "overlap"), (r"started \d+ times|no call for it|abandoned as never started", "ran_twice"),
-          (r"transition|the log ends|first transition", "transitions"), (r"verdict", "verdicts"),
-          (r"still (leased|starting|running)|never wrote an end|no status.json|shepherd", "attempts"),
-          (r"worktree", "worktree")]
+_KINDS = [
+    (r"overlapped", "overlap"),
+    (r"started \d+ times|no call for it|abandoned as never started", "ran_twice"),
+    (r"transition|the log ends|first transition", "transitions"),
+    (r"verdict", "verdicts"),
+    (r"still (leased|starting|running)|never wrote an end|no status.json|shepherd", "attempts"),
+    (r"worktree", "worktree"),
+]
 
 
 def _classify(line: str) -> Violation:
@@ -516,8 +591,9 @@ def _classify(line: str) -> Violation:
 
 
 def _git(repo: Path, *args: str) -> subprocess.CompletedProcess[str]:
-    return subprocess.run(["git", "-C", str(repo), *args], capture_output=True, text=True,
-                          env=dict(os.environ, **GIT_ENV), timeout=120)
+    return subprocess.run(
+        ["git", "-C", str(repo), *args], capture_output=True, text=True, env=dict(os.environ, **GIT_ENV), timeout=120
+    )
 
 
 def _env_of(pid: int) -> dict[str, str]:
@@ -538,11 +614,19 @@ def read_costs(path: Path) -> list[dict[str, Any]]:
         text = path.read_text()
     except OSError:
         return []
-    return [json.loads(line) for line in text[:text.rfind("\n") + 1].splitlines() if line.strip()]
+    return [json.loads(line) for line in text[: text.rfind("\n") + 1].splitlines() if line.strip()]
 
 
-def check(fleeter: Any, fake_claude: Any, plans: list[TaskPlan], costs: Path, root: Path, cap: int,
-          report: SoakReport, peers: Optional[NetPeers] = None) -> list[Violation]:
+def check(
+    fleeter: Any,
+    fake_claude: Any,
+    plans: list[TaskPlan],
+    costs: Path,
+    root: Path,
+    cap: int,
+    report: SoakReport,
+    peers: Optional[NetPeers] = None,
+) -> list[Violation]:
     """Every violation, each with its task, what broke and the evidence."""
     bad: list[Violation] = list(report.violations)
     led = fleeter.ledger()
@@ -557,8 +641,10 @@ def check(fleeter: Any, fake_claude: Any, plans: list[TaskPlan], costs: Path, ro
                 adir.mkdir(parents=True, exist_ok=True)
                 if not (adir / "status.json").exists():
                     (adir / "status.json").symlink_to(src)
-        report.notes.append("attempts by host: " + ", ".join(
-            f"{h} {n}" for h, n in sorted(Counter(a.host for a in led.attempts()).items())))
+        report.notes.append(
+            "attempts by host: "
+            + ", ".join(f"{h} {n}" for h, n in sorted(Counter(a.host for a in led.attempts()).items()))
+        )
     tasks = {t.name: t for t in led.tasks()}
     by_id = {t.id: t for t in tasks.values()}
     report.states = Counter(t.state.value for t in tasks.values())
@@ -570,14 +656,20 @@ def check(fleeter: Any, fake_claude: Any, plans: list[TaskPlan], costs: Path, ro
         if t is None:
             bad.append(Violation("lost", p.name, "not in the ledger"))
         elif t.state.value != "DONE":
-            bad.append(Violation("end_state", p.name, f"ended {t.state.value}, not DONE",
-                                 f"{t.reason[:300]}; {timeline(led, t)}"))
+            bad.append(
+                Violation(
+                    "end_state", p.name, f"ended {t.state.value}, not DONE", f"{t.reason[:300]}; {timeline(led, t)}"
+                )
+            )
 
     # -- the crash-point tests' invariants (transitions, attempts, verdicts, worktrees)
     actual = {name: t.state.value for name, t in tasks.items()}  # end states are checked above
     # an agent whose shepherd we killed may die before the fake logs its call
-    struck = {f"{by_id[a.task_id].name} attempt {a.number}: an agent ran but the fake has no call for it"
-              for a in led.attempts() if a.shepherd_pid in report.killed_shepherds}
+    struck = {
+        f"{by_id[a.task_id].name} attempt {a.number}: an agent ran but the fake has no call for it"
+        for a in led.attempts()
+        if a.shepherd_pid in report.killed_shepherds
+    }
     # an attempt counted as a session that died, though its shepherd recorded nothing (it
     # refuses to start what it cannot record: a full disk) and no agent ran
     called = {(c["env"].get("FLEETRUN_TASK_ID"), c["env"].get("FLEETRUN_ATTEMPT")) for c in fake_claude.calls()}
@@ -586,15 +678,25 @@ def check(fleeter: Any, fake_claude: Any, plans: list[TaskPlan], costs: Path, ro
         adir = fleeter.home / "attempts" / a.id
         if a.outcome == "died" and read_status(adir) is None and (a.task_id, str(a.number)) not in called:
             t = by_id[a.task_id]
-            out = (adir / "shepherd.out").read_text(errors="replace").strip()[:300] if (adir / "shepherd.out").exists() else ""
+            out = (
+                (adir / "shepherd.out").read_text(errors="replace").strip()[:300]
+                if (adir / "shepherd.out").exists()
+                else ""
+            )
             unstarted[f"{t.name} attempt {a.number} (ended) has no status.json"] = Violation(
-                "died_unstarted", t.name, f"attempt {a.number} was counted as a session that died (a resume "
+                "died_unstarted",
+                t.name,
+                f"attempt {a.number} was counted as a session that died (a resume "
                 "spent) though its shepherd never wrote status.json and no agent ran",
-                f"shepherd {a.shepherd_pid}, shepherd.out {out!r}, resumes {t.resumes}; {timeline(led, t)}")
+                f"shepherd {a.shepherd_pid}, shepherd.out {out!r}, resumes {t.resumes}; {timeline(led, t)}",
+            )
     # an attempt whose shepherd ended before recording a start is ended start_failed,
     # with no status.json: nothing ran, nothing to find
-    struck |= {f"{by_id[a.task_id].name} attempt {a.number} (ended) has no status.json"
-               for a in led.attempts() if a.outcome == "start_failed"}
+    struck |= {
+        f"{by_id[a.task_id].name} attempt {a.number} (ended) has no status.json"
+        for a in led.attempts()
+        if a.outcome == "start_failed"
+    }
     for line in check_invariants(fleeter, fake_claude, actual):
         if line in struck:
             continue
@@ -606,12 +708,24 @@ def check(fleeter: Any, fake_claude: Any, plans: list[TaskPlan], costs: Path, ro
         rows = led.transitions(t.id)
         ends = [i for i, r in enumerate(rows) if r.to_state in TERMINAL]
         if len(ends) > 1:
-            bad.append(Violation("ended_twice", t.name, f"{len(ends)} moves into a terminal state",
-                                 "; ".join(f"{rows[i].from_state}->{rows[i].to_state} ({rows[i].cause})" for i in ends)))
+            bad.append(
+                Violation(
+                    "ended_twice",
+                    t.name,
+                    f"{len(ends)} moves into a terminal state",
+                    "; ".join(f"{rows[i].from_state}->{rows[i].to_state} ({rows[i].cause})" for i in ends),
+                )
+            )
         if ends and ends[0] != len(rows) - 1:
-            after = rows[ends[0] + 1:]
-            bad.append(Violation("after_terminal", t.name, f"{len(after)} transitions after {rows[ends[0]].to_state}",
-                                 "; ".join(f"{r.from_state}->{r.to_state} ({r.cause})" for r in after[:5])))
+            after = rows[ends[0] + 1 :]
+            bad.append(
+                Violation(
+                    "after_terminal",
+                    t.name,
+                    f"{len(after)} transitions after {rows[ends[0]].to_state}",
+                    "; ".join(f"{r.from_state}->{r.to_state} ({r.cause})" for r in after[:5]),
+                )
+            )
 
     # -- a DONE task of base = "dependencies" holds each dependency's head
     repo = fleeter.path / "repo"
@@ -627,16 +741,23 @@ def check(fleeter: Any, fake_claude: Any, plans: list[TaskPlan], costs: Path, ro
             head = _git(repo, "rev-parse", d.branch).stdout.strip()
             r = _git(repo, "merge-base", "--is-ancestor", head, t.branch)
             if r.returncode != 0:
-                bad.append(Violation("deps_merged", p.name, f"DONE without {dep}'s head",
-                                     f"{dep} {d.branch} at {head[:12]} is not an ancestor of {t.branch} "
-                                     f"({_git(repo, 'rev-parse', t.branch).stdout.strip()[:12]}); "
-                                     f"{timeline(led, t)}"))
+                bad.append(
+                    Violation(
+                        "deps_merged",
+                        p.name,
+                        f"DONE without {dep}'s head",
+                        f"{dep} {d.branch} at {head[:12]} is not an ancestor of {t.branch} "
+                        f"({_git(repo, 'rev-parse', t.branch).stdout.strip()[:12]}); "
+                        f"{timeline(led, t)}",
+                    )
+                )
 
     # -- the ledger's costs are the agents' reported costs
     reported: dict[tuple[str, str, bool], list[float]] = {}
     for c in read_costs(costs):
-        reported.setdefault((c.get("task_id") or "?", c.get("attempt") or "?", bool(c.get("verifier"))),
-                            []).append(float(c["cost"]))
+        reported.setdefault((c.get("task_id") or "?", c.get("attempt") or "?", bool(c.get("verifier"))), []).append(
+            float(c["cost"])
+        )
     for t in tasks.values():
         total = 0.0
         for a in led.attempts(t.id):
@@ -644,12 +765,27 @@ def check(fleeter: Any, fake_claude: Any, plans: list[TaskPlan], costs: Path, ro
             if a.cost_usd is not None:
                 total += a.cost_usd
             if a.cost_usd and not said:
-                bad.append(Violation("cost", t.name, f"attempt {a.number} costs {a.cost_usd} in the ledger, "
-                                     "but its agent reported no cost"))
-            elif said and a.cost_usd is not None and a.state in ("ended", "verified") \
-                    and abs(a.cost_usd - said[-1]) > 1e-9:
-                bad.append(Violation("cost", t.name, f"attempt {a.number}: ledger {a.cost_usd} != reported {said[-1]}",
-                                     f"outcome {a.outcome}"))
+                bad.append(
+                    Violation(
+                        "cost",
+                        t.name,
+                        f"attempt {a.number} costs {a.cost_usd} in the ledger, but its agent reported no cost",
+                    )
+                )
+            elif (
+                said
+                and a.cost_usd is not None
+                and a.state in ("ended", "verified")
+                and abs(a.cost_usd - said[-1]) > 1e-9
+            ):
+                bad.append(
+                    Violation(
+                        "cost",
+                        t.name,
+                        f"attempt {a.number}: ledger {a.cost_usd} != reported {said[-1]}",
+                        f"outcome {a.outcome}",
+                    )
+                )
             elif said and a.cost_usd is None:
                 st = read_status(fleeter.home / "attempts" / a.id) or {}
                 if st.get("log_dropped") or st.get("state") != "ended":
@@ -657,19 +793,33 @@ def check(fleeter: Any, fake_claude: Any, plans: list[TaskPlan], costs: Path, ro
                     # the ledger says unknown, not a made-up figure, and the task's cost is a floor
                     report.unknown_costs += 1
                 else:
-                    bad.append(Violation("cost", t.name, f"attempt {a.number} reported {said[-1]} but its cost "
-                                         "is unknown in the ledger", f"outcome {a.outcome}, status {st}"))
+                    bad.append(
+                        Violation(
+                            "cost",
+                            t.name,
+                            f"attempt {a.number} reported {said[-1]} but its cost is unknown in the ledger",
+                            f"outcome {a.outcome}, status {st}",
+                        )
+                    )
             for v in led.verdicts(attempt_id=a.id):
                 total += v.cost_usd
                 if v.kind == "agent":
                     rev = reported.get((t.id, str(a.number), True), [])
                     # 0: a reviewer that never printed its result (a full disk, a timeout)
                     if v.cost_usd and not any(abs(v.cost_usd - x) <= 1e-9 for x in rev):
-                        bad.append(Violation("cost", t.name, f"attempt {a.number}'s reviewer verdict costs "
-                                             f"{v.cost_usd}, reported: {rev}"))
+                        bad.append(
+                            Violation(
+                                "cost",
+                                t.name,
+                                f"attempt {a.number}'s reviewer verdict costs {v.cost_usd}, reported: {rev}",
+                            )
+                        )
         if abs(total - t.cost_usd) > 1e-6:
-            bad.append(Violation("cost", t.name, f"the task's cost {t.cost_usd} != its attempts' and verdicts' "
-                                 f"{round(total, 8)}"))
+            bad.append(
+                Violation(
+                    "cost", t.name, f"the task's cost {t.cost_usd} != its attempts' and verdicts' {round(total, 8)}"
+                )
+            )
 
     # -- no output file over the cap: the agents', reviewers', verifiers' and setups'
     # output is kept in the attempt folders (the ledger and the event log are not output)
@@ -686,7 +836,9 @@ def check(fleeter: Any, fake_claude: Any, plans: list[TaskPlan], costs: Path, ro
                 if size > cap + MARKER_ROOM:
                     rel = path.relative_to(home)
                     owner = owners.get(rel.parts[1], "-") if len(rel.parts) > 1 else "-"
-                    bad.append(Violation("file_cap", owner, f"{where}{rel} is {size} bytes (cap {cap}, and a marker line)"))
+                    bad.append(
+                        Violation("file_cap", owner, f"{where}{rel} is {size} bytes (cap {cap}, and a marker line)")
+                    )
 
     # -- no orphan process: nothing whose command line, cwd or environment is this soak's
     left = wait_no_leftovers(root)
@@ -698,8 +850,14 @@ def check(fleeter: Any, fake_claude: Any, plans: list[TaskPlan], costs: Path, ro
         if peers is not None and ("sshd" in cmd or " host " in f" {cmd} " or cmd.endswith(" host")):
             continue  # a peer's sshd or the `fleetrun host` worker of a connection: the lab's, not a task's
         env = _env_of(proc.pid)
-        bad.append(Violation("orphan", env.get("FLEETRUN_TASK_NAME", "-"),
-                             f"process {proc.pid} outlived the run", describe_procs([proc])))
+        bad.append(
+            Violation(
+                "orphan",
+                env.get("FLEETRUN_TASK_NAME", "-"),
+                f"process {proc.pid} outlived the run",
+                describe_procs([proc]),
+            )
+        )
     return bad
 
 

@@ -50,15 +50,17 @@ IS_ROOT = os.geteuid() == 0
 NOISY_BASHRC = 'echo "hello from .bashrc, on stdout"\necho "and on stderr" >&2\n'
 
 
-
 def need_sshd() -> None:
     if not os.path.exists(SSHD) or not os.path.exists(SSH_KEYGEN):
         pytest.skip(f"no {SSHD} / ssh-keygen here (apt-get install openssh-server; .ci/run does)")
 
 
 def keygen(path: Path, comment: str = "fleetrun-test") -> Path:
-    subprocess.run([SSH_KEYGEN, "-q", "-t", "ed25519", "-N", "", "-C", comment, "-f", str(path)], check=True,
-                   stdin=subprocess.DEVNULL)
+    subprocess.run(
+        [SSH_KEYGEN, "-q", "-t", "ed25519", "-N", "", "-C", comment, "-f", str(path)],
+        check=True,
+        stdin=subprocess.DEVNULL,
+    )
     return path
 
 
@@ -75,9 +77,15 @@ def run(*argv: str, check: bool = True) -> subprocess.CompletedProcess[str]:
 class Sshd:
     """One sshd process with its own folder, host key and config."""
 
-    def __init__(self, folder: Path, authorized_keys: list[str], listen: str = "127.0.0.1",
-                 port: Optional[int] = None, netns: Optional[str] = None,
-                 binds: Optional[list[tuple[Path, Path]]] = None) -> None:
+    def __init__(
+        self,
+        folder: Path,
+        authorized_keys: list[str],
+        listen: str = "127.0.0.1",
+        port: Optional[int] = None,
+        netns: Optional[str] = None,
+        binds: Optional[list[tuple[Path, Path]]] = None,
+    ) -> None:
         self.dir = folder
         self.dir.mkdir(parents=True, exist_ok=True)
         self.listen = listen
@@ -137,8 +145,9 @@ LogLevel INFO
         log = open(self.dir / "sshd.log", "ab")  # noqa: SIM115 - closed in stop()
         start = log.tell()  # a restart appends: only what this sshd writes counts
         try:
-            self.proc = subprocess.Popen(self.argv(), stdin=subprocess.DEVNULL, stdout=log, stderr=log,
-                                         start_new_session=True)
+            self.proc = subprocess.Popen(
+                self.argv(), stdin=subprocess.DEVNULL, stdout=log, stderr=log, start_new_session=True
+            )
         finally:
             log.close()
         # this sshd's own word that it listens (logged after listen()) before its banner: a
@@ -208,8 +217,7 @@ class PeerMachine:
 
     def command(self, **extra: str) -> list[str]:
         """``env FLEETRUN_HOME=... FAKE_CLAUDE_...=... python -m fleetrun``."""
-        env = {"FLEETRUN_HOME": str(self.home), "PYTHONDONTWRITEBYTECODE": "1",
-               "FLEETRUN_DISABLE_PLUGIN_AUTOLOAD": "1"}
+        env = {"FLEETRUN_HOME": str(self.home), "PYTHONDONTWRITEBYTECODE": "1", "FLEETRUN_DISABLE_PLUGIN_AUTOLOAD": "1"}
         for k, v in os.environ.items():  # the fake claude's scenario, git's identity
             if k.startswith(("FAKE_CLAUDE_", "GIT_AUTHOR_", "GIT_COMMITTER_")) or k == "GIT_CONFIG_NOSYSTEM":
                 env[k] = v
@@ -227,8 +235,9 @@ class PeerMachine:
         config = fleeter.home / "config.toml"
         if config.exists():
             self.write("config.toml", config.read_text())
-        r = fleeter.run("relay", "add", self.name, self.address, "--accept-new", "--command",
-                        self.command_line(**env), *extra)
+        r = fleeter.run(
+            "relay", "add", self.name, self.address, "--accept-new", "--command", self.command_line(**env), *extra
+        )
         assert r.ret == 0, r.stdout + r.stderr
 
     def write(self, name: str, text: str) -> Path:
@@ -242,8 +251,9 @@ class PeerMachine:
         import json
 
         path = self.home.parent / "headroom.json"
-        path.write_text(json.dumps({"free_mem_mb": free_mem_mb, "load_per_core": load_per_core,
-                                    "free_disk_mb": free_disk_mb}))
+        path.write_text(
+            json.dumps({"free_mem_mb": free_mem_mb, "load_per_core": load_per_core, "free_disk_mb": free_disk_mb})
+        )
         self.env["FLEETRUN_FAKE_HEADROOM"] = str(path)
 
 
@@ -334,8 +344,14 @@ class PeerLab:
         self.machines: list[PeerMachine] = []
         self.net: Optional[NetLab] = None
 
-    def machine(self, name: str, netns: bool = False, repo: Optional[Path] = None,
-                env: Optional[dict[str, str]] = None, hide: tuple[Path, ...] = ()) -> PeerMachine:
+    def machine(
+        self,
+        name: str,
+        netns: bool = False,
+        repo: Optional[Path] = None,
+        env: Optional[dict[str, str]] = None,
+        hide: tuple[Path, ...] = (),
+    ) -> PeerMachine:
         """A peer on 127.0.0.1, or (``netns``) in a namespace of its own, where ``repo``
         (if given) is replaced by a clone of it, at the same path, and each folder in
         ``hide`` by an empty one."""
@@ -378,8 +394,10 @@ class PeerLab:
         chatty one does): a branch made there is on the peer only, until it is fetched.
         The test skips without root and ``unshare``, saying so."""
         if not IS_ROOT or not shutil.which("unshare"):
-            pytest.skip("a peer with a repository of its own at the same path needs root and unshare "
-                        "(a private mount namespace)")
+            pytest.skip(
+                "a peer with a repository of its own at the same path needs root and unshare "
+                "(a private mount namespace)"
+            )
         folder = self.root / name
         home = folder / "home"
         home.mkdir(parents=True, mode=0o700)

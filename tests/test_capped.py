@@ -23,14 +23,15 @@ def write_through(cls: type, path: Path, chunks: list[bytes], cap: int) -> tuple
     return path.read_bytes(), cut
 
 
-@pytest.mark.parametrize("sizes", [[10], [4096], [4097], [1, 2, 3, 5000, 7], [3000, 3000, 3000], [100_000],
-                                   [2_000_000, 5]])
+@pytest.mark.parametrize(
+    "sizes", [[10], [4096], [4097], [1, 2, 3, 5000, 7], [3000, 3000, 3000], [100_000], [2_000_000, 5]]
+)
 def test_head_and_tail_kept_with_a_marker_between(tmp_path: Path, sizes: list[int]) -> None:
     cap = 4096
     stream = b"".join(bytes([65 + i % 26]) * n for i, n in enumerate(sizes))
     pos, chunks = 0, []
     for n in sizes:
-        chunks.append(stream[pos:pos + n])
+        chunks.append(stream[pos : pos + n])
         pos += n
     got, cut = write_through(capped.CappedWriter, tmp_path / "out", chunks, cap)
     if len(stream) <= cap:
@@ -38,7 +39,7 @@ def test_head_and_tail_kept_with_a_marker_between(tmp_path: Path, sizes: list[in
     else:
         assert cut == len(stream) - cap
         mark = capped.marker(cut, cap)
-        assert got == stream[:cap // 2] + mark + stream[-(cap - cap // 2):]
+        assert got == stream[: cap // 2] + mark + stream[-(cap - cap // 2) :]
         assert len(got) == cap + len(mark)
     # the shepherd, which cannot import the package, keeps a copy: it must cut alike
     assert write_through(shepherd.CappedLog, tmp_path / "log", chunks, cap) == (got, cut)
@@ -46,9 +47,9 @@ def test_head_and_tail_kept_with_a_marker_between(tmp_path: Path, sizes: list[in
 
 def test_the_marker_says_what_was_cut() -> None:
     assert capped.marker(199_000_009, 1_000_000) == (
-        b"\n[fleetrun: 199,000,009 bytes cut: output over its 1.0 MB cap]\n")
+        b"\n[fleetrun: 199,000,009 bytes cut: output over its 1.0 MB cap]\n"
+    )
     assert capped.cut_note(1_000_000_000, 20_000_000) == "output cut: 1.0 GB over the 20 MB cap"
-    assert [capped.size_text(n) for n in (5, 4096, 20_000_000, 123_456_789)] == [
-        "5 bytes", "4.1 kB", "20 MB", "123 MB"]
+    assert [capped.size_text(n) for n in (5, 4096, 20_000_000, 123_456_789)] == ["5 bytes", "4.1 kB", "20 MB", "123 MB"]
     assert shepherd.size_text(123_456_789) == "123 MB"
     assert shepherd.MAX_OUTPUT == capped.DEFAULT_MAX_BYTES and shepherd.MIN_OUTPUT == capped.MIN_MAX_BYTES

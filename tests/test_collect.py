@@ -79,16 +79,33 @@ def test_defaults(tmp_path: Path) -> None:
     assert t.stall_timeout_min == 20.0
     assert t.agent == "claude"
     assert (t.git_ref, t.branch, t.model, t.permission_mode, t.allowed_tools, t.budget_usd, t.role, t.peer) == (
-        None, None, None, None, None, None, None, None)
+        None,
+        None,
+        None,
+        None,
+        None,
+        None,
+        None,
+        None,
+    )
     assert (t.depends_on, t.paths, t.requires, t.extra) == ([], [], [], {})
     (v,) = t.verify
     assert (v.kind, v.text, v.timeout_s, v.model, v.budget_usd, v.line, v.extra) == (
-        "run", "make test", 900.0, None, None, 5, {})
+        "run",
+        "make test",
+        900.0,
+        None,
+        None,
+        5,
+        {},
+    )
 
 
 def test_values(tmp_path: Path) -> None:
     (tmp_path / "repo").mkdir()
-    tf = collect(tmp_path, """
+    tf = collect(
+        tmp_path,
+        """
 [[task]]
 name = "b"
 prompt = "p"
@@ -118,7 +135,8 @@ peer = "mini"
   model = "sonnet"
   budget_usd = 1
   timeout_s = 60
-""".lstrip())
+""".lstrip(),
+    )
     a = tf.tasks[1]
     assert a.cwd == str((tmp_path / "repo").resolve())
     assert a.line == 5
@@ -129,7 +147,13 @@ peer = "mini"
     assert (a.agent, a.role, a.paths, a.requires, a.peer) == ("codex", "backend", ["src"], ["gpu"], "mini")
     (v,) = a.verify
     assert (v.kind, v.text, v.model, v.budget_usd, v.timeout_s, v.line) == (
-        "agent", "review it", "sonnet", 1.0, 60.0, 25)
+        "agent",
+        "review it",
+        "sonnet",
+        1.0,
+        60.0,
+        25,
+    )
 
 
 def test_spec_json_roundtrip(tmp_path: Path) -> None:
@@ -140,8 +164,9 @@ def test_spec_json_roundtrip(tmp_path: Path) -> None:
 def test_a_verifier_name_round_trips_and_unknown_verifier_keys_are_left_out(tmp_path: Path) -> None:
     """A verifier's ``name`` is kept in the ledger's JSON; a key a newer fleetrun wrote
     there (a ledger, a supervisor's request to a peer) is left out, as a task's is."""
-    (t,) = collect(tmp_path, '[[task]]\nname = "a"\nprompt = "p"\n[[task.verify]]\nname = "unit"\n'
-                             'run = "pytest -q"\n').tasks
+    (t,) = collect(
+        tmp_path, '[[task]]\nname = "a"\nprompt = "p"\n[[task.verify]]\nname = "unit"\nrun = "pytest -q"\n'
+    ).tasks
     assert t.verify[0].name == "unit" and t.verify[0].label == "unit"
     data = t.to_json()
     assert TaskSpec.from_json(data) == t
@@ -164,7 +189,8 @@ def test_partial_graph_on_errors(tmp_path: Path) -> None:
 
 def test_single_error_is_still_usage_errors(tmp_path: Path) -> None:
     assert errors(tmp_path, '[[task]]\nname = "a"\n') == [
-        "ERROR: tasks.toml:1: task 'a': prompt: missing (every [[task]] needs name and prompt)"]
+        "ERROR: tasks.toml:1: task 'a': prompt: missing (every [[task]] needs name and prompt)"
+    ]
 
 
 def test_toml_error_at_end_of_document(tmp_path: Path) -> None:
@@ -231,8 +257,14 @@ x = 1
 def test_builtin_keys_are_documented() -> None:
     from fleetrun.taskkeys import RUN_TASK_KEYS, RUN_VERIFY_KEYS
 
-    every = (*BUILTIN_TASK_KEYS, *BUILTIN_VERIFY_KEYS, *BUILTIN_VERIFY_KINDS, *PLUGIN_KINDS, *RUN_TASK_KEYS,
-             *RUN_VERIFY_KEYS)
+    every = (
+        *BUILTIN_TASK_KEYS,
+        *BUILTIN_VERIFY_KEYS,
+        *BUILTIN_VERIFY_KINDS,
+        *PLUGIN_KINDS,
+        *RUN_TASK_KEYS,
+        *RUN_VERIFY_KEYS,
+    )
     for d in every:
         assert d.doc, d.key
     doc = Path(__file__).resolve().parent.parent / "docs" / "tasks-toml.md"
@@ -248,9 +280,16 @@ def test_keytable_build() -> None:
     assert list(table.verify_kinds) == ["http"]  # no kind is the core's: each comes from its plugin
     # hook order is the reverse of registration: kinds are listed in registration order,
     # and the first declaration in hook order wins
-    first, second = KeyDecl("x", (str,), where="verify_kind", doc="1"), KeyDecl("x", (str,), where="verify_kind", doc="2")
-    table = KeyTable.build([[KeyDecl("b", (str,), where="verify_kind", runs="here"), first],
-                            [KeyDecl("a", (str,), where="verify_kind"), second]])
+    first, second = (
+        KeyDecl("x", (str,), where="verify_kind", doc="1"),
+        KeyDecl("x", (str,), where="verify_kind", doc="2"),
+    )
+    table = KeyTable.build(
+        [
+            [KeyDecl("b", (str,), where="verify_kind", runs="here"), first],
+            [KeyDecl("a", (str,), where="verify_kind"), second],
+        ]
+    )
     assert list(table.verify_kinds) == ["a", "x", "b"] and table.verify_kinds["x"] is first
     assert table.runs_here("b") and not table.runs_here("a") and not table.runs_here("nope")
     with pytest.raises(ValueError, match="runs must be host or here"):
@@ -269,10 +308,15 @@ def test_keytable_bad_where() -> None:
 
 
 def test_plugin_keys_go_to_extra(tmp_path: Path) -> None:
-    keys = KeyTable.build([[KeyDecl("priority", (int,)), KeyDecl("retries_s", (float, int), where="verify")],
-                           verify_run.fleetrun_task_keys(config=None)])
-    (t,) = collect(tmp_path, '[[task]]\nname = "a"\nprompt = "p"\npriority = 3\n[[task.verify]]\nrun = "x"\n'
-                   "retries_s = 2\n", keys).tasks
+    keys = KeyTable.build(
+        [
+            [KeyDecl("priority", (int,)), KeyDecl("retries_s", (float, int), where="verify")],
+            verify_run.fleetrun_task_keys(config=None),
+        ]
+    )
+    (t,) = collect(
+        tmp_path, '[[task]]\nname = "a"\nprompt = "p"\npriority = 3\n[[task.verify]]\nrun = "x"\nretries_s = 2\n', keys
+    ).tasks
     assert t.extra == {"priority": 3}
     assert t.verify[0].extra == {"retries_s": 2}
 
@@ -286,8 +330,31 @@ def test_good_refs(ref: str) -> None:
     assert ref_problem(ref) is None
 
 
-@pytest.mark.parametrize("ref", ["a..b", "a b", "x.lock", "@{x}", "@", "/a", "a/", ".a", "a.", "a//b",
-                                 "a/.b", "a~", "a^", "a:", "a?", "a*", "a[", "a\\b", "a\x7f", "a\tb"])
+@pytest.mark.parametrize(
+    "ref",
+    [
+        "a..b",
+        "a b",
+        "x.lock",
+        "@{x}",
+        "@",
+        "/a",
+        "a/",
+        ".a",
+        "a.",
+        "a//b",
+        "a/.b",
+        "a~",
+        "a^",
+        "a:",
+        "a?",
+        "a*",
+        "a[",
+        "a\\b",
+        "a\x7f",
+        "a\tb",
+    ],
+)
 def test_bad_refs(ref: str) -> None:
     assert ref_problem(ref) == f"{ref!r} is not a valid git ref name"
 
@@ -379,26 +446,77 @@ branch = "docs-branch"
 stall_timeout_min = 5
 '''
 
-KEYS = sorted({d.key for d in (*BUILTIN_TASK_KEYS, *BUILTIN_VERIFY_KEYS, *BUILTIN_VERIFY_KINDS, *PLUGIN_KINDS)}
-              | {"verify", "task", "agents", "brain", "depnds_on", "command", "stdin", "env"})
+KEYS = sorted(
+    {d.key for d in (*BUILTIN_TASK_KEYS, *BUILTIN_VERIFY_KEYS, *BUILTIN_VERIFY_KINDS, *PLUGIN_KINDS)}
+    | {"verify", "task", "agents", "brain", "depnds_on", "command", "stdin", "env"}
+)
 
 # NUL and over-long names in cwd are left out while
 # tests/test_validate_cli.py::test_cwd_unusable_path is xfail.
-VALUES = ['1', '-1', '0', '2.5', '-0.5', 'nan', 'inf', '-inf', 'true', 'false', '""', '" "', '"x"', '"-x"',
-          '"../x"', '"/abs"', '"a..b"', '"repo"', '"."', '"plan"', '"demo"', '"nope"', '[]', '[1]', '["a"]',
-          '["user-schema"]', '["docs", "docs"]', '["user-api"]', '["../x", "/y"]', '{ a = 1 }', '{}',
-          '[[1]]', '[{ run = "x" }]', '1979-05-27', '07:32:00', '"""\nmulti\n"""', "'lit'", '"\\t"',
-          '"' + "n" * 120 + '"']
+VALUES = [
+    "1",
+    "-1",
+    "0",
+    "2.5",
+    "-0.5",
+    "nan",
+    "inf",
+    "-inf",
+    "true",
+    "false",
+    '""',
+    '" "',
+    '"x"',
+    '"-x"',
+    '"../x"',
+    '"/abs"',
+    '"a..b"',
+    '"repo"',
+    '"."',
+    '"plan"',
+    '"demo"',
+    '"nope"',
+    "[]",
+    "[1]",
+    '["a"]',
+    '["user-schema"]',
+    '["docs", "docs"]',
+    '["user-api"]',
+    '["../x", "/y"]',
+    "{ a = 1 }",
+    "{}",
+    "[[1]]",
+    '[{ run = "x" }]',
+    "1979-05-27",
+    "07:32:00",
+    '"""\nmulti\n"""',
+    "'lit'",
+    '"\\t"',
+    '"' + "n" * 120 + '"',
+]
 
-HEADERS = ["[[task]]", "[[task.verify]]", "[task]", "[task.verify]", "[agents.x]", "[agents]", "[brain]",
-           "[[agents]]", "[x]", "[[task.x]]", "[task.sub]"]
+HEADERS = [
+    "[[task]]",
+    "[[task.verify]]",
+    "[task]",
+    "[task.verify]",
+    "[agents.x]",
+    "[agents]",
+    "[brain]",
+    "[[agents]]",
+    "[x]",
+    "[[task.x]]",
+    "[task.sub]",
+]
 
 ident = st.from_regex(r"[A-Za-z_][A-Za-z0-9_-]{0,12}", fullmatch=True)
 key_st = st.one_of(st.sampled_from(KEYS), ident)
-value_st = st.one_of(st.sampled_from(VALUES), st.integers(-10**20, 10**20).map(str),
-                     st.text(st.characters(codec="utf-8", exclude_characters='"\\'), max_size=8)
-                     .map(lambda s: f'"{s}"'))
-char_st = st.one_of(st.sampled_from(list('[]{}="\'#.,\\\n\t -:')), st.characters(codec="utf-8"))
+value_st = st.one_of(
+    st.sampled_from(VALUES),
+    st.integers(-(10**20), 10**20).map(str),
+    st.text(st.characters(codec="utf-8", exclude_characters='"\\'), max_size=8).map(lambda s: f'"{s}"'),
+)
+char_st = st.one_of(st.sampled_from(list("[]{}=\"'#.,\\\n\t -:")), st.characters(codec="utf-8"))
 idx = st.integers(0, 10**6)
 
 mutation = st.one_of(
@@ -429,7 +547,7 @@ def mutate(text: str, op: tuple[Any, ...]) -> str:
         if not text:
             return op[2]
         i = op[1] % len(text)
-        return text[:i] + op[2] + text[i + 1:]
+        return text[:i] + op[2] + text[i + 1 :]
     elif kind == "retype":
         assigns = [i for i, line in enumerate(lines) if re.match(r"\s*[A-Za-z_\"'][^=]*=", line)]
         if assigns:
@@ -493,8 +611,11 @@ def test_project_task_defaults_sit_under_the_files_own(tmp_path: Path) -> None:
     plain.write_text('[[task]]\nname = "a"\nprompt = "x"\n\n[[task]]\nname = "b"\nprompt = "x"\nsetup = []\n')
     own = tmp_path / "b.toml"
     own.write_text('setup = ["npm ci"]\n\n[[task]]\nname = "c"\nprompt = "x"\n')
-    got = {t.name: [s.text for s in t.setup]
-           for f in (plain, own) for t in collect_toml(f, builtin_keys(), f.name, defaults).tasks}
+    got = {
+        t.name: [s.text for s in t.setup]
+        for f in (plain, own)
+        for t in collect_toml(f, builtin_keys(), f.name, defaults).tasks
+    }
     assert got == {"a": ["make deps"], "b": [], "c": ["npm ci"]}
     assert defaults["setup"][0].line == 7
 
@@ -503,12 +624,17 @@ def test_project_task_defaults_are_checked_with_the_files_errors() -> None:
     from fleetrun.collect import collect_defaults
 
     with pytest.raises(UsageErrors) as e:
-        collect_defaults({"setup": [3], "model": 3}, lambda key: {"setup": 2, "model": 3}[key],
-                         "pyproject.toml", "tool.fleetrun.task.")
+        collect_defaults(
+            {"setup": [3], "model": 3},
+            lambda key: {"setup": 2, "model": 3}[key],
+            "pyproject.toml",
+            "tool.fleetrun.task.",
+        )
     assert [x.format() for x in e.value.errors] == [
         "ERROR: pyproject.toml:2: tool.fleetrun.task.setup #1: must be a command string or a table "
         "{run = ..., timeout_s = ...}, not the number 3",
-        "ERROR: pyproject.toml:3: tool.fleetrun.task.model: must be a string, not the number 3"]
+        "ERROR: pyproject.toml:3: tool.fleetrun.task.model: must be a string, not the number 3",
+    ]
 
 
 def test_every_builtin_task_key_is_a_default_or_says_why_not() -> None:
@@ -535,13 +661,18 @@ def test_the_docs_list_the_default_keys_of_taskkeys() -> None:
 
 def test_defaults_are_not_shared_between_tasks(tmp_path: Path) -> None:
     p = tmp_path / "t.toml"
-    p.write_text('requires = ["gpu"]\nallowed_tools = ["Read"]\n\n[[task]]\nname = "a"\nprompt = "x"\n\n'
-                 '[[task]]\nname = "b"\nprompt = "x"\n')
+    p.write_text(
+        'requires = ["gpu"]\nallowed_tools = ["Read"]\n\n[[task]]\nname = "a"\nprompt = "x"\n\n'
+        '[[task]]\nname = "b"\nprompt = "x"\n'
+    )
     a, b = collect_toml(p, builtin_keys(), "t.toml").tasks
     a.requires.append("cuda")
     assert b.requires == ["gpu"] and a.allowed_tools is not b.allowed_tools
-    assert (a.file_of("requires"), a.key_lines["requires"], a.defaulted) == (str(p), 1, {
-        "requires": str(p), "allowed_tools": str(p)})
+    assert (a.file_of("requires"), a.key_lines["requires"], a.defaulted) == (
+        str(p),
+        1,
+        {"requires": str(p), "allowed_tools": str(p)},
+    )
     assert a.file_of("name") == str(p) and "name" not in a.defaulted
 
 
@@ -549,7 +680,9 @@ def test_baseline_keys_go_to_extra_and_are_checked(tmp_path: Path) -> None:
     """issue 26's keys: a run verifier's ``baseline``, ``junit``, ``must_pass``,
     ``flaky_rerun`` and a task's ``baseline``/``removes_tests`` (also as defaults)."""
     (tmp_path / "repo").mkdir()
-    tf = collect(tmp_path, '''
+    tf = collect(
+        tmp_path,
+        """
 baseline = "warn"
 
 [[task]]
@@ -564,12 +697,19 @@ removes_tests = true
   must_pass = ["tests/test_x.py::test_y"]
   flaky_rerun = false
   baseline = true
-''')
+""",
+    )
     (t,) = tf.tasks
     assert t.extra == {"baseline": "warn", "removes_tests": True}
-    assert t.verify[0].extra == {"junit": "r.xml", "must_pass": ["tests/test_x.py::test_y"], "flaky_rerun": False,
-                                 "baseline": True}
-    bad = errors(tmp_path, '''
+    assert t.verify[0].extra == {
+        "junit": "r.xml",
+        "must_pass": ["tests/test_x.py::test_y"],
+        "flaky_rerun": False,
+        "baseline": True,
+    }
+    bad = errors(
+        tmp_path,
+        """
 [[task]]
 name = "t"
 cwd = "repo"
@@ -579,6 +719,7 @@ baseline = "yes"
   [[task.verify]]
   run = "x"
   junit = "../r.xml"
-''')
+""",
+    )
     assert any('baseline: must be true, false or "warn"' in e for e in bad), bad
     assert any("junit: must be a path inside the worktree" in e for e in bad), bad

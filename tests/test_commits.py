@@ -51,11 +51,14 @@ def commits(monkeypatch: pytest.MonkeyPatch) -> Commits:
     return seen
 
 
-def test_a_trivial_task_costs_at_most_eight_commits(fleeter: Fleeter, fake_claude: Any, commits: Commits,
-                                                    monkeypatch: pytest.MonkeyPatch) -> None:
+def test_a_trivial_task_costs_at_most_eight_commits(
+    fleeter: Fleeter, fake_claude: Any, commits: Commits, monkeypatch: pytest.MonkeyPatch
+) -> None:
     monkeypatch.setattr(ledger_schema.LedgerFile, "BATCH_HOLD_S", 1e9, raising=False)  # a timing: not here
     fleeter.make_repo()
-    fleeter.write_tasks("\n".join(f'''
+    fleeter.write_tasks(
+        "\n".join(
+            f"""
         [[task]]
         name = "t{i}"
         cwd = "repo"
@@ -63,9 +66,11 @@ def test_a_trivial_task_costs_at_most_eight_commits(fleeter: Fleeter, fake_claud
         git_ref = "main"
           [[task.verify]]
           run = "test -f out.txt"
-    ''' for i in range(N)))
-    fake_claude.script(**{f"t{i}": [{"actions": [["write", "out.txt", "x"], ["commit", "add out"]]}]
-                          for i in range(N)})
+    """
+            for i in range(N)
+        )
+    )
+    fake_claude.script(**{f"t{i}": [{"actions": [["write", "out.txt", "x"], ["commit", "add out"]]}] for i in range(N)})
     queued = commits.n
     r = fleeter.run("tasks.toml", "--max-tasks", "2")
     assert r.ret == 0, r.stdout + r.stderr
@@ -86,20 +91,20 @@ def test_a_hook_raising_before_the_start_still_leaves_the_worktree_recorded(flee
     """The workspace waits for the attempt's next write; a prompt hook that raises
     before it comes leaves the worktree the task's all the same (gc and retry find it)."""
     fleeter.make_repo()
-    fleeter.write_tasks('''
+    fleeter.write_tasks("""
         [[task]]
         name = "boom"
         cwd = "repo"
         prompt = "p"
         git_ref = "main"
-    ''')
-    fleeter.write_fleetconf('''
+    """)
+    fleeter.write_fleetconf("""
 import fleetrun
 
 @fleetrun.hookimpl(tryfirst=True)
 def fleetrun_build_prompt(task, attempt, config, context):
     raise RuntimeError("injected")
-''')
+""")
     r = fleeter.run("tasks.toml")
     assert r.ret == 1, r.stdout + r.stderr
     task = fleeter.task("boom")
@@ -119,8 +124,9 @@ class PassCommits:
         self.moves: list[str] = []
         self.passes: list[tuple[int, list[str]]] = []
 
-    def fleetrun_transition(self, task: Any, from_state: str, to_state: str, cause: str, attempt: Any,
-                            config: Any) -> None:
+    def fleetrun_transition(
+        self, task: Any, from_state: str, to_state: str, cause: str, attempt: Any, config: Any
+    ) -> None:
         self.moves.append(to_state)
 
     def fleetrun_loop_pass(self, config: Any, duration_s: float) -> None:
@@ -128,8 +134,9 @@ class PassCommits:
         self.mark, self.moves = self.commits.all, []
 
 
-def test_a_pass_commits_once_plus_its_durable_points(fleeter: Fleeter, fake_claude: Any, commits: Commits,
-                                                     monkeypatch: pytest.MonkeyPatch) -> None:
+def test_a_pass_commits_once_plus_its_durable_points(
+    fleeter: Fleeter, fake_claude: Any, commits: Commits, monkeypatch: pytest.MonkeyPatch
+) -> None:
     """The transitions, notes and verdicts a pass decides share one commit (issue 23
     item 3); what an effect needs durable first commits before it (docs/durability.md,
     *Durable points*): a lease and an attempt's ``starting`` before its worktree and
@@ -139,7 +146,9 @@ def test_a_pass_commits_once_plus_its_durable_points(fleeter: Fleeter, fake_clau
     a pass, stays within that; one commit for each write did not (it was up to 10 a pass)."""
     monkeypatch.setattr(ledger_schema.LedgerFile, "BATCH_HOLD_S", 1e9, raising=False)  # a timing: not here
     fleeter.make_repo()
-    fleeter.write_tasks("\n".join(f'''
+    fleeter.write_tasks(
+        "\n".join(
+            f"""
         [[task]]
         name = "t{i}"
         cwd = "repo"
@@ -149,9 +158,11 @@ def test_a_pass_commits_once_plus_its_durable_points(fleeter: Fleeter, fake_clau
           run = "test -f out.txt"
           [[task.verify]]
           run = "true"
-    ''' for i in range(N)))
-    fake_claude.script(**{f"t{i}": [{"actions": [["write", "out.txt", "x"], ["commit", "add out"]]}]
-                          for i in range(N)})
+    """
+            for i in range(N)
+        )
+    )
+    fake_claude.script(**{f"t{i}": [{"actions": [["write", "out.txt", "x"], ["commit", "add out"]]}] for i in range(N)})
     seen = PassCommits(commits)
     r = fleeter.run("tasks.toml", plugins=[seen])
     assert r.ret == 0, r.stdout + r.stderr
@@ -175,14 +186,16 @@ class CommittedCheck:
         self.seen = 0
         self.missing: list[str] = []
 
-    def fleetrun_transition(self, task: Any, from_state: str, to_state: str, cause: str, attempt: Any,
-                            config: Any) -> None:
+    def fleetrun_transition(
+        self, task: Any, from_state: str, to_state: str, cause: str, attempt: Any, config: Any
+    ) -> None:
         import sqlite3
 
         conn = sqlite3.connect(f"file:{self.db}?mode=ro", uri=True)
         try:
-            found = conn.execute("SELECT 1 FROM transitions WHERE task_id=? AND to_state=? AND cause=?",
-                                 (task.id, to_state, cause)).fetchone()
+            found = conn.execute(
+                "SELECT 1 FROM transitions WHERE task_id=? AND to_state=? AND cause=?", (task.id, to_state, cause)
+            ).fetchone()
         finally:
             conn.close()
         self.seen += 1
@@ -193,7 +206,9 @@ class CommittedCheck:
 def test_the_transition_hook_hears_only_of_committed_moves(fleeter: Fleeter, fake_claude: Any) -> None:
     """ops.move's contract kept with one commit a pass: the hooks are told after it."""
     fleeter.make_repo()
-    fleeter.write_tasks("\n".join(f'''
+    fleeter.write_tasks(
+        "\n".join(
+            f"""
         [[task]]
         name = "t{i}"
         cwd = "repo"
@@ -202,11 +217,15 @@ def test_the_transition_hook_hears_only_of_committed_moves(fleeter: Fleeter, fak
         max_retries = 1
           [[task.verify]]
           run = "test -f out.txt"
-    ''' for i in range(3)))
+    """
+            for i in range(3)
+        )
+    )
     # t0 fails its verifier once: RETRYING, then a second attempt
-    fake_claude.script(t0=[{"actions": []}, {"actions": [["write", "out.txt", "x"], ["commit", "add out"]]}],
-                       **{f"t{i}": [{"actions": [["write", "out.txt", "x"], ["commit", "add out"]]}]
-                          for i in (1, 2)})
+    fake_claude.script(
+        t0=[{"actions": []}, {"actions": [["write", "out.txt", "x"], ["commit", "add out"]]}],
+        **{f"t{i}": [{"actions": [["write", "out.txt", "x"], ["commit", "add out"]]}] for i in (1, 2)},
+    )
     check = CommittedCheck(fleeter.home / "state.db")
     r = fleeter.run("tasks.toml", plugins=[check])
     assert r.ret == 0, r.stdout + r.stderr

@@ -35,14 +35,18 @@ def cfg_error(fleeter: Any, config: str, *lines: str) -> None:
 
 
 def test_misspelt_claude_key(fleeter: Any) -> None:
-    cfg_error(fleeter, '[claude]\nexecutabel = "claude"\n',
-              "2: claude.executabel: unknown key (did you mean 'executable'?)")
+    cfg_error(
+        fleeter, '[claude]\nexecutabel = "claude"\n', "2: claude.executabel: unknown key (did you mean 'executable'?)"
+    )
 
 
 def test_permission_mode_is_one_of_claude_codes(fleeter: Any) -> None:
-    cfg_error(fleeter, '# the agent\n[claude]\npermission_mode = "yolo"\n',
-              "3: claude.permission_mode: 'yolo' is not one of acceptEdits, auto, bypassPermissions, default, "
-              "dontAsk, manual, plan")
+    cfg_error(
+        fleeter,
+        '# the agent\n[claude]\npermission_mode = "yolo"\n',
+        "3: claude.permission_mode: 'yolo' is not one of acceptEdits, auto, bypassPermissions, default, "
+        "dontAsk, manual, plan",
+    )
 
 
 @pytest.mark.parametrize("mode", ["default", "manual", "acceptEdits", "auto", "bypassPermissions", "dontAsk", "plan"])
@@ -56,10 +60,13 @@ def test_every_permission_mode_of_either_claude_code_is_accepted(fleeter: Any, m
 
 
 def test_types_of_claude_keys(fleeter: Any) -> None:
-    cfg_error(fleeter, '[claude]\nexecutable = 3\nallowed_tools = "Read"\nresume_session = "yes"\n',
-              "2: claude.executable: expected a string, got the number 3",
-              "3: claude.allowed_tools: expected a list of strings, got a string",
-              "4: claude.resume_session: expected true or false, got a string")
+    cfg_error(
+        fleeter,
+        '[claude]\nexecutable = 3\nallowed_tools = "Read"\nresume_session = "yes"\n',
+        "2: claude.executable: expected a string, got the number 3",
+        "3: claude.allowed_tools: expected a list of strings, got a string",
+        "4: claude.resume_session: expected true or false, got a string",
+    )
 
 
 def test_empty_executable(fleeter: Any) -> None:
@@ -74,35 +81,43 @@ def test_a_table_that_is_not_a_table(fleeter: Any) -> None:
     cfg_error(fleeter, 'claude = "x"\n', "1: claude: must be a table")
 
 
-@pytest.mark.parametrize("value, message", [
-    ("nan", "must be a finite number"),
-    ("inf", "must be a finite number"),
-    ("0", "must be greater than 0"),
-    ("-1", "must be greater than 0"),
-    ("true", "expected a number, got true/false"),
-])
+@pytest.mark.parametrize(
+    "value, message",
+    [
+        ("nan", "must be a finite number"),
+        ("inf", "must be a finite number"),
+        ("0", "must be greater than 0"),
+        ("-1", "must be greater than 0"),
+        ("true", "expected a number, got true/false"),
+    ],
+)
 def test_relay_heartbeat_secs(fleeter: Any, value: str, message: str) -> None:
     cfg_error(fleeter, f"[relay]\nheartbeat_secs = {value}\n", f"2: relay.heartbeat_secs: {message}")
 
 
 def test_relay_tools_and_misspelt_tags(fleeter: Any) -> None:
-    cfg_error(fleeter, '[relay]\ntools = ["cargo", 1]\ntag = ["gpu"]\n',
-              "2: relay.tools: expected a list of strings, got a list holding the number 1",
-              "3: relay.tag: unknown key (did you mean 'tags'?)")
+    cfg_error(
+        fleeter,
+        '[relay]\ntools = ["cargo", 1]\ntag = ["gpu"]\n',
+        "2: relay.tools: expected a list of strings, got a list holding the number 1",
+        "3: relay.tag: unknown key (did you mean 'tags'?)",
+    )
 
 
 def test_agents_tables(fleeter: Any) -> None:
-    cfg_error(fleeter, '[agents.codex]\ncomand = ["codex"]\n\n[agents.aider]\ncommand = "aider"\nstdin = 1\n'
-                       'env = { A = 1 }\n',
-              "1: agents.codex: command is missing",
-              "2: agents.codex.comand: unknown key (did you mean 'command'?)",
-              "5: agents.aider.command: expected a list of strings, got a string",
-              "6: agents.aider.stdin: expected true or false, got the number 1",
-              "7: agents.aider.env: expected a table of strings, got a table holding the number 1")
+    cfg_error(
+        fleeter,
+        '[agents.codex]\ncomand = ["codex"]\n\n[agents.aider]\ncommand = "aider"\nstdin = 1\nenv = { A = 1 }\n',
+        "1: agents.codex: command is missing",
+        "2: agents.codex.comand: unknown key (did you mean 'command'?)",
+        "5: agents.aider.command: expected a list of strings, got a string",
+        "6: agents.aider.stdin: expected true or false, got the number 1",
+        "7: agents.aider.env: expected a table of strings, got a table holding the number 1",
+    )
 
 
 def test_agents_table_without_command(fleeter: Any) -> None:
-    cfg_error(fleeter, '[agents.codex]\nstdin = true\n', "1: agents.codex: command is missing")
+    cfg_error(fleeter, "[agents.codex]\nstdin = true\n", "1: agents.codex: command is missing")
 
 
 def test_agents_must_hold_tables(fleeter: Any) -> None:
@@ -110,24 +125,35 @@ def test_agents_must_hold_tables(fleeter: Any) -> None:
 
 
 def test_brain_keys(fleeter: Any) -> None:
-    cfg_error(fleeter, '[brain]\nmodel = "m"\ntimeout = 5\napi = "claude"\n',
-              "3: brain.timeout: unknown key (did you mean 'timeout_s'?)",
-              "4: brain.api: must be one of 'ollama', 'openai'")
+    cfg_error(
+        fleeter,
+        '[brain]\nmodel = "m"\ntimeout = 5\napi = "claude"\n',
+        "3: brain.timeout: unknown key (did you mean 'timeout_s'?)",
+        "4: brain.api: must be one of 'ollama', 'openai'",
+    )
 
 
 def test_worktree_commit_message(fleeter: Any) -> None:
-    cfg_error(fleeter, '[worktree]\ncommit_message = 3\ncommit_msg = "x"\n',
-              "2: worktree.commit_message: expected a string, got the number 3",
-              "3: worktree.commit_msg: unknown key (did you mean 'commit_message'?)")
+    cfg_error(
+        fleeter,
+        '[worktree]\ncommit_message = 3\ncommit_msg = "x"\n',
+        "2: worktree.commit_message: expected a string, got the number 3",
+        "3: worktree.commit_msg: unknown key (did you mean 'commit_message'?)",
+    )
 
 
 def test_fleetrun_table_names_its_keys(fleeter: Any) -> None:
-    cfg_error(fleeter, '[fleetrun]\nverbose = 1\n',
-              "2: fleetrun.verbose: unknown key (known: verifier_error_backoff_s, verifier_error_tries)")
+    cfg_error(
+        fleeter,
+        "[fleetrun]\nverbose = 1\n",
+        "2: fleetrun.verbose: unknown key (known: verifier_error_backoff_s, verifier_error_tries)",
+    )
 
 
 def test_fleetrun_verifier_error_settings_are_checked(fleeter: Any) -> None:
-    cfg_error(fleeter, '[fleetrun]\nverifier_error_tries = 0\n', "2: fleetrun.verifier_error_tries: must be more than 0")
+    cfg_error(
+        fleeter, "[fleetrun]\nverifier_error_tries = 0\n", "2: fleetrun.verifier_error_tries: must be more than 0"
+    )
 
 
 def test_a_good_config_validates(fleeter: Any) -> None:
@@ -166,9 +192,11 @@ def test_a_broken_config_leaves_the_operators_verbs_working(fleeter: Any) -> Non
     fleeter.write_config('[claude]\nexecutabel = "claude"\n')
     fleeter.write_tasks(TASK)
     assert errors_of(fleeter, "queue", "tasks.toml") == [
-        f"ERROR: {fleeter.home / 'config.toml'}:2: claude.executabel: unknown key (did you mean 'executable'?)"]
+        f"ERROR: {fleeter.home / 'config.toml'}:2: claude.executabel: unknown key (did you mean 'executable'?)"
+    ]
     assert errors_of(fleeter, "relay", "peers") == [
-        f"ERROR: {fleeter.home / 'config.toml'}:2: claude.executabel: unknown key (did you mean 'executable'?)"]
+        f"ERROR: {fleeter.home / 'config.toml'}:2: claude.executabel: unknown key (did you mean 'executable'?)"
+    ]
     # reading the ledger does not need config.toml: it stays possible while it is fixed
     r = fleeter.run("status")
     assert (r.ret, r.errlines) == (0, [])
@@ -189,9 +217,11 @@ class Pager:
     def fleetrun_config_keys(self, config: Any) -> list[Any]:
         from fleetrun import ConfigKey
 
-        return [ConfigKey("pager", "url", (str,), doc="where to post"),
-                ConfigKey("pager", "level", (str,), choices=("all", "failures")),
-                ConfigKey("pager", "retries", (int,), check=_positive)]
+        return [
+            ConfigKey("pager", "url", (str,), doc="where to post"),
+            ConfigKey("pager", "level", (str,), choices=("all", "failures")),
+            ConfigKey("pager", "retries", (int,), check=_positive),
+        ]
 
 
 def test_plugin_declared_table_is_checked(fleeter: Any) -> None:
@@ -199,10 +229,14 @@ def test_plugin_declared_table_is_checked(fleeter: Any) -> None:
     fleeter.write_tasks(TASK)
     where = fleeter.home / "config.toml"
     r = fleeter.run("validate", "tasks.toml", plugins=[Pager()])
-    assert (r.ret, r.errlines) == (USAGE_ERROR, [
-        f"ERROR: {where}:3: pager.levle: unknown key (did you mean 'level'?)",
-        f"ERROR: {where}:4: pager.level: 'some' is not one of all, failures",
-        f"ERROR: {where}:5: pager.retries: must be greater than 0"])
+    assert (r.ret, r.errlines) == (
+        USAGE_ERROR,
+        [
+            f"ERROR: {where}:3: pager.levle: unknown key (did you mean 'level'?)",
+            f"ERROR: {where}:4: pager.level: 'some' is not one of all, failures",
+            f"ERROR: {where}:5: pager.retries: must be greater than 0",
+        ],
+    )
 
 
 def test_plugin_declared_table_valid(fleeter: Any) -> None:
@@ -212,9 +246,13 @@ def test_plugin_declared_table_valid(fleeter: Any) -> None:
     assert (r.ret, r.errlines) == (0, [])
     # without the plugin nobody reads [pager]: a mistake, most likely a missing plugin
     r = fleeter.run("validate", "tasks.toml")
-    assert (r.ret, r.errlines) == (USAGE_ERROR, [
-        f"ERROR: {fleeter.home / 'config.toml'}:1: pager: unknown table (known: agents, brain, claude, events, fleetrun, "
-        "notify, output, relay, worktree)"])
+    assert (r.ret, r.errlines) == (
+        USAGE_ERROR,
+        [
+            f"ERROR: {fleeter.home / 'config.toml'}:1: pager: unknown table (known: agents, brain, claude, events, fleetrun, "
+            "notify, output, relay, worktree)"
+        ],
+    )
 
 
 def test_plugin_declared_in_fleetconf(fleeter: Any) -> None:
@@ -224,10 +262,11 @@ def test_plugin_declared_in_fleetconf(fleeter: Any) -> None:
         def fleetrun_config_keys(config):
             return [ConfigKey("pager", "url", (str,))]
     """)
-    fleeter.write_config('[pager]\nurl = 3\n')
+    fleeter.write_config("[pager]\nurl = 3\n")
     fleeter.write_tasks(TASK)
     assert errors_of(fleeter, "validate", "tasks.toml") == [
-        f"ERROR: {fleeter.home / 'config.toml'}:2: pager.url: expected a string, got the number 3"]
+        f"ERROR: {fleeter.home / 'config.toml'}:2: pager.url: expected a string, got the number 3"
+    ]
 
 
 def test_blocked_plugins_table_is_not_an_error(fleeter: Any) -> None:
@@ -260,11 +299,13 @@ def test_bom_keeps_line_numbers(fleeter: Any) -> None:
     (fleeter.home / "config.toml").write_text(BOM + '[claude]\nexecutabel = "claude"\n', encoding="utf-8")
     fleeter.write_tasks(TASK)
     assert errors_of(fleeter) == [
-        f"ERROR: {fleeter.home / 'config.toml'}:2: claude.executabel: unknown key (did you mean 'executable'?)"]
+        f"ERROR: {fleeter.home / 'config.toml'}:2: claude.executabel: unknown key (did you mean 'executable'?)"
+    ]
     (fleeter.home / "config.toml").unlink()
     (fleeter.home / "policy.toml").write_text(BOM + "[local]\nmax_task = 2\n", encoding="utf-8")
     assert errors_of(fleeter, "work", "--until-idle") == [
-        f"ERROR: {fleeter.home / 'policy.toml'}:2: local.max_task: unknown key (did you mean 'max_tasks'?)"]
+        f"ERROR: {fleeter.home / 'policy.toml'}:2: local.max_task: unknown key (did you mean 'max_tasks'?)"
+    ]
 
 
 def test_machine_level_keys_are_refused_only_where_machine_ok_is_false() -> None:
@@ -273,8 +314,12 @@ def test_machine_level_keys_are_refused_only_where_machine_ok_is_false() -> None
     from fleetrun.config import check_config
     from fleetrun.tomlfile import map_lines, tomllib
 
-    decls = [fleetrun.ConfigKey("site", "", machine=True), fleetrun.ConfigKey("site", "name", (str,)),
-             fleetrun.ConfigKey("tool", "path", (str,), machine=True), fleetrun.ConfigKey("tool", "mode", (str,))]
+    decls = [
+        fleetrun.ConfigKey("site", "", machine=True),
+        fleetrun.ConfigKey("site", "name", (str,)),
+        fleetrun.ConfigKey("tool", "path", (str,), machine=True),
+        fleetrun.ConfigKey("tool", "mode", (str,)),
+    ]
     text = '[site]\nname = "a"\n\n[tool]\npath = "/opt/x"\nmode = "fast"\n'
     data = tomllib.loads(text)
     assert check_config(data, map_lines(text), decls, "config.toml") == []
@@ -290,12 +335,18 @@ def test_output_max_bytes_is_checked(fleeter: Any) -> None:
     fleeter.write_tasks(TASK)
     where = fleeter.home / "config.toml"
     r = fleeter.run("validate", "tasks.toml")
-    assert (r.ret, r.errlines) == (USAGE_ERROR, [
-        f"ERROR: {where}:2: output.max_bytes: expected a whole number, got a string"])
-    fleeter.write_config('[output]\nmax_bytes = 100\nmax_byte = 5000\n')
+    assert (r.ret, r.errlines) == (
+        USAGE_ERROR,
+        [f"ERROR: {where}:2: output.max_bytes: expected a whole number, got a string"],
+    )
+    fleeter.write_config("[output]\nmax_bytes = 100\nmax_byte = 5000\n")
     r = fleeter.run("validate", "tasks.toml")
-    assert (r.ret, r.errlines) == (USAGE_ERROR, [
-        f"ERROR: {where}:2: output.max_bytes: must be at least 4096 (bytes), got 100",
-        f"ERROR: {where}:3: output.max_byte: unknown key (did you mean 'max_bytes'?)"])
-    fleeter.write_config('[output]\nmax_bytes = 1_000_000\n')
+    assert (r.ret, r.errlines) == (
+        USAGE_ERROR,
+        [
+            f"ERROR: {where}:2: output.max_bytes: must be at least 4096 (bytes), got 100",
+            f"ERROR: {where}:3: output.max_byte: unknown key (did you mean 'max_bytes'?)",
+        ],
+    )
+    fleeter.write_config("[output]\nmax_bytes = 1_000_000\n")
     assert fleeter.run("validate", "tasks.toml").ret == 0

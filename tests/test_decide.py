@@ -76,77 +76,191 @@ TABLE: list[tuple[State, dict[str, Any], Observation, list[Any]]] = [
     # -- an attempt ended: only a RUNNING task's end moves it ------------------------------
     (S.RUNNING, {}, EXITED, [Ran(), Collect()]),
     (S.RUNNING, {"resumes": 1}, DIED, [Ran(), Move(S.RESUMING, "session_died:died", fields={"resumes": 2})]),
-    (S.RUNNING, {"resumes": RESUME_CAP}, DIED, [Ran(), Move(S.NEEDS_HUMAN, "resume_cap:session_died:died"),
-                                               CleanUp()]),
-    (S.RUNNING, {}, AttemptEnded({"state": "ended", "reason": "exited"},
-                                 AgentResult(ok=False, end=AgentEnd.pause_host(NOW + 600))),
-     [Ran(), PauseHost(NOW + 600, 1, f"usage_limit:{pause_text(NOW + 600)}"),
-      Move(S.RESUMING, f"usage_limit:{pause_text(NOW + 600)}")]),
+    (S.RUNNING, {"resumes": RESUME_CAP}, DIED, [Ran(), Move(S.NEEDS_HUMAN, "resume_cap:session_died:died"), CleanUp()]),
+    (
+        S.RUNNING,
+        {},
+        AttemptEnded({"state": "ended", "reason": "exited"}, AgentResult(ok=False, end=AgentEnd.pause_host(NOW + 600))),
+        [
+            Ran(),
+            PauseHost(NOW + 600, 1, f"usage_limit:{pause_text(NOW + 600)}"),
+            Move(S.RESUMING, f"usage_limit:{pause_text(NOW + 600)}"),
+        ],
+    ),
     *[(s, {}, EXITED, []) for s in State if s is not S.RUNNING],
     # -- an attempt did not start: ASSIGNED goes back and backs off; else only the backoff -
-    (S.ASSIGNED, {}, NotStarted("start_failed:boom"),
-     [BackOff(bo(1, "start_failed")), Move(S.READY, "start_failed:boom", fields={"no_start": 1})]),
-    (S.ASSIGNED, {"kind": "retry"}, NotStarted("peer_refused:full"),
-     [BackOff(bo(1, "peer_refused")), Move(S.RETRYING, "peer_refused:full", fields={"no_start": 1})]),
-    (S.ASSIGNED, {"kind": "resume", "no_start": NEVER_STARTED_CAP - 1}, NotStarted("start_failed:x"),
-     [BackOff(bo(1, "start_failed")),
-      Move(S.NEEDS_HUMAN, f"never_started:{NEVER_STARTED_CAP} attempts in a row didn't start; the last was "
-                          "start_failed:x on local", fields={"no_start": NEVER_STARTED_CAP}), CleanUp()]),
-    (S.ASSIGNED, {}, NotStarted("agent_not_found:claude", at_once=True),
-     [Move(S.NEEDS_HUMAN, "agent_not_found:claude"), CleanUp()]),
-    *[(s, {}, NotStarted("start_failed:boom"), [BackOff(bo(1, "start_failed"))])
-      for s in State if s is not S.ASSIGNED],
+    (
+        S.ASSIGNED,
+        {},
+        NotStarted("start_failed:boom"),
+        [BackOff(bo(1, "start_failed")), Move(S.READY, "start_failed:boom", fields={"no_start": 1})],
+    ),
+    (
+        S.ASSIGNED,
+        {"kind": "retry"},
+        NotStarted("peer_refused:full"),
+        [BackOff(bo(1, "peer_refused")), Move(S.RETRYING, "peer_refused:full", fields={"no_start": 1})],
+    ),
+    (
+        S.ASSIGNED,
+        {"kind": "resume", "no_start": NEVER_STARTED_CAP - 1},
+        NotStarted("start_failed:x"),
+        [
+            BackOff(bo(1, "start_failed")),
+            Move(
+                S.NEEDS_HUMAN,
+                f"never_started:{NEVER_STARTED_CAP} attempts in a row didn't start; the last was "
+                "start_failed:x on local",
+                fields={"no_start": NEVER_STARTED_CAP},
+            ),
+            CleanUp(),
+        ],
+    ),
+    (
+        S.ASSIGNED,
+        {},
+        NotStarted("agent_not_found:claude", at_once=True),
+        [Move(S.NEEDS_HUMAN, "agent_not_found:claude"), CleanUp()],
+    ),
+    *[(s, {}, NotStarted("start_failed:boom"), [BackOff(bo(1, "start_failed"))]) for s in State if s is not S.ASSIGNED],
     # -- the ended attempt's work is collected ----------------------------------------------
     (S.RUNNING, {}, Collected(), [Move(S.VERIFYING, "exited"), StartVerifier(0)]),
-    (S.RUNNING, {}, Collected(error="git failed"),
-     [Note("could not commit the attempt's work: git failed"), Move(S.VERIFYING, "exited"), StartVerifier(0)]),
-    (S.RUNNING, {}, Collected(tampered="gitdir:\x1b/elsewhere"),
-     [Move(S.NEEDS_HUMAN, "worktree_tampered:gitdir:\\x1b/elsewhere; nothing was committed",
-           outcome="worktree_tampered"), NoteKeptWorktree(), CleanUp()]),
+    (
+        S.RUNNING,
+        {},
+        Collected(error="git failed"),
+        [Note("could not commit the attempt's work: git failed"), Move(S.VERIFYING, "exited"), StartVerifier(0)],
+    ),
+    (
+        S.RUNNING,
+        {},
+        Collected(tampered="gitdir:\x1b/elsewhere"),
+        [
+            Move(
+                S.NEEDS_HUMAN,
+                "worktree_tampered:gitdir:\\x1b/elsewhere; nothing was committed",
+                outcome="worktree_tampered",
+            ),
+            NoteKeptWorktree(),
+            CleanUp(),
+        ],
+    ),
     *[(s, {}, Collected(), [Drop()]) for s in State if s is not S.RUNNING],
     # -- a verifier answered -------------------------------------------------------------
     (S.VERIFYING, {"verifiers": 2}, VerdictGiven(0, True, "tests"), [StartVerifier(1)]),
     (S.VERIFYING, {"verifiers": 2}, VerdictGiven(1, True, "lint"), [HandOff()]),
-    (S.VERIFYING, {"max_retries": 2, "retries": 1}, VerdictGiven(0, False, "tests", "1 failed"),
-     [Move(S.RETRYING, "verify_fail:tests: 1 failed", attempt_state="verified", fields={"retries": 2})]),
-    (S.VERIFYING, {"max_retries": 1, "retries": 1}, VerdictGiven(0, False, "tests", "1 failed"),
-     [Move(S.NEEDS_HUMAN, "retries_exhausted:tests: 1 failed", attempt_state="verified"), CleanUp()]),
-    (S.VERIFYING, {}, VerdictGiven(0, False, "brain", error=PERMANENT, reason="no key"),
-     [Move(S.NEEDS_HUMAN, "verifier_error:brain: no key", attempt_state="verified",
-           info={"verify_wait": None, "verify_error": {"idx": 0, "label": "brain", "error": PERMANENT,
-                                                       "reason": "no key", "tries": 1}}), CleanUp()]),
-    (S.VERIFYING, {}, VerdictGiven(0, False, "brain", error=TRANSIENT, reason="503", prev_tries=1, backoff_s=30.0),
-     [VerifierWait(0, 2, NOW + 60.0, "503")]),
-    (S.VERIFYING, {}, VerdictGiven(0, False, "brain", error=TRANSIENT, reason="disk", prev_tries=1, space=True),
-     [VerifierWait(0, 1, NOW + SPACE_RETRY_S, "disk")]),
-    (S.VERIFYING, {}, VerdictGiven(0, False, "brain", error=TRANSIENT, reason="503", prev_tries=4, limit=5),
-     [Move(S.NEEDS_HUMAN, "verifier_error:brain: 503 (tried 5 times)", attempt_state="verified",
-           info={"verify_wait": None, "verify_error": {"idx": 0, "label": "brain", "error": TRANSIENT,
-                                                       "reason": "503", "tries": 5}}), CleanUp()]),
+    (
+        S.VERIFYING,
+        {"max_retries": 2, "retries": 1},
+        VerdictGiven(0, False, "tests", "1 failed"),
+        [Move(S.RETRYING, "verify_fail:tests: 1 failed", attempt_state="verified", fields={"retries": 2})],
+    ),
+    (
+        S.VERIFYING,
+        {"max_retries": 1, "retries": 1},
+        VerdictGiven(0, False, "tests", "1 failed"),
+        [Move(S.NEEDS_HUMAN, "retries_exhausted:tests: 1 failed", attempt_state="verified"), CleanUp()],
+    ),
+    (
+        S.VERIFYING,
+        {},
+        VerdictGiven(0, False, "brain", error=PERMANENT, reason="no key"),
+        [
+            Move(
+                S.NEEDS_HUMAN,
+                "verifier_error:brain: no key",
+                attempt_state="verified",
+                info={
+                    "verify_wait": None,
+                    "verify_error": {"idx": 0, "label": "brain", "error": PERMANENT, "reason": "no key", "tries": 1},
+                },
+            ),
+            CleanUp(),
+        ],
+    ),
+    (
+        S.VERIFYING,
+        {},
+        VerdictGiven(0, False, "brain", error=TRANSIENT, reason="503", prev_tries=1, backoff_s=30.0),
+        [VerifierWait(0, 2, NOW + 60.0, "503")],
+    ),
+    (
+        S.VERIFYING,
+        {},
+        VerdictGiven(0, False, "brain", error=TRANSIENT, reason="disk", prev_tries=1, space=True),
+        [VerifierWait(0, 1, NOW + SPACE_RETRY_S, "disk")],
+    ),
+    (
+        S.VERIFYING,
+        {},
+        VerdictGiven(0, False, "brain", error=TRANSIENT, reason="503", prev_tries=4, limit=5),
+        [
+            Move(
+                S.NEEDS_HUMAN,
+                "verifier_error:brain: 503 (tried 5 times)",
+                attempt_state="verified",
+                info={
+                    "verify_wait": None,
+                    "verify_error": {"idx": 0, "label": "brain", "error": TRANSIENT, "reason": "503", "tries": 5},
+                },
+            ),
+            CleanUp(),
+        ],
+    ),
     *[(s, {}, VerdictGiven(0, True, "tests"), [Drop()]) for s in State if s is not S.VERIFYING],
     # -- the handoff is made ---------------------------------------------------------------
-    (S.VERIFYING, {"verifiers": 1}, HandoffMade({"summary": "s"}),
-     [Move(S.DONE, "verify_pass", attempt_state="verified", fields={"handoff": {"summary": "s"}}), CleanUp()]),
+    (
+        S.VERIFYING,
+        {"verifiers": 1},
+        HandoffMade({"summary": "s"}),
+        [Move(S.DONE, "verify_pass", attempt_state="verified", fields={"handoff": {"summary": "s"}}), CleanUp()],
+    ),
     (S.VERIFYING, {"verifiers": 0}, HandoffMade(None), [Move(S.DONE, "exited", attempt_state="verified"), CleanUp()]),
     *[(s, {}, HandoffMade(None), [Drop()]) for s in State if s is not S.VERIFYING],
     # -- a setup step ended ----------------------------------------------------------------
     (S.ASSIGNED, {}, SetupStepEnded(0, 2, True), [RunSetupStep(1)]),
     (S.ASSIGNED, {}, SetupStepEnded(1, 2, True), [StartAgent()]),
-    (S.ASSIGNED, {}, SetupStepEnded(0, 1, False, label="make env", reason="exit code 2", out="/a/setup-1.out"),
-     [Move(S.NEEDS_HUMAN, "setup_failed:make env: exit code 2", attempt_state="abandoned", outcome="setup_failed"),
-      Note("setup command 1 failed (exit code 2); its output is in /a/setup-1.out; fix the command or the "
-           "environment, then `fleetrun retry t1` (setup runs again from the start)"), CleanUp()]),
-    (S.ASSIGNED, {}, SetupStepEnded(0, 1, False, baseline=True, label="tests", reason="exit code 1"),
-     [Move(S.NEEDS_HUMAN, "baseline_fails:tests: exit code 1", attempt_state="abandoned", outcome="baseline_fails"),
-      Note("verifier 'tests' already fails on the base commit (exit code 1), before any agent run; fix the "
-           "base, or set baseline = \"warn\" or false, then `fleetrun retry t1`"), CleanUp()]),
+    (
+        S.ASSIGNED,
+        {},
+        SetupStepEnded(0, 1, False, label="make env", reason="exit code 2", out="/a/setup-1.out"),
+        [
+            Move(
+                S.NEEDS_HUMAN, "setup_failed:make env: exit code 2", attempt_state="abandoned", outcome="setup_failed"
+            ),
+            Note(
+                "setup command 1 failed (exit code 2); its output is in /a/setup-1.out; fix the command or the "
+                "environment, then `fleetrun retry t1` (setup runs again from the start)"
+            ),
+            CleanUp(),
+        ],
+    ),
+    (
+        S.ASSIGNED,
+        {},
+        SetupStepEnded(0, 1, False, baseline=True, label="tests", reason="exit code 1"),
+        [
+            Move(
+                S.NEEDS_HUMAN, "baseline_fails:tests: exit code 1", attempt_state="abandoned", outcome="baseline_fails"
+            ),
+            Note(
+                "verifier 'tests' already fails on the base commit (exit code 1), before any agent run; fix the "
+                'base, or set baseline = "warn" or false, then `fleetrun retry t1`'
+            ),
+            CleanUp(),
+        ],
+    ),
     *[(s, {}, SetupStepEnded(0, 1, True), [Drop()]) for s in State if s is not S.ASSIGNED],
     # -- placement answered ----------------------------------------------------------------
     *[(s, {}, Placed(host="local"), [StartAttempt("local")]) for s in State if s in PLACEABLE],
     (S.READY, {}, Placed(wait="no free slot", until=NOW + 5), [WaitFor("no free slot", NOW + 5, None)]),
     (S.READY, {}, Placed(), [WaitFor("no plugin places tasks", None, "no plugin places tasks")]),
-    (S.RETRYING, {}, Placed(host="local", budget=1.0, spent=1.0),
-     [Move(S.NEEDS_HUMAN, "budget_exhausted:spent $1.00 of $1.00"), CleanUp()]),
+    (
+        S.RETRYING,
+        {},
+        Placed(host="local", budget=1.0, spent=1.0),
+        [Move(S.NEEDS_HUMAN, "budget_exhausted:spent $1.00 of $1.00"), CleanUp()],
+    ),
     *[(s, {}, Placed(host="local"), []) for s in State if s not in PLACEABLE],
     # -- a restart found a lease whose shepherd never started -------------------------------
     (S.ASSIGNED, {"kind": "fresh"}, LeaseFound(), [Move(S.READY, "lease_expired:never started")]),
@@ -158,8 +272,11 @@ TABLE: list[tuple[State, dict[str, Any], Observation, list[Any]]] = [
 ]
 
 
-@pytest.mark.parametrize(("state", "extra", "obs", "want"), TABLE,
-                         ids=[f"{s.value}-{type(o).__name__}-{i}" for i, (s, _, o, _w) in enumerate(TABLE)])
+@pytest.mark.parametrize(
+    ("state", "extra", "obs", "want"),
+    TABLE,
+    ids=[f"{s.value}-{type(o).__name__}-{i}" for i, (s, _, o, _w) in enumerate(TABLE)],
+)
 def test_decide(state: State, extra: dict[str, Any], obs: Observation, want: list[Any]) -> None:
     assert decide(facts(state, **extra), obs) == want
 

@@ -16,8 +16,12 @@ from fleetrun.taskspec import TaskSpec
 
 
 def dep(branch, handoff_branch=None):
-    return SimpleNamespace(name="d", branch=branch, handoff={"branch": handoff_branch} if handoff_branch else None,
-                           spec=TaskSpec(name="d", prompt="p", cwd="/", git_ref="main"))
+    return SimpleNamespace(
+        name="d",
+        branch=branch,
+        handoff={"branch": handoff_branch} if handoff_branch else None,
+        spec=TaskSpec(name="d", prompt="p", cwd="/", git_ref="main"),
+    )
 
 
 def test_the_merged_branch_is_fleetruns_own():
@@ -34,12 +38,18 @@ def test_a_conflict_is_named_with_its_files():
     files = [f"f{k}.txt" for k in range(CAUSE_FILES + 3)]
     assert conflict_cause({"files": ["a.txt", "b\x1b[31m.txt"]}) == "merge_conflict:a.txt, b\\x1b[31m.txt"
     assert conflict_cause({"files": files}).endswith(f"f{CAUSE_FILES - 1}.txt and 3 more")
-    rec = {"task": "right", "branch": "fleetrun/right-2", "files": ["shared.txt"],
-           "pending": [{"task": "last", "branch": "fleetrun/last-3"}]}
+    rec = {
+        "task": "right",
+        "branch": "fleetrun/right-2",
+        "files": ["shared.txt"],
+        "pending": [{"task": "last", "branch": "fleetrun/last-3"}],
+    }
     note = conflict_note(rec, "/h/worktrees/both-4", "both")
-    assert note == ("merging right (branch fleetrun/right-2) into the worktree /h/worktrees/both-4 stopped on a "
-                    "conflict in shared.txt; the agent was not started; not merged yet: last (fleetrun/last-3). "
-                    "Resolve it there and commit, then `fleetrun retry both`")
+    assert note == (
+        "merging right (branch fleetrun/right-2) into the worktree /h/worktrees/both-4 stopped on a "
+        "conflict in shared.txt; the agent was not started; not merged yet: last (fleetrun/last-3). "
+        "Resolve it there and commit, then `fleetrun retry both`"
+    )
     prompt = conflict_prompt(rec, "main")
     assert prompt.startswith("## A merge conflict to resolve first\nThis worktree was made from main")
     assert "Merging right (branch fleetrun/right-2) stopped on a conflict in: shared.txt." in prompt

@@ -74,7 +74,7 @@ def parse(doc: Path) -> list[Example]:
         body: list[str] = []
         i += 1
         while i < len(lines) and not (lines[i].strip().startswith(fence) and lines[i].strip().strip("`") == ""):
-            body.append(lines[i][len(indent):] if lines[i].startswith(indent) else lines[i].lstrip())
+            body.append(lines[i][len(indent) :] if lines[i].startswith(indent) else lines[i].lstrip())
             i += 1
         i += 1
         words = info.split()
@@ -157,8 +157,7 @@ _MARK = "\x1e@@fleetrun-docs-example@@"
 def run_example(ex: Example, tmp: Path) -> list[list[str]]:
     """Each command's output lines, in order."""
     work = tmp / "w"
-    shutil.copytree(REPO / "examples", work / "examples",
-                    ignore=shutil.ignore_patterns("sandbox", "__pycache__"))
+    shutil.copytree(REPO / "examples", work / "examples", ignore=shutil.ignore_patterns("sandbox", "__pycache__"))
     home = tmp / "me"
     home.mkdir()
     for name, text in ex.files.items():
@@ -175,12 +174,26 @@ def run_example(ex: Example, tmp: Path) -> list[list[str]]:
         # the marker keeps $? of the command before it, for `echo $?`
         script += [f"__rc=$?; printf '%s\\n' '{_MARK}'; (exit $__rc)", c.text]
     env = {k: v for k, v in os.environ.items() if not k.startswith("FLEETRUN_")}
-    env.update(HOME=str(home), PATH=f"{bin_dir}{os.pathsep}{env.get('PATH', '')}", NO_COLOR="1",
-               PYTHONUNBUFFERED="1", COLUMNS="200", FLEETRUN_DISABLE_PLUGIN_AUTOLOAD="1",
-               GIT_AUTHOR_NAME="me", GIT_AUTHOR_EMAIL="me@example.invalid",
-               GIT_COMMITTER_NAME="me", GIT_COMMITTER_EMAIL="me@example.invalid")
-    proc = subprocess.run(["bash", "-c", "\n".join(script)], cwd=work, env=env, stdin=subprocess.DEVNULL,
-                          stdout=subprocess.PIPE, timeout=120)
+    env.update(
+        HOME=str(home),
+        PATH=f"{bin_dir}{os.pathsep}{env.get('PATH', '')}",
+        NO_COLOR="1",
+        PYTHONUNBUFFERED="1",
+        COLUMNS="200",
+        FLEETRUN_DISABLE_PLUGIN_AUTOLOAD="1",
+        GIT_AUTHOR_NAME="me",
+        GIT_AUTHOR_EMAIL="me@example.invalid",
+        GIT_COMMITTER_NAME="me",
+        GIT_COMMITTER_EMAIL="me@example.invalid",
+    )
+    proc = subprocess.run(
+        ["bash", "-c", "\n".join(script)],
+        cwd=work,
+        env=env,
+        stdin=subprocess.DEVNULL,
+        stdout=subprocess.PIPE,
+        timeout=120,
+    )
     text = proc.stdout.decode(errors="replace").replace(str(home), FAKE_HOME)
     chunks = text.split(_MARK + "\n")[1:]
     return [chunk.splitlines() for chunk in chunks]
@@ -193,8 +206,12 @@ def test_docs_example(ex: Example, tmp_path: Path) -> None:
     wrong = []
     for c, actual in zip(ex.commands, outputs):
         if not matches(c.expected, actual, ex.unordered):
-            wrong.append(f"{ex.doc.relative_to(REPO)}:{c.line}: $ {c.text}\n  the docs say:\n    "
-                         + "\n    ".join(c.expected) + "\n  fleetrun printed:\n    " + "\n    ".join(actual))
+            wrong.append(
+                f"{ex.doc.relative_to(REPO)}:{c.line}: $ {c.text}\n  the docs say:\n    "
+                + "\n    ".join(c.expected)
+                + "\n  fleetrun printed:\n    "
+                + "\n    ".join(actual)
+            )
     assert not wrong, "\n".join(wrong)
 
 
@@ -206,10 +223,12 @@ def test_the_docs_have_examples_that_run() -> None:
 
 # the matcher itself, so a broken matcher cannot make every example pass
 
+
 def test_matcher_wildcards_and_volatile_parts() -> None:
     assert matches(["08:33:12 a DONE", "=== 1 done in 2s ==="], ["10:01:59 a DONE", "=== 1 done in 0s ==="], False)
-    assert matches(["fleetrun 0.1.0 -- home ... -- plugins: ..."], ["fleetrun 0.1.0 -- home /x -- plugins: a, b"],
-                   False)
+    assert matches(
+        ["fleetrun 0.1.0 -- home ... -- plugins: ..."], ["fleetrun 0.1.0 -- home /x -- plugins: a, b"], False
+    )
     assert matches(["first", "...", "last"], ["first", "x", "y", "last"], False)
     assert matches(["b", "a"], ["a", "b"], True)
     assert not matches(["a"], ["a", "b"], False)

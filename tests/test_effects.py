@@ -23,8 +23,9 @@ def test_completions_are_delivered_on_the_loops_thread_and_wake_it(tmp_path: Pat
     seen: list[tuple[str, object, bool]] = []
 
     def on_done(name: str):
-        return lambda fut: seen.append((name, fut.exception() or fut.result(),
-                                        threading.current_thread() is threading.main_thread()))
+        return lambda fut: seen.append(
+            (name, fut.exception() or fut.result(), threading.current_thread() is threading.main_thread())
+        )
 
     def boom() -> None:
         raise OSError("disk")

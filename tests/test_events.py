@@ -25,8 +25,16 @@ from fleetrun.taskspec import TaskSpec
 from fleetrun.waiting import TICKERS_KEY
 
 DOCS = Path(__file__).resolve().parents[1] / "docs" / "events.md"
-TYPES = {"run_start", "run_end", "queued", "transition", "attempt_started", "attempt_ended", "verdict",
-         "waiting"}  # peer_heartbeat: tests/acceptance/test_events_peer.py
+TYPES = {
+    "run_start",
+    "run_end",
+    "queued",
+    "transition",
+    "attempt_started",
+    "attempt_ended",
+    "verdict",
+    "waiting",
+}  # peer_heartbeat: tests/acceptance/test_events_peer.py
 
 
 def read_events(home: Path) -> list[dict[str, Any]]:
@@ -41,7 +49,7 @@ def test_a_run_streams_every_type_on_stdout_rotates_and_validates(fleeter: Any, 
     terminal's output is on stderr), the home's log is rotated, 0600, and every line
     follows the schema."""
     fleeter.make_repo()
-    fleeter.write_tasks('''
+    fleeter.write_tasks("""
         [[task]]
         name = "a"
         cwd = "repo"
@@ -55,11 +63,12 @@ def test_a_run_streams_every_type_on_stdout_rotates_and_validates(fleeter: Any, 
         cwd = "repo"
         prompt = "Write b.txt."
         git_ref = "main"
-    ''')
+    """)
     fleeter.write_config("[events]\nmax_bytes = 1800\nkeep = 2\n")
     # a's first attempt writes nothing: its verifier fails, attempt 2 (a retry) passes
-    fake_claude.script(a=[{"result": "nothing", "cost": 0.01},
-                          {"actions": [["write", "a.txt", "a"], ["commit", "a"]], "cost": 0.02}])
+    fake_claude.script(
+        a=[{"result": "nothing", "cost": 0.01}, {"actions": [["write", "a.txt", "a"], ["commit", "a"]], "cost": 0.02}]
+    )
     r = fleeter.runsub("tasks.toml", "--events", "-", "--max-tasks", "1")
     assert r.ret == 0, r.stdout + r.stderr
     streamed = [json.loads(line) for line in r.outlines]  # every stdout line is an event
@@ -74,9 +83,16 @@ def test_a_run_streams_every_type_on_stdout_rotates_and_validates(fleeter: Any, 
     assert queued[0]["task"] == a.id and queued[0]["queue"] == a.queue_id == streamed[-1]["queue"]
     # every transition says where it came from (entering the ledger is `queued`)
     moves = [(e["from"], e["to"], e["attempt"]) for e in streamed if e["type"] == "transition" and e["task"] == a.id]
-    assert moves == [("READY", "ASSIGNED", 1), ("ASSIGNED", "RUNNING", 1), ("RUNNING", "VERIFYING", 1),
-                     ("VERIFYING", "RETRYING", 1), ("RETRYING", "ASSIGNED", 2), ("ASSIGNED", "RUNNING", 2),
-                     ("RUNNING", "VERIFYING", 2), ("VERIFYING", "DONE", 2)]
+    assert moves == [
+        ("READY", "ASSIGNED", 1),
+        ("ASSIGNED", "RUNNING", 1),
+        ("RUNNING", "VERIFYING", 1),
+        ("VERIFYING", "RETRYING", 1),
+        ("RETRYING", "ASSIGNED", 2),
+        ("ASSIGNED", "RUNNING", 2),
+        ("RUNNING", "VERIFYING", 2),
+        ("VERIFYING", "DONE", 2),
+    ]
     started = [e for e in streamed if e["type"] == "attempt_started" and e["task"] == a.id]
     ended = [e for e in streamed if e["type"] == "attempt_ended" and e["task"] == a.id]
     assert [(e["attempt"], e["kind"], e["host"]) for e in started] == [(1, "fresh", "local"), (2, "retry", "local")]
@@ -93,7 +109,7 @@ def test_a_run_streams_every_type_on_stdout_rotates_and_validates(fleeter: Any, 
     names = sorted(p.name for p in fleeter.home.glob("events.ndjson*"))
     assert names == ["events.ndjson", "events.ndjson.1", "events.ndjson.2"]
     kept = read_events(fleeter.home)
-    assert kept == streamed[-len(kept):] and len(kept) < len(streamed)
+    assert kept == streamed[-len(kept) :] and len(kept) < len(streamed)
     assert all(p.stat().st_size <= 1800 for p in fleeter.home.glob("events.ndjson*"))
     assert all(stat.S_IMODE(p.stat().st_mode) == 0o600 for p in fleeter.home.glob("events.ndjson*"))
     # what the suite's own check walks sees the subprocess's files, and they pass it
@@ -121,11 +137,14 @@ def test_events_file_is_a_copy_besides_the_homes_log(fleeter: Any, fake_claude: 
     assert (r.ret, r.stdout, r.errlines) == (5, "", ["no tasks collected"])
 
 
-@pytest.mark.parametrize(("text", "message"), [
-    ("[events]\nmax_bytes = 0\n", "config.toml:2: events.max_bytes: must be at least 1"),
-    ("[events]\nkeep = -1\n", "config.toml:2: events.keep: must be 0 or more"),
-    ('[events]\nkeep = "3"\n', "config.toml:2: events.keep:"),
-])
+@pytest.mark.parametrize(
+    ("text", "message"),
+    [
+        ("[events]\nmax_bytes = 0\n", "config.toml:2: events.max_bytes: must be at least 1"),
+        ("[events]\nkeep = -1\n", "config.toml:2: events.keep: must be 0 or more"),
+        ('[events]\nkeep = "3"\n', "config.toml:2: events.keep:"),
+    ],
+)
 def test_a_bad_events_setting_is_a_usage_error(fleeter: Any, text: str, message: str) -> None:
     fleeter.make_repo()
     fleeter.write_tasks('[[task]]\nname = "a"\ncwd = "repo"\nprompt = "p"\n')
@@ -139,18 +158,26 @@ def _append(path: str, who: int, n: int, max_bytes: int, batch: int) -> None:
     """``n`` lines, written ``batch`` lines at a time (``i % batch + 1`` when rotating:
     one line, or a pass's few)."""
     log = HomeLog(Path(path), max_bytes=max_bytes, keep=1000)
-    lines = [(json.dumps({"v": 1, "type": "waiting", "at": stamp(i), "task": f"t{who}", "name": str(i),
-                          "reason": "x" * (i % 50)}) + "\n").encode() for i in range(n)]
+    lines = [
+        (
+            json.dumps(
+                {"v": 1, "type": "waiting", "at": stamp(i), "task": f"t{who}", "name": str(i), "reason": "x" * (i % 50)}
+            )
+            + "\n"
+        ).encode()
+        for i in range(n)
+    ]
     i = 0
     while i < n:
-        step = batch if max_bytes > 10 ** 6 else i % batch + 1
-        log.write_lines(lines[i:i + step])
+        step = batch if max_bytes > 10**6 else i % batch + 1
+        log.write_lines(lines[i : i + step])
         i += step
 
 
-@pytest.mark.parametrize(("n", "max_bytes", "batch"), [(400, 3000, 6), (3000, 10 ** 7, 1000)])
-def test_concurrent_writers_rotate_without_losing_or_cutting_a_line(tmp_path: Path, n: int, max_bytes: int,
-                                                                     batch: int) -> None:
+@pytest.mark.parametrize(("n", "max_bytes", "batch"), [(400, 3000, 6), (3000, 10**7, 1000)])
+def test_concurrent_writers_rotate_without_losing_or_cutting_a_line(
+    tmp_path: Path, n: int, max_bytes: int, batch: int
+) -> None:
     """Two processes append lines one or a few at a time while the file rotates every
     ~40 lines; then in batches of ~140 KiB, written in chunks of whole lines."""
     path = tmp_path / "logs" / "events.ndjson"
@@ -165,7 +192,7 @@ def test_concurrent_writers_rotate_without_losing_or_cutting_a_line(tmp_path: Pa
     lines = [line for f in path.parent.glob("events.ndjson*") for line in f.read_text().splitlines()]
     got = [(e["task"], int(e["name"])) for e in map(json.loads, lines)]
     assert sorted(got) == sorted((f"t{w}", i) for w in (1, 2) for i in range(n))
-    if max_bytes < 10 ** 6:
+    if max_bytes < 10**6:
         assert len(list(path.parent.glob("events.ndjson.*"))) >= 10
     else:  # one file: each writer's lines in its order
         assert [i for w, i in got if w == "t1"] == list(range(n))
@@ -221,8 +248,12 @@ def test_the_docs_example_lines_follow_the_schema_and_show_every_type() -> None:
 def test_the_docs_name_every_field_of_every_type() -> None:
     text = DOCS.read_text()
     schema = load_schema()
-    missing = [f"{t}.{f}" for t, sub in schema["$defs"].items() for f in sub["properties"]
-               if f"`{f}`" not in text or f"`{t}`" not in text]
+    missing = [
+        f"{t}.{f}"
+        for t, sub in schema["$defs"].items()
+        for f in sub["properties"]
+        if f"`{f}`" not in text or f"`{t}`" not in text
+    ]
     assert not missing, missing
 
 
@@ -236,18 +267,31 @@ def test_the_attempt_hooks_come_once_per_attempt_with_the_recorded_attempt(fleet
     r = fleeter.inline_run("tasks.toml")
     assert r.ret == 0, r.stdout + r.stderr
     calls = r.hooks.getcalls("fleetrun_transition,fleetrun_attempt_started,fleetrun_attempt_ended")
-    seen = [(c._name, getattr(c, "to_state", None)) for c in calls if c._name != "fleetrun_transition"
-            or c.to_state in ("RUNNING", "VERIFYING", "RESUMING")]
-    assert seen == [("fleetrun_transition", "RUNNING"), ("fleetrun_attempt_started", None),
-                    ("fleetrun_attempt_ended", None), ("fleetrun_transition", "RESUMING"),
-                    ("fleetrun_transition", "RUNNING"), ("fleetrun_attempt_started", None),
-                    ("fleetrun_attempt_ended", None), ("fleetrun_transition", "VERIFYING")]
+    seen = [
+        (c._name, getattr(c, "to_state", None))
+        for c in calls
+        if c._name != "fleetrun_transition" or c.to_state in ("RUNNING", "VERIFYING", "RESUMING")
+    ]
+    assert seen == [
+        ("fleetrun_transition", "RUNNING"),
+        ("fleetrun_attempt_started", None),
+        ("fleetrun_attempt_ended", None),
+        ("fleetrun_transition", "RESUMING"),
+        ("fleetrun_transition", "RUNNING"),
+        ("fleetrun_attempt_started", None),
+        ("fleetrun_attempt_ended", None),
+        ("fleetrun_transition", "VERIFYING"),
+    ]
     started = r.hooks.getcalls("fleetrun_attempt_started")
     ended = r.hooks.getcalls("fleetrun_attempt_ended")
-    assert [(c.attempt.number, c.attempt.kind, c.attempt.state, c.host.name) for c in started] == \
-        [(1, "fresh", "running", "local"), (2, "resume", "running", "local")]
-    assert [(c.attempt.number, c.attempt.state, c.attempt.exit_code, c.attempt.cost_usd) for c in ended] == \
-        [(1, "ended", 1, None), (2, "ended", 0, 0.03)]
+    assert [(c.attempt.number, c.attempt.kind, c.attempt.state, c.host.name) for c in started] == [
+        (1, "fresh", "running", "local"),
+        (2, "resume", "running", "local"),
+    ]
+    assert [(c.attempt.number, c.attempt.state, c.attempt.exit_code, c.attempt.cost_usd) for c in ended] == [
+        (1, "ended", 1, None),
+        (2, "ended", 0, 0.03),
+    ]
     assert ended[1].result.session_id == ended[1].attempt.session_id and ended[1].task.cost_usd == 0.03
 
 
@@ -341,8 +385,9 @@ def test_an_operators_verb_writes_each_line_as_it_happens(fleeter: Any, verb: st
     assert [(e["name"], e["to"]) for e in then if e["type"] == "transition"][-1:] == [("a", to)]
 
 
-def test_events_on_stdout_are_read_while_the_run_goes_on(fleeter: Any, fake_claude: Any, tmp_path: Path,
-                                                        monkeypatch: pytest.MonkeyPatch) -> None:
+def test_events_on_stdout_are_read_while_the_run_goes_on(
+    fleeter: Any, fake_claude: Any, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
     """``--events -`` is written and flushed line by line: whoever reads the pipe sees the
     move to RUNNING while the agent runs (it runs until the test has read that line)."""
     import selectors
@@ -351,11 +396,21 @@ def test_events_on_stdout_are_read_while_the_run_goes_on(fleeter: Any, fake_clau
     monkeypatch.delenv("PYTHONUNBUFFERED", raising=False)  # a pipe's stdout is buffered, as for a user
     fleeter.make_repo()
     # the agent may run Bash (the default lets it run git only): it waits for a file
-    fleeter.write_tasks('[[task]]\nname = "a"\ncwd = "repo"\nprompt = "p"\ngit_ref = "main"\n'
-                        'allowed_tools = ["Bash"]\n')
+    fleeter.write_tasks(
+        '[[task]]\nname = "a"\ncwd = "repo"\nprompt = "p"\ngit_ref = "main"\nallowed_tools = ["Bash"]\n'
+    )
     gate = tmp_path / "agent-may-end"
-    fake_claude.script(a=[{"actions": [["bash", f"while [ ! -e {shlex.quote(str(gate))} ]; do sleep 0.05; done"],
-                                       ["write", "a.txt", "a"], ["commit", "a"]]}])
+    fake_claude.script(
+        a=[
+            {
+                "actions": [
+                    ["bash", f"while [ ! -e {shlex.quote(str(gate))} ]; do sleep 0.05; done"],
+                    ["write", "a.txt", "a"],
+                    ["commit", "a"],
+                ]
+            }
+        ]
+    )
     proc = fleeter.popen("tasks.toml", "--events", "-")
     assert proc.stdout is not None
     sel = selectors.DefaultSelector()
@@ -369,7 +424,7 @@ def test_events_on_stdout_are_read_while_the_run_goes_on(fleeter: Any, fake_clau
             assert time.monotonic() < deadline, f"no RUNNING line on stdout while the agent runs: {got!r}"
             if sel.select(timeout=1):
                 got += os.read(proc.stdout.fileno(), 65536)
-            events = [json.loads(line) for line in got[:got.rfind(b"\n") + 1].decode().splitlines()]
+            events = [json.loads(line) for line in got[: got.rfind(b"\n") + 1].decode().splitlines()]
             running = any(e["type"] == "transition" and e["to"] == "RUNNING" for e in events)
         # read while the agent runs (it cannot end before the gate), not in what an exit flushed
         assert [e["type"] for e in events if e["type"] in ("attempt_ended", "run_end")] == []

@@ -96,11 +96,7 @@ def result_of(proc: subprocess.CompletedProcess) -> dict:
 
 def tool_results(evs: list[dict]) -> list[dict]:
     return [
-        block
-        for e in evs
-        if e["type"] == "user"
-        for block in e["message"]["content"]
-        if block["type"] == "tool_result"
+        block for e in evs if e["type"] == "user" for block in e["message"]["content"] if block["type"] == "tool_result"
     ]
 
 
@@ -121,9 +117,7 @@ def commits(repo: Path) -> int:
 def test_is_an_executable_python_script():
     assert os.access(FAKE, os.X_OK)
     assert FAKE.read_text().startswith("#!/usr/bin/env python3\n")
-    assert "fleetrun" not in [
-        line.split()[1] for line in FAKE.read_text().splitlines() if line.startswith("import ")
-    ]
+    assert "fleetrun" not in [line.split()[1] for line in FAKE.read_text().splitlines() if line.startswith("import ")]
 
 
 def test_version_and_help(work, env):
@@ -157,14 +151,16 @@ def test_version_and_help(work, env):
         (["-p", "--model"], "error: option '--model <model>' argument missing"),
         (["-p", "--max-budget-usd", "lots", "hi"], "error: --max-budget-usd must be a positive number greater than 0"),
         (["-p", "--max-budget-usd", "0", "hi"], "error: --max-budget-usd must be a positive number greater than 0"),
-        (["-p", "--max-budget-usd", "0.0000", "hi"], "error: --max-budget-usd must be a positive number greater than 0"),
+        (
+            ["-p", "--max-budget-usd", "0.0000", "hi"],
+            "error: --max-budget-usd must be a positive number greater than 0",
+        ),
         (["-p", "one", "two"], "error: too many arguments"),
         (["-p", "--resume"], "--resume requires a valid session ID"),
         (["-p", "--settings", "/nonexistent/settings.json", "hi"], "not found"),
         (
             ["-p", "--setting-sources", "user,repo", "hi"],
-            "Error processing --setting-sources: Invalid setting source: repo. "
-            "Valid options are: user, project, local",
+            "Error processing --setting-sources: Invalid setting source: repo. Valid options are: user, project, local",
         ),
         (["-p", "--setting-sources"], "error: option '--setting-sources <sources>' argument missing"),
         (["-p", "--json-schema", "{not json", "hi"], "Invalid JSON provided to --json-schema"),
@@ -184,10 +180,7 @@ def test_strict_option_errors_exit_1(work, env, args, message):
 def test_no_prompt_is_an_error(work, env):
     proc = run(["-p"], work, env)
     assert proc.returncode == 1
-    assert (
-        "Input must be provided either through stdin or as a prompt argument"
-        in proc.stderr.decode()
-    )
+    assert "Input must be provided either through stdin or as a prompt argument" in proc.stderr.decode()
 
 
 def test_variadic_allowed_tools_swallow_the_prompt_like_commander(work, env):
@@ -201,9 +194,7 @@ def test_variadic_allowed_tools_swallow_the_prompt_like_commander(work, env):
 
 def test_equals_form_and_interactive_mode(work, env):
     sid = str(uuid.uuid4())
-    proc = run(
-        ["-p", "--output-format=json", f"--session-id={sid}", "--model=opus", "hi"], work, env
-    )
+    proc = run(["-p", "--output-format=json", f"--session-id={sid}", "--model=opus", "hi"], work, env)
     assert proc.returncode == 0
     result = json.loads(proc.stdout)
     assert (result["session_id"], result["result"]) == (sid, "ok")
@@ -332,9 +323,15 @@ def test_steps_follow_invocations_per_task(tmp_path, work, env):
 
 
 def test_a_verifier_gets_the_review_key_when_the_scenario_has_one(tmp_path, work, env):
-    scenario(tmp_path, env, {"t1": [{"result": "one"}, {"result": "two"}],
-                             "t1:review": [{"result": "PASS first review"}, {"result": "FAIL: second"}],
-                             "t2": [{"result": "t2 work"}]})
+    scenario(
+        tmp_path,
+        env,
+        {
+            "t1": [{"result": "one"}, {"result": "two"}],
+            "t1:review": [{"result": "PASS first review"}, {"result": "FAIL: second"}],
+            "t2": [{"result": "t2 work"}],
+        },
+    )
 
     def reply(task, verifier=False):
         e = dict(env, FLEETRUN_TASK_NAME=task)
@@ -349,7 +346,12 @@ def test_a_verifier_gets_the_review_key_when_the_scenario_has_one(tmp_path, work
     # no "t2:review" key: a verifier falls back to the task's own steps and counter
     assert reply("t2", verifier=True) == "t2 work"
     assert [(c["key"], c["n"]) for c in calls(env)] == [
-        ("t1", 1), ("t1:review", 1), ("t1", 2), ("t1:review", 2), ("t2", 1)]
+        ("t1", 1),
+        ("t1:review", 1),
+        ("t1", 2),
+        ("t1:review", 2),
+        ("t2", 1),
+    ]
     assert calls(env)[1]["env"]["FLEETRUN_VERIFIER"] == "agent"
 
 
@@ -405,9 +407,7 @@ def test_die_is_killed_by_sigkill_and_logged(tmp_path, repo, env):
 
 def test_hang_prints_nothing_more(tmp_path, work, env):
     scenario(tmp_path, env, {"default": [{"mode": "hang", "actions": [["print", "before"]]}]})
-    proc = subprocess.Popen(
-        [str(FAKE), *SJ, "go"], cwd=work, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE
-    )
+    proc = subprocess.Popen([str(FAKE), *SJ, "go"], cwd=work, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE)
     try:
         with pytest.raises(subprocess.TimeoutExpired):
             proc.communicate(timeout=0.6)
@@ -489,14 +489,19 @@ def test_api_error_shape(tmp_path, work, env, status):
     assert (synthetic["message"]["model"], synthetic["error"]) == ("<synthetic>", "server_error")
     result = result_of(proc)
     assert (result["subtype"], result["is_error"], result["api_error_status"], result["errors"]) == (
-        "success", True, status, None)
+        "success",
+        True,
+        status,
+        None,
+    )
     assert result["result"].startswith(f"API Error: {status} ")
     assert "This is a server-side issue" in result["result"]
     assert "rate_limit_event" not in [e["type"] for e in events(proc)]
     # the CLI's retries before it gives up (from its code: a real 5xx cannot be had offline)
     retries = [e for e in events(proc) if e.get("subtype") == "api_retry"]
     assert [(e["attempt"], e["max_retries"], e["error_status"]) for e in retries] == [
-        (n, 10, status) for n in range(1, 11)]
+        (n, 10, status) for n in range(1, 11)
+    ]
     assert {e["error"] for e in retries} == {"overloaded" if status == 529 else "server_error"}
 
 
@@ -514,9 +519,7 @@ def test_overspend_stops_at_the_budget(tmp_path, work, env):
 
 def test_any_cost_over_the_budget_trips_the_breaker(tmp_path, work, env):
     scenario(tmp_path, env, {"default": [{"cost": 0.75}]})
-    assert result_of(run([*SJ, "--max-budget-usd", "0.5", "go"], work, env))["subtype"] == (
-        "error_max_budget_usd"
-    )
+    assert result_of(run([*SJ, "--max-budget-usd", "0.5", "go"], work, env))["subtype"] == ("error_max_budget_usd")
     assert result_of(run([*SJ, "--max-budget-usd", "2", "go"], work, env))["subtype"] == "success"
 
 
@@ -524,13 +527,11 @@ def test_any_cost_over_the_budget_trips_the_breaker(tmp_path, work, env):
 def test_the_turn_that_crosses_the_budget_is_paid_and_cut_off(tmp_path, work, env, version):
     env["FAKE_CLAUDE_VERSION"] = version
     # three turns of $0.30: the second crosses $0.5, during its Write
-    scenario(tmp_path, env, {"default": [{"cost": 0.9, "actions": [["write", "a.txt", "A"],
-                                                                    ["write", "b.txt", "B"]]}]})
+    scenario(tmp_path, env, {"default": [{"cost": 0.9, "actions": [["write", "a.txt", "A"], ["write", "b.txt", "B"]]}]})
     proc = run([*SJ, "--dangerously-skip-permissions", "--max-budget-usd", "0.5", "go"], work, env)
     assert proc.returncode == 1
     result = result_of(proc)
-    assert (result["subtype"], result["is_error"], result["stop_reason"]) == (
-        "error_max_budget_usd", True, "tool_use")
+    assert (result["subtype"], result["is_error"], result["stop_reason"]) == ("error_max_budget_usd", True, "tool_use")
     assert result["errors"] == ["Reached maximum budget ($0.5)"]
     assert result["total_cost_usd"] == pytest.approx(0.6)  # more than the cap
     assert result.get("terminal_reason") == (None if version == "2.1.197" else "budget_exhausted")
@@ -555,8 +556,10 @@ def test_tool_not_enabled_wording_in_2_1_197(tmp_path, work, env):
     scenario(tmp_path, env, {"default": [{"actions": [["write", "a.txt", "A"]]}]})
     proc = run([*SJ, "--tools", "Read", "--dangerously-skip-permissions", "--", "go"], work, env)
     [res] = tool_results(events(proc))
-    assert res["content"] == ("<tool_use_error>Error: No such tool available: Write. Write exists but is "
-                              "not enabled in this context.</tool_use_error>")
+    assert res["content"] == (
+        "<tool_use_error>Error: No such tool available: Write. Write exists but is "
+        "not enabled in this context.</tool_use_error>"
+    )
     assert denials(proc) == []
 
 
@@ -564,9 +567,23 @@ def test_2_1_197_wants_a_file_read_before_it_is_written(tmp_path, work, env):
     env["FAKE_CLAUDE_VERSION"] = "2.1.197"
     (work / "old.txt").write_text("old\n")
     (work / "log.txt").write_text("log\n")
-    scenario(tmp_path, env, {"default": [{"actions": [
-        ["write", "old.txt", "new"], ["append", "log.txt", "more"],
-        ["read", "old.txt"], ["write", "old.txt", "new"], ["write", "fresh.txt", "f"]]}]})
+    scenario(
+        tmp_path,
+        env,
+        {
+            "default": [
+                {
+                    "actions": [
+                        ["write", "old.txt", "new"],
+                        ["append", "log.txt", "more"],
+                        ["read", "old.txt"],
+                        ["write", "old.txt", "new"],
+                        ["write", "fresh.txt", "f"],
+                    ]
+                }
+            ]
+        },
+    )
     proc = run([*SJ, "--dangerously-skip-permissions", "go"], work, env)
     over, edit, read, again, fresh = tool_results(events(proc))
     refusal = "<tool_use_error>File has not been read yet. Read it first before writing to it.</tool_use_error>"
@@ -575,8 +592,10 @@ def test_2_1_197_wants_a_file_read_before_it_is_written(tmp_path, work, env):
     assert read["content"] == "1\told"
     assert again["is_error"] is False and (work / "old.txt").read_text() == "new"
     assert (work / "log.txt").read_text() == "log\n"
-    assert fresh["content"] == (f"File created successfully at: {work / 'fresh.txt'} (file state is current "
-                                "in your context \u2014 no need to Read it back)")
+    assert fresh["content"] == (
+        f"File created successfully at: {work / 'fresh.txt'} (file state is current "
+        "in your context \u2014 no need to Read it back)"
+    )
     assert denials(proc) == []
     # 2.1.332 writes over it
     env["FAKE_CLAUDE_VERSION"] = "2.1.332"
@@ -605,8 +624,10 @@ def test_2_1_197_warns_about_deny_rules_that_match_no_tool(work, env):
     assert run(args, work, env).stderr == b""
     env["FAKE_CLAUDE_VERSION"] = "2.1.197"
     err = run(args, work, env).stderr.decode()
-    assert err == ('Permission deny rule "MultiEdit" matches no known tool \u2014 check for typos.\n'
-                   'Permission deny rule "SlashCommand" matches no known tool \u2014 check for typos.\n')
+    assert err == (
+        'Permission deny rule "MultiEdit" matches no known tool \u2014 check for typos.\n'
+        'Permission deny rule "SlashCommand" matches no known tool \u2014 check for typos.\n'
+    )
 
 
 def test_terminal_escapes_follow_the_json_lines(work, env):
@@ -622,8 +643,20 @@ def test_default_model_is_an_opus_model(work, env):
 def test_post_tool_use_hooks_run(tmp_path, work, env):
     seen = tmp_path / "post.jsonl"
     (work / ".claude").mkdir()
-    (work / ".claude" / "settings.json").write_text(json.dumps({"hooks": {"PostToolUse": [
-        {"matcher": "Write", "hooks": [{"type": "command", "command": f"cat >> {seen}; echo >> {seen}"}]}]}}))
+    (work / ".claude" / "settings.json").write_text(
+        json.dumps(
+            {
+                "hooks": {
+                    "PostToolUse": [
+                        {
+                            "matcher": "Write",
+                            "hooks": [{"type": "command", "command": f"cat >> {seen}; echo >> {seen}"}],
+                        }
+                    ]
+                }
+            }
+        )
+    )
     scenario(tmp_path, env, {"default": [{"actions": [["write", "a.txt", "A"], ["read", "a.txt"]]}]})
     run([*SJ, "--dangerously-skip-permissions", "go"], work, env)
     [payload] = [json.loads(line) for line in seen.read_text().splitlines() if line.strip()]
@@ -710,17 +743,13 @@ def test_accept_edits_stays_inside_the_working_directories(tmp_path, work, env):
     scenario(tmp_path, env, {"default": [{"actions": [["write", str(outside), "x"]]}]})
     proc = run([*SJ, "--permission-mode", "acceptEdits", "go"], work, env)
     assert not outside.exists() and len(denials(proc)) == 1
-    run(
-        [*SJ, "--permission-mode", "acceptEdits", "--add-dir", str(tmp_path), "--", "go"], work, env
-    )
+    run([*SJ, "--permission-mode", "acceptEdits", "--add-dir", str(tmp_path), "--", "go"], work, env)
     assert outside.exists()
 
 
 @pytest.fixture
 def commits_b(tmp_path, env):
-    scenario(
-        tmp_path, env, {"default": [{"actions": [["write", "b.txt", "B"], ["commit", "add b"]]}]}
-    )
+    scenario(tmp_path, env, {"default": [{"actions": [["write", "b.txt", "B"], ["commit", "add b"]]}]})
 
 
 @pytest.mark.parametrize(
@@ -787,9 +816,7 @@ def test_commit_denied(repo, env, commits_b, flags, message):
 
 
 def test_bash_runs_only_when_permitted(tmp_path, repo, env):
-    scenario(
-        tmp_path, env, {"default": [{"actions": [["bash", "echo hi > out.txt && echo said"]]}]}
-    )
+    scenario(tmp_path, env, {"default": [{"actions": [["bash", "echo hi > out.txt && echo said"]]}]})
     proc = run([*SJ, "go"], repo, env)
     assert not (repo / "out.txt").exists() and len(denials(proc)) == 1
     proc = run([*SJ, "--allowedTools", "Bash(echo:*)", "--", "go"], repo, env)
@@ -831,19 +858,16 @@ def test_disallowed_beats_allowed_and_modes(work, env, writes_a):
 
 def test_tools_restricts_what_exists(tmp_path, work, env):
     (work / "r.txt").write_text("R\n")
-    scenario(
-        tmp_path, env, {"default": [{"actions": [["read", "r.txt"], ["write", "a.txt", "A"]]}]}
-    )
-    proc = run(
-        [*SJ, "--tools", "Read,Grep", "--dangerously-skip-permissions", "--", "go"], work, env
-    )
+    scenario(tmp_path, env, {"default": [{"actions": [["read", "r.txt"], ["write", "a.txt", "A"]]}]})
+    proc = run([*SJ, "--tools", "Read,Grep", "--dangerously-skip-permissions", "--", "go"], work, env)
     evs = events(proc)
     assert evs[0]["tools"] == ["Grep", "Read"]  # measured: sorted
     read, write = tool_results(evs)
     assert read["is_error"] is False and "R" in read["content"]
     assert write["is_error"] is True and write["content"] == (
         "<tool_use_error>Error: No such tool available: Write. Write exists but is disabled for "
-        "this session, in subagents as well as here.</tool_use_error>")
+        "this session, in subagents as well as here.</tool_use_error>"
+    )
     assert not (work / "a.txt").exists()
     assert denials(proc) == []  # measured: a tool that is not there is not a denial
     assert events(run([*SJ, "--tools", "", "--", "go"], work, env))[0]["tools"] == []
@@ -886,9 +910,7 @@ def test_resume_and_session_ids(work, env):
     both = run([*SJ, "--resume", sid, "--session-id", str(uuid.uuid4()), "six"], work, env)
     assert both.returncode == 1 and "--fork-session" in both.stderr.decode()
     forked_id = str(uuid.uuid4())
-    forked = run(
-        [*SJ, "--resume", sid, "--fork-session", "--session-id", forked_id, "seven"], work, env
-    )
+    forked = run([*SJ, "--resume", sid, "--fork-session", "--session-id", forked_id, "seven"], work, env)
     assert result_of(forked)["session_id"] == forked_id
 
 
@@ -915,8 +937,7 @@ def test_stream_json_input(work, env):
 # --------------------------------------------------------------------------- settings, hooks, models
 
 
-def hook_settings(marker_dir: Path, events_: tuple[str, ...] = ("SessionStart", "Stop"),
-                  tag: str = "project") -> str:
+def hook_settings(marker_dir: Path, events_: tuple[str, ...] = ("SessionStart", "Stop"), tag: str = "project") -> str:
     """Settings whose hooks append "<event> <tag>" and their stdin to files in marker_dir."""
     hooks = {}
     for ev in events_:
@@ -948,8 +969,14 @@ def test_hooks_of_every_source_run_by_default(tmp_path, work, env, hooked):
     sid = str(uuid.uuid4())
     proc = run([*SJ, "--session-id", sid, "go"], work, env)
     assert proc.returncode == 0 and result_of(proc)["result"] == "ok"
-    assert ran(hooked) == ["SessionStart user", "SessionStart project", "SessionStart local",
-                           "Stop user", "Stop project", "Stop local"]
+    assert ran(hooked) == [
+        "SessionStart user",
+        "SessionStart project",
+        "SessionStart local",
+        "Stop user",
+        "Stop project",
+        "Stop local",
+    ]
     start = json.loads((hooked / "SessionStart-project.json").read_text())
     assert start["session_id"] == sid and start["cwd"] == str(work)
     assert start["hook_event_name"] == "SessionStart" and start["source"] == "startup"
@@ -972,12 +999,15 @@ def test_a_session_reads_the_project_and_local_settings_of_the_folder_it_started
     assert ran(hooked) == ["SessionStart user", "Stop user"]
 
 
-@pytest.mark.parametrize("sources, expect", [
-    ("user", ["user"]),
-    ("project", ["project"]),
-    ("user,local", ["user", "local"]),
-    ("", []),
-])
+@pytest.mark.parametrize(
+    "sources, expect",
+    [
+        ("user", ["user"]),
+        ("project", ["project"]),
+        ("user,local", ["user", "local"]),
+        ("", []),
+    ],
+)
 def test_setting_sources_choose_whose_hooks_run(work, env, hooked, sources, expect):
     proc = run([*SJ, "--setting-sources", sources, "go"], work, env)
     assert proc.returncode == 0
@@ -996,13 +1026,16 @@ def test_project_settings_permissions_count_unless_the_source_is_off(work, env, 
 REPORT = "mytool mailbox done task_abc --summary wrote"
 
 
-@pytest.mark.parametrize("where, allowed", [
-    ("project", False),  # measured: a Bash rule in .claude/settings.json does not count in -p mode
-    ("local", True),
-    ("user", True),
-    ("flag", True),
-    (None, False),
-])
+@pytest.mark.parametrize(
+    "where, allowed",
+    [
+        ("project", False),  # measured: a Bash rule in .claude/settings.json does not count in -p mode
+        ("local", True),
+        ("user", True),
+        ("flag", True),
+        (None, False),
+    ],
+)
 def test_a_bash_allow_rule_counts_from_the_local_and_user_settings_only(tmp_path, work, env, where, allowed):
     """Issue 13, measured with the real CLI: under acceptEdits in -p mode, an allow rule
     ``Bash(fleetrun mailbox done:*)`` in the project's .claude/settings.json leaves the
@@ -1011,7 +1044,7 @@ def test_a_bash_allow_rule_counts_from_the_local_and_user_settings_only(tmp_path
     bindir = tmp_path / "bin"
     bindir.mkdir()
     tool = bindir / "mytool"
-    tool.write_text(f"#!/bin/sh\necho \"$@\" >> {tmp_path}/reported\n")
+    tool.write_text(f'#!/bin/sh\necho "$@" >> {tmp_path}/reported\n')
     tool.chmod(0o755)
     env["PATH"] = f"{bindir}{os.pathsep}{env['PATH']}"
     rule = {"permissions": {"allow": ["Bash(mytool mailbox done:*)"]}}
@@ -1065,8 +1098,18 @@ def test_session_start_matcher(tmp_path, work, env):
     marks.mkdir()
     hook = {"type": "command", "command": f"echo $CLAUDE_PROJECT_DIR >> {marks}/ran"}
     (work / ".claude").mkdir()
-    (work / ".claude" / "settings.json").write_text(json.dumps({"hooks": {"SessionStart": [
-        {"matcher": "resume", "hooks": [hook]}, {"matcher": "startup|clear", "hooks": [hook]}]}}))
+    (work / ".claude" / "settings.json").write_text(
+        json.dumps(
+            {
+                "hooks": {
+                    "SessionStart": [
+                        {"matcher": "resume", "hooks": [hook]},
+                        {"matcher": "startup|clear", "hooks": [hook]},
+                    ]
+                }
+            }
+        )
+    )
     run([*SJ, "go"], work, env)
     assert ran(marks) == [str(work)]  # identical commands run once
 
@@ -1082,13 +1125,22 @@ def test_a_stop_hook_that_blocks_continues_the_session(tmp_path, work, env):
         "data = json.load(sys.stdin)\n"
         f"open({str(marks / 'ran')!r}, 'a').write(json.dumps(data) + '\\n')\n"
         "if not data['stop_hook_active']:\n"
-        "    print(json.dumps({'decision': 'block', 'reason': 'Now write b.txt.'}))\n")
+        "    print(json.dumps({'decision': 'block', 'reason': 'Now write b.txt.'}))\n"
+    )
     (work / ".claude").mkdir()
-    (work / ".claude" / "settings.json").write_text(json.dumps({"hooks": {"Stop": [{"hooks": [
-        {"type": "command", "command": f"{sys.executable} {script}"}]}]}}))
-    scenario(tmp_path, env, {"default": [
-        {"actions": [["write", "a.txt", "A"]], "result": "wrote a", "cost": 0.01},
-        {"actions": [["write", "b.txt", "B"]], "result": "wrote b", "cost": 0.02}]})
+    (work / ".claude" / "settings.json").write_text(
+        json.dumps({"hooks": {"Stop": [{"hooks": [{"type": "command", "command": f"{sys.executable} {script}"}]}]}})
+    )
+    scenario(
+        tmp_path,
+        env,
+        {
+            "default": [
+                {"actions": [["write", "a.txt", "A"]], "result": "wrote a", "cost": 0.01},
+                {"actions": [["write", "b.txt", "B"]], "result": "wrote b", "cost": 0.02},
+            ]
+        },
+    )
     proc = run([*SJ, "--permission-mode", "acceptEdits", "go"], work, env)
     assert proc.returncode == 0
     res = result_of(proc)
@@ -1096,7 +1148,9 @@ def test_a_stop_hook_that_blocks_continues_the_session(tmp_path, work, env):
     assert (work / "a.txt").exists() and (work / "b.txt").exists()
     seen = [json.loads(line) for line in (marks / "ran").read_text().splitlines()]
     assert [(d["stop_hook_active"], d["last_assistant_message"]) for d in seen] == [
-        (False, "wrote a"), (True, "wrote b")]
+        (False, "wrote a"),
+        (True, "wrote b"),
+    ]
     first, cont = calls(env)
     assert cont["continuation"] == 1 and cont["prompt"] == "Now write b.txt."
     assert cont["session_id"] == first["session_id"] and (first["n"], cont["n"]) == (1, 2)
@@ -1106,21 +1160,25 @@ def test_a_stop_hook_exiting_2_blocks_with_its_stderr(tmp_path, work, env):
     (work / ".claude").mkdir()
     flag = tmp_path / "once"
     cmd = f"test -e {flag} && exit 0; touch {flag}; echo 'check again' >&2; exit 2"
-    (work / ".claude" / "settings.json").write_text(json.dumps({"hooks": {"Stop": [{"hooks": [
-        {"type": "command", "command": cmd}]}]}}))
+    (work / ".claude" / "settings.json").write_text(
+        json.dumps({"hooks": {"Stop": [{"hooks": [{"type": "command", "command": cmd}]}]}})
+    )
     scenario(tmp_path, env, {"default": [{"result": "one"}, {"result": "two"}]})
     proc = run([*SJ, "go"], work, env)
     assert result_of(proc)["result"] == "two"
     assert calls(env)[-1]["prompt"] == "check again"
 
 
-@pytest.mark.parametrize("mode, model, effective", [
-    ("plan", "haiku", "claude-opus-5-5"),
-    ("plan", "claude-haiku-4-5", "claude-haiku-4-5"),
-    ("dontAsk", "haiku", "claude-haiku-5-5"),
-    ("default", "haiku", "claude-haiku-5-5"),
-    ("plan", None, "claude-opus-5-5"),
-])
+@pytest.mark.parametrize(
+    "mode, model, effective",
+    [
+        ("plan", "haiku", "claude-opus-5-5"),
+        ("plan", "claude-haiku-4-5", "claude-haiku-4-5"),
+        ("dontAsk", "haiku", "claude-haiku-5-5"),
+        ("default", "haiku", "claude-haiku-5-5"),
+        ("plan", None, "claude-opus-5-5"),
+    ],
+)
 def test_plan_mode_ignores_a_model_alias(work, env, mode, model, effective):
     """The requests (the usage, the log) of plan mode with an alias go as the default
     model; the init event names the alias resolved (measured offline, both versions)."""
@@ -1132,20 +1190,77 @@ def test_plan_mode_ignores_a_model_alias(work, env, mode, model, effective):
     assert calls(env)[-1]["model"] == effective
 
 
-@pytest.mark.parametrize(("version", "model", "shown", "tools"), [
-    ("2.1.332", None, "claude-opus-5-5",
-     ["Task", "Bash", "CronCreate", "CronDelete", "CronList", "DesignSync", "Edit", "EnterWorktree", "ExitWorktree",
-      "ListAgents", "Monitor", "NotebookEdit", "Read", "ReportFindings", "ScheduleWakeup", "SendMessage", "Skill",
-      "TaskStop", "ToolSearch", "WebFetch", "WebSearch", "Workflow", "Write"]),
-    ("2.1.197", None, "claude-opus-4-8[1m]",
-     ["Task", "Bash", "CronCreate", "CronDelete", "CronList", "DesignSync", "Edit", "EnterWorktree", "ExitWorktree",
-      "NotebookEdit", "Read", "ReportFindings", "ScheduleWakeup", "SendMessage", "Skill", "TaskCreate", "TaskGet",
-      "TaskList", "TaskOutput", "TaskStop", "TaskUpdate", "ToolSearch", "WebFetch", "WebSearch", "Workflow",
-      "Write"]),
-    ("2.1.332", "sonnet", "claude-sonnet-5-5", None),
-    ("2.1.197", "haiku", "claude-haiku-4-5-20251001", None),
-    ("2.1.332", "nosuchmodel", "nosuchmodel", None),
-])
+@pytest.mark.parametrize(
+    ("version", "model", "shown", "tools"),
+    [
+        (
+            "2.1.332",
+            None,
+            "claude-opus-5-5",
+            [
+                "Task",
+                "Bash",
+                "CronCreate",
+                "CronDelete",
+                "CronList",
+                "DesignSync",
+                "Edit",
+                "EnterWorktree",
+                "ExitWorktree",
+                "ListAgents",
+                "Monitor",
+                "NotebookEdit",
+                "Read",
+                "ReportFindings",
+                "ScheduleWakeup",
+                "SendMessage",
+                "Skill",
+                "TaskStop",
+                "ToolSearch",
+                "WebFetch",
+                "WebSearch",
+                "Workflow",
+                "Write",
+            ],
+        ),
+        (
+            "2.1.197",
+            None,
+            "claude-opus-4-8[1m]",
+            [
+                "Task",
+                "Bash",
+                "CronCreate",
+                "CronDelete",
+                "CronList",
+                "DesignSync",
+                "Edit",
+                "EnterWorktree",
+                "ExitWorktree",
+                "NotebookEdit",
+                "Read",
+                "ReportFindings",
+                "ScheduleWakeup",
+                "SendMessage",
+                "Skill",
+                "TaskCreate",
+                "TaskGet",
+                "TaskList",
+                "TaskOutput",
+                "TaskStop",
+                "TaskUpdate",
+                "ToolSearch",
+                "WebFetch",
+                "WebSearch",
+                "Workflow",
+                "Write",
+            ],
+        ),
+        ("2.1.332", "sonnet", "claude-sonnet-5-5", None),
+        ("2.1.197", "haiku", "claude-haiku-4-5-20251001", None),
+        ("2.1.332", "nosuchmodel", "nosuchmodel", None),
+    ],
+)
 def test_default_tools_and_model_ids_are_the_measured_ones(work, env, version, model, shown, tools):
     env["FAKE_CLAUDE_VERSION"] = version
     init = events(run([*SJ, *(["--model", model] if model else []), "go"], work, env))[0]
@@ -1154,19 +1269,27 @@ def test_default_tools_and_model_ids_are_the_measured_ones(work, env, version, m
         assert init["tools"] == tools
 
 
-@pytest.mark.parametrize(("version", "tools"), [
-    ("2.1.332", ["Task", "Glob", "Grep", "Read", "TaskStop"]),
-    ("2.1.197", ["Task", "Glob", "Grep", "Read", "TaskOutput", "TaskStop"]),
-])
+@pytest.mark.parametrize(
+    ("version", "tools"),
+    [
+        ("2.1.332", ["Task", "Glob", "Grep", "Read", "TaskStop"]),
+        ("2.1.197", ["Task", "Glob", "Grep", "Read", "TaskOutput", "TaskStop"]),
+    ],
+)
 def test_chosen_tools_are_listed_task_first_and_unknown_ones_dropped(work, env, version, tools):
     env["FAKE_CLAUDE_VERSION"] = version
     init = events(run([*SJ, "--tools", "Read,Grep,Glob,LS,MultiEdit,TodoWrite,Task", "--", "go"], work, env))[0]
     assert init["tools"] == tools
 
 
-SCHEMA = json.dumps({"type": "object", "properties": {"verdict": {"type": "string", "enum": ["PASS", "FAIL"]},
-                                                      "reason": {"type": "string"}},
-                     "required": ["verdict", "reason"], "additionalProperties": False})
+SCHEMA = json.dumps(
+    {
+        "type": "object",
+        "properties": {"verdict": {"type": "string", "enum": ["PASS", "FAIL"]}, "reason": {"type": "string"}},
+        "required": ["verdict", "reason"],
+        "additionalProperties": False,
+    }
+)
 
 
 def test_json_schema_gives_structured_output(tmp_path, work, env):
@@ -1174,8 +1297,9 @@ def test_json_schema_gives_structured_output(tmp_path, work, env):
     proc = run([*SJ, "--json-schema", SCHEMA, "go"], work, env)
     res = result_of(proc)
     assert proc.returncode == 0 and res["structured_output"] == {"verdict": "PASS", "reason": "fine"}
-    uses = [b for e in events(proc) if e["type"] == "assistant" for b in e["message"]["content"]
-            if b["type"] == "tool_use"]
+    uses = [
+        b for e in events(proc) if e["type"] == "assistant" for b in e["message"]["content"] if b["type"] == "tool_use"
+    ]
     assert [u["name"] for u in uses] == ["StructuredOutput"]
     # without --json-schema there is no structured_output, whatever the step says
     assert "structured_output" not in result_of(run([*SJ, "go"], work, env))
@@ -1201,9 +1325,14 @@ def test_mcp_servers_the_user_s_unless_strict_and_what_a_session_was_given(tmp_p
     options a test asserts (and the variables FAKE_CLAUDE_LOG_ENV names)."""
     config_dir = Path(env["CLAUDE_CONFIG_DIR"])
     config_dir.mkdir()
-    (config_dir / ".claude.json").write_text(json.dumps({
-        "mcpServers": {"user-db": {"command": "true"}},
-        "projects": {str(work): {"mcpServers": {"local-one": {"command": "true"}}}}}))
+    (config_dir / ".claude.json").write_text(
+        json.dumps(
+            {
+                "mcpServers": {"user-db": {"command": "true"}},
+                "projects": {str(work): {"mcpServers": {"local-one": {"command": "true"}}}},
+            }
+        )
+    )
     (work / ".mcp.json").write_text(json.dumps({"mcpServers": {"approved": {}, "unapproved": {}}}))
     (work / ".claude").mkdir()
     (work / ".claude" / "settings.local.json").write_text(json.dumps({"enabledMcpjsonServers": ["approved"]}))
@@ -1225,9 +1354,15 @@ def test_mcp_servers_the_user_s_unless_strict_and_what_a_session_was_given(tmp_p
     assert second["mcp_servers"] == ["mine"] and second["max_turns"] is None
 
 
-@pytest.mark.parametrize("args", [["--dangerously-skip-permissions"], ["--permission-mode", "bypassPermissions"],
-                                  ["--allow-dangerously-skip-permissions"],
-                                  ["--settings", '{"permissions": {"defaultMode": "bypassPermissions"}}']])
+@pytest.mark.parametrize(
+    "args",
+    [
+        ["--dangerously-skip-permissions"],
+        ["--permission-mode", "bypassPermissions"],
+        ["--allow-dangerously-skip-permissions"],
+        ["--settings", '{"permissions": {"defaultMode": "bypassPermissions"}}'],
+    ],
+)
 def test_bypass_permissions_as_root_is_refused_at_once(work: Path, env: dict[str, str], args: list[str]) -> None:
     """Measured (2.1.197 and 2.1.332, as root): this line on stderr, nothing on stdout,
     exit 1; ``IS_SANDBOX=1`` lets it run."""
@@ -1235,14 +1370,18 @@ def test_bypass_permissions_as_root_is_refused_at_once(work: Path, env: dict[str
     del env["IS_SANDBOX"]
     proc = run([*SJ, *args, "go"], work, env)
     assert (proc.returncode, proc.stdout, proc.stderr.decode()) == (
-        1, b"", "--dangerously-skip-permissions cannot be used with root/sudo privileges for security reasons\n")
+        1,
+        b"",
+        "--dangerously-skip-permissions cannot be used with root/sudo privileges for security reasons\n",
+    )
     env["IS_SANDBOX"] = "1"
     assert run([*SJ, *args, "go"], work, env).returncode == 0
 
 
 @pytest.mark.parametrize("version", ["2.1.197", "2.1.332"])
-def test_cost_after_resume_is_the_sessions_on_2_1_332(tmp_path: Path, work: Path, env: dict[str, str],
-                                                         version: str) -> None:
+def test_cost_after_resume_is_the_sessions_on_2_1_332(
+    tmp_path: Path, work: Path, env: dict[str, str], version: str
+) -> None:
     """The issue's measurement: after --resume, 2.1.332's total_cost_usd is the whole
     session's, this invocation's is in model_usage_since_last_result; 2.1.197 gives the
     invocation's and has no model_usage_since_last_result."""
@@ -1270,35 +1409,56 @@ def test_an_unknown_resume_id_is_answered_as_measured(work: Path, env: dict[str,
     assert proc.stdout.count(b"\n") == 1 and b"\x1b" not in proc.stdout
     (res,) = events(proc)
     assert (res["type"], res["subtype"], res["session_id"], res["num_turns"], res["errors"]) == (
-        "result", "error_during_execution", sid, 0, [f"No conversation found with session ID: {sid}"])
+        "result",
+        "error_during_execution",
+        sid,
+        0,
+        [f"No conversation found with session ID: {sid}"],
+    )
 
 
-@pytest.mark.parametrize(("version", "args", "code", "stderr"), [
-    # each measured with the real CLI of that version, offline (docs/agents.md)
-    ("2.1.332", ["--permission-mode", "manual"], 0, ""),
-    ("2.1.332", ["--permission-mode", "default"], 0, ""),
-    ("2.1.197", ["--permission-mode", "manual"], 1,
-     "error: option '--permission-mode <mode>' argument 'manual' is invalid. Allowed choices are acceptEdits, "
-     "auto, bypassPermissions, default, dontAsk, plan.\n"),
-    ("2.1.332", ["--max-turns", "0"], 0, ""),
-    ("2.1.197", ["--max-turns", "0"], 0, ""),
-    ("2.1.332", ["--settings", "notjson"], 1, "Error: Settings file not found: {cwd}/notjson\n"),
-    ("2.1.197", ["--settings", "notjson"], 1, "Error: Settings file not found: notjson\n"),
-    ("2.1.332", ["--mcp-config", "notjson"], 1,
-     "Error: Invalid MCP configuration:\nMCP config file not found: {cwd}/notjson\n"),
-    ("2.1.197", ["--mcp-config", "notjson"], 1,
-     "Error: Invalid MCP configuration:\nMCP config file not found: {cwd}/notjson\n"),
-    ("2.1.332", ["--effort", "high", "--bare", "--name", "x", "--include-hook-events"], 0, ""),
-    ("2.1.197", ["--effort", "high", "--bare", "--name", "x", "--include-hook-events"], 0, ""),
-    ("2.1.332", ["--permission-prompts", "none", "--system-prompt-snapshot", "off", "--restricted"], 0, ""),
-    ("2.1.197", ["--permission-prompts", "none"], 1, "error: unknown option '--permission-prompts'\n"),
-    ("2.1.332", ["--mcp-debug"], 1, "error: unknown option '--mcp-debug'\n"),
-    ("2.1.332", ["--model", "sonnet", "--fallback-model", "sonnet"], 0, ""),
-    ("2.1.197", ["--model", "sonnet", "--fallback-model", "sonnet"], 0, ""),
-    ("2.1.332", ["--name"], 1, "error: option '-n, --name <name>' argument missing\n"),
-])
+@pytest.mark.parametrize(
+    ("version", "args", "code", "stderr"),
+    [
+        # each measured with the real CLI of that version, offline (docs/agents.md)
+        ("2.1.332", ["--permission-mode", "manual"], 0, ""),
+        ("2.1.332", ["--permission-mode", "default"], 0, ""),
+        (
+            "2.1.197",
+            ["--permission-mode", "manual"],
+            1,
+            "error: option '--permission-mode <mode>' argument 'manual' is invalid. Allowed choices are acceptEdits, "
+            "auto, bypassPermissions, default, dontAsk, plan.\n",
+        ),
+        ("2.1.332", ["--max-turns", "0"], 0, ""),
+        ("2.1.197", ["--max-turns", "0"], 0, ""),
+        ("2.1.332", ["--settings", "notjson"], 1, "Error: Settings file not found: {cwd}/notjson\n"),
+        ("2.1.197", ["--settings", "notjson"], 1, "Error: Settings file not found: notjson\n"),
+        (
+            "2.1.332",
+            ["--mcp-config", "notjson"],
+            1,
+            "Error: Invalid MCP configuration:\nMCP config file not found: {cwd}/notjson\n",
+        ),
+        (
+            "2.1.197",
+            ["--mcp-config", "notjson"],
+            1,
+            "Error: Invalid MCP configuration:\nMCP config file not found: {cwd}/notjson\n",
+        ),
+        ("2.1.332", ["--effort", "high", "--bare", "--name", "x", "--include-hook-events"], 0, ""),
+        ("2.1.197", ["--effort", "high", "--bare", "--name", "x", "--include-hook-events"], 0, ""),
+        ("2.1.332", ["--permission-prompts", "none", "--system-prompt-snapshot", "off", "--restricted"], 0, ""),
+        ("2.1.197", ["--permission-prompts", "none"], 1, "error: unknown option '--permission-prompts'\n"),
+        ("2.1.332", ["--mcp-debug"], 1, "error: unknown option '--mcp-debug'\n"),
+        ("2.1.332", ["--model", "sonnet", "--fallback-model", "sonnet"], 0, ""),
+        ("2.1.197", ["--model", "sonnet", "--fallback-model", "sonnet"], 0, ""),
+        ("2.1.332", ["--name"], 1, "error: option '-n, --name <name>' argument missing\n"),
+    ],
+)
 def test_the_command_line_is_taken_or_refused_as_the_real_cli_does(
-        work: Path, env: dict[str, str], version: str, args: list[str], code: int, stderr: str) -> None:
+    work: Path, env: dict[str, str], version: str, args: list[str], code: int, stderr: str
+) -> None:
     env["FAKE_CLAUDE_VERSION"] = version
     proc = run([*SJ, *args] if args[-1] == "--name" else [*SJ, *args, "--", "go"], work, env)
     assert (proc.returncode, proc.stderr.decode()) == (code, stderr.format(cwd=work)), proc.stdout

@@ -29,22 +29,34 @@ def test_no_module_of_the_fake_is_named_as_a_standard_library_module() -> None:
 def test_by_path_it_needs_no_fleetrun_and_imports_no_bare_module_names(tmp_path: Path) -> None:
     """``-I -S``: no site-packages (so no fleetrun, installed or editable) and no cwd on
     sys.path; the fake still runs, loaded under its private package name only."""
-    probe = ("import json, runpy, sys\n"
-             f"sys.argv = ['claude', '-p', '--output-format', 'json', 'hi']\n"
-             "try:\n"
-             f"    runpy.run_path({str(FOLDER)!r}, run_name='__main__')\n"
-             "except SystemExit as e:\n"
-             "    code = e.code\n"
-             f"bare = sorted(m for m in sys.modules if m in {MODULES!r})\n"
-             "ours = sorted(m for m in sys.modules if m.startswith('_fleetrun_fake_claude'))\n"
-             "fleetrun = sorted(m for m in sys.modules if m.split('.')[0] == 'fleetrun')\n"
-             "sys.stderr.write('PROBE ' + json.dumps([code, bare, ours, fleetrun]) + '\\n')\n")
-    env = {"PATH": "/usr/bin:/bin", "FAKE_CLAUDE_STATE": str(tmp_path / "state"),
-           "CLAUDE_CONFIG_DIR": str(tmp_path / "claude-config")}
-    proc = subprocess.run([sys.executable, "-I", "-S", "-c", probe], cwd=tmp_path, env=env,
-                          stdin=subprocess.DEVNULL, capture_output=True, text=True, timeout=60)
+    probe = (
+        "import json, runpy, sys\n"
+        f"sys.argv = ['claude', '-p', '--output-format', 'json', 'hi']\n"
+        "try:\n"
+        f"    runpy.run_path({str(FOLDER)!r}, run_name='__main__')\n"
+        "except SystemExit as e:\n"
+        "    code = e.code\n"
+        f"bare = sorted(m for m in sys.modules if m in {MODULES!r})\n"
+        "ours = sorted(m for m in sys.modules if m.startswith('_fleetrun_fake_claude'))\n"
+        "fleetrun = sorted(m for m in sys.modules if m.split('.')[0] == 'fleetrun')\n"
+        "sys.stderr.write('PROBE ' + json.dumps([code, bare, ours, fleetrun]) + '\\n')\n"
+    )
+    env = {
+        "PATH": "/usr/bin:/bin",
+        "FAKE_CLAUDE_STATE": str(tmp_path / "state"),
+        "CLAUDE_CONFIG_DIR": str(tmp_path / "claude-config"),
+    }
+    proc = subprocess.run(
+        [sys.executable, "-I", "-S", "-c", probe],
+        cwd=tmp_path,
+        env=env,
+        stdin=subprocess.DEVNULL,
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
     (line,) = [ln for ln in proc.stderr.splitlines() if ln.startswith("PROBE ")]
-    code, bare, ours, fleetrun = json.loads(line[len("PROBE "):])
+    code, bare, ours, fleetrun = json.loads(line[len("PROBE ") :])
     assert (code, bare, fleetrun) == (0, [], [])
     assert ours == sorted(["_fleetrun_fake_claude"] + [f"_fleetrun_fake_claude.{m}" for m in MODULES])
     assert json.loads(proc.stdout.splitlines()[0])["result"] == "ok"
@@ -53,8 +65,9 @@ def test_by_path_it_needs_no_fleetrun_and_imports_no_bare_module_names(tmp_path:
 @pytest.mark.parametrize("how", ["folder", "module"])
 def test_python_runs_the_folder_and_the_module(tmp_path: Path, how: str) -> None:
     target = [str(FOLDER)] if how == "folder" else ["-m", "fleetrun.testing.fake_claude"]
-    proc = subprocess.run([sys.executable, *target, "--version"], cwd=tmp_path, capture_output=True,
-                          text=True, timeout=60)
+    proc = subprocess.run(
+        [sys.executable, *target, "--version"], cwd=tmp_path, capture_output=True, text=True, timeout=60
+    )
     assert (proc.returncode, proc.stdout) == (0, f"{packaged.VERSION} (Claude Code)\n")
 
 

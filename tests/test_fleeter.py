@@ -16,11 +16,16 @@ import fleetrun
 from fleetrun.fleeter import ECHO_AGENT, FakeClaude, Fleeter, RunResult, echo_task
 from fleetrun.testing.recorder import HookRecorder, SysModulesSnapshot, SysPathsSnapshot
 
-QUEUE = ECHO_AGENT + echo_task("ok", verify="true") + echo_task("bad", verify="false", max_retries=0) \
+QUEUE = (
+    ECHO_AGENT
+    + echo_task("ok", verify="true")
+    + echo_task("bad", verify="false", max_retries=0)
     + echo_task("stuck", requires=["no-such-tool-on-any-machine"])
+)
 
 
 # -- the hook recorder -------------------------------------------------------------------
+
 
 def test_inline_run_records_the_hook_calls_with_their_arguments(fleeter: Fleeter) -> None:
     fleeter.write_tasks(QUEUE)
@@ -107,6 +112,7 @@ def test_hook_recorder_on_a_plain_manager() -> None:
 
 
 # -- assert_outcomes ---------------------------------------------------------------------
+
 
 def test_assert_outcomes_counts_the_tasks_of_the_run(fleeter: Fleeter) -> None:
     fleeter.write_tasks(QUEUE)
@@ -204,7 +210,8 @@ def test_snapshots_restore_and_preserve(tmp_path: Path) -> None:
 
 
 def test_what_the_test_imports_from_its_folder_is_forgotten_at_teardown(
-        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
     f = Fleeter(tmp_path, monkeypatch)
     f.write("mine_for_teardown.py", "X = 1\n")
     sys.path.insert(0, str(f.path))
@@ -216,11 +223,11 @@ def test_what_the_test_imports_from_its_folder_is_forgotten_at_teardown(
 
 # -- entry-point autoload ----------------------------------------------------------------
 
+
 def _install_entry_point(site: Path) -> None:
     """An installed plugin as ``pip install`` leaves it: a module and a dist-info."""
     site.mkdir()
-    (site / "fleeter_ep_plugin.py").write_text(
-        "def fleetrun_configure(config):\n    pass\n")
+    (site / "fleeter_ep_plugin.py").write_text("def fleetrun_configure(config):\n    pass\n")
     dist = site / "fleeter_ep-0.1.dist-info"
     dist.mkdir()
     (dist / "METADATA").write_text("Metadata-Version: 2.1\nName: fleeter-ep\nVersion: 0.1\n")
@@ -228,7 +235,8 @@ def _install_entry_point(site: Path) -> None:
 
 
 def test_installed_plugins_are_not_autoloaded_unless_the_test_says_so(
-        fleeter: Fleeter, monkeypatch: pytest.MonkeyPatch) -> None:
+    fleeter: Fleeter, monkeypatch: pytest.MonkeyPatch
+) -> None:
     assert os.environ["FLEETRUN_DISABLE_PLUGIN_AUTOLOAD"] == "1"
     _install_entry_point(fleeter.root / "site")
     monkeypatch.syspath_prepend(str(fleeter.root / "site"))
@@ -242,6 +250,7 @@ def test_installed_plugins_are_not_autoloaded_unless_the_test_says_so(
 
 
 # -- the fake claude ---------------------------------------------------------------------
+
 
 def test_fake_claude_fixture_for_a_plugins_tests(fleeter: Fleeter, fake_claude: FakeClaude) -> None:
     fleeter.make_repo()
@@ -288,6 +297,7 @@ def test_the_fake_ships_in_the_package() -> None:
 
 # -- spawn -------------------------------------------------------------------------------
 
+
 def test_spawn_runs_fleetrun_on_a_terminal(fleeter: Fleeter) -> None:
     import pexpect
 
@@ -323,14 +333,15 @@ def test_a_spawned_child_still_running_is_killed_at_teardown(tmp_path: Path, mon
 
 # -- docs/plugins.md ---------------------------------------------------------------------
 
+
 def _doc_files() -> dict[str, str]:
     """The ```python blocks of docs/plugins.md's "Testing your plugin" whose first line
     is ``# PATH``: the worked example's files."""
     import re
 
     doc = (Path(__file__).resolve().parents[1] / "docs" / "plugins.md").read_text()
-    section = doc[doc.index("## Testing your plugin"):]
-    section = section[:section.find("\n## ", 1)] if "\n## " in section[1:] else section
+    section = doc[doc.index("## Testing your plugin") :]
+    section = section[: section.find("\n## ", 1)] if "\n## " in section[1:] else section
     files = {}
     for block in re.findall(r"```python\n(.*?)```", section, re.S):
         first, _, rest = block.partition("\n")
@@ -352,7 +363,13 @@ def test_the_worked_example_in_plugins_md_passes(tmp_path: Path) -> None:
     (tmp_path / "conftest.py").write_text('pytest_plugins = ["fleetrun.fleeter"]\n')
     (tmp_path / "pytest.ini").write_text("[pytest]\nfilterwarnings = error\n")
     env = {k: v for k, v in os.environ.items() if not k.startswith(("FLEETRUN_", "FAKE_CLAUDE_"))}
-    proc = subprocess.run([sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", "tests"],
-                          cwd=tmp_path, capture_output=True, text=True, env=env, timeout=300)
+    proc = subprocess.run(
+        [sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", "tests"],
+        cwd=tmp_path,
+        capture_output=True,
+        text=True,
+        env=env,
+        timeout=300,
+    )
     assert proc.returncode == 0, proc.stdout + proc.stderr
     assert "1 passed" in proc.stdout

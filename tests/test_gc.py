@@ -16,7 +16,7 @@ def setup(fleeter, fake_claude):
     ended: its next attempt reuses it) and owned attempt folders; then orphans are made
     by hand next to them. (gc collects the worktrees of ended tasks: test_gc_branches.py.)"""
     repo = fleeter.make_repo()
-    fleeter.write_tasks('''
+    fleeter.write_tasks("""
         [[task]]
         name = "owned"
         cwd = "repo"
@@ -25,7 +25,7 @@ def setup(fleeter, fake_claude):
         max_retries = 0
           [[task.verify]]
           run = "touch build.out; false"
-    ''')
+    """)
     fake_claude.script(owned=[{"actions": [["write", "out.txt", "x"]]}])
     r = fleeter.run("tasks.toml")
     assert r.ret == 1, r.stdout + r.stderr
@@ -54,8 +54,16 @@ def setup(fleeter, fake_claude):
     orphan_att = fleeter.home / "attempts" / "task_gone_0_a1"
     orphan_att.mkdir()
     (orphan_att / "log").write_text("old log\n")
-    return {"repo": repo, "owned_wt": owned_wt, "owned_atts": owned_atts, "clean": clean, "dirty": dirty,
-            "unique": unique, "orphan_att": orphan_att, "wroot": wroot}
+    return {
+        "repo": repo,
+        "owned_wt": owned_wt,
+        "owned_atts": owned_atts,
+        "clean": clean,
+        "dirty": dirty,
+        "unique": unique,
+        "orphan_att": orphan_att,
+        "wroot": wroot,
+    }
 
 
 def branches(fleeter, repo: Path) -> set[str]:
@@ -71,14 +79,16 @@ def test_gc_lists_and_removes_nothing(fleeter, setup):
     s = setup
     r = fleeter.run("gc")
     assert r.ret == 0, r.stdout + r.stderr
-    r.fnmatch_lines([
-        f"orphan worktree {s['clean']} (clean)",
-        f"orphan worktree {s['dirty']} (uncommitted changes): --yes keeps it, --force removes it",
-        f"orphan worktree {s['unique']} (*): --yes keeps it, --force removes it",
-        f"orphan attempt folder {s['orphan_att']}",
-        "4 to collect: `fleetrun gc --yes` removes 2 and keeps 2 (uncommitted changes or commits on no other "
-        "branch; `fleetrun gc --yes --force` removes those too; branches always stay)",
-    ])
+    r.fnmatch_lines(
+        [
+            f"orphan worktree {s['clean']} (clean)",
+            f"orphan worktree {s['dirty']} (uncommitted changes): --yes keeps it, --force removes it",
+            f"orphan worktree {s['unique']} (*): --yes keeps it, --force removes it",
+            f"orphan attempt folder {s['orphan_att']}",
+            "4 to collect: `fleetrun gc --yes` removes 2 and keeps 2 (uncommitted changes or commits on no other "
+            "branch; `fleetrun gc --yes --force` removes those too; branches always stay)",
+        ]
+    )
     r.no_fnmatch_line(f"*{s['owned_wt']}*")
     for p in s["owned_atts"]:
         r.no_fnmatch_line(f"*{p}*")
@@ -91,11 +101,13 @@ def test_gc_yes_removes_clean_orphans_and_keeps_dirty_and_unique(fleeter, setup)
     before = branches(fleeter, s["repo"])
     r = fleeter.run("gc", "--yes")
     assert r.ret == 0, r.stdout + r.stderr
-    r.fnmatch_lines([
-        f"removed worktree {s['clean']} (branch orphan-clean stays)",
-        f"kept {s['dirty']}: uncommitted changes (--force removes the worktree; the branch stays)",
-        f"removed attempt folder {s['orphan_att']}",
-    ])
+    r.fnmatch_lines(
+        [
+            f"removed worktree {s['clean']} (branch orphan-clean stays)",
+            f"kept {s['dirty']}: uncommitted changes (--force removes the worktree; the branch stays)",
+            f"removed attempt folder {s['orphan_att']}",
+        ]
+    )
     assert not s["clean"].exists() and not s["orphan_att"].exists()
     assert str(s["clean"]) not in registered_worktrees(fleeter, s["repo"])  # pruned, not just deleted
     assert (s["dirty"] / "wip.txt").read_text() == "work in progress"
@@ -107,12 +119,14 @@ def test_gc_yes_removes_clean_orphans_and_keeps_dirty_and_unique(fleeter, setup)
     fleeter.run("gc").fnmatch_lines(["orphan worktree *orphan-dirty* (uncommitted changes): --yes keeps it*"])
 
 
-
 def test_gc_keeps_a_worktree_whose_branch_has_unique_commits(fleeter, setup):
     s = setup
-    fleeter.run("gc").fnmatch_lines([
-        f"orphan worktree {s['unique']} (1 commit(s) on orphan-unique found on no other branch): --yes keeps it, "
-        "--force removes it"])
+    fleeter.run("gc").fnmatch_lines(
+        [
+            f"orphan worktree {s['unique']} (1 commit(s) on orphan-unique found on no other branch): --yes keeps it, "
+            "--force removes it"
+        ]
+    )
     r = fleeter.run("gc", "--yes")
     r.fnmatch_lines([f"kept {s['unique']}: 1 commit(s) on orphan-unique found on no other branch (--force*"])
     assert (s["unique"] / "new.txt").exists()
@@ -123,26 +137,29 @@ def test_gc_force_removes_them_all_and_the_branches_stay(fleeter, setup):
     before = branches(fleeter, s["repo"])
     r = fleeter.run("gc", "--yes", "--force")
     assert r.ret == 0, r.stdout + r.stderr
-    r.fnmatch_lines([f"removed worktree {s['dirty']} (branch orphan-dirty stays)",
-                     f"removed worktree {s['unique']} (branch orphan-unique stays)"])
+    r.fnmatch_lines(
+        [
+            f"removed worktree {s['dirty']} (branch orphan-dirty stays)",
+            f"removed worktree {s['unique']} (branch orphan-unique stays)",
+        ]
+    )
     assert not s["clean"].exists() and not s["dirty"].exists() and not s["unique"].exists()
     assert branches(fleeter, s["repo"]) == before
     # the unique commit is still on its branch
     assert fleeter.git(s["repo"], "log", "-1", "--format=%s", "orphan-unique").strip() == "only here"
     assert s["owned_wt"].exists() and all(p.exists() for p in s["owned_atts"])
-    assert fleeter.run("gc").outlines == [
-        "nothing to collect: every worktree and attempt folder belongs to a task"]
+    assert fleeter.run("gc").outlines == ["nothing to collect: every worktree and attempt folder belongs to a task"]
 
 
 def test_gc_with_nothing_to_collect(fleeter, fake_claude):
     fleeter.make_repo()
-    fleeter.write_tasks('''
+    fleeter.write_tasks("""
         [[task]]
         name = "t"
         cwd = "repo"
         prompt = "p"
         git_ref = "main"
-    ''')
+    """)
     fake_claude.script(t=[{"actions": [["write", "out.txt", "x"]]}])
     assert fleeter.run("tasks.toml").ret == 0
     r = fleeter.run("gc", "--yes")

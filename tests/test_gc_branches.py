@@ -11,7 +11,7 @@ from pathlib import Path
 
 import pytest
 
-TASKS = '''
+TASKS = """
 [[task]]
 name = "{name}"
 cwd = "repo"
@@ -20,7 +20,7 @@ git_ref = "main"
 max_retries = 0
   [[task.verify]]
   run = "{verify}"
-'''
+"""
 
 
 def run_task(fleeter, fake_claude, name: str, actions: list, verify: str = "true") -> object:
@@ -47,15 +47,21 @@ def test_gc_collects_the_worktree_of_a_needs_human_task(fleeter, fake_claude, re
     assert empty.state.value == work.state.value == "NEEDS_HUMAN"
     r = fleeter.run("gc")
     assert r.ret == 0, r.stdout + r.stderr
-    r.fnmatch_lines([
-        f"worktree of needs_human task empty {empty.id}: {empty.worktree} (clean)",
-        f"worktree of needs_human task work {work.id}: {work.worktree} (1 commit(s) on {work.branch} found on no "
-        "other branch): --yes keeps it, --force removes it",
-    ])
+    r.fnmatch_lines(
+        [
+            f"worktree of needs_human task empty {empty.id}: {empty.worktree} (clean)",
+            f"worktree of needs_human task work {work.id}: {work.worktree} (1 commit(s) on {work.branch} found on no "
+            "other branch): --yes keeps it, --force removes it",
+        ]
+    )
     assert Path(empty.worktree).exists()
     r = fleeter.run("gc", "--yes")
-    r.fnmatch_lines([f"removed worktree {empty.worktree} (branch {empty.branch} stays)",
-                     f"kept {work.worktree}: 1 commit(s) on {work.branch} found on no other branch*"])
+    r.fnmatch_lines(
+        [
+            f"removed worktree {empty.worktree} (branch {empty.branch} stays)",
+            f"kept {work.worktree}: 1 commit(s) on {work.branch} found on no other branch*",
+        ]
+    )
     assert not Path(empty.worktree).exists() and Path(work.worktree).exists()
     assert fleeter.task("empty").worktree is None and fleeter.task("empty").branch == empty.branch
     # cancelling it changes nothing about what gc says of it
@@ -99,14 +105,16 @@ def test_gc_branches_lists_then_deletes_only_fleetruns_branches_of_ended_tasks(f
 
     r = fleeter.run("gc", "--branches")
     assert r.ret == 0, r.stdout + r.stderr
-    r.fnmatch_lines([
-        f"branch {merged.branch} of done task merged {merged.id}: merged into main",
-        f"branch {unmerged.branch} of done task unmerged {unmerged.id}: kept, DONE with 1 commit(s) not in main "
-        "(merge it, or delete it by hand)",
-        f"branch {failed.branch} of needs_human task failed {failed.id}: never DONE, 1 commit(s) not in main, "
-        f"checked out in its worktree {failed.worktree}: --yes keeps it (the worktree stays), --force removes both",
-        "3 branches of ended tasks: `fleetrun gc --branches --yes` deletes 1 and keeps 2*",
-    ])
+    r.fnmatch_lines(
+        [
+            f"branch {merged.branch} of done task merged {merged.id}: merged into main",
+            f"branch {unmerged.branch} of done task unmerged {unmerged.id}: kept, DONE with 1 commit(s) not in main "
+            "(merge it, or delete it by hand)",
+            f"branch {failed.branch} of needs_human task failed {failed.id}: never DONE, 1 commit(s) not in main, "
+            f"checked out in its worktree {failed.worktree}: --yes keeps it (the worktree stays), --force removes both",
+            "3 branches of ended tasks: `fleetrun gc --branches --yes` deletes 1 and keeps 2*",
+        ]
+    )
     for b in ("feature", "fleetrun/not-from-a-task", "main"):
         r.no_fnmatch_line(f"branch {b} *")
     assert branches(fleeter, repo) == before  # listing deletes nothing
@@ -114,7 +122,11 @@ def test_gc_branches_lists_then_deletes_only_fleetruns_branches_of_ended_tasks(f
     r = fleeter.run("gc", "--branches", "--yes", "--force")
     assert r.ret == 0, r.stdout + r.stderr
     r.fnmatch_lines([f"removed worktree {failed.worktree}*"])
-    r.fnmatch_lines([f"deleted branch {merged.branch} (was *; `git branch {merged.branch} *` brings it back while git keeps the commit)"])
+    r.fnmatch_lines(
+        [
+            f"deleted branch {merged.branch} (was *; `git branch {merged.branch} *` brings it back while git keeps the commit)"
+        ]
+    )
     r.fnmatch_lines([f"deleted branch {failed.branch} (was *"])
     assert branches(fleeter, repo) == before - {merged.branch, failed.branch}
     assert fleeter.task("merged").branch is None and fleeter.task("failed").branch is None
@@ -126,11 +138,12 @@ def test_gc_branches_lists_then_deletes_only_fleetruns_branches_of_ended_tasks(f
         "nothing to collect: every worktree and attempt folder belongs to a task",
         f"branch {unmerged.branch} of done task unmerged {unmerged.id}: kept, DONE with 1 commit(s) not in main "
         "(merge it, or delete it by hand)",
-        "1 branch of an ended task: `fleetrun gc --branches --yes` deletes 0 and keeps 1"]
+        "1 branch of an ended task: `fleetrun gc --branches --yes` deletes 0 and keeps 1",
+    ]
 
 
 def test_gc_branches_keeps_a_branch_a_live_dependent_builds_on(fleeter, fake_claude, repo):
-    fleeter.write_tasks('''
+    fleeter.write_tasks("""
         [[task]]
         name = "base"
         cwd = "repo"
@@ -146,15 +159,16 @@ def test_gc_branches_keeps_a_branch_a_live_dependent_builds_on(fleeter, fake_cla
         git_ref = "main"
         depends_on = ["base"]
         requires = ["fleetrun-test-no-such-tool"]
-    ''')
+    """)
     fake_claude.script(base=[{"actions": [["write", "b.txt", "x"]]}])
     fleeter.run("tasks.toml")  # base is DONE; next waits for a tool no machine has
     base = fleeter.task("base")
     assert base.state.value == "DONE" and not fleeter.task("next").state.terminal
     fleeter.git(repo, "merge", "-q", "--no-edit", base.branch)
     r = fleeter.run("gc", "--branches", "--yes")
-    r.fnmatch_lines([f"kept branch {base.branch} of done task base {base.id}: task next depends on it and "
-                     "has not ended"])
+    r.fnmatch_lines(
+        [f"kept branch {base.branch} of done task base {base.id}: task next depends on it and has not ended"]
+    )
     assert base.branch in branches(fleeter, repo)
 
 
@@ -163,8 +177,10 @@ def test_gc_without_branches_says_how_many_it_could_delete(fleeter, fake_claude,
     fleeter.run("gc", "--yes")
     assert not Path(failed.worktree).exists()
     r = fleeter.run("gc")
-    assert r.outlines == ["nothing to collect: every worktree and attempt folder belongs to a task",
-                          "1 branch of an ended task can go: `fleetrun gc --branches` lists it"]
+    assert r.outlines == [
+        "nothing to collect: every worktree and attempt folder belongs to a task",
+        "1 branch of an ended task can go: `fleetrun gc --branches` lists it",
+    ]
 
 
 def test_an_ended_tasks_tampered_worktree_is_kept_and_force_runs_no_git_in_it(fleeter, fake_claude, repo):
@@ -186,8 +202,12 @@ def test_an_ended_tasks_tampered_worktree_is_kept_and_force_runs_no_git_in_it(fl
     assert "mine.txt" in fleeter.git(repo, "status", "--porcelain")
     assert t.branch in branches(fleeter, repo)
     # the repository still lists the worktree: gc says how to forget it, and runs no prune
-    r.fnmatch_lines([f"kept branch {t.branch} of needs_human task evil {t.id}: checked out in {wt}, a worktree "
-                     f"that is gone but still listed (`git -C {repo} worktree prune` forgets it)"])
+    r.fnmatch_lines(
+        [
+            f"kept branch {t.branch} of needs_human task evil {t.id}: checked out in {wt}, a worktree "
+            f"that is gone but still listed (`git -C {repo} worktree prune` forgets it)"
+        ]
+    )
 
 
 def test_gc_branches_never_takes_a_users_branch_the_ledger_names(fleeter, fake_claude, repo):

@@ -12,8 +12,9 @@ from fleetrun.gitutil import filters_off, git, git_env
 
 
 def sh_git(repo: Path, *args: str) -> str:
-    return subprocess.run(["git", "-C", str(repo), *args], check=True, capture_output=True, text=True,
-                          env=dict(os.environ, **GIT_ENV)).stdout
+    return subprocess.run(
+        ["git", "-C", str(repo), *args], check=True, capture_output=True, text=True, env=dict(os.environ, **GIT_ENV)
+    ).stdout
 
 
 def make_repo(path: Path) -> Path:
@@ -34,8 +35,16 @@ def test_filters_off_switches_off_every_driver_the_config_defines(tmp_path):
     off = filters_off(git(repo, "config", "-z", "--get-regexp", r"^filter\."))
     pairs = [off[i + 1] for i in range(0, len(off), 2)]
     assert off[::2] == ["-c"] * len(pairs)
-    assert pairs == ["filter.a.b.clean=", "filter.a.b.smudge=", "filter.a.b.process=", "filter.a.b.required=false",
-                     "filter.lfs.clean=", "filter.lfs.smudge=", "filter.lfs.process=", "filter.lfs.required=false"]
+    assert pairs == [
+        "filter.a.b.clean=",
+        "filter.a.b.smudge=",
+        "filter.a.b.process=",
+        "filter.a.b.required=false",
+        "filter.lfs.clean=",
+        "filter.lfs.smudge=",
+        "filter.lfs.process=",
+        "filter.lfs.required=false",
+    ]
     assert filters_off("") == []
 
 

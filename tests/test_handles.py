@@ -54,11 +54,17 @@ class Full(PollOnly):
 ALL = (VerifyHandle, Cancellable, Selectable, HasDeadline)
 
 
-@pytest.mark.parametrize(("cls", "kinds"), [
-    (ProcessHandle, ALL), (RunHandle, ALL), (AgentHandle, ALL), (BrainHandle, ALL),
-    # a peer's verifier has no descriptor here: it is asked on its own schedule
-    (RemoteRunHandle, (VerifyHandle, Cancellable, HasDeadline)),
-])
+@pytest.mark.parametrize(
+    ("cls", "kinds"),
+    [
+        (ProcessHandle, ALL),
+        (RunHandle, ALL),
+        (AgentHandle, ALL),
+        (BrainHandle, ALL),
+        # a peer's verifier has no descriptor here: it is asked on its own schedule
+        (RemoteRunHandle, (VerifyHandle, Cancellable, HasDeadline)),
+    ],
+)
 def test_the_built_in_handles_and_their_optional_methods(cls: type, kinds: tuple[type, ...]) -> None:
     assert {p for p in ALL if issubclass(cls, p)} == set(kinds)
 
@@ -83,8 +89,13 @@ class FakeLoop:
         self.setup = SetupStage(self)
         for i, h in enumerate(handles):
             self.verify.running[f"v{i}"] = Verifying(attempt=None, workspace=None, idx=0, handle=h)  # type: ignore[arg-type]
-            self.setup.running[f"s{i}"] = SettingUp(attempt=None, workspace=None, kind="fresh", prev=None,  # type: ignore[arg-type]
-                                                    handle=h)
+            self.setup.running[f"s{i}"] = SettingUp(
+                attempt=None,
+                workspace=None,
+                kind="fresh",
+                prev=None,  # type: ignore[arg-type]
+                handle=h,
+            )
 
     def close(self) -> None:
         self.sock.close()
@@ -125,7 +136,7 @@ def test_the_wait_selects_on_fileno_and_wakes_at_next_deadline(monkeypatch: pyte
     loop = FakeLoop([plain, soon, closed])
     try:
         waiting.Waits(loop).sleep()
-        (fds, timeout), = seen
+        ((fds, timeout),) = seen
         assert fds.count(soon) == 2 and closed not in fds and plain not in fds  # verifier and setup
         assert 0.0 < timeout <= 0.25
         seen.clear()

@@ -28,8 +28,9 @@ HOOKSPEC = importlib.import_module("fleetrun.hookspec")  # fleetrun.hookspec is 
 
 
 def hookspecs() -> dict[str, Any]:
-    return {name: fn for name, fn in vars(HOOKSPEC).items()
-            if name.startswith("fleetrun_") and hasattr(fn, "fleetrun_spec")}
+    return {
+        name: fn for name, fn in vars(HOOKSPEC).items() if name.startswith("fleetrun_") and hasattr(fn, "fleetrun_spec")
+    }
 
 
 def spec_opts(name: str) -> dict[str, Any]:
@@ -55,8 +56,9 @@ def builtin_plugin_files() -> list[Path]:
 
 def test_there_are_hooks() -> None:
     assert len(hookspecs()) >= 20
-    assert not [n for n in vars(HOOKSPEC) if n.startswith("fleetrun_") and n not in hookspecs()], \
+    assert not [n for n in vars(HOOKSPEC) if n.startswith("fleetrun_") and n not in hookspecs()], (
         "a fleetrun_* function in hookspec.py without @hookspec"
+    )
 
 
 def test_every_hook_has_a_docstring() -> None:
@@ -72,8 +74,10 @@ def test_firstresult_hooks_say_so() -> None:
         says_first = bool(re.search(r"[Ss]tops at the first non-None", doc))
         if says_first != bool(spec_opts(name)["firstresult"]):
             wrong.append(name)
-    assert not wrong, ("hooks whose docstring says 'Stops at the first non-None' when they are not "
-                       f"firstresult, or the other way round: {wrong}")
+    assert not wrong, (
+        "hooks whose docstring says 'Stops at the first non-None' when they are not "
+        f"firstresult, or the other way round: {wrong}"
+    )
 
 
 #: Hooks whose docstrings the helpers ``hostapi`` and ``placeext`` rewrite in the same
@@ -147,7 +151,8 @@ def test_every_hook_says_whether_a_fleetconf_may_implement_it() -> None:
             refused.add(name)
     assert not missing, f"hooks that do not say whether a fleetconf.py may implement them: {missing}"
     assert refused == set(TOO_LATE_FOR_FLEETCONF), (
-        f"docstrings say no for {sorted(refused)}, the plugin manager refuses {sorted(TOO_LATE_FOR_FLEETCONF)}")
+        f"docstrings say no for {sorted(refused)}, the plugin manager refuses {sorted(TOO_LATE_FOR_FLEETCONF)}"
+    )
 
 
 def test_every_hook_is_in_the_plugin_docs() -> None:
@@ -159,8 +164,9 @@ def test_every_hook_is_in_the_plugin_docs() -> None:
 def test_plugin_docs_give_every_hooks_arguments() -> None:
     """docs/plugins.md writes each hook as ``fleetrun_NAME(arg, ...)`` with the spec's arguments."""
     text = PLUGINS_DOC.read_text()
-    wrong = [f"{name}({', '.join(args(name))})" for name in hookspecs()
-             if f"{name}({', '.join(args(name))})" not in text]
+    wrong = [
+        f"{name}({', '.join(args(name))})" for name in hookspecs() if f"{name}({', '.join(args(name))})" not in text
+    ]
     assert not wrong, f"docs/plugins.md lacks these signatures (or has outdated ones): {wrong}"
 
 
@@ -209,7 +215,7 @@ def doc_section(heading: str) -> str:
     lines = PLUGINS_DOC.read_text().splitlines()
     assert heading in lines, f"docs/plugins.md has no heading {heading!r}"
     out = []
-    for line in lines[lines.index(heading) + 1:]:
+    for line in lines[lines.index(heading) + 1 :]:
         if line.startswith("#"):
             break
         out.append(line)
@@ -226,10 +232,13 @@ def table_fields(section: str) -> list[str]:
     return names
 
 
-@pytest.mark.parametrize(("heading", "cls"), [
-    ("### `Attempt`", "fleetrun.ledger.Attempt"),
-    ("### `Candidate`", "fleetrun.reports.Candidate"),
-])
+@pytest.mark.parametrize(
+    ("heading", "cls"),
+    [
+        ("### `Attempt`", "fleetrun.ledger.Attempt"),
+        ("### `Candidate`", "fleetrun.reports.Candidate"),
+    ],
+)
 def test_plugin_docs_list_every_field(heading: str, cls: str) -> None:
     """The field tables of docs/plugins.md are the dataclasses' fields, in order: a
     field added, renamed or removed in the code shows here."""
@@ -238,11 +247,16 @@ def test_plugin_docs_list_every_field(heading: str, cls: str) -> None:
     assert table_fields(doc_section(heading)) == [f.name for f in dataclasses.fields(klass)]
 
 
-@pytest.mark.parametrize(("heading", "classes"), [
-    ("### The `policy` of `fleetrun_place`",
-     ["fleetrun.policy.Policy", "fleetrun.policy.LocalPolicy", "fleetrun.policy.PeerPolicy"]),
-    ("### `VerifySpec` and the verifier's handle", ["fleetrun.taskspec.VerifySpec"]),
-])
+@pytest.mark.parametrize(
+    ("heading", "classes"),
+    [
+        (
+            "### The `policy` of `fleetrun_place`",
+            ["fleetrun.policy.Policy", "fleetrun.policy.LocalPolicy", "fleetrun.policy.PeerPolicy"],
+        ),
+        ("### `VerifySpec` and the verifier's handle", ["fleetrun.taskspec.VerifySpec"]),
+    ],
+)
 def test_plugin_docs_name_every_field(heading: str, classes: list[str]) -> None:
     section = doc_section(heading)
     missing = []
@@ -260,6 +274,10 @@ def test_plugin_docs_give_the_verify_handles_methods() -> None:
     from fleetrun.reports import Cancellable, HasDeadline, Selectable, VerifyHandle
 
     section = doc_section("### `VerifySpec` and the verifier's handle")
-    protocol = {n for proto in (VerifyHandle, Cancellable, Selectable, HasDeadline) for n in vars(proto)
-                if not n.startswith("_") and callable(getattr(proto, n))}
+    protocol = {
+        n
+        for proto in (VerifyHandle, Cancellable, Selectable, HasDeadline)
+        for n in vars(proto)
+        if not n.startswith("_") and callable(getattr(proto, n))
+    }
     assert set(table_fields(section)) == protocol

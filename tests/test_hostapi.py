@@ -22,8 +22,13 @@ def fake_config(tmp_path: Path, offered: list[Any], calls: list[int]) -> Any:
         return [list(offered)]
 
     pm = SimpleNamespace(get_plugin=lambda name: object(), is_blocked=lambda name: False)
-    return SimpleNamespace(hook=SimpleNamespace(fleetrun_hosts=fleetrun_hosts), stash={}, home=tmp_path,
-                           err=io.StringIO(), pluginmanager=pm)
+    return SimpleNamespace(
+        hook=SimpleNamespace(fleetrun_hosts=fleetrun_hosts),
+        stash={},
+        home=tmp_path,
+        err=io.StringIO(),
+        pluginmanager=pm,
+    )
 
 
 def test_the_built_in_hosts_are_hosts(tmp_path: Path) -> None:

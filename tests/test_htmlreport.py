@@ -105,10 +105,49 @@ def title_of(el: El) -> str:
 
 
 #: The elements and attributes the template writes: nothing else may be in the DOM.
-TEMPLATE_TAGS = {"#document", "html", "head", "meta", "title", "style", "body", "h1", "h2", "h3", "p", "span", "b",
-                 "div", "svg", "defs", "marker", "path", "g", "rect", "text", "line", "a", "label", "select",
-                 "option", "table", "thead", "tbody", "tr", "th", "td", "code", "br", "details", "summary", "pre",
-                 "ul", "li", "script", "i"}
+TEMPLATE_TAGS = {
+    "#document",
+    "html",
+    "head",
+    "meta",
+    "title",
+    "style",
+    "body",
+    "h1",
+    "h2",
+    "h3",
+    "p",
+    "span",
+    "b",
+    "div",
+    "svg",
+    "defs",
+    "marker",
+    "path",
+    "g",
+    "rect",
+    "text",
+    "line",
+    "a",
+    "label",
+    "select",
+    "option",
+    "table",
+    "thead",
+    "tbody",
+    "tr",
+    "th",
+    "td",
+    "code",
+    "br",
+    "details",
+    "summary",
+    "pre",
+    "ul",
+    "li",
+    "script",
+    "i",
+}
 
 
 def check_inert(doc: El) -> None:
@@ -132,19 +171,25 @@ def check_inert(doc: El) -> None:
 # Every way a task ends up, on one machine: DONE, retried then DONE, NEEDS_HUMAN,
 # CANCELLED (it cancels itself through the CLI, as an operator would), waiting for a
 # tool no machine has, and a dependency chain.
-QUEUE = ECHO_AGENT + r"""
+QUEUE = (
+    ECHO_AGENT
+    + r"""
 [agents.selfcancel]
 command = ["{python}", "-c", "import subprocess, sys, time; subprocess.run([sys.executable, '-m', 'fleetrun', 'cancel', 'gone']); time.sleep(5)"]
-""" + "".join([
-    echo_task("ok", verify="true", prompt="do it"),
-    echo_task("flaky", verify="test -f m || { touch m; exit 1; }", prompt="do it"),
-    echo_task("bad", verify=r"printf 'expected <b> & got red\n'; exit 3", prompt="do it", max_retries=1),
-    echo_task("gone", prompt="do it", agent="selfcancel"),
-    echo_task("stuck", prompt="do it", requires=["no-such-tool-on-any-machine"]),
-    echo_task("schema", verify="true", prompt="make the schema"),
-    echo_task("api", verify="true", prompt="make the api", depends_on=["schema"]),
-    echo_task("client", verify="true", prompt="make the client", depends_on=["api"]),
-])
+"""
+    + "".join(
+        [
+            echo_task("ok", verify="true", prompt="do it"),
+            echo_task("flaky", verify="test -f m || { touch m; exit 1; }", prompt="do it"),
+            echo_task("bad", verify=r"printf 'expected <b> & got red\n'; exit 3", prompt="do it", max_retries=1),
+            echo_task("gone", prompt="do it", agent="selfcancel"),
+            echo_task("stuck", prompt="do it", requires=["no-such-tool-on-any-machine"]),
+            echo_task("schema", verify="true", prompt="make the schema"),
+            echo_task("api", verify="true", prompt="make the api", depends_on=["schema"]),
+            echo_task("client", verify="true", prompt="make the client", depends_on=["api"]),
+        ]
+    )
+)
 
 
 def test_a_run_with_html_draws_every_state(fleeter: Any) -> None:
@@ -161,8 +206,18 @@ def test_a_run_with_html_draws_every_state(fleeter: Any) -> None:
 
     # the table: every task, what needs a person first, DONE last
     states = [(r.attrs["data-task"], r.attrs["data-state"]) for r in rows(doc)]
-    assert sorted(states) == sorted([("ok", "DONE"), ("flaky", "DONE"), ("bad", "NEEDS_HUMAN"), ("gone", "CANCELLED"),
-                                     ("stuck", "READY"), ("schema", "DONE"), ("api", "DONE"), ("client", "DONE")])
+    assert sorted(states) == sorted(
+        [
+            ("ok", "DONE"),
+            ("flaky", "DONE"),
+            ("bad", "NEEDS_HUMAN"),
+            ("gone", "CANCELLED"),
+            ("stuck", "READY"),
+            ("schema", "DONE"),
+            ("api", "DONE"),
+            ("client", "DONE"),
+        ]
+    )
     assert states[0] == ("bad", "NEEDS_HUMAN") and states[1] == ("stuck", "READY")
     assert {s for _, s in states[-5:]} == {"DONE"}
     bad_row = next(r for r in rows(doc) if r.attrs["data-task"] == "bad")
@@ -172,9 +227,19 @@ def test_a_run_with_html_draws_every_state(fleeter: Any) -> None:
     lanes = [g.attrs["data-host"] for g in doc.iter("g") if "lane" in g.classes()]
     assert lanes == ["local"]
     got = sorted((b.attrs["data-task"], b.attrs["data-attempt"], b.attrs["data-outcome"]) for b in bars(doc))
-    assert got == sorted([("ok", "1", "done"), ("flaky", "1", "failed"), ("flaky", "2", "done"),
-                          ("bad", "1", "failed"), ("bad", "2", "needs-human"), ("gone", "1", "cancelled"),
-                          ("schema", "1", "done"), ("api", "1", "done"), ("client", "1", "done")])
+    assert got == sorted(
+        [
+            ("ok", "1", "done"),
+            ("flaky", "1", "failed"),
+            ("flaky", "2", "done"),
+            ("bad", "1", "failed"),
+            ("bad", "2", "needs-human"),
+            ("gone", "1", "cancelled"),
+            ("schema", "1", "done"),
+            ("api", "1", "done"),
+            ("client", "1", "done"),
+        ]
+    )
     flaky1 = next(b for b in bars(doc) if b.attrs["data-task"] == "flaky" and b.attrs["data-attempt"] == "1")
     assert "flaky · attempt 1" in title_of(flaky1) and "verify failed" in title_of(flaky1)
     segs = [s for s in flaky1.iter("rect") if "seg-verify-fail" in s.classes()]
@@ -211,10 +276,15 @@ def test_the_run_rewrites_the_page_as_it_goes(fleeter: Any) -> None:
     """While ``fleetrun work --html`` goes on the page shows the night so far: a task
     under way is in it before the run ends (its agent waits for a gate file the test writes only then)."""
     gate = fleeter.path / "gate"
-    fleeter.write_tasks(ECHO_AGENT + f"""
+    fleeter.write_tasks(
+        ECHO_AGENT
+        + f"""
 [agents.gated]
 command = ["{{python}}", "-c", "import os, time\\nwhile not os.path.exists({str(gate)!r}): time.sleep(0.05)"]
-""" + echo_task("first", verify="true") + echo_task("slow", agent="gated", verify="true"))
+"""
+        + echo_task("first", verify="true")
+        + echo_task("slow", agent="gated", verify="true")
+    )
     path = fleeter.path / "report.html"
     assert fleeter.runsub("queue", "tasks.toml").ret == 0
     proc = fleeter.popen("work", "--until-idle", "--html", str(path))
@@ -283,33 +353,57 @@ def a_night_on_three_hosts(home: Path, hostile: bool = False) -> dict[str, str]:
     evil = " ".join(HOSTILE)
     names = [f"{evil} local" if hostile else "local-task", "peer-task", "mailbox-task", "waiting"]
     with Ledger(home / "state.db") as led:
-        local, peer, mail, waiting = led.add_tasks([TaskSpec(name=n, prompt="p", cwd="/repo") for n in names],
-                                                   source="/repo/tasks.toml")
+        local, peer, mail, waiting = led.add_tasks(
+            [TaskSpec(name=n, prompt="p", cwd="/repo") for n in names], source="/repo/tasks.toml"
+        )
         for task, host in ((local, "local"), (peer, "mini"), (mail, "mailbox")):
             att = led.lease(task.id, State.READY, host, "fresh")
             adir = home / "attempts" / att.id
             adir.mkdir(parents=True)
             (adir / "prompt").write_text(f"the prompt {evil if hostile else ''}")
-            led.update_attempt(att.id, dir=str(adir), started=att.created + 0.5, ended=att.created + 2,
-                               cost_usd=0.5, result_text=evil if hostile else "did it")
+            led.update_attempt(
+                att.id,
+                dir=str(adir),
+                started=att.created + 0.5,
+                ended=att.created + 2,
+                cost_usd=0.5,
+                result_text=evil if hostile else "did it",
+            )
             led.transition(task.id, State.ASSIGNED, State.RUNNING, "started", 1, host)
             led.transition(task.id, State.RUNNING, State.VERIFYING, "exited", 1, host)
-            v = Verdict(passed=task is not local, kind="run", label=evil if hostile else "pytest -q",
-                        reason=evil if hostile else "exit code 0", output=evil if hostile else "1 passed in 0.1s",
-                        duration_s=0.5, host=host)
+            v = Verdict(
+                passed=task is not local,
+                kind="run",
+                label=evil if hostile else "pytest -q",
+                reason=evil if hostile else "exit code 0",
+                output=evil if hostile else "1 passed in 0.1s",
+                duration_s=0.5,
+                host=host,
+            )
             led.add_verdict(task.id, att.id, 0, v)
             if task is local:
-                led.transition(task.id, State.VERIFYING, State.NEEDS_HUMAN,
-                               f"retries_exhausted:{evil}" if hostile else "retries_exhausted:pytest -q", 1, host)
+                led.transition(
+                    task.id,
+                    State.VERIFYING,
+                    State.NEEDS_HUMAN,
+                    f"retries_exhausted:{evil}" if hostile else "retries_exhausted:pytest -q",
+                    1,
+                    host,
+                )
             else:
                 led.transition(task.id, State.VERIFYING, State.DONE, "verify_pass", 1, host)
-            led.update_task(task.id, branch=f"fleetrun/{task.name[:20]}-x",
-                            handoff={"summary": evil if hostile else "done", "branch": "b"})
+            led.update_task(
+                task.id,
+                branch=f"fleetrun/{task.name[:20]}-x",
+                handoff={"summary": evil if hostile else "done", "branch": "b"},
+            )
         if hostile:  # a peer's shepherd reports its times by its own clock: one far off
             (far,) = led.attempts(task_id=peer.id)
             led.update_attempt(far.id, started=far.created - 1e9, ended=far.created + 1e12)
-        led.add_note(peer.id, "the branch is on mini; fetch it with `git fetch ssh://me@mini.local:22/repo "
-                              "fleetrun/peer-task-x`.")
+        led.add_note(
+            peer.id,
+            "the branch is on mini; fetch it with `git fetch ssh://me@mini.local:22/repo fleetrun/peer-task-x`.",
+        )
         led.add_note(local.id, evil if hostile else "a note")
         return {"local": local.id, "peer": peer.id, "mailbox": mail.id, "waiting": waiting.id}
 
@@ -329,7 +423,10 @@ def test_report_after_the_fact_from_the_ledger_alone(fleeter: Any) -> None:
     check_inert(doc)
     assert [g.attrs["data-host"] for g in doc.iter("g") if "lane" in g.classes()] == ["local", "mini", "mailbox"]
     assert sorted((b.attrs["data-task"], b.attrs["data-outcome"]) for b in bars(doc)) == [
-        ("local-task", "needs-human"), ("mailbox-task", "done"), ("peer-task", "done")]
+        ("local-task", "needs-human"),
+        ("mailbox-task", "done"),
+        ("peer-task", "done"),
+    ]
     peer = next(r for r in rows(doc) if r.attrs["data-task"] == "peer-task")
     assert "git fetch ssh://me@mini.local:22/repo fleetrun/peer-task-x" in peer.all_text()
     assert [r.attrs["data-state"] for r in rows(doc)] == ["NEEDS_HUMAN", "READY", "DONE", "DONE"]
@@ -367,13 +464,16 @@ def test_report_reads_a_home_on_a_read_only_mount(fleeter: Any, tmp_path: Path) 
     ro = tmp_path / "ro"
     ro.mkdir()
     try:
-        mounted = subprocess.run(["mount", "--bind", "-o", "ro", str(fleeter.home), str(ro)], capture_output=True,
-                                 text=True, timeout=30)
+        mounted = subprocess.run(
+            ["mount", "--bind", "-o", "ro", str(fleeter.home), str(ro)], capture_output=True, text=True, timeout=30
+        )
     except (OSError, subprocess.SubprocessError) as e:
         pytest.skip(f"cannot bind-mount the home read-only: {e}")
     if mounted.returncode != 0:
-        pytest.skip("cannot bind-mount the home read-only (needs root and mount permission): "
-                    + (mounted.stderr.strip() or f"exit {mounted.returncode}"))
+        pytest.skip(
+            "cannot bind-mount the home read-only (needs root and mount permission): "
+            + (mounted.stderr.strip() or f"exit {mounted.returncode}")
+        )
     try:
         result = fleeter.runsub("report", "--html", "night.html", "tasks.toml", env={"FLEETRUN_HOME": str(ro)})
         assert result.ret == 0, result.stdout + result.stderr
@@ -382,8 +482,10 @@ def test_report_reads_a_home_on_a_read_only_mount(fleeter: Any, tmp_path: Path) 
         if os.path.ismount(ro):
             subprocess.run(["umount", "-l", str(ro)], capture_output=True)
     doc = parse(fleeter.path / "night.html")
-    assert [(r.attrs["data-task"], r.attrs["data-state"]) for r in rows(doc)] == [("bad", "NEEDS_HUMAN"),
-                                                                                 ("ok", "DONE")]
+    assert [(r.attrs["data-task"], r.attrs["data-state"]) for r in rows(doc)] == [
+        ("bad", "NEEDS_HUMAN"),
+        ("ok", "DONE"),
+    ]
 
 
 def test_hostile_names_and_outputs_stay_text(fleeter: Any) -> None:
@@ -398,8 +500,11 @@ def test_hostile_names_and_outputs_stay_text(fleeter: Any) -> None:
     evil = " ".join(HOSTILE)
     # the peer's far-off clock does not stretch the axis: every bar is drawn within it
     svg = doc.iter("svg")[0]
-    assert all(float(r.attrs["x"]) >= 0 and float(r.attrs["x"]) + float(r.attrs["width"]) <= float(svg.attrs["width"])
-               for b in bars(doc) for r in b.iter("rect"))
+    assert all(
+        float(r.attrs["x"]) >= 0 and float(r.attrs["x"]) + float(r.attrs["width"]) <= float(svg.attrs["width"])
+        for b in bars(doc)
+        for r in b.iter("rect")
+    )
     assert all(float(r.attrs["width"]) > 100 for b in bars(doc) for r in b.iter("rect") if "bar" in r.classes())
     bar = next(b for b in bars(doc) if b.attrs["data-outcome"] == "needs-human")
     assert bar.attrs["data-task"] == f"{evil} local"  # an attribute: as it was
@@ -419,10 +524,25 @@ def find_chromium() -> Optional[str]:
 def chromium(args: list[str], profile: str) -> subprocess.CompletedProcess[str]:
     exe = find_chromium()
     assert exe is not None
-    return subprocess.run([exe, "--headless", "--no-sandbox", "--disable-gpu", "--disable-quic", "--no-first-run",
-                           "--disable-background-networking", "--disable-component-update", "--disable-sync",
-                           f"--user-data-dir={profile}", *args], capture_output=True, text=True, timeout=120,
-                          stdin=subprocess.DEVNULL)
+    return subprocess.run(
+        [
+            exe,
+            "--headless",
+            "--no-sandbox",
+            "--disable-gpu",
+            "--disable-quic",
+            "--no-first-run",
+            "--disable-background-networking",
+            "--disable-component-update",
+            "--disable-sync",
+            f"--user-data-dir={profile}",
+            *args,
+        ],
+        capture_output=True,
+        text=True,
+        timeout=120,
+        stdin=subprocess.DEVNULL,
+    )
 
 
 def test_chromium_draws_the_bars_and_rows(fleeter: Any, tmp_path: Path) -> None:
@@ -476,14 +596,21 @@ def test_what_a_wait_was_for_is_read_from_the_transition_before_it() -> None:
     from fleetrun.plugins.htmlreport import model
 
     def tr(i: int, src: Optional[str], dst: str, cause: str, t: float, attempt: Optional[int] = None) -> TransitionRow:
-        return TransitionRow(id=i, task_id="t", from_state=src, to_state=dst, cause=cause, time=t, attempt=attempt,
-                             host=None)
+        return TransitionRow(
+            id=i, task_id="t", from_state=src, to_state=dst, cause=cause, time=t, attempt=attempt, host=None
+        )
 
-    trs = [tr(1, None, "PENDING", "queued", 0), tr(2, "PENDING", "READY", "dependencies_done", 10),
-           tr(3, "READY", "ASSIGNED", "placed", 12, 1), tr(4, "ASSIGNED", "RUNNING", "started", 13, 1),
-           tr(5, "RUNNING", "RESUMING", "usage_limit:usage limit, resumes at 03:00", 20, 1),
-           tr(6, "RESUMING", "ASSIGNED", "placed", 50, 2), tr(7, "ASSIGNED", "RUNNING", "started", 51, 2),
-           tr(8, "VERIFYING", "RETRYING", "verify_fail:unit", 60, 2), tr(9, "RETRYING", "ASSIGNED", "placed", 70, 3)]
+    trs = [
+        tr(1, None, "PENDING", "queued", 0),
+        tr(2, "PENDING", "READY", "dependencies_done", 10),
+        tr(3, "READY", "ASSIGNED", "placed", 12, 1),
+        tr(4, "ASSIGNED", "RUNNING", "started", 13, 1),
+        tr(5, "RUNNING", "RESUMING", "usage_limit:usage limit, resumes at 03:00", 20, 1),
+        tr(6, "RESUMING", "ASSIGNED", "placed", 50, 2),
+        tr(7, "ASSIGNED", "RUNNING", "started", 51, 2),
+        tr(8, "VERIFYING", "RETRYING", "verify_fail:unit", 60, 2),
+        tr(9, "RETRYING", "ASSIGNED", "placed", 70, 3),
+    ]
 
     def att(n: int, created: float) -> Attempt:
         return Attempt(id=f"a{n}", task_id="t", number=n, kind="fresh", host="local", state="ended", created=created)
@@ -496,7 +623,11 @@ def test_what_a_wait_was_for_is_read_from_the_transition_before_it() -> None:
     assert model._outcome(att(3, 70), trs) == ("running", "", "")
     # a verifier that could not judge (not the agent's failure), and its record read defensively
     trs.append(tr(10, "VERIFYING", "NEEDS_HUMAN", "verifier_error:unit: pytest: not found", 80, 3))
-    assert model._outcome(att(3, 70), trs) == ("verifier-error", "NEEDS_HUMAN", "verifier_error:unit: pytest: not found")
+    assert model._outcome(att(3, 70), trs) == (
+        "verifier-error",
+        "NEEDS_HUMAN",
+        "verifier_error:unit: pytest: not found",
+    )
     a3 = att(3, 70)
     a3.info = {"verify_error": {"idx": 0, "label": "unit", "error": "permanent", "reason": "pytest: not found"}}
     assert model.verify_error(a3) == "unit: pytest: not found (permanent)"

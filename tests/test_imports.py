@@ -28,8 +28,7 @@ KNOWN_RELAY_CYCLES: set[str] = set()
 #: Modules that import a built-in plugin module today, as (importer, imported). Issue 12:
 #: the core knows plugins only by name and through hooks, and a plugin reaches another
 #: through ``config.pluginmanager.get_plugin(name)``; these are left to be rewritten.
-KNOWN_PLUGIN_IMPORTS: set[tuple[str, str]] = {
-}
+KNOWN_PLUGIN_IMPORTS: set[tuple[str, str]] = {}
 
 
 def module_name(path: Path) -> str:
@@ -46,7 +45,8 @@ def all_modules() -> dict[str, Path]:
 
 def _is_type_checking(test: ast.expr) -> bool:
     return (isinstance(test, ast.Name) and test.id == "TYPE_CHECKING") or (
-        isinstance(test, ast.Attribute) and test.attr == "TYPE_CHECKING")
+        isinstance(test, ast.Attribute) and test.attr == "TYPE_CHECKING"
+    )
 
 
 def _walk_runtime(node: ast.AST) -> Iterator[ast.AST]:
@@ -99,10 +99,15 @@ def imports_of(modname: str, path: Path, known: set[str]) -> set[str]:
                 out.add(sub if sub in known else base)
     # call-site imports by name (``importlib.import_module("fleetrun.hookspec")``)
     for node in _walk_runtime(tree):
-        if (isinstance(node, ast.Call) and node.args and isinstance(node.args[0], ast.Constant)
-                and isinstance(node.args[0].value, str)
-                and (getattr(node.func, "attr", None) == "import_module"
-                     or getattr(node.func, "id", None) == "import_module")):
+        if (
+            isinstance(node, ast.Call)
+            and node.args
+            and isinstance(node.args[0], ast.Constant)
+            and isinstance(node.args[0].value, str)
+            and (
+                getattr(node.func, "attr", None) == "import_module" or getattr(node.func, "id", None) == "import_module"
+            )
+        ):
             name = node.args[0].value
             if name in known:
                 out.add(name)
@@ -243,8 +248,7 @@ def test_the_graph_sees_lazy_imports_and_skips_type_checking(tmp_path: Path) -> 
     path = tmp_path / "m.py"
     path.write_text(src)
     known = {f"fleetrun.{n}" for n in ("a", "b", "c", "e", "plugins", "plugins.d", "m")}
-    assert imports_of("fleetrun.m", path, known) == {
-        "fleetrun.a", "fleetrun.c", "fleetrun.plugins.d", "fleetrun.e"}
+    assert imports_of("fleetrun.m", path, known) == {"fleetrun.a", "fleetrun.c", "fleetrun.plugins.d", "fleetrun.e"}
     assert find_cycles({"x": {"y"}, "y": {"x", "z"}, "z": set()}) == [["x", "y", "x"]]
 
 
@@ -383,19 +387,23 @@ def plugin_names_in(mod: str, source: str) -> set[tuple[str, str]]:
 def test_the_check_finds_each_way_of_naming_a_plugin() -> None:
     src = (
         '"""The relay plugin, in a docstring: prose."""\n'
-        'import x\n'
+        "import x\n"
         'A = "fleetrun.plugins.relay.peer"\n'
         'B = pm.get_plugin("events")\n'
         'C = "the mailbox plugin is blocked (-p no:mailbox)"\n'
         'D = "mailbox_failed"\n'
         'E = {"relay": 1, "local": 2}\n'
         'F = "shepherd_pid"  # a word of the core\n'
-        'G = pm.get_plugin(name)\n'
+        "G = pm.get_plugin(name)\n"
     )
     assert plugin_names_in("m", src) == {
-        ("m", "module path 'fleetrun.plugins.relay.peer'"), ("m", "get_plugin('events')"),
-        ("m", "says 'the mailbox plugin'"), ("m", "says 'no:mailbox'"), ("m", "string 'mailbox_failed'"),
-        ("m", "dict key 'relay'")}
+        ("m", "module path 'fleetrun.plugins.relay.peer'"),
+        ("m", "get_plugin('events')"),
+        ("m", "says 'the mailbox plugin'"),
+        ("m", "says 'no:mailbox'"),
+        ("m", "string 'mailbox_failed'"),
+        ("m", "dict key 'relay'"),
+    }
 
 
 def test_the_core_names_no_builtin_plugin() -> None:

@@ -29,22 +29,30 @@ GOOD = b"""<?xml version="1.0" encoding="utf-8"?>
 
 def test_a_pytest_report_is_read_per_test() -> None:
     r = parse(GOOD)
-    assert r.outcomes == {"tests.test_x::test_a": PASSED, "tests.test_x.TestB::test_b[1]": FAILED,
-                          "tests.test_x::test_s": "skipped"}
+    assert r.outcomes == {
+        "tests.test_x::test_a": PASSED,
+        "tests.test_x.TestB::test_b[1]": FAILED,
+        "tests.test_x::test_s": "skipped",
+    }
     assert r.messages == {"tests.test_x.TestB::test_b[1]": "assert 1 == 2"}
     assert Report.from_json(r.to_json()) == r
 
 
-@pytest.mark.parametrize("data, why", [
-    (b'<?xml version="1.0"?><!DOCTYPE x [<!ENTITY a "aaaa">]><testsuite><testcase name="&a;"/></testsuite>',
-     "DOCTYPE or an ENTITY"),
-    (b'<testsuite><!ENTITY a SYSTEM "file:///etc/passwd"><testcase name="x"/></testsuite>', "DOCTYPE or an ENTITY"),
-    (b"<testsuites><testcase name=", "not well-formed XML"),
-    (b"<html><testcase name='x'/></html>", "not <testsuites> or <testsuite>"),
-    (b"<testsuites><testsuite/></testsuites>", "names no tests"),
-    (b"<testsuite><testcase classname='a'/></testsuite>", "has no name"),
-    (b"", "not well-formed XML"),
-])
+@pytest.mark.parametrize(
+    "data, why",
+    [
+        (
+            b'<?xml version="1.0"?><!DOCTYPE x [<!ENTITY a "aaaa">]><testsuite><testcase name="&a;"/></testsuite>',
+            "DOCTYPE or an ENTITY",
+        ),
+        (b'<testsuite><!ENTITY a SYSTEM "file:///etc/passwd"><testcase name="x"/></testsuite>', "DOCTYPE or an ENTITY"),
+        (b"<testsuites><testcase name=", "not well-formed XML"),
+        (b"<html><testcase name='x'/></html>", "not <testsuites> or <testsuite>"),
+        (b"<testsuites><testsuite/></testsuites>", "names no tests"),
+        (b"<testsuite><testcase classname='a'/></testsuite>", "has no name"),
+        (b"", "not well-formed XML"),
+    ],
+)
 def test_a_report_that_cannot_be_used_says_why(data: bytes, why: str) -> None:
     with pytest.raises(ReportError, match=why):
         parse(data)
@@ -80,8 +88,10 @@ def test_node_ids_and_keys(tmp_path: Path) -> None:
 
 
 def report(**outcomes: str) -> Report:
-    return Report({k.replace("__", "::"): v for k, v in outcomes.items()},
-                  {k.replace("__", "::"): "boom" for k, v in outcomes.items() if v == FAILED})
+    return Report(
+        {k.replace("__", "::"): v for k, v in outcomes.items()},
+        {k.replace("__", "::"): "boom" for k, v in outcomes.items() if v == FAILED},
+    )
 
 
 def test_judge_new_old_removed_and_must_pass() -> None:
@@ -93,8 +103,10 @@ def test_judge_new_old_removed_and_must_pass() -> None:
     assert j.removed == ["m::gone"]
     assert j.must_pass == ["m.py::fix"]
     assert not j.passed
-    assert j.summary() == "2 new failures (2 already failing on the base); 1 removed; 1 of must_pass not passing; " \
-                          "tests: 5 on the base, 5 now"
+    assert (
+        j.summary() == "2 new failures (2 already failing on the base); 1 removed; 1 of must_pass not passing; "
+        "tests: 5 on the base, 5 now"
+    )
     assert "already failing" not in j.details_for_retry()
     assert judge(base, now, [], removes_tests=True).removed == []
 

@@ -37,26 +37,36 @@ def parse_valid(path: Path, schema: xmlschema.XMLSchema) -> ET.Element:
 # Five tasks, one per way a task can end up in the report. Command agents stand in
 # for the model; ``gone`` cancels itself through the CLI, as an operator would from
 # another shell while the run goes on.
-QUEUE = ECHO_AGENT + r"""
+QUEUE = (
+    ECHO_AGENT
+    + r"""
 [agents.selfcancel]
 command = ["{python}", "-c", "import subprocess, sys, time; subprocess.run([sys.executable, '-m', 'fleetrun', 'cancel', 'gone']); time.sleep(5)"]
-""" + "".join([
-    echo_task("ok", verify="true # a bell: \u0007", prompt="do it"),
-    echo_task("flaky", verify="test -f m || { touch m; exit 1; }", prompt="do it"),
-    echo_task("bad", verify=r"printf 'expected <b> & got \033[31mred\033[0m\n'; exit 3", prompt="do it", max_retries=1),
-    echo_task("gone", prompt="do it", agent="selfcancel"),
-    echo_task("stuck", prompt="do it", requires=["no-such-tool-on-any-machine"]),
-])
+"""
+    + "".join(
+        [
+            echo_task("ok", verify="true # a bell: \u0007", prompt="do it"),
+            echo_task("flaky", verify="test -f m || { touch m; exit 1; }", prompt="do it"),
+            echo_task(
+                "bad", verify=r"printf 'expected <b> & got \033[31mred\033[0m\n'; exit 3", prompt="do it", max_retries=1
+            ),
+            echo_task("gone", prompt="do it", agent="selfcancel"),
+            echo_task("stuck", prompt="do it", requires=["no-such-tool-on-any-machine"]),
+        ]
+    )
+)
 
 
 class Costly:
     """Stands in for an agent that reports its cost: $0.25 per attempt."""
 
     @fleetrun.hookimpl(tryfirst=True)
-    def fleetrun_agent_result(self, task: Any, attempt: Any, log_path: str, exit_code: Optional[int],
-                              config: Any) -> AgentResult:
-        return AgentResult(ok=exit_code == 0, exit_code=exit_code, cost_usd=0.25,
-                           reason="" if exit_code == 0 else f"exit:{exit_code}")
+    def fleetrun_agent_result(
+        self, task: Any, attempt: Any, log_path: str, exit_code: Optional[int], config: Any
+    ) -> AgentResult:
+        return AgentResult(
+            ok=exit_code == 0, exit_code=exit_code, cost_usd=0.25, reason="" if exit_code == 0 else f"exit:{exit_code}"
+        )
 
 
 def cases(root: ET.Element) -> dict[str, ET.Element]:
@@ -92,7 +102,11 @@ def test_one_testcase_per_task(fleeter: Any, schema: xmlschema.XMLSchema) -> Non
     suite = root.find("testsuite")
     assert suite is not None
     assert {k: suite.get(k) for k in ("tests", "failures", "errors", "skipped")} == {
-        "tests": "5", "failures": "1", "errors": "1", "skipped": "1"}
+        "tests": "5",
+        "failures": "1",
+        "errors": "1",
+        "skipped": "1",
+    }
     assert props(suite) == {"exitstatus": "1", "fleetrun_version": fleetrun.__version__}
     tcs = cases(root)
     assert set(tcs) == {"ok", "flaky", "bad", "gone", "stuck"}
@@ -101,8 +115,13 @@ def test_one_testcase_per_task(fleeter: Any, schema: xmlschema.XMLSchema) -> Non
 
     ok = tcs["ok"]
     assert [child.tag for child in ok] == ["system-out"]  # passed: no failure
-    assert facts(ok) == {"task_id": fleeter.task("ok").id, "state": "DONE", "attempts": "1", "retries": "0",
-                         "cost_usd": "0.250000"}
+    assert facts(ok) == {
+        "task_id": fleeter.task("ok").id,
+        "state": "DONE",
+        "attempts": "1",
+        "retries": "0",
+        "cost_usd": "0.250000",
+    }
     # a control character XML cannot hold, escaped (the raw byte would make the file unreadable)
     assert verdict_lines(ok) == ["attempt 1: verify run `true # a bell: \\x07`: PASS (exit code 0)"]
 
@@ -142,8 +161,9 @@ def test_one_testcase_per_task(fleeter: Any, schema: xmlschema.XMLSchema) -> Non
 
 
 def test_a_dependent_of_a_failed_task_fails_with_the_cause(fleeter: Any, schema: xmlschema.XMLSchema) -> None:
-    fleeter.write_tasks(ECHO_AGENT + echo_task("base", verify="false", max_retries=0)
-                        + echo_task("top", depends_on=["base"]))
+    fleeter.write_tasks(
+        ECHO_AGENT + echo_task("base", verify="false", max_retries=0) + echo_task("top", depends_on=["base"])
+    )
     result = fleeter.run("tasks.toml", "--junitxml", "out/nested/r.xml")
     assert result.ret == 1
     result.assert_outcomes(needs_human=2)
@@ -169,7 +189,8 @@ def test_no_option_no_report(fleeter: Any) -> None:
 
 
 def test_built_in_with_nothing_installed_and_blocked_by_p_no(
-        fleeter: Any, capsys: pytest.CaptureFixture[str], schema: xmlschema.XMLSchema) -> None:
+    fleeter: Any, capsys: pytest.CaptureFixture[str], schema: xmlschema.XMLSchema
+) -> None:
     """``--junitxml`` through the real CLI, in a fresh interpreter with no plugin
     installed or named (fleeter turns entry-point autoload off); ``-p no:junitxml``
     takes the option away with the plugin, as pytest's ``-p no:junitxml`` does."""
@@ -206,12 +227,15 @@ def test_reporter_is_unregistered_after_the_run(fleeter: Any, schema: xmlschema.
     assert seen["pm"].get_plugin(junitxml.REPORTER) is None
 
 
-@pytest.mark.parametrize(("text", "expected"), [
-    ("plain <text> & more", "plain <text> & more"),
-    ("\x1b[31mred\x1b[0m", "\\x1b[31mred\\x1b[0m"),
-    ("tab\tand\nnewline\r", "tab\tand\nnewline\r"),
-    ("nul\x00", "nul\\x00"),
-])
+@pytest.mark.parametrize(
+    ("text", "expected"),
+    [
+        ("plain <text> & more", "plain <text> & more"),
+        ("\x1b[31mred\x1b[0m", "\\x1b[31mred\\x1b[0m"),
+        ("tab\tand\nnewline\r", "tab\tand\nnewline\r"),
+        ("nul\x00", "nul\\x00"),
+    ],
+)
 def test_xml_text(text: str, expected: str) -> None:
     assert junitxml.xml_text(text) == expected
 
@@ -233,8 +257,7 @@ def test_a_long_failure_output_is_cut_at_a_line_boundary(fleeter: Any, schema: x
     assert kept[-1] == "line 0999 ends here, fine." and len("\n".join(kept)) <= junitxml.OUTPUT_LIMIT
 
 
-def test_a_testcase_time_is_the_tasks_run_not_its_wait_for_a_slot(fleeter: Any,
-                                                                  schema: xmlschema.XMLSchema) -> None:
+def test_a_testcase_time_is_the_tasks_run_not_its_wait_for_a_slot(fleeter: Any, schema: xmlschema.XMLSchema) -> None:
     """Two tasks, one slot: the second waits for the first's whole run, and its
     testcase's time is its own run, from its placement to its end, as the ledger's
     transitions have them (issue 22)."""

@@ -211,8 +211,9 @@ def test_first_open_waits_for_a_concurrent_writer(db: Path) -> None:
 
 
 def test_add_tasks(db: Path, led: Ledger) -> None:
-    tasks = led.add_tasks([spec("a"), spec("b", "a"), spec("c", "a", "b"), spec("d")],
-                          source="tasks.toml", source_hash="h1")
+    tasks = led.add_tasks(
+        [spec("a"), spec("b", "a"), spec("c", "a", "b"), spec("d")], source="tasks.toml", source_hash="h1"
+    )
     assert [t.name for t in tasks] == ["a", "b", "c", "d"]
     ids = [t.id for t in tasks]
     assert len(set(ids)) == 4
@@ -289,8 +290,7 @@ def test_find_queue_keeps_finished_queues(led: Ledger) -> None:
 def snapshot(path: Path, task_id: str) -> tuple[object, ...]:
     conn = raw(path)
     try:
-        row = conn.execute("SELECT state, updated, reason, host, attempts FROM tasks WHERE id=?",
-                           (task_id,)).fetchone()
+        row = conn.execute("SELECT state, updated, reason, host, attempts FROM tasks WHERE id=?", (task_id,)).fetchone()
         n = conn.execute("SELECT COUNT(*) FROM transitions").fetchone()[0]
         a = conn.execute("SELECT COUNT(*) FROM attempts").fetchone()[0]
     finally:
@@ -300,15 +300,22 @@ def snapshot(path: Path, task_id: str) -> tuple[object, ...]:
 
 def test_transition_sets_state_logs_and_returns_previous(led: Ledger) -> None:
     (t,) = led.add_tasks([spec("a")])
-    prev = led.transition(t.id, State.READY, State.ASSIGNED, "placed", attempt=3, host="mini",
-                          worktree="/wt/a", handoff={"k": [1]})
+    prev = led.transition(
+        t.id, State.READY, State.ASSIGNED, "placed", attempt=3, host="mini", worktree="/wt/a", handoff={"k": [1]}
+    )
     assert prev == State.READY
     got = led.get(t.id)
     assert got is not None
     assert (got.state, got.reason, got.worktree, got.handoff) == (State.ASSIGNED, "placed", "/wt/a", {"k": [1]})
     assert got.updated >= t.updated
     row = led.transitions(t.id)[-1]
-    assert (row.from_state, row.to_state, row.cause, row.attempt, row.host) == ("READY", "ASSIGNED", "placed", 3, "mini")
+    assert (row.from_state, row.to_state, row.cause, row.attempt, row.host) == (
+        "READY",
+        "ASSIGNED",
+        "placed",
+        3,
+        "mini",
+    )
     # a set of expected states
     assert led.transition(t.id, {State.READY, State.ASSIGNED}, State.CANCELLED, "operator_cancel") == State.ASSIGNED
 
@@ -490,8 +497,9 @@ def test_update_attempt(led: Ledger) -> None:
 def test_add_verdict_once(db: Path, led: Ledger) -> None:
     (t,) = led.add_tasks([spec("a")])
     att = led.lease(t.id, State.READY, "local", "fresh")
-    v0 = Verdict(passed=False, kind="run", label="pytest", reason="exit code 1", output="1 failed",
-                 cost_usd=0.25, duration_s=1.5)
+    v0 = Verdict(
+        passed=False, kind="run", label="pytest", reason="exit code 1", output="1 failed", cost_usd=0.25, duration_s=1.5
+    )
     v1 = Verdict(passed=True, kind="brain", label="is it good?", reason="yes", cost_usd=0.5)
     assert led.add_verdict(t.id, att.id, 0, v0) is True
     assert led.add_verdict(t.id, att.id, 1, v1) is True
@@ -501,7 +509,10 @@ def test_add_verdict_once(db: Path, led: Ledger) -> None:
     got = led.get(t.id)
     assert got is not None and got.cost_usd == pytest.approx(0.75)
     rows = led.verdicts(attempt_id=att.id)
-    assert [(r.idx, r.passed, r.reason, r.cost_usd) for r in rows] == [(0, False, "exit code 1", 0.25), (1, True, "yes", 0.5)]
+    assert [(r.idx, r.passed, r.reason, r.cost_usd) for r in rows] == [
+        (0, False, "exit code 1", 0.25),
+        (1, True, "yes", 0.5),
+    ]
     assert rows[0].output == "1 failed" and rows[0].duration_s == 1.5 and rows[0].host == "local"
     assert len(led.verdicts(task_id=t.id)) == 2 == len(led.verdicts())
     assert count(db, "SELECT COUNT(*) FROM verdicts") == 2
@@ -623,8 +634,15 @@ def race(tmp_path: Path, script: str, argvs: list[list[object]]) -> list[dict]:
     worker.write_text(script)
     env = {**os.environ, "PYTHONPATH": os.pathsep.join(filter(None, [str(ROOT), os.environ.get("PYTHONPATH")]))}
     procs = [
-        subprocess.Popen([sys.executable, str(worker), *argv], stdin=subprocess.PIPE,
-                         stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, cwd=ROOT, env=env)
+        subprocess.Popen(
+            [sys.executable, str(worker), *argv],
+            stdin=subprocess.PIPE,
+            stdout=subprocess.PIPE,
+            stderr=subprocess.PIPE,
+            text=True,
+            cwd=ROOT,
+            env=env,
+        )
         for argv in [[str(a) for a in argv] for argv in argvs]
     ]
     results = []
@@ -657,8 +675,7 @@ def test_concurrent_leases_have_one_winner(tmp_path: Path) -> None:
     ids = {t.id for t in tasks}
     winners: dict[str, list[str]] = {tid: [] for tid in ids}
     for r in range(1, rounds + 1):
-        results = race(tmp_path, _LEASE_WORKER,
-                       [[db, f"w{k}", "rev" if k % 2 else "fwd"] for k in range(n_workers)])
+        results = race(tmp_path, _LEASE_WORKER, [[db, f"w{k}", "rev" if k % 2 else "fwd"] for k in range(n_workers)])
         assert [res["errors"] for res in results] == [[]] * n_workers  # no "database is locked"
         won = [w for res in results for w in res["won"]]
         # every task leased exactly once this round; everyone else lost the CAS
@@ -691,8 +708,10 @@ def test_concurrent_leases_have_one_winner(tmp_path: Path) -> None:
         pairs = led.conn.execute("SELECT task_id, number FROM attempts").fetchall()
         assert len(pairs) == len(set(map(tuple, pairs))) == n_tasks * rounds
         per_task = Counter(
-            r[0] for r in led.conn.execute(
-                "SELECT task_id FROM transitions WHERE from_state='READY' AND to_state='ASSIGNED'")
+            r[0]
+            for r in led.conn.execute(
+                "SELECT task_id FROM transitions WHERE from_state='READY' AND to_state='ASSIGNED'"
+            )
         )
         assert per_task == dict.fromkeys(ids, rounds)
 
@@ -710,8 +729,10 @@ def test_concurrent_add_tasks_lose_nothing(tmp_path: Path) -> None:
         tasks = led.tasks()
         assert sorted(t.id for t in tasks) == sorted(returned)
         assert count(db, "SELECT COUNT(*) FROM queues") == n_workers * batches
-        assert Counter(t.state for t in tasks) == {State.READY: n_workers * batches,
-                                                   State.PENDING: n_workers * batches * (size - 1)}
+        assert Counter(t.state for t in tasks) == {
+            State.READY: n_workers * batches,
+            State.PENDING: n_workers * batches * (size - 1),
+        }
         by_name = {t.name: t for t in tasks}
         for t in tasks:
             assert t.queue_id == by_name[t.name.rsplit("-", 1)[0] + "-0"].queue_id
@@ -725,8 +746,14 @@ def test_concurrent_add_tasks_lose_nothing(tmp_path: Path) -> None:
 
 
 def _cli(home: Path, *args: str) -> subprocess.CompletedProcess[str]:
-    return subprocess.run([sys.executable, "-m", "fleetrun", *args], capture_output=True, text=True,
-                          env=dict(os.environ, FLEETRUN_HOME=str(home)), cwd=str(home.parent), timeout=120)
+    return subprocess.run(
+        [sys.executable, "-m", "fleetrun", *args],
+        capture_output=True,
+        text=True,
+        env=dict(os.environ, FLEETRUN_HOME=str(home)),
+        cwd=str(home.parent),
+        timeout=120,
+    )
 
 
 def _filled(db: Path) -> bytes:
@@ -838,8 +865,11 @@ def test_an_attempts_cost_may_be_unknown_in_a_ledger_made_before(db: Path) -> No
     # make it the old table
     conn.execute("PRAGMA foreign_keys=OFF")
     conn.execute("BEGIN")
-    conn.execute(old_sql.replace("CREATE TABLE attempts", "CREATE TABLE attempts_old", 1)
-                 .replace("cost_usd    REAL DEFAULT 0", "cost_usd    REAL NOT NULL DEFAULT 0"))
+    conn.execute(
+        old_sql.replace("CREATE TABLE attempts", "CREATE TABLE attempts_old", 1).replace(
+            "cost_usd    REAL DEFAULT 0", "cost_usd    REAL NOT NULL DEFAULT 0"
+        )
+    )
     conn.execute("INSERT INTO attempts_old SELECT * FROM attempts")
     conn.execute("DROP TABLE attempts")
     conn.execute("ALTER TABLE attempts_old RENAME TO attempts")
@@ -863,18 +893,27 @@ def test_add_tasks_keeps_a_done_task_of_an_earlier_queue(led: Ledger) -> None:
     a, b = led.add_tasks([spec("a"), spec("b", "a")], source="f.toml", source_hash="h1")
     handoff = {"task_name": "a", "branch": "fleetrun/a", "summary": "did a", "host": "local", "fetch_hint": ""}
     led.update_task(a.id, branch="fleetrun/a", host="local", handoff=handoff)
-    for src, dst in ((State.READY, State.ASSIGNED), (State.ASSIGNED, State.RUNNING),
-                     (State.RUNNING, State.VERIFYING), (State.VERIFYING, State.DONE)):
+    for src, dst in (
+        (State.READY, State.ASSIGNED),
+        (State.ASSIGNED, State.RUNNING),
+        (State.RUNNING, State.VERIFYING),
+        (State.VERIFYING, State.DONE),
+    ):
         led.transition(a.id, src, dst, "verify_pass")
     old_a = led.get(a.id)
     assert old_a is not None
-    new_a, new_b = led.add_tasks([spec("a"), spec("b", "a")], source="f.toml", source_hash="h2",
-                                 kept={"a": old_a})
+    new_a, new_b = led.add_tasks([spec("a"), spec("b", "a")], source="f.toml", source_hash="h2", kept={"a": old_a})
     assert (new_a.state, new_a.reason, new_a.branch, new_a.host, new_a.handoff) == (
-        State.DONE, f"unchanged:{a.id}", "fleetrun/a", "local", handoff)
+        State.DONE,
+        f"unchanged:{a.id}",
+        "fleetrun/a",
+        "local",
+        handoff,
+    )
     assert (new_a.cost_usd, new_a.attempts, new_b.state, new_b.deps) == (0, 0, State.PENDING, [new_a.id])
     assert [(t.from_state, t.to_state, t.cause) for t in led.transitions(new_a.id)] == [
-        (None, "DONE", f"unchanged:{a.id}")]
+        (None, "DONE", f"unchanged:{a.id}")
+    ]
     # kept again from the copy: still named after the task that did the work
     (third,) = led.add_tasks([spec("a")], source="f.toml", kept={"a": new_a})
     assert third.reason == f"unchanged:{a.id}"
@@ -982,8 +1021,13 @@ def test_after_commit_tells_in_order_once_committed(led: Ledger, db: Path) -> No
         led.transition(t.id, State.RUNNING, State.VERIFYING, "exited")
         led.after_commit(lambda: told.append(("verifying", state_of(db, t.id))))
         assert len(told) == 4
-    assert told == [("outside", "READY"), ("nothing written yet", "READY"), ("assigned", "RUNNING"),
-                    ("running", "RUNNING"), ("verifying", "VERIFYING")]
+    assert told == [
+        ("outside", "READY"),
+        ("nothing written yet", "READY"),
+        ("assigned", "RUNNING"),
+        ("running", "RUNNING"),
+        ("verifying", "VERIFYING"),
+    ]
 
 
 def test_a_failed_commit_tells_nothing(led: Ledger, db: Path) -> None:
@@ -1003,8 +1047,9 @@ def test_a_failed_commit_tells_nothing(led: Ledger, db: Path) -> None:
     assert state_of(db, t.id) == "ASSIGNED"
 
 
-def test_a_batch_holding_the_lock_past_its_bound_commits_at_its_next_write(led: Ledger, db: Path,
-                                                                          monkeypatch: pytest.MonkeyPatch) -> None:
+def test_a_batch_holding_the_lock_past_its_bound_commits_at_its_next_write(
+    led: Ledger, db: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
     """Another shell's `cancel` waits at most about BATCH_HOLD_S behind a pass."""
     (t,) = led.add_tasks([spec("a")])
     monkeypatch.setattr(led, "BATCH_HOLD_S", 0.0)

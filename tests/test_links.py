@@ -33,32 +33,39 @@ def test_a_version_3_ledger_gets_the_links_table_and_keeps_its_rows(tmp_path: Pa
         led.set_link(t.id, "pull_request", "https://example.com/pull/1")
         led.set_link(t.id, "pull_request", "https://example.com/pull/2")  # replaced, not added
         led.set_link(t.id, "ci_run", "https://ci.example.com/7")
-        assert fleetrun.task_links(led, t.id) == {"pull_request": "https://example.com/pull/2",
-                                                  "ci_run": "https://ci.example.com/7"}
+        assert fleetrun.task_links(led, t.id) == {
+            "pull_request": "https://example.com/pull/2",
+            "ci_run": "https://ci.example.com/7",
+        }
 
 
-@pytest.mark.parametrize(("url", "why"), [
-    ("https://github.com/o/r/pull/12", None),
-    ("http://127.0.0.1:8080/x", None),
-    ("javascript:alert(1)", "must start with https:// or http://"),
-    ("https://", "names no host"),
-    ("https://x.com/a b", "holds a space, a control or a non-ASCII character"),
-    ("https://x.com/\x1b[31m", "holds a space, a control or a non-ASCII character"),
-    ("https://x.com:99999/", "is not a URL (Port out of range 0-65535)"),
-    (["https://x.com"], "is not a string (list)"),
-    ("", "must be 1 to 2000 characters long"),
-])
+@pytest.mark.parametrize(
+    ("url", "why"),
+    [
+        ("https://github.com/o/r/pull/12", None),
+        ("http://127.0.0.1:8080/x", None),
+        ("javascript:alert(1)", "must start with https:// or http://"),
+        ("https://", "names no host"),
+        ("https://x.com/a b", "holds a space, a control or a non-ASCII character"),
+        ("https://x.com/\x1b[31m", "holds a space, a control or a non-ASCII character"),
+        ("https://x.com:99999/", "is not a URL (Port out of range 0-65535)"),
+        (["https://x.com"], "is not a string (list)"),
+        ("", "must be 1 to 2000 characters long"),
+    ],
+)
 def test_a_url_is_checked_strictly(url: Any, why: Any) -> None:
     assert check_url(url) == why
 
 
 def test_a_handoff_renders_its_links() -> None:
     h = Handoff("api", "fleetrun/api-1", "Added /users.", links={"pull_request": "https://x.com/pull/3"})
-    assert h.render() == ("- api is DONE on branch fleetrun/api-1.\n  Its pull request: https://x.com/pull/3\n"
-                          "  Its summary: Added /users.")
+    assert h.render() == (
+        "- api is DONE on branch fleetrun/api-1.\n  Its pull request: https://x.com/pull/3\n"
+        "  Its summary: Added /users."
+    )
 
 
-FLEETCONF = '''
+FLEETCONF = """
 import fleetrun
 
 @fleetrun.hookimpl
@@ -70,7 +77,7 @@ def fleetrun_transition(task, from_state, to_state, cause, attempt, config):
             fleetrun.add_link(config, task.id, "Bad Name", "https://x.com")
         except ValueError as e:
             fleetrun.add_note(config, task.id, str(e))
-'''
+"""
 
 
 def test_a_link_reaches_the_dependents_prompt_logs_and_status(fleeter: Any) -> None:
@@ -104,9 +111,13 @@ def test_a_link_reaches_the_dependents_prompt_logs_and_status(fleeter: Any) -> N
     assert rows["api"]["links"] == {"pull_request": "https://git.example.com/o/r/pull/7"}
     assert rows["ui"]["links"] == {}
     logs = fleeter.run("logs", "api")
-    logs.fnmatch_lines(["*  link: pull request: https://git.example.com/o/r/pull/7",
-                        "*  note: opened a pull request",
-                        "*  note: link name 'Bad Name': lowercase letters, digits and _, starting with a letter*"],
-                       stream="out")
+    logs.fnmatch_lines(
+        [
+            "*  link: pull request: https://git.example.com/o/r/pull/7",
+            "*  note: opened a pull request",
+            "*  note: link name 'Bad Name': lowercase letters, digits and _, starting with a letter*",
+        ],
+        stream="out",
+    )
     as_json = json.loads(fleeter.run("logs", "api", "--json").stdout)
     assert as_json["task"]["links"] == {"pull_request": "https://git.example.com/o/r/pull/7"}

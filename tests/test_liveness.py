@@ -127,8 +127,9 @@ def test_a_hung_loop_shows_as_stuck(fleeter, loop, monkeypatch):
     os.kill(loop.pid, signal.SIGSTOP)
     try:
         last = json.loads(path.read_text())["beat"]  # stopped: no beat after this one
-        line = wait_for(lambda: (ln := first_line(fleeter)).startswith("supervisor: stuck") and ln,
-                        what="status to say stuck")
+        line = wait_for(
+            lambda: (ln := first_line(fleeter)).startswith("supervisor: stuck") and ln, what="status to say stuck"
+        )
         assert line == f"supervisor: stuck (pid {loop.pid}, last beat 0 min ago)"
     finally:
         os.kill(loop.pid, signal.SIGCONT)
@@ -153,8 +154,9 @@ def test_one_work_lock_per_home_names_its_holder(tmp_path) -> None:
     """A second loop is refused at once, with the pid the first one wrote; the lock is
     free again when the holder lets go (or dies)."""
     home = tmp_path / "home"
-    holder = subprocess.Popen([sys.executable, "-c", LOCK_HOLDER, str(home)], stdin=subprocess.PIPE,
-                              stdout=subprocess.PIPE, text=True)
+    holder = subprocess.Popen(
+        [sys.executable, "-c", LOCK_HOLDER, str(home)], stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True
+    )
     try:
         assert holder.stdout.readline() == "held\n"
         assert (home / liveness.LOCK).stat().st_mode & 0o777 == 0o600

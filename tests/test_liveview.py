@@ -29,7 +29,7 @@ def screen_of(raw: bytes, cols: int = COLS, lines: int = LINES) -> list[str]:
 
 def two_agents(fleeter, fake_claude) -> None:
     fleeter.make_repo()
-    fleeter.write_tasks('''
+    fleeter.write_tasks("""
         [[task]]
         name = "api"
         cwd = "repo"
@@ -43,10 +43,11 @@ def two_agents(fleeter, fake_claude) -> None:
         cwd = "repo"
         prompt = "p"
         git_ref = "main"
-    ''')
+    """)
     fake_claude.script(
         api=[{"actions": [["write", "api.py", "x"], ["sleep", 2.5], ["commit", "api"]], "cost": 0.25}],
-        docs=[{"actions": [["write", "docs.md", "x"], ["sleep", 2.5]], "cost": 0.1}])
+        docs=[{"actions": [["write", "docs.md", "x"], ["sleep", 2.5]], "cost": 0.1}],
+    )
 
 
 def test_rows_appear_update_and_disappear_on_a_real_terminal(fleeter, fake_claude, monkeypatch):
@@ -73,8 +74,9 @@ def test_rows_appear_update_and_disappear_on_a_real_terminal(fleeter, fake_claud
     text = ["\n".join(s) for s in seen]
     # the counter and a row per running task, with where, attempt and what it does
     assert any("[0/2 done" in t and "2 running" in t for t in text), text[-1]
-    assert any("api" in t and "RUNNING" in t and "local" in t and "#1" in t and "Write api.py" in t
-               for t in text), "\n---\n".join(text[-5:])
+    assert any("api" in t and "RUNNING" in t and "local" in t and "#1" in t and "Write api.py" in t for t in text), (
+        "\n---\n".join(text[-5:])
+    )
     assert any("docs" in t and "Write docs.md" in t for t in text)
     # the verifier that runs, and for how long
     assert any("VERIFYING" in t and "verify 1/1 run sleep 2; test -f api.py" in t for t in text)
@@ -97,20 +99,22 @@ def test_plain_lines_when_not_a_terminal(fleeter, fake_claude):
     assert "\x1b[" not in r.stdout and "running]" not in r.stdout
 
 
-@pytest.mark.parametrize(("flag", "env", "colour"), [
-    ("--color=no", {}, False), ("--color=yes", {"NO_COLOR": "1"}, True), ("--color=auto", {"NO_COLOR": "1"}, False)])
+@pytest.mark.parametrize(
+    ("flag", "env", "colour"),
+    [("--color=no", {}, False), ("--color=yes", {"NO_COLOR": "1"}, True), ("--color=auto", {"NO_COLOR": "1"}, False)],
+)
 def test_color_option_as_pytest(fleeter, flag, env, colour, monkeypatch):
     import pexpect
 
     monkeypatch.delenv("NO_COLOR", raising=False)
-    fleeter.write_tasks('''
+    fleeter.write_tasks("""
         [agents.ok]
         command = ["true"]
         [[task]]
         name = "a"
         prompt = "p"
         agent = "ok"
-    ''')
+    """)
     child = fleeter.spawn("tasks.toml", flag, env=env)
     child.expect(pexpect.EOF)
     out = child.before
@@ -120,14 +124,14 @@ def test_color_option_as_pytest(fleeter, flag, env, colour, monkeypatch):
 
 
 def test_color_yes_colours_a_pipe(fleeter):
-    fleeter.write_tasks('''
+    fleeter.write_tasks("""
         [agents.ok]
         command = ["true"]
         [[task]]
         name = "a"
         prompt = "p"
         agent = "ok"
-    ''')
+    """)
     r = fleeter.runsub("tasks.toml", "--color=yes")
     assert r.ret == 0
     assert "\x1b[32m" in r.stdout and "running]" not in r.stdout  # colour, but no live region
@@ -139,19 +143,34 @@ def test_color_yes_colours_a_pipe(fleeter):
 def _task(state: State, n: int = 0) -> Task:
     from fleetrun.taskspec import TaskSpec
 
-    return Task(id=f"t{n}", name=f"t{n}", state=state, spec=TaskSpec(name="t", prompt="p", cwd="/"),
-                source="", queue_id="q", created=0, updated=0)
+    return Task(
+        id=f"t{n}",
+        name=f"t{n}",
+        state=state,
+        spec=TaskSpec(name="t", prompt="p", cwd="/"),
+        source="",
+        queue_id="q",
+        created=0,
+        updated=0,
+    )
 
 
 def test_counter() -> None:
-    states = [State.DONE] * 3 + [State.NEEDS_HUMAN] + [State.RUNNING, State.VERIFYING] + [State.PENDING] * 2 + [
-        State.READY, State.RETRYING]
+    states = (
+        [State.DONE] * 3
+        + [State.NEEDS_HUMAN]
+        + [State.RUNNING, State.VERIFYING]
+        + [State.PENDING] * 2
+        + [State.READY, State.RETRYING]
+    )
     assert counter([_task(s, i) for i, s in enumerate(states)]) == "[3/10 done, 1 needs_human, 2 running, 4 waiting]"
 
 
 def test_rows_fit_the_width_and_what_it_does_is_cut_first() -> None:
-    rows = [Row("a-long-task-name", "RUNNING", "local", "1", "12s", "$0.10", "Bash " + "x" * 200),
-            Row("界界界", "VERIFYING", "mini", "2", "3m", "-", "verify 1/2 run pytest (5s)")]
+    rows = [
+        Row("a-long-task-name", "RUNNING", "local", "1", "12s", "$0.10", "Bash " + "x" * 200),
+        Row("界界界", "VERIFYING", "mini", "2", "3m", "-", "verify 1/2 run pytest (5s)"),
+    ]
     lines = render(rows, "[0/2 done, 2 running, 0 waiting]", 60, color=False)
     assert all(cells(ln) <= 59 for ln in lines), lines
     assert lines[1].endswith("…") and "a-long-task-name  RUNNING" in lines[1]
@@ -189,7 +208,7 @@ def test_a_log_is_read_as_it_grows_and_strictly(tmp_path: Path) -> None:
         f.write(b'{"a": 1}\r\n{"b"')
     assert tail.read() == ['{"a": 1}\r']
     with open(log, "ab") as f:
-        f.write(b': 2}\n' + b"x" * (2 << 20) + b"\nnot json\n")
+        f.write(b": 2}\n" + b"x" * (2 << 20) + b"\nnot json\n")
     # it grew past one read: what it does now matters, so its newest part, from a line start
     assert tail.read() == ["not json"]
     with open(log, "ab") as f:
@@ -211,11 +230,18 @@ def test_what_an_agent_does_from_its_stream(tmp_path: Path) -> None:
         '{"type":"assistant","message":{"content":[{"type":"tool_use","name":"Read","input":{"file_path":"a.py"}}]}}\n'
         '{"type":"user","message":{"content":[{"type":"tool_result","content":"1\\tprint()","is_error":false}]}}\n'
         '{"type":"assistant","message":"not a message"}\n'
-        '{"type":"result","subtype":"success","total_cost_usd":0.42,"num_turns":3,"result":"Done."}\n')
+        '{"type":"result","subtype":"success","total_cost_usd":0.42,"num_turns":3,"result":"Done."}\n'
+    )
     act = Activity(log)
     lines = act.poll()
-    assert lines == ["  Let me look.", "  → Read a.py", "    ← result:", "      1\tprint()",
-                     "result: success, $0.42, 3 turns", "  Done."]
+    assert lines == [
+        "  Let me look.",
+        "  → Read a.py",
+        "    ← result:",
+        "      1\tprint()",
+        "result: success, $0.42, 3 turns",
+        "  Done.",
+    ]
     assert act.cost_usd == 0.42
 
 
@@ -226,8 +252,14 @@ def test_the_live_view_is_off_the_import_path_of_help_and_status(tmp_path: Path,
     import sys
 
     env = dict(os.environ, FLEETRUN_HOME=str(tmp_path / "home"), FLEETRUN_DISABLE_PLUGIN_AUTOLOAD="1")
-    proc = subprocess.run([sys.executable, "-X", "importtime", "-m", "fleetrun", *args], env=env,
-                          stdin=subprocess.DEVNULL, capture_output=True, text=True, timeout=120)
+    proc = subprocess.run(
+        [sys.executable, "-X", "importtime", "-m", "fleetrun", *args],
+        env=env,
+        stdin=subprocess.DEVNULL,
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
     assert proc.returncode == 0, proc.stderr
     imported = {ln.rsplit("|", 1)[-1].strip() for ln in proc.stderr.splitlines() if ln.startswith("import time:")}
     assert "fleetrun.cli" in imported
@@ -249,7 +281,16 @@ def test_an_attempt_first_seen_before_its_worktree_was_recorded_shows_paths_insi
     assert w._activity("a1", str(folder), "local", None) is not None  # first seen: no worktree yet
     act = w._activity("a1", str(folder), "local", str(wt))
     assert act is not None
-    (folder / "log").write_text(json.dumps({"type": "assistant", "message": {"content": [
-        {"type": "tool_use", "name": "Write", "input": {"file_path": str(wt / "docs.md")}}]}}) + "\n")
+    (folder / "log").write_text(
+        json.dumps(
+            {
+                "type": "assistant",
+                "message": {
+                    "content": [{"type": "tool_use", "name": "Write", "input": {"file_path": str(wt / "docs.md")}}]
+                },
+            }
+        )
+        + "\n"
+    )
     act.poll()
     assert act.doing == "Write docs.md"

@@ -26,17 +26,30 @@ SID = "4b0c2f5e-8f3a-4d59-9a63-2f6c6e1d8a10"
 
 
 def stop_json(**over: Any) -> str:
-    data = {"session_id": SID, "transcript_path": f"/home/u/.claude/projects/-w/{SID}.jsonl",
-            "cwd": "/w/role", "permission_mode": "acceptEdits", "hook_event_name": "Stop",
-            "stop_hook_active": False, "last_assistant_message": "done"}
+    data = {
+        "session_id": SID,
+        "transcript_path": f"/home/u/.claude/projects/-w/{SID}.jsonl",
+        "cwd": "/w/role",
+        "permission_mode": "acceptEdits",
+        "hook_event_name": "Stop",
+        "stop_hook_active": False,
+        "last_assistant_message": "done",
+    }
     data.update(over)
     return json.dumps({k: v for k, v in data.items() if v is not DROP})
 
 
 def edit_json(**over: Any) -> str:
-    data = {"session_id": SID, "transcript_path": "/t.jsonl", "cwd": "/w/role", "hook_event_name": "PostToolUse",
-            "tool_name": "Write", "tool_input": {"file_path": "/w/role/src/a.py", "content": "x"},
-            "tool_use_id": "toolu_1", "tool_response": "ok"}
+    data = {
+        "session_id": SID,
+        "transcript_path": "/t.jsonl",
+        "cwd": "/w/role",
+        "hook_event_name": "PostToolUse",
+        "tool_name": "Write",
+        "tool_input": {"file_path": "/w/role/src/a.py", "content": "x"},
+        "tool_use_id": "toolu_1",
+        "tool_response": "ok",
+    }
     data.update(over)
     return json.dumps({k: v for k, v in data.items() if v is not DROP})
 
@@ -60,10 +73,12 @@ def test_hookio_imports_the_standard_library_only() -> None:
             names.add((node.module or "").split(".")[0])
     assert names and names <= set(sys.stdlib_module_names), names - set(sys.stdlib_module_names)
     # and loading it pulls in nothing else either
-    code = ("import sys, importlib.util as u; before = set(sys.modules); "
-            f"s = u.spec_from_file_location('h', {str(MAILBOX_DIR / 'hookio.py')!r}); m = u.module_from_spec(s); "
-            "sys.modules['h'] = m; s.loader.exec_module(m); "
-            "print(sorted({n.split('.')[0] for n in set(sys.modules) - before} - {'h'}))")
+    code = (
+        "import sys, importlib.util as u; before = set(sys.modules); "
+        f"s = u.spec_from_file_location('h', {str(MAILBOX_DIR / 'hookio.py')!r}); m = u.module_from_spec(s); "
+        "sys.modules['h'] = m; s.loader.exec_module(m); "
+        "print(sorted({n.split('.')[0] for n in set(sys.modules) - before} - {'h'}))"
+    )
     out = subprocess.run([sys.executable, "-I", "-S", "-c", code], capture_output=True, text=True, check=True)
     assert set(json.loads(out.stdout.replace("'", '"'))) <= set(sys.stdlib_module_names)
 
@@ -73,8 +88,13 @@ def test_hookio_imports_the_standard_library_only() -> None:
 
 def test_parse_stop_reads_what_claude_code_sends() -> None:
     got = hookio.parse_stop(stop_json())
-    assert got == hookio.StopInput(session_id=SID, transcript_path=f"/home/u/.claude/projects/-w/{SID}.jsonl",
-                                   cwd="/w/role", stop_hook_active=False, last_assistant_message="done")
+    assert got == hookio.StopInput(
+        session_id=SID,
+        transcript_path=f"/home/u/.claude/projects/-w/{SID}.jsonl",
+        cwd="/w/role",
+        stop_hook_active=False,
+        last_assistant_message="done",
+    )
     assert got.hook_event_name == "Stop"
     assert hookio.parse_stop(stop_json(stop_hook_active=True).encode()).stop_hook_active is True
     # optional fields
@@ -85,30 +105,33 @@ def test_parse_stop_reads_what_claude_code_sends() -> None:
     assert len(long.last_assistant_message) == hookio.MESSAGE_LIMIT
 
 
-@pytest.mark.parametrize("text, why", [
-    (b"", "not JSON"),
-    (b"\xff\xfe{}", "not UTF-8"),
-    ("[1, 2]", "not a JSON object"),
-    ("[" * 100_000, "nested too deeply"),
-    ('{"a": ' * 100_000, "nested too deeply"),
-    (stop_json(hook_event_name="PostToolUse"), "hook_event_name is 'PostToolUse'"),
-    (stop_json(hook_event_name=DROP), "hook_event_name is NoneType"),
-    (stop_json(stop_hook_active="no"), "stop_hook_active is 'no', not a boolean"),
-    (stop_json(stop_hook_active=0), "not a boolean"),
-    (stop_json(session_id=DROP), "session_id is NoneType"),
-    (stop_json(session_id="a b"), "session_id is not a valid value"),
-    (stop_json(session_id="x" * 200), "longer than 128"),
-    (stop_json(cwd="relative/dir"), "cwd is not an absolute path"),
-    (stop_json(cwd="/w/\x1b[2J"), "cwd holds a control character"),
-    (stop_json(cwd="/w/\ud800"), "control character"),
-    (stop_json(cwd=["/w"]), "cwd is list"),
-    (stop_json(cwd="/" + "a" * 5000), "longer than 4096"),
-    (stop_json(last_assistant_message=7), "last_assistant_message is int"),
-    (stop_json(transcript_path=False), "transcript_path is bool"),
-    ('{"session_id": "a", "session_id": "b"}', "'session_id' given twice"),
-    (stop_json(stop_hook_active=DROP)[:-1] + ', "x": NaN}', "NaN is not JSON"),
-    ('{"n": ' + "9" * 5000 + "}", "not JSON"),
-])
+@pytest.mark.parametrize(
+    "text, why",
+    [
+        (b"", "not JSON"),
+        (b"\xff\xfe{}", "not UTF-8"),
+        ("[1, 2]", "not a JSON object"),
+        ("[" * 100_000, "nested too deeply"),
+        ('{"a": ' * 100_000, "nested too deeply"),
+        (stop_json(hook_event_name="PostToolUse"), "hook_event_name is 'PostToolUse'"),
+        (stop_json(hook_event_name=DROP), "hook_event_name is NoneType"),
+        (stop_json(stop_hook_active="no"), "stop_hook_active is 'no', not a boolean"),
+        (stop_json(stop_hook_active=0), "not a boolean"),
+        (stop_json(session_id=DROP), "session_id is NoneType"),
+        (stop_json(session_id="a b"), "session_id is not a valid value"),
+        (stop_json(session_id="x" * 200), "longer than 128"),
+        (stop_json(cwd="relative/dir"), "cwd is not an absolute path"),
+        (stop_json(cwd="/w/\x1b[2J"), "cwd holds a control character"),
+        (stop_json(cwd="/w/\ud800"), "control character"),
+        (stop_json(cwd=["/w"]), "cwd is list"),
+        (stop_json(cwd="/" + "a" * 5000), "longer than 4096"),
+        (stop_json(last_assistant_message=7), "last_assistant_message is int"),
+        (stop_json(transcript_path=False), "transcript_path is bool"),
+        ('{"session_id": "a", "session_id": "b"}', "'session_id' given twice"),
+        (stop_json(stop_hook_active=DROP)[:-1] + ', "x": NaN}', "NaN is not JSON"),
+        ('{"n": ' + "9" * 5000 + "}", "not JSON"),
+    ],
+)
 def test_parse_stop_refuses_with_a_reason(text: Any, why: str) -> None:
     with pytest.raises(HookInputError) as info:
         hookio.parse_stop(text)
@@ -128,32 +151,38 @@ def test_input_over_the_cap_is_refused_before_it_is_parsed(monkeypatch: pytest.M
 # --------------------------------------------------------------------------- PostToolUse
 
 
-@pytest.mark.parametrize("tool, tool_input, path", [
-    ("Write", {"file_path": "/w/role/src/a.py", "content": "x"}, "/w/role/src/a.py"),
-    ("Edit", {"file_path": "/w/role/src/../b.py", "old_string": "a", "new_string": "b"}, "/w/role/b.py"),
-    ("MultiEdit", {"file_path": "src/c.py", "edits": []}, "/w/role/src/c.py"),  # relative: from cwd
-    ("NotebookEdit", {"notebook_path": "/w/role/n.ipynb", "new_source": ""}, "/w/role/n.ipynb"),
-    ("NotebookEdit", {"file_path": "/w/role/m.ipynb"}, "/w/role/m.ipynb"),
-    ("Bash", {"command": "ls"}, None),
-    ("mcp__files__write", {"file_path": "/elsewhere"}, None),
-])
+@pytest.mark.parametrize(
+    "tool, tool_input, path",
+    [
+        ("Write", {"file_path": "/w/role/src/a.py", "content": "x"}, "/w/role/src/a.py"),
+        ("Edit", {"file_path": "/w/role/src/../b.py", "old_string": "a", "new_string": "b"}, "/w/role/b.py"),
+        ("MultiEdit", {"file_path": "src/c.py", "edits": []}, "/w/role/src/c.py"),  # relative: from cwd
+        ("NotebookEdit", {"notebook_path": "/w/role/n.ipynb", "new_source": ""}, "/w/role/n.ipynb"),
+        ("NotebookEdit", {"file_path": "/w/role/m.ipynb"}, "/w/role/m.ipynb"),
+        ("Bash", {"command": "ls"}, None),
+        ("mcp__files__write", {"file_path": "/elsewhere"}, None),
+    ],
+)
 def test_parse_post_tool_use(tool: str, tool_input: dict[str, Any], path: Any) -> None:
     got = hookio.parse_post_tool_use(edit_json(tool_name=tool, tool_input=tool_input))
     assert got == hookio.EditInput(session_id=SID, cwd="/w/role", tool_name=tool, file_path=path)
 
 
-@pytest.mark.parametrize("over, why", [
-    ({"hook_event_name": "Stop"}, "not 'PostToolUse'"),
-    ({"tool_name": DROP}, "tool_name is NoneType"),
-    ({"tool_name": "Wr ite"}, "tool_name is not a valid value"),
-    ({"tool_input": DROP}, "tool_input is NoneType, not an object"),
-    ({"tool_input": "file_path=/x"}, "not an object"),
-    ({"tool_input": {"content": "x"}}, "file_path is NoneType"),
-    ({"tool_input": {"file_path": 3}}, "file_path is int"),
-    ({"tool_input": {"file_path": "/w/a\nb"}}, "file_path holds a control character"),
-    ({"tool_input": {"file_path": ""}}, "file_path is empty"),
-    ({"cwd": "~/w"}, "not an absolute path"),
-])
+@pytest.mark.parametrize(
+    "over, why",
+    [
+        ({"hook_event_name": "Stop"}, "not 'PostToolUse'"),
+        ({"tool_name": DROP}, "tool_name is NoneType"),
+        ({"tool_name": "Wr ite"}, "tool_name is not a valid value"),
+        ({"tool_input": DROP}, "tool_input is NoneType, not an object"),
+        ({"tool_input": "file_path=/x"}, "not an object"),
+        ({"tool_input": {"content": "x"}}, "file_path is NoneType"),
+        ({"tool_input": {"file_path": 3}}, "file_path is int"),
+        ({"tool_input": {"file_path": "/w/a\nb"}}, "file_path holds a control character"),
+        ({"tool_input": {"file_path": ""}}, "file_path is empty"),
+        ({"cwd": "~/w"}, "not an absolute path"),
+    ],
+)
 def test_parse_post_tool_use_refuses_with_a_reason(over: dict[str, Any], why: str) -> None:
     with pytest.raises(HookInputError) as info:
         hookio.parse_post_tool_use(edit_json(**over))
@@ -175,8 +204,9 @@ EDIT_KEYS: dict[str, Any] = {
     "cwd": st.just("/w") | NASTY_TEXT,
     "hook_event_name": st.sampled_from(["PostToolUse", "Stop"]),
     "tool_name": st.sampled_from(list(hookio.EDIT_TOOLS) + ["Bash", "Read", "a b", ""]),
-    "tool_input": shaped({"file_path": st.just("/w/a") | st.text(max_size=20) | NASTY_TEXT,
-                          "notebook_path": st.just("n.ipynb")}),
+    "tool_input": shaped(
+        {"file_path": st.just("/w/a") | st.text(max_size=20) | NASTY_TEXT, "notebook_path": st.just("n.ipynb")}
+    ),
 }
 
 
@@ -236,8 +266,21 @@ def test_block_decision_strips_control_characters_and_caps_the_reason() -> None:
 CMD = "/opt/fleet/bin/fleetrun --home /srv/fleet-home"
 #: What Claude Code's Bash tool will not run as one plain command (issue 13, measured).
 FORBIDDEN = ("$(", "`", "|", ";", "&&")
-HOSTILE = st.sampled_from(["$(rm -rf ~)", "`id`", "a | b", "x; y", "p && q", "\x1b]0;t\x07", "ok\ntask_zz",
-                           "'\"", "\\", "$HOME", "done task_other"]) | st.text(max_size=60)
+HOSTILE = st.sampled_from(
+    [
+        "$(rm -rf ~)",
+        "`id`",
+        "a | b",
+        "x; y",
+        "p && q",
+        "\x1b]0;t\x07",
+        "ok\ntask_zz",
+        "'\"",
+        "\\",
+        "$HOME",
+        "done task_other",
+    ]
+) | st.text(max_size=60)
 
 
 def test_mail_reason_gives_the_literal_id_the_prompt_and_the_report_commands() -> None:
@@ -256,8 +299,8 @@ def test_no_shell_syntax_reaches_the_commands_whatever_the_name_and_prompt(name:
     reason = hookio.mail_reason("task_abc_2", name, prompt, CMD)
     body = hookio.clean(prompt, hookio.PROMPT_LIMIT)
     start = reason.index(" to you. Do this task now:\n\n") + len(" to you. Do this task now:\n\n")
-    head, tail = reason[:start], reason[start + len(body):]
-    assert reason[start:start + len(body)] == body  # the user's prompt, as written (less control characters)
+    head, tail = reason[:start], reason[start + len(body) :]
+    assert reason[start : start + len(body)] == body  # the user's prompt, as written (less control characters)
     for outside in (head, tail):  # everything fleetrun wrote around it, the label included
         assert not [f for f in FORBIDDEN if f in outside], outside
     commands = [ln for ln in tail.splitlines() if ln.startswith(CMD)]
@@ -280,9 +323,22 @@ def test_mail_reason_refuses_a_task_id_outside_a_z0_9_(task_id: str) -> None:
         hookio.mail_reason(task_id, "n", "p", CMD)
 
 
-@pytest.mark.parametrize("cmd", ["fleetrun | tee x", "fleetrun; rm x", "fleetrun && x", "$(which fleetrun)",
-                                 "`which fleetrun`", "'/a/$(x)/fleetrun'", "fleetrun\nx", "fleetrun  x", "",
-                                 "FLEETRUN_HOME=$H fleetrun", "x" * 2000])
+@pytest.mark.parametrize(
+    "cmd",
+    [
+        "fleetrun | tee x",
+        "fleetrun; rm x",
+        "fleetrun && x",
+        "$(which fleetrun)",
+        "`which fleetrun`",
+        "'/a/$(x)/fleetrun'",
+        "fleetrun\nx",
+        "fleetrun  x",
+        "",
+        "FLEETRUN_HOME=$H fleetrun",
+        "x" * 2000,
+    ],
+)
 def test_a_command_with_shell_syntax_is_refused(cmd: str) -> None:
     with pytest.raises(ValueError, match="command line"):
         hookio.check_command(cmd)

@@ -21,7 +21,7 @@ def path_of(p: tuple[str, ...]) -> str:
 
 
 def under(d: tuple[str, ...], p: tuple[str, ...]) -> bool:
-    return p[:len(d)] == d
+    return p[: len(d)] == d
 
 
 # -- the seed's examples ---------------------------------------------------------------
@@ -52,7 +52,10 @@ def test_a_path_must_stay_inside_the_cwd() -> None:
 
 def test_two_roles_on_one_folder_are_told_apart_by_focus() -> None:
     a, b = Role("a", "/w"), Role("b", "/w")
-    assert owner(["src/x.py"], "/w", [a, b], {"a": "/w/src", "b": "/w/docs"}) == (a, "a owns src/x.py (its focus /w/src)")
+    assert owner(["src/x.py"], "/w", [a, b], {"a": "/w/src", "b": "/w/docs"}) == (
+        a,
+        "a owns src/x.py (its focus /w/src)",
+    )
     # the deepest focus that holds every path wins
     assert owner(["src/x.py"], "/w", [a, b], {"a": "/w", "b": "/w/src"})[0] == b
     # a tie, or no focus that holds them: nobody (the task is spawned)
@@ -78,10 +81,13 @@ def test_focus_is_the_deepest_folder_with_half_the_edits() -> None:
 
 
 @settings(max_examples=300, deadline=None)
-@given(role_dirs=st.lists(parts, min_size=0, max_size=6, unique=True),
-       task_paths=st.lists(parts.filter(bool), min_size=0, max_size=3))
-def test_the_owner_is_the_most_specific_covering_role(role_dirs: list[tuple[str, ...]],
-                                                      task_paths: list[tuple[str, ...]]) -> None:
+@given(
+    role_dirs=st.lists(parts, min_size=0, max_size=6, unique=True),
+    task_paths=st.lists(parts.filter(bool), min_size=0, max_size=3),
+)
+def test_the_owner_is_the_most_specific_covering_role(
+    role_dirs: list[tuple[str, ...]], task_paths: list[tuple[str, ...]]
+) -> None:
     roles = [Role(f"r{i}", path_of(d)) for i, d in enumerate(role_dirs)]
     rel = [os.path.join(*p) for p in task_paths]
     got, why = owner(rel, ROOT, roles, {})
@@ -96,16 +102,22 @@ def test_the_owner_is_the_most_specific_covering_role(role_dirs: list[tuple[str,
 
 
 @settings(max_examples=300, deadline=None)
-@given(shared=parts, foci=st.lists(st.one_of(st.none(), parts), min_size=2, max_size=4),
-       task_paths=st.lists(parts.filter(bool), min_size=1, max_size=3))
-def test_roles_on_one_folder_the_deepest_holding_focus_wins(shared: tuple[str, ...], foci: list,
-                                                           task_paths: list[tuple[str, ...]]) -> None:
+@given(
+    shared=parts,
+    foci=st.lists(st.one_of(st.none(), parts), min_size=2, max_size=4),
+    task_paths=st.lists(parts.filter(bool), min_size=1, max_size=3),
+)
+def test_roles_on_one_folder_the_deepest_holding_focus_wins(
+    shared: tuple[str, ...], foci: list, task_paths: list[tuple[str, ...]]
+) -> None:
     roles = [Role(f"r{i}", path_of(shared)) for i in range(len(foci))]
     # a focus is where the role's edits are: below its folder
     fmap = {r.key: path_of(shared + f) if f is not None else None for r, f in zip(roles, foci)}
     paths = [shared + p for p in task_paths]
     got, _ = owner([os.path.join(*p) for p in paths], ROOT, roles, fmap)
-    holding = [(i, shared + f) for i, f in enumerate(foci) if f is not None and all(under(shared + f, p) for p in paths)]
+    holding = [
+        (i, shared + f) for i, f in enumerate(foci) if f is not None and all(under(shared + f, p) for p in paths)
+    ]
     if not holding:
         assert got is None
         return
@@ -130,7 +142,10 @@ def test_focus_holds_half_and_no_deeper_folder_does_alone(files: list[tuple[str,
 
     assert count(got) >= need
     # a folder right below it holding half would be deeper: only when another one does too
-    children = {os.path.dirname(e)[len(got.rstrip('/')) + 1:].split("/")[0] for e in edited
-                if os.path.dirname(e).startswith(got.rstrip("/") + "/")}
+    children = {
+        os.path.dirname(e)[len(got.rstrip("/")) + 1 :].split("/")[0]
+        for e in edited
+        if os.path.dirname(e).startswith(got.rstrip("/") + "/")
+    }
     holding = [c for c in children if c and count(os.path.join(got, c)) >= need]
     assert len(holding) != 1

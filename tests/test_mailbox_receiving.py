@@ -37,8 +37,9 @@ def procs() -> Iterator[list[subprocess.Popen[bytes]]]:
 def write_hook(folder: Path, command: str, name: str = ".claude/settings.local.json") -> Path:
     path = folder / name
     path.parent.mkdir(parents=True, exist_ok=True)
-    path.write_text(json.dumps({"hooks": {"Stop": [{"hooks": [{"type": "command",
-                                                               "command": f"{command} mailbox stop-hook"}]}]}}))
+    path.write_text(
+        json.dumps({"hooks": {"Stop": [{"hooks": [{"type": "command", "command": f"{command} mailbox stop-hook"}]}]}})
+    )
     return path
 
 
@@ -57,17 +58,21 @@ def test_a_stop_hook_is_fleetruns_when_it_runs_fleetrun_for_this_home(tmp_path: 
     assert is_stop_hook_of(f"env FLEETRUN_HOME={home} /opt/bin/fleetrun mailbox stop-hook", home, env)
     assert is_stop_hook_of(f"FLEETRUN_HOME={home} uv run fleetrun mailbox stop-hook", home, env)
     assert not is_stop_hook_of(f"FLEETRUN_HOME={tmp_path} fleetrun mailbox stop-hook", home, env)
-    for other in (f"/opt/bin/fleetrun --home {tmp_path / 'other'} mailbox stop-hook",  # another home's
-                  f"/opt/bin/notfleetrun --home {home} mailbox stop-hook",
-                  f"/opt/bin/fleetrun --home {home} mailbox read",
-                  f"/opt/bin/fleetrun --home {home} mailbox stop-hook --extra",
-                  f"/opt/bin/fleetrun --home '{home} mailbox stop-hook",  # an unclosed quote
-                  "mailbox stop-hook", ""):
+    for other in (
+        f"/opt/bin/fleetrun --home {tmp_path / 'other'} mailbox stop-hook",  # another home's
+        f"/opt/bin/notfleetrun --home {home} mailbox stop-hook",
+        f"/opt/bin/fleetrun --home {home} mailbox read",
+        f"/opt/bin/fleetrun --home {home} mailbox stop-hook --extra",
+        f"/opt/bin/fleetrun --home '{home} mailbox stop-hook",  # an unclosed quote
+        "mailbox stop-hook",
+        "",
+    ):
         assert not is_stop_hook_of(other, home, env), other
 
 
 def test_a_session_receives_only_with_the_hook_in_the_settings_it_started_with(
-        tmp_path: Path, fake_claude: Any, procs: list[subprocess.Popen[bytes]]) -> None:
+    tmp_path: Path, fake_claude: Any, procs: list[subprocess.Popen[bytes]]
+) -> None:
     home = Path(os.environ["FLEETRUN_HOME"]) if "FLEETRUN_HOME" in os.environ else tmp_path / "h"
     command = f"{PREFIX} --home {shlex.quote(str(home))}"
     root = tmp_path / "repo"
@@ -85,9 +90,11 @@ def test_a_session_receives_only_with_the_hook_in_the_settings_it_started_with(
         assert got["repo"].receives and got["repo"].sessions == (at_root.pid,)
         assert got["src"].live and not got["src"].receives
         local = nested.resolve() / ".claude" / "settings.local.json"
-        assert got["src"].problem == (f"fleetrun's Stop hook is not in {local} nor in the other settings it started "
-                                      f"with (run fleetrun role install-hooks {nested.resolve()}, then start the "
-                                      "session again)")
+        assert got["src"].problem == (
+            f"fleetrun's Stop hook is not in {local} nor in the other settings it started "
+            f"with (run fleetrun role install-hooks {nested.resolve()}, then start the "
+            "session again)"
+        )
         # written after it started: Claude Code took its hooks at the start
         time.sleep(1.5)  # not a timed assertion: the file must be newer than the session's start
         write_hook(nested, command)
@@ -104,7 +111,8 @@ def test_a_session_receives_only_with_the_hook_in_the_settings_it_started_with(
 
 
 def test_a_bound_process_that_is_no_claude_code_session_is_taken_at_its_word(
-        tmp_path: Path, procs: list[subprocess.Popen[bytes]]) -> None:
+    tmp_path: Path, procs: list[subprocess.Popen[bytes]]
+) -> None:
     p = subprocess.Popen(["sleep", "60"], cwd=str(tmp_path))
     procs.append(p)
     conn = store.connect(str(tmp_path / "state.db"))
@@ -116,10 +124,10 @@ def test_a_bound_process_that_is_no_claude_code_session_is_taken_at_its_word(
         conn.close()
 
 
-@pytest.mark.parametrize("kind", ["fifo", "device", "huge", "not-json", "array", "deep", "bad-shapes",
-                                  "disabled"])
-def test_settings_an_agent_wrote_are_read_strictly(tmp_path: Path, procs: list[subprocess.Popen[bytes]],
-                                                    kind: str) -> None:
+@pytest.mark.parametrize("kind", ["fifo", "device", "huge", "not-json", "array", "deep", "bad-shapes", "disabled"])
+def test_settings_an_agent_wrote_are_read_strictly(
+    tmp_path: Path, procs: list[subprocess.Popen[bytes]], kind: str
+) -> None:
     """The session's folder is the agent's: a settings file there that is a FIFO (no
     hang), a device, too large, not JSON, nested too deeply or of the wrong shape holds
     no hook, as Claude Code skips it; nothing raises. ``disableAllHooks`` turns the hook
@@ -142,13 +150,16 @@ def test_settings_an_agent_wrote_are_read_strictly(tmp_path: Path, procs: list[s
     elif kind == "deep":
         path.write_text("[" * 100_000 + "]" * 100_000)
     elif kind == "bad-shapes":
-        path.write_text(json.dumps({"hooks": {"Stop": ["x", {"hooks": "x"}, {"hooks": [1, {"type": "command",
-                                                                                           "command": 5}]}]}}))
+        path.write_text(
+            json.dumps({"hooks": {"Stop": ["x", {"hooks": "x"}, {"hooks": [1, {"type": "command", "command": 5}]}]}})
+        )
     else:
         path.write_text(json.dumps({"hooks": {"Stop": [{"hooks": [hook]}]}, "disableAllHooks": True}))
     # a process with the environment of a session: its user settings are an empty folder's
-    p = subprocess.Popen(["sleep", "60"], env={"HOME": str(tmp_path), "CLAUDE_CONFIG_DIR": str(tmp_path / "cfg"),
-                                               "PATH": os.environ["PATH"]})
+    p = subprocess.Popen(
+        ["sleep", "60"],
+        env={"HOME": str(tmp_path), "CLAUDE_CONFIG_DIR": str(tmp_path / "cfg"), "PATH": os.environ["PATH"]},
+    )
     procs.append(p)
     problem = session_problem(p.pid, str(folder), time.time() + 3600, home)
     assert problem is not None
@@ -159,7 +170,8 @@ def test_settings_an_agent_wrote_are_read_strictly(tmp_path: Path, procs: list[s
 
 
 def test_setting_sources_and_settings_on_the_sessions_command_line_count(
-        tmp_path: Path, fake_claude: Any, procs: list[subprocess.Popen[bytes]]) -> None:
+    tmp_path: Path, fake_claude: Any, procs: list[subprocess.Popen[bytes]]
+) -> None:
     home = tmp_path / "h"
     command = f"{PREFIX} --home {shlex.quote(str(home))}"
     folder = tmp_path / "proj"
@@ -167,8 +179,13 @@ def test_setting_sources_and_settings_on_the_sessions_command_line_count(
     fake_claude.script(default=[{"actions": [["sleep", 60]]}])
 
     def problem_of(*args: str) -> Any:
-        p = subprocess.Popen([str(Path(__file__).parent / "fakes" / "claude"), "-p", "wait", *args], cwd=str(folder),
-                             stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, stdin=subprocess.DEVNULL)
+        p = subprocess.Popen(
+            [str(Path(__file__).parent / "fakes" / "claude"), "-p", "wait", *args],
+            cwd=str(folder),
+            stdout=subprocess.DEVNULL,
+            stderr=subprocess.DEVNULL,
+            stdin=subprocess.DEVNULL,
+        )
         procs.append(p)
         deadline = time.monotonic() + 120
         while not any(s.pid == p.pid for s in scan().sessions()):  # until it is the fake
@@ -180,7 +197,9 @@ def test_setting_sources_and_settings_on_the_sessions_command_line_count(
     # its local settings left out: the hook there is not its
     assert problem_of("--setting-sources", "user,project") is not None
     # --settings adds one, as JSON or as a file (relative to where it started)
-    inline = json.dumps({"hooks": {"Stop": [{"hooks": [{"type": "command", "command": f"{command} mailbox stop-hook"}]}]}})
+    inline = json.dumps(
+        {"hooks": {"Stop": [{"hooks": [{"type": "command", "command": f"{command} mailbox stop-hook"}]}]}}
+    )
     assert problem_of("--setting-sources", "user", "--settings", inline) is None
     (folder / "s.json").write_text(inline)
     assert problem_of("--setting-sources", "user", "--settings", "s.json") is None

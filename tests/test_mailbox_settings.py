@@ -62,7 +62,8 @@ def test_install_writes_the_hooks_and_rules_to_settings_local_json(role: Path) -
     data = read(local(role))
     assert data["hooks"]["Stop"] == [{"hooks": [{"type": "command", "command": STOP, "timeout": 10}]}]
     assert data["hooks"]["PostToolUse"] == [
-        {"matcher": "Write|Edit|MultiEdit", "hooks": [{"type": "command", "command": EDIT, "timeout": 10}]}]
+        {"matcher": "Write|Edit|MultiEdit", "hooks": [{"type": "command", "command": EDIT, "timeout": 10}]}
+    ]
     assert data["permissions"] == {"allow": RULES}
     assert not (role / ".claude" / "settings.json").exists()  # the project's file is not touched
     # private: a new file 0600, a new .claude/ 0700
@@ -143,9 +144,16 @@ def test_install_merges_and_never_clobbers_the_users_own(role: Path) -> None:
 def test_install_adds_only_what_is_missing(role: Path) -> None:
     (role / ".claude").mkdir()
     # the Stop hook already there, in a group of the user's; one rule already there
-    local(role).write_text(json.dumps({"hooks": {"Stop": [{"hooks": [
-        {"type": "command", "command": "mine"}, {"type": "command", "command": STOP}]}]},
-        "permissions": {"allow": [RULES[1]]}}))
+    local(role).write_text(
+        json.dumps(
+            {
+                "hooks": {
+                    "Stop": [{"hooks": [{"type": "command", "command": "mine"}, {"type": "command", "command": STOP}]}]
+                },
+                "permissions": {"allow": [RULES[1]]},
+            }
+        )
+    )
     change = settings.install(role, CMD)
     assert len(change.added) == 3  # the PostToolUse hook and two rules
     data = read(local(role))
@@ -177,19 +185,32 @@ def test_remove_without_a_file_changes_nothing(role: Path) -> None:
 
 OTHER = "/elsewhere/fleetrun"
 HOOK_LINES = st.sampled_from(["notify-send done", "ruff format", STOP, EDIT, f"{OTHER} mailbox stop-hook", ""])
-ENTRY = st.fixed_dictionaries({"type": st.just("command"), "command": HOOK_LINES},
-                              optional={"timeout": st.integers(1, 60)})
-GROUP = st.fixed_dictionaries({"hooks": st.lists(ENTRY, max_size=3)},
-                              optional={"matcher": st.sampled_from(["", "Write", "Write|Edit|MultiEdit", "*"])})
-SETTINGS = st.fixed_dictionaries({}, optional={
-    "model": st.text(max_size=5),
-    "hooks": st.dictionaries(st.sampled_from(["Stop", "PostToolUse", "PreToolUse", "SessionStart"]),
-                             st.lists(GROUP, max_size=3), max_size=3),
-    "permissions": st.fixed_dictionaries({}, optional={
-        "allow": st.lists(st.sampled_from(["Bash(make test)", "Read", *RULES]), max_size=4),
-        "deny": st.lists(st.just("Read(./.env)"), max_size=1)}),
-    "env": st.dictionaries(st.text(max_size=3), st.text(max_size=3), max_size=2),
-})
+ENTRY = st.fixed_dictionaries(
+    {"type": st.just("command"), "command": HOOK_LINES}, optional={"timeout": st.integers(1, 60)}
+)
+GROUP = st.fixed_dictionaries(
+    {"hooks": st.lists(ENTRY, max_size=3)},
+    optional={"matcher": st.sampled_from(["", "Write", "Write|Edit|MultiEdit", "*"])},
+)
+SETTINGS = st.fixed_dictionaries(
+    {},
+    optional={
+        "model": st.text(max_size=5),
+        "hooks": st.dictionaries(
+            st.sampled_from(["Stop", "PostToolUse", "PreToolUse", "SessionStart"]),
+            st.lists(GROUP, max_size=3),
+            max_size=3,
+        ),
+        "permissions": st.fixed_dictionaries(
+            {},
+            optional={
+                "allow": st.lists(st.sampled_from(["Bash(make test)", "Read", *RULES]), max_size=4),
+                "deny": st.lists(st.just("Read(./.env)"), max_size=1),
+            },
+        ),
+        "env": st.dictionaries(st.text(max_size=3), st.text(max_size=3), max_size=2),
+    },
+)
 
 
 def without_ours(data: dict[str, Any]) -> dict[str, Any]:
@@ -260,29 +281,31 @@ def test_any_json_is_merged_or_refused_and_left_untouched(value: Any, remove: bo
 # --------------------------------------------------------------------------- refused
 
 
-@pytest.mark.parametrize("text, why", [
-    ("{not json", "is not JSON"),
-    ("", "is not JSON"),
-    ("[]", "is not a JSON object"),
-    ('{"hooks": []}', "hooks is not an object"),
-    ('{"hooks": {"Stop": {"hooks": []}}}', "hooks.Stop is not a list"),
-    ('{"hooks": {"Stop": ["cmd"]}}', "hooks.Stop[0] is not an object"),
-    ('{"hooks": {"PostToolUse": [{"matcher": "x", "hooks": "cmd"}]}}', "hooks.PostToolUse[0].hooks is not a list"),
-    ('{"hooks": {"Stop": [{"hooks": ["cmd"]}]}}', "hooks.Stop[0].hooks[0] is not an object"),
-    ('{"permissions": []}', "permissions is not an object"),
-    ('{"permissions": {"allow": "Bash"}}', "permissions.allow is not a list of strings"),
-    ('{"permissions": {"allow": [1]}}', "permissions.allow is not a list of strings"),
-    ('{"a": 1, "a": 2}', "key 'a' appears twice"),
-    ('{"a": NaN}', "is not JSON"),
-    ('{"hooks": null}', "hooks is not an object"),
-    ('{"hooks": {"Stop": null}}', "hooks.Stop is not a list"),
-    ('{"hooks": {"Stop": [{"hooks": null}]}}', "hooks.Stop[0].hooks is not a list"),
-    ('{"permissions": null}', "permissions is not an object"),
-    ('{"permissions": {"allow": null}}', "permissions.allow is not a list of strings"),
-])
+@pytest.mark.parametrize(
+    "text, why",
+    [
+        ("{not json", "is not JSON"),
+        ("", "is not JSON"),
+        ("[]", "is not a JSON object"),
+        ('{"hooks": []}', "hooks is not an object"),
+        ('{"hooks": {"Stop": {"hooks": []}}}', "hooks.Stop is not a list"),
+        ('{"hooks": {"Stop": ["cmd"]}}', "hooks.Stop[0] is not an object"),
+        ('{"hooks": {"PostToolUse": [{"matcher": "x", "hooks": "cmd"}]}}', "hooks.PostToolUse[0].hooks is not a list"),
+        ('{"hooks": {"Stop": [{"hooks": ["cmd"]}]}}', "hooks.Stop[0].hooks[0] is not an object"),
+        ('{"permissions": []}', "permissions is not an object"),
+        ('{"permissions": {"allow": "Bash"}}', "permissions.allow is not a list of strings"),
+        ('{"permissions": {"allow": [1]}}', "permissions.allow is not a list of strings"),
+        ('{"a": 1, "a": 2}', "key 'a' appears twice"),
+        ('{"a": NaN}', "is not JSON"),
+        ('{"hooks": null}', "hooks is not an object"),
+        ('{"hooks": {"Stop": null}}', "hooks.Stop is not a list"),
+        ('{"hooks": {"Stop": [{"hooks": null}]}}', "hooks.Stop[0].hooks is not a list"),
+        ('{"permissions": null}', "permissions is not an object"),
+        ('{"permissions": {"allow": null}}', "permissions.allow is not a list of strings"),
+    ],
+)
 @pytest.mark.parametrize("remove", [False, True])
-def test_a_file_of_the_wrong_shape_is_refused_and_left_untouched(role: Path, text: str, why: str,
-                                                                   remove: bool) -> None:
+def test_a_file_of_the_wrong_shape_is_refused_and_left_untouched(role: Path, text: str, why: str, remove: bool) -> None:
     (role / ".claude").mkdir()
     local(role).write_text(text)
     with pytest.raises(UsageError) as info:
@@ -327,7 +350,7 @@ def test_the_directory_must_exist_and_is_made_canonical(tmp_path: Path, role: Pa
     with pytest.raises(UsageError, match="not a directory"):
         settings.install(tmp_path / "file", CMD)
     (tmp_path / "alias").symlink_to(role)
-    change = settings.install(tmp_path / "alias" / "." , CMD)
+    change = settings.install(tmp_path / "alias" / ".", CMD)
     assert change.path == role.resolve() / ".claude" / "settings.local.json"
     assert not settings.install(role, CMD).changed  # one place, one install
 
@@ -379,7 +402,8 @@ def test_user_refuses_a_symlinked_settings_file(tmp_path: Path, role: Path) -> N
 
 
 def test_default_command_names_this_install_and_a_home_that_is_not_the_default(
-        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
     script = Path(sys.executable).parent / "fleetrun"
     assert script.exists()  # the console script of the install running the tests
     assert settings.default_command() == str(script)
@@ -393,8 +417,9 @@ def test_default_command_names_this_install_and_a_home_that_is_not_the_default(
 
 
 def test_the_default_command_runs_fleetrun(tmp_path: Path) -> None:
-    proc = subprocess.run(f"{settings.default_command(tmp_path)} --version", shell=True,
-                          capture_output=True, text=True, cwd=tmp_path)
+    proc = subprocess.run(
+        f"{settings.default_command(tmp_path)} --version", shell=True, capture_output=True, text=True, cwd=tmp_path
+    )
     assert proc.returncode == 0 and "fleetrun" in proc.stdout
 
 
@@ -441,9 +466,13 @@ def run_fake(tmp_path: Path, cwd: Path, steps: list[dict[str, Any]]) -> subproce
     env = fake_env(tmp_path)
     (tmp_path / "scenario.json").write_text(json.dumps({"default": steps}))
     env["FAKE_CLAUDE_SCENARIO"] = str(tmp_path / "scenario.json")
-    return subprocess.run([str(FAKE), "-p", "--output-format", "stream-json", "--verbose",
-                           "--permission-mode", "acceptEdits", "go"],
-                          cwd=cwd, env=env, capture_output=True, timeout=30)
+    return subprocess.run(
+        [str(FAKE), "-p", "--output-format", "stream-json", "--verbose", "--permission-mode", "acceptEdits", "go"],
+        cwd=cwd,
+        env=env,
+        capture_output=True,
+        timeout=30,
+    )
 
 
 def result(proc: subprocess.CompletedProcess[bytes]) -> dict[str, Any]:
@@ -460,8 +489,10 @@ def test_a_whole_turn_with_the_fake_claude(tmp_path: Path, role: Path) -> None:
     cmd = recorder(tmp_path)
     done, _ = hookio.report_commands("task_abc_1", cmd)
     done = done.replace("what you did, in one line", "wrote hello")
-    steps = [{"actions": [["write", "a.txt", "a"]], "result": "first turn"},
-             {"actions": [["write", "hello.txt", "hello"], ["bash", done]], "result": "reported"}]
+    steps = [
+        {"actions": [["write", "a.txt", "a"]], "result": "first turn"},
+        {"actions": [["write", "hello.txt", "hello"], ["bash", done]], "result": "reported"},
+    ]
     settings.install(role, cmd)
     proc = run_fake(tmp_path, role, steps)
     assert proc.returncode == 0, proc.stderr
@@ -469,8 +500,12 @@ def test_a_whole_turn_with_the_fake_claude(tmp_path: Path, role: Path) -> None:
     assert res["result"] == "reported" and res["permission_denials"] == []
     calls = recorded(tmp_path)
     assert [c["argv"] for c in calls] == [
-        ["role", "note-edit"], ["mailbox", "stop-hook"], ["role", "note-edit"],
-        ["mailbox", "done", "task_abc_1", "--summary", "wrote hello"], ["mailbox", "stop-hook"]]
+        ["role", "note-edit"],
+        ["mailbox", "stop-hook"],
+        ["role", "note-edit"],
+        ["mailbox", "done", "task_abc_1", "--summary", "wrote hello"],
+        ["mailbox", "stop-hook"],
+    ]
     edit = hookio.parse_post_tool_use(calls[0]["stdin"])
     assert edit.file_path == str(role / "a.txt") and edit.tool_name == "Write"
     first, second = hookio.parse_stop(calls[1]["stdin"]), hookio.parse_stop(calls[4]["stdin"])

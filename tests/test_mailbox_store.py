@@ -42,12 +42,19 @@ def procs() -> Iterator[list[subprocess.Popen[bytes]]]:
         p.wait()
 
 
-def session(fake_claude: Any, cwd: Path, procs: list[subprocess.Popen[bytes]],
-            env: Optional[dict[str, str]] = None) -> subprocess.Popen[bytes]:
+def session(
+    fake_claude: Any, cwd: Path, procs: list[subprocess.Popen[bytes]], env: Optional[dict[str, str]] = None
+) -> subprocess.Popen[bytes]:
     """A Claude Code session that stays up (the fake, run as ``python3 .../claude``)."""
     fake_claude.script(default=[{"actions": [["sleep", 60]]}])
-    p = subprocess.Popen([str(FAKE), "-p", "wait"], cwd=str(cwd), stdout=subprocess.DEVNULL,
-                         stderr=subprocess.DEVNULL, stdin=subprocess.DEVNULL, env={**os.environ, **(env or {})})
+    p = subprocess.Popen(
+        [str(FAKE), "-p", "wait"],
+        cwd=str(cwd),
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.DEVNULL,
+        stdin=subprocess.DEVNULL,
+        env={**os.environ, **(env or {})},
+    )
     procs.append(p)
     deadline = time.monotonic() + 120
     while time.monotonic() < deadline:  # until it is the fake (not the interpreter starting)
@@ -66,8 +73,9 @@ def sleeper(procs: list[subprocess.Popen[bytes]]) -> subprocess.Popen[bytes]:
 # -- roles ----------------------------------------------------------------------------
 
 
-def test_bind_is_canonical_case_insensitive_and_refuses_reserved_names(conn: sqlite3.Connection,
-                                                                       tmp_path: Path) -> None:
+def test_bind_is_canonical_case_insensitive_and_refuses_reserved_names(
+    conn: sqlite3.Connection, tmp_path: Path
+) -> None:
     real = tmp_path / "repo"
     real.mkdir()
     (tmp_path / "link").symlink_to(real)
@@ -120,8 +128,9 @@ def test_what_is_a_claude_code_session() -> None:
     assert not is_session_cmd("bash", ["bash", "-c", "claude"])
 
 
-def test_a_bound_process_keeps_its_role_live_until_it_exits(conn: sqlite3.Connection, tmp_path: Path,
-                                                            procs: list[subprocess.Popen[bytes]]) -> None:
+def test_a_bound_process_keeps_its_role_live_until_it_exits(
+    conn: sqlite3.Connection, tmp_path: Path, procs: list[subprocess.Popen[bytes]]
+) -> None:
     p = sleeper(procs)
     store.bind(conn, "relay", str(tmp_path), p.pid, start_time(p.pid))
     store.bind(conn, "stale", str(tmp_path), p.pid, (start_time(p.pid) or 0) - 100)  # a reused pid
@@ -131,8 +140,9 @@ def test_a_bound_process_keeps_its_role_live_until_it_exits(conn: sqlite3.Connec
     assert live_roles(scan(), store.roles(conn)) == {}
 
 
-def test_a_session_answers_to_the_one_role_over_its_cwd(conn: sqlite3.Connection, tmp_path: Path, fake_claude: Any,
-                                                        procs: list[subprocess.Popen[bytes]]) -> None:
+def test_a_session_answers_to_the_one_role_over_its_cwd(
+    conn: sqlite3.Connection, tmp_path: Path, fake_claude: Any, procs: list[subprocess.Popen[bytes]]
+) -> None:
     root = tmp_path / "repo"
     nested = root / "src" / "relay"
     nested.mkdir(parents=True)
@@ -156,7 +166,8 @@ def test_a_session_answers_to_the_one_role_over_its_cwd(conn: sqlite3.Connection
 
 
 def test_a_session_fleetrun_started_answers_to_no_role_and_keeps_none_live(
-        conn: sqlite3.Connection, tmp_path: Path, fake_claude: Any, procs: list[subprocess.Popen[bytes]]) -> None:
+    conn: sqlite3.Connection, tmp_path: Path, fake_claude: Any, procs: list[subprocess.Popen[bytes]]
+) -> None:
     """What fleetrun puts in the environment of the sessions it spawns (procutil.task_env)
     marks them: under a role's folder, or even bound to one by pid, they answer to none."""
     store.bind(conn, "relay", str(tmp_path))

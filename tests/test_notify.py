@@ -85,20 +85,29 @@ def test_a_long_cascade_lists_the_first_and_counts_the_rest() -> None:
 
 
 def test_a_pause_message_says_the_host_and_until_when() -> None:
-    m = batch_message([Paused("mini", 1_800_000_000.0, "usage_limit:usage limit, resumes at 09:00")],
-                      machine="box", home_opt="")
+    m = batch_message(
+        [Paused("mini", 1_800_000_000.0, "usage_limit:usage limit, resumes at 09:00")], machine="box", home_opt=""
+    )
     assert m.title.startswith("fleetrun on box: mini paused until ") and m.kind == "warning"
     assert m.body.splitlines()[0].startswith("- mini is paused until ")
     assert "nothing starts there before then: usage_limit:usage limit, resumes at 09:00" in m.body
-    both = batch_message([nh(1), Paused("mini", 1_800_000_000.0, "x"), Paused("local", 1_800_000_000.0, "x")],
-                         machine="box", home_opt="")
+    both = batch_message(
+        [nh(1), Paused("mini", 1_800_000_000.0, "x"), Paused("local", 1_800_000_000.0, "x")], machine="box", home_opt=""
+    )
     assert both.title == "fleetrun on box: t1 needs a human, 2 hosts paused"
 
 
 def test_the_run_end_message_sums_it_up() -> None:
-    m = run_end_message({"DONE": 3, "NEEDS_HUMAN": 2, "CANCELLED": 0}, exitstatus=1, duration_s=192,
-                        cost_usd=0.684, cost_unknown=False, files=["plans/tasks.toml"], machine="box",
-                        home_opt="")
+    m = run_end_message(
+        {"DONE": 3, "NEEDS_HUMAN": 2, "CANCELLED": 0},
+        exitstatus=1,
+        duration_s=192,
+        cost_usd=0.684,
+        cost_unknown=False,
+        files=["plans/tasks.toml"],
+        machine="box",
+        home_opt="",
+    )
     assert m.title == "fleetrun on box: run ended: 3 done, 2 needs_human" and m.kind == "warning"
     assert m.body.splitlines() == [
         "Exit status: 1 (some tasks need a human or were cancelled)",
@@ -120,15 +129,19 @@ def test_config_mistakes_are_errors_with_their_line_before_anything_starts(fleet
     fleeter.make_repo()
     fleeter.write_tasks('[[task]]\nname = "t1"\ncwd = "repo"\nprompt = "x"\n')
     cfg = fleeter.home / "config.toml"
-    cfg.write_text(cfg.read_text() + '[notify]\nurls = ["json://127.0.0.1:9/ok", "nosuch://tok3n@x"]\n'
-                   'events = ["needs_human", "done"]\nmin_interval = -1\n')
+    cfg.write_text(
+        cfg.read_text() + '[notify]\nurls = ["json://127.0.0.1:9/ok", "nosuch://tok3n@x"]\n'
+        'events = ["needs_human", "done"]\nmin_interval = -1\n'
+    )
     r = fleeter.run("tasks.toml")
     assert r.ret == 4, r.stdout + r.stderr
-    r.fnmatch_lines([
-        f"ERROR: {cfg}:4: notify.urls: item 2 (nosuch://...) is not a URL apprise can send to*",
-        f"ERROR: {cfg}:5: notify.events: 'done' is not one of needs_human, run_end, paused",
-        f"ERROR: {cfg}:6: notify.min_interval: must be 0 or more (seconds)",
-    ])
+    r.fnmatch_lines(
+        [
+            f"ERROR: {cfg}:4: notify.urls: item 2 (nosuch://...) is not a URL apprise can send to*",
+            f"ERROR: {cfg}:5: notify.events: 'done' is not one of needs_human, run_end, paused",
+            f"ERROR: {cfg}:6: notify.min_interval: must be 0 or more (seconds)",
+        ]
+    )
     assert "tok3n" not in r.stdout + r.stderr  # a URL's secret is not echoed
     assert fake_claude.calls() == [] and fleeter.states() == {}
     assert fleeter.run("validate", "tasks.toml").ret == 4
@@ -148,8 +161,9 @@ def test_notify_configured_without_apprise_says_what_to_install(fleeter, fake_cl
     monkeypatch.setitem(sys.modules, "apprise", None)  # `import apprise` fails, as when not installed
     r = fleeter.run("tasks.toml")
     assert r.ret == 4, r.stdout + r.stderr
-    r.fnmatch_lines([f"ERROR: {cfg}:4: notify.urls: needs apprise, which is not installed: "
-                     "pip install 'fleetrun[[]notify[]]'"])
+    r.fnmatch_lines(
+        [f"ERROR: {cfg}:4: notify.urls: needs apprise, which is not installed: pip install 'fleetrun[[]notify[]]'"]
+    )
     assert fake_claude.calls() == []
     assert fleeter.run("status").ret == 0  # the operator's verbs do not need it
 
@@ -170,11 +184,18 @@ def test_status_and_help_do_not_import_apprise_when_notify_is_configured(tmp_pat
     env = dict(os.environ, FLEETRUN_HOME=str(home), FLEETRUN_DISABLE_PLUGIN_AUTOLOAD="1")
 
     def probe(*args: str) -> dict[str, object]:
-        proc = subprocess.run([sys.executable, "-c", PROBE, *args], env=env, cwd=str(tmp_path),
-                              stdin=subprocess.DEVNULL, capture_output=True, text=True, timeout=120)
+        proc = subprocess.run(
+            [sys.executable, "-c", PROBE, *args],
+            env=env,
+            cwd=str(tmp_path),
+            stdin=subprocess.DEVNULL,
+            capture_output=True,
+            text=True,
+            timeout=120,
+        )
         lines = [ln for ln in proc.stderr.splitlines() if ln.startswith("PROBE ")]
         assert lines, (args, proc.stdout, proc.stderr)
-        return dict(json.loads(lines[-1][len("PROBE "):]))
+        return dict(json.loads(lines[-1][len("PROBE ") :]))
 
     assert probe("status") == {"code": 0, "apprise": False}
     assert probe("--help") == {"code": 0, "apprise": False}

@@ -53,8 +53,9 @@ def test_osutil_imports_only_the_standard_library() -> None:
     names = [a.name for n in ast.walk(tree) if isinstance(n, ast.Import) for a in n.names]
     names += [("." * n.level) + (n.module or "") for n in ast.walk(tree) if isinstance(n, ast.ImportFrom)]
     ours = [m for m in names if m.startswith(".") or m.split(".")[0] == "fleetrun"]
-    assert ours == [] and set(names) <= set(sys.stdlib_module_names) | {"__future__", "collections.abc"} | {
-        "psutil"}, names
+    assert ours == [] and set(names) <= set(sys.stdlib_module_names) | {"__future__", "collections.abc"} | {"psutil"}, (
+        names
+    )
 
 
 def test_process_groups_are_signalled_by_end_group_alone() -> None:
@@ -76,8 +77,9 @@ def test_process_groups_are_signalled_by_end_group_alone() -> None:
 
 def test_a_lock_held_by_another_process(tmp_path: Path) -> None:
     path = tmp_path / "x.lock"
-    holder = subprocess.Popen([sys.executable, "-c", HOLDER, str(path)], stdin=subprocess.PIPE,
-                              stdout=subprocess.PIPE, text=True)
+    holder = subprocess.Popen(
+        [sys.executable, "-c", HOLDER, str(path)], stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True
+    )
     try:
         assert holder.stdout is not None and holder.stdout.readline() == "locked\n"
         assert path.stat().st_mode & 0o777 == 0o600
@@ -112,8 +114,9 @@ def test_a_lock_held_by_another_process(tmp_path: Path) -> None:
 
 def test_a_lock_goes_with_its_holder_when_it_dies(tmp_path: Path) -> None:
     path = tmp_path / "x.lock"
-    holder = subprocess.Popen([sys.executable, "-c", HOLDER, str(path)], stdin=subprocess.PIPE,
-                              stdout=subprocess.PIPE, text=True)
+    holder = subprocess.Popen(
+        [sys.executable, "-c", HOLDER, str(path)], stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True
+    )
     assert holder.stdout is not None and holder.stdout.readline() == "locked\n"
     holder.kill()
     reap(holder)
@@ -128,8 +131,9 @@ def test_a_lock_goes_with_its_holder_when_it_dies(tmp_path: Path) -> None:
 
 def start_group(script: str) -> tuple[subprocess.Popen[bytes], list[int]]:
     """A shell in a session of its own, with a background child; :return: both pids."""
-    proc = subprocess.Popen(["/bin/sh", "-c", f"{script}; sleep 60 & echo $!; wait"], stdout=subprocess.PIPE,
-                            start_new_session=True)
+    proc = subprocess.Popen(
+        ["/bin/sh", "-c", f"{script}; sleep 60 & echo $!; wait"], stdout=subprocess.PIPE, start_new_session=True
+    )
     assert proc.stdout is not None
     child = int(proc.stdout.readline())
     return proc, [proc.pid, child]
@@ -165,8 +169,7 @@ def test_end_group_with_no_grace_is_one_sigkill() -> None:
 
 def test_end_group_kills_what_is_left_when_the_leader_has_ended() -> None:
     """The leader ended (a zombie not yet reaped): its group is ended all the same."""
-    proc = subprocess.Popen(["/bin/sh", "-c", "sleep 60 & echo $!"], stdout=subprocess.PIPE,
-                            start_new_session=True)
+    proc = subprocess.Popen(["/bin/sh", "-c", "sleep 60 & echo $!"], stdout=subprocess.PIPE, start_new_session=True)
     assert proc.stdout is not None
     child = int(proc.stdout.readline())
     assert wait_until(lambda: proc_token(proc.pid) is None)  # a zombie now
@@ -221,8 +224,9 @@ print(pid, flush=True)
 
 def test_a_detached_child_outlives_its_parent(tmp_path: Path) -> None:
     out = tmp_path / "child.out"
-    parent = subprocess.run([sys.executable, "-c", PARENT, str(out)], capture_output=True, text=True, timeout=30,
-                            start_new_session=True)
+    parent = subprocess.run(
+        [sys.executable, "-c", PARENT, str(out)], capture_output=True, text=True, timeout=30, start_new_session=True
+    )
     assert parent.returncode == 0, parent.stderr
     pid = int(parent.stdout)
     token = proc_token(pid)

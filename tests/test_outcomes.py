@@ -37,8 +37,14 @@ from fleetrun.states import State
 NOW = 1_000_000.0
 
 
-def ended(reason: Optional[str] = "exited", result: Optional[AgentResult] = None, *, state: str = "ended",
-          error: Optional[str] = None, **kw: Any) -> Ended:
+def ended(
+    reason: Optional[str] = "exited",
+    result: Optional[AgentResult] = None,
+    *,
+    state: str = "ended",
+    error: Optional[str] = None,
+    **kw: Any,
+) -> Ended:
     status: dict[str, Any] = {"state": state, "exit_code": 0}
     if reason is not None and state == "ended":
         status["reason"] = reason
@@ -75,8 +81,12 @@ RESUMED = [
     pytest.param("cancelled", None, "session_died:cancelled", id="cancelled"),
     pytest.param("stopped", None, "session_died:stopped", id="stopped"),
     pytest.param("killed", None, "session_died:killed", id="other-shepherd-reason"),
-    pytest.param("exited", failed("malformed_output:line 3: not JSON"),
-                 "session_died:malformed_output:line 3: not JSON", id="malformed_output"),
+    pytest.param(
+        "exited",
+        failed("malformed_output:line 3: not JSON"),
+        "session_died:malformed_output:line 3: not JSON",
+        id="malformed_output",
+    ),
     pytest.param("exited", failed("is_error"), "session_died:is_error", id="is_error"),
     pytest.param("exited", failed("no_result"), "session_died:no_result", id="no_result"),
     pytest.param("exited", None, "session_died:unknown", id="no-plugin-read-the-result"),
@@ -118,8 +128,9 @@ def test_nothing_to_do_once_the_task_left_running(state: State) -> None:
 def test_an_agent_that_is_not_installed_asks_a_human_at_once() -> None:
     t = decide_end(ended("start_failed:agent_not_found", error="claude: not found", no_start=3))
     assert t == Transition(State.NEEDS_HUMAN, "agent_not_found:claude: not found")  # no backoff, not "ran"
-    assert decide_end(ended("start_failed:agent_not_found")) == \
-        Transition(State.NEEDS_HUMAN, "agent_not_found:the agent cannot be run")
+    assert decide_end(ended("start_failed:agent_not_found")) == Transition(
+        State.NEEDS_HUMAN, "agent_not_found:the agent cannot be run"
+    )
 
 
 def test_rejected_arguments_ask_a_human_at_once() -> None:
@@ -130,11 +141,14 @@ def test_rejected_arguments_ask_a_human_at_once() -> None:
 @pytest.mark.parametrize("kind", ["fresh", "retry", "resume"])
 def test_an_agent_that_did_not_start_under_its_shepherd_backs_off(kind: str) -> None:
     prev = Backoff(2, NOW - 1, "start_failed")
-    t = decide_end(ended("start_failed", error="exec format error", kind=kind, no_start=1, backoff=prev,
-                         host="mini"))
+    t = decide_end(ended("start_failed", error="exec format error", kind=kind, no_start=1, backoff=prev, host="mini"))
     # RUNNING may go back only to RESUMING; the never-started count goes on
-    assert t == Transition(State.RESUMING, "start_failed:exec format error", fields={"no_start": 2},
-                           backoff=Backoff(3, NOW + backoff_delay(3), "start_failed"))
+    assert t == Transition(
+        State.RESUMING,
+        "start_failed:exec format error",
+        fields={"no_start": 2},
+        backoff=Backoff(3, NOW + backoff_delay(3), "start_failed"),
+    )
     assert decide_end(ended("start_failed")).cause == "start_failed:the agent did not start"  # type: ignore[union-attr]
 
 
@@ -173,12 +187,14 @@ def test_the_same_reset_time_is_the_same_pause() -> None:
 
 def test_rate_limited_backs_off_the_task_on_that_machine() -> None:
     t = decide_end(ended("exited", failed("rate_limited", result_text="Too many\nrequests"), resumes=RESUME_CAP))
-    assert t == Transition(State.RESUMING, "rate_limited:Too many requests", ran=True,
-                           backoff=Backoff(1, NOW + 60.0, "rate_limited"))
+    assert t == Transition(
+        State.RESUMING, "rate_limited:Too many requests", ran=True, backoff=Backoff(1, NOW + 60.0, "rate_limited")
+    )
     # after two 429s in a row: the third waits four minutes
     t = decide_end(ended("exited", failed("rate_limited"), backoff=Backoff(2, NOW, "rate_limited")))
-    assert t == Transition(State.RESUMING, "rate_limited:HTTP 429", ran=True,
-                           backoff=Backoff(3, NOW + 240.0, "rate_limited"))
+    assert t == Transition(
+        State.RESUMING, "rate_limited:HTTP 429", ran=True, backoff=Backoff(3, NOW + 240.0, "rate_limited")
+    )
     # a backoff for another cause does not count
     t = decide_end(ended("exited", failed("rate_limited"), backoff=Backoff(4, NOW, "peer_refused")))
     assert t is not None and t.backoff == Backoff(1, NOW + 60.0, "rate_limited")
@@ -194,39 +210,48 @@ def test_max_turns_reached_asks_a_human_even_with_resumes_left() -> None:
     assert t == Transition(State.NEEDS_HUMAN, "max_turns:the agent reached its --max-turns", ran=True)
 
 
-@pytest.mark.parametrize(("reason", "result", "outcome"), [
-    ("exited", OK, "ok"),
-    ("exited", failed("is_error"), "is_error"),
-    ("exited", None, "unknown"),
-    ("timeout", OK, "timeout"),
-    ("died", None, "died"),
-    (None, OK, None),
-])
+@pytest.mark.parametrize(
+    ("reason", "result", "outcome"),
+    [
+        ("exited", OK, "ok"),
+        ("exited", failed("is_error"), "is_error"),
+        ("exited", None, "unknown"),
+        ("timeout", OK, "timeout"),
+        ("died", None, "died"),
+        (None, OK, None),
+    ],
+)
 def test_the_recorded_outcome(reason: Optional[str], result: Optional[AgentResult], outcome: Optional[str]) -> None:
     assert attempt_outcome(reason, result) == outcome
 
 
-@pytest.mark.parametrize(("kind", "from_running", "back"), [
-    ("fresh", False, State.READY),
-    ("retry", False, State.RETRYING),
-    ("resume", False, State.RESUMING),
-    ("fresh", True, State.RESUMING),
-    ("retry", True, State.RESUMING),
-    ("resume", True, State.RESUMING),
-])
+@pytest.mark.parametrize(
+    ("kind", "from_running", "back"),
+    [
+        ("fresh", False, State.READY),
+        ("retry", False, State.RETRYING),
+        ("resume", False, State.RESUMING),
+        ("fresh", True, State.RESUMING),
+        ("retry", True, State.RESUMING),
+        ("resume", True, State.RESUMING),
+    ],
+)
 def test_back_state(kind: str, from_running: bool, back: State) -> None:
     assert back_state(kind, from_running) is back
     t = decide_not_started(kind, 0, None, "local", "peer_refused:busy", NOW, from_running=from_running)
-    assert t == Transition(back, "peer_refused:busy", fields={"no_start": 1},
-                           backoff=Backoff(1, NOW + backoff_delay(1), "peer_refused"))
+    assert t == Transition(
+        back, "peer_refused:busy", fields={"no_start": 1}, backoff=Backoff(1, NOW + backoff_delay(1), "peer_refused")
+    )
 
 
 def test_never_started_cap_asks_a_human() -> None:
-    t = decide_not_started("retry", NEVER_STARTED_CAP - 1, Backoff(1, NOW, "start_failed"), "mini",
-                           "start_failed:boom", NOW)
+    t = decide_not_started(
+        "retry", NEVER_STARTED_CAP - 1, Backoff(1, NOW, "start_failed"), "mini", "start_failed:boom", NOW
+    )
     assert t.to is State.NEEDS_HUMAN and t.terminal
-    assert t.cause == (f"never_started:{NEVER_STARTED_CAP} attempts in a row didn't start; "
-                       "the last was start_failed:boom on mini")
+    assert t.cause == (
+        f"never_started:{NEVER_STARTED_CAP} attempts in a row didn't start; the last was start_failed:boom on mini"
+    )
     assert t.fields == {"no_start": NEVER_STARTED_CAP}
     assert t.backoff == Backoff(2, NOW + backoff_delay(2), "start_failed")
 
@@ -255,8 +280,7 @@ def test_a_role_reporting_failure_needs_a_human_with_its_reason() -> None:
 
 
 def test_an_unclaimed_message_is_spawned_next_without_using_a_retry_or_resume() -> None:
-    t = decide_end(delivered(MAILBOX_UNCLAIMED, error="role relay did not claim it in 300s",
-                         resumes=RESUME_CAP))
+    t = decide_end(delivered(MAILBOX_UNCLAIMED, error="role relay did not claim it in 300s", resumes=RESUME_CAP))
     assert t is not None and t.to is State.RESUMING  # even with every resume used: it never ran
     assert t.cause == "mailbox_unclaimed:role relay did not claim it in 300s"
     assert dict(t.fields) == {} and t.backoff is None and not t.ran
@@ -278,5 +302,4 @@ def test_a_session_the_agent_could_not_find_is_resumed_as_a_died_one() -> None:
     what makes the next attempt fresh is that it is not offered that session
     (starting.py), not a decision here."""
     t = decide_end(ended("exited", failed("session_not_found"), resumes=1))
-    assert (t.to, t.cause, t.fields, t.ran) == (State.RESUMING, "session_died:session_not_found", {"resumes": 2},
-                                                True)
+    assert (t.to, t.cause, t.fields, t.ran) == (State.RESUMING, "session_died:session_not_found", {"resumes": 2}, True)

@@ -56,6 +56,7 @@ REQ_ORACLE: dict[str, Callable[[Candidate], bool]] = {
     "not a requirement!": lambda c: False,
 }
 
+
 def maybe(strategy: Any) -> Any:
     """None (unset, or unknown) a third of the time."""
     return st.one_of(st.none(), strategy, strategy)
@@ -79,8 +80,13 @@ def candidates(draw: Any, name: str) -> Candidate:
     return Candidate(
         name=name,
         kind="local" if name == "local" else "peer",
-        free_mem_mb=draw(maybe(st.one_of(st.sampled_from([0.0, 2048.0, 8192.0]),
-                                         st.floats(min_value=0, max_value=65536, allow_nan=False)))),
+        free_mem_mb=draw(
+            maybe(
+                st.one_of(
+                    st.sampled_from([0.0, 2048.0, 8192.0]), st.floats(min_value=0, max_value=65536, allow_nan=False)
+                )
+            )
+        ),
         load_per_core=draw(maybe(st.floats(min_value=0, max_value=4, allow_nan=False))),
         free_disk_mb=draw(maybe(st.floats(min_value=0, max_value=10**6, allow_nan=False))),
         running=draw(st.integers(0, 4)),
@@ -112,23 +118,28 @@ def backoffs(draw: Any, now: float) -> dict[str, Backoff]:
     out = {}
     for n in names:
         count = draw(st.integers(1, 12))
-        out[n] = Backoff(count, now + draw(st.sampled_from([-10.0, 0.0, 0.5, backoff_delay(count)])),
-                         draw(st.sampled_from(["peer_refused", "start_failed"])))
+        out[n] = Backoff(
+            count,
+            now + draw(st.sampled_from([-10.0, 0.0, 0.5, backoff_delay(count)])),
+            draw(st.sampled_from(["peer_refused", "start_failed"])),
+        )
     return out
 
 
 def passes(c: Candidate, requires: list[str], est: float, b: Optional[Backoff], now: float) -> bool:
     """The filter, from the issue's words, written without looking at why_not."""
-    return (c.why_not is None and c.status == "live" and c.fresh and not c.drain
-            and not (b is not None and b.until > now)
-            and c.running < c.max_tasks
-            and (c.min_free_mem_mb is None
-                 or (c.free_mem_mb is not None and c.free_mem_mb - est >= c.min_free_mem_mb))
-            and (c.max_load_per_core is None
-                 or (c.load_per_core is not None and c.load_per_core <= c.max_load_per_core))
-            and (c.min_free_disk_mb is None
-                 or (c.free_disk_mb is not None and c.free_disk_mb >= c.min_free_disk_mb))
-            and all(REQ_ORACLE[r](c) for r in requires))
+    return (
+        c.why_not is None
+        and c.status == "live"
+        and c.fresh
+        and not c.drain
+        and not (b is not None and b.until > now)
+        and c.running < c.max_tasks
+        and (c.min_free_mem_mb is None or (c.free_mem_mb is not None and c.free_mem_mb - est >= c.min_free_mem_mb))
+        and (c.max_load_per_core is None or (c.load_per_core is not None and c.load_per_core <= c.max_load_per_core))
+        and (c.min_free_disk_mb is None or (c.free_disk_mb is not None and c.free_disk_mb >= c.min_free_disk_mb))
+        and all(REQ_ORACLE[r](c) for r in requires)
+    )
 
 
 def after(c: Candidate, est: float) -> float:
@@ -142,12 +153,19 @@ def after(c: Candidate, est: float) -> float:
     pin=st.one_of(st.none(), st.none(), st.none(), st.sampled_from([*NAMES, "elsewhere"])),
     data=st.data(),
 )
-def test_decide_over_generated_fleets(fleet: list[Candidate], requires: list[str], pin: Optional[str],
-                                      data: Any) -> None:
+def test_decide_over_generated_fleets(
+    fleet: list[Candidate], requires: list[str], pin: Optional[str], data: Any
+) -> None:
     now = 1_000_000.0
     backoff = data.draw(backoffs(now))
-    est_map = data.draw(st.one_of(st.none(), st.fixed_dictionaries(
-        {}, optional={n: st.floats(min_value=0, max_value=4096, allow_nan=False) for n in NAMES})))
+    est_map = data.draw(
+        st.one_of(
+            st.none(),
+            st.fixed_dictionaries(
+                {}, optional={n: st.floats(min_value=0, max_value=4096, allow_nan=False) for n in NAMES}
+            ),
+        )
+    )
     before = copy.deepcopy(fleet)
     result = decide(requires, fleet, backoff, now, pin=pin, est_mem_mb=est_map)
     assert fleet == before  # pure: the candidates are not touched
@@ -194,9 +212,17 @@ def test_decide_over_generated_fleets(fleet: list[Candidate], requires: list[str
             assert all(why in result.operator for why in stuck if why is not None)
         if result.operator and pool:
             for c in pool:  # each reason a person must clear, from the issue's words
-                assert (c.drain or c.max_tasks <= 0 or (c.why_not is not None and c.why_not_needs_operator)
-                        or (c.status == "live" and c.fresh and c.why_not is None
-                            and not all(REQ_ORACLE[r](c) for r in requires)))
+                assert (
+                    c.drain
+                    or c.max_tasks <= 0
+                    or (c.why_not is not None and c.why_not_needs_operator)
+                    or (
+                        c.status == "live"
+                        and c.fresh
+                        and c.why_not is None
+                        and not all(REQ_ORACLE[r](c) for r in requires)
+                    )
+                )
 
 
 @settings(max_examples=200)
@@ -251,8 +277,10 @@ def test_reasons_in_the_seeds_words() -> None:
 
     now = 5000.0
     w = decide([], [draining, Candidate("mini", kind="peer")], {"mini": Backoff(3, now + 7, "peer_refused")}, now)
-    assert w == Wait("this machine is draining; mini didn't start the last 3 attempt(s) (peer_refused); "
-                     "backing off 20s", until=now + 7)
+    assert w == Wait(
+        "this machine is draining; mini didn't start the last 3 attempt(s) (peer_refused); backing off 20s",
+        until=now + 7,
+    )
 
 
 def test_a_wait_only_a_person_can_clear_is_told_apart() -> None:
@@ -269,31 +297,55 @@ def test_a_wait_only_a_person_can_clear_is_told_apart() -> None:
     assert w.operator == "this machine lacks `gpu`"
     assert decide([], [Candidate("local", drain=True)]).operator == "this machine is draining"
     assert decide([], [Candidate("local", max_tasks=0)]).operator == "this machine is running 0 of 0 tasks"
-    assert decide([], [Candidate("local", why_not="has no fleetrun", why_not_needs_operator=True)]).operator == \
-        "this machine has no fleetrun"
+    assert (
+        decide([], [Candidate("local", why_not="has no fleetrun", why_not_needs_operator=True)]).operator
+        == "this machine has no fleetrun"
+    )
     # a peer not heard from may not have told its tags yet: not a reason to give up
     assert decide(["gpu"], [Candidate("mini", kind="peer", status="never", fresh=False)]).operator is None
-    assert decide([], [Candidate("local", drain=True), Candidate("mini", kind="peer", running=1, max_tasks=1)]
-                  ).operator is None
-    assert decide([], [Candidate("local")], pin="mini").operator == \
-        "pinned to peer 'mini', which is not paired (fleetrun relay add mini USER@HOST)"
+    assert (
+        decide([], [Candidate("local", drain=True), Candidate("mini", kind="peer", running=1, max_tasks=1)]).operator
+        is None
+    )
+    assert (
+        decide([], [Candidate("local")], pin="mini").operator
+        == "pinned to peer 'mini', which is not paired (fleetrun relay add mini USER@HOST)"
+    )
     assert decide([], []).operator == "no machine can take tasks"
 
 
 def test_other_reasons() -> None:
-    assert why_not(Candidate("mini", kind="peer", status="never", fresh=False), [], 0, None, 0) == \
-        "mini has never been heard from"
-    assert why_not(Candidate("mini", kind="peer", why_not="could not be reached: timed out"), [], 0, None, 0) == \
-        "mini could not be reached: timed out"
+    assert (
+        why_not(Candidate("mini", kind="peer", status="never", fresh=False), [], 0, None, 0)
+        == "mini has never been heard from"
+    )
+    assert (
+        why_not(Candidate("mini", kind="peer", why_not="could not be reached: timed out"), [], 0, None, 0)
+        == "mini could not be reached: timed out"
+    )
     c = Candidate("local", free_mem_mb=3000.7, min_free_mem_mb=2048, mem_per_task_mb=1024)
-    assert why_not(c, [], 1024, None, 0) == "this machine has 3000 MB free; a task needs 1024 MB above the floor of 2048 MB"
-    assert why_not(Candidate("local", min_free_mem_mb=0), [], 0, None, 0) == "this machine has not reported its free memory"
-    assert why_not(Candidate("local", load_per_core=2.25, max_load_per_core=1.5), [], 0, None, 0) == \
-        "this machine is loaded 2.25/core (limit 1.5)"
-    assert why_not(Candidate("local", max_load_per_core=1.5), [], 0, None, 0) == "this machine has not reported its load"
-    assert why_not(Candidate("local", free_disk_mb=100, min_free_disk_mb=5120), [], 0, None, 0) == \
-        "this machine has 100 MB of disk free (floor 5120 MB)"
-    assert why_not(Candidate("local", min_free_disk_mb=1), [], 0, None, 0) == "this machine has not reported its free disk"
+    assert (
+        why_not(c, [], 1024, None, 0)
+        == "this machine has 3000 MB free; a task needs 1024 MB above the floor of 2048 MB"
+    )
+    assert (
+        why_not(Candidate("local", min_free_mem_mb=0), [], 0, None, 0)
+        == "this machine has not reported its free memory"
+    )
+    assert (
+        why_not(Candidate("local", load_per_core=2.25, max_load_per_core=1.5), [], 0, None, 0)
+        == "this machine is loaded 2.25/core (limit 1.5)"
+    )
+    assert (
+        why_not(Candidate("local", max_load_per_core=1.5), [], 0, None, 0) == "this machine has not reported its load"
+    )
+    assert (
+        why_not(Candidate("local", free_disk_mb=100, min_free_disk_mb=5120), [], 0, None, 0)
+        == "this machine has 100 MB of disk free (floor 5120 MB)"
+    )
+    assert (
+        why_not(Candidate("local", min_free_disk_mb=1), [], 0, None, 0) == "this machine has not reported its free disk"
+    )
     assert why_not(Candidate("local"), ["docker", "node>=22"], 0, None, 0) == "this machine lacks `docker`, `node>=22`"
     assert why_not(Candidate("local", max_tasks=0), [], 0, None, 0) == "this machine is running 0 of 0 tasks"
     # an expired backoff is no reason
@@ -312,8 +364,9 @@ def test_reason_shape_blanks_only_measurements() -> None:
     assert reason_shape(a) != reason_shape(a.replace("900", "800"))  # the floor is policy, not a measurement
     assert reason_shape("x has 3 MB of disk free (floor 9 MB)") == "x has # MB of disk free (floor 9 MB)"
     assert reason_shape("mini is running 2 of 2 tasks") == "mini is running 2 of 2 tasks"
-    assert reason_shape("mini didn't start the last 3 attempt(s) (peer_refused); backing off 20s") != \
-        reason_shape("mini didn't start the last 4 attempt(s) (peer_refused); backing off 40s")
+    assert reason_shape("mini didn't start the last 3 attempt(s) (peer_refused); backing off 20s") != reason_shape(
+        "mini didn't start the last 4 attempt(s) (peer_refused); backing off 40s"
+    )
 
 
 # -- backoff ---------------------------------------------------------------------------------
@@ -328,8 +381,11 @@ def test_backoff_delay_sequence() -> None:
 def test_backoff_reason_is_steady_while_it_runs_down() -> None:
     c = Candidate("mini", kind="peer")
     b = Backoff(2, 100.0, "start_failed")
-    assert why_not(c, [], 0, b, 91.0) == why_not(c, [], 0, b, 99.5) == \
-        "mini didn't start the last 2 attempt(s) (start_failed); backing off 10s"
+    assert (
+        why_not(c, [], 0, b, 91.0)
+        == why_not(c, [], 0, b, 99.5)
+        == "mini didn't start the last 2 attempt(s) (start_failed); backing off 10s"
+    )
 
 
 def test_another_machine_takes_the_task_during_a_backoff() -> None:
@@ -342,24 +398,47 @@ def test_another_machine_takes_the_task_during_a_backoff() -> None:
 # -- requires --------------------------------------------------------------------------------
 
 MACHINE = Candidate(
-    "mini", kind="peer", tags=frozenset({"docker", "gpu"}),
+    "mini",
+    kind="peer",
+    tags=frozenset({"docker", "gpu"}),
     tools={"node": "22.3.0", "git": "2.43.0", "cargo": None, "claude": "2.1.301", "python3": "3.9.6"},
     auth=frozenset({"claude"}),
 )
 
 
-@pytest.mark.parametrize(("req", "met"), [
-    ("docker", True), ("gpu", True), ("tpu", False),
-    ("node", True), ("cargo", True), ("nosuchtool", False),
-    ("node>=22", True), ("node>=22.3", True), ("node>=22.3.0", True), ("node>=22.3.1", False),
-    ("node>=23", False), ("node >= 18", True), ("git>=2", True), ("git>=2.44", False),
-    ("python3>=3.10", False), ("python3>=3.9", True),  # 3.9 < 3.10: compared as numbers
-    ("cargo>=1", False),  # present, version unknown: an unknown is never plenty
-    ("docker>=1", False),  # a tag has no version
-    ("claude:auth", True), ("node:auth", False), ("docker:auth", False),
-    ("", False), ("node>=", False), (">=22", False), ("node>22", False), ("node==22", False),
-    ("claude: auth", False), ("two words", False),
-])
+@pytest.mark.parametrize(
+    ("req", "met"),
+    [
+        ("docker", True),
+        ("gpu", True),
+        ("tpu", False),
+        ("node", True),
+        ("cargo", True),
+        ("nosuchtool", False),
+        ("node>=22", True),
+        ("node>=22.3", True),
+        ("node>=22.3.0", True),
+        ("node>=22.3.1", False),
+        ("node>=23", False),
+        ("node >= 18", True),
+        ("git>=2", True),
+        ("git>=2.44", False),
+        ("python3>=3.10", False),
+        ("python3>=3.9", True),  # 3.9 < 3.10: compared as numbers
+        ("cargo>=1", False),  # present, version unknown: an unknown is never plenty
+        ("docker>=1", False),  # a tag has no version
+        ("claude:auth", True),
+        ("node:auth", False),
+        ("docker:auth", False),
+        ("", False),
+        ("node>=", False),
+        (">=22", False),
+        ("node>22", False),
+        ("node==22", False),
+        ("claude: auth", False),
+        ("two words", False),
+    ],
+)
 def test_requirement_met(req: str, met: bool) -> None:
     assert requirement_met(req, MACHINE) is met
 
@@ -376,16 +455,19 @@ def test_parse_requirement() -> None:
 # -- probing tools ---------------------------------------------------------------------------
 
 
-@pytest.mark.parametrize(("text", "version"), [
-    ("git version 2.43.0\n", "2.43.0"),
-    ("Python 3.11.7\n", "3.11.7"),
-    ("v22.3.0\n", "22.3.0"),
-    ("cargo 1.75.0 (1d8b05cdd 2023-11-20)\n", "1.75.0"),
-    ("2.1.301 (Claude Code)\n", "2.1.301"),
-    ("tool v18\n", "18"),
-    ("no version here\n", None),
-    ("built for x86_64 1.2\n", "1.2"),
-])
+@pytest.mark.parametrize(
+    ("text", "version"),
+    [
+        ("git version 2.43.0\n", "2.43.0"),
+        ("Python 3.11.7\n", "3.11.7"),
+        ("v22.3.0\n", "22.3.0"),
+        ("cargo 1.75.0 (1d8b05cdd 2023-11-20)\n", "1.75.0"),
+        ("2.1.301 (Claude Code)\n", "2.1.301"),
+        ("tool v18\n", "18"),
+        ("no version here\n", None),
+        ("built for x86_64 1.2\n", "1.2"),
+    ],
+)
 def test_parse_version(text: str, version: Optional[str]) -> None:
     assert parse_version(text) == version
 
@@ -411,8 +493,9 @@ def bindir(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Path:
 
 def test_probe_versions(bindir: Path) -> None:
     t0 = time.monotonic()
-    found = probe_versions({n: n for n in ["mytool", "noversion", "failing", "slow", "stderrtool", "absent"]},
-                           timeout=3.0)
+    found = probe_versions(
+        {n: n for n in ["mytool", "noversion", "failing", "slow", "stderrtool", "absent"]}, timeout=3.0
+    )
     # the slow one is given up on, not waited for (3 s: a loaded machine may take a second
     # or two to run even the quick ones, which must all be found)
     assert time.monotonic() - t0 < 30
@@ -493,17 +576,26 @@ def test_memory_sampler_mean_of_peaks() -> None:
     now = 1000.0
     assert s.estimate() is None
     running = {"state": "running"}
-    s.sample([("a1", {**running, "agent_pid": 101, "agent_started": now - 60}),
-              ("a2", {**running, "agent_pid": 102, "agent_started": now - 60}),
-              ("a3", {**running, "agent_pid": 103, "agent_started": now - 1}),  # too young yet
-              ("a4", {"state": "starting", "agent_pid": None}),
-              ("a5", {**running, "agent_pid": 104, "agent_started": now - 60})],  # gone: unmeasured
-             now)
+    s.sample(
+        [
+            ("a1", {**running, "agent_pid": 101, "agent_started": now - 60}),
+            ("a2", {**running, "agent_pid": 102, "agent_started": now - 60}),
+            ("a3", {**running, "agent_pid": 103, "agent_started": now - 1}),  # too young yet
+            ("a4", {"state": "starting", "agent_pid": None}),
+            ("a5", {**running, "agent_pid": 104, "agent_started": now - 60}),
+        ],  # gone: unmeasured
+        now,
+    )
     assert s.estimate() == 400.0
     rss[101] = 100.0  # a peak is kept
     rss[102] = 700.0
-    s.sample([("a1", {**running, "agent_pid": 101, "agent_started": now - 60}),
-              ("a2", {**running, "agent_pid": 102, "agent_started": now - 60})], now + 1)
+    s.sample(
+        [
+            ("a1", {**running, "agent_pid": 101, "agent_started": now - 60}),
+            ("a2", {**running, "agent_pid": 102, "agent_started": now - 60}),
+        ],
+        now + 1,
+    )
     assert s.estimate() == 500.0
     for i in range(plugin.KEEP_PEAKS + 5):
         s.sample([(f"b{i}", {**running, "agent_pid": 103, "agent_started": 0})], now)
@@ -511,8 +603,13 @@ def test_memory_sampler_mean_of_peaks() -> None:
 
 
 class FakeConfig:
-    def __init__(self, home: Path, settings: Optional[dict[str, Any]] = None, policy: Optional[Policy] = None,
-                 max_tasks: Optional[int] = None) -> None:
+    def __init__(
+        self,
+        home: Path,
+        settings: Optional[dict[str, Any]] = None,
+        policy: Optional[Policy] = None,
+        max_tasks: Optional[int] = None,
+    ) -> None:
         self.home = home
         self.stash = Stash()
         if policy:
@@ -533,8 +630,16 @@ class FakeConfig:
 
 
 def test_this_machine_as_a_candidate(tmp_path: Path) -> None:
-    pol = Policy(local=LocalPolicy(max_tasks=3, min_free_mem_mb=100, max_load_per_core=2.0,
-                                   min_free_disk_mb=10, mem_per_task_mb=900, drain=False))
+    pol = Policy(
+        local=LocalPolicy(
+            max_tasks=3,
+            min_free_mem_mb=100,
+            max_load_per_core=2.0,
+            min_free_disk_mb=10,
+            mem_per_task_mb=900,
+            drain=False,
+        )
+    )
     cfg = FakeConfig(tmp_path / "not-yet", {"relay": {"tags": ["docker", 7]}}, pol)
     c = plugin.local_candidate(cfg)
     assert (c.name, c.kind, c.max_tasks, c.running, c.drain) == ("local", "local", 3, 0, False)
@@ -560,8 +665,14 @@ def test_this_machine_as_a_candidate(tmp_path: Path) -> None:
 
 def test_configured_tools() -> None:
     cfg = FakeConfig(Path("/x"), {"relay": {"tools": ["docker"]}, "claude": {"executable": "/opt/claude"}})
-    assert plugin.configured_tools(cfg) == {"claude": "/opt/claude", "git": "git", "cargo": "cargo",
-                                            "python3": "python3", "node": "node", "docker": "docker"}
+    assert plugin.configured_tools(cfg) == {
+        "claude": "/opt/claude",
+        "git": "git",
+        "cargo": "cargo",
+        "python3": "python3",
+        "node": "node",
+        "docker": "docker",
+    }
 
 
 class FakeTask:
@@ -610,17 +721,26 @@ def test_a_waiting_reason_holds_still_while_memory_moves(tmp_path: Path) -> None
     first = place(3000).reason
     assert first == "this machine has 3000 MB free; a task needs 1024 MB above the floor of 5000 MB"
     assert place(2950).reason == first  # the same reason: shown once
-    assert place(2950, floor=4000).reason == \
-        "this machine has 2950 MB free; a task needs 1024 MB above the floor of 4000 MB"  # policy changed
+    assert (
+        place(2950, floor=4000).reason
+        == "this machine has 2950 MB free; a task needs 1024 MB above the floor of 4000 MB"
+    )  # policy changed
     assert isinstance(place(9000), Placement)
     assert place(2000).reason.startswith("this machine has 2000 MB free")  # a new wait, fresh figures
 
 
 @settings(max_examples=200)
-@given(fleet=fleets(), queue=st.lists(st.tuples(
-    st.one_of(st.just(()), st.lists(st.sampled_from(sorted(REQ_ORACLE)), max_size=2).map(tuple)),
-    st.one_of(st.none(), st.none(), st.sampled_from(NAMES)),
-    st.booleans()), max_size=25))
+@given(
+    fleet=fleets(),
+    queue=st.lists(
+        st.tuples(
+            st.one_of(st.just(()), st.lists(st.sampled_from(sorted(REQ_ORACLE)), max_size=2).map(tuple)),
+            st.one_of(st.none(), st.none(), st.sampled_from(NAMES)),
+            st.booleans(),
+        ),
+        max_size=25,
+    ),
+)
 def test_one_pass_remembers_nothing_decide_would_not_say(fleet: list[Candidate], queue: list[Any]) -> None:
     """Through the plugin's per-pass memory, a pass places and waits exactly as decide does."""
     direct, memo = copy.deepcopy(fleet), copy.deepcopy(fleet)
@@ -710,7 +830,8 @@ def test_filters_and_scores_keep_every_built_in_check() -> None:
     mini = Candidate("mini", kind="peer", free_mem_mb=2000, tags=frozenset({"gpu"}))
     assert decide(["gpu"], [local, mini], extra_score=score).host == "mini"
     assert decide(["no-such-tool"], [local], extra_score=score) == Wait(
-        "this machine lacks `no-such-tool`", operator="this machine lacks `no-such-tool`")
+        "this machine lacks `no-such-tool`", operator="this machine lacks `no-such-tool`"
+    )
     now = time.time()
     assert decide([], [local, mini], {"local": Backoff(1, now + 60)}, now, extra_score=score).host == "mini"
     assert decide([], [local, mini], pin="mini", extra_score=score).host == "mini"
@@ -756,8 +877,10 @@ def test_the_place_plugin_calls_the_filter_and_score_hooks(tmp_path: Path) -> No
     gpu = FakeTask("t3", requires=["gpu"])
     got = _place_with(cfg, gpu, [local])
     assert got == Wait("this machine is kept free of GPU tasks", operator="this machine is kept free of GPU tasks")
-    assert _place_with(cfg, FakeTask("t4", requires=["no-such-tool"]), [local, studio]).reason == \
-        "this machine lacks `no-such-tool`; studio lacks `no-such-tool`"
+    assert (
+        _place_with(cfg, FakeTask("t4", requires=["no-such-tool"]), [local, studio]).reason
+        == "this machine lacks `no-such-tool`; studio lacks `no-such-tool`"
+    )
     # a retry goes back to its machine, whatever the score says
     from fleetrun.states import State
 

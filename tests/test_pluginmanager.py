@@ -77,7 +77,7 @@ ENVIRONMENT_PLUGINS = {ep.name for ep in metadata.entry_points(group="fleetrun")
 def plugins_of(result: Any) -> list[str]:
     """The plugin names ``fleetrun --version`` printed (but the environment's own)."""
     line = next(line for line in result.outlines if line.startswith("plugins: "))
-    return [n for n in line[len("plugins: "):].split(", ") if n not in ENVIRONMENT_PLUGINS]
+    return [n for n in line[len("plugins: ") :].split(", ") if n not in ENVIRONMENT_PLUGINS]
 
 
 def write_module(folder: Path, name: str, text: str) -> Path:
@@ -142,8 +142,7 @@ def test_each_tasks_file_brings_its_fleetconfs_once(fleeter: Any) -> None:
     result = fleeter.run("validate", "repo/a/tasks.toml", "repo/b/tasks.toml")
     assert result.ret == 0, result.stderr
     assert [line for line in read_log(log) if line.startswith("load")] == ["load root", "load a", "load b"]
-    assert sorted(read_log(log)) == ["configure a", "configure b", "configure root", "load a", "load b",
-                                     "load root"]
+    assert sorted(read_log(log)) == ["configure a", "configure b", "configure root", "load a", "load b", "load root"]
 
 
 def test_fleetconf_hooks_run_in_a_run(fleeter: Any) -> None:
@@ -157,22 +156,23 @@ def test_fleetconf_hooks_run_in_a_run(fleeter: Any) -> None:
     fleeter.write_tasks(echo_tasks("a"))
     result = fleeter.run("tasks.toml")
     assert result.ret == 0, result.stdout + result.stderr
-    result.fnmatch_lines([
-        "fleetrun * -- plugins: *, fleetconf*",
-        "fleetconf header line",
-        "collected 1 task",
-        "*a DONE*",
-        "fleetconf summary: 0 {'DONE': 1}",
-        "=== 1 done in *",
-    ], stream="out")
+    result.fnmatch_lines(
+        [
+            "fleetrun * -- plugins: *, fleetconf*",
+            "fleetconf header line",
+            "collected 1 task",
+            "*a DONE*",
+            "fleetconf summary: 0 {'DONE': 1}",
+            "=== 1 done in *",
+        ],
+        stream="out",
+    )
 
 
 def test_report_header_lines_outermost_fleetconf_first(fleeter: Any) -> None:
     fleeter.make_repo("repo")
-    fleeter.write_fleetconf('def fleetrun_report_header(config):\n    return ["header: repo"]\n',
-                            folder="repo")
-    fleeter.write_fleetconf('def fleetrun_report_header(config):\n    return ["header: sub"]\n',
-                            folder="repo/sub")
+    fleeter.write_fleetconf('def fleetrun_report_header(config):\n    return ["header: repo"]\n', folder="repo")
+    fleeter.write_fleetconf('def fleetrun_report_header(config):\n    return ["header: sub"]\n', folder="repo/sub")
     fleeter.write_tasks(echo_tasks("a"), name="repo/sub/tasks.toml")
     result = fleeter.run("repo/sub/tasks.toml")
     assert result.ret == 0, result.stdout + result.stderr
@@ -182,12 +182,15 @@ def test_report_header_lines_outermost_fleetconf_first(fleeter: Any) -> None:
 
 def test_fleetconf_imports_a_helper_next_to_it(fleeter: Any) -> None:
     fleeter.write("proj/fleet_helpers_for_test.py", 'LINE = "from a helper module"\n')
-    fleeter.write_fleetconf("""
+    fleeter.write_fleetconf(
+        """
         from fleet_helpers_for_test import LINE
 
         def fleetrun_report_header(config):
             return [LINE]
-    """, folder="proj")
+    """,
+        folder="proj",
+    )
     fleeter.write_tasks(echo_tasks("a"), name="proj/tasks.toml")
     result = fleeter.run("validate", "proj/tasks.toml")
     assert result.ret == 0, result.stderr
@@ -239,8 +242,7 @@ def test_task_keys_in_fleetconf_makes_a_key_valid(fleeter: Any) -> None:
     fleeter.write_tasks(echo_tasks("a", extra="ticket = 5\n"))
     wrong = fleeter.run("validate")
     assert wrong.ret == 4
-    wrong.fnmatch_lines(["ERROR: tasks.toml:*: task 'a': ticket: must be a string, not the number 5"],
-                        stream="err")
+    wrong.fnmatch_lines(["ERROR: tasks.toml:*: task 'a': ticket: must be a string, not the number 5"], stream="err")
 
 
 @pytest.mark.parametrize("style", ["wrapper", "tryfirst"])
@@ -370,15 +372,22 @@ def test_work_loads_the_fleetconfs_of_queued_tasks(fleeter: Any) -> None:
 # errors in fleetconf.py and in hook implementations
 
 
-@pytest.mark.parametrize(("source", "line", "pattern"), [
-    ("import os\n\nimport nonexistent_mod\n", 3,
-     "cannot import fleetconf.py: ModuleNotFoundError: No module named 'nonexistent_mod'"),
-    ("x = 1\ndef broken(:\n    pass\n", 2, "syntax error in fleetconf.py: *"),
-    ("x = 1\nraise RuntimeError('boom')\n", 2, "cannot import fleetconf.py: RuntimeError: boom"),
-], ids=["import-error", "syntax-error", "raises"])
+@pytest.mark.parametrize(
+    ("source", "line", "pattern"),
+    [
+        (
+            "import os\n\nimport nonexistent_mod\n",
+            3,
+            "cannot import fleetconf.py: ModuleNotFoundError: No module named 'nonexistent_mod'",
+        ),
+        ("x = 1\ndef broken(:\n    pass\n", 2, "syntax error in fleetconf.py: *"),
+        ("x = 1\nraise RuntimeError('boom')\n", 2, "cannot import fleetconf.py: RuntimeError: boom"),
+    ],
+    ids=["import-error", "syntax-error", "raises"],
+)
 def test_broken_fleetconf_is_a_usage_error(fleeter: Any, source: str, line: int, pattern: str) -> None:
     fleeter.write_tasks(echo_tasks("a"))
-    conf = (fleeter.path / "fleetconf.py")
+    conf = fleeter.path / "fleetconf.py"
     conf.write_text(source)
     for args in (["validate"], ["tasks.toml"]):
         result = fleeter.run(*args)
@@ -393,12 +402,15 @@ def test_broken_fleetconf_is_a_usage_error(fleeter: Any, source: str, line: int,
 @pytest.mark.parametrize("marked", [False, True], ids=["unmarked", "marked"])
 def test_misspelt_hook_in_fleetconf(fleeter: Any, marked: bool) -> None:
     fleeter.write_tasks(echo_tasks("a"))
-    conf = fleeter.write_fleetconf(("import fleetrun\n\n@fleetrun.hookimpl\n" if marked else "")
-                                   + "def fleetrun_colect_file(file_path, config, keys):\n    return None\n")
+    conf = fleeter.write_fleetconf(
+        ("import fleetrun\n\n@fleetrun.hookimpl\n" if marked else "")
+        + "def fleetrun_colect_file(file_path, config, keys):\n    return None\n"
+    )
     result = fleeter.run("validate")
     assert result.ret == 4, result.stdout + result.stderr
     assert result.errlines == [
-        f"ERROR: {conf.resolve()}: unknown hook fleetrun_colect_file (did you mean fleetrun_collect_file?)"]
+        f"ERROR: {conf.resolve()}: unknown hook fleetrun_colect_file (did you mean fleetrun_collect_file?)"
+    ]
 
 
 def test_misspelt_hook_in_a_plugin_object(fleeter: Any) -> None:
@@ -409,8 +421,7 @@ def test_misspelt_hook_in_a_plugin_object(fleeter: Any) -> None:
     fleeter.write_tasks(echo_tasks("a"))
     result = fleeter.run("validate", plugins=[Typo()])
     assert result.ret == 4
-    result.fnmatch_lines(["ERROR: *unknown hook fleetrun_confgure (did you mean fleetrun_configure?)"],
-                         stream="err")
+    result.fnmatch_lines(["ERROR: *unknown hook fleetrun_confgure (did you mean fleetrun_configure?)"], stream="err")
 
 
 def test_hookimpl_argument_the_spec_lacks(fleeter: Any) -> None:
@@ -424,15 +435,14 @@ def test_hookimpl_argument_the_spec_lacks(fleeter: Any) -> None:
     """)
     result = fleeter.run("validate")
     assert result.ret == 4, result.stdout + result.stderr
-    result.fnmatch_lines([f"ERROR: {conf.resolve()}: invalid hook implementation: *fleetrun_configure*"],
-                         stream="err")
+    result.fnmatch_lines([f"ERROR: {conf.resolve()}: invalid hook implementation: *fleetrun_configure*"], stream="err")
     assert "bogus" in result.stderr
     assert "Traceback" not in result.stderr
 
 
-
-@pytest.mark.parametrize("args", [["validate"], ["tasks.toml"], ["work", "--until-idle"]],
-                         ids=["validate", "run", "work"])
+@pytest.mark.parametrize(
+    "args", [["validate"], ["tasks.toml"], ["work", "--until-idle"]], ids=["validate", "run", "work"]
+)
 def test_addoption_in_a_fleetconf_is_a_usage_error(fleeter: Any, args: list[str]) -> None:
     """A fleetconf.py is imported once the command line is parsed: an option it added
     would never exist, so its fleetrun_addoption is an error (as fleetrun_verbs is),
@@ -448,7 +458,8 @@ def test_addoption_in_a_fleetconf_is_a_usage_error(fleeter: Any, args: list[str]
     assert result.ret == 4, result.stdout + result.stderr
     assert result.errlines == [
         f"ERROR: {conf.resolve()}: fleetrun_addoption: a fleetconf.py is loaded after the command line is "
-        "parsed and cannot add options; put it in a plugin (-p MODULE or an installed one)"]
+        "parsed and cannot add options; put it in a plugin (-p MODULE or an installed one)"
+    ]
     assert result.outlines == []
     if args[0] == "work":
         assert fleeter.states() == {"a": "READY"}  # nothing ran
@@ -466,7 +477,8 @@ def test_a_plugin_name_taken_by_another_plugin_is_a_usage_error(fleeter: Any) ->
     assert result.ret == 4, result.stdout + result.stderr
     assert result.errlines == [
         f"ERROR: {mine.__file__}: plugin name 'worktree' is taken by fleetrun.plugins.worktree; "
-        "register this plugin under another name"]
+        "register this plugin under another name"
+    ]
 
 
 # ---------------------------------------------------------------------------------
@@ -559,8 +571,7 @@ def test_p_module_from_pythonpath(fleeter: Any) -> None:
 
     result = fleeter.runsub("-p", "lifecycle_plugin", "tasks.toml", "--greeting", "hi", env=env)
     assert result.ret == 0, result.stdout + result.stderr
-    assert read_log(log) == ["configure run greeting=hi", "sessionstart ['a', 'b']", "sessionfinish 0",
-                             "unconfigure"]
+    assert read_log(log) == ["configure run greeting=hi", "sessionstart ['a', 'b']", "sessionfinish 0", "unconfigure"]
 
     # without -p the option does not exist
     plain = fleeter.runsub("tasks.toml", "--greeting", "hi", env=env)
@@ -571,13 +582,17 @@ def test_p_module_from_pythonpath(fleeter: Any) -> None:
 def test_fleetrun_plugins_env(fleeter: Any) -> None:
     mods = fleeter.path.parent / "mods"
     write_module(mods, "lifecycle_plugin", LIFECYCLE_PLUGIN)
-    write_module(mods, "second_plugin", """
+    write_module(
+        mods,
+        "second_plugin",
+        """
         import os
 
         def fleetrun_configure(config):
             with open(os.environ["PLUG_LOG"], "a") as f:
                 f.write("second\\n")
-    """)
+    """,
+    )
     log = fleeter.path.parent / "plug.log"
     env = {"PYTHONPATH": str(mods), "PLUG_LOG": str(log), "FLEETRUN_PLUGINS": "lifecycle_plugin, second_plugin"}
     fleeter.write_tasks(echo_tasks("a"))
@@ -712,9 +727,22 @@ def install(src: Path, target: Path) -> str:
         _write_dist_info(work, target)
         return "dist-info"
     proc = subprocess.run(
-        [sys.executable, "-m", "pip", "install", "--quiet", "--no-deps", "--no-build-isolation", "--no-index",
-         "--target", str(target), str(work)],
-        stdout=subprocess.PIPE, stderr=subprocess.STDOUT, timeout=120,
+        [
+            sys.executable,
+            "-m",
+            "pip",
+            "install",
+            "--quiet",
+            "--no-deps",
+            "--no-build-isolation",
+            "--no-index",
+            "--target",
+            str(target),
+            str(work),
+        ],
+        stdout=subprocess.PIPE,
+        stderr=subprocess.STDOUT,
+        timeout=120,
         env=dict(os.environ, PIP_DISABLE_PIP_VERSION_CHECK="1", PIP_ROOT_USER_ACTION="ignore"),
     )
     assert proc.returncode == 0, proc.stdout.decode(errors="replace")
@@ -784,7 +812,6 @@ def test_p_loads_an_entry_point_by_name_when_autoload_is_disabled(fleeter: Any, 
     version = fleeter.runsub("-p", "myplug", "--version", env=env)
     assert version.ret == 0, version.stderr
     assert plugins_of(version) == [*BUILTIN_PLUGINS, "myplug"]
-
 
 
 @pytest.mark.parametrize("how", ["-p", "FLEETRUN_PLUGINS"])

@@ -47,8 +47,14 @@ def test_defaults_without_a_file(tmp_path: Path) -> None:
     pol = load_policy(tmp_path / "policy.toml")
     assert pol == Policy()
     assert (pol.stale_after_secs, pol.auto_route) == (90.0, False)
-    assert pol.local == LocalPolicy(max_tasks=4, min_free_mem_mb=None, max_load_per_core=None,
-                                    min_free_disk_mb=None, mem_per_task_mb=1024.0, drain=False)
+    assert pol.local == LocalPolicy(
+        max_tasks=4,
+        min_free_mem_mb=None,
+        max_load_per_core=None,
+        min_free_disk_mb=None,
+        mem_per_task_mb=1024.0,
+        drain=False,
+    )
     assert pol.for_peer("anyone") == PeerPolicy(max_tasks=2)
 
 
@@ -66,14 +72,19 @@ def test_the_seed_example_reads_as_written(tmp_path: Path) -> None:
 
 
 def test_a_peer_table_inherits_the_peers_defaults(tmp_path: Path) -> None:
-    pol = load_policy(write(tmp_path, """
+    pol = load_policy(
+        write(
+            tmp_path,
+            """
         auto_route = true
         [peers]
         max_tasks = 3
         min_free_mem_mb = 512
         [peers.mini]
         drain = true
-    """))
+    """,
+        )
+    )
     assert pol.auto_route is True
     mini = pol.for_peer("mini")
     assert (mini.max_tasks, mini.min_free_mem_mb, mini.drain) == (3, 512.0, True)
@@ -98,73 +109,96 @@ def test_numbers_are_floats_and_max_tasks_an_int(tmp_path: Path) -> None:
     assert isinstance(pol.local.min_free_mem_mb, float) and isinstance(pol.local.max_load_per_core, float)
 
 
-@pytest.mark.parametrize(("text", "expected"), [
-    ("stale_after_sec = 90\n", ["1: stale_after_sec: unknown key (did you mean 'stale_after_secs'?)"]),
-    ("autoroute = true\n", ["1: autoroute: unknown key (did you mean 'auto_route'?)"]),
-    ('colour = "red"\n',
-     ["1: colour: unknown key (known: stale_after_secs, auto_route, claim_timeout_secs, local, peers)"]),
-    ("# a comment\n[lcoal]\nmax_tasks = 2\n", ["2: lcoal: unknown key (did you mean 'local'?)"]),
-    ("[local]\nmax_tasks = 2\nmax_task = 3\n",
-     ["3: local.max_task: unknown key (did you mean 'max_tasks'?)"]),
-    ("[local]\nmin_free_mem = 2048\n", ["2: local.min_free_mem: unknown key (did you mean 'min_free_mem_mb'?)"]),
-    ("[local]\nstale_after_secs = 5\n",
-     ["2: local.stale_after_secs: unknown key (known: max_tasks, min_free_mem_mb, max_load_per_core, "
-      "min_free_disk_mb, mem_per_task_mb, drain)"]),
-    ("[peers]\nmax_taks = 2\n", ["2: peers.max_taks: unknown key (did you mean 'max_tasks'?)"]),
-    ("[peers]\nmax_tasks = 2\n\n[peers.mini]\nmax_tasks = 6\ndrian = true\n",
-     ["6: peers.mini.drian: unknown key (did you mean 'drain'?)"]),
-    ("[local.extra]\nmax_tasks = 1\n", ["1: local.extra: unknown key (known: max_tasks, min_free_mem_mb, "
-                                        "max_load_per_core, min_free_disk_mb, mem_per_task_mb, drain)"]),
-])
+@pytest.mark.parametrize(
+    ("text", "expected"),
+    [
+        ("stale_after_sec = 90\n", ["1: stale_after_sec: unknown key (did you mean 'stale_after_secs'?)"]),
+        ("autoroute = true\n", ["1: autoroute: unknown key (did you mean 'auto_route'?)"]),
+        (
+            'colour = "red"\n',
+            ["1: colour: unknown key (known: stale_after_secs, auto_route, claim_timeout_secs, local, peers)"],
+        ),
+        ("# a comment\n[lcoal]\nmax_tasks = 2\n", ["2: lcoal: unknown key (did you mean 'local'?)"]),
+        ("[local]\nmax_tasks = 2\nmax_task = 3\n", ["3: local.max_task: unknown key (did you mean 'max_tasks'?)"]),
+        ("[local]\nmin_free_mem = 2048\n", ["2: local.min_free_mem: unknown key (did you mean 'min_free_mem_mb'?)"]),
+        (
+            "[local]\nstale_after_secs = 5\n",
+            [
+                "2: local.stale_after_secs: unknown key (known: max_tasks, min_free_mem_mb, max_load_per_core, "
+                "min_free_disk_mb, mem_per_task_mb, drain)"
+            ],
+        ),
+        ("[peers]\nmax_taks = 2\n", ["2: peers.max_taks: unknown key (did you mean 'max_tasks'?)"]),
+        (
+            "[peers]\nmax_tasks = 2\n\n[peers.mini]\nmax_tasks = 6\ndrian = true\n",
+            ["6: peers.mini.drian: unknown key (did you mean 'drain'?)"],
+        ),
+        (
+            "[local.extra]\nmax_tasks = 1\n",
+            [
+                "1: local.extra: unknown key (known: max_tasks, min_free_mem_mb, "
+                "max_load_per_core, min_free_disk_mb, mem_per_task_mb, drain)"
+            ],
+        ),
+    ],
+)
 def test_unknown_and_misspelt_keys(tmp_path: Path, text: str, expected: list[str]) -> None:
     path = write(tmp_path, text)
     assert errors_of(path) == [f"ERROR: {path}:{x}" for x in expected]
 
 
-@pytest.mark.parametrize(("text", "expected"), [
-    ('stale_after_secs = "90"\n', "1: stale_after_secs: must be a number"),
-    ("stale_after_secs = true\n", "1: stale_after_secs: must be a number"),
-    ('auto_route = "yes"\n', "1: auto_route: must be true or false"),
-    ("auto_route = 1\n", "1: auto_route: must be true or false"),
-    ("local = 3\n", "1: local: must be a table"),
-    ("peers = [1, 2]\n", "1: peers: must be a table"),
-    ('[local]\nmax_tasks = "4"\n', "2: local.max_tasks: must be a whole number"),
-    ("[local]\nmax_tasks = 2.5\n", "2: local.max_tasks: must be a whole number"),
-    ("[local]\nmax_tasks = true\n", "2: local.max_tasks: must be a whole number"),
-    ('[local]\nmin_free_mem_mb = "2G"\n', "2: local.min_free_mem_mb: must be a number"),
-    ("[local]\nmax_load_per_core = false\n", "2: local.max_load_per_core: must be a number"),
-    ("[local]\nmin_free_disk_mb = [5120]\n", "2: local.min_free_disk_mb: must be a number"),
-    ("[local]\nmem_per_task_mb = {mb = 1}\n", "2: local.mem_per_task_mb: must be a number"),
-    ('[local]\ndrain = "false"\n', "2: local.drain: must be true or false"),
-    ("[local]\ndrain = 0\n", "2: local.drain: must be true or false"),
-    ("[peers.mini]\nmax_tasks = 1.5\n", "2: peers.mini.max_tasks: must be a whole number"),
-])
+@pytest.mark.parametrize(
+    ("text", "expected"),
+    [
+        ('stale_after_secs = "90"\n', "1: stale_after_secs: must be a number"),
+        ("stale_after_secs = true\n", "1: stale_after_secs: must be a number"),
+        ('auto_route = "yes"\n', "1: auto_route: must be true or false"),
+        ("auto_route = 1\n", "1: auto_route: must be true or false"),
+        ("local = 3\n", "1: local: must be a table"),
+        ("peers = [1, 2]\n", "1: peers: must be a table"),
+        ('[local]\nmax_tasks = "4"\n', "2: local.max_tasks: must be a whole number"),
+        ("[local]\nmax_tasks = 2.5\n", "2: local.max_tasks: must be a whole number"),
+        ("[local]\nmax_tasks = true\n", "2: local.max_tasks: must be a whole number"),
+        ('[local]\nmin_free_mem_mb = "2G"\n', "2: local.min_free_mem_mb: must be a number"),
+        ("[local]\nmax_load_per_core = false\n", "2: local.max_load_per_core: must be a number"),
+        ("[local]\nmin_free_disk_mb = [5120]\n", "2: local.min_free_disk_mb: must be a number"),
+        ("[local]\nmem_per_task_mb = {mb = 1}\n", "2: local.mem_per_task_mb: must be a number"),
+        ('[local]\ndrain = "false"\n', "2: local.drain: must be true or false"),
+        ("[local]\ndrain = 0\n", "2: local.drain: must be true or false"),
+        ("[peers.mini]\nmax_tasks = 1.5\n", "2: peers.mini.max_tasks: must be a whole number"),
+    ],
+)
 def test_wrong_types(tmp_path: Path, text: str, expected: str) -> None:
     path = write(tmp_path, text)
     assert errors_of(path) == [f"ERROR: {path}:{expected}"]
 
 
-@pytest.mark.parametrize(("text", "expected"), [
-    ("stale_after_secs = -1\n", "1: stale_after_secs: must be greater than 0"),
-    ("stale_after_secs = 0\n", "1: stale_after_secs: must be greater than 0"),
-    ("stale_after_secs = nan\n", "1: stale_after_secs: must be a finite number"),
-    ("[local]\nmax_tasks = -1\n", "2: local.max_tasks: must not be negative"),
-    ("[local]\nmin_free_mem_mb = -2048\n", "2: local.min_free_mem_mb: must not be negative"),
-    ("[local]\nmax_load_per_core = -0.5\n", "2: local.max_load_per_core: must not be negative"),
-    ("[local]\nmin_free_disk_mb = -1\n", "2: local.min_free_disk_mb: must not be negative"),
-    ("[local]\nmem_per_task_mb = -1024\n", "2: local.mem_per_task_mb: must not be negative"),
-    ("[local]\nmin_free_mem_mb = nan\n", "2: local.min_free_mem_mb: must be a finite number"),
-    ("[local]\nmin_free_mem_mb = inf\n", "2: local.min_free_mem_mb: must be a finite number"),
-    ("[peers]\nmax_tasks = -2\n", "2: peers.max_tasks: must not be negative"),
-    ("[peers.mini]\nmin_free_mem_mb = -1\n", "2: peers.mini.min_free_mem_mb: must not be negative"),
-])
+@pytest.mark.parametrize(
+    ("text", "expected"),
+    [
+        ("stale_after_secs = -1\n", "1: stale_after_secs: must be greater than 0"),
+        ("stale_after_secs = 0\n", "1: stale_after_secs: must be greater than 0"),
+        ("stale_after_secs = nan\n", "1: stale_after_secs: must be a finite number"),
+        ("[local]\nmax_tasks = -1\n", "2: local.max_tasks: must not be negative"),
+        ("[local]\nmin_free_mem_mb = -2048\n", "2: local.min_free_mem_mb: must not be negative"),
+        ("[local]\nmax_load_per_core = -0.5\n", "2: local.max_load_per_core: must not be negative"),
+        ("[local]\nmin_free_disk_mb = -1\n", "2: local.min_free_disk_mb: must not be negative"),
+        ("[local]\nmem_per_task_mb = -1024\n", "2: local.mem_per_task_mb: must not be negative"),
+        ("[local]\nmin_free_mem_mb = nan\n", "2: local.min_free_mem_mb: must be a finite number"),
+        ("[local]\nmin_free_mem_mb = inf\n", "2: local.min_free_mem_mb: must be a finite number"),
+        ("[peers]\nmax_tasks = -2\n", "2: peers.max_tasks: must not be negative"),
+        ("[peers.mini]\nmin_free_mem_mb = -1\n", "2: peers.mini.min_free_mem_mb: must not be negative"),
+    ],
+)
 def test_negative_and_non_finite_numbers(tmp_path: Path, text: str, expected: str) -> None:
     path = write(tmp_path, text)
     assert errors_of(path) == [f"ERROR: {path}:{expected}"]
 
 
 def test_every_problem_is_reported_at_once(tmp_path: Path) -> None:
-    path = write(tmp_path, """
+    path = write(
+        tmp_path,
+        """
         stale_after_secs = 0
         [local]
         max_task = 3
@@ -173,7 +207,8 @@ def test_every_problem_is_reported_at_once(tmp_path: Path) -> None:
 
         [peers.mini]
         max_tasks = "six"
-    """)
+    """,
+    )
     assert errors_of(path) == [
         f"ERROR: {path}:1: stale_after_secs: must be greater than 0",
         f"ERROR: {path}:3: local.max_task: unknown key (did you mean 'max_tasks'?)",
@@ -200,8 +235,10 @@ def test_watcher_keeps_the_last_good_policy_and_says_so_once(tmp_path: Path) -> 
 
     path.write_text("[local]\nmax_tasks = 1\nmax_task = 2\n")
     msg = w.refresh()
-    assert msg == (f"{path} changed and is broken; keeping the last good policy until it is fixed:\n"
-                   f"ERROR: {path}:3: local.max_task: unknown key (did you mean 'max_tasks'?)")
+    assert msg == (
+        f"{path} changed and is broken; keeping the last good policy until it is fixed:\n"
+        f"ERROR: {path}:3: local.max_task: unknown key (did you mean 'max_tasks'?)"
+    )
     assert w.policy.local.max_tasks == 3  # the last good one
     assert w.refresh() is None and w.refresh() is None  # said once
 
@@ -283,7 +320,8 @@ def test_validate_checks_the_policy_with_the_tasks_files(fleeter: Any) -> None:
     fleeter.write_tasks('[[task]]\nname = "t1"\nprompt = "p"\nretries = 1\n')
     assert fleeter.run("validate", "tasks.toml").errlines == [
         f"ERROR: {path}:2: local.max_tasks: must be a whole number",
-        "ERROR: tasks.toml:4: task 't1': retries: unknown key (did you mean 'max_retries'?)"]
+        "ERROR: tasks.toml:4: task 't1': retries: unknown key (did you mean 'max_retries'?)",
+    ]
     path.write_text("[local]\nmax_tasks = 4\n")
     assert fleeter.run("validate", "tasks.toml").ret == 4
     fleeter.write_tasks('[[task]]\nname = "t1"\nprompt = "p"\n')

@@ -28,16 +28,23 @@ def test_task_env_adds_fleetruns_variables_to_its_own_environment() -> None:
     env = task_env(TASK, ATTEMPT, Workspace(path="/w"), FLEETRUN_VERIFIER="agent")  # type: ignore[arg-type]
     assert env["PATH"] == os.environ["PATH"]
     assert {k: env[k] for k in env if k.startswith("FLEETRUN_")}.items() >= {
-        "FLEETRUN_TASK_ID": "task_1", "FLEETRUN_TASK_NAME": "schema", "FLEETRUN_ATTEMPT": "3",
-        "FLEETRUN_WORKTREE": "/w", "FLEETRUN_VERIFIER": "agent"}.items()
+        "FLEETRUN_TASK_ID": "task_1",
+        "FLEETRUN_TASK_NAME": "schema",
+        "FLEETRUN_ATTEMPT": "3",
+        "FLEETRUN_WORKTREE": "/w",
+        "FLEETRUN_VERIFIER": "agent",
+    }.items()
 
 
 def test_task_env_alone_for_a_spec_file() -> None:
     """``base={}``: only fleetrun's variables (a spec file's; the rest is inherited where
     the process runs). A path does for the workspace."""
     assert task_env(TASK, ATTEMPT, "/w", base={}) == {  # type: ignore[arg-type]
-        "FLEETRUN_TASK_ID": "task_1", "FLEETRUN_TASK_NAME": "schema", "FLEETRUN_ATTEMPT": "3",
-        "FLEETRUN_WORKTREE": "/w"}
+        "FLEETRUN_TASK_ID": "task_1",
+        "FLEETRUN_TASK_NAME": "schema",
+        "FLEETRUN_ATTEMPT": "3",
+        "FLEETRUN_WORKTREE": "/w",
+    }
     assert task_env(TASK, ATTEMPT, "/w", base={"A": "1"}, FLEETRUN_WORKTREE="/x")["FLEETRUN_WORKTREE"] == "/x"  # type: ignore[arg-type]
 
 
@@ -67,8 +74,10 @@ def test_a_process_handle_ends_its_whole_group_on_timeout(tmp_path: Path) -> Non
     # the child's pid is written to a temporary name and renamed (never read half-written);
     # the timeout, far longer than the shell needs, lets it write that even on a loaded machine
     spec = SimpleNamespace(timeout_s=5.0)
-    script = (f"sleep 60 & echo $! > {tmp_path / 'child.tmp'}; mv {tmp_path / 'child.tmp'} {tmp_path / 'child'}; "
-              "trap '' TERM; sleep 60")
+    script = (
+        f"sleep 60 & echo $! > {tmp_path / 'child.tmp'}; mv {tmp_path / 'child.tmp'} {tmp_path / 'child'}; "
+        "trap '' TERM; sleep 60"
+    )
     h = Handle(spec, ["/bin/sh", "-c", script], str(tmp_path), dict(os.environ), tmp_path / "v1.out")
     assert (tmp_path / "children" / "v1.json").exists()  # recorded for a restarted loop
     v = None
@@ -89,8 +98,13 @@ def test_a_process_handle_ends_its_whole_group_on_timeout(tmp_path: Path) -> Non
 
 def test_a_process_handle_reports_its_exit(tmp_path: Path) -> None:
     spec = SimpleNamespace(timeout_s=30)
-    h = Handle(spec, [sys.executable, "-c", "print('hi'); raise SystemExit(3)"], str(tmp_path), dict(os.environ),
-               tmp_path / "v1.out")
+    h = Handle(
+        spec,
+        [sys.executable, "-c", "print('hi'); raise SystemExit(3)"],
+        str(tmp_path),
+        dict(os.environ),
+        tmp_path / "v1.out",
+    )
     assert wait(h).reason == "exit code 3"
     assert (tmp_path / "v1.out").read_text() == "hi\n"
     h2 = Handle(spec, [str(tmp_path / "nothing")], str(tmp_path), dict(os.environ), tmp_path / "v2.out")
@@ -101,7 +115,7 @@ def docs_example(name: str) -> str:
     """The python block of docs/plugins.md that starts with ``# NAME``."""
     text = (Path(__file__).resolve().parents[1] / "docs" / "plugins.md").read_text()
     start = text.index(f"```python\n# {name}\n") + len("```python\n")
-    return text[start:text.index("```", start)]
+    return text[start : text.index("```", start)]
 
 
 def test_the_docs_lint_verifier_runs(fleeter: Any, fake_claude: Any, monkeypatch: Any) -> None:
@@ -109,8 +123,10 @@ def test_the_docs_lint_verifier_runs(fleeter: Any, fake_claude: Any, monkeypatch
     bin_dir = fleeter.path / "bin"
     bin_dir.mkdir()
     ruff = bin_dir / "ruff"
-    ruff.write_text('#!/bin/sh\necho "$FLEETRUN_VERIFIER $FLEETRUN_TASK_NAME $FLEETRUN_ATTEMPT $*"\n'
-                    '[ -f "$FLEETRUN_WORKTREE/ok" ]\n')
+    ruff.write_text(
+        '#!/bin/sh\necho "$FLEETRUN_VERIFIER $FLEETRUN_TASK_NAME $FLEETRUN_ATTEMPT $*"\n'
+        '[ -f "$FLEETRUN_WORKTREE/ok" ]\n'
+    )
     ruff.chmod(0o755)
     monkeypatch.setenv("PATH", f"{bin_dir}{os.pathsep}{os.environ['PATH']}")
     fleeter.make_repo()
@@ -125,13 +141,19 @@ def test_the_docs_lint_verifier_runs(fleeter: Any, fake_claude: Any, monkeypatch
         [[task.verify]]
         lint = "src tests"
     """)
-    fake_claude.script(a=[{"actions": [["write", "x.txt", "x"], ["commit", "x"]]},
-                          {"actions": [["write", "ok", ""], ["commit", "ok"]]}])
+    fake_claude.script(
+        a=[
+            {"actions": [["write", "x.txt", "x"], ["commit", "x"]]},
+            {"actions": [["write", "ok", ""], ["commit", "ok"]]},
+        ]
+    )
     result = fleeter.inline_run("tasks.toml")
     result.assert_outcomes(done=1)
     verdicts = [c.verdict for c in result.hooks.getcalls("fleetrun_verdict")]
-    assert [(v.kind, v.passed, v.reason) for v in verdicts] == [("lint", False, "exit code 1"),
-                                                                  ("lint", True, "exit code 0")]
+    assert [(v.kind, v.passed, v.reason) for v in verdicts] == [
+        ("lint", False, "exit code 1"),
+        ("lint", True, "exit code 0"),
+    ]
     assert verdicts[0].output == "lint a 1 check src tests\n"
     assert verdicts[1].output == "lint a 2 check src tests\n"
 
@@ -161,7 +183,8 @@ def test_a_verifier_started_but_not_yet_recorded_is_still_ended_after_a_crash(tm
 
 def test_a_process_handle_records_its_intent_before_it_starts(tmp_path: Path) -> None:
     spec = SimpleNamespace(timeout_s=30)
-    h = Handle(spec, ["/bin/sh", "-c", 'printf %s "$FLEETRUN_CHILD"'], str(tmp_path), dict(os.environ),
-               tmp_path / "v1.out")
+    h = Handle(
+        spec, ["/bin/sh", "-c", 'printf %s "$FLEETRUN_CHILD"'], str(tmp_path), dict(os.environ), tmp_path / "v1.out"
+    )
     wait(h)
     assert (tmp_path / "v1.out").read_text().startswith("v1-")  # the marker the record names

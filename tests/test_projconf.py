@@ -63,13 +63,16 @@ def errors_of(r: Any) -> list[str]:
 
 
 def test_addopts_of_pyproject_at_the_repository_root(fleeter: Any, repo: Path) -> None:
-    write(repo / "pyproject.toml", """
+    write(
+        repo / "pyproject.toml",
+        """
         [project]
         name = "proj"
 
         [tool.fleetrun]
         addopts = "-k api"
-    """)
+    """,
+    )
     assert collected(fleeter.runsub("--co")) == ["<Task user-api>"]
     # the same in-process
     assert collected(fleeter.run("--co")) == collected(fleeter.runsub("--co"))
@@ -116,7 +119,8 @@ def test_a_broken_pyproject_that_does_not_mention_fleetrun_is_passed_over(fleete
 def test_a_broken_pyproject_with_the_table_is_an_error(fleeter: Any, repo: Path) -> None:
     write(repo / "pyproject.toml", '[tool.fleetrun]\naddopts = "-k api\n')
     assert errors_of(fleeter.runsub("--co")) == [
-        f"ERROR: {repo / 'pyproject.toml'}:2: invalid TOML: Illegal character '\\n'"]
+        f"ERROR: {repo / 'pyproject.toml'}:2: invalid TOML: Illegal character '\\n'"
+    ]
 
 
 def test_nothing_above_the_repository_root_is_read(fleeter: Any, repo: Path) -> None:
@@ -160,7 +164,8 @@ def test_a_bad_option_in_addopts_names_the_file(fleeter: Any, repo: Path) -> Non
     write(repo / "pyproject.toml", '[project]\nname = "x"\n\n[tool.fleetrun]\naddopts = "-v --no-such"\n')
     assert errors_of(fleeter.runsub("--co")) == [
         f"ERROR: {repo / 'pyproject.toml'}:5: tool.fleetrun.addopts: unrecognized arguments: --no-such "
-        "(addopts go before every command line: fleetrun -v --no-such ...)"]
+        "(addopts go before every command line: fleetrun -v --no-such ...)"
+    ]
 
 
 def test_addopts_error_of_fleetrun_toml_and_of_the_env(fleeter: Any, repo: Path) -> None:
@@ -168,11 +173,13 @@ def test_addopts_error_of_fleetrun_toml_and_of_the_env(fleeter: Any, repo: Path)
     assert errors_of(fleeter.runsub("--co")) == [
         "ERROR: fleetrun.toml:1: addopts: argument --max-tasks: 0 is not a whole number of at least 1 "
         "(to start nothing, use fleetrun drain) (addopts go before every command line: "
-        "fleetrun --max-tasks 0 ...)"]
+        "fleetrun --max-tasks 0 ...)"
+    ]
     (repo / "sub" / "fleetrun.toml").unlink()
     assert errors_of(fleeter.runsub("--co", env={"FLEETRUN_ADDOPTS": "--nope"})) == [
         "ERROR: FLEETRUN_ADDOPTS: unrecognized arguments: --nope (addopts go before every command line: "
-        "fleetrun --nope ...)"]
+        "fleetrun --nope ...)"
+    ]
 
 
 # -- addopts reach the verbs that take them (pytest's addopts are options of a test run) --
@@ -181,9 +188,22 @@ def test_addopts_error_of_fleetrun_toml_and_of_the_env(fleeter: Any, repo: Path)
 RUN_ADDOPTS = '[tool.fleetrun]\naddopts = ["-k", "api", "--durations", "3", "-v"]\n'
 
 
-@pytest.mark.parametrize("verb", [["validate"], ["queue"], ["status"], ["status", "--graph"],
-                                  ["logs", "user-api"], ["cancel", "--all"], ["retry", "--all"],
-                                  ["approve", "fix-it"], ["drain"], ["undrain"], ["gc"]])
+@pytest.mark.parametrize(
+    "verb",
+    [
+        ["validate"],
+        ["queue"],
+        ["status"],
+        ["status", "--graph"],
+        ["logs", "user-api"],
+        ["cancel", "--all"],
+        ["retry", "--all"],
+        ["approve", "fix-it"],
+        ["drain"],
+        ["undrain"],
+        ["gc"],
+    ],
+)
 def test_addopts_of_the_run_do_not_break_other_verbs(fleeter: Any, repo: Path, verb: list[str]) -> None:
     # the same queue in two homes: the verb without addopts in one, with them in the other
     other = str(fleeter.path / "other-home")
@@ -221,18 +241,20 @@ def test_an_option_typed_is_still_an_error_where_addopts_are_dropped(fleeter: An
     write(repo / "pyproject.toml", '[tool.fleetrun]\naddopts = "-v --no-such"\n')
     assert errors_of(fleeter.run("status")) == [
         f"ERROR: {repo / 'pyproject.toml'}:2: tool.fleetrun.addopts: unrecognized arguments: --no-such "
-        "(addopts go before every command line: fleetrun -v --no-such ...)"]
+        "(addopts go before every command line: fleetrun -v --no-such ...)"
+    ]
 
 
 def test_addopts_of_the_wrong_type(fleeter: Any, repo: Path) -> None:
-    write(repo / "pyproject.toml", '[tool.fleetrun]\naddopts = 3\n')
+    write(repo / "pyproject.toml", "[tool.fleetrun]\naddopts = 3\n")
     assert errors_of(fleeter.runsub("--co")) == [
         f"ERROR: {repo / 'pyproject.toml'}:2: tool.fleetrun.addopts: must be a string or a list of strings, "
-        "not the number 3"]
+        "not the number 3"
+    ]
     write(repo / "pyproject.toml", '[tool.fleetrun]\naddopts = "-k \'api"\n')
     assert errors_of(fleeter.runsub("--co")) == [
-        f"ERROR: {repo / 'pyproject.toml'}:2: tool.fleetrun.addopts: cannot be split into words "
-        "(No closing quotation)"]
+        f"ERROR: {repo / 'pyproject.toml'}:2: tool.fleetrun.addopts: cannot be split into words (No closing quotation)"
+    ]
 
 
 # -- [task] defaults -----------------------------------------------------------------
@@ -257,11 +279,18 @@ def setups(r: Any) -> dict[str, list[str]]:
 def test_task_defaults_apply_under_the_tasks_file_and_the_task(fleeter: Any, repo: Path) -> None:
     write(repo / "pyproject.toml", '[tool.fleetrun.task]\nsetup = ["make deps"]\n')
     write(repo / "sub" / "fleetconf.py", SHOW_SETUP)
-    write(repo / "sub" / "other.toml", 'setup = ["npm ci"]\n\n[[task]]\nname = "o"\nprompt = "x"\n\n'
-                                      '[[task]]\nname = "own"\nprompt = "x"\nsetup = []\n')
+    write(
+        repo / "sub" / "other.toml",
+        'setup = ["npm ci"]\n\n[[task]]\nname = "o"\nprompt = "x"\n\n'
+        '[[task]]\nname = "own"\nprompt = "x"\nsetup = []\n',
+    )
     assert setups(fleeter.runsub("--co", "tasks.toml", "other.toml")) == {
-        "user-schema": ["make deps"], "user-api": ["make deps"], "fix-it": ["make deps"],
-        "o": ["npm ci"], "own": []}
+        "user-schema": ["make deps"],
+        "user-api": ["make deps"],
+        "fix-it": ["make deps"],
+        "o": ["npm ci"],
+        "own": [],
+    }
 
 
 def test_task_defaults_in_fleetrun_toml(fleeter: Any, repo: Path) -> None:
@@ -275,12 +304,14 @@ def test_task_default_mistakes(fleeter: Any, repo: Path) -> None:
     where = repo / "pyproject.toml"
     assert errors_of(fleeter.runsub("validate")) == [
         f"ERROR: {where}:2: tool.fleetrun.task.setup: must be a list of commands, not a string",
-        f"ERROR: {where}:3: tool.fleetrun.task.modle: unknown key (did you mean 'model'?)"]
-    write(repo / "pyproject.toml", '[tool.fleetrun]\ntask = 3\n')
+        f"ERROR: {where}:3: tool.fleetrun.task.modle: unknown key (did you mean 'model'?)",
+    ]
+    write(repo / "pyproject.toml", "[tool.fleetrun]\ntask = 3\n")
     assert errors_of(fleeter.runsub("validate")) == [f"ERROR: {where}:2: tool.fleetrun.task: must be a table"]
     write(repo / "pyproject.toml", '[tool.fleetrun.task]\nsetup = ["ok", ""]\n')
     assert errors_of(fleeter.runsub("validate")) == [
-        f"ERROR: {where}:2: tool.fleetrun.task.setup #2: must not be empty"]
+        f"ERROR: {where}:2: tool.fleetrun.task.setup #2: must not be empty"
+    ]
 
 
 def test_changed_task_defaults_make_a_new_queue(fleeter: Any, repo: Path) -> None:
@@ -303,7 +334,6 @@ def test_changed_task_defaults_make_a_new_queue(fleeter: Any, repo: Path) -> Non
     assert fourth == first  # addopts alone make no other tasks
 
 
-
 SHOW_KEYS = """
 def fleetrun_collection_modifyitems(config, items):
     for t in items:
@@ -323,37 +353,54 @@ def keys_of(r: Any) -> dict[str, list[Any]]:
 
 def test_every_default_key_in_the_project_file_under_the_tasks_file_and_the_task(fleeter: Any, repo: Path) -> None:
     # precedence, key by key: the task's own > the tasks file's top level > the project's [task]
-    write(repo / "pyproject.toml", """
+    write(
+        repo / "pyproject.toml",
+        """
         [tool.fleetrun.task]
         model = "opus"
         max_retries = 5
         allowed_tools = ["Read", "Edit"]
         budget_usd = 2.5
-    """)
+    """,
+    )
     write(repo / "sub" / "fleetconf.py", SHOW_KEYS)
-    write(repo / "sub" / "other.toml", 'model = "sonnet"\npeer = "mini"\n\n[[task]]\nname = "o"\nprompt = "x"\n\n'
-                                      '[[task]]\nname = "own"\nprompt = "x"\nmax_retries = 0\nallowed_tools = []\n'
-                                      'model = "haiku"\n')
+    write(
+        repo / "sub" / "other.toml",
+        'model = "sonnet"\npeer = "mini"\n\n[[task]]\nname = "o"\nprompt = "x"\n\n'
+        '[[task]]\nname = "own"\nprompt = "x"\nmax_retries = 0\nallowed_tools = []\n'
+        'model = "haiku"\n',
+    )
     assert keys_of(fleeter.runsub("--co", "tasks.toml", "other.toml")) == {
         "user-schema": ["opus", 5, ["Read", "Edit"], 2.5, None],
         "user-api": ["opus", 5, ["Read", "Edit"], 2.5, None],
         "fix-it": ["opus", 5, ["Read", "Edit"], 2.5, None],
         "o": ["sonnet", 5, ["Read", "Edit"], 2.5, "mini"],
-        "own": ["haiku", 0, [], 2.5, "mini"]}
+        "own": ["haiku", 0, [], 2.5, "mini"],
+    }
 
 
 def test_validate_verbose_names_where_each_default_was_written(fleeter: Any, repo: Path) -> None:
     write(repo / "sub" / "fleetrun.toml", '[task]\nmodel = "opus"\nmax_retries = 5\n')
-    write(repo / "sub" / "tasks.toml", 'max_retries = 1\n\n[[task]]\nname = "a"\nprompt = "x"\n\n'
-                                      '[[task]]\nname = "b"\nprompt = "x"\nmodel = "haiku"\n')
+    write(
+        repo / "sub" / "tasks.toml",
+        'max_retries = 1\n\n[[task]]\nname = "a"\nprompt = "x"\n\n'
+        '[[task]]\nname = "b"\nprompt = "x"\nmodel = "haiku"\n',
+    )
     r = fleeter.runsub("validate", "-v")
-    assert (r.ret, r.outlines) == (0, ["tasks.toml: 2 tasks, valid",
-                                       '  a: model = "opus" (fleetrun.toml:2), max_retries = 1 (tasks.toml:1)',
-                                       "  b: max_retries = 1 (tasks.toml:1)"]), (r.stdout, r.stderr)
+    assert (r.ret, r.outlines) == (
+        0,
+        [
+            "tasks.toml: 2 tasks, valid",
+            '  a: model = "opus" (fleetrun.toml:2), max_retries = 1 (tasks.toml:1)',
+            "  b: max_retries = 1 (tasks.toml:1)",
+        ],
+    ), (r.stdout, r.stderr)
 
 
 def test_every_default_mistake_of_the_project_file_at_once(fleeter: Any, repo: Path) -> None:
-    write(repo / "pyproject.toml", """
+    write(
+        repo / "pyproject.toml",
+        """
         [project]
         name = "proj"
 
@@ -363,7 +410,8 @@ def test_every_default_mistake_of_the_project_file_at_once(fleeter: Any, repo: P
         cwd = "src"
         paths = ["a"]
         colour = "red"
-    """)
+    """,
+    )
     where = repo / "pyproject.toml"
     assert errors_of(fleeter.runsub("validate")) == [
         f"ERROR: {where}:5: tool.fleetrun.task.max_retries: must not be negative",
@@ -376,19 +424,20 @@ def test_every_default_mistake_of_the_project_file_at_once(fleeter: Any, repo: P
         "model, permission_mode, allowed_tools, max_retries, timeout_min, stall_timeout_min, budget_usd, "
         "requires, git_ref, peer, setup, tags, base, on_conflict, baseline, removes_tests, max_turns, fallback_model, "
         "append_system_prompt, settings, mcp_config, strict_mcp_config, disallowed_tools, env, extra_args, "
-        "allow_verifiers)"]
+        "allow_verifiers)",
+    ]
 
 
 def test_a_project_agent_default_that_names_no_agent_points_at_the_project_file(fleeter: Any, repo: Path) -> None:
     write(repo / "pyproject.toml", '[tool.fleetrun.task]\nagent = "codex"\n')
     where = repo / "pyproject.toml"
     assert errors_of(fleeter.runsub("validate")) == [
-        f"ERROR: {where}:2: task '{name}': agent: 'codex' is not an agent (known: claude); "
-        "declare it as [agents.codex]" for name in ("user-schema", "user-api", "fix-it")]
+        f"ERROR: {where}:2: task '{name}': agent: 'codex' is not an agent (known: claude); declare it as [agents.codex]"
+        for name in ("user-schema", "user-api", "fix-it")
+    ]
 
 
-def test_a_project_git_ref_default_that_names_nothing_points_at_the_project_file(fleeter: Any,
-                                                                                 repo: Path) -> None:
+def test_a_project_git_ref_default_that_names_nothing_points_at_the_project_file(fleeter: Any, repo: Path) -> None:
     write(repo / "pyproject.toml", '[tool.fleetrun.task]\ngit_ref = "no-such-ref"\n')
     errs = errors_of(fleeter.runsub("validate"))
     assert len(errs) == 3
@@ -422,8 +471,11 @@ class Notify:
 
     @fleetrun.hookimpl
     def fleetrun_config_keys(self, config: Any) -> list[Any]:
-        return [fleetrun.ConfigKey("notify", "url", (str,)), fleetrun.ConfigKey("notify", "level", (str,)),
-                fleetrun.ConfigKey("notify", "retries", (int,))]
+        return [
+            fleetrun.ConfigKey("notify", "url", (str,)),
+            fleetrun.ConfigKey("notify", "level", (str,)),
+            fleetrun.ConfigKey("notify", "retries", (int,)),
+        ]
 
     @fleetrun.hookimpl
     def fleetrun_collection_modifyitems(self, config: Any, items: list[Any]) -> None:
@@ -433,14 +485,19 @@ class Notify:
 
 def shown(r: Any, what: str) -> Any:
     assert (r.ret, r.errlines) == (0, []), (r.stdout, r.stderr)
-    return eval(next(ln for ln in r.outlines if ln.startswith(what + " "))[len(what) + 1:])  # noqa: S307
+    return eval(next(ln for ln in r.outlines if ln.startswith(what + " "))[len(what) + 1 :])  # noqa: S307
 
 
 def test_which_layer_wins_key_by_key(fleeter: Any, repo: Path) -> None:
-    fleeter.write_config('[notify]\nurl = "https://home"\nlevel = "all"\n\n'
-                         '[brain]\nurl = "http://127.0.0.1:1"\nmodel = "home"\ntimeout_s = 5\n')
-    write(repo / "pyproject.toml", '[tool.fleetrun.notify]\nlevel = "failures"\nretries = 2\n\n'
-                                   '[tool.fleetrun.brain]\nmodel = "project"\ntimeout_s = 7\n')
+    fleeter.write_config(
+        '[notify]\nurl = "https://home"\nlevel = "all"\n\n'
+        '[brain]\nurl = "http://127.0.0.1:1"\nmodel = "home"\ntimeout_s = 5\n'
+    )
+    write(
+        repo / "pyproject.toml",
+        '[tool.fleetrun.notify]\nlevel = "failures"\nretries = 2\n\n'
+        '[tool.fleetrun.brain]\nmodel = "project"\ntimeout_s = 7\n',
+    )
     write(repo / "sub" / "tasks.toml", TASKS + '\n[brain]\nmodel = "tasks-file"\n')
     r = fleeter.run("--co", plugins=[Notify()])
     assert shown(r, "NOTIFY") == [("level", "failures"), ("retries", 2), ("url", "https://home")]
@@ -448,32 +505,41 @@ def test_which_layer_wins_key_by_key(fleeter: Any, repo: Path) -> None:
 
 
 def test_project_tables_are_checked_as_config_toml(fleeter: Any, repo: Path) -> None:
-    write(repo / "pyproject.toml", '[tool.fleetrun]\naddopts = "-q"\nnotfy = 1\n\n'
-                                   '[tool.fleetrun.claude]\npermission_mode = "yolo"\n\n'
-                                   '[tool.fleetrun.notify]\nretries = "2"\n')
+    write(
+        repo / "pyproject.toml",
+        '[tool.fleetrun]\naddopts = "-q"\nnotfy = 1\n\n'
+        '[tool.fleetrun.claude]\npermission_mode = "yolo"\n\n'
+        '[tool.fleetrun.notify]\nretries = "2"\n',
+    )
     where = repo / "pyproject.toml"
     assert errors_of(fleeter.run("validate", plugins=[Notify()])) == [
         f"ERROR: {where}:3: tool.fleetrun.notfy: unknown table (did you mean 'notify'?)",
         f"ERROR: {where}:6: tool.fleetrun.claude.permission_mode: 'yolo' is not one of acceptEdits, auto, "
         "bypassPermissions, default, dontAsk, manual, plan",
-        f"ERROR: {where}:9: tool.fleetrun.notify.retries: expected a whole number, got a string"]
+        f"ERROR: {where}:9: tool.fleetrun.notify.retries: expected a whole number, got a string",
+    ]
 
 
 def test_fleetrun_toml_tables_have_no_prefix(fleeter: Any, repo: Path) -> None:
     write(repo / "sub" / "fleetrun.toml", '[worktree]\ncommit_mesage = "x"\n')
     assert errors_of(fleeter.runsub("validate")) == [
-        "ERROR: fleetrun.toml:2: worktree.commit_mesage: unknown key (did you mean 'commit_message'?)"]
+        "ERROR: fleetrun.toml:2: worktree.commit_mesage: unknown key (did you mean 'commit_message'?)"
+    ]
 
 
-@pytest.mark.parametrize(("text", "line", "key"), [
-    ('[tool.fleetrun.relay]\ntags = ["gpu"]\n', 1, "tool.fleetrun.relay"),
-    ('[tool.fleetrun.claude]\nexecutable = "/opt/claude"\n', 2, "tool.fleetrun.claude.executable"),
-])
+@pytest.mark.parametrize(
+    ("text", "line", "key"),
+    [
+        ('[tool.fleetrun.relay]\ntags = ["gpu"]\n', 1, "tool.fleetrun.relay"),
+        ('[tool.fleetrun.claude]\nexecutable = "/opt/claude"\n', 2, "tool.fleetrun.claude.executable"),
+    ],
+)
 def test_machine_level_settings_stay_in_the_home(fleeter: Any, repo: Path, text: str, line: int, key: str) -> None:
     write(repo / "pyproject.toml", text)
     assert errors_of(fleeter.runsub("validate")) == [
         f"ERROR: {repo / 'pyproject.toml'}:{line}: {key}: is a setting of this machine: it belongs in "
-        "$FLEETRUN_HOME/config.toml, not in the project file"]
+        "$FLEETRUN_HOME/config.toml, not in the project file"
+    ]
 
 
 def test_operator_verbs_work_with_a_broken_project_table(fleeter: Any, repo: Path) -> None:
@@ -505,7 +571,8 @@ def test_a_slip_of_a_task_only_key_in_the_project_defaults_says_which(fleeter: A
     write(repo / "sub" / "fleetrun.toml", '[task]\ndependancies = ["x"]\n')
     assert errors_of(fleeter.runsub("validate")) == [
         "ERROR: fleetrun.toml:2: task.dependancies: unknown key (did you mean 'depends_on'? It cannot be a "
-        "default of every task (it is the task graph); write it in each [[task]])"]
+        "default of every task (it is the task graph); write it in each [[task]])"
+    ]
 
 
 def test_project_default_mistakes_come_with_the_tasks_files_own(fleeter: Any, repo: Path) -> None:
@@ -515,11 +582,14 @@ def test_project_default_mistakes_come_with_the_tasks_files_own(fleeter: Any, re
     assert errors_of(fleeter.runsub("validate")) == [
         "ERROR: fleetrun.toml:2: task.max_retries: must not be negative",
         "ERROR: tasks.toml:1: timeout_min: must be greater than 0",
-        "ERROR: tasks.toml:6: task 'a': retries: unknown key (did you mean 'max_retries'?)"]
+        "ERROR: tasks.toml:6: task 'a': retries: unknown key (did you mean 'max_retries'?)",
+    ]
 
 
 def test_a_plugin_task_key_as_a_project_default(fleeter: Any, repo: Path) -> None:
-    write(repo / "sub" / "fleetconf.py", """
+    write(
+        repo / "sub" / "fleetconf.py",
+        """
         import fleetrun
 
         def fleetrun_task_keys(config):
@@ -528,9 +598,13 @@ def test_a_plugin_task_key_as_a_project_default(fleeter: Any, repo: Path) -> Non
         def fleetrun_collection_modifyitems(config, items):
             for t in items:
                 print("KEYS", t.name, [t.extra])
-    """)
-    write(repo / "pyproject.toml", '[tool.fleetrun.task]\npriority = 2\n')
-    assert keys_of(fleeter.runsub("--co")) == {name: [{"priority": 2}] for name in ("user-schema", "user-api", "fix-it")}
-    write(repo / "pyproject.toml", '[tool.fleetrun.task]\npriority = 12\n')
+    """,
+    )
+    write(repo / "pyproject.toml", "[tool.fleetrun.task]\npriority = 2\n")
+    assert keys_of(fleeter.runsub("--co")) == {
+        name: [{"priority": 2}] for name in ("user-schema", "user-api", "fix-it")
+    }
+    write(repo / "pyproject.toml", "[tool.fleetrun.task]\npriority = 12\n")
     assert errors_of(fleeter.runsub("validate")) == [
-        f"ERROR: {repo / 'pyproject.toml'}:2: tool.fleetrun.task.priority: must be 0..9"]
+        f"ERROR: {repo / 'pyproject.toml'}:2: tool.fleetrun.task.priority: must be 0..9"
+    ]

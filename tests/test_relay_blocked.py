@@ -26,15 +26,21 @@ def peer_task(fleeter: Any) -> Any:
     led = fleeter.ledger()
     (task,) = led.add_tasks([TaskSpec(name="far", prompt="work there", cwd=str(repo))])
     att = led.lease(task.id, State.READY, "mini", "fresh")
-    led.update_attempt(att.id, state="running", shepherd_pid=4242, shepherd_token="peer-token",
-                       started=time.time())
+    led.update_attempt(att.id, state="running", shepherd_pid=4242, shepherd_token="peer-token", started=time.time())
     led.transition(task.id, State.ASSIGNED, State.RUNNING, "started", attempt=att.number, host="mini")
     return led.get(task.id)
 
 
-@pytest.mark.parametrize("args", [["relay", "peers"], ["relay", "add", "mini", "me@127.0.0.1"],
-                                  ["host", "probe", "--json"], ["host", "status", "--attempt", "task_t_1_a1"]],
-                         ids=" ".join)
+@pytest.mark.parametrize(
+    "args",
+    [
+        ["relay", "peers"],
+        ["relay", "add", "mini", "me@127.0.0.1"],
+        ["host", "probe", "--json"],
+        ["host", "status", "--attempt", "task_t_1_a1"],
+    ],
+    ids=" ".join,
+)
 def test_no_relay_or_host_verb_when_blocked(fleeter: Any, args: list[str]) -> None:
     r = fleeter.run("-p", "no:relay", *args)
     assert r.ret == 4, r.stdout + r.stderr

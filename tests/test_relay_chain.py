@@ -21,9 +21,7 @@ THEN = {"verb": "verify-start", "payload": {"idx": 0}}
 
 def test_a_collect_may_carry_its_verifiers_start_and_nothing_else_may():
     assert WORKER_CHAINS == {"collect": ("verify-start",)}
-    r = parse_worker_request(
-        json.dumps({"id": 7, "verb": "collect", "payload": {"a": 1}, "then": THEN}).encode()
-    )
+    r = parse_worker_request(json.dumps({"id": 7, "verb": "collect", "payload": {"a": 1}, "then": THEN}).encode())
     assert (r.verb, r.then.verb, r.then.id, r.then.args) == ("collect", "verify-start", 7, [])
     assert json.loads(r.then.payload) == {"idx": 0}
     assert parse_worker_request(b'{"id": 7, "verb": "collect", "then": null}').then is None
@@ -41,9 +39,7 @@ def test_a_collect_may_carry_its_verifiers_start_and_nothing_else_may():
 def test_the_answer_to_the_chained_request_is_pushed_after_the_first_reply():
     m = parse_worker_message(b'{"id": 7, "code": 0, "reply": {"commit": null}}')
     assert (m.kind, m.id, m.code) == ("reply", 7, 0)
-    m = parse_worker_message(
-        b'{"event": "then", "id": 7, "code": 0, "reply": {"state": "running"}}'
-    )
+    m = parse_worker_message(b'{"event": "then", "id": 7, "code": 0, "reply": {"state": "running"}}')
     assert (m.kind, m.id, m.code, m.reply) == ("then", 7, 0, {"state": "running"})
     for bad, why in (
         (b'{"event": "then", "code": 0, "reply": {}}', "then event.id"),

@@ -27,9 +27,13 @@ def peer(tmp_path, monkeypatch):
         def host(self, *args: str, stdin=None) -> tuple[int, dict]:
             import subprocess
 
-            proc = subprocess.run([sys.executable, "-m", "fleetrun", "host", *args, "--json"],
-                                  input=json.dumps(stdin).encode() if stdin is not None else b"",
-                                  capture_output=True, env=dict(os.environ, **self.env), timeout=60)
+            proc = subprocess.run(
+                [sys.executable, "-m", "fleetrun", "host", *args, "--json"],
+                input=json.dumps(stdin).encode() if stdin is not None else b"",
+                capture_output=True,
+                env=dict(os.environ, **self.env),
+                timeout=60,
+            )
             lines = proc.stdout.decode().strip().splitlines()
             assert len(lines) == 1, proc.stdout.decode() + proc.stderr.decode()
             return proc.returncode, json.loads(lines[0])
@@ -100,7 +104,9 @@ def test_start_refuses_past_max_tasks_and_a_second_attempt_of_a_task(peer):
     code, again = peer.start("task_a_1_a1", "task_a_1", ["sleep", "30"])
     assert code == 0 and again["pid"] == r["pid"] and again["again"]
     code, r2 = peer.start("task_a_1_a2", "task_a_1", ["sleep", "30"])
-    assert code == 75 and r2 == {"refused": "is still running attempt task_a_1_a1 of this task (a task never runs twice at once)"}
+    assert code == 75 and r2 == {
+        "refused": "is still running attempt task_a_1_a1 of this task (a task never runs twice at once)"
+    }
     code, r3 = peer.start("task_b_1_a1", "task_b_1", ["sleep", "30"])
     assert code == 75 and r3 == {"refused": "is running 1 of 1 tasks (its own [local] max_tasks)"}
     code, probe = peer.host("probe")
@@ -116,25 +122,56 @@ def test_start_refuses_past_max_tasks_and_a_second_attempt_of_a_task(peer):
 
 
 def test_prepare_refuses_a_cwd_missing_here(peer, tmp_path):
-    task = {"id": "task_t1_1", "name": "t", "state": "ASSIGNED", "source": "", "queue_id": "q", "created": 0,
-            "updated": 0, "spec": {"name": "t", "prompt": "p", "cwd": str(tmp_path / "not-here"), "git_ref": "main"}}
-    att = {"id": "task_t1_1_a1", "task_id": "task_t1_1", "number": 1, "kind": "fresh", "host": "mini", "state": "leased",
-           "created": 0}
+    task = {
+        "id": "task_t1_1",
+        "name": "t",
+        "state": "ASSIGNED",
+        "source": "",
+        "queue_id": "q",
+        "created": 0,
+        "updated": 0,
+        "spec": {"name": "t", "prompt": "p", "cwd": str(tmp_path / "not-here"), "git_ref": "main"},
+    }
+    att = {
+        "id": "task_t1_1_a1",
+        "task_id": "task_t1_1",
+        "number": 1,
+        "kind": "fresh",
+        "host": "mini",
+        "state": "leased",
+        "created": 0,
+    }
     code, r = peer.host("prepare", stdin={"task": task, "attempt": att})
     assert code == 1 and r == {"error": "working directory does not exist on this host"}
 
 
 def test_run_verifier_detached_with_its_own_timeout(peer, tmp_path):
     ws = {"path": str(tmp_path), "is_worktree": False}
-    task = {"id": "task_t1_1", "name": "t", "state": "VERIFYING", "source": "", "queue_id": "q", "created": 0,
-            "updated": 0, "spec": {"name": "t", "prompt": "p", "cwd": str(tmp_path)}}
-    att = {"id": "task_t1_1_a1", "task_id": "task_t1_1", "number": 1, "kind": "fresh", "host": "mini", "state": "ended",
-           "created": 0}
+    task = {
+        "id": "task_t1_1",
+        "name": "t",
+        "state": "VERIFYING",
+        "source": "",
+        "queue_id": "q",
+        "created": 0,
+        "updated": 0,
+        "spec": {"name": "t", "prompt": "p", "cwd": str(tmp_path)},
+    }
+    att = {
+        "id": "task_t1_1_a1",
+        "task_id": "task_t1_1",
+        "number": 1,
+        "kind": "fresh",
+        "host": "mini",
+        "state": "ended",
+        "created": 0,
+    }
 
     def verify(idx: int, text: str, timeout_s: float = 60) -> dict:
         v = {"kind": "run", "text": text, "timeout_s": timeout_s}
-        code, r = peer.host("verify-start", stdin={"task": task, "attempt": att, "verifier": v, "idx": idx,
-                                                   "workspace": ws})
+        code, r = peer.host(
+            "verify-start", stdin={"task": task, "attempt": att, "verifier": v, "idx": idx, "workspace": ws}
+        )
         assert code == 0 and r["state"] == "running", r
         deadline = time.time() + 120
         while time.time() < deadline:
@@ -181,9 +218,15 @@ def test_an_agents_log_on_a_peer_is_cut_to_the_peers_cap_and_its_status_says_so(
     status the supervisor reads says what was cut."""
     (peer.home / "config.toml").write_text("[output]\nmax_bytes = 1_000_000\n")
     flood = "echo FIRST; head -c 30000000 /dev/zero >&2; echo; echo LAST"
-    code, r = peer.host("start", stdin={"attempt_id": "task_t1_1_a1", "task_id": "task_t1_1", "prompt": "p",
-                                        "spec": {"argv": ["sh", "-c", flood], "cwd": "/", "env": {},
-                                                 "timeout_s": 60, "max_output": 50_000_000}})
+    code, r = peer.host(
+        "start",
+        stdin={
+            "attempt_id": "task_t1_1_a1",
+            "task_id": "task_t1_1",
+            "prompt": "p",
+            "spec": {"argv": ["sh", "-c", flood], "cwd": "/", "env": {}, "timeout_s": 60, "max_output": 50_000_000},
+        },
+    )
     assert code == 0, r
     st = peer.wait_ended("task_t1_1_a1")
     assert st["exit_code"] == 0 and st["log_cut"] == 30_000_012 - 1_000_000 and st["log_cap"] == 1_000_000, st

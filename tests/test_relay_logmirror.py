@@ -44,8 +44,13 @@ def wait_ended(host, attempt):
 def test_a_peer_attempt_s_mirror_keeps_the_head_of_its_log_then_says_it_was_cut(mini):
     mini.host.mirror_cap = CAP  # the relay sets it from [output] max_bytes
     script = "i=0; while [ $i -lt 400 ]; do echo line-$i-xxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxx; i=$((i+1)); done"
-    spec = {"argv": ["sh", "-c", script], "cwd": "/", "env": {"FLEETRUN_TASK_ID": "task_t1_1"}, "timeout_s": 60,
-            "stall_s": 60}
+    spec = {
+        "argv": ["sh", "-c", script],
+        "cwd": "/",
+        "env": {"FLEETRUN_TASK_ID": "task_t1_1"},
+        "timeout_s": 60,
+        "stall_s": 60,
+    }
     mini.host.start(AID, spec)
     st = wait_ended(mini.host, AID)
     assert st["state"] == "ended"
@@ -59,7 +64,6 @@ def test_a_peer_attempt_s_mirror_keeps_the_head_of_its_log_then_says_it_was_cut(
     # asked again, it takes nothing more
     assert mini.host.status(AID, None, None)["state"] == "ended"
     assert mirror.read_bytes() == data
-
 
 
 def test_the_mirror_keeps_what_this_supervisors_output_max_bytes_allows(fleeter, fake_claude, peer_lab):
@@ -76,7 +80,7 @@ def test_the_mirror_keeps_what_this_supervisors_output_max_bytes_allows(fleeter,
     r = fleeter.run("relay", "add", "mini", mini.address, "--accept-new", "--command", mini.command_line())
     assert r.ret == 0, r.stdout + r.stderr
     assert fleeter.run("drain").ret == 0  # this machine takes nothing: both tasks go to mini
-    fleeter.write_tasks('''
+    fleeter.write_tasks("""
         [[task]]
         name = "honest"
         cwd = "repo"
@@ -90,11 +94,20 @@ def test_the_mirror_keeps_what_this_supervisors_output_max_bytes_allows(fleeter,
         git_ref = "main"
         depends_on = ["honest"]
         allowed_tools = ["Bash"]
-    ''')
+    """)
     gate = mini.home.parent / "grown"
-    fake_claude.script(honest=[{"actions": [["print", "x" * 60000], ["write", "out.txt", "x"], ["commit", "x"]]}],
-                       grows=[{"actions": [["bash", f"while [ ! -e {gate} ]; do sleep 0.05; done"],
-                                           ["write", "out.txt", "x"], ["commit", "x"]]}])
+    fake_claude.script(
+        honest=[{"actions": [["print", "x" * 60000], ["write", "out.txt", "x"], ["commit", "x"]]}],
+        grows=[
+            {
+                "actions": [
+                    ["bash", f"while [ ! -e {gate} ]; do sleep 0.05; done"],
+                    ["write", "out.txt", "x"],
+                    ["commit", "x"],
+                ]
+            }
+        ],
+    )
     proc = fleeter.popen("tasks.toml")
     try:
         led = fleeter.ledger()

@@ -15,8 +15,7 @@ pytest_plugins = ["sshd"]
 
 
 def add(fleeter, m, *extra, name=None, command=None):
-    return fleeter.run("relay", "add", name or m.name, m.address,
-                       "--command", command or m.command_line(), *extra)
+    return fleeter.run("relay", "add", name or m.name, m.address, "--command", command or m.command_line(), *extra)
 
 
 def known_hosts(fleeter) -> str:
@@ -26,8 +25,9 @@ def known_hosts(fleeter) -> str:
 
 def test_unknown_host_key_is_refused_with_its_fingerprint(fleeter, peer_lab):
     m = peer_lab.machine("mini")
-    fp = subprocess.run(["ssh-keygen", "-lf", str(m.sshd.host_key) + ".pub"], capture_output=True,
-                        text=True, check=True).stdout.split()[1]
+    fp = subprocess.run(
+        ["ssh-keygen", "-lf", str(m.sshd.host_key) + ".pub"], capture_output=True, text=True, check=True
+    ).stdout.split()[1]
     assert fp.startswith("SHA256:")
     r = add(fleeter, m)
     assert r.ret == 6
@@ -46,10 +46,15 @@ def test_accept_new_records_the_key_once_and_says_so(fleeter, peer_lab):
     m = peer_lab.machine("mini")
     r = add(fleeter, m, "--accept-new")
     assert r.ret == 0, r.stdout + r.stderr
-    r.fnmatch_lines([f"accepted the new host key of [[]127.0.0.1[]]:{m.sshd.port}: ssh-ed25519 SHA256:* "
-                     f"recorded in {fleeter.home}/known_hosts (trust on first use)",
-                     "connected to * in * ms", "mini: fleetrun * · *(linux/*); features: supervised-tasks-1",
-                     f"added peer mini ({m.address}) in {fleeter.home}/peers.toml"])
+    r.fnmatch_lines(
+        [
+            f"accepted the new host key of [[]127.0.0.1[]]:{m.sshd.port}: ssh-ed25519 SHA256:* "
+            f"recorded in {fleeter.home}/known_hosts (trust on first use)",
+            "connected to * in * ms",
+            "mini: fleetrun * · *(linux/*); features: supervised-tasks-1",
+            f"added peer mini ({m.address}) in {fleeter.home}/peers.toml",
+        ]
+    )
     host_pub = (m.sshd.host_key.with_suffix(".pub")).read_text().split()
     assert known_hosts(fleeter) == f"[127.0.0.1]:{m.sshd.port} {host_pub[0]} {host_pub[1]}\n"
     assert ((fleeter.home / "known_hosts").stat().st_mode & 0o777) == 0o600
@@ -57,8 +62,13 @@ def test_accept_new_records_the_key_once_and_says_so(fleeter, peer_lab):
     # known now: no --accept-new needed, nothing recorded twice
     r = add(fleeter, m)
     assert r.ret == 0, r.stdout + r.stderr
-    r.fnmatch_lines([f"host key of [[]127.0.0.1[]]:{m.sshd.port}: ssh-ed25519 SHA256:* (on record in "
-                     f"{fleeter.home}/known_hosts:1)", "updated peer mini *"])
+    r.fnmatch_lines(
+        [
+            f"host key of [[]127.0.0.1[]]:{m.sshd.port}: ssh-ed25519 SHA256:* (on record in "
+            f"{fleeter.home}/known_hosts:1)",
+            "updated peer mini *",
+        ]
+    )
     assert len(known_hosts(fleeter).splitlines()) == 1
 
 
@@ -101,8 +111,10 @@ def test_ssh_config_alias_user_port_and_identity_file(fleeter, peer_lab):
     ssh = peer_lab.client_home / ".ssh"
     (ssh / "id_ed25519").rename(ssh / "fleet_key")  # found only through IdentityFile
     (ssh / "id_ed25519.pub").rename(ssh / "fleet_key.pub")
-    (ssh / "config").write_text(f"Host mini-alias\n    HostName 127.0.0.1\n    Port {m.sshd.port}\n"
-                                f"    User {m.address.split('@')[0]}\n    IdentityFile ~/.ssh/fleet_key\n")
+    (ssh / "config").write_text(
+        f"Host mini-alias\n    HostName 127.0.0.1\n    Port {m.sshd.port}\n"
+        f"    User {m.address.split('@')[0]}\n    IdentityFile ~/.ssh/fleet_key\n"
+    )
     r = fleeter.run("relay", "add", "mini", "mini-alias", "--accept-new", "--command", m.command_line())
     assert r.ret == 0, r.stdout + r.stderr
     assert known_hosts(fleeter).startswith(f"[127.0.0.1]:{m.sshd.port} ssh-ed25519 ")
@@ -124,8 +136,12 @@ def test_ssh_agent_keys_are_used(fleeter, peer_lab, tmp_path, monkeypatch):
     (ssh / "id_ed25519").rename(key)
     (ssh / "id_ed25519.pub").unlink()
     sock = tmp_path / "agent.sock"
-    agent = subprocess.Popen(["ssh-agent", "-D", "-a", str(sock)], stdout=subprocess.DEVNULL,
-                             stderr=subprocess.DEVNULL, start_new_session=True)
+    agent = subprocess.Popen(
+        ["ssh-agent", "-D", "-a", str(sock)],
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.DEVNULL,
+        start_new_session=True,
+    )
     try:
         # The socket file appears at bind(), before the agent listens: wait
         # until it accepts a connection (ssh-add exits 2 on a refused one).
@@ -152,17 +168,21 @@ def test_a_peer_without_fleetrun_gets_nothing_and_says_why(fleeter, peer_lab, fa
     m = peer_lab.machine("bare")
     r = add(fleeter, m, "--accept-new", command="/nonexistent/fleetrun")
     assert r.ret == 6
-    r.fnmatch_lines(["added peer bare (*) in *peers.toml, but it gets no tasks: bare has no fleetrun: "
-                     "`/nonexistent/fleetrun` was not found there (*); install it, or set command = [[]...]*"])
+    r.fnmatch_lines(
+        [
+            "added peer bare (*) in *peers.toml, but it gets no tasks: bare has no fleetrun: "
+            "`/nonexistent/fleetrun` was not found there (*); install it, or set command = [[]...]*"
+        ]
+    )
     r = fleeter.run("relay", "peers")
     r.fnmatch_lines(["bare * never * never *", "  └ gets no tasks: has no fleetrun: *"])
     fleeter.make_repo()
-    fleeter.write_tasks('''
+    fleeter.write_tasks("""
         [[task]]
         name = "t"
         cwd = "repo"
         prompt = "hi"
-    ''')
+    """)
     assert fleeter.run("drain").ret == 0
     r = fleeter.run("tasks.toml")
     assert r.ret == 1
@@ -190,15 +210,17 @@ def test_peers_table_json_and_remove(fleeter, peer_lab):
     (fleeter.home / "peers-state.json").write_text(json.dumps(state))
     r = fleeter.run("relay", "peers", "--cached")
     assert r.ret == 0
-    r.fnmatch_lines([
-        "PEER                       STATUS  LAST HEARD        ADDRESS",
-        "──────────*",
-        f"alpha                      live    *s ago            {a.address}",
-        "  └ fleetrun 0.1.0 · *git *, python * (linux/*)",
-        "  └ * MB free · load *.**/core · * MB disk · 0 running (*s ago)",
-        f"beta                       stale   10m ago           {b.address}",
-        "gamma                      never   never             nobody@127.0.0.1:1",
-    ])
+    r.fnmatch_lines(
+        [
+            "PEER                       STATUS  LAST HEARD        ADDRESS",
+            "──────────*",
+            f"alpha                      live    *s ago            {a.address}",
+            "  └ fleetrun 0.1.0 · *git *, python * (linux/*)",
+            "  └ * MB free · load *.**/core · * MB disk · 0 running (*s ago)",
+            f"beta                       stale   10m ago           {b.address}",
+            "gamma                      never   never             nobody@127.0.0.1:1",
+        ]
+    )
     rows = {row["name"]: row for row in json.loads(fleeter.run("relay", "peers", "--cached", "--json").stdout)}
     assert [rows[n]["status"] for n in ("alpha", "beta", "gamma")] == ["live", "stale", "never"]
     assert rows["alpha"]["gets_tasks"] and not rows["beta"]["gets_tasks"]

@@ -30,8 +30,14 @@ def mini(fleeter, peer_lab):
 
 
 def spec(argv, cwd="/"):
-    return {"argv": argv, "cwd": cwd, "env": {"FLEETRUN_TASK_ID": "task_t1_1"}, "timeout_s": 60, "stall_s": 60,
-            "notify": "/nonexistent/loop.sock"}
+    return {
+        "argv": argv,
+        "cwd": cwd,
+        "env": {"FLEETRUN_TASK_ID": "task_t1_1"},
+        "timeout_s": 60,
+        "stall_s": 60,
+        "notify": "/nonexistent/loop.sock",
+    }
 
 
 def wait_ended(host, attempt, timeout=120.0):
@@ -126,9 +132,17 @@ def test_run_verifier_on_the_peer(mini, tmp_path):
     from fleetrun.taskspec import TaskSpec, VerifySpec
 
     v = VerifySpec(kind="run", text="echo checked in $PWD; exit 1")
-    task = Task(id="task_t1_1", name="t", state=State.VERIFYING, spec=TaskSpec(name="t", prompt="p", cwd=str(tmp_path),
-                                                                        verify=[v]),
-                source="", queue_id="q", created=0, updated=0, host="mini")
+    task = Task(
+        id="task_t1_1",
+        name="t",
+        state=State.VERIFYING,
+        spec=TaskSpec(name="t", prompt="p", cwd=str(tmp_path), verify=[v]),
+        source="",
+        queue_id="q",
+        created=0,
+        updated=0,
+        host="mini",
+    )
     att = Attempt(id="task_t1_1_a1", task_id="task_t1_1", number=1, kind="fresh", host="mini", state="ended", created=0)
     handle = RemoteRunHandle(mini.host, task, att, v, 0, Workspace(path=str(tmp_path)))
     deadline = time.monotonic() + 120
@@ -186,10 +200,12 @@ def test_a_peer_without_status_many_is_polled_one_attempt_at_a_time(fleeter, pee
 
     m = peer_lab.machine("old")
     older = tmp_path / "older-peer"
-    older.write_text('#!/bin/sh\n# a fleetrun peer from before `host status-many`\n'
-                     'for a in "$@"; do if [ "$a" = status-many ]; then\n'
-                     '  echo \'{"error": "usage: fleetrun host {probe,status,log} --json ..."}\'; exit 4; fi; done\n'
-                     'exec "$@"\n')
+    older.write_text(
+        "#!/bin/sh\n# a fleetrun peer from before `host status-many`\n"
+        'for a in "$@"; do if [ "$a" = status-many ]; then\n'
+        '  echo \'{"error": "usage: fleetrun host {probe,status,log} --json ..."}\'; exit 4; fi; done\n'
+        'exec "$@"\n'
+    )
     older.chmod(0o755)
     r = fleeter.run("relay", "add", "old", m.address, "--accept-new", "--command", f"{older} {m.command_line()}")
     assert r.ret == 0, r.stdout + r.stderr
@@ -197,8 +213,9 @@ def test_a_peer_without_status_many_is_polled_one_attempt_at_a_time(fleeter, pee
     try:
         refs = []
         for n in (1, 2):
-            info = host.start(f"task_t{n}_1_a1", dict(spec(["sh", "-c", f"exit {n}"]),
-                                                      env={"FLEETRUN_TASK_ID": f"task_t{n}_1"}))
+            info = host.start(
+                f"task_t{n}_1_a1", dict(spec(["sh", "-c", f"exit {n}"]), env={"FLEETRUN_TASK_ID": f"task_t{n}_1"})
+            )
             refs.append(AttemptRef(f"task_t{n}_1_a1", info.pid, info.token))
         sent = _counting(host)
         deadline = time.monotonic() + 120
@@ -210,7 +227,7 @@ def test_a_peer_without_status_many_is_polled_one_attempt_at_a_time(fleeter, pee
         # asked status-many until it answered (a loaded peer may not, once), then status per
         # attempt from then on
         last = max(i for i, verb in enumerate(sent) if verb == "status-many")
-        assert sent[last + 1:] and set(sent[last + 1:]) == {"status"} and host._status_many is False, sent
+        assert sent[last + 1 :] and set(sent[last + 1 :]) == {"status"} and host._status_many is False, sent
     finally:
         host.close()
 
@@ -222,8 +239,12 @@ def test_a_status_many_reply_speaks_only_of_the_attempts_asked_about():
     ok = {"status": {"state": "running"}}
     got = parse_status_many_reply({"statuses": {"task_a_1_a1": ok}}, ["task_a_1_a1", "task_b_1_a1"])
     assert list(got) == ["task_a_1_a1"] and got["task_a_1_a1"].status == {"state": "running"}
-    for bad in ([], {"statuses": []}, {"statuses": {"task_c_1_a1": ok}},
-                {"statuses": {"task_a_1_a1": {"status": {"state": "exploded"}}}}):
+    for bad in (
+        [],
+        {"statuses": []},
+        {"statuses": {"task_c_1_a1": ok}},
+        {"statuses": {"task_a_1_a1": {"status": {"state": "exploded"}}}},
+    ):
         with pytest.raises(Malformed):
             parse_status_many_reply(bad, ["task_a_1_a1"])
 
@@ -238,13 +259,15 @@ def test_an_older_worker_is_never_sent_status_many(fleeter, peer_lab, tmp_path):
 
     m = peer_lab.machine("old")
     older = tmp_path / "older-peer"
-    older.write_text('#!/bin/sh\n# a fleetrun peer from before `host status-many`\n'
-                     'for a in "$@"; do if [ "$a" = status-many ]; then\n'
-                     '  echo \'{"error": "usage: fleetrun host {probe,status,log} --json ..."}\'; exit 4; fi; done\n'
-                     'for a in "$@"; do if [ "$a" = serve ]; then\n'
-                     # its worker: no "many" in its hello, and a status-many request dropped
-                     '  sed -u \'/"status-many"/d\' | "$@" | sed -u \'s/, *"many": *1//\'; exit; fi; done\n'
-                     'exec "$@"\n')
+    older.write_text(
+        "#!/bin/sh\n# a fleetrun peer from before `host status-many`\n"
+        'for a in "$@"; do if [ "$a" = status-many ]; then\n'
+        '  echo \'{"error": "usage: fleetrun host {probe,status,log} --json ..."}\'; exit 4; fi; done\n'
+        'for a in "$@"; do if [ "$a" = serve ]; then\n'
+        # its worker: no "many" in its hello, and a status-many request dropped
+        '  sed -u \'/"status-many"/d\' | "$@" | sed -u \'s/, *"many": *1//\'; exit; fi; done\n'
+        'exec "$@"\n'
+    )
     older.chmod(0o755)
     r = fleeter.run("relay", "add", "old", m.address, "--accept-new", "--command", f"{older} {m.command_line()}")
     assert r.ret == 0, r.stdout + r.stderr
@@ -256,8 +279,9 @@ def test_an_older_worker_is_never_sent_status_many(fleeter, peer_lab, tmp_path):
         refs = []
         for n in (1, 2):
             script = f"while [ ! -e {gate} ]; do sleep 0.05; done; exit {n}"
-            info = host.start(f"task_t{n}_1_a1", dict(spec(["sh", "-c", script]),
-                                                      env={"FLEETRUN_TASK_ID": f"task_t{n}_1"}))
+            info = host.start(
+                f"task_t{n}_1_a1", dict(spec(["sh", "-c", script]), env={"FLEETRUN_TASK_ID": f"task_t{n}_1"})
+            )
             refs.append(AttemptRef(f"task_t{n}_1_a1", info.pid, info.token))
         host.live_worker().watching.clear()  # as after a restart: not watched, so asked
         got = host.poll(refs)

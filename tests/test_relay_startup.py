@@ -21,18 +21,28 @@ sys.stderr.write("\\nPROBE " + json.dumps({"code": code, "heavy": heavy}) + "\\n
 """
 
 
-@pytest.mark.parametrize("args", [["--help"], ["status"], ["status", "--json"], ["relay", "peers", "--cached"],
-                                  ["host", "probe", "--json"]], ids=" ".join)
+@pytest.mark.parametrize(
+    "args",
+    [["--help"], ["status"], ["status", "--json"], ["relay", "peers", "--cached"], ["host", "probe", "--json"]],
+    ids=" ".join,
+)
 def test_no_paramiko_without_a_connection(tmp_path: Path, args: list[str]) -> None:
     home = tmp_path / "home"
     home.mkdir()
     (home / "peers.toml").write_text('[peers.mini]\naddress = "me@127.0.0.1:1"\ncommand = ["fleetrun"]\n')
     env = dict(os.environ, FLEETRUN_HOME=str(home), FLEETRUN_DISABLE_PLUGIN_AUTOLOAD="1")
-    proc = subprocess.run([sys.executable, "-c", PROBE, *args], env=env, cwd=str(tmp_path),
-                          stdin=subprocess.DEVNULL, capture_output=True, text=True, timeout=120)
+    proc = subprocess.run(
+        [sys.executable, "-c", PROBE, *args],
+        env=env,
+        cwd=str(tmp_path),
+        stdin=subprocess.DEVNULL,
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
     lines = [ln for ln in proc.stderr.splitlines() if ln.startswith("PROBE ")]
     assert lines, proc.stdout + proc.stderr
-    got = json.loads(lines[-1][len("PROBE "):])
+    got = json.loads(lines[-1][len("PROBE ") :])
     assert got["code"] == 0, proc.stdout + proc.stderr
     assert got["heavy"] == []
 

@@ -116,9 +116,7 @@ def test_a_verifier_stopped_or_in_a_missing_folder_has_its_reason(host, tmp_path
     code, r = host("verify-stop", "--attempt", ATT["id"], "--idx", "0")
     assert code == 0 and r["signalled"], r
     r = ended(host, 0)
-    assert (r["passed"], r["reason"]) == (False, "stopped by the supervisor") and r[
-        "duration_s"
-    ] < 10
+    assert (r["passed"], r["reason"]) == (False, "stopped by the supervisor") and r["duration_s"] < 10
     start(host, tmp_path, 1, "true", tmp_path / "gone")
     r = ended(host, 1)
     assert not r["passed"] and r["reason"].startswith("cannot start: "), r
@@ -130,8 +128,10 @@ def test_a_peer_verifiers_flood_is_cut_and_what_it_detached_ends_with_it(host, t
     tail kept, the verdict says so) and the sleep is ended with the verifier."""
     (host.home / "config.toml").write_text("[output]\nmax_bytes = 1_000_000\n")
     pidfile = tmp_path / "pids"
-    detach = (f"setsid sh -c 'echo $$ > {pidfile}; exec sleep 3000' >/dev/null 2>&1 </dev/null & "
-              f"while [ ! -s {pidfile} ]; do sleep 0.05; done")
+    detach = (
+        f"setsid sh -c 'echo $$ > {pidfile}; exec sleep 3000' >/dev/null 2>&1 </dev/null & "
+        f"while [ ! -s {pidfile} ]; do sleep 0.05; done"
+    )
     start(host, tmp_path, 0, f"echo FIRST; head -c 50000000 /dev/zero; echo; echo LAST; {detach}; exit 1", tmp_path)
     try:
         r = ended(host, 0)
@@ -157,8 +157,10 @@ def test_a_peer_verifier_deaf_to_sigterm_that_times_out_leaves_nothing_it_detach
     deaf to SIGTERM would have its reaping wrapper SIGKILLed with it, so the wrapper, on
     its own SIGTERM, ends everything below it at once (SIGTERM, 0.5 s, SIGKILL)."""
     pidfile = tmp_path / "pid"
-    cmd = (f"trap '' TERM; setsid sh -c 'echo $$ > {pidfile}; exec sleep 3000' >/dev/null 2>&1 </dev/null & "
-           f"while [ ! -s {pidfile} ]; do sleep 0.05; done; sleep 3000")
+    cmd = (
+        f"trap '' TERM; setsid sh -c 'echo $$ > {pidfile}; exec sleep 3000' >/dev/null 2>&1 </dev/null & "
+        f"while [ ! -s {pidfile} ]; do sleep 0.05; done; sleep 3000"
+    )
     start(host, tmp_path, 0, cmd, tmp_path, timeout_s=2)
     try:
         r = ended(host, 0)

@@ -44,8 +44,10 @@ HOSTILE = [
     (b'{"event": "ended", "attempt": "../../etc", "status": {"state": "ended"}, "log_size": 0}', "attempt"),
     (b'{"event": "ended", "attempt": "task_q_1_a1", "status": {"state": "running"}, "log_size": 0}', "not ended"),
     (b'{"event": "log", "attempt": "task_q_1_a1", "log": "%%%", "log_offset": 0, "log_size": 3}', "not base64"),
-    (b'{"event": "verified", "attempt": "task_q_1_a1", "idx": 0, "result": {"state": "ended", "passed": "yes"}}',
-     "passed"),
+    (
+        b'{"event": "verified", "attempt": "task_q_1_a1", "idx": 0, "result": {"state": "ended", "passed": "yes"}}',
+        "passed",
+    ),
     (b'{"event": "probe", "probe": {"fleetrun": "0.1.0", "running": "lots"}}', "probe reply.running"),
     (b'{"event": "probe", "probe": "0.1.0"}', "probe reply"),
     (b"[" * 100000 + b"]" * 100000, "not JSON"),
@@ -67,25 +69,47 @@ def test_good_messages_parse_and_hostile_ones_say_what_is_wrong():
 def test_a_request_is_read_as_strictly_on_the_peer():
     r = parse_worker_request(b'{"id": 3, "verb": "status", "args": ["--attempt", "task_q_1_a1"]}')
     assert (r.id, r.verb, r.args, r.payload) == (3, "status", ["--attempt", "task_q_1_a1"], None)
-    assert json.loads(parse_worker_request(b'{"id": 4, "verb": "start", "payload": {"a": 1}}').payload or b"") == {"a": 1}
-    for bad in (b'{"id": 0, "verb": "status"}', b'{"id": 1, "verb": "bundle"}', b'{"id": 1, "verb": "sh"}',
-                b'{"id": 1, "verb": "status", "args": "--attempt x"}', b'{"id": 1, "verb": "start", "payload": [1]}',
-                b'{"id": 1, "verb": "status", "args": [1]}', b"{"):
+    assert json.loads(parse_worker_request(b'{"id": 4, "verb": "start", "payload": {"a": 1}}').payload or b"") == {
+        "a": 1
+    }
+    for bad in (
+        b'{"id": 0, "verb": "status"}',
+        b'{"id": 1, "verb": "bundle"}',
+        b'{"id": 1, "verb": "sh"}',
+        b'{"id": 1, "verb": "status", "args": "--attempt x"}',
+        b'{"id": 1, "verb": "start", "payload": [1]}',
+        b'{"id": 1, "verb": "status", "args": [1]}',
+        b"{",
+    ):
         with pytest.raises(Malformed):
             parse_worker_request(bad)
     # a probe's beat_secs (how often its worker pushes one) is the supervisor's: read strictly
     good = parse_worker_request(b'{"id": 5, "verb": "probe", "payload": {"beat_secs": 2.5}}')
     assert beat_secs(good.payload) == 2.5 and beat_secs(None) is None
-    for bad in (b'{"beat_secs": 0}', b'{"beat_secs": true}', b'{"beat_secs": "5"}', b'{"beat_secs": 1e9}',
-                b'{"beat_secs": NaN}', b"[5]", b"{"):
+    for bad in (
+        b'{"beat_secs": 0}',
+        b'{"beat_secs": true}',
+        b'{"beat_secs": "5"}',
+        b'{"beat_secs": 1e9}',
+        b'{"beat_secs": NaN}',
+        b"[5]",
+        b"{",
+    ):
         assert beat_secs(bad) is None, bad
 
 
 json_values = st.recursive(
-    st.one_of(st.none(), st.booleans(), st.integers(), st.floats(), st.text(max_size=20),
-              st.sampled_from([AID, "ended", "hello", "log", "verified", "aGVsbG8=", "../x"])),
+    st.one_of(
+        st.none(),
+        st.booleans(),
+        st.integers(),
+        st.floats(),
+        st.text(max_size=20),
+        st.sampled_from([AID, "ended", "hello", "log", "verified", "aGVsbG8=", "../x"]),
+    ),
     lambda kids: st.one_of(st.lists(kids, max_size=4), st.dictionaries(st.text(max_size=10), kids, max_size=5)),
-    max_leaves=20)
+    max_leaves=20,
+)
 
 
 @settings(max_examples=200, deadline=None, suppress_health_check=[HealthCheck.too_slow])
@@ -105,12 +129,12 @@ def test_damaged_messages_only_ever_raise_malformed(base, key, value, drop):
 
 # -- a hostile worker behind a real sshd -------------------------------------------
 
-HOSTILE_WORKER = '''
+HOSTILE_WORKER = """
 import json, sys
 print(json.dumps({"event": "hello", "protocol": 1, "pid": 1}), flush=True)
 for line in sys.stdin:
     print('{"id": "not a number", "code": 0, "reply": {"status": {"state": "died"}}}', flush=True)
-'''
+"""
 
 
 @pytest.fixture
@@ -119,9 +143,11 @@ def hostile(fleeter, peer_lab):
     fake = m.home.parent / "hostile.py"
     fake.write_text(HOSTILE_WORKER)
     script = m.home.parent / "wrapper"
-    script.write_text("#!/bin/sh\n"
-                      f'if [ "$2" = serve ]; then exec {shlex.quote(sys.executable)} {shlex.quote(str(fake))}; fi\n'
-                      f'exec {m.command_line()} "$@"\n')
+    script.write_text(
+        "#!/bin/sh\n"
+        f'if [ "$2" = serve ]; then exec {shlex.quote(sys.executable)} {shlex.quote(str(fake))}; fi\n'
+        f'exec {m.command_line()} "$@"\n'
+    )
     script.chmod(0o755)
     r = fleeter.run("relay", "add", "mini", m.address, "--accept-new", "--command", str(script))
     assert r.ret == 0, r.stdout + r.stderr

@@ -16,23 +16,47 @@ def spec(**kw) -> TaskSpec:
     return TaskSpec(**base)
 
 
-@pytest.mark.parametrize("change", [
-    {"prompt": "do it twice"}, {"cwd": "/s"}, {"git_ref": "dev"}, {"branch": "b"}, {"depends_on": ["x"]},
-    {"agent": "codex"}, {"model": "opus"}, {"permission_mode": "plan"}, {"allowed_tools": ["Read"]},
-    {"role": "r"}, {"paths": ["src"]}, {"extra": {"base": "dependencies"}},
-    {"verify": [VerifySpec("run", "make check")]}, {"verify": []},
-    {"setup": [VerifySpec("run", "make deps", extra={"setup": 1})]},
-])
+@pytest.mark.parametrize(
+    "change",
+    [
+        {"prompt": "do it twice"},
+        {"cwd": "/s"},
+        {"git_ref": "dev"},
+        {"branch": "b"},
+        {"depends_on": ["x"]},
+        {"agent": "codex"},
+        {"model": "opus"},
+        {"permission_mode": "plan"},
+        {"allowed_tools": ["Read"]},
+        {"role": "r"},
+        {"paths": ["src"]},
+        {"extra": {"base": "dependencies"}},
+        {"verify": [VerifySpec("run", "make check")]},
+        {"verify": []},
+        {"setup": [VerifySpec("run", "make deps", extra={"setup": 1})]},
+    ],
+)
 def test_what_counts(change):
     assert definition_digest(spec(**change), {}) != definition_digest(spec(), {})
 
 
-@pytest.mark.parametrize("change", [
-    {"name": "b"}, {"line": 40}, {"source": "/other.toml"}, {"key_lines": {"prompt": 3}}, {"tags": ["slow"]},
-    {"max_retries": 9}, {"timeout_min": 1.0}, {"stall_timeout_min": 1.0}, {"budget_usd": 1.0},
-    {"requires": ["gpu"]}, {"peer": "mini"},
-    {"verify": [VerifySpec("run", "make test", line=30, timeout_s=5.0)]},
-])
+@pytest.mark.parametrize(
+    "change",
+    [
+        {"name": "b"},
+        {"line": 40},
+        {"source": "/other.toml"},
+        {"key_lines": {"prompt": 3}},
+        {"tags": ["slow"]},
+        {"max_retries": 9},
+        {"timeout_min": 1.0},
+        {"stall_timeout_min": 1.0},
+        {"budget_usd": 1.0},
+        {"requires": ["gpu"]},
+        {"peer": "mini"},
+        {"verify": [VerifySpec("run", "make test", line=30, timeout_s=5.0)]},
+    ],
+)
 def test_what_does_not_count(change):
     assert definition_digest(spec(**change), {}) == definition_digest(spec(), {})
 

@@ -21,8 +21,10 @@ def big_file(repo: Path, n: int, bad: dict[int, str]) -> tuple[str, dict[int, in
     line = 1
     for i in range(n):
         deps = [f"t{j}" for j in sorted({i - 1 - i % 7, i - 1 - i % 3}) if j >= 0 and i >= 10] if i else []
-        block = [f'[[task]]\nname = "t{i}"\ncwd = "{repo.name}"\nprompt = "item {i}"\ngit_ref = "main"\n'
-                 f"depends_on = {json.dumps(deps)}\n"]
+        block = [
+            f'[[task]]\nname = "t{i}"\ncwd = "{repo.name}"\nprompt = "item {i}"\ngit_ref = "main"\n'
+            f"depends_on = {json.dumps(deps)}\n"
+        ]
         if i in bad:
             where[i] = line + block[0].count("\n")
             block.append(bad[i] + "\n")
@@ -50,8 +52,7 @@ def test_a_large_queue_with_errors_reports_every_error_with_its_line(fleeter: Fl
     assert result.ret == USAGE_ERROR, result.stderr
     assert "Traceback" not in result.stderr
     errors = [e for e in result.errlines if e.startswith("ERROR: ")]
-    expected = [f"ERROR: tasks.toml:{where[i]}: task 't{i}': {'modle' if i % 2 else 'timeout_min'}: "
-                for i in bad]
+    expected = [f"ERROR: tasks.toml:{where[i]}: task 't{i}': {'modle' if i % 2 else 'timeout_min'}: " for i in bad]
     missing = [x for x in expected if not any(e.startswith(x) for e in errors)]
     assert not missing, (missing, errors)
     cwd_errors = [e for e in errors if ": cwd: 'nowhere' does not exist" in e]
@@ -124,11 +125,29 @@ def test_status_json_rows_are_written_as_json_dumps_would_write_them() -> None:
         pass
 
     rows: list[dict[Any, Any]] = [
-        {}, {"a": 1},
-        {"a": [], "b": {}, "c": [1, [2, {}], {"x": [None, True, 1.5e300, float("inf")]}], "d": "é\u2028\"\\\x00",
-         "e": None, "f": -0.0, "g": 10**30, "h": {"k": {"z": []}}, "i": True, "j": 0.1, "k": -7,
-         "l": ["a", "é\n"], "m": ["a", 1], "o": 1e16, "p": 123456789.123456789},
-        {1: 2}, {"n": float("nan"), "q": float("-inf")}, {"s": Name("x")}, {"l": [Name("y")]},
+        {},
+        {"a": 1},
+        {
+            "a": [],
+            "b": {},
+            "c": [1, [2, {}], {"x": [None, True, 1.5e300, float("inf")]}],
+            "d": 'é\u2028"\\\x00',
+            "e": None,
+            "f": -0.0,
+            "g": 10**30,
+            "h": {"k": {"z": []}},
+            "i": True,
+            "j": 0.1,
+            "k": -7,
+            "l": ["a", "é\n"],
+            "m": ["a", 1],
+            "o": 1e16,
+            "p": 123456789.123456789,
+        },
+        {1: 2},
+        {"n": float("nan"), "q": float("-inf")},
+        {"s": Name("x")},
+        {"l": [Name("y")]},
     ]
     for row in rows:
         assert _indented(row) == json.dumps(row, indent=2)

@@ -16,13 +16,13 @@ import pytest
 
 TID = "task_m0abc123def_0"
 AID = f"{TID}_a1"
-GIT_ID = {"GIT_AUTHOR_NAME": "t", "GIT_AUTHOR_EMAIL": "t@t", "GIT_COMMITTER_NAME": "t",
-          "GIT_COMMITTER_EMAIL": "t@t"}
+GIT_ID = {"GIT_AUTHOR_NAME": "t", "GIT_AUTHOR_EMAIL": "t@t", "GIT_COMMITTER_NAME": "t", "GIT_COMMITTER_EMAIL": "t@t"}
 
 
 def git(repo: Path, *args: str) -> str:
-    return subprocess.run(["git", "-C", str(repo), *args], check=True, capture_output=True, text=True,
-                          env=dict(os.environ, **GIT_ID)).stdout
+    return subprocess.run(
+        ["git", "-C", str(repo), *args], check=True, capture_output=True, text=True, env=dict(os.environ, **GIT_ID)
+    ).stdout
 
 
 def make_repo(path: Path, files: Optional[dict[str, str]] = None) -> Path:
@@ -42,9 +42,13 @@ class Peer:
         self.env = {"FLEETRUN_HOME": str(home), "FLEETRUN_DISABLE_PLUGIN_AUTOLOAD": "1"}
 
     def host(self, *args: str, stdin: Any = None, env: Optional[dict[str, str]] = None) -> tuple[int, dict]:
-        proc = subprocess.run([sys.executable, "-m", "fleetrun", "host", *args, "--json"],
-                              input=json.dumps(stdin).encode() if stdin is not None else b"",
-                              capture_output=True, env=dict(os.environ, **self.env, **(env or {})), timeout=60)
+        proc = subprocess.run(
+            [sys.executable, "-m", "fleetrun", "host", *args, "--json"],
+            input=json.dumps(stdin).encode() if stdin is not None else b"",
+            capture_output=True,
+            env=dict(os.environ, **self.env, **(env or {})),
+            timeout=60,
+        )
         lines = proc.stdout.decode().strip().splitlines()
         assert len(lines) == 1, proc.stdout.decode() + proc.stderr.decode()
         reply = json.loads(lines[0])
@@ -62,20 +66,42 @@ def peer(tmp_path):
     kill_leftovers(home)
 
 
-def task(cwd: Path, tid: str = TID, state: str = "ASSIGNED", git_ref: Optional[str] = "main",
-         branch: Optional[str] = None, **extra: Any) -> dict[str, Any]:
+def task(
+    cwd: Path,
+    tid: str = TID,
+    state: str = "ASSIGNED",
+    git_ref: Optional[str] = "main",
+    branch: Optional[str] = None,
+    **extra: Any,
+) -> dict[str, Any]:
     spec = {"name": "fix", "prompt": "p", "cwd": str(cwd)}
     if git_ref:
         spec["git_ref"] = git_ref
     if branch:
         spec["branch"] = branch
-    return {"id": tid, "name": "fix", "state": state, "source": "", "queue_id": "q", "created": 0, "updated": 0,
-            "spec": spec, **extra}
+    return {
+        "id": tid,
+        "name": "fix",
+        "state": state,
+        "source": "",
+        "queue_id": "q",
+        "created": 0,
+        "updated": 0,
+        "spec": spec,
+        **extra,
+    }
 
 
 def attempt(tid: str = TID, n: int = 1) -> dict[str, Any]:
-    return {"id": f"{tid}_a{n}", "task_id": tid, "number": n, "kind": "fresh", "host": "mini", "state": "leased",
-            "created": 0}
+    return {
+        "id": f"{tid}_a{n}",
+        "task_id": tid,
+        "number": n,
+        "kind": "fresh",
+        "host": "mini",
+        "state": "leased",
+        "created": 0,
+    }
 
 
 def prepare(peer: Peer, repo: Path) -> dict[str, Any]:
@@ -141,8 +167,14 @@ def test_collect_commits_only_in_the_worktree_it_prepared(peer, tmp_path):
     other = make_repo(tmp_path / "other")
     (other / "README.md").write_text("the user's work in progress\n")
     before = git(other, "rev-parse", "HEAD")
-    foreign = {"path": str(other), "root": str(other), "repo": str(other), "branch": "main", "is_worktree": True,
-               "base_ref": "main"}
+    foreign = {
+        "path": str(other),
+        "root": str(other),
+        "repo": str(other),
+        "branch": "main",
+        "is_worktree": True,
+        "base_ref": "main",
+    }
     request = {"task": task(repo), "attempt": attempt(), "workspace": foreign}
     code, r = peer.host("collect", stdin=request)
     assert code == 1 and "no workspace was prepared on this host" in r["error"], r
@@ -182,8 +214,9 @@ def test_collect_refuses_an_embedded_repository_and_runs_nothing_it_names(peer, 
     (sub / "refs").mkdir()
     (sub / "HEAD").write_text(git(repo, "rev-parse", "main"))
     (sub / "objects" / "info" / "alternates").write_text(f"{repo / '.git' / 'objects'}\n")
-    (sub / "config").write_text(f'[core]\n\trepositoryformatversion = 0\n'
-                                f'\tfsmonitor = "echo ran $FLEETRUN_TEST_SECRET >> {marker}; false"\n')
+    (sub / "config").write_text(
+        f'[core]\n\trepositoryformatversion = 0\n\tfsmonitor = "echo ran $FLEETRUN_TEST_SECRET >> {marker}; false"\n'
+    )
     (wt / "work.txt").write_text("the agent's\n")
     secret = {"FLEETRUN_TEST_SECRET": "the peer's secret"}
     code, r = peer.host("collect", stdin={"task": task(repo), "attempt": attempt(), "workspace": ws}, env=secret)
@@ -199,8 +232,10 @@ def test_verify_start_runs_in_the_worktree_it_prepared(peer, tmp_path):
     ws = prepare(peer, repo)
     elsewhere = dict(ws, path=str(tmp_path))
     v = {"kind": "run", "text": "pwd", "timeout_s": 60}
-    code, r = peer.host("verify-start", stdin={"task": task(repo), "attempt": attempt(), "verifier": v,
-                                               "idx": 0, "workspace": elsewhere})
+    code, r = peer.host(
+        "verify-start",
+        stdin={"task": task(repo), "attempt": attempt(), "verifier": v, "idx": 0, "workspace": elsewhere},
+    )
     assert code == 0, r
     out = wait_verifier(peer, AID, 0)
     assert out["output"].strip() == os.path.realpath(ws["path"]) or out["output"].strip() == ws["path"]
@@ -271,15 +306,17 @@ def test_a_peer_run_verifier_writes_no_secret_of_its_environment(peer, tmp_path)
     ws = prepare(peer, repo)
     # the verifier sees it (its length is printed, not the key: the command itself is stored)
     v = {"kind": "run", "text": 'echo "${#ANTHROPIC_API_KEY}"', "timeout_s": 60}
-    code, r = peer.host("verify-start", stdin={"task": task(repo), "attempt": attempt(), "verifier": v,
-                                               "idx": 0, "workspace": ws})
+    code, r = peer.host(
+        "verify-start", stdin={"task": task(repo), "attempt": attempt(), "verifier": v, "idx": 0, "workspace": ws}
+    )
     assert code == 0, r
     out = wait_verifier(peer, AID, 0)
     assert out["passed"] is True and out["output"] == f"{len(secret)}\n", out
     spec = json.loads((peer.home / "attempts" / AID / "verify-1" / "spec.json").read_text())
     assert set(spec["env"]) == {"FLEETRUN_TASK_ID", "FLEETRUN_TASK_NAME", "FLEETRUN_ATTEMPT", "FLEETRUN_WORKTREE"}
-    hits = [str(p) for p in peer.home.rglob("*") if p.is_file() and not p.is_symlink()
-            and secret.encode() in p.read_bytes()]
+    hits = [
+        str(p) for p in peer.home.rglob("*") if p.is_file() and not p.is_symlink() and secret.encode() in p.read_bytes()
+    ]
     assert hits == []
 
 
@@ -299,13 +336,21 @@ def test_probe_refuses_tags_that_are_not_a_list(peer):
     assert code == 4 and "config.toml:2: relay.tags: expected a list of strings, got a string" in r["error"], r
     (peer.home / "config.toml").write_text('[relay]\ntags = ["gpu", 3]\n')
     code, r = peer.host("probe")
-    assert code == 4 and "config.toml:2: relay.tags: expected a list of strings, got a list holding the number 3" \
-        in r["error"], r
+    assert (
+        code == 4
+        and "config.toml:2: relay.tags: expected a list of strings, got a list holding the number 3" in r["error"]
+    ), r
 
 
 def test_a_malformed_request_is_an_error_not_a_traceback(peer, tmp_path):
-    for verb, payload in (("prepare", {}), ("prepare", {"task": "x"}), ("collect", {"task": {"id": TID}}),
-                          ("start", {}), ("cleanup", {"task": [1]}), ("verify-start", {"task": None})):
+    for verb, payload in (
+        ("prepare", {}),
+        ("prepare", {"task": "x"}),
+        ("collect", {"task": {"id": TID}}),
+        ("start", {}),
+        ("cleanup", {"task": [1]}),
+        ("verify-start", {"task": None}),
+    ):
         code, r = peer.host(verb, stdin=payload)
         assert code == 1 and r["error"], (verb, r)
     code, r = peer.host("log", "--attempt", AID, "--offset", "-5")
@@ -320,7 +365,7 @@ def test_a_malformed_request_is_an_error_not_a_traceback(peer, tmp_path):
 
 pytest_plugins = ["sshd"]
 
-FORGER = r'''
+FORGER = r"""
 import json, os, subprocess, sys
 
 def put(obj, dotted, value):
@@ -349,7 +394,7 @@ if rule and "reply" in rule:
 sys.stdout.buffer.write(out)
 sys.stdout.flush()
 sys.exit(proc.returncode)
-'''
+"""
 
 
 class Forger:
@@ -374,10 +419,10 @@ def add_forged_peer(fleeter: Any, m: Any, forger: Forger) -> Any:
     from fleetrun.plugins.relay.host import SSHHost
     from fleetrun.plugins.relay.peers import load_peers
 
-    m.write("config.toml", (fleeter.home / "config.toml").read_text() if (fleeter.home / "config.toml").exists()
-            else "")
-    r = fleeter.run("relay", "add", m.name, m.address, "--accept-new", "--command",
-                    shlex.join(forger.command(m)))
+    m.write(
+        "config.toml", (fleeter.home / "config.toml").read_text() if (fleeter.home / "config.toml").exists() else ""
+    )
+    r = fleeter.run("relay", "add", m.name, m.address, "--accept-new", "--command", shlex.join(forger.command(m)))
     assert r.ret == 0, r.stdout + r.stderr
     return SSHHost(load_peers(fleeter.home)["mini"], fleeter.home)
 
@@ -411,8 +456,12 @@ def test_a_garbled_status_reply_is_an_unreadable_peer_not_an_exception(forged):
     host, forger = forged.host, forged.forger
     info = host.start(AID, shepherd_spec(["sh", "-c", "echo hello; sleep 1"]))
     assert info["pid"]
-    for garbage in ({"status": "garbage"}, {"log": "%%% not base64 %%%", "log_offset": 0},
-                    {"status.state": "exploded"}, {"log_size": "big"}):
+    for garbage in (
+        {"status": "garbage"},
+        {"log": "%%% not base64 %%%", "log_offset": 0},
+        {"status.state": "exploded"},
+        {"log_size": "big"},
+    ):
         forger.set(status={"reply": garbage})
         st = host.status(AID, info["pid"], info["token"])
         assert st["state"] == "unreachable" and "malformed status reply" in st["error"], (garbage, st)
@@ -432,9 +481,17 @@ def test_a_garbled_verifier_status_is_a_fail_verdict(forged, tmp_path):
     from fleetrun.taskspec import TaskSpec, VerifySpec
 
     v = VerifySpec(kind="run", text="exit 1")
-    task_ = Task(id=TID, name="fix", state=State.VERIFYING, spec=TaskSpec(name="fix", prompt="p", cwd=str(tmp_path),
-                                                                          verify=[v]),
-                 source="", queue_id="q", created=0, updated=0, host="mini")
+    task_ = Task(
+        id=TID,
+        name="fix",
+        state=State.VERIFYING,
+        spec=TaskSpec(name="fix", prompt="p", cwd=str(tmp_path), verify=[v]),
+        source="",
+        queue_id="q",
+        created=0,
+        updated=0,
+        host="mini",
+    )
     att = Attempt(id=AID, task_id=TID, number=1, kind="fresh", host="mini", state="ended", created=0)
     for idx, forged_reply in enumerate(({"passed": "no"}, {"duration_s": "abc"}, {"passed": 1})):
         forged.forger.set(verify_status={"reply": forged_reply})
@@ -470,9 +527,17 @@ def test_a_peer_collect_that_finds_a_tampered_worktree_raises_worktree_tampered(
     repo = make_repo(tmp_path / "repo")
     other = make_repo(tmp_path / "other", {"keep.txt": "tracked\n"})
     before = git(other, "rev-parse", "HEAD")
-    task_ = Task(id=TID, name="fix", state=State.RUNNING,
-                 spec=TaskSpec(name="fix", prompt="p", cwd=str(repo), git_ref="main"),
-                 source="", queue_id="q", created=0, updated=0, host="mini")
+    task_ = Task(
+        id=TID,
+        name="fix",
+        state=State.RUNNING,
+        spec=TaskSpec(name="fix", prompt="p", cwd=str(repo), git_ref="main"),
+        source="",
+        queue_id="q",
+        created=0,
+        updated=0,
+        host="mini",
+    )
     att = Attempt(id=AID, task_id=TID, number=1, kind="fresh", host="mini", state="ended", created=0)
     ws = forged.host.prepare(task_, att)
     Path(ws["root"], ".git").write_text(f"gitdir: {other / '.git'}\n")
@@ -486,9 +551,16 @@ def test_a_malformed_cached_probe_is_a_never_heard_peer_with_a_reason(fleeter):
     from fleetrun.plugins.relay.peers import Peer, save_peers
 
     save_peers(fleeter.home, {"mini": Peer(name="mini", address="nobody@127.0.0.1:1")})
-    (fleeter.home / "peers-state.json").write_text(json.dumps({"mini": {
-        "last_heard": time.time(), "probe": {"fleetrun": "0.1.0", "features": ["supervised-tasks-1"],
-                                             "running": "lots"}}}))
+    (fleeter.home / "peers-state.json").write_text(
+        json.dumps(
+            {
+                "mini": {
+                    "last_heard": time.time(),
+                    "probe": {"fleetrun": "0.1.0", "features": ["supervised-tasks-1"], "running": "lots"},
+                }
+            }
+        )
+    )
     r = fleeter.run("relay", "peers", "--cached")
     assert r.ret == 0, r.stdout + r.stderr
     assert "never" in r.stdout and "gets no tasks: has a malformed entry in peers-state.json" in r.stdout
@@ -531,8 +603,7 @@ def private_peer(peer_lab: Any, name: str, repo: Path) -> Any:
     return m
 
 
-def test_a_forged_prepare_reply_naming_another_branch_writes_no_branch_here(fleeter, fake_claude, peer_lab,
-                                                                            tmp_path):
+def test_a_forged_prepare_reply_naming_another_branch_writes_no_branch_here(fleeter, fake_claude, peer_lab, tmp_path):
     repo = fleeter.make_repo()
     fleeter.git(repo, "branch", "stable")
     stable = fleeter.git(repo, "rev-parse", "stable").strip()
@@ -546,7 +617,7 @@ def test_a_forged_prepare_reply_naming_another_branch_writes_no_branch_here(flee
     forger = Forger(tmp_path)
     forger.set(prepare={"reply": {"workspace.branch": "stable"}, "once": True})
     add_forged_peer(fleeter, mini, forger).close()
-    fleeter.write_tasks('''
+    fleeter.write_tasks("""
         [[task]]
         name = "fix"
         cwd = "repo"
@@ -561,24 +632,31 @@ def test_a_forged_prepare_reply_naming_another_branch_writes_no_branch_here(flee
         git_ref = "main"
         peer = "local"
         depends_on = ["fix"]
-    ''')
-    fake_claude.script(fix=[{"actions": [["write", "FIX.txt", "fixed\n"], ["commit", "fix it"]]}],
-                       after=[{"actions": [["write", "AFTER.txt", "after\n"], ["commit", "after"]]}])
+    """)
+    fake_claude.script(
+        fix=[{"actions": [["write", "FIX.txt", "fixed\n"], ["commit", "fix it"]]}],
+        after=[{"actions": [["write", "AFTER.txt", "after\n"], ["commit", "after"]]}],
+    )
     r = fleeter.run("tasks.toml")
     assert r.ret == 0, r.stdout + r.stderr
     fix = fleeter.task("fix")
     # the forged reply was refused: that attempt never started, with the reason
     causes = [t.cause for t in fleeter.ledger().transitions(fix.id)]
-    assert any(c.startswith("start_failed:mini answered prepare with a workspace that is not the one asked for: "
-                            "branch 'stable', not ") for c in causes), causes
+    assert any(
+        c.startswith(
+            "start_failed:mini answered prepare with a workspace that is not the one asked for: branch 'stable', not "
+        )
+        for c in causes
+    ), causes
     # our stable did not move; the task's branch is the one chosen for it, fetched back
     assert fleeter.git(repo, "rev-parse", "stable").strip() == stable
     assert fix.branch == f"fleetrun/fix-{fix.id}" and fix.state.value == "DONE"
     assert fleeter.git(repo, "log", "-1", "--format=%s", fix.branch).strip() == "fix it"
 
 
-def test_a_task_on_a_peer_leaves_no_secret_of_either_environment_in_any_home(fleeter, fake_claude, peer_lab,
-                                                                               tmp_path, monkeypatch):
+def test_a_task_on_a_peer_leaves_no_secret_of_either_environment_in_any_home(
+    fleeter, fake_claude, peer_lab, tmp_path, monkeypatch
+):
     import shlex
 
     peer_secret, own_secret = "sk-ant-peer-only-7d2a91", "sk-ant-supervisor-only-1c4b55"
@@ -589,14 +667,16 @@ def test_a_task_on_a_peer_leaves_no_secret_of_either_environment_in_any_home(fle
     # that no command line, and so no peers.toml, holds it)
     (tmp_path / "peer-key").write_text(peer_secret)
     wrapper = tmp_path / "with-key.sh"
-    wrapper.write_text(f'#!/bin/sh\nANTHROPIC_API_KEY="$(cat {tmp_path / "peer-key"})"\nexport ANTHROPIC_API_KEY\n'
-                       'exec "$@"\n')
+    wrapper.write_text(
+        f'#!/bin/sh\nANTHROPIC_API_KEY="$(cat {tmp_path / "peer-key"})"\nexport ANTHROPIC_API_KEY\nexec "$@"\n'
+    )
     wrapper.chmod(0o755)
-    r = fleeter.run("relay", "add", "mini", m.address, "--accept-new", "--command",
-                    shlex.join([str(wrapper), *m.command()]))
+    r = fleeter.run(
+        "relay", "add", "mini", m.address, "--accept-new", "--command", shlex.join([str(wrapper), *m.command()])
+    )
     assert r.ret == 0, r.stdout + r.stderr
     fleeter.make_repo()
-    fleeter.write_tasks('''
+    fleeter.write_tasks("""
         [[task]]
         name = "fix"
         cwd = "repo"
@@ -606,7 +686,7 @@ def test_a_task_on_a_peer_leaves_no_secret_of_either_environment_in_any_home(fle
 
           [[task.verify]]
           run = 'test "${#ANTHROPIC_API_KEY}" = 23 && test -f FIX.txt'
-    ''')
+    """)
     fake_claude.script(fix=[{"actions": [["write", "FIX.txt", "fixed\n"], ["commit", "fix it"]]}])
     r = fleeter.run("tasks.toml")
     assert r.ret == 0, r.stdout + r.stderr

@@ -28,16 +28,17 @@ def imported(adir: Path) -> tuple[str, set[str]]:
 
 
 def test_a_run_starts_its_shepherd_by_path_from_its_source_with_the_standard_library_only(
-        fleeter, fake_claude, monkeypatch) -> None:
+    fleeter, fake_claude, monkeypatch
+) -> None:
     monkeypatch.setenv(shepherd.DEBUG_ENV, "1")
     fleeter.make_repo()
-    fleeter.write_tasks('''
+    fleeter.write_tasks("""
         [[task]]
         name = "t1"
         cwd = "repo"
         prompt = "Write out.txt."
         git_ref = "main"
-    ''')
+    """)
     fake_claude.script(t1=[{"actions": [["write", "out.txt", "hello"], ["commit", "add out"]]}])
     r = fleeter.run("tasks.toml")
     assert r.ret == 0, r.stdout + r.stderr
@@ -54,8 +55,13 @@ def run_shepherd(adir: Path, spec: dict, code: str) -> subprocess.CompletedProce
     adir.mkdir(mode=0o700)
     (adir / shepherd.SPEC).write_text(json.dumps(spec))
     env = dict(os.environ, **{shepherd.DEBUG_ENV: "1"})
-    return subprocess.run([sys.executable, "-I", "-S", code, str(adir)], env=env, timeout=60,
-                          stdin=subprocess.DEVNULL, capture_output=True)
+    return subprocess.run(
+        [sys.executable, "-I", "-S", code, str(adir)],
+        env=env,
+        timeout=60,
+        stdin=subprocess.DEVNULL,
+        capture_output=True,
+    )
 
 
 def test_the_shepherd_runs_an_agent_on_a_pty_and_wakes_the_loop(tmp_path: Path) -> None:
@@ -73,9 +79,14 @@ def test_the_shepherd_runs_an_agent_on_a_pty_and_wakes_the_loop(tmp_path: Path) 
         sock.settimeout(30)
         code = shepherd.SHEPHERD_PATH
         adir = tmp_path / "a1"
-        spec = {"attempt_id": "a1", "argv": ["agent"], "cwd": str(tmp_path),
-                "env": {"PATH": f"/usr/bin:/bin:{bindir}"}, "stdin_file": str(tmp_path / "prompt"),
-                "notify": sock_path}
+        spec = {
+            "attempt_id": "a1",
+            "argv": ["agent"],
+            "cwd": str(tmp_path),
+            "env": {"PATH": f"/usr/bin:/bin:{bindir}"},
+            "stdin_file": str(tmp_path / "prompt"),
+            "notify": sock_path,
+        }
         proc = run_shepherd(adir, spec, code)
         assert proc.returncode == 0, proc.stderr
         assert sock.recv(100) == b"a1"
@@ -86,14 +97,20 @@ def test_the_shepherd_runs_an_agent_on_a_pty_and_wakes_the_loop(tmp_path: Path) 
     assert ran == code and not {m.split(".")[0] for m in modules} & EXPENSIVE, sorted(modules & EXPENSIVE)
 
 
-@pytest.mark.parametrize("argv, cwd, reason, error", [
-    (["no-such-agent"], None, "start_failed:agent_not_found", "no-such-agent is not on PATH"),
-    (["/etc/passwd"], None, "start_failed:agent_not_found", "/etc/passwd is not executable"),
-    (["sh"], "/no/such/folder", "start_failed", "cannot start sh: No such file or directory"),
-])
+@pytest.mark.parametrize(
+    "argv, cwd, reason, error",
+    [
+        (["no-such-agent"], None, "start_failed:agent_not_found", "no-such-agent is not on PATH"),
+        (["/etc/passwd"], None, "start_failed:agent_not_found", "/etc/passwd is not executable"),
+        (["sh"], "/no/such/folder", "start_failed", "cannot start sh: No such file or directory"),
+    ],
+)
 def test_an_agent_that_cannot_start_is_an_ended_status(tmp_path: Path, argv, cwd, reason, error) -> None:
-    proc = run_shepherd(tmp_path / "a1", {"attempt_id": "a1", "argv": argv, "cwd": cwd,
-                                          "env": {"PATH": "/usr/bin:/bin"}}, shepherd.SHEPHERD_PATH)
+    proc = run_shepherd(
+        tmp_path / "a1",
+        {"attempt_id": "a1", "argv": argv, "cwd": cwd, "env": {"PATH": "/usr/bin:/bin"}},
+        shepherd.SHEPHERD_PATH,
+    )
     assert proc.returncode == 0, proc.stderr
     st = json.loads((tmp_path / "a1" / shepherd.STATUS).read_text())
     assert (st["state"], st["reason"], st["error"], st["agent_pid"]) == ("ended", reason, error, None)
@@ -112,12 +129,20 @@ def test_a_shepherd_whose_folder_was_removed_ends_with_its_agent(tmp_path: Path)
     once a second for ever."""
     gate = tmp_path / "gate"
     adir = tmp_path / "a1"
-    spec = {"attempt_id": "a1", "argv": ["/bin/sh", "-c", f"while [ ! -e {gate} ]; do sleep 0.05; done"],
-            "cwd": str(tmp_path), "env": {"PATH": "/usr/bin:/bin"}}
+    spec = {
+        "attempt_id": "a1",
+        "argv": ["/bin/sh", "-c", f"while [ ! -e {gate} ]; do sleep 0.05; done"],
+        "cwd": str(tmp_path),
+        "env": {"PATH": "/usr/bin:/bin"},
+    }
     adir.mkdir(mode=0o700)
     (adir / shepherd.SPEC).write_text(json.dumps(spec))
-    proc = subprocess.Popen([sys.executable, "-I", "-S", shepherd.SHEPHERD_PATH, str(adir)],
-                            stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    proc = subprocess.Popen(
+        [sys.executable, "-I", "-S", shepherd.SHEPHERD_PATH, str(adir)],
+        stdin=subprocess.DEVNULL,
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.DEVNULL,
+    )
     try:
         deadline = time.monotonic() + 60
         while not (shepherd.read_json(str(adir / shepherd.STATUS)) or {}).get("agent_pid"):
@@ -148,8 +173,8 @@ def kill_pids(pids: list[int]) -> None:
 #: Five processes, each in a session of its own (out of the agent's process group),
 #: one of them deaf to SIGTERM; their pids in ``pids``, then the agent ends.
 DETACH_FIVE = (
-    'for i in 1 2 3 4; do setsid sh -c \'echo $$ >> pids; exec sleep 3000\' >/dev/null 2>&1 </dev/null & done; '
-    'setsid sh -c \'trap "" TERM; echo $$ >> pids; exec sleep 3000\' >/dev/null 2>&1 </dev/null & '
+    "for i in 1 2 3 4; do setsid sh -c 'echo $$ >> pids; exec sleep 3000' >/dev/null 2>&1 </dev/null & done; "
+    "setsid sh -c 'trap \"\" TERM; echo $$ >> pids; exec sleep 3000' >/dev/null 2>&1 </dev/null & "
     'while [ "$(wc -l < pids 2>/dev/null || echo 0)" -lt 5 ]; do sleep 0.05; done'
 )
 
@@ -158,9 +183,16 @@ def test_nothing_the_agent_detaches_outlives_its_attempt(tmp_path: Path) -> None
     """Issue 21 item 6: five ``setsid sleep 3000`` the agent started (out of its process
     group, one ignoring SIGTERM) are ended by the shepherd, its child subreaper, before
     it records the end."""
-    proc = run_shepherd(tmp_path / "a1", {"attempt_id": "a1", "argv": ["/bin/sh", "-c", DETACH_FIVE],
-                                          "cwd": str(tmp_path), "env": {"PATH": "/usr/bin:/bin"}},
-                        shepherd.SHEPHERD_PATH)
+    proc = run_shepherd(
+        tmp_path / "a1",
+        {
+            "attempt_id": "a1",
+            "argv": ["/bin/sh", "-c", DETACH_FIVE],
+            "cwd": str(tmp_path),
+            "env": {"PATH": "/usr/bin:/bin"},
+        },
+        shepherd.SHEPHERD_PATH,
+    )
     pids = [int(line) for line in (tmp_path / "pids").read_text().split()]
     try:
         assert proc.returncode == 0, proc.stderr
@@ -177,9 +209,17 @@ def test_an_agents_flood_is_cut_to_its_cap_head_and_tail_kept(tmp_path: Path) ->
     marker), its first and last lines kept, and the status says how much was cut."""
     cap = 1_000_000
     flood = "echo FIRST; head -c 50000000 /dev/zero | tr '\\0' x >&2; echo; echo LAST"
-    proc = run_shepherd(tmp_path / "a1", {"attempt_id": "a1", "argv": ["/bin/sh", "-c", flood],
-                                          "cwd": str(tmp_path), "env": {"PATH": "/usr/bin:/bin"},
-                                          "max_output": cap}, shepherd.SHEPHERD_PATH)
+    proc = run_shepherd(
+        tmp_path / "a1",
+        {
+            "attempt_id": "a1",
+            "argv": ["/bin/sh", "-c", flood],
+            "cwd": str(tmp_path),
+            "env": {"PATH": "/usr/bin:/bin"},
+            "max_output": cap,
+        },
+        shepherd.SHEPHERD_PATH,
+    )
     assert proc.returncode == 0, proc.stderr
     log = (tmp_path / "a1" / shepherd.LOG).read_bytes()
     assert len(log) <= cap + 100, len(log)
@@ -196,11 +236,23 @@ def test_a_cut_log_can_be_followed_while_the_agent_runs(tmp_path: Path) -> None:
     flood = f"echo FIRST; head -c 5000000 /dev/zero; while [ ! -e {gate} ]; do sleep 0.05; done; echo; echo LAST"
     adir = tmp_path / "a1"
     adir.mkdir(mode=0o700)
-    (adir / shepherd.SPEC).write_text(json.dumps({"attempt_id": "a1", "argv": ["/bin/sh", "-c", flood],
-                                                  "cwd": str(tmp_path), "env": {"PATH": "/usr/bin:/bin"},
-                                                  "max_output": cap}))
-    proc = subprocess.Popen([sys.executable, "-I", "-S", shepherd.SHEPHERD_PATH, str(adir)],
-                            stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    (adir / shepherd.SPEC).write_text(
+        json.dumps(
+            {
+                "attempt_id": "a1",
+                "argv": ["/bin/sh", "-c", flood],
+                "cwd": str(tmp_path),
+                "env": {"PATH": "/usr/bin:/bin"},
+                "max_output": cap,
+            }
+        )
+    )
+    proc = subprocess.Popen(
+        [sys.executable, "-I", "-S", shepherd.SHEPHERD_PATH, str(adir)],
+        stdin=subprocess.DEVNULL,
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.DEVNULL,
+    )
     try:
         log = adir / shepherd.LOG
         deadline = time.monotonic() + 120
@@ -228,7 +280,7 @@ def test_a_second_shepherd_of_an_attempt_starts_nothing(tmp_path: Path, second_w
     runs = tmp_path / "runs"
     gate = tmp_path / "gate"
     agent = tmp_path / "agent"
-    agent.write_text(f'#!/bin/sh\necho run >> {runs}\nwhile [ ! -e {gate} ]; do sleep 0.05; done\n')
+    agent.write_text(f"#!/bin/sh\necho run >> {runs}\nwhile [ ! -e {gate} ]; do sleep 0.05; done\n")
     agent.chmod(0o700)
     adir = tmp_path / "a1"
     adir.mkdir(mode=0o700)

@@ -29,15 +29,23 @@ sys.stderr.write("\\nPROBE " + json.dumps({{"code": code, "heavy": heavy}}) + "\
 def run_probe(args: list[str], home: Path) -> dict:
     env = dict(os.environ, FLEETRUN_HOME=str(home), FLEETRUN_DISABLE_PLUGIN_AUTOLOAD="1")
     env.pop("FLEETRUN_PLUGINS", None)
-    proc = subprocess.run([sys.executable, "-c", PROBE, *args], env=env, cwd=str(home.parent),
-                          stdin=subprocess.DEVNULL, capture_output=True, text=True, timeout=120)
+    proc = subprocess.run(
+        [sys.executable, "-c", PROBE, *args],
+        env=env,
+        cwd=str(home.parent),
+        stdin=subprocess.DEVNULL,
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
     lines = [ln for ln in proc.stderr.splitlines() if ln.startswith("PROBE ")]
     assert proc.returncode == 0 and lines, f"exit {proc.returncode}\n{proc.stdout}\n{proc.stderr}"
-    return json.loads(lines[-1][len("PROBE "):])
+    return json.loads(lines[-1][len("PROBE ") :])
 
 
-@pytest.mark.parametrize("args", [["--help"], ["--version"], ["status"], ["status", "--json"]],
-                         ids=lambda a: " ".join(a))
+@pytest.mark.parametrize(
+    "args", [["--help"], ["--version"], ["status"], ["status", "--json"]], ids=lambda a: " ".join(a)
+)
 def test_startup_commands_do_not_import_ssh_or_pexpect(tmp_path: Path, args: list[str]) -> None:
     home = tmp_path / "home"
     got = run_probe(args, home)
@@ -49,8 +57,14 @@ def test_importtime_of_help_has_no_paramiko(tmp_path: Path) -> None:
     """The same, seen from outside: ``python -X importtime -m fleetrun --help``."""
     env = dict(os.environ, FLEETRUN_HOME=str(tmp_path / "home"), FLEETRUN_DISABLE_PLUGIN_AUTOLOAD="1")
     env.pop("FLEETRUN_PLUGINS", None)
-    proc = subprocess.run([sys.executable, "-X", "importtime", "-m", "fleetrun", "--help"], env=env,
-                          stdin=subprocess.DEVNULL, capture_output=True, text=True, timeout=120)
+    proc = subprocess.run(
+        [sys.executable, "-X", "importtime", "-m", "fleetrun", "--help"],
+        env=env,
+        stdin=subprocess.DEVNULL,
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
     assert proc.returncode == 0, proc.stderr
     assert "usage: fleetrun" in proc.stdout
     imported = [ln.rsplit("|", 1)[-1].strip() for ln in proc.stderr.splitlines() if ln.startswith("import time:")]
@@ -62,14 +76,40 @@ def test_importtime_of_help_has_no_paramiko(tmp_path: Path) -> None:
 #: the ledger, git, the loop, the agents' readers, the built-ins that declare no verb,
 #: option or hook, and the standard library's heavy parts only they need
 #: (``bench/startup.py`` checks the same list, and times it).
-NOT_FOR_HELP = {"sqlite3", "importlib.metadata", "psutil", "socket", "subprocess", "hashlib", "tomllib", "datetime",
-                "threading", "uuid", "fleetrun.ledger", "fleetrun.gitutil", "fleetrun.loop", "fleetrun.claudecli",
-                "fleetrun.collect", "fleetrun.reports", "fleetrun.hosts", "jinja2", "markupsafe",
-                "fleetrun.plugins.htmlreport.model", "fleetrun.plugins.htmlreport.render"}
+NOT_FOR_HELP = {
+    "sqlite3",
+    "importlib.metadata",
+    "psutil",
+    "socket",
+    "subprocess",
+    "hashlib",
+    "tomllib",
+    "datetime",
+    "threading",
+    "uuid",
+    "fleetrun.ledger",
+    "fleetrun.gitutil",
+    "fleetrun.loop",
+    "fleetrun.claudecli",
+    "fleetrun.collect",
+    "fleetrun.reports",
+    "fleetrun.hosts",
+    "jinja2",
+    "markupsafe",
+    "fleetrun.plugins.htmlreport.model",
+    "fleetrun.plugins.htmlreport.render",
+}
 #: The built-ins ``--help`` and ``--version`` load: those declaring verbs, options or hooks.
-READING_PLUGINS = {"fleetrun.plugins", "fleetrun.plugins.relay", "fleetrun.plugins.mailbox",
-                   "fleetrun.plugins.terminal", "fleetrun.plugins.events", "fleetrun.plugins.events.log",
-                   "fleetrun.plugins.junitxml", "fleetrun.plugins.htmlreport"}
+READING_PLUGINS = {
+    "fleetrun.plugins",
+    "fleetrun.plugins.relay",
+    "fleetrun.plugins.mailbox",
+    "fleetrun.plugins.terminal",
+    "fleetrun.plugins.events",
+    "fleetrun.plugins.events.log",
+    "fleetrun.plugins.junitxml",
+    "fleetrun.plugins.htmlreport",
+}
 
 MODULES_PROBE = """
 import json, sys
@@ -85,15 +125,23 @@ def modules_of(args: list[str], tmp_path: Path, autoload: bool = False) -> tuple
     env.pop("FLEETRUN_PLUGINS", None)
     if not autoload:
         env["FLEETRUN_DISABLE_PLUGIN_AUTOLOAD"] = "1"
-    proc = subprocess.run([sys.executable, "-c", MODULES_PROBE, *args], env=env, cwd=str(tmp_path),
-                          stdin=subprocess.DEVNULL, capture_output=True, text=True, timeout=120)
+    proc = subprocess.run(
+        [sys.executable, "-c", MODULES_PROBE, *args],
+        env=env,
+        cwd=str(tmp_path),
+        stdin=subprocess.DEVNULL,
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
     lines = [ln for ln in proc.stderr.splitlines() if ln.startswith("PROBE ")]
     assert lines, f"exit {proc.returncode}\n{proc.stdout}\n{proc.stderr}"
-    return json.loads(lines[-1][len("PROBE "):]), proc.stdout
+    return json.loads(lines[-1][len("PROBE ") :]), proc.stdout
 
 
-@pytest.mark.parametrize("args", [["--help"], ["--version"], ["status", "--help"], ["-p", "no:relay", "--help"]],
-                         ids=" ".join)
+@pytest.mark.parametrize(
+    "args", [["--help"], ["--version"], ["status", "--help"], ["-p", "no:relay", "--help"]], ids=" ".join
+)
 def test_help_and_version_import_only_what_reading_the_command_line_needs(tmp_path: Path, args: list[str]) -> None:
     got, out = modules_of(args, tmp_path)
     assert got["code"] == 0, out
@@ -103,7 +151,18 @@ def test_help_and_version_import_only_what_reading_the_command_line_needs(tmp_pa
     plugins = {m for m in modules if m.startswith("fleetrun.plugins")}
     assert plugins <= READING_PLUGINS, sorted(plugins - READING_PLUGINS)
     if args == ["--help"]:  # all the same, every verb and option the plugins declare is there
-        for word in ("relay ", "host ", "role ", "mailbox ", "--durations", "--color", "--events", "--junitxml", "--html", "report "):
+        for word in (
+            "relay ",
+            "host ",
+            "role ",
+            "mailbox ",
+            "--durations",
+            "--color",
+            "--events",
+            "--junitxml",
+            "--html",
+            "report ",
+        ):
             assert word in out, word
     if args == ["--version"]:  # and every built-in is listed, loaded or not
         from fleetrun.pluginmanager import BUILTIN_PLUGINS
@@ -126,9 +185,18 @@ def test_installed_plugins_load_and_help_stays_light(tmp_path: Path) -> None:
     assert installed <= set(out.splitlines()[1].removeprefix("plugins: ").split(", "))
     # what the standard look-up itself imports (email, zipfile: threading, socket...) is its
     # cost; the plugins add nothing of the list
-    lookup = subprocess.run([sys.executable, "-c", "import importlib.metadata as m, json, sys; "
-                             "m.entry_points(group='fleetrun'); print(json.dumps(sorted(sys.modules)))"],
-                            capture_output=True, text=True, timeout=120, check=True)
+    lookup = subprocess.run(
+        [
+            sys.executable,
+            "-c",
+            "import importlib.metadata as m, json, sys; "
+            "m.entry_points(group='fleetrun'); print(json.dumps(sorted(sys.modules)))",
+        ],
+        capture_output=True,
+        text=True,
+        timeout=120,
+        check=True,
+    )
     theirs = set(json.loads(lookup.stdout))
     heavy = {m for m in modules if m.split(".")[0] in HEAVY} | (modules & (NOT_FOR_HELP - theirs))
     assert not heavy, sorted(heavy)
@@ -158,8 +226,9 @@ def test_the_builtins_loaded_to_read_a_command_line_are_all_that_take_part_in_it
 
     pm = FleetPluginManager()
     pm.consider_builtins()
-    taking_part = {pm.get_name(impl.plugin) for hook in ARGUMENT_HOOKS
-                   for impl in getattr(pm.hook, hook).get_hookimpls()}
+    taking_part = {
+        pm.get_name(impl.plugin) for hook in ARGUMENT_HOOKS for impl in getattr(pm.hook, hook).get_hookimpls()
+    }
     assert taking_part == set(ARGUMENT_PLUGINS)
     assert all(importlib.import_module(BUILTIN_PLUGINS[n]) for n in ARGUMENT_PLUGINS)
 
@@ -170,16 +239,47 @@ def test_the_builtins_loaded_to_read_a_command_line_are_all_that_take_part_in_it
 #: diff a reviewer is shown, the relay's wire, SSH and its worker, notifications, and
 #: the standard library's parts only those need (``bench/startup.py`` checks a part of
 #: the list, and times it).
-NOT_FOR_OPERATOR = {"subprocess", "uuid", "socket", "threading", "hashlib", "secrets", "psutil", "apprise", "jinja2",
-                    "importlib.metadata", "fleetrun.gitutil", "fleetrun.depmerge", "fleetrun.loop",
-                    "fleetrun.claudecli", "fleetrun.claudeopts", "fleetrun.collect", "fleetrun.placement",
-                    "fleetrun.decide", "fleetrun.reports", "fleetrun.diffutil", "fleetrun.procutil",
-                    "fleetrun.probe", "fleetrun.plugins.relay.protocol", "fleetrun.plugins.relay.supervisor",
-                    "fleetrun.plugins.relay.transport", "fleetrun.plugins.relay.worker",
-                    "fleetrun.plugins.notify.sender"}
+NOT_FOR_OPERATOR = {
+    "subprocess",
+    "uuid",
+    "socket",
+    "threading",
+    "hashlib",
+    "secrets",
+    "psutil",
+    "apprise",
+    "jinja2",
+    "importlib.metadata",
+    "fleetrun.gitutil",
+    "fleetrun.depmerge",
+    "fleetrun.loop",
+    "fleetrun.claudecli",
+    "fleetrun.claudeopts",
+    "fleetrun.collect",
+    "fleetrun.placement",
+    "fleetrun.decide",
+    "fleetrun.reports",
+    "fleetrun.diffutil",
+    "fleetrun.procutil",
+    "fleetrun.probe",
+    "fleetrun.plugins.relay.protocol",
+    "fleetrun.plugins.relay.supervisor",
+    "fleetrun.plugins.relay.transport",
+    "fleetrun.plugins.relay.worker",
+    "fleetrun.plugins.notify.sender",
+}
 #: Each verb of ``OPERATOR_VERBS`` as the tests below run it on that home.
-OPERATOR_RUNS = [["status"], ["status", "--json"], ["status", "--graph"], ["logs", "running"],
-                 ["cancel", "running"], ["retry", "--state", "cancelled"], ["drain"], ["undrain"], ["gc"]]
+OPERATOR_RUNS = [
+    ["status"],
+    ["status", "--json"],
+    ["status", "--graph"],
+    ["logs", "running"],
+    ["cancel", "running"],
+    ["retry", "--state", "cancelled"],
+    ["drain"],
+    ["undrain"],
+    ["gc"],
+]
 
 
 def a_home_with_tasks(home: Path) -> None:
@@ -194,8 +294,9 @@ def a_home_with_tasks(home: Path) -> None:
     from fleetrun.taskspec import TaskSpec
 
     with Ledger(home / "state.db") as led:
-        ready, running, placed, gone = led.add_tasks([TaskSpec(name=n, prompt="p", cwd="/repo")
-                                                      for n in ("ready", "running", "placed", "gone")])
+        ready, running, placed, gone = led.add_tasks(
+            [TaskSpec(name=n, prompt="p", cwd="/repo") for n in ("ready", "running", "placed", "gone")]
+        )
         led.lease(running.id, State.READY, "local", "fresh")
         led.transition(running.id, State.ASSIGNED, State.RUNNING, "started", 1, "local")
         led.lease(placed.id, State.READY, "mini", "fresh")
@@ -225,8 +326,9 @@ def test_operator_verbs_import_only_what_they_need(tmp_path: Path, args: list[st
     assert builtins == {BUILTIN_PLUGINS[n] for n in OPERATOR_PLUGINS}
 
 
-def test_the_builtins_an_operator_verb_loads_are_all_that_take_part_in_it(tmp_path: Path,
-                                                                          monkeypatch: pytest.MonkeyPatch) -> None:
+def test_the_builtins_an_operator_verb_loads_are_all_that_take_part_in_it(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
     """``OPERATOR_PLUGINS`` is every built-in implementing a hook of ``OPERATOR_HOOKS``,
     and the verbs of ``OPERATOR_VERBS`` call no other hook: what they print and what
     they leave in the home is what they do with every built-in loaded, byte for byte."""
@@ -245,8 +347,9 @@ def test_the_builtins_an_operator_verb_loads_are_all_that_take_part_in_it(tmp_pa
 
     pm = FleetPluginManager()
     pm.consider_builtins()
-    taking_part = {pm.get_name(impl.plugin) for hook in OPERATOR_HOOKS
-                   for impl in getattr(pm.hook, hook).get_hookimpls()}
+    taking_part = {
+        pm.get_name(impl.plugin) for hook in OPERATOR_HOOKS for impl in getattr(pm.hook, hook).get_hookimpls()
+    }
     assert taking_part == set(OPERATOR_PLUGINS)
     assert {a[0] for a in OPERATOR_RUNS} == set(OPERATOR_VERBS)
 
@@ -261,8 +364,9 @@ def test_the_builtins_an_operator_verb_loads_are_all_that_take_part_in_it(tmp_pa
         @hookimpl
         def fleetrun_addhooks(self, pluginmanager: Any) -> None:  # historic: at once
             self.pm = pluginmanager
-            pluginmanager.add_hookcall_monitoring(lambda name, impls, kw: called.add(name),
-                                                  lambda outcome, name, impls, kw: None)
+            pluginmanager.add_hookcall_monitoring(
+                lambda name, impls, kw: called.add(name), lambda outcome, name, impls, kw: None
+            )
 
     def ledger_rows() -> list[Any]:
         import sqlite3
@@ -283,8 +387,11 @@ def test_the_builtins_an_operator_verb_loads_are_all_that_take_part_in_it(tmp_pa
             monitor = Monitor()
             code = main(["--home", str(home), *args], plugins=[monitor, *extra], stdout=out, stderr=err)
             assert (monitor.pm.get_plugin("worktree") is not None) == everything, args
-            events = [json.loads(ln)["type"] for ln in (home / "events.ndjson").read_text().splitlines()] \
-                if (home / "events.ndjson").exists() else []
+            events = (
+                [json.loads(ln)["type"] for ln in (home / "events.ndjson").read_text().splitlines()]
+                if (home / "events.ndjson").exists()
+                else []
+            )
             rows = [[r[:8] for r in rows] for rows in ledger_rows()]  # not the times of a change
             seen.append((code, out.getvalue(), err.getvalue(), events, rows))
         assert seen[0] == seen[1], args
@@ -292,8 +399,9 @@ def test_the_builtins_an_operator_verb_loads_are_all_that_take_part_in_it(tmp_pa
     assert {"fleetrun_hosts", "fleetrun_status_reason", "fleetrun_transition"} <= called
 
 
-def test_an_operator_verb_reading_config_toml_loads_the_builtins_it_left_out(tmp_path: Path,
-                                                                             monkeypatch: pytest.MonkeyPatch) -> None:
+def test_an_operator_verb_reading_config_toml_loads_the_builtins_it_left_out(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
     """The built-ins ``cancel`` does not load still declare their ``config.toml`` keys
     when it reads the file (the event log's limits, as it writes the transition): the
     tables of ``claude`` and ``worktree`` are known as in any run, so ``[events]`` is
@@ -305,8 +413,9 @@ def test_an_operator_verb_reading_config_toml_loads_the_builtins_it_left_out(tmp
     monkeypatch.chdir(tmp_path)
     home = tmp_path / "home"
     a_home_with_tasks(home)
-    (home / "config.toml").write_text('[claude]\nexecutable = "claude"\n[worktree]\ncommit_message = "x"\n'
-                                      "[events]\nmax_bytes = 1\n")
+    (home / "config.toml").write_text(
+        '[claude]\nexecutable = "claude"\n[worktree]\ncommit_message = "x"\n[events]\nmax_bytes = 1\n'
+    )
     for name in ("ready", "placed"):
         out, err = io.StringIO(), io.StringIO()
         assert main(["--home", str(home), "cancel", name], stdout=out, stderr=err) == 0, err.getvalue()
@@ -319,8 +428,14 @@ def test_an_operator_verb_reading_config_toml_loads_the_builtins_it_left_out(tmp
 #: actions (``cancel``, ``retry``... only), the policy module (no policy.toml: nothing
 #: drains this machine), the mailbox's messages (its host is asked about none), the
 #: parsing of a brain's reply.
-NOT_FOR_STATUS = {"fleetrun.ops", "fleetrun.crash", "fleetrun.policy", "fleetrun.plugins.mailbox.store",
-                  "fleetrun.watching", "fleetrun.transcript"}
+NOT_FOR_STATUS = {
+    "fleetrun.ops",
+    "fleetrun.crash",
+    "fleetrun.policy",
+    "fleetrun.plugins.mailbox.store",
+    "fleetrun.watching",
+    "fleetrun.transcript",
+}
 
 
 @pytest.mark.parametrize("args", [["status"], ["status", "--json"], ["status", "--graph"]], ids=" ".join)

@@ -49,8 +49,7 @@ def test_terminal_states() -> None:
     assert ALLOWED[State.DONE] == frozenset()
     # the operator's ways out: retry (READY / PENDING; VERIFYING after a verifier_error:
     # the kept work is judged again), approve (DONE), cancel
-    assert ALLOWED[State.NEEDS_HUMAN] == {State.READY, State.PENDING, State.VERIFYING, State.DONE,
-                                          State.CANCELLED}
+    assert ALLOWED[State.NEEDS_HUMAN] == {State.READY, State.PENDING, State.VERIFYING, State.DONE, State.CANCELLED}
     assert ALLOWED[State.CANCELLED] == {State.READY, State.PENDING}
 
 
@@ -91,8 +90,22 @@ def test_cause_builds_word_and_detail() -> None:
     assert cause_word("session_died") == "session_died"
 
 
-@pytest.mark.parametrize("bad", ["", "Verify_fail", "verify fail", "verify-fail", "1st", "_x",
-                                 "verify_fail:cargo", ":x", "é", " placed", "placed "])
+@pytest.mark.parametrize(
+    "bad",
+    [
+        "",
+        "Verify_fail",
+        "verify fail",
+        "verify-fail",
+        "1st",
+        "_x",
+        "verify_fail:cargo",
+        ":x",
+        "é",
+        " placed",
+        "placed ",
+    ],
+)
 def test_cause_rejects_bad_words(bad: str) -> None:
     with pytest.raises(ValueError, match="snake_case"):
         cause(bad, "detail")
@@ -109,9 +122,20 @@ def test_the_vocabulary_is_snake_case() -> None:
         assert cause(word) == word
         assert is_valid_cause(word)
         assert cause_word(cause(word, "x")) == word
-    for word in ("queued", "placed", "started", "verify_pass", "verify_fail", "session_died",
-                 "retries_exhausted", "operator_cancel", "operator_retry", "operator_approve",
-                 "never_started", "dependency_cancelled"):
+    for word in (
+        "queued",
+        "placed",
+        "started",
+        "verify_pass",
+        "verify_fail",
+        "session_died",
+        "retries_exhausted",
+        "operator_cancel",
+        "operator_retry",
+        "operator_approve",
+        "never_started",
+        "dependency_cancelled",
+    ):
         assert word in CAUSES
 
 
@@ -125,8 +149,13 @@ def test_plugins_declare_their_own_cause_words() -> None:
     pm.consider_builtins()
     pm.load_deferred()
     words = cause_words(pm)
-    assert {"mailbox_claimed_no_completion", "mailbox_unclaimed", "rate_limited", "max_turns",
-            "agent_rejected_arguments"} <= words
+    assert {
+        "mailbox_claimed_no_completion",
+        "mailbox_unclaimed",
+        "rate_limited",
+        "max_turns",
+        "agent_rejected_arguments",
+    } <= words
     assert not {w for w in CAUSES if w.startswith("mailbox_")}
     assert words >= CAUSES
     for word in words:
@@ -147,8 +176,7 @@ def test_cause_roundtrip(word: str, detail: str) -> None:
 
 @given(word=st.text(min_size=1, max_size=20).filter(lambda w: not w.endswith("\n")))
 def test_cause_accepts_only_snake_case(word: str) -> None:
-    good = (word[0] in "abcdefghijklmnopqrstuvwxyz"
-            and all(c in "abcdefghijklmnopqrstuvwxyz0123456789_" for c in word))
+    good = word[0] in "abcdefghijklmnopqrstuvwxyz" and all(c in "abcdefghijklmnopqrstuvwxyz0123456789_" for c in word)
     if good:
         assert cause(word) == word
     else:

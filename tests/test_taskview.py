@@ -56,8 +56,7 @@ def queue(fleeter: Fleeter, n: int) -> list[str]:
     repo = fleeter.make_repo(f"repo{n}")
     fleeter.write_policy("[local]\ndrain = true\n")
     specs = [TaskSpec(name=f"r{i}", prompt="p", cwd=str(repo), git_ref="main") for i in range(n)]
-    specs += [TaskSpec(name=f"p{i}", prompt="p", cwd=str(repo), git_ref="main", depends_on=["r0"])
-              for i in range(n)]
+    specs += [TaskSpec(name=f"p{i}", prompt="p", cwd=str(repo), git_ref="main", depends_on=["r0"]) for i in range(n)]
     return [t.id for t in fleeter.ledger().add_tasks(specs, source="tasks.toml", source_hash="h")]
 
 
@@ -114,8 +113,7 @@ def test_an_idle_pass_costs_the_same_for_10_or_120_tasks(fleeter: Fleeter, count
     assert [c.get("sql") for c in small] == [c.get("sql") for c in big]
 
 
-def test_another_process_s_writes_are_seen_and_only_they_are_placed_again(
-        fleeter: Fleeter, counted: PassProbe) -> None:
+def test_another_process_s_writes_are_seen_and_only_they_are_placed_again(fleeter: Fleeter, counted: PassProbe) -> None:
     ids = queue(fleeter, 20)
     home = fleeter.home
     seen: dict[str, Any] = {}
@@ -124,8 +122,11 @@ def test_another_process_s_writes_are_seen_and_only_they_are_placed_again(
         with Ledger(home / "state.db") as other:
             ops.cancel(other, other.get(ids[3]))  # `fleetrun cancel r3`
             other.update_task(ids[4], worktree="/gone")  # `fleetrun gc`: no transition
-            other.add_tasks([TaskSpec(name="late", prompt="p", cwd=str(fleeter.path / "repo20"), git_ref="main")],
-                            source="more.toml", source_hash="h2")  # `fleetrun queue more.toml`
+            other.add_tasks(
+                [TaskSpec(name="late", prompt="p", cwd=str(fleeter.path / "repo20"), git_ref="main")],
+                source="more.toml",
+                source_hash="h2",
+            )  # `fleetrun queue more.toml`
 
     def look(config: Any) -> None:
         view: TaskView = config.stash[TASKVIEW_KEY]
@@ -159,15 +160,17 @@ def test_the_view_sees_its_own_connection_s_writes_whatever_the_sql(fleeter: Fle
     assert view.full_reads == 1
 
 
-def test_a_freed_slot_asks_the_next_task_not_the_whole_queue(fleeter: Fleeter, fake_claude: Any,
-                                                              counted: PassProbe) -> None:
+def test_a_freed_slot_asks_the_next_task_not_the_whole_queue(
+    fleeter: Fleeter, fake_claude: Any, counted: PassProbe
+) -> None:
     """One slot, six tasks: each ending frees the slot, the next task is placed, and the
     others, told again they wait on a full machine, are passed over (the whole queue
     was asked on every pass before)."""
     fleeter.make_repo()
     fleeter.write_policy("[local]\nmax_tasks = 1\n")
-    fleeter.write_tasks("\n".join(f'[[task]]\nname = "t{i}"\ncwd = "repo"\nprompt = "p"\ngit_ref = "main"\n'
-                                  for i in range(6)))
+    fleeter.write_tasks(
+        "\n".join(f'[[task]]\nname = "t{i}"\ncwd = "repo"\nprompt = "p"\ngit_ref = "main"\n' for i in range(6))
+    )
     fake_claude.script(default=[{"actions": [["write", "out.txt", "x"], ["commit", "add out"]]}])
     probe = counted
     probe.passes = 1_000_000
@@ -181,7 +184,8 @@ def test_a_freed_slot_asks_the_next_task_not_the_whole_queue(fleeter: Fleeter, f
 
 
 def test_the_loop_parses_the_spec_of_no_task_it_does_not_use(
-        fleeter: Fleeter, counted: PassProbe, monkeypatch: pytest.MonkeyPatch) -> None:
+    fleeter: Fleeter, counted: PassProbe, monkeypatch: pytest.MonkeyPatch
+) -> None:
     """With tasks that wait behind a dependency, ``fleetrun work``'s passes parse no
     spec of theirs (most of an idle supervisor's memory at 100,000 tasks); the READY
     ones it places are read once each. (The summary at its end reads what it shows.)"""

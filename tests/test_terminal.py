@@ -6,7 +6,7 @@ import re
 
 import pytest
 
-TASKS = '''
+TASKS = """
 [agents.ok]
 command = ["{python}", "-c", "print('done')"]
 
@@ -16,7 +16,7 @@ prompt = "p"
 agent = "ok"
   [[task.verify]]
   run = "true"
-'''
+"""
 
 
 @pytest.mark.parametrize("no_color", [False, True])
@@ -59,21 +59,29 @@ def test_quiet_and_verbose(fleeter):
 
 ESCAPES = "\x1b[2J\x1b]0;owned\x07\x9b6n\u202e"
 
-HOSTILE = '''
+HOSTILE = """
 [[task]]
 name = "rtl\\u202eevil"
 prompt = "p"
 max_retries = 0
   [[task.verify]]
   run = "cat out.txt; exit 1 # \\u001b[2J\\u001b]0;owned\\u0007"
-'''
+"""
 
 
 def _leaks(text: str) -> list[str]:
     """Control characters in ``text`` other than newline: with no colour (not a tty),
     any of them came from a name, a command, a reason or an agent."""
-    return sorted({repr(c) for c in text if (ord(c) < 32 and c != "\n") or 0x7f <= ord(c) <= 0x9f
-                   or 0x202a <= ord(c) <= 0x202e or 0x2066 <= ord(c) <= 0x2069})
+    return sorted(
+        {
+            repr(c)
+            for c in text
+            if (ord(c) < 32 and c != "\n")
+            or 0x7F <= ord(c) <= 0x9F
+            or 0x202A <= ord(c) <= 0x202E
+            or 0x2066 <= ord(c) <= 0x2069
+        }
+    )
 
 
 def test_no_raw_control_characters_reach_the_terminal(fleeter, fake_claude):
@@ -81,14 +89,23 @@ def test_no_raw_control_characters_reach_the_terminal(fleeter, fake_claude):
     writes escapes into the file the verifier prints and into its result text: the run
     (-v, so verifier output is shown), `status` and `logs` print them all escaped."""
     fleeter.write_tasks(HOSTILE)
-    fake_claude.script(**{"rtl\u202eevil": [{"actions": [["write", "out.txt", f"agent says {ESCAPES}\n"]],
-                                             "result": f"finished {ESCAPES}"}]})
+    fake_claude.script(
+        **{
+            "rtl\u202eevil": [
+                {"actions": [["write", "out.txt", f"agent says {ESCAPES}\n"]], "result": f"finished {ESCAPES}"}
+            ]
+        }
+    )
     r = fleeter.run("tasks.toml", "-v")
     assert r.ret == 1, r.stdout + r.stderr
     assert _leaks(r.stdout) == [] and _leaks(r.stderr) == [], r.stdout
-    r.fnmatch_lines(["*| agent says \\x1b?2J\\x1b]0;owned\\x07\\x9b6n\\u202e",
-                     "*rtl\\u202eevil NEEDS_HUMAN*retries_exhausted:cat out.txt; exit 1 # \\x1b?2J\\x1b]0;owned\\x07: "
-                     "agent says *"])
+    r.fnmatch_lines(
+        [
+            "*| agent says \\x1b?2J\\x1b]0;owned\\x07\\x9b6n\\u202e",
+            "*rtl\\u202eevil NEEDS_HUMAN*retries_exhausted:cat out.txt; exit 1 # \\x1b?2J\\x1b]0;owned\\x07: "
+            "agent says *",
+        ]
+    )
     status = fleeter.run("status")
     assert status.ret == 0 and _leaks(status.stdout) == [], status.stdout
     status.fnmatch_lines(["rtl\\u202eevil *NEEDS_HUMAN*retries_exhausted:cat out.txt; exit 1 # \\x1b?2J*"])
@@ -99,8 +116,13 @@ def test_no_raw_control_characters_reach_the_terminal(fleeter, fake_claude):
     r.fnmatch_lines(["NEEDS_HUMAN rtl\\u202eevil: retries_exhausted:*", f"    look: fleetrun logs {task_id}"])
     logs = fleeter.run("logs", "rtl\u202eevil")
     assert logs.ret == 0 and _leaks(logs.stdout) == [], logs.stdout
-    logs.fnmatch_lines(["rtl\\u202eevil task_* ?NEEDS_HUMAN?*", "*FAIL verifier 1 (run: cat out.txt*\\x1b?2J*",
-                        "*| agent says \\x1b?2J*"])
+    logs.fnmatch_lines(
+        [
+            "rtl\\u202eevil task_* ?NEEDS_HUMAN?*",
+            "*FAIL verifier 1 (run: cat out.txt*\\x1b?2J*",
+            "*| agent says \\x1b?2J*",
+        ]
+    )
 
 
 def test_relay_peers_shows_a_peers_reply_escaped(fleeter):
@@ -112,11 +134,20 @@ def test_relay_peers_shows_a_peers_reply_escaped(fleeter):
     fleeter.home.mkdir(parents=True, exist_ok=True)
     (fleeter.home / "peers.toml").write_text('[peers.mini]\naddress = "me@127.0.0.1"\n')
     now = time.time()
-    probe = {"fleetrun": "0.1.0\x1b]0;owned\x07", "tools": {"git": "2.43\x1b[2J", "claude": "2.1\x9b6n"},
-             "os": "linux", "arch": "x86_64", "free_mem_mb": 1000, "load_per_core": 0.1, "free_disk_mb": 9000,
-             "running": 0, "features": ["stop\x1b[5m"]}
-    (fleeter.home / "peers-state.json").write_text(json.dumps({"mini": {
-        "last_heard": now - 5, "probe": probe, "error": "refused \x1b[2J", "error_at": now}}))
+    probe = {
+        "fleetrun": "0.1.0\x1b]0;owned\x07",
+        "tools": {"git": "2.43\x1b[2J", "claude": "2.1\x9b6n"},
+        "os": "linux",
+        "arch": "x86_64",
+        "free_mem_mb": 1000,
+        "load_per_core": 0.1,
+        "free_disk_mb": 9000,
+        "running": 0,
+        "features": ["stop\x1b[5m"],
+    }
+    (fleeter.home / "peers-state.json").write_text(
+        json.dumps({"mini": {"last_heard": now - 5, "probe": probe, "error": "refused \x1b[2J", "error_at": now}})
+    )
     r = fleeter.run("relay", "peers", "--cached")
     assert "Traceback" not in r.stderr, r.stderr
     assert _leaks(r.stdout) == [] and _leaks(r.stderr) == [], r.stdout
@@ -125,7 +156,7 @@ def test_relay_peers_shows_a_peers_reply_escaped(fleeter):
 
 # -- the end of a run (issue 14) ------------------------------------------------------------
 
-FAILING = '''
+FAILING = """
 [agents.ok]
 command = ["{python}", "-c", "print('done')"]
 
@@ -137,7 +168,7 @@ max_retries = 0
   [[task.verify]]
   name = "unit"
   run = "echo first; printf '%0150d\\\\n' 7; echo '== 1 failed in 0.01s =='; exit 1"
-'''
+"""
 
 
 def test_on_a_terminal_the_failing_lines_fit_its_width_and_the_summary_is_coloured(fleeter, monkeypatch):

@@ -27,8 +27,13 @@ NOW = 1_750_000_000.0
 def test_cost_is_finite_non_negative_and_bounded() -> None:
     assert untrusted.cost(None, "c") == 0.0
     assert untrusted.cost(0.25, "c") == 0.25
-    for bad, why in [("abc", "expected a number, got the string 'abc'"), (float("nan"), "not a finite number"),
-                     (-1, "out of range"), (1e300, "out of range"), (True, "expected a number, got a boolean")]:
+    for bad, why in [
+        ("abc", "expected a number, got the string 'abc'"),
+        (float("nan"), "not a finite number"),
+        (-1, "out of range"),
+        (1e300, "out of range"),
+        (True, "expected a number, got a boolean"),
+    ]:
         with pytest.raises(untrusted.Malformed, match=why):
             untrusted.cost(bad, "c")
 
@@ -57,8 +62,16 @@ def test_reason_of_is_one_printable_line() -> None:
 
 
 def result(**fields: Any) -> str:
-    ev: dict[str, Any] = {"type": "result", "subtype": "success", "is_error": False, "result": "done",
-                          "session_id": "s1", "total_cost_usd": 0.02, "num_turns": 2, "permission_denials": []}
+    ev: dict[str, Any] = {
+        "type": "result",
+        "subtype": "success",
+        "is_error": False,
+        "result": "done",
+        "session_id": "s1",
+        "total_cost_usd": 0.02,
+        "num_turns": 2,
+        "permission_denials": [],
+    }
     ev.update(fields)
     return json.dumps(ev)
 
@@ -69,22 +82,25 @@ def test_a_healthy_result() -> None:
     assert (out.ok, out.reason, out.cost_usd, out.num_turns, out.session_id) == (True, "", 0.02, 2, "s1")
 
 
-@pytest.mark.parametrize("fields, why", [
-    ({"total_cost_usd": "abc"}, "result.total_cost_usd: expected a number, got the string 'abc'"),
-    ({"total_cost_usd": float("nan")}, "result.total_cost_usd: nan is not a finite number"),
-    ({"total_cost_usd": -1}, "result.total_cost_usd: -1 is out of range"),
-    ({"total_cost_usd": 1e300}, r"result.total_cost_usd: 1e\+300 is out of range"),
-    ({"num_turns": "3"}, "result.num_turns: expected an integer"),
-    ({"num_turns": -1}, "result.num_turns: -1 is out of range"),
-    ({"permission_denials": 5}, "result.permission_denials: expected a list, got an integer"),
-    ({"permission_denials": ["x"]}, r"result.permission_denials\[0\]: expected an object"),
-    ({"is_error": "no"}, "result.is_error: expected true or false, got the string 'no'"),
-    ({"is_error": 0}, "result.is_error: expected true or false, got an integer"),
-    ({"session_id": ["s"]}, "result.session_id: expected a string"),
-    ({"result": {"x": 1}}, "result.result: expected a string"),
-    ({"errors": "boom"}, "result.errors: expected a list"),
-    ({"api_error_status": "429"}, "result.api_error_status: expected an integer"),
-])
+@pytest.mark.parametrize(
+    "fields, why",
+    [
+        ({"total_cost_usd": "abc"}, "result.total_cost_usd: expected a number, got the string 'abc'"),
+        ({"total_cost_usd": float("nan")}, "result.total_cost_usd: nan is not a finite number"),
+        ({"total_cost_usd": -1}, "result.total_cost_usd: -1 is out of range"),
+        ({"total_cost_usd": 1e300}, r"result.total_cost_usd: 1e\+300 is out of range"),
+        ({"num_turns": "3"}, "result.num_turns: expected an integer"),
+        ({"num_turns": -1}, "result.num_turns: -1 is out of range"),
+        ({"permission_denials": 5}, "result.permission_denials: expected a list, got an integer"),
+        ({"permission_denials": ["x"]}, r"result.permission_denials\[0\]: expected an object"),
+        ({"is_error": "no"}, "result.is_error: expected true or false, got the string 'no'"),
+        ({"is_error": 0}, "result.is_error: expected true or false, got an integer"),
+        ({"session_id": ["s"]}, "result.session_id: expected a string"),
+        ({"result": {"x": 1}}, "result.result: expected a string"),
+        ({"errors": "boom"}, "result.errors: expected a list"),
+        ({"api_error_status": "429"}, "result.api_error_status: expected an integer"),
+    ],
+)
 def test_a_malformed_result_is_a_died_session_with_its_reason(fields: dict[str, Any], why: str) -> None:
     with pytest.raises(untrusted.Malformed, match=why):
         claudecli.parse_result_event(json.loads(result(**fields)))
@@ -93,19 +109,24 @@ def test_a_malformed_result_is_a_died_session_with_its_reason(fields: dict[str, 
     assert out.cost_usd is None  # unreadable: the cost is unknown, not $0
 
 
-@pytest.mark.parametrize("info, why", [
-    ("x", "rate_limit_event.rate_limit_info: expected an object, got the string 'x'"),
-    ({"status": "rejected", "resetsAt": "soon"}, "rate_limit_info.resetsAt: expected a number"),
-    ({"status": 5}, "rate_limit_info.status: expected a string"),
-])
+@pytest.mark.parametrize(
+    "info, why",
+    [
+        ("x", "rate_limit_event.rate_limit_info: expected an object, got the string 'x'"),
+        ({"status": "rejected", "resetsAt": "soon"}, "rate_limit_info.resetsAt: expected a number"),
+        ({"status": 5}, "rate_limit_info.status: expected a string"),
+    ],
+)
 def test_a_malformed_rate_limit_event(info: Any, why: str) -> None:
     line = json.dumps({"type": "rate_limit_event", "session_id": "s", "rate_limit_info": info})
     out = claude.result_from_log(f"{line}\n{result()}\n", 0)
     assert not out.ok and out.reason.startswith("malformed_output:" + why)
 
 
-@pytest.mark.parametrize("fields", [{"total_cost_usd": "abc"}, {"total_cost_usd": float("nan")},
-                                    {"errors": 5, "is_error": True}, {"result": 7}])
+@pytest.mark.parametrize(
+    "fields",
+    [{"total_cost_usd": "abc"}, {"total_cost_usd": float("nan")}, {"errors": 5, "is_error": True}, {"result": 7}],
+)
 def test_a_malformed_reviewer_stream_is_a_fail_verdict_with_its_reason(fields: dict[str, Any]) -> None:
     """verify_agent reads the reviewer's stream-json through claudecli.parse_stream."""
     from fleetrun.plugins.verify_agent import verdict_from_stream
@@ -120,10 +141,20 @@ def test_a_non_string_session_id_in_any_event() -> None:
     assert out.reason == "malformed_output:assistant.session_id: expected a string, got an integer"
 
 
-@pytest.mark.parametrize("noise", [
-    "{not json", '{"type": "result", "total_cost_usd": 0.', "[1, 2]", '"a string"', "\x00\xff\xfe binary",
-    "[" * 100_000, "{" + '"a":' * 50_000 + "1", "{" * 20_000, "9" * 100_000,
-])
+@pytest.mark.parametrize(
+    "noise",
+    [
+        "{not json",
+        '{"type": "result", "total_cost_usd": 0.',
+        "[1, 2]",
+        '"a string"',
+        "\x00\xff\xfe binary",
+        "[" * 100_000,
+        "{" + '"a":' * 50_000 + "1",
+        "{" * 20_000,
+        "9" * 100_000,
+    ],
+)
 def test_noise_lines_are_skipped_never_raised(noise: str) -> None:
     assert claudecli.parse_line(noise) is None or isinstance(claudecli.parse_line(noise), dict)
     out = claude.result_from_log(noise + "\n" + result() + "\n", 0)
@@ -179,9 +210,19 @@ def test_rate_limit_event_reset_past_the_horizon_is_not_believed() -> None:
 
 
 def good_status(**fields: Any) -> dict[str, Any]:
-    st: dict[str, Any] = {"state": "ended", "attempt": "a1", "shepherd_pid": 123, "shepherd_token": "linux:1",
-                          "started": NOW, "agent_pid": 124, "agent_token": "linux:2", "exit_code": 0,
-                          "signal": None, "reason": "exited", "ended": NOW + 1}
+    st: dict[str, Any] = {
+        "state": "ended",
+        "attempt": "a1",
+        "shepherd_pid": 123,
+        "shepherd_token": "linux:1",
+        "started": NOW,
+        "agent_pid": 124,
+        "agent_token": "linux:2",
+        "exit_code": 0,
+        "signal": None,
+        "reason": "exited",
+        "ended": NOW + 1,
+    }
     st.update(fields)
     return st
 
@@ -191,19 +232,22 @@ def test_parse_status_keeps_what_fleetrun_reads() -> None:
     assert st["state"] == "ended" and st["exit_code"] == 0 and "extra" not in st
 
 
-@pytest.mark.parametrize("fields, why", [
-    ({"state": "garbage"}, "status.state: expected one of"),
-    ({"exit_code": "abc"}, "status.exit_code: expected an integer"),
-    ({"exit_code": 1.5}, "status.exit_code: expected an integer"),
-    ({"shepherd_pid": "12"}, "status.shepherd_pid: expected an integer"),
-    ({"shepherd_pid": -1}, "status.shepherd_pid: -1 is out of range"),
-    ({"agent_pid": True}, "status.agent_pid: expected an integer, got a boolean"),
-    ({"shepherd_token": 5}, "status.shepherd_token: expected a string"),
-    ({"reason": ["x"]}, "status.reason: expected a string"),
-    ({"reason": "owned"}, "status.reason: expected one of"),
-    ({"started": "now"}, "status.started: expected a number"),
-    ({"ended": float("inf")}, "status.ended: inf is not a finite number"),
-])
+@pytest.mark.parametrize(
+    "fields, why",
+    [
+        ({"state": "garbage"}, "status.state: expected one of"),
+        ({"exit_code": "abc"}, "status.exit_code: expected an integer"),
+        ({"exit_code": 1.5}, "status.exit_code: expected an integer"),
+        ({"shepherd_pid": "12"}, "status.shepherd_pid: expected an integer"),
+        ({"shepherd_pid": -1}, "status.shepherd_pid: -1 is out of range"),
+        ({"agent_pid": True}, "status.agent_pid: expected an integer, got a boolean"),
+        ({"shepherd_token": 5}, "status.shepherd_token: expected a string"),
+        ({"reason": ["x"]}, "status.reason: expected a string"),
+        ({"reason": "owned"}, "status.reason: expected one of"),
+        ({"started": "now"}, "status.started: expected a number"),
+        ({"ended": float("inf")}, "status.ended: inf is not a finite number"),
+    ],
+)
 def test_parse_status_refuses_wrong_types(fields: dict[str, Any], why: str) -> None:
     with pytest.raises(untrusted.Malformed, match=why):
         untrusted.parse_status(good_status(**fields))
@@ -232,27 +276,33 @@ def test_a_garbled_status_file_of_a_gone_shepherd_is_a_died_session(tmp_path: Pa
 # --------------------------------------------------------------------------- brain replies
 
 
-@pytest.mark.parametrize("api, endpoint, body, want", [
-    ("ollama", "generate", {"response": "PASS"}, "PASS"),
-    ("ollama", "chat", {"message": {"content": "FAIL: x"}}, "FAIL: x"),
-    ("openai", "generate", {"choices": [{"message": {"content": "PASS"}}]}, "PASS"),
-    ("ollama", "generate", {"response": None}, ""),
-])
+@pytest.mark.parametrize(
+    "api, endpoint, body, want",
+    [
+        ("ollama", "generate", {"response": "PASS"}, "PASS"),
+        ("ollama", "chat", {"message": {"content": "FAIL: x"}}, "FAIL: x"),
+        ("openai", "generate", {"choices": [{"message": {"content": "PASS"}}]}, "PASS"),
+        ("ollama", "generate", {"response": None}, ""),
+    ],
+)
 def test_brain_reply_shapes(api: str, endpoint: str, body: Any, want: str) -> None:
     assert parse_brain_reply(api, endpoint, json.dumps(body).encode()) == want
 
 
-@pytest.mark.parametrize("api, endpoint, raw, why", [
-    ("ollama", "generate", b"[1]", "brain reply has no answer in it: [1]"),
-    ("ollama", "generate", b'"PASS"', "brain reply has no answer in it"),
-    ("ollama", "chat", b'{"message": "PASS"}', "brain reply has no answer in it"),
-    ("openai", "generate", b'{"choices": "PASS"}', "brain reply has no answer in it"),
-    ("openai", "generate", b'{"choices": [5]}', "brain reply has no answer in it"),
-    ("openai", "generate", b'{"choices": [{"message": {"content": 5}}]}', "brain reply has no text answer"),
-    ("ollama", "generate", b'{"response": ["PASS"]}', "brain reply has no text answer"),
-    ("ollama", "generate", b"[" * 100_000, "brain returned malformed JSON"),
-    ("ollama", "generate", b"\xff", "brain returned malformed JSON"),
-])
+@pytest.mark.parametrize(
+    "api, endpoint, raw, why",
+    [
+        ("ollama", "generate", b"[1]", "brain reply has no answer in it: [1]"),
+        ("ollama", "generate", b'"PASS"', "brain reply has no answer in it"),
+        ("ollama", "chat", b'{"message": "PASS"}', "brain reply has no answer in it"),
+        ("openai", "generate", b'{"choices": "PASS"}', "brain reply has no answer in it"),
+        ("openai", "generate", b'{"choices": [5]}', "brain reply has no answer in it"),
+        ("openai", "generate", b'{"choices": [{"message": {"content": 5}}]}', "brain reply has no text answer"),
+        ("ollama", "generate", b'{"response": ["PASS"]}', "brain reply has no text answer"),
+        ("ollama", "generate", b"[" * 100_000, "brain returned malformed JSON"),
+        ("ollama", "generate", b"\xff", "brain returned malformed JSON"),
+    ],
+)
 def test_brain_reply_malformed_is_a_reasoned_failure(api: str, endpoint: str, raw: bytes, why: str) -> None:
     with pytest.raises(BrainError, match=why.replace("[", r"\[")):
         parse_brain_reply(api, endpoint, raw)

@@ -28,40 +28,114 @@ from fleetrun.untrusted import Malformed
 
 # -- what a peer could send ---------------------------------------------------------
 
-scalars = st.one_of(st.none(), st.booleans(), st.integers(min_value=-(1 << 70), max_value=1 << 70),
-                    st.floats(allow_nan=True, allow_infinity=True), st.text(max_size=40),
-                    st.sampled_from(["", "garbage", "big", "abc", "no", "lots", "ended", "running", "!!", "=" * 3,
-                                     "aGVsbG8=", "0" * 40, "f" * 64, "../x", "\x00", "\u202e"]))
-json_values = st.recursive(scalars, lambda kids: st.one_of(
-    st.lists(kids, max_size=5), st.dictionaries(st.text(max_size=12), kids, max_size=6)), max_leaves=25)
+scalars = st.one_of(
+    st.none(),
+    st.booleans(),
+    st.integers(min_value=-(1 << 70), max_value=1 << 70),
+    st.floats(allow_nan=True, allow_infinity=True),
+    st.text(max_size=40),
+    st.sampled_from(
+        [
+            "",
+            "garbage",
+            "big",
+            "abc",
+            "no",
+            "lots",
+            "ended",
+            "running",
+            "!!",
+            "=" * 3,
+            "aGVsbG8=",
+            "0" * 40,
+            "f" * 64,
+            "../x",
+            "\x00",
+            "\u202e",
+        ]
+    ),
+)
+json_values = st.recursive(
+    scalars,
+    lambda kids: st.one_of(st.lists(kids, max_size=5), st.dictionaries(st.text(max_size=12), kids, max_size=6)),
+    max_leaves=25,
+)
 
 SHA = "0123456789abcdef0123456789abcdef01234567"
 #: A valid reply of each verb, which the fuzzer then damages.
 VALID: dict[str, dict[str, Any]] = {
-    "status": {"status": {"state": "ended", "exit_code": 0, "reason": "exited", "shepherd_pid": 12,
-                          "shepherd_token": "t", "started": 1.0, "ended": 2.0},
-               "log": "aGVsbG8K", "log_offset": 0, "log_size": 6},
+    "status": {
+        "status": {
+            "state": "ended",
+            "exit_code": 0,
+            "reason": "exited",
+            "shepherd_pid": 12,
+            "shepherd_token": "t",
+            "started": 1.0,
+            "ended": 2.0,
+        },
+        "log": "aGVsbG8K",
+        "log_offset": 0,
+        "log_size": 6,
+    },
     "log": {"log": "aGVsbG8K", "log_offset": 0, "log_size": 6},
-    "status-many": {"statuses": {"task_a_1_a1": {"status": {"state": "running", "shepherd_pid": 12}},
-                                 "task_b_1_a1": {"status": {"state": "ended", "exit_code": 3, "reason": "exited"},
-                                                 "log": "aGVsbG8K", "log_offset": 0, "log_size": 6}}},
+    "status-many": {
+        "statuses": {
+            "task_a_1_a1": {"status": {"state": "running", "shepherd_pid": 12}},
+            "task_b_1_a1": {
+                "status": {"state": "ended", "exit_code": 3, "reason": "exited"},
+                "log": "aGVsbG8K",
+                "log_offset": 0,
+                "log_size": 6,
+            },
+        }
+    },
     "stop": {"signalled": True, "status": {"state": "running"}},
     "start": {"pid": 42, "token": "1234", "dir": "/h/attempts/a"},
-    "prepare": {"workspace": {"path": "/h/w/x", "branch": "fleetrun/x", "repo": "/r", "base_ref": "main",
-                              "is_worktree": True, "root": "/h/w/x"}},
+    "prepare": {
+        "workspace": {
+            "path": "/h/w/x",
+            "branch": "fleetrun/x",
+            "repo": "/r",
+            "base_ref": "main",
+            "is_worktree": True,
+            "root": "/h/w/x",
+        }
+    },
     "collect": {"commit": SHA},
     "cleanup": {"worktree": "/h/w/x", "removed": True},
     "verify-start": {"state": "running"},
     "verify-status": {"state": "ended", "passed": False, "reason": "exit code 1", "output": "x", "duration_s": 0.5},
     "verify-stop": {"signalled": False},
     "bundle": {"fleetrun_bundle": 1, "tip": SHA, "fork": SHA, "have": [SHA], "bundle": True},
-    "probe": {"fleetrun": "0.1.0", "features": ["supervised-tasks-1"], "hostname": "h", "os": "linux",
-              "arch": "x86_64", "python": "3.11", "home": "/h", "time": 1.0, "running": 0, "max_tasks": 4,
-              "drain": False, "tags": ["gpu"], "mem_per_task_mb": 1024.0, "tools": {"git": "2.4"}, "auth": [],
-              "free_mem_mb": 1.0, "load_per_core": 0.1, "free_disk_mb": 9.0},
+    "probe": {
+        "fleetrun": "0.1.0",
+        "features": ["supervised-tasks-1"],
+        "hostname": "h",
+        "os": "linux",
+        "arch": "x86_64",
+        "python": "3.11",
+        "home": "/h",
+        "time": 1.0,
+        "running": 0,
+        "max_tasks": 4,
+        "drain": False,
+        "tags": ["gpu"],
+        "mem_per_task_mb": 1024.0,
+        "tools": {"git": "2.4"},
+        "auth": [],
+        "free_mem_mb": 1.0,
+        "load_per_core": 0.1,
+        "free_disk_mb": 9.0,
+    },
 }
-VALID["peer-state"] = {"last_heard": 1.0, "probe": VALID["probe"], "error": None, "error_at": None,
-                       "pending_stops": {"a": {"pid": 3, "token": "t", "since": 1.0, "error": "x"}}}
+VALID["peer-state"] = {
+    "last_heard": 1.0,
+    "probe": VALID["probe"],
+    "error": None,
+    "error_at": None,
+    "pending_stops": {"a": {"pid": 3, "token": "t", "since": 1.0, "error": "x"}},
+}
 
 PARSERS: dict[str, Callable[[Any], Any]] = {
     "status": wire.parse_status_reply,
@@ -171,18 +245,24 @@ def run_bundle_stream(chunks: list[bytes], tmp: Path) -> str:
 
 def raw_bytes() -> st.SearchStrategy[bytes]:
     as_json = st.builds(lambda v: json.dumps(v, allow_nan=True).encode(), json_values)
-    damaged_json = st.builds(lambda v: (json.dumps(v) + "\n").encode(),
-                             st.sampled_from(sorted(VALID)).flatmap(damaged))
-    deep = st.builds(lambda n, close: b'{"a": ' + b"[" * n + (b"]" * n + b"}" if close else b""),
-                     st.integers(1, 200_000), st.booleans())  # json.loads recurses
-    return st.one_of(st.binary(max_size=300), as_json, damaged_json, deep,
-                     st.builds(lambda a, b: a + b"\n" + b, st.binary(max_size=60), as_json))
+    damaged_json = st.builds(lambda v: (json.dumps(v) + "\n").encode(), st.sampled_from(sorted(VALID)).flatmap(damaged))
+    deep = st.builds(
+        lambda n, close: b'{"a": ' + b"[" * n + (b"]" * n + b"}" if close else b""),
+        st.integers(1, 200_000),
+        st.booleans(),
+    )  # json.loads recurses
+    return st.one_of(
+        st.binary(max_size=300),
+        as_json,
+        damaged_json,
+        deep,
+        st.builds(lambda a, b: a + b"\n" + b, st.binary(max_size=60), as_json),
+    )
 
 
 def bundle_chunks() -> st.SearchStrategy[list[bytes]]:
     header = st.builds(lambda v: (json.dumps(v) + "\n").encode(), damaged("bundle"))
-    return st.lists(st.one_of(st.binary(max_size=80), header, st.just(b'{"fleetrun_bundle": 1, "tip": ')),
-                    max_size=5)
+    return st.lists(st.one_of(st.binary(max_size=80), header, st.just(b'{"fleetrun_bundle": 1, "tip": ')), max_size=5)
 
 
 # -- the bounded fuzzers -------------------------------------------------------------
@@ -225,11 +305,15 @@ def test_the_bundle_header_stream_is_a_header_or_a_refusal(tmp_path_factory, chu
 
 def test_the_replies_of_the_issue_are_refused():
     """The exact replies of the report, each refused with a reason."""
-    cases = [("status", {"status": "garbage"}), ("log", {"log": "%%%", "log_offset": 0, "log_size": 3}),
-             ("status", dict(VALID["status"], log_size="big")),
-             ("verify-status", dict(VALID["verify-status"], duration_s="abc")),
-             ("verify-status", dict(VALID["verify-status"], passed="no")),
-             ("probe", dict(VALID["probe"], running="lots")), ("probe", dict(VALID["probe"], tags="gpu"))]
+    cases = [
+        ("status", {"status": "garbage"}),
+        ("log", {"log": "%%%", "log_offset": 0, "log_size": 3}),
+        ("status", dict(VALID["status"], log_size="big")),
+        ("verify-status", dict(VALID["verify-status"], duration_s="abc")),
+        ("verify-status", dict(VALID["verify-status"], passed="no")),
+        ("probe", dict(VALID["probe"], running="lots")),
+        ("probe", dict(VALID["probe"], tags="gpu")),
+    ]
     for verb, reply in cases:
         with pytest.raises(Malformed):
             PARSERS[verb](reply)
@@ -239,10 +323,25 @@ def test_the_replies_of_the_issue_are_refused():
 
 # -- and the other way: what a supervisor sends a peer -------------------------------
 
-TASK = {"id": "task_m0abc_0", "name": "fix", "state": "ASSIGNED", "source": "", "queue_id": "q", "created": 0,
-        "updated": 0, "spec": {"name": "fix", "prompt": "p", "cwd": "/tmp", "git_ref": "main"}}
-ATTEMPT = {"id": "task_m0abc_0_a1", "task_id": "task_m0abc_0", "number": 1, "kind": "fresh", "host": "mini",
-           "state": "leased", "created": 0}
+TASK = {
+    "id": "task_m0abc_0",
+    "name": "fix",
+    "state": "ASSIGNED",
+    "source": "",
+    "queue_id": "q",
+    "created": 0,
+    "updated": 0,
+    "spec": {"name": "fix", "prompt": "p", "cwd": "/tmp", "git_ref": "main"},
+}
+ATTEMPT = {
+    "id": "task_m0abc_0_a1",
+    "task_id": "task_m0abc_0",
+    "number": 1,
+    "kind": "fresh",
+    "host": "mini",
+    "state": "leased",
+    "created": 0,
+}
 VALID["request-task"] = TASK
 VALID["request-attempt"] = ATTEMPT
 

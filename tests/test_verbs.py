@@ -60,7 +60,8 @@ def test_a_plugin_adds_a_verb_with_its_own_arguments(fleeter: Any, capsys: pytes
 
 
 def test_a_plugin_verb_reports_usage_errors_and_checks_config_toml(
-        fleeter: Any, capsys: pytest.CaptureFixture[str]) -> None:
+    fleeter: Any, capsys: pytest.CaptureFixture[str]
+) -> None:
     plugin = HelloPlugin()
     assert fleetrun.main(["hello", "nobody"], plugins=[plugin]) == ExitCode.USAGE_ERROR
     assert capsys.readouterr().err == "ERROR: WHO: there is nobody to greet\n"
@@ -86,7 +87,7 @@ def test_without_the_plugin_the_verb_is_unknown(fleeter: Any) -> None:
     assert result.stderr == "ERROR: helo: not a file or a verb (did you mean hello?)\n"
 
 
-PLUGIN_MODULE = '''
+PLUGIN_MODULE = """
 import json
 import fleetrun
 from fleetrun.queueing import collect_items
@@ -107,7 +108,7 @@ def _count(config, out, err):
 def fleetrun_verbs(pluginmanager):
     return [fleetrun.VerbDecl("count", "count the tasks of tasks files", _count, _arguments,
                               takes_tasks_files=True)]
-'''
+"""
 
 
 def _write_module(folder: Path, name: str, text: str) -> dict[str, str]:
@@ -120,16 +121,18 @@ def test_a_p_module_adds_a_verb_that_takes_tasks_files(fleeter: Any) -> None:
     """``-p MODULE``: the verb gets the tasks files resolved as ``fleetrun [run]`` does
     (a folder stands for its tasks.toml), ``-k``, and their fleetconf.py files."""
     env = _write_module(fleeter.path.parent / "mods", "countverb", PLUGIN_MODULE)
-    fleeter.write("sub/tasks.toml", textwrap.dedent("""
+    fleeter.write(
+        "sub/tasks.toml",
+        textwrap.dedent("""
         [[task]]
         name = "alpha"
         prompt = "a"
         [[task]]
         name = "beta"
         prompt = "b"
-        """))
-    fleeter.write_fleetconf("def fleetrun_collection_modifyitems(config, items):\n"
-                            "    items.reverse()\n", folder="sub")
+        """),
+    )
+    fleeter.write_fleetconf("def fleetrun_collection_modifyitems(config, items):\n    items.reverse()\n", folder="sub")
     result = fleeter.runsub("-p", "countverb", "count", "sub", env=env)
     assert result.ret == 0, result.stderr
     assert result.stdout == "2 tasks: beta, alpha\n"
@@ -169,12 +172,14 @@ def test_a_fleetconf_cannot_add_a_verb(fleeter: Any) -> None:
     """Verbs are known before the command line is parsed, a fleetconf.py only once its
     tasks file is: a fleetrun_verbs in one is an error, not silently ignored."""
     fleeter.write_tasks('[[task]]\nname = "a"\nprompt = "p"\n')
-    fleeter.write_fleetconf(textwrap.dedent("""
+    fleeter.write_fleetconf(
+        textwrap.dedent("""
         import fleetrun
 
         def fleetrun_verbs(pluginmanager):
             return [fleetrun.VerbDecl("mine", "x", lambda config, out, err: 0)]
-        """))
+        """)
+    )
     result = fleeter.run("validate")
     assert result.ret == ExitCode.USAGE_ERROR
     assert "fleetconf.py: fleetrun_verbs cannot add a verb from a fleetconf.py" in result.stderr
@@ -183,8 +188,20 @@ def test_a_fleetconf_cannot_add_a_verb(fleeter: Any) -> None:
 
 def test_the_core_declares_its_verbs_the_same_way() -> None:
     names = [d.name for d in BUILTIN_VERBS]
-    assert names == ["run", "validate", "queue", "work", "status", "logs", "cancel", "retry", "approve",
-                     "drain", "undrain", "gc"]
+    assert names == [
+        "run",
+        "validate",
+        "queue",
+        "work",
+        "status",
+        "logs",
+        "cancel",
+        "retry",
+        "approve",
+        "drain",
+        "undrain",
+        "gc",
+    ]
     assert all(isinstance(d, VerbDecl) for d in BUILTIN_VERBS)
     # the loop's verbs take the plugins' options; the operator's verbs work with a broken config.toml
     assert {d.name for d in BUILTIN_VERBS if d.plugin_options} == {"run", "work"}

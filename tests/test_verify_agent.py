@@ -33,7 +33,7 @@ REVIEW = "Check that hello.txt says hello."
 
 def review_task(fleeter, verify: str = f'agent = "{REVIEW}"', extra: str = "") -> None:
     fleeter.make_repo()
-    fleeter.write_tasks(f'''
+    fleeter.write_tasks(f"""
         [[task]]
         name = "greet"
         cwd = "repo"
@@ -43,7 +43,7 @@ def review_task(fleeter, verify: str = f'agent = "{REVIEW}"', extra: str = "") -
 
           [[task.verify]]
           {verify}
-    ''')
+    """)
 
 
 def reviewer_calls(fake_claude) -> list[dict[str, Any]]:
@@ -77,7 +77,7 @@ def test_reviewer_argv_is_read_only_and_leaves_the_prompt_to_stdin():
     assert "--strict-mcp-config" in plain and json.loads(opt(plain, "--mcp-config")) == {"mcpServers": {}}
     assert "--disable-slash-commands" in plain
     assert json.loads(opt(plain, "--json-schema"))["required"] == ["verdict", "reason"]
-    assert plain[plain.index("--disallowedTools") + 1:] == list(DENIED_TOOLS)  # last: variadic
+    assert plain[plain.index("--disallowedTools") + 1 :] == list(DENIED_TOOLS)  # last: variadic
     assert {"Bash", "Edit", "Write", "NotebookEdit"} <= set(DENIED_TOOLS)
     assert "--allowedTools" not in plain and "--model" not in plain and "--max-budget-usd" not in plain
     assert "--settings" not in plain and "--add-dir" not in plain
@@ -87,14 +87,17 @@ def test_reviewer_argv_is_read_only_and_leaves_the_prompt_to_stdin():
     assert opt(full, "--max-budget-usd") == "0.2500"
 
 
-@pytest.mark.parametrize("task_budget, spent, verifier_budget, expect", [
-    (None, 0.5, None, None),
-    (None, 0.5, 0.3, 0.3),
-    (1.0, 0.25, None, 0.75),
-    (1.0, 0.25, 0.5, 0.5),
-    (1.0, 0.75, 0.5, 0.25),
-    (1.0, 1.5, 0.5, 0.0),
-])
+@pytest.mark.parametrize(
+    "task_budget, spent, verifier_budget, expect",
+    [
+        (None, 0.5, None, None),
+        (None, 0.5, 0.3, 0.3),
+        (1.0, 0.25, None, 0.75),
+        (1.0, 0.25, 0.5, 0.5),
+        (1.0, 0.75, 0.5, 0.25),
+        (1.0, 1.5, 0.5, 0.0),
+    ],
+)
 def test_review_budget_is_capped_by_what_is_left_of_the_task(task_budget, spent, verifier_budget, expect):
     task = SimpleNamespace(spec=SimpleNamespace(budget_usd=task_budget), cost_usd=spent)
     assert review_budget(task, VerifySpec("agent", REVIEW, budget_usd=verifier_budget)) == expect
@@ -107,43 +110,98 @@ def _stream(result: dict[str, Any] | None) -> str:
     return "\n".join(lines) + "\n"
 
 
-@pytest.mark.parametrize("result, code, expect", [
-    ({"is_error": False, "result": "PASS\nfine", "total_cost_usd": 0.03}, 0, (True, "PASS", "PASS\nfine", 0.03)),
-    ({"is_error": False, "result": "FAIL: no greeting\nsee hello.txt", "total_cost_usd": 0.02}, 0,
-     (False, "no greeting", "FAIL: no greeting\nsee hello.txt", 0.02)),
-    ({"is_error": False, "result": "**PASS**", "total_cost_usd": 0.01}, 0, (True, "**PASS**", "**PASS**", 0.01)),
-    ({"is_error": False, "result": "PASS: the change is fine", "total_cost_usd": 0.01}, 0,
-     (True, "PASS: the change is fine", "PASS: the change is fine", 0.01)),
-    ({"is_error": False, "result": "Looks right", "total_cost_usd": 0.01}, 0, (False, NO_VERDICT, "Looks right", 0.01)),
-    # the structured verdict (--json-schema) wins over the text
-    ({"is_error": False, "result": "PASS", "structured_output": {"verdict": "FAIL", "reason": "no greeting\nmore"},
-      "total_cost_usd": 0.01}, 0, (False, "no greeting", "PASS", 0.01)),
-    ({"is_error": False, "result": "", "structured_output": {"verdict": "PASS", "reason": "fine"},
-      "total_cost_usd": 0.01}, 0, (True, "PASS: fine", '{"verdict": "PASS", "reason": "fine"}', 0.01)),
-    ({"is_error": False, "result": "FAIL: x", "structured_output": {"verdict": "PASS", "reason": ""},
-      "total_cost_usd": 0}, 0, (True, "PASS", "FAIL: x", 0.0)),
-    ({"is_error": True, "subtype": "error_max_budget_usd", "errors": ["Reached maximum budget ($0.1)"],
-      "total_cost_usd": 0.6}, 1,
-     (False, "the reviewer ended with an error (error_max_budget_usd): Reached maximum budget ($0.1)",
-      "Reached maximum budget ($0.1)", 0.6)),
-    (None, 0, (False, "no verdict: the reviewer ended without a result (exit code 0)", "", 0.0)),
-    (None, -9, (False, "no verdict: the reviewer ended without a result (killed by signal 9)", "", 0.0)),
-])
+@pytest.mark.parametrize(
+    "result, code, expect",
+    [
+        ({"is_error": False, "result": "PASS\nfine", "total_cost_usd": 0.03}, 0, (True, "PASS", "PASS\nfine", 0.03)),
+        (
+            {"is_error": False, "result": "FAIL: no greeting\nsee hello.txt", "total_cost_usd": 0.02},
+            0,
+            (False, "no greeting", "FAIL: no greeting\nsee hello.txt", 0.02),
+        ),
+        ({"is_error": False, "result": "**PASS**", "total_cost_usd": 0.01}, 0, (True, "**PASS**", "**PASS**", 0.01)),
+        (
+            {"is_error": False, "result": "PASS: the change is fine", "total_cost_usd": 0.01},
+            0,
+            (True, "PASS: the change is fine", "PASS: the change is fine", 0.01),
+        ),
+        (
+            {"is_error": False, "result": "Looks right", "total_cost_usd": 0.01},
+            0,
+            (False, NO_VERDICT, "Looks right", 0.01),
+        ),
+        # the structured verdict (--json-schema) wins over the text
+        (
+            {
+                "is_error": False,
+                "result": "PASS",
+                "structured_output": {"verdict": "FAIL", "reason": "no greeting\nmore"},
+                "total_cost_usd": 0.01,
+            },
+            0,
+            (False, "no greeting", "PASS", 0.01),
+        ),
+        (
+            {
+                "is_error": False,
+                "result": "",
+                "structured_output": {"verdict": "PASS", "reason": "fine"},
+                "total_cost_usd": 0.01,
+            },
+            0,
+            (True, "PASS: fine", '{"verdict": "PASS", "reason": "fine"}', 0.01),
+        ),
+        (
+            {
+                "is_error": False,
+                "result": "FAIL: x",
+                "structured_output": {"verdict": "PASS", "reason": ""},
+                "total_cost_usd": 0,
+            },
+            0,
+            (True, "PASS", "FAIL: x", 0.0),
+        ),
+        (
+            {
+                "is_error": True,
+                "subtype": "error_max_budget_usd",
+                "errors": ["Reached maximum budget ($0.1)"],
+                "total_cost_usd": 0.6,
+            },
+            1,
+            (
+                False,
+                "the reviewer ended with an error (error_max_budget_usd): Reached maximum budget ($0.1)",
+                "Reached maximum budget ($0.1)",
+                0.6,
+            ),
+        ),
+        (None, 0, (False, "no verdict: the reviewer ended without a result (exit code 0)", "", 0.0)),
+        (None, -9, (False, "no verdict: the reviewer ended without a result (killed by signal 9)", "", 0.0)),
+    ],
+)
 def test_verdict_from_stream(result, code, expect):
     assert verdict_from_stream(_stream(result), code) == expect
 
 
-@pytest.mark.parametrize("result, reason", [
-    ({"result": "PASS", "total_cost_usd": "abc"}, "no verdict: malformed result event: result.total_cost_usd:"),
-    ({"result": "PASS", "total_cost_usd": -1}, "no verdict: malformed result event: result.total_cost_usd:"),
-    ({"result": "PASS", "is_error": "no"}, "no verdict: malformed result event: result.is_error:"),
-    ({"result": ["PASS"]}, "no verdict: malformed result event: result.result:"),
-    ({"result": "PASS", "structured_output": {"verdict": "pass"}}, "no verdict: malformed result event: "
-                                                                   "structured_output.verdict:"),
-    ({"result": "PASS", "structured_output": "PASS"}, "no verdict: malformed result event: structured_output:"),
-    ({"result": "PASS", "structured_output": {"verdict": "PASS", "reason": 5}},
-     "no verdict: malformed result event: structured_output.reason:"),
-])
+@pytest.mark.parametrize(
+    "result, reason",
+    [
+        ({"result": "PASS", "total_cost_usd": "abc"}, "no verdict: malformed result event: result.total_cost_usd:"),
+        ({"result": "PASS", "total_cost_usd": -1}, "no verdict: malformed result event: result.total_cost_usd:"),
+        ({"result": "PASS", "is_error": "no"}, "no verdict: malformed result event: result.is_error:"),
+        ({"result": ["PASS"]}, "no verdict: malformed result event: result.result:"),
+        (
+            {"result": "PASS", "structured_output": {"verdict": "pass"}},
+            "no verdict: malformed result event: structured_output.verdict:",
+        ),
+        ({"result": "PASS", "structured_output": "PASS"}, "no verdict: malformed result event: structured_output:"),
+        (
+            {"result": "PASS", "structured_output": {"verdict": "PASS", "reason": 5}},
+            "no verdict: malformed result event: structured_output.reason:",
+        ),
+    ],
+)
 def test_a_malformed_result_is_a_fail_not_an_exception(result, reason):
     passed, why, _, _ = verdict_from_stream(_stream(result), 0)
     assert not passed and why.startswith(reason)
@@ -159,8 +217,13 @@ def reviewer(tmp_path):
     work.mkdir()
     env = {k: v for k, v in os.environ.items() if not k.startswith(("FLEETRUN_", "FAKE_CLAUDE_"))}
     env["PATH"] = os.path.dirname(sys.executable) + os.pathsep + env.get("PATH", "")
-    env.update(FAKE_CLAUDE_SCENARIO=str(tmp_path / "scenario.json"), FAKE_CLAUDE_STATE=str(tmp_path / "state"),
-               FAKE_CLAUDE_LOG=str(tmp_path / "calls.ndjson"), FLEETRUN_TASK_NAME="t", FLEETRUN_VERIFIER="agent")
+    env.update(
+        FAKE_CLAUDE_SCENARIO=str(tmp_path / "scenario.json"),
+        FAKE_CLAUDE_STATE=str(tmp_path / "state"),
+        FAKE_CLAUDE_LOG=str(tmp_path / "calls.ndjson"),
+        FLEETRUN_TASK_NAME="t",
+        FLEETRUN_VERIFIER="agent",
+    )
     config = SimpleNamespace(setting=lambda table, key, default=None: str(FAKE) if key == "executable" else default)
 
     def start(step: dict[str, Any], exe: str | None = None, **vkw: Any) -> AgentHandle:
@@ -199,16 +262,27 @@ def test_handle_pass_with_cost(reviewer):
     assert h.fileno() == -1
 
 
-@pytest.mark.parametrize("step, vkw, reason, error", [
-    ({"result": "FAIL: hello.txt is missing"}, {}, "hello.txt is missing", None),
-    ({"result": "Pass: fine"}, {}, NO_VERDICT, "transient"),
-    ({"mode": "no_result"}, {}, "no verdict: the reviewer ended without a result (exit code 0)", "transient"),
-    ({"mode": "die"}, {}, "no verdict: the reviewer ended without a result (killed by signal 9)", "transient"),
-    ({"mode": "is_error", "result": "tool crashed"}, {},
-     "the reviewer ended with an error (error_during_execution): tool crashed", "transient"),
-    ({"mode": "overspend"}, {"budget_usd": 0.1},
-     "the reviewer ended with an error (error_max_budget_usd): Reached maximum budget ($0.1)", "permanent"),
-])
+@pytest.mark.parametrize(
+    "step, vkw, reason, error",
+    [
+        ({"result": "FAIL: hello.txt is missing"}, {}, "hello.txt is missing", None),
+        ({"result": "Pass: fine"}, {}, NO_VERDICT, "transient"),
+        ({"mode": "no_result"}, {}, "no verdict: the reviewer ended without a result (exit code 0)", "transient"),
+        ({"mode": "die"}, {}, "no verdict: the reviewer ended without a result (killed by signal 9)", "transient"),
+        (
+            {"mode": "is_error", "result": "tool crashed"},
+            {},
+            "the reviewer ended with an error (error_during_execution): tool crashed",
+            "transient",
+        ),
+        (
+            {"mode": "overspend"},
+            {"budget_usd": 0.1},
+            "the reviewer ended with an error (error_max_budget_usd): Reached maximum budget ($0.1)",
+            "permanent",
+        ),
+    ],
+)
 def test_handle_failures(reviewer, step, vkw, reason, error):
     """Only a FAIL the reviewer gave is the work's; the rest could not judge (an ERROR)."""
     v = wait_verdict(reviewer(step, **vkw))
@@ -240,13 +314,15 @@ def test_handle_cancel(reviewer):
 
 
 def test_cli_pass_is_done_and_the_review_cost_is_added(fleeter, fake_claude):
-    review_task(fleeter, verify=f'agent = "{REVIEW}"\n          model = "claude-haiku-4-5"\n'
-                                '          budget_usd = 0.5')
-    fake_claude.script(**{
-        "greet": [{"actions": [["write", "hello.txt", "hello\n"], ["commit", "add hello"]], "cost": 0.05}],
-        "greet:review": [{"actions": [["read", "hello.txt"]], "result": "PASS\nhello.txt says hello.",
-                          "cost": 0.02}],
-    })
+    review_task(fleeter, verify=f'agent = "{REVIEW}"\n          model = "claude-haiku-4-5"\n          budget_usd = 0.5')
+    fake_claude.script(
+        **{
+            "greet": [{"actions": [["write", "hello.txt", "hello\n"], ["commit", "add hello"]], "cost": 0.05}],
+            "greet:review": [
+                {"actions": [["read", "hello.txt"]], "result": "PASS\nhello.txt says hello.", "cost": 0.02}
+            ],
+        }
+    )
     r = fleeter.run("tasks.toml")
     assert r.ret == 0, r.stdout + r.stderr
     r.fnmatch_lines(["*greet DONE (attempt 1)*verify_pass", "=== 1 done in *, $0.07 ==="])
@@ -269,10 +345,15 @@ def test_cli_pass_is_done_and_the_review_cost_is_added(fleeter, fake_claude):
     assert opt(argv, "--permission-mode") == "dontAsk" and opt(argv, "--setting-sources") == "user"
     assert opt(argv, "--tools") == "Read,Grep,Glob"
     assert opt(argv, "--model") == "claude-haiku-4-5" and opt(argv, "--max-budget-usd") == "0.5000"
-    assert {"Bash", "Edit", "Write"} <= set(argv[argv.index("--disallowedTools") + 1:])
+    assert {"Bash", "Edit", "Write"} <= set(argv[argv.index("--disallowedTools") + 1 :])
     prompt = call["prompt"]
-    for part in (REVIEW, "Write hello.txt saying hello.", "hello.txt | 1 +", "+hello",
-                 "Answer with a first line of exactly `PASS` or `FAIL: reason`"):
+    for part in (
+        REVIEW,
+        "Write hello.txt saying hello.",
+        "hello.txt | 1 +",
+        "+hello",
+        "Answer with a first line of exactly `PASS` or `FAIL: reason`",
+    ):
         assert part in prompt
     adir = fleeter.home / "attempts" / fleeter.ledger().attempts(task.id)[0].id
     assert events(adir / "review-1.jsonl")[-1]["result"] == "PASS\nhello.txt says hello."
@@ -283,16 +364,23 @@ def test_cli_pass_is_done_and_the_review_cost_is_added(fleeter, fake_claude):
 
 def test_cli_fail_retries_with_the_review_in_the_prompt(fleeter, fake_claude):
     review_task(fleeter)
-    fake_claude.script(**{
-        "greet": [{"actions": [["write", "hello.txt", "hi\n"], ["commit", "add hi"]], "cost": 0.05},
-                  {"actions": [["write", "hello.txt", "hello\n"], ["commit", "say hello"]], "cost": 0.05}],
-        "greet:review": [{"result": "FAIL: hello.txt says hi\nUse the word hello, as the task asks.", "cost": 0.02},
-                         {"result": "PASS", "cost": 0.02}],
-    })
+    fake_claude.script(
+        **{
+            "greet": [
+                {"actions": [["write", "hello.txt", "hi\n"], ["commit", "add hi"]], "cost": 0.05},
+                {"actions": [["write", "hello.txt", "hello\n"], ["commit", "say hello"]], "cost": 0.05},
+            ],
+            "greet:review": [
+                {"result": "FAIL: hello.txt says hi\nUse the word hello, as the task asks.", "cost": 0.02},
+                {"result": "PASS", "cost": 0.02},
+            ],
+        }
+    )
     r = fleeter.run("tasks.toml")
     assert r.ret == 0, r.stdout + r.stderr
-    r.fnmatch_lines([f"*greet RETRYING (attempt 1)*verify_fail:{REVIEW}*", "*greet DONE (attempt 2)*",
-                     "=== 1 done in *, $0.14 ==="])
+    r.fnmatch_lines(
+        [f"*greet RETRYING (attempt 1)*verify_fail:{REVIEW}*", "*greet DONE (attempt 2)*", "=== 1 done in *, $0.14 ==="]
+    )
     first, second = agent_calls(fake_claude)
     assert "hello.txt says hi" not in first["prompt"]
     assert "Verifier `Check that hello.txt says hello.` (agent) failed: hello.txt says hi." in second["prompt"]
@@ -312,13 +400,30 @@ def test_cli_reviewer_cannot_write_or_run_commands(fleeter, fake_claude):
     wrapper.chmod(0o755)
     fleeter.write_config(f'[claude]\nexecutable = "{wrapper}"\n')
     review_task(fleeter)
-    fake_claude.script(**{
-        "greet": [{"actions": [["write", "hello.txt", "hello\n"], ["bash", "touch by-agent.txt"],
-                               ["commit", "add hello"]]}],
-        "greet:review": [{"actions": [["write", "pwned.txt", "x"], ["bash", "touch pwned2"],
-                                      ["append", "README.md", "pwned\n"], ["read", "hello.txt"]],
-                          "result": "PASS"}],
-    })
+    fake_claude.script(
+        **{
+            "greet": [
+                {
+                    "actions": [
+                        ["write", "hello.txt", "hello\n"],
+                        ["bash", "touch by-agent.txt"],
+                        ["commit", "add hello"],
+                    ]
+                }
+            ],
+            "greet:review": [
+                {
+                    "actions": [
+                        ["write", "pwned.txt", "x"],
+                        ["bash", "touch pwned2"],
+                        ["append", "README.md", "pwned\n"],
+                        ["read", "hello.txt"],
+                    ],
+                    "result": "PASS",
+                }
+            ],
+        }
+    )
     r = fleeter.run("tasks.toml")
     assert r.ret == 0, r.stdout + r.stderr
     task = fleeter.task("greet")
@@ -347,24 +452,35 @@ def test_cli_reviewer_without_a_verdict_is_asked_again_then_needs_a_human(fleete
     """No verdict is the reviewer's failure, not the work's: it is asked again (a
     transient ERROR), never the agent, then a human."""
     review_task(fleeter)
-    fleeter.write_config((fleeter.home / "config.toml").read_text()
-                         + "\n[fleetrun]\nverifier_error_tries = 2\nverifier_error_backoff_s = 0.05\n")
-    fake_claude.script(**{"greet": [{"actions": [["write", "hello.txt", "hello\n"]]}],
-                          "greet:review": [{"mode": "no_result"}, {"mode": "no_result"}]})
+    fleeter.write_config(
+        (fleeter.home / "config.toml").read_text()
+        + "\n[fleetrun]\nverifier_error_tries = 2\nverifier_error_backoff_s = 0.05\n"
+    )
+    fake_claude.script(
+        **{
+            "greet": [{"actions": [["write", "hello.txt", "hello\n"]]}],
+            "greet:review": [{"mode": "no_result"}, {"mode": "no_result"}],
+        }
+    )
     r = fleeter.run("tasks.toml")
     assert r.ret == 1
     task = fleeter.task("greet")
     assert task.state.value == "NEEDS_HUMAN"
-    assert task.reason == (f"verifier_error:{REVIEW}: no verdict: the reviewer ended without a result "
-                           "(exit code 0) (tried 2 times)")
+    assert task.reason == (
+        f"verifier_error:{REVIEW}: no verdict: the reviewer ended without a result (exit code 0) (tried 2 times)"
+    )
     assert fleeter.ledger().verdicts(task_id=task.id) == []
     assert len(agent_calls(fake_claude)) == 1 and len(reviewer_calls(fake_claude)) == 2
 
 
 def test_cli_task_budget_caps_the_reviewer(fleeter, fake_claude):
     review_task(fleeter, extra="budget_usd = 0.25", verify=f'agent = "{REVIEW}"\n          budget_usd = 1.0')
-    fake_claude.script(**{"greet": [{"actions": [["write", "hello.txt", "hello\n"]], "cost": 0.05}],
-                          "greet:review": [{"result": "PASS", "cost": 0.02}]})
+    fake_claude.script(
+        **{
+            "greet": [{"actions": [["write", "hello.txt", "hello\n"]], "cost": 0.05}],
+            "greet:review": [{"result": "PASS", "cost": 0.02}],
+        }
+    )
     r = fleeter.run("tasks.toml")
     assert r.ret == 0, r.stdout + r.stderr
     (agent,) = agent_calls(fake_claude)
@@ -375,8 +491,12 @@ def test_cli_task_budget_caps_the_reviewer(fleeter, fake_claude):
 
 def test_cli_no_review_when_the_task_budget_is_spent(fleeter, fake_claude):
     review_task(fleeter, extra="budget_usd = 0.05")
-    fake_claude.script(**{"greet": [{"actions": [["write", "hello.txt", "hello\n"]], "cost": 0.05}],
-                          "greet:review": [{"result": "PASS", "cost": 0.02}]})
+    fake_claude.script(
+        **{
+            "greet": [{"actions": [["write", "hello.txt", "hello\n"]], "cost": 0.05}],
+            "greet:review": [{"result": "PASS", "cost": 0.02}],
+        }
+    )
     r = fleeter.run("tasks.toml")
     assert r.ret == 1
     assert reviewer_calls(fake_claude) == []  # nothing more was spent
@@ -391,8 +511,12 @@ def test_a_task_on_a_peer_is_not_reviewed_here():
     from fleetrun.plugins import verify_agent
 
     task = SimpleNamespace(spec=SimpleNamespace(verify=[], prompt="p", budget_usd=None), cost_usd=0.0)
-    v = verify_agent.fleetrun_verify(task=task, verifier=VerifySpec("agent", REVIEW),
-                                     workspace=SimpleNamespace(path="/on/the/peer"),
-                                     attempt=SimpleNamespace(host="mini", id="a1"), config=None)
+    v = verify_agent.fleetrun_verify(
+        task=task,
+        verifier=VerifySpec("agent", REVIEW),
+        workspace=SimpleNamespace(path="/on/the/peer"),
+        attempt=SimpleNamespace(host="mini", id="a1"),
+        config=None,
+    )
     assert isinstance(v, Verdict) and not v.passed
     assert v.reason == "an agent verifier runs on this machine; the task's workspace is on mini"

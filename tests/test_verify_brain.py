@@ -54,8 +54,14 @@ def repo(fleeter) -> Path:
     return repo
 
 
-def handle(repo: Path, settings: dict[str, Any], question: str = "Does hello.txt greet?",
-           task_prompt: str = "Write hello.txt.", prompt_path: Path | None = None, **vkw: Any) -> BrainHandle:
+def handle(
+    repo: Path,
+    settings: dict[str, Any],
+    question: str = "Does hello.txt greet?",
+    task_prompt: str = "Write hello.txt.",
+    prompt_path: Path | None = None,
+    **vkw: Any,
+) -> BrainHandle:
     v = VerifySpec(kind="brain", text=question, **vkw)
     ws = Workspace(path=str(repo), base_ref="main", is_worktree=True)
     return BrainHandle(v, settings, task_prompt, ws, prompt_path)
@@ -64,24 +70,27 @@ def handle(repo: Path, settings: dict[str, Any], question: str = "Does hello.txt
 # --------------------------------------------------------------------------- the rule
 
 
-@pytest.mark.parametrize("reply, passed, reason", [
-    ("PASS", True, "PASS"),
-    ("  \n PASS\nThe change is fine.", True, "PASS"),
-    ("PASS looks right", True, "PASS looks right"),
-    ("<think>the diff adds hello.txt</think>\nPASS", True, "PASS"),
-    ("PASS.", True, "PASS."),
-    ("Pass", False, NO_VERDICT),
-    ("**PASS**", True, "**PASS**"),
-    ("PASS: fine", True, "PASS: fine"),
-    ("I think it is a PASS", False, NO_VERDICT),
-    ("`PASS`", True, "`PASS`"),
-    ("FAIL: no tests were added\nDetails follow.", False, "no tests were added"),
-    ("FAIL:no space", False, "no space"),
-    ("FAIL", False, "FAIL (no reason given)"),
-    ("FAILED to look", False, NO_VERDICT),
-    ("", False, "empty reply"),
-    ("   \n\t", False, "empty reply"),
-])
+@pytest.mark.parametrize(
+    "reply, passed, reason",
+    [
+        ("PASS", True, "PASS"),
+        ("  \n PASS\nThe change is fine.", True, "PASS"),
+        ("PASS looks right", True, "PASS looks right"),
+        ("<think>the diff adds hello.txt</think>\nPASS", True, "PASS"),
+        ("PASS.", True, "PASS."),
+        ("Pass", False, NO_VERDICT),
+        ("**PASS**", True, "**PASS**"),
+        ("PASS: fine", True, "PASS: fine"),
+        ("I think it is a PASS", False, NO_VERDICT),
+        ("`PASS`", True, "`PASS`"),
+        ("FAIL: no tests were added\nDetails follow.", False, "no tests were added"),
+        ("FAIL:no space", False, "no space"),
+        ("FAIL", False, "FAIL (no reason given)"),
+        ("FAILED to look", False, NO_VERDICT),
+        ("", False, "empty reply"),
+        ("   \n\t", False, "empty reply"),
+    ],
+)
 def test_parse_reply_is_strict(reply, passed, reason):
     assert parse_reply(reply) == (passed, reason)
 
@@ -142,19 +151,31 @@ def test_task_diff_without_git_ref_or_repo(fleeter, repo, tmp_path):
 def test_review_prompt_has_everything_in_order():
     d = TaskDiff(text="+x\n", stat=" a | 1 +\n", size=3, shown=3, base="main")
     p = review_prompt("Do the thing.", d, "Is it done?", "You review.")
-    order = [p.index(s) for s in ("You review.", "Do the thing.", "git diff main...HEAD", "+x", "Is it done?",
-                                  "first line of exactly `PASS` or `FAIL: reason`")]
+    order = [
+        p.index(s)
+        for s in (
+            "You review.",
+            "Do the thing.",
+            "git diff main...HEAD",
+            "+x",
+            "Is it done?",
+            "first line of exactly `PASS` or `FAIL: reason`",
+        )
+    ]
     assert order == sorted(order)
 
 
 # --------------------------------------------------------------------------- the APIs
 
 
-@pytest.mark.parametrize("settings, path", [
-    ({}, "/api/generate"),
-    ({"api": "ollama", "ollama_endpoint": "chat"}, "/api/chat"),
-    ({"api": "openai"}, "/v1/chat/completions"),
-])
+@pytest.mark.parametrize(
+    "settings, path",
+    [
+        ({}, "/api/generate"),
+        ({"api": "ollama", "ollama_endpoint": "chat"}, "/api/chat"),
+        ({"api": "openai"}, "/v1/chat/completions"),
+    ],
+)
 def test_each_api_passes_and_sees_the_task(brain_server, repo, tmp_path, settings, path):
     brain_server.script("PASS\nhello.txt greets.")
     h = handle(repo, {"url": brain_server.url, "model": "tiny", **settings}, prompt_path=tmp_path / "p.txt")
@@ -173,8 +194,9 @@ def test_each_api_passes_and_sees_the_task(brain_server, repo, tmp_path, setting
 
 def test_openai_bearer_key_and_v1_base(brain_server, repo, monkeypatch):
     monkeypatch.setenv("MY_BRAIN_KEY", "sk-test-123")
-    h = handle(repo, {"url": brain_server.url + "/v1/", "model": "gpt-x", "api": "openai",
-                      "api_key_env": "MY_BRAIN_KEY"})
+    h = handle(
+        repo, {"url": brain_server.url + "/v1/", "model": "gpt-x", "api": "openai", "api_key_env": "MY_BRAIN_KEY"}
+    )
     assert wait_verdict(h).passed
     (req,) = brain_server.requests
     assert req.path == "/v1/chat/completions"
@@ -184,8 +206,9 @@ def test_openai_bearer_key_and_v1_base(brain_server, repo, monkeypatch):
 
 def test_openai_key_variable_not_set_fails_without_asking(brain_server, repo, monkeypatch):
     monkeypatch.delenv("NO_SUCH_KEY_VAR", raising=False)
-    v = wait_verdict(handle(repo, {"url": brain_server.url, "model": "m", "api": "openai",
-                                   "api_key_env": "NO_SUCH_KEY_VAR"}))
+    v = wait_verdict(
+        handle(repo, {"url": brain_server.url, "model": "m", "api": "openai", "api_key_env": "NO_SUCH_KEY_VAR"})
+    )
     assert not v.passed and v.reason == "api_key_env names NO_SUCH_KEY_VAR, which is not set"
     assert v.error == "permanent"  # it answers the same until someone fixes it
     assert brain_server.requests == []
@@ -202,17 +225,20 @@ def test_request_for_defaults_to_local_ollama():
 # --------------------------------------------------------------------------- failures
 
 
-@pytest.mark.parametrize("reply, reason, error", [
-    ("FAIL: hello.txt does not greet\nIt says hi.", "hello.txt does not greet", None),
-    ("PASS?", NO_VERDICT, "transient"),
-    ("", "empty reply", "transient"),
-    (Status(500, {"error": "out of memory"}), "brain returned HTTP 500: out of memory", "transient"),
-    (Status(503, "upstream down"), "brain returned HTTP 503: upstream down", "transient"),
-    (Status(429, "slow down"), "brain returned HTTP 429: slow down", "transient"),
-    (Status(401, "bad key"), "brain returned HTTP 401: bad key", "permanent"),
-    (Malformed(), "brain returned malformed JSON: '{\"response\": \"PASS\", '", "transient"),
-    (Shape({"done": True}), 'brain reply has no answer in it: {"done": true}', "transient"),
-])
+@pytest.mark.parametrize(
+    "reply, reason, error",
+    [
+        ("FAIL: hello.txt does not greet\nIt says hi.", "hello.txt does not greet", None),
+        ("PASS?", NO_VERDICT, "transient"),
+        ("", "empty reply", "transient"),
+        (Status(500, {"error": "out of memory"}), "brain returned HTTP 500: out of memory", "transient"),
+        (Status(503, "upstream down"), "brain returned HTTP 503: upstream down", "transient"),
+        (Status(429, "slow down"), "brain returned HTTP 429: slow down", "transient"),
+        (Status(401, "bad key"), "brain returned HTTP 401: bad key", "permanent"),
+        (Malformed(), 'brain returned malformed JSON: \'{"response": "PASS", \'', "transient"),
+        (Shape({"done": True}), 'brain reply has no answer in it: {"done": true}', "transient"),
+    ],
+)
 def test_failures_are_fail_or_error_verdicts_with_reasons(brain_server, repo, reply, reason, error):
     """Only a FAIL the model gave is the work's; the rest is an ERROR (it could not judge)."""
     brain_server.script(reply)
@@ -304,25 +330,44 @@ def test_cancel_closes_and_the_late_thread_is_harmless(brain_server, repo):
 
 
 def test_problems_names_unknown_and_bad_keys():
-    assert problems({"url": "http://x", "model": "m", "api": "openai", "ollama_endpoint": "chat",
-                     "api_key_env": "K", "timeout_s": 3, "max_diff_bytes": 10}) == []
+    assert (
+        problems(
+            {
+                "url": "http://x",
+                "model": "m",
+                "api": "openai",
+                "ollama_endpoint": "chat",
+                "api_key_env": "K",
+                "timeout_s": 3,
+                "max_diff_bytes": 10,
+            }
+        )
+        == []
+    )
     assert problems({"modle": "m"}) == [("modle", "unknown key (did you mean 'model'?)")]
     assert dict(problems({"api": "anthropic", "timeout_s": 0, "max_diff_bytes": 1.5, "url": "127.0.0.1"})) == {
-        "api": "must be one of 'ollama', 'openai'", "timeout_s": "must be a positive number",
-        "max_diff_bytes": "must be a positive whole number of bytes", "url": "must be an http:// or https:// URL"}
+        "api": "must be one of 'ollama', 'openai'",
+        "timeout_s": "must be a positive number",
+        "max_diff_bytes": "must be a positive whole number of bytes",
+        "url": "must be an http:// or https:// URL",
+    }
 
 
 def test_a_bad_setting_is_a_fail_verdict_too(brain_server, repo):
     v = wait_verdict(handle(repo, {"url": brain_server.url, "model": "m", "temperature": 0}))
-    assert (v.passed, v.reason) == (False, "[brain] temperature: unknown key (known: url, model, api, "
-                                           "ollama_endpoint, api_key_env, timeout_s, max_diff_bytes)")
+    assert (v.passed, v.reason) == (
+        False,
+        "[brain] temperature: unknown key (known: url, model, api, "
+        "ollama_endpoint, api_key_env, timeout_s, max_diff_bytes)",
+    )
 
 
 # --------------------------------------------------------------------------- the CLI
 
 
-def brain_task(fleeter, url: str, question: str = "Does hello.txt say hello?", extra: str = "",
-               brain: str = 'model = "tiny"') -> None:
+def brain_task(
+    fleeter, url: str, question: str = "Does hello.txt say hello?", extra: str = "", brain: str = 'model = "tiny"'
+) -> None:
     fleeter.make_repo()
     fleeter.write_tasks(f'''
         [brain]
@@ -381,13 +426,16 @@ def test_cli_pass_is_done(fleeter, fake_claude, brain_server):
 
 def test_cli_fail_retries_with_the_reply_in_the_prompt(fleeter, fake_claude, brain_server):
     brain_task(fleeter, brain_server.url)
-    fake_claude.script(greet=[{"actions": [["write", "hello.txt", "hi"], ["commit", "add hi"]]},
-                              {"actions": [["write", "hello.txt", "hello"], ["commit", "say hello"]]}])
+    fake_claude.script(
+        greet=[
+            {"actions": [["write", "hello.txt", "hi"], ["commit", "add hi"]]},
+            {"actions": [["write", "hello.txt", "hello"], ["commit", "say hello"]]},
+        ]
+    )
     brain_server.script("FAIL: hello.txt says hi, not hello\nChange the word to hello.", "PASS")
     r = fleeter.run("tasks.toml")
     assert r.ret == 0, r.stdout + r.stderr
-    r.fnmatch_lines(["*greet RETRYING (attempt 1)*verify_fail:Does hello.txt say hello?*",
-                     "*greet DONE (attempt 2)*"])
+    r.fnmatch_lines(["*greet RETRYING (attempt 1)*verify_fail:Does hello.txt say hello?*", "*greet DONE (attempt 2)*"])
     first, second = fake_claude.calls("greet")
     assert "Change the word to hello." not in first["prompt"]
     assert "hello.txt says hi, not hello" in second["prompt"]
@@ -420,7 +468,7 @@ def test_cli_config_toml_brain_and_verifier_model(fleeter, fake_claude, brain_se
     fleeter.make_repo()
     cfg = (fleeter.home / "config.toml").read_text()
     fleeter.write_config(cfg + f'\n[brain]\nurl = "{brain_server.url}"\nmodel = "from-config"\napi = "openai"\n')
-    fleeter.write_tasks('''
+    fleeter.write_tasks("""
         [[task]]
         name = "t"
         cwd = "repo"
@@ -430,7 +478,7 @@ def test_cli_config_toml_brain_and_verifier_model(fleeter, fake_claude, brain_se
           [[task.verify]]
           brain = "ok?"
           model = "from-verifier"
-    ''')
+    """)
     r = fleeter.run("tasks.toml")
     assert r.ret == 0, r.stdout + r.stderr
     (req,) = brain_server.requests
@@ -441,14 +489,14 @@ def test_plugin_is_builtin_and_can_be_blocked(fleeter):
     r = fleeter.run("--version")
     assert "verify_brain" in r.stdout and "verify_agent" in r.stdout
     assert verify_brain.fleetrun_verify.__module__ == "fleetrun.plugins.verify_brain"
-    fleeter.write_tasks('''
+    fleeter.write_tasks("""
         [[task]]
         name = "t"
         prompt = "p"
 
           [[task.verify]]
           brain = "ok?"
-    ''')
+    """)
     # the brain kind is the plugin's: blocked, a brain verifier does not validate (issue 23)
     r = fleeter.run("validate", "-p", "no:verify_brain", "tasks.toml")
     assert r.ret == 4 and "unknown verifier kind brain: its plugin verify_brain is not loaded" in r.stderr
@@ -456,9 +504,13 @@ def test_plugin_is_builtin_and_can_be_blocked(fleeter):
 
 def test_a_task_on_a_peer_is_not_asked_about_here():
     task = SimpleNamespace(spec=SimpleNamespace(verify=[], prompt="p"))
-    v = verify_brain.fleetrun_verify(task=task, verifier=VerifySpec("brain", "ok?"),
-                                     workspace=Workspace(path="/on/the/peer"),
-                                     attempt=SimpleNamespace(host="mini", id="a1"), config=None)
+    v = verify_brain.fleetrun_verify(
+        task=task,
+        verifier=VerifySpec("brain", "ok?"),
+        workspace=Workspace(path="/on/the/peer"),
+        attempt=SimpleNamespace(host="mini", id="a1"),
+        config=None,
+    )
     assert isinstance(v, Verdict) and not v.passed and v.host == "mini"
     assert v.reason == "a brain verifier runs on this machine; the task's workspace is on mini"
 
@@ -478,19 +530,21 @@ def test_a_peers_work_comes_from_whichever_plugin_answers_fleetrun_fetch_workspa
             raise answers[0]
         return answers[0]
 
-    config = SimpleNamespace(hook=SimpleNamespace(fleetrun_fetch_workspace=fetch),
-                             stash={}, home=tmp_path)
+    config = SimpleNamespace(hook=SimpleNamespace(fleetrun_fetch_workspace=fetch), stash={}, home=tmp_path)
     monkeypatch.setattr("fleetrun.diffutil._is_local", lambda config, name: False)  # bay's files are elsewhere
     here = Workspace(path=str(tmp_path / "fetched"))
     answers[:] = [here]
     assert local_workspace(config, task, attempt, Workspace(path="/there"), VerifySpec("brain", "ok?")) is here
     answers[:] = [None]
     v = local_workspace(config, task, attempt, Workspace(path="/there"), VerifySpec("agent", "ok?"))
-    assert isinstance(v, Verdict) and v.reason == "an agent verifier runs on this machine; the task's workspace is on bay"
+    assert (
+        isinstance(v, Verdict) and v.reason == "an agent verifier runs on this machine; the task's workspace is on bay"
+    )
     answers[:] = [RuntimeError("no route")]
     v = local_workspace(config, task, attempt, Workspace(path="/there"), VerifySpec("brain", "ok?"))
-    assert v.reason == ("a brain verifier runs on this machine, and the task's branch could not be fetched "
-                        "from bay: no route")
+    assert v.reason == (
+        "a brain verifier runs on this machine, and the task's branch could not be fetched from bay: no route"
+    )
 
 
 # --------------------------------------------------------------------------- redirects (issue 10 item 6)
@@ -513,8 +567,9 @@ def test_a_redirect_is_a_fail_and_the_key_goes_nowhere_else(brain_server, repo, 
         elsewhere.script("PASS")
         target = elsewhere.url + "/v1/chat/completions"
         brain_server.script(Redirect(target, code))
-        v = wait_verdict(handle(repo, {"url": brain_server.url, "model": "gpt-x", "api": "openai",
-                                       "api_key_env": "MY_BRAIN_KEY"}))
+        v = wait_verdict(
+            handle(repo, {"url": brain_server.url, "model": "gpt-x", "api": "openai", "api_key_env": "MY_BRAIN_KEY"})
+        )
         assert brain_server.requests[0].headers["authorization"] == "Bearer sk-secret-value-123"
         assert not [g for g in got if "authorization" in g], "the bearer key went to the other server"
         assert elsewhere.requests == [] and got == []  # nothing reached it at all

@@ -50,8 +50,11 @@ def test_tail_text_cuts_on_a_character_boundary(tmp_path):
 
 
 def test_timeout_is_a_fail_and_kills_the_group(tmp_path):
-    v = wait(RunHandle(VerifySpec("run", "sleep 30 & sleep 30", timeout_s=0.5), str(tmp_path), tmp_path / "o",
-                       dict(os.environ)))
+    v = wait(
+        RunHandle(
+            VerifySpec("run", "sleep 30 & sleep 30", timeout_s=0.5), str(tmp_path), tmp_path / "o", dict(os.environ)
+        )
+    )
     assert not v.passed and v.reason == "timed out after 0.5s"
 
 
@@ -65,18 +68,21 @@ def test_cannot_start_is_a_permanent_error(tmp_path):
     assert not v.passed and v.reason.startswith("cannot start:") and v.error == "permanent"
 
 
-@pytest.mark.parametrize("command, reason, error", [
-    ("pytset -q", "command not found: pytset", "permanent"),
-    ("FOO=1 pytset -q", "command not found: pytset", "permanent"),
-    ("/nonexistent/bin/pytest -q", "command not found: /nonexistent/bin/pytest", "permanent"),
-    ("{outside}/not-exec", "command not executable: {outside}/not-exec", "permanent"),
-    # the worktree's own script: the agent may have deleted it or made it non-executable
-    ("./run-tests.sh", "exit code 127", None),
-    ("{work}/not-exec", "exit code 126", None),
-    ("PATH=/nowhere pytset", "exit code 127", None),
-    ("true && pytset", "exit code 127", None),  # the first word was found
-    ("exit 127", "exit code 127", None),
-])
+@pytest.mark.parametrize(
+    "command, reason, error",
+    [
+        ("pytset -q", "command not found: pytset", "permanent"),
+        ("FOO=1 pytset -q", "command not found: pytset", "permanent"),
+        ("/nonexistent/bin/pytest -q", "command not found: /nonexistent/bin/pytest", "permanent"),
+        ("{outside}/not-exec", "command not executable: {outside}/not-exec", "permanent"),
+        # the worktree's own script: the agent may have deleted it or made it non-executable
+        ("./run-tests.sh", "exit code 127", None),
+        ("{work}/not-exec", "exit code 126", None),
+        ("PATH=/nowhere pytset", "exit code 127", None),
+        ("true && pytset", "exit code 127", None),  # the first word was found
+        ("exit 127", "exit code 127", None),
+    ],
+)
 def test_127_and_126_are_an_error_only_for_what_the_agent_cannot_touch(tmp_path, command, reason, error):
     work, outside = tmp_path / "work", tmp_path / "outside"
     work.mkdir()
@@ -104,8 +110,10 @@ def test_a_verifier_deaf_to_sigterm_that_times_out_leaves_nothing_it_detached(tm
     included) is SIGKILLed at the timeout; what it detached (``setsid``, deaf to SIGTERM
     too) is found by the marker in its environment and ended all the same."""
     pidfile = tmp_path / "pid"
-    cmd = (f"trap '' TERM; setsid sh -c 'echo $$ > {pidfile}; exec sleep 3000' >/dev/null 2>&1 </dev/null & "
-           f"while [ ! -s {pidfile} ]; do sleep 0.05; done; sleep 3000")
+    cmd = (
+        f"trap '' TERM; setsid sh -c 'echo $$ > {pidfile}; exec sleep 3000' >/dev/null 2>&1 </dev/null & "
+        f"while [ ! -s {pidfile} ]; do sleep 0.05; done; sleep 3000"
+    )
     v = wait(RunHandle(VerifySpec("run", cmd, timeout_s=2), str(tmp_path), tmp_path / "o", dict(os.environ)))
     pid = int(pidfile.read_text())
     try:

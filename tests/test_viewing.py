@@ -104,9 +104,7 @@ def build_ledger(home: Path, n: int = 240) -> None:
             waits = {}
             for i, t in enumerate(tasks):
                 if i % 5 == 1:
-                    waits[t.id] = (
-                        f"waiting for memory ({i} MiB free)" if i % 2 else "host büro is paused"
-                    )
+                    waits[t.id] = f"waiting for memory ({i} MiB free)" if i % 2 else "host büro is paused"
             led.set_meta("waits", json.dumps(waits))
             for i, t in enumerate(tasks[:40]):
                 if i % 3 == 0:
@@ -118,9 +116,7 @@ def build_ledger(home: Path, n: int = 240) -> None:
     conn = sqlite3.connect(str(home / "state.db"))
     with conn:
         for i, t in enumerate(tasks):
-            state = (
-                STATES[(i * 7) % len(STATES)] if not t.deps else ("PENDING" if i % 2 else "DONE")
-            )
+            state = STATES[(i * 7) % len(STATES)] if not t.deps else ("PENDING" if i % 2 else "DONE")
             host = HOSTS[i % len(HOSTS)] if state not in ("PENDING", "READY") else None
             if state in ("ASSIGNED", "RUNNING", "VERIFYING") and host is None:
                 host = "local"
@@ -266,9 +262,7 @@ def test_status_reads_the_placed_tasks_in_one_query_not_one_each(
         home = tmp_path / f"home{n}"
         home.mkdir(mode=0o700)
         with Ledger(home / "state.db") as led:
-            tasks = led.add_tasks(
-                [TaskSpec(name=f"t{i}", prompt="p", cwd="/repo") for i in range(n + 5)]
-            )
+            tasks = led.add_tasks([TaskSpec(name=f"t{i}", prompt="p", cwd="/repo") for i in range(n + 5)])
             for t in tasks[:n]:
                 led.lease(t.id, State.READY, "local", "fresh")
         seen = statements_of_status(home, monkeypatch)
@@ -277,9 +271,7 @@ def test_status_reads_the_placed_tasks_in_one_query_not_one_each(
     assert counts[0] == counts[1], counts
 
 
-def test_status_escapes_only_the_cells_that_need_it(
-    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
-) -> None:
+def test_status_escapes_only_the_cells_that_need_it(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     """A cell of printable text is printed as it is: the escaping regular expression runs
     for the cells holding a control character only (with 10,000 rows, running it on
     every cell was a fifth of ``status``'s time)."""
@@ -300,12 +292,7 @@ def test_status_escapes_only_the_cells_that_need_it(
     home = tmp_path / "home"
     home.mkdir(mode=0o700)
     with Ledger(home / "state.db") as led:
-        led.add_tasks(
-            [
-                TaskSpec(name=n, prompt="p", cwd="/repo")
-                for n in ["plain", "café", "evil\x1b[2J", "x" * 90]
-            ]
-        )
+        led.add_tasks([TaskSpec(name=n, prompt="p", cwd="/repo") for n in ["plain", "café", "evil\x1b[2J", "x" * 90]])
     counting = Counting(textutil._CONTROL)
     monkeypatch.setattr(textutil, "_CONTROL", counting)
     out = io.StringIO()
@@ -337,8 +324,9 @@ def test_status_json_carries_the_fields_plugins_add_and_never_loses_the_cores(tm
             return {a.id: {"colour": "blue", "state": "FORGED"}}
 
     out, err = io.StringIO(), io.StringIO()
-    assert main(["--home", str(home), "status", "--json"], plugins=[Fields()], stdout=out, stderr=err) == 0, \
+    assert main(["--home", str(home), "status", "--json"], plugins=[Fields()], stdout=out, stderr=err) == 0, (
         err.getvalue()
+    )
     rows = json.loads(out.getvalue())
     assert calls == [["a", "b"]]
     assert (rows[0]["name"], rows[0]["state"], rows[0]["colour"]) == ("a", "READY", "blue")

@@ -29,9 +29,15 @@ def queue_two(fleeter, fake_claude, verify: str = "sleep 1; test -f api.py", fil
         git_ref = "main"
     ''')
     fake_claude.script(
-        api=[{"actions": [["write", "api.py", "x"], ["sleep", 3], ["commit", "api"]], "cost": 0.25,
-              "result": "Wrote api.py"}],
-        docs=[{"actions": [["write", "docs.md", "x"], ["sleep", 3]], "cost": 0.1}])
+        api=[
+            {
+                "actions": [["write", "api.py", "x"], ["sleep", 3], ["commit", "api"]],
+                "cost": 0.25,
+                "result": "Wrote api.py",
+            }
+        ],
+        docs=[{"actions": [["write", "docs.md", "x"], ["sleep", 3]], "cost": 0.1}],
+    )
     r = fleeter.runsub("queue", "tasks.toml")
     assert r.ret == 0, r.stdout + r.stderr
 
@@ -42,8 +48,12 @@ def test_status_watch_shows_a_loop_running_elsewhere_and_ends_on_ctrl_c(fleeter,
     # the verifier runs until the watch has shown it (a one-second verifier could fall
     # between two of its one-second refreshes on a loaded machine)
     gate = fleeter.path / "verifier-may-end"
-    queue_two(fleeter, fake_claude, verify="sh gate.sh; test -f api.py",
-              files={"gate.sh": f"while [ ! -e '{gate}' ]; do sleep 0.1; done\n"})
+    queue_two(
+        fleeter,
+        fake_claude,
+        verify="sh gate.sh; test -f api.py",
+        files={"gate.sh": f"while [ ! -e '{gate}' ]; do sleep 0.1; done\n"},
+    )
     monkeypatch.delenv("COLUMNS", raising=False)
     watch = fleeter.spawn("status", "--watch", dimensions=(LINES, COLS), env={"TERM": "xterm"})
     work = fleeter.popen("work", "--until-idle")
@@ -110,10 +120,20 @@ def test_logs_follow_renders_the_transcript_for_people_until_the_task_ends(fleet
     finally:
         work.communicate(timeout=60)
     assert r.ret == 0, r.stderr
-    r.fnmatch_lines(["*api READY*", "--- attempt 1 (fresh) on local: */log", "*→ Write api.py",
-                     "*← result*", "result: success, $0.25*", "  Wrote api.py",
-                     "*api VERIFYING (attempt 1)*", "PASS verifier 1 (run: sleep 1; test -f api.py) attempt 1*",
-                     "*api DONE (attempt 1)  verify_pass", "api is DONE, $0.25"])
+    r.fnmatch_lines(
+        [
+            "*api READY*",
+            "--- attempt 1 (fresh) on local: */log",
+            "*→ Write api.py",
+            "*← result*",
+            "result: success, $0.25*",
+            "  Wrote api.py",
+            "*api VERIFYING (attempt 1)*",
+            "PASS verifier 1 (run: sleep 1; test -f api.py) attempt 1*",
+            "*api DONE (attempt 1)  verify_pass",
+            "api is DONE, $0.25",
+        ]
+    )
     assert '{"type"' not in r.stdout
     raw = fleeter.runsub("logs", "-f", "--raw", "api")
     assert raw.ret == 0

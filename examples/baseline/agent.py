@@ -12,8 +12,10 @@ with open(Path(__file__).with_name("agent-runs.log"), "a", encoding="utf-8") as 
 
 def commit(message):
     subprocess.run(["git", "add", "-A"], check=True)
-    subprocess.run(["git", "-c", "user.name=demo-agent", "-c", "user.email=demo@example.invalid",
-                    "commit", "-q", "-m", message], check=True)
+    subprocess.run(
+        ["git", "-c", "user.name=demo-agent", "-c", "user.email=demo@example.invalid", "commit", "-q", "-m", message],
+        check=True,
+    )
 
 
 if task == "mul":

@@ -18,10 +18,16 @@ FILES = {
 
 
 def _git(*args):
-    env = dict(os.environ, GIT_AUTHOR_NAME="demo", GIT_AUTHOR_EMAIL="demo@example.invalid",
-               GIT_COMMITTER_NAME="demo", GIT_COMMITTER_EMAIL="demo@example.invalid")
-    subprocess.run(["git", "-C", str(SANDBOX), *args], check=True, env=env,
-                   stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    env = dict(
+        os.environ,
+        GIT_AUTHOR_NAME="demo",
+        GIT_AUTHOR_EMAIL="demo@example.invalid",
+        GIT_COMMITTER_NAME="demo",
+        GIT_COMMITTER_EMAIL="demo@example.invalid",
+    )
+    subprocess.run(
+        ["git", "-C", str(SANDBOX), *args], check=True, env=env, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL
+    )
 
 
 def fleetrun_configure(config):

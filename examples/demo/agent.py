@@ -12,8 +12,10 @@ task = os.environ.get("FLEETRUN_TASK_NAME", "")
 
 def commit(message):
     subprocess.run(["git", "add", "-A"], check=True)
-    subprocess.run(["git", "-c", "user.name=demo-agent", "-c", "user.email=demo@example.invalid",
-                    "commit", "-q", "-m", message], check=True)
+    subprocess.run(
+        ["git", "-c", "user.name=demo-agent", "-c", "user.email=demo@example.invalid", "commit", "-q", "-m", message],
+        check=True,
+    )
 
 
 if task == "fix-it":

@@ -67,8 +67,7 @@ def fleetrun_config_keys(config: Config) -> list[Any]:
     from ..taskspec import PERMISSION_MODES
 
     return [
-        ConfigKey("claude", "executable", (str,), check=_nonempty, doc="the program, looked up on PATH",
-                  machine=True),
+        ConfigKey("claude", "executable", (str,), check=_nonempty, doc="the program, looked up on PATH", machine=True),
         ConfigKey("claude", "permission_mode", (str,), choices=PERMISSION_MODES, doc="default --permission-mode"),
         ConfigKey("claude", "allowed_tools", (list,), items=str, doc="default --allowedTools"),
         ConfigKey("claude", "resume_session", (bool,), doc="--resume an interrupted session"),
@@ -102,12 +101,15 @@ def fleetrun_spawn(task: Any, attempt: Any, workspace: Any, prompt: str, config:
         # --resume continues the previous conversation (found only in the same folder:
         # retries and resumes reuse the worktree); a new --session-id would need --fork-session
         i = argv.index("--session-id")
-        argv[i:i + 2] = ["--resume", prev]
+        argv[i : i + 2] = ["--resume", prev]
         session_id = prev
     mode = spec.permission_mode or config.setting("claude", "permission_mode", DEFAULT_PERMISSION_MODE)
     argv += ["--permission-mode", mode]
-    tools = list(spec.allowed_tools if spec.allowed_tools is not None else
-                 config.setting("claude", "allowed_tools", DEFAULT_ALLOWED_TOOLS))
+    tools = list(
+        spec.allowed_tools
+        if spec.allowed_tools is not None
+        else config.setting("claude", "allowed_tools", DEFAULT_ALLOWED_TOOLS)
+    )
     # read again for every attempt, fresh, retry or resume alike: each gets the same options
     opts = claudeopts.options_of(spec, config)
     if opts.values.get("allow_verifiers", True) is not False:
@@ -149,9 +151,14 @@ def fleetrun_collection_modifyitems(config: Config, items: list[Any]) -> None:
             continue
         own = [k for k in claudeopts.KEYS if k in t.extra and k not in t.defaulted]
         if own:  # a default of every task is for the tasks Claude Code runs; a task's own is a mistake
-            errors.append(UsageError(f"is a Claude Code option; this task's agent is {t.agent!r}",
-                                     file=shown(t.file_of(own[0])), line=t.key_lines.get(own[0], t.line),
-                                     key=f"task '{safe_name(t.name)}': {own[0]}"))
+            errors.append(
+                UsageError(
+                    f"is a Claude Code option; this task's agent is {t.agent!r}",
+                    file=shown(t.file_of(own[0])),
+                    line=t.key_lines.get(own[0], t.line),
+                    key=f"task '{safe_name(t.name)}': {own[0]}",
+                )
+            )
     # a default of every task that is wrong is wrong once, at its own line
     first: dict[tuple[Any, ...], UsageError] = {}
     for e in errors:
@@ -164,10 +171,12 @@ def fleetrun_collection_modifyitems(config: Config, items: list[Any]) -> None:
         if t.agent == "claude" and bypass_refused_as_root(t, config):
             where = shown(t.file_of("permission_mode")) if t.source else "?"
             line = t.key_lines.get("permission_mode", t.line)
-            warnings.append(f"{where}:{line}: task '{safe_name(t.name)}': permission_mode: bypassPermissions as "
-                            "root: Claude Code refuses it (\"--dangerously-skip-permissions cannot be used with "
-                            "root/sudo privileges\") and the task would need a human at once; run fleetrun as "
-                            "another user, or, in a container meant for it, set IS_SANDBOX = \"1\" in the task's env")
+            warnings.append(
+                f"{where}:{line}: task '{safe_name(t.name)}': permission_mode: bypassPermissions as "
+                'root: Claude Code refuses it ("--dangerously-skip-permissions cannot be used with '
+                'root/sudo privileges") and the task would need a human at once; run fleetrun as '
+                'another user, or, in a container meant for it, set IS_SANDBOX = "1" in the task\'s env'
+            )
     problem = executable_problem(executable(config))
     if problem is None:
         return
@@ -175,8 +184,10 @@ def fleetrun_collection_modifyitems(config: Config, items: list[Any]) -> None:
         if t.agent != "claude":
             continue
         where = display_path(Path(t.file_of("agent")), config.invocation_dir) if t.source else "?"
-        warnings.append(f"{where}:{t.key_lines.get('agent', t.line)}: task '{t.name}': agent: {problem} "
-                        f"(set [claude] executable in config.toml)")
+        warnings.append(
+            f"{where}:{t.key_lines.get('agent', t.line)}: task '{t.name}': agent: {problem} "
+            f"(set [claude] executable in config.toml)"
+        )
 
 
 def runs_as_root() -> bool:
@@ -202,14 +213,24 @@ def result_from_log(text: str, exit_code: Optional[int]) -> AgentResult:
     try:
         parsed = read_stream(text)
     except untrusted.Malformed as e:
-        return AgentResult(ok=False, reason=f"malformed_output:{untrusted.reason_of(e)}", exit_code=exit_code,
-                           result_text=_tail(text), cost_usd=None)
+        return AgentResult(
+            ok=False,
+            reason=f"malformed_output:{untrusted.reason_of(e)}",
+            exit_code=exit_code,
+            result_text=_tail(text),
+            cost_usd=None,
+        )
     res = parsed["result"]
     if res is None:  # killed, died, or cut off: the API may have answered (and billed) part of it
         rejected = rejected_arguments(text, exit_code)
-        return AgentResult(ok=False, reason=f"rejected_arguments:{rejected}" if rejected else "no_result",
-                           exit_code=exit_code, session_id=parsed["session_id"], result_text=_tail(text),
-                           cost_usd=None)
+        return AgentResult(
+            ok=False,
+            reason=f"rejected_arguments:{rejected}" if rejected else "no_result",
+            exit_code=exit_code,
+            session_id=parsed["session_id"],
+            result_text=_tail(text),
+            cost_usd=None,
+        )
     out = AgentResult(
         ok=not res.is_error and exit_code in (0, None),
         reason="" if not res.is_error else "is_error",
@@ -225,8 +246,7 @@ def result_from_log(text: str, exit_code: Optional[int]) -> AgentResult:
     body = out.result_text or " ".join(res.errors)
     if not out.result_text:
         out.result_text = body
-    if res.subtype == "error_during_execution" and res.num_turns == 0 \
-            and any(_NOT_FOUND.match(e) for e in res.errors):
+    if res.subtype == "error_during_execution" and res.num_turns == 0 and any(_NOT_FOUND.match(e) for e in res.errors):
         # measured: a --resume of a session killed before its first request was saved;
         # resuming it again can only fail the same way: the next attempt starts fresh
         out.reason = SESSION_NOT_FOUND
@@ -303,7 +323,9 @@ def read_log(log_path: str) -> str:
 
 
 @hookimpl(trylast=True)
-def fleetrun_agent_result(task: Any, attempt: Any, log_path: str, exit_code: Optional[int], config: Config) -> Optional[AgentResult]:
+def fleetrun_agent_result(
+    task: Any, attempt: Any, log_path: str, exit_code: Optional[int], config: Config
+) -> Optional[AgentResult]:
     if task.spec.agent != "claude":
         return None
     res = result_from_log(read_log(log_path), exit_code)
@@ -312,12 +334,14 @@ def fleetrun_agent_result(task: Any, attempt: Any, log_path: str, exit_code: Opt
 
 
 #: The cause words of Claude Code's ends (the core knows them only from here).
-CAUSE_WORDS = frozenset({
-    "rate_limited",  # a 429 without a reset time: the task backs off that machine
-    "api_error",  # a 500 or 529: the API's fault, transient; resumed
-    "max_turns",  # a session stopped at the task's --max-turns: never resumed
-    "agent_rejected_arguments",  # the CLI refused its command line: never retried
-})
+CAUSE_WORDS = frozenset(
+    {
+        "rate_limited",  # a 429 without a reset time: the task backs off that machine
+        "api_error",  # a 500 or 529: the API's fault, transient; resumed
+        "max_turns",  # a session stopped at the task's --max-turns: never resumed
+        "agent_rejected_arguments",  # the CLI refused its command line: never retried
+    }
+)
 
 
 def end_of(res: AgentResult) -> Optional[AgentEnd]:

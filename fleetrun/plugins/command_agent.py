@@ -67,8 +67,15 @@ def fleetrun_config_keys(config: Config) -> list[Any]:
     from ..config import ConfigKey
 
     return [
-        ConfigKey("agents.*", "command", (list,), items=str, check=_command_check, required=True,
-                  doc="argv of the agent, with placeholders"),
+        ConfigKey(
+            "agents.*",
+            "command",
+            (list,),
+            items=str,
+            check=_command_check,
+            required=True,
+            doc="argv of the agent, with placeholders",
+        ),
         ConfigKey("agents.*", "stdin", (bool,), doc="also write the prompt on standard input"),
         ConfigKey("agents.*", "env", (dict,), items=str, doc="extra environment variables"),
     ]
@@ -116,17 +123,22 @@ def fleetrun_collection_modifyitems(config: Config, items: list[Any]) -> None:
         problem = executable_problem(exe) if exe and not any(ph in exe for ph in PLACEHOLDERS) else None
         if problem:
             where = display_path(Path(t.file_of("agent")), config.invocation_dir) if t.source else "?"
-            warnings.append(f"{where}:{t.key_lines.get('agent', t.line)}: task '{t.name}': agent: {problem} "
-                            f"(set [agents.{t.agent}] command)")
+            warnings.append(
+                f"{where}:{t.key_lines.get('agent', t.line)}: task '{t.name}': agent: {problem} "
+                f"(set [agents.{t.agent}] command)"
+            )
         if defn is None:
             names = ["claude", *agents(config)]
             close = difflib.get_close_matches(t.agent, names, n=1)
             hint = f" (did you mean '{close[0]}'?)" if close else f" (known: {', '.join(names)})"
-            errors.append(UsageError(
-                f"{t.agent!r} is not an agent{hint}; declare it as [agents.{t.agent}]",
-                file=display_path(Path(t.file_of("agent")), config.invocation_dir),
-                line=t.key_lines.get("agent", t.line),
-                key=f"task '{t.name}': agent"))
+            errors.append(
+                UsageError(
+                    f"{t.agent!r} is not an agent{hint}; declare it as [agents.{t.agent}]",
+                    file=display_path(Path(t.file_of("agent")), config.invocation_dir),
+                    line=t.key_lines.get("agent", t.line),
+                    key=f"task '{t.name}': agent",
+                )
+            )
     if len(errors) == 1:
         raise errors[0]
     if errors:
@@ -159,12 +171,18 @@ def fleetrun_spawn(task: Any, attempt: Any, workspace: Any, prompt: str, config:
         "python": sys.executable,
     }
     env = {str(k): str(v) for k, v in defn["env"].items()} if isinstance(defn.get("env"), dict) else {}
-    return SpawnSpec(argv=render(defn["command"], values), env=env, stdin="prompt" if defn.get("stdin") else None,
-                     parser="command_agent")
+    return SpawnSpec(
+        argv=render(defn["command"], values),
+        env=env,
+        stdin="prompt" if defn.get("stdin") else None,
+        parser="command_agent",
+    )
 
 
 @hookimpl(trylast=True)
-def fleetrun_agent_result(task: Any, attempt: Any, log_path: str, exit_code: Optional[int], config: Config) -> Optional[AgentResult]:
+def fleetrun_agent_result(
+    task: Any, attempt: Any, log_path: str, exit_code: Optional[int], config: Config
+) -> Optional[AgentResult]:
     if task.spec.agent == "claude":
         return None
     # the summary file sits next to the log, in the attempt folder; the output itself
@@ -173,5 +191,10 @@ def fleetrun_agent_result(task: Any, attempt: Any, log_path: str, exit_code: Opt
     ok = exit_code == 0
     # an exit code is all a command says: 0 is verified, anything else resumed (None:
     # its host's reason decides, as for a session that died)
-    return AgentResult(ok=ok, reason="" if ok else f"exit:{exit_code}", exit_code=exit_code, result_text=text,
-                       end=AgentEnd.ok() if ok else None)
+    return AgentResult(
+        ok=ok,
+        reason="" if ok else f"exit:{exit_code}",
+        exit_code=exit_code,
+        result_text=text,
+        end=AgentEnd.ok() if ok else None,
+    )

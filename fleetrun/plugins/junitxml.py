@@ -54,7 +54,7 @@ def tail_lines(text: str, limit: int) -> str:
     if len(text) > limit and text[-limit - 1] != "\n":
         cut = tail.find("\n")
         if cut >= 0:
-            tail = tail[cut + 1:]
+            tail = tail[cut + 1 :]
     return tail
 
 
@@ -71,8 +71,9 @@ def xml_text(text: str) -> str:
 @hookimpl
 def fleetrun_addoption(parser: Any, pluginmanager: Any) -> None:
     group = parser.getgroup("junitxml", "JUnit XML report")
-    group.addoption("--junitxml", dest="junitxml", metavar="PATH", default=None,
-                    help="write a JUnit XML report of the run to PATH")
+    group.addoption(
+        "--junitxml", dest="junitxml", metavar="PATH", default=None, help="write a JUnit XML report of the run to PATH"
+    )
 
 
 @hookimpl
@@ -163,8 +164,9 @@ class JunitXmlReporter:
         return case
 
     @hookimpl
-    def fleetrun_transition(self, task: Any, from_state: str, to_state: str, cause: str,
-                            attempt: Optional[int], config: Config) -> None:
+    def fleetrun_transition(
+        self, task: Any, from_state: str, to_state: str, cause: str, attempt: Optional[int], config: Config
+    ) -> None:
         self._case(task)
 
     @hookimpl
@@ -232,8 +234,13 @@ class JunitXmlReporter:
 
         task = case.task
         state = task.state.value if hasattr(task.state, "value") else str(task.state)
-        tc = ET.SubElement(suite, "testcase", classname=self._classname(task), name=xml_text(task.name),
-                           time=f"{case.run_time if case.run_time is not None else case.last_seen - case.first_seen:.3f}")
+        tc = ET.SubElement(
+            suite,
+            "testcase",
+            classname=self._classname(task),
+            name=xml_text(task.name),
+            time=f"{case.run_time if case.run_time is not None else case.last_seen - case.first_seen:.3f}",
+        )
         reason = xml_text(task.reason or "")
         kind: Optional[str] = None
         if state == "NEEDS_HUMAN" and reason.startswith("verifier_error:"):
@@ -250,17 +257,26 @@ class JunitXmlReporter:
             kind = "skipped"
         elif state != "DONE":
             why = xml_text(case.waiting) if case.waiting else reason
-            ET.SubElement(tc, "error", message=f"not finished: {state}" + (f": {why}" if why else ""),
-                          type="unfinished")
+            ET.SubElement(
+                tc, "error", message=f"not finished: {state}" + (f": {why}" if why else ""), type="unfinished"
+            )
             kind = "errors"
         # Jenkins' schema (junit-10.xsd) has no <properties> in a <testcase>, and CI
         # systems that read it drop or refuse them: the task's facts lead its output
-        facts = "".join(f"{name}: {value}\n" for name, value in (
-            ("task_id", task.id), ("state", state), ("attempts", task.attempts), ("retries", task.retries),
-            ("cost_usd", f"{task.cost_usd:.6f}")))
+        facts = "".join(
+            f"{name}: {value}\n"
+            for name, value in (
+                ("task_id", task.id),
+                ("state", state),
+                ("attempts", task.attempts),
+                ("retries", task.retries),
+                ("cost_usd", f"{task.cost_usd:.6f}"),
+            )
+        )
         verdicts = "".join(
-            f"attempt {n}: verify {v.kind} `{v.label}`: {_word(v)}"
-            f"{f' ({v.reason})' if v.reason else ''}\n" for n, v in case.verdicts)
+            f"attempt {n}: verify {v.kind} `{v.label}`: {_word(v)}{f' ({v.reason})' if v.reason else ''}\n"
+            for n, v in case.verdicts
+        )
         # a peer task's: where it ran and where its branch is, after its verdicts
         where = where_text(task) if ran_on_peer(task) else ""
         ET.SubElement(tc, "system-out").text = xml_text(facts + verdicts + (f"where: {where}\n" if where else ""))

@@ -39,8 +39,9 @@ def fleetrun_hosts(config: Config) -> list[Any]:
 
     host = config.stash.get(HOST_KEY)
     if host is None:
-        host = config.stash[HOST_KEY] = LocalHost(config.home, measure=measure, starter=True,
-                                                      err=getattr(config, "err", None))
+        host = config.stash[HOST_KEY] = LocalHost(
+            config.home, measure=measure, starter=True, err=getattr(config, "err", None)
+        )
     return [host]
 
 

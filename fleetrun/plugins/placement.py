@@ -223,21 +223,31 @@ def local_candidate(config: Config) -> Candidate:
         probe = prober.get(configured_tools(config))
         tools, auth = dict(probe.tools), probe.auth
     return Candidate(
-        name="local", kind="local",
-        free_mem_mb=m["free_mem_mb"], load_per_core=m["load_per_core"], free_disk_mb=m["free_disk_mb"],
-        running=local_running(config), max_tasks=int(max_tasks), drain=drain,
-        tags=frozenset(configured_tags(config)), tools=tools, auth=auth,
+        name="local",
+        kind="local",
+        free_mem_mb=m["free_mem_mb"],
+        load_per_core=m["load_per_core"],
+        free_disk_mb=m["free_disk_mb"],
+        running=local_running(config),
+        max_tasks=int(max_tasks),
+        drain=drain,
+        tags=frozenset(configured_tags(config)),
+        tools=tools,
+        auth=auth,
         mem_per_task_mb=measured if measured is not None else per_task,
         min_free_mem_mb=local.min_free_mem_mb if local else None,
         max_load_per_core=local.max_load_per_core if local else None,
         min_free_disk_mb=local.min_free_disk_mb if local else None,
-        info={"mem_estimate": "measured" if measured is not None else "mem_per_task_mb"}, why_not=why_not,
+        info={"mem_estimate": "measured" if measured is not None else "mem_per_task_mb"},
+        why_not=why_not,
     )
 
 
 #: Why each reason of :func:`stays_local` keeps a task here, for the validate error.
-_WHY_HERE = {"a role": "its role's session is on this machine",
-             'base = "dependencies"': "the dependencies' branches are merged here"}
+_WHY_HERE = {
+    "a role": "its role's session is on this machine",
+    'base = "dependencies"': "the dependencies' branches are merged here",
+}
 
 
 def _is_local_pin(pin: str) -> bool:
@@ -260,12 +270,17 @@ def check_pins(config: Config, items: list[Any]) -> None:
         why_local = stays_local(t) if t.peer is not None and not _is_local_pin(t.peer) else None
         if why_local is None:
             continue
-        because = _WHY_HERE.get(why_local, "the verifier runs here, and without git_ref the work on a peer is on "
-                                           "no branch to fetch back")
-        errors.append(UsageError(
-            f"pinned to {safe_text(t.peer)}, but a task with {why_local} runs on this machine ({because})",
-            file=display_path(Path(t.file_of("peer") or t.source or "?"), config.invocation_dir),
-            line=t.key_lines.get("peer", t.line), key=f"task '{safe_name(t.name)}': peer"))
+        because = _WHY_HERE.get(
+            why_local, "the verifier runs here, and without git_ref the work on a peer is on no branch to fetch back"
+        )
+        errors.append(
+            UsageError(
+                f"pinned to {safe_text(t.peer)}, but a task with {why_local} runs on this machine ({because})",
+                file=display_path(Path(t.file_of("peer") or t.source or "?"), config.invocation_dir),
+                line=t.key_lines.get("peer", t.line),
+                key=f"task '{safe_name(t.name)}': peer",
+            )
+        )
     if len(errors) == 1:
         raise errors[0]
     if errors:
@@ -294,9 +309,13 @@ def fleetrun_place(task: Any, candidates: list[Candidate], policy: Any, config: 
     return builtin_place(task, candidates, config)
 
 
-def builtin_place(task: Any, candidates: list[Candidate], config: Config,
-                  extra_filter: Optional[PlaceFilter] = None,
-                  extra_score: Optional[PlaceScore] = None) -> Union[Placement, Wait]:
+def builtin_place(
+    task: Any,
+    candidates: list[Candidate],
+    config: Config,
+    extra_filter: Optional[PlaceFilter] = None,
+    extra_score: Optional[PlaceScore] = None,
+) -> Union[Placement, Wait]:
     """The built-in placement decision for ``task``, every check included: the pin
     (``peer =``; a retry or resume goes back to its machine; a task with a role, or a
     ``brain``/``agent`` verifier without ``git_ref``, stays here), one task at a time in
@@ -345,8 +364,9 @@ def builtin_place(task: Any, candidates: list[Candidate], config: Config,
 
     backoff = config.stash.get(BACKOFF_KEY, {}).get(task.id, {})
     filt, sc = plugin_rules(config, task, candidates, extra_filter, extra_score)
-    decision = same_pass(config.stash, candidates, task.spec.requires, pin, backoff,
-                         task_id=task.id, extra_filter=filt, extra_score=sc)
+    decision = same_pass(
+        config.stash, candidates, task.spec.requires, pin, backoff, task_id=task.id, extra_filter=filt, extra_score=sc
+    )
     if kept_here and why_local is not None and isinstance(decision, Wait):
         decision = _kept_off_peers(decision, why_local, candidates)
     return steady(config.stash.setdefault(REASONS_KEY, {}), task.id, decision)
@@ -363,8 +383,9 @@ def _kept_off_peers(wait: Wait, why_local: str, candidates: list[Candidate]) -> 
     because = _WHY_HERE.get(why_local, "its verifier runs here")
     peers = f"the live peer {live[0]}" if len(live) == 1 else f"the live peers {', '.join(live)}"
     also = f"a task with {why_local} runs on this machine ({because}), not on {peers}"
-    return dataclasses.replace(wait, reason=f"{wait.reason}; {also}",
-                               operator=f"{wait.operator}; {also}" if wait.operator else None)
+    return dataclasses.replace(
+        wait, reason=f"{wait.reason}; {also}", operator=f"{wait.operator}; {also}" if wait.operator else None
+    )
 
 
 def _workspace_here(config: Config, name: str) -> bool:
@@ -375,11 +396,13 @@ def _workspace_here(config: Config, name: str) -> bool:
 
 def _here_only(config: Config, why: str, then: Optional[PlaceFilter]) -> PlaceFilter:
     """A filter that passes over the candidates whose workspaces are elsewhere, then ``then``."""
+
     def filt(c: Candidate) -> Optional[str]:
         if not _workspace_here(config, c.name):
             because = _WHY_HERE.get(why, "its verifier runs here")
             return f"is a peer, and a task with {why} runs where its files are: on this machine ({because})"
         return then(c) if then is not None else None
+
     return filt
 
 
@@ -405,9 +428,13 @@ def _first_reason(results: list[Any]) -> Optional[str]:
     return next((r for r in results if isinstance(r, str) and r.strip()), None)
 
 
-def plugin_rules(config: Config, task: Any, candidates: list[Candidate],
-                 extra_filter: Optional[PlaceFilter] = None,
-                 extra_score: Optional[PlaceScore] = None) -> tuple[Optional[PlaceFilter], Optional[PlaceScore]]:
+def plugin_rules(
+    config: Config,
+    task: Any,
+    candidates: list[Candidate],
+    extra_filter: Optional[PlaceFilter] = None,
+    extra_score: Optional[PlaceScore] = None,
+) -> tuple[Optional[PlaceFilter], Optional[PlaceScore]]:
     """The filter and score :func:`~fleetrun.placement.decide` applies for ``task``:
     the hooks' results (remembered for this pass) and the given extras; None for
     either when there is nothing to apply, so a fleet without such plugins decides
@@ -487,10 +514,16 @@ def _delivered(led: Any, task: Any) -> bool:
     return att is not None and att.host == DELIVERED_HOST
 
 
-def same_pass(stash: Stash, candidates: list[Candidate], requires: list[str], pin: Optional[str],
-              backoff: dict[str, Any], task_id: Optional[str] = None,
-              extra_filter: Optional[PlaceFilter] = None,
-              extra_score: Optional[PlaceScore] = None) -> Union[Placement, Wait]:
+def same_pass(
+    stash: Stash,
+    candidates: list[Candidate],
+    requires: list[str],
+    pin: Optional[str],
+    backoff: dict[str, Any],
+    task_id: Optional[str] = None,
+    extra_filter: Optional[PlaceFilter] = None,
+    extra_score: Optional[PlaceScore] = None,
+) -> Union[Placement, Wait]:
     """:func:`decide`, remembering within one pass what a task of the same shape was told.
 
     A long queue mostly waits, and tasks with the same ``requires`` and pin get the
@@ -509,8 +542,9 @@ def same_pass(stash: Stash, candidates: list[Candidate], requires: list[str], pi
     hit = memo[1].get(key) if key is not None else None
     if hit is not None:
         return Wait(hit.reason, until=hit.until, operator=hit.operator)
-    decision = decide(requires, candidates, backoff, clock.now(), pin=pin,
-                      extra_filter=extra_filter, extra_score=extra_score)
+    decision = decide(
+        requires, candidates, backoff, clock.now(), pin=pin, extra_filter=extra_filter, extra_score=extra_score
+    )
     if isinstance(decision, Placement):
         memo[1].clear()
     elif key is not None:
@@ -578,11 +612,16 @@ def fleetrun_collection_modifyitems(config: Config, items: list[Any]) -> None:
             # where requires was written: the task, or the default it took (the project file);
             # the file is read again only for a collector that kept no key_lines
             where = display_path(Path(t.file_of("requires")), config.invocation_dir) if t.source else "?"
-            line = (t.key_lines["requires"] if "requires" in t.key_lines
-                    else _requires_line(t.source, t.line, cache) if t.source else t.line)
+            line = (
+                t.key_lines["requires"]
+                if "requires" in t.key_lines
+                else _requires_line(t.source, t.line, cache)
+                if t.source
+                else t.line
+            )
             probed = ", ".join(tools)
             what = f"`{req}`" if r.bare else f"`{req}`: `{r.name}`"
             warnings.append(
                 f"{where}:{line}: task '{t.name}': requires: {what} is neither a tag of this machine "
-                f"([relay] tags in config.toml) nor a probed tool ({probed}); it is never met")
-
+                f"([relay] tags in config.toml) nor a probed tool ({probed}); it is never met"
+            )

@@ -87,12 +87,16 @@ def resume_cause(cause: Optional[str], prev: Any, task: Any) -> str:
     spec = task.spec
     host = (prev.host if prev is not None else None) or "local"
     if word == "timeout":
-        return (f"it was stopped after running {duration(spec.timeout_min * 60)} "
-                f"(timeout_min = {spec.timeout_min:g}); work in smaller steps and commit as you go")
+        return (
+            f"it was stopped after running {duration(spec.timeout_min * 60)} "
+            f"(timeout_min = {spec.timeout_min:g}); work in smaller steps and commit as you go"
+        )
     if word == "stalled":
-        return (f"it produced no output for {duration(spec.stall_timeout_min * 60)} and was stopped "
-                f"(stall_timeout_min = {spec.stall_timeout_min:g}); a command that waits for input or "
-                "runs long without printing is ended the same way")
+        return (
+            f"it produced no output for {duration(spec.stall_timeout_min * 60)} and was stopped "
+            f"(stall_timeout_min = {spec.stall_timeout_min:g}); a command that waits for input or "
+            "runs long without printing is ended the same way"
+        )
     if word == "session_died":
         info = (prev.info or {}) if prev is not None else {}
         sig = info.get("signal")
@@ -101,20 +105,23 @@ def resume_cause(cause: Optional[str], prev: Any, task: Any) -> str:
             if _machine_restarted(prev):
                 return f"the machine it ran on ({host}) was restarted"
             where = "" if host == "local" else f" on {host}"
-            return (f"the fleetrun process that watched it (its shepherd){where} was killed, and the "
-                    "session was stopped with it")
+            return (
+                f"the fleetrun process that watched it (its shepherd){where} was killed, and the "
+                "session was stopped with it"
+            )
         if isinstance(sig, int) and sig > 0:
             name = _signal_name(sig)
             return f"its process died (killed by signal {sig}{', ' + name if name else ''})"
         if detail == "no_result":
-            return ("it ended without reporting a result"
-                    + (f" (exit code {code})" if code is not None else ""))
+            return "it ended without reporting a result" + (f" (exit code {code})" if code is not None else "")
         if detail == "is_error":
             text = _one_line(prev.result_text or "") if prev is not None else ""
             return "the agent reported an error" + (f": {text}" if text else "")
         if detail == "session_not_found":
-            return ("the session could not be resumed (the agent found no saved conversation: it was "
-                    "stopped before its first request), so this is a new session")
+            return (
+                "the session could not be resumed (the agent found no saved conversation: it was "
+                "stopped before its first request), so this is a new session"
+            )
         if detail.startswith("exit:"):
             return f"its process exited with code {detail[5:]} before it finished"
         if detail in ("cancelled", "stopped"):
@@ -178,8 +185,8 @@ def _read_file(path: Path) -> Optional[tuple[str, str, int, int]]:
     if last != b"\n":
         lines += 1
     if size > CHUNK:  # whole lines only: the head's last and the tail's first may be cut
-        head = head[:head.rfind(b"\n") + 1] if b"\n" in head else head
-        tail = tail[tail.find(b"\n") + 1:] if b"\n" in tail else tail
+        head = head[: head.rfind(b"\n") + 1] if b"\n" in head else head
+        tail = tail[tail.find(b"\n") + 1 :] if b"\n" in tail else tail
     return head.decode("utf-8", "replace"), tail.decode("utf-8", "replace"), size, lines
 
 
@@ -243,16 +250,21 @@ def _render_command_output(v: Any, out: str, config: Optional[Config], task: Any
     else:
         head = tail = out
         size, lines = len(out.encode("utf-8", "replace")), len(_lines(out))
-        where = (f"the whole output is in {path}" if path is not None
-                 else f"`fleetrun logs {task.name}` shows what was kept of it")
+        where = (
+            f"the whole output is in {path}"
+            if path is not None
+            else f"`fleetrun logs {task.name}` shows what was kept of it"
+        )
     if size <= OUTPUT_LIMIT and head == tail:
         text = out.strip("\n")
         return ("\nIts output:\n```\n" + text + "\n```") if text.strip() else "\nIt printed nothing."
     text, cut = trim_output(head, tail, lines)
     if not cut:
         return "\nIts output:\n```\n" + text + "\n```"
-    return (f"\nIts output ({size:,} bytes, {lines:,} lines; its first and last lines are shown below, "
-            f"{where}):\n```\n" + text + "\n```")
+    return (
+        f"\nIts output ({size:,} bytes, {lines:,} lines; its first and last lines are shown below, "
+        f"{where}):\n```\n" + text + "\n```"
+    )
 
 
 def _failures(failures: list[Any], config: Optional[Config] = None, task: Any = None) -> str:
@@ -263,7 +275,11 @@ def _failures(failures: list[Any], config: Optional[Config] = None, task: Any = 
         spec = specs[v.idx] if isinstance(v.idx, int) and 0 <= v.idx < len(specs) else None
         if spec is not None and spec.name and spec.kind == "run":  # a name alone does not say what to run
             kind = f"run: `{' '.join(spec.text.split())}`"
-        head = f"Verifier `{v.label}` ({kind}) failed: {v.reason}." if v.reason else f"Verifier `{v.label}` ({kind}) failed."
+        head = (
+            f"Verifier `{v.label}` ({kind}) failed: {v.reason}."
+            if v.reason
+            else f"Verifier `{v.label}` ({kind}) failed."
+        )
         parts.append(head + _render_output(v, config, task))
     return "\n\n".join(parts)
 
@@ -271,10 +287,12 @@ def _failures(failures: list[Any], config: Optional[Config] = None, task: Any = 
 def _handoffs(handoffs: list[Any], merged: bool = False) -> str:
     if not handoffs:
         return ""
-    where = ("their work is on their branches, merged into this worktree" if merged
-             else "their work is on their branches")
-    return (f"\n\n## Work this task builds on\nThese tasks are DONE; {where}:\n"
-            + "\n".join(h.render() for h in handoffs))
+    where = (
+        "their work is on their branches, merged into this worktree" if merged else "their work is on their branches"
+    )
+    return f"\n\n## Work this task builds on\nThese tasks are DONE; {where}:\n" + "\n".join(
+        h.render() for h in handoffs
+    )
 
 
 def _baseline_warnings(task: Any, config: Config) -> str:
@@ -287,8 +305,10 @@ def _baseline_warnings(task: Any, config: Config) -> str:
     if not found:
         return ""
     lines = "\n".join(f"- `{label}`: {_one_line(summary)}" for label, summary in found)
-    return ("\n\n## Verifiers that already fail on the base\nThese verifiers already fail on the base commit, "
-            "before any change (the task was started anyway):\n" + lines)
+    return (
+        "\n\n## Verifiers that already fail on the base\nThese verifiers already fail on the base commit, "
+        "before any change (the task was started anyway):\n" + lines
+    )
 
 
 @hookimpl(trylast=True)
@@ -301,23 +321,29 @@ def fleetrun_build_prompt(task: Any, attempt: Any, config: Config, context: dict
     text = _by_kind(kind, base, task, config, context)
     if isinstance(conflict, dict):  # the agent starts on a stopped merge: that comes first
         # a resume's text has its own "## The task" after why the session ended
-        return conflict_prompt(conflict, task.spec.git_ref) + ("\n\n" if kind == "resume" else "\n\n## The task\n") + text
+        return (
+            conflict_prompt(conflict, task.spec.git_ref) + ("\n\n" if kind == "resume" else "\n\n## The task\n") + text
+        )
     return text
 
 
 def _by_kind(kind: str, base: str, task: Any, config: Config, context: dict[str, Any]) -> str:
     failures = context.get("failures") or []
     if kind == "retry":
-        return (base + "\n\n## A previous attempt did not pass verification\n"
-                + _failures(failures, config, task)
-                + "\n\nThe work so far is in this working directory. Fix the problem so that "
-                "the verifier passes, then commit your changes.")
+        return (
+            base
+            + "\n\n## A previous attempt did not pass verification\n"
+            + _failures(failures, config, task)
+            + "\n\nThe work so far is in this working directory. Fix the problem so that "
+            "the verifier passes, then commit your changes."
+        )
     if kind == "resume":
         why = resume_cause(context.get("resume_reason"), context.get("previous"), task)
-        text = ("Your previous session on this task was interrupted: " + why + ". Before doing "
-                "anything, assess the working directory: run `git status` and `git log` to see what is "
-                "already done. Do not redo finished work; continue from where it stopped.\n\n## The task\n"
-                + base)
+        text = (
+            "Your previous session on this task was interrupted: " + why + ". Before doing "
+            "anything, assess the working directory: run `git status` and `git log` to see what is "
+            "already done. Do not redo finished work; continue from where it stopped.\n\n## The task\n" + base
+        )
         if failures:
             text += "\n\n## Earlier verifier failures\n" + _failures(failures, config, task)
         return text

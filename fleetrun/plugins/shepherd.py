@@ -26,8 +26,9 @@ if TYPE_CHECKING:
 
 
 @hookimpl(trylast=True)
-def fleetrun_start_attempt(task: Any, attempt: Any, host: Any, spawn: SpawnSpec, prompt: str,
-                           config: Config) -> Optional[Started]:
+def fleetrun_start_attempt(
+    task: Any, attempt: Any, host: Any, spawn: SpawnSpec, prompt: str, config: Config
+) -> Optional[Started]:
     # imported here: loading the plugin stays cheap for `fleetrun --help`
     import os
 

@@ -88,8 +88,10 @@ def _setup_failure(led: Ledger, task: Task) -> list[str]:
     if found is None:
         return []
     num, step = found
-    line = (f"    setup {safe_text(step.get('n'))} `{safe_text(step.get('command'), limit=60)}` (attempt {num}): "
-            f"{safe_text(step.get('reason'))}")
+    line = (
+        f"    setup {safe_text(step.get('n'))} `{safe_text(step.get('command'), limit=60)}` (attempt {num}): "
+        f"{safe_text(step.get('reason'))}"
+    )
     said = summary_line(str(step.get("output") or ""))
     return [line + (f" | {safe_text(said)}" if said else "")]
 
@@ -111,8 +113,10 @@ def short_summary(led: Ledger, task_ids: list[str]) -> list[tuple[str, str]]:
         failed = _last_failure(led.verdicts(task.id))
         if failed is not None:
             num = next((a.number for a in led.attempts(task.id) if a.id == failed.attempt_id), "?")
-            line = (f"    verify {safe_text(failed.kind)} `{safe_text(failed.label)}` (attempt {num}): "
-                    f"{safe_text(failed.reason)}")
+            line = (
+                f"    verify {safe_text(failed.kind)} `{safe_text(failed.label)}` (attempt {num}): "
+                f"{safe_text(failed.reason)}"
+            )
             said = summary_line(failed.output)
             if said:
                 line += f" | {safe_text(said)}"
@@ -171,8 +175,9 @@ def run_durations(led: Ledger, task_ids: list[str], started: float, now: float) 
         numbers = {a.id: a.number for a in attempts}
         for v in led.verdicts(task_id):
             if v.time >= started and v.attempt_id in numbers:
-                rows.append(Duration(v.duration_s, "verify",
-                                     f"{name} `{safe_text(v.label)}` (attempt {numbers[v.attempt_id]})"))
+                rows.append(
+                    Duration(v.duration_s, "verify", f"{name} `{safe_text(v.label)}` (attempt {numbers[v.attempt_id]})")
+                )
     rows.sort(key=lambda d: d.seconds, reverse=True)
     return rows
 
@@ -181,8 +186,9 @@ def run_durations(led: Ledger, task_ids: list[str], started: float, now: float) 
 DURATIONS_MIN_S = 0.005
 
 
-def durations(led: Ledger, task_ids: list[str], started: float, n: int, verbosity: int = 0,
-              now: Optional[float] = None) -> list[str]:
+def durations(
+    led: Ledger, task_ids: list[str], started: float, n: int, verbosity: int = 0, now: Optional[float] = None
+) -> list[str]:
     """The ``--durations N`` section, as pytest's: the N slowest, all of them for 0; rows
     under :data:`DURATIONS_MIN_S` only with ``-vv``.
 

@@ -82,8 +82,10 @@ class TerminalReporter:
             return
         config = self.config
         names = [n for n, p in config.pluginmanager.list_name_plugin() if p is not None and not n.startswith("<")]
-        short = [n.rsplit(".", 1)[-1] if n.startswith("fleetrun.") else ("fleetconf" if n.endswith("fleetconf.py") else n)
-                 for n in names]
+        short = [
+            n.rsplit(".", 1)[-1] if n.startswith("fleetrun.") else ("fleetconf" if n.endswith("fleetconf.py") else n)
+            for n in names
+        ]
         self.write_line(f"fleetrun {__version__} -- home {config.home} -- plugins: {', '.join(short)}")
         for lines in reversed(config.hook.fleetrun_report_header(config=config)):  # outermost first
             for line in lines or ():
@@ -97,7 +99,9 @@ class TerminalReporter:
             self.write_line(note)
 
     @hookimpl(trylast=True)
-    def fleetrun_transition(self, task: Any, from_state: str, to_state: str, cause: str, attempt: Any, config: Config) -> None:
+    def fleetrun_transition(
+        self, task: Any, from_state: str, to_state: str, cause: str, attempt: Any, config: Config
+    ) -> None:
         if self.verbosity < 0 and to_state not in ("DONE", "NEEDS_HUMAN", "CANCELLED"):
             return
         if (not from_state or to_state == "ASSIGNED") and self.verbosity < 1:
@@ -105,31 +109,39 @@ class TerminalReporter:
         stamp = time.strftime("%H:%M:%S")
         att = f" (attempt {attempt})" if attempt else ""
         where = f" on {task.host}" if to_state in ("ASSIGNED", "RUNNING") and task.host else ""
-        self.write_line(f"{stamp} {safe_name(task.name)} {to_state}{att}{safe_text(where)}  {safe_text(cause)}",
-                        to_state)
+        self.write_line(
+            f"{stamp} {safe_name(task.name)} {to_state}{att}{safe_text(where)}  {safe_text(cause)}", to_state
+        )
 
     @hookimpl(wrapper=True)
-    def fleetrun_setup_step(self, task: Any, step: Any, number: int, workspace: Any, attempt: Any, host: Any,
-                            config: Config) -> Any:
+    def fleetrun_setup_step(
+        self, task: Any, step: Any, number: int, workspace: Any, attempt: Any, host: Any, config: Config
+    ) -> Any:
         """Say that a setup command started (a venv and a pip install can take minutes:
         the run is not silent meanwhile); whoever runs it answers as before."""
         if self.verbosity >= 0:
             where = f" on {host.name}" if not getattr(host, "local", True) else ""
-            self.write_line(f"{time.strftime('%H:%M:%S')} {safe_name(task.name)} setup {number} of "
-                            f"{len(task.spec.setup)} started{safe_text(where)}: `{safe_text(step.label)}`")
+            self.write_line(
+                f"{time.strftime('%H:%M:%S')} {safe_name(task.name)} setup {number} of "
+                f"{len(task.spec.setup)} started{safe_text(where)}: `{safe_text(step.label)}`"
+            )
         return (yield)
 
     @hookimpl(wrapper=True)
-    def fleetrun_verify(self, task: Any, verifier: Any, workspace: Any, attempt: Any, host: Any,
-                        config: Config) -> Any:
+    def fleetrun_verify(self, task: Any, verifier: Any, workspace: Any, attempt: Any, host: Any, config: Config) -> Any:
         """Say what a verifier's baseline found; whoever runs it answers as before."""
         got = yield
         if getattr(verifier, "kind", None) == "baseline" and self.verbosity >= 0:
             # a verifier's run on the base commit (docs/verifiers.md): what it found, or that it started
-            what = (f"{got.reason}" if getattr(got, "reason", None) is not None and hasattr(got, "passed")
-                    else "started (the verifier on the base commit)")
-            self.write_line(f"{time.strftime('%H:%M:%S')} {safe_name(task.name)} baseline "
-                            f"`{safe_text(verifier.label)}`: {safe_text(what)}")
+            what = (
+                f"{got.reason}"
+                if getattr(got, "reason", None) is not None and hasattr(got, "passed")
+                else "started (the verifier on the base commit)"
+            )
+            self.write_line(
+                f"{time.strftime('%H:%M:%S')} {safe_name(task.name)} baseline "
+                f"`{safe_text(verifier.label)}`: {safe_text(what)}"
+            )
         return got
 
     @hookimpl(trylast=True)
@@ -144,8 +156,11 @@ class TerminalReporter:
         # ERROR: the verifier could not judge (the work is neither passed nor failed)
         word = "ERROR" if getattr(verdict, "error", None) else ("PASS" if verdict.passed else "FAIL")
         cost = f" ${verdict.cost_usd:.2f}" if verdict.cost_usd else ""
-        self.write_line(f"         {safe_name(task.name)} verify {safe_text(verdict.kind)} `{safe_text(verdict.label)}`: "
-                        f"{word} ({safe_text(verdict.reason)}){cost}", "DONE" if verdict.passed else "RETRYING")
+        self.write_line(
+            f"         {safe_name(task.name)} verify {safe_text(verdict.kind)} `{safe_text(verdict.label)}`: "
+            f"{word} ({safe_text(verdict.reason)}){cost}",
+            "DONE" if verdict.passed else "RETRYING",
+        )
         if not verdict.passed and verdict.output:  # what failed, without -v too (a few lines, cut)
             # imported here: `fleetrun --help` loads this plugin, but needs none of its summary
             from .summary import failure_tail
@@ -174,7 +189,6 @@ class TerminalReporter:
             self.write_line(line)
         self.write_line(text, state)
 
-
     def summary_sections(self, session: Any) -> None:
         """``--durations N``, where the work is (when a task ran on a peer) and the
         ``short task summary info`` of what needs a human, after the plugins' summaries
@@ -202,8 +216,12 @@ class TerminalReporter:
 @hookimpl(trylast=True, specname="fleetrun_addoption")
 def addoption_durations(parser: Any) -> None:
     parser.getgroup("terminal", "what a run prints").addoption(
-        "--durations", type=_durations_arg, default=None, metavar="N",
-        help="list the N slowest tasks and verifiers at the end of the run (0: all)")
+        "--durations",
+        type=_durations_arg,
+        default=None,
+        metavar="N",
+        help="list the N slowest tasks and verifiers at the end of the run (0: all)",
+    )
 
 
 def _durations_arg(text: str) -> int:
@@ -221,8 +239,11 @@ def _durations_arg(text: str) -> int:
 @hookimpl(trylast=True)
 def fleetrun_addoption(parser: Any) -> None:
     parser.getgroup("terminal", "what a run prints").addoption(
-        "--color", choices=("yes", "no", "auto"), default="auto",
-        help="colour the output: yes, no, or auto (on a terminal, unless NO_COLOR is set)")
+        "--color",
+        choices=("yes", "no", "auto"),
+        default="auto",
+        help="colour the output: yes, no, or auto (on a terminal, unless NO_COLOR is set)",
+    )
 
 
 @hookimpl(trylast=True)

@@ -71,21 +71,39 @@ SETTING_SOURCES = "user"
 #: No MCP server at all (with --strict-mcp-config: not even the worktree's .mcp.json).
 NO_MCP_SERVERS = json.dumps({"mcpServers": {}}, separators=(",", ":"))
 #: What the reviewer is asked to answer with (--json-schema); the text rule is the fallback.
-VERDICT_SCHEMA = json.dumps({
-    "type": "object",
-    "properties": {"verdict": {"type": "string", "enum": ["PASS", "FAIL"]},
-                   "reason": {"type": "string", "description": "why, in one line"}},
-    "required": ["verdict", "reason"],
-    "additionalProperties": False,
-}, separators=(",", ":"))
+VERDICT_SCHEMA = json.dumps(
+    {
+        "type": "object",
+        "properties": {
+            "verdict": {"type": "string", "enum": ["PASS", "FAIL"]},
+            "reason": {"type": "string", "description": "why, in one line"},
+        },
+        "required": ["verdict", "reason"],
+        "additionalProperties": False,
+    },
+    separators=(",", ":"),
+)
 #: The only built-in tools the reviewer has.
 TOOLS = "Read,Grep,Glob"
 #: Denied even if a setting or a future default brought them back.
-DENIED_TOOLS = ("Bash", "Edit", "Write", "MultiEdit", "NotebookEdit", "WebFetch", "WebSearch", "Task",
-                "KillShell", "SlashCommand", "Skill")
-INTRO = ("You are a read-only code reviewer. Another coding agent worked on the task below in this "
-         "working directory; review its work. You can read and search files (Read, Grep, Glob); you "
-         "cannot edit files or run commands, and you must not try.")
+DENIED_TOOLS = (
+    "Bash",
+    "Edit",
+    "Write",
+    "MultiEdit",
+    "NotebookEdit",
+    "WebFetch",
+    "WebSearch",
+    "Task",
+    "KillShell",
+    "SlashCommand",
+    "Skill",
+)
+INTRO = (
+    "You are a read-only code reviewer. Another coding agent worked on the task below in this "
+    "working directory; review its work. You can read and search files (Read, Grep, Glob); you "
+    "cannot edit files or run commands, and you must not try."
+)
 
 
 def review_budget(task: Any, verifier: Any) -> Optional[float]:
@@ -100,11 +118,28 @@ def review_budget(task: Any, verifier: Any) -> Optional[float]:
 
 def reviewer_argv(config: Config, verifier: Any, session_id: str, budget: Optional[float] = None) -> list[str]:
     """The reviewer's command line (the prompt goes on standard input)."""
-    argv = [executable(config), "-p", "--output-format", "stream-json", "--verbose", "--session-id", session_id,
-            # nothing from the branch under review configures the CLI
-            "--setting-sources", SETTING_SOURCES, "--strict-mcp-config", "--mcp-config", NO_MCP_SERVERS,
-            "--disable-slash-commands", "--json-schema", VERDICT_SCHEMA,
-            "--permission-mode", PERMISSION_MODE, "--tools", TOOLS]
+    argv = [
+        executable(config),
+        "-p",
+        "--output-format",
+        "stream-json",
+        "--verbose",
+        "--session-id",
+        session_id,
+        # nothing from the branch under review configures the CLI
+        "--setting-sources",
+        SETTING_SOURCES,
+        "--strict-mcp-config",
+        "--mcp-config",
+        NO_MCP_SERVERS,
+        "--disable-slash-commands",
+        "--json-schema",
+        VERDICT_SCHEMA,
+        "--permission-mode",
+        PERMISSION_MODE,
+        "--tools",
+        TOOLS,
+    ]
     if verifier.model:
         argv += ["--model", verifier.model]
     if budget is not None:
@@ -138,8 +173,11 @@ def verdict_from_stream(text_: str, exit_code: Optional[int]) -> tuple[bool, str
     one that does not fit is a FAIL with its reason, never an exception."""
     res = parse_stream(text_)["result"]
     if res is None:
-        where = f"exit code {exit_code}" if exit_code is not None and exit_code >= 0 else (
-            f"killed by signal {-exit_code}" if exit_code is not None else "still running")
+        where = (
+            f"exit code {exit_code}"
+            if exit_code is not None and exit_code >= 0
+            else (f"killed by signal {-exit_code}" if exit_code is not None else "still running")
+        )
         return False, f"no verdict: the reviewer ended without a result ({where})", "", 0.0
     if res.get("subtype") == "malformed_output":  # parse_stream could not read the result event
         return False, f"no verdict: malformed result event: {'; '.join(res.get('errors') or [])}", "", 0.0
@@ -187,20 +225,37 @@ def error_of(passed: bool, reason: str, refused: bool) -> Optional[str]:
 class AgentHandle(ProcessHandle):
     """A running reviewer; ``poll()`` gives the Verdict once it has ended."""
 
-    def __init__(self, verifier: Any, argv: list[str], cwd: str, env: dict[str, str], prompt_path: Path,
-                 out_path: Path, host: str = "local", max_bytes: Optional[int] = None) -> None:
+    def __init__(
+        self,
+        verifier: Any,
+        argv: list[str],
+        cwd: str,
+        env: dict[str, str],
+        prompt_path: Path,
+        out_path: Path,
+        host: str = "local",
+        max_bytes: Optional[int] = None,
+    ) -> None:
         self.argv = argv
-        super().__init__(verifier, argv, cwd, env, out_path, stdin_path=prompt_path, host=host,
-                         max_bytes=max_bytes)
+        super().__init__(verifier, argv, cwd, env, out_path, stdin_path=prompt_path, host=host, max_bytes=max_bytes)
 
-    def _make(self, passed: bool, reason: str, output: str = "", cost: float = 0.0,
-              error: Optional[str] = None) -> Verdict:
+    def _make(
+        self, passed: bool, reason: str, output: str = "", cost: float = 0.0, error: Optional[str] = None
+    ) -> Verdict:
         cut = self.output_cut()
         if cut:
             reason = f"{reason}; {cut}"
-        return Verdict(passed=passed, kind="agent", label=self.verifier.label, reason=reason,
-                       output=output[-KEEP_BYTES:], cost_usd=cost, duration_s=time.monotonic() - self.started,
-                       host=self.host, error=error)
+        return Verdict(
+            passed=passed,
+            kind="agent",
+            label=self.verifier.label,
+            reason=reason,
+            output=output[-KEEP_BYTES:],
+            cost_usd=cost,
+            duration_s=time.monotonic() - self.started,
+            host=self.host,
+            error=error,
+        )
 
     def _read(self) -> str:
         try:
@@ -213,8 +268,13 @@ class AgentHandle(ProcessHandle):
 
     def timed_out(self) -> Verdict:
         _, _, _, cost = verdict_from_stream(self._read(), None)
-        return self._make(False, f"reviewer timed out after {self.verifier.timeout_s:g}s",
-                          output=tail_text(self.out_path), cost=cost, error=TRANSIENT)
+        return self._make(
+            False,
+            f"reviewer timed out after {self.verifier.timeout_s:g}s",
+            output=tail_text(self.out_path),
+            cost=cost,
+            error=TRANSIENT,
+        )
 
     def ended(self, code: int) -> Verdict:
         text_ = self._read()
@@ -230,7 +290,6 @@ def reviewer_env(task: Any, attempt: Any, workspace: Any) -> dict[str, str]:
     return task_env(task, attempt, workspace.path, FLEETRUN_VERIFIER="agent")
 
 
-
 @hookimpl
 def fleetrun_task_keys(config: Config) -> list[Any]:
     """The verifier kind "agent" this plugin runs: here, on the supervising machine
@@ -239,13 +298,22 @@ def fleetrun_task_keys(config: Config) -> list[Any]:
     from ..taskkeys import kind_text_check
     from ..taskspec import KeyDecl
 
-    return [KeyDecl("agent", (str,), where="verify_kind", doc="prompt for a read-only reviewer", check=kind_text_check,
-                    runs="here")]
+    return [
+        KeyDecl(
+            "agent",
+            (str,),
+            where="verify_kind",
+            doc="prompt for a read-only reviewer",
+            check=kind_text_check,
+            runs="here",
+        )
+    ]
 
 
 @hookimpl(trylast=True)
-def fleetrun_verify(task: Any, verifier: Any, workspace: Any, attempt: Any,
-                    config: Config) -> Optional[Union[AgentHandle, Verdict]]:
+def fleetrun_verify(
+    task: Any, verifier: Any, workspace: Any, attempt: Any, config: Config
+) -> Optional[Union[AgentHandle, Verdict]]:
     if verifier.kind != "agent":
         return None
     local = local_workspace(config, task, attempt, workspace, verifier)
@@ -266,5 +334,12 @@ def fleetrun_verify(task: Any, verifier: Any, workspace: Any, attempt: Any,
     with os.fdopen(fd, "w", encoding="utf-8") as f:
         f.write(reviewer_prompt(task, verifier, workspace))
     argv = reviewer_argv(config, verifier, str(uuid.uuid4()), budget)
-    return AgentHandle(verifier, argv, workspace.path, reviewer_env(task, attempt, workspace), prompt_path,
-                       adir / f"review-{n}.jsonl", max_bytes=output_cap(config))
+    return AgentHandle(
+        verifier,
+        argv,
+        workspace.path,
+        reviewer_env(task, attempt, workspace),
+        prompt_path,
+        adir / f"review-{n}.jsonl",
+        max_bytes=output_cap(config),
+    )

@@ -53,8 +53,10 @@ DEFAULT_URL = "http://127.0.0.1:11434"
 DEFAULT_TIMEOUT_S = 120.0
 KEEP_BYTES = 64 * 1024
 MAX_REPLY_BYTES = 4 << 20  # a reply larger than this is not read (and not a verdict)
-INTRO = ("You are reviewing the work a coding agent did on one task. You are shown the task, "
-         "the changes the agent made, and a question about them.")
+INTRO = (
+    "You are reviewing the work a coding agent did on one task. You are shown the task, "
+    "the changes the agent made, and a question about them."
+)
 
 
 def _str(v: Any) -> Optional[str]:
@@ -76,6 +78,7 @@ def _positive_int(v: Any) -> Optional[str]:
 def _choice(*choices: str) -> Callable[[Any], Optional[str]]:
     def check(v: Any) -> Optional[str]:
         return None if v in choices else f"must be one of {', '.join(repr(c) for c in choices)}"
+
     return check
 
 
@@ -97,7 +100,6 @@ KEYS: dict[str, Callable[[Any], Optional[str]]] = {
 }
 
 
-
 @hookimpl
 def fleetrun_task_keys(config: Config) -> list[Any]:
     """The verifier kind "brain" this plugin runs: here, on the supervising machine
@@ -106,8 +108,11 @@ def fleetrun_task_keys(config: Config) -> list[Any]:
     from ..taskkeys import kind_text_check
     from ..taskspec import KeyDecl
 
-    return [KeyDecl("brain", (str,), where="verify_kind", doc="question for the local model", check=kind_text_check,
-                    runs="here")]
+    return [
+        KeyDecl(
+            "brain", (str,), where="verify_kind", doc="question for the local model", check=kind_text_check, runs="here"
+        )
+    ]
 
 
 @hookimpl(trylast=True)
@@ -151,14 +156,20 @@ def _errors(table: Any, sources: list[Path], invocation_dir: Path) -> list[Usage
         except (OSError, UnicodeDecodeError):
             text = ""
         lines = map_lines(text)
-        for key in (table if isinstance(table, dict) else {}):
+        for key in table if isinstance(table, dict) else {}:
             if ("table", "brain", key) in lines.lines and key not in found:
                 found[key] = (display_path(src, invocation_dir), lines.lines[("table", "brain", key)])
     errs = []
     for key, msg in problems(table):
         where = found.get(key)
-        errs.append(UsageError(msg, file=where[0] if where else None, line=where[1] if where else None,
-                               key=f"brain.{key}" if key != "brain" else "brain"))
+        errs.append(
+            UsageError(
+                msg,
+                file=where[0] if where else None,
+                line=where[1] if where else None,
+                key=f"brain.{key}" if key != "brain" else "brain",
+            )
+        )
     return errs
 
 
@@ -203,11 +214,13 @@ def fleetrun_collection_modifyitems(config: Config, items: list[Any]) -> None:
                 config.stash.setdefault(WARNINGS_KEY, []).append(
                     f"{where}:{v.line or t.line}: task '{t.name}': verify #{i + 1}: a brain verifier needs a model: "
                     "set [brain] model (config.toml or the tasks file) or model = on the verifier; "
-                    "without one it fails")
+                    "without one it fails"
+                )
             elif table is None:  # the default endpoint: right only with a local ollama
                 config.stash.setdefault(WARNINGS_KEY, []).append(
                     f"{where}:{v.line or t.line}: task '{t.name}': verify #{i + 1}: no [brain] is configured "
-                    f"(config.toml, the project file or the tasks file): the verifier asks {DEFAULT_URL}")
+                    f"(config.toml, the project file or the tasks file): the verifier asks {DEFAULT_URL}"
+                )
 
 
 # ---------------------------------------------------------------------------------
@@ -246,8 +259,9 @@ def reply_text(api: str, endpoint: str, data: Any) -> str:
             choices = untrusted.obj(data, "brain reply").get("choices")
             if not isinstance(choices, list) or not choices:
                 raise untrusted.Malformed("brain reply: choices: expected a non-empty list")
-            msg = untrusted.obj(untrusted.obj(choices[0], "brain reply: choices[0]").get("message"),
-                                "brain reply: choices[0].message")
+            msg = untrusted.obj(
+                untrusted.obj(choices[0], "brain reply: choices[0]").get("message"), "brain reply: choices[0].message"
+            )
             key, where = "content", msg
         elif endpoint == "chat":
             where = untrusted.obj(untrusted.obj(data, "brain reply").get("message"), "brain reply: message")
@@ -341,8 +355,7 @@ def _opener(url: str) -> urllib.request.OpenerDirector:
     import urllib.request
 
     class NoRedirect(urllib.request.HTTPRedirectHandler):
-        def redirect_request(self, req: Any, fp: Any, code: int, msg: str, headers: Any,
-                             newurl: str) -> None:
+        def redirect_request(self, req: Any, fp: Any, code: int, msg: str, headers: Any, newurl: str) -> None:
             return None
 
     host = urllib.parse.urlsplit(url).hostname or ""
@@ -351,8 +364,7 @@ def _opener(url: str) -> urllib.request.OpenerDirector:
     return urllib.request.build_opener(NoRedirect())
 
 
-def ask(settings: dict[str, Any], model: str, prompt: str, timeout: float,
-        said_timeout: Optional[float] = None) -> str:
+def ask(settings: dict[str, Any], model: str, prompt: str, timeout: float, said_timeout: Optional[float] = None) -> str:
     """POST the prompt; return the model's reply text. Raises BrainError.
 
     :param timeout: seconds left for the request.
@@ -373,13 +385,15 @@ def ask(settings: dict[str, Any], model: str, prompt: str, timeout: float,
             raw = resp.read(MAX_REPLY_BYTES + 1)
     except urllib.error.HTTPError as e:
         if 300 <= e.code < 400:
-            raise BrainError(f"brain redirected to {_location(e)} (HTTP {e.code}); redirects are not followed",
-                             PERMANENT) from None
+            raise BrainError(
+                f"brain redirected to {_location(e)} (HTTP {e.code}); redirects are not followed", PERMANENT
+            ) from None
         # a 4xx refuses the request as configured (an unknown model, a bad key): it
         # answers the same next time; a 5xx, 408 or 429 may not
         again = e.code >= 500 or e.code in (408, 429)
-        raise BrainError(f"brain returned HTTP {e.code}: {_http_error_detail(e)}",
-                         "transient" if again else PERMANENT) from None
+        raise BrainError(
+            f"brain returned HTTP {e.code}: {_http_error_detail(e)}", "transient" if again else PERMANENT
+        ) from None
     except urllib.error.URLError as e:
         reason = e.reason
         if isinstance(reason, (socket.timeout, TimeoutError)):
@@ -404,8 +418,9 @@ class BrainHandle:
     the Verdict once it is done (or the deadline passed). ``fileno()`` turns readable
     when the thread ends, so the loop wakes at once."""
 
-    def __init__(self, verifier: Any, settings: dict[str, Any], task_prompt: str, workspace: Any,
-                 prompt_path: Optional[Path]) -> None:
+    def __init__(
+        self, verifier: Any, settings: dict[str, Any], task_prompt: str, workspace: Any, prompt_path: Optional[Path]
+    ) -> None:
         self.verifier = verifier
         self.settings = settings
         self.task_prompt = task_prompt
@@ -446,8 +461,12 @@ class BrainHandle:
     def _ask(self) -> Verdict:
         model = self.verifier.model or self.settings.get("model")
         if not model:
-            return self._make(False, "no model for the brain: set [brain] model in config.toml "
-                                     "(or the tasks file), or model = on the verifier", error=PERMANENT)
+            return self._make(
+                False,
+                "no model for the brain: set [brain] model in config.toml "
+                "(or the tasks file), or model = on the verifier",
+                error=PERMANENT,
+            )
         bad = problems(self.settings)
         if bad:
             key, msg = bad[0]
@@ -488,8 +507,15 @@ class BrainHandle:
 
         if len(output.encode("utf-8", "replace")) > KEEP_BYTES:
             output = output.encode("utf-8", "replace")[:KEEP_BYTES].decode("utf-8", "ignore")
-        return Verdict(passed=passed, kind="brain", label=self.verifier.label, reason=reason, output=output,
-                       duration_s=time.monotonic() - self.started, error=error)
+        return Verdict(
+            passed=passed,
+            kind="brain",
+            label=self.verifier.label,
+            reason=reason,
+            output=output,
+            duration_s=time.monotonic() - self.started,
+            error=error,
+        )
 
     def fileno(self) -> int:
         return -1 if self._closed else self._rfd
@@ -513,8 +539,12 @@ class BrainHandle:
             if time.monotonic() < self.deadline:
                 return None
             # the thread's socket timeout is per read: a server that trickles outlasts it
-            result = self._make(False, f"brain timed out after {self.timeout:g}s",
-                                output=f"brain timed out after {self.timeout:g}s", error="transient")
+            result = self._make(
+                False,
+                f"brain timed out after {self.timeout:g}s",
+                output=f"brain timed out after {self.timeout:g}s",
+                error="transient",
+            )
         self.verdict = result
         self._close()
         return result
@@ -525,8 +555,9 @@ class BrainHandle:
 
 
 @hookimpl(trylast=True)
-def fleetrun_verify(task: Any, verifier: Any, workspace: Any, attempt: Any,
-                    config: Config) -> Optional[Union[BrainHandle, Verdict]]:
+def fleetrun_verify(
+    task: Any, verifier: Any, workspace: Any, attempt: Any, config: Config
+) -> Optional[Union[BrainHandle, Verdict]]:
     if verifier.kind != "brain":
         return None
     from ..diffutil import local_workspace

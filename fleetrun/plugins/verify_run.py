@@ -45,8 +45,16 @@ if TYPE_CHECKING:
 class RunHandle(ProcessHandle):
     """A running ``run`` verifier; ``poll()`` gives the Verdict once it has ended."""
 
-    def __init__(self, verifier: Any, cwd: str, out_path: Path, env: dict[str, str], host: str = "local",
-                 root: Optional[str] = None, max_bytes: Optional[int] = None) -> None:
+    def __init__(
+        self,
+        verifier: Any,
+        cwd: str,
+        out_path: Path,
+        env: dict[str, str],
+        host: str = "local",
+        root: Optional[str] = None,
+        max_bytes: Optional[int] = None,
+    ) -> None:
         #: for :func:`not_found_error`: the PATH the command ran with, and the folder
         #: whose files are the work's (a script of its own that is gone is the work's fault)
         self.path_var = env.get("PATH")
@@ -54,16 +62,22 @@ class RunHandle(ProcessHandle):
         # what a re-run of its flaky-looking failures needs (TestJudge)
         self.cwd, self.env = cwd, env
         self.rerun: Optional[RunHandle] = None
-        super().__init__(verifier, ["/bin/sh", "-c", verifier.text], cwd, env, out_path, host=host,
-                         max_bytes=max_bytes)
+        super().__init__(verifier, ["/bin/sh", "-c", verifier.text], cwd, env, out_path, host=host, max_bytes=max_bytes)
 
     def _make(self, passed: bool, reason: str, error: Optional[str] = None) -> Verdict:
         cut = self.output_cut()
         if cut:  # the flood is this verifier's to answer for, in its own verdict
             reason = f"{reason}; {cut}"
-        return Verdict(passed=passed, kind="run", label=self.verifier.label, reason=reason,
-                       output=tail_text(self.out_path), duration_s=time.monotonic() - self.started,
-                       host=self.host, error=error)
+        return Verdict(
+            passed=passed,
+            kind="run",
+            label=self.verifier.label,
+            reason=reason,
+            output=tail_text(self.out_path),
+            duration_s=time.monotonic() - self.started,
+            host=self.host,
+            error=error,
+        )
 
     def cannot_start(self, error: str) -> Verdict:
         return self._make(False, f"cannot start: {error}", error=PERMANENT)
@@ -123,7 +137,6 @@ def verifier_env(task: Any, attempt: Any, workspace: Any) -> dict[str, str]:
     return task_env(task, attempt, workspace.path)
 
 
-
 @hookimpl
 def fleetrun_task_keys(config: Config) -> list[Any]:
     """The verifier kind "run" this plugin runs: in the attempt's workspace, on the
@@ -132,13 +145,22 @@ def fleetrun_task_keys(config: Config) -> list[Any]:
     from ..taskkeys import kind_text_check
     from ..taskspec import KeyDecl
 
-    return [KeyDecl("run", (str,), where="verify_kind", doc="shell command; exit code is the verdict", check=kind_text_check,
-                    runs="host")]
+    return [
+        KeyDecl(
+            "run",
+            (str,),
+            where="verify_kind",
+            doc="shell command; exit code is the verdict",
+            check=kind_text_check,
+            runs="host",
+        )
+    ]
 
 
 @hookimpl(trylast=True)
-def fleetrun_verify(task: Any, verifier: Any, workspace: Any, attempt: Any, host: Host,
-                    config: Config) -> Optional[Union[RunHandle, BaselineStep, Verdict]]:
+def fleetrun_verify(
+    task: Any, verifier: Any, workspace: Any, attempt: Any, host: Host, config: Config
+) -> Optional[Union[RunHandle, BaselineStep, Verdict]]:
     if verifier.kind == baseline.KIND:
         # on this machine whatever the host (a peer's baseline is a known gap, docs/verifiers.md)
         return baseline_step(task, verifier, workspace, attempt, config, local=host.local)
@@ -152,8 +174,9 @@ def fleetrun_verify(task: Any, verifier: Any, workspace: Any, attempt: Any, host
 
 
 @hookimpl(trylast=True)
-def fleetrun_setup_step(task: Any, step: Any, number: int, workspace: Any, attempt: Any, host: Host,
-                        config: Config) -> Optional[RunHandle]:
+def fleetrun_setup_step(
+    task: Any, step: Any, number: int, workspace: Any, attempt: Any, host: Host, config: Config
+) -> Optional[RunHandle]:
     """Setup command ``number`` on a ``host.local`` host, as a ``run`` verifier runs; its
     output in ``setup-N.out`` beside the verifiers' outputs."""
     if not host.local:
@@ -161,18 +184,22 @@ def fleetrun_setup_step(task: Any, step: Any, number: int, workspace: Any, attem
     return _run_handle(task, step, workspace, attempt, host, config, f"setup-{number}.out")
 
 
-def _run_handle(task: Any, spec: Any, workspace: Any, attempt: Any, host: Host, config: Config,
-                name: str) -> RunHandle:
+def _run_handle(task: Any, spec: Any, workspace: Any, attempt: Any, host: Host, config: Config, name: str) -> RunHandle:
     adir = host.attempt_dir(attempt.id)
     adir.mkdir(parents=True, exist_ok=True, mode=0o700)
-    return RunHandle(spec, workspace.path, adir / name, verifier_env(task, attempt, workspace),
-                     root=getattr(workspace, "root", None) or workspace.path, max_bytes=output_cap(config))
+    return RunHandle(
+        spec,
+        workspace.path,
+        adir / name,
+        verifier_env(task, attempt, workspace),
+        root=getattr(workspace, "root", None) or workspace.path,
+        max_bytes=output_cap(config),
+    )
 
 
 # ---------------------------------------------------------------------------------
 # A command that is not there: the verifier would fail every attempt with "command not
 # found", and the agent be retried for it.
-
 
 
 def missing_command(text: str, cwd: str, has_setup: bool) -> Optional[str]:
@@ -213,8 +240,10 @@ def missing_command_warnings(config: Config, items: list[Any], warnings: list[st
             problem = known[key]
             if problem:
                 where = display_path(Path(t.source), config.invocation_dir) if t.source else "?"
-                warnings.append(f"{where}:{v.line or t.line}: task '{t.name}': verify #{i + 1}: {problem} "
-                                "(the verifier would fail, command not found)")
+                warnings.append(
+                    f"{where}:{v.line or t.line}: task '{t.name}': verify #{i + 1}: {problem} "
+                    "(the verifier would fail, command not found)"
+                )
 
 
 # ---------------------------------------------------------------------------------
@@ -258,7 +287,8 @@ def fleetrun_collection_modifyitems(config: Config, items: list[Any]) -> None:
             warnings.append(
                 f"{where}:{v.line or t.line}: task '{t.name}': verify: {trap.interpreter} imports {trap.package} "
                 f"from {trap.project} (an editable install of the main checkout), not from the worktree; "
-                f"add PYTHONPATH={trap.pythonpath} or a setup step (docs/verifiers.md)")
+                f"add PYTHONPATH={trap.pythonpath} or a setup step (docs/verifiers.md)"
+            )
 
 
 # ---------------------------------------------------------------------------------
@@ -283,8 +313,17 @@ class BaselineRun:
     removed once it has ended. Its result goes to the ledger; every task whose baseline
     step has this key waits on this one run."""
 
-    def __init__(self, k: str, step: Any, repo: str, commit: str, subdir: str, setup: list[Any],
-                 env: dict[str, str], config: Config) -> None:
+    def __init__(
+        self,
+        k: str,
+        step: Any,
+        repo: str,
+        commit: str,
+        subdir: str,
+        setup: list[Any],
+        env: dict[str, str],
+        config: Config,
+    ) -> None:
         from ..ledger import open_ledger
 
         self.k, self.step, self.repo, self.commit = k, step, repo, commit
@@ -306,18 +345,27 @@ class BaselineRun:
         self.cwd = str(self.tree / subdir) if subdir not in ("", ".") else str(self.tree)
         self.env = {**env, "FLEETRUN_WORKTREE": str(self.tree)} if "FLEETRUN_WORKTREE" in env else env
         # the checkout is a step too (a large repository takes a while): the loop polls it
-        make = VerifySpec(kind="run", text=shlex.join(["git", "-C", repo, "worktree", "add", "--force", "--detach", "-q",
-                                                        str(self.tree), commit]),
-                          timeout_s=DEFAULT_SETUP_TIMEOUT_S, name="the base's worktree")
-        self.queue: list[tuple[str, Any]] = [("make", make), *((f"setup-{i + 1}", c) for i, c in enumerate(setup)),
-                                             ("verify", step)]
+        make = VerifySpec(
+            kind="run",
+            text=shlex.join(
+                ["git", "-C", repo, "worktree", "add", "--force", "--detach", "-q", str(self.tree), commit]
+            ),
+            timeout_s=DEFAULT_SETUP_TIMEOUT_S,
+            name="the base's worktree",
+        )
+        self.queue: list[tuple[str, Any]] = [
+            ("make", make),
+            *((f"setup-{i + 1}", c) for i, c in enumerate(setup)),
+            ("verify", step),
+        ]
         self._next()
 
     def _next(self) -> None:
         name, spec = self.queue[0]
         cwd = str(self.dir) if name == "make" else self.cwd
-        self.handle = RunHandle(spec, cwd, self.dir / f"{name}.out", self.env, root=str(self.tree),
-                                max_bytes=self.max_bytes)
+        self.handle = RunHandle(
+            spec, cwd, self.dir / f"{name}.out", self.env, root=str(self.tree), max_bytes=self.max_bytes
+        )
         if name == "verify":
             crash.point("mid_baseline")
 
@@ -329,8 +377,11 @@ class BaselineRun:
             return None
         name, spec = self.queue.pop(0)
         if name == "make" and not v.passed:
-            self._finish(False, f"cannot make a worktree at {self.commit[:12]}: {summary_line(v.output) or v.reason}",
-                         error=PERMANENT)
+            self._finish(
+                False,
+                f"cannot make a worktree at {self.commit[:12]}: {summary_line(v.output) or v.reason}",
+                error=PERMANENT,
+            )
         elif name != "verify" and not v.passed:
             self._finish(False, f"setup command {spec.label!r} failed on the base: {v.reason}", output=v.output)
         elif name != "verify":
@@ -349,9 +400,17 @@ class BaselineRun:
                 report = read(Path(self.cwd) / junit).to_json()
             except ReportError as e:
                 report_error = str(e)
-        self.result = baseline.Result(commit=self.commit, label=self.step.label, passed=passed, reason=reason,
-                                      summary=summary_line(output), output=output[-baseline.KEEP_CHARS:],
-                                      report=report, report_error=report_error, error=error)
+        self.result = baseline.Result(
+            commit=self.commit,
+            label=self.step.label,
+            passed=passed,
+            reason=reason,
+            summary=summary_line(output),
+            output=output[-baseline.KEEP_CHARS :],
+            report=report,
+            report_error=report_error,
+            error=error,
+        )
         baseline.store(self.led, self.k, self.result)
         self.handle = None
         self._remove_tree()
@@ -377,8 +436,9 @@ class BaselineStep:
     """One task's baseline step: waits on the shared :class:`BaselineRun` and says what
     its result means for this task (a :class:`~fleetrun.reports.VerifyHandle`)."""
 
-    def __init__(self, run: BaselineRun, task: Any, step: Any, config: Config, runs: dict[str, BaselineRun],
-                 local: bool = True) -> None:
+    def __init__(
+        self, run: BaselineRun, task: Any, step: Any, config: Config, runs: dict[str, BaselineRun], local: bool = True
+    ) -> None:
         self.run, self.task, self.step, self.config, self.runs, self.local = run, task, step, config, runs, local
         run.holders += 1
 
@@ -416,13 +476,14 @@ def step_verdict(led: Any, task: Any, step: Any, k: str, result: baseline.Result
     if result.passed or (local and result.junit() is not None):
         return Verdict(True, baseline.KIND, step.label, reason=what)
     if result.error is None and baseline.mode(task, step) == "warn":
-        return Verdict(True, baseline.KIND, step.label, reason=f"{what}; baseline = \"warn\": starting anyway")
+        return Verdict(True, baseline.KIND, step.label, reason=f'{what}; baseline = "warn": starting anyway')
     reason = result.reason if not result.report_error else f"{result.reason}; {result.report_error}"
     return Verdict(False, baseline.KIND, step.label, reason=reason, output=result.output)
 
 
-def baseline_step(task: Any, step: Any, workspace: Any, attempt: Any, config: Config,
-                  local: bool = True) -> Union[Verdict, BaselineStep]:
+def baseline_step(
+    task: Any, step: Any, workspace: Any, attempt: Any, config: Config, local: bool = True
+) -> Union[Verdict, BaselineStep]:
     """The baseline of one of the task's ``run`` verifiers: its result from the ledger,
     the run in flight for the same key, or a new run. ``workspace`` is at the base commit
     (no agent has run in it yet). For a task placed on a peer the base runs here, from
@@ -485,7 +546,9 @@ class TestJudge:
         except ReportError as e:
             return replace(plain, reason=f"{plain.reason}; junit: {e}, judged by the exit code")
         must = self.verifier.extra.get("must_pass") or []
-        j = judge(base_report, now, [str(t) for t in must], removes_tests=self.task.spec.extra.get("removes_tests") is True)
+        j = judge(
+            base_report, now, [str(t) for t in must], removes_tests=self.task.spec.extra.get("removes_tests") is True
+        )
         ids = self.rerun_ids(j)
         if ids:
             self.pending = (j, plain, ids)
@@ -522,9 +585,17 @@ class TestJudge:
         self.rerun_xml = handle.out_path.with_name(f"{handle.out_path.stem}-rerun.xml")
         ids = sorted(self.pending[2].values())
         text = shlex.join([*cmd, "-q", "-p", "no:cacheprovider", f"--junitxml={self.rerun_xml}", *ids])
-        spec = VerifySpec(kind="run", text=text, timeout_s=self.verifier.timeout_s, name=f"{self.verifier.label} (re-run)")
-        return RunHandle(spec, handle.cwd, handle.out_path.with_name(f"{handle.out_path.stem}-rerun.out"), handle.env,
-                         root=handle.root, max_bytes=handle.max_bytes)
+        spec = VerifySpec(
+            kind="run", text=text, timeout_s=self.verifier.timeout_s, name=f"{self.verifier.label} (re-run)"
+        )
+        return RunHandle(
+            spec,
+            handle.cwd,
+            handle.out_path.with_name(f"{handle.out_path.stem}-rerun.out"),
+            handle.env,
+            root=handle.root,
+            max_bytes=handle.max_bytes,
+        )
 
     def after_rerun(self, make: Any) -> Verdict:
         """The verdict once the re-run has ended: a new failure that passed when run

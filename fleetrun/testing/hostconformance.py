@@ -63,9 +63,15 @@ def spec_of(subject: Subject, attempt_id: str, script: str) -> dict[str, Any]:
     """The shepherd spec of an attempt running ``sh -c script`` (see
     :func:`fleetrun.starting.shepherd_spec` for the keys)."""
     task_id = attempt_id.rsplit("_a", 1)[0]
-    return {"argv": ["sh", "-c", script], "cwd": subject.cwd,
-            "env": {"FLEETRUN_TASK_ID": task_id, **subject.env}, "stdin": None,
-            "timeout_s": 3600.0, "stall_s": 3600.0, "notify": None}
+    return {
+        "argv": ["sh", "-c", script],
+        "cwd": subject.cwd,
+        "env": {"FLEETRUN_TASK_ID": task_id, **subject.env},
+        "stdin": None,
+        "timeout_s": 3600.0,
+        "stall_s": 3600.0,
+        "notify": None,
+    }
 
 
 def start(subject: Subject, script: str) -> AttemptRef:
@@ -84,17 +90,20 @@ def check_status(st: Any, where: str) -> dict[str, Any]:
     if st["state"] == "ended":
         assert isinstance(st.get("reason"), str) and st["reason"], (
             f"{where}: an ended status must say why in `reason` (`exited` when the agent exited by itself: "
-            f"without it the loop counts the attempt as died): {st}")
+            f"without it the loop counts the attempt as died): {st}"
+        )
         code = st.get("exit_code")
         assert code is None or (isinstance(code, int) and not isinstance(code, bool)), (
-            f"{where}: exit_code must be an int or None: {st}")
+            f"{where}: exit_code must be an int or None: {st}"
+        )
     if st["state"] == "unreachable":
         assert isinstance(st.get("error"), str) and st["error"], f"{where}: an unreachable status must say why: {st}"
     return st
 
 
-def poll_until(subject: Subject, refs: list[AttemptRef], done: Callable[[dict[str, Any]], bool],
-               what: str) -> dict[str, dict[str, Any]]:
+def poll_until(
+    subject: Subject, refs: list[AttemptRef], done: Callable[[dict[str, Any]], bool], what: str
+) -> dict[str, dict[str, Any]]:
     """Poll ``refs`` in one :meth:`~fleetrun.Host.poll` call at a time until ``done``
     holds for each of their statuses. :return: the last poll's answer."""
     deadline = time.monotonic() + subject.deadline_s
@@ -126,9 +135,11 @@ def check_exit(subject: Subject) -> None:
     assert st.get("exit_code") == 3, f"its exit code (3) must be in exit_code: {st}"
     log = subject.host.log_path(ref.attempt_id)
     assert "conformance-output" in log.read_text(encoding="utf-8", errors="replace"), (
-        f"the attempt's output must be in log_path ({log}) once it has ended")
+        f"the attempt's output must be in log_path ({log}) once it has ended"
+    )
     assert subject.host.status(ref.attempt_id, ref.pid, ref.token).get("state") == "ended", (
-        "status must agree with poll")
+        "status must agree with poll"
+    )
 
 
 def check_poll_many(subject: Subject) -> None:
@@ -162,7 +173,8 @@ def check_unknown(subject: Subject) -> None:
     for st in (subject.host.poll([ref]).get(ref.attempt_id), subject.host.status(ref.attempt_id, None, None)):
         check_status(st, f"an unknown attempt {ref.attempt_id}")
         assert st is not None and st["state"] in ("died", "unreachable"), (
-            f"an attempt never started must be `died` (or `unreachable`), not {st}")
+            f"an attempt never started must be `died` (or `unreachable`), not {st}"
+        )
 
 
 CHECKS: tuple[Callable[[Subject], None], ...] = (check_exit, check_poll_many, check_stop, check_unknown)
@@ -191,6 +203,20 @@ class HostConformance:
         check_unknown(conformance_host)
 
 
-__all__ = ["CHECKS", "DEADLINE_S", "STATES", "HostConformance", "Subject", "check_exit", "check_host",
-           "check_poll_many", "check_status", "check_stop", "check_unknown", "new_attempt_id", "poll_until",
-           "spec_of", "start"]
+__all__ = [
+    "CHECKS",
+    "DEADLINE_S",
+    "STATES",
+    "HostConformance",
+    "Subject",
+    "check_exit",
+    "check_host",
+    "check_poll_many",
+    "check_status",
+    "check_stop",
+    "check_unknown",
+    "new_attempt_id",
+    "poll_until",
+    "spec_of",
+    "start",
+]

@@ -45,11 +45,16 @@ class HookRecorder:
 
         :param pluginmanager: the run's manager (``config.pluginmanager``).
         """
+
         def before(hook_name: str, hook_impls: Sequence[pluggy.HookImpl], kwargs: Mapping[str, Any]) -> None:
             self.calls.append(RecordedCall(hook_name, dict(kwargs)))
 
-        def after(outcome: pluggy.Result[Any], hook_name: str, hook_impls: Sequence[pluggy.HookImpl],
-                  kwargs: Mapping[str, Any]) -> None:
+        def after(
+            outcome: pluggy.Result[Any],
+            hook_name: str,
+            hook_impls: Sequence[pluggy.HookImpl],
+            kwargs: Mapping[str, Any],
+        ) -> None:
             pass
 
         self._pluginmanager = pluginmanager

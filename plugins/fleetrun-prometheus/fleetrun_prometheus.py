@@ -95,18 +95,34 @@ def label_word(text: str) -> str:
 @fleetrun.hookimpl
 def fleetrun_addoption(parser: Any, pluginmanager: Any) -> None:
     group = parser.getgroup("prometheus", "Prometheus metrics (fleetrun-prometheus)")
-    group.addoption("--metrics-port", dest="metrics_port", metavar="N", type=port_arg, default=None,
-                    help="serve Prometheus metrics on http://ADDR:N/metrics while the run goes on "
-                         "(ADDR: [prometheus] addr, default 127.0.0.1; N=0: any free port)")
+    group.addoption(
+        "--metrics-port",
+        dest="metrics_port",
+        metavar="N",
+        type=port_arg,
+        default=None,
+        help="serve Prometheus metrics on http://ADDR:N/metrics while the run goes on "
+        "(ADDR: [prometheus] addr, default 127.0.0.1; N=0: any free port)",
+    )
 
 
 @fleetrun.hookimpl
 def fleetrun_config_keys(config: Any) -> list[Any]:
     return [
-        fleetrun.ConfigKey("prometheus", "port", (int,), check=port_problem,
-                           doc="serve /metrics on this port during runs (--metrics-port wins)"),
-        fleetrun.ConfigKey("prometheus", "addr", (str,), check=addr_problem,
-                           doc=f"the address to listen on (default {DEFAULT_ADDR}: this machine only)"),
+        fleetrun.ConfigKey(
+            "prometheus",
+            "port",
+            (int,),
+            check=port_problem,
+            doc="serve /metrics on this port during runs (--metrics-port wins)",
+        ),
+        fleetrun.ConfigKey(
+            "prometheus",
+            "addr",
+            (str,),
+            check=addr_problem,
+            doc=f"the address to listen on (default {DEFAULT_ADDR}: this machine only)",
+        ),
     ]
 
 
@@ -121,8 +137,9 @@ def listen_address(config: Any) -> Optional[tuple[str, int, str]]:
     addr = config.setting("prometheus", "addr")
     if port is None:
         if addr is not None:
-            raise fleetrun.UsageError("is set but no port is: set [prometheus] port (or --metrics-port N)",
-                                      key="prometheus.addr")
+            raise fleetrun.UsageError(
+                "is set but no port is: set [prometheus] port (or --metrics-port N)", key="prometheus.addr"
+            )
         return None
     return (addr or DEFAULT_ADDR, int(port), "--metrics-port" if opt is not None else "prometheus.port")
 
@@ -181,14 +198,17 @@ class LedgerCollector:
         for state, n in counts.tasks.items():
             tasks.add_metric([state], n)
         yield tasks
-        running = GaugeMetricFamily("fleetrun_host_running_tasks",
-                                    "Tasks whose attempt holds a place on the host now (leased, starting or "
-                                    "running), from the ledger", labels=["host"])
+        running = GaugeMetricFamily(
+            "fleetrun_host_running_tasks",
+            "Tasks whose attempt holds a place on the host now (leased, starting or running), from the ledger",
+            labels=["host"],
+        )
         for host, n in sorted(counts.active_by_host.items()):
             running.add_metric([host], n)
         yield running
-        cost = CounterMetricFamily("fleetrun_cost_usd", "What the ledger's tasks cost so far, in US dollars "
-                                   "(as the agents reported it)")
+        cost = CounterMetricFamily(
+            "fleetrun_cost_usd", "What the ledger's tasks cost so far, in US dollars (as the agents reported it)"
+        )
         cost.add_metric([], counts.cost_usd)
         yield cost
 
@@ -207,33 +227,67 @@ class Exporter:
         # a registry of the run's own: fleetrun may run many times in one process
         reg = self.registry = CollectorRegistry(auto_describe=False)
         reg.register(LedgerCollector(config.home))
-        self.attempts = Counter("fleetrun_attempts", "Attempts this loop leased, by kind (fresh, retry, resume)",
-                                ["kind"], registry=reg)
+        self.attempts = Counter(
+            "fleetrun_attempts", "Attempts this loop leased, by kind (fresh, retry, resume)", ["kind"], registry=reg
+        )
         for kind in ATTEMPT_KINDS.values():
             self.attempts.labels(kind=kind)
-        self.retries = Counter("fleetrun_retries", "Tasks this loop sent back to work (RETRYING, RESUMING) "
-                               "or an operator retried, by the cause's word", ["cause"], registry=reg)
-        self.verifier_runs = Counter("fleetrun_verifier_runs", "Verifier verdicts this loop reached, by kind",
-                                     ["kind"], registry=reg)
-        self.verifier_passes = Counter("fleetrun_verifier_passes", "Passing verifier verdicts, by kind "
-                                       "(pass rate: passes / runs)", ["kind"], registry=reg)
+        self.retries = Counter(
+            "fleetrun_retries",
+            "Tasks this loop sent back to work (RETRYING, RESUMING) or an operator retried, by the cause's word",
+            ["cause"],
+            registry=reg,
+        )
+        self.verifier_runs = Counter(
+            "fleetrun_verifier_runs", "Verifier verdicts this loop reached, by kind", ["kind"], registry=reg
+        )
+        self.verifier_passes = Counter(
+            "fleetrun_verifier_passes",
+            "Passing verifier verdicts, by kind (pass rate: passes / runs)",
+            ["kind"],
+            registry=reg,
+        )
         for spec in getattr(session, "items", None) or ():
             for verifier in spec.verify:
                 self._verifier_kind(verifier.kind)
-        self.loop_pass = Histogram("fleetrun_loop_pass_duration_seconds", "How long each pass of the work "
-                                   "loop took", buckets=PASS_BUCKETS, registry=reg)
+        self.loop_pass = Histogram(
+            "fleetrun_loop_pass_duration_seconds",
+            "How long each pass of the work loop took",
+            buckets=PASS_BUCKETS,
+            registry=reg,
+        )
         host = ["host"]
-        self.free_slots = Gauge("fleetrun_host_free_slots", "Attempts the host could take more, as placement "
-                                "last measured it (0 while it drains, is stale or refuses)", host, registry=reg)
+        self.free_slots = Gauge(
+            "fleetrun_host_free_slots",
+            "Attempts the host could take more, as placement last measured it (0 while it drains, is stale or refuses)",
+            host,
+            registry=reg,
+        )
         self.max_tasks = Gauge("fleetrun_host_max_tasks", "Attempts the host may run at once", host, registry=reg)
-        self.free_mem = Gauge("fleetrun_host_free_memory_bytes", "Free memory on the host, as placement last "
-                              "measured it", host, registry=reg)
-        self.free_disk = Gauge("fleetrun_host_free_disk_bytes", "Free disk for the host's attempts, as "
-                               "placement last measured it", host, registry=reg)
-        self.load = Gauge("fleetrun_host_load_per_core", "The host's load average per core, as placement last "
-                          "measured it", host, registry=reg)
-        self.measured = Gauge("fleetrun_host_headroom_timestamp_seconds", "When placement last measured the "
-                              "host (Unix time)", host, registry=reg)
+        self.free_mem = Gauge(
+            "fleetrun_host_free_memory_bytes",
+            "Free memory on the host, as placement last measured it",
+            host,
+            registry=reg,
+        )
+        self.free_disk = Gauge(
+            "fleetrun_host_free_disk_bytes",
+            "Free disk for the host's attempts, as placement last measured it",
+            host,
+            registry=reg,
+        )
+        self.load = Gauge(
+            "fleetrun_host_load_per_core",
+            "The host's load average per core, as placement last measured it",
+            host,
+            registry=reg,
+        )
+        self.measured = Gauge(
+            "fleetrun_host_headroom_timestamp_seconds",
+            "When placement last measured the host (Unix time)",
+            host,
+            registry=reg,
+        )
 
     def serve(self, addr: str, port: int, key: str) -> None:
         """Start prometheus_client's server on its own (daemon) thread.
@@ -246,8 +300,9 @@ class Exporter:
             self.server, _thread = start_http_server(port, addr=addr, registry=self.registry)
         except OSError as e:
             raise fleetrun.UsageError(
-                f"cannot serve metrics on {addr}:{port}: {e.strerror or e}; choose another port "
-                "(0: any free one)", key=key) from None
+                f"cannot serve metrics on {addr}:{port}: {e.strerror or e}; choose another port (0: any free one)",
+                key=key,
+            ) from None
         host = f"[{addr}]" if ":" in addr else addr
         self.url = f"http://{host}:{self.server.server_port}/metrics"
 
@@ -304,9 +359,11 @@ class Exporter:
             takes = not (c.drain or c.why_not or not c.fresh)
             self.free_slots.labels(host=name).set(max(0, c.max_tasks - c.running) if takes else 0)
             self.max_tasks.labels(host=name).set(c.max_tasks)
-            for gauge, figure, scale in ((self.free_mem, c.free_mem_mb, 1024 * 1024),
-                                         (self.free_disk, c.free_disk_mb, 1024 * 1024),
-                                         (self.load, c.load_per_core, 1)):
+            for gauge, figure, scale in (
+                (self.free_mem, c.free_mem_mb, 1024 * 1024),
+                (self.free_disk, c.free_disk_mb, 1024 * 1024),
+                (self.load, c.load_per_core, 1),
+            ):
                 if figure is None:
                     try:
                         gauge.remove(name)

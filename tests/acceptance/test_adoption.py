@@ -104,8 +104,10 @@ def running_agent(fleeter: Any, fake_claude: Any, name: str, n: int = 1) -> dict
     """Wait until the task's ``n``-th agent runs and the ledger says RUNNING; its status."""
     wait_for(lambda: len(fake_claude.calls(name)) >= n, what=f"{name}'s agent #{n} to start")
     wait_for(lambda: fleeter.states()[name] == "RUNNING", what=f"{name} RUNNING")
-    return wait_for(lambda: (st := attempt_status(fleeter, name)).get("agent_pid") and st,
-                    what=f"{name}'s status.json to name its agent")
+    return wait_for(
+        lambda: (st := attempt_status(fleeter, name)).get("agent_pid") and st,
+        what=f"{name}'s status.json to name its agent",
+    )
 
 
 def bash_config(fleeter: Any) -> None:
@@ -116,8 +118,10 @@ def bash_config(fleeter: Any) -> None:
 def tree_gone(fleeter: Any, tmp_path: Path, exclude: tuple[int, ...] = ()) -> Callable[[], bool]:
     """Nothing of ``tmp_path`` runs but ``exclude`` (a running loop) and their shepherd
     starters (each loop's lives as long as it does)."""
+
     def check() -> bool:
         return not [p for p in leftover_processes(tmp_path) if p.pid not in exclude and not _starter_of(p, exclude)]
+
     return check
 
 
@@ -132,14 +136,19 @@ def _starter_of(p: Any, parents: tuple[int, ...]) -> bool:
 # a dead shepherd, a reused pid
 
 
-BUG_ORPHAN_AGENT = ("BUG: when a shepherd is SIGKILLed its agent (own session) runs on; the loop "
-                    "resumes the task without ending it, so two agents of one task run at once")
+BUG_ORPHAN_AGENT = (
+    "BUG: when a shepherd is SIGKILLed its agent (own session) runs on; the loop "
+    "resumes the task without ending it, so two agents of one task run at once"
+)
 
 
-@pytest.mark.parametrize("agent", [
-    "running",
-    "gone",
-])
+@pytest.mark.parametrize(
+    "agent",
+    [
+        "running",
+        "gone",
+    ],
+)
 def test_sigkilled_shepherd_is_detected_and_resumed(fleeter, fake_claude, loops, tmp_path, agent):
     one_task(fleeter)
     fake_claude.script(t1=[{"actions": [["sleep", 60]]}, {"actions": [["write", "out.txt", "x"]]}])
@@ -186,8 +195,9 @@ def test_reused_pid_is_not_a_live_shepherd(fleeter, fake_claude, tmp_path):
         led = fleeter.ledger()
         att = led.latest_attempt(fleeter.task("t1").id)
         with led.tx() as cur:
-            cur.execute("UPDATE attempts SET shepherd_pid=?, shepherd_token=? WHERE id=?",
-                        (stranger.pid, wrong, att.id))
+            cur.execute(
+                "UPDATE attempts SET shepherd_pid=?, shepherd_token=? WHERE id=?", (stranger.pid, wrong, att.id)
+            )
         path = fleeter.home / "attempts" / att.id / "status.json"
         data = json.loads(path.read_text())
         data.update(shepherd_pid=stranger.pid, shepherd_token=wrong, state="running")
@@ -217,8 +227,14 @@ def test_live_attempt_is_adopted_not_restarted(fleeter, fake_claude, loops, tmp_
     # The agent runs until the test opens its gate, once the new supervisor has adopted
     # it (a fixed sleep let it end first on a loaded machine: nothing left to adopt).
     gate = tmp_path / "gate"
-    fake_claude.script(t1=[{"actions": [["bash", f"while [ ! -e {gate} ]; do sleep 0.05; done"],
-                                        ["write", "out.txt", "x"]], "cost": 0.25}])
+    fake_claude.script(
+        t1=[
+            {
+                "actions": [["bash", f"while [ ! -e {gate} ]; do sleep 0.05; done"], ["write", "out.txt", "x"]],
+                "cost": 0.25,
+            }
+        ]
+    )
     fleeter.run("queue", "tasks.toml")
     proc = loops.start("work")
     st = running_agent(fleeter, fake_claude, "t1")
@@ -255,8 +271,9 @@ def test_attempt_that_ended_while_down_is_verified_on_restart(fleeter, fake_clau
     one_task(fleeter)
     bash_config(fleeter)
     gate = tmp_path / "gate"  # the agent ends once the supervisor is dead (a sleep raced it)
-    fake_claude.script(t1=[{"actions": [["bash", f"while [ ! -e {gate} ]; do sleep 0.05; done"],
-                                        ["write", "out.txt", "x"]]}])
+    fake_claude.script(
+        t1=[{"actions": [["bash", f"while [ ! -e {gate} ]; do sleep 0.05; done"], ["write", "out.txt", "x"]]}]
+    )
     fleeter.run("queue", "tasks.toml")
     proc = loops.start("work")
     running_agent(fleeter, fake_claude, "t1")
@@ -279,8 +296,10 @@ def test_sigkill_during_a_slow_verifier_reruns_it(fleeter, fake_claude, loops, t
     # the first run holds until the crash has come (a gate nobody opens: the restart
     # ends it), the rerun goes through (a fixed sleep could end before the kill)
     hold = f"while [ ! -e {tmp_path / 'gate'} ]; do sleep 0.05; done"
-    one_task(fleeter, verify=f'run = "echo run >> {marks}; if [ $(grep -c run {marks}) -eq 1 ]; then {hold}; fi; '
-                             f'test -f out.txt"')
+    one_task(
+        fleeter,
+        verify=f'run = "echo run >> {marks}; if [ $(grep -c run {marks}) -eq 1 ]; then {hold}; fi; test -f out.txt"',
+    )
     fake_claude.script(t1=[{"actions": [["write", "out.txt", "x"]]}])
     fleeter.run("queue", "tasks.toml")
     proc = loops.start("work")
@@ -294,8 +313,10 @@ def test_sigkill_during_a_slow_verifier_reruns_it(fleeter, fake_claude, loops, t
     assert not bad, "\n".join(bad)
 
 
-BUG_TWIN_VERIFIER = ("BUG: a verifier orphaned by a supervisor crash runs on (its own session) while "
-                     "the restarted loop runs it again: two copies at once in the same worktree")
+BUG_TWIN_VERIFIER = (
+    "BUG: a verifier orphaned by a supervisor crash runs on (its own session) while "
+    "the restarted loop runs it again: two copies at once in the same worktree"
+)
 
 
 def test_an_orphaned_verifier_is_ended_before_it_is_run_again(fleeter, fake_claude, loops, tmp_path):
@@ -305,8 +326,11 @@ def test_an_orphaned_verifier_is_ended_before_it_is_run_again(fleeter, fake_clau
     # orphan left running would then write its end (a fixed sleep could end before the
     # restart on a loaded machine, and its end would be no bug)
     hold = f"while [ ! -e {gate} ]; do sleep 0.05; done"
-    one_task(fleeter, verify=f'run = "echo start $$ >> {marks}; if [ $(grep -c start {marks}) -eq 1 ]; then {hold}; fi; '
-                             f'echo end $$ >> {marks}"')
+    one_task(
+        fleeter,
+        verify=f'run = "echo start $$ >> {marks}; if [ $(grep -c start {marks}) -eq 1 ]; then {hold}; fi; '
+        f'echo end $$ >> {marks}"',
+    )
     fake_claude.script(t1=[{"actions": [["write", "out.txt", "x"]]}])
     fleeter.run("queue", "tasks.toml")
     proc = loops.start("work")
@@ -332,8 +356,9 @@ SUPERVISOR_RUNNING = re.compile(r"supervisor: running \(pid (\d+), last beat \d+
 def test_verbs_while_the_loop_runs(fleeter, fake_claude, loops, tmp_path):
     bash_config(fleeter)
     one_task(fleeter)
-    fake_claude.script(t1=[{"mode": "hang", "actions": [["bash", "sleep 300 &"]]},
-                           {"actions": [["write", "out.txt", "x"]]}])
+    fake_claude.script(
+        t1=[{"mode": "hang", "actions": [["bash", "sleep 300 &"]]}, {"actions": [["write", "out.txt", "x"]]}]
+    )
     fleeter.run("queue", "tasks.toml")
     proc = loops.start("work")
     st = running_agent(fleeter, fake_claude, "t1")
@@ -350,12 +375,18 @@ def test_verbs_while_the_loop_runs(fleeter, fake_claude, loops, tmp_path):
     t0 = time.monotonic()
     cancel = fleeter.run("cancel", "t1")
     assert cancel.ret == 0 and cancel.outlines[0].startswith("cancelled t1 ")
-    wait_for(tree_gone(fleeter, tmp_path, exclude=(proc.pid,)), timeout=10,
-             what="the shepherd, the agent and its `sleep 300` to end")
+    wait_for(
+        tree_gone(fleeter, tmp_path, exclude=(proc.pid,)),
+        timeout=10,
+        what="the shepherd, the agent and its `sleep 300` to end",
+    )
     # a process on its way out has an empty command line before it is a zombie:
     # tree_gone no longer sees it, alive() still does for a moment
-    wait_for(lambda: not alive(st["shepherd_pid"]) and not alive(st["agent_pid"]), timeout=10,
-             what="the shepherd and the agent to be gone")
+    wait_for(
+        lambda: not alive(st["shepherd_pid"]) and not alive(st["agent_pid"]),
+        timeout=10,
+        what="the shepherd and the agent to be gone",
+    )
     took = time.monotonic() - t0
     assert fleeter.states() == {"t1": "CANCELLED"}
     wait_for(lambda: attempt_status(fleeter, "t1").get("state") == "ended", what="the shepherd's record")
@@ -373,14 +404,20 @@ def test_verbs_while_the_loop_is_dead(fleeter, fake_claude, loops, tmp_path):
     tree within seconds (the shepherd watches for it)."""
     bash_config(fleeter)
     one_task(fleeter)
-    fake_claude.script(t1=[{"mode": "hang", "actions": [["bash", "sleep 300 &"]]},
-                           {"actions": [["write", "out.txt", "x"]]}])
+    fake_claude.script(
+        t1=[{"mode": "hang", "actions": [["bash", "sleep 300 &"]]}, {"actions": [["write", "out.txt", "x"]]}]
+    )
     fleeter.run("queue", "tasks.toml")
     proc = loops.start("work")
     st = running_agent(fleeter, fake_claude, "t1")
-    wait_for(lambda: any(p.cmdline()[:2] == ["sleep", "300"] for p in leftover_processes(tmp_path)
-                         if p.pid != proc.pid and p.is_running()),
-             what="the agent's background sleep")
+    wait_for(
+        lambda: any(
+            p.cmdline()[:2] == ["sleep", "300"]
+            for p in leftover_processes(tmp_path)
+            if p.pid != proc.pid and p.is_running()
+        ),
+        what="the agent's background sleep",
+    )
     loops.sigkill(proc)
 
     status = fleeter.run("status")
@@ -431,8 +468,10 @@ def test_cancel_stops_a_live_attempt_after_a_crash_and_nothing_restarts_it(fleet
     assert att.state == "ended" and att.outcome in ("cancelled", "stopped"), (att.state, att.outcome)
 
 
-BUG_ADOPTED_DEAD = ("BUG: adopt() counts every attempt the ledger calls running, so a dead one is "
-                    "announced as 'adopted 1 running attempt(s)' before it is found dead and resumed")
+BUG_ADOPTED_DEAD = (
+    "BUG: adopt() counts every attempt the ledger calls running, so a dead one is "
+    "announced as 'adopted 1 running attempt(s)' before it is found dead and resumed"
+)
 
 
 def test_a_dead_attempt_is_not_announced_as_adopted(fleeter, fake_claude, tmp_path):
@@ -451,7 +490,8 @@ def test_a_dead_attempt_is_not_announced_as_adopted(fleeter, fake_claude, tmp_pa
 
 BUG_LATE_SHEPHERD = (
     "BUG: an attempt given up as never started (its shepherd had not written a status within 2 s) "
-    "is not told so: a shepherd that starts late still runs the agent, next to the new attempt")
+    "is not told so: a shepherd that starts late still runs the agent, next to the new attempt"
+)
 
 
 def test_a_shepherd_that_starts_after_its_attempt_was_given_up_runs_nothing(fleeter, fake_claude, tmp_path):
@@ -469,29 +509,36 @@ def test_a_shepherd_that_starts_after_its_attempt_was_given_up_runs_nothing(flee
     adir = fleeter.home / "attempts" / att.id
     adir.mkdir(parents=True, exist_ok=True)
     mark = tmp_path / "late-agent-ran"
-    spec = {"argv": ["/bin/sh", "-c", f"echo ran >> {mark}"], "cwd": str(tmp_path), "env": {},
-            "attempt_id": att.id, "timeout_s": 60, "stall_s": 60}
+    spec = {
+        "argv": ["/bin/sh", "-c", f"echo ran >> {mark}"],
+        "cwd": str(tmp_path),
+        "env": {},
+        "attempt_id": att.id,
+        "timeout_s": 60,
+        "stall_s": 60,
+    }
     (adir / "spec.json").write_text(json.dumps(spec))
     with led.tx() as cur:
         cur.execute("UPDATE attempts SET state='starting' WHERE id=?", (att.id,))
     r = fleeter.runsub("work", "--until-idle", timeout=60)
     assert r.ret == 0, r.stdout + r.stderr
     assert fleeter.ledger().attempt(att.id).state == "abandoned"
-    late = subprocess.run([sys.executable, "-I", "-S", SHEPHERD_PATH, str(adir)], timeout=30,
-                          capture_output=True)
+    late = subprocess.run([sys.executable, "-I", "-S", SHEPHERD_PATH, str(adir)], timeout=30, capture_output=True)
     assert not mark.exists(), "the late shepherd ran the agent of an attempt given up"
     assert late.returncode == 0
 
 
-BUG_RETRY_OVERLAP = ("BUG: retry of a just-cancelled task starts a new attempt while the old one is "
-                     "still ending (the shepherd's SIGTERM grace): two attempts of one task at once")
+BUG_RETRY_OVERLAP = (
+    "BUG: retry of a just-cancelled task starts a new attempt while the old one is "
+    "still ending (the shepherd's SIGTERM grace): two attempts of one task at once"
+)
 
 
 def test_retry_right_after_cancel_waits_for_the_old_attempt_to_end(fleeter, loops, tmp_path):
     """An agent that ignores SIGTERM takes the shepherd's grace period to end; a retry
     meanwhile must not start a second attempt next to it."""
     fleeter.make_repo()
-    fleeter.write_tasks('''
+    fleeter.write_tasks("""
         [agents.stubborn]
         command = ["/bin/sh", "-c", "if [ \\"$FLEETRUN_ATTEMPT\\" = 1 ]; then trap '' TERM; sleep 30; else echo ok; fi"]
 
@@ -500,7 +547,7 @@ def test_retry_right_after_cancel_waits_for_the_old_attempt_to_end(fleeter, loop
         cwd = "repo"
         agent = "stubborn"
         prompt = "p"
-    ''')
+    """)
     fleeter.run("queue", "tasks.toml")
     proc = loops.start("work")
     wait_for(lambda: attempt_status(fleeter, "t1").get("agent_pid"), what="the agent to start")

@@ -14,8 +14,7 @@ from .test_local_loop import one_task
 
 def test_stall_watchdog_ends_a_silent_attempt(fleeter, fake_claude):
     one_task(fleeter, extra="stall_timeout_min = 0.02")
-    fake_claude.script(t1=[{"stall": 30, "actions": [["print", "thinking"]]},
-                           {"actions": [["write", "out.txt", "x"]]}])
+    fake_claude.script(t1=[{"stall": 30, "actions": [["print", "thinking"]]}, {"actions": [["write", "out.txt", "x"]]}])
     r = fleeter.run("tasks.toml")
     assert r.ret == 0, r.stdout + r.stderr
     r.fnmatch_lines(["*t1 RESUMING (attempt 1)*stalled", "*t1 DONE (attempt 2)*"])
@@ -60,14 +59,22 @@ def test_remaining_budget_is_passed_and_overspend_needs_a_human(fleeter, fake_cl
 def test_usage_limit_pauses_the_machine_and_resumes_without_using_a_retry(fleeter, fake_claude):
     one_task(fleeter)
     reset_at = int(time.time()) + 3
-    fake_claude.script(t1=[{"mode": "usage_limit", "reset_at": reset_at, "limit_style": "legacy"},
-                           {"actions": [["write", "out.txt", "x"]]}])
+    fake_claude.script(
+        t1=[
+            {"mode": "usage_limit", "reset_at": reset_at, "limit_style": "legacy"},
+            {"actions": [["write", "out.txt", "x"]]},
+        ]
+    )
     r = fleeter.run("tasks.toml")
     assert r.ret == 0, r.stdout + r.stderr
     clock = time.strftime("%H:%M", time.localtime(reset_at))
-    r.fnmatch_lines([f"*t1 RESUMING (attempt 1)*usage_limit:usage limit, resumes at {clock}",
-                     f"waiting: * (t1): this machine is paused: usage limit, resumes at {clock}",
-                     "*t1 DONE (attempt 2)*"])
+    r.fnmatch_lines(
+        [
+            f"*t1 RESUMING (attempt 1)*usage_limit:usage limit, resumes at {clock}",
+            f"waiting: * (t1): this machine is paused: usage limit, resumes at {clock}",
+            "*t1 DONE (attempt 2)*",
+        ]
+    )
     task = fleeter.task("t1")
     assert task.retries == 0 and task.resumes == 0
     led = fleeter.ledger()
@@ -84,9 +91,13 @@ def test_rate_limit_without_reset_time_backs_off(fleeter, fake_claude, monkeypat
     fake_claude.script(t1=[{"mode": "rate_limit", "auth": auth}, {"actions": [["write", "out.txt", "x"]]}])
     r = fleeter.run("tasks.toml")
     assert r.ret == 0, r.stdout + r.stderr
-    r.fnmatch_lines(["*t1 RESUMING (attempt 1)*rate_limited:API Error: *",
-                     "waiting: * (t1): the API rate-limited the last attempt on this machine *backing off until *",
-                     "*t1 DONE (attempt 2)*"])
+    r.fnmatch_lines(
+        [
+            "*t1 RESUMING (attempt 1)*rate_limited:API Error: *",
+            "waiting: * (t1): the API rate-limited the last attempt on this machine *backing off until *",
+            "*t1 DONE (attempt 2)*",
+        ]
+    )
     r.no_fnmatch_line("*paused*")
     r.no_fnmatch_line("*usage_limit*")
     led = fleeter.ledger()
@@ -112,7 +123,8 @@ def test_a_server_error_is_resumed_not_a_usage_limit(fleeter, fake_claude, monke
 
 @pytest.mark.parametrize("version", ["2.1.197", "2.1.332"])
 def test_the_budget_crossing_turn_is_budget_exhausted_and_its_tmp_file_is_not_committed(
-        fleeter, fake_claude, monkeypatch, version):
+    fleeter, fake_claude, monkeypatch, version
+):
     monkeypatch.setenv("FAKE_CLAUDE_VERSION", version)
     one_task(fleeter, extra="budget_usd = 0.5")
     fake_claude.script(t1=[{"cost": 0.9, "actions": [["write", "a.txt", "A"], ["write", "out.txt", "x"]]}])
@@ -142,8 +154,9 @@ def test_less_than_the_smallest_budget_left_is_exhausted_before_starting(fleeter
 
 def test_a_killed_session_has_an_unknown_cost_not_zero(fleeter, fake_claude):
     one_task(fleeter)
-    fake_claude.script(t1=[{"mode": "die", "actions": [["print", "working"]]},
-                           {"actions": [["write", "out.txt", "x"]], "cost": 0.12}])
+    fake_claude.script(
+        t1=[{"mode": "die", "actions": [["print", "working"]]}, {"actions": [["write", "out.txt", "x"]], "cost": 0.12}]
+    )
     r = fleeter.run("tasks.toml")
     assert r.ret == 0, r.stdout + r.stderr
     r.fnmatch_lines(["=== 1 done in *, $0.12+ ==="])
@@ -151,7 +164,9 @@ def test_a_killed_session_has_an_unknown_cost_not_zero(fleeter, fake_claude):
     first, second = fleeter.ledger().attempts(task.id)
     assert (first.cost_usd, second.cost_usd) == (None, 0.12)
     logs = fleeter.run("logs", "t1")
-    logs.fnmatch_lines(["t1 * cost $0.12+", "*attempt 1 (fresh) ended: *, cost unknown*", "*attempt 2 * ended: ok, $0.12*"])
+    logs.fnmatch_lines(
+        ["t1 * cost $0.12+", "*attempt 1 (fresh) ended: *, cost unknown*", "*attempt 2 * ended: ok, $0.12*"]
+    )
     status = fleeter.run("status")
     status.fnmatch_lines(["t1 * $0.12+ *"])
 
@@ -159,8 +174,17 @@ def test_a_killed_session_has_an_unknown_cost_not_zero(fleeter, fake_claude):
 def test_terminal_escapes_glued_to_a_json_line_do_not_hide_the_result():
     from fleetrun.plugins.claude import result_from_log
 
-    line = json.dumps({"type": "result", "subtype": "success", "is_error": False, "result": "done",
-                       "session_id": "s", "total_cost_usd": 0.25, "num_turns": 1})
+    line = json.dumps(
+        {
+            "type": "result",
+            "subtype": "success",
+            "is_error": False,
+            "result": "done",
+            "session_id": "s",
+            "total_cost_usd": 0.25,
+            "num_turns": 1,
+        }
+    )
     res = result_from_log("\x1b[?2004h" + line + "\x1b[<u\x1b[?1004l\x1b[?2004l\x1b[?25h", 0)
     assert (res.ok, res.cost_usd, res.result_text) == (True, 0.25, "done")
 

@@ -10,7 +10,7 @@ import sys
 import pytest
 
 CALC = "def add(a, b):\n    return a + b\n"
-TESTS = '''
+TESTS = """
 from calc import add
 
 
@@ -24,18 +24,17 @@ def test_add_zero():
 
 def test_old():
     assert add(1, 1) == 3, "already broken on main"
-'''
+"""
 FIXED_OLD = TESTS.replace('assert add(1, 1) == 3, "already broken on main"', "assert add(1, 1) == 2")
 BROKEN_CALC = "def add(a, b):\n    return a + b + (1 if a == 0 else 0)\n"
 FEATURE = "def add(a, b):\n    return a + b\n\n\ndef mul(a, b):\n    return a * b\n"
 FEATURE_TEST = "from calc import mul\n\n\ndef test_mul():\n    assert mul(2, 3) == 6\n"
 # the runs are counted by the folder they ran in (a base's worktree is under the home's baselines/)
-PYTEST = f"echo \"$PWD\" >> {{runs}} && {sys.executable} -m pytest -q -p no:cacheprovider --junitxml=report.xml tests"
+PYTEST = f'echo "$PWD" >> {{runs}} && {sys.executable} -m pytest -q -p no:cacheprovider --junitxml=report.xml tests'
 
 
 def suite_repo(fleeter) -> None:
-    fleeter.make_repo(files={"calc.py": CALC, "tests/test_calc.py": TESTS,
-                             ".gitignore": "report.xml\n__pycache__/\n"})
+    fleeter.make_repo(files={"calc.py": CALC, "tests/test_calc.py": TESTS, ".gitignore": "report.xml\n__pycache__/\n"})
 
 
 def runs_log(fleeter) -> list[str]:
@@ -47,8 +46,9 @@ def base_runs(fleeter) -> int:
     return sum(1 for line in runs_log(fleeter) if f"{fleeter.home}/baselines/" in line)
 
 
-def task_toml(name: str, extra: str = "", verify_extra: str = "", verify: str = "", retries: int = 1,
-              cwd: str = "repo") -> str:
+def task_toml(
+    name: str, extra: str = "", verify_extra: str = "", verify: str = "", retries: int = 1, cwd: str = "repo"
+) -> str:
     return f'''
         [[task]]
         name = "{name}"
@@ -76,8 +76,17 @@ def verdicts(fleeter, name: str) -> list:
 def test_a_feature_that_breaks_nothing_is_done_despite_the_old_failure(fleeter, fake_claude):
     suite_repo(fleeter)
     write(fleeter, task_toml("feature"))
-    fake_claude.script(feature=[{"actions": [["write", "calc.py", FEATURE], ["write", "tests/test_mul.py", FEATURE_TEST],
-                                             ["commit", "mul"]]}])
+    fake_claude.script(
+        feature=[
+            {
+                "actions": [
+                    ["write", "calc.py", FEATURE],
+                    ["write", "tests/test_mul.py", FEATURE_TEST],
+                    ["commit", "mul"],
+                ]
+            }
+        ]
+    )
     r = fleeter.run("tasks.toml")
     assert r.ret == 0, r.stdout + r.stderr
     r.fnmatch_lines(["*feature baseline `*`: started (the verifier on the base commit)"])
@@ -89,16 +98,28 @@ def test_a_feature_that_breaks_nothing_is_done_despite_the_old_failure(fleeter, 
     assert "baseline: 3 tests, 1 failing on the base at" in notes
     st = fleeter.run("status", "--json")
     (row,) = json.loads(st.stdout)
-    assert row["tests"] == {"verifier": "report", "new": 0, "removed": 0, "already_failing": 1, "must_pass_missing": 0,
-                            "flaky": 0, "tests_base": 3, "tests_now": 4} | {"verifier": row["tests"]["verifier"]}
+    assert row["tests"] == {
+        "verifier": "report",
+        "new": 0,
+        "removed": 0,
+        "already_failing": 1,
+        "must_pass_missing": 0,
+        "flaky": 0,
+        "tests_base": 3,
+        "tests_now": 4,
+    } | {"verifier": row["tests"]["verifier"]}
     assert row["tests"]["verifier"].startswith("echo")
 
 
 def test_a_change_that_breaks_a_passing_test_is_retried_with_that_test_named(fleeter, fake_claude):
     suite_repo(fleeter)
     write(fleeter, task_toml("breaks"))
-    fake_claude.script(breaks=[{"actions": [["write", "calc.py", BROKEN_CALC], ["commit", "oops"]]},
-                               {"actions": [["append", "calc.py", "\n"], ["commit", "still"]]}])
+    fake_claude.script(
+        breaks=[
+            {"actions": [["write", "calc.py", BROKEN_CALC], ["commit", "oops"]]},
+            {"actions": [["append", "calc.py", "\n"], ["commit", "still"]]},
+        ]
+    )
     r = fleeter.run("tasks.toml")
     assert r.ret == 1, r.stdout + r.stderr
     assert fleeter.task("breaks").state.value == "NEEDS_HUMAN"
@@ -115,8 +136,10 @@ def test_must_pass_the_old_failure_fixed_is_done_and_not_fixed_is_a_failure(flee
     suite_repo(fleeter)
     must = 'must_pass = ["tests/test_calc.py::test_old"]'
     write(fleeter, task_toml("fixes", verify_extra=must), task_toml("lazy", verify_extra=must, retries=0))
-    fake_claude.script(fixes=[{"actions": [["write", "tests/test_calc.py", FIXED_OLD], ["commit", "fix"]]}],
-                       lazy=[{"actions": [["write", "NOTES.md", "looked"], ["commit", "nothing"]]}])
+    fake_claude.script(
+        fixes=[{"actions": [["write", "tests/test_calc.py", FIXED_OLD], ["commit", "fix"]]}],
+        lazy=[{"actions": [["write", "NOTES.md", "looked"], ["commit", "nothing"]]}],
+    )
     r = fleeter.run("tasks.toml")
     assert r.ret == 1, r.stdout + r.stderr
     assert fleeter.task("fixes").state.value == "DONE"
@@ -128,8 +151,10 @@ def test_must_pass_the_old_failure_fixed_is_done_and_not_fixed_is_a_failure(flee
 
 def test_a_verifier_failing_on_the_base_without_a_report_needs_a_human_before_any_agent_run(fleeter, fake_claude):
     suite_repo(fleeter)
-    plain = f"echo \"$PWD\" >> {{runs}} && {sys.executable} -m pytest -q -p no:cacheprovider tests"
-    write(fleeter, f'''
+    plain = f'echo "$PWD" >> {{runs}} && {sys.executable} -m pytest -q -p no:cacheprovider tests'
+    write(
+        fleeter,
+        f"""
         [[task]]
         name = "blocked"
         cwd = "repo"
@@ -139,7 +164,8 @@ def test_a_verifier_failing_on_the_base_without_a_report_needs_a_human_before_an
           [[task.verify]]
           run = {json.dumps(plain)}
           baseline = true
-    ''')
+    """,
+    )
     fake_claude.script(blocked=[{"actions": [["write", "calc.py", FEATURE], ["commit", "mul"]]}])
     r = fleeter.run("tasks.toml")
     assert r.ret == 1, r.stdout + r.stderr
@@ -155,7 +181,9 @@ def test_a_verifier_failing_on_the_base_without_a_report_needs_a_human_before_an
 def test_warn_starts_anyway_and_the_prompt_quotes_the_failure(fleeter, fake_claude):
     suite_repo(fleeter)
     plain = f"{sys.executable} -m pytest -q -p no:cacheprovider tests"
-    write(fleeter, f'''
+    write(
+        fleeter,
+        f"""
         [[task]]
         name = "warned"
         cwd = "repo"
@@ -166,7 +194,8 @@ def test_warn_starts_anyway_and_the_prompt_quotes_the_failure(fleeter, fake_clau
           [[task.verify]]
           run = {json.dumps(plain)}
           baseline = "warn"
-    ''')
+    """,
+    )
     fake_claude.script(warned=[{"actions": [["write", "tests/test_calc.py", FIXED_OLD], ["commit", "fix"]]}])
     r = fleeter.run("tasks.toml")
     assert r.ret == 0, r.stdout + r.stderr
@@ -221,8 +250,7 @@ def test_a_task_that_declares_it_removes_tests_is_not_failed_for_it(fleeter, fak
 def test_a_malformed_report_is_judged_by_the_exit_code_and_says_why(fleeter, fake_claude):
     suite_repo(fleeter)
     # the agent's own code overwrites the report after pytest wrote it
-    garbage = ("def pytest_unconfigure(config):\n"
-               "    open('report.xml', 'w').write('<testsuites><testcase name=')\n")
+    garbage = "def pytest_unconfigure(config):\n    open('report.xml', 'w').write('<testsuites><testcase name=')\n"
     write(fleeter, task_toml("garbled", retries=0))
     fake_claude.script(garbled=[{"actions": [["write", "conftest.py", garbage], ["commit", "conf"]]}])
     r = fleeter.run("tasks.toml")
@@ -236,11 +264,19 @@ def test_a_malformed_report_is_judged_by_the_exit_code_and_says_why(fleeter, fak
 def test_a_flaky_test_that_passes_when_run_again_is_done_and_reported_flaky(fleeter, fake_claude):
     # passes on the base (run 1), fails in the task's verifier (run 2), passes re-run by name (run 3)
     count = fleeter.path / "flaky.count"
-    flaky = (f"from pathlib import Path\n\n\ndef test_flaky():\n    p = Path({str(count)!r})\n"
-             "    n = int(p.read_text()) + 1 if p.exists() else 1\n    p.write_text(str(n))\n"
-             "    assert n != 2, 'flaked'\n")
-    fleeter.make_repo(files={"calc.py": CALC, "tests/test_calc.py": TESTS, "tests/test_flaky.py": flaky,
-                             ".gitignore": "report.xml\n__pycache__/\n"})
+    flaky = (
+        f"from pathlib import Path\n\n\ndef test_flaky():\n    p = Path({str(count)!r})\n"
+        "    n = int(p.read_text()) + 1 if p.exists() else 1\n    p.write_text(str(n))\n"
+        "    assert n != 2, 'flaked'\n"
+    )
+    fleeter.make_repo(
+        files={
+            "calc.py": CALC,
+            "tests/test_calc.py": TESTS,
+            "tests/test_flaky.py": flaky,
+            ".gitignore": "report.xml\n__pycache__/\n",
+        }
+    )
     write(fleeter, task_toml("flakes", retries=0))
     fake_claude.script(flakes=[{"actions": [["write", "calc.py", FEATURE], ["commit", "mul"]]}])
     r = fleeter.run("tasks.toml")
@@ -253,9 +289,11 @@ def test_a_flaky_test_that_passes_when_run_again_is_done_and_reported_flaky(flee
 
 def test_flaky_rerun_false_keeps_the_failure(fleeter, fake_claude):
     count = fleeter.path / "flaky.count"
-    flaky = (f"from pathlib import Path\n\n\ndef test_flaky():\n    p = Path({str(count)!r})\n"
-             "    n = int(p.read_text()) + 1 if p.exists() else 1\n    p.write_text(str(n))\n"
-             "    assert n != 2, 'flaked'\n")
+    flaky = (
+        f"from pathlib import Path\n\n\ndef test_flaky():\n    p = Path({str(count)!r})\n"
+        "    n = int(p.read_text()) + 1 if p.exists() else 1\n    p.write_text(str(n))\n"
+        "    assert n != 2, 'flaked'\n"
+    )
     fleeter.make_repo(files={"calc.py": CALC, "tests/test_flaky.py": flaky, ".gitignore": "report.xml\n__pycache__/\n"})
     write(fleeter, task_toml("strict", retries=0, verify_extra="flaky_rerun = false"))
     fake_claude.script(strict=[{"actions": [["write", "calc.py", FEATURE], ["commit", "mul"]]}])
@@ -316,11 +354,21 @@ pytest_plugins = ["sshd"]
 
 def test_the_retry_prompt_names_the_new_failures_however_long_the_output(fleeter, fake_claude):
     noisy = "from calc import add\n\n\ndef test_noisy():\n    print('noise ' * 40000)\n    assert add(0, 7) == 7\n"
-    fleeter.make_repo(files={"calc.py": CALC, "tests/test_calc.py": TESTS, "tests/test_noisy.py": noisy,
-                             ".gitignore": "report.xml\n__pycache__/\n"})
+    fleeter.make_repo(
+        files={
+            "calc.py": CALC,
+            "tests/test_calc.py": TESTS,
+            "tests/test_noisy.py": noisy,
+            ".gitignore": "report.xml\n__pycache__/\n",
+        }
+    )
     write(fleeter, task_toml("loud", verify_extra="flaky_rerun = false"))
-    fake_claude.script(loud=[{"actions": [["write", "calc.py", BROKEN_CALC], ["commit", "oops"]]},
-                             {"actions": [["write", "calc.py", CALC], ["commit", "undo"]]}])
+    fake_claude.script(
+        loud=[
+            {"actions": [["write", "calc.py", BROKEN_CALC], ["commit", "oops"]]},
+            {"actions": [["write", "calc.py", CALC], ["commit", "undo"]]},
+        ]
+    )
     r = fleeter.run("tasks.toml")
     assert r.ret == 0, r.stdout + r.stderr
     first, second = fake_claude.calls("loud")
@@ -332,7 +380,9 @@ def test_the_retry_prompt_names_the_new_failures_however_long_the_output(fleeter
 def test_retry_after_baseline_fails_runs_the_base_again_not_its_kept_failure(fleeter, fake_claude):
     suite_repo(fleeter)
     ok = fleeter.path / "env-ok"
-    write(fleeter, f'''
+    write(
+        fleeter,
+        f"""
         [[task]]
         name = "env"
         cwd = "repo"
@@ -342,7 +392,8 @@ def test_retry_after_baseline_fails_runs_the_base_again_not_its_kept_failure(fle
           [[task.verify]]
           run = "test -f {ok} || {{ echo 'the machine lacks env-ok'; exit 1; }}"
           baseline = true
-    ''')
+    """,
+    )
     fake_claude.script(env=[{"actions": [["write", "NOTE.md", "x"], ["commit", "note"]]}])
     r = fleeter.run("tasks.toml")
     assert r.ret == 1, r.stdout + r.stderr
@@ -376,8 +427,14 @@ def test_the_example_project_a_broken_main_costs_zero_agent_runs(fleeter, monkey
 
 
 def test_a_task_in_a_subfolder_reads_the_bases_report_in_that_folder(fleeter, fake_claude):
-    fleeter.make_repo(files={"README.md": "top\n", "pkg/calc.py": CALC, "pkg/tests/test_calc.py": TESTS,
-                             ".gitignore": "report.xml\n__pycache__/\n"})
+    fleeter.make_repo(
+        files={
+            "README.md": "top\n",
+            "pkg/calc.py": CALC,
+            "pkg/tests/test_calc.py": TESTS,
+            ".gitignore": "report.xml\n__pycache__/\n",
+        }
+    )
     write(fleeter, task_toml("sub", cwd="repo/pkg", retries=0))
     fake_claude.script(sub=[{"actions": [["write", "calc.py", FEATURE], ["commit", "mul"]]}])
     r = fleeter.run("tasks.toml")

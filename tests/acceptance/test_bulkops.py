@@ -3,7 +3,7 @@
 
 from __future__ import annotations
 
-CHAIN = '''
+CHAIN = """
     [[task]]
     name = "api-a"
     prompt = "a"
@@ -16,7 +16,7 @@ CHAIN = '''
     [[task]]
     name = "docs"
     prompt = "d"
-'''
+"""
 
 
 def test_cancel_several_names_one_line_each_and_a_count(fleeter):
@@ -24,8 +24,14 @@ def test_cancel_several_names_one_line_each_and_a_count(fleeter):
     assert fleeter.run("queue", "tasks.toml").ret == 0
     r = fleeter.run("cancel", "docs", "api-a")
     assert r.ret == 0, r.stderr
-    r.fnmatch_lines(["cancelled docs task_*", "cancelled api-a task_*",
-                     "  api-b * -> NEEDS_HUMAN (dependency_cancelled:api-a)", "2 cancelled"])
+    r.fnmatch_lines(
+        [
+            "cancelled docs task_*",
+            "cancelled api-a task_*",
+            "  api-b * -> NEEDS_HUMAN (dependency_cancelled:api-a)",
+            "2 cancelled",
+        ]
+    )
     assert fleeter.states() == {"api-a": "CANCELLED", "api-b": "NEEDS_HUMAN", "docs": "CANCELLED"}
 
 

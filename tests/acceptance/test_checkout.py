@@ -7,19 +7,25 @@ from __future__ import annotations
 def no_ref_tasks(fleeter, names, git_ref_for=()):
     fleeter.make_repo()
     fleeter.write_policy("[local]\nmax_tasks = 3\n")
-    fleeter.write_tasks("\n".join(f'''
+    fleeter.write_tasks(
+        "\n".join(
+            f'''
         [[task]]
         name = "{n}"
         cwd = "repo"
         prompt = "p"
-        {'git_ref = "main"' if n in git_ref_for else ''}
-    ''' for n in names))
+        {'git_ref = "main"' if n in git_ref_for else ""}
+    '''
+            for n in names
+        )
+    )
 
 
 def test_two_tasks_never_work_in_one_checkout_at_once(fleeter, fake_claude):
     no_ref_tasks(fleeter, ["a", "b", "c"])
-    fake_claude.script(**{n: [{"actions": [["write", f"{n}.txt", n], ["sleep", 0.3], ["commit", f"add {n}"]]}]
-                          for n in "abc"})
+    fake_claude.script(
+        **{n: [{"actions": [["write", f"{n}.txt", n], ["sleep", 0.3], ["commit", f"add {n}"]]}] for n in "abc"}
+    )
     r = fleeter.run("tasks.toml")
     assert r.ret == 0, r.stdout + r.stderr
     r.fnmatch_lines(["waiting: task_* (*): another task works in */repo (no git_ref)"])
@@ -46,8 +52,9 @@ def test_validate_warns_that_a_task_without_git_ref_edits_the_checkout(fleeter):
     v = fleeter.run("validate")
     assert v.ret == 0
     repo = fleeter.path / "repo"
-    assert v.errlines == [f"warning: tasks.toml:1: task 'a': no git_ref: the agent works in your checkout {repo} "
-                          "itself"]
+    assert v.errlines == [
+        f"warning: tasks.toml:1: task 'a': no git_ref: the agent works in your checkout {repo} itself"
+    ]
 
 
 def test_two_spawned_tasks_declaring_a_role_never_work_in_one_checkout_at_once(fleeter, fake_claude):
@@ -58,19 +65,37 @@ def test_two_spawned_tasks_declaring_a_role_never_work_in_one_checkout_at_once(f
     fleeter.make_repo()
     fleeter.write_policy("[local]\nmax_tasks = 3\n")
     assert fleeter.runsub("role", "bind", "relay", str(fleeter.path / "repo")).ret == 0
-    fleeter.write_tasks("\n".join(f'''
+    fleeter.write_tasks(
+        "\n".join(
+            f'''
         [[task]]
         name = "{n}"
         cwd = "repo"
         role = "relay"
         permission_mode = "bypassPermissions"
         prompt = "p"
-    ''' for n in "ab"))
+    '''
+            for n in "ab"
+        )
+    )
     gates = fleeter.path / "gates"
     gates.mkdir()
-    fake_claude.script(**{n: [{"actions": [
-        ["bash", f"ls {gates}/*.running 2>/dev/null && touch {gates}/overlap; touch {gates}/{n}.running; "
-                 f"until test -f {gates}/go; do sleep 0.1; done; rm {gates}/{n}.running"]]}] for n in "ab"})
+    fake_claude.script(
+        **{
+            n: [
+                {
+                    "actions": [
+                        [
+                            "bash",
+                            f"ls {gates}/*.running 2>/dev/null && touch {gates}/overlap; touch {gates}/{n}.running; "
+                            f"until test -f {gates}/go; do sleep 0.1; done; rm {gates}/{n}.running",
+                        ]
+                    ]
+                }
+            ]
+            for n in "ab"
+        }
+    )
     run = fleeter.popen("tasks.toml")
 
     def waited_or_started():

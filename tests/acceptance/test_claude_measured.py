@@ -17,7 +17,8 @@ ROOT_REFUSAL = "--dangerously-skip-permissions cannot be used with root/sudo pri
 
 @pytest.mark.parametrize("version", VERSIONS)
 def test_bypass_permissions_as_root_is_rejected_arguments_after_one_invocation(
-        fleeter: Any, fake_claude: Any, monkeypatch: Any, version: str) -> None:
+    fleeter: Any, fake_claude: Any, monkeypatch: Any, version: str
+) -> None:
     """Measured: as root (outside IS_SANDBOX=1) both versions exit 1 at once with this
     line, no ``error:`` prefix, no stream-json; it used to be resumed three times."""
     monkeypatch.setenv("FAKE_CLAUDE_VERSION", version)
@@ -33,8 +34,9 @@ def test_bypass_permissions_as_root_is_rejected_arguments_after_one_invocation(
 
 
 @pytest.mark.parametrize("version", VERSIONS)
-def test_a_resume_the_cli_cannot_find_starts_a_fresh_session(fleeter: Any, fake_claude: Any, monkeypatch: Any,
-                                                             version: str) -> None:
+def test_a_resume_the_cli_cannot_find_starts_a_fresh_session(
+    fleeter: Any, fake_claude: Any, monkeypatch: Any, version: str
+) -> None:
     """Killed before its first request (an OOM kill during start-up), a session leaves no
     conversation: measured, every ``--resume`` of it is error_during_execution "No
     conversation found with session ID" until resume_cap. One resume tries it; the next
@@ -56,8 +58,9 @@ def test_a_resume_the_cli_cannot_find_starts_a_fresh_session(fleeter: Any, fake_
 
 
 @pytest.mark.parametrize("version", VERSIONS)
-def test_a_resumed_sessions_cumulative_cost_is_recorded_per_invocation(fleeter: Any, fake_claude: Any,
-                                                                       monkeypatch: Any, version: str) -> None:
+def test_a_resumed_sessions_cumulative_cost_is_recorded_per_invocation(
+    fleeter: Any, fake_claude: Any, monkeypatch: Any, version: str
+) -> None:
     """Measured: after --resume 2.1.332 reports the whole session's total_cost_usd (the
     invocation's own is in model_usage_since_last_result); recording it as the attempt's
     counted the first invocation twice ($0.72 for $0.48 billed, the budget hit early).
@@ -66,8 +69,9 @@ def test_a_resumed_sessions_cumulative_cost_is_recorded_per_invocation(fleeter: 
     one_task(fleeter)
     cfg = fleeter.home / "config.toml"
     cfg.write_text(cfg.read_text() + "resume_session = true\n")
-    fake_claude.script(t1=[{"mode": "api_error", "status": 500, "cost": 0.24},
-                           {"actions": [["write", "out.txt", "x"]], "cost": 0.24}])
+    fake_claude.script(
+        t1=[{"mode": "api_error", "status": 500, "cost": 0.24}, {"actions": [["write", "out.txt", "x"]], "cost": 0.24}]
+    )
     r = fleeter.run("tasks.toml")
     assert r.ret == 0, r.stdout + r.stderr
     first, resumed = fake_claude.calls("t1")
@@ -82,8 +86,18 @@ def test_a_cost_is_read_from_the_invocations_own_usage_and_strictly() -> None:
     from fleetrun.plugins.claude import result_from_log
 
     def result(**extra: Any) -> str:
-        return json.dumps({"type": "result", "subtype": "success", "is_error": False, "result": "done",
-                           "session_id": "s", "total_cost_usd": 0.72, "num_turns": 1, **extra})
+        return json.dumps(
+            {
+                "type": "result",
+                "subtype": "success",
+                "is_error": False,
+                "result": "done",
+                "session_id": "s",
+                "total_cost_usd": 0.72,
+                "num_turns": 1,
+                **extra,
+            }
+        )
 
     assert result_from_log(result(), 0).cost_usd == 0.72  # 2.1.197: no per-invocation usage
     since = {"claude-opus-5-5": {"costUSD": 0.2}, "claude-haiku-4-5": {"costUSD": 0.04}}
@@ -109,7 +123,7 @@ def test_the_agent_may_run_its_verifiers_commands(fleeter: Any, fake_claude: Any
     = false`` turns it off; ``allowed_tools`` still widens what is allowed."""
     fleeter.make_repo()
     key = "" if allow_verifiers is None else "allow_verifiers = false"
-    fleeter.write_tasks(f'''
+    fleeter.write_tasks(f"""
         [[task]]
         name = "t1"
         cwd = "repo"
@@ -125,11 +139,20 @@ def test_the_agent_may_run_its_verifiers_commands(fleeter: Any, fake_claude: Any
           run = "ls *.txt"
           [[task.verify]]
           agent = "Is out.txt there?"
-    ''')
-    fake_claude.script(t1=[{"actions": [["write", "out.txt", "x"], ["bash", "test -f out.txt"],
-                                        ["bash", "grep -q x out.txt && git diff --quiet HEAD~1 -- README.md"],
-                                        ["commit", "out"]]}],
-                       **{"t1:review": [{"structured": {"verdict": "PASS", "reason": "there"}, "result": "PASS"}]})
+    """)
+    fake_claude.script(
+        t1=[
+            {
+                "actions": [
+                    ["write", "out.txt", "x"],
+                    ["bash", "test -f out.txt"],
+                    ["bash", "grep -q x out.txt && git diff --quiet HEAD~1 -- README.md"],
+                    ["commit", "out"],
+                ]
+            }
+        ],
+        **{"t1:review": [{"structured": {"verdict": "PASS", "reason": "there"}, "result": "PASS"}]},
+    )
     r = fleeter.run("tasks.toml")
     assert r.ret == 0, r.stdout + r.stderr
     (call,) = fake_claude.calls("t1")
@@ -142,8 +165,11 @@ def test_the_agent_may_run_its_verifiers_commands(fleeter: Any, fake_claude: Any
         assert denied == ["git add -A && git commit -q -m out"]  # allowed_tools replaced the git rules
     else:
         assert allowed_tools(call["argv"]) == ["Read"]
-        assert denied == ["test -f out.txt", "grep -q x out.txt && git diff --quiet HEAD~1 -- README.md",
-                          "git add -A && git commit -q -m out"]
+        assert denied == [
+            "test -f out.txt",
+            "grep -q x out.txt && git diff --quiet HEAD~1 -- README.md",
+            "git add -A && git commit -q -m out",
+        ]
     (review,) = fake_claude.review_calls("t1")
     assert not any(r in review["argv"] for r in rules)
 
@@ -156,13 +182,16 @@ def test_a_session_resumed_after_an_api_error_is_told_the_first_line_of_it(fleet
     _, resumed = fake_claude.calls("t1")
     assert resumed["prompt"].startswith(
         "Your previous session on this task was interrupted: the API answered with an error (HTTP 500): "
-        "API Error: 500 Internal server error. This is a server-side issue, usually temporary")
+        "API Error: 500 Internal server error. This is a server-side issue, usually temporary"
+    )
 
 
-@pytest.mark.parametrize(("as_root", "sandbox", "warned"), [(True, None, True), (True, "1", False),
-                                                             (False, None, False)])
-def test_validate_warns_of_bypass_permissions_as_root(fleeter: Any, fake_claude: Any, monkeypatch: Any,
-                                                      as_root: bool, sandbox: Any, warned: bool) -> None:
+@pytest.mark.parametrize(
+    ("as_root", "sandbox", "warned"), [(True, None, True), (True, "1", False), (False, None, False)]
+)
+def test_validate_warns_of_bypass_permissions_as_root(
+    fleeter: Any, fake_claude: Any, monkeypatch: Any, as_root: bool, sandbox: Any, warned: bool
+) -> None:
     """The combination is seen coming: fleetrun runs as root (its sessions will too),
     IS_SANDBOX is not 1 in its environment nor in the task's ``env``."""
     monkeypatch.setattr("fleetrun.plugins.claude.runs_as_root", lambda: as_root, raising=False)
@@ -171,8 +200,13 @@ def test_validate_warns_of_bypass_permissions_as_root(fleeter: Any, fake_claude:
     one_task(fleeter, extra=f'permission_mode = "bypassPermissions"\n{env}')
     r = fleeter.run("validate", "tasks.toml")
     assert (r.ret, r.outlines) == (0, ["tasks.toml: 1 task, valid"])
-    assert r.errlines == ([
-        "warning: tasks.toml:6: task 't1': permission_mode: bypassPermissions as root: Claude Code refuses it "
-        "(\"--dangerously-skip-permissions cannot be used with root/sudo privileges\") and the task would need a "
-        "human at once; run fleetrun as another user, or, in a container meant for it, set IS_SANDBOX = \"1\" "
-        "in the task's env"] if warned else [])
+    assert r.errlines == (
+        [
+            "warning: tasks.toml:6: task 't1': permission_mode: bypassPermissions as root: Claude Code refuses it "
+            '("--dangerously-skip-permissions cannot be used with root/sudo privileges") and the task would need a '
+            'human at once; run fleetrun as another user, or, in a container meant for it, set IS_SANDBOX = "1" '
+            "in the task's env"
+        ]
+        if warned
+        else []
+    )

@@ -34,7 +34,8 @@ def test_every_option_reaches_the_session_and_stays_on_resume_and_retry(fleeter:
     fleeter.write("session-settings.json", json.dumps({"env": {"FROM_SETTINGS": "1"}}))
     # the user's own MCP server (user scope, ~/.claude.json): every session has it unless strict
     (fake_claude.dir / "claude-config" / ".claude.json").write_text(
-        json.dumps({"mcpServers": {"user-db": {"command": "true"}}}))
+        json.dumps({"mcpServers": {"user-db": {"command": "true"}}})
+    )
     fleeter.write_config(f'''
         [claude]
         executable = "{fake_claude.executable}"
@@ -44,7 +45,7 @@ def test_every_option_reaches_the_session_and_stays_on_resume_and_retry(fleeter:
         env = {{ SHARED = "claude", OVER = "claude" }}
     ''')
     fleeter.write("fleetrun.toml", '[task]\nfallback_model = "sonnet"\n')  # a default of every task
-    fleeter.write_tasks(f'''
+    fleeter.write_tasks(f"""
         [[task]]
         name = "a"
         cwd = "repo"
@@ -75,11 +76,13 @@ def test_every_option_reaches_the_session_and_stays_on_resume_and_retry(fleeter:
         prompt = "Write c.txt."
           [[task.verify]]
           agent = "Is c.txt there?"
-    ''')
+    """)
     fake_claude.script(
-        a=[{"mode": "die"},                                  # resumed: --resume, same options
-           {"actions": [["write", "other.txt", "x"]]},        # its verifier fails: retried
-           {"actions": [["write", "out.txt", "x"]]}],
+        a=[
+            {"mode": "die"},  # resumed: --resume, same options
+            {"actions": [["write", "other.txt", "x"]]},  # its verifier fails: retried
+            {"actions": [["write", "out.txt", "x"]]},
+        ],
         b=[{"actions": [["write", "b1.txt", "x"], ["write", "b2.txt", "x"]]}],
         c=[{"actions": [["write", "c.txt", "x"]]}],
         **{"c:review": [{"structured": {"verdict": "PASS", "reason": "c.txt is there"}, "result": "PASS"}]},
@@ -90,12 +93,25 @@ def test_every_option_reaches_the_session_and_stays_on_resume_and_retry(fleeter:
     assert fleeter.states() == {"a": "DONE", "b": "NEEDS_HUMAN", "c": "DONE"}
 
     first, resumed, retried = fake_claude.calls("a")
-    expected = ["--max-turns", "30", "--fallback-model", "sonnet",
-                "--append-system-prompt", "Commit with the subject 'a'.",
-                "--settings", str(fleeter.path / "session-settings.json"),
-                "--mcp-config", str(fleeter.path / "mcp" / "servers.json"), INLINE_MCP,
-                "--strict-mcp-config", "--disallowedTools", "WebFetch", "Bash(rm:*)",
-                "--add-dir", "../shared"]
+    expected = [
+        "--max-turns",
+        "30",
+        "--fallback-model",
+        "sonnet",
+        "--append-system-prompt",
+        "Commit with the subject 'a'.",
+        "--settings",
+        str(fleeter.path / "session-settings.json"),
+        "--mcp-config",
+        str(fleeter.path / "mcp" / "servers.json"),
+        INLINE_MCP,
+        "--strict-mcp-config",
+        "--disallowedTools",
+        "WebFetch",
+        "Bash(rm:*)",
+        "--add-dir",
+        "../shared",
+    ]
     for call in (first, resumed, retried):
         assert options_of(call["argv"]) == expected, call["argv"]
         assert call["env_logged"] == {"TASK_VAR": "a", "SHARED": "claude", "OVER": "task"}
@@ -112,9 +128,14 @@ def test_every_option_reaches_the_session_and_stays_on_resume_and_retry(fleeter:
     r.fnmatch_lines(["*b NEEDS_HUMAN (attempt 1)*max_turns:the agent reached its --max-turns*"])
 
     (call_c,) = fake_claude.calls("c")  # [claude]'s options, the project's default, no strictness
-    assert options_of(call_c["argv"]) == ["--fallback-model", "sonnet",
-                                          "--append-system-prompt", "Say which task you work on.",
-                                          "--disallowedTools", "Bash(curl:*)"]
+    assert options_of(call_c["argv"]) == [
+        "--fallback-model",
+        "sonnet",
+        "--append-system-prompt",
+        "Say which task you work on.",
+        "--disallowedTools",
+        "Bash(curl:*)",
+    ]
     assert call_c["env_logged"] == {"TASK_VAR": None, "SHARED": "claude", "OVER": "claude"}
     assert call_c["mcp_servers"] == ["user-db"]  # the user's MCP server, inherited
     (review,) = fake_claude.review_calls("c")  # the reviewer inherits none of them

@@ -24,9 +24,7 @@ import pytest
 from fleetrun.crash import CRASH_EXIT
 from fleetrun.states import State, allowed
 
-FAIL_UNLESS_FINAL = (
-    "test \"$(cat FIX.txt)\" = final || { echo 'FIX.txt must contain exactly the word final'; exit 1; }"
-)
+FAIL_UNLESS_FINAL = "test \"$(cat FIX.txt)\" = final || { echo 'FIX.txt must contain exactly the word final'; exit 1; }"
 
 # ---------------------------------------------------------------------------------
 # processes
@@ -154,8 +152,10 @@ def check_invariants(
             ran = (t.id, str(a.number)) in by_attempt
             if a.state == "abandoned" and a.outcome == "never_started":
                 if st is not None and st.get("shepherd_pid"):
-                    bad.append(f"{t.name} attempt {a.number} was abandoned as never started, "
-                               f"but shepherd {st.get('shepherd_pid')} ran it")
+                    bad.append(
+                        f"{t.name} attempt {a.number} was abandoned as never started, "
+                        f"but shepherd {st.get('shepherd_pid')} ran it"
+                    )
                 if ran:
                     bad.append(f"{t.name} attempt {a.number} was abandoned as never started, but its agent ran")
                 continue
@@ -164,8 +164,10 @@ def check_invariants(
                     bad.append(f"{t.name} attempt {a.number} ({a.state}) has no status.json")
                 continue
             if a.shepherd_pid and st.get("shepherd_pid") != a.shepherd_pid:
-                bad.append(f"{t.name} attempt {a.number}: the ledger's shepherd {a.shepherd_pid} is not "
-                           f"the one that ran it ({st.get('shepherd_pid')})")
+                bad.append(
+                    f"{t.name} attempt {a.number}: the ledger's shepherd {a.shepherd_pid} is not "
+                    f"the one that ran it ({st.get('shepherd_pid')})"
+                )
             end = st.get("ended")
             if st.get("state") != "ended":
                 if a.outcome == "died" and a.ended:  # its shepherd was killed: the loop saw it gone then
@@ -188,8 +190,10 @@ def check_invariants(
                 if r.from_state is not None:
                     bad.append(f"{t.name}: the first transition starts from {r.from_state}")
             elif r.from_state != prev:
-                bad.append(f"{t.name}: transition {r.from_state}->{r.to_state} ({r.cause}) does not start "
-                           f"where the last one ended ({prev})")
+                bad.append(
+                    f"{t.name}: transition {r.from_state}->{r.to_state} ({r.cause}) does not start "
+                    f"where the last one ended ({prev})"
+                )
             elif not allowed(State(r.from_state), State(r.to_state)):
                 bad.append(f"{t.name}: {r.from_state}->{r.to_state} ({r.cause}) is not allowed")
             prev = r.to_state
@@ -198,8 +202,8 @@ def check_invariants(
 
         # -- verdicts: once each, in order, a failure ends the attempt's run of verifiers
         rows_v = led.conn.execute(
-            "SELECT attempt_id, idx, COUNT(*) FROM verdicts WHERE task_id=? GROUP BY attempt_id, idx",
-            (t.id,)).fetchall()
+            "SELECT attempt_id, idx, COUNT(*) FROM verdicts WHERE task_id=? GROUP BY attempt_id, idx", (t.id,)
+        ).fetchall()
         for aid, idx, n in rows_v:
             if n != 1:
                 bad.append(f"{t.name}: verdict {idx} of {aid} recorded {n} times")
@@ -213,8 +217,10 @@ def check_invariants(
             last = [a for a in atts if a.state == "verified"]
             vs = led.verdicts(attempt_id=last[-1].id) if last else []
             if len(vs) != len(t.spec.verify) or not all(v.passed for v in vs):
-                bad.append(f"{t.name} is DONE but its last attempt's verdicts are "
-                           f"{[(v.idx, v.passed) for v in vs]} of {len(t.spec.verify)} verifiers")
+                bad.append(
+                    f"{t.name} is DONE but its last attempt's verdicts are "
+                    f"{[(v.idx, v.passed) for v in vs]} of {len(t.spec.verify)} verifiers"
+                )
 
         # -- a DONE task that merges its dependencies holds each one's head on its branch
         if t.state is State.DONE and t.spec.merges_dependencies:
@@ -223,8 +229,10 @@ def check_invariants(
         if t.state is State.DONE and t.spec.setup:
             done_at = max((a.number for a in atts if a.state == "verified"), default=0)
             if not any((a.info or {}).get("setup") == "passed" and a.number <= done_at for a in atts):
-                bad.append(f"{t.name} is DONE but no attempt up to its verified one ({done_at}) recorded its "
-                           f"setup passed: {[(a.number, (a.info or {}).get('setup')) for a in atts]}")
+                bad.append(
+                    f"{t.name} is DONE but no attempt up to its verified one ({done_at}) recorded its "
+                    f"setup passed: {[(a.number, (a.info or {}).get('setup')) for a in atts]}"
+                )
 
         # -- a clean DONE worktree is removed (the branch stays)
         if t.state is State.DONE and t.worktree and Path(t.worktree).exists():
@@ -247,11 +255,24 @@ def missing_dependency_heads(led: Any, t: Any) -> list[str]:
         if dep is None or not dep.branch or not t.branch:
             bad.append(f"{t.name} is DONE but a dependency of it has no branch ({dep and dep.name})")
             continue
-        proc = subprocess.run(["git", "-C", t.spec.cwd, "merge-base", "--is-ancestor", "--end-of-options",
-                               f"refs/heads/{dep.branch}", f"refs/heads/{t.branch}"], capture_output=True)
+        proc = subprocess.run(
+            [
+                "git",
+                "-C",
+                t.spec.cwd,
+                "merge-base",
+                "--is-ancestor",
+                "--end-of-options",
+                f"refs/heads/{dep.branch}",
+                f"refs/heads/{t.branch}",
+            ],
+            capture_output=True,
+        )
         if proc.returncode != 0:
-            bad.append(f"{t.name} is DONE but its branch {t.branch} lacks its dependency {dep.name}'s head "
-                       f"({dep.branch}): {proc.stderr.decode(errors='replace').strip()}")
+            bad.append(
+                f"{t.name} is DONE but its branch {t.branch} lacks its dependency {dep.name}'s head "
+                f"({dep.branch}): {proc.stderr.decode(errors='replace').strip()}"
+            )
     return bad
 
 
@@ -263,8 +284,9 @@ def run_until_done(fleeter: Any, expected: dict[str, str], rounds: int = 3, time
             r = fleeter.runsub("work", "--until-idle", timeout=timeout)
         except subprocess.TimeoutExpired as e:
             out = (e.stdout or b"").decode(errors="replace")[-3000:] if isinstance(e.stdout, bytes) else ""
-            raise AssertionError(f"`fleetrun work --until-idle` did not finish in {timeout:g}s; "
-                                 f"states {fleeter.states()}\n{out}") from None
+            raise AssertionError(
+                f"`fleetrun work --until-idle` did not finish in {timeout:g}s; states {fleeter.states()}\n{out}"
+            ) from None
         results.append(r)
         if fleeter.states() == expected:
             break
@@ -273,6 +295,7 @@ def run_until_done(fleeter: Any, expected: dict[str, str], rounds: int = 3, time
 
 # ---------------------------------------------------------------------------------
 # the queue
+
 
 def write_queue(fleeter: Any, fake_claude: Any) -> tuple[dict[str, str], dict[str, int]]:
     """Six tasks with git worktrees: ``a`` (the first to end; leaves its work
@@ -285,7 +308,7 @@ def write_queue(fleeter: Any, fake_claude: Any) -> tuple[dict[str, str], dict[st
 
     :return: (end states, agent runs per task)."""
     fleeter.make_repo()
-    fleeter.write_tasks(f'''
+    fleeter.write_tasks(f"""
         [[task]]
         name = "a"
         cwd = "repo"
@@ -340,18 +363,24 @@ def write_queue(fleeter: Any, fake_claude: Any) -> tuple[dict[str, str], dict[st
         prompt = "After e."
         git_ref = "main"
         depends_on = ["e"]
-    ''')
+    """)
     fake_claude.script(
         a=[{"actions": [["write", "a.txt", "a"]], "result": "wrote a.txt"}],
         b=[{"actions": [["sleep", 1.5], ["write", "b.txt", "b"], ["commit", "b"]]}],
-        c=[{"actions": [["write", "FIX.txt", "draft"], ["commit", "draft"]]},
-           {"actions": [["write", "FIX.txt", "final"], ["commit", "final"]]}],
-        d=[{"mode": "die", "actions": [["sleep", 1.5], ["write", "half.txt", "x"]]},
-           {"actions": [["write", "d.txt", "d"]]}],
+        c=[
+            {"actions": [["write", "FIX.txt", "draft"], ["commit", "draft"]]},
+            {"actions": [["write", "FIX.txt", "final"], ["commit", "final"]]},
+        ],
+        d=[
+            {"mode": "die", "actions": [["sleep", 1.5], ["write", "half.txt", "x"]]},
+            {"actions": [["write", "d.txt", "d"]]},
+        ],
         e=[{"actions": [["sleep", 2.0]]}],
     )
-    return ({"a": "DONE", "b": "DONE", "c": "DONE", "d": "DONE", "e": "NEEDS_HUMAN", "f": "NEEDS_HUMAN"},
-            {"a": 1, "b": 1, "c": 2, "d": 2, "e": 1, "f": 0})
+    return (
+        {"a": "DONE", "b": "DONE", "c": "DONE", "d": "DONE", "e": "NEEDS_HUMAN", "f": "NEEDS_HUMAN"},
+        {"a": 1, "b": 1, "c": 2, "d": 2, "e": 1, "f": 0},
+    )
 
 
 def branch_file(fleeter: Any, branch: str, path: str) -> Optional[str]:
@@ -376,15 +405,30 @@ def check_work_landed(fleeter: Any) -> list[str]:
 # Every crash point the queue passes through: before and after each transition, by the
 # state it goes to, and the named points between a side effect and its record.
 TRANSITION_STATES = ["READY", "ASSIGNED", "RUNNING", "VERIFYING", "RETRYING", "RESUMING", "DONE", "NEEDS_HUMAN"]
-OTHER_POINTS = ["after_lease", "after_worktree", "after_shepherd_start", "mid_verifier",
-                "after_verdict", "after_verdict@2", "before_dependency_merge", "mid_setup", "after_setup",
-                # inside a pass's batch, before its commit: the pass's writes are lost, the
-                # restart decides them again (docs/durability.md, "One commit a pass")
-                "uncommitted:VERIFYING", "uncommitted:RETRYING", "uncommitted:RESUMING", "uncommitted:DONE",
-                "uncommitted:NEEDS_HUMAN", "before_batch_commit@3",
-                # each action of fleetrun.decide that the points above did not cover (Collect,
-                # HandOff, CleanUp); VerifierWait's and PauseHost's have queues of their own below
-                "before_collect", "before_handoff", "before_cleanup"]
+OTHER_POINTS = [
+    "after_lease",
+    "after_worktree",
+    "after_shepherd_start",
+    "mid_verifier",
+    "after_verdict",
+    "after_verdict@2",
+    "before_dependency_merge",
+    "mid_setup",
+    "after_setup",
+    # inside a pass's batch, before its commit: the pass's writes are lost, the
+    # restart decides them again (docs/durability.md, "One commit a pass")
+    "uncommitted:VERIFYING",
+    "uncommitted:RETRYING",
+    "uncommitted:RESUMING",
+    "uncommitted:DONE",
+    "uncommitted:NEEDS_HUMAN",
+    "before_batch_commit@3",
+    # each action of fleetrun.decide that the points above did not cover (Collect,
+    # HandOff, CleanUp); VerifierWait's and PauseHost's have queues of their own below
+    "before_collect",
+    "before_handoff",
+    "before_cleanup",
+]
 
 #: What the ledger must show right after the crash, to prove it hit the case meant:
 #: ("verdict", task, passed): the last verdict recorded; ("state", task, state): where
@@ -412,17 +456,26 @@ SITE: dict[str, tuple[str, str, Any]] = {
     "before_handoff": ("state", "a", "VERIFYING"),  # every verdict recorded, no handoff yet
 }
 
-BUG_NOT_HIT = ("BUG: ledger.lease() (ASSIGNED) and ops.promote() (READY) change state without "
-               "passing a crash point: crash points belong in ops.move and around the lease")
-BUG_STUCK_RUNNING = ("BUG: a crash between recording an attempt's end and the transition after it "
-                     "leaves the task RUNNING with an ended attempt that adopt() never looks at: "
-                     "`work --until-idle` never ends")
-BUG_FAIL_BECOMES_DONE = ("BUG: adopt() resumes a VERIFYING task at idx=len(verdicts) even when the "
-                         "last verdict FAILED: the failure is skipped and the task goes DONE undone")
-BUG_DONE_CLEANUP = ("BUG: a crash after the DONE transition, before cleanup_workspace, leaves the "
-                    "clean worktree behind for good")
-BUG_COLLECT_WORK = ("BUG: a crash between RUNNING->VERIFYING and fleetrun_collect_work leaves the "
-                    "agent's work uncommitted: not on the branch, the worktree kept dirty")
+BUG_NOT_HIT = (
+    "BUG: ledger.lease() (ASSIGNED) and ops.promote() (READY) change state without "
+    "passing a crash point: crash points belong in ops.move and around the lease"
+)
+BUG_STUCK_RUNNING = (
+    "BUG: a crash between recording an attempt's end and the transition after it "
+    "leaves the task RUNNING with an ended attempt that adopt() never looks at: "
+    "`work --until-idle` never ends"
+)
+BUG_FAIL_BECOMES_DONE = (
+    "BUG: adopt() resumes a VERIFYING task at idx=len(verdicts) even when the "
+    "last verdict FAILED: the failure is skipped and the task goes DONE undone"
+)
+BUG_DONE_CLEANUP = (
+    "BUG: a crash after the DONE transition, before cleanup_workspace, leaves the clean worktree behind for good"
+)
+BUG_COLLECT_WORK = (
+    "BUG: a crash between RUNNING->VERIFYING and fleetrun_collect_work leaves the "
+    "agent's work uncommitted: not on the branch, the worktree kept dirty"
+)
 
 XFAIL: dict[str, str] = {}  # every point passes; a bug found later goes here as a strict xfail
 
@@ -434,8 +487,10 @@ def all_points() -> list[str]:
 def points() -> list[Any]:
     if os.environ.get("FLEETRUN_TEST_NO_XFAIL"):  # checking the fixes: every point must pass
         return all_points()
-    return [pytest.param(p, marks=pytest.mark.xfail(strict=True, reason=XFAIL[p])) if p in XFAIL else p
-            for p in all_points()]
+    return [
+        pytest.param(p, marks=pytest.mark.xfail(strict=True, reason=XFAIL[p])) if p in XFAIL else p
+        for p in all_points()
+    ]
 
 
 def check_site(fleeter: Any, point: str) -> None:
@@ -456,8 +511,9 @@ def check_site(fleeter: Any, point: str) -> None:
             got = (name, "RUNNING" if att.state == "ended" else f"RUNNING, attempt {att.state}")
     if isinstance(value, tuple):  # either of these
         value = got[1] if got[1] in value else value
-    assert got == (name, value), (f"the crash at {point} came after {what} {got}, not {(name, value)}: "
-                                  "the queue's timing changed")
+    assert got == (name, value), (
+        f"the crash at {point} came after {what} {got}, not {(name, value)}: the queue's timing changed"
+    )
 
 
 # Not marked slow (~3 s each): the crash points are the ledger's promise, so the
@@ -480,7 +536,7 @@ def test_a_verdict_that_cost_money_is_not_paid_for_twice_after_a_crash_in_its_pa
     it, and the restart asks no reviewer again. A free verdict waits for its pass's
     commit (a crash there runs its verifier again)."""
     fleeter.make_repo()
-    fleeter.write_tasks('''
+    fleeter.write_tasks("""
         [[task]]
         name = "t1"
         cwd = "repo"
@@ -490,10 +546,11 @@ def test_a_verdict_that_cost_money_is_not_paid_for_twice_after_a_crash_in_its_pa
           agent = "Is out.txt there?"
           [[task.verify]]
           run = "test -f out.txt"
-    ''')
-    fake_claude.script(t1=[{"actions": [["write", "out.txt", "x"], ["commit", "out"]]}],
-                       **{"t1:review": [{"structured": {"verdict": "PASS", "reason": "there"}, "result": "PASS",
-                                         "cost": 0.25}] * 2})
+    """)
+    fake_claude.script(
+        t1=[{"actions": [["write", "out.txt", "x"], ["commit", "out"]]}],
+        **{"t1:review": [{"structured": {"verdict": "PASS", "reason": "there"}, "result": "PASS", "cost": 0.25}] * 2},
+    )
     # the reviewer is verifier 1's start (mid_verifier), the run verifier the second
     r = fleeter.runsub("tasks.toml", env={"FLEETRUN_CRASH_AT": "mid_verifier@2"}, timeout=60)
     assert r.ret == CRASH_EXIT, r.stdout + r.stderr
@@ -512,7 +569,7 @@ def test_a_crash_as_a_done_tasks_worktree_is_removed_does_not_verify_it_again(fl
     fleeter.make_repo()
     runs = tmp_path / "verifier-runs"
     flag = tmp_path / "crashed-once"
-    fleeter.write_tasks(f'''
+    fleeter.write_tasks(f"""
         [[task]]
         name = "t1"
         cwd = "repo"
@@ -520,8 +577,9 @@ def test_a_crash_as_a_done_tasks_worktree_is_removed_does_not_verify_it_again(fl
         git_ref = "main"
           [[task.verify]]
           run = "echo run >> {runs} && test -f out.txt"
-    ''')
-    fleeter.write_fleetconf(f'''
+    """)
+    fleeter.write_fleetconf(
+        f"""
         import os
         import fleetrun
 
@@ -530,7 +588,9 @@ def test_a_crash_as_a_done_tasks_worktree_is_removed_does_not_verify_it_again(fl
             if not os.path.exists({str(flag)!r}):
                 open({str(flag)!r}, "w").close()
                 os._exit(86)  # the supervisor dies as the removal starts
-    ''', folder=".")
+    """,
+        folder=".",
+    )
     fake_claude.script(t1=[{"actions": [["write", "out.txt", "x"], ["commit", "out"]]}])
     r = fleeter.runsub("tasks.toml", timeout=60)
     assert r.ret == CRASH_EXIT, r.stdout + r.stderr
@@ -584,7 +644,7 @@ def test_crash_point_after_a_usage_pause_is_recorded(fleeter, fake_claude, tmp_p
     task's move; the restart decides the recorded end again, waits for the same reset
     and resumes the task without using a retry or a resume."""
     fleeter.make_repo()
-    fleeter.write_tasks('''
+    fleeter.write_tasks("""
         [[task]]
         name = "t1"
         cwd = "repo"
@@ -592,10 +652,14 @@ def test_crash_point_after_a_usage_pause_is_recorded(fleeter, fake_claude, tmp_p
         git_ref = "main"
           [[task.verify]]
           run = "test -f out.txt"
-    ''')
+    """)
     reset_at = int(time.time()) + 3
-    fake_claude.script(t1=[{"mode": "usage_limit", "reset_at": reset_at, "limit_style": "legacy"},
-                           {"actions": [["write", "out.txt", "x"]]}])
+    fake_claude.script(
+        t1=[
+            {"mode": "usage_limit", "reset_at": reset_at, "limit_style": "legacy"},
+            {"actions": [["write", "out.txt", "x"]]},
+        ]
+    )
     r = fleeter.runsub("tasks.toml", env={"FLEETRUN_CRASH_AT": "after_pause"}, timeout=60)
     assert r.ret == CRASH_EXIT, r.stdout + r.stderr
     led = fleeter.ledger()

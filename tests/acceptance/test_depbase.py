@@ -43,13 +43,26 @@ def branch_files(fleeter: Any, repo: Path, branch: str) -> list[str]:
 
 def test_the_dependent_starts_with_its_dependencys_work_merged_in(fleeter, fake_claude):
     repo = chain(fleeter)
-    fake_claude.script(**{
-        "user-schema": [{"actions": [["write", "schema.sql", "CREATE TABLE users"]],
-                         "result": "Added the users table in schema.sql"}],
-        # the agent sees schema.sql in its worktree before it writes a line
-        "user-api": [{"actions": [["bash", "git show HEAD:schema.sql > saw-schema.txt"],
-                                  ["write", "api.py", "# api"], ["commit", "api"]]}],
-    })
+    fake_claude.script(
+        **{
+            "user-schema": [
+                {
+                    "actions": [["write", "schema.sql", "CREATE TABLE users"]],
+                    "result": "Added the users table in schema.sql",
+                }
+            ],
+            # the agent sees schema.sql in its worktree before it writes a line
+            "user-api": [
+                {
+                    "actions": [
+                        ["bash", "git show HEAD:schema.sql > saw-schema.txt"],
+                        ["write", "api.py", "# api"],
+                        ["commit", "api"],
+                    ]
+                }
+            ],
+        }
+    )
     r = fleeter.run("tasks.toml")
     assert r.ret == 0, r.stdout + r.stderr
     schema, api = fleeter.task("user-schema"), fleeter.task("user-api")
@@ -63,8 +76,10 @@ def test_the_dependent_starts_with_its_dependencys_work_merged_in(fleeter, fake_
     assert rest.startswith("fleetrun <fleetrun@localhost> ")
     assert schema.branch in rest and "user-schema" in rest
     parents = fleeter.git(repo, "rev-list", "--parents", "-n1", sha).split()[1:]
-    assert parents == [fleeter.git(repo, "rev-parse", "main").strip(),
-                       fleeter.git(repo, "rev-parse", schema.branch).strip()]
+    assert parents == [
+        fleeter.git(repo, "rev-parse", "main").strip(),
+        fleeter.git(repo, "rev-parse", schema.branch).strip(),
+    ]
     # the prompt says the work is merged in, not only where it is
     (call,) = fake_claude.calls("user-api")
     assert "merged into this worktree" in call["prompt"]
@@ -74,7 +89,7 @@ def test_the_dependent_starts_with_its_dependencys_work_merged_in(fleeter, fake_
 def test_without_base_the_dependent_starts_from_git_ref(fleeter, fake_claude):
     """The default is unchanged: the dependency's file is not in the dependent's tree."""
     repo = fleeter.make_repo()
-    fleeter.write_tasks('''
+    fleeter.write_tasks("""
         [[task]]
         name = "user-schema"
         cwd = "repo"
@@ -87,9 +102,13 @@ def test_without_base_the_dependent_starts_from_git_ref(fleeter, fake_claude):
         prompt = "Add CRUD endpoints."
         git_ref = "main"
         depends_on = ["user-schema"]
-    ''')
-    fake_claude.script(**{"user-schema": [{"actions": [["write", "schema.sql", "x"]]}],
-                          "user-api": [{"actions": [["write", "api.py", "# api"]]}]})
+    """)
+    fake_claude.script(
+        **{
+            "user-schema": [{"actions": [["write", "schema.sql", "x"]]}],
+            "user-api": [{"actions": [["write", "api.py", "# api"]]}],
+        }
+    )
     r = fleeter.run("tasks.toml")
     assert r.ret == 0, r.stdout + r.stderr
     api = fleeter.task("user-api")
@@ -100,7 +119,7 @@ def test_without_base_the_dependent_starts_from_git_ref(fleeter, fake_claude):
 def two_writers(fleeter: Any, extra: str = "") -> tuple[Path, dict[str, Any]]:
     """``both`` depends on ``left`` and ``right``, which write one file differently."""
     repo = fleeter.make_repo(files={"README.md": "hello\n", "shared.txt": "base\n"})
-    fleeter.write_tasks(f'''
+    fleeter.write_tasks(f"""
         [[task]]
         name = "left"
         cwd = "repo"
@@ -124,7 +143,7 @@ def two_writers(fleeter: Any, extra: str = "") -> tuple[Path, dict[str, Any]]:
 
           [[task.verify]]
           run = "test \\"$(cat shared.txt)\\" = merged && test -f L.txt && test -f R.txt"
-    ''')
+    """)
     steps = {
         "left": [{"actions": [["write", "shared.txt", "left\n"], ["write", "L.txt", "l"], ["commit", "left"]]}],
         "right": [{"actions": [["write", "shared.txt", "right\n"], ["write", "R.txt", "r"], ["commit", "right"]]}],
@@ -155,8 +174,10 @@ def test_a_merge_conflict_asks_a_human_and_the_agent_never_starts(fleeter, fake_
     # a retry with the merge still stopped asks again, and still starts no agent
     assert fleeter.run("retry", "both").ret == 0
     fleeter.run("work", "--until-idle")
-    assert (fleeter.task("both").state.value, fleeter.task("both").reason) == ("NEEDS_HUMAN",
-                                                                                "merge_conflict:shared.txt")
+    assert (fleeter.task("both").state.value, fleeter.task("both").reason) == (
+        "NEEDS_HUMAN",
+        "merge_conflict:shared.txt",
+    )
     assert fake_claude.calls("both") == []
 
     # the human resolves it and commits; a retry reuses the worktree as it is: no second merge
@@ -175,9 +196,18 @@ def test_a_merge_conflict_asks_a_human_and_the_agent_never_starts(fleeter, fake_
 
 def test_on_conflict_agent_starts_the_agent_on_the_conflicted_tree(fleeter, fake_claude):
     repo, steps = two_writers(fleeter, extra='on_conflict = "agent"')
-    fake_claude.script(**steps, both=[{"actions": [["bash", "git diff --name-only --diff-filter=U > markers.txt"],
-                                                   ["write", "shared.txt", "merged\n"],
-                                                   ["commit", "resolve the merge"]]}])
+    fake_claude.script(
+        **steps,
+        both=[
+            {
+                "actions": [
+                    ["bash", "git diff --name-only --diff-filter=U > markers.txt"],
+                    ["write", "shared.txt", "merged\n"],
+                    ["commit", "resolve the merge"],
+                ]
+            }
+        ],
+    )
     r = fleeter.run("tasks.toml")
     assert r.ret == 0, r.stdout + r.stderr
     both = fleeter.task("both")
@@ -200,13 +230,21 @@ def test_merge_runs_no_hooks_of_the_repository(fleeter, fake_claude):
     hooks.mkdir()
     marker = fleeter.path / "hook-ran"
     # each would stop or record a merge (prepare-commit-msg is told "merge" as its $2)
-    for name, when in (("pre-merge-commit", "true"), ("post-merge", "true"), ("prepare-commit-msg", '[ "$2" = merge ]')):
+    for name, when in (
+        ("pre-merge-commit", "true"),
+        ("post-merge", "true"),
+        ("prepare-commit-msg", '[ "$2" = merge ]'),
+    ):
         h = hooks / name
         h.write_text(f"#!/bin/sh\nif {when}; then echo {name} >> {marker}; exit 1; fi\n")
         h.chmod(0o755)
     fleeter.git(repo, "config", "core.hooksPath", str(hooks))
-    fake_claude.script(**{"user-schema": [{"actions": [["write", "schema.sql", "x"]]}],
-                          "user-api": [{"actions": [["write", "api.py", "# api"]]}]})
+    fake_claude.script(
+        **{
+            "user-schema": [{"actions": [["write", "schema.sql", "x"]]}],
+            "user-api": [{"actions": [["write", "api.py", "# api"]]}],
+        }
+    )
     r = fleeter.run("tasks.toml")
     assert r.ret == 0, r.stdout + r.stderr
     assert not marker.exists()
@@ -216,7 +254,7 @@ def test_merge_runs_no_hooks_of_the_repository(fleeter, fake_claude):
 
 def test_validate_rejects_base_and_on_conflict_where_they_cannot_apply(fleeter):
     fleeter.make_repo()
-    fleeter.write_tasks('''
+    fleeter.write_tasks("""
         [[task]]
         name = "a"
         cwd = "repo"
@@ -247,7 +285,7 @@ def test_validate_rejects_base_and_on_conflict_where_they_cannot_apply(fleeter):
         depends_on = ["a"]
         base = "deps"
         on_conflict = "ask"
-    ''')
+    """)
     r = fleeter.run("validate", "tasks.toml")
     assert r.ret == USAGE_ERROR
     assert "Traceback" not in r.stderr
@@ -268,9 +306,13 @@ def test_validate_rejects_a_task_that_merges_its_dependencies_pinned_to_a_peer(f
     chain(fleeter, extra='peer = "p1"')
     r = fleeter.run("validate", "tasks.toml")
     assert "Traceback" not in r.stderr
-    assert (r.ret, r.errlines) == (USAGE_ERROR, [
-        "ERROR: tasks.toml:14: task 'user-api': peer: pinned to p1, but a task with base = \"dependencies\" "
-        "runs on this machine (the dependencies' branches are merged here)"])
+    assert (r.ret, r.errlines) == (
+        USAGE_ERROR,
+        [
+            "ERROR: tasks.toml:14: task 'user-api': peer: pinned to p1, but a task with base = \"dependencies\" "
+            "runs on this machine (the dependencies' branches are merged here)"
+        ],
+    )
     tasks = fleeter.path / "tasks.toml"
     tasks.write_text(tasks.read_text().replace('peer = "p1"', 'peer = "local"'))
     assert fleeter.run("validate", "tasks.toml").ret == 0
@@ -278,7 +320,7 @@ def test_validate_rejects_a_task_that_merges_its_dependencies_pinned_to_a_peer(f
 
 def test_base_as_a_default_applies_only_to_tasks_with_dependencies(fleeter, fake_claude):
     repo = fleeter.make_repo()
-    fleeter.write_tasks('''
+    fleeter.write_tasks("""
         base = "dependencies"
         git_ref = "main"
 
@@ -292,10 +334,14 @@ def test_base_as_a_default_applies_only_to_tasks_with_dependencies(fleeter, fake
         cwd = "repo"
         prompt = "Add CRUD endpoints."
         depends_on = ["user-schema"]
-    ''')
+    """)
     assert fleeter.run("validate", "tasks.toml").ret == 0
-    fake_claude.script(**{"user-schema": [{"actions": [["write", "schema.sql", "x"]]}],
-                          "user-api": [{"actions": [["write", "api.py", "# api"]]}]})
+    fake_claude.script(
+        **{
+            "user-schema": [{"actions": [["write", "schema.sql", "x"]]}],
+            "user-api": [{"actions": [["write", "api.py", "# api"]]}],
+        }
+    )
     r = fleeter.run("tasks.toml")
     assert r.ret == 0, r.stdout + r.stderr
     assert "schema.sql" in branch_files(fleeter, repo, fleeter.task("user-api").branch)
@@ -314,14 +360,20 @@ def test_a_dependency_branch_that_is_not_here_asks_a_human(fleeter, fake_claude)
                 subprocess.run(["git", "-C", task.spec.cwd, "update-ref", "-d", "refs/heads/" + task.branch],
                                check=True)
     """)
-    fake_claude.script(**{"user-schema": [{"actions": [["write", "schema.sql", "x"]]}],
-                          "user-api": [{"actions": [["write", "api.py", "# api"]]}]})
+    fake_claude.script(
+        **{
+            "user-schema": [{"actions": [["write", "schema.sql", "x"]]}],
+            "user-api": [{"actions": [["write", "api.py", "# api"]]}],
+        }
+    )
     r = fleeter.run("tasks.toml")
     assert r.ret == 1, r.stdout + r.stderr
     schema, api = fleeter.task("user-schema"), fleeter.task("user-api")
     assert api.state.value == "NEEDS_HUMAN"
-    assert api.reason == (f"workspace_failed:the branch {schema.branch} of dependency user-schema is not in {repo}"
-                          " (a dependency that ran on a peer has its branch fetched back when it ends)")
+    assert api.reason == (
+        f"workspace_failed:the branch {schema.branch} of dependency user-schema is not in {repo}"
+        " (a dependency that ran on a peer has its branch fetched back when it ends)"
+    )
     assert fake_claude.calls("user-api") == []
 
 
@@ -332,7 +384,7 @@ def test_a_dependency_that_ran_on_a_peer_is_merged_from_its_fetched_branch(fleet
     repo = fleeter.make_repo()
     mini = peer_lab.private_machine("mini", repo)
     mini.pair(fleeter)
-    fleeter.write_tasks('''
+    fleeter.write_tasks("""
         [[task]]
         name = "api"
         cwd = "repo"
@@ -353,11 +405,13 @@ def test_a_dependency_that_ran_on_a_peer_is_merged_from_its_fetched_branch(fleet
 
           [[task.verify]]
           run = "test -f API.txt && test -f CLIENT.txt"
-    ''')
-    fake_claude.script(**{
-        "api": [{"actions": [["write", "API.txt", "GET /things\n"], ["commit", "add api"]]}],
-        "client": [{"actions": [["write", "CLIENT.txt", "uses it\n"], ["commit", "client"]]}],
-    })
+    """)
+    fake_claude.script(
+        **{
+            "api": [{"actions": [["write", "API.txt", "GET /things\n"], ["commit", "add api"]]}],
+            "client": [{"actions": [["write", "CLIENT.txt", "uses it\n"], ["commit", "client"]]}],
+        }
+    )
     r = fleeter.run("tasks.toml")
     assert r.ret == 0, r.stdout + r.stderr
     api, client = fleeter.task("api"), fleeter.task("client")

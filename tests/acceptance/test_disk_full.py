@@ -30,13 +30,19 @@ def mount_home(fleeter, tmp_path, monkeypatch, size: str):
     mnt = tmp_path / "small"
     mnt.mkdir()
     try:
-        r = subprocess.run(["mount", "-t", "tmpfs", "-o", f"size={size},mode=0700", "tmpfs", str(mnt)],
-                           capture_output=True, text=True, timeout=30)
+        r = subprocess.run(
+            ["mount", "-t", "tmpfs", "-o", f"size={size},mode=0700", "tmpfs", str(mnt)],
+            capture_output=True,
+            text=True,
+            timeout=30,
+        )
     except (OSError, subprocess.SubprocessError) as e:
         pytest.skip(f"cannot mount a tmpfs for the disk-full test: {e}")
     if r.returncode != 0:
-        pytest.skip("cannot mount a tmpfs for the disk-full test (needs root and mount permission): "
-                    + (r.stderr.strip() or f"exit {r.returncode}"))
+        pytest.skip(
+            "cannot mount a tmpfs for the disk-full test (needs root and mount permission): "
+            + (r.stderr.strip() or f"exit {r.returncode}")
+        )
     home = mnt / "h"
     monkeypatch.setenv("FLEETRUN_HOME", str(home))
     fleeter.home = home
@@ -79,7 +85,9 @@ def integrity(db: Path) -> str:
 def write_queue(fleeter, fake_claude, t1_actions: list, t1_verify: str = "test -f t1.txt") -> None:
     fleeter.make_repo()
     fleeter.write_policy("[local]\nmax_tasks = 1\n")
-    fleeter.write_tasks("\n".join(f'''
+    fleeter.write_tasks(
+        "\n".join(
+            f"""
         [[task]]
         name = "t{i}"
         cwd = "repo"
@@ -87,7 +95,10 @@ def write_queue(fleeter, fake_claude, t1_actions: list, t1_verify: str = "test -
         git_ref = "main"
           [[task.verify]]
           run = {json.dumps(t1_verify if i == 1 else f"test -f t{i}.txt")}
-    ''' for i in (1, 2, 3)))
+    """
+            for i in (1, 2, 3)
+        )
+    )
     fake_claude.script(
         t1=[{"actions": t1_actions}],
         t2=[{"actions": [["write", "t2.txt", "x"]]}],
@@ -117,6 +128,7 @@ def loop_proc(fleeter):
         p = fleeter.popen("work", "--until-idle")
         procs.append(p)
         return p
+
     yield start
     for p in procs:
         if p.poll() is None:
@@ -124,20 +136,22 @@ def loop_proc(fleeter):
         p.communicate(timeout=10)
 
 
-BUG_RECOVERY = ("BUG: the loop declares 'writable again' after any pass that happened not to write, so "
-                "on a disk that stays full it flip-flops: reruns the verifiers every other second and "
-                "prints the message again and again (and, with nothing running at that moment, "
-                "`--until-idle` exits as idle before placing anything)")
+BUG_RECOVERY = (
+    "BUG: the loop declares 'writable again' after any pass that happened not to write, so "
+    "on a disk that stays full it flip-flops: reruns the verifiers every other second and "
+    "prints the message again and again (and, with nothing running at that moment, "
+    "`--until-idle` exits as idle before placing anything)"
+)
 
 
 @pytest.mark.slow
-def test_disk_full_while_verifying_stops_new_starts_and_recovers(fleeter, small_home, fake_claude, tmp_path,
-                                                                 loop_proc):
+def test_disk_full_while_verifying_stops_new_starts_and_recovers(fleeter, small_home, fake_claude, tmp_path, loop_proc):
     """A verdict cannot be recorded: the loop says so, starts nothing, keeps the ledger
     whole, and when space returns runs the verifier again and goes on."""
     started = tmp_path / "verifier-started"
-    write_queue(fleeter, fake_claude, [["write", "t1.txt", "x"]],
-                t1_verify=f"echo run >> {started}; sleep 2; test -f t1.txt")
+    write_queue(
+        fleeter, fake_claude, [["write", "t1.txt", "x"]], t1_verify=f"echo run >> {started}; sleep 2; test -f t1.txt"
+    )
     proc = loop_proc()
     wait_for(started.exists, what="t1's verifier")
     filler = small_home / "filler"
@@ -158,7 +172,8 @@ def test_disk_full_while_verifying_stops_new_starts_and_recovers(fleeter, small_
 
 BUG_SHEPHERD_ENOSPC = (
     "BUG: the shepherd dies on ENOSPC (unguarded os.write to the log, write_json of status.json): "
-    "its end is never recorded, the attempt counts as died and the task is resumed (work redone)")
+    "its end is never recorded, the attempt counts as died and the task is resumed (work redone)"
+)
 
 
 @pytest.mark.slow
@@ -178,9 +193,11 @@ def test_disk_full_while_an_agent_runs_loses_nothing(fleeter, small_home, fake_c
     finish(proc, fleeter, fake_claude, tmp_path, filler)
 
 
-BUG_OPEN_FULL = ("BUG: on a home that is already full, opening the ledger (PRAGMA journal_mode=WAL must "
-                 "create -wal/-shm) raises sqlite3 'disk I/O error': INTERNAL ERROR with a traceback, "
-                 "not a clear message")
+BUG_OPEN_FULL = (
+    "BUG: on a home that is already full, opening the ledger (PRAGMA journal_mode=WAL must "
+    "create -wal/-shm) raises sqlite3 'disk I/O error': INTERNAL ERROR with a traceback, "
+    "not a clear message"
+)
 
 
 @pytest.mark.slow

@@ -20,13 +20,13 @@ def test_a_peers_heartbeats_and_its_attempt_are_in_the_event_stream(fleeter, fak
     assert r.ret == 0, r.stdout + r.stderr
     assert fleeter.run("drain").ret == 0  # this machine takes nothing: the task goes to east
     fleeter.make_repo()
-    fleeter.write_tasks('''
+    fleeter.write_tasks("""
         [[task]]
         name = "t1"
         cwd = "repo"
         prompt = "Write t1.txt."
         git_ref = "main"
-    ''')
+    """)
     fake_claude.script(t1=[{"actions": [["sleep", 1.5], ["write", "t1.txt", "1"], ["commit", "t1"]]}])
     threads = []
 

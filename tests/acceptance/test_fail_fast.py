@@ -26,14 +26,14 @@ def fast_backoff(monkeypatch: pytest.MonkeyPatch) -> None:
 
 def one_task(fleeter: Any, extra: str = "") -> None:
     fleeter.make_repo()
-    fleeter.write_tasks(f'''
+    fleeter.write_tasks(f"""
         [[task]]
         name = "t1"
         cwd = "repo"
         prompt = "Write out.txt."
         git_ref = "main"
         {extra}
-    ''')
+    """)
 
 
 def path_between(fleeter: Any, task: Any) -> list[tuple[str, str, str]]:
@@ -46,9 +46,14 @@ def assert_needs_human_at_once(fleeter: Any, r: Any, cause: str) -> Any:
     assert (task.state.value, task.reason) == ("NEEDS_HUMAN", cause)
     # exactly one attempt: no retry, no backoff, no second placement
     assert len(fleeter.ledger().attempts(task.id)) == 1
-    assert path_between(fleeter, task)[-2:] == [("READY", "ASSIGNED", "placed"), ("ASSIGNED", "NEEDS_HUMAN", cause)] \
-        or path_between(fleeter, task)[-3:] == [("READY", "ASSIGNED", "placed"), ("ASSIGNED", "RUNNING", "started"),
-                                                ("RUNNING", "NEEDS_HUMAN", cause)]
+    assert path_between(fleeter, task)[-2:] == [
+        ("READY", "ASSIGNED", "placed"),
+        ("ASSIGNED", "NEEDS_HUMAN", cause),
+    ] or path_between(fleeter, task)[-3:] == [
+        ("READY", "ASSIGNED", "placed"),
+        ("ASSIGNED", "RUNNING", "started"),
+        ("RUNNING", "NEEDS_HUMAN", cause),
+    ]
     assert "Traceback" not in r.stderr
     return task
 
@@ -102,7 +107,8 @@ def test_missing_interpreter_reported_by_the_shepherd(fleeter: Any) -> None:
     one_task(fleeter)
     r = fleeter.run("tasks.toml")
     assert_needs_human_at_once(
-        fleeter, r, f"agent_not_found:{exe} cannot be run: No such file or directory (is its #! interpreter installed?)")
+        fleeter, r, f"agent_not_found:{exe} cannot be run: No such file or directory (is its #! interpreter installed?)"
+    )
 
 
 def test_command_agent_not_on_path(fleeter: Any) -> None:
@@ -113,14 +119,19 @@ def test_command_agent_not_on_path(fleeter: Any) -> None:
 
 def test_agent_rejects_its_arguments(fleeter: Any, fake_claude: Any) -> None:
     """The fake, like the real CLI, exits 1 with commander's `error: option ...` line."""
-    wrapper = fleeter.write("bin/claude", f'#!/bin/sh\nexec {sys.executable} {FAKE_CLAUDE} "$@" --permission-mode yolo\n')
+    wrapper = fleeter.write(
+        "bin/claude", f'#!/bin/sh\nexec {sys.executable} {FAKE_CLAUDE} "$@" --permission-mode yolo\n'
+    )
     wrapper.chmod(0o755)
     fleeter.write_config(f'[claude]\nexecutable = "{wrapper}"\n')
     one_task(fleeter)
     r = fleeter.run("tasks.toml")
     assert_needs_human_at_once(
-        fleeter, r, "agent_rejected_arguments:error: option '--permission-mode <mode>' argument 'yolo' is invalid. "
-                    "Allowed choices are acceptEdits, auto, bypassPermissions, manual, dontAsk, plan.")  # 2.1.332's words
+        fleeter,
+        r,
+        "agent_rejected_arguments:error: option '--permission-mode <mode>' argument 'yolo' is invalid. "
+        "Allowed choices are acceptEdits, auto, bypassPermissions, manual, dontAsk, plan.",
+    )  # 2.1.332's words
     assert len(fake_claude.calls("t1")) == 1
 
 
@@ -136,7 +147,8 @@ def test_branch_checked_out_elsewhere(fleeter: Any, fake_claude: Any) -> None:
     fleeter.write_tasks(tasks + "# again\n")
     r = fleeter.run("tasks.toml", "--new-queue")  # a comment alone re-runs nothing (issue 14)
     assert_needs_human_at_once(
-        fleeter, r, f"workspace_failed:fatal: 'feat' is already checked out at '{os.path.realpath(repo)}'")
+        fleeter, r, f"workspace_failed:fatal: 'feat' is already checked out at '{os.path.realpath(repo)}'"
+    )
     assert len(fake_claude.calls("t1")) == 1  # the first run's only
 
 
@@ -144,7 +156,8 @@ def test_transient_start_failure_still_backs_off(fleeter: Any, fake_claude: Any)
     """Fork failing for a moment (EAGAIN) can clear by itself: back off, try again."""
     one_task(fleeter)
     flag = fleeter.path.parent / "failed-once"
-    fleeter.write_fleetconf(f'''
+    fleeter.write_fleetconf(
+        f"""
         import errno, os
         import fleetrun
 
@@ -153,7 +166,9 @@ def test_transient_start_failure_still_backs_off(fleeter: Any, fake_claude: Any)
             if not os.path.exists({str(flag)!r}):
                 open({str(flag)!r}, "w").close()
                 raise OSError(errno.EAGAIN, "Resource temporarily unavailable")
-    ''', folder=".")
+    """,
+        folder=".",
+    )
     fake_claude.script(t1=[{"actions": [["write", "out.txt", "x"]]}])
     r = fleeter.run("tasks.toml")
     assert r.ret == 0, r.stdout + r.stderr
@@ -171,7 +186,8 @@ def test_transient_workspace_failure_still_backs_off(fleeter: Any, fake_claude: 
     fleeter.write_tasks('[[task]]\nname = "t1"\ncwd = "repo"\nprompt = "p"\ngit_ref = "main"\nbranch = "feat"\n')
     flag = fleeter.path.parent / "locked-once"
     lock = repo / ".git" / "refs" / "heads" / "feat.lock"
-    fleeter.write_fleetconf(f'''
+    fleeter.write_fleetconf(
+        f"""
         import os
         import fleetrun
 
@@ -183,7 +199,9 @@ def test_transient_workspace_failure_still_backs_off(fleeter: Any, fake_claude: 
                 open({str(lock)!r}, "w").close()
             elif os.path.exists({str(lock)!r}):
                 os.unlink({str(lock)!r})
-    ''', folder=".")
+    """,
+        folder=".",
+    )
     fake_claude.script(t1=[{"actions": [["write", "out.txt", "x"]]}])
     r = fleeter.run("tasks.toml")
     assert r.ret == 0, r.stdout + r.stderr
@@ -206,8 +224,13 @@ def test_a_peer_reports_a_missing_agent_in_its_status(tmp_path: Path) -> None:
     env = dict(os.environ, FLEETRUN_HOME=str(home), FLEETRUN_DISABLE_PLUGIN_AUTOLOAD="1")
 
     def host(*args: str, stdin: Any = None) -> dict[str, Any]:
-        proc = subprocess.run([sys.executable, "-m", "fleetrun", "host", *args, "--json"], capture_output=True,
-                              input=json.dumps(stdin).encode() if stdin is not None else b"", env=env, timeout=60)
+        proc = subprocess.run(
+            [sys.executable, "-m", "fleetrun", "host", *args, "--json"],
+            capture_output=True,
+            input=json.dumps(stdin).encode() if stdin is not None else b"",
+            env=env,
+            timeout=60,
+        )
         assert proc.returncode == 0, proc.stdout.decode() + proc.stderr.decode()
         return json.loads(proc.stdout)
 
@@ -220,31 +243,44 @@ def test_a_peer_reports_a_missing_agent_in_its_status(tmp_path: Path) -> None:
             break
         time.sleep(0.05)
     assert (st.get("state"), st.get("reason"), st.get("error")) == (
-        "ended", "start_failed:agent_not_found", "fleetrun-test-no-claude is not on PATH")
+        "ended",
+        "start_failed:agent_not_found",
+        "fleetrun-test-no-claude is not on PATH",
+    )
 
 
-@pytest.mark.parametrize(("log", "code", "expect"), [
-    ("error: unknown option '--yolo'\n", 1, "rejected_arguments:error: unknown option '--yolo'"),
-    ("\x1b[31mError: When using --print, --output-format=stream-json requires --verbose\x1b[0m\n", 1,
-     "rejected_arguments:Error: When using --print, --output-format=stream-json requires --verbose"),
-    # it started (its init event) and then died: a session that died, resumed as before
-    ('{"type":"system","subtype":"init","session_id":"s"}\nerror: something broke\n', 1, "no_result"),
-    ("error: unknown option '--yolo'\n", 0, "no_result"),  # exit 0 is not a refusal
-    ("error: unknown option '--yolo'\n", None, "no_result"),  # killed: not a refusal either
-    ("Segmentation fault\n", 139, "no_result"),
-])
+@pytest.mark.parametrize(
+    ("log", "code", "expect"),
+    [
+        ("error: unknown option '--yolo'\n", 1, "rejected_arguments:error: unknown option '--yolo'"),
+        (
+            "\x1b[31mError: When using --print, --output-format=stream-json requires --verbose\x1b[0m\n",
+            1,
+            "rejected_arguments:Error: When using --print, --output-format=stream-json requires --verbose",
+        ),
+        # it started (its init event) and then died: a session that died, resumed as before
+        ('{"type":"system","subtype":"init","session_id":"s"}\nerror: something broke\n', 1, "no_result"),
+        ("error: unknown option '--yolo'\n", 0, "no_result"),  # exit 0 is not a refusal
+        ("error: unknown option '--yolo'\n", None, "no_result"),  # killed: not a refusal either
+        ("Segmentation fault\n", 139, "no_result"),
+    ],
+)
 def test_rejected_arguments_are_told_from_a_session_that_died(log: str, code: Any, expect: str) -> None:
     from fleetrun.plugins.claude import result_from_log
 
     assert result_from_log(log, code).reason == expect
 
 
-@pytest.mark.parametrize("blocked, cause", [
-    ("claude", "plugin_missing:no plugin spawns agent 'claude' (is its plugin blocked? see -p no:NAME)"),
-    ("worktree", "plugin_missing:no plugin prepared a workspace (is its plugin blocked? see -p no:NAME)"),
-])
-def test_a_blocked_builtin_plugin_is_needs_human_at_once(fleeter: Any, fake_claude: Any, blocked: str,
-                                                         cause: str) -> None:
+@pytest.mark.parametrize(
+    "blocked, cause",
+    [
+        ("claude", "plugin_missing:no plugin spawns agent 'claude' (is its plugin blocked? see -p no:NAME)"),
+        ("worktree", "plugin_missing:no plugin prepared a workspace (is its plugin blocked? see -p no:NAME)"),
+    ],
+)
+def test_a_blocked_builtin_plugin_is_needs_human_at_once(
+    fleeter: Any, fake_claude: Any, blocked: str, cause: str
+) -> None:
     """`-p no:claude` / `-p no:worktree`: no plugin will ever start the attempt, so
     waiting cannot help (it used to back off on start_failed ten times)."""
     one_task(fleeter)

@@ -8,38 +8,44 @@ from __future__ import annotations
 import json
 import os
 
-AGENT = '''
+AGENT = """
 [agents.sh]
 command = ["{python}", "-c", %s]
-'''
+"""
 
-DEPENDENT = '''
+DEPENDENT = """
 [[task]]
 name = "api"
 cwd = "repo"
 prompt = "build the api"
 git_ref = "main"
 depends_on = ["schema"]
-'''
+"""
 
 
 def schema_task(script: str) -> str:
-    return AGENT % json.dumps(script) + '''
+    return (
+        AGENT % json.dumps(script)
+        + """
 [[task]]
 name = "schema"
 cwd = "repo"
 prompt = "p"
 agent = "sh"
 git_ref = "main"
-''' + DEPENDENT
+"""
+        + DEPENDENT
+    )
 
 
-NOISY = ("import os, subprocess\n"
-         "for i in range(30): print(f'DEBUG step {i}')\n"
-         "open('schema.sql', 'w').write('create table users;')\n"
-         "subprocess.run(['git', 'add', 'schema.sql'], check=True)\n"
-         "subprocess.run(['git', '-c', 'user.name=a', '-c', 'user.email=a@b', 'commit', '-q', '-m', "
-         "'add the users table'], check=True)\n")
+NOISY = (
+    "import os, subprocess\n"
+    "for i in range(30): print(f'DEBUG step {i}')\n"
+    "open('schema.sql', 'w').write('create table users;')\n"
+    "subprocess.run(['git', 'add', 'schema.sql'], check=True)\n"
+    "subprocess.run(['git', '-c', 'user.name=a', '-c', 'user.email=a@b', 'commit', '-q', '-m', "
+    "'add the users table'], check=True)\n"
+)
 
 
 def dependent_prompt(fake_claude) -> str:
@@ -50,8 +56,9 @@ def dependent_prompt(fake_claude) -> str:
 
 def test_a_command_agents_summary_file_is_handed_on_not_its_stdout(fleeter, fake_claude):
     fleeter.make_repo()
-    script = NOISY + ("open(os.environ['FLEETRUN_SUMMARY_FILE'], 'w')"
-                      ".write('Added schema.sql: the users table.\\x1b[2J\\u202e\\n')\n")
+    script = NOISY + (
+        "open(os.environ['FLEETRUN_SUMMARY_FILE'], 'w').write('Added schema.sql: the users table.\\x1b[2J\\u202e\\n')\n"
+    )
     fleeter.write_tasks(schema_task(script))
     fake_claude.script(api=[{"actions": [["write", "api.py", "x"]]}])
     r = fleeter.run("tasks.toml")
@@ -75,18 +82,28 @@ def test_without_a_summary_file_the_branchs_commit_subjects_are_handed_on(fleete
 
 def test_a_claude_agents_summary_file_wins_over_its_result_text(fleeter, fake_claude):
     fleeter.make_repo()
-    fleeter.write_tasks('''
+    fleeter.write_tasks(
+        """
         [[task]]
         name = "schema"
         cwd = "repo"
         prompt = "p"
         git_ref = "main"
         permission_mode = "bypassPermissions"
-    ''' + DEPENDENT)
+    """
+        + DEPENDENT
+    )
     fake_claude.script(
-        schema=[{"actions": [["write", "schema.sql", "x"],
-                             ["bash", 'printf "wrote the schema on purpose" > "$FLEETRUN_SUMMARY_FILE"']]}],
-        api=[{"actions": [["write", "api.py", "x"]]}])
+        schema=[
+            {
+                "actions": [
+                    ["write", "schema.sql", "x"],
+                    ["bash", 'printf "wrote the schema on purpose" > "$FLEETRUN_SUMMARY_FILE"'],
+                ]
+            }
+        ],
+        api=[{"actions": [["write", "api.py", "x"]]}],
+    )
     r = fleeter.run("tasks.toml")
     assert r.ret == 0, r.stdout + r.stderr
     env = fake_claude.calls("schema")[0]["env"]

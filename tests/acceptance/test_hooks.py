@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import json
 
-RECORDER = '''
+RECORDER = """
 import json, os
 import fleetrun
 
@@ -29,9 +29,9 @@ def fleetrun_task_waiting(task, reason, config):
 @fleetrun.hookimpl
 def fleetrun_cleanup_workspace(task, config):
     note(hook="cleanup", task=task.name, state=task.state.value)
-'''
+"""
 
-TASKS = '''
+TASKS = """
 [agents.sh]
 command = ["{python}", "-c", "import os; open('made-by-agent.txt','w').write(os.environ.get('EXTRA', ''))"]
 
@@ -49,7 +49,7 @@ agent = "sh"
 depends_on = ["first"]
   [[task.verify]]
   run = "true"
-'''
+"""
 
 
 def calls(fleeter):
@@ -70,7 +70,9 @@ def test_reporting_hooks_are_called(fleeter):
 
 def test_place_candidates_and_waiting_hooks(fleeter):
     fleeter.write_tasks(TASKS)
-    fleeter.write_fleetconf(RECORDER + '''
+    fleeter.write_fleetconf(
+        RECORDER
+        + """
 import time
 
 @fleetrun.hookimpl
@@ -85,7 +87,8 @@ def fleetrun_place(task, candidates, policy, config):
         open(LOG + ".go", "w").close()
         return fleetrun.Wait("the custom placer says not yet", until=time.time() + 0.2)
     return fleetrun.Placement("local")
-''')
+"""
+    )
     r = fleeter.run("tasks.toml")
     assert r.ret == 0, r.stdout + r.stderr
     r.fnmatch_lines(["waiting: * (first): the custom placer says not yet"])
@@ -99,7 +102,7 @@ def test_prepare_spawn_agent_result_and_handoff_hooks(fleeter, tmp_path):
     custom = tmp_path / "custom-workspace"
     custom.mkdir()
     fleeter.write_tasks(TASKS)
-    fleeter.write_fleetconf(f'''
+    fleeter.write_fleetconf(f"""
 import fleetrun, sys
 
 @fleetrun.hookimpl(tryfirst=True)
@@ -126,7 +129,7 @@ def fleetrun_build_prompt(task, attempt, config, context):
     with open(os.path.join({str(custom)!r}, task.name + ".prompt"), "w") as f:
         f.write(json.dumps([h.summary for h in context["handoffs"]]))
     return None  # the default builds the prompt
-''')
+""")
     r = fleeter.run("tasks.toml")
     assert r.ret == 0, r.stdout + r.stderr
     assert (custom / "made-by-agent.txt").read_text() in ("custom-spawn first", "custom-spawn second")
@@ -136,7 +139,7 @@ def fleetrun_build_prompt(task, attempt, config, context):
 
 def test_collect_work_hook_runs_before_the_verifiers(fleeter):
     fleeter.write_tasks(TASKS)
-    fleeter.write_fleetconf('''
+    fleeter.write_fleetconf("""
 import fleetrun, os
 
 @fleetrun.hookimpl(tryfirst=True)
@@ -145,7 +148,7 @@ def fleetrun_collect_work(task, attempt, workspace, config):
     with open(os.path.join(workspace.path, "collected-" + task.name), "w") as f:
         f.write(str(attempt.number))
     return "collected"
-''')
+""")
     text = (fleeter.path / "tasks.toml").read_text().replace('run = "true"', 'run = "test -f collected-second"')
     (fleeter.path / "tasks.toml").write_text(text)
     r = fleeter.run("tasks.toml")

@@ -19,7 +19,7 @@ pytest_plugins = ["sshd"]
 
 PLUGINS = Path(__file__).resolve().parents[1] / "plugins"
 
-PINNED = '''
+PINNED = """
 [[task]]
 name = "docked"
 cwd = "repo"
@@ -29,7 +29,7 @@ peer = "bay"
 
   [[task.verify]]
   run = "test -f out.txt"
-'''
+"""
 
 
 @pytest.fixture
@@ -66,8 +66,7 @@ def on_bay(fleeter: Any) -> Any:
     led = fleeter.ledger()
     (task,) = led.add_tasks([TaskSpec(name="docked", prompt="work there", cwd=str(repo))])
     att = led.lease(task.id, State.READY, "bay", "fresh")
-    led.update_attempt(att.id, state="running", shepherd_pid=4242, shepherd_token="bay-token",
-                       started=time.time())
+    led.update_attempt(att.id, state="running", shepherd_pid=4242, shepherd_token="bay-token", started=time.time())
     led.transition(task.id, State.ASSIGNED, State.RUNNING, "started", attempt=att.number, host="bay")
     return led.get(task.id)
 
@@ -90,13 +89,13 @@ def test_without_the_plugin_its_task_waits_with_the_reason_and_cancel_works(flee
 def test_a_placement_on_a_host_nobody_offers_waits_with_the_reason(fleeter: Any, fake_claude: Any) -> None:
     fleeter.make_repo()
     fleeter.write_tasks(PINNED.replace('peer = "bay"\n', ""))
-    fleeter.write_fleetconf('''
+    fleeter.write_fleetconf("""
 import fleetrun
 
 @fleetrun.hookimpl(tryfirst=True)
 def fleetrun_place(task, candidates, policy, config):
     return fleetrun.Placement("elsewhere")
-''')
+""")
     r = fleeter.run("tasks.toml")
     assert r.ret == 1, r.stdout + r.stderr
     assert "KeyError" not in r.stdout + r.stderr and "INTERNAL ERROR" not in r.stdout + r.stderr
@@ -111,16 +110,16 @@ def fleetrun_place(task, candidates, policy, config):
 
 
 @pytest.mark.parametrize("marker", ["(tryfirst=True)", ""])
-def test_a_fleetconf_prepare_hook_wins_for_a_host_that_is_not_local(fleeter: Any, fake_claude: Any,
-                                                                     secondhost: str, marker: str,
-                                                                     tmp_path: Path) -> None:
+def test_a_fleetconf_prepare_hook_wins_for_a_host_that_is_not_local(
+    fleeter: Any, fake_claude: Any, secondhost: str, marker: str, tmp_path: Path
+) -> None:
     """``bay`` made not local (as a peer is): the ``worktree`` plugin leaves it alone,
     and a ``fleetconf.py`` hook, plain or ``tryfirst``, prepares its workspace."""
     custom = tmp_path / "custom"
     custom.mkdir()
     fleeter.make_repo()
     fleeter.write_tasks(PINNED.replace('run = "test -f out.txt"', 'run = "true"'))
-    fleeter.write_fleetconf(f'''
+    fleeter.write_fleetconf(f"""
 import fleetrun, secondhost
 
 secondhost.Bay.local = False
@@ -136,7 +135,7 @@ def fleetrun_verify(task, verifier, workspace, attempt, host, config):
     if host.name == "bay":
         return fleetrun.Verdict(True, verifier.kind, verifier.label, reason="bay says yes", host=host.name)
     return None
-''')
+""")
     fake_claude.script(docked=[{"actions": [["write", "out.txt", "hi"]], "cost": 0.01}])
     try:
         r = fleeter.run("-p", secondhost, "tasks.toml")
@@ -157,7 +156,7 @@ def test_a_start_attempt_hook_starts_the_attempt_its_own_way(fleeter: Any) -> No
     SpawnSpec, and starts the attempt itself (here: the host's shepherd, with a
     variable of its own); the loop follows it to DONE as any other."""
     fleeter.make_repo()
-    fleeter.write_tasks('''
+    fleeter.write_tasks("""
 [agents.sh]
 command = ["sh", "-c", "echo $HOW > how.txt"]
 
@@ -168,8 +167,8 @@ prompt = "p"
 agent = "sh"
   [[task.verify]]
   run = "grep -q by-the-hook how.txt"
-''')
-    fleeter.write_fleetconf('''
+""")
+    fleeter.write_fleetconf("""
 import json, os
 import fleetrun
 from fleetrun.starting import shepherd_spec
@@ -184,19 +183,19 @@ def fleetrun_start_attempt(task, attempt, host, spawn, prompt, config):
     started = host.start(attempt.id, spec, prompt)
     assert isinstance(started, fleetrun.Started)
     return started
-''')
+""")
     r = fleeter.run("tasks.toml")
     assert r.ret == 0, r.stdout + r.stderr
     import json
 
-    assert json.loads((fleeter.path / "started.json").read_text()) == {"host": "local", "local": True,
-                                                                        "argv0": "sh"}
+    assert json.loads((fleeter.path / "started.json").read_text()) == {"host": "local", "local": True, "argv0": "sh"}
     assert fleeter.task("own-way").state is State.DONE
 
 
 @pytest.mark.parametrize("marker", ["(tryfirst=True)", ""])
-def test_a_fleetconf_prepare_hook_wins_over_the_relay_for_a_peer(fleeter: Any, fake_claude: Any, peer_lab: Any,
-                                                                  marker: str, tmp_path: Path) -> None:
+def test_a_fleetconf_prepare_hook_wins_over_the_relay_for_a_peer(
+    fleeter: Any, fake_claude: Any, peer_lab: Any, marker: str, tmp_path: Path
+) -> None:
     """The relay's stage hooks are ``trylast`` and answer for their own hosts: a
     ``fleetconf.py`` ``fleetrun_prepare_workspace``, plain or ``tryfirst``, is asked
     first for a peer's attempt too, and what it returns is where the attempt runs."""
@@ -208,14 +207,14 @@ def test_a_fleetconf_prepare_hook_wins_over_the_relay_for_a_peer(fleeter: Any, f
     custom.mkdir()
     fleeter.make_repo()
     fleeter.write_tasks(PINNED.replace('peer = "bay"', 'peer = "mini"').split("  [[task.verify]]")[0])
-    fleeter.write_fleetconf(f'''
+    fleeter.write_fleetconf(f"""
 import fleetrun
 
 @fleetrun.hookimpl{marker}
 def fleetrun_prepare_workspace(task, attempt, host, config):
     assert host.name == "mini" and not host.local
     return fleetrun.Workspace(path={str(custom)!r})
-''')
+""")
     fake_claude.script(docked=[{"actions": [["write", "out.txt", "hi"]], "cost": 0.01}])
     r = fleeter.run("tasks.toml")
     assert r.ret == 0, r.stdout + r.stderr
@@ -251,10 +250,14 @@ def test_the_relay_says_a_silent_peer_has_not_answered(tmp_path: Path) -> None:
     from fleetrun.stash import Stash
 
     now = time.time()
-    (tmp_path / STATE_FILE).write_text(json.dumps({
-        "mini": {"last_heard": now - 300, "error": "timed out", "error_at": now - 5},
-        "maxi": {"last_heard": now - 1, "error": "timed out", "error_at": now - 300},
-    }))
+    (tmp_path / STATE_FILE).write_text(
+        json.dumps(
+            {
+                "mini": {"last_heard": now - 300, "error": "timed out", "error_at": now - 5},
+                "maxi": {"last_heard": now - 1, "error": "timed out", "error_at": now - 300},
+            }
+        )
+    )
     config = SimpleNamespace(home=tmp_path, stash=Stash())
     said = relay.fleetrun_status_reason(task=SimpleNamespace(host="mini"), config=config)
     assert said is not None and said.startswith("mini has not answered for 5m;") and "fleetrun cancel" in said
@@ -271,8 +274,10 @@ def test_the_loop_polls_a_hosts_running_attempts_in_one_call(fleeter: Any) -> No
     marks = fleeter.path / "started"
     marks.mkdir()
     # each waits until both have started (at most ~120 s: a bound on a hang, not a timing)
-    wait_both = (f"touch {marks}/$FLEETRUN_TASK_ID; n=0; "
-                 f"while [ $(ls {marks} | wc -l) -lt 2 ] && [ $n -lt 2400 ]; do n=$((n+1)); sleep 0.05; done")
+    wait_both = (
+        f"touch {marks}/$FLEETRUN_TASK_ID; n=0; "
+        f"while [ $(ls {marks} | wc -l) -lt 2 ] && [ $n -lt 2400 ]; do n=$((n+1)); sleep 0.05; done"
+    )
     fleeter.write_tasks(f'''
 [agents.sh]
 command = ["sh", "-c", "{wait_both}"]
@@ -291,7 +296,7 @@ git_ref = "main"
 prompt = "p"
 agent = "sh"
 ''')
-    fleeter.write_fleetconf('''
+    fleeter.write_fleetconf("""
 import json, os
 import fleetrun
 from fleetrun.hosts import LocalHost
@@ -308,7 +313,7 @@ class Counted(LocalHost):
 @fleetrun.hookimpl(tryfirst=True)
 def fleetrun_hosts(config):
     return [Counted(config.home, measure=measure)]
-''')
+""")
     r = fleeter.run("tasks.toml")
     assert r.ret == 0, r.stdout + r.stderr
     import json
@@ -353,7 +358,7 @@ def test_a_host_whose_poll_raises_stops_its_tasks_not_the_fleet(fleeter: Any) ->
     """A bug in a host plugin's ``poll`` is each of its tasks' ``internal_error`` (as a
     bug while handling one task is), not a crash of the loop."""
     fleeter.make_repo()
-    fleeter.write_tasks('''
+    fleeter.write_tasks("""
 [agents.sh]
 command = ["sh", "-c", "exit 0"]
 
@@ -363,8 +368,8 @@ cwd = "repo"
 git_ref = "main"
 prompt = "p"
 agent = "sh"
-''')
-    fleeter.write_fleetconf('''
+""")
+    fleeter.write_fleetconf("""
 import fleetrun
 from fleetrun.hosts import LocalHost
 from fleetrun.plugins.local import measure
@@ -376,7 +381,7 @@ class Broken(LocalHost):
 @fleetrun.hookimpl(tryfirst=True)
 def fleetrun_hosts(config):
     return [Broken(config.home, measure=measure)]
-''')
+""")
     r = fleeter.run("tasks.toml")
     task = fleeter.task("polled")
     assert task.state is State.NEEDS_HUMAN, r.stdout + r.stderr

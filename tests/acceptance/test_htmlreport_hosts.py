@@ -36,7 +36,8 @@ class Elements(HTMLParser):
 
 
 def test_a_peer_task_has_its_own_lane_and_the_command_that_fetches_its_branch(
-        fleeter: Any, fake_claude: Any, peer_lab: Any) -> None:
+    fleeter: Any, fake_claude: Any, peer_lab: Any
+) -> None:
     fleeter.make_repo()
     mini = peer_lab.machine("mini")
     mini.write("config.toml", (fleeter.home / "config.toml").read_text())

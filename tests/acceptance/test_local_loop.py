@@ -13,9 +13,7 @@ from pathlib import Path
 
 import pytest
 
-FAIL_UNLESS_FINAL = (
-    "test \"$(cat FIX.txt)\" = final || { echo 'FIX.txt must contain exactly the word final'; exit 1; }"
-)
+FAIL_UNLESS_FINAL = "test \"$(cat FIX.txt)\" = final || { echo 'FIX.txt must contain exactly the word final'; exit 1; }"
 
 
 def one_task(fleeter, extra: str = "", verify: str = 'run = "test -f out.txt"', name: str = "t1") -> None:
@@ -39,12 +37,22 @@ def branch_files(fleeter, branch: str) -> list[str]:
 
 def test_done_worktree_removed_branch_kept(fleeter, fake_claude):
     one_task(fleeter)
-    fake_claude.script(t1=[{"actions": [["write", "out.txt", "hello"], ["commit", "add out"]],
-                            "result": "Wrote out.txt", "cost": 0.05}])
+    fake_claude.script(
+        t1=[
+            {"actions": [["write", "out.txt", "hello"], ["commit", "add out"]], "result": "Wrote out.txt", "cost": 0.05}
+        ]
+    )
     r = fleeter.run("tasks.toml")
     assert r.ret == 0, r.stdout + r.stderr
-    r.fnmatch_lines(["fleetrun * -- home *", "collected 1 task", "*t1 RUNNING (attempt 1) on local*",
-                     "*t1 DONE (attempt 1)*verify_pass", "=== 1 done in *, $0.05 ==="])
+    r.fnmatch_lines(
+        [
+            "fleetrun * -- home *",
+            "collected 1 task",
+            "*t1 RUNNING (attempt 1) on local*",
+            "*t1 DONE (attempt 1)*verify_pass",
+            "=== 1 done in *, $0.05 ===",
+        ]
+    )
     task = fleeter.task("t1")
     assert task.state.value == "DONE"
     assert task.cost_usd == pytest.approx(0.05)
@@ -75,10 +83,14 @@ def test_done_worktree_removed_branch_kept(fleeter, fake_claude):
 
 def test_retry_gets_the_failure_in_its_prompt(fleeter, fake_claude):
     one_task(fleeter, verify=f"run = {json.dumps(FAIL_UNLESS_FINAL)}", name="fix-it")
-    fake_claude.script(**{"fix-it": [
-        {"actions": [["write", "FIX.txt", "draft"], ["commit", "draft"]], "cost": 0.32},
-        {"actions": [["write", "FIX.txt", "final"], ["commit", "final"]], "cost": 0.33},
-    ]})
+    fake_claude.script(
+        **{
+            "fix-it": [
+                {"actions": [["write", "FIX.txt", "draft"], ["commit", "draft"]], "cost": 0.32},
+                {"actions": [["write", "FIX.txt", "final"], ["commit", "final"]], "cost": 0.33},
+            ]
+        }
+    )
     r = fleeter.run("tasks.toml")
     assert r.ret == 0, r.stdout + r.stderr
     r.fnmatch_lines(["*fix-it RETRYING*verify_fail:*", "*fix-it DONE (attempt 2)*", "=== 1 done in *, $0.65 ==="])
@@ -105,13 +117,18 @@ def test_needs_human_after_max_retries(fleeter, fake_claude):
     assert task.reason.startswith("retries_exhausted:")
     r.fnmatch_lines(["=== 1 needs_human in * ==="])
     logs = fleeter.run("logs", "t1")
-    logs.fnmatch_lines(["*FAIL verifier 1 (run: echo nope; exit 3) attempt 1: exit code 3*", "*| nope",
-                        "*VERIFYING -> NEEDS_HUMAN*retries_exhausted*"])
+    logs.fnmatch_lines(
+        [
+            "*FAIL verifier 1 (run: echo nope; exit 3) attempt 1: exit code 3*",
+            "*| nope",
+            "*VERIFYING -> NEEDS_HUMAN*retries_exhausted*",
+        ]
+    )
 
 
 def test_dependency_waits_and_gets_the_handoff(fleeter, fake_claude):
     fleeter.make_repo()
-    fleeter.write_tasks('''
+    fleeter.write_tasks("""
         [[task]]
         name = "user-api"
         cwd = "repo"
@@ -124,12 +141,18 @@ def test_dependency_waits_and_gets_the_handoff(fleeter, fake_claude):
         cwd = "repo"
         prompt = "Add a users table."
         git_ref = "main"
-    ''')
-    fake_claude.script(**{
-        "user-schema": [{"actions": [["sleep", 0.5], ["write", "schema.sql", "CREATE TABLE users"]],
-                         "result": "Added the users table in schema.sql"}],
-        "user-api": [{"actions": [["write", "api.py", "# api"]], "result": "Added api.py"}],
-    })
+    """)
+    fake_claude.script(
+        **{
+            "user-schema": [
+                {
+                    "actions": [["sleep", 0.5], ["write", "schema.sql", "CREATE TABLE users"]],
+                    "result": "Added the users table in schema.sql",
+                }
+            ],
+            "user-api": [{"actions": [["write", "api.py", "# api"]], "result": "Added api.py"}],
+        }
+    )
     r = fleeter.run("tasks.toml")
     assert r.ret == 0, r.stdout + r.stderr
     schema, api = fleeter.task("user-schema"), fleeter.task("user-api")
@@ -147,7 +170,7 @@ def test_dependency_waits_and_gets_the_handoff(fleeter, fake_claude):
 
 
 def test_cancel_cascades_down_the_chain(fleeter):
-    fleeter.write_tasks('''
+    fleeter.write_tasks("""
         [[task]]
         name = "a"
         prompt = "a"
@@ -161,12 +184,17 @@ def test_cancel_cascades_down_the_chain(fleeter):
         name = "c"
         prompt = "c"
         depends_on = ["b"]
-    ''')
+    """)
     assert fleeter.run("queue", "tasks.toml").ret == 0
     r = fleeter.run("cancel", "a")
     assert r.ret == 0
-    r.fnmatch_lines(["cancelled a *", "  b * -> NEEDS_HUMAN (dependency_cancelled:a)",
-                     "  c * -> NEEDS_HUMAN (dependency_needs_human:b)"])
+    r.fnmatch_lines(
+        [
+            "cancelled a *",
+            "  b * -> NEEDS_HUMAN (dependency_cancelled:a)",
+            "  c * -> NEEDS_HUMAN (dependency_needs_human:b)",
+        ]
+    )
     assert fleeter.states() == {"a": "CANCELLED", "b": "NEEDS_HUMAN", "c": "NEEDS_HUMAN"}
     assert fleeter.run("cancel", "a").outlines[0].endswith("was already CANCELLED")
     # retry brings the chain back
@@ -193,8 +221,12 @@ def test_dead_session_is_resumed(fleeter, fake_claude, mode):
     """Killed, exit 0 without a result, a result with is_error, a good result with a bad
     exit code: none of them is a success."""
     one_task(fleeter)
-    fake_claude.script(t1=[{"mode": mode, "exit": 2, "actions": [["write", "half.txt", "x"]]},
-                           {"actions": [["write", "out.txt", "x"]]}])
+    fake_claude.script(
+        t1=[
+            {"mode": mode, "exit": 2, "actions": [["write", "half.txt", "x"]]},
+            {"actions": [["write", "out.txt", "x"]]},
+        ]
+    )
     r = fleeter.run("tasks.toml")
     assert r.ret == 0, r.stdout + r.stderr
     r.fnmatch_lines(["*t1 RESUMING (attempt 1)*session_died*", "*t1 DONE (attempt 2)*"])
@@ -226,7 +258,7 @@ def test_dirty_worktree_is_kept_after_done(fleeter, fake_claude):
 def test_exitfirst_starts_nothing_after_first_needs_human(fleeter, fake_claude):
     fleeter.make_repo()
     fleeter.write_policy("[local]\nmax_tasks = 1\n")
-    fleeter.write_tasks('''
+    fleeter.write_tasks("""
         [[task]]
         name = "bad"
         cwd = "repo"
@@ -239,7 +271,7 @@ def test_exitfirst_starts_nothing_after_first_needs_human(fleeter, fake_claude):
         name = "later"
         cwd = "repo"
         prompt = "y"
-    ''')
+    """)
     r = fleeter.run("tasks.toml", "-x")
     assert r.ret == 1, r.stdout + r.stderr
     assert fleeter.states() == {"bad": "NEEDS_HUMAN", "later": "READY"}, r.stdout
@@ -279,13 +311,18 @@ def test_queue_then_work_until_idle(fleeter, fake_claude):
 def test_max_tasks_is_respected(fleeter, fake_claude):
     fleeter.make_repo()
     fleeter.write_policy("[local]\nmax_tasks = 2\n")
-    fleeter.write_tasks("\n".join(f'''
+    fleeter.write_tasks(
+        "\n".join(
+            f"""
         [[task]]
         name = "t{i}"
         cwd = "repo"
         prompt = "p"
         git_ref = "main"
-    ''' for i in range(5)))
+    """
+            for i in range(5)
+        )
+    )
     fake_claude.script(default=[{"actions": [["sleep", 0.3], ["write", "f.txt", "x"]]}])
     r = fleeter.run("tasks.toml")
     assert r.ret == 0, r.stdout + r.stderr
@@ -321,8 +358,8 @@ def test_second_work_loop_is_refused(fleeter, fake_claude):
 def test_task_names_and_prompts_never_reach_a_shell(fleeter):
     fleeter.make_repo()
     evil = "x; touch pwned-name $(touch pwned-sub)"
-    prompt = "it's \"quoted\"; rm -rf / `touch pwned-prompt` $(touch pwned-prompt2)"
-    fleeter.write_tasks(f'''
+    prompt = 'it\'s "quoted"; rm -rf / `touch pwned-prompt` $(touch pwned-prompt2)'
+    fleeter.write_tasks(f"""
         [agents.echo]
         command = ["{{python}}", "-c", "import sys; open('argv.json','w').write(__import__('json').dumps(sys.argv[1:]))", "{{prompt}}", "{{attempt}}"]
 
@@ -334,7 +371,7 @@ def test_task_names_and_prompts_never_reach_a_shell(fleeter):
         prompt = {json.dumps(prompt)}
           [[task.verify]]
           run = "test -f argv.json"
-    ''')
+    """)
     r = fleeter.run("tasks.toml")
     assert r.ret == 0, r.stdout + r.stderr
     task = fleeter.task(evil)
@@ -347,12 +384,12 @@ def test_task_names_and_prompts_never_reach_a_shell(fleeter):
 def test_missing_agent_executable_never_starts(fleeter, monkeypatch):
     fleeter.make_repo()
     fleeter.write_config('[claude]\nexecutable = "/nonexistent/claude"\n')
-    fleeter.write_tasks('''
+    fleeter.write_tasks("""
         [[task]]
         name = "t1"
         cwd = "repo"
         prompt = "p"
-    ''')
+    """)
     monkeypatch.setattr("fleetrun.placement.BACKOFF_BASE_S", 0.05)
     r = fleeter.run("tasks.toml")
     assert r.ret == 1
@@ -377,7 +414,7 @@ def test_drain_makes_tasks_wait(fleeter, fake_claude):
 
 
 def test_status_graph_says_why(fleeter):
-    fleeter.write_tasks('''
+    fleeter.write_tasks("""
         [[task]]
         name = "user-schema"
         prompt = "a"
@@ -386,7 +423,7 @@ def test_status_graph_says_why(fleeter):
         name = "user-api"
         prompt = "b"
         depends_on = ["user-schema"]
-    ''')
+    """)
     fleeter.run("queue", "tasks.toml")
     r = fleeter.run("status", "--graph")
     r.fnmatch_lines(["user-schema [[]READY] task_*", "  user-api [[]PENDING] task_*  waiting for user-schema (READY)"])
@@ -400,8 +437,9 @@ def test_no_tasks_collected(fleeter):
 def test_shepherd_survives_subprocess_tree(fleeter, fake_claude):
     """The agent's process tree is ended with the attempt: nothing is left behind."""
     one_task(fleeter, extra="timeout_min = 0.02")
-    fake_claude.script(t1=[{"mode": "hang", "actions": [["bash", "sleep 313.7 &"]]},
-                           {"actions": [["write", "out.txt", "x"]]}])
+    fake_claude.script(
+        t1=[{"mode": "hang", "actions": [["bash", "sleep 313.7 &"]]}, {"actions": [["write", "out.txt", "x"]]}]
+    )
     fleeter.write_config(f'[claude]\nexecutable = "{fake_claude_path()}"\nallowed_tools = ["Bash"]\n')
     r = fleeter.run("tasks.toml")
     assert r.ret == 0, r.stdout + r.stderr
@@ -416,11 +454,11 @@ def fake_claude_path() -> str:
 
 
 def test_retry_elsewhere_frees_a_task_from_its_machine(fleeter):
-    fleeter.write_tasks('''
+    fleeter.write_tasks("""
         [[task]]
         name = "a"
         prompt = "a"
-    ''')
+    """)
     fleeter.run("queue", "tasks.toml")
     led = fleeter.ledger()
     task = fleeter.task("a")
@@ -458,8 +496,9 @@ def test_sigterm_stops_work_like_ctrl_c(fleeter, fake_claude):
 def test_broken_pipe_is_not_an_internal_error(fleeter):
     fleeter.write_tasks("\n".join(f'[[task]]\nname = "t{i}"\nprompt = "p"\n' for i in range(1500)))
     fleeter.run("queue", "tasks.toml")
-    proc = subprocess.Popen(f"{sys.executable} -m fleetrun status | head -1", shell=True,
-                            stdout=subprocess.PIPE, stderr=subprocess.PIPE)
+    proc = subprocess.Popen(
+        f"{sys.executable} -m fleetrun status | head -1", shell=True, stdout=subprocess.PIPE, stderr=subprocess.PIPE
+    )
     out, err = proc.communicate(timeout=60)
     assert b"INTERNAL ERROR" not in err and b"Traceback" not in err
     assert not (fleeter.home / "internal-error.log").exists()
@@ -491,8 +530,9 @@ def test_defaults_of_the_project_and_the_tasks_file_reach_the_agent(fleeter, fak
     # the task's own key > the tasks file's top level > the project file's [task]
     fleeter.make_repo()
     (fleeter.path / "fleetrun.toml").write_text(
-        '[task]\nmodel = "opus"\nmax_retries = 0\nallowed_tools = ["Read", "Edit"]\ngit_ref = "main"\n')
-    fleeter.write_tasks('''
+        '[task]\nmodel = "opus"\nmax_retries = 0\nallowed_tools = ["Read", "Edit"]\ngit_ref = "main"\n'
+    )
+    fleeter.write_tasks("""
         model = "sonnet"
 
         [[task]]
@@ -512,9 +552,11 @@ def test_defaults_of_the_project_and_the_tasks_file_reach_the_agent(fleeter, fak
 
           [[task.verify]]
           run = "test -f out.txt"
-    ''')
-    fake_claude.script(t1=[{"actions": [["write", "out.txt", "x"]]}],
-                       t2=[{"actions": [["write", "out.txt", "x"], ["commit", "add out"]]}])
+    """)
+    fake_claude.script(
+        t1=[{"actions": [["write", "out.txt", "x"]]}],
+        t2=[{"actions": [["write", "out.txt", "x"], ["commit", "add out"]]}],
+    )
     r = fleeter.run("tasks.toml")
     assert r.ret == 1, r.stdout + r.stderr
     (one,) = fake_claude.calls("t1")  # max_retries = 0 from the project file: no retry
@@ -523,7 +565,7 @@ def test_defaults_of_the_project_and_the_tasks_file_reach_the_agent(fleeter, fak
     assert fleeter.task("t2").state.value == "DONE"
     assert one["argv"][one["argv"].index("--model") + 1] == "sonnet"
     assert two["argv"][two["argv"].index("--model") + 1] == "haiku"
-    tools = one["argv"][one["argv"].index("--allowedTools") + 1:]
+    tools = one["argv"][one["argv"].index("--allowedTools") + 1 :]
     assert tools[:2] == ["Read", "Edit"] and "Bash(git commit:*)" not in one["argv"]
     # a task's own list replaces the default's: nothing of it is merged in
     assert "Read" not in two["argv"] and "Bash(make:*)" in two["argv"]
@@ -557,7 +599,8 @@ def test_a_file_queued_while_work_runs_brings_its_agents_and_fleetconf(fleeter):
         later.mkdir()
         (later / "fleetconf.py").write_text(
             "import fleetrun\n\n@fleetrun.hookimpl\ndef fleetrun_build_prompt(task, attempt, config, context):\n"
-            "    return 'from the fleetconf of the later file'\n")
+            "    return 'from the fleetconf of the later file'\n"
+        )
         (later / "tasks.toml").write_text(f"""
 [agents.echo]
 command = ["{sys.executable}", "-c", "import sys; open('prompt.txt', 'w').write(sys.argv[1])", "{{prompt}}"]
@@ -575,8 +618,12 @@ prompt = "p"
             time.sleep(0.1)
         assert fleeter.states()["second"] == "DONE", fleeter.run("logs", "second").stdout
         branch = fleeter.ledger().find("second").branch
-        shown = subprocess.run(["git", "-C", str(fleeter.path / "repo"), "show", f"{branch}:prompt.txt"],
-                               capture_output=True, text=True, check=True).stdout
+        shown = subprocess.run(
+            ["git", "-C", str(fleeter.path / "repo"), "show", f"{branch}:prompt.txt"],
+            capture_output=True,
+            text=True,
+            check=True,
+        ).stdout
         assert shown == "from the fleetconf of the later file"
     finally:
         proc.send_signal(signal.SIGINT)

@@ -76,10 +76,14 @@ def install_stop_hook(folder: Path, command: str = PREFIX) -> None:
     """What ``role install-hooks`` writes: the Stop hook, and the allow rules that let the
     session report back in -p mode (measured: they count in settings.local.json)."""
     (folder / ".claude").mkdir(exist_ok=True)
-    (folder / ".claude" / "settings.local.json").write_text(json.dumps({
-        "hooks": {"Stop": [{"hooks": [{"type": "command", "command": f"{command} mailbox stop-hook"}]}]},
-        "permissions": {"allow": [f"Bash({command} mailbox done:*)", f"Bash({command} mailbox fail:*)"]},
-    }))
+    (folder / ".claude" / "settings.local.json").write_text(
+        json.dumps(
+            {
+                "hooks": {"Stop": [{"hooks": [{"type": "command", "command": f"{command} mailbox stop-hook"}]}]},
+                "permissions": {"allow": [f"Bash({command} mailbox done:*)", f"Bash({command} mailbox fail:*)"]},
+            }
+        )
+    )
 
 
 def finish(proc: subprocess.Popen[bytes], timeout: float = 60.0) -> tuple[int, str]:
@@ -95,8 +99,14 @@ def finish(proc: subprocess.Popen[bytes], timeout: float = 60.0) -> tuple[int, s
 def report_from(folder: Path, *args: str) -> subprocess.CompletedProcess[str]:
     """``fleetrun ARGS`` run in ``folder`` (a person at a terminal there): it answers to
     the role bound over that folder, when that role is bound to no running process."""
-    return subprocess.run([sys.executable, "-m", "fleetrun", *args], cwd=str(folder), capture_output=True,
-                          text=True, timeout=120, stdin=subprocess.DEVNULL)
+    return subprocess.run(
+        [sys.executable, "-m", "fleetrun", *args],
+        cwd=str(folder),
+        capture_output=True,
+        text=True,
+        timeout=120,
+        stdin=subprocess.DEVNULL,
+    )
 
 
 class Standin:
@@ -114,8 +124,9 @@ class Standin:
         self.n += 1
         out, rc = self.where / f"standin.{self.n}.out", self.where / f"standin.{self.n}.rc"
         assert self.proc.stdin is not None
-        self.proc.stdin.write(f"{PREFIX} {shlex.join(args)} > {out} 2>&1; echo $? > {rc}.tmp; "
-                              f"mv {rc}.tmp {rc}\n".encode())
+        self.proc.stdin.write(
+            f"{PREFIX} {shlex.join(args)} > {out} 2>&1; echo $? > {rc}.tmp; mv {rc}.tmp {rc}\n".encode()
+        )
         self.proc.stdin.flush()
         wait_for(rc.exists, why=f"the stand-in's {args}")
         return int(rc.read_text()), out.read_text()
@@ -127,20 +138,21 @@ class Standin:
             self.proc.stdin.close()
 
 
-ROLE_TASK = '''
+ROLE_TASK = """
     [[task]]
     name = "reconnect"
     cwd = "proj"
     role = "relay"
     prompt = "Reconnect with backoff after a dropped link."
-'''
+"""
 
 
 # -- the whole turn ---------------------------------------------------------------------
 
 
-def test_a_session_ends_its_turn_gets_the_task_from_its_stop_hook_and_reports_it_done(fleeter: Any,
-                                                                                     fake_claude: Any) -> None:
+def test_a_session_ends_its_turn_gets_the_task_from_its_stop_hook_and_reports_it_done(
+    fleeter: Any, fake_claude: Any
+) -> None:
     proj = role_dir(fleeter)
     # the hook names its home (a session's environment need not have FLEETRUN_HOME): the
     # commands it hands the session start with the same words, so the allow rules match
@@ -153,16 +165,26 @@ def test_a_session_ends_its_turn_gets_the_task_from_its_stop_hook_and_reports_it
     assert msg.state == "pending" and msg.why == "role = relay"
     task_id = msg.task_id
     # the session: its first turn ends, the hook blocks with the task, it does it and reports
-    fake_claude.script(default=[
-        {"actions": [["print", "idle"]], "result": "nothing to do"},
-        {"actions": [["write", "peer.rs", "backoff"],
-                     ["bash", f"{command} mailbox done {task_id} --summary 'reconnects with backoff'"]],
-         "result": "reported"},
-    ])
+    fake_claude.script(
+        default=[
+            {"actions": [["print", "idle"]], "result": "nothing to do"},
+            {
+                "actions": [
+                    ["write", "peer.rs", "backoff"],
+                    ["bash", f"{command} mailbox done {task_id} --summary 'reconnects with backoff'"],
+                ],
+                "result": "reported",
+            },
+        ]
+    )
     env = {k: v for k, v in os.environ.items() if k != "FLEETRUN_HOME"}
-    session = subprocess.run([str(FAKE), "-p", "hello", "--permission-mode", "acceptEdits",
-                              "--output-format", "stream-json", "--verbose"],
-                             cwd=str(proj), capture_output=True, timeout=60, env=env)
+    session = subprocess.run(
+        [str(FAKE), "-p", "hello", "--permission-mode", "acceptEdits", "--output-format", "stream-json", "--verbose"],
+        cwd=str(proj),
+        capture_output=True,
+        timeout=60,
+        env=env,
+    )
     assert session.returncode == 0, session.stderr.decode()
     code, out = finish(run)
     assert code == 0, out
@@ -182,7 +204,9 @@ def test_a_session_ends_its_turn_gets_the_task_from_its_stop_hook_and_reports_it
     assert f"{command} mailbox fail {task_id} --reason" in reason
     assert "Reconnect with backoff after a dropped link." in reason
     assert messages(fleeter) == [(task_id, "done")]
-    assert "role relay reported done: reconnects with backoff" in (fleeter.home / "attempts" / att.id / "log").read_text()
+    assert (
+        "role relay reported done: reconnects with backoff" in (fleeter.home / "attempts" / att.id / "log").read_text()
+    )
     assert (fleeter.home / "attempts" / att.id / "prompt").read_text().startswith("Reconnect with backoff")
     # a second report of the same task is refused
     late = fleeter.runsub("mailbox", "done", task_id)
@@ -191,8 +215,14 @@ def test_a_session_ends_its_turn_gets_the_task_from_its_stop_hook_and_reports_it
 
 def test_the_stop_hook_prints_nothing_without_mail_and_never_fails_the_session(fleeter: Any) -> None:
     proj = role_dir(fleeter)
-    hook = {"session_id": "s", "transcript_path": "/x", "cwd": str(proj), "hook_event_name": "Stop",
-            "stop_hook_active": False, "last_assistant_message": "done"}
+    hook = {
+        "session_id": "s",
+        "transcript_path": "/x",
+        "cwd": str(proj),
+        "hook_event_name": "Stop",
+        "stop_hook_active": False,
+        "last_assistant_message": "done",
+    }
     r = fleeter.runsub("mailbox", "stop-hook", input=json.dumps(hook))  # no ledger at all
     assert (r.ret, r.stdout) == (0, "")
     assert fleeter.runsub("role", "bind", "relay", str(proj)).ret == 0
@@ -203,8 +233,9 @@ def test_the_stop_hook_prints_nothing_without_mail_and_never_fails_the_session(f
     assert "stop-hook" in (fleeter.home / "mailbox-hook.log").read_text()
 
 
-def test_a_session_bound_with_self_answers_by_its_pid_where_two_roles_share_its_folder(fleeter: Any,
-                                                                                        fake_claude: Any) -> None:
+def test_a_session_bound_with_self_answers_by_its_pid_where_two_roles_share_its_folder(
+    fleeter: Any, fake_claude: Any
+) -> None:
     proj = role_dir(fleeter)
     install_stop_hook(proj)
     assert fleeter.runsub("role", "bind", "repo", str(proj)).ret == 0
@@ -212,14 +243,24 @@ def test_a_session_bound_with_self_answers_by_its_pid_where_two_roles_share_its_
     fleeter.write_tasks(ROLE_TASK)
     run = fleeter.popen("tasks.toml")
     msg = wait_for(lambda: message(fleeter, "reconnect"), why="the delivery")
-    fake_claude.script(default=[
-        # two roles on its folder: it answers to neither until it binds one to itself
-        {"actions": [["bash", f"{PREFIX} role whoami > before.txt; {PREFIX} role bind relay . --self"],
-                     ["bash", f"{PREFIX} role whoami > after.txt"]]},
-        {"actions": [["bash", f"{PREFIX} mailbox done {msg.task_id} --summary bound"]]},
-    ])
-    session = subprocess.Popen([str(FAKE), "-p", "hello", "--permission-mode", "bypassPermissions"], cwd=str(proj),
-                               stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
+    fake_claude.script(
+        default=[
+            # two roles on its folder: it answers to neither until it binds one to itself
+            {
+                "actions": [
+                    ["bash", f"{PREFIX} role whoami > before.txt; {PREFIX} role bind relay . --self"],
+                    ["bash", f"{PREFIX} role whoami > after.txt"],
+                ]
+            },
+            {"actions": [["bash", f"{PREFIX} mailbox done {msg.task_id} --summary bound"]]},
+        ]
+    )
+    session = subprocess.Popen(
+        [str(FAKE), "-p", "hello", "--permission-mode", "bypassPermissions"],
+        cwd=str(proj),
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.PIPE,
+    )
     _, err = session.communicate(timeout=60)
     assert session.returncode == 0, err.decode()
     assert (proj / "before.txt").read_text().startswith("no role (session ")
@@ -245,8 +286,14 @@ def test_note_edit_credits_the_sessions_role_and_never_fails_the_session(fleeter
     pytest.importorskip("fleetrun.plugins.mailbox.hookio")  # the install-hooks change's module
     proj = role_dir(fleeter)
     assert fleeter.runsub("role", "bind", "relay", str(proj)).ret == 0
-    edit = {"session_id": "s", "cwd": str(proj), "hook_event_name": "PostToolUse", "tool_name": "Write",
-            "tool_input": {"file_path": "src/a.py", "content": "x"}, "tool_response": {}}
+    edit = {
+        "session_id": "s",
+        "cwd": str(proj),
+        "hook_event_name": "PostToolUse",
+        "tool_name": "Write",
+        "tool_input": {"file_path": "src/a.py", "content": "x"},
+        "tool_response": {},
+    }
     r = fleeter.runsub("role", "note-edit", input=json.dumps(edit))
     assert (r.ret, r.stdout, r.stderr) == (0, "", "")
     conn = store.connect(str(fleeter.home / "state.db"))
@@ -260,11 +307,16 @@ def test_note_edit_credits_the_sessions_role_and_never_fails_the_session(fleeter
 def hook_imports(fleeter: Any, cwd: Path) -> tuple[str, list[str]]:
     """What ``mailbox stop-hook`` printed, and the modules it imported."""
     hook = json.dumps({"session_id": "s", "cwd": str(cwd), "hook_event_name": "Stop", "stop_hook_active": False})
-    proc = subprocess.run([sys.executable, "-c", PROBE, "mailbox", "stop-hook"], input=hook.encode(),
-                          capture_output=True, cwd=str(cwd), timeout=60)
+    proc = subprocess.run(
+        [sys.executable, "-c", PROBE, "mailbox", "stop-hook"],
+        input=hook.encode(),
+        capture_output=True,
+        cwd=str(cwd),
+        timeout=60,
+    )
     lines = [ln for ln in proc.stderr.decode().splitlines() if ln.startswith("PROBE ")]
     assert proc.returncode == 0 and lines, proc.stderr.decode()
-    got = json.loads(lines[-1][len("PROBE "):])
+    got = json.loads(lines[-1][len("PROBE ") :])
     assert got["code"] == 0
     return proc.stdout.decode(), got["modules"]
 
@@ -287,8 +339,9 @@ def test_the_stop_hook_loads_no_plugin_and_no_psutil_unless_mail_may_be_its_own(
     conn.close()
 
 
-def test_installed_hooks_credit_edits_and_focus_routes_between_two_roles_on_one_folder(fleeter: Any,
-                                                                                       fake_claude: Any) -> None:
+def test_installed_hooks_credit_edits_and_focus_routes_between_two_roles_on_one_folder(
+    fleeter: Any, fake_claude: Any
+) -> None:
     settings = pytest.importorskip("fleetrun.plugins.mailbox.settings")  # the install-hooks change's module
     proj = role_dir(fleeter)
     role_dir(fleeter, "proj/src/relay")
@@ -299,21 +352,32 @@ def test_installed_hooks_credit_edits_and_focus_routes_between_two_roles_on_one_
     other = subprocess.Popen(["sleep", "120"])  # a second live role on the same folder
     try:
         assert fleeter.runsub("role", "bind", "repo", str(proj), "--pid", str(other.pid)).ret == 0
-        fleeter.write_tasks('''
+        fleeter.write_tasks("""
             [[task]]
             name = "peer"
             cwd = "proj"
             paths = ["src/relay/peer.rs"]
             prompt = "Reconnect."
-        ''')
-        fake_claude.script(default=[
-            {"actions": [["bash", f"{command} role bind relay . --self"],
-                         ["write", "src/relay/a.rs", "a"], ["write", "src/relay/b.rs", "b"],
-                         ["bash", "until test -f go; do sleep 0.1; done"]]},
-            {"actions": [["bash", f"{command} mailbox done TASK --summary focused"]]},
-        ])
-        session = subprocess.Popen([str(FAKE), "-p", "hello", "--permission-mode", "bypassPermissions"],
-                                   cwd=str(proj), stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
+        """)
+        fake_claude.script(
+            default=[
+                {
+                    "actions": [
+                        ["bash", f"{command} role bind relay . --self"],
+                        ["write", "src/relay/a.rs", "a"],
+                        ["write", "src/relay/b.rs", "b"],
+                        ["bash", "until test -f go; do sleep 0.1; done"],
+                    ]
+                },
+                {"actions": [["bash", f"{command} mailbox done TASK --summary focused"]]},
+            ]
+        )
+        session = subprocess.Popen(
+            [str(FAKE), "-p", "hello", "--permission-mode", "bypassPermissions"],
+            cwd=str(proj),
+            stdout=subprocess.DEVNULL,
+            stderr=subprocess.PIPE,
+        )
         relay_focus = str((proj / "src" / "relay").resolve())
 
         def focus_of_relay() -> bool:
@@ -326,12 +390,19 @@ def test_installed_hooks_credit_edits_and_focus_routes_between_two_roles_on_one_
         msg = wait_for(lambda: message(fleeter, "peer"), why="the delivery")
         assert msg.role == "relay" and msg.why == f"relay owns src/relay/peer.rs (its focus {relay_focus})"
         # the session's next step reports the task it was given (the id is known only now)
-        fake_claude.script(default=[
-            {"actions": [["bash", f"{command} role bind relay . --self"],
-                         ["write", "src/relay/a.rs", "a"], ["write", "src/relay/b.rs", "b"],
-                         ["bash", "until test -f go; do sleep 0.1; done"]]},
-            {"actions": [["bash", f"{command} mailbox done {msg.task_id} --summary focused"]]},
-        ])
+        fake_claude.script(
+            default=[
+                {
+                    "actions": [
+                        ["bash", f"{command} role bind relay . --self"],
+                        ["write", "src/relay/a.rs", "a"],
+                        ["write", "src/relay/b.rs", "b"],
+                        ["bash", "until test -f go; do sleep 0.1; done"],
+                    ]
+                },
+                {"actions": [["bash", f"{command} mailbox done {msg.task_id} --summary focused"]]},
+            ]
+        )
         (proj / "go").write_text("")
         _, err = session.communicate(timeout=60)
         assert session.returncode == 0, err.decode()
@@ -348,30 +419,42 @@ def test_installed_hooks_credit_edits_and_focus_routes_between_two_roles_on_one_
 
 
 def test_a_session_fleetrun_spawned_in_a_roles_folder_takes_no_mail_and_earns_the_role_no_focus(
-        fleeter: Any, fake_claude: Any) -> None:
+    fleeter: Any, fake_claude: Any
+) -> None:
     proj = role_dir(fleeter)
     assert fleeter.runsub("role", "install-hooks", str(proj)).ret == 0  # the Stop and PostToolUse hooks
     assert fleeter.runsub("role", "bind", "relay", str(proj)).ret == 0
     go = fleeter.path / "go"
     whoami = fleeter.path / "whoami.txt"
-    fleeter.write_tasks(ROLE_TASK + '''
+    fleeter.write_tasks(
+        ROLE_TASK
+        + """
     [[task]]
     name = "tidy"
     cwd = "proj"
     prompt = "Tidy up."
     permission_mode = "bypassPermissions"
-    ''')
+    """
+    )
     # a task without a worktree: fleetrun spawns its session in the role's folder, where
     # the role's hooks are; its turn ends only once the role's mail waits
-    fake_claude.script(tidy=[{"actions": [["bash", f"until test -f {go}; do sleep 0.1; done"],
-                                          ["write", "tidy.txt", "tidied"],
-                                          ["bash", f"{PREFIX} role whoami > {whoami}"],
-                                          # its own variable taken out: its session's still says whose it is
-                                          ["bash", f"env -u FLEETRUN_TASK_ID {PREFIX} role whoami > {whoami}.2"],
-                                          # nor does it report the role's task, or bind itself a role
-                                          ["bash", f"{PREFIX} mailbox done reconnect > {whoami}.done 2>&1"],
-                                          ["bash", f"{PREFIX} role bind tidy . --self > {whoami}.bind 2>&1"]],
-                              "result": "tidied"}])
+    fake_claude.script(
+        tidy=[
+            {
+                "actions": [
+                    ["bash", f"until test -f {go}; do sleep 0.1; done"],
+                    ["write", "tidy.txt", "tidied"],
+                    ["bash", f"{PREFIX} role whoami > {whoami}"],
+                    # its own variable taken out: its session's still says whose it is
+                    ["bash", f"env -u FLEETRUN_TASK_ID {PREFIX} role whoami > {whoami}.2"],
+                    # nor does it report the role's task, or bind itself a role
+                    ["bash", f"{PREFIX} mailbox done reconnect > {whoami}.done 2>&1"],
+                    ["bash", f"{PREFIX} role bind tidy . --self > {whoami}.bind 2>&1"],
+                ],
+                "result": "tidied",
+            }
+        ]
+    )
     run = fleeter.popen("tasks.toml")
     msg = wait_for(lambda: message(fleeter, "reconnect"), why="the delivery")
     go.write_text("")
@@ -383,8 +466,10 @@ def test_a_session_fleetrun_spawned_in_a_roles_folder_takes_no_mail_and_earns_th
     assert [c for c in fake_claude._log() if c.get("continuation")] == []
     # it answers to no role, and its edit is not the role's
     tidy_id = fleeter.task("tidy").id
-    assert whoami.read_text().startswith("no role (") and \
-        f"fleetrun started it for task {tidy_id}, and its own sessions answer to no role" in whoami.read_text()
+    assert (
+        whoami.read_text().startswith("no role (")
+        and f"fleetrun started it for task {tidy_id}, and its own sessions answer to no role" in whoami.read_text()
+    )
     assert f"fleetrun started it for task {tidy_id}" in Path(f"{whoami}.2").read_text()
     assert "only a session of role relay may report it" in Path(f"{whoami}.done").read_text()
     assert f"fleetrun started this session for task {tidy_id}" in Path(f"{whoami}.bind").read_text()
@@ -408,19 +493,29 @@ def test_only_a_session_of_the_role_a_task_was_delivered_to_may_report_it(fleete
     run = fleeter.popen("tasks.toml")
     msg = wait_for(lambda: message(fleeter, "reconnect"), why="the delivery")
     out, rc = fleeter.path / "forged.txt", fleeter.path / "forged.rc"
-    fake_claude.script(default=[
-        # role ra's session reports role rb's task, still pending, as done
-        {"actions": [["bash", f"{PREFIX} mailbox done {msg.task_id} --summary forged > {out} 2>&1; "
-                              f"echo $? > {rc}"],
-                     ["bash", f"{PREFIX} mailbox read --role rb > {out}.read 2>&1; echo $? > {rc}.read"]]},
-        # role rb's session: its turn ends, its Stop hook hands it the task, it reports
-        {"actions": [["print", "idle"]]},
-        {"actions": [["bash", f"{PREFIX} mailbox done {msg.task_id} --summary 'done by rb'"]]},
-    ])
+    fake_claude.script(
+        default=[
+            # role ra's session reports role rb's task, still pending, as done
+            {
+                "actions": [
+                    ["bash", f"{PREFIX} mailbox done {msg.task_id} --summary forged > {out} 2>&1; echo $? > {rc}"],
+                    ["bash", f"{PREFIX} mailbox read --role rb > {out}.read 2>&1; echo $? > {rc}.read"],
+                ]
+            },
+            # role rb's session: its turn ends, its Stop hook hands it the task, it reports
+            {"actions": [["print", "idle"]]},
+            {"actions": [["bash", f"{PREFIX} mailbox done {msg.task_id} --summary 'done by rb'"]]},
+        ]
+    )
 
     def session(folder: Path) -> None:
-        proc = subprocess.run([str(FAKE), "-p", "hello", "--permission-mode", "bypassPermissions"], cwd=str(folder),
-                              stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, timeout=60)
+        proc = subprocess.run(
+            [str(FAKE), "-p", "hello", "--permission-mode", "bypassPermissions"],
+            cwd=str(folder),
+            stdout=subprocess.DEVNULL,
+            stderr=subprocess.PIPE,
+            timeout=60,
+        )
         assert proc.returncode == 0, proc.stderr.decode()
 
     session(ra)
@@ -451,13 +546,13 @@ def test_auto_route_is_read_every_pass_while_work_runs(fleeter: Any, fake_claude
         assert fleeter.runsub("role", "bind", "repo", str(proj)).ret == 0
         fleeter.write_policy("auto_route = false\n")
         work = fleeter.popen("work")
-        task = '''
+        task = """
             [[task]]
             name = "{name}"
             cwd = "proj"
             paths = ["src/relay/peer.rs"]
             prompt = "Reconnect."
-        '''
+        """
         fleeter.write_tasks(task.format(name="off"), name="off.toml")
         assert fleeter.runsub("queue", "off.toml").ret == 0
         wait_for(lambda: fleeter.states().get("off") == "DONE", why="off spawned and DONE")
@@ -489,7 +584,7 @@ def test_auto_route_is_read_every_pass_while_work_runs(fleeter: Any, fake_claude
 def test_a_task_that_asks_for_what_a_mailbox_cannot_carry_is_spawned(fleeter: Any, fake_claude: Any) -> None:
     proj = role_dir(fleeter)
     assert fleeter.runsub("role", "bind", "relay", str(proj)).ret == 0
-    fleeter.write_tasks('''
+    fleeter.write_tasks("""
         [[task]]
         name = "verified"
         cwd = "proj"
@@ -497,7 +592,7 @@ def test_a_task_that_asks_for_what_a_mailbox_cannot_carry_is_spawned(fleeter: An
         prompt = "Do it."
           [[task.verify]]
           run = "true"
-    ''')
+    """)
     r = fleeter.runsub("tasks.toml", timeout=60)
     assert r.ret == 0, r.stdout + r.stderr
     assert len(fake_claude.calls("verified")) == 1 and message(fleeter, "verified") is None
@@ -507,7 +602,8 @@ def test_a_task_that_asks_for_what_a_mailbox_cannot_carry_is_spawned(fleeter: An
 
 
 def test_unclaimed_past_the_claim_timeout_it_is_withdrawn_and_spawned_but_not_while_a_session_is_home(
-        fleeter: Any, fake_claude: Any, monkeypatch: pytest.MonkeyPatch) -> None:
+    fleeter: Any, fake_claude: Any, monkeypatch: pytest.MonkeyPatch
+) -> None:
     clock = fleeter.path / "clock"
     clock.write_text("0")
     monkeypatch.setenv("FLEETRUN_TEST_CLOCK", str(clock))
@@ -584,8 +680,7 @@ def test_cancel_withdraws_the_message(fleeter: Any) -> None:
 
 
 @pytest.mark.parametrize("point", ["after_delivery", "after_shepherd_start"])
-def test_a_crash_between_delivery_and_claim_delivers_nothing_twice_and_loses_nothing(fleeter: Any,
-                                                                                     point: str) -> None:
+def test_a_crash_between_delivery_and_claim_delivers_nothing_twice_and_loses_nothing(fleeter: Any, point: str) -> None:
     proj = role_dir(fleeter)
     assert fleeter.runsub("role", "bind", "relay", str(proj)).ret == 0
     fleeter.write_tasks(ROLE_TASK)
@@ -611,7 +706,7 @@ def test_a_crash_between_delivery_and_claim_delivers_nothing_twice_and_loses_not
 
 def test_a_role_that_can_never_be_bound_is_an_error_and_one_that_is_spawned_a_warning(fleeter: Any) -> None:
     role_dir(fleeter)
-    fleeter.write_tasks('''
+    fleeter.write_tasks("""
         [[task]]
         name = "boss"
         cwd = "proj"
@@ -625,16 +720,20 @@ def test_a_role_that_can_never_be_bound_is_an_error_and_one_that_is_spawned_a_wa
         prompt = "Do it."
           [[task.verify]]
           run = "true"
-    ''')
+    """)
     r = fleeter.run("validate", "tasks.toml")
     assert r.ret == 4
-    assert r.errlines == ["ERROR: tasks.toml:4: task 'boss': role: 'Supervisor' is reserved (supervisor and "
-                          "operator name fleetrun's own sides)"]
+    assert r.errlines == [
+        "ERROR: tasks.toml:4: task 'boss': role: 'Supervisor' is reserved (supervisor and "
+        "operator name fleetrun's own sides)"
+    ]
     fleeter.write_tasks((fleeter.path / "tasks.toml").read_text().replace('"Supervisor"', '"boss"'))
     r = fleeter.run("validate", "tasks.toml")
     assert r.ret == 0
-    assert ("warning: tasks.toml:10: task 'checked': role: it has verifiers, so it is spawned, not delivered to "
-            "role relay (a mailbox carries only the prompt)") in r.errlines
+    assert (
+        "warning: tasks.toml:10: task 'checked': role: it has verifiers, so it is spawned, not delivered to "
+        "role relay (a mailbox carries only the prompt)"
+    ) in r.errlines
 
 
 def test_with_the_mailbox_blocked_a_role_task_is_a_validate_error(fleeter: Any) -> None:

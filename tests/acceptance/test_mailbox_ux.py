@@ -50,8 +50,12 @@ def path_without_claude(fleeter: Any) -> str:
 
 def session(folder: Path) -> subprocess.Popen[bytes]:
     """A role's live session: the fake ``claude`` started in ``folder``."""
-    return subprocess.Popen([str(FAKE), "-p", "hello", "--permission-mode", "bypassPermissions"], cwd=str(folder),
-                            stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
+    return subprocess.Popen(
+        [str(FAKE), "-p", "hello", "--permission-mode", "bypassPermissions"],
+        cwd=str(folder),
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.PIPE,
+    )
 
 
 def status_json(fleeter: Any) -> Any:
@@ -67,14 +71,18 @@ def test_delivery_needs_no_claude_on_the_supervisors_path(fleeter: Any, fake_cla
     fleeter.write_config("")  # the default executable, `claude`, which PATH does not have
     fleeter.write_tasks(ROLE_TASK)
     run = fleeter.popen("tasks.toml", env={"PATH": path_without_claude(fleeter)})
-    wait_for(lambda: message(fleeter, "reconnect") or fleeter.states().get("reconnect") == "NEEDS_HUMAN",
-             why="the delivery, or the task given up")
+    wait_for(
+        lambda: message(fleeter, "reconnect") or fleeter.states().get("reconnect") == "NEEDS_HUMAN",
+        why="the delivery, or the task given up",
+    )
     msg = message(fleeter, "reconnect")
     assert msg is not None, (fleeter.task("reconnect").reason, finish(run))
-    fake_claude.script(default=[
-        {"actions": [["print", "idle"]]},
-        {"actions": [["bash", f"{PREFIX} mailbox done {msg.task_id} --summary 'no claude needed'"]]},
-    ])
+    fake_claude.script(
+        default=[
+            {"actions": [["print", "idle"]]},
+            {"actions": [["bash", f"{PREFIX} mailbox done {msg.task_id} --summary 'no claude needed'"]]},
+        ]
+    )
     proc = session(proj)
     _, err = proc.communicate(timeout=60)
     assert proc.returncode == 0, err.decode()
@@ -86,14 +94,17 @@ def test_delivery_needs_no_claude_on_the_supervisors_path(fleeter: Any, fake_cla
 
 
 def test_a_live_session_without_fleetruns_stop_hook_cannot_receive_and_the_claim_timeout_holds(
-        fleeter: Any, fake_claude: Any, monkeypatch: pytest.MonkeyPatch) -> None:
+    fleeter: Any, fake_claude: Any, monkeypatch: pytest.MonkeyPatch
+) -> None:
     clock = fleeter.path / "clock"
     clock.write_text("0")
     monkeypatch.setenv("FLEETRUN_TEST_CLOCK", str(clock))
     proj = role_dir(fleeter)  # no .claude/settings.local.json: the session has no Stop hook of fleetrun's
     go = fleeter.path / "go"
-    fake_claude.script(default=[{"actions": [["bash", f"until test -f {go}; do sleep 0.1; done"]]}],
-                       reconnect=[{"actions": [["write", "peer.rs", "spawned"]], "result": "spawned"}])
+    fake_claude.script(
+        default=[{"actions": [["bash", f"until test -f {go}; do sleep 0.1; done"]]}],
+        reconnect=[{"actions": [["write", "peer.rs", "spawned"]], "result": "spawned"}],
+    )
     live = session(proj)
     try:
         assert fleeter.runsub("role", "bind", "relay", str(proj), "--pid", str(live.pid)).ret == 0
@@ -129,7 +140,8 @@ def test_a_live_session_without_fleetruns_stop_hook_cannot_receive_and_the_claim
 
 
 def test_status_shows_a_tasks_role_and_message_and_the_run_says_waiting_while_a_session_is_home(
-        fleeter: Any, fake_claude: Any) -> None:
+    fleeter: Any, fake_claude: Any
+) -> None:
     proj = role_dir(fleeter)
     install_stop_hook(proj)
     go, go2 = fleeter.path / "go", fleeter.path / "go2"
@@ -149,9 +161,17 @@ def test_status_shows_a_tasks_role_and_message_and_the_run_says_waiting_while_a_
         status = fleeter.runsub("status", "--wide")
         assert home in next(ln for ln in status.stdout.splitlines() if ln.startswith("reconnect"))
         # its turn ends: the Stop hook hands it the task, it works on it until go2, then reports
-        fake_claude.script(default=[turn, {"actions": [
-            ["bash", f"until test -f {go2}; do sleep 0.1; done"],
-            ["bash", f"{PREFIX} mailbox done {msg.task_id} --summary 'done at home'"]]}])
+        fake_claude.script(
+            default=[
+                turn,
+                {
+                    "actions": [
+                        ["bash", f"until test -f {go2}; do sleep 0.1; done"],
+                        ["bash", f"{PREFIX} mailbox done {msg.task_id} --summary 'done at home'"],
+                    ]
+                },
+            ]
+        )
         go.write_text("")
         wait_for(lambda: message(fleeter, "reconnect").state == "claimed", why="the claim")
         row = status_json(fleeter)[0]
@@ -175,24 +195,30 @@ def test_auto_route_routes_no_task_to_a_live_role_that_cannot_receive(fleeter: A
     mailbox of a session that would never take it until the claim timeout."""
     proj = role_dir(fleeter)  # no Stop hook of fleetrun's there
     go = fleeter.path / "go"
-    fake_claude.script(default=[{"actions": [["bash", f"until test -f {go}; do sleep 0.1; done"]]}],
-                       tidy=[{"actions": [["write", "tidy.txt", "spawned"]], "result": "tidied"}])
+    fake_claude.script(
+        default=[{"actions": [["bash", f"until test -f {go}; do sleep 0.1; done"]]}],
+        tidy=[{"actions": [["write", "tidy.txt", "spawned"]], "result": "tidied"}],
+    )
     live = session(proj)
     try:
         assert fleeter.runsub("role", "bind", "relay", str(proj)).ret == 0  # the session answers to it by folder
         wait_for(lambda: status_json_roles(fleeter) == [("relay", True, False)], why="the session seen live")
         owner = fleeter.runsub("role", "owner", "proj/a.py")  # the rule routing applies
-        assert owner.ret == 1 and "role relay is live but cannot receive: fleetrun's Stop hook is not in" in owner.stdout
+        assert (
+            owner.ret == 1 and "role relay is live but cannot receive: fleetrun's Stop hook is not in" in owner.stdout
+        )
         fleeter.write_policy("auto_route = true\n")
-        fleeter.write_tasks('''
+        fleeter.write_tasks("""
             [[task]]
             name = "tidy"
             cwd = "proj"
             prompt = "Tidy up."
-        ''')
+        """)
         run = fleeter.popen("tasks.toml")
-        wait_for(lambda: message(fleeter, "tidy") or fleeter.states().get("tidy") == "DONE",
-                 why="delivered, or spawned and DONE")
+        wait_for(
+            lambda: message(fleeter, "tidy") or fleeter.states().get("tidy") == "DONE",
+            why="delivered, or spawned and DONE",
+        )
         assert message(fleeter, "tidy") is None
         code, out = finish(run)
         assert code == 0, out

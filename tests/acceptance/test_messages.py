@@ -31,8 +31,9 @@ def test_resume_after_a_session_that_died_says_it_was_killed(fleeter, fake_claud
     assert r.ret == 0, r.stdout + r.stderr
     prompt = second_prompt(fake_claude)
     assert "(placed)" not in prompt
-    assert ("Your previous session on this task was interrupted: its process died "
-            "(killed by signal 9, SIGKILL)") in prompt, prompt
+    assert (
+        "Your previous session on this task was interrupted: its process died (killed by signal 9, SIGKILL)"
+    ) in prompt, prompt
     assert "assess the working directory" in prompt
 
 
@@ -43,20 +44,22 @@ def test_resume_after_a_timeout_names_timeout_min(fleeter, fake_claude):
     assert r.ret == 0, r.stdout + r.stderr
     prompt = second_prompt(fake_claude)
     assert "(placed)" not in prompt
-    assert ("Your previous session on this task was interrupted: it was stopped after running "
-            "1 second (timeout_min = 0.02)") in prompt, prompt
+    assert (
+        "Your previous session on this task was interrupted: it was stopped after running 1 second (timeout_min = 0.02)"
+    ) in prompt, prompt
 
 
 def test_resume_after_a_stall_names_stall_timeout_min(fleeter, fake_claude):
     one_task(fleeter, extra="stall_timeout_min = 0.02")
-    fake_claude.script(t1=[{"stall": 30, "actions": [["print", "thinking"]]},
-                           {"actions": [["write", "out.txt", "x"]]}])
+    fake_claude.script(t1=[{"stall": 30, "actions": [["print", "thinking"]]}, {"actions": [["write", "out.txt", "x"]]}])
     r = fleeter.run("tasks.toml")
     assert r.ret == 0, r.stdout + r.stderr
     prompt = second_prompt(fake_claude)
     assert "(placed)" not in prompt
-    assert ("Your previous session on this task was interrupted: it produced no output for "
-            "1 second and was stopped (stall_timeout_min = 0.02)") in prompt, prompt
+    assert (
+        "Your previous session on this task was interrupted: it produced no output for "
+        "1 second and was stopped (stall_timeout_min = 0.02)"
+    ) in prompt, prompt
 
 
 def test_resume_after_a_killed_shepherd_says_so(fleeter, fake_claude, loops):  # noqa: F811
@@ -70,8 +73,10 @@ def test_resume_after_a_killed_shepherd_says_so(fleeter, fake_claude, loops):  #
     assert proc.returncode == 0, out.decode() + err.decode()
     prompt = second_prompt(fake_claude)
     assert "(placed)" not in prompt
-    assert ("Your previous session on this task was interrupted: the fleetrun process that "
-            "watched it (its shepherd) was killed, and the session was stopped with it") in prompt, prompt
+    assert (
+        "Your previous session on this task was interrupted: the fleetrun process that "
+        "watched it (its shepherd) was killed, and the session was stopped with it"
+    ) in prompt, prompt
 
 
 def test_resume_after_the_machine_restarted_says_so(fleeter, fake_claude, loops, monkeypatch):  # noqa: F811
@@ -93,15 +98,16 @@ def test_resume_after_the_machine_restarted_says_so(fleeter, fake_claude, loops,
     r = fleeter.run("work", "--until-idle")
     assert r.ret == 0, r.stdout + r.stderr
     prompt = second_prompt(fake_claude)
-    assert ("Your previous session on this task was interrupted: the machine it ran on (local) "
-            "was restarted") in prompt, prompt
+    assert (
+        "Your previous session on this task was interrupted: the machine it ran on (local) was restarted"
+    ) in prompt, prompt
 
 
 # ---------------------------------------------------------------------------------
 # a long verifier output in the retry prompt
 
 
-BIG_VERIFIER = r'''
+BIG_VERIFIER = r"""
 import sys
 out = sys.stdout
 out.write("============================= test session starts ==============================\n")
@@ -116,7 +122,7 @@ for n in range(54):
     out.write(f"FAILED tests/test_mod.py::test_case_{n} - AssertionError: case {n}\n")
 out.write("======================== 54 failed, 12 passed in 3.21s =========================\n")
 sys.exit(1)
-'''
+"""
 
 
 def test_retry_prompt_keeps_head_and_tail_of_a_long_output(fleeter, fake_claude):
@@ -137,7 +143,7 @@ def test_retry_prompt_keeps_head_and_tail_of_a_long_output(fleeter, fake_claude)
     n_lines = len(whole.splitlines())
     assert f"{len(whole.encode()):,} bytes, {n_lines:,} lines" in prompt, prompt[-3000:]
     assert str(out_file) in prompt
-    block = prompt[prompt.index("```\n") + 4:prompt.rindex("\n```")]
+    block = prompt[prompt.index("```\n") + 4 : prompt.rindex("\n```")]
     kept = block.splitlines()
     omitted = [x for x in kept if x.startswith("… ") and x.endswith(" lines omitted …")]
     assert len(omitted) == 1, kept[:5]
@@ -156,7 +162,7 @@ def test_retry_prompt_keeps_head_and_tail_of_a_long_output(fleeter, fake_claude)
 
 def test_approved_task_hands_off_its_branch_and_summary(fleeter, fake_claude):
     fleeter.make_repo()
-    fleeter.write_tasks('''
+    fleeter.write_tasks("""
         [[task]]
         name = "a"
         cwd = "repo"
@@ -172,9 +178,11 @@ def test_approved_task_hands_off_its_branch_and_summary(fleeter, fake_claude):
         prompt = "Do B."
         git_ref = "main"
         depends_on = ["a"]
-    ''')
-    fake_claude.script(a=[{"actions": [["write", "a.txt", "A"]], "result": "Wrote a.txt with the A thing"}],
-                       b=[{"actions": [["write", "b.txt", "B"]]}])
+    """)
+    fake_claude.script(
+        a=[{"actions": [["write", "a.txt", "A"]], "result": "Wrote a.txt with the A thing"}],
+        b=[{"actions": [["write", "b.txt", "B"]]}],
+    )
     r = fleeter.run("tasks.toml")
     assert r.ret == 1
     a = fleeter.task("a")
@@ -201,8 +209,7 @@ def test_drain_from_policy_toml_is_named_everywhere(fleeter, fake_claude):
     policy = fleeter.home / "policy.toml"
     r = fleeter.run("undrain")
     assert r.ret == 1
-    r.fnmatch_lines([f"this machine still drains: {policy}:3 sets [[]local[]] drain = true; "
-                     "remove it to start work"])
+    r.fnmatch_lines([f"this machine still drains: {policy}:3 sets [[]local[]] drain = true; remove it to start work"])
     r.no_fnmatch_line("*starts work again*")
     assert fleeter.run("status").outlines[0] == f"this machine is draining ({policy}:3)"
     r = fleeter.run("tasks.toml")
@@ -216,8 +223,9 @@ def test_drain_from_policy_toml_is_named_everywhere(fleeter, fake_claude):
 
 def test_drain_by_the_verb_is_named_in_status(fleeter):
     assert fleeter.run("drain").ret == 0
-    assert fleeter.run("status").outlines[0] == ("this machine is draining (fleetrun drain; "
-                                                  "fleetrun undrain to start work)")
+    assert fleeter.run("status").outlines[0] == (
+        "this machine is draining (fleetrun drain; fleetrun undrain to start work)"
+    )
     r = fleeter.run("undrain")
     assert r.ret == 0
     r.fnmatch_lines(["undrained: this machine starts work again"])
@@ -288,13 +296,13 @@ def test_status_json_gives_no_worktree_once_it_is_removed(fleeter, fake_claude):
 
 def test_gc_says_up_front_what_yes_keeps_and_collects_cancelled_worktrees(fleeter, fake_claude):
     repo = fleeter.make_repo()
-    fleeter.write_tasks('''
+    fleeter.write_tasks("""
         [[task]]
         name = "c"
         cwd = "repo"
         prompt = "p"
         git_ref = "main"
-    ''')
+    """)
     fleeter.run("queue", "tasks.toml")
     # the worktree a cancelled attempt leaves: made, then the task cancelled
     task = fleeter.task("c")
@@ -312,13 +320,15 @@ def test_gc_says_up_front_what_yes_keeps_and_collects_cancelled_worktrees(fleete
 
     r = fleeter.run("gc")
     assert r.ret == 0, r.stdout + r.stderr
-    r.fnmatch_lines([
-        f"worktree of cancelled task c {task.id}: {wt} (clean)",
-        f"orphan worktree {clean} (clean)",
-        f"orphan worktree {dirty} (uncommitted changes): --yes keeps it, --force removes it",
-        "3 to collect: `fleetrun gc --yes` removes 2 and keeps 1 (uncommitted changes; "
-        "`fleetrun gc --yes --force` removes it too; branches always stay)",
-    ])
+    r.fnmatch_lines(
+        [
+            f"worktree of cancelled task c {task.id}: {wt} (clean)",
+            f"orphan worktree {clean} (clean)",
+            f"orphan worktree {dirty} (uncommitted changes): --yes keeps it, --force removes it",
+            "3 to collect: `fleetrun gc --yes` removes 2 and keeps 1 (uncommitted changes; "
+            "`fleetrun gc --yes --force` removes it too; branches always stay)",
+        ]
+    )
     r = fleeter.run("gc", "--yes")
     assert r.ret == 0, r.stdout + r.stderr
     r.fnmatch_lines([f"removed worktree {wt} (branch fleetrun/c-x stays)"])

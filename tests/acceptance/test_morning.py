@@ -39,7 +39,7 @@ def rows(text: str) -> list[list[str]]:
     """The status table's rows (after the supervisor line and the header), split."""
     lines = text.splitlines()
     head = next(i for i, line in enumerate(lines) if line.startswith("NAME "))
-    return [line.split() for line in lines[head + 1:] if line.strip()]
+    return [line.split() for line in lines[head + 1 :] if line.strip()]
 
 
 def test_status_shows_each_names_latest_run_and_the_history_under_all(fleeter):
@@ -51,7 +51,8 @@ def test_status_shows_each_names_latest_run_and_the_history_under_all(fleeter):
     assert r.ret == 0, r.stdout + r.stderr
     shown = rows(r.stdout)
     assert [(row[0], row[1], row[6]) for row in shown] == [
-        (f"t{i}", newest[f"t{i}"].state.value, newest[f"t{i}"].id) for i in range(1, 8)], r.stdout
+        (f"t{i}", newest[f"t{i}"].state.value, newest[f"t{i}"].id) for i in range(1, 8)
+    ], r.stdout
     assert {row[0]: row[1] for row in shown}["t5"] == "DONE"  # not NEEDS_HUMAN as well
     # the history: every run of every name
     every = rows(fleeter.run("status", "--all").stdout)
@@ -62,16 +63,16 @@ def test_status_state_needs_human_lists_what_needs_you_now(fleeter):
     three_runs(fleeter)
     r = fleeter.run("status", "--state", "needs_human")
     assert r.ret == 0, r.stdout + r.stderr
-    assert [(row[0], row[1], row[6]) for row in rows(r.stdout)] == [
-        ("t6", "NEEDS_HUMAN", fleeter.task("t6").id)], r.stdout
+    assert [(row[0], row[1], row[6]) for row in rows(r.stdout)] == [("t6", "NEEDS_HUMAN", fleeter.task("t6").id)], (
+        r.stdout
+    )
     # its history: t5's first run and t6's three
     every = rows(fleeter.run("status", "--all", "--state", "needs_human").stdout)
     assert sorted(row[0] for row in every) == ["t5", "t6", "t6", "t6"]
     # --json and --graph show the same tasks as the table
     import json
 
-    assert [t["name"] for t in json.loads(fleeter.run("status", "--json").stdout)] == [
-        f"t{i}" for i in range(1, 8)]
+    assert [t["name"] for t in json.loads(fleeter.run("status", "--json").stdout)] == [f"t{i}" for i in range(1, 8)]
     assert len(json.loads(fleeter.run("status", "--json", "--all").stdout)) == 21
 
 
@@ -83,10 +84,15 @@ def test_logs_of_a_task_kept_unchanged_shows_the_run_that_did_the_work(fleeter):
     assert t3[-1].reason == f"unchanged:{worker.id}"
     r = fleeter.run("logs", "t3")
     assert r.ret == 0, r.stdout + r.stderr
-    r.fnmatch_lines([f"t3 {worker.id} [[]DONE]*",
-                     f"(kept unchanged by the later runs of the file: latest {t3[-1].id})",
-                     "*attempt 1 (fresh) ended: *",
-                     "*PASS verifier 1 (run: true) attempt 1*"])
+    r.fnmatch_lines(
+        [
+            f"t3 {worker.id} [[]DONE]*",
+            f"(kept unchanged by the later runs of the file: latest {t3[-1].id})",
+            "*attempt 1 (fresh) ended: *",
+            "*PASS verifier 1 (run: true) attempt 1*",
+        ]
+    )
     # the kept task itself is still there by its id
     fleeter.run("logs", t3[-1].id).fnmatch_lines(
-        [f"t3 {t3[-1].id} [[]DONE]*", f"*note: unchanged since the file's last run: task {worker.id} did this work*"])
+        [f"t3 {t3[-1].id} [[]DONE]*", f"*note: unchanged since the file's last run: task {worker.id} did this work*"]
+    )

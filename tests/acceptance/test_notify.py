@@ -86,7 +86,9 @@ def add_config(fleeter: Any, text: str) -> None:
 
 def test_five_needs_human_make_one_message_then_the_run_end(fleeter, fake_claude, webhook):
     fleeter.make_repo()
-    fleeter.write_tasks("".join(f'''
+    fleeter.write_tasks(
+        "".join(
+            f"""
         [[task]]
         name = "t{i}"
         cwd = "repo"
@@ -95,11 +97,13 @@ def test_five_needs_human_make_one_message_then_the_run_end(fleeter, fake_claude
         max_retries = 0
           [[task.verify]]
           run = "false"
-    ''' for i in range(1, 6)))
+    """
+            for i in range(1, 6)
+        )
+    )
     ok, dead = webhook(), closed_port()
     # a long window: the five are held, and flushed as one message when the run ends
-    add_config(fleeter, f'[notify]\nurls = ["{ok.url()}", "json://127.0.0.1:{dead}/down"]\n'
-                        "min_interval = 3600\n")
+    add_config(fleeter, f'[notify]\nurls = ["{ok.url()}", "json://127.0.0.1:{dead}/down"]\nmin_interval = 3600\n')
     r = fleeter.runsub("tasks.toml", timeout=120)
     assert r.ret == 1, r.stdout + r.stderr  # the dead endpoint changes nothing
     assert fleeter.states() == {f"t{i}": "NEEDS_HUMAN" for i in range(1, 6)}
@@ -125,8 +129,12 @@ def test_five_needs_human_make_one_message_then_the_run_end(fleeter, fake_claude
 def test_a_usage_limit_pause_is_sent_while_the_run_waits(fleeter, fake_claude, webhook, live, clock):
     one_task(fleeter)
     reset_at = int(time.time()) + 3600
-    fake_claude.script(t1=[{"mode": "usage_limit", "reset_at": reset_at, "limit_style": "legacy"},
-                           {"actions": [["write", "out.txt", "x"]]}])
+    fake_claude.script(
+        t1=[
+            {"mode": "usage_limit", "reset_at": reset_at, "limit_style": "legacy"},
+            {"actions": [["write", "out.txt", "x"]]},
+        ]
+    )
     failing = webhook(status=500)  # what it is sent is recorded, and refused
     add_config(fleeter, f'[notify]\nurls = ["{failing.url("ops")}"]\nevents = ["paused"]\nmin_interval = 0\n')
     run = live("tasks.toml", env=clock.env)
@@ -137,8 +145,10 @@ def test_a_usage_limit_pause_is_sent_while_the_run_waits(fleeter, fake_claude, w
     assert run.proc.poll() is None
     body = failing.posts[0]["body"]
     assert body["title"].endswith(f": local paused until {hhmm}"), body
-    assert (f"- local is paused until {hhmm}" in body["message"]
-            and f"usage_limit:usage limit, resumes at {hhmm}" in body["message"]), body
+    assert (
+        f"- local is paused until {hhmm}" in body["message"]
+        and f"usage_limit:usage limit, resumes at {hhmm}" in body["message"]
+    ), body
     run.wait_for("warning: notify: could not send to json://127.0.0.1:*/ops: *500*")
 
     clock.set(reset_at - time.time() + 5)  # the reset time has come

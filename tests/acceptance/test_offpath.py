@@ -32,7 +32,7 @@ from .test_crash_points import (  # noqa: F401 (_no_strays: nothing a test start
     write_queue,
 )
 
-WRAPPER = '''#!/bin/sh
+WRAPPER = """#!/bin/sh
 # (fleetrun puts its -c settings between -C REPO and the command)
 # the repository "slow": worktree add waits for $FLAGS/add.go, remove for $FLAGS/rm.go
 case "$*" in
@@ -51,10 +51,9 @@ i=0
 while [ ! -e "$f" ] && [ $i -lt 300 ]; do sleep 0.05; i=$((i+1)); done
 if [ -e "$f" ]; then echo "$(basename "$f") released" >> "{flags}/log"; else echo "$(basename "$f") timed out" >> "{flags}/log"; fi
 exec "{git}" "$@"
-'''
+"""
 
-AGENT = ("echo x > f.txt && git add f.txt && "
-         "git -c user.name=t -c user.email=t@example.invalid commit -q -m work")
+AGENT = "echo x > f.txt && git add f.txt && git -c user.name=t -c user.email=t@example.invalid commit -q -m work"
 
 
 def task(name: str, repo: str, verify: str, extra: str = "", agent: str = "sh") -> str:
@@ -81,11 +80,13 @@ def git_wrapper(fleeter: Any, template: str, *repos: str) -> Path:
 
 def test_worktree_add_and_remove_do_not_block_other_tasks(fleeter, monkeypatch):
     flags = git_wrapper(fleeter, WRAPPER, "slow", "fast")
-    fleeter.write_tasks(f'[agents.sh]\ncommand = ["/bin/sh", "-c", {json.dumps(AGENT)}]\n'
-                        + task("s", "slow", "true")
-                        + task("f1", "fast", f"touch {flags}/add.go")
-                        + task("f2", "fast", "true")
-                        + task("g", "fast", f"touch {flags}/rm.go", 'depends_on = ["s"]'))
+    fleeter.write_tasks(
+        f'[agents.sh]\ncommand = ["/bin/sh", "-c", {json.dumps(AGENT)}]\n'
+        + task("s", "slow", "true")
+        + task("f1", "fast", f"touch {flags}/add.go")
+        + task("f2", "fast", "true")
+        + task("g", "fast", f"touch {flags}/rm.go", 'depends_on = ["s"]')
+    )
     r = fleeter.run("tasks.toml", "--max-tasks", "4")
     assert r.ret == 0, r.stdout + r.stderr
     log = (flags / "log").read_text().split("\n")
@@ -98,8 +99,9 @@ def test_worktree_add_and_remove_do_not_block_other_tasks(fleeter, monkeypatch):
         assert not Path(t.worktree).exists(), name
         notes = [text for _, text in led.notes(t.id)]
         assert any(n.startswith(f"removed clean worktree {t.worktree}") for n in notes), (name, notes)
-        assert "f.txt" in fleeter.git(fleeter.path / ("slow" if name == "s" else "fast"), "ls-tree", "-r",
-                                      "--name-only", t.branch)
+        assert "f.txt" in fleeter.git(
+            fleeter.path / ("slow" if name == "s" else "fast"), "ls-tree", "-r", "--name-only", t.branch
+        )
 
 
 # The repository "slow": the pinned `git ls-files` of fleetrun_collect_work, its first (its
@@ -107,7 +109,7 @@ def test_worktree_add_and_remove_do_not_block_other_tasks(fleeter, monkeypatch):
 # repository), when $FLAGS/hold.collect (hold.log) is there, say they began, then wait
 # for $FLAGS/go. The repository "fail" refuses
 # the collect's commit.
-COLLECT_WRAPPER = '''#!/bin/sh
+COLLECT_WRAPPER = """#!/bin/sh
 case "$*" in
   *"/slow/.git/worktrees/"*" ls-files "*)
     [ -e "{flags}/hold.collect" ] || exec "{git}" "$@"
@@ -125,7 +127,7 @@ case "$*" in
     echo "fatal: the disk said no" >&2; exit 128 ;;
 esac
 exec "{git}" "$@"
-'''
+"""
 
 
 def collect_setup(fleeter: Any, monkeypatch: Any, *repos: str) -> Path:
@@ -146,13 +148,17 @@ def test_collecting_the_work_does_not_block_other_tasks(fleeter, monkeypatch, ca
     # could not be handled while git waits: the wrapper gives up (`collect timed out`).
     flags = collect_setup(fleeter, monkeypatch, "slow", "fast")
     (flags / "hold.collect").touch()
-    wait_began = (f'i=0; while [ ! -e {flags}/collect.began ] && [ $i -lt 300 ]; do sleep 0.05; i=$((i+1)); done; '
-                  f'[ -e {flags}/collect.began ] || echo "f never saw it begin" >> {flags}/log; ')
-    cancel_s = f'{shlex.quote(sys.executable)} -m fleetrun cancel s >> {flags}/cancel.out 2>&1; ' if cancel else ""
-    fleeter.write_tasks(f'[agents.s]\ncommand = ["/bin/sh", "-c", "echo x > f.txt"]\n'
-                        f'[agents.f]\ncommand = ["/bin/sh", "-c", {json.dumps(wait_began + cancel_s + AGENT)}]\n'
-                        + task("s", "slow", "true", '', "s")
-                        + task("f", "fast", f"touch {flags}/go", '', "f"))
+    wait_began = (
+        f"i=0; while [ ! -e {flags}/collect.began ] && [ $i -lt 300 ]; do sleep 0.05; i=$((i+1)); done; "
+        f'[ -e {flags}/collect.began ] || echo "f never saw it begin" >> {flags}/log; '
+    )
+    cancel_s = f"{shlex.quote(sys.executable)} -m fleetrun cancel s >> {flags}/cancel.out 2>&1; " if cancel else ""
+    fleeter.write_tasks(
+        f'[agents.s]\ncommand = ["/bin/sh", "-c", "echo x > f.txt"]\n'
+        f'[agents.f]\ncommand = ["/bin/sh", "-c", {json.dumps(wait_began + cancel_s + AGENT)}]\n'
+        + task("s", "slow", "true", "", "s")
+        + task("f", "fast", f"touch {flags}/go", "", "f")
+    )
     r = fleeter.run("tasks.toml", "--max-tasks", "4")
     log = [ln for ln in (flags / "log").read_text().split("\n") if ln] if (flags / "log").exists() else []
     assert log == ["collect released"], (log, r.stdout + r.stderr)
@@ -181,14 +187,16 @@ def test_a_commit_git_refuses_is_noted_and_the_verifiers_run_all_the_same(fleete
     # the GitError of the collect's commit, raised on the effects' worker, is handled on
     # the loop's thread as it was inline: a note on the task, and the verifiers run
     collect_setup(fleeter, monkeypatch, "fail")
-    fleeter.write_tasks('[agents.s]\ncommand = ["/bin/sh", "-c", "echo x > f.txt"]\n'
-                        + task("t", "fail", "test -f f.txt", '', "s"))
+    fleeter.write_tasks(
+        '[agents.s]\ncommand = ["/bin/sh", "-c", "echo x > f.txt"]\n' + task("t", "fail", "test -f f.txt", "", "s")
+    )
     r = fleeter.run("tasks.toml")
     assert r.ret == 0, r.stdout + r.stderr
     t = fleeter.task("t")
     notes = [text for _, text in fleeter.ledger().notes(t.id)]
-    assert any(n.startswith("could not commit the attempt's work: git ") and "the disk said no" in n
-               for n in notes), notes
+    assert any(n.startswith("could not commit the attempt's work: git ") and "the disk said no" in n for n in notes), (
+        notes
+    )
     assert fleetrun_commits(fleeter, "fail", t.branch) == []
     assert [row.to_state for row in fleeter.ledger().transitions(t.id)][-2:] == ["VERIFYING", "DONE"]
 
@@ -218,12 +226,16 @@ def test_the_handoffs_commit_subjects_do_not_block_other_tasks(fleeter, monkeypa
     # handled while git waits (`log timed out`).
     flags = collect_setup(fleeter, monkeypatch, "slow", "fast")
     (flags / "hold.log").touch()
-    wait_began = (f'i=0; while [ ! -e {flags}/log.began ] && [ $i -lt 300 ]; do sleep 0.05; i=$((i+1)); done; '
-                  f'[ -e {flags}/log.began ] || echo "f never saw it begin" >> {flags}/log; ')
-    fleeter.write_tasks(f'[agents.sh]\ncommand = ["/bin/sh", "-c", {json.dumps(AGENT)}]\n'
-                        f'[agents.f]\ncommand = ["/bin/sh", "-c", {json.dumps(wait_began + AGENT)}]\n'
-                        + task("s", "slow", "true")
-                        + task("f", "fast", f"touch {flags}/go", "", "f"))
+    wait_began = (
+        f"i=0; while [ ! -e {flags}/log.began ] && [ $i -lt 300 ]; do sleep 0.05; i=$((i+1)); done; "
+        f'[ -e {flags}/log.began ] || echo "f never saw it begin" >> {flags}/log; '
+    )
+    fleeter.write_tasks(
+        f'[agents.sh]\ncommand = ["/bin/sh", "-c", {json.dumps(AGENT)}]\n'
+        f'[agents.f]\ncommand = ["/bin/sh", "-c", {json.dumps(wait_began + AGENT)}]\n'
+        + task("s", "slow", "true")
+        + task("f", "fast", f"touch {flags}/go", "", "f")
+    )
     r = fleeter.run("tasks.toml", "--max-tasks", "4")
     log = [ln for ln in (flags / "log").read_text().split("\n") if ln] if (flags / "log").exists() else []
     assert log == ["log released"], (log, r.stdout + r.stderr)

@@ -29,7 +29,7 @@ def alive(pid: int) -> bool:
             data = f.read()
     except OSError:
         return False
-    return data[data.rindex(b")") + 2:].split()[0] not in (b"Z", b"X")
+    return data[data.rindex(b")") + 2 :].split()[0] not in (b"Z", b"X")
 
 
 def detach(pidfile: Path, n: int = 1) -> str:
@@ -37,8 +37,7 @@ def detach(pidfile: Path, n: int = 1) -> str:
     process group: a group kill misses them), their pids in ``pidfile``, and returns once
     they are all written."""
     one = f"setsid sh -c 'echo $$ >> {pidfile}; exec sleep 3000' >/dev/null 2>&1 </dev/null &"
-    return (" ".join([one] * n)
-            + f" while [ \"$(wc -l < {pidfile} 2>/dev/null || echo 0)\" -lt {n} ]; do sleep 0.05; done")
+    return " ".join([one] * n) + f' while [ "$(wc -l < {pidfile} 2>/dev/null || echo 0)" -lt {n} ]; do sleep 0.05; done'
 
 
 @pytest.fixture
@@ -50,6 +49,7 @@ def pids_of(tmp_path):
     def read(path: Path) -> list[int]:
         files.append(path)
         return [int(x) for x in path.read_text().split()] if path.exists() else []
+
     yield read
     for path in files:
         for pid in (int(x) for x in path.read_text().split()) if path.exists() else ():
@@ -61,7 +61,7 @@ def pids_of(tmp_path):
 
 def one_task(fleeter, verify: str = "test -f out.txt", extra: str = "", top: str = "") -> None:
     fleeter.make_repo()
-    fleeter.write_tasks(f'''
+    fleeter.write_tasks(f"""
         {top}
         [[task]]
         name = "t1"
@@ -72,7 +72,7 @@ def one_task(fleeter, verify: str = "test -f out.txt", extra: str = "", top: str
         {extra}
           [[task.verify]]
           run = {json.dumps(verify)}
-    ''')
+    """)
 
 
 def test_nothing_an_agent_detaches_outlives_its_task(fleeter, fake_claude, tmp_path, pids_of):
@@ -133,7 +133,7 @@ def test_a_verifiers_flood_is_cut_to_the_cap_and_its_verdict_says_so(fleeter, fa
 
 def test_a_setup_steps_flood_is_cut_to_the_cap(fleeter, fake_claude):
     fleeter.write_config(f"[output]\nmax_bytes = {CAP}\n")
-    one_task(fleeter, extra="setup = [\"echo FIRST; head -c 30000000 /dev/zero; echo LAST\"]")
+    one_task(fleeter, extra='setup = ["echo FIRST; head -c 30000000 /dev/zero; echo LAST"]')
     fake_claude.script(t1=[{"actions": [["write", "out.txt", "x"]]}])
     r = fleeter.run("tasks.toml")
     assert r.ret == 0, r.stdout + r.stderr
@@ -142,10 +142,10 @@ def test_a_setup_steps_flood_is_cut_to_the_cap(fleeter, fake_claude):
     assert out.startswith(b"FIRST\n") and out.endswith(b"LAST\n") and b"bytes cut: output over its" in out
 
 
-FLOOD_AGENT = '''
+FLOOD_AGENT = """
 [agents.flood]
 command = ["/bin/sh", "-c", "echo FIRST; head -c 50000000 /dev/zero >&2; echo; echo LAST; echo x > out.txt"]
-'''
+"""
 
 
 def test_an_agents_stderr_flood_is_cut_and_the_task_notes_it(fleeter, fake_claude):
@@ -177,7 +177,7 @@ def test_one_tasks_flood_does_not_stop_the_fleet(fleeter, fake_claude, home_16m,
     fleeter.write_config(f"[output]\nmax_bytes = {CAP}\n")
     fleeter.write_policy("[local]\nmax_tasks = 1\n")
     fleeter.make_repo()
-    fleeter.write_tasks('''
+    fleeter.write_tasks("""
         [[task]]
         name = "t1"
         cwd = "repo"
@@ -193,7 +193,7 @@ def test_one_tasks_flood_does_not_stop_the_fleet(fleeter, fake_claude, home_16m,
         git_ref = "main"
           [[task.verify]]
           run = "test -f t2.txt"
-    ''')
+    """)
     fake_claude.script(t1=[{"actions": [["write", "t1.txt", "x"]]}], t2=[{"actions": [["write", "t2.txt", "x"]]}])
     try:
         r = fleeter.runsub("tasks.toml", timeout=120)
@@ -211,8 +211,7 @@ def test_a_claude_log_cut_in_the_middle_still_gives_the_attempts_result(fleeter,
     DONE, its cost counted."""
     fleeter.write_config(f"[output]\nmax_bytes = {CAP}\n")
     one_task(fleeter)
-    fake_claude.script(t1=[{"actions": [["print", "y" * 3_000_000], ["write", "out.txt", "x"]],
-                            "cost": 0.25}])
+    fake_claude.script(t1=[{"actions": [["print", "y" * 3_000_000], ["write", "out.txt", "x"]], "cost": 0.25}])
     r = fleeter.run("tasks.toml")
     assert r.ret == 0, r.stdout + r.stderr
     assert fleeter.states() == {"t1": "DONE"}
@@ -221,15 +220,23 @@ def test_a_claude_log_cut_in_the_middle_still_gives_the_attempts_result(fleeter,
     assert fleeter.task("t1").cost_usd == pytest.approx(0.25)
 
 
-def test_what_a_verifier_detached_dies_when_a_crash_left_it_running(fleeter, fake_claude, loops,  # noqa: F811
-                                                                     tmp_path, pids_of):
+def test_what_a_verifier_detached_dies_when_a_crash_left_it_running(
+    fleeter,
+    fake_claude,
+    loops,  # noqa: F811
+    tmp_path,
+    pids_of,
+):
     """The supervisor is SIGKILLed while a verifier holds (after detaching a `setsid
     sleep`): its wrapper dies with the recorded group at the restart, so what it
     detached is found by the marker it carries in its environment and ended too."""
     pidfile, marks = tmp_path / "verifier-pids", tmp_path / "verifier-runs"
     hold = f"while [ ! -e {tmp_path / 'gate'} ]; do sleep 0.05; done"
-    one_task(fleeter, verify=f"echo run >> {marks}; if [ $(grep -c run {marks}) -eq 1 ]; then "
-                             f"{detach(pidfile)}; {hold}; fi; test -f out.txt")
+    one_task(
+        fleeter,
+        verify=f"echo run >> {marks}; if [ $(grep -c run {marks}) -eq 1 ]; then "
+        f"{detach(pidfile)}; {hold}; fi; test -f out.txt",
+    )
     fake_claude.script(t1=[{"actions": [["write", "out.txt", "x"]]}])
     fleeter.run("queue", "tasks.toml")
     proc = loops.start("work")
@@ -242,15 +249,24 @@ def test_what_a_verifier_detached_dies_when_a_crash_left_it_running(fleeter, fak
     assert len(pids) == 1 and not alive(pids[0]), "what the cut-off verifier detached outlived the restart"
 
 
-def test_what_an_agent_detached_dies_when_its_shepherd_is_killed(fleeter, fake_claude, loops,  # noqa: F811
-                                                                  tmp_path, pids_of):
+def test_what_an_agent_detached_dies_when_its_shepherd_is_killed(
+    fleeter,
+    fake_claude,
+    loops,  # noqa: F811
+    tmp_path,
+    pids_of,
+):
     """A SIGKILLed shepherd can end nothing: the loop, finding it dead, ends its agent's
     group and then every process carrying that shepherd's identity in its environment
     (``FLEETRUN_SHEPHERD``), so the resumed attempt runs alone."""
     pidfile, gate = tmp_path / "agent-pids", tmp_path / "gate"
     one_task(fleeter, extra='allowed_tools = ["Bash"]')
-    fake_claude.script(t1=[{"actions": [["bash", detach(pidfile)], ["bash", f"while [ ! -e {gate} ]; do sleep 0.05; done"]]},
-                           {"actions": [["write", "out.txt", "x"]]}])
+    fake_claude.script(
+        t1=[
+            {"actions": [["bash", detach(pidfile)], ["bash", f"while [ ! -e {gate} ]; do sleep 0.05; done"]]},
+            {"actions": [["write", "out.txt", "x"]]},
+        ]
+    )
     fleeter.run("queue", "tasks.toml")
     proc = loops.start("work", "--until-idle")
     st = running_agent(fleeter, fake_claude, "t1")

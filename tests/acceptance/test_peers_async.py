@@ -40,9 +40,7 @@ HANG_S = 150.0
 BEATS = 20
 
 
-def wait_for(
-    cond: Callable[[], Any], what: str, proc: subprocess.Popen[bytes], timeout: float = HANG_S
-) -> Any:
+def wait_for(cond: Callable[[], Any], what: str, proc: subprocess.Popen[bytes], timeout: float = HANG_S) -> Any:
     deadline = time.monotonic() + timeout
     while True:
         got = cond()
@@ -98,10 +96,7 @@ def write_tasks(fleeter: Any, fake_claude: Any, peer_actions: list[Any], local_g
     fake_claude.script(
         far=[{"actions": [*peer_actions, ["write", "far.txt", "x"], ["commit", "far"]]}],
         l0=[{"actions": [hold(local_gate), ["write", "l0.txt", "x"], ["commit", "l0"]]}],
-        **{
-            f"l{i}": [{"actions": [["write", f"l{i}.txt", "x"], ["commit", f"l{i}"]]}]
-            for i in range(1, CHAIN + 1)
-        },
+        **{f"l{i}": [{"actions": [["write", f"l{i}.txt", "x"], ["commit", f"l{i}"]]}] for i in range(1, CHAIN + 1)},
     )
 
 
@@ -140,9 +135,7 @@ def pair_with_held_git(fleeter: Any, mini: Any, tmp_path: Path, words: str) -> t
     return entered, gate
 
 
-def test_the_loop_works_other_tasks_while_a_peer_verifier_is_being_started(
-    fleeter, fake_claude, peer_lab, tmp_path
-):
+def test_the_loop_works_other_tasks_while_a_peer_verifier_is_being_started(fleeter, fake_claude, peer_lab, tmp_path):
     fleeter.make_repo()
     mini = peer_lab.machine("mini")
     mini.pair(fleeter)
@@ -165,9 +158,7 @@ def test_the_loop_works_other_tasks_while_a_peer_verifier_is_being_started(
                 beats.add(beat)
             return len(beats) > BEATS and chain_done(fleeter)
 
-        wait_for(
-            worked, f"l0..l{CHAIN} DONE and {BEATS} passes while far's verifier cannot start", proc
-        )
+        wait_for(worked, f"l0..l{CHAIN} DONE and {BEATS} passes while far's verifier cannot start", proc)
         assert states(fleeter)["far"] == "VERIFYING"
     finally:
         far_gate.touch()
@@ -176,14 +167,10 @@ def test_the_loop_works_other_tasks_while_a_peer_verifier_is_being_started(
     finish(proc)
     far = fleeter.task("far")
     assert far.state.value == "DONE" and far.host == "mini"
-    assert [(v.kind, v.passed, v.host) for v in fleeter.ledger().verdicts(task_id=far.id)] == [
-        ("run", True, "mini")
-    ]
+    assert [(v.kind, v.passed, v.host) for v in fleeter.ledger().verdicts(task_id=far.id)] == [("run", True, "mini")]
 
 
-def test_the_loop_works_other_tasks_while_a_peer_removes_a_done_worktree(
-    fleeter, fake_claude, peer_lab, tmp_path
-):
+def test_the_loop_works_other_tasks_while_a_peer_removes_a_done_worktree(fleeter, fake_claude, peer_lab, tmp_path):
     fleeter.make_repo()
     mini = peer_lab.machine("mini")
     entered, gate = pair_with_held_git(fleeter, mini, tmp_path, "worktree remove")
@@ -262,9 +249,7 @@ def test_a_verifier_started_with_a_collect_is_stopped_when_its_task_moved_meanwh
         time.sleep(0.1)
 
 
-def test_the_loop_works_other_tasks_while_a_peer_collects_an_attempts_work(
-    fleeter, fake_claude, peer_lab, tmp_path
-):
+def test_the_loop_works_other_tasks_while_a_peer_collects_an_attempts_work(fleeter, fake_claude, peer_lab, tmp_path):
     """A peer's collect (its ``git status``, ``add``, ``commit``) is a request the loop does
     not wait for: other tasks go on while it runs, and its answer moves the task on."""
     fleeter.make_repo()
@@ -288,14 +273,10 @@ def test_the_loop_works_other_tasks_while_a_peer_collects_an_attempts_work(
     far = fleeter.task("far")
     assert far.state.value == "DONE" and far.host == "mini"
     assert not [n for _, n in fleeter.ledger().notes(far.id) if "could not commit" in n]
-    assert [(v.kind, v.passed, v.host) for v in fleeter.ledger().verdicts(task_id=far.id)] == [
-        ("run", True, "mini")
-    ]
+    assert [(v.kind, v.passed, v.host) for v in fleeter.ledger().verdicts(task_id=far.id)] == [("run", True, "mini")]
 
 
-def test_the_loop_works_other_tasks_while_a_peer_makes_an_attempts_worktree(
-    fleeter, fake_claude, peer_lab, tmp_path
-):
+def test_the_loop_works_other_tasks_while_a_peer_makes_an_attempts_worktree(fleeter, fake_claude, peer_lab, tmp_path):
     """A peer's prepare (its ``git worktree add``) and the start after it are requests the
     loop does not wait for: a hundred peers' attempts start in one pass, and the ends of
     other tasks are handled meanwhile; the reply moves the task on."""
@@ -319,9 +300,7 @@ def test_the_loop_works_other_tasks_while_a_peer_makes_an_attempts_worktree(
     assert far.state.value == "DONE" and far.host == "mini"
     (attempt,) = fleeter.ledger().attempts(far.id)
     assert attempt.shepherd_pid and attempt.workspace["branch"] == far.branch
-    assert [(v.kind, v.passed, v.host) for v in fleeter.ledger().verdicts(task_id=far.id)] == [
-        ("run", True, "mini")
-    ]
+    assert [(v.kind, v.passed, v.host) for v in fleeter.ledger().verdicts(task_id=far.id)] == [("run", True, "mini")]
 
 
 def test_the_loop_works_other_tasks_while_a_done_peer_tasks_branch_is_fetched_back(

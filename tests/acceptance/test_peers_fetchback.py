@@ -35,11 +35,12 @@ def notes(fleeter, task) -> list[str]:
 
 def test_brain_and_agent_verifiers_run_here_on_the_fetched_branch(fleeter, fake_claude, peer_lab, brain_server):
     repo = fleeter.make_repo()
-    fleeter.write_config((fleeter.home / "config.toml").read_text()
-                         + f'\n[brain]\nurl = "{brain_server.url}"\nmodel = "tiny"\n')
+    fleeter.write_config(
+        (fleeter.home / "config.toml").read_text() + f'\n[brain]\nurl = "{brain_server.url}"\nmodel = "tiny"\n'
+    )
     mini = peer_lab.private_machine("mini", repo)
     mini.pair(fleeter)
-    fleeter.write_tasks('''
+    fleeter.write_tasks("""
         [[task]]
         name = "api"
         cwd = "repo"
@@ -66,15 +67,25 @@ def test_brain_and_agent_verifiers_run_here_on_the_fetched_branch(fleeter, fake_
 
           [[task.verify]]
           run = "grep -qx 'add api' seen.txt"
-    ''')
-    fake_claude.script(**{
-        "api": [{"actions": [["write", "API.txt", "GET /things\n"], ["commit", "add api"]], "result": "Wrote it"}],
-        "api:review": [{"actions": [["read", "API.txt"]], "result": "PASS\nAPI.txt lists the endpoint."}],
-        "client": [{"actions": [
-            ["bash", "git log -1 --format=%s \"$(git for-each-ref --format='%(refname)' 'refs/heads/fleetrun/api-*')\""
-                     " > seen.txt"],
-            ["commit", "saw api"]]}],
-    })
+    """)
+    fake_claude.script(
+        **{
+            "api": [{"actions": [["write", "API.txt", "GET /things\n"], ["commit", "add api"]], "result": "Wrote it"}],
+            "api:review": [{"actions": [["read", "API.txt"]], "result": "PASS\nAPI.txt lists the endpoint."}],
+            "client": [
+                {
+                    "actions": [
+                        [
+                            "bash",
+                            "git log -1 --format=%s \"$(git for-each-ref --format='%(refname)' 'refs/heads/fleetrun/api-*')\""
+                            " > seen.txt",
+                        ],
+                        ["commit", "saw api"],
+                    ]
+                }
+            ],
+        }
+    )
     brain_server.script("PASS")
     r = fleeter.run("tasks.toml")
     print(r.stdout, r.stderr)
@@ -95,8 +106,11 @@ def test_brain_and_agent_verifiers_run_here_on_the_fetched_branch(fleeter, fake_
 
     # `run` ran on the peer; brain and agent ran here, on the fetched branch
     vs = fleeter.ledger().verdicts(task_id=api.id)
-    assert [(v.kind, v.passed, v.host) for v in vs] == [("run", True, "mini"), ("brain", True, "local"),
-                                                        ("agent", True, "local")]
+    assert [(v.kind, v.passed, v.host) for v in vs] == [
+        ("run", True, "mini"),
+        ("brain", True, "local"),
+        ("agent", True, "local"),
+    ]
     (req,) = brain_server.requests
     assert "+GET /things" in req.prompt and "API.txt" in req.prompt and "git diff " in req.prompt
     (review,) = fake_claude.review_calls("api")
@@ -120,14 +134,16 @@ def test_brain_and_agent_verifiers_run_here_on_the_fetched_branch(fleeter, fake_
     assert any(n == f"removed the fetched worktree {fetched}" for n in notes(fleeter, api))
 
 
-def test_a_diverged_local_branch_is_left_alone_and_a_retry_is_fetched_again(fleeter, fake_claude, peer_lab,
-                                                                             brain_server):
+def test_a_diverged_local_branch_is_left_alone_and_a_retry_is_fetched_again(
+    fleeter, fake_claude, peer_lab, brain_server
+):
     repo = fleeter.make_repo()
-    fleeter.write_config((fleeter.home / "config.toml").read_text()
-                         + f'\n[brain]\nurl = "{brain_server.url}"\nmodel = "tiny"\n')
+    fleeter.write_config(
+        (fleeter.home / "config.toml").read_text() + f'\n[brain]\nurl = "{brain_server.url}"\nmodel = "tiny"\n'
+    )
     mini = peer_lab.private_machine("mini", repo)
     mini.pair(fleeter)
-    fleeter.write_tasks('''
+    fleeter.write_tasks("""
         [[task]]
         name = "fix"
         cwd = "repo"
@@ -137,9 +153,13 @@ def test_a_diverged_local_branch_is_left_alone_and_a_retry_is_fetched_again(flee
 
           [[task.verify]]
           brain = "Is FIX.txt final?"
-    ''')
-    fake_claude.script(fix=[{"actions": [["write", "FIX.txt", "draft\n"], ["commit", "draft"]]},
-                            {"actions": [["write", "FIX.txt", "final\n"], ["commit", "final"]]}])
+    """)
+    fake_claude.script(
+        fix=[
+            {"actions": [["write", "FIX.txt", "draft\n"], ["commit", "draft"]]},
+            {"actions": [["write", "FIX.txt", "final\n"], ["commit", "final"]]},
+        ]
+    )
     brain_server.script("FAIL: it says draft", "PASS")
     assert fleeter.run("queue", "tasks.toml").ret == 0
     fix = fleeter.task("fix")
@@ -165,8 +185,7 @@ def test_a_diverged_local_branch_is_left_alone_and_a_retry_is_fetched_again(flee
     assert "+draft" in first.prompt and "+final" in second.prompt and "MINE.txt" not in second.prompt
     fetches = [n for n in notes(fleeter, fix) if n.startswith("fetched branch")]
     assert len(fetches) == 2
-    assert all(f"as {ours}: commit" in n and f"this machine's {branch} has diverged from mini's" in n
-               for n in fetches)
+    assert all(f"as {ours}: commit" in n and f"this machine's {branch} has diverged from mini's" in n for n in fetches)
     assert fix.handoff["branch"] == ours
     assert f"On mini the branch is {branch} (this machine's {branch} has diverged" in fix.handoff["fetch_hint"]
 
@@ -178,7 +197,7 @@ def test_an_unfetchable_branch_fails_the_verifier_with_the_reason(fleeter, fake_
     repo = fleeter.make_repo()
     mini = peer_lab.machine("mini")
     mini.pair(fleeter)
-    fleeter.write_tasks('''
+    fleeter.write_tasks("""
         [[task]]
         name = "same"
         cwd = "repo"
@@ -199,27 +218,43 @@ def test_an_unfetchable_branch_fails_the_verifier_with_the_reason(fleeter, fake_
 
           [[task.verify]]
           agent = "Review GONE.txt."
-    ''')
-    fake_claude.script(**{
-        "same": [{"actions": [["write", "SAME.txt", "x\n"], ["commit", "same"]]}],
-        "same:review": [{"result": "PASS"}],
-        "gone": [{"actions": [["write", "GONE.txt", "x\n"], ["commit", "gone"],
-                              ["bash", "git checkout -q --detach && git branch -D -q \"$(git for-each-ref "
-                                       "--format='%(refname:short)' 'refs/heads/fleetrun/gone-*')\""]]}],
-    })
+    """)
+    fake_claude.script(
+        **{
+            "same": [{"actions": [["write", "SAME.txt", "x\n"], ["commit", "same"]]}],
+            "same:review": [{"result": "PASS"}],
+            "gone": [
+                {
+                    "actions": [
+                        ["write", "GONE.txt", "x\n"],
+                        ["commit", "gone"],
+                        [
+                            "bash",
+                            'git checkout -q --detach && git branch -D -q "$(git for-each-ref '
+                            "--format='%(refname:short)' 'refs/heads/fleetrun/gone-*')\"",
+                        ],
+                    ]
+                }
+            ],
+        }
+    )
     r = fleeter.run("tasks.toml")
     assert r.ret == 1, r.stdout + r.stderr
     same, gone = fleeter.task("same"), fleeter.task("gone")
     assert same.state.value == "DONE"
-    assert any(n.startswith(f"branch {same.branch} of mini (commit ") and n.endswith("; nothing to fetch")
-               for n in notes(fleeter, same)), notes(fleeter, same)
+    assert any(
+        n.startswith(f"branch {same.branch} of mini (commit ") and n.endswith("; nothing to fetch")
+        for n in notes(fleeter, same)
+    ), notes(fleeter, same)
     (review,) = fake_claude.review_calls("same")
     assert review["cwd"] == str(fleeter.home / "worktrees" / f"same-{same.id}-fetched")
     assert gone.state.value == "NEEDS_HUMAN"
     (v,) = fleeter.ledger().verdicts(task_id=gone.id)
     assert (v.kind, v.passed, v.host) == ("agent", False, "mini")
-    assert v.reason.startswith("an agent verifier runs on this machine, and the task's branch could not be "
-                               f"fetched from mini: there is no branch {gone.branch} in {repo} on this host")
+    assert v.reason.startswith(
+        "an agent verifier runs on this machine, and the task's branch could not be "
+        f"fetched from mini: there is no branch {gone.branch} in {repo} on this host"
+    )
     assert fake_claude.review_calls("gone") == []
 
 
@@ -245,7 +280,9 @@ def test_host_status_and_friends_answer_without_loading_plugins(tmp_path):
     out, facts = run("host", "status", "--json", "--attempt", "task_t_1_a1")
     assert facts == {"ret": 0, "plugins": [], "ledger": False}
     assert json.loads(out[0]) == {"status": {"state": "died"}}
-    out, facts = run("--home", str(tmp_path / "other"), "host", "log", "--json", "--attempt", "task_t_1_a1", "--offset", "0")
+    out, facts = run(
+        "--home", str(tmp_path / "other"), "host", "log", "--json", "--attempt", "task_t_1_a1", "--offset", "0"
+    )
     assert facts["ret"] == 0 and json.loads(out[0])["log_size"] == 0
     out, facts = run("host", "verify-status", "--json", "--attempt", "task_t_1_a1", "--idx", "0")
     assert facts["ret"] == 1 and json.loads(out[0]) == {"error": "no such verifier run here", "unknown": True}
@@ -258,8 +295,7 @@ def test_only_a_role_or_an_unfetchable_reviewed_task_stays_here():
     from fleetrun.taskspec import TaskSpec, VerifySpec
 
     def spec(*kinds: str, **kw: object) -> TaskSpec:
-        return TaskSpec(name="t", prompt="p", cwd="/", verify=[VerifySpec(kind=k, text="x") for k in kinds],
-                        **kw)  # type: ignore[arg-type]
+        return TaskSpec(name="t", prompt="p", cwd="/", verify=[VerifySpec(kind=k, text="x") for k in kinds], **kw)  # type: ignore[arg-type]
 
     assert stays_local(spec("brain", "agent", git_ref="main")) is None  # fetched back: may go to a peer
     assert stays_local(spec("run", git_ref="main")) is None
@@ -270,7 +306,7 @@ def test_only_a_role_or_an_unfetchable_reviewed_task_stays_here():
 
 
 def where_tasks(fleeter) -> None:
-    fleeter.write_tasks('''
+    fleeter.write_tasks("""
         [[task]]
         name = "api"
         cwd = "repo"
@@ -280,7 +316,7 @@ def where_tasks(fleeter) -> None:
 
           [[task.verify]]
           run = "test -f API.txt"
-    ''')
+    """)
 
 
 def test_a_done_peer_tasks_branch_is_fetched_home_and_the_run_says_where(fleeter, fake_claude, peer_lab):
@@ -340,7 +376,7 @@ def test_fetch_back_false_leaves_a_peer_tasks_branch_on_the_peer_and_says_so(fle
 
 
 # `git bundle unbundle` here fails as git does on a full disk while the flag file is there
-FULL_DISK_UNBUNDLE = '''#!/bin/sh
+FULL_DISK_UNBUNDLE = """#!/bin/sh
 case "$*" in
   *" bundle unbundle "*)
     if [ -e "{flags}/full" ]; then
@@ -350,7 +386,7 @@ case "$*" in
     fi ;;
 esac
 exec "{git}" "$@"
-'''
+"""
 
 
 def test_a_fetch_back_the_full_disk_refused_is_waited_out_before_done(fleeter, fake_claude, peer_lab, monkeypatch):
@@ -366,7 +402,7 @@ def test_a_fetch_back_the_full_disk_refused_is_waited_out_before_done(fleeter, f
     mini.pair(fleeter)
     flags = fleeter.git_first_on_path(FULL_DISK_UNBUNDLE)
     (flags / "full").touch()
-    fleeter.write_tasks('''
+    fleeter.write_tasks("""
         [[task]]
         name = "api"
         cwd = "repo"
@@ -381,11 +417,13 @@ def test_a_fetch_back_the_full_disk_refused_is_waited_out_before_done(fleeter, f
         git_ref = "main"
         depends_on = ["api"]
         base = "dependencies"
-    ''')
-    fake_claude.script(**{
-        "api": [{"actions": [["write", "API.txt", "GET /things\\n"], ["commit", "add api"]]}],
-        "client": [{"actions": [["write", "client.txt", "x"], ["commit", "client"]]}],
-    })
+    """)
+    fake_claude.script(
+        **{
+            "api": [{"actions": [["write", "API.txt", "GET /things\\n"], ["commit", "add api"]]}],
+            "client": [{"actions": [["write", "client.txt", "x"], ["commit", "client"]]}],
+        }
+    )
     proc = fleeter.popen("tasks.toml")
     try:
         deadline = time.monotonic() + 120
@@ -404,6 +442,8 @@ def test_a_fetch_back_the_full_disk_refused_is_waited_out_before_done(fleeter, f
     api, client = fleeter.task("api"), fleeter.task("client")
     assert (api.state.value, client.state.value) == ("DONE", "DONE")
     assert fleeter.git(repo, "rev-parse", api.branch) == fleeter.git(mini.clone, "rev-parse", api.branch)
-    assert subprocess.run(["git", "-C", str(repo), "merge-base", "--is-ancestor", api.branch,
-                           client.branch]).returncode == 0
+    assert (
+        subprocess.run(["git", "-C", str(repo), "merge-base", "--is-ancestor", api.branch, client.branch]).returncode
+        == 0
+    )
     assert any("No space left on device" in n and "again in" in n for n in notes(fleeter, api)), notes(fleeter, api)

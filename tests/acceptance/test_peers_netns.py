@@ -82,11 +82,18 @@ def test_work_runs_on_the_peers_own_clone_and_is_fetched_by_the_hint(fleeter, fa
     hint = t.handoff["fetch_hint"]
     url = f"ssh://{far.address}{far.repo}"
     assert f"git fetch {url} {t.branch}" in hint
-    ssh = (f"ssh -i {far.sshd.dir.parent.parent.parent / 'client' / '.ssh' / 'id_ed25519'} "
-           f"-o UserKnownHostsFile={fleeter.home / 'known_hosts'} -o StrictHostKeyChecking=yes -o BatchMode=yes")
+    ssh = (
+        f"ssh -i {far.sshd.dir.parent.parent.parent / 'client' / '.ssh' / 'id_ed25519'} "
+        f"-o UserKnownHostsFile={fleeter.home / 'known_hosts'} -o StrictHostKeyChecking=yes -o BatchMode=yes"
+    )
     env = dict(os.environ, GIT_SSH_COMMAND=ssh)
-    subprocess.run(["git", "-C", str(far.repo), "fetch", "-q", url, f"{t.branch}:{t.branch}"], env=env, check=True,
-                   capture_output=True, timeout=60)
+    subprocess.run(
+        ["git", "-C", str(far.repo), "fetch", "-q", url, f"{t.branch}:{t.branch}"],
+        env=env,
+        check=True,
+        capture_output=True,
+        timeout=60,
+    )
     assert fleeter.git(far.repo, "log", "--format=%s", "-1", t.branch).strip() == "far"
     # the clean worktree on the peer is gone after DONE; the branch stays
     assert not (far.home / "worktrees" / f"t1-{t.id}").exists()
@@ -105,8 +112,13 @@ def test_a_cwd_missing_on_the_peer_fails_that_attempt(fleeter, fake_claude, peer
     proc = fleeter.popen("tasks.toml")
     try:
         led = fleeter.ledger()
-        cause = wait_for(lambda: next((tr.cause for t in led.tasks() for tr in led.transitions(t.id)
-                                       if "does not exist" in tr.cause), None), 30, "the failed start")
+        cause = wait_for(
+            lambda: next(
+                (tr.cause for t in led.tasks() for tr in led.transitions(t.id) if "does not exist" in tr.cause), None
+            ),
+            30,
+            "the failed start",
+        )
         assert cause == "start_failed:working directory does not exist on this host"
     finally:
         proc.send_signal(signal.SIGINT)
@@ -153,4 +165,3 @@ def test_a_dropped_link_never_runs_the_attempt_twice(fleeter, fake_claude, peer_
     assert len(fake_claude.calls("t1")) == 1
     transitions = [(tr.from_state, tr.to_state) for tr in fleeter.ledger().transitions(t.id)]
     assert transitions.count(("ASSIGNED", "RUNNING")) == 1
-

@@ -29,14 +29,19 @@ def peers(fleeter, peer_lab, **headroom):
 
 def tasks(fleeter, *names, extra=""):
     fleeter.make_repo()
-    fleeter.write_tasks("\n".join(f'''
+    fleeter.write_tasks(
+        "\n".join(
+            f'''
         [[task]]
         name = "{n}"
         cwd = "repo"
         prompt = "Write {n}.txt."
         git_ref = "main"
         {extra}
-    ''' for n in names))
+    '''
+            for n in names
+        )
+    )
 
 
 @pytest.mark.parametrize("roomy", ["east", "west"])
@@ -62,8 +67,11 @@ def test_a_peer_at_its_own_max_tasks_refuses_and_the_task_goes_elsewhere(fleeter
     causes = [t.cause for t in fleeter.ledger().transitions(t2.id)]
     # refused before anything was made there (the word is peer_refused once the loop
     # treats a refusal at prepare like one at start)
-    assert any(c.split(":", 1)[0] in ("peer_refused", "start_failed")
-               and c.split(":", 1)[1] == "big is running 1 of 1 tasks (its own [local] max_tasks)" for c in causes)
+    assert any(
+        c.split(":", 1)[0] in ("peer_refused", "start_failed")
+        and c.split(":", 1)[1] == "big is running 1 of 1 tasks (its own [local] max_tasks)"
+        for c in causes
+    )
     assert not (ps["big"].home / "worktrees" / f"t2-{t2.id}").exists()
     assert [a.host for a in fleeter.ledger().attempts(t2.id)] == ["big", "small"]
     assert fleeter.task("t2").retries == 0  # a refusal does not use up a retry
@@ -78,10 +86,13 @@ def test_a_refused_task_waits_with_the_peers_reason(fleeter, fake_claude, peer_l
     fake_claude.script(t1=[{"actions": [["sleep", 2], ["write", "t1.txt", "1"]]}])
     r = fleeter.run("tasks.toml")
     assert r.ret == 0, r.stdout + r.stderr
-    r.fnmatch_lines(["*t2 READY (attempt 1)  *:only is running 1 of 1 tasks (its own [[]local[]] max_tasks)",
-                     "waiting: * (t2): this machine is draining; only didn't start the last 1 attempt(s) "
-                     "(*); backing off 5s",
-                     "*t2 DONE (attempt 2)*"])
+    r.fnmatch_lines(
+        [
+            "*t2 READY (attempt 1)  *:only is running 1 of 1 tasks (its own [[]local[]] max_tasks)",
+            "waiting: * (t2): this machine is draining; only didn't start the last 1 attempt(s) (*); backing off 5s",
+            "*t2 DONE (attempt 2)*",
+        ]
+    )
     assert fleeter.task("t2").host == "only"
 
 
@@ -91,8 +102,12 @@ def test_tasks_with_a_role_stay_on_this_machine(fleeter, fake_claude, peer_lab):
     tasks(fleeter, "reviewed", extra='role = "backend"')
     r = fleeter.run("tasks.toml")
     assert r.ret == 1
-    r.fnmatch_lines(["cannot place: reviewed: this machine is draining; a task with a role runs on this machine "
-                     "(its role's session is on this machine), not on the live peer mini"])
+    r.fnmatch_lines(
+        [
+            "cannot place: reviewed: this machine is draining; a task with a role runs on this machine "
+            "(its role's session is on this machine), not on the live peer mini"
+        ]
+    )
     assert fake_claude.calls() == []
 
 
@@ -144,14 +159,15 @@ def test_a_peer_that_never_answers_holds_placement_back_only_briefly(fleeter, fa
     assert not beats or running < beats[0], (running, beats)  # placed before the first round ended
 
 
-def test_a_task_that_must_run_on_a_drained_machine_says_so_and_what_keeps_it_off_the_peers(fleeter, fake_claude,
-                                                                                          peer_lab):
+def test_a_task_that_must_run_on_a_drained_machine_says_so_and_what_keeps_it_off_the_peers(
+    fleeter, fake_claude, peer_lab
+):
     """This machine drained, a live peer: a task with ``base = "dependencies"`` can only
     wait for a person, and its wait says the real reason, both halves of it: this
     machine is draining, and its base keeps it off the live peer (issue 22)."""
     peers(fleeter, peer_lab, mini=8000)  # drains this machine
     fleeter.make_repo()
-    fleeter.write_tasks('''
+    fleeter.write_tasks("""
         [[task]]
         name = "a"
         cwd = "repo"
@@ -165,14 +181,16 @@ def test_a_task_that_must_run_on_a_drained_machine_says_so_and_what_keeps_it_off
         git_ref = "main"
         base = "dependencies"
         depends_on = ["a"]
-    ''')
+    """)
     fake_claude.script(default=[{"actions": [["write", "out.txt", "x"], ["commit", "work"]]}])
     r = fleeter.run("tasks.toml")
     assert r.ret == 1, r.stdout + r.stderr
     assert (fleeter.task("a").state.value, fleeter.task("a").host) == ("DONE", "mini")
-    why = ("this machine is draining; mini is a peer, and a task with "
-           'base = "dependencies" runs where its files are: on this machine (the dependencies\' branches are '
-           "merged here)")
+    why = (
+        "this machine is draining; mini is a peer, and a task with "
+        'base = "dependencies" runs where its files are: on this machine (the dependencies\' branches are '
+        "merged here)"
+    )
     r.fnmatch_lines([f"cannot place: b: {why}"])
     (row,) = [line for line in fleeter.run("status").stdout.splitlines() if line.startswith("b ")]
     assert row.endswith(why), row

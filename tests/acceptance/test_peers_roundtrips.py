@@ -25,9 +25,7 @@ OLDER = (
 
 
 @pytest.mark.parametrize("worker", ["chains", "older"])
-def test_a_peer_task_with_a_run_verifier_makes_five_requests(
-    fleeter, fake_claude, peer_lab, worker
-):
+def test_a_peer_task_with_a_run_verifier_makes_five_requests(fleeter, fake_claude, peer_lab, worker):
     fleeter.make_repo()
     mini = peer_lab.machine("mini")
     mini.write("config.toml", (fleeter.home / "config.toml").read_text())
@@ -37,9 +35,7 @@ def test_a_peer_task_with_a_run_verifier_makes_five_requests(
         (d / "older.py").write_text(OLDER)
         i = command.index(sys.executable)
         command = [*command[: i + 1], str(d / "older.py")]
-    r = fleeter.run(
-        "relay", "add", "mini", mini.address, "--accept-new", "--command", shlex.join(command)
-    )
+    r = fleeter.run("relay", "add", "mini", mini.address, "--accept-new", "--command", shlex.join(command))
     assert r.ret == 0, r.stdout + r.stderr
     assert fleeter.run("drain").ret == 0
     fleeter.write_tasks("""
@@ -61,13 +57,9 @@ def test_a_peer_task_with_a_run_verifier_makes_five_requests(
     assert v.passed and v.host == "mini"  # it ran there
     requests = (d / "trace").read_text().splitlines()  # one line a request
     if worker == "chains":
-        assert requests == ["probe", "prepare", "start", "collect verify-start", "cleanup"], (
-            requests
-        )
+        assert requests == ["probe", "prepare", "start", "collect verify-start", "cleanup"], requests
     else:
-        assert requests == ["probe", "prepare", "start", "collect", "verify-start", "cleanup"], (
-            requests
-        )
+        assert requests == ["probe", "prepare", "start", "collect", "verify-start", "cleanup"], requests
 
 
 def test_a_done_tasks_cleanup_goes_after_the_next_tasks_prepare(fleeter, fake_claude, peer_lab):
@@ -122,6 +114,4 @@ def test_a_done_tasks_cleanup_goes_after_the_next_tasks_prepare(fleeter, fake_cl
         "collect",
         "cleanup",
     ], verbs
-    assert "removed clean worktree" in " ".join(
-        text for _, text in fleeter.ledger().notes(fleeter.task("t1").id)
-    )
+    assert "removed clean worktree" in " ".join(text for _, text in fleeter.ledger().notes(fleeter.task("t1").id))

@@ -6,14 +6,13 @@ import json
 
 pytest_plugins = ["sshd"]
 
-FAIL_UNLESS_FINAL = (
-    "test \"$(cat FIX.txt)\" = final || { echo 'FIX.txt must contain exactly the word final'; exit 1; }"
-)
+FAIL_UNLESS_FINAL = "test \"$(cat FIX.txt)\" = final || { echo 'FIX.txt must contain exactly the word final'; exit 1; }"
 
 
 def add_peer(fleeter, machine, *extra):
-    r = fleeter.run("relay", "add", machine.name, machine.address, "--accept-new",
-                    "--command", machine.command_line(), *extra)
+    r = fleeter.run(
+        "relay", "add", machine.name, machine.address, "--accept-new", "--command", machine.command_line(), *extra
+    )
     assert r.ret == 0, r.stdout + r.stderr
     return r
 
@@ -24,7 +23,7 @@ def test_worked_example(fleeter, fake_claude, peer_lab):
     mini.write("config.toml", (fleeter.home / "config.toml").read_text())
     add_peer(fleeter, mini)
     assert fleeter.run("drain").ret == 0
-    fleeter.write_tasks(f'''
+    fleeter.write_tasks(f"""
         [[task]]
         name = "cluster-auto"
         cwd = "repo"
@@ -43,14 +42,16 @@ def test_worked_example(fleeter, fake_claude, peer_lab):
 
           [[task.verify]]
           run = {json.dumps(FAIL_UNLESS_FINAL)}
-    ''')
-    fake_claude.script(**{
-        "cluster-auto": [{"actions": [["write", "MINI.txt", "hi"], ["commit", "mini"]], "cost": 0.32}],
-        "fix-it": [
-            {"actions": [["write", "FIX.txt", "draft"], ["commit", "draft"]], "cost": 0.33},
-            {"actions": [["write", "FIX.txt", "final"], ["commit", "final"]], "cost": 0.35},
-        ],
-    })
+    """)
+    fake_claude.script(
+        **{
+            "cluster-auto": [{"actions": [["write", "MINI.txt", "hi"], ["commit", "mini"]], "cost": 0.32}],
+            "fix-it": [
+                {"actions": [["write", "FIX.txt", "draft"], ["commit", "draft"]], "cost": 0.33},
+                {"actions": [["write", "FIX.txt", "final"], ["commit", "final"]], "cost": 0.35},
+            ],
+        }
+    )
     r = fleeter.run("tasks.toml")
     print(r.stdout, r.stderr)
     assert r.ret == 0, r.stdout + r.stderr
@@ -92,7 +93,7 @@ def test_a_restarted_supervisor_adopts_the_attempt_on_the_peer(fleeter, fake_cla
     mini.write("config.toml", (fleeter.home / "config.toml").read_text())
     add_peer(fleeter, mini)
     assert fleeter.run("drain").ret == 0
-    fleeter.write_tasks('''
+    fleeter.write_tasks("""
         [[task]]
         name = "long"
         cwd = "repo"
@@ -101,7 +102,7 @@ def test_a_restarted_supervisor_adopts_the_attempt_on_the_peer(fleeter, fake_cla
 
           [[task.verify]]
           run = "test -f out.txt"
-    ''')
+    """)
     fake_claude.script(long=[{"actions": [["sleep", 3], ["write", "out.txt", "x"], ["commit", "x"]]}])
     assert fleeter.run("queue", "tasks.toml").ret == 0
     proc = fleeter.popen("work")
@@ -130,13 +131,13 @@ def test_cancel_stops_the_attempt_on_the_peer(fleeter, fake_claude, peer_lab):
     mini.write("config.toml", (fleeter.home / "config.toml").read_text())
     add_peer(fleeter, mini)
     assert fleeter.run("drain").ret == 0
-    fleeter.write_tasks('''
+    fleeter.write_tasks("""
         [[task]]
         name = "forever"
         cwd = "repo"
         prompt = "Never finish."
         git_ref = "main"
-    ''')
+    """)
     fake_claude.script(forever=[{"actions": [["sleep", 60]]}])
     assert fleeter.run("queue", "tasks.toml").ret == 0
     proc = fleeter.popen("work", "--until-idle")

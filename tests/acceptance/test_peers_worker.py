@@ -21,14 +21,19 @@ def wrapper(machine, mode):
     (``serve-pids``), traces the worker's requests (``trace``); ``refuses``: a
     ``host serve`` that answers as an older fleetrun does."""
     d = machine.home.parent
-    refuse = ('if [ "$2" = serve ]; then echo \'{"error": "usage: fleetrun host {probe,...} --json ..."}\'; '
-              "exit 4; fi\n") if mode == "refuses" else ""
+    refuse = (
+        ('if [ "$2" = serve ]; then echo \'{"error": "usage: fleetrun host {probe,...} --json ..."}\'; exit 4; fi\n')
+        if mode == "refuses"
+        else ""
+    )
     script = d / "fleetrun-wrapper"
-    script.write_text("#!/bin/sh\n"
-                      f'echo "$2" >> {shlex.quote(str(d / "calls"))}\n'
-                      f"{refuse}"
-                      f'if [ "$2" = serve ]; then echo $$ >> {shlex.quote(str(d / "serve-pids"))}; fi\n'
-                      f'exec {machine.command_line(FLEETRUN_SERVE_TRACE=str(d / "trace"))} "$@"\n')
+    script.write_text(
+        "#!/bin/sh\n"
+        f'echo "$2" >> {shlex.quote(str(d / "calls"))}\n'
+        f"{refuse}"
+        f'if [ "$2" = serve ]; then echo $$ >> {shlex.quote(str(d / "serve-pids"))}; fi\n'
+        f'exec {machine.command_line(FLEETRUN_SERVE_TRACE=str(d / "trace"))} "$@"\n'
+    )
     script.chmod(0o755)
     return script
 
@@ -53,7 +58,7 @@ def test_the_peer_worker(fleeter, fake_claude, peer_lab, mode):
     r = fleeter.run("relay", "add", "mini", mini.address, "--accept-new", "--command", str(cmd))
     assert r.ret == 0, r.stdout + r.stderr
     assert fleeter.run("drain").ret == 0
-    fleeter.write_tasks('''
+    fleeter.write_tasks("""
         [[task]]
         name = "t1"
         cwd = "repo"
@@ -63,13 +68,12 @@ def test_the_peer_worker(fleeter, fake_claude, peer_lab, mode):
 
           [[task.verify]]
           run = "test -f out.txt"
-    ''')
+    """)
     d = mini.home.parent
     # "dies": the agent runs until the test has killed the worker (a fixed sleep could end
     # first on a loaded machine, and then nothing would be left to adopt); it may run Bash
     gate = d / "agent-may-end"
-    hold = ["bash", f"while [ ! -e {shlex.quote(str(gate))} ]; do sleep 0.05; done"] if mode == "dies" \
-        else ["sleep", 1]
+    hold = ["bash", f"while [ ! -e {shlex.quote(str(gate))} ]; do sleep 0.05; done"] if mode == "dies" else ["sleep", 1]
     fake_claude.script(t1=[{"actions": [hold, ["write", "out.txt", "x"], ["commit", "x"]]}])
     if mode == "dies":
         proc = fleeter.popen("tasks.toml")
@@ -94,8 +98,11 @@ def test_the_peer_worker(fleeter, fake_claude, peer_lab, mode):
     (att,) = fleeter.ledger().attempts(t.id)  # never run twice
     assert len(fake_claude.calls("t1")) == 1
     # the agent's log reached this machine's mirror whole (pushed as log events, or polled)
-    assert (fleeter.home / "attempts" / att.id / "peer.log").read_bytes() == \
-        (mini.home / "attempts" / att.id / "log").read_bytes() != b""
+    assert (
+        (fleeter.home / "attempts" / att.id / "peer.log").read_bytes()
+        == (mini.home / "attempts" / att.id / "log").read_bytes()
+        != b""
+    )
     # an honest peer's events were all about its own attempts: not one counted against it
     import json
 
@@ -141,7 +148,7 @@ def test_a_work_loop_starts_its_peers_workers_and_hears_them_pushed(fleeter, pee
     def beats():
         text = events.read_text() if events.exists() else ""
         # whole lines only: the loop may be half-way through appending
-        rows = [json.loads(x) for x in text[:text.rfind("\n") + 1].splitlines()]
+        rows = [json.loads(x) for x in text[: text.rfind("\n") + 1].splitlines()]
         return [e for e in rows if e["type"] == "peer_heartbeat" and e["peer"] == "mini" and e["reachable"]]
 
     proc = fleeter.popen("work")
@@ -149,8 +156,11 @@ def test_a_work_loop_starts_its_peers_workers_and_hears_them_pushed(fleeter, pee
         wait_for(lambda: lines(d / "serve-pids"), 120, "a worker started with no task queued")
         wait_for(lambda: len(beats()) >= 6, 120, "six heartbeat rounds")
         heard = json.loads((fleeter.home / "peers-state.json").read_text())["mini"]["last_heard"]
-        wait_for(lambda: json.loads((fleeter.home / "peers-state.json").read_text())["mini"]["last_heard"] > heard,
-                 120, "a later heartbeat recorded")
+        wait_for(
+            lambda: json.loads((fleeter.home / "peers-state.json").read_text())["mini"]["last_heard"] > heard,
+            120,
+            "a later heartbeat recorded",
+        )
     finally:
         proc.send_signal(signal.SIGINT)
         out, err = proc.communicate(timeout=30)

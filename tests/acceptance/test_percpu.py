@@ -20,8 +20,7 @@ from typing import Any
 from fleetrun import shepherd
 
 #: The agent: writes a file and commits it itself.
-AGENT = ("echo x > f.txt && git add f.txt && "
-         "git -c user.name=t -c user.email=t@example.invalid commit -q -m work")
+AGENT = "echo x > f.txt && git add f.txt && git -c user.name=t -c user.email=t@example.invalid commit -q -m work"
 
 
 def task(name: str, repo: str, verify: str) -> str:
@@ -54,10 +53,11 @@ def git_wrapper(fleeter: Any, monkeypatch: Any, template: str, *repos: str) -> P
     monkeypatch.setenv("PATH", f"{bindir}:{Path(real).parent}:{Path(sys.executable).parent}:/usr/bin:/bin")
     return flags
 
-LOGGER = '''#!/bin/sh
+
+LOGGER = """#!/bin/sh
 echo "$*" >> "{flags}/git.log"
 exec "{git}" "$@"
-'''
+"""
 
 
 def pinned_git(flags: Path) -> list[str]:
@@ -74,8 +74,7 @@ def pinned_git(flags: Path) -> list[str]:
 
 def one_task(fleeter: Any, monkeypatch: Any, verify: str = "true") -> Path:
     flags = git_wrapper(fleeter, monkeypatch, LOGGER, "repo")
-    fleeter.write_tasks(f'[agents.sh]\ncommand = ["/bin/sh", "-c", {json.dumps(AGENT)}]\n'
-                        + task("t1", "repo", verify))
+    fleeter.write_tasks(f'[agents.sh]\ncommand = ["/bin/sh", "-c", {json.dumps(AGENT)}]\n' + task("t1", "repo", verify))
     r = fleeter.run("tasks.toml")
     assert r.ret == 0, r.stdout + r.stderr
     assert fleeter.states() == {"t1": "DONE"}
@@ -91,8 +90,7 @@ def test_collecting_a_committed_attempts_work_runs_two_git_commands(fleeter, mon
 
 
 # The agent records its shepherd's parent: the pid and that process's command line.
-PARENT = ('pp=$(cut -d" " -f4 /proc/$PPID/stat); echo "$pp $(tr "\\0" " " < /proc/$pp/cmdline)" '
-          '>> {flags}/parents; ')
+PARENT = 'pp=$(cut -d" " -f4 /proc/$PPID/stat); echo "$pp $(tr "\\0" " " < /proc/$pp/cmdline)" >> {flags}/parents; '
 
 
 def test_a_runs_shepherds_are_forked_by_one_starter_that_ends_with_the_run(fleeter, monkeypatch):
@@ -100,8 +98,10 @@ def test_a_runs_shepherds_are_forked_by_one_starter_that_ends_with_the_run(fleet
     # started for each), and it ends when the run does
     flags = git_wrapper(fleeter, monkeypatch, LOGGER, "repo")
     agent = PARENT.format(flags=flags) + AGENT
-    fleeter.write_tasks(f'[agents.sh]\ncommand = ["/bin/sh", "-c", {json.dumps(agent)}]\n'
-                        + "".join(task(f"t{i}", "repo", "true") for i in range(3)))
+    fleeter.write_tasks(
+        f'[agents.sh]\ncommand = ["/bin/sh", "-c", {json.dumps(agent)}]\n'
+        + "".join(task(f"t{i}", "repo", "true") for i in range(3))
+    )
     r = fleeter.run("tasks.toml", "--max-tasks", "2")
     assert r.ret == 0, r.stdout + r.stderr
     assert fleeter.states() == {"t0": "DONE", "t1": "DONE", "t2": "DONE"}
@@ -118,12 +118,16 @@ def test_a_starter_that_dies_leaves_shepherds_started_by_path(fleeter, monkeypat
     # next shepherds spawned by path by the supervisor itself, and says so once
     flags = git_wrapper(fleeter, monkeypatch, LOGGER, "repo")
     # (only a starter: without one the shepherd's parent is the supervisor, this test)
-    kill = ('pp=$(cut -d" " -f4 /proc/$PPID/stat); '
-            'if [ ! -e {flags}/killed ] && tr "\\0" " " < /proc/$pp/cmdline | grep -q -- " --starter"; '
-            'then touch {flags}/killed; kill -9 $pp; fi; ')
+    kill = (
+        'pp=$(cut -d" " -f4 /proc/$PPID/stat); '
+        'if [ ! -e {flags}/killed ] && tr "\\0" " " < /proc/$pp/cmdline | grep -q -- " --starter"; '
+        "then touch {flags}/killed; kill -9 $pp; fi; "
+    )
     agent = PARENT.format(flags=flags) + kill.format(flags=flags) + AGENT
-    fleeter.write_tasks(f'[agents.sh]\ncommand = ["/bin/sh", "-c", {json.dumps(agent)}]\n'
-                        + "".join(task(f"t{i}", "repo", "true") for i in range(3)))
+    fleeter.write_tasks(
+        f'[agents.sh]\ncommand = ["/bin/sh", "-c", {json.dumps(agent)}]\n'
+        + "".join(task(f"t{i}", "repo", "true") for i in range(3))
+    )
     r = fleeter.run("tasks.toml", "--max-tasks", "1")
     assert r.ret == 0, r.stdout + r.stderr
     assert fleeter.states() == {"t0": "DONE", "t1": "DONE", "t2": "DONE"}

@@ -22,14 +22,19 @@ FLOOR = 100_000_000  # MB: above any machine's free memory
 
 def tasks(fleeter: Any, *names: str, extra: str = "") -> None:
     fleeter.make_repo()
-    fleeter.write_tasks("\n".join(f'''
+    fleeter.write_tasks(
+        "\n".join(
+            f'''
         [[task]]
         name = "{n}"
         cwd = "repo"
         prompt = "Write {n}.txt."
         git_ref = "main"
         {extra}
-    ''' for n in names))
+    '''
+            for n in names
+        )
+    )
 
 
 class Live:
@@ -38,8 +43,9 @@ class Live:
     def __init__(self, proc: subprocess.Popen[bytes]) -> None:
         self.proc = proc
         self.lines: dict[str, list[str]] = {"out": [], "err": []}
-        self.threads = [threading.Thread(target=self._read, args=(s, getattr(proc, f"std{s}")), daemon=True)
-                        for s in ("out", "err")]
+        self.threads = [
+            threading.Thread(target=self._read, args=(s, getattr(proc, f"std{s}")), daemon=True) for s in ("out", "err")
+        ]
         for t in self.threads:
             t.start()
 
@@ -51,8 +57,11 @@ class Live:
         return [x for x in list(self.lines[stream]) if fnmatch.fnmatch(x, pattern)]
 
     def wait_for(self, pattern: str, stream: str = "out", timeout: float = 120) -> str:
-        return until(lambda: (self.matching(pattern, stream) or [None])[0], timeout,
-                     f"no {stream} line matches {pattern!r}; {self.dump()}")
+        return until(
+            lambda: (self.matching(pattern, stream) or [None])[0],
+            timeout,
+            f"no {stream} line matches {pattern!r}; {self.dump()}",
+        )
 
     def dump(self) -> str:
         return "stdout:\n" + "\n".join(self.lines["out"]) + "\nstderr:\n" + "\n".join(self.lines["err"])
@@ -154,7 +163,7 @@ def test_requires_tags_and_probed_tools(fleeter: Any, fake_claude: Any, monkeypa
     fleeter.make_repo()
     fleeter.write_config(f'[claude]\nexecutable = "{FAKE_CLAUDE}"\n\n[relay]\ntags = ["gpu"]\n')
     monkeypatch.setenv("ANTHROPIC_API_KEY", "sk-test-not-a-real-key")
-    fleeter.write_tasks('''
+    fleeter.write_tasks("""
         [[task]]
         name = "needs-nosuchtool"
         cwd = "repo"
@@ -175,7 +184,7 @@ def test_requires_tags_and_probed_tools(fleeter: Any, fake_claude: Any, monkeypa
         prompt = "p"
         git_ref = "main"
         requires = ["git>=999", "python>=3.11"]
-    ''')
+    """)
     fake_claude.script(default=[{"actions": [["write", "out.txt", "x"], ["commit", "add out"]]}])
 
     v = fleeter.run("validate")
@@ -187,7 +196,8 @@ def test_requires_tags_and_probed_tools(fleeter: Any, fake_claude: Any, monkeypa
         "it is never met",
         "warning: tasks.toml:20: task 'needs-new-git': requires: `python>=3.11`: `python` is neither a tag "
         "of this machine ([relay] tags in config.toml) nor a probed tool (claude, git, cargo, python3, node); "
-        "it is never met"]  # git>=999 may be met some day; gpu is a tag here
+        "it is never met",
+    ]  # git>=999 may be met some day; gpu is a tag here
 
     r = fleeter.run("tasks.toml")
     assert r.ret == 1, r.stdout + r.stderr
@@ -197,8 +207,9 @@ def test_requires_tags_and_probed_tools(fleeter: Any, fake_claude: Any, monkeypa
     assert [c["env"]["FLEETRUN_TASK_NAME"] for c in fake_claude.calls()] == ["needs-git"]
 
 
-def test_extra_tools_are_probed_and_known_to_validate(fleeter: Any, fake_claude: Any, tmp_path: Any,
-                                                      monkeypatch: Any) -> None:
+def test_extra_tools_are_probed_and_known_to_validate(
+    fleeter: Any, fake_claude: Any, tmp_path: Any, monkeypatch: Any
+) -> None:
     bindir = tmp_path / "bin"
     bindir.mkdir()
     (bindir / "mytool").write_text('#!/bin/sh\necho "mytool 3.1.4"\n')
@@ -217,7 +228,7 @@ def test_measured_memory_replaces_mem_per_task_mb(fleeter: Any, fake_claude: Any
     """While one attempt runs, the next task's estimate is its agent's measured memory."""
     monkeypatch.setattr("fleetrun.plugins.placement.SETTLE_S", 0.0)
     record = fleeter.path / "estimates.ndjson"
-    fleeter.write_fleetconf(f'''
+    fleeter.write_fleetconf(f"""
         import json
         import fleetrun
 
@@ -226,7 +237,7 @@ def test_measured_memory_replaces_mem_per_task_mb(fleeter: Any, fake_claude: Any
             with open({str(record)!r}, "a") as f:
                 for c in candidates:
                     f.write(json.dumps([task.name, c.mem_per_task_mb, c.info.get("mem_estimate")]) + "\\n")
-    ''')
+    """)
     fleeter.write_policy("[local]\nmax_tasks = 1\nmem_per_task_mb = 4321\n")
     tasks(fleeter, "t1", "t2")
     fake_claude.script(default=[{"actions": [["sleep", 1.5], ["write", "out.txt", "x"], ["commit", "add out"]]}])
@@ -241,7 +252,7 @@ def test_measured_memory_replaces_mem_per_task_mb(fleeter: Any, fake_claude: Any
 
 # -- plugin filters and scores: the built-in checks still hold -------------------------------
 
-PREFS = '''
+PREFS = """
     import json
     import fleetrun
 
@@ -260,7 +271,7 @@ PREFS = '''
     def fleetrun_place_score(task, candidate, config):
         note("score", task.name, candidate.name)
         return 1e9  # no score makes up for a requirement that is not met
-'''
+"""
 
 
 def test_requires_still_hold_with_a_filter_and_a_score_loaded(fleeter: Any, fake_claude: Any) -> None:
@@ -269,14 +280,17 @@ def test_requires_still_hold_with_a_filter_and_a_score_loaded(fleeter: Any, fake
     log = fleeter.path / "place.ndjson"
     fleeter.write_fleetconf(PREFS.format(log=str(log)))
     tasks(fleeter, "plain")
-    fleeter.write_tasks(fleeter.path.joinpath("tasks.toml").read_text() + '''
+    fleeter.write_tasks(
+        fleeter.path.joinpath("tasks.toml").read_text()
+        + """
 [[task]]
 name = "tagged"
 cwd = "repo"
 prompt = "p"
 git_ref = "main"
 requires = ["no-such-tool"]
-''')
+"""
+    )
     fake_claude.script(default=[{"actions": [["write", "out.txt", "x"], ["commit", "add out"]]}])
     r = fleeter.run("tasks.toml")
     assert r.ret == 1, r.stdout + r.stderr

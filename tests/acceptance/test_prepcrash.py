@@ -26,7 +26,7 @@ from .test_depbase import chain, two_writers
 # At the merge numbered $(cat kill-at) (1 = the first) of fleetrun's own (`merge --no-ff`),
 # SIGKILL the first process up the parent chain whose command line names fleetrun (the
 # supervisor), once: the flag `killed` makes every later git the real one.
-WRAPPER = '''#!/bin/sh
+WRAPPER = """#!/bin/sh
 case "$*" in
   *" merge --no-ff "*)
     if [ ! -e "{flags}/killed" ]; then
@@ -47,7 +47,7 @@ case "$*" in
     fi ;;
 esac
 exec "{git}" "$@"
-'''
+"""
 
 
 def kill_at_merge(fleeter: Any, monkeypatch: Any, n: int = 1) -> Path:
@@ -61,7 +61,9 @@ def kill_at_merge(fleeter: Any, monkeypatch: Any, n: int = 1) -> Path:
 def killed_then_finished(fleeter: Any, flags: Path) -> Any:
     """The run killed at the merge, then ``fleetrun work --until-idle`` to the end."""
     r = fleeter.runsub("tasks.toml", timeout=120)
-    assert r.ret == -signal.SIGKILL, f"the supervisor was not killed at the merge (exit {r.ret}):\n{r.stdout}\n{r.stderr}"
+    assert r.ret == -signal.SIGKILL, (
+        f"the supervisor was not killed at the merge (exit {r.ret}):\n{r.stdout}\n{r.stderr}"
+    )
     assert (flags / "killed").exists()
     assert not (flags / "log").exists(), (flags / "log").read_text()
     return fleeter.runsub("work", "--until-idle", timeout=120)
@@ -82,11 +84,20 @@ def merge_subjects(fleeter: Any, repo: Path, branch: str) -> list[str]:
 def test_a_supervisor_killed_before_the_merge_still_merges_the_dependency(fleeter, fake_claude, monkeypatch):
     repo = chain(fleeter, verify="test -f api.py")  # a verifier that does not look for the dependency's work
     flags = kill_at_merge(fleeter, monkeypatch)
-    fake_claude.script(**{
-        "user-schema": [{"actions": [["write", "schema.sql", "CREATE TABLE users"]]}],
-        "user-api": [{"actions": [["bash", "git show HEAD:schema.sql > saw-schema.txt"],
-                                  ["write", "api.py", "# api"], ["commit", "api"]]}],
-    })
+    fake_claude.script(
+        **{
+            "user-schema": [{"actions": [["write", "schema.sql", "CREATE TABLE users"]]}],
+            "user-api": [
+                {
+                    "actions": [
+                        ["bash", "git show HEAD:schema.sql > saw-schema.txt"],
+                        ["write", "api.py", "# api"],
+                        ["commit", "api"],
+                    ]
+                }
+            ],
+        }
+    )
     r = killed_then_finished(fleeter, flags)
     assert r.ret == 0, r.stdout + r.stderr
     assert fleeter.states() == {"user-schema": "DONE", "user-api": "DONE"}
@@ -101,7 +112,7 @@ def test_a_supervisor_killed_before_the_merge_still_merges_the_dependency(fleete
 
 def three_deps(fleeter: Any) -> Path:
     repo = fleeter.make_repo()
-    fleeter.write_tasks('''
+    fleeter.write_tasks("""
         [[task]]
         name = "one"
         cwd = "repo"
@@ -130,19 +141,21 @@ def three_deps(fleeter: Any) -> Path:
 
           [[task.verify]]
           run = "test -f all.txt"
-    ''')
+    """)
     return repo
 
 
 def test_a_supervisor_killed_between_two_merges_merges_the_rest_once(fleeter, fake_claude, monkeypatch):
     repo = three_deps(fleeter)
     flags = kill_at_merge(fleeter, monkeypatch, 2)  # "one" is merged, "two" and "three" are not
-    fake_claude.script(**{
-        "one": [{"actions": [["write", "1.txt", "1"], ["commit", "one"]]}],
-        "two": [{"actions": [["write", "2.txt", "2"], ["commit", "two"]]}],
-        "three": [{"actions": [["write", "3.txt", "3"], ["commit", "three"]]}],
-        "all": [{"actions": [["write", "all.txt", "all"], ["commit", "all"]]}],
-    })
+    fake_claude.script(
+        **{
+            "one": [{"actions": [["write", "1.txt", "1"], ["commit", "one"]]}],
+            "two": [{"actions": [["write", "2.txt", "2"], ["commit", "two"]]}],
+            "three": [{"actions": [["write", "3.txt", "3"], ["commit", "three"]]}],
+            "all": [{"actions": [["write", "all.txt", "all"], ["commit", "all"]]}],
+        }
+    )
     r = killed_then_finished(fleeter, flags)
     assert r.ret == 0, r.stdout + r.stderr
     assert fleeter.states() == {"one": "DONE", "two": "DONE", "three": "DONE", "all": "DONE"}
@@ -152,7 +165,8 @@ def test_a_supervisor_killed_between_two_merges_merges_the_rest_once(fleeter, fa
         assert is_ancestor(fleeter, repo, branch, every.branch), name
     # each dependency merged exactly once, in depends_on order
     assert merge_subjects(fleeter, repo, every.branch)[::-1] == [
-        f"fleetrun: merge {n} ({b}) into all" for n, b in deps.items()]
+        f"fleetrun: merge {n} ({b}) into all" for n, b in deps.items()
+    ]
     assert len(fake_claude.calls("all")) == 1
 
 
@@ -163,8 +177,9 @@ def test_a_conflict_after_the_crash_has_the_outcome_on_conflict_says(fleeter, fa
     extra = 'on_conflict = "agent"' if on_conflict == "agent" else ""
     repo, steps = two_writers(fleeter, extra=extra)
     flags = kill_at_merge(fleeter, monkeypatch)
-    fake_claude.script(**steps, both=[{"actions": [["write", "shared.txt", "merged\n"],
-                                                   ["commit", "resolve the merge"]]}])
+    fake_claude.script(
+        **steps, both=[{"actions": [["write", "shared.txt", "merged\n"], ["commit", "resolve the merge"]]}]
+    )
     r = killed_then_finished(fleeter, flags)
     both, left, right = fleeter.task("both"), fleeter.task("left"), fleeter.task("right")
     if on_conflict == "human":
@@ -191,7 +206,7 @@ def test_a_reused_worktree_whose_head_left_the_task_branch_is_not_worked_in(flee
     # another branch and committed everything there (so no collect saw it); its retry
     # must not start on that branch, whose work would never reach the task's
     repo = fleeter.make_repo()
-    fleeter.write_tasks('''
+    fleeter.write_tasks("""
         [[task]]
         name = "t"
         cwd = "repo"
@@ -201,10 +216,13 @@ def test_a_reused_worktree_whose_head_left_the_task_branch_is_not_worked_in(flee
 
           [[task.verify]]
           run = "test -f t.txt"
-    ''')
-    fake_claude.script(t=[{"actions": [["bash", "git checkout -q -b elsewhere"], ["write", "x.txt", "x"],
-                                       ["commit", "elsewhere"]]},
-                          {"actions": [["write", "t.txt", "t"], ["commit", "t"]]}])
+    """)
+    fake_claude.script(
+        t=[
+            {"actions": [["bash", "git checkout -q -b elsewhere"], ["write", "x.txt", "x"], ["commit", "elsewhere"]]},
+            {"actions": [["write", "t.txt", "t"], ["commit", "t"]]},
+        ]
+    )
     r = fleeter.run("tasks.toml")
     assert r.ret == 1, r.stdout + r.stderr
     t = fleeter.task("t")
@@ -215,7 +233,8 @@ def test_a_reused_worktree_whose_head_left_the_task_branch_is_not_worked_in(flee
 
 
 def test_a_conflict_left_to_the_agent_and_a_crash_before_it_was_recorded_still_names_what_is_pending(
-        fleeter, fake_claude):
+    fleeter, fake_claude
+):
     # on_conflict = "agent": right's merge stops on a conflict with left's, third is not
     # merged yet; the supervisor dies before the attempt records that (after_worktree,
     # the dependent's is the 4th). The restart reads the stopped merge from the worktree:
@@ -224,20 +243,29 @@ def test_a_conflict_left_to_the_agent_and_a_crash_before_it_was_recorded_still_n
     repo, steps = two_writers(fleeter, extra='on_conflict = "agent"')
     tasks = (fleeter.path / "tasks.toml").read_text()
     tasks = tasks.replace('depends_on = ["left", "right"]', 'depends_on = ["left", "right", "third"]')
-    tasks = tasks.replace('run = "test \\"$(cat shared.txt)\\" = merged && test -f L.txt && test -f R.txt"',
-                          'run = "test -f T.txt"')
-    fleeter.write_tasks(tasks + '''
+    tasks = tasks.replace(
+        'run = "test \\"$(cat shared.txt)\\" = merged && test -f L.txt && test -f R.txt"', 'run = "test -f T.txt"'
+    )
+    fleeter.write_tasks(
+        tasks
+        + """
         [[task]]
         name = "third"
         cwd = "repo"
         prompt = "Write T."
         git_ref = "main"
-    ''')
+    """
+    )
     # the agent concludes the stopped merge and leaves third unmerged; its verifier fails,
     # and the retry's preparation merges third before its agent starts
-    fake_claude.script(**steps, third=[{"actions": [["write", "T.txt", "t"], ["commit", "third"]]}],
-                       both=[{"actions": [["write", "shared.txt", "merged\n"], ["commit", "resolve the merge"]]},
-                             {"actions": [["bash", "test -f T.txt"]]}])
+    fake_claude.script(
+        **steps,
+        third=[{"actions": [["write", "T.txt", "t"], ["commit", "third"]]}],
+        both=[
+            {"actions": [["write", "shared.txt", "merged\n"], ["commit", "resolve the merge"]]},
+            {"actions": [["bash", "test -f T.txt"]]},
+        ],
+    )
     r = fleeter.runsub("tasks.toml", env={"FLEETRUN_CRASH_AT": "after_worktree@4"}, timeout=120)
     assert r.ret == CRASH_EXIT, r.stdout + r.stderr
     both, right, third = fleeter.task("both"), fleeter.task("right"), fleeter.task("third")
@@ -295,15 +323,19 @@ def test_a_peer_does_not_reuse_a_worktree_whose_head_left_the_task_branch(peer, 
     assert code == 1, r
     assert "its HEAD is refs/heads/elsewhere, not the task's branch" in r["error"], r
     # put back on its branch, it is reused
-    git(root, "checkout", "-q", r_branch := git(repo, "for-each-ref", "--format=%(refname:short)",
-                                                "refs/heads/fleetrun/").split()[0])
+    git(
+        root,
+        "checkout",
+        "-q",
+        r_branch := git(repo, "for-each-ref", "--format=%(refname:short)", "refs/heads/fleetrun/").split()[0],
+    )
     code, r = peer.host("prepare", stdin={"task": task(repo), "attempt": attempt(n=3)})
     assert code == 0 and r["workspace"]["branch"] == r_branch, r
 
 
 # The first merge of fleetrun's own fails as git does when the disk is full, once (git
 # names the file it could not write, not the full disk: seen in the soak).
-FULL_DISK_WRAPPER = '''#!/bin/sh
+FULL_DISK_WRAPPER = """#!/bin/sh
 case "$*" in
   *" merge --no-ff "*)
     if [ ! -e "{flags}/failed" ]; then
@@ -313,7 +345,7 @@ case "$*" in
     fi ;;
 esac
 exec "{git}" "$@"
-'''
+"""
 
 
 def test_a_merge_the_full_disk_refused_is_waited_out_not_sent_to_a_human(fleeter, fake_claude, monkeypatch):
@@ -322,10 +354,12 @@ def test_a_merge_the_full_disk_refused_is_waited_out_not_sent_to_a_human(fleeter
     not go NEEDS_HUMAN (nor its own dependents with it)."""
     repo = chain(fleeter, verify="test -f api.py")
     flags = fleeter.git_first_on_path(FULL_DISK_WRAPPER)
-    fake_claude.script(**{
-        "user-schema": [{"actions": [["write", "schema.sql", "CREATE TABLE users"]]}],
-        "user-api": [{"actions": [["write", "api.py", "# api"], ["commit", "api"]]}],
-    })
+    fake_claude.script(
+        **{
+            "user-schema": [{"actions": [["write", "schema.sql", "CREATE TABLE users"]]}],
+            "user-api": [{"actions": [["write", "api.py", "# api"], ["commit", "api"]]}],
+        }
+    )
     r = fleeter.runsub("tasks.toml", timeout=120)
     assert (flags / "failed").exists()
     assert r.ret == 0, r.stdout + r.stderr

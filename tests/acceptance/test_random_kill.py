@@ -58,16 +58,21 @@ def write_queue(fleeter, fake_claude, rng: random.Random, release: Path) -> tupl
             return ["sleep", round(rng.uniform(0.05, 0.5), 3)]
 
         if i == TASKS - 1:
-            steps[name] = [{"actions": [["bash", f"while [ ! -f {release} ]; do sleep 0.05; done"],
-                                        ["write", f"{name}.txt", "x"]]}]
+            steps[name] = [
+                {"actions": [["bash", f"while [ ! -f {release} ]; do sleep 0.05; done"], ["write", f"{name}.txt", "x"]]}
+            ]
             calls[name] = 1
         elif fails_once:
-            steps[name] = [{"actions": [nap(), ["write", "FIX.txt", "draft"], ["commit", "draft"]]},
-                           {"actions": [nap(), ["write", "FIX.txt", "final"]]}]
+            steps[name] = [
+                {"actions": [nap(), ["write", "FIX.txt", "draft"], ["commit", "draft"]]},
+                {"actions": [nap(), ["write", "FIX.txt", "final"]]},
+            ]
             calls[name] = 2
         elif dies_once:
-            steps[name] = [{"mode": "die", "actions": [nap()]},
-                           {"actions": [nap(), ["write", f"{name}.txt", "x"], ["commit", name]]}]
+            steps[name] = [
+                {"mode": "die", "actions": [nap()]},
+                {"actions": [nap(), ["write", f"{name}.txt", "x"], ["commit", name]]},
+            ]
             calls[name] = 2
         else:
             steps[name] = [{"actions": [nap(), ["write", f"{name}.txt", "x"]]}]
@@ -85,11 +90,17 @@ FIXED = hasattr(Loop, "verdict_failed")
 
 
 @pytest.mark.slow
-@pytest.mark.xfail(not FIXED, strict=False, reason=(
-    "BUG: kills between an attempt's end and its transition, a failed verdict and its "
-    "transition, or DONE and its cleanup, break the invariants (test_crash_points.XFAIL)"))
-@pytest.mark.parametrize("seed", [int(os.environ["FLEETRUN_TEST_SEED"])] if os.environ.get("FLEETRUN_TEST_SEED")
-                         else [1, 2, 3])
+@pytest.mark.xfail(
+    not FIXED,
+    strict=False,
+    reason=(
+        "BUG: kills between an attempt's end and its transition, a failed verdict and its "
+        "transition, or DONE and its cleanup, break the invariants (test_crash_points.XFAIL)"
+    ),
+)
+@pytest.mark.parametrize(
+    "seed", [int(os.environ["FLEETRUN_TEST_SEED"])] if os.environ.get("FLEETRUN_TEST_SEED") else [1, 2, 3]
+)
 def test_random_sigkill_of_the_supervisor(fleeter, fake_claude, tmp_path, seed):
     rng = random.Random(seed)
     release = tmp_path / "release"
@@ -126,9 +137,11 @@ def test_random_sigkill_of_the_supervisor(fleeter, fake_claude, tmp_path, seed):
     attempts = len(led.attempts())
     abandoned = len(led.attempts(states={"abandoned"}))
     adopted = sum(1 for r in led.transitions() if r.cause == "adopted")
-    print(f"\nrandom kill (seed {seed}): {kills} SIGKILLs, {finished_early} runs ended before their kill, "
-          f"{TASKS} tasks ({done_at_last_kill} DONE at the last kill), {attempts} attempts ({abandoned} abandoned before starting, "
-          f"{adopted} adopted in ASSIGNED), violations found: {len(bad)}, DONE before each run: {progress}, "
-          f"{time.monotonic() - started:.1f}s")
+    print(
+        f"\nrandom kill (seed {seed}): {kills} SIGKILLs, {finished_early} runs ended before their kill, "
+        f"{TASKS} tasks ({done_at_last_kill} DONE at the last kill), {attempts} attempts ({abandoned} abandoned before starting, "
+        f"{adopted} adopted in ASSIGNED), violations found: {len(bad)}, DONE before each run: {progress}, "
+        f"{time.monotonic() - started:.1f}s"
+    )
     assert kills == KILLS, f"the queue finished after {kills} kills; make it longer"
     assert not bad, f"after {kills} SIGKILLs (seed {seed}):\n" + "\n".join(bad)

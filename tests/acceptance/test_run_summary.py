@@ -9,15 +9,17 @@ import json
 
 # a verifier whose output looks like pytest's: progress, a failure, the summary line,
 # and a line after it (the summary is the last line of *its shape*, not the last line)
-PYTEST_LIKE = ("for i in 1 2 3 4 5 6 7 8 9; do echo progress-$i; done; "
-               "echo 'FAILED tests/test_api.py::test_get - AssertionError: 404'; "
-               "echo '======== 54 failed, 12 passed in 3.21s ========'; "
-               "echo 'trailing-line'; exit 1")
+PYTEST_LIKE = (
+    "for i in 1 2 3 4 5 6 7 8 9; do echo progress-$i; done; "
+    "echo 'FAILED tests/test_api.py::test_get - AssertionError: 404'; "
+    "echo '======== 54 failed, 12 passed in 3.21s ========'; "
+    "echo 'trailing-line'; exit 1"
+)
 
 
 def tasks(fleeter, unit: str = PYTEST_LIKE, max_retries: int = 0) -> None:
     fleeter.make_repo()
-    fleeter.write_tasks(f'''
+    fleeter.write_tasks(f"""
         [agents.ok]
         command = ["{{python}}", "-c", "print('done')"]
 
@@ -41,7 +43,7 @@ def tasks(fleeter, unit: str = PYTEST_LIKE, max_retries: int = 0) -> None:
         prompt = "p"
         agent = "ok"
         depends_on = ["api"]
-    ''')
+    """)
 
 
 def test_the_cause_names_the_verifier_and_quotes_its_summary_line(fleeter):
@@ -50,9 +52,13 @@ def test_the_cause_names_the_verifier_and_quotes_its_summary_line(fleeter):
     assert r.ret == 1, r.stdout + r.stderr
     api = fleeter.task("api")
     assert api.reason == "retries_exhausted:unit: 54 failed, 12 passed in 3.21s"
-    r.fnmatch_lines(["*api verify run `lint`: PASS (exit code 0)",
-                     "*api verify run `unit`: FAIL (exit code 1)",
-                     "*api NEEDS_HUMAN (attempt 1)  retries_exhausted:unit: 54 failed, 12 passed in 3.21s"])
+    r.fnmatch_lines(
+        [
+            "*api verify run `lint`: PASS (exit code 0)",
+            "*api verify run `unit`: FAIL (exit code 1)",
+            "*api NEEDS_HUMAN (attempt 1)  retries_exhausted:unit: 54 failed, 12 passed in 3.21s",
+        ]
+    )
     status = fleeter.run("status", "--wide")
     status.fnmatch_lines(["api *NEEDS_HUMAN*retries_exhausted:unit: 54 failed, 12 passed in 3.21s"])
 
@@ -61,14 +67,18 @@ def test_a_retry_cause_names_the_verifier_too(fleeter):
     tasks(fleeter, max_retries=1)
     r = fleeter.run("tasks.toml")
     assert r.ret == 1, r.stdout + r.stderr
-    r.fnmatch_lines(["*api RETRYING (attempt 1)  verify_fail:unit: 54 failed, 12 passed in 3.21s",
-                     "*api NEEDS_HUMAN (attempt 2)  retries_exhausted:unit: 54 failed, 12 passed in 3.21s"])
+    r.fnmatch_lines(
+        [
+            "*api RETRYING (attempt 1)  verify_fail:unit: 54 failed, 12 passed in 3.21s",
+            "*api NEEDS_HUMAN (attempt 2)  retries_exhausted:unit: 54 failed, 12 passed in 3.21s",
+        ]
+    )
 
 
 def test_without_a_name_the_label_stays_and_the_last_line_is_quoted(fleeter):
     """No name: the cause keeps the command's label; output of no known shape: its last
     non-empty line; no output at all: nothing after the label (as before)."""
-    fleeter.write_tasks('''
+    fleeter.write_tasks("""
         [agents.ok]
         command = ["{python}", "-c", "print('done')"]
 
@@ -87,11 +97,12 @@ def test_without_a_name_the_label_stays_and_the_last_line_is_quoted(fleeter):
         max_retries = 0
           [[task.verify]]
           run = "false"
-    ''')
+    """)
     r = fleeter.run("tasks.toml")
     assert r.ret == 1, r.stdout + r.stderr
-    assert fleeter.task("a").reason == ("retries_exhausted:echo first; echo 'no such file: x.txt'; echo; exit 2: "
-                                        "no such file: x.txt")
+    assert fleeter.task("a").reason == (
+        "retries_exhausted:echo first; echo 'no such file: x.txt'; echo; exit 2: no such file: x.txt"
+    )
     assert fleeter.task("b").reason == "retries_exhausted:false"
 
 
@@ -100,18 +111,23 @@ def test_a_failing_verifier_prints_its_last_lines_without_v(fleeter):
     tasks(fleeter, unit=PYTEST_LIKE.replace("echo 'trailing-line'", f"echo {long_line}"))
     r = fleeter.run("tasks.toml")
     assert r.ret == 1, r.stdout + r.stderr
-    r.fnmatch_lines(["*api verify run `unit`: FAIL (exit code 1)",
-                     "           | progress-9",
-                     "           | FAILED tests/test_api.py::test_get - AssertionError: 404",
-                     "           | ======== 54 failed, 12 passed in 3.21s ========",
-                     "           | xxxxxxxx*…"])
+    r.fnmatch_lines(
+        [
+            "*api verify run `unit`: FAIL (exit code 1)",
+            "           | progress-9",
+            "           | FAILED tests/test_api.py::test_get - AssertionError: 404",
+            "           | ======== 54 failed, 12 passed in 3.21s ========",
+            "           | xxxxxxxx*…",
+        ]
+    )
     assert "progress-7" not in r.stdout  # a few lines, not all of them
     assert long_line not in r.stdout  # trimmed
     assert "lint-progress-dots" not in r.stdout  # a passing verifier's output is not shown
     # -v: more lines, whole
     v = fleeter.run("tasks.toml", "-v", "--new-queue")
-    v.fnmatch_lines(["*api verify run `unit`: FAIL (exit code 1)", "           | progress-1",
-                     f"           | {long_line}"])
+    v.fnmatch_lines(
+        ["*api verify run `unit`: FAIL (exit code 1)", "           | progress-1", f"           | {long_line}"]
+    )
     # -q: no verdict lines at all
     q = fleeter.run("tasks.toml", "-q", "--new-queue")
     assert "| progress-9" not in q.stdout
@@ -122,19 +138,22 @@ def test_the_summary_lists_what_needs_a_human_like_pytest_ra(fleeter):
     r = fleeter.run("tasks.toml")
     assert r.ret == 1, r.stdout + r.stderr
     api = fleeter.task("api")
-    r.fnmatch_lines([
-        "=== short task summary info ===",
-        "NEEDS_HUMAN api: retries_exhausted:unit: 54 failed, 12 passed in 3.21s",
-        "    verify run `unit` (attempt 1): exit code 1 | 54 failed, 12 passed in 3.21s",
-        f"    branch {api.branch}; look: fleetrun logs api",
-        "NEEDS_HUMAN docs: dependency_needs_human:api",
-        "    look: fleetrun logs docs",
-        "=== 2 needs_human in * ===",
-    ])
+    r.fnmatch_lines(
+        [
+            "=== short task summary info ===",
+            "NEEDS_HUMAN api: retries_exhausted:unit: 54 failed, 12 passed in 3.21s",
+            "    verify run `unit` (attempt 1): exit code 1 | 54 failed, 12 passed in 3.21s",
+            f"    branch {api.branch}; look: fleetrun logs api",
+            "NEEDS_HUMAN docs: dependency_needs_human:api",
+            "    look: fleetrun logs docs",
+            "=== 2 needs_human in * ===",
+        ]
+    )
     # the section is the end of the output: only the final line comes after it
     assert r.outlines[-1].startswith("=== 2 needs_human in ")
     # a run where everything is done has no such section
-    fleeter.write_tasks('''
+    fleeter.write_tasks(
+        """
         [agents.ok]
         command = ["{python}", "-c", "print('done')"]
 
@@ -142,14 +161,16 @@ def test_the_summary_lists_what_needs_a_human_like_pytest_ra(fleeter):
         name = "fine"
         prompt = "p"
         agent = "ok"
-    ''', name="ok.toml")
+    """,
+        name="ok.toml",
+    )
     ok = fleeter.run("ok.toml")
     assert ok.ret == 0, ok.stdout + ok.stderr
     assert "short task summary info" not in ok.stdout
 
 
 def test_the_summary_lists_cancelled_tasks_and_counts_only_this_run(fleeter):
-    fleeter.write_tasks('''
+    fleeter.write_tasks("""
         [agents.slow]
         command = ["{python}", "-c", "import time; time.sleep(60)"]
 
@@ -157,7 +178,7 @@ def test_the_summary_lists_cancelled_tasks_and_counts_only_this_run(fleeter):
         name = "slow"
         prompt = "p"
         agent = "slow"
-    ''')
+    """)
     proc = fleeter.popen("tasks.toml")
     import time
 
@@ -176,7 +197,7 @@ def test_the_summary_lists_cancelled_tasks_and_counts_only_this_run(fleeter):
 
 
 def test_durations_lists_the_slowest_tasks_and_verifiers(fleeter):
-    fleeter.write_tasks('''
+    fleeter.write_tasks("""
         [agents.ok]
         command = ["{python}", "-c", "print('done')"]
 
@@ -192,14 +213,18 @@ def test_durations_lists_the_slowest_tasks_and_verifiers(fleeter):
           [[task.verify]]
           name = "nap"
           run = "sleep 1.2"
-    ''')
+    """)
     r = fleeter.run("tasks.toml", "--durations", "0")
     assert r.ret == 0, r.stdout + r.stderr
-    r.fnmatch_lines(["=== slowest durations ===",
-                     "*.??s  task    sleepy",
-                     "*1.??s  verify  sleepy `nap` (attempt 1)",
-                     "*.??s  task    quick",
-                     "=== 2 done in * ==="])
+    r.fnmatch_lines(
+        [
+            "=== slowest durations ===",
+            "*.??s  task    sleepy",
+            "*1.??s  verify  sleepy `nap` (attempt 1)",
+            "*.??s  task    quick",
+            "=== 2 done in * ===",
+        ]
+    )
     one = fleeter.run("tasks.toml", "--durations", "1", "--new-queue")
     one.fnmatch_lines(["=== slowest 1 durations ===", "*.??s  task    sleepy", "=== 2 done in * ==="])
     assert "verify  sleepy" not in one.stdout and "task    quick" not in one.stdout
@@ -214,15 +239,20 @@ def test_logs_shows_a_passing_verifiers_output_only_with_v(fleeter):
     fleeter.run("tasks.toml")
     logs = fleeter.run("logs", "api")
     assert logs.ret == 0, logs.stdout + logs.stderr
-    logs.fnmatch_lines(["*PASS verifier 1 (run: lint) attempt 1: exit code 0",
-                        "*FAIL verifier 2 (run: unit) attempt 1: exit code 1", "    | progress-9"])
+    logs.fnmatch_lines(
+        [
+            "*PASS verifier 1 (run: lint) attempt 1: exit code 0",
+            "*FAIL verifier 2 (run: unit) attempt 1: exit code 1",
+            "    | progress-9",
+        ]
+    )
     assert "lint-progress-dots" not in logs.stdout
     verbose = fleeter.run("logs", "-v", "api")
     verbose.fnmatch_lines(["*PASS verifier 1 (run: lint) attempt 1: exit code 0", "    | lint-progress-dots"])
 
 
 def test_verifier_names_are_checked(fleeter):
-    fleeter.write_tasks('''
+    fleeter.write_tasks("""
         [[task]]
         name = "a"
         prompt = "p"
@@ -245,18 +275,23 @@ def test_verifier_names_are_checked(fleeter):
           [[task.verify]]
           name = "unit"
           run = "true"
-    ''')
+    """)
     r = fleeter.run("validate", "tasks.toml")
     assert r.ret == 4, r.stdout + r.stderr
-    r.fnmatch_lines(["ERROR: tasks.toml:8: task 'a': verify #2: name: 'unit' is the name of verify #1 too; "
-                     "a task's verifiers need names of their own"], stream="err")
+    r.fnmatch_lines(
+        [
+            "ERROR: tasks.toml:8: task 'a': verify #2: name: 'unit' is the name of verify #1 too; "
+            "a task's verifiers need names of their own"
+        ],
+        stream="err",
+    )
     r.fnmatch_lines(["ERROR: tasks.toml:11: task 'a': verify #3: name: must be a string, not *"], stream="err")
     r.fnmatch_lines(["ERROR: tasks.toml:14: task 'a': verify #4: name: must not be empty"], stream="err")
     assert "task 'b'" not in r.stderr  # another task may use the same name
 
 
 def test_the_command_to_look_names_the_id_where_the_name_means_a_newer_task(fleeter):
-    fleeter.write_tasks('''
+    fleeter.write_tasks("""
         [agents.ok]
         command = ["{python}", "-c", "print('done')"]
 
@@ -267,22 +302,30 @@ def test_the_command_to_look_names_the_id_where_the_name_means_a_newer_task(flee
         max_retries = 0
           [[task.verify]]
           run = "echo 'tests: 1 failed'; exit 1"
-    ''')
+    """)
     assert fleeter.run("queue", "tasks.toml").ret == 0
     assert fleeter.run("queue", "tasks.toml").ret == 0
     r = fleeter.run("work", "--until-idle")
     assert r.ret == 1, r.stdout + r.stderr
     older, newer = (t for t in fleeter.ledger().tasks() if t.name == "flaky")
     assert older.created <= newer.created
-    r.fnmatch_lines(["=== short task summary info ===",
-                     "NEEDS_HUMAN flaky: *", "*", f"    look: fleetrun logs {older.id}",
-                     "NEEDS_HUMAN flaky: *", "*", "    look: fleetrun logs flaky",
-                     "=== 2 needs_human in * ==="])
+    r.fnmatch_lines(
+        [
+            "=== short task summary info ===",
+            "NEEDS_HUMAN flaky: *",
+            "*",
+            f"    look: fleetrun logs {older.id}",
+            "NEEDS_HUMAN flaky: *",
+            "*",
+            "    look: fleetrun logs flaky",
+            "=== 2 needs_human in * ===",
+        ]
+    )
 
 
 def test_the_retry_prompt_names_the_verifier_and_says_what_it_runs(fleeter, fake_claude):
     fleeter.make_repo()
-    fleeter.write_tasks('''
+    fleeter.write_tasks("""
         [[task]]
         name = "t1"
         cwd = "repo"
@@ -292,11 +335,12 @@ def test_the_retry_prompt_names_the_verifier_and_says_what_it_runs(fleeter, fake
           [[task.verify]]
           name = "has-out"
           run = "test -f out.txt || { echo 'out.txt is missing'; exit 1; }"
-    ''')
+    """)
     fake_claude.script(t1=[{"actions": []}, {"actions": [["write", "out.txt", "x"], ["commit", "add out"]]}])
     r = fleeter.run("tasks.toml")
     assert r.ret == 0, r.stdout + r.stderr
     second = fake_claude.calls("t1")[1]["prompt"]
-    assert ("Verifier `has-out` (run: `test -f out.txt || { echo 'out.txt is missing'; exit 1; }`) failed: "
-            "exit code 1.") in second, second
+    assert (
+        "Verifier `has-out` (run: `test -f out.txt || { echo 'out.txt is missing'; exit 1; }`) failed: exit code 1."
+    ) in second, second
     assert "out.txt is missing" in second

@@ -117,7 +117,7 @@ def check_home(home: Path, values: dict[str, str], extra: tuple[Path, ...] = ())
 def test_a_local_run_writes_no_secret_and_keeps_its_home_private(fleeter, fake_claude, secret_env):
     fleeter.make_repo()
     private(fleeter.home, fleeter.home / "config.toml")
-    fleeter.write_tasks('''
+    fleeter.write_tasks("""
         [[task]]
         name = "greet"
         cwd = "repo"
@@ -129,13 +129,22 @@ def test_a_local_run_writes_no_secret_and_keeps_its_home_private(fleeter, fake_c
 
           [[task.verify]]
           agent = "Check that hello.txt says hello."
-    ''')
-    fake_claude.script(**{
-        "greet": [{"actions": [["write", "hello.txt", "hello\n"],
-                               # the agent has the key it needs (it is in its environment)
-                               ["bash", "test -n \"$ANTHROPIC_API_KEY\""], ["commit", "add hello"]]}],
-        "greet:review": [{"result": "PASS"}],
-    })
+    """)
+    fake_claude.script(
+        **{
+            "greet": [
+                {
+                    "actions": [
+                        ["write", "hello.txt", "hello\n"],
+                        # the agent has the key it needs (it is in its environment)
+                        ["bash", 'test -n "$ANTHROPIC_API_KEY"'],
+                        ["commit", "add hello"],
+                    ]
+                }
+            ],
+            "greet:review": [{"result": "PASS"}],
+        }
+    )
     r = fleeter.run("tasks.toml")
     assert r.ret == 0, r.stdout + r.stderr
     assert secret_env["FOO_TOKEN"] not in r.stdout + r.stderr
@@ -152,11 +161,13 @@ def test_a_brain_run_writes_no_secret_and_keeps_its_home_private(fleeter, fake_c
     with BrainServer() as brain:
         brain.script("PASS\nhello.txt greets.")
         fleeter.make_repo()
-        fleeter.write_config((fleeter.home / "config.toml").read_text()
-                             + f'\n[brain]\nurl = "{brain.url}"\nmodel = "tiny"\napi = "openai"\n'
-                               'api_key_env = "FLEETRUN_TEST_BRAIN_KEY"\n')
+        fleeter.write_config(
+            (fleeter.home / "config.toml").read_text()
+            + f'\n[brain]\nurl = "{brain.url}"\nmodel = "tiny"\napi = "openai"\n'
+            'api_key_env = "FLEETRUN_TEST_BRAIN_KEY"\n'
+        )
         private(fleeter.home, fleeter.home / "config.toml")
-        fleeter.write_tasks('''
+        fleeter.write_tasks("""
             [[task]]
             name = "greet"
             cwd = "repo"
@@ -165,7 +176,7 @@ def test_a_brain_run_writes_no_secret_and_keeps_its_home_private(fleeter, fake_c
 
               [[task.verify]]
               brain = "Does hello.txt greet?"
-        ''')
+        """)
         fake_claude.script(greet=[{"actions": [["write", "hello.txt", "hello\n"], ["commit", "add hello"]]}])
         r = fleeter.run("tasks.toml")
         assert r.ret == 0, r.stdout + r.stderr
@@ -186,15 +197,14 @@ def peer_run(fleeter: Any, fake_claude: Any, peer_lab: Any, secret_env: dict[str
     # The peer's own environment holds the secrets, set by a wrapper outside its home,
     # so that neither peers.toml nor the command line carries them.
     wrapper = peer_lab.root / "mini-env.sh"
-    wrapper.write_text("#!/bin/sh\n" + "".join(f"export {k}='{v}'\n" for k, v in secret_env.items())
-                       + 'exec "$@"\n')
+    wrapper.write_text("#!/bin/sh\n" + "".join(f"export {k}='{v}'\n" for k, v in secret_env.items()) + 'exec "$@"\n')
     wrapper.chmod(0o700)
     command = shlex.join([str(wrapper), *mini.command()])
     r = fleeter.run("relay", "add", mini.name, mini.address, "--accept-new", "--command", command)
     assert r.ret == 0, r.stdout + r.stderr
     assert fleeter.run("drain").ret == 0
     private(fleeter.home, fleeter.home / "config.toml", mini.home, mini.home / "config.toml")
-    fleeter.write_tasks('''
+    fleeter.write_tasks("""
         [[task]]
         name = "remote"
         cwd = "repo"
@@ -204,9 +214,12 @@ def peer_run(fleeter: Any, fake_claude: Any, peer_lab: Any, secret_env: dict[str
 
           [[task.verify]]
           run = "test -n \\"$FOO_TOKEN\\" && test -f REMOTE.txt"
-    ''')
-    fake_claude.script(remote=[{"actions": [["write", "REMOTE.txt", "x"],
-                                            ["bash", "test -n \"$ANTHROPIC_API_KEY\""], ["commit", "remote"]]}])
+    """)
+    fake_claude.script(
+        remote=[
+            {"actions": [["write", "REMOTE.txt", "x"], ["bash", 'test -n "$ANTHROPIC_API_KEY"'], ["commit", "remote"]]}
+        ]
+    )
     r = fleeter.run("tasks.toml")
     assert r.ret == 0, r.stdout + r.stderr
     task = fleeter.task("remote")

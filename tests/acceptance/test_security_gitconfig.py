@@ -28,14 +28,16 @@ def plant(fleeter: Any, marker: Path, where: str = "sub") -> str:
     plain files (its HEAD the worktree's commit, its objects the repository's), whose
     ``core.fsmonitor`` writes the marker, with the secret."""
     objects = fleeter.path / "repo" / ".git" / "objects"
-    return (f"mkdir -p {where}/.git/objects/info {where}/.git/refs\n"
-            f"git rev-parse HEAD > {where}/.git/HEAD\n"
-            f"echo {objects} > {where}/.git/objects/info/alternates\n"
-            f"cat > {where}/.git/config <<'EOF'\n"
-            "[core]\n"
-            "\trepositoryformatversion = 0\n"
-            f'\tfsmonitor = "echo ran $FLEETRUN_TEST_SECRET >> {marker}; false"\n'
-            "EOF\n")
+    return (
+        f"mkdir -p {where}/.git/objects/info {where}/.git/refs\n"
+        f"git rev-parse HEAD > {where}/.git/HEAD\n"
+        f"echo {objects} > {where}/.git/objects/info/alternates\n"
+        f"cat > {where}/.git/config <<'EOF'\n"
+        "[core]\n"
+        "\trepositoryformatversion = 0\n"
+        f'\tfsmonitor = "echo ran $FLEETRUN_TEST_SECRET >> {marker}; false"\n'
+        "EOF\n"
+    )
 
 
 def test_an_embedded_repository_is_refused_and_its_fsmonitor_never_runs(fleeter, monkeypatch):
@@ -61,10 +63,13 @@ def test_a_nested_embedded_repository_and_one_the_agent_staged_are_refused(fleet
     # task's branch
     monkeypatch.setenv("FLEETRUN_TEST_SECRET", SECRET)
     marker = fleeter.path / "marker"
-    script = (plant(fleeter, marker, "a/b/deep") + plant(fleeter, marker, "staged")
-              + "git add staged 2>/dev/null\n"
-              + f"mkdir gitfile && echo 'gitdir: {fleeter.path / 'other' / '.git'}' > gitfile/.git\n"
-              + "echo work > WORK.txt")
+    script = (
+        plant(fleeter, marker, "a/b/deep")
+        + plant(fleeter, marker, "staged")
+        + "git add staged 2>/dev/null\n"
+        + f"mkdir gitfile && echo 'gitdir: {fleeter.path / 'other' / '.git'}' > gitfile/.git\n"
+        + "echo work > WORK.txt"
+    )
     repo, other = setup(fleeter, script)
     before = {repo: git_state(fleeter, repo), other: git_state(fleeter, other)}
     r = fleeter.run("tasks.toml")
@@ -80,8 +85,13 @@ def test_the_brain_diff_runs_no_embedded_repositorys_fsmonitor(fleeter, monkeypa
     marker = fleeter.path / "marker"
     repo, other = setup(fleeter, "echo fine > GOOD.txt")
     later = plant(fleeter, marker) + "git add sub 2>/dev/null; true"
-    tasks = (fleeter.path / "tasks.toml").read_text().replace(
-        'run = "true"', f'run = {json.dumps(later)}\n          [[task.verify]]\n          brain = "Is it fine?"')
+    tasks = (
+        (fleeter.path / "tasks.toml")
+        .read_text()
+        .replace(
+            'run = "true"', f'run = {json.dumps(later)}\n          [[task.verify]]\n          brain = "Is it fine?"'
+        )
+    )
     (fleeter.path / "tasks.toml").write_text(tasks)
     assert not marker.exists()
     with BrainServer() as brain:
@@ -124,8 +134,13 @@ def test_gitattributes_drivers_are_not_run_for_the_brain_diff(fleeter):
         log = f'test -f {gate} && {{ echo {what}; tr "\\0" " " < /proc/$(ps -o ppid= -p $PPID | tr -d " ")/cmdline; echo; }} >> {marker}'
         fleeter.git(repo, "config", key, f"sh -c '{log}; cat \"$0\" 2>/dev/null || cat'")
     later = f"touch {gate}; echo more >> GOOD.txt; echo changed >> keep.txt"
-    tasks = (fleeter.path / "tasks.toml").read_text().replace(
-        'run = "true"', f'run = {json.dumps(later)}\n          [[task.verify]]\n          brain = "Is it fine?"')
+    tasks = (
+        (fleeter.path / "tasks.toml")
+        .read_text()
+        .replace(
+            'run = "true"', f'run = {json.dumps(later)}\n          [[task.verify]]\n          brain = "Is it fine?"'
+        )
+    )
     (fleeter.path / "tasks.toml").write_text(tasks)
     with BrainServer() as brain:
         fleeter.write_config(f'[brain]\nurl = "{brain.url}"\nmodel = "tiny"\n')
@@ -163,8 +178,9 @@ def test_an_ignored_nested_repository_and_the_repositorys_own_submodule_are_not_
     # new worktree has it (its gitlink, its folder empty); and neither runs anything
     monkeypatch.setenv("FLEETRUN_TEST_SECRET", SECRET)
     marker = fleeter.path / "marker"
-    repo, other = setup(fleeter, "echo .venv/ > .gitignore\n" + plant(fleeter, marker, ".venv/src/pkg")
-                        + "echo fine > GOOD.txt")
+    repo, other = setup(
+        fleeter, "echo .venv/ > .gitignore\n" + plant(fleeter, marker, ".venv/src/pkg") + "echo fine > GOOD.txt"
+    )
     fleeter.git(repo, "-c", "protocol.file.allow=always", "submodule", "add", "-q", str(other), "lib")
     fleeter.git(repo, "commit", "-q", "-m", "a submodule")
     r = fleeter.run("tasks.toml")
@@ -179,17 +195,20 @@ def embedded_writes(fleeter: Any, marker: Path, where: str = "sub") -> list[list
     """The fake claude's actions that leave the embedded repository of :func:`plant`,
     each a plain file written (Claude Code's Write tool)."""
     repo = fleeter.path / "repo"
-    config = ("[core]\n\trepositoryformatversion = 0\n"
-              f'\tfsmonitor = "echo ran $FLEETRUN_TEST_SECRET >> {marker}; false"\n')
-    return [["write", f"{where}/.git/HEAD", fleeter.git(repo, "rev-parse", "main")],
-            ["write", f"{where}/.git/objects/info/alternates", f"{repo / '.git' / 'objects'}\n"],
-            ["write", f"{where}/.git/refs/.keep", ""],
-            ["write", f"{where}/.git/config", config]]
+    config = (
+        f'[core]\n\trepositoryformatversion = 0\n\tfsmonitor = "echo ran $FLEETRUN_TEST_SECRET >> {marker}; false"\n'
+    )
+    return [
+        ["write", f"{where}/.git/HEAD", fleeter.git(repo, "rev-parse", "main")],
+        ["write", f"{where}/.git/objects/info/alternates", f"{repo / '.git' / 'objects'}\n"],
+        ["write", f"{where}/.git/refs/.keep", ""],
+        ["write", f"{where}/.git/config", config],
+    ]
 
 
 def claude_task(fleeter: Any, verify: str) -> Path:
     repo = fleeter.make_repo(files={"README.md": "hello\n"})
-    fleeter.write_tasks(f'''
+    fleeter.write_tasks(f"""
         [[task]]
         name = "greet"
         cwd = "repo"
@@ -197,7 +216,7 @@ def claude_task(fleeter: Any, verify: str) -> Path:
         git_ref = "main"
         max_retries = 2
         {verify}
-    ''')
+    """)
     return repo
 
 
@@ -224,10 +243,17 @@ def test_the_reviewers_diff_runs_no_embedded_repositorys_fsmonitor(fleeter, fake
     monkeypatch.setenv("FLEETRUN_TEST_SECRET", SECRET)
     marker = fleeter.path / "marker"
     later = plant(fleeter, marker) + "git add sub 2>/dev/null; true"
-    claude_task(fleeter, f'[[task.verify]]\n          run = {json.dumps(later)}\n'
-                         f'          [[task.verify]]\n          agent = "Does hello.txt say hello?"')
-    fake_claude.script(**{"greet": [{"actions": [["write", "hello.txt", "hello\n"]]}],
-                          "greet:review": [{"actions": [["read", "hello.txt"]], "result": "PASS"}]})
+    claude_task(
+        fleeter,
+        f"[[task.verify]]\n          run = {json.dumps(later)}\n"
+        f'          [[task.verify]]\n          agent = "Does hello.txt say hello?"',
+    )
+    fake_claude.script(
+        **{
+            "greet": [{"actions": [["write", "hello.txt", "hello\n"]]}],
+            "greet:review": [{"actions": [["read", "hello.txt"]], "result": "PASS"}],
+        }
+    )
     r = fleeter.run("tasks.toml")
     assert r.ret == 0, r.stdout + r.stderr
     (call,) = fake_claude.review_calls()
@@ -237,8 +263,10 @@ def test_the_reviewers_diff_runs_no_embedded_repositorys_fsmonitor(fleeter, fake
 
 def test_many_embedded_repositories_are_named_a_few_at_a_time(fleeter):
     # the names are the agent's: the reason names five and counts the rest
-    script = ("for i in 1 2 3 4 5 6 7; do mkdir -p r$i/.git/refs r$i/.git/objects; "
-              "git rev-parse HEAD > r$i/.git/HEAD; done; echo work > WORK.txt")
+    script = (
+        "for i in 1 2 3 4 5 6 7; do mkdir -p r$i/.git/refs r$i/.git/objects; "
+        "git rev-parse HEAD > r$i/.git/HEAD; done; echo work > WORK.txt"
+    )
     repo, other = setup(fleeter, script)
     before = {repo: git_state(fleeter, repo), other: git_state(fleeter, other)}
     r = fleeter.run("tasks.toml")

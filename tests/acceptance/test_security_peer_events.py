@@ -35,8 +35,10 @@ def wait_for(cond: Callable[[], Any], what: str, proc: Any = None) -> Any:
         if v:
             return v
         if proc is not None and proc.poll() is not None:
-            raise AssertionError(f"the supervisor exited ({proc.returncode}) while waiting for {what}: "
-                                 + proc.stderr.read().decode(errors="replace")[-3000:])
+            raise AssertionError(
+                f"the supervisor exited ({proc.returncode}) while waiting for {what}: "
+                + proc.stderr.read().decode(errors="replace")[-3000:]
+            )
         time.sleep(0.05)
     raise AssertionError(f"timed out waiting for {what}")
 
@@ -53,8 +55,9 @@ class Forging:
         assert argv[-2:] == ["-m", "fleetrun"]
         if (fleeter.home / "config.toml").exists():
             self.m.write("config.toml", (fleeter.home / "config.toml").read_text())
-        r = fleeter.run("relay", "add", "mini", self.m.address, "--accept-new", "--command",
-                        shlex.join([*argv[:-2], str(FORGER)]))
+        r = fleeter.run(
+            "relay", "add", "mini", self.m.address, "--accept-new", "--command", shlex.join([*argv[:-2], str(FORGER)])
+        )
         assert r.ret == 0, r.stdout + r.stderr
         self.fleeter = fleeter
         self.n = 0
@@ -86,29 +89,49 @@ class Forging:
 def gated_local_task(fleeter: Any, fake_claude: Any, gate: Path) -> None:
     from tests.conftest import FAKE_CLAUDE
 
-    fleeter.write_config(f'[claude]\nexecutable = "{FAKE_CLAUDE}"\nallowed_tools = ["Bash"]\n'
-                         "[relay]\nheartbeat_secs = 0.2\n")
+    fleeter.write_config(
+        f'[claude]\nexecutable = "{FAKE_CLAUDE}"\nallowed_tools = ["Bash"]\n[relay]\nheartbeat_secs = 0.2\n'
+    )
     fleeter.make_repo()
-    fleeter.write_tasks('''
+    fleeter.write_tasks("""
         [[task]]
         name = "t1"
         cwd = "repo"
         prompt = "Write t1.txt."
         git_ref = "main"
         peer = "local"
-    ''')
-    fake_claude.script(t1=[{"actions": [["bash", f"while [ ! -e {gate} ]; do sleep 0.05; done"],
-                                        ["write", "t1.txt", "1"], ["commit", "t1"]], "cost": 0.25}])
+    """)
+    fake_claude.script(
+        t1=[
+            {
+                "actions": [
+                    ["bash", f"while [ ! -e {gate} ]; do sleep 0.05; done"],
+                    ["write", "t1.txt", "1"],
+                    ["commit", "t1"],
+                ],
+                "cost": 0.25,
+            }
+        ]
+    )
 
 
 def log_event(aid: str, data: bytes, offset: int) -> dict[str, Any]:
-    return {"event": "log", "attempt": aid, "log": base64.b64encode(data).decode(), "log_offset": offset,
-            "log_size": offset + len(data)}
+    return {
+        "event": "log",
+        "attempt": aid,
+        "log": base64.b64encode(data).decode(),
+        "log_offset": offset,
+        "log_size": offset + len(data),
+    }
 
 
 def ended_event(aid: str) -> dict[str, Any]:
-    return {"event": "ended", "attempt": aid, "status": {"state": "ended", "exit_code": 0, "ended": time.time()},
-            "log_size": 0}
+    return {
+        "event": "ended",
+        "attempt": aid,
+        "status": {"state": "ended", "exit_code": 0, "ended": time.time()},
+        "log_size": 0,
+    }
 
 
 def running_attempt(fleeter: Any) -> Any:
@@ -135,8 +158,9 @@ def stop(proc: Any) -> tuple[str, str]:
     return out.decode(errors="replace"), err.decode(errors="replace")
 
 
-def test_a_peer_s_events_for_attempts_it_was_not_given_are_dropped_and_counted(fleeter, fake_claude, peer_lab,
-                                                                              tmp_path):
+def test_a_peer_s_events_for_attempts_it_was_not_given_are_dropped_and_counted(
+    fleeter, fake_claude, peer_lab, tmp_path
+):
     gate = tmp_path / "gate"
     gated_local_task(fleeter, fake_claude, gate)
     peer = Forging(fleeter, peer_lab, tmp_path)
@@ -147,21 +171,45 @@ def test_a_peer_s_events_for_attempts_it_was_not_given_are_dropped_and_counted(f
         log = Path(att.dir) / "log"
         before = log.read_bytes()
         six_days = int(time.time()) + 6 * 86400
-        forged = (json.dumps({"type": "rate_limit_event", "session_id": "FORGED", "uuid": "u",
-                              "rate_limit_info": {"status": "rejected", "resetsAt": six_days,
-                                                  "rateLimitType": "seven_day"}}) + "\n"
-                  + json.dumps({"type": "result", "subtype": "success", "is_error": True, "result": "FORGED",
-                                "session_id": "FORGED", "total_cost_usd": 4321.0, "num_turns": 1,
-                                "duration_ms": 1, "api_error_status": 429}) + "\n").encode()
+        forged = (
+            json.dumps(
+                {
+                    "type": "rate_limit_event",
+                    "session_id": "FORGED",
+                    "uuid": "u",
+                    "rate_limit_info": {"status": "rejected", "resetsAt": six_days, "rateLimitType": "seven_day"},
+                }
+            )
+            + "\n"
+            + json.dumps(
+                {
+                    "type": "result",
+                    "subtype": "success",
+                    "is_error": True,
+                    "result": "FORGED",
+                    "session_id": "FORGED",
+                    "total_cost_usd": 4321.0,
+                    "num_turns": 1,
+                    "duration_ms": 1,
+                    "api_error_status": 429,
+                }
+            )
+            + "\n"
+        ).encode()
         never = [f"task_zz{i:08d}_0_a1" for i in range(40)]
-        peer.inject(log_event(att.id, forged, len(before)),
-                    *(log_event(aid, b"FORGED\n", 0) for aid in never[:20]),
-                    *(ended_event(aid) for aid in never[20:]),
-                    {"event": "ended", "attempt": att.id, "status": {"state": "died", "exit_code": 9},
-                     "log_size": 0},
-                    {"event": "verified", "attempt": never[0], "idx": 0,
-                     "result": {"state": "ended", "passed": True, "reason": "FORGED"}},
-                    {"id": 999999, "code": 0, "reply": {"forged": True}})
+        peer.inject(
+            log_event(att.id, forged, len(before)),
+            *(log_event(aid, b"FORGED\n", 0) for aid in never[:20]),
+            *(ended_event(aid) for aid in never[20:]),
+            {"event": "ended", "attempt": att.id, "status": {"state": "died", "exit_code": 9}, "log_size": 0},
+            {
+                "event": "verified",
+                "attempt": never[0],
+                "idx": 0,
+                "result": {"state": "ended", "passed": True, "reason": "FORGED"},
+            },
+            {"id": 999999, "code": 0, "reply": {"forged": True}},
+        )
         gate.touch()
         wait_for(lambda: fleeter.task("t1").state.value not in ("ASSIGNED", "RUNNING"), "t1 to end", proc)
         try:
@@ -172,8 +220,10 @@ def test_a_peer_s_events_for_attempts_it_was_not_given_are_dropped_and_counted(f
         out, err = stop(proc)
     led = fleeter.ledger()
     t1 = fleeter.task("t1")
-    print(f"t1 {t1.state.value}, cost {t1.cost_usd}, pauses {led.usage_pauses()}, "
-          f"attempt folders {len(list((fleeter.home / 'attempts').iterdir()))}")
+    print(
+        f"t1 {t1.state.value}, cost {t1.cost_usd}, pauses {led.usage_pauses()}, "
+        f"attempt folders {len(list((fleeter.home / 'attempts').iterdir()))}"
+    )
     assert b"FORGED" not in log.read_bytes() and log.read_bytes().startswith(before)
     assert t1.state.value == "DONE", (t1.state, out, err)
     assert t1.cost_usd == pytest.approx(0.25)
@@ -191,8 +241,9 @@ def test_a_peer_s_events_for_attempts_it_was_not_given_are_dropped_and_counted(f
     RunResult(0, out, err, 0.0).fnmatch_lines(["*mini: 44 protocol violations dropped*relay peers*"])
 
 
-def test_a_peer_flooding_ended_events_for_made_up_attempts_does_not_grow_the_supervisor(fleeter, fake_claude,
-                                                                                         peer_lab, tmp_path):
+def test_a_peer_flooding_ended_events_for_made_up_attempts_does_not_grow_the_supervisor(
+    fleeter, fake_claude, peer_lab, tmp_path
+):
     gate = tmp_path / "gate"
     gated_local_task(fleeter, fake_claude, gate)
     peer = Forging(fleeter, peer_lab, tmp_path)

@@ -24,7 +24,8 @@ HEALTHY = ("ok1", "ok2", "ok3")
 
 def tasks(fleeter: Any, names: tuple[str, ...]) -> None:
     fleeter.make_repo()
-    blocks = "".join(f'''
+    blocks = "".join(
+        f'''
         [[task]]
         name = "{n}"
         cwd = "repo"
@@ -33,15 +34,26 @@ def tasks(fleeter: Any, names: tuple[str, ...]) -> None:
 
           [[task.verify]]
           run = "test -f out.txt"
-    ''' for n in names)
+    '''
+        for n in names
+    )
     fleeter.write_tasks(blocks)
 
 
 def result_line(**fields: Any) -> str:
     """A result event as the real CLI prints it, with ``fields`` replaced."""
-    ev: dict[str, Any] = {"type": "result", "subtype": "success", "is_error": False, "duration_ms": 10,
-                          "num_turns": 1, "result": "done", "session_id": "5b1c7a3e-0000-4000-8000-000000000001",
-                          "total_cost_usd": 0.01, "permission_denials": [], "uuid": "u"}
+    ev: dict[str, Any] = {
+        "type": "result",
+        "subtype": "success",
+        "is_error": False,
+        "duration_ms": 10,
+        "num_turns": 1,
+        "result": "done",
+        "session_id": "5b1c7a3e-0000-4000-8000-000000000001",
+        "total_cost_usd": 0.01,
+        "permission_denials": [],
+        "uuid": "u",
+    }
     ev.update(fields)
     return json.dumps(ev)  # NaN stays NaN: json.dumps writes it as the real CLI's JS would not
 
@@ -53,8 +65,10 @@ POISONS = {
     "cost_nan": [result_line(total_cost_usd=float("nan"))],
     "cost_negative": [result_line(total_cost_usd=-1)],
     "denials_5": [result_line(permission_denials=5)],
-    "rate_limit_info_x": [json.dumps({"type": "rate_limit_event", "session_id": "s", "rate_limit_info": "x"}),
-                          result_line()],
+    "rate_limit_info_x": [
+        json.dumps({"type": "rate_limit_event", "session_id": "s", "rate_limit_info": "x"}),
+        result_line(),
+    ],
     "is_error_string": [result_line(is_error="no")],
 }
 
@@ -62,8 +76,10 @@ POISONS = {
 @pytest.mark.parametrize("poison", list(POISONS))
 def test_one_poisoned_attempt_beside_three_healthy_tasks(fleeter, fake_claude, poison):
     tasks(fleeter, (*HEALTHY, "poison"))
-    fake_claude.script(**{n: [WRITE] for n in HEALTHY},
-                       poison=[{"mode": "raw", "actions": [["write", "out.txt", "x"]], "raw": POISONS[poison]}])
+    fake_claude.script(
+        **{n: [WRITE] for n in HEALTHY},
+        poison=[{"mode": "raw", "actions": [["write", "out.txt", "x"]], "raw": POISONS[poison]}],
+    )
     r = fleeter.run("tasks.toml")
     assert r.ret == 1, r.stdout + r.stderr
     assert "INTERNAL ERROR" not in r.stderr
@@ -106,14 +122,14 @@ def _interrupt(signum: int, frame: Any) -> None:
 # an exception inside one task's handling
 
 
-RAISING_FLEETCONF = '''
+RAISING_FLEETCONF = """
 import fleetrun
 
 @fleetrun.hookimpl(tryfirst=True)
 def fleetrun_{hook}(task, attempt, config{extra}):
     if task.name == "boom":
         raise RuntimeError("injected for " + task.name)
-'''
+"""
 
 
 @pytest.mark.parametrize("hook,extra", [("collect_work", ", workspace"), ("handoff", "")])
@@ -180,13 +196,13 @@ def test_an_exception_after_setup_is_contained(fleeter, fake_claude, hook, extra
 
 def test_a_cleanup_hook_that_raises_leaves_done_done_and_says_so(fleeter, fake_claude):
     tasks(fleeter, ("boom",))
-    fleeter.write_fleetconf('''
+    fleeter.write_fleetconf("""
 import fleetrun
 
 @fleetrun.hookimpl(tryfirst=True)
 def fleetrun_cleanup_workspace(task, config):
     raise RuntimeError("injected for " + task.name)
-''')
+""")
     fake_claude.script(boom=[WRITE])
     r = fleeter.run("tasks.toml")
     assert "INTERNAL ERROR" not in r.stderr, r.stderr

@@ -55,15 +55,22 @@ def test_hooks_committed_on_the_branch_do_not_run_in_the_review(fleeter, fake_cl
     (user_dir / "settings.json").write_text(hooks_that_leave(marks, "user"))
     monkeypatch.setenv("CLAUDE_CONFIG_DIR", str(user_dir))
     review_task(fleeter)
-    fake_claude.script(**{
-        "greet": [{"actions": [
-            ["write", "hello.txt", "hello\n"],
-            ["write", ".claude/settings.json", hooks_that_leave(marks, "project")],
-            ["write", ".claude/settings.local.json", hooks_that_leave(marks, "local")],
-            ["write", ".mcp.json", json.dumps({"mcpServers": {"evil": {"command": f"touch {marks}/mcp"}}})],
-            ["commit", "add hello (and a few settings)"]]}],
-        "greet:review": [{"actions": [["read", "hello.txt"]], "result": "PASS"}],
-    })
+    fake_claude.script(
+        **{
+            "greet": [
+                {
+                    "actions": [
+                        ["write", "hello.txt", "hello\n"],
+                        ["write", ".claude/settings.json", hooks_that_leave(marks, "project")],
+                        ["write", ".claude/settings.local.json", hooks_that_leave(marks, "local")],
+                        ["write", ".mcp.json", json.dumps({"mcpServers": {"evil": {"command": f"touch {marks}/mcp"}}})],
+                        ["commit", "add hello (and a few settings)"],
+                    ]
+                }
+            ],
+            "greet:review": [{"actions": [["read", "hello.txt"]], "result": "PASS"}],
+        }
+    )
     r = fleeter.run("tasks.toml")
     assert r.ret == 0, r.stdout + r.stderr
     task = fleeter.task("greet")
@@ -75,7 +82,8 @@ def test_hooks_committed_on_the_branch_do_not_run_in_the_review(fleeter, fake_cl
     assert sorted(p.name for p in marks.iterdir()) == ["user-SessionStart", "user-Stop"]
     assert call["setting_sources"] == ["user"]
     assert [h["command"] for h in call["hooks"]] == [
-        json.loads(hooks_that_leave(marks, "user"))["hooks"]["SessionStart"][0]["hooks"][0]["command"]]
+        json.loads(hooks_that_leave(marks, "user"))["hooks"]["SessionStart"][0]["hooks"][0]["command"]
+    ]
     argv = call["argv"]
     assert "--strict-mcp-config" in argv
     assert json.loads(argv[argv.index("--mcp-config") + 1]) == {"mcpServers": {}}
@@ -85,8 +93,9 @@ def test_the_reviewer_uses_the_task_model(fleeter, fake_claude):
     """Under --permission-mode plan the real CLI sends a "haiku" reviewer's requests as
     the default model; the reviewer runs in a mode that keeps the model it was given."""
     review_task(fleeter, model="haiku")
-    fake_claude.script(**{"greet": [{"actions": [["write", "hello.txt", "hello\n"]]}],
-                          "greet:review": [{"result": "PASS"}]})
+    fake_claude.script(
+        **{"greet": [{"actions": [["write", "hello.txt", "hello\n"]]}], "greet:review": [{"result": "PASS"}]}
+    )
     r = fleeter.run("tasks.toml")
     assert r.ret == 0, r.stdout + r.stderr
     (call,) = fake_claude.review_calls()
@@ -99,8 +108,9 @@ def test_the_reviewer_uses_the_task_model(fleeter, fake_claude):
 @pytest.mark.parametrize("reply", ["PASS: the change is fine", "**PASS**\nfine", "PASS.", "`PASS` - ok"])
 def test_a_pass_is_read_like_a_fail(fleeter, fake_claude, reply):
     review_task(fleeter, extra="max_retries = 0")
-    fake_claude.script(**{"greet": [{"actions": [["write", "hello.txt", "hello\n"]]}],
-                          "greet:review": [{"result": reply}]})
+    fake_claude.script(
+        **{"greet": [{"actions": [["write", "hello.txt", "hello\n"]]}], "greet:review": [{"result": reply}]}
+    )
     r = fleeter.run("tasks.toml")
     assert r.ret == 0, r.stdout + r.stderr
     assert fleeter.task("greet").state.value == "DONE"
@@ -110,11 +120,17 @@ def test_the_structured_verdict_wins_over_the_text(fleeter, fake_claude):
     """The reviewer is asked for structured output (--json-schema): its verdict is read
     from the result's structured_output, and the reply's first word only without one."""
     review_task(fleeter, extra="max_retries = 0")
-    fake_claude.script(**{
-        "greet": [{"actions": [["write", "hello.txt", "hi\n"]]}],
-        "greet:review": [{"structured": {"verdict": "FAIL", "reason": "hello.txt says hi"},
-                          "result": "PASS (this text is not the verdict)"}],
-    })
+    fake_claude.script(
+        **{
+            "greet": [{"actions": [["write", "hello.txt", "hi\n"]]}],
+            "greet:review": [
+                {
+                    "structured": {"verdict": "FAIL", "reason": "hello.txt says hi"},
+                    "result": "PASS (this text is not the verdict)",
+                }
+            ],
+        }
+    )
     r = fleeter.run("tasks.toml")
     assert r.ret == 1
     task = fleeter.task("greet")

@@ -37,14 +37,18 @@ def git_state(fleeter: Any, repo: Path, skip_prefix: str = "refs/heads/fleetrun/
         "status": fleeter.git(repo, "status", "--porcelain", "--untracked-files=all"),
         # commits reachable from the checkout and its branches and tags (the task's own
         # branch and worktree left out: the clean case commits there)
-        "commits": fleeter.git(repo, "rev-list", "--count", "--exclude=fleetrun/*", "--branches", "--tags",
-                               "HEAD").strip(),
+        "commits": fleeter.git(
+            repo, "rev-list", "--count", "--exclude=fleetrun/*", "--branches", "--tags", "HEAD"
+        ).strip(),
     }
 
 
 def has_commit(path: Path) -> bool:
-    proc = subprocess.run(["git", "-C", str(path), "rev-parse", "--verify", "-q", "HEAD"],
-                          capture_output=True, env=dict(os.environ, **GIT_ENV))
+    proc = subprocess.run(
+        ["git", "-C", str(path), "rev-parse", "--verify", "-q", "HEAD"],
+        capture_output=True,
+        env=dict(os.environ, **GIT_ENV),
+    )
     return proc.returncode == 0
 
 
@@ -54,7 +58,7 @@ def setup(fleeter: Any, script: str) -> tuple[Path, Path]:
     retries to spare: only the tamper check can stop it."""
     repo = fleeter.make_repo(files={"README.md": "hello\n", "keep.txt": "tracked\n"})
     other = fleeter.make_repo("other", files={"DATA.md": "precious\n"})
-    fleeter.write_tasks(f'''
+    fleeter.write_tasks(f"""
         [agents.evil]
         command = ["sh", "-c", {json.dumps(script)}, "evil", "{{attempt}}"]
 
@@ -67,12 +71,13 @@ def setup(fleeter: Any, script: str) -> tuple[Path, Path]:
         max_retries = 2
           [[task.verify]]
           run = "true"
-    ''')
+    """)
     return repo, other
 
 
-def assert_contained(fleeter: Any, r: Any, repo: Path, before: dict[Path, dict[str, Any]],
-                     why: str, attempts: int = 1) -> Any:
+def assert_contained(
+    fleeter: Any, r: Any, repo: Path, before: dict[Path, dict[str, Any]], why: str, attempts: int = 1
+) -> Any:
     assert r.ret == 1, r.stdout + r.stderr
     task = fleeter.task("t1")
     assert task.state.value == "NEEDS_HUMAN", (task.reason, r.stdout + r.stderr)
@@ -150,13 +155,11 @@ def test_tampered_worktree_is_not_reused_by_the_next_attempt(fleeter):
     # attempt 1 rewrites .git and dies (no commit step runs after a died session);
     # attempt 2 would run in the tampered worktree and have its work committed there
     other = fleeter.path / "other"
-    script = (f'if [ "$1" = 1 ]; then echo "gitdir: {other}/.git" > .git; exit 1; fi; '
-              "echo evil > EVIL.txt")
+    script = f'if [ "$1" = 1 ]; then echo "gitdir: {other}/.git" > .git; exit 1; fi; echo evil > EVIL.txt'
     repo, other = setup(fleeter, script)
     before = {repo: git_state(fleeter, repo), other: git_state(fleeter, other)}
     r = fleeter.run("tasks.toml")
-    task = assert_contained(fleeter, r, repo, before, ".git was rewritten to point at <tmp>/w/other",
-                            attempts=2)
+    task = assert_contained(fleeter, r, repo, before, ".git was rewritten to point at <tmp>/w/other", attempts=2)
     assert task.resumes == 1
     atts = fleeter.ledger().attempts(task.id)
     assert atts[-1].outcome == "worktree_tampered"  # the second never started
@@ -180,7 +183,7 @@ def test_untampered_worktree_from_a_subfolder_commits_and_shows_the_brain_its_di
     with BrainServer() as brain:
         fleeter.write_config(f'[brain]\nurl = "{brain.url}"\nmodel = "tiny"\n')
         brain.script("PASS")
-        fleeter.write_tasks('''
+        fleeter.write_tasks("""
             [agents.ok]
             command = ["sh", "-c", "echo fine > GOOD.txt; echo more > ../TOP.txt"]
 
@@ -194,7 +197,7 @@ def test_untampered_worktree_from_a_subfolder_commits_and_shows_the_brain_its_di
               run = "test -f GOOD.txt"
               [[task.verify]]
               brain = "Is it fine?"
-        ''')
+        """)
         r = fleeter.run("tasks.toml")
         prompts = [q.prompt for q in brain.requests]
     assert r.ret == 0, r.stdout + r.stderr
@@ -210,8 +213,11 @@ def test_cleanup_keeps_a_worktree_tampered_after_its_commit(fleeter):
     # verifier stands in for it here): after DONE, cleanup must not run git in it or
     # remove it, and says why in the task's notes
     repo, other = setup(fleeter, "echo fine > GOOD.txt")
-    tasks = (fleeter.path / "tasks.toml").read_text().replace(
-        'run = "true"', 'run = "rm .git && ln -s ' + str(other) + '/.git .git"')
+    tasks = (
+        (fleeter.path / "tasks.toml")
+        .read_text()
+        .replace('run = "true"', 'run = "rm .git && ln -s ' + str(other) + '/.git .git"')
+    )
     (fleeter.path / "tasks.toml").write_text(tasks)
     before = {other: git_state(fleeter, other)}
     r = fleeter.run("tasks.toml")
@@ -220,8 +226,11 @@ def test_cleanup_keeps_a_worktree_tampered_after_its_commit(fleeter):
     assert "GOOD.txt" in fleeter.git(repo, "ls-tree", "-r", "--name-only", task.branch).split()
     assert Path(task.worktree).is_dir() and (Path(task.worktree) / "GOOD.txt").exists()
     notes = [text for _, text in fleeter.ledger().notes(task.id)]
-    assert any(n.startswith(f"kept worktree {task.worktree}: it was tampered with")
-               and "is a symlink" in n.replace(str(fleeter.path.parent), "<tmp>") for n in notes), notes
+    assert any(
+        n.startswith(f"kept worktree {task.worktree}: it was tampered with")
+        and "is a symlink" in n.replace(str(fleeter.path.parent), "<tmp>")
+        for n in notes
+    ), notes
     assert git_state(fleeter, other) == before[other]
 
 
@@ -231,8 +240,13 @@ def test_the_brain_never_reviews_what_a_rewritten_git_points_at(fleeter):
     # repository, so the brain must not be asked at all
     repo, other = setup(fleeter, "echo fine > GOOD.txt")
     tamper = f"echo 'gitdir: {other}/.git' > .git"
-    tasks = (fleeter.path / "tasks.toml").read_text().replace(
-        'run = "true"', f'run = {json.dumps(tamper)}\n          [[task.verify]]\n          brain = "Is it fine?"')
+    tasks = (
+        (fleeter.path / "tasks.toml")
+        .read_text()
+        .replace(
+            'run = "true"', f'run = {json.dumps(tamper)}\n          [[task.verify]]\n          brain = "Is it fine?"'
+        )
+    )
     (fleeter.path / "tasks.toml").write_text(tasks)
     before = {repo: git_state(fleeter, repo), other: git_state(fleeter, other)}
     with BrainServer() as brain:
@@ -260,8 +274,9 @@ def test_head_moved_off_the_task_branch_gets_no_commit(fleeter):
     assert r.ret == 1, r.stdout + r.stderr
     task = fleeter.task("t1")
     assert task.state.value == "NEEDS_HUMAN"
-    assert task.reason.startswith("worktree_tampered:its HEAD is refs/heads/elsewhere, not the task's branch"), \
+    assert task.reason.startswith("worktree_tampered:its HEAD is refs/heads/elsewhere, not the task's branch"), (
         task.reason
+    )
     main = fleeter.git(repo, "rev-parse", "main").strip()
     assert fleeter.git(repo, "rev-parse", "elsewhere").strip() == main
     assert fleeter.git(repo, "rev-parse", task.branch).strip() == main

@@ -20,7 +20,7 @@ FAIL_UNLESS_FINAL = "test \"$(cat FIX.txt)\" = final || { echo 'FIX.txt must say
 
 def tasks(fleeter, setup: str, verify: str = 'run = "test -f out.txt"', top: str = "", extra: str = "") -> None:
     fleeter.make_repo()
-    fleeter.write_tasks(f'''
+    fleeter.write_tasks(f"""
         {top}
         [[task]]
         name = "t1"
@@ -32,7 +32,7 @@ def tasks(fleeter, setup: str, verify: str = 'run = "test -f out.txt"', top: str
 
           [[task.verify]]
           {verify}
-    ''')
+    """)
 
 
 def setup_log(fleeter) -> list[str]:
@@ -48,10 +48,12 @@ def log_cmd(fleeter, what: str = "ran") -> str:
 def test_setup_runs_in_the_worktree_before_the_agent_and_not_again_on_retry(fleeter, fake_claude):
     setup = f"setup = [{json.dumps(log_cmd(fleeter))}, 'echo made > SETUP.txt']"
     tasks(fleeter, setup, verify=f"run = {json.dumps(FAIL_UNLESS_FINAL)}")
-    fake_claude.script(t1=[
-        {"actions": [["write", "FIX.txt", "draft"], ["commit", "draft"]]},
-        {"actions": [["write", "FIX.txt", "final"], ["commit", "final"]]},
-    ])
+    fake_claude.script(
+        t1=[
+            {"actions": [["write", "FIX.txt", "draft"], ["commit", "draft"]]},
+            {"actions": [["write", "FIX.txt", "final"], ["commit", "final"]]},
+        ]
+    )
     r = fleeter.run("tasks.toml")
     assert r.ret == 0, r.stdout + r.stderr
     r.fnmatch_lines(["*t1 RETRYING*verify_fail:*", "*t1 DONE (attempt 2)*"])
@@ -73,8 +75,11 @@ def test_setup_runs_in_the_worktree_before_the_agent_and_not_again_on_retry(flee
 
 
 def test_failed_setup_is_needs_human_with_its_output_and_no_retry(fleeter, fake_claude):
-    tasks(fleeter, "setup = ['echo installing; echo boom-output >&2; exit 7', 'echo never > NEVER.txt']",
-          extra="max_retries = 3")
+    tasks(
+        fleeter,
+        "setup = ['echo installing; echo boom-output >&2; exit 7', 'echo never > NEVER.txt']",
+        extra="max_retries = 3",
+    )
     fake_claude.script(t1=[{"actions": [["write", "out.txt", "x"]]}])
     r = fleeter.run("tasks.toml")
     assert r.ret == 1, r.stdout + r.stderr
@@ -89,8 +94,14 @@ def test_failed_setup_is_needs_human_with_its_output_and_no_retry(fleeter, fake_
     assert att.outcome == "setup_failed" and att.state == "abandoned"
     assert not (Path(task.worktree) / "NEVER.txt").exists()  # the second command never ran
     logs = fleeter.run("logs", "t1")
-    logs.fnmatch_lines(["*FAIL setup 1 (echo installing*) attempt 1: exit code 7*", "*| installing",
-                        "*| boom-output", "*note: setup command 1 failed (exit code 7); its output is in *setup-1.out*"])
+    logs.fnmatch_lines(
+        [
+            "*FAIL setup 1 (echo installing*) attempt 1: exit code 7*",
+            "*| installing",
+            "*| boom-output",
+            "*note: setup command 1 failed (exit code 7); its output is in *setup-1.out*",
+        ]
+    )
     # a retry by the operator runs setup again from the start
     assert fleeter.run("retry", "t1").ret == 0
     r2 = fleeter.run("work", "--until-idle")
@@ -110,7 +121,7 @@ def test_setup_timeout_is_needs_human(fleeter, fake_claude):
 def test_file_default_and_task_override(fleeter, fake_claude):
     fleeter.make_repo()
     cmd = json.dumps(log_cmd(fleeter))
-    fleeter.write_tasks(f'''
+    fleeter.write_tasks(f"""
         setup = [{cmd}]
 
         [[task]]
@@ -132,7 +143,7 @@ def test_file_default_and_task_override(fleeter, fake_claude):
         prompt = "c"
         git_ref = "main"
         setup = [{json.dumps(log_cmd(fleeter, "own"))}]
-    ''')
+    """)
     fake_claude.script(a=[{"actions": []}], b=[{"actions": []}], c=[{"actions": []}])
     r = fleeter.run("tasks.toml")
     assert r.ret == 0, r.stdout + r.stderr
@@ -152,8 +163,11 @@ def test_a_resumed_attempt_does_not_set_up_again(fleeter, fake_claude):
 def test_a_crash_mid_setup_runs_it_again(fleeter, fake_claude):
     pidfile, marker = fleeter.path / "sleeper.pid", fleeter.path / "slept"
     slow = f"echo $$ > {pidfile}; test -f {marker} && exit 0; touch {marker}; exec sleep 60"
-    tasks(fleeter, f"setup = [{json.dumps(log_cmd(fleeter, 'first'))}, {json.dumps(slow)}, "
-                   f"{json.dumps(log_cmd(fleeter, 'last'))}]")
+    tasks(
+        fleeter,
+        f"setup = [{json.dumps(log_cmd(fleeter, 'first'))}, {json.dumps(slow)}, "
+        f"{json.dumps(log_cmd(fleeter, 'last'))}]",
+    )
     fake_claude.script(t1=[{"actions": [["write", "out.txt", "x"]]}])
     r = fleeter.runsub("tasks.toml", env={"FLEETRUN_CRASH_AT": "mid_setup@2"}, timeout=60)
     assert r.ret == CRASH_EXIT, r.stdout + r.stderr
@@ -195,9 +209,25 @@ def pip_install_editable(python: str, project: Path) -> None:
     import setuptools
 
     env = dict(os.environ, PYTHONPATH=str(Path(setuptools.__file__).parent.parent))
-    subprocess.run([sys.executable, "-m", "pip", "--python", python, "install", "-q", "--no-index",
-                    "--no-build-isolation", "--no-deps", "-e", str(project)], check=True, env=env,
-                   stdout=subprocess.DEVNULL)
+    subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "pip",
+            "--python",
+            python,
+            "install",
+            "-q",
+            "--no-index",
+            "--no-build-isolation",
+            "--no-deps",
+            "-e",
+            str(project),
+        ],
+        check=True,
+        env=env,
+        stdout=subprocess.DEVNULL,
+    )
 
 
 PYPROJECT = """\
@@ -212,17 +242,21 @@ version = "0.1"
 
 
 @pytest.mark.slow
-def test_per_worktree_environment_catches_the_regression_an_editable_install_hides(fleeter, fake_claude,
-                                                                                    tmp_path):
-    repo = fleeter.make_repo(files={"pyproject.toml": PYPROJECT, "src/tinypkg/__init__.py": "VALUE = 1\n",
-                                    ".gitignore": ".venv/\n*.egg-info/\n"})
+def test_per_worktree_environment_catches_the_regression_an_editable_install_hides(fleeter, fake_claude, tmp_path):
+    repo = fleeter.make_repo(
+        files={
+            "pyproject.toml": PYPROJECT,
+            "src/tinypkg/__init__.py": "VALUE = 1\n",
+            ".gitignore": ".venv/\n*.egg-info/\n",
+        }
+    )
     user_python = make_venv(tmp_path / "uservenv")
     pip_install_editable(str(user_python), repo)
     check = "import tinypkg, sys; sys.exit(0 if tinypkg.VALUE == 1 else 'regression: VALUE is %r' % tinypkg.VALUE)"
     regress = [{"actions": [["write", "src/tinypkg/__init__.py", "VALUE = 2\n"], ["commit", "oops"]]}]
 
     # the trap: the user's venv imports tinypkg from the checkout, so the broken worktree passes
-    fleeter.write_tasks(f'''
+    fleeter.write_tasks(f"""
         [[task]]
         name = "trap"
         cwd = "repo"
@@ -231,16 +265,19 @@ def test_per_worktree_environment_catches_the_regression_an_editable_install_hid
         max_retries = 0
           [[task.verify]]
           run = {json.dumps(f"{user_python} -c {json.dumps(check)}")}
-    ''')
+    """)
     fake_claude.script(trap=regress)
     r = fleeter.run("tasks.toml")
     assert r.ret == 0, r.stdout + r.stderr  # DONE, broken: what the warning is for
-    r.fnmatch_lines([f"warning: tasks.toml:*: task 'trap': verify: {user_python} imports tinypkg from {repo} "
-                     "(an editable install of the main checkout), not from the worktree*"])
+    r.fnmatch_lines(
+        [
+            f"warning: tasks.toml:*: task 'trap': verify: {user_python} imports tinypkg from {repo} "
+            "(an editable install of the main checkout), not from the worktree*"
+        ]
+    )
 
     # the fix: an environment of the worktree's own, made by setup
-    pip = (f"{sys.executable} -m pip --python .venv/bin/python install -q --no-index --no-build-isolation "
-           "--no-deps -e .")
+    pip = f"{sys.executable} -m pip --python .venv/bin/python install -q --no-index --no-build-isolation --no-deps -e ."
     import setuptools
 
     fleeter.write_tasks(f'''
@@ -278,8 +315,11 @@ def test_setup_runs_on_the_peer_that_runs_the_attempt(fleeter, fake_claude, peer
     r = fleeter.run("relay", "add", "east", east.address, "--accept-new", "--command", east.command_line())
     assert r.ret == 0, r.stdout + r.stderr
     assert fleeter.run("drain").ret == 0  # this machine takes nothing: the task goes to east
-    tasks(fleeter, f"setup = [{json.dumps(log_cmd(fleeter))}, 'echo made > SETUP.txt']",
-          verify='run = "test -f SETUP.txt"')
+    tasks(
+        fleeter,
+        f"setup = [{json.dumps(log_cmd(fleeter))}, 'echo made > SETUP.txt']",
+        verify='run = "test -f SETUP.txt"',
+    )
     fake_claude.script(t1=[{"actions": [["write", "out.txt", "x"]]}])
     r = fleeter.run("tasks.toml")
     assert r.ret == 0, r.stdout + r.stderr
@@ -306,16 +346,22 @@ def test_a_failed_setup_quotes_its_summary_line_in_the_run_line_summary_and_juni
     assert fake_claude.calls("t1") == []
     cause = f"setup_failed:{command}: no such option: --group (exit code 1)"  # the command is its label
     assert fleeter.task("t1").reason == cause
-    r.fnmatch_lines([f"*t1 NEEDS_HUMAN (attempt 1)  {cause}",
-                     "=== short task summary info ===",
-                     f"NEEDS_HUMAN t1: {cause}",
-                     f"    setup 1 `{command}` (attempt 1): exit code 1 | no such option: --group",
-                     "    branch * look: fleetrun logs t1"])
+    r.fnmatch_lines(
+        [
+            f"*t1 NEEDS_HUMAN (attempt 1)  {cause}",
+            "=== short task summary info ===",
+            f"NEEDS_HUMAN t1: {cause}",
+            f"    setup 1 `{command}` (attempt 1): exit code 1 | no such option: --group",
+            "    branch * look: fleetrun logs t1",
+        ]
+    )
     (tc,) = ET.parse(fleeter.path / "r.xml").getroot().iter("testcase")
     failure = tc.find("failure")
     assert failure is not None and failure.get("message") == cause and failure.get("type") == "setup_failed"
-    assert (failure.text or "").splitlines() == [f"attempt 1: setup `{command}` failed: exit code 1",
-                                                 "no such option: --group"]
+    assert (failure.text or "").splitlines() == [
+        f"attempt 1: setup `{command}` failed: exit code 1",
+        "no such option: --group",
+    ]
 
 
 def test_a_setup_command_prints_that_it_started(fleeter, fake_claude):
@@ -346,7 +392,7 @@ def test_setup_is_a_step_of_its_own_not_a_verifier(fleeter, fake_claude):
     setup = f"setup = [{json.dumps(log_cmd(fleeter))}, 'echo made > SETUP.txt']"
     tasks(fleeter, setup, verify='run = "test -f out.txt"')
     seen = fleeter.path / "seen.log"
-    fleeter.write_fleetconf(f'''
+    fleeter.write_fleetconf(f"""
 import fleetrun
 
 @fleetrun.hookimpl
@@ -360,12 +406,15 @@ def fleetrun_setup_step(task, step, number, workspace, attempt, host, config):
     with open({str(seen)!r}, "a") as f:
         f.write(f"setup {{number}} {{step.text}}\\n")
     yield
-''')
+""")
     fake_claude.script(t1=[{"actions": [["write", "out.txt", "x"]]}])
     r = fleeter.run("tasks.toml")
     assert r.ret == 0, r.stdout + r.stderr
-    assert seen.read_text().splitlines() == [f"setup 1 {log_cmd(fleeter)}", "setup 2 echo made > SETUP.txt",
-                                             "verify test -f out.txt"]
+    assert seen.read_text().splitlines() == [
+        f"setup 1 {log_cmd(fleeter)}",
+        "setup 2 echo made > SETUP.txt",
+        "verify test -f out.txt",
+    ]
     assert len(setup_log(fleeter)) == 1  # the built-in ran the commands all the same
     att = fleeter.ledger().latest_attempt(fleeter.task("t1").id)
     assert [s["n"] for s in att.info["setup_steps"]] == [1, 2]

@@ -28,8 +28,12 @@ def small_home(fleeter, tmp_path: Path, size: str) -> Optional[str]:
     mnt = tmp_path / "small"
     mnt.mkdir()
     try:
-        r = subprocess.run(["mount", "-t", "tmpfs", "-o", f"size={size},mode=0700", "tmpfs", str(mnt)],
-                           capture_output=True, text=True, timeout=30)
+        r = subprocess.run(
+            ["mount", "-t", "tmpfs", "-o", f"size={size},mode=0700", "tmpfs", str(mnt)],
+            capture_output=True,
+            text=True,
+            timeout=30,
+        )
     except (OSError, subprocess.SubprocessError) as e:
         return f"cannot mount a tmpfs: {e}"
     if r.returncode != 0:
@@ -69,8 +73,7 @@ def test_the_queue_survives_chaos(fleeter, fake_claude, tmp_path):
     and their dropped links are the bench's (``bench/soak.py --peers 2``)."""
     why = small_home(fleeter, tmp_path, "64m")
     try:
-        opts = SoakOptions(tasks=30, seed=SEED, parallel=3, chatty=1, detach=1, gap=(0.4, 1.5), deadline=120,
-                           log=print)
+        opts = SoakOptions(tasks=30, seed=SEED, parallel=3, chatty=1, detach=1, gap=(0.4, 1.5), deadline=120, log=print)
         report = Soak(fleeter, fake_claude, opts, tmp_path, small_disk=why).run()
         print("\n" + "\n".join(report.lines()))
         assert sum(report.kills.values()) >= 3, f"too few blows landed: {report.kills}"
@@ -91,7 +94,7 @@ def test_a_crash_after_a_failed_start_is_recorded_does_not_leave_its_task_assign
     flight: the restarted loop never moved it again, counted it as a running task of
     its machine, and `work --until-idle` ended with it ASSIGNED."""
     fleeter.make_repo()
-    fleeter.write_tasks('''
+    fleeter.write_tasks("""
         [[task]]
         name = "t1"
         cwd = "repo"
@@ -99,9 +102,10 @@ def test_a_crash_after_a_failed_start_is_recorded_does_not_leave_its_task_assign
         git_ref = "main"
           [[task.verify]]
           run = "test -f out.txt"
-    ''')
+    """)
     flag = fleeter.path.parent / "failed-once"
-    fleeter.write_fleetconf(f'''
+    fleeter.write_fleetconf(
+        f"""
         import errno, os
         import fleetrun
 
@@ -110,7 +114,9 @@ def test_a_crash_after_a_failed_start_is_recorded_does_not_leave_its_task_assign
             if not os.path.exists({str(flag)!r}):
                 open({str(flag)!r}, "w").close()
                 raise OSError(errno.ENOSPC, "No space left on device")
-    ''', folder=".")
+    """,
+        folder=".",
+    )
     fake_claude.script(t1=[{"actions": [["write", "out.txt", "x"], ["commit", "out"]]}])
     assert fleeter.runsub("queue", "tasks.toml").ret == 0
     # the first READY of this run is the move back after the failed start: die before it
@@ -140,7 +146,7 @@ def test_a_shepherd_that_cannot_record_its_start_is_not_a_session_that_died(flee
     its resumes untouched. (A status.json that is a folder stands in for the full disk:
     the shepherd's write fails the same way, every time.)"""
     fleeter.make_repo()
-    fleeter.write_tasks('''
+    fleeter.write_tasks("""
         [[task]]
         name = "t1"
         cwd = "repo"
@@ -148,8 +154,9 @@ def test_a_shepherd_that_cannot_record_its_start_is_not_a_session_that_died(flee
         git_ref = "main"
           [[task.verify]]
           run = "test -f out.txt"
-    ''')
-    fleeter.write_fleetconf('''
+    """)
+    fleeter.write_fleetconf(
+        """
         import os
         import fleetrun
 
@@ -157,7 +164,9 @@ def test_a_shepherd_that_cannot_record_its_start_is_not_a_session_that_died(flee
         def fleetrun_spawn(task, attempt, workspace, prompt, config):
             if attempt.number == 1:  # its shepherd will find no way to write its status
                 os.makedirs(os.path.join(os.environ["FLEETRUN_HOME"], "attempts", attempt.id, "status.json"))
-    ''', folder=".")
+    """,
+        folder=".",
+    )
     fake_claude.script(t1=[{"actions": [["write", "out.txt", "x"], ["commit", "out"]]}])
     r = fleeter.runsub("tasks.toml", timeout=120)
     assert r.ret == 0, r.stdout + r.stderr
@@ -179,7 +188,7 @@ def test_a_dependent_whose_first_start_failed_half_way_still_gets_its_dependenci
     work. (The hook stands in for that git run: it makes the branch, then fails as the
     full disk did.)"""
     repo = fleeter.make_repo()
-    fleeter.write_tasks('''
+    fleeter.write_tasks("""
         [[task]]
         name = "schema"
         cwd = "repo"
@@ -193,9 +202,10 @@ def test_a_dependent_whose_first_start_failed_half_way_still_gets_its_dependenci
         git_ref = "main"
         depends_on = ["schema"]
         base = "dependencies"
-    ''')
+    """)
     flag = fleeter.path.parent / "failed-once"
-    fleeter.write_fleetconf(f'''
+    fleeter.write_fleetconf(
+        f"""
         import errno, os, subprocess
         import fleetrun
 
@@ -206,9 +216,13 @@ def test_a_dependent_whose_first_start_failed_half_way_still_gets_its_dependenci
                 subprocess.run(["git", "-C", {str(repo)!r}, "branch", f"fleetrun/api-{{task.id}}", "main"],
                                check=True)
                 raise OSError(errno.ENOSPC, "No space left on device")
-    ''', folder=".")
-    fake_claude.script(schema=[{"actions": [["write", "schema.sql", "x"], ["commit", "schema"]]}],
-                       api=[{"actions": [["write", "api.py", "x"], ["commit", "api"]]}])
+    """,
+        folder=".",
+    )
+    fake_claude.script(
+        schema=[{"actions": [["write", "schema.sql", "x"], ["commit", "schema"]]}],
+        api=[{"actions": [["write", "api.py", "x"], ["commit", "api"]]}],
+    )
     r = fleeter.runsub("tasks.toml", timeout=120)
     assert r.ret == 0, r.stdout + r.stderr
     schema, api = fleeter.task("schema"), fleeter.task("api")
@@ -238,7 +252,6 @@ def test_a_done_peer_tasks_worktree_is_removed_after_a_crash_before_its_cleanup(
     assert not os.path.exists(t.worktree), f"{t.worktree} is still on the peer: {r.stdout}"
 
 
-
 def test_a_task_left_assigned_with_its_attempt_ended_moves_on(fleeter, fake_claude):
     """Found by the long soak with peers (a task stuck for good, `work --until-idle`
     never ending): a task ASSIGNED whose latest attempt is recorded as ended. The
@@ -262,8 +275,9 @@ def test_a_task_left_assigned_with_its_attempt_ended_moves_on(fleeter, fake_clau
         time.sleep(0.1)
     conn = sqlite3.connect(str(fleeter.home / "state.db"))
     with conn:  # its end recorded, as the poll that found it does; the task still ASSIGNED
-        conn.execute("UPDATE attempts SET state='ended', exit_code=0, outcome='ok', ended=? WHERE id=?",
-                     (time.time(), att.id))
+        conn.execute(
+            "UPDATE attempts SET state='ended', exit_code=0, outcome='ok', ended=? WHERE id=?", (time.time(), att.id)
+        )
     conn.close()
     r = fleeter.runsub("work", "--until-idle", timeout=120)
     assert r.ret == 0, r.stdout + r.stderr

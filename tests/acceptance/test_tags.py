@@ -3,7 +3,7 @@
 
 from __future__ import annotations
 
-TAGGED = '''
+TAGGED = """
     [[task]]
     name = "api"
     prompt = "a"
@@ -19,7 +19,7 @@ TAGGED = '''
     name = "ui"
     prompt = "u"
     tags = ["frontend"]
-'''
+"""
 
 
 def test_collect_only_with_m_shows_the_selection_and_the_deselected(fleeter):
@@ -31,8 +31,13 @@ def test_collect_only_with_m_shows_the_selection_and_the_deselected(fleeter):
     r.no_fnmatch_line("<Task ui>*")
     # a selected task takes its dependencies along, as with -k
     r = fleeter.run("--co", "-m", "slow", "tasks.toml")
-    r.fnmatch_lines(["<Task api>  [[]backend]", "<Task slow-api>  (after api)  [[]backend, slow]",
-                     "2/3 tasks collected (1 deselected)"])
+    r.fnmatch_lines(
+        [
+            "<Task api>  [[]backend]",
+            "<Task slow-api>  (after api)  [[]backend, slow]",
+            "2/3 tasks collected (1 deselected)",
+        ]
+    )
     # -k and -m both
     r = fleeter.run("--co", "-m", "backend", "-k", "not slow", "tasks.toml")
     r.fnmatch_lines(["<Task api>*", "1/3 tasks collected (2 deselected)"])
@@ -50,7 +55,7 @@ def test_run_header_says_how_many_were_deselected(fleeter, fake_claude):
 
 
 def test_bad_tags_are_usage_errors(fleeter):
-    fleeter.write_tasks('''
+    fleeter.write_tasks("""
         [[task]]
         name = "a"
         prompt = "a"
@@ -60,11 +65,15 @@ def test_bad_tags_are_usage_errors(fleeter):
         name = "b"
         prompt = "b"
         tags = "backend"
-    ''')
+    """)
     r = fleeter.run("validate", "tasks.toml")
     assert r.ret == 4
-    r.fnmatch_lines(["ERROR: tasks.toml:*: task 'a': tags: 'two words' is not a tag*",
-                     "ERROR: tasks.toml:*: task 'b': tags: must be a list, not *"])
+    r.fnmatch_lines(
+        [
+            "ERROR: tasks.toml:*: task 'a': tags: 'two words' is not a tag*",
+            "ERROR: tasks.toml:*: task 'b': tags: must be a list, not *",
+        ]
+    )
 
 
 def test_bad_m_expression(fleeter):
@@ -75,7 +84,7 @@ def test_bad_m_expression(fleeter):
 
 
 def test_tags_as_a_default_of_every_task(fleeter):
-    fleeter.write_tasks('''
+    fleeter.write_tasks("""
         tags = ["nightly"]
 
         [[task]]
@@ -86,7 +95,7 @@ def test_tags_as_a_default_of_every_task(fleeter):
         name = "b"
         prompt = "b"
         tags = ["quick"]
-    ''')
+    """)
     r = fleeter.run("--co", "-m", "nightly", "tasks.toml")
     r.fnmatch_lines(["<Task a>  [[]nightly]", "1/2 tasks collected (1 deselected)"])
 

@@ -29,7 +29,7 @@ GREET = [{"actions": [["write", "hello.txt", "hello\n"], ["commit", "add hello"]
 
 def task_with(fleeter: Any, verify: str, head: str = "", extra: str = "") -> None:
     fleeter.make_repo()
-    fleeter.write_tasks(f'''
+    fleeter.write_tasks(f"""
         {head}
 
         [[task]]
@@ -41,7 +41,7 @@ def task_with(fleeter: Any, verify: str, head: str = "", extra: str = "") -> Non
 
           [[task.verify]]
           {verify}
-    ''')
+    """)
 
 
 def add_config(fleeter: Any, text: str) -> None:
@@ -50,7 +50,8 @@ def add_config(fleeter: Any, text: str) -> None:
 
 
 def test_a_run_verifier_whose_command_is_not_found_needs_a_human_after_one_session_and_retry_reverifies(
-        fleeter: Any, fake_claude: Any, monkeypatch: pytest.MonkeyPatch) -> None:
+    fleeter: Any, fake_claude: Any, monkeypatch: pytest.MonkeyPatch
+) -> None:
     task_with(fleeter, 'run = "pytset -q"')
     fake_claude.script(greet=GREET)
     report = fleeter.path / "report.xml"
@@ -60,8 +61,12 @@ def test_a_run_verifier_whose_command_is_not_found_needs_a_human_after_one_sessi
     assert task.state.value == "NEEDS_HUMAN"
     assert task.reason == "verifier_error:pytset -q: command not found: pytset"
     assert len(fake_claude.calls("greet")) == 1  # one agent session, not one per retry
-    r.fnmatch_lines(["*greet verify run `pytset -q`: ERROR (command not found: pytset)*",
-                     "*greet NEEDS_HUMAN (attempt 1)*verifier_error:pytset -q: command not found: pytset"])
+    r.fnmatch_lines(
+        [
+            "*greet verify run `pytset -q`: ERROR (command not found: pytset)*",
+            "*greet NEEDS_HUMAN (attempt 1)*verifier_error:pytset -q: command not found: pytset",
+        ]
+    )
     assert fleeter.ledger().verdicts(task_id=task.id) == []  # no verdict on the work
     xml = report.read_text()
     assert '<error message="verifier_error:pytset -q: command not found: pytset" type="verifier_error">' in xml
@@ -101,8 +106,7 @@ def test_retry_elsewhere_of_a_verifier_error_starts_the_work_again(fleeter: Any,
     assert (task.state.value, task.reason, task.worktree) == ("READY", "operator_retry", None)
 
 
-def test_retry_of_a_verifier_error_whose_worktree_is_gone_starts_the_work_again(
-        fleeter: Any, fake_claude: Any) -> None:
+def test_retry_of_a_verifier_error_whose_worktree_is_gone_starts_the_work_again(fleeter: Any, fake_claude: Any) -> None:
     task_with(fleeter, 'run = "pytset -q"')
     fake_claude.script(greet=GREET * 2)
     assert fleeter.run("tasks.toml").ret == 1
@@ -125,10 +129,12 @@ def test_a_script_of_the_project_that_is_missing_is_the_works_failure(fleeter: A
 
 
 def test_a_brain_that_refuses_connections_is_asked_again_then_needs_a_human_after_one_session(
-        fleeter: Any, fake_claude: Any) -> None:
+    fleeter: Any, fake_claude: Any
+) -> None:
     port = closed_port()
-    task_with(fleeter, 'brain = "Does hello.txt say hello?"',
-              head=f'[brain]\nurl = "http://127.0.0.1:{port}"\nmodel = "tiny"')
+    task_with(
+        fleeter, 'brain = "Does hello.txt say hello?"', head=f'[brain]\nurl = "http://127.0.0.1:{port}"\nmodel = "tiny"'
+    )
     add_config(fleeter, "[fleetrun]\nverifier_error_tries = 3\nverifier_error_backoff_s = 0.05\n")
     fake_claude.script(greet=GREET)
     r = fleeter.run("tasks.toml")
@@ -137,10 +143,13 @@ def test_a_brain_that_refuses_connections_is_asked_again_then_needs_a_human_afte
     why = f"brain unreachable at http://127.0.0.1:{port}: connection refused"
     assert task.reason == f"verifier_error:Does hello.txt say hello?: {why} (tried 3 times)"
     assert len(fake_claude.calls("greet")) == 1
-    r.fnmatch_lines([f"waiting: * (greet): verifier Does hello.txt say hello? could not judge: {why}; "
-                     "again in * s (try 2 of 3)",
-                     "waiting: * (greet): *(try 3 of 3)",
-                     "*greet NEEDS_HUMAN (attempt 1)*verifier_error:*"])
+    r.fnmatch_lines(
+        [
+            f"waiting: * (greet): verifier Does hello.txt say hello? could not judge: {why}; again in * s (try 2 of 3)",
+            "waiting: * (greet): *(try 3 of 3)",
+            "*greet NEEDS_HUMAN (attempt 1)*verifier_error:*",
+        ]
+    )
     transitions = [(t.to_state, t.cause.split(":")[0]) for t in fleeter.ledger().transitions(task.id)]
     assert ("RETRYING", "verify_fail") not in transitions
 
@@ -157,12 +166,10 @@ def test_a_brain_without_a_model_needs_a_human_at_once(fleeter: Any, fake_claude
     assert len(fake_claude.calls("greet")) == 1
 
 
-def test_a_brain_that_answers_503_twice_then_passes_is_done_after_one_session(
-        fleeter: Any, fake_claude: Any) -> None:
+def test_a_brain_that_answers_503_twice_then_passes_is_done_after_one_session(fleeter: Any, fake_claude: Any) -> None:
     with BrainServer() as brain:
         brain.script(Status(503, {"error": "loading model"}), Status(503, {"error": "loading model"}), "PASS")
-        task_with(fleeter, 'brain = "Does hello.txt say hello?"',
-                  head=f'[brain]\nurl = "{brain.url}"\nmodel = "tiny"')
+        task_with(fleeter, 'brain = "Does hello.txt say hello?"', head=f'[brain]\nurl = "{brain.url}"\nmodel = "tiny"')
         add_config(fleeter, "[fleetrun]\nverifier_error_backoff_s = 0.05\n")
         fake_claude.script(greet=GREET)
         r = fleeter.run("tasks.toml")
@@ -171,9 +178,13 @@ def test_a_brain_that_answers_503_twice_then_passes_is_done_after_one_session(
     task = fleeter.task("greet")
     assert task.state.value == "DONE"
     assert len(fake_claude.calls("greet")) == 1 and task.attempts == 1
-    r.fnmatch_lines(["*verify brain *: ERROR (brain returned HTTP 503: loading model)*",
-                     "waiting: * (greet): *could not judge: brain returned HTTP 503: loading model; *(try 2 of 5)",
-                     "*greet DONE (attempt 1)*verify_pass"])
+    r.fnmatch_lines(
+        [
+            "*verify brain *: ERROR (brain returned HTTP 503: loading model)*",
+            "waiting: * (greet): *could not judge: brain returned HTTP 503: loading model; *(try 2 of 5)",
+            "*greet DONE (attempt 1)*verify_pass",
+        ]
+    )
 
 
 def refusing_claude(fleeter: Any, refuse: bool) -> Path:
@@ -181,13 +192,14 @@ def refusing_claude(fleeter: Any, refuse: bool) -> Path:
     older CLI refuses a newer flag); the task agent's sessions are left alone."""
     path = fleeter.path / "claude-refusing"
     extra = '[ -n "$FLEETRUN_VERIFIER" ] && set -- "$@" --no-such-option\n' if refuse else ""
-    path.write_text(f"#!/bin/sh\n{extra}exec {sys.executable} {Path(fake_claude_pkg.__file__).parent} \"$@\"\n")
+    path.write_text(f'#!/bin/sh\n{extra}exec {sys.executable} {Path(fake_claude_pkg.__file__).parent} "$@"\n')
     path.chmod(0o755)
     return path
 
 
 def test_a_reviewer_whose_cli_refuses_its_arguments_needs_a_human_at_once_and_retry_reverifies(
-        fleeter: Any, fake_claude: Any) -> None:
+    fleeter: Any, fake_claude: Any
+) -> None:
     claude = refusing_claude(fleeter, refuse=True)
     fleeter.write_config(f'[claude]\nexecutable = "{claude}"\n')
     task_with(fleeter, 'agent = "Check that hello.txt says hello."')
@@ -195,8 +207,10 @@ def test_a_reviewer_whose_cli_refuses_its_arguments_needs_a_human_at_once_and_re
     r = fleeter.run("tasks.toml")
     assert r.ret == 1, r.stdout + r.stderr
     task = fleeter.task("greet")
-    assert task.reason == ("verifier_error:Check that hello.txt says hello.: the reviewer's CLI refused its "
-                           "arguments: error: unknown option '--no-such-option'")
+    assert task.reason == (
+        "verifier_error:Check that hello.txt says hello.: the reviewer's CLI refused its "
+        "arguments: error: unknown option '--no-such-option'"
+    )
     assert len(fake_claude.calls("greet")) == 1
     assert len(fake_claude.review_calls("greet")) == 1  # permanent: not asked again
 
@@ -222,15 +236,13 @@ def _line_starting(stream: Any, prefix: str) -> str:
     raise AssertionError(f"no line starts with {prefix!r}: {''.join(seen)}")
 
 
-def test_a_supervisor_killed_during_the_backoff_resumes_the_wait_not_the_agent(
-        fleeter: Any, fake_claude: Any) -> None:
+def test_a_supervisor_killed_during_the_backoff_resumes_the_wait_not_the_agent(fleeter: Any, fake_claude: Any) -> None:
     clock = fleeter.path / "clock"
     clock.write_text("0")
     env = {"FLEETRUN_TEST_CLOCK": str(clock)}
     with BrainServer() as brain:
         brain.script(Status(503, {"error": "busy"}), "PASS")
-        task_with(fleeter, 'brain = "Does hello.txt say hello?"',
-                  head=f'[brain]\nurl = "{brain.url}"\nmodel = "tiny"')
+        task_with(fleeter, 'brain = "Does hello.txt say hello?"', head=f'[brain]\nurl = "{brain.url}"\nmodel = "tiny"')
         add_config(fleeter, "[fleetrun]\nverifier_error_backoff_s = 1000\n")
         fake_claude.script(greet=GREET)
         first = fleeter.popen("tasks.toml", env=env)
@@ -267,7 +279,8 @@ def test_a_supervisor_killed_during_the_backoff_resumes_the_wait_not_the_agent(
 
 
 def test_a_peers_run_verifier_whose_command_is_not_found_there_needs_a_human_after_one_session(
-        fleeter: Any, fake_claude: Any, peer_lab: Any) -> None:
+    fleeter: Any, fake_claude: Any, peer_lab: Any
+) -> None:
     """The peer says its verifier could not run (a real sshd, the real `fleetrun host`)."""
     task_with(fleeter, 'run = "pytset -q"')
     mini = peer_lab.machine("mini")
@@ -287,8 +300,7 @@ def test_a_peers_run_verifier_whose_command_is_not_found_there_needs_a_human_aft
 def test_a_task_cancelled_during_the_backoff_ends_the_run_and_waits_no_more(fleeter: Any, fake_claude: Any) -> None:
     with BrainServer() as brain:
         brain.script(Status(503, {"error": "busy"}))
-        task_with(fleeter, 'brain = "Does hello.txt say hello?"',
-                  head=f'[brain]\nurl = "{brain.url}"\nmodel = "tiny"')
+        task_with(fleeter, 'brain = "Does hello.txt say hello?"', head=f'[brain]\nurl = "{brain.url}"\nmodel = "tiny"')
         add_config(fleeter, "[fleetrun]\nverifier_error_backoff_s = 1000\n")
         fake_claude.script(greet=GREET)
         run = fleeter.popen("tasks.toml")
@@ -308,7 +320,8 @@ def test_a_task_cancelled_during_the_backoff_ends_the_run_and_waits_no_more(flee
 
 
 def test_a_running_work_picks_up_the_retry_of_a_verifier_error_and_reverifies(
-        fleeter: Any, fake_claude: Any, monkeypatch: pytest.MonkeyPatch) -> None:
+    fleeter: Any, fake_claude: Any, monkeypatch: pytest.MonkeyPatch
+) -> None:
     bindir = fleeter.path / "tools"
     bindir.mkdir()
     monkeypatch.setenv("PATH", f"{bindir}{os.pathsep}{os.environ['PATH']}")

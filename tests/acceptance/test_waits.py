@@ -109,8 +109,12 @@ def test_a_pin_to_a_peer_that_is_not_paired_ends_the_run_with_its_reason(fleeter
     one_task(fleeter, extra='peer = "mini"')
     r = fleeter.runsub("tasks.toml", timeout=60)
     assert r.ret == 1, r.stdout + r.stderr
-    r.fnmatch_lines(["cannot place: t1: pinned to peer 'mini', which is not paired "
-                     "(fleetrun relay add mini USER@HOST)", "=== 1 ready in * ==="])
+    r.fnmatch_lines(
+        [
+            "cannot place: t1: pinned to peer 'mini', which is not paired (fleetrun relay add mini USER@HOST)",
+            "=== 1 ready in * ===",
+        ]
+    )
     assert fake_claude.calls() == []
 
 
@@ -133,9 +137,13 @@ def test_a_drained_machines_tasks_say_drained_and_their_dependents_say_what_they
     assert fleeter.run("drain").ret == 0
     r = fleeter.run("tasks.toml")
     assert r.ret == 1, r.stdout + r.stderr
-    r.fnmatch_lines(["cannot place: a: this machine is draining",
-                     "still waiting: b [[]PENDING] for a, which cannot be placed: this machine is draining",
-                     "=== 1 ready, 1 pending in * ==="])
+    r.fnmatch_lines(
+        [
+            "cannot place: a: this machine is draining",
+            "still waiting: b [[]PENDING] for a, which cannot be placed: this machine is draining",
+            "=== 1 ready, 1 pending in * ===",
+        ]
+    )
     (row,) = [line for line in fleeter.run("status").stdout.splitlines() if line.startswith("a ")]
     assert row.endswith("this machine is draining"), row
 
@@ -146,8 +154,12 @@ def test_a_drained_machines_tasks_say_drained_and_their_dependents_say_what_they
 def test_a_usage_limit_pause_is_kept_across_a_restart(fleeter, fake_claude, live, clock):
     one_task(fleeter)
     reset_at = int(time.time()) + 3600
-    fake_claude.script(t1=[{"mode": "usage_limit", "reset_at": reset_at, "limit_style": "legacy"},
-                           {"actions": [["write", "out.txt", "x"]]}])
+    fake_claude.script(
+        t1=[
+            {"mode": "usage_limit", "reset_at": reset_at, "limit_style": "legacy"},
+            {"actions": [["write", "out.txt", "x"]]},
+        ]
+    )
     hhmm = time.strftime("%H:%M", time.localtime(reset_at))
     first = live("tasks.toml", env=clock.env)
     first.wait_for(f"*t1 RESUMING (attempt 1)*usage_limit:usage limit, resumes at {hhmm}")
@@ -174,7 +186,8 @@ def test_a_usage_limit_pause_is_kept_across_a_restart(fleeter, fake_claude, live
 
 def test_work_until_idle_reports_and_exits_on_what_it_worked_on(fleeter, fake_claude):
     fleeter.make_repo()
-    fleeter.write_tasks('''
+    fleeter.write_tasks(
+        """
         [[task]]
         name = "old"
         cwd = "repo"
@@ -183,14 +196,19 @@ def test_work_until_idle_reports_and_exits_on_what_it_worked_on(fleeter, fake_cl
         max_retries = 0
           [[task.verify]]
           run = "false"
-    ''', name="old.toml")
-    fleeter.write_tasks('''
+    """,
+        name="old.toml",
+    )
+    fleeter.write_tasks(
+        """
         [[task]]
         name = "new"
         cwd = "repo"
         prompt = "Write out.txt."
         git_ref = "main"
-    ''', name="new.toml")
+    """,
+        name="new.toml",
+    )
     fake_claude.script(default=[{"actions": [["write", "out.txt", "x"], ["commit", "add out"]]}])
     assert fleeter.run("old.toml").ret == 1
     assert fleeter.states() == {"old": "NEEDS_HUMAN"}
@@ -233,15 +251,19 @@ def test_the_interrupted_line_counts_each_kind() -> None:
     from fleetrun.loop import Loop
 
     assert Loop.interrupted_note(0, 0) == "interrupted: nothing was running"
-    assert Loop.interrupted_note(0, 3) == \
-        "interrupted: 3 verifiers were stopped and will run again on the next `fleetrun work`"
-    assert Loop.interrupted_note(2, 0) == \
-        "interrupted: 2 running attempts go on and will be adopted by the next `fleetrun work`"
+    assert (
+        Loop.interrupted_note(0, 3)
+        == "interrupted: 3 verifiers were stopped and will run again on the next `fleetrun work`"
+    )
+    assert (
+        Loop.interrupted_note(2, 0)
+        == "interrupted: 2 running attempts go on and will be adopted by the next `fleetrun work`"
+    )
 
 
 def test_ctrl_c_says_what_it_interrupted_and_what_happens_to_it(fleeter, fake_claude, live):
     fleeter.make_repo()
-    fleeter.write_tasks('''
+    fleeter.write_tasks("""
         [[task]]
         name = "slowcheck"
         cwd = "repo"
@@ -255,17 +277,21 @@ def test_ctrl_c_says_what_it_interrupted_and_what_happens_to_it(fleeter, fake_cl
         cwd = "repo"
         prompt = "Think long."
         git_ref = "main"
-    ''')
-    fake_claude.script(slowcheck=[{"actions": [["write", "out.txt", "x"], ["commit", "add out"]]}],
-                       longrun=[{"actions": [["sleep", 60]]}])
+    """)
+    fake_claude.script(
+        slowcheck=[{"actions": [["write", "out.txt", "x"], ["commit", "add out"]]}],
+        longrun=[{"actions": [["sleep", 60]]}],
+    )
     run = live("tasks.toml")
     run.wait_for("*slowcheck VERIFYING*")
     run.wait_for("*longrun RUNNING*")
     passes(1)
     run.proc.send_signal(signal.SIGINT)
     assert wait_exit(run) == 2, run.dump()
-    run.wait_for("interrupted: 1 running attempt goes on and will be adopted by the next `fleetrun work`; "
-                 "1 verifier was stopped and will run again then")
+    run.wait_for(
+        "interrupted: 1 running attempt goes on and will be adopted by the next `fleetrun work`; "
+        "1 verifier was stopped and will run again then"
+    )
     assert not run.matching("*nothing was running*")
     assert fleeter.states() == {"slowcheck": "VERIFYING", "longrun": "RUNNING"}
     fleeter.run("cancel", "longrun")

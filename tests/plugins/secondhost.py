@@ -27,10 +27,20 @@ class Bay(LocalHost):
 
     def candidate(self, config: Any) -> Optional[fleetrun.Candidate]:
         led = config.stash.get(LEDGER_KEY)
-        running = sum(1 for t in led.tasks() if t.host == NAME and t.state.value in
-                      ("ASSIGNED", "RUNNING", "VERIFYING")) if led is not None else 0
-        return fleetrun.Candidate(name=NAME, kind="peer", status="live", running=running, max_tasks=2,
-                                  free_mem_mb=100000.0, info={"offered_by": "secondhost"})
+        running = (
+            sum(1 for t in led.tasks() if t.host == NAME and t.state.value in ("ASSIGNED", "RUNNING", "VERIFYING"))
+            if led is not None
+            else 0
+        )
+        return fleetrun.Candidate(
+            name=NAME,
+            kind="peer",
+            status="live",
+            running=running,
+            max_tasks=2,
+            free_mem_mb=100000.0,
+            info={"offered_by": "secondhost"},
+        )
 
 
 @fleetrun.hookimpl

@@ -143,8 +143,10 @@ def stamp(t: float) -> str:
 
 def _limits(config: Config) -> tuple[int, int]:
     try:
-        return (int(config.setting("events", "max_bytes", DEFAULT_MAX_BYTES)),
-                int(config.setting("events", "keep", DEFAULT_KEEP)))
+        return (
+            int(config.setting("events", "max_bytes", DEFAULT_MAX_BYTES)),
+            int(config.setting("events", "keep", DEFAULT_KEEP)),
+        )
     except UsageError:  # config.toml was refused already, where it is read
         return DEFAULT_MAX_BYTES, DEFAULT_KEEP
 
@@ -169,7 +171,7 @@ def _num(value: Any) -> Optional[float]:
 
 def _text(value: Any) -> str:
     text = str(value or "")
-    return text if len(text) <= TEXT_LIMIT else text[:TEXT_LIMIT - 3] + "..."
+    return text if len(text) <= TEXT_LIMIT else text[: TEXT_LIMIT - 3] + "..."
 
 
 def _task(task: Any) -> dict[str, Any]:
@@ -192,19 +194,28 @@ def fleetrun_config_keys(config: Config) -> list[ConfigKey]:
     return [
         # the home's log: a setting of this machine's home, never of a project
         ConfigKey("events", "", machine=True, doc="the event log of this home"),
-        ConfigKey("events", "max_bytes", (int,), check=_positive,
-                  doc="rotate events.ndjson before it grows past this many bytes"),
-        ConfigKey("events", "keep", (int,), check=_not_negative,
-                  doc="how many rotated files to keep (events.ndjson.1 ...)"),
+        ConfigKey(
+            "events",
+            "max_bytes",
+            (int,),
+            check=_positive,
+            doc="rotate events.ndjson before it grows past this many bytes",
+        ),
+        ConfigKey(
+            "events", "keep", (int,), check=_not_negative, doc="how many rotated files to keep (events.ndjson.1 ...)"
+        ),
     ]
 
 
 @hookimpl(trylast=True)
 def fleetrun_addoption(parser: Any) -> None:
     parser.getgroup("events", "the event stream").addoption(
-        "--events", metavar="FILE|-", default=None,
+        "--events",
+        metavar="FILE|-",
+        default=None,
         help="also write this run's events to FILE (appended), or to standard output with '-' "
-             "(the terminal's output then goes to standard error); see docs/events.md")
+        "(the terminal's output then goes to standard error); see docs/events.md",
+    )
 
 
 @hookimpl(tryfirst=True)
@@ -242,18 +253,33 @@ def fleetrun_unconfigure(config: Config) -> None:
 def fleetrun_sessionstart(session: Any) -> None:
     config = session.config
     _sinks(config).start_batching()  # a work loop: its lines are written pass by pass
-    _emit(config, "run_start", pid=os.getpid(), version=__version__, verb=config.option.verb,
-          files=[str(f) for f in (config.getoption("files") or [])], tasks=len(session.items or []),
-          home=str(config.home))
+    _emit(
+        config,
+        "run_start",
+        pid=os.getpid(),
+        version=__version__,
+        verb=config.option.verb,
+        files=[str(f) for f in (config.getoption("files") or [])],
+        tasks=len(session.items or []),
+        home=str(config.home),
+    )
 
 
 @hookimpl(trylast=True)
 def fleetrun_sessionfinish(session: Any, exitstatus: int) -> None:
     led, ids = session.ledger, session.task_ids
     first = led.get(ids[0]) if led is not None and ids else None
-    _emit(session.config, "run_end", pid=os.getpid(), version=__version__, exit_status=int(exitstatus),
-          counts={str(k): int(v) for k, v in session.counts.items()}, cost_usd=_num(session.cost_usd),
-          duration_s=round(time.time() - session.started, 3), queue=first.queue_id if first else None)
+    _emit(
+        session.config,
+        "run_end",
+        pid=os.getpid(),
+        version=__version__,
+        exit_status=int(exitstatus),
+        counts={str(k): int(v) for k, v in session.counts.items()},
+        cost_usd=_num(session.cost_usd),
+        duration_s=round(time.time() - session.started, 3),
+        queue=first.queue_id if first else None,
+    )
     sinks = _sinks(session.config)
     sinks.batching = False
     sinks.flush()
@@ -270,23 +296,49 @@ def fleetrun_transition(task: Any, from_state: str, to_state: str, cause: str, a
     if not from_state:  # entered the ledger: `queued`, so every transition has a `from`
         _emit(config, "queued", **_task(task), queue=task.queue_id, to=to_state, cause=cause)
         return
-    _emit(config, "transition", **_task(task), **{"from": from_state}, to=to_state, cause=cause,
-          attempt=attempt, host=task.host)
+    _emit(
+        config,
+        "transition",
+        **_task(task),
+        **{"from": from_state},
+        to=to_state,
+        cause=cause,
+        attempt=attempt,
+        host=task.host,
+    )
 
 
 @hookimpl(trylast=True)
 def fleetrun_attempt_started(task: Any, attempt: Any, host: Any, config: Config) -> None:
-    _emit(config, "attempt_started", **_task(task), attempt=attempt.number, attempt_id=attempt.id,
-          kind=attempt.kind, host=attempt.host, pid=attempt.shepherd_pid, session_id=attempt.session_id)
+    _emit(
+        config,
+        "attempt_started",
+        **_task(task),
+        attempt=attempt.number,
+        attempt_id=attempt.id,
+        kind=attempt.kind,
+        host=attempt.host,
+        pid=attempt.shepherd_pid,
+        session_id=attempt.session_id,
+    )
 
 
 @hookimpl(trylast=True)
 def fleetrun_attempt_ended(task: Any, attempt: Any, result: Any, config: Config) -> None:
     began, ended = _num(attempt.started), _num(attempt.ended)
-    _emit(config, "attempt_ended", **_task(task), attempt=attempt.number, attempt_id=attempt.id,
-          host=attempt.host, exit_code=attempt.exit_code, outcome=attempt.outcome,
-          cost_usd=_num(attempt.cost_usd), session_id=attempt.session_id,
-          duration_s=round(ended - began, 3) if began is not None and ended is not None else None)
+    _emit(
+        config,
+        "attempt_ended",
+        **_task(task),
+        attempt=attempt.number,
+        attempt_id=attempt.id,
+        host=attempt.host,
+        exit_code=attempt.exit_code,
+        outcome=attempt.outcome,
+        cost_usd=_num(attempt.cost_usd),
+        session_id=attempt.session_id,
+        duration_s=round(ended - began, 3) if began is not None and ended is not None else None,
+    )
 
 
 def _error(error: Any) -> Optional[str]:
@@ -298,10 +350,20 @@ def _error(error: Any) -> Optional[str]:
 
 @hookimpl(trylast=True)
 def fleetrun_verdict(task: Any, verdict: Any, attempt: Any, config: Config) -> None:
-    _emit(config, "verdict", **_task(task), attempt=attempt.number, kind=verdict.kind, label=verdict.label,
-          passed=bool(verdict.passed) and not getattr(verdict, "error", None),
-          error=_error(getattr(verdict, "error", None)), duration_s=round(_num(verdict.duration_s) or 0.0, 3),
-          reason=_text(verdict.reason), cost_usd=_num(verdict.cost_usd) or 0.0, host=verdict.host)
+    _emit(
+        config,
+        "verdict",
+        **_task(task),
+        attempt=attempt.number,
+        kind=verdict.kind,
+        label=verdict.label,
+        passed=bool(verdict.passed) and not getattr(verdict, "error", None),
+        error=_error(getattr(verdict, "error", None)),
+        duration_s=round(_num(verdict.duration_s) or 0.0, 3),
+        reason=_text(verdict.reason),
+        cost_usd=_num(verdict.cost_usd) or 0.0,
+        host=verdict.host,
+    )
 
 
 @hookimpl(trylast=True)
@@ -311,8 +373,17 @@ def fleetrun_task_waiting(task: Any, reason: str, config: Config) -> None:
 
 @hookimpl(trylast=True)
 def fleetrun_host_heartbeat(host: Any, info: dict[str, Any], config: Config) -> None:
-    _emit(config, "peer_heartbeat", peer=host.name, reachable=bool(info.get("reachable")),
-          running=info.get("running"), max_tasks=info.get("max_tasks"), free_slots=info.get("free_slots"),
-          free_mem_mb=_num(info.get("free_mem_mb")), load_per_core=_num(info.get("load_per_core")),
-          free_disk_mb=_num(info.get("free_disk_mb")), latency_ms=_num(info.get("latency_ms")),
-          error=_text(info["error"]) if info.get("error") else None)
+    _emit(
+        config,
+        "peer_heartbeat",
+        peer=host.name,
+        reachable=bool(info.get("reachable")),
+        running=info.get("running"),
+        max_tasks=info.get("max_tasks"),
+        free_slots=info.get("free_slots"),
+        free_mem_mb=_num(info.get("free_mem_mb")),
+        load_per_core=_num(info.get("load_per_core")),
+        free_disk_mb=_num(info.get("free_disk_mb")),
+        latency_ms=_num(info.get("latency_ms")),
+        error=_text(info["error"]) if info.get("error") else None,
+    )

@@ -53,7 +53,7 @@ def write_all(fd: int, data: bytes) -> None:
     once but on a full disk or a signal)."""
     view = memoryview(data)
     while view:
-        view = view[os.write(fd, view):]
+        view = view[os.write(fd, view) :]
 
 
 class HomeLog:

@@ -32,8 +32,11 @@ def _validators() -> tuple[Any, dict[str, Any]]:
     per_type = {}
     for name, sub in schema["$defs"].items():
         assert set(sub) <= {"description", "type", "properties", "required"}, f"{name}: merge it by hand"
-        merged = {"type": "object", "required": [*schema["required"], *sub["required"]],
-                  "properties": {**schema["properties"], **sub["properties"]}}
+        merged = {
+            "type": "object",
+            "required": [*schema["required"], *sub["required"]],
+            "properties": {**schema["properties"], **sub["properties"]},
+        }
         per_type[name] = jsonschema.Draft202012Validator(merged)
     return jsonschema.Draft202012Validator(schema), per_type
 

@@ -42,9 +42,14 @@ REWRITE_EVERY = 10.0
 @hookimpl
 def fleetrun_addoption(parser: Any, pluginmanager: Any) -> None:
     group = parser.getgroup("htmlreport", "HTML report")
-    group.addoption("--html", dest="htmlpath", metavar="PATH", default=None,
-                    help="write a self-contained HTML report of the run (timeline, table, details) to PATH, "
-                         "rewritten as the run goes")
+    group.addoption(
+        "--html",
+        dest="htmlpath",
+        metavar="PATH",
+        default=None,
+        help="write a self-contained HTML report of the run (timeline, table, details) to PATH, "
+        "rewritten as the run goes",
+    )
 
 
 @hookimpl
@@ -52,18 +57,33 @@ def fleetrun_verbs(pluginmanager: Any) -> list[Any]:
     """``report``: the HTML report of a queue, after the fact, from the ledger."""
     from ...verbs import VerbDecl
 
-    return [VerbDecl(name="report", help="report --html PATH [FILE ...] [--queue ID]: the HTML report of the last "
-                                         "run of FILE (or of a queue) from the ledger",
-                     run=_run_report, add_arguments=_report_arguments, reads_config=False)]
+    return [
+        VerbDecl(
+            name="report",
+            help="report --html PATH [FILE ...] [--queue ID]: the HTML report of the last "
+            "run of FILE (or of a queue) from the ledger",
+            run=_run_report,
+            add_arguments=_report_arguments,
+            reads_config=False,
+        )
+    ]
 
 
 def _report_arguments(parser: argparse.ArgumentParser) -> None:
-    parser.add_argument("--html", dest="report_html", metavar="PATH", required=True,
-                        help="where to write the report")
-    parser.add_argument("--queue", dest="queue", metavar="ID", default=None,
-                        help="the queue to report (its id, as status --json gives it)")
-    parser.add_argument("report_files", metavar="FILE", nargs="*",
-                        help="tasks files: the report is of their last run (default: the newest queue)")
+    parser.add_argument("--html", dest="report_html", metavar="PATH", required=True, help="where to write the report")
+    parser.add_argument(
+        "--queue",
+        dest="queue",
+        metavar="ID",
+        default=None,
+        help="the queue to report (its id, as status --json gives it)",
+    )
+    parser.add_argument(
+        "report_files",
+        metavar="FILE",
+        nargs="*",
+        help="tasks files: the report is of their last run (default: the newest queue)",
+    )
 
 
 def _resolve(config: Config, name: str) -> str:
@@ -91,8 +111,7 @@ def _report(config: Config, led: Ledger, out: TextIO) -> int:
         source = ",".join(files)
         rows = led.tasks_of_source(source)
         if not rows:
-            raise UsageError(f"no run of {', '.join(files)} in the ledger ({config.home}); run it first",
-                             key="report")
+            raise UsageError(f"no run of {', '.join(files)} in the ledger ({config.home}); run it first", key="report")
         newest = max(rows, key=lambda r: (r[0].created, r[0].queue_id))[0]
         queue = newest.queue_id
     elif queue is None:
@@ -157,8 +176,9 @@ class HtmlReporter:
         self.warned = False
 
     @hookimpl
-    def fleetrun_transition(self, task: Any, from_state: str, to_state: str, cause: str,
-                            attempt: Optional[int], config: Config) -> None:
+    def fleetrun_transition(
+        self, task: Any, from_state: str, to_state: str, cause: str, attempt: Optional[int], config: Config
+    ) -> None:
         if task.queue_id not in self.queues:
             self.queues.append(task.queue_id)
         self.dirty = True

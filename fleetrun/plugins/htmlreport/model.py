@@ -25,14 +25,34 @@ if TYPE_CHECKING:
 
 #: How the table sorts: what needs a person first, then what is under way, waiting, and
 #: what is over.
-STATE_ORDER = ("NEEDS_HUMAN", "RETRYING", "RESUMING", "VERIFYING", "RUNNING", "ASSIGNED", "READY", "PENDING",
-               "CANCELLED", "DONE")
+STATE_ORDER = (
+    "NEEDS_HUMAN",
+    "RETRYING",
+    "RESUMING",
+    "VERIFYING",
+    "RUNNING",
+    "ASSIGNED",
+    "READY",
+    "PENDING",
+    "CANCELLED",
+    "DONE",
+)
 #: Attempt outcome (as the transition that ended it says) -> the bar's class.
-ENDED_BY = {"DONE": "done", "RETRYING": "failed", "NEEDS_HUMAN": "needs-human", "RESUMING": "died",
-            "CANCELLED": "cancelled"}
+ENDED_BY = {
+    "DONE": "done",
+    "RETRYING": "failed",
+    "NEEDS_HUMAN": "needs-human",
+    "RESUMING": "died",
+    "CANCELLED": "cancelled",
+}
 #: What a wait in each state is for, on the timeline.
-WAIT_FOR = {"PENDING": "its dependencies", "READY": "a slot", "RETRYING": "its retry (backoff)",
-            "RESUMING": "its resume", "ASSIGNED": "its start"}
+WAIT_FOR = {
+    "PENDING": "its dependencies",
+    "READY": "a slot",
+    "RETRYING": "its retry (backoff)",
+    "RESUMING": "its resume",
+    "ASSIGNED": "its start",
+}
 
 #: The timeline's drawing: width of the time axis, a lane row's height, the lane label column.
 WIDTH = 950
@@ -339,22 +359,41 @@ def build(ledger: Ledger, tasks: list[Task], title: str, live: bool = False, now
             bx, bw = x(a.created), max(x(end) - x(a.created), MIN_BAR)
             by = lane_y + 4 + row * ROW
             cost = money(a.cost_usd) if a.cost_usd is not None else "unknown"
-            bar_title = (f"{t.name} · attempt {a.number} ({a.kind}) on {a.host}\n"
-                         f"{outcome_words(outcome, ended_by)} · {duration(end - a.created)} · {cost}"
-                         + (f"\n{why}" if why and why != "verify_pass" else ""))
-            bar = Bar(anchor=anchors[t.id], task=t.name, number=a.number, host=a.host or "?", x=bx, y=by, w=round(bw, 2),
-                      outcome=outcome, title=bar_title, label=_fit(t.name, bw))
+            bar_title = (
+                f"{t.name} · attempt {a.number} ({a.kind}) on {a.host}\n"
+                f"{outcome_words(outcome, ended_by)} · {duration(end - a.created)} · {cost}"
+                + (f"\n{why}" if why and why != "verify_pass" else "")
+            )
+            bar = Bar(
+                anchor=anchors[t.id],
+                task=t.name,
+                number=a.number,
+                host=a.host or "?",
+                x=bx,
+                y=by,
+                w=round(bw, 2),
+                outcome=outcome,
+                title=bar_title,
+                label=_fit(t.name, bw),
+            )
             started = _clamp(a.started, a, now)
             if started and started > a.created:
-                bar.segments.append(Segment(bx, round(max(x(started) - bx, 0.5), 2), "setup",
-                                            f"setup {duration(started - a.created)}"))
+                bar.segments.append(
+                    Segment(bx, round(max(x(started) - bx, 0.5), 2), "setup", f"setup {duration(started - a.created)}")
+                )
             for v in vs:
                 vo = verdict_outcome(v)
                 # within its bar, whatever the clocks said (a peer's verdict is timed there)
                 vx1 = min(max(x(v.time - max(v.duration_s or 0.0, 0.0)), bx), bx + bw - 1.0)
                 vx2 = min(max(x(v.time), vx1 + 1.0), bx + bw)
-                bar.segments.append(Segment(round(vx1, 2), round(max(vx2 - vx1, 1.0), 2), f"verify-{vo}",
-                                            f"verify {v.kind} {v.label}: {vo.upper()} ({duration(v.duration_s)})"))
+                bar.segments.append(
+                    Segment(
+                        round(vx1, 2),
+                        round(max(vx2 - vx1, 1.0), 2),
+                        f"verify-{vo}",
+                        f"verify {v.kind} {v.label}: {vo.upper()} ({duration(v.duration_s)})",
+                    )
+                )
             wait = _wait_before(a, trs)
             if wait is not None:
                 since, state, cause = wait
@@ -362,8 +401,12 @@ def build(ledger: Ledger, tasks: list[Task], title: str, live: bool = False, now
                     what = WAIT_FOR.get(state, state.lower())
                     if cause.startswith("usage_limit"):  # the account's limit, not a backoff
                         what = f"the usage limit to reset ({cause})"
-                    bar.wait = Segment(x(since), round(bx - x(since), 2), "wait",
-                                       f"{t.name} waited {duration(a.created - since)} for {what}")
+                    bar.wait = Segment(
+                        x(since),
+                        round(bx - x(since), 2),
+                        "wait",
+                        f"{t.name} waited {duration(a.created - since)} for {what}",
+                    )
             bars.append(bar)
             first_bar.setdefault(t.id, bar)
             last_bar[t.id] = bar
@@ -375,8 +418,15 @@ def build(ledger: Ledger, tasks: list[Task], title: str, live: bool = False, now
             src = last_bar.get(dep)
             if dst is None or src is None:
                 continue
-            arrows.append(Arrow(x1=round(src.x + src.w, 2), y1=src.y + 6, x2=dst.x, y2=dst.y + 6,
-                                title=f"{by_id[dep].name} → {t.name}"))
+            arrows.append(
+                Arrow(
+                    x1=round(src.x + src.w, 2),
+                    y1=src.y + 6,
+                    x2=dst.x,
+                    y2=dst.y + 6,
+                    title=f"{by_id[dep].name} → {t.name}",
+                )
+            )
 
     # the start's clock, then round times: the axis reads as a clock across the night
     ticks: list[tuple[float, str]] = [(x(t0), time.strftime("%H:%M:%S", time.localtime(t0)))]
@@ -388,25 +438,44 @@ def build(ledger: Ledger, tasks: list[Task], title: str, live: bool = False, now
         ticks.append((x(k), time.strftime("%H:%M" if step >= 60 else "%H:%M:%S", time.localtime(k))))
         k += step
 
-    views = [_task_view(t, anchors, by_id, attempts.get(t.id, []), verdicts, transitions.get(t.id, []),
-                        ledger, now) for t in tasks]
+    views = [
+        _task_view(t, anchors, by_id, attempts.get(t.id, []), verdicts, transitions.get(t.id, []), ledger, now)
+        for t in tasks
+    ]
     rank = {s: i for i, s in enumerate(STATE_ORDER)}
     views.sort(key=lambda v: rank.get(v.state, len(rank)))
     counts: dict[str, int] = {}
     for t in tasks:
         counts[t.state.value] = counts.get(t.state.value, 0) + 1
     return Report(
-        title=title, generated=clock(now), started=clock(t0 if tasks else None), span=duration(t1 - t0),
+        title=title,
+        generated=clock(now),
+        started=clock(t0 if tasks else None),
+        span=duration(t1 - t0),
         counts=sorted(counts.items(), key=lambda kv: rank.get(kv[0], len(rank))),
-        cost=money(sum(t.cost_usd for t in tasks)), tasks=views, lanes=lanes, bars=bars, arrows=arrows,
-        ticks=ticks, width=LABEL + WIDTH + 10, height=height, label_width=LABEL, live=live)
+        cost=money(sum(t.cost_usd for t in tasks)),
+        tasks=views,
+        lanes=lanes,
+        bars=bars,
+        arrows=arrows,
+        ticks=ticks,
+        width=LABEL + WIDTH + 10,
+        height=height,
+        label_width=LABEL,
+        live=live,
+    )
 
 
 def outcome_words(outcome: str, ended_by: str) -> str:
-    return {"done": "DONE", "failed": f"verify failed → {ended_by}", "needs-human": "NEEDS_HUMAN",
-            "died": "ended early → RESUMING", "verifier-error": f"a verifier could not judge → {ended_by}",
-            "cancelled": "CANCELLED", "running": "under way"}.get(
-        outcome, ended_by or outcome)
+    return {
+        "done": "DONE",
+        "failed": f"verify failed → {ended_by}",
+        "needs-human": "NEEDS_HUMAN",
+        "died": "ended early → RESUMING",
+        "verifier-error": f"a verifier could not judge → {ended_by}",
+        "cancelled": "CANCELLED",
+        "running": "under way",
+    }.get(outcome, ended_by or outcome)
 
 
 def _clamp(t: Optional[float], a: Attempt, now: float) -> Optional[float]:
@@ -465,7 +534,7 @@ def _fit(name: str, width: float) -> str:
     room = int((width - 6) // 6)
     if room < 4:
         return ""
-    return name if len(name) <= room else name[:room - 1] + "…"
+    return name if len(name) <= room else name[: room - 1] + "…"
 
 
 def _tick_step(span: float) -> float:
@@ -475,38 +544,78 @@ def _tick_step(span: float) -> float:
     return 21600.0
 
 
-def _task_view(t: Task, anchors: dict[str, str], by_id: dict[str, Task], atts: list[Attempt],
-               verdicts: dict[str, list[VerdictRow]], trs: list[TransitionRow], ledger: Ledger,
-               now: float) -> TaskView:
+def _task_view(
+    t: Task,
+    anchors: dict[str, str],
+    by_id: dict[str, Task],
+    atts: list[Attempt],
+    verdicts: dict[str, list[VerdictRow]],
+    trs: list[TransitionRow],
+    ledger: Ledger,
+    now: float,
+) -> TaskView:
     views = []
     for a in atts:
         outcome, ended_by, _ = _outcome(a, trs)
         vs = []
         for v in verdicts.get(a.id, []):
             head, tail, cut = head_tail(v.output or "")
-            vs.append(VerdictView(label=v.label, kind=v.kind, outcome=verdict_outcome(v), reason=v.reason or "",
-                                  head=head, tail=tail, cut=cut, duration=duration(v.duration_s),
-                                  cost=money(v.cost_usd)))
+            vs.append(
+                VerdictView(
+                    label=v.label,
+                    kind=v.kind,
+                    outcome=verdict_outcome(v),
+                    reason=v.reason or "",
+                    head=head,
+                    tail=tail,
+                    cut=cut,
+                    duration=duration(v.duration_s),
+                    cost=money(v.cost_usd),
+                )
+            )
         end = _end(a, verdicts.get(a.id, []), now)
-        views.append(AttemptView(number=a.number, kind=a.kind, host=a.host, outcome=outcome, ended_by=ended_by,
-                                 started=clock(a.started or a.created), duration=duration(end - a.created),
-                                 cost=money(a.cost_usd), prompt=read_prompt(a), verdicts=vs,
-                                 error=verify_error(a)))
+        views.append(
+            AttemptView(
+                number=a.number,
+                kind=a.kind,
+                host=a.host,
+                outcome=outcome,
+                ended_by=ended_by,
+                started=clock(a.started or a.created),
+                duration=duration(end - a.created),
+                cost=money(a.cost_usd),
+                prompt=read_prompt(a),
+                verdicts=vs,
+                error=verify_error(a),
+            )
+        )
     first = min((a.created for a in atts), default=None)
     last = max((_end(a, verdicts.get(a.id, []), now) for a in atts), default=None)
     handoff = _json(t.handoff)
     fetch = ""
     if t.host and t.host != "local" and not t.host.startswith("mailbox"):
         found = _FETCH.search(handoff) or next(
-            (m for m in (_FETCH.search(n) for _, n in ledger.notes(t.id)) if m), None)
+            (m for m in (_FETCH.search(n) for _, n in ledger.notes(t.id)) if m), None
+        )
         fetch = found.group(0) if found else ""
-    received = [(by_id[d].name if d in by_id else d, _json(by_id[d].handoff if d in by_id else None))
-                for d in t.deps]
+    received = [(by_id[d].name if d in by_id else d, _json(by_id[d].handoff if d in by_id else None)) for d in t.deps]
     return TaskView(
-        anchor=anchors[t.id], id=t.id, name=t.name, state=t.state.value, attempts=t.attempts, retries=t.retries,
-        host=t.host or "", duration=duration(last - first) if first is not None and last is not None else "",
-        cost=money(t.cost_usd), branch=t.branch or "", fetch=fetch, reason=t.reason or "",
+        anchor=anchors[t.id],
+        id=t.id,
+        name=t.name,
+        state=t.state.value,
+        attempts=t.attempts,
+        retries=t.retries,
+        host=t.host or "",
+        duration=duration(last - first) if first is not None and last is not None else "",
+        cost=money(t.cost_usd),
+        branch=t.branch or "",
+        fetch=fetch,
+        reason=t.reason or "",
         depends_on=[by_id[d].name if d in by_id else d for d in t.deps],
         transitions=[(clock(tr.time), tr.from_state or "", tr.to_state, tr.cause, tr.host or "") for tr in trs],
-        attempt_views=views, handoff_gave=handoff, handoff_received=received,
-        notes=[text for _, text in ledger.notes(t.id)])
+        attempt_views=views,
+        handoff_gave=handoff,
+        handoff_received=received,
+        notes=[text for _, text in ledger.notes(t.id)],
+    )

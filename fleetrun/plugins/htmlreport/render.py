@@ -26,8 +26,10 @@ def csp(script: str) -> str:
     """The page's policy: nothing from anywhere (no network, no other script, no font),
     its own inline style, and its one script by hash."""
     digest = base64.b64encode(hashlib.sha256(script.encode("utf-8")).digest()).decode("ascii")
-    return (f"default-src 'none'; style-src 'unsafe-inline'; script-src 'sha256-{digest}'; "
-            "img-src data:; base-uri 'none'; form-action 'none'")
+    return (
+        f"default-src 'none'; style-src 'unsafe-inline'; script-src 'sha256-{digest}'; "
+        "img-src data:; base-uri 'none'; form-action 'none'"
+    )
 
 
 def render(report: Report) -> str:
@@ -35,8 +37,12 @@ def render(report: Report) -> str:
     import jinja2
     from markupsafe import Markup
 
-    env = jinja2.Environment(loader=jinja2.FileSystemLoader(str(HERE)), autoescape=True,
-                             undefined=jinja2.StrictUndefined, keep_trailing_newline=True)
+    env = jinja2.Environment(
+        loader=jinja2.FileSystemLoader(str(HERE)),
+        autoescape=True,
+        undefined=jinja2.StrictUndefined,
+        keep_trailing_newline=True,
+    )
     script = SCRIPT.read_text(encoding="utf-8")
     # the script is this package's own file, not the ledger's text: it goes in as it is,
     # and its exact text is what the policy's hash allows

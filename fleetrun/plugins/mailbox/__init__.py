@@ -49,8 +49,15 @@ if TYPE_CHECKING:
 HOST_NAME = "mailbox"
 #: The cause words of a delivered attempt's ends (:data:`.host.MAILBOX_FAILED`...) and
 #: of its start (the core knows them only from here).
-CAUSE_WORDS = frozenset({"mailbox_claimed_no_completion", "assigned_via_mailbox", "mailbox_failed",
-                         "mailbox_unclaimed", "mailbox_withdrawn"})
+CAUSE_WORDS = frozenset(
+    {
+        "mailbox_claimed_no_completion",
+        "assigned_via_mailbox",
+        "mailbox_failed",
+        "mailbox_unclaimed",
+        "mailbox_withdrawn",
+    }
+)
 
 
 @hookimpl(trylast=True)
@@ -61,8 +68,9 @@ def fleetrun_hosts(config: Config) -> list[Any]:
 
 
 @hookimpl
-def fleetrun_start_attempt(task: Any, attempt: Any, host: Any, spawn: SpawnSpec, prompt: str,
-                           config: Config) -> Optional[Started]:
+def fleetrun_start_attempt(
+    task: Any, attempt: Any, host: Any, spawn: SpawnSpec, prompt: str, config: Config
+) -> Optional[Started]:
     if attempt.kind != "fresh" or not getattr(host, "local", False):
         return None  # never delivered: do not even open the mailbox
     from .delivery import deliver
@@ -80,8 +88,9 @@ def _message_of(attempt: Any, config: Config) -> Any:
 
 
 @hookimpl
-def fleetrun_agent_result(task: Any, attempt: Any, log_path: str, exit_code: Optional[int],
-                          config: Config) -> Optional[AgentResult]:
+def fleetrun_agent_result(
+    task: Any, attempt: Any, log_path: str, exit_code: Optional[int], config: Config
+) -> Optional[AgentResult]:
     msg = _message_of(attempt, config)
     if msg is None:
         return None
@@ -90,9 +99,14 @@ def fleetrun_agent_result(task: Any, attempt: Any, log_path: str, exit_code: Opt
 
     done = msg.state == "done"
     # fleetrun paid for no session: the role's own session's cost is its user's
-    return AgentResult(ok=done, reason="" if done else f"mailbox_{msg.state}", exit_code=0 if done else None,
-                       cost_usd=0.0, result_text=(msg.summary if done else msg.reason) or "",
-                       end=end_of(status_of(msg)))
+    return AgentResult(
+        ok=done,
+        reason="" if done else f"mailbox_{msg.state}",
+        exit_code=0 if done else None,
+        cost_usd=0.0,
+        result_text=(msg.summary if done else msg.reason) or "",
+        end=end_of(status_of(msg)),
+    )
 
 
 @hookimpl
@@ -102,8 +116,13 @@ def fleetrun_handoff(task: Any, attempt: Any, host: Any, config: Config) -> Opti
         return None
     from ...reports import Handoff
 
-    return Handoff(task_name=task.name, branch=task.branch, summary=msg.summary or "", host=task.host or "local",
-                   fetch_hint=f"Done by role {msg.role} in its own session, in {task.spec.cwd}.")
+    return Handoff(
+        task_name=task.name,
+        branch=task.branch,
+        summary=msg.summary or "",
+        host=task.host or "local",
+        fetch_hint=f"Done by role {msg.role} in its own session, in {task.spec.cwd}.",
+    )
 
 
 @hookimpl
@@ -174,10 +193,14 @@ def fleetrun_status_fields(tasks: list[Any], config: Config) -> Optional[dict[st
     ids = [t.id for t in tasks]
     try:  # these tasks' roles only (status --json asks a batch at a time), not each whole spec
         for k in range(0, len(ids), 500):  # SQLite's limit on bound parameters
-            chunk = ids[k:k + 500]
-            declared.update(conn.execute(
-                f"SELECT id, json_extract(spec, '$.role') FROM tasks WHERE id IN ({','.join('?' * len(chunk))})"
-                " AND json_extract(spec, '$.role') IS NOT NULL", chunk))
+            chunk = ids[k : k + 500]
+            declared.update(
+                conn.execute(
+                    f"SELECT id, json_extract(spec, '$.role') FROM tasks WHERE id IN ({','.join('?' * len(chunk))})"
+                    " AND json_extract(spec, '$.role') IS NOT NULL",
+                    chunk,
+                )
+            )
     except sqlite3.OperationalError:  # an SQLite without JSON functions: the messages' roles only
         declared = {}
     out: dict[str, dict[str, Any]] = {}
@@ -221,7 +244,8 @@ def fleetrun_collection_modifyitems(config: Config, items: list[Any]) -> None:
         if why is not None:
             config.stash.setdefault(WARNINGS_KEY, []).append(
                 f"{where}:{line}: task '{t.name}': role: {why}, so it is spawned, not delivered to role "
-                f"{t.role} (a mailbox carries only the prompt)")
+                f"{t.role} (a mailbox carries only the prompt)"
+            )
     if errors:
         raise UsageErrors(errors) if len(errors) > 1 else errors[0]
 
@@ -255,14 +279,24 @@ def fleetrun_verbs(pluginmanager: Any) -> list[Any]:
     from ...verbs import VerbDecl
 
     return [
-        VerbDecl(name="role", help="roles: role bind NAME [DIR] [--pid PID | --self], role list, role unbind NAME, "
-                                   "role owner PATH, role whoami, role install-hooks [DIR], role note-edit",
-                 run=_run_role, reads_config=False,
-                 add_arguments=_rest_arguments("bind|list|unbind|owner|whoami ...",
-                                               "'fleetrun role help' lists them (docs/mailbox.md)")),
-        VerbDecl(name="mailbox", help="a role's mailbox: mailbox read [--role R] [--peek], mailbox done TASK "
-                                      "[--summary TEXT], mailbox fail TASK --reason TEXT, mailbox stop-hook",
-                 run=_run_mailbox, reads_config=False,
-                 add_arguments=_rest_arguments("read|done|fail|stop-hook ...",
-                                               "'fleetrun mailbox help' lists them (docs/mailbox.md)")),
+        VerbDecl(
+            name="role",
+            help="roles: role bind NAME [DIR] [--pid PID | --self], role list, role unbind NAME, "
+            "role owner PATH, role whoami, role install-hooks [DIR], role note-edit",
+            run=_run_role,
+            reads_config=False,
+            add_arguments=_rest_arguments(
+                "bind|list|unbind|owner|whoami ...", "'fleetrun role help' lists them (docs/mailbox.md)"
+            ),
+        ),
+        VerbDecl(
+            name="mailbox",
+            help="a role's mailbox: mailbox read [--role R] [--peek], mailbox done TASK "
+            "[--summary TEXT], mailbox fail TASK --reason TEXT, mailbox stop-hook",
+            run=_run_mailbox,
+            reads_config=False,
+            add_arguments=_rest_arguments(
+                "read|done|fail|stop-hook ...", "'fleetrun mailbox help' lists them (docs/mailbox.md)"
+            ),
+        ),
     ]

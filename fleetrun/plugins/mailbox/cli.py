@@ -71,8 +71,9 @@ def _role_parser() -> argparse.ArgumentParser:
     b.add_argument("dir", metavar="DIR", nargs="?")
     who = b.add_mutually_exclusive_group()
     who.add_argument("--pid", type=int, metavar="PID", help="bind to this running process too")
-    who.add_argument("--self", dest="self_", action="store_true",
-                     help="bind to the Claude Code session this command runs in")
+    who.add_argument(
+        "--self", dest="self_", action="store_true", help="bind to the Claude Code session this command runs in"
+    )
     ls = sub.add_parser("list", help="every role: folder, bound pid, live or not, focus")
     ls.add_argument("--json", action="store_true", help="print JSON")
     u = sub.add_parser("unbind", help="forget a role")
@@ -80,8 +81,10 @@ def _role_parser() -> argparse.ArgumentParser:
     o = sub.add_parser("owner", help="the live role that owns PATH, or why none does")
     o.add_argument("path", metavar="PATH")
     sub.add_parser("whoami", help="the role this session answers to")
-    h = sub.add_parser("install-hooks", help="add fleetrun's Stop and PostToolUse hooks and report allow rules "
-                                              "to DIR/.claude/settings.local.json")
+    h = sub.add_parser(
+        "install-hooks",
+        help="add fleetrun's Stop and PostToolUse hooks and report allow rules to DIR/.claude/settings.local.json",
+    )
     h.add_argument("dir", metavar="DIR", nargs="?", help="the role's folder (default: here)")
     h.add_argument("--remove", action="store_true", help="take them out again")
     h.add_argument("--user", action="store_true", help="the user's ~/.claude/settings.json instead")
@@ -124,8 +127,11 @@ def _not_fleetruns(key: str) -> None:
     me = os.getpid()
     task = started_for(lineage(me), me)
     if task is not None:
-        raise UsageError(f"fleetrun started this session for task {task}, and its own sessions answer to no "
-                         "role: they bind none and unbind none", key=key)
+        raise UsageError(
+            f"fleetrun started this session for task {task}, and its own sessions answer to no "
+            "role: they bind none and unbind none",
+            key=key,
+        )
 
 
 def role_main_hooks(config: Config, ns: argparse.Namespace, out: TextIO) -> int:
@@ -143,8 +149,9 @@ def _install_hooks(config: Config, ns: argparse.Namespace, out: TextIO) -> int:
     import importlib
 
     settings = importlib.import_module(".settings", __package__)  # the install-hooks change's module
-    change = settings.install(ns.dir or os.getcwd(), settings.default_command(config.home), remove=ns.remove,
-                              user=ns.user)
+    change = settings.install(
+        ns.dir or os.getcwd(), settings.default_command(config.home), remove=ns.remove, user=ns.user
+    )
     print(change.describe(), file=out)
     return ExitCode.OK
 
@@ -158,8 +165,11 @@ def _bind(conn: Any, ns: argparse.Namespace, out: TextIO) -> int:
         me = os.getpid()
         session = session_of(lineage(me), me)
         if session is None:
-            raise UsageError("this command is not running inside a Claude Code session (no claude process "
-                             "above it); bind with --pid PID, or without one", key="role bind --self")
+            raise UsageError(
+                "this command is not running inside a Claude Code session (no claude process "
+                "above it); bind with --pid PID, or without one",
+                key="role bind --self",
+            )
         pid, started = session.pid, session.started
     elif ns.pid is not None:
         started = start_time(ns.pid)
@@ -168,11 +178,19 @@ def _bind(conn: Any, ns: argparse.Namespace, out: TextIO) -> int:
         pid = ns.pid
     if pid is not None:
         table = lineage(pid, [r.pid for r in store.roles(conn)])
-        other = next((r for r in store.roles(conn) if r.pid == pid and r.key != ns.name.lower()
-                      and table.alive(r.pid, r.pid_started)), None)
+        other = next(
+            (
+                r
+                for r in store.roles(conn)
+                if r.pid == pid and r.key != ns.name.lower() and table.alive(r.pid, r.pid_started)
+            ),
+            None,
+        )
         if other is not None:
-            raise UsageError(f"pid {pid} is bound to role {other.name} already (fleetrun role unbind "
-                             f"{other.name} first)", key="role bind")
+            raise UsageError(
+                f"pid {pid} is bound to role {other.name} already (fleetrun role unbind {other.name} first)",
+                key="role bind",
+            )
     try:
         role = store.bind(conn, ns.name, ns.dir or os.getcwd(), pid, started)
     except store.StoreError as e:
@@ -198,8 +216,18 @@ def _list(config: Config, conn: Any, ns: argparse.Namespace, out: TextIO) -> int
     rows = []
     for r in roles:
         rec = got.get(r.key) or Reception(live=False)
-        rows.append({"role": r.name, "dir": r.dir, "pid": r.pid, "live": rec.live, "why": rec.why_live,
-                     "receives": rec.receives, "cannot_receive": rec.problem, "focus": foci.get(r.key)})
+        rows.append(
+            {
+                "role": r.name,
+                "dir": r.dir,
+                "pid": r.pid,
+                "live": rec.live,
+                "why": rec.why_live,
+                "receives": rec.receives,
+                "cannot_receive": rec.problem,
+                "focus": foci.get(r.key),
+            }
+        )
     if ns.json:
         print(json.dumps(rows, indent=2), file=out)
         return ExitCode.OK
@@ -298,8 +326,13 @@ def _read(conn: Any, ns: argparse.Namespace, out: TextIO) -> int:
         # a claim hands the task to the caller: a session takes only its own role's mail
         # (a person, in no session, may take any role's, as an operator)
         who = f"role {role.name}" if role is not None else f"no role ({why})"
-        raise UsageError(safe_text(f"this session answers to {who}, not to role {name}: it may read role "
-                                   f"{name}'s mail with --peek, and claim none of it"), key="mailbox read")
+        raise UsageError(
+            safe_text(
+                f"this session answers to {who}, not to role {name}: it may read role "
+                f"{name}'s mail with --peek, and claim none of it"
+            ),
+            key="mailbox read",
+        )
     msgs = store.pending(conn, name)
     if not msgs:
         print(f"no mail for role {safe_text(name)}", file=out)
@@ -322,8 +355,10 @@ def _log_report(config: Config, msg: store.Message, verb: str, text: str) -> Non
     except OSError:
         return  # no attempt folder: nothing to add to
     with os.fdopen(fd, "a", encoding="utf-8") as f:
-        f.write(f"{time.strftime('%Y-%m-%d %H:%M:%S')} role {msg.role} reported {verb}: "
-                f"{store.clean_text(text, store.REPORT_CAP)}\n")
+        f.write(
+            f"{time.strftime('%Y-%m-%d %H:%M:%S')} role {msg.role} reported {verb}: "
+            f"{store.clean_text(text, store.REPORT_CAP)}\n"
+        )
 
 
 def _reporter(conn: Any, msg: store.Message, task_id: str, verb: str) -> None:
@@ -343,9 +378,14 @@ def _reporter(conn: Any, msg: store.Message, task_id: str, verb: str) -> None:
         return
     me = "this session" if found else "this process (in no Claude Code session)"
     who = f"answers to role {role.name}" if role is not None else f"answers to no role ({why})"
-    raise UsageError(safe_text(f"task {task_id} was delivered to role {msg.role}, and {me} {who}: only a session "
-                               f"of role {msg.role} may report it (a person settles it with fleetrun cancel "
-                               f"{task_id}, then retry)"), key=f"mailbox {verb}")
+    raise UsageError(
+        safe_text(
+            f"task {task_id} was delivered to role {msg.role}, and {me} {who}: only a session "
+            f"of role {msg.role} may report it (a person settles it with fleetrun cancel "
+            f"{task_id}, then retry)"
+        ),
+        key=f"mailbox {verb}",
+    )
 
 
 def _report(config: Config, conn: Any, ns: argparse.Namespace, out: TextIO) -> int:
@@ -359,8 +399,10 @@ def _report(config: Config, conn: Any, ns: argparse.Namespace, out: TextIO) -> i
         raise UsageError(f"no mailbox message for task {safe_text(ns.task)!r}", key=f"mailbox {ns.verb}")
     if msg.state not in ("pending", "claimed"):
         why = f": {msg.reason}" if msg.reason else ""
-        raise UsageError(f"task {task_id}'s message is {msg.state}{safe_text(why)}; there is nothing to report",
-                         key=f"mailbox {ns.verb}")
+        raise UsageError(
+            f"task {task_id}'s message is {msg.state}{safe_text(why)}; there is nothing to report",
+            key=f"mailbox {ns.verb}",
+        )
     _reporter(conn, msg, task_id, ns.verb)
     if ns.verb == "done":
         moved = store.finish(conn, msg.id, "done", clock.now(), summary=ns.summary)

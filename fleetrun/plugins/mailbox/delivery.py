@@ -37,8 +37,12 @@ def always_spawned(task: Any, attempt: Any, host: Any) -> Optional[str]:
 
 def spec_always_spawned(spec: Any) -> Optional[str]:
     """Why a task (a :class:`~fleetrun.TaskSpec`) is never delivered, or None (pure)."""
-    for key, what in (("git_ref", "a worktree (git_ref)"), ("branch", "a worktree (branch)"),
-                      ("model", "a model"), ("permission_mode", "a permission mode")):
+    for key, what in (
+        ("git_ref", "a worktree (git_ref)"),
+        ("branch", "a worktree (branch)"),
+        ("model", "a model"),
+        ("permission_mode", "a permission mode"),
+    ):
         if getattr(spec, key, None):
             return f"it asks for {what}"
     if spec.budget_usd is not None:
@@ -95,12 +99,24 @@ def deliver(task: Any, attempt: Any, host: Any, prompt: str, config: Config) -> 
     _write_prompt(adir, prompt)
     with store.tx(led.conn) as cur:
         mid = store.deliver(cur, role, task.id, attempt.id, prompt, why, clock.now())
-        led.update_attempt(attempt.id, cur=cur, host=MAILBOX_HOST, state="running", started=time.time(),
-                           dir=str(adir), info={**attempt.info, "mailbox": {"role": role, "message": mid,
-                                                                            "why": why}})
+        led.update_attempt(
+            attempt.id,
+            cur=cur,
+            host=MAILBOX_HOST,
+            state="running",
+            started=time.time(),
+            dir=str(adir),
+            info={**attempt.info, "mailbox": {"role": role, "message": mid, "why": why}},
+        )
     crash.point("after_delivery")
-    return Started(pid=None, token=None, dir=str(adir), info={"role": role, "message": mid},
-                   host=MAILBOX_HOST, cause=f"assigned_via_mailbox:{why}")
+    return Started(
+        pid=None,
+        token=None,
+        dir=str(adir),
+        info={"role": role, "message": mid},
+        host=MAILBOX_HOST,
+        cause=f"assigned_via_mailbox:{why}",
+    )
 
 
 def _write_prompt(adir: Any, prompt: str) -> None:

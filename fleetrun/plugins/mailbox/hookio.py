@@ -64,7 +64,9 @@ _TOOL_NAME = re.compile(r"[A-Za-z][A-Za-z0-9_.-]{0,127}\Z")
 _TASK_ID = re.compile(r"[a-z0-9_]{1,64}\Z")
 #: A command that runs fleetrun, as :func:`fleetrun.plugins.mailbox.settings.default_command`
 #: builds it: words of safe characters, or single-quoted words without a quote inside.
-_COMMAND = re.compile(r"(?:[A-Za-z0-9_@%+=:,./-]+|'[^'\x00-\x1f\x7f]*')(?: (?:[A-Za-z0-9_@%+=:,./-]+|'[^'\x00-\x1f\x7f]*'))*\Z")
+_COMMAND = re.compile(
+    r"(?:[A-Za-z0-9_@%+=:,./-]+|'[^'\x00-\x1f\x7f]*')(?: (?:[A-Za-z0-9_@%+=:,./-]+|'[^'\x00-\x1f\x7f]*'))*\Z"
+)
 
 
 class HookInputError(ValueError):
@@ -128,10 +130,22 @@ class StopInput(_Record):
     stop_hook_active: bool
     last_assistant_message: Optional[str]
 
-    def __init__(self, *, session_id: str, transcript_path: Optional[str], cwd: str,
-                 stop_hook_active: bool, last_assistant_message: Optional[str]) -> None:
-        self._set(session_id=session_id, transcript_path=transcript_path, cwd=cwd,
-                  stop_hook_active=stop_hook_active, last_assistant_message=last_assistant_message)
+    def __init__(
+        self,
+        *,
+        session_id: str,
+        transcript_path: Optional[str],
+        cwd: str,
+        stop_hook_active: bool,
+        last_assistant_message: Optional[str],
+    ) -> None:
+        self._set(
+            session_id=session_id,
+            transcript_path=transcript_path,
+            cwd=cwd,
+            stop_hook_active=stop_hook_active,
+            last_assistant_message=last_assistant_message,
+        )
 
 
 class EditInput(_Record):
@@ -207,8 +221,9 @@ def _show(value: object) -> str:
     return _CONTROL.sub("?", text[:60])
 
 
-def _text(data: dict[str, Any], key: str, limit: int, pattern: Optional[re.Pattern[str]] = None,
-          required: bool = True) -> Optional[str]:
+def _text(
+    data: dict[str, Any], key: str, limit: int, pattern: Optional[re.Pattern[str]] = None, required: bool = True
+) -> Optional[str]:
     value = data.get(key)
     if value is None and not required:
         return None
@@ -257,8 +272,13 @@ def parse_stop(text: Union[str, bytes, bytearray]) -> StopInput:
         if not isinstance(message, str):
             raise HookInputError(f"last_assistant_message is {_show(message)}, not a string")
         message = _SURROGATE.sub("\ufffd", message[:MESSAGE_LIMIT])
-    return StopInput(session_id=session_id, transcript_path=transcript, cwd=cwd,
-                     stop_hook_active=active, last_assistant_message=message)
+    return StopInput(
+        session_id=session_id,
+        transcript_path=transcript,
+        cwd=cwd,
+        stop_hook_active=active,
+        last_assistant_message=message,
+    )
 
 
 def parse_post_tool_use(text: Union[str, bytes, bytearray]) -> EditInput:
@@ -321,8 +341,10 @@ def check_command(command: str) -> str:
     :raises ValueError: with why, for anything else (a ``$``, a pipe, a newline...).
     """
     if not isinstance(command, str) or len(command) > COMMAND_LIMIT or not _COMMAND.match(command):
-        raise ValueError(f"not a plain command line: {_show(command)} (words of letters, digits "
-                         "and ./_-+=:,@%, or single-quoted words, one space apart)")
+        raise ValueError(
+            f"not a plain command line: {_show(command)} (words of letters, digits "
+            "and ./_-+=:,@%, or single-quoted words, one space apart)"
+        )
     if "$(" in command or "`" in command or "|" in command or ";" in command or "&&" in command:
         # inside single quotes these are inert for a shell, but not for Claude Code's
         # check, which refuses what it cannot analyse statically
@@ -345,8 +367,10 @@ def report_commands(task_id: str, fleetrun_cmd: str) -> tuple[str, str]:
     if not isinstance(task_id, str) or not _TASK_ID.match(task_id):
         raise ValueError(f"not a task id: {_show(task_id)}")
     cmd = check_command(fleetrun_cmd)
-    return (f'{cmd} mailbox done {task_id} --summary "what you did, in one line"',
-            f'{cmd} mailbox fail {task_id} --reason "what stopped you, in one line"')
+    return (
+        f'{cmd} mailbox done {task_id} --summary "what you did, in one line"',
+        f'{cmd} mailbox fail {task_id} --reason "what stopped you, in one line"',
+    )
 
 
 def mail_reason(task_id: str, name: str, prompt: str, fleetrun_cmd: str) -> str:

@@ -136,8 +136,7 @@ class MailboxHost:
         rec = self.reception(msg.role)
         spawned = f"spawned if nobody claims it in {self._claim_timeout():g}s"
         if rec.receives and rec.sessions:
-            return (f"in role {msg.role}'s mailbox: session {rec.sessions[0]} is home and takes it when its "
-                    "turn ends")
+            return f"in role {msg.role}'s mailbox: session {rec.sessions[0]} is home and takes it when its turn ends"
         if rec.receives:
             return f"in role {msg.role}'s mailbox: its bound process is home ({rec.why_live})"
         if rec.live:
@@ -184,16 +183,14 @@ class MailboxHost:
             rec = self.reception(msg.role) if now - msg.created >= timeout else None
             if rec is not None and not rec.receives:
                 # a live session that cannot receive never claims it either: as for nobody home
-                whose = (f"its session cannot receive ({rec.problem})" if rec.live
-                         else "no session answers to it")
+                whose = f"its session cannot receive ({rec.problem})" if rec.live else "no session answers to it"
                 why = f"{UNCLAIMED}: role {msg.role} did not claim it in {timeout:g}s and {whose}"
                 store.finish(conn, msg.id, "withdrawn", now, reason=why, expect=("pending",))
             msg = store.message_of_attempt(conn, attempt_id) or msg
         elif msg.state == "claimed" and msg.claimed is not None:
             limit = self._timeout_of(msg.task_id)
             if now - msg.claimed >= limit:
-                why = (f"{CLAIMED_NO_COMPLETION}: role {msg.role} claimed it and reported nothing in "
-                       f"{limit / 60:g} min")
+                why = f"{CLAIMED_NO_COMPLETION}: role {msg.role} claimed it and reported nothing in {limit / 60:g} min"
                 store.finish(conn, msg.id, "withdrawn", now, reason=why, expect=("claimed",))
             msg = store.message_of_attempt(conn, attempt_id) or msg
         self.tell(msg)
@@ -233,8 +230,7 @@ def end_of(status: dict[str, Any]) -> Optional[AgentEnd]:
         return AgentEnd.give_up(f"{MAILBOX_FAILED}:{error or 'the role reported a failure'}")
     if reason == MAILBOX_UNCLAIMED:
         # the role never saw it: spawn it (not a failed attempt; no retry or resume is used)
-        return AgentEnd.resume(f"{MAILBOX_UNCLAIMED}:{error or 'nobody claimed it in time'}", counted=False,
-                               ran=False)
+        return AgentEnd.resume(f"{MAILBOX_UNCLAIMED}:{error or 'nobody claimed it in time'}", counted=False, ran=False)
     if reason == MAILBOX_CLAIMED_NO_COMPLETION:
         return AgentEnd.give_up(MAILBOX_CLAIMED_NO_COMPLETION)
     if reason == MAILBOX_WITHDRAWN:
@@ -250,10 +246,20 @@ def status_of(msg: store.Message) -> dict[str, Any]:
     if msg.state == "done":
         return {"state": "ended", "reason": "exited", "exit_code": 0, "ended": ended}
     if msg.state == "failed":
-        return {"state": "ended", "reason": MAILBOX_FAILED, "exit_code": None, "ended": ended,
-                "error": " ".join((msg.reason or "").split())[:300] or None}
+        return {
+            "state": "ended",
+            "reason": MAILBOX_FAILED,
+            "exit_code": None,
+            "ended": ended,
+            "error": " ".join((msg.reason or "").split())[:300] or None,
+        }
     reason = msg.reason or ""
-    word = (MAILBOX_UNCLAIMED if reason.startswith(UNCLAIMED) else
-            MAILBOX_CLAIMED_NO_COMPLETION if reason.startswith(CLAIMED_NO_COMPLETION) else MAILBOX_WITHDRAWN)
+    word = (
+        MAILBOX_UNCLAIMED
+        if reason.startswith(UNCLAIMED)
+        else MAILBOX_CLAIMED_NO_COMPLETION
+        if reason.startswith(CLAIMED_NO_COMPLETION)
+        else MAILBOX_WITHDRAWN
+    )
     detail = reason.split(": ", 1)[1] if word != MAILBOX_WITHDRAWN and ": " in reason else reason
     return {"state": "ended", "reason": word, "exit_code": None, "ended": ended, "error": detail or None}

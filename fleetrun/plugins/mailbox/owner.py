@@ -79,8 +79,9 @@ def targets(paths: Sequence[str], cwd: str) -> tuple[Optional[list[str]], str]:
     return out, ""
 
 
-def owner(paths: Sequence[str], cwd: str, live: Sequence[Role],
-          foci: Mapping[str, Optional[str]]) -> tuple[Optional[Role], str]:
+def owner(
+    paths: Sequence[str], cwd: str, live: Sequence[Role], foci: Mapping[str, Optional[str]]
+) -> tuple[Optional[Role], str]:
     """The live role that owns ``paths`` (relative to ``cwd``), by the rule above.
 
     :param live: the live roles (their folders canonical).

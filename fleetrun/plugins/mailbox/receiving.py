@@ -106,8 +106,9 @@ def receptions(table: ProcTable, roles: Sequence[Role], home: Path) -> dict[str,
                 problems = []
                 break
             problems.append(problem if len(found) == 1 else f"session {pid}: {problem}")
-        out[r.key] = Reception(live=True, why_live=found[0][1], problem="; ".join(problems) or None,
-                               sessions=tuple(sessions))
+        out[r.key] = Reception(
+            live=True, why_live=found[0][1], problem="; ".join(problems) or None, sessions=tuple(sessions)
+        )
     return out
 
 
@@ -132,10 +133,14 @@ def session_problem(pid: int, cwd: Optional[str], started: float, home: Path) ->
         return None
     local = os.path.join(cwd, ".claude", "settings.local.json")
     if late is not None:
-        return (f"fleetrun's Stop hook was written to {late} after the session started, and Claude Code "
-                f"reads hooks when a session starts (start the session again)")
-    return (f"fleetrun's Stop hook is not in {local} nor in the other settings it started with (run fleetrun "
-            f"role install-hooks {shlex.quote(cwd)}, then start the session again)")
+        return (
+            f"fleetrun's Stop hook was written to {late} after the session started, and Claude Code "
+            f"reads hooks when a session starts (start the session again)"
+        )
+    return (
+        f"fleetrun's Stop hook is not in {local} nor in the other settings it started with (run fleetrun "
+        f"role install-hooks {shlex.quote(cwd)}, then start the session again)"
+    )
 
 
 def settings_files(cwd: str, env: dict[str, str], argv: Sequence[str]) -> list[str]:
@@ -146,9 +151,11 @@ def settings_files(cwd: str, env: dict[str, str], argv: Sequence[str]) -> list[s
     if named is not None:
         sources = [s.strip() for s in named.split(",") if s.strip() in SOURCES]
     base = env.get("CLAUDE_CONFIG_DIR") or os.path.join(env.get("HOME") or os.path.expanduser("~"), ".claude")
-    paths = {"user": os.path.join(base, "settings.json"),
-             "project": os.path.join(cwd, ".claude", "settings.json"),
-             "local": os.path.join(cwd, ".claude", "settings.local.json")}
+    paths = {
+        "user": os.path.join(base, "settings.json"),
+        "project": os.path.join(cwd, ".claude", "settings.json"),
+        "local": os.path.join(cwd, ".claude", "settings.local.json"),
+    }
     files = [MANAGED_SETTINGS, *(paths[s] for s in SOURCES if s in sources)]
     if _option(argv, "--settings") is not None:
         files.append("--settings")
@@ -162,8 +169,12 @@ def has_stop_hook(data: dict[str, Any], home: Path, env: dict[str, str]) -> bool
     for group in groups if isinstance(groups, list) else []:
         entries = group.get("hooks") if isinstance(group, dict) else None
         for entry in entries if isinstance(entries, list) else []:
-            if (isinstance(entry, dict) and entry.get("type") == "command" and isinstance(entry.get("command"), str)
-                    and is_stop_hook_of(entry["command"], home, env)):
+            if (
+                isinstance(entry, dict)
+                and entry.get("type") == "command"
+                and isinstance(entry.get("command"), str)
+                and is_stop_hook_of(entry["command"], home, env)
+            ):
                 return True
     return False
 
@@ -190,11 +201,10 @@ def is_stop_hook_of(command: str, home: Path, env: dict[str, str]) -> bool:
         elif word == "--home" and i + 1 < len(head):
             named = head[i + 1]
         elif word.startswith("--home="):
-            named = word[len("--home="):]
+            named = word[len("--home=") :]
     if not program:
         return False
-    theirs = named or env.get("FLEETRUN_HOME") or os.path.join(env.get("HOME") or os.path.expanduser("~"),
-                                                               ".fleetrun")
+    theirs = named or env.get("FLEETRUN_HOME") or os.path.join(env.get("HOME") or os.path.expanduser("~"), ".fleetrun")
     return os.path.realpath(os.path.expanduser(theirs)) == os.path.realpath(home)
 
 
@@ -204,7 +214,7 @@ def _option(argv: Sequence[str], name: str) -> Optional[str]:
         if word == name and i + 1 < len(argv):
             return argv[i + 1]
         if word.startswith(name + "="):
-            return word[len(name) + 1:]
+            return word[len(name) + 1 :]
     return None
 
 

@@ -141,8 +141,9 @@ def user_settings_path() -> Path:
     return (Path(base) if base else Path.home() / ".claude") / "settings.json"
 
 
-def install(dir: StrPath, command: str, remove: bool = False, user: bool = False,
-            home_settings: Optional[StrPath] = None) -> Change:
+def install(
+    dir: StrPath, command: str, remove: bool = False, user: bool = False, home_settings: Optional[StrPath] = None
+) -> Change:
     """Merge fleetrun's hooks and allow rules into a settings file, or take them out.
 
     Merging keeps everything else as it was (the user's hooks, matchers, rules, unknown
@@ -263,8 +264,10 @@ def _read(folder_fd: int, name: str, path: Path) -> tuple[Optional[str], Optiona
         return None, None
     except OSError as e:
         if e.errno == errno.ELOOP:
-            raise UsageError(f"{path} is a symbolic link: fleetrun does not follow it; put a file "
-                             "there, or use another directory", file=str(path)) from None
+            raise UsageError(
+                f"{path} is a symbolic link: fleetrun does not follow it; put a file there, or use another directory",
+                file=str(path),
+            ) from None
         raise UsageError(f"cannot read it: {e.strerror}", file=str(path)) from None
     try:
         st = os.fstat(fd)
@@ -283,8 +286,7 @@ def _read(folder_fd: int, name: str, path: Path) -> tuple[Optional[str], Optiona
     try:
         return b"".join(chunks).decode("utf-8"), stat.S_IMODE(st.st_mode)
     except UnicodeDecodeError:
-        raise UsageError("is not JSON (not UTF-8): fix or remove it, then install again",
-                         file=str(path)) from None
+        raise UsageError("is not JSON (not UTF-8): fix or remove it, then install again", file=str(path)) from None
 
 
 def _pairs(pairs: list[tuple[str, Any]]) -> dict[str, Any]:
@@ -302,6 +304,7 @@ def _constant(name: str) -> Any:
 
 def _parse(text: str, path: Path) -> dict[str, Any]:
     """The file's object, its hooks and permissions checked for the shape merging needs."""
+
     def refuse(what: str) -> UsageError:
         return UsageError(f"{what}: fix or remove it, then install again", file=str(path))
 
@@ -415,7 +418,7 @@ def _write(folder_fd: int, name: str, raw: bytes, mode: Optional[int]) -> None:
             os.fchmod(fd, 0o600 if mode is None else mode)
             view = memoryview(raw)
             while view:
-                view = view[os.write(fd, view):]
+                view = view[os.write(fd, view) :]
             os.fsync(fd)
         finally:
             os.close(fd)

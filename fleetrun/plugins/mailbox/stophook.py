@@ -62,8 +62,13 @@ def hook_command(default: str) -> str:
         cmd = psutil.Process(os.getppid()).cmdline()
     except (psutil.Error, OSError):
         return default
-    if len(cmd) == 3 and os.path.basename(cmd[0]) in ("sh", "bash", "dash", "zsh") and cmd[1] == "-c" \
-            and cmd[2].rstrip().endswith(HOOK_WORDS) and "\n" not in cmd[2]:
+    if (
+        len(cmd) == 3
+        and os.path.basename(cmd[0]) in ("sh", "bash", "dash", "zsh")
+        and cmd[1] == "-c"
+        and cmd[2].rstrip().endswith(HOOK_WORDS)
+        and "\n" not in cmd[2]
+    ):
         return cmd[2].rstrip()[: -len(HOOK_WORDS)].strip() or default
     return default
 

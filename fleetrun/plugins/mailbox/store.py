@@ -172,8 +172,10 @@ def check_name(name: str) -> str:
     if name.lower() in RESERVED:
         raise StoreError(f"{name!r} is reserved (supervisor and operator name fleetrun's own sides)")
     if not NAME_RE.match(name):
-        raise StoreError(f"{name!r} is not a role name: letters, digits, '.', '_' and '-', "
-                         "starting with a letter or digit, at most 64")
+        raise StoreError(
+            f"{name!r} is not a role name: letters, digits, '.', '_' and '-', "
+            "starting with a letter or digit, at most 64"
+        )
     return name
 
 
@@ -184,7 +186,7 @@ def check_dir(path: str) -> str:
     """
     from ...textutil import safe_text
 
-    if any(ord(c) < 0x20 or 0x7f <= ord(c) < 0xa0 for c in path):
+    if any(ord(c) < 0x20 or 0x7F <= ord(c) < 0xA0 for c in path):
         raise StoreError(f"{safe_text(path)!r} has control characters in it")
     real = os.path.realpath(os.path.abspath(os.path.expanduser(path)))
     if not os.path.isdir(real):
@@ -204,8 +206,9 @@ def clean_text(text: str, cap: int) -> str:
 
 
 def _role(row: sqlite3.Row) -> Role:
-    return Role(name=row["name"], dir=row["dir"], pid=row["pid"], pid_started=row["pid_started"],
-                bound_at=row["bound_at"])
+    return Role(
+        name=row["name"], dir=row["dir"], pid=row["pid"], pid_started=row["pid_started"], bound_at=row["bound_at"]
+    )
 
 
 def roles(conn: sqlite3.Connection) -> list[Role]:
@@ -213,18 +216,21 @@ def roles(conn: sqlite3.Connection) -> list[Role]:
     return [_role(r) for r in _rows(conn, "SELECT * FROM mailbox_roles ORDER BY name_key")]
 
 
-def bind(conn: sqlite3.Connection, name: str, directory: str, pid: Optional[int] = None,
-         pid_started: Optional[float] = None) -> Role:
+def bind(
+    conn: sqlite3.Connection, name: str, directory: str, pid: Optional[int] = None, pid_started: Optional[float] = None
+) -> Role:
     """Bind (or bind again) ``name`` to ``directory`` and optionally a process; one
     transaction. The name and folder are checked here (:func:`check_name`, :func:`check_dir`)."""
     check_name(name)
     real = check_dir(directory)
     now = time.time()
     with tx(conn) as cur:
-        cur.execute("INSERT INTO mailbox_roles (name_key, name, dir, pid, pid_started, bound_at) VALUES (?,?,?,?,?,?) "
-                    "ON CONFLICT(name_key) DO UPDATE SET name=excluded.name, dir=excluded.dir, pid=excluded.pid, "
-                    "pid_started=excluded.pid_started, bound_at=excluded.bound_at",
-                    (name.lower(), name, real, pid, pid_started, now))
+        cur.execute(
+            "INSERT INTO mailbox_roles (name_key, name, dir, pid, pid_started, bound_at) VALUES (?,?,?,?,?,?) "
+            "ON CONFLICT(name_key) DO UPDATE SET name=excluded.name, dir=excluded.dir, pid=excluded.pid, "
+            "pid_started=excluded.pid_started, bound_at=excluded.bound_at",
+            (name.lower(), name, real, pid, pid_started, now),
+        )
     return Role(name, real, pid, pid_started, now)
 
 
@@ -242,10 +248,15 @@ def note_edit(conn: sqlite3.Connection, role: str, pid: Optional[int], path: str
     :data:`EDITS_KEPT` of a role are kept."""
     key = role.lower()
     with tx(conn) as cur:
-        cur.execute("INSERT INTO mailbox_role_edits (role_key, pid, path, at) VALUES (?,?,?,?)",
-                    (key, pid, os.path.realpath(path), time.time() if at is None else at))
-        cur.execute("DELETE FROM mailbox_role_edits WHERE role_key=? AND id NOT IN (SELECT id FROM "
-                    "mailbox_role_edits WHERE role_key=? ORDER BY id DESC LIMIT ?)", (key, key, EDITS_KEPT))
+        cur.execute(
+            "INSERT INTO mailbox_role_edits (role_key, pid, path, at) VALUES (?,?,?,?)",
+            (key, pid, os.path.realpath(path), time.time() if at is None else at),
+        )
+        cur.execute(
+            "DELETE FROM mailbox_role_edits WHERE role_key=? AND id NOT IN (SELECT id FROM "
+            "mailbox_role_edits WHERE role_key=? ORDER BY id DESC LIMIT ?)",
+            (key, key, EDITS_KEPT),
+        )
 
 
 def edits(conn: sqlite3.Connection) -> dict[str, list[str]]:
@@ -265,14 +276,17 @@ def _message(row: sqlite3.Row) -> Message:
     return Message(**d)
 
 
-def deliver(cur: sqlite3.Cursor, role: str, task_id: str, attempt_id: str, body: str, why: str,
-            now: float, priority: int = 0) -> int:
+def deliver(
+    cur: sqlite3.Cursor, role: str, task_id: str, attempt_id: str, body: str, why: str, now: float, priority: int = 0
+) -> int:
     """Insert a message, inside the caller's transaction (:func:`tx`), so the delivery and
     what the caller records with it are one. :return: its id. Delivering one attempt
     twice is refused by the table (``attempt_id`` is unique)."""
-    cur.execute("INSERT INTO mailbox_messages (role, role_key, task_id, attempt_id, priority, body, why, state, "
-                "created) VALUES (?,?,?,?,?,?,?,?,?)",
-                (role, role.lower(), task_id, attempt_id, priority, clean_text(body, BODY_CAP), why, "pending", now))
+    cur.execute(
+        "INSERT INTO mailbox_messages (role, role_key, task_id, attempt_id, priority, body, why, state, "
+        "created) VALUES (?,?,?,?,?,?,?,?,?)",
+        (role, role.lower(), task_id, attempt_id, priority, clean_text(body, BODY_CAP), why, "pending", now),
+    )
     return int(cur.lastrowid or 0)
 
 
@@ -289,8 +303,9 @@ def message_of_task(conn: sqlite3.Connection, task_id: str) -> Optional[Message]
 
 def newest_by_task(conn: sqlite3.Connection) -> dict[str, Message]:
     """Every task's newest message, by task id (one read, for ``status``)."""
-    rows = _rows(conn, "SELECT * FROM mailbox_messages WHERE id IN "
-                       "(SELECT max(id) FROM mailbox_messages GROUP BY task_id)")
+    rows = _rows(
+        conn, "SELECT * FROM mailbox_messages WHERE id IN (SELECT max(id) FROM mailbox_messages GROUP BY task_id)"
+    )
     return {r["task_id"]: _message(r) for r in rows}
 
 
@@ -312,20 +327,36 @@ def any_pending(conn: sqlite3.Connection) -> bool:
 def claim(conn: sqlite3.Connection, message_id: int, pid: Optional[int], now: float) -> bool:
     """Claim a pending message (compare-and-set). :return: False when another got it first."""
     with tx(conn) as cur:
-        cur.execute("UPDATE mailbox_messages SET state='claimed', claimed=?, claimed_by_pid=? WHERE id=? "
-                    "AND state='pending'", (now, pid, message_id))
+        cur.execute(
+            "UPDATE mailbox_messages SET state='claimed', claimed=?, claimed_by_pid=? WHERE id=? AND state='pending'",
+            (now, pid, message_id),
+        )
         return cur.rowcount == 1
 
 
-def finish(conn: sqlite3.Connection, message_id: int, state: str, now: float, summary: Optional[str] = None,
-           reason: Optional[str] = None, expect: tuple[str, ...] = ("pending", "claimed")) -> bool:
+def finish(
+    conn: sqlite3.Connection,
+    message_id: int,
+    state: str,
+    now: float,
+    summary: Optional[str] = None,
+    reason: Optional[str] = None,
+    expect: tuple[str, ...] = ("pending", "claimed"),
+) -> bool:
     """End a message: ``done`` (with a summary), ``failed`` (with a reason) or
     ``withdrawn``; only from one of ``expect``. :return: whether it moved."""
     assert state in ("done", "failed", "withdrawn")
     marks = ",".join("?" * len(expect))
     with tx(conn) as cur:
-        cur.execute(f"UPDATE mailbox_messages SET state=?, ended=?, summary=?, reason=? WHERE id=? "
-                    f"AND state IN ({marks})",
-                    (state, now, clean_text(summary, REPORT_CAP) if summary is not None else None,
-                     clean_text(reason, REPORT_CAP) if reason is not None else None, message_id, *expect))
+        cur.execute(
+            f"UPDATE mailbox_messages SET state=?, ended=?, summary=?, reason=? WHERE id=? AND state IN ({marks})",
+            (
+                state,
+                now,
+                clean_text(summary, REPORT_CAP) if summary is not None else None,
+                clean_text(reason, REPORT_CAP) if reason is not None else None,
+                message_id,
+                *expect,
+            ),
+        )
         return cur.rowcount == 1

@@ -60,12 +60,30 @@ def fleetrun_config_keys(config: Config) -> list[Any]:
         check = check_urls
     return [
         ConfigKey("notify", "", doc="notifications through apprise (docs/notify.md)"),
-        ConfigKey("notify", "urls", (list,), items=str, check=check, machine=True,
-                  doc="apprise URLs to notify (they often carry tokens: config.toml only)"),
-        ConfigKey("notify", "events", (list,), items=str, check=_check_events,
-                  doc="which of needs_human, run_end, paused to send (default: all three)"),
-        ConfigKey("notify", "min_interval", (int, float), check=_check_min_interval,
-                  doc="seconds a batch of events is held: one message per window (default 60)"),
+        ConfigKey(
+            "notify",
+            "urls",
+            (list,),
+            items=str,
+            check=check,
+            machine=True,
+            doc="apprise URLs to notify (they often carry tokens: config.toml only)",
+        ),
+        ConfigKey(
+            "notify",
+            "events",
+            (list,),
+            items=str,
+            check=_check_events,
+            doc="which of needs_human, run_end, paused to send (default: all three)",
+        ),
+        ConfigKey(
+            "notify",
+            "min_interval",
+            (int, float),
+            check=_check_min_interval,
+            doc="seconds a batch of events is held: one message per window (default 60)",
+        ),
     ]
 
 

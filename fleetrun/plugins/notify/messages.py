@@ -127,7 +127,9 @@ def batch_message(items: list[Item], machine: str, home_opt: str) -> Message:
     elif humans:
         parts.append(f"{len(humans)} tasks need a human")
     if len(pauses) == 1:
-        parts.append(f"{safe_name(pauses[0].host)} paused until {time.strftime('%H:%M', time.localtime(pauses[0].until))}")
+        parts.append(
+            f"{safe_name(pauses[0].host)} paused until {time.strftime('%H:%M', time.localtime(pauses[0].until))}"
+        )
     elif pauses:
         parts.append(f"{len(pauses)} hosts paused")
     lines = []
@@ -138,8 +140,10 @@ def batch_message(items: list[Item], machine: str, home_opt: str) -> Message:
     if len(humans) > MAX_LISTED:
         lines.append(f"- and {len(humans) - MAX_LISTED} more")
     for p in pauses:
-        lines.append(f"- {safe_name(p.host)} is paused until {until_text(p.until)}; nothing starts there "
-                     f"before then: {_cause(p.reason)}")
+        lines.append(
+            f"- {safe_name(p.host)} is paused until {until_text(p.until)}; nothing starts there "
+            f"before then: {_cause(p.reason)}"
+        )
     lines.append(f"Every task: fleetrun status{home_opt}")
     return Message(f"fleetrun on {machine}: {', '.join(parts)}", "\n".join(lines), "warning")
 
@@ -153,8 +157,16 @@ def duration_text(s: float) -> str:
     return f"{s // 3600}h{(s % 3600) // 60:02d}m"
 
 
-def run_end_message(counts: dict[str, int], exitstatus: int, duration_s: float, cost_usd: float,
-                    cost_unknown: bool, files: list[str], machine: str, home_opt: str) -> Message:
+def run_end_message(
+    counts: dict[str, int],
+    exitstatus: int,
+    duration_s: float,
+    cost_usd: float,
+    cost_unknown: bool,
+    files: list[str],
+    machine: str,
+    home_opt: str,
+) -> Message:
     """The message of a run's end: the summary line's counts, the exit status and what it
     means, the duration and the cost, the tasks files.
 
@@ -162,9 +174,11 @@ def run_end_message(counts: dict[str, int], exitstatus: int, duration_s: float, 
     :param cost_unknown: a session never reported its cost (the cost is a floor).
     """
     summary = ", ".join(f"{n} {state.lower()}" for state, n in counts.items() if n) or "no tasks"
-    lines = [f"Exit status: {exitstatus} ({EXIT_WORDS.get(exitstatus, 'unknown')})",
-             f"Duration: {duration_text(duration_s)}",
-             f"Cost: ${cost_usd:.2f}" + ("+ (a session did not report its cost)" if cost_unknown else "")]
+    lines = [
+        f"Exit status: {exitstatus} ({EXIT_WORDS.get(exitstatus, 'unknown')})",
+        f"Duration: {duration_text(duration_s)}",
+        f"Cost: ${cost_usd:.2f}" + ("+ (a session did not report its cost)" if cost_unknown else ""),
+    ]
     if files:
         lines.append(f"Tasks file{'s' if len(files) > 1 else ''}: {', '.join(safe_text(f) for f in files)}")
     lines.append(f"Every task: fleetrun status{home_opt}")

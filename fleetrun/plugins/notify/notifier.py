@@ -55,8 +55,9 @@ class Notifier:
     # -- hooks -----------------------------------------------------------------------------
 
     @hookimpl(trylast=True)
-    def fleetrun_transition(self, task: Any, from_state: str, to_state: str, cause: str, attempt: Any,
-                            config: Config) -> None:
+    def fleetrun_transition(
+        self, task: Any, from_state: str, to_state: str, cause: str, attempt: Any, config: Config
+    ) -> None:
         if to_state == "NEEDS_HUMAN" and "needs_human" in self.events:
             self.hold(NeedsHuman(task.id, task.name, cause, attempt))
 
@@ -72,9 +73,18 @@ class Notifier:
         self.flush(force=True)
         if "run_end" in self.events:
             files = [self._display(f) for f in (getattr(self.config.option, "files", None) or [])]
-            self.send(run_end_message(session.counts, exitstatus, time.time() - session.started,
-                                      session.cost_usd, bool(getattr(session, "cost_unknown", False)), files,
-                                      self.machine, self.home_opt))
+            self.send(
+                run_end_message(
+                    session.counts,
+                    exitstatus,
+                    time.time() - session.started,
+                    session.cost_usd,
+                    bool(getattr(session, "cost_unknown", False)),
+                    files,
+                    self.machine,
+                    self.home_opt,
+                )
+            )
         self.account(self.sender.close(END_WAIT_S))
         session.final_notes.extend(self.notes())
 
@@ -109,8 +119,10 @@ class Notifier:
                 self.failed[url] = (n + 1, reason)
                 if not self.warned:
                     self.warned = True
-                    self.warn(f"warning: notify: could not send to {url}: {reason} (the run goes on; "
-                              "its end says how many were not sent)")
+                    self.warn(
+                        f"warning: notify: could not send to {url}: {reason} (the run goes on; "
+                        "its end says how many were not sent)"
+                    )
 
     def warn(self, line: str) -> None:
         line = safe_text(line)
@@ -129,11 +141,15 @@ class Notifier:
         total = self.handed - self.sender.dropped
         out = []
         for url, (n, reason) in self.failed.items():
-            out.append(f"notify: {n} of {total} notification{'s' if total != 1 else ''} "
-                       f"{'was' if n == 1 else 'were'} not sent to {url} (last: {reason})")
+            out.append(
+                f"notify: {n} of {total} notification{'s' if total != 1 else ''} "
+                f"{'was' if n == 1 else 'were'} not sent to {url} (last: {reason})"
+            )
         if self.sender.pending:
-            out.append(f"notify: {self.sender.pending} notification(s) not sent within {END_WAIT_S:g}s "
-                       "of the run's end were given up")
+            out.append(
+                f"notify: {self.sender.pending} notification(s) not sent within {END_WAIT_S:g}s "
+                "of the run's end were given up"
+            )
         if self.sender.dropped:
             out.append(f"notify: {self.sender.dropped} notification(s) dropped: the endpoints did not keep up")
         return [safe_text(line) for line in out]

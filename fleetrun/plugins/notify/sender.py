@@ -68,8 +68,10 @@ def check_urls(urls: list[str]) -> Optional[str]:
     bad = [f"item {n} ({_shown(u)})" for n, u in enumerate(urls, 1) if not u.strip() or _parse(apprise, u) is None]
     if not bad:
         return None
-    return (f"{', '.join(bad)} {'is' if len(bad) == 1 else 'are'} not a URL apprise can send to (its services "
-            "and their URLs: https://github.com/caronc/apprise/wiki)")
+    return (
+        f"{', '.join(bad)} {'is' if len(bad) == 1 else 'are'} not a URL apprise can send to (its services "
+        "and their URLs: https://github.com/caronc/apprise/wiki)"
+    )
 
 
 def display_url(server: Any) -> str:
@@ -154,9 +156,12 @@ class Sender:
         apprise = self.apprise
         try:
             with apprise.LogCapture(level=logging.WARNING, fmt="%(message)s") as logs:
-                ok = service.notify(body=message.body, title=message.title,
-                                    notify_type=getattr(apprise.NotifyType, message.kind.upper()),
-                                    body_format=apprise.NotifyFormat.TEXT)
+                ok = service.notify(
+                    body=message.body,
+                    title=message.title,
+                    notify_type=getattr(apprise.NotifyType, message.kind.upper()),
+                    body_format=apprise.NotifyFormat.TEXT,
+                )
             said = [ln for ln in logs.getvalue().splitlines() if ln.strip()]
         except Exception as e:  # a service's own bug is a failed notification, never the loop's
             return display_url(service), f"{type(e).__name__}: {e}"

@@ -91,8 +91,12 @@ def fleetrun_config_keys(config: Config) -> list[Any]:
         ConfigKey("relay", "tags", (list,), items=str, doc="this machine's tags, for requires"),
         ConfigKey("relay", "tools", (list,), items=str, doc="more tools to probe"),
         ConfigKey("relay", "heartbeat_secs", (int, float), check=_positive, doc="seconds between heartbeats"),
-        ConfigKey("relay", "fetch_back", (bool,),
-                  doc="fetch each DONE peer task's branch into this machine's repository (default true)"),
+        ConfigKey(
+            "relay",
+            "fetch_back",
+            (bool,),
+            doc="fetch each DONE peer task's branch into this machine's repository (default true)",
+        ),
     ]
 
 
@@ -155,16 +159,27 @@ def fleetrun_verbs(pluginmanager: Any) -> list[Any]:
     from ...verbs import VerbDecl
 
     return [
-        VerbDecl(name="relay", help="peers over SSH: relay add NAME user@host, relay peers, relay remove NAME",
-                 run=_run_relay, reads_config=True,
-                 add_arguments=_rest_arguments("add|peers|remove ...", "'fleetrun relay help' lists them; "
-                                               "'fleetrun relay add --help' describes one")),
-        VerbDecl(name="host", help="the peer side of the relay: fleetrun host VERB --json (run by a supervisor "
-                                   "over SSH)",
-                 run=_run_host, reads_config=False,
-                 add_arguments=_rest_arguments("VERB --json ...", "probe, prepare, start, status, log, stop, "
-                                               "collect, cleanup, verify-start, verify-status, verify-stop, "
-                                               "bundle (docs/peers.md)")),
+        VerbDecl(
+            name="relay",
+            help="peers over SSH: relay add NAME user@host, relay peers, relay remove NAME",
+            run=_run_relay,
+            reads_config=True,
+            add_arguments=_rest_arguments(
+                "add|peers|remove ...", "'fleetrun relay help' lists them; 'fleetrun relay add --help' describes one"
+            ),
+        ),
+        VerbDecl(
+            name="host",
+            help="the peer side of the relay: fleetrun host VERB --json (run by a supervisor over SSH)",
+            run=_run_host,
+            reads_config=False,
+            add_arguments=_rest_arguments(
+                "VERB --json ...",
+                "probe, prepare, start, status, log, stop, "
+                "collect, cleanup, verify-start, verify-status, verify-stop, "
+                "bundle (docs/peers.md)",
+            ),
+        ),
     ]
 
 
@@ -180,6 +195,8 @@ def fleetrun_status_reason(task: Any, config: Config) -> Optional[str]:
         cached = config.stash[_STATUS_STATE] = load_state(config.home)
     e = cached.get(task.host or "")
     if isinstance(e, dict) and e.get("error") and (e.get("error_at") or 0) >= (e.get("last_heard") or 0):
-        return (f"{task.host} has not answered for {ago(e.get('last_heard'), time.time())}; the attempt may "
-                "still run there, so the task waits (fleetrun cancel to give up)")
+        return (
+            f"{task.host} has not answered for {ago(e.get('last_heard'), time.time())}; the attempt may "
+            "still run there, so the task waits (fleetrun cancel to give up)"
+        )
     return None

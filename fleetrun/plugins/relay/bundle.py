@@ -72,7 +72,7 @@ class BundleSink:
         except (ValueError, RecursionError) as e:  # Malformed is a ValueError
             raise PeerError(f"`host bundle` printed a broken header: {e}", 0) from None
         self.header = header
-        rest = bytes(self.prefix[j + 1:])
+        rest = bytes(self.prefix[j + 1 :])
         del self.prefix[i:]
         if rest:
             self._write(rest)
@@ -109,13 +109,21 @@ def local_haves(repo: str, git_ref: Optional[str], branch: str, peer: str) -> li
     """Commits this repository has that the peer's branch may build on: ``git_ref``,
     ``HEAD``, and what an earlier fetch of the branch left (the peer sends only what
     is not below those it has too)."""
-    out = git(repo, "for-each-ref", "--format=%(objectname)", f"refs/heads/{branch}",
-              f"refs/heads/{branch}-from-{peer}", f"refs/heads/{branch}-from-{peer}-*", check=False)
+    out = git(
+        repo,
+        "for-each-ref",
+        "--format=%(objectname)",
+        f"refs/heads/{branch}",
+        f"refs/heads/{branch}-from-{peer}",
+        f"refs/heads/{branch}-from-{peer}-*",
+        check=False,
+    )
     found = out.split()
     for ref in (git_ref, "HEAD"):
         if ref:
-            sha = git(repo, "rev-parse", "--verify", "--quiet", "--end-of-options", f"{ref}^{{commit}}",
-                      check=False).strip()
+            sha = git(
+                repo, "rev-parse", "--verify", "--quiet", "--end-of-options", f"{ref}^{{commit}}", check=False
+            ).strip()
             if sha:
                 found.append(sha)
     return [h for h in dict.fromkeys(found) if len(h) in (40, 64)][:32]
@@ -137,9 +145,9 @@ def _checked_out(repo: str) -> dict[str, str]:
     path = ""
     for line in git(repo, "worktree", "list", "--porcelain").splitlines():
         if line.startswith("worktree "):
-            path = line[len("worktree "):]
+            path = line[len("worktree ") :]
         elif line.startswith("branch "):
-            out[line[len("branch "):]] = path
+            out[line[len("branch ") :]] = path
     return out
 
 
@@ -164,8 +172,11 @@ def adopt_branch(repo: str, name: str, tip: str, peer: str) -> tuple[str, str, b
             git(repo, "update-ref", "-m", f"fleetrun: fetched from {peer}", ref, tip, cur)
             return cand, why, True
         if not why:
-            why = (f"this machine's {cand} is checked out in {checked[ref]}" if behind
-                   else f"this machine's {cand} has diverged from {peer}'s")
+            why = (
+                f"this machine's {cand} is checked out in {checked[ref]}"
+                if behind
+                else f"this machine's {cand} has diverged from {peer}'s"
+            )
     raise FetchError(f"{why}, and so have {name}-from-{peer} and -from-{peer}-2 to -{MAX_NAME_TRIES - 1}")
 
 
@@ -193,13 +204,17 @@ def fetch_note(rec: dict[str, Any]) -> str:
     """The ledger note of a fetch-back."""
     tip = rec["commit"][:12]
     if not rec["moved"] and not rec["bytes"]:
-        text = (f"branch {rec['peer_branch']} of {rec['peer']} (commit {tip}) was already in {rec['repo']} "
-                f"as {rec['branch']}; nothing to fetch")
+        text = (
+            f"branch {rec['peer_branch']} of {rec['peer']} (commit {tip}) was already in {rec['repo']} "
+            f"as {rec['branch']}; nothing to fetch"
+        )
     else:
         size = f"{rec['bytes'] / 1024:.1f} KiB" if rec["bytes"] else "its commits were already here"
-        text = (f"fetched branch {rec['peer_branch']} from {rec['peer']} into {rec['repo']}"
-                + (f" as {rec['branch']}" if rec["branch"] != rec["peer_branch"] else "")
-                + f": commit {tip} ({size}, {rec['seconds']:.2f}s)")
+        text = (
+            f"fetched branch {rec['peer_branch']} from {rec['peer']} into {rec['repo']}"
+            + (f" as {rec['branch']}" if rec["branch"] != rec["peer_branch"] else "")
+            + f": commit {tip} ({size}, {rec['seconds']:.2f}s)"
+        )
     if rec["renamed"]:
         text += f"; not as {rec['peer_branch']}: {rec['renamed']}, which is left as it is"
     return text
@@ -208,8 +223,9 @@ def fetch_note(rec: dict[str, Any]) -> str:
 BUNDLE_IDLE_S = 120.0  # git may think a while before the first byte of a big pack
 
 
-def fetch_bundle(host: Any, repo: str, branch: str, git_ref: Optional[str], have: list[str], dest: Path,
-                 timeout: float) -> dict[str, Any]:
+def fetch_bundle(
+    host: Any, repo: str, branch: str, git_ref: Optional[str], have: list[str], dest: Path, timeout: float
+) -> dict[str, Any]:
     """Have the peer send ``branch`` of its ``repo`` as a git bundle, over the open
     transport of ``host`` (an :class:`~.host.SSHHost`; ``fleetrun host bundle``): only what is not below ``have`` (commits
     this machine has). The bundle goes to ``dest`` (0600), if one was needed.
@@ -224,8 +240,9 @@ def fetch_bundle(host: Any, repo: str, branch: str, git_ref: Optional[str], have
     payload = json.dumps({"repo": repo, "branch": branch, "git_ref": git_ref, "have": have}).encode()
     sink = BundleSink(dest)
     try:
-        code, err = stream_command(t, remote_command(host.peer.command, "bundle", []), payload, sink.feed,
-                                   timeout, idle_timeout=BUNDLE_IDLE_S)
+        code, err = stream_command(
+            t, remote_command(host.peer.command, "bundle", []), payload, sink.feed, timeout, idle_timeout=BUNDLE_IDLE_S
+        )
     except PeerUnreachable as e:
         host.drop()
         host.last_error = str(e)
@@ -239,8 +256,12 @@ def fetch_bundle(host: Any, repo: str, branch: str, git_ref: Optional[str], have
             lines = (err or bytes(sink.prefix)).decode("utf-8", "replace").strip().splitlines()
             detail = lines[-1] if lines else f"no reply (exit {code})"
         if code in (2, 4) or detail.startswith("usage:"):
-            raise PeerError("its fleetrun is too old to send branches back (it has no `fleetrun host "
-                            "bundle`): upgrade fleetrun there", code, reply)
+            raise PeerError(
+                "its fleetrun is too old to send branches back (it has no `fleetrun host "
+                "bundle`): upgrade fleetrun there",
+                code,
+                reply,
+            )
         raise PeerError(detail, code, reply)
     if code != 0:
         tail = err.decode("utf-8", "replace").strip().splitlines()
@@ -248,5 +269,3 @@ def fetch_bundle(host: Any, repo: str, branch: str, git_ref: Optional[str], have
     if sink.header.get("bundle") and not sink.size:
         raise PeerError("the peer sent an empty bundle", code)
     return dict(sink.header, bytes=sink.size)
-
-

@@ -56,10 +56,16 @@ def main(config: Config, rest: list[str], out: TextIO, err: TextIO) -> int:
     a.add_argument("name", metavar="NAME")
     a.add_argument("address", metavar="[user@]host[:port]", help="a Host alias of ~/.ssh/config works too")
     a.add_argument("--key", metavar="PATH", help="a private key to offer first")
-    a.add_argument("--accept-new", action="store_true",
-                   help="trust an unknown host key once and record it in fleetrun's known_hosts")
-    a.add_argument("--command", metavar="CMD",
-                   help="how to run fleetrun there (default: fleetrun), e.g. '/opt/venv/bin/python -m fleetrun'")
+    a.add_argument(
+        "--accept-new",
+        action="store_true",
+        help="trust an unknown host key once and record it in fleetrun's known_hosts",
+    )
+    a.add_argument(
+        "--command",
+        metavar="CMD",
+        help="how to run fleetrun there (default: fleetrun), e.g. '/opt/venv/bin/python -m fleetrun'",
+    )
     p = sub.add_parser("peers", help="every peer: status, last heard, versions, headroom")
     p.add_argument("--json", action="store_true", help="print JSON")
     p.add_argument("--cached", action="store_true", help="do not probe; show what was last heard")
@@ -85,11 +91,21 @@ def main(config: Config, rest: list[str], out: TextIO, err: TextIO) -> int:
 def describe_versions(probe: dict[str, Any]) -> str:
     """``fleetrun 0.1.0 · claude 2.1.0, git 2.43.0, python 3.11.7 (linux/x86_64)``."""
     tools = probe.get("tools") or {}
-    shown = [f"{label} {tools[key]}" for key, label in
-             (("claude", "claude"), ("git", "git"), ("python3", "python"), ("node", "node"), ("cargo", "cargo"))
-             if tools.get(key)]
-    return (f"fleetrun {probe.get('fleetrun', '?')} · {', '.join(shown) or 'no tools found'} "
-            f"({probe.get('os', '?')}/{probe.get('arch', '?')})")
+    shown = [
+        f"{label} {tools[key]}"
+        for key, label in (
+            ("claude", "claude"),
+            ("git", "git"),
+            ("python3", "python"),
+            ("node", "node"),
+            ("cargo", "cargo"),
+        )
+        if tools.get(key)
+    ]
+    return (
+        f"fleetrun {probe.get('fleetrun', '?')} · {', '.join(shown) or 'no tools found'} "
+        f"({probe.get('os', '?')}/{probe.get('arch', '?')})"
+    )
 
 
 def _num(v: Any, fmt: str) -> str:
@@ -99,9 +115,11 @@ def _num(v: Any, fmt: str) -> str:
 def describe_headroom(probe: dict[str, Any], heard: Optional[float], now: float) -> str:
     from ...textutil import ago
 
-    return (f"{_num(probe.get('free_mem_mb'), '.0f')} MB free · load {_num(probe.get('load_per_core'), '.2f')}/core · "
-            f"{_num(probe.get('free_disk_mb'), '.0f')} MB disk · {int(probe.get('running') or 0)} running"
-            f" ({ago(heard, now)} ago)")
+    return (
+        f"{_num(probe.get('free_mem_mb'), '.0f')} MB free · load {_num(probe.get('load_per_core'), '.2f')}/core · "
+        f"{_num(probe.get('free_disk_mb'), '.0f')} MB disk · {int(probe.get('running') or 0)} running"
+        f" ({ago(heard, now)} ago)"
+    )
 
 
 # ---------------------------------------------------------------------------------
@@ -152,12 +170,13 @@ def cmd_add(config: Config, ns: argparse.Namespace, out: TextIO, err: TextIO) ->
     record_probe(home, name, probe, error=problem)
     verb = "updated" if old else "added"
     if probe is not None:
-        features = ', '.join(str(f) for f in probe.get('features') or []) or 'none'
+        features = ", ".join(str(f) for f in probe.get("features") or []) or "none"
         print(safe_text(f"{name}: {describe_versions(probe)}; features: {features}"), file=out)
         problem = unusable_reason(probe)
     if problem:
-        print(safe_text(f"{verb} peer {name} ({ns.address}) in {path}, but it gets no tasks: {name} {problem}"),
-              file=err)
+        print(
+            safe_text(f"{verb} peer {name} ({ns.address}) in {path}, but it gets no tasks: {name} {problem}"), file=err
+        )
         return NOT_PAIRED
     print(safe_text(f"{verb} peer {name} ({ns.address}) in {path}"), file=out)
     return ExitCode.OK
@@ -212,14 +231,22 @@ def peer_rows(config: Config, peers: dict[str, Peer], now: float) -> list[dict[s
         why = malformed or (unusable_reason(probe) if probe else None)
         if why is None and entry.get("error") and (entry.get("error_at") or 0) >= (entry.get("last_heard") or 0):
             why = f"did not answer the last probe: {entry['error']}" if probe else entry["error"]
-        rows.append({
-            "name": name, "status": status, "last_heard": entry.get("last_heard"),
-            "address": peers[name].address, "command": peers[name].command, "probe": probe,
-            "error": entry.get("error"), "error_at": entry.get("error_at"),
-            "gets_tasks": status == "live" and why is None, "why_not": why,
-            "pending_stops": sorted((entry.get("pending_stops") or {}).keys()),
-            "violations": entry.get("violations") or {"counts": {}, "last": None, "last_at": None},
-        })
+        rows.append(
+            {
+                "name": name,
+                "status": status,
+                "last_heard": entry.get("last_heard"),
+                "address": peers[name].address,
+                "command": peers[name].command,
+                "probe": probe,
+                "error": entry.get("error"),
+                "error_at": entry.get("error_at"),
+                "gets_tasks": status == "live" and why is None,
+                "why_not": why,
+                "pending_stops": sorted((entry.get("pending_stops") or {}).keys()),
+                "violations": entry.get("violations") or {"counts": {}, "last": None, "last_at": None},
+            }
+        )
     return rows
 
 
@@ -243,8 +270,10 @@ def cmd_peers(config: Config, ns: argparse.Namespace, out: TextIO, err: TextIO) 
     for r in rows:
         heard = f"{ago(r['last_heard'], now)} ago" if r["last_heard"] else "never"
         # a peer's replies are untrusted: what they hold is shown, not sent to the terminal
-        print(f"{safe_text(r['name']):<{width}} {safe_text(r['status']):<7} {heard:<17} {safe_text(r['address'])}",
-              file=out)
+        print(
+            f"{safe_text(r['name']):<{width}} {safe_text(r['status']):<7} {heard:<17} {safe_text(r['address'])}",
+            file=out,
+        )
         if r["probe"]:
             print(f"  └ {safe_text(describe_versions(r['probe']))}", file=out)
             print(f"  └ {safe_text(describe_headroom(r['probe'], r['last_heard'], now))}", file=out)

@@ -21,8 +21,16 @@ class PeerCollect:
     worker: polled by the loop on its thread, where the reply is checked and the branch
     fetched back (:meth:`.supervisor.Relay.collected`)."""
 
-    def __init__(self, relay: Any, task: Any, attempt: Any, workspace: Any, host: SSHHost, sent: Pending,
-                 verify: Optional[tuple[Any, int]]) -> None:
+    def __init__(
+        self,
+        relay: Any,
+        task: Any,
+        attempt: Any,
+        workspace: Any,
+        host: SSHHost,
+        sent: Pending,
+        verify: Optional[tuple[Any, int]],
+    ) -> None:
         self.relay, self.task, self.attempt, self.workspace, self.host = relay, task, attempt, workspace, host
         self.sent = sent
         self.key = (attempt.id, verify[1]) if verify is not None and sent.follower is not None else None
@@ -41,8 +49,9 @@ class PeerCollect:
                 try:
                     p.wait(0)  # given up on: the worker's reader forgets the request
                 except PeerUnreachable:
-                    raise PeerUnreachable(f"no reply from the worker within {COLLECT_TIMEOUT_S:g}s",
-                                          delivered=True) from None
+                    raise PeerUnreachable(
+                        f"no reply from the worker within {COLLECT_TIMEOUT_S:g}s", delivered=True
+                    ) from None
             commit = self.host.collected(p, self.key, 0)
         except (PeerUnreachable, PeerError) as e:
             self.answer = self.relay._not_collected(self.task, self.host, e)

@@ -77,8 +77,9 @@ class Heartbeat(threading.Thread):
             latency = w.rtt if w is not None else None
         else:
             try:
-                probe = self.host.probe(timeout=max(5.0, min(15.0, 2 * self.interval)), may_connect=True,
-                                        beat_secs=self.interval)
+                probe = self.host.probe(
+                    timeout=max(5.0, min(15.0, 2 * self.interval)), may_connect=True, beat_secs=self.interval
+                )
             except (PeerUnreachable, PeerError) as e:
                 if not self._halt.is_set():
                     self.entry = record_probe(self.home, self.host.name, None, error=probe_error(e))
@@ -87,8 +88,12 @@ class Heartbeat(threading.Thread):
             latency = None
         for attempt_id, s in (checked_entry(self.entry)[0].get("pending_stops") or {}).items():
             try:  # `cancel` could not reach it: stop the attempt now
-                args = ["--attempt", attempt_id, *(["--pid", str(s["pid"])] if s.get("pid") else []),
-                        *(["--token", s["token"]] if s.get("token") else [])]
+                args = [
+                    "--attempt",
+                    attempt_id,
+                    *(["--pid", str(s["pid"])] if s.get("pid") else []),
+                    *(["--token", s["token"]] if s.get("token") else []),
+                ]
                 self.host.call("stop", *args, may_connect=True)
             except (PeerUnreachable, PeerError):
                 break

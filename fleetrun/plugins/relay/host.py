@@ -91,8 +91,8 @@ class SSHHost:
 
     def __init__(self, peer: Peer, home: Path, relay: Any = None, worker: Optional[bool] = None) -> None:
         """:param worker: whether to run the verbs through a worker (``host serve``) where
-            the peer has one; by default when a supervisor's relay holds this host (a
-            ``relay add`` or ``relay peers`` asks once, and a one-shot verb is cheaper)."""
+        the peer has one; by default when a supervisor's relay holds this host (a
+        ``relay add`` or ``relay peers`` asks once, and a one-shot verb is cheaper)."""
         self.peer = peer
         self.name = peer.name
         self.home = home
@@ -172,8 +172,15 @@ class SSHHost:
 
     close = drop
 
-    def call(self, verb: str, *args: str, payload: Optional[dict[str, Any]] = None,
-             timeout: float = VERB_TIMEOUT_S, may_connect: bool = True, wait: bool = True) -> Any:
+    def call(
+        self,
+        verb: str,
+        *args: str,
+        payload: Optional[dict[str, Any]] = None,
+        timeout: float = VERB_TIMEOUT_S,
+        may_connect: bool = True,
+        wait: bool = True,
+    ) -> Any:
         """Run ``fleetrun host VERB --json ARGS`` there; return its JSON reply.
 
         :param wait: False: through a worker, return the :class:`~.worker.Pending` request
@@ -209,10 +216,16 @@ class SSHHost:
             tail = detail[-1] if detail else "no output"
             cmd = shlex.join(self.peer.command)
             if code == 127 or "not found" in tail or "No such file" in tail:
-                raise PeerError(f"has no fleetrun: `{cmd}` was not found there ({tail}); install it, or set "
-                                f"command = [...] for this peer in peers.toml", code)
-            raise PeerError(f"`{cmd} host {verb}` gave no JSON reply (exit {code}): {tail}; its fleetrun may "
-                            "be too old to be a peer", code)
+                raise PeerError(
+                    f"has no fleetrun: `{cmd}` was not found there ({tail}); install it, or set "
+                    f"command = [...] for this peer in peers.toml",
+                    code,
+                )
+            raise PeerError(
+                f"`{cmd} host {verb}` gave no JSON reply (exit {code}): {tail}; its fleetrun may "
+                "be too old to be a peer",
+                code,
+            )
         return self._checked(verb, code, reply)
 
     def _checked(self, verb: str, code: int, reply: dict[str, Any]) -> dict[str, Any]:
@@ -250,8 +263,9 @@ class SSHHost:
                     self._worker_deaths = 0
             if now < self._no_worker_until or not self._worker_offered():
                 return None
-            w = Worker(t, self.peer.command, self.home, self.name, self._log_event, self.attempts,
-                       self.flush_violations)
+            w = Worker(
+                t, self.peer.command, self.home, self.name, self._log_event, self.attempts, self.flush_violations
+            )
             self._worker_started = now
             try:
                 w.start()
@@ -309,7 +323,7 @@ class SSHHost:
         """The peer refused a worktree whose ``.git`` was rewritten: the same exception
         as a tampered local worktree, so the loop gives the task to a human."""
         if str(e).startswith(protocol.TAMPERED):
-            raise WorktreeTampered(str(e)[len(protocol.TAMPERED):]) from None
+            raise WorktreeTampered(str(e)[len(protocol.TAMPERED) :]) from None
 
     # -- LocalHost's verbs ---------------------------------------------------------
 
@@ -366,8 +380,9 @@ class SSHHost:
             if not isinstance(sent, dict):  # sent through the worker: its reply wakes the loop
                 self.starting[attempt_id] = sent
                 self.launch.begin(attempt_id)
-                return PeerStart(self, attempt_id, sent, VERB_TIMEOUT_S,
-                                 lambda reply: self._started(attempt_id, adir, reply))
+                return PeerStart(
+                    self, attempt_id, sent, VERB_TIMEOUT_S, lambda reply: self._started(attempt_id, adir, reply)
+                )
             self.launch.end(attempt_id)
             return self._started(attempt_id, adir, lambda: sent)
         self.launch.end(attempt_id)
@@ -390,10 +405,10 @@ class SSHHost:
         w = self.live_worker()
         if w is not None and reply.get("pid"):
             w.watching[attempt_id] = {"state": "starting", "shepherd_pid": reply["pid"]}  # it pushes the end
-        self._write_note(adir, {"peer": self.name, "remote_dir": reply.get("dir"),
-                                "uncertain": reply.get("uncertain")})
-        return Started(pid=reply.get("pid"), token=reply.get("token"), dir=str(adir),
-                       info={"remote_dir": reply.get("dir")})
+        self._write_note(adir, {"peer": self.name, "remote_dir": reply.get("dir"), "uncertain": reply.get("uncertain")})
+        return Started(
+            pid=reply.get("pid"), token=reply.get("token"), dir=str(adir), info={"remote_dir": reply.get("dir")}
+        )
 
     @staticmethod
     def _write_note(adir: Path, data: dict[str, Any]) -> None:
@@ -414,7 +429,8 @@ class SSHHost:
             args += ["--token", token]
         try:
             reply = protocol.parse_status_reply(
-                self.call("status", *args, timeout=STATUS_TIMEOUT_S, may_connect=not self.passive))
+                self.call("status", *args, timeout=STATUS_TIMEOUT_S, may_connect=not self.passive)
+            )
             return self._took(attempt_id, reply)
         except (PeerUnreachable, PeerError) as e:
             return {"state": "unreachable", "error": f"{self.name}: {e}"}
@@ -444,9 +460,22 @@ class SSHHost:
         chunk = reply.chunk
         self._append_log(log, chunk)
         st = dict(reply.status)
-        while st.get("state") in ("ended", "died") and chunk is not None and not complete(log, chunk.size, self.mirror_cap):
-            chunk = protocol.parse_log_reply(self.call("log", "--attempt", attempt_id, "--offset", str(_size(log)),
-                                                   timeout=STATUS_TIMEOUT_S, may_connect=not self.passive))
+        while (
+            st.get("state") in ("ended", "died")
+            and chunk is not None
+            and not complete(log, chunk.size, self.mirror_cap)
+        ):
+            chunk = protocol.parse_log_reply(
+                self.call(
+                    "log",
+                    "--attempt",
+                    attempt_id,
+                    "--offset",
+                    str(_size(log)),
+                    timeout=STATUS_TIMEOUT_S,
+                    may_connect=not self.passive,
+                )
+            )
             if not self._append_log(log, chunk):
                 break
         w = self.live_worker()
@@ -478,7 +507,7 @@ class SSHHost:
             out.update({a.attempt_id: self.status(a.attempt_id, a.pid, a.token) for a in ask})
             return out
         for i in range(0, len(ask), protocol.MAX_POLL):
-            out.update(self._poll_many(ask[i:i + protocol.MAX_POLL]))
+            out.update(self._poll_many(ask[i : i + protocol.MAX_POLL]))
         return out
 
     def _poll_many(self, batch: list[AttemptRef]) -> dict[str, dict[str, Any]]:
@@ -487,7 +516,8 @@ class SSHHost:
         payload = {"attempts": [{"attempt": aid, "log_offset": _size(self.log_path(aid))} for aid in ids]}
         try:
             replies = protocol.parse_status_many_reply(
-                self.call("status-many", payload=payload, timeout=STATUS_TIMEOUT_S, may_connect=not self.passive), ids)
+                self.call("status-many", payload=payload, timeout=STATUS_TIMEOUT_S, may_connect=not self.passive), ids
+            )
         except PeerUnreachable as e:
             return {aid: {"state": "unreachable", "error": f"{self.name}: {e}"} for aid in ids}
         except PeerError as e:
@@ -497,8 +527,10 @@ class SSHHost:
                 self._status_many = False
             return {a.attempt_id: self.status(a.attempt_id, a.pid, a.token) for a in batch}
         except Malformed as e:
-            return {aid: {"state": "unreachable", "error": f"{self.name}: a malformed status-many reply: {e}"}
-                    for aid in ids}
+            return {
+                aid: {"state": "unreachable", "error": f"{self.name}: a malformed status-many reply: {e}"}
+                for aid in ids
+            }
         self._status_many = True
         out: dict[str, dict[str, Any]] = {}
         for aid in ids:
@@ -534,8 +566,9 @@ class SSHHost:
 
     # -- the peer-only verbs -------------------------------------------------------
 
-    def probe(self, timeout: float = VERB_TIMEOUT_S, may_connect: bool = True,
-              beat_secs: Optional[float] = None) -> dict[str, Any]:
+    def probe(
+        self, timeout: float = VERB_TIMEOUT_S, may_connect: bool = True, beat_secs: Optional[float] = None
+    ) -> dict[str, Any]:
         """What the peer is and has (checked: :func:`fleetrun.plugins.relay.protocol.parse_probe_reply`).
 
         :param beat_secs: have its worker push a probe this often from now on.
@@ -543,8 +576,9 @@ class SSHHost:
         """
         payload = {protocol.BEAT_KEY: beat_secs} if beat_secs else None
         try:
-            return protocol.parse_probe_reply(self.call("probe", timeout=timeout, may_connect=may_connect,
-                                                        payload=payload))
+            return protocol.parse_probe_reply(
+                self.call("probe", timeout=timeout, may_connect=may_connect, payload=payload)
+            )
         except Malformed as e:
             raise self._malformed("probe", e) from None
 
@@ -556,8 +590,12 @@ class SSHHost:
             at once (its reply wakes the loop), for :meth:`prepared` to read."""
         from dataclasses import asdict
 
-        reply = self.call("prepare", payload={"task": task_payload(task), "attempt": asdict(attempt)},
-                          timeout=PREPARE_TIMEOUT_S, wait=wait)
+        reply = self.call(
+            "prepare",
+            payload={"task": task_payload(task), "attempt": asdict(attempt)},
+            timeout=PREPARE_TIMEOUT_S,
+            wait=wait,
+        )
         if not isinstance(reply, dict):
             return reply
         return self.prepared(reply)
@@ -575,8 +613,15 @@ class SSHHost:
         except Malformed as e:
             raise self._malformed("cleanup", e) from None
 
-    def fetch_bundle(self, repo: str, branch: str, git_ref: Optional[str], have: list[str], dest: Path,
-                     timeout: float = BUNDLE_TIMEOUT_S) -> dict[str, Any]:
+    def fetch_bundle(
+        self,
+        repo: str,
+        branch: str,
+        git_ref: Optional[str],
+        have: list[str],
+        dest: Path,
+        timeout: float = BUNDLE_TIMEOUT_S,
+    ) -> dict[str, Any]:
         """Have the peer send ``branch`` of its ``repo`` as a git bundle, over the open
         transport (``fleetrun host bundle``, a one-shot verb even with a worker: its reply
         is a stream of bytes): see :func:`.bundle.fetch_bundle`."""
@@ -584,11 +629,11 @@ class SSHHost:
 
         return fetch_bundle(self, repo, branch, git_ref, have, dest, timeout)
 
-
     # -- collect: commit the attempt's work there (through the worker, not waited for, in a loop)
 
-    def collect(self, task: Any, attempt: Any, workspace: Any, verify: Optional[tuple[Any, int]] = None,
-                wait: bool = True) -> Any:
+    def collect(
+        self, task: Any, attempt: Any, workspace: Any, verify: Optional[tuple[Any, int]] = None, wait: bool = True
+    ) -> Any:
         """Commit the attempt's uncommitted work there; the commit, or None.
 
         :param verify: (verifier, step) of a ``run`` verifier to start there right after,
@@ -659,11 +704,11 @@ class SSHHost:
 
     # -- the run verifier's verbs, and the start that followed an attempt's collect request
 
-    def verify_start(self, task: Any, attempt: Any, verifier: Any, idx: int, workspace: Any,
-                     wait: bool = True) -> Any:
+    def verify_start(self, task: Any, attempt: Any, verifier: Any, idx: int, workspace: Any, wait: bool = True) -> Any:
         """:param wait: False: through a worker, the :class:`~.worker.Pending` request."""
-        reply = self.call("verify-start", payload=self._verify_payload(task, attempt, verifier, idx, workspace),
-                          wait=wait)
+        reply = self.call(
+            "verify-start", payload=self._verify_payload(task, attempt, verifier, idx, workspace), wait=wait
+        )
         if not isinstance(reply, dict):
             return reply
         return self.verify_started(attempt.id, idx, reply)
@@ -672,8 +717,13 @@ class SSHHost:
     def _verify_payload(task: Any, attempt: Any, verifier: Any, idx: int, workspace: Any) -> dict[str, Any]:
         from dataclasses import asdict
 
-        return {"task": task_payload(task), "attempt": asdict(attempt), "verifier": asdict(verifier), "idx": idx,
-                "workspace": asdict(workspace)}
+        return {
+            "task": task_payload(task),
+            "attempt": asdict(attempt),
+            "verifier": asdict(verifier),
+            "idx": idx,
+            "workspace": asdict(workspace),
+        }
 
     def take_prestarted(self, attempt_id: str, idx: int) -> Optional[Pending]:
         """The ``verify-start`` that followed the attempt's ``collect`` (a request not
@@ -714,8 +764,16 @@ class SSHHost:
     def verify_status(self, attempt_id: str, idx: int) -> protocol.VerifyStatus:
         """:raises Malformed: a reply that is not a verifier's status (a FAIL, to the caller)."""
         r = protocol.parse_verify_status_reply(
-            self.call("verify-status", "--attempt", attempt_id, "--idx", str(idx), timeout=STATUS_TIMEOUT_S,
-                      may_connect=not self.passive))
+            self.call(
+                "verify-status",
+                "--attempt",
+                attempt_id,
+                "--idx",
+                str(idx),
+                timeout=STATUS_TIMEOUT_S,
+                may_connect=not self.passive,
+            )
+        )
         w = self.live_worker()
         if w is not None and r.state == "running":
             w.vwatching.add((attempt_id, idx))
@@ -723,7 +781,9 @@ class SSHHost:
 
     def verify_stop(self, attempt_id: str, idx: int) -> bool:
         try:
-            return protocol.parse_verify_stop_reply(self.call("verify-stop", "--attempt", attempt_id, "--idx", str(idx)))
+            return protocol.parse_verify_stop_reply(
+                self.call("verify-stop", "--attempt", attempt_id, "--idx", str(idx))
+            )
         except Malformed as e:
             raise self._malformed("verify-stop", e) from None
 

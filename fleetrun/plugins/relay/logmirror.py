@@ -29,6 +29,7 @@ def mirror_cap(max_bytes: int) -> int:
     """The most of a peer attempt's log kept here (its head), for ``[output] max_bytes``."""
     return max_bytes + MARGIN
 
+
 #: Written after the head once a chunk would take the mirror past the cap (so that
 #: the mirror's size passes the cap: :func:`is_cut`).
 CUT_NOTE = b"\n[fleetrun: cut here; the rest of this peer attempt's log was not kept (over %d bytes)]\n"
@@ -59,7 +60,7 @@ def append_chunk(log: Path, chunk: Optional[LogChunk], cap: int) -> bool:
     at = size(log)
     if chunk is None or not chunk.data or chunk.offset != at or at > cap:
         return False
-    data = chunk.data[:max(cap - at, 0)]
+    data = chunk.data[: max(cap - at, 0)]
     if len(data) < len(chunk.data):
         data += CUT_NOTE % cap
     ensure_private_dir(log.parent)

@@ -69,8 +69,11 @@ class Peer:
 
 def check_name(name: str) -> str:
     if not _NAME.match(name) or name == "local":
-        raise UsageError(f"{name!r} is not a usable peer name: letters, digits, '.', '_' and '-', "
-                         "starting with a letter or digit, and not 'local'", key="relay add")
+        raise UsageError(
+            f"{name!r} is not a usable peer name: letters, digits, '.', '_' and '-', "
+            "starting with a letter or digit, and not 'local'",
+            key="relay add",
+        )
     return name
 
 
@@ -89,7 +92,7 @@ def split_address(address: str) -> tuple[Optional[str], str, Optional[int]]:
         end = rest.find("]")
         if end < 0:
             raise UsageError(f"{address!r}: an IPv6 address needs a closing ']'", key="address")
-        host, tail = rest[1:end], rest[end + 1:]
+        host, tail = rest[1:end], rest[end + 1 :]
         if tail:
             if not tail.startswith(":"):
                 raise UsageError(f"{address!r}: expected ':PORT' after ']'", key="address")
@@ -129,8 +132,12 @@ def load_peers(home: Path) -> dict[str, Peer]:
     out: dict[str, Peer] = {}
     for top, value in data.items():
         if top != "peers" or not isinstance(value, dict):
-            raise UsageError("unknown key: peers.toml holds only [peers.NAME] tables", file=str(path),
-                             line=lines.get("top", top), key=top)
+            raise UsageError(
+                "unknown key: peers.toml holds only [peers.NAME] tables",
+                file=str(path),
+                line=lines.get("top", top),
+                key=top,
+            )
         for name, table in value.items():
             where = f"peers.{name}"
             if not isinstance(table, dict):
@@ -139,20 +146,34 @@ def load_peers(home: Path) -> dict[str, Peer]:
                 types = _PEER_KEYS.get(k)
                 line = lines.get("table", where, k)
                 if types is None:
-                    raise UsageError(f"unknown key (one of {', '.join(_PEER_KEYS)})", file=str(path), line=line,
-                                     key=f"{where}.{k}")
+                    raise UsageError(
+                        f"unknown key (one of {', '.join(_PEER_KEYS)})", file=str(path), line=line, key=f"{where}.{k}"
+                    )
                 if not isinstance(v, types) or isinstance(v, bool):
                     raise UsageError("has the wrong type", file=str(path), line=line, key=f"{where}.{k}")
             if "address" not in table:
-                raise UsageError("missing key: address = \"user@host[:port]\"", file=str(path),
-                                 line=lines.get("table", where), key=where)
+                raise UsageError(
+                    'missing key: address = "user@host[:port]"',
+                    file=str(path),
+                    line=lines.get("table", where),
+                    key=where,
+                )
             command = table.get("command", list(DEFAULT_COMMAND))
             if not command or not all(isinstance(a, str) and a for a in command):
-                raise UsageError("must be a non-empty list of strings", file=str(path),
-                                 line=lines.get("table", where, "command"), key=f"{where}.command")
+                raise UsageError(
+                    "must be a non-empty list of strings",
+                    file=str(path),
+                    line=lines.get("table", where, "command"),
+                    key=f"{where}.command",
+                )
             split_address(table["address"])
-            out[name] = Peer(name=name, address=table["address"], key=table.get("key"),
-                             command=list(command), added=float(table.get("added", 0.0)))
+            out[name] = Peer(
+                name=name,
+                address=table["address"],
+                key=table.get("key"),
+                command=list(command),
+                added=float(table.get("added", 0.0)),
+            )
     return out
 
 
@@ -173,8 +194,10 @@ def save_peers(home: Path, peers: dict[str, Peer]) -> Path:
     from ...ledger import ensure_private_dir
 
     ensure_private_dir(home)
-    parts = ["# fleetrun peers: written by `fleetrun relay add`/`remove`; safe to edit.\n"
-             "# command = how to run fleetrun there, e.g. [\"/opt/venv/bin/python\", \"-m\", \"fleetrun\"]\n"]
+    parts = [
+        "# fleetrun peers: written by `fleetrun relay add`/`remove`; safe to edit.\n"
+        '# command = how to run fleetrun there, e.g. ["/opt/venv/bin/python", "-m", "fleetrun"]\n'
+    ]
     for p in sorted(peers.values(), key=lambda p: p.name):
         key = p.name if _NAME.match(p.name) else json.dumps(p.name)
         parts.append(f"\n[peers.{key}]\n")
@@ -233,8 +256,9 @@ def checked_entry(entry: Any) -> tuple[dict[str, Any], Optional[str]]:
         return {}, f"has a malformed entry in {STATE_FILE} ({e}); its next probe replaces it"
 
 
-def record_probe(home: Path, name: str, probe: Optional[dict[str, Any]], error: Optional[str] = None,
-                 now: Optional[float] = None) -> dict[str, Any]:
+def record_probe(
+    home: Path, name: str, probe: Optional[dict[str, Any]], error: Optional[str] = None, now: Optional[float] = None
+) -> dict[str, Any]:
     """Record a probe's reply (``probe``) or its failure (``error``); a failure keeps
     the last reply and its time, so the peer turns stale when it should. A malformed
     entry on record is dropped, not merged into."""
@@ -258,8 +282,9 @@ def forget_state(home: Path, name: str) -> None:
             _write_private(home / STATE_FILE, json.dumps(state, indent=1, sort_keys=True))
 
 
-def add_pending_stop(home: Path, name: str, attempt_id: str, pid: Optional[int], token: Optional[str],
-                     error: str) -> None:
+def add_pending_stop(
+    home: Path, name: str, attempt_id: str, pid: Optional[int], token: Optional[str], error: str
+) -> None:
     """Remember to stop an attempt on a peer that could not be asked to (the link was
     down when ``fleetrun cancel`` ran); the next heartbeat that reaches it does it."""
     with _state_lock(home):
@@ -284,8 +309,9 @@ def clear_pending_stop(home: Path, name: str, attempt_id: str) -> None:
         _write_private(home / STATE_FILE, json.dumps(state, indent=1, sort_keys=True))
 
 
-def record_violations(home: Path, name: str, counts: dict[str, int], last: Optional[str],
-                      last_at: Optional[float]) -> None:
+def record_violations(
+    home: Path, name: str, counts: dict[str, int], last: Optional[str], last_at: Optional[float]
+) -> None:
     """Add ``counts`` (protocol violations per kind, :mod:`.placed`) to the peer's entry,
     with the newest one said plainly, for ``relay peers``: the totals since the peer
     was added (``relay remove`` forgets them)."""
@@ -296,8 +322,11 @@ def record_violations(home: Path, name: str, counts: dict[str, int], last: Optio
         total = dict(old.get("counts") or {})
         for kind, n in counts.items():
             total[kind] = total.get(kind, 0) + n
-        entry["violations"] = {"counts": total, "last": last if last is not None else old.get("last"),
-                               "last_at": last_at if last_at is not None else old.get("last_at")}
+        entry["violations"] = {
+            "counts": total,
+            "last": last if last is not None else old.get("last"),
+            "last_at": last_at if last_at is not None else old.get("last_at"),
+        }
         state[name] = entry
         _write_private(home / STATE_FILE, json.dumps(state, indent=1, sort_keys=True))
 
@@ -329,8 +358,10 @@ def unusable_reason(probe: Optional[dict[str, Any]]) -> Optional[str]:
 
     missing = [f for f in REQUIRED_FEATURES if f not in (probe.get("features") or [])]
     if missing:
-        return (f"runs fleetrun {version} without {', '.join(missing)}; upgrade fleetrun there "
-                "(a peer that cannot run the verifiers gets no tasks)")
+        return (
+            f"runs fleetrun {version} without {', '.join(missing)}; upgrade fleetrun there "
+            "(a peer that cannot run the verifiers gets no tasks)"
+        )
     return None
 
 
@@ -380,8 +411,14 @@ def resolve(address: str, key: Optional[str] = None, config_path: Optional[Path]
     ids = [os.path.expanduser(key)] if key else []
     ids += [os.path.expanduser(str(p)) for p in opts.get("identityfile") or []]
     alias = str(opts.get("hostkeyalias") or hostname)
-    return Target(alias=host, hostname=hostname, port=int(port), user=str(user), identity_files=ids,
-                  key_name=known_host_name(alias, int(port)))
+    return Target(
+        alias=host,
+        hostname=hostname,
+        port=int(port),
+        user=str(user),
+        identity_files=ids,
+        key_name=known_host_name(alias, int(port)),
+    )
 
 
 # ---------------------------------------------------------------------------------
@@ -418,7 +455,8 @@ class UnknownHostKey(HostKeyRefused):
             f"the host key of {name} is not known: {keytype} {fp}\n"
             "If that is the key of the machine you mean (on that machine, "
             "`ssh-keygen -lf /etc/ssh/ssh_host_*_key.pub` lists its fingerprints), "
-            f"accept it once with:\n  {accept_hint}")
+            f"accept it once with:\n  {accept_hint}"
+        )
 
 
 class ChangedHostKey(HostKeyRefused):
@@ -432,7 +470,8 @@ class ChangedHostKey(HostKeyRefused):
             f"It now offers {keytype} {fp}; the key on record is:\n{listed}\n"
             "Someone could be intercepting the connection, or the machine was reinstalled. "
             "fleetrun refuses to connect, and --accept-new does not change that. If you know why "
-            f"the key changed, remove the old one and add the peer again:\n{removes}")
+            f"the key changed, remove the old one and add the peer again:\n{removes}"
+        )
 
 
 def _load_known(path: Path) -> list[tuple[int, Any]]:
@@ -487,8 +526,9 @@ def check_host_key(name: str, key: Any, files: list[Path], accept_hint: str) -> 
         if k.get_name() == key.get_name() and k.asbytes() == key.asbytes():
             return where
     if known:
-        raise ChangedHostKey(name, key.get_name(), fingerprint(key),
-                             [(k.get_name(), fingerprint(k), where) for k, where in known])
+        raise ChangedHostKey(
+            name, key.get_name(), fingerprint(key), [(k.get_name(), fingerprint(k), where) for k, where in known]
+        )
     raise UnknownHostKey(name, key.get_name(), fingerprint(key), accept_hint)
 
 

@@ -56,8 +56,11 @@ def asked_about_all(verb: str, args: list[str], payload: Optional[dict[str, Any]
     payload, else :func:`asked_about`'s one (or none)."""
     if verb == "status-many":
         items = (payload or {}).get("attempts")
-        return [str(i["attempt"]) for i in items or () if isinstance(i, dict) and i.get("attempt")] \
-            if isinstance(items, list) else []
+        return (
+            [str(i["attempt"]) for i in items or () if isinstance(i, dict) and i.get("attempt")]
+            if isinstance(items, list)
+            else []
+        )
     one = asked_about(verb, args, payload)
     return [one] if one is not None else []
 

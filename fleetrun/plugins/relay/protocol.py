@@ -64,8 +64,20 @@ FEATURES = ("supervised-tasks-1",)
 #: worker's hello; a supervisor that meets another version uses the one-shot verbs.
 WORKER_PROTOCOL = 1
 #: The verbs a worker answers (``bundle`` streams a git bundle: it stays a one-shot verb).
-WORKER_VERBS = ("probe", "prepare", "start", "status", "status-many", "log", "stop", "collect", "cleanup", "verify-start",
-                "verify-status", "verify-stop")
+WORKER_VERBS = (
+    "probe",
+    "prepare",
+    "start",
+    "status",
+    "status-many",
+    "log",
+    "stop",
+    "collect",
+    "cleanup",
+    "verify-start",
+    "verify-status",
+    "verify-stop",
+)
 #: The events a worker pushes.
 WORKER_EVENTS = ("hello", "log", "ended", "verified", "probe", "then")
 #: What a worker can send out of turn (an event about an attempt not placed there, a
@@ -208,9 +220,25 @@ def parse_shepherd_status(value: Any, what: str = "status") -> dict[str, Any]:
 
 
 #: The keys of a shepherd's status a peer's reply keeps (:func:`parse_shepherd_status`).
-SHEPHERD_STATUS_KEYS = frozenset({"state", "exit_code", "shepherd_pid", "agent_pid", "reason", "error",
-                                  "shepherd_token", "agent_token", "attempt", "started", "ended", "agent_started",
-                                  "beat", "signal", "log_dropped"})
+SHEPHERD_STATUS_KEYS = frozenset(
+    {
+        "state",
+        "exit_code",
+        "shepherd_pid",
+        "agent_pid",
+        "reason",
+        "error",
+        "shepherd_token",
+        "agent_token",
+        "attempt",
+        "started",
+        "ended",
+        "agent_started",
+        "beat",
+        "signal",
+        "log_dropped",
+    }
+)
 
 
 def _chunk(reply: dict[str, Any], what: str) -> Optional[LogChunk]:
@@ -263,10 +291,12 @@ def parse_stop_reply(reply: Any) -> bool:
 def parse_start_reply(reply: Any) -> dict[str, Any]:
     """``host start``: the shepherd's pid and start-time token, and its folder there."""
     d = obj(reply, "start reply")
-    return {"pid": integer(d.get("pid"), "start reply.pid", 1, MAX_PID),
-            "token": opt_text(d, "token", "start reply", 200),
-            "dir": opt_text(d, "dir", "start reply", 4096),
-            "again": opt_boolean(d, "again", "start reply")}
+    return {
+        "pid": integer(d.get("pid"), "start reply.pid", 1, MAX_PID),
+        "token": opt_text(d, "token", "start reply", 200),
+        "dir": opt_text(d, "dir", "start reply", 4096),
+        "again": opt_boolean(d, "again", "start reply"),
+    }
 
 
 def parse_prepare_reply(reply: Any) -> dict[str, Any]:
@@ -292,8 +322,10 @@ def parse_collect_reply(reply: Any) -> Optional[str]:
 def parse_cleanup_reply(reply: Any) -> dict[str, Any]:
     """``host cleanup``: which worktree, and whether it was removed."""
     d = obj(reply, "cleanup reply")
-    return {"worktree": opt_text(d, "worktree", "cleanup reply", 4096),
-            "removed": boolean(d.get("removed"), "cleanup reply.removed")}
+    return {
+        "worktree": opt_text(d, "worktree", "cleanup reply", 4096),
+        "removed": boolean(d.get("removed"), "cleanup reply.removed"),
+    }
 
 
 def parse_verify_start_reply(reply: Any) -> str:
@@ -316,8 +348,9 @@ def parse_verify_status_reply(reply: Any) -> VerifyStatus:
         reason=opt_text(d, "reason", "verify-status reply", 4000, "") or "",
         output=opt_text(d, "output", "verify-status reply", 1 << 20, "") or "",
         duration_s=opt_number(d, "duration_s", "verify-status reply", 0.0, 1e9, 0.0) or 0.0,
-        error=None if d.get("error") is None else one_of(d.get("error"), "verify-status reply.error",
-                                                         ("permanent", "transient")),
+        error=None
+        if d.get("error") is None
+        else one_of(d.get("error"), "verify-status reply.error", ("permanent", "transient")),
     )
 
 
@@ -331,10 +364,12 @@ def parse_bundle_header(header: Any) -> dict[str, Any]:
     d = obj(header, "bundle header")
     fork = d.get("fork")
     have = opt_str_list(d, "have", "bundle header", MAX_HAVES)
-    return {"tip": sha(d.get("tip"), "bundle header.tip"),
-            "fork": None if fork is None else sha(fork, "bundle header.fork"),
-            "have": [sha(h, "bundle header.have") for h in have],
-            "bundle": boolean(d.get("bundle"), "bundle header.bundle")}
+    return {
+        "tip": sha(d.get("tip"), "bundle header.tip"),
+        "fork": None if fork is None else sha(fork, "bundle header.fork"),
+        "have": [sha(h, "bundle header.have") for h in have],
+        "bundle": boolean(d.get("bundle"), "bundle header.bundle"),
+    }
 
 
 def _opt_measure(d: dict[str, Any], key: str, what: str) -> Optional[float]:
@@ -382,17 +417,26 @@ def parse_peer_entry(entry: Any, what: str = "peer state") -> dict[str, Any]:
     stops: dict[str, Any] = {}
     for aid, s in (opt_obj(d, "pending_stops", what) or {}).items():
         s = obj(s, f"{what}.pending_stops.{aid[:60]}")
-        stops[aid] = {"pid": opt_integer(s, "pid", what, 1, MAX_PID), "token": opt_text(s, "token", what, 200),
-                      "since": opt_number(s, "since", what), "error": opt_text(s, "error", what, 4000)}
+        stops[aid] = {
+            "pid": opt_integer(s, "pid", what, 1, MAX_PID),
+            "token": opt_text(s, "token", what, 200),
+            "since": opt_number(s, "since", what),
+            "error": opt_text(s, "error", what, 4000),
+        }
     out["pending_stops"] = stops
     v = opt_obj(d, "violations", what)
     if v is not None:
         counts = opt_obj(v, "counts", f"{what}.violations") or {}
         out["violations"] = {
-            "counts": {one_of(k, f"{what}.violations.counts", VIOLATION_KINDS):
-                       integer(n, f"{what}.violations.counts.{k}", 0, 1 << 62) for k, n in counts.items()},
+            "counts": {
+                one_of(k, f"{what}.violations.counts", VIOLATION_KINDS): integer(
+                    n, f"{what}.violations.counts.{k}", 0, 1 << 62
+                )
+                for k, n in counts.items()
+            },
             "last": opt_text(v, "last", f"{what}.violations", 400),
-            "last_at": opt_number(v, "last_at", f"{what}.violations", 0.0)}
+            "last_at": opt_number(v, "last_at", f"{what}.violations", 0.0),
+        }
     return out
 
 
@@ -494,20 +538,33 @@ def parse_worker_message(line: bytes) -> WorkerMessage:
     """A line from a worker, read strictly (:class:`Malformed` says what is wrong)."""
     d = _json_line(line, "worker message")
     if "id" in d and "event" not in d:
-        return WorkerMessage("reply", id=integer(d.get("id"), "worker reply.id", 1, MAX_REQUEST_ID),
-                             code=integer(d.get("code"), "worker reply.code", 0, 255),
-                             reply=obj(d.get("reply"), "worker reply.reply"))
+        return WorkerMessage(
+            "reply",
+            id=integer(d.get("id"), "worker reply.id", 1, MAX_REQUEST_ID),
+            code=integer(d.get("code"), "worker reply.code", 0, 255),
+            reply=obj(d.get("reply"), "worker reply.reply"),
+        )
     kind = one_of(d.get("event"), "worker message.event", WORKER_EVENTS)
     what = f"{kind} event"
     if kind == "then":  # the answer to the request that followed request ``id``
-        return WorkerMessage("then", id=integer(d.get("id"), f"{what}.id", 1, MAX_REQUEST_ID),
-                             code=integer(d.get("code"), f"{what}.code", 0, 255), reply=obj(d.get("reply"), f"{what}.reply"))
+        return WorkerMessage(
+            "then",
+            id=integer(d.get("id"), f"{what}.id", 1, MAX_REQUEST_ID),
+            code=integer(d.get("code"), f"{what}.code", 0, 255),
+            reply=obj(d.get("reply"), f"{what}.reply"),
+        )
     if kind == "hello":
-        return WorkerMessage("hello", info={
-            "protocol": integer(d.get("protocol"), f"{what}.protocol", 0, 1 << 20),
-            "fleetrun": opt_text(d, "fleetrun", what, 200), "pid": opt_integer(d, "pid", what, 1, MAX_PID),
-            "beats": opt_integer(d, "beats", what, 0, 1 << 20), "chain": opt_integer(d, "chain", what, 0, 1 << 20),
-            "many": opt_integer(d, "many", what, 0, 1 << 20)})
+        return WorkerMessage(
+            "hello",
+            info={
+                "protocol": integer(d.get("protocol"), f"{what}.protocol", 0, 1 << 20),
+                "fleetrun": opt_text(d, "fleetrun", what, 200),
+                "pid": opt_integer(d, "pid", what, 1, MAX_PID),
+                "beats": opt_integer(d, "beats", what, 0, 1 << 20),
+                "chain": opt_integer(d, "chain", what, 0, 1 << 20),
+                "many": opt_integer(d, "many", what, 0, 1 << 20),
+            },
+        )
     if kind == "probe":
         return WorkerMessage("probe", probe=parse_probe_reply(d.get("probe")))
     from ...untrusted import attempt_id
@@ -522,16 +579,39 @@ def parse_worker_message(line: bytes) -> WorkerMessage:
         st = parse_shepherd_status(d.get("status"), f"{what}.status")
         if st["state"] not in ("ended", "died"):
             raise Malformed(f"{what}.status.state: {st['state']!r}, not ended or died")
-        return WorkerMessage("ended", attempt=aid, status=st, size=integer(d.get("log_size"), f"{what}.log_size", 0,
-                                                                              MAX_SIZE))
+        return WorkerMessage(
+            "ended", attempt=aid, status=st, size=integer(d.get("log_size"), f"{what}.log_size", 0, MAX_SIZE)
+        )
     result = parse_verify_status_reply(d.get("result"))
     if result.state != "ended":
         raise Malformed(f"{what}.result.state: {result.state!r}, not ended")
     return WorkerMessage("verified", attempt=aid, idx=integer(d.get("idx"), f"{what}.idx", 0, 9999), verify=result)
 
 
-__all__ = ["beat_secs", "LogChunk", "Malformed", "WorkerMessage", "WorkerRequest", "parse_worker_message", "parse_worker_request",
-           "worker_line", "StatusReply", "VerifyStatus", "parse_bundle_header", "parse_cleanup_reply",
-           "parse_collect_reply", "parse_error_reply", "parse_log_reply", "parse_peer_entry", "parse_prepare_reply",
-           "parse_probe_reply", "parse_shepherd_status", "parse_start_reply", "parse_status_reply",
-           "parse_stop_reply", "parse_verify_start_reply", "parse_verify_status_reply", "parse_verify_stop_reply"]
+__all__ = [
+    "beat_secs",
+    "LogChunk",
+    "Malformed",
+    "WorkerMessage",
+    "WorkerRequest",
+    "parse_worker_message",
+    "parse_worker_request",
+    "worker_line",
+    "StatusReply",
+    "VerifyStatus",
+    "parse_bundle_header",
+    "parse_cleanup_reply",
+    "parse_collect_reply",
+    "parse_error_reply",
+    "parse_log_reply",
+    "parse_peer_entry",
+    "parse_prepare_reply",
+    "parse_probe_reply",
+    "parse_shepherd_status",
+    "parse_start_reply",
+    "parse_status_reply",
+    "parse_stop_reply",
+    "parse_verify_start_reply",
+    "parse_verify_status_reply",
+    "parse_verify_stop_reply",
+]

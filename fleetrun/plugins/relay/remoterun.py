@@ -50,8 +50,11 @@ class RemoteRunHandle:
         try:
             # through a worker, not waited for: the loop goes on with other tasks, and
             # the reply wakes it (poll() reads it then)
-            r = self.host.verify_start(*self.args, wait=False) if self._worker() is not None \
+            r = (
+                self.host.verify_start(*self.args, wait=False)
+                if self._worker() is not None
                 else self.host.verify_start(*self.args)
+            )
             if not isinstance(r, dict):
                 self.pending = r
                 self.next_poll = time.monotonic() + STATUS_WAIT_S
@@ -85,7 +88,8 @@ class RemoteRunHandle:
 
     def _refused(self, e: PeerError) -> None:
         self.verdict = Verdict(
-            False, "run", self.verifier.label, reason=f"{self.host.name} could not run it: {e}", host=self.host.name)
+            False, "run", self.verifier.label, reason=f"{self.host.name} could not run it: {e}", host=self.host.name
+        )
 
     def _pending_reply(self) -> bool:
         """Read the reply of a verify-start not waited for. :return: whether it is still
@@ -140,8 +144,13 @@ class RemoteRunHandle:
                 return None
             return Verdict(False, "run", self.verifier.label, reason=f"{self.host.name}: {e}", host=self.host.name)
         except Malformed as e:  # a verdict that cannot be read is no pass
-            return Verdict(False, "run", self.verifier.label, host=self.host.name,
-                           reason=f"{self.host.name} gave a malformed verifier status: {e}")
+            return Verdict(
+                False,
+                "run",
+                self.verifier.label,
+                host=self.host.name,
+                reason=f"{self.host.name} gave a malformed verifier status: {e}",
+            )
         if r.state != "ended":
             return None
         return self._verdict(r)
@@ -161,8 +170,16 @@ class RemoteRunHandle:
         w = self._worker()
         if w is not None:
             w.vwatching.discard((self.attempt_id, self.idx))
-        return Verdict(passed=r.passed and r.error is None, kind="run", label=self.verifier.label, reason=r.reason,
-                       output=r.output, duration_s=r.duration_s, host=self.host.name, error=r.error)
+        return Verdict(
+            passed=r.passed and r.error is None,
+            kind="run",
+            label=self.verifier.label,
+            reason=r.reason,
+            output=r.output,
+            duration_s=r.duration_s,
+            host=self.host.name,
+            error=r.error,
+        )
 
     def cancel(self) -> None:
         try:

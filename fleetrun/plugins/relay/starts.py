@@ -49,8 +49,7 @@ class PeerPrepare:
     first attempt's start would be let through to make a worktree for nothing. A prepare
     to a peer busy so is sent by a later :meth:`poll`; the peers start in parallel."""
 
-    def __init__(self, host: SSHHost, task: Any, attempt_id: str, send: Callable[[], Pending],
-                 timeout: float) -> None:
+    def __init__(self, host: SSHHost, task: Any, attempt_id: str, send: Callable[[], Pending], timeout: float) -> None:
         self.host, self.task, self.attempt_id, self.timeout = host, task, attempt_id, timeout
         self._send = send
         self.sent: Optional[Pending] = None
@@ -130,8 +129,14 @@ class PeerStart:
     worker: the Started its reply says (``finish`` reads it as :meth:`.host.SSHHost.start`
     reads a waited-for reply: a lost one is "started, pid unknown", never a second start)."""
 
-    def __init__(self, host: SSHHost, attempt_id: str, sent: Pending, timeout: float,
-                 finish: Callable[[Callable[[], dict[str, Any]]], Started]) -> None:
+    def __init__(
+        self,
+        host: SSHHost,
+        attempt_id: str,
+        sent: Pending,
+        timeout: float,
+        finish: Callable[[Callable[[], dict[str, Any]]], Started],
+    ) -> None:
         self.host, self.attempt_id, self.sent, self.timeout = host, attempt_id, sent, timeout
         self.finish = finish
         self.answer: Optional[Started] = None

@@ -69,12 +69,14 @@ FETCH_RETRIES = 30
 #: attempt, so its folder and its output never share a name with verifier N's there.
 SETUP_RUNNER_BASE = 9000
 
+
 def runs_here(config: Any, kind: str) -> bool:
     """Whether verifiers of ``kind`` run on this machine, on the branch fetched back from
     the peer: what the plugin that declares the kind says (``KeyDecl.runs == "here"``)."""
     from ...taskkeys import key_table
 
     return key_table(config).runs_here(kind)
+
 
 #: A peer's why-not while its first heartbeat round (connect, worker, probe) runs.
 CONNECTING = "is being connected to (its first heartbeat)"
@@ -199,17 +201,26 @@ class Relay:
         if why is None and isinstance(own_max, int) and reported >= own_max:
             why = f"is running {reported} of {own_max} tasks (its own [local] max_tasks)"
         return Candidate(
-            name=name, kind="peer",
-            free_mem_mb=probe.get("free_mem_mb"), load_per_core=probe.get("load_per_core"),
+            name=name,
+            kind="peer",
+            free_mem_mb=probe.get("free_mem_mb"),
+            load_per_core=probe.get("load_per_core"),
             free_disk_mb=probe.get("free_disk_mb"),
-            running=max(active, reported), max_tasks=int(pp.max_tasks),
-            drain=bool(pp.drain or probe.get("drain")), status=status,
-            tags=frozenset(probe.get("tags") or ()), tools=dict(probe.get("tools") or {}),
+            running=max(active, reported),
+            max_tasks=int(pp.max_tasks),
+            drain=bool(pp.drain or probe.get("drain")),
+            status=status,
+            tags=frozenset(probe.get("tags") or ()),
+            tools=dict(probe.get("tools") or {}),
             auth=frozenset(probe.get("auth") or ()),
-            mem_per_task_mb=float(pp.mem_per_task_mb if pp.mem_per_task_mb is not None
-                                  else probe.get("mem_per_task_mb") or 1024.0),
-            min_free_mem_mb=pp.min_free_mem_mb, max_load_per_core=pp.max_load_per_core,
-            min_free_disk_mb=pp.min_free_disk_mb, why_not=why, why_not_needs_operator=needs_operator,
+            mem_per_task_mb=float(
+                pp.mem_per_task_mb if pp.mem_per_task_mb is not None else probe.get("mem_per_task_mb") or 1024.0
+            ),
+            min_free_mem_mb=pp.min_free_mem_mb,
+            max_load_per_core=pp.max_load_per_core,
+            min_free_disk_mb=pp.min_free_disk_mb,
+            why_not=why,
+            why_not_needs_operator=needs_operator,
             info={"address": self.peers[name].address, "last_heard": entry.get("last_heard")},
         )
 
@@ -219,14 +230,19 @@ class Relay:
         if not self.first_probe_pending():
             return result
         now = time.monotonic()
-        connecting = sorted(c.name for c in candidates if c.kind == "peer" and c.why_not == CONNECTING
-                            and c.name in self.beats and now - self.beats[c.name].started_at < FIRST_ROUND_WAIT_S)
+        connecting = sorted(
+            c.name
+            for c in candidates
+            if c.kind == "peer"
+            and c.why_not == CONNECTING
+            and c.name in self.beats
+            and now - self.beats[c.name].started_at < FIRST_ROUND_WAIT_S
+        )
         if isinstance(result, Placement) and connecting:
             # the peers that have not reported in yet may have the most room: a task placed
             # now would go to whoever answered first (as the loop starts: the first rounds
             # take about a second; one that fails ends the wait)
-            return Wait(reason=f"waiting for the first heartbeat of {', '.join(connecting)}",
-                        until=time.time() + 1.0)
+            return Wait(reason=f"waiting for the first heartbeat of {', '.join(connecting)}", until=time.time() + 1.0)
         if isinstance(result, Wait) and result.until is None:
             result.until = time.time() + 1.0  # a peer is about to report in: this is not idle yet
         return result
@@ -234,16 +250,18 @@ class Relay:
     # -- an attempt on a peer --------------------------------------------------------
 
     @hookimpl(trylast=True)
-    def fleetrun_prepare_workspace(self, task: Any, attempt: Any, host: Any,
-                                   config: Config) -> Union[Workspace, PeerPrepare, None]:
+    def fleetrun_prepare_workspace(
+        self, task: Any, attempt: Any, host: Any, config: Config
+    ) -> Union[Workspace, PeerPrepare, None]:
         host = self.owns(host)
         if host is None:
             return None
         if host.in_loop() is not None:
             # inside a work loop, through a live worker: sent, not waited for (the loop
             # sends the prepares of every peer in its pass; each reply wakes it)
-            return PeerPrepare(host, task, attempt.id, lambda: host.prepare(task, attempt, wait=False),
-                               PREPARE_TIMEOUT_S)
+            return PeerPrepare(
+                host, task, attempt.id, lambda: host.prepare(task, attempt, wait=False), PREPARE_TIMEOUT_S
+            )
         try:
             ws = host.prepare(task, attempt)
         except PeerUnreachable as e:
@@ -251,8 +269,9 @@ class Relay:
         return check_workspace(task, ws, host.name)
 
     @hookimpl(trylast=True)
-    def fleetrun_collect_work(self, task: Any, attempt: Any, workspace: Any, host: Any,
-                              config: Config) -> Union[str, CollectHandle, None]:
+    def fleetrun_collect_work(
+        self, task: Any, attempt: Any, workspace: Any, host: Any, config: Config
+    ) -> Union[str, CollectHandle, None]:
         """Commit the attempt's work on its peer. Through a live worker inside a work loop
         the request is sent and a :class:`~fleetrun.reports.CollectHandle` returned (its
         reply wakes the loop): the loop goes on with other tasks meanwhile."""
@@ -280,8 +299,10 @@ class Relay:
             try:
                 self.fetch_back(task, attempt, workspace)
             except FetchError as e:
-                self._note(task.id, f"could not fetch branch {getattr(workspace, 'branch', None) or task.branch} "
-                                    f"from {host.name}: {e}")
+                self._note(
+                    task.id,
+                    f"could not fetch branch {getattr(workspace, 'branch', None) or task.branch} from {host.name}: {e}",
+                )
         return commit
 
     @staticmethod
@@ -336,8 +357,10 @@ class Relay:
         peer_branch = chosen_branch(task)  # never a name from the peer (or from what it once said)
         named = getattr(workspace, "branch", None)
         if named and named != peer_branch:
-            raise FetchError(f"the attempt's workspace names branch {named!r}, not {peer_branch!r}, the branch "
-                             "chosen for this task: nothing is fetched")
+            raise FetchError(
+                f"the attempt's workspace names branch {named!r}, not {peer_branch!r}, the branch "
+                "chosen for this task: nothing is fetched"
+            )
         repo = repo_toplevel(task.spec.cwd)
         if repo is None:
             raise FetchError(f"{task.spec.cwd} is not in a git repository on this machine")
@@ -346,8 +369,9 @@ class Relay:
         started = time.monotonic()
         try:
             have = local_haves(repo, task.spec.git_ref, peer_branch, host.name)
-            head = host.fetch_bundle(getattr(workspace, "repo", None) or repo, peer_branch, task.spec.git_ref,
-                                     have, bundle)
+            head = host.fetch_bundle(
+                getattr(workspace, "repo", None) or repo, peer_branch, task.spec.git_ref, have, bundle
+            )
             if head.get("bundle"):
                 git(repo, "bundle", "unbundle", str(bundle), timeout=UNBUNDLE_TIMEOUT_S)
         except PeerUnreachable as e:
@@ -371,11 +395,21 @@ class Relay:
         except GitError as e:
             raise FetchError(str(e)) from None
         fork = head.get("fork")
-        rec = {"peer": host.name, "peer_branch": peer_branch, "branch": branch, "commit": tip,
-               "base": fork if isinstance(fork, str) and fork else None, "repo": repo, "worktree": str(path),
-               "path": str(path / sub) if sub != "." else str(path), "bytes": int(head.get("bytes") or 0),
-               "seconds": round(time.monotonic() - started, 3), "renamed": renamed, "moved": moved,
-               "time": time.time()}
+        rec = {
+            "peer": host.name,
+            "peer_branch": peer_branch,
+            "branch": branch,
+            "commit": tip,
+            "base": fork if isinstance(fork, str) and fork else None,
+            "repo": repo,
+            "worktree": str(path),
+            "path": str(path / sub) if sub != "." else str(path),
+            "bytes": int(head.get("bytes") or 0),
+            "seconds": round(time.monotonic() - started, 3),
+            "renamed": renamed,
+            "moved": moved,
+            "time": time.time(),
+        }
         write_json(str(adir / FETCH_RECORD), rec)
         if note:
             self._note(task.id, fetch_note(rec))
@@ -405,8 +439,14 @@ class Relay:
                     checkout_fetched(Path(rec["worktree"]), rec["repo"], rec["commit"])
             except GitError as e:
                 raise FetchError(f"cannot check out the fetched branch {rec['branch']}: {e}") from None
-        return Workspace(path=rec["path"], branch=rec["branch"], repo=rec["repo"],
-                         base_ref=rec.get("base") or task.spec.git_ref, is_worktree=True, root=rec["worktree"])
+        return Workspace(
+            path=rec["path"],
+            branch=rec["branch"],
+            repo=rec["repo"],
+            base_ref=rec.get("base") or task.spec.git_ref,
+            is_worktree=True,
+            root=rec["worktree"],
+        )
 
     def _remove_fetched(self, task: Any) -> None:
         """Remove a finished task's fetched worktree: inside a work loop on a worker thread
@@ -417,8 +457,9 @@ class Relay:
             return
         effects = effects_of(self.config) if self._in_session else None
         if effects is not None:
-            effects.submit(self._remove_worktree, path,
-                           on_done=lambda fut: self._removed_fetched(task.id, path, fut.exception()))
+            effects.submit(
+                self._remove_worktree, path, on_done=lambda fut: self._removed_fetched(task.id, path, fut.exception())
+            )
             return
         try:
             self._remove_worktree(path)
@@ -434,8 +475,12 @@ class Relay:
             git(repo, "worktree", "remove", "--force", "--", str(path))
 
     def _removed_fetched(self, task_id: str, path: Path, e: Optional[BaseException]) -> None:
-        self._note(task_id, f"could not remove the fetched worktree {path}: {e}" if e is not None
-                   else f"removed the fetched worktree {path}")
+        self._note(
+            task_id,
+            f"could not remove the fetched worktree {path}: {e}"
+            if e is not None
+            else f"removed the fetched worktree {path}",
+        )
 
     @hookimpl(trylast=True)
     def fleetrun_verify(self, task: Any, verifier: Any, workspace: Any, attempt: Any, host: Any, config: Config) -> Any:
@@ -447,14 +492,20 @@ class Relay:
         if verifier.kind == "baseline":
             return None  # a run verifier's baseline runs here for now (verify_run; docs/verifiers.md)
         if verifier.kind != "run":
-            return Verdict(False, verifier.kind, verifier.label, host=host.name,
-                           reason=f"{verifier.kind} verifiers run only on the supervising machine, and this "
-                                  f"attempt ran on {host.name}")
+            return Verdict(
+                False,
+                verifier.kind,
+                verifier.label,
+                host=host.name,
+                reason=f"{verifier.kind} verifiers run only on the supervising machine, and this "
+                f"attempt ran on {host.name}",
+            )
         return RemoteRunHandle(host, task, attempt, verifier, step_index(task, verifier), workspace)
 
     @hookimpl(trylast=True)
-    def fleetrun_setup_step(self, task: Any, step: Any, number: int, workspace: Any, attempt: Any, host: Any,
-                            config: Config) -> Any:
+    def fleetrun_setup_step(
+        self, task: Any, step: Any, number: int, workspace: Any, attempt: Any, host: Any, config: Config
+    ) -> Any:
         host = self.owns(host)
         if host is None:
             return None
@@ -462,8 +513,9 @@ class Relay:
         return RemoteRunHandle(host, task, attempt, step, SETUP_RUNNER_BASE + number - 1, workspace)
 
     @hookimpl(trylast=True)
-    def fleetrun_handoff(self, task: Any, attempt: Any, host: Any,
-                         config: Config) -> Union[Handoff, FetchRetry, FetchBack, None]:
+    def fleetrun_handoff(
+        self, task: Any, attempt: Any, host: Any, config: Config
+    ) -> Union[Handoff, FetchRetry, FetchBack, None]:
         mine = self.owns(host)
         peer = self.peers.get(mine.name) if mine is not None else None
         if peer is None:
@@ -474,12 +526,16 @@ class Relay:
         repo = ((attempt.workspace or {}).get("repo") if attempt is not None else None) or None
         rec = self.fetched(attempt.id) if attempt is not None else None
         if rec is None and attempt is not None and task.branch and (self.fetch_done or self.wants_fetch(task)):
-            ws = Workspace(**attempt.workspace) if attempt.workspace else Workspace(path=task.spec.cwd,
-                                                                                     branch=task.branch)
+            ws = (
+                Workspace(**attempt.workspace)
+                if attempt.workspace
+                else Workspace(path=task.spec.cwd, branch=task.branch)
+            )
             effects = effects_of(config) if self._in_session else None
             if effects is not None:  # off the loop's thread: the ends of other tasks are not held up by it
-                return FetchBack(self, task, attempt, peer, summary, repo,
-                                 effects.submit(self.fetch_back, task, attempt, ws, False))
+                return FetchBack(
+                    self, task, attempt, peer, summary, repo, effects.submit(self.fetch_back, task, attempt, ws, False)
+                )
             try:  # the fetch after the attempt failed, or a restart skipped it: once more
                 rec = self.fetch_back(task, attempt, ws)
             except FetchError as e:
@@ -488,23 +544,33 @@ class Relay:
                 self._note(task.id, f"could not fetch branch {task.branch} from {peer.name}: {e}")
         return self.handoff_of(task, peer, summary, repo, rec)
 
-    def handoff_of(self, task: Any, peer: Peer, summary: str, repo: Optional[str],
-                   rec: Optional[dict[str, Any]]) -> Handoff:
+    def handoff_of(
+        self, task: Any, peer: Peer, summary: str, repo: Optional[str], rec: Optional[dict[str, Any]]
+    ) -> Handoff:
         """The handoff of a DONE peer task, saying where its branch is (``rec``: what was
         fetched back, or None when it stays on the peer)."""
         remote = f"`git fetch {fetch_url(peer, repo)} {task.branch}`" if task.branch and repo else ""
         if rec is not None:
             name = rec["branch"]
-            hint = (f"It ran on {peer.name}, and its branch was fetched from {peer.name} into this machine's "
-                    f"repository {rec['repo']}" + (f" as {name}" if name != rec["peer_branch"] else "")
-                    + f" (commit {rec['commit'][:12]}).")
+            hint = (
+                f"It ran on {peer.name}, and its branch was fetched from {peer.name} into this machine's "
+                f"repository {rec['repo']}"
+                + (f" as {name}" if name != rec["peer_branch"] else "")
+                + f" (commit {rec['commit'][:12]})."
+            )
             if name != rec["peer_branch"]:
                 hint += f" On {peer.name} the branch is {rec['peer_branch']}"
                 hint += f" ({rec['renamed']}, which is left as it is)." if rec["renamed"] else "."
             if remote:
                 hint += f" To fetch it from {peer.name} again: {remote}."
-            return Handoff(task_name=task.name, branch=name, summary=summary, host=peer.name, fetch_hint=hint,
-                           repo=str(rec["repo"]))
+            return Handoff(
+                task_name=task.name,
+                branch=name,
+                summary=summary,
+                host=peer.name,
+                fetch_hint=hint,
+                repo=str(rec["repo"]),
+            )
         hint = f"The branch is on {peer.name}; fetch it with {remote}." if remote else ""
         return Handoff(task_name=task.name, branch=task.branch, summary=summary, host=peer.name, fetch_hint=hint)
 
@@ -531,14 +597,13 @@ class Relay:
                 return self._cleaned(task, host, host.cleanup(task))
             # through the worker, not waited for: the loop goes on with other tasks; the
             # note is written by a later pass (fleetrun_loop_pass), or as the run ends
-            self._cleanups.append((task, host, host.call("cleanup", payload={"task": task_payload(task)},
-                                                         wait=False)))
+            self._cleanups.append((task, host, host.call("cleanup", payload={"task": task_payload(task)}, wait=False)))
         except (PeerUnreachable, PeerError, Malformed) as e:
             self._note(task.id, f"could not clean up worktree {task.worktree} on {host.name}: {e}")
 
     def _send_cleanups(self, all_of_them: bool = True) -> None:
         """:param all_of_them: False: not yet to a peer making an attempt's start (its
-            ``git worktree add`` would wait for the removal's lock of the repository)."""
+        ``git worktree add`` would wait for the removal's lock of the repository)."""
         sending, self._to_clean = self._to_clean, []
         for task, host in sending:
             if all_of_them or host.launch.attempt is None:
@@ -591,8 +656,7 @@ class Relay:
         for name, host in sorted(self.hosts.items()):
             if host.attempts.counts and tr is not None:
                 total, what = describe(host.attempts.counts).split(" ", 1)
-                tr.write_line(f"peer {safe_text(name)}: {total} protocol violations {what}; "
-                              "see fleetrun relay peers")
+                tr.write_line(f"peer {safe_text(name)}: {total} protocol violations {what}; see fleetrun relay peers")
 
     @hookimpl(tryfirst=True)
     def fleetrun_sessionfinish(self, session: Any, exitstatus: int) -> None:
@@ -614,8 +678,16 @@ class FetchBack:
     thread; a fetch that fails as :meth:`Relay.fleetrun_handoff` would retry goes on as a
     :class:`FetchRetry`."""
 
-    def __init__(self, relay: Relay, task: Any, attempt: Any, peer: Peer, summary: str, repo: Optional[str],
-                 fut: Future[dict[str, Any]]) -> None:
+    def __init__(
+        self,
+        relay: Relay,
+        task: Any,
+        attempt: Any,
+        peer: Peer,
+        summary: str,
+        repo: Optional[str],
+        fut: Future[dict[str, Any]],
+    ) -> None:
         self.relay, self.task, self.attempt, self.peer = relay, task, attempt, peer
         self.summary, self.repo, self.fut = summary, repo, fut
         self.answer: Optional[Handoff] = None
@@ -650,15 +722,19 @@ class FetchRetry:
     a growing delay, :data:`FETCH_RETRIES` times at most; then its handoff is made as it
     is (the branch stays on the peer, and the note says so)."""
 
-    def __init__(self, relay: Relay, task: Any, attempt: Any, peer: Peer, summary: str, repo: Optional[str],
-                 error: str) -> None:
+    def __init__(
+        self, relay: Relay, task: Any, attempt: Any, peer: Peer, summary: str, repo: Optional[str], error: str
+    ) -> None:
         self.relay, self.task, self.attempt, self.peer = relay, task, attempt, peer
         self.summary, self.repo = summary, repo
         self.tries = 1
         self.answer: Optional[Handoff] = None
         self.next_at = time.monotonic() + FETCH_DELAYS_S[0]
-        relay._note(task.id, f"could not fetch branch {task.branch} from {peer.name}: {error}; trying again in "
-                             f"{FETCH_DELAYS_S[0]:g}s, up to {FETCH_RETRIES} times (DONE once the branch is here)")
+        relay._note(
+            task.id,
+            f"could not fetch branch {task.branch} from {peer.name}: {error}; trying again in "
+            f"{FETCH_DELAYS_S[0]:g}s, up to {FETCH_RETRIES} times (DONE once the branch is here)",
+        )
 
     def poll(self) -> Optional[Handoff]:
         if self.answer is not None or time.monotonic() < self.next_at:
@@ -666,14 +742,22 @@ class FetchRetry:
         att = self.attempt
         rec = None
         try:
-            rec = self.relay.fetch_back(self.task, att, Workspace(**att.workspace) if att.workspace
-                                        else Workspace(path=self.task.spec.cwd, branch=self.task.branch))
+            rec = self.relay.fetch_back(
+                self.task,
+                att,
+                Workspace(**att.workspace)
+                if att.workspace
+                else Workspace(path=self.task.spec.cwd, branch=self.task.branch),
+            )
         except FetchError as e:
             self.tries += 1
             if (e.transient or says_space_error(str(e))) and self.tries < FETCH_RETRIES:
                 self.next_at = time.monotonic() + FETCH_DELAYS_S[min(self.tries, len(FETCH_DELAYS_S)) - 1]
                 return None
-            self.relay._note(self.task.id, f"could not fetch branch {self.task.branch} from {self.peer.name} "
-                                           f"after {self.tries} tries: {e}; it stays there")
+            self.relay._note(
+                self.task.id,
+                f"could not fetch branch {self.task.branch} from {self.peer.name} "
+                f"after {self.tries} tries: {e}; it stays there",
+            )
         self.answer = self.relay.handoff_of(self.task, self.peer, self.summary, self.repo, rec)
         return self.answer

@@ -74,8 +74,12 @@ def open_socket(hostname: str, port: int, timeout: float = CONNECT_TIMEOUT_S) ->
             s.settimeout(timeout)
             s.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
             s.setsockopt(socket.SOL_SOCKET, socket.SO_KEEPALIVE, 1)
-            for opt, value in (("TCP_USER_TIMEOUT", USER_TIMEOUT_MS), ("TCP_KEEPIDLE", KEEPALIVE_S),
-                               ("TCP_KEEPINTVL", 1), ("TCP_KEEPCNT", 3)):
+            for opt, value in (
+                ("TCP_USER_TIMEOUT", USER_TIMEOUT_MS),
+                ("TCP_KEEPIDLE", KEEPALIVE_S),
+                ("TCP_KEEPINTVL", 1),
+                ("TCP_KEEPCNT", 3),
+            ):
                 if hasattr(socket, opt):
                     s.setsockopt(socket.IPPROTO_TCP, getattr(socket, opt), value)
             s.connect(addr)
@@ -102,8 +106,13 @@ def accept_hint(peer: Peer, home: Optional[Path] = None) -> str:
     return shlex.join(argv)
 
 
-def connect(peer: Peer, home: Path, accept_new: bool = False, timeout: float = CONNECT_TIMEOUT_S,
-            notes: Optional[list[str]] = None) -> Any:
+def connect(
+    peer: Peer,
+    home: Path,
+    accept_new: bool = False,
+    timeout: float = CONNECT_TIMEOUT_S,
+    notes: Optional[list[str]] = None,
+) -> Any:
     """Open, check and authenticate a transport to ``peer``.
 
     The host key must be on record in ``~/.ssh/known_hosts`` or fleetrun's own
@@ -141,15 +150,18 @@ def connect(peer: Peer, home: Path, accept_new: bool = False, timeout: float = C
         try:
             where = check_host_key(target.key_name, key, files, accept_hint(peer, home))
             if notes is not None:
-                notes.append(f"host key of {target.key_name}: {key.get_name()} {fingerprint(key)} "
-                             f"(on record in {where})")
+                notes.append(
+                    f"host key of {target.key_name}: {key.get_name()} {fingerprint(key)} (on record in {where})"
+                )
         except UnknownHostKey:
             if not accept_new:
                 raise
             record_host_key(files[-1], target.key_name, key)
             if notes is not None:
-                notes.append(f"accepted the new host key of {target.key_name}: {key.get_name()} "
-                             f"{fingerprint(key)}, recorded in {files[-1]} (trust on first use)")
+                notes.append(
+                    f"accepted the new host key of {target.key_name}: {key.get_name()} "
+                    f"{fingerprint(key)}, recorded in {files[-1]} (trust on first use)"
+                )
         authenticate(t, target, timeout)
     except BaseException:
         t.close()
@@ -197,8 +209,10 @@ def authenticate(t: Any, target: Target, timeout: float) -> None:
             tried.append(path)
         except (paramiko.SSHException, OSError, EOFError) as e:
             raise PeerUnreachable(f"authentication with {target.address} failed: {e}") from None
-    raise PeerUnreachable(f"no key was accepted for {target.address} (tried: {', '.join(tried) or 'nothing'}); "
-                          "pass --key, set IdentityFile in ~/.ssh/config, or add the key to ssh-agent")
+    raise PeerUnreachable(
+        f"no key was accepted for {target.address} (tried: {', '.join(tried) or 'nothing'}); "
+        "pass --key, set IdentityFile in ~/.ssh/config, or add the key to ssh-agent"
+    )
 
 
 def _load_key(path: str) -> Any:
@@ -217,8 +231,9 @@ def _load_key(path: str) -> Any:
     raise last
 
 
-def run_command(t: Any, command: str, stdin: Optional[bytes] = None,
-                timeout: float = VERB_TIMEOUT_S) -> tuple[int, bytes, bytes]:
+def run_command(
+    t: Any, command: str, stdin: Optional[bytes] = None, timeout: float = VERB_TIMEOUT_S
+) -> tuple[int, bytes, bytes]:
     """Run ``command`` on an open transport; every step under ``timeout``.
 
     ``recv_exit_status`` has no timeout, so this polls the channel instead.
@@ -230,9 +245,15 @@ def run_command(t: Any, command: str, stdin: Optional[bytes] = None,
     return code, b"".join(out), err
 
 
-def stream_command(t: Any, command: str, stdin: Optional[bytes], sink: Callable[[bytes], None],
-                   timeout: float = VERB_TIMEOUT_S, idle_timeout: Optional[float] = None,
-                   max_err: int = 1 << 20) -> tuple[int, bytes]:
+def stream_command(
+    t: Any,
+    command: str,
+    stdin: Optional[bytes],
+    sink: Callable[[bytes], None],
+    timeout: float = VERB_TIMEOUT_S,
+    idle_timeout: Optional[float] = None,
+    max_err: int = 1 << 20,
+) -> tuple[int, bytes]:
     """Run ``command`` on an open transport, handing its stdout to ``sink`` as it comes
     (a bundle may be large); return (exit status, stderr, at most ``max_err`` bytes).
 
@@ -270,8 +291,12 @@ def stream_command(t: Any, command: str, stdin: Optional[bytes], sink: Callable[
                 if err_size < max_err:
                     err.append(chunk)
                     err_size += len(chunk)
-            if (ch.exit_status_ready() and not ch.recv_ready() and not ch.recv_stderr_ready()
-                    and (ch.eof_received or ch.closed)):
+            if (
+                ch.exit_status_ready()
+                and not ch.recv_ready()
+                and not ch.recv_stderr_ready()
+                and (ch.eof_received or ch.closed)
+            ):
                 break
             if ch.closed and not ch.exit_status_ready():
                 raise PeerUnreachable("the channel closed without an exit status", delivered=True)
@@ -289,5 +314,3 @@ def stream_command(t: Any, command: str, stdin: Optional[bytes], sink: Callable[
         raise PeerUnreachable(f"the connection failed: {e}", delivered=delivered) from None
     finally:
         ch.close()
-
-

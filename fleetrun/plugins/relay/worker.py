@@ -52,8 +52,11 @@ def subject(args: list[str], payload: Optional[dict[str, Any]]) -> Optional[str]
         return args[args.index("--attempt") + 1]
     p = payload or {}
     att, task = p.get("attempt"), p.get("task")
-    found = (att.get("id") if isinstance(att, dict) else None) or p.get("attempt_id") \
+    found = (
+        (att.get("id") if isinstance(att, dict) else None)
+        or p.get("attempt_id")
         or (task.get("id") if isinstance(task, dict) else None)
+    )
     return str(found) if found else None
 
 
@@ -121,9 +124,16 @@ class Worker:
         :meth:`take_pushed` has not taken; ``kick`` is set as one comes.
     """
 
-    def __init__(self, transport: Any, command: list[str], home: Path, name: str,
-                 on_log: Callable[[str, LogChunk], None], attempts: Optional[PeerAttempts] = None,
-                 on_violation: Optional[Callable[[], None]] = None) -> None:
+    def __init__(
+        self,
+        transport: Any,
+        command: list[str],
+        home: Path,
+        name: str,
+        on_log: Callable[[str, LogChunk], None],
+        attempts: Optional[PeerAttempts] = None,
+        on_violation: Optional[Callable[[], None]] = None,
+    ) -> None:
         self.transport = transport
         self.attempts = attempts if attempts is not None else PeerAttempts()
         self.on_violation = on_violation
@@ -218,8 +228,9 @@ class Worker:
         if was_alive:
             self.wake()  # the loop asks again, through another worker or the one-shot verbs
 
-    def request(self, verb: str, args: list[str], payload: Optional[dict[str, Any]],
-                timeout: float) -> tuple[int, dict[str, Any]]:
+    def request(
+        self, verb: str, args: list[str], payload: Optional[dict[str, Any]], timeout: float
+    ) -> tuple[int, dict[str, Any]]:
         """Send one request and wait for its reply: (the verb's exit code, its reply).
 
         :raises PeerUnreachable: the worker or the link went away, or no reply came in
@@ -227,8 +238,14 @@ class Worker:
         """
         return self.submit(verb, args, payload).wait(timeout)
 
-    def submit(self, verb: str, args: list[str], payload: Optional[dict[str, Any]],
-               wake: bool = False, then: Optional[tuple[str, list[str], dict[str, Any]]] = None) -> Pending:
+    def submit(
+        self,
+        verb: str,
+        args: list[str],
+        payload: Optional[dict[str, Any]],
+        wake: bool = False,
+        then: Optional[tuple[str, list[str], dict[str, Any]]] = None,
+    ) -> Pending:
         """Send one request; its reply comes to the :class:`Pending` returned.
 
         :param wake: wake the loop when the reply comes (one that does not wait for it).
@@ -304,7 +321,7 @@ class Worker:
                     if end < 0:
                         break
                     line = bytes(buf[:end])
-                    del buf[:end + 1]
+                    del buf[: end + 1]
                     self._line(line)
                 if len(buf) > MAX_WORKER_LINE:
                     return self.close(f"a garbled message from the worker: a line over {MAX_WORKER_LINE} bytes")
@@ -321,8 +338,10 @@ class Worker:
                 return
             if isinstance(first, dict) and first.get("event") != "hello":
                 err = first.get("error")
-                return self.close(f"`host serve` answered {str(err)[:300] if err else 'with no hello'}; its fleetrun "
-                                  "may be too old to run a worker")
+                return self.close(
+                    f"`host serve` answered {str(err)[:300] if err else 'with no hello'}; its fleetrun "
+                    "may be too old to run a worker"
+                )
         try:
             m = parse_worker_message(line)
         except Malformed as e:
@@ -332,8 +351,7 @@ class Worker:
         if m.kind == "hello":
             info = m.info or {}
             if info.get("protocol") != WORKER_PROTOCOL:
-                return self.close(f"its worker speaks protocol {info.get('protocol')}, this fleetrun "
-                                  f"{WORKER_PROTOCOL}")
+                return self.close(f"its worker speaks protocol {info.get('protocol')}, this fleetrun {WORKER_PROTOCOL}")
             self.info = info
             self._hello.set()
             return

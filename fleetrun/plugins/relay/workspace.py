@@ -51,8 +51,12 @@ def check_workspace(task: Any, ws: dict[str, Any], peer: str) -> Workspace:
     if not ws.get("is_worktree") or ws.get("base_ref") != spec.git_ref:
         raise WrongWorkspace(f"{bad} not a worktree made from git_ref {spec.git_ref!r}")
     repo, root, path = ws.get("repo"), ws.get("root") or ws.get("path"), ws.get("path")
-    if not (isinstance(repo, str) and isinstance(root, str) and isinstance(path, str)
-            and all(os.path.isabs(p) and ".." not in p.split("/") for p in (repo, root, path))):
+    if not (
+        isinstance(repo, str)
+        and isinstance(root, str)
+        and isinstance(path, str)
+        and all(os.path.isabs(p) and ".." not in p.split("/") for p in (repo, root, path))
+    ):
         raise WrongWorkspace(f"{bad} its repo, root and path must be absolute paths")
     if not (_inside(spec.cwd, repo) or _inside(os.path.realpath(spec.cwd), repo)):
         raise WrongWorkspace(f"{bad} repository {repo} does not hold the task's cwd {spec.cwd}")

@@ -88,8 +88,9 @@ class WorkspaceError(Exception):
     that was made, when there is one for a human to look at.
     """
 
-    def __init__(self, message: str, permanent: bool = False, cause: Optional[str] = None,
-                 workspace: Optional[Workspace] = None) -> None:
+    def __init__(
+        self, message: str, permanent: bool = False, cause: Optional[str] = None, workspace: Optional[Workspace] = None
+    ) -> None:
         super().__init__(message)
         self.permanent = permanent
         self.cause = cause
@@ -147,13 +148,15 @@ def _reuse(config: Config, task: Any, path: Path, repo: str, common: str) -> Opt
     except WorktreeTampered:
         if ours:
             raise
-        raise WorkspaceError(f"{path} exists and is not a worktree of {repo}; remove it or fleetrun gc",
-                             permanent=True) from None
+        raise WorkspaceError(
+            f"{path} exists and is not a worktree of {repo}; remove it or fleetrun gc", permanent=True
+        ) from None
 
 
 @hookimpl(trylast=True)
-def fleetrun_prepare_workspace(task: Any, attempt: Any, host: Host,
-                               config: Config) -> Union[Workspace, WorkspaceHandle, None]:
+def fleetrun_prepare_workspace(
+    task: Any, attempt: Any, host: Host, config: Config
+) -> Union[Workspace, WorkspaceHandle, None]:
     if not host.local:
         return None  # its folders are not here: the plugin that provides it prepares it
     spec = task.spec
@@ -176,9 +179,20 @@ def fleetrun_prepare_workspace(task: Any, attempt: Any, host: Host,
         # lock, while the loop handles other tasks; a reused one is checked here, as before
         forget_pin(config, str(path), common)
         fut = effects.submit(_add_locked, config.home / "locks", repo, common, branch, path, spec.git_ref)
-        return _Adding(config, fut, path, common, Workspace(
-            path=str(path / sub if sub != "." else path), branch=branch, repo=repo, base_ref=spec.git_ref,
-            is_worktree=True, root=str(path)))
+        return _Adding(
+            config,
+            fut,
+            path,
+            common,
+            Workspace(
+                path=str(path / sub if sub != "." else path),
+                branch=branch,
+                repo=repo,
+                base_ref=spec.git_ref,
+                is_worktree=True,
+                root=str(path),
+            ),
+        )
     with repo_lock(config.home / "locks", repo, common=common):
         # checked before anything is made: a dependency with no branch makes nothing
         branches = _dependency_branches(config, task, repo) if spec.merges_dependencies else []
@@ -189,14 +203,23 @@ def fleetrun_prepare_workspace(task: Any, attempt: Any, host: Host,
             made = True
         p = pinned(config, str(path), common)
         wpath = path / sub if sub != "." else path
-        ws = Workspace(path=str(wpath), branch=branch, repo=repo, base_ref=spec.git_ref, is_worktree=True,
-                       root=str(path))
+        ws = Workspace(
+            path=str(wpath), branch=branch, repo=repo, base_ref=spec.git_ref, is_worktree=True, root=str(path)
+        )
         _complete_preparation(config, task, attempt, p, ws, branches, made, new_branch)
     return ws
 
 
-def _complete_preparation(config: Config, task: Any, attempt: Any, p: Pinned, ws: Workspace,
-                          branches: list[tuple[str, str]], made: bool, new_branch: bool) -> None:
+def _complete_preparation(
+    config: Config,
+    task: Any,
+    attempt: Any,
+    p: Pinned,
+    ws: Workspace,
+    branches: list[tuple[str, str]],
+    made: bool,
+    new_branch: bool,
+) -> None:
     """Check each step of a worktree's preparation and do the ones not done, in order,
     so that a preparation cut short (a supervisor killed between two steps, a merge
     stopped on a conflict) is completed by the next attempt, never taken as it is:
@@ -256,8 +279,9 @@ def _add_locked(locks: Path, repo: str, common: str, branch: str, path: Path, re
                 pin_worktree(str(path), common)
                 return
             except WorktreeTampered:
-                raise WorkspaceError(f"{path} exists and is not a worktree of {repo}; remove it or fleetrun gc",
-                                     permanent=True) from None
+                raise WorkspaceError(
+                    f"{path} exists and is not a worktree of {repo}; remove it or fleetrun gc", permanent=True
+                ) from None
         _add(repo, branch, path, ref)
 
 
@@ -283,8 +307,9 @@ def _dependency_branches(config: Config, task: Any, repo: str) -> list[tuple[str
         raise WorkspaceError(str(e), permanent=e.permanent) from None
 
 
-def _merge_dependencies(config: Config, task: Any, attempt: Any, p: Pinned, ws: Workspace,
-                        branches: list[tuple[str, str]], new_branch: bool) -> None:
+def _merge_dependencies(
+    config: Config, task: Any, attempt: Any, p: Pinned, ws: Workspace, branches: list[tuple[str, str]], new_branch: bool
+) -> None:
     """``base = "dependencies"``: every dependency of ``branches`` whose head is not in
     the worktree's branch yet is merged in (:mod:`fleetrun.depmerge`), in order; those
     merged already (a reused worktree) are not merged again. A merge still stopped on a
@@ -298,13 +323,17 @@ def _merge_dependencies(config: Config, task: Any, attempt: Any, p: Pinned, ws: 
     """
     led = config.stash[LEDGER_KEY]
     repo = ws.repo or ""
-    before = next((a.workspace for a in reversed(led.attempts(task.id))
-                   if a.id != attempt.id and a.workspace), None) or {}
+    before = (
+        next((a.workspace for a in reversed(led.attempts(task.id)) if a.id != attempt.id and a.workspace), None) or {}
+    )
     earlier = {m.get("task"): m for m in before.get("merged") or [] if isinstance(m, dict)}
     try:
         missing = missing_dependencies(p, repo, branches)
-        ws.merged = [earlier.get(name) or {"task": name, "branch": branch, "commit": None}
-                     for name, branch in branches if (name, branch) not in missing]
+        ws.merged = [
+            earlier.get(name) or {"task": name, "branch": branch, "commit": None}
+            for name, branch in branches
+            if (name, branch) not in missing
+        ]
         ws.conflict = stopped_merge(p, repo, missing)
         if ws.conflict is None and missing:
             merged, ws.conflict = merge_dependencies(p, task, missing)
@@ -317,13 +346,15 @@ def _merge_dependencies(config: Config, task: Any, attempt: Any, p: Pinned, ws: 
         raise WorkspaceError(str(e), permanent=e.permanent) from None
     if ws.conflict is not None and task.spec.on_conflict != "agent":
         _note_once(led, task.id, conflict_note(ws.conflict, str(ws.root), task.name))
-        raise WorkspaceError(conflict_cause(ws.conflict), permanent=True, cause=conflict_cause(ws.conflict),
-                             workspace=ws)
+        raise WorkspaceError(
+            conflict_cause(ws.conflict), permanent=True, cause=conflict_cause(ws.conflict), workspace=ws
+        )
 
 
 @hookimpl(trylast=True)
-def fleetrun_collect_work(task: Any, attempt: Any, workspace: Workspace, host: Host,
-                          config: Config) -> Union[str, CollectHandle, None]:
+def fleetrun_collect_work(
+    task: Any, attempt: Any, workspace: Workspace, host: Host, config: Config
+) -> Union[str, CollectHandle, None]:
     """Commit what the attempt left uncommitted, so verifiers, handoffs and dependents
     see exactly what is on the branch. Every git command is pinned to the worktree
     fleetrun made (the agent may have rewritten its ``.git``), and the commit goes only
@@ -464,8 +495,7 @@ def fleetrun_cleanup_workspace(task: Any, host: Host, config: Config) -> None:
     try:
         p = pinned(config, str(path), common)
     except WorktreeTampered as e:
-        _note_once(led, task.id, f"kept worktree {path}: it was tampered with ({e}); "
-                                 "fleetrun ran no git command in it")
+        _note_once(led, task.id, f"kept worktree {path}: it was tampered with ({e}); fleetrun ran no git command in it")
         return
 
     def done(fut: Future[Optional[str]]) -> None:  # on the loop's thread: the note, as before
@@ -503,6 +533,6 @@ def _remove_locked(locks: Path, repo_dir: str, p: Pinned, path: Path) -> Optiona
         try:
             git(repo_dir, "worktree", "remove", "--", str(path))
         except GitError as e:
-            why = ("it has uncommitted changes" if "modified or untracked" in e.output else str(e))
+            why = "it has uncommitted changes" if "modified or untracked" in e.output else str(e)
             return f"kept worktree {path}: {why}"
     return None

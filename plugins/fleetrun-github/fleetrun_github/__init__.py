@@ -36,8 +36,16 @@ from .ghcli import existing_from_error, failure, parse_created, parse_list, run,
 __version__ = "0.1.0"
 
 LINK = "pull_request"
-DEFAULTS: dict[str, Any] = {"enabled": True, "remote": "origin", "draft": True, "gh": "gh", "git": "git",
-                            "repo": None, "base": None, "timeout_s": 120.0}
+DEFAULTS: dict[str, Any] = {
+    "enabled": True,
+    "remote": "origin",
+    "draft": True,
+    "gh": "gh",
+    "git": "git",
+    "repo": None,
+    "base": None,
+    "timeout_s": 120.0,
+}
 #: what this run did, for the terminal summary: (task name, line)
 SUMMARY_KEY = fleetrun.StashKey[list[tuple[str, str]]]()
 
@@ -60,8 +68,13 @@ def fleetrun_config_keys(config: Any) -> list[ConfigKey]:
         ConfigKey(t, "gh", (str,), check=_nonempty, doc="the gh executable (default gh, on PATH)"),
         ConfigKey(t, "git", (str,), check=_nonempty, doc="the git executable (default git, on PATH)"),
         ConfigKey(t, "repo", (str,), check=_nonempty, doc="gh's --repo [HOST/]OWNER/NAME (default: gh's choice)"),
-        ConfigKey(t, "base", (str,), check=_nonempty,
-                  doc="--base when the task's git_ref is not a branch here (default: gh's, the default branch)"),
+        ConfigKey(
+            t,
+            "base",
+            (str,),
+            check=_nonempty,
+            doc="--base when the task's git_ref is not a branch here (default: gh's, the default branch)",
+        ),
         ConfigKey(t, "timeout_s", (int, float), check=_positive, doc="for each git or gh call (default 120)"),
     ]
 
@@ -139,8 +152,9 @@ def _open_pr(config: Any, task: Any) -> tuple[Optional[str], str]:
     repo = top.out.strip()
     has = run([s["git"], "rev-parse", "--verify", "--quiet", f"refs/heads/{branch}^{{commit}}"], repo, timeout)
     if not has.ok:
-        where = f" (it ran on {task.host} and its branch was not fetched back)" if task.host not in (None, "local") \
-            else ""
+        where = (
+            f" (it ran on {task.host} and its branch was not fetched back)" if task.host not in (None, "local") else ""
+        )
         return None, f"no pull request: branch {branch} is not in {repo}{where}; nothing was pushed"
     remote = s["remote"]
     pushed = run([s["git"], "push", remote, f"refs/heads/{branch}:refs/heads/{branch}"], repo, timeout)
@@ -156,9 +170,20 @@ def _open_pr(config: Any, task: Any) -> tuple[Optional[str], str]:
     if found[1] is not None:
         return found[1], f"pushed {branch} to {remote}; its pull request is open already: {found[1]}"
     base = _base(s, repo, task.spec.git_ref or "", timeout)
-    argv = [s["gh"], "pr", "create", "--head", branch, *(["--base", base] if base else []),
-            "--title", bodymod.title(task.name, task.spec.prompt or ""), "--body-file", "-",
-            *(["--draft"] if s["draft"] else []), *repo_arg]
+    argv = [
+        s["gh"],
+        "pr",
+        "create",
+        "--head",
+        branch,
+        *(["--base", base] if base else []),
+        "--title",
+        bodymod.title(task.name, task.spec.prompt or ""),
+        "--body-file",
+        "-",
+        *(["--draft"] if s["draft"] else []),
+        *repo_arg,
+    ]
     made = run(argv, repo, timeout, stdin=bodymod.body(facts(config, task, branch, base), __version__))
     if not made.ok:
         again = existing_from_error(made.err) if made.code is not None else None
@@ -178,9 +203,11 @@ def _base(s: dict[str, Any], repo: str, git_ref: str, timeout: float) -> Optiona
     if git_ref and run([s["git"], "show-ref", "--verify", "--quiet", f"refs/heads/{git_ref}"], repo, timeout).ok:
         return git_ref
     prefix = f"{s['remote']}/"
-    if git_ref.startswith(prefix) and run([s["git"], "show-ref", "--verify", "--quiet",
-                                           f"refs/remotes/{git_ref}"], repo, timeout).ok:
-        return git_ref[len(prefix):]
+    if (
+        git_ref.startswith(prefix)
+        and run([s["git"], "show-ref", "--verify", "--quiet", f"refs/remotes/{git_ref}"], repo, timeout).ok
+    ):
+        return git_ref[len(prefix) :]
     return s["base"]
 
 
@@ -189,13 +216,26 @@ def facts(config: Any, task: Any, branch: str, base: Optional[str]) -> bodymod.F
     led = fleetrun.open_ledger(config)
     attempts = led.attempts(task.id)
     numbers = {a.id: a.number for a in attempts}
-    verdicts = [bodymod.Verdict(numbers.get(v.attempt_id, 0), v.kind, v.label, v.passed, v.reason)
-                for v in led.verdicts(task.id)]
+    verdicts = [
+        bodymod.Verdict(numbers.get(v.attempt_id, 0), v.kind, v.label, v.passed, v.reason)
+        for v in led.verdicts(task.id)
+    ]
     return bodymod.Facts(
-        name=task.name, task_id=task.id, prompt=task.spec.prompt or "", cause=task.reason, branch=branch, base=base,
-        attempts=task.attempts, retries=task.retries, resumes=task.resumes, cost_usd=task.cost_usd,
-        cost_known=all(a.cost_usd is not None for a in attempts), summary=(task.handoff or {}).get("summary") or "",
-        host=task.host or "local", verdicts=verdicts)
+        name=task.name,
+        task_id=task.id,
+        prompt=task.spec.prompt or "",
+        cause=task.reason,
+        branch=branch,
+        base=base,
+        attempts=task.attempts,
+        retries=task.retries,
+        resumes=task.resumes,
+        cost_usd=task.cost_usd,
+        cost_known=all(a.cost_usd is not None for a in attempts),
+        summary=(task.handoff or {}).get("summary") or "",
+        host=task.host or "local",
+        verdicts=verdicts,
+    )
 
 
 # -- the verb: fleetrun github pr TASK... --------------------------------------------------
@@ -226,5 +266,8 @@ def _verb(config: Any, out: TextIO, err: TextIO) -> int:
 
 @hookimpl
 def fleetrun_verbs(pluginmanager: Any) -> list[fleetrun.VerbDecl]:
-    return [fleetrun.VerbDecl("github", "push a DONE task's branch and open its pull request (fleetrun-github)",
-                              _verb, _arguments)]
+    return [
+        fleetrun.VerbDecl(
+            "github", "push a DONE task's branch and open its pull request (fleetrun-github)", _verb, _arguments
+        )
+    ]

@@ -72,7 +72,7 @@ def title(name: str, prompt: str) -> str:
     """``NAME: the prompt's first line``, at most :data:`TITLE_CHARS` characters."""
     head = first_line(prompt)
     text = f"{one_line(name)}: {head}" if head else one_line(name)
-    return text if len(text) <= TITLE_CHARS else text[:TITLE_CHARS - 3] + "..."
+    return text if len(text) <= TITLE_CHARS else text[: TITLE_CHARS - 3] + "..."
 
 
 def _code(text: str) -> str:
@@ -119,8 +119,9 @@ def body(f: Facts, version: str) -> str:
     if f.verdicts:
         for v in f.verdicts:
             why = f": {_code(v.reason)}" if v.reason.strip() else ""  # a brain's or reviewer's words
-            lines.append(f"- attempt {v.attempt}: **{'PASS' if v.passed else 'FAIL'}** "
-                         f"{one_line(v.kind)} {_code(v.label)}{why}")
+            lines.append(
+                f"- attempt {v.attempt}: **{'PASS' if v.passed else 'FAIL'}** {one_line(v.kind)} {_code(v.label)}{why}"
+            )
     else:
         lines.append("- none: the task is DONE when its session ended well")
     lines += ["", "## Cost", "", f"{cost} over {tries}.", "", "## Summary", ""]
@@ -134,7 +135,11 @@ def body(f: Facts, version: str) -> str:
     if cut:
         lines.append("[... cut]")
     base = f" from {_code(f.base)}" if f.base else ""
-    lines += ["", "---", f"Branch {_code(f.branch)}{base}. Opened by fleetrun-github {version}; "
-                         f"`fleetrun logs {f.task_id}` has the whole story."]
+    lines += [
+        "",
+        "---",
+        f"Branch {_code(f.branch)}{base}. Opened by fleetrun-github {version}; "
+        f"`fleetrun logs {f.task_id}` has the whole story.",
+    ]
     text = "\n".join(lines) + "\n"
     return text if len(text) <= BODY_CHARS else text[:BODY_CHARS] + "\n\n[... cut]\n"

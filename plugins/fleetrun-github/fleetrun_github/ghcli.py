@@ -56,18 +56,34 @@ def tail(text: str) -> str:
     return text if len(text) <= TAIL_CHARS else "..." + text[-TAIL_CHARS:]
 
 
-def run(argv: list[str], cwd: str, timeout_s: float, stdin: Optional[str] = None,
-        env: Optional[dict[str, str]] = None) -> Ran:
+def run(
+    argv: list[str], cwd: str, timeout_s: float, stdin: Optional[str] = None, env: Optional[dict[str, str]] = None
+) -> Ran:
     """Run ``argv`` in ``cwd`` with this process's environment (``GH_TOKEN`` and the
     git credential helpers reach the program, and nothing writes them down) plus
     ``env``; never a shell, never a terminal prompt."""
     import subprocess  # here: fleetrun --help loads the plugin, and must not import it
 
-    full = dict(os.environ, GIT_TERMINAL_PROMPT="0", GH_PROMPT_DISABLED="1", GH_NO_UPDATE_NOTIFIER="1",
-                NO_COLOR="1", GH_SPINNER_DISABLED="1", **(env or {}))
+    full = dict(
+        os.environ,
+        GIT_TERMINAL_PROMPT="0",
+        GH_PROMPT_DISABLED="1",
+        GH_NO_UPDATE_NOTIFIER="1",
+        NO_COLOR="1",
+        GH_SPINNER_DISABLED="1",
+        **(env or {}),
+    )
     try:
-        proc = subprocess.run(argv, cwd=cwd, input=stdin if stdin is not None else "",
-                              capture_output=True, text=True, errors="replace", timeout=timeout_s, env=full)
+        proc = subprocess.run(
+            argv,
+            cwd=cwd,
+            input=stdin if stdin is not None else "",
+            capture_output=True,
+            text=True,
+            errors="replace",
+            timeout=timeout_s,
+            env=full,
+        )
     except FileNotFoundError:
         return Ran(None, why=f"{argv[0]} not found")
     except PermissionError:

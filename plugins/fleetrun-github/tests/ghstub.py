@@ -22,7 +22,7 @@ import os
 import sys
 from pathlib import Path
 
-SOURCE = r'''#!{python}
+SOURCE = r"""#!{python}
 import json, os, subprocess, sys
 from pathlib import Path
 
@@ -62,7 +62,7 @@ if argv[:2] == ["pr", "create"]:
     sys.exit(0)
 sys.stderr.write(f"unknown command {{argv!r}} for gh\n")
 sys.exit(1)
-'''
+"""
 
 
 def write_gh(folder: Path) -> Path:

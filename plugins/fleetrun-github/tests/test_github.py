@@ -88,8 +88,9 @@ class Costly:
     """Stands in for an agent that reports its cost: $0.25 per attempt."""
 
     @fleetrun.hookimpl(tryfirst=True)
-    def fleetrun_agent_result(self, task: Any, attempt: Any, log_path: str, exit_code: Optional[int],
-                              config: Any) -> AgentResult:
+    def fleetrun_agent_result(
+        self, task: Any, attempt: Any, log_path: str, exit_code: Optional[int], config: Any
+    ) -> AgentResult:
         return AgentResult(ok=exit_code == 0, exit_code=exit_code, cost_usd=0.25)
 
 
@@ -102,8 +103,10 @@ def setup_remote(fleeter: Any) -> tuple[Path, Path]:
     remote = fleeter.path / "remote.git"
     git(fleeter.path, "init", "-q", "--bare", str(remote))
     hook = remote / "hooks" / "pre-receive"
-    hook.write_text("#!/bin/sh\nwhile read old new ref; do case \"$ref\" in *bad-push*)"
-                    " echo \"push declined: $ref is protected\"; exit 1;; esac; done\n")
+    hook.write_text(
+        '#!/bin/sh\nwhile read old new ref; do case "$ref" in *bad-push*)'
+        ' echo "push declined: $ref is protected"; exit 1;; esac; done\n'
+    )
     hook.chmod(0o755)
     git(repo, "remote", "add", "origin", str(remote))
     git(repo, "push", "-q", "origin", "main")
@@ -142,17 +145,30 @@ def test_done_tasks_get_pull_requests_and_failures_are_notes(fleeter: Any, monke
         by_branch.setdefault(c["argv"][c["argv"].index("--head") + 1], []).append(c)
     listed, created = by_branch[api.branch]
     assert listed["argv"] == ["pr", "list", "--head", api.branch, "--json", "url"]
-    assert created["argv"] == ["pr", "create", "--head", api.branch, "--base", "main",
-                               "--title", "api: Add the users API", "--body-file", "-", "--draft"]
+    assert created["argv"] == [
+        "pr",
+        "create",
+        "--head",
+        api.branch,
+        "--base",
+        "main",
+        "--title",
+        "api: Add the users API",
+        "--body-file",
+        "-",
+        "--draft",
+    ]
     assert os.path.realpath(created["cwd"]) == os.path.realpath(repo) and created["gh_token"]
     body = created["stdin"]
     assert body.startswith(f"fleetrun task `api` (`{api.id}`) is DONE (verify_pass) after 2 attempts (1 retry).\n")
-    for part in ("> Add the users API\n> with tests, please.\n",
-                 "- attempt 1: **FAIL** run `test -f ../m || { touch ../m; exit 1; }`: `exit code 1`\n",
-                 "- attempt 2: **PASS** run `has work`: `exit code 0`\n",
-                 "$0.50 over 2 attempts (1 retry).\n",
-                 "## Summary\n\n```\nAdded work.txt for api.\n```\n",
-                 f"Branch `{api.branch}` from `main`. Opened by fleetrun-github 0.1.0;"):
+    for part in (
+        "> Add the users API\n> with tests, please.\n",
+        "- attempt 1: **FAIL** run `test -f ../m || { touch ../m; exit 1; }`: `exit code 1`\n",
+        "- attempt 2: **PASS** run `has work`: `exit code 0`\n",
+        "$0.50 over 2 attempts (1 retry).\n",
+        "## Summary\n\n```\nAdded work.txt for api.\n```\n",
+        f"Branch `{api.branch}` from `main`. Opened by fleetrun-github 0.1.0;",
+    ):
         assert part in body, body
 
     # ui opted out (pr = false): no call for its branch; its prompt has api's pull request
@@ -171,25 +187,38 @@ def test_done_tasks_get_pull_requests_and_failures_are_notes(fleeter: Any, monke
     junk = fleeter.task("junk")
     assert heads(by_branch[junk.branch]) == [("list", junk.branch)]
     (note,) = notes(fleeter, "junk")
-    assert note == (f"github: pushed {junk.branch} to origin; no pull request: gh pr list printed something that "
-                    "is not JSON: <html><body>Something went wrong (token ***)</body></html>")
+    assert note == (
+        f"github: pushed {junk.branch} to origin; no pull request: gh pr list printed something that "
+        "is not JSON: <html><body>Something went wrong (token ***)</body></html>"
+    )
     (note,) = notes(fleeter, "signed-out")
-    assert note.endswith("no pull request: gh pr list: exit code 4: To get started with GitHub CLI, please run: "
-                         "gh auth login Alternatively, populate the GH_TOKEN environment variable with a GitHub "
-                         "API authentication token.")
+    assert note.endswith(
+        "no pull request: gh pr list: exit code 4: To get started with GitHub CLI, please run: "
+        "gh auth login Alternatively, populate the GH_TOKEN environment variable with a GitHub "
+        "API authentication token."
+    )
     assert notes(fleeter, "api") == [f"github: pushed {api.branch} to origin; opened draft pull request {url}"]
-    result.fnmatch_lines(["github: bad-push: no pull request: git push origin * failed: *",
-                          f"github: api: pushed {api.branch} to origin; opened draft pull request {url}"], stream="out")
+    result.fnmatch_lines(
+        [
+            "github: bad-push: no pull request: git push origin * failed: *",
+            f"github: api: pushed {api.branch} to origin; opened draft pull request {url}",
+        ],
+        stream="out",
+    )
 
     # a task a person approves is DONE too: fleetrun approve opens its pull request
-    assert "approved" not in {c["argv"][c["argv"].index("--head") + 1].split("/")[1].rsplit("-task", 1)[0]
-                              for c in calls(gh)}
+    assert "approved" not in {
+        c["argv"][c["argv"].index("--head") + 1].split("/")[1].rsplit("-task", 1)[0] for c in calls(gh)
+    }
     approve = fleeter.run("approve", "approved", plugins=[fleetrun_github])
     assert approve.ret == 0, approve.stdout + approve.stderr
     assert fleetrun.task_links(fleeter.ledger(), fleeter.task("approved").id) == {
-        "pull_request": "https://github.com/acme/widgets/pull/2"}
-    assert heads(calls(gh)[-2:]) == [("list", fleeter.task("approved").branch),
-                                      ("create", fleeter.task("approved").branch)]
+        "pull_request": "https://github.com/acme/widgets/pull/2"
+    }
+    assert heads(calls(gh)[-2:]) == [
+        ("list", fleeter.task("approved").branch),
+        ("create", fleeter.task("approved").branch),
+    ]
 
     # status --json and logs show the link
     rows = {r["name"]: r for r in json.loads(fleeter.run("status", "--json", plugins=[fleetrun_github]).stdout)}
@@ -206,14 +235,17 @@ def test_done_tasks_get_pull_requests_and_failures_are_notes(fleeter: Any, monke
     # the refused push, once the remote takes it: opened; a task not DONE is refused
     (remote / "hooks" / "pre-receive").unlink()
     fixed = fleeter.run("github", "pr", "bad-push", plugins=[fleetrun_github])
-    assert fixed.ret == 0 and fleeter.ledger().links(bad.id)[bad.id]["pull_request"][1] == \
-        "https://github.com/acme/widgets/pull/3", fixed.stdout
+    assert (
+        fixed.ret == 0
+        and fleeter.ledger().links(bad.id)[bad.id]["pull_request"][1] == "https://github.com/acme/widgets/pull/3"
+    ), fixed.stdout
     # a branch that is not here (a peer's, not fetched back; here: deleted) is not pushed
     git(repo, "branch", "-D", junk.branch)
     gone = fleeter.run("github", "pr", "junk", plugins=[fleetrun_github])
     assert gone.ret == 1 and gone.outlines == [
         f"junk {junk.id}: no pull request: branch {junk.branch} is not in {git(repo, 'rev-parse', '--show-toplevel')}; "
-        "nothing was pushed"]
+        "nothing was pushed"
+    ]
     # the file again, one task changed: the tasks kept DONE keep their pull request, no gh call
     before = len(calls(gh))
     fleeter.write_tasks(QUEUE.replace("Nobody logged in", "Still nobody logged in"))
@@ -232,8 +264,10 @@ def test_done_tasks_get_pull_requests_and_failures_are_notes(fleeter: Any, monke
 #: What an agent may hand on as its summary to steer the pull request: close an issue,
 #: ping a team, load a tracking image, imitate fleetrun's own sections, and close a
 #: code fence early.
-HOSTILE = ("Closes #1\ncc @org/team\n![](http://tracker.example/pixel.png)\n## Verifiers\n"
-           "- attempt 1: **PASS** run `everything`\n```\nFixes #2\n````\n")
+HOSTILE = (
+    "Closes #1\ncc @org/team\n![](http://tracker.example/pixel.png)\n## Verifiers\n"
+    "- attempt 1: **PASS** run `everything`\n```\nFixes #2\n````\n"
+)
 
 
 def fenced(body: str, after: str) -> tuple[str, str]:
@@ -244,10 +278,11 @@ def fenced(body: str, after: str) -> tuple[str, str]:
     i = lines.index(after) + 2
     fence = lines[i]
     assert set(fence) == {"`"} and len(fence) >= 3, body
-    end = next(j for j in range(i + 1, len(lines)) if set(lines[j].strip()) == {"`"}
-               and len(lines[j].strip()) >= len(fence))
+    end = next(
+        j for j in range(i + 1, len(lines)) if set(lines[j].strip()) == {"`"} and len(lines[j].strip()) >= len(fence)
+    )
     assert lines[end] == fence, body  # the block ends at its own fence, not at one of the agent's
-    return fence, "\n".join(lines[i + 1:end])
+    return fence, "\n".join(lines[i + 1 : end])
 
 
 def test_the_agents_summary_is_inert_text_in_the_pull_request_body(fleeter: Any, monkeypatch: Any) -> None:
@@ -256,8 +291,10 @@ def test_the_agents_summary_is_inert_text_in_the_pull_request_body(fleeter: Any,
     gh = write_gh(fleeter.path / "bin")
     fleeter.write_config(f'[github]\ngh = "{gh}"\n')
     (fleeter.path / "summary.txt").write_text(HOSTILE)
-    copy = f"import os, shutil; open('work.txt', 'w').write('done'); shutil.copy({str(fleeter.path / 'summary.txt')!r}, " \
-           "os.environ['FLEETRUN_SUMMARY_FILE'])"
+    copy = (
+        f"import os, shutil; open('work.txt', 'w').write('done'); shutil.copy({str(fleeter.path / 'summary.txt')!r}, "
+        "os.environ['FLEETRUN_SUMMARY_FILE'])"
+    )
     fleeter.write_tasks(f"""
         [agents.work]
         command = ["{{python}}", "-c", "{copy}"]
@@ -281,7 +318,11 @@ def test_the_agents_summary_is_inert_text_in_the_pull_request_body(fleeter: Any,
     for live in ("#1", "#2", "@org", "![](", "**PASS** run `everything`"):
         assert live not in outside, body
     assert [line for line in outside.split("\n") if line.startswith("## ")] == [
-        "## Task", "## Verifiers", "## Cost", "## Summary"]
+        "## Task",
+        "## Verifiers",
+        "## Cost",
+        "## Summary",
+    ]
 
 
 def test_inert_unless_configured_and_mistakes_are_usage_errors(fleeter: Any) -> None:
@@ -306,7 +347,7 @@ def test_inert_unless_configured_and_mistakes_are_usage_errors(fleeter: Any) -> 
     cfg = fleeter.write_config(f'[github]\ngh = "{gh}"\ndraft = "yes"\n')
     bad = fleeter.run("tasks.toml", plugins=[fleetrun_github])
     assert bad.ret == 4 and f"ERROR: {cfg}:3: github.draft:" in bad.stderr, bad.stderr
-    fleeter.write_config('[github]\ntimeout_s = 0\n')
+    fleeter.write_config("[github]\ntimeout_s = 0\n")
     bad = fleeter.run("tasks.toml", plugins=[fleetrun_github])
     assert bad.ret == 4 and "github.timeout_s: must be greater than 0" in bad.stderr, bad.stderr
     fleeter.write_config("")
@@ -318,8 +359,11 @@ def test_inert_unless_configured_and_mistakes_are_usage_errors(fleeter: Any) -> 
 def test_the_installed_distribution_loads_through_its_entry_point(fleeter: Any) -> None:
     # asked of a fresh interpreter: this one has the source folder on sys.path, where
     # pip's build leaves a fleetrun_github.egg-info that is no installed distribution
-    probe = subprocess.run([sys.executable, "-c", "import importlib.metadata as m; m.distribution('fleetrun-github')"],
-                           cwd=fleeter.path, capture_output=True)
+    probe = subprocess.run(
+        [sys.executable, "-c", "import importlib.metadata as m; m.distribution('fleetrun-github')"],
+        cwd=fleeter.path,
+        capture_output=True,
+    )
     if probe.returncode != 0:
         if os.environ.get("CI"):
             raise AssertionError("CI installs plugins/fleetrun-github (.ci/run); it is not installed") from None
@@ -335,23 +379,31 @@ def test_the_installed_distribution_loads_through_its_entry_point(fleeter: Any) 
     assert "github" not in loaded("-p", "no:github")
     # its verb, from the entry point: a task it does not know is the user's mistake
     verb = fleeter.runsub("github", "pr", "nosuch")
-    assert (verb.ret, verb.stderr) == (4, "ERROR: TASK: no task with id or name 'nosuch' (fleetrun status lists them)\n")
+    assert (verb.ret, verb.stderr) == (
+        4,
+        "ERROR: TASK: no task with id or name 'nosuch' (fleetrun status lists them)\n",
+    )
 
 
 def test_what_gh_prints_is_read_strictly() -> None:
     assert parse_list('[{"url": "https://github.com/o/r/pull/3"}]') == ("found", "https://github.com/o/r/pull/3")
     assert parse_list("[]\n") == ("none", None)
-    assert parse_list('{"url": "https://x"}') == 'printed JSON that is not a list of pull requests: {"url": "https://x"}'
+    assert (
+        parse_list('{"url": "https://x"}') == 'printed JSON that is not a list of pull requests: {"url": "https://x"}'
+    )
     assert parse_list('[{"url": "http://github.com/o/r/pull/3"}]') == (
-        "printed a pull request whose url is not an https URL: http://github.com/o/r/pull/3")
+        "printed a pull request whose url is not an https URL: http://github.com/o/r/pull/3"
+    )
     assert parse_list('[{"url": 3}]').startswith("printed a pull request whose url is not an https URL")
     assert parse_created("https://github.com/o/r/pull/4\n") == ("https://github.com/o/r/pull/4",)
     assert parse_created("Warning: 2 uncommitted changes\nhttps://github.com/o/r/pull/4\n") == (
-        "https://github.com/o/r/pull/4",)
+        "https://github.com/o/r/pull/4",
+    )
     assert parse_created("") == "printed no https URL of a pull request: (nothing)"
     # a last line with more than the URL on it is not one: nothing is guessed out of it
     assert parse_created("https://github.com/o/r/pull/4 \x1b[31m") == (
-        "printed no https URL of a pull request: https://github.com/o/r/pull/4 ?[31m")
+        "printed no https URL of a pull request: https://github.com/o/r/pull/4 ?[31m"
+    )
     assert isinstance(parse_created("pull/4 opened"), str)
     err = 'a pull request for branch "fleetrun/a-1" into branch "main" already exists:\nhttps://github.com/o/r/pull/9\n'
     assert existing_from_error(err) == "https://github.com/o/r/pull/9"
@@ -361,9 +413,21 @@ def test_what_gh_prints_is_read_strictly() -> None:
 def test_title_and_body_quote_untrusted_text_as_text() -> None:
     assert bodymod.title("api", "\n\n  Add\tthe API  \nmore") == "api: Add the API"
     assert len(bodymod.title("x", "y" * 500)) == bodymod.TITLE_CHARS
-    f = bodymod.Facts(name="a`b", task_id="t1", prompt="p", cause="exited", branch="fleetrun/a", base=None,
-                      attempts=1, retries=0, resumes=0, cost_usd=0.0, cost_known=False, summary="x\x1b[2Jy",
-                      verdicts=[])
+    f = bodymod.Facts(
+        name="a`b",
+        task_id="t1",
+        prompt="p",
+        cause="exited",
+        branch="fleetrun/a",
+        base=None,
+        attempts=1,
+        retries=0,
+        resumes=0,
+        cost_usd=0.0,
+        cost_known=False,
+        summary="x\x1b[2Jy",
+        verdicts=[],
+    )
     text = bodymod.body(f, "0.1.0")
     assert text.startswith("fleetrun task ``a`b`` (`t1`) is DONE (exited) after 1 attempt.\n")
     assert "- none: the task is DONE when its session ended well" in text
@@ -379,6 +443,11 @@ def test_loading_the_plugin_imports_no_subprocess() -> None:
     importing this one must stay light (tests/test_startup.py's budget for --help)."""
     here = Path(__file__).resolve().parents[1]
     probe = "import sys, fleetrun_github; print(sorted({'subprocess', 'threading'} & set(sys.modules)))"
-    out = subprocess.run([sys.executable, "-c", probe], capture_output=True, text=True, check=True,
-                         env=dict(os.environ, PYTHONPATH=str(here))).stdout.strip()
+    out = subprocess.run(
+        [sys.executable, "-c", probe],
+        capture_output=True,
+        text=True,
+        check=True,
+        env=dict(os.environ, PYTHONPATH=str(here)),
+    ).stdout.strip()
     assert out == "[]", out

@@ -43,9 +43,10 @@ def test_a_peers_branch_is_pushed_from_here_once_fetched_back(fleeter: Any, fake
     gh = write_gh(fleeter.path / "bin")
     # a DONE peer task's branch is fetched back by default: here only one with a
     # dependent is (fetch_back = false), so lonely's stays on the peer
-    fleeter.write_config((fleeter.home / "config.toml").read_text()
-                         + f'\n[github]\ngh = "{gh}"\n\n[relay]\nfetch_back = false\n')
-    fleeter.write_tasks('''
+    fleeter.write_config(
+        (fleeter.home / "config.toml").read_text() + f'\n[github]\ngh = "{gh}"\n\n[relay]\nfetch_back = false\n'
+    )
+    fleeter.write_tasks("""
         [[task]]
         name = "api"
         cwd = "repo"
@@ -68,12 +69,14 @@ def test_a_peers_branch_is_pushed_from_here_once_fetched_back(fleeter: Any, fake
         peer = "local"
         pr = false
         depends_on = ["api"]
-    ''')
-    fake_claude.script(**{
-        "api": [{"actions": [["write", "API.txt", "GET /things\n"], ["commit", "add api"]]}],
-        "lonely": [{"actions": [["write", "LONELY.txt", "alone\n"], ["commit", "add lonely"]]}],
-        "client": [{"actions": [["write", "C.txt", "c\n"], ["commit", "client"]]}],
-    })
+    """)
+    fake_claude.script(
+        **{
+            "api": [{"actions": [["write", "API.txt", "GET /things\n"], ["commit", "add api"]]}],
+            "lonely": [{"actions": [["write", "LONELY.txt", "alone\n"], ["commit", "add lonely"]]}],
+            "client": [{"actions": [["write", "C.txt", "c\n"], ["commit", "client"]]}],
+        }
+    )
     r = fleeter.run("tasks.toml", plugins=[fleetrun_github])
     assert r.ret == 0, r.stdout + r.stderr
     api, lonely = fleeter.task("api"), fleeter.task("lonely")
@@ -84,6 +87,8 @@ def test_a_peers_branch_is_pushed_from_here_once_fetched_back(fleeter: Any, fake
     assert "Its pull request: https://github.com/acme/widgets/pull/1" in dep["prompt"]
     # lonely's branch is on the peer only: nothing pushed, and the note says why
     notes = [n for _, n in fleeter.ledger().notes(lonely.id) if n.startswith("github:")]
-    assert notes == [f"github: no pull request: branch {lonely.branch} is not in {git(repo, 'rev-parse', '--show-toplevel')} "
-                     "(it ran on mini and its branch was not fetched back); nothing was pushed"]
+    assert notes == [
+        f"github: no pull request: branch {lonely.branch} is not in {git(repo, 'rev-parse', '--show-toplevel')} "
+        "(it ran on mini and its branch was not fetched back); nothing was pushed"
+    ]
     assert lonely.branch not in git(remote, "branch", "--list")

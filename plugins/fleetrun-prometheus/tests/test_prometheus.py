@@ -26,11 +26,16 @@ HERE = Path(__file__).resolve().parents[1]
 # ``quick`` passes, ``flaky`` fails its verifier once and passes on the retry, and
 # ``slow``'s agent waits for the file ``go``, which the test writes once it has scraped
 # the run in progress.
-QUEUE = ECHO_AGENT + r"""
+QUEUE = (
+    ECHO_AGENT
+    + r"""
 [agents.waiter]
 command = ["{python}", "-c", "import os, time; [time.sleep(0.05) for _ in range(12000) if not os.path.exists('../go')]"]
-""" + echo_task("quick", verify="true", cwd="q") + echo_task("flaky", verify="test -f m || { touch m; exit 1; }", cwd="f") \
+"""
+    + echo_task("quick", verify="true", cwd="q")
+    + echo_task("flaky", verify="test -f m || { touch m; exit 1; }", cwd="f")
     + echo_task("slow", verify="true", cwd="s", agent="waiter")
+)
 
 ONE = ECHO_AGENT + echo_task("ok")
 
@@ -61,8 +66,9 @@ class Costly:
 
     @fleetrun.hookimpl(tryfirst=True)
     def fleetrun_agent_result(self, exit_code: Optional[int]) -> AgentResult:
-        return AgentResult(ok=exit_code == 0, exit_code=exit_code, cost_usd=0.25,
-                           reason="" if exit_code == 0 else f"exit:{exit_code}")
+        return AgentResult(
+            ok=exit_code == 0, exit_code=exit_code, cost_usd=0.25, reason="" if exit_code == 0 else f"exit:{exit_code}"
+        )
 
 
 class Scraper:
@@ -89,8 +95,12 @@ class Scraper:
 
     @fleetrun.hookimpl
     def fleetrun_loop_pass(self, config: Any) -> None:
-        if (self.go is not None and self.during is None and self.states.get("slow") == "RUNNING"
-                and self.states.get("quick") == self.states.get("flaky") == "DONE"):
+        if (
+            self.go is not None
+            and self.during is None
+            and self.states.get("slow") == "RUNNING"
+            and self.states.get("quick") == self.states.get("flaky") == "DONE"
+        ):
             self.during = scrape(self._url(config))
             self.go.write_text("")
 
@@ -104,8 +114,7 @@ def test_scraped_during_and_after_a_run(fleeter: Any) -> None:
         (fleeter.path / folder).mkdir()
     fleeter.write_tasks(QUEUE)
     scraper = Scraper(go=fleeter.path / "go")
-    result = fleeter.run("tasks.toml", "--metrics-port", "0",
-                         plugins=[fleetrun_prometheus, Costly(), scraper])
+    result = fleeter.run("tasks.toml", "--metrics-port", "0", plugins=[fleetrun_prometheus, Costly(), scraper])
     assert result.ret == 0, result.stdout + result.stderr
     result.assert_outcomes(done=3)
     assert scraper.url.startswith("http://127.0.0.1:") and scraper.url.endswith("/metrics")
@@ -145,7 +154,8 @@ def test_scraped_during_and_after_a_run(fleeter: Any) -> None:
     assert value(after, "fleetrun_verifier_passes_total", kind="run") == 3
     assert value(after, "fleetrun_cost_usd_total") == 1.0
     assert (value(after, "fleetrun_loop_pass_duration_seconds_count") or 0) > (
-        value(during, "fleetrun_loop_pass_duration_seconds_count") or 0)
+        value(during, "fleetrun_loop_pass_duration_seconds_count") or 0
+    )
 
     # the run is over: the server is shut down and the exporter unregistered
     with pytest.raises(urllib.error.URLError):
@@ -177,8 +187,7 @@ def test_inert_without_a_port(fleeter: Any) -> None:
     assert not any(line.startswith("metrics:") for line in result.outlines)
 
     # prometheus_client stays off fleetrun's startup path: loaded only when a port is given
-    env = {"PYTHONPATH": os.pathsep.join([str(HERE), os.environ.get("PYTHONPATH", "")]),
-           "PYTHONPROFILEIMPORTTIME": "1"}
+    env = {"PYTHONPATH": os.pathsep.join([str(HERE), os.environ.get("PYTHONPATH", "")]), "PYTHONPROFILEIMPORTTIME": "1"}
     for args in (("-p", "fleetrun_prometheus", "status"), ("-p", "fleetrun_prometheus", "tasks.toml")):
         sub = fleeter.runsub(*args, env=env)
         assert sub.ret == 0, sub.stdout + sub.stderr
@@ -193,19 +202,23 @@ def busy_port() -> socket.socket:
     return s
 
 
-@pytest.mark.parametrize(("config", "args", "error"), [
-    ("", ("--metrics-port", "70000"), "--metrics-port: invalid port '70000': must be 0 to 65535"),
-    ("", ("--metrics-port", "x"), "--metrics-port: invalid port 'x': must be 0 to 65535"),
-    ("[prometheus]\nport = '9464'\n", (), "config.toml:2: prometheus.port: "),
-    ("[prometheus]\nport = -1\n", (), "config.toml:2: prometheus.port: must be 0 to 65535"),
-    ("[prometheus]\nport = 9464\nbind = '0.0.0.0'\n", (), "config.toml:3: prometheus.bind: "),
-    ("[prometheus]\naddr = ''\nport = 0\n", (), "config.toml:2: prometheus.addr: must be a host name or address"),
-    ("[prometheus]\naddr = '127.0.0.1'\n", (), "prometheus.addr: is set but no port is"),
-    ("[prometheus]\nport = BUSY\n", (), "prometheus.port: cannot serve metrics on 127.0.0.1:BUSY: "),
-    ("", ("--metrics-port", "BUSY"), "--metrics-port: cannot serve metrics on 127.0.0.1:BUSY: "),
-])
-def test_a_bad_port_stops_the_run_before_it_starts(fleeter: Any, capsys: pytest.CaptureFixture[str],
-                                                   config: str, args: tuple[str, ...], error: str) -> None:
+@pytest.mark.parametrize(
+    ("config", "args", "error"),
+    [
+        ("", ("--metrics-port", "70000"), "--metrics-port: invalid port '70000': must be 0 to 65535"),
+        ("", ("--metrics-port", "x"), "--metrics-port: invalid port 'x': must be 0 to 65535"),
+        ("[prometheus]\nport = '9464'\n", (), "config.toml:2: prometheus.port: "),
+        ("[prometheus]\nport = -1\n", (), "config.toml:2: prometheus.port: must be 0 to 65535"),
+        ("[prometheus]\nport = 9464\nbind = '0.0.0.0'\n", (), "config.toml:3: prometheus.bind: "),
+        ("[prometheus]\naddr = ''\nport = 0\n", (), "config.toml:2: prometheus.addr: must be a host name or address"),
+        ("[prometheus]\naddr = '127.0.0.1'\n", (), "prometheus.addr: is set but no port is"),
+        ("[prometheus]\nport = BUSY\n", (), "prometheus.port: cannot serve metrics on 127.0.0.1:BUSY: "),
+        ("", ("--metrics-port", "BUSY"), "--metrics-port: cannot serve metrics on 127.0.0.1:BUSY: "),
+    ],
+)
+def test_a_bad_port_stops_the_run_before_it_starts(
+    fleeter: Any, capsys: pytest.CaptureFixture[str], config: str, args: tuple[str, ...], error: str
+) -> None:
     held = busy_port()
     try:
         port = str(held.getsockname()[1])

@@ -58,24 +58,61 @@ def fleetrun_config_keys(config: Any) -> list[ConfigKey]:
     t = TABLE
     return [
         ConfigKey(t, "", machine=True, doc="run attempts as Slurm jobs (fleetrun-slurm)"),
-        ConfigKey(t, "shared_dir", (str,), check=_absolute, required=True, machine=True,
-                  doc="a folder every node mounts at the same path: attempt folders live there"),
+        ConfigKey(
+            t,
+            "shared_dir",
+            (str,),
+            check=_absolute,
+            required=True,
+            machine=True,
+            doc="a folder every node mounts at the same path: attempt folders live there",
+        ),
         ConfigKey(t, "partition", (str,), check=_nonempty, machine=True, doc="sbatch --partition"),
         ConfigKey(t, "account", (str,), check=_nonempty, machine=True, doc="sbatch --account"),
         ConfigKey(t, "qos", (str,), check=_nonempty, machine=True, doc="sbatch --qos"),
         ConfigKey(t, "time", (str,), check=_nonempty, machine=True, doc="sbatch --time (a task's slurm_time wins)"),
-        ConfigKey(t, "mem_mb", (int,), check=_positive, machine=True,
-                  doc="sbatch --mem, in MB (default 1024; a task's slurm_mem_mb wins)"),
-        ConfigKey(t, "cpus", (int,), check=_positive, machine=True,
-                  doc="sbatch --cpus-per-task (default 1; a task's slurm_cpus wins)"),
-        ConfigKey(t, "sbatch_options", (list,), items=str, check=_options, machine=True,
-                  doc="more sbatch options, as --name=value"),
+        ConfigKey(
+            t,
+            "mem_mb",
+            (int,),
+            check=_positive,
+            machine=True,
+            doc="sbatch --mem, in MB (default 1024; a task's slurm_mem_mb wins)",
+        ),
+        ConfigKey(
+            t,
+            "cpus",
+            (int,),
+            check=_positive,
+            machine=True,
+            doc="sbatch --cpus-per-task (default 1; a task's slurm_cpus wins)",
+        ),
+        ConfigKey(
+            t,
+            "sbatch_options",
+            (list,),
+            items=str,
+            check=_options,
+            machine=True,
+            doc="more sbatch options, as --name=value",
+        ),
         ConfigKey(t, "max_jobs", (int,), check=_positive, machine=True, doc="jobs in flight at most (default 8)"),
-        ConfigKey(t, "per_node", (bool,), machine=True,
-                  doc="each node its own host, slurm-<node>, pinned with --nodelist (default false)"),
+        ConfigKey(
+            t,
+            "per_node",
+            (bool,),
+            machine=True,
+            doc="each node its own host, slurm-<node>, pinned with --nodelist (default false)",
+        ),
         ConfigKey(t, "name", (str,), check=_name, machine=True, doc="the cluster's host name (default slurm)"),
-        ConfigKey(t, "bin_dir", (str,), check=_absolute, machine=True,
-                  doc="where sbatch, squeue, scancel and scontrol are (default: PATH)"),
+        ConfigKey(
+            t,
+            "bin_dir",
+            (str,),
+            check=_absolute,
+            machine=True,
+            doc="where sbatch, squeue, scancel and scontrol are (default: PATH)",
+        ),
     ]
 
 
@@ -120,8 +157,7 @@ def fleetrun_hosts(config: Any) -> list[Any]:
 
 
 @hookimpl
-def fleetrun_start_attempt(task: Any, attempt: Any, host: Any, spawn: Any, prompt: str,
-                           config: Any) -> None:
+def fleetrun_start_attempt(task: Any, attempt: Any, host: Any, spawn: Any, prompt: str, config: Any) -> None:
     # the shepherd plugin (trylast) starts it through host.start, which has no task: hand
     # the task's own sbatch settings (memory, CPUs, time, requires) over first
     if isinstance(host, SlurmHost):
@@ -140,8 +176,7 @@ class VerifyJobs:
     no third-party plugin could answer for it)."""
 
     @hookimpl
-    def fleetrun_verify(self, task: Any, verifier: Any, workspace: Any, attempt: Any, host: Any,
-                        config: Any) -> Any:
+    def fleetrun_verify(self, task: Any, verifier: Any, workspace: Any, attempt: Any, host: Any, config: Any) -> Any:
         """A ``run`` step of an attempt on the cluster runs there, as a job
         (:mod:`fleetrun_slurm.verifyjob`). ``brain`` and ``agent`` verifiers are left to
         their plugins, on this machine (the worktree is on the shared filesystem, mounted
@@ -157,8 +192,9 @@ class VerifyJobs:
         return verify_job(host, task, verifier, workspace, attempt, config)
 
     @hookimpl
-    def fleetrun_setup_step(self, task: Any, step: Any, number: int, workspace: Any, attempt: Any, host: Any,
-                            config: Any) -> Any:
+    def fleetrun_setup_step(
+        self, task: Any, step: Any, number: int, workspace: Any, attempt: Any, host: Any, config: Any
+    ) -> Any:
         """A ``setup`` command of an attempt on the cluster runs there too, as a job
         (``...-setup-K``, K its ``number``), before the attempt's own job."""
         if not isinstance(host, SlurmHost):
@@ -199,8 +235,10 @@ def not_shared(config: Any, s: Settings, cwd: str) -> Optional[str]:
     for what, where in (("its repository", path), ("the fleetrun home", Path(config.home))):
         dev = _device(where)
         if dev is not None and dev != shared:
-            return (f"{what} ({where}) is not on the filesystem of [slurm] shared_dir ({s.shared_dir}): "
-                    "the nodes would not see it")
+            return (
+                f"{what} ({where}) is not on the filesystem of [slurm] shared_dir ({s.shared_dir}): "
+                "the nodes would not see it"
+            )
     return None
 
 
@@ -230,8 +268,10 @@ def fleetrun_collection_modifyitems(config: Any, items: list[Any]) -> None:
             continue
         for r in getattr(t, "requires", None) or []:
             if any(c in r for c in "<>=:!"):
-                problems.append(f"task {t.name!r}: requires {r!r}: Slurm has node features, not versions "
-                                "or logins; use a feature name")
+                problems.append(
+                    f"task {t.name!r}: requires {r!r}: Slurm has node features, not versions "
+                    "or logins; use a feature name"
+                )
         why = not_shared(config, s, str(t.cwd))
         if why is not None:
             problems.append(f"task {t.name!r}: pinned to {peer}, but {why}")

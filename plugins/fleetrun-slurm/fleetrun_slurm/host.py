@@ -103,8 +103,9 @@ def read_status(adir: Path) -> tuple[dict[str, Any], Optional[str]]:
             out[key] = v[:2000]
     if "exit_code" in data:
         code = data["exit_code"]
-        out["exit_code"] = code if isinstance(code, int) and not isinstance(code, bool) and -255 <= code <= 255 \
-            else None
+        out["exit_code"] = (
+            code if isinstance(code, int) and not isinstance(code, bool) and -255 <= code <= 255 else None
+        )
     reason = data.get("reason")
     if isinstance(reason, str) and reason.split(":", 1)[0] in REASONS and reason.isprintable():
         out["reason"] = reason[:500]
@@ -119,8 +120,7 @@ def read_job(adir: Path) -> Optional[dict[str, Any]]:
         data = json.loads((adir / JOB_FILE).read_text(encoding="utf-8"))
     except (OSError, ValueError):
         return None
-    if not isinstance(data, dict) or not isinstance(data.get("job_id"), int) \
-            or not isinstance(data.get("name"), str):
+    if not isinstance(data, dict) or not isinstance(data.get("job_id"), int) or not isinstance(data.get("name"), str):
         return None
     return data
 
@@ -175,8 +175,15 @@ class SlurmHost:
         adir = self.attempt_dir(attempt_id)
         extra = dict(getattr(getattr(task, "spec", None), "extra", None) or {})
         t = extra.get("slurm_time", self.settings.time)
-        return [f"--job-name={job_name(attempt_id)}", "--no-requeue", f"--output={adir / 'slurm.out'}",
-                f"--chdir={adir}", *([f"--time={t}"] if t else []), *self.resources(task), str(adir / SCRIPT)]
+        return [
+            f"--job-name={job_name(attempt_id)}",
+            "--no-requeue",
+            f"--output={adir / 'slurm.out'}",
+            f"--chdir={adir}",
+            *([f"--time={t}"] if t else []),
+            *self.resources(task),
+            str(adir / SCRIPT),
+        ]
 
     def resources(self, task: Any) -> list[str]:
         """What a job of ``task`` asks for and where it may run, an attempt's or a
@@ -186,8 +193,11 @@ class SlurmHost:
         s = self.settings
         extra = dict(getattr(getattr(task, "spec", None), "extra", None) or {})
         requires = list(getattr(getattr(task, "spec", None), "requires", None) or [])
-        argv = [f"--mem={extra.get('slurm_mem_mb', s.mem_mb)}M", f"--cpus-per-task={extra.get('slurm_cpus', s.cpus)}",
-                "--export=ALL"]
+        argv = [
+            f"--mem={extra.get('slurm_mem_mb', s.mem_mb)}M",
+            f"--cpus-per-task={extra.get('slurm_cpus', s.cpus)}",
+            "--export=ALL",
+        ]
         for opt, value in (("partition", s.partition), ("account", s.account), ("qos", s.qos)):
             if value:
                 argv.append(f"--{opt}={value}")
@@ -216,9 +226,12 @@ class SlurmHost:
         write_file(adir / SPEC, json.dumps(spec))
         # the shepherd in the foreground: the job lasts as long as it does. Its command
         # line, not its module: the node runs the same install from the shared folder
-        write_file(adir / SCRIPT, "#!/bin/sh\n"
-               'echo "fleetrun-slurm: job $SLURM_JOB_ID on $SLURMD_NODENAME"\n'
-               f"exec {shell_quote(sys.executable)} -m fleetrun.shepherd {shell_quote(str(adir))}\n")
+        write_file(
+            adir / SCRIPT,
+            "#!/bin/sh\n"
+            'echo "fleetrun-slurm: job $SLURM_JOB_ID on $SLURMD_NODENAME"\n'
+            f"exec {shell_quote(sys.executable)} -m fleetrun.shepherd {shell_quote(str(adir))}\n",
+        )
         os.chmod(adir / SCRIPT, 0o700)
         task = self.tasks.pop(attempt_id, None)
         name = job_name(attempt_id)
@@ -235,8 +248,9 @@ class SlurmHost:
 
     # -- status ---------------------------------------------------------------------
 
-    def find_job(self, attempt_id: str, pid: Optional[int],
-                 queue: Optional[Answer] = None) -> tuple[Optional[Job], Optional[str]]:
+    def find_job(
+        self, attempt_id: str, pid: Optional[int], queue: Optional[Answer] = None
+    ) -> tuple[Optional[Job], Optional[str]]:
         """The attempt's job in this pass's queue (``queue``: an answer already asked
         for): (job or None, None), or (None, why) when the controller does not answer.
         Believed only when its name is the attempt's and its id the recorded one (when
@@ -275,8 +289,9 @@ class SlurmHost:
         if job is not None:
             if job.state in PENDING_STATES or not st:
                 # no node yet, or the shepherd has not written its first status
-                return self._ours({"state": "starting", "slurm_state": job.state, "slurm_reason": job.reason},
-                                  adir, job.job_id)
+                return self._ours(
+                    {"state": "starting", "slurm_state": job.state, "slurm_reason": job.reason}, adir, job.job_id
+                )
             return self._ours(dict(st, node=job.node), adir, job.job_id)
         # gone from the queue (or never in it): read once more, it may have just ended
         again, bad = read_status(adir)
@@ -289,10 +304,19 @@ class SlurmHost:
             # of its name: nothing of it runs (adoption gives it up under the start lock)
             return {"state": "died", "error": "no Slurm job was submitted for it"}
         if bad is not None:
-            return self._ours({"state": "ended", "reason": "malformed_status", "exit_code": None,
-                               "error": f"malformed status.json: {bad}"}, adir, pid)
-        return self._ours(dict(st, state="died", error="its Slurm job left the queue without an end recorded"),
-                          adir, pid)
+            return self._ours(
+                {
+                    "state": "ended",
+                    "reason": "malformed_status",
+                    "exit_code": None,
+                    "error": f"malformed status.json: {bad}",
+                },
+                adir,
+                pid,
+            )
+        return self._ours(
+            dict(st, state="died", error="its Slurm job left the queue without an end recorded"), adir, pid
+        )
 
     def _ours(self, st: dict[str, Any], adir: Path, job_id: Optional[int]) -> dict[str, Any]:
         """The status with the job as the process the ledger follows (its id and token):
@@ -338,7 +362,7 @@ class SlurmHost:
         prefix = job_name(attempt_id) + "-"
         found = False
         for name, job in queue.items():
-            step = name[len(prefix):] if name.startswith(prefix) else ""
+            step = name[len(prefix) :] if name.startswith(prefix) else ""
             if not STEP.fullmatch(step):
                 continue
             sdir = self.attempt_dir(attempt_id) / step
@@ -379,10 +403,16 @@ class SlurmHost:
         s = self.settings
         if isinstance(nodes, SlurmError) or isinstance(queue, SlurmError):
             err = nodes if isinstance(nodes, SlurmError) else queue
-            return fleetrun.Candidate(name=self.name, kind="peer", why_not=f"does not answer: {err}",
-                                      max_tasks=s.max_jobs, status="live")
-        mine = [n for n in nodes if n.usable and (self.node is None or n.name == self.node)
-                and (s.partition is None or not n.partitions or s.partition in n.partitions)]
+            return fleetrun.Candidate(
+                name=self.name, kind="peer", why_not=f"does not answer: {err}", max_tasks=s.max_jobs, status="live"
+            )
+        mine = [
+            n
+            for n in nodes
+            if n.usable
+            and (self.node is None or n.name == self.node)
+            and (s.partition is None or not n.partitions or s.partition in n.partitions)
+        ]
         running = sum(1 for j in queue.values() if self.node is None or j.node == self.node)
         tags: set[str] = set()
         for n in mine:
@@ -390,12 +420,23 @@ class SlurmHost:
             if n.gpus:
                 tags.add("gpu")
         best = max(mine, key=lambda n: n.free_mem_mb or 0, default=None)
-        info: dict[str, Any] = {"nodes": {n.name: {"free_mem_mb": n.free_mem_mb, "idle_cpus": n.idle_cpus,
-                                                   "features": sorted(n.features)} for n in mine}}
+        info: dict[str, Any] = {
+            "nodes": {
+                n.name: {"free_mem_mb": n.free_mem_mb, "idle_cpus": n.idle_cpus, "features": sorted(n.features)}
+                for n in mine
+            }
+        }
         return fleetrun.Candidate(
-            name=self.name, kind="peer", free_mem_mb=float(best.free_mem_mb) if best and best.free_mem_mb is not None
-            else None, running=running, max_tasks=s.max_jobs, tags=frozenset(tags), mem_per_task_mb=float(s.mem_mb),
-            why_not=None if mine else "has no node up", info=info)
+            name=self.name,
+            kind="peer",
+            free_mem_mb=float(best.free_mem_mb) if best and best.free_mem_mb is not None else None,
+            running=running,
+            max_tasks=s.max_jobs,
+            tags=frozenset(tags),
+            mem_per_task_mb=float(s.mem_mb),
+            why_not=None if mine else "has no node up",
+            info=info,
+        )
 
 
 def token(job_id: int) -> str:

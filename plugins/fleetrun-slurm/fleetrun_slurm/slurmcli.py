@@ -29,8 +29,9 @@ _JOB_ID = re.compile(r"[0-9]{1,12}")
 _NAME = re.compile(r"fleetrun-[A-Za-z0-9_.-]{1,200}")
 #: job states that mean the batch script may run or runs (anything else in the queue
 #: is on its way out: COMPLETING, CANCELLED...)
-PENDING_STATES = frozenset({"PENDING", "CONFIGURING", "REQUEUED", "REQUEUE_HOLD", "REQUEUE_FED", "RESV_DEL_HOLD",
-                            "SUSPENDED"})
+PENDING_STATES = frozenset(
+    {"PENDING", "CONFIGURING", "REQUEUED", "REQUEUE_HOLD", "REQUEUE_FED", "RESV_DEL_HOLD", "SUSPENDED"}
+)
 
 
 class SlurmError(Exception):
@@ -98,8 +99,9 @@ def run(argv: list[str], env: Optional[dict[str, str]] = None, timeout: float = 
     import subprocess  # here: `fleetrun --help` and `status` load this plugin and start nothing
 
     try:
-        r = subprocess.run(argv, capture_output=True, text=True, errors="replace", timeout=timeout,
-                           stdin=subprocess.DEVNULL, env=env)
+        r = subprocess.run(
+            argv, capture_output=True, text=True, errors="replace", timeout=timeout, stdin=subprocess.DEVNULL, env=env
+        )
     except subprocess.TimeoutExpired:
         raise SlurmError(f"{argv[0]} did not answer in {timeout:g} s") from None
     except OSError as e:
@@ -117,7 +119,7 @@ def _unprefixed(line: str, name: str) -> str:
     """A Slurm command's message without its ``sbatch: error: `` prefix."""
     for prefix in (f"{name}: error: ", f"{name}: fatal: ", f"{name}: "):
         if line.startswith(prefix):
-            return line[len(prefix):]
+            return line[len(prefix) :]
     return line
 
 
@@ -155,13 +157,19 @@ def parse_nodes(text: str) -> list[Node]:
         feats = _field(line, "ActiveFeatures") or _field(line, "AvailableFeatures") or ""
         gres = _field(line, "Gres") or ""
         parts = _field(line, "Partitions") or ""
-        nodes.append(Node(
-            name=name, state=(_field(line, "State") or "").upper(),
-            cpus=_int(_field(line, "CPUTot")), cpus_alloc=_int(_field(line, "CPUAlloc")),
-            real_mem_mb=_int(_field(line, "RealMemory")), alloc_mem_mb=_int(_field(line, "AllocMem")),
-            features=frozenset(f for f in feats.split(",") if f and f != "(null)"),
-            gres="" if gres == "(null)" else gres,
-            partitions=frozenset(p for p in parts.split(",") if p and p != "(null)")))
+        nodes.append(
+            Node(
+                name=name,
+                state=(_field(line, "State") or "").upper(),
+                cpus=_int(_field(line, "CPUTot")),
+                cpus_alloc=_int(_field(line, "CPUAlloc")),
+                real_mem_mb=_int(_field(line, "RealMemory")),
+                alloc_mem_mb=_int(_field(line, "AllocMem")),
+                features=frozenset(f for f in feats.split(",") if f and f != "(null)"),
+                gres="" if gres == "(null)" else gres,
+                partitions=frozenset(p for p in parts.split(",") if p and p != "(null)"),
+            )
+        )
     return nodes
 
 
@@ -243,8 +251,15 @@ class Slurm:
         self.calls["scancel"] += 1
         sig = ["--batch", f"--signal={signal}"] if signal else []
         try:
-            run([self.cmd("scancel"), f"--user={os.getuid()}", f"--name={name}", *sig,
-                 *([str(job_id)] if job_id else [])])
+            run(
+                [
+                    self.cmd("scancel"),
+                    f"--user={os.getuid()}",
+                    f"--name={name}",
+                    *sig,
+                    *([str(job_id)] if job_id else []),
+                ]
+            )
             return None
         except SlurmError as e:
             return str(e)

@@ -73,22 +73,24 @@ def job_script(vdir: Path, cwd: str, text: str, max_bytes: int) -> str:
     (or ``cannot``: no such folder on the node) and the end time to ``rc``."""
     q = shell_quote
     done = " || ".join(f"[ -e {q(str(vdir / n))} ]" for n in (STARTED, RC, TAKEN))
-    return ("#!/bin/sh\n"
-            'echo "fleetrun-slurm: verifier job $SLURM_JOB_ID on $SLURMD_NODENAME"\n'
-            # a second run of this script (a controller restarted right after the
-            # submit may make one) runs nothing
-            f"if {done}; then echo 'fleetrun-slurm: this step ran already: it is not run twice'; exit 0; fi\n"
-            f"date +%s.%N > {q(str(vdir / 'started.tmp'))} && mv -f {q(str(vdir / 'started.tmp'))} "
-            f"{q(str(vdir / STARTED))}\n"
-            f"if cd {q(cwd)}; then\n"
-            f"  {q(sys.executable)} -I -S {q(fleetrun.CAPPED_PATH)} {int(max_bytes)} {q(str(vdir / OUT))} -- "
-            f"/bin/sh -c {q(text)}\n"
-            "  rc=$?\n"
-            "else\n"
-            "  rc=cannot\n"
-            "fi\n"
-            f'echo "$rc $(date +%s.%N)" > {q(str(vdir / "rc.tmp"))} && mv -f {q(str(vdir / "rc.tmp"))} '
-            f"{q(str(vdir / RC))}\n")
+    return (
+        "#!/bin/sh\n"
+        'echo "fleetrun-slurm: verifier job $SLURM_JOB_ID on $SLURMD_NODENAME"\n'
+        # a second run of this script (a controller restarted right after the
+        # submit may make one) runs nothing
+        f"if {done}; then echo 'fleetrun-slurm: this step ran already: it is not run twice'; exit 0; fi\n"
+        f"date +%s.%N > {q(str(vdir / 'started.tmp'))} && mv -f {q(str(vdir / 'started.tmp'))} "
+        f"{q(str(vdir / STARTED))}\n"
+        f"if cd {q(cwd)}; then\n"
+        f"  {q(sys.executable)} -I -S {q(fleetrun.CAPPED_PATH)} {int(max_bytes)} {q(str(vdir / OUT))} -- "
+        f"/bin/sh -c {q(text)}\n"
+        "  rc=$?\n"
+        "else\n"
+        "  rc=cannot\n"
+        "fi\n"
+        f'echo "$rc $(date +%s.%N)" > {q(str(vdir / "rc.tmp"))} && mv -f {q(str(vdir / "rc.tmp"))} '
+        f"{q(str(vdir / RC))}\n"
+    )
 
 
 def read_rc(vdir: Path) -> Optional[tuple[Union[int, str], float]]:
@@ -133,8 +135,17 @@ class VerifyJob:
     :param path_var: the ``PATH`` the command runs with.
     """
 
-    def __init__(self, host: SlurmHost, verifier: Any, vdir: Path, name: str, job_id: int, cwd: str, root: str,
-                 path_var: Optional[str]) -> None:
+    def __init__(
+        self,
+        host: SlurmHost,
+        verifier: Any,
+        vdir: Path,
+        name: str,
+        job_id: int,
+        cwd: str,
+        root: str,
+        path_var: Optional[str],
+    ) -> None:
         self.host, self.verifier, self.vdir, self.name, self.job_id = host, verifier, vdir, name, job_id
         self.cwd, self.root, self.path_var = cwd, root, path_var
         self.verdict: Optional[fleetrun.Verdict] = None
@@ -187,22 +198,39 @@ class VerifyJob:
             return self._ended(*got)
         if self._over_time():  # ended at its time limit while no supervisor was there
             return self._timed_out()
-        return self._make(False, f"its Slurm job {self.job_id} left the queue without a result (cancelled, "
-                                 "or its node was lost)", output=fleetrun.tail_text(self.vdir / SLURM_OUT),
-                          error="transient")
+        return self._make(
+            False,
+            f"its Slurm job {self.job_id} left the queue without a result (cancelled, or its node was lost)",
+            output=fleetrun.tail_text(self.vdir / SLURM_OUT),
+            error="transient",
+        )
 
-    def _make(self, passed: bool, reason: str, output: Optional[str] = None, error: Optional[str] = None,
-              duration_s: float = 0.0) -> fleetrun.Verdict:
+    def _make(
+        self,
+        passed: bool,
+        reason: str,
+        output: Optional[str] = None,
+        error: Optional[str] = None,
+        duration_s: float = 0.0,
+    ) -> fleetrun.Verdict:
         cut = fleetrun.read_cut(str(self.vdir / OUT))
         if cut:  # the flood is this verifier's to answer for, in its own verdict
             reason = f"{reason}; {fleetrun.cut_note(*cut)}"
-        return fleetrun.Verdict(passed=passed, kind="run", label=self.verifier.label, reason=reason,
-                                output=fleetrun.tail_text(self.vdir / OUT) if output is None else output,
-                                duration_s=duration_s, host=self.host.name, error=error)
+        return fleetrun.Verdict(
+            passed=passed,
+            kind="run",
+            label=self.verifier.label,
+            reason=reason,
+            output=fleetrun.tail_text(self.vdir / OUT) if output is None else output,
+            duration_s=duration_s,
+            host=self.host.name,
+            error=error,
+        )
 
     def _timed_out(self) -> fleetrun.Verdict:
-        return self._make(False, f"timed out after {float(self.verifier.timeout_s):g}s",
-                          duration_s=float(self.verifier.timeout_s))
+        return self._make(
+            False, f"timed out after {float(self.verifier.timeout_s):g}s", duration_s=float(self.verifier.timeout_s)
+        )
 
     def _ended(self, code: Union[int, str], ended: float) -> fleetrun.Verdict:
         started = read_started(self.vdir)
@@ -220,8 +248,9 @@ class VerifyJob:
         return self._make(False, f"exit code {code}", duration_s=took)
 
 
-def verify_job(host: SlurmHost, task: Any, verifier: Any, workspace: Any, attempt: Any,
-               config: Any) -> Union[VerifyJob, fleetrun.Verdict]:
+def verify_job(
+    host: SlurmHost, task: Any, verifier: Any, workspace: Any, attempt: Any, config: Any
+) -> Union[VerifyJob, fleetrun.Verdict]:
     """The step's job: adopted when one of this step was submitted and its result not
     taken (a supervisor restart), else a new one."""
     step = step_name(task, verifier)
@@ -258,15 +287,28 @@ def verify_job(host: SlurmHost, task: Any, verifier: Any, workspace: Any, attemp
     write_file(vdir / SCRIPT, job_script(vdir, cwd, verifier.text, fleetrun.output_cap(config)))
     os.chmod(vdir / SCRIPT, 0o700)
     minutes = math.ceil((float(verifier.timeout_s) + BACKSTOP_S) / 60.0)
-    argv = [f"--job-name={name}", "--no-requeue", f"--output={vdir / SLURM_OUT}", f"--chdir={vdir}",
-            f"--time={minutes}", *host.resources(task), str(vdir / SCRIPT)]
+    argv = [
+        f"--job-name={name}",
+        "--no-requeue",
+        f"--output={vdir / SLURM_OUT}",
+        f"--chdir={vdir}",
+        f"--time={minutes}",
+        *host.resources(task),
+        str(vdir / SCRIPT),
+    ]
     try:
         job_id = host.slurm.submit(argv, env=env)
     except SlurmError as e:
         # a controller that does not answer may have queued it all the same: the next try
         # (after the backoff of a transient ERROR) adopts it by its name
         transient = "did not answer" in str(e) or "Unable to contact" in str(e)
-        return fleetrun.Verdict(False, "run", verifier.label, reason=f"cannot start: sbatch: {e}", host=host.name,
-                                error="transient" if transient else "permanent")
+        return fleetrun.Verdict(
+            False,
+            "run",
+            verifier.label,
+            reason=f"cannot start: sbatch: {e}",
+            host=host.name,
+            error="transient" if transient else "permanent",
+        )
     write_file(vdir / JOB_FILE, json.dumps({"job_id": job_id, "name": name, "submitted": time.time(), "key": key}))
     return handle(job_id)

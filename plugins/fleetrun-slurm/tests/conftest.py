@@ -56,10 +56,10 @@ def slurm_fleeter(fleeter: Any, fake_claude: Any, cluster: Cluster, monkeypatch:
     # after fake_claude's [claude] table, which write_config would replace
     with open(fleeter.home / "config.toml", "a", encoding="utf-8") as f:
         f.write(f'\n[slurm]\nshared_dir = "{shared}"\nmem_mb = 100\n')
-    fleeter.write_policy('''
+    fleeter.write_policy("""
         [local]
         max_tasks = 0
-    ''')
+    """)
     fleeter.shared = shared
     fleeter.cluster = cluster
     yield fleeter

@@ -100,45 +100,51 @@ class Cluster:
         gpu.touch()
         nodes = []
         for n, spec in NODES.items():
-            line = (f"NodeName={n} NodeHostname={n} NodeAddr=127.0.0.1 Port={self.node_ports[n]} "
-                    f"CPUs={CPUS} RealMemory={spec['mem']} Features={spec['features']} State=UNKNOWN")
+            line = (
+                f"NodeName={n} NodeHostname={n} NodeAddr=127.0.0.1 Port={self.node_ports[n]} "
+                f"CPUs={CPUS} RealMemory={spec['mem']} Features={spec['features']} State=UNKNOWN"
+            )
             if spec["gres"]:
                 line += f" Gres={spec['gres']}"
             nodes.append(line)
-        self.conf.write_text("\n".join([
-            "ClusterName=fleettest",
-            "SlurmctldHost=ctl(127.0.0.1)",
-            f"SlurmctldPort={self.ctld_port}",
-            "SlurmUser=root",
-            "SlurmdUser=root",
-            "AuthType=auth/munge",
-            "CredType=cred/munge",
-            f"AuthInfo=socket={self.munge_socket}",
-            f"StateSaveLocation={r / 'state'}",
-            f"SlurmdSpoolDir={r / 'spool'}/%n",
-            f"SlurmctldPidFile={r / 'slurmctld.pid'}",
-            f"SlurmdPidFile={r / 'spool'}/slurmd-%n.pid",
-            f"SlurmctldLogFile={r / 'log' / 'slurmctld.log'}",
-            f"SlurmdLogFile={r / 'log'}/slurmd-%n.log",
-            "ProctrackType=proctrack/linuxproc",
-            "TaskPlugin=task/none",
-            "JobAcctGatherType=jobacct_gather/none",
-            "AccountingStorageType=accounting_storage/none",
-            "JobCompType=jobcomp/none",
-            "MpiDefault=none",
-            "SelectType=select/cons_tres",
-            "SelectTypeParameters=CR_Core_Memory",
-            "SchedulerType=sched/backfill",
-            "SlurmdParameters=config_overrides",
-            "ReturnToService=2",
-            "GresTypes=gpu",
-            "MinJobAge=300",
-            "KillWait=5",
-            "InactiveLimit=0",
-            *nodes,
-            "PartitionName=debug Nodes=n1,n2,n3 Default=YES MaxTime=INFINITE State=UP",
-            "",
-        ]))
+        self.conf.write_text(
+            "\n".join(
+                [
+                    "ClusterName=fleettest",
+                    "SlurmctldHost=ctl(127.0.0.1)",
+                    f"SlurmctldPort={self.ctld_port}",
+                    "SlurmUser=root",
+                    "SlurmdUser=root",
+                    "AuthType=auth/munge",
+                    "CredType=cred/munge",
+                    f"AuthInfo=socket={self.munge_socket}",
+                    f"StateSaveLocation={r / 'state'}",
+                    f"SlurmdSpoolDir={r / 'spool'}/%n",
+                    f"SlurmctldPidFile={r / 'slurmctld.pid'}",
+                    f"SlurmdPidFile={r / 'spool'}/slurmd-%n.pid",
+                    f"SlurmctldLogFile={r / 'log' / 'slurmctld.log'}",
+                    f"SlurmdLogFile={r / 'log'}/slurmd-%n.log",
+                    "ProctrackType=proctrack/linuxproc",
+                    "TaskPlugin=task/none",
+                    "JobAcctGatherType=jobacct_gather/none",
+                    "AccountingStorageType=accounting_storage/none",
+                    "JobCompType=jobcomp/none",
+                    "MpiDefault=none",
+                    "SelectType=select/cons_tres",
+                    "SelectTypeParameters=CR_Core_Memory",
+                    "SchedulerType=sched/backfill",
+                    "SlurmdParameters=config_overrides",
+                    "ReturnToService=2",
+                    "GresTypes=gpu",
+                    "MinJobAge=300",
+                    "KillWait=5",
+                    "InactiveLimit=0",
+                    *nodes,
+                    "PartitionName=debug Nodes=n1,n2,n3 Default=YES MaxTime=INFINITE State=UP",
+                    "",
+                ]
+            )
+        )
         (r / "gres.conf").write_text(f"AutoDetect=off\nNodeName=n3 Name=gpu File={gpu}\n")
         key = r / "munge" / "munge.key"
         if not key.exists():
@@ -152,22 +158,38 @@ class Cluster:
             argv = [exe("unshare"), "--uts", "--", "/bin/sh", "-c", f'hostname {hostname} && exec "$@"', "sh", *argv]
         env = dict(os.environ, SLURM_CONF=str(self.conf))
         with open(self.root / "log" / f"{name}.out", "ab") as out:
-            p = subprocess.Popen(argv, stdin=subprocess.DEVNULL, stdout=out, stderr=subprocess.STDOUT, env=env,
-                                 start_new_session=True)
+            p = subprocess.Popen(
+                argv, stdin=subprocess.DEVNULL, stdout=out, stderr=subprocess.STDOUT, env=env, start_new_session=True
+            )
         self.procs[name] = p
         return p
 
     def start_munge(self) -> None:
         r = self.root / "munge"
-        self._spawn("munged", None, [exe("munged"), "-F", "--force", f"--socket={self.munge_socket}",
-                                     f"--key-file={r / 'munge.key'}", f"--pid-file={r / 'munged.pid'}",
-                                     f"--log-file={r / 'munged.log'}", f"--seed-file={r / 'munged.seed'}"])
+        self._spawn(
+            "munged",
+            None,
+            [
+                exe("munged"),
+                "-F",
+                "--force",
+                f"--socket={self.munge_socket}",
+                f"--key-file={r / 'munge.key'}",
+                f"--pid-file={r / 'munged.pid'}",
+                f"--log-file={r / 'munged.log'}",
+                f"--seed-file={r / 'munged.seed'}",
+            ],
+        )
         self._wait(lambda: self.munge_socket.exists(), "munged's socket")
 
     def start_ctld(self) -> None:
         self._spawn("slurmctld", "ctl", [exe("slurmctld"), "-D", "-f", str(self.conf)])
-        self._wait(lambda: self.client(["scontrol", "ping"]).returncode == 0
-                   and "UP" in self.client(["scontrol", "ping"]).stdout, "slurmctld to answer")
+        self._wait(
+            lambda: (
+                self.client(["scontrol", "ping"]).returncode == 0 and "UP" in self.client(["scontrol", "ping"]).stdout
+            ),
+            "slurmctld to answer",
+        )
 
     def start_node(self, node: str) -> None:
         self._spawn(f"slurmd-{node}", node, [exe("slurmd"), "-D", "-N", node, "-f", str(self.conf)])
@@ -193,8 +215,10 @@ class Cluster:
         while not cond():  # type: ignore[operator]
             for name, p in self.procs.items():
                 if p.poll() is not None:
-                    raise RuntimeError(f"{name} exited ({p.returncode}) waiting for {what}: "
-                                       f"{(self.root / 'log' / (name + '.out')).read_text()[-2000:]}")
+                    raise RuntimeError(
+                        f"{name} exited ({p.returncode}) waiting for {what}: "
+                        f"{(self.root / 'log' / (name + '.out')).read_text()[-2000:]}"
+                    )
             if time.monotonic() > deadline:
                 raise RuntimeError(f"no {what} in {DEADLINE_S:.0f} s; logs in {self.root / 'log'}")
             time.sleep(0.05)

@@ -32,4 +32,3 @@ def test_poll_asks_the_queue_once_for_every_attempt(slurm_host: SlurmHost, tmp_p
     assert slurm_host.slurm.calls["squeue"] == before + 1
     assert [got[r.attempt_id]["exit_code"] for r in refs] == [0, 1, 2], got
     assert all(got[r.attempt_id]["job_id"] == r.pid for r in refs), got
-

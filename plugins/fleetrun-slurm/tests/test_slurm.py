@@ -17,9 +17,7 @@ from typing import Any, Callable
 import pytest
 
 PLUGIN = ("-p", "fleetrun_slurm")
-FAIL_UNLESS_FINAL = (
-    "test \"$(cat FIX.txt)\" = final || { echo 'FIX.txt must contain exactly the word final'; exit 1; }"
-)
+FAIL_UNLESS_FINAL = "test \"$(cat FIX.txt)\" = final || { echo 'FIX.txt must contain exactly the word final'; exit 1; }"
 
 
 def node_of(fleeter: Any, attempt_id: str) -> str:
@@ -51,7 +49,9 @@ def gated_task(fleeter: Any, name: str = "t1") -> tuple[Path, Path]:
     :return: (started, gate)."""
     started, gate = fleeter.root / "started", fleeter.root / "gate"
     agent = fleeter.root / "agent.sh"
-    agent.write_text(f"echo run >> {started}\necho hello from the job\nwhile [ ! -e {gate} ]; do sleep 0.05; done\necho done > out.txt\n")
+    agent.write_text(
+        f"echo run >> {started}\necho hello from the job\nwhile [ ! -e {gate} ]; do sleep 0.05; done\necho done > out.txt\n"
+    )
     fleeter.make_repo()
     fleeter.write_tasks(f'''
         [agents.gated]
@@ -120,7 +120,7 @@ def test_a_queue_is_spread_over_the_nodes_by_features_and_memory(slurm_fleeter: 
     a retry gets its failure in the prompt and runs as a job too."""
     f = slurm_fleeter
     f.make_repo()
-    f.write_tasks(f'''
+    f.write_tasks(f"""
         [[task]]
         name = "train"
         cwd = "repo"
@@ -143,13 +143,17 @@ def test_a_queue_is_spread_over_the_nodes_by_features_and_memory(slurm_fleeter: 
         requires = ["big"]
           [[task.verify]]
           run = {json.dumps(FAIL_UNLESS_FINAL)}
-    ''')
-    fake_claude.script(**{
-        "train": [{"actions": [["write", "model.txt", "w"], ["commit", "train"]]}],
-        "bigmem": [{"actions": [["write", "mem.txt", "m"], ["commit", "mem"]]}],
-        "fix-it": [{"actions": [["write", "FIX.txt", "draft"], ["commit", "draft"]]},
-                   {"actions": [["write", "FIX.txt", "final"], ["commit", "final"]]}],
-    })
+    """)
+    fake_claude.script(
+        **{
+            "train": [{"actions": [["write", "model.txt", "w"], ["commit", "train"]]}],
+            "bigmem": [{"actions": [["write", "mem.txt", "m"], ["commit", "mem"]]}],
+            "fix-it": [
+                {"actions": [["write", "FIX.txt", "draft"], ["commit", "draft"]]},
+                {"actions": [["write", "FIX.txt", "final"], ["commit", "final"]]},
+            ],
+        }
+    )
     r = f.runsub("tasks.toml", *PLUGIN)
     assert r.ret == 0, r.stdout + r.stderr
     assert f.states() == {"train": "DONE", "bigmem": "DONE", "fix-it": "DONE"}, r.stdout
@@ -200,14 +204,13 @@ def test_the_worked_example_runs_on_the_cluster_with_the_installed_plugin(slurm_
             assert re.search(r"fleetrun-slurm: verifier job \d+ on n[123]", said), said
 
 
-def test_a_dependency_merged_with_base_dependencies_runs_on_the_cluster(slurm_fleeter: Any,
-                                                                        fake_claude: Any) -> None:
+def test_a_dependency_merged_with_base_dependencies_runs_on_the_cluster(slurm_fleeter: Any, fake_claude: Any) -> None:
     """``base = "dependencies"`` keeps a task off SSH peers (the branches it merges are
     here), not off a host whose worktrees are folders here: on the cluster's shared
     filesystem the dependent's worktree has its dependency merged, and its job runs."""
     f = slurm_fleeter
     repo = f.make_repo()
-    f.write_tasks('''
+    f.write_tasks("""
         [[task]]
         name = "schema"
         cwd = "repo"
@@ -223,11 +226,13 @@ def test_a_dependency_merged_with_base_dependencies_runs_on_the_cluster(slurm_fl
         base = "dependencies"
           [[task.verify]]
           run = "test -f schema.sql && test -f api.py"
-    ''')
-    fake_claude.script(**{
-        "schema": [{"actions": [["write", "schema.sql", "CREATE TABLE users;"], ["commit", "schema"]]}],
-        "api": [{"actions": [["write", "api.py", "users"], ["commit", "api"]]}],
-    })
+    """)
+    fake_claude.script(
+        **{
+            "schema": [{"actions": [["write", "schema.sql", "CREATE TABLE users;"], ["commit", "schema"]]}],
+            "api": [{"actions": [["write", "api.py", "users"], ["commit", "api"]]}],
+        }
+    )
     r = f.runsub("tasks.toml", *PLUGIN)
     assert r.ret == 0, r.stdout + r.stderr
     assert f.states() == {"schema": "DONE", "api": "DONE"}, r.stdout
@@ -240,7 +245,8 @@ def test_a_dependency_merged_with_base_dependencies_runs_on_the_cluster(slurm_fl
 
 
 def test_a_supervisor_killed_mid_run_adopts_the_job_and_never_starts_it_twice(
-        slurm_fleeter: Any, fake_claude: Any) -> None:
+    slurm_fleeter: Any, fake_claude: Any
+) -> None:
     f = slurm_fleeter
     started, gate = gated_task(f)
     r = f.runsub("tasks.toml", *PLUGIN, env={"FLEETRUN_CRASH_AT": "after_transition:RUNNING"})
@@ -296,18 +302,19 @@ def test_an_impossible_request_is_refused_with_slurms_reason(slurm_fleeter: Any,
     StartRefused with Slurm's words (the backoff applies; no agent runs)."""
     f = slurm_fleeter
     f.make_repo()
-    f.write_tasks('''
+    f.write_tasks("""
         [[task]]
         name = "huge"
         cwd = "repo"
         prompt = "Use all the memory."
         git_ref = "main"
         slurm_mem_mb = 999999
-    ''')
+    """)
     run = Run(f, "tasks.toml")
     try:
-        reason = wait_for(lambda: "peer_refused" in (r := f.states() and f.task("huge").reason or "") and r,
-                          "the refusal")
+        reason = wait_for(
+            lambda: "peer_refused" in (r := f.states() and f.task("huge").reason or "") and r, "the refusal"
+        )
     finally:
         run.kill()
     assert "sbatch: " in reason and "Memory specification can not be satisfied" in reason, reason
@@ -355,8 +362,7 @@ def fleetrun_attempt_started(task, attempt, host, config):
 
 
 @pytest.mark.slow  # ~20 s: sbatch --wait polls the controller every few seconds
-def test_a_controller_killed_right_after_a_submit_never_runs_an_attempt_twice(
-        slurm_fleeter: Any) -> None:
+def test_a_controller_killed_right_after_a_submit_never_runs_an_attempt_twice(slurm_fleeter: Any) -> None:
     """Measured with Slurm 22.05: a controller killed hard within seconds of a start
     lost the job or ran its script a second time, even with ``--no-requeue``. Either
     way no attempt's agent runs twice: a second run of the script finds the first's
@@ -380,14 +386,19 @@ def test_a_controller_killed_right_after_a_submit_never_runs_an_attempt_twice(
     assert code == 0, out
     assert f.states() == {"t1": "DONE"}, out
     # a job the controller lost never ran (no status): its attempt died and the next one ran
-    ran = [a for a in attempts(f, "t1") if (st := f.shared / "attempts" / a.id / "status.json").exists()
-           and "agent_started" in json.loads(st.read_text())]
+    ran = [
+        a
+        for a in attempts(f, "t1")
+        if (st := f.shared / "attempts" / a.id / "status.json").exists()
+        and "agent_started" in json.loads(st.read_text())
+    ]
     assert started.read_text().count("run") == len(ran) >= 1, out
     # and a second run of a job script, as the controller's restart may make, starts nothing
     adir = f.shared / "attempts" / ran[0].id
     before = (adir / "status.json").read_bytes()
-    again = f.cluster.client(["sbatch", "--wait", f"--output={adir / 'again.out'}", f"--chdir={adir}",
-                              "--mem=100M", str(adir / "job.sh")])
+    again = f.cluster.client(
+        ["sbatch", "--wait", f"--output={adir / 'again.out'}", f"--chdir={adir}", "--mem=100M", str(adir / "job.sh")]
+    )
     assert again.returncode == 0, again.stderr
     assert "it is not started twice" in (adir / "again.out").read_text()
     assert (adir / "status.json").read_bytes() == before
@@ -410,7 +421,7 @@ def test_a_task_whose_repository_the_nodes_cannot_see_stays_off_the_cluster(slur
         f.write_tasks(f'''
             [[task]]
             name = "pinned"
-            cwd = "{elsewhere / 'repo'}"
+            cwd = "{elsewhere / "repo"}"
             prompt = "p"
             git_ref = "main"
             peer = "slurm"
@@ -421,7 +432,7 @@ def test_a_task_whose_repository_the_nodes_cannot_see_stays_off_the_cluster(slur
         f.write_tasks(f'''
             [[task]]
             name = "free"
-            cwd = "{elsewhere / 'repo'}"
+            cwd = "{elsewhere / "repo"}"
             prompt = "p"
             git_ref = "main"
         ''')
@@ -442,14 +453,14 @@ def test_per_node_each_node_is_a_host_pinned_with_nodelist(slurm_fleeter: Any, f
     with open(f.home / "config.toml", "a", encoding="utf-8") as cfg:
         cfg.write("per_node = true\n")
     f.make_repo()
-    f.write_tasks('''
+    f.write_tasks("""
         [[task]]
         name = "on-n1"
         cwd = "repo"
         prompt = "p"
         git_ref = "main"
         peer = "slurm-n1"
-    ''')
+    """)
     fake_claude.script(**{"on-n1": [{"actions": [["write", "a.txt", "a"], ["commit", "a"]]}]})
     r = f.runsub("tasks.toml", *PLUGIN)
     assert r.ret == 0, r.stdout + r.stderr
@@ -474,13 +485,18 @@ def test_one_squeue_per_loop_pass(slurm_fleeter: Any, fake_claude: Any) -> None:
 
     f = slurm_fleeter
     f.make_repo()
-    f.write_tasks("".join(f'''
+    f.write_tasks(
+        "".join(
+            f"""
         [[task]]
         name = "t{i}"
         cwd = "repo"
         prompt = "p"
         git_ref = "main"
-    ''' for i in range(3)))
+    """
+            for i in range(3)
+        )
+    )
     fake_claude.script(default=[{"actions": [["sleep", "1"], ["write", "a.txt", "a"], ["commit", "a"]]}])
     r = f.run("tasks.toml", plugins=[fleetrun_slurm, Count()])
     assert r.ret == 0, r.stdout + r.stderr

@@ -14,17 +14,19 @@ from fleetrun_slurm.verifyjob import read_rc, read_started
 
 
 def test_squeue_lines_of_another_shape_or_another_name_are_skipped() -> None:
-    text = "\n".join([
-        "12|RUNNING|n1|None|fleetrun-task_a_0_a1",
-        "13|PENDING||Resources|fleetrun-task_b_0_a1",
-        "14|RUNNING|n2|None|someone's job|with a bar",   # not fleetrun's
-        "x5|RUNNING|n2|None|fleetrun-task_c_0_a1",      # no job id
-        "16|RUNNING|n2|fleetrun-task_d_0_a1",           # a field short
-        "17|RUNNING|n2|None|fleetrun-../../etc",        # not a name fleetrun gives
-        "18|RUNNING|n3|None|fleetrun-task_a_0_a1",      # the same name again: the newer id
-        "garbage",
-        "",
-    ])
+    text = "\n".join(
+        [
+            "12|RUNNING|n1|None|fleetrun-task_a_0_a1",
+            "13|PENDING||Resources|fleetrun-task_b_0_a1",
+            "14|RUNNING|n2|None|someone's job|with a bar",  # not fleetrun's
+            "x5|RUNNING|n2|None|fleetrun-task_c_0_a1",  # no job id
+            "16|RUNNING|n2|fleetrun-task_d_0_a1",  # a field short
+            "17|RUNNING|n2|None|fleetrun-../../etc",  # not a name fleetrun gives
+            "18|RUNNING|n3|None|fleetrun-task_a_0_a1",  # the same name again: the newer id
+            "garbage",
+            "",
+        ]
+    )
     jobs = parse_squeue(text)
     assert sorted(jobs) == ["fleetrun-task_a_0_a1", "fleetrun-task_b_0_a1"]
     assert jobs["fleetrun-task_a_0_a1"].job_id == 18
@@ -32,25 +34,46 @@ def test_squeue_lines_of_another_shape_or_another_name_are_skipped() -> None:
 
 
 def test_scontrol_nodes_take_only_what_has_the_right_shape() -> None:
-    text = ("NodeName=n1 Arch=x86_64 CPUAlloc=1 CPUTot=4 AvailableFeatures=docker ActiveFeatures=docker "
-            "Gres=(null) RealMemory=2000 AllocMem=500 State=MIXED Partitions=debug OS=Linux 6.1 #1\n"
-            "NodeName=n3 CPUAlloc=x CPUTot=4 ActiveFeatures=gpu Gres=gpu:a100:2(S:0) RealMemory=1e9 State=DOWN*\n"
-            "NodeName=../x RealMemory=1\n"
-            "no node here\n")
+    text = (
+        "NodeName=n1 Arch=x86_64 CPUAlloc=1 CPUTot=4 AvailableFeatures=docker ActiveFeatures=docker "
+        "Gres=(null) RealMemory=2000 AllocMem=500 State=MIXED Partitions=debug OS=Linux 6.1 #1\n"
+        "NodeName=n3 CPUAlloc=x CPUTot=4 ActiveFeatures=gpu Gres=gpu:a100:2(S:0) RealMemory=1e9 State=DOWN*\n"
+        "NodeName=../x RealMemory=1\n"
+        "no node here\n"
+    )
     n1, n3 = parse_nodes(text)
-    assert (n1.name, n1.free_mem_mb, n1.idle_cpus, n1.features, n1.gpus, n1.usable) == \
-        ("n1", 1500, 3, frozenset({"docker"}), 0, True)
+    assert (n1.name, n1.free_mem_mb, n1.idle_cpus, n1.features, n1.gpus, n1.usable) == (
+        "n1",
+        1500,
+        3,
+        frozenset({"docker"}),
+        0,
+        True,
+    )
     assert (n3.cpus_alloc, n3.real_mem_mb, n3.free_mem_mb, n3.gpus, n3.usable) == (None, None, None, 2, False)
 
 
-@pytest.mark.parametrize("text,job", [("42\n", 42), ("42;cluster\n", 42), ("", None), ("Submitted batch job 4", None),
-                                      ("-1", None), ("4" * 20, None)])
+@pytest.mark.parametrize(
+    "text,job",
+    [("42\n", 42), ("42;cluster\n", 42), ("", None), ("Submitted batch job 4", None), ("-1", None), ("4" * 20, None)],
+)
 def test_sbatch_answers_a_job_id_or_none(text: str, job: int | None) -> None:
     assert parse_submitted(text) == job
 
 
-@pytest.mark.parametrize("raw", [b"", b"not json", b"[]", b'{"state": "flying"}', b'{"state": "ended"}',
-                                 b'{"state": "ended", "reason": "mine"}', b"\xff\xfe", b"[" * 100000])
+@pytest.mark.parametrize(
+    "raw",
+    [
+        b"",
+        b"not json",
+        b"[]",
+        b'{"state": "flying"}',
+        b'{"state": "ended"}',
+        b'{"state": "ended", "reason": "mine"}',
+        b"\xff\xfe",
+        b"[" * 100000,
+    ],
+)
 def test_a_garbled_status_file_is_malformed_not_an_exception(tmp_path: Path, raw: bytes) -> None:
     (tmp_path / "status.json").write_bytes(raw)
     st, bad = read_status(tmp_path)
@@ -58,9 +81,19 @@ def test_a_garbled_status_file_is_malformed_not_an_exception(tmp_path: Path, raw
 
 
 def test_a_status_keeps_only_fields_of_their_type(tmp_path: Path) -> None:
-    (tmp_path / "status.json").write_text(json.dumps({
-        "state": "ended", "reason": "exited", "exit_code": "0", "agent_pid": True, "ended": 12.5,
-        "error": "a\x1b[31m", "extra": 1}))
+    (tmp_path / "status.json").write_text(
+        json.dumps(
+            {
+                "state": "ended",
+                "reason": "exited",
+                "exit_code": "0",
+                "agent_pid": True,
+                "ended": 12.5,
+                "error": "a\x1b[31m",
+                "extra": 1,
+            }
+        )
+    )
     st, bad = read_status(tmp_path)
     assert bad is None and st == {"state": "ended", "reason": "exited", "exit_code": None, "ended": 12.5}
 
@@ -79,8 +112,24 @@ def test_a_missing_command_is_an_unreachable_answer_not_an_exception(tmp_path: P
     assert s.queue() is not err
 
 
-@pytest.mark.parametrize("raw", [b"", b"abc 12", b"0 12 13", b"256 12", b"-1 12", b"0 x", b"0 " + b"9" * 20, b"0 1.", b"0 1.2.3", b"0 nan", b"0 1e9",
-                                 b"\xff\xfe 1", b"cannot"])
+@pytest.mark.parametrize(
+    "raw",
+    [
+        b"",
+        b"abc 12",
+        b"0 12 13",
+        b"256 12",
+        b"-1 12",
+        b"0 x",
+        b"0 " + b"9" * 20,
+        b"0 1.",
+        b"0 1.2.3",
+        b"0 nan",
+        b"0 1e9",
+        b"\xff\xfe 1",
+        b"cannot",
+    ],
+)
 def test_a_verifier_jobs_result_of_the_wrong_shape_is_no_result(tmp_path: Path, raw: bytes) -> None:
     """``rc`` and ``started`` are in a folder the verifier's command could write to: a
     result not of the job script's shape is none (the job, gone, could not judge)."""

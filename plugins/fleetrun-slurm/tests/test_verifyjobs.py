@@ -26,7 +26,8 @@ def verifier_node(fleeter: Any, attempt_id: str, step: str = "verify-1") -> str:
 
 
 def test_a_run_verifier_runs_as_a_job_on_the_tasks_node_and_its_failure_goes_back(
-        slurm_fleeter: Any, fake_claude: Any) -> None:
+    slurm_fleeter: Any, fake_claude: Any
+) -> None:
     """``per_node``: the task pinned to n2, its verifier a job on n2 too; the first
     attempt's failure, said on n2, is in the retry's prompt."""
     f = slurm_fleeter
@@ -34,7 +35,7 @@ def test_a_run_verifier_runs_as_a_job_on_the_tasks_node_and_its_failure_goes_bac
         cfg.write("per_node = true\n")
     f.make_repo()
     check = f'{ON_NODE}; test "$(cat FIX.txt)" = final || {{ echo "FIX.txt must say final"; exit 1; }}'
-    f.write_tasks(f'''
+    f.write_tasks(f"""
         [[task]]
         name = "fix-it"
         cwd = "repo"
@@ -43,9 +44,15 @@ def test_a_run_verifier_runs_as_a_job_on_the_tasks_node_and_its_failure_goes_bac
         peer = "slurm-n2"
           [[task.verify]]
           run = {json.dumps(check)}
-    ''')
-    fake_claude.script(**{"fix-it": [{"actions": [["write", "FIX.txt", "draft"], ["commit", "draft"]]},
-                                     {"actions": [["write", "FIX.txt", "final"], ["commit", "final"]]}]})
+    """)
+    fake_claude.script(
+        **{
+            "fix-it": [
+                {"actions": [["write", "FIX.txt", "draft"], ["commit", "draft"]]},
+                {"actions": [["write", "FIX.txt", "final"], ["commit", "final"]]},
+            ]
+        }
+    )
     r = f.runsub("tasks.toml", *PLUGIN)
     assert r.ret == 0, r.stdout + r.stderr
     assert f.states() == {"fix-it": "DONE"}, r.stdout
@@ -66,7 +73,7 @@ def gated_verifier(fleeter: Any, fake_claude: Any) -> tuple[Path, Path]:
     started, gate = fleeter.root / "vstarted", fleeter.root / "vgate"
     fleeter.make_repo()
     check = f"{ON_NODE}; echo run >> {started}; while [ ! -e {gate} ]; do sleep 0.05; done; test -f a.txt"
-    fleeter.write_tasks(f'''
+    fleeter.write_tasks(f"""
         [[task]]
         name = "t1"
         cwd = "repo"
@@ -74,7 +81,7 @@ def gated_verifier(fleeter: Any, fake_claude: Any) -> tuple[Path, Path]:
         git_ref = "main"
           [[task.verify]]
           run = {json.dumps(check)}
-    ''')
+    """)
     fake_claude.script(t1=[{"actions": [["write", "a.txt", "a"], ["commit", "a"]]}])
     return started, gate
 
@@ -112,7 +119,8 @@ def fleetrun_loop_pass(config, duration_s):
 
 
 def test_a_supervisor_killed_during_a_verifier_job_adopts_it_and_verifies_once(
-        slurm_fleeter: Any, fake_claude: Any) -> None:
+    slurm_fleeter: Any, fake_claude: Any
+) -> None:
     """SIGKILL while the verifier's job runs: the job goes on; the next supervisor
     adopts it (by its recorded id and name), so the command runs once and its verdict is
     recorded once."""
@@ -148,14 +156,14 @@ def test_a_supervisor_killed_during_a_verifier_job_adopts_it_and_verifies_once(
 def test_a_setup_command_runs_as_a_job_too(slurm_fleeter: Any, fake_claude: Any) -> None:
     f = slurm_fleeter
     f.make_repo()
-    f.write_tasks(f'''
+    f.write_tasks(f"""
         [[task]]
         name = "t1"
         cwd = "repo"
         prompt = "p"
         git_ref = "main"
         setup = [{json.dumps('echo "setup on $SLURMD_NODENAME"')}]
-    ''')
+    """)
     fake_claude.script(t1=[{"actions": [["write", "a.txt", "a"], ["commit", "a"]]}])
     r = f.runsub("tasks.toml", *PLUGIN)
     assert r.ret == 0, r.stdout + r.stderr
@@ -169,7 +177,7 @@ def test_a_verifier_job_over_its_timeout_is_cancelled_and_fails(slurm_fleeter: A
     verdict is a FAIL (``timed out``), as for a local verifier."""
     f = slurm_fleeter
     f.make_repo()
-    f.write_tasks('''
+    f.write_tasks("""
         [[task]]
         name = "t1"
         cwd = "repo"
@@ -179,7 +187,7 @@ def test_a_verifier_job_over_its_timeout_is_cancelled_and_fails(slurm_fleeter: A
           [[task.verify]]
           run = "echo waiting; sleep 600"
           timeout_s = 2
-    ''')
+    """)
     fake_claude.script(t1=[{"actions": [["write", "a.txt", "a"], ["commit", "a"]]}])
     r = f.runsub("tasks.toml", *PLUGIN)
     assert f.states() == {"t1": "NEEDS_HUMAN"}, r.stdout + r.stderr
@@ -191,7 +199,8 @@ def test_a_verifier_job_over_its_timeout_is_cancelled_and_fails(slurm_fleeter: A
 
 
 def test_a_verifier_job_cancelled_by_someone_else_could_not_judge_and_runs_again(
-        slurm_fleeter: Any, fake_claude: Any) -> None:
+    slurm_fleeter: Any, fake_claude: Any
+) -> None:
     """A job gone from the queue without a result (``scancel`` by hand, a lost node) is
     no verdict on the work: a transient ERROR, the verifier run again after the backoff."""
     f = slurm_fleeter
@@ -232,16 +241,20 @@ def test_the_plugin_installed_but_not_configured_runs_no_verifier(fleeter: Any) 
     class Probe:
         @fleetrun.hookimpl(trylast=True)
         def fleetrun_configure(self, config: Any) -> None:
-            seen.append([str(getattr(i.plugin, "__module__", None) or i.plugin.__name__)
-                         for i in config.hook.fleetrun_verify.get_hookimpls()])
+            seen.append(
+                [
+                    str(getattr(i.plugin, "__module__", None) or i.plugin.__name__)
+                    for i in config.hook.fleetrun_verify.get_hookimpls()
+                ]
+            )
 
     fleeter.make_repo()
-    fleeter.write_tasks('''
+    fleeter.write_tasks("""
         [[task]]
         name = "t1"
         cwd = "repo"
         prompt = "p"
-    ''')
+    """)
     r = fleeter.run("validate", "tasks.toml", plugins=[fleetrun_slurm, Probe()])
     assert r.ret == 0, r.stdout + r.stderr
     assert seen and not any(m.startswith("fleetrun_slurm") for m in seen[-1]), seen
@@ -254,8 +267,9 @@ def test_the_plugin_installed_but_not_configured_runs_no_verifier(fleeter: Any) 
     assert any(m.startswith("fleetrun_slurm") for m in seen[-1]), seen
 
 
-def test_a_verifier_job_submitted_but_not_recorded_is_adopted_by_its_name(slurm_host: SlurmHost,
-                                                                          tmp_path: Path) -> None:
+def test_a_verifier_job_submitted_but_not_recorded_is_adopted_by_its_name(
+    slurm_host: SlurmHost, tmp_path: Path
+) -> None:
     """The supervisor killed between ``sbatch`` and the job's record: the next one finds
     the job by its name in the queue and follows it, and submits no second job."""
     from types import SimpleNamespace

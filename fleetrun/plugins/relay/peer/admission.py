@@ -124,8 +124,10 @@ def cmd_prepare(config: Config, ns: argparse.Namespace) -> dict[str, Any]:
     if not os.path.isdir(task.spec.cwd):
         raise HostError("working directory does not exist on this host")
     if task.spec.merges_dependencies:  # a supervisor never sends one (placement keeps it home)
-        raise HostError('a task with base = "dependencies" is prepared on the supervising machine, where its '
-                        "dependencies' branches are merged; this peer does not prepare it")
+        raise HostError(
+            'a task with base = "dependencies" is prepared on the supervising machine, where its '
+            "dependencies' branches are merged; this peer does not prepare it"
+        )
     with _host_lock(config.home):  # refuse now, before a worktree is made for nothing
         _check_room(config, _hosted(config), task.id)
     try:
@@ -159,8 +161,10 @@ def cmd_start(config: Config, ns: argparse.Namespace) -> dict[str, Any]:
         raise HostError("the request has no spec with an argv")
     rec = _prepared_all(config.home).get(task_id)
     if rec is not None and rec.get("is_worktree") and spec.get("cwd") != rec.get("path"):
-        raise HostError(f"the attempt would run in {spec.get('cwd')}, not in the worktree prepared here for "
-                        f"{task_id} ({rec.get('path')})")
+        raise HostError(
+            f"the attempt would run in {spec.get('cwd')}, not in the worktree prepared here for "
+            f"{task_id} ({rec.get('path')})"
+        )
     from fleetrun.shepherd import write_json
 
     from .request import NOTIFY

@@ -25,8 +25,9 @@ _SHA = re.compile(r"^[0-9a-f]{40}([0-9a-f]{24})?$")
 def _git(repo: str, *args: str, stdin: Optional[str] = None) -> tuple[int, str, str]:
     import subprocess
 
-    proc = subprocess.run(git_argv(repo, *args), input=(stdin or "").encode(), capture_output=True,
-                          env=git_env(), timeout=300)
+    proc = subprocess.run(
+        git_argv(repo, *args), input=(stdin or "").encode(), capture_output=True, env=git_env(), timeout=300
+    )
     return proc.returncode, proc.stdout.decode("utf-8", "replace").strip(), proc.stderr.decode("utf-8", "replace")
 
 
@@ -37,7 +38,9 @@ def bundle_plan(repo: str, branch: str, git_ref: Optional[str], have: list[str])
     needed at all (not when the tip is one of them or below one of them)."""
     if not os.path.isdir(repo):
         raise HostError(f"{repo} does not exist on this host")
-    code, tip, err = _git(repo, "rev-parse", "--verify", "--quiet", "--end-of-options", f"refs/heads/{branch}^{{commit}}")
+    code, tip, err = _git(
+        repo, "rev-parse", "--verify", "--quiet", "--end-of-options", f"refs/heads/{branch}^{{commit}}"
+    )
     if code != 0 or not _SHA.match(tip):
         raise HostError(f"there is no branch {branch} in {repo} on this host")
     fork = None
@@ -47,8 +50,12 @@ def bundle_plan(repo: str, branch: str, git_ref: Optional[str], have: list[str])
     have = [h for h in have if isinstance(h, str) and _SHA.match(h)][:MAX_HAVES]
     here: list[str] = []
     if have:
-        _, out, _ = _git(repo, "cat-file", "--batch-check=%(objectname) %(objecttype)",
-                         stdin="".join(f"{h}^{{commit}}\n" for h in have))
+        _, out, _ = _git(
+            repo,
+            "cat-file",
+            "--batch-check=%(objectname) %(objecttype)",
+            stdin="".join(f"{h}^{{commit}}\n" for h in have),
+        )
         known = {line.split()[0] for line in out.splitlines() if line.endswith(" commit")}
         here = [h for h in have if h in known]
     covered = tip in here or any(_git(repo, "merge-base", "--is-ancestor", tip, h)[0] == 0 for h in here)
@@ -79,11 +86,17 @@ def cmd_bundle(config: HasHome, out: TextIO) -> int:
     out.flush()
     if not plan["bundle"]:
         return 0
-    proc = subprocess.run(git_argv(repo, "bundle", "create", "-", f"refs/heads/{branch}",
-                                   *(f"^{h}" for h in plan["have"])),
-                          stdin=subprocess.DEVNULL, stdout=fd, stderr=subprocess.PIPE, env=git_env())
+    proc = subprocess.run(
+        git_argv(repo, "bundle", "create", "-", f"refs/heads/{branch}", *(f"^{h}" for h in plan["have"])),
+        stdin=subprocess.DEVNULL,
+        stdout=fd,
+        stderr=subprocess.PIPE,
+        env=git_env(),
+    )
     if proc.returncode != 0:
-        sys.stderr.write(f"git bundle create failed (exit {proc.returncode}): "
-                         f"{proc.stderr.decode('utf-8', 'replace').strip()[-500:]}\n")
+        sys.stderr.write(
+            f"git bundle create failed (exit {proc.returncode}): "
+            f"{proc.stderr.decode('utf-8', 'replace').strip()[-500:]}\n"
+        )
         return 1
     return 0

@@ -37,9 +37,11 @@ def _headroom(config: Config) -> dict[str, Optional[float]]:
         return dict(measure(str(config.home)))
     import psutil
 
-    return {"free_mem_mb": psutil.virtual_memory().available / 2**20,
-            "load_per_core": os.getloadavg()[0] / (os.cpu_count() or 1),
-            "free_disk_mb": psutil.disk_usage(str(config.home)).free / 2**20}
+    return {
+        "free_mem_mb": psutil.virtual_memory().available / 2**20,
+        "load_per_core": os.getloadavg()[0] / (os.cpu_count() or 1),
+        "free_disk_mb": psutil.disk_usage(str(config.home)).free / 2**20,
+    }
 
 
 def _tools(config: Config) -> tuple[dict[str, Optional[str]], list[str]]:
@@ -75,8 +77,10 @@ def _tags(config: Config) -> list[str]:
     if tags is None:
         return []
     if not isinstance(tags, list) or not all(isinstance(t, str) for t in tags):
-        raise HostError(f"this peer's configuration is broken: {config.home / 'config.toml'}: [relay] tags must "
-                        f'be a list of strings, like tags = ["gpu"], not {json.dumps(tags)[:80]}')
+        raise HostError(
+            f"this peer's configuration is broken: {config.home / 'config.toml'}: [relay] tags must "
+            f'be a list of strings, like tags = ["gpu"], not {json.dumps(tags)[:80]}'
+        )
     return tags
 
 

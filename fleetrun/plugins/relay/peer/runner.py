@@ -94,14 +94,24 @@ def cmd_verify_start(config: Config, ns: argparse.Namespace) -> dict[str, Any]:
         # them, and a verify-status that finds no runner.json says so (the supervisor
         # then starts the verifier again); result.json, the verdict, is
         # the output is written on this machine's disk: this host's [output] max_bytes caps it
-        write_json(str(vdir / "spec.json"), {"text": v["text"], "cwd": cwd, "env": ours,
-                                             "timeout_s": float(timeout_s), "max_output": output_cap(config),
-                                             "wrapper": CAPPED_PATH},
-                   sync=False)
-        pid = spawn_detached([sys.executable, "-I", "-S", RUNNER_PATH, str(vdir)], dict(os.environ, **ours),
-                             vdir / "runner.out")
-        write_json(str(vdir / "runner.json"), {"pid": pid, "token": proc_token(pid), "started": time.time()},
-                   sync=False)
+        write_json(
+            str(vdir / "spec.json"),
+            {
+                "text": v["text"],
+                "cwd": cwd,
+                "env": ours,
+                "timeout_s": float(timeout_s),
+                "max_output": output_cap(config),
+                "wrapper": CAPPED_PATH,
+            },
+            sync=False,
+        )
+        pid = spawn_detached(
+            [sys.executable, "-I", "-S", RUNNER_PATH, str(vdir)], dict(os.environ, **ours), vdir / "runner.out"
+        )
+        write_json(
+            str(vdir / "runner.json"), {"pid": pid, "token": proc_token(pid), "started": time.time()}, sync=False
+        )
     return {"state": "running"}
 
 
@@ -119,8 +129,13 @@ def cmd_verify_status(config: HasHome, ns: argparse.Namespace) -> dict[str, Any]
     res = read_json(str(vdir / "result.json"))  # it may have just finished
     if res is not None:
         return _judged(vdir, dict(res, state="ended"))
-    return {"state": "ended", "passed": False, "reason": "the verifier's runner died on the peer",
-            "output": tail_text(vdir / "out"), "duration_s": 0.0}
+    return {
+        "state": "ended",
+        "passed": False,
+        "reason": "the verifier's runner died on the peer",
+        "output": tail_text(vdir / "out"),
+        "duration_s": 0.0,
+    }
 
 
 def _judged(vdir: Path, res: dict[str, Any]) -> dict[str, Any]:

@@ -160,13 +160,12 @@ class Worker:
 
     def send(self, message: dict[str, Any]) -> None:
         if self.timing and (message.get("event") in ("ended", "verified", "then") or "id" in message):
-            self.time(what="push", event=message.get("event", "reply"), id=message.get("id"),
-                      of=message.get("attempt"))
+            self.time(what="push", event=message.get("event", "reply"), id=message.get("id"), of=message.get("attempt"))
         data = memoryview(worker_line(message))
         with self.out_lock:
             try:
                 while data:
-                    data = data[os.write(self.out_fd, data):]
+                    data = data[os.write(self.out_fd, data) :]
             except OSError:  # the channel is gone: so is the supervisor
                 self.gone = True
                 os.write(self.wake_w, b"x")
@@ -174,8 +173,17 @@ class Worker:
     def run(self) -> int:
         from fleetrun import __version__
 
-        self.send({"event": "hello", "protocol": WORKER_PROTOCOL, "fleetrun": __version__, "pid": os.getpid(),
-                   "beats": 1, "chain": 1, "many": 1})
+        self.send(
+            {
+                "event": "hello",
+                "protocol": WORKER_PROTOCOL,
+                "fleetrun": __version__,
+                "pid": os.getpid(),
+                "beats": 1,
+                "chain": 1,
+                "many": 1,
+            }
+        )
         try:
             return self.loop()
         finally:
@@ -205,12 +213,13 @@ class Worker:
                     if end < 0:
                         break
                     line = bytes(buf[:end])
-                    del buf[:end + 1]
+                    del buf[: end + 1]
                     if line.strip():
                         self.request(line)
                 if len(buf) > MAX_WORKER_LINE:
-                    print(f"fleetrun host serve: a request line over {MAX_WORKER_LINE} bytes; giving up",
-                          file=sys.stderr)
+                    print(
+                        f"fleetrun host serve: a request line over {MAX_WORKER_LINE} bytes; giving up", file=sys.stderr
+                    )
                     return 4
             if self.wake_r in ready:
                 os.read(self.wake_r, 4096)
@@ -314,8 +323,9 @@ class Worker:
         if code != 0 or ns is None:
             return
         if req.verb == "status-many":  # each attempt polled, as a `status` of its own would be
-            found = [Watch(aid, None, _sent(r, 0)) for aid, r in (reply.get("statuses") or {}).items()
-                     if isinstance(r, dict)]
+            found = [
+                Watch(aid, None, _sent(r, 0)) for aid, r in (reply.get("statuses") or {}).items() if isinstance(r, dict)
+            ]
         else:
             one = self.watch_for(req, ns, reply)
             found = [one] if one is not None else []

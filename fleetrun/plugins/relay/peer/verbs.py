@@ -72,7 +72,7 @@ def fast_main(args: list[str], out: TextIO, err: TextIO) -> Optional[int]:
         home_path = Path(home).expanduser().resolve()
     else:
         home_path = default_home()
-    return main(HomeOnly(home_path), args[i + 1:], out, err)
+    return main(HomeOnly(home_path), args[i + 1 :], out, err)
 
 
 def main(config: HasHome, rest: list[str], out: TextIO, err: TextIO) -> int:
@@ -101,8 +101,9 @@ def main(config: HasHome, rest: list[str], out: TextIO, err: TextIO) -> int:
     return code
 
 
-def answer(config: HasHome, ns: argparse.Namespace,
-           run: Optional[Callable[[], int]] = None) -> tuple[dict[str, Any], int]:
+def answer(
+    config: HasHome, ns: argparse.Namespace, run: Optional[Callable[[], int]] = None
+) -> tuple[dict[str, Any], int]:
     """Run one verb: (its JSON reply, its exit code), a refusal or an error as JSON.
     What a one-shot ``fleetrun host VERB`` prints and exits with, and what the worker
     (:mod:`.serve`) answers a request with.
@@ -130,8 +131,10 @@ def answer(config: HasHome, ns: argparse.Namespace,
 def internal_error(e: BaseException) -> tuple[dict[str, Any], int]:
     import traceback
 
-    return {"error": f"internal error on the peer: {type(e).__name__}: {e}",
-            "traceback": traceback.format_exc()[-4000:]}, 3
+    return {
+        "error": f"internal error on the peer: {type(e).__name__}: {e}",
+        "traceback": traceback.format_exc()[-4000:],
+    }, 3
 
 
 def _parser() -> argparse.ArgumentParser:
@@ -262,8 +265,9 @@ def cmd_collect(config: Config, ns: argparse.Namespace) -> dict[str, Any]:
     rec = _prepared(config.home, task.id)
     pinned = _pinned(rec) if rec.get("is_worktree") else None
     try:
-        commit = config.hook.fleetrun_collect_work(task=task, attempt=att, workspace=_recorded_workspace(rec),
-                                                   host=_local_host(config), config=config)
+        commit = config.hook.fleetrun_collect_work(
+            task=task, attempt=att, workspace=_recorded_workspace(rec), host=_local_host(config), config=config
+        )
         if pinned is not None:
             check_pinned(pinned)  # it held all along
     except WorktreeTampered as e:

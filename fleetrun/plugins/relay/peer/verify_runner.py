@@ -29,8 +29,9 @@ MAX_OUTPUT = 20_000_000  # fleetrun.capped.DEFAULT_MAX_BYTES, when the spec name
 MIN_OUTPUT = 4096  # fleetrun.capped.MIN_MAX_BYTES
 GRACE_S = 2.0  # after SIGTERM, the verifier's group gets this long before SIGKILL
 #: The package's ``osutil.py``: this file is ``fleetrun/plugins/relay/peer/verify_runner.py``.
-OSUTIL = os.path.join(os.path.dirname(os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))),
-                      "osutil.py")
+OSUTIL = os.path.join(
+    os.path.dirname(os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))), "osutil.py"
+)
 #: Set (not ``0``) in its environment: the runner lists what it imported in MODULES
 #: (the shepherd's switch: one for both detached helpers).
 DEBUG_ENV = "FLEETRUN_SHEPHERD_DEBUG"
@@ -210,9 +211,7 @@ def verify_runner(vdir: str) -> int:
         if pidfd < 0:
             wait = min(wait, 0.02)
         try:
-            ready, _, _ = select.select(
-                [rfd] + ([pidfd] if pidfd >= 0 else []), [], [], max(0.001, wait)
-            )
+            ready, _, _ = select.select([rfd] + ([pidfd] if pidfd >= 0 else []), [], [], max(0.001, wait))
         except InterruptedError:  # pragma: no cover
             ready = []
         if rfd in ready:
