@@ -31,7 +31,7 @@ the name ``relay-peers`` (:class:`~.supervisor.Relay`), which implements the hoo
   under the same branch name (``<branch>-from-<peer>`` if the local one has diverged),
   and checked out, detached, in ``worktrees/<name>-<id>-fetched``.
   :meth:`~.supervisor.Relay.local_workspace` gives that worktree to the ``verify_brain`` and
-  ``verify_agent`` plugins (they ask for it through ``get_plugin("relay-peers")``),
+  ``verify_agent`` plugins (they ask for it through the ``fleetrun_fetch_workspace`` hook),
   so those verifiers run here on the fetched branch; ``run`` verifiers still run on
   the peer. The worktree goes when the task ends; the branch stays.
 - ``fleetrun_handoff``: names the branch (the fetched one, if it was fetched, and
