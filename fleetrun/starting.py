@@ -553,17 +553,32 @@ class Starting:
             dir=info.dir,
             **moved,
         )
+        current = loop.get(task.id)
+        mine = current.attempts == att.number
+        if loop.get_attempt(att.id).state in ("ended", "verified"):
+            # its end came before its start's answer (a peer's start is not waited for,
+            # and the peer may push the attempt's end first): the end is recorded and
+            # moved the task on (``adopted``, then on from the end); the answer changes
+            # nothing, and the task is not moved again (found by the long soak)
+            return True
+        if mine and current.state is State.RUNNING:
+            led.update_attempt(att.id, **running)  # adopted meanwhile: its shepherd is known now
+            return True
         # the attempt's pid and the task's RUNNING in one commit: the shepherd already
         # runs, and a crash before it finds the attempt `starting`, whose shepherd the
         # restart looks for and adopts (as after_shepherd_start)
-        now = loop.move(
-            task,
-            State.RUNNING,
-            info.cause or "started",
-            attempt=att.number,
-            also=lambda cur: led.update_attempt(att.id, cur=cur, **running),
+        now = (
+            loop.move(
+                task,
+                State.RUNNING,
+                info.cause or "started",
+                attempt=att.number,
+                also=lambda cur: led.update_attempt(att.id, cur=cur, **running),
+            )
+            if mine and current.state is State.ASSIGNED
+            else None
         )
-        if now is None:  # cancelled while it was starting
+        if now is None:  # cancelled (or given up) while it was starting
             led.update_attempt(att.id, **running)  # its shepherd is known, to be stopped and reaped
             get_host(loop.config, info.host or att.host).stop(att.id, info.pid, info.token)
         loop.report(
