@@ -18,7 +18,7 @@ from .decide import LeaseFound, StartUnconfirmed
 from .ending import END_STATUS
 from .hostapi import get_host
 from .hosts import kill_recorded_children
-from .ledger import Attempt
+from .ledger import Attempt, Task
 from .reports import Workspace
 from .states import State
 from .verifying import REVERIFY, VERIFY_WAIT, Verifying
@@ -56,25 +56,11 @@ class Adoption:
                     if st.get("state") == "unreachable":  # it may be running there: poll_attempts asks again
                         adopted += 1
                         continue
-                    if not st.get("shepherd_pid"):
-                        # decide under the shepherd's start lock: a late shepherd then runs nothing
-                        st = host.give_up(att.id) or st
                     if att.state == "leased" and host.local:
                         kill_recorded_children(host.attempt_dir(att.id))  # a setup command the crash left
-                    if st.get("shepherd_pid"):  # it did start: watch it (a dead one is resumed)
-                        led.update_attempt(
-                            att.id,
-                            state="running",
-                            shepherd_pid=st["shepherd_pid"],
-                            shepherd_token=st.get("shepherd_token"),
-                            started=st.get("started"),
-                        )
-                        loop.decide(task, att, StartUnconfirmed())
-                        if st.get("state") in ("starting", "running"):
-                            adopted += 1
-                        continue
-                    led.update_attempt(att.id, state="abandoned", outcome="never_started", ended=time.time())
-                    loop.decide(task, att, LeaseFound())
+                    st = self.settle_unconfirmed(task, att, st)
+                    if st.get("shepherd_pid") and st.get("state") in ("starting", "running"):
+                        adopted += 1
                     continue
                 loop.decide(task, att, StartUnconfirmed())
                 st = host.status(att.id, att.shepherd_pid, att.shepherd_token)
@@ -177,6 +163,31 @@ class Adoption:
                 loop.verify.begin(
                     task.id, Verifying(last, Workspace(**last.workspace), len(led.verdicts(attempt_id=last.id)))
                 )
+
+    def settle_unconfirmed(self, task: Task, att: Attempt, st: dict[str, Any]) -> dict[str, Any]:
+        """An attempt whose start was never confirmed (``leased``, or ``starting`` with no
+        shepherd recorded: a crash, or a start's answer lost with a restart), its host's
+        status ``st`` in hand: if no shepherd answers for it, decide under the shepherd's
+        start lock that it never started (a late shepherd then runs nothing), so the task
+        goes back without spending a resume; if one does, watch it (a dead one is
+        resumed). :return: the status decided from."""
+        loop, led = self.loop, self.loop.led
+        host = get_host(loop.config, att.host)
+        if not st.get("shepherd_pid"):
+            st = host.give_up(att.id) or st
+        if st.get("shepherd_pid"):  # it did start: watch it (a dead one is resumed)
+            led.update_attempt(
+                att.id,
+                state="running",
+                shepherd_pid=st["shepherd_pid"],
+                shepherd_token=st.get("shepherd_token"),
+                started=st.get("started"),
+            )
+            loop.decide(task, att, StartUnconfirmed())
+            return st
+        led.update_attempt(att.id, state="abandoned", outcome="never_started", ended=time.time())
+        loop.decide(task, att, LeaseFound())
+        return st
 
     def starting_status(self, att: Attempt) -> dict[str, Any]:
         """The status of an attempt whose shepherd may have been started just before a

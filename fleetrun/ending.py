@@ -81,6 +81,20 @@ class Ending:
             for att in atts:
                 with loop.isolated(att.task_id):
                     st = statuses[att.id]
+                    if (
+                        st.get("state") == "died"
+                        and att.state == "starting"
+                        and not att.shepherd_pid
+                        and att.task_id not in loop.starting.launching
+                    ):
+                        # its start was never confirmed (the answer lost with a restart, its
+                        # host out of reach then) and its host knows of no shepherd for it:
+                        # it did not start, as adoption decides it; not a session that
+                        # died, which would spend a resume (found by the long soak)
+                        task = loop.led.get(att.task_id)
+                        if task is not None:
+                            loop.adoption.settle_unconfirmed(task, att, st)
+                        continue
                     if st.get("state") in ("ended", "died"):
                         self.finish_attempt(att, st)
 
