@@ -51,26 +51,28 @@ def commits(monkeypatch: pytest.MonkeyPatch) -> Commits:
     return seen
 
 
+def n_trivial_tasks(fleeter: Fleeter, fake_claude: Any, more_verify: str = "") -> None:
+    """:data:`N` tasks, each writing and committing out.txt, verified by ``test -f
+    out.txt`` (and ``more_verify``, more ``[[task.verify]]`` tables)."""
+    fleeter.make_repo()
+    task = """
+[[task]]
+name = "t{i}"
+cwd = "repo"
+prompt = "Write out.txt."
+git_ref = "main"
+  [[task.verify]]
+  run = "test -f out.txt"{more}
+"""
+    fleeter.write_tasks("\n".join(task.format(i=i, more=more_verify) for i in range(N)))
+    fake_claude.script(**{f"t{i}": [{"actions": [["write", "out.txt", "x"], ["commit", "add out"]]}] for i in range(N)})
+
+
 def test_a_trivial_task_costs_at_most_eight_commits(
     fleeter: Fleeter, fake_claude: Any, commits: Commits, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     monkeypatch.setattr(ledger_schema.LedgerFile, "BATCH_HOLD_S", 1e9, raising=False)  # a timing: not here
-    fleeter.make_repo()
-    fleeter.write_tasks(
-        "\n".join(
-            f"""
-        [[task]]
-        name = "t{i}"
-        cwd = "repo"
-        prompt = "Write out.txt."
-        git_ref = "main"
-          [[task.verify]]
-          run = "test -f out.txt"
-    """
-            for i in range(N)
-        )
-    )
-    fake_claude.script(**{f"t{i}": [{"actions": [["write", "out.txt", "x"], ["commit", "add out"]]}] for i in range(N)})
+    n_trivial_tasks(fleeter, fake_claude)
     queued = commits.n
     r = fleeter.run("tasks.toml", "--max-tasks", "2")
     assert r.ret == 0, r.stdout + r.stderr
@@ -145,24 +147,7 @@ def test_a_pass_commits_once_plus_its_durable_points(
     removed (one a DONE or NEEDS_HUMAN). Every pass of a run that ends, verifies and moves six tasks, several
     a pass, stays within that; one commit for each write did not (it was up to 10 a pass)."""
     monkeypatch.setattr(ledger_schema.LedgerFile, "BATCH_HOLD_S", 1e9, raising=False)  # a timing: not here
-    fleeter.make_repo()
-    fleeter.write_tasks(
-        "\n".join(
-            f"""
-        [[task]]
-        name = "t{i}"
-        cwd = "repo"
-        prompt = "Write out.txt."
-        git_ref = "main"
-          [[task.verify]]
-          run = "test -f out.txt"
-          [[task.verify]]
-          run = "true"
-    """
-            for i in range(N)
-        )
-    )
-    fake_claude.script(**{f"t{i}": [{"actions": [["write", "out.txt", "x"], ["commit", "add out"]]}] for i in range(N)})
+    n_trivial_tasks(fleeter, fake_claude, '\n  [[task.verify]]\n  run = "true"')
     seen = PassCommits(commits)
     r = fleeter.run("tasks.toml", plugins=[seen])
     assert r.ret == 0, r.stdout + r.stderr
