@@ -184,7 +184,8 @@ command = ["{python}", "-c", "import subprocess, sys, time; subprocess.run([sys.
             echo_task("bad", verify=r"printf 'expected <b> & got red\n'; exit 3", prompt="do it", max_retries=1),
             echo_task("gone", prompt="do it", agent="selfcancel"),
             echo_task("stuck", prompt="do it", requires=["no-such-tool-on-any-machine"]),
-            echo_task("schema", verify="true", prompt="make the schema"),
+            # its verifier takes a second, so api waits long enough for the page to draw the wait (>= 0.5 s)
+            echo_task("schema", verify="sleep 1", prompt="make the schema"),
             echo_task("api", verify="true", prompt="make the api", depends_on=["schema"]),
             echo_task("client", verify="true", prompt="make the client", depends_on=["api"]),
         ]
