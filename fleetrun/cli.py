@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import argparse
 import os
 import sys
 import time
@@ -13,7 +12,11 @@ from .builtin_plugins import BLOCKED_PLUGIN_VERBS, FAST_PATHS
 from .exceptions import ExitCode, UsageError, UsageErrors, is_space_error
 from .version import __version__
 
+# argparse is imported by what builds a parser: `status` may answer without one
+# (fleetrun.quickstatus)
 if TYPE_CHECKING:
+    import argparse
+
     from .config import Config, Parser
     from .projconf import ProjectConfig
     from .verbs import VerbDecl
@@ -207,6 +210,8 @@ def _internal_error(config: Optional[Config], err: TextIO) -> int:
 
 
 def _build_parser(verb: str, verbs: dict[str, VerbDecl], pluginparser: Parser) -> argparse.ArgumentParser:
+    import argparse
+
     common = argparse.ArgumentParser(add_help=False)
     g = common.add_argument_group("general")
     g.add_argument(

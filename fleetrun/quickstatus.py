@@ -23,9 +23,13 @@ from __future__ import annotations
 
 import os
 from pathlib import Path
-from typing import Optional, TextIO
+from typing import TYPE_CHECKING, Optional, TextIO
 
 from .exceptions import ExitCode
+
+if TYPE_CHECKING:
+    from .ledger_schema import LedgerFile
+    from .states import State
 
 #: ``status``'s options that take no value (``commands._status_arguments`` and the
 #: general ones of ``cli._build_parser``), by the name the reader gives them.
@@ -129,6 +133,18 @@ def fast_main(args: list[str], out: TextIO, err: TextIO) -> Optional[int]:
     return ExitCode.OK
 
 
+def _any_placed(led: LedgerFile, states: Optional[set[State]]) -> bool:
+    """Whether the table would hold a placed task with a host (read through the state
+    index: no row of the table is read)."""
+    from .viewing import PLACED
+
+    placed = sorted(PLACED & {s.value for s in states} if states else PLACED)
+    if not placed:
+        return False
+    sql = f"SELECT 1 FROM tasks WHERE state IN ({','.join('?' * len(placed))}) AND host != '' LIMIT 1"
+    return led.conn.execute(sql, placed).fetchone() is not None
+
+
 def _status_text(home: Path, opts: dict[str, str], out: TextIO) -> Optional[str]:
     from . import viewing
 
@@ -144,12 +160,6 @@ def _status_text(home: Path, opts: dict[str, str], out: TextIO) -> Optional[str]
 
     width = None if opts.get("wide") else terminal_width(out)
     with LedgerFile(home / "state.db") as led:
-        placed = sorted(viewing.PLACED & {s.value for s in states} if states else viewing.PLACED)
-        if (
-            placed
-            and led.conn.execute(  # then the usual way, at once (the state index: no rows read)
-                f"SELECT 1 FROM tasks WHERE state IN ({','.join('?' * len(placed))}) AND host != '' LIMIT 1", placed
-            ).fetchone()
-        ):
+        if _any_placed(led, states):  # its host's plugin is asked about it: the usual way, at once
             return None
         return viewing.table_text(home, led, states, latest, width, None, opts.get("state", ""))

@@ -11,8 +11,6 @@ from typing import Optional, TextIO
 def terminal_width(out: TextIO) -> Optional[int]:
     """The width to fit: ``$COLUMNS``, else the terminal's; None (no limit) when
     ``out`` is not a terminal, so a pipe or a file gets every cell whole."""
-    import shutil
-
     env = os.environ.get("COLUMNS", "")
     if env.isdigit() and int(env) > 0:
         return int(env)
@@ -21,6 +19,8 @@ def terminal_width(out: TextIO) -> Optional[int]:
             return None
     except (AttributeError, ValueError):
         return None
+    import shutil  # here: its archive modules are a tenth of a piped `status`'s start-up
+
     return shutil.get_terminal_size().columns
 
 
