@@ -177,7 +177,9 @@ def test_status_prints_what_the_usual_way_prints(
     monkeypatch.setattr(time, "time", lambda: NOW)
     configured: list[list[str]] = []
     usual = cli._configure
-    monkeypatch.setattr(cli, "_configure", lambda args, *rest, **kw: configured.append(args) or usual(args, *rest, **kw))
+    monkeypatch.setattr(
+        cli, "_configure", lambda args, *rest, **kw: configured.append(args) or usual(args, *rest, **kw)
+    )
     printed = []
     for plugins in (None, [Bystander()]):
         out, err = io.StringIO(), io.StringIO()
@@ -241,13 +243,13 @@ def test_addopts_and_plugins_named_take_the_usual_way(tmp_path: Path, monkeypatc
 
 #: An installed plugin (a module and its dist-info, as ``pip install`` leaves them) that
 #: says why a task on this machine waits, as a peer plugin says its peer stopped answering.
-REASON_PLUGIN = '''
+REASON_PLUGIN = """
 import fleetrun
 
 @fleetrun.hookimpl
 def fleetrun_status_reason(task, config):
     return f"the reason plugin says: {task.name} waits for the lab's GPU"
-'''
+"""
 
 
 def test_an_installed_plugins_status_reason_still_shows(tmp_path: Path) -> None:
