@@ -99,7 +99,9 @@ def _may_hold_addopts(start: Path) -> bool:
     return False
 
 
-def _no_addopts(home: Path) -> bool:
+def _as_typed(home: Path) -> bool:
+    """Whether the command line is all there is: no ``addopts`` put before it (the
+    environment's, a project file's) and no plugin named by ``FLEETRUN_PLUGINS``."""
     if os.environ.get("FLEETRUN_ADDOPTS", "").strip() or (os.environ.get("FLEETRUN_PLUGINS") or "").strip(","):
         return False
     cwd = Path.cwd()
@@ -122,7 +124,7 @@ def fast_main(args: list[str], out: TextIO, err: TextIO) -> Optional[int]:
         from .home import default_home
 
         home = Path(opts["home"]).expanduser().resolve() if opts.get("home") else default_home()
-        if not _no_addopts(home):
+        if not _as_typed(home):
             return None
         text = _status_text(home, opts, out)
     except Exception:  # the usual way reports it (a damaged ledger, a bad --state...)

@@ -269,3 +269,37 @@ def test_an_installed_plugins_status_reason_still_shows(tmp_path: Path) -> None:
     assert got["code"] == 0, out
     assert "the reason plugin says: ready waits for the lab's GPU" in out
     assert "reason_plugin" in got["modules"]
+
+
+@pytest.mark.parametrize(
+    ("args", "got"),
+    [
+        (["status"], {}),
+        (
+            ["--home", "h", "-v", "status", "--state=ready", "--wide"],
+            {"home": "h", "": "1", "state": "ready", "wide": "1"},
+        ),
+        (
+            ["status", "--all", "--graph", "--color", "no", "--home=a", "--home", "b"],
+            {"all": "1", "graph": "1", "color": "no", "home": "b"},
+        ),
+        (["status", "--json"], None),  # the plugins' fields
+        (["status", "--watch"], None),
+        (["status", "-p", "mod"], None),
+        (["-p", "no:relay", "status"], None),
+        (["status", "--wid"], None),  # argparse takes an abbreviation: the usual way does
+        (["status", "--help"], None),
+        (["status", "--version"], None),
+        (["status", "--state"], None),
+        (["status", "--state", "--wide"], None),
+        (["status", "--color", "red"], None),
+        (["status", "status"], None),
+        (["status", "--", "x"], None),
+        (["logs", "x"], None),
+        ([], None),
+    ],
+)
+def test_the_command_lines_read_without_plugins(args: list[str], got: Any) -> None:
+    from fleetrun.quickstatus import read_args
+
+    assert read_args(args) == got
