@@ -5,6 +5,7 @@ out the least needed columns."""
 from __future__ import annotations
 
 import os
+from collections.abc import Sequence
 from typing import Optional, TextIO
 
 
@@ -75,7 +76,7 @@ def _fit_widths(cols: list[int], natural: list[int], width: int) -> Optional[lis
     return widths
 
 
-def fit_table(rows: list[list[str]], width: Optional[int]) -> tuple[list[str], list[str], bool]:
+def fit_table(rows: Sequence[Sequence[str]], width: Optional[int]) -> tuple[list[str], list[str], bool]:
     """The header and ``rows`` as aligned lines no wider than ``width`` (None: no
     limit): the widest cells are cut with ``…`` (REASON first, never an ID), then
     the least needed columns are left out. :return: (lines, columns left out, whether

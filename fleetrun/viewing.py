@@ -235,7 +235,7 @@ def _placed_reason(config: Config, led: Ledger, states: Optional[set[State]], la
 
 def _table_rows(
     led: LedgerFile, states: Optional[set[State]], latest: bool, placed: Optional[PlacedReason]
-) -> Optional[list[list[str]]]:
+) -> Optional[list[tuple[str, ...]]]:
     """The status table's cells, one row a task, from the columns it shows only (with
     10,000 tasks, making each a :class:`Task` was most of the command's time, and then
     each cell's formatting: a task that needs none is not formatted again).
@@ -258,7 +258,9 @@ def _table_rows(
         sql += " WHERE " + " AND ".join(where)
     home = os.path.expanduser("~")
     ages: dict[float, str] = {}
-    rows: list[list[str]] = []
+    # tuples: the collector stops tracking a tuple of strings, while 100,000 lists were
+    # walked again at each of its passes (a fifth of the table's time at 100,000 tasks)
+    rows: list[tuple[str, ...]] = []
     append = rows.append
     cursor = led.conn.cursor()
     cursor.row_factory = None  # tuples: the connection's sqlite3.Row is a third of the read
@@ -281,7 +283,7 @@ def _table_rows(
             age = ages[created] = ago(created, now)
         # what a task's name or reason holds is shown, not sent (most need no escaping)
         append(
-            [
+            (
                 name if len(name) <= NAME_LIMIT and name.isprintable() else safe_name(name),
                 state,
                 str(attempts),
@@ -292,7 +294,7 @@ def _table_rows(
                 "-" if not branch else branch if branch.isprintable() else safe_text(branch),
                 "-" if worktree is None else _worktree_cell(worktree, host, home),
                 reason if type(reason) is str and reason.isprintable() else safe_text(reason),
-            ]
+            )
         )
     return rows
 
