@@ -4,9 +4,10 @@ Each command runs ``--runs`` times (default 20) as ``python -m fleetrun ...`` wi
 running interpreter and a fresh ``FLEETRUN_HOME``, next to ``python -c pass`` (the
 interpreter's own start-up) as the baseline; the medians and the ratios are printed.
 ``status`` and ``logs TASK`` also run on a home with ``--tasks`` tasks (default 10,000:
-a twentieth of them placed, here and on a peer no plugin provides), with their ratios
-to ``python -c "import sqlite3"`` too (issue 16's goal: ``status`` at 10,000 tasks
-within 3x of it).
+a twentieth of them placed, here and on a peer no plugin provides), and ``status`` on
+one with as many tasks none of which is placed (they wait: the table asks no plugin, so
+no plugin is loaded, fleetrun.quickstatus), with their ratios to ``python -c "import
+sqlite3"`` too (issue 16's and 24's goal: ``status`` at 10,000 tasks within 3x of it).
 With ``--script`` the ``fleetrun`` console script next to the interpreter is timed too
 (a version manager's shim on PATH, such as pyenv's, adds ~90 ms on top of that).
 
@@ -71,23 +72,27 @@ NOT_FOR_VIEWING = (
     "fleetrun.plugins.worktree",
     "fleetrun.plugins.relay.protocol",
 )
+#: What ``status`` must not import on the home where nothing is placed: no plugin takes
+#: part in its table, so neither the plugin manager nor the installed plugins' look-up.
+NOT_FOR_WAITING = ("pluggy", "importlib.metadata", "fleetrun.pluginmanager", "fleetrun.records")
 #: The goal: each command within this ratio of ``python -c pass``.
 GOAL = 2.0
 #: The goal of ``status`` at 10,000 tasks: within this ratio of ``python -c "import sqlite3"``.
 SQLITE_GOAL = 3.0
 
 
-def make_home(home: Path, n: int) -> str:
+def make_home(home: Path, n: int, placed: bool = True) -> str:
     """A ledger of ``n`` tasks in ``home``: most READY, a twentieth placed (on this
     machine, a third of them on ``mini``, a peer no plugin provides), half of those
-    RUNNING. Returns the name of a running task (for ``logs``)."""
+    RUNNING; with ``placed`` False, all READY. Returns the name of a running task (for
+    ``logs``)."""
     from fleetrun.ledger import Ledger
     from fleetrun.states import State
     from fleetrun.taskspec import TaskSpec
 
     with Ledger(home / "state.db") as led:
         tasks = led.add_tasks([TaskSpec(name=f"t{i}", prompt=f"do thing {i}", cwd="/repo") for i in range(n)])
-        for i, t in enumerate(tasks[: max(3, n // 20)]):
+        for i, t in enumerate(tasks[: max(3, n // 20) if placed else 0]):
             host = "mini" if i % 3 == 0 else "local"
             led.lease(t.id, State.READY, host, "fresh")
             if i % 2:
@@ -188,8 +193,11 @@ def main(argv: Optional[list[str]] = None) -> int:
         env.pop("PYTHONDONTWRITEBYTECODE", None)
         full = dict(env, FLEETRUN_HOME=str(Path(tmp) / "home-tasks"))
         task = make_home(Path(full["FLEETRUN_HOME"]), max(3, args.tasks))
+        waiting = dict(env, FLEETRUN_HOME=str(Path(tmp) / "home-waiting"))
+        make_home(Path(waiting["FLEETRUN_HOME"]), max(3, args.tasks), placed=False)
         tasked = [[task if w == "TASK" else w for w in cmd] for cmd in TASK_COMMANDS]
         at = f" ({args.tasks} tasks)"
+        none_placed = f" ({args.tasks}, none placed)"
         ways = [
             ("python -c pass", [sys.executable, "-c", "pass"], env),
             ('python -c "import sqlite3"', [sys.executable, "-c", "import sqlite3"], env),
@@ -201,6 +209,7 @@ def main(argv: Optional[list[str]] = None) -> int:
             (f"python -m fleetrun {' '.join(cmd)}{at}", [sys.executable, "-m", "fleetrun", *cmd], full)
             for cmd in tasked
         ]
+        ways.append((f"python -m fleetrun status{none_placed}", [sys.executable, "-m", "fleetrun", "status"], waiting))
         if args.against:
             old = dict(env, PYTHONPATH=os.pathsep.join(filter(None, [args.against, env.get("PYTHONPATH")])))
             old_full = dict(old, FLEETRUN_HOME=full["FLEETRUN_HOME"])
@@ -216,6 +225,13 @@ def main(argv: Optional[list[str]] = None) -> int:
                 )
                 for cmd in tasked
             ]
+            ways.append(
+                (
+                    f"  status{none_placed} of {Path(args.against).name}",
+                    [sys.executable, "-m", "fleetrun", "status"],
+                    dict(old, FLEETRUN_HOME=waiting["FLEETRUN_HOME"]),
+                )
+            )
         script = Path(sys.executable).with_name("fleetrun")
         if args.script:
             if script.exists():
@@ -247,19 +263,21 @@ def main(argv: Optional[list[str]] = None) -> int:
             )
 
         print()
-        for cmd, cmd_env in [*((c, env) for c in COMMANDS), *((c, full) for c in tasked)]:
+        for cmd, cmd_env in [*((c, env) for c in COMMANDS), *((c, full) for c in tasked), (["status"], waiting)]:
             imports = importtime(cmd, cmd_env)
             mods = {m.strip() for _, _, m in imports}
             bad = sorted(m for m in mods if m.split(".")[0] in HEAVY)
             own = mods - lookup  # the installed plugins' look-up imports these for every command
             if cmd_env is not full and cmd != ["status"]:
                 bad += sorted(m for m in own if m in NOT_FOR_HELP)
-            if cmd_env is full:
+            if cmd_env is full or cmd_env is waiting:
                 bad += sorted(m for m in own if m in NOT_FOR_VIEWING)
+            if cmd_env is waiting:
+                bad += sorted(m for m in mods if m in NOT_FOR_WAITING)
             total = sum(s for s, _, _ in imports)
             ours = len([m for m in mods if m.startswith("fleetrun")])
             verdict = f"imports {', '.join(bad)}: FAIL" if bad else "nothing it must not: ok"
-            what = at if cmd_env is full else ""
+            what = at if cmd_env is full else none_placed if cmd_env is waiting else ""
             print(
                 f"fleetrun {' '.join(cmd)}{what}: {len(mods)} modules ({ours} of fleetrun's), {total / 1000:.1f}ms "
                 f"importing; {verdict}"

@@ -2,12 +2,9 @@
 
 from __future__ import annotations
 
-# The markers and the version are needed at once (``@fleetrun.hookimpl`` at a plugin's
-# import) and are light; they are imported eagerly because their names are also those
-# of submodules (``fleetrun.hookspec``), which a later import of the submodule would
-# rebind: imported here first, the markers are bound after their modules.
-from .hookimpl import hookimpl
-from .hookspec import hookspec
+import sys
+import types
+
 from .version import __version__
 
 TYPE_CHECKING = False  # not typing's: ``import fleetrun`` must not cost typing's import
@@ -18,6 +15,7 @@ if TYPE_CHECKING:
     from .commandword import not_found_error
     from .config import Config, ConfigKey, output_cap
     from .exceptions import ExitCode, UsageError, UsageErrors
+    from .hookimpl import hookimpl, hookspec
     from .hostapi import AttemptRef, Host, StartRefused, poll_statuses
     from .ledger import open_ledger
     from .ledgerstats import LedgerCounts, ledger_counts
@@ -45,7 +43,7 @@ if TYPE_CHECKING:
 
 #: The rest of the public API, by the module that defines it: imported on first use
 #: (PEP 562), so ``import fleetrun`` — which every ``fleetrun`` command and a role
-#: session's Stop hook pay first — costs the markers (pluggy) and the hook specs alone.
+#: session's Stop hook pay first — costs the version alone (the markers: ``_Package``).
 _LAZY: dict[str, str] = {
     "cut_note": "capped",
     "read_cut": "capped",
@@ -92,6 +90,41 @@ _LAZY: dict[str, str] = {
     "VerifySpec": "taskspec",
     "VerbDecl": "verbs",
 }
+
+
+class _Package(types.ModuleType):
+    """The package's module, whose ``hookimpl`` and ``hookspec`` are pluggy's markers,
+    imported on first use: pluggy (and its ``inspect``) is a third of an operator's
+    command's start-up, and ``fleetrun status`` needs no plugin unless what it shows
+    does (:mod:`fleetrun.quickstatus`). The markers' names are also those of their
+    modules (:mod:`fleetrun.hookimpl`, :mod:`fleetrun.hookspec`), which the import
+    system binds on the package when it first imports them: the names stay the
+    markers' whichever is imported first (a module's class may be a subclass of
+    ``types.ModuleType``, the data model's documented way to give a module properties).
+    """
+
+    @property
+    def hookimpl(self) -> Any:
+        from .hookimpl import hookimpl
+
+        return hookimpl
+
+    @hookimpl.setter
+    def hookimpl(self, module: Any) -> None:
+        pass  # the submodule, bound by the import system: the marker stays
+
+    @property
+    def hookspec(self) -> Any:
+        from .hookimpl import hookspec
+
+        return hookspec
+
+    @hookspec.setter
+    def hookspec(self, module: Any) -> None:
+        pass  # the submodule, bound by the import system: the marker stays
+
+
+sys.modules[__name__].__class__ = _Package
 
 
 def __getattr__(name: str) -> Any:

@@ -119,7 +119,8 @@ def fleetrun_configure(config: Config) -> None:
     """The command line is parsed and every plugin is loaded, ``fleetconf.py`` files
     included.
 
-    Called once for every verb (not for ``--help`` or ``--version``), after
+    Called once for every verb (not for ``--help`` or ``--version``, nor for a
+    ``status`` that asks no plugin: docs/plugins.md), after
     ``config.toml`` is checked (by the verbs that read it). Stateful plugins build their object here and register it
     under a well-known name (``config.pluginmanager.register(obj, "name")``). Historic: a
     plugin registered later in the run still gets the call.

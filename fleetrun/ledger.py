@@ -23,7 +23,7 @@ from collections.abc import Iterator
 from typing import TYPE_CHECKING, Any, Callable, Optional
 
 from .exceptions import StateConflict
-from .ledger_schema import SCHEMA_VERSION, LedgerFile, ensure_private_dir
+from .ledger_schema import LATEST, SCHEMA_VERSION, LedgerFile, ensure_private_dir
 from .records import LISTED_COLUMNS, Attempt, ListedTask, Task, TransitionRow, VerdictRow
 from .stash import StashKey
 from .states import State, allowed, is_valid_cause
@@ -56,18 +56,6 @@ def new_token() -> str:
         ms, r = divmod(ms, 36)
         digits = alphabet[r] + digits
     return digits + secrets.token_hex(3)
-
-
-#: A ``WHERE`` condition on ``tasks``: the row is its name's latest run (no task of
-#: that name was queued after it: the task a name stands for, as ``logs NAME`` and the
-#: selectors of ``retry``/``approve`` resolve it), or a run that has not ended (an
-#: interrupted run's task still works besides the new one's). A file run three times
-#: holds three tasks of each name; what needs a person now is the latest.
-LATEST = (
-    "(state NOT IN ('DONE','NEEDS_HUMAN','CANCELLED') OR NOT EXISTS (SELECT 1 FROM tasks AS later"
-    " WHERE later.name=tasks.name AND (later.created>tasks.created"
-    " OR (later.created=tasks.created AND later.seq>tasks.seq))))"
-)
 
 
 #: How many parsed specs a ledger keeps (a pass reads the same few tasks again and again).

@@ -30,7 +30,7 @@ from .exceptions import UsageError
 SCHEMA_VERSION = 4
 
 #: Covering indexes for the listings (``status``): each name's latest run found in the
-#: index alone (:data:`fleetrun.ledger.LATEST` asks, for every row, whether a later task
+#: index alone (:data:`LATEST` asks, for every row, whether a later task
 #: of its name exists), and the table's columns in queue order, so the listing reads
 #: neither the rows' specs (most of a row's bytes) nor sorts.
 LISTING_INDEXES = (
@@ -41,6 +41,20 @@ LISTING_INDEXES = (
         " cost_usd, branch, worktree, reason, id)",
     ),
 )
+
+#: A ``WHERE`` condition on ``tasks``: the row is its name's latest run (no task of
+#: that name was queued after it: the task a name stands for, as ``logs NAME`` and the
+#: selectors of ``retry``/``approve`` resolve it), or a run that has not ended (an
+#: interrupted run's task still works besides the new one's). A file run three times
+#: holds three tasks of each name; what needs a person now is the latest. Here, beside
+#: the index it reads (``tasks_latest``), so ``status`` reads the ledger without the
+#: row types of :mod:`fleetrun.ledger`; that module re-exports it.
+LATEST = (
+    "(state NOT IN ('DONE','NEEDS_HUMAN','CANCELLED') OR NOT EXISTS (SELECT 1 FROM tasks AS later"
+    " WHERE later.name=tasks.name AND (later.created>tasks.created"
+    " OR (later.created=tasks.created AND later.seq>tasks.seq))))"
+)
+
 
 _SCHEMA = """
 CREATE TABLE IF NOT EXISTS tasks (

@@ -12,14 +12,23 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any, Optional, TextIO
 
 from .exceptions import ExitCode, UsageError
-from .ledger import LATEST, Ledger, Task, open_ledger
+from .ledger_schema import LATEST
 from .states import State
 from .table import cut, fit_table, terminal_width
 from .textutil import NAME_LIMIT, ago, safe_name, safe_text
 from .whereis import ran_on_peer, where_text
 
+# The ledger's row types are imported by what reads them: the status table reads
+# tuples, before any plugin is loaded (fleetrun.quickstatus).
 if TYPE_CHECKING:
+    from collections.abc import Callable
+
     from .config import Config
+    from .ledger import Ledger, Task
+    from .ledger_schema import LedgerFile
+
+    #: (task id, state, host, its reason) of a placed task -> the reason to show.
+    PlacedReason = Callable[[str, str, str, str], str]
 
 
 def _where(t: Task) -> str:
@@ -53,16 +62,24 @@ def _worktree_cell(worktree: Optional[str], host: Optional[str], home: str) -> s
     return safe_text(path)
 
 
+def parse_state(text: str) -> set[State]:
+    """``--state``'s value, as a set of one state.
+
+    :raises UsageError: no state is named so.
+    """
+    try:
+        return {State(text.upper())}
+    except ValueError:
+        raise UsageError(
+            f"{text!r} is not a state; one of {', '.join(s.value for s in State)}", key="--state"
+        ) from None
+
+
 def cmd_status(config: Config, out: TextIO, err: TextIO) -> int:
+    from .ledger import open_ledger
+
     led = open_ledger(config)
-    states = None
-    if config.option.state:
-        try:
-            states = {State(config.option.state.upper())}
-        except ValueError:
-            raise UsageError(
-                f"{config.option.state!r} is not a state; one of {', '.join(s.value for s in State)}", key="--state"
-            ) from None
+    states = parse_state(config.option.state) if config.option.state else None
     if getattr(config.option, "watch", False):
         from .watching import watch_status
 
@@ -73,21 +90,52 @@ def cmd_status(config: Config, out: TextIO, err: TextIO) -> int:
         _print_json(config, led, states, latest, out)
         return ExitCode.OK
     if config.option.graph:
-        tasks = led.tasks(states, listed=True, latest=latest)  # no spec read: the graph shows none
-        _print_graph(led, tasks, out, everything=states is None and not latest)
-        return ExitCode.OK
-    _print_supervisor_line(config, led, out)
-    rows = _table_rows(config, led, states, latest)
-    if not rows:
-        print("no tasks in the ledger" + (f" in state {config.option.state}" if states else ""), file=out)
+        out.write(graph_text(led, states, latest))
         return ExitCode.OK
     width = None if getattr(config.option, "wide", False) else terminal_width(out)
-    lines, left_out, was_cut = fit_table(rows, width)
-    out.write("\n".join(lines) + "\n")  # one write: 10,000 print() calls were a tenth of the time
+    placed = _placed_reason(config, led, states, latest)
+    text = table_text(config.home, led, states, latest, width, placed, config.option.state or "")
+    assert text is not None  # the placed tasks' reasons are asked for
+    out.write(text)  # one write: 10,000 print() calls were a tenth of the time
+    return ExitCode.OK
+
+
+def graph_text(led: Ledger, states: Optional[set[State]], latest: bool) -> str:
+    """``status --graph``: the depends_on tree and why anything waits (no plugin is asked)."""
+    tasks = led.tasks(states, listed=True, latest=latest)  # no spec read: the graph shows none
+    return "".join(line + "\n" for line in _graph_lines(led, tasks, everything=states is None and not latest))
+
+
+def table_text(
+    home: Path,
+    led: LedgerFile,
+    states: Optional[set[State]],
+    latest: bool,
+    width: Optional[int],
+    placed: Optional[PlacedReason],
+    state_text: str = "",
+) -> Optional[str]:
+    """The status table as printed: the supervisor's line, a row a task (fitted to
+    ``width``; None: every cell whole), and what was cut to fit.
+
+    :param placed: the reason to show of a placed task with a host, which the plugins
+        are asked about (:func:`_placed_reason`); None when no plugin is loaded
+        (:mod:`fleetrun.quickstatus`): then the text is None if the table holds such a task.
+    :param state_text: ``--state``'s value as typed (``states``), for the line that says none is in it.
+    """
+    lines = _supervisor_lines(home, led)
+    rows = _table_rows(led, states, latest, placed)
+    if rows is None:
+        return None
+    if not rows:
+        lines.append("no tasks in the ledger" + (f" in state {state_text}" if states else ""))
+        return "".join(line + "\n" for line in lines)
+    table, left_out, was_cut = fit_table(rows, width)
+    lines += table
     if width is not None and (left_out or was_cut):
         dropped = f"; {', '.join(left_out)} left out" if left_out else ""
-        print(cut(f"(cut to fit {width} columns{dropped}; --wide shows all)", width), file=out)
-    return ExitCode.OK
+        lines.append(cut(f"(cut to fit {width} columns{dropped}; --wide shows all)", width))
+    return "\n".join(lines) + "\n"
 
 
 def _print_json(config: Config, led: Ledger, states: Optional[set[State]], latest: bool, out: TextIO) -> None:
@@ -152,21 +200,54 @@ _string = json.encoder.encode_basestring_ascii
 #: The states whose reason is the loop's wait, when it has one (a VERIFYING task's too:
 #: a verifier that could not judge waits for its next try; below, as a placed task)
 _WAITING = {State.READY.value, State.RETRYING.value, State.RESUMING.value}
-_PLACED = {State.ASSIGNED.value, State.RUNNING.value, State.VERIFYING.value}
+#: The states of a placed task, whose host's plugin is asked about it (when it has a host).
+PLACED = frozenset({State.ASSIGNED.value, State.RUNNING.value, State.VERIFYING.value})
 _VERIFYING = State.VERIFYING.value
 
 
-def _table_rows(config: Config, led: Ledger, states: Optional[set[State]], latest: bool = False) -> list[list[str]]:
+def _placed_reason(config: Config, led: Ledger, states: Optional[set[State]], latest: bool) -> Optional[PlacedReason]:
+    """What the plugins say of a placed task with a host: its host's plugin's reason
+    (``fleetrun_status_reason``: a peer that stopped answering), and that no loaded
+    plugin provides its host (``fleetrun_hosts``). None when the table can hold no
+    placed task (``--state ready``)."""
+    placed_states = {State(s) for s in PLACED} & (states or set(State))
+    if not placed_states:
+        return None
+    from .hostapi import missing_host_reason
+
+    # the placed tasks whose host's plugin is asked about them: read in one query, not one each
+    tasks = {t.id: t for t in led.tasks(placed_states, listed=True, latest=latest)}
+    missing: dict[str, Optional[str]] = {}
+
+    def reason_of(tid: str, state: str, host: str, reason: str) -> str:
+        task = tasks.get(tid)
+        said = config.hook.fleetrun_status_reason(task=task, config=config) if task is not None else None
+        if said:  # its host's plugin knows better (a peer that stopped answering)
+            reason = said
+        if host not in missing:
+            missing[host] = missing_host_reason(config, host)
+        if missing[host]:
+            reason = f"{missing[host]}; the attempt may still run there, so the task waits (fleetrun cancel to give up)"
+        return reason
+
+    return reason_of
+
+
+def _table_rows(
+    led: LedgerFile, states: Optional[set[State]], latest: bool, placed: Optional[PlacedReason]
+) -> Optional[list[tuple[str, ...]]]:
     """The status table's cells, one row a task, from the columns it shows only (with
     10,000 tasks, making each a :class:`Task` was most of the command's time, and then
     each cell's formatting: a task that needs none is not formatted again).
 
-    :param latest: each name's latest run only (:data:`~fleetrun.ledger.LATEST`)."""
-    from .hostapi import missing_host_reason
-
+    :param latest: each name's latest run only (:data:`~fleetrun.ledger.LATEST`).
+    :param placed: the reason of a placed task with a host (:func:`table_text`); None:
+        the rows are None if there is one."""
     now = time.time()
-    waits = json.loads(led.get_meta("waits") or "{}")
-    unknown = led.unknown_cost()
+    meta = led.get_meta("waits")
+    waits = json.loads(meta) if meta else {}
+    # the tasks with an ended attempt whose cost is unknown (Ledger.unknown_cost, without the row types)
+    unknown = {r[0] for r in led.conn.execute("SELECT DISTINCT task_id FROM attempts WHERE cost_usd IS NULL")}
     sql = "SELECT id, name, state, attempts, host, created, cost_usd, branch, worktree, reason FROM tasks"
     args: list[str] = []
     where = [LATEST] if latest else []
@@ -175,15 +256,15 @@ def _table_rows(config: Config, led: Ledger, states: Optional[set[State]], lates
         args = [st.value for st in states]
     if where:
         sql += " WHERE " + " AND ".join(where)
-    placed_states = {State(s) for s in _PLACED} & (states or set(State))
-    # the placed tasks whose host's plugin is asked about them: read in one query, not one each
-    placed = {t.id: t for t in led.tasks(placed_states, listed=True, latest=latest)} if placed_states else {}
-    missing: dict[str, Optional[str]] = {}
     home = os.path.expanduser("~")
     ages: dict[float, str] = {}
-    rows: list[list[str]] = []
+    # tuples: the collector stops tracking a tuple of strings, while 100,000 lists were
+    # walked again at each of its passes (a fifth of the table's time at 100,000 tasks)
+    rows: list[tuple[str, ...]] = []
     append = rows.append
-    for tid, name, state, attempts, host, created, cost_usd, branch, worktree, reason in led.conn.execute(
+    cursor = led.conn.cursor()
+    cursor.row_factory = None  # tuples: the connection's sqlite3.Row is a third of the read
+    for tid, name, state, attempts, host, created, cost_usd, branch, worktree, reason in cursor.execute(
         sql + " ORDER BY created, seq", args
     ):
         cost = f"${cost_usd:.2f}" if cost_usd else "-"
@@ -191,25 +272,18 @@ def _table_rows(config: Config, led: Ledger, states: Optional[set[State]], lates
             cost = f"${cost_usd:.2f}+" if cost_usd else "?"
         if state in _WAITING:
             reason = waits.get(tid, reason)
-        elif state in _PLACED and host:
+        elif state in PLACED and host:
             if state == _VERIFYING:
                 reason = waits.get(tid, reason)
-            task = placed.get(tid)
-            said = config.hook.fleetrun_status_reason(task=task, config=config) if task is not None else None
-            if said:  # its host's plugin knows better (a peer that stopped answering)
-                reason = said
-            if host not in missing:
-                missing[host] = missing_host_reason(config, host)
-            if missing[host]:
-                reason = (
-                    f"{missing[host]}; the attempt may still run there, so the task waits (fleetrun cancel to give up)"
-                )
+            if placed is None:
+                return None
+            reason = placed(tid, state, host, reason)
         age = ages.get(created)
         if age is None:  # a queue's tasks share their time
             age = ages[created] = ago(created, now)
         # what a task's name or reason holds is shown, not sent (most need no escaping)
         append(
-            [
+            (
                 name if len(name) <= NAME_LIMIT and name.isprintable() else safe_name(name),
                 state,
                 str(attempts),
@@ -220,30 +294,33 @@ def _table_rows(config: Config, led: Ledger, states: Optional[set[State]], lates
                 "-" if not branch else branch if branch.isprintable() else safe_text(branch),
                 "-" if worktree is None else _worktree_cell(worktree, host, home),
                 reason if type(reason) is str and reason.isprintable() else safe_text(reason),
-            ]
+            )
         )
     return rows
 
 
-def _print_supervisor_line(config: Config, led: Ledger, out: TextIO) -> None:
-    policy = config.home / "policy.toml"
+def _supervisor_lines(home: Path, led: LedgerFile) -> list[str]:
+    """Whether this machine drains, and whether a supervisor runs."""
+    lines = []
+    policy = home / "policy.toml"
     source = None
     if os.path.exists(policy):  # without it nothing drains this machine: no policy module to load
         from .policy import local_drain_source
 
         source = local_drain_source(policy)
     if source is not None:  # what undrain cannot clear comes first
-        print(f"this machine is draining ({safe_text(source)})", file=out)
+        lines.append(f"this machine is draining ({safe_text(source)})")
     elif led.get_meta("drain") == "1":
-        print("this machine is draining (fleetrun drain; fleetrun undrain to start work)", file=out)
+        lines.append("this machine is draining (fleetrun drain; fleetrun undrain to start work)")
     try:
         from .liveness import describe
 
-        line = describe(config.home)
+        line = describe(home)
     except ImportError:  # pragma: no cover
         line = None
     if line:
-        print(safe_text(line), file=out)
+        lines.append(safe_text(line))
+    return lines
 
 
 def why(t: Task, by_id: dict[str, Task], waits: dict[str, str]) -> str:
@@ -262,7 +339,7 @@ def why(t: Task, by_id: dict[str, Task], waits: dict[str, str]) -> str:
     return ""
 
 
-def _print_graph(led: Ledger, tasks: list[Task], out: TextIO, everything: bool = False) -> None:
+def _graph_lines(led: Ledger, tasks: list[Task], everything: bool = False) -> list[str]:
     by_id = {t.id: t for t in (tasks if everything else led.tasks(listed=True))}
     shown = {t.id for t in tasks}
     waits = json.loads(led.get_meta("waits") or "{}")
@@ -293,7 +370,7 @@ def _print_graph(led: Ledger, tasks: list[Task], out: TextIO, everything: bool =
         lines.append("no tasks in the ledger")
     for r in roots:
         show(r, 0)
-    out.write("".join(line + "\n" for line in lines))
+    return lines
 
 
 def did_the_work(led: Ledger, task: Task) -> Optional[Task]:
@@ -307,6 +384,7 @@ def did_the_work(led: Ledger, task: Task) -> Optional[Task]:
 
 def cmd_logs(config: Config, out: TextIO, err: TextIO) -> int:
     from . import ops
+    from .ledger import open_ledger
 
     led = open_ledger(config)
     task = ops.resolve(led, config.option.task)

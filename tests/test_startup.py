@@ -323,7 +323,10 @@ def test_operator_verbs_import_only_what_they_need(tmp_path: Path, args: list[st
         assert "cancelled running" in out
     assert not modules & NOT_FOR_OPERATOR, sorted(modules & NOT_FOR_OPERATOR)
     builtins = {m for m in modules if m in BUILTIN_PLUGINS.values()}
-    assert builtins == {BUILTIN_PLUGINS[n] for n in OPERATOR_PLUGINS}
+    if args == ["status", "--graph"]:  # asks no plugin: none is loaded (fleetrun.quickstatus)
+        assert builtins == set() and "pluggy" not in modules
+    else:
+        assert builtins == {BUILTIN_PLUGINS[n] for n in OPERATOR_PLUGINS}
 
 
 def test_the_builtins_an_operator_verb_loads_are_all_that_take_part_in_it(
@@ -448,3 +451,38 @@ def test_status_imports_none_of_the_other_verbs_parts(tmp_path: Path, args: list
     if args == ["status"]:  # and asked the hosts about the placed tasks
         assert "fleetrun.plugins.mailbox.host" in modules
     assert not modules & NOT_FOR_STATUS, sorted(modules & NOT_FOR_STATUS)
+
+
+MARKERS_CHECK = """
+import importlib
+import fleetrun
+specs = importlib.import_module("fleetrun.hookspec")
+assert type(specs).__name__ == "module" and hasattr(specs, "fleetrun_configure")
+import fleetrun.hookimpl
+from fleetrun import hookimpl, hookspec
+assert type(fleetrun.hookimpl).__name__ == type(hookimpl).__name__ == "HookimplMarker"
+assert type(fleetrun.hookspec).__name__ == type(hookspec).__name__ == "HookspecMarker"
+print("ok")
+"""
+
+
+@pytest.mark.parametrize(
+    "first",
+    [
+        "import sys, fleetrun; assert 'pluggy' not in sys.modules, 'import fleetrun imported pluggy'",
+        "import fleetrun.hookspec",
+        "import fleetrun.hookimpl",
+        "from fleetrun.hookimpl import hookimpl",
+    ],
+)
+def test_import_fleetrun_costs_no_pluggy_and_the_markers_keep_their_names(first: str) -> None:
+    """``import fleetrun`` (every command's first cost) imports no pluggy: the markers
+    come on first use, and stay the markers whichever of their modules (whose names
+    they share) is imported first."""
+    proc = subprocess.run(
+        [sys.executable, "-c", first + "\n" + MARKERS_CHECK],
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
+    assert proc.stdout.strip() == "ok", proc.stderr
