@@ -18,6 +18,7 @@ from pathlib import Path
 from typing import Any
 
 from fleetrun import shepherd
+from fleetrun.procutil import CAPPED_PATH
 
 #: The agent: writes a file and commits it itself.
 AGENT = "echo x > f.txt && git add f.txt && git -c user.name=t -c user.email=t@example.invalid commit -q -m work"
@@ -113,6 +114,33 @@ def test_a_runs_shepherds_are_forked_by_one_starter_that_ends_with_the_run(fleet
     assert not Path(f"/proc/{pid}").exists() or shepherd.STARTER_ARG not in Path(f"/proc/{pid}/cmdline").read_text()
 
 
+# A verifier records its wrapper's command line (its parent's), and what it has open,
+# each in one write (two verifiers may run at once).
+VPARENT = (
+    'printf "%s\\n" "$(tr "\\0" " " < /proc/$PPID/cmdline)" >> {flags}/vparents; '
+    'printf "%s\\n" "$(ls /proc/self/fd | tr "\\n" " ")" >> {flags}/vfds'
+)
+
+
+def test_a_runs_verifiers_are_forked_by_its_starter_not_started_as_interpreters(fleeter, monkeypatch):
+    # each `run` verifier's wrapper (fleetrun.capped) is a fork of the run's starter, not
+    # a `python -I -S capped.py` of its own; the verifier and the agent get nothing of
+    # ours open (0, 1, 2, and the listing's own 3)
+    flags = git_wrapper(fleeter, monkeypatch, LOGGER, "repo")
+    agent = f"printf '%s\\n' \"$(ls /proc/self/fd | tr '\\n' ' ')\" >> {flags}/agentfds; " + AGENT
+    fleeter.write_tasks(
+        f'[agents.sh]\ncommand = ["/bin/sh", "-c", {json.dumps(agent)}]\n'
+        + "".join(task(f"t{i}", "repo", VPARENT.format(flags=flags)) for i in range(3))
+    )
+    r = fleeter.run("tasks.toml", "--max-tasks", "2")
+    assert r.ret == 0, r.stdout + r.stderr
+    assert fleeter.states() == {"t0": "DONE", "t1": "DONE", "t2": "DONE"}
+    wrappers = [ln.split() for ln in (flags / "vparents").read_text().splitlines()]
+    assert wrappers == [[sys.executable, "-I", "-S", shepherd.SHEPHERD_PATH, shepherd.STARTER_ARG]] * 3, wrappers
+    assert [ln.split() for ln in (flags / "vfds").read_text().splitlines()] == [["0", "1", "2", "3"]] * 3
+    assert [ln.split() for ln in (flags / "agentfds").read_text().splitlines()] == [["0", "1", "2", "3"]] * 3
+
+
 def test_a_starter_that_dies_leaves_shepherds_started_by_path(fleeter, monkeypatch):
     # the first agent kills the starter that forked its shepherd: the run goes on, the
     # next shepherds spawned by path by the supervisor itself, and says so once
@@ -126,7 +154,7 @@ def test_a_starter_that_dies_leaves_shepherds_started_by_path(fleeter, monkeypat
     agent = PARENT.format(flags=flags) + kill.format(flags=flags) + AGENT
     fleeter.write_tasks(
         f'[agents.sh]\ncommand = ["/bin/sh", "-c", {json.dumps(agent)}]\n'
-        + "".join(task(f"t{i}", "repo", "true") for i in range(3))
+        + "".join(task(f"t{i}", "repo", VPARENT.format(flags=flags)) for i in range(3))
     )
     r = fleeter.run("tasks.toml", "--max-tasks", "1")
     assert r.ret == 0, r.stdout + r.stderr
@@ -134,6 +162,9 @@ def test_a_starter_that_dies_leaves_shepherds_started_by_path(fleeter, monkeypat
     first, *rest = [ln.split(" ", 1) for ln in (flags / "parents").read_text().splitlines()]
     assert first[1].split()[-1] == shepherd.STARTER_ARG, first
     assert [int(pid) for pid, _ in rest] == [os.getpid()] * 2, rest
+    # and every verifier's wrapper, the first task's too, an interpreter started by path
+    wrappers = [ln.split() for ln in (flags / "vparents").read_text().splitlines()]
+    assert [w[:4] for w in wrappers] == [[sys.executable, "-I", "-S", CAPPED_PATH]] * 3, wrappers
     assert r.stderr.count("the shepherd starter is gone") == 1, r.stderr
 
 
