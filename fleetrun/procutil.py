@@ -279,8 +279,9 @@ class ProcessHandle:
 
         assert self.proc is not None
         # a forked wrapper is the starter's child, not ours: its group is signalled while
-        # it is the process that was forked (its token), as a shepherd's would be
-        end_group(self.proc.pid, self.proc.token if isinstance(self.proc, ForkedWrapper) else None)
+        # it is the process that was forked (its token), as a shepherd's would be; one
+        # whose token could not be read is not vouched for ("" matches no process)
+        end_group(self.proc.pid, (self.proc.token or "") if isinstance(self.proc, ForkedWrapper) else None)
         self.proc.poll()  # reap it: the group is gone (or will be, if it hangs in the kernel)
         kill_marked(self.marker)
 
