@@ -180,3 +180,17 @@ def test_work_left_uncommitted_is_committed_without_asking_git_status(fleeter, m
     assert "status" not in ran and ran.count("ls-files") == 1 and ran.count("commit") == 1, ran
     t = fleeter.task("t1")
     assert "left.txt" in fleeter.git(fleeter.path / "repo", "ls-tree", "-r", "--name-only", t.branch)
+
+
+def test_work_left_uncommitted_is_committed_on_the_branch_its_head_file_names_without_asking_git(fleeter, monkeypatch):
+    # the check that HEAD is still on the task's branch, before fleetrun commits there,
+    # reads the worktree's HEAD file in the repository's administrative folder (what
+    # git reads): no `git symbolic-ref` when it names the branch. One that names another
+    # branch is asked of git, and refused (test_security_worktree.py's
+    # test_head_moved_off_the_task_branch_gets_no_commit)
+    flags = git_wrapper(fleeter, monkeypatch, LOGGER, "repo")
+    fleeter.write_tasks('[agents.sh]\ncommand = ["/bin/sh", "-c", "echo x > left.txt"]\n' + task("t1", "repo", "true"))
+    r = fleeter.run("tasks.toml")
+    assert r.ret == 0, r.stdout + r.stderr
+    assert fleeter.states() == {"t1": "DONE"}
+    assert pinned_git(flags) == ["ls-files", "add", "config", "commit", "rev-parse"], pinned_git(flags)
