@@ -668,7 +668,6 @@ def starter() -> int:
     "env": {...}}`` with one descriptor passed beside it for a capped command; the
     answer one line, ``pid PID`` or ``error ERRNO MESSAGE``.
     """
-    _close_inherited()
     # what every shepherd imports on its way (run, set_subreaper, notify), imported once
     # here for all of them: ctypes alone is ~3 ms of CPU a shepherd
     import ctypes  # noqa: F401
@@ -711,9 +710,10 @@ def starter() -> int:
 
 def _close_inherited() -> None:
     """Close every descriptor above 2 this process was started with: a spawn passes on
-    each one of its parent's that is not close-on-exec, and a fork of this process would
-    hand them to every shepherd and command it starts, which would pass them on to the
-    agent and the verifier (a spawn closes nothing)."""
+    each one of its parent's that is not close-on-exec (``posix_spawn`` closes nothing),
+    and this process would pass them on to the agent it spawns, or, as the starter, to
+    every shepherd and capped command it forks and through them to every agent and
+    verifier."""
     try:
         fds = [int(name) for name in os.listdir("/proc/self/fd") if name.isdigit()]
     except OSError:  # no /proc: the usual range
@@ -895,4 +895,7 @@ def main(argv: list[str]) -> int:
 
 
 if __name__ == "__main__":
+    # run by path (a shepherd, or the starter): what it starts, and what the starter forks,
+    # gets nothing of its parent's but input, output and error (_close_inherited)
+    _close_inherited()
     raise SystemExit(main(sys.argv[1:]))

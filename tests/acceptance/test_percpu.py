@@ -14,8 +14,11 @@ import os
 import shutil
 import sys
 from collections import Counter
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
+
+import pytest
 
 from fleetrun import shepherd
 from fleetrun.procutil import CAPPED_PATH
@@ -35,6 +38,16 @@ git_ref = "main"
   [[task.verify]]
   run = {json.dumps(verify)}
 """
+
+
+@pytest.fixture
+def stray_fd(tmp_path: Path) -> Iterator[int]:
+    """A descriptor of the supervisor's that is not close-on-exec (as a shell or a CI
+    runner may leave one): nothing fleetrun starts may get it."""
+    fd = os.open(tmp_path / "stray", os.O_WRONLY | os.O_CREAT, 0o600)
+    os.set_inheritable(fd, True)
+    yield fd
+    os.close(fd)
 
 
 def git_wrapper(fleeter: Any, monkeypatch: Any, template: str, *repos: str) -> Path:
@@ -122,7 +135,7 @@ VPARENT = (
 )
 
 
-def test_a_runs_verifiers_are_forked_by_its_starter_not_started_as_interpreters(fleeter, monkeypatch):
+def test_a_runs_verifiers_are_forked_by_its_starter_not_started_as_interpreters(fleeter, monkeypatch, stray_fd):
     # each `run` verifier's wrapper (fleetrun.capped) is a fork of the run's starter, not
     # a `python -I -S capped.py` of its own; the verifier and the agent get nothing of
     # ours open (0, 1, 2, and the listing's own 3)
@@ -141,7 +154,7 @@ def test_a_runs_verifiers_are_forked_by_its_starter_not_started_as_interpreters(
     assert [ln.split() for ln in (flags / "agentfds").read_text().splitlines()] == [["0", "1", "2", "3"]] * 3
 
 
-def test_a_starter_that_dies_leaves_shepherds_started_by_path(fleeter, monkeypatch):
+def test_a_starter_that_dies_leaves_shepherds_started_by_path(fleeter, monkeypatch, stray_fd):
     # the first agent kills the starter that forked its shepherd: the run goes on, the
     # next shepherds spawned by path by the supervisor itself, and says so once
     flags = git_wrapper(fleeter, monkeypatch, LOGGER, "repo")
@@ -151,7 +164,8 @@ def test_a_starter_that_dies_leaves_shepherds_started_by_path(fleeter, monkeypat
         'if [ ! -e {flags}/killed ] && tr "\\0" " " < /proc/$pp/cmdline | grep -q -- " --starter"; '
         "then touch {flags}/killed; kill -9 $pp; fi; "
     )
-    agent = PARENT.format(flags=flags) + kill.format(flags=flags) + AGENT
+    fds = f"printf '%s\\n' \"$(ls /proc/self/fd | tr '\\n' ' ')\" >> {flags}/agentfds; "
+    agent = PARENT.format(flags=flags) + kill.format(flags=flags) + fds + AGENT
     fleeter.write_tasks(
         f'[agents.sh]\ncommand = ["/bin/sh", "-c", {json.dumps(agent)}]\n'
         + "".join(task(f"t{i}", "repo", VPARENT.format(flags=flags)) for i in range(3))
@@ -165,6 +179,9 @@ def test_a_starter_that_dies_leaves_shepherds_started_by_path(fleeter, monkeypat
     # and every verifier's wrapper, the first task's too, an interpreter started by path
     wrappers = [ln.split() for ln in (flags / "vparents").read_text().splitlines()]
     assert [w[:4] for w in wrappers] == [[sys.executable, "-I", "-S", CAPPED_PATH]] * 3, wrappers
+    # a shepherd started by path closes what it was spawned with: its agent gets none of it
+    assert [ln.split() for ln in (flags / "agentfds").read_text().splitlines()] == [["0", "1", "2", "3"]] * 3
+    assert [ln.split() for ln in (flags / "vfds").read_text().splitlines()] == [["0", "1", "2", "3"]] * 3
     assert r.stderr.count("the shepherd starter is gone") == 1, r.stderr
 
 
