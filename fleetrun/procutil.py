@@ -39,7 +39,7 @@ class ForkedWrapper:
     """The capped wrapper a host's starter forked for a verifier: what ``Popen`` gives of
     a child of ours (``pid``, ``poll()``, ``returncode``), for one that is not: its exit
     code is the line it writes to a pipe only it holds (:func:`fleetrun.shepherd._fork_capped`),
-    once what it ran and everything that left behind have ended; the pipe's end with no
+    once what it ran and everything that left behind it have ended; the pipe's end with no
     line is a wrapper killed (``SIGKILL``: nothing else stops it before it writes).
 
     :ivar token: its identity (:func:`fleetrun.osutil.proc_token`), to end its group by
@@ -74,10 +74,13 @@ class ForkedWrapper:
             if not chunk:
                 break
             self._buf += chunk
-        line = self._buf.partition(b"\n")[0].strip()
-        # strictly what the wrapper writes: an exit code, or minus a signal's number
-        ok = line.lstrip(b"-").isdigit() and len(line) <= 4 and -64 <= int(line) <= 255
-        self.returncode = int(line) if ok else -int(signal.SIGKILL)
+        line, newline, _ = self._buf.partition(b"\n")
+        # strictly what the wrapper writes: a line, an exit code or minus a signal's number
+        try:
+            code: Optional[int] = int(line) if newline and len(line) <= 4 else None
+        except ValueError:
+            code = None
+        self.returncode = code if code is not None and -64 <= code <= 255 else -int(signal.SIGKILL)
         return self.returncode
 
     def close(self) -> None:

@@ -326,3 +326,20 @@ def test_a_process_handle_records_its_intent_before_it_starts(tmp_path: Path) ->
     )
     wait(h)
     assert (tmp_path / "v1.out").read_text().startswith("v1-")  # the marker the record names
+
+
+@pytest.mark.parametrize(
+    "written, code",
+    [(b"0\n", 0), (b"3\n", 3), (b"-15\n", -15), (b"", -9), (b"3", -9), (b"--5\n", -9), (b"999\n", -9), (b"x\n", -9)],
+)
+def test_a_forked_wrappers_exit_code_is_read_strictly(written: bytes, code: int) -> None:
+    # the line the wrapper writes before the pipe's end; anything else (nothing, half a
+    # line, not a code) reads as a wrapper killed, never an exception
+    r, w = os.pipe()
+    os.write(w, written)
+    os.close(w)
+    forked = ForkedWrapper(os.getpid(), r)
+    try:
+        assert forked.poll() == code
+    finally:
+        forked.close()
