@@ -9,7 +9,13 @@ user + system of the shepherd and its agent (``getrusage`` of the children). Wit
 issue 23). ``forked by the starter`` is how the supervisor starts them since issue 24:
 one ``shepherd.py --starter`` (:class:`fleetrun.hosts.ShepherdStarter`) forks each; its
 CPU is the starter's whole life (its own start once, then every shepherd it forked and
-reaped) over the runs, its wall the time from the request to the shepherd's exit::
+reaped) over the runs, its wall the time from the request to the shepherd's exit.
+
+Then the same for the wrapper every local verifier runs under (:mod:`fleetrun.capped`,
+its command ``/bin/true``): ``python -I -S capped.py`` by path, as a host without a
+starter runs it, against the wrapper forked by a starter of its own
+(:meth:`fleetrun.hosts.ShepherdStarter.start_capped`, as the supervisor's host runs it
+since issue 24), its wall the time from the request to its exit code::
 
     python bench/shepherd.py                 # 40 runs of each
     python bench/shepherd.py --runs 100
@@ -32,6 +38,7 @@ from typing import Optional
 
 from fleetrun import shepherd
 from fleetrun.hosts import ShepherdStarter
+from fleetrun.procutil import CAPPED_PATH
 
 
 def once(argv: list[str], env: dict[str, str]) -> tuple[float, float]:
@@ -93,11 +100,14 @@ def main(argv: Optional[list[str]] = None) -> int:
         r1 = resource.getrusage(resource.RUSAGE_CHILDREN)
         starter_cpu += r1.ru_utime - r0.ru_utime + r1.ru_stime - r0.ru_stime
         cpu[forked] = [starter_cpu / args.runs]
+        capped_rows = _capped(Path(tmp), args.runs, env)
+        for name, (c, w) in capped_rows.items():
+            cpu[name], wall[name] = c, w
         base_cpu = statistics.median(cpu["python -I -S -c pass"])
         base_wall = statistics.median(wall["python -I -S -c pass"])
         print(f"python {sys.version.split()[0]}, {args.runs} runs each (interleaved), agent /bin/true")
         print(f"{'':<32} {'cpu':>8} {'ratio':>6} {'wall':>9} {'ratio':>6}")
-        for name in [*ways, forked]:
+        for name in [*ways, forked, *capped_rows]:
             c, w = statistics.median(cpu[name]), statistics.median(wall[name])
             print(f"{name:<32} {c * 1000:6.1f}ms {c / base_cpu:5.2f}x {w * 1000:7.1f}ms {w / base_wall:5.2f}x")
         names = (last["shepherd.py"] / shepherd.MODULES).read_text().splitlines()[1:]
@@ -107,6 +117,36 @@ def main(argv: Optional[list[str]] = None) -> int:
             f"{', '.join(heavy) or 'none'}"
         )
     return 0
+
+
+def _capped(tmp: Path, runs: int, env: dict[str, str]) -> dict[str, tuple[list[float], list[float]]]:
+    """The wrapper of ``/bin/true`` by path and forked by a starter: {row: (cpu s, wall s)}
+    (the forked one's CPU is its starter's whole life over the runs, as above)."""
+    by_path, forked = "capped.py by path", "capped forked by the starter"
+    cpu: dict[str, list[float]] = {by_path: [], forked: []}
+    wall: dict[str, list[float]] = {by_path: [], forked: []}
+    r0 = resource.getrusage(resource.RUSAGE_CHILDREN)
+    starter = ShepherdStarter(tmp / "capped-starter.out")
+    starter_cpu = 0.0
+    for i in range(runs):
+        out = str(tmp / f"capped-{i}.out")
+        c, w = once([sys.executable, "-I", "-S", CAPPED_PATH, "20000000", out, "--", "/bin/true"], env)
+        cpu[by_path].append(c)
+        wall[by_path].append(w)
+        starter_cpu -= c
+        t0 = time.perf_counter()
+        _pid, fd = starter.start_capped(20_000_000, out + ".f", ["/bin/true"], str(tmp), env, None)
+        try:
+            while os.read(fd, 64):  # its exit code, then the pipe's end
+                pass
+        finally:
+            os.close(fd)
+        wall[forked].append(time.perf_counter() - t0)
+    starter.close()
+    r1 = resource.getrusage(resource.RUSAGE_CHILDREN)
+    starter_cpu += r1.ru_utime - r0.ru_utime + r1.ru_stime - r0.ru_stime
+    cpu[forked] = [starter_cpu / runs]
+    return {name: (cpu[name], wall[name]) for name in (by_path, forked)}
 
 
 def _old_byte_code(package: Path, cache: Path) -> Optional[str]:

@@ -8,7 +8,10 @@ so one task's flood fills no disk (issue 21 item 5).
 
 Run as ``python -I -S capped.py MAX_BYTES OUT -- ARGV...``, it is the wrapper every
 local verifier and setup step runs under (:class:`fleetrun.procutil.ProcessHandle`;
-on a peer, the verifier runner starts it the same way): it makes itself the child
+on a peer, the verifier runner starts it the same way). The supervisor's host forks it
+instead, from its shepherd starter, which loads this file once
+(:func:`fleetrun.shepherd._fork_capped`: :func:`run` in a fork, its exit code written
+to a pipe rather than exited with). Either way it makes itself the child
 subreaper (Linux ``prctl(PR_SET_CHILD_SUBREAPER)``), runs ARGV in its own process
 group with the output copied through a :class:`CappedWriter` into OUT, and when ARGV
 ends it ends every descendant still alive (SIGTERM, a grace, SIGKILL), so a

@@ -279,6 +279,28 @@ def wt_git(
     return git(p.root, f"--git-dir={p.gitdir}", f"--work-tree={p.root}", *args, check=check, timeout=timeout, env=env)
 
 
+def wt_head_is(p: Pinned, ref: str) -> str:
+    """The ref the pinned worktree's HEAD names (``refs/heads/...``; ``""`` detached), as
+    ``git symbolic-ref -q HEAD`` says it, for a check that it is ``ref``. Its
+    administrative folder's ``HEAD`` file, which git itself reads, answers when it names
+    ``ref`` (a task's collect and a retry's preparation, every time but a tampered one):
+    no git is started for it. Anything else (another branch, a detached HEAD, a ref
+    backend that keeps HEAD elsewhere and leaves a placeholder in the file) is asked of
+    git, whose answer is the one compared. The pin is checked first.
+
+    :raises WorktreeTampered: when the pin no longer holds.
+    """
+    check_pinned(p)
+    try:
+        with open(os.path.join(p.gitdir, "HEAD"), "rb") as f:
+            text = f.read(4097)
+    except OSError:
+        text = b""
+    if text.rstrip(b"\n") == f"ref: {ref}".encode():
+        return ref
+    return wt_git(p, "symbolic-ref", "-q", "HEAD", check=False).strip()
+
+
 def filters_off(config_z: str) -> list[str]:
     """``-c`` options that switch off every filter driver named in ``config_z`` (the
     output of ``git config -z --get-regexp ^filter\\.``): an empty ``clean``, ``smudge``

@@ -145,23 +145,56 @@ class LocalHost:
     def _start_shepherd(self, attempt_id: str, adir: Path) -> int:
         """The shepherd's pid: forked by the starter when this host keeps one, else (or
         when the starter is gone) spawned by path."""
-        if self._use_starter:
+        starter = self._get_starter()
+        if starter is not None:
             try:
-                if self._starter is None:
-                    self._starter = ShepherdStarter(self.home / "shepherd-starter.out")
-                return self._starter.start(str(adir), os.environ)
+                return starter.start(str(adir), os.environ)
             except StarterGone as e:
-                # the run goes on without it: every shepherd is spawned by path from now
-                self._use_starter = False
-                self.close()
-                (self._err or sys.stderr).write(
-                    f"fleetrun: the shepherd starter is gone ({e}); shepherds start by path\n"
-                )
+                self._starter_gone(e)
         # posix_spawn in a new session, not Popen: the shepherd is meant to outlive us,
         # and a Popen object would complain when collected with its child still running.
         pid = spawn_detached(shepherd_argv(str(adir)), os.environ, adir / SHEPHERD_OUT)
         self._children[attempt_id] = pid
         return pid
+
+    def start_capped(
+        self, max_bytes: int, out: str, argv: list[str], cwd: str, env: Mapping[str, str], stdin: Optional[str]
+    ) -> Optional[tuple[int, int]]:
+        """A capped command (a ``run`` verifier, a setup step) forked by this host's
+        starter (:meth:`ShepherdStarter.start_capped`), or None when it is to be started
+        by path (no starter, or it is gone): :class:`fleetrun.procutil.ProcessHandle`'s
+        ``start``.
+
+        :raises OSError: it could not be started.
+        """
+        starter = self._get_starter()
+        if starter is None:
+            return None
+        try:
+            return starter.start_capped(max_bytes, out, argv, cwd, env, stdin)
+        except StarterGone as e:
+            self._starter_gone(e)
+            return None
+
+    def _get_starter(self) -> Optional[ShepherdStarter]:
+        """The starter, made on first use; None when this host starts by path."""
+        if not self._use_starter:
+            return None
+        if self._starter is None:
+            try:
+                self._starter = ShepherdStarter(self.home / "shepherd-starter.out")
+            except StarterGone as e:
+                self._starter_gone(e)
+                return None
+        return self._starter
+
+    def _starter_gone(self, e: StarterGone) -> None:
+        # the run goes on without it: every shepherd and verifier is started by path from now
+        self._use_starter = False
+        self.close()
+        (self._err or sys.stderr).write(
+            f"fleetrun: the shepherd starter is gone ({e}); shepherds and verifiers start by path\n"
+        )
 
     def close(self) -> None:
         """End the starter, if this host made one (its shepherds run on)."""
@@ -275,11 +308,14 @@ class StarterGone(Exception):
 
 class ShepherdStarter:
     """One ``python -I -S shepherd.py --starter`` (:func:`fleetrun.shepherd.starter`):
-    it forks a shepherd for each :meth:`start`, which costs a fraction of a new
-    interpreter's start, compile and imports (issue 24: ~22 ms of CPU an attempt).
+    it forks a shepherd for each :meth:`start`, and the wrapper of a capped command
+    (a ``run`` verifier, a setup step) for each :meth:`start_capped`, which costs a
+    fraction of a new interpreter's start, compile and imports (issue 24: ~22 ms of CPU
+    a shepherd, ~14 ms a verifier's wrapper).
 
-    It runs in a session of its own, its input and output pipes to us; its errors go to
-    ``log``. When we exit, however we exit, its input closes and it ends; the shepherds
+    It runs in a session of its own, its input and output one end of a socket pair
+    whose other end is ours (a request may carry a descriptor); its errors go to
+    ``log``. When we exit, however we exit, its input closes and it ends; the processes
     it forked, each in a session of its own, run on as ones spawned by path do.
     """
 
@@ -287,8 +323,10 @@ class ShepherdStarter:
     ANSWER_S = 30.0
 
     def __init__(self, log: Path) -> None:
-        req_r, self._req = os.pipe()
-        self._rep, rep_w = os.pipe()
+        import socket  # here: `status` and `cancel` import this module, and never a starter
+        import threading
+
+        mine, theirs = socket.socketpair()
         try:
             argv = shepherd_argv(STARTER_ARG)
             self.pid = os.posix_spawn(
@@ -296,22 +334,19 @@ class ShepherdStarter:
                 argv,
                 dict(os.environ),
                 file_actions=[
-                    (os.POSIX_SPAWN_DUP2, req_r, 0),
-                    (os.POSIX_SPAWN_DUP2, rep_w, 1),
+                    (os.POSIX_SPAWN_DUP2, theirs.fileno(), 0),
+                    (os.POSIX_SPAWN_DUP2, theirs.fileno(), 1),
                     (os.POSIX_SPAWN_OPEN, 2, os.fspath(log), os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o600),
                 ],
                 setsid=True,
             )
         except OSError as e:
-            os.close(self._req)
-            os.close(self._rep)
+            mine.close()
             raise StarterGone(str(e)) from None
         finally:
-            os.close(req_r)
-            os.close(rep_w)
+            theirs.close()
+        self._sock = mine
         self._buf = b""
-        import threading  # here: `status` and `cancel` import this module, and never a thread
-
         # one request and its answer at a time, whichever thread starts attempts
         self._lock = threading.Lock()
 
@@ -322,22 +357,59 @@ class ShepherdStarter:
         :raises StarterGone: no answer.
         """
         with self._lock:
-            return self._start(adir, env)
+            return self._ask({"dir": adir, "env": dict(env)})
 
-    def _start(self, adir: str, env: Mapping[str, str]) -> int:
-        import select
+    def start_capped(
+        self, max_bytes: int, out: str, argv: list[str], cwd: str, env: Mapping[str, str], stdin: Optional[str]
+    ) -> tuple[int, int]:
+        """Fork the wrapper of :mod:`fleetrun.capped` running ``argv`` in ``cwd`` with
+        ``env``, ``stdin`` (a path, or None for none) as its input, its output capped to
+        ``max_bytes`` into ``out``: in a session of its own, as ``Popen(..., cwd=cwd,
+        start_new_session=True)`` of ``python -I -S capped.py`` would start it.
 
+        :return: (its pid, the read end of the pipe its exit code comes through: one line,
+            then the pipe's end; the pipe's end alone when it was killed). Not our child:
+            the starter reaps it.
+        :raises OSError: it could not be started (``cwd`` or ``stdin`` cannot be opened,
+            the fork failed), as ``Popen`` would raise.
+        :raises StarterGone: no answer.
+        """
+        req = {
+            "capped": {"max_bytes": max_bytes, "out": out, "argv": argv, "cwd": cwd, "stdin": stdin},
+            "env": dict(env),
+        }
+        r, w = os.pipe()
         try:
-            _write_all(self._req, (json.dumps({"dir": adir, "env": dict(env)}) + "\n").encode())
+            with self._lock:
+                pid = self._ask(req, w)
+        except BaseException:
+            os.close(r)
+            raise
+        finally:
+            os.close(w)  # the wrapper holds it now: its end (or death) is the pipe's end
+        return pid, r
+
+    def _ask(self, req: dict[str, Any], fd: Optional[int] = None) -> int:
+        import select
+        import socket
+
+        data = (json.dumps(req) + "\n").encode()
+        try:
+            if fd is not None:  # the descriptor goes with the request's first bytes
+                data = data[socket.send_fds(self._sock, [data], [fd]) :]
+            _write_all(self._sock.fileno(), data)
         except OSError as e:
             raise StarterGone(f"its input: {e.strerror}") from None
         deadline = time.monotonic() + self.ANSWER_S
         while b"\n" not in self._buf:
             left = deadline - time.monotonic()
-            ready, _, _ = select.select([self._rep], [], [], max(0.0, left))
+            ready, _, _ = select.select([self._sock], [], [], max(0.0, left))
             if not ready:
                 raise StarterGone(f"no answer in {self.ANSWER_S:g} s")
-            chunk = os.read(self._rep, 4096)
+            try:
+                chunk = self._sock.recv(4096)
+            except OSError as e:
+                raise StarterGone(f"its output: {e.strerror}") from None
             if not chunk:
                 raise StarterGone("it exited")
             self._buf += chunk
@@ -352,11 +424,7 @@ class ShepherdStarter:
     def close(self) -> None:
         """Close its input, so it ends, and wait for it (it ends at once; killed after
         a few seconds if not)."""
-        for fd in (self._req, self._rep):
-            try:
-                os.close(fd)
-            except OSError:
-                pass
+        self._sock.close()
         deadline = time.monotonic() + 5.0
         while True:
             try:

@@ -650,26 +650,36 @@ SHEPHERD_OUT = "shepherd.out"
 
 
 def starter() -> int:
-    """Fork a shepherd for each request read on standard input, until it closes.
+    """Fork a shepherd, or a capped verifier, for each request read on standard input,
+    until it closes.
 
     A host that starts many attempts (the supervisor's ``LocalHost``) keeps one of these
     (:class:`fleetrun.hosts.ShepherdStarter`): a fork of this small process, which has
     imported what a shepherd needs once, costs a fraction of an interpreter's start and
     this file's compile and imports, on every attempt (issue 24). A shepherd still
     outlives it, and the supervisor: each is in a session of its own, and this process
-    only reaps the ones that end while it runs.
+    only reaps the ones that end while it runs. The same holds for the wrapper of
+    :mod:`fleetrun.capped` every local ``run`` verifier and setup step runs under: one
+    fork each, not an interpreter (:func:`_fork_capped`).
 
-    A request is one line of JSON, ``{"dir": ATTEMPT_DIR, "env": {...}}`` (the
-    environment the shepherd runs with, the supervisor's at the time, as a spawn gives
-    it); the answer one line, ``pid PID`` or ``error ERRNO MESSAGE``.
+    Standard input and output are one end of a socket pair: a request is one line of
+    JSON, ``{"dir": ATTEMPT_DIR, "env": {...}}`` for a shepherd (the environment it runs
+    with, the supervisor's at the time, as a spawn gives it), or ``{"capped": {...},
+    "env": {...}}`` with one descriptor passed beside it for a capped command; the
+    answer one line, ``pid PID`` or ``error ERRNO MESSAGE``.
     """
-    # what every shepherd imports on its way (run, set_subreaper), imported once here
-    # for all of them: ctypes alone is ~3 ms of CPU a shepherd
+    # what every shepherd imports on its way (run, set_subreaper, notify), imported once
+    # here for all of them: ctypes alone is ~3 ms of CPU a shepherd
     import ctypes  # noqa: F401
     import fcntl  # noqa: F401
+    import socket
     import termios  # noqa: F401
 
+    chan = socket.socket(fileno=0)
+    cloexec = getattr(socket, "MSG_CMSG_CLOEXEC", 0)
     buf = b""
+    fds: list[int] = []
+    capped: list[object] = []  # fleetrun.capped, loaded on the first capped request
     while True:
         _reap()
         try:
@@ -678,30 +688,72 @@ def starter() -> int:
             continue
         if not ready:
             continue
-        chunk = os.read(0, 65536)
+        try:
+            chunk, got, _flags, _addr = socket.recv_fds(chan, 65536, 4, cloexec)
+        except OSError:
+            break
+        fds += got
         if not chunk:
             break
         buf += chunk
         while b"\n" in buf:
             line, buf = buf.split(b"\n", 1)
-            _write_all(1, (_fork_shepherd(line) + "\n").encode())
+            # one request at a time (the supervisor waits for each answer): what came
+            # with this line is its own
+            mine, fds = fds, []
+            _write_all(1, (_fork_for(line, mine, capped) + "\n").encode())
+    for fd in fds:
+        os.close(fd)
     _reap()
     return 0
 
 
-def _fork_shepherd(line: bytes) -> str:
-    """One request of :func:`starter`: the answer line (the forked child never returns)."""
+def _close_inherited() -> None:
+    """Close every descriptor above 2 this process was started with: a spawn passes on
+    each one of its parent's that is not close-on-exec (``posix_spawn`` closes nothing),
+    and this process would pass them on to the agent it spawns, or, as the starter, to
+    every shepherd and capped command it forks and through them to every agent and
+    verifier."""
+    try:
+        fds = [int(name) for name in os.listdir("/proc/self/fd") if name.isdigit()]
+    except OSError:  # no /proc: the usual range
+        fds = list(range(3, 256))
+    for fd in fds:
+        if fd > 2:
+            try:
+                os.close(fd)
+            except OSError:
+                pass  # the listing's own, closed already
+
+
+def _fork_for(line: bytes, fds: list[int], capped: list[object]) -> str:
+    """One request of :func:`starter`: the answer line. Every descriptor in ``fds`` is
+    closed here (the forked child keeps its copies)."""
     try:
         req = json.loads(line)
-        adir, env = req["dir"], req["env"]
-        if (
-            not isinstance(adir, str)
-            or not isinstance(env, dict)
-            or not all(isinstance(k, str) and isinstance(v, str) for k, v in env.items())
-        ):
+        if not isinstance(req, dict):
             raise TypeError
+        env = req["env"]
+        if not isinstance(env, dict) or not all(isinstance(k, str) and isinstance(v, str) for k, v in env.items()):
+            raise TypeError
+        if "capped" in req:
+            if len(fds) != 1:
+                raise TypeError
+            return _fork_capped(req["capped"], env, fds[0], capped)
+        if fds:
+            raise TypeError
+        return _fork_shepherd(req["dir"], env)
     except (ValueError, KeyError, TypeError):
         return f"error {22} malformed request"  # EINVAL
+    finally:
+        for fd in fds:
+            os.close(fd)
+
+
+def _fork_shepherd(adir: object, env: dict[str, str]) -> str:
+    """A shepherd for ``adir``: the answer line (the forked child never returns)."""
+    if not isinstance(adir, str):
+        raise TypeError
     try:
         out = os.open(os.path.join(adir, SHEPHERD_OUT), os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o600)
     except OSError as e:
@@ -741,6 +793,94 @@ def _fork_shepherd(line: bytes) -> str:
     return ""  # pragma: no cover (os._exit does not return)
 
 
+def _load_capped(capped: list[object]) -> object:
+    """``fleetrun/capped.py``, beside this file, loaded once (this file cannot import the
+    package: it runs by path)."""
+    if not capped:
+        import importlib.util
+
+        spec = importlib.util.spec_from_file_location(
+            "fleetrun_capped", os.path.join(os.path.dirname(SHEPHERD_PATH), "capped.py")
+        )
+        if spec is None or spec.loader is None:  # pragma: no cover - the file is the package's own
+            raise ImportError("capped.py")
+        module = importlib.util.module_from_spec(spec)
+        spec.loader.exec_module(module)
+        capped.append(module)
+    return capped[0]
+
+
+def _fork_capped(req: object, env: dict[str, str], status: int, capped: list[object]) -> str:
+    """A command under the wrapper of :mod:`fleetrun.capped`, forked, as ``python -I -S
+    capped.py MAX OUT -- ARGV`` started by ``Popen(cwd=CWD, stdin=STDIN,
+    start_new_session=True)`` would run it: in a session of its own (the group the
+    supervisor ends at a timeout), in ``cwd``, ``stdin`` (a path, or none) as its input,
+    nothing of ours open in it. It is not the supervisor's child, so its exit code goes to
+    ``status``, the write end of a pipe the supervisor passed with the request and reads:
+    one line, ``CODE`` (minus the signal that ended the command), written once the
+    command and everything it left behind have ended. No line and the pipe's end: the
+    wrapper was killed. The command never holds ``status`` (close-on-exec).
+
+    :return: the answer line (the forked child never returns).
+    """
+    if not isinstance(req, dict):
+        raise TypeError
+    max_bytes, out, argv, cwd, stdin = (req.get(k) for k in ("max_bytes", "out", "argv", "cwd", "stdin"))
+    if (
+        isinstance(max_bytes, bool)
+        or not isinstance(max_bytes, int)
+        or max_bytes < 0
+        or not isinstance(out, str)
+        or not isinstance(cwd, str)
+        or not (stdin is None or isinstance(stdin, str))
+        or not isinstance(argv, list)
+        or not argv
+        or not all(isinstance(a, str) for a in argv)
+    ):
+        raise TypeError
+    try:
+        module = _load_capped(capped)
+    except (OSError, ImportError) as e:
+        return f"error {getattr(e, 'errno', None) or 2} cannot load capped.py: {e}"
+    opened: list[int] = []
+    try:  # what Popen would fail on, failed here: an answer, not a wrapper that dies
+        opened.append(os.open(cwd, os.O_RDONLY | os.O_DIRECTORY))
+        opened.append(os.open(stdin or os.devnull, os.O_RDONLY))
+        pid = os.fork()
+    except OSError as e:
+        for fd in opened:
+            os.close(fd)
+        return f"error {e.errno} {e.strerror}"
+    if pid:
+        for fd in opened:
+            os.close(fd)
+        return f"pid {pid}"
+    code = 1  # as an interpreter that died of an exception would exit
+    try:
+        os.setsid()
+        os.fchdir(opened[0])
+        null = os.open(os.devnull, os.O_RDWR)
+        os.dup2(opened[1], 0)
+        os.dup2(null, 1)
+        os.dup2(null, 2)
+        for fd in (null, *opened):
+            os.close(fd)
+        os.set_inheritable(status, False)
+        os.environ.clear()
+        os.environ.update(env)
+        code = module.run(max_bytes, out, argv)  # type: ignore[attr-defined]
+    except BaseException:  # never back into the starter's loop
+        pass
+    finally:
+        try:
+            _write_all(status, f"{code}\n".encode())
+        except OSError:
+            pass  # nobody reads it any more (the supervisor is gone)
+        finally:
+            os._exit(0)
+    return ""  # pragma: no cover (os._exit does not return)
+
+
 def main(argv: list[str]) -> int:
     if argv == [STARTER_ARG]:
         return starter()
@@ -755,4 +895,7 @@ def main(argv: list[str]) -> int:
 
 
 if __name__ == "__main__":
+    # run by path (a shepherd, or the starter): what it starts, and what the starter forks,
+    # gets nothing of its parent's but input, output and error (_close_inherited)
+    _close_inherited()
     raise SystemExit(main(sys.argv[1:]))

@@ -8,13 +8,18 @@ import select
 import subprocess
 import sys
 import time
+from collections.abc import Iterator
 from pathlib import Path
 from types import SimpleNamespace
 from typing import Any, Optional
 
+import pytest
+
 import fleetrun
 from fleetrun import ProcessHandle, Verdict, Workspace, task_env
+from fleetrun.hosts import LocalHost
 from fleetrun.osutil import proc_token
+from fleetrun.procutil import CappedStart, ForkedWrapper
 
 TASK = SimpleNamespace(id="task_1", name="schema")
 ATTEMPT = SimpleNamespace(number=3)
@@ -70,7 +75,26 @@ def wait(handle: ProcessHandle, limit: float = 120.0) -> Verdict:
     raise AssertionError("no verdict")
 
 
-def test_a_process_handle_ends_its_whole_group_on_timeout(tmp_path: Path) -> None:
+@pytest.fixture(params=["by path", "forked"])
+def start(request: Any, tmp_path: Path) -> Iterator[Optional[CappedStart]]:
+    """How the wrapper starts: by path (``python -I -S capped.py``, our child), or
+    forked by a host's starter (``LocalHost.start_capped``, as the supervisor's verifiers
+    are): every guarantee of the wrapper holds both ways."""
+    if request.param == "by path":
+        yield None
+        return
+    home = tmp_path / "home"
+    home.mkdir()
+    host = LocalHost(home, starter=True)
+    yield host.start_capped
+    host.close()
+
+
+def started_as(h: ProcessHandle, start: Optional[CappedStart]) -> None:
+    assert isinstance(h.proc, ForkedWrapper if start is not None else subprocess.Popen), h.proc
+
+
+def test_a_process_handle_ends_its_whole_group_on_timeout(tmp_path: Path, start: Optional[CappedStart]) -> None:
     # the child's pid is written to a temporary name and renamed (never read half-written);
     # the timeout, far longer than the shell needs, lets it write that even on a loaded machine
     spec = SimpleNamespace(timeout_s=5.0)
@@ -78,7 +102,8 @@ def test_a_process_handle_ends_its_whole_group_on_timeout(tmp_path: Path) -> Non
         f"sleep 60 & echo $! > {tmp_path / 'child.tmp'}; mv {tmp_path / 'child.tmp'} {tmp_path / 'child'}; "
         "trap '' TERM; sleep 60"
     )
-    h = Handle(spec, ["/bin/sh", "-c", script], str(tmp_path), dict(os.environ), tmp_path / "v1.out")
+    h = Handle(spec, ["/bin/sh", "-c", script], str(tmp_path), dict(os.environ), tmp_path / "v1.out", start=start)
+    started_as(h, start)
     assert (tmp_path / "children" / "v1.json").exists()  # recorded for a restarted loop
     v = None
     while not (tmp_path / "child").exists() and v is None:  # the timeout bounds this wait
@@ -96,7 +121,7 @@ def test_a_process_handle_ends_its_whole_group_on_timeout(tmp_path: Path) -> Non
     assert proc_token(child) is None
 
 
-def test_a_process_handle_reports_its_exit(tmp_path: Path) -> None:
+def test_a_process_handle_reports_its_exit(tmp_path: Path, start: Optional[CappedStart]) -> None:
     spec = SimpleNamespace(timeout_s=30)
     h = Handle(
         spec,
@@ -104,11 +129,124 @@ def test_a_process_handle_reports_its_exit(tmp_path: Path) -> None:
         str(tmp_path),
         dict(os.environ),
         tmp_path / "v1.out",
+        start=start,
     )
+    started_as(h, start)
     assert wait(h).reason == "exit code 3"
     assert (tmp_path / "v1.out").read_text() == "hi\n"
-    h2 = Handle(spec, [str(tmp_path / "nothing")], str(tmp_path), dict(os.environ), tmp_path / "v2.out")
+    h2 = Handle(spec, [str(tmp_path / "nothing")], str(tmp_path), dict(os.environ), tmp_path / "v2.out", start=start)
     assert wait(h2).reason.startswith("cannot start: ")
+    # a folder that is not there: the wrapper never starts, as Popen(cwd=...) refuses
+    h3 = Handle(spec, ["/bin/true"], str(tmp_path / "gone"), dict(os.environ), tmp_path / "v3.out", start=start)
+    assert wait(h3).reason == "cannot start: No such file or directory"
+    # ended by a signal: minus its number, whichever way the wrapper started
+    h4 = Handle(
+        spec, ["/bin/sh", "-c", "kill -TERM $$"], str(tmp_path), dict(os.environ), tmp_path / "v4.out", start=start
+    )
+    assert wait(h4).reason == "exit code -15"
+
+
+def test_a_process_handle_runs_its_command_in_its_folder_with_its_input_and_nothing_of_ours_open(
+    tmp_path: Path, start: Optional[CappedStart]
+) -> None:
+    (tmp_path / "in").write_text("the prompt")
+    work = tmp_path / "work"
+    work.mkdir()
+    script = (
+        "import os, sys; print(os.getcwd(), sys.stdin.read(), os.environ['X'], sorted(os.listdir('/proc/self/fd')))"
+    )
+    h = Handle(
+        SimpleNamespace(timeout_s=60),
+        [sys.executable, "-c", script],
+        str(work),
+        dict(os.environ, X="y"),
+        tmp_path / "v1.out",
+        stdin_path=tmp_path / "in",
+        start=start,
+    )
+    started_as(h, start)
+    assert wait(h).reason == "exit code 0"
+    # 0, 1, 2 and the listing's own: not the wrapper's exit-code pipe, nor the starter's socket
+    assert (tmp_path / "v1.out").read_text() == f"{work} the prompt y ['0', '1', '2', '3']\n"
+
+
+def test_a_process_handle_cuts_a_flood_to_its_cap(tmp_path: Path, start: Optional[CappedStart]) -> None:
+    from fleetrun.capped import read_cut
+
+    h = Handle(
+        SimpleNamespace(timeout_s=60),
+        ["/bin/sh", "-c", "head -c 1000000 /dev/zero; echo THE END"],
+        str(tmp_path),
+        dict(os.environ),
+        tmp_path / "v1.out",
+        max_bytes=8192,
+        start=start,
+    )
+    started_as(h, start)
+    assert wait(h).reason == "exit code 0"
+    data = (tmp_path / "v1.out").read_bytes()
+    assert len(data) < 8192 + 100 and data.endswith(b"THE END\n")
+    assert read_cut(str(tmp_path / "v1.out")) == (1_000_008 - 8192, 8192)
+    assert h.output_cut() is not None
+
+
+def test_a_wrapper_killed_before_it_could_say_how_its_command_ended_is_killed_by_sigkill(
+    tmp_path: Path, start: Optional[CappedStart]
+) -> None:
+    # the command SIGKILLs its wrapper (as the OOM killer would): a forked one writes no
+    # exit code, and the pipe's end reads as what Popen would report, -9
+    h = Handle(
+        SimpleNamespace(timeout_s=60),
+        ["/bin/sh", "-c", "kill -KILL $PPID"],
+        str(tmp_path),
+        dict(os.environ),
+        tmp_path / "v1.out",
+        start=start,
+    )
+    started_as(h, start)
+    assert wait(h).reason == "exit code -9"
+
+
+def test_a_verifier_keeps_its_exit_code_when_the_starter_that_forked_it_dies(tmp_path: Path) -> None:
+    # the command SIGKILLs the starter (its wrapper's parent) and exits 3: its exit code
+    # still comes, through the pipe only its wrapper held; the next one starts by path
+    home = tmp_path / "home"
+    home.mkdir()
+    err = tmp_path / "err"
+    with open(err, "w") as f:
+        host = LocalHost(home, starter=True, err=f)
+        try:
+            spec = SimpleNamespace(timeout_s=60)
+            script = 'kill -KILL "$(cut -d" " -f4 /proc/$PPID/stat)"; exit 3'
+            h = Handle(
+                spec,
+                ["/bin/sh", "-c", script],
+                str(tmp_path),
+                dict(os.environ),
+                tmp_path / "v1.out",
+                start=host.start_capped,
+            )
+            starter = host._starter
+            assert isinstance(h.proc, ForkedWrapper) and starter is not None
+            assert wait(h).reason == "exit code 3"
+            deadline = time.monotonic() + 120  # a SIGKILL is sent at once, not its end
+            while proc_token(starter.pid) is not None and time.monotonic() < deadline:
+                time.sleep(0.01)
+            assert proc_token(starter.pid) is None  # it was the starter that died
+            for name in ("v2", "v3"):
+                h2 = Handle(
+                    spec,
+                    ["/bin/true"],
+                    str(tmp_path),
+                    dict(os.environ),
+                    tmp_path / f"{name}.out",
+                    start=host.start_capped,
+                )
+                assert isinstance(h2.proc, subprocess.Popen)
+                assert wait(h2).reason == "exit code 0"
+        finally:
+            host.close()
+    assert err.read_text().count("the shepherd starter is gone") == 1, err.read_text()
 
 
 def docs_example(name: str) -> str:
@@ -188,3 +326,20 @@ def test_a_process_handle_records_its_intent_before_it_starts(tmp_path: Path) ->
     )
     wait(h)
     assert (tmp_path / "v1.out").read_text().startswith("v1-")  # the marker the record names
+
+
+@pytest.mark.parametrize(
+    "written, code",
+    [(b"0\n", 0), (b"3\n", 3), (b"-15\n", -15), (b"", -9), (b"3", -9), (b"--5\n", -9), (b"999\n", -9), (b"x\n", -9)],
+)
+def test_a_forked_wrappers_exit_code_is_read_strictly(written: bytes, code: int) -> None:
+    # the line the wrapper writes before the pipe's end; anything else (nothing, half a
+    # line, not a code) reads as a wrapper killed, never an exception
+    r, w = os.pipe()
+    os.write(w, written)
+    os.close(w)
+    forked = ForkedWrapper(os.getpid(), r)
+    try:
+        assert forked.poll() == code
+    finally:
+        forked.close()

@@ -7,6 +7,7 @@ import time
 
 import pytest
 
+from fleetrun.hosts import LocalHost
 from fleetrun.osutil import proc_token
 from fleetrun.plugins.verify_run import RunHandle
 from fleetrun.procutil import KEEP_BYTES, tail_text
@@ -105,16 +106,32 @@ def test_pidfd_is_readable_when_done(tmp_path):
     assert wait(h).passed
 
 
-def test_a_verifier_deaf_to_sigterm_that_times_out_leaves_nothing_it_detached(tmp_path):
+@pytest.fixture(params=["by path", "forked"])
+def start(request, tmp_path):
+    """The wrapper started by path, or forked by a host's starter as the supervisor's are."""
+    if request.param == "by path":
+        yield None
+        return
+    home = tmp_path / "home"
+    home.mkdir()
+    host = LocalHost(home, starter=True)
+    yield host.start_capped
+    host.close()
+
+
+def test_a_verifier_deaf_to_sigterm_that_times_out_leaves_nothing_it_detached(tmp_path, start):
     """Issue 21 item 6: the command ignores SIGTERM, so its group (its reaping wrapper
     included) is SIGKILLed at the timeout; what it detached (``setsid``, deaf to SIGTERM
-    too) is found by the marker in its environment and ended all the same."""
+    too) is found by the marker in its environment and ended all the same. Both ways the
+    wrapper starts (a forked one is the starter's child, ended by its identity)."""
     pidfile = tmp_path / "pid"
     cmd = (
         f"trap '' TERM; setsid sh -c 'echo $$ > {pidfile}; exec sleep 3000' >/dev/null 2>&1 </dev/null & "
         f"while [ ! -s {pidfile} ]; do sleep 0.05; done; sleep 3000"
     )
-    v = wait(RunHandle(VerifySpec("run", cmd, timeout_s=2), str(tmp_path), tmp_path / "o", dict(os.environ)))
+    v = wait(
+        RunHandle(VerifySpec("run", cmd, timeout_s=2), str(tmp_path), tmp_path / "o", dict(os.environ), start=start)
+    )
     pid = int(pidfile.read_text())
     try:
         assert not v.passed and v.reason == "timed out after 2s"

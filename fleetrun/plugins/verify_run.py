@@ -32,7 +32,7 @@ from ..config import output_cap
 from ..hookimpl import hookimpl
 from ..hostapi import Host
 from ..junitreport import Judgement, with_details
-from ..procutil import ProcessHandle, tail_text, task_env
+from ..procutil import CappedStart, ProcessHandle, tail_text, task_env
 from ..reports import PERMANENT, Verdict
 from ..stash import StashKey
 from ..taskspec import DEFAULT_SETUP_TIMEOUT_S, VerifySpec, step_index
@@ -54,15 +54,18 @@ class RunHandle(ProcessHandle):
         host: str = "local",
         root: Optional[str] = None,
         max_bytes: Optional[int] = None,
+        start: Optional[CappedStart] = None,
     ) -> None:
         #: for :func:`not_found_error`: the PATH the command ran with, and the folder
         #: whose files are the work's (a script of its own that is gone is the work's fault)
         self.path_var = env.get("PATH")
         self.root = root or cwd
         # what a re-run of its flaky-looking failures needs (TestJudge)
-        self.cwd, self.env = cwd, env
+        self.cwd, self.env, self.start = cwd, env, start
         self.rerun: Optional[RunHandle] = None
-        super().__init__(verifier, ["/bin/sh", "-c", verifier.text], cwd, env, out_path, host=host, max_bytes=max_bytes)
+        super().__init__(
+            verifier, ["/bin/sh", "-c", verifier.text], cwd, env, out_path, host=host, max_bytes=max_bytes, start=start
+        )
 
     def _make(self, passed: bool, reason: str, error: Optional[str] = None) -> Verdict:
         cut = self.output_cut()
@@ -194,6 +197,8 @@ def _run_handle(task: Any, spec: Any, workspace: Any, attempt: Any, host: Host, 
         verifier_env(task, attempt, workspace),
         root=getattr(workspace, "root", None) or workspace.path,
         max_bytes=output_cap(config),
+        # this machine's host forks the wrapper from its starter (LocalHost.start_capped)
+        start=getattr(host, "start_capped", None),
     )
 
 
@@ -595,6 +600,7 @@ class TestJudge:
             handle.env,
             root=handle.root,
             max_bytes=handle.max_bytes,
+            start=handle.start,
         )
 
     def after_rerun(self, make: Any) -> Verdict:

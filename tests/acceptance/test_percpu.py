@@ -14,10 +14,14 @@ import os
 import shutil
 import sys
 from collections import Counter
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
+import pytest
+
 from fleetrun import shepherd
+from fleetrun.procutil import CAPPED_PATH
 
 #: The agent: writes a file and commits it itself.
 AGENT = "echo x > f.txt && git add f.txt && git -c user.name=t -c user.email=t@example.invalid commit -q -m work"
@@ -34,6 +38,16 @@ git_ref = "main"
   [[task.verify]]
   run = {json.dumps(verify)}
 """
+
+
+@pytest.fixture
+def stray_fd(tmp_path: Path) -> Iterator[int]:
+    """A descriptor of the supervisor's that is not close-on-exec (as a shell or a CI
+    runner may leave one): nothing fleetrun starts may get it."""
+    fd = os.open(tmp_path / "stray", os.O_WRONLY | os.O_CREAT, 0o600)
+    os.set_inheritable(fd, True)
+    yield fd
+    os.close(fd)
 
 
 def git_wrapper(fleeter: Any, monkeypatch: Any, template: str, *repos: str) -> Path:
@@ -113,7 +127,34 @@ def test_a_runs_shepherds_are_forked_by_one_starter_that_ends_with_the_run(fleet
     assert not Path(f"/proc/{pid}").exists() or shepherd.STARTER_ARG not in Path(f"/proc/{pid}/cmdline").read_text()
 
 
-def test_a_starter_that_dies_leaves_shepherds_started_by_path(fleeter, monkeypatch):
+# A verifier records its wrapper's command line (its parent's), and what it has open,
+# each in one write (two verifiers may run at once).
+VPARENT = (
+    'printf "%s\\n" "$(tr "\\0" " " < /proc/$PPID/cmdline)" >> {flags}/vparents; '
+    'printf "%s\\n" "$(ls /proc/self/fd | tr "\\n" " ")" >> {flags}/vfds'
+)
+
+
+def test_a_runs_verifiers_are_forked_by_its_starter_not_started_as_interpreters(fleeter, monkeypatch, stray_fd):
+    # each `run` verifier's wrapper (fleetrun.capped) is a fork of the run's starter, not
+    # a `python -I -S capped.py` of its own; the verifier and the agent get nothing of
+    # ours open (0, 1, 2, and the listing's own 3)
+    flags = git_wrapper(fleeter, monkeypatch, LOGGER, "repo")
+    agent = f"printf '%s\\n' \"$(ls /proc/self/fd | tr '\\n' ' ')\" >> {flags}/agentfds; " + AGENT
+    fleeter.write_tasks(
+        f'[agents.sh]\ncommand = ["/bin/sh", "-c", {json.dumps(agent)}]\n'
+        + "".join(task(f"t{i}", "repo", VPARENT.format(flags=flags)) for i in range(3))
+    )
+    r = fleeter.run("tasks.toml", "--max-tasks", "2")
+    assert r.ret == 0, r.stdout + r.stderr
+    assert fleeter.states() == {"t0": "DONE", "t1": "DONE", "t2": "DONE"}
+    wrappers = [ln.split() for ln in (flags / "vparents").read_text().splitlines()]
+    assert wrappers == [[sys.executable, "-I", "-S", shepherd.SHEPHERD_PATH, shepherd.STARTER_ARG]] * 3, wrappers
+    assert [ln.split() for ln in (flags / "vfds").read_text().splitlines()] == [["0", "1", "2", "3"]] * 3
+    assert [ln.split() for ln in (flags / "agentfds").read_text().splitlines()] == [["0", "1", "2", "3"]] * 3
+
+
+def test_a_starter_that_dies_leaves_shepherds_started_by_path(fleeter, monkeypatch, stray_fd):
     # the first agent kills the starter that forked its shepherd: the run goes on, the
     # next shepherds spawned by path by the supervisor itself, and says so once
     flags = git_wrapper(fleeter, monkeypatch, LOGGER, "repo")
@@ -123,10 +164,11 @@ def test_a_starter_that_dies_leaves_shepherds_started_by_path(fleeter, monkeypat
         'if [ ! -e {flags}/killed ] && tr "\\0" " " < /proc/$pp/cmdline | grep -q -- " --starter"; '
         "then touch {flags}/killed; kill -9 $pp; fi; "
     )
-    agent = PARENT.format(flags=flags) + kill.format(flags=flags) + AGENT
+    fds = f"printf '%s\\n' \"$(ls /proc/self/fd | tr '\\n' ' ')\" >> {flags}/agentfds; "
+    agent = PARENT.format(flags=flags) + kill.format(flags=flags) + fds + AGENT
     fleeter.write_tasks(
         f'[agents.sh]\ncommand = ["/bin/sh", "-c", {json.dumps(agent)}]\n'
-        + "".join(task(f"t{i}", "repo", "true") for i in range(3))
+        + "".join(task(f"t{i}", "repo", VPARENT.format(flags=flags)) for i in range(3))
     )
     r = fleeter.run("tasks.toml", "--max-tasks", "1")
     assert r.ret == 0, r.stdout + r.stderr
@@ -134,6 +176,12 @@ def test_a_starter_that_dies_leaves_shepherds_started_by_path(fleeter, monkeypat
     first, *rest = [ln.split(" ", 1) for ln in (flags / "parents").read_text().splitlines()]
     assert first[1].split()[-1] == shepherd.STARTER_ARG, first
     assert [int(pid) for pid, _ in rest] == [os.getpid()] * 2, rest
+    # and every verifier's wrapper, the first task's too, an interpreter started by path
+    wrappers = [ln.split() for ln in (flags / "vparents").read_text().splitlines()]
+    assert [w[:4] for w in wrappers] == [[sys.executable, "-I", "-S", CAPPED_PATH]] * 3, wrappers
+    # a shepherd started by path closes what it was spawned with: its agent gets none of it
+    assert [ln.split() for ln in (flags / "agentfds").read_text().splitlines()] == [["0", "1", "2", "3"]] * 3
+    assert [ln.split() for ln in (flags / "vfds").read_text().splitlines()] == [["0", "1", "2", "3"]] * 3
     assert r.stderr.count("the shepherd starter is gone") == 1, r.stderr
 
 
@@ -149,3 +197,17 @@ def test_work_left_uncommitted_is_committed_without_asking_git_status(fleeter, m
     assert "status" not in ran and ran.count("ls-files") == 1 and ran.count("commit") == 1, ran
     t = fleeter.task("t1")
     assert "left.txt" in fleeter.git(fleeter.path / "repo", "ls-tree", "-r", "--name-only", t.branch)
+
+
+def test_work_left_uncommitted_is_committed_on_the_branch_its_head_file_names_without_asking_git(fleeter, monkeypatch):
+    # the check that HEAD is still on the task's branch, before fleetrun commits there,
+    # reads the worktree's HEAD file in the repository's administrative folder (what
+    # git reads): no `git symbolic-ref` when it names the branch. One that names another
+    # branch is asked of git, and refused (test_security_worktree.py's
+    # test_head_moved_off_the_task_branch_gets_no_commit)
+    flags = git_wrapper(fleeter, monkeypatch, LOGGER, "repo")
+    fleeter.write_tasks('[agents.sh]\ncommand = ["/bin/sh", "-c", "echo x > left.txt"]\n' + task("t1", "repo", "true"))
+    r = fleeter.run("tasks.toml")
+    assert r.ret == 0, r.stdout + r.stderr
+    assert fleeter.states() == {"t1": "DONE"}
+    assert pinned_git(flags) == ["ls-files", "add", "config", "commit", "rev-parse"], pinned_git(flags)

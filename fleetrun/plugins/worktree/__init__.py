@@ -46,6 +46,7 @@ from ...gitutil import (
     pin_worktree,
     repo_lock,
     wt_git,
+    wt_head_is,
 )
 from ...hookimpl import hookimpl
 from ...hostapi import Host
@@ -361,7 +362,8 @@ def fleetrun_collect_work(
     onto the task's own branch.
 
     In a work loop the git commands (the embedded-repository ``ls-files``, ``status``
-    unless that listing found an untracked file, the HEAD check, ``add``, ``commit``,
+    unless that listing found an untracked file, the HEAD check (read from the worktree's
+    administrative ``HEAD`` file; git only when that does not name the branch), ``add``, ``commit``,
     ``rev-parse``: two commands when there is nothing to commit) run on the effects' worker and
     a :class:`~fleetrun.reports.CollectHandle` is returned; elsewhere (a peer's ``host
     collect``) they run here, and None says there was nothing to commit.
@@ -403,7 +405,7 @@ def _commit_work(p: Pinned, branch: Optional[str], message: str) -> str:
     if not untracked and not wt_git(p, "status", "--porcelain", "--untracked-files=all").strip():
         return ""
     if branch:
-        head = wt_git(p, "symbolic-ref", "-q", "HEAD", check=False).strip()
+        head = wt_head_is(p, f"refs/heads/{branch}")  # from its HEAD file, git only if not
         if head != f"refs/heads/{branch}":
             raise WorktreeTampered(f"its HEAD is {head or 'detached'}, not the task's branch {branch}")
     wt_git(p, "add", "-A")
