@@ -11,10 +11,21 @@ A conflict stops the merging: what is left is described by a *conflict record*
 (``{"task", "branch", "files", "pending"}``), which the workspace carries
 (:attr:`~fleetrun.reports.Workspace.conflict`) so the prompt can name it, or which asks
 a human (:func:`conflict_cause`).
+
+A merge git could not write (a full disk) leaves what it wrote of the dependency's files
+in the worktree, untracked, the last one cut short; git would refuse the next merge for
+them. They are the merge's own, and nothing else writes there while it runs: they are
+removed at once (:func:`_undo_unwritten_merge`). Those a merge left that nobody removed
+(the supervisor killed first) are known by their content, byte for byte the dependency's
+(:func:`_drop_dependency_copies`). Any other file in the merge's way is someone's work
+and stays: the merge is refused and a human asked.
 """
 
 from __future__ import annotations
 
+import hashlib
+import os
+import stat
 from typing import Any, Optional
 
 from . import crash
@@ -106,14 +117,21 @@ def merge_dependencies(
         # the worktree made, this dependency (and those after it) not merged yet: the
         # restart finds it by missing_dependencies() and merges the rest
         crash.point("before_dependency_merge")
+        ref = f"refs/heads/{branch}"
+        before: Optional[set[str]] = None
         try:
-            res = wt_merge(p, f"refs/heads/{branch}", f"fleetrun: merge {name} ({branch}) into {task.name}")
+            before = _untracked(p)
+            if before:
+                _drop_dependency_copies(p, ref, before)
+            res = wt_merge(p, ref, f"fleetrun: merge {name} ({branch}) into {task.name}")
         except GitError as e:
             lines = [ln.strip() for ln in e.output.splitlines() if ln.strip()]
             transient = next((ln for ln in lines if any(t in ln.lower() for t in TRANSIENT_GIT)), None)
             why = transient or next(
                 (ln for ln in lines if ln.startswith(("fatal:", "error:"))), lines[-1] if lines else str(e)
             )
+            if transient is not None and before is not None:
+                _undo_unwritten_merge(p, ref, before)
             raise DependencyError(
                 f"merging {name} ({branch}) failed: {' '.join(why.split())}", permanent=transient is None
             ) from None
@@ -122,6 +140,100 @@ def merge_dependencies(
             return merged, {"task": name, "branch": branch, "files": res.conflicts, "pending": pending}
         merged.append({"task": name, "branch": branch, "commit": res.commit})
     return merged, None
+
+
+def _untracked(p: Pinned) -> set[str]:
+    """The untracked files of the pinned worktree (ignored ones aside: a merge overwrites
+    them)."""
+    out = wt_git(p, "ls-files", "-z", "--others", "--exclude-standard")
+    return {f for f in out.split("\0") if f}
+
+
+def _incoming(p: Pinned, ref: str) -> set[str]:
+    """The files merging ``ref`` writes into the worktree: those its side changed since
+    the merge base (added, changed or removed)."""
+    out = wt_git(p, "diff", "--name-only", "-z", "--no-renames", "--no-ext-diff", f"HEAD...{ref}", "--")
+    return {f for f in out.split("\0") if f}
+
+
+def _inside(p: Pinned, rel: str) -> Optional[str]:
+    """The full path of ``rel`` (a path git gave) in the worktree, or None when a folder
+    on the way is not the worktree's own (a link out of it): nothing outside is touched."""
+    if os.path.isabs(rel) or ".." in rel.split("/"):
+        return None
+    full = os.path.join(p.root, rel)
+    parent = os.path.dirname(full)
+    return full if os.path.realpath(parent) == os.path.normpath(parent) else None
+
+
+def _undo_unwritten_merge(p: Pinned, ref: str, before: set[str]) -> None:
+    """After a merge of ``ref`` git could not write (a full disk): take out what it wrote,
+    so that the next try merges from where this one began. Git leaves the files it wrote
+    untracked, the index and HEAD as they were, the last file cut short (so no content
+    check could know it; seen with git 2.39, which writes the files a merge adds before
+    it rewrites any it tracks): the files of ``ref``'s side that were not untracked
+    before (``before``) and are now are the merge's, removed. A merge state it left is
+    aborted. Best effort: what cannot be taken out now blocks the next merge, which
+    names it."""
+    try:
+        if merge_in_progress(p) and not unmerged_files(p):
+            wt_git(p, "merge", "--abort", check=False)
+        written = (_untracked(p) - before) & _incoming(p, ref)
+    except GitError:
+        return  # git cannot tell what the merge wrote: the next merge names what is in its way
+    for rel in sorted(written):
+        full = _inside(p, rel)
+        try:
+            if full is not None:
+                os.unlink(full)
+        except OSError:
+            continue
+
+
+def _blob_id(data: bytes, oid: str) -> str:
+    """git's id of a blob holding ``data``, in the object format of ``oid``."""
+    algo = hashlib.sha256 if len(oid) == 64 else hashlib.sha1
+    return algo(b"blob %d\0" % len(data) + data).hexdigest()
+
+
+def _same_as(full: str, mode: str, oid: str) -> bool:
+    """``full`` holds, byte for byte, the blob ``oid`` of mode ``mode`` (a link, its target)."""
+    st = os.lstat(full)
+    if mode == "120000" and stat.S_ISLNK(st.st_mode):
+        data = os.fsencode(os.readlink(full))
+    elif mode in ("100644", "100755") and stat.S_ISREG(st.st_mode):
+        with open(full, "rb") as f:
+            data = f.read()
+    else:
+        return False
+    return _blob_id(data, oid) == oid
+
+
+def _drop_dependency_copies(p: Pinned, ref: str, untracked: set[str]) -> None:
+    """Remove the untracked files of the worktree that merging ``ref`` would write and
+    that are byte for byte the ones of ``ref``'s tree: a copy of the dependency's own
+    (a merge git could not write left it, its clean-up cut short), which git would refuse
+    to overwrite. Any other content is someone's work, kept; ``untracked`` loses those
+    removed.
+
+    :raises GitError: git refused.
+    """
+    wanted = untracked & _incoming(p, ref)
+    if not wanted:
+        return
+    out = wt_git(p, "ls-tree", "-r", "-z", "--full-tree", ref)
+    for entry in out.split("\0"):
+        meta, _, rel = entry.partition("\t")
+        parts = meta.split()
+        if rel not in wanted or len(parts) != 3 or parts[1] != "blob":
+            continue
+        full = _inside(p, rel)
+        try:
+            if full is not None and _same_as(full, parts[0], parts[2]):
+                os.unlink(full)
+                untracked.discard(rel)
+        except OSError:
+            continue  # gone meanwhile, or unreadable: the merge says what is in its way
 
 
 def missing_dependencies(p: Pinned, repo: str, branches: list[tuple[str, str]]) -> list[tuple[str, str]]:
