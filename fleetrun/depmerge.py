@@ -15,15 +15,18 @@ a human (:func:`conflict_cause`).
 A merge git could not write (a full disk) leaves what it wrote of the dependency's files
 in the worktree, untracked, the last one cut short; git would refuse the next merge for
 them. They are the merge's own, and nothing else writes there while it runs: they are
-removed at once (:func:`_undo_unwritten_merge`). Those a merge left that nobody removed
-(the supervisor killed first) are known by their content, byte for byte the dependency's
-(:func:`_drop_dependency_copies`). Any other file in the merge's way is someone's work
-and stays: the merge is refused and a human asked.
+removed at once (:func:`_undo_unwritten_merge`), or, when the supervisor died first, by
+the next merge of that dependency, from the record the merge left
+(:data:`MERGE_RECORD`). An untracked file byte for byte the dependency's is its copy
+too (:func:`_drop_dependency_copies`). Any other file in the merge's way is someone's
+work and stays: the merge is refused and a human asked.
 """
 
 from __future__ import annotations
 
+import contextlib
 import hashlib
+import json
 import os
 import stat
 from typing import Any, Optional
@@ -120,9 +123,18 @@ def merge_dependencies(
         ref = f"refs/heads/{branch}"
         before: Optional[set[str]] = None
         try:
+            earlier = _read_record(p, ref)
+            if earlier is not None:  # this merge was cut short and the supervisor died
+                _undo_unwritten_merge(p, ref, earlier)
             before = _untracked(p)
             if before:
                 _drop_dependency_copies(p, ref, before)
+            try:
+                _write_record(p, ref, before)
+            except OSError as e:  # nothing was merged: it waits like the merge would
+                raise DependencyError(
+                    f"merging {name} ({branch}) failed: cannot write {MERGE_RECORD}: {e.strerror}", permanent=False
+                ) from None
             res = wt_merge(p, ref, f"fleetrun: merge {name} ({branch}) into {task.name}")
         except GitError as e:
             lines = [ln.strip() for ln in e.output.splitlines() if ln.strip()]
@@ -132,14 +144,59 @@ def merge_dependencies(
             )
             if transient is not None and before is not None:
                 _undo_unwritten_merge(p, ref, before)
+            _drop_record(p)
             raise DependencyError(
                 f"merging {name} ({branch}) failed: {' '.join(why.split())}", permanent=transient is None
             ) from None
+        _drop_record(p)
         if res.conflicts:
             pending = [{"task": n, "branch": b} for n, b in branches[k + 1 :]]
             return merged, {"task": name, "branch": branch, "files": res.conflicts, "pending": pending}
         merged.append({"task": name, "branch": branch, "commit": res.commit})
     return merged, None
+
+
+#: In the worktree's administrative folder (``<common>/worktrees/<name>``, which git
+#: removes with the worktree) while fleetrun merges a dependency: the dependency's ref and
+#: the untracked files before the merge, so that what a merge cut short wrote is known
+#: even when the supervisor died before taking it out.
+MERGE_RECORD = "fleetrun-merging.json"
+
+
+def _write_record(p: Pinned, ref: str, untracked: set[str]) -> None:
+    """:raises OSError: it could not be written (a full disk)."""
+    path = os.path.join(p.gitdir, MERGE_RECORD)
+    try:
+        with open(path + ".tmp", "w", encoding="utf-8") as f:
+            json.dump({"ref": ref, "untracked": sorted(untracked)}, f)
+        os.replace(path + ".tmp", path)
+    except OSError:
+        with contextlib.suppress(OSError):
+            os.unlink(path + ".tmp")
+        raise
+
+
+def _read_record(p: Pinned, ref: str) -> Optional[set[str]]:
+    """The untracked files before a merge of ``ref`` whose record is still there (the
+    merge was cut short and nobody took its files out), else None. A record that does not
+    parse as one is no record."""
+    try:
+        with open(os.path.join(p.gitdir, MERGE_RECORD), encoding="utf-8") as f:
+            rec = json.load(f)
+    except (OSError, ValueError):
+        return None
+    if not isinstance(rec, dict) or rec.get("ref") != ref or not isinstance(rec.get("untracked"), list):
+        return None
+    if not all(isinstance(u, str) for u in rec["untracked"]):
+        return None
+    return set(rec["untracked"])
+
+
+def _drop_record(p: Pinned) -> None:
+    # none, or it stays: only a merge of the same dependency reads it, and it goes once
+    # a merge of fleetrun's ends (a merge stopped on a conflict: stopped_merge())
+    with contextlib.suppress(OSError):
+        os.unlink(os.path.join(p.gitdir, MERGE_RECORD))
 
 
 def _untracked(p: Pinned) -> set[str]:
@@ -270,6 +327,9 @@ def stopped_merge(p: Pinned, repo: str, missing: list[tuple[str, str]]) -> Optio
     """
     if not merge_in_progress(p):
         return None
+    # the merge wrote all it could: its record (when a crash kept it) says nothing of
+    # the files someone writes while resolving it
+    _drop_record(p)
     merging = wt_git(p, "rev-parse", "-q", "--verify", "MERGE_HEAD", check=False).strip()
     which: Optional[tuple[str, str]] = None
     for name, branch in missing:

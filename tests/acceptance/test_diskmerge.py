@@ -28,8 +28,10 @@ from .test_disk_full import mount_home
 # numbered $(cat kill-at) the supervisor (the first process up the parent chain whose
 # command line names fleetrun) is SIGKILLed and git exits 1 without merging; at the one
 # numbered $(cat fill-at) the real git runs on a full disk; so does the first
-# `worktree add -b` whose arguments hold $(cat fill-add). The file system is filled by
-# writing $(cat filler) until it is full, and freed by removing it once git is done.
+# `worktree add -b` whose arguments hold $(cat fill-add); at $(cat fill-kill-at) the
+# real git runs on a full disk, then the supervisor is SIGKILLed before it learns how the
+# merge went. The file system is filled by writing $(cat filler) until it is full, and
+# freed by removing it once git is done.
 WRAPPER = """#!/bin/sh
 filled() {{
   filler=$(cat "{flags}/filler")
@@ -37,33 +39,43 @@ filled() {{
   "{git}" "$@"
   rc=$?
   rm -f "$filler"
-  exit $rc
+  return $rc
+}}
+kill_fleetrun() {{
+  touch "{flags}/killed"
+  pid=$PPID
+  while [ "$pid" -gt 1 ]; do
+    if tr '\\0' ' ' < /proc/$pid/cmdline | grep -q fleetrun; then
+      kill -KILL "$pid"
+      sleep 5
+      exit 1
+    fi
+    pid=$(awk '{{print $4}}' /proc/$pid/stat)
+  done
+  echo "no fleetrun process above $$" >> "{flags}/log"
 }}
 case "$*" in
   *" worktree add -b "*)
     if [ -e "{flags}/fill-add" ] && [ ! -e "{flags}/add-filled" ] && echo "$*" | grep -qF "$(cat "{flags}/fill-add")"; then
       touch "{flags}/add-filled"
       filled "$@"
+      exit $?
     fi ;;
   *" merge --no-ff "*)
     echo x >> "{flags}/merges"
     n=$(wc -l < "{flags}/merges")
     if [ -e "{flags}/kill-at" ] && [ "$n" -eq "$(cat "{flags}/kill-at")" ]; then
-      touch "{flags}/killed"
-      pid=$PPID
-      while [ "$pid" -gt 1 ]; do
-        if tr '\\0' ' ' < /proc/$pid/cmdline | grep -q fleetrun; then
-          kill -KILL "$pid"
-          sleep 5
-          exit 1
-        fi
-        pid=$(awk '{{print $4}}' /proc/$pid/stat)
-      done
-      echo "no fleetrun process above $$" >> "{flags}/log"
+      kill_fleetrun
     fi
     if [ -e "{flags}/fill-at" ] && [ "$n" -eq "$(cat "{flags}/fill-at")" ]; then
       touch "{flags}/merge-filled"
       filled "$@"
+      exit $?
+    fi
+    if [ -e "{flags}/fill-kill-at" ] && [ "$n" -eq "$(cat "{flags}/fill-kill-at")" ]; then
+      touch "{flags}/merge-filled"
+      filled "$@"
+      kill_fleetrun
     fi ;;
 esac
 exec "{git}" "$@"
@@ -182,6 +194,20 @@ def test_a_merge_the_full_disk_stopped_in_a_reused_worktree_is_merged_again(flee
     assert any("unable to write file big/b1.txt" in c for c in causes), causes
     api = fleeter.task("api")
     assert fleeter.git(repo, "show", f"{api.branch}:big/mine.txt") == "the agent's own\n"
+
+
+def test_a_merge_the_full_disk_stopped_and_the_supervisor_died_after_is_merged_again(fleeter, fake_claude, home2m):
+    """The supervisor is killed while big's merge runs on the full disk, so nothing took
+    out what it wrote (big/b1.txt, empty: no content check can know it): the restart
+    knows it from the record the merge left, and merges big."""
+    repo = queue(fleeter, fake_claude)
+    flags = wrapper(fleeter, home2m, fill_kill_at="2")
+    killed(fleeter, flags)
+    assert (flags / "merge-filled").exists()
+    root = api_worktree(fleeter)
+    assert (root / "big" / "b1.txt").read_bytes() == b""  # what the cut-short merge left
+    r = fleeter.runsub("work", "--until-idle", timeout=120)
+    assert_api_done_with_both(fleeter, repo, r)
 
 
 def test_a_reused_worktree_holding_the_dependencys_own_files_merges_it(fleeter, fake_claude, home2m):
