@@ -11,10 +11,24 @@ A conflict stops the merging: what is left is described by a *conflict record*
 (``{"task", "branch", "files", "pending"}``), which the workspace carries
 (:attr:`~fleetrun.reports.Workspace.conflict`) so the prompt can name it, or which asks
 a human (:func:`conflict_cause`).
+
+A merge git could not write (a full disk) leaves what it wrote of the dependency's files
+in the worktree, untracked, the last one cut short; git would refuse the next merge for
+them. They are the merge's own, and nothing else writes there while it runs: they are
+removed at once (:func:`_undo_unwritten_merge`), or, when the supervisor died first, by
+the next merge of that dependency, from the record the merge left
+(:data:`MERGE_RECORD`). An untracked file byte for byte the dependency's is its copy
+too (:func:`_drop_dependency_copies`). Any other file in the merge's way is someone's
+work and stays: the merge is refused and a human asked.
 """
 
 from __future__ import annotations
 
+import contextlib
+import hashlib
+import json
+import os
+import stat
 from typing import Any, Optional
 
 from . import crash
@@ -106,22 +120,177 @@ def merge_dependencies(
         # the worktree made, this dependency (and those after it) not merged yet: the
         # restart finds it by missing_dependencies() and merges the rest
         crash.point("before_dependency_merge")
+        ref = f"refs/heads/{branch}"
+        before: Optional[set[str]] = None
         try:
-            res = wt_merge(p, f"refs/heads/{branch}", f"fleetrun: merge {name} ({branch}) into {task.name}")
+            earlier = _read_record(p, ref)
+            if earlier is not None:  # this merge was cut short and the supervisor died
+                _undo_unwritten_merge(p, ref, earlier)
+            before = _untracked(p)
+            if before:
+                _drop_dependency_copies(p, ref, before)
+            try:
+                _write_record(p, ref, before)
+            except OSError as e:  # nothing was merged: it waits like the merge would
+                raise DependencyError(
+                    f"merging {name} ({branch}) failed: cannot write {MERGE_RECORD}: {e.strerror}", permanent=False
+                ) from None
+            res = wt_merge(p, ref, f"fleetrun: merge {name} ({branch}) into {task.name}")
         except GitError as e:
             lines = [ln.strip() for ln in e.output.splitlines() if ln.strip()]
             transient = next((ln for ln in lines if any(t in ln.lower() for t in TRANSIENT_GIT)), None)
             why = transient or next(
                 (ln for ln in lines if ln.startswith(("fatal:", "error:"))), lines[-1] if lines else str(e)
             )
+            if transient is not None and before is not None:
+                _undo_unwritten_merge(p, ref, before)
+            _drop_record(p)
             raise DependencyError(
                 f"merging {name} ({branch}) failed: {' '.join(why.split())}", permanent=transient is None
             ) from None
+        _drop_record(p)
         if res.conflicts:
             pending = [{"task": n, "branch": b} for n, b in branches[k + 1 :]]
             return merged, {"task": name, "branch": branch, "files": res.conflicts, "pending": pending}
         merged.append({"task": name, "branch": branch, "commit": res.commit})
     return merged, None
+
+
+#: In the worktree's administrative folder (``<common>/worktrees/<name>``, which git
+#: removes with the worktree) while fleetrun merges a dependency: the dependency's ref and
+#: the untracked files before the merge, so that what a merge cut short wrote is known
+#: even when the supervisor died before taking it out.
+MERGE_RECORD = "fleetrun-merging.json"
+
+
+def _write_record(p: Pinned, ref: str, untracked: set[str]) -> None:
+    """:raises OSError: it could not be written (a full disk)."""
+    path = os.path.join(p.gitdir, MERGE_RECORD)
+    try:
+        with open(path + ".tmp", "w", encoding="utf-8") as f:
+            json.dump({"ref": ref, "untracked": sorted(untracked)}, f)
+        os.replace(path + ".tmp", path)
+    except OSError:
+        with contextlib.suppress(OSError):
+            os.unlink(path + ".tmp")
+        raise
+
+
+def _read_record(p: Pinned, ref: str) -> Optional[set[str]]:
+    """The untracked files before a merge of ``ref`` whose record is still there (the
+    merge was cut short and nobody took its files out), else None. A record that does not
+    parse as one is no record."""
+    try:
+        with open(os.path.join(p.gitdir, MERGE_RECORD), encoding="utf-8") as f:
+            rec = json.load(f)
+    except (OSError, ValueError):
+        return None
+    if not isinstance(rec, dict) or rec.get("ref") != ref or not isinstance(rec.get("untracked"), list):
+        return None
+    if not all(isinstance(u, str) for u in rec["untracked"]):
+        return None
+    return set(rec["untracked"])
+
+
+def _drop_record(p: Pinned) -> None:
+    # none, or it stays: only a merge of the same dependency reads it, and it goes once
+    # a merge of fleetrun's ends (a merge stopped on a conflict: stopped_merge())
+    with contextlib.suppress(OSError):
+        os.unlink(os.path.join(p.gitdir, MERGE_RECORD))
+
+
+def _untracked(p: Pinned) -> set[str]:
+    """The untracked files of the pinned worktree (ignored ones aside: a merge overwrites
+    them)."""
+    out = wt_git(p, "ls-files", "-z", "--others", "--exclude-standard")
+    return {f for f in out.split("\0") if f}
+
+
+def _incoming(p: Pinned, ref: str) -> set[str]:
+    """The files merging ``ref`` writes into the worktree: those its side changed since
+    the merge base (added, changed or removed)."""
+    out = wt_git(p, "diff", "--name-only", "-z", "--no-renames", "--no-ext-diff", f"HEAD...{ref}", "--")
+    return {f for f in out.split("\0") if f}
+
+
+def _inside(p: Pinned, rel: str) -> Optional[str]:
+    """The full path of ``rel`` (a path git gave) in the worktree, or None when a folder
+    on the way is not the worktree's own (a link out of it): nothing outside is touched."""
+    if os.path.isabs(rel) or ".." in rel.split("/"):
+        return None
+    full = os.path.join(p.root, rel)
+    parent = os.path.dirname(full)
+    return full if os.path.realpath(parent) == os.path.normpath(parent) else None
+
+
+def _undo_unwritten_merge(p: Pinned, ref: str, before: set[str]) -> None:
+    """After a merge of ``ref`` git could not write (a full disk): take out what it wrote,
+    so that the next try merges from where this one began. Git leaves the files it wrote
+    untracked, the index and HEAD as they were, the last file cut short (so no content
+    check could know it; seen with git 2.39, which writes the files a merge adds before
+    it rewrites any it tracks): the files of ``ref``'s side that were not untracked
+    before (``before``) and are now are the merge's, removed. A merge state it left is
+    aborted. Best effort: what cannot be taken out now blocks the next merge, which
+    names it."""
+    try:
+        if merge_in_progress(p) and not unmerged_files(p):
+            wt_git(p, "merge", "--abort", check=False)
+        written = (_untracked(p) - before) & _incoming(p, ref)
+    except GitError:
+        return  # git cannot tell what the merge wrote: the next merge names what is in its way
+    for rel in sorted(written):
+        full = _inside(p, rel)
+        try:
+            if full is not None:
+                os.unlink(full)
+        except OSError:
+            continue
+
+
+def _blob_id(data: bytes, oid: str) -> str:
+    """git's id of a blob holding ``data``, in the object format of ``oid``."""
+    algo = hashlib.sha256 if len(oid) == 64 else hashlib.sha1
+    return algo(b"blob %d\0" % len(data) + data).hexdigest()
+
+
+def _same_as(full: str, mode: str, oid: str) -> bool:
+    """``full`` holds, byte for byte, the blob ``oid`` of mode ``mode`` (a link, its target)."""
+    st = os.lstat(full)
+    if mode == "120000" and stat.S_ISLNK(st.st_mode):
+        data = os.fsencode(os.readlink(full))
+    elif mode in ("100644", "100755") and stat.S_ISREG(st.st_mode):
+        with open(full, "rb") as f:
+            data = f.read()
+    else:
+        return False
+    return _blob_id(data, oid) == oid
+
+
+def _drop_dependency_copies(p: Pinned, ref: str, untracked: set[str]) -> None:
+    """Remove the untracked files of the worktree that merging ``ref`` would write and
+    that are byte for byte the ones of ``ref``'s tree: a copy of the dependency's own
+    (a merge git could not write left it, its clean-up cut short), which git would refuse
+    to overwrite. Any other content is someone's work, kept; ``untracked`` loses those
+    removed.
+
+    :raises GitError: git refused.
+    """
+    wanted = untracked & _incoming(p, ref)
+    if not wanted:
+        return
+    out = wt_git(p, "ls-tree", "-r", "-z", "--full-tree", ref)
+    for entry in out.split("\0"):
+        meta, _, rel = entry.partition("\t")
+        parts = meta.split()
+        if rel not in wanted or len(parts) != 3 or parts[1] != "blob":
+            continue
+        full = _inside(p, rel)
+        try:
+            if full is not None and _same_as(full, parts[0], parts[2]):
+                os.unlink(full)
+                untracked.discard(rel)
+        except OSError:
+            continue  # gone meanwhile, or unreadable: the merge says what is in its way
 
 
 def missing_dependencies(p: Pinned, repo: str, branches: list[tuple[str, str]]) -> list[tuple[str, str]]:
@@ -158,6 +327,9 @@ def stopped_merge(p: Pinned, repo: str, missing: list[tuple[str, str]]) -> Optio
     """
     if not merge_in_progress(p):
         return None
+    # the merge wrote all it could: its record (when a crash kept it) says nothing of
+    # the files someone writes while resolving it
+    _drop_record(p)
     merging = wt_git(p, "rev-parse", "-q", "--verify", "MERGE_HEAD", check=False).strip()
     which: Optional[tuple[str, str]] = None
     for name, branch in missing:
