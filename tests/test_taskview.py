@@ -76,6 +76,7 @@ def counted(monkeypatch: pytest.MonkeyPatch) -> PassProbe:
 
     def listed(row: Any, deps: Any, read_spec: Any) -> Any:  # how the view reads a row
         probe.now["rows"] += 1
+        probe.now["row:" + str(row[1])[:1]] += 1  # r... (READY) or p... (PENDING)
         return real_listed(row, deps, read_spec)
 
     def place(task: Any, *a: Any, **kw: Any) -> Any:
@@ -130,13 +131,14 @@ def test_another_process_s_writes_are_seen_and_only_they_are_placed_again(fleete
 
     def look(config: Any) -> None:
         view: TaskView = config.stash[TASKVIEW_KEY]
-        seen["r3"] = view.get(ids[3]).state  # type: ignore[union-attr]
+        seen["r3"] = view.get(ids[3])  # CANCELLED: no longer held
+        seen["cancelled"] = view.count({State.CANCELLED})
         seen["r4"] = view.get(ids[4]).worktree  # type: ignore[union-attr]
-        seen["late"] = [t.state for t in view.tasks() if t.name == "late"]
+        seen["late"] = [t.state for t in view.in_states({State.READY}) if t.name == "late"]
         seen["reads"] = view.full_reads
 
     probe = run(fleeter, counted, 7, {3: from_another_shell, 5: look})
-    assert seen == {"r3": State.CANCELLED, "r4": "/gone", "late": [State.READY], "reads": 1}
+    assert seen == {"r3": None, "cancelled": 1, "r4": "/gone", "late": [State.READY], "reads": 1}
     after = probe.counts[3]  # the pass that saw the other shell's writes
     assert after["place"] == 2 and after["placed:late"] == 1 and after["placed:r4"] == 1, after
     assert after.get("tasks()", 0) == 0, after  # r3, r4 and late read again, by id
@@ -156,7 +158,8 @@ def test_the_view_sees_its_own_connection_s_writes_whatever_the_sql(fleeter: Fle
     assert view.refresh() == {ids[0], ids[1]}
     assert view.get(ids[1]).cost_usd == 1.5  # type: ignore[union-attr]
     assert [t.name for t in view.in_states({State.READY, State.CANCELLED})] == ["r0", "r1"]
-    assert view.dependents(ids[0]) == ids[2:]
+    assert view.get(ids[0]) is None and view.get(ids[2]) is None  # CANCELLED, PENDING: not held
+    assert view.count({State.PENDING, State.CANCELLED, State.READY}) == 4
     assert view.full_reads == 1
 
 
@@ -225,7 +228,113 @@ def test_a_view_task_copied_with_replace_keeps_its_spec_and_dependencies(fleeter
     import dataclasses
 
     ids = queue(fleeter, 2)
+    fleeter.ledger().transition(ids[2], State.PENDING, State.READY, "dependencies_done")  # held from here
     view = TaskView(fleeter.ledger())
     copy = dataclasses.replace(view.get(ids[2]), worktree="/w")  # type: ignore[type-var]
     assert copy.worktree == "/w" and copy.spec.name == "p0"
     assert copy.dependency_names() == ["r0"] and copy.to_json()["depends_on"] == ["r0"]
+
+
+def _end(led: Ledger, task_id: str, to: State = State.DONE) -> None:
+    """Move a READY task to ``to`` the way the loop's stages do, one transition at a time."""
+    path = {
+        State.DONE: [State.ASSIGNED, State.RUNNING, State.VERIFYING, State.DONE],
+        State.NEEDS_HUMAN: [State.NEEDS_HUMAN],
+    }[to]
+    now = State.READY
+    for nxt in path:
+        led.transition(task_id, now, nxt, "placed" if nxt is State.ASSIGNED else "verified")
+        now = nxt
+
+
+def test_the_view_holds_what_can_move_not_the_tasks_that_wait_for_a_dependency(
+    fleeter: Fleeter, counted: PassProbe
+) -> None:
+    """``fleetrun work`` over READY tasks and PENDING ones behind a task that cannot start
+    builds no object of a PENDING task, not even in its first pass (100,000 of them were
+    most of an idle supervisor's memory and its first pass's time); it counts them."""
+    ids = queue(fleeter, 40)
+    seen: dict[str, Any] = {}
+
+    def look(config: Any) -> None:
+        view: TaskView = config.stash[TASKVIEW_KEY]
+        seen["held"] = sorted({t.state for t in view.in_states(set(State) - {State.PENDING})})
+        seen["p0"] = view.get(ids[40])
+        seen["pending"] = view.count({State.PENDING})
+
+    probe = run(fleeter, counted, 4, {2: look})
+    assert seen == {"held": [State.READY], "p0": None, "pending": 40}
+    for counts in probe.counts:
+        assert counts.get("row:p", 0) == 0, probe.counts
+    assert probe.counts[0]["row:r"] == 40  # the READY ones, read once
+
+
+@pytest.mark.parametrize("where", ["this loop", "another shell"])
+def test_hundreds_of_pending_tasks_are_promoted_when_their_dependency_is_done(
+    fleeter: Fleeter, counted: PassProbe, where: str
+) -> None:
+    """300 PENDING tasks behind r0 become READY in the pass after r0 is DONE, whether
+    the loop's own connection recorded its end or another process did (found by query
+    of the dependency's dependents: the loop holds none of them)."""
+    ids = queue(fleeter, 300)
+    home = fleeter.home
+    seen: dict[str, Any] = {}
+
+    def done(config: Any) -> None:
+        if where == "this loop":
+            _end(config.stash[LEDGER_KEY], ids[0])
+        else:
+            with Ledger(home / "state.db") as other:
+                _end(other, ids[0])
+
+    def look(config: Any) -> None:
+        led: Ledger = config.stash[LEDGER_KEY]
+        seen["states"] = Counter(t.state for t in led.tasks() if t.name.startswith("p"))
+        seen["held"] = config.stash[TASKVIEW_KEY].count({State.READY})
+
+    run(fleeter, counted, 5, {2: done, 4: look})
+    assert seen == {"states": {State.READY: 300}, "held": 299 + 300}
+
+
+def test_a_dependency_set_aside_by_another_shell_sends_its_pending_dependents_to_a_human(
+    fleeter: Fleeter, counted: PassProbe
+) -> None:
+    """r0 moved to NEEDS_HUMAN by another process, its PENDING dependents follow it
+    (``dependency_needs_human:r0``) on the loop's next pass."""
+    ids = queue(fleeter, 120)
+    home = fleeter.home
+    seen: dict[str, Any] = {}
+
+    def set_aside(config: Any) -> None:
+        with Ledger(home / "state.db") as other:
+            _end(other, ids[0], State.NEEDS_HUMAN)
+
+    def look(config: Any) -> None:
+        led: Ledger = config.stash[LEDGER_KEY]
+        seen["p"] = Counter((t.state, t.reason) for t in led.tasks() if t.name.startswith("p"))
+
+    run(fleeter, counted, 5, {2: set_aside, 4: look})
+    assert seen == {"p": {(State.NEEDS_HUMAN, "dependency_needs_human:r0"): 120}}
+
+
+def test_a_dag_with_fan_in_and_fan_out_completes(fleeter: Fleeter, fake_claude: Any) -> None:
+    """Each task starts once all it depends on is DONE (the loop finds them by query now)."""
+    fleeter.make_repo()
+    deps = {"a": [], "b": ["a"], "c": ["a"], "d": ["b", "c"], "e": ["d"], "f": ["a", "d"]}
+    fleeter.write_tasks(
+        "\n".join(
+            f'[[task]]\nname = "{n}"\ncwd = "repo"\nprompt = "p"\ngit_ref = "main"\ndepends_on = {d!r}\n'.replace(
+                "'", '"'
+            )
+            for n, d in deps.items()
+        )
+    )
+    fake_claude.script(default=[{"actions": [["write", "out.txt", "x"], ["commit", "add out"]]}])
+    r = fleeter.run("tasks.toml")
+    r.assert_outcomes(done=6)
+    led = fleeter.ledger()
+    started = {t.name: led.transitions(t.id) for t in led.tasks()}
+    for name, on in deps.items():
+        ready = next(x.time for x in started[name] if x.to_state == "ASSIGNED")
+        for d in on:
+            assert next(x.time for x in started[d] if x.to_state == "DONE") <= ready, (name, d)
