@@ -4,6 +4,7 @@ writes to the ledger is seen on the next pass (and only that task is placed agai
 
 from __future__ import annotations
 
+import json
 from collections import Counter
 from pathlib import Path
 from typing import Any, Callable
@@ -184,6 +185,32 @@ def test_a_freed_slot_asks_the_next_task_not_the_whole_queue(
     # each task: once in the first pass, once when its turn comes (placed), and once
     # more for those before it when a placement moved the candidates in a pass
     assert passes > 12 and asked["place"] <= 3 * 6, (passes, asked)
+
+
+def test_a_freed_slot_goes_to_the_next_task_that_can_take_it_past_those_that_cannot(
+    fleeter: Fleeter, fake_claude: Any, counted: PassProbe
+) -> None:
+    """One slot; the first tasks in the queue can never be placed (a tag no machine has),
+    those after them can: each freed slot is offered in queue order until a task takes
+    it (the pass stops asking once the slot is taken), and every one of them runs. The
+    waits of the two that cannot are kept (``status`` shows why they wait)."""
+    fleeter.make_repo()
+    fleeter.write_policy("[local]\nmax_tasks = 1\n")
+    never = 'requires = ["no-such-tag"]\n'
+    fleeter.write_tasks(
+        "\n".join(
+            f'[[task]]\nname = "t{i}"\ncwd = "repo"\nprompt = "p"\ngit_ref = "main"\n' + (never if i < 2 else "")
+            for i in range(6)
+        )
+    )
+    fake_claude.script(default=[{"actions": [["write", "out.txt", "x"], ["commit", "add out"]]}])
+    counted.passes = 1_000_000
+    r = fleeter.run("tasks.toml", "--max-tasks", "1", plugins=[counted])
+    r.assert_outcomes(done=4, ready=2)
+    assert "cannot place: t0: this machine lacks `no-such-tag`" in r.stdout + r.stderr, r.stdout
+    waits = json.loads(fleeter.ledger().get_meta("waits") or "{}")
+    by_name = {t.name: t.id for t in fleeter.ledger().tasks()}
+    assert waits.get(by_name["t1"]) == "this machine lacks `no-such-tag`", waits
 
 
 def test_the_loop_parses_the_spec_of_no_task_it_does_not_use(
