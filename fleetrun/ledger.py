@@ -333,6 +333,15 @@ class Ledger(LedgerFile):
             args.append(moved_after)
         return [(r[0], r[1], r[2]) for r in self._tuples(sql + " ORDER BY created, seq", args)]
 
+    def with_worktree(self, state: State) -> list[Task]:
+        """The tasks in ``state`` whose worktree is still recorded (not removed), in queue
+        order: a restart's adoption cleans up the DONE ones a crash left, without reading
+        every DONE task of the ledger's history."""
+        rows = self.conn.execute(
+            "SELECT * FROM tasks WHERE state=? AND worktree IS NOT NULL ORDER BY created, seq", (state.value,)
+        ).fetchall()
+        return [self._row_to_task(r) for r in rows]
+
     def promotable(self, changed: Optional[Iterable[str]] = None) -> list[str]:
         """The ids of the PENDING tasks :func:`fleetrun.ops.promote` moves now, in queue
         order (read them with :meth:`listed_by_id`, a batch at a time): those

@@ -73,6 +73,7 @@ def counted(monkeypatch: pytest.MonkeyPatch) -> PassProbe:
 
     def from_row(row: Any, spec: Any, deps: Any) -> Any:
         probe.now["rows"] += 1
+        probe.now["task:" + row["name"]] += 1
         return real_row(row, spec, deps)
 
     def listed(row: Any, deps: Any, read_spec: Any) -> Any:  # how the view reads a row
@@ -365,3 +366,16 @@ def test_a_dag_with_fan_in_and_fan_out_completes(fleeter: Fleeter, fake_claude: 
         ready = next(x.time for x in started[name] if x.to_state == "ASSIGNED")
         for d in on:
             assert next(x.time for x in started[d] if x.to_state == "DONE") <= ready, (name, d)
+
+
+def test_a_restart_reads_no_done_task_whose_worktree_is_gone(fleeter: Fleeter, counted: PassProbe) -> None:
+    """Adoption cleans up the DONE tasks a crash left with their worktree; those whose
+    worktree was removed (every DONE task of a long history) are not read at all."""
+    ids = queue(fleeter, 12)
+    led = fleeter.ledger()
+    for i in range(1, 11):
+        _end(led, ids[i])
+    led.update_task(ids[11], worktree=str(fleeter.path / "gone-wt"))  # READY: not adoption's
+    probe = run(fleeter, counted, 3, {})
+    read = sorted(k for c in probe.counts for k in c if k.startswith("task:r") and k != "task:r0")
+    assert read == [], read
