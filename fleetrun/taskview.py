@@ -103,8 +103,8 @@ class TaskView:
         self._gen: dict[State, int] = {s: 0 for s in HELD}
         self._multi: dict[tuple[State, ...], tuple[tuple[int, ...], list[Task]]] = {}
         self._subscribers: list[set[str]] = []
-        self._listing: Optional[tuple[tuple[int, int, Optional[str]], list[Task]]] = None
-        self._changes = 0  # refreshes that found a change (what :meth:`tasks` keeps its list by)
+        self._listing: Optional[dict[str, Task]] = None  # every task, once :meth:`tasks` is asked
+        self._listing_changed: set[str] = set()
         #: reads of the held tasks' rows as a whole so far (a test counts them per pass)
         self.full_reads = 0
         self._version = self._data_version()
@@ -181,7 +181,6 @@ class TaskView:
         elif last is not None:
             self._mark = max(self._mark, last)
         if changed:
-            self._changes += 1
             self._reload(changed)
             for sub in self._subscribers:
                 sub.update(changed)
@@ -338,12 +337,24 @@ class TaskView:
         return sorted((t for t in (self._tasks.get(i) for i in ids) if t is not None), key=lambda t: keys[t.id])
 
     def tasks(self, queue_id: Optional[str] = None) -> list[Task]:
-        """Every task (of ``queue_id`` only, when given), in queue order: a listing read
-        from the ledger (no spec read), kept until a refresh finds a change."""
-        key = (self._changes, self._version, queue_id)
-        if self._listing is None or self._listing[0] != key:
-            self._listing = (key, self.led.tasks(queue_id=queue_id, listed=True))
-        return self._listing[1]
+        """Every task (of ``queue_id`` only, when given), in queue order, as a listing
+        (no spec read): what the live view shows. The first call reads every row and
+        keeps them (only a view that shows every task holds every task); later ones
+        read again the rows that changed since."""
+        if self._listing is None:
+            self._listing_changed = self.subscribe()
+            self._listing_changed.clear()
+            self._listing = {t.id: t for t in self.led.tasks(listed=True)}
+        elif self._listing_changed:
+            ids = sorted(self._listing_changed)
+            self._listing_changed.clear()
+            got = {t.id: t for t in self.led.listed_by_id(ids)}
+            for i in ids:
+                if i in got:
+                    self._listing[i] = got[i]  # a new task (a queue added since) comes last, as queued
+                else:
+                    self._listing.pop(i, None)
+        return [t for t in self._listing.values() if queue_id is None or t.queue_id == queue_id]
 
 
 def tasks_in(config: Any, states: Iterable[State]) -> list[Task]:

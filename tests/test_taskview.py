@@ -159,6 +159,11 @@ def test_the_view_sees_its_own_connection_s_writes_whatever_the_sql(fleeter: Fle
     led.transition(ids[0], State.READY, State.CANCELLED, "operator_cancel")
     assert view.refresh() == {ids[0], ids[1]}
     assert view.get(ids[1]).cost_usd == 1.5  # type: ignore[union-attr]
+    # the listing of every task (the live view's) is read again where it changed
+    assert [(t.name, t.state, t.cost_usd) for t in view.tasks()][:2] == [
+        ("r0", State.CANCELLED, 0.0),
+        ("r1", State.READY, 1.5),
+    ]
     assert [t.name for t in view.in_states({State.READY, State.CANCELLED})] == ["r0", "r1"]
     assert view.get(ids[0]) is None and view.get(ids[2]) is None  # CANCELLED, PENDING: not held
     assert view.count({State.PENDING, State.CANCELLED, State.READY}) == 4
