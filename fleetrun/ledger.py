@@ -309,11 +309,16 @@ class Ledger(LedgerFile):
     def _spec_reader(self, task_id: str) -> Callable[[], str]:
         return lambda: str(self.conn.execute("SELECT spec FROM tasks WHERE id=?", (task_id,)).fetchone()[0])
 
-    def count_tasks(self, states: Optional[set[State]] = None, queue_id: Optional[str] = None) -> int:
-        """How many tasks (in ``states``, of ``queue_id``) the ledger holds."""
+    def count_tasks(
+        self, states: Optional[set[State]] = None, queue_id: Optional[str] = None, at_most: Optional[int] = None
+    ) -> int:
+        """How many tasks (in ``states``, of ``queue_id``) the ledger holds; counted up to
+        ``at_most`` only, when given (``at_most=1``: is there one?)."""
         where, args = _task_filter(states, queue_id, False)
-        sql = "SELECT count(*) FROM tasks" + (" WHERE " + " AND ".join(where) if where else "")
-        return int(self.conn.execute(sql, args).fetchone()[0])
+        sql = "SELECT id FROM tasks" + (" WHERE " + " AND ".join(where) if where else "")
+        if at_most is not None:
+            sql += f" LIMIT {int(at_most)}"
+        return int(self.conn.execute(f"SELECT count(*) FROM ({sql})", args).fetchone()[0])
 
     def run_tasks(self, queue_id: Optional[str], moved_after: Optional[int] = None) -> list[tuple[str, str, float]]:
         """(id, state, cost_usd) of a run's tasks, in queue order: those of ``queue_id``;

@@ -381,9 +381,10 @@ class Loop:
         tasks = self.view.in_states(states)
         return tasks if self.queue_id is None else [t for t in tasks if t.queue_id == self.queue_id]
 
-    def scope_count(self, states: Iterable[State]) -> int:
-        """How many tasks in scope are in ``states`` (the ledger counts them)."""
-        return self.led.count_tasks(set(states), queue_id=self.queue_id)
+    def scope_count(self, states: Iterable[State], at_most: Optional[int] = None) -> int:
+        """How many tasks in scope are in ``states`` (the ledger counts them, up to
+        ``at_most`` when given)."""
+        return self.led.count_tasks(set(states), queue_id=self.queue_id, at_most=at_most)
 
     def promote(self) -> None:
         """:func:`ops.promote` for the PENDING tasks that a change frees: those that

@@ -272,7 +272,7 @@ class Waits:
         if loop.queue_id is None and not loop.until_idle:
             return False  # `fleetrun work`: serve until stopped
         live_states = {s for s in State if not s.terminal}
-        if not loop.scope_count(live_states):  # the ledger counts them: PENDING ones are not in memory
+        if not loop.scope_count(live_states, at_most=1):  # asked of the ledger: PENDING ones are not in memory
             return True
         if loop.placed_last_pass:
             return False
