@@ -85,6 +85,23 @@ class Launching:
     handle: StartHandle
 
 
+#: A candidate's measurements: they move on every pass (see :meth:`Starting.signature`).
+_MEASURED = frozenset({"free_mem_mb", "load_per_core", "free_disk_mb", "mem_per_task_mb"})
+
+
+def floors_met(c: Candidate) -> tuple[Optional[bool], Optional[bool], Optional[bool]]:
+    """Whether ``c`` passes each of its floors as :func:`fleetrun.placement.why_not` checks
+    them (free memory after a task, load per core, free disk): None for one not set."""
+    mem = load = disk = None
+    if c.min_free_mem_mb is not None:
+        mem = c.free_mem_mb is not None and c.free_mem_mb - c.mem_per_task_mb >= c.min_free_mem_mb
+    if c.max_load_per_core is not None:
+        load = c.load_per_core is not None and c.load_per_core <= c.max_load_per_core
+    if c.min_free_disk_mb is not None:
+        disk = c.free_disk_mb is not None and c.free_disk_mb >= c.min_free_disk_mb
+    return mem, load, disk
+
+
 class Starting:
     """Places and starts attempts for the loop. ``loop`` gives the ledger, the hooks, the
     waits, the setup stage and the way an attempt that cannot start ends
@@ -140,15 +157,25 @@ class Starting:
 
         A candidate that can take nothing (unreachable, stale, draining, its slots full)
         counts by those facts only: its free memory moves on every pass, and no task
-        could be placed there whatever it is. Backoffs and ``Wait.until`` come back by
-        their wake-up (:meth:`~fleetrun.waiting.Waits.due`), reminders too.
+        could be placed there whatever it is. One that has room counts by all it says
+        but its measurements (free memory, load, free disk, the memory a task takes),
+        which count by whether each passes its floor: a wait is decided by the filter's
+        reasons, and the only ones a measurement changes are the floors (a plugin's
+        filter is asked only of a candidate that passed them, and what it says is a
+        wait only a person clears, :func:`fleetrun.placement.decide`; a score ranks
+        places, it makes no wait). So tasks that wait for a tag or a tool no machine
+        has, while one has room, are not asked again on every pass because its free
+        memory moved. Backoffs and ``Wait.until`` come back by their wake-up
+        (:meth:`~fleetrun.waiting.Waits.due`), reminders too.
         """
         sig: list[Any] = [policy]
         for c in candidates:
             if c.why_not or c.status != "live" or not c.fresh or c.drain or c.running >= c.max_tasks:
                 sig.append((c.name, c.kind, c.why_not, c.status, c.fresh, c.drain, c.running, c.max_tasks))
             else:
-                sig.append(dict(vars(c)))
+                facts = {k: v for k, v in vars(c).items() if k not in _MEASURED}
+                facts["floors"] = floors_met(c)
+                sig.append(facts)
         return sig
 
     def _decide_on(self, task_id: str, on: tuple[int, int]) -> None:

@@ -219,6 +219,29 @@ def test_a_freed_slot_goes_to_the_next_task_that_can_take_it_past_those_that_can
     assert waits.get(by_name["t1"]) == "this machine lacks `no-such-tag`", waits
 
 
+def test_tasks_waiting_for_a_tag_on_a_machine_with_room_are_not_asked_again_each_pass(
+    fleeter: Fleeter, counted: PassProbe
+) -> None:
+    """READY tasks that require a tag no machine has, this machine having free slots:
+    each is asked once, not again on every pass because its free memory or load moved
+    (their wait was kept only while the candidates stood still, which a measured one
+    never does); the reason ``status`` shows stays."""
+    repo = fleeter.make_repo()
+    specs = [
+        TaskSpec(name=f"t{i}", prompt="p", cwd=str(repo), git_ref="main", requires=["no-such-tag"]) for i in range(25)
+    ]
+    ids = [t.id for t in fleeter.ledger().add_tasks(specs, source="tasks.toml", source_hash="h")]
+    seen: dict[str, Any] = {}
+
+    def look(config: Any) -> None:
+        seen["waits"] = json.loads(config.stash[LEDGER_KEY].get_meta("waits") or "{}")
+
+    probe = run(fleeter, counted, 7, {6: look})
+    assert probe.counts[0]["place"] == 25, probe.counts[0]
+    assert [c.get("place", 0) for c in probe.counts[1:]] == [0] * 6, probe.counts
+    assert {seen["waits"].get(i) for i in ids} == {"this machine lacks `no-such-tag`"}
+
+
 def test_the_loop_parses_the_spec_of_no_task_it_does_not_use(
     fleeter: Fleeter, counted: PassProbe, monkeypatch: pytest.MonkeyPatch
 ) -> None:
