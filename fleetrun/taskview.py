@@ -109,6 +109,7 @@ class TaskView:
         self.full_reads = 0
         self._version = self._data_version()
         self._mark = led.last_transition_id()  # the transitions looked at so far
+        self._behind = False  # this connection logged transitions after the mark
         self._read_held()
         self._touched.clear()
 
@@ -173,13 +174,16 @@ class TaskView:
         # the transitions up to it are this connection's own (the trigger saw them). Only
         # a committed end counts: the ids of rows rolled back are given out again.
         committed = not self.led.conn.in_transaction
-        last = self.led.last_transition_id() if committed else None
+        self._behind = self._behind or bool(changed)  # this connection wrote: its log grew
+        last = self.led.last_transition_id() if committed and self._behind else None
         version = self._data_version()
         if version != self._version:  # another connection committed: find its rows
             self._version = version
             changed.update(self._changed_elsewhere(committed))
+            self._behind = self._behind and not committed
         elif last is not None:
             self._mark = max(self._mark, last)
+            self._behind = False
         if changed:
             self._reload(changed)
             for sub in self._subscribers:
