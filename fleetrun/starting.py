@@ -282,6 +282,7 @@ class Starting:
         decided = self._decided
         qid = loop.queue_id
         asked: set[str] = set()
+        pure = self.pure_placement()
         # forced: the placeable tasks of ``force`` (it holds others: a task that ended, a pause)
         left_forced = sum(
             1 for i in force if (t := view.get(i)) is not None and t.state in PLACEABLE and qid in (None, t.queue_id)
@@ -330,6 +331,8 @@ class Starting:
                     waits.wait(task, Wait(action.reason, until=action.until, operator=action.operator), at)
                     self._undecided.discard(task.id)
                     self._decide_on(task.id, on)
+                    if pure:  # asked again only when what it waits on moves: its spec is read again then
+                        view.unload(task.id)
                     continue
                 assert isinstance(action, StartAttempt)
                 decision = Placement(action.host)

@@ -335,6 +335,13 @@ class TaskView:
         self._multi[wanted] = (gens, out)
         return out
 
+    def unload(self, task_id: str) -> None:
+        """Forget the parsed spec of a held task until it is used again (placement calls
+        it for a task told to wait: 30,000 READY tasks held their 30,000 specs)."""
+        t = self._tasks.get(task_id)
+        if isinstance(t, ListedTask):
+            t.unload_spec()
+
     def ordered(self, ids: Iterable[str]) -> list[Task]:
         """The tasks of ``ids`` the view holds, in queue order."""
         keys = self._keys
