@@ -438,24 +438,30 @@ class Loop:
             if shared
             else self.hook.fleetrun_transition
         )
-        for row in rows:
-            key = (row.task_id, row.to_state, row.cause)
-            if self.own[key] > 0:
-                self.own[key] -= 1
-                if not self.own[key]:
-                    del self.own[key]
-                continue
-            task = self.led.get(row.task_id)
-            if task is None or not self.in_scope(task):
-                continue
-            hook(
-                task=task,
-                from_state=row.from_state or "",
-                to_state=row.to_state,
-                cause=row.cause,
-                attempt=row.attempt,
-                config=self.config,
-            )
+        for k in range(0, len(rows), 500):  # a `queue` of 100,000 from another shell: a batch at a time
+            theirs = []
+            for row in rows[k : k + 500]:
+                key = (row.task_id, row.to_state, row.cause)
+                if self.own[key] > 0:
+                    self.own[key] -= 1
+                    if not self.own[key]:
+                        del self.own[key]
+                    continue
+                theirs.append(row)
+            # their tasks as listed (the spec read only if a hook uses it), one query a batch
+            tasks = {t.id: t for t in self.led.listed_by_id(sorted({r.task_id for r in theirs}))} if theirs else {}
+            for row in theirs:
+                task = tasks.get(row.task_id)
+                if task is None or not self.in_scope(task):
+                    continue
+                hook(
+                    task=task,
+                    from_state=row.from_state or "",
+                    to_state=row.to_state,
+                    cause=row.cause,
+                    attempt=row.attempt,
+                    config=self.config,
+                )
 
     def _open_socket(self) -> None:
         path = sock_path(self.config.home)
