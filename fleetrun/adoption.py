@@ -125,7 +125,7 @@ class Adoption:
                     loop.verify.wait(task, v, wait)  # a verifier that could not judge: its backoff goes on
                     continue
                 loop.verify.begin(task.id, v)
-        for task in led.tasks({State.DONE}):
+        for task in led.with_worktree(State.DONE):  # not every DONE task of the ledger's history
             with loop.isolated(task.id):
                 # DONE, but the crash came before its workspace was cleaned up: a local
                 # one is looked at here; another host's is its plugin's to look at

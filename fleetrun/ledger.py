@@ -19,7 +19,7 @@ import json
 import os
 import sqlite3
 import time
-from collections.abc import Iterator
+from collections.abc import Iterable, Iterator
 from typing import TYPE_CHECKING, Any, Callable, Optional
 
 from .exceptions import StateConflict
@@ -296,6 +296,112 @@ class Ledger(LedgerFile):
 
     def _spec_reader(self, task_id: str) -> Callable[[], str]:
         return lambda: str(self.conn.execute("SELECT spec FROM tasks WHERE id=?", (task_id,)).fetchone()[0])
+
+    def count_tasks(
+        self, states: Optional[set[State]] = None, queue_id: Optional[str] = None, at_most: Optional[int] = None
+    ) -> int:
+        """How many tasks (in ``states``, of ``queue_id``) the ledger holds; counted up to
+        ``at_most`` only, when given (``at_most=1``: is there one?)."""
+        where, args = _task_filter(states, queue_id, False)
+        sql = "SELECT id FROM tasks" + (" WHERE " + " AND ".join(where) if where else "")
+        if at_most is not None:
+            sql += f" LIMIT {int(at_most)}"
+        return int(self.conn.execute(f"SELECT count(*) FROM ({sql})", args).fetchone()[0])
+
+    def run_tasks(self, queue_id: Optional[str], moved_after: Optional[int] = None) -> list[tuple[str, str, float]]:
+        """(id, state, cost_usd) of a run's tasks, in queue order: those of ``queue_id``;
+        else, with ``moved_after`` (a transition's id), those not terminal now and those
+        with a transition after it (every task that moved since: a run's own, another
+        shell's); else every task."""
+        sql = "SELECT id, state, cost_usd FROM tasks"
+        args: list[Any] = []
+        if queue_id:
+            sql += " WHERE queue_id=?"
+            args.append(queue_id)
+        elif moved_after is not None:
+            sql += (
+                " WHERE state NOT IN ('DONE','NEEDS_HUMAN','CANCELLED')"
+                " OR id IN (SELECT task_id FROM transitions WHERE id > ?)"
+            )
+            args.append(moved_after)
+        return [(r[0], r[1], r[2]) for r in self._tuples(sql + " ORDER BY created, seq", args)]
+
+    def with_worktree(self, state: State) -> list[Task]:
+        """The tasks in ``state`` whose worktree is still recorded (not removed), in queue
+        order: a restart's adoption cleans up the DONE ones a crash left, without reading
+        every DONE task of the ledger's history."""
+        rows = self.conn.execute(
+            "SELECT * FROM tasks WHERE state=? AND worktree IS NOT NULL ORDER BY created, seq", (state.value,)
+        ).fetchall()
+        return [self._row_to_task(r) for r in rows]
+
+    def promotable(self, changed: Optional[Iterable[str]] = None) -> list[str]:
+        """The ids of the PENDING tasks :func:`fleetrun.ops.promote` moves now, in queue
+        order (read them with :meth:`listed_by_id`, a batch at a time): those
+        every dependency of which is DONE, and those with one that needs a human or was
+        cancelled. Found by query (the deps table, its index by dependency), so a loop
+        keeps no PENDING task in memory.
+
+        :param changed: only those among them that are in ``changed`` or depend on a
+            task in it that has ended (the tasks that changed since the loop last looked:
+            a dependency that ended frees its dependents; one that moved on but has not
+            ended frees none); None: all of them (a loop's first pass).
+        """
+        # a dependency not in the ledger holds nothing up, as promote() reads it
+        freed = (
+            "(NOT EXISTS (SELECT 1 FROM deps d JOIN tasks x ON x.id=d.dep_id"
+            " WHERE d.task_id=t.id AND x.state!='DONE') OR EXISTS (SELECT 1 FROM deps d JOIN tasks x"
+            " ON x.id=d.dep_id WHERE d.task_id=t.id AND x.state IN ('NEEDS_HUMAN','CANCELLED')))"
+        )
+        # by id, the state is checked on the row (+: not through its index, which SQLite
+        # would otherwise scan, every PENDING task, instead of looking the ids up)
+        free, by_id = f"t.state='PENDING' AND {freed}", f"+t.state='PENDING' AND {freed}"
+        found: list[tuple[float, int, str]] = []  # (created, seq, id): queue order
+        if changed is None:
+            # every PENDING task has a dependency (no task is deleted), and one that is freed
+            # has one that ended: look from the smaller side, the PENDING tasks or the
+            # ended ones' dependents (100,000 PENDING behind one task: no scan of them)
+            ended = self.count_tasks({State.DONE, State.NEEDS_HUMAN, State.CANCELLED})
+            if self.count_tasks({State.PENDING}) <= ended:
+                sql = f"SELECT t.created, t.seq, t.id FROM tasks t WHERE {free}"
+            else:
+                sql = (  # CROSS JOIN: SQLite joins in the order written (the ended ones first)
+                    "SELECT DISTINCT t.created, t.seq, t.id FROM tasks x CROSS JOIN deps e ON e.dep_id=x.id"
+                    " CROSS JOIN tasks t ON t.id=e.task_id"
+                    f" WHERE x.state IN ('DONE','NEEDS_HUMAN','CANCELLED') AND {free}"
+                )
+            found = self._tuples(sql, []).fetchall()
+        else:
+            ids = sorted(set(changed))
+            for k in range(0, len(ids), 400):  # SQLite's limit on bound parameters (twice each)
+                chunk = ids[k : k + 400]
+                marks = ",".join("?" * len(chunk))
+                found.extend(
+                    self._tuples(
+                        f"SELECT t.created, t.seq, t.id FROM tasks t WHERE t.id IN ({marks}) AND {by_id} UNION"
+                        f" SELECT t.created, t.seq, t.id FROM tasks x CROSS JOIN deps e ON e.dep_id=x.id"
+                        f" CROSS JOIN tasks t ON t.id=e.task_id WHERE x.id IN ({marks})"
+                        f" AND +x.state IN ('DONE','NEEDS_HUMAN','CANCELLED') AND {by_id}",
+                        chunk + chunk,
+                    ).fetchall()
+                )
+        return [r[2] for r in sorted(set(found))]  # a task two changed ones free, once
+
+    def listed_by_id(self, ids: list[str]) -> list[Task]:
+        r"""The tasks of ``ids`` as :class:`~fleetrun.records.ListedTask`\ s (the spec read
+        only if used), in the order of ``ids``; those not in the ledger left out."""
+        got: dict[str, Task] = {}
+        for k in range(0, len(ids), 500):
+            chunk = ids[k : k + 500]
+            marks = ",".join("?" * len(chunk))
+            deps: dict[str, list[str]] = {}
+            for tid, did in self.conn.execute(
+                f"SELECT task_id, dep_id FROM deps WHERE task_id IN ({marks}) ORDER BY task_id, dep_id", chunk
+            ):
+                deps.setdefault(tid, []).append(did)
+            for r in self._tuples(f"SELECT {LISTED_COLUMNS} FROM tasks WHERE id IN ({marks})", chunk):
+                got[r[0]] = ListedTask.listed(r, deps.get(r[0], []), self._spec_reader(r[0]))
+        return [got[i] for i in ids if i in got]
 
     def deps(self, task_id: str) -> list[str]:
         return [r[0] for r in self.conn.execute("SELECT dep_id FROM deps WHERE task_id=?", (task_id,))]

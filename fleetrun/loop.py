@@ -102,6 +102,7 @@ class Loop:
         # the tasks, kept in memory: a pass reads again only the rows that changed
         self.view = TaskView(ledger)
         self._promote_seen = self.view.subscribe()
+        self._promote_all = True  # the first pass looks at every PENDING task (by query)
         config.stash[TASKVIEW_KEY] = self.view
         # the one table of what the loop waits on, by task: workspaces being made, setup
         # commands, work being collected, verifiers and handoffs (each stage sees its kind)
@@ -112,14 +113,13 @@ class Loop:
         self.setup = SetupStage(self)  # tasks whose setup commands run before their agent
         self.ending = Ending(self)
         self.verify = VerifyStage(self)
-        # what this run reports and exits on when it has no queue of its own
-        # (`work`): the tasks not yet terminal at its start, and those it sees move
-        self.run_ids: Optional[set[str]] = (
-            {t.id for t in self.view.tasks() if not t.state.terminal} if queue_id is None else None
-        )
         # transitions logged so far; those after it that the loop did not make itself
         # (`own`) were made from another shell and are shown too
         self.seen_transition = ledger.last_transition_id()
+        # what this run reports and exits on when it has no queue of its own (`work`):
+        # the tasks not yet terminal at its start, and those that moved since: every
+        # move is a transition, so those not terminal now or with one after this mark
+        self.started_at: Optional[int] = self.seen_transition if queue_id is None else None
         self.own: Counter[tuple[str, str, str]] = Counter()
         self.stopping: Optional[str] = None
         self.exitfirst = bool(config.getoption("exitfirst"))
@@ -134,8 +134,6 @@ class Loop:
 
     def notify(self, task: Task, src: State, dst: State, cause: str, attempt: Optional[int]) -> None:
         self.own[(task.id, dst.value, cause)] += 1
-        if self.run_ids is not None:
-            self.run_ids.add(task.id)
         # the hooks hear of it once it is committed (the pass's batch: Ledger.after_commit)
         self.report(
             task.id,
@@ -375,40 +373,53 @@ class Loop:
     def in_scope(self, task: Task) -> bool:
         return self.queue_id is None or task.queue_id == self.queue_id
 
-    def scope_tasks(self) -> list[Task]:
-        self.view.refresh()
-        return self.view.tasks(queue_id=self.queue_id)
-
     def scope_in(self, states: Iterable[State]) -> list[Task]:
-        """The tasks in scope in ``states``, in queue order, from the view (refreshed)."""
+        """The tasks in scope in ``states``, in queue order, from the view (refreshed):
+        held states (:data:`~fleetrun.taskview.HELD`) only, the others are asked of the
+        ledger (:meth:`scope_count`)."""
         self.view.refresh()
         tasks = self.view.in_states(states)
         return tasks if self.queue_id is None else [t for t in tasks if t.queue_id == self.queue_id]
 
+    def scope_count(self, states: Iterable[State], at_most: Optional[int] = None) -> int:
+        """How many tasks in scope are in ``states`` (the ledger counts them, up to
+        ``at_most`` when given)."""
+        return self.led.count_tasks(set(states), queue_id=self.queue_id, at_most=at_most)
+
     def promote(self) -> None:
-        """:func:`ops.promote` for the PENDING tasks that changed or whose dependencies
-        did (the others' dependencies are as they were when last looked at)."""
+        """:func:`ops.promote` for the PENDING tasks that a change frees: those that
+        changed, and those depending on a task that did (a dependency that ended), found
+        by query; on the first pass, every PENDING task whose dependencies have ended."""
         view = self.view
         view.refresh()
         seen = self._promote_seen
-        if not seen:
+        if self._promote_all:
+            self._promote_all = False
+            seen.clear()
+            ids = self.led.promotable()
+        elif not seen:
             return
-        ids: set[str] = set()
-        for i in seen:
-            ids.add(i)
-            ids.update(view.dependents(i))
-        seen.clear()
-        pending = [t for t in view.ordered(ids) if t.state is State.PENDING]
-        if pending:
-            ops.promote(self.led, self.notify, pending, lookup=view.get)
+        else:
+            changed = set(seen)
+            seen.clear()
+            ids = self.led.promotable(changed)
+        ended: dict[str, Task] = {}  # the dependencies looked up that have ended (100,000 share one)
 
-    def run_tasks(self) -> list[Task]:
-        """What this run reports and exits on: its queue's tasks (``fleetrun FILE``), or
-        (``fleetrun work``) those not terminal at its start and those that moved since."""
-        tasks = self.scope_tasks()
-        if self.run_ids is None:
-            return tasks
-        return [t for t in tasks if t.id in self.run_ids or not t.state.terminal]
+        def lookup(task_id: str) -> Optional[Task]:
+            dep = ended.get(task_id) or self.led.get(task_id)
+            if dep is not None and dep.state.terminal:
+                ended[task_id] = dep
+            return dep
+
+        for k in range(0, len(ids), 500):  # a batch at a time: a dependency may free 100,000
+            ops.promote(self.led, self.notify, self.led.listed_by_id(ids[k : k + 500]), lookup=lookup)
+            self.led.bound()
+
+    def run_tasks(self) -> list[tuple[str, str, float]]:
+        """(id, state, cost) of what this run reports and exits on, in queue order: its
+        queue's tasks (``fleetrun FILE``), or (``fleetrun work``) those not terminal at
+        its start and those that moved since."""
+        return self.led.run_tasks(self.queue_id, self.started_at)
 
     def show_others(self) -> None:
         """Show the transitions of the tasks in scope that another process made (a
@@ -427,26 +438,30 @@ class Loop:
             if shared
             else self.hook.fleetrun_transition
         )
-        for row in rows:
-            key = (row.task_id, row.to_state, row.cause)
-            if self.own[key] > 0:
-                self.own[key] -= 1
-                if not self.own[key]:
-                    del self.own[key]
-                continue
-            task = self.led.get(row.task_id)
-            if task is None or not self.in_scope(task):
-                continue
-            if self.run_ids is not None:
-                self.run_ids.add(task.id)
-            hook(
-                task=task,
-                from_state=row.from_state or "",
-                to_state=row.to_state,
-                cause=row.cause,
-                attempt=row.attempt,
-                config=self.config,
-            )
+        for k in range(0, len(rows), 500):  # a `queue` of 100,000 from another shell: a batch at a time
+            theirs = []
+            for row in rows[k : k + 500]:
+                key = (row.task_id, row.to_state, row.cause)
+                if self.own[key] > 0:
+                    self.own[key] -= 1
+                    if not self.own[key]:
+                        del self.own[key]
+                    continue
+                theirs.append(row)
+            # their tasks as listed (the spec read only if a hook uses it), one query a batch
+            tasks = {t.id: t for t in self.led.listed_by_id(sorted({r.task_id for r in theirs}))} if theirs else {}
+            for row in theirs:
+                task = tasks.get(row.task_id)
+                if task is None or not self.in_scope(task):
+                    continue
+                hook(
+                    task=task,
+                    from_state=row.from_state or "",
+                    to_state=row.to_state,
+                    cause=row.cause,
+                    attempt=row.attempt,
+                    config=self.config,
+                )
 
     def _open_socket(self) -> None:
         path = sock_path(self.config.home)
@@ -583,23 +598,21 @@ class Loop:
         return self.led.attempts(states={"leased", "starting", "running"})
 
     def exit_code(self) -> int:
-        tasks = self.run_tasks()
-        older = len(self.scope_tasks()) - len(tasks)
+        tasks = self.run_tasks()  # rows, not tasks: a run of 100,000 builds no object of each
+        older = self.scope_count(set(State)) - len(tasks)
         self.session.older_tasks = older  # the summary says they are not counted
-        counts: dict[str, int] = {}
-        for t in tasks:
-            counts[t.state.value] = counts.get(t.state.value, 0) + 1
+        counts: Counter[str] = Counter(state for _, state, _ in tasks)
         self.session.counts = {s.value: counts[s.value] for s in STATE_ORDER if counts.get(s.value)}
-        self.session.task_ids = [t.id for t in tasks]  # the summary lists what of them needs a human
-        self.session.cost_usd = sum(t.cost_usd for t in tasks)
-        self.session.cost_unknown = bool(self.led.unknown_cost() & {t.id for t in tasks})
+        self.session.task_ids = [tid for tid, _, _ in tasks]  # the summary lists what of them needs a human
+        self.session.cost_usd = sum(cost for _, _, cost in tasks)
+        self.session.cost_unknown = not self.led.unknown_cost().isdisjoint(self.session.task_ids)
         if self.session.interrupted:
             if self.session.stopped_by_sigterm and self.queue_id is None and not self.until_idle:
                 # `fleetrun work` serves until stopped: a stop is its normal end, and a
                 # service manager counts anything but 0 (or death by the signal) as a failure
                 return ExitCode.OK
             return ExitCode.INTERRUPTED
-        if all(t.state is State.DONE for t in tasks):  # none at all: nothing failed either
+        if all(state == State.DONE.value for _, state, _ in tasks):  # none at all: nothing failed either
             return ExitCode.OK
         return ExitCode.TASKS_FAILED
 

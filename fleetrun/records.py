@@ -112,6 +112,12 @@ class ListedTask(Task):
         self.__dict__["spec"] = spec
         return spec
 
+    def unload_spec(self) -> None:
+        """Forget the parsed spec (it is read and parsed again if used): a task that waits
+        keeps its row's narrow columns only."""
+        if "_read_spec" in self.__dict__:
+            self.__dict__.pop("spec", None)
+
     def dependency_names(self) -> list[str]:
         if "_depends_on" not in self.__dict__:  # made by dataclasses.replace(): its spec is set
             return list(self.spec.depends_on)

@@ -85,6 +85,23 @@ class Launching:
     handle: StartHandle
 
 
+#: A candidate's measurements: they move on every pass (see :meth:`Starting.signature`).
+_MEASURED = frozenset({"free_mem_mb", "load_per_core", "free_disk_mb", "mem_per_task_mb"})
+
+
+def floors_met(c: Candidate) -> tuple[Optional[bool], Optional[bool], Optional[bool]]:
+    """Whether ``c`` passes each of its floors as :func:`fleetrun.placement.why_not` checks
+    them (free memory after a task, load per core, free disk): None for one not set."""
+    mem = load = disk = None
+    if c.min_free_mem_mb is not None:
+        mem = c.free_mem_mb is not None and c.free_mem_mb - c.mem_per_task_mb >= c.min_free_mem_mb
+    if c.max_load_per_core is not None:
+        load = c.load_per_core is not None and c.load_per_core <= c.max_load_per_core
+    if c.min_free_disk_mb is not None:
+        disk = c.free_disk_mb is not None and c.free_disk_mb >= c.min_free_disk_mb
+    return mem, load, disk
+
+
 class Starting:
     """Places and starts attempts for the loop. ``loop`` gives the ledger, the hooks, the
     waits, the setup stage and the way an attempt that cannot start ends
@@ -99,6 +116,9 @@ class Starting:
         # policy, generation of the tasks holding slots or 0 when that does not
         # matter to it); the generations' values
         self._decided: dict[str, tuple[int, int]] = {}
+        # the same by what they were decided on: which waits a change of the candidates or
+        # of the slots may have cleared is found without a look at every waiting task
+        self._by_key: dict[tuple[int, int], set[str]] = {}
         self._gens: list[tuple[int, Any]] = []
         self._last = (0, 0)  # the generations the last pass ended on
         self._final = (0, 0)  # the generations as this pass's placements left them
@@ -137,16 +157,50 @@ class Starting:
 
         A candidate that can take nothing (unreachable, stale, draining, its slots full)
         counts by those facts only: its free memory moves on every pass, and no task
-        could be placed there whatever it is. Backoffs and ``Wait.until`` come back by
-        their wake-up (:meth:`~fleetrun.waiting.Waits.due`), reminders too.
+        could be placed there whatever it is. One that has room counts by all it says
+        but its measurements (free memory, load, free disk, the memory a task takes),
+        which count by whether each passes its floor: a wait is decided by the filter's
+        reasons, and the only ones a measurement changes are the floors (a plugin's
+        filter is asked only of a candidate that passed them, and what it says is a
+        wait only a person clears, :func:`fleetrun.placement.decide`; a score ranks
+        places, it makes no wait). So tasks that wait for a tag or a tool no machine
+        has, while one has room, are not asked again on every pass because its free
+        memory moved. Backoffs and ``Wait.until`` come back by their wake-up
+        (:meth:`~fleetrun.waiting.Waits.due`), reminders too.
         """
         sig: list[Any] = [policy]
         for c in candidates:
             if c.why_not or c.status != "live" or not c.fresh or c.drain or c.running >= c.max_tasks:
                 sig.append((c.name, c.kind, c.why_not, c.status, c.fresh, c.drain, c.running, c.max_tasks))
             else:
-                sig.append(dict(vars(c)))
+                facts = {k: v for k, v in vars(c).items() if k not in _MEASURED}
+                facts["floors"] = floors_met(c)
+                sig.append(facts)
         return sig
+
+    def _decide_on(self, task_id: str, on: tuple[int, int]) -> None:
+        """Remember that ``task_id`` was told to wait on the generations ``on``."""
+        self._undecide(task_id)
+        self._decided[task_id] = on
+        self._by_key.setdefault(on, set()).add(task_id)
+
+    def _undecide(self, task_id: str) -> None:
+        on = self._decided.pop(task_id, None)
+        if on is not None:
+            ids = self._by_key[on]
+            ids.discard(task_id)
+            if not ids:
+                del self._by_key[on]
+
+    @staticmethod
+    def _holds(on: tuple[int, int], base: int, holding: int) -> bool:
+        """Whether a wait decided on ``on`` still holds on the generations (base, holding)."""
+        return on[0] == base and on[1] in (0, holding)
+
+    def _stale(self, base: int, holding: int) -> list[set[str]]:
+        """The tasks told to wait on generations other than (base, holding), by what they
+        were decided on: their waits may have cleared."""
+        return [ids for on, ids in self._by_key.items() if not self._holds(on, base, holding)]
 
     def place_all(self) -> None:
         try:
@@ -165,7 +219,7 @@ class Starting:
         due = waits.due(at)
         gone = {i for i in changed if (t := view.get(i)) is None or t.state not in PLACEABLE}
         for i in gone:
-            self._decided.pop(i, None)
+            self._undecide(i)
         waits.prune(at, gone)
         if not view.count(PLACEABLE):
             return
@@ -181,6 +235,7 @@ class Starting:
         decided = self._decided
         if not self.pure_placement():
             decided.clear()
+            self._by_key.clear()
         base = self.generation(self.signature(candidates, policy))
         holding = self.generation(("slots", [t.id for t in view.in_states(ACTIVE)]))
         # a task is asked again when it changed, its wake-up came, it was not told to
@@ -188,18 +243,22 @@ class Starting:
         # without git_ref, also waits for the tasks holding slots: checkout_in_use)
         force = changed | due | self._undecided
         self._undecided = set()
-        if (base, holding) != self._last or not decided:
-            tasks = view.in_states(PLACEABLE)  # each is looked at, most only to be passed over
+        if not decided:  # every one is asked (the first pass, or a placement that is not pure)
+            tasks, whole = view.in_states(PLACEABLE), True
+        elif self._stale(base, holding):
+            # in queue order, until none is left whose wait may have cleared: a freed slot
+            # asks the next task, and once it is placed the others' waits hold again
+            tasks, whole = view.in_states(PLACEABLE), False
         else:
-            tasks = view.ordered(force)
+            tasks, whole = view.ordered(force), False
         self._final = (base, holding)
         try:
-            self._place(tasks, force, candidates, policy, busy, base, holding, at)
+            self._place(tasks, force, candidates, policy, busy, base, holding, at, whole)
         finally:
             if self._final != (base, holding):  # a placement changed the candidates: those
                 # told to wait on them as they were are asked again on them as they are
-                fb, fh = self._final
-                self._undecided.update(i for i, (b, h) in decided.items() if b != fb or (h and h != fh))
+                for ids in self._stale(*self._final):
+                    self._undecided.update(ids)
             self._last = self._final
 
     def _place(
@@ -212,22 +271,39 @@ class Starting:
         base: int,
         holding: int,
         at: float,
+        whole: bool = True,
     ) -> None:
+        """Ask ``fleetrun_place`` about ``tasks`` in order, passing over those told to wait
+        on what has not moved; unless ``whole``, stop once none is left to ask (those in
+        ``force``, or told to wait on what has moved since)."""
         loop = self.loop
         waits = loop.waits
         view = loop.view
         decided = self._decided
         qid = loop.queue_id
+        asked: set[str] = set()
+        pure = self.pure_placement()
+        # forced: the placeable tasks of ``force`` (it holds others: a task that ended, a pause)
+        left_forced = sum(
+            1 for i in force if (t := view.get(i)) is not None and t.state in PLACEABLE and qid in (None, t.queue_id)
+        )
+        left_stale = -1 if whole else sum(len(ids) for ids in self._stale(base, holding))
         for k, task in enumerate(tasks):
+            if not whole and left_forced <= 0 and left_stale <= 0:
+                break  # the rest were told to wait on what holds now: they would be told so again
             if task.state not in PLACEABLE or (qid is not None and task.queue_id != qid):
                 continue
             seen = decided.get(task.id)
-            if seen is not None and task.id not in force and seen[0] == base and seen[1] in (0, holding):
+            forced = task.id in force
+            if seen is not None and not forced and self._holds(seen, base, holding):
                 continue  # told to wait on what has not moved: it would be told so again
+            left_forced -= forced
+            left_stale -= seen is not None and not self._holds(seen, base, holding)
+            asked.add(task.id)
             # only a task in the user's checkout (no git_ref, with a role or not) waits on
             # the others holding slots
             on = (base, 0 if task.spec.git_ref else holding)
-            decided.pop(task.id, None)
+            self._undecide(task.id)
             self._undecided.add(task.id)  # until it is told to wait
             with loop.isolated(task.id):
                 if loop.stopping:
@@ -254,7 +330,9 @@ class Starting:
                 if isinstance(action, WaitFor):
                     waits.wait(task, Wait(action.reason, until=action.until, operator=action.operator), at)
                     self._undecided.discard(task.id)
-                    decided[task.id] = on
+                    self._decide_on(task.id, on)
+                    if pure:  # asked again only when what it waits on moves: its spec is read again then
+                        view.unload(task.id)
                     continue
                 assert isinstance(action, StartAttempt)
                 decision = Placement(action.host)
@@ -271,6 +349,8 @@ class Starting:
                     base = self.generation(self.signature(candidates, policy))
                     holding = self.generation(("slots", [t.id for t in view.in_states(ACTIVE)]))
                     self._final = (base, holding)
+                    if not whole:  # what is left to ask, on the candidates as they are now
+                        left_stale = sum(len(ids) - len(ids & asked) for ids in self._stale(base, holding))
 
     # -- starting ----------------------------------------------------------------------
 

@@ -271,16 +271,18 @@ class Waits:
             return True
         if loop.queue_id is None and not loop.until_idle:
             return False  # `fleetrun work`: serve until stopped
-        live = loop.scope_in([s for s in State if not s.terminal])
-        if not live:
+        live_states = {s for s in State if not s.terminal}
+        if not loop.scope_count(live_states, at_most=1):  # asked of the ledger: PENDING ones are not in memory
             return True
         if loop.placed_last_pass:
             return False
         # a task that waits for what can change by itself (memory, load, disk, slots, a
         # stale peer, a backoff, a pause) or by a live policy edit keeps the run going
-        if any(t.state in PLACEABLE and t.id not in self.wait_operator for t in live):
+        if any(t.id not in self.wait_operator for t in loop.scope_in(PLACEABLE)):
             return False
         # only waits a person must clear (or dependents of those): end, and say why
+        # (read once, as the run ends)
+        live = loop.led.tasks(live_states, queue_id=loop.queue_id, listed=True)
         by_id = {t.id: t for t in live}
         for t in live:
             if t.id in self.wait_operator:

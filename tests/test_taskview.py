@@ -4,6 +4,7 @@ writes to the ledger is seen on the next pass (and only that task is placed agai
 
 from __future__ import annotations
 
+import json
 from collections import Counter
 from pathlib import Path
 from typing import Any, Callable
@@ -72,10 +73,12 @@ def counted(monkeypatch: pytest.MonkeyPatch) -> PassProbe:
 
     def from_row(row: Any, spec: Any, deps: Any) -> Any:
         probe.now["rows"] += 1
+        probe.now["task:" + row["name"]] += 1
         return real_row(row, spec, deps)
 
     def listed(row: Any, deps: Any, read_spec: Any) -> Any:  # how the view reads a row
         probe.now["rows"] += 1
+        probe.now["row:" + str(row[1])[:1]] += 1  # r... (READY) or p... (PENDING)
         return real_listed(row, deps, read_spec)
 
     def place(task: Any, *a: Any, **kw: Any) -> Any:
@@ -130,13 +133,14 @@ def test_another_process_s_writes_are_seen_and_only_they_are_placed_again(fleete
 
     def look(config: Any) -> None:
         view: TaskView = config.stash[TASKVIEW_KEY]
-        seen["r3"] = view.get(ids[3]).state  # type: ignore[union-attr]
+        seen["r3"] = view.get(ids[3])  # CANCELLED: no longer held
+        seen["cancelled"] = view.count({State.CANCELLED})
         seen["r4"] = view.get(ids[4]).worktree  # type: ignore[union-attr]
-        seen["late"] = [t.state for t in view.tasks() if t.name == "late"]
+        seen["late"] = [t.state for t in view.in_states({State.READY}) if t.name == "late"]
         seen["reads"] = view.full_reads
 
     probe = run(fleeter, counted, 7, {3: from_another_shell, 5: look})
-    assert seen == {"r3": State.CANCELLED, "r4": "/gone", "late": [State.READY], "reads": 1}
+    assert seen == {"r3": None, "cancelled": 1, "r4": "/gone", "late": [State.READY], "reads": 1}
     after = probe.counts[3]  # the pass that saw the other shell's writes
     assert after["place"] == 2 and after["placed:late"] == 1 and after["placed:r4"] == 1, after
     assert after.get("tasks()", 0) == 0, after  # r3, r4 and late read again, by id
@@ -155,8 +159,14 @@ def test_the_view_sees_its_own_connection_s_writes_whatever_the_sql(fleeter: Fle
     led.transition(ids[0], State.READY, State.CANCELLED, "operator_cancel")
     assert view.refresh() == {ids[0], ids[1]}
     assert view.get(ids[1]).cost_usd == 1.5  # type: ignore[union-attr]
+    # the listing of every task (the live view's) is read again where it changed
+    assert [(t.name, t.state, t.cost_usd) for t in view.tasks()][:2] == [
+        ("r0", State.CANCELLED, 0.0),
+        ("r1", State.READY, 1.5),
+    ]
     assert [t.name for t in view.in_states({State.READY, State.CANCELLED})] == ["r0", "r1"]
-    assert view.dependents(ids[0]) == ids[2:]
+    assert view.get(ids[0]) is None and view.get(ids[2]) is None  # CANCELLED, PENDING: not held
+    assert view.count({State.PENDING, State.CANCELLED, State.READY}) == 4
     assert view.full_reads == 1
 
 
@@ -181,6 +191,55 @@ def test_a_freed_slot_asks_the_next_task_not_the_whole_queue(
     # each task: once in the first pass, once when its turn comes (placed), and once
     # more for those before it when a placement moved the candidates in a pass
     assert passes > 12 and asked["place"] <= 3 * 6, (passes, asked)
+
+
+def test_a_freed_slot_goes_to_the_next_task_that_can_take_it_past_those_that_cannot(
+    fleeter: Fleeter, fake_claude: Any, counted: PassProbe
+) -> None:
+    """One slot; the first tasks in the queue can never be placed (a tag no machine has),
+    those after them can: each freed slot is offered in queue order until a task takes
+    it (the pass stops asking once the slot is taken), and every one of them runs. The
+    waits of the two that cannot are kept (``status`` shows why they wait)."""
+    fleeter.make_repo()
+    fleeter.write_policy("[local]\nmax_tasks = 1\n")
+    never = 'requires = ["no-such-tag"]\n'
+    fleeter.write_tasks(
+        "\n".join(
+            f'[[task]]\nname = "t{i}"\ncwd = "repo"\nprompt = "p"\ngit_ref = "main"\n' + (never if i < 2 else "")
+            for i in range(6)
+        )
+    )
+    fake_claude.script(default=[{"actions": [["write", "out.txt", "x"], ["commit", "add out"]]}])
+    counted.passes = 1_000_000
+    r = fleeter.run("tasks.toml", "--max-tasks", "1", plugins=[counted])
+    r.assert_outcomes(done=4, ready=2)
+    assert "cannot place: t0: this machine lacks `no-such-tag`" in r.stdout + r.stderr, r.stdout
+    waits = json.loads(fleeter.ledger().get_meta("waits") or "{}")
+    by_name = {t.name: t.id for t in fleeter.ledger().tasks()}
+    assert waits.get(by_name["t1"]) == "this machine lacks `no-such-tag`", waits
+
+
+def test_tasks_waiting_for_a_tag_on_a_machine_with_room_are_not_asked_again_each_pass(
+    fleeter: Fleeter, counted: PassProbe
+) -> None:
+    """READY tasks that require a tag no machine has, this machine having free slots:
+    each is asked once, not again on every pass because its free memory or load moved
+    (their wait was kept only while the candidates stood still, which a measured one
+    never does); the reason ``status`` shows stays."""
+    repo = fleeter.make_repo()
+    specs = [
+        TaskSpec(name=f"t{i}", prompt="p", cwd=str(repo), git_ref="main", requires=["no-such-tag"]) for i in range(25)
+    ]
+    ids = [t.id for t in fleeter.ledger().add_tasks(specs, source="tasks.toml", source_hash="h")]
+    seen: dict[str, Any] = {}
+
+    def look(config: Any) -> None:
+        seen["waits"] = json.loads(config.stash[LEDGER_KEY].get_meta("waits") or "{}")
+
+    probe = run(fleeter, counted, 7, {6: look})
+    assert probe.counts[0]["place"] == 25, probe.counts[0]
+    assert [c.get("place", 0) for c in probe.counts[1:]] == [0] * 6, probe.counts
+    assert {seen["waits"].get(i) for i in ids} == {"this machine lacks `no-such-tag`"}
 
 
 def test_the_loop_parses_the_spec_of_no_task_it_does_not_use(
@@ -225,7 +284,126 @@ def test_a_view_task_copied_with_replace_keeps_its_spec_and_dependencies(fleeter
     import dataclasses
 
     ids = queue(fleeter, 2)
+    fleeter.ledger().transition(ids[2], State.PENDING, State.READY, "dependencies_done")  # held from here
     view = TaskView(fleeter.ledger())
     copy = dataclasses.replace(view.get(ids[2]), worktree="/w")  # type: ignore[type-var]
     assert copy.worktree == "/w" and copy.spec.name == "p0"
     assert copy.dependency_names() == ["r0"] and copy.to_json()["depends_on"] == ["r0"]
+
+
+def _end(led: Ledger, task_id: str, to: State = State.DONE) -> None:
+    """Move a READY task to ``to`` the way the loop's stages do, one transition at a time."""
+    path = {
+        State.DONE: [State.ASSIGNED, State.RUNNING, State.VERIFYING, State.DONE],
+        State.NEEDS_HUMAN: [State.NEEDS_HUMAN],
+    }[to]
+    now = State.READY
+    for nxt in path:
+        led.transition(task_id, now, nxt, "placed" if nxt is State.ASSIGNED else "verified")
+        now = nxt
+
+
+def test_the_view_holds_what_can_move_not_the_tasks_that_wait_for_a_dependency(
+    fleeter: Fleeter, counted: PassProbe
+) -> None:
+    """``fleetrun work`` over READY tasks and PENDING ones behind a task that cannot start
+    builds no object of a PENDING task, not even in its first pass (100,000 of them were
+    most of an idle supervisor's memory and its first pass's time); it counts them."""
+    ids = queue(fleeter, 40)
+    seen: dict[str, Any] = {}
+
+    def look(config: Any) -> None:
+        view: TaskView = config.stash[TASKVIEW_KEY]
+        seen["held"] = sorted({t.state for t in view.in_states(set(State) - {State.PENDING})})
+        seen["p0"] = view.get(ids[40])
+        seen["pending"] = view.count({State.PENDING})
+
+    probe = run(fleeter, counted, 4, {2: look})
+    assert seen == {"held": [State.READY], "p0": None, "pending": 40}
+    for counts in probe.counts:
+        assert counts.get("row:p", 0) == 0, probe.counts
+    assert probe.counts[0]["row:r"] == 40  # the READY ones, read once
+
+
+@pytest.mark.parametrize("where", ["this loop", "another shell"])
+def test_hundreds_of_pending_tasks_are_promoted_when_their_dependency_is_done(
+    fleeter: Fleeter, counted: PassProbe, where: str
+) -> None:
+    """300 PENDING tasks behind r0 become READY in the pass after r0 is DONE, whether
+    the loop's own connection recorded its end or another process did (found by query
+    of the dependency's dependents: the loop holds none of them)."""
+    ids = queue(fleeter, 300)
+    home = fleeter.home
+    seen: dict[str, Any] = {}
+
+    def done(config: Any) -> None:
+        if where == "this loop":
+            _end(config.stash[LEDGER_KEY], ids[0])
+        else:
+            with Ledger(home / "state.db") as other:
+                _end(other, ids[0])
+
+    def look(config: Any) -> None:
+        led: Ledger = config.stash[LEDGER_KEY]
+        seen["states"] = Counter(t.state for t in led.tasks() if t.name.startswith("p"))
+        seen["held"] = config.stash[TASKVIEW_KEY].count({State.READY})
+
+    run(fleeter, counted, 5, {2: done, 4: look})
+    assert seen == {"states": {State.READY: 300}, "held": 299 + 300}
+
+
+def test_a_dependency_set_aside_by_another_shell_sends_its_pending_dependents_to_a_human(
+    fleeter: Fleeter, counted: PassProbe
+) -> None:
+    """r0 moved to NEEDS_HUMAN by another process, its PENDING dependents follow it
+    (``dependency_needs_human:r0``) on the loop's next pass."""
+    ids = queue(fleeter, 120)
+    home = fleeter.home
+    seen: dict[str, Any] = {}
+
+    def set_aside(config: Any) -> None:
+        with Ledger(home / "state.db") as other:
+            _end(other, ids[0], State.NEEDS_HUMAN)
+
+    def look(config: Any) -> None:
+        led: Ledger = config.stash[LEDGER_KEY]
+        seen["p"] = Counter((t.state, t.reason) for t in led.tasks() if t.name.startswith("p"))
+
+    run(fleeter, counted, 5, {2: set_aside, 4: look})
+    assert seen == {"p": {(State.NEEDS_HUMAN, "dependency_needs_human:r0"): 120}}
+
+
+def test_a_dag_with_fan_in_and_fan_out_completes(fleeter: Fleeter, fake_claude: Any) -> None:
+    """Each task starts once all it depends on is DONE (the loop finds them by query now)."""
+    fleeter.make_repo()
+    deps = {"a": [], "b": ["a"], "c": ["a"], "d": ["b", "c"], "e": ["d"], "f": ["a", "d"]}
+    fleeter.write_tasks(
+        "\n".join(
+            f'[[task]]\nname = "{n}"\ncwd = "repo"\nprompt = "p"\ngit_ref = "main"\ndepends_on = {d!r}\n'.replace(
+                "'", '"'
+            )
+            for n, d in deps.items()
+        )
+    )
+    fake_claude.script(default=[{"actions": [["write", "out.txt", "x"], ["commit", "add out"]]}])
+    r = fleeter.run("tasks.toml")
+    r.assert_outcomes(done=6)
+    led = fleeter.ledger()
+    started = {t.name: led.transitions(t.id) for t in led.tasks()}
+    for name, on in deps.items():
+        ready = next(x.time for x in started[name] if x.to_state == "ASSIGNED")
+        for d in on:
+            assert next(x.time for x in started[d] if x.to_state == "DONE") <= ready, (name, d)
+
+
+def test_a_restart_reads_no_done_task_whose_worktree_is_gone(fleeter: Fleeter, counted: PassProbe) -> None:
+    """Adoption cleans up the DONE tasks a crash left with their worktree; those whose
+    worktree was removed (every DONE task of a long history) are not read at all."""
+    ids = queue(fleeter, 12)
+    led = fleeter.ledger()
+    for i in range(1, 11):
+        _end(led, ids[i])
+    led.update_task(ids[11], worktree=str(fleeter.path / "gone-wt"))  # READY: not adoption's
+    probe = run(fleeter, counted, 3, {})
+    read = sorted(k for c in probe.counts for k in c if k.startswith("task:r") and k != "task:r0")
+    assert read == [], read

@@ -29,6 +29,13 @@ __version__ = "0.1.0"
 SLURM = fleetrun.StashKey[Slurm]()
 TABLE = "slurm"
 
+#: A declaration the loop reads (not a hook): :func:`fleetrun_place_filter` decides from
+#: the task, the candidate and ``[slurm]`` alone (and where the task's files live, which
+#: no pass changes), so the loop may keep a waiting task's decision until one of those
+#: changes (:meth:`fleetrun.starting.Starting.pure_placement`); without it, every waiting
+#: task was asked again on every pass wherever this plugin is installed, even unconfigured.
+PURE_PLACEMENT = True
+
 
 def _positive(v: Any) -> Optional[str]:
     return None if v > 0 else "must be greater than 0"
