@@ -322,6 +322,16 @@ def missing_host_reason(config: Config, name: Optional[str]) -> Optional[str]:
     return f"host {name!r} is not provided by any loaded plugin: {why}"
 
 
+def verifies_without_waiting(host: Any, kind: str) -> bool:
+    """Whether starting a verifier of ``kind`` on ``host`` sends a request and returns,
+    its reply waking the loop (a peer's ``run`` verifier through its worker): then the
+    loop need not commit its pass before the start (:meth:`fleetrun.loop.Loop.before_host_io`),
+    as it must before a request it waits for. Optional on a host
+    (``verifies_without_waiting(kind)``); one without it is asked and waited for."""
+    ask = getattr(host, "verifies_without_waiting", None)
+    return bool(ask(kind)) if callable(ask) else False
+
+
 def poll_statuses(host: Host, attempts: Sequence[AttemptRef]) -> dict[str, dict[str, Any]]:
     """Every one of ``attempts``' status from ``host`` in one call: its :meth:`Host.poll`,
     or, for a host written before ``poll`` (it has only ``status``), one ``status`` per

@@ -340,6 +340,11 @@ class SSHHost:
         made without the relay, as in a test)."""
         return self.relay.candidate(self.name, config) if self.relay is not None else None
 
+    def verifies_without_waiting(self, kind: str) -> bool:
+        """Whether a verifier of ``kind`` starts here without the loop waiting for the
+        peer (:func:`fleetrun.hostapi.verifies_without_waiting`)."""
+        return self.relay is not None and bool(self.relay.verifies_without_waiting(self, kind))
+
     def give_up(self, attempt_id: str) -> dict[str, Any]:
         """The peer's shepherd decides for itself (its ``host start`` refuses a second
         start): nothing to do here."""

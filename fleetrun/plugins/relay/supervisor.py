@@ -52,7 +52,7 @@ from .placed import describe
 from .protocol import parse_cleanup_reply, task_payload
 from .starts import PeerPrepare
 from .transport import PeerError, PeerUnreachable
-from .worker import Pending
+from .worker import TIMING_ENV, Pending, time_line
 from .workspace import WrongWorkspace, check_workspace, chosen_branch  # noqa: F401 - their home was here
 
 if TYPE_CHECKING:
@@ -109,6 +109,7 @@ class Relay:
         # where the work is in the morning: a DONE peer task's branch is brought home
         # (config.toml's [relay] fetch_back = false leaves it on the peer)
         self.fetch_done = config.setting("relay", "fetch_back", True) is not False
+        self.timing = os.environ.get(TIMING_ENV)  # bench/fleet.py --timing
 
     @property
     def in_session(self) -> bool:
@@ -313,14 +314,33 @@ class Relay:
         then starts it too, and the verify stage finds it started
         (:meth:`.host.SSHHost.take_prestarted`). None: the two go apart."""
         verify = task.spec.verify
-        if not verify or verify[0].kind != "run":
+        if not verify or verify[0].kind != "run" or not Relay.runs_its_verifiers(config):
             return None
+        return verify[0], step_index(task, verify[0])
+
+    @staticmethod
+    def runs_its_verifiers(config: Config) -> bool:
+        """Whether no plugin of a third party implements ``fleetrun_verify`` (one could
+        answer for a peer's ``run`` verifier before this relay does)."""
         for impl in config.hook.fleetrun_verify.get_hookimpls():
             plugin = impl.plugin
             where = plugin.__name__ if isinstance(plugin, types.ModuleType) else type(plugin).__module__
             if not str(where).startswith("fleetrun.plugins."):
-                return None
-        return verify[0], step_index(task, verify[0])
+                return False
+        return True
+
+    def verifies_without_waiting(self, host: SSHHost, kind: str) -> bool:
+        """:meth:`.host.SSHHost.verifies_without_waiting`: a ``run`` verifier this relay
+        starts on the peer through its live worker, inside a work loop, is sent and not
+        waited for (:class:`~.host.RemoteRunHandle`); any other may wait on the peer (a
+        ``brain`` verifier's fetch-back) or is a third party's."""
+        return (
+            kind == "run"
+            and self._in_session
+            and host.live_worker() is not None
+            and not runs_here(self.config, kind)
+            and self.runs_its_verifiers(self.config)
+        )
 
     # -- fetch-back ------------------------------------------------------------------
 
@@ -639,6 +659,9 @@ class Relay:
 
     @hookimpl
     def fleetrun_loop_pass(self, config: Config, duration_s: float) -> None:
+        if self.timing:  # bench/fleet.py --timing: how long each pass took, how many commits so far
+            led = config.stash.get(LEDGER_KEY)
+            time_line(self.timing, what="pass", dur=duration_s, commits=getattr(led, "commits", None))
         for host in self.hosts.values():
             host.stop_untaken(wait=False)
             host.flush_violations()  # what was counted since the last write (at most every few seconds)

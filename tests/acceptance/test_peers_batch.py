@@ -1,0 +1,122 @@
+"""The ends of many peers' attempts are handled together: one pass takes every end its
+polls return and sends their collect requests, and the pass that reads the collects'
+replies moves every one of those tasks to VERIFYING and starts their verifiers, each
+pass with one commit of the ledger (an fsync), not one a peer (issue 24: a peer's end to
+VERIFYING grew with the fleet, 0.7 s at 20 peers, one commit after another).
+
+Counted, not timed: the loop's own ledger commits in each pass (``Ledger.commits``). So
+that the ends and the replies come in one pass whatever the machine's speed, a plugin
+holds the loop at a pass's end (``fleetrun_loop_pass``, on the loop's thread) until
+every peer has pushed its attempt's end, then until every collect's reply is in.
+"""
+
+from __future__ import annotations
+
+import shlex
+import time
+from pathlib import Path
+from typing import Any, Callable
+
+from fleetrun.ledger import LEDGER_KEY
+
+pytest_plugins = ["sshd"]
+
+PEERS = 3
+#: a bound for a hung run, not a timing
+HANG_S = 120.0
+
+
+def wait_until(cond: Callable[[], bool], what: str) -> None:
+    deadline = time.monotonic() + HANG_S
+    while not cond():
+        assert time.monotonic() < deadline, f"waited {HANG_S:g}s for {what}"
+        time.sleep(0.02)
+
+
+class TogetherInOnePass:
+    """A plugin: once every task runs, lets their agents end (``gate``) and holds the
+    loop at that pass's end until every end is pushed; at the next pass's end (it took
+    the ends and sent their collects), until every collect's reply is in. Records each
+    pass's commits and moves."""
+
+    def __init__(self, gate: Path) -> None:
+        self.gate = gate
+        self.phase = "running"
+        self.moves: list[str] = []
+        self.passes: list[tuple[int, list[str]]] = []  # (commits, moves) of each pass
+        self.mark = 0
+        self.ends_pass = -1  # the index of the pass that took the ends
+
+    def fleetrun_transition(
+        self, task: Any, from_state: str, to_state: str, cause: str, attempt: Any, config: Any
+    ) -> None:
+        self.moves.append(to_state)
+
+    def fleetrun_loop_pass(self, config: Any, duration_s: float) -> None:
+        led = config.stash[LEDGER_KEY]
+        self.passes.append((led.commits - self.mark, self.moves))
+        self.mark, self.moves = led.commits, []
+        relay = config.pluginmanager.get_plugin("relay-peers")
+        if self.phase == "running" and len(led.attempts(states={"running"})) == PEERS:
+            self.gate.touch()  # every agent may end now
+
+            def pushed() -> bool:
+                running = {a.id for a in led.attempts(states={"running"})}
+                got: set[str] = set()
+                for host in relay.hosts.values():
+                    w = host.live_worker()
+                    got |= set(w.ended) if w is not None else set()
+                return running <= got
+
+            wait_until(pushed, "every peer's end pushed")
+            self.phase = "ended"
+        elif self.phase == "ended":  # this pass took the ends: their collects are sent
+            self.ends_pass = len(self.passes) - 1
+            assert len(relay.collects) == PEERS, f"the ends were not collected in one pass: {relay.collects}"
+            wait_until(lambda: all(c.sent.done() for c in relay.collects), "every collect's reply")
+            self.phase = "collected"
+
+
+def test_the_ends_of_several_peers_attempts_are_handled_in_one_pass_with_one_commit(
+    fleeter, fake_claude, peer_lab, tmp_path
+):
+    fleeter.make_repo()
+    names = [f"p{i}" for i in range(PEERS)]
+    for name in names:
+        peer_lab.machine(name).pair(fleeter)
+    gate = tmp_path / "agents-may-end"
+    fleeter.write_tasks(
+        "\n".join(
+            f"""
+        [[task]]
+        name = "t{name}"
+        cwd = "repo"
+        prompt = "Write out.txt."
+        git_ref = "main"
+        peer = "{name}"
+        allowed_tools = ["Bash"]
+
+          [[task.verify]]
+          run = "test -f out.txt"
+    """
+            for name in names
+        )
+    )
+    wait = ["bash", f"while [ ! -e {shlex.quote(str(gate))} ]; do sleep 0.05; done"]
+    fake_claude.script(
+        **{f"t{name}": [{"actions": [wait, ["write", "out.txt", "x"], ["commit", "out"]]}] for name in names}
+    )
+    seen = TogetherInOnePass(gate)
+    r = fleeter.run("tasks.toml", plugins=[seen])
+    assert r.ret == 0, r.stdout + r.stderr
+    assert {t.name: (t.state.value, t.host) for t in fleeter.ledger().tasks()} == {
+        f"t{name}": ("DONE", name) for name in names
+    }
+    assert seen.phase == "collected", f"the run went past what the test holds it for ({seen.phase})"
+    took_ends, took_replies = seen.passes[seen.ends_pass], seen.passes[seen.ends_pass + 1]
+    # the pass that took the ends wrote them (their attempts ended) and sent the collects;
+    # before, it committed before asking each peer: once a peer
+    assert took_ends == (1, []), f"the pass that took {PEERS} ends: (commits, moves) {took_ends}"
+    # the pass that read the replies moved every task on and started its verifier (sent
+    # with the collect, on the peer); before, it committed before each verifier's start
+    assert took_replies == (1, ["VERIFYING"] * PEERS), f"the pass that read the replies: {took_replies}"
