@@ -572,12 +572,13 @@ class Loop:
             Collecting: self.ending.poll_one,
             Verifying: self.verify.poll_one,
         }
-        for task_id, entry in self.pending.items():
-            view = self.pending.view(type(entry))
-            if view.get(task_id) is not entry:
-                continue
-            with self.isolated(task_id):
-                stages[type(entry)](task_id, entry)
+        with self.starting.together():  # the starts of the workspaces made here: one commit for them all
+            for task_id, entry in self.pending.items():
+                view = self.pending.view(type(entry))
+                if view.get(task_id) is not entry:
+                    continue
+                with self.isolated(task_id):
+                    stages[type(entry)](task_id, entry)
 
     def active_attempts(self) -> list[Attempt]:
         return self.led.attempts(states={"leased", "starting", "running"})

@@ -11,7 +11,8 @@ from __future__ import annotations
 import contextlib
 import sqlite3
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
 from dataclasses import asdict, dataclass, replace
 from functools import partial
 from typing import TYPE_CHECKING, Any, Optional
@@ -104,6 +105,37 @@ class Starting:
         self._final = (0, 0)  # the generations as this pass's placements left them
         self.preparing = loop.pending.view(Preparing)  # task id -> its workspace being made
         self.launching = loop.pending.view(Launching)  # task id -> its attempt's start under way
+        #: inside :meth:`together`: the starts whose ``starting`` is written, to be sent
+        #: once it is committed, all with one commit
+        self._to_start: Optional[list[tuple[str, Callable[[], bool]]]] = None
+
+    @contextmanager
+    def together(self) -> Iterator[None]:
+        """The attempts that reach their start inside this block (a pass's sweep of the
+        workspaces made, its placements) share one durable point: each records
+        ``starting``, and as the block ends the pass commits once and then starts each
+        (spawns its shepherd, or sends its peer's request), one task's failure contained.
+        A hundred peers' prepares answered in one pass cost one commit, not a hundred in
+        a row (issue 24). Left by an exception (Ctrl-C, a ledger that cannot be written),
+        nothing is started: the attempts are ``starting``, as a crash there leaves them,
+        and adoption settles them."""
+        if self._to_start is not None:  # nested: part of the open one
+            yield
+            return
+        self._to_start = []
+        try:
+            yield
+        except BaseException:
+            self._to_start = None
+            raise
+        queued, self._to_start = self._to_start, None
+        if not queued:
+            return
+        loop = self.loop
+        loop.led.durable()  # `starting` before the shepherds: a restart looks for each, never starts a second
+        for task_id, go in queued:
+            with loop.isolated(task_id):
+                go()
 
     # -- placement ---------------------------------------------------------------------
 
@@ -150,7 +182,8 @@ class Starting:
 
     def place_all(self) -> None:
         try:
-            self._place_all()
+            with self.together():
+                self._place_all()
         finally:
             self.loop.waits.save()  # what `fleetrun status` shows; written once a pass
 
@@ -502,7 +535,24 @@ class Starting:
             ending.not_started(task, att, f"start_failed:{err}")
             return False
         record(state="starting", session_id=spawn.session_id, info={**att.info, "argv": spawn.argv})
+        go = partial(self._send_start, task, att, host, spawn, prompt, record)
+        if self._to_start is not None:  # with the other starts of this stretch, after one commit
+            self._to_start.append((task.id, go))
+            return True
         led.durable()  # `starting` before the shepherd: a restart looks for it, never starts a second
+        return go()
+
+    def _send_start(
+        self,
+        task: Task,
+        att: Attempt,
+        host: Host,
+        spawn: SpawnSpec,
+        prompt: Optional[str],
+        record: Callable[..., None],
+    ) -> bool:
+        """Start the attempt, its ``starting`` durable: the shepherd, or a peer's request."""
+        loop = self.loop
         att = loop.get_attempt(att.id)
         try:
             info = loop.hook.fleetrun_start_attempt(

@@ -4,7 +4,7 @@ replies moves every one of those tasks to VERIFYING and starts their verifiers, 
 pass with one commit of the ledger (an fsync), not one a peer (issue 24: a peer's end to
 VERIFYING grew with the fleet, 0.7 s at 20 peers, one commit after another).
 
-Counted, not timed: the loop's own ledger commits in each pass (``Ledger.commits``). So
+Counted, not timed: the commits of the loop's ledger connection in each pass. So
 that the ends and the replies come in one pass whatever the machine's speed, a plugin
 holds the loop at a pass's end (``fleetrun_loop_pass``, on the loop's thread) until
 every peer has pushed its attempt's end, then until every collect's reply is in.
@@ -12,11 +12,14 @@ every peer has pushed its attempt's end, then until every collect's reply is in.
 
 from __future__ import annotations
 
+import os
 import shlex
+import shutil
 import time
 from pathlib import Path
 from typing import Any, Callable
 
+from fleetrun.hookimpl import hookimpl
 from fleetrun.ledger import LEDGER_KEY
 
 pytest_plugins = ["sshd"]
@@ -33,6 +36,34 @@ def wait_until(cond: Callable[[], bool], what: str) -> None:
         time.sleep(0.02)
 
 
+class TaskCommits:
+    """The commits of the loop's ledger connection that wrote a task's rows (an SQL trace
+    callback, as tests/test_commits.py counts them): one that writes only the ``meta``
+    table (the waits ``status`` shows, saved when they changed) is left out, as its
+    number depends on the machine's speed."""
+
+    def __init__(self) -> None:
+        self.n = 0
+        self.tasks = False
+        self.conn: Any = None
+
+    def attach(self, led: Any) -> int:
+        """Count ``led``'s commits from now on. :return: the count so far."""
+        if self.conn is not led.conn:
+            self.conn = led.conn
+            led.conn.set_trace_callback(self)
+        return self.n
+
+    def __call__(self, sql: str) -> None:
+        word = sql.split(None, 1)[0].upper() if sql.strip() else ""
+        if word == "BEGIN":
+            self.tasks = False
+        elif word in ("INSERT", "UPDATE", "DELETE") and " meta " not in f" {sql} ":
+            self.tasks = True
+        elif word == "COMMIT" and self.tasks:
+            self.n += 1
+
+
 class TogetherInOnePass:
     """A plugin: once every task runs, lets their agents end (``gate``) and holds the
     loop at that pass's end until every end is pushed; at the next pass's end (it took
@@ -41,6 +72,7 @@ class TogetherInOnePass:
 
     def __init__(self, gate: Path) -> None:
         self.gate = gate
+        self.commits = TaskCommits()
         self.phase = "running"
         self.moves: list[str] = []
         self.passes: list[tuple[int, list[str]]] = []  # (commits, moves) of each pass
@@ -54,8 +86,9 @@ class TogetherInOnePass:
 
     def fleetrun_loop_pass(self, config: Any, duration_s: float) -> None:
         led = config.stash[LEDGER_KEY]
-        self.passes.append((led.commits - self.mark, self.moves))
-        self.mark, self.moves = led.commits, []
+        n = self.commits.attach(led)
+        self.passes.append((n - self.mark, self.moves))
+        self.mark, self.moves = n, []
         relay = config.pluginmanager.get_plugin("relay-peers")
         if self.phase == "running" and len(led.attempts(states={"running"})) == PEERS:
             self.gate.touch()  # every agent may end now
@@ -120,3 +153,81 @@ def test_the_ends_of_several_peers_attempts_are_handled_in_one_pass_with_one_com
     # the pass that read the replies moved every task on and started its verifier (sent
     # with the collect, on the peer); before, it committed before each verifier's start
     assert took_replies == (1, ["VERIFYING"] * PEERS), f"the pass that read the replies: {took_replies}"
+
+
+class PreparesAnsweredTogether:
+    """A plugin: keeps the handle of each peer's prepare request (a hookwrapper of
+    ``fleetrun_prepare_workspace``); once every task's is sent, opens ``gate`` (the
+    peers' ``git worktree add`` waits for it) at a pass's end and holds the loop there
+    until every reply is in. Records each pass's commits."""
+
+    def __init__(self, gate: Path) -> None:
+        self.gate = gate
+        self.commits = TaskCommits()
+        self.handles: list[Any] = []
+        self.passes: list[int] = []
+        self.mark = 0
+        self.answered_before = -1  # the index of the pass after which every reply was in
+
+    @hookimpl(wrapper=True)
+    def fleetrun_prepare_workspace(self, task: Any, attempt: Any, host: Any, config: Any) -> Any:
+        got = yield
+        self.handles.append(got)
+        return got
+
+    def fleetrun_loop_pass(self, config: Any, duration_s: float) -> None:
+        led = config.stash[LEDGER_KEY]
+        n = self.commits.attach(led)
+        self.passes.append(n - self.mark)
+        self.mark = n
+        if self.answered_before < 0 and len(self.handles) == PEERS:
+            assert all(getattr(h, "sent", None) is not None for h in self.handles), self.handles
+            self.gate.touch()
+            wait_until(lambda: all(h.sent.done() for h in self.handles), "every prepare's reply")
+            self.answered_before = len(self.passes) - 1
+
+
+def test_the_starts_of_several_peers_attempts_whose_worktrees_are_made_share_one_commit(
+    fleeter, fake_claude, peer_lab, tmp_path
+):
+    """Each attempt's ``starting`` is durable before its start is sent (docs/durability.md);
+    the starts of the prepares answered in one pass share that commit: one, not one a peer."""
+    fleeter.make_repo()
+    names = [f"p{i}" for i in range(PEERS)]
+    bin_dir, gate = tmp_path / "peer-bin", tmp_path / "worktrees-may-be-made"
+    bin_dir.mkdir()
+    (bin_dir / "git").write_text(
+        "#!/bin/sh\n"
+        f'case " $* " in *" worktree add "*) while [ ! -e {shlex.quote(str(gate))} ]; do sleep 0.05; done;; esac\n'
+        f'exec {shlex.quote(shutil.which("git") or "/usr/bin/git")} "$@"\n'
+    )
+    (bin_dir / "git").chmod(0o755)
+    for name in names:
+        peer_lab.machine(name).pair(fleeter, PATH=f"{bin_dir}:{os.environ['PATH']}")
+    fleeter.write_tasks(
+        "\n".join(
+            f"""
+        [[task]]
+        name = "t{name}"
+        cwd = "repo"
+        prompt = "Write out.txt."
+        git_ref = "main"
+        peer = "{name}"
+
+          [[task.verify]]
+          run = "test -f out.txt"
+    """
+            for name in names
+        )
+    )
+    fake_claude.script(**{f"t{name}": [{"actions": [["write", "out.txt", "x"], ["commit", "out"]]}] for name in names})
+    seen = PreparesAnsweredTogether(gate)
+    r = fleeter.run("tasks.toml", plugins=[seen])
+    assert r.ret == 0, r.stdout + r.stderr
+    assert {t.name: (t.state.value, t.host) for t in fleeter.ledger().tasks()} == {
+        f"t{name}": ("DONE", name) for name in names
+    }
+    assert seen.answered_before >= 0, "the prepares were not all sent before one was answered"
+    # the pass after: every workspace recorded with its attempt's `starting`, one commit,
+    # then every start sent (their answers come in later passes); before, one commit a start
+    assert seen.passes[seen.answered_before + 1] == 1, seen.passes
