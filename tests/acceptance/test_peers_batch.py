@@ -156,16 +156,19 @@ def test_the_ends_of_several_peers_attempts_are_handled_in_one_pass_with_one_com
 
 
 class PreparesAnsweredTogether:
-    """A plugin: keeps the handle of each peer's prepare request (a hookwrapper of
-    ``fleetrun_prepare_workspace``); once every task's is sent, opens ``gate`` (the
-    peers' ``git worktree add`` waits for it) at a pass's end and holds the loop there
-    until every reply is in. Records each pass's commits."""
+    """A plugin: holds the loop at its first pass's end until every peer's first
+    heartbeat is in (the tasks are then placed in one pass); keeps the handle of each
+    peer's prepare request (a hookwrapper of ``fleetrun_prepare_workspace``); once every
+    task's is sent, opens ``gate`` (the peers' ``git worktree add`` waits for it) at a
+    pass's end and holds the loop there until every reply is in. Records each pass's
+    commits and moves."""
 
     def __init__(self, gate: Path) -> None:
         self.gate = gate
         self.commits = TaskCommits()
         self.handles: list[Any] = []
-        self.passes: list[int] = []
+        self.moves: list[str] = []
+        self.passes: list[tuple[int, list[str]]] = []  # (commits, moves) of each pass
         self.mark = 0
         self.answered_before = -1  # the index of the pass after which every reply was in
 
@@ -175,11 +178,19 @@ class PreparesAnsweredTogether:
         self.handles.append(got)
         return got
 
+    def fleetrun_transition(
+        self, task: Any, from_state: str, to_state: str, cause: str, attempt: Any, config: Any
+    ) -> None:
+        self.moves.append(to_state)
+
     def fleetrun_loop_pass(self, config: Any, duration_s: float) -> None:
         led = config.stash[LEDGER_KEY]
         n = self.commits.attach(led)
-        self.passes.append(n - self.mark)
-        self.mark = n
+        self.passes.append((n - self.mark, self.moves))
+        self.mark, self.moves = n, []
+        relay = config.pluginmanager.get_plugin("relay-peers")
+        # every peer heard from before the first placement: the tasks are placed in one pass
+        wait_until(lambda: not relay.first_probe_pending(), "every peer's first heartbeat")
         if self.answered_before < 0 and len(self.handles) == PEERS:
             assert all(getattr(h, "sent", None) is not None for h in self.handles), self.handles
             self.gate.touch()
@@ -187,11 +198,12 @@ class PreparesAnsweredTogether:
             self.answered_before = len(self.passes) - 1
 
 
-def test_the_starts_of_several_peers_attempts_whose_worktrees_are_made_share_one_commit(
+def test_the_leases_and_the_starts_of_several_peers_attempts_each_share_one_commit(
     fleeter, fake_claude, peer_lab, tmp_path
 ):
-    """Each attempt's ``starting`` is durable before its start is sent (docs/durability.md);
-    the starts of the prepares answered in one pass share that commit: one, not one a peer."""
+    """A lease is durable before its workspace is made, an attempt's ``starting`` before
+    its start is sent (docs/durability.md): the leases of one pass's placements share
+    one commit, and so do the starts of the prepares answered in one pass; not one a peer."""
     fleeter.make_repo()
     names = [f"p{i}" for i in range(PEERS)]
     bin_dir, gate = tmp_path / "peer-bin", tmp_path / "worktrees-may-be-made"
@@ -227,7 +239,12 @@ def test_the_starts_of_several_peers_attempts_whose_worktrees_are_made_share_one
     assert {t.name: (t.state.value, t.host) for t in fleeter.ledger().tasks()} == {
         f"t{name}": ("DONE", name) for name in names
     }
+    # the pass that placed them: every lease, one commit, then every prepare sent; before,
+    # one commit a lease
+    placed = [p for p in seen.passes if "ASSIGNED" in p[1]]
+    assert placed == [(1, ["ASSIGNED"] * PEERS)], f"the passes that placed the tasks: {placed}"
     assert seen.answered_before >= 0, "the prepares were not all sent before one was answered"
-    # the pass after: every workspace recorded with its attempt's `starting`, one commit,
-    # then every start sent (their answers come in later passes); before, one commit a start
-    assert seen.passes[seen.answered_before + 1] == 1, seen.passes
+    # the pass after every reply came: every workspace recorded with its attempt's
+    # `starting`, one commit, then every start sent (their answers come in later passes);
+    # before, one commit a start
+    assert seen.passes[seen.answered_before + 1] == (1, []), seen.passes
