@@ -25,7 +25,7 @@ from . import clock, crash
 from .decide import HandOff, HandoffMade, StartVerifier, VerdictGiven, VerifierWait
 from .exceptions import is_space_error, says_space_error
 from .gitutil import WorktreeTampered
-from .hostapi import get_host, verifies_without_waiting
+from .hostapi import get_host, hands_off_without_waiting, verifies_without_waiting
 from .ledger import Attempt, Task
 from .records import REVERIFY, VERIFY_ERROR, VERIFY_WAIT  # noqa: F401 - their users import them from here too
 from .reports import (
@@ -100,7 +100,11 @@ class VerifyStage:
             return
         task = found
         host = get_host(loop.config, v.attempt.host)
-        if v.idx >= len(task.spec.verify) or not verifies_without_waiting(host, task.spec.verify[v.idx].kind):
+        if not (
+            verifies_without_waiting(host, task.spec.verify[v.idx].kind)
+            if v.idx < len(task.spec.verify)
+            else hands_off_without_waiting(host)
+        ):
             # a peer's verifier is asked to start over SSH; one sent and not waited for
             # (its reply wakes the loop) is not: the ends of a pass start theirs together
             loop.before_host_io(v.attempt.host)

@@ -67,8 +67,10 @@ class TaskCommits:
 class TogetherInOnePass:
     """A plugin: once every task runs, lets their agents end (``gate``) and holds the
     loop at that pass's end until every end is pushed; at the next pass's end (it took
-    the ends and sent their collects), until every collect's reply is in. Records each
-    pass's commits and moves."""
+    the ends and sent their collects), until every collect's reply is in; at the next
+    (it moved the tasks to VERIFYING), until every verdict is pushed; at the next (it
+    recorded them and began the handoffs), until every branch is fetched back. So each
+    of those passes takes all the peers' at once. Records each pass's commits and moves."""
 
     def __init__(self, gate: Path) -> None:
         self.gate = gate
@@ -78,6 +80,7 @@ class TogetherInOnePass:
         self.passes: list[tuple[int, list[str]]] = []  # (commits, moves) of each pass
         self.mark = 0
         self.ends_pass = -1  # the index of the pass that took the ends
+        self.handoffs: list[Any] = []
 
     def fleetrun_transition(
         self, task: Any, from_state: str, to_state: str, cause: str, attempt: Any, config: Any
@@ -106,11 +109,35 @@ class TogetherInOnePass:
         elif self.phase == "ended":  # this pass took the ends: their collects are sent
             self.ends_pass = len(self.passes) - 1
             assert len(relay.collects) == PEERS, f"the ends were not collected in one pass: {relay.collects}"
-            wait_until(lambda: all(c.sent.done() for c in relay.collects), "every collect's reply")
+            sent = [c.sent for c in relay.collects]
+            # each reply, and that of the verifier's start sent with it
+            wait_until(lambda: all(p.done() and (p.follower is None or p.follower.done()) for p in sent), "replies")
             self.phase = "collected"
+        elif self.phase == "collected":  # this pass took the replies: VERIFYING, verifiers started
+
+            def verified() -> bool:
+                got = set()
+                for host in relay.hosts.values():
+                    w = host.live_worker()
+                    got |= {a for a, _ in w.verified} if w is not None else set()
+                return len(got) == PEERS
+
+            wait_until(verified, "every verdict pushed")
+            self.phase = "verified"
+        elif self.phase == "verified":  # this pass took the verdicts: the handoffs (fetch-backs) are under way
+            assert len(self.handoffs) == PEERS, f"the verdicts were not taken in one pass: {self.handoffs}"
+            wait_until(lambda: all(h.fut.done() for h in self.handoffs), "every branch fetched back")
+            self.phase = "fetched"
+
+    @hookimpl(wrapper=True)
+    def fleetrun_handoff(self, task: Any, attempt: Any, host: Any, config: Any) -> Any:
+        got = yield
+        if hasattr(got, "fut"):  # made off the loop's thread
+            self.handoffs.append(got)
+        return got
 
 
-def test_the_ends_of_several_peers_attempts_are_handled_in_one_pass_with_one_commit(
+def test_the_ends_verdicts_and_handoffs_of_several_peers_tasks_are_each_handled_in_one_pass_with_one_commit(
     fleeter, fake_claude, peer_lab, tmp_path
 ):
     fleeter.make_repo()
@@ -145,7 +172,7 @@ def test_the_ends_of_several_peers_attempts_are_handled_in_one_pass_with_one_com
     assert {t.name: (t.state.value, t.host) for t in fleeter.ledger().tasks()} == {
         f"t{name}": ("DONE", name) for name in names
     }
-    assert seen.phase == "collected", f"the run went past what the test holds it for ({seen.phase})"
+    assert seen.phase == "fetched", f"the run went past what the test holds it for ({seen.phase})"
     took_ends, took_replies = seen.passes[seen.ends_pass], seen.passes[seen.ends_pass + 1]
     # the pass that took the ends wrote them (their attempts ended) and sent the collects;
     # before, it committed before asking each peer: once a peer
@@ -153,6 +180,13 @@ def test_the_ends_of_several_peers_attempts_are_handled_in_one_pass_with_one_com
     # the pass that read the replies moved every task on and started its verifier (sent
     # with the collect, on the peer); before, it committed before each verifier's start
     assert took_replies == (1, ["VERIFYING"] * PEERS), f"the pass that read the replies: {took_replies}"
+    # the pass that read the verdicts recorded them and began every handoff (each branch
+    # fetched back off the loop's thread); before, it committed before each handoff
+    took_verdicts, took_handoffs = seen.passes[seen.ends_pass + 2], seen.passes[seen.ends_pass + 3]
+    assert took_verdicts == (1, []), f"the pass that read the verdicts: {took_verdicts}"
+    # the pass that read the fetch-backs: DONE, and every worktree removed after one
+    # commit of their ends (docs/durability.md); before, one commit a DONE
+    assert took_handoffs == (1, ["DONE"] * PEERS), f"the pass that read the fetch-backs: {took_handoffs}"
 
 
 class PreparesAnsweredTogether:

@@ -345,6 +345,11 @@ class SSHHost:
         peer (:func:`fleetrun.hostapi.verifies_without_waiting`)."""
         return self.relay is not None and bool(self.relay.verifies_without_waiting(self, kind))
 
+    def hands_off_without_waiting(self) -> bool:
+        """Whether a DONE task's handoff is made off the loop's thread here
+        (:func:`fleetrun.hostapi.hands_off_without_waiting`)."""
+        return self.relay is not None and bool(self.relay.hands_off_without_waiting())
+
     def give_up(self, attempt_id: str) -> dict[str, Any]:
         """The peer's shepherd decides for itself (its ``host start`` refuses a second
         start): nothing to do here."""

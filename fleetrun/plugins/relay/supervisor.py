@@ -342,6 +342,12 @@ class Relay:
             and self.runs_its_verifiers(self.config)
         )
 
+    def hands_off_without_waiting(self) -> bool:
+        """:meth:`.host.SSHHost.hands_off_without_waiting`: inside a work loop the
+        handoff's fetch-back runs on a worker of :mod:`fleetrun.effects`
+        (:class:`FetchBack`); else it is waited for."""
+        return self._in_session and effects_of(self.config) is not None
+
     # -- fetch-back ------------------------------------------------------------------
 
     def wants_fetch(self, task: Any) -> bool:
