@@ -280,13 +280,29 @@ class Relay:
         if host is None:
             return None
         verify = self.first_run_verifier(task, config)
+        fetch = self.fetches_after_collect(task)  # decided once: the verifier's start goes with it
+        if fetch:
+            # its VERIFYING waits for the branch (a later pass): a verifier started with the
+            # collect would be untaken at this pass's end, and stopped (stop_untaken)
+            verify = None
         try:
             sent = host.collect(task, attempt, workspace, verify, wait=not self._in_session)
         except (PeerUnreachable, PeerError) as e:
             return self._not_collected(task, host, e)
         if isinstance(sent, Pending):
-            return PeerCollect(self, task, attempt, workspace, host, sent, verify)
+            return PeerCollect(self, task, attempt, workspace, host, sent, verify, fetch)
         return self.collected(task, attempt, workspace, host, sent)
+
+    def fetches_after_collect(self, task: Any) -> bool:
+        """Whether a collected task's branch is fetched back off the loop's thread before
+        it goes on (:class:`~.collecting.PeerCollect`): inside a work loop, for a task
+        whose branch something here needs (:meth:`wants_fetch`)."""
+        return (
+            self._in_session
+            and effects_of(self.config) is not None
+            and bool(task.spec.git_ref)
+            and self.wants_fetch(task)
+        )
 
     def _not_collected(self, task: Any, host: SSHHost, e: Exception) -> str:
         self._note(task.id, f"could not commit the attempt's work on {host.name}: {e}")
