@@ -20,7 +20,9 @@ otherwise. Run::
 
 ``--timing`` says where each end-to-VERIFYING went (the worker's push, the
 supervisor's pass, the collect request, the peer's collect, the pass that reads its
-reply), from the timing files of the supervisor and of each peer's worker;
+reply), from the timing files of the supervisor and of each peer's worker, and how
+long the loop's passes took while the ends came and how many ledger commits each made
+(the relay writes a line as each pass ends);
 ``--profile`` runs the tasks' run under cProfile and prints where its main thread,
 the loop's, spent its time. The peers get addresses in 10.214.0.0/16 (the tests'
 NetLab has a /24: 63 peers); each is an sshd, and, once paired, its ``host serve``
