@@ -20,7 +20,9 @@ otherwise. Run::
 
 ``--timing`` says where each end-to-VERIFYING went (the worker's push, the
 supervisor's pass, the collect request, the peer's collect, the pass that reads its
-reply), from the timing files of the supervisor and of each peer's worker;
+reply), from the timing files of the supervisor and of each peer's worker, and how
+long the loop's passes took while the ends came and how many ledger commits each made
+(the relay writes a line as each pass ends);
 ``--profile`` runs the tasks' run under cProfile and prints where its main thread,
 the loop's, spent its time. The peers get addresses in 10.214.0.0/16 (the tests'
 NetLab has a /24: 63 peers); each is an sshd, and, once paired, its ``host serve``
@@ -296,6 +298,9 @@ LEGS = (
     "its reply -> VERIFYING recorded",
 )
 
+#: ``--timing``: the ledger commits of each pass from the first end to the last VERIFYING
+COMMITS = "commits a pass (those passes)"
+
 
 def legs(rows: list[tuple[str, str, float, float]], times: Path) -> dict[str, list[float]]:
     """Where each attempt's end-to-VERIFYING time went, from the timing files of the
@@ -305,6 +310,12 @@ def legs(rows: list[tuple[str, str, float, float]], times: Path) -> dict[str, li
     heard = {x["of"]: x["t"] for x in sup if x.get("what") == "ended" and x.get("of")}
     sent = {x["of"]: (x["t"], x["id"]) for x in sup if x.get("what") == "sent" and x.get("verb") == "collect"}
     out: dict[str, list[float]] = {k: [] for k in LEGS}
+    # the loop's passes from the first end to the last VERIFYING: how long, how many commits each
+    first, last = min(r[2] for r in rows), max(r[3] for r in rows)
+    passes = [x for x in sup if x.get("what") == "pass" and first <= x["t"] <= last + 0.5]
+    out["a pass of the loop (while ends came)"] = [x["dur"] for x in passes]
+    commits = [x.get("commits") for x in passes]
+    out[COMMITS] = [float(b - a) for a, b in zip(commits, commits[1:]) if isinstance(a, int) and isinstance(b, int)]
     for attempt, peer, ended, verifying in rows:
         there = read_lines(times / f"{peer}.jsonl")
         pushed = next((x["t"] for x in there if x.get("event") == "ended" and x.get("of") == attempt), None)
@@ -430,7 +441,12 @@ def main() -> int:
                     f"max {max(lat) * 1000:.0f} ms ({len(lat)} tasks)"
                 )
             for name, values in parts.items():
-                if values:
+                if values and name == COMMITS:
+                    print(
+                        f"          {name:38s} median {statistics.median(values):6.0f},    "
+                        f"max {max(values):6.0f}     ({len(values) + 1} passes)"
+                    )
+                elif values:
                     print(
                         f"          {name:38s} median {statistics.median(values) * 1000:6.0f} ms, "
                         f"max {max(values) * 1000:6.0f} ms"

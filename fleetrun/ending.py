@@ -64,39 +64,51 @@ class Ending:
         self.collecting = loop.pending.view(Collecting)  # task id -> its attempt's work being collected
 
     def poll(self) -> None:
+        """Every running attempt's status, one poll per host, then every end those polls
+        gave, in this pass: all the hosts are asked before any end is handled, so the
+        pass commits at most once for them (:meth:`~fleetrun.loop.Loop.before_host_io`),
+        not once a peer, and the ends of a hundred peers' attempts are handled together,
+        their collect requests sent one after the other without a commit between."""
         loop = self.loop
         by_host: dict[Optional[str], list[Attempt]] = {}
         for att in loop.led.attempts(states={"starting", "running"}):
             by_host.setdefault(att.host, []).append(att)
+        polled: list[tuple[list[Attempt], dict[str, dict[str, Any]]]] = []
         for name, atts in by_host.items():  # one poll per host per pass (a peer: one request)
             host = get_host(loop.config, name)
-            loop.before_host_io(name)
+            loop.before_host_io(name)  # a no-op after the first: nothing is written between
             try:
-                statuses = poll_statuses(host, [AttemptRef(a.id, a.shepherd_pid, a.shepherd_token) for a in atts])
+                polled.append(
+                    (atts, poll_statuses(host, [AttemptRef(a.id, a.shepherd_pid, a.shepherd_token) for a in atts]))
+                )
             except Exception as e:  # a host's bug: each of its tasks is contained, as one task's would be
                 for att in atts:
                     with loop.isolated(att.task_id):
                         raise e
-                continue
+        for atts, statuses in polled:
             for att in atts:
                 with loop.isolated(att.task_id):
-                    st = statuses[att.id]
-                    if (
-                        st.get("state") == "died"
-                        and att.state == "starting"
-                        and not att.shepherd_pid
-                        and att.task_id not in loop.starting.launching
-                    ):
-                        # its start was never confirmed (the answer lost with a restart, its
-                        # host out of reach then) and its host knows of no shepherd for it:
-                        # it did not start, as adoption decides it; not a session that
-                        # died, which would spend a resume (found by the long soak)
-                        task = loop.led.get(att.task_id)
-                        if task is not None:
-                            loop.adoption.settle_unconfirmed(task, att, st)
-                        continue
-                    if st.get("state") in ("ended", "died"):
-                        self.finish_attempt(att, st)
+                    self.take(att, statuses[att.id])
+
+    def take(self, att: Attempt, st: dict[str, Any]) -> None:
+        """What a poll said of ``att``: its end finished, or nothing."""
+        loop = self.loop
+        if (
+            st.get("state") == "died"
+            and att.state == "starting"
+            and not att.shepherd_pid
+            and att.task_id not in loop.starting.launching
+        ):
+            # its start was never confirmed (the answer lost with a restart, its
+            # host out of reach then) and its host knows of no shepherd for it:
+            # it did not start, as adoption decides it; not a session that
+            # died, which would spend a resume (found by the long soak)
+            task = loop.led.get(att.task_id)
+            if task is not None:
+                loop.adoption.settle_unconfirmed(task, att, st)
+            return
+        if st.get("state") in ("ended", "died"):
+            self.finish_attempt(att, st)
 
     def finish_attempt(self, att: Attempt, st: dict[str, Any], record: bool = True) -> None:
         """An attempt ended: record it (``record``; False when adopt() finds it recorded

@@ -322,6 +322,25 @@ def missing_host_reason(config: Config, name: Optional[str]) -> Optional[str]:
     return f"host {name!r} is not provided by any loaded plugin: {why}"
 
 
+def verifies_without_waiting(host: Any, kind: str) -> bool:
+    """Whether starting a verifier of ``kind`` on ``host`` sends a request and returns,
+    its reply waking the loop (a peer's ``run`` verifier through its worker): then the
+    loop need not commit its pass before the start (:meth:`fleetrun.loop.Loop.before_host_io`),
+    as it must before a request it waits for. Optional on a host
+    (``verifies_without_waiting(kind)``); one without it is asked and waited for."""
+    ask = getattr(host, "verifies_without_waiting", None)
+    return bool(ask(kind)) if callable(ask) else False
+
+
+def hands_off_without_waiting(host: Any) -> bool:
+    """Whether the handoff of a task of ``host`` whose verifiers all passed is made off
+    the loop's thread (a peer's branch fetched back on a worker): then the loop need
+    not commit its pass first, as :func:`verifies_without_waiting`. Optional on a host
+    (``hands_off_without_waiting()``)."""
+    ask = getattr(host, "hands_off_without_waiting", None)
+    return bool(ask()) if callable(ask) else False
+
+
 def poll_statuses(host: Host, attempts: Sequence[AttemptRef]) -> dict[str, dict[str, Any]]:
     """Every one of ``attempts``' status from ``host`` in one call: its :meth:`Host.poll`,
     or, for a host written before ``poll`` (it has only ``status``), one ``status`` per

@@ -128,6 +128,7 @@ class Loop:
         self.placed_last_pass = False
         self.io_error: Optional[str] = None
         self.readopt = False
+        self._to_clean: Optional[list[Task]] = None  # inside cleanups_together: the tasks ended there
         self.config.stash.setdefault(BACKOFF_KEY, {})
 
     # -- plumbing ----------------------------------------------------------------------
@@ -564,13 +565,14 @@ class Loop:
             load_new_queues(self.config)
         self.promote()
         effects.deliver(self.config)  # the worker's effects that are over (their notes)
-        for stage in (
-            self.poll_pending,  # workspaces made, work collected, verdicts, setup commands' ends
-            self.ending.poll,  # the attempts that run, one poll per host
-            self.adoption.reverify,
-        ):  # `fleetrun retry` of a task a verifier could not judge
-            stage()
-            self.led.bound()  # a slow stage (a peer's poll) does not keep other writers waiting
+        with self.cleanups_together():  # the tasks ended in the stages: one commit before their cleanups
+            for stage in (
+                self.poll_pending,  # workspaces made, work collected, verdicts, setup commands' ends
+                self.ending.poll,  # the attempts that run, one poll per host
+                self.adoption.reverify,
+            ):  # `fleetrun retry` of a task a verifier could not judge
+                stage()
+                self.led.bound()  # a slow stage (a peer's poll) does not keep other writers waiting
         self.promote()
         self.placed_last_pass = False
         if not self.stopping and self.io_error is None:
@@ -587,12 +589,13 @@ class Loop:
             Collecting: self.ending.poll_one,
             Verifying: self.verify.poll_one,
         }
-        for task_id, entry in self.pending.items():
-            view = self.pending.view(type(entry))
-            if view.get(task_id) is not entry:
-                continue
-            with self.isolated(task_id):
-                stages[type(entry)](task_id, entry)
+        with self.starting.together():  # the starts of the workspaces made here: one commit for them all
+            for task_id, entry in self.pending.items():
+                view = self.pending.view(type(entry))
+                if view.get(task_id) is not entry:
+                    continue
+                with self.isolated(task_id):
+                    stages[type(entry)](task_id, entry)
 
     def active_attempts(self) -> list[Attempt]:
         return self.led.attempts(states={"leased", "starting", "running"})
@@ -618,11 +621,40 @@ class Loop:
 
     def finish_terminal(self, task: Task) -> None:
         """:class:`~fleetrun.decide.CleanUp`: cascade a NEEDS_HUMAN or CANCELLED task to its
-        dependents, and clean its workspace up."""
+        dependents, and clean its workspace up (inside :meth:`cleanups_together`, with
+        the other tasks ended there, after one commit)."""
         crash.point("before_cleanup")  # terminal, not cleaned up: adoption cleans a DONE one up
         if task.state in (State.NEEDS_HUMAN, State.CANCELLED):
             ops.cascade(self.led, task, self.notify)
+        if self._to_clean is not None:
+            self._to_clean.append(task)
+            return
         self.led.durable()  # its end before its worktree goes: a restart must not verify a removed one
+        self._clean_up(task)
+
+    @contextmanager
+    def cleanups_together(self) -> Iterator[None]:
+        """The tasks that end inside this block (a pass's stages: twenty peers' verdicts
+        read in one pass) have their workspaces cleaned up as it ends, after one commit
+        of their ends, not one each (issue 24). Left by an exception, nothing is cleaned
+        up: the tasks are terminal with their workspaces, as a crash there leaves them,
+        and adoption cleans a DONE one up."""
+        if self._to_clean is not None:  # nested: part of the open one
+            yield
+            return
+        self._to_clean = []
+        try:
+            yield
+            ended, self._to_clean = self._to_clean, None
+            if ended:
+                self.led.durable()  # their ends before their worktrees go
+                for task in ended:
+                    with self.isolated(task.id):
+                        self._clean_up(task)
+        finally:
+            self._to_clean = None
+
+    def _clean_up(self, task: Task) -> None:
         try:
             self.hook.fleetrun_cleanup_workspace(task=task, host=get_host(self.config, task.host), config=self.config)
         except (GitError, OSError) as e:

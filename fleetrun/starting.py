@@ -11,7 +11,8 @@ from __future__ import annotations
 import contextlib
 import sqlite3
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
 from dataclasses import asdict, dataclass, replace
 from functools import partial
 from typing import TYPE_CHECKING, Any, Optional
@@ -124,6 +125,45 @@ class Starting:
         self._final = (0, 0)  # the generations as this pass's placements left them
         self.preparing = loop.pending.view(Preparing)  # task id -> its workspace being made
         self.launching = loop.pending.view(Launching)  # task id -> its attempt's start under way
+        #: inside :meth:`together`: the attempts leased, to be prepared once the leases
+        #: are committed, and the starts whose ``starting`` is written, to be sent once
+        #: it is: each kind with one commit
+        self._to_prepare: Optional[list[tuple[str, Callable[[], bool]]]] = None
+        self._to_start: Optional[list[tuple[str, Callable[[], bool]]]] = None
+
+    @contextmanager
+    def together(self) -> Iterator[None]:
+        """The attempts leased, and those that reach their start, inside this block (a
+        pass's placements, its sweep of the workspaces made) share their durable points:
+        the leases are committed once and then each workspace made (or its making sent);
+        each start records ``starting``, and then the pass commits once and starts each
+        (spawns its shepherd, or sends its peer's request), one task's failure
+        contained. A hundred peers' tasks placed, or their prepares answered, in one pass
+        cost a commit or two, not a hundred in a row (issue 24). Left by an exception
+        (Ctrl-C, a ledger that cannot be written), nothing is prepared or started: the
+        attempts are ``leased`` or ``starting``, as a crash there leaves them, and
+        adoption settles them."""
+        if self._to_start is not None:  # nested: part of the open one
+            yield
+            return
+        self._to_prepare, self._to_start = [], []
+        try:
+            yield
+            loop = self.loop
+            prepares, self._to_prepare = self._to_prepare, None
+            if prepares:
+                loop.led.durable()  # the leases before their workspaces are made
+                for task_id, go in prepares:
+                    with loop.isolated(task_id):
+                        go()  # a workspace made at once goes on to its start: queued below
+            starts, self._to_start = self._to_start, None
+            if starts:
+                loop.led.durable()  # `starting` before the shepherds: a restart looks for each, never starts a second
+                for task_id, go in starts:
+                    with loop.isolated(task_id):
+                        go()
+        finally:
+            self._to_prepare = self._to_start = None
 
     # -- placement ---------------------------------------------------------------------
 
@@ -204,7 +244,8 @@ class Starting:
 
     def place_all(self) -> None:
         try:
-            self._place_all()
+            with self.together():
+                self._place_all()
         finally:
             self.loop.waits.save()  # what `fleetrun status` shows; written once a pass
 
@@ -357,7 +398,6 @@ class Starting:
     def start(self, task: Task, hostname: str) -> bool:
         loop = self.loop
         led = loop.led
-        ending = loop.ending
         kind = {State.READY: "fresh", State.RETRYING: "retry", State.RESUMING: "resume"}[task.state]
         prev = led.latest_attempt(task.id)
         crash.point("before_transition:ASSIGNED")
@@ -365,7 +405,18 @@ class Starting:
             att = led.lease(task.id, task.state, hostname, kind)
         except StateConflict:
             return False
+        go = partial(self._prepare, task, att, hostname, kind, prev)
+        if self._to_prepare is not None:  # with the other leases of this stretch, after one commit
+            self._to_prepare.append((task.id, go))
+            return True
         led.durable()  # the lease before its workspace is made (docs/durability.md, durable points)
+        return go()
+
+    def _prepare(self, task: Task, att: Attempt, hostname: str, kind: str, prev: Optional[Attempt]) -> bool:
+        """Make the workspace of an attempt whose lease is durable (or have it made)."""
+        loop = self.loop
+        led = loop.led
+        ending = loop.ending
         crash.point("after_lease")
         prev_state = task.state
         task = loop.get(task.id)
@@ -582,7 +633,24 @@ class Starting:
             ending.not_started(task, att, f"start_failed:{err}")
             return False
         record(state="starting", session_id=spawn.session_id, info={**att.info, "argv": spawn.argv})
+        go = partial(self._send_start, task, att, host, spawn, prompt, record)
+        if self._to_start is not None:  # with the other starts of this stretch, after one commit
+            self._to_start.append((task.id, go))
+            return True
         led.durable()  # `starting` before the shepherd: a restart looks for it, never starts a second
+        return go()
+
+    def _send_start(
+        self,
+        task: Task,
+        att: Attempt,
+        host: Host,
+        spawn: SpawnSpec,
+        prompt: Optional[str],
+        record: Callable[..., None],
+    ) -> bool:
+        """Start the attempt, its ``starting`` durable: the shepherd, or a peer's request."""
+        loop = self.loop
         att = loop.get_attempt(att.id)
         try:
             info = loop.hook.fleetrun_start_attempt(

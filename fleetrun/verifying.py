@@ -25,7 +25,7 @@ from . import clock, crash
 from .decide import HandOff, HandoffMade, StartVerifier, VerdictGiven, VerifierWait
 from .exceptions import is_space_error, says_space_error
 from .gitutil import WorktreeTampered
-from .hostapi import get_host
+from .hostapi import get_host, hands_off_without_waiting, verifies_without_waiting
 from .ledger import Attempt, Task
 from .records import REVERIFY, VERIFY_ERROR, VERIFY_WAIT  # noqa: F401 - their users import them from here too
 from .reports import (
@@ -99,7 +99,15 @@ class VerifyStage:
             self.running.pop(task_id, None)
             return
         task = found
-        loop.before_host_io(v.attempt.host)  # a peer's verifier is asked to start over SSH
+        host = get_host(loop.config, v.attempt.host)
+        if not (
+            verifies_without_waiting(host, task.spec.verify[v.idx].kind)
+            if v.idx < len(task.spec.verify)
+            else hands_off_without_waiting(host)
+        ):
+            # a peer's verifier is asked to start over SSH; one sent and not waited for
+            # (its reply wakes the loop) is not: the ends of a pass start theirs together
+            loop.before_host_io(v.attempt.host)
         while v.idx < len(task.spec.verify):
             spec = task.spec.verify[v.idx]
             try:
@@ -108,7 +116,7 @@ class VerifyStage:
                     verifier=spec,
                     workspace=v.workspace,
                     attempt=v.attempt,
-                    host=get_host(loop.config, v.attempt.host),
+                    host=host,
                     config=loop.config,
                 )
             except Exception as e:  # a verifier that cannot reach a verdict never passes

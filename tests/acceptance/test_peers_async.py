@@ -57,8 +57,10 @@ def hold(gate: Path) -> list[str]:
     return ["bash", f"while [ ! -e {shlex.quote(str(gate))} ]; do sleep 0.05; done"]
 
 
-def write_tasks(fleeter: Any, fake_claude: Any, peer_actions: list[Any], local_gate: Path) -> None:
-    chain = "".join(
+def write_tasks(fleeter: Any, fake_claude: Any, peer_actions: list[Any], local_gate: Path, more: str = "") -> None:
+    """``far`` on mini, the local chain l0..lCHAIN (l0 held until ``local_gate``), and
+    ``more`` tasks (their scripts the caller's)."""
+    chain = more + "".join(
         f"""
         [[task]]
         name = "l{i}"
@@ -367,3 +369,48 @@ def test_the_loop_works_other_tasks_while_a_done_peer_tasks_fetched_worktree_is_
     far = fleeter.task("far")
     notes = [n for _, n in fleeter.ledger().notes(far.id)]
     assert any(n.startswith("removed the fetched worktree ") for n in notes), notes
+
+
+def test_the_loop_works_other_tasks_while_a_collected_peer_tasks_branch_is_fetched_back(
+    fleeter, fake_claude, peer_lab, tmp_path
+):
+    """A peer task with dependents has its branch fetched back as soon as its work is
+    collected (a dependent may run here): on a worker thread, as the handoff's
+    fetch-back, so that no pass waits on a peer's bundle; other tasks go on meanwhile,
+    and the task goes on to VERIFYING once its branch is here."""
+    fleeter.make_repo()
+    mini = peer_lab.machine("mini")
+    # the peer's bundle plan (what to send) waits for the test
+    entered, gate = pair_with_held_git(fleeter, mini, tmp_path, "merge-base --end-of-options main")
+    local_gate = tmp_path / "local-may-end"
+    after = """
+        [[task]]
+        name = "after"
+        cwd = "repo"
+        prompt = "p"
+        git_ref = "main"
+        peer = "local"
+        depends_on = ["far"]
+    """
+    write_tasks(fleeter, fake_claude, [], local_gate, more=after)
+    fake_claude.script(
+        far=[{"actions": [["write", "far.txt", "x"], ["commit", "far"]]}],
+        after=[{"actions": [["write", "after.txt", "x"], ["commit", "after"]]}],
+        l0=[{"actions": [hold(local_gate), ["write", "l0.txt", "x"], ["commit", "l0"]]}],
+        **{f"l{i}": [{"actions": [["write", f"l{i}.txt", "x"], ["commit", f"l{i}"]]}] for i in range(1, CHAIN + 1)},
+    )
+    proc = fleeter.popen("tasks.toml")
+    try:
+        wait_for(entered.exists, "far's branch being fetched back from mini", proc)
+        local_gate.touch()
+        wait_for(lambda: chain_done(fleeter), f"l0..l{CHAIN} DONE while far's branch is fetched", proc)
+        # a loop that waited for the bundle would have worked nothing meanwhile
+        assert states(fleeter)["far"] == "RUNNING", "the loop waited for the fetch-back"
+    finally:
+        local_gate.touch()
+        gate.touch()
+    finish(proc)
+    far = fleeter.task("far")
+    assert far.state.value == "DONE" and fleeter.task("after").state.value == "DONE"
+    notes = " ".join(n for _, n in fleeter.ledger().notes(far.id))
+    assert f"branch {far.branch} of mini" in notes and "could not fetch" not in notes, notes

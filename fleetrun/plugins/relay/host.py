@@ -340,6 +340,16 @@ class SSHHost:
         made without the relay, as in a test)."""
         return self.relay.candidate(self.name, config) if self.relay is not None else None
 
+    def verifies_without_waiting(self, kind: str) -> bool:
+        """Whether a verifier of ``kind`` starts here without the loop waiting for the
+        peer (:func:`fleetrun.hostapi.verifies_without_waiting`)."""
+        return self.relay is not None and bool(self.relay.verifies_without_waiting(self, kind))
+
+    def hands_off_without_waiting(self) -> bool:
+        """Whether a DONE task's handoff is made off the loop's thread here
+        (:func:`fleetrun.hostapi.hands_off_without_waiting`)."""
+        return self.relay is not None and bool(self.relay.hands_off_without_waiting())
+
     def give_up(self, attempt_id: str) -> dict[str, Any]:
         """The peer's shepherd decides for itself (its ``host start`` refuses a second
         start): nothing to do here."""
@@ -414,7 +424,9 @@ class SSHHost:
     def _write_note(adir: Path, data: dict[str, Any]) -> None:
         from ...shepherd import write_json
 
-        write_json(str(adir / "peer.json"), data)
+        # a note for a person (nothing reads it back; the ledger has the start): not
+        # fsynced, which cost ~13 ms of the loop's thread a start here, a hundred in a pass
+        write_json(str(adir / "peer.json"), data, sync=False)
 
     def status(self, attempt_id: str, pid: Optional[int], token: Optional[str]) -> dict[str, Any]:
         """The shepherd's status there, the log mirrored as it goes; ``unreachable``

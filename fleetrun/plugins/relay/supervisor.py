@@ -52,7 +52,7 @@ from .placed import describe
 from .protocol import parse_cleanup_reply, task_payload
 from .starts import PeerPrepare
 from .transport import PeerError, PeerUnreachable
-from .worker import Pending
+from .worker import TIMING_ENV, Pending, time_line
 from .workspace import WrongWorkspace, check_workspace, chosen_branch  # noqa: F401 - their home was here
 
 if TYPE_CHECKING:
@@ -109,6 +109,7 @@ class Relay:
         # where the work is in the morning: a DONE peer task's branch is brought home
         # (config.toml's [relay] fetch_back = false leaves it on the peer)
         self.fetch_done = config.setting("relay", "fetch_back", True) is not False
+        self.timing = os.environ.get(TIMING_ENV)  # bench/fleet.py --timing
 
     @property
     def in_session(self) -> bool:
@@ -279,13 +280,29 @@ class Relay:
         if host is None:
             return None
         verify = self.first_run_verifier(task, config)
+        fetch = self.fetches_after_collect(task)  # decided once: the verifier's start goes with it
+        if fetch:
+            # its VERIFYING waits for the branch (a later pass): a verifier started with the
+            # collect would be untaken at this pass's end, and stopped (stop_untaken)
+            verify = None
         try:
             sent = host.collect(task, attempt, workspace, verify, wait=not self._in_session)
         except (PeerUnreachable, PeerError) as e:
             return self._not_collected(task, host, e)
         if isinstance(sent, Pending):
-            return PeerCollect(self, task, attempt, workspace, host, sent, verify)
+            return PeerCollect(self, task, attempt, workspace, host, sent, verify, fetch)
         return self.collected(task, attempt, workspace, host, sent)
+
+    def fetches_after_collect(self, task: Any) -> bool:
+        """Whether a collected task's branch is fetched back off the loop's thread before
+        it goes on (:class:`~.collecting.PeerCollect`): inside a work loop, for a task
+        whose branch something here needs (:meth:`wants_fetch`)."""
+        return (
+            self._in_session
+            and effects_of(self.config) is not None
+            and bool(task.spec.git_ref)
+            and self.wants_fetch(task)
+        )
 
     def _not_collected(self, task: Any, host: SSHHost, e: Exception) -> str:
         self._note(task.id, f"could not commit the attempt's work on {host.name}: {e}")
@@ -313,14 +330,39 @@ class Relay:
         then starts it too, and the verify stage finds it started
         (:meth:`.host.SSHHost.take_prestarted`). None: the two go apart."""
         verify = task.spec.verify
-        if not verify or verify[0].kind != "run":
+        if not verify or verify[0].kind != "run" or not Relay.runs_its_verifiers(config):
             return None
+        return verify[0], step_index(task, verify[0])
+
+    @staticmethod
+    def runs_its_verifiers(config: Config) -> bool:
+        """Whether no plugin of a third party implements ``fleetrun_verify`` (one could
+        answer for a peer's ``run`` verifier before this relay does)."""
         for impl in config.hook.fleetrun_verify.get_hookimpls():
             plugin = impl.plugin
             where = plugin.__name__ if isinstance(plugin, types.ModuleType) else type(plugin).__module__
             if not str(where).startswith("fleetrun.plugins."):
-                return None
-        return verify[0], step_index(task, verify[0])
+                return False
+        return True
+
+    def verifies_without_waiting(self, host: SSHHost, kind: str) -> bool:
+        """:meth:`.host.SSHHost.verifies_without_waiting`: a ``run`` verifier this relay
+        starts on the peer through its live worker, inside a work loop, is sent and not
+        waited for (:class:`~.host.RemoteRunHandle`); any other may wait on the peer (a
+        ``brain`` verifier's fetch-back) or is a third party's."""
+        return (
+            kind == "run"
+            and self._in_session
+            and host.live_worker() is not None
+            and not runs_here(self.config, kind)
+            and self.runs_its_verifiers(self.config)
+        )
+
+    def hands_off_without_waiting(self) -> bool:
+        """:meth:`.host.SSHHost.hands_off_without_waiting`: inside a work loop the
+        handoff's fetch-back runs on a worker of :mod:`fleetrun.effects`
+        (:class:`FetchBack`); else it is waited for."""
+        return self._in_session and effects_of(self.config) is not None
 
     # -- fetch-back ------------------------------------------------------------------
 
@@ -639,6 +681,9 @@ class Relay:
 
     @hookimpl
     def fleetrun_loop_pass(self, config: Config, duration_s: float) -> None:
+        if self.timing:  # bench/fleet.py --timing: how long each pass took, how many commits so far
+            led = config.stash.get(LEDGER_KEY)
+            time_line(self.timing, what="pass", dur=duration_s, commits=getattr(led, "commits", None))
         for host in self.hosts.values():
             host.stop_untaken(wait=False)
             host.flush_violations()  # what was counted since the last write (at most every few seconds)
