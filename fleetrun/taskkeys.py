@@ -372,16 +372,25 @@ class KeyErrors:
         self.items.append(UsageError(message, file=self.display, line=line, key=key))
 
 
+def value_problem(decl: KeyDecl, value: Any) -> Optional[str]:
+    """What is wrong with ``value`` for ``decl`` (its type, its check), or None. The
+    collector asks this of every key of every task, and looks a key's line up only
+    when there is a problem to report."""
+    types = decl.types
+    # TOML's true is a Python int: never a number here (type_ok)
+    if not isinstance(value, types) or (isinstance(value, bool) and bool not in types):
+        return f"must be {type_name(types)}, not {describe_value(value)}"
+    if decl.check is not None:
+        return decl.check(value) or None
+    return None
+
+
 def check_value(decl: KeyDecl, value: Any, line: int, label: str, errs: KeyErrors) -> bool:
     """``value`` has ``decl``'s type and passes its check; else the mistake is in ``errs``."""
-    if not type_ok(value, decl.types):
-        errs.add(line, label, f"must be {type_name(decl.types)}, not {describe_value(value)}")
+    problem = value_problem(decl, value)
+    if problem is not None:
+        errs.add(line, label, problem)
         return False
-    if decl.check is not None:
-        problem = decl.check(value)
-        if problem:
-            errs.add(line, label, problem)
-            return False
     return True
 
 
