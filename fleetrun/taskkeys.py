@@ -10,6 +10,7 @@ same value checks (:func:`check_value`, :func:`collect_setup`), into one :class:
 from __future__ import annotations
 
 import difflib
+import re
 from dataclasses import dataclass, field
 from typing import Any, Callable, Iterable, Optional
 
@@ -47,13 +48,16 @@ def _nonempty(v: Any) -> Optional[str]:
     return "must not be empty" if not v.strip() else None
 
 
+#: Control characters, C1 too: U+009B is CSI on some terminals, as good as ESC [
+_CONTROL = re.compile("[\x00-\x1f\x7f-\x9f]")
+
+
 def _name_check(v: str) -> Optional[str]:
     if not v.strip():
         return "must not be empty"
     if v.startswith("-"):
         return f"{v!r} starts with '-'"
-    # C1 too: U+009B is CSI on some terminals, as good as ESC [
-    if any(ord(c) < 32 or 127 <= ord(c) <= 159 for c in v):
+    if _CONTROL.search(v):  # a search in C: every task has a name
         return "must not contain control characters"
     if len(v) > 100:
         return "is longer than 100 characters"
