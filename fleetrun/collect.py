@@ -170,19 +170,21 @@ def collect_toml(path: Path, keys: KeyTable, display: str, defaults: Optional[di
 
     specs: list[TaskSpec] = []
     graph: list[GraphNode] = []
-    cwds: dict[Optional[str], tuple[Path, Optional[str]]] = {}
+    cwds: dict[Optional[str], tuple[str, Optional[str]]] = {}
     source = str(path)
     for i, raw in enumerate(raw_tasks):
         where = KeyLines(lines, i, tuple(k for k in raw if k != "verify"))
         spec = _collect_task(i, raw, keys, where, errs, base, merged, cwds)
+        name = raw.get("name")
         if spec is not None:
             spec.source = source
             specs.append(spec)
-        name = raw.get("name")
-        if isinstance(name, str) and name:
+            graph.append(GraphNode(name, spec.depends_on, display, lines=where))
+        elif isinstance(name, str) and name:
             deps = raw.get("depends_on")
             deps = [d for d in deps if isinstance(d, str)] if isinstance(deps, list) else []
             graph.append(GraphNode(name, deps, display, lines=where))
+        raw_tasks[i] = None  # the parsed table, once made a spec: 100,000 of them need not all live at once
 
     settings = {k: data[k] for k in TOP_LEVEL_TABLES if k in data}
     tf = TaskFile(path=str(path), tasks=specs, settings=settings, text=text, graph=graph)
@@ -239,7 +241,7 @@ def _collect_task(
     errs: KeyErrors,
     base: Path,
     defaults: Optional[TaskDefaults] = None,
-    cwds: Optional[dict[Optional[str], tuple[Path, Optional[str]]]] = None,
+    cwds: Optional[dict[Optional[str], tuple[str, Optional[str]]]] = None,
 ) -> Optional[TaskSpec]:
     head = where.head
     name = raw.get("name")
@@ -354,7 +356,7 @@ def _collect_task(
     return TaskSpec(
         name=good["name"],
         prompt=good["prompt"],
-        cwd=str(cwd),
+        cwd=cwd,
         line=head,
         git_ref=good.get("git_ref"),
         branch=good.get("branch"),
@@ -383,14 +385,16 @@ def _collect_task(
 
 
 def _resolve_cwd(
-    base: Path, cwd_raw: Optional[str], cache: dict[Optional[str], tuple[Path, Optional[str]]]
-) -> tuple[Path, Optional[str]]:
-    """A task's ``cwd`` resolved against its file's folder, and why it is unusable (or
-    None). ``cache``, one file's: a file of 100,000 tasks names a few folders, each
-    resolved once (a ``realpath`` makes a system call for every component)."""
+    base: Path, cwd_raw: Optional[str], cache: dict[Optional[str], tuple[str, Optional[str]]]
+) -> tuple[str, Optional[str]]:
+    """A task's ``cwd`` resolved against its file's folder, as a string, and why it is
+    unusable (or None). ``cache``, one file's: a file of 100,000 tasks names a few
+    folders, each resolved once (a ``realpath`` makes a system call for every component)
+    and its string shared by their tasks."""
     hit = cache.get(cwd_raw)
     if hit is None:
-        hit = cache[cwd_raw] = _resolve_cwd_once(base, cwd_raw)
+        cwd, problem = _resolve_cwd_once(base, cwd_raw)
+        hit = cache[cwd_raw] = (str(cwd), problem)
     return hit
 
 

@@ -18,7 +18,7 @@ from typing import TYPE_CHECKING, Any, Callable, Optional
 
 from .collect import KeyTable, TaskFile, check_graph, display_path
 from .exceptions import UsageError, UsageErrors
-from .ledger import Task, open_ledger
+from .ledger import QueuedTasks, Task, open_ledger
 from .repochecks import BranchReuse, check_branches, check_refs
 from .stash import StashKey
 
@@ -231,10 +231,15 @@ def collect_items(config: Config) -> list[TaskSpec]:
     return items
 
 
-def queue_items(config: Config, items: list[TaskSpec], kept: Optional[dict[str, Task]] = None) -> list[Task]:
+def queue_items(config: Config, items: list[TaskSpec], kept: Optional[dict[str, Task]] = None) -> QueuedTasks:
     """Queue ``items`` as one new queue in the ledger, and report each new task's
     first state through ``fleetrun_transition`` (cause ``queued``, or ``unchanged:ID``
     for one entered DONE).
+
+    The hook is called once per task, as its contract says (every transition, each
+    with its :class:`Task`): about 10 us a task of pluggy and the ``events`` plugin's
+    line, a tenth of ``fleetrun queue``'s CPU. Each :class:`Task` is made for its call
+    and dropped (:class:`~fleetrun.ledger.QueuedTasks`).
 
     :param kept: by name, the DONE tasks of the file's last run that items stand for
         unchanged (:func:`fleetrun.rerun.plan`).
@@ -242,17 +247,16 @@ def queue_items(config: Config, items: list[TaskSpec], kept: Optional[dict[str, 
     led = open_ledger(config)
     src = ",".join(config.option.files)
     with _bulk():
-        tasks = led.add_tasks(
+        tasks = led.queue_tasks(
             items, source=src, source_hash=queue_digest(config), settings=config.file_settings, kept=kept
         )
-    by_name = {t.name: t for t in tasks}
     for reuse in config.stash.get(BRANCH_REUSE_KEY, []):
-        if reuse.task_name in by_name:  # the user named a branch fleetrun made for this task before
-            led.add_note(by_name[reuse.task_name].id, reuse.note)
+        i = tasks.place.get(reuse.task_name)
+        if i is not None:  # the user named a branch fleetrun made for this task before
+            led.add_note(tasks.id_of(i), reuse.note)
+    hook = config.hook.fleetrun_transition
     for t in tasks:
-        config.hook.fleetrun_transition(
-            task=t, from_state="", to_state=t.state.value, cause=t.reason, attempt=None, config=config
-        )
+        hook(task=t, from_state="", to_state=t.state.value, cause=t.reason, attempt=None, config=config)
     return tasks
 
 
