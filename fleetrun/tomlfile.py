@@ -302,6 +302,10 @@ class KeyLines(Mapping[str, int]):
     def __repr__(self) -> str:
         return repr(dict(self))
 
+    def __deepcopy__(self, memo: dict[int, Any]) -> dict[str, int]:
+        # a copy (dataclasses.asdict of a spec, of a Task) is the lines, not the file's text
+        return dict(self)
+
 
 def describe_value(value: Any) -> str:
     """What a parsed TOML value is, for an error: ``a string``, ``the number 3``,
