@@ -75,6 +75,10 @@ LATEST = (
 SPEC_CACHE_SIZE = 4096
 
 
+_AFTER_DEPS: tuple[State, str, Optional[str]] = (State.PENDING, "queued", None)
+_READY: tuple[State, str, Optional[str]] = (State.READY, "queued", None)
+
+
 class QueuedTasks(Sequence[Task]):
     """The tasks :meth:`Ledger.add_tasks` queued, in the order of their specs: each
     :class:`Task` is made from its spec when it is read (``fleetrun queue`` reports each
@@ -100,9 +104,9 @@ class QueuedTasks(Sequence[Task]):
 
     def entry(self, spec: TaskSpec) -> tuple[State, str, Optional[str]]:
         """The state a spec enters in, why, and its host (a kept task's)."""
-        old = self.kept.get(spec.name)
+        old = self.kept.get(spec.name) if self.kept else None
         if old is None:
-            return (State.PENDING if spec.depends_on else State.READY), "queued", None
+            return _AFTER_DEPS if spec.depends_on else _READY
         # named after the task that did the work, not a copy of it
         why = old.reason if old.reason.startswith("unchanged:") else f"unchanged:{old.id}"
         return State.DONE, why, old.host
@@ -111,7 +115,7 @@ class QueuedTasks(Sequence[Task]):
         """The ``tasks`` row of the ``i``-th task, its spec as ``spec_json``."""
         spec = self.specs[i]
         state, why, host = self.entry(spec)
-        old = self.kept.get(spec.name)
+        old = self.kept.get(spec.name) if self.kept else None
         handoff = json.dumps(old.handoff) if old is not None and old.handoff is not None else None
         return (
             self.id_of(i),
@@ -145,7 +149,7 @@ class QueuedTasks(Sequence[Task]):
             i += len(self.specs)
         spec = self.specs[i]
         state, why, host = self.entry(spec)
-        old = self.kept.get(spec.name)
+        old = self.kept.get(spec.name) if self.kept else None
         return Task(
             id=self.id_of(i),
             name=spec.name,

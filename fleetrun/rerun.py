@@ -89,11 +89,12 @@ POSITION_FIELDS = ("source", "line", "key_lines", "defaulted")
 
 
 def _whole(spec: TaskSpec) -> dict[str, Any]:
-    data = spec.json_view()  # a dict of its own: read, not kept
+    data = spec.json_view()  # a dict of its own, its steps' dicts too: read, not kept
     for key in POSITION_FIELDS:
         del data[key]
     for key in ("verify", "setup"):
-        data[key] = [{k: v for k, v in step.items() if k != "line"} for step in data[key]]
+        for step in data[key]:
+            del step["line"]
     return data
 
 
