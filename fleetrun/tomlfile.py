@@ -12,6 +12,7 @@ import functools
 import os
 import re
 import sys
+from array import array
 from collections.abc import Iterator, Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -162,11 +163,12 @@ class TaskLines:
         self._full: Optional[LineMap] = None
         self._part: tuple[int, LineMap] = (-1, LineMap())
         #: per task: where its header starts in ``text``, its line, and its verifiers'
-        #: header lines (``vlines[vfirst[i]:vfirst[i + 1]]``)
-        self.starts: list[int] = []
-        self.heads: list[int] = []
-        self.vfirst: list[int] = []
-        self.vlines: list[int] = []
+        #: header lines (``vlines[vfirst[i]:vfirst[i + 1]]``); arrays, not lists of int
+        #: objects (they live as long as the tasks collected)
+        self.starts = array("q")
+        self.heads = array("q")
+        self.vfirst = array("q")
+        self.vlines = array("q")
         plain = not any(s in text for s in _NOT_PLAIN) and text.count("\r") == text.count("\r\n")
         if plain:
             line, pos = 1, 0
@@ -184,7 +186,7 @@ class TaskLines:
                     self.vlines.append(line)
         if not plain or len(self.heads) != n_tasks:
             self._full = map_lines(text)
-            self.starts, self.heads, self.vfirst, self.vlines = [], [], [], []
+            self.starts, self.heads, self.vfirst, self.vlines = array("q"), array("q"), array("q"), array("q")
         self.vfirst.append(len(self.vlines))
         self.starts.append(len(text))
 
