@@ -232,3 +232,28 @@ def test_every_kind_of_error_in_a_large_queue_is_reported_at_its_line(fleeter: F
         outputs.append(result.errlines)
     assert outputs[0] == outputs[1]
     assert not (fleeter.home / "state.db").exists() or fleeter.ledger().tasks() == []
+
+
+def test_validate_of_a_large_file_compares_no_two_tasks(fleeter: Fleeter, monkeypatch: Any) -> None:
+    """``validate`` counts each file's selected tasks (and ``-v`` lists them) by identity:
+    it compared each task with every one before it (``t in items``, a dataclass ``==``
+    each), 5,000,000,000 comparisons for 100,000 tasks, hours of CPU. Counted here, not
+    timed: no two tasks are compared, and every task is counted and listed."""
+    from fleetrun.taskspec import TaskSpec
+
+    repo = fleeter.make_repo("repo")
+    text, _ = big_file(repo, 2000, {})
+    fleeter.write_tasks(text)
+    compared = []
+    real_eq = TaskSpec.__eq__
+
+    def eq(self: TaskSpec, other: object) -> Any:
+        compared.append(1)
+        return real_eq(self, other)
+
+    monkeypatch.setattr(TaskSpec, "__eq__", eq)
+    result = fleeter.run("validate", "-v", "tasks.toml")
+    assert result.ret == 0, result.stderr
+    assert "tasks.toml: 2000 tasks, valid" in result.outlines
+    assert len([line for line in result.outlines if line.startswith("  t")]) == 2000
+    assert compared == []
