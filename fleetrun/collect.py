@@ -38,6 +38,7 @@ from .taskkeys import (  # noqa: F401
     suggest,
     type_name,
     type_ok,
+    value_problem,
 )
 from .taskspec import (
     DEFAULT_MAX_RETRIES,
@@ -48,7 +49,14 @@ from .taskspec import (
     VerifySpec,
 )
 from .textutil import safe_name, safe_text
-from .tomlfile import LineMap, display_path, map_lines, parse_toml_file  # noqa: F401  (display_path: its old home)
+from .tomlfile import (  # noqa: F401  (display_path, LineMap, map_lines: importable from here as before)
+    KeyLines,
+    LineMap,
+    TaskLines,
+    display_path,
+    map_lines,
+    parse_toml_file,
+)
 
 #: Top-level tables a tasks file may hold besides ``[[task]]``; their contents are
 #: settings merged over ``config.toml`` (checked by the plugins that read them).
@@ -62,16 +70,42 @@ TOP_LEVEL_DEFAULTS = DEFAULT_TASK_KEYS
 # ---------------------------------------------------------------------------------
 
 
-@dataclass
 class GraphNode:
     """A task's name and dependencies, kept even when the task has other errors, so
-    duplicate, dangling and cyclic names are reported in the same run."""
+    duplicate, dangling and cyclic names are reported in the same run.
 
-    name: str
-    depends_on: list[str]
-    file: str
-    name_line: int
-    deps_line: int
+    Its lines are read from ``lines`` (the task's :class:`~fleetrun.tomlfile.KeyLines`)
+    only when an error names them; without it, ``name_line`` and ``deps_line`` are as given.
+    """
+
+    __slots__ = ("name", "depends_on", "file", "_name_line", "_deps_line", "_lines")
+
+    def __init__(
+        self,
+        name: str,
+        depends_on: list[str],
+        file: str,
+        name_line: int = 0,
+        deps_line: int = 0,
+        lines: Optional[KeyLines] = None,
+    ) -> None:
+        self.name = name
+        self.depends_on = depends_on
+        self.file = file
+        self._name_line = name_line
+        self._deps_line = deps_line
+        self._lines = lines
+
+    @property
+    def name_line(self) -> int:
+        return self._lines.get("name", self._lines.head) if self._lines is not None else self._name_line
+
+    @property
+    def deps_line(self) -> int:
+        return self._lines.get("depends_on", self._lines.head) if self._lines is not None else self._deps_line
+
+    def __repr__(self) -> str:
+        return f"GraphNode({self.name!r}, {self.depends_on!r}, {self.file!r}, {self.name_line}, {self.deps_line})"
 
 
 @dataclass
@@ -92,16 +126,22 @@ def collect_toml(path: Path, keys: KeyTable, display: str, defaults: Optional[di
         the file's own top-level defaults, which are under each task's own keys.
     """
     data, text = parse_toml_file(path, display)
-    lines = map_lines(text)
     errs = KeyErrors(display)
     base = path.parent
+
+    raw_tasks = data.get("task", [])
+    tasks_ok = isinstance(raw_tasks, list) and all(isinstance(t, dict) for t in raw_tasks)
+    # the lines of keys are found when an error asks (TaskLines): a valid task reads none
+    lines = TaskLines(text, len(raw_tasks) if tasks_ok else 0)
 
     default_keys = keys.default_keys()
     tables = ("task", *TOP_LEVEL_TABLES)
     known_top = (*tables, *default_keys)
     own = TaskDefaults()
     for top, value in data.items():
-        line = lines.get("top", top)
+        if top == "task":
+            continue
+        line = lines.top(top)
         # a table where a default takes none and a table's name is close: `[agent.codex]`
         # is a misspelt `[agents.codex]`, not a wrong `agent = "..."`
         misspelt_table = (
@@ -113,8 +153,6 @@ def collect_toml(path: Path, keys: KeyTable, display: str, defaults: Optional[di
         if top in TOP_LEVEL_TABLES:
             if not isinstance(value, dict):
                 errs.add(line, top, "must be a table")
-        elif top == "task":
-            pass
         elif top in default_keys and not misspelt_table:
             take_default(top, value, default_keys[top], (str(path), line), top, errs, own)
         elif top in NOT_DEFAULT_KEYS:
@@ -124,35 +162,29 @@ def collect_toml(path: Path, keys: KeyTable, display: str, defaults: Optional[di
                 line, top, f"unknown key{suggest(top, tables)}" if misspelt_table else unknown_default(top, known_top)
             )
 
-    raw_tasks = data.get("task", [])
-    if not isinstance(raw_tasks, list) or not all(isinstance(t, dict) for t in raw_tasks):
-        errs.add(lines.get("top", "task"), "task", "must be an array of tables, written [[task]]")
+    if not tasks_ok:
+        errs.add(lines.top("task"), "task", "must be an array of tables, written [[task]]")
         raw_tasks = []
 
     merged = own.under(defaults)  # the file's own over the project file's, key by key
 
     specs: list[TaskSpec] = []
     graph: list[GraphNode] = []
-    cwds: dict[Optional[str], tuple[Path, Optional[str]]] = {}
+    cwds: dict[Optional[str], tuple[str, Optional[str]]] = {}
+    source = str(path)
     for i, raw in enumerate(raw_tasks):
-        spec = _collect_task(i, raw, keys, lines, errs, base, merged, cwds)
-        if spec is not None:
-            spec.source = str(path)
-            specs.append(spec)
+        where = KeyLines(lines, i, tuple(k for k in raw if k != "verify"))
+        spec = _collect_task(i, raw, keys, where, errs, base, merged, cwds)
         name = raw.get("name")
-        if isinstance(name, str) and name:
+        if spec is not None:
+            spec.source = source
+            specs.append(spec)
+            graph.append(GraphNode(name, spec.depends_on, display, lines=where))
+        elif isinstance(name, str) and name:
             deps = raw.get("depends_on")
             deps = [d for d in deps if isinstance(d, str)] if isinstance(deps, list) else []
-            head = lines.get("task", i)
-            graph.append(
-                GraphNode(
-                    name,
-                    deps,
-                    display,
-                    lines.get("task", i, "name", default=head),
-                    lines.get("task", i, "depends_on", default=head),
-                )
-            )
+            graph.append(GraphNode(name, deps, display, lines=where))
+        raw_tasks[i] = None  # the parsed table, once made a spec: 100,000 of them need not all live at once
 
     settings = {k: data[k] for k in TOP_LEVEL_TABLES if k in data}
     tf = TaskFile(path=str(path), tasks=specs, settings=settings, text=text, graph=graph)
@@ -183,17 +215,35 @@ def describe_defaults(spec: TaskSpec, invocation_dir: Optional[Path] = None) -> 
     return safe_text(", ".join(parts)) if parts else "no defaults"
 
 
+#: The built-in declaration of each ``[[task]]`` / ``[[task.verify]]`` key, by name: a
+#: value a built-in declaration took goes to the spec's field, a plugin's to ``extra``.
+_BUILTIN_TASK = {d.key: d for d in BUILTIN_TASK_KEYS}
+_BUILTIN_VERIFY = {d.key: d for d in BUILTIN_VERIFY_KEYS}
+_SCALARS = (str, int, float, bool)
+
+
+def _own(value: Any) -> Any:
+    """A default's value for one task: its own lists and tables (a plugin may change one
+    task's), its strings and numbers shared (they cannot change). TOML values only:
+    what :func:`copy.deepcopy` made of them, without its memo and dispatch per object."""
+    if isinstance(value, list):
+        return [_own(v) for v in value]
+    if isinstance(value, dict):
+        return {k: _own(v) for k, v in value.items()}
+    return value if isinstance(value, _SCALARS) else copy.deepcopy(value)
+
+
 def _collect_task(
     i: int,
     raw: dict[str, Any],
     keys: KeyTable,
-    lines: LineMap,
+    where: KeyLines,
     errs: KeyErrors,
     base: Path,
     defaults: Optional[TaskDefaults] = None,
-    cwds: Optional[dict[Optional[str], tuple[Path, Optional[str]]]] = None,
+    cwds: Optional[dict[Optional[str], tuple[str, Optional[str]]]] = None,
 ) -> Optional[TaskSpec]:
-    head = lines.get("task", i)
+    head = where.head
     name = raw.get("name")
     who = f"task '{safe_name(name)}'" if isinstance(name, str) and name else f"task #{i + 1}"
     n_before = len(errs.items)
@@ -204,21 +254,23 @@ def _collect_task(
 
     good: dict[str, Any] = {}
     extra: dict[str, Any] = {}
+    task_keys = keys.task
     for key, value in raw.items():
-        line = lines.get("task", i, key, default=head)
         if key == "verify":
             continue
-        decl = keys.task.get(key)
+        decl = task_keys.get(key)
         if decl is None:
             # a table's header ([task.misc], [[task.verifiy]]); an inline one is at its key
-            line = lines.lines.get(("task", i, "table", key)) or line
+            line = where.table(key) or where.at(key)
             errs.add(line, f"{who}: {key}", f"unknown key{suggest(key, [*keys.task, 'verify'])}")
             continue
-        if check_value(decl, value, line, f"{who}: {key}", errs):
-            if any(d is decl for d in BUILTIN_TASK_KEYS):
-                good[key] = value
-            else:
-                extra[key] = value
+        problem = value_problem(decl, value)
+        if problem is not None:
+            errs.add(where.at(key), f"{who}: {key}", problem)
+        elif _BUILTIN_TASK.get(key) is decl:
+            good[key] = value
+        else:
+            extra[key] = value
 
     # defaults: for each key the task does not set itself (a list of its own replaces
     # the default's whole: no merging, as `setup` always did)
@@ -231,25 +283,24 @@ def _collect_task(
         defaulted[key], default_lines[key] = defaults.where.get(key, ("", head))
         if key == "setup":
             continue  # below
-        decl = keys.task.get(key)
-        value = copy.deepcopy(value)  # each task its own lists
-        if any(d is decl for d in BUILTIN_TASK_KEYS):
-            good[key] = value
+        decl = task_keys.get(key)
+        if decl is not None and _BUILTIN_TASK.get(key) is decl:
+            good[key] = _own(value)  # each task its own lists
         else:
-            extra[key] = value
+            extra[key] = _own(value)
+    where.took_defaults(default_lines)
 
     # cwd: relative to the tasks file, and it must exist.
     cwd_raw = good.get("cwd")
     cwd, problem = _resolve_cwd(base, cwd_raw, cwds if cwds is not None else {})
     if problem:
-        errs.add(lines.get("task", i, "cwd", default=head), f"{who}: cwd", problem)
+        errs.add(where.at("cwd"), f"{who}: cwd", problem)
 
     for p in good.get("paths", []):
-        line = lines.get("task", i, "paths", default=head)
         if os.path.isabs(p) or p.startswith("~"):
-            errs.add(line, f"{who}: paths", f"{p!r} is absolute; paths are relative to cwd")
+            errs.add(where.at("paths"), f"{who}: paths", f"{p!r} is absolute; paths are relative to cwd")
         elif os.path.normpath(p).split(os.sep)[0] == "..":
-            errs.add(line, f"{who}: paths", f"{p!r} escapes cwd")
+            errs.add(where.at("paths"), f"{who}: paths", f"{p!r} escapes cwd")
         else:
             # the text can be inside cwd while a symlink on the way leads out of it
             # (`root -> /` makes `root/etc/shadow` /etc/shadow): judge where it resolves
@@ -257,44 +308,42 @@ def _collect_task(
                 real_cwd = os.path.realpath(cwd)
                 real = os.path.realpath(os.path.join(real_cwd, p))
             except (OSError, ValueError) as e:
-                errs.add(line, f"{who}: paths", f"{p!r} is not a usable path ({e})")
+                errs.add(where.at("paths"), f"{who}: paths", f"{p!r} is not a usable path ({e})")
                 continue
             if real != real_cwd and not real.startswith(real_cwd.rstrip(os.sep) + os.sep):
-                errs.add(line, f"{who}: paths", f"{p!r} resolves to {real}, outside cwd")
+                errs.add(where.at("paths"), f"{who}: paths", f"{p!r} resolves to {real}, outside cwd")
 
     deps = good.get("depends_on", [])
-    if isinstance(name, str) and name in deps:
-        errs.add(
-            lines.get("task", i, "depends_on", default=head),
-            f"{who}: depends_on",
-            f"the task depends on itself ('{name}')",
-        )
-    if len(set(deps)) != len(deps):
-        errs.add(lines.get("task", i, "depends_on", default=head), f"{who}: depends_on", "names a task twice")
+    if deps:
+        if isinstance(name, str) and name in deps:
+            errs.add(where.at("depends_on"), f"{who}: depends_on", f"the task depends on itself ('{name}')")
+        if len(set(deps)) != len(deps):
+            errs.add(where.at("depends_on"), f"{who}: depends_on", "names a task twice")
 
-    _check_base(raw, good, deps, lambda key: lines.get("task", i, key, default=head), who, errs)
+    if "base" in good or "on_conflict" in good:
+        _check_base(raw, good, deps, where.at, who, errs)
 
     setup = list(defaults.get("setup", []))
     if "setup" in good:  # the task's own list replaces the file's (`setup = []`: none)
-        setup = collect_setup(good["setup"], lines.get("task", i, "setup", default=head), f"{who}: setup", errs) or []
+        setup = collect_setup(good["setup"], where.at("setup"), f"{who}: setup", errs) or []
 
     verifies: list[VerifySpec] = []
     raw_verify = raw.get("verify", [])
     if not isinstance(raw_verify, list) or not all(isinstance(v, dict) for v in raw_verify):
         errs.add(
-            lines.lines.get(("task", i, "table", "verify")) or lines.get("task", i, "verify", default=head),
+            where.table("verify") or where.at("verify"),
             f"{who}: verify",
             "must be an array of tables, written [[task.verify]]",
         )
         raw_verify = []
     named: dict[str, int] = {}
     for j, rv in enumerate(raw_verify):
-        v = _collect_verify(i, j, rv, keys, lines, errs, who, head)
+        v = _collect_verify(j, rv, keys, where, errs, who)
         if v is not None:
             verifies.append(v)
             if v.name is not None and v.name in named:  # a name tells one verifier of the task from the others
                 errs.add(
-                    lines.get("task", i, "verify", j, "name", default=head),
+                    where.at("verify", j, "name"),
                     f"{who}: verify #{j + 1}: name",
                     f"{v.name!r} is the name of verify #{named[v.name]} too; a task's verifiers need names "
                     "of their own",
@@ -307,7 +356,7 @@ def _collect_task(
     return TaskSpec(
         name=good["name"],
         prompt=good["prompt"],
-        cwd=str(cwd),
+        cwd=cwd,
         line=head,
         git_ref=good.get("git_ref"),
         branch=good.get("branch"),
@@ -330,20 +379,22 @@ def _collect_task(
         on_conflict=good.get("on_conflict", "human"),
         tags=list(good.get("tags", [])),
         extra=extra,
-        key_lines={**{k: lines.get("task", i, k, default=head) for k in raw if k != "verify"}, **default_lines},
+        key_lines=where,
         defaulted=defaulted,
     )
 
 
 def _resolve_cwd(
-    base: Path, cwd_raw: Optional[str], cache: dict[Optional[str], tuple[Path, Optional[str]]]
-) -> tuple[Path, Optional[str]]:
-    """A task's ``cwd`` resolved against its file's folder, and why it is unusable (or
-    None). ``cache``, one file's: a file of 100,000 tasks names a few folders, each
-    resolved once (a ``realpath`` makes a system call for every component)."""
+    base: Path, cwd_raw: Optional[str], cache: dict[Optional[str], tuple[str, Optional[str]]]
+) -> tuple[str, Optional[str]]:
+    """A task's ``cwd`` resolved against its file's folder, as a string, and why it is
+    unusable (or None). ``cache``, one file's: a file of 100,000 tasks names a few
+    folders, each resolved once (a ``realpath`` makes a system call for every component)
+    and its string shared by their tasks."""
     hit = cache.get(cwd_raw)
     if hit is None:
-        hit = cache[cwd_raw] = _resolve_cwd_once(base, cwd_raw)
+        cwd, problem = _resolve_cwd_once(base, cwd_raw)
+        hit = cache[cwd_raw] = (str(cwd), problem)
     return hit
 
 
@@ -390,21 +441,22 @@ def _check_base(
 
 
 def _collect_verify(
-    i: int, j: int, rv: dict[str, Any], keys: KeyTable, lines: LineMap, errs: KeyErrors, who: str, head: int
+    j: int, rv: dict[str, Any], keys: KeyTable, where: KeyLines, errs: KeyErrors, who: str
 ) -> Optional[VerifySpec]:
-    vline = lines.get("task", i, "verify", j, default=head)
+    vline = where.verify(j)
     label = f"{who}: verify #{j + 1}"
     n_before = len(errs.items)
-    kinds = [k for k in rv if k in keys.verify_kinds]
-    missing = [k for k in rv if k in keys.missing_kinds]
+    verify_kinds = keys.verify_kinds
+    kinds = [k for k in rv if k in verify_kinds]
+    missing = [k for k in rv if k in keys.missing_kinds] if keys.missing_kinds else []
     for key in missing:  # a kind its plugin would declare: say that, not "unknown key"
         errs.add(
-            lines.get("task", i, "verify", j, key, default=vline),
+            where.at("verify", j, key),
             f"{label}: {key}",
             f"unknown verifier kind {key}: {keys.missing_kinds[key]}",
         )
     if len(kinds) != 1 and (kinds or not missing):  # a missing kind alone is said above, once
-        names = " / ".join(keys.verify_kinds)
+        names = " / ".join(verify_kinds)
         if not kinds:
             errs.add(vline, label, f"needs exactly one of {names}, found none")
         else:
@@ -412,18 +464,23 @@ def _collect_verify(
     good: dict[str, Any] = {}
     extra: dict[str, Any] = {}
     for key, value in rv.items():
-        line = lines.get("task", i, "verify", j, key, default=vline)
         if key in missing:
             continue
-        decl = keys.verify_kinds.get(key) or keys.verify.get(key)
+        decl = verify_kinds.get(key) or keys.verify.get(key)
         if decl is None:
-            errs.add(line, f"{label}: {key}", f"unknown key{suggest(key, [*keys.verify_kinds, *keys.verify])}")
+            errs.add(
+                where.at("verify", j, key),
+                f"{label}: {key}",
+                f"unknown key{suggest(key, [*keys.verify_kinds, *keys.verify])}",
+            )
             continue
-        if check_value(decl, value, line, f"{label}: {key}", errs):
-            if key in keys.verify_kinds or any(d is decl for d in BUILTIN_VERIFY_KEYS):
-                good[key] = value
-            else:
-                extra[key] = value
+        problem = value_problem(decl, value)
+        if problem is not None:
+            errs.add(where.at("verify", j, key), f"{label}: {key}", problem)
+        elif key in verify_kinds or _BUILTIN_VERIFY.get(key) is decl:
+            good[key] = value
+        else:
+            extra[key] = value
     if len(errs.items) != n_before or len(kinds) != 1:
         return None
     kind = kinds[0]

@@ -19,8 +19,8 @@ import json
 import os
 import sqlite3
 import time
-from collections.abc import Iterable, Iterator
-from typing import TYPE_CHECKING, Any, Callable, Optional
+from collections.abc import Iterable, Iterator, Sequence
+from typing import TYPE_CHECKING, Any, Callable, Optional, overload
 
 from .exceptions import StateConflict
 from .ledger_schema import LATEST, SCHEMA_VERSION, LedgerFile, ensure_private_dir
@@ -36,6 +36,7 @@ __all__ = [
     "SCHEMA_VERSION",
     "Attempt",
     "Ledger",
+    "QueuedTasks",
     "Task",
     "TransitionRow",
     "VerdictRow",
@@ -62,6 +63,102 @@ def new_token() -> str:
 SPEC_CACHE_SIZE = 4096
 
 
+_AFTER_DEPS: tuple[State, str, Optional[str]] = (State.PENDING, "queued", None)
+_READY: tuple[State, str, Optional[str]] = (State.READY, "queued", None)
+
+
+class QueuedTasks(Sequence[Task]):
+    """The tasks :meth:`Ledger.add_tasks` queued, in the order of their specs: each
+    :class:`Task` is made from its spec when it is read (``fleetrun queue`` reports each
+    once), none kept, as the rows were written.
+
+    :ivar queue_id: the queue they are in.
+    :ivar created: when they were queued (``time.time()``).
+    :ivar kept: by name, the DONE task of an earlier queue a spec stands for unchanged.
+    """
+
+    def __init__(self, queue_id: str, specs: list[TaskSpec], source: str, created: float, kept: dict[str, Task]):
+        self.queue_id = queue_id
+        self.specs = specs
+        self.source = source
+        self.created = created
+        self.kept = kept
+        #: by name, each spec's place (set once the rows are written)
+        self.place: dict[str, int] = {}
+
+    def id_of(self, i: int) -> str:
+        """The id of the ``i``-th task."""
+        return f"task_{self.queue_id}_{i}"
+
+    def entry(self, spec: TaskSpec) -> tuple[State, str, Optional[str]]:
+        """The state a spec enters in, why, and its host (a kept task's)."""
+        old = self.kept.get(spec.name) if self.kept else None
+        if old is None:
+            return _AFTER_DEPS if spec.depends_on else _READY
+        # named after the task that did the work, not a copy of it
+        why = old.reason if old.reason.startswith("unchanged:") else f"unchanged:{old.id}"
+        return State.DONE, why, old.host
+
+    def row(self, i: int, spec_json: str) -> tuple[Any, ...]:
+        """The ``tasks`` row of the ``i``-th task, its spec as ``spec_json``."""
+        spec = self.specs[i]
+        state, why, host = self.entry(spec)
+        old = self.kept.get(spec.name) if self.kept else None
+        handoff = json.dumps(old.handoff) if old is not None and old.handoff is not None else None
+        return (
+            self.id_of(i),
+            spec.name,
+            state.value,
+            spec_json,
+            spec.source or self.source,
+            self.queue_id,
+            i,
+            self.created,
+            self.created,
+            why,
+            host,
+            old.branch if old is not None else None,
+            handoff,
+        )
+
+    def __len__(self) -> int:
+        return len(self.specs)
+
+    @overload
+    def __getitem__(self, i: int) -> Task: ...
+
+    @overload
+    def __getitem__(self, i: slice) -> list[Task]: ...
+
+    def __getitem__(self, i: int | slice) -> Task | list[Task]:
+        if isinstance(i, slice):
+            return [self[k] for k in range(*i.indices(len(self)))]
+        if i < 0:
+            i += len(self.specs)
+        spec = self.specs[i]
+        state, why, host = self.entry(spec)
+        old = self.kept.get(spec.name) if self.kept else None
+        return Task(
+            id=self.id_of(i),
+            name=spec.name,
+            state=state,
+            spec=spec,
+            source=spec.source or self.source,
+            queue_id=self.queue_id,
+            created=self.created,
+            updated=self.created,
+            reason=why,
+            host=host,
+            branch=old.branch if old is not None else None,
+            handoff=json.loads(json.dumps(old.handoff)) if old is not None and old.handoff is not None else None,
+            deps=sorted({self.id_of(self.place[d]) for d in spec.depends_on}),  # as the deps table's key orders them
+        )
+
+    def __iter__(self) -> Iterator[Task]:
+        for i in range(len(self.specs)):
+            yield self[i]
+
+
 class Ledger(LedgerFile):
     """The SQLite ledger at ``path`` (opened by :class:`~fleetrun.ledger_schema.LedgerFile`).
     One connection per instance; not thread-safe."""
@@ -76,6 +173,17 @@ class Ledger(LedgerFile):
         settings: Optional[dict[str, Any]] = None,
         kept: Optional[dict[str, Task]] = None,
     ) -> list[Task]:
+        """Queue ``specs`` as one batch (:meth:`queue_tasks`); :return: the tasks queued."""
+        return list(self.queue_tasks(specs, source, source_hash, settings, kept))
+
+    def queue_tasks(
+        self,
+        specs: list[TaskSpec],
+        source: str = "",
+        source_hash: str = "",
+        settings: Optional[dict[str, Any]] = None,
+        kept: Optional[dict[str, Task]] = None,
+    ) -> QueuedTasks:
         """Queue ``specs`` as one batch; ``depends_on`` names resolve within the batch.
 
         :param settings: the tasks files' own tables (``[agents.X]``, ``[brain]``), kept
@@ -84,43 +192,18 @@ class Ledger(LedgerFile):
             unchanged (:mod:`fleetrun.rerun`): the spec enters this queue DONE (cause
             ``unchanged:OLD_ID``) with that task's branch, host and handoff, so its
             dependents here are handed its work; it costs nothing and has no attempt.
+        :return: the tasks queued, in ``specs`` order, each made as it is read (no
+            :class:`Task` of each of 100,000 tasks kept: the rows are what was written).
         """
-        kept = kept or {}
-        now = time.time()
-        queue_id = new_token()
-        ids = {s.name: f"task_{queue_id}_{i}" for i, s in enumerate(specs)}
+        queued = QueuedTasks(new_token(), specs, source, time.time(), kept or {})
+        index = {s.name: i for i, s in enumerate(specs)}
         for spec in specs:
             for dep in spec.depends_on:
-                if dep not in ids:
+                if dep not in index:
                     raise ValueError(f"task {spec.name!r} depends on {dep!r}, not in this batch")
-        # the Tasks are made from what is written, not read back: 100,000 rows are
-        # inserted in one statement each kind (executemany), and nothing is parsed twice
-        tasks: list[Task] = []
-        for spec in specs:
-            old = kept.get(spec.name)
-            state = State.DONE if old is not None else State.PENDING if spec.depends_on else State.READY
-            why = "queued"
-            if old is not None:  # named after the task that did the work, not a copy of it
-                why = old.reason if old.reason.startswith("unchanged:") else f"unchanged:{old.id}"
-            tasks.append(
-                Task(
-                    id=ids[spec.name],
-                    name=spec.name,
-                    state=state,
-                    spec=spec,
-                    source=spec.source or source,
-                    queue_id=queue_id,
-                    created=now,
-                    updated=now,
-                    reason=why,
-                    host=old.host if old else None,
-                    branch=old.branch if old else None,
-                    handoff=json.loads(json.dumps(old.handoff))
-                    if old is not None and old.handoff is not None
-                    else None,
-                    deps=sorted({ids[d] for d in spec.depends_on}),
-                )
-            )  # as the deps table's key orders them
+        queue_id, now, id_of = queued.queue_id, queued.created, queued.id_of
+        # 100,000 rows are inserted in one statement each kind (executemany), and nothing
+        # is read back or parsed twice
         with self.tx() as cur:
             cur.execute(
                 "INSERT INTO queues (id, source, source_hash, created, settings) VALUES (?,?,?,?,?)",
@@ -129,49 +212,37 @@ class Ledger(LedgerFile):
             cur.executemany(
                 "INSERT INTO tasks (id, name, state, spec, source, queue_id, seq, created, updated, reason,"
                 " host, branch, handoff) VALUES (?,?,?,?,?,?,?,?,?,?,?,?,?)",
-                (
-                    (
-                        t.id,
-                        t.name,
-                        t.state.value,
-                        json.dumps(t.spec.json_view()),
-                        t.source,
-                        queue_id,
-                        i,
-                        now,
-                        now,
-                        t.reason,
-                        t.host,
-                        t.branch,
-                        json.dumps(t.handoff) if t.handoff is not None else None,
-                    )
-                    for i, t in enumerate(tasks)
-                ),
+                (queued.row(i, json.dumps(spec.json_view())) for i, spec in enumerate(specs)),
             )
             cur.executemany(
                 "INSERT INTO transitions (task_id, from_state, to_state, cause, time, attempt, host)"
                 " VALUES (?,NULL,?,?,?,NULL,?)",
-                ((t.id, t.state.value, t.reason, now, t.host) for t in tasks),
+                (
+                    (id_of(i), state.value, reason, now, host)
+                    for i, spec in enumerate(specs)
+                    for state, reason, host in [queued.entry(spec)]
+                ),
             )
             cur.executemany(
                 "INSERT INTO notes (task_id, time, text) VALUES (?,?,?)",
                 (
                     (
-                        t.id,
+                        id_of(i),
                         now,
                         f"unchanged since the file's last run: task {did} did this work "
                         f"(fleetrun logs {did}); --new-queue runs it again",
                     )
-                    for t in tasks
-                    if t.name in kept
-                    for did in [t.reason.split(":", 1)[1]]
+                    for i, spec in enumerate(specs)
+                    if spec.name in queued.kept
+                    for did in [queued.entry(spec)[1].split(":", 1)[1]]
                 ),
             )
             cur.executemany(
                 "INSERT INTO deps (task_id, dep_id) VALUES (?,?)",  # in depends_on order
-                ((ids[spec.name], ids[d]) for spec in specs for d in spec.depends_on),
+                ((id_of(i), id_of(index[d])) for i, spec in enumerate(specs) for d in spec.depends_on),
             )
-        return tasks
+        queued.place = index
+        return queued
 
     def find_queue(self, source_hash: str) -> Optional[str]:
         """The newest queue made from files with this content hash whose tasks are

@@ -64,16 +64,41 @@ def _repo_of(cwd: str, cache: RepoCache) -> Optional[tuple[str, str]]:
     return cache[cwd]
 
 
-@dataclass
 class _Named:
-    """A task that sets ``key``, with where it set it and the repository of its cwd."""
+    """A task that sets ``key``, with the repository of its cwd; where it set it (its
+    file, line and label) is worked out when an error or a note names it (a 100,000-task
+    file with a ``git_ref`` each has none to report)."""
 
-    spec: TaskSpec
-    value: str
-    file: str
-    line: int
-    key: str
-    repo: Optional[tuple[str, str]]
+    __slots__ = ("spec", "value", "_file", "_invocation_dir", "key_name", "repo")
+
+    def __init__(
+        self,
+        spec: TaskSpec,
+        value: str,
+        file: str,
+        invocation_dir: Optional[Path],
+        key_name: str,
+        repo: Optional[tuple[str, str]],
+    ) -> None:
+        self.spec = spec
+        self.value = value
+        self._file = file
+        self._invocation_dir = invocation_dir
+        self.key_name = key_name
+        self.repo = repo
+
+    @property
+    def file(self) -> str:
+        # a default's file is where it was written (the project file, say)
+        return display_path(Path(self.spec.file_of(self.key_name) or self._file), self._invocation_dir)
+
+    @property
+    def line(self) -> int:
+        return self.spec.key_lines.get(self.key_name, self.spec.line)
+
+    @property
+    def key(self) -> str:
+        return f"task '{safe_name(self.spec.name)}': {self.key_name}"
 
 
 def _tasks_naming(
@@ -83,16 +108,8 @@ def _tasks_naming(
     for f in files:
         for spec in f.tasks:
             value = getattr(spec, key)
-            if value:  # a default's file is where it was written (the project file, say)
-                display = display_path(Path(spec.file_of(key) or f.path), invocation_dir)
-                yield _Named(
-                    spec,
-                    value,
-                    display,
-                    spec.key_lines.get(key, spec.line),
-                    f"task '{safe_name(spec.name)}': {key}",
-                    _repo_of(spec.cwd, repos),
-                )
+            if value:
+                yield _Named(spec, value, f.path, invocation_dir, key, _repo_of(spec.cwd, repos))
 
 
 def check_branches(

@@ -10,6 +10,7 @@ same value checks (:func:`check_value`, :func:`collect_setup`), into one :class:
 from __future__ import annotations
 
 import difflib
+import re
 from dataclasses import dataclass, field
 from typing import Any, Callable, Iterable, Optional
 
@@ -47,13 +48,16 @@ def _nonempty(v: Any) -> Optional[str]:
     return "must not be empty" if not v.strip() else None
 
 
+#: Control characters, C1 too: U+009B is CSI on some terminals, as good as ESC [
+_CONTROL = re.compile("[\x00-\x1f\x7f-\x9f]")
+
+
 def _name_check(v: str) -> Optional[str]:
     if not v.strip():
         return "must not be empty"
     if v.startswith("-"):
         return f"{v!r} starts with '-'"
-    # C1 too: U+009B is CSI on some terminals, as good as ESC [
-    if any(ord(c) < 32 or 127 <= ord(c) <= 159 for c in v):
+    if _CONTROL.search(v):  # a search in C: every task has a name
         return "must not contain control characters"
     if len(v) > 100:
         return "is longer than 100 characters"
@@ -372,16 +376,25 @@ class KeyErrors:
         self.items.append(UsageError(message, file=self.display, line=line, key=key))
 
 
+def value_problem(decl: KeyDecl, value: Any) -> Optional[str]:
+    """What is wrong with ``value`` for ``decl`` (its type, its check), or None. The
+    collector asks this of every key of every task, and looks a key's line up only
+    when there is a problem to report."""
+    types = decl.types
+    # TOML's true is a Python int: never a number here (type_ok)
+    if not isinstance(value, types) or (isinstance(value, bool) and bool not in types):
+        return f"must be {type_name(types)}, not {describe_value(value)}"
+    if decl.check is not None:
+        return decl.check(value) or None
+    return None
+
+
 def check_value(decl: KeyDecl, value: Any, line: int, label: str, errs: KeyErrors) -> bool:
     """``value`` has ``decl``'s type and passes its check; else the mistake is in ``errs``."""
-    if not type_ok(value, decl.types):
-        errs.add(line, label, f"must be {type_name(decl.types)}, not {describe_value(value)}")
+    problem = value_problem(decl, value)
+    if problem is not None:
+        errs.add(line, label, problem)
         return False
-    if decl.check is not None:
-        problem = decl.check(value)
-        if problem:
-            errs.add(line, label, problem)
-            return False
     return True
 
 

@@ -9,6 +9,7 @@ from __future__ import annotations
 import copy
 import dataclasses
 import re
+from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any, Callable, Optional
 
@@ -91,7 +92,9 @@ class TaskSpec:
     #: words ``-m EXPR`` selects the task by (pytest's markers); no effect on how it runs
     tags: list[str] = field(default_factory=list)
     extra: dict[str, Any] = field(default_factory=dict)
-    key_lines: dict[str, int] = field(default_factory=dict)  # where each key was written
+    #: where each key was written (a collected task's: found in its file when first read,
+    #: :class:`~fleetrun.tomlfile.KeyLines`)
+    key_lines: Mapping[str, int] = field(default_factory=dict)
     #: the keys whose value is a default (the tasks file's top level, the project file's
     #: ``[task]``), each with the file it was written in; ``key_lines`` has its line there
     defaulted: dict[str, str] = field(default_factory=dict)
@@ -115,11 +118,21 @@ class TaskSpec:
         return _plain_dataclass(self)
 
     def json_view(self) -> dict[str, Any]:
-        """What :meth:`to_json` holds, as a view to read once (``json.dumps``, a digest):
-        the spec's own lists and dicts, not copies; its verifiers as dicts. Do not change it."""
-        view = {name: getattr(self, name) for name in _names(type(self))}
+        """What the ledger keeps of the spec, as a view to read once (``json.dumps``, a
+        digest): what :meth:`to_json` holds, the spec's own lists and dicts, not copies;
+        its verifiers as dicts. Do not change it.
+
+        Of a collected task's ``key_lines`` it holds the lines of the defaults it took
+        only: where its own keys were written is read from its file when asked (an
+        error, a warning), not for each of 100,000 tasks, and means nothing once the
+        file changes."""
+        view = _fields(self)
+        lines = view["key_lines"]
+        if type(lines) is not dict:
+            view["key_lines"] = dict(getattr(lines, "known", lines))
         for key in ("verify", "setup"):
-            view[key] = [{name: getattr(v, name) for name in _names(type(v))} for v in view[key]]
+            if view[key]:
+                view[key] = [_fields(v) for v in view[key]]
         return view
 
     @classmethod
@@ -145,6 +158,17 @@ def _names(cls: type) -> tuple[str, ...]:
     return names
 
 
+def _fields(obj: Any) -> dict[str, Any]:
+    """A dataclass instance's fields, by name, in their order: its ``__dict__`` copied
+    when that holds them and nothing else, in that order (what ``__init__`` makes; one
+    copy in C instead of a lookup per field)."""
+    names = _names(type(obj))
+    own = obj.__dict__
+    if tuple(own) == names:
+        return own.copy()
+    return {name: getattr(obj, name) for name in names}
+
+
 def _plain_dataclass(obj: Any) -> dict[str, Any]:
     return {name: _plain(getattr(obj, name)) for name in _names(type(obj))}
 
@@ -164,6 +188,8 @@ def _plain(value: Any) -> Any:
         return _plain_dataclass(value)
     if isinstance(value, (list, tuple, dict)):
         return _plain_other(value)
+    if isinstance(value, Mapping):  # a collected task's key_lines: their lines, as a dict
+        return {k: _plain(v) for k, v in value.items()}
     return copy.deepcopy(value)
 
 

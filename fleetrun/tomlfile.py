@@ -12,6 +12,8 @@ import functools
 import os
 import re
 import sys
+from array import array
+from collections.abc import Iterator, Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Optional
@@ -78,14 +80,19 @@ class LineMap:
         return default
 
 
-def map_lines(text: str) -> LineMap:
-    """Where each table and key of the TOML ``text`` was written (a light scan, no parse)."""
+def map_lines(text: str, first_line: int = 1, first_task: int = 0) -> LineMap:
+    """Where each table and key of the TOML ``text`` was written (a light scan, no parse).
+
+    :param first_line: the line ``text`` starts on in its file.
+    :param first_task: the index of the first ``[[task]]`` table in ``text`` (``text`` a
+        part of a file starting at that table: :class:`TaskLines`).
+    """
     m = LineMap()
-    task = -1
+    task = first_task - 1
     verify = -1
     ctx: tuple[Any, ...] = ("top",)
     in_ml: Optional[str] = None
-    for lineno, line in enumerate(text.splitlines(), 1):
+    for lineno, line in enumerate(text.splitlines(), first_line):
         if in_ml:
             if in_ml in line:
                 in_ml = None
@@ -126,6 +133,180 @@ def map_lines(text: str) -> LineMap:
                 if rest.count(quote) % 2 == 1:
                     in_ml = quote
     return m
+
+
+#: A ``[[...]]`` header anywhere in a text: ``_HEADER_AOT`` with ``re.M``, its blanks
+#: kept within one line.
+_AOT_IN_TEXT = re.compile(r"^[^\S\n]*\[\[[^\S\n]*([A-Za-z0-9_.\-\"' ]+?)[^\S\n]*\]\]", re.M)
+#: What :func:`map_lines` reads differently from a search of the whole text: multi-line
+#: strings (a header inside one is text) and the line breaks ``str.splitlines`` counts
+#: besides ``\n`` (a lone ``\r``, ``\v``, ``\f``, U+001C-U+001E, U+0085, U+2028, U+2029).
+_NOT_PLAIN = ('"""', "'''", "\x0b", "\x0c", "\x1c", "\x1d", "\x1e", "\x85", "\u2028", "\u2029")
+
+
+class TaskLines:
+    """Where a tasks file's ``[[task]]`` tables and their keys were written, found as
+    they are asked for: :func:`map_lines` of a whole file is a dict entry per key (a
+    100,000-task file: 800,000 of them, most never read), while only an error, a warning
+    or ``validate -v`` ever reads a key's line.
+
+    One search of the text finds each ``[[task]]`` and ``[[task.verify]]`` header (the
+    task's line and its verifiers', which every task keeps); a task's keys are mapped
+    when first asked, by :func:`map_lines` of that task's part of the file, which gives
+    the lines the whole file's map would. A text that search would read differently
+    (multi-line strings, line breaks other than ``\n``), or whose headers it does not
+    find one per task (``task = [{...}]``), is mapped whole, at once, as before.
+    """
+
+    def __init__(self, text: str, n_tasks: int) -> None:
+        self.text = text
+        self._full: Optional[LineMap] = None
+        self._part: tuple[int, LineMap] = (-1, LineMap())
+        #: per task: where its header starts in ``text``, its line, and its verifiers'
+        #: header lines (``vlines[vfirst[i]:vfirst[i + 1]]``); arrays, not lists of int
+        #: objects (they live as long as the tasks collected)
+        self.starts = array("q")
+        self.heads = array("q")
+        self.vfirst = array("q")
+        self.vlines = array("q")
+        plain = not any(s in text for s in _NOT_PLAIN) and text.count("\r") == text.count("\r\n")
+        if plain:
+            line, pos = 1, 0
+            for hit in _AOT_IN_TEXT.finditer(text):
+                name = hit.group(1).replace(" ", "")
+                if name != "task" and name != "task.verify":
+                    continue
+                line += text.count("\n", pos, hit.start())
+                pos = hit.start()
+                if name == "task":
+                    self.starts.append(pos)
+                    self.heads.append(line)
+                    self.vfirst.append(len(self.vlines))
+                elif self.heads:  # a [[task.verify]] before any [[task]]: the file's error
+                    self.vlines.append(line)
+        if not plain or len(self.heads) != n_tasks:
+            self._full = map_lines(text)
+            self.starts, self.heads, self.vfirst, self.vlines = array("q"), array("q"), array("q"), array("q")
+        self.vfirst.append(len(self.vlines))
+        self.starts.append(len(text))
+
+    def full(self) -> LineMap:
+        """The whole file's map (made once, when first needed)."""
+        if self._full is None:
+            self._full = map_lines(self.text)
+        return self._full
+
+    def head(self, task: int) -> int:
+        """The line of task ``task``'s ``[[task]]`` header."""
+        if self._full is not None:
+            return self._full.get("task", task)
+        return self.heads[task]
+
+    def verify(self, task: int, j: int) -> int:
+        """The line of the task's ``j``-th verifier: its ``[[task.verify]]`` header, or
+        (written inline) its ``verify`` key, or the task's header."""
+        if self._full is None:
+            first = self.vfirst[task]
+            if j < self.vfirst[task + 1] - first:
+                return self.vlines[first + j]
+        return self.get(task, "verify", j)
+
+    def get(self, task: int, *where: Any) -> int:
+        """``map_lines(text).get("task", task, *where, default=<its header>)``."""
+        if self._full is not None:
+            return self._full.get("task", task, *where, default=self._full.get("task", task))
+        return self.part(task).get("task", task, *where, default=self.heads[task])
+
+    def table(self, task: int, key: str) -> Optional[int]:
+        """The line of the task's sub-table ``[task.KEY]`` / ``[[task.KEY]]``, if written so."""
+        lines = self._full if self._full is not None else self.part(task)
+        return lines.lines.get(("task", task, "table", key))
+
+    def part(self, task: int) -> LineMap:
+        """The map of task ``task``'s part of the file (the last one asked is kept: a
+        task's errors ask for several of its keys)."""
+        if self._part[0] != task:
+            text = self.text[self.starts[task] : self.starts[task + 1]]
+            self._part = (task, map_lines(text, self.heads[task], task))
+        return self._part[1]
+
+    def top(self, key: str) -> int:
+        """Where the top-level ``key`` (a default, a table) was written."""
+        if self._full is None and key in self.text[: self.starts[0]]:
+            hit = map_lines(self.text[: self.starts[0]]).lines.get(("top", key))
+            if hit:  # a key before the first [[task]]: nothing later is written first
+                return hit
+        return self.full().get("top", key)
+
+
+class KeyLines(Mapping[str, int]):
+    """A collected task's :attr:`~fleetrun.taskspec.TaskSpec.key_lines`: the line of
+    each key it sets, found in the file when first read (:class:`TaskLines`), then of
+    each default it took (``known``: where that default was written).
+
+    :ivar head: the line of the task's ``[[task]]`` header.
+    :ivar known: the lines of the defaults the task took, by key.
+    """
+
+    __slots__ = ("_lines", "_task", "_keys", "known", "head", "_found")
+
+    def __init__(self, lines: TaskLines, task: int, keys: tuple[str, ...]) -> None:
+        self._lines = lines
+        self._task = task
+        self._keys = keys
+        self.known: dict[str, int] = {}
+        self.head = lines.head(task)
+        self._found: Optional[dict[str, int]] = None
+
+    def took_defaults(self, known: dict[str, int]) -> None:
+        """The defaults the task took, each with its line (in the file it was written in)."""
+        self.known = known
+
+    def at(self, *where: Any) -> int:
+        """The line of ``where`` in the task (a key, ``"verify", j, key``...), falling
+        back outward to the task's header, as :meth:`LineMap.get` does."""
+        return self._lines.get(self._task, *where)
+
+    def table(self, key: str) -> Optional[int]:
+        """The line of the task's sub-table ``key``, if it was written as a table."""
+        return self._lines.table(self._task, key)
+
+    def verify(self, j: int) -> int:
+        """The line of the task's ``j``-th verifier."""
+        return self._lines.verify(self._task, j)
+
+    def _own(self) -> dict[str, int]:
+        if self._found is None:
+            self._found = {k: self.at(k) for k in self._keys}
+        return self._found
+
+    def __getitem__(self, key: str) -> int:
+        if key in self.known:  # a default's, never a key of the task's own
+            return self.known[key]
+        return self._own()[key]
+
+    def __contains__(self, key: object) -> bool:
+        return key in self.known or key in self._keys
+
+    def get(self, key: str, default: Any = None) -> Any:
+        # Mapping.get would try __getitem__: a key the task does not set needs no lines
+        if key in self.known:
+            return self.known[key]
+        return self._own()[key] if key in self._keys else default
+
+    def __iter__(self) -> Iterator[str]:
+        yield from self._keys
+        yield from self.known
+
+    def __len__(self) -> int:
+        return len(self._keys) + len(self.known)
+
+    def __repr__(self) -> str:
+        return repr(dict(self))
+
+    def __deepcopy__(self, memo: dict[int, Any]) -> dict[str, int]:
+        # a copy (dataclasses.asdict of a spec, of a Task) is the lines, not the file's text
+        return dict(self)
 
 
 def describe_value(value: Any) -> str:

@@ -723,3 +723,60 @@ baseline = "yes"
     )
     assert any('baseline: must be true, false or "warn"' in e for e in bad), bad
     assert any("junit: must be a path inside the worktree" in e for e in bad), bad
+
+
+def test_task_lines_are_the_lines_the_whole_files_map_gives() -> None:
+    """Where a task's keys were written, found in its part of the file when asked
+    (TaskLines), is what map_lines of the whole file says, on a file with every way of
+    writing headers and keys (spaces in headers, CRLF, inline verifiers, sub-tables,
+    dotted and quoted keys, a table between tasks); a file the header search would read
+    differently (multi-line strings) is mapped whole, with the same answers."""
+    from fleetrun.tomlfile import KeyLines, TaskLines, tomllib
+
+    text = """model = "x"
+[agents.codex]
+command = ["x"]
+
+[[task]]
+name = "a"
+"quoted" = 1
+dotted.key = 2
+depends_on = [
+  "b",
+]
+verify = [{ run = "x" }, { brain = "y" }]
+
+[[ task ]]
+name = "b"   # [[task]] in a comment
+  [[ task.verify ]]
+  run = "x"
+  [[task.verify]]
+  brain = "y"
+  [task.sub]
+  x = 1
+
+[brain]
+model = "m"
+
+[[task]]
+name = "c"
+prompt = 'p'
+"""
+    for variant in (text, text.replace("\n", "\r\n"), text.replace("prompt = 'p'", "prompt = '''\n[[task]]\n'''")):
+        data = tomllib.loads(variant)
+        whole = map_lines(variant)
+        lines = TaskLines(variant, len(data["task"]))
+        assert (lines._full is None) == ("'''" not in variant)  # the header search, or the whole map
+        for i, raw in enumerate(data["task"]):
+            head = whole.get("task", i)
+            assert lines.head(i) == head
+            for key in [*raw, "missing"]:
+                assert lines.get(i, key) == whole.get("task", i, key, default=head), (i, key)
+                assert lines.table(i, key) == whole.lines.get(("task", i, "table", key))
+            for j in range(len(raw.get("verify", []))):
+                assert lines.verify(i, j) == whole.get("task", i, "verify", j, default=head)
+                assert lines.get(i, "verify", j, "run") == whole.get("task", i, "verify", j, "run", default=head)
+            kl = KeyLines(lines, i, tuple(k for k in raw if k != "verify"))
+            assert dict(kl) == {k: whole.get("task", i, k, default=head) for k in raw if k != "verify"}
+        for top in ("model", "agents", "brain", "task"):
+            assert lines.top(top) == whole.get("top", top)

@@ -156,3 +156,104 @@ def test_status_json_rows_are_written_as_json_dumps_would_write_them() -> None:
     ]
     for row in rows:
         assert _indented(row) == json.dumps(row, indent=2)
+
+
+def mixed_errors_file(repo: Path, n: int, bad: tuple[int, ...]) -> tuple[str, list[str]]:
+    """``n`` tasks, each after ``t0``; from each of ``bad`` (early, middle, near the end)
+    on, four tasks with mistakes of every kind whose line is looked up only when it is
+    reported: a key's value, a dependency on itself and on no task, an unknown sub-table
+    and a verifier's key (task p); a ``git_ref`` naming nothing (p+1); a verifier's name
+    given twice (p+2); a task's name given twice (p+3). :return: the text and the
+    expected ``ERROR: tasks.toml:LINE: task 'NAME': KEY`` prefix of each error."""
+    out: list[str] = []
+    expected: list[str] = []
+    at = 1
+
+    def put(text: str) -> int:
+        nonlocal at
+        out.append(text)
+        line, at = at, at + text.count("\n")
+        return line
+
+    kinds = {p + k: k for p in bad for k in range(4)}
+    for i in range(n):
+        kind = kinds.get(i)
+        name = f"t{i - 1}" if kind == 3 else f"t{i}"
+        line = put(f'[[task]]\nname = "{name}"\n')
+        if kind == 3:
+            expected.append(f"ERROR: tasks.toml:{line + 1}: task '{name}': name: duplicate task name")
+        put(f'cwd = "{repo.name}"\nprompt = "item {i}"\n')
+        line = put('git_ref = "no-such-ref"\n' if kind == 1 else 'git_ref = "main"\n')
+        if kind == 1:
+            expected.append(f"ERROR: tasks.toml:{line}: task '{name}': git_ref: no branch, tag or commit")
+        if kind == 0:
+            line = put(f'depends_on = ["{name}", "nowhere"]\n')
+            expected.append(f"ERROR: tasks.toml:{line}: task '{name}': depends_on: the task depends on itself")
+            expected.append(f"ERROR: tasks.toml:{line}: task '{name}': depends_on: 'nowhere' is not a task")
+            line = put("timeout_min = -3\n")
+            expected.append(f"ERROR: tasks.toml:{line}: task '{name}': timeout_min: must be greater than 0")
+        elif i:
+            put('depends_on = ["t0"]\n')
+        put('\n  [[task.verify]]\n  run = "true"\n  name = "unit"\n')
+        if kind == 0:
+            line = put('\n  [[task.verify]]\n  run = "pytest"\n  timeout_s = 0\n')
+            expected.append(
+                f"ERROR: tasks.toml:{line + 3}: task '{name}': verify #2: timeout_s: must be greater than 0"
+            )
+            line = put("\n  [task.misc]\n  x = 1\n")
+            expected.append(f"ERROR: tasks.toml:{line + 1}: task '{name}': misc: unknown key")
+        if kind == 2:
+            line = put('\n  [[task.verify]]\n  run = "pytest"\n  name = "unit"\n')
+            expected.append(
+                f"ERROR: tasks.toml:{line + 3}: task '{name}': verify #2: name: 'unit' is the name of verify #1"
+            )
+        put("\n")
+    return "".join(out), sorted(expected, key=lambda e: int(e.split(":")[2]))
+
+
+def test_every_kind_of_error_in_a_large_queue_is_reported_at_its_line(fleeter: Fleeter) -> None:
+    """3,000 tasks with a mistake of each kind in early, middle and last tasks: every
+    error is reported, with its line, found in the file only then (a valid task's lines
+    are never mapped); the same file with a multi-line string's quotes in a comment,
+    which the collector maps whole at once as before, reports the very same errors.
+    Nothing is queued."""
+    repo = fleeter.make_repo("repo")
+    text, expected = mixed_errors_file(repo, 3000, (3, 1501, 2996))
+    outputs = []
+    for tail in ("", '# not a """ string\n'):
+        fleeter.write_tasks(text + tail)
+        result = fleeter.run("queue", "tasks.toml")
+        assert result.ret == USAGE_ERROR, result.stderr
+        assert "Traceback" not in result.stderr
+        errors = [e for e in result.errlines if e.startswith("ERROR: ")]
+        assert len(errors) == len(expected), errors
+        missing = [x for x in expected if not any(e.startswith(x) for e in errors)]
+        assert not missing, (missing, errors)
+        outputs.append(result.errlines)
+    assert outputs[0] == outputs[1]
+    assert not (fleeter.home / "state.db").exists() or fleeter.ledger().tasks() == []
+
+
+def test_validate_of_a_large_file_compares_no_two_tasks(fleeter: Fleeter, monkeypatch: Any) -> None:
+    """``validate`` counts each file's selected tasks (and ``-v`` lists them) by identity:
+    it compared each task with every one before it (``t in items``, a dataclass ``==``
+    each), 5,000,000,000 comparisons for 100,000 tasks, hours of CPU. Counted here, not
+    timed: no two tasks are compared, and every task is counted and listed."""
+    from fleetrun.taskspec import TaskSpec
+
+    repo = fleeter.make_repo("repo")
+    text, _ = big_file(repo, 2000, {})
+    fleeter.write_tasks(text)
+    compared = []
+    real_eq = TaskSpec.__eq__
+
+    def eq(self: TaskSpec, other: object) -> Any:
+        compared.append(1)
+        return real_eq(self, other)
+
+    monkeypatch.setattr(TaskSpec, "__eq__", eq)
+    result = fleeter.run("validate", "-v", "tasks.toml")
+    assert result.ret == 0, result.stderr
+    assert "tasks.toml: 2000 tasks, valid" in result.outlines
+    assert len([line for line in result.outlines if line.startswith("  t")]) == 2000
+    assert compared == []

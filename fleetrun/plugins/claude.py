@@ -141,8 +141,13 @@ def fleetrun_collection_modifyitems(config: Config, items: list[Any]) -> None:
     from ..queueing import WARNINGS_KEY
     from ..textutil import safe_name
 
+    files: dict[str, str] = {}
+
     def shown(path: str) -> str:
-        return display_path(Path(path), config.invocation_dir) if path else "?"
+        # once a file: a 100,000-task file is one file (the warning below names it for each)
+        if path not in files:
+            files[path] = display_path(Path(path), config.invocation_dir) if path else "?"
+        return files[path]
 
     errors = []
     for t in items:
@@ -183,7 +188,7 @@ def fleetrun_collection_modifyitems(config: Config, items: list[Any]) -> None:
     for t in items:
         if t.agent != "claude":
             continue
-        where = display_path(Path(t.file_of("agent")), config.invocation_dir) if t.source else "?"
+        where = shown(t.file_of("agent")) if t.source else "?"
         warnings.append(
             f"{where}:{t.key_lines.get('agent', t.line)}: task '{t.name}': agent: {problem} "
             f"(set [claude] executable in config.toml)"

@@ -51,7 +51,9 @@ class Sinks:
     the lines are kept and written together: at the end of each pass
     (``fleetrun_loop_pass``), when they pass :data:`~.log.CHUNK_BYTES`, and as the run
     ends; a first pass over 10,000 waiting tasks is then a few ``write`` calls, not
-    10,000 ``open``s. Outside one (``fleetrun cancel``...) each line is written at once.
+    10,000 ``open``s. Outside one (``fleetrun cancel``...) each line is written at once,
+    but for ``queued`` lines (``fleetrun queue``), kept as a loop's are until the
+    command ends (a command that dies first leaves them out; the ledger has the tasks).
     """
 
     def __init__(self, config: Config, copy: Optional[Copy]) -> None:
@@ -78,7 +80,12 @@ class Sinks:
         if self.copy is not None and self.copy.live:
             self._to_copy(line)
         if self.lock is None:  # not a loop: the line is written as it happens
-            self._write([line])
+            self.pending.append(line)
+            self.pending_bytes += len(line)
+            # but a queue's lines (`fleetrun queue` of 100,000 tasks: a `queued` each) a
+            # chunk at a time, the rest as the command ends (fleetrun_unconfigure)
+            if type_ != "queued" or self.pending_bytes >= CHUNK_BYTES:
+                self._flush()
             return
         with self.lock:
             self.pending.append(line)
@@ -87,10 +94,12 @@ class Sinks:
                 self._flush()
 
     def flush(self) -> None:
-        """Write the lines kept so far (the end of a pass, of the run)."""
-        if self.lock is not None:
-            with self.lock:
-                self._flush()
+        """Write the lines kept so far (the end of a pass, of the run, of a command)."""
+        if self.lock is None:
+            self._flush()
+            return
+        with self.lock:
+            self._flush()
 
     def _flush(self) -> None:
         # under the lock, the write too: two threads' lines stay in their order
