@@ -218,6 +218,14 @@ class Starting:
                 sig.append(facts)
         return sig
 
+    def holding(self) -> int:
+        """The generation of the tasks holding slots, as a task in the user's checkout
+        waits on them (:func:`~fleetrun.plugins.placement.checkout_in_use`): which they are
+        and their states, since one leased but not yet started may be spawned there and
+        holds the checkout, and once its attempt is delivered to a role's mailbox it holds
+        none (a pass leases every task it places before starting any: Starting.together)."""
+        return self.generation(("slots", [(t.id, t.state) for t in self.loop.view.in_states(ACTIVE)]))
+
     def _decide_on(self, task_id: str, on: tuple[int, int]) -> None:
         """Remember that ``task_id`` was told to wait on the generations ``on``."""
         self._undecide(task_id)
@@ -278,7 +286,7 @@ class Starting:
             decided.clear()
             self._by_key.clear()
         base = self.generation(self.signature(candidates, policy))
-        holding = self.generation(("slots", [t.id for t in view.in_states(ACTIVE)]))
+        holding = self.holding()
         # a task is asked again when it changed, its wake-up came, it was not told to
         # wait, or what its wait was decided on moved (a task in the user's checkout,
         # without git_ref, also waits for the tasks holding slots: checkout_in_use)
@@ -388,7 +396,7 @@ class Starting:
                     # the rest are decided on the candidates as they are now
                     view.refresh()
                     base = self.generation(self.signature(candidates, policy))
-                    holding = self.generation(("slots", [t.id for t in view.in_states(ACTIVE)]))
+                    holding = self.holding()
                     self._final = (base, holding)
                     if not whole:  # what is left to ask, on the candidates as they are now
                         left_stale = sum(len(ids) - len(ids & asked) for ids in self._stale(base, holding))
