@@ -26,7 +26,10 @@ def trivial_tasks(fleeter: Fleeter, n: int) -> None:
 
 @pytest.mark.parametrize("slots", [2, 4])
 def test_each_task_is_asked_where_to_go_at_most_twice_over_a_run(
-    fleeter: Fleeter, fake_claude: Any, counted: PassProbe, slots: int  # noqa: F811
+    fleeter: Fleeter,
+    fake_claude: Any,
+    counted: PassProbe,  # noqa: F811  (the fixture imported above)
+    slots: int,
 ) -> None:
     """N trivial tasks on this machine, ``slots`` at a time: N asks in the first pass
     (``slots`` placed, the others told the machine is full) and one per freed slot (the
@@ -45,18 +48,24 @@ def test_each_task_is_asked_where_to_go_at_most_twice_over_a_run(
     assert max(per_task.values()) <= 2, per_task
 
 
-def test_the_machine_is_probed_at_most_once_a_pass_and_reads_no_waiting_task_s_spec_again(
-    fleeter: Fleeter, fake_claude: Any, counted: PassProbe, monkeypatch: pytest.MonkeyPatch  # noqa: F811
+def test_the_machine_is_measured_only_when_it_has_room_and_no_spec_is_parsed_again(
+    fleeter: Fleeter,
+    fake_claude: Any,
+    counted: PassProbe,  # noqa: F811  (the fixture imported above)
+    monkeypatch: pytest.MonkeyPatch,
 ) -> None:
-    """The free memory, load and disk of this machine are measured once a pass that
-    places (not per task asked), and whether any placeable task ``requires`` a tool is
-    known without parsing again the spec of every waiting task on each pass (placement
-    forgets a waiting task's parsed spec; the check parsed them all again whenever a
-    task moved: 1,290 parses for 100 tasks)."""
+    """This machine's free memory, load and disk are measured at most once a pass, and
+    only on a pass where it has a free slot (full or draining, placement's reason is
+    that, whatever they are; most passes of a busy run); the running attempts' status
+    files are read for the memory estimate only once an attempt could have run
+    ``SETTLE_S``; and whether any placeable task ``requires`` a tool is known without
+    parsing again the spec of every waiting task (placement forgets a waiting task's
+    parsed spec)."""
     n = 12
     trivial_tasks(fleeter, n)
     fake_claude.script(default=[{"actions": [["write", "out.txt", "x"], ["commit", "add out"]]}])
     real_measure = placement_plugin.measure_local
+    real_sample = placement_plugin.MemorySampler.sample
     parsed: Counter[str] = Counter()
     real_from_json = TaskSpec.from_json.__func__  # type: ignore[attr-defined]
 
@@ -64,16 +73,27 @@ def test_the_machine_is_probed_at_most_once_a_pass_and_reads_no_waiting_task_s_s
         counted.now["measure"] += 1
         return real_measure(path)
 
+    def sample(self: Any, attempts: list[Any], now: float) -> None:
+        counted.now["sampled"] += len(attempts)
+        counted.now["sample"] += 1
+        real_sample(self, attempts, now)
+
     def from_json(cls: Any, data: Any) -> Any:
         parsed[str(data.get("name"))] += 1
         return real_from_json(cls, data)
 
     monkeypatch.setattr(placement_plugin, "measure_local", measure)
+    monkeypatch.setattr(placement_plugin.MemorySampler, "sample", sample)
     monkeypatch.setattr(TaskSpec, "from_json", classmethod(from_json))
     counted.passes = 1_000_000
     r = fleeter.run("tasks.toml", "--max-tasks", "2", plugins=[counted])
     r.assert_outcomes(done=n)
+    total = sum(counted.counts, Counter())
     assert all(c.get("measure", 0) <= 1 for c in counted.counts), counted.counts
+    # measured on the passes that found a slot free (each placed a task), not on those
+    # that found the machine full: the first pass, and one a freed slot
+    assert total["measure"] <= 1 + (n - 2) < total["sample"], total
+    assert total["sampled"] == 0, total  # every attempt ended well within SETTLE_S
     # a task's spec: parsed for the first pass, again when it is placed (placement forgot
     # it while it waited), and by the stages that run it (its attempt, its verifier)
     assert max(parsed.values()) <= 4, parsed
