@@ -77,6 +77,12 @@ def test_the_machine_is_measured_only_when_it_has_room_and_no_spec_is_parsed_aga
         counted.now["measure"] += 1
         return real_measure(path)
 
+    real_wants = placement_plugin._wants_tools
+
+    def wants_tools(config: Any) -> bool:
+        counted.now["wants_tools"] += 1
+        return real_wants(config)
+
     def sample(self: Any, attempts: list[Any], now: float) -> None:
         counted.now["sampled"] += len(attempts)
         counted.now["sample"] += 1
@@ -87,6 +93,7 @@ def test_the_machine_is_measured_only_when_it_has_room_and_no_spec_is_parsed_aga
         return real_from_json(cls, data)
 
     monkeypatch.setattr(placement_plugin, "measure_local", measure)
+    monkeypatch.setattr(placement_plugin, "_wants_tools", wants_tools)
     monkeypatch.setattr(placement_plugin, "SETTLE_S", 3600.0)  # none runs an hour, however busy the machine
     monkeypatch.setattr(placement_plugin.MemorySampler, "sample", sample)
     monkeypatch.setattr(TaskSpec, "from_json", classmethod(from_json))
@@ -98,6 +105,7 @@ def test_the_machine_is_measured_only_when_it_has_room_and_no_spec_is_parsed_aga
     # measured on the passes that found a slot free (each placed a task), not on those
     # that found the machine full: the first pass, and one a freed slot
     assert total["measure"] <= 1 + (n - 2) < total["sample"], total
+    assert total["wants_tools"] == total["measure"], total  # the tools too: asked only with a slot free
     assert total["sampled"] == 0, total  # every attempt ended within SETTLE_S
     # a task's spec: parsed for the first pass, again when it is placed (placement forgot
     # it while it waited), and by the stages that run it (its attempt, its verifier)

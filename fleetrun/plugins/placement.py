@@ -231,10 +231,11 @@ def local_candidate(config: Config) -> Candidate:
     opt = config.getoption("max_tasks")
     max_tasks = opt if opt is not None else (local.max_tasks if local else 4)
     running = local_running(config)
-    if why_not or drain or running >= int(max_tasks):
-        # it can take nothing, whatever its free memory, load and disk: placement's
-        # reason is the drain or the full slots (they come before the floors), so they
-        # are not measured (most passes of a busy run: a slot freed is measured)
+    # it can take nothing, whatever its free memory, load, disk and tools: placement's
+    # reason is the drain or the full slots (they come before the floors and the
+    # requirements), so those are not measured (most passes of a busy run: a slot freed is)
+    full = bool(why_not or drain or running >= int(max_tasks))
+    if full:
         m: dict[str, Optional[float]] = {"free_mem_mb": None, "load_per_core": None, "free_disk_mb": None}
     else:
         m = measure_local(str(config.home))
@@ -247,7 +248,7 @@ def local_candidate(config: Config) -> Candidate:
 
     tools: dict[str, Optional[str]] = {}
     auth: frozenset[str] = frozenset()
-    if _wants_tools(config):
+    if not full and _wants_tools(config):
         prober: Prober = config.stash.setdefault(PROBER_KEY, Prober())
         probe = prober.get(configured_tools(config))
         tools, auth = dict(probe.tools), probe.auth
