@@ -22,6 +22,7 @@ Run::
     python bench/overhead.py --repeat 5      # the median of 5 runs each way
     python bench/overhead.py --n 20 --parallel 2 --agent python
     python bench/overhead.py --fsyncs        # and the supervisor's fsyncs per task (strace)
+    python bench/overhead.py --profile P     # and cProfile of the supervisor's main thread to P
 
 Goal: fleetrun within 1.25x of the baseline at N=100 (exit code 1 if a run is over
 ``--goal``, so it can gate CI if wanted). The fleetrun phases printed under the table
@@ -113,6 +114,21 @@ sys.argv[0] = "fleetrun"
 runpy.run_module("fleetrun", run_name="__main__", alter_sys=True)
 """
 
+#: The same, under ``cProfile`` of its main thread (``time.thread_time``: its CPU, not
+#: the time it waits), the stats dumped to ``sys.argv[1]`` as it exits. Not timed.
+PROFILE_WRAPPER = """\
+import atexit, cProfile, runpy, sys, time
+out = sys.argv.pop(1)
+prof = cProfile.Profile(time.thread_time)
+def _dump():
+    prof.disable()
+    prof.dump_stats(out)
+atexit.register(_dump)
+sys.argv[0] = "fleetrun"
+prof.enable()
+runpy.run_module("fleetrun", run_name="__main__", alter_sys=True)
+"""
+
 
 def cpu_children() -> float:
     """User + system CPU seconds of every waited-for descendant so far."""
@@ -153,7 +169,14 @@ def write_tasks(folder: Path, repo: Path, n: int, kind: str, script: Path) -> Pa
 
 
 def run_fleetrun(
-    work: Path, n: int, parallel: int, kind: str, script: Path, against: Optional[Path] = None, fsyncs: bool = False
+    work: Path,
+    n: int,
+    parallel: int,
+    kind: str,
+    script: Path,
+    against: Optional[Path] = None,
+    fsyncs: bool = False,
+    profile: Optional[Path] = None,
 ) -> dict[str, Any]:
     repo = make_repo(work / "repo")
     home = work / "home"
@@ -165,6 +188,8 @@ def run_fleetrun(
     # run as `python -m fleetrun` would, the supervisor's own CPU and its children's
     # (shepherds, agents, git, verifiers: all waited for) written as it exits
     argv = [sys.executable, "-c", RUSAGE_WRAPPER, str(usage), str(tasks), "--max-tasks", str(parallel)]
+    if profile is not None:
+        argv = [sys.executable, "-c", PROFILE_WRAPPER, str(profile), str(tasks), "--max-tasks", str(parallel)]
     trace = work / "fsyncs.strace"
     if fsyncs:  # the supervisor's own syscalls only (no -f): the ledger's syncs, not git's or a shepherd's
         argv = ["strace", "-c", "-e", "trace=fsync,fdatasync", "-o", str(trace), *argv]
@@ -178,7 +203,7 @@ def run_fleetrun(
     if code != 0:
         tail = out.read_text(errors="replace")[-3000:]
         raise SystemExit(f"fleetrun exited {code} ({shlex.join(argv)}):\n{tail}")
-    split = json.loads(usage.read_text())
+    split = json.loads(usage.read_text()) if profile is None else {"self": 0.0, "children": 0.0}
     result = {"wall": wall, "cpu": cpu, "self": split["self"], "children": split["children"], **fleetrun_phases(home)}
     if fsyncs:
         result["fsyncs"] = strace_calls(trace)
@@ -317,6 +342,35 @@ def run_baseline(work: Path, n: int, parallel: int, kind: str, script: Path) -> 
 # -- report ---------------------------------------------------------------------------
 
 
+#: what the whole run is inside (the command, the session, the loop and its pass): not listed
+_WHOLE_RUN = frozenset({"console_main", "main", "cmd_run", "run_session", "run", "step", "_step"})
+
+
+def print_profile(path: Path, n: int) -> None:
+    """The supervisor's main thread from ``--profile``: its CPU, the loop's parts by
+    cumulative CPU per task, and how often placement was asked (``fleetrun_place``)
+    and this machine measured, per task."""
+    import pstats
+
+    stats = pstats.Stats(str(path))
+    table: dict[Any, Any] = stats.stats  # type: ignore[attr-defined]
+    calls: dict[str, int] = {}
+    rows = []
+    for (file, line, func), (_cc, nc, _tt, ct, _callers) in table.items():
+        if func in ("fleetrun_place", "measure_local", "step") and "/fleetrun/" in file:
+            calls[func] = calls.get(func, 0) + nc
+        if "/fleetrun/" in file and not func.startswith("<") and func not in _WHOLE_RUN:
+            rows.append((ct, nc, f"{Path(file).parent.name}/{Path(file).name}:{line}({func})"))
+    total = getattr(stats, "total_tt", 0.0)
+    print(f"\nprofile of the supervisor's main thread (cProfile, its CPU; {path}): {total:.2f}s")
+    print(
+        f"  per task: {calls.get('fleetrun_place', 0) / n:.2f} fleetrun_place calls, "
+        f"{calls.get('measure_local', 0) / n:.2f} measures of this machine, {calls.get('step', 0) / n:.2f} passes"
+    )
+    for ct, nc, name in sorted(rows, reverse=True)[:22]:
+        print(f"  {ct / n * 1000:7.2f} ms/task  {nc:6d} calls  {name}")
+
+
 def ms(x: float) -> str:
     return f"{x * 1000:7.1f}"
 
@@ -358,6 +412,14 @@ def main(argv: Optional[list[str]] = None) -> int:
         action="store_true",
         help="also count the supervisor's fsync/fdatasync calls (the ledger's commits), under "
         "strace, in one more run of each fleetrun (not timed)",
+    )
+    parser.add_argument(
+        "--profile",
+        type=Path,
+        default=None,
+        metavar="PATH",
+        help="also run fleetrun once more (not timed) under cProfile of its main thread's CPU, the stats "
+        "written to PATH; print where it goes and the fleetrun_place calls per task",
     )
     args = parser.parse_args(argv)
     if args.n < 1 or args.parallel < 1 or args.repeat < 1:
@@ -414,6 +476,9 @@ def main(argv: Optional[list[str]] = None) -> int:
                 )
             for name, got in counts:
                 print(f"  {name:<8} {got} fsyncs of the supervisor, {got / args.n:.1f} per task", flush=True)
+        if args.profile is not None:
+            run_fleetrun(tmp / "profile", args.n, args.parallel, args.agent, script, profile=args.profile.resolve())
+            print_profile(args.profile, args.n)
     finally:
         if not args.keep:
             subprocess.run(["rm", "-rf", "--", str(tmp)], check=False)

@@ -120,7 +120,10 @@ class Starting:
         # the same by what they were decided on: which waits a change of the candidates or
         # of the slots may have cleared is found without a look at every waiting task
         self._by_key: dict[tuple[int, int], set[str]] = {}
-        self._gens: list[tuple[int, Any]] = []
+        # kind ("candidates" or "slots") -> the values lately seen, with their numbers,
+        # the most recently used last (see :meth:`generation`)
+        self._gens: dict[str, list[tuple[int, Any]]] = {}
+        self._next_gen = 1
         self._last = (0, 0)  # the generations the last pass ended on
         self._final = (0, 0)  # the generations as this pass's placements left them
         self.preparing = loop.pending.view(Preparing)  # task id -> its workspace being made
@@ -181,13 +184,22 @@ class Starting:
                     return False
         return True
 
-    def generation(self, value: Any) -> int:
-        """A number for ``value`` (the same for an equal value seen lately)."""
-        for gen, seen in self._gens:
-            if seen == value:
+    def generation(self, kind: str, value: Any) -> int:
+        """A number for ``value`` of ``kind``: the same for an equal value seen lately.
+
+        Each kind keeps its own eight values, the most recently used kept longest: the
+        tasks holding slots are a new value on almost every pass, and sharing one history
+        with the candidates pushed out the candidates' value most tasks wait on (the
+        machine full): every few ends the whole queue was asked again (issue 24)."""
+        seen = self._gens.setdefault(kind, [])
+        for k, (gen, old) in enumerate(seen):
+            if old == value:
+                seen.append(seen.pop(k))
                 return gen
-        gen = (self._gens[-1][0] + 1) if self._gens else 1
-        self._gens = [*self._gens[-7:], (gen, value)]
+        gen = self._next_gen
+        self._next_gen += 1
+        seen.append((gen, value))
+        del seen[:-8]
         return gen
 
     @staticmethod
@@ -224,7 +236,7 @@ class Starting:
         and their states, since one leased but not yet started may be spawned there and
         holds the checkout, and once its attempt is delivered to a role's mailbox it holds
         none (a pass leases every task it places before starting any: Starting.together)."""
-        return self.generation(("slots", [(t.id, t.state) for t in self.loop.view.in_states(ACTIVE)]))
+        return self.generation("slots", [(t.id, t.state) for t in self.loop.view.in_states(ACTIVE)])
 
     def _decide_on(self, task_id: str, on: tuple[int, int]) -> None:
         """Remember that ``task_id`` was told to wait on the generations ``on``."""
@@ -285,7 +297,7 @@ class Starting:
         if not self.pure_placement():
             decided.clear()
             self._by_key.clear()
-        base = self.generation(self.signature(candidates, policy))
+        base = self.generation("candidates", self.signature(candidates, policy))
         holding = self.holding()
         # a task is asked again when it changed, its wake-up came, it was not told to
         # wait, or what its wait was decided on moved (a task in the user's checkout,
@@ -395,7 +407,7 @@ class Starting:
                                 c.free_mem_mb -= c.mem_per_task_mb
                     # the rest are decided on the candidates as they are now
                     view.refresh()
-                    base = self.generation(self.signature(candidates, policy))
+                    base = self.generation("candidates", self.signature(candidates, policy))
                     holding = self.holding()
                     self._final = (base, holding)
                     if not whole:  # what is left to ask, on the candidates as they are now

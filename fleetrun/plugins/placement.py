@@ -16,6 +16,7 @@ import dataclasses
 import os
 import time
 from collections import OrderedDict
+from collections.abc import Container
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Callable, Optional, Union
 
@@ -148,14 +149,22 @@ PROBER_KEY = StashKey[Prober]()
 REASONS_KEY = StashKey[dict[str, str]]()
 #: This pass's candidates and the waits decided for them, per task shape (:func:`same_pass`).
 PASS_KEY = StashKey[tuple[list[Candidate], dict[Any, Wait]]]()
-#: whether a placeable task has ``requires`` (tools are probed only then), for a list of the view
-WANTS_TOOLS_KEY = StashKey[tuple[list[Any], bool]]()
+#: whether a placeable task has ``requires`` (tools are probed only then), for a list of the
+#: view, and each task's answer with the task object it was found for
+WANTS_TOOLS_KEY = StashKey[tuple[list[Any], bool, dict[str, tuple[Any, bool]]]]()
 #: what the fleetrun_place_filter/score hooks said this pass (:class:`PassRules`)
 RULES_KEY = StashKey["PassRules"]()
 
 
-def running_statuses(config: Config) -> list[tuple[str, dict[str, Any]]]:
-    """(attempt id, status.json) of the attempts running on this machine."""
+def running_statuses(
+    config: Config, now: Optional[float] = None, known: Container[str] = ()
+) -> list[tuple[str, dict[str, Any]]]:
+    """(attempt id, status.json) of the attempts running on this machine.
+
+    Given ``now``, an attempt whose shepherd started less than :data:`SETTLE_S` before
+    it and that is not in ``known`` is left out, its file not read: its agent started
+    later still, so :meth:`MemorySampler.sample` would pass over it (a run of short
+    tasks read every running attempt's file on every pass, for nothing)."""
     from ..hosts import read_status  # checked: the agent can write to its attempt folder
 
     led = config.stash.get(LEDGER_KEY)
@@ -163,6 +172,8 @@ def running_statuses(config: Config) -> list[tuple[str, dict[str, Any]]]:
         return []
     out = []
     for att in led.attempts(states={"running"}, host="local"):
+        if now is not None and att.started is not None and now - att.started < SETTLE_S and att.id not in known:
+            continue
         st, _ = read_status(config.home / "attempts" / att.id)
         if st:
             out.append((att.id, st))
@@ -187,12 +198,22 @@ def configured_tags(config: Config) -> list[str]:
 
 
 def _wants_tools(config: Config) -> bool:
+    """Whether a placeable task ``requires`` something (the tools are probed only then).
+
+    Each task's answer is kept with the task object the view holds (a task that changes
+    is a new object): placement forgets a waiting task's parsed spec, and asking every
+    task again whenever one of them moved parsed every waiting task's spec again."""
     tasks = tasks_in(config, PLACEABLE)
     memo = config.stash.get(WANTS_TOOLS_KEY)
     if memo is not None and memo[0] is tasks:  # the view's list: the same until one of them changes
         return memo[1]
-    wants = any(t.spec.requires for t in tasks)
-    config.stash[WANTS_TOOLS_KEY] = (tasks, wants)
+    known = memo[2] if memo is not None else {}
+    each: dict[str, tuple[Any, bool]] = {}
+    for t in tasks:
+        hit = known.get(t.id)
+        each[t.id] = hit if hit is not None and hit[0] is t else (t, bool(t.spec.requires))
+    wants = any(w for _, w in each.values())
+    config.stash[WANTS_TOOLS_KEY] = (tasks, wants, each)
     return wants
 
 
@@ -209,16 +230,25 @@ def local_candidate(config: Config) -> Candidate:
         why_not = f"is draining ({local_drain_source(config.home / 'policy.toml') or 'policy.toml'})"
     opt = config.getoption("max_tasks")
     max_tasks = opt if opt is not None else (local.max_tasks if local else 4)
-    m = measure_local(str(config.home))
+    running = local_running(config)
+    # it can take nothing, whatever its free memory, load, disk and tools: placement's
+    # reason is the drain or the full slots (they come before the floors and the
+    # requirements), so those are not measured (most passes of a busy run: a slot freed is)
+    full = bool(why_not or drain or running >= int(max_tasks))
+    if full:
+        m: dict[str, Optional[float]] = {"free_mem_mb": None, "load_per_core": None, "free_disk_mb": None}
+    else:
+        m = measure_local(str(config.home))
 
+    now = time.time()
     sampler: MemorySampler = config.stash.setdefault(MEMORY_KEY, MemorySampler())
-    sampler.sample(running_statuses(config), time.time())
+    sampler.sample(running_statuses(config, now, sampler.peaks), now)
     measured = sampler.estimate()
     per_task = float(local.mem_per_task_mb) if local else 1024.0
 
     tools: dict[str, Optional[str]] = {}
     auth: frozenset[str] = frozenset()
-    if _wants_tools(config):
+    if not full and _wants_tools(config):
         prober: Prober = config.stash.setdefault(PROBER_KEY, Prober())
         probe = prober.get(configured_tools(config))
         tools, auth = dict(probe.tools), probe.auth
@@ -228,7 +258,7 @@ def local_candidate(config: Config) -> Candidate:
         free_mem_mb=m["free_mem_mb"],
         load_per_core=m["load_per_core"],
         free_disk_mb=m["free_disk_mb"],
-        running=local_running(config),
+        running=running,
         max_tasks=int(max_tasks),
         drain=drain,
         tags=frozenset(configured_tags(config)),
