@@ -529,16 +529,18 @@ def same_pass(
     A long queue mostly waits, and tasks with the same ``requires`` and pin get the
     same answer while the candidates are unchanged: the loop makes a new candidates
     list every pass and changes it only after a placement, which clears what is
-    remembered. A task with a backoff of its own is always decided afresh. With a
-    plugin's filter or score, which may look at the task, only the same task
-    (``task_id``) gets the answer again.
+    remembered. A task with a backoff of its own is always decided afresh, and so is
+    every task with a plugin's filter or score, which may look at the task: the loop
+    asks a task once a pass, and an answer kept by task id was one entry a waiting task
+    held until the next placement (30,000 of them, each a key and a Wait). ``task_id``
+    is no longer used (callers still pass it).
     """
     memo: Optional[tuple[list[Candidate], dict[Any, Wait]]] = stash.get(PASS_KEY)
     if memo is None or memo[0] is not candidates:
         memo = stash[PASS_KEY] = (candidates, {})
     key: Optional[tuple[Any, ...]] = (tuple(requires), pin) if not backoff else None
-    if key is not None and (extra_filter is not None or extra_score is not None):
-        key = (*key, task_id) if task_id is not None else None
+    if extra_filter is not None or extra_score is not None:
+        key = None
     hit = memo[1].get(key) if key is not None else None
     if hit is not None:
         return Wait(hit.reason, until=hit.until, operator=hit.operator)
