@@ -52,6 +52,10 @@ class Task:
         """The names of the tasks it depends on (its spec's ``depends_on``)."""
         return list(self.spec.depends_on)
 
+    def has_requirements(self) -> bool:
+        """Whether its spec ``requires`` a tag or tool."""
+        return bool(self.spec.requires)
+
     def to_json(self) -> dict[str, Any]:
         return {
             "id": self.id,
@@ -109,9 +113,10 @@ class ListedTask(Task):
     One object a task (slots, no ``__dict__``): the reader of specs is shared by the
     tasks of one read and given the task's id, not a closure a task."""
 
-    __slots__ = ("_read_spec", "_depends_on")
+    __slots__ = ("_read_spec", "_depends_on", "_requires")
     _read_spec: Callable[[str], str]  # reads a task's spec text by id; unset in a copy (replace())
     _depends_on: Optional[str]  # the spec's ``depends_on``, JSON
+    _requires: Optional[str]  # the spec's ``requires``, JSON
 
     def __getattr__(self, name: str) -> Any:
         # only an unset slot comes here: ``spec`` of a listed task not read yet
@@ -144,10 +149,20 @@ class ListedTask(Task):
         names = json.loads(depends_on)
         return [str(n) for n in names] if isinstance(names, list) else []
 
+    def has_requirements(self) -> bool:
+        # from the row: placement asks it of every placeable task before it places any
+        # (whether to probe this machine's tools), and parsing each spec for it held
+        # 30,000 parsed specs at once
+        try:
+            requires = self._requires
+        except AttributeError:  # made by dataclasses.replace(): its spec is set
+            return bool(self.spec.requires)
+        return requires not in (None, "", "[]")
+
     @classmethod
     def listed(cls, row: tuple[Any, ...], deps: list[str], read_spec: Callable[[str], str]) -> ListedTask:
         """The task of a ``tasks`` row read as :data:`LISTED_COLUMNS` (no spec; the
-        spec's ``$.depends_on`` as JSON last).
+        spec's ``$.depends_on`` and ``$.requires`` as JSON last).
 
         :param read_spec: reads a task's spec text given its id, on first use of ``spec``
             (one for every task of a read).
@@ -172,6 +187,7 @@ class ListedTask(Task):
             t.reason,
             handoff,
             t._depends_on,
+            t._requires,
         ) = row
         t.state = _STATES[state]
         t.handoff = json.loads(handoff) if handoff else None
@@ -183,7 +199,7 @@ class ListedTask(Task):
 #: The columns :meth:`ListedTask.listed` reads, in its order.
 LISTED_COLUMNS = (
     "id, name, state, source, queue_id, created, updated, host, worktree, branch, cost_usd, attempts,"
-    " retries, resumes, no_start, reason, handoff, json_extract(spec, '$.depends_on')"
+    " retries, resumes, no_start, reason, handoff, json_extract(spec, '$.depends_on'), json_extract(spec, '$.requires')"
 )
 _STATES = {s.value: s for s in State}
 

@@ -53,8 +53,8 @@ _HANDOFF = 12  # the handoff's place in a brief: JSON text in the row, parsed in
 
 
 #: The columns of a :data:`LISTED_COLUMNS` row a queue's tasks share a value of, kept
-#: once: source, queue_id, created and the spec's depends_on.
-_SHARED_AT = (3, 4, 5, 17)
+#: once: source, queue_id, created and the spec's depends_on and requires.
+_SHARED_AT = (3, 4, 5, 17, 18)
 
 
 def _brief_of(t: Task) -> tuple[Any, ...]:

@@ -245,6 +245,47 @@ def test_a_waiting_ready_task_is_held_as_two_objects(fleeter: Fleeter, counted: 
     assert per_task <= 2.5, (tracked, per_task)
 
 
+def test_a_pass_holds_the_parsed_spec_of_the_task_placement_asks_about_not_every_one(
+    fleeter: Fleeter, counted: PassProbe, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Before it places a task, a pass asks whether any placeable task requires a tag or
+    a tool (to probe this machine's tools only then): that is read from the rows, so
+    the specs parsed at any time are those of the tasks asked about so far and still
+    to be told to wait (one), not every placeable one's (30,000 READY tasks had 30,000
+    specs parsed at once, each several objects for the collector's full passes)."""
+    queue(fleeter, 60)
+    live: list[int] = []
+    counted_place = placement_plugin.builtin_place
+
+    def place(task: Any, *a: Any, **kw: Any) -> Any:
+        live.append(sum(1 for o in gc.get_objects() if isinstance(o, TaskSpec)))
+        return counted_place(task, *a, **kw)
+
+    monkeypatch.setattr(placement_plugin, "builtin_place", place)
+    run(fleeter, counted, 2, {})
+    assert len(live) == 60 and max(live) <= 2, live
+
+
+def test_whether_a_held_task_requires_a_tag_or_tool_is_read_from_its_row(fleeter: Fleeter) -> None:
+    """What placement asks of every placeable task (whether to probe this machine's
+    tools) is answered from the row, without parsing the spec; a copy made with
+    ``dataclasses.replace`` answers from its spec."""
+    import dataclasses
+
+    repo = fleeter.make_repo()
+    specs = [
+        TaskSpec(name="tagged", prompt="p", cwd=str(repo), git_ref="main", requires=["gpu"]),
+        TaskSpec(name="plain", prompt="p", cwd=str(repo), git_ref="main"),
+    ]
+    tagged, plain = (t.id for t in fleeter.ledger().add_tasks(specs, source="tasks.toml", source_hash="h"))
+    view = TaskView(fleeter.ledger())
+    a, b = view.get(tagged), view.get(plain)
+    assert a is not None and b is not None
+    assert a.has_requirements() and not b.has_requirements()
+    assert dataclasses.replace(a, worktree="/w").has_requirements()
+    assert not dataclasses.replace(b, worktree="/w").has_requirements()
+
+
 def test_tasks_waiting_for_a_tag_on_a_machine_with_room_are_not_asked_again_each_pass(
     fleeter: Fleeter, counted: PassProbe
 ) -> None:

@@ -191,7 +191,7 @@ def _wants_tools(config: Config) -> bool:
     memo = config.stash.get(WANTS_TOOLS_KEY)
     if memo is not None and memo[0] is tasks:  # the view's list: the same until one of them changes
         return memo[1]
-    wants = any(t.spec.requires for t in tasks)
+    wants = any(t.has_requirements() for t in tasks)  # from the view's rows: no spec parsed
     config.stash[WANTS_TOOLS_KEY] = (tasks, wants)
     return wants
 
