@@ -32,6 +32,7 @@ from __future__ import annotations
 
 import json
 import sqlite3
+import sys
 import threading
 from collections.abc import Iterable
 from typing import Any, Optional
@@ -55,6 +56,7 @@ _HANDOFF = 12  # the handoff's place in a brief: JSON text in the row, parsed in
 #: The columns of a :data:`LISTED_COLUMNS` row a queue's tasks share a value of, kept
 #: once: source, queue_id, created and the spec's depends_on and requires.
 _SHARED_AT = (3, 4, 5, 17, 18)
+_REASON = 15  # the reason's place in such a row
 
 
 def _brief_of(t: Task) -> tuple[Any, ...]:
@@ -244,6 +246,7 @@ class TaskView:
             row = list(r[1:])
             for k in _SHARED_AT:  # a queue's tasks have the same source, queue, reason...: one string
                 row[k] = share.setdefault(row[k], row[k])
+            row[_REASON] = sys.intern(row[_REASON])  # `queued` and the like: one string, freed once unused
             out.append(ListedTask.listed(tuple(row), [share.setdefault(d, d) for d in deps.get(tid, ())], reader))
             keys[tid] = (r[6], r[0])  # (created, seq)
         return out

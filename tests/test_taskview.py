@@ -94,9 +94,27 @@ def counted(monkeypatch: pytest.MonkeyPatch) -> PassProbe:
     return probe
 
 
-def run(fleeter: Fleeter, probe: PassProbe, passes: int, actions: dict[int, Callable[[Any], None]]) -> PassProbe:
+class RefusesNothing:
+    """A plugin's placement filter that keeps no task off any machine, its decision
+    depending only on what placement is given: with it, each task is decided afresh
+    (as with fleetrun-slurm installed), not given the answer of a task of its shape."""
+
+    PURE_PLACEMENT = True
+
+    @fleetrun.hookimpl
+    def fleetrun_place_filter(self, task: Any, candidate: Any, config: Any) -> None:
+        return None
+
+
+def run(
+    fleeter: Fleeter,
+    probe: PassProbe,
+    passes: int,
+    actions: dict[int, Callable[[Any], None]],
+    plugins: tuple[object, ...] = (),
+) -> PassProbe:
     probe.passes, probe.actions, probe.counts = passes, actions, []
-    result = fleeter.run("work", plugins=[probe])
+    result = fleeter.run("work", plugins=[probe, *plugins])
     assert result.ret == 2, result.stderr  # stopped by the probe, as by Ctrl-C
     return probe
 
@@ -229,7 +247,8 @@ def test_a_waiting_ready_task_is_held_as_two_objects(fleeter: Fleeter, counted: 
     dependencies, whatever placement said: no dict, no reader of its own, no Wait kept
     for it (at 30,000 READY tasks, five objects each were the garbage collector's full
     passes' work, and their memory). Counted as the objects the collector tracks after
-    the first pass, with 10 and with 410 READY tasks."""
+    the first pass, with 10 and with 410 READY tasks, a plugin's filter installed (each
+    task is then decided afresh)."""
     tracked: list[int] = []
 
     def count(config: Any) -> None:
@@ -237,10 +256,10 @@ def test_a_waiting_ready_task_is_held_as_two_objects(fleeter: Fleeter, counted: 
         tracked.append(len(gc.get_objects()))
 
     queue(fleeter, 10)
-    run(fleeter, counted, 3, {2: count})
+    run(fleeter, counted, 3, {2: count}, (RefusesNothing(),))
     _fresh_ledger(fleeter)
     queue(fleeter, 410)
-    run(fleeter, counted, 3, {2: count})
+    run(fleeter, counted, 3, {2: count}, (RefusesNothing(),))
     per_task = (tracked[1] - tracked[0]) / 400  # and a second run's few objects of its own
     assert per_task <= 2.5, (tracked, per_task)
 
@@ -284,6 +303,21 @@ def test_whether_a_held_task_requires_a_tag_or_tool_is_read_from_its_row(fleeter
     assert a.has_requirements() and not b.has_requirements()
     assert dataclasses.replace(a, worktree="/w").has_requirements()
     assert not dataclasses.replace(b, worktree="/w").has_requirements()
+
+
+def test_tasks_told_the_same_wait_share_its_words(fleeter: Fleeter, counted: PassProbe) -> None:
+    """READY tasks told to wait for the same reason (a draining machine) hold one string
+    of it, in placement's reasons and the loop's waits, however each was decided (with
+    a plugin's filter, each is decided afresh: it worded each anew, two strings a task)."""
+    queue(fleeter, 30)
+    seen: dict[str, Any] = {}
+
+    def look(config: Any) -> None:
+        seen["reasons"] = dict(config.stash[placement_plugin.REASONS_KEY])
+
+    run(fleeter, counted, 3, {2: look}, (RefusesNothing(),))
+    reasons = seen["reasons"]
+    assert len(reasons) == 30 and len({id(r) for r in reasons.values()}) == 1, reasons
 
 
 def test_tasks_waiting_for_a_tag_on_a_machine_with_room_are_not_asked_again_each_pass(

@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import dataclasses
 import os
+import sys
 import time
 from collections import OrderedDict
 from pathlib import Path
@@ -564,8 +565,13 @@ def steady(seen: dict[str, str], task_id: str, decision: Union[Placement, Wait])
     prev = seen.get(task_id)
     if prev is not None and reason_shape(prev) == reason_shape(decision.reason):
         return Wait(prev, until=decision.until, operator=decision.operator)
-    seen[task_id] = decision.reason
-    return decision
+    # one string for the many tasks told the same: a decision made afresh for each (with
+    # a plugin's filter) words it anew, and the loop keeps a waiting task's reason and
+    # what a person must change (30,000 READY tasks: 60,000 copies of the same words)
+    reason = sys.intern(decision.reason)
+    seen[task_id] = reason
+    operator = sys.intern(decision.operator) if decision.operator else decision.operator
+    return Wait(reason, until=decision.until, operator=operator)
 
 
 # -- fleetrun validate -----------------------------------------------------------------
