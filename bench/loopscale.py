@@ -14,7 +14,10 @@ Measured for each:
 
 - **pass**: ``Loop.step`` timed in-process (``fleetrun work`` run by ``fleetrun.main``
   with the step wrapped and the sleep between passes skipped): the first pass (every
-  task is placed or looked at once) and the median of the next ``--passes`` (idle
+  task is placed or looked at once), wall and CPU (the CPU says more on a shared
+  machine), the garbage collector's full collections (generation 2) during it and
+  their time (each walks every object the process tracks: many long-lived objects
+  made in one pass set them off), and the median of the next ``--passes`` (idle
   passes: nothing changed);
 - **idle CPU**: ``python -m fleetrun work`` as a subprocess, its CPU (user + system,
   ``getrusage`` of the child through psutil) over ``--idle`` seconds after a warm-up,
@@ -35,6 +38,7 @@ from __future__ import annotations
 
 import argparse
 import contextlib
+import gc
 import io
 import os
 import statistics
@@ -80,20 +84,49 @@ def make_home(root: Path, n: int, scenario: str) -> tuple[Path, dict[str, str]]:
     return home, env
 
 
-def pass_times(home: Path, passes: int) -> tuple[float, list[float]]:
+class FirstPass:
+    """What the first pass cost: wall and CPU seconds, and the collector's full
+    collections during it (how many, seconds)."""
+
+    def __init__(self) -> None:
+        self.wall = self.cpu = self.gc_seconds = 0.0
+        self.full_collections = 0
+        self._began = 0.0
+
+    def collector(self, phase: str, info: dict[str, Any]) -> None:
+        """A ``gc.callbacks`` entry: counts and times the generation-2 collections."""
+        if info["generation"] != 2:
+            return
+        if phase == "start":
+            self.full_collections += 1
+            self._began = time.perf_counter()
+        else:
+            self.gc_seconds += time.perf_counter() - self._began
+
+
+def pass_times(home: Path, passes: int) -> tuple[FirstPass, list[float]]:
     """Run ``fleetrun work`` in-process for ``passes + 1`` passes, timing each
-    ``Loop.step``. :return: (first pass, the others), seconds."""
+    ``Loop.step``. :return: (the first pass, the others' seconds)."""
     import fleetrun
     from fleetrun import loop as loopmod
     from fleetrun import waiting
 
     times: list[float] = []
+    first = FirstPass()
     real_step = loopmod.Loop.step
     real_sleep = waiting.Waits.sleep
 
     def step(self: Any) -> None:
+        if not times:
+            gc.callbacks.append(first.collector)
+            cpu = time.process_time()
         start = time.perf_counter()
-        real_step(self)
+        try:
+            real_step(self)
+        finally:
+            if not times:
+                first.cpu = time.process_time() - cpu
+                gc.callbacks.remove(first.collector)
         times.append(time.perf_counter() - start)
         if len(times) > passes:
             raise KeyboardInterrupt
@@ -112,7 +145,8 @@ def pass_times(home: Path, passes: int) -> tuple[float, list[float]]:
             os.environ.pop("FLEETRUN_HOME", None)
         else:
             os.environ["FLEETRUN_HOME"] = old
-    return times[0], times[1:]
+    first.wall = times[0]
+    return first, times[1:]
 
 
 def idle_cpu(env: dict[str, str], warmup: float, seconds: float) -> tuple[float, float]:
@@ -207,7 +241,10 @@ def main() -> None:
     scenarios = ["ready", "pending"] if args.scenario == "both" else [args.scenario]
     status_env: dict[str, str] = {}
     with tempfile.TemporaryDirectory(prefix="fleetrun-loopscale-") as tmp:
-        print(f"{'scenario':<8} {'tasks':>6} {'1st pass':>10} {'idle pass':>10} {'idle CPU':>9} {'RSS':>8}")
+        print(
+            f"{'scenario':<8} {'tasks':>6} {'1st pass':>10} {'1st CPU':>10} {'full gc':>14} {'idle pass':>10} "
+            f"{'idle CPU':>9} {'RSS':>8}"
+        )
         for scenario in scenarios:
             for n in sizes:
                 root = Path(tmp) / f"{scenario}-{n}"
@@ -219,8 +256,9 @@ def main() -> None:
                 first, rest = pass_times(home, args.passes)
                 cpu, rss = idle_cpu(env, args.warmup, args.idle)
                 print(
-                    f"{scenario:<8} {n:>6} {first * 1000:>8.1f}ms {statistics.median(rest) * 1000:>8.2f}ms "
-                    f"{cpu:>8.2f}% {rss:>6.1f}MiB",
+                    f"{scenario:<8} {n:>6} {first.wall * 1000:>8.1f}ms {first.cpu * 1000:>8.1f}ms "
+                    f"{first.full_collections:>3} {first.gc_seconds * 1000:>7.1f}ms "
+                    f"{statistics.median(rest) * 1000:>8.2f}ms {cpu:>8.2f}% {rss:>6.1f}MiB",
                     flush=True,
                 )
                 if n == max(sizes) and scenario == scenarios[0]:

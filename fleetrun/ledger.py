@@ -20,7 +20,7 @@ import os
 import sqlite3
 import time
 from collections.abc import Iterable, Iterator, Sequence
-from typing import TYPE_CHECKING, Any, Callable, Optional, overload
+from typing import TYPE_CHECKING, Any, Optional, overload
 
 from .exceptions import StateConflict
 from .ledger_schema import LATEST, SCHEMA_VERSION, LedgerFile, ensure_private_dir
@@ -332,7 +332,8 @@ class Ledger(LedgerFile):
             for tid, did in self.conn.execute(dep_sql, args):
                 alldeps.setdefault(tid, []).append(did)
         if listed:
-            return [ListedTask.listed(r, alldeps.get(r[0], []), self._spec_reader(r[0])) for r in rows]
+            read = self.spec_text  # one reader for every task (a bound method made once)
+            return [ListedTask.listed(r, alldeps.get(r[0], []), read) for r in rows]
         return [self._row_to_task(r, alldeps.get(r["id"], [])) for r in rows]
 
     def listed_batches(
@@ -358,15 +359,17 @@ class Ledger(LedgerFile):
                 ids,
             ):
                 deps.setdefault(tid, []).append(did)
-            yield [ListedTask.listed(r, deps.get(r[0], []), self._spec_reader(r[0])) for r in batch]
+            read = self.spec_text
+            yield [ListedTask.listed(r, deps.get(r[0], []), read) for r in batch]
 
     def _tuples(self, sql: str, args: list[Any]) -> sqlite3.Cursor:
         cur = self.conn.cursor()
         cur.row_factory = None  # plain tuples: a listing of 10,000 rows
         return cur.execute(sql, args)
 
-    def _spec_reader(self, task_id: str) -> Callable[[], str]:
-        return lambda: str(self.conn.execute("SELECT spec FROM tasks WHERE id=?", (task_id,)).fetchone()[0])
+    def spec_text(self, task_id: str) -> str:
+        """A task's spec as its row holds it (JSON text)."""
+        return str(self.conn.execute("SELECT spec FROM tasks WHERE id=?", (task_id,)).fetchone()[0])
 
     def count_tasks(
         self, states: Optional[set[State]] = None, queue_id: Optional[str] = None, at_most: Optional[int] = None
@@ -462,6 +465,7 @@ class Ledger(LedgerFile):
         r"""The tasks of ``ids`` as :class:`~fleetrun.records.ListedTask`\ s (the spec read
         only if used), in the order of ``ids``; those not in the ledger left out."""
         got: dict[str, Task] = {}
+        read = self.spec_text
         for k in range(0, len(ids), 500):
             chunk = ids[k : k + 500]
             marks = ",".join("?" * len(chunk))
@@ -471,7 +475,7 @@ class Ledger(LedgerFile):
             ):
                 deps.setdefault(tid, []).append(did)
             for r in self._tuples(f"SELECT {LISTED_COLUMNS} FROM tasks WHERE id IN ({marks})", chunk):
-                got[r[0]] = ListedTask.listed(r, deps.get(r[0], []), self._spec_reader(r[0]))
+                got[r[0]] = ListedTask.listed(r, deps.get(r[0], []), read)
         return [got[i] for i in ids if i in got]
 
     def deps(self, task_id: str) -> list[str]:

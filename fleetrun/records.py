@@ -20,9 +20,13 @@ if TYPE_CHECKING:
 __all__ = ["Attempt", "ListedTask", "Task", "TransitionRow", "VerdictRow"]
 
 
-@dataclass
+@dataclass(slots=True)
 class Task:
-    """A task as the ledger knows it: its spec plus where it stands."""
+    """A task as the ledger knows it: its spec plus where it stands.
+
+    With slots, no ``__dict__``: the loop's view holds every READY task, and at 30,000 a
+    dict each was most of their memory and as many more objects for each of the garbage
+    collector's full passes to walk."""
 
     id: str
     name: str
@@ -47,6 +51,10 @@ class Task:
     def dependency_names(self) -> list[str]:
         """The names of the tasks it depends on (its spec's ``depends_on``)."""
         return list(self.spec.depends_on)
+
+    def has_requirements(self) -> bool:
+        """Whether its spec ``requires`` a tag or tool."""
+        return bool(self.spec.requires)
 
     def to_json(self) -> dict[str, Any]:
         return {
@@ -100,89 +108,98 @@ class Task:
 class ListedTask(Task):
     """A :class:`Task` read for a listing (``fleetrun status``): its spec is read and
     parsed only if it is used (with 10,000 tasks, parsing every spec was most of the
-    command's time); ``depends_on`` comes from the row as read."""
+    command's time); ``depends_on`` comes from the row as read.
 
-    _read_spec: Callable[[], str]
+    One object a task (slots, no ``__dict__``): the reader of specs is shared by the
+    tasks of one read and given the task's id, not a closure a task."""
+
+    __slots__ = ("_read_spec", "_depends_on", "_requires")
+    _read_spec: Callable[[str], str]  # reads a task's spec text by id; unset in a copy (replace())
     _depends_on: Optional[str]  # the spec's ``depends_on``, JSON
+    _requires: Optional[str]  # the spec's ``requires``, JSON
 
     def __getattr__(self, name: str) -> Any:
-        if name != "spec" or "_read_spec" not in self.__dict__:
+        # only an unset slot comes here: ``spec`` of a listed task not read yet
+        if name != "spec":
             raise AttributeError(name)
-        spec = TaskSpec.from_json(json.loads(self._read_spec()))
-        self.__dict__["spec"] = spec
+        try:
+            read = self._read_spec
+        except AttributeError:
+            raise AttributeError(name) from None
+        spec = TaskSpec.from_json(json.loads(read(self.id)))
+        self.spec = spec
         return spec
 
     def unload_spec(self) -> None:
         """Forget the parsed spec (it is read and parsed again if used): a task that waits
         keeps its row's narrow columns only."""
-        if "_read_spec" in self.__dict__:
-            self.__dict__.pop("spec", None)
+        if hasattr(self, "_read_spec"):
+            try:
+                del self.spec
+            except AttributeError:
+                pass  # not read
 
     def dependency_names(self) -> list[str]:
-        if "_depends_on" not in self.__dict__:  # made by dataclasses.replace(): its spec is set
+        try:
+            depends_on = self._depends_on
+        except AttributeError:  # made by dataclasses.replace(): its spec is set
             return list(self.spec.depends_on)
-        if not self._depends_on or self._depends_on == "[]":  # most tasks: not parsed, 10,000 times
+        if not depends_on or depends_on == "[]":  # most tasks: not parsed, 10,000 times
             return []
-        names = json.loads(self._depends_on)
+        names = json.loads(depends_on)
         return [str(n) for n in names] if isinstance(names, list) else []
 
-    @classmethod
-    def listed(cls, row: tuple[Any, ...], deps: list[str], read_spec: Callable[[], str]) -> ListedTask:
-        """The task of a ``tasks`` row read as :data:`LISTED_COLUMNS` (no spec; the
-        spec's ``$.depends_on`` as JSON last).
+    def has_requirements(self) -> bool:
+        # from the row: placement asks it of every placeable task before it places any
+        # (whether to probe this machine's tools), and parsing each spec for it held
+        # 30,000 parsed specs at once
+        try:
+            requires = self._requires
+        except AttributeError:  # made by dataclasses.replace(): its spec is set
+            return bool(self.spec.requires)
+        return requires not in (None, "", "[]")
 
-        :param read_spec: reads the spec's text, on first use of ``spec``.
+    @classmethod
+    def listed(cls, row: tuple[Any, ...], deps: list[str], read_spec: Callable[[str], str]) -> ListedTask:
+        """The task of a ``tasks`` row read as :data:`LISTED_COLUMNS` (no spec; the
+        spec's ``$.depends_on`` and ``$.requires`` as JSON last).
+
+        :param read_spec: reads a task's spec text given its id, on first use of ``spec``
+            (one for every task of a read).
         """
-        (
-            tid,
-            name,
-            state,
-            source,
-            queue_id,
-            created,
-            updated,
-            host,
-            worktree,
-            branch,
-            cost_usd,
-            attempts,
-            retries,
-            resumes,
-            no_start,
-            reason,
-            handoff,
-            depends_on,
-        ) = row
         t = cls.__new__(cls)
-        t.__dict__.update(
-            id=tid,
-            name=name,
-            state=_STATES[state],
-            source=source,
-            queue_id=queue_id,
-            created=created,
-            updated=updated,
-            host=host,
-            worktree=worktree,
-            branch=branch,
-            cost_usd=cost_usd,
-            attempts=attempts,
-            retries=retries,
-            resumes=resumes,
-            no_start=no_start,
-            reason=reason,
-            handoff=json.loads(handoff) if handoff else None,
-            deps=deps,
-            _read_spec=read_spec,
-            _depends_on=depends_on,
-        )
+        (
+            t.id,
+            t.name,
+            state,
+            t.source,
+            t.queue_id,
+            t.created,
+            t.updated,
+            t.host,
+            t.worktree,
+            t.branch,
+            t.cost_usd,
+            t.attempts,
+            t.retries,
+            t.resumes,
+            t.no_start,
+            t.reason,
+            handoff,
+            t._depends_on,
+            t._requires,
+        ) = row
+        t.state = _STATES[state]
+        t.handoff = json.loads(handoff) if handoff else None
+        t.deps = deps
+        t._read_spec = read_spec
         return t
 
 
 #: The columns :meth:`ListedTask.listed` reads, in its order.
 LISTED_COLUMNS = (
     "id, name, state, source, queue_id, created, updated, host, worktree, branch, cost_usd, attempts,"
-    " retries, resumes, no_start, reason, handoff, json_extract(spec, '$.depends_on')"
+    " retries, resumes, no_start, reason, handoff, json_extract(spec, '$.depends_on'), json_extract(spec, '$.requires')"
 )
 _STATES = {s.value: s for s in State}
 

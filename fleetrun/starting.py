@@ -343,6 +343,7 @@ class Starting:
         decided = self._decided
         qid = loop.queue_id
         asked: set[str] = set()
+        ons: dict[tuple[int, int], tuple[int, int]] = {}
         pure = self.pure_placement()
         # forced: the placeable tasks of ``force`` (it holds others: a task that ended, a pause)
         left_forced = sum(
@@ -362,8 +363,10 @@ class Starting:
             left_stale -= seen is not None and not self._holds(seen, base, holding)
             asked.add(task.id)
             # only a task in the user's checkout (no git_ref, with a role or not) waits on
-            # the others holding slots
+            # the others holding slots; the tasks decided on the same generations keep one
+            # tuple of them (30,000 READY tasks kept a tuple each)
             on = (base, 0 if task.spec.git_ref else holding)
+            on = ons.setdefault(on, on)
             self._undecide(task.id)
             self._undecided.add(task.id)  # until it is told to wait
             with loop.isolated(task.id):

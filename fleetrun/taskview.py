@@ -30,9 +30,9 @@ for the tasks it places or runs.
 
 from __future__ import annotations
 
-import functools
 import json
 import sqlite3
+import sys
 import threading
 from collections.abc import Iterable
 from typing import Any, Optional
@@ -54,8 +54,9 @@ _HANDOFF = 12  # the handoff's place in a brief: JSON text in the row, parsed in
 
 
 #: The columns of a :data:`LISTED_COLUMNS` row a queue's tasks share a value of, kept
-#: once: source, queue_id, created and the spec's depends_on.
-_SHARED_AT = (3, 4, 5, 17)
+#: once: source, queue_id, created and the spec's depends_on and requires.
+_SHARED_AT = (3, 4, 5, 17, 18)
+_REASON = 15  # the reason's place in such a row
 
 
 def _brief_of(t: Task) -> tuple[Any, ...]:
@@ -97,6 +98,7 @@ class TaskView:
         self._tasks: dict[str, Task] = {}
         self._thread = threading.get_ident()
         self._shared: dict[Any, Any] = {}
+        self._reader = self._spec_text  # the bound method made once: its tasks share it
         self._by_state: dict[State, dict[str, Task]] = {s: {} for s in HELD}
         self._sorted: dict[State, Optional[list[Task]]] = {s: None for s in HELD}
         self._keys: dict[str, tuple[float, int]] = {}
@@ -237,18 +239,15 @@ class TaskView:
     def _rows(self, rows: Iterable[tuple[Any, ...]], deps: dict[str, list[str]]) -> list[Task]:
         out: list[Task] = []
         keys = self._keys
-        reader = self._spec_text
+        reader = self._reader  # one for every task, given its id
         share = self._shared
         for r in rows:
             tid = r[1]
             row = list(r[1:])
             for k in _SHARED_AT:  # a queue's tasks have the same source, queue, reason...: one string
                 row[k] = share.setdefault(row[k], row[k])
-            out.append(
-                ListedTask.listed(
-                    tuple(row), [share.setdefault(d, d) for d in deps.get(tid, ())], functools.partial(reader, tid)
-                )
-            )
+            row[_REASON] = sys.intern(row[_REASON])  # `queued` and the like: one string, freed once unused
+            out.append(ListedTask.listed(tuple(row), [share.setdefault(d, d) for d in deps.get(tid, ())], reader))
             keys[tid] = (r[6], r[0])  # (created, seq)
         return out
 

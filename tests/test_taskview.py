@@ -4,6 +4,7 @@ writes to the ledger is seen on the next pass (and only that task is placed agai
 
 from __future__ import annotations
 
+import gc
 import json
 from collections import Counter
 from pathlib import Path
@@ -93,20 +94,42 @@ def counted(monkeypatch: pytest.MonkeyPatch) -> PassProbe:
     return probe
 
 
-def run(fleeter: Fleeter, probe: PassProbe, passes: int, actions: dict[int, Callable[[Any], None]]) -> PassProbe:
+class RefusesNothing:
+    """A plugin's placement filter that keeps no task off any machine, its decision
+    depending only on what placement is given: with it, each task is decided afresh
+    (as with fleetrun-slurm installed), not given the answer of a task of its shape."""
+
+    PURE_PLACEMENT = True
+
+    @fleetrun.hookimpl
+    def fleetrun_place_filter(self, task: Any, candidate: Any, config: Any) -> None:
+        return None
+
+
+def run(
+    fleeter: Fleeter,
+    probe: PassProbe,
+    passes: int,
+    actions: dict[int, Callable[[Any], None]],
+    plugins: tuple[object, ...] = (),
+) -> PassProbe:
     probe.passes, probe.actions, probe.counts = passes, actions, []
-    result = fleeter.run("work", plugins=[probe])
+    result = fleeter.run("work", plugins=[probe, *plugins])
     assert result.ret == 2, result.stderr  # stopped by the probe, as by Ctrl-C
     return probe
+
+
+def _fresh_ledger(fleeter: Fleeter) -> None:
+    fleeter.close()
+    (fleeter.home / "state.db").unlink()
+    for side in ("-wal", "-shm"):
+        Path(str(fleeter.home / "state.db") + side).unlink(missing_ok=True)
 
 
 def test_an_idle_pass_costs_the_same_for_10_or_120_tasks(fleeter: Fleeter, counted: PassProbe) -> None:
     queue(fleeter, 5)
     small = [dict(c) for c in run(fleeter, counted, 6, {}).counts[2:]]
-    fleeter.close()
-    (fleeter.home / "state.db").unlink()
-    for side in ("-wal", "-shm"):
-        Path(str(fleeter.home / "state.db") + side).unlink(missing_ok=True)
+    _fresh_ledger(fleeter)
     queue(fleeter, 60)
     big = [dict(c) for c in run(fleeter, counted, 6, {}).counts[2:]]
     # the first pass read the queue once and placed each READY task once; after it,
@@ -217,6 +240,84 @@ def test_a_freed_slot_goes_to_the_next_task_that_can_take_it_past_those_that_can
     waits = json.loads(fleeter.ledger().get_meta("waits") or "{}")
     by_name = {t.name: t.id for t in fleeter.ledger().tasks()}
     assert waits.get(by_name["t1"]) == "this machine lacks `no-such-tag`", waits
+
+
+def test_a_waiting_ready_task_is_held_as_two_objects(fleeter: Fleeter, counted: PassProbe) -> None:
+    """A READY task told to wait costs the loop its task object and its list of
+    dependencies, whatever placement said: no dict, no reader of its own, no Wait kept
+    for it (at 30,000 READY tasks, five objects each were the garbage collector's full
+    passes' work, and their memory). Counted as the objects the collector tracks after
+    the first pass, with 10 and with 410 READY tasks, a plugin's filter installed (each
+    task is then decided afresh)."""
+    tracked: list[int] = []
+
+    def count(config: Any) -> None:
+        gc.collect()
+        tracked.append(len(gc.get_objects()))
+
+    queue(fleeter, 10)
+    run(fleeter, counted, 3, {2: count}, (RefusesNothing(),))
+    _fresh_ledger(fleeter)
+    queue(fleeter, 410)
+    run(fleeter, counted, 3, {2: count}, (RefusesNothing(),))
+    per_task = (tracked[1] - tracked[0]) / 400  # and a second run's few objects of its own
+    assert per_task <= 2.5, (tracked, per_task)
+
+
+def test_a_pass_holds_the_parsed_spec_of_the_task_placement_asks_about_not_every_one(
+    fleeter: Fleeter, counted: PassProbe, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Before it places a task, a pass asks whether any placeable task requires a tag or
+    a tool (to probe this machine's tools only then): that is read from the rows, so
+    the specs parsed at any time are those of the tasks asked about so far and still
+    to be told to wait (one), not every placeable one's (30,000 READY tasks had 30,000
+    specs parsed at once, each several objects for the collector's full passes)."""
+    queue(fleeter, 60)
+    live: list[int] = []
+    counted_place = placement_plugin.builtin_place
+
+    def place(task: Any, *a: Any, **kw: Any) -> Any:
+        live.append(sum(1 for o in gc.get_objects() if isinstance(o, TaskSpec)))
+        return counted_place(task, *a, **kw)
+
+    monkeypatch.setattr(placement_plugin, "builtin_place", place)
+    run(fleeter, counted, 2, {})
+    assert len(live) == 60 and max(live) <= 2, live
+
+
+def test_whether_a_held_task_requires_a_tag_or_tool_is_read_from_its_row(fleeter: Fleeter) -> None:
+    """What placement asks of every placeable task (whether to probe this machine's
+    tools) is answered from the row, without parsing the spec; a copy made with
+    ``dataclasses.replace`` answers from its spec."""
+    import dataclasses
+
+    repo = fleeter.make_repo()
+    specs = [
+        TaskSpec(name="tagged", prompt="p", cwd=str(repo), git_ref="main", requires=["gpu"]),
+        TaskSpec(name="plain", prompt="p", cwd=str(repo), git_ref="main"),
+    ]
+    tagged, plain = (t.id for t in fleeter.ledger().add_tasks(specs, source="tasks.toml", source_hash="h"))
+    view = TaskView(fleeter.ledger())
+    a, b = view.get(tagged), view.get(plain)
+    assert a is not None and b is not None
+    assert a.has_requirements() and not b.has_requirements()
+    assert dataclasses.replace(a, worktree="/w").has_requirements()
+    assert not dataclasses.replace(b, worktree="/w").has_requirements()
+
+
+def test_tasks_told_the_same_wait_share_its_words(fleeter: Fleeter, counted: PassProbe) -> None:
+    """READY tasks told to wait for the same reason (a draining machine) hold one string
+    of it, in placement's reasons and the loop's waits, however each was decided (with
+    a plugin's filter, each is decided afresh: it worded each anew, two strings a task)."""
+    queue(fleeter, 30)
+    seen: dict[str, Any] = {}
+
+    def look(config: Any) -> None:
+        seen["reasons"] = dict(config.stash[placement_plugin.REASONS_KEY])
+
+    run(fleeter, counted, 3, {2: look}, (RefusesNothing(),))
+    reasons = seen["reasons"]
+    assert len(reasons) == 30 and len({id(r) for r in reasons.values()}) == 1, reasons
 
 
 def test_tasks_waiting_for_a_tag_on_a_machine_with_room_are_not_asked_again_each_pass(

@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import dataclasses
 import os
+import sys
 import time
 from collections import OrderedDict
 from collections.abc import Container
@@ -151,7 +152,7 @@ REASONS_KEY = StashKey[dict[str, str]]()
 PASS_KEY = StashKey[tuple[list[Candidate], dict[Any, Wait]]]()
 #: whether a placeable task has ``requires`` (tools are probed only then), for a list of the
 #: view, and each task's answer with the task object it was found for
-WANTS_TOOLS_KEY = StashKey[tuple[list[Any], bool, dict[str, tuple[Any, bool]]]]()
+WANTS_TOOLS_KEY = StashKey[tuple[list[Any], bool]]()
 #: what the fleetrun_place_filter/score hooks said this pass (:class:`PassRules`)
 RULES_KEY = StashKey["PassRules"]()
 
@@ -200,20 +201,14 @@ def configured_tags(config: Config) -> list[str]:
 def _wants_tools(config: Config) -> bool:
     """Whether a placeable task ``requires`` something (the tools are probed only then).
 
-    Each task's answer is kept with the task object the view holds (a task that changes
-    is a new object): placement forgets a waiting task's parsed spec, and asking every
-    task again whenever one of them moved parsed every waiting task's spec again."""
+    Read from the view's rows (the spec's ``requires`` is a narrow column), so no
+    waiting task's spec is parsed for it, and kept until the view's list changes."""
     tasks = tasks_in(config, PLACEABLE)
     memo = config.stash.get(WANTS_TOOLS_KEY)
     if memo is not None and memo[0] is tasks:  # the view's list: the same until one of them changes
         return memo[1]
-    known = memo[2] if memo is not None else {}
-    each: dict[str, tuple[Any, bool]] = {}
-    for t in tasks:
-        hit = known.get(t.id)
-        each[t.id] = hit if hit is not None and hit[0] is t else (t, bool(t.spec.requires))
-    wants = any(w for _, w in each.values())
-    config.stash[WANTS_TOOLS_KEY] = (tasks, wants, each)
+    wants = any(t.has_requirements() for t in tasks)  # from the view's rows: no spec parsed
+    config.stash[WANTS_TOOLS_KEY] = (tasks, wants)
     return wants
 
 
@@ -559,16 +554,18 @@ def same_pass(
     A long queue mostly waits, and tasks with the same ``requires`` and pin get the
     same answer while the candidates are unchanged: the loop makes a new candidates
     list every pass and changes it only after a placement, which clears what is
-    remembered. A task with a backoff of its own is always decided afresh. With a
-    plugin's filter or score, which may look at the task, only the same task
-    (``task_id``) gets the answer again.
+    remembered. A task with a backoff of its own is always decided afresh, and so is
+    every task with a plugin's filter or score, which may look at the task: the loop
+    asks a task once a pass, and an answer kept by task id was one entry a waiting task
+    held until the next placement (30,000 of them, each a key and a Wait). ``task_id``
+    is no longer used (callers still pass it).
     """
     memo: Optional[tuple[list[Candidate], dict[Any, Wait]]] = stash.get(PASS_KEY)
     if memo is None or memo[0] is not candidates:
         memo = stash[PASS_KEY] = (candidates, {})
     key: Optional[tuple[Any, ...]] = (tuple(requires), pin) if not backoff else None
-    if key is not None and (extra_filter is not None or extra_score is not None):
-        key = (*key, task_id) if task_id is not None else None
+    if extra_filter is not None or extra_score is not None:
+        key = None
     hit = memo[1].get(key) if key is not None else None
     if hit is not None:
         return Wait(hit.reason, until=hit.until, operator=hit.operator)
@@ -592,8 +589,13 @@ def steady(seen: dict[str, str], task_id: str, decision: Union[Placement, Wait])
     prev = seen.get(task_id)
     if prev is not None and reason_shape(prev) == reason_shape(decision.reason):
         return Wait(prev, until=decision.until, operator=decision.operator)
-    seen[task_id] = decision.reason
-    return decision
+    # one string for the many tasks told the same: a decision made afresh for each (with
+    # a plugin's filter) words it anew, and the loop keeps a waiting task's reason and
+    # what a person must change (30,000 READY tasks: 60,000 copies of the same words)
+    reason = sys.intern(decision.reason)
+    seen[task_id] = reason
+    operator = sys.intern(decision.operator) if decision.operator else decision.operator
+    return Wait(reason, until=decision.until, operator=operator)
 
 
 # -- fleetrun validate -----------------------------------------------------------------
