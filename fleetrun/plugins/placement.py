@@ -151,7 +151,7 @@ REASONS_KEY = StashKey[dict[str, str]]()
 #: This pass's candidates and the waits decided for them, per task shape (:func:`same_pass`).
 PASS_KEY = StashKey[tuple[list[Candidate], dict[Any, Wait]]]()
 #: whether a placeable task has ``requires`` (tools are probed only then), for a list of the
-#: view, and each task's answer with the task object it was found for
+#: view (read from its rows)
 WANTS_TOOLS_KEY = StashKey[tuple[list[Any], bool]]()
 #: what the fleetrun_place_filter/score hooks said this pass (:class:`PassRules`)
 RULES_KEY = StashKey["PassRules"]()
