@@ -506,7 +506,10 @@ def test_hostile_names_and_outputs_stay_text(fleeter: Any) -> None:
         for b in bars(doc)
         for r in b.iter("rect")
     )
-    assert all(float(r.attrs["width"]) > 100 for b in bars(doc) for r in b.iter("rect") if "bar" in r.classes())
+    # and none is squeezed to nothing by it (an axis stretched to the far-off clock draws
+    # a 1.5 s bar 0.00 px wide); how wide a bar is otherwise depends on how long after the
+    # ledger was written the report ran (the waiting task's lane runs to now)
+    assert all(float(r.attrs["width"]) >= 1 for b in bars(doc) for r in b.iter("rect") if "bar" in r.classes())
     bar = next(b for b in bars(doc) if b.attrs["data-outcome"] == "needs-human")
     assert bar.attrs["data-task"] == f"{evil} local"  # an attribute: as it was
     assert evil in title_of(bar)  # an SVG title: text
