@@ -1871,15 +1871,14 @@ def test_git_ref_in_a_subfolder_cwd(fleeter: Any) -> None:
     )
 
 
-def test_agent_not_on_path_is_a_warning(fleeter: Any) -> None:
+def test_agent_not_on_path_is_one_warning_for_all_its_tasks(fleeter: Any) -> None:
+    # one cause, one warning: the count and the first task's line (a file of 100,000
+    # tasks printed 100,000 lines)
     fleeter.write_config('[claude]\nexecutable = "fleetrun-test-no-claude"\n')
-    r = validate(fleeter, task("x") + task("y", model='"opus"'))
-    assert r.ret == 0
-    assert r.outlines == ["tasks.toml: 2 tasks, valid"]
+    r = validate(fleeter, task("x") + task("y", model='"opus"') + task("z"))
+    assert (r.ret, r.outlines) == (0, ["tasks.toml: 3 tasks, valid"])
     assert r.errlines == [
-        "warning: tasks.toml:1: task 'x': agent: fleetrun-test-no-claude is not on PATH "
-        "(set [claude] executable in config.toml)",
-        "warning: tasks.toml:4: task 'y': agent: fleetrun-test-no-claude is not on PATH "
+        "warning: tasks.toml:1: task 'x' and 2 more tasks: agent: fleetrun-test-no-claude is not on PATH "
         "(set [claude] executable in config.toml)",
     ]
 
@@ -1902,6 +1901,20 @@ def test_command_agent_not_on_path_is_a_warning(fleeter: Any) -> None:
     assert (r.ret, r.outlines) == (0, ["tasks.toml: 1 task, valid"])
     assert r.errlines == [
         "warning: tasks.toml:4: task 'x': agent: fleetrun-test-no-codex is not on PATH (set [agents.codex] command)"
+    ]
+
+
+def test_command_agent_not_on_path_is_one_warning_for_all_its_tasks(fleeter: Any) -> None:
+    r = validate(
+        fleeter,
+        task("x", agent='"codex"')
+        + task("y", agent='"codex"')
+        + '\n[agents.codex]\ncommand = ["fleetrun-test-no-codex", "{prompt}"]\n',
+    )
+    assert (r.ret, r.outlines) == (0, ["tasks.toml: 2 tasks, valid"])
+    assert r.errlines == [
+        "warning: tasks.toml:4: task 'x' and 1 more task: agent: fleetrun-test-no-codex is not on PATH "
+        "(set [agents.codex] command)"
     ]
 
 
