@@ -257,3 +257,31 @@ def test_validate_of_a_large_file_compares_no_two_tasks(fleeter: Fleeter, monkey
     assert "tasks.toml: 2000 tasks, valid" in result.outlines
     assert len([line for line in result.outlines if line.startswith("  t")]) == 2000
     assert compared == []
+
+
+def test_queue_makes_one_task_object_a_task(fleeter: Fleeter, monkeypatch: Any) -> None:
+    """``fleetrun queue`` makes the :class:`Task` the transition hook is given, one a
+    task by its contract, and prints each ``queued`` line from the rows it wrote: it made
+    every task's object a second time to print it. Counted, not timed."""
+    from fleetrun.ledger import Task
+
+    repo = fleeter.make_repo("repo")
+    text, _ = big_file(repo, 500, {})
+    fleeter.write_tasks(text)
+    made = []
+    real_init = Task.__init__
+
+    def init(self: Task, *args: Any, **kwargs: Any) -> None:
+        made.append(1)
+        real_init(self, *args, **kwargs)
+
+    monkeypatch.setattr(Task, "__init__", init)
+    result = fleeter.run("queue", "tasks.toml")
+    assert result.ret == 0, result.stderr
+    lines = [line for line in result.outlines if line.startswith("queued ")]
+    assert len(lines) == 500
+    assert len(made) == 500
+    queued = {t.id: (t.name, t.state.value) for t in fleeter.ledger().tasks()}
+    for line in lines:
+        _, tid, name, state = line.split()
+        assert queued[tid] == (name, state.strip("[]"))
