@@ -1650,6 +1650,27 @@ def test_warns_when_a_run_verifiers_command_is_not_found(fleeter: Any) -> None:
     ]
 
 
+def test_a_missing_verifier_command_is_one_warning_for_all_its_tasks(fleeter: Any) -> None:
+    # one cause, one warning, at the first task's verifier: a file of 100,000 tasks
+    # sharing a verifier printed 100,000 lines
+    r = validate(
+        fleeter,
+        "".join(
+            f'[[task]]\nname = "{n}"\nprompt = "p"\n\n  [[task.verify]]\n  run = "no-such-tool"\n\n'
+            for n in ("a", "b", "c")
+        )
+        + '[[task]]\nname = "d"\nprompt = "p"\n\n  [[task.verify]]\n  run = "true"\n'
+        + '\n  [[task.verify]]\n  run = "no-such-tool"\n',
+    )
+    assert_valid(r, "tasks.toml: 4 tasks, valid")
+    assert r.errlines == [
+        "warning: tasks.toml:5: task 'a' and 2 more tasks: verify #1: no-such-tool is not on PATH "
+        "(the verifier would fail, command not found)",
+        "warning: tasks.toml:29: task 'd': verify #2: no-such-tool is not on PATH "
+        "(the verifier would fail, command not found)",
+    ]
+
+
 def test_a_relative_command_a_setup_step_may_make_is_not_warned_about(fleeter: Any) -> None:
     r = validate(fleeter, verify_task("'.venv/bin/python -m pytest'", extra='setup = ["python3 -m venv .venv"]\n'))
     assert (r.ret, r.errlines) == (0, [])
@@ -1772,6 +1793,19 @@ cwd = "{repo}"
         f"(an editable install of the main checkout), not from the worktree; {fix}",
         f"warning: tasks.toml:13: task 'x': verify: {venv}/bin/pytest imports tinypkg from {repo} "
         f"(an editable install of the main checkout), not from the worktree; {fix}",
+    ]
+
+
+def test_an_editable_trap_is_one_warning_for_all_its_tasks(fleeter: Any, editable_venv: Any) -> None:
+    repo, venv = editable_venv
+    one = f'[[task]]\nname = "{{}}"\nprompt = "p"\ncwd = "{repo}"\ngit_ref = "main"\n\n  [[task.verify]]\n'
+    text = "".join(one.format(n) + f'  run = "{venv}/bin/python -m pytest"\n\n' for n in ("x", "y", "z"))
+    r = validate(fleeter, text)
+    assert_valid(r, "tasks.toml: 3 tasks, valid")
+    assert r.errlines == [
+        f"warning: tasks.toml:7: task 'x' and 2 more tasks: verify: {venv}/bin/python imports tinypkg from {repo} "
+        "(an editable install of the main checkout), not from the worktree; "
+        "add PYTHONPATH=src or a setup step (docs/verifiers.md)",
     ]
 
 
