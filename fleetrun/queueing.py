@@ -16,7 +16,7 @@ from contextlib import contextmanager
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Callable, Optional
 
-from .collect import KeyTable, TaskFile, check_graph, display_path
+from .collect import KeyTable, TaskFile, check_graph, display_path, tasks_warning
 from .exceptions import UsageError, UsageErrors
 from .ledger import QueuedTasks, Task, open_ledger
 from .repochecks import BranchReuse, check_branches, check_refs
@@ -38,18 +38,10 @@ WARNINGS_KEY = StashKey[list[str]]()
 
 def warn_tasks(config: Config, first: TaskSpec, count: int, key: str, what: str, line: Optional[int] = None) -> None:
     """Add to :data:`WARNINGS_KEY` one warning for ``count`` tasks that share a cause
-    (the agent their ``key`` names is not installed here, a verifier's command is not
-    found): at ``first``'s file and ``line`` (default: where ``key`` was written),
-    naming it and how many more. A line a task would flood a file of 100,000 tasks
-    with 100,000 warnings of one fact."""
-    from .textutil import safe_name
-
-    where = display_path(Path(first.file_of(key)), config.invocation_dir) if first.source else "?"
-    if line is None:
-        line = first.key_lines.get(key, first.line)
-    more = count - 1
-    who = f"task '{safe_name(first.name)}'" + (f" and {more} more task{'s' if more != 1 else ''}" if more else "")
-    config.stash.setdefault(WARNINGS_KEY, []).append(f"{where}:{line}: {who}: {key}: {what}")
+    (:func:`fleetrun.collect.tasks_warning`)."""
+    config.stash.setdefault(WARNINGS_KEY, []).append(
+        tasks_warning(first, count, key, what, config.invocation_dir, line)
+    )
 
 
 #: Lines collection has for the header (``--lf``: how many failures it runs again).

@@ -1687,6 +1687,18 @@ def test_warns_when_a_brain_verifier_has_no_brain_configured(fleeter: Any) -> No
     assert fleeter.run("validate", "tasks.toml").errlines == []
 
 
+def test_a_brain_verifier_without_a_brain_is_one_warning_for_all_its_tasks(fleeter: Any) -> None:
+    brain = '\n  [[task.verify]]\n  brain = "Is it done?"\n'
+    r = validate(fleeter, task("a") + brain + '  model = "qwen"\n\n' + task("b") + brain + task("c") + brain)
+    assert_valid(r, "tasks.toml: 3 tasks, valid")
+    assert r.errlines == [
+        "warning: tasks.toml:5: task 'a': verify #1: no [brain] is configured (config.toml, the project file or "
+        "the tasks file): the verifier asks http://127.0.0.1:11434",
+        "warning: tasks.toml:13: task 'b' and 1 more task: verify #1: a brain verifier needs a model: set [brain] "
+        "model (config.toml or the tasks file) or model = on the verifier; without one it fails",
+    ]
+
+
 def test_the_test_extra_installs_what_the_editable_fixtures_build_with() -> None:
     """``editable_venv`` (and tests/acceptance/test_setup.py) run ``pip install -e``
     offline with this venv's setuptools: before setuptools 70.1, ``bdist_wheel`` is in
@@ -1975,7 +1987,7 @@ def test_top_level_defaults_apply_to_every_task_that_sets_none(fleeter: Any) -> 
     fleeter.write_tasks(DEFAULTS + task("a") + task("b", model='"opus"', allowed_tools="[]", max_retries="4"))
     cap = Capture()
     r = fleeter.run("validate", "tasks.toml", plugins=[cap])
-    # a default's warning names the line of the default
+    # a default's warning names the line of the default, once for the tasks that took it
     never = (
         "requires: `gpu` is neither a tag of this machine ([relay] tags in config.toml) nor a probed tool "
         "(claude, git, cargo, python3, node); it is never met"
@@ -1983,7 +1995,7 @@ def test_top_level_defaults_apply_to_every_task_that_sets_none(fleeter: Any) -> 
     assert (r.ret, r.outlines, r.errlines) == (
         0,
         ["tasks.toml: 2 tasks, valid"],
-        [f"warning: tasks.toml:4: task 'a': {never}", f"warning: tasks.toml:4: task 'b': {never}"],
+        [f"warning: tasks.toml:4: task 'a' and 1 more task: {never}"],
     )
     a, b = cap.items
     assert (a.max_retries, a.model, a.allowed_tools, a.requires, a.timeout_min) == (0, "sonnet", ["Read"], ["gpu"], 5.0)
