@@ -150,9 +150,11 @@ def fleetrun_collection_modifyitems(config: Config, items: list[Any]) -> None:
         return files[path]
 
     errors = []
+    paths = claudeopts.PATH_KEYS
     for t in items:
         if t.agent == "claude":
-            errors += claudeopts.file_problems(t, config, shown)
+            if t.extra and any(key in t.extra for key in paths):  # most of 100,000 tasks: no file to read
+                errors += claudeopts.file_problems(t, config, shown)
             continue
         own = [k for k in claudeopts.KEYS if k in t.extra and k not in t.defaulted]
         if own:  # a default of every task is for the tasks Claude Code runs; a task's own is a mistake
@@ -175,8 +177,10 @@ def fleetrun_collection_modifyitems(config: Config, items: list[Any]) -> None:
     # every task (or no claude here) is one fact, not one line per task
     claude = [t for t in items if t.agent == "claude"]
     bypass: dict[tuple[str, int], list[Any]] = {}
-    for t in claude:
-        if bypass_refused_as_root(t, config):
+    # the default mode read once, not a task at a time; the rest asked only of a task it concerns
+    mode = config.setting("claude", "permission_mode", DEFAULT_PERMISSION_MODE)
+    for t in claude if runs_as_root() else ():
+        if (t.permission_mode or mode) == "bypassPermissions" and bypass_refused_as_root(t, config):
             bypass.setdefault((t.file_of("permission_mode"), t.key_lines.get("permission_mode", t.line)), []).append(t)
     for same in bypass.values():
         warn_tasks(
