@@ -327,3 +327,21 @@ def test_a_queue_makes_its_per_task_objects_with_the_collector_paused(
     assert result.ret == 0, result.stderr
     assert gc.isenabled()
     assert sorted(seen) == [("digest", False), ("queued", False), ("queued", False)]
+
+
+def test_the_console_script_leaves_what_it_held_to_the_exit(monkeypatch: Any) -> None:
+    """Once the command is over, the ``fleetrun`` script freezes what it holds: the
+    interpreter's last full collection walked every object of a queue of 100,000 tasks
+    (0.9 s of CPU) to free nothing. Seen, not timed: the collector's frozen count."""
+    import gc
+
+    from fleetrun import cli
+
+    monkeypatch.setattr(cli, "main", lambda: 0)
+    try:
+        with pytest.raises(SystemExit) as ended:
+            cli.console_main()
+        assert ended.value.code == 0
+        assert gc.get_freeze_count() > 0
+    finally:
+        gc.unfreeze()  # this test process goes on
