@@ -40,6 +40,13 @@ def console_main() -> None:
         sys.stdout.flush()
     except BrokenPipeError:  # pragma: no cover
         os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
+    # the command is over (its hooks unconfigured, the ledger closed, its output
+    # flushed): what it holds is the system's to free as the process ends. Frozen, the
+    # interpreter's last full collection does not walk it all (after `fleetrun queue`
+    # of 100,000 tasks: 0.9 s of CPU, a tenth of the command, to free nothing)
+    import gc
+
+    gc.freeze()
     raise SystemExit(code)
 
 

@@ -233,6 +233,21 @@ def _own(value: Any) -> Any:
     return value if isinstance(value, _SCALARS) else copy.deepcopy(value)
 
 
+def tasks_warning(
+    first: TaskSpec, count: int, key: str, what: str, invocation_dir: Optional[Path] = None, line: Optional[int] = None
+) -> str:
+    """One warning for ``count`` tasks that share a cause (the agent their ``key`` names
+    is not installed here, a verifier's command is not found): at ``first``'s file and
+    ``line`` (default: where ``key`` was written), naming it and how many more. A line
+    a task would flood a file of 100,000 tasks with 100,000 warnings of one fact."""
+    where = display_path(Path(first.file_of(key)), invocation_dir) if first.source else "?"
+    if line is None:
+        line = first.key_lines.get(key, first.line)
+    more = count - 1
+    who = f"task '{safe_name(first.name)}'" + (f" and {more} more task{'s' if more != 1 else ''}" if more else "")
+    return f"{where}:{line}: {who}: {key}: {what}"
+
+
 def _collect_task(
     i: int,
     raw: dict[str, Any],

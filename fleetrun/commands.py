@@ -89,8 +89,8 @@ def cmd_queue(config: Config, out: TextIO, err: TextIO) -> int:
         print("no tasks collected", file=out)
         return ExitCode.NO_TASKS_COLLECTED
     tasks = queue_items(config, items)
-    for t in tasks:
-        print(f"queued {t.id}  {safe_name(t.name)}  [{t.state}]", file=out)
+    for task_id, name, state in tasks.shown():  # the rows written, not a Task again each
+        print(f"queued {task_id}  {safe_name(name)}  [{state}]", file=out)
     from .liveness import wake_loop
 
     wake_loop(config.home)

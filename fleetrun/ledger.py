@@ -121,6 +121,12 @@ class QueuedTasks(Sequence[Task]):
             handoff,
         )
 
+    def shown(self) -> Iterator[tuple[str, str, State]]:
+        """Each task's id, name and state as written, in ``specs`` order: what a
+        ``queued`` line shows, without a :class:`Task` of each."""
+        for i, spec in enumerate(self.specs):
+            yield self.id_of(i), spec.name, self.entry(spec)[0]
+
     def __len__(self) -> int:
         return len(self.specs)
 

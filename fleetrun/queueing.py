@@ -16,7 +16,7 @@ from contextlib import contextmanager
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Callable, Optional
 
-from .collect import KeyTable, TaskFile, check_graph, display_path
+from .collect import KeyTable, TaskFile, check_graph, display_path, tasks_warning
 from .exceptions import UsageError, UsageErrors
 from .ledger import QueuedTasks, Task, open_ledger
 from .repochecks import BranchReuse, check_branches, check_refs
@@ -34,6 +34,16 @@ BRANCH_REUSE_KEY = StashKey[list[BranchReuse]]()
 #: What collection warns about (plugins add to it in ``fleetrun_collection_modifyitems``):
 #: ``validate`` and a run print it before anything starts.
 WARNINGS_KEY = StashKey[list[str]]()
+
+
+def warn_tasks(config: Config, first: TaskSpec, count: int, key: str, what: str, line: Optional[int] = None) -> None:
+    """Add to :data:`WARNINGS_KEY` one warning for ``count`` tasks that share a cause
+    (:func:`fleetrun.collect.tasks_warning`)."""
+    config.stash.setdefault(WARNINGS_KEY, []).append(
+        tasks_warning(first, count, key, what, config.invocation_dir, line)
+    )
+
+
 #: Lines collection has for the header (``--lf``: how many failures it runs again).
 COLLECT_NOTES_KEY = StashKey[list[str]]()
 #: ``work``: the queues whose ``[agents]``/``[brain]`` tables and ``fleetconf.py`` files
@@ -65,7 +75,8 @@ def queue_digest(config: Config) -> str:
     if made is not None and made[0] is files:  # a run asks twice (resume?, then queue): 0.8 s at 100,000
         tasks = made[1]
     else:
-        tasks = files_digest([t for f in files for t in f.tasks], config.file_settings)
+        with _bulk():  # a dict a task, made and dropped: a run asks it outside queue_items's
+            tasks = files_digest([t for f in files for t in f.tasks], config.file_settings)
         config.stash[_DIGEST_KEY] = (files, tasks)
     rerun = "|rerun" if config.getoption("last_failed") or config.getoption("failed_first") else ""
     return (
@@ -219,8 +230,10 @@ def _bulk() -> Iterator[None]:
     """Python's cycle collector paused while a tasks file's objects are made: they are
     many (a few dozen a task, 100,000 tasks) and none is garbage yet, and each full
     collection walked every one of them again (a quarter of ``fleetrun queue``'s CPU at
-    30,000 tasks). Reference counting still frees what is dropped; the collector runs
-    again afterwards."""
+    30,000 tasks). The same while a dict or a :class:`Task` a task is made and dropped
+    (the digest, the transition hook's tasks): each collection walked the 100,000 specs
+    held, 0.5-1 s of CPU each phase. Reference counting still frees what is dropped; the
+    collector runs again afterwards."""
     was = gc.isenabled()
     gc.disable()
     try:
@@ -265,8 +278,9 @@ def queue_items(config: Config, items: list[TaskSpec], kept: Optional[dict[str, 
         if i is not None:  # the user named a branch fleetrun made for this task before
             led.add_note(tasks.id_of(i), reuse.note)
     hook = config.hook.fleetrun_transition
-    for t in tasks:
-        hook(task=t, from_state="", to_state=t.state.value, cause=t.reason, attempt=None, config=config)
+    with _bulk():  # a Task a call, dropped after it: the collector walked them all again
+        for t in tasks:
+            hook(task=t, from_state="", to_state=t.state.value, cause=t.reason, attempt=None, config=config)
     return tasks
 
 

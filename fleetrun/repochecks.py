@@ -13,7 +13,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Callable, Iterable, Iterator, Optional
 
-from .collect import TaskFile, display_path
+from .collect import TaskFile, display_path, tasks_warning
 from .exceptions import UsageError
 from .gitutil import GitError, git, repo_toplevel
 from .taskspec import TaskSpec
@@ -200,21 +200,24 @@ def check_refs(
 
 
 def checkout_warnings(specs: Iterable[TaskSpec], invocation_dir: Optional[Path] = None) -> list[str]:
-    """One warning per task without ``git_ref`` (a role aside) whose ``cwd`` is in a git
-    checkout: its agent works in the user's checkout itself, on whatever branch is
-    checked out there, and commits onto it."""
-    out: list[str] = []
+    """One warning per checkout that tasks without ``git_ref`` (a role aside) have their
+    ``cwd`` in, at the first of them, with how many: its agent works in the user's
+    checkout itself, on whatever branch is checked out there, and commits onto it."""
     tops: dict[str, Optional[str]] = {}
+    found: dict[str, tuple[TaskSpec, int]] = {}  # by checkout: its first task, how many
     for spec in specs:
         if spec.git_ref or spec.role:
             continue
         if spec.cwd not in tops:
             tops[spec.cwd] = repo_toplevel(spec.cwd)
-        if tops[spec.cwd] is None:
+        top = tops[spec.cwd]
+        if top is None:
             continue
-        where = display_path(Path(spec.source), invocation_dir) if spec.source else "?"
-        out.append(
-            f"{where}:{spec.line}: task '{safe_name(spec.name)}': no git_ref: the agent works in your "
-            f"checkout {tops[spec.cwd]} itself"
+        first, count = found.get(top, (spec, 0))
+        found[top] = (first, count + 1)
+    return [
+        tasks_warning(
+            first, count, "no git_ref", f"the agent works in your checkout {top} itself", invocation_dir, first.line
         )
-    return out
+        for top, (first, count) in found.items()
+    ]

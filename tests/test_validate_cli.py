@@ -1650,6 +1650,27 @@ def test_warns_when_a_run_verifiers_command_is_not_found(fleeter: Any) -> None:
     ]
 
 
+def test_a_missing_verifier_command_is_one_warning_for_all_its_tasks(fleeter: Any) -> None:
+    # one cause, one warning, at the first task's verifier: a file of 100,000 tasks
+    # sharing a verifier printed 100,000 lines
+    r = validate(
+        fleeter,
+        "".join(
+            f'[[task]]\nname = "{n}"\nprompt = "p"\n\n  [[task.verify]]\n  run = "no-such-tool"\n\n'
+            for n in ("a", "b", "c")
+        )
+        + '[[task]]\nname = "d"\nprompt = "p"\n\n  [[task.verify]]\n  run = "true"\n'
+        + '\n  [[task.verify]]\n  run = "no-such-tool"\n',
+    )
+    assert_valid(r, "tasks.toml: 4 tasks, valid")
+    assert r.errlines == [
+        "warning: tasks.toml:5: task 'a' and 2 more tasks: verify #1: no-such-tool is not on PATH "
+        "(the verifier would fail, command not found)",
+        "warning: tasks.toml:29: task 'd': verify #2: no-such-tool is not on PATH "
+        "(the verifier would fail, command not found)",
+    ]
+
+
 def test_a_relative_command_a_setup_step_may_make_is_not_warned_about(fleeter: Any) -> None:
     r = validate(fleeter, verify_task("'.venv/bin/python -m pytest'", extra='setup = ["python3 -m venv .venv"]\n'))
     assert (r.ret, r.errlines) == (0, [])
@@ -1664,6 +1685,18 @@ def test_warns_when_a_brain_verifier_has_no_brain_configured(fleeter: Any) -> No
     ]
     fleeter.write_config('[brain]\nurl = "http://127.0.0.1:9"\n')
     assert fleeter.run("validate", "tasks.toml").errlines == []
+
+
+def test_a_brain_verifier_without_a_brain_is_one_warning_for_all_its_tasks(fleeter: Any) -> None:
+    brain = '\n  [[task.verify]]\n  brain = "Is it done?"\n'
+    r = validate(fleeter, task("a") + brain + '  model = "qwen"\n\n' + task("b") + brain + task("c") + brain)
+    assert_valid(r, "tasks.toml: 3 tasks, valid")
+    assert r.errlines == [
+        "warning: tasks.toml:5: task 'a': verify #1: no [brain] is configured (config.toml, the project file or "
+        "the tasks file): the verifier asks http://127.0.0.1:11434",
+        "warning: tasks.toml:13: task 'b' and 1 more task: verify #1: a brain verifier needs a model: set [brain] "
+        "model (config.toml or the tasks file) or model = on the verifier; without one it fails",
+    ]
 
 
 def test_the_test_extra_installs_what_the_editable_fixtures_build_with() -> None:
@@ -1775,6 +1808,19 @@ cwd = "{repo}"
     ]
 
 
+def test_an_editable_trap_is_one_warning_for_all_its_tasks(fleeter: Any, editable_venv: Any) -> None:
+    repo, venv = editable_venv
+    one = f'[[task]]\nname = "{{}}"\nprompt = "p"\ncwd = "{repo}"\ngit_ref = "main"\n\n  [[task.verify]]\n'
+    text = "".join(one.format(n) + f'  run = "{venv}/bin/python -m pytest"\n\n' for n in ("x", "y", "z"))
+    r = validate(fleeter, text)
+    assert_valid(r, "tasks.toml: 3 tasks, valid")
+    assert r.errlines == [
+        f"warning: tasks.toml:7: task 'x' and 2 more tasks: verify: {venv}/bin/python imports tinypkg from {repo} "
+        "(an editable install of the main checkout), not from the worktree; "
+        "add PYTHONPATH=src or a setup step (docs/verifiers.md)",
+    ]
+
+
 def test_editable_finder_and_pth_are_found_too(fleeter: Any, tmp_path: Any) -> None:
     """Installs that leave no direct_url.json: a path ``.pth`` (``setup.py develop``) and
     setuptools' ``__editable__`` finder, as they are written."""
@@ -1871,15 +1917,14 @@ def test_git_ref_in_a_subfolder_cwd(fleeter: Any) -> None:
     )
 
 
-def test_agent_not_on_path_is_a_warning(fleeter: Any) -> None:
+def test_agent_not_on_path_is_one_warning_for_all_its_tasks(fleeter: Any) -> None:
+    # one cause, one warning: the count and the first task's line (a file of 100,000
+    # tasks printed 100,000 lines)
     fleeter.write_config('[claude]\nexecutable = "fleetrun-test-no-claude"\n')
-    r = validate(fleeter, task("x") + task("y", model='"opus"'))
-    assert r.ret == 0
-    assert r.outlines == ["tasks.toml: 2 tasks, valid"]
+    r = validate(fleeter, task("x") + task("y", model='"opus"') + task("z"))
+    assert (r.ret, r.outlines) == (0, ["tasks.toml: 3 tasks, valid"])
     assert r.errlines == [
-        "warning: tasks.toml:1: task 'x': agent: fleetrun-test-no-claude is not on PATH "
-        "(set [claude] executable in config.toml)",
-        "warning: tasks.toml:4: task 'y': agent: fleetrun-test-no-claude is not on PATH "
+        "warning: tasks.toml:1: task 'x' and 2 more tasks: agent: fleetrun-test-no-claude is not on PATH "
         "(set [claude] executable in config.toml)",
     ]
 
@@ -1902,6 +1947,20 @@ def test_command_agent_not_on_path_is_a_warning(fleeter: Any) -> None:
     assert (r.ret, r.outlines) == (0, ["tasks.toml: 1 task, valid"])
     assert r.errlines == [
         "warning: tasks.toml:4: task 'x': agent: fleetrun-test-no-codex is not on PATH (set [agents.codex] command)"
+    ]
+
+
+def test_command_agent_not_on_path_is_one_warning_for_all_its_tasks(fleeter: Any) -> None:
+    r = validate(
+        fleeter,
+        task("x", agent='"codex"')
+        + task("y", agent='"codex"')
+        + '\n[agents.codex]\ncommand = ["fleetrun-test-no-codex", "{prompt}"]\n',
+    )
+    assert (r.ret, r.outlines) == (0, ["tasks.toml: 2 tasks, valid"])
+    assert r.errlines == [
+        "warning: tasks.toml:4: task 'x' and 1 more task: agent: fleetrun-test-no-codex is not on PATH "
+        "(set [agents.codex] command)"
     ]
 
 
@@ -1928,7 +1987,7 @@ def test_top_level_defaults_apply_to_every_task_that_sets_none(fleeter: Any) -> 
     fleeter.write_tasks(DEFAULTS + task("a") + task("b", model='"opus"', allowed_tools="[]", max_retries="4"))
     cap = Capture()
     r = fleeter.run("validate", "tasks.toml", plugins=[cap])
-    # a default's warning names the line of the default
+    # a default's warning names the line of the default, once for the tasks that took it
     never = (
         "requires: `gpu` is neither a tag of this machine ([relay] tags in config.toml) nor a probed tool "
         "(claude, git, cargo, python3, node); it is never met"
@@ -1936,7 +1995,7 @@ def test_top_level_defaults_apply_to_every_task_that_sets_none(fleeter: Any) -> 
     assert (r.ret, r.outlines, r.errlines) == (
         0,
         ["tasks.toml: 2 tasks, valid"],
-        [f"warning: tasks.toml:4: task 'a': {never}", f"warning: tasks.toml:4: task 'b': {never}"],
+        [f"warning: tasks.toml:4: task 'a' and 1 more task: {never}"],
     )
     a, b = cap.items
     assert (a.max_retries, a.model, a.allowed_tools, a.requires, a.timeout_min) == (0, "sonnet", ["Read"], ["gpu"], 5.0)

@@ -138,7 +138,7 @@ def fleetrun_collection_modifyitems(config: Config, items: list[Any]) -> None:
     from ..collect import display_path
     from ..exceptions import UsageError, UsageErrors
     from ..hosts import executable_problem
-    from ..queueing import WARNINGS_KEY
+    from ..queueing import warn_tasks
     from ..textutil import safe_name
 
     files: dict[str, str] = {}
@@ -150,9 +150,11 @@ def fleetrun_collection_modifyitems(config: Config, items: list[Any]) -> None:
         return files[path]
 
     errors = []
+    paths = claudeopts.PATH_KEYS
     for t in items:
         if t.agent == "claude":
-            errors += claudeopts.file_problems(t, config, shown)
+            if t.extra and any(key in t.extra for key in paths):  # most of 100,000 tasks: no file to read
+                errors += claudeopts.file_problems(t, config, shown)
             continue
         own = [k for k in claudeopts.KEYS if k in t.extra and k not in t.defaulted]
         if own:  # a default of every task is for the tasks Claude Code runs; a task's own is a mistake
@@ -171,28 +173,28 @@ def fleetrun_collection_modifyitems(config: Config, items: list[Any]) -> None:
     errors = list(first.values())
     if errors:
         raise UsageErrors(errors) if len(errors) > 1 else errors[0]
-    warnings = config.stash.setdefault(WARNINGS_KEY, [])
-    for t in items:
-        if t.agent == "claude" and bypass_refused_as_root(t, config):
-            where = shown(t.file_of("permission_mode")) if t.source else "?"
-            line = t.key_lines.get("permission_mode", t.line)
-            warnings.append(
-                f"{where}:{line}: task '{safe_name(t.name)}': permission_mode: bypassPermissions as "
-                'root: Claude Code refuses it ("--dangerously-skip-permissions cannot be used with '
-                'root/sudo privileges") and the task would need a human at once; run fleetrun as '
-                'another user, or, in a container meant for it, set IS_SANDBOX = "1" in the task\'s env'
-            )
-    problem = executable_problem(executable(config))
-    if problem is None:
-        return
-    for t in items:
-        if t.agent != "claude":
-            continue
-        where = shown(t.file_of("agent")) if t.source else "?"
-        warnings.append(
-            f"{where}:{t.key_lines.get('agent', t.line)}: task '{t.name}': agent: {problem} "
-            f"(set [claude] executable in config.toml)"
+    # each warning once per cause, with the count of tasks it applies to: a default of
+    # every task (or no claude here) is one fact, not one line per task
+    claude = [t for t in items if t.agent == "claude"]
+    bypass: dict[tuple[str, int], list[Any]] = {}
+    # the default mode read once, not a task at a time; the rest asked only of a task it concerns
+    mode = config.setting("claude", "permission_mode", DEFAULT_PERMISSION_MODE)
+    for t in claude if runs_as_root() else ():
+        if (t.permission_mode or mode) == "bypassPermissions" and bypass_refused_as_root(t, config):
+            bypass.setdefault((t.file_of("permission_mode"), t.key_lines.get("permission_mode", t.line)), []).append(t)
+    for same in bypass.values():
+        warn_tasks(
+            config,
+            same[0],
+            len(same),
+            "permission_mode",
+            'bypassPermissions as root: Claude Code refuses it ("--dangerously-skip-permissions cannot be used '
+            'with root/sudo privileges") and the task would need a human at once; run fleetrun as another user, '
+            'or, in a container meant for it, set IS_SANDBOX = "1" in the task\'s env',
         )
+    problem = executable_problem(executable(config))
+    if problem is not None and claude:
+        warn_tasks(config, claude[0], len(claude), "agent", f"{problem} (set [claude] executable in config.toml)")
 
 
 def runs_as_root() -> bool:

@@ -110,23 +110,22 @@ def fleetrun_collection_modifyitems(config: Config, items: list[Any]) -> None:
     from ..collect import display_path
     from ..exceptions import UsageErrors
     from ..hosts import executable_problem
-    from ..queueing import WARNINGS_KEY
+    from ..queueing import warn_tasks
 
     errors = []
-    warnings = config.stash.setdefault(WARNINGS_KEY, [])
+    missing: dict[str, tuple[Any, int, str]] = {}  # by agent: its first task, how many, why
+    problems: dict[str, Optional[str]] = {}
     for t in items:
         if t.agent == "claude":
             continue
         defn = agent_def(config, t.agent)
         exe = defn["command"][0] if defn is not None else ""
-        # not an error: the task may be placed on a peer that has the tool
-        problem = executable_problem(exe) if exe and not any(ph in exe for ph in PLACEHOLDERS) else None
+        if exe not in problems:  # looked up once an agent command, not once a task
+            problems[exe] = executable_problem(exe) if exe and not any(ph in exe for ph in PLACEHOLDERS) else None
+        problem = problems[exe]
         if problem:
-            where = display_path(Path(t.file_of("agent")), config.invocation_dir) if t.source else "?"
-            warnings.append(
-                f"{where}:{t.key_lines.get('agent', t.line)}: task '{t.name}': agent: {problem} "
-                f"(set [agents.{t.agent}] command)"
-            )
+            first, count, _ = missing.get(t.agent, (t, 0, problem))
+            missing[t.agent] = (first, count + 1, problem)
         if defn is None:
             names = ["claude", *agents(config)]
             close = difflib.get_close_matches(t.agent, names, n=1)
@@ -139,6 +138,9 @@ def fleetrun_collection_modifyitems(config: Config, items: list[Any]) -> None:
                     key=f"task '{t.name}': agent",
                 )
             )
+    for first, count, problem in missing.values():
+        # not an error: the task may be placed on a peer that has the tool
+        warn_tasks(config, first, count, "agent", f"{problem} (set [agents.{first.agent}] command)")
     if len(errors) == 1:
         raise errors[0]
     if errors:

@@ -628,32 +628,47 @@ def fleetrun_collection_modifyitems(config: Config, items: list[Any]) -> None:
     check_pins(config, items)
     tags = set(configured_tags(config))
     tools = list(configured_tools(config))
-    from ..collect import display_path
-    from ..queueing import WARNINGS_KEY
+    from ..queueing import WARNINGS_KEY, warn_tasks
     from ..repochecks import checkout_warnings
 
     warnings = config.stash.setdefault(WARNINGS_KEY, [])
     cache: dict[str, Any] = {}
 
     warnings.extend(checkout_warnings(items, config.invocation_dir))
+    # once a requirement, at its first task, with how many more (a default of every task,
+    # or the same tag in each of 100,000 tasks, is one fact)
+    found: dict[str, tuple[Any, int, str]] = {}
+    met: set[str] = set()
     for t in items:
         for req in t.requires:
+            if req in found:
+                first, count, what = found[req]
+                found[req] = (first, count + 1, what)
+                continue
+            if req in met:
+                continue
             r = parse_requirement(req)
             if r is None or r.name in tags or r.name in tools:
+                met.add(req)
                 continue
-            # where requires was written: the task, or the default it took (the project file);
-            # the file is read again only for a collector that kept no key_lines
-            where = display_path(Path(t.file_of("requires")), config.invocation_dir) if t.source else "?"
-            line = (
-                t.key_lines["requires"]
-                if "requires" in t.key_lines
-                else _requires_line(t.source, t.line, cache)
-                if t.source
-                else t.line
-            )
-            probed = ", ".join(tools)
-            what = f"`{req}`" if r.bare else f"`{req}`: `{r.name}`"
-            warnings.append(
-                f"{where}:{line}: task '{t.name}': requires: {what} is neither a tag of this machine "
-                f"([relay] tags in config.toml) nor a probed tool ({probed}); it is never met"
-            )
+            found[req] = (t, 1, f"`{req}`" if r.bare else f"`{req}`: `{r.name}`")
+    probed = ", ".join(tools)
+    for first, count, what in found.values():
+        # where requires was written: the task, or the default it took (the project file);
+        # the file is read again only for a collector that kept no key_lines
+        line = (
+            first.key_lines["requires"]
+            if "requires" in first.key_lines
+            else _requires_line(first.source, first.line, cache)
+            if first.source
+            else first.line
+        )
+        warn_tasks(
+            config,
+            first,
+            count,
+            "requires",
+            f"{what} is neither a tag of this machine ([relay] tags in config.toml) nor a probed tool ({probed}); "
+            "it is never met",
+            line=line,
+        )

@@ -196,31 +196,33 @@ def fleetrun_configure(config: Config) -> None:
 def fleetrun_collection_modifyitems(config: Config, items: list[Any]) -> None:
     """The same check once the tasks files' own ``[brain]`` tables are merged in; and a
     warning when a ``brain`` verifier has no model anywhere."""
-    from ..queueing import WARNINGS_KEY
+    from ..queueing import warn_tasks
 
     table = config.setting("brain", None, None)
     if table is not None:
         sources = [Path(f) for f in (config.getoption("files") or [])] + [config.home / "config.toml"]
         _raise(_errors(table, sources, config.invocation_dir))
     model = (table or {}).get("model") if isinstance(table, dict) else None
-    from ..collect import display_path
-
+    # each once per cause and verifier number, at its first task, with how many more
+    found: dict[tuple[int, bool], tuple[Any, Any, int]] = {}
     for t in items:
         for i, v in enumerate(t.verify):
             if v.kind != "brain":
                 continue
-            where = display_path(Path(t.source), config.invocation_dir) if t.source else "?"
-            if not (v.model or model):
-                config.stash.setdefault(WARNINGS_KEY, []).append(
-                    f"{where}:{v.line or t.line}: task '{t.name}': verify #{i + 1}: a brain verifier needs a model: "
-                    "set [brain] model (config.toml or the tasks file) or model = on the verifier; "
-                    "without one it fails"
-                )
-            elif table is None:  # the default endpoint: right only with a local ollama
-                config.stash.setdefault(WARNINGS_KEY, []).append(
-                    f"{where}:{v.line or t.line}: task '{t.name}': verify #{i + 1}: no [brain] is configured "
-                    f"(config.toml, the project file or the tasks file): the verifier asks {DEFAULT_URL}"
-                )
+            if not (v.model or model) or table is None:
+                cause = (i, not (v.model or model))
+                first, step, count = found.get(cause, (t, v, 0))
+                found[cause] = (first, step, count + 1)
+    for (i, no_model), (first, step, count) in found.items():
+        # without a model it fails; with one, the default endpoint is right only with a local ollama
+        what = (
+            "a brain verifier needs a model: set [brain] model (config.toml or the tasks file) or model = on the "
+            "verifier; without one it fails"
+            if no_model
+            else f"no [brain] is configured (config.toml, the project file or the tasks file): the verifier asks "
+            f"{DEFAULT_URL}"
+        )
+        warn_tasks(config, first, count, f"verify #{i + 1}", what, line=step.line or first.line)
 
 
 # ---------------------------------------------------------------------------------

@@ -231,10 +231,13 @@ def missing_command(text: str, cwd: str, has_setup: bool) -> Optional[str]:
     return f"{first} is not in the task's cwd"
 
 
-def missing_command_warnings(config: Config, items: list[Any], warnings: list[str]) -> None:
-    from ..collect import display_path
+def missing_command_warnings(config: Config, items: list[Any]) -> None:
+    from ..queueing import warn_tasks
 
     known: dict[tuple[str, str, bool], Optional[str]] = {}  # 100,000 tasks share a few commands
+    # one warning a missing command (and verifier number), at its first task, with the
+    # count of the tasks that run it
+    found: dict[tuple[int, str, str, bool], tuple[Any, Any, int, str]] = {}
     for t in items:
         for i, v in enumerate(t.verify):
             if v.kind != "run":
@@ -244,11 +247,17 @@ def missing_command_warnings(config: Config, items: list[Any], warnings: list[st
                 known[key] = missing_command(*key)
             problem = known[key]
             if problem:
-                where = display_path(Path(t.source), config.invocation_dir) if t.source else "?"
-                warnings.append(
-                    f"{where}:{v.line or t.line}: task '{t.name}': verify #{i + 1}: {problem} "
-                    "(the verifier would fail, command not found)"
-                )
+                first, step, count, _ = found.get((i, *key), (t, v, 0, problem))
+                found[(i, *key)] = (first, step, count + 1, problem)
+    for (i, *_), (first, step, count, problem) in found.items():
+        warn_tasks(
+            config,
+            first,
+            count,
+            f"verify #{i + 1}",
+            f"{problem} (the verifier would fail, command not found)",
+            line=step.line or first.line,
+        )
 
 
 # ---------------------------------------------------------------------------------
@@ -262,15 +271,14 @@ def fleetrun_collection_modifyitems(config: Config, items: list[Any]) -> None:
     (:func:`missing_command`), and every one of a worktree task whose interpreter has an
     editable install of a package from the task's own repository checkout. Nothing is
     run: PATH, the task's cwd and the interpreter's site-packages are read."""
-    from ..collect import display_path
     from ..editable import checkout_of, editable_trap
-    from ..queueing import WARNINGS_KEY
+    from ..queueing import warn_tasks
 
-    warnings = config.stash.setdefault(WARNINGS_KEY, [])
-    missing_command_warnings(config, items, warnings)
+    missing_command_warnings(config, items)
     tops: dict[str, Optional[str]] = {}
     seen: dict[Any, Any] = {}
     traps: dict[tuple[str, str, str], Any] = {}
+    trapped: dict[tuple[str, str, str], tuple[Any, Any, int]] = {}  # by cause: its first task and step, how many
     for t in items:
         if not t.git_ref:
             continue  # it works in the checkout itself: an install of it is the right one
@@ -285,15 +293,20 @@ def fleetrun_collection_modifyitems(config: Config, items: list[Any]) -> None:
             key = (v.text, top, t.cwd)
             if key not in traps:  # each command of each folder once, however many tasks run it
                 traps[key] = editable_trap(v.text, top, t.cwd, seen)
-            trap = traps[key]
-            if trap is None:
-                continue
-            where = display_path(Path(t.source), config.invocation_dir) if t.source else "?"
-            warnings.append(
-                f"{where}:{v.line or t.line}: task '{t.name}': verify: {trap.interpreter} imports {trap.package} "
-                f"from {trap.project} (an editable install of the main checkout), not from the worktree; "
-                f"add PYTHONPATH={trap.pythonpath} or a setup step (docs/verifiers.md)"
-            )
+            if traps[key] is not None:
+                first, step, count = trapped.get(key, (t, v, 0))
+                trapped[key] = (first, step, count + 1)
+    for key, (first, step, count) in trapped.items():
+        trap = traps[key]
+        warn_tasks(
+            config,
+            first,
+            count,
+            "verify",
+            f"{trap.interpreter} imports {trap.package} from {trap.project} (an editable install of the main "
+            f"checkout), not from the worktree; add PYTHONPATH={trap.pythonpath} or a setup step (docs/verifiers.md)",
+            line=step.line or first.line,
+        )
 
 
 # ---------------------------------------------------------------------------------

@@ -57,6 +57,17 @@ def test_validate_warns_that_a_task_without_git_ref_edits_the_checkout(fleeter):
     ]
 
 
+def test_validate_warns_once_for_every_task_without_git_ref_in_a_checkout(fleeter):
+    # one checkout, one warning: at the first task, with how many more
+    no_ref_tasks(fleeter, ["a", "b", "c", "d"], git_ref_for=("b",))
+    v = fleeter.run("validate")
+    assert v.ret == 0
+    repo = fleeter.path / "repo"
+    assert v.errlines == [
+        f"warning: tasks.toml:1: task 'a' and 2 more tasks: no git_ref: the agent works in your checkout {repo} itself"
+    ]
+
+
 def test_two_spawned_tasks_declaring_a_role_never_work_in_one_checkout_at_once(fleeter, fake_claude):
     # a role, but a permission mode a mailbox cannot carry: both are spawned in the checkout
     import json
