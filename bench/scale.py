@@ -141,7 +141,7 @@ def first_pass(env: dict[str, str], cwd: Path, passes: int) -> tuple[float, floa
     code = (
         f"import json, sys; sys.path.insert(0, {here!r}); import loopscale; from pathlib import Path; "
         f"f, rest = loopscale.pass_times(Path(sys.argv[1]), {passes}); "
-        "print(json.dumps([f, sorted(rest)[len(rest) // 2]]))"
+        "print(json.dumps([f.wall, sorted(rest)[len(rest) // 2]]))"
     )
     out = subprocess.run(
         [sys.executable, "-c", code, env["FLEETRUN_HOME"]],
