@@ -226,26 +226,32 @@ def fleetrun_collection_modifyitems(config: Config, items: list[Any]) -> None:
 
     from ...collect import display_path
     from ...exceptions import UsageError, UsageErrors
-    from ...queueing import WARNINGS_KEY
+    from ...queueing import warn_tasks
     from ...textutil import safe_name
     from .delivery import spec_always_spawned
     from .store import StoreError, check_name
 
     errors = []
+    spawned: dict[tuple[str, str], list[Any]] = {}  # by cause: one warning for the tasks that share one
     for t in roles:
-        where = display_path(Path(t.file_of("role")), config.invocation_dir) if t.source else "?"
-        line = t.key_lines.get("role", t.line)
         try:
             check_name(t.role)
         except StoreError as e:
+            where = display_path(Path(t.file_of("role")), config.invocation_dir) if t.source else "?"
+            line = t.key_lines.get("role", t.line)
             errors.append(UsageError(str(e), file=where, line=line, key=f"task '{safe_name(t.name)}': role"))
             continue
         why = spec_always_spawned(t)
         if why is not None:
-            config.stash.setdefault(WARNINGS_KEY, []).append(
-                f"{where}:{line}: task '{t.name}': role: {why}, so it is spawned, not delivered to role "
-                f"{t.role} (a mailbox carries only the prompt)"
-            )
+            spawned.setdefault((why, t.role), []).append(t)
+    for (why, role), tasks in spawned.items():
+        warn_tasks(
+            config,
+            tasks[0],
+            len(tasks),
+            "role",
+            f"{why}, so it is spawned, not delivered to role {role} (a mailbox carries only the prompt)",
+        )
     if errors:
         raise UsageErrors(errors) if len(errors) > 1 else errors[0]
 
