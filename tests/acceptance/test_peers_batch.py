@@ -64,7 +64,31 @@ class TaskCommits:
             self.n += 1
 
 
-class TogetherInOnePass:
+class PassCommits:
+    """The part of the plugins below that records, at each pass's end, the commits of the
+    loop's ledger connection in that pass and the moves it made."""
+
+    def __init__(self) -> None:
+        self.commits = TaskCommits()
+        self.moves: list[str] = []
+        self.passes: list[tuple[int, list[str]]] = []  # (commits, moves) of each pass
+        self.mark = 0
+
+    def fleetrun_transition(
+        self, task: Any, from_state: str, to_state: str, cause: str, attempt: Any, config: Any
+    ) -> None:
+        self.moves.append(to_state)
+
+    def record_pass(self, config: Any) -> Any:
+        """Record the pass that just ended. :return: the loop's ledger."""
+        led = config.stash[LEDGER_KEY]
+        n = self.commits.attach(led)
+        self.passes.append((n - self.mark, self.moves))
+        self.mark, self.moves = n, []
+        return led
+
+
+class TogetherInOnePass(PassCommits):
     """A plugin: once every task runs, lets their agents end (``gate``) and holds the
     loop at that pass's end until every end is pushed; at the next pass's end (it took
     the ends and sent their collects), until every collect's reply is in; at the next
@@ -73,25 +97,14 @@ class TogetherInOnePass:
     of those passes takes all the peers' at once. Records each pass's commits and moves."""
 
     def __init__(self, gate: Path) -> None:
+        super().__init__()
         self.gate = gate
-        self.commits = TaskCommits()
         self.phase = "running"
-        self.moves: list[str] = []
-        self.passes: list[tuple[int, list[str]]] = []  # (commits, moves) of each pass
-        self.mark = 0
         self.ends_pass = -1  # the index of the pass that took the ends
         self.handoffs: list[Any] = []
 
-    def fleetrun_transition(
-        self, task: Any, from_state: str, to_state: str, cause: str, attempt: Any, config: Any
-    ) -> None:
-        self.moves.append(to_state)
-
     def fleetrun_loop_pass(self, config: Any, duration_s: float) -> None:
-        led = config.stash[LEDGER_KEY]
-        n = self.commits.attach(led)
-        self.passes.append((n - self.mark, self.moves))
-        self.mark, self.moves = n, []
+        led = self.record_pass(config)
         relay = config.pluginmanager.get_plugin("relay-peers")
         if self.phase == "running" and len(led.attempts(states={"running"})) == PEERS:
             self.gate.touch()  # every agent may end now
@@ -189,7 +202,7 @@ def test_the_ends_verdicts_and_handoffs_of_several_peers_tasks_are_each_handled_
     assert took_handoffs == (1, ["DONE"] * PEERS), f"the pass that read the fetch-backs: {took_handoffs}"
 
 
-class PreparesAnsweredTogether:
+class PreparesAnsweredTogether(PassCommits):
     """A plugin: holds the loop at its first pass's end until every peer's first
     heartbeat is in (the tasks are then placed in one pass); keeps the handle of each
     peer's prepare request (a hookwrapper of ``fleetrun_prepare_workspace``); once every
@@ -198,12 +211,9 @@ class PreparesAnsweredTogether:
     commits and moves."""
 
     def __init__(self, gate: Path) -> None:
+        super().__init__()
         self.gate = gate
-        self.commits = TaskCommits()
         self.handles: list[Any] = []
-        self.moves: list[str] = []
-        self.passes: list[tuple[int, list[str]]] = []  # (commits, moves) of each pass
-        self.mark = 0
         self.answered_before = -1  # the index of the pass after which every reply was in
 
     @hookimpl(wrapper=True)
@@ -212,16 +222,8 @@ class PreparesAnsweredTogether:
         self.handles.append(got)
         return got
 
-    def fleetrun_transition(
-        self, task: Any, from_state: str, to_state: str, cause: str, attempt: Any, config: Any
-    ) -> None:
-        self.moves.append(to_state)
-
     def fleetrun_loop_pass(self, config: Any, duration_s: float) -> None:
-        led = config.stash[LEDGER_KEY]
-        n = self.commits.attach(led)
-        self.passes.append((n - self.mark, self.moves))
-        self.mark, self.moves = n, []
+        self.record_pass(config)
         relay = config.pluginmanager.get_plugin("relay-peers")
         # every peer heard from before the first placement: the tasks are placed in one pass
         wait_until(lambda: not relay.first_probe_pending(), "every peer's first heartbeat")
