@@ -457,6 +457,17 @@ class Fleeter:
         self._paths.restore()
 
 
+def whole_call(line: str) -> Optional[dict[str, Any]]:
+    """One line of the fake's log, or None for one it could not finish: a fake killed,
+    or a full disk, part-way through its append leaves a cut-short line that the next
+    fake's line follows (the soak does both)."""
+    try:
+        call = json.loads(line)
+    except ValueError:
+        return None
+    return call if isinstance(call, dict) else None
+
+
 class FakeClaude:
     """Points fleetrun at the fake Claude Code CLI (:mod:`fleetrun.testing.fake_claude`)
     and scripts what it does, step by step, per task.
@@ -512,8 +523,8 @@ class FakeClaude:
         if not self.log_path.exists():
             return []
         # whole lines only: the fake may be half-way through appending one while a test polls
-        text = self.log_path.read_text()
-        return [json.loads(line) for line in text[: text.rfind("\n") + 1].splitlines() if line.strip()]
+        text = self.log_path.read_text(errors="replace")
+        return [c for c in map(whole_call, text[: text.rfind("\n") + 1].splitlines()) if c is not None]
 
     def calls(self, key: Optional[str] = None) -> list[dict[str, Any]]:
         """The agent sessions started (reviewers aside: :meth:`review_calls`), of task

@@ -41,7 +41,7 @@ from acceptance.test_crash_points import (
     wait_no_leftovers,
 )
 
-from fleetrun.fleeter import GIT_ENV
+from fleetrun.fleeter import GIT_ENV, whole_call
 from fleetrun.osutil import proc_token
 
 #: What a file under the home may weigh at most: the soak's ``[output] max_bytes`` (item
@@ -611,10 +611,10 @@ def timeline(led: Any, t: Any) -> str:
 
 def read_costs(path: Path) -> list[dict[str, Any]]:
     try:
-        text = path.read_text()
+        text = path.read_text(errors="replace")
     except OSError:
         return []
-    return [json.loads(line) for line in text[: text.rfind("\n") + 1].splitlines() if line.strip()]
+    return [c for c in map(whole_call, text[: text.rfind("\n") + 1].splitlines()) if c is not None]
 
 
 def check(

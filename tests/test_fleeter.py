@@ -271,6 +271,27 @@ def test_fake_claude_fixture_for_a_plugins_tests(fleeter: Fleeter, fake_claude: 
     assert [c.to_state for c in result.hooks.getcalls("fleetrun_transition")][-1] == "DONE"
 
 
+def test_a_call_the_fake_could_not_finish_logging_is_left_out_not_an_error(
+    fleeter: Fleeter, fake_claude: FakeClaude
+) -> None:
+    """The soak kills fakes and fills the disk: a cut-short line in the middle of the
+    log (the next fake appended after it) is no call, and the calls around it are read."""
+    fleeter.make_repo()
+    fleeter.write_tasks("""
+        [[task]]
+        name = "a"
+        cwd = "repo"
+        prompt = "p"
+    """)
+    fake_claude.script(a=[{"actions": [["write", "a.txt", "a\n"], ["commit", "a"]]}])
+    fleeter.inline_run("tasks.toml").assert_outcomes(done=1)
+    whole = fake_claude.log_path.read_text()
+    fake_claude.log_path.write_text(whole + '{"argv": ["-p"], "env": {"FLEETRUN_TA' + "\n" + whole)
+    assert len(fake_claude.calls("a")) == 2
+    fake_claude.log_path.write_text(whole + "[1, 2]\n\x00\x00\n")
+    assert len(fake_claude.calls("a")) == 1
+
+
 def test_fake_claude_is_the_packaged_one_and_first_on_path(fake_claude: FakeClaude) -> None:
     import fleetrun.testing.fake_claude as packaged
 
