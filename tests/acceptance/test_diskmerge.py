@@ -23,6 +23,7 @@ import pytest
 
 from .test_crash_points import _no_strays  # noqa: F401 (nothing a test starts outlives it)
 from .test_disk_full import mount_home
+from .test_prepcrash import KILL_FLEETRUN
 
 # fleetrun's own merges (`merge --no-ff`) are counted in {flags}/merges. At the one
 # numbered $(cat kill-at) the supervisor (the first process up the parent chain whose
@@ -32,27 +33,16 @@ from .test_disk_full import mount_home
 # real git runs on a full disk, then the supervisor is SIGKILLed before it learns how the
 # merge went. The file system is filled by writing $(cat filler) until it is full, and
 # freed by removing it once git is done.
-WRAPPER = """#!/bin/sh
-filled() {{
+WRAPPER = (
+    "#!/bin/sh\n"
+    + KILL_FLEETRUN
+    + """filled() {{
   filler=$(cat "{flags}/filler")
   head -c 1000000000 /dev/zero > "$filler" 2>/dev/null
   "{git}" "$@"
   rc=$?
   rm -f "$filler"
   return $rc
-}}
-kill_fleetrun() {{
-  touch "{flags}/killed"
-  pid=$PPID
-  while [ "$pid" -gt 1 ]; do
-    if tr '\\0' ' ' < /proc/$pid/cmdline | grep -q fleetrun; then
-      kill -KILL "$pid"
-      sleep 5
-      exit 1
-    fi
-    pid=$(awk '{{print $4}}' /proc/$pid/stat)
-  done
-  echo "no fleetrun process above $$" >> "{flags}/log"
 }}
 case "$*" in
   *" worktree add -b "*)
@@ -80,6 +70,7 @@ case "$*" in
 esac
 exec "{git}" "$@"
 """
+)
 
 # big's files: the full disk stops its merge at the first of them (left empty)
 BIG = {f"big/b{i}.txt": f"line {i}\n" * 200 for i in range(1, 4)}

@@ -23,31 +23,41 @@ from tests.test_security_peer import Peer, attempt, git, make_repo, task
 from .test_crash_points import _no_strays  # noqa: F401 (nothing a test starts outlives it)
 from .test_depbase import chain, two_writers
 
+#: A shell function for a git wrapper: SIGKILL the first process up the parent chain
+#: whose command line names fleetrun (the supervisor), then exit 1 as a git the kill cut
+#: short; ``{flags}/killed`` says it was done (test_diskmerge's wrapper uses it too).
+KILL_FLEETRUN = """kill_fleetrun() {{
+  touch "{flags}/killed"
+  pid=$PPID
+  while [ "$pid" -gt 1 ]; do
+    if tr '\\0' ' ' < /proc/$pid/cmdline | grep -q fleetrun; then
+      kill -KILL "$pid"
+      sleep 5
+      exit 1
+    fi
+    pid=$(awk '{{print $4}}' /proc/$pid/stat)
+  done
+  echo "no fleetrun process above $$" >> "{flags}/log"
+}}
+"""
+
 # At the merge numbered $(cat kill-at) (1 = the first) of fleetrun's own (`merge --no-ff`),
-# SIGKILL the first process up the parent chain whose command line names fleetrun (the
-# supervisor), once: the flag `killed` makes every later git the real one.
-WRAPPER = """#!/bin/sh
-case "$*" in
+# kill the supervisor, once: the flag `killed` makes every later git the real one.
+WRAPPER = (
+    "#!/bin/sh\n"
+    + KILL_FLEETRUN
+    + """case "$*" in
   *" merge --no-ff "*)
     if [ ! -e "{flags}/killed" ]; then
       echo x >> "{flags}/merges"
       if [ "$(wc -l < "{flags}/merges")" -ge "$(cat "{flags}/kill-at")" ]; then
-        touch "{flags}/killed"
-        pid=$PPID
-        while [ "$pid" -gt 1 ]; do
-          if tr '\\0' ' ' < /proc/$pid/cmdline | grep -q fleetrun; then
-            kill -KILL "$pid"
-            sleep 5
-            exit 1
-          fi
-          pid=$(awk '{{print $4}}' /proc/$pid/stat)
-        done
-        echo "no fleetrun process above $$" >> "{flags}/log"
+        kill_fleetrun
       fi
     fi ;;
 esac
 exec "{git}" "$@"
 """
+)
 
 
 def kill_at_merge(fleeter: Any, monkeypatch: Any, n: int = 1) -> Path:
