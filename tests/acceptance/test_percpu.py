@@ -13,6 +13,7 @@ import json
 import os
 import shutil
 import sys
+import time
 from collections import Counter
 from collections.abc import Iterator
 from pathlib import Path
@@ -216,8 +217,35 @@ def test_work_left_uncommitted_is_committed_on_the_branch_its_head_file_names_wi
 def test_an_attempts_folder_is_its_files_and_no_folder(fleeter, monkeypatch):
     # every file an attempt makes costs an inode, which on a busy disk is most of what a
     # small write costs (~0.4 ms of CPU each, measured): a trivial attempt leaves these,
-    # and its verifier's record was one file beside its output (no `children/` folder)
+    # its verifier's record was one file beside its output (no `children/` folder), and
+    # its shepherd, forked by the starter, had nothing to say (no `shepherd.out`)
     one_task(fleeter, monkeypatch)
     (adir,) = (fleeter.home / "attempts").iterdir()
     names = sorted(p.name + ("/" if p.is_dir() else "") for p in adir.iterdir())
-    assert names == ["log", "prompt", "shepherd.out", "spec.json", "start.lock", "status.json", "verify-1.out"], names
+    assert names == ["log", "prompt", "spec.json", "start.lock", "status.json", "verify-1.out"], names
+
+
+def test_a_forked_shepherd_that_has_something_to_say_makes_its_output_file(tmp_path):
+    # a shepherd forked for an attempt that already ran says so, in its shepherd.out,
+    # made on that first word; one for a folder that is not there is an error answer
+    from fleetrun.hosts import ShepherdStarter
+
+    adir = tmp_path / "a1"
+    adir.mkdir()
+    (adir / shepherd.SPEC).write_text(json.dumps({"attempt_id": "a1", "argv": ["/bin/true"]}))
+    (adir / shepherd.STATUS).write_text(json.dumps({"state": "ended"}))
+    starter = ShepherdStarter(tmp_path / "starter.out")
+    try:
+        pid = starter.start(str(adir), dict(os.environ))
+        deadline = time.monotonic() + 120  # bounds a hang only
+        while shepherd.proc_token(pid) is not None:  # until it has exited (a zombie has)
+            assert time.monotonic() < deadline
+            time.sleep(0.01)
+        with pytest.raises(OSError) as e:
+            starter.start(str(tmp_path / "gone"), dict(os.environ))
+        assert e.value.errno == 2
+    finally:
+        starter.close()
+    out = (adir / shepherd.SHEPHERD_OUT).read_text()
+    assert "already ran here (its status says ended)" in out, out
+    assert json.loads((adir / shepherd.STATUS).read_text()) == {"state": "ended"}
