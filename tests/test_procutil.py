@@ -17,7 +17,7 @@ import pytest
 
 import fleetrun
 from fleetrun import ProcessHandle, Verdict, Workspace, task_env
-from fleetrun.hosts import LocalHost
+from fleetrun.hosts import LocalHost, child_record
 from fleetrun.osutil import proc_token
 from fleetrun.procutil import CappedStart, ForkedWrapper
 
@@ -104,7 +104,7 @@ def test_a_process_handle_ends_its_whole_group_on_timeout(tmp_path: Path, start:
     )
     h = Handle(spec, ["/bin/sh", "-c", script], str(tmp_path), dict(os.environ), tmp_path / "v1.out", start=start)
     started_as(h, start)
-    assert (tmp_path / "children" / "v1.json").exists()  # recorded for a restarted loop
+    assert child_record(tmp_path, "v1").exists()  # recorded for a restarted loop
     v = None
     while not (tmp_path / "child").exists() and v is None:  # the timeout bounds this wait
         v = h.poll()
@@ -114,7 +114,7 @@ def test_a_process_handle_ends_its_whole_group_on_timeout(tmp_path: Path, start:
     v = wait(h)
     assert v.reason == "timed out"
     assert h.proc is not None and h.proc.returncode is not None  # reaped
-    assert not (tmp_path / "children" / "v1.json").exists()
+    assert not child_record(tmp_path, "v1").exists()
     deadline = time.monotonic() + 60
     while proc_token(child) is not None and time.monotonic() < deadline:
         time.sleep(0.05)
@@ -311,7 +311,7 @@ def test_a_verifier_started_but_not_yet_recorded_is_still_ended_after_a_crash(tm
         assert kill_recorded_children(tmp_path) == 1
         assert stray.wait(10) == -9
         assert other.poll() is None
-        assert not (tmp_path / "children" / "v1.json").exists()
+        assert not child_record(tmp_path, "v1").exists()
     finally:
         for p in (stray, other):
             if p.poll() is None:
@@ -343,3 +343,45 @@ def test_a_forked_wrappers_exit_code_is_read_strictly(written: bytes, code: int)
         assert forked.poll() == code
     finally:
         forked.close()
+
+
+def test_a_childs_record_is_one_file_written_in_place(tmp_path: Path) -> None:
+    # its intent and its pid are two lines of one file beside its output, not a folder
+    # and two files renamed into place: each file made costs an inode (issue 24)
+    from fleetrun.hosts import read_child_record, record_child, record_child_intent
+
+    marker = record_child_intent(tmp_path, "v1")
+    path = child_record(tmp_path, "v1")
+    inode = path.stat().st_ino
+    record_child(tmp_path, "v1", os.getpid(), marker)
+    assert path.stat().st_ino == inode
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["v1.child"]
+    info = read_child_record(path)
+    assert info == {"marker": marker, "pid": os.getpid(), "token": proc_token(os.getpid())}
+    # a pid line cut short by a crash: the intent's marker still holds
+    path.write_text(path.read_text().splitlines()[0] + '\n{"pid": 12')
+    assert read_child_record(path) == {"marker": marker}
+    # the intent written again (the verifier run again after a crash) starts a new record
+    again = record_child_intent(tmp_path, "v1")
+    assert read_child_record(path) == {"marker": again}
+
+
+def test_a_child_recorded_by_an_older_version_is_still_ended(tmp_path: Path) -> None:
+    # before issue 24 each record was children/NAME.json: a crash left by an older
+    # version is still cleaned up by a restart of this one
+    import json
+
+    from fleetrun.hosts import CHILDREN, kill_recorded_children
+
+    stray = subprocess.Popen(["sleep", "60"], start_new_session=True)
+    try:
+        old = tmp_path / CHILDREN
+        old.mkdir()
+        (old / "v1.json").write_text(json.dumps({"pid": stray.pid, "token": proc_token(stray.pid), "marker": None}))
+        assert kill_recorded_children(tmp_path) == 1
+        assert stray.wait(10) == -9
+        assert not (old / "v1.json").exists()
+    finally:
+        if stray.poll() is None:
+            stray.kill()
+            stray.wait()

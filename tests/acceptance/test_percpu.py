@@ -13,6 +13,7 @@ import json
 import os
 import shutil
 import sys
+import time
 from collections import Counter
 from collections.abc import Iterator
 from pathlib import Path
@@ -211,3 +212,70 @@ def test_work_left_uncommitted_is_committed_on_the_branch_its_head_file_names_wi
     assert r.ret == 0, r.stdout + r.stderr
     assert fleeter.states() == {"t1": "DONE"}
     assert pinned_git(flags) == ["ls-files", "add", "config", "commit", "rev-parse"], pinned_git(flags)
+
+
+def test_an_attempts_folder_is_its_files_and_no_folder(fleeter, monkeypatch):
+    # every file an attempt makes costs an inode, which on a busy disk is most of what a
+    # small write costs (~0.4 ms of CPU each, measured): a trivial attempt leaves these,
+    # its verifier's record was one file beside its output (no `children/` folder), and
+    # its shepherd, forked by the starter, had nothing to say (no `shepherd.out`)
+    one_task(fleeter, monkeypatch)
+    (adir,) = (fleeter.home / "attempts").iterdir()
+    names = sorted(p.name + ("/" if p.is_dir() else "") for p in adir.iterdir())
+    assert names == ["log", "prompt", "spec.json", "start.lock", "status.json", "verify-1.out"], names
+
+
+def test_a_forked_shepherd_that_has_something_to_say_makes_its_output_file(tmp_path):
+    # a shepherd forked for an attempt that already ran says so, in its shepherd.out,
+    # made on that first word; one for a folder that is not there is an error answer
+    from fleetrun.hosts import ShepherdStarter
+
+    adir = tmp_path / "a1"
+    adir.mkdir()
+    (adir / shepherd.SPEC).write_text(json.dumps({"attempt_id": "a1", "argv": ["/bin/true"]}))
+    (adir / shepherd.STATUS).write_text(json.dumps({"state": "ended"}))
+    starter = ShepherdStarter(tmp_path / "starter.out")
+    try:
+        pid = starter.start(str(adir), dict(os.environ))
+        deadline = time.monotonic() + 120  # bounds a hang only
+        while shepherd.proc_token(pid) is not None:  # until it has exited (a zombie has)
+            assert time.monotonic() < deadline
+            time.sleep(0.01)
+        with pytest.raises(OSError) as e:
+            starter.start(str(tmp_path / "gone"), dict(os.environ))
+        assert e.value.errno == 2
+    finally:
+        starter.close()
+    out = (adir / shepherd.SHEPHERD_OUT).read_text()
+    assert "already ran here (its status says ended)" in out, out
+    assert json.loads((adir / shepherd.STATUS).read_text()) == {"state": "ended"}
+
+
+# Logs, for each of fleetrun's pinned commands, whether the worktree's index was written
+# (replaced by git's index.lock: a new inode) while it ran.
+INDEX_LOGGER = """#!/bin/sh
+gd=""
+for a in "$@"; do case "$a" in --git-dir=*) gd="${{a#--git-dir=}}";; esac; done
+before=$( [ -n "$gd" ] && stat -c %i "$gd/index" 2>/dev/null )
+"{git}" "$@"
+rc=$?
+if [ -n "$gd" ]; then
+  after=$(stat -c %i "$gd/index" 2>/dev/null)
+  echo "$* index:$( [ "$before" = "$after" ] && echo kept || echo written )" >> "{flags}/git.log"
+fi
+exit $rc
+"""
+
+
+def test_the_collects_git_status_writes_no_index(fleeter, monkeypatch):
+    # git status refreshes a worktree's index and writes it back (an index.lock made and
+    # renamed: a new file, ~0.4 ms of CPU on a busy disk) when it may; the collect only
+    # asks whether there is work to commit, and `git worktree remove` refreshes it anyway
+    flags = git_wrapper(fleeter, monkeypatch, INDEX_LOGGER, "repo")
+    fleeter.write_tasks(f'[agents.sh]\ncommand = ["/bin/sh", "-c", {json.dumps(AGENT)}]\n' + task("t1", "repo", "true"))
+    r = fleeter.run("tasks.toml")
+    assert r.ret == 0, r.stdout + r.stderr
+    assert fleeter.states() == {"t1": "DONE"}
+    ran = [ln.split() for ln in (flags / "git.log").read_text().splitlines()]
+    status = [words[-1] for words in ran if "status" in words and "core.fsmonitor=false" in words]
+    assert status == ["index:kept"], ran
