@@ -261,6 +261,11 @@ class Ledger(LedgerFile):
         ).fetchone()
         return row[0] if row else None
 
+    def queue_hashes(self, source: str) -> list[str]:
+        """The content hash (``source_hash``) of every queue made from ``source`` (the
+        files of a command line): which digest versions the ledger holds of them."""
+        return [h for (h,) in self.conn.execute("SELECT source_hash FROM queues WHERE source=?", (source,))]
+
     def tasks_of_source(self, source: str) -> list[tuple[Task, dict[str, Any]]]:
         """Every task of the queues made from ``source`` (the files of a command line),
         oldest first, each with its queue's settings (``[agents.X]``...)."""

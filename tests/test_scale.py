@@ -293,30 +293,35 @@ def test_queue_makes_one_task_object_a_task(fleeter: Fleeter, monkeypatch: Any) 
 def test_a_queue_makes_its_per_task_objects_with_the_collector_paused(
     fleeter: Fleeter, fake_claude: Any, monkeypatch: Any, verb: str
 ) -> None:
-    """The digest's dict a task and the transition hook's :class:`Task` a task are made
-    and dropped while the cycle collector is paused, as collection's are: with it
-    running, each of its passes walked every spec held (0.8 s of the digest of 100,000
-    tasks in ``run``, 0.5 s of the hook's tasks in ``queue``). Seen, not timed: the
-    collector's state when each is made."""
+    """The digest's text and the transition hook's :class:`Task` a task are made and
+    dropped while the cycle collector is paused, as collection's are: with it running,
+    each of its passes walked every spec held (0.8 s of the digest of 100,000 tasks in
+    ``run``, 0.5 s of the hook's tasks in ``queue``). Seen, not timed: the collector's
+    state when each is made. A new ledger holds no queue of the version 1 digest: the
+    specs' digest is not made."""
     import gc
 
-    from fleetrun import rerun
+    from fleetrun import collect, rerun
     from fleetrun.plugins.events import Sinks
 
     assert gc.isenabled()
     seen: list[tuple[str, bool]] = []
-    real_digest = rerun.files_digest
+    real_init = collect.FileDigest.__init__
     real_emit = Sinks.emit
 
-    def files_digest(specs: Any, settings: Any) -> str:
+    def init(self: Any, data: Any, tables: Any) -> None:
         seen.append(("digest", gc.isenabled()))
-        return real_digest(specs, settings)
+        real_init(self, data, tables)
+
+    def files_digest(specs: Any, settings: Any) -> str:
+        raise AssertionError("the version 1 digest made for a ledger without such a queue")
 
     def emit(self: Sinks, type_: str, fields: dict[str, Any]) -> None:
         if type_ == "queued":
             seen.append(("queued", gc.isenabled()))
         real_emit(self, type_, fields)
 
+    monkeypatch.setattr(collect.FileDigest, "__init__", init)
     monkeypatch.setattr(rerun, "files_digest", files_digest)
     monkeypatch.setattr(Sinks, "emit", emit)
     fleeter.make_repo("repo")
