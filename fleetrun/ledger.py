@@ -127,6 +127,13 @@ class QueuedTasks(Sequence[Task]):
         for i, spec in enumerate(self.specs):
             yield self.id_of(i), spec.name, self.entry(spec)[0]
 
+    def entered(self) -> Iterator[tuple[str, str, State, str]]:
+        """Each task's id, name, state and cause as written, in ``specs`` order (what
+        ``fleetrun_queued`` reports), without a :class:`Task` of each."""
+        for i, spec in enumerate(self.specs):
+            state, why, _host = self.entry(spec)
+            yield self.id_of(i), spec.name, state, why
+
     def __len__(self) -> int:
         return len(self.specs)
 

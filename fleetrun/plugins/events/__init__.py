@@ -16,6 +16,7 @@ import json
 import math
 import os
 import time
+from collections.abc import Iterable
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Optional
 
@@ -76,7 +77,16 @@ class Sinks:
 
     def emit(self, type_: str, fields: dict[str, Any]) -> None:
         event = {"v": VERSION, "type": type_, "at": stamp(time.time()), **fields}
-        line = (_ENCODE(event) + "\n").encode()
+        self._add(type_, (_ENCODE(event) + "\n").encode())
+
+    def emit_many(self, type_: str, many: Iterable[dict[str, Any]]) -> None:
+        """:meth:`emit` each of ``many``, one event each, all at this time (the
+        ``queued`` lines of a queue: its tasks entered the ledger in one commit)."""
+        at = stamp(time.time())
+        for fields in many:
+            self._add(type_, (_ENCODE({"v": VERSION, "type": type_, "at": at, **fields}) + "\n").encode())
+
+    def _add(self, type_: str, line: bytes) -> None:
         if self.copy is not None and self.copy.live:
             self._to_copy(line)
         if self.lock is None:  # not a loop: the line is written as it happens
@@ -304,8 +314,22 @@ def fleetrun_loop_pass(config: Config, duration_s: float) -> None:
 
 
 @hookimpl(trylast=True)
+def fleetrun_queued(tasks: Any, config: Config) -> None:
+    # a queue's `queued` lines, so every transition has a `from`: a call for 100,000,
+    # no Task made for each (fleetrun_transition is not called here for these)
+    queue = tasks.queue_id
+    _sinks(config).emit_many(
+        "queued",
+        (
+            {"task": task_id, "name": name, "queue": queue, "to": state.value, "cause": cause}
+            for task_id, name, state, cause in tasks.entered()
+        ),
+    )
+
+
+@hookimpl(trylast=True)
 def fleetrun_transition(task: Any, from_state: str, to_state: str, cause: str, attempt: Any, config: Config) -> None:
-    if not from_state:  # entered the ledger: `queued`, so every transition has a `from`
+    if not from_state:  # entered the ledger, told by a caller other than fleetrun's queue (fleetrun_queued)
         _emit(config, "queued", **_task(task), queue=task.queue_id, to=to_state, cause=cause)
         return
     _emit(
