@@ -14,7 +14,7 @@ import gc
 from collections.abc import Iterator
 from contextlib import contextmanager
 from pathlib import Path
-from typing import TYPE_CHECKING, Any, Callable, Optional
+from typing import TYPE_CHECKING, Any, Callable, Optional, TextIO
 
 from .collect import KeyTable, TaskFile, check_graph, display_path, tasks_warning
 from .exceptions import UsageError, UsageErrors
@@ -334,6 +334,31 @@ def queue_items(config: Config, items: list[TaskSpec], kept: Optional[dict[str, 
         for t in tasks:
             hook(task=t, from_state="", to_state=t.state.value, cause=t.reason, attempt=None, config=config)
     return tasks
+
+
+def queue_files(config: Config, out: TextIO) -> int:
+    """``fleetrun queue``: collect the command line's files, queue their tasks as one
+    queue and print a ``queued`` line for each; :return: how many were queued.
+
+    The cycle collector is paused from the collection to the end: what the command
+    makes (a few dozen objects a task, 100,000 tasks) lives until it ends, and none of
+    it is cyclic garbage. Resumed after each phase, the collector's first young pass
+    walked every object the phase had made (0.35 s of CPU at 100,000 tasks), to free
+    nothing; here what the command made is dropped before the collector resumes."""
+    from .textutil import safe_name
+
+    with _bulk():
+        items = collect_items(config)
+        if not items:
+            return 0
+        tasks = queue_items(config, items)
+        for task_id, name, state in tasks.shown():  # the rows written, not a Task again each
+            out.write(f"queued {task_id}  {safe_name(name)}  [{state}]\n")
+        n = len(tasks)
+        # freed by their counts while the collector is paused: resumed, it finds nothing to walk
+        del items, tasks
+        config.stash.pop(FILES_KEY, None)
+    return n
 
 
 def queued_files(config: Config) -> list[Path]:
