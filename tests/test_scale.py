@@ -349,7 +349,7 @@ def test_a_queue_makes_its_per_task_objects_with_the_collector_paused(
     assert gc.isenabled()
     seen: list[tuple[str, bool]] = []
     real_init = collect.FileDigest.__init__
-    real_emit = Sinks.emit_many
+    real_add = Sinks.add_lines
 
     def init(self: Any, data: Any, tables: Any) -> None:
         seen.append(("digest", gc.isenabled()))
@@ -358,17 +358,17 @@ def test_a_queue_makes_its_per_task_objects_with_the_collector_paused(
     def files_digest(specs: Any, settings: Any) -> str:
         raise AssertionError("the version 1 digest made for a ledger without such a queue")
 
-    def emit(self: Sinks, type_: str, many: Any) -> None:
+    def add_lines(self: Sinks, type_: str, lines: Any) -> None:
         def each() -> Any:
-            for fields in many:
+            for line in lines:
                 seen.append(("queued", gc.isenabled()))
-                yield fields
+                yield line
 
-        real_emit(self, type_, each())
+        real_add(self, type_, each())
 
     monkeypatch.setattr(collect.FileDigest, "__init__", init)
     monkeypatch.setattr(rerun, "files_digest", files_digest)
-    monkeypatch.setattr(Sinks, "emit_many", emit)
+    monkeypatch.setattr(Sinks, "add_lines", add_lines)
     fleeter.make_repo("repo")
     fleeter.write_tasks(
         '[[task]]\nname = "a"\nprompt = "p"\ncwd = "repo"\n\n[[task]]\nname = "b"\nprompt = "p"\ncwd = "repo"\n'
