@@ -62,6 +62,11 @@ def new_token() -> str:
 #: How many parsed specs a ledger keeps (a pass reads the same few tasks again and again).
 SPEC_CACHE_SIZE = 4096
 
+#: ``json.dumps`` of a spec as the ledger keeps it (the same text), without its check for
+#: circular references (a dict of ids of the containers it is inside, kept for every
+#: list and dict of every spec): a spec holds none, and 100,000 specs are encoded at once
+_SPEC_JSON = json.JSONEncoder(check_circular=False).encode
+
 
 _AFTER_DEPS: tuple[State, str, Optional[str]] = (State.PENDING, "queued", None)
 _READY: tuple[State, str, Optional[str]] = (State.READY, "queued", None)
@@ -99,14 +104,15 @@ class QueuedTasks(Sequence[Task]):
         why = old.reason if old.reason.startswith("unchanged:") else f"unchanged:{old.id}"
         return State.DONE, why, old.host
 
-    def row(self, i: int, spec_json: str) -> tuple[Any, ...]:
-        """The ``tasks`` row of the ``i``-th task, its spec as ``spec_json``."""
+    def row(self, i: int, spec_json: str, task_id: str, entry: tuple[State, str, Optional[str]]) -> tuple[Any, ...]:
+        """The ``tasks`` row of the ``i``-th task, its spec as ``spec_json``, its id
+        ``task_id`` and its :meth:`entry` ``entry`` (made once for every row kind)."""
         spec = self.specs[i]
-        state, why, host = self.entry(spec)
+        state, why, host = entry
         old = self.kept.get(spec.name) if self.kept else None
         handoff = json.dumps(old.handoff) if old is not None and old.handoff is not None else None
         return (
-            self.id_of(i),
+            task_id,
             spec.name,
             state.value,
             spec_json,
@@ -214,7 +220,11 @@ class Ledger(LedgerFile):
             for dep in spec.depends_on:
                 if dep not in index:
                     raise ValueError(f"task {spec.name!r} depends on {dep!r}, not in this batch")
-        queue_id, now, id_of = queued.queue_id, queued.created, queued.id_of
+        queue_id, now = queued.queue_id, queued.created
+        # each task's id and entry made once for the rows of every kind (100,000 tasks:
+        # the tasks, transitions and deps rows asked each three or four times)
+        ids = [f"task_{queue_id}_{i}" for i in range(len(specs))]
+        entries = [queued.entry(spec) for spec in specs]
         # 100,000 rows are inserted in one statement each kind (executemany), and nothing
         # is read back or parsed twice
         with self.tx() as cur:
@@ -225,34 +235,30 @@ class Ledger(LedgerFile):
             cur.executemany(
                 "INSERT INTO tasks (id, name, state, spec, source, queue_id, seq, created, updated, reason,"
                 " host, branch, handoff) VALUES (?,?,?,?,?,?,?,?,?,?,?,?,?)",
-                (queued.row(i, json.dumps(spec.json_view())) for i, spec in enumerate(specs)),
+                (queued.row(i, _SPEC_JSON(spec.json_view()), ids[i], entries[i]) for i, spec in enumerate(specs)),
             )
             cur.executemany(
                 "INSERT INTO transitions (task_id, from_state, to_state, cause, time, attempt, host)"
                 " VALUES (?,NULL,?,?,?,NULL,?)",
-                (
-                    (id_of(i), state.value, reason, now, host)
-                    for i, spec in enumerate(specs)
-                    for state, reason, host in [queued.entry(spec)]
-                ),
+                ((task_id, state.value, reason, now, host) for task_id, (state, reason, host) in zip(ids, entries)),
             )
             cur.executemany(
                 "INSERT INTO notes (task_id, time, text) VALUES (?,?,?)",
                 (
                     (
-                        id_of(i),
+                        ids[i],
                         now,
                         f"unchanged since the file's last run: task {did} did this work "
                         f"(fleetrun logs {did}); --new-queue runs it again",
                     )
                     for i, spec in enumerate(specs)
                     if spec.name in queued.kept
-                    for did in [queued.entry(spec)[1].split(":", 1)[1]]
+                    for did in [entries[i][1].split(":", 1)[1]]
                 ),
             )
             cur.executemany(
                 "INSERT INTO deps (task_id, dep_id) VALUES (?,?)",  # in depends_on order
-                ((id_of(i), id_of(index[d])) for i, spec in enumerate(specs) for d in spec.depends_on),
+                ((ids[i], ids[index[d]]) for i, spec in enumerate(specs) for d in spec.depends_on),
             )
         queued.place = index
         return queued
