@@ -221,10 +221,11 @@ class Ledger(LedgerFile):
                 if dep not in index:
                     raise ValueError(f"task {spec.name!r} depends on {dep!r}, not in this batch")
         queue_id, now = queued.queue_id, queued.created
-        # each task's id and entry made once for the rows of every kind (100,000 tasks:
-        # the tasks, transitions and deps rows asked each three or four times)
-        ids = [f"task_{queue_id}_{i}" for i in range(len(specs))]
+        # each task's entry made once for the rows of every kind (100,000 tasks: asked
+        # three times each), a shared tuple but for a kept task; its id made where used
+        # (a list of 100,000 ids is 7 MB more at the queue's peak)
         entries = [queued.entry(spec) for spec in specs]
+        prefix = f"task_{queue_id}_"
         # 100,000 rows are inserted in one statement each kind (executemany), and nothing
         # is read back or parsed twice
         with self.tx() as cur:
@@ -235,18 +236,21 @@ class Ledger(LedgerFile):
             cur.executemany(
                 "INSERT INTO tasks (id, name, state, spec, source, queue_id, seq, created, updated, reason,"
                 " host, branch, handoff) VALUES (?,?,?,?,?,?,?,?,?,?,?,?,?)",
-                (queued.row(i, _SPEC_JSON(spec.json_view()), ids[i], entries[i]) for i, spec in enumerate(specs)),
+                (
+                    queued.row(i, _SPEC_JSON(spec.json_view()), f"{prefix}{i}", entries[i])
+                    for i, spec in enumerate(specs)
+                ),
             )
             cur.executemany(
                 "INSERT INTO transitions (task_id, from_state, to_state, cause, time, attempt, host)"
                 " VALUES (?,NULL,?,?,?,NULL,?)",
-                ((task_id, state.value, reason, now, host) for task_id, (state, reason, host) in zip(ids, entries)),
+                ((f"{prefix}{i}", state.value, reason, now, host) for i, (state, reason, host) in enumerate(entries)),
             )
             cur.executemany(
                 "INSERT INTO notes (task_id, time, text) VALUES (?,?,?)",
                 (
                     (
-                        ids[i],
+                        f"{prefix}{i}",
                         now,
                         f"unchanged since the file's last run: task {did} did this work "
                         f"(fleetrun logs {did}); --new-queue runs it again",
@@ -258,7 +262,7 @@ class Ledger(LedgerFile):
             )
             cur.executemany(
                 "INSERT INTO deps (task_id, dep_id) VALUES (?,?)",  # in depends_on order
-                ((ids[i], ids[index[d]]) for i, spec in enumerate(specs) for d in spec.depends_on),
+                ((f"{prefix}{i}", f"{prefix}{index[d]}") for i, spec in enumerate(specs) for d in spec.depends_on),
             )
         queued.place = index
         return queued
