@@ -24,11 +24,18 @@ from ``getrusage``; its peak RSS from GNU ``/usr/bin/time``):
 - **status**, **status --json**: against ``python -c "import sqlite3"``.
 
 Medians of ``--repeat`` rounds; ratios to the baseline of the same round; and the growth
-factor of each figure from one size to the next (x10 tasks: 10 is linear)::
+factor of each figure from one size to the next (x10 tasks: 10 is linear).
+
+``--against DIR`` measures ``queue`` and ``status`` with the fleetrun of another
+checkout too (``DIR`` first on ``PYTHONPATH``: ``git archive REV fleetrun | tar -x -C
+DIR``), in the same rounds, each in a home of its own, the two taking turns (which goes
+first alternates from round to round), so a busy moment of the shared machine slows
+both alike; its rows are marked with ``DIR``'s name::
 
     python bench/scale.py
     python bench/scale.py --sizes 1000,10000 --repeat 3
     python bench/scale.py --sizes 100000 --idle 10
+    python bench/scale.py --sizes 10000,100000 --no-loop --repeat 3 --against /tmp/main
 """
 
 from __future__ import annotations
@@ -89,6 +96,12 @@ def tasks_toml(n: int, repo: Path, scenario: str, dag: bool) -> str:
     return "\n".join(out)
 
 
+def make_home(home: Path, scenario: str) -> None:
+    home.mkdir(mode=0o700)
+    if scenario == "ready":
+        (home / "policy.toml").write_text("[local]\ndrain = true\n")
+
+
 def make_root(root: Path, n: int, scenario: str, dag: bool) -> dict[str, str]:
     """The repository, the tasks file and an empty home; :return: the env."""
     repo = root / "repo"
@@ -99,9 +112,7 @@ def make_root(root: Path, n: int, scenario: str, dag: bool) -> dict[str, str]:
     subprocess.run([*git, "add", "README"], check=True)
     subprocess.run([*git, "commit", "-q", "-m", "init"], check=True)
     home = root / "home"
-    home.mkdir(mode=0o700)
-    if scenario == "ready":
-        (home / "policy.toml").write_text("[local]\ndrain = true\n")
+    make_home(home, scenario)
     (root / "tasks.toml").write_text(tasks_toml(n, repo, scenario, dag))
     env = {**os.environ, "FLEETRUN_HOME": str(home), "TERM": "dumb"}
     env.pop("PYTHONDONTWRITEBYTECODE", None)
@@ -198,22 +209,34 @@ def idle(env: dict[str, str], cwd: Path, seconds: float) -> tuple[float, float, 
     return settled, 100.0 * ((c1.user - c0.user) + (c1.system - c0.system)) / wall, rss
 
 
-def measure(root: Path, n: int, scenario: str, dag: bool, args: argparse.Namespace) -> dict[str, float]:
+def measure(root: Path, n: int, scenario: str, dag: bool, args: argparse.Namespace, turn: int = 0) -> dict[str, float]:
     env = make_root(root, n, scenario, dag)
     py = sys.executable
     got: dict[str, float] = {}
     bw, bc, bm = run([py, "-c", BASELINE_INSERT, str(root / "tasks.toml"), str(root / "baseline.db")], env, root)
     got.update({"insert wall": bw, "insert cpu": bc, "insert MiB": bm})
-    qw, qc, qm = run([py, "-m", "fleetrun", "queue", "tasks.toml"], env, root, ok=(0,))
-    got.update({"queue wall": qw, "queue cpu": qc, "queue MiB": qm})
+    # (suffix, env) of each fleetrun measured: this checkout's, and --against's in a home
+    # of its own; which goes first alternates with the round
+    ways = [("", env)]
+    if args.against:
+        home = root / "home-against"
+        make_home(home, scenario)
+        path = os.pathsep.join(filter(None, [args.against, env.get("PYTHONPATH")]))
+        ways.append((f" [{Path(args.against).name}]", {**env, "FLEETRUN_HOME": str(home), "PYTHONPATH": path}))
+        if turn % 2:
+            ways.reverse()
+    for suffix, e in ways:
+        qw, qc, qm = run([py, "-m", "fleetrun", "queue", "tasks.toml"], e, root, ok=(0,))
+        got.update({f"queue wall{suffix}": qw, f"queue cpu{suffix}": qc, f"queue MiB{suffix}": qm})
     if not args.no_loop:
         got["1st pass"], got["next pass"] = first_pass(env, root, args.passes)
         got["settled"], got["idle %cpu"], got["idle MiB"] = idle(env, root, args.idle)
     sw, sc, _ = run([py, "-c", "import sqlite3"], env, root)
     got.update({"sqlite3 wall": sw, "sqlite3 cpu": sc})
-    for name, extra in (("status", []), ("status --json", ["--json"])):
-        w, c, m = run([py, "-m", "fleetrun", "status", *extra], env, root)
-        got.update({f"{name} wall": w, f"{name} cpu": c, f"{name} MiB": m})
+    for suffix, e in ways:
+        for name, extra in (("status", []), ("status --json", ["--json"])):
+            w, c, m = run([py, "-m", "fleetrun", "status", *extra], e, root)
+            got.update({f"{name} wall{suffix}": w, f"{name} cpu{suffix}": c, f"{name} MiB{suffix}": m})
     return got
 
 
@@ -248,7 +271,14 @@ def main() -> None:
     ap.add_argument("--passes", type=int, default=5, help="passes after the first (their median is printed)")
     ap.add_argument("--no-loop", action="store_true", help="queue and status only")
     ap.add_argument("--keep", metavar="DIR", help="make the homes under DIR and keep them")
+    ap.add_argument(
+        "--against",
+        metavar="DIR",
+        help="also measure queue and status with the fleetrun in DIR (first on PYTHONPATH), taking turns",
+    )
     args = ap.parse_args()
+    if args.against:
+        args.against = str(Path(args.against).resolve())
     sizes = args.sizes.split(",")
     results: dict[str, dict[str, float]] = {}
     with tempfile.TemporaryDirectory(prefix="fleetrun-scale-") as tmp:
@@ -258,7 +288,7 @@ def main() -> None:
             n = int(size[3:] if dag else size)
             rounds: list[dict[str, float]] = []
             for r in range(args.repeat):
-                rounds.append(measure(base / f"{size}-{r}", n, args.scenario, dag, args))
+                rounds.append(measure(base / f"{size}-{r}", n, args.scenario, dag, args, turn=r))
                 print(
                     f"# {size} round {r + 1}: " + ", ".join(f"{k} {v:.3f}" for k, v in rounds[-1].items()),
                     file=sys.stderr,
@@ -270,8 +300,17 @@ def main() -> None:
         "a plain tomllib + SQLite insert for queue, python -c 'import sqlite3' for status"
     )
     width = 22
-    print(f"{'figure':<22}" + "".join(f"{s:>{width}}" for s in sizes))
-    for label, key, bkey in ROWS:
+    rows = ROWS
+    if args.against:  # each queue and status figure again, of --against's fleetrun, below its own
+        mark = f" [{Path(args.against).name}]"
+        rows = []
+        for label, key, bkey in ROWS:
+            rows.append((label, key, bkey))
+            if key.startswith(("queue ", "status")):
+                rows.append((label + mark, key + mark, bkey))
+    label_width = max(22, *(len(r[0]) + 1 for r in rows))
+    print(f"{'figure':<{label_width}}" + "".join(f"{s:>{width}}" for s in sizes))
+    for label, key, bkey in rows:
         cells = []
         for s in sizes:
             v = results[s].get(key)
@@ -281,16 +320,16 @@ def main() -> None:
             shown = v * 1000 if label.endswith(" ms") else v
             ratio = f" ({v / results[s][bkey]:.1f}xB)" if bkey and results[s].get(bkey) else ""
             cells.append(f"{f'{shown:.2f}{ratio}':>{width}}")
-        print(f"{label:<22}" + "".join(cells))
+        print(f"{label:<{label_width}}" + "".join(cells))
     plain = [s for s in sizes if not s.startswith("dag")]
     if len(plain) > 1:
         print("\ngrowth from one size to the next (tasks x10 -> 10 is linear)")
-        for label, key, _b in ROWS:
+        for label, key, _b in rows:
             steps = []
             for a, b in zip(plain, plain[1:]):
                 va, vb = results[a].get(key), results[b].get(key)
                 steps.append(f"{a}->{b} x{vb / va:.1f}" if va and vb else f"{a}->{b} -")
-            print(f"  {label:<22} " + "   ".join(steps))
+            print(f"  {label:<{label_width}} " + "   ".join(steps))
 
 
 if __name__ == "__main__":

@@ -82,15 +82,11 @@ def cmd_validate(config: Config, out: TextIO, err: TextIO) -> int:
 
 
 def cmd_queue(config: Config, out: TextIO, err: TextIO) -> int:
-    from .queueing import collect_items, queue_items
+    from .queueing import queue_files
 
-    items = collect_items(config)
-    if not items:
+    if not queue_files(config, out):
         print("no tasks collected", file=out)
         return ExitCode.NO_TASKS_COLLECTED
-    tasks = queue_items(config, items)
-    for task_id, name, state in tasks.shown():  # the rows written, not a Task again each
-        print(f"queued {task_id}  {safe_name(name)}  [{state}]", file=out)
     from .liveness import wake_loop
 
     wake_loop(config.home)

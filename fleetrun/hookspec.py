@@ -28,7 +28,7 @@ if TYPE_CHECKING:
     from .collect import TaskFile
     from .config import Config, ConfigKey, Parser
     from .hostapi import Host
-    from .ledger import Attempt, Task
+    from .ledger import Attempt, QueuedTasks, Task
     from .pluginmanager import FleetPluginManager
     from .policy import Policy
     from .reports import (
@@ -897,7 +897,8 @@ def fleetrun_transition(
 
     Called for every transition, in the process that made it: the loop, ``fleetrun
     queue`` (``from_state`` is ``""`` and ``cause`` ``queued``), ``cancel``, ``retry``,
-    ``approve``. Terminal output, the event log and reporters listen here.
+    ``approve``. Terminal output, the event log and reporters listen here. A plugin
+    that implements :func:`fleetrun_queued` is told of a queue's tasks there, not here.
 
     :param task: the :class:`~fleetrun.ledger.Task`, as it is after the change.
     :param from_state: the state it left (a :class:`~fleetrun.states.State` value), or
@@ -907,6 +908,33 @@ def fleetrun_transition(
     :param attempt: the number of the attempt the change is about (1, 2...), not an
         :class:`~fleetrun.ledger.Attempt`; None when the change is about no attempt
         (``queued``, for one).
+    :param config: the run's :class:`~fleetrun.config.Config`.
+    :return: nothing; return value ignored.
+
+    May be implemented in a ``fleetconf.py``: yes.
+    """
+
+
+@hookspec
+def fleetrun_queued(tasks: QueuedTasks, config: Config) -> None:
+    """Tasks entered the ledger as one queue (``fleetrun queue``, or a run queueing its
+    files), already committed: the transitions from ``""`` of all of them at once.
+
+    Called once a queue, in the process that queued it, before ``fleetrun_transition``
+    is called for those tasks. A plugin that implements this hook is told of the
+    queue's tasks here only: ``fleetrun_transition`` (``from_state=""``) is not called
+    on it for them, while every other plugin is called once a task, as for any
+    transition. A queue of 100,000 tasks is then one call instead of 100,000 (and no
+    :class:`~fleetrun.ledger.Task` is made when no plugin takes the per-task calls).
+    A loop that shows another process's transitions (a ``fleetrun queue`` from another
+    shell) reports them through ``fleetrun_transition``, one a task, as any other.
+
+    :param tasks: the queue's tasks, in queue order: a sequence of
+        :class:`~fleetrun.ledger.Task`, each made as it is read (none kept: iterate
+        once); ``tasks.queue_id``, and ``tasks.entered()``: each task's id, name,
+        :class:`~fleetrun.states.State` and cause (``queued``, or ``unchanged:ID`` for
+        one entered DONE for an unchanged task of the file's last run), without a
+        ``Task`` of each.
     :param config: the run's :class:`~fleetrun.config.Config`.
     :return: nothing; return value ignored.
 

@@ -62,6 +62,11 @@ def new_token() -> str:
 #: How many parsed specs a ledger keeps (a pass reads the same few tasks again and again).
 SPEC_CACHE_SIZE = 4096
 
+#: ``json.dumps`` of a spec as the ledger keeps it (the same text), without its check for
+#: circular references (a dict of ids of the containers it is inside, kept for every
+#: list and dict of every spec): a spec holds none, and 100,000 specs are encoded at once
+_SPEC_JSON = json.JSONEncoder(check_circular=False).encode
+
 
 _AFTER_DEPS: tuple[State, str, Optional[str]] = (State.PENDING, "queued", None)
 _READY: tuple[State, str, Optional[str]] = (State.READY, "queued", None)
@@ -99,14 +104,15 @@ class QueuedTasks(Sequence[Task]):
         why = old.reason if old.reason.startswith("unchanged:") else f"unchanged:{old.id}"
         return State.DONE, why, old.host
 
-    def row(self, i: int, spec_json: str) -> tuple[Any, ...]:
-        """The ``tasks`` row of the ``i``-th task, its spec as ``spec_json``."""
+    def row(self, i: int, spec_json: str, task_id: str, entry: tuple[State, str, Optional[str]]) -> tuple[Any, ...]:
+        """The ``tasks`` row of the ``i``-th task, its spec as ``spec_json``, its id
+        ``task_id`` and its :meth:`entry` ``entry`` (made once for every row kind)."""
         spec = self.specs[i]
-        state, why, host = self.entry(spec)
+        state, why, host = entry
         old = self.kept.get(spec.name) if self.kept else None
         handoff = json.dumps(old.handoff) if old is not None and old.handoff is not None else None
         return (
-            self.id_of(i),
+            task_id,
             spec.name,
             state.value,
             spec_json,
@@ -126,6 +132,13 @@ class QueuedTasks(Sequence[Task]):
         ``queued`` line shows, without a :class:`Task` of each."""
         for i, spec in enumerate(self.specs):
             yield self.id_of(i), spec.name, self.entry(spec)[0]
+
+    def entered(self) -> Iterator[tuple[str, str, State, str]]:
+        """Each task's id, name, state and cause as written, in ``specs`` order (what
+        ``fleetrun_queued`` reports), without a :class:`Task` of each."""
+        for i, spec in enumerate(self.specs):
+            state, why, _host = self.entry(spec)
+            yield self.id_of(i), spec.name, state, why
 
     def __len__(self) -> int:
         return len(self.specs)
@@ -207,7 +220,12 @@ class Ledger(LedgerFile):
             for dep in spec.depends_on:
                 if dep not in index:
                     raise ValueError(f"task {spec.name!r} depends on {dep!r}, not in this batch")
-        queue_id, now, id_of = queued.queue_id, queued.created, queued.id_of
+        queue_id, now = queued.queue_id, queued.created
+        # each task's entry made once for the rows of every kind (100,000 tasks: asked
+        # three times each), a shared tuple but for a kept task; its id made where used
+        # (a list of 100,000 ids is 7 MB more at the queue's peak)
+        entries = [queued.entry(spec) for spec in specs]
+        prefix = f"task_{queue_id}_"
         # 100,000 rows are inserted in one statement each kind (executemany), and nothing
         # is read back or parsed twice
         with self.tx() as cur:
@@ -218,34 +236,33 @@ class Ledger(LedgerFile):
             cur.executemany(
                 "INSERT INTO tasks (id, name, state, spec, source, queue_id, seq, created, updated, reason,"
                 " host, branch, handoff) VALUES (?,?,?,?,?,?,?,?,?,?,?,?,?)",
-                (queued.row(i, json.dumps(spec.json_view())) for i, spec in enumerate(specs)),
+                (
+                    queued.row(i, _SPEC_JSON(spec.json_view()), f"{prefix}{i}", entries[i])
+                    for i, spec in enumerate(specs)
+                ),
             )
             cur.executemany(
                 "INSERT INTO transitions (task_id, from_state, to_state, cause, time, attempt, host)"
                 " VALUES (?,NULL,?,?,?,NULL,?)",
-                (
-                    (id_of(i), state.value, reason, now, host)
-                    for i, spec in enumerate(specs)
-                    for state, reason, host in [queued.entry(spec)]
-                ),
+                ((f"{prefix}{i}", state.value, reason, now, host) for i, (state, reason, host) in enumerate(entries)),
             )
             cur.executemany(
                 "INSERT INTO notes (task_id, time, text) VALUES (?,?,?)",
                 (
                     (
-                        id_of(i),
+                        f"{prefix}{i}",
                         now,
                         f"unchanged since the file's last run: task {did} did this work "
                         f"(fleetrun logs {did}); --new-queue runs it again",
                     )
                     for i, spec in enumerate(specs)
                     if spec.name in queued.kept
-                    for did in [queued.entry(spec)[1].split(":", 1)[1]]
+                    for did in [entries[i][1].split(":", 1)[1]]
                 ),
             )
             cur.executemany(
                 "INSERT INTO deps (task_id, dep_id) VALUES (?,?)",  # in depends_on order
-                ((id_of(i), id_of(index[d])) for i, spec in enumerate(specs) for d in spec.depends_on),
+                ((f"{prefix}{i}", f"{prefix}{index[d]}") for i, spec in enumerate(specs) for d in spec.depends_on),
             )
         queued.place = index
         return queued
@@ -260,6 +277,11 @@ class Ledger(LedgerFile):
             (source_hash,),
         ).fetchone()
         return row[0] if row else None
+
+    def queue_hashes(self, source: str) -> list[str]:
+        """The content hash (``source_hash``) of every queue made from ``source`` (the
+        files of a command line): which digest versions the ledger holds of them."""
+        return [h for (h,) in self.conn.execute("SELECT source_hash FROM queues WHERE source=?", (source,))]
 
     def tasks_of_source(self, source: str) -> list[tuple[Task, dict[str, Any]]]:
         """Every task of the queues made from ``source`` (the files of a command line),

@@ -2,7 +2,9 @@
 definition, which tasks of the file's last run are kept, and ``--lf``/``--ff``.
 
 A queue is resumed when the command line's tasks are the same, key for key
-(:func:`files_digest`: comments, blank lines and the order of the tasks do not count).
+(:func:`fleetrun.queueing.queue_digest`: comments, blank lines and the order of the
+tasks do not count; :func:`files_digest` is its version 1, what queues made before
+version 2 are found by).
 
 A task's *definition digest* is a hash of the collected :class:`TaskSpec` fields that
 decide what its work is and how it is judged: all but :data:`NOT_DEFINITION_FIELDS`
@@ -102,7 +104,9 @@ def files_digest(specs: list[TaskSpec], settings: dict[str, Any]) -> str:
     """The digest of a command line's tasks as a whole, for resuming the queue of an
     unchanged file: every collected key of every task (limits and tags too: a resumed
     queue keeps the tasks it holds), in name order, and the files' own tables. The
-    order of the tasks, comments and blank lines do not count.
+    order of the tasks, comments and blank lines do not count. The queue digest's
+    version 1 (queues made before version 2 hold it), and version 2's for a file a
+    plugin's collector read (:func:`fleetrun.queueing.queue_digest`).
 
     The SHA-256 of ``json.dumps([sorted((name, task) ...), settings], sort_keys=True)``,
     fed a task at a time (the text of 100,000 tasks is never made whole). Names are

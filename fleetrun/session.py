@@ -17,8 +17,8 @@ from .queueing import (
     COLLECT_NOTES_KEY,
     DESELECTED_KEY,
     SELECTED_AS_DEPENDENCY_KEY,
-    queue_digest,
     queue_items,
+    queue_to_resume,
 )
 from .stash import StashKey
 from .states import State
@@ -105,7 +105,7 @@ def run_session(config: Config, items: Optional[list[TaskSpec]], out: TextIO, er
             notes.extend(collected)
             # a --lf/--ff run chooses from the last run's outcomes: never a queue to resume
             rerun_choice = config.getoption("last_failed") or config.getoption("failed_first")
-            queue_id = None if config.getoption("new_queue") or rerun_choice else led.find_queue(queue_digest(config))
+            queue_id = None if config.getoption("new_queue") or rerun_choice else queue_to_resume(config, led)
             if queue_id is not None:
                 states: dict[str, int] = {}
                 for t in led.tasks(queue_id=queue_id):

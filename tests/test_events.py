@@ -354,6 +354,45 @@ def test_the_stamp_is_what_datetime_says() -> None:
         assert stamp(t) == datetime.fromtimestamp(t, timezone.utc).isoformat(timespec="milliseconds")[:-6] + "Z", t
 
 
+NAMES = ["t1", 'quote " and \\ back', "café ☕ 𝄞", "tab\u2028sep", "x" * 100, "é" * 3]
+
+
+def test_a_queues_lines_are_what_json_dumps_writes_of_each_event(fleeter: Any) -> None:
+    """``fleetrun queue``'s ``queued`` lines are made from a text the fields share and
+    each field's JSON string (no dict a line): each is the very line ``json.dumps`` of
+    its event writes (quotes, backslashes, non-ASCII, a line separator in a name), and
+    the lines of one queue share its ``at``."""
+    from fleetrun.plugins.events import queued_lines
+    from fleetrun.states import State
+
+    rows = [
+        (f"task_q_{i}", n, State.READY if i % 2 else State.DONE, "queued" if i % 2 else f"unchanged:{n}")
+        for i, n in enumerate(NAMES)
+    ]
+    at = "2026-12-05T01:48:55.123Z"
+    want = [
+        json.dumps(
+            {"v": 1, "type": "queued", "at": at, "task": i, "name": n, "queue": "q\u00e9", "to": s.value, "cause": c},
+            default=str,
+            allow_nan=False,
+        ).encode()
+        + b"\n"
+        for i, n, s, c in rows
+    ]
+    assert list(queued_lines(at, "q\u00e9", rows)) == want
+
+    fleeter.make_repo()
+    fleeter.write_tasks(
+        "".join(f'[[task]]\nname = {json.dumps(n, ensure_ascii=False)}\nprompt = "p"\ncwd = "repo"\n' for n in NAMES)
+    )
+    r = fleeter.run("queue", "tasks.toml")
+    assert r.ret == 0, r.stderr
+    lines = (fleeter.home / "events.ndjson").read_bytes().splitlines(keepends=True)
+    events = [json.loads(line) for line in lines]
+    assert [e["name"] for e in events] == NAMES and len({e["at"] for e in events}) == 1
+    assert lines == [json.dumps(e, default=str, allow_nan=False).encode() + b"\n" for e in events]
+
+
 class LogAtEachTransition:
     """At each ``fleetrun_transition`` (before the events plugin's own: it is ``trylast``),
     the home's ``events.ndjson`` as it is then."""

@@ -356,6 +356,29 @@ def test_inert_unless_configured_and_mistakes_are_usage_errors(fleeter: Any) -> 
     assert (bad.ret, bad.stderr) == (4, "ERROR: bad.toml:5: task 'x': pr: must be true or false, not a string\n")
 
 
+def test_a_queue_of_new_tasks_makes_no_task_object_for_the_plugin(fleeter: Any, monkeypatch: Any) -> None:
+    """The plugin takes a queue's tasks in one ``fleetrun_queued`` call and acts only on
+    one entered DONE (a kept task, above): ``fleetrun queue`` of new tasks makes no
+    :class:`~fleetrun.ledger.Task` for it (its per-task ``fleetrun_transition`` made one
+    a task, 100,000 for a queue of 100,000)."""
+    from fleetrun.ledger import Task
+
+    fleeter.make_repo()
+    fleeter.write_config("[github]\n")
+    fleeter.write_tasks("".join(f'[[task]]\nname = "t{i}"\nprompt = "p"\ncwd = "repo"\n' for i in range(50)))
+    made: list[int] = []
+    real_init = Task.__init__
+
+    def init(self: Task, *args: Any, **kwargs: Any) -> None:
+        made.append(1)
+        real_init(self, *args, **kwargs)
+
+    monkeypatch.setattr(Task, "__init__", init)
+    result = fleeter.run("queue", "tasks.toml", plugins=[fleetrun_github])
+    assert result.ret == 0, result.stderr
+    assert len(result.outlines) == 50 and made == []
+
+
 def test_the_installed_distribution_loads_through_its_entry_point(fleeter: Any) -> None:
     # asked of a fresh interpreter: this one has the source folder on sys.path, where
     # pip's build leaves a fleetrun_github.egg-info that is no installed distribution
