@@ -117,6 +117,9 @@ class Worker:
         only their events are kept, so every table below holds only those.
     :ivar ended: attempt id -> its final status and log size, from ``ended`` events.
     :ivar verified: (attempt id, step) -> the verifier's result, from ``verified`` events.
+    :ivar collected: attempt id -> the answer (code, reply) of the collect its start asked
+        the worker to run at its end (``at_end``), pushed with its ``ended`` event; until
+        the loop takes it (:meth:`.host.SSHHost.pushed_collect`).
     :ivar watching: attempts the worker was asked about, so it pushes their end, with
         the last status heard of each.
     :ivar rtt: the last request's round trip, seconds (a pushed heartbeat's latency).
@@ -146,6 +149,8 @@ class Worker:
         self.kick = threading.Event()  # set by each pushed heartbeat, and as the worker ends
         self.ended: dict[str, tuple[dict[str, Any], int]] = {}
         self.verified: dict[tuple[str, int], VerifyStatus] = {}
+        self.collected: dict[str, tuple[int, dict[str, Any]]] = {}
+        self.collect_asked: set[str] = set()  # the attempts whose start carried their collect
         self.watching: dict[str, dict[str, Any]] = {}
         self.vwatching: set[tuple[str, int]] = set()
         self.error: Optional[str] = None
@@ -175,6 +180,12 @@ class Worker:
     def chains(self) -> bool:
         """Whether a request may carry the one to run after it (its hello said so)."""
         return bool(self.info.get("chain"))
+
+    @property
+    def collects(self) -> bool:
+        """Whether a start request may carry its attempt's collect, run at its end (its
+        hello said so)."""
+        return bool(self.info.get("collects"))
 
     @property
     def alive(self) -> bool:
@@ -245,6 +256,7 @@ class Worker:
         payload: Optional[dict[str, Any]],
         wake: bool = False,
         then: Optional[tuple[str, list[str], dict[str, Any]]] = None,
+        at_end: Optional[tuple[str, list[str], dict[str, Any]]] = None,
     ) -> Pending:
         """Send one request; its reply comes to the :class:`Pending` returned.
 
@@ -252,6 +264,9 @@ class Worker:
         :param then: (verb, args, payload) of a request for the worker to run after this
             one if it succeeds (:data:`~.protocol.WORKER_CHAINS`; only if it :attr:`chains`):
             its answer comes to the Pending's ``follower``, which wakes the loop.
+        :param at_end: (verb, args, payload) of the collect of the attempt a ``start``
+            starts, for the worker to run when it ends (:data:`~.protocol.WORKER_AT_END`;
+            only if it :attr:`collects`): its answer comes with the ``ended`` event.
         :raises PeerUnreachable: the worker is gone, or the request could not be sent.
         """
         msg: dict[str, Any] = {"verb": verb, "args": args}
@@ -259,6 +274,11 @@ class Worker:
             msg["payload"] = payload
         if then is not None:
             msg["then"] = {"verb": then[0], "args": then[1], "payload": then[2]}
+        if at_end is not None:
+            msg["at_end"] = {"verb": at_end[0], "args": at_end[1], "payload": at_end[2]}
+            aid = (payload or {}).get("attempt_id")  # the attempt this start starts
+            if isinstance(aid, str):
+                self.collect_asked.add(aid)
         slot = Pending(self, wake)
         # the attempts it names are this supervisor's there from now on: their events,
         # which may come before the reply, are kept
@@ -390,6 +410,13 @@ class Worker:
             if not self._admits("ended", m.attempt):
                 return
             self.ended[m.attempt] = (m.status, m.size)
+            asked = m.attempt in self.collect_asked
+            self.collect_asked.discard(m.attempt)
+            if m.collect is not None:
+                if asked:
+                    self.collected[m.attempt] = m.collect
+                else:  # kept only as asked for: the end counts, the collect nobody asked for does not
+                    self._violation("ended", f"a collect pushed with the end of attempt {m.attempt}, never asked for")
         elif m.kind == "verified" and m.verify is not None:
             if not self._admits("verified", (m.attempt, m.idx)):
                 return
