@@ -9,21 +9,11 @@ the task is done the same."""
 from __future__ import annotations
 
 import shlex
-import sys
 
 import pytest
 
 pytest_plugins = ["sshd"]
 
-#: ``host serve`` as an older fleetrun's: its hello without the keys named.
-OLDER = (
-    "import sys\n"
-    "from fleetrun.plugins.relay.peer import serve\n"
-    "send = serve.Worker.send\n"
-    "serve.Worker.send = lambda self, m: send(self, {{k: v for k, v in m.items() if k not in {keys!r}}})\n"
-    "from fleetrun import main\n"
-    "sys.exit(main(sys.argv[1:]))\n"
-)
 #: what each worker's hello leaves out
 WITHOUT = {"collects": (), "chains": ("collects",), "older": ("collects", "chain")}
 
@@ -34,11 +24,7 @@ def test_a_peer_task_with_a_run_verifier_makes_five_requests(fleeter, fake_claud
     mini = peer_lab.machine("mini")
     mini.write("config.toml", (fleeter.home / "config.toml").read_text())
     d = mini.home.parent
-    command = mini.command(FLEETRUN_SERVE_TRACE=str(d / "trace"))
-    if WITHOUT[worker]:
-        (d / "older.py").write_text(OLDER.format(keys=WITHOUT[worker]))
-        i = command.index(sys.executable)
-        command = [*command[: i + 1], str(d / "older.py")]
+    command = mini.older_command(WITHOUT[worker], FLEETRUN_SERVE_TRACE=str(d / "trace"))
     r = fleeter.run("relay", "add", "mini", mini.address, "--accept-new", "--command", shlex.join(command))
     assert r.ret == 0, r.stdout + r.stderr
     assert fleeter.run("drain").ret == 0
