@@ -233,3 +233,51 @@ def test_a_collect_pushed_that_no_start_asked_for_is_a_violation_and_not_taken(f
         assert "never asked for" in str(host.attempts.last)
     finally:
         host.close()
+
+
+#: a worker that says hello, then never reads what it is sent: the channel's window
+#: fills, and a send to it waits for ever
+DEAF_WORKER = """
+import json, sys, time
+print(json.dumps({"event": "hello", "protocol": 1, "pid": 1}), flush=True)
+time.sleep(600)
+"""
+
+
+def test_requests_to_a_worker_that_reads_nothing_never_hold_the_caller(fleeter, peer_lab):
+    """The loop sends a pass's requests without waiting for them (the sender thread sends
+    them, in order): a peer whose worker reads nothing (wedged, or hostile) holds no pass,
+    however much is sent to it; before, the loop's thread waited in paramiko's send once
+    the channel's window was full."""
+    import threading
+
+    m = peer_lab.machine("mini")
+    fake = m.home.parent / "deaf.py"
+    fake.write_text(DEAF_WORKER)
+    script = m.home.parent / "wrapper"
+    script.write_text(
+        "#!/bin/sh\n"
+        f'if [ "$2" = serve ]; then exec {shlex.quote(sys.executable)} {shlex.quote(str(fake))}; fi\n'
+        f'exec {m.command_line()} "$@"\n'
+    )
+    script.chmod(0o755)
+    r = fleeter.run("relay", "add", "mini", m.address, "--accept-new", "--command", str(script))
+    assert r.ret == 0, r.stdout + r.stderr
+    host = SSHHost(load_peers(fleeter.home)["mini"], fleeter.home, worker=True)
+    sent: list = []
+    try:
+        w = host.worker(host.transport())
+        assert w is not None
+        big = {"pad": "x" * (1 << 20)}  # 1 MB a request: the window (2 MB) is full after two
+        caller = threading.Thread(
+            target=lambda: sent.extend(w.submit("probe", [], big, wake=True) for _ in range(8)), daemon=True
+        )
+        caller.start()
+        caller.join(120)  # bounds a hang only: the sends are the sender thread's
+        assert not caller.is_alive(), "submitting to a worker that reads nothing held the caller"
+        assert len(sent) == 8 and not any(p.done() for p in sent)
+    finally:
+        host.close()
+    for p in sent:  # given up with the worker: each fails, none hangs
+        with pytest.raises(PeerUnreachable):
+            p.wait(120)

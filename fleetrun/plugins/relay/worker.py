@@ -20,6 +20,7 @@ from __future__ import annotations
 
 import json
 import os
+import queue
 import select
 import socket
 import threading
@@ -85,6 +86,7 @@ class Pending:
         self.answer: Optional[tuple[int, dict[str, Any]]] = None
         self.follower: Optional[Pending] = None  # the request sent to run after this one (``then``)
         self.follows = False  # this is a follower: its slot is in the worker's _following
+        self.unsent = False  # the sender could not send it: the peer never had it
         self.began = time.monotonic()
 
     def done(self) -> bool:
@@ -105,6 +107,8 @@ class Pending:
                     del table[self.id]
             raise PeerUnreachable(f"no reply from the worker within {timeout:g}s", delivered=True)
         if self.answer is None:
+            if self.unsent:
+                raise PeerUnreachable(f"could not send to the worker: {w.error}")
             raise PeerUnreachable(f"the worker is gone: {w.error}", delivered=True)
         w.rtt = time.monotonic() - self.began
         return self.answer
@@ -158,7 +162,10 @@ class Worker:
         self.requests = 0
         self._next_id = 0
         self._lock = threading.Lock()  # ids, the waiting table
-        self._send_lock = threading.Lock()  # one request on the channel at a time
+        #: the requests to send, in order, by the sender thread (:meth:`_send`): the
+        #: loop's thread does not pay paramiko's send, a few ms each under load, for every
+        #: request of a pass (twenty peers' verifier starts, one after the other)
+        self._outbox: queue.SimpleQueue[Optional[tuple[Pending, dict[str, Any]]]] = queue.SimpleQueue()
         self._waiting: dict[int, Pending] = {}
         self._following: dict[int, Pending] = {}  # request id -> the one sent to follow it
         self._hello = threading.Event()
@@ -208,6 +215,7 @@ class Worker:
             raise PeerUnreachable(f"cannot open a channel for the worker: {e}") from None
         self._channel = ch
         threading.Thread(target=self._read, name=f"fleetrun-worker-{self.name}", daemon=True).start()
+        threading.Thread(target=self._send, name=f"fleetrun-worker-send-{self.name}", daemon=True).start()
         if not self._hello.wait(timeout):
             self.close(f"no hello from `host serve` within {timeout:g}s")
         if self.error is not None:
@@ -235,6 +243,7 @@ class Worker:
             except Exception:  # noqa: BLE001 - closing a broken channel
                 pass
         self._hello.set()
+        self._outbox.put(None)  # the sender ends
         self.kick.set()  # a heartbeat waiting for a push asks for itself now
         if was_alive:
             self.wake()  # the loop asks again, through another worker or the one-shot verbs
@@ -267,7 +276,9 @@ class Worker:
         :param at_end: (verb, args, payload) of the collect of the attempt a ``start``
             starts, for the worker to run when it ends (:data:`~.protocol.WORKER_AT_END`;
             only if it :attr:`collects`): its answer comes with the ``ended`` event.
-        :raises PeerUnreachable: the worker is gone, or the request could not be sent.
+        :raises PeerUnreachable: the worker is gone. The request is sent by the sender
+            thread, in order; one it could not send fails as the Pending's (``delivered``
+            False: the peer never had it).
         """
         msg: dict[str, Any] = {"verb": verb, "args": args}
         if payload is not None:
@@ -298,17 +309,38 @@ class Worker:
             self.requests += 1
         if self.timing:
             time_line(self.timing, what="sent", verb=verb, id=slot.id, of=subject(args, payload))
-        try:
-            # not under _lock: a send that waits for the channel's window must not keep
-            # the reader from the replies (and the worker from its stdin)
-            with self._send_lock:
-                self._channel.sendall(worker_line(msg))
-        except Exception as e:  # noqa: BLE001 - paramiko raises several kinds
-            with self._lock:
-                self._waiting.pop(slot.id, None)
-                self._following.pop(slot.id, None)
-            raise PeerUnreachable(f"could not send to the worker: {e}") from None
+        self._outbox.put((slot, msg))
         return slot
+
+    # -- the sender thread --------------------------------------------------------------
+
+    def _send(self) -> None:
+        """Send the requests queued, in order, until the worker ends. Not under ``_lock``:
+        a send that waits for the channel's window must not keep the reader from the
+        replies (and the worker from its stdin). A send that fails ends the worker: the
+        requests not sent fail as never sent, those sent as the worker gone."""
+        while True:
+            item = self._outbox.get()
+            if item is None:
+                return
+            slot, msg = item
+            try:
+                self._channel.sendall(worker_line(msg))
+            except Exception as e:  # noqa: BLE001 - paramiko raises several kinds
+                slot.unsent = True
+                while True:  # nor was any request queued after it
+                    try:
+                        later = self._outbox.get_nowait()
+                    except queue.Empty:
+                        break
+                    if later is not None:
+                        later[0].unsent = True
+                        if later[0].follower is not None:
+                            later[0].follower.unsent = True
+                if slot.follower is not None:
+                    slot.follower.unsent = True
+                self.close(f"could not send to the worker: {e}")
+                return
 
     # -- the reader thread --------------------------------------------------------------
 
