@@ -20,7 +20,9 @@ otherwise. Run::
 
 ``--timing`` says where each end-to-VERIFYING went (the worker's push, the
 supervisor's pass, the collect request, the peer's collect, the pass that reads its
-reply), from the timing files of the supervisor and of each peer's worker, and how
+reply; or, where the peer's worker collected at the end as the start asked it to, the
+end to that collect, the collect, its push to the supervisor hearing it, and the pass
+that takes it), from the timing files of the supervisor and of each peer's worker, and how
 long the loop's passes took while the ends came and how many ledger commits each made
 (the relay writes a line as each pass ends);
 ``--profile`` runs the tasks' run under cProfile and prints where its main thread,

@@ -127,6 +127,7 @@ def test_the_peer_worker(fleeter, fake_claude, peer_lab, mode):
         assert not {"status", "status-many"} & set(requests), requests  # the end was pushed: never asked
     else:
         assert len(lines(d / "serve-pids")) == 2  # a new worker on the same transport
+        assert "collect" in requests  # the new worker was not asked to collect at the end: asked now
         # it was asked about the attempt once (the loop's poll: one status-many), then told
         assert requests.count("status-many") == 1 and "status" not in requests, requests
 
