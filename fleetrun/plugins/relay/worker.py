@@ -441,14 +441,14 @@ class Worker:
         if m.kind == "ended" and m.status is not None:
             if not self._admits("ended", m.attempt):
                 return
-            self.ended[m.attempt] = (m.status, m.size)
             asked = m.attempt in self.collect_asked
             self.collect_asked.discard(m.attempt)
             if m.collect is not None:
-                if asked:
+                if asked:  # before the end: the loop that reads the end finds its collect
                     self.collected[m.attempt] = m.collect
                 else:  # kept only as asked for: the end counts, the collect nobody asked for does not
                     self._violation("ended", f"a collect pushed with the end of attempt {m.attempt}, never asked for")
+            self.ended[m.attempt] = (m.status, m.size)
         elif m.kind == "verified" and m.verify is not None:
             if not self._admits("verified", (m.attempt, m.idx)):
                 return
