@@ -238,9 +238,11 @@ def test_a_collect_pushed_that_no_start_asked_for_is_a_violation_and_not_taken(f
 #: a worker that says hello, then never reads what it is sent: the channel's window
 #: fills, and a send to it waits for ever
 DEAF_WORKER = """
-import json, sys, time
+import json, os, sys, time
 print(json.dumps({"event": "hello", "protocol": 1, "pid": 1}), flush=True)
-time.sleep(600)
+parent = os.getppid()
+while os.getppid() == parent:  # until its session is gone (the test's end)
+    time.sleep(0.1)
 """
 
 
