@@ -20,7 +20,9 @@ otherwise. Run::
 
 ``--timing`` says where each end-to-VERIFYING went (the worker's push, the
 supervisor's pass, the collect request, the peer's collect, the pass that reads its
-reply), from the timing files of the supervisor and of each peer's worker, and how
+reply; or, where the peer's worker collected at the end as the start asked it to, the
+end to that collect, the collect, its push to the supervisor hearing it, and the pass
+that takes it), from the timing files of the supervisor and of each peer's worker, and how
 long the loop's passes took while the ends came and how many ledger commits each made
 (the relay writes a line as each pass ends);
 ``--profile`` runs the tasks' run under cProfile and prints where its main thread,
@@ -297,6 +299,13 @@ LEGS = (
     "the peer's collect",
     "its reply -> VERIFYING recorded",
 )
+#: the same for an end its worker pushed collected (its start asked it to collect at the end)
+AT_END_LEGS = (
+    "end -> its worker collects it",
+    "the peer's collect, at the end",
+    "collected and pushed -> heard",
+    "heard -> VERIFYING recorded",
+)
 
 #: ``--timing``: the ledger commits of each pass from the first end to the last VERIFYING
 COMMITS = "commits a pass (those passes)"
@@ -309,7 +318,7 @@ def legs(rows: list[tuple[str, str, float, float]], times: Path) -> dict[str, li
     sup = read_lines(times / "supervisor.jsonl")
     heard = {x["of"]: x["t"] for x in sup if x.get("what") == "ended" and x.get("of")}
     sent = {x["of"]: (x["t"], x["id"]) for x in sup if x.get("what") == "sent" and x.get("verb") == "collect"}
-    out: dict[str, list[float]] = {k: [] for k in LEGS}
+    out: dict[str, list[float]] = {k: [] for k in (*LEGS, *AT_END_LEGS)}
     # the loop's passes from the first end to the last VERIFYING: how long, how many commits each
     first, last = min(r[2] for r in rows), max(r[3] for r in rows)
     passes = [x for x in sup if x.get("what") == "pass" and first <= x["t"] <= last + 0.5]
@@ -320,6 +329,13 @@ def legs(rows: list[tuple[str, str, float, float]], times: Path) -> dict[str, li
         there = read_lines(times / f"{peer}.jsonl")
         pushed = next((x["t"] for x in there if x.get("event") == "ended" and x.get("of") == attempt), None)
         t_sent, rid = sent.get(attempt, (None, None))
+        at_end = next((x["t"] for x in there if x.get("what") == "at_end" and x.get("of") == attempt), None)
+        if t_sent is None and at_end is not None:  # no collect request: its end came collected
+            points = [ended, at_end, pushed, heard.get(attempt), verifying]
+            if all(p is not None for p in points):
+                for name, a, b in zip(AT_END_LEGS, points, points[1:]):
+                    out[name].append(b - a)
+            continue
         # ids are per worker, and an earlier worker (`relay add`'s) may have used the same one
         late = [x for x in there if t_sent is not None and x["t"] >= t_sent - 1.0]
         recv = next((x["t"] for x in late if x.get("what") == "recv" and x.get("id") == rid), None)

@@ -74,6 +74,17 @@ def run(*argv: str, check: bool = True) -> subprocess.CompletedProcess[str]:
     return subprocess.run(list(argv), capture_output=True, text=True, check=check, stdin=subprocess.DEVNULL)
 
 
+#: ``python -m fleetrun`` whose ``host serve`` says hello without the keys ``{keys}``.
+OLDER_SERVE = (
+    "import sys\n"
+    "from fleetrun.plugins.relay.peer import serve\n"
+    "send = serve.Worker.send\n"
+    "serve.Worker.send = lambda self, m: send(self, {{k: v for k, v in m.items() if k not in {keys!r}}})\n"
+    "from fleetrun import main\n"
+    "sys.exit(main(sys.argv[1:]))\n"
+)
+
+
 class Sshd:
     """One sshd process with its own folder, host key and config."""
 
@@ -227,6 +238,16 @@ class PeerMachine:
 
     def command_line(self, **extra: str) -> str:
         return shlex.join(self.command(**extra))
+
+    def older_command(self, without: tuple[str, ...], **extra: str) -> list[str]:
+        """:meth:`command`, its ``host serve`` as an older fleetrun's: its hello without
+        the keys ``without`` (``collects``, ``chain``...), so the supervisor does not use
+        what they offer."""
+        script = self.home.parent / f"older-{'-'.join(without)}.py"
+        script.write_text(OLDER_SERVE.format(keys=without))
+        command = self.command(**extra)
+        i = command.index(sys.executable)
+        return [*command[: i + 1], str(script)]
 
     def pair(self, fleeter: Any, *extra: str, **env: str) -> None:
         """Pair it with ``fleeter``'s home (``relay add NAME ADDRESS --accept-new --command

@@ -51,3 +51,40 @@ def test_the_answer_to_the_chained_request_is_pushed_after_the_first_reply():
         assert why in str(e.value)
     hello = parse_worker_message(b'{"event": "hello", "protocol": 1, "beats": 1, "chain": 1}')
     assert hello.info["chain"] == 1
+
+
+def test_a_start_may_carry_its_collect_at_the_end_and_nothing_else_may():
+    from fleetrun.plugins.relay.protocol import WORKER_AT_END
+
+    assert WORKER_AT_END == {"start": ("collect",)}
+    at_end = {"verb": "collect", "payload": {"attempt": {"id": "x"}}}
+    r = parse_worker_request(json.dumps({"id": 3, "verb": "start", "payload": {}, "at_end": at_end}).encode())
+    assert (r.verb, r.at_end.verb, r.at_end.id, r.then) == ("start", "collect", 3, None)
+    assert json.loads(r.at_end.payload) == {"attempt": {"id": "x"}}
+    assert parse_worker_request(b'{"id": 3, "verb": "start", "at_end": null}').at_end is None
+    for bad in (
+        {"id": 1, "verb": "collect", "at_end": at_end},  # only a start has an end
+        {"id": 1, "verb": "start", "at_end": {"verb": "cleanup"}},
+        {"id": 1, "verb": "start", "at_end": {"verb": "collect", "payload": "x"}},
+        {"id": 1, "verb": "start", "at_end": "collect"},
+    ):
+        with pytest.raises(Malformed):
+            parse_worker_request(json.dumps(bad).encode())
+
+
+def test_an_end_pushed_with_its_collect_is_read_strictly():
+    end = {"event": "ended", "attempt": "task_ab12_0_a1", "status": {"state": "ended", "exit_code": 0}, "log_size": 0}
+    assert parse_worker_message(json.dumps(end).encode()).collect is None
+    m = parse_worker_message(json.dumps({**end, "collect": {"code": 0, "reply": {"commit": None}}}).encode())
+    assert (m.kind, m.collect) == ("ended", (0, {"commit": None}))
+    for bad, why in (
+        ({"code": 0}, "ended event.collect.reply"),
+        ({"code": 256, "reply": {}}, "ended event.collect.code"),
+        ({"code": "0", "reply": {}}, "ended event.collect.code"),
+        ("done", "ended event.collect"),
+    ):
+        with pytest.raises(Malformed) as e:
+            parse_worker_message(json.dumps({**end, "collect": bad}).encode())
+        assert why in str(e.value)
+    hello = parse_worker_message(b'{"event": "hello", "protocol": 1, "collects": 1}')
+    assert hello.info["collects"] == 1

@@ -185,3 +185,101 @@ def test_waking_a_busy_loop_never_blocks_the_reader(tmp_path):
         assert loop_sock.recv(16) == b"peer"  # the first ones were queued: the loop wakes
     finally:
         loop_sock.close()
+
+
+#: a worker that offers to collect at an attempt's end, answers a ``status`` request with
+#: a running status, then pushes ends with a collect's answer nobody asked for: of the
+#: attempt asked about (placed there, its start never asked for a collect) and of one
+#: never placed there
+UNASKED_COLLECT_WORKER = """
+import json, sys
+print(json.dumps({"event": "hello", "protocol": 1, "pid": 1, "collects": 1}), flush=True)
+for line in sys.stdin:
+    req = json.loads(line)
+    print(json.dumps({"id": req["id"], "code": 0, "reply": {"status": {"state": "running"}}}), flush=True)
+    for aid in ("task_zz_1_a1", "AID"):
+        print(json.dumps({"event": "ended", "attempt": aid, "status": {"state": "ended", "exit_code": 0},
+                          "log_size": 0, "collect": {"code": 0, "reply": {"commit": "0" * 40}}}), flush=True)
+""".replace("AID", AID)
+
+
+def test_a_collect_pushed_that_no_start_asked_for_is_a_violation_and_not_taken(fleeter, peer_lab):
+    import time
+
+    m = peer_lab.machine("mini")
+    fake = m.home.parent / "unasked.py"
+    fake.write_text(UNASKED_COLLECT_WORKER)
+    script = m.home.parent / "wrapper"
+    script.write_text(
+        "#!/bin/sh\n"
+        f'if [ "$2" = serve ]; then exec {shlex.quote(sys.executable)} {shlex.quote(str(fake))}; fi\n'
+        f'exec {m.command_line()} "$@"\n'
+    )
+    script.chmod(0o755)
+    r = fleeter.run("relay", "add", "mini", m.address, "--accept-new", "--command", str(script))
+    assert r.ret == 0, r.stdout + r.stderr
+    host = SSHHost(load_peers(fleeter.home)["mini"], fleeter.home, worker=True)
+    try:
+        assert host.status(AID, None, None)["state"] == "running"  # AID is placed there now
+        deadline = time.monotonic() + 120
+        while sum(host.attempts.counts.values()) < 2 and time.monotonic() < deadline:
+            time.sleep(0.02)
+        w = host.live_worker()
+        assert w is not None and w.collects
+        # its end is kept (a peer says when its attempts end); the collect nobody asked for is not
+        assert AID in w.ended and w.collected == {}
+        assert host.pushed_collect(AID) is None  # the loop would send a collect request of its own
+        assert host.attempts.counts == {"ended": 2}, host.attempts.counts
+        assert "never asked for" in str(host.attempts.last)
+    finally:
+        host.close()
+
+
+#: a worker that says hello, then never reads what it is sent: the channel's window
+#: fills, and a send to it waits for ever
+DEAF_WORKER = """
+import json, os, sys, time
+print(json.dumps({"event": "hello", "protocol": 1, "pid": 1}), flush=True)
+parent = os.getppid()
+while os.getppid() == parent:  # until its session is gone (the test's end)
+    time.sleep(0.1)
+"""
+
+
+def test_requests_to_a_worker_that_reads_nothing_never_hold_the_caller(fleeter, peer_lab):
+    """The loop sends a pass's requests without waiting for them (the sender thread sends
+    them, in order): a peer whose worker reads nothing (wedged, or hostile) holds no pass,
+    however much is sent to it; before, the loop's thread waited in paramiko's send once
+    the channel's window was full."""
+    import threading
+
+    m = peer_lab.machine("mini")
+    fake = m.home.parent / "deaf.py"
+    fake.write_text(DEAF_WORKER)
+    script = m.home.parent / "wrapper"
+    script.write_text(
+        "#!/bin/sh\n"
+        f'if [ "$2" = serve ]; then exec {shlex.quote(sys.executable)} {shlex.quote(str(fake))}; fi\n'
+        f'exec {m.command_line()} "$@"\n'
+    )
+    script.chmod(0o755)
+    r = fleeter.run("relay", "add", "mini", m.address, "--accept-new", "--command", str(script))
+    assert r.ret == 0, r.stdout + r.stderr
+    host = SSHHost(load_peers(fleeter.home)["mini"], fleeter.home, worker=True)
+    sent: list = []
+    try:
+        w = host.worker(host.transport())
+        assert w is not None
+        big = {"pad": "x" * (1 << 20)}  # 1 MB a request: the window (2 MB) is full after two
+        caller = threading.Thread(
+            target=lambda: sent.extend(w.submit("probe", [], big, wake=True) for _ in range(8)), daemon=True
+        )
+        caller.start()
+        caller.join(120)  # bounds a hang only: the sends are the sender thread's
+        assert not caller.is_alive(), "submitting to a worker that reads nothing held the caller"
+        assert len(sent) == 8 and not any(p.done() for p in sent)
+    finally:
+        host.close()
+    for p in sent:  # given up with the worker: each fails, none hangs
+        with pytest.raises(PeerUnreachable):
+            p.wait(120)

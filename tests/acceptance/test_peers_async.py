@@ -118,9 +118,12 @@ def finish(proc: subprocess.Popen[bytes]) -> str:
     return text
 
 
-def pair_with_held_git(fleeter: Any, mini: Any, tmp_path: Path, words: str) -> tuple[Path, Path]:
+def pair_with_held_git(
+    fleeter: Any, mini: Any, tmp_path: Path, words: str, without: tuple[str, ...] = ()
+) -> tuple[Path, Path]:
     """Pair ``mini`` with a ``git`` first on its PATH that, for a command line holding
-    ``words``, touches ``entered`` and waits until the test creates ``gate``.
+    ``words``, touches ``entered`` and waits until the test creates ``gate``; its worker's
+    hello ``without`` those keys (an older fleetrun's).
 
     :return: (entered, gate)."""
     bin_dir, entered, gate = tmp_path / "peer-bin", tmp_path / "git-entered", tmp_path / "git-may-go"
@@ -133,7 +136,11 @@ def pair_with_held_git(fleeter: Any, mini: Any, tmp_path: Path, words: str) -> t
         f'exec {shlex.quote(shutil.which("git") or "/usr/bin/git")} "$@"\n'
     )
     git.chmod(0o755)
-    mini.pair(fleeter, PATH=f"{bin_dir}:{os.environ['PATH']}")
+    if (fleeter.home / "config.toml").exists():
+        mini.write("config.toml", (fleeter.home / "config.toml").read_text())
+    command = mini.older_command(without, PATH=f"{bin_dir}:{os.environ['PATH']}")
+    r = fleeter.run("relay", "add", mini.name, mini.address, "--accept-new", "--command", shlex.join(command))
+    assert r.ret == 0, r.stdout + r.stderr
     return entered, gate
 
 
@@ -204,12 +211,13 @@ def test_a_verifier_started_with_a_collect_is_stopped_when_its_task_moved_meanwh
     fleeter, fake_claude, peer_lab, tmp_path
 ):
     """The collect request carries the start of the task's first run verifier (one round
-    trip for the two). A task cancelled while its work was collected never reaches
-    VERIFYING, so nothing would watch that verifier: the relay stops it on the peer."""
+    trip for the two), to a worker that does not collect at the end itself (the fleetrun
+    before). A task cancelled while its work was collected never reaches VERIFYING, so
+    nothing would watch that verifier: the relay stops it on the peer."""
     fleeter.make_repo()
     mini = peer_lab.machine("mini")
     # the collect's commit waits for the test (the agent commits nothing)
-    entered, gate = pair_with_held_git(fleeter, mini, tmp_path, "--no-verify")
+    entered, gate = pair_with_held_git(fleeter, mini, tmp_path, "--no-verify", without=("collects",))
     fleeter.write_tasks("""
         [[task]]
         name = "far"

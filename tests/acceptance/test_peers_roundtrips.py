@@ -1,40 +1,30 @@
 """How many requests a peer task costs, counted through the real CLI and a real sshd: a
 trivial task with a ``run`` verifier makes at most five to the peer's worker (its
-first heartbeat's probe, prepare, start, collect with its verifier's start in the same
-request, cleanup); a worker whose hello does not offer that (an older fleetrun) gets
-the two apart, and the task is done the same."""
+first heartbeat's probe, prepare, start, which carries the attempt's collect that the
+worker runs as the agent exits and pushes with its end, the verifier's start,
+cleanup); a worker whose hello does not offer that (the fleetrun before) is sent the
+collect with its verifier's start in one request, and one older still the two apart:
+the task is done the same."""
 
 from __future__ import annotations
 
 import shlex
-import sys
 
 import pytest
 
 pytest_plugins = ["sshd"]
 
-#: ``host serve`` as an older fleetrun's: its hello without ``chain``.
-OLDER = (
-    "import sys\n"
-    "from fleetrun.plugins.relay.peer import serve\n"
-    "send = serve.Worker.send\n"
-    "serve.Worker.send = lambda self, m: send(self, {k: v for k, v in m.items() if k != 'chain'})\n"
-    "from fleetrun import main\n"
-    "sys.exit(main(sys.argv[1:]))\n"
-)
+#: what each worker's hello leaves out
+WITHOUT = {"collects": (), "chains": ("collects",), "older": ("collects", "chain")}
 
 
-@pytest.mark.parametrize("worker", ["chains", "older"])
+@pytest.mark.parametrize("worker", ["collects", "chains", "older"])
 def test_a_peer_task_with_a_run_verifier_makes_five_requests(fleeter, fake_claude, peer_lab, worker):
     fleeter.make_repo()
     mini = peer_lab.machine("mini")
     mini.write("config.toml", (fleeter.home / "config.toml").read_text())
     d = mini.home.parent
-    command = mini.command(FLEETRUN_SERVE_TRACE=str(d / "trace"))
-    if worker == "older":
-        (d / "older.py").write_text(OLDER)
-        i = command.index(sys.executable)
-        command = [*command[: i + 1], str(d / "older.py")]
+    command = mini.older_command(WITHOUT[worker], FLEETRUN_SERVE_TRACE=str(d / "trace"))
     r = fleeter.run("relay", "add", "mini", mini.address, "--accept-new", "--command", shlex.join(command))
     assert r.ret == 0, r.stdout + r.stderr
     assert fleeter.run("drain").ret == 0
@@ -48,15 +38,19 @@ def test_a_peer_task_with_a_run_verifier_makes_five_requests(fleeter, fake_claud
           [[task.verify]]
           run = "test -f out.txt"
     """)
-    fake_claude.script(t1=[{"actions": [["write", "out.txt", "x"], ["commit", "x"]]}])
+    # the agent leaves its work uncommitted: the collect commits it, on the peer
+    fake_claude.script(t1=[{"actions": [["write", "out.txt", "x"]]}])
     r = fleeter.run("tasks.toml")
     assert r.ret == 0, r.stdout + r.stderr
     t = fleeter.task("t1")
     assert t.state.value == "DONE" and t.host == "mini"
     (v,) = fleeter.ledger().verdicts(task_id=t.id)
     assert v.passed and v.host == "mini"  # it ran there
+    assert fleeter.git(fleeter.path / "repo", "show", f"{t.branch}:out.txt") == "x"
     requests = (d / "trace").read_text().splitlines()  # one line a request
-    if worker == "chains":
+    if worker == "collects":  # its end came collected: no collect request
+        assert requests == ["probe", "prepare", "start", "verify-start", "cleanup"], requests
+    elif worker == "chains":
         assert requests == ["probe", "prepare", "start", "collect verify-start", "cleanup"], requests
     else:
         assert requests == ["probe", "prepare", "start", "collect", "verify-start", "cleanup"], requests
@@ -103,15 +97,6 @@ def test_a_done_tasks_cleanup_goes_after_the_next_tasks_prepare(fleeter, fake_cl
     assert r.ret == 0, r.stdout + r.stderr
     assert {fleeter.task(n).state.value for n in ("t1", "t2")} == {"DONE"}
     verbs = [line.split()[0] for line in (d / "trace").read_text().splitlines()]
-    assert verbs == [
-        "probe",
-        "prepare",
-        "start",
-        "collect",
-        "prepare",
-        "start",
-        "cleanup",
-        "collect",
-        "cleanup",
-    ], verbs
+    # each attempt's collect comes with its end (its start asked for it): no request
+    assert verbs == ["probe", "prepare", "start", "prepare", "start", "cleanup", "cleanup"], verbs
     assert "removed clean worktree" in " ".join(text for _, text in fleeter.ledger().notes(fleeter.task("t1").id))

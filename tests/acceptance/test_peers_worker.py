@@ -119,13 +119,15 @@ def test_the_peer_worker(fleeter, fake_claude, peer_lab, mode):
     # every other verb went to the worker, but `bundle` (a byte stream, always one-shot):
     # the DONE task's branch is fetched home
     assert one_shot == ["probe", "bundle"], one_shot
-    assert {"probe", "prepare", "start", "collect", "verify-start", "cleanup"} <= set(requests), requests
+    assert {"probe", "prepare", "start", "verify-start", "cleanup"} <= set(requests), requests
     assert "verify-status" not in requests  # the verdict was pushed
     if mode == "serves":
         assert len(lines(d / "serve-pids")) == 1
+        assert "collect" not in requests  # its start asked the worker to collect at the end
         assert not {"status", "status-many"} & set(requests), requests  # the end was pushed: never asked
     else:
         assert len(lines(d / "serve-pids")) == 2  # a new worker on the same transport
+        assert "collect" in requests  # the new worker was not asked to collect at the end: asked now
         # it was asked about the attempt once (the loop's poll: one status-many), then told
         assert requests.count("status-many") == 1 and "status" not in requests, requests
 

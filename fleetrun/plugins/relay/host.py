@@ -115,6 +115,9 @@ class SSHHost:
         #: the most of an attempt's log mirrored here; the relay sets it from [output] max_bytes
         self.mirror_cap = mirror_cap(DEFAULT_MAX_BYTES)
         self._prestarted: dict[tuple[str, int], Pending] = {}  # see take_prestarted
+        #: attempt id -> the collect request's payload, from its prepare until its start,
+        #: which asks the worker to run it at the attempt's end (:meth:`start`)
+        self._collect_at_end: dict[str, dict[str, Any]] = {}
         #: the attempts whose start request is sent and not answered (:class:`.starts.PeerStart`):
         #: polled as ``starting`` without asking the peer
         self.starting: dict[str, Pending] = {}
@@ -180,11 +183,14 @@ class SSHHost:
         timeout: float = VERB_TIMEOUT_S,
         may_connect: bool = True,
         wait: bool = True,
+        at_end: Optional[tuple[str, list[str], dict[str, Any]]] = None,
     ) -> Any:
         """Run ``fleetrun host VERB --json ARGS`` there; return its JSON reply.
 
         :param wait: False: through a worker, return the :class:`~.worker.Pending` request
             at once (its reply wakes the loop; :meth:`_checked` it then).
+        :param at_end: a start's collect, for a worker that :attr:`~.worker.Worker.collects`
+            to run at the attempt's end (:meth:`start`); not sent otherwise.
         :raises PeerUnreachable: the peer could not be reached or the link dropped.
         :raises PeerError: the peer answered with an error (or no fleetrun is there).
         """
@@ -195,7 +201,7 @@ class SSHHost:
         if w is not None:
             try:
                 if not wait:
-                    return w.submit(verb, list(args), payload, wake=True)
+                    return w.submit(verb, list(args), payload, wake=True, at_end=at_end if w.collects else None)
                 code, answer = w.request(verb, list(args), payload, timeout)
             except PeerUnreachable as e:
                 self.last_error = str(e)
@@ -379,11 +385,21 @@ class SSHHost:
             with os.fdopen(fd, "w", encoding="utf-8") as f:
                 f.write(prompt)
         payload = {"attempt_id": attempt_id, "task_id": task_id, "spec": spec, "prompt": prompt}
-        if self.in_loop() is not None:
+        collect = self._collect_at_end.pop(attempt_id, None)
+        w = self.in_loop()
+        if w is not None:
             from .starts import PeerStart
 
+            if collect is not None:
+                # the collects pushed for the task's earlier attempts were not taken (their
+                # ends were not verified): forgotten
+                for aid in [a for a in w.collected if a.rsplit("_a", 1)[0] == task_id]:
+                    w.collected.pop(aid, None)
+            at_end: Optional[tuple[str, list[str], dict[str, Any]]] = (
+                ("collect", [], collect) if collect is not None else None
+            )
             try:
-                sent = self.call("start", payload=payload, wait=False)
+                sent = self.call("start", payload=payload, wait=False, at_end=at_end)
             except BaseException:
                 self.launch.end(attempt_id)
                 raise
@@ -602,9 +618,16 @@ class SSHHost:
             at once (its reply wakes the loop), for :meth:`prepared` to read."""
         from dataclasses import asdict
 
+        payload = {"task": task_payload(task), "attempt": asdict(attempt)}
+        if not wait and self.relay is not None and self.relay.collects_at_end():
+            # its start asks the worker to collect at the attempt's end: the collect's
+            # payload is this one's (the peer reads the workspace from its own record)
+            for aid in [a for a in self._collect_at_end if a.rsplit("_a", 1)[0] == task.id]:
+                del self._collect_at_end[aid]  # an earlier attempt's, whose start never came
+            self._collect_at_end[attempt.id] = {**payload, "workspace": {}}
         reply = self.call(
             "prepare",
-            payload={"task": task_payload(task), "attempt": asdict(attempt)},
+            payload=payload,
             timeout=PREPARE_TIMEOUT_S,
             wait=wait,
         )
@@ -680,6 +703,18 @@ class SSHHost:
         if not wait:
             return p
         return self.collected(p, key if then is not None else None, COLLECT_TIMEOUT_S)
+
+    def pushed_collect(self, attempt_id: str) -> Optional[Pending]:
+        """The collect the worker ran at the attempt's end (its start asked it to) as a
+        request already answered, once; None: it did not (send one)."""
+        w = self.live_worker()
+        answer = w.collected.pop(attempt_id, None) if w is not None else None
+        if w is None or answer is None:
+            return None
+        p = Pending(w, wake=False)
+        p.answer = answer
+        p.event.set()
+        return p
 
     def collected(self, p: Pending, key: Optional[tuple[str, int]], timeout: float) -> Optional[str]:
         """The commit of a collect request sent to the worker (see :meth:`collect`),

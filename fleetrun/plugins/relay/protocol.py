@@ -92,6 +92,14 @@ VIOLATION_KINDS = ("log", "ended", "verified", "reply", "then")
 #: whose first verifier is ``run``: its collect, then its verifier's start. A worker
 #: without the key is sent the two apart.
 WORKER_CHAINS = {"collect": ("verify-start",)}
+#: A worker's hello says ``"collects": 1`` when a ``start`` request may carry the
+#: ``collect`` of its attempt (``at_end``: a verb, its arguments, its payload), which the
+#: worker runs as soon as the attempt's agent exits 0, before it pushes the ``ended``
+#: event: the event then carries the collect's answer (``collect``: ``code``,
+#: ``reply``), as its reply would have. The supervisor sends no collect request for that
+#: end: one round trip less between an end and VERIFYING. A worker without the key is
+#: sent no ``at_end`` (and collects when asked, as before).
+WORKER_AT_END = {"start": ("collect",)}
 #: A worker's hello says ``"beats": 1`` when it pushes its headroom: a ``probe`` request
 #: whose payload has ``beat_secs`` then has a ``probe`` event pushed that often.
 BEAT_KEY = "beat_secs"
@@ -460,6 +468,8 @@ class WorkerRequest:
     args: list[str]
     payload: Optional[bytes]
     then: Optional[WorkerRequest] = None
+    #: the request to run when the attempt this one starts ends (:data:`WORKER_AT_END`)
+    at_end: Optional[WorkerRequest] = None
 
 
 @dataclass(frozen=True)
@@ -467,7 +477,9 @@ class WorkerMessage:
     """What a worker sent: a ``reply`` (``id``, ``code``: the one-shot verb's exit code,
     ``reply``: its JSON) or an event: ``then`` (the same fields: the answer to the
     request that followed request ``id``), ``hello`` (``info``), ``log`` (``chunk``),
-    ``ended`` (``status``, the attempt's log ``size``), ``verified`` (``verify``),
+    ``ended`` (``status``, the attempt's log ``size``; ``collect``: the answer, ``code``
+    and ``reply``, to the collect its start asked for at its end, if it ran),
+    ``verified`` (``verify``),
     ``probe`` (``probe``: a pushed heartbeat, the reply a ``probe`` request would get)."""
 
     kind: str
@@ -482,6 +494,7 @@ class WorkerMessage:
     verify: Optional[VerifyStatus] = None
     info: Optional[dict[str, Any]] = None
     probe: Optional[dict[str, Any]] = None
+    collect: Optional[tuple[int, dict[str, Any]]] = None
 
 
 def _json_line(line: bytes, what: str) -> dict[str, Any]:
@@ -501,10 +514,14 @@ def parse_worker_request(line: bytes) -> WorkerRequest:
     d = _json_line(line, "request")
     rid = integer(d.get("id"), "request.id", 1, MAX_REQUEST_ID)
     req = _request_body(d, rid, "request", WORKER_VERBS)
-    if d.get("then") is None:
-        return req
-    then = _request_body(obj(d["then"], "request.then"), rid, "request.then", WORKER_CHAINS.get(req.verb, ()))
-    return WorkerRequest(rid, req.verb, req.args, req.payload, then)
+    then = at_end = None
+    if d.get("then") is not None:
+        then = _request_body(obj(d["then"], "request.then"), rid, "request.then", WORKER_CHAINS.get(req.verb, ()))
+    if d.get("at_end") is not None:
+        at_end = _request_body(
+            obj(d["at_end"], "request.at_end"), rid, "request.at_end", WORKER_AT_END.get(req.verb, ())
+        )
+    return WorkerRequest(rid, req.verb, req.args, req.payload, then, at_end)
 
 
 def _request_body(d: dict[str, Any], rid: int, what: str, verbs: tuple[str, ...]) -> WorkerRequest:
@@ -563,6 +580,7 @@ def parse_worker_message(line: bytes) -> WorkerMessage:
                 "beats": opt_integer(d, "beats", what, 0, 1 << 20),
                 "chain": opt_integer(d, "chain", what, 0, 1 << 20),
                 "many": opt_integer(d, "many", what, 0, 1 << 20),
+                "collects": opt_integer(d, "collects", what, 0, 1 << 20),
             },
         )
     if kind == "probe":
@@ -579,8 +597,19 @@ def parse_worker_message(line: bytes) -> WorkerMessage:
         st = parse_shepherd_status(d.get("status"), f"{what}.status")
         if st["state"] not in ("ended", "died"):
             raise Malformed(f"{what}.status.state: {st['state']!r}, not ended or died")
+        collect: Optional[tuple[int, dict[str, Any]]] = None
+        if d.get("collect") is not None:  # the collect its start asked for at its end
+            c = obj(d["collect"], f"{what}.collect")
+            collect = (
+                integer(c.get("code"), f"{what}.collect.code", 0, 255),
+                obj(c.get("reply"), f"{what}.collect.reply"),
+            )
         return WorkerMessage(
-            "ended", attempt=aid, status=st, size=integer(d.get("log_size"), f"{what}.log_size", 0, MAX_SIZE)
+            "ended",
+            attempt=aid,
+            status=st,
+            size=integer(d.get("log_size"), f"{what}.log_size", 0, MAX_SIZE),
+            collect=collect,
         )
     result = parse_verify_status_reply(d.get("result"))
     if result.state != "ended":

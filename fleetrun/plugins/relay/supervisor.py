@@ -86,6 +86,16 @@ CONNECTING = "is being connected to (its first heartbeat)"
 FIRST_ROUND_WAIT_S = 3.0
 
 
+def _only_builtin(hook: Any) -> bool:
+    """Whether only fleetrun's own plugins implement ``hook``."""
+    for impl in hook.get_hookimpls():
+        plugin = impl.plugin
+        where = plugin.__name__ if isinstance(plugin, types.ModuleType) else type(plugin).__module__
+        if not str(where).startswith("fleetrun.plugins."):
+            return False
+    return True
+
+
 class Relay:
     """The peers of this run and their heartbeats."""
 
@@ -279,8 +289,19 @@ class Relay:
         host = self.owns(host)
         if host is None:
             return None
-        verify = self.first_run_verifier(task, config)
         fetch = self.fetches_after_collect(task)  # decided once: the verifier's start goes with it
+        pushed = host.pushed_collect(attempt.id)
+        if pushed is not None:
+            # the worker collected as the attempt ended (its start asked it to), and pushed
+            # the answer with the end: no request; the verifier's start is the verify stage's
+            if fetch:
+                return PeerCollect(self, task, attempt, workspace, host, pushed, None, fetch)
+            try:  # raises WorktreeTampered as the collect request's reply does
+                commit = host.collected(pushed, None, 0)
+            except (PeerUnreachable, PeerError) as e:
+                return self._not_collected(task, host, e)
+            return self.collected(task, attempt, workspace, host, commit)
+        verify = self.first_run_verifier(task, config)
         if fetch:
             # its VERIFYING waits for the branch (a later pass): a verifier started with the
             # collect would be untaken at this pass's end, and stopped (stop_untaken)
@@ -292,6 +313,18 @@ class Relay:
         if isinstance(sent, Pending):
             return PeerCollect(self, task, attempt, workspace, host, sent, verify, fetch)
         return self.collected(task, attempt, workspace, host, sent)
+
+    def collects_at_end(self) -> bool:
+        """Whether a peer's start asks its worker to collect the attempt's work as soon as
+        its agent exits 0 (:data:`~.protocol.WORKER_AT_END`): inside a work loop, when no
+        plugin of a third party implements ``fleetrun_collect_work`` (one could answer
+        for a peer's attempt before this relay does)."""
+        return self._in_session and self.collects_its_work(self.config)
+
+    @staticmethod
+    def collects_its_work(config: Config) -> bool:
+        """Whether no plugin of a third party implements ``fleetrun_collect_work``."""
+        return _only_builtin(config.hook.fleetrun_collect_work)
 
     def fetches_after_collect(self, task: Any) -> bool:
         """Whether a collected task's branch is fetched back off the loop's thread before
@@ -338,12 +371,7 @@ class Relay:
     def runs_its_verifiers(config: Config) -> bool:
         """Whether no plugin of a third party implements ``fleetrun_verify`` (one could
         answer for a peer's ``run`` verifier before this relay does)."""
-        for impl in config.hook.fleetrun_verify.get_hookimpls():
-            plugin = impl.plugin
-            where = plugin.__name__ if isinstance(plugin, types.ModuleType) else type(plugin).__module__
-            if not str(where).startswith("fleetrun.plugins."):
-                return False
-        return True
+        return _only_builtin(config.hook.fleetrun_verify)
 
     def verifies_without_waiting(self, host: SSHHost, kind: str) -> bool:
         """:meth:`.host.SSHHost.verifies_without_waiting`: a ``run`` verifier this relay

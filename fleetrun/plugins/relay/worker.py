@@ -20,6 +20,7 @@ from __future__ import annotations
 
 import json
 import os
+import queue
 import select
 import socket
 import threading
@@ -85,6 +86,7 @@ class Pending:
         self.answer: Optional[tuple[int, dict[str, Any]]] = None
         self.follower: Optional[Pending] = None  # the request sent to run after this one (``then``)
         self.follows = False  # this is a follower: its slot is in the worker's _following
+        self.unsent = False  # the sender could not send it: the peer never had it
         self.began = time.monotonic()
 
     def done(self) -> bool:
@@ -105,6 +107,8 @@ class Pending:
                     del table[self.id]
             raise PeerUnreachable(f"no reply from the worker within {timeout:g}s", delivered=True)
         if self.answer is None:
+            if self.unsent:
+                raise PeerUnreachable(f"could not send to the worker: {w.error}")
             raise PeerUnreachable(f"the worker is gone: {w.error}", delivered=True)
         w.rtt = time.monotonic() - self.began
         return self.answer
@@ -117,6 +121,9 @@ class Worker:
         only their events are kept, so every table below holds only those.
     :ivar ended: attempt id -> its final status and log size, from ``ended`` events.
     :ivar verified: (attempt id, step) -> the verifier's result, from ``verified`` events.
+    :ivar collected: attempt id -> the answer (code, reply) of the collect its start asked
+        the worker to run at its end (``at_end``), pushed with its ``ended`` event; until
+        the loop takes it (:meth:`.host.SSHHost.pushed_collect`).
     :ivar watching: attempts the worker was asked about, so it pushes their end, with
         the last status heard of each.
     :ivar rtt: the last request's round trip, seconds (a pushed heartbeat's latency).
@@ -146,6 +153,8 @@ class Worker:
         self.kick = threading.Event()  # set by each pushed heartbeat, and as the worker ends
         self.ended: dict[str, tuple[dict[str, Any], int]] = {}
         self.verified: dict[tuple[str, int], VerifyStatus] = {}
+        self.collected: dict[str, tuple[int, dict[str, Any]]] = {}
+        self.collect_asked: set[str] = set()  # the attempts whose start carried their collect
         self.watching: dict[str, dict[str, Any]] = {}
         self.vwatching: set[tuple[str, int]] = set()
         self.error: Optional[str] = None
@@ -153,7 +162,10 @@ class Worker:
         self.requests = 0
         self._next_id = 0
         self._lock = threading.Lock()  # ids, the waiting table
-        self._send_lock = threading.Lock()  # one request on the channel at a time
+        #: the requests to send, in order, by the sender thread (:meth:`_send`): the
+        #: loop's thread does not pay paramiko's send, a few ms each under load, for every
+        #: request of a pass (twenty peers' verifier starts, one after the other)
+        self._outbox: queue.SimpleQueue[Optional[tuple[Pending, dict[str, Any]]]] = queue.SimpleQueue()
         self._waiting: dict[int, Pending] = {}
         self._following: dict[int, Pending] = {}  # request id -> the one sent to follow it
         self._hello = threading.Event()
@@ -177,6 +189,12 @@ class Worker:
         return bool(self.info.get("chain"))
 
     @property
+    def collects(self) -> bool:
+        """Whether a start request may carry its attempt's collect, run at its end (its
+        hello said so)."""
+        return bool(self.info.get("collects"))
+
+    @property
     def alive(self) -> bool:
         return self.error is None and self._channel is not None and self.transport.is_active()
 
@@ -197,6 +215,7 @@ class Worker:
             raise PeerUnreachable(f"cannot open a channel for the worker: {e}") from None
         self._channel = ch
         threading.Thread(target=self._read, name=f"fleetrun-worker-{self.name}", daemon=True).start()
+        threading.Thread(target=self._send, name=f"fleetrun-worker-send-{self.name}", daemon=True).start()
         if not self._hello.wait(timeout):
             self.close(f"no hello from `host serve` within {timeout:g}s")
         if self.error is not None:
@@ -224,6 +243,7 @@ class Worker:
             except Exception:  # noqa: BLE001 - closing a broken channel
                 pass
         self._hello.set()
+        self._outbox.put(None)  # the sender ends
         self.kick.set()  # a heartbeat waiting for a push asks for itself now
         if was_alive:
             self.wake()  # the loop asks again, through another worker or the one-shot verbs
@@ -245,6 +265,7 @@ class Worker:
         payload: Optional[dict[str, Any]],
         wake: bool = False,
         then: Optional[tuple[str, list[str], dict[str, Any]]] = None,
+        at_end: Optional[tuple[str, list[str], dict[str, Any]]] = None,
     ) -> Pending:
         """Send one request; its reply comes to the :class:`Pending` returned.
 
@@ -252,13 +273,23 @@ class Worker:
         :param then: (verb, args, payload) of a request for the worker to run after this
             one if it succeeds (:data:`~.protocol.WORKER_CHAINS`; only if it :attr:`chains`):
             its answer comes to the Pending's ``follower``, which wakes the loop.
-        :raises PeerUnreachable: the worker is gone, or the request could not be sent.
+        :param at_end: (verb, args, payload) of the collect of the attempt a ``start``
+            starts, for the worker to run when it ends (:data:`~.protocol.WORKER_AT_END`;
+            only if it :attr:`collects`): its answer comes with the ``ended`` event.
+        :raises PeerUnreachable: the worker is gone. The request is sent by the sender
+            thread, in order; one it could not send fails as the Pending's (``delivered``
+            False: the peer never had it).
         """
         msg: dict[str, Any] = {"verb": verb, "args": args}
         if payload is not None:
             msg["payload"] = payload
         if then is not None:
             msg["then"] = {"verb": then[0], "args": then[1], "payload": then[2]}
+        if at_end is not None:
+            msg["at_end"] = {"verb": at_end[0], "args": at_end[1], "payload": at_end[2]}
+            aid = (payload or {}).get("attempt_id")  # the attempt this start starts
+            if isinstance(aid, str):
+                self.collect_asked.add(aid)
         slot = Pending(self, wake)
         # the attempts it names are this supervisor's there from now on: their events,
         # which may come before the reply, are kept
@@ -278,17 +309,38 @@ class Worker:
             self.requests += 1
         if self.timing:
             time_line(self.timing, what="sent", verb=verb, id=slot.id, of=subject(args, payload))
-        try:
-            # not under _lock: a send that waits for the channel's window must not keep
-            # the reader from the replies (and the worker from its stdin)
-            with self._send_lock:
-                self._channel.sendall(worker_line(msg))
-        except Exception as e:  # noqa: BLE001 - paramiko raises several kinds
-            with self._lock:
-                self._waiting.pop(slot.id, None)
-                self._following.pop(slot.id, None)
-            raise PeerUnreachable(f"could not send to the worker: {e}") from None
+        self._outbox.put((slot, msg))
         return slot
+
+    # -- the sender thread --------------------------------------------------------------
+
+    def _send(self) -> None:
+        """Send the requests queued, in order, until the worker ends. Not under ``_lock``:
+        a send that waits for the channel's window must not keep the reader from the
+        replies (and the worker from its stdin). A send that fails ends the worker: the
+        requests not sent fail as never sent, those sent as the worker gone."""
+        while True:
+            item = self._outbox.get()
+            if item is None:
+                return
+            slot, msg = item
+            try:
+                self._channel.sendall(worker_line(msg))
+            except Exception as e:  # noqa: BLE001 - paramiko raises several kinds
+                slot.unsent = True
+                while True:  # nor was any request queued after it
+                    try:
+                        later = self._outbox.get_nowait()
+                    except queue.Empty:
+                        break
+                    if later is not None:
+                        later[0].unsent = True
+                        if later[0].follower is not None:
+                            later[0].follower.unsent = True
+                if slot.follower is not None:
+                    slot.follower.unsent = True
+                self.close(f"could not send to the worker: {e}")
+                return
 
     # -- the reader thread --------------------------------------------------------------
 
@@ -389,6 +441,13 @@ class Worker:
         if m.kind == "ended" and m.status is not None:
             if not self._admits("ended", m.attempt):
                 return
+            asked = m.attempt in self.collect_asked
+            self.collect_asked.discard(m.attempt)
+            if m.collect is not None:
+                if asked:  # before the end: the loop that reads the end finds its collect
+                    self.collected[m.attempt] = m.collect
+                else:  # kept only as asked for: the end counts, the collect nobody asked for does not
+                    self._violation("ended", f"a collect pushed with the end of attempt {m.attempt}, never asked for")
             self.ended[m.attempt] = (m.status, m.size)
         elif m.kind == "verified" and m.verify is not None:
             if not self._admits("verified", (m.attempt, m.idx)):

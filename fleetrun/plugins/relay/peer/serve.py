@@ -11,7 +11,10 @@ own: a long ``prepare`` does not hold up a ``status``. A request may carry a sec
 (``then``, :data:`~..protocol.WORKER_CHAINS`: a ``collect`` its ``verify-start``), run
 in the same thread once the first is answered, if it succeeded; its answer is pushed
 (``{"event": "then", "id", "code", "reply"}``): one round trip for the two, and the
-first's reply does not wait for the second (the hello says ``"chain": 1``).
+first's reply does not wait for the second (the hello says ``"chain": 1``). A ``start``
+may carry its attempt's ``collect`` (``at_end``, :data:`~..protocol.WORKER_AT_END`), run
+in a thread of its own as soon as the agent exits 0, its answer pushed with the
+``ended`` event (the hello says ``"collects": 1``): the supervisor sends no collect.
 
 And it pushes events: ``hello`` first (``"beats": 1``: it pushes heartbeats); then
 ``probe`` (its headroom, the reply a ``probe`` request gets) every ``beat_secs`` once a
@@ -69,6 +72,9 @@ class Watch:
     sent: int = 0  # log bytes the supervisor has
     fd: Optional[int] = None  # a pidfd of the shepherd or runner
     fresh: bool = True
+    #: the collect its start asked for at its end (``at_end``): run once its agent exits 0,
+    #: its answer pushed with the ``ended`` event
+    at_end: Any = None
 
 
 def serve(config: HasHome) -> int:
@@ -105,6 +111,24 @@ def _sent(reply: dict[str, Any], offset: int) -> int:
     if isinstance(reply.get("log"), str):
         return int(reply.get("log_offset") or 0) + len(base64.b64decode(reply["log"]))
     return offset
+
+
+def _at_end(req: Any, attempt: str) -> Any:
+    """The collect a start request asks for at its attempt's end, when it is about that
+    attempt (a collect of another is the supervisor's bug: not run, said on stderr)."""
+    import json
+
+    end = req.at_end
+    if end is None:
+        return None
+    try:
+        named = json.loads(end.payload or b"{}").get("attempt", {}).get("id")
+    except (ValueError, AttributeError):
+        named = None
+    if named != attempt:
+        print(f"fleetrun host serve: a start's at_end is not about attempt {attempt}; not run", file=sys.stderr)
+        return None
+    return end
 
 
 def _pidfd(pid: Any, token: Any) -> Optional[int]:
@@ -182,6 +206,7 @@ class Worker:
                 "beats": 1,
                 "chain": 1,
                 "many": 1,
+                "collects": 1,
             }
         )
         try:
@@ -231,6 +256,7 @@ class Worker:
                 old = self.watches.get((w.attempt, w.idx))
                 if old is not None:
                     old.sent, old.fresh = w.sent, True
+                    old.at_end = old.at_end or w.at_end
                 else:
                     self.watches[(w.attempt, w.idx)] = w
             if self.beat_every and time.monotonic() >= self.next_beat and not self.beating:
@@ -354,7 +380,8 @@ class Worker:
         if req.verb == "status":
             return Watch(ns.attempt, None, _sent(reply, ns.offset or 0))
         if req.verb == "start":
-            return Watch(str(json.loads(req.payload)["attempt_id"]), None, 0)
+            attempt = str(json.loads(req.payload)["attempt_id"])
+            return Watch(attempt, None, 0, at_end=_at_end(req, attempt))
         if req.verb == "verify-status" and reply.get("state") == "running":
             return Watch(ns.attempt, int(ns.idx))
         if req.verb == "verify-start":
@@ -384,8 +411,25 @@ class Worker:
             if not over or not data or w.sent >= chunk["log_size"]:
                 break
         if over:
-            self.send({"event": "ended", "attempt": w.attempt, "status": st, "log_size": w.sent})
+            ended = {"event": "ended", "attempt": w.attempt, "status": st, "log_size": w.sent}
+            if w.at_end is not None and st.get("state") == "ended" and st.get("exit_code") == 0:
+                # its collect now, in a thread of its own (git takes a while), and the end
+                # pushed with the collect's answer: the supervisor, which would send this
+                # collect as it heard of the end, sends none (an agent that failed is not
+                # collected: its task is retried or resumed, not verified)
+                threading.Thread(
+                    target=self.collect_at_end, args=(w.at_end, ended), name="serve-at-end", daemon=True
+                ).start()
+            else:
+                self.send(ended)
         return over
+
+    def collect_at_end(self, req: Any, ended: dict[str, Any]) -> None:
+        """Run the collect an attempt's start asked for at its end; push its end with the
+        collect's answer, as the collect's reply would have come."""
+        self.time(what="at_end", verb=req.verb, of=ended["attempt"])
+        _, reply, code = self.run_verb(req)
+        self.send({**ended, "collect": {"code": code, "reply": reply}})
 
     def check_verifier(self, w: Watch) -> bool:
         from fleetrun.shepherd import read_json
