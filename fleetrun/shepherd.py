@@ -23,6 +23,7 @@ import select
 import signal
 import sys
 import time
+from collections.abc import Callable  # cheap: re (json) loaded collections, abc names _collections_abc
 
 STATUS = "status.json"
 SPEC = "spec.json"
@@ -254,6 +255,32 @@ def _write_atomic(path: str, text: str, sync: bool) -> None:
     os.replace(tmp, path)
 
 
+def _write_then_sync(path: str, text: str, wake: Callable[[], None]) -> None:
+    """``text`` in ``path`` by temp file and rename, then ``wake()``, then the fsync of the
+    file and of its folder. The end is read as soon as it is renamed into place (the
+    loop, a peer's worker): they need not wait for the disk. The supervisor's ledger is
+    what records the end durably once it has read it (with the status it read,
+    ``end_status``); a power cut before this fsync leaves the status before it, an empty
+    file or this one, each read as a session that died (or the end) by a restart, never
+    as an end that did not happen (docs/durability.md)."""
+    tmp = f"{path}.{os.getpid()}.tmp"
+    fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
+    try:
+        data = memoryview(text.encode())
+        while data:  # a short write (a nearly full disk) is not the whole file
+            data = data[os.write(fd, data) :]
+        os.replace(tmp, path)
+        wake()
+        os.fsync(fd)
+    finally:
+        os.close(fd)
+    dfd = os.open(os.path.dirname(path) or ".", os.O_RDONLY)
+    try:
+        os.fsync(dfd)  # the rename itself
+    finally:
+        os.close(dfd)
+
+
 def _read_spec(path: str) -> dict | None:
     try:
         with open(path, "rb") as f:
@@ -281,6 +308,7 @@ class Shepherd:
         self.reason: str | None = None
         self.stop_requested: str | None = None
         self.unsaved = False
+        self.woken = False  # the end's notify was sent
         cap = spec.get("max_output")
         if isinstance(cap, bool) or not isinstance(cap, int) or cap < MIN_OUTPUT:
             cap = MAX_OUTPUT
@@ -294,9 +322,11 @@ class Shepherd:
         ``end`` must be recorded: wait for space, but not for a folder that is gone."""
         while True:
             try:
-                _write_atomic(
-                    os.path.join(self.dir, STATUS), json.dumps(self.status), sync=self.status.get("state") == "ended"
-                )
+                path, text = os.path.join(self.dir, STATUS), json.dumps(self.status)
+                if end:
+                    _write_then_sync(path, text, self.wake)
+                else:
+                    _write_atomic(path, text, sync=self.status.get("state") == "ended")
                 self.unsaved = False
                 return True
             except OSError:
@@ -334,6 +364,20 @@ class Shepherd:
         if self.agent_status is None:
             self.agent_status = _reap(pid)
         return None if self.agent_status is None else os.waitstatus_to_exitcode(self.agent_status)
+
+    def end(self) -> None:
+        """Record the end and wake who waits for it: woken as soon as the end is in place,
+        before its fsync (:func:`_write_then_sync`); woken all the same when it could not
+        be recorded (its folder removed), as before."""
+        self.save(end=True)
+        self.wake()
+
+    def wake(self) -> None:
+        """:meth:`notify`, once: a write of the end tried again (its fsync failed) wakes
+        no one twice."""
+        if not self.woken:
+            self.woken = True
+            self.notify()
 
     def notify(self) -> None:
         sock_path = self.spec.get("notify")
@@ -413,8 +457,8 @@ class Shepherd:
                 error="given up before it started",
             )
             self.save(end=True)
-            os.close(lock_fd)
-            self.notify()
+            os.close(lock_fd)  # after the status: a second shepherd must find it
+            self.wake()
             return 0
         master, slave = os.openpty()
         attrs = termios.tcgetattr(slave)
@@ -448,8 +492,8 @@ class Shepherd:
                 state="ended", reason=reason, error=msg, exit_code=None, ended=time.time(), agent_pid=None
             )
             self.save(end=True)
-            os.close(lock_fd)
-            self.notify()
+            os.close(lock_fd)  # after the status: a second shepherd must find it
+            self.wake()
             return 0
         os.close(slave)
         now = time.time()
@@ -538,8 +582,7 @@ class Shepherd:
             reason=self.reason or "exited",
             ended=time.time(),
         )
-        self.save(end=True)
-        self.notify()
+        self.end()
         return 0
 
     def exec_failure(self, e: OSError, env: dict) -> tuple[str, str]:
