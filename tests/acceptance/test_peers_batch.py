@@ -146,6 +146,27 @@ class TogetherInOnePass(PassCommits):
         return got
 
 
+class HeldAtPassEnd:
+    """A plugin: at each pass's end, the requests its peers' workers hold (made by the
+    pass and not waited for), before the relay gives them to the senders and after."""
+
+    def __init__(self) -> None:
+        self.passes: list[tuple[int, int]] = []
+
+    @hookimpl(wrapper=True, tryfirst=True)
+    def fleetrun_loop_pass(self, config: Any, duration_s: float) -> Any:
+        relay = config.pluginmanager.get_plugin("relay-peers")
+
+        def held() -> int:
+            workers = [h.live_worker() for h in relay.hosts.values()]
+            return sum(w.held() for w in workers if w is not None)
+
+        before = held()
+        got = yield
+        self.passes.append((before, held()))
+        return got
+
+
 def test_the_ends_verdicts_and_handoffs_of_several_peers_tasks_are_each_handled_in_one_pass_with_one_commit(
     fleeter, fake_claude, peer_lab, tmp_path
 ):
@@ -175,8 +196,8 @@ def test_the_ends_verdicts_and_handoffs_of_several_peers_tasks_are_each_handled_
     fake_claude.script(
         **{f"t{name}": [{"actions": [wait, ["write", "out.txt", "x"], ["commit", "out"]]}] for name in names}
     )
-    seen = TogetherInOnePass(gate)
-    r = fleeter.run("tasks.toml", plugins=[seen])
+    seen, held = TogetherInOnePass(gate), HeldAtPassEnd()
+    r = fleeter.run("tasks.toml", plugins=[seen, held])
     assert r.ret == 0, r.stdout + r.stderr
     assert {t.name: (t.state.value, t.host) for t in fleeter.ledger().tasks()} == {
         f"t{name}": ("DONE", name) for name in names
@@ -187,6 +208,10 @@ def test_the_ends_verdicts_and_handoffs_of_several_peers_tasks_are_each_handled_
     # moved every task to VERIFYING and sent its verifier's start, with no commit between;
     # before, it committed before asking each peer, and before each verifier's start
     assert took_ends == (1, ["VERIFYING"] * PEERS), f"the pass that took {PEERS} ends: (commits, moves) {took_ends}"
+    # and its verifiers' starts went to the workers' senders together as it ended, none
+    # between its ends (each send, paramiko's Python, took the loop's thread's GIL): a
+    # request given to a sender would have given it every one held before it
+    assert held.passes[seen.ends_pass] == (PEERS, 0), f"(held, after) at each pass's end: {held.passes}"
     # the pass that read the verdicts recorded them and began every handoff (each branch
     # fetched back off the loop's thread); before, it committed before each handoff
     took_verdicts, took_handoffs = seen.passes[seen.ends_pass + 1], seen.passes[seen.ends_pass + 2]

@@ -201,7 +201,14 @@ class SSHHost:
         if w is not None:
             try:
                 if not wait:
-                    return w.submit(verb, list(args), payload, wake=True, at_end=at_end if w.collects else None)
+                    return w.submit(
+                        verb,
+                        list(args),
+                        payload,
+                        wake=True,
+                        at_end=at_end if w.collects else None,
+                        hold=self.relay is not None and bool(self.relay.holds()),
+                    )
                 code, answer = w.request(verb, list(args), payload, timeout)
             except PeerUnreachable as e:
                 self.last_error = str(e)

@@ -6,11 +6,12 @@ heartbeat thread of each peer, and the checks a peer's ``prepare`` reply is held
 from __future__ import annotations
 
 import os
+import threading
 import time
 import types
 from concurrent.futures import Future
 from pathlib import Path
-from typing import TYPE_CHECKING, Any, Optional, Union
+from typing import TYPE_CHECKING, Any, Generator, Optional, Union
 
 from ...config import output_cap
 from ...effects import effects_of
@@ -114,12 +115,28 @@ class Relay:
         self._cleanups: list[tuple[Any, SSHHost, Any]] = []  # (task, host, Pending cleanup request)
         self._to_clean: list[tuple[Any, SSHHost]] = []  # DONE this pass: sent as it ends
         self._in_session = False  # a loop runs: its passes end with fleetrun_loop_pass
+        self._loop_thread = 0  # the work loop's thread (fleetrun_sessionstart)
         self.collects: set[PeerCollect] = set()  # collect requests whose reply the loop has not read
         self.interval = float(config.setting("relay", "heartbeat_secs", HEARTBEAT_S))
         # where the work is in the morning: a DONE peer task's branch is brought home
         # (config.toml's [relay] fetch_back = false leaves it on the peer)
         self.fetch_done = config.setting("relay", "fetch_back", True) is not False
         self.timing = os.environ.get(TIMING_ENV)  # bench/fleet.py --timing
+
+    def holds(self) -> bool:
+        """Whether a request not waited for is held until the pass ends
+        (:meth:`.worker.Worker.submit`'s ``hold``): made by the work loop's pass, on its
+        thread. The pass's ends record their moves without the sends of the verifiers they
+        start (paramiko's, Python's) taking the GIL from it one end after another; the
+        sends go together as it ends (``fleetrun_loop_pass``)."""
+        return self._in_session and threading.get_ident() == self._loop_thread
+
+    def release_held(self) -> None:
+        """Every worker's held requests to its sender (a pass ends, or the run)."""
+        for host in self.hosts.values():
+            w = host.live_worker()
+            if w is not None:
+                w.release()
 
     @property
     def in_session(self) -> bool:
@@ -146,6 +163,7 @@ class Relay:
 
         heartbeats.install(self.config)  # the first rounds' heartbeats reach the hook too
         self._in_session = True
+        self._loop_thread = threading.get_ident()  # what holds its requests to a pass's end
         self.start_heartbeats()
 
     def start_heartbeats(self) -> None:
@@ -707,8 +725,10 @@ class Relay:
                 self._note(task.id, f"could not clean up worktree {task.worktree} on {host.name}: {e}")
         self._cleanups = left
 
-    @hookimpl
-    def fleetrun_loop_pass(self, config: Config, duration_s: float) -> None:
+    @hookimpl(wrapper=True)
+    def fleetrun_loop_pass(self, config: Config, duration_s: float) -> Generator[None, Any, Any]:
+        self.release_held()  # the pass's requests go before any plugin hears of its end
+        got = yield
         if self.timing:  # bench/fleet.py --timing: how long each pass took, how many commits so far
             led = config.stash.get(LEDGER_KEY)
             time_line(self.timing, what="pass", dur=duration_s, commits=getattr(led, "commits", None))
@@ -720,6 +740,7 @@ class Relay:
             self._send_cleanups(all_of_them=False)
         if self._cleanups:
             self._reap_cleanups(wait=False)
+        return got
 
     @hookimpl
     def fleetrun_terminal_summary(self, config: Config, exitstatus: int, counts: dict[str, int]) -> None:
@@ -736,6 +757,7 @@ class Relay:
         """The run ends: its peers' cleanups are sent and waited for (the worker ends with
         the run)."""
         self._in_session = False
+        self.release_held()
         for c in list(self.collects):
             c.settle()
         for host in self.hosts.values():

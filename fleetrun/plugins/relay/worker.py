@@ -100,6 +100,7 @@ class Pending:
             time (``delivered``: it may have acted).
         """
         w = self.worker
+        w.release()  # held for the pass's end: waited for, it goes now (in order)
         if not self.event.wait(timeout):
             with w._lock:  # given up on: forgotten (a follower shares its leader's id)
                 table = w._following if self.follows else w._waiting
@@ -166,6 +167,10 @@ class Worker:
         #: loop's thread does not pay paramiko's send, a few ms each under load, for every
         #: request of a pass (twenty peers' verifier starts, one after the other)
         self._outbox: queue.SimpleQueue[Optional[tuple[Pending, dict[str, Any]]]] = queue.SimpleQueue()
+        #: requests the loop's pass made and did not wait for, put on the sender's queue as
+        #: the pass ends (:meth:`release`): their sends (paramiko's, Python holding the GIL)
+        #: do not run between the pass's ends, each taking the GIL from the loop's thread
+        self._held: list[tuple[Pending, dict[str, Any]]] = []
         self._waiting: dict[int, Pending] = {}
         self._following: dict[int, Pending] = {}  # request id -> the one sent to follow it
         self._hello = threading.Event()
@@ -233,6 +238,11 @@ class Worker:
             was_alive = self.error is None and self._hello.is_set()
             if self.error is None:
                 self.error = reason
+            for slot, _ in self._held:  # never sent: the peer never had them
+                slot.unsent = True
+                if slot.follower is not None:
+                    slot.follower.unsent = True
+            self._held = []
             waiting, self._waiting = self._waiting, {}
             following, self._following = self._following, {}
         for slot in [*waiting.values(), *following.values()]:
@@ -266,6 +276,7 @@ class Worker:
         wake: bool = False,
         then: Optional[tuple[str, list[str], dict[str, Any]]] = None,
         at_end: Optional[tuple[str, list[str], dict[str, Any]]] = None,
+        hold: bool = False,
     ) -> Pending:
         """Send one request; its reply comes to the :class:`Pending` returned.
 
@@ -276,6 +287,8 @@ class Worker:
         :param at_end: (verb, args, payload) of the collect of the attempt a ``start``
             starts, for the worker to run when it ends (:data:`~.protocol.WORKER_AT_END`;
             only if it :attr:`collects`): its answer comes with the ``ended`` event.
+        :param hold: keep it until :meth:`release` (the loop's pass ends, or a request
+            after it is sent, or it is waited for): sent in order all the same.
         :raises PeerUnreachable: the worker is gone. The request is sent by the sender
             thread, in order; one it could not send fails as the Pending's (``delivered``
             False: the peer never had it).
@@ -309,8 +322,28 @@ class Worker:
             self.requests += 1
         if self.timing:
             time_line(self.timing, what="sent", verb=verb, id=slot.id, of=subject(args, payload))
-        self._outbox.put((slot, msg))
+        with self._lock:  # held or not, the requests of one thread go in the order made
+            if hold and self.error is None:
+                self._held.append((slot, msg))
+                return slot
+            self._release()
+            self._outbox.put((slot, msg))
         return slot
+
+    def held(self) -> int:
+        """How many requests are held for the pass's end."""
+        return len(self._held)
+
+    def release(self) -> None:
+        """The requests held (:meth:`submit`'s ``hold``) to the sender, in order."""
+        if self._held:
+            with self._lock:
+                self._release()
+
+    def _release(self) -> None:  # under _lock
+        for item in self._held:
+            self._outbox.put(item)
+        self._held = []
 
     # -- the sender thread --------------------------------------------------------------
 
