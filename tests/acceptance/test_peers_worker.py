@@ -135,7 +135,7 @@ def test_the_peer_worker(fleeter, fake_claude, peer_lab, mode):
 def test_a_work_loop_starts_its_peers_workers_and_hears_them_pushed(fleeter, peer_lab):
     """``fleetrun work`` starts the peer's worker as the loop starts, with no task queued
     (not on a first task's path), and then hears the peer from the heartbeats the worker
-    pushes: one probe request asks for them, and no round after it sends one."""
+    pushes: one probe request asks for them, and the rounds after it take what was pushed."""
     import json
 
     mini = peer_lab.machine("mini")
@@ -167,6 +167,11 @@ def test_a_work_loop_starts_its_peers_workers_and_hears_them_pushed(fleeter, pee
         proc.send_signal(signal.SIGINT)
         out, err = proc.communicate(timeout=30)
     assert proc.returncode == 2, out.decode() + err.decode()  # interrupted
-    assert lines(d / "trace") == ["probe"]  # the first round's; every later one was pushed
+    # the first round's probe asks for the pushes; the rounds after it take what was
+    # pushed. A push later than a round and a half is not waited for and that round
+    # probes (by design): on a loaded machine, with 0.2 s rounds, one may be. Most are not.
+    trace = lines(d / "trace")
+    assert trace[0] == "probe" and set(trace) == {"probe"}, trace
+    assert 3 * len(trace) <= len(beats()), (trace, len(beats()))
     assert len(lines(d / "serve-pids")) == 1
     assert all(isinstance(b["free_mem_mb"], float) for b in beats())  # each with its headroom
