@@ -241,13 +241,23 @@ def read_json(path: str) -> dict | None:
         return None
 
 
-def _write_atomic(path: str, text: str, sync: bool) -> None:
+def _write_temp(path: str, text: str) -> tuple[str, int]:
+    """``text`` written whole to a temp file beside ``path``: (its name, its open fd)."""
     tmp = f"{path}.{os.getpid()}.tmp"
     fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
     try:
         data = memoryview(text.encode())
         while data:  # a short write (a nearly full disk) is not the whole file
             data = data[os.write(fd, data) :]
+    except BaseException:
+        os.close(fd)
+        raise
+    return tmp, fd
+
+
+def _write_atomic(path: str, text: str, sync: bool) -> None:
+    tmp, fd = _write_temp(path, text)
+    try:
         if sync:
             os.fsync(fd)
     finally:
@@ -263,12 +273,8 @@ def _write_then_sync(path: str, text: str, wake: Callable[[], None]) -> None:
     ``end_status``); a power cut before this fsync leaves the status before it, an empty
     file or this one, each read as a session that died (or the end) by a restart, never
     as an end that did not happen (docs/durability.md)."""
-    tmp = f"{path}.{os.getpid()}.tmp"
-    fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
+    tmp, fd = _write_temp(path, text)
     try:
-        data = memoryview(text.encode())
-        while data:  # a short write (a nearly full disk) is not the whole file
-            data = data[os.write(fd, data) :]
         os.replace(tmp, path)
         wake()
         os.fsync(fd)

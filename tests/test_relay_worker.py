@@ -137,11 +137,12 @@ for line in sys.stdin:
 """
 
 
-@pytest.fixture
-def hostile(fleeter, peer_lab):
+def fake_worker(fleeter, peer_lab, source: str) -> SSHHost:
+    """Peer ``mini`` paired, its worker (``host serve``) the Python program ``source``
+    and every other verb the real one: a host that talks to it through a worker."""
     m = peer_lab.machine("mini")
-    fake = m.home.parent / "hostile.py"
-    fake.write_text(HOSTILE_WORKER)
+    fake = m.home.parent / "fake_worker.py"
+    fake.write_text(source)
     script = m.home.parent / "wrapper"
     script.write_text(
         "#!/bin/sh\n"
@@ -151,7 +152,12 @@ def hostile(fleeter, peer_lab):
     script.chmod(0o755)
     r = fleeter.run("relay", "add", "mini", m.address, "--accept-new", "--command", str(script))
     assert r.ret == 0, r.stdout + r.stderr
-    host = SSHHost(load_peers(fleeter.home)["mini"], fleeter.home, worker=True)
+    return SSHHost(load_peers(fleeter.home)["mini"], fleeter.home, worker=True)
+
+
+@pytest.fixture
+def hostile(fleeter, peer_lab):
+    host = fake_worker(fleeter, peer_lab, HOSTILE_WORKER)
     yield host
     host.close()
 
@@ -206,19 +212,7 @@ for line in sys.stdin:
 def test_a_collect_pushed_that_no_start_asked_for_is_a_violation_and_not_taken(fleeter, peer_lab):
     import time
 
-    m = peer_lab.machine("mini")
-    fake = m.home.parent / "unasked.py"
-    fake.write_text(UNASKED_COLLECT_WORKER)
-    script = m.home.parent / "wrapper"
-    script.write_text(
-        "#!/bin/sh\n"
-        f'if [ "$2" = serve ]; then exec {shlex.quote(sys.executable)} {shlex.quote(str(fake))}; fi\n'
-        f'exec {m.command_line()} "$@"\n'
-    )
-    script.chmod(0o755)
-    r = fleeter.run("relay", "add", "mini", m.address, "--accept-new", "--command", str(script))
-    assert r.ret == 0, r.stdout + r.stderr
-    host = SSHHost(load_peers(fleeter.home)["mini"], fleeter.home, worker=True)
+    host = fake_worker(fleeter, peer_lab, UNASKED_COLLECT_WORKER)
     try:
         assert host.status(AID, None, None)["state"] == "running"  # AID is placed there now
         deadline = time.monotonic() + 120
@@ -253,19 +247,7 @@ def test_requests_to_a_worker_that_reads_nothing_never_hold_the_caller(fleeter, 
     the channel's window was full."""
     import threading
 
-    m = peer_lab.machine("mini")
-    fake = m.home.parent / "deaf.py"
-    fake.write_text(DEAF_WORKER)
-    script = m.home.parent / "wrapper"
-    script.write_text(
-        "#!/bin/sh\n"
-        f'if [ "$2" = serve ]; then exec {shlex.quote(sys.executable)} {shlex.quote(str(fake))}; fi\n'
-        f'exec {m.command_line()} "$@"\n'
-    )
-    script.chmod(0o755)
-    r = fleeter.run("relay", "add", "mini", m.address, "--accept-new", "--command", str(script))
-    assert r.ret == 0, r.stdout + r.stderr
-    host = SSHHost(load_peers(fleeter.home)["mini"], fleeter.home, worker=True)
+    host = fake_worker(fleeter, peer_lab, DEAF_WORKER)
     sent: list = []
     try:
         w = host.worker(host.transport())
