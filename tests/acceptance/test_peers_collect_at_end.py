@@ -7,30 +7,11 @@ comes with the end); an agent that fails is not collected there."""
 from __future__ import annotations
 
 import json
-from pathlib import Path
 from typing import Any
 
+from .test_peers_roundtrips import traced_peer
+
 pytest_plugins = ["sshd"]
-
-
-def paired(fleeter: Any, peer_lab: Any) -> Path:
-    """A peer ``mini`` that traces the requests its worker gets; this machine drained."""
-    mini = peer_lab.machine("mini")
-    if (fleeter.home / "config.toml").exists():
-        mini.write("config.toml", (fleeter.home / "config.toml").read_text())
-    d = mini.home.parent
-    r = fleeter.run(
-        "relay",
-        "add",
-        "mini",
-        mini.address,
-        "--accept-new",
-        "--command",
-        mini.command_line(FLEETRUN_SERVE_TRACE=str(d / "trace")),
-    )
-    assert r.ret == 0, r.stdout + r.stderr
-    assert fleeter.run("drain").ret == 0
-    return d / "trace"
 
 
 def evil_tasks(fleeter: Any, script: str) -> None:
@@ -54,7 +35,7 @@ def test_a_worktree_tampered_before_the_end_a_peer_collected_goes_to_a_human(fle
     fleeter.make_repo(files={"README.md": "hello\n"})
     other = fleeter.make_repo("other", files={"DATA.md": "precious\n"})
     before = fleeter.git(other, "rev-parse", "HEAD")
-    trace = paired(fleeter, peer_lab)
+    trace = traced_peer(fleeter, peer_lab)
     # the agent points its worktree's .git at another repository and leaves a file for
     # the collect to commit there; it exits 0, so its worker collects at once
     evil_tasks(fleeter, f"echo 'gitdir: {other}/.git' > .git && echo evil > EVIL.txt")
@@ -71,7 +52,7 @@ def test_a_worktree_tampered_before_the_end_a_peer_collected_goes_to_a_human(fle
 
 def test_a_peer_agent_that_fails_is_not_collected_at_its_end(fleeter, peer_lab):
     fleeter.make_repo(files={"README.md": "hello\n"})
-    trace = paired(fleeter, peer_lab)
+    trace = traced_peer(fleeter, peer_lab)
     fleeter.write_tasks("""
         [agents.failing]
         command = ["sh", "-c", "echo half > half.txt; exit 3"]

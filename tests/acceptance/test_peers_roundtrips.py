@@ -9,6 +9,8 @@ the task is done the same."""
 from __future__ import annotations
 
 import shlex
+from pathlib import Path
+from typing import Any
 
 import pytest
 
@@ -18,16 +20,29 @@ pytest_plugins = ["sshd"]
 WITHOUT = {"collects": (), "chains": ("collects",), "older": ("collects", "chain")}
 
 
+def traced_peer(fleeter: Any, peer_lab: Any, without: tuple[str, ...] = ()) -> Path:
+    """A peer ``mini`` (this home's config.toml copied there) whose worker writes a line
+    a request to the returned trace file, its hello without the features ``without``
+    names; this machine drained, so every task goes there."""
+    mini = peer_lab.machine("mini")
+    if (fleeter.home / "config.toml").exists():
+        mini.write("config.toml", (fleeter.home / "config.toml").read_text())
+    trace = mini.home.parent / "trace"
+    command = (
+        shlex.join(mini.older_command(without, FLEETRUN_SERVE_TRACE=str(trace)))
+        if without
+        else mini.command_line(FLEETRUN_SERVE_TRACE=str(trace))
+    )
+    r = fleeter.run("relay", "add", "mini", mini.address, "--accept-new", "--command", command)
+    assert r.ret == 0, r.stdout + r.stderr
+    assert fleeter.run("drain").ret == 0
+    return trace
+
+
 @pytest.mark.parametrize("worker", ["collects", "chains", "older"])
 def test_a_peer_task_with_a_run_verifier_makes_five_requests(fleeter, fake_claude, peer_lab, worker):
     fleeter.make_repo()
-    mini = peer_lab.machine("mini")
-    mini.write("config.toml", (fleeter.home / "config.toml").read_text())
-    d = mini.home.parent
-    command = mini.older_command(WITHOUT[worker], FLEETRUN_SERVE_TRACE=str(d / "trace"))
-    r = fleeter.run("relay", "add", "mini", mini.address, "--accept-new", "--command", shlex.join(command))
-    assert r.ret == 0, r.stdout + r.stderr
-    assert fleeter.run("drain").ret == 0
+    trace = traced_peer(fleeter, peer_lab, WITHOUT[worker])
     fleeter.write_tasks("""
         [[task]]
         name = "t1"
@@ -47,7 +62,7 @@ def test_a_peer_task_with_a_run_verifier_makes_five_requests(fleeter, fake_claud
     (v,) = fleeter.ledger().verdicts(task_id=t.id)
     assert v.passed and v.host == "mini"  # it ran there
     assert fleeter.git(fleeter.path / "repo", "show", f"{t.branch}:out.txt") == "x"
-    requests = (d / "trace").read_text().splitlines()  # one line a request
+    requests = trace.read_text().splitlines()  # one line a request
     if worker == "collects":  # its end came collected: no collect request
         assert requests == ["probe", "prepare", "start", "verify-start", "cleanup"], requests
     elif worker == "chains":
@@ -61,20 +76,7 @@ def test_a_done_tasks_cleanup_goes_after_the_next_tasks_prepare(fleeter, fake_cl
     lock) is sent at the end of the loop's pass, after the prepare and start of the task
     placed in that pass: the next task's ``git worktree add`` does not wait for it."""
     fleeter.make_repo()
-    mini = peer_lab.machine("mini")
-    mini.write("config.toml", (fleeter.home / "config.toml").read_text())
-    d = mini.home.parent
-    r = fleeter.run(
-        "relay",
-        "add",
-        "mini",
-        mini.address,
-        "--accept-new",
-        "--command",
-        mini.command_line(FLEETRUN_SERVE_TRACE=str(d / "trace")),
-    )
-    assert r.ret == 0, r.stdout + r.stderr
-    assert fleeter.run("drain").ret == 0
+    trace = traced_peer(fleeter, peer_lab)
     fleeter.write_policy("[peers]\nmax_tasks = 1\n")
     fleeter.write_tasks("""
         [[task]]
@@ -96,7 +98,7 @@ def test_a_done_tasks_cleanup_goes_after_the_next_tasks_prepare(fleeter, fake_cl
     r = fleeter.run("tasks.toml")
     assert r.ret == 0, r.stdout + r.stderr
     assert {fleeter.task(n).state.value for n in ("t1", "t2")} == {"DONE"}
-    verbs = [line.split()[0] for line in (d / "trace").read_text().splitlines()]
+    verbs = [line.split()[0] for line in trace.read_text().splitlines()]
     # each attempt's collect comes with its end (its start asked for it): no request
     assert verbs == ["probe", "prepare", "start", "prepare", "start", "cleanup", "cleanup"], verbs
     assert "removed clean worktree" in " ".join(text for _, text in fleeter.ledger().notes(fleeter.task("t1").id))
