@@ -6,8 +6,8 @@ import os
 import time
 
 import pytest
+from test_procutil import start  # noqa: F401 (the fixture: the wrapper by path, or forked)
 
-from fleetrun.hosts import LocalHost
 from fleetrun.osutil import proc_token
 from fleetrun.plugins.verify_run import RunHandle
 from fleetrun.procutil import KEEP_BYTES, tail_text
@@ -106,20 +106,7 @@ def test_pidfd_is_readable_when_done(tmp_path):
     assert wait(h).passed
 
 
-@pytest.fixture(params=["by path", "forked"])
-def start(request, tmp_path):
-    """The wrapper started by path, or forked by a host's starter as the supervisor's are."""
-    if request.param == "by path":
-        yield None
-        return
-    home = tmp_path / "home"
-    home.mkdir()
-    host = LocalHost(home, starter=True)
-    yield host.start_capped
-    host.close()
-
-
-def test_a_verifier_deaf_to_sigterm_that_times_out_leaves_nothing_it_detached(tmp_path, start):
+def test_a_verifier_deaf_to_sigterm_that_times_out_leaves_nothing_it_detached(tmp_path, start):  # noqa: F811 (the fixture)
     """Issue 21 item 6: the command ignores SIGTERM, so its group (its reaping wrapper
     included) is SIGKILLed at the timeout; what it detached (``setsid``, deaf to SIGTERM
     too) is found by the marker in its environment and ended all the same. Both ways the
